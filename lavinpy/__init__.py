@@ -1,0 +1,3 @@
+"""lavinpy: an AMQP 0-9-1 message broker with LavinMQ-style storage."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Broker model: vhosts, exchanges, queues, consumers, users."""

@@ -1,0 +1,1 @@
+"""Exchange types, one module each."""

@@ -1,0 +1,133 @@
+"""Settings: built-in defaults < YAML file < LAVINPY_* environment < command-line flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FSYNC_POLICIES = ("always", "batch", "never")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value or an unknown name."""
+
+
+@dataclass
+class Config:
+    data_dir: str = "data"
+    bind: str = "127.0.0.1"
+    amqp_port: int = 5672
+    http_port: int = 15672
+    log_level: str = "info"
+    segment_size: int = 8 * 1024 * 1024
+    fsync: str = "always"
+    fsync_interval_ms: int = 50
+    ack_file_max_bytes: int = 16 * 1024 * 1024
+    definitions_compact_deletes: int = 8192
+    max_message_size: int = 128 * 1024 * 1024
+    frame_max: int = 131072
+    channel_max: int = 2048
+    heartbeat: int = 60
+    default_user: str = "guest"
+    default_password: str = "guest"
+    loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+
+    def validate(self) -> None:
+        if self.fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        for name in ("amqp_port", "http_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
+        if self.segment_size < 4096:
+            raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
+        if self.ack_file_max_bytes < 8 or self.ack_file_max_bytes % 8:
+            raise ConfigError("ack_file_max_bytes must be a positive multiple of 8")
+        if self.frame_max < 4096:
+            raise ConfigError(f"frame_max must be at least 4096, not {self.frame_max}")
+        if not 1 <= self.channel_max <= 65535:
+            raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
+        if self.max_message_size < 1:
+            raise ConfigError("max_message_size must be positive")
+
+
+_FIELDS = {f.name: f for f in fields(Config)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "list[str]":
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            return [str(v) for v in value or []]
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"setting {name}: cannot use {value!r}")
+
+
+def _apply(cfg: Config, values: dict[str, Any], source: str) -> None:
+    for name, value in values.items():
+        if name not in _FIELDS:
+            raise ConfigError(f"{source}: unknown setting {name!r}")
+        if value is not None:
+            setattr(cfg, name, _coerce(name, value))
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Config:
+    """Build the settings from a YAML file, LAVINPY_* variables and explicit overrides."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        try:
+            doc = yaml.safe_load(p.read_text()) or {}
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror}")
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}")
+        if not isinstance(doc, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of settings")
+        _apply(cfg, doc, str(p))
+    env = os.environ if env is None else env
+    from_env = {
+        k[len("LAVINPY_"):].lower(): v
+        for k, v in env.items()
+        if k.startswith("LAVINPY_") and k[len("LAVINPY_"):].lower() in _FIELDS
+    }
+    _apply(cfg, from_env, "environment")
+    _apply(cfg, overrides or {}, "command line")
+    cfg.validate()
+    return cfg
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML settings file (default conf/lavinpy.yaml if present)")
+    parser.add_argument("--data-dir", dest="data_dir")
+    parser.add_argument("--bind")
+    parser.add_argument("--amqp-port", dest="amqp_port", type=int)
+    parser.add_argument("--http-port", dest="http_port", type=int)
+    parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument("--fsync", choices=FSYNC_POLICIES)
+
+
+def from_args(args: argparse.Namespace) -> Config:
+    path = args.config
+    if path is None and Path("conf/lavinpy.yaml").is_file():
+        path = "conf/lavinpy.yaml"
+    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "http_port",
+                                                "log_level", "fsync")}
+    return load(path, overrides=overrides)

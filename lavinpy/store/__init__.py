@@ -1,0 +1,1 @@
+"""Storage: segments, message store, queue indexes, definitions, JSON files."""
