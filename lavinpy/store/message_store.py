@@ -1,0 +1,314 @@
+"""A vhost's message store: its shared ``msgs.*`` segments, appends, reads and segment lifetimes.
+
+A message is written once, whatever the number of queues it is routed to; queue indexes hold its
+position and count as references to its segment. A segment is deleted when nothing references it
+and it is not the one being written.
+
+Threading: everything runs on the event loop thread except ``sync_ranges``, which the vhost
+store's group commit runs in a worker thread while deletions are held.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from lavinpy.store.record import (
+    FIXED_PAYLOAD,
+    HEADER_SIZE,
+    CorruptRecord,
+    StoredMessage,
+    encode_names,
+    read_record,
+    write_encoded,
+)
+from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
+
+log = logging.getLogger("lavinpy.store")
+
+DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
+_SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
+_NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
+_LOW32 = 0xFFFFFFFF
+# header + timestamp + body size; the names' length bytes are inside the encoded names
+_OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
+
+__all__ = ["MessageStore", "MissingRecord", "CorruptRecord", "StoredMessage", "DirtyRange"]
+
+DirtyRange = tuple[Segment, int, int]
+
+
+class MissingRecord(KeyError):
+    """The position points at a segment that is gone or past the valid data of its segment."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class MessageStore:
+    """The ``msgs.NNNNNNNNNN`` segments of one vhost directory."""
+
+    def __init__(self, path: Path, segment_size: int = DEFAULT_SEGMENT_SIZE) -> None:
+        if not DATA_START + HEADER_SIZE + FIXED_PAYLOAD <= segment_size < 1 << 32:
+            raise ValueError(f"segment_size {segment_size} out of range")
+        self.path = Path(path)
+        self.segment_size = segment_size
+        self._segments: dict[int, Segment] = {}
+        self._ends: dict[int, int] = {}  # valid end of each sealed segment
+        self._refs: dict[int, int] = {}
+        self._names: dict[tuple[str, str], bytes] = {}
+        self._next_id = 1
+        # The segment being written, unpacked into attributes for the hot path.
+        self._cur: Segment | None = None
+        self._cur_id = 0
+        self._mm = None
+        self._wpos = DATA_START
+        self._cur_size = 0
+        # Written but not yet synced: sealed segments' ranges, and where the current one's starts.
+        self._dirty: list[DirtyRange] = []
+        self._dirty_start = -1
+        # Until delete_unreferenced() the queues have not told us their references yet.
+        self._recovering = True
+        self._held = 0
+        self._pending_deletes: set[int] = set()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Map the existing segments (the newest one is written to) or create the first one."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        ids = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SEGMENT_FILE.fullmatch(p.name)))
+        for segment_id in ids:
+            try:
+                self._segments[segment_id] = Segment.open(self.path, segment_id)
+            except (SegmentError, OSError, ValueError) as exc:
+                log.error("%s: cannot open message segment, treating it as missing: %s",
+                          self.path / segment_name(segment_id), exc)
+        self._next_id = (ids[-1] + 1) if ids else 1
+        for segment_id, segment in self._segments.items():
+            if segment_id != ids[-1]:
+                self._ends[segment_id] = segment.data_end()
+        newest = self._segments.get(ids[-1]) if ids else None
+        if newest is not None:
+            self._set_current(newest, newest.scan_write_position())
+        else:  # none yet, or the newest file is unusable: start a fresh one after it
+            self._set_current(self._create_segment(self.segment_size), DATA_START)
+        log.debug("%s: %d message segments, writing %s at %d", self.path, len(self._segments),
+                  segment_name(self._cur_id), self._wpos)
+
+    def close(self) -> None:
+        """Unmap and close every segment (the store must be opened again to be used)."""
+        for segment in self._segments.values():
+            segment.close()
+        self._segments.clear()
+        self._ends.clear()
+        self._dirty.clear()
+        self._dirty_start = -1
+        self._pending_deletes.clear()
+        self._cur = self._mm = None
+        self._cur_size = 0
+
+    # ---- writing ---------------------------------------------------------------------------------
+
+    def append(self, exchange: str, routing_key: str, properties: bytes, body: bytes | memoryview,
+               timestamp_ms: int | None = None) -> int:
+        """Write a message record and return its position.
+
+        The caller increfs the segment (by pushing the position to queue indexes) before the next
+        append: a segment left behind with no reference is deleted when the writer rolls over.
+        """
+        names = self._names.get((exchange, routing_key))
+        if names is None:
+            names = self._encode_names(exchange, routing_key)
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+        offset = self._wpos
+        end = offset + _OVERHEAD + len(names) + len(properties) + len(body)
+        if end > self._cur_size:
+            self._roll(end - offset)
+            offset = self._wpos
+            end = offset + _OVERHEAD + len(names) + len(properties) + len(body)
+        write_encoded(self._mm, offset, names, properties, body, timestamp_ms)
+        self._wpos = end
+        if self._dirty_start < 0:
+            self._dirty_start = offset
+        return self._cur_id | (offset << 32)
+
+    def _encode_names(self, exchange: str, routing_key: str) -> bytes:
+        names = encode_names(exchange.encode(), routing_key.encode())
+        if len(self._names) >= _NAME_CACHE_MAX:
+            self._names.clear()
+        self._names[(exchange, routing_key)] = names
+        return names
+
+    def _roll(self, record_total: int) -> None:
+        """Seal the current segment and start a new one big enough for a record of this size."""
+        size = self.segment_size
+        if record_total > size - DATA_START:  # oversized message: a segment of its own
+            size = DATA_START + record_total
+            if size >= 1 << 32:
+                raise ValueError(f"message record of {record_total} bytes is too large for a segment")
+        new = self._create_segment(size)  # first, so a failure (disk full) leaves the state as it was
+        old = self._cur
+        assert old is not None
+        self._ends[old.id] = self._wpos
+        if self._dirty_start >= 0:
+            self._dirty.append((old, self._dirty_start, self._wpos))
+        self._set_current(new, DATA_START)
+        if not self._refs.get(old.id):
+            self._maybe_delete(old.id)
+
+    def _create_segment(self, size: int) -> Segment:
+        segment = Segment.create(self.path, self._next_id, size)
+        self._next_id += 1
+        self._segments[segment.id] = segment
+        return segment
+
+    def _set_current(self, segment: Segment, write_pos: int) -> None:
+        self._cur = segment
+        self._cur_id = segment.id
+        self._mm = segment.mm
+        self._cur_size = segment.size
+        self._wpos = write_pos
+        self._dirty_start = -1
+        self._ends.pop(segment.id, None)
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    def read(self, pos: int) -> StoredMessage:
+        """The message at ``pos``; MissingRecord if it is not there, CorruptRecord if it is damaged."""
+        segment_id = pos & _LOW32
+        offset = pos >> 32
+        segment = self._segments.get(segment_id)
+        if segment is None:
+            raise MissingRecord(f"message segment {segment_id} does not exist (position {offset})")
+        end = self._wpos if segment_id == self._cur_id else self._ends[segment_id]
+        if not DATA_START <= offset < end:
+            raise MissingRecord(f"offset {offset} is outside the valid data of segment {segment_id} ({end})")
+        try:
+            return read_record(segment.view, offset, segment.size)[0]
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"{segment.path.name}: {exc}") from None
+
+    def is_valid(self, pos: int) -> bool:
+        """Whether ``pos`` points into the valid data of an existing segment."""
+        segment_id = pos & _LOW32
+        offset = pos >> 32
+        if segment_id == self._cur_id:
+            return DATA_START <= offset < self._wpos
+        end = self._ends.get(segment_id)
+        return end is not None and DATA_START <= offset < end
+
+    def valid_ends(self) -> dict[int, int]:
+        """Segment id -> end of its valid data, for validating many positions in one loop."""
+        ends = dict(self._ends)
+        ends[self._cur_id] = self._wpos
+        return ends
+
+    # ---- references and deletion -----------------------------------------------------------------
+
+    def incref(self, segment_id: int, n: int = 1) -> None:
+        self._refs[segment_id] = self._refs.get(segment_id, 0) + n
+
+    def decref(self, segment_id: int, n: int = 1) -> None:
+        count = self._refs.get(segment_id, 0) - n
+        if count > 0:
+            self._refs[segment_id] = count
+            return
+        if count < 0:
+            log.error("%s: reference count of segment %d went below zero (%d)", self.path, segment_id, count)
+        self._refs.pop(segment_id, None)
+        self._maybe_delete(segment_id)
+
+    def refcount(self, segment_id: int) -> int:
+        return self._refs.get(segment_id, 0)
+
+    @property
+    def recovering(self) -> bool:
+        """True until delete_unreferenced(): no segment is deleted while queues are still loading."""
+        return self._recovering
+
+    def delete_unreferenced(self) -> int:
+        """End the recovery phase: delete every non-current segment no queue references.
+
+        Returns how many segments were deleted (or queued for deletion while deletions are held).
+        """
+        self._recovering = False
+        unreferenced = [i for i in self._segments if i != self._cur_id and not self._refs.get(i)]
+        for segment_id in unreferenced:
+            self._maybe_delete(segment_id)
+        return len(unreferenced)
+
+    def _maybe_delete(self, segment_id: int) -> None:
+        if self._recovering or segment_id == self._cur_id or segment_id not in self._segments:
+            return
+        if self._held:
+            self._pending_deletes.add(segment_id)
+        else:
+            self._delete(segment_id)
+
+    def _delete(self, segment_id: int) -> None:
+        segment = self._segments.pop(segment_id)
+        self._ends.pop(segment_id, None)
+        if self._dirty:
+            self._dirty = [r for r in self._dirty if r[0] is not segment]
+        segment.delete()
+        log.debug("%s: deleted unreferenced segment %s", self.path, segment.path.name)
+
+    def hold_deletions(self) -> None:
+        """Postpone deletions (a worker thread may be msync-ing segments). Nests."""
+        self._held += 1
+
+    def release_deletions(self) -> None:
+        """End one hold; at the last one, delete what became deletable meanwhile."""
+        if self._held <= 0:
+            raise RuntimeError("release_deletions() without hold_deletions()")
+        self._held -= 1
+        if self._held:
+            return
+        pending, self._pending_deletes = self._pending_deletes, set()
+        for segment_id in sorted(pending):
+            if segment_id in self._segments and segment_id != self._cur_id and not self._refs.get(segment_id):
+                self._delete(segment_id)
+
+    @contextmanager
+    def deletions_held(self) -> Iterator[None]:
+        self.hold_deletions()
+        try:
+            yield
+        finally:
+            self.release_deletions()
+
+    # ---- durability ------------------------------------------------------------------------------
+
+    def take_dirty(self) -> list[DirtyRange]:
+        """The (segment, start, end) ranges written since the last call; clears them (loop thread)."""
+        ranges = self._dirty
+        self._dirty = []
+        if self._dirty_start >= 0:
+            ranges.append((self._cur, self._dirty_start, self._wpos))
+            self._dirty_start = -1
+        return ranges
+
+    @staticmethod
+    def sync_ranges(ranges: Iterable[DirtyRange]) -> None:
+        """msync the ranges from take_dirty(). Runs in a worker thread: touches only the mmaps."""
+        for segment, start, end in ranges:
+            segment.sync(start, end)
+
+    # ---- introspection ---------------------------------------------------------------------------
+
+    @property
+    def current_segment_id(self) -> int:
+        return self._cur_id
+
+    def segment_ids(self) -> list[int]:
+        return sorted(self._segments)
+
+    def disk_bytes(self) -> int:
+        """Bytes the segment files take (they are allocated at full size)."""
+        return sum(segment.size for segment in self._segments.values())

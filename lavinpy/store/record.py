@@ -1,0 +1,156 @@
+"""One message record inside a segment: an 8-byte header (length, CRC32) and a LavinMQ-ordered payload.
+
+Layout (all lavinpy integers little-endian; the property block keeps its AMQP big-endian encoding)::
+
+    u32 length      bytes of payload after the crc field; 0 = end of valid data
+    u32 crc32       zlib.crc32 of the payload
+    i64 timestamp   ms since the epoch
+    u8  exchange name length, then UTF-8 bytes
+    u8  routing key length, then UTF-8 bytes
+    ... basic properties exactly as on the wire (u16 flags, then the present fields)
+    u64 body size
+    ... body
+
+The CRC covers the whole payload, so a record that was only partly written when the process died or
+the power went (any subset of its bytes reached the disk) is detected on read and on recovery.
+See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from typing import NamedTuple, TypeAlias
+
+from lavinpy.amqp.properties import PropertiesError, properties_length
+
+HEADER = struct.Struct("<II")  # length, crc32
+HEADER_SIZE = HEADER.size
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+# timestamp + two name-length bytes + body size: the fixed part of a payload
+FIXED_PAYLOAD = 8 + 1 + 1 + 8
+MAX_RECORD_LENGTH = 0xFFFFFFFF  # the length field is a u32
+
+Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
+WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
+
+_crc32 = zlib.crc32
+_pack_header_into = HEADER.pack_into
+_unpack_header_from = HEADER.unpack_from
+_pack_i64 = _I64.pack
+_pack_u64 = _U64.pack
+
+
+class StoredMessage(NamedTuple):
+    timestamp: int
+    exchange: str
+    routing_key: str
+    properties: bytes
+    body: bytes
+
+
+class CorruptRecord(Exception):
+    """A record's length, CRC or field layout is wrong; the message says what and where."""
+
+
+def encode_names(exchange: bytes, routing_key: bytes) -> bytes:
+    """The exchange and routing key as they sit in a record (each a u8 length + bytes).
+
+    The message store caches these per (exchange, routing key) so the hot path does not re-encode.
+    """
+    if len(exchange) > 255 or len(routing_key) > 255:
+        raise ValueError("exchange name and routing key must be at most 255 bytes")
+    return bytes((len(exchange),)) + exchange + bytes((len(routing_key),)) + routing_key
+
+
+def record_size(exchange: bytes, routing_key: bytes, properties: bytes, body_len: int) -> int:
+    """Total bytes a record takes in a segment, header included."""
+    return HEADER_SIZE + FIXED_PAYLOAD + len(exchange) + len(routing_key) + len(properties) + body_len
+
+
+def write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties: bytes,
+                  body: bytes | memoryview, timestamp: int) -> int:
+    """Write a record whose names are already encoded (see ``encode_names``); returns bytes written.
+
+    The caller has checked that the record fits. The payload goes first and the header last, so a
+    process killed mid-write leaves a zero length (end of data) in front of the partial payload; a
+    power loss that persists only some pages is caught by the CRC. The body is copied exactly once,
+    into ``buf``; the CRC is computed on the source pieces with a running value.
+    """
+    head = _pack_i64(timestamp) + names + properties + _pack_u64(len(body))
+    start = offset + HEADER_SIZE
+    body_start = start + len(head)
+    end = body_start + len(body)
+    buf[start:body_start] = head
+    buf[body_start:end] = body
+    length = end - start
+    _pack_header_into(buf, offset, length, _crc32(body, _crc32(head)))
+    return length + HEADER_SIZE
+
+
+def write_record(buf: WritableBuffer, offset: int, exchange: bytes, routing_key: bytes, properties: bytes,
+                 body: bytes | memoryview, timestamp: int) -> int:
+    """Write one record at ``offset`` of a writable buffer (an mmap); returns bytes written."""
+    return write_encoded(buf, offset, encode_names(exchange, routing_key), properties, body, timestamp)
+
+
+def read_header(buf: Buffer, offset: int) -> tuple[int, int]:
+    """(payload length, crc32) of the record at ``offset``."""
+    return _unpack_header_from(buf, offset)
+
+
+def record_length_at(buf: Buffer, offset: int) -> int:
+    """Total size of the record at ``offset`` (header included), or 0 at the end of the data."""
+    length = _U32.unpack_from(buf, offset)[0]
+    return length + HEADER_SIZE if length else 0
+
+
+def read_record(buf: Buffer, offset: int, end: int) -> tuple[StoredMessage, int]:
+    """Decode and verify the record at ``offset``; returns (message, total record size).
+
+    ``end`` bounds the record (the file size). Pass a memoryview for ``buf`` so that the CRC is
+    computed in place: the body is then copied once, into the returned bytes.
+    """
+    if offset + HEADER_SIZE > end:
+        raise CorruptRecord(f"record header at offset {offset} runs past the end ({end})")
+    length, crc = _unpack_header_from(buf, offset)
+    start = offset + HEADER_SIZE
+    stop = start + length
+    if length < FIXED_PAYLOAD:
+        raise CorruptRecord(f"record at offset {offset} has an invalid length {length}")
+    if stop > end:
+        raise CorruptRecord(f"record at offset {offset} of length {length} runs past the end ({end})")
+    if _crc32(buf[start:stop]) != crc:
+        raise CorruptRecord(f"record at offset {offset} fails its CRC check")
+    timestamp = _I64.unpack_from(buf, start)[0]
+    p = start + 8
+    ex_len = buf[p]
+    exchange = bytes(buf[p + 1:p + 1 + ex_len])
+    p += 1 + ex_len
+    if p >= stop:
+        raise CorruptRecord(f"record at offset {offset}: exchange name runs past the record")
+    rk_len = buf[p]
+    routing_key = bytes(buf[p + 1:p + 1 + rk_len])
+    p += 1 + rk_len
+    try:
+        props_len = properties_length(buf, p, stop)
+    except PropertiesError as exc:
+        raise CorruptRecord(f"record at offset {offset}: bad basic properties ({exc})") from None
+    properties = bytes(buf[p:p + props_len])
+    p += props_len
+    if p + 8 > stop:
+        raise CorruptRecord(f"record at offset {offset}: body size runs past the record")
+    body_len = _U64.unpack_from(buf, p)[0]
+    p += 8
+    if p + body_len != stop:
+        raise CorruptRecord(
+            f"record at offset {offset}: body size {body_len} does not match the record length {length}")
+    try:
+        message = StoredMessage(timestamp, exchange.decode(), routing_key.decode(), properties,
+                                bytes(buf[p:stop]))
+    except UnicodeDecodeError:
+        raise CorruptRecord(f"record at offset {offset}: exchange or routing key is not UTF-8") from None
+    return message, length + HEADER_SIZE
