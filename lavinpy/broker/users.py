@@ -1,0 +1,287 @@
+"""Users, vhosts and permissions, persisted in ``users.json`` and ``vhosts.json``.
+
+Permission checks follow RabbitMQ: each of configure/write/read is a regular expression searched
+(unanchored) in the resource name; an empty expression grants nothing; the default exchange ``""``
+is checked under the name ``amq.default``. Having a permission entry for a vhost, even one of three
+empty expressions, is what lets a user open a connection to that vhost.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from lavinpy.store.jsonfile import read_json, write_json_atomic
+from lavinpy.store.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password, verify_password
+
+log = logging.getLogger(__name__)
+
+PermissionKind = Literal["configure", "write", "read"]
+PERMISSION_KINDS: tuple[str, ...] = ("configure", "write", "read")
+DEFAULT_EXCHANGE_RESOURCE = "amq.default"
+ADMINISTRATOR_TAG = "administrator"
+
+
+class NotFound(LookupError):
+    """The named user or vhost does not exist."""
+
+
+class AlreadyExists(ValueError):
+    """A user or vhost of that name exists already."""
+
+
+@dataclass(frozen=True)
+class Permissions:
+    configure: str
+    write: str
+    read: str
+
+
+@dataclass
+class User:
+    name: str
+    password_hash: str
+    hashing_algorithm: str = DEFAULT_ALGORITHM
+    tags: list[str] = field(default_factory=list)
+    permissions: dict[str, Permissions] = field(default_factory=dict)
+
+    def copy(self) -> User:
+        return replace(self, tags=list(self.tags), permissions=dict(self.permissions))
+
+
+@dataclass
+class VHost:
+    name: str
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+
+    def copy(self) -> VHost:
+        return replace(self, tags=list(self.tags))
+
+
+class UserStore:
+    """The broker's users, vhosts and permissions. Every change is written to disk at once."""
+
+    def __init__(self, users_file: Path, vhosts_file: Path) -> None:
+        self.users_file = Path(users_file)
+        self.vhosts_file = Path(vhosts_file)
+        self._users: dict[str, User] = {}
+        self._vhosts: dict[str, VHost] = {}
+        self._regex_cache: dict[str, re.Pattern[str]] = {}
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read both files (missing files mean no users / no vhosts)."""
+        users_json = read_json(self.users_file, [])
+        vhosts_json = read_json(self.vhosts_file, [])
+        if not isinstance(users_json, list):
+            raise ValueError(f"{self.users_file}: expected a JSON list of users")
+        if not isinstance(vhosts_json, list):
+            raise ValueError(f"{self.vhosts_file}: expected a JSON list of vhosts")
+        try:
+            self._users = {u.name: u for u in map(_user_from_json, users_json)}
+            self._vhosts = {v.name: v for v in map(_vhost_from_json, vhosts_json)}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{self.users_file} / {self.vhosts_file}: malformed entry ({exc!r})") from exc
+
+    def _save_users(self) -> None:
+        write_json_atomic(self.users_file, [_user_to_json(u) for u in self._users.values()])
+
+    def _save_vhosts(self) -> None:
+        write_json_atomic(self.vhosts_file, [_vhost_to_json(v) for v in self._vhosts.values()])
+
+    def ensure_defaults(self, user: str, password: str) -> None:
+        """On a fresh store: create vhost "/" and an administrator with full rights on it."""
+        if not self._vhosts:
+            self.add_vhost("/")
+        if not self._users:
+            self.add_user(user, password, tags=(ADMINISTRATOR_TAG,))
+            if self.vhost_exists("/"):
+                self.set_permissions(user, "/", ".*", ".*", ".*")
+
+    # -- users --------------------------------------------------------------------------------
+
+    def authenticate(self, username: str, password: str) -> User | None:
+        """The user when the password is right, else None (unknown user, wrong password, no password)."""
+        user = self._users.get(username)
+        if user is None:
+            return None
+        try:
+            ok = verify_password(password, user.password_hash, user.hashing_algorithm)
+        except ValueError:
+            log.warning("user %r has an unsupported hashing algorithm %r", username, user.hashing_algorithm)
+            return None
+        return user.copy() if ok else None
+
+    def add_user(self, name: str, password: str, tags: Iterable[str] = ()) -> User:
+        """Create a user with a salted SHA-256 password hash."""
+        return self.add_user_with_hash(name, hash_password(password), DEFAULT_ALGORITHM, tags)
+
+    def add_user_with_hash(
+        self, name: str, password_hash: str, algorithm: str = DEFAULT_ALGORITHM, tags: Iterable[str] = ()
+    ) -> User:
+        """Create a user from an existing hash (definitions import). An empty hash means no password login."""
+        if not name:
+            raise ValueError("user name must not be empty")
+        if name in self._users:
+            raise AlreadyExists(f"user {name!r} already exists")
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown password hashing algorithm {algorithm!r}")
+        user = User(name, password_hash, algorithm, list(tags))
+        self._users[name] = user
+        self._save_users()
+        return user.copy()
+
+    def change_password(self, name: str, password: str) -> None:
+        user = self._get_user(name)
+        user.password_hash = hash_password(password)
+        user.hashing_algorithm = DEFAULT_ALGORITHM
+        self._save_users()
+
+    def set_tags(self, name: str, tags: Iterable[str]) -> None:
+        self._get_user(name).tags = list(tags)
+        self._save_users()
+
+    def delete_user(self, name: str) -> None:
+        self._get_user(name)
+        del self._users[name]
+        self._save_users()
+
+    def users(self) -> list[User]:
+        return [u.copy() for u in self._users.values()]
+
+    def user(self, name: str) -> User | None:
+        user = self._users.get(name)
+        return user.copy() if user is not None else None
+
+    def _get_user(self, name: str) -> User:
+        try:
+            return self._users[name]
+        except KeyError:
+            raise NotFound(f"no user {name!r}") from None
+
+    # -- vhosts -------------------------------------------------------------------------------
+
+    def add_vhost(self, name: str, description: str = "", tags: Iterable[str] = ()) -> VHost:
+        if not name:
+            raise ValueError("vhost name must not be empty")
+        if name in self._vhosts:
+            raise AlreadyExists(f"vhost {name!r} already exists")
+        vhost = VHost(name, description, list(tags))
+        self._vhosts[name] = vhost
+        self._save_vhosts()
+        return vhost.copy()
+
+    def delete_vhost(self, name: str) -> None:
+        """Remove the vhost and every user's permissions on it."""
+        if name not in self._vhosts:
+            raise NotFound(f"no vhost {name!r}")
+        users_changed = False
+        for user in self._users.values():
+            if user.permissions.pop(name, None) is not None:
+                users_changed = True
+        # Permissions first: a crash between the two writes then leaves an unused vhost, not
+        # permissions that would silently apply to a later vhost of the same name.
+        if users_changed:
+            self._save_users()
+        del self._vhosts[name]
+        self._save_vhosts()
+
+    def vhosts(self) -> list[VHost]:
+        return [v.copy() for v in self._vhosts.values()]
+
+    def vhost(self, name: str) -> VHost | None:
+        vhost = self._vhosts.get(name)
+        return vhost.copy() if vhost is not None else None
+
+    def vhost_exists(self, name: str) -> bool:
+        return name in self._vhosts
+
+    # -- permissions --------------------------------------------------------------------------
+
+    def set_permissions(self, user: str, vhost: str, configure: str, write: str, read: str) -> None:
+        """Grant ``user`` the three regexes on ``vhost``; a regex that does not compile is a ValueError."""
+        target = self._get_user(user)
+        if vhost not in self._vhosts:
+            raise NotFound(f"no vhost {vhost!r}")
+        for kind, pattern in zip(PERMISSION_KINDS, (configure, write, read), strict=True):
+            try:
+                self._compiled(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid {kind} permission regex {pattern!r}: {exc}") from None
+        target.permissions[vhost] = Permissions(configure, write, read)
+        self._save_users()
+
+    def clear_permissions(self, user: str, vhost: str) -> None:
+        if self._get_user(user).permissions.pop(vhost, None) is not None:
+            self._save_users()
+
+    def permissions(self, user: str, vhost: str) -> Permissions | None:
+        target = self._users.get(user)
+        return target.permissions.get(vhost) if target is not None else None
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool:
+        """A user may open a vhost when the vhost exists and the user has any permission entry on it."""
+        return vhost in self._vhosts and self.permissions(user, vhost) is not None
+
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool:
+        """May ``user`` do a ``kind`` operation on the exchange or queue named ``resource`` in ``vhost``?"""
+        if kind not in PERMISSION_KINDS:
+            raise ValueError(f"permission kind must be one of {PERMISSION_KINDS}, not {kind!r}")
+        perms = self.permissions(user, vhost)
+        if perms is None:
+            return False
+        pattern = getattr(perms, kind)
+        if pattern == "":
+            return False
+        if resource == "":
+            resource = DEFAULT_EXCHANGE_RESOURCE
+        return self._compiled(pattern).search(resource) is not None
+
+    def _compiled(self, pattern: str) -> re.Pattern[str]:
+        compiled = self._regex_cache.get(pattern)
+        if compiled is None:
+            compiled = self._regex_cache[pattern] = re.compile(pattern)
+        return compiled
+
+
+# -- JSON shapes ------------------------------------------------------------------------------
+
+
+def _user_to_json(user: User) -> dict[str, Any]:
+    return {
+        "name": user.name,
+        "password_hash": user.password_hash,
+        "hashing_algorithm": user.hashing_algorithm,
+        "tags": list(user.tags),
+        "permissions": {
+            vhost: {"configure": p.configure, "write": p.write, "read": p.read}
+            for vhost, p in user.permissions.items()
+        },
+    }
+
+
+def _user_from_json(obj: dict[str, Any]) -> User:
+    return User(
+        name=obj["name"],
+        password_hash=obj.get("password_hash", ""),
+        hashing_algorithm=obj.get("hashing_algorithm", DEFAULT_ALGORITHM),
+        tags=list(obj.get("tags", [])),
+        permissions={
+            vhost: Permissions(p["configure"], p["write"], p["read"])
+            for vhost, p in obj.get("permissions", {}).items()
+        },
+    )
+
+
+def _vhost_to_json(vhost: VHost) -> dict[str, Any]:
+    return {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags)}
+
+
+def _vhost_from_json(obj: dict[str, Any]) -> VHost:
+    return VHost(obj["name"], obj.get("description", ""), list(obj.get("tags", [])))

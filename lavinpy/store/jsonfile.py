@@ -1,0 +1,57 @@
+"""Atomic small-file writes (JSON and raw bytes) and JSON reads.
+
+A file is replaced by writing ``<file>.tmp``, fsyncing it, renaming it over the target and fsyncing the
+directory, so a crash leaves either the old or the new content, never a torn mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new/removed entry in directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path_for(path: Path) -> Path:
+    """The sibling temporary file used while ``path`` is being replaced."""
+    return path.with_name(path.name + ".tmp")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably."""
+    path = Path(path)
+    tmp = tmp_path_for(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Serialise ``obj`` as JSON (UTF-8, indented for humans) and replace ``path`` atomically."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+    write_bytes_atomic(Path(path), text.encode("utf-8"))
+
+
+def read_json(path: Path, default: Any) -> Any:
+    """Load JSON from ``path``; a missing file gives ``default``, a corrupt one a ValueError naming it."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return default
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
