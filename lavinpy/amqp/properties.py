@@ -7,6 +7,12 @@ a feature needs a field.
 
 from __future__ import annotations
 
+import datetime
+
+from pamqp import commands
+from pamqp import decode as _decode
+from pamqp import encode as _encode
+
 _U16 = int.from_bytes
 
 # Property flag bits of class basic (bit 15 first), and how each field is encoded.
@@ -70,3 +76,221 @@ def properties_length(buf: bytes | bytearray | memoryview, offset: int = 0, end:
         if pos > end:
             raise PropertiesError("property field truncated")
     return pos - offset
+
+
+# --- Fast walking, peeks and edits on the raw block -------------------------------------------------
+
+_KIND_BY_NAME: dict[str, tuple[int, int]] = {name: (bit, kind) for name, bit, kind in FIELDS}
+# pamqp calls the "type" property "message_type"; accept both spellings.
+_KIND_BY_NAME["message_type"] = _KIND_BY_NAME["type"]
+_FIELD_BITS = tuple(bit for _name, bit, _kind in FIELDS)
+_FIXED_SIZE = {_OCTET: 1, _TIMESTAMP: 8}
+
+# flags word -> kinds of the present fields, in wire order. At most 2**15 distinct entries, in
+# practice a handful: publishers reuse the same property set for every message.
+_kinds_cache: dict[int, tuple[int, ...]] = {}
+
+
+def _present_kinds(flags: int) -> tuple[int, ...]:
+    kinds = _kinds_cache.get(flags)
+    if kinds is None:
+        kinds = tuple(kind for _name, bit, kind in FIELDS if flags & bit)
+        _kinds_cache[flags] = kinds
+    return kinds
+
+
+def properties_end(buf: bytes | bytearray | memoryview, offset: int, end: int) -> int:
+    """Offset just past the property block starting at ``offset``; same rules as ``properties_length``.
+
+    The frame reader calls this for every content header, so it avoids slicing and walks only the
+    fields that are present.
+    """
+    if offset + 2 > end:
+        raise PropertiesError("property flags truncated")
+    flags = (buf[offset] << 8) | buf[offset + 1]
+    pos = offset + 2
+    if flags & _CONTINUATION:
+        more = flags
+        while more & _CONTINUATION:
+            if pos + 2 > end:
+                raise PropertiesError("property flags truncated")
+            more = (buf[pos] << 8) | buf[pos + 1]
+            pos += 2
+    if not flags & 0xFFFC:
+        return pos
+    for kind in _present_kinds(flags & 0xFFFC):
+        if kind == _SHORTSTR:
+            if pos >= end:
+                raise PropertiesError("property field truncated")
+            pos += 1 + buf[pos]
+        elif kind == _TABLE:
+            if pos + 4 > end:
+                raise PropertiesError("property table truncated")
+            pos += 4 + ((buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3])
+        else:
+            pos += _FIXED_SIZE[kind]
+        if pos > end:
+            raise PropertiesError("property field truncated")
+    return pos
+
+
+def _flags_and_start(raw: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """The first flags word and the offset of the first field (after any continuation words)."""
+    end = len(raw)
+    if end < 2:
+        raise PropertiesError("property flags truncated")
+    flags = (raw[0] << 8) | raw[1]
+    pos = 2
+    more = flags
+    while more & _CONTINUATION:
+        if pos + 2 > end:
+            raise PropertiesError("property flags truncated")
+        more = (raw[pos] << 8) | raw[pos + 1]
+        pos += 2
+    return flags, pos
+
+
+def _field_span(raw: bytes | bytearray | memoryview, bit: int) -> tuple[int, int, int, int]:
+    """(flags, start, stop, fields_start) of the field ``bit``; start == stop when it is absent.
+
+    When absent, ``start`` is where the field would be inserted.
+    """
+    flags, pos = _flags_and_start(raw)
+    fields_start = pos
+    end = len(raw)
+    for _name, field_bit, kind in FIELDS:
+        if field_bit == bit:
+            if not flags & bit:
+                return flags, pos, pos, fields_start
+            start = pos
+        elif not flags & field_bit:
+            continue
+        if kind == _SHORTSTR:
+            if pos >= end:
+                raise PropertiesError("property field truncated")
+            pos += 1 + raw[pos]
+        elif kind == _TABLE:
+            if pos + 4 > end:
+                raise PropertiesError("property table truncated")
+            pos += 4 + int.from_bytes(raw[pos:pos + 4], "big")
+        else:
+            pos += _FIXED_SIZE[kind]
+        if pos > end:
+            raise PropertiesError("property field truncated")
+        if field_bit == bit:
+            return flags, start, pos, fields_start
+    raise KeyError(bit)  # unreachable: every caller passes a bit from FIELDS
+
+
+def peek_delivery_mode(raw: bytes | bytearray | memoryview) -> int | None:
+    """delivery_mode (1 transient, 2 persistent) without decoding the rest, or None when absent."""
+    if len(raw) >= 3 and raw[0] & 0xF0 == 0x10 and not raw[1] & _CONTINUATION:
+        return raw[2]  # no variable-length field before it: it is the first field
+    if len(raw) >= 2 and not raw[0] & 0x10:  # bit 12 lives in the high byte
+        return None
+    _flags, start, stop, _ = _field_span(raw, 1 << 12)
+    return raw[start] if stop > start else None
+
+
+def peek_priority(raw: bytes | bytearray | memoryview) -> int | None:
+    """priority (0-255 on the wire) without decoding the rest, or None when absent."""
+    if len(raw) >= 2 and not raw[0] & 0x08:  # bit 11
+        return None
+    if len(raw) >= 4 and raw[0] & 0xE0 == 0 and not raw[1] & _CONTINUATION:
+        return raw[3 if raw[0] & 0x10 else 2]  # preceded at most by delivery_mode (one octet)
+    _flags, start, stop, _ = _field_span(raw, 1 << 11)
+    return raw[start] if stop > start else None
+
+
+def peek_expiration(raw: bytes | bytearray | memoryview) -> str | None:
+    """The expiration string (a per-message TTL in ms, as text), or None when absent."""
+    if len(raw) >= 2 and not raw[0] & 0x01:  # bit 8
+        return None
+    _flags, start, stop, _ = _field_span(raw, 1 << 8)
+    if stop == start:
+        return None
+    try:
+        return bytes(raw[start + 1:stop]).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise PropertiesError(f"expiration is not UTF-8: {err}") from err
+
+
+def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
+    """The headers table, decoded on its own (the other fields are skipped), or None when absent."""
+    if len(raw) >= 2 and not raw[0] & 0x20:  # bit 13
+        return None
+    _flags, start, stop, _ = _field_span(raw, 1 << 13)
+    if stop == start:
+        return None
+    try:
+        _consumed, table = _decode.field_table(bytes(raw[start:stop]))
+    except Exception as err:  # pamqp raises ValueError, but datetime/decimal decoding can raise others
+        raise PropertiesError(f"headers table malformed: {err}") from err
+    return table
+
+
+def _encode_field(name: str, kind: int, value: object) -> bytes:
+    if kind == _SHORTSTR:
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+        if len(data) > 255:
+            raise ValueError(f"{name} longer than 255 bytes")
+        return bytes((len(data),)) + data
+    if kind == _TABLE:
+        return _encode.field_table(value)  # type: ignore[arg-type]
+    if kind == _OCTET:
+        if not isinstance(value, int) or not 0 <= value <= 255:
+            raise ValueError(f"{name} must be an int 0-255")
+        return bytes((value,))
+    if isinstance(value, datetime.datetime):
+        return _encode.timestamp(value)
+    if not isinstance(value, int) or not 0 <= value < 1 << 64:
+        raise ValueError(f"{name} must be a datetime or an int of seconds")
+    return value.to_bytes(8, "big")
+
+
+def replace_field(raw: bytes | bytearray | memoryview, name: str, value: object) -> bytes:
+    """The same property block with field ``name`` set to ``value`` (None removes it).
+
+    Every other field keeps its exact bytes. Names are those of ``FIELDS``; "message_type" is accepted
+    for "type". Raises KeyError for an unknown name, ValueError for a value the field cannot hold.
+    """
+    bit, kind = _KIND_BY_NAME[name]
+    flags, start, stop, fields_start = _field_span(raw, bit)
+    if value is None:
+        new_flags = flags & ~bit
+        encoded = b""
+    else:
+        new_flags = flags | bit
+        encoded = _encode_field(name, kind, value)
+    raw_bytes = bytes(raw)
+    return (new_flags.to_bytes(2, "big") + raw_bytes[2:fields_start] + raw_bytes[fields_start:start]
+            + encoded + raw_bytes[stop:])
+
+
+def replace_headers(raw: bytes | bytearray | memoryview, headers: dict | None) -> bytes:
+    """The same property block with its headers table replaced (None removes the field)."""
+    return replace_field(raw, "headers", headers)
+
+
+# --- Full decode / encode through pamqp -------------------------------------------------------------
+
+def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Properties:
+    """Decode a whole property block into pamqp's ``Basic.Properties``.
+
+    Raises PropertiesError when the block is truncated, has trailing bytes, or a field cannot be decoded.
+    """
+    length = properties_length(raw)
+    if length != len(raw):
+        raise PropertiesError(f"property block has {len(raw) - length} trailing bytes")
+    flags, pos = _flags_and_start(raw)
+    props = commands.Basic.Properties()
+    try:
+        props.unmarshal(flags, bytes(raw[pos:]))
+    except Exception as err:  # tables and timestamps can fail in several ways inside pamqp
+        raise PropertiesError(f"property block malformed: {err}") from err
+    return props
+
+
+def encode_properties(props: commands.Basic.Properties) -> bytes:
+    """Encode pamqp ``Basic.Properties`` to the wire block (flags + present fields)."""
+    return props.marshal()

@@ -1,0 +1,674 @@
+"""One AMQP channel: content assembly, publishing, confirms, transactions, consumers, acks."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pamqp import commands
+
+from ..broker.consumer import Consumer
+from ..store.record import StoredMessage
+from . import writer
+from .constants import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    FRAME_ERROR,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    UNEXPECTED_FRAME,
+)
+from .errors import AMQPChannelError, AMQPConnectionError, AMQPError
+from .properties import decode_properties, replace_field
+from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+
+if TYPE_CHECKING:
+    from ..broker.queue import Queue
+    from ..broker.vhost import VHost
+    from .connection import AMQPConnection
+
+log = logging.getLogger("lavinpy.channel")
+
+REPLY_TO = "amq.rabbitmq.reply-to"
+REPLY_TO_PREFIX = REPLY_TO + "."
+_REPLY_TO_FLAG = 1 << 9
+_USER_ID_FLAG = 1 << 4
+
+
+class Unacked(NamedTuple):
+    queue: Queue
+    pos: int
+    consumer: Consumer | None  # None for basic.get
+
+
+class PendingPublish(NamedTuple):
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    properties: bytes
+    body: bytes
+
+
+def _method_ids(method: Any) -> tuple[int, int]:
+    index = getattr(method, "index", None)
+    if index is None:
+        index = getattr(type(method), "INDEX", 0)
+    return (index >> 16) & 0xFFFF, index & 0xFFFF
+
+
+def _random_tag(prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class Channel:
+    def __init__(self, connection: AMQPConnection, channel_id: int) -> None:
+        self.conn = connection
+        self.id = channel_id
+        self.vhost: VHost = connection.vhost
+        self.closing = False
+        self.closed = False
+        # content assembly
+        self._publish: Publish | None = None
+        self._properties = b""
+        self._body_size = 0
+        self._body_parts: list[bytes] = []
+        self._body_received = 0
+        # deliveries
+        self.delivery_tag = 0
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.consumers: dict[str, Consumer] = {}
+        self.prefetch_count = 0  # for consumers created after basic.qos(global=false)
+        self.global_prefetch = 0  # basic.qos(global=true): the whole channel
+        self.flow_active = True
+        self.last_queue = ""
+        # confirms
+        self.confirm = False
+        self.publish_seq = 0
+        self._confirm_sent = 0
+        self._confirm_upto = 0
+        self._confirm_needs_sync = False
+        self._confirm_chain: asyncio.Task | None = None
+        # transactions
+        self.tx = False
+        self._tx_publishes: list[PendingPublish] = []
+        self._tx_settles: list[tuple[list[tuple[int, Unacked]], bool | None]] = []
+        # direct reply-to
+        self.reply_to_key: str | None = None
+        self.reply_to_consumer: str | None = None
+
+    # --- output -------------------------------------------------------------------------------
+    def send_method(self, method: Any) -> None:
+        self.conn.send(writer.method_frame(self.id, method))
+
+    # --- errors -------------------------------------------------------------------------------
+    def close_with_error(self, error: AMQPChannelError, method: Any | None) -> None:
+        class_id, method_id = (error.class_id, error.method_id)
+        if method is not None and not class_id:
+            class_id, method_id = _method_ids(method)
+        log.info("channel %d on %s closed: %s", self.id, self.conn.name, error.text)
+        self.send_method(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
+                                                class_id=class_id, method_id=method_id))
+        self.closing = True
+        self.release()
+
+    # --- frames in ----------------------------------------------------------------------------
+    def handle_frame(self, frame: Any) -> None:
+        """Process one frame for this channel; errors close the channel or the connection."""
+        if self.closing:
+            # After channel.close only close/close-ok matter (AMQP 0-9-1 section 2.2.6).
+            method = getattr(frame, "method", None)
+            if isinstance(method, commands.Channel.CloseOk):
+                self.conn.remove_channel(self.id)
+            elif isinstance(method, commands.Channel.Close):
+                self.send_method(commands.Channel.CloseOk())
+            return
+        method = getattr(frame, "method", None)
+        try:
+            if self._publish is not None:
+                self._handle_content(frame)
+            elif method is not None:
+                self._handle_method(method)
+            elif isinstance(frame, (HeaderFrame, BodyFrame)):
+                raise AMQPConnectionError(
+                    UNEXPECTED_FRAME,
+                    f"expected a method frame on channel {self.id}, got a content "
+                    f"{'header' if isinstance(frame, HeaderFrame) else 'body'} frame")
+        except AMQPChannelError as e:
+            self._reset_content()
+            self.close_with_error(e, method)
+
+    def _reset_content(self) -> None:
+        self._publish = None
+        self._body_parts = []
+        self._body_received = 0
+
+    def _handle_content(self, frame: Any) -> None:
+        if isinstance(frame, HeaderFrame):
+            if self._header_seen:
+                raise AMQPConnectionError(UNEXPECTED_FRAME,
+                                          f"unexpected content header on channel {self.id}")
+            if frame.class_id != 60:
+                raise AMQPConnectionError(FRAME_ERROR, f"content header for class {frame.class_id}, "
+                                                       "expected class 60 (basic)")
+            max_size = self.conn.config.max_message_size
+            if frame.body_size > max_size:
+                self._reset_content()
+                raise AMQPChannelError(PRECONDITION_FAILED,
+                                       f"message size {frame.body_size} is larger than configured max "
+                                       f"size {max_size}", *_method_ids(commands.Basic.Publish()))
+            self._header_seen = True
+            self._properties = frame.properties
+            self._body_size = frame.body_size
+            if frame.body_size == 0:
+                self._complete_publish(b"")
+        elif isinstance(frame, BodyFrame):
+            if not self._header_seen:
+                raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.id}, "
+                                                            "got a content body frame")
+            data = frame.data
+            self._body_received += len(data)
+            if self._body_received > self._body_size:
+                raise AMQPConnectionError(
+                    FRAME_ERROR, f"content body on channel {self.id} is longer than the "
+                                 f"{self._body_size} bytes announced in its header")
+            if self._body_received == self._body_size and not self._body_parts:
+                self._complete_publish(data)
+                return
+            self._body_parts.append(data)
+            if self._body_received == self._body_size:
+                self._complete_publish(b"".join(self._body_parts))
+        else:
+            raise AMQPConnectionError(
+                UNEXPECTED_FRAME,
+                f"expected content header for class 60 on channel {self.id}, got a "
+                f"{'method' if getattr(frame, 'method', None) is not None else 'heartbeat'} frame")
+
+    _header_seen = False
+
+    # --- publishing ---------------------------------------------------------------------------
+    def _start_publish(self, method: Publish) -> None:
+        if method.immediate:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        self.conn.check_permission("write", "exchange", method.exchange)
+        self.vhost.get_exchange(method.exchange)  # 404 before the content arrives, as RabbitMQ
+        self._publish = method
+        self._header_seen = False
+        self._body_parts = []
+        self._body_received = 0
+        self.conn.published = True
+
+    def _complete_publish(self, body: bytes) -> None:
+        method = self._publish
+        properties = self._properties
+        self._reset_content()
+        self._header_seen = False
+        assert method is not None
+        flags = (properties[0] << 8) | properties[1]
+        if flags & (_REPLY_TO_FLAG | _USER_ID_FLAG):
+            properties = self._check_special_properties(properties, flags)
+        if self.tx:
+            self._tx_publishes.append(
+                PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, body))
+            return
+        needs_sync = self._route(method.exchange, method.routing_key, method.mandatory, properties, body)
+        if self.confirm:
+            self.publish_seq += 1
+            self._confirm_upto = self.publish_seq
+            if needs_sync:
+                self._confirm_needs_sync = True
+            self.conn.confirms_pending.add(self)
+
+    def _check_special_properties(self, properties: bytes, flags: int) -> bytes:
+        props = decode_properties(properties)
+        if flags & _USER_ID_FLAG and props.user_id != self.conn.username:
+            raise AMQPChannelError(PRECONDITION_FAILED,
+                                   f"user_id property set to '{props.user_id}' but authenticated user was "
+                                   f"'{self.conn.username}'", 60, 40)
+        if flags & _REPLY_TO_FLAG and props.reply_to == REPLY_TO:
+            if self.reply_to_key is None:
+                raise AMQPChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
+            properties = replace_field(properties, "reply_to", self.reply_to_key)
+        return properties
+
+    def _route(self, exchange_name: str, routing_key: str, mandatory: bool, properties: bytes,
+               body: bytes) -> bool:
+        """Route one message; returns True when its confirm must wait for an fsync."""
+        exchange = self.vhost.get_exchange(exchange_name)
+        if exchange.internal:
+            raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange_name}' "
+                                                   f"in vhost '{self.vhost.name}'", 60, 40)
+        if exchange_name == "" and routing_key.startswith(REPLY_TO_PREFIX):
+            target = self.conn.broker.reply_to.get(routing_key)
+            if target is not None and not target.closing:
+                target.deliver_reply(routing_key, properties, body)
+                return False
+            queued, needs_sync = 0, False
+        else:
+            queued, needs_sync = self.vhost.publish(exchange, routing_key, properties, body)
+        if not queued and mandatory:
+            self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange_name, routing_key,
+                                               properties, body, self.conn.frame_max))
+        return needs_sync
+
+    def send_confirms(self) -> None:
+        """Called once per batch of input: confirm what was published, after the fsync it needs."""
+        upto = self._confirm_upto
+        if upto <= self._confirm_sent and self._confirm_chain is None:
+            return
+        needs_sync, self._confirm_needs_sync = self._confirm_needs_sync, False
+        if not needs_sync and self._confirm_chain is None:
+            self._send_ack(upto)
+        elif upto > self._confirm_sent:
+            previous = self._confirm_chain
+            self._confirm_chain = asyncio.get_running_loop().create_task(
+                self._confirm_after_flush(upto, needs_sync, previous))
+
+    async def _confirm_after_flush(self, upto: int, needs_sync: bool, previous: asyncio.Task | None) -> None:
+        if previous is not None:
+            await previous
+        if needs_sync:
+            await self.vhost.store.flush()
+        if not self.closing:
+            self._send_ack(upto)
+        if self._confirm_chain is asyncio.current_task():
+            self._confirm_chain = None
+
+    def _send_ack(self, upto: int) -> None:
+        if upto <= self._confirm_sent:
+            return
+        multiple = upto - self._confirm_sent > 1
+        self._confirm_sent = upto
+        self.conn.send(writer.basic_ack(self.id, upto, multiple))
+
+    # --- deliveries ---------------------------------------------------------------------------
+    def can_deliver(self) -> bool:
+        if not self.flow_active or self.closing or not self.conn.writable:
+            return False
+        return not self.global_prefetch or len(self.unacked) < self.global_prefetch
+
+    def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        if not consumer.no_ack:
+            self.unacked[tag] = Unacked(consumer.queue, pos, consumer)
+        self.conn.send_many(writer.deliver(self.id, consumer.tag, tag, redelivered, msg.exchange,
+                                           msg.routing_key, msg.properties, msg.body, self.conn.frame_max))
+
+    def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> None:
+        """Direct reply-to: a reply goes straight to the requester, never through a queue."""
+        self.delivery_tag += 1
+        self.conn.send_many(writer.deliver(self.id, self.reply_to_consumer or "", self.delivery_tag, False,
+                                           "", routing_key, properties, body, self.conn.frame_max))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        """The server cancels a consumer (its queue was deleted)."""
+        if self.consumers.get(consumer.tag) is consumer:
+            del self.consumers[consumer.tag]
+            if self.conn.capability("consumer_cancel_notify") and not self.closing:
+                self.send_method(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    # --- acknowledgements ---------------------------------------------------------------------
+    def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+        unacked = self.unacked
+        if multiple:
+            if delivery_tag == 0:
+                taken = list(unacked.items())
+                unacked.clear()
+                return taken
+            taken = []
+            while unacked:
+                tag = next(iter(unacked))
+                if tag > delivery_tag:
+                    break
+                taken.append(unacked.popitem(last=False))
+            if taken:
+                return taken
+        else:
+            item = unacked.pop(delivery_tag, None)
+            if item is not None:
+                return [(delivery_tag, item)]
+        raise AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+
+    def _settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
+        """requeue None = ack; True = back to the queue; False = drop (dead-lettered later)."""
+        touched = set()
+        for _tag, item in items:
+            if item.consumer is not None:
+                item.consumer.unacked -= 1
+            if requeue:
+                item.queue.requeue(item.pos)
+            else:
+                item.queue.ack(item.pos)
+            touched.add(item.queue)
+        for queue in touched:
+            if queue.consumers:
+                self.vhost.schedule_delivery(queue)
+        if self.global_prefetch:
+            self.conn.schedule_channel_deliveries(self)
+
+    def _ack(self, kind: str, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        items = self._take_unacked(delivery_tag, multiple)
+        settle = None if kind == "ack" else requeue
+        if self.tx:
+            # Validated now, applied on commit, given back on rollback.
+            self._tx_settles.append((items, settle))
+            return
+        self._settle(items, settle)
+
+    # --- methods ------------------------------------------------------------------------------
+    def _handle_method(self, method: Any) -> None:
+        if isinstance(method, Publish):
+            self._start_publish(method)
+            return
+        if isinstance(method, Ack):
+            self._ack("ack", method.delivery_tag, method.multiple, False)
+            return
+        if isinstance(method, Nack):
+            self._ack("nack", method.delivery_tag, method.multiple, method.requeue)
+            return
+        if isinstance(method, Reject):
+            self._ack("reject", method.delivery_tag, False, method.requeue)
+            return
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise AMQPConnectionError(COMMAND_INVALID, f"method {getattr(method, 'name', method)!s} is not "
+                                                       "valid on an open channel",
+                                      *_method_ids(method))
+        handler(self, method)
+
+    def _queue_name(self, name: str) -> str:
+        if name == "":
+            if not self.last_queue:
+                raise AMQPChannelError(NOT_FOUND, "no previously declared queue")
+            return self.last_queue
+        return name
+
+    def _owned_queue(self, name: str) -> Queue:
+        queue = self.vhost.get_queue(name)
+        self.vhost.check_exclusive(queue, self.conn)
+        return queue
+
+    def on_channel_close(self, method: commands.Channel.Close) -> None:
+        self.send_method(commands.Channel.CloseOk())
+        self.release()
+        self.conn.remove_channel(self.id)
+
+    def on_channel_flow(self, method: commands.Channel.Flow) -> None:
+        self.flow_active = bool(method.active)
+        self.send_method(commands.Channel.FlowOk(active=self.flow_active))
+        if self.flow_active:
+            self.conn.schedule_channel_deliveries(self)
+
+    def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        if not m.passive:
+            self.conn.check_permission("configure", "exchange", m.exchange)
+        self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+                                    auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments)
+        if not m.nowait:
+            self.send_method(commands.Exchange.DeclareOk())
+
+    def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        self.conn.check_permission("configure", "exchange", m.exchange)
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        if not m.nowait:
+            self.send_method(commands.Exchange.DeleteOk())
+
+    def on_exchange_bind(self, m: commands.Exchange.Bind) -> None:
+        self.conn.check_permission("write", "exchange", m.destination)
+        self.conn.check_permission("read", "exchange", m.source)
+        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.send_method(commands.Exchange.BindOk())
+
+    def on_exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
+        self.conn.check_permission("write", "exchange", m.destination)
+        self.conn.check_permission("read", "exchange", m.source)
+        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.send_method(commands.Exchange.UnbindOk())
+
+    def on_queue_declare(self, m: commands.Queue.Declare) -> None:
+        name = m.queue
+        if name == "" and not m.passive:
+            name = self.vhost.generate_queue_name()
+        elif name == "":
+            name = self._queue_name(name)
+        if not m.passive:
+            self.conn.check_permission("configure", "queue", name)
+        if name == REPLY_TO and m.passive:
+            if not m.nowait:
+                self.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
+            return
+        queue = self.vhost.declare_queue(name, owner=self.conn, passive=m.passive, durable=m.durable,
+                                         exclusive=m.exclusive, auto_delete=m.auto_delete,
+                                         arguments=m.arguments, server_named=m.queue == "")
+        self.last_queue = name
+        if not m.nowait:
+            self.send_method(commands.Queue.DeclareOk(queue=name, message_count=queue.message_count,
+                                                      consumer_count=queue.consumer_count))
+
+    def on_queue_bind(self, m: commands.Queue.Bind) -> None:
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("write", "queue", name)
+        self.conn.check_permission("read", "exchange", m.exchange)
+        self._owned_queue(name)
+        self.vhost.bind_queue(name, m.exchange, m.routing_key, m.arguments)
+        if not m.nowait:
+            self.send_method(commands.Queue.BindOk())
+
+    def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("write", "queue", name)
+        self.conn.check_permission("read", "exchange", m.exchange)
+        self._owned_queue(name)
+        self.vhost.unbind_queue(name, m.exchange, m.routing_key, m.arguments)
+        self.send_method(commands.Queue.UnbindOk())
+
+    def on_queue_purge(self, m: commands.Queue.Purge) -> None:
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("read", "queue", name)
+        queue = self._owned_queue(name)
+        count = queue.purge()
+        if not m.nowait:
+            self.send_method(commands.Queue.PurgeOk(message_count=count))
+
+    def on_queue_delete(self, m: commands.Queue.Delete) -> None:
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("configure", "queue", name)
+        queue = self.vhost.queues.get(name)
+        if queue is not None:
+            self.vhost.check_exclusive(queue, self.conn)
+        count = self.vhost.delete_queue(name, if_unused=m.if_unused, if_empty=m.if_empty)
+        if not m.nowait:
+            self.send_method(commands.Queue.DeleteOk(message_count=count))
+
+    def on_basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", 60, 10)
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+        else:
+            self.prefetch_count = m.prefetch_count
+        self.send_method(commands.Basic.QosOk())
+        self.conn.schedule_channel_deliveries(self)
+
+    def on_basic_consume(self, m: commands.Basic.Consume) -> None:
+        tag = m.consumer_tag or _random_tag("amq.ctag-")
+        if tag in self.consumers or tag == self.reply_to_consumer:
+            raise AMQPConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if m.queue == REPLY_TO:
+            self._consume_reply_to(m, tag)
+            return
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("read", "queue", name)
+        queue = self._owned_queue(name)
+        if queue.has_exclusive_consumer() or (m.exclusive and queue.consumers):
+            raise AMQPChannelError(ACCESS_REFUSED, f"queue '{name}' in vhost '{self.vhost.name}' in exclusive use")
+        args = dict(m.arguments or {})
+        priority = args.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid x-priority {priority!r}: must be an integer")
+        consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
+                            prefetch=self.prefetch_count, arguments=args)
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def _consume_reply_to(self, m: commands.Basic.Consume, tag: str) -> None:
+        if not m.no_ack:
+            raise AMQPChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20)
+        if self.reply_to_consumer is not None:
+            raise AMQPChannelError(PRECONDITION_FAILED, "reply consumer already set", 60, 20)
+        self.reply_to_consumer = tag
+        self.reply_to_key = REPLY_TO_PREFIX + _random_tag("")
+        self.conn.broker.reply_to[self.reply_to_key] = self
+        if not m.nowait:
+            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+        elif m.consumer_tag == self.reply_to_consumer:
+            self._drop_reply_to()
+        if not m.nowait:
+            self.send_method(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    def _drop_reply_to(self) -> None:
+        if self.reply_to_key is not None:
+            self.conn.broker.reply_to.pop(self.reply_to_key, None)
+        self.reply_to_key = self.reply_to_consumer = None
+
+    def on_basic_get(self, m: commands.Basic.Get) -> None:
+        name = self._queue_name(m.queue)
+        self.conn.check_permission("read", "queue", name)
+        queue = self._owned_queue(name)
+        got = queue.get()
+        if got is None:
+            self.send_method(commands.Basic.GetEmpty())
+            return
+        pos, msg, redelivered = got
+        self.delivery_tag += 1
+        tag = self.delivery_tag
+        if m.no_ack:
+            queue.ack(pos)
+        else:
+            self.unacked[tag] = Unacked(queue, pos, None)
+        self.conn.send_many(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
+                                          queue.message_count, msg.properties, msg.body, self.conn.frame_max))
+
+    def on_basic_recover(self, m: commands.Basic.Recover) -> None:
+        if not m.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        items = list(self.unacked.items())
+        self.unacked.clear()
+        self._settle(items, True)
+        self.send_method(commands.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, m: Any) -> None:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, "basic.recover_async is deprecated", 60, 100)
+
+    def on_confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
+        self.confirm = True
+        if not m.nowait:
+            self.send_method(commands.Confirm.SelectOk())
+
+    def on_tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
+        self.tx = True
+        self.send_method(commands.Tx.SelectOk())
+
+    def on_tx_commit(self, m: commands.Tx.Commit) -> None:
+        if not self.tx:
+            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        publishes, self._tx_publishes = self._tx_publishes, []
+        settles, self._tx_settles = self._tx_settles, []
+        needs_sync = False
+        for p in publishes:
+            needs_sync |= self._route(p.exchange, p.routing_key, p.mandatory, p.properties, p.body)
+        for items, settle in settles:
+            self._settle(items, settle)
+        if needs_sync:
+            asyncio.get_running_loop().create_task(self._commit_after_flush())
+        else:
+            self.send_method(commands.Tx.CommitOk())
+
+    async def _commit_after_flush(self) -> None:
+        await self.vhost.store.flush()
+        if not self.closing:
+            self.send_method(commands.Tx.CommitOk())
+
+    def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if not self.tx:
+            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self._tx_publishes = []
+        self._restore_tx_settles()
+        self.send_method(commands.Tx.RollbackOk())
+
+    def _restore_tx_settles(self) -> None:
+        """Acks taken inside a rolled-back transaction: the deliveries are unacked again."""
+        restored = [pair for items, _ in self._tx_settles for pair in items]
+        self._tx_settles = []
+        if restored:
+            merged = sorted([*self.unacked.items(), *restored])
+            self.unacked = OrderedDict(merged)
+
+    # --- teardown -----------------------------------------------------------------------------
+    def release(self) -> None:
+        """Channel closed: consumers go, unacked messages return to their queues in order."""
+        if self.closed:
+            return
+        self.closed = True
+        self.closing = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        self._drop_reply_to()
+        self._restore_tx_settles()
+        items = list(self.unacked.values())
+        self.unacked.clear()
+        touched = set()
+        for item in items:
+            item.queue.requeue(item.pos)
+            touched.add(item.queue)
+        for queue in touched:
+            if queue.consumers:
+                self.vhost.schedule_delivery(queue)
+
+
+_HANDLERS = {
+    commands.Channel.Close: Channel.on_channel_close,
+    commands.Channel.Flow: Channel.on_channel_flow,
+    commands.Exchange.Declare: Channel.on_exchange_declare,
+    commands.Exchange.Delete: Channel.on_exchange_delete,
+    commands.Exchange.Bind: Channel.on_exchange_bind,
+    commands.Exchange.Unbind: Channel.on_exchange_unbind,
+    commands.Queue.Declare: Channel.on_queue_declare,
+    commands.Queue.Bind: Channel.on_queue_bind,
+    commands.Queue.Unbind: Channel.on_queue_unbind,
+    commands.Queue.Purge: Channel.on_queue_purge,
+    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Basic.Qos: Channel.on_basic_qos,
+    commands.Basic.Consume: Channel.on_basic_consume,
+    commands.Basic.Cancel: Channel.on_basic_cancel,
+    commands.Basic.Get: Channel.on_basic_get,
+    commands.Basic.Recover: Channel.on_basic_recover,
+    commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    commands.Confirm.Select: Channel.on_confirm_select,
+    commands.Tx.Select: Channel.on_tx_select,
+    commands.Tx.Commit: Channel.on_tx_commit,
+    commands.Tx.Rollback: Channel.on_tx_rollback,
+}
+
+__all__ = ["Channel", "AMQPError"]

@@ -1,0 +1,454 @@
+"""One AMQP client connection: handshake, authentication, heartbeats, channels, output batching."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands, decode
+
+from .. import __version__
+from . import writer
+from .channel import Channel
+from .constants import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    FRAME_MIN_SIZE,
+    NOT_ALLOWED,
+    PROTOCOL_HEADER,
+    REPLY_SUCCESS,
+    SYNTAX_ERROR,
+)
+from .errors import AMQPChannelError, AMQPConnectionError
+from .reader import BadProtocolHeader, FrameReader, HeartbeatFrame, MethodFrame
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+    from ..broker.vhost import VHost
+
+log = logging.getLogger("lavinpy.connection")
+
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+HANDSHAKE_TIMEOUT = 10.0
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+# Handshake states
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+def _is_loopback(host: str | None) -> bool:
+    if host is None:
+        return True  # unix socket
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class AMQPConnection(asyncio.Protocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.reader = FrameReader(self.config.frame_max)
+        self.state = AWAIT_HEADER
+        self.transport: asyncio.Transport | None = None
+        self.name = "?"
+        self.peer_host: str | None = None
+        self.username = ""
+        self.vhost: VHost | None = None  # type: ignore[assignment]
+        self.client_properties: dict = {}
+        self.channels: dict[int, Channel] = {}
+        self.frame_max = self.config.frame_max
+        self.channel_max = self.config.channel_max
+        self.heartbeat = 0
+        self.writable = True
+        self.published = False
+        self.blocked = False
+        self.confirms_pending: set[Channel] = set()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._last_recv = self._last_send = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
+        self._permission_cache: dict[tuple[str, str, str], bool] = {}
+        self._loop = asyncio.get_event_loop()
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer_host = peer[0]
+            self.name = f"{peer[0]}:{peer[1]}"
+        self.broker.connections.add(self)
+        self._timer = self._loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.release()
+        self.channels.clear()
+        if self.vhost is not None:
+            for queue in list(self.vhost.queues_owned_by(self)):
+                self.vhost.delete_queue(queue.name)
+        self.broker.connections.discard(self)
+        if self.vhost is not None:
+            log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for channel in self.channels.values():
+            self.schedule_channel_deliveries(channel)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = time.monotonic()
+        if self.state >= CLOSED:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except BadProtocolHeader:
+            self.send(PROTOCOL_HEADER)
+            self.flush_output()
+            self.abort()
+            return
+        except AMQPConnectionError as e:
+            self.close_with_error(e)
+            return
+        if self.state == AWAIT_HEADER and not self.reader.expect_protocol_header:
+            self.greet()
+        try:
+            for frame in frames:
+                if self.state >= CLOSING:
+                    self._handle_while_closing(frame)
+                    continue
+                self._handle_frame(frame)
+            if self.confirms_pending:
+                pending, self.confirms_pending = self.confirms_pending, set()
+                for channel in pending:
+                    channel.send_confirms()
+            self.broker.run_pending()
+        except AMQPConnectionError as e:
+            self.close_with_error(e)
+        except Exception as e:  # a bug must not take the broker down; the client gets 541
+            log.exception("connection %s: internal error", self.name)
+            self.close_with_error(AMQPConnectionError(541, f"internal error: {type(e).__name__}"))
+
+    # --- output -------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.schedule_output(self)
+
+    def send_many(self, frames: list[bytes]) -> None:
+        self._out.extend(frames)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.broker.schedule_output(self)
+
+    def flush_output(self) -> None:
+        """Write everything queued for this client in one system call."""
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            out, self._out = self._out, []
+            self.transport.writelines(out)
+            self._last_send = time.monotonic()
+        else:
+            self._out = []
+
+    def abort(self) -> None:
+        self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- closing ------------------------------------------------------------------------------
+    def close_with_error(self, error: AMQPConnectionError) -> None:
+        log.info("connection %s closed by the broker: %s", self.name, error.text)
+        self.close(error.code, error.text, error.class_id, error.method_id)
+
+    def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        if self.state >= CLOSING:
+            return
+        if self.state < AWAIT_START_OK or self.transport is None:
+            self.abort()
+            return
+        self.send(writer.method_frame(0, commands.Connection.Close(
+            reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
+        self.state = CLOSING
+        for channel in list(self.channels.values()):
+            channel.release()
+        # Give the client a moment to answer close-ok, then drop it anyway.
+        self._loop.call_later(3.0, self.abort)
+
+    def _handle_while_closing(self, frame: Any) -> None:
+        method = getattr(frame, "method", None)
+        if isinstance(method, commands.Connection.CloseOk):
+            self.flush_output()
+            self.abort()
+        elif isinstance(method, commands.Connection.Close):
+            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
+            self.flush_output()
+            self.abort()
+
+    # --- frames -------------------------------------------------------------------------------
+    def _handle_frame(self, frame: Any) -> None:
+        if isinstance(frame, HeartbeatFrame):
+            return
+        channel_id = frame.channel
+        if self.state != OPEN:
+            self._handle_handshake(frame)
+            return
+        if channel_id == 0:
+            if not isinstance(frame, MethodFrame):
+                raise AMQPConnectionError(COMMAND_INVALID, "content frame on channel 0")
+            self._handle_connection_method(frame.method)
+            return
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            method = getattr(frame, "method", None)
+            if isinstance(method, commands.Channel.Open):
+                self._open_channel(channel_id)
+                return
+            if isinstance(method, (commands.Channel.Close, commands.Channel.CloseOk)):
+                if isinstance(method, commands.Channel.Close):
+                    self.send(writer.method_frame(channel_id, commands.Channel.CloseOk()))
+                return
+            raise AMQPConnectionError(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}")
+        if isinstance(getattr(frame, "method", None), commands.Channel.Open) and not channel.closing:
+            raise AMQPConnectionError(CHANNEL_ERROR, f"channel {channel_id} is already open")
+        channel.handle_frame(frame)
+
+    def _open_channel(self, channel_id: int) -> None:
+        if channel_id > self.channel_max:
+            raise AMQPConnectionError(NOT_ALLOWED, f"channel {channel_id} is above the negotiated "
+                                                   f"channel_max {self.channel_max}")
+        self.channels[channel_id] = Channel(self, channel_id)
+        self.send(writer.method_frame(channel_id, commands.Channel.OpenOk()))
+
+    def remove_channel(self, channel_id: int) -> None:
+        channel = self.channels.pop(channel_id, None)
+        if channel is not None:
+            channel.release()
+
+    def _handle_connection_method(self, method: Any) -> None:
+        if isinstance(method, commands.Connection.Close):
+            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
+            self.flush_output()
+            self.state = CLOSING
+            for channel in list(self.channels.values()):
+                channel.release()
+            self.abort()
+        elif isinstance(method, commands.Connection.CloseOk):
+            self.abort()
+        elif isinstance(method, commands.Connection.UpdateSecret):
+            self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
+        elif isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
+            pass  # a client may send these; nothing to do
+        else:
+            raise AMQPConnectionError(COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
+
+    # --- handshake ----------------------------------------------------------------------------
+    def _handle_handshake(self, frame: Any) -> None:
+        method = getattr(frame, "method", None)
+        if frame.channel != 0 or method is None:
+            raise AMQPConnectionError(COMMAND_INVALID, "expected a connection method on channel 0 "
+                                                       "during the handshake")
+        if isinstance(method, commands.Connection.Close):
+            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
+            self.flush_output()
+            self.abort()
+        elif self.state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
+            self._on_start_ok(method)
+        elif self.state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
+            self._on_tune_ok(method)
+        elif self.state == AWAIT_OPEN and isinstance(method, commands.Connection.Open):
+            self._on_open(method)
+        else:
+            raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
+
+    def greet(self) -> None:
+        """Send connection.start once the protocol header has arrived."""
+        self.state = AWAIT_START_OK
+        self.send(writer.method_frame(0, commands.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties={
+                "product": "lavinpy",
+                "version": __version__,
+                "platform": "Python",
+                "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
+                "copyright": "lavinpy developers",
+                "capabilities": dict(CAPABILITIES),
+                "cluster_name": "lavinpy",
+            },
+            mechanisms="PLAIN AMQPLAIN", locales="en_US")))
+
+    def capability(self, name: str) -> bool:
+        caps = self.client_properties.get("capabilities")
+        return isinstance(caps, dict) and bool(caps.get(name))
+
+    def _credentials(self, mechanism: str, response: Any) -> tuple[str, str]:
+        raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
+        if mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                raise AMQPConnectionError(ACCESS_REFUSED, "malformed PLAIN response")
+            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        if mechanism == "AMQPLAIN":
+            try:
+                _, table = decode.table(len(raw).to_bytes(4, "big") + raw)
+            except Exception:
+                raise AMQPConnectionError(SYNTAX_ERROR, "malformed AMQPLAIN response")
+            login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
+            if isinstance(login, bytes):
+                login = login.decode("utf-8", "replace")
+            if isinstance(password, bytes):
+                password = password.decode("utf-8", "replace")
+            return str(login), str(password)
+        raise AMQPConnectionError(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'")
+
+    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(method.client_properties or {})
+        mechanism = method.mechanism
+        username, password = self._credentials(mechanism, method.response)
+        users = self.broker.users
+        assert users is not None
+        user = users.authenticate(username, password)
+        if user is None:
+            log.warning("connection %s: login refused for user %r (%s)", self.name, username, mechanism)
+            raise AMQPConnectionError(
+                ACCESS_REFUSED, f"Login was refused using authentication mechanism {mechanism}. "
+                                "For details see the broker logfile.")
+        if username in self.config.loopback_users and not _is_loopback(self.peer_host):
+            log.warning("connection %s: user %r may only connect from loopback", self.name, username)
+            raise AMQPConnectionError(ACCESS_REFUSED, f"user '{username}' can only connect via localhost")
+        self.username = username
+        self.state = AWAIT_TUNE_OK
+        self.send(writer.method_frame(0, commands.Connection.Tune(
+            channel_max=self.config.channel_max, frame_max=self.config.frame_max,
+            heartbeat=self.config.heartbeat)))
+
+    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        frame_max = method.frame_max or self.config.frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise AMQPConnectionError(NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size")
+        if frame_max > self.config.frame_max:
+            raise AMQPConnectionError(NOT_ALLOWED, f"frame_max={frame_max} > {self.config.frame_max} max size")
+        self.frame_max = frame_max
+        self.reader.frame_max = frame_max
+        self.channel_max = method.channel_max or self.config.channel_max
+        if self.channel_max > self.config.channel_max:
+            raise AMQPConnectionError(NOT_ALLOWED, f"channel_max={self.channel_max} > "
+                                                   f"{self.config.channel_max} max")
+        self.heartbeat = method.heartbeat
+        self.state = AWAIT_OPEN
+
+    def _on_open(self, method: commands.Connection.Open) -> None:
+        name = method.virtual_host or "/"
+        vhost = self.broker.vhosts.get(name)
+        users = self.broker.users
+        assert users is not None
+        if vhost is None:
+            raise AMQPConnectionError(NOT_ALLOWED, f"vhost {name} not found")
+        if not users.can_access_vhost(self.username, name):
+            raise AMQPConnectionError(NOT_ALLOWED,
+                                      f"access to vhost '{name}' refused for user '{self.username}'")
+        self.vhost = vhost
+        self.state = OPEN
+        self.send(writer.method_frame(0, commands.Connection.OpenOk()))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._schedule_heartbeat()
+        if self.broker.blocked_reason and self.capability("connection.blocked"):
+            self.set_blocked(self.broker.blocked_reason)
+        log.info("connection %s opened (user %r, vhost %r)", self.name, self.username, name)
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state < OPEN:
+            log.info("connection %s: handshake timed out", self.name)
+            self.abort()
+
+    # --- heartbeats ---------------------------------------------------------------------------
+    def _schedule_heartbeat(self) -> None:
+        self._timer = self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    def _heartbeat_tick(self) -> None:
+        if self.state >= CLOSING:
+            return
+        now = time.monotonic()
+        if now - self._last_recv > 2 * self.heartbeat:
+            log.info("connection %s: missed heartbeats from client, timeout %ds", self.name, self.heartbeat)
+            self.abort()
+            return
+        if now - self._last_send >= self.heartbeat / 2:
+            self.send(writer.HEARTBEAT)
+        self._schedule_heartbeat()
+
+    # --- flow ---------------------------------------------------------------------------------
+    def set_blocked(self, reason: str | None) -> None:
+        """Resource alarm: tell the client and stop reading its publishes until cleared."""
+        if self.state != OPEN or self.transport is None:
+            return
+        if reason and not self.blocked:
+            self.blocked = True
+            if self.capability("connection.blocked"):
+                self.send(writer.method_frame(0, commands.Connection.Blocked(reason=reason)))
+            if self.published:
+                self.transport.pause_reading()
+        elif not reason and self.blocked:
+            self.blocked = False
+            if self.capability("connection.blocked"):
+                self.send(writer.method_frame(0, commands.Connection.Unblocked()))
+            self.transport.resume_reading()
+
+    def schedule_channel_deliveries(self, channel: Channel) -> None:
+        assert self.vhost is not None
+        for consumer in channel.consumers.values():
+            if consumer.queue.message_count:
+                self.vhost.schedule_delivery(consumer.queue)
+
+    # --- permissions --------------------------------------------------------------------------
+    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
+        key = (kind, resource_type, name)
+        allowed = self._permission_cache.get(key)
+        if allowed is None:
+            users = self.broker.users
+            assert users is not None and self.vhost is not None
+            resource = "amq.default" if resource_type == "exchange" and name == "" else name
+            allowed = users.check(self.username, self.vhost.name, kind, resource)
+            self._permission_cache[key] = allowed
+        if not allowed:
+            assert self.vhost is not None
+            raise AMQPChannelError(ACCESS_REFUSED, f"access to {resource_type} '{name}' in vhost "
+                                                   f"'{self.vhost.name}' refused for user '{self.username}'")
+
+    def shutdown(self, text: str = "broker shutdown") -> None:
+        """Server stopping: connection.close 320 to the client."""
+        if self.state == OPEN:
+            self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {text}")
+        else:
+            self.abort()
+
+
+__all__ = ["AMQPConnection", "REPLY_SUCCESS"]

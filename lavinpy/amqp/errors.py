@@ -1,0 +1,46 @@
+"""Protocol errors carrying an AMQP reply code and the text sent in connection.close / channel.close."""
+
+from __future__ import annotations
+
+from lavinpy.amqp.constants import REPLY_NAMES
+
+# reply-text is a shortstr on the wire: at most 255 bytes of UTF-8.
+_SHORTSTR_MAX = 255
+
+
+def _fit_shortstr(text: str) -> str:
+    encoded = text.encode("utf-8")
+    if len(encoded) <= _SHORTSTR_MAX:
+        return text
+    # Cut on a byte boundary; "ignore" drops a multi-byte character split at the end.
+    return encoded[:_SHORTSTR_MAX].decode("utf-8", "ignore")
+
+
+class AMQPError(Exception):
+    """A protocol error: ``code`` and ``text`` go into the close method, with the offending method's ids.
+
+    ``text`` starts with the reply code's name, the way RabbitMQ writes it
+    ("NOT_FOUND - no queue 'x' in vhost '/'"), and is cut to 255 UTF-8 bytes so it always encodes.
+    ``frames`` holds the frames a ``FrameReader.feed`` call decoded before it met the error.
+    """
+
+    def __init__(self, code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.code = code
+        self.detail = detail
+        self.text = _fit_shortstr(f"{REPLY_NAMES.get(code, 'UNKNOWN')} - {detail}")
+        self.class_id = class_id
+        self.method_id = method_id
+        # Set by FrameReader.feed: frames decoded from the same input before the error.
+        self.frames: list = []
+        super().__init__(self.text)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code}, {self.text!r}, {self.class_id}, {self.method_id})"
+
+
+class AMQPConnectionError(AMQPError):
+    """A hard error: the server sends connection.close and closes the connection."""
+
+
+class AMQPChannelError(AMQPError):
+    """A soft error: the server sends channel.close; the connection and its other channels go on."""

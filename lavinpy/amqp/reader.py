@@ -1,0 +1,489 @@
+"""Sans-IO frame reader: bytes in, frame events out.
+
+``FrameReader.feed(data)`` takes whatever the socket delivered and returns every complete frame in it;
+a partial frame waits in a small buffer for the next call. Protocol violations raise
+``AMQPConnectionError`` (the connection must be closed with that code) or ``BadProtocolHeader``.
+
+The hot frames of a publishing client (basic.publish, content header, body, basic.ack/nack/reject) are
+decoded by hand with ``struct.unpack_from``; every other method goes through pamqp. The reader knows
+nothing about channel state: content sequencing is the channel's job.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from pamqp import commands
+
+from lavinpy.amqp.constants import (
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_OVERHEAD,
+    NOT_IMPLEMENTED,
+    PROTOCOL_HEADER,
+)
+from lavinpy.amqp.errors import AMQPConnectionError
+from lavinpy.amqp.properties import PropertiesError, properties_end
+
+__all__ = [
+    "Ack",
+    "BadProtocolHeader",
+    "BodyFrame",
+    "FrameEvent",
+    "FrameReader",
+    "HeaderFrame",
+    "HeartbeatFrame",
+    "MethodFrame",
+    "Nack",
+    "Publish",
+    "Reject",
+]
+
+
+class BadProtocolHeader(Exception):
+    """The peer did not open with ``PROTOCOL_HEADER``: answer with it and close the socket."""
+
+    def __init__(self, received: bytes) -> None:
+        super().__init__(f"bad protocol header {received!r}")
+        self.received = received
+
+
+# --- Frame events --------------------------------------------------------------------------------
+
+
+class MethodFrame:
+    """A method frame; ``method`` is a pamqp command instance or one of the light hot-path classes."""
+
+    __slots__ = ("channel", "method")
+
+    def __init__(self, channel: int, method: Any) -> None:
+        self.channel = channel
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"MethodFrame({self.channel}, {self.method!r})"
+
+
+class HeaderFrame:
+    """A content header; ``properties`` is the raw property block (flags + fields), not decoded."""
+
+    __slots__ = ("channel", "class_id", "body_size", "properties")
+
+    def __init__(self, channel: int, class_id: int, body_size: int, properties: bytes) -> None:
+        self.channel = channel
+        self.class_id = class_id
+        self.body_size = body_size
+        self.properties = properties
+
+    def __repr__(self) -> str:
+        return f"HeaderFrame({self.channel}, {self.class_id}, {self.body_size}, {self.properties!r})"
+
+
+class BodyFrame:
+    """A content body frame."""
+
+    __slots__ = ("channel", "data")
+
+    def __init__(self, channel: int, data: bytes) -> None:
+        self.channel = channel
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"BodyFrame({self.channel}, {len(self.data)} bytes)"
+
+
+class HeartbeatFrame:
+    """A heartbeat (always on channel 0)."""
+
+    __slots__ = ()
+    channel = 0
+
+    def __repr__(self) -> str:
+        return "HeartbeatFrame()"
+
+
+FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame
+
+_HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
+
+
+# --- Light hot-path methods (same attribute names and ``name`` as pamqp's classes) ----------------
+
+
+class Publish:
+    """basic.publish, decoded by hand. Immutable: the reader hands out one shared instance for every
+    publish with the same arguments (a publisher repeats its exchange and routing key)."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
+    name = "Basic.Publish"
+    frame_id = 40
+    index = 0x003C0028
+    ticket = 0
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+        setter = object.__setattr__
+        setter(self, "exchange", exchange)
+        setter(self, "routing_key", routing_key)
+        setter(self, "mandatory", mandatory)
+        setter(self, "immediate", immediate)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Publish is immutable (shared between frames); cannot set {name}")
+
+    def __repr__(self) -> str:
+        return (f"Publish(exchange={self.exchange!r}, routing_key={self.routing_key!r}, "
+                f"mandatory={self.mandatory}, immediate={self.immediate})")
+
+
+class Ack:
+    """basic.ack, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "multiple")
+    name = "Basic.Ack"
+    frame_id = 80
+    index = 0x003C0050
+
+    def __init__(self, delivery_tag: int, multiple: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+
+    def __repr__(self) -> str:
+        return f"Ack(delivery_tag={self.delivery_tag}, multiple={self.multiple})"
+
+
+class Nack:
+    """basic.nack, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "multiple", "requeue")
+    name = "Basic.Nack"
+    frame_id = 120
+    index = 0x003C0078
+
+    def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+        self.requeue = requeue
+
+    def __repr__(self) -> str:
+        return f"Nack(delivery_tag={self.delivery_tag}, multiple={self.multiple}, requeue={self.requeue})"
+
+
+class Reject:
+    """basic.reject, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "requeue")
+    name = "Basic.Reject"
+    frame_id = 90
+    index = 0x003C005A
+
+    def __init__(self, delivery_tag: int, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.requeue = requeue
+
+    def __repr__(self) -> str:
+        return f"Reject(delivery_tag={self.delivery_tag}, requeue={self.requeue})"
+
+
+# --- Method payload checks for the pamqp path -----------------------------------------------------
+
+_FIXED_WIDTH = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+_field_types_cache: dict[type, tuple[str, ...]] = {}
+
+
+def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
+    """Offset just past the method arguments of ``cls`` starting at ``pos``, or -1 if truncated.
+
+    pamqp silently decodes a truncated short string as a shorter one, so the reader checks the
+    layout first; like RabbitMQ, it then requires the arguments to fill the frame exactly.
+    """
+    types = _field_types_cache.get(cls)
+    if types is None:
+        types = tuple(cls.amqp_type(name) for name in cls.__slots__)  # type: ignore[attr-defined]
+        _field_types_cache[cls] = types
+    bits = 0
+    for kind in types:
+        if kind == "bit":
+            if bits % 8 == 0:  # a run of bits packs into octets, eight to an octet
+                pos += 1
+            bits += 1
+            continue
+        bits = 0
+        if kind == "shortstr":
+            if pos >= end:
+                return -1
+            pos += 1 + buf[pos]
+        elif kind in ("longstr", "table"):
+            if pos + 4 > end:
+                return -1
+            pos += 4 + int.from_bytes(buf[pos:pos + 4], "big")
+        else:
+            pos += _FIXED_WIDTH[kind]
+        if pos > end:
+            return -1
+    return pos if pos <= end else -1
+
+
+def _cannot_decode(name: str, index: int) -> AMQPConnectionError:
+    # RabbitMQ answers undecodable method arguments with 501 "cannot decode <fields>" (rabbit_misc).
+    return AMQPConnectionError(FRAME_ERROR, f"cannot decode {name} arguments", index >> 16, index & 0xFFFF)
+
+
+# --- The reader ------------------------------------------------------------------------------------
+
+_FRAME_HEAD = struct.Struct(">BHI")  # type, channel, payload size
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_TAG_BITS = struct.Struct(">QB")
+_HEADER_HEAD = struct.Struct(">HHQ")  # class id, weight, body size
+_KNOWN_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
+
+_IDX_PUBLISH = 0x003C0028
+_IDX_ACK = 0x003C0050
+_IDX_REJECT = 0x003C005A
+_IDX_NACK = 0x003C0078
+_METHODS = commands.INDEX_MAPPING
+
+
+class FrameReader:
+    """Turns a byte stream from a client into frame events.
+
+    ``frame_max`` is the largest frame accepted, overhead included (set it after connection.tune-ok).
+    ``expect_protocol_header`` is True until the 8-byte protocol header has been read.
+    """
+
+    __slots__ = ("frame_max", "expect_protocol_header", "_pending", "_need")
+
+    def __init__(self, frame_max: int = 131072) -> None:
+        self.frame_max = frame_max
+        self.expect_protocol_header = True
+        # Bytes of an incomplete frame, and how many bytes it needs before parsing is worth trying.
+        self._pending = bytearray()
+        self._need = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held back waiting for the rest of a frame."""
+        return len(self._pending)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[FrameEvent]:
+        """Consume ``data`` and return the complete frames it finishes, in order.
+
+        If a protocol error is found, the error raised carries in ``frames`` the frames decoded
+        before it in this call, so the caller may still act on them before closing.
+        """
+        pending = self._pending
+        if pending:
+            if len(pending) + len(data) < self._need and not self.expect_protocol_header:
+                pending += data
+                return []
+            # Parse from immutable bytes: slices of them are the bytes the events hand out.
+            src = bytes(pending) + data
+            pending.clear()
+        elif type(data) is bytes:
+            src = data
+        else:
+            src = bytes(data)
+        if self.expect_protocol_header:
+            src = self._read_protocol_header(src)
+            if not src:
+                return []
+        events: list[FrameEvent] = []
+        try:
+            pos = self._parse(src, events)
+        except AMQPConnectionError as err:
+            err.frames = events
+            raise
+        if pos < len(src):
+            pending += memoryview(src)[pos:]
+        return events
+
+    def _read_protocol_header(self, src: bytes) -> bytes:
+        """Check the protocol header; return what follows it (empty while it is incomplete)."""
+        head = src[:8]
+        if head != PROTOCOL_HEADER[:len(head)]:
+            # Wrong already in the first bytes: no need to wait for all eight.
+            raise BadProtocolHeader(head)
+        if len(head) < 8:
+            self._pending += src
+            self._need = 8
+            return b""
+        self.expect_protocol_header = False
+        return src[8:]
+
+    def _parse(self, src: bytes, events: list[FrameEvent]) -> int:
+        """Append the complete frames of ``src`` to ``events``; return the offset of the first unread byte.
+
+        This loop runs for every frame a client sends, so the hot cases are inlined and ordered by
+        frequency (body, method with basic.publish first, header), and globals are bound to locals.
+        """
+        end = len(src)
+        pos = 0
+        max_payload = self.frame_max - FRAME_OVERHEAD
+        head_unpack = _FRAME_HEAD.unpack_from
+        u32_unpack = _U32.unpack_from
+        header_unpack = _HEADER_HEAD.unpack_from
+        fixed_props_len = _FIXED_PROPS_LEN.get
+        valid_props = _valid_props
+        append = events.append
+        tag_bits_unpack = _TAG_BITS.unpack_from
+        publish_cache_get = _publish_cache.get
+        body_frame, method_frame, header_frame, ack = BodyFrame, MethodFrame, HeaderFrame, Ack
+        while end - pos >= 7:
+            frame_type, channel, size = head_unpack(src, pos)
+            if size > max_payload:
+                raise AMQPConnectionError(
+                    FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} exceeds frame_max {self.frame_max}")
+            start = pos + 7
+            fend = start + size  # offset of the frame-end octet
+            if fend >= end:
+                if frame_type not in _KNOWN_TYPES:
+                    raise AMQPConnectionError(FRAME_ERROR, f"unknown frame type {frame_type}")
+                self._need = fend + 1 - pos
+                break
+            if src[fend] != 0xCE:
+                raise AMQPConnectionError(
+                    FRAME_ERROR, f"frame end octet is 0x{src[fend]:02x}, expected 0xce (type {frame_type})")
+            pos = fend + 1
+            if frame_type == 3:  # body
+                append(body_frame(channel, src[start:fend]))
+            elif frame_type == 1:  # method
+                index = u32_unpack(src, start)[0] if size >= 4 else -1
+                if index == 0x003C0028:  # basic.publish
+                    args = src[start + 4:fend]
+                    method = publish_cache_get(args) or _decode_publish(args)
+                elif index == 0x003C0050 and size == 13:  # basic.ack
+                    tag, bits = tag_bits_unpack(src, start + 4)
+                    method = ack(tag, bits & 1 == 1)
+                else:
+                    method = _decode_method(src, start, fend)
+                append(method_frame(channel, method))
+            elif frame_type == 2:  # content header
+                if size < 14:  # class id, weight, body size, property flags
+                    raise AMQPConnectionError(FRAME_ERROR, f"content header of {size} bytes is too short")
+                class_id, _weight, body_size = header_unpack(src, start)
+                props_at = start + 12
+                props = src[props_at:fend]
+                props_len = fixed_props_len((src[props_at] << 8) | src[props_at + 1])
+                if props_len is None:
+                    # Publishers repeat their property blocks: a block seen before needs no walk.
+                    if props not in valid_props:
+                        _check_properties(src, props_at, fend, class_id)
+                        if size <= _VALID_PROPS_MAX_FRAME:
+                            if len(valid_props) >= _VALID_PROPS_MAX:
+                                valid_props.clear()
+                            valid_props.add(props)
+                elif props_at + props_len != fend:
+                    _check_properties(src, props_at, fend, class_id)
+                append(header_frame(channel, class_id, body_size, props))
+            elif frame_type == 8:  # heartbeat
+                if channel != 0:
+                    raise AMQPConnectionError(FRAME_ERROR, f"heartbeat frame on channel {channel}")
+                if size != 0:
+                    raise AMQPConnectionError(FRAME_ERROR, f"heartbeat frame with a {size}-byte payload")
+                append(_HEARTBEAT_EVENT)
+            else:
+                raise AMQPConnectionError(FRAME_ERROR, f"unknown frame type {frame_type}")
+        else:
+            self._need = 7
+        return pos
+
+
+# Property blocks already checked by _check_properties. Bounded in count (cleared when full) and in
+# size (only small blocks are kept), so a client cannot grow it beyond about 2 MiB.
+_VALID_PROPS_MAX = 4096
+_VALID_PROPS_MAX_FRAME = 512
+_valid_props: set[bytes] = set()
+
+
+def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> None:
+    """Raise 501 unless the property block at ``props_at`` fills the header frame exactly."""
+    try:
+        props_end = properties_end(src, props_at, fend)
+    except PropertiesError as err:
+        raise AMQPConnectionError(FRAME_ERROR, f"cannot decode content header: {err}", class_id)
+    if props_end != fend:
+        raise AMQPConnectionError(
+            FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
+
+
+def _fixed_props_lengths() -> dict[int, int]:
+    """Block length for each flags word whose present fields are all fixed-size (no length to walk)."""
+    delivery_mode, priority, timestamp = 1 << 12, 1 << 11, 1 << 6
+    lengths = {}
+    for flags in range(8):
+        word = ((delivery_mode if flags & 1 else 0) | (priority if flags & 2 else 0)
+                | (timestamp if flags & 4 else 0))
+        lengths[word] = 2 + (1 if flags & 1 else 0) + (1 if flags & 2 else 0) + (8 if flags & 4 else 0)
+    return lengths
+
+
+_FIXED_PROPS_LEN = _fixed_props_lengths()
+
+
+# Arguments of basic.publish (ticket, exchange, routing key, bits) as sent -> the decoded method.
+_PUBLISH_CACHE_MAX = 4096
+_publish_cache: dict[bytes, Publish] = {}
+
+
+def _decode_publish(args: bytes) -> Publish:
+    """Decode (and cache) basic.publish arguments: short ticket, shortstr exchange, shortstr key, bits."""
+    end = len(args)
+    if end >= 5:
+        key_at = 3 + args[2]
+        if key_at < end:
+            bits_at = key_at + 1 + args[key_at]
+            if bits_at + 1 == end:
+                bits = args[bits_at]
+                try:
+                    method = Publish(args[3:key_at].decode(), args[key_at + 1:bits_at].decode(),
+                                     bits & 1 == 1, bits & 2 == 2)
+                except UnicodeDecodeError:
+                    pass
+                else:
+                    if len(_publish_cache) >= _PUBLISH_CACHE_MAX:
+                        _publish_cache.clear()
+                    _publish_cache[args] = method
+                    return method
+    raise _cannot_decode(Publish.name, Publish.index)
+
+
+def _decode_method(src: bytes, start: int, fend: int) -> Any:
+    """Decode the method whose payload is ``src[start:fend]``."""
+    if fend - start < 4:
+        raise AMQPConnectionError(FRAME_ERROR, f"method frame of {fend - start} bytes is too short")
+    index = _U32.unpack_from(src, start)[0]
+    pos = start + 4
+    if index == _IDX_PUBLISH:
+        return _decode_publish(src[pos:fend])
+    if index == _IDX_ACK:
+        if fend - pos != 9:
+            raise _cannot_decode(Ack.name, index)
+        return Ack(_U64.unpack_from(src, pos)[0], src[pos + 8] & 1 == 1)
+    if index == _IDX_NACK:
+        if fend - pos != 9:
+            raise _cannot_decode(Nack.name, index)
+        bits = src[pos + 8]
+        return Nack(_U64.unpack_from(src, pos)[0], bits & 1 == 1, bits & 2 == 2)
+    if index == _IDX_REJECT:
+        if fend - pos != 9:
+            raise _cannot_decode(Reject.name, index)
+        return Reject(_U64.unpack_from(src, pos)[0], src[pos + 8] & 1 == 1)
+    cls = _METHODS.get(index)
+    if cls is None:
+        class_id, method_id = index >> 16, index & 0xFFFF
+        raise AMQPConnectionError(
+            NOT_IMPLEMENTED, f"unknown method class {class_id} method {method_id}", class_id, method_id)
+    if _method_fields_end(cls, src, pos, fend) != fend:
+        raise _cannot_decode(cls.name, index)
+    # Skip __init__: unmarshal sets every attribute, and __init__ would only validate defaults (and warn
+    # for deprecated methods such as basic.recover-async).
+    method = cls.__new__(cls)
+    try:
+        method.unmarshal(src[pos:fend])
+    except Exception:  # ValueError, UnicodeDecodeError, OverflowError, RecursionError... all mean "bad bytes"
+        raise _cannot_decode(cls.name, index)
+    return method

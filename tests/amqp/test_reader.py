@@ -1,0 +1,343 @@
+"""FrameReader driven with hand-built byte strings: every frame kind, partial input, every error."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+
+import pytest
+from pamqp import commands
+
+from lavinpy.amqp.constants import FRAME_ERROR, NOT_IMPLEMENTED, PROTOCOL_HEADER
+from lavinpy.amqp.errors import AMQPConnectionError, AMQPError
+from lavinpy.amqp.reader import (
+    Ack,
+    BadProtocolHeader,
+    BodyFrame,
+    FrameReader,
+    HeaderFrame,
+    HeartbeatFrame,
+    MethodFrame,
+    Nack,
+    Publish,
+    Reject,
+)
+
+
+def frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
+    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes((end,))
+
+
+def shortstr(text: str) -> bytes:
+    data = text.encode()
+    return bytes((len(data),)) + data
+
+
+def method(channel: int, class_id: int, method_id: int, args: bytes) -> bytes:
+    return frame(1, channel, struct.pack(">HH", class_id, method_id) + args)
+
+
+def publish(channel: int, exchange: str, key: str, bits: int = 0) -> bytes:
+    return method(channel, 60, 40, b"\x00\x00" + shortstr(exchange) + shortstr(key) + bytes((bits,)))
+
+
+def header(channel: int, body_size: int, props: bytes = b"\x00\x00", class_id: int = 60) -> bytes:
+    return frame(2, channel, struct.pack(">HHQ", class_id, 0, body_size) + props)
+
+
+HEARTBEAT = frame(8, 0, b"")
+
+
+def opened(frame_max: int = 131072) -> FrameReader:
+    reader = FrameReader(frame_max)
+    assert reader.feed(PROTOCOL_HEADER) == []
+    assert reader.expect_protocol_header is False
+    return reader
+
+
+def describe(event: object) -> tuple:
+    """A comparable form of a frame event."""
+    if isinstance(event, MethodFrame):
+        m = event.method
+        attrs = tuple((name, getattr(m, name)) for name in type(m).__slots__)
+        return ("method", event.channel, m.name, attrs)
+    if isinstance(event, HeaderFrame):
+        return ("header", event.channel, event.class_id, event.body_size, event.properties)
+    if isinstance(event, BodyFrame):
+        return ("body", event.channel, event.data)
+    assert isinstance(event, HeartbeatFrame)
+    return ("heartbeat",)
+
+
+def connection_error(reader: FrameReader, data: bytes) -> AMQPConnectionError:
+    with pytest.raises(AMQPConnectionError) as info:
+        reader.feed(data)
+    return info.value
+
+
+# A stream with every frame kind, fast and slow paths.
+STREAM = b"".join([
+    publish(1, "amq.direct", "rk", 1),
+    header(1, 16, b"\x90\x00\x0atext/plain\x02"),
+    frame(3, 1, b"0123456789abcdef"),
+    publish(2, "", "q", 3),
+    header(2, 0),
+    HEARTBEAT,
+    method(1, 60, 80, struct.pack(">QB", 7, 1)),
+    method(1, 60, 120, struct.pack(">QB", 2**64 - 1, 3)),
+    method(1, 60, 90, struct.pack(">QB", 9, 0)),
+    method(5, 50, 10, b"\x00\x00" + shortstr("queue") + b"\x02" + b"\x00\x00\x00\x00"),
+    frame(3, 3, b""),
+])
+
+
+def test_protocol_header_then_frames_in_one_read():
+    reader = FrameReader()
+    events = reader.feed(PROTOCOL_HEADER + HEARTBEAT)
+    assert [describe(e) for e in events] == [("heartbeat",)]
+
+
+def test_short_first_read_waits_for_the_whole_protocol_header():
+    reader = FrameReader()
+    for byte in PROTOCOL_HEADER[:-1]:
+        assert reader.feed(bytes((byte,))) == []
+        assert reader.expect_protocol_header
+    assert reader.feed(PROTOCOL_HEADER[-1:] + HEARTBEAT[:3]) == []
+    assert not reader.expect_protocol_header
+    assert [describe(e) for e in reader.feed(HEARTBEAT[3:])] == [("heartbeat",)]
+
+
+@pytest.mark.parametrize("data", [
+    b"GET / HTTP/1.1\r\n",
+    b"AMQP\x00\x00\x09\x00",  # another revision
+    b"AMQP\x01\x01\x00\x09",  # 0-9 legacy header
+    b"AMQP\x00\x00\x08\x00",
+    b"\x01\x00\x00\x00\x00\x00\x00\xce",
+])
+def test_bad_protocol_header(data):
+    with pytest.raises(BadProtocolHeader) as info:
+        FrameReader().feed(data)
+    assert info.value.received == data[:8]
+
+
+def test_bad_protocol_header_detected_before_eight_bytes():
+    reader = FrameReader()
+    assert reader.feed(b"AM") == []
+    with pytest.raises(BadProtocolHeader):
+        reader.feed(b"X")
+
+
+def test_hot_methods_decode():
+    events = opened().feed(STREAM)
+    assert [describe(e) for e in events] == [
+        ("method", 1, "Basic.Publish",
+         (("exchange", "amq.direct"), ("routing_key", "rk"), ("mandatory", True), ("immediate", False))),
+        ("header", 1, 60, 16, b"\x90\x00\x0atext/plain\x02"),
+        ("body", 1, b"0123456789abcdef"),
+        ("method", 2, "Basic.Publish",
+         (("exchange", ""), ("routing_key", "q"), ("mandatory", True), ("immediate", True))),
+        ("header", 2, 60, 0, b"\x00\x00"),
+        ("heartbeat",),
+        ("method", 1, "Basic.Ack", (("delivery_tag", 7), ("multiple", True))),
+        ("method", 1, "Basic.Nack", (("delivery_tag", 2**64 - 1), ("multiple", True), ("requeue", True))),
+        ("method", 1, "Basic.Reject", (("delivery_tag", 9), ("requeue", False))),
+        ("method", 5, "Queue.Declare",
+         (("ticket", 0), ("queue", "queue"), ("passive", False), ("durable", True), ("exclusive", False),
+          ("auto_delete", False), ("nowait", False), ("arguments", {}))),
+        ("body", 3, b""),
+    ]
+    assert [type(e.method) for e in events if isinstance(e, MethodFrame)][:5] == [
+        Publish, Publish, Ack, Nack, Reject]
+    assert isinstance(events[9].method, commands.Queue.Declare)
+
+
+def test_light_classes_match_pamqp_names_and_attributes():
+    for light, pamqp_cls in ((Publish, commands.Basic.Publish), (Ack, commands.Basic.Ack),
+                             (Nack, commands.Basic.Nack), (Reject, commands.Basic.Reject)):
+        assert light.name == pamqp_cls.name
+        assert light.index == pamqp_cls.index
+        assert set(light.__slots__) <= set(pamqp_cls.__slots__)
+
+
+def test_events_hand_out_bytes_in_both_paths():
+    reader = opened()
+    whole = reader.feed(STREAM)
+    parts = reader.feed(STREAM[:20]) + reader.feed(bytearray(STREAM[20:40]))
+    parts += reader.feed(memoryview(STREAM[40:]))
+    for event in whole + parts:
+        if isinstance(event, BodyFrame):
+            assert type(event.data) is bytes
+        if isinstance(event, HeaderFrame):
+            assert type(event.properties) is bytes
+    assert [describe(e) for e in parts] == [describe(e) for e in whole]
+
+
+def test_split_at_every_byte_boundary_gives_the_same_frames():
+    expected = [describe(e) for e in opened().feed(STREAM)]
+    data = PROTOCOL_HEADER + STREAM
+    for cut in range(len(data) + 1):
+        reader = FrameReader()
+        events = reader.feed(data[:cut]) + reader.feed(data[cut:])
+        assert [describe(e) for e in events] == expected, cut
+        assert reader.buffered == 0
+
+
+def test_byte_by_byte():
+    reader = FrameReader()
+    events = []
+    for byte in PROTOCOL_HEADER + STREAM:
+        events += reader.feed(bytes((byte,)))
+    assert [describe(e) for e in events] == [describe(e) for e in opened().feed(STREAM)]
+
+
+def test_frame_of_exactly_frame_max_is_accepted():
+    reader = opened(4096)
+    body = b"x" * (4096 - 8)
+    assert [describe(e) for e in reader.feed(frame(3, 1, body))] == [("body", 1, body)]
+
+
+def test_oversized_frame_rejected_as_soon_as_its_size_is_read():
+    reader = opened(4096)
+    oversized = frame(3, 1, b"x" * (4096 - 7))
+    err = connection_error(reader, oversized[:7])
+    assert err.code == FRAME_ERROR
+    assert "4097" in err.text and "4096" in err.text
+    assert err.text.startswith("FRAME_ERROR - ")
+
+
+def test_frame_max_can_be_lowered_after_tune():
+    reader = opened()
+    reader.frame_max = 4096
+    assert connection_error(reader, frame(3, 1, b"x" * 5000)).code == FRAME_ERROR
+
+
+def test_bad_frame_end():
+    err = connection_error(opened(), frame(3, 1, b"abc", end=0xCD))
+    assert err.code == FRAME_ERROR and "0xcd" in err.text
+
+
+@pytest.mark.parametrize("frame_type", [0, 4, 7, 9, 65, 255])
+def test_unknown_frame_type(frame_type):
+    assert connection_error(opened(), frame(frame_type, 0, b"abc")).code == FRAME_ERROR
+    # also refused before the payload arrives
+    assert connection_error(opened(), frame(frame_type, 0, b"abc")[:8]).code == FRAME_ERROR
+
+
+def test_heartbeat_on_non_zero_channel():
+    err = connection_error(opened(), frame(8, 1, b""))
+    assert err.code == FRAME_ERROR and "channel 1" in err.text
+
+
+def test_heartbeat_with_payload():
+    assert connection_error(opened(), frame(8, 0, b"x")).code == FRAME_ERROR
+
+
+@pytest.mark.parametrize(("class_id", "method_id"), [(60, 999), (999, 10), (10, 12), (0, 0)])
+def test_unknown_method(class_id, method_id):
+    err = connection_error(opened(), method(1, class_id, method_id, b""))
+    assert err.code == NOT_IMPLEMENTED
+    assert (err.class_id, err.method_id) == (class_id, method_id)
+    assert str(class_id) in err.text and str(method_id) in err.text
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x00\x3c\x00\x28",  # publish without arguments
+    b"\x00\x3c\x00\x28\x00\x00\x05ab",  # exchange name truncated
+    b"\x00\x3c\x00\x28\x00\x00\x00\x02rk",  # no bits octet
+    b"\x00\x3c\x00\x28\x00\x00\x00\x00\x00\x00",  # trailing byte
+    b"\x00\x3c\x00\x28\x00\x00\x02\xff\xfe\x00\x00",  # exchange name not UTF-8
+])
+def test_malformed_publish(payload):
+    err = connection_error(opened(), frame(1, 1, payload))
+    assert err.code == FRAME_ERROR
+    assert (err.class_id, err.method_id) == (60, 40)
+    assert "Basic.Publish" in err.text
+
+
+@pytest.mark.parametrize(("method_id", "name"),
+                         [(80, "Basic.Ack"), (120, "Basic.Nack"), (90, "Basic.Reject")])
+@pytest.mark.parametrize("args", [b"", b"\x00" * 8, b"\x00" * 10])
+def test_malformed_ack_family(method_id, name, args):
+    err = connection_error(opened(), method(1, 60, method_id, args))
+    assert err.code == FRAME_ERROR and name in err.text and err.method_id == method_id
+
+
+@pytest.mark.parametrize("args", [
+    b"\x00\x00\x05qu",  # queue name truncated
+    b"\x00\x00\x01q\x00\x00\x00\x00",  # arguments table truncated
+    b"\x00\x00\x01q\x00\x00\x00\x00\x00\x00",  # one byte too many
+    b"\x00\x00\x01q\x00\x00\x00\x00\x04\x01kZ\x00",  # unknown field type in the table
+    b"\x00\x00\x01q\x00\x00\x00\x00\x09\x01kb\x01\x01kb\x02",  # table length runs past the frame
+])
+def test_malformed_pamqp_method(args):
+    err = connection_error(opened(), method(3, 50, 10, args))
+    assert err.code == FRAME_ERROR
+    assert (err.class_id, err.method_id) == (50, 10)
+    assert "Queue.Declare" in err.text
+
+
+def test_method_frame_too_short():
+    assert connection_error(opened(), frame(1, 1, b"\x00\x3c")).code == FRAME_ERROR
+
+
+@pytest.mark.parametrize("payload", [
+    struct.pack(">HHQ", 60, 0, 5),  # no property flags
+    struct.pack(">HHQ", 60, 0, 5) + b"\x80\x00\x05ab",  # content_type truncated
+    struct.pack(">HHQ", 60, 0, 5) + b"\x00\x00\x00",  # trailing byte after the properties
+    struct.pack(">HHQ", 60, 0, 5) + b"\x20\x00\x00\x00\x00",  # headers table length truncated
+    b"\x00",
+])
+def test_malformed_content_header(payload):
+    assert connection_error(opened(), frame(2, 1, payload)).code == FRAME_ERROR
+
+
+def test_content_header_with_every_property_field():
+    props = commands.Basic.Properties(
+        content_type="a", content_encoding="b", headers={"k": 1}, delivery_mode=2, priority=3,
+        correlation_id="c", reply_to="d", expiration="10", message_id="e",
+        timestamp=datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC),
+        message_type="f", user_id="g", app_id="h")
+    props.cluster_id = "i"  # deprecated, refused by pamqp's constructor, still legal on the wire
+    raw = props.marshal()
+    assert raw[:2] == b"\xff\xfc"
+    (event,) = opened().feed(header(4, 123, raw))
+    assert describe(event) == ("header", 4, 60, 123, raw)
+
+
+def test_frames_before_an_error_are_kept_on_the_error():
+    err = connection_error(opened(), HEARTBEAT + publish(1, "x", "y") + frame(9, 0, b""))
+    assert [describe(e) for e in err.frames][0] == ("heartbeat",)
+    assert len(err.frames) == 2
+    assert isinstance(err, AMQPError)
+
+
+def test_buffer_holds_at_most_one_frame():
+    reader = opened(4096)
+    big = frame(3, 1, b"y" * (4096 - 8))
+    stream = big * 3
+    chunk = 1000
+    events = []
+    for i in range(0, len(stream), chunk):
+        events += reader.feed(stream[i:i + chunk])
+        assert reader.buffered <= 4096 + chunk
+    assert len(events) == 3 and reader.buffered == 0
+
+
+def test_publish_is_immutable_and_repeats_decode_alike():
+    reader = opened()
+    first, second = reader.feed(publish(1, "ex", "rk", 2) * 2)
+    assert describe(first)[2:] == describe(second)[2:]
+    with pytest.raises(AttributeError):
+        first.method.exchange = "other"
+    assert first.method.exchange == "ex"
+
+
+def test_repeated_and_large_property_blocks():
+    big = commands.Basic.Properties(content_type="t", headers={"k": "v" * 2000}).marshal()
+    small = commands.Basic.Properties(content_type="t", priority=1).marshal()
+    reader = opened()
+    for props in (big, big, small, small):
+        (event,) = reader.feed(header(1, 1, props))
+        assert event.properties == props
+    # the same block with a byte cut off is still refused, even though the full block was seen
+    assert connection_error(reader, header(1, 1, small[:-1])).code == FRAME_ERROR
