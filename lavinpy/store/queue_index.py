@@ -1,0 +1,489 @@
+"""A queue's index: its ``enq``/``ack`` files and the compact in-memory list of its messages.
+
+On disk a durable queue directory holds ``.queue`` (the name), ``enq`` (one 8-byte position per
+message routed to the queue) and ``ack`` (one per message removed). The content is ``enq`` minus
+``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a deque of
+``array('Q')`` chunks (no Python object per message); only unacked and requeued messages, which
+are few, are Python ints in a set / heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import shutil
+from array import array
+from bisect import bisect_right
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from itertools import filterfalse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lavinpy.store.datadir import write_name_file
+from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.position import ENTRY_SIZE
+
+if TYPE_CHECKING:
+    from lavinpy.store.message_store import MessageStore
+
+log = logging.getLogger("lavinpy.store")
+
+QUEUE_NAME_FILE = ".queue"
+ENQ_FILE = "enq"
+ACK_FILE = "ack"
+CHUNK_ENTRIES = 4096  # ready entries per array chunk: 32 KiB, freed as soon as it is consumed
+DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
+_LOW32 = 0xFFFFFFFF
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+def enq_order_key(pos: int) -> int:
+    """Sort key that orders positions as they were appended: by segment, then by offset.
+
+    A raw position has the offset in the high bits, so plain int order is not append order.
+    """
+    return ((pos & _LOW32) << 32) | (pos >> 32)
+
+
+def _pos_from_key(key: int) -> int:
+    return ((key & _LOW32) << 32) | (key >> 32)
+
+
+def _segment_ids(entries: array) -> memoryview:
+    """A strided uint32 view of the segment ids of an ``array('Q')`` (no copy)."""
+    return memoryview(entries).cast("B").cast("I")[0::2]
+
+
+def _segment_counts(entries: array) -> Counter[int]:
+    return Counter(_segment_ids(entries)) if entries else Counter()
+
+
+class QueueIndex:
+    """The message index of one queue. ``directory=None`` makes a transient (memory-only) queue.
+
+    Thread use: everything runs in the event-loop thread except ``fsync()``, which a flush runs in a
+    worker thread; descriptors are closed through ``close_fd`` so that the store can defer closes
+    while such a flush is running.
+    """
+
+    def __init__(self, name: str, messages: MessageStore, directory: Path | None,
+                 ack_file_max_bytes: int = DEFAULT_ACK_FILE_MAX_BYTES, *,
+                 close_fd: Callable[[int], None] = os.close) -> None:
+        self.name = name
+        self.messages = messages
+        self.directory = Path(directory) if directory is not None else None
+        self.durable = directory is not None
+        self.ack_file_max_bytes = ack_file_max_bytes
+        self._close_fd = close_fd
+        self._incref = messages.incref
+        self._decref = messages.decref
+        # ready messages: requeued ones (heap of enq-order keys) come before the chunks
+        self._chunks: deque[array] = deque([array("Q")])
+        self._tail = self._chunks[0]
+        self._head = 0  # index of the next ready entry in self._chunks[0]
+        self._ready_count = 0
+        self._requeued: list[int] = []
+        self._unacked: set[int] = set()
+        # durable only: entries not yet handed to the OS, and the descriptors
+        self._enq_pending: array | None = array("Q") if self.durable else None
+        self._ack_pending: array | None = array("Q") if self.durable else None
+        self._enq_fd = -1
+        self._ack_fd = -1
+        self._ack_file_bytes = 0  # bytes in the ack file on disk (written, maybe not synced)
+        self.has_unsynced = False  # bytes handed to the OS that a flush has not fsynced yet
+        self.closed = False
+        self.close_reason: str | None = None
+        self._is_open = False
+
+    # ---- opening -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load the queue from disk (durable) and take one reference per live entry."""
+        if self._is_open:
+            return
+        self._is_open = True
+        if not self.durable:
+            return
+        directory = self.directory
+        assert directory is not None
+        created = not directory.exists()
+        directory.mkdir(parents=True, exist_ok=True)
+        name_file = directory / QUEUE_NAME_FILE
+        if not name_file.exists():
+            write_name_file(name_file, self.name)
+        if created:
+            fsync_dir(directory.parent)  # the queue directory itself must survive a crash
+        (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
+        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
+        self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o644)
+        enq = self._load_entries(self._enq_fd, ENQ_FILE)
+        ack = self._load_entries(self._ack_fd, ACK_FILE)
+        self._ack_file_bytes = len(ack) * ENTRY_SIZE
+        if ack:
+            acked = set(ack)
+            del ack
+            enq = array("Q", filterfalse(acked.__contains__, enq))
+            del acked
+        live, counts, dropped = self._validate(enq)
+        del enq
+        for segment, count in counts.items():
+            self._incref(segment, count)
+        self._load_ready(live)
+        if dropped:
+            log.warning("queue %r: dropped %d index entries that point at a missing segment or past the "
+                        "valid end of a segment", self.name, dropped)
+            self.compact()  # rewrite enq so that the same entries are not reported again
+
+    def _load_entries(self, fd: int, what: str) -> array:
+        """Read a whole index file into an array; a partial trailing entry is cut off the file."""
+        size = os.fstat(fd).st_size
+        whole = size - size % ENTRY_SIZE
+        if whole != size:
+            log.warning("queue %r: %s file ends with a partial entry of %d bytes; ignored",
+                        self.name, what, size - whole)
+            os.ftruncate(fd, whole)
+        entries = array("Q", bytes(ENTRY_SIZE)) * (whole // ENTRY_SIZE)
+        view = memoryview(entries).cast("B")
+        done = 0
+        while done < whole:  # readinto the array's own buffer: one copy, no temporary bytes
+            n = os.preadv(fd, [view[done:]], done)
+            if n <= 0:
+                raise OSError(f"queue {self.name!r}: {what} file shrank while being read")
+            done += n
+        view.release()
+        return entries
+
+    def _validate(self, entries: array) -> tuple[array, Counter[int], int]:
+        """Drop entries whose segment is gone or whose offset is at/after the segment's valid end.
+
+        Returns (valid entries, count per segment, number dropped). Fast path: entries of a queue
+        are normally grouped by ascending segment, so each segment is one run found by bisection,
+        the grouping is proved with one C-level comparison, and each run needs one ``max()``.
+        """
+        if not entries:
+            return entries, Counter(), 0
+        valid_ends = self.messages.valid_ends()
+        segs = _segment_ids(entries)
+        offsets = memoryview(entries).cast("B").cast("I")[1::2]
+        runs: list[tuple[int, int, int]] = []
+        n = len(segs)
+        i = 0
+        while i < n and len(runs) <= 4096:
+            segment = segs[i]
+            j = bisect_right(segs, segment, i)
+            runs.append((segment, i, j))
+            i = j
+        if i == n and runs:
+            expected = array("I")
+            for segment, start, stop in runs:
+                expected.extend(array("I", (segment,)) * (stop - start))
+            grouped = segs == memoryview(expected)
+            del expected
+            if grouped and len({segment for segment, _, _ in runs}) == len(runs):
+                all_valid = True
+                for segment, start, stop in runs:
+                    end = valid_ends.get(segment)
+                    if end is None or max(offsets[start:stop]) >= end:
+                        all_valid = False
+                        break
+                if all_valid:
+                    return entries, Counter({segment: stop - start for segment, start, stop in runs}), 0
+        segs.release()
+        offsets.release()
+        # slow path: not grouped, or some entries are invalid
+        valid = array("Q", (p for p in entries
+                            if (p >> 32) < valid_ends.get(p & _LOW32, 0)))
+        return valid, _segment_counts(valid), len(entries) - len(valid)
+
+    def _load_ready(self, live: array) -> None:
+        self._chunks.clear()
+        for start in range(0, len(live), CHUNK_ENTRIES):
+            self._chunks.append(live[start:start + CHUNK_ENTRIES])
+        if not self._chunks or len(self._chunks[-1]) >= CHUNK_ENTRIES:
+            self._chunks.append(array("Q"))
+        self._tail = self._chunks[-1]
+        self._head = 0
+        self._ready_count = len(live)
+
+    # ---- the message flow --------------------------------------------------------------------
+
+    def push(self, pos: int) -> None:
+        """Append a message (already in the message store) to the tail of the queue."""
+        tail = self._tail
+        if len(tail) >= CHUNK_ENTRIES:
+            tail = self._tail = array("Q")
+            self._chunks.append(tail)
+        tail.append(pos)
+        self._ready_count += 1
+        pending = self._enq_pending
+        if pending is not None:
+            pending.append(pos)
+        self._incref(pos & _LOW32)
+
+    def peek(self) -> int | None:
+        """The next message to deliver, or None; leaves it ready."""
+        if self._requeued:
+            return _pos_from_key(self._requeued[0])
+        if self._ready_count == 0:
+            return None
+        return self._chunks[0][self._head]
+
+    def shift(self) -> int | None:
+        """Take the next ready message for delivery: it becomes unacked. None when empty."""
+        if self._requeued:
+            pos = _pos_from_key(heapq.heappop(self._requeued))
+        elif self._ready_count == 0:
+            return None
+        else:
+            pos = self._take_head()
+        self._ready_count -= 1
+        self._unacked.add(pos)
+        return pos
+
+    def _take_head(self) -> int:
+        chunks = self._chunks
+        head = chunks[0]
+        pos = head[self._head]
+        self._head += 1
+        if self._head >= len(head):
+            if len(chunks) > 1:
+                chunks.popleft()
+            else:  # the tail chunk is used up: reuse it
+                del head[:]
+            self._head = 0
+        return pos
+
+    def ack(self, pos: int) -> None:
+        """Remove an unacked message for good (ack, reject, expiry, dead-lettering...)."""
+        try:
+            self._unacked.remove(pos)
+        except KeyError:
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        pending = self._ack_pending
+        if pending is not None:
+            pending.append(pos)
+            if self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
+                self.compact()
+        self._decref(pos & _LOW32)
+
+    def drop_head(self) -> int | None:
+        """Remove the head ready message without delivering it (max-length drop-head)."""
+        pos = self.shift()
+        if pos is not None:
+            self.ack(pos)
+        return pos
+
+    def requeue(self, pos: int) -> None:
+        """Put an unacked message back ahead of never-delivered ones, in enq order among requeued."""
+        try:
+            self._unacked.remove(pos)
+        except KeyError:
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        heapq.heappush(self._requeued, enq_order_key(pos))
+        self._ready_count += 1
+
+    def purge(self) -> int:
+        """Remove every ready message (unacked ones stay); returns how many were removed."""
+        count = self._ready_count
+        if count == 0:
+            return 0
+        removed = self._ready_array()
+        self._requeued.clear()
+        self._chunks.clear()
+        self._tail = array("Q")
+        self._chunks.append(self._tail)
+        self._head = 0
+        self._ready_count = 0
+        pending = self._ack_pending
+        if pending is not None:
+            pending.extend(removed)
+        for segment, n in _segment_counts(removed).items():
+            self._decref(segment, n)
+        if self._ack_file_full():
+            self.compact()
+        return count
+
+    def _ack_file_full(self) -> bool:
+        pending = self._ack_pending
+        if pending is None:
+            return False
+        return self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready_count
+
+    @property
+    def unacked_count(self) -> int:
+        return len(self._unacked)
+
+    def __len__(self) -> int:
+        return self._ready_count
+
+    def __iter__(self) -> Iterator[int]:
+        """Ready positions in delivery order."""
+        for key in sorted(self._requeued):
+            yield _pos_from_key(key)
+        head = self._head
+        for chunk in list(self._chunks):
+            yield from chunk[head:]
+            head = 0
+
+    def unacked(self) -> Iterable[int]:
+        return iter(self._unacked)
+
+    def _ready_array(self) -> array:
+        """All ready positions in delivery order, as one array."""
+        out = array("Q", (_pos_from_key(k) for k in sorted(self._requeued)))
+        head = self._head
+        for chunk in self._chunks:
+            out.extend(chunk[head:] if head else chunk)
+            head = 0
+        return out
+
+    def _live_array(self) -> array:
+        """Ready and unacked positions in enq order (what a compacted ``enq`` holds)."""
+        older = sorted(self._requeued)
+        older.extend(enq_order_key(p) for p in self._unacked)
+        older.sort()
+        out = array("Q", (_pos_from_key(k) for k in older))
+        head = self._head
+        newer = [chunk[head:] if i == 0 else chunk for i, chunk in enumerate(self._chunks)]
+        first_newer = next((chunk[0] for chunk in newer if chunk), None)
+        if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
+            for chunk in newer:  # the normal FIFO case: everything delivered is older
+                out.extend(chunk)
+            return out
+        # messages were pushed out of append order: merge entry by entry
+        merged = heapq.merge(older, (enq_order_key(p) for chunk in newer for p in chunk))
+        return array("Q", (_pos_from_key(k) for k in merged))
+
+    # ---- files -------------------------------------------------------------------------------
+
+    @property
+    def has_pending_writes(self) -> bool:
+        """Buffered index entries not yet handed to the OS."""
+        return bool(self._enq_pending or self._ack_pending)
+
+    def write_buffers(self) -> None:
+        """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
+        if self._enq_pending:
+            self._write_all(self._enq_fd, self._enq_pending)
+            del self._enq_pending[:]
+            self.has_unsynced = True
+        if self._ack_pending:
+            written = self._write_all(self._ack_fd, self._ack_pending)
+            self._ack_file_bytes += written
+            del self._ack_pending[:]
+            self.has_unsynced = True
+
+    @staticmethod
+    def _write_all(fd: int, entries: array) -> int:
+        view = memoryview(entries).cast("B")
+        total = len(view)
+        done = 0
+        while done < total:
+            done += os.write(fd, view[done:])
+        view.release()
+        return total
+
+    def take_unsynced_fds(self) -> list[int]:
+        """Descriptors a flush must fsync; clears ``has_unsynced`` (event-loop thread)."""
+        if not self.has_unsynced or self._enq_fd < 0:
+            return []
+        self.has_unsynced = False
+        return [self._enq_fd, self._ack_fd]
+
+    def fsync(self) -> None:
+        """fsync the enq and ack files (safe in a worker thread)."""
+        for fd in (self._enq_fd, self._ack_fd):
+            if fd >= 0:
+                os.fsync(fd)
+
+    def compact(self) -> None:
+        """Rewrite ``enq`` with the live entries and empty ``ack`` (crash-safe: tmp, fsync, rename)."""
+        if not self.durable or self._enq_fd < 0:
+            return
+        directory = self.directory
+        assert directory is not None and self._enq_pending is not None and self._ack_pending is not None
+        live = self._live_array()
+        tmp = directory / (ENQ_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            self._write_all(fd, live)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        os.replace(tmp, directory / ENQ_FILE)
+        fsync_dir(directory)
+        # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
+        old_enq = self._enq_fd
+        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
+        self._close_fd(old_enq)
+        os.ftruncate(self._ack_fd, 0)
+        self._ack_file_bytes = 0
+        del self._enq_pending[:]
+        del self._ack_pending[:]
+
+    # ---- life cycle --------------------------------------------------------------------------
+
+    def close(self, clean: bool = True) -> None:
+        """Close the files. Clean: write buffers, compact if anything was acked, fsync."""
+        if self.durable and self._enq_fd >= 0:
+            self.write_buffers()
+            if clean:
+                if self._ack_file_bytes:
+                    self.compact()
+                self.fsync()
+                self.has_unsynced = False
+            self._close_fds()
+        self._is_open = False
+
+    def _close_fds(self) -> None:
+        for fd in (self._enq_fd, self._ack_fd):
+            if fd >= 0:
+                self._close_fd(fd)
+        self._enq_fd = self._ack_fd = -1
+
+    def delete(self) -> None:
+        """Drop every message (releasing its segment reference), close and remove the directory.
+
+        The directory is removed at once, even while a flush may be fsyncing its (still open)
+        descriptors, so that a queue of the same name can be declared again right away.
+        """
+        live = self._ready_array()
+        live.extend(self._unacked)
+        self._requeued.clear()
+        self._unacked.clear()
+        self._chunks.clear()
+        self._tail = array("Q")
+        self._chunks.append(self._tail)
+        self._head = 0
+        self._ready_count = 0
+        if self._enq_pending is not None:
+            del self._enq_pending[:]
+            del self._ack_pending[:]  # type: ignore[index]
+        self._close_fds()
+        self._is_open = False
+        for segment, n in _segment_counts(live).items():
+            self._decref(segment, n)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            if self.directory.parent.exists():
+                fsync_dir(self.directory.parent)
+
+    def mark_closed(self, reason: str) -> None:
+        """Declare the queue damaged: it stops serving, the rest of the broker goes on."""
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        log.error("queue %r closed: %s", self.name, reason)
+
+    def __repr__(self) -> str:
+        kind = "durable" if self.durable else "transient"
+        return f"QueueIndex({self.name!r}, {kind}, ready={self._ready_count}, unacked={len(self._unacked)})"

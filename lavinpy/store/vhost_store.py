@@ -1,0 +1,234 @@
+"""A vhost directory: its message store, its queue indexes and the group-commit flush.
+
+``await flush()`` resolves once everything appended, pushed and acked before the call is on disk
+under the fsync policy. Concurrent callers share one flush (group commit). The disk work (msync of
+the message segments, then fsync of the index files: message bytes before index bytes) runs in a
+worker thread so that the event loop keeps serving clients meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lavinpy.store.datadir import sha1_name
+from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
+from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex
+
+log = logging.getLogger("lavinpy.store")
+
+FSYNC_POLICIES = ("always", "batch", "never")
+
+
+class VhostStore:
+    """Storage of one vhost. Use from one event loop thread; ``open()`` before anything else."""
+
+    def __init__(self, path: Path, *, segment_size: int = DEFAULT_SEGMENT_SIZE, fsync: str = "always",
+                 fsync_interval_ms: int = 50, ack_file_max_bytes: int = DEFAULT_ACK_FILE_MAX_BYTES) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
+        self.path = Path(path)
+        self.fsync_policy = fsync
+        self.fsync_interval = fsync_interval_ms / 1000
+        self.ack_file_max_bytes = ack_file_max_bytes
+        self.messages = MessageStore(self.path, segment_size)
+        self._queues: dict[str, QueueIndex] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        # group commit state
+        self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
+        self._next_since = 0.0  # loop time the first waiter of _next arrived
+        self._flusher: asyncio.Task[None] | None = None
+        self._sync_token: object | None = None  # set while a worker thread syncs
+        self._deferred_closes: list[int] = []
+        self.flush_count = 0  # flushes that reached the disk (tests, metrics)
+        self._is_open = False
+
+    # ---- life cycle --------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the message store. Then open_queue() each durable queue, then finish_recovery()."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.messages.open()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lavinpy-flush")
+        self._is_open = True
+
+    def finish_recovery(self) -> None:
+        """All durable queues are open: delete the segments that no queue references."""
+        deleted = self.messages.delete_unreferenced()
+        if deleted:
+            log.info("%s: deleted %d unreferenced message segments", self.path, deleted)
+
+    def queue_names_on_disk(self) -> list[str]:
+        """Names of the durable queues that have a directory here (from their ``.queue`` files)."""
+        names = []
+        for entry in sorted(self.path.iterdir()):
+            name_file = entry / QUEUE_NAME_FILE
+            if entry.is_dir() and name_file.is_file():
+                names.append(name_file.read_bytes().decode("utf-8"))
+        return names
+
+    def queue_path(self, name: str) -> Path:
+        return self.path / sha1_name(name)
+
+    def open_queue(self, name: str, durable: bool) -> QueueIndex:
+        """Open (durable: load from disk) the index of a queue; the same object if already open."""
+        index = self._queues.get(name)
+        if index is not None:
+            if index.durable != durable:
+                kind = "durable" if index.durable else "transient"
+                raise ValueError(f"queue {name!r} is already open as {kind}")
+            return index
+        directory = self.queue_path(name) if durable else None
+        index = QueueIndex(name, self.messages, directory, self.ack_file_max_bytes, close_fd=self._close_fd)
+        index.open()
+        self._queues[name] = index
+        return index
+
+    def delete_queue(self, index: QueueIndex) -> None:
+        """Remove a queue: its messages lose this reference and its directory goes."""
+        if self._queues.get(index.name) is index:
+            del self._queues[index.name]
+        index.delete()
+
+    @property
+    def queues(self) -> dict[str, QueueIndex]:
+        return self._queues
+
+    def close(self, clean: bool = True) -> None:
+        """Clean close: wait for a running sync, compact and close every index, sync the segments.
+
+        ``clean=False`` leaves the files as a killed process would (buffers handed to the OS but no
+        compaction and no sync): tests use it for crash-like restarts.
+        """
+        if not self._is_open:
+            return
+        self._is_open = False
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)  # a running msync/fsync finishes first
+            self._executor = None
+        self._end_sync()
+        for index in self._queues.values():
+            index.close(clean=clean)
+        self._queues.clear()
+        if clean:
+            self.messages.sync_ranges(self.messages.take_dirty())
+        self.messages.close()
+        # Everything is on disk now: release whoever still waits for a flush.
+        if self._next is not None and not self._next.done():
+            self._next.set_result(None)
+        self._next = None
+
+    # ---- group commit ------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        """Whether a durable queue has index entries not yet flushed (a periodic flush is due)."""
+        if self.fsync_policy == "never":  # flushing only hands the buffers to the OS
+            return any(q.has_pending_writes for q in self._queues.values())
+        return any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
+
+    async def flush(self) -> None:
+        """Resolve once everything appended/pushed/acked before the call is on disk (per policy)."""
+        if not self._is_open:  # closed: the clean close already put everything on disk
+            return
+        if self.fsync_policy == "never":
+            self._write_index_buffers()
+            return
+        loop = asyncio.get_running_loop()
+        waiter = self._next
+        if waiter is None:
+            waiter = self._next = loop.create_future()
+            self._next_since = loop.time()
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._run_flushes())
+        # shield: a cancelled caller must not cancel the flush other callers share
+        await asyncio.shield(waiter)
+
+    async def _run_flushes(self) -> None:
+        """Run flushes back to back while callers wait; each covers all callers that came before it."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._next is not None and self._is_open:
+                if self.fsync_policy == "batch":
+                    delay = self._next_since + self.fsync_interval - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                        if not self._is_open:
+                            break
+                waiter, self._next = self._next, None
+                try:
+                    await self._flush_once()
+                except Exception as exc:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                    log.error("%s: flush failed: %s", self.path, exc)
+                else:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._flusher = None
+
+    def _write_index_buffers(self) -> None:
+        for index in self._queues.values():
+            if index.has_pending_writes:
+                index.write_buffers()
+
+    async def _flush_once(self) -> None:
+        # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
+        self._write_index_buffers()
+        ranges = self.messages.take_dirty()
+        synced: list[QueueIndex] = []
+        fds: list[int] = []
+        for index in self._queues.values():
+            taken = index.take_unsynced_fds()
+            if taken:
+                synced.append(index)
+                fds.extend(taken)
+        if not ranges and not fds:
+            return
+        token = self._begin_sync()
+        try:
+            assert self._executor is not None
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds)
+        except BaseException:
+            for index in synced:  # not known to be on disk: the next flush tries again
+                index.has_unsynced = True
+            raise
+        finally:
+            if self._sync_token is token:
+                self._end_sync()
+        self.flush_count += 1
+
+    def _sync(self, ranges: list[DirtyRange], fds: list[int]) -> None:
+        """Worker thread: message bytes first, then the index entries that point at them."""
+        self.messages.sync_ranges(ranges)
+        for fd in fds:
+            os.fsync(fd)
+
+    def _begin_sync(self) -> object:
+        token = object()
+        self._sync_token = token
+        self.messages.hold_deletions()
+        return token
+
+    def _end_sync(self) -> None:
+        if self._sync_token is None:
+            return
+        self._sync_token = None
+        deferred, self._deferred_closes = self._deferred_closes, []
+        for fd in deferred:
+            os.close(fd)
+        self.messages.release_deletions()
+
+    def _close_fd(self, fd: int) -> None:
+        """Close an index descriptor, or later if a worker thread may be fsyncing it right now."""
+        if self._sync_token is not None:
+            self._deferred_closes.append(fd)
+        else:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"

@@ -1,0 +1,263 @@
+"""VhostStore: recovery sequence, queue directories, and the group-commit flush under each policy."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+
+import pytest
+
+from lavinpy.store.datadir import sha1_name
+from lavinpy.store.position import pos_segment
+from lavinpy.store.vhost_store import VhostStore
+
+
+def run_async(fn):
+    """Run an async test on a fresh event loop (no asyncio pytest plugin is assumed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    return wrapper
+
+
+def make_store(path: Path, **kw) -> VhostStore:
+    store = VhostStore(path, **kw)
+    store.open()
+    return store
+
+
+def publish(store: VhostStore, queues, n: int, size: int = 64) -> list[int]:
+    positions = []
+    for i in range(n):
+        pos = store.messages.append("", "q", b"\x00\x00", bytes([i % 251]) * size)
+        for q in queues:
+            q.push(pos)
+        positions.append(pos)
+    return positions
+
+
+def test_open_queue_recover_and_names(tmp_path: Path) -> None:
+    store = make_store(tmp_path, segment_size=4096)
+    store.finish_recovery()
+    a = store.open_queue("a/b ünïcode", durable=True)
+    t = store.open_queue("temp", durable=False)
+    assert store.open_queue("a/b ünïcode", durable=True) is a
+    with pytest.raises(ValueError):
+        store.open_queue("temp", durable=True)
+    assert (tmp_path / sha1_name("a/b ünïcode") / ".queue").read_text() == "a/b ünïcode"
+    positions = publish(store, [a, t], 100)
+    store.close()
+
+    store = make_store(tmp_path, segment_size=4096)
+    assert store.queue_names_on_disk() == ["a/b ünïcode"]
+    a = store.open_queue("a/b ünïcode", durable=True)
+    store.finish_recovery()
+    assert list(a) == positions
+    assert all(store.messages.read(p).body == bytes([i % 251]) * 64 for i, p in enumerate(positions))
+    assert store.open_queue("temp", durable=False).ready_count == 0
+    store.close()
+
+
+def test_unreferenced_segments_deleted_after_recovery(tmp_path: Path) -> None:
+    store = make_store(tmp_path, segment_size=4096)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    t = store.open_queue("t", durable=False)
+    publish(store, [t], 200)  # only a transient queue references these
+    kept = publish(store, [q], 3)
+    store.close()
+    store = make_store(tmp_path, segment_size=4096)
+    before = store.messages.segment_ids()
+    q = store.open_queue("q", durable=True)
+    assert store.messages.segment_ids() == before  # nothing deleted while queues are loading
+    store.finish_recovery()
+    live = {pos_segment(p) for p in kept} | {store.messages.current_segment_id}
+    assert set(store.messages.segment_ids()) == live
+    assert sorted(p.name for p in tmp_path.glob("msgs.*")) == [f"msgs.{s:010d}" for s in sorted(live)]
+    store.close()
+
+
+def test_delete_queue_then_declare_again(tmp_path: Path) -> None:
+    store = make_store(tmp_path, segment_size=4096)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 50)
+    store.delete_queue(q)
+    assert not (tmp_path / sha1_name("q")).exists()
+    assert store.messages.segment_ids() == [store.messages.current_segment_id]
+    q2 = store.open_queue("q", durable=True)
+    assert q2 is not q and q2.ready_count == 0
+    store.close()
+
+
+@run_async
+async def test_concurrent_flushes_share_syncs(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+
+    async def publisher(i: int) -> None:
+        for _ in range(5):
+            publish(store, [q], 1)
+            await store.flush()
+
+    await asyncio.gather(*(publisher(i) for i in range(200)))
+    # 1000 flush() calls; group commit makes them share a handful of real syncs
+    assert 1 <= store.flush_count <= 20
+    assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 1000 * 8
+    assert not store.pending
+    store.close()
+
+
+@run_async
+async def test_flush_after_running_one_covers_late_callers(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 10)
+    first = asyncio.ensure_future(store.flush())
+    while store._sync_token is None:  # wait until the worker thread is syncing
+        await asyncio.sleep(0)
+    publish(store, [q], 5)  # arrives during the running flush: needs the next one
+    late = [asyncio.ensure_future(store.flush()) for _ in range(10)]
+    assert store.pending
+    await asyncio.gather(first, *late)
+    assert store.flush_count == 2
+    assert not store.pending
+    assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 15 * 8
+    store.close()
+
+
+@run_async
+async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    qs = [store.open_queue(f"q{i}", durable=True) for i in range(3)]
+    publish(store, qs, 12_000, size=2000)  # ~24 MiB of dirty pages to msync
+    ticks = []
+    stop = False
+
+    async def ticker() -> None:
+        while not stop:
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = time.perf_counter()
+    await store.flush()
+    duration = time.perf_counter() - start
+    stop = True
+    await task
+    during = [t for t in ticks if start <= t <= start + duration]
+    assert len(during) >= 3
+    gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
+    if duration > 0.02:  # a flush this long must not block the loop for most of it
+        assert max(gaps, default=0) < duration * 0.8
+    assert store.flush_count == 1
+    store.close()
+
+
+@run_async
+async def test_segment_deletion_waits_for_running_sync(tmp_path: Path) -> None:
+    store = make_store(tmp_path, segment_size=4096, fsync="always")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    positions = publish(store, [q], 200)
+    first = pos_segment(positions[0])
+    path = tmp_path / f"msgs.{first:010d}"
+    flush = asyncio.ensure_future(store.flush())
+    while store._sync_token is None:
+        await asyncio.sleep(0)
+    while (p := q.peek()) is not None and pos_segment(p) == first:
+        q.ack(q.shift())
+    assert path.exists()  # the worker may be msyncing it: deletion deferred
+    await flush
+    assert not path.exists()
+    store.close()
+
+
+@run_async
+async def test_policy_never_writes_without_syncing(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="never")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 7)
+    assert store.pending
+    await store.flush()
+    assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 7 * 8
+    assert store.flush_count == 0 and not store.pending
+    store.close()
+
+
+@run_async
+async def test_policy_batch_waits_for_interval_and_groups(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="batch", fsync_interval_ms=100)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 1)
+    start = time.perf_counter()
+    first = asyncio.ensure_future(store.flush())
+    await asyncio.sleep(0.03)
+    publish(store, [q], 1)
+    second = asyncio.ensure_future(store.flush())
+    await asyncio.gather(first, second)
+    elapsed = time.perf_counter() - start
+    assert 0.09 <= elapsed < 1.0
+    assert store.flush_count == 1  # both callers served by one sync
+    assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 16
+    store.close()
+
+
+@run_async
+async def test_policy_always_starts_at_once(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="always", fsync_interval_ms=1000)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 1)
+    start = time.perf_counter()
+    await store.flush()
+    assert time.perf_counter() - start < 0.5
+    assert store.flush_count == 1
+    store.close()
+
+
+@run_async
+async def test_cancelled_caller_does_not_cancel_shared_flush(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="batch", fsync_interval_ms=50)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 3)
+    a = asyncio.ensure_future(store.flush())
+    b = asyncio.ensure_future(store.flush())
+    await asyncio.sleep(0.01)
+    a.cancel()
+    await b
+    assert store.flush_count == 1 and not store.pending
+    store.close()
+
+
+@run_async
+async def test_close_releases_waiters(tmp_path: Path) -> None:
+    store = make_store(tmp_path, fsync="batch", fsync_interval_ms=5000)
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    positions = publish(store, [q], 3)
+    waiter = asyncio.ensure_future(store.flush())
+    await asyncio.sleep(0.01)
+    store.close()
+    await asyncio.wait_for(waiter, 1)
+    await asyncio.wait_for(store.flush(), 1)  # after close: nothing left to wait for
+    store = make_store(tmp_path)
+    q = store.open_queue("q", durable=True)
+    assert list(q) == positions
+    store.close()
+
+
+def test_rejects_unknown_policy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        VhostStore(tmp_path, fsync="sometimes")
