@@ -31,6 +31,7 @@ class Config:
     ack_file_max_bytes: int = 16 * 1024 * 1024
     definitions_compact_deletes: int = 8192
     max_message_size: int = 128 * 1024 * 1024
+    disk_free_limit: int = 50 * 1000 * 1000
     frame_max: int = 131072
     channel_max: int = 2048
     heartbeat: int = 60

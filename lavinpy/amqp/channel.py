@@ -202,7 +202,11 @@ class Channel:
         self._header_seen = False
         self._body_parts = []
         self._body_received = 0
-        self.conn.published = True
+        conn = self.conn
+        if not conn.published:
+            conn.published = True
+            if conn.blocked and conn.transport is not None:
+                conn.transport.pause_reading()  # resource alarm: this connection now publishes
 
     def _complete_publish(self, body: bytes) -> None:
         method = self._publish

@@ -1,0 +1,127 @@
+"""The broker: the data directory, users, and every vhost."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..store.datadir import DataDir
+from .users import UserStore
+from .vhost import VHost
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+log = logging.getLogger("lavinpy.broker")
+
+CLEAN_STOP_MARKER = "clean_shutdown"
+
+
+class Broker:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.datadir = DataDir(Path(config.data_dir))
+        self.users: UserStore | None = None
+        self.vhosts: dict[str, VHost] = {}
+        self.connections: set = set()
+        # Direct reply-to: reply key -> (channel, consumer tag) of the requester.
+        self.reply_to: dict[str, object] = {}
+        # Set while a resource alarm blocks publishers (connection.blocked); None when clear.
+        self.blocked_reason: str | None = None
+        # Work queued by any connection, done once per input batch (see run_pending).
+        self.delivery_pending: set = set()
+        self.output_pending: set = set()
+        self._pending_scheduled = False
+
+    def open(self) -> None:
+        self.datadir.open()
+        marker = self.datadir.path / CLEAN_STOP_MARKER
+        # Without the marker the last stop was a crash: recovered messages may have been delivered.
+        unclean = any(self.datadir.vhost_dirs()) and not marker.exists()
+        marker.unlink(missing_ok=True)
+        self.users = UserStore(self.datadir.users_file, self.datadir.vhosts_file)
+        self.users.load()
+        self.users.ensure_defaults(self.config.default_user, self.config.default_password)
+        for vhost in self.users.vhosts():
+            self.open_vhost(vhost.name, unclean)
+
+    def open_vhost(self, name: str, unclean: bool = False) -> VHost:
+        vhost = VHost(name, self.datadir.vhost_path(name, create=True), self.config, self)
+        vhost.open(unclean_stop=unclean)
+        self.vhosts[name] = vhost
+        return vhost
+
+    def start(self) -> None:
+        """Start the background tasks (needs a running event loop)."""
+        for vhost in self.vhosts.values():
+            vhost.start_flusher()
+        self._alarm_task = asyncio.get_running_loop().create_task(self._watch_resources())
+
+    async def _watch_resources(self, interval: float = 2.0) -> None:
+        while True:
+            self.check_resources()
+            await asyncio.sleep(interval)
+
+    def check_resources(self) -> None:
+        """Raise or clear the free-disk alarm; blocked connections follow it."""
+        try:
+            free = shutil.disk_usage(self.datadir.path).free
+        except OSError:
+            return
+        limit = self.config.disk_free_limit
+        reason = f"low on disk: {free} bytes free, limit {limit}" if free < limit else None
+        if reason is None and self.blocked_reason is None:
+            return
+        if (reason is None) != (self.blocked_reason is None):
+            if reason:
+                log.warning("resource alarm: %s; blocking publishers", reason)
+            else:
+                log.info("resource alarm cleared; unblocking publishers")
+        self.blocked_reason = reason
+        for connection in list(self.connections):
+            connection.set_blocked(reason)
+
+    # --- pending work -----------------------------------------------------------------------
+    # uvloop may call data_received for one busy socket many times before it runs call_soon
+    # callbacks, so deliveries and socket writes also run at the end of every input batch:
+    # a publisher flood then cannot starve consumers.
+    def schedule_delivery(self, queue: object) -> None:
+        self.delivery_pending.add(queue)
+        self._schedule()
+
+    def schedule_output(self, connection: object) -> None:
+        self.output_pending.add(connection)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._pending_scheduled:
+            self._pending_scheduled = True
+            asyncio.get_running_loop().call_soon(self.run_pending)
+
+    def run_pending(self) -> None:
+        self._pending_scheduled = False
+        rounds = 0
+        while self.delivery_pending and rounds < 4:
+            rounds += 1
+            queues, self.delivery_pending = self.delivery_pending, set()
+            for queue in queues:
+                if not queue.deleted and queue.deliver():
+                    self.delivery_pending.add(queue)
+        if self.delivery_pending:
+            self._schedule()
+        if self.output_pending:
+            connections, self.output_pending = self.output_pending, set()
+            for connection in connections:
+                connection.flush_output()
+
+    def close(self) -> None:
+        task = getattr(self, "_alarm_task", None)
+        if task is not None:
+            task.cancel()
+        for vhost in self.vhosts.values():
+            vhost.close()
+        (self.datadir.path / CLEAN_STOP_MARKER).write_text("1\n")
+        self.datadir.close()

@@ -1,0 +1,50 @@
+"""A consumer: a channel's subscription to a queue, with its own prefetch window."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+
+class ConsumerChannel(Protocol):
+    """What a queue needs from the channel that owns a consumer."""
+
+    def can_deliver(self) -> bool: ...
+
+    def deliver(self, consumer: Consumer, pos: int, redelivered: bool) -> None: ...
+
+    def consumer_cancelled(self, consumer: Consumer) -> None: ...
+
+
+class Consumer:
+    __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
+                 "unacked", "arguments")
+
+    def __init__(
+        self,
+        tag: str,
+        queue: Queue,
+        channel: ConsumerChannel,
+        *,
+        no_ack: bool = False,
+        exclusive: bool = False,
+        priority: int = 0,
+        prefetch: int = 0,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self.tag = tag
+        self.queue = queue
+        self.channel = channel
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.priority = priority
+        self.prefetch = prefetch  # 0 = unlimited (per-consumer limit, basic.qos global=false)
+        self.unacked = 0
+        self.arguments = arguments or {}
+
+    def can_accept(self) -> bool:
+        if not self.no_ack and self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return self.channel.can_deliver()

@@ -1,0 +1,205 @@
+"""A queue: its store index, its consumers, and the delivery loop that feeds them."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..store.record import CorruptRecord, StoredMessage
+
+if TYPE_CHECKING:
+    from ..store.queue_index import QueueIndex
+    from .consumer import Consumer
+    from .vhost import VHost
+
+log = logging.getLogger("lavinpy.queue")
+
+# Deliveries made in one go before other queues get a turn on the event loop.
+DELIVERY_BATCH = 256
+
+
+class Queue:
+    def __init__(
+        self,
+        vhost: VHost,
+        name: str,
+        index: QueueIndex,
+        *,
+        durable: bool,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        recovered_redelivered: bool = False,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.index = index
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.exclusive = exclusive_owner is not None
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        self.consumers: list[Consumer] = []
+        self.deleted = False
+        self._rr = 0
+        self._had_consumer = False
+        self._mixed_priorities = False
+        # Positions to deliver with redelivered=true: requeued ones, and after an unclean stop the
+        # messages recovered from disk (their delivery state was not persisted).
+        self._redelivered: set[int] = set()
+        self._recovered_left = index.ready_count if recovered_redelivered else 0
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} vhost={self.vhost.name!r}>"
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        return self.index.ready_count
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    @property
+    def closed(self) -> bool:
+        return self.index.closed
+
+    def is_unused(self) -> bool:
+        return not self.consumers
+
+    # --- messages in --------------------------------------------------------------------------
+    def push(self, pos: int, persistent: bool) -> None:
+        self.index.push(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    # --- messages out -------------------------------------------------------------------------
+    def _shift(self) -> tuple[int, bool] | None:
+        pos = self.index.shift()
+        if pos is None:
+            return None
+        if pos in self._redelivered:
+            self._redelivered.discard(pos)
+            return pos, True
+        if self._recovered_left:
+            self._recovered_left -= 1
+            return pos, True
+        return pos, False
+
+    def read(self, pos: int) -> StoredMessage | None:
+        """Read a record; a damaged one closes this queue (and only this queue)."""
+        try:
+            return self.vhost.store.messages.read(pos)
+        except (CorruptRecord, KeyError) as e:
+            self.close_damaged(f"unreadable message at segment position {pos:#x}: {e}")
+            return None
+
+    def close_damaged(self, reason: str) -> None:
+        if not self.index.closed:
+            self.index.mark_closed(reason)
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer, notify=True)
+
+    def get(self) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get: the head message (now unacked), or None."""
+        if self.closed:
+            return None
+        shifted = self._shift()
+        if shifted is None:
+            return None
+        pos, redelivered = shifted
+        msg = self.read(pos)
+        if msg is None:
+            return None
+        return pos, msg, redelivered
+
+    def deliver(self) -> bool:
+        """Deliver ready messages to consumers with capacity; True if more could go out now."""
+        budget = DELIVERY_BATCH
+        index = self.index
+        while budget and index.ready_count and self.consumers and not index.closed:
+            consumer = self._next_consumer()
+            if consumer is None:
+                return False
+            shifted = self._shift()
+            if shifted is None:
+                return False
+            pos, redelivered = shifted
+            msg = self.read(pos)
+            if msg is None:
+                return False
+            consumer.channel.deliver(consumer, pos, msg, redelivered)
+            if consumer.no_ack:
+                index.ack(pos)
+            else:
+                consumer.unacked += 1
+            budget -= 1
+        return budget == 0
+
+    def _next_consumer(self) -> Consumer | None:
+        consumers = self.consumers
+        n = len(consumers)
+        start = self._rr
+        best: Consumer | None = None
+        best_i = 0
+        for i in range(n):
+            j = (start + i) % n
+            c = consumers[j]
+            if c.can_accept() and (best is None or c.priority > best.priority):
+                best, best_i = c, j
+                if not self._mixed_priorities:
+                    break
+        if best is not None:
+            self._rr = (best_i + 1) % n
+        return best
+
+    # --- acknowledgements ---------------------------------------------------------------------
+    def ack(self, pos: int) -> None:
+        if not self.deleted:
+            self.index.ack(pos)
+
+    def requeue(self, pos: int) -> None:
+        if self.deleted:
+            return
+        self.index.requeue(pos)
+        self._redelivered.add(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    def purge(self) -> int:
+        count = self.index.purge()
+        self._recovered_left = 0
+        return count
+
+    # --- consumers ----------------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self._had_consumer = True
+        self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
+        self.vhost.schedule_delivery(self)
+
+    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+        """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
+        if notify:
+            consumer.channel.consumer_cancelled(consumer)
+        if self.auto_delete and self._had_consumer and not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self.name)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    def delete(self) -> int:
+        """Remove the queue's messages and files; consumers get basic.cancel."""
+        count = self.index.ready_count
+        self.deleted = True
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            consumer.channel.consumer_cancelled(consumer)
+        self.vhost.store.delete_queue(self.index)
+        return count
