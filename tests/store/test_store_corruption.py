@@ -1,0 +1,212 @@
+"""Damaged files: the store must open (never raise out of open) and end in the documented state."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from pathlib import Path
+
+import pytest
+
+from lavinpy.store.datadir import sha1_name
+from lavinpy.store.message_store import CorruptRecord
+from lavinpy.store.position import pos_offset, pos_segment
+from lavinpy.store.vhost_store import VhostStore
+
+SEGMENT_SIZE = 16 * 1024
+
+
+def body_of(i: int) -> bytes:
+    return i.to_bytes(4, "little") * 50
+
+
+def segment_file(path: Path, segment: int) -> Path:
+    return path / f"msgs.{segment:010d}"
+
+
+def record_size_at(path: Path, pos: int) -> int:
+    with open(segment_file(path, pos_segment(pos)), "rb") as f:
+        f.seek(pos_offset(pos))
+        return struct.unpack("<I", f.read(4))[0] + 8
+
+
+def patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def populate(path: Path, n: int = 200) -> tuple[list[int], list[int]]:
+    """Queue "a" gets the even messages, "b" the odd ones; crash-like close (no compaction)."""
+    store = VhostStore(path, segment_size=SEGMENT_SIZE)
+    store.open()
+    a = store.open_queue("a", durable=True)
+    b = store.open_queue("b", durable=True)
+    store.finish_recovery()
+    positions = []
+    for i in range(n):  # push right after append: an unreferenced sealed segment is deleted
+        pos = store.messages.append("", "q", b"\x00\x00", body_of(i))
+        (a if i % 2 == 0 else b).push(pos)
+        positions.append(pos)
+    store.close(clean=False)
+    return positions[0::2], positions[1::2]
+
+
+def reopen(path: Path) -> VhostStore:
+    store = VhostStore(path, segment_size=SEGMENT_SIZE)
+    store.open()
+    for name in store.queue_names_on_disk():
+        store.open_queue(name, durable=True)
+    store.finish_recovery()
+    return store
+
+
+def bodies(store: VhostStore, name: str) -> list[bytes]:
+    return [store.messages.read(p).body for p in store.queues[name]]
+
+
+def assert_append_works(store: VhostStore) -> None:
+    pos = store.messages.append("", "q", b"\x00\x00", b"after the damage")
+    store.queues["a"].push(pos)
+    assert store.messages.read(pos).body == b"after the damage"
+
+
+def test_zero_tail_is_normal(tmp_path: Path, caplog) -> None:
+    a, b = populate(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    assert not caplog.records
+    assert bodies(store, "a") == [body_of(i) for i in range(0, 200, 2)]
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 200, 2)]
+    store.close()
+
+
+def test_torn_last_record_is_dropped(tmp_path: Path, caplog) -> None:
+    a, b = populate(tmp_path)
+    last = b[-1]  # the last record written, in the current segment
+    size = record_size_at(tmp_path, last)
+    patch(segment_file(tmp_path, pos_segment(last)), pos_offset(last) + size // 2, bytes(size - size // 2))
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 199, 2)]
+    assert bodies(store, "a") == [body_of(i) for i in range(0, 200, 2)]
+    warnings = [r.getMessage() for r in caplog.records if "'b'" in r.getMessage()]
+    assert len(warnings) == 1 and " 1 " in warnings[0]
+    assert_append_works(store)
+    store.close()
+    store = reopen(tmp_path)
+    assert bodies(store, "a")[-1] == b"after the damage"
+    store.close()
+
+
+def test_truncated_segment_file(tmp_path: Path) -> None:
+    a, b = populate(tmp_path)
+    last = b[-1]
+    path = segment_file(tmp_path, pos_segment(last))
+    with open(path, "r+b") as f:
+        f.truncate(pos_offset(last) + 10)  # cut inside the last record
+    store = reopen(tmp_path)
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 199, 2)]
+    assert len(bodies(store, "a")) == 100
+    for _ in range(50):  # appends go on, rolling over to a fresh segment when the short one is full
+        assert_append_works(store)
+    store.close()
+
+
+def test_flipped_byte_closes_only_that_queue(tmp_path: Path, caplog) -> None:
+    a, b = populate(tmp_path)
+    victim = a[3]
+    assert pos_segment(victim) != pos_segment(b[-1])  # in a sealed segment, records follow it
+    offset = pos_offset(victim) + record_size_at(tmp_path, victim) - 7  # inside the body
+    path = segment_file(tmp_path, pos_segment(victim))
+    data = bytearray(path.read_bytes()[offset:offset + 1])
+    patch(path, offset, bytes([data[0] ^ 0x40]))
+    store = reopen(tmp_path)  # opening does not read bodies: no exception here
+    qa = store.queues["a"]
+    assert qa.ready_count == 100
+    with caplog.at_level(logging.ERROR, logger="lavinpy.store"):
+        good = []
+        for pos in qa:  # what the broker does on delivery
+            try:
+                good.append(store.messages.read(pos).body)
+            except CorruptRecord as exc:
+                assert pos == victim
+                qa.mark_closed(f"message at {pos:#x} is damaged: {exc}")
+    assert qa.closed and "damaged" in qa.close_reason
+    assert len(good) == 99
+    assert any("'a'" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert not store.queues["b"].closed
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 200, 2)]
+    with pytest.raises(CorruptRecord):
+        store.messages.read(victim)
+    store.close()
+
+
+def test_garbage_ack_tail_is_ignored(tmp_path: Path) -> None:
+    store = VhostStore(tmp_path, segment_size=SEGMENT_SIZE)
+    store.open()
+    q = store.open_queue("a", durable=True)
+    store.finish_recovery()
+    for i in range(10):
+        q.push(store.messages.append("", "q", b"\x00\x00", body_of(i)))
+    for _ in range(4):
+        q.ack(q.shift())
+    store.close(clean=False)
+    ack = tmp_path / sha1_name("a") / "ack"
+    assert ack.stat().st_size == 32
+    with open(ack, "ab") as f:
+        f.write(b"\xde\xad\xbe\xef\x01")  # a torn write after a crash
+    store = reopen(tmp_path)
+    assert bodies(store, "a") == [body_of(i) for i in range(4, 10)]
+    assert ack.stat().st_size == 32
+    store.close()
+
+
+def test_missing_segment_drops_its_entries_with_one_warning(tmp_path: Path, caplog) -> None:
+    a, b = populate(tmp_path)
+    first = pos_segment(a[0])
+    lost_a = sum(1 for p in a if pos_segment(p) == first)
+    lost_b = sum(1 for p in b if pos_segment(p) == first)
+    assert lost_a and lost_b and first != pos_segment(b[-1])
+    segment_file(tmp_path, first).unlink()
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    for name, lost in (("a", lost_a), ("b", lost_b)):
+        lines = [r.getMessage() for r in caplog.records if f"'{name}'" in r.getMessage()]
+        assert len(lines) == 1 and f" {lost} " in lines[0], lines
+    assert len(bodies(store, "a")) == 100 - lost_a
+    assert len(bodies(store, "b")) == 100 - lost_b
+    store.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)  # the entries were removed: no warning the second time
+    assert not caplog.records
+    assert len(bodies(store, "a")) == 100 - lost_a
+    store.close()
+
+
+def test_unreadable_segment_header_counts_as_missing(tmp_path: Path, caplog) -> None:
+    a, b = populate(tmp_path)
+    first = pos_segment(a[0])
+    patch(segment_file(tmp_path, first), 0, b"\x09\x09\x09\x09")  # wrong schema version
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    in_first = sum(1 for p in a if pos_segment(p) == first)
+    assert len(bodies(store, "a")) == 100 - in_first
+    assert any("'a'" in r.getMessage() for r in caplog.records)
+    assert_append_works(store)
+    store.close()
+
+
+def test_index_entries_past_the_valid_end(tmp_path: Path, caplog) -> None:
+    """The index reached the disk but the last records did not (zeros where they should be)."""
+    a, b = populate(tmp_path)
+    start = pos_offset(a[-1])
+    path = segment_file(tmp_path, pos_segment(a[-1]))
+    patch(path, start, bytes(SEGMENT_SIZE - start))  # a[-1] and b[-1] never reached the disk
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    assert bodies(store, "a") == [body_of(i) for i in range(0, 198, 2)]
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 198, 2)]
+    assert_append_works(store)
+    store.close()
