@@ -405,6 +405,9 @@ class Channel:
         self.conn.remove_channel(self.id)
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
+        if not method.active:
+            # As RabbitMQ: consumers are throttled with basic.qos, not by stopping the channel.
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "active=false", 20, 20)
         self.flow_active = bool(method.active)
         self.send_method(commands.Channel.FlowOk(active=self.flow_active))
         if self.flow_active:

@@ -23,6 +23,7 @@ from .constants import (
     PROTOCOL_HEADER,
     REPLY_SUCCESS,
     SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
 )
 from .errors import AMQPChannelError, AMQPConnectionError
 from .reader import BadProtocolHeader, FrameReader, HeartbeatFrame, MethodFrame
@@ -219,7 +220,7 @@ class AMQPConnection(asyncio.Protocol):
             return
         if channel_id == 0:
             if not isinstance(frame, MethodFrame):
-                raise AMQPConnectionError(COMMAND_INVALID, "content frame on channel 0")
+                raise AMQPConnectionError(UNEXPECTED_FRAME, "content frame on channel 0")
             self._handle_connection_method(frame.method)
             return
         channel = self.channels.get(channel_id)
@@ -264,7 +265,7 @@ class AMQPConnection(asyncio.Protocol):
         elif isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
             pass  # a client may send these; nothing to do
         else:
-            raise AMQPConnectionError(COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
+            raise AMQPConnectionError(CHANNEL_ERROR, f"unexpected method {method.name} on channel 0")
 
     # --- handshake ----------------------------------------------------------------------------
     def _handle_handshake(self, frame: Any) -> None:
@@ -314,7 +315,7 @@ class AMQPConnection(asyncio.Protocol):
             return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
         if mechanism == "AMQPLAIN":
             try:
-                _, table = decode.table(len(raw).to_bytes(4, "big") + raw)
+                _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
             except Exception:
                 raise AMQPConnectionError(SYNTAX_ERROR, "malformed AMQPLAIN response")
             login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
@@ -432,15 +433,15 @@ class AMQPConnection(asyncio.Protocol):
     def check_permission(self, kind: str, resource_type: str, name: str) -> None:
         key = (kind, resource_type, name)
         allowed = self._permission_cache.get(key)
+        resource = "amq.default" if resource_type == "exchange" and name == "" else name
         if allowed is None:
             users = self.broker.users
             assert users is not None and self.vhost is not None
-            resource = "amq.default" if resource_type == "exchange" and name == "" else name
             allowed = users.check(self.username, self.vhost.name, kind, resource)
             self._permission_cache[key] = allowed
         if not allowed:
             assert self.vhost is not None
-            raise AMQPChannelError(ACCESS_REFUSED, f"access to {resource_type} '{name}' in vhost "
+            raise AMQPChannelError(ACCESS_REFUSED, f"access to {resource_type} '{resource}' in vhost "
                                                    f"'{self.vhost.name}' refused for user '{self.username}'")
 
     def shutdown(self, text: str = "broker shutdown") -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
@@ -68,9 +69,15 @@ class Queue:
     def is_unused(self) -> bool:
         return not self.consumers
 
+    def redelivered_positions(self) -> list[int]:
+        return sorted(self._redelivered)
+
+    def mark_redelivered(self, positions: Iterable[int]) -> None:
+        self._redelivered.update(positions)
+
     # --- messages in --------------------------------------------------------------------------
     def push(self, pos: int, persistent: bool) -> None:
-        self.index.push(pos)
+        self.index.push(pos, persistent)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import logging
 import os
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,8 @@ BUILTIN_EXCHANGES = (
     ("amq.match", "headers"),
 )
 _HEADERS_FLAG = 1 << 13
+# Per durable queue, written at a clean stop: positions of ready messages that had been delivered.
+REDELIVERED_FILE = "redelivered"
 
 
 def _fmt(value: Any) -> str:
@@ -111,9 +114,14 @@ class VHost:
                           cmd.exchange, cmd.exchange_type)
         elif isinstance(cmd, commands.Queue.Declare):
             index = self.store.open_queue(cmd.queue, durable=True)
-            self.queues[cmd.queue] = Queue(
-                self, cmd.queue, index, durable=True, auto_delete=cmd.auto_delete,
-                arguments=dict(cmd.arguments or {}), recovered_redelivered=unclean_stop)
+            queue = Queue(self, cmd.queue, index, durable=True, auto_delete=cmd.auto_delete,
+                          arguments=dict(cmd.arguments or {}), recovered_redelivered=unclean_stop)
+            marks = self.store.queue_path(cmd.queue) / REDELIVERED_FILE
+            if marks.exists():
+                if not unclean_stop:
+                    queue.mark_redelivered(array("Q", marks.read_bytes()[: marks.stat().st_size // 8 * 8]))
+                marks.unlink()
+            self.queues[cmd.queue] = queue
         elif isinstance(cmd, commands.Queue.Bind):
             source, dest = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)
             if source is not None and dest is not None:
@@ -130,8 +138,17 @@ class VHost:
         for queue in list(self.queues.values()):
             if not queue.durable:
                 self.store.delete_queue(queue.index)
+            elif queue.index.durable:
+                self._save_redelivered(queue)
         self.store.close()
         self.definitions.close()
+
+    def _save_redelivered(self, queue: Queue) -> None:
+        """Clean stop: remember which ready messages were delivered before, for their redelivered flag."""
+        marks = queue.redelivered_positions()
+        if marks:
+            path = self.store.queue_path(queue.name) / REDELIVERED_FILE
+            path.write_bytes(array("Q", marks).tobytes())
 
     def start_flusher(self, interval: float = 0.2) -> None:
         """Flush periodically, so acks and un-confirmed publishes reach the disk without a client asking."""

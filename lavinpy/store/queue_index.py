@@ -86,6 +86,7 @@ class QueueIndex:
         self._ready_count = 0
         self._requeued: list[int] = []
         self._unacked: set[int] = set()
+        self._transient: set[int] = set()  # durable queue only: live entries without an enq entry
         # durable only: entries not yet handed to the OS, and the descriptors
         self._enq_pending: array | None = array("Q") if self.durable else None
         self._ack_pending: array | None = array("Q") if self.durable else None
@@ -209,8 +210,12 @@ class QueueIndex:
 
     # ---- the message flow --------------------------------------------------------------------
 
-    def push(self, pos: int) -> None:
-        """Append a message (already in the message store) to the tail of the queue."""
+    def push(self, pos: int, persistent: bool = True) -> None:
+        """Append a message (already in the message store) to the tail of the queue.
+
+        A transient message in a durable queue gets no enq entry, so it is gone after a restart;
+        it is remembered in a set so that compaction does not write it either.
+        """
         tail = self._tail
         if len(tail) >= CHUNK_ENTRIES:
             tail = self._tail = array("Q")
@@ -219,7 +224,10 @@ class QueueIndex:
         self._ready_count += 1
         pending = self._enq_pending
         if pending is not None:
-            pending.append(pos)
+            if persistent:
+                pending.append(pos)
+            else:
+                self._transient.add(pos)
         self._incref(pos & _LOW32)
 
     def peek(self) -> int | None:
@@ -263,9 +271,12 @@ class QueueIndex:
             raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
         pending = self._ack_pending
         if pending is not None:
-            pending.append(pos)
-            if self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
-                self.compact()
+            if self._transient and pos in self._transient:
+                self._transient.discard(pos)
+            else:
+                pending.append(pos)
+                if self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
+                    self.compact()
         self._decref(pos & _LOW32)
 
     def drop_head(self) -> int | None:
@@ -298,6 +309,8 @@ class QueueIndex:
         self._ready_count = 0
         pending = self._ack_pending
         if pending is not None:
+            if self._transient:
+                self._transient.difference_update(removed)
             pending.extend(removed)
         for segment, n in _segment_counts(removed).items():
             self._decref(segment, n)
@@ -344,7 +357,14 @@ class QueueIndex:
         return out
 
     def _live_array(self) -> array:
-        """Ready and unacked positions in enq order (what a compacted ``enq`` holds)."""
+        """Persistent ready and unacked positions in enq order (what a compacted ``enq`` holds)."""
+        live = self._live_array_all()
+        if self._transient:
+            transient = self._transient
+            live = array("Q", filterfalse(transient.__contains__, live))
+        return live
+
+    def _live_array_all(self) -> array:
         older = sorted(self._requeued)
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
@@ -459,6 +479,7 @@ class QueueIndex:
         live.extend(self._unacked)
         self._requeued.clear()
         self._unacked.clear()
+        self._transient.clear()
         self._chunks.clear()
         self._tail = array("Q")
         self._chunks.append(self._tail)

@@ -306,3 +306,26 @@ def test_ready_entries_cost_about_eight_bytes(store: MessageStore) -> None:
     finally:
         tracemalloc.stop()
     assert (after - before) / 200_000 <= 16
+
+
+def test_transient_messages_in_a_durable_queue_do_not_come_back(store: MessageStore, tmp_path: Path) -> None:
+    q = open_queue(store, tmp_path / "q", ack_file_max_bytes=4 * 8)
+    kept, dropped = [], []
+    for i in range(12):
+        pos = store.append("", "q", b"\x00\x00", b"m%d" % i)
+        persistent = i % 2 == 0
+        q.push(pos, persistent)
+        (kept if persistent else dropped).append(pos)
+    assert list(q) == sorted(kept + dropped, key=enq_order_key)
+    # ack one of each kind; only the persistent ack reaches the ack file
+    for _ in range(2):
+        q.ack(q.shift())
+    q.write_buffers()
+    assert entries_of(tmp_path / "q" / "ack") == [kept[0]]
+    assert dropped[0] not in entries_of(tmp_path / "q" / "enq")
+    # compaction (forced here, as the ack limit or a clean close would) must not write transient ones
+    q.compact()
+    assert entries_of(tmp_path / "q" / "enq") == kept[1:]
+    q.close()
+    q2 = open_queue(store, tmp_path / "q")
+    assert list(q2) == kept[1:]
