@@ -30,6 +30,7 @@ from .properties import decode_properties, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 
 if TYPE_CHECKING:
+    from ..broker.exchanges.base import Exchange
     from ..broker.queue import Queue
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
@@ -75,7 +76,12 @@ class Channel:
         self.closing = False
         self.closed = False
         # content assembly
+        self.in_content = False  # after basic.publish, until the body is complete
+        self._header_seen = False
         self._publish: Publish | None = None
+        self._publish_exchange: Exchange | None = None  # resolved and permission-checked
+        self._publish_exchange_name: str | None = None
+        self._publish_generation = -1
         self._properties = b""
         self._body_size = 0
         self._body_parts: list[bytes] = []
@@ -129,99 +135,118 @@ class Channel:
             elif isinstance(method, commands.Channel.Close):
                 self.send_method(commands.Channel.CloseOk())
             return
-        method = getattr(frame, "method", None)
-        try:
-            if self._publish is not None:
-                self._handle_content(frame)
-            elif method is not None:
-                self._handle_method(method)
-            elif isinstance(frame, (HeaderFrame, BodyFrame)):
-                raise AMQPConnectionError(
-                    UNEXPECTED_FRAME,
-                    f"expected a method frame on channel {self.id}, got a content "
-                    f"{'header' if isinstance(frame, HeaderFrame) else 'body'} frame")
-        except AMQPChannelError as e:
-            self._reset_content()
-            self.close_with_error(e, method)
-
-    def _reset_content(self) -> None:
-        self._publish = None
-        self._body_parts = []
-        self._body_received = 0
-
-    def _handle_content(self, frame: Any) -> None:
-        if isinstance(frame, HeaderFrame):
-            if self._header_seen:
-                raise AMQPConnectionError(UNEXPECTED_FRAME,
-                                          f"unexpected content header on channel {self.id}")
-            if frame.class_id != 60:
-                raise AMQPConnectionError(FRAME_ERROR, f"content header for class {frame.class_id}, "
-                                                       "expected class 60 (basic)")
-            max_size = self.conn.config.max_message_size
-            if frame.body_size > max_size:
-                self._reset_content()
-                raise AMQPChannelError(PRECONDITION_FAILED,
-                                       f"message size {frame.body_size} is larger than configured max "
-                                       f"size {max_size}", *_method_ids(commands.Basic.Publish()))
-            self._header_seen = True
-            self._properties = frame.properties
-            self._body_size = frame.body_size
-            if frame.body_size == 0:
-                self._complete_publish(b"")
-        elif isinstance(frame, BodyFrame):
-            if not self._header_seen:
-                raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.id}, "
+        if isinstance(frame, BodyFrame):
+            if not self.in_content:
+                raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected a method frame on channel {self.id}, "
                                                             "got a content body frame")
-            data = frame.data
-            self._body_received += len(data)
-            if self._body_received > self._body_size:
-                raise AMQPConnectionError(
-                    FRAME_ERROR, f"content body on channel {self.id} is longer than the "
-                                 f"{self._body_size} bytes announced in its header")
-            if self._body_received == self._body_size and not self._body_parts:
-                self._complete_publish(data)
-                return
-            self._body_parts.append(data)
-            if self._body_received == self._body_size:
-                self._complete_publish(b"".join(self._body_parts))
-        else:
+            self.on_body(frame.data)
+        elif isinstance(frame, HeaderFrame):
+            if not self.in_content:
+                raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected a method frame on channel {self.id}, "
+                                                            "got a content header frame")
+            self.on_header(frame)
+        elif self.in_content:
             raise AMQPConnectionError(
                 UNEXPECTED_FRAME,
                 f"expected content header for class 60 on channel {self.id}, got a "
                 f"{'method' if getattr(frame, 'method', None) is not None else 'heartbeat'} frame")
+        else:
+            method = frame.method
+            try:
+                self._handle_method(method)
+            except AMQPChannelError as e:
+                self.close_with_error(e, method)
 
-    _header_seen = False
-
-    # --- publishing ---------------------------------------------------------------------------
-    def _start_publish(self, method: Publish) -> None:
-        if method.immediate:
-            raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-        self.conn.check_permission("write", "exchange", method.exchange)
-        self.vhost.get_exchange(method.exchange)  # 404 before the content arrives, as RabbitMQ
-        self._publish = method
+    def _reset_content(self) -> None:
+        self.in_content = False
         self._header_seen = False
+        self._publish = None
         self._body_parts = []
         self._body_received = 0
+
+    # --- publishing ---------------------------------------------------------------------------
+    def on_publish(self, method: Publish) -> None:
+        """basic.publish: resolve the exchange now (404/403 before the content, as RabbitMQ)."""
+        try:
+            name = method.exchange
+            if name != self._publish_exchange_name or self.vhost.generation != self._publish_generation:
+                if method.immediate:
+                    raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+                self.conn.check_permission("write", "exchange", name)
+                exchange = self.vhost.get_exchange(name)
+                if exchange.internal:
+                    raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
+                                                           f"in vhost '{self.vhost.name}'", 60, 40)
+                self._publish_exchange = exchange
+                self._publish_exchange_name = name
+                self._publish_generation = self.vhost.generation
+            elif method.immediate:
+                raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        except AMQPChannelError as e:
+            self.close_with_error(e, method)
+            return
+        self._publish = method
+        self.in_content = True
         conn = self.conn
         if not conn.published:
             conn.published = True
             if conn.blocked and conn.transport is not None:
                 conn.transport.pause_reading()  # resource alarm: this connection now publishes
 
+    def on_header(self, frame: HeaderFrame) -> None:
+        if self._header_seen:
+            raise AMQPConnectionError(UNEXPECTED_FRAME, f"unexpected content header on channel {self.id}")
+        if frame.class_id != 60:
+            raise AMQPConnectionError(FRAME_ERROR, f"content header for class {frame.class_id}, "
+                                                   "expected class 60 (basic)")
+        body_size = frame.body_size
+        if body_size > self.conn.config.max_message_size:
+            self._reset_content()
+            self.close_with_error(AMQPChannelError(
+                PRECONDITION_FAILED, f"message size {body_size} is larger than configured max size "
+                                     f"{self.conn.config.max_message_size}", 60, 40), None)
+            return
+        self._header_seen = True
+        self._properties = frame.properties
+        self._body_size = body_size
+        if body_size == 0:
+            self._complete_publish(b"")
+
+    def on_body(self, data: bytes) -> None:
+        if not self._header_seen:
+            raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.id}, "
+                                                        "got a content body frame")
+        received = self._body_received + len(data)
+        if received > self._body_size:
+            raise AMQPConnectionError(
+                FRAME_ERROR, f"content body on channel {self.id} is longer than the "
+                             f"{self._body_size} bytes announced in its header")
+        if received == self._body_size:
+            if self._body_parts:
+                self._body_parts.append(data)
+                data = b"".join(self._body_parts)
+            self._complete_publish(data)
+            return
+        self._body_received = received
+        self._body_parts.append(data)
+
     def _complete_publish(self, body: bytes) -> None:
         method = self._publish
         properties = self._properties
         self._reset_content()
-        self._header_seen = False
         assert method is not None
-        flags = (properties[0] << 8) | properties[1]
-        if flags & (_REPLY_TO_FLAG | _USER_ID_FLAG):
-            properties = self._check_special_properties(properties, flags)
-        if self.tx:
-            self._tx_publishes.append(
-                PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, body))
+        try:
+            if properties[0] & 0x02 or properties[1] & 0x10:  # reply_to or user_id present
+                properties = self._check_special_properties(properties)
+            if self.tx:
+                self._tx_publishes.append(
+                    PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, body))
+                return
+            needs_sync = self._route(self._publish_exchange, method.routing_key, method.mandatory,
+                                     properties, body)
+        except AMQPChannelError as e:
+            self.close_with_error(e, method)
             return
-        needs_sync = self._route(method.exchange, method.routing_key, method.mandatory, properties, body)
         if self.confirm:
             self.publish_seq += 1
             self._confirm_upto = self.publish_seq
@@ -229,7 +254,10 @@ class Channel:
                 self._confirm_needs_sync = True
             self.conn.confirms_pending.add(self)
 
-    def _check_special_properties(self, properties: bytes, flags: int) -> bytes:
+    def _check_special_properties(self, properties: bytes) -> bytes:
+        flags = (properties[0] << 8) | properties[1]
+        if not flags & (_REPLY_TO_FLAG | _USER_ID_FLAG):
+            return properties
         props = decode_properties(properties)
         if flags & _USER_ID_FLAG and props.user_id != self.conn.username:
             raise AMQPChannelError(PRECONDITION_FAILED,
@@ -241,14 +269,10 @@ class Channel:
             properties = replace_field(properties, "reply_to", self.reply_to_key)
         return properties
 
-    def _route(self, exchange_name: str, routing_key: str, mandatory: bool, properties: bytes,
+    def _route(self, exchange: Exchange, routing_key: str, mandatory: bool, properties: bytes,
                body: bytes) -> bool:
         """Route one message; returns True when its confirm must wait for an fsync."""
-        exchange = self.vhost.get_exchange(exchange_name)
-        if exchange.internal:
-            raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange_name}' "
-                                                   f"in vhost '{self.vhost.name}'", 60, 40)
-        if exchange_name == "" and routing_key.startswith(REPLY_TO_PREFIX):
+        if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":
             target = self.conn.broker.reply_to.get(routing_key)
             if target is not None and not target.closing:
                 target.deliver_reply(routing_key, properties, body)
@@ -257,7 +281,7 @@ class Channel:
         else:
             queued, needs_sync = self.vhost.publish(exchange, routing_key, properties, body)
         if not queued and mandatory:
-            self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange_name, routing_key,
+            self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
                                                properties, body, self.conn.frame_max))
         return needs_sync
 
@@ -369,7 +393,7 @@ class Channel:
     # --- methods ------------------------------------------------------------------------------
     def _handle_method(self, method: Any) -> None:
         if isinstance(method, Publish):
-            self._start_publish(method)
+            self.on_publish(method)
             return
         if isinstance(method, Ack):
             self._ack("ack", method.delivery_tag, method.multiple, False)
@@ -603,7 +627,8 @@ class Channel:
         settles, self._tx_settles = self._tx_settles, []
         needs_sync = False
         for p in publishes:
-            needs_sync |= self._route(p.exchange, p.routing_key, p.mandatory, p.properties, p.body)
+            needs_sync |= self._route(self.vhost.get_exchange(p.exchange), p.routing_key, p.mandatory,
+                                      p.properties, p.body)
         for items, settle in settles:
             self._settle(items, settle)
         if needs_sync:

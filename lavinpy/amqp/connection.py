@@ -26,7 +26,7 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .errors import AMQPChannelError, AMQPConnectionError
-from .reader import BadProtocolHeader, FrameReader, HeartbeatFrame, MethodFrame
+from .reader import BadProtocolHeader, BodyFrame, FrameReader, HeaderFrame, HeartbeatFrame, MethodFrame, Publish
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -136,11 +136,30 @@ class AMQPConnection(asyncio.Protocol):
             return
         if self.state == AWAIT_HEADER and not self.reader.expect_protocol_header:
             self.greet()
+        channels = self.channels
         try:
             for frame in frames:
-                if self.state >= CLOSING:
-                    self._handle_while_closing(frame)
+                if self.state != OPEN:
+                    if self.state >= CLOSING:
+                        self._handle_while_closing(frame)
+                    else:
+                        self._handle_frame(frame)
                     continue
+                # Hot path: content frames and basic.publish straight to an open channel.
+                kind = type(frame)
+                if kind is BodyFrame or kind is HeaderFrame:
+                    channel = channels.get(frame.channel)
+                    if channel is not None and not channel.closing and channel.in_content:
+                        if kind is BodyFrame:
+                            channel.on_body(frame.data)
+                        else:
+                            channel.on_header(frame)
+                        continue
+                elif kind is MethodFrame and type(frame.method) is Publish:
+                    channel = channels.get(frame.channel)
+                    if channel is not None and not channel.closing and not channel.in_content:
+                        channel.on_publish(frame.method)
+                        continue
                 self._handle_frame(frame)
             if self.confirms_pending:
                 pending, self.confirms_pending = self.confirms_pending, set()
@@ -171,7 +190,8 @@ class AMQPConnection(asyncio.Protocol):
         self._flush_scheduled = False
         if self._out and self.transport is not None and not self.transport.is_closing():
             out, self._out = self._out, []
-            self.transport.writelines(out)
+            # One buffer per flush: uvloop drains a buffer of many tiny pieces very slowly.
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
             self._last_send = time.monotonic()
         else:
             self._out = []

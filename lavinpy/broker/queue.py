@@ -76,8 +76,24 @@ class Queue:
         self._redelivered.update(positions)
 
     # --- messages in --------------------------------------------------------------------------
-    def push(self, pos: int, persistent: bool) -> None:
-        self.index.push(pos, persistent)
+    def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
+        index = self.index
+        if message is not None and self.consumers and not index.ready_count:
+            # Nothing waiting: hand the message in hand straight to a consumer with capacity,
+            # instead of reading it back from its segment later. It is stored and indexed all the same.
+            consumer = self._next_consumer()
+            if consumer is not None:
+                self._recovered_left = 0
+                if consumer.no_ack:
+                    # Delivered and settled at once: the index would only add and remove it.
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    return
+                index.push(pos, persistent)
+                index.shift()
+                consumer.channel.deliver(consumer, pos, message, False)
+                consumer.unacked += 1
+                return
+        index.push(pos, persistent)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 

@@ -9,6 +9,7 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -23,6 +24,7 @@ from ..amqp.constants import (
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..amqp.properties import peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
+from ..store.record import StoredMessage
 from ..store.vhost_store import VhostStore
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
@@ -42,7 +44,7 @@ BUILTIN_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
-_HEADERS_FLAG = 1 << 13
+_HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
 # Per durable queue, written at a clean stop: positions of ready messages that had been delivered.
 REDELIVERED_FILE = "redelivered"
 
@@ -84,6 +86,7 @@ class VHost:
         )
         self.definitions = DefinitionsLog(path / "definitions.amqp", config.definitions_compact_deletes)
         self.exchanges: dict[str, Exchange] = {}
+        self.generation = 0  # bumped when an exchange goes away: channels cache resolved exchanges
         self.queues: dict[str, Queue] = {}
         self._flush_task: asyncio.Task | None = None
         self.closed = False
@@ -91,7 +94,8 @@ class VHost:
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self, unclean_stop: bool = False) -> None:
         self.store.open()
-        self.exchanges[""] = DefaultExchange(self.queues.get)
+        self.default_exchange = DefaultExchange(self.queues.get)
+        self.exchanges[""] = self.default_exchange
         for name, type_name in BUILTIN_EXCHANGES:
             self.exchanges[name] = make_exchange(type_name, name, durable=True)
         for cmd in self.definitions.load():
@@ -224,6 +228,7 @@ class VHost:
         if if_unused and exchange.has_bindings():
             raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
+        self.generation += 1
         for other in list(self.exchanges.values()):
             if other.unbind_all(exchange):
                 self._maybe_auto_delete_exchange(other)
@@ -390,20 +395,35 @@ class VHost:
 
     def publish(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes) -> tuple[int, bool]:
         """Route and store a message once; returns (queues reached, needs an fsync for its confirm)."""
-        headers = peek_headers(properties) if properties[0] & (_HEADERS_FLAG >> 8) else None
-        queues = self.route(exchange, routing_key, headers)
-        if headers and "BCC" in headers:
-            headers = dict(headers)
-            del headers["BCC"]
-            properties = replace_headers(properties, headers)
-        queues = [q for q in queues if not q.index.closed]
+        if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
+            # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
+            queue = self.queues.get(routing_key)
+            queues = () if queue is None else (queue,)
+        else:
+            headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+            queues = self.route(exchange, routing_key, headers)
+            if headers and "BCC" in headers:
+                headers = dict(headers)
+                del headers["BCC"]
+                properties = replace_headers(properties, headers)
         if not queues:
             return 0, False
-        pos = self.store.messages.append(exchange.name, routing_key, properties, body)
+        timestamp = time_ns() // 1_000_000
+        messages = self.store.messages
+        pos = messages.append(exchange.name, routing_key, properties, body, timestamp)
+        message = StoredMessage(timestamp, exchange.name, routing_key, properties, body)
         persistent = peek_delivery_mode(properties) == 2
         needs_sync = False
+        reached = 0
         for queue in queues:
-            queue.push(pos, persistent)
+            if queue.index.closed:
+                continue
+            queue.push(pos, persistent, message)
+            reached += 1
             if persistent and queue.durable:
                 needs_sync = True
-        return len(queues), needs_sync
+        if not reached:
+            # Every target is closed: the record has no reference; keep the store's refcount rule
+            # (an append is followed by its pushes) by letting the next roll-over reclaim it.
+            return 0, False
+        return reached, needs_sync
