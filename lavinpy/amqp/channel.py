@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pamqp import commands
 
 from ..broker.consumer import Consumer
+from ..broker.stream_queue import StreamQueue
 from ..store.record import StoredMessage
 from . import writer
 from .constants import (
@@ -546,6 +547,8 @@ class Channel:
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise AMQPChannelError(PRECONDITION_FAILED, f"invalid x-priority {priority!r}: must be an integer")
+        if isinstance(queue, StreamQueue):
+            queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
         consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
                             prefetch=self.prefetch_count, arguments=args)
         self.consumers[tag] = consumer

@@ -25,11 +25,13 @@ from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..amqp.properties import peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
 from ..store.record import StoredMessage
+from ..store.stream_index import open_stream_index
 from ..store.vhost_store import VhostStore
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .queue import Queue
+from .stream_queue import StreamQueue, validate_stream_declare
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -117,6 +119,10 @@ class VHost:
                 log.error("vhost %r: exchange %r has unknown type %r; skipped", self.name,
                           cmd.exchange, cmd.exchange_type)
         elif isinstance(cmd, commands.Queue.Declare):
+            if (cmd.arguments or {}).get("x-queue-type") == "stream":
+                self.queues[cmd.queue] = StreamQueue(self, cmd.queue, open_stream_index(self.store, cmd.queue),
+                                                     arguments=dict(cmd.arguments or {}))
+                return
             index = self.store.open_queue(cmd.queue, durable=True)
             queue = Queue(self, cmd.queue, index, durable=True, auto_delete=cmd.auto_delete,
                           arguments=dict(cmd.arguments or {}), recovered_redelivered=unclean_stop)
@@ -159,6 +165,9 @@ class VHost:
         async def run() -> None:
             while not self.closed:
                 await asyncio.sleep(interval)
+                for queue in list(self.queues.values()):
+                    if isinstance(queue, StreamQueue):
+                        queue.apply_retention()
                 if self.store.pending and not self.closed:
                     try:
                         await self.store.flush()
@@ -329,10 +338,20 @@ class VHost:
             _check_arguments("queue", name, self.name, arguments, existing.arguments)
             return existing
         queue_type = arguments.get("x-queue-type", "classic")
-        if queue_type not in ("classic",):
+        if queue_type not in ("classic", "stream"):
             raise AMQPChannelError(PRECONDITION_FAILED,
                                    f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{self.name}': "
                                    f"queue type '{_fmt(queue_type)}' is not supported")
+        if queue_type == "stream":
+            if server_named:
+                raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
+            validate_stream_declare(name, self.name, durable=durable, exclusive=exclusive,
+                                    auto_delete=auto_delete, arguments=arguments)
+            self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
+                                                           arguments=arguments))
+            stream = StreamQueue(self, name, open_stream_index(self.store, name), arguments=arguments)
+            self.queues[name] = stream
+            return stream  # type: ignore[return-value]
         persist = durable and not exclusive
         if persist:
             self.definitions.append(commands.Queue.Declare(

@@ -1,0 +1,412 @@
+"""A stream queue (``x-queue-type: stream``): an append-only log that consumers read without removing.
+
+RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the first is 1):
+
+- Durable only; not exclusive, not auto-delete. Retention by ``x-max-length-bytes`` and
+  ``x-max-age`` (``7D``, ``12h``: units Y M D h m s) drops whole segments from the head.
+- Each consumer has its own cursor, chosen by its ``x-stream-offset`` argument: ``first``,
+  ``last`` (lavinpy: the newest message), ``next`` (the default: only new messages), an offset,
+  a timestamp (AMQP timestamp, seconds: the first message stored at or after it) or an interval
+  string (``1h``: that long ago). Every delivery carries an ``x-stream-offset`` header (a signed
+  64-bit ``long``) and ``redelivered = false``.
+- A consumer needs a prefetch (basic.qos, 406 otherwise) and manual acks (540 for no-ack); global
+  qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
+- basic.get and queue.purge are refused with 540 NOT_IMPLEMENTED, as RabbitMQ does.
+
+Retention runs when the stream opens, whenever its tail moves to a new segment (the only moment a
+size limit can free a whole segment), and on ``apply_retention()``, which the vhost calls from its
+periodic task so that ``x-max-age`` also expires an idle stream.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from ..amqp.errors import AMQPChannelError, AMQPConnectionError
+from ..amqp.properties import peek_headers, replace_headers
+from ..store.record import CorruptRecord, StoredMessage
+
+if TYPE_CHECKING:
+    from ..store.stream_index import StreamIndex
+    from .consumer import Consumer
+    from .vhost import VHost
+
+log = logging.getLogger("lavinpy.stream")
+
+DELIVERY_BATCH = 256
+OFFSET_HEADER = "x-stream-offset"
+_LOW32 = 0xFFFFFFFF
+# method ids for error replies
+_BASIC_CONSUME = (60, 20)
+_BASIC_GET = (60, 70)
+_QUEUE_PURGE = (50, 30)
+_QUEUE_DECLARE = (50, 10)
+
+_AGE_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "D": 86_400_000,
+                 "M": 30 * 86_400_000, "Y": 365 * 86_400_000}
+_AGE = re.compile(r"([0-9]+)([YMDhms])")
+# Arguments a stream accepts (RabbitMQ's list, minus clustering ones lavinpy ignores).
+STREAM_ARGUMENTS = frozenset({
+    "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-filter-size-bytes",
+})
+
+
+def _rs(queue: str, vhost: str) -> str:
+    return f"queue '{queue}' in vhost '{vhost}'"
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+def parse_max_age(value: Any) -> int:
+    """``x-max-age`` / an interval ``x-stream-offset`` ("7D", "12h") in ms; ValueError if invalid."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string such as '7D', not {value!r}")
+    match = _AGE.fullmatch(value)
+    if match is None or int(match.group(1)) <= 0:
+        raise ValueError(f"invalid max age '{value}': a positive integer followed by Y, M, D, h, m or s")
+    return int(match.group(1)) * _AGE_UNITS_MS[match.group(2)]
+
+
+def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
+                            arguments: dict[str, Any]) -> None:
+    """Refuse a stream declaration that RabbitMQ refuses (406 PRECONDITION_FAILED)."""
+    where = _rs(name, vhost)
+    for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
+                      ("auto-delete", auto_delete)):
+        if bad:
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {where}", *_QUEUE_DECLARE)
+    for key in sorted(arguments):
+        if key.startswith("x-") and key not in STREAM_ARGUMENTS:
+            raise AMQPChannelError(PRECONDITION_FAILED,
+                                   f"invalid arg '{key}' for {where} of queue type stream", *_QUEUE_DECLARE)
+    max_bytes = arguments.get("x-max-length-bytes")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
+                                                    f"{max_bytes!r} is not a non-negative integer", *_QUEUE_DECLARE)
+    if "x-max-age" in arguments:
+        try:
+            parse_max_age(arguments["x-max-age"])
+        except ValueError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: {e}",
+                                   *_QUEUE_DECLARE) from None
+
+
+def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, int]:
+    """An ``x-stream-offset`` argument as (kind, value); kind is first, last, next, offset or timestamp.
+
+    A timestamp (or an interval string, meaning that long ago) comes back in ms. ValueError if invalid.
+    """
+    if value is None:
+        return "next", 0
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return value, 0
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        return "timestamp", now - parse_max_age(value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:  # pamqp decodes AMQP timestamps as UTC
+            value = value.replace(tzinfo=datetime.UTC)
+        return "timestamp", int(value.timestamp()) * 1000
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"offset {value} is negative")
+        return "offset", value
+    raise ValueError(f"{value!r} is not first, last, next, an offset, a timestamp or an interval")
+
+
+def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, Any] | None, *,
+                             queue: str = "", vhost: str = "/", global_prefetch: int = 0) -> None:
+    """Refuse a basic.consume on a stream the way RabbitMQ does.
+
+    No per-consumer prefetch: 406 (channel). no-ack, or a global prefetch: 540 NOT_IMPLEMENTED
+    (a hard error: the connection closes). A malformed ``x-stream-offset``: 406.
+    """
+    where = _rs(queue, vhost)
+    if not prefetch:
+        raise AMQPChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}",
+                               *_BASIC_CONSUME)
+    if no_ack:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}",
+                                  *_BASIC_CONSUME)
+    if global_prefetch:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"{where} does not support global qos", *_BASIC_CONSUME)
+    try:
+        parse_stream_offset((arguments or {}).get(OFFSET_HEADER))
+    except ValueError as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
+                               *_BASIC_CONSUME) from None
+
+
+# --- the delivered header ----------------------------------------------------------------------
+
+_OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
+_HEADERS_BIT = 1 << 13
+
+
+def _headers_span(raw: bytes) -> tuple[int, int, int]:
+    """(flags, start, stop) of the headers table in a property block (start == stop when absent)."""
+    flags = (raw[0] << 8) | raw[1]
+    pos = 2
+    more = flags
+    while more & 1:  # continuation flag words (never set for class basic, skipped all the same)
+        more = (raw[pos] << 8) | raw[pos + 1]
+        pos += 2
+    for bit in (1 << 15, 1 << 14):  # content-type, content-encoding: shortstrs before the headers
+        if flags & bit:
+            pos += 1 + raw[pos]
+    if flags & _HEADERS_BIT:
+        return flags, pos, pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
+    return flags, pos, pos
+
+
+def with_stream_offset(properties: bytes, offset: int) -> bytes:
+    """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
+
+    Spliced into the raw table, so every other field and header keeps its exact bytes and type
+    (re-encoding through pamqp would pick the smallest integer type for every header).
+    """
+    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
+        headers = dict(peek_headers(properties) or {})
+        headers.pop(OFFSET_HEADER, None)
+        properties = replace_headers(properties, headers)
+    flags, start, stop = _headers_span(properties)
+    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
+    if start == stop:
+        new_flags = (flags | _HEADERS_BIT).to_bytes(2, "big")
+        return new_flags + properties[2:start] + len(entry).to_bytes(4, "big") + entry + properties[start:]
+    body = properties[start + 4:stop]
+    return properties[:start] + (len(body) + len(entry)).to_bytes(4, "big") + body + entry + properties[stop:]
+
+
+# --- the queue ---------------------------------------------------------------------------------
+
+class StreamQueue:
+    """Used by the vhost and channels in place of a ``Queue`` for ``x-queue-type: stream``."""
+
+    durable = True
+    exclusive = False
+    exclusive_owner = None
+    auto_delete = False
+
+    def __init__(self, vhost: VHost, name: str, index: StreamIndex, *,
+                 arguments: dict[str, Any] | None = None) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.index = index
+        self.arguments = arguments or {}
+        self.consumers: list[Consumer] = []
+        self.deleted = False
+        self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
+        self._rr = 0
+        max_bytes = self.arguments.get("x-max-length-bytes")
+        self.max_length_bytes: int | None = max_bytes if isinstance(max_bytes, int) else None
+        try:
+            self.max_age_ms: int | None = (parse_max_age(self.arguments["x-max-age"])
+                                           if "x-max-age" in self.arguments else None)
+        except ValueError:  # validated at declaration; a bad value in old definitions is ignored
+            self.max_age_ms = None
+        self._tail_segment = self._last_segment()
+        self.apply_retention()
+
+    def __repr__(self) -> str:
+        return f"<StreamQueue {self.name!r} vhost={self.vhost.name!r}>"
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        return self.index.count
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
+
+    @property
+    def closed(self) -> bool:
+        return self.index.closed
+
+    def is_unused(self) -> bool:
+        return not self.consumers
+
+    def redelivered_positions(self) -> list[int]:
+        return []  # stream deliveries are never marked redelivered
+
+    def mark_redelivered(self, positions: Iterable[int]) -> None:
+        pass
+
+    def offset_of(self, consumer: Consumer) -> int | None:
+        """The next offset ``consumer`` will get (None if it is not a consumer of this stream)."""
+        return self._cursors.get(consumer)
+
+    def _where(self) -> str:
+        return _rs(self.name, self.vhost.name)
+
+    # --- retention ----------------------------------------------------------------------------
+    def _last_segment(self) -> int:
+        pos = self.index.get(self.index.last_offset)
+        return 0 if pos is None else pos & _LOW32
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Drop whole segments from the head per x-max-length-bytes / x-max-age; returns messages dropped."""
+        if self.max_length_bytes is None and self.max_age_ms is None:
+            return 0
+        if self.index.closed or self.deleted:
+            return 0
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        dropped = self.index.trim(self.max_length_bytes, self.max_age_ms, now)
+        if dropped:
+            log.debug("stream %r: retention dropped %d messages; first offset is now %d",
+                      self.name, dropped, self.index.first_offset)
+        return dropped
+
+    # --- messages in --------------------------------------------------------------------------
+    def push(self, pos: int, persistent: bool = True, message: StoredMessage | None = None) -> None:
+        """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
+        must be the same after a restart."""
+        offset = self.index.append(pos)
+        segment = pos & _LOW32
+        if segment != self._tail_segment:
+            self._tail_segment = segment
+            self.apply_retention()
+        if not self.consumers:
+            return
+        behind = False
+        for consumer in self.consumers:
+            cursor = self._cursors[consumer]
+            if cursor == offset and message is not None and consumer.can_accept():
+                # Caught up: deliver the message in hand instead of reading it back later.
+                self._send(consumer, offset, pos, message)
+            elif cursor <= offset:
+                behind = True
+        if behind:
+            self.vhost.schedule_delivery(self)
+
+    # --- messages out -------------------------------------------------------------------------
+    def read(self, pos: int) -> StoredMessage | None:
+        """Read a record; a damaged one closes this stream (and only this stream)."""
+        try:
+            return self.vhost.store.messages.read(pos)
+        except (CorruptRecord, KeyError) as e:
+            self.close_damaged(f"unreadable message at segment position {pos:#x}: {e}")
+            return None
+
+    def close_damaged(self, reason: str) -> None:
+        if not self.index.closed:
+            self.index.mark_closed(reason)
+        for consumer in list(self.consumers):
+            self.remove_consumer(consumer, notify=True)
+
+    def get(self) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get is not supported on streams (RabbitMQ: 540, the connection closes)."""
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._where()}",
+                                  *_BASIC_GET)
+
+    def _send(self, consumer: Consumer, offset: int, pos: int, msg: StoredMessage) -> None:
+        msg = msg._replace(properties=with_stream_offset(msg.properties, offset))
+        self._cursors[consumer] = offset + 1
+        consumer.channel.deliver(consumer, pos, msg, False)
+        if not consumer.no_ack:
+            consumer.unacked += 1
+
+    def deliver(self) -> bool:
+        """Feed each consumer from its own cursor while it has credit; True if more could go out now."""
+        budget = DELIVERY_BATCH
+        index = self.index
+        consumers = self.consumers
+        n = len(consumers)
+        start = self._rr
+        self._rr = (start + 1) % n if n else 0
+        for k in range(n):
+            if index.closed or not budget:
+                break
+            consumer = consumers[(start + k) % n]
+            cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
+            end = index.next_offset
+            while budget and cursor < end and consumer.can_accept():
+                pos = index.get(cursor)
+                if pos is None:  # a hole left by lost data: skip it
+                    cursor += 1
+                    self._cursors[consumer] = cursor
+                    continue
+                msg = self.read(pos)
+                if msg is None:
+                    return False
+                self._send(consumer, cursor, pos, msg)
+                cursor += 1
+                budget -= 1
+            if consumer in self._cursors:
+                self._cursors[consumer] = cursor
+        return budget == 0
+
+    # --- acknowledgements: credit only ----------------------------------------------------------
+    def ack(self, pos: int) -> None:
+        """Nothing is removed from a stream; the channel already returned the credit to the consumer."""
+
+    def requeue(self, pos: int) -> None:
+        """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does."""
+
+    def purge(self) -> int:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._where()}",
+                                  *_QUEUE_PURGE)
+
+    # --- consumers ----------------------------------------------------------------------------
+    def start_offset(self, arguments: dict[str, Any] | None, now_ms: int | None = None) -> int:
+        """Where a consumer with these arguments starts reading."""
+        index = self.index
+        try:
+            kind, value = parse_stream_offset((arguments or {}).get(OFFSET_HEADER), now_ms=now_ms)
+        except ValueError:  # the channel validates first; be lenient for other callers
+            kind, value = "next", 0
+        if kind == "first":
+            return index.first_offset
+        if kind == "last":
+            return index.last_offset if index.count else index.next_offset
+        if kind == "offset":
+            return min(max(value, index.first_offset), index.next_offset)
+        if kind == "timestamp":
+            return index.offset_for_timestamp(value)
+        return index.next_offset
+
+    def validate_consumer(self, no_ack: bool, prefetch: int, arguments: dict[str, Any] | None,
+                          global_prefetch: int = 0) -> None:
+        validate_stream_consumer(no_ack, prefetch, arguments, queue=self.name, vhost=self.vhost.name,
+                                 global_prefetch=global_prefetch)
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self._cursors[consumer] = self.start_offset(consumer.arguments)
+        self.consumers.append(consumer)
+        self.vhost.schedule_delivery(self)
+
+    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+        """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
+        try:
+            self.consumers.remove(consumer)
+        except ValueError:
+            return
+        self._cursors.pop(consumer, None)
+        if notify:
+            consumer.channel.consumer_cancelled(consumer)
+
+    def has_exclusive_consumer(self) -> bool:
+        return any(c.exclusive for c in self.consumers)
+
+    def delete(self) -> int:
+        """Remove the stream's log and files; consumers get basic.cancel."""
+        count = self.index.count
+        self.deleted = True
+        for consumer in list(self.consumers):
+            self.consumers.remove(consumer)
+            self._cursors.pop(consumer, None)
+            consumer.channel.consumer_cancelled(consumer)
+        self.vhost.store.delete_queue(self.index)  # type: ignore[arg-type]
+        return count

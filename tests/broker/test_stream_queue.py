@@ -1,0 +1,340 @@
+"""StreamQueue driven without sockets: a real VhostStore in tmp_path, a recording stand-in for the channel."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import commands
+
+from lavinpy.amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
+from lavinpy.amqp.properties import decode_properties, encode_properties
+from lavinpy.broker.consumer import Consumer
+from lavinpy.broker.stream_queue import (
+    StreamQueue,
+    parse_max_age,
+    validate_stream_consumer,
+    validate_stream_declare,
+    with_stream_offset,
+)
+from lavinpy.store.record import StoredMessage
+from lavinpy.store.segment import segment_name
+from lavinpy.store.stream_index import open_stream_index
+from lavinpy.store.vhost_store import VhostStore
+
+SEGMENT_SIZE = 4096
+BODY = 400
+
+
+class RecordingChannel:
+    """The channel side of a consumer (can_deliver / deliver / consumer_cancelled), recording deliveries."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[tuple[str, int, StoredMessage, bool]] = []
+        self.cancelled: list[str] = []
+        self.writable = True
+
+    def can_deliver(self) -> bool:
+        return self.writable
+
+    def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
+        self.deliveries.append((consumer.tag, pos, msg, redelivered))
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        self.cancelled.append(consumer.tag)
+
+    def settle(self, consumer: Consumer, n: int, queue: StreamQueue, requeue: bool = False) -> None:
+        """What the channel does on basic.ack / nack: give credit back, then tell the queue."""
+        for _tag, pos, _msg, _r in self.deliveries[:n]:
+            consumer.unacked -= 1
+            if requeue:
+                queue.requeue(pos)
+            else:
+                queue.ack(pos)
+
+
+class MiniVhost:
+    """The vhost side a queue uses: its name, its store and delivery scheduling."""
+
+    def __init__(self, store: VhostStore) -> None:
+        self.name = "/"
+        self.store = store
+        self.scheduled: set = set()
+
+    def schedule_delivery(self, queue: Any) -> None:
+        self.scheduled.add(queue)
+
+
+def open_stream(path: Path, arguments: dict | None = None) -> tuple[VhostStore, StreamQueue]:
+    store = VhostStore(path, segment_size=SEGMENT_SIZE)
+    store.open()
+    index = open_stream_index(store, "s")
+    store.finish_recovery()
+    args = {"x-queue-type": "stream", **(arguments or {})}
+    return store, StreamQueue(MiniVhost(store), "s", index, arguments=args)
+
+
+def props(headers: dict | None = None) -> bytes:
+    return encode_properties(commands.Basic.Properties(content_type="text/plain", headers=headers,
+                                                       delivery_mode=2))
+
+
+def publish(queue: StreamQueue, n: int, start: int = 0, ts: int | None = None, with_message: bool = True,
+            headers: dict | None = None) -> None:
+    messages = queue.vhost.store.messages
+    for i in range(start, start + n):
+        data = i.to_bytes(4, "big") * (BODY // 4)
+        p = props(headers)
+        pos = messages.append("ex", "rk", p, data, ts)
+        stored = StoredMessage(messages.read(pos).timestamp, "ex", "rk", p, data)
+        queue.push(pos, True, stored if with_message else None)
+
+
+def number(msg: StoredMessage) -> int:
+    return int.from_bytes(msg.body[:4], "big")
+
+
+def offset_header(msg: StoredMessage) -> int:
+    return decode_properties(msg.properties).headers["x-stream-offset"]
+
+
+def consume(queue: StreamQueue, offset: Any = None, prefetch: int = 1000,
+            tag: str = "c") -> tuple[Consumer, RecordingChannel]:
+    channel = RecordingChannel()
+    args = {} if offset is None else {"x-stream-offset": offset}
+    queue.validate_consumer(False, prefetch, args)
+    consumer = Consumer(tag, queue, channel, prefetch=prefetch, arguments=args)  # type: ignore[arg-type]
+    queue.add_consumer(consumer)
+    pump(queue)
+    return consumer, channel
+
+
+def pump(queue: StreamQueue) -> None:
+    while queue.deliver():
+        pass
+
+
+def received(channel: RecordingChannel) -> list[tuple[int, int]]:
+    """(message number, x-stream-offset header) of each delivery."""
+    return [(number(m), offset_header(m)) for _t, _p, m, _r in channel.deliveries]
+
+
+@pytest.fixture
+def stream(tmp_path: Path):
+    store, queue = open_stream(tmp_path)
+    yield queue
+    store.close()
+
+
+def test_offsets_start_at_one_and_every_delivery_carries_its_offset(stream: StreamQueue) -> None:
+    publish(stream, 5)
+    consumer, channel = consume(stream, "first")
+    assert received(channel) == [(i, i + 1) for i in range(5)]
+    assert all(not redelivered for *_, redelivered in channel.deliveries)
+    raw = channel.deliveries[0][2].properties
+    assert b"\x0fx-stream-offsetl" + (1).to_bytes(8, "big") in raw  # a signed 64-bit long, as RabbitMQ
+    decoded = decode_properties(raw)
+    assert decoded.content_type == "text/plain" and decoded.delivery_mode == 2
+    assert stream.message_count == 5 and consumer.unacked == 5
+
+
+def test_start_first_last_next_and_numeric(stream: StreamQueue) -> None:
+    publish(stream, 10)
+    _, first = consume(stream, "first", tag="first")
+    _, last = consume(stream, "last", tag="last")
+    _, nxt = consume(stream, "next", tag="next")
+    _, default = consume(stream, None, tag="default")
+    _, numeric = consume(stream, 7, tag="numeric")
+    _, below = consume(stream, 0, tag="below")
+    _, beyond = consume(stream, 1000, tag="beyond")
+    assert [o for _, o in received(first)] == list(range(1, 11))
+    assert received(last) == [(9, 10)]
+    assert received(nxt) == [] and received(default) == [] and received(beyond) == []
+    assert [o for _, o in received(numeric)] == [7, 8, 9, 10]
+    assert [o for _, o in received(below)] == list(range(1, 11))
+    publish(stream, 2, start=10)
+    pump(stream)
+    assert received(nxt) == [(10, 11), (11, 12)] == received(default) == received(beyond)
+    assert received(last)[-2:] == [(10, 11), (11, 12)]
+
+
+def test_start_by_timestamp_and_interval(stream: StreamQueue) -> None:
+    base = 1_700_000_000_000
+    publish(stream, 3, ts=base)
+    publish(stream, 3, start=3, ts=base + 60_000)
+    at = datetime.datetime.fromtimestamp((base + 30_000) / 1000, tz=datetime.UTC)
+    _, by_time = consume(stream, at, tag="t")
+    assert [o for _, o in received(by_time)] == [4, 5, 6]
+    # an interval means "that long ago"; these records are far in the past, an hour catches none
+    _, interval = consume(stream, "1h", tag="i")
+    assert received(interval) == []
+    assert stream.start_offset({"x-stream-offset": "1h"}, now_ms=base + 90_000) == 1
+    assert stream.start_offset({"x-stream-offset": "45s"}, now_ms=base + 90_000) == 4
+    assert stream.start_offset({"x-stream-offset": "10s"}, now_ms=base + 30_000) == 4
+    assert stream.start_offset({"x-stream-offset": "1m"}, now_ms=base + 30_000) == 1
+
+
+def test_prefetch_is_respected_and_acks_are_only_credit(stream: StreamQueue) -> None:
+    publish(stream, 10)
+    consumer, channel = consume(stream, "first", prefetch=3)
+    assert [o for _, o in received(channel)] == [1, 2, 3]
+    pump(stream)
+    assert len(channel.deliveries) == 3
+    channel.settle(consumer, 2, stream)
+    pump(stream)
+    assert [o for _, o in received(channel)] == [1, 2, 3, 4, 5]
+    assert stream.message_count == 10  # nothing removed by acks
+    # nack/reject with requeue is credit too: nothing is delivered twice
+    channel.deliveries = channel.deliveries[2:]
+    channel.settle(consumer, 3, stream, requeue=True)
+    pump(stream)
+    assert [o for _, o in received(channel)] == [3, 4, 5, 6, 7, 8]
+    _, again = consume(stream, "first", tag="again")
+    assert [o for _, o in received(again)] == list(range(1, 11))
+
+
+def test_caught_up_consumer_gets_new_messages_directly_or_through_delivery(stream: StreamQueue) -> None:
+    consumer, channel = consume(stream, "next", prefetch=2)
+    publish(stream, 1)  # with the message in hand: delivered at once
+    assert received(channel) == [(0, 1)]
+    publish(stream, 3, start=1, with_message=False)  # read back by deliver()
+    assert stream in stream.vhost.scheduled
+    pump(stream)
+    assert received(channel) == [(0, 1), (1, 2)]  # prefetch 2
+    channel.settle(consumer, 2, stream)
+    pump(stream)
+    assert received(channel)[2:] == [(2, 3), (3, 4)]
+
+
+def test_existing_headers_keep_their_types_and_a_published_offset_is_replaced() -> None:
+    raw = props({"a": 1, "b": "x", "x-stream-offset": 99})
+    out = with_stream_offset(raw, 1 << 40)
+    headers = decode_properties(out).headers
+    assert headers == {"a": 1, "b": "x", "x-stream-offset": 1 << 40}
+    assert out.count(b"x-stream-offset") == 1
+    bare = with_stream_offset(b"\x00\x00", 5)
+    assert decode_properties(bare).headers == {"x-stream-offset": 5}
+    typed = bytes.fromhex("2000") + (11).to_bytes(4, "big") + b"\x01kl" + (7).to_bytes(8, "big")  # k: a long
+    assert with_stream_offset(typed, 2)[6:17] == b"\x01kl" + (7).to_bytes(8, "big")  # still a long (pamqp: 'b')
+
+
+def test_restart_returns_the_same_messages_for_old_offsets(tmp_path: Path) -> None:
+    store, queue = open_stream(tmp_path)
+    publish(queue, 30)
+    _, before = consume(queue, 12, tag="a")
+    store.close(clean=False)
+    store, queue = open_stream(tmp_path)
+    assert queue.message_count == 30
+    _, after = consume(queue, 12, tag="b")
+    assert received(after) == received(before) == [(i - 1, i) for i in range(12, 31)]
+    publish(queue, 1, start=30)
+    pump(queue)
+    assert received(after)[-1] == (30, 31)
+    store.close()
+
+
+def test_retention_by_bytes_on_push_deletes_head_segments(tmp_path: Path) -> None:
+    store, queue = open_stream(tmp_path, {"x-max-length-bytes": 3 * SEGMENT_SIZE})
+    _, early = consume(queue, "first", tag="early", prefetch=1)  # stuck at offset 1 (no acks)
+    publish(queue, 80)
+    index = queue.index
+    assert index.first_offset > 1 and index.next_offset == 81
+    assert index.byte_size <= 3 * SEGMENT_SIZE
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("msgs."))
+    assert segment_name(1) not in files and len(files) <= 5
+    _, late = consume(queue, "first", tag="late")
+    assert received(late)[0] == (index.first_offset - 1, index.first_offset)
+    assert received(late)[-1] == (79, 80)
+    # a consumer left behind by retention continues at the new head
+    early_consumer = queue.consumers[0]
+    early.settle(early_consumer, 1, queue)
+    pump(queue)
+    assert received(early)[1][1] == index.first_offset
+    store.close()
+    store, queue = open_stream(tmp_path, {"x-max-length-bytes": 3 * SEGMENT_SIZE})
+    assert queue.index.first_offset == index.first_offset and queue.message_count == 81 - index.first_offset
+    store.close()
+
+
+def test_retention_by_age(tmp_path: Path) -> None:
+    store, queue = open_stream(tmp_path, {"x-max-age": "1h"})
+    now = 1_800_000_000_000
+    publish(queue, 40, ts=now - 2 * 3_600_000)  # two hours old
+    publish(queue, 10, start=40, ts=now)
+    assert queue.apply_retention(now_ms=now) > 0
+    first = queue.index.first_offset
+    assert 1 < first <= 41
+    _, c = consume(queue, "first")
+    assert received(c)[-1] == (49, 50) and received(c)[0][1] == first
+    store.close()
+
+
+def test_get_purge_and_consumer_validation_follow_rabbitmq(stream: StreamQueue) -> None:
+    with pytest.raises(AMQPConnectionError) as e:
+        stream.get()
+    assert e.value.code == NOT_IMPLEMENTED and "basic.get not supported by stream queues" in e.value.text
+    with pytest.raises(AMQPConnectionError) as e:
+        stream.purge()
+    assert e.value.code == NOT_IMPLEMENTED and (e.value.class_id, e.value.method_id) == (50, 30)
+    with pytest.raises(AMQPChannelError) as e:
+        validate_stream_consumer(False, 0, {}, queue="s")
+    assert e.value.code == PRECONDITION_FAILED and "prefetch count is not set" in e.value.text
+    with pytest.raises(AMQPConnectionError) as e:
+        validate_stream_consumer(True, 10, {}, queue="s")
+    assert e.value.code == NOT_IMPLEMENTED and "automatic acknowledgement" in e.value.text
+    with pytest.raises(AMQPConnectionError) as e:
+        validate_stream_consumer(False, 10, {}, queue="s", global_prefetch=5)
+    assert e.value.code == NOT_IMPLEMENTED and "global qos" in e.value.text
+    for bad in ("sometime", -1, 1.5, True, "0h"):
+        with pytest.raises(AMQPChannelError) as e:
+            validate_stream_consumer(False, 10, {"x-stream-offset": bad}, queue="s")
+        assert e.value.code == PRECONDITION_FAILED
+    for good in ("first", "last", "next", 0, 5, "7D", datetime.datetime.now(datetime.UTC), b"first"):
+        validate_stream_consumer(False, 10, {"x-stream-offset": good}, queue="s")
+
+
+def test_declare_validation() -> None:
+    ok = {"x-queue-type": "stream", "x-max-length-bytes": 10, "x-max-age": "7D"}
+    validate_stream_declare("s", "/", durable=True, exclusive=False, auto_delete=False, arguments=ok)
+    cases = [
+        ({"durable": False}, "non-durable"),
+        ({"exclusive": True}, "exclusive-owner"),
+        ({"auto_delete": True}, "auto-delete"),
+        ({"arguments": {"x-max-length": 5}}, "x-max-length"),
+        ({"arguments": {"x-max-age": "7d"}}, "x-max-age"),
+        ({"arguments": {"x-max-length-bytes": -1}}, "x-max-length-bytes"),
+    ]
+    for change, word in cases:
+        kw: dict[str, Any] = {"durable": True, "exclusive": False, "auto_delete": False, "arguments": ok}
+        kw.update(change)
+        with pytest.raises(AMQPChannelError) as e:
+            validate_stream_declare("s", "/", **kw)
+        assert e.value.code == PRECONDITION_FAILED and word in e.value.text
+    assert parse_max_age("12h") == 12 * 3_600_000 and parse_max_age("7D") == 7 * 86_400_000
+
+
+def test_delete_cancels_consumers_and_removes_files(tmp_path: Path) -> None:
+    store, queue = open_stream(tmp_path)
+    publish(queue, 30)
+    _, channel = consume(queue, "first")
+    directory = queue.index.directory
+    assert queue.delete() == 30
+    assert channel.cancelled == ["c"] and queue.consumers == [] and queue.deleted
+    assert not directory.exists()
+    remaining = [p for p in os.listdir(tmp_path) if p.startswith("msgs.")]
+    assert remaining == [segment_name(store.messages.current_segment_id)]
+    store.close()
+
+
+def test_remove_consumer_and_damaged_record_closes_only_the_stream(stream: StreamQueue) -> None:
+    publish(stream, 3)
+    consumer, channel = consume(stream, "next")
+    stream.remove_consumer(consumer)
+    assert stream.consumers == [] and stream.offset_of(consumer) is None and channel.cancelled == []
+    stream.index.append(stream.index.get(3) + (1 << 40))  # points past the valid data
+    _, other = consume(stream, 4, tag="other")
+    assert stream.closed and other.cancelled == ["other"]
