@@ -49,6 +49,8 @@ BUILTIN_EXCHANGES = (
 _HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
 # Per durable queue, written at a clean stop: positions of ready messages that had been delivered.
 REDELIVERED_FILE = "redelivered"
+# Every this many flusher ticks, sealed segments' pages are dropped from the broker's mapping (RSS).
+RELEASE_MEMORY_TICKS = 10
 
 
 def _fmt(value: Any) -> str:
@@ -103,6 +105,7 @@ class VHost:
         for cmd in self.definitions.load():
             self._replay(cmd, unclean_stop)
         self.store.finish_recovery()
+        self.store.messages.release_memory()
         recovered = sum(q.message_count for q in self.queues.values())
         log.info("vhost %r opened: %d exchanges, %d queues, %d messages", self.name,
                  len(self.exchanges), len(self.queues), recovered)
@@ -163,8 +166,12 @@ class VHost:
     def start_flusher(self, interval: float = 0.2) -> None:
         """Flush periodically, so acks and un-confirmed publishes reach the disk without a client asking."""
         async def run() -> None:
+            ticks = 0
             while not self.closed:
                 await asyncio.sleep(interval)
+                ticks += 1
+                if ticks % RELEASE_MEMORY_TICKS == 0:
+                    self.store.messages.release_memory()
                 for queue in list(self.queues.values()):
                     if isinstance(queue, StreamQueue):
                         queue.apply_retention()

@@ -11,6 +11,7 @@ store's group commit runs in a worker thread while deletions are held.
 from __future__ import annotations
 
 import logging
+import mmap
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -301,6 +302,24 @@ class MessageStore:
             segment.sync(start, end)
 
     # ---- introspection ---------------------------------------------------------------------------
+
+    def release_memory(self) -> int:
+        """Drop the pages of sealed segments from this process's mapping; returns segments released.
+
+        Pages we wrote or read stay mapped and count as the broker's RSS, so a queue of 10M messages
+        would cost the size of its segments in RSS. For a shared file mapping MADV_DONTNEED only
+        unmaps them: the data stays in the page cache and the file (dirty pages are still written
+        back and msync still covers them), and a later read maps them in again.
+        """
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if advice is None:
+            return 0
+        released = 0
+        for segment_id, segment in self._segments.items():
+            if segment_id != self._cur_id and not segment.closed:
+                segment.mm.madvise(advice)
+                released += 1
+        return released
 
     @property
     def current_segment_id(self) -> int:

@@ -365,3 +365,34 @@ def test_torn_tail_of_current_segment_after_crash(tmp_path: Path) -> None:
     assert again == torn  # the torn space is reused
     assert store.read(again).body == b"again"
     store.close()
+
+
+def _mapped_rss_kb(path_part: str) -> int:
+    """Resident kB of this process's mappings of files whose path contains ``path_part``."""
+    total = 0
+    current = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0]:
+                current = len(fields) >= 6 and path_part in fields[5]
+            elif current and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def test_release_memory_unmaps_sealed_pages_and_keeps_the_data(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path, segment_size=1024 * 1024)
+    store.open()
+    body = bytes(range(256)) * 16  # 4 KiB
+    positions = [store.append("ex", "rk", b"\x00\x00", body) for _ in range(1500)]  # ~6 MiB, 6 segments
+    for pos in positions:
+        store.incref(pos & 0xFFFFFFFF)
+    before = _mapped_rss_kb(str(tmp_path))
+    assert before > 4000
+    released = store.release_memory()
+    assert released == len(store.segment_ids()) - 1  # every segment but the one being written
+    after = _mapped_rss_kb(str(tmp_path))
+    assert after <= 1100, (before, after)  # at most the current 1 MiB segment stays resident
+    assert all(store.read(pos).body == body for pos in positions)
+    store.close()
