@@ -1,0 +1,413 @@
+"""Queue, consumer and message arguments: validation as RabbitMQ does it, and the effective settings.
+
+Validation follows RabbitMQ's rules and error texts ("invalid arg 'x-max-length' for queue 'q' in vhost
+'/': {value_negative,-1}"), so clients and tests written against RabbitMQ see the same reply. The
+reason term is printed the way Erlang prints it, because that is what RabbitMQ users search for.
+
+``QueueSettings.resolve`` combines declare arguments with the definition of the matching policy using
+RabbitMQ's precedence: for the numeric limits (message-ttl, expires, max-length, max-length-bytes,
+delivery-limit, consumer-timeout, max-age) the smaller value wins; for everything else the argument
+wins over the policy. Values arrive decoded by pamqp, so wire integer widths are not known here: any
+int (but not a bool) counts as an AMQP integer type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MAX_EXPIRY = 0xFFFFFFFF  # RabbitMQ's TTL/expiry ceiling (an Erlang timer limit), in ms
+MAX_PRIORITY = 255
+OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
+QUEUE_MODES = ("default", "lazy")
+QUEUE_TYPES = ("classic", "stream")
+DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
+# Arguments RabbitMQ refuses on a stream ("invalid arg '...' for queue ...").
+STREAM_INVALID_ARGS = (
+    "x-expires", "x-message-ttl", "x-max-priority", "x-queue-mode", "x-overflow",
+    "x-dead-letter-exchange", "x-dead-letter-routing-key",
+)
+_MAX_AGE = re.compile(r"([0-9]+)([YMDhms])")
+_AGE_UNIT_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_LEADING_INT = re.compile(r"[+-]?[0-9]+")
+
+
+class ArgumentError(ValueError):
+    """An argument has a bad type or value; ``text`` is the reply text after "PRECONDITION_FAILED - "."""
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name = name
+        self.text = text
+        super().__init__(text)
+
+
+# --- Erlang-style reason terms ----------------------------------------------------------------------
+
+def amqp_type_name(value: Any) -> str:
+    """RabbitMQ's name for the field type a decoded value came in as (the closest one)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, decimal.Decimal):
+        return "decimal"
+    if isinstance(value, str | bytes):
+        return "longstr"
+    if isinstance(value, bytearray):
+        return "binary"
+    if isinstance(value, datetime.datetime):
+        return "timestamp"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list | tuple):
+        return "array"
+    if value is None:
+        return "void"
+    return type(value).__name__
+
+
+def _term(tag: str, value: Any) -> str:
+    """``{tag,value}`` as Erlang prints it (strings quoted, numbers bare)."""
+    shown = f'"{value}"' if isinstance(value, str) else str(value)
+    return f"{{{tag},{shown}}}"
+
+
+def _bad_type(value: Any) -> str:
+    """``{unacceptable_type,longstr}``: the type is an atom, printed bare."""
+    return f"{{unacceptable_type,{amqp_type_name(value)}}}"
+
+
+def _resource(kind: str, name: str, vhost: str) -> str:
+    return f"{kind} '{name}' in vhost '{vhost}'"
+
+
+# --- single-value checks (each returns the reason term, or None when the value is fine) ---------------
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_reason(value: Any) -> str | None:
+    return None if _is_int(value) else _bad_type(value)
+
+
+def _non_neg_int_reason(value: Any) -> str | None:
+    reason = _int_reason(value)
+    if reason is None and value < 0:
+        return _term("value_negative", value)
+    return reason
+
+
+def _expiry_reason(value: int) -> str | None:
+    if value < 0:
+        return _term("value_negative", value)
+    if value > MAX_EXPIRY:
+        return _term("value_too_big", value)
+    return None
+
+
+def _ttl_reason(value: Any) -> str | None:
+    return _int_reason(value) or _expiry_reason(value)
+
+
+def _expires_reason(value: Any) -> str | None:
+    reason = _int_reason(value)
+    if reason is None and value == 0:
+        return _term("value_zero", value)
+    return reason or _expiry_reason(value)
+
+
+def _max_priority_reason(value: Any) -> str | None:
+    reason = _non_neg_int_reason(value)
+    if reason is None and value > MAX_PRIORITY:
+        return _term("max_value_exceeded", value)
+    return reason
+
+
+def _delivery_limit_reason(value: Any) -> str | None:
+    # -1 means "no limit" (RabbitMQ 4 quorum queues accept it); anything lower is an error.
+    reason = _int_reason(value)
+    if reason is None and value < -1:
+        return _term("value_negative", value)
+    return reason
+
+
+def _text(value: Any) -> str | None:
+    """A longstr argument as str (bytes must be UTF-8), or None when it is not a string."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def _string_reason(value: Any) -> str | None:
+    return None if _text(value) is not None else _bad_type(value)
+
+
+def _bool_reason(value: Any) -> str | None:
+    return None if isinstance(value, bool) else _bad_type(value)
+
+
+def _choice_reason(choices: tuple[str, ...], error: str):
+    def check(value: Any) -> str | None:
+        text = _text(value)
+        if text is None:
+            return _bad_type(value)
+        return None if text in choices else error
+    return check
+
+
+def _max_age_reason(value: Any) -> str | None:
+    text = _text(value)
+    if text is None:
+        return _bad_type(value)
+    try:
+        parse_max_age(text)
+    except ValueError:
+        return "invalid_max_age"
+    return None
+
+
+def parse_max_age(text: str) -> int:
+    """A stream retention age ("7D", "12h", "30m", "10s", "1Y", "1M") in seconds.
+
+    As in RabbitMQ a month is 30 days and a year 365 days; the number must be positive.
+    """
+    match = _MAX_AGE.fullmatch(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise ValueError(f"invalid max age {text!r}: expected a positive number and one of Y M D h m s")
+    return int(match.group(1)) * _AGE_UNIT_SECONDS[match.group(2)]
+
+
+# Declare arguments in the order RabbitMQ checks them; unknown arguments are ignored, as there.
+_QUEUE_CHECKS = (
+    ("x-expires", _expires_reason),
+    ("x-message-ttl", _ttl_reason),
+    ("x-dead-letter-exchange", _string_reason),
+    ("x-dead-letter-routing-key", _string_reason),
+    ("x-max-length", _non_neg_int_reason),
+    ("x-max-length-bytes", _non_neg_int_reason),
+    ("x-max-priority", _max_priority_reason),
+    ("x-overflow", _choice_reason(OVERFLOW_MODES, "invalid_overflow")),
+    ("x-queue-mode", _choice_reason(QUEUE_MODES, "invalid_queue_mode")),
+    ("x-single-active-consumer", _bool_reason),
+    ("x-delivery-limit", _delivery_limit_reason),
+    ("x-consumer-timeout", _non_neg_int_reason),
+    ("x-max-age", _max_age_reason),
+    ("x-stream-max-segment-size-bytes", _non_neg_int_reason),
+)
+
+
+def validate_queue_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str, durable: bool = True,
+                             exclusive: bool = False, auto_delete: bool = False,
+                             queue_types: tuple[str, ...] = QUEUE_TYPES) -> None:
+    """Raise ArgumentError for the first bad queue.declare argument (or stream property)."""
+    where = _resource("queue", queue, vhost)
+    for name, check in _QUEUE_CHECKS:
+        if name in arguments:
+            reason = check(arguments[name])
+            if reason is not None:
+                raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise ArgumentError("x-dead-letter-routing-key", f"invalid arg 'x-dead-letter-routing-key' for {where}: "
+                                                         "routing_key_but_no_dlx_defined")
+    queue_type = queue_type_of(arguments)
+    if queue_type not in queue_types:
+        raise ArgumentError("x-queue-type", f"invalid arg 'x-queue-type' for {where}: "
+                                            f"queue type '{queue_type}' is not supported")
+    if queue_type == "stream":
+        _validate_stream(arguments, where, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
+
+
+def queue_type_of(arguments: Mapping[str, Any]) -> str:
+    """The x-queue-type argument as text ("classic" when absent)."""
+    value = arguments.get("x-queue-type", "classic")
+    text = _text(value)
+    return text if text is not None else repr(value)
+
+
+def _validate_stream(arguments: Mapping[str, Any], where: str, *, durable: bool, exclusive: bool,
+                     auto_delete: bool) -> None:
+    # RabbitMQ checks the queue's properties first, then the arguments a stream refuses.
+    for flag, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+        if flag:
+            raise ArgumentError(name, f"invalid property '{name}' for {where}")
+    for name in STREAM_INVALID_ARGS:
+        if name in arguments:
+            raise ArgumentError(name, f"invalid arg '{name}' for {where}")
+
+
+# --- consumer arguments -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamOffset:
+    """Where a stream consumer starts: kind is first, last, next, offset or timestamp (ms)."""
+
+    kind: str
+    value: int = 0
+
+
+def parse_stream_offset(value: Any, now_ms: int) -> StreamOffset:
+    """Parse x-stream-offset: "first" | "last" | "next" | an offset | a timestamp | an age ("1h")."""
+    if isinstance(value, datetime.datetime):
+        return StreamOffset("timestamp", int(value.timestamp() * 1000))
+    if _is_int(value):
+        if value < 0:
+            raise ValueError(_term("value_negative", value))
+        return StreamOffset("offset", value)
+    text = _text(value)
+    if text is None:
+        raise ValueError(_bad_type(value))
+    if text in ("first", "last", "next"):
+        return StreamOffset(text)
+    try:  # an interval: start that long ago
+        return StreamOffset("timestamp", now_ms - parse_max_age(text) * 1000)
+    except ValueError:
+        raise ValueError(_term("unacceptable_value", text)) from None
+
+
+def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str,
+                                stream: bool = False, now_ms: int = 0) -> StreamOffset | None:
+    """Raise ArgumentError for a bad basic.consume argument; returns the parsed x-stream-offset."""
+    where = _resource("queue", queue, vhost)
+    for name, check in (("x-priority", _int_reason), ("x-consumer-timeout", _non_neg_int_reason)):
+        if name in arguments:
+            reason = check(arguments[name])
+            if reason is not None:
+                raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
+    if not stream or "x-stream-offset" not in arguments:
+        return None
+    try:
+        return parse_stream_offset(arguments["x-stream-offset"], now_ms)
+    except ValueError as err:
+        raise ArgumentError("x-stream-offset", f"invalid arg 'x-stream-offset' for {where}: {err}") from None
+
+
+# --- per-message expiration -------------------------------------------------------------------------
+
+def parse_expiration(expiration: str) -> int:
+    """The per-message TTL in ms from the ``expiration`` property; ArgumentError when it is not one.
+
+    RabbitMQ reads a leading integer and refuses leftovers, negative values and values over 2^32-1.
+    """
+    match = _LEADING_INT.match(expiration)
+    if match is None:
+        reason = "no_integer"
+    elif match.end() != len(expiration):
+        reason = _term("leftover_string", expiration[match.end():])
+    else:
+        value = int(match.group())
+        reason = _expiry_reason(value)
+        if reason is None:
+            return value
+    raise ArgumentError("expiration", f"invalid expiration '{expiration}': {reason}")
+
+
+# --- effective settings -----------------------------------------------------------------------------
+
+def _min_of(argument: int | None, policy: int | None) -> int | None:
+    if argument is None:
+        return policy
+    if policy is None:
+        return argument
+    return min(argument, policy)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if _is_int(value) else None
+
+
+def _age_or_none(value: Any) -> int | None:
+    text = _text(value)
+    if text is None:
+        return None
+    try:
+        return parse_max_age(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """What a queue enforces, from its arguments and its policy. Times are ms, max_age is seconds."""
+
+    queue_type: str = "classic"
+    message_ttl: int | None = None
+    expires: int | None = None
+    max_length: int | None = None
+    max_length_bytes: int | None = None
+    overflow: str = "drop-head"
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
+    delivery_limit: int | None = None
+    max_priority: int | None = None
+    single_active_consumer: bool = False
+    consumer_timeout: int | None = None
+    max_age: int | None = None
+    stream_max_segment_size_bytes: int | None = None
+    policy: str | None = None
+
+    @property
+    def is_priority_queue(self) -> bool:
+        """x-max-priority 0 is accepted but, having one level only, behaves as a plain queue."""
+        return bool(self.max_priority)
+
+    @classmethod
+    def resolve(cls, arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None,
+                policy_name: str | None = None) -> QueueSettings:
+        """Combine validated declare arguments with a policy definition (RabbitMQ's precedence).
+
+        Only the argument can set x-max-priority, x-single-active-consumer and x-queue-type: they
+        choose how the queue is built when it is declared.
+        """
+        pol = policy or {}
+
+        def smaller(name: str) -> int | None:
+            return _min_of(_int_or_none(arguments.get("x-" + name)), _int_or_none(pol.get(name)))
+
+        def argument_first(name: str) -> Any:
+            value = arguments.get("x-" + name)
+            if value is None:
+                value = pol.get(name)
+            return _text(value) if value is not None else None
+
+        delivery_limit = smaller("delivery-limit")
+        if delivery_limit is not None and delivery_limit < 0:
+            delivery_limit = None
+        max_age = _min_of(_age_or_none(arguments.get("x-max-age")), _age_or_none(pol.get("max-age")))
+        return cls(
+            queue_type=queue_type_of(arguments),
+            message_ttl=smaller("message-ttl"),
+            expires=smaller("expires"),
+            max_length=smaller("max-length"),
+            max_length_bytes=smaller("max-length-bytes"),
+            overflow=argument_first("overflow") or "drop-head",
+            dead_letter_exchange=argument_first("dead-letter-exchange"),
+            dead_letter_routing_key=argument_first("dead-letter-routing-key"),
+            delivery_limit=delivery_limit,
+            max_priority=_int_or_none(arguments.get("x-max-priority")),
+            single_active_consumer=arguments.get("x-single-active-consumer") is True,
+            consumer_timeout=smaller("consumer-timeout"),
+            max_age=max_age,
+            stream_max_segment_size_bytes=_int_or_none(arguments.get("x-stream-max-segment-size-bytes",
+                                                                     pol.get("stream-max-segment-size-bytes"))),
+            policy=policy_name,
+        )
+
+
+def alternate_exchange(arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None) -> str | None:
+    """An exchange's alternate exchange: the argument wins over the policy, as in RabbitMQ."""
+    value = arguments.get("alternate-exchange")
+    if value is None and policy:
+        value = policy.get("alternate-exchange")
+    return _text(value) if value is not None else None
