@@ -232,10 +232,10 @@ def figures(scenario: str, r: dict) -> dict[str, float]:
     if "p99" in lat:
         out["p99 latency ms"] = lat["p99"] / 1000
     if scenario == "d":
-        fair = r.get("fairness") or {}
-        for k, v in fair.items():
-            if isinstance(v, (int, float)):
-                out[f"fairness {k}"] = v
+        for key, label in (("per_queue_con_rate", "queues"), ("per_pub_rate", "publishers")):
+            jain = (r.get(key) or {}).get("jain")
+            if isinstance(jain, (int, float)):
+                out[f"Jain fairness {label}"] = jain
     out["RSS peak MiB"] = (r.get("broker_rss_peak_kb") or 0) / 1024
     return out
 
