@@ -194,6 +194,19 @@ class Channel:
             if conn.blocked and conn.transport is not None:
                 conn.transport.pause_reading()  # resource alarm: this connection now publishes
 
+    def on_message(self, method: Publish, properties: bytes, body: bytes) -> None:
+        """basic.publish, its header and its one body frame, all from one read (the common case)."""
+        self.on_publish(method)
+        if not self.in_content:
+            return  # the publish was refused and the channel closed
+        if len(body) > self.conn.config.max_message_size:
+            self.on_header(HeaderFrame(self.id, 60, len(body), properties))  # refuses it, as usual
+            return
+        self._header_seen = True
+        self._properties = properties
+        self._body_size = len(body)
+        self._complete_publish(body)
+
     def on_header(self, frame: HeaderFrame) -> None:
         if self._header_seen:
             raise AMQPConnectionError(UNEXPECTED_FRAME, f"unexpected content header on channel {self.id}")

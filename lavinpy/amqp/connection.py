@@ -26,7 +26,16 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .errors import AMQPChannelError, AMQPConnectionError
-from .reader import BadProtocolHeader, BodyFrame, FrameReader, HeaderFrame, HeartbeatFrame, MethodFrame, Publish
+from .reader import (
+    BadProtocolHeader,
+    BodyFrame,
+    ContentMessage,
+    FrameReader,
+    HeaderFrame,
+    HeartbeatFrame,
+    MethodFrame,
+    Publish,
+)
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -147,6 +156,16 @@ class AMQPConnection(asyncio.Protocol):
                     continue
                 # Hot path: content frames and basic.publish straight to an open channel.
                 kind = type(frame)
+                if kind is ContentMessage:
+                    channel = channels.get(frame.channel)
+                    if channel is not None and not channel.closing and not channel.in_content:
+                        channel.on_message(frame.method, frame.properties, frame.body)
+                    else:
+                        for part in frame.frames():
+                            if self.state != OPEN:
+                                break
+                            self._handle_frame(part)
+                    continue
                 if kind is BodyFrame or kind is HeaderFrame:
                     channel = channels.get(frame.channel)
                     if channel is not None and not channel.closing and channel.in_content:

@@ -10,10 +10,25 @@ from pamqp import commands
 from lavinpy.amqp import writer
 from lavinpy.amqp.constants import PROTOCOL_HEADER
 from lavinpy.amqp.errors import AMQPError
-from lavinpy.amqp.reader import BadProtocolHeader, BodyFrame, FrameReader, HeaderFrame, MethodFrame
+from lavinpy.amqp.reader import (
+    BadProtocolHeader,
+    BodyFrame,
+    ContentMessage,
+    FrameReader,
+    HeaderFrame,
+    MethodFrame,
+)
 
 FRAME_MAX = 4096
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+def flatten(events: list) -> list:
+    """Frame events with fused publishes (ContentMessage) expanded into their three frames."""
+    out: list = []
+    for event in events:
+        out.extend(event.frames() if isinstance(event, ContentMessage) else [event])
+    return out
+
 
 
 def valid_frames() -> st.SearchStrategy[bytes]:
@@ -114,5 +129,5 @@ def test_valid_streams_give_the_same_frames_however_they_are_cut(stream, cuts):
     whole = FrameReader(FRAME_MAX).feed(PROTOCOL_HEADER + stream)
     reader = FrameReader(FRAME_MAX)
     parts = feed_in_chunks(reader, PROTOCOL_HEADER + stream, cuts)
-    assert [describe(e) for e in parts] == [describe(e) for e in whole]
+    assert [describe(e) for e in flatten(parts)] == [describe(e) for e in flatten(whole)]
     assert reader.buffered == 0

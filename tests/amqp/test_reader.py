@@ -14,6 +14,7 @@ from lavinpy.amqp.reader import (
     Ack,
     BadProtocolHeader,
     BodyFrame,
+    ContentMessage,
     FrameReader,
     HeaderFrame,
     HeartbeatFrame,
@@ -22,6 +23,15 @@ from lavinpy.amqp.reader import (
     Publish,
     Reject,
 )
+
+
+def flatten(events: list) -> list:
+    """Frame events with fused publishes (ContentMessage) expanded into their three frames."""
+    out: list = []
+    for event in events:
+        out.extend(event.frames() if isinstance(event, ContentMessage) else [event])
+    return out
+
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
@@ -94,7 +104,7 @@ STREAM = b"".join([
 def test_protocol_header_then_frames_in_one_read():
     reader = FrameReader()
     events = reader.feed(PROTOCOL_HEADER + HEARTBEAT)
-    assert [describe(e) for e in events] == [("heartbeat",)]
+    assert [describe(e) for e in flatten(events)] == [("heartbeat",)]
 
 
 def test_short_first_read_waits_for_the_whole_protocol_header():
@@ -104,7 +114,7 @@ def test_short_first_read_waits_for_the_whole_protocol_header():
         assert reader.expect_protocol_header
     assert reader.feed(PROTOCOL_HEADER[-1:] + HEARTBEAT[:3]) == []
     assert not reader.expect_protocol_header
-    assert [describe(e) for e in reader.feed(HEARTBEAT[3:])] == [("heartbeat",)]
+    assert [describe(e) for e in flatten(reader.feed(HEARTBEAT[3:]))] == [("heartbeat",)]
 
 
 @pytest.mark.parametrize("data", [
@@ -128,8 +138,8 @@ def test_bad_protocol_header_detected_before_eight_bytes():
 
 
 def test_hot_methods_decode():
-    events = opened().feed(STREAM)
-    assert [describe(e) for e in events] == [
+    events = flatten(opened().feed(STREAM))
+    assert [describe(e) for e in flatten(events)] == [
         ("method", 1, "Basic.Publish",
          (("exchange", "amq.direct"), ("routing_key", "rk"), ("mandatory", True), ("immediate", False))),
         ("header", 1, 60, 16, b"\x90\x00\x0atext/plain\x02"),
@@ -164,21 +174,21 @@ def test_events_hand_out_bytes_in_both_paths():
     whole = reader.feed(STREAM)
     parts = reader.feed(STREAM[:20]) + reader.feed(bytearray(STREAM[20:40]))
     parts += reader.feed(memoryview(STREAM[40:]))
-    for event in whole + parts:
+    for event in flatten(whole + parts):
         if isinstance(event, BodyFrame):
             assert type(event.data) is bytes
         if isinstance(event, HeaderFrame):
             assert type(event.properties) is bytes
-    assert [describe(e) for e in parts] == [describe(e) for e in whole]
+    assert [describe(e) for e in flatten(parts)] == [describe(e) for e in flatten(whole)]
 
 
 def test_split_at_every_byte_boundary_gives_the_same_frames():
-    expected = [describe(e) for e in opened().feed(STREAM)]
+    expected = [describe(e) for e in flatten(opened().feed(STREAM))]
     data = PROTOCOL_HEADER + STREAM
     for cut in range(len(data) + 1):
         reader = FrameReader()
         events = reader.feed(data[:cut]) + reader.feed(data[cut:])
-        assert [describe(e) for e in events] == expected, cut
+        assert [describe(e) for e in flatten(events)] == expected, cut
         assert reader.buffered == 0
 
 
@@ -187,13 +197,13 @@ def test_byte_by_byte():
     events = []
     for byte in PROTOCOL_HEADER + STREAM:
         events += reader.feed(bytes((byte,)))
-    assert [describe(e) for e in events] == [describe(e) for e in opened().feed(STREAM)]
+    assert [describe(e) for e in flatten(events)] == [describe(e) for e in flatten(opened().feed(STREAM))]
 
 
 def test_frame_of_exactly_frame_max_is_accepted():
     reader = opened(4096)
     body = b"x" * (4096 - 8)
-    assert [describe(e) for e in reader.feed(frame(3, 1, body))] == [("body", 1, body)]
+    assert [describe(e) for e in flatten(reader.feed(frame(3, 1, body)))] == [("body", 1, body)]
 
 
 def test_oversized_frame_rejected_as_soon_as_its_size_is_read():
@@ -306,7 +316,7 @@ def test_content_header_with_every_property_field():
 
 def test_frames_before_an_error_are_kept_on_the_error():
     err = connection_error(opened(), HEARTBEAT + publish(1, "x", "y") + frame(9, 0, b""))
-    assert [describe(e) for e in err.frames][0] == ("heartbeat",)
+    assert [describe(e) for e in flatten(err.frames)][0] == ("heartbeat",)
     assert len(err.frames) == 2
     assert isinstance(err, AMQPError)
 
@@ -341,3 +351,30 @@ def test_repeated_and_large_property_blocks():
         assert event.properties == props
     # the same block with a byte cut off is still refused, even though the full block was seen
     assert connection_error(reader, header(1, 1, small[:-1])).code == FRAME_ERROR
+
+
+def test_publish_header_and_body_in_one_read_come_as_one_event():
+    """The common small message is fused; the same bytes split apart give the three frames."""
+    props = b"\x90\x00\x0atext/plain\x02"
+    data = publish(1, "amq.direct", "rk", 1) + header(1, 5, props) + frame(3, 1, b"hello")
+    reader = opened()
+    reader.feed(publish(1, "x", "y", 0) + header(1, 0, props))  # the property block is validated once
+    (event,) = reader.feed(data)
+    assert isinstance(event, ContentMessage)
+    assert (event.channel, event.method.exchange, event.properties, event.body) == (1, "amq.direct", props, b"hello")
+    split = reader.feed(data[:30]) + reader.feed(data[30:])
+    assert [type(e) for e in split] == [MethodFrame, HeaderFrame, BodyFrame]
+    assert [describe(e) for e in split] == [describe(e) for e in event.frames()]
+
+
+def test_frames_that_do_not_fit_together_are_not_fused():
+    props = b"\x00\x00"
+    reader = opened()
+    cases = [
+        publish(1, "", "q", 0) + header(2, 3, props) + frame(3, 2, b"abc"),  # header on another channel
+        publish(1, "", "q", 0) + header(1, 4, props) + frame(3, 1, b"abc"),  # body shorter than announced
+        publish(1, "", "q", 0) + header(1, 6, props) + frame(3, 1, b"abc") + frame(3, 1, b"def"),  # two bodies
+    ]
+    for data in cases:
+        events = reader.feed(data)
+        assert not any(isinstance(e, ContentMessage) for e in events), data
