@@ -456,7 +456,7 @@ class FrameReader:
         if end - pos < 8:
             return None
         frame_type, body_channel, size = _FRAME_HEAD.unpack_from(src, pos)
-        if frame_type != 3 or body_channel != channel or size != body_size:
+        if frame_type != 3 or body_channel != channel or size != body_size or size > max_payload:
             return None
         start = pos + 7
         fend = start + size

@@ -375,6 +375,12 @@ def test_frames_that_do_not_fit_together_are_not_fused():
         publish(1, "", "q", 0) + header(1, 4, props) + frame(3, 1, b"abc"),  # body shorter than announced
         publish(1, "", "q", 0) + header(1, 6, props) + frame(3, 1, b"abc") + frame(3, 1, b"def"),  # two bodies
     ]
+    small = FrameReader(4096)
+    small.expect_protocol_header = False
+    oversized = publish(1, "", "q", 0) + header(1, 5000, props) + frame(3, 1, b"x" * 5000)
+    with pytest.raises(AMQPConnectionError) as err:  # the body frame is over frame_max: no fusing
+        small.feed(oversized)
+    assert err.value.code == 501
     for data in cases:
         events = reader.feed(data)
         assert not any(isinstance(e, ContentMessage) for e in events), data
