@@ -1,0 +1,77 @@
+"""Settings: defaults < YAML file < LAVINPY_* environment < command-line flags; bad values are refused."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lavinpy import config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_defaults_match_the_shipped_config_file():
+    shipped = yaml.safe_load((REPO / "conf" / "lavinpy.yaml").read_text())
+    defaults = config.Config()
+    assert set(shipped) == {f for f in vars(defaults)}, "conf/lavinpy.yaml must list every setting"
+    for name, value in shipped.items():
+        assert getattr(defaults, name) == value, name
+
+
+def test_flag_beats_environment_beats_file(tmp_path: Path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("amqp_port: 1111\nhttp_port: 2222\nlog_level: debug\nsegment_size: 65536\n")
+    env = {"LAVINPY_AMQP_PORT": "3333", "LAVINPY_HTTP_PORT": "4444", "LAVINPY_LOOPBACK_USERS": "a, b"}
+    cfg = config.load(cfg_file, env=env, overrides={"amqp_port": 5555})
+    assert cfg.amqp_port == 5555  # flag
+    assert cfg.http_port == 4444  # environment over file
+    assert cfg.log_level == "debug"  # file over default
+    assert cfg.segment_size == 65536
+    assert cfg.loopback_users == ["a", "b"]
+    assert cfg.data_dir == "data"  # default
+
+
+def test_command_line_flags_map_to_settings(tmp_path: Path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("fsync: batch\n")
+    args = parse(["--config", str(cfg_file), "--data-dir", "/x", "--bind", "0.0.0.0", "--amqp-port", "5673",
+                  "--http-port", "0", "--log-level", "warning"])
+    cfg = config.from_args(args)
+    assert (cfg.data_dir, cfg.bind, cfg.amqp_port, cfg.http_port, cfg.log_level, cfg.fsync) == \
+        ("/x", "0.0.0.0", 5673, 0, "warning", "batch")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fsync: sometimes\n", "fsync must be one of"),
+    ("amqp_port: 70000\n", "amqp_port must be between"),
+    ("segment_size: 10\n", "segment_size must be at least"),
+    ("no_such_setting: 1\n", "unknown setting 'no_such_setting'"),
+    ("amqp_port: abc\n", "setting amqp_port: cannot use 'abc'"),
+    ("- a list\n", "must hold a mapping"),
+])
+def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path, text: str, message: str):
+    cfg_file = tmp_path / "bad.yaml"
+    cfg_file.write_text(text)
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(cfg_file, env={})
+
+
+def test_broker_exits_2_on_a_bad_setting(tmp_path: Path):
+    env = {"LAVINPY_FSYNC": "sometimes", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "lavinpy", "--data-dir", str(tmp_path / "d")],
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2
+    assert "fsync must be one of" in proc.stderr
+    assert not (tmp_path / "d").exists()  # nothing was created
