@@ -316,7 +316,7 @@ class Channel:
         if previous is not None:
             await previous
         if needs_sync:
-            await self.vhost.store.flush()
+            await self.vhost.store.flush(acks=False)  # confirms need the messages, not the acks
         if not self.closing:
             self._send_ack(upto)
         if self._confirm_chain is asyncio.current_task():

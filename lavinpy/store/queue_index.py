@@ -94,6 +94,8 @@ class QueueIndex:
         self._ack_fd = -1
         self._ack_file_bytes = 0  # bytes in the ack file on disk (written, maybe not synced)
         self.has_unsynced = False  # bytes handed to the OS that a flush has not fsynced yet
+        self._enq_unsynced = False
+        self._ack_unsynced = False
         self.closed = False
         self.close_reason: str | None = None
         self._is_open = False
@@ -392,12 +394,12 @@ class QueueIndex:
         if self._enq_pending:
             self._write_all(self._enq_fd, self._enq_pending)
             del self._enq_pending[:]
-            self.has_unsynced = True
+            self.has_unsynced = self._enq_unsynced = True
         if self._ack_pending:
             written = self._write_all(self._ack_fd, self._ack_pending)
             self._ack_file_bytes += written
             del self._ack_pending[:]
-            self.has_unsynced = True
+            self.has_unsynced = self._ack_unsynced = True
 
     @staticmethod
     def _write_all(fd: int, entries: array) -> int:
@@ -409,12 +411,27 @@ class QueueIndex:
         view.release()
         return total
 
-    def take_unsynced_fds(self) -> list[int]:
-        """Descriptors a flush must fsync; clears ``has_unsynced`` (event-loop thread)."""
+    def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
+        """Descriptors a flush must fsync, and marks them synced (event-loop thread).
+
+        ``include_acks=False`` leaves the ack file for a later flush: a publisher confirm needs the
+        enq entries on disk, while an ack lost in a crash only means a redelivery.
+        """
         if not self.has_unsynced or self._enq_fd < 0:
             return []
-        self.has_unsynced = False
-        return [self._enq_fd, self._ack_fd]
+        fds = []
+        if self._enq_unsynced:
+            fds.append(self._enq_fd)
+            self._enq_unsynced = False
+        if include_acks and self._ack_unsynced:
+            fds.append(self._ack_fd)
+            self._ack_unsynced = False
+        self.has_unsynced = self._enq_unsynced or self._ack_unsynced
+        return fds
+
+    def mark_unsynced(self) -> None:
+        """A flush failed: its files are not known to be on disk, so the next one syncs them."""
+        self.has_unsynced = self._enq_unsynced = self._ack_unsynced = True
 
     def fsync(self) -> None:
         """fsync the enq and ack files (safe in a worker thread)."""
@@ -459,7 +476,7 @@ class QueueIndex:
                 if self._ack_file_bytes:
                     self.compact()
                 self.fsync()
-                self.has_unsynced = False
+                self.has_unsynced = self._enq_unsynced = self._ack_unsynced = False
             self._close_fds()
         self._is_open = False
 

@@ -445,12 +445,18 @@ class StreamIndex:
             del self._pending[:]
             self.has_unsynced = True
 
-    def take_unsynced_fds(self) -> list[int]:
-        """Descriptors a flush must fsync; clears ``has_unsynced`` (event-loop thread)."""
+    def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
+        """Descriptors a flush must fsync; clears ``has_unsynced`` (event-loop thread).
+
+        A stream has no ack file, so ``include_acks`` changes nothing.
+        """
         if not self.has_unsynced or self._fd < 0:
             return []
         self.has_unsynced = False
         return [self._fd]
+
+    def mark_unsynced(self) -> None:
+        self.has_unsynced = True
 
     def fsync(self) -> None:
         if self._fd >= 0:

@@ -40,6 +40,7 @@ class VhostStore:
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
         self._next_since = 0.0  # loop time the first waiter of _next arrived
+        self._next_acks = True  # whether a waiter of _next needs the ack files synced too
         self._flusher: asyncio.Task[None] | None = None
         self._sync_token: object | None = None  # set while a worker thread syncs
         self._deferred_closes: list[int] = []
@@ -130,8 +131,12 @@ class VhostStore:
             return any(q.has_pending_writes for q in self._queues.values())
         return any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
 
-    async def flush(self) -> None:
-        """Resolve once everything appended/pushed/acked before the call is on disk (per policy)."""
+    async def flush(self, acks: bool = True) -> None:
+        """Resolve once everything appended/pushed/acked before the call is on disk (per policy).
+
+        ``acks=False`` (publisher confirms): only messages and their enq entries must be on disk;
+        ack files are synced by the next full flush (a lost ack means a redelivery, not a loss).
+        """
         if not self._is_open:  # closed: the clean close already put everything on disk
             return
         if self.fsync_policy == "never":
@@ -142,6 +147,9 @@ class VhostStore:
         if waiter is None:
             waiter = self._next = loop.create_future()
             self._next_since = loop.time()
+            self._next_acks = acks
+        else:
+            self._next_acks = self._next_acks or acks
         if self._flusher is None:
             self._flusher = loop.create_task(self._run_flushes())
         # shield: a cancelled caller must not cancel the flush other callers share
@@ -160,7 +168,7 @@ class VhostStore:
                             break
                 waiter, self._next = self._next, None
                 try:
-                    await self._flush_once()
+                    await self._flush_once(self._next_acks)
                 except Exception as exc:
                     if not waiter.done():
                         waiter.set_exception(exc)
@@ -176,14 +184,14 @@ class VhostStore:
             if index.has_pending_writes:
                 index.write_buffers()
 
-    async def _flush_once(self) -> None:
+    async def _flush_once(self, acks: bool = True) -> None:
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
         self._write_index_buffers()
         ranges = self.messages.take_dirty()
         synced: list[QueueIndex] = []
         fds: list[int] = []
         for index in self._queues.values():
-            taken = index.take_unsynced_fds()
+            taken = index.take_unsynced_fds(acks)
             if taken:
                 synced.append(index)
                 fds.extend(taken)
@@ -195,7 +203,7 @@ class VhostStore:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds)
         except BaseException:
             for index in synced:  # not known to be on disk: the next flush tries again
-                index.has_unsynced = True
+                index.mark_unsynced()
             raise
         finally:
             if self._sync_token is token:

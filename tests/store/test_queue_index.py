@@ -287,11 +287,21 @@ def test_write_buffers_and_unsynced_fds(store: MessageStore, tmp_path: Path) -> 
     q.write_buffers()
     assert (tmp_path / "q" / "enq").stat().st_size == 24
     fds = q.take_unsynced_fds()
-    assert len(fds) == 2 and not q.has_unsynced
+    assert len(fds) == 1 and not q.has_unsynced  # only enq changed
     for fd in fds:
         os.fsync(fd)
     q.fsync()
     assert q.take_unsynced_fds() == []
+    # an ack and a push: a confirm-only flush (include_acks=False) leaves the ack file for later
+    q.ack(q.shift())
+    publish(store, [q], 1)
+    q.write_buffers()
+    enq_only = q.take_unsynced_fds(include_acks=False)
+    assert len(enq_only) == 1 and q.has_unsynced
+    ack_only = q.take_unsynced_fds()
+    assert len(ack_only) == 1 and ack_only != enq_only and not q.has_unsynced
+    q.mark_unsynced()  # a failed flush: both files are synced by the next one
+    assert len(q.take_unsynced_fds()) == 2
 
 
 def test_ready_entries_cost_about_eight_bytes(store: MessageStore) -> None:
