@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from .broker.alarms import parse_watermark
+
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -32,6 +34,10 @@ class Config:
     definitions_compact_deletes: int = 8192
     max_message_size: int = 128 * 1024 * 1024
     disk_free_limit: int = 50 * 1000 * 1000
+    # A fraction of RAM ("0.4") or a size ("512MiB"): above it publishers are blocked.
+    memory_high_watermark: str = "0.4"
+    # ms a delivery may stay unacknowledged before its channel is closed (0 = no limit).
+    consumer_timeout: int = 1_800_000
     frame_max: int = 131072
     channel_max: int = 2048
     heartbeat: int = 60
@@ -58,6 +64,12 @@ class Config:
             raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
         if self.max_message_size < 1:
             raise ConfigError("max_message_size must be positive")
+        if self.consumer_timeout < 0:
+            raise ConfigError(f"consumer_timeout must be 0 (off) or a number of ms, not {self.consumer_timeout}")
+        try:
+            parse_watermark(self.memory_high_watermark, total=1)
+        except ValueError as e:
+            raise ConfigError(str(e))
 
 
 _FIELDS = {f.name: f for f in fields(Config)}

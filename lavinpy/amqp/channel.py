@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pamqp import commands
 
+from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
 from ..broker.consumer import Consumer
 from ..broker.stream_queue import StreamQueue
+from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
 from . import writer
 from .constants import (
@@ -27,7 +29,7 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .errors import AMQPChannelError, AMQPConnectionError, AMQPError
-from .properties import decode_properties, replace_field
+from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ log = logging.getLogger("lavinpy.channel")
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
 _REPLY_TO_FLAG = 1 << 9
+_EXPIRATION_FLAG = 1 << 8
 _USER_ID_FLAG = 1 << 4
 
 
@@ -102,6 +105,9 @@ class Channel:
         self._confirm_upto = 0
         self._confirm_needs_sync = False
         self._confirm_chain: asyncio.Task | None = None
+        self._nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
+        # consumer timeout: (oldest unacked delivery tag, when the sweep first saw it)
+        self.oldest_unacked_seen: tuple[int, float] | None = None
         # transactions
         self.tx = False
         self._tx_publishes: list[PendingPublish] = []
@@ -250,7 +256,7 @@ class Channel:
         self._reset_content()
         assert method is not None
         try:
-            if properties[0] & 0x02 or properties[1] & 0x10:  # reply_to or user_id present
+            if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)
             if self.tx:
                 self._tx_publishes.append(
@@ -265,11 +271,23 @@ class Channel:
             self.publish_seq += 1
             self._confirm_upto = self.publish_seq
             if needs_sync:
-                self._confirm_needs_sync = True
+                if needs_sync is REJECTED:
+                    self._nacks.append(self.publish_seq)
+                else:
+                    self._confirm_needs_sync = True
             self.conn.confirms_pending.add(self)
 
     def _check_special_properties(self, properties: bytes) -> bytes:
         flags = (properties[0] << 8) | properties[1]
+        if flags & _EXPIRATION_FLAG:
+            try:
+                expiration = peek_expiration(properties)
+                if expiration is not None:
+                    parse_expiration(expiration)
+            except ArgumentError as e:
+                raise AMQPChannelError(PRECONDITION_FAILED, e.text, 60, 40)
+            except PropertiesError as e:
+                raise AMQPChannelError(PRECONDITION_FAILED, f"invalid expiration: {e}", 60, 40)
         if not flags & (_REPLY_TO_FLAG | _USER_ID_FLAG):
             return properties
         props = decode_properties(properties)
@@ -325,9 +343,26 @@ class Channel:
     def _send_ack(self, upto: int) -> None:
         if upto <= self._confirm_sent:
             return
+        if self._nacks:
+            self._send_confirm_runs(upto)
+            return
         multiple = upto - self._confirm_sent > 1
         self._confirm_sent = upto
         self.conn.send(writer.basic_ack(self.id, upto, multiple))
+
+    def _send_confirm_runs(self, upto: int) -> None:
+        """Confirms up to ``upto`` with refused publishes among them: acks in runs, a nack for each refusal."""
+        nacks = self._nacks
+        sent = self._confirm_sent
+        while nacks and nacks[0] <= upto:
+            seq = nacks.pop(0)
+            if seq - 1 > sent:
+                self.conn.send(writer.basic_ack(self.id, seq - 1, seq - 1 - sent > 1))
+            self.send_method(commands.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
+            sent = seq
+        if upto > sent:
+            self.conn.send(writer.basic_ack(self.id, upto, upto - sent > 1))
+        self._confirm_sent = upto
 
     # --- deliveries ---------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -386,8 +421,10 @@ class Channel:
                 item.consumer.unacked -= 1
             if requeue:
                 item.queue.requeue(item.pos)
-            else:
+            elif requeue is None or item.queue.is_stream:
                 item.queue.ack(item.pos)
+            else:
+                item.queue.reject(item.pos)  # dead-lettered (reason rejected) when the queue has a DLX
             touched.add(item.queue)
         for queue in touched:
             if queue.consumers:
@@ -557,9 +594,12 @@ class Channel:
         if queue.has_exclusive_consumer() or (m.exclusive and queue.consumers):
             raise AMQPChannelError(ACCESS_REFUSED, f"queue '{name}' in vhost '{self.vhost.name}' in exclusive use")
         args = dict(m.arguments or {})
+        try:
+            # x-stream-offset is checked by the stream itself (its own reply texts).
+            validate_consumer_arguments(args, queue=name, vhost=self.vhost.name)
+        except ArgumentError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         priority = args.get("x-priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid x-priority {priority!r}: must be an integer")
         if isinstance(queue, StreamQueue):
             queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
         consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
@@ -643,8 +683,8 @@ class Channel:
         settles, self._tx_settles = self._tx_settles, []
         needs_sync = False
         for p in publishes:
-            needs_sync |= self._route(self.vhost.get_exchange(p.exchange), p.routing_key, p.mandatory,
-                                      p.properties, p.body)
+            needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key, p.mandatory,
+                                           p.properties, p.body))
         for items, settle in settles:
             self._settle(items, settle)
         if needs_sync:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store.datadir import DataDir
+from . import consumer_timeout
+from .alarms import alarm_reason, parse_watermark
 from .users import UserStore
 from .vhost import VHost
 
@@ -58,21 +59,38 @@ class Broker:
         """Start the background tasks (needs a running event loop)."""
         for vhost in self.vhosts.values():
             vhost.start_flusher()
-        self._alarm_task = asyncio.get_running_loop().create_task(self._watch_resources())
+        loop = asyncio.get_running_loop()
+        self._alarm_task = loop.create_task(self._watch_resources())
+        self._timeout_task = loop.create_task(self._watch_consumer_timeouts())
+
+    async def _watch_consumer_timeouts(self) -> None:
+        while True:
+            await asyncio.sleep(consumer_timeout.SWEEP_INTERVAL)
+            try:
+                if consumer_timeout.sweep(self.connections, self.config.consumer_timeout):
+                    self._schedule()  # the channel.close frames go out now
+            except Exception:  # pragma: no cover - a bug here must not stop the sweeps
+                log.exception("consumer timeout sweep failed")
 
     async def _watch_resources(self, interval: float = 2.0) -> None:
         while True:
             self.check_resources()
             await asyncio.sleep(interval)
 
+    def set_resource_limits(self, *, memory_high_watermark: str | float | None = None,
+                            disk_free_limit: int | None = None) -> None:
+        """Change the alarm thresholds at run time (Python API); the alarm is re-evaluated at once."""
+        if memory_high_watermark is not None:
+            parse_watermark(memory_high_watermark)  # ValueError before anything changes
+            self.config.memory_high_watermark = str(memory_high_watermark)
+        if disk_free_limit is not None:
+            self.config.disk_free_limit = int(disk_free_limit)
+        self.check_resources()
+
     def check_resources(self) -> None:
-        """Raise or clear the free-disk alarm; blocked connections follow it."""
-        try:
-            free = shutil.disk_usage(self.datadir.path).free
-        except OSError:
-            return
-        limit = self.config.disk_free_limit
-        reason = f"low on disk: {free} bytes free, limit {limit}" if free < limit else None
+        """Raise or clear the free-disk and memory alarms; blocked connections follow them."""
+        reason = alarm_reason(self.datadir.path, self.config.disk_free_limit,
+                              parse_watermark(self.config.memory_high_watermark))
         if reason is None and self.blocked_reason is None:
             return
         if (reason is None) != (self.blocked_reason is None):
@@ -118,9 +136,10 @@ class Broker:
                 connection.flush_output()
 
     def close(self) -> None:
-        task = getattr(self, "_alarm_task", None)
-        if task is not None:
-            task.cancel()
+        for name in ("_alarm_task", "_timeout_task"):
+            task = getattr(self, name, None)
+            if task is not None:
+                task.cancel()
         for vhost in self.vhosts.values():
             vhost.close()
         (self.datadir.path / CLEAN_STOP_MARKER).write_text("1\n")

@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
+from .queue_features import QueueFeatures
 
 if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
+    from .arguments import QueueSettings
     from .consumer import Consumer
     from .vhost import VHost
 
@@ -19,7 +21,12 @@ log = logging.getLogger("lavinpy.queue")
 DELIVERY_BATCH = 256
 
 
-class Queue:
+class Queue(QueueFeatures):
+    """A classic queue. Optional features (TTL, limits, priorities, ...) live in ``QueueFeatures``;
+    ``special`` is False unless the queue uses one, and the hot paths below test only that flag."""
+
+    is_stream = False
+
     def __init__(
         self,
         vhost: VHost,
@@ -31,6 +38,7 @@ class Queue:
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
         recovered_redelivered: bool = False,
+        settings: QueueSettings | None = None,
     ) -> None:
         self.vhost = vhost
         self.name = name
@@ -49,6 +57,7 @@ class Queue:
         # messages recovered from disk (their delivery state was not persisted).
         self._redelivered: set[int] = set()
         self._recovered_left = index.ready_count if recovered_redelivered else 0
+        self.init_features(settings)
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r} vhost={self.vhost.name!r}>"
@@ -77,6 +86,9 @@ class Queue:
 
     # --- messages in --------------------------------------------------------------------------
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
+        if self.special:
+            self._push_special(pos, persistent, message)
+            return
         index = self.index
         if message is not None and self.consumers and not index.ready_count:
             # Nothing waiting: hand the message in hand straight to a consumer with capacity,
@@ -128,6 +140,9 @@ class Queue:
         """basic.get: the head message (now unacked), or None."""
         if self.closed:
             return None
+        self.touch()
+        if self.special:
+            return self._get_special()
         shifted = self._shift()
         if shifted is None:
             return None
@@ -139,6 +154,8 @@ class Queue:
 
     def deliver(self) -> bool:
         """Deliver ready messages to consumers with capacity; True if more could go out now."""
+        if self.special:
+            return self._deliver_special()
         budget = DELIVERY_BATCH
         index = self.index
         while budget and index.ready_count and self.consumers and not index.closed:
@@ -180,10 +197,15 @@ class Queue:
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
         if not self.deleted:
+            if self._delivery_counts:
+                self._delivery_counts.pop(pos, None)
             self.index.ack(pos)
 
     def requeue(self, pos: int) -> None:
         if self.deleted:
+            return
+        if self.special:
+            self._requeue_special(pos)
             return
         self.index.requeue(pos)
         self._redelivered.add(pos)
@@ -193,6 +215,7 @@ class Queue:
     def purge(self) -> int:
         count = self.index.purge()
         self._recovered_left = 0
+        self._ready_bytes = 0
         return count
 
     # --- consumers ----------------------------------------------------------------------------
@@ -200,6 +223,7 @@ class Queue:
         self.consumers.append(consumer)
         self._had_consumer = True
         self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
+        self.touch()
         self.vhost.schedule_delivery(self)
 
     def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
@@ -211,6 +235,10 @@ class Queue:
         self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
         if notify:
             consumer.channel.consumer_cancelled(consumer)
+        if not self.consumers:
+            self.touch()
+        elif self.settings.single_active_consumer and self.index.ready_count:
+            self.vhost.schedule_delivery(self)  # the next consumer in line is now the active one
         if self.auto_delete and self._had_consumer and not self.consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
 
@@ -221,6 +249,7 @@ class Queue:
         """Remove the queue's messages and files; consumers get basic.cancel."""
         count = self.index.ready_count
         self.deleted = True
+        self.stop_timers()
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             consumer.channel.consumer_cancelled(consumer)

@@ -22,14 +22,19 @@ from ..amqp.constants import (
     RESOURCE_LOCKED,
 )
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
-from ..amqp.properties import peek_delivery_mode, peek_headers, replace_headers
+from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
 from ..store.record import StoredMessage
 from ..store.stream_index import open_stream_index
 from ..store.vhost_store import VhostStore
+from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
+from .dead_lettering import dead_letter
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
+from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .policies import POLICIES_FILE, Policy, PolicyStore
+from .priority_index import open_priority_index
 from .queue import Queue
 from .stream_queue import StreamQueue, validate_stream_declare
 
@@ -47,6 +52,9 @@ BUILTIN_EXCHANGES = (
     ("amq.match", "headers"),
 )
 _HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
+_EXPIRATION_FLAG_HIGH = (1 << 8) >> 8  # the expiration bit within the first property-flags byte
+# vhost.publish's second value when a reject-publish queue refused the message: confirm with a nack.
+REJECTED = object()
 # Per durable queue, written at a clean stop: positions of ready messages that had been delivered.
 REDELIVERED_FILE = "redelivered"
 # Every this many flusher ticks, sealed segments' pages are dropped from the broker's mapping (RSS).
@@ -94,6 +102,10 @@ class VHost:
         self.queues: dict[str, Queue] = {}
         self._flush_task: asyncio.Task | None = None
         self.closed = False
+        self.policies = PolicyStore(path / POLICIES_FILE)
+        self.policies.subscribe(self._policy_changed)
+        # Exchange name -> alternate exchange name, when a policy (or argument) gives one.
+        self._alternates: dict[str, str] = {}
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self, unclean_stop: bool = False) -> None:
@@ -102,6 +114,12 @@ class VHost:
         self.exchanges[""] = self.default_exchange
         for name, type_name in BUILTIN_EXCHANGES:
             self.exchanges[name] = make_exchange(type_name, name, durable=True)
+        try:
+            self.policies.load()
+        except (OSError, ValueError) as e:
+            log.error("vhost %r: policies not loaded: %s", self.name, e)
+        # Delayed exchanges open their held-message index during the replay: before finish_recovery,
+        # which deletes the segments no open index references.
         for cmd in self.definitions.load():
             self._replay(cmd, unclean_stop)
         self.store.finish_recovery()
@@ -115,20 +133,23 @@ class VHost:
             if cmd.exchange in self.exchanges:
                 return
             try:
-                self.exchanges[cmd.exchange] = make_exchange(
+                exchange = make_exchange(
                     cmd.exchange_type, cmd.exchange, durable=True, auto_delete=cmd.auto_delete,
                     internal=cmd.internal, arguments=dict(cmd.arguments or {}))
-            except UnknownExchangeType:
-                log.error("vhost %r: exchange %r has unknown type %r; skipped", self.name,
-                          cmd.exchange, cmd.exchange_type)
-        elif isinstance(cmd, commands.Queue.Declare):
-            if (cmd.arguments or {}).get("x-queue-type") == "stream":
-                self.queues[cmd.queue] = StreamQueue(self, cmd.queue, open_stream_index(self.store, cmd.queue),
-                                                     arguments=dict(cmd.arguments or {}))
+            except (UnknownExchangeType, ArgumentError) as e:
+                log.error("vhost %r: exchange %r (type %r) skipped: %s", self.name,
+                          cmd.exchange, cmd.exchange_type, e)
                 return
-            index = self.store.open_queue(cmd.queue, durable=True)
+            self._add_exchange(exchange)
+        elif isinstance(cmd, commands.Queue.Declare):
+            arguments = dict(cmd.arguments or {})
+            if queue_type_of(arguments) == "stream":
+                self.queues[cmd.queue] = self._new_stream(cmd.queue, arguments)
+                return
+            settings = self._queue_settings(cmd.queue, arguments)
+            index = self._open_index(cmd.queue, True, settings)
             queue = Queue(self, cmd.queue, index, durable=True, auto_delete=cmd.auto_delete,
-                          arguments=dict(cmd.arguments or {}), recovered_redelivered=unclean_stop)
+                          arguments=arguments, recovered_redelivered=unclean_stop, settings=settings)
             marks = self.store.queue_path(cmd.queue) / REDELIVERED_FILE
             if marks.exists():
                 if not unclean_stop:
@@ -148,7 +169,12 @@ class VHost:
         if self.closed:
             return
         self.closed = True
+        for exchange in self.exchanges.values():
+            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
+                exchange.held.close()
         for queue in list(self.queues.values()):
+            if isinstance(queue, Queue):
+                queue.stop_timers()
             if not queue.durable:
                 self.store.delete_queue(queue.index)
             elif queue.index.durable:
@@ -165,6 +191,7 @@ class VHost:
 
     def start_flusher(self, interval: float = 0.2) -> None:
         """Flush periodically, so acks and un-confirmed publishes reach the disk without a client asking."""
+        self._start_timers()
         async def run() -> None:
             ticks = 0
             while not self.closed:
@@ -226,12 +253,28 @@ class VHost:
                                      internal=internal, arguments=arguments)
         except UnknownExchangeType:
             raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'")
+        except ArgumentError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         if durable:
             self.definitions.append(commands.Exchange.Declare(
                 exchange=name, exchange_type=type_name, durable=True, auto_delete=auto_delete,
                 internal=internal, arguments=arguments))
-        self.exchanges[name] = exchange
+        self._add_exchange(exchange)
         return exchange
+
+    def _add_exchange(self, exchange: Exchange) -> None:
+        self.exchanges[exchange.name] = exchange
+        if isinstance(exchange, DelayedExchange):
+            exchange.open_store(self.store, self._route_due)
+        self._update_alternate(exchange)
+
+    def _update_alternate(self, exchange: Exchange) -> None:
+        policy = self.policies.match(exchange.name, "exchange")
+        ae = alternate_exchange(exchange.arguments, policy.definition if policy else None)
+        if ae:
+            self._alternates[exchange.name] = ae
+        else:
+            self._alternates.pop(exchange.name, None)
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
@@ -244,6 +287,9 @@ class VHost:
         if if_unused and exchange.has_bindings():
             raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
+        self._alternates.pop(name, None)
+        if isinstance(exchange, DelayedExchange) and exchange.held is not None:
+            exchange.held.delete()
         self.generation += 1
         for other in list(self.exchanges.values()):
             if other.unbind_all(exchange):
@@ -343,12 +389,10 @@ class VHost:
                 if received != current:
                     raise _inequivalent(arg, "queue", name, self.name, received, current)
             _check_arguments("queue", name, self.name, arguments, existing.arguments)
+            if isinstance(existing, Queue):
+                existing.touch()  # a redeclare counts as use (x-expires)
             return existing
-        queue_type = arguments.get("x-queue-type", "classic")
-        if queue_type not in ("classic", "stream"):
-            raise AMQPChannelError(PRECONDITION_FAILED,
-                                   f"invalid arg 'x-queue-type' for queue '{name}' in vhost '{self.name}': "
-                                   f"queue type '{_fmt(queue_type)}' is not supported")
+        queue_type = queue_type_of(arguments)
         if queue_type == "stream":
             if server_named:
                 raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
@@ -356,18 +400,40 @@ class VHost:
                                     auto_delete=auto_delete, arguments=arguments)
             self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
                                                            arguments=arguments))
-            stream = StreamQueue(self, name, open_stream_index(self.store, name), arguments=arguments)
+            stream = self._new_stream(name, arguments)
             self.queues[name] = stream
             return stream  # type: ignore[return-value]
+        try:
+            validate_queue_arguments(arguments, queue=name, vhost=self.name, durable=durable,
+                                     exclusive=exclusive, auto_delete=auto_delete)
+        except ArgumentError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
+        settings = self._queue_settings(name, arguments)
         persist = durable and not exclusive
         if persist:
             self.definitions.append(commands.Queue.Declare(
                 queue=name, durable=True, auto_delete=auto_delete, arguments=arguments))
-        index = self.store.open_queue(name, durable=persist)
+        index = self._open_index(name, persist, settings)
         queue = Queue(self, name, index, durable=durable, exclusive_owner=owner if exclusive else None,
-                      auto_delete=auto_delete, arguments=arguments)
+                      auto_delete=auto_delete, arguments=arguments, settings=settings)
         self.queues[name] = queue
         return queue
+
+    def _new_stream(self, name: str, arguments: dict) -> StreamQueue:
+        stream = StreamQueue(self, name, open_stream_index(self.store, name), arguments=arguments)
+        stream.special = False  # type: ignore[attr-defined]  # read by publish's hot path
+        stream.is_stream = True  # type: ignore[attr-defined]
+        return stream
+
+    def _queue_settings(self, name: str, arguments: dict) -> QueueSettings:
+        policy = self.policies.match(name, "queue", queue_type_of(arguments))
+        return QueueSettings.resolve(arguments, policy.definition if policy else None,
+                                     policy.name if policy else None)
+
+    def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> Any:
+        if settings.is_priority_queue:
+            return open_priority_index(self.store, name, persist, settings.max_priority)  # type: ignore[arg-type]
+        return self.store.open_queue(name, durable=persist)
 
     def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         queue = self.queues.get(name)
@@ -406,9 +472,7 @@ class VHost:
         seen = {exchange.name}
         while not queues:
             # Unroutable: follow the alternate-exchange chain, each exchange once.
-            ae_name = exchange.arguments.get("alternate-exchange")
-            if isinstance(ae_name, bytes):
-                ae_name = ae_name.decode()
+            ae_name = self._alternates.get(exchange.name)
             if not ae_name or ae_name in seen:
                 break
             seen.add(ae_name)
@@ -419,21 +483,32 @@ class VHost:
             queues = exchange.route(routing_key, headers)
         return queues
 
-    def publish(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes) -> tuple[int, bool]:
-        """Route and store a message once; returns (queues reached, needs an fsync for its confirm)."""
+    def publish(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes) -> tuple[int, Any]:
+        """Route and store a message once; returns (queues reached, needs an fsync for its confirm).
+
+        The second value is ``REJECTED`` when a reject-publish queue refused the message (the
+        publisher's confirm is then a basic.nack).
+        """
         if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
             # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
             queue = self.queues.get(routing_key)
-            queues = () if queue is None else (queue,)
+            if queue is None:
+                return 0, False
+            if queue.special or properties[0] & _EXPIRATION_FLAG_HIGH:
+                return self._publish_to(exchange.name, routing_key, properties, body, (queue,))
+            queues: Iterable[Queue] = (queue,)
         else:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
-            queues = self.route(exchange, routing_key, headers)
-            if headers and "BCC" in headers:
-                headers = dict(headers)
-                del headers["BCC"]
-                properties = replace_headers(properties, headers)
-        if not queues:
-            return 0, False
+            if type(exchange) is DelayedExchange and exchange.hold(routing_key, properties, body, headers):
+                return 1, exchange.durable  # held until due; counted as routed
+            queues, properties = self._route_message(exchange, routing_key, properties, headers)
+            if not queues:
+                return 0, False
+            if properties[0] & _EXPIRATION_FLAG_HIGH:
+                return self._publish_to(exchange.name, routing_key, properties, body, queues)
+            for queue in queues:
+                if queue.special:
+                    return self._publish_to(exchange.name, routing_key, properties, body, queues)
         timestamp = time_ns() // 1_000_000
         messages = self.store.messages
         pos = messages.append(exchange.name, routing_key, properties, body, timestamp)
@@ -453,3 +528,89 @@ class VHost:
             # (an append is followed by its pushes) by letting the next roll-over reclaim it.
             return 0, False
         return reached, needs_sync
+
+    def _route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
+                       headers: dict | None) -> tuple[Any, bytes]:
+        """The queues a message reaches, and its properties without the BCC header."""
+        queues = self.route(exchange, routing_key, headers)
+        if headers and "BCC" in headers:
+            headers = dict(headers)
+            del headers["BCC"]
+            properties = replace_headers(properties, headers)
+        return queues, properties
+
+    def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
+                    queues: Iterable[Queue]) -> tuple[int, Any]:
+        """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
+        timestamp = time_ns() // 1_000_000
+        message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
+        expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
+        rejected = False
+        reached = 0
+        targets = []
+        for queue in queues:
+            if queue.index.closed:
+                continue
+            reached += 1
+            if queue.is_stream:
+                targets.append(queue)
+                continue
+            if expiring:
+                queue.enable_message_ttl()
+            if queue.special and queue.refuses(len(body)):
+                rejected = True
+                if queue.settings.overflow == "reject-publish-dlx":
+                    self.dead_letter(queue, message, "maxlen")
+                continue
+            targets.append(queue)
+        needs_sync = False
+        if targets:
+            pos = self.store.messages.append(exchange_name, routing_key, properties, body, timestamp)
+            persistent = peek_delivery_mode(properties) == 2
+            for queue in targets:
+                queue.push(pos, persistent, message)
+                if persistent and queue.durable:
+                    needs_sync = True
+        return reached, REJECTED if rejected else needs_sync
+
+    def _route_due(self, exchange: DelayedExchange, msg: StoredMessage) -> None:
+        """A delayed message is due: route it now, as a new record (its wait does not count as age)."""
+        if exchange.name not in self.exchanges:
+            return
+        try:
+            headers = peek_headers(msg.properties)
+        except PropertiesError as e:
+            log.warning("delayed exchange %r: dropping a message with malformed headers: %s", exchange.name, e)
+            return
+        queues, properties = self._route_message(exchange, msg.routing_key, msg.properties, headers)
+        if queues:
+            self._publish_to(exchange.name, msg.routing_key, properties, msg.body, queues)
+
+    def dead_letter(self, queue: Queue, msg: StoredMessage, reason: str) -> int:
+        """Send ``msg`` leaving ``queue`` to its dead-letter exchange (see ``dead_lettering``)."""
+        return dead_letter(self, queue, msg, reason)
+
+    # --- policies -----------------------------------------------------------------------------
+    def set_policy(self, name: str, pattern: str, definition: dict, priority: int = 0,
+                   apply_to: str = "all") -> Policy:
+        """Add or replace a policy (saved to policies.json); matching queues apply it at once."""
+        return self.policies.set(name, pattern, definition, priority, apply_to)
+
+    def delete_policy(self, name: str) -> bool:
+        return self.policies.delete(name)
+
+    def _policy_changed(self, _name: str) -> None:
+        for queue in list(self.queues.values()):
+            if isinstance(queue, Queue) and not queue.deleted:
+                queue.apply_settings(self._queue_settings(queue.name, queue.arguments))
+        for exchange in self.exchanges.values():
+            if exchange.name:
+                self._update_alternate(exchange)
+
+    def _start_timers(self) -> None:
+        for queue in self.queues.values():
+            if isinstance(queue, Queue):
+                queue.start_timers()
+        for exchange in self.exchanges.values():
+            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
+                exchange.held.arm()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lavinpy.broker.exchanges.base import Exchange
+from lavinpy.broker.exchanges.delayed import DelayedExchange
 from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange
 from lavinpy.broker.exchanges.headers import HeadersExchange
@@ -20,6 +21,7 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     FanoutExchange.type: FanoutExchange,
     TopicExchange.type: TopicExchange,
     HeadersExchange.type: HeadersExchange,
+    DelayedExchange.type: DelayedExchange,  # x-delayed-message (the delayed-message plugin's contract)
 }
 
 
