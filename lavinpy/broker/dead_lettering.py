@@ -1,6 +1,6 @@
 """Route a message that leaves a queue dead (rejected, expired, maxlen, delivery_limit) to its DLX.
 
-The copy gets RabbitMQ's ``x-death`` history (see ``deadletter``), is stored once with a fresh
+The copy gets RabbitMQ's ``x-death`` history (see ``death_headers``), is stored once with a fresh
 timestamp (TTLs of the dead-letter queue count from now), and is pushed to every queue the DLX
 routes it to, except queues that would close a fully automatic cycle. Dead-lettering is
 at-most-once, as in RabbitMQ: a missing DLX, no route, or a full reject-publish target drops it.
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers
 from ..store.record import StoredMessage
-from .deadletter import dead_letter_properties, death_routing_keys, should_drop_cycle
+from .death_headers import dead_letter_properties, death_routing_keys, should_drop_cycle
 from .ttl import now_ms
 
 if TYPE_CHECKING:
     from .queue import Queue
     from .vhost import VHost
 
-log = logging.getLogger("lavinpy.deadletter")
+log = logging.getLogger("lavinpy.dead_lettering")
 
 
 def dead_letter(vhost: VHost, queue: Queue, msg: StoredMessage, reason: str) -> int:

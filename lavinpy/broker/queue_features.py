@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..store.record import StoredMessage
 from .arguments import QueueSettings
-from .deadletter import delivery_count_properties
+from .death_headers import delivery_count_properties
 from .limits import body_bytes, over_limit, would_overflow
 from .priority_index import PriorityIndex, message_priority
 from .ttl import Timer, message_expiry, now_ms

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from lavinpy.amqp.properties import PropertiesError
 from lavinpy.broker.arguments import ArgumentError
-from lavinpy.broker.deadletter import decode_value, header_items, set_header, signedint, with_header_items
+from lavinpy.broker.death_headers import decode_value, header_items, set_header, signedint, with_header_items
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange
 from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange

@@ -8,7 +8,7 @@ import pytest
 from pamqp import commands
 
 from lavinpy.amqp.properties import decode_properties, encode_properties
-from lavinpy.broker.deadletter import (
+from lavinpy.broker.death_headers import (
     dead_letter_properties,
     death_routing_keys,
     delivery_count_properties,
