@@ -1,0 +1,211 @@
+"""Benchmark of the PySpark data source: batch write with confirms and batch read of a stream.
+
+    python bench/spark_bench.py                 # starts its own lavinpy, 1,000,000 rows each way
+    python bench/spark_bench.py --rows 200000   # quicker
+    python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
+
+Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
+workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately
+with a data source that discards its input (`spark_floor_*`). The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from pamqp import commands  # noqa: E402
+
+from lavinpy.spark.client import AMQPParams, Connection  # noqa: E402
+
+
+def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    with open(workdir / "lavinpy.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
+                                 "--amqp-port", str(port), "--http-port", "0", "--log-level", "warning"],
+                                cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"lavinpy did not start; see {workdir / 'lavinpy.log'}") from None
+            time.sleep(0.05)
+    return proc, f"amqp://guest:guest@127.0.0.1:{port}/"
+
+
+def declare_stream(url: str, name: str) -> None:
+    with Connection(AMQPParams.from_url(url)).open() as conn:
+        ch = conn.open_channel()
+        conn.call(ch, commands.Queue.Declare(queue=name, durable=True, arguments={"x-queue-type": "stream"}),
+                  commands.Queue.DeclareOk)
+
+
+def delete_queue(url: str, name: str) -> None:
+    with Connection(AMQPParams.from_url(url)).open() as conn:
+        ch = conn.open_channel()
+        conn.call(ch, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
+
+
+def make_spark() -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    from pyspark.sql import SparkSession
+
+    from lavinpy.spark import register
+
+    spark = (SparkSession.builder.master("local[2]").appName("lavinpy-spark-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def register_floor_sources(spark: Any) -> None:
+    """Data sources that do no I/O: what Spark itself costs per row on each path."""
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition
+
+    from lavinpy.spark.datasource import PublishedMessages
+    from lavinpy.spark.read_rows import read_schema
+
+    class Discard(DataSourceArrowWriter):
+        def write(self, iterator: Any) -> PublishedMessages:
+            return PublishedMessages(sum(batch.num_rows for batch in iterator))
+
+    class Generate(DataSourceReader):
+        def __init__(self, rows: int, body_bytes: int) -> None:
+            self.rows, self.body_bytes = rows, body_bytes
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(0), InputPartition(1)]
+
+        def read(self, partition: InputPartition) -> Any:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            schema = to_arrow_schema(read_schema(), timezone="UTC")
+            n = 8192
+            body = b"x" * self.body_bytes
+            batch = pa.RecordBatch.from_arrays(
+                [pa.array(range(n), pa.int64()), pa.array([body] * n, pa.binary()),
+                 pa.array(["rk"] * n, pa.string()), pa.array([""] * n, pa.string()),
+                 *[pa.nulls(n, f.type) for f in schema][4:]], schema=schema)
+            for _ in range(self.rows // 2 // n):
+                yield batch
+
+    class Floor(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "spark_floor"
+
+        def schema(self) -> Any:
+            return read_schema()
+
+        def writer(self, schema: Any, overwrite: bool) -> Discard:
+            return Discard()
+
+        def reader(self, schema: Any) -> Generate:
+            return Generate(int(self.options["rows"]), int(self.options["bodyBytes"]))
+
+    spark.dataSource.register(Floor)
+
+
+def bodies(spark: Any, rows: int, body_bytes: int, partitions: int) -> Any:
+    return spark.range(0, rows, 1, partitions).selectExpr(
+        f"cast(rpad(concat('event-', id, '-'), {body_bytes}, 'x') AS binary) AS body")
+
+
+def timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="use this broker instead of starting lavinpy")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--body-bytes", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=2, help="write tasks (local[2] runs 2 at a time)")
+    parser.add_argument("--max-in-flight", default="20000")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
+    proc = None
+    url = args.url
+    if url is None:
+        proc, url = start_lavinpy(workdir)
+    spark = make_spark()
+    register_floor_sources(spark)
+    results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
+                               else "lavinpy (started by the bench)"}
+    stream = f"bench-{uuid.uuid4().hex[:8]}"
+    warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+    try:
+        declare_stream(url, stream)
+        declare_stream(url, warm)
+        # Warm-up: JVM, Python workers, imports.
+        bodies(spark, 20_000, args.body_bytes, args.partitions).write.format("lavinpy").mode("append") \
+            .option("url", url).option("queue", warm).save()
+        spark.read.format("lavinpy").option("url", url).option("queue", warm).load().selectExpr("count(*)").collect()
+        bodies(spark, 20_000, args.body_bytes, 2).write.format("spark_floor").mode("append").save()
+
+        floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
+                        .format("spark_floor").mode("append").save())
+        write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
+                        .format("lavinpy").mode("append").option("url", url).option("queue", stream)
+                        .option("maxInFlight", args.max_in_flight).save())
+        print(f"write: {args.rows:,} rows in {write_s:.2f} s = {args.rows / write_s:,.0f} rows/s "
+              f"(Spark alone: {floor_w:.2f} s)", flush=True)
+
+        floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
+                        .option("bodyBytes", args.body_bytes).load()
+                        .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
+        result: list[Any] = []
+        read_s = timed(lambda: result.extend(
+            spark.read.format("lavinpy").option("url", url).option("queue", stream)
+            .option("maxMessagesPerPartition", str(-(-args.rows // 2))).load()
+            .selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()))
+        n = result[0].n
+        assert n == args.rows, f"read {n} rows, expected {args.rows}"
+        print(f"read:  {n:,} rows in {read_s:.2f} s = {n / read_s:,.0f} rows/s (Spark alone: {floor_r:.2f} s)",
+              flush=True)
+        results.update({
+            "write_rows_per_s": round(args.rows / write_s), "write_s": round(write_s, 2),
+            "read_rows_per_s": round(n / read_s), "read_s": round(read_s, 2),
+            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
+        })
+        delete_queue(url, stream)
+        delete_queue(url, warm)
+    finally:
+        spark.stop()
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

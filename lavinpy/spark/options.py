@@ -1,0 +1,171 @@
+"""The data source's options (all strings, case-insensitive keys) parsed into checked values.
+
+Parsing happens on the driver when the reader/writer is created, so a bad option fails the job
+at once with a message naming the option, instead of failing every task.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .client import AMQPParams
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+class OptionError(ValueError):
+    """An option of the lavinpy data source has a bad value."""
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _bool(opts: dict[str, str], key: str, default: bool) -> bool:
+    raw = opts.get(key.lower())
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(f"option {key}={raw!r}: expected true or false")
+
+
+def _int(opts: dict[str, str], key: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = opts.get(key.lower())
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(f"option {key}={raw!r}: expected an integer") from None
+    if value < minimum:
+        raise OptionError(f"option {key}={raw!r}: must be >= {minimum}")
+    return value
+
+
+def _float(opts: dict[str, str], key: str, default: float) -> float:
+    raw = opts.get(key.lower())
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise OptionError(f"option {key}={raw!r}: expected a number of seconds") from None
+    if value <= 0:
+        raise OptionError(f"option {key}={raw!r}: must be > 0")
+    return value
+
+
+def _params(opts: dict[str, str]) -> AMQPParams:
+    url = opts.get("url") or DEFAULT_URL
+    try:
+        return AMQPParams.from_url(url, timeout=_float(opts, "timeout", 30.0))
+    except ValueError as exc:
+        raise OptionError(f"option url: {exc}") from None
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    params: AMQPParams
+    exchange: str
+    routing_key: str
+    routing_key_column: str | None
+    confirm: bool
+    persistent: bool
+    mandatory: bool
+    max_in_flight: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        opts = _lower(options)
+        exchange = opts.get("exchange", "")
+        queue = opts.get("queue", "")
+        routing_key = opts.get("routingkey")
+        if routing_key is None:
+            # With the default exchange, `queue` is the natural target: its name is the routing key.
+            routing_key = queue if exchange == "" else ""
+        column = opts.get("routingkeycolumn") or None
+        if exchange == "" and not routing_key and column is None:
+            raise OptionError("set `exchange` (and `routingKey` or `routingKeyColumn`), or `queue` to publish "
+                              "through the default exchange straight into that queue")
+        return cls(params=_params(opts), exchange=exchange, routing_key=routing_key, routing_key_column=column,
+                   confirm=_bool(opts, "confirm", True), persistent=_bool(opts, "persistent", True),
+                   mandatory=_bool(opts, "mandatory", True),
+                   max_in_flight=_int(opts, "maxInFlight", 20000) or 20000)
+
+
+# Start positions. An int is an offset; these strings are the named positions.
+FIRST = "first"   # the oldest message still in the stream
+LAST = "last"     # the newest message now in the stream (inclusive)
+NEXT = "next"     # only messages published from now on
+LATEST = "latest"  # for endingOffset: the end of the stream when the query is planned
+
+_START_NAMES = {"first": FIRST, "earliest": FIRST, "last": LAST, "next": NEXT, "latest": NEXT}
+
+StartSpec = int | str | _dt.datetime
+
+
+def parse_start(raw: str | None) -> StartSpec:
+    """startingOffset: first|earliest (default), last, next|latest, an offset, or an ISO-8601 time."""
+    if raw is None or raw.strip() == "":
+        return FIRST
+    value = raw.strip()
+    named = _START_NAMES.get(value.lower())
+    if named is not None:
+        return named
+    try:
+        offset = int(value)
+    except ValueError:
+        pass
+    else:
+        if offset < 0:
+            raise OptionError(f"option startingOffset={raw!r}: offsets are >= 0")
+        return offset
+    try:
+        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise OptionError(f"option startingOffset={raw!r}: expected first, last, next, an offset or an "
+                          f"ISO-8601 time such as 2024-05-01T12:00:00Z") from None
+    return when if when.tzinfo else when.replace(tzinfo=_dt.UTC)
+
+
+def parse_end(raw: str | None) -> int | str:
+    """endingOffset (batch reads): latest (default) or an offset, exclusive."""
+    if raw is None or raw.strip() == "" or raw.strip().lower() in ("latest", "last"):
+        return LATEST
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise OptionError(f"option endingOffset={raw!r}: expected latest or an offset (exclusive)") from None
+    if value < 0:
+        raise OptionError(f"option endingOffset={raw!r}: offsets are >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    params: AMQPParams
+    queue: str
+    starting_offset: StartSpec
+    ending_offset: int | str
+    max_messages_per_trigger: int | None
+    max_messages_per_partition: int
+    prefetch: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        opts = _lower(options)
+        queue = opts.get("queue", "")
+        if not queue:
+            raise OptionError("option `queue` is required for reading: the name of a stream queue")
+        return cls(params=_params(opts), queue=queue,
+                   starting_offset=parse_start(opts.get("startingoffset")),
+                   ending_offset=parse_end(opts.get("endingoffset")),
+                   max_messages_per_trigger=_int(opts, "maxMessagesPerTrigger", None),
+                   max_messages_per_partition=_int(opts, "maxMessagesPerPartition", 500_000) or 500_000,
+                   prefetch=_int(opts, "prefetch", 2000) or 2000)

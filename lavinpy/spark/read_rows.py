@@ -1,0 +1,119 @@
+"""Stream deliveries -> Arrow record batches in the read schema (or any subset of its columns).
+
+Batches are built with exactly the Arrow schema Spark derives from the Spark schema (Spark checks
+equality), so read() can hand Spark record batches instead of Python tuples.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .streams import Delivery
+
+# The columns of a read, in order. Property columns use the names the writer accepts, so a read
+# DataFrame can be written back unchanged.
+READ_SCHEMA_DDL = (
+    "offset LONG, body BINARY, routing_key STRING, exchange STRING, headers MAP<STRING, STRING>, "
+    "content_type STRING, content_encoding STRING, delivery_mode INT, priority INT, correlation_id STRING, "
+    "reply_to STRING, expiration STRING, message_id STRING, timestamp TIMESTAMP, type STRING, user_id STRING, "
+    "app_id STRING"
+)
+COLUMNS = ("offset", "body", "routing_key", "exchange", "headers", "content_type", "content_encoding",
+           "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
+           "type", "user_id", "app_id")
+# Index into Delivery.properties (wire.PROPERTY_NAMES order) of each property column.
+_PROPERTY_INDEX = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
+                   "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "timestamp": 9,
+                   "type": 10, "user_id": 11, "app_id": 12}
+BATCH_ROWS = 8192
+
+
+def read_schema() -> Any:
+    """The Spark StructType of a read (built by hand: parsing DDL needs a SparkContext, and
+    the data source's methods run in Python workers that have none)."""
+    from pyspark.sql import types as T  # noqa: N812 - Spark's own convention
+
+    string = T.StringType()
+    special = {"offset": T.LongType(), "body": T.BinaryType(), "headers": T.MapType(string, string),
+               "delivery_mode": T.IntegerType(), "priority": T.IntegerType(), "timestamp": T.TimestampType()}
+    return T.StructType([T.StructField(name, special.get(name, string)) for name in COLUMNS])
+
+
+def check_schema(schema: Any) -> None:
+    """A user-given read schema must be a subset of the read columns with the same types."""
+    full = {f.name: f.dataType for f in read_schema().fields}
+    for field in schema.fields:
+        if field.name not in full:
+            raise ValueError(f"column {field.name!r} is not produced by the lavinpy source; its columns are "
+                             f"{', '.join(COLUMNS)}")
+        if field.dataType != full[field.name]:
+            raise ValueError(f"column {field.name!r} must have type {full[field.name].simpleString()}, "
+                             f"not {field.dataType.simpleString()}")
+
+
+def header_text(value: Any) -> str | None:
+    """Header values as strings (the column is map<string, string>)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+class BatchBuilder:
+    """Collects deliveries column by column and emits record batches of `arrow_schema`."""
+
+    def __init__(self, arrow_schema: pa.Schema, batch_rows: int = BATCH_ROWS) -> None:
+        self.schema = arrow_schema
+        self.names = list(arrow_schema.names)
+        self.batch_rows = batch_rows
+
+    def batches(self, deliveries: Iterable[Delivery]) -> Iterator[pa.RecordBatch]:
+        rows: list[Delivery] = []
+        for delivery in deliveries:
+            rows.append(delivery)
+            if len(rows) >= self.batch_rows:
+                yield self.build(rows)
+                rows = []
+        if rows:
+            yield self.build(rows)
+
+    def build(self, rows: list[Delivery]) -> pa.RecordBatch:
+        # Transpose once (C speed): rows -> columns -> property columns.
+        offsets, exchanges, routing_keys, properties, bodies = zip(*rows, strict=True)
+        columns: dict[str, tuple[Any, ...]] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
+                                               "exchange": exchanges}
+        if any(name in _PROPERTY_INDEX for name in self.names):
+            for name, values in zip(_PROPERTY_INDEX, zip(*properties, strict=True), strict=False):
+                columns[name] = values
+        n = len(rows)
+        arrays = [self._array(name, columns[name], field.type, n)
+                  for name, field in zip(self.names, self.schema, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    @staticmethod
+    def _array(name: str, values: tuple[Any, ...], arrow_type: pa.DataType, n: int) -> pa.Array:
+        if name in _PROPERTY_INDEX and values.count(None) == n:
+            return pa.nulls(n, arrow_type)
+        if name == "headers":
+            try:
+                return pa.array(values, type=arrow_type)  # dicts of strings: converted in C
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                return pa.array([None if h is None else {k: header_text(v) for k, v in h.items()} for h in values],
+                                type=arrow_type)
+        if name == "timestamp":  # AMQP seconds -> microseconds
+            seconds = pa.array(values, type=pa.int64())
+            return pc.multiply(seconds, 1_000_000).cast(arrow_type)
+        return pa.array(values, type=arrow_type)

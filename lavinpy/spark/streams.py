@@ -1,0 +1,447 @@
+"""Reading stream queues over plain AMQP 0-9-1 (the contract RabbitMQ and lavinpy implement).
+
+- a consumer picks its start with the consume argument `x-stream-offset` (an offset, "first",
+  "last", "next" or a timestamp), must set a prefetch and use manual acks (acks are credit);
+- every delivery carries its offset in the `x-stream-offset` header;
+- messages are never removed by consumers: reading a range twice yields the same messages, which
+  is what makes Spark's checkpointed replay exact.
+
+Offsets here are always *exclusive ends* / *next offset to read*, as in Kafka: a range
+[start, end) holds the messages with start <= offset < end.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from pamqp import commands
+
+from . import wire
+from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
+
+OFFSET_HEADER = "x-stream-offset"
+_BASIC_CANCEL = (60 << 16) | 30
+_CONSUME_OK = (60 << 16) | 21
+_EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream counts as empty
+_END_IDLE_S = 0.05       # quiet time that ends the read of the last chunk in end_offset()
+_END_MAX_S = 1.0         # end_offset() stops chasing a busy stream after this long
+_STALL_PROBE_S = 5.0     # a range reader idle this long checks whether retention removed its range
+
+
+class StreamReadError(AMQPClientError):
+    """The queue cannot be read as a stream (missing, not a stream, cancelled...)."""
+
+
+class NotAStreamError(StreamReadError):
+    pass
+
+
+def not_a_stream(queue: str, detail: str) -> NotAStreamError:
+    return NotAStreamError(
+        f"queue {queue!r} is not a stream queue ({detail}). The lavinpy Spark source reads only stream "
+        f"queues, which keep their messages so that offset ranges can be read and replayed: declare a "
+        f"durable queue with the argument x-queue-type=stream, bind it like the classic queue, and read "
+        f"that instead.")
+
+
+class Delivery(NamedTuple):
+    """One stream message. A tuple, because a reader creates hundreds of thousands per second."""
+
+    offset: int
+    exchange: str
+    routing_key: str
+    properties: list[Any]  # ordered as wire.PROPERTY_NAMES; headers without x-stream-offset
+    body: bytes
+
+
+class StreamClient:
+    """Stream operations on one queue through one Connection (opened lazily, reopened on failure)."""
+
+    def __init__(self, params: AMQPParams, queue: str, prefetch: int = 2000) -> None:
+        self.params = params
+        self.queue = queue
+        self.prefetch = max(1, min(prefetch, 65535))
+        self._conn: Connection | None = None
+
+    # --- connection -------------------------------------------------------------------------------
+    @property
+    def conn(self) -> Connection:
+        if self._conn is None or self._conn.sock is None:
+            self._conn = Connection(self.params).open()
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> StreamClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retrying(self, fn: Any, *args: Any) -> Any:
+        """Run fn once more on a fresh connection if the connection was lost (driver-side probes)."""
+        try:
+            return fn(*args)
+        except BrokerClosed as exc:
+            if exc.scope == "connection":
+                self.close()
+            raise
+        except ConnectionLost:
+            self.close()
+            return fn(*args)
+
+    # --- queue checks -----------------------------------------------------------------------------
+    def message_count(self) -> int:
+        """queue.declare-ok's message count (passive); StreamReadError if the queue is missing."""
+        return self._retrying(self._message_count)
+
+    def _message_count(self) -> int:
+        conn = self.conn
+        ch = conn.open_channel()
+        try:
+            ok = conn.call(ch, commands.Queue.Declare(queue=self.queue, passive=True), commands.Queue.DeclareOk)
+        except BrokerClosed as exc:
+            if exc.reply_code == 404:
+                raise StreamReadError(f"queue {self.queue!r} not found in vhost {self.params.vhost!r}: declare it "
+                                      f"as a stream queue (durable, x-queue-type=stream) first") from exc
+            raise StreamReadError(f"cannot inspect queue {self.queue!r}: {exc.reply_code} {exc.reply_text}") from exc
+        conn.close_channel(ch)
+        return int(ok.message_count)
+
+    def check_is_stream(self) -> None:
+        """Refuse queues that are certainly not streams (classic, quorum...).
+
+        The only side-effect-free signal over AMQP 0-9-1 is a re-declare with x-queue-type=stream:
+        it succeeds on a stream without other arguments and fails with 406 naming the first
+        argument that differs otherwise. A mismatch on x-queue-type or on durable/exclusive/
+        auto_delete proves the queue is not a stream; a mismatch on another argument (a stream
+        with retention settings, or a classic queue with x-max-length...) is inconclusive, and
+        then the first delivery decides: a delivery without an x-stream-offset header raises
+        NotAStreamError (see _deliveries).
+        """
+        self.message_count()  # 404 -> clear error first
+        conn = self.conn
+        ch = conn.open_channel()
+        try:
+            conn.call(ch, commands.Queue.Declare(queue=self.queue, durable=True,
+                                                 arguments={"x-queue-type": "stream"}), commands.Queue.DeclareOk)
+        except BrokerClosed as exc:
+            if exc.scope == "connection":
+                self.close()
+                raise
+            text = exc.reply_text
+            if exc.reply_code == 406 and ("'x-queue-type'" in text or "queue type" in text):
+                raise not_a_stream(self.queue, text) from exc
+            if exc.reply_code == 406 and any(f"'{arg}'" in text for arg in ("durable", "exclusive", "auto_delete")):
+                raise not_a_stream(self.queue, text) from exc
+            return  # inconclusive (other arguments, or no configure permission)
+        conn.close_channel(ch)
+
+    # --- offsets ----------------------------------------------------------------------------------
+    def first_offset(self, wait: float | None = None) -> int | None:
+        """Offset of the oldest message still in the stream, or None if it stays empty for `wait`."""
+        return self._retrying(self._probe, "first", _EMPTY_PROBE_S if wait is None else wait)
+
+    def offset_at(self, when: _dt.datetime, wait: float | None = None) -> int | None:
+        """First offset at or after a time (the broker's timestamp lookup), None if nothing is newer."""
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=_dt.UTC)
+        return self._retrying(self._probe, when, _EMPTY_PROBE_S if wait is None else wait)
+
+    def _probe(self, spec: Any, wait: float) -> int | None:
+        """Offset of the first delivery of a consumer started at `spec`, or None after `wait`."""
+        ch = self._consume(spec, prefetch=1)
+        try:
+            for delivery in self._deliveries(ch, first_wait=wait, idle_wait=wait):
+                return delivery.offset
+            return None
+        finally:
+            self.conn.close_channel(ch)
+
+    def end_offset(self) -> int | None:
+        """The offset after the last message now in the stream (exclusive end); None if empty.
+
+        Robust against both brokers' semantics and against retention moving the head:
+        1. queue.declare-ok gives the message count c (lavinpy: exact; RabbitMQ: always 0).
+        2. If c > 0, the oldest offset F is probed and F + c - 1 is the expected last offset; a
+           consumer starts *at* that offset, so it gets one message (or a few, if more arrived or
+           the count lagged, as RabbitMQ's does) instead of a whole chunk or segment.
+        3. If c == 0 (empty, or a broker that does not count stream messages) or the estimate
+           pointed past the end (retention moved F between 1 and 2), a consumer starts at "last"
+           -- the last message or the start of the last chunk, depending on the broker.
+        Either consumer reads until deliveries pause for 50 ms (at most 1 s), and only an offset
+        seen in a delivery is returned, never the estimate itself, so readers are never asked to
+        wait for messages that do not exist.
+        """
+        return self._retrying(self._end_offset)
+
+    def _end_offset(self) -> int | None:
+        count = self._message_count()
+        start: Any = "last"
+        if count > 0:
+            first = self._probe("first", self.params.timeout)
+            if first is None:
+                return None
+            start = first + count - 1
+        last = self._read_to_quiet(start, self.params.timeout if count > 0 else _EMPTY_PROBE_S)
+        if last is None and start != "last":
+            last = self._read_to_quiet("last", _EMPTY_PROBE_S)  # the estimate was past the end
+        return None if last is None else last + 1
+
+    def _read_to_quiet(self, spec: Any, first_wait: float) -> int | None:
+        """Highest offset delivered to a consumer started at spec before deliveries pause.
+
+        Bounded in time so that a busy stream cannot keep the probe running.
+        """
+        ch = self._consume(spec, prefetch=self.prefetch)
+        last = None
+        deadline = time.monotonic() + _END_MAX_S
+        try:
+            for delivery in self._deliveries(ch, first_wait=first_wait, idle_wait=_END_IDLE_S):
+                last = delivery.offset if last is None else max(last, delivery.offset)
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            self.conn.close_channel(ch)
+        return last
+
+    # --- reading ----------------------------------------------------------------------------------
+    def read_range(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[Delivery]:
+        """Yield every message with start <= offset < end, in offset order, then stop.
+
+        Messages removed by retention are skipped: if the reader is idle for a while, it checks the
+        stream's oldest offset and ends early when the rest of the range is gone.
+        """
+        if end <= start:
+            return
+        ch = self._consume(start, prefetch=self.prefetch)
+        last_seen = start - 1
+        self._stalled_since: float | None = None
+        try:
+            while True:
+                stalled = True
+                for delivery in self._deliveries(ch, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
+                    stalled = False
+                    offset = delivery.offset
+                    if offset < start:
+                        continue  # a broker may start at the beginning of the chunk holding `start`
+                    if offset >= end:
+                        return
+                    last_seen = offset
+                    self._stalled_since = None
+                    yield delivery
+                    if offset == end - 1:
+                        return
+                if stalled and self._range_gone(last_seen + 1, end, stall_timeout):
+                    return
+        finally:
+            if self._conn is not None and self._conn.sock is not None:
+                try:
+                    self._conn.close_channel(ch)
+                except AMQPClientError:
+                    self.close()
+
+    def _range_gone(self, next_offset: int, end: int, stall_timeout: float) -> bool:
+        """After a stall: True if retention removed [next_offset, end); raises after stall_timeout."""
+        with StreamClient(self.params, self.queue, prefetch=1) as probe:
+            first = probe.first_offset()
+        if first is None or first >= end:
+            return True
+        if self._stalled_since is None:
+            self._stalled_since = time.monotonic()
+        if time.monotonic() - self._stalled_since > stall_timeout:
+            raise StreamReadError(f"no message from stream {self.queue!r} for {stall_timeout:.0f}s while reading "
+                                  f"offsets {next_offset}..{end - 1} (the oldest offset is {first})")
+        return False
+
+    # --- consumer primitives ----------------------------------------------------------------------
+    def _consume(self, spec: Any, prefetch: int) -> int:
+        conn = self.conn
+        ch = conn.open_channel()
+        try:
+            conn.call(ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+            conn.send(wire.frame(wire.FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
+            conn.wait_method_id(ch, _CONSUME_OK)
+        except BrokerClosed as exc:
+            if exc.scope == "connection":
+                self.close()
+            if exc.reply_code == 404:
+                raise StreamReadError(f"queue {self.queue!r} not found in vhost {self.params.vhost!r}") from exc
+            raise StreamReadError(f"cannot consume from {self.queue!r} at {spec!r}: "
+                                  f"{exc.reply_code} {exc.reply_text}") from exc
+        return ch
+
+    def _deliveries(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[Delivery]:
+        """Deliveries on channel ch until none arrives for idle_wait (first_wait for the first).
+
+        Whole messages (deliver + header + one body frame) are parsed straight from the receive
+        buffer (_parse_complete_messages); anything else -- a body split over frames, a message cut
+        by the end of a read, a frame for another channel, a close -- goes through the generic
+        frame path (_Assembler). Acks (multiple) every half prefetch: for a stream an ack is
+        credit, not removal.
+        """
+        conn = self.conn
+        buf = conn.rbuf
+        ack_every = max(1, self.prefetch // 2)
+        unacked = 0
+        wait = first_wait
+        assembler = _Assembler(ch, self.queue)
+        while True:
+            got: list[tuple[int, Delivery]] = []
+            if assembler.idle and not conn.has_backlog:
+                consumed = _parse_complete_messages(buf, ch, got)
+                if consumed:
+                    del buf[:consumed]
+            if conn.has_backlog or _complete_frame_at_front(buf):
+                for frame in conn.read_frames(0):
+                    item = assembler.feed(frame)
+                    if item is not None:
+                        got.append(item)
+            if got:
+                for tag, delivery in got:
+                    if delivery.offset is None:
+                        raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
+                    unacked += 1
+                    if unacked >= ack_every:
+                        conn.send(wire.ack_frame(ch, tag, True))
+                        unacked = 0
+                    yield delivery
+                wait = idle_wait
+                continue
+            if not conn.wait_readable(wait):
+                return
+            wait = idle_wait
+
+
+def _split_offset(props: list[Any]) -> int | None:
+    """Take x-stream-offset out of the headers (it becomes the offset column)."""
+    headers = props[2]
+    if not headers:
+        return None
+    offset = headers.pop(OFFSET_HEADER, None)
+    if not headers:
+        props[2] = None
+    return offset if isinstance(offset, int) else None
+
+
+_FRAME_HEAD = struct.Struct(">BHI")
+_METHOD_HEAD = struct.Struct(">BHIHH")            # frame type, channel, size, class id, method id
+_CONTENT_HEAD = struct.Struct(">BHIHHQH")         # ... class id, weight, body size, property flags
+_U64 = struct.Struct(">Q")
+
+
+def _complete_frame_at_front(buf: bytearray) -> bool:
+    if len(buf) < 8:
+        return False
+    return len(buf) >= 8 + _FRAME_HEAD.unpack_from(buf, 0)[2]
+
+
+def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Delivery]]) -> int:
+    """Parse whole single-body-frame deliveries on ch from the front of buf; returns bytes used.
+
+    Stops at the first thing that is not such a complete message (left to the generic path).
+    """
+    size = len(buf)
+    pos = 0
+    method_head = _METHOD_HEAD.unpack_from
+    content_head = _CONTENT_HEAD.unpack_from
+    frame_head = _FRAME_HEAD.unpack_from
+    decode_properties = wire.decode_properties
+    while size - pos >= 22:
+        ftype, fch, flen, cls, mth = method_head(buf, pos)
+        h = pos + 8 + flen  # start of the next frame
+        if ftype != 1 or fch != ch or cls != 60 or mth != 60 or size - h < 22 or buf[h - 1] != 206:
+            break
+        ftype, fch, hlen, _cls, _weight, body_size, flags = content_head(buf, h)
+        b = h + 8 + hlen
+        if ftype != 2 or fch != ch or b > size or buf[b - 1] != 206:
+            break
+        if body_size:
+            if size - b < 8:
+                break
+            ftype, fch, blen = frame_head(buf, b)
+            next_pos = b + 8 + blen
+            if ftype != 3 or fch != ch or blen != body_size or next_pos > size or buf[next_pos - 1] != 206:
+                break
+            body = bytes(buf[b + 7:next_pos - 1])
+        else:
+            body = b""
+            next_pos = b
+        # basic.deliver arguments: consumer tag, delivery tag, redelivered, exchange, routing key
+        p = pos + 12 + buf[pos + 11]
+        tag = _U64.unpack_from(buf, p)[0]
+        n = buf[p + 9]
+        exchange = buf[p + 10:p + 10 + n].decode()
+        p += 10 + n
+        n = buf[p]
+        routing_key = buf[p + 1:p + 1 + n].decode()
+        props = decode_properties(buf, h + 21, flags)
+        out.append((tag, Delivery(_split_offset(props), exchange, routing_key, props, body)))
+        pos = next_pos
+    return pos
+
+
+class _Assembler:
+    """The generic path: builds deliveries from frames, whatever their split."""
+
+    def __init__(self, ch: int, queue: str) -> None:
+        self.ch = ch
+        self.queue = queue
+        self.pending: tuple[int, str, str] | None = None
+        self.props: list[Any] = []
+        self.size = 0
+        self.parts: list[bytes] = []
+        self.got = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.pending is None
+
+    def feed(self, frame: tuple[int, int, bytes]) -> tuple[int, Delivery] | None:
+        ftype, fch, payload = frame
+        if fch != self.ch:
+            return None
+        if ftype == wire.FRAME_METHOD:
+            mid = wire.method_id(payload)
+            if mid == wire.BASIC_DELIVER:
+                tag, _redelivered, exchange, routing_key = wire.parse_deliver(payload)
+                self.pending = (tag, exchange, routing_key)
+                self.parts = []
+                self.got = 0
+            elif mid == _BASIC_CANCEL:
+                raise StreamReadError(f"the broker cancelled the consumer on {self.queue!r} (queue deleted?)")
+            return None
+        if self.pending is None:
+            return None
+        if ftype == wire.FRAME_HEADER:
+            self.size, flags = wire.parse_header(payload)
+            self.props = wire.decode_properties(payload, 14, flags)
+            if self.size:
+                return None
+        elif ftype == wire.FRAME_BODY:
+            self.parts.append(payload)
+            self.got += len(payload)
+            if self.got < self.size:
+                return None
+        else:
+            return None
+        tag, exchange, routing_key = self.pending
+        self.pending = None
+        body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        return tag, Delivery(_split_offset(self.props), exchange, routing_key, self.props, body)
+
+
+_U16 = struct.Struct(">H")
+
+
+def _consume_payload(queue: str, arguments: dict[str, Any]) -> bytes:
+    """basic.consume with manual ack; integers in arguments go as signed 64-bit ('l')."""
+    return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + wire.encode_shortstr(queue) + wire.encode_shortstr("")
+            + b"\x00" + wire.encode_table(arguments))

@@ -1,0 +1,1 @@
+"""Tests of the PySpark data source lavinpy.spark (marker `spark`)."""

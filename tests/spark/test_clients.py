@@ -1,0 +1,197 @@
+"""The connector's AMQP clients without Spark: wire codec, options, confirms, failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from lavinpy.spark import wire
+from lavinpy.spark.client import AMQPParams, BrokerClosed, Connection
+from lavinpy.spark.options import FIRST, LAST, NEXT, OptionError, ReadOptions, WriteOptions, parse_start
+from lavinpy.spark.publisher import ConfirmPublisher, PublishError
+
+from .conftest import EXTERNAL_URL, REPO_ROOT, _free_port, _port_open, drain, unique
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
+
+
+def test_field_table_round_trip() -> None:
+    table = {"s": "text", "i": -5, "big": 1 << 40, "t": True, "f": 1.5, "b": b"\x00raw",
+             "ts": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "d": Decimal("12.34"),
+             "nested": {"a": [1, "two", None]}, "none": None}
+    encoded = wire.encode_table(table)
+    assert wire.decode_table(encoded, 4, len(encoded)) == table
+
+
+def test_properties_round_trip() -> None:
+    raw = wire.encode_properties(content_type="application/json", headers={"k": "v"}, delivery_mode=2, priority=7,
+                                 correlation_id="c", reply_to="r", expiration="1000", message_id="m",
+                                 timestamp=1700000000, type="t", user_id="guest", app_id="a", content_encoding="gzip")
+    flags = int.from_bytes(raw[:2], "big")
+    props = wire.decode_properties(raw, 2, flags)
+    assert dict(zip(wire.PROPERTY_NAMES, props, strict=True)) == {
+        "content_type": "application/json", "content_encoding": "gzip", "headers": {"k": "v"}, "delivery_mode": 2,
+        "priority": 7, "correlation_id": "c", "reply_to": "r", "expiration": "1000", "message_id": "m",
+        "timestamp": 1700000000, "type": "t", "user_id": "guest", "app_id": "a", "cluster_id": None}
+
+
+def test_url_and_options() -> None:
+    p = AMQPParams.from_url("amqp://u%40x:p%3Aw@example.test:5673/my%2Fvhost")
+    assert (p.username, p.password, p.host, p.port, p.vhost) == ("u@x", "p:w", "example.test", 5673, "my/vhost")
+    assert AMQPParams.from_url("amqp://h").vhost == "/"
+    assert AMQPParams.from_url("amqp://h/%2f").vhost == "/"
+    with pytest.raises(ValueError, match="only amqp://"):
+        AMQPParams.from_url("amqps://h/")
+    w = WriteOptions.parse({"QUEUE": "jobs", "Confirm": "false", "maxInFlight": "100"})
+    assert (w.exchange, w.routing_key, w.confirm, w.persistent, w.mandatory, w.max_in_flight) == \
+        ("", "jobs", False, True, True, 100)
+    with pytest.raises(OptionError, match="maxInFlight"):
+        WriteOptions.parse({"queue": "q", "maxInFlight": "0"})
+    with pytest.raises(OptionError, match="exchange"):
+        WriteOptions.parse({})
+    r = ReadOptions.parse({"queue": "s", "startingOffset": "42", "endingOffset": "100"})
+    assert (r.starting_offset, r.ending_offset) == (42, 100)
+    assert parse_start(None) == FIRST and parse_start("earliest") == FIRST
+    assert parse_start("last") == LAST and parse_start("latest") == NEXT and parse_start("next") == NEXT
+    assert parse_start("2024-05-01T12:00:00Z") == dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
+    with pytest.raises(OptionError, match="startingOffset"):
+        parse_start("yesterday")
+    with pytest.raises(OptionError, match="queue"):
+        ReadOptions.parse({})
+
+
+def test_split_range() -> None:
+    pytest.importorskip("pyspark")
+    from lavinpy.spark.datasource import split_range
+
+    parts = split_range(10, 1_010, 300)
+    assert [(p.start, p.end) for p in parts] == [(10, 260), (260, 510), (510, 760), (760, 1010)]
+    assert split_range(5, 5, 10) == []
+    assert [(p.start, p.end) for p in split_range(0, 3, 10)] == [(0, 3)]
+
+
+def test_bad_credentials_and_vhost_fail_clearly(broker) -> None:
+    base = AMQPParams.from_url(broker.url)
+    with pytest.raises(BrokerClosed) as info:
+        Connection(dataclasses.replace(base, password="wrong")).open()
+    assert info.value.reply_code == 403
+    with pytest.raises(BrokerClosed) as info:
+        Connection(dataclasses.replace(base, vhost="no-such-vhost")).open()
+    assert info.value.reply_code in (402, 530)
+
+
+def test_publisher_confirms_everything(broker, admin) -> None:
+    queue = unique("spark-q")
+    admin.queue_declare(queue, durable=True)
+    with Connection(AMQPParams.from_url(broker.url)).open() as conn:
+        pub = ConfirmPublisher(conn, max_in_flight=500)
+        for i in range(5000):
+            pub.publish("", queue, b"m%d" % i, wire.encode_properties(delivery_mode=2))
+        pub.wait_for_confirms()
+        assert pub.unconfirmed == 0 and pub.published == 5000
+        pub.close()
+    assert sorted(int(b[1:]) for _, _, b in drain(broker.url, queue, 5000)) == list(range(5000))
+
+
+def test_publisher_reports_nacks(broker, admin) -> None:
+    queue = unique("spark-q")
+    admin.queue_declare(queue, durable=True, arguments={"x-max-length": 5, "x-overflow": "reject-publish"})
+    with Connection(AMQPParams.from_url(broker.url)).open() as conn:
+        pub = ConfirmPublisher(conn)
+        try:
+            for _ in range(20):
+                pub.publish("", queue, b"x")
+            pub.wait_for_confirms()
+        except PublishError as exc:
+            assert "nacked" in str(exc)
+            return
+    pytest.skip("the broker accepted messages past x-max-length with x-overflow=reject-publish, so nothing was "
+                "nacked (see test_confirm_tracking_with_nacks for the client side)")
+
+
+class _FakeConnection:
+    """Just enough of Connection for ConfirmPublisher: scripted incoming frames."""
+
+    frame_max = 131072
+    params = AMQPParams()
+
+    def __init__(self) -> None:
+        self.incoming: list[tuple[int, int, bytes]] = []
+
+    def open_channel(self) -> int:
+        return 1
+
+    def call(self, *args: object) -> None:
+        return None
+
+    def send(self, data: bytes) -> None:
+        pass
+
+    def read_frames(self, timeout: float | None) -> list[tuple[int, int, bytes]]:
+        frames, self.incoming = self.incoming, []
+        return frames
+
+
+def _ack(tag: int, multiple: bool, nack: bool = False) -> tuple[int, int, bytes]:
+    method_id = 120 if nack else 80
+    payload = (60).to_bytes(2, "big") + method_id.to_bytes(2, "big") + tag.to_bytes(8, "big")
+    return (wire.FRAME_METHOD, 1, payload + (b"\x01" if multiple else b"\x00"))
+
+
+def test_confirm_tracking_with_nacks() -> None:
+    conn = _FakeConnection()
+    pub = ConfirmPublisher(conn, max_in_flight=100)  # type: ignore[arg-type]
+    for _ in range(10):
+        pub.publish("", "q", b"x")
+    conn.incoming = [_ack(3, False), _ack(2, True), _ack(5, False), _ack(4, False)]
+    pub._pump(0)
+    assert pub.unconfirmed == 5 and pub._acked_upto == 5
+    conn.incoming = [_ack(10, True)]
+    pub.wait_for_confirms()
+    assert pub.unconfirmed == 0
+    pub.publish("", "q", b"x")
+    pub.publish("", "q", b"x")
+    conn.incoming = [_ack(11, False), _ack(12, False, nack=True)]
+    with pytest.raises(PublishError, match="nacked 1 of 12 messages \\(first delivery tag 12\\)"):
+        pub.wait_for_confirms()
+
+
+@pytest.mark.skipif(bool(EXTERNAL_URL), reason="kills its own broker process")
+def test_connection_drop_leaves_messages_unconfirmed_and_fails(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(tmp_path / "data"), "--amqp-port",
+                             str(port), "--http-port", "0", "--log-level", "error"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_open(port):
+            assert proc.poll() is None and time.monotonic() < deadline, "lavinpy did not start"
+            time.sleep(0.05)
+        conn = Connection(AMQPParams.from_url(f"amqp://guest:guest@127.0.0.1:{port}/", timeout=10)).open()
+        pub = ConfirmPublisher(conn, mandatory=False, max_in_flight=1_000_000)
+        killer = threading.Timer(0.3, lambda: proc.send_signal(signal.SIGKILL))
+        killer.start()
+        with pytest.raises(PublishError, match="left unconfirmed") as info:
+            body = b"y" * 1000
+            for _ in range(2_000_000):
+                pub.publish("", "", body)  # default exchange, empty routing key: dropped, still confirmed
+            pub.wait_for_confirms()
+        assert "at-least-once" in str(info.value)
+        killer.join()
+        conn.abort()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
