@@ -278,9 +278,11 @@ class AMQPConnection(asyncio.Protocol):
         channel.handle_frame(frame)
 
     def _open_channel(self, channel_id: int) -> None:
-        if channel_id > self.channel_max:
-            raise AMQPConnectionError(NOT_ALLOWED, f"channel {channel_id} is above the negotiated "
-                                                   f"channel_max {self.channel_max}")
+        # RabbitMQ counts the open channels against channel_max; any number 1..65535 may be used
+        # (aiormq's test suite opens channel 65535 on a connection tuned to channel_max 2047).
+        if len(self.channels) >= self.channel_max:
+            raise AMQPConnectionError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has "
+                                                   f"reached the negotiated channel_max ({self.channel_max})")
         self.channels[channel_id] = Channel(self, channel_id)
         self.send(writer.method_frame(channel_id, commands.Channel.OpenOk()))
 
