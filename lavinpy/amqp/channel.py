@@ -549,7 +549,9 @@ class Channel:
         name = self._queue_name(m.queue)
         self.conn.check_permission("write", "queue", name)
         self.conn.check_permission("read", "exchange", m.exchange)
-        self._owned_queue(name)
+        queue = self.vhost.queues.get(name)
+        if queue is not None:  # unbinding from a queue that is gone is fine (as RabbitMQ)
+            self.vhost.check_exclusive(queue, self.conn)
         self.vhost.unbind_queue(name, m.exchange, m.routing_key, m.arguments)
         self.send_method(commands.Queue.UnbindOk())
 
@@ -661,7 +663,12 @@ class Channel:
         self.send_method(commands.Basic.RecoverOk())
 
     def on_basic_recover_async(self, m: Any) -> None:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, "basic.recover_async is deprecated", 60, 100)
+        """Deprecated, but RabbitMQ still serves it: basic.recover without a reply."""
+        if not m.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 100)
+        items = list(self.unacked.items())
+        self.unacked.clear()
+        self._settle(items, True)
 
     def on_confirm_select(self, m: commands.Confirm.Select) -> None:
         if self.tx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -250,8 +251,15 @@ class Queue(QueueFeatures):
         count = self.index.ready_count
         self.deleted = True
         self.stop_timers()
-        for consumer in list(self.consumers):
-            self.consumers.remove(consumer)
-            consumer.channel.consumer_cancelled(consumer)
+        consumers, self.consumers = self.consumers, []
+        if consumers:
+            # After the deleting channel's queue.delete-ok, as RabbitMQ: some clients (py-amqp)
+            # treat a basic.cancel that arrives before that reply as an error of the delete.
+            asyncio.get_running_loop().call_soon(_cancel_consumers, consumers)
         self.vhost.store.delete_queue(self.index)
         return count
+
+
+def _cancel_consumers(consumers: list[Consumer]) -> None:
+    for consumer in consumers:
+        consumer.channel.consumer_cancelled(consumer)

@@ -229,6 +229,8 @@ class VHost:
                          auto_delete: bool = False, internal: bool = False,
                          arguments: dict | None = None) -> Exchange:
         arguments = dict(arguments or {})
+        if name == "":
+            raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -317,9 +319,12 @@ class VHost:
 
     def unbind_queue(self, queue_name: str, exchange_name: str, routing_key: str,
                      arguments: dict | None) -> None:
-        queue = self.get_queue(queue_name)
-        exchange = self.get_exchange(exchange_name)
-        self._check_bindable(exchange)
+        queue = self.queues.get(queue_name)
+        exchange = self.exchanges.get(exchange_name)
+        if exchange is not None:
+            self._check_bindable(exchange)
+        if queue is None or exchange is None:
+            return  # as RabbitMQ: removing a binding that cannot exist is not an error
         arguments = dict(arguments or {})
         if exchange.unbind(queue, routing_key, arguments):
             if queue.durable and exchange.durable and not queue.exclusive:
@@ -339,10 +344,13 @@ class VHost:
 
     def unbind_exchange(self, destination: str, source: str, routing_key: str,
                         arguments: dict | None) -> None:
-        dest = self.get_exchange(destination)
-        src = self.get_exchange(source)
-        self._check_bindable(dest)
-        self._check_bindable(src)
+        dest = self.exchanges.get(destination)
+        src = self.exchanges.get(source)
+        for exchange in (dest, src):
+            if exchange is not None:
+                self._check_bindable(exchange)
+        if dest is None or src is None:
+            return  # as RabbitMQ: removing a binding that cannot exist is not an error
         arguments = dict(arguments or {})
         if src.unbind(dest, routing_key, arguments):
             if src.durable and dest.durable:
@@ -359,11 +367,14 @@ class VHost:
 
     def check_exclusive(self, queue: Queue, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
-            raise AMQPChannelError(
-                RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
-                "It could be originally declared on another connection or the exclusive property "
-                "value does not match that of the original declaration.")
+            raise self._locked(queue.name)
+
+    def _locked(self, name: str) -> AMQPChannelError:
+        return AMQPChannelError(
+            RESOURCE_LOCKED,
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
+            "It could be originally declared on another connection or the exclusive property "
+            "value does not match that of the original declaration.")
 
     @staticmethod
     def generate_queue_name() -> str:
@@ -383,8 +394,10 @@ class VHost:
             raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if existing is not None:
             self.check_exclusive(existing, owner)
+            if exclusive != existing.exclusive:
+                # As RabbitMQ: exclusivity is a lock, not an argument to compare.
+                raise self._locked(name)
             for arg, received, current in (("durable", durable, existing.durable),
-                                           ("exclusive", exclusive, existing.exclusive),
                                            ("auto_delete", auto_delete, existing.auto_delete)):
                 if received != current:
                     raise _inequivalent(arg, "queue", name, self.name, received, current)

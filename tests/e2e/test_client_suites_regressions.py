@@ -1,8 +1,7 @@
 """Regressions found by running the client libraries' own test suites (aiormq, aio-pika, py-amqp,
 kombu) against lavinpy.
 
-Each test names the client test that found it. Tests marked xfail describe a difference from
-RabbitMQ that is not fixed yet; remove the marker with the fix.
+Each test names the client test that found it and pins the RabbitMQ behaviour it expects.
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ def test_channel_max_counts_open_channels_only(broker):
         assert "channel_max" in close.reply_text
 
 
-@pytest.mark.xfail(reason="broker: exchange.declare of the default exchange must be 403 (vhost.declare_exchange)",
-                   strict=False)
 @pytest.mark.parametrize("passive", [True, False])
 def test_declare_default_exchange_is_access_refused(broker, passive):
     """aiormq tests/test_connection.py::test_channel_closed_reuse: RabbitMQ's check_not_default_exchange
@@ -53,8 +50,6 @@ def test_declare_default_exchange_is_access_refused(broker, passive):
         assert close.reply_code == 403
 
 
-@pytest.mark.xfail(reason="broker: an exclusive mismatch on redeclare must be 405 (vhost.declare_queue)",
-                   strict=False)
 def test_redeclare_exclusive_queue_as_non_exclusive_is_resource_locked(broker):
     """aiormq tests/test_channel.py::test_exclusive_queue_locked: RabbitMQ checks exclusive ownership
     (strict) before the other properties, so a non-exclusive redeclare from the owning connection gets
@@ -70,8 +65,6 @@ def test_redeclare_exclusive_queue_as_non_exclusive_is_resource_locked(broker):
         assert close.reply_code == 405
 
 
-@pytest.mark.xfail(reason="broker: basic.recover-async requeue=true is still supported by RabbitMQ (channel.py)",
-                   strict=False)
 def test_recover_async_requeues_without_reply(broker):
     """aiormq tests/test_nowait.py::test_basic_recover_nowait[True]: basic.recover-async with
     requeue=true requeues the unacked messages and has no reply; the connection stays open."""
@@ -89,8 +82,6 @@ def test_recover_async_requeues_without_reply(broker):
         assert again is not None and again[0].redelivered and again[2] == b"m1"
 
 
-@pytest.mark.xfail(reason="broker: unbind of a missing queue/exchange must be unbind-ok (vhost.unbind_*)",
-                   strict=False)
 @pytest.mark.parametrize("missing", ["queue", "exchange"])
 def test_queue_unbind_of_missing_resource_is_ok(broker, missing):
     """aio-pika tests/test_rpc.py (RPC.close unbinds its auto-delete reply queue after cancelling its
@@ -109,8 +100,6 @@ def test_queue_unbind_of_missing_resource_is_ok(broker, missing):
         c.call(1, commands.Queue.Unbind(queue=q, exchange=x, routing_key="k"), commands.Queue.UnbindOk)
 
 
-@pytest.mark.xfail(reason="broker: queue.delete-ok must come before the basic.cancel of the deleting channel",
-                   strict=False)
 def test_queue_delete_ok_comes_before_own_consumer_cancel(broker):
     """kombu t/integration/test_py_amqp.py::test_PyAMQPEventLoop::test_ack_from_another_thread deletes a
     queue from the channel that consumes from it. In RabbitMQ the channel gets delete-ok from the queue
