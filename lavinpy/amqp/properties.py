@@ -13,8 +13,6 @@ from pamqp import commands
 from pamqp import decode as _decode
 from pamqp import encode as _encode
 
-_U16 = int.from_bytes
-
 # Property flag bits of class basic (bit 15 first), and how each field is encoded.
 _SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = 0, 1, 2, 3
 FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -43,39 +41,9 @@ class PropertiesError(ValueError):
 def properties_length(buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None) -> int:
     """Length in bytes of the property block starting at ``offset`` (flags included).
 
-    Walks the flags and skips each present field by its length prefix; tables are not decoded.
+    Skips each present field by its length prefix; tables are not decoded (see ``properties_end``).
     """
-    if end is None:
-        end = len(buf)
-    pos = offset
-    flag_words = []
-    while True:
-        if pos + 2 > end:
-            raise PropertiesError("property flags truncated")
-        flags = _U16(buf[pos:pos + 2], "big")
-        pos += 2
-        flag_words.append(flags)
-        if not flags & _CONTINUATION:
-            break
-    flags = flag_words[0]
-    for _name, bit, kind in FIELDS:
-        if not flags & bit:
-            continue
-        if kind == _SHORTSTR:
-            if pos >= end:
-                raise PropertiesError("property field truncated")
-            pos += 1 + buf[pos]
-        elif kind == _TABLE:
-            if pos + 4 > end:
-                raise PropertiesError("property table truncated")
-            pos += 4 + int.from_bytes(buf[pos:pos + 4], "big")
-        elif kind == _OCTET:
-            pos += 1
-        else:
-            pos += 8
-        if pos > end:
-            raise PropertiesError("property field truncated")
-    return pos - offset
+    return properties_end(buf, offset, len(buf) if end is None else end) - offset
 
 
 # --- Fast walking, peeks and edits on the raw block -------------------------------------------------
