@@ -7,7 +7,8 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import CorruptRecord, StoredMessage
+from ..store.record import StoredMessage
+from .queue_base import QueueBase
 from .queue_features import QueueFeatures
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ log = logging.getLogger("lavinpy.queue")
 DELIVERY_BATCH = 256
 
 
-class Queue(QueueFeatures):
+class Queue(QueueBase, QueueFeatures):
     """A classic queue. Optional features (TTL, limits, priorities, ...) live in ``QueueFeatures``;
     ``special`` is False unless the queue uses one, and the hot paths below test only that flag."""
 
@@ -60,24 +61,10 @@ class Queue(QueueFeatures):
         self._recovered_left = index.ready_count if recovered_redelivered else 0
         self.init_features(settings)
 
-    def __repr__(self) -> str:
-        return f"<Queue {self.name!r} vhost={self.vhost.name!r}>"
-
     # --- state --------------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
         return self.index.ready_count
-
-    @property
-    def consumer_count(self) -> int:
-        return len(self.consumers)
-
-    @property
-    def closed(self) -> bool:
-        return self.index.closed
-
-    def is_unused(self) -> bool:
-        return not self.consumers
 
     def redelivered_positions(self) -> list[int]:
         return sorted(self._redelivered)
@@ -122,14 +109,6 @@ class Queue(QueueFeatures):
             self._recovered_left -= 1
             return pos, True
         return pos, False
-
-    def read(self, pos: int) -> StoredMessage | None:
-        """Read a record; a damaged one closes this queue (and only this queue)."""
-        try:
-            return self.vhost.store.messages.read(pos)
-        except (CorruptRecord, KeyError) as e:
-            self.close_damaged(f"unreadable message at segment position {pos:#x}: {e}")
-            return None
 
     def close_damaged(self, reason: str) -> None:
         if not self.index.closed:
@@ -242,9 +221,6 @@ class Queue(QueueFeatures):
             self.vhost.schedule_delivery(self)  # the next consumer in line is now the active one
         if self.auto_delete and self._had_consumer and not self.consumers and not self.deleted:
             self.vhost.delete_queue(self.name)
-
-    def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.consumers)
 
     def delete(self) -> int:
         """Remove the queue's messages and files; consumers get basic.cancel."""

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..amqp.properties import peek_headers, replace_headers
-from ..store.record import CorruptRecord, StoredMessage
+from ..store.record import StoredMessage
+from .queue_base import QueueBase
 
 if TYPE_CHECKING:
     from ..store.stream_index import StreamIndex
@@ -191,7 +192,7 @@ def with_stream_offset(properties: bytes, offset: int) -> bytes:
 
 # --- the queue ---------------------------------------------------------------------------------
 
-class StreamQueue:
+class StreamQueue(QueueBase):
     """Used by the vhost and channels in place of a ``Queue`` for ``x-queue-type: stream``."""
 
     durable = True
@@ -219,24 +220,10 @@ class StreamQueue:
         self._tail_segment = self._last_segment()
         self.apply_retention()
 
-    def __repr__(self) -> str:
-        return f"<StreamQueue {self.name!r} vhost={self.vhost.name!r}>"
-
     # --- state --------------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
         return self.index.count
-
-    @property
-    def consumer_count(self) -> int:
-        return len(self.consumers)
-
-    @property
-    def closed(self) -> bool:
-        return self.index.closed
-
-    def is_unused(self) -> bool:
-        return not self.consumers
 
     def redelivered_positions(self) -> list[int]:
         return []  # stream deliveries are never marked redelivered
@@ -292,14 +279,6 @@ class StreamQueue:
             self.vhost.schedule_delivery(self)
 
     # --- messages out -------------------------------------------------------------------------
-    def read(self, pos: int) -> StoredMessage | None:
-        """Read a record; a damaged one closes this stream (and only this stream)."""
-        try:
-            return self.vhost.store.messages.read(pos)
-        except (CorruptRecord, KeyError) as e:
-            self.close_damaged(f"unreadable message at segment position {pos:#x}: {e}")
-            return None
-
     def close_damaged(self, reason: str) -> None:
         if not self.index.closed:
             self.index.mark_closed(reason)
@@ -396,9 +375,6 @@ class StreamQueue:
         self._cursors.pop(consumer, None)
         if notify:
             consumer.channel.consumer_cancelled(consumer)
-
-    def has_exclusive_consumer(self) -> bool:
-        return any(c.exclusive for c in self.consumers)
 
     def delete(self) -> int:
         """Remove the stream's log and files; consumers get basic.cancel."""
