@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING
 
 from lavinpy.amqp.properties import PropertiesError, peek_priority
 from lavinpy.store.message_store import MissingRecord
-from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex, _segment_counts
+from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex
 from lavinpy.store.record import CorruptRecord
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
     from lavinpy.store.vhost_store import VhostStore
 
-_LOW32 = 0xFFFFFFFF
 MAX_PRIORITY = 255
 
 
@@ -123,13 +122,7 @@ class PriorityIndex(QueueIndex):
         if level_no > self._top:
             self._top = level_no
         self._ready_count += 1
-        pending = self._enq_pending
-        if pending is not None:
-            if persistent:
-                pending.append(pos)
-            else:
-                self._transient.add(pos)
-        self._incref(pos & _LOW32)
+        self._record_push(pos, persistent)
 
     def peek(self) -> int | None:
         top = self._top_level()
@@ -179,15 +172,7 @@ class PriorityIndex(QueueIndex):
                 level.purge()
         self._ready_count = 0
         self._top = -1
-        pending = self._ack_pending
-        if pending is not None:
-            if self._transient:
-                self._transient.difference_update(removed)
-            pending.extend(removed)
-        for segment, n in _segment_counts(removed).items():
-            self._decref(segment, n)
-        if self._ack_file_full():
-            self.compact()
+        self._record_removed(removed)
         return count
 
     def ready_by_priority(self) -> dict[int, int]:

@@ -224,6 +224,10 @@ class QueueIndex:
             self._chunks.append(tail)
         tail.append(pos)
         self._ready_count += 1
+        self._record_push(pos, persistent)
+
+    def _record_push(self, pos: int, persistent: bool) -> None:
+        """Files and references of a message that became ready (shared by every index kind)."""
         pending = self._enq_pending
         if pending is not None:
             if persistent:
@@ -231,6 +235,18 @@ class QueueIndex:
             else:
                 self._transient.add(pos)
         self._incref(pos & _LOW32)
+
+    def _record_removed(self, removed: array) -> None:
+        """Files and references of ready messages removed at once (purge), then maybe compact."""
+        pending = self._ack_pending
+        if pending is not None:
+            if self._transient:
+                self._transient.difference_update(removed)
+            pending.extend(removed)
+        for segment, n in _segment_counts(removed).items():
+            self._decref(segment, n)
+        if self._ack_file_full():
+            self.compact()
 
     def peek(self) -> int | None:
         """The next message to deliver, or None; leaves it ready."""
@@ -309,15 +325,7 @@ class QueueIndex:
         self._chunks.append(self._tail)
         self._head = 0
         self._ready_count = 0
-        pending = self._ack_pending
-        if pending is not None:
-            if self._transient:
-                self._transient.difference_update(removed)
-            pending.extend(removed)
-        for segment, n in _segment_counts(removed).items():
-            self._decref(segment, n)
-        if self._ack_file_full():
-            self.compact()
+        self._record_removed(removed)
         return count
 
     def _ack_file_full(self) -> bool:

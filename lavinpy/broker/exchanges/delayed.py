@@ -37,7 +37,7 @@ from lavinpy.broker.exchanges.headers import HeadersExchange
 from lavinpy.broker.exchanges.topic import TopicExchange
 from lavinpy.broker.priority_index import open_custom_index
 from lavinpy.store.message_store import MissingRecord
-from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex, _segment_counts
+from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex
 from lavinpy.store.record import CorruptRecord, StoredMessage
 
 if TYPE_CHECKING:
@@ -53,7 +53,6 @@ INNER_TYPES: dict[str, type[Exchange]] = {
     cls.type: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)}
 _POS_BITS = 64
 _POS_MASK = (1 << _POS_BITS) - 1
-_LOW32 = 0xFFFFFFFF
 
 
 def now_ms() -> int:
@@ -132,13 +131,7 @@ class DelayedIndex(QueueIndex):
     def push(self, pos: int, persistent: bool = True, due_ms: int = 0) -> None:
         heapq.heappush(self._heap, (due_ms << _POS_BITS) | pos)
         self._ready_count += 1
-        pending = self._enq_pending
-        if pending is not None:
-            if persistent:
-                pending.append(pos)
-            else:
-                self._transient.add(pos)
-        self._incref(pos & _LOW32)
+        self._record_push(pos, persistent)
 
     def next_due(self) -> int | None:
         """Due time (ms since the epoch) of the earliest held message, or None."""
@@ -176,15 +169,7 @@ class DelayedIndex(QueueIndex):
         removed = self._ready_array()
         self._heap.clear()
         self._ready_count = 0
-        pending = self._ack_pending
-        if pending is not None:
-            if self._transient:
-                self._transient.difference_update(removed)
-            pending.extend(removed)
-        for segment, n in _segment_counts(removed).items():
-            self._decref(segment, n)
-        if self._ack_file_full():
-            self.compact()
+        self._record_removed(removed)
         return count
 
     def __iter__(self) -> Iterator[int]:
