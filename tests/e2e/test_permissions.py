@@ -81,8 +81,9 @@ def user(env: Env, name: str) -> str:
     return f"{name}-{env.suffix}"
 
 
-def refused(kind: str, name: str, env: Env, who: str) -> str:
-    return (f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '{env.vhost}' refused for user "
+def refused(permission: str, kind: str, name: str, env: Env, who: str) -> str:
+    """RabbitMQ's text: "ACCESS_REFUSED - write access to exchange 'x' in vhost '/' refused for user 'u'"."""
+    return (f"ACCESS_REFUSED - {permission} access to {kind} '{name}' in vhost '{env.vhost}' refused for user "
             f"'{user(env, who)}'")
 
 
@@ -155,15 +156,15 @@ def test_declare_without_configure_is_403(env, pclients):
     name = uid("q")
     with channel_closed(403) as c:
         ch.queue_declare(name)
-    assert c.reply_text == refused("queue", name, env, "ro")
+    assert c.reply_text == refused("configure", "queue", name, env, "ro")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.exchange_declare("newx", "direct")
-    assert c.reply_text == refused("exchange", "newx", env, "ro")
+    assert c.reply_text == refused("configure", "exchange", "newx", env, "ro")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_delete("pq")
-    assert c.reply_text == refused("queue", "pq", env, "ro")
+    assert c.reply_text == refused("configure", "queue", "pq", env, "ro")
 
 
 def test_publish_without_write_is_403(env, pclients):
@@ -171,13 +172,13 @@ def test_publish_without_write_is_403(env, pclients):
     with channel_closed(403) as c:
         ch.basic_publish("px", "k", b"x")
         ch.basic_qos(prefetch_count=0)
-    assert c.reply_text == refused("exchange", "px", env, "ro")
+    assert c.reply_text == refused("write", "exchange", "px", env, "ro")
     # the default exchange is checked as 'amq.default'
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_publish("", "pq", b"x")
         ch.basic_qos(prefetch_count=0)
-    assert c.reply_text == refused("exchange", "amq.default", env, "ro")
+    assert c.reply_text == refused("write", "exchange", "amq.default", env, "ro")
 
 
 def test_get_and_consume_without_read_are_403(env, pclients):
@@ -186,15 +187,15 @@ def test_get_and_consume_without_read_are_403(env, pclients):
     ch.basic_qos(prefetch_count=0)
     with channel_closed(403) as c:
         ch.basic_get("pq")
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_consume("pq", lambda *a: None)
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_purge("pq")  # purge needs read permission
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     # the reader can read what wo wrote
     _, rch = pclients.channel(env.url(user(env, "ro")))
     assert b"from-wo" in bodies(get_all(rch, "pq"))
@@ -213,11 +214,11 @@ def test_regex_limited_user(env, pclients):
     other = uid("q")
     with channel_closed(403) as c:
         ch.queue_declare(other)
-    assert c.reply_text == refused("queue", other, env, "lim")
+    assert c.reply_text == refused("configure", "queue", other, env, "lim")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_get("pq")
-    assert c.reply_text == refused("queue", "pq", env, "lim")
+    assert c.reply_text == refused("read", "queue", "pq", env, "lim")
 
 
 def test_bind_needs_write_on_queue_and_read_on_exchange(env, pclients):
@@ -226,11 +227,11 @@ def test_bind_needs_write_on_queue_and_read_on_exchange(env, pclients):
     ch.queue_unbind("bq-1", "bx-1", "k")
     with channel_closed(403) as c:
         ch.queue_bind("other-q", "bx-1", "k")
-    assert c.reply_text == refused("queue", "other-q", env, "binder")
+    assert c.reply_text == refused("write", "queue", "other-q", env, "binder")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_bind("bq-1", "other-x", "k")
-    assert c.reply_text == refused("exchange", "other-x", env, "binder")
+    assert c.reply_text == refused("read", "exchange", "other-x", env, "binder")
 
 
 def test_refused_channel_does_not_hurt_connection(env, pclients):
