@@ -46,6 +46,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "wo": ("", ".*", ""),
         "lim": ("^lim-.*", "^lim-.*", "^lim-.*"),
         "binder": ("", "^bq-.*", "^bx-.*"),
+        "mine": ("^mine", "^mine", "^mine"),
+        "noread": (".*", ".*", ""),
     }
     for name, (c, w, r) in users.items():
         admin.add_user(f"{name}-{suffix}", PASSWORD)
@@ -241,3 +243,68 @@ def test_refused_channel_does_not_hurt_connection(env, pclients):
     ch = conn.channel()
     ch.queue_declare("pq", passive=True)
     assert conn.is_open
+
+
+# --- declares that name an exchange to publish to later (dead-letter, alternate) ---------------------
+
+def test_dead_letter_exchange_argument_needs_write_on_it(env, pclients):
+    """The hole: a user limited to ^mine dead-lettered its own messages into another user's queue."""
+    conn, ch = pclients.channel(env.url(user(env, "mine")))
+    name = "mine-" + uid("q")
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": "px", "x-dead-letter-routing-key": "k"})
+    assert c.reply_text == refused("write", "exchange", "px", env, "mine")
+    # the default exchange is checked as amq.default, as for publishes
+    ch = conn.channel()
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": ""})
+    assert c.reply_text == refused("write", "exchange", "amq.default", env, "mine")
+    # nothing was declared, and the connection goes on: an exchange it may write to is fine
+    ch = conn.channel()
+    with channel_closed(404):
+        ch.queue_declare(name, passive=True)
+    ch = conn.channel()
+    ch.queue_declare(name, auto_delete=True, arguments={"x-dead-letter-exchange": "mine-dlx"})
+    assert conn.is_open
+
+
+def test_dead_letter_exchange_argument_needs_read_on_the_queue(env, pclients):
+    _, ch = pclients.channel(env.url(user(env, "noread")))
+    name = uid("q")
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": "px"})
+    assert c.reply_text == refused("read", "queue", name, env, "noread")
+
+
+def test_refused_dead_letter_route_delivers_nothing_to_other_queue(env, pclients):
+    _, full = pclients.channel(env.url(user(env, "full")))
+    victim = uid("victim")
+    full.queue_declare(victim, auto_delete=True)
+    full.queue_bind(victim, "px", victim)
+    _, ch = pclients.channel(env.url(user(env, "mine")))
+    with channel_closed(403):
+        ch.queue_declare("mine-" + uid("q"), exclusive=True, arguments={
+            "x-dead-letter-exchange": "px", "x-dead-letter-routing-key": victim, "x-message-ttl": 0})
+    assert full.queue_declare(victim, passive=True).method.message_count == 0
+
+
+def test_alternate_exchange_argument_needs_write_on_it(env, pclients):
+    conn, ch = pclients.channel(env.url(user(env, "mine")))
+    name = "mine-" + uid("x")
+    with channel_closed(403) as c:
+        ch.exchange_declare(name, "fanout", arguments={"alternate-exchange": "px"})
+    assert c.reply_text == refused("write", "exchange", "px", env, "mine")
+    ch = conn.channel()
+    with channel_closed(404):
+        ch.exchange_declare(name, "fanout", passive=True)
+    ch = conn.channel()
+    ch.exchange_declare(name, "fanout", auto_delete=True, arguments={"alternate-exchange": "mine-ae"})
+    ch.exchange_delete(name)
+
+
+def test_alternate_exchange_argument_needs_read_on_the_exchange(env, pclients):
+    _, ch = pclients.channel(env.url(user(env, "noread")))
+    name = uid("x")
+    with channel_closed(403) as c:
+        ch.exchange_declare(name, "fanout", arguments={"alternate-exchange": "px"})
+    assert c.reply_text == refused("read", "exchange", name, env, "noread")
