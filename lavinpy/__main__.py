@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import __version__, config
@@ -19,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lavinpy: {e}", file=sys.stderr)
         return 2
     from .server import run
+
+    # Files are created owner-only explicitly; the umask also covers any file a future change forgets.
+    os.umask(0o077)
 
     return run(cfg)
 

@@ -492,7 +492,8 @@ class Channel:
         if not m.passive:
             self.conn.check_permission("configure", "exchange", m.exchange)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
-                                    auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments)
+                                    auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
+                                    permissions=self.conn.permissions)
         if not m.nowait:
             self.send_method(commands.Exchange.DeclareOk())
 
@@ -529,8 +530,8 @@ class Channel:
                 self.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
             return
         queue = self.vhost.declare_queue(name, owner=self.conn, passive=m.passive, durable=m.durable,
-                                         exclusive=m.exclusive, auto_delete=m.auto_delete,
-                                         arguments=m.arguments, server_named=m.queue == "")
+                                         exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
+                                         server_named=m.queue == "", permissions=self.conn.permissions)
         self.last_queue = name
         if not m.nowait:
             self.send_method(commands.Queue.DeclareOk(queue=name, message_count=queue.message_count,

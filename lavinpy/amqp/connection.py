@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, decode
 
 from .. import __version__
+from ..broker.permissions import UserPermissions
 from . import writer
 from .channel import Channel
 from .constants import (
@@ -25,7 +26,7 @@ from .constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from .errors import AMQPChannelError, AMQPConnectionError
+from .errors import AMQPConnectionError
 from .reader import (
     BadProtocolHeader,
     BodyFrame,
@@ -93,7 +94,8 @@ class AMQPConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._last_recv = self._last_send = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
-        self._permission_cache: dict[tuple[str, str, str], bool] = {}
+        self.permissions: UserPermissions | None = None  # set once the vhost is open
+        self._authenticating = False  # a login answer is being delayed (login throttle)
         self._loop = asyncio.get_event_loop()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -368,20 +370,40 @@ class AMQPConnection(asyncio.Protocol):
         raise AMQPConnectionError(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'")
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        if self._authenticating:
+            raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
         self.client_properties = dict(method.client_properties or {})
         mechanism = method.mechanism
         username, password = self._credentials(mechanism, method.response)
         users = self.broker.users
         assert users is not None
-        user = users.authenticate(username, password)
-        if user is None:
-            log.warning("connection %s: login refused for user %r (%s)", self.name, username, mechanism)
-            raise AMQPConnectionError(
-                ACCESS_REFUSED, f"Login was refused using authentication mechanism {mechanism}. "
-                                "For details see the broker logfile.")
+        throttle = self.broker.login_throttle
+        delay = throttle.delay(self.peer_host)  # before this attempt counts
+        ok = users.authenticate(username, password) is not None
+        if ok:
+            throttle.succeeded(self.peer_host)
+        else:
+            throttle.failed(self.peer_host, username, mechanism)
+        if delay:
+            # Answer later without blocking anyone else; frames meanwhile are a protocol error.
+            self._authenticating = True
+            self._loop.call_later(delay, self._finish_login, ok, username, mechanism)
+        else:
+            self._finish_login(ok, username, mechanism)
+
+    def _finish_login(self, ok: bool, username: str, mechanism: str) -> None:
+        self._authenticating = False
+        if self.state != AWAIT_START_OK:
+            return  # the client went away (or broke the protocol) meanwhile
+        if not ok:
+            # Logged (rate-limited) by the login throttle, not per attempt.
+            self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - Login was refused using authentication mechanism "
+                                       f"{mechanism}. For details see the broker logfile.")
+            return
         if username in self.config.loopback_users and not _is_loopback(self.peer_host):
             log.warning("connection %s: user %r may only connect from loopback", self.name, username)
-            raise AMQPConnectionError(ACCESS_REFUSED, f"user '{username}' can only connect via localhost")
+            self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
+            return
         self.username = username
         self.state = AWAIT_TUNE_OK
         self.send(writer.method_frame(0, commands.Connection.Tune(
@@ -414,6 +436,7 @@ class AMQPConnection(asyncio.Protocol):
             raise AMQPConnectionError(NOT_ALLOWED,
                                       f"access to vhost '{name}' refused for user '{self.username}'")
         self.vhost = vhost
+        self.permissions = UserPermissions(users, self.username, name)
         self.state = OPEN
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         if self._timer is not None:
@@ -472,18 +495,8 @@ class AMQPConnection(asyncio.Protocol):
 
     # --- permissions --------------------------------------------------------------------------
     def check_permission(self, kind: str, resource_type: str, name: str) -> None:
-        key = (kind, resource_type, name)
-        allowed = self._permission_cache.get(key)
-        resource = "amq.default" if resource_type == "exchange" and name == "" else name
-        if allowed is None:
-            users = self.broker.users
-            assert users is not None and self.vhost is not None
-            allowed = users.check(self.username, self.vhost.name, kind, resource)
-            self._permission_cache[key] = allowed
-        if not allowed:
-            assert self.vhost is not None
-            raise AMQPChannelError(ACCESS_REFUSED, f"access to {resource_type} '{resource}' in vhost "
-                                                   f"'{self.vhost.name}' refused for user '{self.username}'")
+        assert self.permissions is not None
+        self.permissions.check(kind, resource_type, name)
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Server stopping: connection.close 320 to the client."""

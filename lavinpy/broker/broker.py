@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store.datadir import DataDir
+from ..store.jsonfile import write_bytes_atomic
 from . import consumer_timeout
 from .alarms import alarm_reason, parse_watermark
+from .login_throttle import LoginThrottle
 from .users import UserStore
 from .vhost import VHost
 
@@ -26,6 +28,7 @@ class Broker:
         self.config = config
         self.datadir = DataDir(Path(config.data_dir))
         self.users: UserStore | None = None
+        self.login_throttle = LoginThrottle()
         self.vhosts: dict[str, VHost] = {}
         self.connections: set = set()
         # Direct reply-to: reply key -> (channel, consumer tag) of the requester.
@@ -46,6 +49,7 @@ class Broker:
         self.users = UserStore(self.datadir.users_file, self.datadir.vhosts_file)
         self.users.load()
         self.users.ensure_defaults(self.config.default_user, self.config.default_password)
+        self.users.subscribe(self._users_changed)
         for vhost in self.users.vhosts():
             self.open_vhost(vhost.name, unclean)
 
@@ -54,6 +58,12 @@ class Broker:
         vhost.open(unclean_stop=unclean)
         self.vhosts[name] = vhost
         return vhost
+
+    def _users_changed(self) -> None:
+        # Channels keep the exchange they last published to, permission-checked; a new vhost
+        # generation makes them resolve and check it again on their next publish.
+        for vhost in self.vhosts.values():
+            vhost.generation += 1
 
     def start(self) -> None:
         """Start the background tasks (needs a running event loop)."""
@@ -140,7 +150,8 @@ class Broker:
             task = getattr(self, name, None)
             if task is not None:
                 task.cancel()
+        self.login_throttle.close()
         for vhost in self.vhosts.values():
             vhost.close()
-        (self.datadir.path / CLEAN_STOP_MARKER).write_text("1\n")
+        write_bytes_atomic(self.datadir.path / CLEAN_STOP_MARKER, b"1\n")
         self.datadir.close()

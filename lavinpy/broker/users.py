@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +72,19 @@ class UserStore:
         self._users: dict[str, User] = {}
         self._vhosts: dict[str, VHost] = {}
         self._regex_cache: dict[str, re.Pattern[str]] = {}
+        # Bumped by every change to a user's password, tags or permissions (or a vhost's removal):
+        # connections compare it before trusting their cached permission answers.
+        self.generation = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every change that bumps ``generation``."""
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        self.generation += 1
+        for callback in list(self._listeners):
+            callback()
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -138,19 +151,41 @@ class UserStore:
         return user.copy()
 
     def change_password(self, name: str, password: str) -> None:
+        self.set_password_hash(name, hash_password(password), DEFAULT_ALGORITHM)
+
+    def set_password_hash(self, name: str, password_hash: str, algorithm: str = DEFAULT_ALGORITHM) -> None:
+        """Replace a user's password hash (an empty hash turns password login off)."""
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown password hashing algorithm {algorithm!r}")
         user = self._get_user(name)
-        user.password_hash = hash_password(password)
-        user.hashing_algorithm = DEFAULT_ALGORITHM
-        self._save_users()
+        previous = (user.password_hash, user.hashing_algorithm)
+        user.password_hash, user.hashing_algorithm = password_hash, algorithm
+        try:
+            self._save_users()
+        except BaseException:
+            user.password_hash, user.hashing_algorithm = previous
+            raise
+        self._changed()
 
     def set_tags(self, name: str, tags: Iterable[str]) -> None:
-        self._get_user(name).tags = list(tags)
-        self._save_users()
+        user = self._get_user(name)
+        previous, user.tags = user.tags, list(tags)
+        try:
+            self._save_users()
+        except BaseException:
+            user.tags = previous
+            raise
+        self._changed()
 
     def delete_user(self, name: str) -> None:
-        self._get_user(name)
+        user = self._get_user(name)
         del self._users[name]
-        self._save_users()
+        try:
+            self._save_users()
+        except BaseException:
+            self._users[name] = user
+            raise
+        self._changed()
 
     def users(self) -> list[User]:
         return [u.copy() for u in self._users.values()]
@@ -191,6 +226,7 @@ class UserStore:
             self._save_users()
         del self._vhosts[name]
         self._save_vhosts()
+        self._changed()
 
     def vhosts(self) -> list[VHost]:
         return [v.copy() for v in self._vhosts.values()]
@@ -214,12 +250,32 @@ class UserStore:
                 self._compiled(pattern)
             except re.error as exc:
                 raise ValueError(f"invalid {kind} permission regex {pattern!r}: {exc}") from None
+        previous = target.permissions.get(vhost)
         target.permissions[vhost] = Permissions(configure, write, read)
-        self._save_users()
+        try:
+            self._save_users()
+        except BaseException:
+            self._restore_permissions(target, vhost, previous)
+            raise
+        self._changed()
 
     def clear_permissions(self, user: str, vhost: str) -> None:
-        if self._get_user(user).permissions.pop(vhost, None) is not None:
-            self._save_users()
+        target = self._get_user(user)
+        previous = target.permissions.pop(vhost, None)
+        if previous is not None:
+            try:
+                self._save_users()
+            except BaseException:
+                self._restore_permissions(target, vhost, previous)
+                raise
+            self._changed()
+
+    @staticmethod
+    def _restore_permissions(user: User, vhost: str, previous: Permissions | None) -> None:
+        if previous is None:
+            user.permissions.pop(vhost, None)
+        else:
+            user.permissions[vhost] = previous
 
     def permissions(self, user: str, vhost: str) -> Permissions | None:
         target = self._users.get(user)

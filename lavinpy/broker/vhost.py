@@ -24,15 +24,18 @@ from ..amqp.constants import (
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
+from ..store.jsonfile import write_bytes_atomic
 from ..store.record import StoredMessage
 from ..store.stream_index import open_stream_index
 from ..store.vhost_store import VhostStore
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
 from .dead_lettering import dead_letter
+from .equivalence import check_arguments, inequivalent
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
 from .priority_index import open_priority_index
 from .queue import Queue
@@ -59,28 +62,6 @@ REJECTED = object()
 REDELIVERED_FILE = "redelivered"
 # Every this many flusher ticks, sealed segments' pages are dropped from the broker's mapping (RSS).
 RELEASE_MEMORY_TICKS = 10
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "none"
-    return str(value)
-
-
-def _inequivalent(arg: str, kind: str, name: str, vhost: str, received: Any, current: Any) -> AMQPChannelError:
-    return AMQPChannelError(
-        PRECONDITION_FAILED,
-        f"inequivalent arg '{arg}' for {kind} '{name}' in vhost '{vhost}': "
-        f"received '{_fmt(received)}' but current is '{_fmt(current)}'",
-    )
-
-
-def _check_arguments(kind: str, name: str, vhost: str, received: dict, current: dict) -> None:
-    for key in sorted(set(received) | set(current)):
-        if received.get(key) != current.get(key):
-            raise _inequivalent(key, kind, name, vhost, received.get(key), current.get(key))
 
 
 class VHost:
@@ -187,7 +168,7 @@ class VHost:
         marks = queue.redelivered_positions()
         if marks:
             path = self.store.queue_path(queue.name) / REDELIVERED_FILE
-            path.write_bytes(array("Q", marks).tobytes())
+            write_bytes_atomic(path, array("Q", marks).tobytes())
 
     def start_flusher(self, interval: float = 0.2) -> None:
         """Flush periodically, so acks and un-confirmed publishes reach the disk without a client asking."""
@@ -227,7 +208,8 @@ class VHost:
 
     def declare_exchange(self, name: str, type_name: str, *, passive: bool = False, durable: bool = False,
                          auto_delete: bool = False, internal: bool = False,
-                         arguments: dict | None = None) -> Exchange:
+                         arguments: dict | None = None, permissions: UserPermissions | None = None) -> Exchange:
+        """Declare an exchange; ``permissions`` is the acting user's (None: a trusted caller)."""
         arguments = dict(arguments or {})
         if name == "":
             raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
@@ -236,6 +218,8 @@ class VHost:
             if existing is None:
                 raise AMQPChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
             return existing
+        if permissions is not None:
+            permissions.check_exchange_declare(name, arguments)
         if name.startswith("amq.") and existing is None:
             raise AMQPChannelError(ACCESS_REFUSED,
                                    f"exchange name '{name}' contains reserved prefix 'amq.*'")
@@ -247,8 +231,8 @@ class VHost:
                                            ("auto_delete", auto_delete, existing.auto_delete),
                                            ("internal", internal, existing.internal)):
                 if received != current:
-                    raise _inequivalent(arg, "exchange", name, self.name, received, current)
-            _check_arguments("exchange", name, self.name, arguments, existing.arguments)
+                    raise inequivalent(arg, "exchange", name, self.name, received, current)
+            check_arguments("exchange", name, self.name, arguments, existing.arguments)
             return existing
         try:
             exchange = make_exchange(type_name, name, durable=durable, auto_delete=auto_delete,
@@ -382,7 +366,9 @@ class VHost:
 
     def declare_queue(self, name: str, *, owner: object, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
-                      arguments: dict | None = None, server_named: bool = False) -> Queue:
+                      arguments: dict | None = None, server_named: bool = False,
+                      permissions: UserPermissions | None = None) -> Queue:
+        """Declare a queue; ``permissions`` is the acting user's (None: a trusted caller)."""
         arguments = dict(arguments or {})
         existing = self.queues.get(name)
         if passive:
@@ -390,6 +376,8 @@ class VHost:
                 raise AMQPChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
             self.check_exclusive(existing, owner)
             return existing
+        if permissions is not None:
+            permissions.check_queue_declare(name, arguments)
         if existing is None and name.startswith("amq.") and not server_named:
             raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
         if existing is not None:
@@ -400,8 +388,8 @@ class VHost:
             for arg, received, current in (("durable", durable, existing.durable),
                                            ("auto_delete", auto_delete, existing.auto_delete)):
                 if received != current:
-                    raise _inequivalent(arg, "queue", name, self.name, received, current)
-            _check_arguments("queue", name, self.name, arguments, existing.arguments)
+                    raise inequivalent(arg, "queue", name, self.name, received, current)
+            check_arguments("queue", name, self.name, arguments, existing.arguments)
             if isinstance(existing, Queue):
                 existing.touch()  # a redeclare counts as use (x-expires)
             return existing
@@ -605,8 +593,14 @@ class VHost:
 
     # --- policies -----------------------------------------------------------------------------
     def set_policy(self, name: str, pattern: str, definition: dict, priority: int = 0,
-                   apply_to: str = "all") -> Policy:
-        """Add or replace a policy (saved to policies.json); matching queues apply it at once."""
+                   apply_to: str = "all", user: str | None = None) -> Policy:
+        """Add or replace a policy (saved to policies.json); matching queues apply it at once.
+
+        ``user`` is the acting user (None: a trusted caller); see ``permissions.check_policy``.
+        """
+        if user is not None:
+            assert self.broker.users is not None
+            check_policy(self.broker.users, user, self.name, definition)
         return self.policies.set(name, pattern, definition, priority, apply_to)
 
     def delete_policy(self, name: str) -> bool:

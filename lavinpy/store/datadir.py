@@ -7,12 +7,16 @@ fixed-length directory name; the real name is kept in a ``.vhost`` (or ``.queue`
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import stat
 from pathlib import Path
 
-from lavinpy.store.jsonfile import fsync_dir, write_bytes_atomic
+from lavinpy.store.jsonfile import DIR_MODE, FILE_MODE, fsync_dir, write_bytes_atomic
 from lavinpy.store.lock import DataDirLock
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
 VHOST_NAME_FILE = ".vhost"
@@ -53,10 +57,11 @@ class DataDir:
 
     def open(self) -> None:
         """Create the directory if needed, take the lock, then check or write ``schema_version``."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         # Lock first so that two brokers starting at once cannot both initialise the directory.
         self.lock.acquire()
         try:
+            self._restrict_modes()
             self._check_schema_version()
         except BaseException:
             self.lock.release()
@@ -71,6 +76,22 @@ class DataDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _restrict_modes(self) -> None:
+        """A directory written by an older version may be readable by others: make it owner-only.
+
+        Closing the top directory protects every file below it; users.json (password hashes) is
+        tightened as well in case the directory is shared on purpose.
+        """
+        for path, mode in ((self.path, DIR_MODE), (self.users_file, FILE_MODE)):
+            try:
+                if stat.S_IMODE(path.stat().st_mode) & 0o077:
+                    os.chmod(path, mode)
+                    log.info("%s was accessible to other users; mode set to %o", path, mode)
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # e.g. a mount we do not own: keep going, but say so
+                log.warning("cannot restrict the mode of %s: %s", path, e)
 
     def _check_schema_version(self) -> None:
         try:
@@ -91,7 +112,7 @@ class DataDir:
         path = self.path / sha1_name(name)
         if create:
             is_new = not path.is_dir()
-            path.mkdir(exist_ok=True)
+            path.mkdir(mode=DIR_MODE, exist_ok=True)
             name_file = path / VHOST_NAME_FILE
             if not name_file.exists():
                 write_name_file(name_file, name)

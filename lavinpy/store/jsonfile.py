@@ -11,6 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+# Data dir files hold password hashes and message bodies: owner only, whatever the process umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
 
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new/removed entry in directory ``path`` durable."""
@@ -30,7 +34,9 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably."""
     path = Path(path)
     tmp = tmp_path_for(path)
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    with open(fd, "wb") as f:
+        os.fchmod(fd, FILE_MODE)  # a leftover .tmp keeps its old mode through O_CREAT
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

@@ -81,7 +81,7 @@ class MessageStore:
 
     def open(self) -> None:
         """Map the existing segments (the newest one is written to) or create the first one."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         ids = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SEGMENT_FILE.fullmatch(p.name)))
         for segment_id in ids:
             try:

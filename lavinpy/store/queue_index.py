@@ -112,15 +112,15 @@ class QueueIndex:
         directory = self.directory
         assert directory is not None
         created = not directory.exists()
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name_file = directory / QUEUE_NAME_FILE
         if not name_file.exists():
             write_name_file(name_file, self.name)
         if created:
             fsync_dir(directory.parent)  # the queue directory itself must survive a crash
         (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
-        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
-        self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o644)
+        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
+        self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o600)
         enq = self._load_entries(self._enq_fd, ENQ_FILE)
         ack = self._load_entries(self._ack_fd, ACK_FILE)
         self._ack_file_bytes = len(ack) * ENTRY_SIZE
@@ -455,7 +455,7 @@ class QueueIndex:
         assert directory is not None and self._enq_pending is not None and self._ack_pending is not None
         live = self._live_array()
         tmp = directory / (ENQ_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
             self._write_all(fd, live)
             os.fsync(fd)
@@ -467,7 +467,7 @@ class QueueIndex:
         fsync_dir(directory)
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
         old_enq = self._enq_fd
-        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
+        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         self._close_fd(old_enq)
         os.ftruncate(self._ack_fd, 0)
         self._ack_file_bytes = 0

@@ -62,7 +62,7 @@ class Segment:
         if size < DATA_START + HEADER_SIZE:
             raise ValueError(f"segment size {size} is too small")
         path = directory / segment_name(segment_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
             # Reserve the blocks now: writing through a mapping of a sparse file on a full disk is a

@@ -100,13 +100,13 @@ class StreamIndex:
         self._is_open = True
         directory = self.directory
         created = not directory.exists()
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not (directory / QUEUE_NAME_FILE).exists():
             write_name_file(directory / QUEUE_NAME_FILE, self.name)
         if created:
             fsync_dir(directory.parent)
         (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
-        self._fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
+        self._fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         entries = self._load_entries()
         meta = read_json(directory / META_FILE, None) or {}
         self._first = int(meta.get("first_offset", 1))
@@ -417,7 +417,7 @@ class StreamIndex:
         if self._fd < 0:
             return
         tmp = self.directory / (ENQ_FILE + ".tmp")
-        fd = os.open(tmp, _TMP_FLAGS, 0o644)
+        fd = os.open(tmp, _TMP_FLAGS, 0o600)
         try:
             _write_all(fd, self._live())
             os.fsync(fd)
@@ -426,7 +426,7 @@ class StreamIndex:
         os.replace(tmp, self.directory / ENQ_FILE)
         fsync_dir(self.directory)
         old = self._fd
-        self._fd = os.open(self.directory / ENQ_FILE, _OPEN_FLAGS, 0o644)
+        self._fd = os.open(self.directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         self._close_fd(old)
         del self._pending[:]  # the new file holds them, synced
         self._stale = 0

@@ -51,7 +51,7 @@ class VhostStore:
 
     def open(self) -> None:
         """Open the message store. Then open_queue() each durable queue, then finish_recovery()."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.messages.open()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lavinpy-flush")
         self._is_open = True

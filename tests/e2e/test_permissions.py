@@ -46,6 +46,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         "wo": ("", ".*", ""),
         "lim": ("^lim-.*", "^lim-.*", "^lim-.*"),
         "binder": ("", "^bq-.*", "^bx-.*"),
+        "mine": ("^mine", "^mine", "^mine"),
+        "noread": (".*", ".*", ""),
     }
     for name, (c, w, r) in users.items():
         admin.add_user(f"{name}-{suffix}", PASSWORD)
@@ -81,8 +83,9 @@ def user(env: Env, name: str) -> str:
     return f"{name}-{env.suffix}"
 
 
-def refused(kind: str, name: str, env: Env, who: str) -> str:
-    return (f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '{env.vhost}' refused for user "
+def refused(permission: str, kind: str, name: str, env: Env, who: str) -> str:
+    """RabbitMQ's text: "ACCESS_REFUSED - write access to exchange 'x' in vhost '/' refused for user 'u'"."""
+    return (f"ACCESS_REFUSED - {permission} access to {kind} '{name}' in vhost '{env.vhost}' refused for user "
             f"'{user(env, who)}'")
 
 
@@ -155,15 +158,15 @@ def test_declare_without_configure_is_403(env, pclients):
     name = uid("q")
     with channel_closed(403) as c:
         ch.queue_declare(name)
-    assert c.reply_text == refused("queue", name, env, "ro")
+    assert c.reply_text == refused("configure", "queue", name, env, "ro")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.exchange_declare("newx", "direct")
-    assert c.reply_text == refused("exchange", "newx", env, "ro")
+    assert c.reply_text == refused("configure", "exchange", "newx", env, "ro")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_delete("pq")
-    assert c.reply_text == refused("queue", "pq", env, "ro")
+    assert c.reply_text == refused("configure", "queue", "pq", env, "ro")
 
 
 def test_publish_without_write_is_403(env, pclients):
@@ -171,13 +174,13 @@ def test_publish_without_write_is_403(env, pclients):
     with channel_closed(403) as c:
         ch.basic_publish("px", "k", b"x")
         ch.basic_qos(prefetch_count=0)
-    assert c.reply_text == refused("exchange", "px", env, "ro")
+    assert c.reply_text == refused("write", "exchange", "px", env, "ro")
     # the default exchange is checked as 'amq.default'
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_publish("", "pq", b"x")
         ch.basic_qos(prefetch_count=0)
-    assert c.reply_text == refused("exchange", "amq.default", env, "ro")
+    assert c.reply_text == refused("write", "exchange", "amq.default", env, "ro")
 
 
 def test_get_and_consume_without_read_are_403(env, pclients):
@@ -186,15 +189,15 @@ def test_get_and_consume_without_read_are_403(env, pclients):
     ch.basic_qos(prefetch_count=0)
     with channel_closed(403) as c:
         ch.basic_get("pq")
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_consume("pq", lambda *a: None)
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_purge("pq")  # purge needs read permission
-    assert c.reply_text == refused("queue", "pq", env, "wo")
+    assert c.reply_text == refused("read", "queue", "pq", env, "wo")
     # the reader can read what wo wrote
     _, rch = pclients.channel(env.url(user(env, "ro")))
     assert b"from-wo" in bodies(get_all(rch, "pq"))
@@ -213,11 +216,11 @@ def test_regex_limited_user(env, pclients):
     other = uid("q")
     with channel_closed(403) as c:
         ch.queue_declare(other)
-    assert c.reply_text == refused("queue", other, env, "lim")
+    assert c.reply_text == refused("configure", "queue", other, env, "lim")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.basic_get("pq")
-    assert c.reply_text == refused("queue", "pq", env, "lim")
+    assert c.reply_text == refused("read", "queue", "pq", env, "lim")
 
 
 def test_bind_needs_write_on_queue_and_read_on_exchange(env, pclients):
@@ -226,11 +229,11 @@ def test_bind_needs_write_on_queue_and_read_on_exchange(env, pclients):
     ch.queue_unbind("bq-1", "bx-1", "k")
     with channel_closed(403) as c:
         ch.queue_bind("other-q", "bx-1", "k")
-    assert c.reply_text == refused("queue", "other-q", env, "binder")
+    assert c.reply_text == refused("write", "queue", "other-q", env, "binder")
     ch = conn.channel()
     with channel_closed(403) as c:
         ch.queue_bind("bq-1", "other-x", "k")
-    assert c.reply_text == refused("exchange", "other-x", env, "binder")
+    assert c.reply_text == refused("read", "exchange", "other-x", env, "binder")
 
 
 def test_refused_channel_does_not_hurt_connection(env, pclients):
@@ -240,3 +243,68 @@ def test_refused_channel_does_not_hurt_connection(env, pclients):
     ch = conn.channel()
     ch.queue_declare("pq", passive=True)
     assert conn.is_open
+
+
+# --- declares that name an exchange to publish to later (dead-letter, alternate) ---------------------
+
+def test_dead_letter_exchange_argument_needs_write_on_it(env, pclients):
+    """The hole: a user limited to ^mine dead-lettered its own messages into another user's queue."""
+    conn, ch = pclients.channel(env.url(user(env, "mine")))
+    name = "mine-" + uid("q")
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": "px", "x-dead-letter-routing-key": "k"})
+    assert c.reply_text == refused("write", "exchange", "px", env, "mine")
+    # the default exchange is checked as amq.default, as for publishes
+    ch = conn.channel()
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": ""})
+    assert c.reply_text == refused("write", "exchange", "amq.default", env, "mine")
+    # nothing was declared, and the connection goes on: an exchange it may write to is fine
+    ch = conn.channel()
+    with channel_closed(404):
+        ch.queue_declare(name, passive=True)
+    ch = conn.channel()
+    ch.queue_declare(name, auto_delete=True, arguments={"x-dead-letter-exchange": "mine-dlx"})
+    assert conn.is_open
+
+
+def test_dead_letter_exchange_argument_needs_read_on_the_queue(env, pclients):
+    _, ch = pclients.channel(env.url(user(env, "noread")))
+    name = uid("q")
+    with channel_closed(403) as c:
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": "px"})
+    assert c.reply_text == refused("read", "queue", name, env, "noread")
+
+
+def test_refused_dead_letter_route_delivers_nothing_to_other_queue(env, pclients):
+    _, full = pclients.channel(env.url(user(env, "full")))
+    victim = uid("victim")
+    full.queue_declare(victim, auto_delete=True)
+    full.queue_bind(victim, "px", victim)
+    _, ch = pclients.channel(env.url(user(env, "mine")))
+    with channel_closed(403):
+        ch.queue_declare("mine-" + uid("q"), exclusive=True, arguments={
+            "x-dead-letter-exchange": "px", "x-dead-letter-routing-key": victim, "x-message-ttl": 0})
+    assert full.queue_declare(victim, passive=True).method.message_count == 0
+
+
+def test_alternate_exchange_argument_needs_write_on_it(env, pclients):
+    conn, ch = pclients.channel(env.url(user(env, "mine")))
+    name = "mine-" + uid("x")
+    with channel_closed(403) as c:
+        ch.exchange_declare(name, "fanout", arguments={"alternate-exchange": "px"})
+    assert c.reply_text == refused("write", "exchange", "px", env, "mine")
+    ch = conn.channel()
+    with channel_closed(404):
+        ch.exchange_declare(name, "fanout", passive=True)
+    ch = conn.channel()
+    ch.exchange_declare(name, "fanout", auto_delete=True, arguments={"alternate-exchange": "mine-ae"})
+    ch.exchange_delete(name)
+
+
+def test_alternate_exchange_argument_needs_read_on_the_exchange(env, pclients):
+    _, ch = pclients.channel(env.url(user(env, "noread")))
+    name = uid("x")
+    with channel_closed(403) as c:
+        ch.exchange_declare(name, "fanout", arguments={"alternate-exchange": "px"})
+    assert c.reply_text == refused("read", "exchange", name, env, "noread")
