@@ -197,8 +197,8 @@ class Channel:
         conn = self.conn
         if not conn.published:
             conn.published = True
-            if conn.blocked and conn.transport is not None:
-                conn.transport.pause_reading()  # resource alarm: this connection now publishes
+            if conn.blocked:
+                conn.update_reading()  # resource alarm: this connection now publishes
 
     def on_message(self, method: Publish, properties: bytes, body: bytes) -> None:
         """basic.publish, its header and its one body frame, all from one read (the common case)."""
@@ -590,6 +590,9 @@ class Channel:
         if m.queue == REPLY_TO:
             self._consume_reply_to(m, tag)
             return
+        limit = self.conn.config.max_consumers_per_channel
+        if limit and len(self.consumers) >= limit:
+            raise AMQPChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         name = self._queue_name(m.queue)
         self.conn.check_permission("read", "queue", name)
         queue = self._owned_queue(name)
