@@ -25,6 +25,7 @@ from .constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
+from .content import BodySpool
 from .errors import AMQPChannelError, AMQPConnectionError
 from .output import ConnectionOutput
 from .reader import (
@@ -93,6 +94,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self._last_recv = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self._permission_cache: dict[tuple[str, str, str], bool] = {}
+        self._body_spool: BodySpool | None = None
         self._loop = asyncio.get_event_loop()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -113,6 +115,8 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
+        if self._body_spool is not None:
+            self._body_spool.close()
         if self.vhost is not None:
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
@@ -176,11 +180,18 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
                 for channel in pending:
                     channel.send_confirms()
             self.broker.run_pending()
+            self.broker.note_input(len(data))
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
             log.exception("connection %s: internal error", self.name)
             self.close_with_error(AMQPConnectionError(541, f"internal error: {type(e).__name__}"))
+
+    def body_spool(self) -> BodySpool:
+        """Where this connection's large incoming bodies and uncommitted publishes wait."""
+        if self._body_spool is None:
+            self._body_spool = BodySpool(self.broker.datadir.path)
+        return self._body_spool
 
     def abort(self) -> None:
         self.state = CLOSED
