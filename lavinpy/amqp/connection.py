@@ -181,6 +181,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
                     channel.send_confirms()
             self.broker.run_pending()
             self.broker.note_input(len(data))
+            self.take_input_turn(len(data))
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 # Queued output written to the transport at once above this size (bytes), so a burst of
 # deliveries cannot pile up in the connection before the transport's high-water check.
 OUTPUT_FLUSH_BYTES = 256 * 1024
+# Input handled for one client before the others get a turn: the event loop may otherwise call
+# data_received for one busy socket many times in a row (libuv reads until the socket is empty).
+INPUT_TURN_BYTES = 256 * 1024
 
 
 class ConnectionOutput:
@@ -38,6 +41,8 @@ class ConnectionOutput:
         self._out_bytes = 0
         self._flush_scheduled = False
         self._reading_paused = False
+        self._input_turn = 0
+        self._yielding = False
         self._last_send = time.monotonic()
 
     def send(self, data: bytes) -> None:
@@ -85,13 +90,26 @@ class ConnectionOutput:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        paused = not self.writable or (self.blocked and self.published)
+        paused = not self.writable or self._yielding or (self.blocked and self.published)
         if paused != self._reading_paused:
             self._reading_paused = paused
             if paused:
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+
+    def take_input_turn(self, nbytes: int) -> None:
+        """Count input; past a turn's worth, stop reading until the other clients were served."""
+        self._input_turn += nbytes
+        if self._input_turn > INPUT_TURN_BYTES and not self._yielding:
+            self._yielding = True
+            self.update_reading()
+            asyncio.get_running_loop().call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        self._input_turn = 0
+        self._yielding = False
+        self.update_reading()
 
     def schedule_channel_deliveries(self, channel: Any) -> None:
         raise NotImplementedError
