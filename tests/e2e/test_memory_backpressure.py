@@ -211,8 +211,7 @@ def test_thirty_thousand_consumers_on_one_channel(fresh_broker):
     finally:
         stop.set()
         thread.join(10)
-    print(f"add {add_time:.2f} s, remove {remove_time:.2f} s, witness max {max(latencies):.3f} s",
-          sorted(latencies)[-5:], latencies[:3])
+    print(f"add {add_time:.2f} s, remove {remove_time:.2f} s, witness max {max(latencies):.3f} s")
     assert add_time < 6.0 and remove_time < 6.0
     assert latencies and max(latencies) < 2.0
     client.close()
