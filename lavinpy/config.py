@@ -38,6 +38,8 @@ class Config:
     memory_high_watermark: str = "0.4"
     # ms a delivery may stay unacknowledged before its channel is closed (0 = no limit).
     consumer_timeout: int = 1_800_000
+    # Consumers one channel may have (0 = unlimited); one more closes the channel with 530.
+    max_consumers_per_channel: int = 0
     frame_max: int = 131072
     channel_max: int = 2048
     heartbeat: int = 60
@@ -66,6 +68,9 @@ class Config:
             raise ConfigError("max_message_size must be positive")
         if self.consumer_timeout < 0:
             raise ConfigError(f"consumer_timeout must be 0 (off) or a number of ms, not {self.consumer_timeout}")
+        if self.max_consumers_per_channel < 0:
+            raise ConfigError("max_consumers_per_channel must be 0 (unlimited) or a positive number, "
+                              f"not {self.max_consumers_per_channel}")
         try:
             parse_watermark(self.memory_high_watermark, total=1)
         except ValueError as e:

@@ -20,7 +20,6 @@ from . import writer
 from .constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
-    FRAME_ERROR,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -28,6 +27,7 @@ from .constants import (
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
+from .content import ContentAssembly, PendingPublish, release_bodies
 from .errors import AMQPChannelError, AMQPConnectionError, AMQPError
 from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
@@ -53,14 +53,6 @@ class Unacked(NamedTuple):
     consumer: Consumer | None  # None for basic.get
 
 
-class PendingPublish(NamedTuple):
-    exchange: str
-    routing_key: str
-    mandatory: bool
-    properties: bytes
-    body: bytes
-
-
 def _method_ids(method: Any) -> tuple[int, int]:
     index = getattr(method, "index", None)
     if index is None:
@@ -72,7 +64,7 @@ def _random_tag(prefix: str) -> str:
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
 
 
-class Channel:
+class Channel(ContentAssembly):
     def __init__(self, connection: AMQPConnection, channel_id: int) -> None:
         self.conn = connection
         self.id = channel_id
@@ -90,6 +82,7 @@ class Channel:
         self._body_size = 0
         self._body_parts: list[bytes] = []
         self._body_received = 0
+        self._spooled = None  # a large body being written to the connection's spool
         # deliveries
         self.delivery_tag = 0
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
@@ -164,13 +157,6 @@ class Channel:
             except AMQPChannelError as e:
                 self.close_with_error(e, method)
 
-    def _reset_content(self) -> None:
-        self.in_content = False
-        self._header_seen = False
-        self._publish = None
-        self._body_parts = []
-        self._body_received = 0
-
     # --- publishing ---------------------------------------------------------------------------
     def on_publish(self, method: Publish) -> None:
         """basic.publish: resolve the exchange now (404/403 before the content, as RabbitMQ)."""
@@ -197,8 +183,8 @@ class Channel:
         conn = self.conn
         if not conn.published:
             conn.published = True
-            if conn.blocked and conn.transport is not None:
-                conn.transport.pause_reading()  # resource alarm: this connection now publishes
+            if conn.blocked:
+                conn.update_reading()  # resource alarm: this connection now publishes
 
     def on_message(self, method: Publish, properties: bytes, body: bytes) -> None:
         """basic.publish, its header and its one body frame, all from one read (the common case)."""
@@ -213,44 +199,7 @@ class Channel:
         self._body_size = len(body)
         self._complete_publish(body)
 
-    def on_header(self, frame: HeaderFrame) -> None:
-        if self._header_seen:
-            raise AMQPConnectionError(UNEXPECTED_FRAME, f"unexpected content header on channel {self.id}")
-        if frame.class_id != 60:
-            raise AMQPConnectionError(FRAME_ERROR, f"content header for class {frame.class_id}, "
-                                                   "expected class 60 (basic)")
-        body_size = frame.body_size
-        if body_size > self.conn.config.max_message_size:
-            self._reset_content()
-            self.close_with_error(AMQPChannelError(
-                PRECONDITION_FAILED, f"message size {body_size} is larger than configured max size "
-                                     f"{self.conn.config.max_message_size}", 60, 40), None)
-            return
-        self._header_seen = True
-        self._properties = frame.properties
-        self._body_size = body_size
-        if body_size == 0:
-            self._complete_publish(b"")
-
-    def on_body(self, data: bytes) -> None:
-        if not self._header_seen:
-            raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.id}, "
-                                                        "got a content body frame")
-        received = self._body_received + len(data)
-        if received > self._body_size:
-            raise AMQPConnectionError(
-                FRAME_ERROR, f"content body on channel {self.id} is longer than the "
-                             f"{self._body_size} bytes announced in its header")
-        if received == self._body_size:
-            if self._body_parts:
-                self._body_parts.append(data)
-                data = b"".join(self._body_parts)
-            self._complete_publish(data)
-            return
-        self._body_received = received
-        self._body_parts.append(data)
-
-    def _complete_publish(self, body: bytes) -> None:
+    def _complete_publish(self, body: bytes | memoryview) -> None:
         method = self._publish
         properties = self._properties
         self._reset_content()
@@ -259,8 +208,7 @@ class Channel:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)
             if self.tx:
-                self._tx_publishes.append(
-                    PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, body))
+                self._tx_publish(method, properties, body)
                 return
             needs_sync = self._route(self._publish_exchange, method.routing_key, method.mandatory,
                                      properties, body)
@@ -591,6 +539,9 @@ class Channel:
         if m.queue == REPLY_TO:
             self._consume_reply_to(m, tag)
             return
+        limit = self.conn.config.max_consumers_per_channel
+        if limit and len(self.consumers) >= limit:
+            raise AMQPChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         name = self._queue_name(m.queue)
         self.conn.check_permission("read", "queue", name)
         queue = self._owned_queue(name)
@@ -690,9 +641,13 @@ class Channel:
         publishes, self._tx_publishes = self._tx_publishes, []
         settles, self._tx_settles = self._tx_settles, []
         needs_sync = False
-        for p in publishes:
-            needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key, p.mandatory,
-                                           p.properties, p.body))
+        try:
+            for p in publishes:
+                needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key,
+                                               p.mandatory, p.properties, p.body.read()))
+                p.body.release()
+        finally:
+            release_bodies(publishes)
         for items, settle in settles:
             self._settle(items, settle)
         if needs_sync:
@@ -708,6 +663,7 @@ class Channel:
     def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if not self.tx:
             raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        release_bodies(self._tx_publishes)
         self._tx_publishes = []
         self._restore_tx_settles()
         self.send_method(commands.Tx.RollbackOk())
@@ -731,6 +687,9 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
         self._drop_reply_to()
+        self._reset_content()
+        release_bodies(self._tx_publishes)
+        self._tx_publishes = []
         self._restore_tx_settles()
         items = list(self.unacked.values())
         self.unacked.clear()

@@ -26,7 +26,9 @@ from .constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
+from .content import BodySpool
 from .errors import AMQPConnectionError
+from .output import ConnectionOutput
 from .reader import (
     BadProtocolHeader,
     BodyFrame,
@@ -70,7 +72,7 @@ def _is_loopback(host: str | None) -> bool:
         return False
 
 
-class AMQPConnection(asyncio.Protocol):
+class AMQPConnection(ConnectionOutput, asyncio.Protocol):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.config = broker.config
@@ -86,16 +88,15 @@ class AMQPConnection(asyncio.Protocol):
         self.frame_max = self.config.frame_max
         self.channel_max = self.config.channel_max
         self.heartbeat = 0
-        self.writable = True
         self.published = False
         self.blocked = False
         self.confirms_pending: set[Channel] = set()
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
-        self._last_recv = self._last_send = time.monotonic()
+        self.init_output()
+        self._last_recv = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
         self.permissions: UserPermissions | None = None  # set once the vhost is open
         self._authenticating = False  # a login answer is being delayed (login throttle)
+        self._body_spool: BodySpool | None = None
         self._loop = asyncio.get_event_loop()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -116,20 +117,14 @@ class AMQPConnection(asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
+        if self._body_spool is not None:
+            self._body_spool.close()
         if self.vhost is not None:
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
         self.broker.connections.discard(self)
         if self.vhost is not None:
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
-
-    def pause_writing(self) -> None:
-        self.writable = False
-
-    def resume_writing(self) -> None:
-        self.writable = True
-        for channel in self.channels.values():
-            self.schedule_channel_deliveries(channel)
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = time.monotonic()
@@ -187,35 +182,19 @@ class AMQPConnection(asyncio.Protocol):
                 for channel in pending:
                     channel.send_confirms()
             self.broker.run_pending()
+            self.broker.note_input(len(data))
+            self.take_input_turn(len(data))
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
             log.exception("connection %s: internal error", self.name)
             self.close_with_error(AMQPConnectionError(541, f"internal error: {type(e).__name__}"))
 
-    # --- output -------------------------------------------------------------------------------
-    def send(self, data: bytes) -> None:
-        self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.broker.schedule_output(self)
-
-    def send_many(self, frames: list[bytes]) -> None:
-        self._out.extend(frames)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.broker.schedule_output(self)
-
-    def flush_output(self) -> None:
-        """Write everything queued for this client in one system call."""
-        self._flush_scheduled = False
-        if self._out and self.transport is not None and not self.transport.is_closing():
-            out, self._out = self._out, []
-            # One buffer per flush: uvloop drains a buffer of many tiny pieces very slowly.
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-            self._last_send = time.monotonic()
-        else:
-            self._out = []
+    def body_spool(self) -> BodySpool:
+        """Where this connection's large incoming bodies and uncommitted publishes wait."""
+        if self._body_spool is None:
+            self._body_spool = BodySpool(self.broker.datadir.path)
+        return self._body_spool
 
     def abort(self) -> None:
         self.state = CLOSED
@@ -462,7 +441,8 @@ class AMQPConnection(asyncio.Protocol):
         if self.state >= CLOSING:
             return
         now = time.monotonic()
-        if now - self._last_recv > 2 * self.heartbeat:
+        # While reading is paused (output backed up, alarm) the client's heartbeats stay unread.
+        if now - self._last_recv > 2 * self.heartbeat and not self._reading_paused:
             log.info("connection %s: missed heartbeats from client, timeout %ds", self.name, self.heartbeat)
             self.abort()
             return
@@ -479,13 +459,12 @@ class AMQPConnection(asyncio.Protocol):
             self.blocked = True
             if self.capability("connection.blocked"):
                 self.send(writer.method_frame(0, commands.Connection.Blocked(reason=reason)))
-            if self.published:
-                self.transport.pause_reading()
+            self.update_reading()
         elif not reason and self.blocked:
             self.blocked = False
             if self.capability("connection.blocked"):
                 self.send(writer.method_frame(0, commands.Connection.Unblocked()))
-            self.transport.resume_reading()
+            self.update_reading()
 
     def schedule_channel_deliveries(self, channel: Channel) -> None:
         assert self.vhost is not None

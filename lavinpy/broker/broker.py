@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("lavinpy.broker")
 
 CLEAN_STOP_MARKER = "clean_shutdown"
+# Input bytes (all connections) after which the resource alarms are re-checked at once, instead
+# of waiting for the periodic check: a burst of publishes is seen before the next read.
+RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
 
 
 class Broker:
@@ -39,6 +42,7 @@ class Broker:
         self.delivery_pending: set = set()
         self.output_pending: set = set()
         self._pending_scheduled = False
+        self._input_since_check = 0
 
     def open(self) -> None:
         self.datadir.open()
@@ -87,6 +91,12 @@ class Broker:
             self.check_resources()
             await asyncio.sleep(interval)
 
+    def note_input(self, nbytes: int) -> None:
+        """Called once per read batch: re-check the alarms when much has come in since the last check."""
+        self._input_since_check += nbytes
+        if self._input_since_check >= RESOURCE_CHECK_BYTES:
+            self.check_resources()
+
     def set_resource_limits(self, *, memory_high_watermark: str | float | None = None,
                             disk_free_limit: int | None = None) -> None:
         """Change the alarm thresholds at run time (Python API); the alarm is re-evaluated at once."""
@@ -99,6 +109,7 @@ class Broker:
 
     def check_resources(self) -> None:
         """Raise or clear the free-disk and memory alarms; blocked connections follow them."""
+        self._input_since_check = 0
         reason = alarm_reason(self.datadir.path, self.config.disk_free_limit,
                               parse_watermark(self.config.memory_high_watermark))
         if reason is None and self.blocked_reason is None:

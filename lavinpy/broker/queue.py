@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import StoredMessage
+from .consumer_set import ConsumerSet
 from .queue_base import QueueBase
 from .queue_features import QueueFeatures
 
@@ -50,11 +51,9 @@ class Queue(QueueBase, QueueFeatures):
         self.exclusive = exclusive_owner is not None
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.consumers: list[Consumer] = []
+        self.consumers = ConsumerSet()
         self.deleted = False
-        self._rr = 0
         self._had_consumer = False
-        self._mixed_priorities = False
         # Positions to deliver with redelivered=true: requeued ones, and after an unclean stop the
         # messages recovered from disk (their delivery state was not persisted).
         self._redelivered: set[int] = set()
@@ -158,21 +157,7 @@ class Queue(QueueBase, QueueFeatures):
         return budget == 0
 
     def _next_consumer(self) -> Consumer | None:
-        consumers = self.consumers
-        n = len(consumers)
-        start = self._rr
-        best: Consumer | None = None
-        best_i = 0
-        for i in range(n):
-            j = (start + i) % n
-            c = consumers[j]
-            if c.can_accept() and (best is None or c.priority > best.priority):
-                best, best_i = c, j
-                if not self._mixed_priorities:
-                    break
-        if best is not None:
-            self._rr = (best_i + 1) % n
-        return best
+        return self.consumers.next_ready()
 
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
@@ -199,20 +184,19 @@ class Queue(QueueBase, QueueFeatures):
         return count
 
     # --- consumers ----------------------------------------------------------------------------
+    def has_exclusive_consumer(self) -> bool:
+        return self.consumers.has_exclusive
+
     def add_consumer(self, consumer: Consumer) -> None:
-        self.consumers.append(consumer)
+        self.consumers.add(consumer)
         self._had_consumer = True
-        self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
         self.touch()
         self.vhost.schedule_delivery(self)
 
     def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
         """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
-        try:
-            self.consumers.remove(consumer)
-        except ValueError:
+        if not self.consumers.remove(consumer):
             return
-        self._mixed_priorities = len({c.priority for c in self.consumers}) > 1
         if notify:
             consumer.channel.consumer_cancelled(consumer)
         if not self.consumers:
@@ -227,7 +211,7 @@ class Queue(QueueBase, QueueFeatures):
         count = self.index.ready_count
         self.deleted = True
         self.stop_timers()
-        consumers, self.consumers = self.consumers, []
+        consumers, self.consumers = self.consumers, ConsumerSet()
         if consumers:
             # After the deleting channel's queue.delete-ok, as RabbitMQ: some clients (py-amqp)
             # treat a basic.cancel that arrives before that reply as an error of the delete.
@@ -236,6 +220,6 @@ class Queue(QueueBase, QueueFeatures):
         return count
 
 
-def _cancel_consumers(consumers: list[Consumer]) -> None:
+def _cancel_consumers(consumers: ConsumerSet) -> None:
     for consumer in consumers:
         consumer.channel.consumer_cancelled(consumer)

@@ -145,7 +145,7 @@ class QueueFeatures:
     def _pick_consumer(self: Queue) -> Consumer | None:
         if self.settings.single_active_consumer:
             # Only the first registered consumer gets messages; the next takes over when it goes.
-            active = self.consumers[0] if self.consumers else None
+            active = self.consumers.first()
             return active if active is not None and active.can_accept() else None
         return self._next_consumer()
 
