@@ -13,6 +13,7 @@ from pamqp import commands, decode
 from .. import __version__
 from . import writer
 from .channel import Channel
+from .closing import send_close_ok
 from .constants import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
@@ -93,6 +94,7 @@ class AMQPConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._last_recv = self._last_send = time.monotonic()
         self._timer: asyncio.TimerHandle | None = None
+        self._torn_down = False
         self._permission_cache: dict[tuple[str, str, str], bool] = {}
         self._loop = asyncio.get_event_loop()
 
@@ -111,13 +113,20 @@ class AMQPConnection(asyncio.Protocol):
         self.state = CLOSED
         if self._timer is not None:
             self._timer.cancel()
+        self.teardown()
+        self.broker.connections.discard(self)
+
+    def teardown(self) -> None:
+        """The connection is over for the broker: channels close, exclusive queues go (once)."""
+        if self._torn_down:
+            return
+        self._torn_down = True
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
         if self.vhost is not None:
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
-        self.broker.connections.discard(self)
         if self.vhost is not None:
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
@@ -240,14 +249,14 @@ class AMQPConnection(asyncio.Protocol):
         self._loop.call_later(3.0, self.abort)
 
     def _handle_while_closing(self, frame: Any) -> None:
+        if self.state >= CLOSED:
+            return  # close-ok sent: the rest of the client's input is discarded
         method = getattr(frame, "method", None)
         if isinstance(method, commands.Connection.CloseOk):
             self.flush_output()
             self.abort()
         elif isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.abort()
+            send_close_ok(self, CLOSED)
 
     # --- frames -------------------------------------------------------------------------------
     def _handle_frame(self, frame: Any) -> None:
@@ -293,12 +302,7 @@ class AMQPConnection(asyncio.Protocol):
 
     def _handle_connection_method(self, method: Any) -> None:
         if isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.state = CLOSING
-            for channel in list(self.channels.values()):
-                channel.release()
-            self.abort()
+            send_close_ok(self, CLOSED)
         elif isinstance(method, commands.Connection.CloseOk):
             self.abort()
         elif isinstance(method, commands.Connection.UpdateSecret):
@@ -315,9 +319,7 @@ class AMQPConnection(asyncio.Protocol):
             raise AMQPConnectionError(COMMAND_INVALID, "expected a connection method on channel 0 "
                                                        "during the handshake")
         if isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.abort()
+            send_close_ok(self, CLOSED)
         elif self.state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
             self._on_start_ok(method)
         elif self.state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
