@@ -65,9 +65,12 @@ def _is_loopback(host: str | None) -> bool:
     if host is None:
         return True  # unix socket
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return False
+    # An IPv4 client of a dual-stack listener shows up as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 class AMQPConnection(asyncio.Protocol):
