@@ -16,6 +16,7 @@ import pika.exceptions
 import pytest
 
 from .conftest import LocalBroker, free_port, lavinpy_only, port_open
+from .rawamqp import commands
 from .tls_certs import CA
 
 pytestmark = lavinpy_only("starts lavinpy with its own TLS settings")
@@ -150,3 +151,26 @@ def test_sighup_reloads_the_certificate(tls_broker):
         assert tls_broker.peer_serial()[0] == serial
     finally:
         old.close()
+
+
+def test_spark_client_over_amqps(tls_broker):
+    from lavinpy.spark.client import AMQPParams, Connection
+    from lavinpy.spark.publisher import ConfirmPublisher
+
+    q = f"spark-tls-{tls_broker.serial}"
+    url = f"amqps://guest:guest@localhost:{tls_broker.amqps_port}/?cacertfile={tls_broker.ca.cert_path}"
+    with Connection(AMQPParams.from_url(url)).open() as conn:
+        ch = conn.open_channel()
+        conn.call(ch, commands.Queue.Declare(queue=q, durable=True), commands.Queue.DeclareOk)
+        pub = ConfirmPublisher(conn, max_in_flight=500)
+        for i in range(3000):
+            pub.publish("", q, b"%06d" % i + b"x" * 20000)  # ~60 MB: many TLS records each way
+        pub.wait_for_confirms()
+        assert pub.unconfirmed == 0 and pub.nacked == 0
+    conn = pika.BlockingConnection(tls_broker.pika_params(tls_broker.client_context()))
+    try:
+        assert conn.channel().queue_declare(q, passive=True).method.message_count == 3000
+    finally:
+        conn.close()
+    with pytest.raises(Exception, match="TLS to amqps://guest@localhost"):  # not our CA: refused
+        Connection(AMQPParams.from_url(f"amqps://guest:guest@localhost:{tls_broker.amqps_port}/")).open()
