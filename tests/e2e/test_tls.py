@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +19,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import LocalBroker, free_port, lavinpy_only, port_open
+from .conftest import REPO_ROOT, LocalBroker, free_port, lavinpy_only, port_open
 from .rawamqp import commands
 from .tls_certs import CA
 
@@ -174,3 +178,15 @@ def test_spark_client_over_amqps(tls_broker):
         conn.close()
     with pytest.raises(Exception, match="TLS to amqps://guest@localhost"):  # not our CA: refused
         Connection(AMQPParams.from_url(f"amqps://guest:guest@localhost:{tls_broker.amqps_port}/")).open()
+
+
+def test_perf_tool_over_amqps(tls_broker):
+    uri = f"amqps://guest:guest@localhost:{tls_broker.amqps_port}/?cacertfile={tls_broker.ca.cert_path}"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    res = subprocess.run([sys.executable, "-m", "lavinpy.cli.perf", "--json-only", "--uri", uri, "-z", "1",
+                          "-c", "32", "-s", "64", "--drain", "--drain-timeout", "20"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["published"] > 0 and summary["drained"] and summary["nacked"] == 0
+    assert summary["params"]["uri"].startswith("amqps://localhost:")  # no password echoed
