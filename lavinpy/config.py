@@ -23,8 +23,16 @@ class ConfigError(ValueError):
 @dataclass
 class Config:
     data_dir: str = "data"
-    bind: str = "127.0.0.1"
+    # Addresses to listen on; one the machine lacks (e.g. ::1 without IPv6) is logged and skipped.
+    bind: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
     amqp_port: int = 5672
+    # AMQPS listens on amqps_port only when tls_cert is set (0 turns it off even then).
+    amqps_port: int = 5671
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca_cert: str = ""
+    tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
+    tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
     http_port: int = 15672
     log_level: str = "info"
     segment_size: int = 8 * 1024 * 1024
@@ -41,7 +49,7 @@ class Config:
     # Consumers one channel may have (0 = unlimited); one more closes the channel with 530.
     max_consumers_per_channel: int = 0
     frame_max: int = 131072
-    channel_max: int = 2048
+    channel_max: int = 2047
     heartbeat: int = 60
     default_user: str = "guest"
     default_password: str = "guest"
@@ -52,10 +60,13 @@ class Config:
             raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
-        for name in ("amqp_port", "http_port"):
+        for name in ("amqp_port", "amqps_port", "http_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
+        if not self.bind:
+            raise ConfigError("bind must name at least one address")
+        self._validate_tls()
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
         if self.ack_file_max_bytes < 8 or self.ack_file_max_bytes % 8:
@@ -77,6 +88,19 @@ class Config:
             raise ConfigError(str(e))
 
 
+    def _validate_tls(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key must be set together")
+        if self.tls_verify_peer and not self.tls_ca_cert:
+            raise ConfigError("tls_verify_peer needs tls_ca_cert (the CA that signs client certificates)")
+        if self.tls_fail_if_no_peer_cert and not self.tls_verify_peer:
+            raise ConfigError("tls_fail_if_no_peer_cert needs tls_verify_peer: true")
+
+    @property
+    def amqps_enabled(self) -> bool:
+        return bool(self.tls_cert) and self.amqps_port != 0
+
+
 _FIELDS = {f.name: f for f in fields(Config)}
 
 
@@ -85,6 +109,8 @@ def _coerce(name: str, value: Any) -> Any:
     try:
         if kind == "int":
             return int(value)
+        if kind == "bool":
+            return _bool(value)
         if kind == "list[str]":
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
@@ -92,6 +118,17 @@ def _coerce(name: str, value: Any) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise ConfigError(f"setting {name}: cannot use {value!r}")
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise ValueError(value)
 
 
 def _apply(cfg: Config, values: dict[str, Any], source: str) -> None:
@@ -135,8 +172,9 @@ def load(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML settings file (default conf/lavinpy.yaml if present)")
     parser.add_argument("--data-dir", dest="data_dir")
-    parser.add_argument("--bind")
+    parser.add_argument("--bind", help="addresses to listen on, comma-separated (default 127.0.0.1,::1)")
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
+    parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
     parser.add_argument("--http-port", dest="http_port", type=int)
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--fsync", choices=FSYNC_POLICIES)
@@ -146,6 +184,6 @@ def from_args(args: argparse.Namespace) -> Config:
     path = args.config
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
-    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "http_port",
+    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
                                                 "log_level", "fsync")}
     return load(path, overrides=overrides)

@@ -10,7 +10,9 @@ import sys
 from .amqp.connection import AMQPConnection
 from .broker.broker import Broker
 from .config import Config
+from .listeners import listen
 from .store.lock import DataDirLocked
+from .tls import ServerTLS
 
 log = logging.getLogger("lavinpy")
 
@@ -19,25 +21,48 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.broker = Broker(config)
-        self._amqp: asyncio.AbstractServer | None = None
+        self._listeners: list[asyncio.AbstractServer] = []
+        self.tls: ServerTLS | None = None
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
+        config = self.config
+        if config.amqps_enabled:
+            self.tls = ServerTLS(config)  # bad certificate files stop the start before anything is opened
         self.broker.open()
-        loop = asyncio.get_running_loop()
-        self._amqp = await loop.create_server(
-            lambda: AMQPConnection(self.broker), self.config.bind, self.config.amqp_port,
-            reuse_address=True, backlog=1024)
+        try:
+            self._listeners = await listen(lambda: AMQPConnection(self.broker), config.bind,
+                                           config.amqp_port, "AMQP")
+            if self.tls is not None:
+                self._listeners += await listen(lambda: AMQPConnection(self.broker), config.bind,
+                                                config.amqps_port, "AMQPS", self.tls.listener_context)
+        except BaseException:
+            self._close_listeners()
+            raise
         self.broker.start()
-        ports = ", ".join(str(s.getsockname()[1]) for s in self._amqp.sockets)
-        log.info("lavinpy listening for AMQP on %s port %s (data dir %s, fsync %s)",
-                 self.config.bind, ports, self.config.data_dir, self.config.fsync)
+        log.info("lavinpy started (data dir %s, fsync %s)", config.data_dir, config.fsync)
+
+    def _close_listeners(self) -> None:
+        for listener in self._listeners:
+            listener.close()
+        self._listeners = []
+
+    def reload_tls(self) -> None:
+        """SIGHUP: read the certificate files again; new connections use them."""
+        if self.tls is None:
+            log.info("SIGHUP: no TLS listener, nothing to reload")
+            return
+        try:
+            self.tls.reload()
+        except OSError as e:
+            log.error("SIGHUP: TLS certificates not reloaded, the old ones stay in use: %s", e)
+            return
+        log.info("SIGHUP: TLS certificates reloaded from %s", self.config.tls_cert)
 
     async def stop(self) -> None:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
-        if self._amqp is not None:
-            self._amqp.close()
+        self._close_listeners()
         connections = list(self.broker.connections)
         for conn in connections:
             conn.shutdown()
@@ -70,12 +95,14 @@ async def serve(config: Config) -> int:
         return 1
     except OSError as e:
         log.error("cannot start: %s", e)
-        server.broker.close()
+        if server.broker.users is not None:  # opened (and the data dir locked) before the failure
+            server.broker.close()
         return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()
     return 0

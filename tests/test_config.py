@@ -49,7 +49,7 @@ def test_command_line_flags_map_to_settings(tmp_path: Path):
                   "--http-port", "0", "--log-level", "warning"])
     cfg = config.from_args(args)
     assert (cfg.data_dir, cfg.bind, cfg.amqp_port, cfg.http_port, cfg.log_level, cfg.fsync) == \
-        ("/x", "0.0.0.0", 5673, 0, "warning", "batch")
+        ("/x", ["0.0.0.0"], 5673, 0, "warning", "batch")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -75,3 +75,32 @@ def test_broker_exits_2_on_a_bad_setting(tmp_path: Path):
     assert proc.returncode == 2
     assert "fsync must be one of" in proc.stderr
     assert not (tmp_path / "d").exists()  # nothing was created
+
+
+def test_bind_is_a_list_and_tls_settings_are_typed(tmp_path: Path):
+    cfg = config.load(None, env={"LAVINPY_BIND": "127.0.0.1, ::1", "LAVINPY_TLS_VERIFY_PEER": "true",
+                                 "LAVINPY_TLS_CERT": "c.pem", "LAVINPY_TLS_KEY": "k.pem",
+                                 "LAVINPY_TLS_CA_CERT": "ca.pem"})
+    assert cfg.bind == ["127.0.0.1", "::1"]
+    assert cfg.tls_verify_peer is True and cfg.tls_fail_if_no_peer_cert is False
+    assert cfg.amqps_port == 5671 and cfg.amqps_enabled
+    assert config.Config().bind == ["127.0.0.1", "::1"] and config.Config().channel_max == 2047
+    assert not config.Config().amqps_enabled  # no certificate, no AMQPS listener
+    args = parse(["--bind", "0.0.0.0,::", "--amqps-port", "0"])
+    cfg = config.from_args(args)
+    assert (cfg.bind, cfg.amqps_port) == (["0.0.0.0", "::"], 0)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tls_cert: c.pem\n", "tls_cert and tls_key must be set together"),
+    ("tls_cert: c.pem\ntls_key: k.pem\ntls_verify_peer: true\n", "tls_verify_peer needs tls_ca_cert"),
+    ("tls_fail_if_no_peer_cert: true\n", "tls_fail_if_no_peer_cert needs tls_verify_peer"),
+    ("tls_verify_peer: maybe\n", "setting tls_verify_peer: cannot use 'maybe'"),
+    ("amqps_port: 70000\n", "amqps_port must be between"),
+    ("bind: []\n", "bind must name at least one address"),
+])
+def test_bad_listener_settings_are_refused(tmp_path: Path, text: str, message: str):
+    cfg_file = tmp_path / "bad.yaml"
+    cfg_file.write_text(text)
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(cfg_file, env={})

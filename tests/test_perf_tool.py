@@ -136,7 +136,11 @@ def test_message_template_and_helpers() -> None:
     assert perf.message_template("q", 4, False, 131072)[1] == -1
 
     assert perf.parse_uri("amqp://u:p%40w@h:1234/v%2Fx") == {
-        "host": "h", "port": 1234, "user": "u", "password": "p@w", "vhost": "v/x"}
+        "host": "h", "port": 1234, "user": "u", "password": "p@w", "vhost": "v/x", "tls": None}
     assert perf.parse_uri("amqp://h")["vhost"] == "/"
+    tls = perf.parse_uri("amqps://h/?cacertfile=/ca.pem&verify=verify_peer")
+    assert (tls["port"], tls["tls"].cacertfile, tls["tls"].verify) == (5671, "/ca.pem", True)
+    with pytest.raises(ValueError, match="verify_peer or verify_none"):
+        perf.parse_uri("amqps://h/?verify=maybe")
     assert perf.percentile(list(range(1, 101)), 99) == 99
     assert perf.percentile([7], 50) == 7

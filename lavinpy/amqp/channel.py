@@ -268,8 +268,8 @@ class Channel(ContentAssembly):
     def send_confirms(self) -> None:
         """Called once per batch of input: confirm what was published, after the fsync it needs."""
         upto = self._confirm_upto
-        if upto <= self._confirm_sent and self._confirm_chain is None:
-            return
+        if (upto <= self._confirm_sent and self._confirm_chain is None) or self.closing:
+            return  # nothing may follow channel.close / close-ok on this channel
         needs_sync, self._confirm_needs_sync = self._confirm_needs_sync, False
         if not needs_sync and self._confirm_chain is None:
             self._send_ack(upto)

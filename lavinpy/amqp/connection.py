@@ -14,6 +14,7 @@ from .. import __version__
 from ..broker.permissions import UserPermissions
 from . import writer
 from .channel import Channel
+from .closing import send_close_ok
 from .constants import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
@@ -67,9 +68,12 @@ def _is_loopback(host: str | None) -> bool:
     if host is None:
         return True  # unix socket
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        address = ipaddress.ip_address(host.split("%")[0])
     except ValueError:
         return False
+    # An IPv4 client of a dual-stack listener shows up as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 class AMQPConnection(ConnectionOutput, asyncio.Protocol):
@@ -97,6 +101,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self.permissions: UserPermissions | None = None  # set once the vhost is open
         self._authenticating = False  # a login answer is being delayed (login throttle)
         self._body_spool: BodySpool | None = None
+        self._torn_down = False
         self._loop = asyncio.get_event_loop()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -114,6 +119,14 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self.state = CLOSED
         if self._timer is not None:
             self._timer.cancel()
+        self.teardown()
+        self.broker.connections.discard(self)
+
+    def teardown(self) -> None:
+        """The connection is over for the broker: channels close, exclusive queues go (once)."""
+        if self._torn_down:
+            return
+        self._torn_down = True
         for channel in list(self.channels.values()):
             channel.release()
         self.channels.clear()
@@ -122,7 +135,6 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         if self.vhost is not None:
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
-        self.broker.connections.discard(self)
         if self.vhost is not None:
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
@@ -221,14 +233,14 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self._loop.call_later(3.0, self.abort)
 
     def _handle_while_closing(self, frame: Any) -> None:
+        if self.state >= CLOSED:
+            return  # close-ok sent: the rest of the client's input is discarded
         method = getattr(frame, "method", None)
         if isinstance(method, commands.Connection.CloseOk):
             self.flush_output()
             self.abort()
         elif isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.abort()
+            send_close_ok(self, CLOSED)
 
     # --- frames -------------------------------------------------------------------------------
     def _handle_frame(self, frame: Any) -> None:
@@ -274,12 +286,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
 
     def _handle_connection_method(self, method: Any) -> None:
         if isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.state = CLOSING
-            for channel in list(self.channels.values()):
-                channel.release()
-            self.abort()
+            send_close_ok(self, CLOSED)
         elif isinstance(method, commands.Connection.CloseOk):
             self.abort()
         elif isinstance(method, commands.Connection.UpdateSecret):
@@ -296,9 +303,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
             raise AMQPConnectionError(COMMAND_INVALID, "expected a connection method on channel 0 "
                                                        "during the handshake")
         if isinstance(method, commands.Connection.Close):
-            self.send(writer.method_frame(0, commands.Connection.CloseOk()))
-            self.flush_output()
-            self.abort()
+            send_close_ok(self, CLOSED)
         elif self.state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
             self._on_start_ok(method)
         elif self.state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):

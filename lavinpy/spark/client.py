@@ -14,6 +14,7 @@ from __future__ import annotations
 import platform
 import select
 import socket
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from urllib.parse import unquote, urlparse
 from pamqp import commands
 from pamqp import frame as pframe
 
+from ..client_tls import TLSOptions, default_port
 from . import wire
 
 DEFAULT_PORT = 5672
@@ -62,21 +64,27 @@ class AMQPParams:
     password: str = "guest"
     vhost: str = "/"
     timeout: float = 30.0
+    tls: TLSOptions | None = None  # amqps://
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30.0) -> AMQPParams:
-        """amqp://user:pass@host:port/vhost (vhost percent-encoded, e.g. %2f; empty path -> '/')."""
+        """amqp[s]://user:pass@host:port/vhost (vhost percent-encoded, e.g. %2f; empty path -> '/').
+
+        amqps:// takes RabbitMQ's URI query keys: cacertfile, certfile, keyfile, verify,
+        server_name_indication.
+        """
         parsed = urlparse(url)
-        if parsed.scheme != "amqp":
-            raise ValueError(f"unsupported URL scheme {parsed.scheme!r} in {url!r}: only amqp:// is supported")
+        port = default_port(parsed.scheme, url)
+        tls = TLSOptions.from_query(parsed.query) if parsed.scheme == "amqps" else None
         path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
-        return cls(host=parsed.hostname or "127.0.0.1", port=parsed.port or DEFAULT_PORT,
+        return cls(host=parsed.hostname or "127.0.0.1", port=parsed.port or port,
                    username=unquote(parsed.username or "guest"), password=unquote(parsed.password or "guest"),
-                   vhost=unquote(path) if path else "/", timeout=timeout)
+                   vhost=unquote(path) if path else "/", timeout=timeout, tls=tls)
 
     def safe_url(self) -> str:
         """The URL without the password, for error messages."""
-        return f"amqp://{self.username}@{self.host}:{self.port}/{self.vhost}"
+        scheme = "amqps" if self.tls is not None else "amqp"
+        return f"{scheme}://{self.username}@{self.host}:{self.port}/{self.vhost}"
 
 
 Frame = tuple[int, int, bytes]  # (frame type, channel, payload)
@@ -103,6 +111,12 @@ class Connection:
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {p.safe_url()}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if p.tls is not None:
+            try:  # the handshake runs while the socket still blocks (with the timeout)
+                sock = p.tls.context().wrap_socket(sock, server_hostname=p.tls.server_name or p.host)
+            except (OSError, ValueError) as exc:
+                sock.close()
+                raise ConnectionLost(f"TLS to {p.safe_url()} failed: {exc}") from exc
         sock.setblocking(False)
         self.sock = sock
         try:
@@ -205,7 +219,7 @@ class Connection:
                 sent = sock.send(view)
                 view = view[sent:]
                 continue
-            except BlockingIOError:
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 pass
             except OSError as exc:
                 raise ConnectionLost(f"connection to {self.params.safe_url()} lost while sending: {exc}") from exc
@@ -225,7 +239,11 @@ class Connection:
         sock = self._socket()
         try:
             chunk = sock.recv(_RECV_SIZE)
-        except BlockingIOError:
+            if chunk and isinstance(sock, ssl.SSLSocket):
+                # Decrypted bytes OpenSSL holds are invisible to select(): take them now.
+                while sock.pending():
+                    chunk += sock.recv(_RECV_SIZE)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError as exc:
             self.abort()

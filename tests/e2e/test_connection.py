@@ -8,7 +8,6 @@ import pika
 import pytest
 
 from . import get_all, uid
-from .conftest import ON_LAVINPY
 from .rawamqp import (
     CLIENT_PROPERTIES,
     PROTOCOL_HEADER,
@@ -17,9 +16,9 @@ from .rawamqp import (
     commands,
 )
 
-# What the server offers in connection.tune. lavinpy offers channel_max 2048 (as LavinMQ);
-# RabbitMQ's default is 2047 (channel 0 is not counted).
-EXPECTED_CHANNEL_MAX = 2048 if ON_LAVINPY else 2047
+# What the server offers in connection.tune: RabbitMQ's default channel_max, 2047 (channel 0 is
+# not counted), as lavinpy does.
+EXPECTED_CHANNEL_MAX = 2047
 
 
 @pytest.mark.parametrize("header", [

@@ -50,8 +50,11 @@ def test_url_and_options() -> None:
     assert (p.username, p.password, p.host, p.port, p.vhost) == ("u@x", "p:w", "example.test", 5673, "my/vhost")
     assert AMQPParams.from_url("amqp://h").vhost == "/"
     assert AMQPParams.from_url("amqp://h/%2f").vhost == "/"
-    with pytest.raises(ValueError, match="only amqp://"):
-        AMQPParams.from_url("amqps://h/")
+    with pytest.raises(ValueError, match="use amqp:// or amqps://"):
+        AMQPParams.from_url("http://h/")
+    tls = AMQPParams.from_url("amqps://h/?cacertfile=/ca.pem&verify=verify_none&server_name_indication=n")
+    assert (tls.port, tls.tls.cacertfile, tls.tls.verify, tls.tls.server_name) == (5671, "/ca.pem", False, "n")
+    assert AMQPParams.from_url("amqp://h").tls is None and AMQPParams.from_url("amqp://h").port == 5672
     w = WriteOptions.parse({"QUEUE": "jobs", "Confirm": "false", "maxInFlight": "100"})
     assert (w.exchange, w.routing_key, w.confirm, w.persistent, w.mandatory, w.max_in_flight) == \
         ("", "jobs", False, True, True, 100)

@@ -1,0 +1,35 @@
+"""The end of a connection after connection.close-ok (AMQP 0-9-1 section 2.2.4).
+
+The peer that receives close-ok closes the socket. A client usually still has publishes on the
+wire behind its connection.close: closing at once would make the kernel answer them with a reset,
+so the client gets EPIPE/ECONNRESET instead of its close-ok. As RabbitMQ does, the broker keeps
+reading (and discarding) until the client closes, or until CLOSE_OK_TIMEOUT.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from . import writer
+
+if TYPE_CHECKING:
+    from .connection import AMQPConnection
+
+CLOSE_OK_TIMEOUT = 30.0  # seconds a client has to close its socket after close-ok (RabbitMQ's too)
+
+
+def send_close_ok(conn: AMQPConnection, closed_state: int) -> None:
+    """Answer the client's connection.close; from now on its input is discarded unread."""
+    conn.send(writer.method_frame(0, commands.Connection.CloseOk()))
+    conn.flush_output()
+    conn.state = closed_state
+    conn.teardown()  # channels and exclusive queues go now, not when the client gets round to closing
+    transport = conn.transport
+    if transport is None or transport.is_closing():
+        return
+    transport.resume_reading()  # paused by a resource alarm: the client's leftovers must still drain
+    if conn._timer is not None:
+        conn._timer.cancel()
+    conn._timer = conn._loop.call_later(CLOSE_OK_TIMEOUT, conn.abort)
