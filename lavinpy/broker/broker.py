@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.broker")
 
-CLEAN_STOP_MARKER = "clean_shutdown"
-
 
 class Broker:
     def __init__(self, config: Config) -> None:
@@ -39,10 +37,9 @@ class Broker:
 
     def open(self) -> None:
         self.datadir.open()
-        marker = self.datadir.path / CLEAN_STOP_MARKER
         # Without the marker the last stop was a crash: recovered messages may have been delivered.
-        unclean = any(self.datadir.vhost_dirs()) and not marker.exists()
-        marker.unlink(missing_ok=True)
+        clean = self.datadir.take_clean_stop_marker()
+        unclean = any(self.datadir.vhost_dirs()) and not clean
         self.users = UserStore(self.datadir.users_file, self.datadir.vhosts_file)
         self.users.load()
         self.users.ensure_defaults(self.config.default_user, self.config.default_password)
@@ -142,5 +139,5 @@ class Broker:
                 task.cancel()
         for vhost in self.vhosts.values():
             vhost.close()
-        (self.datadir.path / CLEAN_STOP_MARKER).write_text("1\n")
+        self.datadir.write_clean_stop_marker()
         self.datadir.close()
