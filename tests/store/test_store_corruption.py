@@ -223,3 +223,39 @@ def test_index_entries_past_the_valid_end(tmp_path: Path, caplog) -> None:
     assert bodies(store, "b") == [body_of(i) for i in range(1, 198, 2)]
     assert_append_works(store)
     store.close()
+
+
+FIELD_OFFSETS = {"length": 3, "crc": 5, "header": 16, "body": -3}
+
+
+@pytest.mark.parametrize("segment", ["current", "sealed"])
+@pytest.mark.parametrize("field", list(FIELD_OFFSETS))
+def test_flipped_byte_matrix(tmp_path: Path, caplog, segment: str, field: str) -> None:
+    """Only the damaged record is unreadable; every other message of both queues is kept."""
+    a, b = populate(tmp_path)
+    victim = a[-3] if segment == "current" else a[3]  # records of both queues follow it
+    assert (pos_segment(victim) == pos_segment(b[-1])) == (segment == "current")
+    where = FIELD_OFFSETS[field]
+    if where < 0:
+        where += record_size_at(tmp_path, victim)
+    path = segment_file(tmp_path, pos_segment(victim))
+    offset = pos_offset(victim) + where
+    patch(path, offset, bytes([path.read_bytes()[offset] ^ 0xFF]))
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
+        store = reopen(tmp_path)
+    assert "discarded" not in caplog.text
+    index = a.index(victim)
+    assert readable(store, "a") == ([body_of(i) for i in range(0, 200, 2) if i != 2 * index], 1)
+    assert bodies(store, "b") == [body_of(i) for i in range(1, 200, 2)]
+    # What can be dead-lettered (reason corrupt): the fields, when they still add up without the CRC.
+    salvaged = store.messages.salvage(victim)
+    if field in ("crc", "body"):
+        assert salvaged is not None and salvaged.body[:8] == body_of(2 * index)[:8]
+    else:
+        assert salvaged is None
+    assert_append_works(store)
+    store.close()
+    store = reopen(tmp_path)  # the appended record is found after the damaged one
+    good, damaged = readable(store, "a")
+    assert good[-1] == b"after the damage" and damaged == 1
+    store.close()
