@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..store.datadir import DataDir
-from ..store.jsonfile import write_bytes_atomic
 from . import consumer_timeout
 from .alarms import alarm_reason, parse_watermark
 from .login_throttle import LoginThrottle
@@ -20,7 +19,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.broker")
 
-CLEAN_STOP_MARKER = "clean_shutdown"
 # Input bytes (all connections) after which the resource alarms are re-checked at once, instead
 # of waiting for the periodic check: a burst of publishes is seen before the next read.
 RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
@@ -46,10 +44,9 @@ class Broker:
 
     def open(self) -> None:
         self.datadir.open()
-        marker = self.datadir.path / CLEAN_STOP_MARKER
         # Without the marker the last stop was a crash: recovered messages may have been delivered.
-        unclean = any(self.datadir.vhost_dirs()) and not marker.exists()
-        marker.unlink(missing_ok=True)
+        clean = self.datadir.take_clean_stop_marker()
+        unclean = any(self.datadir.vhost_dirs()) and not clean
         self.users = UserStore(self.datadir.users_file, self.datadir.vhosts_file)
         self.users.load()
         self.users.ensure_defaults(self.config.default_user, self.config.default_password)
@@ -164,5 +161,5 @@ class Broker:
         self.login_throttle.close()
         for vhost in self.vhosts.values():
             vhost.close()
-        write_bytes_atomic(self.datadir.path / CLEAN_STOP_MARKER, b"1\n")
+        self.datadir.write_clean_stop_marker()
         self.datadir.close()

@@ -109,12 +109,6 @@ class Queue(QueueBase, QueueFeatures):
             return pos, True
         return pos, False
 
-    def close_damaged(self, reason: str) -> None:
-        if not self.index.closed:
-            self.index.mark_closed(reason)
-        for consumer in list(self.consumers):
-            self.remove_consumer(consumer, notify=True)
-
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get: the head message (now unacked), or None."""
         if self.closed:
@@ -122,14 +116,15 @@ class Queue(QueueBase, QueueFeatures):
         self.touch()
         if self.special:
             return self._get_special()
-        shifted = self._shift()
-        if shifted is None:
-            return None
-        pos, redelivered = shifted
-        msg = self.read(pos)
-        if msg is None:
-            return None
-        return pos, msg, redelivered
+        while True:
+            shifted = self._shift()
+            if shifted is None:
+                return None
+            pos, redelivered = shifted
+            msg = self.read(pos)
+            if msg is not None:
+                return pos, msg, redelivered
+            self.index.ack(pos)  # damaged: reported by read(), removed, the next one is tried
 
     def deliver(self) -> bool:
         """Deliver ready messages to consumers with capacity; True if more could go out now."""
@@ -146,8 +141,9 @@ class Queue(QueueBase, QueueFeatures):
                 return False
             pos, redelivered = shifted
             msg = self.read(pos)
-            if msg is None:
-                return False
+            if msg is None:  # damaged: reported by read(); removed, and the rest goes on
+                index.ack(pos)
+                continue
             consumer.channel.deliver(consumer, pos, msg, redelivered)
             if consumer.no_ack:
                 index.ack(pos)

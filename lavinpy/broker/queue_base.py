@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
@@ -11,8 +12,13 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 
+log = logging.getLogger("lavinpy.queue")
+
+
 class QueueBase:
     """Shared state queries and record reading; each kind brings its index, delivery and acks."""
+
+    corrupt_messages = 0  # damaged records found (and skipped) in this queue
 
     name: str
     vhost: VHost
@@ -37,12 +43,23 @@ class QueueBase:
         return any(c.exclusive for c in self.consumers)
 
     def read(self, pos: int) -> StoredMessage | None:
-        """Read a record; a damaged one closes this queue (and only this queue)."""
+        """Read a record. A damaged or missing one is reported and None is returned: the caller
+        removes that one message from the queue and goes on with the rest."""
         try:
             return self.vhost.store.messages.read(pos)
         except (CorruptRecord, KeyError) as e:
-            self.close_damaged(f"unreadable message at segment position {pos:#x}: {e}")
+            self.report_damaged(pos, e)
             return None
 
-    def close_damaged(self, reason: str) -> None:
-        raise NotImplementedError  # each kind closes itself and cancels its consumers
+    def report_damaged(self, pos: int, error: Exception) -> None:
+        """Log and count an unreadable message; dead-letter it (reason ``corrupt``) when its fields
+        can still be read without the CRC and the queue has a dead-letter exchange."""
+        self.corrupt_messages += 1
+        self.vhost.corrupt_messages += 1
+        log.error("vhost %r, queue %r: message at segment %d offset %d is damaged and skipped: %s",
+                  self.vhost.name, self.name, pos & 0xFFFFFFFF, pos >> 32, error)
+        if getattr(self, "settings", None) is None or self.settings.dead_letter_exchange is None:
+            return
+        salvaged = self.vhost.store.messages.salvage(pos)
+        if salvaged is not None:
+            self.vhost.dead_letter(self, salvaged, "corrupt")  # type: ignore[arg-type]

@@ -157,8 +157,9 @@ class QueueFeatures:
                 return None
             pos, redelivered = shifted
             msg = self.read(pos)
-            if msg is None:
-                return None
+            if msg is None:  # damaged: reported by read(); removed, the next one is tried
+                self._remove(pos)
+                continue
             if self._track_bytes:
                 self._ready_bytes -= len(msg.body)
             if self._has_ttl:
@@ -251,12 +252,15 @@ class QueueFeatures:
 
     def _arm_for_head(self: Queue) -> None:
         """Arm the TTL timer for the head's expiry (only the head can expire)."""
-        pos = self.index.peek()
-        if pos is None or self.index.closed:
-            return
-        msg = self.read(pos)
-        if msg is None:
-            return
+        while True:
+            pos = self.index.peek()
+            if pos is None or self.index.closed:
+                return
+            msg = self.read(pos)
+            if msg is not None:
+                break
+            self._shift()  # a damaged head (reported by read()) leaves the queue
+            self._remove(pos)
         expiry = message_expiry(msg.timestamp, msg.properties, self.settings.message_ttl)
         if expiry is not None:
             self._ttl_timer.arm_before(expiry)
@@ -273,8 +277,10 @@ class QueueFeatures:
             if pos is None:
                 return
             msg = self.read(pos)
-            if msg is None:
-                return
+            if msg is None:  # damaged (reported by read()): it leaves the queue
+                self._shift()
+                self._remove(pos)
+                continue
             expiry = message_expiry(msg.timestamp, msg.properties, ttl)
             if expiry is None or expiry > now:
                 if expiry is not None:

@@ -209,6 +209,7 @@ class StreamQueue(QueueBase):
         self.consumers: list[Consumer] = []
         self.deleted = False
         self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
+        self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         max_bytes = self.arguments.get("x-max-length-bytes")
         self.max_length_bytes: int | None = max_bytes if isinstance(max_bytes, int) else None
@@ -279,11 +280,11 @@ class StreamQueue(QueueBase):
             self.vhost.schedule_delivery(self)
 
     # --- messages out -------------------------------------------------------------------------
-    def close_damaged(self, reason: str) -> None:
-        if not self.index.closed:
-            self.index.mark_closed(reason)
-        for consumer in list(self.consumers):
-            self.remove_consumer(consumer, notify=True)
+    def report_damaged(self, pos: int, error: Exception) -> None:
+        # A stream keeps its records: each consumer passing a damaged one skips it; report it once.
+        if pos not in self._damaged:
+            self._damaged.add(pos)
+            super().report_damaged(pos, error)
 
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get is not supported on streams (RabbitMQ: 540, the connection closes)."""
@@ -318,8 +319,9 @@ class StreamQueue(QueueBase):
                     self._cursors[consumer] = cursor
                     continue
                 msg = self.read(pos)
-                if msg is None:
-                    return False
+                if msg is None:  # damaged: reported by read(); skipped like a hole
+                    cursor += 1
+                    continue
                 self._send(consumer, cursor, pos, msg)
                 cursor += 1
                 budget -= 1

@@ -81,6 +81,7 @@ class VHost:
         self.exchanges: dict[str, Exchange] = {}
         self.generation = 0  # bumped when an exchange goes away: channels cache resolved exchanges
         self.queues: dict[str, Queue] = {}
+        self.corrupt_messages = 0  # damaged records found (and skipped) by this vhost's queues
         self._flush_task: asyncio.Task | None = None
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
@@ -525,9 +526,9 @@ class VHost:
             if persistent and queue.durable:
                 needs_sync = True
         if not reached:
-            # Every target is closed: the record has no reference; keep the store's refcount rule
-            # (an append is followed by its pushes) by letting the next roll-over reclaim it.
-            return 0, False
+            # Every target is closed: nothing holds the record (the next roll-over reclaims it), so
+            # the publisher must not get an ack. Routed all the same: no basic.return.
+            return len(queues), REJECTED  # type: ignore[arg-type]
         return reached, needs_sync
 
     def _route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
@@ -550,9 +551,10 @@ class VHost:
         reached = 0
         targets = []
         for queue in queues:
-            if queue.index.closed:
-                continue
             reached += 1
+            if queue.index.closed:  # nothing would be stored for it: never confirmed with an ack
+                rejected = True
+                continue
             if queue.is_stream:
                 targets.append(queue)
                 continue

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1"
 VHOST_NAME_FILE = ".vhost"
+CLEAN_STOP_MARKER = "clean_shutdown"
 
 
 class SchemaVersionError(RuntimeError):
@@ -106,6 +107,24 @@ class DataDir:
                 f"data directory {self.path} has schema version {found!r}, this lavinpy supports "
                 f"{SCHEMA_VERSION!r}; use a data directory written by a matching version"
             )
+
+    @property
+    def clean_stop_marker(self) -> Path:
+        return self.path / CLEAN_STOP_MARKER
+
+    def take_clean_stop_marker(self) -> bool:
+        """At start: whether the last stop was clean; the marker is removed durably before anything
+        else happens, so that a crash (or power loss) from now on cannot pass for a clean stop."""
+        try:
+            os.unlink(self.clean_stop_marker)
+        except FileNotFoundError:
+            return False
+        fsync_dir(self.path)
+        return True
+
+    def write_clean_stop_marker(self) -> None:
+        """At the very end of a clean stop (file and name synced)."""
+        write_bytes_atomic(self.clean_stop_marker, b"1\n")
 
     def vhost_path(self, name: str, create: bool = False) -> Path:
         """The directory of vhost ``name``; with ``create`` it is made, with its ``.vhost`` name file."""

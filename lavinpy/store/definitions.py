@@ -1,8 +1,12 @@
 """``definitions.amqp``: a vhost's durable exchanges, queues and bindings as AMQP method frames.
 
-Layout: a 4-byte version (uint32 little-endian, 1), then complete AMQP method frames on channel 0
-(type, channel, size, payload, 0xCE), one per declare/delete/bind/unbind of a durable object, in the
-order they happened. Replaying the frames gives the current state. Deletes and unbinds make the log
+Layout (version 2): a 4-byte version (uint32 little-endian, 2), then one record per
+declare/delete/bind/unbind of a durable object, in the order they happened: a u32 length and a u32
+CRC-32 of the frame (little-endian), then a complete AMQP method frame on channel 0 (type, channel,
+size, payload, 0xCE). Replaying the frames gives the current state. A record that fails its CRC or
+cannot be decoded is skipped with an error naming its offset; the records after it are kept (a
+damaged length is passed by searching for the next record that checks out). Version 1 files (the
+frames without length and CRC) are read the same way and rewritten as version 2. Deletes and unbinds make the log
 longer than the state, so the log is rewritten (compacted) from the in-memory state at boot when it
 holds any, and at run time after ``compact_deletes`` of them.
 """
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
+import zlib
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,8 +29,11 @@ from lavinpy.store.jsonfile import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
+VERSION_1 = 1  # frames without a length and CRC: still read, rewritten as version 2 at load
 HEADER = struct.pack("<I", VERSION)
+_RECORD_HEADER = struct.Struct("<II")  # frame length, crc32 of the frame
+_MIN_FRAME = 8 + 4  # frame header, method index, frame end
 FRAME_METHOD = 1
 FRAME_END = 0xCE
 _FRAME_HEADER = struct.Struct(">BHI")  # AMQP frame header: type, channel, payload size (big-endian)
@@ -74,6 +83,118 @@ def encode_command(command: Command) -> bytes:
     """
     payload = _METHOD_INDEX.pack(command.index) + _encode_fields(command)
     return _FRAME_HEADER.pack(FRAME_METHOD, 0, len(payload)) + payload + bytes((FRAME_END,))
+
+
+def encode_record(command: Command) -> bytes:
+    """One version-2 record: length, CRC-32, then the frame."""
+    frame = encode_command(command)
+    return _RECORD_HEADER.pack(len(frame), zlib.crc32(frame)) + frame
+
+
+def decode_frame(frame: bytes) -> Command:
+    """The command of one whole method frame; ValueError says why it cannot be used."""
+    if len(frame) < _MIN_FRAME:
+        raise ValueError("frame too short")
+    frame_type, channel, size = _FRAME_HEADER.unpack_from(frame, 0)
+    if frame_type != FRAME_METHOD or channel != 0 or frame[-1] != FRAME_END \
+            or size != len(frame) - _FRAME_HEADER.size - 1:
+        raise ValueError("not a channel-0 method frame")
+    try:
+        _, _, command = pamqp_frame.unmarshal(frame)
+    except Exception as exc:  # any garbage (or nesting too deep to decode) may reach the decoder
+        raise ValueError(f"undecodable frame ({type(exc).__name__}: {exc})") from None
+    if not isinstance(command, COMMAND_TYPES):
+        raise ValueError(f"unexpected method {type(command).__name__}")
+    return command
+
+
+class LoadReport:
+    """What a load found besides valid records: errors by offset, and a cut-off tail."""
+
+    def __init__(self) -> None:
+        self.errors: list[tuple[int, str]] = []
+        self.tail: tuple[int, str] | None = None  # (offset, why) of an interrupted last write
+
+
+def _v2_record_at(data: bytes, pos: int) -> int:
+    """End of the version-2 record at ``pos`` if its length fits and its CRC matches, else -1."""
+    if pos + _RECORD_HEADER.size > len(data):
+        return -1
+    length, crc = _RECORD_HEADER.unpack_from(data, pos)
+    end = pos + _RECORD_HEADER.size + length
+    if length < _MIN_FRAME or end > len(data) or zlib.crc32(data[pos + _RECORD_HEADER.size:end]) != crc:
+        return -1
+    return end
+
+
+def _v1_frame_at(data: bytes, pos: int) -> int:
+    """End of the version-1 frame at ``pos`` if it is framed as a channel-0 method frame, else -1."""
+    if pos + _FRAME_HEADER.size + 1 > len(data):
+        return -1
+    frame_type, channel, size = _FRAME_HEADER.unpack_from(data, pos)
+    end = pos + _FRAME_HEADER.size + size + 1
+    if frame_type != FRAME_METHOD or channel != 0 or end > len(data) or data[end - 1] != FRAME_END:
+        return -1
+    return end
+
+
+def decode_log(data: bytes, version: int, report: LoadReport) -> list[Command]:
+    """Every usable command of a definitions file's body (after its 4-byte version).
+
+    A bad record is skipped (noted in ``report.errors``); when its length cannot be trusted the next
+    record is found by trying each following offset. Bytes after the last valid record in which no
+    record starts are an interrupted write when they run past the end of the file (``report.tail``),
+    and damage otherwise.
+    """
+    v2 = version == VERSION
+    found: list[Command] = []
+    pos = len(HEADER)
+    while pos < len(data):
+        end = _v2_record_at(data, pos) if v2 else _v1_frame_at(data, pos)
+        if end >= 0:
+            try:
+                found.append(decode_frame(data[pos + _RECORD_HEADER.size:end] if v2 else data[pos:end]))
+            except ValueError as exc:
+                report.errors.append((pos, str(exc)))
+            pos = end
+            continue
+        start = pos
+        pos += 1
+        while pos < len(data) and not _resyncs(data, pos, v2):
+            pos += 1
+        if pos < len(data):
+            report.errors.append((start, f"damaged record ({pos - start} bytes skipped)"))
+        elif _runs_past_end(data, start, v2) or not data[start:].strip(b"\0"):
+            report.tail = (start, "an incomplete last record")
+        else:
+            report.errors.append((start, f"damaged record ({pos - start} bytes skipped)"))
+    return found
+
+
+def _resyncs(data: bytes, pos: int, v2: bool) -> bool:
+    end = _v2_record_at(data, pos) if v2 else _v1_frame_at(data, pos)
+    if end < 0:
+        return False
+    if v2:
+        return True  # a CRC match is as good as it gets
+    try:  # version 1 has no checksum: a frame must also decode to count
+        decode_frame(data[pos:end])
+    except ValueError:
+        return False
+    return True
+
+
+def _runs_past_end(data: bytes, pos: int, v2: bool) -> bool:
+    head = _RECORD_HEADER if v2 else _FRAME_HEADER
+    if pos + head.size > len(data):
+        return True
+    if v2:
+        length, crc = _RECORD_HEADER.unpack_from(data, pos)
+        # A complete last record whose length alone is damaged still matches its CRC: damage, not a tail.
+        return (pos + _RECORD_HEADER.size + length > len(data)
+                and zlib.crc32(data[pos + _RECORD_HEADER.size:]) != crc)
+    size = _FRAME_HEADER.unpack_from(data, pos)[2]
+    return pos + _FRAME_HEADER.size + size + 1 > len(data)
 
 
 def _encode_fields(command: Command) -> bytes:
@@ -187,21 +308,27 @@ class DefinitionsLog:
             self._open_for_append()
             return []
         (version,) = struct.unpack_from("<I", data, 0)
-        if version != VERSION:
+        if version not in (VERSION, VERSION_1):
             raise DefinitionsFileError(
-                f"{self.path}: definitions file version {version}, this lavinpy reads version {VERSION}"
+                f"{self.path}: definitions file version {version}, this lavinpy reads versions "
+                f"{VERSION_1} and {VERSION}"
             )
-        found, end, problem = decode_frames(data, len(HEADER))
-        for command in found:
+        report = LoadReport()
+        for command in decode_log(data, version, report):
             self._apply(command)
-        if problem is not None:
-            log.warning(
-                "%s: ignoring %d bytes after offset %d (%s); likely an interrupted write",
-                self.path, len(data) - end, end, problem,
-            )
-            self._truncate(end)
-        if self._removals_since_compact:
-            self.compact()
+        for offset, problem in report.errors:
+            log.error("%s: definition record at offset %d skipped: %s; the definitions after it are kept",
+                      self.path, offset, problem)
+        if report.errors:
+            kept = self.path.with_name(f"{self.path.name}.damaged-{time.time_ns() // 1_000_000}")
+            write_bytes_atomic(kept, data)
+            log.error("%s: the file as found is kept as %s", self.path, kept.name)
+        if report.tail is not None:
+            offset, problem = report.tail
+            log.warning("%s: ignoring %d bytes after offset %d (%s); likely an interrupted write",
+                        self.path, len(data) - offset, offset, problem)
+        if version != VERSION or report.errors or report.tail is not None or self._removals_since_compact:
+            self.compact()  # rewritten as the state it describes, in the current format
         else:
             self._open_for_append()
         return self.current()
@@ -217,7 +344,7 @@ class DefinitionsLog:
             return
         if self._file is None:
             raise RuntimeError(f"{self.path}: load() must be called before append()")
-        self._file.write(encode_command(command))
+        self._file.write(encode_record(command))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._apply(command)
@@ -226,7 +353,7 @@ class DefinitionsLog:
 
     def compact(self) -> None:
         """Rewrite the file as the current state only (via ``.tmp``, fsync, rename, fsync dir)."""
-        data = HEADER + b"".join(encode_command(command) for command in self.current())
+        data = HEADER + b"".join(encode_record(command) for command in self.current())
         self.close()
         try:
             write_bytes_atomic(self.path, data)
@@ -282,9 +409,3 @@ class DefinitionsLog:
     def _open_for_append(self) -> None:
         # The handle lives as long as the log (closed in close()/compact()), hence no context manager.
         self._file = open(self.path, "ab")  # noqa: SIM115
-
-    def _truncate(self, size: int) -> None:
-        with open(self.path, "r+b") as f:
-            f.truncate(size)
-            f.flush()
-            os.fsync(f.fileno())

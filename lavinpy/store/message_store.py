@@ -76,6 +76,10 @@ class MessageStore:
         self._recovering = True
         self._held = 0
         self._pending_deletes: set[int] = set()
+        # Recovery only: (start, end) of unresolved bytes after the current segment's last valid
+        # record, and whether an index references them.
+        self._tail: tuple[int, int] | None = None
+        self._tail_referenced = False
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -95,7 +99,13 @@ class MessageStore:
                 self._ends[segment_id] = segment.data_end()
         newest = self._segments.get(ids[-1]) if ids else None
         if newest is not None:
-            self._set_current(newest, newest.scan_write_position())
+            valid_end, data_end = newest.scan()
+            # Bytes after the last valid record: a torn write, unless an index points into them (then
+            # a damaged record). Decided in delete_unreferenced(), once every index has been loaded;
+            # until then they count as valid data so that the indexes keep their entries.
+            self._set_current(newest, data_end)
+            if data_end > valid_end:
+                self._tail = (valid_end, data_end)
         else:  # none yet, or the newest file is unusable: start a fresh one after it
             self._set_current(self._create_segment(self.segment_size), DATA_START)
         log.debug("%s: %d message segments, writing %s at %d", self.path, len(self._segments),
@@ -195,6 +205,16 @@ class MessageStore:
         except CorruptRecord as exc:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
 
+    def salvage(self, pos: int) -> StoredMessage | None:
+        """A damaged record's fields without the CRC check, if its layout still adds up; else None."""
+        segment = self._segments.get(pos & _LOW32)
+        if segment is None:
+            return None
+        try:
+            return read_record(segment.view, pos >> 32, segment.size, verify=False)[0]
+        except (CorruptRecord, ValueError, IndexError):
+            return None
+
     def is_valid(self, pos: int) -> bool:
         """Whether ``pos`` points into the valid data of an existing segment."""
         segment_id = pos & _LOW32
@@ -239,10 +259,33 @@ class MessageStore:
         Returns how many segments were deleted (or queued for deletion while deletions are held).
         """
         self._recovering = False
+        self._resolve_tail()
         unreferenced = [i for i in self._segments if i != self._cur_id and not self._refs.get(i)]
         for segment_id in unreferenced:
             self._maybe_delete(segment_id)
         return len(unreferenced)
+
+    def note_references(self, entries: Iterable[int]) -> None:
+        """Recovery: an index loaded these positions (checked only while a tail is unresolved)."""
+        if self._tail is None or self._tail_referenced:
+            return
+        current, start = self._cur_id, self._tail[0]
+        self._tail_referenced = any((p & _LOW32) == current and (p >> 32) >= start for p in entries)
+
+    def _resolve_tail(self) -> None:
+        if self._tail is None:
+            return
+        (start, end), self._tail = self._tail, None
+        name = segment_name(self._cur_id)
+        if self._tail_referenced:
+            # An index points at these bytes: a damaged record, reported when read; appends go after it.
+            log.error("%s/%s: bytes %d to %d hold no valid record but are referenced by a queue index; "
+                      "kept (the damaged message is skipped when read)", self.path, name, start, end)
+            return
+        assert self._cur is not None
+        self._cur.zero(start, end)
+        self._wpos = start
+        log.warning("%s/%s: discarded %d bytes of a torn write at offset %d", self.path, name, end - start, start)
 
     def _maybe_delete(self, segment_id: int) -> None:
         if self._recovering or segment_id == self._cur_id or segment_id not in self._segments:

@@ -131,6 +131,7 @@ class QueueIndex:
             del acked
         live, counts, dropped = self._validate(enq)
         del enq
+        self.messages.note_references(live)
         for segment, count in counts.items():
             self._incref(segment, count)
         self._load_ready(live)

@@ -108,11 +108,23 @@ def record_length_at(buf: Buffer, offset: int) -> int:
     return length + HEADER_SIZE if length else 0
 
 
-def read_record(buf: Buffer, offset: int, end: int) -> tuple[StoredMessage, int]:
+def record_checks_out(buf: Buffer, offset: int, end: int) -> bool:
+    """Whether a whole, undamaged record starts at ``offset`` (layout and CRC); for recovery scans."""
+    try:  # the layout first: it rejects garbage without computing a CRC over it
+        total = read_record(buf, offset, end, verify=False, copy=False)[1]
+    except (CorruptRecord, PropertiesError, IndexError, ValueError):
+        return False
+    return _crc32(buf[offset + HEADER_SIZE:offset + total]) == _unpack_header_from(buf, offset)[1]
+
+
+def read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
+                copy: bool = True) -> tuple[StoredMessage, int]:
     """Decode and verify the record at ``offset``; returns (message, total record size).
 
     ``end`` bounds the record (the file size). Pass a memoryview for ``buf`` so that the CRC is
-    computed in place: the body is then copied once, into the returned bytes.
+    computed in place: the body is then copied once, into the returned bytes. ``verify=False``
+    skips the CRC but not the layout checks (salvaging a damaged record's fields); ``copy=False``
+    only checks the record (the message returned has an empty body).
     """
     if offset + HEADER_SIZE > end:
         raise CorruptRecord(f"record header at offset {offset} runs past the end ({end})")
@@ -123,7 +135,7 @@ def read_record(buf: Buffer, offset: int, end: int) -> tuple[StoredMessage, int]
         raise CorruptRecord(f"record at offset {offset} has an invalid length {length}")
     if stop > end:
         raise CorruptRecord(f"record at offset {offset} of length {length} runs past the end ({end})")
-    if _crc32(buf[start:stop]) != crc:
+    if verify and _crc32(buf[start:stop]) != crc:
         raise CorruptRecord(f"record at offset {offset} fails its CRC check")
     timestamp = _I64.unpack_from(buf, start)[0]
     p = start + 8
@@ -150,7 +162,7 @@ def read_record(buf: Buffer, offset: int, end: int) -> tuple[StoredMessage, int]
             f"record at offset {offset}: body size {body_len} does not match the record length {length}")
     try:
         message = StoredMessage(timestamp, exchange.decode(), routing_key.decode(), properties,
-                                bytes(buf[p:stop]))
+                                bytes(buf[p:stop]) if copy else b"")
     except UnicodeDecodeError:
         raise CorruptRecord(f"record at offset {offset}: exchange or routing key is not UTF-8") from None
     return message, length + HEADER_SIZE

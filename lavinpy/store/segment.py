@@ -11,11 +11,12 @@ import errno
 import logging
 import mmap
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
 
-from lavinpy.store.record import HEADER, HEADER_SIZE
+from lavinpy.store.record import FIXED_PAYLOAD, HEADER, HEADER_SIZE, record_checks_out
 
 log = logging.getLogger("lavinpy.store")
 
@@ -24,6 +25,7 @@ DATA_START = 4  # records start after the u32 schema version
 _VERSION = struct.Struct("<I")
 _PAGE = mmap.ALLOCATIONGRANULARITY
 _TAIL_CHUNK = 64 * 1024  # data_end() looks at the file end in chunks of this size
+_NONZERO = re.compile(rb"[^\x00]")
 
 
 class SegmentError(Exception):
@@ -121,50 +123,72 @@ class Segment:
             end = start
         return DATA_START
 
-    def scan_write_position(self) -> int:
-        """Walk the records from the start and return where the valid data ends.
+    def scan(self) -> tuple[int, int]:
+        """Walk the records from the start: (end of the last valid record, end of the non-zero data).
 
-        Stops at a zero length. A last record that runs past the file or fails its CRC is a torn
-        write: it and any bytes after it are zeroed, so later scans and appends see a clean tail.
-        A bad record followed by a good one is not a tail: it is left in place for the reader to
-        report (the queues holding it get CorruptRecord).
+        A record whose length, CRC or layout is wrong is skipped by searching forward for the next
+        record whose header and CRC check out; the damaged bytes stay in place (an index may point
+        at them; the reader reports them). When no valid record follows, the bytes from the end of
+        the last valid record to the second value are a tail the caller resolves: a torn write to
+        zero, unless an index references it. Nothing is written here.
         """
         view = self.view
         size = self.size
         crc32 = zlib.crc32
         unpack = HEADER.unpack_from
-        pos = DATA_START
-        while pos + HEADER_SIZE <= size:
-            length, crc = unpack(view, pos)
-            if length == 0:
-                break
-            end = pos + HEADER_SIZE + length
-            if end > size:
-                break
-            if crc32(view[pos + HEADER_SIZE:end]) != crc:
-                if self._valid_record_at(end):
-                    log.error("%s: record at offset %d fails its CRC check; keeping the records after it",
-                              self.path.name, pos)
-                    pos = end
+        data_end = self.data_end()
+        pos = valid_end = DATA_START
+        while pos < data_end:
+            if pos + HEADER_SIZE <= size:
+                length, crc = unpack(view, pos)
+                end = pos + HEADER_SIZE + length
+                if length and end <= size and crc32(view[pos + HEADER_SIZE:end]) == crc:
+                    pos = valid_end = end
                     continue
+            found = self._next_record(pos + 1, data_end)
+            if found < 0:
                 break
-            pos = end
-        self._zero_tail(pos)
-        return pos
+            log.error("%s: bytes %d to %d hold no valid record (damaged); skipped, the records after "
+                      "them are kept", self.path.name, pos, found)
+            pos = valid_end = found
+        return valid_end, max(data_end, valid_end)
 
-    def _valid_record_at(self, pos: int) -> bool:
-        if pos + HEADER_SIZE > self.size:
-            return False
-        length, crc = HEADER.unpack_from(self.view, pos)
-        end = pos + HEADER_SIZE + length
-        return length != 0 and end <= self.size and zlib.crc32(self.view[pos + HEADER_SIZE:end]) == crc
+    def _next_record(self, pos: int, limit: int) -> int:
+        """Offset of the first record starting in [pos, limit) whose layout and CRC check out, or -1.
 
-    def _zero_tail(self, pos: int) -> None:
-        end = self.data_end()
-        if end > pos:
-            self.mm[pos:end] = bytes(end - pos)
-            self.sync(pos, end)
-            log.warning("%s: discarded %d bytes of a torn write at offset %d", self.path.name, end - pos, pos)
+        Runs only on damage. Zero runs are skipped at C speed; a record's first non-zero byte is at
+        most 3 bytes into its length field, so the search backs up that far.
+        """
+        view = self.view
+        size = self.size
+        search = _NONZERO.search
+        while pos < limit and pos + HEADER_SIZE <= size:
+            length = view[pos] | view[pos + 1] << 8 | view[pos + 2] << 16 | view[pos + 3] << 24
+            if length == 0:
+                match = search(self.mm, pos, limit)
+                if match is None:
+                    return -1
+                pos = max(pos + 1, match.start() - 3)
+                continue
+            if FIXED_PAYLOAD <= length <= size - pos - HEADER_SIZE and record_checks_out(view, pos, size):
+                return pos
+            pos += 1
+        return -1
+
+    def scan_write_position(self) -> int:
+        """``scan()`` for a segment no index points into: any tail is a torn write, zeroed here."""
+        valid_end, data_end = self.scan()
+        if data_end > valid_end:
+            self.zero(valid_end, data_end)
+            log.warning("%s: discarded %d bytes of a torn write at offset %d", self.path.name,
+                        data_end - valid_end, valid_end)
+        return valid_end
+
+    def zero(self, start: int, end: int) -> None:
+        """Zero [start, end) and sync it: a torn write, so that later scans and appends see a clean tail."""
+        if end > start:
+            self.mm[start:end] = bytes(end - start)
+            self.sync(start, end)
 
     def sync(self, start: int, end: int) -> None:
         """msync the pages covering [start, end). Safe to call from a worker thread."""

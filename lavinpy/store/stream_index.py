@@ -115,6 +115,7 @@ class StreamIndex:
         if start:
             entries = entries[start:]
         entries, runs, changed = self._validate(entries)
+        self.messages.note_references(entries)
         self._set_entries(entries, runs)
         for run in self._runs:
             if run.refs:

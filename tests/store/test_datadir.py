@@ -76,3 +76,31 @@ def test_remove_vhost(tmp_path):
         assert keep.exists()
         assert dd.vhost_dirs() == {"keep": keep}
         dd.remove_vhost("never-existed")  # no error
+
+
+def test_clean_stop_marker_removal_and_write_are_synced(tmp_path, monkeypatch):
+    """A removed marker that reappears after a power loss would make a crash look like a clean stop."""
+    import os
+
+    from lavinpy.store import datadir as datadir_module
+
+    d = datadir_module.DataDir(tmp_path)
+    d.open()
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    assert d.take_clean_stop_marker() is False
+    d.write_clean_stop_marker()
+    assert (tmp_path / "clean_shutdown").read_bytes() == b"1\n"
+    assert str(tmp_path) in synced and any(p.endswith("clean_shutdown.tmp") or "clean_shutdown" in p
+                                           for p in synced)
+    synced.clear()
+    assert d.take_clean_stop_marker() is True
+    assert not (tmp_path / "clean_shutdown").exists()
+    assert synced == [str(tmp_path)]  # the directory, after the unlink
+    d.close()

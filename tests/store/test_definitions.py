@@ -1,4 +1,6 @@
+import logging
 import struct
+import zlib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,8 +12,11 @@ from lavinpy.store.definitions import (
     HEADER,
     DefinitionsFileError,
     DefinitionsLog,
+    LoadReport,
     decode_frames,
+    decode_log,
     encode_command,
+    encode_record,
 )
 
 ARGS = {
@@ -40,8 +45,9 @@ def assert_state(actual, expected):
 def file_commands(path):
     data = path.read_bytes()
     assert data[:4] == HEADER
-    found, end, problem = decode_frames(data, 4)
-    assert problem is None and end == len(data)
+    report = LoadReport()
+    found = decode_log(data, 2, report)
+    assert not report.errors and report.tail is None
     return found
 
 
@@ -100,7 +106,7 @@ def test_new_file_has_version_header(tmp_path):
     path = tmp_path / "definitions.amqp"
     log, state = open_log(path)
     assert state == []
-    assert path.read_bytes() == struct.pack("<I", 1)
+    assert path.read_bytes() == struct.pack("<I", 2)
     log.close()
 
 
@@ -238,7 +244,7 @@ def test_load_compacts_a_file_holding_deletes(tmp_path):
     reloaded = DefinitionsLog(path)
     assert_state(reloaded.load(), expected)
     assert_state(file_commands(path), expected)
-    assert path.stat().st_size == len(HEADER) + sum(len(encode_command(x)) for x in expected)
+    assert path.stat().st_size == len(HEADER) + sum(len(encode_record(x)) for x in expected)
     assert not (tmp_path / "d.tmp").exists()
     reloaded.append(q("q3"))  # appends go to the new file
     reloaded.close()
@@ -406,3 +412,89 @@ def reference_state(ops):
         else:
             bindings = [b for b in bindings if bind_id(b) != bind_id(op)]
     return [*exchanges.values(), *queues.values(), *bindings]
+
+
+def write_log(path, commands):
+    """Append each command; returns the file offset of each one's record."""
+    log, _ = open_log(path)
+    offsets = []
+    for command in commands:
+        offsets.append(path.stat().st_size)
+        log.append(command)
+    log.close()
+    return offsets
+
+
+def canonical(commands):
+    """The order load() returns: exchanges, queues, bindings."""
+    kinds = (c.Exchange.Declare, c.Queue.Declare)
+    return sorted(commands, key=lambda d: next((i for i, k in enumerate(kinds) if isinstance(d, k)), 2))
+
+
+DEFS = [ex("e1"), q("q1", arguments=ARGS), q("q2"), qbind("q2", "e1", "k"), ex("e2"), q("q3")]
+
+
+# A byte flipped at the start, in the middle and at the end of one record, the rest of the file intact.
+@pytest.mark.parametrize("where", [0, 1, 3, 5, 9, "middle", "last"])
+@pytest.mark.parametrize("victim", [1, 2, 5])
+def test_damaged_record_is_skipped_and_the_rest_kept(tmp_path, caplog, where, victim):
+    path = tmp_path / "definitions.amqp"
+    offsets = write_log(path, DEFS)
+    ends = offsets[1:] + [path.stat().st_size]
+    start, end = offsets[victim], ends[victim]
+    at = {"middle": (start + end) // 2, "last": end - 1}.get(where, start + where if isinstance(where, int) else 0)
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="lavinpy.store.definitions"):
+        state = DefinitionsLog(path).load()
+    kept = canonical([d for i, d in enumerate(DEFS) if i != victim])
+    assert_state(state, kept)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(f"offset {start}" in m for m in errors), errors
+    # Rewritten without the damaged record (which is kept in a copy of the file as found).
+    assert_state(file_commands(path), kept)
+    copies = list(tmp_path.glob("definitions.amqp.damaged-*"))
+    assert len(copies) == 1 and copies[0].read_bytes() == bytes(data)
+
+
+def test_record_that_checks_out_but_does_not_decode_is_skipped(tmp_path, caplog):
+    path = tmp_path / "definitions.amqp"
+    offsets = write_log(path, DEFS[:2])
+    frame = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0a\xce"  # connection.start: not a definition
+    with open(path, "ab") as f:
+        f.write(struct.pack("<II", len(frame), zlib.crc32(frame)) + frame)
+    bad = path.stat().st_size - len(frame) - 8
+    log = DefinitionsLog(path)
+    log.load()
+    log.append(q("after"))
+    log.close()
+    with caplog.at_level(logging.ERROR, logger="lavinpy.store.definitions"):
+        state = DefinitionsLog(path).load()
+    assert_state(state, [DEFS[0], DEFS[1], q("after")])
+    assert f"offset {bad}" in caplog.text and offsets
+
+
+def test_version_1_file_is_read_past_a_bad_frame_and_rewritten(tmp_path, caplog):
+    path = tmp_path / "definitions.amqp"
+    undecodable = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0a\xce"  # framed, but not a definition
+    damaged = bytearray(encode_command(q("q2")))
+    damaged[3] ^= 0xFF  # its frame size: where it ends is unknown
+    parts = [struct.pack("<I", 1), encode_command(ex("e1")), undecodable, encode_command(q("q1")),
+             bytes(damaged), encode_command(q("q3"))]
+    path.write_bytes(b"".join(parts))
+    with caplog.at_level(logging.ERROR, logger="lavinpy.store.definitions"):
+        state = DefinitionsLog(path).load()
+    assert_state(state, [ex("e1"), q("q1"), q("q3")])
+    for offset in (len(parts[0]) + len(parts[1]), sum(map(len, parts[:4]))):
+        assert f"offset {offset}" in caplog.text
+    assert path.read_bytes()[:4] == struct.pack("<I", 2)
+    assert_state(file_commands(path), [ex("e1"), q("q1"), q("q3")])
+
+
+def test_version_1_file_is_rewritten_as_version_2(tmp_path):
+    path = tmp_path / "definitions.amqp"
+    path.write_bytes(struct.pack("<I", 1) + b"".join(encode_command(d) for d in DEFS))
+    assert_state(DefinitionsLog(path).load(), canonical(DEFS))
+    assert_state(file_commands(path), canonical(DEFS))
+    assert not list(tmp_path.glob("*.damaged-*"))
