@@ -39,6 +39,7 @@ from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
 from .priority_index import open_priority_index
 from .queue import Queue
+from .recovery import orphan_queue_declares
 from .stream_queue import StreamQueue, validate_stream_declare
 
 if TYPE_CHECKING:
@@ -102,7 +103,12 @@ class VHost:
             log.error("vhost %r: policies not loaded: %s", self.name, e)
         # Delayed exchanges open their held-message index during the replay: before finish_recovery,
         # which deletes the segments no open index references.
-        for cmd in self.definitions.load():
+        replay = self.definitions.load()
+        if self.definitions.damaged_records:
+            for cmd in orphan_queue_declares(self.name, self.store, replay):
+                self.definitions.append(cmd)
+            replay = self.definitions.current()  # exchanges, queues, then bindings
+        for cmd in replay:
             self._replay(cmd, unclean_stop)
         self.store.finish_recovery()
         self.store.messages.release_memory()

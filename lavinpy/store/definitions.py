@@ -274,6 +274,7 @@ class DefinitionsLog:
         self._queues: dict[str, commands.Queue.Declare] = {}
         self._bindings: dict[tuple, Binding] = {}
         self._removals_since_compact = 0
+        self.damaged_records = 0  # records the last load() skipped as damaged
         self._file: BinaryIO | None = None
         self._apply_by_type: dict[type, Callable[[Any], None]] = {
             commands.Exchange.Declare: self._declare_exchange,
@@ -314,8 +315,10 @@ class DefinitionsLog:
                 f"{VERSION_1} and {VERSION}"
             )
         report = LoadReport()
+        self.damaged_records = 0
         for command in decode_log(data, version, report):
             self._apply(command)
+        self.damaged_records = len(report.errors)
         for offset, problem in report.errors:
             log.error("%s: definition record at offset %d skipped: %s; the definitions after it are kept",
                       self.path, offset, problem)

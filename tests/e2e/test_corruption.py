@@ -132,3 +132,46 @@ def test_flipped_byte_loses_only_that_message(fresh_broker, tmp_path: Path, fiel
     log = b.log
     for queue, (segment, offset) in (("q1", q1[sealed_victim]), ("q2", q2[current_victim])):
         assert f"queue '{queue}': message at segment {segment} offset {offset} is damaged" in log
+
+
+@lavinpy_only()
+def test_damaged_queue_declaration_loses_no_queue_or_message(fresh_broker) -> None:
+    """A byte flipped in the declare record of one queue: every other definition is kept, and the
+    queue itself comes back from its directory with its messages and its bindings."""
+    b = fresh_broker
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.exchange_declare("ex.before", "direct", durable=True)
+    for queue in ("qa", "qvictim", "qc"):
+        ch.queue_declare(queue, durable=True)
+        ch.queue_bind(queue, "ex.before", routing_key=queue)
+    ch.exchange_declare("ex.after", "fanout", durable=True)
+    ch.queue_bind("qc", "ex.after")
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(20):
+        for queue in ("qa", "qvictim", "qc"):
+            ch.basic_publish("ex.before", queue, f"{queue}-{i}".encode(), persistent)
+    conn.close()
+    b.stop()
+
+    path = b.data_dir / sha1("/") / "definitions.amqp"
+    data = bytearray(path.read_bytes())
+    where = data.index(b"qvictim")  # first mention: its declare record (the binds come later)
+    data[where + 1] ^= 0x20
+    path.write_bytes(bytes(data))
+
+    b.start()
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    for queue in ("qa", "qvictim", "qc"):
+        assert ch.queue_declare(queue, passive=True).method.message_count == 20, queue
+        assert consume_all(ch, queue) == [f"{queue}-{i}".encode() for i in range(20)]
+    ch.confirm_delivery()
+    ch.basic_publish("ex.before", "qvictim", b"routed", persistent)  # its binding came back too
+    ch.basic_publish("ex.after", "", b"fanout", persistent)  # a definition after the damaged one
+    assert consume_all(ch, "qvictim") == [b"routed"]
+    assert consume_all(ch, "qc") == [b"fanout"]
+    conn.close()
+    assert "definition record at offset" in b.log
+    assert "queue 'qvictim' is declared again from its directory" in b.log
