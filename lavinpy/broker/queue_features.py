@@ -206,6 +206,13 @@ class QueueFeatures:
             self._delivery_counts.pop(pos, None)
         self.index.ack(pos)
 
+    def forget_purged_counts(self: Queue) -> None:
+        """After a purge only the unacked messages are left to count (the purged ones are gone)."""
+        counts = self._delivery_counts
+        unacked = set(self.index.unacked())
+        for pos in [pos for pos in counts if pos not in unacked]:
+            del counts[pos]
+
     def reject(self: Queue, pos: int) -> None:
         """basic.reject / basic.nack without requeue: dead-letter (reason rejected), then remove."""
         if self.deleted:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from lavinpy.store.datadir import sha1_name
+
 from . import consume, get_all, persistent, settle, uid, wait_until
 from .conftest import lavinpy_only
 
@@ -123,3 +125,26 @@ def test_acked_messages_leave_no_count_and_others_keep_theirs(fresh_broker, fres
     got = get_all(ch, q, auto_ack=True)
     assert [(body, (props.headers or {}).get("x-delivery-count")) for _, props, body in got] == [
         (b"kept", 2), (b"fresh", None)]
+
+
+def test_purged_messages_leave_no_count(fresh_broker, fresh_clients):
+    """After a purge only the unacked message keeps a count, in memory and in the queue's file."""
+    conn, ch = fresh_clients.channel()
+    ch.confirm_delivery()
+    dlq, q = _declare(ch)
+    for body in (b"held", b"purged"):
+        ch.basic_publish("", q, body, persistent())
+    first, _, _ = ch.basic_get(q)
+    second, _, _ = ch.basic_get(q)
+    ch.basic_nack(second.delivery_tag, multiple=True, requeue=True)  # both counted once
+    method, props, body = ch.basic_get(q)
+    assert (body, props.headers["x-delivery-count"]) == (b"held", 1)
+    assert ch.queue_purge(q).method.message_count == 1
+    fresh_clients.close_connections()  # "held" goes back: its second return
+    fresh_broker.stop()
+    counts_file = fresh_broker.data_dir / sha1_name("/") / sha1_name(q) / "delivery_counts"
+    assert counts_file.stat().st_size == 16  # one entry: "held"
+    fresh_broker.start()
+    _, ch = fresh_clients.channel()
+    got = get_all(ch, q, auto_ack=True)
+    assert [(body, props.headers["x-delivery-count"]) for _, props, body in got] == [(b"held", 2)]
