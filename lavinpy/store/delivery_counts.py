@@ -77,7 +77,7 @@ class DeliveryCounts:
         """Load the file, if any; ``live`` (the queue's positions) filters out removed messages."""
         if not self.durable:
             return
-        (self.directory / (COUNTS_FILE + ".tmp")).unlink(missing_ok=True)  # type: ignore[operator]
+        self.path.with_name(COUNTS_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted compaction
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -98,7 +98,8 @@ class DeliveryCounts:
             log.warning("queue %r: %d damaged entries in %s ignored", self.name, bad, COUNTS_FILE)
         self._file_entries = whole // ENTRY.size
         if counts and live is not None:
-            for pos in set(counts).difference(set(counts).intersection(live)):
+            kept = set(counts).intersection(live)  # one pass over the queue, only when counts exist
+            for pos in [pos for pos in counts if pos not in kept]:
                 del counts[pos]  # acked before the stop: its message is gone
 
     # ---- counting ----------------------------------------------------------------------------
