@@ -175,6 +175,8 @@ class Queue(QueueBase, QueueFeatures):
 
     def purge(self) -> int:
         count = self.index.purge()
+        if self._delivery_counts:
+            self.forget_purged_counts()
         self._recovered_left = 0
         self._ready_bytes = 0
         return count

@@ -207,6 +207,13 @@ class QueueFeatures:
             self._delivery_counts.pop(pos, None)
         self.index.ack(pos)
 
+    def forget_purged_counts(self: Queue) -> None:
+        """After a purge only the unacked messages are left to count (the purged ones are gone)."""
+        counts = self._delivery_counts
+        unacked = set(self.index.unacked())
+        for pos in [pos for pos in counts if pos not in unacked]:
+            del counts[pos]
+
     def reject(self: Queue, pos: int) -> None:
         """basic.reject / basic.nack without requeue: dead-letter (reason rejected), then remove."""
         if self.deleted:
@@ -230,7 +237,8 @@ class QueueFeatures:
                         self.vhost.dead_letter(self, msg, "delivery_limit")
                 self._remove(pos)
                 return
-            self._delivery_counts[pos] = count
+            # On file before the message is ready again: a restart cannot hand it out with a lower count.
+            self._delivery_counts_file.set(pos, count)
         self.index.requeue(pos)
         self._redelivered.add(pos)
         if self._track_bytes or self._has_ttl:
@@ -318,8 +326,10 @@ class QueueFeatures:
         self._has_ttl = False
         self._message_ttl_seen = False
         self._counts_deliveries = False
-        # Requeued position -> times it was returned (x-delivery-limit queues only; lost on restart).
-        self._delivery_counts: dict[int, int] = {}
+        # Requeued position -> times it was returned (x-delivery-limit queues only). The dict is the
+        # store's, which keeps it on disk for durable queues; the broker pops acked positions itself.
+        self._delivery_counts_file = self.vhost.store.open_delivery_counts(self.index)
+        self._delivery_counts: dict[int, int] = self._delivery_counts_file.counts
         self._ttl_timer = Timer(self._on_ttl_timer)
         self._expires_timer = Timer(self._on_expires_timer)
         self.apply_settings(settings or QueueSettings())

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lavinpy.store.datadir import sha1_name
+from lavinpy.store.delivery_counts import DeliveryCounts
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex
 
@@ -36,6 +37,7 @@ class VhostStore:
         self.ack_file_max_bytes = ack_file_max_bytes
         self.messages = MessageStore(self.path, segment_size)
         self._queues: dict[str, QueueIndex] = {}
+        self._delivery_counts: dict[str, DeliveryCounts] = {}
         self._executor: ThreadPoolExecutor | None = None
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
@@ -88,10 +90,28 @@ class VhostStore:
         self._queues[name] = index
         return index
 
+    def open_delivery_counts(self, index: QueueIndex) -> DeliveryCounts:
+        """The delivery counts of an open queue, loaded from its directory (durable queues)."""
+        counts = self._delivery_counts.get(index.name)
+        if counts is not None:
+            return counts
+
+        def sync_acks() -> None:  # what compaction needs on disk before it forgets a count
+            index.write_buffers()
+            index.fsync()
+
+        counts = DeliveryCounts(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd)
+        counts.open(index if counts.durable else None)
+        self._delivery_counts[index.name] = counts
+        return counts
+
     def delete_queue(self, index: QueueIndex) -> None:
         """Remove a queue: its messages lose this reference and its directory goes."""
         if self._queues.get(index.name) is index:
             del self._queues[index.name]
+        counts = self._delivery_counts.pop(index.name, None)
+        if counts is not None:
+            counts.delete()
         index.delete()
 
     @property
@@ -114,6 +134,9 @@ class VhostStore:
         for index in self._queues.values():
             index.close(clean=clean)
         self._queues.clear()
+        for counts in self._delivery_counts.values():  # after the indexes: their acks are on disk
+            counts.close(clean=clean)
+        self._delivery_counts.clear()
         if clean:
             self.messages.sync_ranges(self.messages.take_dirty())
         self.messages.close()
@@ -129,7 +152,8 @@ class VhostStore:
         """Whether a durable queue has index entries not yet flushed (a periodic flush is due)."""
         if self.fsync_policy == "never":  # flushing only hands the buffers to the OS
             return any(q.has_pending_writes for q in self._queues.values())
-        return any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
+        return (any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
+                or any(c.has_unsynced for c in self._delivery_counts.values()))
 
     async def flush(self, acks: bool = True) -> None:
         """Resolve once everything appended/pushed/acked before the call is on disk (per policy).
@@ -188,12 +212,17 @@ class VhostStore:
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
         self._write_index_buffers()
         ranges = self.messages.take_dirty()
-        synced: list[QueueIndex] = []
+        synced: list[QueueIndex | DeliveryCounts] = []
         fds: list[int] = []
         for index in self._queues.values():
             taken = index.take_unsynced_fds(acks)
             if taken:
                 synced.append(index)
+                fds.extend(taken)
+        for counts in self._delivery_counts.values():
+            taken = counts.take_unsynced_fds()
+            if taken:
+                synced.append(counts)
                 fds.extend(taken)
         if not ranges and not fds:
             return

@@ -1,0 +1,201 @@
+"""How often each message of a queue was returned to it (``x-delivery-count``), kept across restarts.
+
+A durable queue that has had a message returned (nack/reject with requeue, channel closed with
+unacked messages) gets a ``delivery_counts`` file next to its ``enq``/``ack`` files: append-only
+16-byte entries, ``position u64, count u32, crc32 u32`` (little-endian; the CRC covers the first 12
+bytes), and the last entry for a position wins. Queues that never had a message returned have no
+file and pay nothing.
+
+- Each new count is written to the file (``os.write``) before the message is ready again, so a
+  killed process never loses one. The file is fsynced by the store's flushes, like the ack files:
+  after a power loss a message may have the count of its last synced entry (lower, never reset).
+- Acks write nothing here: the broker forgets the count in memory, and the entry is dropped when the
+  file is compacted. Compaction happens when the file outgrows the live counts, and at a clean close;
+  it first makes the queue's acks durable (``sync_removals``), so an entry is never dropped while
+  its message could still come back after a crash.
+- On open, entries whose message is no longer in the queue (acked before a crash) are ignored, as
+  are a torn last entry and any entry that fails its CRC.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from lavinpy.store.jsonfile import fsync_dir
+
+log = logging.getLogger("lavinpy.store")
+
+COUNTS_FILE = "delivery_counts"
+ENTRY = struct.Struct("<QII")  # position, count, crc32 of the first 12 bytes
+_KEY = struct.Struct("<QI")
+COMPACT_MIN_ENTRIES = 4096  # 64 KiB: below this the file is never rewritten while running
+MAX_COUNT = 0xFFFFFFFF
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+def pack_entry(pos: int, count: int) -> bytes:
+    key = _KEY.pack(pos, count)
+    return ENTRY.pack(pos, count, zlib.crc32(key))
+
+
+class DeliveryCounts:
+    """The delivery counts of one queue: ``counts`` (position -> times returned) and its file.
+
+    ``directory=None`` keeps them in memory only (a transient queue). The broker reads and pops
+    ``counts`` directly (a dict: its truth test is the only cost for queues without counts) and
+    calls ``set`` for every new count.
+    """
+
+    def __init__(self, name: str, directory: Path | None, *,
+                 sync_removals: Callable[[], None] = lambda: None,
+                 close_fd: Callable[[int], None] = os.close,
+                 compact_min_entries: int = COMPACT_MIN_ENTRIES) -> None:
+        self.name = name
+        self.directory = Path(directory) if directory is not None else None
+        self.durable = directory is not None
+        self.counts: dict[int, int] = {}
+        self._sync_removals = sync_removals
+        self._close_fd = close_fd
+        self._compact_min = compact_min_entries
+        self._fd = -1
+        self._file_entries = 0  # entries in the file on disk (written, maybe not synced)
+        self.has_unsynced = False
+
+    @property
+    def path(self) -> Path:
+        assert self.directory is not None
+        return self.directory / COUNTS_FILE
+
+    # ---- opening -----------------------------------------------------------------------------
+
+    def open(self, live: Iterable[int] | None = None) -> None:
+        """Load the file, if any; ``live`` (the queue's positions) filters out removed messages."""
+        if not self.durable:
+            return
+        self.path.with_name(COUNTS_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted compaction
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        whole = len(data) - len(data) % ENTRY.size
+        if whole != len(data):
+            log.warning("queue %r: %s file ends with a partial entry of %d bytes; ignored",
+                        self.name, COUNTS_FILE, len(data) - whole)
+            os.truncate(self.path, whole)
+        counts = self.counts
+        bad = 0
+        for pos, count, crc in ENTRY.iter_unpack(memoryview(data)[:whole]):
+            if zlib.crc32(_KEY.pack(pos, count)) != crc:
+                bad += 1
+                continue
+            counts[pos] = count
+        if bad:
+            log.warning("queue %r: %d damaged entries in %s ignored", self.name, bad, COUNTS_FILE)
+        self._file_entries = whole // ENTRY.size
+        if counts and live is not None:
+            kept = set(counts).intersection(live)  # one pass over the queue, only when counts exist
+            for pos in [pos for pos in counts if pos not in kept]:
+                del counts[pos]  # acked before the stop: its message is gone
+
+    # ---- counting ----------------------------------------------------------------------------
+
+    def set(self, pos: int, count: int) -> None:
+        """Record a new count; on return it is in the file (the OS has it: a killed process keeps it)."""
+        count = min(count, MAX_COUNT)
+        self.counts[pos] = count
+        if not self.durable:
+            return
+        if self._fd < 0:
+            self._open_for_append()
+        entry = pack_entry(pos, count)
+        while entry:
+            entry = entry[os.write(self._fd, entry):]
+        self._file_entries += 1
+        self.has_unsynced = True
+        if self._file_entries >= max(self._compact_min, 2 * len(self.counts)):
+            self.compact()
+
+    def _open_for_append(self) -> None:
+        path = self.path
+        created = not path.exists()
+        self._fd = os.open(path, _OPEN_FLAGS, 0o644)
+        if created:
+            fsync_dir(path.parent)  # the new name must survive a crash along with its entries
+
+    # ---- flushing (the vhost store's group commit) -------------------------------------------
+
+    def take_unsynced_fds(self) -> list[int]:
+        """The descriptor a flush must fsync, marked synced (event-loop thread)."""
+        if not self.has_unsynced or self._fd < 0:
+            return []
+        self.has_unsynced = False
+        return [self._fd]
+
+    def mark_unsynced(self) -> None:
+        """A flush failed: the next one syncs the file again."""
+        if self._fd >= 0:
+            self.has_unsynced = True
+
+    # ---- compaction and life cycle -----------------------------------------------------------
+
+    def compact(self) -> None:
+        """Rewrite the file with the live counts only (tmp, fsync, rename); no file when none."""
+        if not self.durable:
+            return
+        # A count is forgotten when its message is acked: the ack must be durable before the entry
+        # goes, or a crash would bring the message back with a count of zero.
+        self._sync_removals()
+        path = self.path
+        if not self.counts:
+            if self._fd >= 0:
+                self._close_fd(self._fd)
+                self._fd = -1
+            if path.exists():
+                path.unlink()
+                fsync_dir(path.parent)
+            self._file_entries = 0
+            self.has_unsynced = False
+            return
+        data = b"".join(pack_entry(pos, count) for pos, count in self.counts.items())
+        tmp = path.with_name(COUNTS_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        if self._fd >= 0:
+            self._close_fd(self._fd)
+        self._fd = os.open(path, _OPEN_FLAGS, 0o644)
+        self._file_entries = len(self.counts)
+        self.has_unsynced = False
+
+    def close(self, clean: bool = True) -> None:
+        """Clean: compact (the queue's index is closed and synced first). Otherwise as a crash leaves it."""
+        if self.durable and clean and (self._file_entries or self.counts):
+            self.compact()
+        if self._fd >= 0:
+            self._close_fd(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        """The queue is deleted (its directory goes with its index)."""
+        self.counts.clear()
+        if self._fd >= 0:
+            self._close_fd(self._fd)
+            self._fd = -1
+        self._file_entries = 0
+        self.has_unsynced = False
+
+    def __repr__(self) -> str:
+        kind = "durable" if self.durable else "transient"
+        return f"DeliveryCounts({self.name!r}, {kind}, counts={len(self.counts)})"
