@@ -64,6 +64,7 @@ class MiniVhost:
         self.name = "/"
         self.store = store
         self.scheduled: set = set()
+        self.corrupt_messages = 0
 
     def schedule_delivery(self, queue: Any) -> None:
         self.scheduled.add(queue)
@@ -330,11 +331,14 @@ def test_delete_cancels_consumers_and_removes_files(tmp_path: Path) -> None:
     store.close()
 
 
-def test_remove_consumer_and_damaged_record_closes_only_the_stream(stream: StreamQueue) -> None:
+def test_remove_consumer_and_damaged_record_is_skipped(stream: StreamQueue) -> None:
     publish(stream, 3)
     consumer, channel = consume(stream, "next")
     stream.remove_consumer(consumer)
     assert stream.consumers == [] and stream.offset_of(consumer) is None and channel.cancelled == []
-    stream.index.append(stream.index.get(3) + (1 << 40))  # points past the valid data
+    stream.index.append(stream.index.get(3) + (1 << 40))  # offset 4 points past the valid data
+    publish(stream, 1, start=10)  # offset 5
     _, other = consume(stream, 4, tag="other")
-    assert stream.closed and other.cancelled == ["other"]
+    # The damaged record is reported and skipped; the stream goes on with the next offset.
+    assert other.cancelled == [] and [number(m) for _, _, m, _ in other.deliveries] == [10]
+    assert stream.corrupt_messages == 1 and stream.vhost.corrupt_messages == 1
