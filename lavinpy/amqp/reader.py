@@ -24,10 +24,12 @@ from lavinpy.amqp.constants import (
     FRAME_METHOD,
     FRAME_OVERHEAD,
     NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
     PROTOCOL_HEADER,
 )
-from lavinpy.amqp.errors import AMQPConnectionError
-from lavinpy.amqp.properties import PropertiesError, properties_end
+from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
+from lavinpy.amqp.properties import PropertiesError, properties_end, validate_headers
+from lavinpy.wire.field_table import FieldTableError, validate_table
 
 __all__ = [
     "Ack",
@@ -41,6 +43,7 @@ __all__ = [
     "ContentMessage",
     "Nack",
     "Publish",
+    "RefusedFrame",
     "Reject",
 ]
 
@@ -97,6 +100,20 @@ class BodyFrame:
         return f"BodyFrame({self.channel}, {len(self.data)} bytes)"
 
 
+class RefusedFrame:
+    """A well-framed method or content header whose field tables the broker refuses (too deep,
+    malformed headers): the channel it came on is closed with ``error``, the connection goes on."""
+
+    __slots__ = ("channel", "error")
+
+    def __init__(self, channel: int, error: AMQPChannelError) -> None:
+        self.channel = channel
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"RefusedFrame({self.channel}, {self.error!r})"
+
+
 class HeartbeatFrame:
     """A heartbeat (always on channel 0)."""
 
@@ -135,7 +152,7 @@ class ContentMessage:
         return f"ContentMessage(channel={self.channel}, {self.method!r}, {len(self.body)} bytes)"
 
 
-FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage
+FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | RefusedFrame
 
 _HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
 
@@ -234,7 +251,7 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
         types = tuple(cls.amqp_type(name) for name in cls.__slots__)  # type: ignore[attr-defined]
         _field_types_cache[cls] = types
     bits = 0
-    for kind in types:
+    for field, kind in enumerate(types):
         if kind == "bit":
             if bits % 8 == 0:  # a run of bits packs into octets, eight to an octet
                 pos += 1
@@ -245,7 +262,20 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
             if pos >= end:
                 return -1
             pos += 1 + buf[pos]
-        elif kind in ("longstr", "table"):
+        elif kind == "table":
+            if pos + 4 > end:
+                return -1
+            start = pos + 4
+            pos = start + int.from_bytes(buf[pos:start], "big")
+            if pos > end:
+                return -1
+            try:
+                # Checked before pamqp decodes it: nesting is bounded and every value is well formed.
+                validate_table(buf, start, pos)
+            except FieldTableError as err:
+                err.path.insert(0, cls.__slots__[field])  # type: ignore[attr-defined]
+                raise
+        elif kind == "longstr":
             if pos + 4 > end:
                 return -1
             pos += 4 + int.from_bytes(buf[pos:pos + 4], "big")
@@ -254,6 +284,12 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
         if pos > end:
             return -1
     return pos if pos <= end else -1
+
+
+def _amqp_name(pamqp_name: str) -> str:
+    """"Queue.Declare" -> "queue.declare", as RabbitMQ names methods in its reply texts."""
+    return "".join("-" + c.lower() if c.isupper() and i and pamqp_name[i - 1] != "." else c.lower()
+                   for i, c in enumerate(pamqp_name))
 
 
 def _cannot_decode(name: str, index: int) -> AMQPConnectionError:
@@ -393,7 +429,13 @@ class FrameReader:
                     tag, bits = tag_bits_unpack(src, start + 4)
                     method = ack(tag, bits & 1 == 1)
                 else:
-                    method = _decode_method(src, start, fend)
+                    try:
+                        method = _decode_method(src, start, fend)
+                    except AMQPChannelError as err:
+                        if channel == 0:
+                            raise AMQPConnectionError(err.code, err.detail, err.class_id, err.method_id)
+                        append(RefusedFrame(channel, err))
+                        continue
                 append(method_frame(channel, method))
             elif frame_type == 2:  # content header
                 if size < 14:  # class id, weight, body size, property flags
@@ -405,13 +447,16 @@ class FrameReader:
                 if props_len is None:
                     # Publishers repeat their property blocks: a block seen before needs no walk.
                     if props not in valid_props:
-                        _check_properties(src, props_at, fend, class_id)
+                        refused = _check_properties(src, props_at, fend, class_id)
+                        if refused is not None:
+                            append(RefusedFrame(channel, refused))
+                            continue
                         if size <= _VALID_PROPS_MAX_FRAME:
                             if len(valid_props) >= _VALID_PROPS_MAX:
                                 valid_props.clear()
                             valid_props.add(props)
                 elif props_at + props_len != fend:
-                    _check_properties(src, props_at, fend, class_id)
+                    _check_properties(src, props_at, fend, class_id)  # raises: sizes disagree
                 append(header_frame(channel, class_id, body_size, props))
             elif frame_type == 8:  # heartbeat
                 if channel != 0:
@@ -472,8 +517,12 @@ _VALID_PROPS_MAX_FRAME = 512
 _valid_props: set[bytes] = set()
 
 
-def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> None:
-    """Raise 501 unless the property block at ``props_at`` fills the header frame exactly."""
+def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> AMQPChannelError | None:
+    """Check the property block at ``props_at``: None when it is good.
+
+    Raises 501 unless the block fills the header frame exactly (the framing is broken); returns a
+    channel error (406) when its headers table is not acceptable (the frame itself is sound).
+    """
     try:
         props_end = properties_end(src, props_at, fend)
     except PropertiesError as err:
@@ -481,6 +530,11 @@ def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> No
     if props_end != fend:
         raise AMQPConnectionError(
             FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
+    try:
+        validate_headers(src, props_at, fend)
+    except FieldTableError as err:
+        return AMQPChannelError(PRECONDITION_FAILED, f"invalid headers property: {err}", 60, 40)
+    return None
 
 
 def _fixed_props_lengths() -> dict[int, int]:
@@ -550,7 +604,16 @@ def _decode_method(src: bytes, start: int, fend: int) -> Any:
         class_id, method_id = index >> 16, index & 0xFFFF
         raise AMQPConnectionError(
             NOT_IMPLEMENTED, f"unknown method class {class_id} method {method_id}", class_id, method_id)
-    if _method_fields_end(cls, src, pos, fend) != fend:
+    try:
+        fields_end = _method_fields_end(cls, src, pos, fend)
+    except FieldTableError as err:
+        if err.too_deep:
+            # Well-formed but refused, as an argument value RabbitMQ cannot use: a channel error.
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {_amqp_name(cls.name)}: {err}",
+                                   index >> 16, index & 0xFFFF) from None
+        raise AMQPConnectionError(FRAME_ERROR, f"cannot decode {cls.name} arguments: {err}",
+                                  index >> 16, index & 0xFFFF) from None
+    if fields_end != fend:
         raise _cannot_decode(cls.name, index)
     # Skip __init__: unmarshal sets every attribute, and __init__ would only validate defaults (and warn
     # for deprecated methods such as basic.recover-async).
