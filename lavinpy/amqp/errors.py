@@ -12,9 +12,10 @@ _SHORTSTR_MAX = 255
 
 
 def _fit_shortstr(text: str) -> str:
-    encoded = text.encode("utf-8")
+    # Names decoded from a client's non-UTF-8 bytes hold surrogates: show them escaped.
+    encoded = text.encode("utf-8", "backslashreplace")
     if len(encoded) <= _SHORTSTR_MAX:
-        return text
+        return encoded.decode("utf-8")
     # Cut on a byte boundary; "ignore" drops a multi-byte character split at the end.
     return encoded[:_SHORTSTR_MAX].decode("utf-8", "ignore")
 

@@ -316,3 +316,31 @@ def test_client_properties_too_deep_close_the_connection(broker):
         pytest.fail("the broker dropped the socket without connection.close")
     assert close.reply_code == 406 and "client_properties" in close.reply_text, close
     conn.close()
+
+
+# --- found by the fuzzer --------------------------------------------------------------------------
+
+def test_user_id_that_is_not_utf8_is_refused_with_406(broker, raw):
+    queue = uid("fv.uid")
+    raw.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+    publish_raw(raw, 1, "", queue, b"\x00\x10" + shortstr(b"gu\xffst"), b"x")  # user_id only
+    code, text = expect_raw_channel_close(raw, 1)
+    assert code == 406, text
+    assert text == "PRECONDITION_FAILED - user_id property set to 'gu\\udcffst' but authenticated user was 'guest'"
+
+
+def test_bind_with_a_bad_x_match_is_refused_with_406(broker, raw):
+    exchange, queue = uid("fv.hx"), uid("fv.hq")
+    raw.call(1, commands.Exchange.Declare(exchange=exchange, exchange_type="headers"),
+             commands.Exchange.DeclareOk)
+    raw.call(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk)
+    raw.send(1, commands.Queue.Bind(queue=queue, exchange=exchange, arguments={"x-match": "anyy"}))
+    code, text = expect_raw_channel_close(raw, 1)
+    assert code == 406
+    assert text == ("PRECONDITION_FAILED - Invalid x-match field value 'anyy'; expected all, any, "
+                    "all-with-x, or any-with-x")
+    raw.open_channel(2)
+    raw.send(2, commands.Exchange.Bind(destination=exchange, source="amq.headers",
+                                       arguments={"x-match": "some"}))
+    assert expect_raw_channel_close(raw, 2)[0] == 406
+    assert "Traceback" not in broker.log
