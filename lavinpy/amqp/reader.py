@@ -530,6 +530,8 @@ def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> AM
     if props_end != fend:
         raise AMQPConnectionError(
             FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
+    if not src[props_at] & 0x20:  # no headers table: nothing more to check
+        return None
     try:
         validate_headers(src, props_at, fend)
     except FieldTableError as err:
