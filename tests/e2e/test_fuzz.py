@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _load_fuzzer():
     spec = importlib.util.spec_from_file_location("lavinpy_bench_fuzz", REPO_ROOT / "bench" / "fuzz.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
