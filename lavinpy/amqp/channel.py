@@ -28,7 +28,7 @@ from .constants import (
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
-from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, RateLimitedLog
+from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, channel_close_log
 from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from .connection import AMQPConnection
 
 log = logging.getLogger("lavinpy.channel")
-close_log = RateLimitedLog(log)  # channel errors come from clients: one line each, rate-limited
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 REPLY_TO_PREFIX = REPLY_TO + "."
@@ -126,7 +125,7 @@ class Channel:
         class_id, method_id = (error.class_id, error.method_id)
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
-        close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
+        channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
         self.send_method(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
                                                 class_id=class_id, method_id=method_id))
         self.closing = True

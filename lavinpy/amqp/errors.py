@@ -82,3 +82,7 @@ class RateLimitedLog:
         """``logger.log(level, msg, *args)`` unless over the limit. One line: no traceback."""
         if self.allow():
             self.logger.log(level, msg, *args)
+
+
+# Channel closes are client errors: one line each, rate-limited, under the channel's logger.
+channel_close_log = RateLimitedLog(logging.getLogger("lavinpy.channel"))
