@@ -28,7 +28,7 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .content import ContentAssembly, PendingPublish, release_bodies
-from .errors import AMQPChannelError, AMQPConnectionError, AMQPError
+from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, channel_close_log
 from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 
@@ -118,7 +118,7 @@ class Channel(ContentAssembly):
         class_id, method_id = (error.class_id, error.method_id)
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
-        log.info("channel %d on %s closed: %s", self.id, self.conn.name, error.text)
+        channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
         self.send_method(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
                                                 class_id=class_id, method_id=method_id))
         self.closing = True

@@ -28,7 +28,7 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .content import BodySpool
-from .errors import AMQPConnectionError
+from .errors import AMQPConnectionError, RateLimitedLog
 from .output import ConnectionOutput
 from .reader import (
     BadProtocolHeader,
@@ -39,6 +39,7 @@ from .reader import (
     HeartbeatFrame,
     MethodFrame,
     Publish,
+    RefusedFrame,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
     from ..broker.vhost import VHost
 
 log = logging.getLogger("lavinpy.connection")
+# Client errors and internal errors, each at most a burst of lines per interval (shared by all clients).
+client_error_log = RateLimitedLog(log)
+internal_error_log = RateLimitedLog(log, burst=5, interval=60.0)
 
 CAPABILITIES = {
     "publisher_confirms": True,
@@ -199,7 +203,8 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
-            log.exception("connection %s: internal error", self.name)
+            if internal_error_log.allow():
+                log.exception("connection %s: internal error", self.name)
             self.close_with_error(AMQPConnectionError(541, f"internal error: {type(e).__name__}"))
 
     def body_spool(self) -> BodySpool:
@@ -215,7 +220,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
 
     # --- closing ------------------------------------------------------------------------------
     def close_with_error(self, error: AMQPConnectionError) -> None:
-        log.info("connection %s closed by the broker: %s", self.name, error.text)
+        client_error_log.log(logging.INFO, "connection %s closed by the broker: %s", self.name, error.text)
         self.close(error.code, error.text, error.class_id, error.method_id)
 
     def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
@@ -266,6 +271,10 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
                     self.send(writer.method_frame(channel_id, commands.Channel.CloseOk()))
                 return
             raise AMQPConnectionError(CHANNEL_ERROR, f"expected 'channel.open' on channel {channel_id}")
+        if type(frame) is RefusedFrame:  # a well-framed method or header with unacceptable tables
+            if not channel.closing:
+                channel.close_with_error(frame.error, None)
+            return
         if isinstance(getattr(frame, "method", None), commands.Channel.Open) and not channel.closing:
             raise AMQPConnectionError(CHANNEL_ERROR, f"channel {channel_id} is already open")
         channel.handle_frame(frame)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 from lavinpy.amqp.constants import REPLY_NAMES
 
 # reply-text is a shortstr on the wire: at most 255 bytes of UTF-8.
@@ -9,9 +12,10 @@ _SHORTSTR_MAX = 255
 
 
 def _fit_shortstr(text: str) -> str:
-    encoded = text.encode("utf-8")
+    # Names decoded from a client's non-UTF-8 bytes hold surrogates: show them escaped.
+    encoded = text.encode("utf-8", "backslashreplace")
     if len(encoded) <= _SHORTSTR_MAX:
-        return text
+        return encoded.decode("utf-8")
     # Cut on a byte boundary; "ignore" drops a multi-byte character split at the end.
     return encoded[:_SHORTSTR_MAX].decode("utf-8", "ignore")
 
@@ -44,3 +48,41 @@ class AMQPConnectionError(AMQPError):
 
 class AMQPChannelError(AMQPError):
     """A soft error: the server sends channel.close; the connection and its other channels go on."""
+
+
+class RateLimitedLog:
+    """Logs at most ``burst`` lines per ``interval`` seconds; the next line allowed says how many were
+    dropped. One misbehaving client (or a thousand) cannot fill the disk with the same complaint."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 20, interval: float = 10.0) -> None:
+        self.logger = logger
+        self.burst = burst
+        self.interval = interval
+        self._window_start = 0.0
+        self._count = 0
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        """True when a line may be written now (and counts it); False counts it as suppressed."""
+        now = time.monotonic()
+        if now - self._window_start >= self.interval:
+            self._window_start = now
+            self._count = 0
+        if self._count >= self.burst:
+            self.suppressed += 1
+            return False
+        self._count += 1
+        if self.suppressed:
+            self.logger.warning("%d similar log lines suppressed in the last %.0f s", self.suppressed,
+                                self.interval)
+            self.suppressed = 0
+        return True
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """``logger.log(level, msg, *args)`` unless over the limit. One line: no traceback."""
+        if self.allow():
+            self.logger.log(level, msg, *args)
+
+
+# Channel closes are client errors: one line each, rate-limited, under the channel's logger.
+channel_close_log = RateLimitedLog(logging.getLogger("lavinpy.channel"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import datetime
 
 from pamqp import commands
-from pamqp import decode as _decode
-from pamqp import encode as _encode
+
+from lavinpy.wire.field_table import FieldTableError, Timestamp, decode_table, encode_table, validate_table
 
 # Property flag bits of class basic (bit 15 first), and how each field is encoded.
 _SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = 0, 1, 2, 3
@@ -32,10 +32,37 @@ FIELDS: tuple[tuple[str, int, int], ...] = (
     ("cluster_id", 1 << 2, _SHORTSTR),
 )
 _CONTINUATION = 1
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MAX_DATETIME_SECONDS = 253402300799  # the last second a datetime can hold
 
 
 class PropertiesError(ValueError):
     """The property block is truncated or malformed."""
+
+
+_HEADERS_BIT = 1 << 13
+
+
+def validate_headers(buf: bytes | bytearray | memoryview, offset: int, end: int) -> None:
+    """Check the headers table of a property block whose layout ``properties_end`` accepted.
+
+    Raises FieldTableError (nesting, truncated or unknown values); returns at once without headers.
+    Headers follow at most content_type and content_encoding, so no other field is walked.
+    """
+    flags = (buf[offset] << 8) | buf[offset + 1]
+    if not flags & _HEADERS_BIT:
+        return
+    pos = offset + 2
+    more = flags
+    while more & _CONTINUATION:
+        more = (buf[pos] << 8) | buf[pos + 1]
+        pos += 2
+    if flags & 0x8000:
+        pos += 1 + buf[pos]
+    if flags & 0x4000:
+        pos += 1 + buf[pos]
+    stop = pos + 4 + ((buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3])
+    validate_table(buf, pos + 4, min(stop, end))
 
 
 def properties_length(buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None) -> int:
@@ -191,10 +218,9 @@ def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
     if stop == start:
         return None
     try:
-        _consumed, table = _decode.field_table(bytes(raw[start:stop]))
-    except Exception as err:  # pamqp raises ValueError, but datetime/decimal decoding can raise others
+        return decode_table(raw, start + 4, stop)
+    except FieldTableError as err:
         raise PropertiesError(f"headers table malformed: {err}") from err
-    return table
 
 
 def _encode_field(name: str, kind: int, value: object) -> bytes:
@@ -204,13 +230,15 @@ def _encode_field(name: str, kind: int, value: object) -> bytes:
             raise ValueError(f"{name} longer than 255 bytes")
         return bytes((len(data),)) + data
     if kind == _TABLE:
-        return _encode.field_table(value)  # type: ignore[arg-type]
+        return encode_table(value)  # type: ignore[arg-type]
     if kind == _OCTET:
         if not isinstance(value, int) or not 0 <= value <= 255:
             raise ValueError(f"{name} must be an int 0-255")
         return bytes((value,))
     if isinstance(value, datetime.datetime):
-        return _encode.timestamp(value)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        value = (value - _EPOCH) // datetime.timedelta(seconds=1)
     if not isinstance(value, int) or not 0 <= value < 1 << 64:
         raise ValueError(f"{name} must be a datetime or an int of seconds")
     return value.to_bytes(8, "big")
@@ -245,17 +273,38 @@ def replace_headers(raw: bytes | bytearray | memoryview, headers: dict | None) -
 def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Properties:
     """Decode a whole property block into pamqp's ``Basic.Properties``.
 
-    Raises PropertiesError when the block is truncated, has trailing bytes, or a field cannot be decoded.
+    Short strings that are not UTF-8 decode with surrogateescape; a timestamp past year 9999 stays an
+    int (``Timestamp``); headers decode with the field-table codec (typed values).
+    Raises PropertiesError when the block is truncated, has trailing bytes, or a table is malformed.
     """
     length = properties_length(raw)
     if length != len(raw):
         raise PropertiesError(f"property block has {len(raw) - length} trailing bytes")
-    flags, pos = _flags_and_start(raw)
+    data = bytes(raw)
+    flags, pos = _flags_and_start(data)
     props = commands.Basic.Properties()
-    try:
-        props.unmarshal(flags, bytes(raw[pos:]))
-    except Exception as err:  # tables and timestamps can fail in several ways inside pamqp
-        raise PropertiesError(f"property block malformed: {err}") from err
+    for name, bit, kind in FIELDS:
+        if not flags & bit:
+            continue
+        if kind == _SHORTSTR:
+            stop = pos + 1 + data[pos]
+            value: object = data[pos + 1:stop].decode("utf-8", "surrogateescape")
+        elif kind == _TABLE:
+            stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
+            try:
+                value = decode_table(data, pos + 4, stop)
+            except FieldTableError as err:
+                raise PropertiesError(f"headers table malformed: {err}") from err
+        elif kind == _OCTET:
+            stop = pos + 1
+            value = data[pos]
+        else:
+            stop = pos + 8
+            seconds = int.from_bytes(data[pos:stop], "big")
+            value = (_EPOCH + datetime.timedelta(seconds=seconds) if seconds <= _MAX_DATETIME_SECONDS
+                     else Timestamp(seconds))
+        setattr(props, "message_type" if name == "type" else name, value)
+        pos = stop
     return props
 
 

@@ -24,10 +24,26 @@ from lavinpy.amqp.constants import (
     FRAME_METHOD,
     FRAME_OVERHEAD,
     NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
     PROTOCOL_HEADER,
 )
-from lavinpy.amqp.errors import AMQPConnectionError
-from lavinpy.amqp.properties import PropertiesError, properties_end
+from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
+from lavinpy.amqp.frames import (
+    _HEARTBEAT_EVENT,
+    Ack,
+    BodyFrame,
+    ContentMessage,
+    FrameEvent,
+    HeaderFrame,
+    HeartbeatFrame,
+    MethodFrame,
+    Nack,
+    Publish,
+    RefusedFrame,
+    Reject,
+)
+from lavinpy.amqp.properties import PropertiesError, properties_end, validate_headers
+from lavinpy.wire.field_table import FieldTableError, validate_table
 
 __all__ = [
     "Ack",
@@ -41,6 +57,7 @@ __all__ = [
     "ContentMessage",
     "Nack",
     "Publish",
+    "RefusedFrame",
     "Reject",
 ]
 
@@ -51,170 +68,6 @@ class BadProtocolHeader(Exception):
     def __init__(self, received: bytes) -> None:
         super().__init__(f"bad protocol header {received!r}")
         self.received = received
-
-
-# --- Frame events --------------------------------------------------------------------------------
-
-
-class MethodFrame:
-    """A method frame; ``method`` is a pamqp command instance or one of the light hot-path classes."""
-
-    __slots__ = ("channel", "method")
-
-    def __init__(self, channel: int, method: Any) -> None:
-        self.channel = channel
-        self.method = method
-
-    def __repr__(self) -> str:
-        return f"MethodFrame({self.channel}, {self.method!r})"
-
-
-class HeaderFrame:
-    """A content header; ``properties`` is the raw property block (flags + fields), not decoded."""
-
-    __slots__ = ("channel", "class_id", "body_size", "properties")
-
-    def __init__(self, channel: int, class_id: int, body_size: int, properties: bytes) -> None:
-        self.channel = channel
-        self.class_id = class_id
-        self.body_size = body_size
-        self.properties = properties
-
-    def __repr__(self) -> str:
-        return f"HeaderFrame({self.channel}, {self.class_id}, {self.body_size}, {self.properties!r})"
-
-
-class BodyFrame:
-    """A content body frame."""
-
-    __slots__ = ("channel", "data")
-
-    def __init__(self, channel: int, data: bytes) -> None:
-        self.channel = channel
-        self.data = data
-
-    def __repr__(self) -> str:
-        return f"BodyFrame({self.channel}, {len(self.data)} bytes)"
-
-
-class HeartbeatFrame:
-    """A heartbeat (always on channel 0)."""
-
-    __slots__ = ()
-    channel = 0
-
-    def __repr__(self) -> str:
-        return "HeartbeatFrame()"
-
-
-class ContentMessage:
-    """basic.publish with its content header and single body frame, all from one read.
-
-    The common small message arrives as three frames in one read; delivering them as one event
-    saves the channel two dispatches. Only frames that would each have parsed cleanly are fused.
-    """
-
-    __slots__ = ("channel", "method", "properties", "body")
-
-    def __init__(self, channel: int, method: Publish, properties: bytes, body: bytes) -> None:
-        self.channel = channel
-        self.method = method
-        self.properties = properties
-        self.body = body
-
-    def frames(self) -> list[MethodFrame | HeaderFrame | BodyFrame]:
-        """The same content as separate frames, for the general path."""
-        out: list[MethodFrame | HeaderFrame | BodyFrame] = [
-            MethodFrame(self.channel, self.method),
-            HeaderFrame(self.channel, 60, len(self.body), self.properties)]
-        if self.body:
-            out.append(BodyFrame(self.channel, self.body))
-        return out
-
-    def __repr__(self) -> str:
-        return f"ContentMessage(channel={self.channel}, {self.method!r}, {len(self.body)} bytes)"
-
-
-FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage
-
-_HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
-
-
-# --- Light hot-path methods (same attribute names and ``name`` as pamqp's classes) ----------------
-
-
-class Publish:
-    """basic.publish, decoded by hand. Immutable: the reader hands out one shared instance for every
-    publish with the same arguments (a publisher repeats its exchange and routing key)."""
-
-    __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
-    name = "Basic.Publish"
-    frame_id = 40
-    index = 0x003C0028
-    ticket = 0
-
-    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
-        setter = object.__setattr__
-        setter(self, "exchange", exchange)
-        setter(self, "routing_key", routing_key)
-        setter(self, "mandatory", mandatory)
-        setter(self, "immediate", immediate)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Publish is immutable (shared between frames); cannot set {name}")
-
-    def __repr__(self) -> str:
-        return (f"Publish(exchange={self.exchange!r}, routing_key={self.routing_key!r}, "
-                f"mandatory={self.mandatory}, immediate={self.immediate})")
-
-
-class Ack:
-    """basic.ack, decoded by hand."""
-
-    __slots__ = ("delivery_tag", "multiple")
-    name = "Basic.Ack"
-    frame_id = 80
-    index = 0x003C0050
-
-    def __init__(self, delivery_tag: int, multiple: bool) -> None:
-        self.delivery_tag = delivery_tag
-        self.multiple = multiple
-
-    def __repr__(self) -> str:
-        return f"Ack(delivery_tag={self.delivery_tag}, multiple={self.multiple})"
-
-
-class Nack:
-    """basic.nack, decoded by hand."""
-
-    __slots__ = ("delivery_tag", "multiple", "requeue")
-    name = "Basic.Nack"
-    frame_id = 120
-    index = 0x003C0078
-
-    def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
-        self.delivery_tag = delivery_tag
-        self.multiple = multiple
-        self.requeue = requeue
-
-    def __repr__(self) -> str:
-        return f"Nack(delivery_tag={self.delivery_tag}, multiple={self.multiple}, requeue={self.requeue})"
-
-
-class Reject:
-    """basic.reject, decoded by hand."""
-
-    __slots__ = ("delivery_tag", "requeue")
-    name = "Basic.Reject"
-    frame_id = 90
-    index = 0x003C005A
-
-    def __init__(self, delivery_tag: int, requeue: bool) -> None:
-        self.delivery_tag = delivery_tag
-        self.requeue = requeue
-
-    def __repr__(self) -> str:
-        return f"Reject(delivery_tag={self.delivery_tag}, requeue={self.requeue})"
 
 
 # --- Method payload checks for the pamqp path -----------------------------------------------------
@@ -234,7 +87,7 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
         types = tuple(cls.amqp_type(name) for name in cls.__slots__)  # type: ignore[attr-defined]
         _field_types_cache[cls] = types
     bits = 0
-    for kind in types:
+    for field, kind in enumerate(types):
         if kind == "bit":
             if bits % 8 == 0:  # a run of bits packs into octets, eight to an octet
                 pos += 1
@@ -245,7 +98,20 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
             if pos >= end:
                 return -1
             pos += 1 + buf[pos]
-        elif kind in ("longstr", "table"):
+        elif kind == "table":
+            if pos + 4 > end:
+                return -1
+            start = pos + 4
+            pos = start + int.from_bytes(buf[pos:start], "big")
+            if pos > end:
+                return -1
+            try:
+                # Checked before pamqp decodes it: nesting is bounded and every value is well formed.
+                validate_table(buf, start, pos)
+            except FieldTableError as err:
+                err.path.insert(0, cls.__slots__[field])  # type: ignore[attr-defined]
+                raise
+        elif kind == "longstr":
             if pos + 4 > end:
                 return -1
             pos += 4 + int.from_bytes(buf[pos:pos + 4], "big")
@@ -254,6 +120,12 @@ def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
         if pos > end:
             return -1
     return pos if pos <= end else -1
+
+
+def _amqp_name(pamqp_name: str) -> str:
+    """"Queue.Declare" -> "queue.declare", as RabbitMQ names methods in its reply texts."""
+    return "".join("-" + c.lower() if c.isupper() and i and pamqp_name[i - 1] != "." else c.lower()
+                   for i, c in enumerate(pamqp_name))
 
 
 def _cannot_decode(name: str, index: int) -> AMQPConnectionError:
@@ -393,7 +265,13 @@ class FrameReader:
                     tag, bits = tag_bits_unpack(src, start + 4)
                     method = ack(tag, bits & 1 == 1)
                 else:
-                    method = _decode_method(src, start, fend)
+                    try:
+                        method = _decode_method(src, start, fend)
+                    except AMQPChannelError as err:
+                        if channel == 0:
+                            raise AMQPConnectionError(err.code, err.detail, err.class_id, err.method_id)
+                        append(RefusedFrame(channel, err))
+                        continue
                 append(method_frame(channel, method))
             elif frame_type == 2:  # content header
                 if size < 14:  # class id, weight, body size, property flags
@@ -405,13 +283,16 @@ class FrameReader:
                 if props_len is None:
                     # Publishers repeat their property blocks: a block seen before needs no walk.
                     if props not in valid_props:
-                        _check_properties(src, props_at, fend, class_id)
+                        refused = _check_properties(src, props_at, fend, class_id)
+                        if refused is not None:
+                            append(RefusedFrame(channel, refused))
+                            continue
                         if size <= _VALID_PROPS_MAX_FRAME:
                             if len(valid_props) >= _VALID_PROPS_MAX:
                                 valid_props.clear()
                             valid_props.add(props)
                 elif props_at + props_len != fend:
-                    _check_properties(src, props_at, fend, class_id)
+                    _check_properties(src, props_at, fend, class_id)  # raises: sizes disagree
                 append(header_frame(channel, class_id, body_size, props))
             elif frame_type == 8:  # heartbeat
                 if channel != 0:
@@ -472,8 +353,12 @@ _VALID_PROPS_MAX_FRAME = 512
 _valid_props: set[bytes] = set()
 
 
-def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> None:
-    """Raise 501 unless the property block at ``props_at`` fills the header frame exactly."""
+def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> AMQPChannelError | None:
+    """Check the property block at ``props_at``: None when it is good.
+
+    Raises 501 unless the block fills the header frame exactly (the framing is broken); returns a
+    channel error (406) when its headers table is not acceptable (the frame itself is sound).
+    """
     try:
         props_end = properties_end(src, props_at, fend)
     except PropertiesError as err:
@@ -481,6 +366,13 @@ def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> No
     if props_end != fend:
         raise AMQPConnectionError(
             FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
+    if not src[props_at] & 0x20:  # no headers table: nothing more to check
+        return None
+    try:
+        validate_headers(src, props_at, fend)
+    except FieldTableError as err:
+        return AMQPChannelError(PRECONDITION_FAILED, f"invalid headers property: {err}", 60, 40)
+    return None
 
 
 def _fixed_props_lengths() -> dict[int, int]:
@@ -550,7 +442,16 @@ def _decode_method(src: bytes, start: int, fend: int) -> Any:
         class_id, method_id = index >> 16, index & 0xFFFF
         raise AMQPConnectionError(
             NOT_IMPLEMENTED, f"unknown method class {class_id} method {method_id}", class_id, method_id)
-    if _method_fields_end(cls, src, pos, fend) != fend:
+    try:
+        fields_end = _method_fields_end(cls, src, pos, fend)
+    except FieldTableError as err:
+        if err.too_deep:
+            # Well-formed but refused, as an argument value RabbitMQ cannot use: a channel error.
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {_amqp_name(cls.name)}: {err}",
+                                   index >> 16, index & 0xFFFF) from None
+        raise AMQPConnectionError(FRAME_ERROR, f"cannot decode {cls.name} arguments: {err}",
+                                  index >> 16, index & 0xFFFF) from None
+    if fields_end != fend:
         raise _cannot_decode(cls.name, index)
     # Skip __init__: unmarshal sets every attribute, and __init__ would only validate defaults (and warn
     # for deprecated methods such as basic.recover-async).

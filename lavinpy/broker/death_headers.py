@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import struct
 
-from pamqp import decode as _decode
-
 from lavinpy.amqp.properties import PropertiesError, peek_expiration, replace_field
+from lavinpy.wire.field_table import FieldTableError, value_end
+from lavinpy.wire.field_table import decode_value as _decode_value
 
 _HEADERS_BIT = 1 << 13
 _CONTINUATION = 1
@@ -59,22 +59,23 @@ def _headers_span(raw: bytes) -> tuple[int, int, int]:
 
 
 def _split_entries(data: bytes, with_keys: bool) -> list:
-    """Split a table's (or array's) content into raw entries, using pamqp to measure each value."""
+    """Split a table's (or array's) content into raw entries, measured by the field-table codec."""
     out = []
     pos = 0
+    end = len(data)
     try:
-        while pos < len(data):
+        while pos < end:
             key = ""
             if with_keys:
                 size = data[pos]
-                key = data[pos + 1:pos + 1 + size].decode("utf-8")
+                if pos + 1 + size >= end:
+                    raise FieldTableError("field name or type truncated")
+                key = data[pos + 1:pos + 1 + size].decode("utf-8", "surrogateescape")
                 pos += 1 + size
-            consumed, _value = _decode.embedded_value(data[pos:])
-            if consumed <= 0 or pos + consumed > len(data):
-                raise ValueError("value overruns its table")
-            out.append((key, data[pos:pos + consumed]) if with_keys else data[pos:pos + consumed])
-            pos += consumed
-    except (ValueError, IndexError, UnicodeDecodeError) as err:
+            stop = value_end(data, pos, end)
+            out.append((key, data[pos:stop]) if with_keys else data[pos:stop])
+            pos = stop
+    except FieldTableError as err:
         raise PropertiesError(f"field table malformed: {err}") from err
     return out
 
@@ -110,15 +111,15 @@ def set_header(items: HeaderItems, key: str, value: bytes, *, front: bool = Fals
 
 
 def decode_value(raw: bytes) -> object:
-    """Decode one raw tagged value with pamqp."""
+    """Decode one raw tagged value with the field-table codec."""
     try:
-        return _decode.embedded_value(raw)[1]
-    except (ValueError, IndexError) as err:
+        return _decode_value(raw)[0]
+    except FieldTableError as err:
         raise PropertiesError(f"field value malformed: {err}") from err
 
 
 def _encode_key(key: str) -> bytes:
-    data = key.encode("utf-8")
+    data = key.encode("utf-8", "surrogateescape")
     if len(data) > 255:
         raise ValueError(f"field name longer than 255 bytes: {key[:40]!r}...")
     return bytes((len(data),)) + data

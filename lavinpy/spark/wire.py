@@ -13,6 +13,8 @@ import struct
 from decimal import Decimal
 from typing import Any
 
+from lavinpy.wire import field_table
+
 FRAME_METHOD = 1
 FRAME_HEADER = 2
 FRAME_BODY = 3
@@ -117,94 +119,15 @@ def encode_table(table: dict[str, Any] | None) -> bytes:
     return _U32.pack(len(body)) + body
 
 
-def _decode_value(buf: bytes, pos: int) -> tuple[Any, int]:
-    kind = buf[pos]
-    pos += 1
-    if kind == 0x53 or kind == 0x78:  # 'S' long string, 'x' byte array
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        raw = buf[pos:pos + n]
-        if kind == 0x53:
-            try:
-                return raw.decode(), pos + n
-            except UnicodeDecodeError:
-                return bytes(raw), pos + n
-        return bytes(raw), pos + n
-    if kind == 0x6C:  # 'l' signed 64
-        return _I64.unpack_from(buf, pos)[0], pos + 8
-    if kind == 0x49:  # 'I' signed 32
-        return _I32.unpack_from(buf, pos)[0], pos + 4
-    if kind == 0x74:  # 't' boolean
-        return buf[pos] != 0, pos + 1
-    if kind == 0x46:  # 'F' nested table
-        n = _U32.unpack_from(buf, pos)[0]
-        return decode_table(buf, pos + 4, pos + 4 + n), pos + 4 + n
-    if kind == 0x41:  # 'A' array
-        n = _U32.unpack_from(buf, pos)[0]
-        pos += 4
-        end = pos + n
-        items = []
-        while pos < end:
-            item, pos = _decode_value(buf, pos)
-            items.append(item)
-        return items, end
-    if kind == 0x54:  # 'T' timestamp, seconds
-        return _dt.datetime.fromtimestamp(_U64.unpack_from(buf, pos)[0], _dt.UTC), pos + 8
-    if kind == 0x62:  # 'b'
-        return _I8.unpack_from(buf, pos)[0], pos + 1
-    if kind == 0x42:  # 'B'
-        return buf[pos], pos + 1
-    if kind == 0x73:  # 's'
-        return _I16.unpack_from(buf, pos)[0], pos + 2
-    if kind == 0x75:  # 'u'
-        return _U16.unpack_from(buf, pos)[0], pos + 2
-    if kind == 0x69:  # 'i' unsigned 32
-        return _U32.unpack_from(buf, pos)[0], pos + 4
-    if kind == 0x4C:  # 'L' unsigned 64
-        return _U64.unpack_from(buf, pos)[0], pos + 8
-    if kind == 0x66:  # 'f'
-        return _F32.unpack_from(buf, pos)[0], pos + 4
-    if kind == 0x64:  # 'd'
-        return _F64.unpack_from(buf, pos)[0], pos + 8
-    if kind == 0x44:  # 'D' decimal: scale octet + signed 32-bit unscaled value
-        scale = buf[pos]
-        return Decimal(_I32.unpack_from(buf, pos + 1)[0]).scaleb(-scale), pos + 5
-    if kind == 0x56:  # 'V' void
-        return None, pos
-    raise WireError(f"unknown field type {chr(kind)!r} in a field table")
-
-
 def decode_table(buf: bytes, pos: int, end: int) -> dict[str, Any]:
-    """Decode the table entries in buf[pos:end] (after the 4-byte length).
+    """Decode the table entries in buf[pos:end] (after the 4-byte length) into plain Python values.
 
-    Long strings and signed 64-bit ints (what brokers put in headers, x-stream-offset included)
-    are decoded inline: this runs once per consumed message.
+    The broker's field-table codec does it (nesting limit and all): a malformed table raises WireError.
     """
-    table: dict[str, Any] = {}
-    while pos < end:
-        n = buf[pos]
-        raw_key = buf[pos + 1:pos + 1 + n]
-        try:
-            key = raw_key.decode()
-        except UnicodeDecodeError:
-            key = raw_key.decode(errors="replace")
-        pos += 1 + n
-        kind = buf[pos]
-        if kind == 0x53:  # 'S'
-            n = _U32.unpack_from(buf, pos + 1)[0]
-            raw = buf[pos + 5:pos + 5 + n]
-            try:
-                value: Any = raw.decode()
-            except UnicodeDecodeError:
-                value = bytes(raw)
-            pos += 5 + n
-        elif kind == 0x6C:  # 'l'
-            value = _I64.unpack_from(buf, pos + 1)[0]
-            pos += 9
-        else:
-            value, pos = _decode_value(buf, pos)
-        table[key] = value
-    return table
+    try:
+        return field_table.decode_table(buf, pos, end, typed=False)
+    except field_table.FieldTableError as err:
+        raise WireError(f"malformed field table: {err}") from err
 
 
 # --- basic properties -----------------------------------------------------------------------------

@@ -384,3 +384,39 @@ def test_frames_that_do_not_fit_together_are_not_fused():
     for data in cases:
         events = reader.feed(data)
         assert not any(isinstance(e, ContentMessage) for e in events), data
+
+
+def test_bad_headers_are_refused_on_their_channel_and_parsing_goes_on() -> None:
+    from lavinpy.amqp.reader import RefusedFrame
+
+    reader = FrameReader()
+    reader.feed(PROTOCOL_HEADER)
+    bad_table = b"\x01kZ"  # unknown type letter
+    bad = b"\x20\x00" + struct.pack(">I", len(bad_table)) + bad_table
+    events = reader.feed(frame(2, 3, struct.pack(">HHQ", 60, 0, 0) + bad)
+                         + frame(2, 4, struct.pack(">HHQ", 60, 0, 0) + b"\x10\x00\x02"))
+    assert [type(e).__name__ for e in events] == ["RefusedFrame", "HeaderFrame"]
+    refused = events[0]
+    assert isinstance(refused, RefusedFrame) and refused.channel == 3
+    assert refused.error.code == 406
+    assert refused.error.text == "PRECONDITION_FAILED - invalid headers property: unknown field type 0x5a at 'k'"
+
+
+def test_too_deep_method_arguments_are_a_channel_error_naming_the_argument() -> None:
+    from lavinpy.amqp.reader import RefusedFrame
+
+    deep: dict = {}
+    for _ in range(80):
+        deep = {"n": deep}
+    declare = commands.Queue.Declare(queue="q", arguments={"x-custom": deep})
+    reader = FrameReader()
+    reader.feed(PROTOCOL_HEADER)
+    payload = struct.pack(">HH", 50, 10) + declare.marshal()
+    (event,) = reader.feed(frame(1, 5, payload))
+    assert isinstance(event, RefusedFrame) and event.channel == 5
+    assert (event.error.code, event.error.class_id, event.error.method_id) == (406, 50, 10)
+    assert "invalid queue.declare: tables and arrays nested deeper than 64 levels at 'arguments''x-custom'" \
+        in event.error.text
+    with pytest.raises(AMQPConnectionError) as err:  # on channel 0 there is no channel to close
+        FrameReader().feed(PROTOCOL_HEADER + frame(1, 0, payload))
+    assert err.value.code == 406

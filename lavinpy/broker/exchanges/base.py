@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from typing import Any, ClassVar, NamedTuple
 
+from lavinpy.amqp.constants import PRECONDITION_FAILED
+from lavinpy.amqp.errors import AMQPChannelError
 
-class InvalidBinding(ValueError):
-    """A binding's arguments are not acceptable for this exchange type (AMQP 406)."""
+
+class InvalidBinding(AMQPChannelError, ValueError):
+    """A binding's arguments are not acceptable for this exchange type: the channel closes with 406
+    and this text, as RabbitMQ does for a bad x-match."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(PRECONDITION_FAILED, detail)
 
 
 class Binding(NamedTuple):

@@ -1,0 +1,184 @@
+"""Frame events the reader hands out, and the light classes of the hot methods (no parsing here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lavinpy.amqp.errors import AMQPChannelError
+
+# --- Frame events --------------------------------------------------------------------------------
+
+
+class MethodFrame:
+    """A method frame; ``method`` is a pamqp command instance or one of the light hot-path classes."""
+
+    __slots__ = ("channel", "method")
+
+    def __init__(self, channel: int, method: Any) -> None:
+        self.channel = channel
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"MethodFrame({self.channel}, {self.method!r})"
+
+
+class HeaderFrame:
+    """A content header; ``properties`` is the raw property block (flags + fields), not decoded."""
+
+    __slots__ = ("channel", "class_id", "body_size", "properties")
+
+    def __init__(self, channel: int, class_id: int, body_size: int, properties: bytes) -> None:
+        self.channel = channel
+        self.class_id = class_id
+        self.body_size = body_size
+        self.properties = properties
+
+    def __repr__(self) -> str:
+        return f"HeaderFrame({self.channel}, {self.class_id}, {self.body_size}, {self.properties!r})"
+
+
+class BodyFrame:
+    """A content body frame."""
+
+    __slots__ = ("channel", "data")
+
+    def __init__(self, channel: int, data: bytes) -> None:
+        self.channel = channel
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"BodyFrame({self.channel}, {len(self.data)} bytes)"
+
+
+class RefusedFrame:
+    """A well-framed method or content header whose field tables the broker refuses (too deep,
+    malformed headers): the channel it came on is closed with ``error``, the connection goes on."""
+
+    __slots__ = ("channel", "error")
+
+    def __init__(self, channel: int, error: AMQPChannelError) -> None:
+        self.channel = channel
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"RefusedFrame({self.channel}, {self.error!r})"
+
+
+class HeartbeatFrame:
+    """A heartbeat (always on channel 0)."""
+
+    __slots__ = ()
+    channel = 0
+
+    def __repr__(self) -> str:
+        return "HeartbeatFrame()"
+
+
+class ContentMessage:
+    """basic.publish with its content header and single body frame, all from one read.
+
+    The common small message arrives as three frames in one read; delivering them as one event
+    saves the channel two dispatches. Only frames that would each have parsed cleanly are fused.
+    """
+
+    __slots__ = ("channel", "method", "properties", "body")
+
+    def __init__(self, channel: int, method: Publish, properties: bytes, body: bytes) -> None:
+        self.channel = channel
+        self.method = method
+        self.properties = properties
+        self.body = body
+
+    def frames(self) -> list[MethodFrame | HeaderFrame | BodyFrame]:
+        """The same content as separate frames, for the general path."""
+        out: list[MethodFrame | HeaderFrame | BodyFrame] = [
+            MethodFrame(self.channel, self.method),
+            HeaderFrame(self.channel, 60, len(self.body), self.properties)]
+        if self.body:
+            out.append(BodyFrame(self.channel, self.body))
+        return out
+
+    def __repr__(self) -> str:
+        return f"ContentMessage(channel={self.channel}, {self.method!r}, {len(self.body)} bytes)"
+
+
+FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | RefusedFrame
+
+_HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
+
+
+# --- Light hot-path methods (same attribute names and ``name`` as pamqp's classes) ----------------
+
+
+class Publish:
+    """basic.publish, decoded by hand. Immutable: the reader hands out one shared instance for every
+    publish with the same arguments (a publisher repeats its exchange and routing key)."""
+
+    __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
+    name = "Basic.Publish"
+    frame_id = 40
+    index = 0x003C0028
+    ticket = 0
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool, immediate: bool) -> None:
+        setter = object.__setattr__
+        setter(self, "exchange", exchange)
+        setter(self, "routing_key", routing_key)
+        setter(self, "mandatory", mandatory)
+        setter(self, "immediate", immediate)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Publish is immutable (shared between frames); cannot set {name}")
+
+    def __repr__(self) -> str:
+        return (f"Publish(exchange={self.exchange!r}, routing_key={self.routing_key!r}, "
+                f"mandatory={self.mandatory}, immediate={self.immediate})")
+
+
+class Ack:
+    """basic.ack, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "multiple")
+    name = "Basic.Ack"
+    frame_id = 80
+    index = 0x003C0050
+
+    def __init__(self, delivery_tag: int, multiple: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+
+    def __repr__(self) -> str:
+        return f"Ack(delivery_tag={self.delivery_tag}, multiple={self.multiple})"
+
+
+class Nack:
+    """basic.nack, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "multiple", "requeue")
+    name = "Basic.Nack"
+    frame_id = 120
+    index = 0x003C0078
+
+    def __init__(self, delivery_tag: int, multiple: bool, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.multiple = multiple
+        self.requeue = requeue
+
+    def __repr__(self) -> str:
+        return f"Nack(delivery_tag={self.delivery_tag}, multiple={self.multiple}, requeue={self.requeue})"
+
+
+class Reject:
+    """basic.reject, decoded by hand."""
+
+    __slots__ = ("delivery_tag", "requeue")
+    name = "Basic.Reject"
+    frame_id = 90
+    index = 0x003C005A
+
+    def __init__(self, delivery_tag: int, requeue: bool) -> None:
+        self.delivery_tag = delivery_tag
+        self.requeue = requeue
+
+    def __repr__(self) -> str:
+        return f"Reject(delivery_tag={self.delivery_tag}, requeue={self.requeue})"
