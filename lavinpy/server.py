@@ -7,7 +7,8 @@ import logging
 import signal
 import sys
 
-from .amqp.connection import AMQPConnection
+from .amqp.sessions import Sessions
+from .amqp.transport import AMQPProtocol
 from .broker.broker import Broker
 from .config import Config
 from .listeners import listen
@@ -21,6 +22,7 @@ class Server:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.broker = Broker(config)
+        self.sessions = Sessions(self.broker)
         self._listeners: list[asyncio.AbstractServer] = []
         self.tls: ServerTLS | None = None
         self.stopped = asyncio.Event()
@@ -31,15 +33,16 @@ class Server:
             self.tls = ServerTLS(config)  # bad certificate files stop the start before anything is opened
         self.broker.open()
         try:
-            self._listeners = await listen(lambda: AMQPConnection(self.broker), config.bind,
+            self._listeners = await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                            config.amqp_port, "AMQP")
             if self.tls is not None:
-                self._listeners += await listen(lambda: AMQPConnection(self.broker), config.bind,
+                self._listeners += await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                                 config.amqps_port, "AMQPS", self.tls.listener_context)
         except BaseException:
             self._close_listeners()
             raise
         self.broker.start()
+        self.sessions.start()
         log.info("lavinpy started (data dir %s, fsync %s)", config.data_dir, config.fsync)
 
     def _close_listeners(self) -> None:
@@ -63,18 +66,20 @@ class Server:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
         self._close_listeners()
-        connections = list(self.broker.connections)
-        for conn in connections:
+        sessions = self.sessions
+        for conn in list(sessions.connections):
             conn.shutdown()
         # Let close frames go out and clients answer close-ok.
         deadline = asyncio.get_running_loop().time() + 2.0
-        while self.broker.connections and asyncio.get_running_loop().time() < deadline:
+        while sessions.connections and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(self.broker.connections):
+        for conn in list(sessions.connections):
             conn.abort()
+        sessions.run_pending()  # the sockets close now; their teardown runs on the next turn
         await asyncio.sleep(0)
         for vhost in self.broker.vhosts.values():
             await vhost.store.flush()
+        sessions.close()
         self.broker.close()
         log.info("stopped")
         self.stopped.set()

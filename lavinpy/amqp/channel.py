@@ -1,56 +1,48 @@
-"""One AMQP channel: content assembly, publishing, confirms, transactions, consumers, acks."""
+"""One AMQP channel: frames in, publishing, deliveries, acks, teardown.
+
+The rest of a channel is in mixins: content assembly (content.py), confirms and transactions
+(confirms.py), and the methods for exchanges, queues and consumers (channel_methods.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import logging
-import os
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
-from ..broker.consumer import Consumer
-from ..broker.stream_queue import StreamQueue
+from ..broker.arguments import ArgumentError, parse_expiration
 from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
 from . import writer
+from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, ChannelMethods
+from .confirms import ConfirmsAndTx
 from .constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
-    NOT_ALLOWED,
-    NOT_FOUND,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
-from .content import ContentAssembly, PendingPublish, release_bodies
+from .content import ContentAssembly, release_bodies
 from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, channel_close_log
 from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+from .unacked import Unacked
 
 if TYPE_CHECKING:
+    from ..broker.consumer import Consumer
     from ..broker.exchanges.base import Exchange
-    from ..broker.queue import Queue
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
 
 log = logging.getLogger("lavinpy.channel")
 
-REPLY_TO = "amq.rabbitmq.reply-to"
-REPLY_TO_PREFIX = REPLY_TO + "."
 _REPLY_TO_FLAG = 1 << 9
 _EXPIRATION_FLAG = 1 << 8
 _USER_ID_FLAG = 1 << 4
-
-
-class Unacked(NamedTuple):
-    queue: Queue
-    pos: int
-    consumer: Consumer | None  # None for basic.get
 
 
 def _method_ids(method: Any) -> tuple[int, int]:
@@ -60,11 +52,7 @@ def _method_ids(method: Any) -> tuple[int, int]:
     return (index >> 16) & 0xFFFF, index & 0xFFFF
 
 
-def _random_tag(prefix: str) -> str:
-    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
-
-
-class Channel(ContentAssembly):
+class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
     def __init__(self, connection: AMQPConnection, channel_id: int) -> None:
         self.conn = connection
         self.id = channel_id
@@ -91,20 +79,9 @@ class Channel(ContentAssembly):
         self.global_prefetch = 0  # basic.qos(global=true): the whole channel
         self.flow_active = True
         self.last_queue = ""
-        # confirms
-        self.confirm = False
-        self.publish_seq = 0
-        self._confirm_sent = 0
-        self._confirm_upto = 0
-        self._confirm_needs_sync = False
-        self._confirm_chain: asyncio.Task | None = None
-        self._nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
+        self.init_confirms()  # confirms and transactions
         # consumer timeout: (oldest unacked delivery tag, when the sweep first saw it)
         self.oldest_unacked_seen: tuple[int, float] | None = None
-        # transactions
-        self.tx = False
-        self._tx_publishes: list[PendingPublish] = []
-        self._tx_settles: list[tuple[list[tuple[int, Unacked]], bool | None]] = []
         # direct reply-to
         self.reply_to_key: str | None = None
         self.reply_to_consumer: str | None = None
@@ -253,7 +230,7 @@ class Channel(ContentAssembly):
                body: bytes) -> bool:
         """Route one message; returns True when its confirm must wait for an fsync."""
         if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":
-            target = self.conn.broker.reply_to.get(routing_key)
+            target = self.conn.sessions.reply_to.get(routing_key)
             if target is not None and not target.closing:
                 target.deliver_reply(routing_key, properties, body)
                 return False
@@ -264,53 +241,6 @@ class Channel(ContentAssembly):
             self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
                                                properties, body, self.conn.frame_max))
         return needs_sync
-
-    def send_confirms(self) -> None:
-        """Called once per batch of input: confirm what was published, after the fsync it needs."""
-        upto = self._confirm_upto
-        if (upto <= self._confirm_sent and self._confirm_chain is None) or self.closing:
-            return  # nothing may follow channel.close / close-ok on this channel
-        needs_sync, self._confirm_needs_sync = self._confirm_needs_sync, False
-        if not needs_sync and self._confirm_chain is None:
-            self._send_ack(upto)
-        elif upto > self._confirm_sent:
-            previous = self._confirm_chain
-            self._confirm_chain = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(upto, needs_sync, previous))
-
-    async def _confirm_after_flush(self, upto: int, needs_sync: bool, previous: asyncio.Task | None) -> None:
-        if previous is not None:
-            await previous
-        if needs_sync:
-            await self.vhost.store.flush(acks=False)  # confirms need the messages, not the acks
-        if not self.closing:
-            self._send_ack(upto)
-        if self._confirm_chain is asyncio.current_task():
-            self._confirm_chain = None
-
-    def _send_ack(self, upto: int) -> None:
-        if upto <= self._confirm_sent:
-            return
-        if self._nacks:
-            self._send_confirm_runs(upto)
-            return
-        multiple = upto - self._confirm_sent > 1
-        self._confirm_sent = upto
-        self.conn.send(writer.basic_ack(self.id, upto, multiple))
-
-    def _send_confirm_runs(self, upto: int) -> None:
-        """Confirms up to ``upto`` with refused publishes among them: acks in runs, a nack for each refusal."""
-        nacks = self._nacks
-        sent = self._confirm_sent
-        while nacks and nacks[0] <= upto:
-            seq = nacks.pop(0)
-            if seq - 1 > sent:
-                self.conn.send(writer.basic_ack(self.id, seq - 1, seq - 1 - sent > 1))
-            self.send_method(commands.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
-            sent = seq
-        if upto > sent:
-            self.conn.send(writer.basic_ack(self.id, upto, upto - sent > 1))
-        self._confirm_sent = upto
 
     # --- deliveries ---------------------------------------------------------------------------
     def can_deliver(self) -> bool:
@@ -410,18 +340,6 @@ class Channel(ContentAssembly):
                                       *_method_ids(method))
         handler(self, method)
 
-    def _queue_name(self, name: str) -> str:
-        if name == "":
-            if not self.last_queue:
-                raise AMQPChannelError(NOT_FOUND, "no previously declared queue")
-            return self.last_queue
-        return name
-
-    def _owned_queue(self, name: str) -> Queue:
-        queue = self.vhost.get_queue(name)
-        self.vhost.check_exclusive(queue, self.conn)
-        return queue
-
     def on_channel_close(self, method: commands.Channel.Close) -> None:
         self.send_method(commands.Channel.CloseOk())
         self.release()
@@ -435,246 +353,6 @@ class Channel(ContentAssembly):
         self.send_method(commands.Channel.FlowOk(active=self.flow_active))
         if self.flow_active:
             self.conn.schedule_channel_deliveries(self)
-
-    def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        if not m.passive:
-            self.conn.check_permission("configure", "exchange", m.exchange)
-        self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
-                                    auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
-                                    permissions=self.conn.permissions)
-        if not m.nowait:
-            self.send_method(commands.Exchange.DeclareOk())
-
-    def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self.conn.check_permission("configure", "exchange", m.exchange)
-        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
-        if not m.nowait:
-            self.send_method(commands.Exchange.DeleteOk())
-
-    def on_exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self.conn.check_permission("write", "exchange", m.destination)
-        self.conn.check_permission("read", "exchange", m.source)
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
-        if not m.nowait:
-            self.send_method(commands.Exchange.BindOk())
-
-    def on_exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self.conn.check_permission("write", "exchange", m.destination)
-        self.conn.check_permission("read", "exchange", m.source)
-        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
-        if not m.nowait:
-            self.send_method(commands.Exchange.UnbindOk())
-
-    def on_queue_declare(self, m: commands.Queue.Declare) -> None:
-        name = m.queue
-        if name == "" and not m.passive:
-            name = self.vhost.generate_queue_name()
-        elif name == "":
-            name = self._queue_name(name)
-        if not m.passive:
-            self.conn.check_permission("configure", "queue", name)
-        if name == REPLY_TO and m.passive:
-            if not m.nowait:
-                self.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
-            return
-        queue = self.vhost.declare_queue(name, owner=self.conn, passive=m.passive, durable=m.durable,
-                                         exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
-                                         server_named=m.queue == "", permissions=self.conn.permissions)
-        self.last_queue = name
-        if not m.nowait:
-            self.send_method(commands.Queue.DeclareOk(queue=name, message_count=queue.message_count,
-                                                      consumer_count=queue.consumer_count))
-
-    def on_queue_bind(self, m: commands.Queue.Bind) -> None:
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("write", "queue", name)
-        self.conn.check_permission("read", "exchange", m.exchange)
-        self._owned_queue(name)
-        self.vhost.bind_queue(name, m.exchange, m.routing_key, m.arguments)
-        if not m.nowait:
-            self.send_method(commands.Queue.BindOk())
-
-    def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("write", "queue", name)
-        self.conn.check_permission("read", "exchange", m.exchange)
-        queue = self.vhost.queues.get(name)
-        if queue is not None:  # unbinding from a queue that is gone is fine (as RabbitMQ)
-            self.vhost.check_exclusive(queue, self.conn)
-        self.vhost.unbind_queue(name, m.exchange, m.routing_key, m.arguments)
-        self.send_method(commands.Queue.UnbindOk())
-
-    def on_queue_purge(self, m: commands.Queue.Purge) -> None:
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
-        count = queue.purge()
-        if not m.nowait:
-            self.send_method(commands.Queue.PurgeOk(message_count=count))
-
-    def on_queue_delete(self, m: commands.Queue.Delete) -> None:
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("configure", "queue", name)
-        queue = self.vhost.queues.get(name)
-        if queue is not None:
-            self.vhost.check_exclusive(queue, self.conn)
-        count = self.vhost.delete_queue(name, if_unused=m.if_unused, if_empty=m.if_empty)
-        if not m.nowait:
-            self.send_method(commands.Queue.DeleteOk(message_count=count))
-
-    def on_basic_qos(self, m: commands.Basic.Qos) -> None:
-        if m.prefetch_size:
-            raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", 60, 10)
-        if m.global_:
-            self.global_prefetch = m.prefetch_count
-        else:
-            self.prefetch_count = m.prefetch_count
-        self.send_method(commands.Basic.QosOk())
-        self.conn.schedule_channel_deliveries(self)
-
-    def on_basic_consume(self, m: commands.Basic.Consume) -> None:
-        tag = m.consumer_tag or _random_tag("amq.ctag-")
-        if tag in self.consumers or tag == self.reply_to_consumer:
-            raise AMQPConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
-        if m.queue == REPLY_TO:
-            self._consume_reply_to(m, tag)
-            return
-        limit = self.conn.config.max_consumers_per_channel
-        if limit and len(self.consumers) >= limit:
-            raise AMQPChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
-        if queue.has_exclusive_consumer() or (m.exclusive and queue.consumers):
-            raise AMQPChannelError(ACCESS_REFUSED, f"queue '{name}' in vhost '{self.vhost.name}' in exclusive use")
-        args = dict(m.arguments or {})
-        try:
-            # x-stream-offset is checked by the stream itself (its own reply texts).
-            validate_consumer_arguments(args, queue=name, vhost=self.vhost.name)
-        except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
-        priority = args.get("x-priority", 0)
-        if isinstance(queue, StreamQueue):
-            queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
-        consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
-                            prefetch=self.prefetch_count, arguments=args)
-        self.consumers[tag] = consumer
-        if not m.nowait:
-            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
-        queue.add_consumer(consumer)
-
-    def _consume_reply_to(self, m: commands.Basic.Consume, tag: str) -> None:
-        if not m.no_ack:
-            raise AMQPChannelError(PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20)
-        if self.reply_to_consumer is not None:
-            raise AMQPChannelError(PRECONDITION_FAILED, "reply consumer already set", 60, 20)
-        self.reply_to_consumer = tag
-        self.reply_to_key = REPLY_TO_PREFIX + _random_tag("")
-        self.conn.broker.reply_to[self.reply_to_key] = self
-        if not m.nowait:
-            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
-
-    def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
-        consumer = self.consumers.pop(m.consumer_tag, None)
-        if consumer is not None:
-            consumer.queue.remove_consumer(consumer)
-        elif m.consumer_tag == self.reply_to_consumer:
-            self._drop_reply_to()
-        if not m.nowait:
-            self.send_method(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
-
-    def _drop_reply_to(self) -> None:
-        if self.reply_to_key is not None:
-            self.conn.broker.reply_to.pop(self.reply_to_key, None)
-        self.reply_to_key = self.reply_to_consumer = None
-
-    def on_basic_get(self, m: commands.Basic.Get) -> None:
-        name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
-        got = queue.get()
-        if got is None:
-            self.send_method(commands.Basic.GetEmpty())
-            return
-        pos, msg, redelivered = got
-        self.delivery_tag += 1
-        tag = self.delivery_tag
-        if m.no_ack:
-            queue.ack(pos)
-        else:
-            self.unacked[tag] = Unacked(queue, pos, None)
-        self.conn.send_many(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
-                                          queue.message_count, msg.properties, msg.body, self.conn.frame_max))
-
-    def on_basic_recover(self, m: commands.Basic.Recover) -> None:
-        if not m.requeue:
-            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 110)
-        items = list(self.unacked.items())
-        self.unacked.clear()
-        self._settle(items, True)
-        self.send_method(commands.Basic.RecoverOk())
-
-    def on_basic_recover_async(self, m: Any) -> None:
-        """Deprecated, but RabbitMQ still serves it: basic.recover without a reply."""
-        if not m.requeue:
-            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 100)
-        items = list(self.unacked.items())
-        self.unacked.clear()
-        self._settle(items, True)
-
-    def on_confirm_select(self, m: commands.Confirm.Select) -> None:
-        if self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
-        self.confirm = True
-        if not m.nowait:
-            self.send_method(commands.Confirm.SelectOk())
-
-    def on_tx_select(self, m: commands.Tx.Select) -> None:
-        if self.confirm:
-            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
-        self.tx = True
-        self.send_method(commands.Tx.SelectOk())
-
-    def on_tx_commit(self, m: commands.Tx.Commit) -> None:
-        if not self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
-        publishes, self._tx_publishes = self._tx_publishes, []
-        settles, self._tx_settles = self._tx_settles, []
-        needs_sync = False
-        try:
-            for p in publishes:
-                needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key,
-                                               p.mandatory, p.properties, p.body.read()))
-                p.body.release()
-        finally:
-            release_bodies(publishes)
-        for items, settle in settles:
-            self._settle(items, settle)
-        if needs_sync:
-            asyncio.get_running_loop().create_task(self._commit_after_flush())
-        else:
-            self.send_method(commands.Tx.CommitOk())
-
-    async def _commit_after_flush(self) -> None:
-        await self.vhost.store.flush()
-        if not self.closing:
-            self.send_method(commands.Tx.CommitOk())
-
-    def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
-        if not self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
-        release_bodies(self._tx_publishes)
-        self._tx_publishes = []
-        self._restore_tx_settles()
-        self.send_method(commands.Tx.RollbackOk())
-
-    def _restore_tx_settles(self) -> None:
-        """Acks taken inside a rolled-back transaction: the deliveries are unacked again."""
-        restored = [pair for items, _ in self._tx_settles for pair in items]
-        self._tx_settles = []
-        if restored:
-            merged = sorted([*self.unacked.items(), *restored])
-            self.unacked = OrderedDict(merged)
 
     # --- teardown -----------------------------------------------------------------------------
     def release(self) -> None:

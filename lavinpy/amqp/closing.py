@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pamqp import commands
 
 from . import writer
+from .effects import CancelTimer, Effect, SetTimer, TimerKind
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection
@@ -26,10 +27,7 @@ def send_close_ok(conn: AMQPConnection, closed_state: int) -> None:
     conn.flush_output()
     conn.state = closed_state
     conn.teardown()  # channels and exclusive queues go now, not when the client gets round to closing
-    transport = conn.transport
-    if transport is None or transport.is_closing():
-        return
-    transport.resume_reading()  # paused by a resource alarm: the client's leftovers must still drain
-    if conn._timer is not None:
-        conn._timer.cancel()
-    conn._timer = conn._loop.call_later(CLOSE_OK_TIMEOUT, conn.abort)
+    conn.effect(Effect.RESUME_READING)  # paused by a resource alarm: the leftovers must still drain
+    conn.effect(CancelTimer(TimerKind.HANDSHAKE))
+    conn.effect(CancelTimer(TimerKind.HEARTBEAT))
+    conn.effect(SetTimer(TimerKind.LINGER, CLOSE_OK_TIMEOUT))

@@ -1,8 +1,12 @@
-"""One AMQP client connection: handshake, authentication, heartbeats, channels, output batching."""
+"""One AMQP client connection as a state machine: bytes in, output bytes and effects out.
+
+``receive_data`` takes what the client sent; ``data_to_send`` and ``take_effects`` give what to
+write and what to do (pause/resume reading, close, timers); ``timer_fired`` reports a timer. The
+socket, the timers and the write-buffer callbacks belong to the driver (transport.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import time
@@ -28,8 +32,18 @@ from .constants import (
     UNEXPECTED_FRAME,
 )
 from .content import BodySpool
+from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .errors import AMQPConnectionError, RateLimitedLog
-from .output import ConnectionOutput
+from .output import (
+    AWAIT_HEADER,
+    AWAIT_OPEN,
+    AWAIT_START_OK,
+    AWAIT_TUNE_OK,
+    CLOSED,
+    CLOSING,
+    OPEN,
+    ConnectionOutput,
+)
 from .reader import (
     BadProtocolHeader,
     BodyFrame,
@@ -43,8 +57,8 @@ from .reader import (
 )
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
     from ..broker.vhost import VHost
+    from .sessions import Sessions
 
 log = logging.getLogger("lavinpy.connection")
 # Client errors and internal errors, each at most a burst of lines per interval (shared by all clients).
@@ -62,10 +76,7 @@ CAPABILITIES = {
     "direct_reply_to": True,
 }
 HANDSHAKE_TIMEOUT = 10.0
-WRITE_HIGH_WATER = 4 * 1024 * 1024
-
-# Handshake states
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
 
 
 def _is_loopback(host: str | None) -> bool:
@@ -80,15 +91,18 @@ def _is_loopback(host: str | None) -> bool:
     return (mapped or address).is_loopback
 
 
-class AMQPConnection(ConnectionOutput, asyncio.Protocol):
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+class AMQPConnection(ConnectionOutput):
+    def __init__(self, sessions: Sessions, peer: tuple[Any, ...] | None = None) -> None:
+        self.sessions = sessions
+        self.broker = broker = sessions.broker
         self.config = broker.config
         self.reader = FrameReader(self.config.frame_max)
         self.state = AWAIT_HEADER
-        self.transport: asyncio.Transport | None = None
         self.name = "?"
         self.peer_host: str | None = None
+        if peer is not None:
+            self.peer_host = peer[0]
+            self.name = f"{peer[0]}:{peer[1]}"
         self.username = ""
         self.vhost: VHost | None = None  # type: ignore[assignment]
         self.client_properties: dict = {}
@@ -101,30 +115,38 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self.confirms_pending: set[Channel] = set()
         self.init_output()
         self._last_recv = time.monotonic()
-        self._timer: asyncio.TimerHandle | None = None
         self.permissions: UserPermissions | None = None  # set once the vhost is open
-        self._authenticating = False  # a login answer is being delayed (login throttle)
+        self._login: tuple[bool, str, str] | None = None  # a login answer being delayed (login throttle)
         self._body_spool: BodySpool | None = None
         self._torn_down = False
-        self._loop = asyncio.get_event_loop()
 
-    # --- asyncio.Protocol ---------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple):
-            self.peer_host = peer[0]
-            self.name = f"{peer[0]}:{peer[1]}"
-        self.broker.connections.add(self)
-        self._timer = self._loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)
+    # --- driver interface -----------------------------------------------------------------------
+    def start(self) -> None:
+        """The client is connected: the handshake clock starts."""
+        self.sessions.connections.add(self)
+        self.effect(SetTimer(TimerKind.HANDSHAKE, HANDSHAKE_TIMEOUT))
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def lost(self) -> None:
+        """The socket is gone (whoever closed it)."""
         self.state = CLOSED
-        if self._timer is not None:
-            self._timer.cancel()
         self.teardown()
-        self.broker.connections.discard(self)
+        self.sessions.connections.discard(self)
+
+    def timer_fired(self, kind: TimerKind) -> None:
+        if kind is TimerKind.HEARTBEAT:
+            self._heartbeat_tick()
+        elif kind is TimerKind.INPUT_TURN:
+            self.end_input_turn()
+        elif kind is TimerKind.LOGIN:
+            login, self._login = self._login, None
+            if login is not None:
+                self._finish_login(*login)
+        elif kind is TimerKind.HANDSHAKE:
+            if self.state < OPEN:
+                log.info("connection %s: handshake timed out", self.name)
+                self.abort()
+        else:  # CLOSE_WAIT, LINGER: the client did not close in time
+            self.abort()
 
     def teardown(self) -> None:
         """The connection is over for the broker: channels close, exclusive queues go (once)."""
@@ -142,7 +164,8 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         if self.vhost is not None:
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
-    def data_received(self, data: bytes) -> None:
+    def receive_data(self, data: bytes) -> None:
+        """Everything the client sent since the last call; replies and effects queue up."""
         self._last_recv = time.monotonic()
         if self.state >= CLOSED:
             return
@@ -150,7 +173,6 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
             frames = self.reader.feed(data)
         except BadProtocolHeader:
             self.send(PROTOCOL_HEADER)
-            self.flush_output()
             self.abort()
             return
         except AMQPConnectionError as e:
@@ -197,7 +219,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
                 pending, self.confirms_pending = self.confirms_pending, set()
                 for channel in pending:
                     channel.send_confirms()
-            self.broker.run_pending()
+            self.sessions.run_pending()
             self.broker.note_input(len(data))
             self.take_input_turn(len(data))
         except AMQPConnectionError as e:
@@ -214,9 +236,9 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         return self._body_spool
 
     def abort(self) -> None:
+        """Close the socket (after writing what is queued); input from now on is ignored."""
         self.state = CLOSED
-        if self.transport is not None:
-            self.transport.close()
+        self.effect(Effect.CLOSE)
 
     # --- closing ------------------------------------------------------------------------------
     def close_with_error(self, error: AMQPConnectionError) -> None:
@@ -226,7 +248,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
     def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         if self.state >= CLOSING:
             return
-        if self.state < AWAIT_START_OK or self.transport is None:
+        if self.state < AWAIT_START_OK:
             self.abort()
             return
         self.send(writer.method_frame(0, commands.Connection.Close(
@@ -235,14 +257,13 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         for channel in list(self.channels.values()):
             channel.release()
         # Give the client a moment to answer close-ok, then drop it anyway.
-        self._loop.call_later(3.0, self.abort)
+        self.effect(SetTimer(TimerKind.CLOSE_WAIT, CLOSE_WAIT_TIMEOUT))
 
     def _handle_while_closing(self, frame: Any) -> None:
         if self.state >= CLOSED:
             return  # close-ok sent: the rest of the client's input is discarded
         method = getattr(frame, "method", None)
         if isinstance(method, commands.Connection.CloseOk):
-            self.flush_output()
             self.abort()
         elif isinstance(method, commands.Connection.Close):
             send_close_ok(self, CLOSED)
@@ -363,7 +384,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         raise AMQPConnectionError(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'")
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        if self._authenticating:
+        if self._login is not None:
             raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
         self.client_properties = dict(method.client_properties or {})
         mechanism = method.mechanism
@@ -379,13 +400,12 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
             throttle.failed(self.peer_host, username, mechanism)
         if delay:
             # Answer later without blocking anyone else; frames meanwhile are a protocol error.
-            self._authenticating = True
-            self._loop.call_later(delay, self._finish_login, ok, username, mechanism)
+            self._login = (ok, username, mechanism)
+            self.effect(SetTimer(TimerKind.LOGIN, delay))
         else:
             self._finish_login(ok, username, mechanism)
 
     def _finish_login(self, ok: bool, username: str, mechanism: str) -> None:
-        self._authenticating = False
         if self.state != AWAIT_START_OK:
             return  # the client went away (or broke the protocol) meanwhile
         if not ok:
@@ -432,24 +452,16 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
         self.permissions = UserPermissions(users, self.username, name)
         self.state = OPEN
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self.effect(CancelTimer(TimerKind.HANDSHAKE))
         if self.heartbeat:
             self._schedule_heartbeat()
         if self.broker.blocked_reason and self.capability("connection.blocked"):
             self.set_blocked(self.broker.blocked_reason)
         log.info("connection %s opened (user %r, vhost %r)", self.name, self.username, name)
 
-    def _handshake_timeout(self) -> None:
-        self._timer = None
-        if self.state < OPEN:
-            log.info("connection %s: handshake timed out", self.name)
-            self.abort()
-
     # --- heartbeats ---------------------------------------------------------------------------
     def _schedule_heartbeat(self) -> None:
-        self._timer = self._loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+        self.effect(SetTimer(TimerKind.HEARTBEAT, self.heartbeat / 2))
 
     def _heartbeat_tick(self) -> None:
         if self.state >= CLOSING:
@@ -467,7 +479,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
     # --- flow ---------------------------------------------------------------------------------
     def set_blocked(self, reason: str | None) -> None:
         """Resource alarm: tell the client and stop reading its publishes until cleared."""
-        if self.state != OPEN or self.transport is None:
+        if self.state != OPEN:
             return
         if reason and not self.blocked:
             self.blocked = True

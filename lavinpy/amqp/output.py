@@ -1,22 +1,22 @@
-"""A connection's one output path, with backpressure.
+"""A connection's one output path, with backpressure, without a transport.
 
 Every frame for a client (deliveries, get-ok, returns, confirms, method replies) goes through
-``send``/``send_many`` into one buffer that is written once per input batch. Queued bytes are
-counted; past ``OUTPUT_FLUSH_BYTES`` the buffer is written at once, so the transport's own write
-buffer (with its high-water mark) sees it. When that buffer is above its high-water mark the
-transport calls ``pause_writing``: the connection then gets no deliveries and is not read (so it
-produces no replies, returns or confirms) until the transport drains to its low-water mark and
-calls ``resume_writing``.
+``send``/``send_many`` into one buffer that the driver writes once per input batch, as one buffer.
+Queued bytes are counted; past ``OUTPUT_FLUSH_BYTES`` the driver is asked to write at once, so the
+transport's own write buffer (with its high-water mark) sees it. When that buffer is above its
+high-water mark the driver calls ``set_writable(False)``: the connection then gets no deliveries
+and is not read (so it produces no replies, returns or confirms) until ``set_writable(True)``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
+    from .sessions import Sessions
 
 # Queued output written to the transport at once above this size (bytes), so a burst of
 # deliveries cannot pile up in the connection before the transport's high-water check.
@@ -25,25 +25,58 @@ OUTPUT_FLUSH_BYTES = 256 * 1024
 # data_received for one busy socket many times in a row (libuv reads until the socket is empty).
 INPUT_TURN_BYTES = 256 * 1024
 
+# Connection states, in order
+AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
+
+
+class ConnectionDriver(Protocol):
+    """Owner of a connection's socket: writes its output and carries out its effects."""
+
+    def pump(self) -> None: ...
+
 
 class ConnectionOutput:
-    """Mixin for AMQPConnection: output buffering and read/write flow control."""
+    """Mixin for AMQPConnection: output buffering, effects and read/write flow control."""
 
-    broker: Broker
-    transport: asyncio.Transport | None
+    sessions: Sessions
     channels: dict[int, Any]
     blocked: bool
     published: bool
+    state: int
 
     def init_output(self) -> None:
+        self.driver: ConnectionDriver | None = None
         self.writable = True  # False while the transport's write buffer is above its high-water mark
         self._out: list[bytes] = []
         self._out_bytes = 0
+        self._effects: list[ConnectionEffect] = []
         self._flush_scheduled = False
         self._reading_paused = False
         self._input_turn = 0
         self._yielding = False
         self._last_send = time.monotonic()
+
+    # --- output and effects, taken by the driver ----------------------------------------------
+    def data_to_send(self) -> list[bytes]:
+        """The frames queued since the last call (the driver writes them as one buffer)."""
+        out = self._out
+        if out:
+            self._out = []
+            self._out_bytes = 0
+            self._last_send = time.monotonic()
+        return out
+
+    def take_effects(self) -> list[ConnectionEffect]:
+        effects = self._effects
+        if effects:
+            self._effects = []
+        return effects
+
+    def effect(self, effect: ConnectionEffect) -> None:
+        self._effects.append(effect)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.sessions.schedule_output(self)  # type: ignore[arg-type]
 
     def send(self, data: bytes) -> None:
         self._out.append(data)
@@ -58,45 +91,34 @@ class ConnectionOutput:
 
     def _after_send(self) -> None:
         if self._out_bytes > OUTPUT_FLUSH_BYTES:
-            self.flush_output()  # may call pause_writing before the next delivery is made
+            self.flush_output()  # may make the connection unwritable before the next delivery
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self.broker.schedule_output(self)
+            self.sessions.schedule_output(self)  # type: ignore[arg-type]
 
     def flush_output(self) -> None:
-        """Write everything queued for this client in one system call."""
+        """Have the driver write everything queued for this client (in one system call)."""
         self._flush_scheduled = False
-        out, self._out = self._out, []
-        self._out_bytes = 0
-        transport = self.transport
-        if out and transport is not None and not transport.is_closing():
-            # One buffer per flush: uvloop drains a buffer of many tiny pieces very slowly.
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
-            self._last_send = time.monotonic()
+        if self.driver is not None:
+            self.driver.pump()
 
-    # --- asyncio flow control callbacks -------------------------------------------------------
-    def pause_writing(self) -> None:
-        self.writable = False
+    # --- flow control ---------------------------------------------------------------------------
+    def set_writable(self, writable: bool) -> None:
+        """The driver's transport went above (False) or back below (True) its high-water mark."""
+        self.writable = writable
         self.update_reading()
-
-    def resume_writing(self) -> None:
-        self.writable = True
-        self.update_reading()
-        for channel in self.channels.values():
-            self.schedule_channel_deliveries(channel)
+        if writable:
+            for channel in self.channels.values():
+                self.schedule_channel_deliveries(channel)
 
     def update_reading(self) -> None:
         """Read from the client unless its output is backed up or a resource alarm blocks it."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
+        if self.state >= CLOSED:  # after close-ok the client's leftovers must drain: keep reading
             return
         paused = not self.writable or self._yielding or (self.blocked and self.published)
         if paused != self._reading_paused:
             self._reading_paused = paused
-            if paused:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
+            self.effect(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
 
     def take_input_turn(self, nbytes: int) -> None:
         """Count input; past a turn's worth, stop reading until the other clients were served."""
@@ -104,9 +126,9 @@ class ConnectionOutput:
         if self._input_turn > INPUT_TURN_BYTES and not self._yielding:
             self._yielding = True
             self.update_reading()
-            asyncio.get_running_loop().call_soon(self._end_turn)
+            self.effect(SetTimer(TimerKind.INPUT_TURN, 0.0))
 
-    def _end_turn(self) -> None:
+    def end_input_turn(self) -> None:
         self._input_turn = 0
         self._yielding = False
         self.update_reading()

@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..store.datadir import DataDir
-from . import consumer_timeout
 from .alarms import alarm_reason, parse_watermark
 from .login_throttle import LoginThrottle
 from .users import UserStore
@@ -16,12 +15,37 @@ from .vhost import VHost
 
 if TYPE_CHECKING:
     from ..config import Config
+    from .queue import Queue
+    from .stream_queue import StreamQueue
 
 log = logging.getLogger("lavinpy.broker")
 
 # Input bytes (all connections) after which the resource alarms are re-checked at once, instead
 # of waiting for the periodic check: a burst of publishes is seen before the next read.
 RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
+
+
+class SessionLayer(Protocol):
+    """What the model asks of the session layer above it (which implements this)."""
+
+    def work_pending(self) -> None:
+        """Queues have deliveries to make: call ``Broker.run_deliveries`` soon."""
+
+    def resources_changed(self, reason: str | None) -> None:
+        """A resource alarm was raised (reason) or cleared (None): block or unblock publishers."""
+
+
+class _NoSessions:
+    """Until a session layer attaches: deliveries run from the event loop, nobody to block."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def work_pending(self) -> None:
+        asyncio.get_running_loop().call_soon(self.broker.run_deliveries)
+
+    def resources_changed(self, reason: str | None) -> None:
+        pass
 
 
 class Broker:
@@ -31,15 +55,12 @@ class Broker:
         self.users: UserStore | None = None
         self.login_throttle = LoginThrottle()
         self.vhosts: dict[str, VHost] = {}
-        self.connections: set = set()
-        # Direct reply-to: reply key -> (channel, consumer tag) of the requester.
-        self.reply_to: dict[str, object] = {}
         # Set while a resource alarm blocks publishers (connection.blocked); None when clear.
         self.blocked_reason: str | None = None
-        # Work queued by any connection, done once per input batch (see run_pending).
-        self.delivery_pending: set = set()
-        self.output_pending: set = set()
+        # Queues with deliveries to make, run once per input batch (see run_deliveries).
+        self.delivery_pending: set[Queue | StreamQueue] = set()
         self._pending_scheduled = False
+        self.sessions: SessionLayer = _NoSessions(self)
         self._input_since_check = 0
 
     def open(self) -> None:
@@ -72,16 +93,6 @@ class Broker:
             vhost.start_flusher()
         loop = asyncio.get_running_loop()
         self._alarm_task = loop.create_task(self._watch_resources())
-        self._timeout_task = loop.create_task(self._watch_consumer_timeouts())
-
-    async def _watch_consumer_timeouts(self) -> None:
-        while True:
-            await asyncio.sleep(consumer_timeout.SWEEP_INTERVAL)
-            try:
-                if consumer_timeout.sweep(self.connections, self.config.consumer_timeout):
-                    self._schedule()  # the channel.close frames go out now
-            except Exception:  # pragma: no cover - a bug here must not stop the sweeps
-                log.exception("consumer timeout sweep failed")
 
     async def _watch_resources(self, interval: float = 2.0) -> None:
         while True:
@@ -117,27 +128,20 @@ class Broker:
             else:
                 log.info("resource alarm cleared; unblocking publishers")
         self.blocked_reason = reason
-        for connection in list(self.connections):
-            connection.set_blocked(reason)
+        self.sessions.resources_changed(reason)
 
-    # --- pending work -----------------------------------------------------------------------
+    # --- pending deliveries -----------------------------------------------------------------
     # uvloop may call data_received for one busy socket many times before it runs call_soon
-    # callbacks, so deliveries and socket writes also run at the end of every input batch:
+    # callbacks, so the session layer also runs deliveries at the end of every input batch:
     # a publisher flood then cannot starve consumers.
-    def schedule_delivery(self, queue: object) -> None:
+    def schedule_delivery(self, queue: Queue | StreamQueue) -> None:
         self.delivery_pending.add(queue)
-        self._schedule()
-
-    def schedule_output(self, connection: object) -> None:
-        self.output_pending.add(connection)
-        self._schedule()
-
-    def _schedule(self) -> None:
         if not self._pending_scheduled:
             self._pending_scheduled = True
-            asyncio.get_running_loop().call_soon(self.run_pending)
+            self.sessions.work_pending()
 
-    def run_pending(self) -> None:
+    def run_deliveries(self) -> None:
+        """Let every queue with pending work deliver (a few rounds; the rest is rescheduled)."""
         self._pending_scheduled = False
         rounds = 0
         while self.delivery_pending and rounds < 4:
@@ -146,18 +150,14 @@ class Broker:
             for queue in queues:
                 if not queue.deleted and queue.deliver():
                     self.delivery_pending.add(queue)
-        if self.delivery_pending:
-            self._schedule()
-        if self.output_pending:
-            connections, self.output_pending = self.output_pending, set()
-            for connection in connections:
-                connection.flush_output()
+        if self.delivery_pending and not self._pending_scheduled:
+            self._pending_scheduled = True
+            self.sessions.work_pending()
 
     def close(self) -> None:
-        for name in ("_alarm_task", "_timeout_task"):
-            task = getattr(self, name, None)
-            if task is not None:
-                task.cancel()
+        task = getattr(self, "_alarm_task", None)
+        if task is not None:
+            task.cancel()
         self.login_throttle.close()
         for vhost in self.vhosts.values():
             vhost.close()

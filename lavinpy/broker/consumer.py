@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..store.record import StoredMessage
     from .queue import Queue
 
 
 class ConsumerChannel(Protocol):
-    """What a queue needs from the channel that owns a consumer."""
+    """What a queue needs from the channel that owns a consumer (the session layer implements it)."""
 
     def can_deliver(self) -> bool: ...
 
-    def deliver(self, consumer: Consumer, pos: int, redelivered: bool) -> None: ...
+    def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None: ...
 
     def consumer_cancelled(self, consumer: Consumer) -> None: ...
 

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ..amqp.constants import PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError
+from .constants import PRECONDITION_FAILED
+from .errors import AMQPChannelError
+
+if TYPE_CHECKING:
+    from .channel import Unacked
+    from .connection import AMQPConnection
 
 SWEEP_INTERVAL = 0.25  # seconds
 
 
-def delivery_timeout(item: Any, default: int) -> int:
+def delivery_timeout(item: Unacked, default: int) -> int:
     """The timeout (ms) that applies to one unacked delivery (channel.Unacked)."""
     consumer = item.consumer
     if consumer is not None:
@@ -32,12 +36,12 @@ def delivery_timeout(item: Any, default: int) -> int:
     return default
 
 
-def sweep(connections: Iterable[Any], default: int, now: float | None = None) -> int:
+def sweep(connections: Iterable[AMQPConnection], default: int, now: float | None = None) -> int:
     """Check every open channel once; returns how many were closed."""
     now = time.monotonic() if now is None else now
     closed = 0
     for connection in list(connections):
-        for channel in list(getattr(connection, "channels", {}).values()):
+        for channel in list(connection.channels.values()):
             unacked = channel.unacked
             if not unacked or channel.closing:
                 channel.oldest_unacked_seen = None
