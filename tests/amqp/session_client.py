@@ -1,0 +1,108 @@
+"""Drive the AMQP session state machines without sockets: frames built with pamqp go in as bytes,
+the bytes that come out are decoded with pamqp, effects are read back as the driver would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pamqp import body, commands, frame, header, heartbeat
+
+from lavinpy.amqp.connection import AMQPConnection
+from lavinpy.amqp.effects import ConnectionEffect
+from lavinpy.amqp.sessions import Sessions
+from lavinpy.broker.broker import Broker
+from lavinpy.config import Config
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+Frame = tuple[int, Any]  # (channel, pamqp frame value)
+
+
+class Harness:
+    """A real broker on a temporary data dir and its session layer; deferred work runs on ``run_soon``."""
+
+    def __init__(self, path: Path, **settings: Any) -> None:
+        self.broker = Broker(Config(data_dir=str(path), **settings))
+        self.broker.open()
+        self.soon: list[Callable[[], None]] = []
+        self.sessions = Sessions(self.broker, call_soon=self.soon.append)
+
+    def connect(self, peer: tuple[str, int] = ("127.0.0.1", 50000)) -> Client:
+        conn = AMQPConnection(self.sessions, peer)
+        conn.start()
+        return Client(self, conn)
+
+    def run_soon(self) -> None:
+        """What the event loop would run next: deliveries, then output."""
+        while self.soon:
+            self.soon.pop(0)()
+
+    def close(self) -> None:
+        self.broker.close()
+
+
+class Client:
+    def __init__(self, harness: Harness, conn: AMQPConnection) -> None:
+        self.harness = harness
+        self.conn = conn
+        self.effects: list[ConnectionEffect] = []
+
+    # --- in ---------------------------------------------------------------------------------------
+    def send(self, *frames: Frame | bytes) -> None:
+        """Frames (channel, pamqp value) or raw bytes, all in one read."""
+        data = b"".join(f if isinstance(f, bytes) else frame.marshal(f[1], f[0]) for f in frames)
+        self.conn.receive_data(data)
+
+    def publish(self, channel: int, routing_key: str, payload: bytes, exchange: str = "",
+                properties: commands.Basic.Properties | None = None, mandatory: bool = False) -> list[Frame]:
+        """basic.publish, its header and body frames (to pass to ``send``)."""
+        return [(channel, commands.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)),
+                (channel, header.ContentHeader(0, len(payload), properties or commands.Basic.Properties())),
+                (channel, body.ContentBody(payload))]
+
+    # --- out --------------------------------------------------------------------------------------
+    def read(self) -> list[Frame]:
+        """Everything the connection has to send, decoded; the effects are kept in ``effects``."""
+        self.harness.run_soon()
+        data = b"".join(self.conn.data_to_send())
+        self.effects += self.conn.take_effects()
+        frames = []
+        while data:
+            if data.startswith(b"AMQP"):
+                frames.append((0, bytes(data[:8])))
+                data = data[8:]
+                continue
+            used, channel, value = frame.unmarshal(data)
+            frames.append((channel, value))
+            data = data[used:]
+        return frames
+
+    def methods(self) -> list[Frame]:
+        """Like ``read``, without heartbeats, content headers and bodies."""
+        return [(c, f) for c, f in self.read()
+                if not isinstance(f, header.ContentHeader | body.ContentBody | heartbeat.Heartbeat | bytes)]
+
+    def names(self) -> list[tuple[int, str]]:
+        """Like ``methods``, as (channel, "Class.Method") pairs."""
+        return [(c, f.name) for c, f in self.methods()]
+
+    # --- handshake --------------------------------------------------------------------------------
+    def handshake(self, user: str = "guest", password: str = "guest", vhost: str = "/", heartbeat: int = 0,
+                  capabilities: dict | None = None) -> None:
+        self.send(PROTOCOL_HEADER)
+        self.read()
+        props = {"capabilities": capabilities if capabilities is not None else {"connection.blocked": True,
+                                                                                 "consumer_cancel_notify": True}}
+        self.send((0, commands.Connection.StartOk(client_properties=props, mechanism="PLAIN",
+                                                  response=f"\0{user}\0{password}", locale="en_US")))
+        tune = self.methods()[-1][1]
+        assert isinstance(tune, commands.Connection.Tune), tune
+        self.send((0, commands.Connection.TuneOk(channel_max=tune.channel_max, frame_max=tune.frame_max,
+                                                 heartbeat=heartbeat)),
+                  (0, commands.Connection.Open(virtual_host=vhost)))
+        assert [type(f) for _, f in self.methods()] == [commands.Connection.OpenOk]
+
+    def open_channel(self, channel: int = 1) -> None:
+        self.send((channel, commands.Channel.Open()))
+        assert self.names() == [(channel, "Channel.OpenOk")]

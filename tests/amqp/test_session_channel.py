@@ -1,0 +1,181 @@
+"""Channels driven through AMQPConnection without sockets: open/close, confirms, consume/ack, errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pamqp import body, commands, header
+from session_client import Client, Harness
+
+from lavinpy.amqp import consumer_timeout
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def client(harness: Harness) -> Client:
+    c = harness.connect()
+    c.handshake()
+    c.open_channel(1)
+    return c
+
+
+def declare(client: Client, channel: int, queue: str) -> None:
+    client.send((channel, commands.Queue.Declare(queue=queue)))
+    [(_, ok)] = client.methods()
+    assert (ok.name, ok.queue) == ("Queue.DeclareOk", queue)
+
+
+def test_channel_open_close_and_reopen(client: Client) -> None:
+    client.send((1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)))
+    assert client.names() == [(1, "Channel.CloseOk")]
+    assert 1 not in client.conn.channels
+    client.open_channel(1)
+    client.send((1, commands.Channel.Open()))  # already open: a connection error
+    [(_, close)] = client.methods()
+    assert (close.name, close.reply_code, close.reply_text) == ("Connection.Close", 504,
+                                                                 "CHANNEL_ERROR - channel 1 is already open")
+
+
+def test_publish_with_confirms_acks_a_batch_once(harness: Harness, client: Client) -> None:
+    declare(client, 1, "q")
+    client.send((1, commands.Confirm.Select()))
+    assert client.names() == [(1, "Confirm.SelectOk")]
+    client.send(*client.publish(1, "q", b"a"), *client.publish(1, "q", b"b"), *client.publish(1, "q", b"c"))
+    [(channel, ack)] = client.methods()
+    assert (channel, ack.name, ack.delivery_tag, ack.multiple) == (1, "Basic.Ack", 3, True)
+    assert harness.broker.vhosts["/"].queues["q"].message_count == 3
+
+    client.send(*client.publish(1, "q", b"d"))
+    [(_, ack)] = client.methods()
+    assert (ack.delivery_tag, ack.multiple) == (4, False)
+
+
+def test_mandatory_publish_without_route_is_returned(client: Client) -> None:
+    client.send(*client.publish(1, "nowhere", b"lost", mandatory=True))
+    frames = client.read()
+    ret = frames[0][1]
+    assert (ret.name, ret.reply_code, ret.reply_text, ret.routing_key) == ("Basic.Return", 312, "NO_ROUTE",
+                                                                           "nowhere")
+    assert isinstance(frames[2][1], body.ContentBody) and frames[2][1].value == b"lost"
+
+
+def test_consume_deliver_ack(harness: Harness, client: Client) -> None:
+    declare(client, 1, "work")
+    props = commands.Basic.Properties(content_type="text/plain", message_id="m1")
+    client.send(*client.publish(1, "work", b"one", properties=props), *client.publish(1, "work", b"two"))
+    assert client.read() == []
+    client.send((1, commands.Basic.Consume(queue="work", consumer_tag="c1")))
+    frames = client.read()
+    assert [(c, type(f).__name__) for c, f in frames] == [
+        (1, "ConsumeOk"), (1, "Deliver"), (1, "ContentHeader"), (1, "ContentBody"),
+        (1, "Deliver"), (1, "ContentHeader"), (1, "ContentBody")]
+    first, head = frames[1][1], frames[2][1]
+    assert (first.consumer_tag, first.delivery_tag, first.redelivered, first.routing_key) == ("c1", 1, False,
+                                                                                              "work")
+    assert isinstance(head, header.ContentHeader)
+    assert (head.properties.content_type, head.properties.message_id) == ("text/plain", "m1")
+    assert [frames[3][1].value, frames[6][1].value] == [b"one", b"two"]
+
+    queue = harness.broker.vhosts["/"].queues["work"]
+    assert (queue.message_count, queue.index.unacked_count, list(client.conn.channels[1].unacked)) == (0, 2, [1, 2])
+    client.send((1, commands.Basic.Ack(delivery_tag=2, multiple=True)))
+    assert client.read() == []
+    assert (queue.index.unacked_count, len(client.conn.channels[1].unacked)) == (0, 0)
+
+
+def test_closed_channel_requeues_its_unacked_for_the_next_consumer(harness: Harness, client: Client) -> None:
+    declare(client, 1, "work")
+    client.send((1, commands.Basic.Qos(prefetch_count=1)))
+    client.send((1, commands.Basic.Consume(queue="work", consumer_tag="c1")))
+    client.send(*client.publish(1, "work", b"job"))
+    assert [type(f).__name__ for _, f in client.read()][-3:] == ["Deliver", "ContentHeader", "ContentBody"]
+    other = harness.connect()
+    other.handshake()
+    other.open_channel(1)
+    other.send((1, commands.Basic.Consume(queue="work", consumer_tag="c2")))
+    assert other.names() == [(1, "Basic.ConsumeOk")]
+    client.send((1, commands.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0)))
+    client.read()
+    deliver = other.methods()[0][1]
+    assert (deliver.name, deliver.consumer_tag, deliver.redelivered) == ("Basic.Deliver", "c2", True)
+
+
+def test_channel_error_closes_only_that_channel(harness: Harness, client: Client) -> None:
+    client.open_channel(2)
+    client.send((2, commands.Queue.Declare(queue="missing", passive=True)))
+    [(channel, close)] = client.methods()
+    assert (channel, close.name, close.reply_code) == (2, "Channel.Close", 404)
+    assert close.reply_text == "NOT_FOUND - no queue 'missing' in vhost '/'"
+    assert (close.class_id, close.method_id) == (50, 10)
+    # Until close-ok, the closed channel ignores everything else.
+    client.send((2, commands.Queue.Declare(queue="ignored")))
+    assert client.read() == []
+    client.send((2, commands.Channel.CloseOk()))
+    assert 2 not in client.conn.channels
+    declare(client, 1, "still-works")  # channel 1 and the connection carry on
+    assert "ignored" not in harness.broker.vhosts["/"].queues
+
+
+def test_unknown_delivery_tag_is_406(client: Client) -> None:
+    client.send((1, commands.Basic.Ack(delivery_tag=99)))
+    [(_, close)] = client.methods()
+    assert (close.name, close.reply_code, close.reply_text) == ("Channel.Close", 406,
+                                                                "PRECONDITION_FAILED - unknown delivery tag 99")
+
+
+def test_content_without_publish_is_a_505_connection_error(client: Client) -> None:
+    client.send((1, body.ContentBody(b"stray")))
+    [(channel, close)] = client.methods()
+    assert (channel, close.name, close.reply_code) == (0, "Connection.Close", 505)
+    assert close.reply_text == "UNEXPECTED_FRAME - expected a method frame on channel 1, got a content body frame"
+
+
+def test_direct_reply_to_goes_through_the_session_registry(harness: Harness, client: Client) -> None:
+    client.send((1, commands.Basic.Consume(queue="amq.rabbitmq.reply-to", consumer_tag="rpc", no_ack=True)))
+    assert client.names() == [(1, "Basic.ConsumeOk")]
+    [key] = harness.sessions.reply_to
+    assert harness.sessions.reply_to[key] is client.conn.channels[1]
+    server = harness.connect()
+    server.handshake()
+    server.open_channel(1)
+    server.send(*server.publish(1, key, b"answer"))
+    frames = client.read()
+    assert (frames[0][1].name, frames[0][1].routing_key, frames[2][1].value) == ("Basic.Deliver", key, b"answer")
+    client.send((1, commands.Basic.Cancel(consumer_tag="rpc")))
+    client.read()
+    assert harness.sessions.reply_to == {}
+
+
+def test_consumer_timeout_sweep_closes_the_channel_with_406(harness: Harness, client: Client) -> None:
+    declare(client, 1, "slow")
+    client.send((1, commands.Basic.Consume(queue="slow", consumer_tag="c")))
+    client.send(*client.publish(1, "slow", b"x"))
+    client.read()
+    connections = harness.sessions.connections
+    assert consumer_timeout.sweep(connections, 1000, now=10.0) == 0  # first sight of the oldest delivery
+    assert consumer_timeout.sweep(connections, 1000, now=10.5) == 0
+    assert consumer_timeout.sweep(connections, 1000, now=11.0) == 1
+    [(_, close)] = client.methods()
+    assert (close.name, close.reply_code) == ("Channel.Close", 406)
+    assert close.reply_text.startswith("PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. "
+                                       "Timeout value used: 1000 ms.")
+    assert harness.broker.vhosts["/"].queues["slow"].message_count == 1  # requeued
+
+
+def test_backed_up_output_holds_deliveries_until_drained(harness: Harness, client: Client) -> None:
+    declare(client, 1, "q")
+    client.send((1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+    client.read()
+    client.conn.set_writable(False)
+    client.send(*client.publish(1, "q", b"held"))
+    assert client.read() == []
+    client.conn.set_writable(True)
+    assert client.names() == [(1, "Basic.Deliver")]
