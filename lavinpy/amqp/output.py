@@ -76,7 +76,7 @@ class ConnectionOutput:
         self._effects.append(effect)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.sessions.schedule_output(self)  # type: ignore[arg-type]
+            self.sessions.schedule_output(self)
 
     def send(self, data: bytes) -> None:
         self._out.append(data)
@@ -94,7 +94,7 @@ class ConnectionOutput:
             self.flush_output()  # may make the connection unwritable before the next delivery
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self.sessions.schedule_output(self)  # type: ignore[arg-type]
+            self.sessions.schedule_output(self)
 
     def flush_output(self) -> None:
         """Have the driver write everything queued for this client (in one system call)."""

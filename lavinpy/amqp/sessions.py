@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..broker.broker import Broker
     from .channel import Channel
     from .connection import AMQPConnection
+    from .output import ConnectionOutput
 
 log = logging.getLogger("lavinpy.sessions")
 
@@ -28,7 +29,7 @@ class Sessions:
         self.connections: set[AMQPConnection] = set()
         # Direct reply-to: reply key -> the requester's channel.
         self.reply_to: dict[str, Channel] = {}
-        self.output_pending: set[AMQPConnection] = set()
+        self.output_pending: set[ConnectionOutput] = set()
         self._scheduled = False
         self._call_soon = call_soon
         self._sweep_task: asyncio.Task | None = None
@@ -43,7 +44,7 @@ class Sessions:
             connection.set_blocked(reason)
 
     # --- pending work ---------------------------------------------------------------------------
-    def schedule_output(self, connection: AMQPConnection) -> None:
+    def schedule_output(self, connection: ConnectionOutput) -> None:
         self.output_pending.add(connection)
         self._schedule()
 

@@ -70,9 +70,8 @@ class AMQPProtocol(asyncio.Protocol):
         out = conn.data_to_send()
         if out and not transport.is_closing():
             transport.write(out[0] if len(out) == 1 else b"".join(out))
-        if conn._effects:
-            for effect in conn.take_effects():
-                self._apply(effect, transport)
+        for effect in conn.take_effects():
+            self._apply(effect, transport)
 
     def _apply(self, effect: Effect | SetTimer | CancelTimer, transport: asyncio.Transport) -> None:
         if type(effect) is SetTimer:
