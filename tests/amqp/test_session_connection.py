@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pamqp import commands, heartbeat
-from session_client import PROTOCOL_HEADER, Harness
+from session_client import PROTOCOL_HEADER, Client, Harness
 
 from lavinpy.amqp import connection as connection_module
 from lavinpy.amqp.effects import CancelTimer, Effect, SetTimer, TimerKind
@@ -203,3 +204,35 @@ def test_input_turn_pauses_reading_for_one_loop_turn(harness: Harness) -> None:
     client.conn.timer_fired(TimerKind.INPUT_TURN)
     client.read()
     assert client.effects[-1] is Effect.RESUME_READING
+
+
+def _start_ok(client: Client, password: str) -> None:
+    client.send(PROTOCOL_HEADER)
+    client.read()
+    client.send((0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
+                                                response=f"\0guest\0{password}", locale="en_US")))
+
+
+def test_throttled_login_is_answered_by_the_login_timer(harness: Harness) -> None:
+    async def attempts() -> None:  # the throttle's log summary needs an event loop
+        for _ in range(3):  # free failures: answered at once
+            client = harness.connect()
+            _start_ok(client, "wrong")
+            assert [name for _, name in client.names()] == ["Connection.Close"]
+        client = harness.connect()
+        _start_ok(client, "wrong")  # from an address that keeps failing: answered later
+        assert client.read() == []
+        assert client.effects[-1] == SetTimer(TimerKind.LOGIN, 0.1)
+        client.send((0, commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0)))
+        [(_, close)] = client.methods()  # anything before the answer breaks the handshake
+        assert (close.reply_code, close.reply_text) == (503, "COMMAND_INVALID - unexpected Connection.TuneOk "
+                                                             "during the handshake")
+
+        client = harness.connect()
+        _start_ok(client, "guest")  # right, yet delayed too: timing tells nothing
+        assert client.read() == []
+        assert client.effects[-1] == SetTimer(TimerKind.LOGIN, 0.2)
+        client.conn.timer_fired(TimerKind.LOGIN)
+        assert client.names() == [(0, "Connection.Tune")]
+
+    asyncio.run(attempts())
