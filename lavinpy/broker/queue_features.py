@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..store.priority_index import PriorityIndex
 from ..store.record import StoredMessage
 from .arguments import QueueSettings
 from .death_headers import delivery_count_properties
 from .limits import body_bytes, over_limit, would_overflow
-from .priority_index import PriorityIndex, message_priority
+from .priorities import message_priority
 from .ttl import Timer, message_expiry, now_ms
 
 if TYPE_CHECKING:

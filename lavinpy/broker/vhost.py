@@ -24,9 +24,9 @@ from ..amqp.constants import (
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
+from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
 from ..store.record import StoredMessage
-from ..store.stream_index import open_stream_index
 from ..store.vhost_store import VhostStore
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
 from .dead_lettering import dead_letter
@@ -37,7 +37,7 @@ from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
-from .priority_index import open_priority_index
+from .priorities import priority_kind
 from .queue import Queue
 from .recovery import orphan_queue_declares
 from .stream_queue import StreamQueue, validate_stream_declare
@@ -428,7 +428,7 @@ class VHost:
         return queue
 
     def _new_stream(self, name: str, arguments: dict) -> StreamQueue:
-        stream = StreamQueue(self, name, open_stream_index(self.store, name), arguments=arguments)
+        stream = StreamQueue(self, name, self.store.open_queue(name, True, STREAM), arguments=arguments)  # type: ignore[arg-type]
         stream.special = False  # type: ignore[attr-defined]  # read by publish's hot path
         stream.is_stream = True  # type: ignore[attr-defined]
         return stream
@@ -439,9 +439,8 @@ class VHost:
                                      policy.name if policy else None)
 
     def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> Any:
-        if settings.is_priority_queue:
-            return open_priority_index(self.store, name, persist, settings.max_priority)  # type: ignore[arg-type]
-        return self.store.open_queue(name, durable=persist)
+        kind = priority_kind(settings.max_priority) if settings.max_priority else FIFO
+        return self.store.open_queue(name, persist, kind)
 
     def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         queue = self.queues.get(name)

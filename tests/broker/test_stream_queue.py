@@ -21,9 +21,9 @@ from lavinpy.broker.stream_queue import (
     validate_stream_declare,
     with_stream_offset,
 )
+from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
-from lavinpy.store.stream_index import open_stream_index
 from lavinpy.store.vhost_store import VhostStore
 
 SEGMENT_SIZE = 4096
@@ -73,7 +73,7 @@ class MiniVhost:
 def open_stream(path: Path, arguments: dict | None = None) -> tuple[VhostStore, StreamQueue]:
     store = VhostStore(path, segment_size=SEGMENT_SIZE)
     store.open()
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     args = {"x-queue-type": "stream", **(arguments or {})}
     return store, StreamQueue(MiniVhost(store), "s", index, arguments=args)
