@@ -13,7 +13,6 @@ from pamqp import commands
 
 from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
 from ..broker.consumer import Consumer
-from ..broker.stream_queue import StreamQueue
 from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
 from . import writer
@@ -34,7 +33,7 @@ from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 
 if TYPE_CHECKING:
     from ..broker.exchanges.base import Exchange
-    from ..broker.queue import Queue
+    from ..broker.queue_base import QueueKind
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
 
@@ -48,7 +47,7 @@ _USER_ID_FLAG = 1 << 4
 
 
 class Unacked(NamedTuple):
-    queue: Queue
+    queue: QueueKind
     pos: int
     consumer: Consumer | None  # None for basic.get
 
@@ -369,7 +368,7 @@ class Channel(ContentAssembly):
                 item.consumer.unacked -= 1
             if requeue:
                 item.queue.requeue(item.pos)
-            elif requeue is None or item.queue.is_stream:
+            elif requeue is None:
                 item.queue.ack(item.pos)
             else:
                 item.queue.reject(item.pos)  # dead-lettered (reason rejected) when the queue has a DLX
@@ -417,7 +416,7 @@ class Channel(ContentAssembly):
             return self.last_queue
         return name
 
-    def _owned_queue(self, name: str) -> Queue:
+    def _owned_queue(self, name: str) -> QueueKind:
         queue = self.vhost.get_queue(name)
         self.vhost.check_exclusive(queue, self.conn)
         return queue
@@ -554,8 +553,7 @@ class Channel(ContentAssembly):
         except ArgumentError as e:
             raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         priority = args.get("x-priority", 0)
-        if isinstance(queue, StreamQueue):
-            queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
+        queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
         consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
                             prefetch=self.prefetch_count, arguments=args)
         self.consumers[tag] = consumer

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_base import QueueKind
 
 
 class ConsumerChannel(Protocol):
@@ -25,7 +25,7 @@ class Consumer:
     def __init__(
         self,
         tag: str,
-        queue: Queue,
+        queue: QueueKind,
         channel: ConsumerChannel,
         *,
         no_ack: bool = False,

@@ -13,14 +13,10 @@ from pamqp import commands
 from lavinpy.amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
 from lavinpy.amqp.properties import decode_properties, encode_properties
+from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.stream_queue import (
-    StreamQueue,
-    parse_max_age,
-    validate_stream_consumer,
-    validate_stream_declare,
-    with_stream_offset,
-)
+from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
+from lavinpy.broker.stream_queue import StreamQueue, with_stream_offset
 from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
