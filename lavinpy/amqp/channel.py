@@ -299,7 +299,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                 item.consumer.unacked -= 1
             if requeue:
                 item.queue.requeue(item.pos)
-            elif requeue is None or item.queue.is_stream:
+            elif requeue is None:
                 item.queue.ack(item.pos)
             else:
                 item.queue.reject(item.pos)  # dead-lettered (reason rejected) when the queue has a DLX

@@ -12,14 +12,13 @@ from pamqp import commands
 
 from ..broker.arguments import ArgumentError, validate_consumer_arguments
 from ..broker.consumer import Consumer
-from ..broker.stream_queue import StreamQueue
 from . import writer
 from .constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
 from .errors import AMQPChannelError, AMQPConnectionError
 from .unacked import Unacked
 
 if TYPE_CHECKING:
-    from ..broker.queue import Queue
+    from ..broker.queue_base import QueueKind
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
 
@@ -51,7 +50,7 @@ class ChannelMethods:
             return self.last_queue
         return name
 
-    def _owned_queue(self, name: str) -> Queue:
+    def _owned_queue(self, name: str) -> QueueKind:
         queue = self.vhost.get_queue(name)
         self.vhost.check_exclusive(queue, self.conn)
         return queue
@@ -174,8 +173,7 @@ class ChannelMethods:
         except ArgumentError as e:
             raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         priority = args.get("x-priority", 0)
-        if isinstance(queue, StreamQueue):
-            queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
+        queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.global_prefetch)
         consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
                             prefetch=self.prefetch_count, arguments=args)
         self.consumers[tag] = consumer

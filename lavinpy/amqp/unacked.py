@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ..broker.consumer import Consumer
-    from ..broker.queue import Queue
+    from ..broker.queue_base import QueueKind
 
 
 class Unacked(NamedTuple):
-    queue: Queue
+    queue: QueueKind
     pos: int
     consumer: Consumer | None  # None for basic.get

@@ -26,13 +26,9 @@ OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
 QUEUE_TYPES = ("classic", "stream")
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
-# Arguments RabbitMQ refuses on a stream ("invalid arg '...' for queue ...").
-STREAM_INVALID_ARGS = (
-    "x-expires", "x-message-ttl", "x-max-priority", "x-queue-mode", "x-overflow",
-    "x-dead-letter-exchange", "x-dead-letter-routing-key",
-)
 _MAX_AGE = re.compile(r"([0-9]+)([YMDhms])")
-_AGE_UNIT_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+_AGE_UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000,
+                "s": 1000}
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -178,15 +174,19 @@ def _max_age_reason(value: Any) -> str | None:
     return None
 
 
-def parse_max_age(text: str) -> int:
-    """A stream retention age ("7D", "12h", "30m", "10s", "1Y", "1M") in seconds.
+def parse_max_age(value: Any) -> int:
+    """A stream retention age or interval ("7D", "12h", "30m", "10s", "1Y", "1M") in ms.
 
-    As in RabbitMQ a month is 30 days and a year 365 days; the number must be positive.
+    The one parser of x-max-age, the max-age policy key and interval x-stream-offset values. As in
+    RabbitMQ a month is 30 days and a year 365 days; the number must be positive. ValueError if invalid.
     """
+    text = _text(value)
+    if text is None:
+        raise ValueError(f"expected a string such as '7D', not {value!r}")
     match = _MAX_AGE.fullmatch(text)
     if match is None or int(match.group(1)) <= 0:
-        raise ValueError(f"invalid max age {text!r}: expected a positive number and one of Y M D h m s")
-    return int(match.group(1)) * _AGE_UNIT_SECONDS[match.group(2)]
+        raise ValueError(f"invalid max age '{text}': a positive integer followed by Y, M, D, h, m or s")
+    return int(match.group(1)) * _AGE_UNIT_MS[match.group(2)]
 
 
 # Declare arguments in the order RabbitMQ checks them; unknown arguments are ignored, as there.
@@ -225,8 +225,6 @@ def validate_queue_arguments(arguments: Mapping[str, Any], *, queue: str, vhost:
     if queue_type not in queue_types:
         raise ArgumentError("x-queue-type", f"invalid arg 'x-queue-type' for {where}: "
                                             f"queue type '{queue_type}' is not supported")
-    if queue_type == "stream":
-        _validate_stream(arguments, where, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
 
 
 def queue_type_of(arguments: Mapping[str, Any]) -> str:
@@ -236,61 +234,16 @@ def queue_type_of(arguments: Mapping[str, Any]) -> str:
     return text if text is not None else repr(value)
 
 
-def _validate_stream(arguments: Mapping[str, Any], where: str, *, durable: bool, exclusive: bool,
-                     auto_delete: bool) -> None:
-    # RabbitMQ checks the queue's properties first, then the arguments a stream refuses.
-    for flag, name in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
-        if flag:
-            raise ArgumentError(name, f"invalid property '{name}' for {where}")
-    for name in STREAM_INVALID_ARGS:
-        if name in arguments:
-            raise ArgumentError(name, f"invalid arg '{name}' for {where}")
-
-
 # --- consumer arguments -----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class StreamOffset:
-    """Where a stream consumer starts: kind is first, last, next, offset or timestamp (ms)."""
-
-    kind: str
-    value: int = 0
-
-
-def parse_stream_offset(value: Any, now_ms: int) -> StreamOffset:
-    """Parse x-stream-offset: "first" | "last" | "next" | an offset | a timestamp | an age ("1h")."""
-    if isinstance(value, datetime.datetime):
-        return StreamOffset("timestamp", int(value.timestamp() * 1000))
-    if _is_int(value):
-        if value < 0:
-            raise ValueError(_term("value_negative", value))
-        return StreamOffset("offset", value)
-    text = _text(value)
-    if text is None:
-        raise ValueError(_bad_type(value))
-    if text in ("first", "last", "next"):
-        return StreamOffset(text)
-    try:  # an interval: start that long ago
-        return StreamOffset("timestamp", now_ms - parse_max_age(text) * 1000)
-    except ValueError:
-        raise ValueError(_term("unacceptable_value", text)) from None
-
-
-def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str,
-                                stream: bool = False, now_ms: int = 0) -> StreamOffset | None:
-    """Raise ArgumentError for a bad basic.consume argument; returns the parsed x-stream-offset."""
+def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str) -> None:
+    """Raise ArgumentError for a bad basic.consume argument (x-stream-offset: ``stream_arguments``)."""
     where = _resource("queue", queue, vhost)
     for name, check in (("x-priority", _int_reason), ("x-consumer-timeout", _non_neg_int_reason)):
         if name in arguments:
             reason = check(arguments[name])
             if reason is not None:
                 raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
-    if not stream or "x-stream-offset" not in arguments:
-        return None
-    try:
-        return parse_stream_offset(arguments["x-stream-offset"], now_ms)
-    except ValueError as err:
-        raise ArgumentError("x-stream-offset", f"invalid arg 'x-stream-offset' for {where}: {err}") from None
 
 
 # --- per-message expiration -------------------------------------------------------------------------
@@ -328,18 +281,15 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _age_or_none(value: Any) -> int | None:
-    text = _text(value)
-    if text is None:
-        return None
     try:
-        return parse_max_age(text)
+        return parse_max_age(value)
     except ValueError:
         return None
 
 
 @dataclass(frozen=True)
 class QueueSettings:
-    """What a queue enforces, from its arguments and its policy. Times are ms, max_age is seconds."""
+    """What a queue enforces, from its arguments and its policy. Times (max_age too) are ms."""
 
     queue_type: str = "classic"
     message_ttl: int | None = None

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..store.record import StoredMessage
-    from .queue import Queue
+    from .queue_base import QueueKind
 
 
 class ConsumerChannel(Protocol):
@@ -26,7 +26,7 @@ class Consumer:
     def __init__(
         self,
         tag: str,
-        queue: Queue,
+        queue: QueueKind,
         channel: ConsumerChannel,
         *,
         no_ack: bool = False,

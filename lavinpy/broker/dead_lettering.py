@@ -11,19 +11,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers
+from ..amqp.properties import PropertiesError, peek_headers
 from ..store.record import StoredMessage
 from .death_headers import dead_letter_properties, death_routing_keys, should_drop_cycle
+from .publishing import append_and_push
 from .ttl import now_ms
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .queue_base import QueueKind
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.dead_lettering")
 
 
-def dead_letter(vhost: VHost, queue: Queue, msg: StoredMessage, reason: str) -> int:
+def dead_letter(vhost: VHost, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
     """Dead-letter ``msg`` leaving ``queue`` for ``reason``; returns how many queues got the copy.
 
     The caller removes the original from its queue (ack) whatever this returns.
@@ -52,14 +53,9 @@ def dead_letter(vhost: VHost, queue: Queue, msg: StoredMessage, reason: str) -> 
     for target in vhost.route(exchange, routing_key, headers):
         if target.index.closed or should_drop_cycle(properties, target.name):
             continue
-        if target.special and target.refuses(size):
+        if target.refuses(size):
             continue  # a full reject-publish dead-letter queue drops it
         targets.append(target)
     if not targets:
         return 0
-    pos = vhost.store.messages.append(dlx_name, routing_key, properties, msg.body, now)
-    copy = StoredMessage(now, dlx_name, routing_key, properties, msg.body)
-    persistent = peek_delivery_mode(properties) == 2
-    for target in targets:
-        target.push(pos, persistent, copy)
-    return len(targets)
+    return append_and_push(vhost.store, dlx_name, routing_key, properties, msg.body, now, targets)[0]

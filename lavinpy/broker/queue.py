@@ -1,4 +1,4 @@
-"""A queue: its store index, its consumers, and the delivery loop that feeds them."""
+"""A classic queue: its store index, its consumers, and the one delivery loop that feeds them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.record import StoredMessage
 from .consumer_set import ConsumerSet
-from .queue_base import QueueBase
+from .queue_base import DELIVERY_BATCH, QueueKind
 from .queue_features import QueueFeatures
 
 if TYPE_CHECKING:
@@ -20,15 +20,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.queue")
 
-# Deliveries made in one go before other queues get a turn on the event loop.
-DELIVERY_BATCH = 256
 
-
-class Queue(QueueBase, QueueFeatures):
-    """A classic queue. Optional features (TTL, limits, priorities, ...) live in ``QueueFeatures``;
-    ``special`` is False unless the queue uses one, and the hot paths below test only that flag."""
-
-    is_stream = False
+class Queue(QueueKind):
+    """A classic queue (with or without priorities). Optional features (TTL, limits, priorities,
+    delivery limit, single active consumer) live in the ``features`` component; ``special`` is False
+    unless the queue uses one, and the hot paths below test only that flag."""
 
     def __init__(
         self,
@@ -45,20 +41,21 @@ class Queue(QueueBase, QueueFeatures):
     ) -> None:
         self.vhost = vhost
         self.name = name
-        self.index = index
+        self.index: QueueIndex = index
         self.durable = durable
         self.exclusive_owner = exclusive_owner
         self.exclusive = exclusive_owner is not None
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.consumers = ConsumerSet()
+        self.consumers: ConsumerSet = ConsumerSet()
         self.deleted = False
+        self.special = False
         self._had_consumer = False
         # Positions to deliver with redelivered=true: requeued ones, and after an unclean stop the
         # messages recovered from disk (their delivery state was not persisted).
         self._redelivered: set[int] = set()
         self._recovered_left = index.ready_count if recovered_redelivered else 0
-        self.init_features(settings)
+        self.features = QueueFeatures(self, settings)  # sets self.settings and self.special
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -71,33 +68,65 @@ class Queue(QueueBase, QueueFeatures):
     def mark_redelivered(self, positions: Iterable[int]) -> None:
         self._redelivered.update(positions)
 
+    def has_exclusive_consumer(self) -> bool:
+        return self.consumers.has_exclusive
+
+    # --- settings and timers ------------------------------------------------------------------
+    def apply_settings(self, settings: QueueSettings) -> None:
+        self.features.apply(settings)
+
+    def refuses(self, size: int) -> bool:
+        return self.special and self.features.refuses(size)
+
+    def enable_message_ttl(self) -> None:
+        self.features.enable_message_ttl()
+
+    def touch(self) -> None:
+        self.features.touch()
+
+    def start_timers(self) -> None:
+        self.features.start_timers()
+
+    def stop_timers(self) -> None:
+        self.features.stop_timers()
+
     # --- messages in --------------------------------------------------------------------------
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
-        if self.special:
-            self._push_special(pos, persistent, message)
-            return
+        features = self.features if self.special else None
+        if features is not None and message is None:
+            message = self.read(pos)
+            if message is None:
+                return
         index = self.index
         if message is not None and self.consumers and not index.ready_count:
             # Nothing waiting: hand the message in hand straight to a consumer with capacity,
             # instead of reading it back from its segment later. It is stored and indexed all the same.
-            consumer = self._next_consumer()
+            consumer = features.pick_consumer() if features is not None else self.consumers.next_ready()
             if consumer is not None:
                 self._recovered_left = 0
                 if consumer.no_ack:
                     # Delivered and settled at once: the index would only add and remove it.
                     consumer.channel.deliver(consumer, pos, message, False)
                     return
-                index.push(pos, persistent)
+                if features is not None:
+                    features.index_push(pos, persistent, message)
+                else:
+                    index.push(pos, persistent)
                 index.shift()
                 consumer.channel.deliver(consumer, pos, message, False)
                 consumer.unacked += 1
                 return
+        if features is not None:
+            assert message is not None  # read above
+            features.push_ready(pos, persistent, message)
+            return
         index.push(pos, persistent)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
     # --- messages out -------------------------------------------------------------------------
-    def _shift(self) -> tuple[int, bool] | None:
+    def shift(self) -> tuple[int, bool] | None:
+        """Take the head for delivery (it becomes unacked): (position, redelivered), or None."""
         pos = self.index.shift()
         if pos is None:
             return None
@@ -109,82 +138,101 @@ class Queue(QueueBase, QueueFeatures):
             return pos, True
         return pos, False
 
-    def get(self) -> tuple[int, StoredMessage, bool] | None:
-        """basic.get: the head message (now unacked), or None."""
-        if self.closed:
-            return None
-        self.touch()
-        if self.special:
-            return self._get_special()
+    def _take(self) -> tuple[int, StoredMessage, bool] | None:
+        """The head, read (a damaged one is reported by read(), removed, and the next one tried)."""
         while True:
-            shifted = self._shift()
+            shifted = self.shift()
             if shifted is None:
                 return None
             pos, redelivered = shifted
             msg = self.read(pos)
             if msg is not None:
                 return pos, msg, redelivered
-            self.index.ack(pos)  # damaged: reported by read(), removed, the next one is tried
+            self.index.ack(pos)
+
+    def get(self) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get: the head message (now unacked), or None."""
+        if self.closed:
+            return None
+        self.touch()
+        if not self.special:
+            return self._take()
+        taken = self.features.take_ready()
+        self.features.after_delivery()
+        return taken
 
     def deliver(self) -> bool:
         """Deliver ready messages to consumers with capacity; True if more could go out now."""
-        if self.special:
-            return self._deliver_special()
         budget = DELIVERY_BATCH
         index = self.index
-        while budget and index.ready_count and self.consumers and not index.closed:
-            consumer = self._next_consumer()
+        consumers = self.consumers
+        features = self.features if self.special else None
+        while budget and index.ready_count and consumers and not index.closed:
+            consumer = features.pick_consumer() if features is not None else consumers.next_ready()
             if consumer is None:
-                return False
-            shifted = self._shift()
-            if shifted is None:
-                return False
-            pos, redelivered = shifted
-            msg = self.read(pos)
-            if msg is None:  # damaged: reported by read(); removed, and the rest goes on
-                index.ack(pos)
-                continue
-            consumer.channel.deliver(consumer, pos, msg, redelivered)
-            if consumer.no_ack:
-                index.ack(pos)
+                break
+            if features is not None:
+                taken = features.take_ready()
+                if taken is None:
+                    break
+                pos, msg, redelivered = taken
             else:
+                shifted = self.shift()
+                if shifted is None:
+                    break
+                pos, redelivered = shifted
+                read = self.read(pos)
+                if read is None:  # damaged: reported by read(); removed, and the rest goes on
+                    index.ack(pos)
+                    continue
+                msg = read
+            consumer.channel.deliver(consumer, pos, msg, redelivered)
+            if not consumer.no_ack:
                 consumer.unacked += 1
+            elif features is not None:
+                features.remove(pos)
+            else:
+                index.ack(pos)
             budget -= 1
+        if features is not None:
+            features.after_delivery()
         return budget == 0
-
-    def _next_consumer(self) -> Consumer | None:
-        return self.consumers.next_ready()
 
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
-        if not self.deleted:
-            if self._delivery_counts:
-                self._delivery_counts.pop(pos, None)
+        if self.deleted:
+            return
+        if self.special:
+            self.features.remove(pos)  # delivery counts are kept only while special
+        else:
             self.index.ack(pos)
 
     def requeue(self, pos: int) -> None:
         if self.deleted:
             return
         if self.special:
-            self._requeue_special(pos)
-            return
-        self.index.requeue(pos)
-        self._redelivered.add(pos)
+            self.features.requeue(pos)
+        else:
+            self.requeue_ready(pos)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
+    def requeue_ready(self, pos: int) -> None:
+        """Back to the head, delivered next with redelivered=true."""
+        self.index.requeue(pos)
+        self._redelivered.add(pos)
+
+    def reject(self, pos: int) -> None:
+        if not self.deleted:
+            self.features.reject(pos)
+
     def purge(self) -> int:
         count = self.index.purge()
-        if self._delivery_counts:
-            self.forget_purged_counts()
+        self.features.purged()
         self._recovered_left = 0
-        self._ready_bytes = 0
         return count
 
     # --- consumers ----------------------------------------------------------------------------
-    def has_exclusive_consumer(self) -> bool:
-        return self.consumers.has_exclusive
-
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.add(consumer)
         self._had_consumer = True

@@ -1,32 +1,61 @@
-"""What every queue kind (classic, stream) offers the vhost and channels in the same way."""
+"""The queue-kind contract: everything the vhost and the channels may ask of a queue.
+
+Classic (``queue.Queue``, with or without priorities) and stream (``stream_queue.StreamQueue``) queues
+implement it; the vhost holds them as ``dict[str, QueueKind]`` and never asks which kind a queue is.
+Where the kinds differ, the difference is a method here: a stream's ``reject`` is credit only, a
+classic queue's ``validate_consumer`` accepts everything, only a stream's ``apply_retention`` drops
+messages, and so on. The defaults below are what a kind without that feature does.
+"""
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
+from .arguments import QueueSettings
 
 if TYPE_CHECKING:
+    from ..store.index_kinds import AnyIndex
     from .consumer import Consumer
     from .vhost import VHost
 
 
 log = logging.getLogger("lavinpy.queue")
 
+# Deliveries a queue makes in one go before other queues get a turn on the event loop.
+DELIVERY_BATCH = 256
 
-class QueueBase:
-    """Shared state queries and record reading; each kind brings its index, delivery and acks."""
 
-    corrupt_messages = 0  # damaged records found (and skipped) in this queue
+class QueueKind(ABC):
+    """A queue as the vhost and channels see it; each kind brings its index, delivery and acks."""
 
     name: str
     vhost: VHost
-    index: Any
-    consumers: list[Consumer]
+    index: AnyIndex
+    arguments: dict[str, Any]
+    settings: QueueSettings
+    durable: bool
+    exclusive: bool
+    exclusive_owner: object | None
+    auto_delete: bool
+    deleted: bool
+    consumers: Collection[Consumer]
+    # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
+    # the one flag the publish hot path reads.
+    special = False
+    corrupt_messages = 0  # damaged records found (and skipped) in this queue
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} vhost={self.vhost.name!r}>"
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def message_count(self) -> int:
+        """Messages ready for delivery (queue.declare-ok, basic.get-ok)."""
 
     @property
     def consumer_count(self) -> int:
@@ -34,6 +63,7 @@ class QueueBase:
 
     @property
     def closed(self) -> bool:
+        """The index was found damaged: the queue serves nothing more."""
         return self.index.closed
 
     def is_unused(self) -> bool:
@@ -42,6 +72,91 @@ class QueueBase:
     def has_exclusive_consumer(self) -> bool:
         return any(c.exclusive for c in self.consumers)
 
+    def redelivered_positions(self) -> list[int]:
+        """Ready positions already delivered once (saved at a clean stop for their redelivered flag)."""
+        return []
+
+    def mark_redelivered(self, positions: Iterable[int]) -> None:
+        """Recovered ready positions that must go out with redelivered=true."""
+        return None
+
+    # --- messages in --------------------------------------------------------------------------
+    @abstractmethod
+    def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
+        """A stored message was routed here; ``message`` is the record in hand, if the caller has it."""
+
+    def refuses(self, size: int) -> bool:
+        """Whether a message of ``size`` bytes is refused now (reject-publish overflow)."""
+        return False
+
+    def enable_message_ttl(self) -> None:
+        """A message with an ``expiration`` is about to be pushed."""
+        return None
+
+    # --- messages out -------------------------------------------------------------------------
+    @abstractmethod
+    def deliver(self) -> bool:
+        """Deliver to consumers with capacity, up to DELIVERY_BATCH; True if more could go out now."""
+
+    @abstractmethod
+    def get(self) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get: (position, message, redelivered) now unacked, or None when empty."""
+
+    @abstractmethod
+    def ack(self, pos: int) -> None:
+        """A delivered message was acknowledged."""
+
+    @abstractmethod
+    def requeue(self, pos: int) -> None:
+        """A delivered message comes back (nack/reject with requeue, closed channel)."""
+
+    @abstractmethod
+    def reject(self, pos: int) -> None:
+        """A delivered message was refused without requeue."""
+
+    @abstractmethod
+    def purge(self) -> int:
+        """queue.purge: remove the ready messages; returns how many."""
+
+    # --- consumers ----------------------------------------------------------------------------
+    def validate_consumer(self, no_ack: bool, prefetch: int, arguments: dict[str, Any] | None,
+                          global_prefetch: int = 0) -> None:
+        """Refuse a basic.consume this kind does not support (raises the AMQP error)."""
+        return None
+
+    @abstractmethod
+    def add_consumer(self, consumer: Consumer) -> None: ...
+
+    @abstractmethod
+    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+        """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
+
+    # --- life cycle ---------------------------------------------------------------------------
+    @abstractmethod
+    def delete(self) -> int:
+        """Remove the queue's messages and files; consumers get basic.cancel. Returns messages dropped."""
+
+    def touch(self) -> None:
+        """The queue was used (declared again, consumed from, basic.get): x-expires starts over."""
+        return None
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        """A policy changed: enforce ``settings`` from now on."""
+        return None
+
+    def start_timers(self) -> None:
+        """The event loop runs: arm the queue's timers."""
+        return None
+
+    def stop_timers(self) -> None:
+        """The vhost is closing: no timer may touch the store after it is closed."""
+        return None
+
+    def apply_retention(self) -> int:
+        """Periodic retention (x-max-age of an idle stream); returns messages dropped."""
+        return 0
+
+    # --- reading records ----------------------------------------------------------------------
     def read(self, pos: int) -> StoredMessage | None:
         """Read a record. A damaged or missing one is reported and None is returned: the caller
         removes that one message from the queue and goes on with the rest."""
@@ -58,8 +173,8 @@ class QueueBase:
         self.vhost.corrupt_messages += 1
         log.error("vhost %r, queue %r: message at segment %d offset %d is damaged and skipped: %s",
                   self.vhost.name, self.name, pos & 0xFFFFFFFF, pos >> 32, error)
-        if getattr(self, "settings", None) is None or self.settings.dead_letter_exchange is None:
+        if self.settings.dead_letter_exchange is None:
             return
         salvaged = self.vhost.store.messages.salvage(pos)
         if salvaged is not None:
-            self.vhost.dead_letter(self, salvaged, "corrupt")  # type: ignore[arg-type]
+            self.vhost.dead_letter(self, salvaged, "corrupt")

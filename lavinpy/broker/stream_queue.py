@@ -20,18 +20,17 @@ periodic task so that ``x-max-age`` also expires an idle stream.
 
 from __future__ import annotations
 
-import datetime
 import logging
-import re
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError, AMQPConnectionError
+from ..amqp.constants import NOT_IMPLEMENTED
+from ..amqp.errors import AMQPConnectionError
 from ..amqp.properties import peek_headers, replace_headers
 from ..store.record import StoredMessage
-from .queue_base import QueueBase
+from .arguments import QueueSettings
+from .queue_base import DELIVERY_BATCH, QueueKind
+from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
     from ..store.stream_index import StreamIndex
@@ -40,114 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.stream")
 
-DELIVERY_BATCH = 256
-OFFSET_HEADER = "x-stream-offset"
 _LOW32 = 0xFFFFFFFF
 # method ids for error replies
-_BASIC_CONSUME = (60, 20)
 _BASIC_GET = (60, 70)
 _QUEUE_PURGE = (50, 30)
-_QUEUE_DECLARE = (50, 10)
-
-_AGE_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "D": 86_400_000,
-                 "M": 30 * 86_400_000, "Y": 365 * 86_400_000}
-_AGE = re.compile(r"([0-9]+)([YMDhms])")
-# Arguments a stream accepts (RabbitMQ's list, minus clustering ones lavinpy ignores).
-STREAM_ARGUMENTS = frozenset({
-    "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
-    "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-filter-size-bytes",
-})
-
-
-def _rs(queue: str, vhost: str) -> str:
-    return f"queue '{queue}' in vhost '{vhost}'"
-
-
-# --- arguments ---------------------------------------------------------------------------------
-
-def parse_max_age(value: Any) -> int:
-    """``x-max-age`` / an interval ``x-stream-offset`` ("7D", "12h") in ms; ValueError if invalid."""
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).decode("utf-8", "replace")
-    if not isinstance(value, str):
-        raise ValueError(f"expected a string such as '7D', not {value!r}")
-    match = _AGE.fullmatch(value)
-    if match is None or int(match.group(1)) <= 0:
-        raise ValueError(f"invalid max age '{value}': a positive integer followed by Y, M, D, h, m or s")
-    return int(match.group(1)) * _AGE_UNITS_MS[match.group(2)]
-
-
-def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
-                            arguments: dict[str, Any]) -> None:
-    """Refuse a stream declaration that RabbitMQ refuses (406 PRECONDITION_FAILED)."""
-    where = _rs(name, vhost)
-    for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
-                      ("auto-delete", auto_delete)):
-        if bad:
-            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {where}", *_QUEUE_DECLARE)
-    for key in sorted(arguments):
-        if key.startswith("x-") and key not in STREAM_ARGUMENTS:
-            raise AMQPChannelError(PRECONDITION_FAILED,
-                                   f"invalid arg '{key}' for {where} of queue type stream", *_QUEUE_DECLARE)
-    max_bytes = arguments.get("x-max-length-bytes")
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
-        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
-                                                    f"{max_bytes!r} is not a non-negative integer", *_QUEUE_DECLARE)
-    if "x-max-age" in arguments:
-        try:
-            parse_max_age(arguments["x-max-age"])
-        except ValueError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: {e}",
-                                   *_QUEUE_DECLARE) from None
-
-
-def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, int]:
-    """An ``x-stream-offset`` argument as (kind, value); kind is first, last, next, offset or timestamp.
-
-    A timestamp (or an interval string, meaning that long ago) comes back in ms. ValueError if invalid.
-    """
-    if value is None:
-        return "next", 0
-    if isinstance(value, (bytes, bytearray)):
-        value = bytes(value).decode("utf-8", "replace")
-    if isinstance(value, str):
-        if value in ("first", "last", "next"):
-            return value, 0
-        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        return "timestamp", now - parse_max_age(value)
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:  # pamqp decodes AMQP timestamps as UTC
-            value = value.replace(tzinfo=datetime.UTC)
-        return "timestamp", int(value.timestamp()) * 1000
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"offset {value} is negative")
-        return "offset", value
-    raise ValueError(f"{value!r} is not first, last, next, an offset, a timestamp or an interval")
-
-
-def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, Any] | None, *,
-                             queue: str = "", vhost: str = "/", global_prefetch: int = 0) -> None:
-    """Refuse a basic.consume on a stream the way RabbitMQ does.
-
-    No per-consumer prefetch: 406 (channel). no-ack, or a global prefetch: 540 NOT_IMPLEMENTED
-    (a hard error: the connection closes). A malformed ``x-stream-offset``: 406.
-    """
-    where = _rs(queue, vhost)
-    if not prefetch:
-        raise AMQPChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}",
-                               *_BASIC_CONSUME)
-    if no_ack:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}",
-                                  *_BASIC_CONSUME)
-    if global_prefetch:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"{where} does not support global qos", *_BASIC_CONSUME)
-    try:
-        parse_stream_offset((arguments or {}).get(OFFSET_HEADER))
-    except ValueError as e:
-        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
-                               *_BASIC_CONSUME) from None
-
 
 # --- the delivered header ----------------------------------------------------------------------
 
@@ -192,8 +87,8 @@ def with_stream_offset(properties: bytes, offset: int) -> bytes:
 
 # --- the queue ---------------------------------------------------------------------------------
 
-class StreamQueue(QueueBase):
-    """Used by the vhost and channels in place of a ``Queue`` for ``x-queue-type: stream``."""
+class StreamQueue(QueueKind):
+    """The ``x-queue-type: stream`` kind of queue."""
 
     durable = True
     exclusive = False
@@ -206,18 +101,16 @@ class StreamQueue(QueueBase):
         self.name = name
         self.index = index
         self.arguments = arguments or {}
+        # Arguments only: RabbitMQ streams take retention from their declaration here.
+        self.settings = QueueSettings.resolve(self.arguments)
         self.consumers: list[Consumer] = []
         self.deleted = False
         self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
-        max_bytes = self.arguments.get("x-max-length-bytes")
-        self.max_length_bytes: int | None = max_bytes if isinstance(max_bytes, int) else None
-        try:
-            self.max_age_ms: int | None = (parse_max_age(self.arguments["x-max-age"])
-                                           if "x-max-age" in self.arguments else None)
-        except ValueError:  # validated at declaration; a bad value in old definitions is ignored
-            self.max_age_ms = None
+        # Validated at declaration; a bad value in old definitions resolves to None (no limit).
+        self.max_length_bytes = self.settings.max_length_bytes
+        self.max_age_ms = self.settings.max_age
         self._tail_segment = self._last_segment()
         self.apply_retention()
 
@@ -226,18 +119,12 @@ class StreamQueue(QueueBase):
     def message_count(self) -> int:
         return self.index.count
 
-    def redelivered_positions(self) -> list[int]:
-        return []  # stream deliveries are never marked redelivered
-
-    def mark_redelivered(self, positions: Iterable[int]) -> None:
-        pass
-
     def offset_of(self, consumer: Consumer) -> int | None:
         """The next offset ``consumer`` will get (None if it is not a consumer of this stream)."""
         return self._cursors.get(consumer)
 
     def _where(self) -> str:
-        return _rs(self.name, self.vhost.name)
+        return queue_in_vhost(self.name, self.vhost.name)
 
     # --- retention ----------------------------------------------------------------------------
     def _last_segment(self) -> int:
@@ -336,6 +223,9 @@ class StreamQueue(QueueBase):
     def requeue(self, pos: int) -> None:
         """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does."""
 
+    def reject(self, pos: int) -> None:
+        """nack/reject without requeue: credit only too (nothing is dead-lettered from a stream)."""
+
     def purge(self) -> int:
         raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._where()}",
                                   *_QUEUE_PURGE)
@@ -386,5 +276,5 @@ class StreamQueue(QueueBase):
             self.consumers.remove(consumer)
             self._cursors.pop(consumer, None)
             consumer.channel.consumer_cancelled(consumer)
-        self.vhost.store.delete_queue(self.index)  # type: ignore[arg-type]
+        self.vhost.store.delete_queue(self.index)
         return count

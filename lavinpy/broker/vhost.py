@@ -9,7 +9,6 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -22,11 +21,12 @@ from ..amqp.constants import (
     RESOURCE_LOCKED,
 )
 from ..amqp.errors import AMQPChannelError, AMQPConnectionError
-from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from ..store.definitions import DefinitionsLog
+from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
+from ..store.queue_index import QueueIndex
 from ..store.record import StoredMessage
-from ..store.stream_index import open_stream_index
+from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
 from .dead_lettering import dead_letter
@@ -37,10 +37,14 @@ from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
-from .priority_index import open_priority_index
+from .priorities import priority_kind
+from .publishing import REJECTED as REJECTED  # re-exported: the channel compares with it
+from .publishing import VHostPublishing
 from .queue import Queue
+from .queue_base import QueueKind
 from .recovery import orphan_queue_declares
-from .stream_queue import StreamQueue, validate_stream_declare
+from .stream_arguments import validate_stream_declare
+from .stream_queue import StreamQueue
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -55,17 +59,13 @@ BUILTIN_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
-_HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
-_EXPIRATION_FLAG_HIGH = (1 << 8) >> 8  # the expiration bit within the first property-flags byte
-# vhost.publish's second value when a reject-publish queue refused the message: confirm with a nack.
-REJECTED = object()
 # Per durable queue, written at a clean stop: positions of ready messages that had been delivered.
 REDELIVERED_FILE = "redelivered"
 # Every this many flusher ticks, sealed segments' pages are dropped from the broker's mapping (RSS).
 RELEASE_MEMORY_TICKS = 10
 
 
-class VHost:
+class VHost(VHostPublishing):
     def __init__(self, name: str, path: Path, config: Config, broker: Broker) -> None:
         self.name = name
         self.broker = broker
@@ -81,7 +81,7 @@ class VHost:
         self.definitions = DefinitionsLog(path / "definitions.amqp", config.definitions_compact_deletes)
         self.exchanges: dict[str, Exchange] = {}
         self.generation = 0  # bumped when an exchange goes away: channels cache resolved exchanges
-        self.queues: dict[str, Queue] = {}
+        self.queues: dict[str, QueueKind] = {}
         self.corrupt_messages = 0  # damaged records found (and skipped) by this vhost's queues
         self._flush_task: asyncio.Task | None = None
         self.closed = False
@@ -161,8 +161,7 @@ class VHost:
             if isinstance(exchange, DelayedExchange) and exchange.held is not None:
                 exchange.held.close()
         for queue in list(self.queues.values()):
-            if isinstance(queue, Queue):
-                queue.stop_timers()
+            queue.stop_timers()
             if not queue.durable:
                 self.store.delete_queue(queue.index)
             elif queue.index.durable:
@@ -170,7 +169,7 @@ class VHost:
         self.store.close()
         self.definitions.close()
 
-    def _save_redelivered(self, queue: Queue) -> None:
+    def _save_redelivered(self, queue: QueueKind) -> None:
         """Clean stop: remember which ready messages were delivered before, for their redelivered flag."""
         marks = queue.redelivered_positions()
         if marks:
@@ -188,8 +187,7 @@ class VHost:
                 if ticks % RELEASE_MEMORY_TICKS == 0:
                     self.store.messages.release_memory()
                 for queue in list(self.queues.values()):
-                    if isinstance(queue, StreamQueue):
-                        queue.apply_retention()
+                    queue.apply_retention()
                 if self.store.pending and not self.closed:
                     try:
                         await self.store.flush()
@@ -198,7 +196,7 @@ class VHost:
         self._flush_task = asyncio.get_running_loop().create_task(run())
 
     # --- delivery scheduling ------------------------------------------------------------------
-    def schedule_delivery(self, queue: Queue) -> None:
+    def schedule_delivery(self, queue: QueueKind) -> None:
         self.broker.schedule_delivery(queue)
 
     def schedule_all_deliveries(self) -> None:
@@ -350,13 +348,13 @@ class VHost:
             self._maybe_auto_delete_exchange(src)
 
     # --- queues -------------------------------------------------------------------------------
-    def get_queue(self, name: str) -> Queue:
+    def get_queue(self, name: str) -> QueueKind:
         try:
             return self.queues[name]
         except KeyError:
             raise AMQPChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
 
-    def check_exclusive(self, queue: Queue, owner: object) -> None:
+    def check_exclusive(self, queue: QueueKind, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
             raise self._locked(queue.name)
 
@@ -374,7 +372,7 @@ class VHost:
     def declare_queue(self, name: str, *, owner: object, passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
                       arguments: dict | None = None, server_named: bool = False,
-                      permissions: UserPermissions | None = None) -> Queue:
+                      permissions: UserPermissions | None = None) -> QueueKind:
         """Declare a queue; ``permissions`` is the acting user's (None: a trusted caller)."""
         arguments = dict(arguments or {})
         existing = self.queues.get(name)
@@ -397,8 +395,7 @@ class VHost:
                 if received != current:
                     raise inequivalent(arg, "queue", name, self.name, received, current)
             check_arguments("queue", name, self.name, arguments, existing.arguments)
-            if isinstance(existing, Queue):
-                existing.touch()  # a redeclare counts as use (x-expires)
+            existing.touch()  # a redeclare counts as use (x-expires)
             return existing
         queue_type = queue_type_of(arguments)
         if queue_type == "stream":
@@ -410,7 +407,7 @@ class VHost:
                                                            arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
-            return stream  # type: ignore[return-value]
+            return stream
         try:
             validate_queue_arguments(arguments, queue=name, vhost=self.name, durable=durable,
                                      exclusive=exclusive, auto_delete=auto_delete)
@@ -428,20 +425,20 @@ class VHost:
         return queue
 
     def _new_stream(self, name: str, arguments: dict) -> StreamQueue:
-        stream = StreamQueue(self, name, open_stream_index(self.store, name), arguments=arguments)
-        stream.special = False  # type: ignore[attr-defined]  # read by publish's hot path
-        stream.is_stream = True  # type: ignore[attr-defined]
-        return stream
+        index = self.store.open_queue(name, True, STREAM)
+        assert isinstance(index, StreamIndex)
+        return StreamQueue(self, name, index, arguments=arguments)
 
     def _queue_settings(self, name: str, arguments: dict) -> QueueSettings:
         policy = self.policies.match(name, "queue", queue_type_of(arguments))
         return QueueSettings.resolve(arguments, policy.definition if policy else None,
                                      policy.name if policy else None)
 
-    def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> Any:
-        if settings.is_priority_queue:
-            return open_priority_index(self.store, name, persist, settings.max_priority)  # type: ignore[arg-type]
-        return self.store.open_queue(name, durable=persist)
+    def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> QueueIndex:
+        kind = priority_kind(settings.max_priority) if settings.max_priority else FIFO
+        index = self.store.open_queue(name, persist, kind)
+        assert isinstance(index, QueueIndex)
+        return index
 
     def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         queue = self.queues.get(name)
@@ -463,139 +460,10 @@ class VHost:
     def purge_queue(self, name: str) -> int:
         return self.get_queue(name).purge()
 
-    def queues_owned_by(self, owner: object) -> Iterable[Queue]:
+    def queues_owned_by(self, owner: object) -> Iterable[QueueKind]:
         return [q for q in self.queues.values() if q.exclusive_owner is owner]
 
-    # --- publishing ---------------------------------------------------------------------------
-    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
-        queues = exchange.route(routing_key, headers)
-        if headers:
-            for key in ("CC", "BCC"):
-                extra = headers.get(key)
-                if isinstance(extra, list):
-                    for rk in extra:
-                        if isinstance(rk, (str, bytes)):
-                            rk = rk.decode() if isinstance(rk, bytes) else rk
-                            queues |= exchange.route(rk, headers)
-        seen = {exchange.name}
-        while not queues:
-            # Unroutable: follow the alternate-exchange chain, each exchange once.
-            ae_name = self._alternates.get(exchange.name)
-            if not ae_name or ae_name in seen:
-                break
-            seen.add(ae_name)
-            alternate = self.exchanges.get(ae_name)
-            if alternate is None:
-                break
-            exchange = alternate
-            queues = exchange.route(routing_key, headers)
-        return queues
-
-    def publish(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes) -> tuple[int, Any]:
-        """Route and store a message once; returns (queues reached, needs an fsync for its confirm).
-
-        The second value is ``REJECTED`` when a reject-publish queue refused the message (the
-        publisher's confirm is then a basic.nack).
-        """
-        if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
-            # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
-            queue = self.queues.get(routing_key)
-            if queue is None:
-                return 0, False
-            if queue.special or properties[0] & _EXPIRATION_FLAG_HIGH:
-                return self._publish_to(exchange.name, routing_key, properties, body, (queue,))
-            queues: Iterable[Queue] = (queue,)
-        else:
-            headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
-            if type(exchange) is DelayedExchange and exchange.hold(routing_key, properties, body, headers):
-                return 1, exchange.durable  # held until due; counted as routed
-            queues, properties = self._route_message(exchange, routing_key, properties, headers)
-            if not queues:
-                return 0, False
-            if properties[0] & _EXPIRATION_FLAG_HIGH:
-                return self._publish_to(exchange.name, routing_key, properties, body, queues)
-            for queue in queues:
-                if queue.special:
-                    return self._publish_to(exchange.name, routing_key, properties, body, queues)
-        timestamp = time_ns() // 1_000_000
-        messages = self.store.messages
-        pos = messages.append(exchange.name, routing_key, properties, body, timestamp)
-        message = StoredMessage(timestamp, exchange.name, routing_key, properties, body)
-        persistent = peek_delivery_mode(properties) == 2
-        needs_sync = False
-        reached = 0
-        for queue in queues:
-            if queue.index.closed:
-                continue
-            queue.push(pos, persistent, message)
-            reached += 1
-            if persistent and queue.durable:
-                needs_sync = True
-        if not reached:
-            # Every target is closed: nothing holds the record (the next roll-over reclaims it), so
-            # the publisher must not get an ack. Routed all the same: no basic.return.
-            return len(queues), REJECTED  # type: ignore[arg-type]
-        return reached, needs_sync
-
-    def _route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
-                       headers: dict | None) -> tuple[Any, bytes]:
-        """The queues a message reaches, and its properties without the BCC header."""
-        queues = self.route(exchange, routing_key, headers)
-        if headers and "BCC" in headers:
-            headers = dict(headers)
-            del headers["BCC"]
-            properties = replace_headers(properties, headers)
-        return queues, properties
-
-    def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
-                    queues: Iterable[Queue]) -> tuple[int, Any]:
-        """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
-        timestamp = time_ns() // 1_000_000
-        message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
-        expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
-        rejected = False
-        reached = 0
-        targets = []
-        for queue in queues:
-            reached += 1
-            if queue.index.closed:  # nothing would be stored for it: never confirmed with an ack
-                rejected = True
-                continue
-            if queue.is_stream:
-                targets.append(queue)
-                continue
-            if expiring:
-                queue.enable_message_ttl()
-            if queue.special and queue.refuses(len(body)):
-                rejected = True
-                if queue.settings.overflow == "reject-publish-dlx":
-                    self.dead_letter(queue, message, "maxlen")
-                continue
-            targets.append(queue)
-        needs_sync = False
-        if targets:
-            pos = self.store.messages.append(exchange_name, routing_key, properties, body, timestamp)
-            persistent = peek_delivery_mode(properties) == 2
-            for queue in targets:
-                queue.push(pos, persistent, message)
-                if persistent and queue.durable:
-                    needs_sync = True
-        return reached, REJECTED if rejected else needs_sync
-
-    def _route_due(self, exchange: DelayedExchange, msg: StoredMessage) -> None:
-        """A delayed message is due: route it now, as a new record (its wait does not count as age)."""
-        if exchange.name not in self.exchanges:
-            return
-        try:
-            headers = peek_headers(msg.properties)
-        except PropertiesError as e:
-            log.warning("delayed exchange %r: dropping a message with malformed headers: %s", exchange.name, e)
-            return
-        queues, properties = self._route_message(exchange, msg.routing_key, msg.properties, headers)
-        if queues:
-            self._publish_to(exchange.name, msg.routing_key, properties, msg.body, queues)
-
-    def dead_letter(self, queue: Queue, msg: StoredMessage, reason: str) -> int:
+    def dead_letter(self, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
         """Send ``msg`` leaving ``queue`` to its dead-letter exchange (see ``dead_lettering``)."""
         return dead_letter(self, queue, msg, reason)
 
@@ -616,7 +484,7 @@ class VHost:
 
     def _policy_changed(self, _name: str) -> None:
         for queue in list(self.queues.values()):
-            if isinstance(queue, Queue) and not queue.deleted:
+            if not queue.deleted:
                 queue.apply_settings(self._queue_settings(queue.name, queue.arguments))
         for exchange in self.exchanges.values():
             if exchange.name:
@@ -624,8 +492,7 @@ class VHost:
 
     def _start_timers(self) -> None:
         for queue in self.queues.values():
-            if isinstance(queue, Queue):
-                queue.start_timers()
+            queue.start_timers()
         for exchange in self.exchanges.values():
             if isinstance(exchange, DelayedExchange) and exchange.held is not None:
                 exchange.held.arm()

@@ -134,7 +134,7 @@ class QueueIndex:
         self.messages.note_references(live)
         for segment, count in counts.items():
             self._incref(segment, count)
-        self._load_ready(live)
+        self.load_ready(live)
         if dropped:
             log.warning("queue %r: dropped %d index entries that point at a missing segment or past the "
                         "valid end of a segment", self.name, dropped)
@@ -201,7 +201,8 @@ class QueueIndex:
                             if (p >> 32) < valid_ends.get(p & _LOW32, 0)))
         return valid, _segment_counts(valid), len(entries) - len(valid)
 
-    def _load_ready(self, live: array) -> None:
+    def load_ready(self, live: array) -> None:
+        """Extension point: take the recovered live positions (enq order) as the ready list."""
         self._chunks.clear()
         for start in range(0, len(live), CHUNK_ENTRIES):
             self._chunks.append(live[start:start + CHUNK_ENTRIES])
@@ -224,11 +225,18 @@ class QueueIndex:
             tail = self._tail = array("Q")
             self._chunks.append(tail)
         tail.append(pos)
-        self._ready_count += 1
-        self._record_push(pos, persistent)
+        self.record_push(pos, persistent)
 
-    def _record_push(self, pos: int, persistent: bool) -> None:
-        """Files and references of a message that became ready (shared by every index kind)."""
+    # ---- extension point ---------------------------------------------------------------------
+    # An index kind with its own order of ready messages (store/priority_index.py,
+    # store/delayed_index.py) keeps its ready list itself and overrides load_ready, push, peek,
+    # shift, requeue, purge, ready_positions, live_positions and __iter__. It reports every move
+    # with the record_* methods below, which keep the counts, the unacked set, the files and the
+    # segment references: those stay this class's alone.
+
+    def record_push(self, pos: int, persistent: bool) -> None:
+        """A message became ready: count it, write its enq entry, take its segment reference."""
+        self._ready_count += 1
         pending = self._enq_pending
         if pending is not None:
             if persistent:
@@ -237,8 +245,34 @@ class QueueIndex:
                 self._transient.add(pos)
         self._incref(pos & _LOW32)
 
+    def record_loaded(self, count: int) -> None:
+        """load_ready placed ``count`` recovered messages in the ready list."""
+        self._ready_count = count
+
+    def record_shift(self, pos: int) -> None:
+        """The ready message ``pos`` was taken for delivery: it is unacked now."""
+        self._ready_count -= 1
+        self._unacked.add(pos)
+
+    def record_requeue(self, pos: int) -> None:
+        """The unacked message ``pos`` is ready again (KeyError if it is not unacked)."""
+        try:
+            self._unacked.remove(pos)
+        except KeyError:
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        self._ready_count += 1
+
+    def is_unacked(self, pos: int) -> bool:
+        return pos in self._unacked
+
+    def record_purge(self, removed: array) -> int:
+        """Every ready message (``removed``) left at once: files, references, maybe compaction."""
+        count = self._ready_count
+        self._ready_count = 0
+        self._record_removed(removed)
+        return count
+
     def _record_removed(self, removed: array) -> None:
-        """Files and references of ready messages removed at once (purge), then maybe compact."""
         pending = self._ack_pending
         if pending is not None:
             if self._transient:
@@ -316,18 +350,15 @@ class QueueIndex:
 
     def purge(self) -> int:
         """Remove every ready message (unacked ones stay); returns how many were removed."""
-        count = self._ready_count
-        if count == 0:
+        if self._ready_count == 0:
             return 0
-        removed = self._ready_array()
+        removed = self.ready_positions()
         self._requeued.clear()
         self._chunks.clear()
         self._tail = array("Q")
         self._chunks.append(self._tail)
         self._head = 0
-        self._ready_count = 0
-        self._record_removed(removed)
-        return count
+        return self.record_purge(removed)
 
     def _ack_file_full(self) -> bool:
         pending = self._ack_pending
@@ -358,7 +389,7 @@ class QueueIndex:
     def unacked(self) -> Iterable[int]:
         return iter(self._unacked)
 
-    def _ready_array(self) -> array:
+    def ready_positions(self) -> array:
         """All ready positions in delivery order, as one array."""
         out = array("Q", (_pos_from_key(k) for k in sorted(self._requeued)))
         head = self._head
@@ -368,14 +399,15 @@ class QueueIndex:
         return out
 
     def _live_array(self) -> array:
-        """Persistent ready and unacked positions in enq order (what a compacted ``enq`` holds)."""
-        live = self._live_array_all()
+        """Persistent ready and unacked positions (what a compacted ``enq`` holds)."""
+        live = self.live_positions()
         if self._transient:
             transient = self._transient
             live = array("Q", filterfalse(transient.__contains__, live))
         return live
 
-    def _live_array_all(self) -> array:
+    def live_positions(self) -> array:
+        """Ready and unacked positions in the order a compacted ``enq`` keeps them (enq order)."""
         older = sorted(self._requeued)
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
@@ -501,7 +533,7 @@ class QueueIndex:
         The directory is removed at once, even while a flush may be fsyncing its (still open)
         descriptors, so that a queue of the same name can be declared again right away.
         """
-        live = self._ready_array()
+        live = self.ready_positions()
         live.extend(self._unacked)
         self._requeued.clear()
         self._unacked.clear()

@@ -36,7 +36,6 @@ from lavinpy.store.record import CorruptRecord
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
-    from lavinpy.store.vhost_store import VhostStore
 
 log = logging.getLogger("lavinpy.store")
 
@@ -513,20 +512,3 @@ def _write_all(fd: int, entries: array) -> None:
     while done < len(view):
         done += os.write(fd, view[done:])
     view.release()
-
-
-def open_stream_index(store: VhostStore, name: str) -> StreamIndex:
-    """Open a stream's index in a vhost store and register it for the store's group commit.
-
-    The store flushes, closes and deletes it like a queue index (``store.queues[name]``); descriptors
-    are closed through the store so that a close never races a worker thread's fsync.
-    """
-    existing = store.queues.get(name)
-    if existing is not None:
-        if not isinstance(existing, StreamIndex):
-            raise ValueError(f"queue {name!r} is already open as a queue, not a stream")
-        return existing
-    index = StreamIndex(name, store.messages, store.queue_path(name), close_fd=store._close_fd)
-    index.open()
-    store.queues[name] = index  # type: ignore[assignment]  # duck-typed like QueueIndex for the flush
-    return index

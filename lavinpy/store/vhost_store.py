@@ -16,6 +16,7 @@ from pathlib import Path
 
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import DeliveryCounts
+from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex
 
@@ -36,7 +37,7 @@ class VhostStore:
         self.fsync_interval = fsync_interval_ms / 1000
         self.ack_file_max_bytes = ack_file_max_bytes
         self.messages = MessageStore(self.path, segment_size)
-        self._queues: dict[str, QueueIndex] = {}
+        self._queues: dict[str, AnyIndex] = {}
         self._delivery_counts: dict[str, DeliveryCounts] = {}
         self._executor: ThreadPoolExecutor | None = None
         # group commit state
@@ -76,16 +77,23 @@ class VhostStore:
     def queue_path(self, name: str) -> Path:
         return self.path / sha1_name(name)
 
-    def open_queue(self, name: str, durable: bool) -> QueueIndex:
-        """Open (durable: load from disk) the index of a queue; the same object if already open."""
+    def open_queue(self, name: str, durable: bool, kind: IndexKind = FIFO) -> AnyIndex:
+        """Open (durable: load from disk) the index of a queue, a stream or a delayed exchange's held
+        messages, as ``kind`` orders it (``index_kinds``); the same object if already open.
+
+        Every index opened here takes part in the group-commit flush and is closed (compacted) with
+        the store; descriptors close through the store so that a close never races a worker's fsync.
+        """
         index = self._queues.get(name)
         if index is not None:
             if index.durable != durable:
-                kind = "durable" if index.durable else "transient"
-                raise ValueError(f"queue {name!r} is already open as {kind}")
+                state = "durable" if index.durable else "transient"
+                raise ValueError(f"queue {name!r} is already open as {state}")
+            if not kind.matches(index):
+                raise ValueError(f"queue {name!r} is already open as a {type(index).__name__}")
             return index
         directory = self.queue_path(name) if durable else None
-        index = QueueIndex(name, self.messages, directory, self.ack_file_max_bytes, close_fd=self._close_fd)
+        index = kind.build(name, self.messages, directory, self.ack_file_max_bytes, self._close_fd)
         index.open()
         self._queues[name] = index
         return index
@@ -105,7 +113,7 @@ class VhostStore:
         self._delivery_counts[index.name] = counts
         return counts
 
-    def delete_queue(self, index: QueueIndex) -> None:
+    def delete_queue(self, index: AnyIndex) -> None:
         """Remove a queue: its messages lose this reference and its directory goes."""
         if self._queues.get(index.name) is index:
             del self._queues[index.name]
@@ -115,7 +123,7 @@ class VhostStore:
         index.delete()
 
     @property
-    def queues(self) -> dict[str, QueueIndex]:
+    def queues(self) -> dict[str, AnyIndex]:
         return self._queues
 
     def close(self, clean: bool = True) -> None:
@@ -212,7 +220,7 @@ class VhostStore:
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
         self._write_index_buffers()
         ranges = self.messages.take_dirty()
-        synced: list[QueueIndex | DeliveryCounts] = []
+        synced: list[AnyIndex | DeliveryCounts] = []
         fds: list[int] = []
         for index in self._queues.values():
             taken = index.take_unsynced_fds(acks)

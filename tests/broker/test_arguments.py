@@ -6,16 +6,17 @@ import datetime
 
 import pytest
 
+from lavinpy.amqp.errors import AMQPChannelError
 from lavinpy.broker.arguments import (
     ArgumentError,
     QueueSettings,
-    StreamOffset,
     alternate_exchange,
     parse_expiration,
     parse_max_age,
     validate_consumer_arguments,
     validate_queue_arguments,
 )
+from lavinpy.broker.stream_arguments import parse_stream_offset, validate_stream_consumer, validate_stream_declare
 
 
 def error_of(arguments: dict, **kw) -> ArgumentError:
@@ -77,25 +78,30 @@ def test_queue_type_must_be_supported() -> None:
     ({"auto_delete": True}, "auto-delete"),
 ])
 def test_stream_needs_a_durable_shared_queue(flags: dict, prop: str) -> None:
-    err = error_of({"x-queue-type": "stream"}, **flags)
-    assert err.text == f"invalid property '{prop}' for queue 'q' in vhost '/'"
+    declare = {"durable": True, "exclusive": False, "auto_delete": False, **flags}
+    with pytest.raises(AMQPChannelError) as info:
+        validate_stream_declare("q", "/", arguments={"x-queue-type": "stream"}, **declare)
+    assert info.value.text == f"PRECONDITION_FAILED - invalid property '{prop}' for queue 'q' in vhost '/'"
 
 
 def test_stream_refuses_queue_only_arguments() -> None:
-    err = error_of({"x-queue-type": "stream", "x-message-ttl": 1000})
-    assert err.name == "x-message-ttl"
-    assert err.text == "invalid arg 'x-message-ttl' for queue 'q' in vhost '/'"
-    validate_queue_arguments({"x-queue-type": "stream", "x-max-age": "7D", "x-max-length-bytes": 10**9,
-                              "x-stream-max-segment-size-bytes": 10**6}, queue="q", vhost="/")
+    with pytest.raises(AMQPChannelError) as info:
+        validate_stream_declare("q", "/", durable=True, exclusive=False, auto_delete=False,
+                                arguments={"x-queue-type": "stream", "x-message-ttl": 1000})
+    assert info.value.text.endswith("invalid arg 'x-message-ttl' for queue 'q' in vhost '/' of queue type stream")
+    validate_stream_declare("q", "/", durable=True, exclusive=False, auto_delete=False,
+                            arguments={"x-queue-type": "stream", "x-max-age": "7D", "x-max-length-bytes": 10**9,
+                                       "x-stream-max-segment-size-bytes": 10**6})
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("7D", 7 * 86400), ("12h", 43200), ("30m", 1800), ("10s", 10), ("1Y", 365 * 86400), ("1M", 30 * 86400)])
-def test_parse_max_age(text: str, seconds: int) -> None:
-    assert parse_max_age(text) == seconds
+@pytest.mark.parametrize("text, ms", [
+    ("7D", 7 * 86_400_000), ("12h", 43_200_000), ("30m", 1_800_000), ("10s", 10_000), ("1Y", 365 * 86_400_000),
+    ("1M", 30 * 86_400_000), (b"1h", 3_600_000)])
+def test_parse_max_age(text: str, ms: int) -> None:
+    assert parse_max_age(text) == ms
 
 
-@pytest.mark.parametrize("text", ["0D", "7", "D", "7d", "-1h", "1.5h", "7D ", ""])
+@pytest.mark.parametrize("text", ["0D", "7", "D", "7d", "-1h", "1.5h", "7D ", "", 7, None])
 def test_parse_max_age_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_max_age(text)
@@ -120,23 +126,20 @@ def test_consumer_arguments() -> None:
 
 
 @pytest.mark.parametrize("value, expected", [
-    ("first", StreamOffset("first")), ("last", StreamOffset("last")), ("next", StreamOffset("next")),
-    (0, StreamOffset("offset", 0)), (42, StreamOffset("offset", 42)),
-    (datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC), StreamOffset("timestamp", 1704067200000)),
-    ("1h", StreamOffset("timestamp", 10_000_000 - 3_600_000)),
+    ("first", ("first", 0)), ("last", ("last", 0)), ("next", ("next", 0)),
+    (0, ("offset", 0)), (42, ("offset", 42)),
+    (datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC), ("timestamp", 1704067200000)),
+    ("1h", ("timestamp", 10_000_000 - 3_600_000)),
 ])
-def test_stream_offsets(value: object, expected: StreamOffset) -> None:
-    got = validate_consumer_arguments({"x-stream-offset": value}, queue="s", vhost="/", stream=True,
-                                      now_ms=10_000_000)
-    assert got == expected
+def test_stream_offsets(value: object, expected: tuple[str, int]) -> None:
+    assert parse_stream_offset(value, now_ms=10_000_000) == expected
 
 
 @pytest.mark.parametrize("value", ["middle", -1, 1.5, True])
 def test_bad_stream_offsets(value: object) -> None:
-    with pytest.raises(ArgumentError) as info:
-        validate_consumer_arguments({"x-stream-offset": value}, queue="s", vhost="/", stream=True)
-    assert info.value.name == "x-stream-offset"
-    assert info.value.text.startswith("invalid arg 'x-stream-offset' for queue 's' in vhost '/': ")
+    with pytest.raises(AMQPChannelError) as info:
+        validate_stream_consumer(False, 10, {"x-stream-offset": value}, queue="s", vhost="/")
+    assert info.value.text.startswith("PRECONDITION_FAILED - invalid x-stream-offset for queue 's' in vhost '/': ")
 
 
 def test_settings_from_arguments_only() -> None:
@@ -155,7 +158,7 @@ def test_numeric_limits_take_the_smaller_of_argument_and_policy() -> None:
               "delivery-limit": 2, "consumer-timeout": 10000, "max-age": "1D"}
     s = QueueSettings.resolve(args, policy, "p")
     assert (s.message_ttl, s.expires, s.max_length, s.max_length_bytes) == (1000, 1000, 10, 50)
-    assert (s.delivery_limit, s.consumer_timeout, s.max_age, s.policy) == (2, 9000, 86400, "p")
+    assert (s.delivery_limit, s.consumer_timeout, s.max_age, s.policy) == (2, 9000, 86_400_000, "p")
 
 
 def test_policy_fills_what_arguments_leave_out() -> None:

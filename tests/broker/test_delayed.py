@@ -264,10 +264,11 @@ def test_hold_needs_a_store() -> None:
 def test_a_held_message_costs_one_heap_int(tmp_path: Path) -> None:
     import tracemalloc
 
-    from lavinpy.broker.exchanges.delayed import DelayedIndex
+    from lavinpy.broker.exchanges.delayed import due_time
+    from lavinpy.store.delayed_index import DelayedIndex
 
     store = open_vhost(tmp_path)
-    index = DelayedIndex("d", store.messages, None)
+    index = DelayedIndex("d", store.messages, None, due_of=due_time)
     index.open()
     pos = store.messages.append("dx", "rk", props(5), b"x")
     tracemalloc.start()

@@ -13,17 +13,13 @@ from pamqp import commands
 from lavinpy.amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
 from lavinpy.amqp.properties import decode_properties, encode_properties
+from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.stream_queue import (
-    StreamQueue,
-    parse_max_age,
-    validate_stream_consumer,
-    validate_stream_declare,
-    with_stream_offset,
-)
+from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
+from lavinpy.broker.stream_queue import StreamQueue, with_stream_offset
+from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
-from lavinpy.store.stream_index import open_stream_index
 from lavinpy.store.vhost_store import VhostStore
 
 SEGMENT_SIZE = 4096
@@ -73,7 +69,7 @@ class MiniVhost:
 def open_stream(path: Path, arguments: dict | None = None) -> tuple[VhostStore, StreamQueue]:
     store = VhostStore(path, segment_size=SEGMENT_SIZE)
     store.open()
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     args = {"x-queue-type": "stream", **(arguments or {})}
     return store, StreamQueue(MiniVhost(store), "s", index, arguments=args)

@@ -9,9 +9,10 @@ import os
 from array import array
 from pathlib import Path
 
+from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.position import make_pos, pos_segment
 from lavinpy.store.segment import segment_name
-from lavinpy.store.stream_index import CHUNK_ENTRIES, META_FILE, StreamIndex, open_stream_index
+from lavinpy.store.stream_index import CHUNK_ENTRIES, META_FILE, StreamIndex
 from lavinpy.store.vhost_store import VhostStore
 
 SEGMENT_SIZE = 4096
@@ -27,7 +28,7 @@ def make_store(path: Path) -> VhostStore:
 def reopen(store: VhostStore, name: str = "s", clean: bool = True) -> tuple[VhostStore, StreamIndex]:
     store.close(clean=clean)
     store = make_store(store.path)
-    index = open_stream_index(store, name)
+    index = store.open_queue(name, True, STREAM)
     store.finish_recovery()
     return store, index
 
@@ -60,7 +61,7 @@ def enq_entries(index: StreamIndex) -> int:
 
 def test_offsets_start_at_one(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     assert (index.first_offset, index.next_offset, index.last_offset, index.count) == (1, 1, 0, 0)
     assert index.get(0) is None and index.get(1) is None
@@ -68,13 +69,13 @@ def test_offsets_start_at_one(tmp_path: Path) -> None:
     assert (index.first_offset, index.last_offset, index.next_offset, index.count) == (1, 3, 4, 3)
     assert [body_at(store, index, o) for o in (1, 2, 3)] == [body(0), body(1), body(2)]
     assert index.get(4) is None
-    assert open_stream_index(store, "s") is index
+    assert store.open_queue("s", True, STREAM) is index
     store.close()
 
 
 def test_restart_returns_same_messages_for_old_offsets(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     n = 2 * CHUNK_ENTRIES + 7  # spans several in-memory chunks
     append(store, index, n, size=16)
@@ -91,7 +92,7 @@ def test_restart_returns_same_messages_for_old_offsets(tmp_path: Path) -> None:
 def test_group_commit_flush_writes_and_syncs_the_stream(tmp_path: Path) -> None:
     async def run() -> None:
         store = make_store(tmp_path)
-        index = open_stream_index(store, "s")
+        index = store.open_queue("s", True, STREAM)
         store.finish_recovery()
         append(store, index, 5)
         assert store.pending and index.has_pending_writes and enq_entries(index) == 0
@@ -105,7 +106,7 @@ def test_group_commit_flush_writes_and_syncs_the_stream(tmp_path: Path) -> None:
 
 def test_offset_for_timestamp(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     for i in range(20):
         pos = store.messages.append("", "s", b"\x00\x00", b"x", 1_000_000 + i * 10)
@@ -121,7 +122,7 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
 
 def test_retention_by_bytes_drops_whole_segments_and_survives_restart(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 60)
     segments = index.segments()
@@ -152,7 +153,7 @@ def test_retention_by_bytes_drops_whole_segments_and_survives_restart(tmp_path: 
 
 def test_retention_by_age_keeps_the_newest_segment(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 30, ts=1_000)          # old
     old_segments = index.segments()
@@ -177,7 +178,7 @@ def test_retention_by_age_keeps_the_newest_segment(tmp_path: Path) -> None:
 
 def test_crash_after_trim_before_compaction_keeps_offsets(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 60)
     dropped = index.trim(max_bytes=5 * SEGMENT_SIZE, max_age_ms=None, now_ms=0)
@@ -193,7 +194,7 @@ def test_crash_after_trim_before_compaction_keeps_offsets(tmp_path: Path) -> Non
 
 def test_lost_segment_in_the_middle_leaves_holes_not_shifted_offsets(tmp_path: Path, caplog) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 40)
     victim = index.segments()[1]
@@ -202,7 +203,7 @@ def test_lost_segment_in_the_middle_leaves_holes_not_shifted_offsets(tmp_path: P
     os.unlink(tmp_path / segment_name(victim))
     store = make_store(tmp_path)
     with caplog.at_level(logging.WARNING, logger="lavinpy.store"):
-        index = open_stream_index(store, "s")
+        index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     assert "lost records" in caplog.text
     assert index.next_offset == 41
@@ -217,7 +218,7 @@ def test_lost_segment_in_the_middle_leaves_holes_not_shifted_offsets(tmp_path: P
 
 def test_entries_past_the_valid_data_are_cut_from_the_tail(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 5)
     last = index.get(5)
@@ -227,7 +228,7 @@ def test_entries_past_the_valid_data_are_cut_from_the_tail(tmp_path: Path) -> No
     with open(index.directory / "enq", "ab") as f:
         f.write(bogus.tobytes())
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     assert index.next_offset == 6 and index.get(5) == last
     assert append(store, index, 1, start=5) == [6]
@@ -236,7 +237,7 @@ def test_entries_past_the_valid_data_are_cut_from_the_tail(tmp_path: Path) -> No
 
 def test_delete_releases_segments_and_removes_the_directory(tmp_path: Path) -> None:
     store = make_store(tmp_path)
-    index = open_stream_index(store, "s")
+    index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     append(store, index, 40)
     old = index.segments()[:-1]

@@ -16,15 +16,11 @@ only when an earlier message arrives: many waiting messages cost no CPU.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
-import os
 import time
-from array import array
-from collections.abc import Callable, Collection, Hashable, Iterator
+from collections.abc import Callable, Collection, Hashable
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lavinpy.amqp.properties import PropertiesError
@@ -35,13 +31,12 @@ from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange
 from lavinpy.broker.exchanges.headers import HeadersExchange
 from lavinpy.broker.exchanges.topic import TopicExchange
-from lavinpy.broker.priority_index import open_custom_index
+from lavinpy.store.delayed_index import DelayedIndex
+from lavinpy.store.index_kinds import ByDueTime
 from lavinpy.store.message_store import MissingRecord
-from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex
 from lavinpy.store.record import CorruptRecord, StoredMessage
 
 if TYPE_CHECKING:
-    from lavinpy.store.message_store import MessageStore
     from lavinpy.store.vhost_store import VhostStore
 
 log = logging.getLogger("lavinpy.delayed")
@@ -51,8 +46,6 @@ INDEX_PREFIX = "amq.delayed."
 DUE_BATCH = 1024  # messages routed per timer callback before yielding to the loop
 INNER_TYPES: dict[str, type[Exchange]] = {
     cls.type: cls for cls in (DirectExchange, FanoutExchange, TopicExchange, HeadersExchange)}
-_POS_BITS = 64
-_POS_MASK = (1 << _POS_BITS) - 1
 
 
 def now_ms() -> int:
@@ -105,91 +98,12 @@ def negate_delay(properties: bytes, delay: int) -> bytes:
     return with_header_items(properties, items)
 
 
-class DelayedIndex(QueueIndex):
-    """A QueueIndex whose ready messages come out by due time: a heap of ``due_ms << 64 | pos`` ints."""
+def due_time(msg: StoredMessage) -> int:
+    """When a held record is due: its timestamp plus its (stored negated) x-delay."""
+    return msg.timestamp + _stored_delay(msg.properties)
 
-    def __init__(self, name: str, messages: MessageStore, directory: Path | None,
-                 ack_file_max_bytes: int = DEFAULT_ACK_FILE_MAX_BYTES, *,
-                 close_fd: Callable[[int], None] = os.close) -> None:
-        self._heap: list[int] = []
-        self._due_of: dict[int, int] = {}  # unacked position -> due time (unacked are few)
-        super().__init__(name, messages, directory, ack_file_max_bytes, close_fd=close_fd)
 
-    def _load_ready(self, live: array) -> None:
-        read = self.messages.read
-        heap = self._heap
-        for pos in live:
-            try:
-                msg = read(pos)
-                due = msg.timestamp + _stored_delay(msg.properties)
-            except (CorruptRecord, MissingRecord):
-                due = 0  # due now: the exchange logs it and drops it
-            heap.append((due << _POS_BITS) | pos)
-        heapq.heapify(heap)
-        self._ready_count = len(heap)
-
-    def push(self, pos: int, persistent: bool = True, due_ms: int = 0) -> None:
-        heapq.heappush(self._heap, (due_ms << _POS_BITS) | pos)
-        self._ready_count += 1
-        self._record_push(pos, persistent)
-
-    def next_due(self) -> int | None:
-        """Due time (ms since the epoch) of the earliest held message, or None."""
-        return self._heap[0] >> _POS_BITS if self._heap else None
-
-    def peek(self) -> int | None:
-        return self._heap[0] & _POS_MASK if self._heap else None
-
-    def shift(self) -> int | None:
-        """Take the earliest message, due or not (callers check ``next_due`` first)."""
-        if not self._heap:
-            return None
-        entry = heapq.heappop(self._heap)
-        pos = entry & _POS_MASK
-        self._ready_count -= 1
-        self._unacked.add(pos)
-        self._due_of[pos] = entry >> _POS_BITS
-        return pos
-
-    def ack(self, pos: int) -> None:
-        super().ack(pos)
-        self._due_of.pop(pos, None)
-
-    def requeue(self, pos: int) -> None:
-        if pos not in self._unacked:
-            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
-        self._unacked.remove(pos)
-        heapq.heappush(self._heap, (self._due_of.pop(pos) << _POS_BITS) | pos)
-        self._ready_count += 1
-
-    def purge(self) -> int:
-        count = self._ready_count
-        if count == 0:
-            return 0
-        removed = self._ready_array()
-        self._heap.clear()
-        self._ready_count = 0
-        self._record_removed(removed)
-        return count
-
-    def __iter__(self) -> Iterator[int]:
-        """Held positions by due time."""
-        for entry in sorted(self._heap):
-            yield entry & _POS_MASK
-
-    def _ready_array(self) -> array:
-        return array("Q", (entry & _POS_MASK for entry in self._heap))
-
-    def _live_array_all(self) -> array:
-        # Order does not matter in a delayed index: due times are rebuilt from the records.
-        out = self._ready_array()
-        out.extend(self._unacked)
-        return out
-
-    def delete(self) -> None:
-        super().delete()
-        self._heap.clear()
-        self._due_of.clear()
+HELD_KIND = ByDueTime(due_time)
 
 
 DueCallback = Callable[[StoredMessage], None]
@@ -220,9 +134,8 @@ class DelayedStore:
 
     def open(self) -> None:
         """Load the held messages (before the vhost store's finish_recovery) and arm the timer."""
-        index = open_custom_index(self.store, self.name, self.durable, DelayedIndex)
-        if not isinstance(index, DelayedIndex):
-            raise ValueError(f"index {self.name!r} is already open as a plain queue index")
+        index = self.store.open_queue(self.name, self.durable, HELD_KIND)
+        assert isinstance(index, DelayedIndex)
         self._index = index
         self._arm()
 

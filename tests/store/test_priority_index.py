@@ -10,12 +10,19 @@ import pytest
 from pamqp import commands
 
 from lavinpy.amqp.properties import encode_properties
-from lavinpy.broker.priority_index import PriorityIndex, message_priority, open_priority_index
+from lavinpy.broker.priorities import message_priority, priority_kind
 from lavinpy.store.message_store import MessageStore
 from lavinpy.store.position import pos_segment
+from lavinpy.store.priority_index import PriorityIndex
 from lavinpy.store.vhost_store import VhostStore
 
 SEG = 4096
+
+
+def open_priority_index(store: VhostStore, name: str, durable: bool, max_priority: int) -> PriorityIndex:
+    index = store.open_queue(name, durable, priority_kind(max_priority))
+    assert isinstance(index, PriorityIndex)
+    return index
 
 
 def props(priority: int | None = None, persistent: bool = True) -> bytes:
@@ -59,8 +66,13 @@ def messages(tmp_path: Path) -> MessageStore:
     return store
 
 
+def kind_args(max_priority: int) -> dict:
+    kind = priority_kind(max_priority)
+    return {"max_priority": kind.max_priority, "priority_of": kind.priority_of}
+
+
 def transient_index(messages: MessageStore, max_priority: int = 10) -> PriorityIndex:
-    index = PriorityIndex("pq", messages, None, max_priority=max_priority)
+    index = PriorityIndex("pq", messages, None, **kind_args(max_priority))
     index.open()
     return index
 
@@ -223,7 +235,7 @@ def test_open_priority_index_refuses_a_plain_one(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         open_priority_index(store, "plain", durable=True, max_priority=3)
     with pytest.raises(ValueError):
-        PriorityIndex("x", store.messages, None, max_priority=0)
+        PriorityIndex("x", store.messages, None, **kind_args(0))
     store.close()
 
 

@@ -1,0 +1,161 @@
+"""Routing and publishing in a vhost: exchange -> queues, then the message stored once for all of them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from time import time_ns
+from typing import TYPE_CHECKING, Any
+
+from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
+from ..store.record import StoredMessage
+from .exchanges.delayed import DelayedExchange
+
+if TYPE_CHECKING:
+    from ..store.vhost_store import VhostStore
+    from .exchanges.base import Exchange
+    from .queue_base import QueueKind
+    from .vhost import VHost
+
+log = logging.getLogger("lavinpy.vhost")
+
+_HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
+_EXPIRATION_FLAG_HIGH = (1 << 8) >> 8  # the expiration bit within the first property-flags byte
+# vhost.publish's second value when a reject-publish queue refused the message: confirm with a nack.
+REJECTED = object()
+
+
+def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
+                    timestamp: int, queues: Iterable[QueueKind]) -> tuple[int, bool]:
+    """Store a message once and push its position to every queue that is not closed.
+
+    Returns (queues it was pushed to, whether a persistent copy reached a durable queue: its
+    publisher confirm then waits for an fsync).
+    """
+    pos = store.messages.append(exchange_name, routing_key, properties, body, timestamp)
+    message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
+    persistent = peek_delivery_mode(properties) == 2
+    needs_sync = False
+    pushed = 0
+    for queue in queues:
+        if queue.index.closed:
+            continue
+        queue.push(pos, persistent, message)
+        pushed += 1
+        if persistent and queue.durable:
+            needs_sync = True
+    return pushed, needs_sync
+
+
+class VHostPublishing:
+    """The routing and publishing methods of ``VHost`` (every method assumes ``self`` is a VHost)."""
+
+    def route(self: VHost, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
+        queues = exchange.route(routing_key, headers)
+        if headers:
+            for key in ("CC", "BCC"):
+                extra = headers.get(key)
+                if isinstance(extra, list):
+                    for rk in extra:
+                        if isinstance(rk, (str, bytes)):
+                            rk = rk.decode() if isinstance(rk, bytes) else rk
+                            queues |= exchange.route(rk, headers)
+        seen = {exchange.name}
+        while not queues:
+            # Unroutable: follow the alternate-exchange chain, each exchange once.
+            ae_name = self._alternates.get(exchange.name)
+            if not ae_name or ae_name in seen:
+                break
+            seen.add(ae_name)
+            alternate = self.exchanges.get(ae_name)
+            if alternate is None:
+                break
+            exchange = alternate
+            queues = exchange.route(routing_key, headers)
+        return queues
+
+    def publish(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+                body: bytes) -> tuple[int, Any]:
+        """Route and store a message once; returns (queues reached, needs an fsync for its confirm).
+
+        The second value is ``REJECTED`` when a reject-publish queue refused the message (the
+        publisher's confirm is then a basic.nack).
+        """
+        if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
+            # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
+            queue = self.queues.get(routing_key)
+            if queue is None:
+                return 0, False
+            if queue.special or properties[0] & _EXPIRATION_FLAG_HIGH:
+                return self._publish_to(exchange.name, routing_key, properties, body, (queue,))
+            queues: Iterable[QueueKind] = (queue,)
+        else:
+            headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+            if type(exchange) is DelayedExchange and exchange.hold(routing_key, properties, body, headers):
+                return 1, exchange.durable  # held until due; counted as routed
+            queues, properties = self._route_message(exchange, routing_key, properties, headers)
+            if not queues:
+                return 0, False
+            if properties[0] & _EXPIRATION_FLAG_HIGH:
+                return self._publish_to(exchange.name, routing_key, properties, body, queues)
+            for queue in queues:
+                if queue.special:
+                    return self._publish_to(exchange.name, routing_key, properties, body, queues)
+        reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
+                                              time_ns() // 1_000_000, queues)
+        if not reached:
+            # Every target is closed: nothing holds the record (the next roll-over reclaims it), so
+            # the publisher must not get an ack. Routed all the same: no basic.return.
+            return len(queues), REJECTED  # type: ignore[arg-type]
+        return reached, needs_sync
+
+    def _route_message(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+                       headers: dict | None) -> tuple[Any, bytes]:
+        """The queues a message reaches, and its properties without the BCC header."""
+        queues = self.route(exchange, routing_key, headers)
+        if headers and "BCC" in headers:
+            headers = dict(headers)
+            del headers["BCC"]
+            properties = replace_headers(properties, headers)
+        return queues, properties
+
+    def _publish_to(self: VHost, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
+                    queues: Iterable[QueueKind]) -> tuple[int, Any]:
+        """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
+        timestamp = time_ns() // 1_000_000
+        expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
+        rejected = False
+        reached = 0
+        targets = []
+        for queue in queues:
+            reached += 1
+            if queue.index.closed:  # nothing would be stored for it: never confirmed with an ack
+                rejected = True
+                continue
+            if expiring:
+                queue.enable_message_ttl()
+            if queue.refuses(len(body)):
+                rejected = True
+                if queue.settings.overflow == "reject-publish-dlx":
+                    message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
+                    self.dead_letter(queue, message, "maxlen")
+                continue
+            targets.append(queue)
+        needs_sync = False
+        if targets:
+            needs_sync = append_and_push(self.store, exchange_name, routing_key, properties, body, timestamp,
+                                         targets)[1]
+        return reached, REJECTED if rejected else needs_sync
+
+    def _route_due(self: VHost, exchange: DelayedExchange, msg: StoredMessage) -> None:
+        """A delayed message is due: route it now, as a new record (its wait does not count as age)."""
+        if exchange.name not in self.exchanges:
+            return
+        try:
+            headers = peek_headers(msg.properties)
+        except PropertiesError as e:
+            log.warning("delayed exchange %r: dropping a message with malformed headers: %s", exchange.name, e)
+            return
+        queues, properties = self._route_message(exchange, msg.routing_key, msg.properties, headers)
+        if queues:
+            self._publish_to(exchange.name, msg.routing_key, properties, msg.body, queues)

@@ -1,0 +1,101 @@
+"""Stream arguments: what a stream declaration and a stream consumer may ask, as RabbitMQ checks it.
+
+The retention age (``x-max-age``) and interval offsets are read by ``arguments.parse_max_age``, the
+one parser of that syntax; the stream queue reads its limits from its ``QueueSettings``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from ..amqp.errors import AMQPChannelError, AMQPConnectionError
+from .arguments import parse_max_age
+
+OFFSET_HEADER = "x-stream-offset"
+# method ids for error replies
+_BASIC_CONSUME = (60, 20)
+_QUEUE_DECLARE = (50, 10)
+# Arguments a stream accepts (RabbitMQ's list, minus clustering ones lavinpy ignores).
+STREAM_ARGUMENTS = frozenset({
+    "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
+    "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-filter-size-bytes",
+})
+
+
+def queue_in_vhost(queue: str, vhost: str) -> str:
+    return f"queue '{queue}' in vhost '{vhost}'"
+
+
+def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
+                            arguments: dict[str, Any]) -> None:
+    """Refuse a stream declaration that RabbitMQ refuses (406 PRECONDITION_FAILED)."""
+    where = queue_in_vhost(name, vhost)
+    for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
+                      ("auto-delete", auto_delete)):
+        if bad:
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {where}", *_QUEUE_DECLARE)
+    for key in sorted(arguments):
+        if key.startswith("x-") and key not in STREAM_ARGUMENTS:
+            raise AMQPChannelError(PRECONDITION_FAILED,
+                                   f"invalid arg '{key}' for {where} of queue type stream", *_QUEUE_DECLARE)
+    max_bytes = arguments.get("x-max-length-bytes")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
+                                                    f"{max_bytes!r} is not a non-negative integer", *_QUEUE_DECLARE)
+    if "x-max-age" in arguments:
+        try:
+            parse_max_age(arguments["x-max-age"])
+        except ValueError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: {e}",
+                                   *_QUEUE_DECLARE) from None
+
+
+def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, int]:
+    """An ``x-stream-offset`` argument as (kind, value); kind is first, last, next, offset or timestamp.
+
+    A timestamp (or an interval string, meaning that long ago) comes back in ms. ValueError if invalid.
+    """
+    if value is None:
+        return "next", 0
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        if value in ("first", "last", "next"):
+            return value, 0
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        return "timestamp", now - parse_max_age(value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:  # pamqp decodes AMQP timestamps as UTC
+            value = value.replace(tzinfo=datetime.UTC)
+        return "timestamp", int(value.timestamp()) * 1000
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"offset {value} is negative")
+        return "offset", value
+    raise ValueError(f"{value!r} is not first, last, next, an offset, a timestamp or an interval")
+
+
+def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, Any] | None, *,
+                             queue: str = "", vhost: str = "/", global_prefetch: int = 0) -> None:
+    """Refuse a basic.consume on a stream the way RabbitMQ does.
+
+    No per-consumer prefetch: 406 (channel). no-ack, or a global prefetch: 540 NOT_IMPLEMENTED
+    (a hard error: the connection closes). A malformed ``x-stream-offset``: 406.
+    """
+    where = queue_in_vhost(queue, vhost)
+    if not prefetch:
+        raise AMQPChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}",
+                               *_BASIC_CONSUME)
+    if no_ack:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}",
+                                  *_BASIC_CONSUME)
+    if global_prefetch:
+        raise AMQPConnectionError(NOT_IMPLEMENTED, f"{where} does not support global qos", *_BASIC_CONSUME)
+    try:
+        parse_stream_offset((arguments or {}).get(OFFSET_HEADER))
+    except ValueError as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
+                               *_BASIC_CONSUME) from None
