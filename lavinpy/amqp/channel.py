@@ -16,8 +16,8 @@ from ..broker.consumer import Consumer
 from ..broker.stream_queue import StreamQueue
 from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
-from . import writer
-from .constants import (
+from ..wire import writer
+from ..wire.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
@@ -27,10 +27,11 @@ from .constants import (
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
+from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
+from ..wire.properties import PropertiesError, decode_properties, peek_expiration, replace_field
+from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 from .content import ContentAssembly, PendingPublish, release_bodies
-from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, channel_close_log
-from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
-from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+from .log import channel_close_log
 
 if TYPE_CHECKING:
     from ..broker.exchanges.base import Exchange
@@ -119,7 +120,7 @@ class Channel(ContentAssembly):
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
         channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
-        self.send_method(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
+        self.send_method(commands.Channel.Close(reply_code=error.reply_code, reply_text=error.text[:255],
                                                 class_id=class_id, method_id=method_id))
         self.closing = True
         self.release()

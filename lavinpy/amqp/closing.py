@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from . import writer
+from ..wire import writer
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection

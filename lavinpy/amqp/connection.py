@@ -12,10 +12,8 @@ from pamqp import commands, decode
 
 from .. import __version__
 from ..broker.permissions import UserPermissions
-from . import writer
-from .channel import Channel
-from .closing import send_close_ok
-from .constants import (
+from ..wire import writer
+from ..wire.constants import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -27,10 +25,8 @@ from .constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from .content import BodySpool
-from .errors import AMQPConnectionError, RateLimitedLog
-from .output import ConnectionOutput
-from .reader import (
+from ..wire.errors import AMQPConnectionError
+from ..wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -41,6 +37,11 @@ from .reader import (
     Publish,
     RefusedFrame,
 )
+from .channel import Channel
+from .closing import send_close_ok
+from .content import BodySpool
+from .log import RateLimitedLog
+from .output import ConnectionOutput
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -221,7 +222,7 @@ class AMQPConnection(ConnectionOutput, asyncio.Protocol):
     # --- closing ------------------------------------------------------------------------------
     def close_with_error(self, error: AMQPConnectionError) -> None:
         client_error_log.log(logging.INFO, "connection %s closed by the broker: %s", self.name, error.text)
-        self.close(error.code, error.text, error.class_id, error.method_id)
+        self.close(error.reply_code, error.text, error.class_id, error.method_id)
 
     def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         if self.state >= CLOSING:

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..amqp.constants import PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
 
 SWEEP_INTERVAL = 0.25  # seconds
 

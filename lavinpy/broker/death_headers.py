@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import struct
 
-from lavinpy.amqp.properties import PropertiesError, peek_expiration, replace_field
 from lavinpy.wire.field_table import FieldTableError, value_end
 from lavinpy.wire.field_table import decode_value as _decode_value
+from lavinpy.wire.properties import PropertiesError, peek_expiration, replace_field
 
 _HEADERS_BIT = 1 << 13
 _CONTINUATION = 1

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lavinpy.amqp.properties import PropertiesError, peek_priority
 from lavinpy.store.message_store import MissingRecord
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex
 from lavinpy.store.record import CorruptRecord
+from lavinpy.wire.properties import PropertiesError, peek_priority
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore

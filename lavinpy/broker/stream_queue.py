@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError, AMQPConnectionError
-from ..amqp.properties import peek_headers, replace_headers
 from ..store.record import StoredMessage
+from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.properties import peek_headers, replace_headers
 from .queue_base import QueueBase
 
 if TYPE_CHECKING:

@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..amqp.constants import (
+from ..store.definitions import DefinitionsLog
+from ..store.jsonfile import write_bytes_atomic
+from ..store.record import StoredMessage
+from ..store.stream_index import open_stream_index
+from ..store.vhost_store import VhostStore
+from ..wire.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from ..amqp.errors import AMQPChannelError, AMQPConnectionError
-from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
-from ..store.definitions import DefinitionsLog
-from ..store.jsonfile import write_bytes_atomic
-from ..store.record import StoredMessage
-from ..store.stream_index import open_stream_index
-from ..store.vhost_store import VhostStore
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
 from .dead_lettering import dead_letter
 from .equivalence import check_arguments, inequivalent

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir
-from lavinpy.store.position import ENTRY_SIZE
+from lavinpy.wire.position import ENTRY_SIZE
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore

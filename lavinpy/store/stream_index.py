@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir, read_json, write_json_atomic
-from lavinpy.store.position import ENTRY_SIZE
 from lavinpy.store.queue_index import ENQ_FILE, QUEUE_NAME_FILE
 from lavinpy.store.record import CorruptRecord
+from lavinpy.wire.position import ENTRY_SIZE
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore

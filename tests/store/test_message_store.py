@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store.message_store import MessageStore, MissingRecord
-from lavinpy.store.position import make_pos, pos_offset, pos_segment
 from lavinpy.store.record import CorruptRecord, StoredMessage
 from lavinpy.store.segment import DATA_START, segment_name
+from lavinpy.wire.position import make_pos, pos_offset, pos_segment
 
 SEG = 4096  # small segments so that a few hundred messages roll over many times
 PROPS = b"\x10\x00\x02"  # delivery_mode = 2

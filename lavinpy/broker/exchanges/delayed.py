@@ -27,7 +27,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lavinpy.amqp.properties import PropertiesError
 from lavinpy.broker.arguments import ArgumentError
 from lavinpy.broker.death_headers import decode_value, header_items, set_header, signedint, with_header_items
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange
@@ -39,6 +38,7 @@ from lavinpy.broker.priority_index import open_custom_index
 from lavinpy.store.message_store import MissingRecord
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QueueIndex
 from lavinpy.store.record import CorruptRecord, StoredMessage
+from lavinpy.wire.properties import PropertiesError
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
