@@ -7,9 +7,10 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import parse_watermark
 from ..store.datadir import DataDir
 from . import consumer_timeout
-from .alarms import alarm_reason, parse_watermark
+from .alarms import alarm_reason
 from .login_throttle import LoginThrottle
 from .users import UserStore
 from .vhost import VHost
