@@ -105,7 +105,7 @@ def decode_method(payload: bytes) -> Any:
     cls = commands.INDEX_MAPPING.get(_U32.unpack_from(payload, 0)[0]) if len(payload) >= 4 else None
     if cls is None:
         raise WireError(f"unknown method {payload[:4].hex()}")
-    method = cls()
+    method = cls.__new__(cls)  # unmarshal sets every field; __init__ would warn for deprecated methods
     try:
         method.unmarshal(payload[4:])
     except (UnmarshalingException, ValueError, struct.error, IndexError) as err:
