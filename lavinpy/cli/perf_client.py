@@ -18,9 +18,8 @@ from pamqp import commands as spec
 
 from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD, WireError, decode_method
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.uri import TLSOptions, default_port
 from lavinpy.wire.writer import HEARTBEAT, basic_ack, method_frame
-
-from ..client_tls import TLSOptions, default_port
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")

@@ -25,9 +25,8 @@ from pamqp import commands
 
 from lavinpy.wire.client import FRAME_HEAD, decode_method, method_id
 from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.uri import TLSOptions, default_port
 from lavinpy.wire.writer import method_frame
-
-from ..client_tls import TLSOptions, default_port
 
 DEFAULT_PORT = 5672
 _RECV_SIZE = 1 << 20
