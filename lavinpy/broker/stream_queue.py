@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..store.record import StoredMessage
 from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
-from ..wire.properties import peek_headers, replace_headers
+from ..wire.properties import append_header_entry, peek_headers, replace_headers
 from .queue_base import QueueBase
 
 if TYPE_CHECKING:
@@ -152,24 +152,6 @@ def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, A
 # --- the delivered header ----------------------------------------------------------------------
 
 _OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
-_HEADERS_BIT = 1 << 13
-
-
-def _headers_span(raw: bytes) -> tuple[int, int, int]:
-    """(flags, start, stop) of the headers table in a property block (start == stop when absent)."""
-    flags = (raw[0] << 8) | raw[1]
-    pos = 2
-    more = flags
-    while more & 1:  # continuation flag words (never set for class basic, skipped all the same)
-        more = (raw[pos] << 8) | raw[pos + 1]
-        pos += 2
-    for bit in (1 << 15, 1 << 14):  # content-type, content-encoding: shortstrs before the headers
-        if flags & bit:
-            pos += 1 + raw[pos]
-    if flags & _HEADERS_BIT:
-        return flags, pos, pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
-    return flags, pos, pos
-
 
 def with_stream_offset(properties: bytes, offset: int) -> bytes:
     """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
@@ -181,13 +163,7 @@ def with_stream_offset(properties: bytes, offset: int) -> bytes:
         headers = dict(peek_headers(properties) or {})
         headers.pop(OFFSET_HEADER, None)
         properties = replace_headers(properties, headers)
-    flags, start, stop = _headers_span(properties)
-    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
-    if start == stop:
-        new_flags = (flags | _HEADERS_BIT).to_bytes(2, "big")
-        return new_flags + properties[2:start] + len(entry).to_bytes(4, "big") + entry + properties[start:]
-    body = properties[start + 4:stop]
-    return properties[:start] + (len(body) + len(entry)).to_bytes(4, "big") + body + entry + properties[stop:]
+    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
 
 
 # --- the queue ---------------------------------------------------------------------------------

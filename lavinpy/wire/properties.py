@@ -250,17 +250,38 @@ def replace_field(raw: bytes | bytearray | memoryview, name: str, value: object)
     Every other field keeps its exact bytes. Names are those of ``FIELDS``; "message_type" is accepted
     for "type". Raises KeyError for an unknown name, ValueError for a value the field cannot hold.
     """
-    bit, kind = _KIND_BY_NAME[name]
+    _bit, kind = _KIND_BY_NAME[name]
+    return replace_encoded_field(raw, name, None if value is None else _encode_field(name, kind, value))
+
+
+def replace_encoded_field(raw: bytes | bytearray | memoryview, name: str, encoded: bytes | None) -> bytes:
+    """The same property block with field ``name`` set to its wire encoding ``encoded`` (None removes it);
+    for headers, ``encoded`` is the 4-byte length and the entries."""
+    bit = _KIND_BY_NAME[name][0]
     flags, start, stop, fields_start = _field_span(raw, bit)
-    if value is None:
-        new_flags = flags & ~bit
-        encoded = b""
-    else:
-        new_flags = flags | bit
-        encoded = _encode_field(name, kind, value)
+    new_flags = flags & ~bit if encoded is None else flags | bit
     raw_bytes = bytes(raw)
     return (new_flags.to_bytes(2, "big") + raw_bytes[2:fields_start] + raw_bytes[fields_start:start]
-            + encoded + raw_bytes[stop:])
+            + (encoded or b"") + raw_bytes[stop:])
+
+
+def headers_span(raw: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(start, stop) of the headers table, its 4-byte length included; start == stop (where it would
+    be inserted) when there are no headers. Raises PropertiesError when the block is truncated."""
+    _flags, start, stop, _fields_start = _field_span(raw, _HEADERS_BIT)
+    return start, stop
+
+
+def append_header_entry(raw: bytes | bytearray | memoryview, entry: bytes) -> bytes:
+    """The same property block with one encoded table entry (name, tag, value) added at the end of
+    its headers, which are created when absent; every other byte is kept."""
+    flags, start, stop, fields_start = _field_span(raw, _HEADERS_BIT)
+    raw_bytes = bytes(raw)
+    if start == stop:
+        return ((flags | _HEADERS_BIT).to_bytes(2, "big") + raw_bytes[2:start] + len(entry).to_bytes(4, "big")
+                + entry + raw_bytes[start:])
+    size = stop - start - 4 + len(entry)
+    return raw_bytes[:start] + size.to_bytes(4, "big") + raw_bytes[start + 4:stop] + entry + raw_bytes[stop:]
 
 
 def replace_headers(raw: bytes | bytearray | memoryview, headers: dict | None) -> bytes:
