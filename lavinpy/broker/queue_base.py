@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
+from ..wire.position import pos_offset, pos_segment
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -57,7 +58,7 @@ class QueueBase:
         self.corrupt_messages += 1
         self.vhost.corrupt_messages += 1
         log.error("vhost %r, queue %r: message at segment %d offset %d is damaged and skipped: %s",
-                  self.vhost.name, self.name, pos & 0xFFFFFFFF, pos >> 32, error)
+                  self.vhost.name, self.name, pos_segment(pos), pos_offset(pos), error)
         if getattr(self, "settings", None) is None or self.settings.dead_letter_exchange is None:
             return
         salvaged = self.vhost.store.messages.salvage(pos)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..store.record import StoredMessage
 from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.position import pos_segment
 from ..wire.properties import append_header_entry, peek_headers, replace_headers
 from .queue_base import QueueBase
 
@@ -42,7 +43,6 @@ log = logging.getLogger("lavinpy.stream")
 
 DELIVERY_BATCH = 256
 OFFSET_HEADER = "x-stream-offset"
-_LOW32 = 0xFFFFFFFF
 # method ids for error replies
 _BASIC_CONSUME = (60, 20)
 _BASIC_GET = (60, 70)
@@ -218,7 +218,7 @@ class StreamQueue(QueueBase):
     # --- retention ----------------------------------------------------------------------------
     def _last_segment(self) -> int:
         pos = self.index.get(self.index.last_offset)
-        return 0 if pos is None else pos & _LOW32
+        return 0 if pos is None else pos_segment(pos)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Drop whole segments from the head per x-max-length-bytes / x-max-age; returns messages dropped."""
@@ -238,7 +238,7 @@ class StreamQueue(QueueBase):
         """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
         must be the same after a restart."""
         offset = self.index.append(pos)
-        segment = pos & _LOW32
+        segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment
             self.apply_retention()

@@ -387,7 +387,7 @@ def test_release_memory_unmaps_sealed_pages_and_keeps_the_data(tmp_path: Path) -
     body = bytes(range(256)) * 16  # 4 KiB
     positions = [store.append("ex", "rk", b"\x00\x00", body) for _ in range(1500)]  # ~6 MiB, 6 segments
     for pos in positions:
-        store.incref(pos & 0xFFFFFFFF)
+        store.incref(pos_segment(pos))
     before = _mapped_rss_kb(str(tmp_path))
     assert before > 4000
     released = store.release_memory()
