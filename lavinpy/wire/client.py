@@ -36,6 +36,7 @@ __all__ = [
     "parse_return",
     "publish_method_frame",
     "single_content_frames",
+    "split_content_frames",
     "split_frames",
 ]
 
@@ -177,11 +178,6 @@ def parse_deliver(payload: bytes) -> tuple[int, bool, str, str]:
     exchange, pos = _shortstr_at(payload, pos + 9)
     routing_key, _ = _shortstr_at(payload, pos)
     return tag, redelivered, exchange, routing_key
-
-
-def deliver_tag(payload: bytes | bytearray, pos: int = 0) -> int:
-    """The delivery tag of the basic.deliver payload starting at ``pos`` (after the consumer tag)."""
-    return _U64.unpack_from(payload, pos + 5 + payload[pos + 4])[0]
 
 
 def parse_return(payload: bytes) -> tuple[int, str, str, str]:

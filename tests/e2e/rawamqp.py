@@ -91,7 +91,17 @@ class RawAMQP:
         self.sock.sendall(data)
 
     def send(self, channel: int, value: Any) -> None:
-        self.sock.sendall(writer.method_frame(channel, value))
+        """Send a pamqp method, content header, content body or heartbeat, encoded by lavinpy.wire."""
+        if isinstance(value, header.ContentHeader):
+            head = CLASS_BASIC.to_bytes(2, "big") + bytes(2) + value.body_size.to_bytes(8, "big")  # weight 0
+            data = raw_frame(FRAME_HEADER, channel, head + encode_properties(value.properties))
+        elif isinstance(value, ContentBody):
+            data = raw_frame(FRAME_BODY, channel, value.value)
+        elif isinstance(value, heartbeat.Heartbeat):
+            data = writer.HEARTBEAT
+        else:
+            data = writer.method_frame(channel, value)
+        self.sock.sendall(data)
 
     def send_heartbeat(self) -> None:
         self.sock.sendall(writer.HEARTBEAT)
