@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from lavinpy.amqp import writer
-from lavinpy.amqp.constants import PROTOCOL_HEADER
-from lavinpy.amqp.properties import peek_delivery_mode
-from lavinpy.amqp.reader import FrameReader
+from lavinpy.wire import writer
+from lavinpy.wire.constants import PROTOCOL_HEADER
+from lavinpy.wire.properties import peek_delivery_mode
+from lavinpy.wire.reader import FrameReader
 
 BODY = b"0123456789abcdef"
 PROPS = commands.Basic.Properties(delivery_mode=2).marshal()

@@ -15,10 +15,8 @@ from pamqp import commands
 from ..broker.arguments import ArgumentError, parse_expiration
 from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
-from . import writer
-from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, ChannelMethods
-from .confirms import ConfirmsAndTx
-from .constants import (
+from ..wire import writer
+from ..wire.constants import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
@@ -26,10 +24,13 @@ from .constants import (
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
 )
+from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
+from ..wire.properties import PropertiesError, decode_properties, peek_expiration, replace_field
+from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, ChannelMethods
+from .confirms import ConfirmsAndTx
 from .content import ContentAssembly, release_bodies
-from .errors import AMQPChannelError, AMQPConnectionError, AMQPError, channel_close_log
-from .properties import PropertiesError, decode_properties, peek_expiration, replace_field
-from .reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+from .log import channel_close_log
 from .unacked import Unacked
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
         channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
-        self.send_method(commands.Channel.Close(reply_code=error.code, reply_text=error.text[:255],
+        self.send_method(commands.Channel.Close(reply_code=error.reply_code, reply_text=error.text[:255],
                                                 class_id=class_id, method_id=method_id))
         self.closing = True
         self.release()

@@ -12,9 +12,9 @@ from pamqp import commands
 
 from ..broker.arguments import ArgumentError, validate_consumer_arguments
 from ..broker.consumer import Consumer
-from . import writer
-from .constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
-from .errors import AMQPChannelError, AMQPConnectionError
+from ..wire import writer
+from ..wire.constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .unacked import Unacked
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from . import writer
+from ..wire import writer
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 
 if TYPE_CHECKING:

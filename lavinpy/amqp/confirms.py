@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
-from . import writer
-from .constants import PRECONDITION_FAILED
+from ..wire import writer
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
 from .content import PendingPublish, release_bodies
-from .errors import AMQPChannelError
 
 if TYPE_CHECKING:
     from ..broker.vhost import VHost

@@ -16,10 +16,8 @@ from pamqp import commands, decode
 
 from .. import __version__
 from ..broker.permissions import UserPermissions
-from . import writer
-from .channel import Channel
-from .closing import send_close_ok
-from .constants import (
+from ..wire import writer
+from ..wire.constants import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
@@ -31,20 +29,8 @@ from .constants import (
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
-from .content import BodySpool
-from .effects import CancelTimer, Effect, SetTimer, TimerKind
-from .errors import AMQPConnectionError, RateLimitedLog
-from .output import (
-    AWAIT_HEADER,
-    AWAIT_OPEN,
-    AWAIT_START_OK,
-    AWAIT_TUNE_OK,
-    CLOSED,
-    CLOSING,
-    OPEN,
-    ConnectionOutput,
-)
-from .reader import (
+from ..wire.errors import AMQPConnectionError
+from ..wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -54,6 +40,21 @@ from .reader import (
     MethodFrame,
     Publish,
     RefusedFrame,
+)
+from .channel import Channel
+from .closing import send_close_ok
+from .content import BodySpool
+from .effects import CancelTimer, Effect, SetTimer, TimerKind
+from .log import RateLimitedLog
+from .output import (
+    AWAIT_HEADER,
+    AWAIT_OPEN,
+    AWAIT_START_OK,
+    AWAIT_TUNE_OK,
+    CLOSED,
+    CLOSING,
+    OPEN,
+    ConnectionOutput,
 )
 
 if TYPE_CHECKING:
@@ -243,7 +244,7 @@ class AMQPConnection(ConnectionOutput):
     # --- closing ------------------------------------------------------------------------------
     def close_with_error(self, error: AMQPConnectionError) -> None:
         client_error_log.log(logging.INFO, "connection %s closed by the broker: %s", self.name, error.text)
-        self.close(error.code, error.text, error.class_id, error.method_id)
+        self.close(error.reply_code, error.text, error.class_id, error.method_id)
 
     def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         if self.state >= CLOSING:

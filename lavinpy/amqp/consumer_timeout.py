@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .constants import PRECONDITION_FAILED
-from .errors import AMQPChannelError
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
 
 if TYPE_CHECKING:
     from .channel import Unacked

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .constants import FRAME_ERROR, PRECONDITION_FAILED, RESOURCE_ERROR, UNEXPECTED_FRAME
-from .errors import AMQPChannelError, AMQPConnectionError
-from .reader import HeaderFrame
+from ..wire.constants import FRAME_ERROR, PRECONDITION_FAILED, RESOURCE_ERROR, UNEXPECTED_FRAME
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.reader import HeaderFrame
 
 if TYPE_CHECKING:
     from .connection import AMQPConnection

@@ -7,8 +7,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from ..config import parse_watermark
 from ..store.datadir import DataDir
-from .alarms import alarm_reason, parse_watermark
+from .alarms import alarm_reason
 from .login_throttle import LoginThrottle
 from .users import UserStore
 from .vhost import VHost

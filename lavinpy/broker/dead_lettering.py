@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..amqp.properties import PropertiesError, peek_headers
 from ..store.record import StoredMessage
+from ..wire.properties import PropertiesError, peek_headers
 from .death_headers import dead_letter_properties, death_routing_keys, should_drop_cycle
 from .publishing import append_and_push
 from .ttl import now_ms

@@ -15,48 +15,22 @@ from __future__ import annotations
 
 import struct
 
-from lavinpy.amqp.properties import PropertiesError, peek_expiration, replace_field
 from lavinpy.wire.field_table import FieldTableError, value_end
 from lavinpy.wire.field_table import decode_value as _decode_value
+from lavinpy.wire.properties import (
+    PropertiesError,
+    headers_span,
+    peek_expiration,
+    replace_encoded_field,
+    replace_field,
+)
 
-_HEADERS_BIT = 1 << 13
-_CONTINUATION = 1
 _U32 = struct.Struct(">I")
 
 HeaderItems = list[tuple[str, bytes]]  # (key, tag byte + encoded value), in wire order
 
 
 # --- raw header table access ---------------------------------------------------------------------------
-
-def _headers_span(raw: bytes) -> tuple[int, int, int]:
-    """(flags, start, stop) of the headers table; start == stop (its insert point) when absent.
-
-    Headers are the third basic property, behind only content_type and content_encoding (shortstrs).
-    """
-    if len(raw) < 2:
-        raise PropertiesError("property flags truncated")
-    flags = (raw[0] << 8) | raw[1]
-    pos = 2
-    more = flags
-    while more & _CONTINUATION:
-        if pos + 2 > len(raw):
-            raise PropertiesError("property flags truncated")
-        more = (raw[pos] << 8) | raw[pos + 1]
-        pos += 2
-    for bit in (1 << 15, 1 << 14):
-        if flags & bit:
-            if pos >= len(raw):
-                raise PropertiesError("property field truncated")
-            pos += 1 + raw[pos]
-    if not flags & _HEADERS_BIT:
-        return flags, pos, pos
-    if pos + 4 > len(raw):
-        raise PropertiesError("property table truncated")
-    stop = pos + 4 + _U32.unpack_from(raw, pos)[0]
-    if stop > len(raw):
-        raise PropertiesError("property table truncated")
-    return flags, pos, stop
-
 
 def _split_entries(data: bytes, with_keys: bool) -> list:
     """Split a table's (or array's) content into raw entries, measured by the field-table codec."""
@@ -82,7 +56,7 @@ def _split_entries(data: bytes, with_keys: bool) -> list:
 
 def header_items(properties: bytes) -> HeaderItems:
     """The headers table as (key, raw tagged value) pairs; empty when there are no headers."""
-    _flags, start, stop = _headers_span(properties)
+    start, stop = headers_span(properties)
     if start == stop:
         return []
     return _split_entries(properties[start + 4:stop], with_keys=True)
@@ -90,12 +64,8 @@ def header_items(properties: bytes) -> HeaderItems:
 
 def with_header_items(properties: bytes, items: HeaderItems) -> bytes:
     """The same property block with its headers table made of ``items`` (other fields unchanged)."""
-    raw = bytes(properties)
-    flags, start, stop = _headers_span(raw)
     body = b"".join(_encode_key(key) + value for key, value in items)
-    table = _U32.pack(len(body)) + body
-    new_flags = flags | _HEADERS_BIT
-    return new_flags.to_bytes(2, "big") + raw[2:start] + table + raw[stop:]
+    return replace_encoded_field(properties, "headers", _U32.pack(len(body)) + body)
 
 
 def set_header(items: HeaderItems, key: str, value: bytes, *, front: bool = False) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..amqp.constants import PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
 
 
 def _fmt(value: Any) -> str:

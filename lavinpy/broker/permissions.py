@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..amqp.constants import ACCESS_REFUSED
-from ..amqp.errors import AMQPChannelError
+from ..wire.constants import ACCESS_REFUSED
+from ..wire.errors import AMQPChannelError
 from .users import DEFAULT_EXCHANGE_RESOURCE, UserStore
 
 # About 200 bytes an entry: a connection caches at most ~100 KiB of answers, however many names it uses.

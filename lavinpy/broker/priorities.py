@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..amqp.properties import PropertiesError, peek_priority
 from ..store.index_kinds import ByPriority
+from ..wire.properties import PropertiesError, peek_priority
 
 
 def message_priority(properties: bytes, max_priority: int) -> int:

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from ..store.record import StoredMessage
+from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from .exchanges.delayed import DelayedExchange
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
+from ..wire.position import pos_offset, pos_segment
 from .arguments import QueueSettings
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ class QueueKind(ABC):
         self.corrupt_messages += 1
         self.vhost.corrupt_messages += 1
         log.error("vhost %r, queue %r: message at segment %d offset %d is damaged and skipped: %s",
-                  self.vhost.name, self.name, pos & 0xFFFFFFFF, pos >> 32, error)
+                  self.vhost.name, self.name, pos_segment(pos), pos_offset(pos), error)
         if self.settings.dead_letter_exchange is None:
             return
         salvaged = self.vhost.store.messages.salvage(pos)

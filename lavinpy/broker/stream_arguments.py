@@ -10,8 +10,8 @@ import datetime
 import time
 from typing import Any
 
-from ..amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import parse_max_age
 
 OFFSET_HEADER = "x-stream-offset"

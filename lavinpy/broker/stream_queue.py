@@ -24,10 +24,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.constants import NOT_IMPLEMENTED
-from ..amqp.errors import AMQPConnectionError
-from ..amqp.properties import peek_headers, replace_headers
 from ..store.record import StoredMessage
+from ..wire.constants import NOT_IMPLEMENTED
+from ..wire.errors import AMQPConnectionError
+from ..wire.position import pos_segment
+from ..wire.properties import append_header_entry, peek_headers, replace_headers
 from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.stream")
 
-_LOW32 = 0xFFFFFFFF
+
 # method ids for error replies
 _BASIC_GET = (60, 70)
 _QUEUE_PURGE = (50, 30)
@@ -47,24 +48,6 @@ _QUEUE_PURGE = (50, 30)
 # --- the delivered header ----------------------------------------------------------------------
 
 _OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
-_HEADERS_BIT = 1 << 13
-
-
-def _headers_span(raw: bytes) -> tuple[int, int, int]:
-    """(flags, start, stop) of the headers table in a property block (start == stop when absent)."""
-    flags = (raw[0] << 8) | raw[1]
-    pos = 2
-    more = flags
-    while more & 1:  # continuation flag words (never set for class basic, skipped all the same)
-        more = (raw[pos] << 8) | raw[pos + 1]
-        pos += 2
-    for bit in (1 << 15, 1 << 14):  # content-type, content-encoding: shortstrs before the headers
-        if flags & bit:
-            pos += 1 + raw[pos]
-    if flags & _HEADERS_BIT:
-        return flags, pos, pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
-    return flags, pos, pos
-
 
 def with_stream_offset(properties: bytes, offset: int) -> bytes:
     """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
@@ -76,13 +59,7 @@ def with_stream_offset(properties: bytes, offset: int) -> bytes:
         headers = dict(peek_headers(properties) or {})
         headers.pop(OFFSET_HEADER, None)
         properties = replace_headers(properties, headers)
-    flags, start, stop = _headers_span(properties)
-    entry = _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True)
-    if start == stop:
-        new_flags = (flags | _HEADERS_BIT).to_bytes(2, "big")
-        return new_flags + properties[2:start] + len(entry).to_bytes(4, "big") + entry + properties[start:]
-    body = properties[start + 4:stop]
-    return properties[:start] + (len(body) + len(entry)).to_bytes(4, "big") + body + entry + properties[stop:]
+    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
 
 
 # --- the queue ---------------------------------------------------------------------------------
@@ -129,7 +106,7 @@ class StreamQueue(QueueKind):
     # --- retention ----------------------------------------------------------------------------
     def _last_segment(self) -> int:
         pos = self.index.get(self.index.last_offset)
-        return 0 if pos is None else pos & _LOW32
+        return 0 if pos is None else pos_segment(pos)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Drop whole segments from the head per x-max-length-bytes / x-max-age; returns messages dropped."""
@@ -149,7 +126,7 @@ class StreamQueue(QueueKind):
         """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
         must be the same after a restart."""
         offset = self.index.append(pos)
-        segment = pos & _LOW32
+        segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment
             self.apply_retention()

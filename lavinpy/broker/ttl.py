@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from ..amqp.properties import PropertiesError, peek_expiration
+from ..wire.properties import PropertiesError, peek_expiration
 from .arguments import ArgumentError, parse_expiration
 
 _EXPIRATION_FLAG_HIGH = (1 << 8) >> 8  # the expiration bit within the first property-flags byte

@@ -13,14 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..amqp.constants import (
-    ACCESS_REFUSED,
-    COMMAND_INVALID,
-    NOT_FOUND,
-    PRECONDITION_FAILED,
-    RESOURCE_LOCKED,
-)
-from ..amqp.errors import AMQPChannelError, AMQPConnectionError
 from ..store.definitions import DefinitionsLog
 from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
@@ -28,6 +20,14 @@ from ..store.queue_index import QueueIndex
 from ..store.record import StoredMessage
 from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
+from ..wire.constants import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    RESOURCE_LOCKED,
+)
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
 from .dead_lettering import dead_letter
 from .equivalence import check_arguments, inequivalent

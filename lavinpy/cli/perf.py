@@ -22,16 +22,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pamqp import commands as spec
-from pamqp import frame as pframe
-from pamqp import header as pheader
+
+from lavinpy.wire.client import publish_method_frame
+from lavinpy.wire.properties import encode_property_values
+from lavinpy.wire.writer import content_frames
 
 from .perf_client import (
     CHANNEL,
-    FRAME_BODY,
-    FRAME_END,
     AMQPError,
     Client,
-    _frame_head,
     _u64,
     connect,
     parse_uri,
@@ -40,13 +39,9 @@ from .perf_client import (
 
 def message_template(queue: str, size: int, persistent: bool, frame_max: int) -> tuple[bytes, int]:
     """All frames of one publish, encoded once; returns them and the offset of the timestamp (-1: none)."""
-    method = pframe.marshal(spec.Basic.Publish(exchange="", routing_key=queue), CHANNEL)
-    props = spec.Basic.Properties(delivery_mode=2 if persistent else 1)
-    head = pframe.marshal(pheader.ContentHeader(body_size=size, properties=props), CHANNEL)
-    body = bytes(size)
-    chunk = frame_max - 8
-    frames = [_frame_head.pack(FRAME_BODY, CHANNEL, len(part)) + part + bytes([FRAME_END])
-              for part in (body[i:i + chunk] for i in range(0, size, chunk))]
+    method = publish_method_frame(CHANNEL, "", queue, False)
+    head, *frames = content_frames(CHANNEL, encode_property_values(delivery_mode=2 if persistent else 1),
+                                   bytes(size), frame_max)
     ts_offset = len(method) + len(head) + 7 if size >= 8 else -1
     return method + head + b"".join(frames), ts_offset
 

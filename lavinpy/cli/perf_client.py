@@ -1,8 +1,8 @@
 """lavinpy-perf's AMQP client: one connection with one channel, as a raw asyncio.Protocol.
 
-pamqp encodes/decodes the handshake and the rare methods, while the hot path (publish, deliver,
-ack, confirm) uses pre-encoded frames and struct. It does not import lavinpy's broker code on
-purpose, so it measures RabbitMQ and lavinpy the same way.
+The shared codec (lavinpy.wire) encodes and decodes the handshake and the rare methods; the hot
+path (publish, deliver, ack, confirm) uses pre-encoded frames and its struct layouts inline. It talks
+to the broker over the network only, so it measures RabbitMQ and lavinpy the same way.
 """
 
 from __future__ import annotations
@@ -15,25 +15,15 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from pamqp import commands as spec
-from pamqp import frame as pframe
-from pamqp.exceptions import UnmarshalingException
 
-from ..client_tls import TLSOptions, default_port
+from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD, WireError, decode_method
+from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.uri import TLSOptions, default_port
+from lavinpy.wire.writer import HEARTBEAT, basic_ack, method_frame
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
-FRAME_END = 0xCE
-# class_id << 16 | method_id of the methods handled on the hot path.
-BASIC_DELIVER = (60 << 16) | 60
-BASIC_ACK = (60 << 16) | 80
-BASIC_NACK = (60 << 16) | 120
-
-_frame_head = struct.Struct(">BHI")
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
 _ack_tail = struct.Struct(">QB")
-_ack_frame = struct.Struct(">BHIHHQBB")  # type, channel, size, class, method, tag, multiple, frame-end
-_HEARTBEAT = bytes([FRAME_HEARTBEAT, 0, 0, 0, 0, 0, 0, FRAME_END])
 
 LATENCY_CAP = 1 << 21  # samples kept per consumer before halving the sampling rate
 CHANNEL = 1
@@ -113,7 +103,7 @@ class Client(asyncio.Protocol):
 
     def send(self, method: Any, channel: int = CHANNEL) -> None:
         assert self.transport is not None
-        self.transport.write(pframe.marshal(method, channel))
+        self.transport.write(method_frame(channel, method))
 
     async def rpc(self, method: Any, *expect: type, timeout: float = 30.0) -> Any:
         """Send a synchronous method on channel 1 and wait for its reply."""
@@ -135,7 +125,7 @@ class Client(asyncio.Protocol):
         buf += data
         size_all = len(buf)
         pos = 0
-        unpack_head = _frame_head.unpack_from
+        unpack_head = FRAME_HEAD.unpack_from
         while size_all - pos >= 8:
             ftype, channel, size = unpack_head(buf, pos)
             end = pos + 7 + size  # index of the frame-end octet
@@ -161,7 +151,7 @@ class Client(asyncio.Protocol):
                     tag, bits = _ack_tail.unpack_from(buf, p + 4)
                     self._on_confirm(tag, bits & 1, cm == BASIC_NACK)
                 else:
-                    self._slow_frame(bytes(buf[pos:end + 1]))
+                    self._slow_frame(channel, bytes(buf[p:end]))
                     if self.transport is None or self.transport.is_closing():
                         return
             elif ftype == FRAME_HEADER:
@@ -170,7 +160,7 @@ class Client(asyncio.Protocol):
                 if self._body_left == 0:
                     self._delivered()
             elif ftype == FRAME_HEARTBEAT and self.transport is not None:
-                self.transport.write(_HEARTBEAT)
+                self.transport.write(HEARTBEAT)
             pos = end + 1
         del buf[:pos]
 
@@ -196,7 +186,7 @@ class Client(asyncio.Protocol):
     def ack_pending(self) -> None:
         """Ack everything received so far with one multiple=true ack."""
         if self._unacked and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(_ack_frame.pack(FRAME_METHOD, CHANNEL, 13, 60, 80, self._last_tag, 1, FRAME_END))
+            self.transport.write(basic_ack(CHANNEL, self._last_tag, True))
         self._unacked = 0
 
     def _on_confirm(self, tag: int, multiple: int, nack: bool) -> None:
@@ -219,10 +209,10 @@ class Client(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _slow_frame(self, raw: bytes) -> None:
+    def _slow_frame(self, channel: int, payload: bytes) -> None:
         try:
-            _, channel, method = pframe.unmarshal(raw)
-        except UnmarshalingException as e:
+            method = decode_method(payload)
+        except WireError as e:
             self._protocol_error(f"cannot decode frame from broker: {e}")
             return
         if isinstance(method, spec.Connection.Start):

@@ -2,7 +2,7 @@
 
 Why not pika: a Spark task is single-threaded and wants raw throughput; pika's per-message
 overhead (~20-30 us) caps a task near 40k messages/s, while this connection hands raw frames to
-the publisher / stream reader, which pack and parse the hot frames themselves (wire.py).
+the publisher / stream reader, which pack and parse the hot frames with lavinpy.wire.client.
 
 The socket is non-blocking and every wait goes through select(), so a large send never blocks
 while the broker is itself waiting for us to read (acks, deliveries): incoming bytes are buffered
@@ -22,10 +22,11 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pamqp import commands
-from pamqp import frame as pframe
 
-from ..client_tls import TLSOptions, default_port
-from . import wire
+from lavinpy.wire.client import FRAME_HEAD, decode_method, method_id
+from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.uri import TLSOptions, default_port
+from lavinpy.wire.writer import method_frame
 
 DEFAULT_PORT = 5672
 _RECV_SIZE = 1 << 20
@@ -128,7 +129,7 @@ class Connection:
 
     def _handshake(self) -> None:
         p = self.params
-        self.send(wire.PROTOCOL_HEADER)
+        self.send(PROTOCOL_HEADER)
         start = self._wait_method(0, commands.Connection.Start)
         self.server_properties = dict(start.server_properties or {})
         mechanisms = (start.mechanisms or "").split()
@@ -162,7 +163,7 @@ class Connection:
             deadline = time.monotonic() + 2.0
             done = False
             while not done and time.monotonic() < deadline:
-                done = any(ftype == wire.FRAME_METHOD and ch == 0 and wire.method_id(payload) == _CLOSE_OK
+                done = any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK
                            for ftype, ch, payload in self.read_frames(deadline - time.monotonic()))
         except Exception:  # closing is best effort: the socket is dropped either way
             pass
@@ -207,7 +208,7 @@ class Connection:
 
     # --- sending ----------------------------------------------------------------------------------
     def send_method(self, ch: int, method: Any) -> None:
-        self.send(pframe.marshal(method, ch))
+        self.send(method_frame(ch, method))
 
     def send(self, data: bytes | bytearray | memoryview) -> None:
         """Send everything, reading (and buffering) whatever arrives meanwhile."""
@@ -309,19 +310,19 @@ class Connection:
         frames: list[Frame] = []
         closing = self._closing_channels
         while size - pos >= 8:
-            ftype, ch, length = wire.unpack_frame_head(buf, pos)
+            ftype, ch, length = FRAME_HEAD.unpack_from(buf, pos)
             end = pos + 7 + length
             if end >= size:
                 break
-            if buf[end] != wire.FRAME_END:
+            if buf[end] != FRAME_END:
                 self.abort()
                 raise ConnectionLost(f"malformed frame from {self.params.safe_url()} (bad frame end)")
             payload = bytes(buf[pos + 7:end])
             pos = end + 1
-            if ftype == wire.FRAME_HEARTBEAT:
+            if ftype == FRAME_HEARTBEAT:
                 continue
-            if ftype == wire.FRAME_METHOD:
-                mid = wire.method_id(payload)
+            if ftype == FRAME_METHOD:
+                mid = method_id(payload)
                 if mid in (_CLOSE, _CHANNEL_CLOSE):
                     # consume what was parsed first, so the error is raised exactly once
                     del buf[:pos]
@@ -329,7 +330,7 @@ class Connection:
                     if mid == _CLOSE:
                         self._broker_closed_connection(payload)
                     self._broker_closed_channel(ch, payload)
-            if ch in closing and not (ftype == wire.FRAME_METHOD and wire.method_id(payload) == _CHANNEL_CLOSE_OK):
+            if ch in closing and not (ftype == FRAME_METHOD and method_id(payload) == _CHANNEL_CLOSE_OK):
                 continue
             frames.append((ftype, ch, payload))
         if pos:
@@ -337,7 +338,7 @@ class Connection:
         return frames
 
     def _broker_closed_connection(self, payload: bytes) -> None:
-        method = pframe.unmarshal(wire.frame(wire.FRAME_METHOD, 0, payload))[2]
+        method = decode_method(payload)
         try:
             self.send_method(0, commands.Connection.CloseOk())
         except AMQPClientError:
@@ -346,7 +347,7 @@ class Connection:
         raise BrokerClosed("connection", method.reply_code, method.reply_text, method.class_id, method.method_id)
 
     def _broker_closed_channel(self, ch: int, payload: bytes) -> None:
-        method = pframe.unmarshal(wire.frame(wire.FRAME_METHOD, ch, payload))[2]
+        method = decode_method(payload)
         self.send_method(ch, commands.Channel.CloseOk())
         self._backlog = deque(f for f in self._backlog if f[1] != ch)
         raise BrokerClosed(f"channel {ch}", method.reply_code, method.reply_text, method.class_id, method.method_id)
@@ -355,7 +356,7 @@ class Connection:
         types = reply if isinstance(reply, tuple) else (reply,)
         ids = {t.index for t in types}
         payload = self._wait_for(ch, ids, " or ".join(t.__name__ for t in types))
-        return pframe.unmarshal(wire.frame(wire.FRAME_METHOD, ch, payload))[2]
+        return decode_method(payload)
 
     def wait_method_id(self, ch: int, mid: int) -> bytes:
         """Wait for a method by its (class << 16 | method) id; returns its raw payload."""
@@ -372,7 +373,7 @@ class Connection:
                     raise ConnectionLost(f"timed out waiting for {what} from {self.params.safe_url()}")
                 for index, item in enumerate(frames := self.read_frames(remaining)):
                     ftype, fch, payload = item
-                    if ftype == wire.FRAME_METHOD and fch == ch and wire.method_id(payload) in ids:
+                    if ftype == FRAME_METHOD and fch == ch and method_id(payload) in ids:
                         kept.extend(frames[index + 1:])
                         return payload
                     kept.append(item)

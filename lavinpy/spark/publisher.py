@@ -12,7 +12,21 @@ import time
 
 from pamqp import commands
 
-from . import wire
+from lavinpy.wire.client import (
+    BASIC_ACK,
+    BASIC_NACK,
+    BASIC_RETURN,
+    FRAME_END_BYTE,
+    ContentPacker,
+    method_id,
+    parse_ack,
+    parse_return,
+    publish_method_frame,
+    single_content_frames,
+    split_content_frames,
+)
+from lavinpy.wire.constants import FRAME_METHOD
+
 from .client import AMQPClientError, BrokerClosed, Connection
 
 
@@ -33,7 +47,7 @@ class MessageEncoder:
         self.mandatory = mandatory
         self._max_inline_body = frame_max - 8
         self._methods: dict[tuple[str, str], bytes] = {}
-        self._packers: dict[bytes, wire.ContentPacker] = {}
+        self._packers: dict[bytes, ContentPacker] = {}
 
     def method_frame(self, exchange: str, routing_key: str) -> bytes:
         key = (exchange, routing_key)
@@ -41,39 +55,39 @@ class MessageEncoder:
         if frame is None:
             if len(self._methods) > 10000:  # many distinct routing keys: don't grow without bound
                 self._methods.clear()
-            frame = wire.publish_method_frame(self.channel, exchange, routing_key, self.mandatory)
+            frame = publish_method_frame(self.channel, exchange, routing_key, self.mandatory)
             self._methods[key] = frame
         return frame
 
-    def packer(self, properties: bytes) -> wire.ContentPacker:
+    def packer(self, properties: bytes) -> ContentPacker:
         packer = self._packers.get(properties)
         if packer is None:
             if len(self._packers) > 10000:
                 self._packers.clear()
-            packer = wire.ContentPacker(self.channel, properties)
+            packer = ContentPacker(self.channel, properties)
             self._packers[properties] = packer
         return packer
 
-    def append(self, out: bytearray, method_frame: bytes, packer: wire.ContentPacker, properties: bytes,
+    def append(self, out: bytearray, method_frame: bytes, packer: ContentPacker, properties: bytes,
                body: bytes) -> None:
         """Append one message to out (properties must be the packer's property list)."""
         out += method_frame
         if 0 < len(body) <= self._max_inline_body:
             out += packer.pack(len(body))
             out += body
-            out += wire.FRAME_END_BYTE
+            out += FRAME_END_BYTE
         elif body:
-            out += wire.encode_content(self.channel, properties, body, self.frame_max)
+            out += split_content_frames(self.channel, properties, body, self.frame_max)
         else:
-            out += wire.content_frames(self.channel, properties, body)
+            out += single_content_frames(self.channel, properties, body)
 
     def append_any(self, out: bytearray, method_frame: bytes, properties: bytes, body: bytes) -> None:
         """Append one message whose property list changes from message to message."""
         out += method_frame
         if len(body) <= self._max_inline_body:
-            out += wire.content_frames(self.channel, properties, body)
+            out += single_content_frames(self.channel, properties, body)
         else:
-            out += wire.encode_content(self.channel, properties, body, self.frame_max)
+            out += split_content_frames(self.channel, properties, body, self.frame_max)
 
 
 class ConfirmPublisher:
@@ -160,21 +174,21 @@ class ConfirmPublisher:
                                f"(broker {self.conn.params.safe_url()})")
         ch = self.channel
         for ftype, fch, payload in frames:
-            if ftype != wire.FRAME_METHOD or fch != ch:
+            if ftype != FRAME_METHOD or fch != ch:
                 continue  # content of a basic.return, or frames of another channel
-            mid = wire.method_id(payload)
-            if mid == wire.BASIC_ACK:
-                self._on_ack(*wire.parse_ack(payload))
-            elif mid == wire.BASIC_NACK:
-                tag, multiple = wire.parse_ack(payload)
+            mid = method_id(payload)
+            if mid == BASIC_ACK:
+                self._on_ack(*parse_ack(payload))
+            elif mid == BASIC_NACK:
+                tag, multiple = parse_ack(payload)
                 first = self._acked_upto + 1 if multiple else tag
                 self.nacked += self._on_ack(tag, multiple)
                 if self._first_nack is None:
                     self._first_nack = first
-            elif mid == wire.BASIC_RETURN:
+            elif mid == BASIC_RETURN:
                 self.returned += 1
                 if self._first_return is None:
-                    self._first_return = wire.parse_return(payload)
+                    self._first_return = parse_return(payload)
         self._check()
 
     def _on_ack(self, tag: int, multiple: bool) -> int:

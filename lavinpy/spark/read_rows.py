@@ -27,7 +27,7 @@ READ_SCHEMA_DDL = (
 COLUMNS = ("offset", "body", "routing_key", "exchange", "headers", "content_type", "content_encoding",
            "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
            "type", "user_id", "app_id")
-# Index into Delivery.properties (wire.PROPERTY_NAMES order) of each property column.
+# Index into Delivery.properties (lavinpy.wire.properties.PROPERTY_NAMES order) of each property column.
 _PROPERTY_INDEX = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
                    "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "timestamp": 9,
                    "type": 10, "user_id": 11, "app_id": 12}

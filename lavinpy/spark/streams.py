@@ -20,7 +20,12 @@ from typing import Any, NamedTuple
 
 from pamqp import commands
 
-from . import wire
+from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, frame, method_id, parse_deliver, parse_header
+from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
+from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.properties import property_values
+from lavinpy.wire.writer import basic_ack
+
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
 
 OFFSET_HEADER = "x-stream-offset"
@@ -54,7 +59,7 @@ class Delivery(NamedTuple):
     offset: int
     exchange: str
     routing_key: str
-    properties: list[Any]  # ordered as wire.PROPERTY_NAMES; headers without x-stream-offset
+    properties: list[Any]  # ordered as lavinpy.wire.properties.PROPERTY_NAMES; headers without x-stream-offset
     body: bytes
 
 
@@ -267,7 +272,7 @@ class StreamClient:
         ch = conn.open_channel()
         try:
             conn.call(ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-            conn.send(wire.frame(wire.FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
+            conn.send(frame(FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
             conn.wait_method_id(ch, _CONSUME_OK)
         except BrokerClosed as exc:
             if exc.scope == "connection":
@@ -310,7 +315,7 @@ class StreamClient:
                         raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
                     unacked += 1
                     if unacked >= ack_every:
-                        conn.send(wire.ack_frame(ch, tag, True))
+                        conn.send(basic_ack(ch, tag, True))
                         unacked = 0
                     yield delivery
                 wait = idle_wait
@@ -353,7 +358,6 @@ def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Deliv
     method_head = _METHOD_HEAD.unpack_from
     content_head = _CONTENT_HEAD.unpack_from
     frame_head = _FRAME_HEAD.unpack_from
-    decode_properties = wire.decode_properties
     while size - pos >= 22:
         ftype, fch, flen, cls, mth = method_head(buf, pos)
         h = pos + 8 + flen  # start of the next frame
@@ -382,7 +386,7 @@ def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Deliv
         p += 10 + n
         n = buf[p]
         routing_key = buf[p + 1:p + 1 + n].decode()
-        props = decode_properties(buf, h + 21, flags)
+        props = property_values(buf, h + 19, b - 1, typed=False)
         out.append((tag, Delivery(_split_offset(props), exchange, routing_key, props, body)))
         pos = next_pos
     return pos
@@ -408,10 +412,10 @@ class _Assembler:
         ftype, fch, payload = frame
         if fch != self.ch:
             return None
-        if ftype == wire.FRAME_METHOD:
-            mid = wire.method_id(payload)
-            if mid == wire.BASIC_DELIVER:
-                tag, _redelivered, exchange, routing_key = wire.parse_deliver(payload)
+        if ftype == FRAME_METHOD:
+            mid = method_id(payload)
+            if mid == BASIC_DELIVER:
+                tag, _redelivered, exchange, routing_key = parse_deliver(payload)
                 self.pending = (tag, exchange, routing_key)
                 self.parts = []
                 self.got = 0
@@ -420,12 +424,12 @@ class _Assembler:
             return None
         if self.pending is None:
             return None
-        if ftype == wire.FRAME_HEADER:
-            self.size, flags = wire.parse_header(payload)
-            self.props = wire.decode_properties(payload, 14, flags)
+        if ftype == FRAME_HEADER:
+            self.size, flags = parse_header(payload)
+            self.props = property_values(payload, 12, typed=False)
             if self.size:
                 return None
-        elif ftype == wire.FRAME_BODY:
+        elif ftype == FRAME_BODY:
             self.parts.append(payload)
             self.got += len(payload)
             if self.got < self.size:
@@ -442,6 +446,6 @@ _U16 = struct.Struct(">H")
 
 
 def _consume_payload(queue: str, arguments: dict[str, Any]) -> bytes:
-    """basic.consume with manual ack; integers in arguments go as signed 64-bit ('l')."""
-    return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + wire.encode_shortstr(queue) + wire.encode_shortstr("")
-            + b"\x00" + wire.encode_table(arguments))
+    """basic.consume with manual ack (arguments encoded by the shared field-table codec)."""
+    return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + encode_shortstr(queue) + encode_shortstr("")
+            + b"\x00" + encode_table(arguments))

@@ -19,7 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import wire
+from lavinpy.wire.properties import encode_property_values
+
 from .options import WriteOptions
 from .publisher import MessageEncoder
 
@@ -132,7 +133,7 @@ class RowEncoder:
         out = bytearray()
         count = 0
         if props is None:
-            fixed_props = wire.encode_properties(delivery_mode=self.default_mode)
+            fixed_props = encode_property_values(delivery_mode=self.default_mode)
             packer = enc.packer(fixed_props)
             append = enc.append
         else:
@@ -181,6 +182,6 @@ class RowEncoder:
         if priority is not None and not 0 <= priority <= 255:
             raise RowError(f"priority {priority} is out of range 0..255")
         try:
-            return wire.encode_properties(**kwargs)
+            return encode_property_values(**kwargs)
         except (ValueError, TypeError) as exc:
             raise RowError(f"cannot encode the properties of a row ({exc})") from exc

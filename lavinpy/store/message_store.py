@@ -28,13 +28,13 @@ from lavinpy.store.record import (
     write_encoded,
 )
 from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
+from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
 log = logging.getLogger("lavinpy.store")
 
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
-_LOW32 = 0xFFFFFFFF
 # header + timestamp + body size; the names' length bytes are inside the encoded names
 _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 
@@ -147,7 +147,7 @@ class MessageStore:
         self._wpos = end
         if self._dirty_start < 0:
             self._dirty_start = offset
-        return self._cur_id | (offset << 32)
+        return self._cur_id | (offset << OFFSET_SHIFT)  # make_pos inlined: once per publish
 
     def _encode_names(self, exchange: str, routing_key: str) -> bytes:
         names = encode_names(exchange.encode(), routing_key.encode())
@@ -192,8 +192,9 @@ class MessageStore:
 
     def read(self, pos: int) -> StoredMessage:
         """The message at ``pos``; MissingRecord if it is not there, CorruptRecord if it is damaged."""
-        segment_id = pos & _LOW32
-        offset = pos >> 32
+        # pos_segment / pos_offset inlined: once per delivery.
+        segment_id = pos & SEGMENT_MASK
+        offset = pos >> OFFSET_SHIFT
         segment = self._segments.get(segment_id)
         if segment is None:
             raise MissingRecord(f"message segment {segment_id} does not exist (position {offset})")
@@ -207,18 +208,18 @@ class MessageStore:
 
     def salvage(self, pos: int) -> StoredMessage | None:
         """A damaged record's fields without the CRC check, if its layout still adds up; else None."""
-        segment = self._segments.get(pos & _LOW32)
+        segment = self._segments.get(pos_segment(pos))
         if segment is None:
             return None
         try:
-            return read_record(segment.view, pos >> 32, segment.size, verify=False)[0]
+            return read_record(segment.view, pos_offset(pos), segment.size, verify=False)[0]
         except (CorruptRecord, ValueError, IndexError):
             return None
 
     def is_valid(self, pos: int) -> bool:
         """Whether ``pos`` points into the valid data of an existing segment."""
-        segment_id = pos & _LOW32
-        offset = pos >> 32
+        segment_id = pos_segment(pos)
+        offset = pos_offset(pos)
         if segment_id == self._cur_id:
             return DATA_START <= offset < self._wpos
         end = self._ends.get(segment_id)
@@ -270,7 +271,7 @@ class MessageStore:
         if self._tail is None or self._tail_referenced:
             return
         current, start = self._cur_id, self._tail[0]
-        self._tail_referenced = any((p & _LOW32) == current and (p >> 32) >= start for p in entries)
+        self._tail_referenced = any(pos_segment(p) == current and pos_offset(p) >= start for p in entries)
 
     def _resolve_tail(self) -> None:
         if self._tail is None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir
-from lavinpy.store.position import ENTRY_SIZE
+from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
@@ -35,20 +35,7 @@ ENQ_FILE = "enq"
 ACK_FILE = "ack"
 CHUNK_ENTRIES = 4096  # ready entries per array chunk: 32 KiB, freed as soon as it is consumed
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
-_LOW32 = 0xFFFFFFFF
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-
-
-def enq_order_key(pos: int) -> int:
-    """Sort key that orders positions as they were appended: by segment, then by offset.
-
-    A raw position has the offset in the high bits, so plain int order is not append order.
-    """
-    return ((pos & _LOW32) << 32) | (pos >> 32)
-
-
-def _pos_from_key(key: int) -> int:
-    return ((key & _LOW32) << 32) | (key >> 32)
 
 
 def _segment_ids(entries: array) -> memoryview:
@@ -198,7 +185,7 @@ class QueueIndex:
         offsets.release()
         # slow path: not grouped, or some entries are invalid
         valid = array("Q", (p for p in entries
-                            if (p >> 32) < valid_ends.get(p & _LOW32, 0)))
+                            if (p >> OFFSET_SHIFT) < valid_ends.get(p & SEGMENT_MASK, 0)))
         return valid, _segment_counts(valid), len(entries) - len(valid)
 
     def load_ready(self, live: array) -> None:
@@ -243,7 +230,7 @@ class QueueIndex:
                 pending.append(pos)
             else:
                 self._transient.add(pos)
-        self._incref(pos & _LOW32)
+        self._incref(pos & SEGMENT_MASK)  # pos_segment inlined: once per message
 
     def record_loaded(self, count: int) -> None:
         """load_ready placed ``count`` recovered messages in the ready list."""
@@ -286,7 +273,7 @@ class QueueIndex:
     def peek(self) -> int | None:
         """The next message to deliver, or None; leaves it ready."""
         if self._requeued:
-            return _pos_from_key(self._requeued[0])
+            return pos_from_order_key(self._requeued[0])
         if self._ready_count == 0:
             return None
         return self._chunks[0][self._head]
@@ -294,7 +281,7 @@ class QueueIndex:
     def shift(self) -> int | None:
         """Take the next ready message for delivery: it becomes unacked. None when empty."""
         if self._requeued:
-            pos = _pos_from_key(heapq.heappop(self._requeued))
+            pos = pos_from_order_key(heapq.heappop(self._requeued))
         elif self._ready_count == 0:
             return None
         else:
@@ -330,7 +317,7 @@ class QueueIndex:
                 pending.append(pos)
                 if self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
                     self.compact()
-        self._decref(pos & _LOW32)
+        self._decref(pos & SEGMENT_MASK)  # pos_segment inlined: once per message
 
     def drop_head(self) -> int | None:
         """Remove the head ready message without delivering it (max-length drop-head)."""
@@ -380,7 +367,7 @@ class QueueIndex:
     def __iter__(self) -> Iterator[int]:
         """Ready positions in delivery order."""
         for key in sorted(self._requeued):
-            yield _pos_from_key(key)
+            yield pos_from_order_key(key)
         head = self._head
         for chunk in list(self._chunks):
             yield from chunk[head:]
@@ -391,7 +378,7 @@ class QueueIndex:
 
     def ready_positions(self) -> array:
         """All ready positions in delivery order, as one array."""
-        out = array("Q", (_pos_from_key(k) for k in sorted(self._requeued)))
+        out = array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
         head = self._head
         for chunk in self._chunks:
             out.extend(chunk[head:] if head else chunk)
@@ -411,7 +398,7 @@ class QueueIndex:
         older = sorted(self._requeued)
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
-        out = array("Q", (_pos_from_key(k) for k in older))
+        out = array("Q", (pos_from_order_key(k) for k in older))
         head = self._head
         newer = [chunk[head:] if i == 0 else chunk for i, chunk in enumerate(self._chunks)]
         first_newer = next((chunk[0] for chunk in newer if chunk), None)
@@ -421,7 +408,7 @@ class QueueIndex:
             return out
         # messages were pushed out of append order: merge entry by entry
         merged = heapq.merge(older, (enq_order_key(p) for chunk in newer for p in chunk))
-        return array("Q", (_pos_from_key(k) for k in merged))
+        return array("Q", (pos_from_order_key(k) for k in merged))
 
     # ---- files -------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import struct
 import zlib
 from typing import NamedTuple, TypeAlias
 
-from lavinpy.amqp.properties import PropertiesError, properties_length
+from lavinpy.wire.properties import PropertiesError, properties_length
 
 HEADER = struct.Struct("<II")  # length, crc32
 HEADER_SIZE = HEADER.size

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir, read_json, write_json_atomic
-from lavinpy.store.position import ENTRY_SIZE
 from lavinpy.store.queue_index import ENQ_FILE, QUEUE_NAME_FILE
 from lavinpy.store.record import CorruptRecord
+from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
@@ -44,7 +44,6 @@ HOLE = 0  # an entry whose record is lost; keeps the offsets after it stable
 CHUNK_BITS = 12
 CHUNK_ENTRIES = 1 << CHUNK_BITS  # 32 KiB per chunk
 _CHUNK_MASK = CHUNK_ENTRIES - 1
-_LOW32 = 0xFFFFFFFF
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
@@ -190,7 +189,7 @@ class StreamIndex:
         if found is not None:
             return entries, found, False
         # Slow path (after damage or data loss): per entry.
-        fixed = array("Q", (p if (p >> 32) < ends.get(p & _LOW32, 0) else HOLE for p in entries))
+        fixed = array("Q", (p if (p >> OFFSET_SHIFT) < ends.get(p & SEGMENT_MASK, 0) else HOLE for p in entries))
         last = len(fixed)
         while last and fixed[last - 1] == HOLE:
             last -= 1
@@ -226,14 +225,14 @@ class StreamIndex:
             else:
                 last.count += 1
             return
-        segment = pos & _LOW32
+        segment = pos_segment(pos)
         if last is not None and last.segment == 0:  # leading holes join the first segment's run
-            last.segment, last.lo = segment, pos >> 32
+            last.segment, last.lo = segment, pos_offset(pos)
         if last is not None and last.segment == segment:
             last.count += 1
             last.refs += 1
         else:
-            runs.append(_Run(segment, 1, 1, pos >> 32))
+            runs.append(_Run(segment, 1, 1, pos_offset(pos)))
 
     # ---- the log -----------------------------------------------------------------------------
 
@@ -247,14 +246,14 @@ class StreamIndex:
         self._pending.append(pos)
         offset = self._first + self._count
         self._count += 1
-        segment = pos & _LOW32
+        segment = pos_segment(pos)
         runs = self._runs
         if runs and runs[-1].segment == segment:
             run = runs[-1]
             run.count += 1
             run.refs += 1
         else:
-            runs.append(_Run(segment, 1, 1, pos >> 32))
+            runs.append(_Run(segment, 1, 1, pos_offset(pos)))
         self.messages.incref(segment)
         return offset
 

@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from lavinpy.amqp import writer
-from lavinpy.amqp.constants import PROTOCOL_HEADER
-from lavinpy.amqp.errors import AMQPError
-from lavinpy.amqp.reader import (
+from lavinpy.wire import writer
+from lavinpy.wire.constants import PROTOCOL_HEADER
+from lavinpy.wire.errors import AMQPError
+from lavinpy.wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,

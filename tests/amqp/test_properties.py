@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from lavinpy.amqp.properties import (
+from lavinpy.wire.properties import (
     FIELDS,
     PropertiesError,
     decode_properties,

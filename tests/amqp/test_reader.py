@@ -8,9 +8,9 @@ import struct
 import pytest
 from pamqp import commands
 
-from lavinpy.amqp.constants import FRAME_ERROR, NOT_IMPLEMENTED, PROTOCOL_HEADER
-from lavinpy.amqp.errors import AMQPConnectionError, AMQPError
-from lavinpy.amqp.reader import (
+from lavinpy.wire.constants import FRAME_ERROR, NOT_IMPLEMENTED, PROTOCOL_HEADER
+from lavinpy.wire.errors import AMQPConnectionError, AMQPError
+from lavinpy.wire.reader import (
     Ack,
     BadProtocolHeader,
     BodyFrame,
@@ -210,7 +210,7 @@ def test_oversized_frame_rejected_as_soon_as_its_size_is_read():
     reader = opened(4096)
     oversized = frame(3, 1, b"x" * (4096 - 7))
     err = connection_error(reader, oversized[:7])
-    assert err.code == FRAME_ERROR
+    assert err.reply_code == FRAME_ERROR
     assert "4097" in err.text and "4096" in err.text
     assert err.text.startswith("FRAME_ERROR - ")
 
@@ -218,34 +218,34 @@ def test_oversized_frame_rejected_as_soon_as_its_size_is_read():
 def test_frame_max_can_be_lowered_after_tune():
     reader = opened()
     reader.frame_max = 4096
-    assert connection_error(reader, frame(3, 1, b"x" * 5000)).code == FRAME_ERROR
+    assert connection_error(reader, frame(3, 1, b"x" * 5000)).reply_code == FRAME_ERROR
 
 
 def test_bad_frame_end():
     err = connection_error(opened(), frame(3, 1, b"abc", end=0xCD))
-    assert err.code == FRAME_ERROR and "0xcd" in err.text
+    assert err.reply_code == FRAME_ERROR and "0xcd" in err.text
 
 
 @pytest.mark.parametrize("frame_type", [0, 4, 7, 9, 65, 255])
 def test_unknown_frame_type(frame_type):
-    assert connection_error(opened(), frame(frame_type, 0, b"abc")).code == FRAME_ERROR
+    assert connection_error(opened(), frame(frame_type, 0, b"abc")).reply_code == FRAME_ERROR
     # also refused before the payload arrives
-    assert connection_error(opened(), frame(frame_type, 0, b"abc")[:8]).code == FRAME_ERROR
+    assert connection_error(opened(), frame(frame_type, 0, b"abc")[:8]).reply_code == FRAME_ERROR
 
 
 def test_heartbeat_on_non_zero_channel():
     err = connection_error(opened(), frame(8, 1, b""))
-    assert err.code == FRAME_ERROR and "channel 1" in err.text
+    assert err.reply_code == FRAME_ERROR and "channel 1" in err.text
 
 
 def test_heartbeat_with_payload():
-    assert connection_error(opened(), frame(8, 0, b"x")).code == FRAME_ERROR
+    assert connection_error(opened(), frame(8, 0, b"x")).reply_code == FRAME_ERROR
 
 
 @pytest.mark.parametrize(("class_id", "method_id"), [(60, 999), (999, 10), (10, 12), (0, 0)])
 def test_unknown_method(class_id, method_id):
     err = connection_error(opened(), method(1, class_id, method_id, b""))
-    assert err.code == NOT_IMPLEMENTED
+    assert err.reply_code == NOT_IMPLEMENTED
     assert (err.class_id, err.method_id) == (class_id, method_id)
     assert str(class_id) in err.text and str(method_id) in err.text
 
@@ -259,7 +259,7 @@ def test_unknown_method(class_id, method_id):
 ])
 def test_malformed_publish(payload):
     err = connection_error(opened(), frame(1, 1, payload))
-    assert err.code == FRAME_ERROR
+    assert err.reply_code == FRAME_ERROR
     assert (err.class_id, err.method_id) == (60, 40)
     assert "Basic.Publish" in err.text
 
@@ -269,7 +269,7 @@ def test_malformed_publish(payload):
 @pytest.mark.parametrize("args", [b"", b"\x00" * 8, b"\x00" * 10])
 def test_malformed_ack_family(method_id, name, args):
     err = connection_error(opened(), method(1, 60, method_id, args))
-    assert err.code == FRAME_ERROR and name in err.text and err.method_id == method_id
+    assert err.reply_code == FRAME_ERROR and name in err.text and err.method_id == method_id
 
 
 @pytest.mark.parametrize("args", [
@@ -281,13 +281,13 @@ def test_malformed_ack_family(method_id, name, args):
 ])
 def test_malformed_pamqp_method(args):
     err = connection_error(opened(), method(3, 50, 10, args))
-    assert err.code == FRAME_ERROR
+    assert err.reply_code == FRAME_ERROR
     assert (err.class_id, err.method_id) == (50, 10)
     assert "Queue.Declare" in err.text
 
 
 def test_method_frame_too_short():
-    assert connection_error(opened(), frame(1, 1, b"\x00\x3c")).code == FRAME_ERROR
+    assert connection_error(opened(), frame(1, 1, b"\x00\x3c")).reply_code == FRAME_ERROR
 
 
 @pytest.mark.parametrize("payload", [
@@ -298,7 +298,7 @@ def test_method_frame_too_short():
     b"\x00",
 ])
 def test_malformed_content_header(payload):
-    assert connection_error(opened(), frame(2, 1, payload)).code == FRAME_ERROR
+    assert connection_error(opened(), frame(2, 1, payload)).reply_code == FRAME_ERROR
 
 
 def test_content_header_with_every_property_field():
@@ -350,7 +350,7 @@ def test_repeated_and_large_property_blocks():
         (event,) = reader.feed(header(1, 1, props))
         assert event.properties == props
     # the same block with a byte cut off is still refused, even though the full block was seen
-    assert connection_error(reader, header(1, 1, small[:-1])).code == FRAME_ERROR
+    assert connection_error(reader, header(1, 1, small[:-1])).reply_code == FRAME_ERROR
 
 
 def test_publish_header_and_body_in_one_read_come_as_one_event():
@@ -380,14 +380,14 @@ def test_frames_that_do_not_fit_together_are_not_fused():
     oversized = publish(1, "", "q", 0) + header(1, 5000, props) + frame(3, 1, b"x" * 5000)
     with pytest.raises(AMQPConnectionError) as err:  # the body frame is over frame_max: no fusing
         small.feed(oversized)
-    assert err.value.code == 501
+    assert err.value.reply_code == 501
     for data in cases:
         events = reader.feed(data)
         assert not any(isinstance(e, ContentMessage) for e in events), data
 
 
 def test_bad_headers_are_refused_on_their_channel_and_parsing_goes_on() -> None:
-    from lavinpy.amqp.reader import RefusedFrame
+    from lavinpy.wire.reader import RefusedFrame
 
     reader = FrameReader()
     reader.feed(PROTOCOL_HEADER)
@@ -398,12 +398,12 @@ def test_bad_headers_are_refused_on_their_channel_and_parsing_goes_on() -> None:
     assert [type(e).__name__ for e in events] == ["RefusedFrame", "HeaderFrame"]
     refused = events[0]
     assert isinstance(refused, RefusedFrame) and refused.channel == 3
-    assert refused.error.code == 406
+    assert refused.error.reply_code == 406
     assert refused.error.text == "PRECONDITION_FAILED - invalid headers property: unknown field type 0x5a at 'k'"
 
 
 def test_too_deep_method_arguments_are_a_channel_error_naming_the_argument() -> None:
-    from lavinpy.amqp.reader import RefusedFrame
+    from lavinpy.wire.reader import RefusedFrame
 
     deep: dict = {}
     for _ in range(80):
@@ -414,9 +414,9 @@ def test_too_deep_method_arguments_are_a_channel_error_naming_the_argument() -> 
     payload = struct.pack(">HH", 50, 10) + declare.marshal()
     (event,) = reader.feed(frame(1, 5, payload))
     assert isinstance(event, RefusedFrame) and event.channel == 5
-    assert (event.error.code, event.error.class_id, event.error.method_id) == (406, 50, 10)
+    assert (event.error.reply_code, event.error.class_id, event.error.method_id) == (406, 50, 10)
     assert "invalid queue.declare: tables and arrays nested deeper than 64 levels at 'arguments''x-custom'" \
         in event.error.text
     with pytest.raises(AMQPConnectionError) as err:  # on channel 0 there is no channel to close
         FrameReader().feed(PROTOCOL_HEADER + frame(1, 0, payload))
-    assert err.value.code == 406
+    assert err.value.reply_code == 406

@@ -11,9 +11,9 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from lavinpy.amqp import writer
-from lavinpy.amqp.constants import PROTOCOL_HEADER
-from lavinpy.amqp.reader import BodyFrame, FrameReader, HeaderFrame, HeartbeatFrame, MethodFrame
+from lavinpy.wire import writer
+from lavinpy.wire.constants import PROTOCOL_HEADER
+from lavinpy.wire.reader import BodyFrame, FrameReader, HeaderFrame, HeartbeatFrame, MethodFrame
 
 PROPS = commands.Basic.Properties(content_type="text/plain", delivery_mode=2, headers={"a": "b"}).marshal()
 

@@ -6,7 +6,6 @@ import datetime
 
 import pytest
 
-from lavinpy.amqp.errors import AMQPChannelError
 from lavinpy.broker.arguments import (
     ArgumentError,
     QueueSettings,
@@ -17,6 +16,7 @@ from lavinpy.broker.arguments import (
     validate_queue_arguments,
 )
 from lavinpy.broker.stream_arguments import parse_stream_offset, validate_stream_consumer, validate_stream_declare
+from lavinpy.wire.errors import AMQPChannelError
 
 
 def error_of(arguments: dict, **kw) -> ArgumentError:

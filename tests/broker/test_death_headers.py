@@ -7,7 +7,6 @@ import datetime
 import pytest
 from pamqp import commands
 
-from lavinpy.amqp.properties import decode_properties, encode_properties
 from lavinpy.broker.death_headers import (
     dead_letter_properties,
     death_routing_keys,
@@ -15,6 +14,7 @@ from lavinpy.broker.death_headers import (
     header_items,
     should_drop_cycle,
 )
+from lavinpy.wire.properties import decode_properties, encode_properties
 
 T0 = 1_700_000_000_123  # ms
 

@@ -10,9 +10,6 @@ from typing import Any
 import pytest
 from pamqp import commands
 
-from lavinpy.amqp.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
-from lavinpy.amqp.properties import decode_properties, encode_properties
 from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
 from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
@@ -21,6 +18,9 @@ from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
+from lavinpy.wire.errors import AMQPChannelError, AMQPConnectionError
+from lavinpy.wire.properties import decode_properties, encode_properties
 
 SEGMENT_SIZE = 4096
 BODY = 400
@@ -273,23 +273,23 @@ def test_retention_by_age(tmp_path: Path) -> None:
 def test_get_purge_and_consumer_validation_follow_rabbitmq(stream: StreamQueue) -> None:
     with pytest.raises(AMQPConnectionError) as e:
         stream.get()
-    assert e.value.code == NOT_IMPLEMENTED and "basic.get not supported by stream queues" in e.value.text
+    assert e.value.reply_code == NOT_IMPLEMENTED and "basic.get not supported by stream queues" in e.value.text
     with pytest.raises(AMQPConnectionError) as e:
         stream.purge()
-    assert e.value.code == NOT_IMPLEMENTED and (e.value.class_id, e.value.method_id) == (50, 30)
+    assert e.value.reply_code == NOT_IMPLEMENTED and (e.value.class_id, e.value.method_id) == (50, 30)
     with pytest.raises(AMQPChannelError) as e:
         validate_stream_consumer(False, 0, {}, queue="s")
-    assert e.value.code == PRECONDITION_FAILED and "prefetch count is not set" in e.value.text
+    assert e.value.reply_code == PRECONDITION_FAILED and "prefetch count is not set" in e.value.text
     with pytest.raises(AMQPConnectionError) as e:
         validate_stream_consumer(True, 10, {}, queue="s")
-    assert e.value.code == NOT_IMPLEMENTED and "automatic acknowledgement" in e.value.text
+    assert e.value.reply_code == NOT_IMPLEMENTED and "automatic acknowledgement" in e.value.text
     with pytest.raises(AMQPConnectionError) as e:
         validate_stream_consumer(False, 10, {}, queue="s", global_prefetch=5)
-    assert e.value.code == NOT_IMPLEMENTED and "global qos" in e.value.text
+    assert e.value.reply_code == NOT_IMPLEMENTED and "global qos" in e.value.text
     for bad in ("sometime", -1, 1.5, True, "0h"):
         with pytest.raises(AMQPChannelError) as e:
             validate_stream_consumer(False, 10, {"x-stream-offset": bad}, queue="s")
-        assert e.value.code == PRECONDITION_FAILED
+        assert e.value.reply_code == PRECONDITION_FAILED
     for good in ("first", "last", "next", 0, 5, "7D", datetime.datetime.now(datetime.UTC), b"first"):
         validate_stream_consumer(False, 10, {"x-stream-offset": good}, queue="s")
 
@@ -310,7 +310,7 @@ def test_declare_validation() -> None:
         kw.update(change)
         with pytest.raises(AMQPChannelError) as e:
             validate_stream_declare("s", "/", **kw)
-        assert e.value.code == PRECONDITION_FAILED and word in e.value.text
+        assert e.value.reply_code == PRECONDITION_FAILED and word in e.value.text
     assert parse_max_age("12h") == 12 * 3_600_000 and parse_max_age("7D") == 7 * 86_400_000
 
 

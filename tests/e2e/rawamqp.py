@@ -1,23 +1,24 @@
 """A tiny blocking raw-socket AMQP 0-9-1 client for tests that must send what real clients never do.
 
-Frames are built and parsed with pamqp (never with lavinpy's own codec, so these tests stay independent
-of it). Everything is explicit: the test decides which bytes go out and checks every frame that comes
-back.
+Frames are built and parsed with the shared codec (lavinpy.wire), over the network only; received
+frames are handed to tests as pamqp objects. Everything is explicit: the test decides which bytes go
+out and checks every frame that comes back.
 """
 
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from typing import Any
 
-from pamqp import commands, constants, encode, frame, header, heartbeat
-from pamqp import exceptions as pamqp_exceptions
+from pamqp import commands, constants, header, heartbeat
 from pamqp.body import ContentBody
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
+from lavinpy.wire import writer
+from lavinpy.wire.client import FRAME_HEAD, WireError, decode_method, split_frames
+from lavinpy.wire.constants import CLASS_BASIC, FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.properties import PropertiesError, decode_properties, encode_properties
 
 CLIENT_PROPERTIES: dict[str, Any] = {
     "product": "lavinpy-e2e-rawamqp",
@@ -37,17 +38,36 @@ class PeerClosed(Exception):
 
 def raw_frame(frame_type: int, channel: int, payload: bytes, end: bytes = b"\xce") -> bytes:
     """A frame with any type, channel, payload and frame-end byte (for malformed input)."""
-    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + end
+    return FRAME_HEAD.pack(frame_type, channel, len(payload)) + payload + end
 
 
 def method_payload(class_id: int, method_id: int, args: bytes = b"") -> bytes:
-    return struct.pack(">HH", class_id, method_id) + args
+    return ((class_id << 16) | method_id).to_bytes(4, "big") + args
 
 
 def amqplain_response(user: str, password: str) -> str:
     """An AMQPLAIN response: a field table without its 4-byte length prefix."""
-    encoded = encode.field_table({"LOGIN": user, "PASSWORD": password})
+    encoded = encode_table({"LOGIN": user, "PASSWORD": password})
     return encoded[4:].decode("latin-1")
+
+
+def _frame_value(frame_type: int, payload: bytes) -> Any:
+    """A received frame as the pamqp object tests compare against."""
+    if frame_type == FRAME_METHOD:
+        return decode_method(payload)
+    if frame_type == FRAME_HEADER:
+        if len(payload) < 14:
+            raise WireError(f"content header of {len(payload)} bytes")
+        class_id = int.from_bytes(payload[:2], "big")
+        if class_id != CLASS_BASIC:
+            raise WireError(f"content header of class {class_id}")
+        return header.ContentHeader(int.from_bytes(payload[2:4], "big"), int.from_bytes(payload[4:12], "big"),
+                                    decode_properties(payload[12:]))
+    if frame_type == FRAME_BODY:
+        return ContentBody(payload)
+    if frame_type == FRAME_HEARTBEAT and not payload:
+        return heartbeat.Heartbeat()
+    raise WireError(f"frame type {frame_type}")
 
 
 class RawAMQP:
@@ -71,20 +91,26 @@ class RawAMQP:
         self.sock.sendall(data)
 
     def send(self, channel: int, value: Any) -> None:
-        self.sock.sendall(frame.marshal(value, channel))
+        """Send a pamqp method, content header, content body or heartbeat, encoded by lavinpy.wire."""
+        if isinstance(value, header.ContentHeader):
+            head = CLASS_BASIC.to_bytes(2, "big") + bytes(2) + value.body_size.to_bytes(8, "big")  # weight 0
+            data = raw_frame(FRAME_HEADER, channel, head + encode_properties(value.properties))
+        elif isinstance(value, ContentBody):
+            data = raw_frame(FRAME_BODY, channel, value.value)
+        elif isinstance(value, heartbeat.Heartbeat):
+            data = writer.HEARTBEAT
+        else:
+            data = writer.method_frame(channel, value)
+        self.sock.sendall(data)
 
     def send_heartbeat(self) -> None:
-        self.sock.sendall(frame.marshal(heartbeat.Heartbeat(), 0))
+        self.sock.sendall(writer.HEARTBEAT)
 
     def content_frames(
         self, channel: int, body: bytes, properties: commands.Basic.Properties | None = None
     ) -> bytes:
-        out = [frame.marshal(header.ContentHeader(0, len(body), properties or commands.Basic.Properties()),
-                             channel)]
-        chunk = self.frame_max - 8
-        for i in range(0, len(body), chunk):
-            out.append(frame.marshal(ContentBody(body[i:i + chunk]), channel))
-        return b"".join(out)
+        raw = encode_properties(properties or commands.Basic.Properties())
+        return b"".join(writer.content_frames(channel, raw, body, self.frame_max))
 
     def publish(
         self,
@@ -98,7 +124,7 @@ class RawAMQP:
     ) -> None:
         method = commands.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory,
                                         immediate=immediate)
-        self.sock.sendall(frame.marshal(method, channel) + self.content_frames(channel, body, properties))
+        self.sock.sendall(writer.method_frame(channel, method) + self.content_frames(channel, body, properties))
 
     # --- receiving -------------------------------------------------------------------------------
 
@@ -132,19 +158,24 @@ class RawAMQP:
         """The next frame as (channel, pamqp object); heartbeats are returned too."""
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
-            if len(self.buf) >= 7:
-                size = struct.unpack_from(">I", self.buf, 3)[0]
-                if len(self.buf) >= size + 8:
-                    try:
-                        used, channel, value = frame.unmarshal(self.buf)
-                    except pamqp_exceptions.UnmarshalingException as e:
-                        raise AssertionError(f"server sent a malformed frame: {self.buf[:64]!r}: {e}")
-                    self.frames_seen.append((channel, value, used))
-                    self.buf = self.buf[used:]
-                    if isinstance(value, heartbeat.Heartbeat):
-                        self.heartbeats_seen += 1
-                    return channel, value
+            try:
+                frames, _used = split_frames(self.buf[:FRAME_HEAD.size + 1 + self._next_frame_size()])
+                if frames:
+                    frame_type, channel, payload = frames[0]
+                    value = _frame_value(frame_type, payload)
+            except (WireError, PropertiesError) as e:
+                raise AssertionError(f"server sent a malformed frame: {self.buf[:64]!r}: {e}")
+            if frames:
+                used = len(payload) + 8
+                self.frames_seen.append((channel, value, used))
+                self.buf = self.buf[used:]
+                if isinstance(value, heartbeat.Heartbeat):
+                    self.heartbeats_seen += 1
+                return channel, value
             self._fill(deadline)
+
+    def _next_frame_size(self) -> int:
+        return FRAME_HEAD.unpack_from(self.buf)[2] if len(self.buf) >= FRAME_HEAD.size else 0
 
     def expect(self, cls: type, channel: int | None = None, timeout: float | None = None) -> Any:
         """The next non-heartbeat frame, which must be an instance of cls (on channel, if given)."""

@@ -10,7 +10,7 @@ import stat
 import pika
 import pytest
 
-from lavinpy.amqp.errors import AMQPChannelError
+from lavinpy.wire.errors import AMQPChannelError
 
 from . import channel_closed, uid
 from .conftest import lavinpy_only, rabbit_password_hash
@@ -111,12 +111,12 @@ def test_set_policy_checks_the_acting_user(inproc):
     definition = {"dead-letter-exchange": "amq.direct"}
     with pytest.raises(AMQPChannelError) as e:
         b.call(vhost.set_policy, "p1", "^mine", definition, user="maker")
-    assert e.value.code == 403
+    assert e.value.reply_code == 403
     assert e.value.text == "ACCESS_REFUSED - write access to exchange 'amq.direct' in vhost '/' refused " \
                            "for user 'maker'"
     with pytest.raises(AMQPChannelError) as e:
         b.call(vhost.set_policy, "p1", "^mine", {"alternate-exchange": "mine-ae"}, user="plain")
-    assert e.value.code == 403 and "policymaker" in e.value.text
+    assert e.value.reply_code == 403 and "policymaker" in e.value.text
     assert b.call(vhost.policies.get, "p1") is None
     # a target the user may write to is fine; so is anything for a trusted (internal) caller
     b.call(vhost.set_policy, "p1", "^mine", {"alternate-exchange": "mine-ae"}, user="maker")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.spark import wire
 from lavinpy.spark.client import AMQPParams, BrokerClosed, Connection
 from lavinpy.spark.options import FIRST, LAST, NEXT, OptionError, ReadOptions, WriteOptions, parse_start
 from lavinpy.spark.publisher import ConfirmPublisher, PublishError
+from lavinpy.wire import field_table, properties
 
 from .conftest import EXTERNAL_URL, REPO_ROOT, _free_port, _port_open, drain, unique
 
@@ -29,17 +29,17 @@ def test_field_table_round_trip() -> None:
     table = {"s": "text", "i": -5, "big": 1 << 40, "t": True, "f": 1.5, "b": b"\x00raw",
              "ts": dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=dt.UTC), "d": Decimal("12.34"),
              "nested": {"a": [1, "two", None]}, "none": None}
-    encoded = wire.encode_table(table)
-    assert wire.decode_table(encoded, 4, len(encoded)) == table
+    encoded = field_table.encode_table(table)
+    assert field_table.decode_table(encoded, 4, len(encoded), typed=False) == table
 
 
 def test_properties_round_trip() -> None:
-    raw = wire.encode_properties(content_type="application/json", headers={"k": "v"}, delivery_mode=2, priority=7,
-                                 correlation_id="c", reply_to="r", expiration="1000", message_id="m",
-                                 timestamp=1700000000, type="t", user_id="guest", app_id="a", content_encoding="gzip")
-    flags = int.from_bytes(raw[:2], "big")
-    props = wire.decode_properties(raw, 2, flags)
-    assert dict(zip(wire.PROPERTY_NAMES, props, strict=True)) == {
+    raw = properties.encode_property_values(
+        content_type="application/json", headers={"k": "v"}, delivery_mode=2, priority=7, correlation_id="c",
+        reply_to="r", expiration="1000", message_id="m",
+        timestamp=1700000000, type="t", user_id="guest", app_id="a", content_encoding="gzip")
+    props = properties.property_values(raw, typed=False)
+    assert dict(zip(properties.PROPERTY_NAMES, props, strict=True)) == {
         "content_type": "application/json", "content_encoding": "gzip", "headers": {"k": "v"}, "delivery_mode": 2,
         "priority": 7, "correlation_id": "c", "reply_to": "r", "expiration": "1000", "message_id": "m",
         "timestamp": 1700000000, "type": "t", "user_id": "guest", "app_id": "a", "cluster_id": None}
@@ -99,7 +99,7 @@ def test_publisher_confirms_everything(broker, admin) -> None:
     with Connection(AMQPParams.from_url(broker.url)).open() as conn:
         pub = ConfirmPublisher(conn, max_in_flight=500)
         for i in range(5000):
-            pub.publish("", queue, b"m%d" % i, wire.encode_properties(delivery_mode=2))
+            pub.publish("", queue, b"m%d" % i, properties.encode_property_values(delivery_mode=2))
         pub.wait_for_confirms()
         assert pub.unconfirmed == 0 and pub.published == 5000
         pub.close()
@@ -148,7 +148,7 @@ class _FakeConnection:
 def _ack(tag: int, multiple: bool, nack: bool = False) -> tuple[int, int, bytes]:
     method_id = 120 if nack else 80
     payload = (60).to_bytes(2, "big") + method_id.to_bytes(2, "big") + tag.to_bytes(8, "big")
-    return (wire.FRAME_METHOD, 1, payload + (b"\x01" if multiple else b"\x00"))
+    return (1, 1, payload + (b"\x01" if multiple else b"\x00"))
 
 
 def test_confirm_tracking_with_nacks() -> None:

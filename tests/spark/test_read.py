@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.spark import wire
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
 from lavinpy.spark.streams import StreamClient
+from lavinpy.wire import properties
 
 from .conftest import error_text, unique
 
@@ -27,8 +27,9 @@ def publish(url: str, queue: str, start: int, count: int) -> None:
     with Connection(AMQPParams.from_url(url)).open() as conn:
         pub = ConfirmPublisher(conn)
         for i in range(start, start + count):
-            props = wire.encode_properties(headers={"i": i, "kind": "test"}, message_id=str(i), delivery_mode=2,
-                                           content_type="text/plain", timestamp=1700000000 + i)
+            props = properties.encode_property_values(
+                headers={"i": i, "kind": "test"}, message_id=str(i), delivery_mode=2, content_type="text/plain",
+                timestamp=1700000000 + i)
             pub.publish("", queue, b"m%d" % i, props)
         pub.wait_for_confirms()
         pub.close()

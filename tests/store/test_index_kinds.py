@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.amqp.properties import encode_properties
 from lavinpy.broker.priorities import priority_kind
 from lavinpy.store.delayed_index import DelayedIndex
 from lavinpy.store.index_kinds import FIFO, STREAM, ByDueTime, ByPriority
@@ -15,6 +14,7 @@ from lavinpy.store.priority_index import PriorityIndex
 from lavinpy.store.queue_index import QueueIndex
 from lavinpy.store.stream_index import StreamIndex
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.properties import encode_properties
 
 
 def open_store(path: Path) -> VhostStore:

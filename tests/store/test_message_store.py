@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store.message_store import MessageStore, MissingRecord
-from lavinpy.store.position import make_pos, pos_offset, pos_segment
 from lavinpy.store.record import CorruptRecord, StoredMessage
 from lavinpy.store.segment import DATA_START, segment_name
+from lavinpy.wire.position import make_pos, pos_offset, pos_segment
 
 SEG = 4096  # small segments so that a few hundred messages roll over many times
 PROPS = b"\x10\x00\x02"  # delivery_mode = 2
@@ -387,7 +387,7 @@ def test_release_memory_unmaps_sealed_pages_and_keeps_the_data(tmp_path: Path) -
     body = bytes(range(256)) * 16  # 4 KiB
     positions = [store.append("ex", "rk", b"\x00\x00", body) for _ in range(1500)]  # ~6 MiB, 6 segments
     for pos in positions:
-        store.incref(pos & 0xFFFFFFFF)
+        store.incref(pos_segment(pos))
     before = _mapped_rss_kb(str(tmp_path))
     assert before > 4000
     released = store.release_memory()

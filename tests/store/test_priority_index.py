@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.amqp.properties import encode_properties
 from lavinpy.broker.priorities import message_priority, priority_kind
 from lavinpy.store.message_store import MessageStore
-from lavinpy.store.position import pos_segment
 from lavinpy.store.priority_index import PriorityIndex
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.position import pos_segment
+from lavinpy.wire.properties import encode_properties
 
 SEG = 4096
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store.message_store import MessageStore
-from lavinpy.store.position import make_pos, pos_segment
-from lavinpy.store.queue_index import QueueIndex, enq_order_key
+from lavinpy.store.queue_index import QueueIndex
+from lavinpy.wire.position import enq_order_key, make_pos, pos_segment
 
 SEGMENT_SIZE = 4096
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from lavinpy.amqp.properties import properties_length
 from lavinpy.store.record import (
     HEADER_SIZE,
     CorruptRecord,
@@ -23,6 +22,7 @@ from lavinpy.store.record import (
     record_size,
     write_record,
 )
+from lavinpy.wire.properties import properties_length
 
 
 def all_properties() -> bytes:

@@ -10,8 +10,8 @@ import pytest
 
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.message_store import CorruptRecord
-from lavinpy.store.position import pos_offset, pos_segment
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.position import pos_offset, pos_segment
 
 SEGMENT_SIZE = 16 * 1024
 

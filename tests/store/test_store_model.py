@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from lavinpy.store.position import pos_segment
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.position import pos_segment
 
 SEGMENT_SIZE = 4096
 ACK_FILE_MAX_BYTES = 8 * 8

@@ -10,10 +10,10 @@ from array import array
 from pathlib import Path
 
 from lavinpy.store.index_kinds import STREAM
-from lavinpy.store.position import make_pos, pos_segment
 from lavinpy.store.segment import segment_name
 from lavinpy.store.stream_index import CHUNK_ENTRIES, META_FILE, StreamIndex
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.position import make_pos, pos_segment
 
 SEGMENT_SIZE = 4096
 BODY = 400  # about 9 records per 4 KiB segment

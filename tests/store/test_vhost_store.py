@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store.datadir import sha1_name
-from lavinpy.store.position import pos_segment
 from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire.position import pos_segment
 
 
 def run_async(fn):

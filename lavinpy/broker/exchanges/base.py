@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from typing import Any, ClassVar, NamedTuple
 
-from lavinpy.amqp.constants import PRECONDITION_FAILED
-from lavinpy.amqp.errors import AMQPChannelError
+from lavinpy.wire.constants import PRECONDITION_FAILED
+from lavinpy.wire.errors import AMQPChannelError
 
 
 class InvalidBinding(AMQPChannelError, ValueError):

@@ -23,7 +23,6 @@ from collections.abc import Callable, Collection, Hashable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from lavinpy.amqp.properties import PropertiesError
 from lavinpy.broker.arguments import ArgumentError
 from lavinpy.broker.death_headers import decode_value, header_items, set_header, signedint, with_header_items
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange
@@ -35,6 +34,7 @@ from lavinpy.store.delayed_index import DelayedIndex
 from lavinpy.store.index_kinds import ByDueTime
 from lavinpy.store.message_store import MissingRecord
 from lavinpy.store.record import CorruptRecord, StoredMessage
+from lavinpy.wire.properties import PropertiesError
 
 if TYPE_CHECKING:
     from lavinpy.store.vhost_store import VhostStore

@@ -250,17 +250,38 @@ def replace_field(raw: bytes | bytearray | memoryview, name: str, value: object)
     Every other field keeps its exact bytes. Names are those of ``FIELDS``; "message_type" is accepted
     for "type". Raises KeyError for an unknown name, ValueError for a value the field cannot hold.
     """
-    bit, kind = _KIND_BY_NAME[name]
+    _bit, kind = _KIND_BY_NAME[name]
+    return replace_encoded_field(raw, name, None if value is None else _encode_field(name, kind, value))
+
+
+def replace_encoded_field(raw: bytes | bytearray | memoryview, name: str, encoded: bytes | None) -> bytes:
+    """The same property block with field ``name`` set to its wire encoding ``encoded`` (None removes it);
+    for headers, ``encoded`` is the 4-byte length and the entries."""
+    bit = _KIND_BY_NAME[name][0]
     flags, start, stop, fields_start = _field_span(raw, bit)
-    if value is None:
-        new_flags = flags & ~bit
-        encoded = b""
-    else:
-        new_flags = flags | bit
-        encoded = _encode_field(name, kind, value)
+    new_flags = flags & ~bit if encoded is None else flags | bit
     raw_bytes = bytes(raw)
     return (new_flags.to_bytes(2, "big") + raw_bytes[2:fields_start] + raw_bytes[fields_start:start]
-            + encoded + raw_bytes[stop:])
+            + (encoded or b"") + raw_bytes[stop:])
+
+
+def headers_span(raw: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(start, stop) of the headers table, its 4-byte length included; start == stop (where it would
+    be inserted) when there are no headers. Raises PropertiesError when the block is truncated."""
+    _flags, start, stop, _fields_start = _field_span(raw, _HEADERS_BIT)
+    return start, stop
+
+
+def append_header_entry(raw: bytes | bytearray | memoryview, entry: bytes) -> bytes:
+    """The same property block with one encoded table entry (name, tag, value) added at the end of
+    its headers, which are created when absent; every other byte is kept."""
+    flags, start, stop, fields_start = _field_span(raw, _HEADERS_BIT)
+    raw_bytes = bytes(raw)
+    if start == stop:
+        return ((flags | _HEADERS_BIT).to_bytes(2, "big") + raw_bytes[2:start] + len(entry).to_bytes(4, "big")
+                + entry + raw_bytes[start:])
+    size = stop - start - 4 + len(entry)
+    return raw_bytes[:start] + size.to_bytes(4, "big") + raw_bytes[start + 4:stop] + entry + raw_bytes[stop:]
 
 
 def replace_headers(raw: bytes | bytearray | memoryview, headers: dict | None) -> bytes:
@@ -268,22 +289,36 @@ def replace_headers(raw: bytes | bytearray | memoryview, headers: dict | None) -
     return replace_field(raw, "headers", headers)
 
 
-# --- Full decode / encode through pamqp -------------------------------------------------------------
+# --- Full decode / encode ---------------------------------------------------------------------------
 
-def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Properties:
-    """Decode a whole property block into pamqp's ``Basic.Properties``.
+PROPERTY_NAMES: tuple[str, ...] = tuple(name for name, _bit, _kind in FIELDS)
 
-    Short strings that are not UTF-8 decode with surrogateescape; a timestamp past year 9999 stays an
-    int (``Timestamp``); headers decode with the field-table codec (typed values).
+
+def property_values(buf: bytes | bytearray | memoryview, offset: int = 0, end: int | None = None, *,
+                    typed: bool = True) -> list[object]:
+    """Every field of the property block ``buf[offset:end]``, in ``PROPERTY_NAMES`` order (None: absent).
+
+    ``typed`` (the broker): header values keep their wire types, a timestamp is a datetime (a
+    ``Timestamp`` int past year 9999). Otherwise (clients): plain Python values, a timestamp in
+    epoch seconds. Short strings that are not UTF-8 decode with surrogateescape.
     Raises PropertiesError when the block is truncated, has trailing bytes, or a table is malformed.
     """
-    length = properties_length(raw)
-    if length != len(raw):
-        raise PropertiesError(f"property block has {len(raw) - length} trailing bytes")
-    data = bytes(raw)
-    flags, pos = _flags_and_start(data)
-    props = commands.Basic.Properties()
-    for name, bit, kind in FIELDS:
+    if offset or end is not None or not isinstance(buf, bytes):
+        buf = bytes(buf[offset:end])  # only the block: callers may pass a whole receive buffer
+        offset = 0
+    data = buf
+    stop_at = len(data)
+    block_end = properties_end(data, offset, stop_at)
+    if block_end != stop_at:
+        raise PropertiesError(f"property block has {stop_at - block_end} trailing bytes")
+    flags = (data[offset] << 8) | data[offset + 1]
+    pos = offset + 2
+    more = flags
+    while more & _CONTINUATION:
+        more = (data[pos] << 8) | data[pos + 1]
+        pos += 2
+    values: list[object] = [None] * len(FIELDS)
+    for index, (_name, bit, kind) in enumerate(FIELDS):
         if not flags & bit:
             continue
         if kind == _SHORTSTR:
@@ -292,7 +327,7 @@ def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Pro
         elif kind == _TABLE:
             stop = pos + 4 + int.from_bytes(data[pos:pos + 4], "big")
             try:
-                value = decode_table(data, pos + 4, stop)
+                value = decode_table(data, pos + 4, stop, typed=typed)
             except FieldTableError as err:
                 raise PropertiesError(f"headers table malformed: {err}") from err
         elif kind == _OCTET:
@@ -301,11 +336,45 @@ def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Pro
         else:
             stop = pos + 8
             seconds = int.from_bytes(data[pos:stop], "big")
-            value = (_EPOCH + datetime.timedelta(seconds=seconds) if seconds <= _MAX_DATETIME_SECONDS
-                     else Timestamp(seconds))
-        setattr(props, "message_type" if name == "type" else name, value)
+            if not typed:
+                value = seconds
+            elif seconds <= _MAX_DATETIME_SECONDS:
+                value = _EPOCH + datetime.timedelta(seconds=seconds)
+            else:
+                value = Timestamp(seconds)
+        values[index] = value
         pos = stop
+    return values
+
+
+def decode_properties(raw: bytes | bytearray | memoryview) -> commands.Basic.Properties:
+    """Decode a whole property block into pamqp's ``Basic.Properties`` (typed ``property_values``)."""
+    props = commands.Basic.Properties()
+    for name, value in zip(PROPERTY_NAMES, property_values(raw), strict=True):
+        if value is not None:
+            setattr(props, "message_type" if name == "type" else name, value)
     return props
+
+
+def encode_property_values(**values: object) -> bytes:
+    """The property block (flags + present fields) of the given fields; None or missing: absent.
+
+    Names are those of ``PROPERTY_NAMES`` ("message_type" is accepted for "type"); a timestamp may
+    be a datetime or an int of epoch seconds. Raises KeyError / ValueError as ``replace_field``.
+    """
+    for name in values:
+        if name not in _KIND_BY_NAME:
+            raise KeyError(name)
+    if "message_type" in values:
+        values.setdefault("type", values.pop("message_type"))
+    flags = 0
+    parts = []
+    for name, bit, kind in FIELDS:
+        value = values.get(name)
+        if value is not None:
+            flags |= bit
+            parts.append(_encode_field(name, kind, value))
+    return flags.to_bytes(2, "big") + b"".join(parts)
 
 
 def encode_properties(props: commands.Basic.Properties) -> bytes:

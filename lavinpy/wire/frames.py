@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lavinpy.amqp.errors import AMQPChannelError
+from lavinpy.wire.errors import AMQPChannelError
 
 # --- Frame events --------------------------------------------------------------------------------
 

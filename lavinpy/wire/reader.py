@@ -16,7 +16,7 @@ from typing import Any
 
 from pamqp import commands
 
-from lavinpy.amqp.constants import (
+from lavinpy.wire.constants import (
     FRAME_BODY,
     FRAME_ERROR,
     FRAME_HEADER,
@@ -27,8 +27,9 @@ from lavinpy.amqp.constants import (
     PRECONDITION_FAILED,
     PROTOCOL_HEADER,
 )
-from lavinpy.amqp.errors import AMQPChannelError, AMQPConnectionError
-from lavinpy.amqp.frames import (
+from lavinpy.wire.errors import AMQPChannelError, AMQPConnectionError
+from lavinpy.wire.field_table import FieldTableError, validate_table
+from lavinpy.wire.frames import (
     _HEARTBEAT_EVENT,
     Ack,
     BodyFrame,
@@ -42,8 +43,7 @@ from lavinpy.amqp.frames import (
     RefusedFrame,
     Reject,
 )
-from lavinpy.amqp.properties import PropertiesError, properties_end, validate_headers
-from lavinpy.wire.field_table import FieldTableError, validate_table
+from lavinpy.wire.properties import PropertiesError, properties_end, validate_headers
 
 __all__ = [
     "Ack",
@@ -269,7 +269,7 @@ class FrameReader:
                         method = _decode_method(src, start, fend)
                     except AMQPChannelError as err:
                         if channel == 0:
-                            raise AMQPConnectionError(err.code, err.detail, err.class_id, err.method_id)
+                            raise AMQPConnectionError(err.reply_code, err.detail, err.class_id, err.method_id)
                         append(RefusedFrame(channel, err))
                         continue
                 append(method_frame(channel, method))

@@ -1,4 +1,4 @@
-"""amqps:// for lavinpy's own clients (the Spark data source, lavinpy-perf).
+"""amqp:// and amqps:// URLs for lavinpy's own clients (the Spark data source, lavinpy-perf): schemes, ports, TLS.
 
 TLS options ride in the URL query with the names of RabbitMQ's URI spec: cacertfile, certfile,
 keyfile, verify (verify_peer, the default, or verify_none) and server_name_indication.

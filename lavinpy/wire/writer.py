@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from lavinpy.amqp.constants import (
+from lavinpy.wire.constants import (
     CLASS_BASIC,
     FRAME_BODY,
     FRAME_END,

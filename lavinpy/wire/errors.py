@@ -1,0 +1,51 @@
+"""Errors carrying an AMQP reply code and text, raised by the model and the codec alike.
+
+The AMQP session turns them into channel.close / connection.close; another front end (an HTTP API)
+can map ``reply_code`` to its own status codes. Plain attributes, no protocol objects.
+"""
+
+from __future__ import annotations
+
+from lavinpy.wire.constants import REPLY_NAMES
+
+# reply-text is a shortstr on the wire: at most 255 bytes of UTF-8.
+_SHORTSTR_MAX = 255
+
+
+def _fit_shortstr(text: str) -> str:
+    # Names decoded from a client's non-UTF-8 bytes hold surrogates: show them escaped.
+    encoded = text.encode("utf-8", "backslashreplace")
+    if len(encoded) <= _SHORTSTR_MAX:
+        return encoded.decode("utf-8")
+    # Cut on a byte boundary; "ignore" drops a multi-byte character split at the end.
+    return encoded[:_SHORTSTR_MAX].decode("utf-8", "ignore")
+
+
+class AMQPError(Exception):
+    """An error with ``reply_code`` and ``text`` (what a close method carries) and the offending method's ids.
+
+    ``text`` starts with the reply code's name, the way RabbitMQ writes it
+    ("NOT_FOUND - no queue 'x' in vhost '/'"), and is cut to 255 UTF-8 bytes so it always encodes.
+    ``frames`` holds the frames a ``FrameReader.feed`` call decoded before it met the error.
+    """
+
+    def __init__(self, reply_code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.reply_code = reply_code
+        self.detail = detail
+        self.text = _fit_shortstr(f"{REPLY_NAMES.get(reply_code, 'UNKNOWN')} - {detail}")
+        self.class_id = class_id
+        self.method_id = method_id
+        # Set by FrameReader.feed: frames decoded from the same input before the error.
+        self.frames: list = []
+        super().__init__(self.text)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.reply_code}, {self.text!r}, {self.class_id}, {self.method_id})"
+
+
+class AMQPConnectionError(AMQPError):
+    """A hard error: the session sends connection.close and closes the connection."""
+
+
+class AMQPChannelError(AMQPError):
+    """A soft error: the session sends channel.close; the connection and its other channels go on."""
