@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..amqp.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 from ..amqp.errors import AMQPChannelError
 from ..store.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password
+from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from .permissions import check_policy
 from .policies import Policy, PolicyError
 from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, VHost
@@ -29,30 +30,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.admin")
 
-ADMINISTRATOR = "administrator"
-MONITORING = "monitoring"
-POLICYMAKER = "policymaker"
-MANAGEMENT = "management"
+def is_admin(actor: Actor | None) -> bool:
+    return actor is None or actor.is_admin()
 
 
-class ActorLike(Protocol):
-    """The acting user: a name and its tags (``broker.actor.Actor``)."""
-
-    name: str
-    tags: Iterable[str]
-
-
-def _tags(actor: ActorLike) -> frozenset[str]:
-    return frozenset(actor.tags)
-
-
-def is_admin(actor: ActorLike | None) -> bool:
-    return actor is None or ADMINISTRATOR in _tags(actor)
-
-
-def sees_all_vhosts(actor: ActorLike | None) -> bool:
+def sees_all_vhosts(actor: Actor | None) -> bool:
     """Administrators and monitoring users see every vhost (read-only for monitoring)."""
-    return actor is None or bool({ADMINISTRATOR, MONITORING} & _tags(actor))
+    return actor is None or actor.can_monitor()
 
 
 def _refused(detail: str) -> AMQPChannelError:
@@ -67,7 +51,7 @@ def _bad(detail: str) -> AMQPChannelError:
     return AMQPChannelError(PRECONDITION_FAILED, detail)
 
 
-def require_admin(actor: ActorLike | None) -> None:
+def require_admin(actor: Actor | None) -> None:
     if not is_admin(actor):
         assert actor is not None
         raise _refused(f"user '{actor.name}' is not an administrator")
@@ -124,14 +108,14 @@ class AdminOperations:
 
     # -- visibility ----------------------------------------------------------------------------
 
-    def visible_vhosts(self, actor: ActorLike | None) -> list[VHost]:
+    def visible_vhosts(self, actor: Actor | None) -> list[VHost]:
         vhosts = self.users.vhosts()
         if sees_all_vhosts(actor):
             return vhosts
         assert actor is not None
         return [v for v in vhosts if self.users.can_access_vhost(actor.name, v.name)]
 
-    def check_vhost_visible(self, actor: ActorLike | None, vhost: str) -> None:
+    def check_vhost_visible(self, actor: Actor | None, vhost: str) -> None:
         """404 for a missing vhost; 403 when the actor has no permissions on it (and is no monitor)."""
         if not self.users.vhost_exists(vhost):
             raise _not_found(f"no vhost '{vhost}'")
@@ -142,18 +126,18 @@ class AdminOperations:
 
     # -- users ---------------------------------------------------------------------------------
 
-    def list_users(self, actor: ActorLike | None) -> list[User]:
+    def list_users(self, actor: Actor | None) -> list[User]:
         require_admin(actor)
         return sorted(self.users.users(), key=lambda u: u.name)
 
-    def get_user(self, actor: ActorLike | None, name: str) -> User:
+    def get_user(self, actor: Actor | None, name: str) -> User:
         require_admin(actor)
         user = self.users.user(name)
         if user is None:
             raise _not_found(f"no user '{name}'")
         return user
 
-    def put_user(self, actor: ActorLike | None, name: str, body: Mapping[str, Any]) -> bool:
+    def put_user(self, actor: Actor | None, name: str, body: Mapping[str, Any]) -> bool:
         """Create or update a user (RabbitMQ's PUT /api/users/{name} body); True when created."""
         require_admin(actor)
         if not name:
@@ -171,17 +155,17 @@ class AdminOperations:
             self.users.set_tags(name, tags)
         return False
 
-    def change_password(self, actor: ActorLike | None, name: str, password: str) -> None:
+    def change_password(self, actor: Actor | None, name: str, password: str) -> None:
         require_admin(actor)
         self._existing_user(name)
         self.users.change_password(name, password)
 
-    def set_tags(self, actor: ActorLike | None, name: str, tags: Iterable[str]) -> None:
+    def set_tags(self, actor: Actor | None, name: str, tags: Iterable[str]) -> None:
         require_admin(actor)
         self._existing_user(name)
         self.users.set_tags(name, list(tags))
 
-    def delete_user(self, actor: ActorLike | None, name: str) -> None:
+    def delete_user(self, actor: Actor | None, name: str) -> None:
         require_admin(actor)
         try:
             self.users.delete_user(name)
@@ -196,13 +180,13 @@ class AdminOperations:
 
     # -- vhosts --------------------------------------------------------------------------------
 
-    def get_vhost(self, actor: ActorLike | None, name: str) -> VHost:
+    def get_vhost(self, actor: Actor | None, name: str) -> VHost:
         self.check_vhost_visible(actor, name)
         vhost = self.users.vhost(name)
         assert vhost is not None
         return vhost
 
-    def put_vhost(self, actor: ActorLike | None, name: str, description: str = "",
+    def put_vhost(self, actor: Actor | None, name: str, description: str = "",
                   tags: Iterable[str] = ()) -> bool:
         """Create a vhost (opened at once) or accept a redeclare; True when created."""
         require_admin(actor)
@@ -222,7 +206,7 @@ class AdminOperations:
             vhost.start_flusher()
         return True
 
-    def delete_vhost(self, actor: ActorLike | None, name: str) -> None:
+    def delete_vhost(self, actor: Actor | None, name: str) -> None:
         """Close the vhost's connections (320), then drop its queues, messages and permissions."""
         require_admin(actor)
         if not self.users.vhost_exists(name):
@@ -237,7 +221,7 @@ class AdminOperations:
 
     # -- permissions ---------------------------------------------------------------------------
 
-    def list_permissions(self, actor: ActorLike | None, *, vhost: str | None = None,
+    def list_permissions(self, actor: Actor | None, *, vhost: str | None = None,
                          user: str | None = None) -> list[dict[str, str]]:
         require_admin(actor)
         if vhost is not None and not self.users.vhost_exists(vhost):
@@ -254,13 +238,13 @@ class AdminOperations:
                                    "write": p.write, "read": p.read})
         return result
 
-    def get_permissions(self, actor: ActorLike | None, vhost: str, user: str) -> dict[str, str]:
+    def get_permissions(self, actor: Actor | None, vhost: str, user: str) -> dict[str, str]:
         found = self.list_permissions(actor, vhost=vhost, user=user)
         if not found:
             raise _not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
         return found[0]
 
-    def set_permissions(self, actor: ActorLike | None, vhost: str, user: str,
+    def set_permissions(self, actor: Actor | None, vhost: str, user: str,
                         body: Mapping[str, Any]) -> bool:
         """Grant configure/write/read regexes; True when the user had none on the vhost before."""
         require_admin(actor)
@@ -281,7 +265,7 @@ class AdminOperations:
             raise _bad(f"permissions of user '{user}' in vhost '{vhost}': {e}") from None
         return created
 
-    def clear_permissions(self, actor: ActorLike | None, vhost: str, user: str) -> None:
+    def clear_permissions(self, actor: Actor | None, vhost: str, user: str) -> None:
         require_admin(actor)
         if self.users.permissions(user, vhost) is None:
             raise _not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
@@ -289,12 +273,12 @@ class AdminOperations:
 
     # -- policies ------------------------------------------------------------------------------
 
-    def _may_read_policies(self, actor: ActorLike | None) -> None:
-        if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & _tags(actor)):
+    def _may_read_policies(self, actor: Actor | None) -> None:
+        if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
             raise _refused(f"user '{actor.name}' may not see policies "
                            "(needs the policymaker, monitoring or administrator tag)")
 
-    def list_policies(self, actor: ActorLike | None, vhost: str | None = None) -> list[dict[str, Any]]:
+    def list_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
         self._may_read_policies(actor)
         if vhost is not None:
             self.check_vhost_visible(actor, vhost)
@@ -308,7 +292,7 @@ class AdminOperations:
                 result.extend(policy_json(name, p) for p in sorted(model.policies.list(), key=lambda p: p.name))
         return result
 
-    def get_policy(self, actor: ActorLike | None, vhost: str, name: str) -> dict[str, Any]:
+    def get_policy(self, actor: Actor | None, vhost: str, name: str) -> dict[str, Any]:
         self._may_read_policies(actor)
         self.check_vhost_visible(actor, vhost)
         policy = self.broker.vhosts[vhost].policies.get(name)
@@ -316,7 +300,7 @@ class AdminOperations:
             raise _not_found(f"no policy '{name}' in vhost '{vhost}'")
         return policy_json(vhost, policy)
 
-    def set_policy(self, actor: ActorLike | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
+    def set_policy(self, actor: Actor | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
         """Add or replace a policy (applied at once to existing queues and exchanges); True when new."""
         model = self._policy_vhost(actor, vhost, body.get("definition"))
         if "pattern" not in body:
@@ -331,15 +315,15 @@ class AdminOperations:
             raise _bad(str(e)) from None
         return created
 
-    def clear_policy(self, actor: ActorLike | None, vhost: str, name: str) -> None:
+    def clear_policy(self, actor: Actor | None, vhost: str, name: str) -> None:
         model = self._policy_vhost(actor, vhost, None)
         if not model.delete_policy(name):
             raise _not_found(f"no policy '{name}' in vhost '{vhost}'")
 
-    def _policy_vhost(self, actor: ActorLike | None, vhost: str, definition: Any):  # noqa: ANN202
+    def _policy_vhost(self, actor: Actor | None, vhost: str, definition: Any):  # noqa: ANN202
         if not self.users.vhost_exists(vhost):
             raise _not_found(f"no vhost '{vhost}'")
-        if actor is not None:
+        if actor is not None and not actor.is_admin():  # administrators see and change every vhost
             check_policy(self.users, actor.name, vhost,
                          definition if isinstance(definition, Mapping) else {})
         return self.broker.vhosts[vhost]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..amqp.constants import PRECONDITION_FAILED
 from ..amqp.errors import AMQPChannelError, AMQPError
-from .admin_operations import ActorLike, AdminOperations, parse_tags, password_spec, require_admin, user_json
+from .actor import Actor
+from .admin_operations import AdminOperations, parse_tags, password_spec, require_admin, user_json
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
 from .exchanges.base import Exchange
 from .exchanges.registry import EXCHANGE_TYPES, UnknownExchangeType, make_exchange
@@ -41,7 +42,7 @@ def _exportable_exchange(exchange: Exchange) -> bool:
     return bool(exchange.name) and not exchange.name.startswith("amq.")
 
 
-def export_definitions(broker: Broker, actor: ActorLike | None, vhost: str | None = None) -> dict[str, Any]:
+def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = None) -> dict[str, Any]:
     """The broker's (or one vhost's) definitions, as RabbitMQ's GET /api/definitions[/{vhost}]."""
     require_admin(actor)
     ops = AdminOperations(broker)
@@ -162,7 +163,7 @@ class _Plan:
             self.changes.append(entry)
 
 
-def import_definitions(broker: Broker, actor: ActorLike | None, doc: Any, *, vhost: str | None = None,
+def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: str | None = None,
                        dry_run: bool = False) -> list[dict[str, str]]:
     """Check the whole document, then apply it (unless ``dry_run``); returns what changes."""
     require_admin(actor)
