@@ -23,10 +23,11 @@ from ..store.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from .permissions import check_policy
 from .policies import Policy, PolicyError
-from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, VHost
+from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHost
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .vhost import VHost as VHostModel
 
 log = logging.getLogger("lavinpy.admin")
 
@@ -102,7 +103,7 @@ class AdminOperations:
         self.broker = broker
 
     @property
-    def users(self):  # noqa: ANN201 - the broker's UserStore
+    def users(self) -> UserStore:
         assert self.broker.users is not None
         return self.broker.users
 
@@ -320,7 +321,7 @@ class AdminOperations:
         if not model.delete_policy(name):
             raise _not_found(f"no policy '{name}' in vhost '{vhost}'")
 
-    def _policy_vhost(self, actor: Actor | None, vhost: str, definition: Any):  # noqa: ANN202
+    def _policy_vhost(self, actor: Actor | None, vhost: str, definition: Any) -> VHostModel:
         if not self.users.vhost_exists(vhost):
             raise _not_found(f"no vhost '{vhost}'")
         if actor is not None and not actor.is_admin():  # administrators see and change every vhost
