@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..amqp.constants import PRECONDITION_FAILED
 from ..amqp.errors import AMQPChannelError, AMQPError
+from . import operations_objects as objects
 from .actor import Actor
 from .admin_operations import AdminOperations, parse_tags, password_spec, require_admin, user_json
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
@@ -365,25 +366,25 @@ def _apply(broker: Broker, ops: AdminOperations, plan: _Plan) -> None:
             broker.vhosts[vhost].set_policy(name, payload.pattern, dict(payload.definition),
                                             payload.priority, payload.apply_to)
         elif kind == "exchange":
+            # The actor was checked as an administrator: the objects are declared as a trusted caller.
             type_name, durable, auto_delete, internal, arguments = payload
             model = broker.vhosts[vhost]
             if name not in model.exchanges:
-                model.declare_exchange(name, type_name, durable=durable, auto_delete=auto_delete,
-                                       internal=internal, arguments=arguments)
+                objects.declare_exchange(None, model, name, type_name, durable=durable,
+                                         auto_delete=auto_delete, internal=internal, arguments=arguments)
         elif kind == "queue":
             durable, auto_delete, arguments = payload
             model = broker.vhosts[vhost]
             if name not in model.queues:
-                model.declare_queue(name, owner=None, durable=durable, auto_delete=auto_delete,
-                                    arguments=arguments)
+                objects.declare_queue(None, model, name, owner=None, durable=durable, auto_delete=auto_delete,
+                                      arguments=arguments)
         elif kind == "binding":
             source, destination, dest_type, routing_key, arguments = payload
             model = broker.vhosts[vhost]
             if dest_type == "queue":
-                model.bind_queue(destination, source, routing_key, arguments)
+                objects.bind_queue(None, model, destination, source, routing_key, arguments, owner=None)
             else:
-                model.bind_exchange(destination, source, routing_key, arguments)
-
+                objects.bind_exchange(None, model, destination, source, routing_key, arguments)
 
 class DefinitionsFileError(Exception):
     """The load_definitions file cannot be read or is wrong: the broker does not start."""
