@@ -273,3 +273,25 @@ def test_tag_rules(broker):
             http_call(broker, "DELETE", f"/api/users/{name}")
         for vhost in (mine, other):
             http_call(broker, "DELETE", f"/api/vhosts/{vhost}")
+
+
+def test_policy_put_applies_at_once_to_existing_exchanges(broker, clients):
+    exchange, spill = _name("polx"), _name("spill")
+    queue = clients.track_queue(_name("spillq"))
+    clients.track_exchange(exchange)
+    clients.track_exchange(spill)
+    _, ch = clients.channel()
+    ch.exchange_declare(exchange, "direct")
+    ch.exchange_declare(spill, "fanout")
+    ch.queue_declare(queue)
+    ch.queue_bind(queue, spill)
+    policy = _name("ae")
+    body = {"pattern": f"^{exchange}$", "apply-to": "exchanges", "definition": {"alternate-exchange": spill}}
+    assert http_call(broker, "PUT", f"/api/policies/%2F/{policy}", body)[0] == 201
+    try:
+        ch.basic_publish(exchange, "unroutable", b"x")
+        assert ch.queue_declare(queue, passive=True).method.message_count == 1
+    finally:
+        assert http_call(broker, "DELETE", f"/api/policies/%2F/{policy}")[0] == 204
+    ch.basic_publish(exchange, "unroutable", b"y")
+    assert ch.queue_declare(queue, passive=True).method.message_count == 1
