@@ -112,13 +112,12 @@ def configure_logging(level: str) -> None:
 
 async def serve(config: Config) -> int:
     server = Server(config)
-    # Handlers first: a SIGTERM that arrives while the listeners start (the API's imports take a
-    # moment after the AMQP port is open) stops the broker cleanly once started.
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # Installed before the listeners open: a SIGTERM that arrives as soon as a port answers still
+    # stops the server cleanly once it has started.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     try:
         await server.start()
     except DataDirLocked as e:
@@ -133,6 +132,7 @@ async def serve(config: Config) -> int:
         if server.broker.users is not None:  # opened (and the data dir locked) before the failure
             server.broker.close()
         return 1
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()
     return 0
