@@ -11,6 +11,7 @@ from typing import Any
 from .amqp.sessions import Sessions
 from .amqp.transport import AMQPProtocol
 from .broker.broker import Broker
+from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import address_text, bind_sockets, listen
 from .store.lock import DataDirLocked
@@ -34,6 +35,9 @@ class Server:
         if config.amqps_enabled:
             self.tls = ServerTLS(config)  # bad certificate files stop the start before anything is opened
         self.broker.open()
+        if config.load_definitions:
+            changes = load_definitions_file(self.broker, config.load_definitions)
+            log.info("definitions loaded from %s: %d changes", config.load_definitions, len(changes))
         try:
             self._listeners = await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                            config.amqp_port, "AMQP")
@@ -118,6 +122,10 @@ async def serve(config: Config) -> int:
         await server.start()
     except DataDirLocked as e:
         log.error("%s", e)
+        return 1
+    except DefinitionsFileError as e:
+        log.error("cannot start: %s", e)
+        server.broker.close()
         return 1
     except OSError as e:
         log.error("cannot start: %s", e)
