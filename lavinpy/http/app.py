@@ -20,8 +20,7 @@ from .auth import REALM, authenticate
 from .errors import ApiError, error_response, from_amqp_error
 
 if TYPE_CHECKING:
-    from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
+    from ..broker.broker import Broker, SessionLayer
 
 log = logging.getLogger("lavinpy.http")
 
@@ -29,7 +28,7 @@ log = logging.getLogger("lavinpy.http")
 ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions"]
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
-SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")
+SESSIONS: web.AppKey[SessionLayer] = web.AppKey("sessions")
 ACTOR_KEY = "actor"
 API_PREFIX = "/api/"
 
@@ -40,7 +39,7 @@ def broker_of(request: web.Request) -> Broker:
     return request.app[BROKER]
 
 
-def sessions_of(request: web.Request) -> Sessions:
+def sessions_of(request: web.Request) -> SessionLayer:
     return request.app[SESSIONS]
 
 
@@ -79,7 +78,7 @@ def json_reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-def make_app(broker: Broker, sessions: Sessions) -> web.Application:
+def make_app(broker: Broker, sessions: SessionLayer) -> web.Application:
     """The management application for one broker (its route modules registered)."""
     app = web.Application(middlewares=[_errors, _authentication], client_max_size=broker.config.max_message_size)
     app[BROKER] = broker
