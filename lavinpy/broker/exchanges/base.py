@@ -12,6 +12,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from lavinpy.amqp.constants import PRECONDITION_FAILED
 from lavinpy.amqp.errors import AMQPChannelError
+from lavinpy.broker.stats import MessageCounters
 
 
 class InvalidBinding(AMQPChannelError, ValueError):
@@ -78,6 +79,7 @@ class Exchange:
         # Optional alternate exchange, set by the vhost. As in RabbitMQ it is consulted for every
         # exchange on the routing walk whose own bindings select nothing.
         self.alternate: Exchange | None = None
+        self.stats = MessageCounters()
         self._bindings: dict[BindingKey, Binding] = {}
         # Number of bindings per destination: makes unbind_all and bound_destinations cheap.
         self._per_destination: dict[Hashable, int] = {}
