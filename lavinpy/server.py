@@ -6,12 +6,13 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 from .amqp.sessions import Sessions
 from .amqp.transport import AMQPProtocol
 from .broker.broker import Broker
 from .config import Config
-from .listeners import listen
+from .listeners import address_text, bind_sockets, listen
 from .store.lock import DataDirLocked
 from .tls import ServerTLS
 
@@ -25,6 +26,7 @@ class Server:
         self.sessions = Sessions(self.broker)
         self._listeners: list[asyncio.AbstractServer] = []
         self.tls: ServerTLS | None = None
+        self.http: Any = None  # the management API server, when http_port is not 0
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -38,12 +40,22 @@ class Server:
             if self.tls is not None:
                 self._listeners += await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                                 config.amqps_port, "AMQPS", self.tls.listener_context)
+            if config.http_port:
+                await self._start_http()
         except BaseException:
             self._close_listeners()
             raise
         self.broker.start()
         self.sessions.start()
         log.info("lavinpy started (data dir %s, fsync %s)", config.data_dir, config.fsync)
+
+    async def _start_http(self) -> None:
+        # aiohttp is imported only when the API is on: a broker without it starts without the cost.
+        from .http.app import HttpServer, make_app
+        sockets = bind_sockets(self.config.bind, self.config.http_port, "HTTP")
+        self.http = HttpServer(make_app(self.broker, self.sessions))
+        await self.http.start(sockets)
+        log.info("listening for HTTP on %s", ", ".join(address_text(s) for s in sockets))
 
     def _close_listeners(self) -> None:
         for listener in self._listeners:
@@ -66,6 +78,9 @@ class Server:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
         self._close_listeners()
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()
