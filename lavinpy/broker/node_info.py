@@ -29,6 +29,12 @@ ALIVENESS_BODY = b"test_message"
 _NO_PROPERTIES = b"\x00\x00"
 
 
+def require_monitor(actor: Actor | None) -> None:
+    """Node details are for ``monitoring`` and ``administrator`` users, as in RabbitMQ."""
+    if actor is not None and not actor.can_monitor():
+        raise AMQPChannelError(ACCESS_REFUSED, "Not monitor user")
+
+
 def node_name() -> str:
     return f"lavinpy@{socket.gethostname()}"
 

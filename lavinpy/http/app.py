@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lavinpy.http")
 
 # Modules of this package with an ``add_routes(app)``, registered in this order.
-ROUTE_MODULES = ["routes_objects"]
+ROUTE_MODULES = ["routes_objects", "routes_stats"]
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")
