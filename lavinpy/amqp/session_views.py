@@ -7,6 +7,7 @@ own; closing another user's connection needs ``administrator``.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .connection import OPEN
@@ -156,6 +157,27 @@ def consumer_infos(sessions: Sessions, actor: Actor | None, vhost: str | None = 
             for consumer in list(channel.consumers.values()):
                 infos.append(consumer_info(conn, channel, consumer))
     return infos
+
+
+def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tuple[str, str], float]:
+    """(vhost, queue) -> seconds its oldest unacknowledged delivery has waited.
+
+    Read from what the consumer-timeout sweep records for each channel's oldest delivery (first seen
+    by a sweep, so within one sweep interval): no per-delivery timestamps on the hot path.
+    """
+    now = time.monotonic() if now is None else now
+    ages: dict[tuple[str, str], float] = {}
+    for conn in list(sessions.connections):
+        for channel in list(conn.channels.values()):
+            seen = channel.oldest_unacked_seen
+            if seen is None:
+                continue
+            item = channel.unacked.get(seen[0])
+            if item is None:
+                continue
+            key = (item.queue.vhost.name, item.queue.name)
+            ages[key] = max(ages.get(key, 0.0), now - seen[1])
+    return ages
 
 
 def _jsonable(value: Any) -> Any:
