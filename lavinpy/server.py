@@ -120,6 +120,12 @@ def configure_logging(level: str) -> None:
 
 async def serve(config: Config) -> int:
     server = Server(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    # Installed before the listeners open: a SIGTERM that arrives as soon as a port answers still
+    # stops the server cleanly once it has started.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
     except DataDirLocked as e:
@@ -130,10 +136,6 @@ async def serve(config: Config) -> int:
         if server.broker.users is not None:  # opened (and the data dir locked) before the failure
             server.broker.close()
         return 1
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()
