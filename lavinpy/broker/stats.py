@@ -74,6 +74,16 @@ def sample_rates(holder: Any, current: tuple[int, ...], now: float) -> dict[str,
     return {name: round((cur - prev) / elapsed, 1) for name, cur, prev in zip(FIELDS, current, previous, strict=True)}
 
 
+def count_publish(vhost_stats: MessageCounters, exchange_stats: MessageCounters, routed: bool) -> None:
+    """One message published outside an AMQP channel (HTTP): counted as a channel would count it."""
+    vhost_stats.publish += 1
+    exchange_stats.publish_in += 1
+    if routed:
+        exchange_stats.publish_out += 1
+    else:
+        vhost_stats.drop_unroutable += 1
+
+
 class Totals:
     """Summed counters of a vhost or the whole node, with the rates of the last sample."""
 

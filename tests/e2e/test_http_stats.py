@@ -258,3 +258,32 @@ def test_aliveness_test(broker):
     assert status == 200 and body == {"status": "ok"}
     status, body, _ = http_call(broker, "GET", "/api/aliveness-test/no-such-vhost")
     assert status == 404
+
+
+def test_queue_and_exchange_message_stats(broker, clients):
+    conn, ch = clients.channel()
+    queue = clients.track_queue(_name("qstats"))
+    exchange = clients.track_exchange(_name("xstats"))
+    ch.exchange_declare(exchange, "fanout")
+    ch.queue_declare(queue)
+    ch.queue_bind(queue, exchange)
+    for _ in range(4):
+        ch.basic_publish(exchange, "", b"q")
+    method, _, _ = ch.basic_get(queue, auto_ack=False)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    ch.basic_get(queue, auto_ack=True)
+    conn.process_data_events(time_limit=0)
+    status, info, _ = http_call(broker, "GET", f"/api/queues/%2F/{queue}")
+    assert status == 200
+    stats = info["message_stats"]
+    assert stats["publish"] == 4 and stats["get"] == 1 and stats["get_no_ack"] == 1
+    assert stats["reject"] == 1 and stats["deliver_get"] == 2 and "rate" in stats["publish_details"]
+    status, info, _ = http_call(broker, "GET", f"/api/exchanges/%2F/{exchange}")
+    assert status == 200
+    assert info["message_stats"]["publish_in"] == 4 and info["message_stats"]["publish_out"] == 4
+    # A publish through the API counts as one, as RabbitMQ's management publish does.
+    status, _, _ = http_call(broker, "POST", f"/api/exchanges/%2F/{exchange}/publish",
+                             {"properties": {}, "routing_key": "", "payload": "h", "payload_encoding": "string"})
+    assert status == 200
+    status, info, _ = http_call(broker, "GET", f"/api/exchanges/%2F/{exchange}")
+    assert info["message_stats"]["publish_in"] == 5
