@@ -14,7 +14,8 @@ import pytest
 
 from lavinpy.store.passwords import verify_password
 
-from .conftest import REPO_ROOT, free_port, http_call
+from .conftest import REPO_ROOT, free_port, http_call, lavinpy_only
+from .test_http_stats import restart_with_config
 
 
 def ctl(broker, *args: str, user: str = "guest", password: str = "guest", uri: str | None = None,
@@ -123,3 +124,11 @@ def test_hash_password_is_rabbitmq_sha256(broker):
     digest = done.stdout.strip()
     assert verify_password("s3cret", digest, "rabbit_password_hashing_sha256")
     assert not verify_password("other", digest, "rabbit_password_hashing_sha256")
+
+
+@lavinpy_only("sets a disk limit above the free space")
+def test_status_reports_an_alarm_and_still_exits_0(fresh_broker):
+    restart_with_config(fresh_broker, "disk_free_limit: 1000000000000000\n")
+    done = ctl(fresh_broker, "status")
+    assert done.returncode == 0, done.stderr
+    assert "alarms: failed" in done.stdout
