@@ -11,6 +11,7 @@ keeps the rate since the previous sample, which the HTTP API and the metrics rep
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ class MessageCounters:
         self.rates: dict[str, float] = {}
 
     def values(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in FIELDS}
+        return dict(zip(FIELDS, read_counts(self), strict=True))
 
     def add_dead_lettered(self, reason: str) -> None:
         self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + 1
@@ -61,7 +62,17 @@ class MessageCounters:
             other.dead_lettered[reason] = other.dead_lettered.get(reason, 0) + count
 
     def sample(self, now: float) -> None:
-        self.rates = sample_rates(self, tuple(getattr(self, name) for name in FIELDS), now)
+        current = read_counts(self)
+        if current == self._previous:  # idle since the last sample (most objects): rates are 0
+            self._sampled_at = now
+            self.rates = NO_RATES
+            return
+        self.rates = sample_rates(self, current, now)
+
+
+# Every counter of an object as one tuple, in FIELDS order (one C call: sampling 10,000 queues is cheap).
+read_counts = operator.attrgetter(*FIELDS)
+NO_RATES: dict[str, float] = {}
 
 
 def sample_rates(holder: Any, current: tuple[int, ...], now: float) -> dict[str, float]:
@@ -105,15 +116,28 @@ class Totals:
             self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + count
 
 
+_PUBLISH = FIELDS.index("publish")
+
+
 def vhost_totals(vhost: VHost) -> Totals:
-    """A vhost's counters: its own (publishing channels, deleted queues) plus its queues' and exchanges'."""
+    """A vhost's counters: its own (publishing channels, deleted queues) plus its queues' and exchanges'.
+
+    Each kind of object counts only its own fields (queues never count publish_in, exchanges never
+    deliver), so whole tuples are summed; a queue's ``publish`` (messages into it) is not the vhost's
+    (messages from publishers) and is taken out again.
+    """
     totals = Totals()
-    totals.add(vhost.stats, FIELDS)
-    for queue in vhost.queues.values():
-        totals.add(queue.stats, QUEUE_FIELDS[1:])
-    for exchange in vhost.exchanges.values():
-        totals.add(exchange.stats, EXCHANGE_FIELDS)
-    totals.dead_lettered = dict(totals.dead_lettered)
+    queues = list(vhost.queues.values())
+    queue_rows = [read_counts(q.stats) for q in queues]
+    rows = [read_counts(vhost.stats), *queue_rows, *(read_counts(x.stats) for x in list(vhost.exchanges.values()))]
+    sums = [sum(column) for column in zip(*rows, strict=True)]
+    sums[_PUBLISH] -= sum(row[_PUBLISH] for row in queue_rows)
+    totals.counts = dict(zip(FIELDS, sums, strict=True))
+    totals.dead_lettered = dict(vhost.stats.dead_lettered)
+    for queue in queues:
+        if queue.stats.dead_lettered:
+            for reason, count in queue.stats.dead_lettered.items():
+                totals.dead_lettered[reason] = totals.dead_lettered.get(reason, 0) + count
     return totals
 
 
@@ -140,7 +164,11 @@ def message_stats(counts: dict[str, int], rates: dict[str, float],
 
 
 def counters_stats(counters: MessageCounters, fields: Iterable[str]) -> dict[str, Any]:
-    return message_stats(counters.values(), counters.rates, fields)
+    """An object's ``message_stats``; empty for an object without traffic, as RabbitMQ shows it."""
+    counts = read_counts(counters)
+    if not any(counts) and not counters.rates:
+        return {}
+    return message_stats(dict(zip(FIELDS, counts, strict=True)), counters.rates, fields)
 
 
 class StatsSampler:
