@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
-from lavinpy.store.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password, verify_password
+from lavinpy.wire.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password, verify_password
 
 log = logging.getLogger(__name__)
 

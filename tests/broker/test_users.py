@@ -3,7 +3,7 @@ import json
 import pytest
 
 from lavinpy.broker.users import AlreadyExists, NotFound, Permissions, UserStore
-from lavinpy.store.passwords import hash_password, verify_password
+from lavinpy.wire.passwords import hash_password, verify_password
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lavinpy.store.passwords import hash_password, verify_password
+from lavinpy.wire.passwords import hash_password, verify_password
 
 ALGOS = {
     "rabbit_password_hashing_sha256": hashlib.sha256,
