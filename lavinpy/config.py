@@ -80,6 +80,8 @@ class Config:
     default_user: str = "guest"
     default_password: str = "guest"
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # A definitions JSON file (RabbitMQ's format) applied at every boot; "" = none.
+    load_definitions: str = ""
 
     def validate(self) -> None:
         if self.fsync not in FSYNC_POLICIES:

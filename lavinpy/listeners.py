@@ -77,11 +77,11 @@ async def listen(factory: Callable[[], asyncio.Protocol], hosts: list[str], port
     servers = []
     for sock in bind_sockets(hosts, port, what):
         servers.append(await loop.create_server(factory, sock=sock, ssl=ssl_context, backlog=BACKLOG))
-    names = ", ".join(_address(s) for server in servers for s in server.sockets)
+    names = ", ".join(address_text(s) for server in servers for s in server.sockets)
     log.info("listening for %s on %s", what, names)
     return servers
 
 
-def _address(sock: socket.socket) -> str:
+def address_text(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

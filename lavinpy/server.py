@@ -6,12 +6,14 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Any
 
 from .amqp.sessions import Sessions
 from .amqp.transport import AMQPProtocol
 from .broker.broker import Broker
+from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
-from .listeners import listen
+from .listeners import address_text, bind_sockets, listen
 from .store.lock import DataDirLocked
 from .tls import ServerTLS
 
@@ -25,6 +27,7 @@ class Server:
         self.sessions = Sessions(self.broker)
         self._listeners: list[asyncio.AbstractServer] = []
         self.tls: ServerTLS | None = None
+        self.http: Any = None  # the management API server, when http_port is not 0
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -32,18 +35,31 @@ class Server:
         if config.amqps_enabled:
             self.tls = ServerTLS(config)  # bad certificate files stop the start before anything is opened
         self.broker.open()
+        if config.load_definitions:
+            changes = load_definitions_file(self.broker, config.load_definitions)
+            log.info("definitions loaded from %s: %d changes", config.load_definitions, len(changes))
         try:
             self._listeners = await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                            config.amqp_port, "AMQP")
             if self.tls is not None:
                 self._listeners += await listen(lambda: AMQPProtocol(self.sessions), config.bind,
                                                 config.amqps_port, "AMQPS", self.tls.listener_context)
+            if config.http_port:
+                await self._start_http()
         except BaseException:
             self._close_listeners()
             raise
         self.broker.start()
         self.sessions.start()
         log.info("lavinpy started (data dir %s, fsync %s)", config.data_dir, config.fsync)
+
+    async def _start_http(self) -> None:
+        # aiohttp is imported only when the API is on: a broker without it starts without the cost.
+        from .http.app import HttpServer, make_app
+        sockets = bind_sockets(self.config.bind, self.config.http_port, "HTTP")
+        self.http = HttpServer(make_app(self.broker, self.sessions))
+        await self.http.start(sockets)
+        log.info("listening for HTTP on %s", ", ".join(address_text(s) for s in sockets))
 
     def _close_listeners(self) -> None:
         for listener in self._listeners:
@@ -66,6 +82,9 @@ class Server:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
         self._close_listeners()
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()
@@ -93,20 +112,26 @@ def configure_logging(level: str) -> None:
 
 async def serve(config: Config) -> int:
     server = Server(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    # Installed before the listeners open: a SIGTERM that arrives as soon as a port answers still
+    # stops the server cleanly once it has started.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
     except DataDirLocked as e:
         log.error("%s", e)
+        return 1
+    except DefinitionsFileError as e:
+        log.error("cannot start: %s", e)
+        server.broker.close()
         return 1
     except OSError as e:
         log.error("cannot start: %s", e)
         if server.broker.users is not None:  # opened (and the data dir locked) before the failure
             server.broker.close()
         return 1
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     await stop.wait()
     await server.stop()

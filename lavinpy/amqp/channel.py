@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from ..broker.arguments import ArgumentError, parse_expiration
+from ..broker.operations_messages import publish_exchange
 from ..broker.vhost import REJECTED
 from ..store.record import StoredMessage
 from ..wire import writer
 from ..wire.constants import (
-    ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
     NOT_IMPLEMENTED,
@@ -143,12 +143,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             if name != self._publish_exchange_name or self.vhost.generation != self._publish_generation:
                 if method.immediate:
                     raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
-                self.conn.check_permission("write", "exchange", name)
-                exchange = self.vhost.get_exchange(name)
-                if exchange.internal:
-                    raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
-                                                           f"in vhost '{self.vhost.name}'", 60, 40)
-                self._publish_exchange = exchange
+                self._publish_exchange = publish_exchange(self.conn.actor, self.vhost, name)
                 self._publish_exchange_name = name
                 self._publish_generation = self.vhost.generation
             elif method.immediate:

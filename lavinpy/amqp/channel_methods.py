@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from ..broker import operations_objects as ops
 from ..broker.arguments import ArgumentError, validate_consumer_arguments
 from ..broker.consumer import Consumer
 from ..wire import writer
@@ -18,7 +19,6 @@ from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .unacked import Unacked
 
 if TYPE_CHECKING:
-    from ..broker.queue_base import QueueKind
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
 
@@ -50,37 +50,25 @@ class ChannelMethods:
             return self.last_queue
         return name
 
-    def _owned_queue(self, name: str) -> QueueKind:
-        queue = self.vhost.get_queue(name)
-        self.vhost.check_exclusive(queue, self.conn)
-        return queue
-
     def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        if not m.passive:
-            self.conn.check_permission("configure", "exchange", m.exchange)
-        self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
-                                    auto_delete=m.auto_delete, internal=m.internal, arguments=m.arguments,
-                                    permissions=self.conn.permissions)
+        ops.declare_exchange(self.conn.actor, self.vhost, m.exchange, m.exchange_type, passive=m.passive,
+                             durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
+                             arguments=m.arguments)
         if not m.nowait:
             self.send_method(commands.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        self.conn.check_permission("configure", "exchange", m.exchange)
-        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        ops.delete_exchange(self.conn.actor, self.vhost, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
             self.send_method(commands.Exchange.DeleteOk())
 
     def on_exchange_bind(self, m: commands.Exchange.Bind) -> None:
-        self.conn.check_permission("write", "exchange", m.destination)
-        self.conn.check_permission("read", "exchange", m.source)
-        self.vhost.bind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        ops.bind_exchange(self.conn.actor, self.vhost, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.send_method(commands.Exchange.BindOk())
 
     def on_exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
-        self.conn.check_permission("write", "exchange", m.destination)
-        self.conn.check_permission("read", "exchange", m.source)
-        self.vhost.unbind_exchange(m.destination, m.source, m.routing_key, m.arguments)
+        ops.unbind_exchange(self.conn.actor, self.vhost, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
             self.send_method(commands.Exchange.UnbindOk())
 
@@ -90,15 +78,13 @@ class ChannelMethods:
             name = self.vhost.generate_queue_name()
         elif name == "":
             name = self._queue_name(name)
-        if not m.passive:
-            self.conn.check_permission("configure", "queue", name)
         if name == REPLY_TO and m.passive:
             if not m.nowait:
                 self.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
             return
-        queue = self.vhost.declare_queue(name, owner=self.conn, passive=m.passive, durable=m.durable,
-                                         exclusive=m.exclusive, auto_delete=m.auto_delete, arguments=m.arguments,
-                                         server_named=m.queue == "", permissions=self.conn.permissions)
+        queue = ops.declare_queue(self.conn.actor, self.vhost, name, owner=self.conn, passive=m.passive,
+                                  durable=m.durable, exclusive=m.exclusive, auto_delete=m.auto_delete,
+                                  arguments=m.arguments, server_named=m.queue == "")
         self.last_queue = name
         if not m.nowait:
             self.send_method(commands.Queue.DeclareOk(queue=name, message_count=queue.message_count,
@@ -106,38 +92,25 @@ class ChannelMethods:
 
     def on_queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
-        self.conn.check_permission("write", "queue", name)
-        self.conn.check_permission("read", "exchange", m.exchange)
-        self._owned_queue(name)
-        self.vhost.bind_queue(name, m.exchange, m.routing_key, m.arguments)
+        ops.bind_queue(self.conn.actor, self.vhost, name, m.exchange, m.routing_key, m.arguments, self.conn)
         if not m.nowait:
             self.send_method(commands.Queue.BindOk())
 
     def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
-        self.conn.check_permission("write", "queue", name)
-        self.conn.check_permission("read", "exchange", m.exchange)
-        queue = self.vhost.queues.get(name)
-        if queue is not None:  # unbinding from a queue that is gone is fine (as RabbitMQ)
-            self.vhost.check_exclusive(queue, self.conn)
-        self.vhost.unbind_queue(name, m.exchange, m.routing_key, m.arguments)
+        ops.unbind_queue(self.conn.actor, self.vhost, name, m.exchange, m.routing_key, m.arguments, self.conn)
         self.send_method(commands.Queue.UnbindOk())
 
     def on_queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
-        count = queue.purge()
+        count = ops.purge_queue(self.conn.actor, self.vhost, name, self.conn)
         if not m.nowait:
             self.send_method(commands.Queue.PurgeOk(message_count=count))
 
     def on_queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
-        self.conn.check_permission("configure", "queue", name)
-        queue = self.vhost.queues.get(name)
-        if queue is not None:
-            self.vhost.check_exclusive(queue, self.conn)
-        count = self.vhost.delete_queue(name, if_unused=m.if_unused, if_empty=m.if_empty)
+        count = ops.delete_queue(self.conn.actor, self.vhost, name, owner=self.conn, if_unused=m.if_unused,
+                                 if_empty=m.if_empty)
         if not m.nowait:
             self.send_method(commands.Queue.DeleteOk(message_count=count))
 
@@ -162,8 +135,7 @@ class ChannelMethods:
         if limit and len(self.consumers) >= limit:
             raise AMQPChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
         name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
+        queue = ops.readable_queue(self.conn.actor, self.vhost, name, self.conn)
         if queue.has_exclusive_consumer() or (m.exclusive and queue.consumers):
             raise AMQPChannelError(ACCESS_REFUSED, f"queue '{name}' in vhost '{self.vhost.name}' in exclusive use")
         args = dict(m.arguments or {})
@@ -208,8 +180,7 @@ class ChannelMethods:
 
     def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
-        self.conn.check_permission("read", "queue", name)
-        queue = self._owned_queue(name)
+        queue = ops.readable_queue(self.conn.actor, self.vhost, name, self.conn)
         got = queue.get()
         if got is None:
             self.send_method(commands.Basic.GetEmpty())

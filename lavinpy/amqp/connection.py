@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands, decode
 
 from .. import __version__
-from ..broker.permissions import UserPermissions
+from ..broker.actor import Actor
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -116,7 +116,7 @@ class AMQPConnection(ConnectionOutput):
         self.confirms_pending: set[Channel] = set()
         self.init_output()
         self._last_recv = time.monotonic()
-        self.permissions: UserPermissions | None = None  # set once the vhost is open
+        self.actor: Actor | None = None  # the logged-in user, set once the vhost is open
         self._login: tuple[bool, str, str] | None = None  # a login answer being delayed (login throttle)
         self._body_spool: BodySpool | None = None
         self._torn_down = False
@@ -450,7 +450,7 @@ class AMQPConnection(ConnectionOutput):
             raise AMQPConnectionError(NOT_ALLOWED,
                                       f"access to vhost '{name}' refused for user '{self.username}'")
         self.vhost = vhost
-        self.permissions = UserPermissions(users, self.username, name)
+        self.actor = Actor(users, self.username)
         self.state = OPEN
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         self.effect(CancelTimer(TimerKind.HANDSHAKE))
@@ -498,11 +498,6 @@ class AMQPConnection(ConnectionOutput):
         for consumer in channel.consumers.values():
             if consumer.queue.message_count:
                 self.vhost.schedule_delivery(consumer.queue)
-
-    # --- permissions --------------------------------------------------------------------------
-    def check_permission(self, kind: str, resource_type: str, name: str) -> None:
-        assert self.permissions is not None
-        self.permissions.check(kind, resource_type, name)
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Server stopping: connection.close 320 to the client."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import consumer_timeout
+from .constants import CONNECTION_FORCED
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -42,6 +43,13 @@ class Sessions:
     def resources_changed(self, reason: str | None) -> None:
         for connection in list(self.connections):
             connection.set_blocked(reason)
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        for connection in list(self.connections):
+            if connection.vhost is not None and connection.vhost.name == vhost:
+                connection.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
+                connection.teardown()  # exclusive queues go before the vhost closes
+        self._schedule()  # the close frames go out now
 
     # --- pending work ---------------------------------------------------------------------------
     def schedule_output(self, connection: ConnectionOutput) -> None:

@@ -35,6 +35,9 @@ class SessionLayer(Protocol):
     def resources_changed(self, reason: str | None) -> None:
         """A resource alarm was raised (reason) or cleared (None): block or unblock publishers."""
 
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        """The vhost goes away: close its connections with 320 and release their channels now."""
+
 
 class _NoSessions:
     """Until a session layer attaches: deliveries run from the event loop, nobody to block."""
@@ -46,6 +49,9 @@ class _NoSessions:
         asyncio.get_running_loop().call_soon(self.broker.run_deliveries)
 
     def resources_changed(self, reason: str | None) -> None:
+        pass
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
         pass
 
 

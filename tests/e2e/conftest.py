@@ -1,11 +1,12 @@
 """Fixtures for the end-to-end tests.
 
 By default every test talks to a real lavinpy server started here as a subprocess
-(`python -m lavinpy --data-dir DIR --amqp-port N --http-port 0 ...`, cwd = a temporary directory).
+(`python -m lavinpy --data-dir DIR --amqp-port N --http-port M ...`, cwd = a temporary directory).
 
 Environment:
   LAVINPY_TEST_URL        use the broker at this URL instead (e.g. a RabbitMQ on 127.0.0.1:5672).
                           Tests that need to kill the server or read its files are skipped.
+  LAVINPY_TEST_HTTP_URL   with LAVINPY_TEST_URL: that broker's management API (e.g. http://127.0.0.1:15672).
   LAVINPY_TEST_RABBITMQCTL  with LAVINPY_TEST_URL: the rabbitmqctl command line (e.g.
                           "rabbitmqctl -n rabbit@localhost"). Enables the permission tests (users,
                           vhosts and permissions are made with it) and the restart tests
@@ -35,6 +36,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL_URL = os.environ.get("LAVINPY_TEST_URL", "").strip()
 RABBITMQCTL = os.environ.get("LAVINPY_TEST_RABBITMQCTL", "").strip()
+EXTERNAL_HTTP_URL = os.environ.get("LAVINPY_TEST_HTTP_URL", "").strip()
 DEFAULT_TIMEOUT = 60
 
 ON_LAVINPY = not EXTERNAL_URL
@@ -77,6 +79,7 @@ class LocalBroker:
         self.log_path = workdir / "lavinpy.log"
         self.host = "127.0.0.1"
         self.port = free_port()
+        self.http_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_args: list[str] = []
 
@@ -87,6 +90,11 @@ class LocalBroker:
     def url_for(self, user: str, password: str, vhost: str = "/") -> str:
         return f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}/" \
                f"{quote(vhost, safe='')}"
+
+    @property
+    def http_url(self) -> str:
+        """The management API's base URL (no credentials)."""
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def pid(self) -> int:
@@ -109,7 +117,7 @@ class LocalBroker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(self.data_dir),
-               "--amqp-port", str(self.port), "--http-port", "0", "--log-level", "info",
+               "--amqp-port", str(self.port), "--http-port", str(self.http_port), "--log-level", "info",
                "--fsync", "always", *self.extra_args]
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start {' '.join(cmd[1:])}\n".encode())
@@ -117,7 +125,7 @@ class LocalBroker:
             self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        while not port_open(self.host, self.port):
+        while not (port_open(self.host, self.port) and port_open(self.host, self.http_port)):
             if self.proc.poll() is not None:
                 pytest.fail(f"lavinpy exited with code {self.proc.returncode} while starting:\n"
                             f"{self.log[-4000:]}")
@@ -164,6 +172,12 @@ class ExternalBroker:
         self.host = u.hostname or "127.0.0.1"
         self.port = u.port or 5672
         self.url = url
+
+    @property
+    def http_url(self) -> str:
+        if not EXTERNAL_HTTP_URL:
+            pytest.skip("external broker: set LAVINPY_TEST_HTTP_URL to test its management API")
+        return EXTERNAL_HTTP_URL.rstrip("/")
 
     def url_for(self, user: str, password: str, vhost: str = "/") -> str:
         return f"amqp://{quote(user, safe='')}:{quote(password, safe='')}@{self.host}:{self.port}/" \
@@ -450,3 +464,32 @@ def make_admin(b: Broker) -> FileAdmin | CtlAdmin:
     if not RABBITMQCTL:
         pytest.skip("external broker: set LAVINPY_TEST_RABBITMQCTL to manage users and vhosts")
     return CtlAdmin()
+
+
+# --- management HTTP API ----------------------------------------------------------------------
+
+def http_call(broker: Broker, method: str, path: str, body: Any = None, *, user: str = "guest",
+              password: str = "guest", raw: bytes | None = None,
+              headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
+    """One request to the broker's management API: (status, decoded JSON or None, headers).
+
+    ``path`` is sent as given (already percent-encoded, e.g. /api/queues/%2F/q); ``body`` is sent
+    as JSON, ``raw`` as bytes.
+    """
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(broker.http_url + path, data=data, method=method)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, payload, reply_headers = response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as e:
+        status, payload, reply_headers = e.code, e.read(), dict(e.headers)
+    return status, (json.loads(payload) if payload.strip() else None), reply_headers

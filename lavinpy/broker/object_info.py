@@ -1,0 +1,120 @@
+"""Exchanges, queues and bindings as RabbitMQ's management API describes them (JSON-ready dicts)."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from ..store.record import CorruptRecord
+from .exchanges.base import Exchange, freeze_arguments
+
+if TYPE_CHECKING:
+    from .queue_base import QueueKind
+    from .vhost import VHost
+
+
+def jsonable(value: Any) -> Any:
+    """An AMQP field value as JSON: bytes as text (or base64), decimals and timestamps as numbers."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(raw).decode()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    return value
+
+
+def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
+    policy = vhost.policies.match(exchange.name, "exchange") if exchange.name else None
+    return {
+        "name": exchange.name,
+        "vhost": vhost.name,
+        "type": exchange.type,
+        "durable": exchange.durable,
+        "auto_delete": exchange.auto_delete,
+        "internal": exchange.internal,
+        "arguments": jsonable(exchange.arguments),
+        "policy": policy.name if policy else None,
+        "user_who_performed_action": "",
+    }
+
+
+def _head_age_ms(queue: QueueKind, now_ms: int) -> int | None:
+    """Age of the head message from its record's timestamp (None when the queue is empty or a stream)."""
+    if not queue.message_count or not hasattr(queue.index, "ready_positions"):
+        return None
+    pos = queue.index.peek()
+    if pos is None:
+        return None
+    try:
+        return max(0, now_ms - queue.vhost.store.messages.read(pos).timestamp)
+    except (CorruptRecord, KeyError):
+        return None  # the consumer path reports and skips it
+
+
+def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    ready = queue.message_count
+    unacked = getattr(queue.index, "unacked_count", 0)
+    return {
+        "name": queue.name,
+        "vhost": queue.vhost.name,
+        "durable": queue.durable,
+        "auto_delete": queue.auto_delete,
+        "exclusive": queue.exclusive,
+        "arguments": jsonable(queue.arguments),
+        "messages": ready + unacked,
+        "messages_ready": ready,
+        "messages_unacknowledged": unacked,
+        "consumers": queue.consumer_count,
+        "state": "running",
+        "type": "stream" if type(queue).__name__ == "StreamQueue" else "classic",
+        "policy": queue.settings.policy,
+        "node": "lavinpy",
+        "head_message_age_ms": _head_age_ms(queue, now_ms),
+    }
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:
+    """RabbitMQ's binding properties key: the routing key, plus "~" and a hash of the arguments.
+
+    "~" is escaped inside the key so the parts cannot be confused; an empty key without arguments is "~".
+    """
+    quoted = quote(routing_key, safe="")
+    if not arguments:
+        return quoted or "~"
+    digest = hashlib.sha256(repr(freeze_arguments(arguments)).encode()).digest()[:9]
+    return quoted + "~" + base64.urlsafe_b64encode(digest).decode()
+
+
+def binding_info(vhost: VHost, source: str, destination: str, destination_type: str, routing_key: str,
+                 arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "vhost": vhost.name, "destination": destination,
+            "destination_type": destination_type, "routing_key": routing_key,
+            "arguments": jsonable(arguments), "properties_key": properties_key(routing_key, arguments)}
+
+
+def vhost_bindings(vhost: VHost) -> list[dict[str, Any]]:
+    """Every binding of a vhost, with the default exchange's implicit one to each queue first."""
+    out = [binding_info(vhost, "", name, "queue", name, {}) for name in vhost.queues]
+    for exchange in vhost.exchanges.values():
+        if exchange.name == "":
+            continue
+        for b in exchange.bindings():
+            dest = b.destination
+            kind = "exchange" if isinstance(dest, Exchange) else "queue"
+            out.append(binding_info(vhost, exchange.name, dest.name, kind, b.routing_key, b.arguments))
+    return out

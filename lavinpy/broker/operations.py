@@ -1,0 +1,47 @@
+"""Broker operations shared by every face (AMQP channels, the HTTP API).
+
+Each takes the acting user (an ``Actor``; None for a trusted internal caller), checks its
+permissions and the arguments, and raises ``AMQPError`` with RabbitMQ's reply codes and texts.
+Faces only translate their input into these calls and the results into their replies.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..amqp.constants import ACCESS_REFUSED, NOT_FOUND
+from ..amqp.errors import AMQPChannelError
+from .actor import Actor
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .vhost import VHost
+
+
+def vhost_not_found(name: str) -> AMQPChannelError:
+    return AMQPChannelError(NOT_FOUND, f"no vhost '{name}'")
+
+
+def can_see_vhost(actor: Actor | None, name: str) -> bool:
+    """As RabbitMQ: monitoring and administrator users see every vhost, others those they may open."""
+    return actor is None or actor.can_monitor() or actor.can_access_vhost(name)
+
+
+def visible_vhosts(broker: Broker, actor: Actor | None) -> list[VHost]:
+    return [v for name, v in broker.vhosts.items() if can_see_vhost(actor, name)]
+
+
+def open_vhost(broker: Broker, actor: Actor | None, name: str) -> VHost:
+    """The named vhost when the actor may see it: 404 when missing, 403 when hidden from the actor."""
+    vhost = broker.vhosts.get(name)
+    if vhost is None:
+        raise vhost_not_found(name)
+    if not can_see_vhost(actor, name):
+        assert actor is not None
+        raise AMQPChannelError(ACCESS_REFUSED, f"access to vhost '{name}' refused for user '{actor.name}'")
+    return vhost
+
+
+def vhosts_in_scope(broker: Broker, actor: Actor | None, name: str | None) -> list[VHost]:
+    """One vhost (checked) or, with no name, every vhost the actor may see."""
+    return [open_vhost(broker, actor, name)] if name is not None else visible_vhosts(broker, actor)

@@ -1,0 +1,242 @@
+"""Publish, get, peek and replay, with their permission checks (RabbitMQ's rules and texts)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import itertools
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+from pamqp.exceptions import PAMQPException
+
+from ..amqp.constants import ACCESS_REFUSED, PRECONDITION_FAILED
+from ..amqp.errors import AMQPChannelError
+from ..amqp.properties import decode_properties, encode_properties, peek_headers
+from ..store.record import CorruptRecord, StoredMessage
+from .actor import Actor
+from .arguments import ArgumentError, parse_expiration
+from .object_info import jsonable
+from .operations_objects import readable_queue
+
+if TYPE_CHECKING:
+    from .exchanges.base import Exchange
+    from .vhost import VHost
+
+
+def publish_exchange(actor: Actor | None, vhost: VHost, name: str) -> Exchange:
+    """The exchange a publish goes to: write permission, exists (404), not internal (403).
+
+    AMQP channels keep the answer for their next publishes to the same name until the vhost's
+    generation changes (an exchange deleted, a user's permissions changed), so this runs once per
+    (channel, exchange), not per message.
+    """
+    if actor is not None:
+        actor.check("write", "exchange", name, vhost.name)
+    exchange = vhost.get_exchange(name)
+    if exchange.internal:
+        raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
+                                               f"in vhost '{vhost.name}'", 60, 40)
+    return exchange
+
+
+# --- messages as the management API shows them -----------------------------------------------------
+
+ACK_MODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
+PAYLOAD_ENCODINGS = ("auto", "base64")
+# RabbitMQ's JSON property names -> pamqp's attribute names.
+PROPERTY_NAMES = {"content_type": "content_type", "content_encoding": "content_encoding", "headers": "headers",
+                  "delivery_mode": "delivery_mode", "priority": "priority", "correlation_id": "correlation_id",
+                  "reply_to": "reply_to", "expiration": "expiration", "message_id": "message_id",
+                  "timestamp": "timestamp", "type": "message_type", "user_id": "user_id", "app_id": "app_id",
+                  "cluster_id": "cluster_id"}
+
+
+def bad_input(text: str) -> AMQPChannelError:
+    return AMQPChannelError(PRECONDITION_FAILED, text)
+
+
+def properties_to_json(raw: bytes) -> dict[str, Any]:
+    props = decode_properties(raw)
+    out: dict[str, Any] = {}
+    for json_name, attr in PROPERTY_NAMES.items():
+        value = getattr(props, attr, None)
+        if value is not None:
+            out[json_name] = jsonable(value)
+    return out
+
+
+def properties_from_json(properties: Any) -> bytes:
+    """Basic properties from the API's JSON object (RabbitMQ's names); a bad one is a 400 naming it."""
+    if not isinstance(properties, dict):
+        raise bad_input("properties must be a JSON object")
+    kwargs: dict[str, Any] = {}
+    for name, value in properties.items():
+        attr = PROPERTY_NAMES.get(name)
+        if attr is None:
+            raise bad_input(f"unknown message property '{name}'")
+        if name == "timestamp" and isinstance(value, int):
+            value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+        kwargs[attr] = value
+    try:
+        return encode_properties(commands.Basic.Properties(**kwargs))
+    except (TypeError, ValueError, AttributeError, PAMQPException) as e:
+        raise bad_input(f"invalid message properties: {e}") from None
+
+
+def payload_bytes(payload: Any, encoding: Any) -> bytes:
+    if not isinstance(payload, str):
+        raise bad_input("payload must be a string")
+    if encoding == "string":
+        return payload.encode("utf-8", "surrogateescape")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(payload, validate=True)
+        except binascii.Error:
+            raise bad_input("payload is not valid base64") from None
+    raise bad_input(f"payload_encoding must be 'string' or 'base64', not {encoding!r}")
+
+
+def message_to_json(msg: StoredMessage, redelivered: bool, message_count: int, encoding: str,
+                    truncate: int | None) -> dict[str, Any]:
+    body = bytes(msg.body)
+    shown = body[:truncate] if truncate is not None else body
+    payload_encoding = "string"
+    try:
+        if encoding == "base64":
+            raise UnicodeDecodeError("utf-8", b"", 0, 1, "base64 asked for")
+        payload = shown.decode("utf-8")
+    except UnicodeDecodeError:
+        payload, payload_encoding = base64.b64encode(shown).decode(), "base64"
+    return {"payload_bytes": len(body), "redelivered": redelivered, "exchange": msg.exchange,
+            "routing_key": msg.routing_key, "message_count": message_count,
+            "properties": properties_to_json(msg.properties), "payload": payload,
+            "payload_encoding": payload_encoding}
+
+
+# --- publish, get, peek, replay ------------------------------------------------------------------
+
+def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routing_key: str, properties: bytes,
+                    body: bytes) -> bool:
+    """Publish one message as a client would; returns whether any queue took it."""
+    exchange = publish_exchange(actor, vhost, exchange_name)
+    max_size = vhost.config.max_message_size
+    if len(body) > max_size:
+        raise bad_input(f"message size {len(body)} is larger than max size {max_size}")
+    props = decode_properties(properties)
+    if props.user_id is not None and actor is not None and props.user_id != actor.name:
+        raise bad_input(f"user_id property set to '{props.user_id}' but authenticated user was '{actor.name}'")
+    if props.expiration is not None:
+        try:
+            parse_expiration(props.expiration)
+        except ArgumentError as e:
+            raise bad_input(e.text) from None
+    queued, _ = vhost.publish(exchange, routing_key, properties, body)
+    return bool(queued)
+
+
+def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: int, ackmode: str,
+                 encoding: str = "auto", truncate: int | None = None) -> list[dict[str, Any]]:
+    """Take up to ``count`` messages and settle them as ``ackmode`` says (RabbitMQ's get semantics:
+    requeued ones go back only after all were taken, so none is returned twice)."""
+    if ackmode not in ACK_MODES:
+        raise bad_input(f"ackmode must be one of {', '.join(ACK_MODES)}, not {ackmode!r}")
+    if encoding not in PAYLOAD_ENCODINGS:
+        raise bad_input(f"encoding must be 'auto' or 'base64', not {encoding!r}")
+    if not isinstance(count, int) or count < 1:
+        raise bad_input(f"count must be a positive integer, not {count!r}")
+    if truncate is not None and (not isinstance(truncate, int) or truncate < 0):
+        raise bad_input(f"truncate must be a non-negative integer, not {truncate!r}")
+    queue = readable_queue(actor, vhost, queue_name, None)
+    taken: list[int] = []
+    out: list[dict[str, Any]] = []
+    try:
+        for _ in range(count):
+            got = queue.get()
+            if got is None:
+                break
+            pos, msg, redelivered = got
+            taken.append(pos)
+            out.append(message_to_json(msg, redelivered, queue.message_count, encoding, truncate))
+    finally:
+        for pos in taken:
+            if ackmode.endswith("requeue_true"):
+                queue.requeue(pos)
+            elif ackmode == "ack_requeue_false":
+                queue.ack(pos)
+            else:
+                queue.reject(pos)  # dead-lettered (reason rejected) when the queue has a DLX
+    return out
+
+
+def peek_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` ready messages, read without taking, settling or marking them."""
+    if count < 1:
+        raise bad_input(f"count must be a positive integer, not {count}")
+    queue = readable_queue(actor, vhost, queue_name, None)
+    index = queue.index
+    if not hasattr(index, "ready_positions"):
+        raise bad_input(f"peek is not supported on queue '{queue_name}' in vhost '{vhost.name}' "
+                        "(a stream: consume with x-stream-offset instead)")
+    out = []
+    remaining = queue.message_count
+    for pos in itertools.islice(iter(index), count):
+        try:
+            msg = vhost.store.messages.read(pos)
+        except (CorruptRecord, KeyError):
+            continue  # reading must not change the queue: the consumer path reports damage
+        out.append(message_to_json(msg, pos in getattr(queue, "_redelivered", ()), remaining, "auto", None))
+    return out
+
+
+def _first_death(properties: bytes) -> tuple[str, str] | None:
+    """(exchange, routing key) of the first x-death entry, or None when there is none usable."""
+    headers = peek_headers(properties)
+    deaths = headers.get("x-death") if headers else None
+    if not isinstance(deaths, list) or not deaths or not isinstance(deaths[0], dict):
+        return None
+    entry = deaths[0]
+    exchange, keys = entry.get("exchange"), entry.get("routing-keys")
+    if isinstance(exchange, bytes):
+        exchange = exchange.decode("utf-8", "surrogateescape")
+    if not isinstance(exchange, str) or not isinstance(keys, list) or not keys:
+        return None
+    key = keys[0].decode("utf-8", "surrogateescape") if isinstance(keys[0], bytes) else keys[0]
+    return (exchange, key) if isinstance(key, str) else None
+
+
+def replay_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: int) -> dict[str, int]:
+    """Republish up to ``count`` dead-lettered messages from the head of a queue to the exchange and
+    routing key of their first x-death entry. A message leaves the queue only once it was routed;
+    one without x-death, whose exchange is gone or that no queue takes stays, in its place.
+    Needs read on the queue and write on each target exchange (checked before any message moves)."""
+    if not isinstance(count, int) or count < 1:
+        raise bad_input(f"count must be a positive integer, not {count!r}")
+    queue = readable_queue(actor, vhost, queue_name, None)
+    taken: list[tuple[int, StoredMessage]] = []
+    for _ in range(count):
+        got = queue.get()
+        if got is None:
+            break
+        taken.append((got[0], got[1]))
+    replayed = 0
+    try:
+        targets = [_first_death(msg.properties) for _, msg in taken]
+        for target in {t for t in targets if t is not None}:
+            if actor is not None:
+                actor.check("write", "exchange", target[0], vhost.name)
+        for i, ((pos, msg), target) in enumerate(zip(taken, targets, strict=True)):
+            exchange = vhost.exchanges.get(target[0]) if target is not None else None
+            if exchange is None or target is None:
+                continue
+            queued, _ = vhost.publish(exchange, target[1], msg.properties, bytes(msg.body))
+            if queued:
+                queue.ack(pos)
+                taken[i] = (-1, msg)
+                replayed += 1
+    finally:
+        for pos, _ in taken:
+            if pos != -1:
+                queue.requeue(pos)
+    return {"replayed": replayed, "left": len(taken) - replayed}

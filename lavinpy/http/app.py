@@ -1,0 +1,105 @@
+"""The aiohttp application: authentication and error middleware, then the route modules.
+
+Handlers only translate: they read the path, query and JSON body, call one broker operation with the
+request's ``Actor``, and shape its result as RabbitMQ's API does. Every permission and tag check is in
+the operations; their ``AMQPError`` becomes RabbitMQ's error JSON here (see errors.py for the table).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..amqp.errors import AMQPError
+from ..broker.actor import Actor
+from .auth import REALM, authenticate
+from .errors import ApiError, error_response, from_amqp_error
+
+if TYPE_CHECKING:
+    from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
+
+log = logging.getLogger("lavinpy.http")
+
+# Modules of this package with an ``add_routes(app)``, registered in this order.
+ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions"]
+
+BROKER: web.AppKey[Broker] = web.AppKey("broker")
+SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")
+ACTOR_KEY = "actor"
+API_PREFIX = "/api/"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def broker_of(request: web.Request) -> Broker:
+    return request.app[BROKER]
+
+
+def sessions_of(request: web.Request) -> Sessions:
+    return request.app[SESSIONS]
+
+
+def actor_of(request: web.Request) -> Actor:
+    return request[ACTOR_KEY]
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        headers = {"WWW-Authenticate": REALM} if e.status == 401 else None
+        return error_response(e.status, e.error, e.reason, headers)
+    except AMQPError as e:
+        return from_amqp_error(e)
+    except web.HTTPNotFound:
+        return error_response(404, "Object Not Found", "Not Found")
+    except web.HTTPMethodNotAllowed:
+        return error_response(405, "Method Not Allowed", f"{request.method} is not allowed on {request.path}")
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        return error_response(500, "internal_error", "internal error, see the broker log")
+
+
+@web.middleware
+async def _authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path.startswith(API_PREFIX):
+        request[ACTOR_KEY] = authenticate(request.app[BROKER], request)
+    return await handler(request)
+
+
+def json_reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+def make_app(broker: Broker, sessions: Sessions) -> web.Application:
+    """The management application for one broker (its route modules registered)."""
+    app = web.Application(middlewares=[_errors, _authentication], client_max_size=broker.config.max_message_size)
+    app[BROKER] = broker
+    app[SESSIONS] = sessions
+    for name in ROUTE_MODULES:
+        module = importlib.import_module(f"{__package__}.{name}")
+        module.add_routes(app)
+    return app
+
+
+class HttpServer:
+    """The app served on already-bound sockets (one per bind address)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+
+    async def start(self, sockets: list[Any]) -> None:
+        await self.runner.setup()
+        for sock in sockets:
+            await web.SockSite(self.runner, sock).start()
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()

@@ -1,0 +1,120 @@
+"""List replies as RabbitMQ's management API shapes them.
+
+Query parameters: ``name`` (substring, or a regex with ``use_regex=true``), ``sort`` (a field, dotted
+for nested ones, e.g. ``message_stats.publish``), ``sort_reverse``, ``columns`` (comma-separated,
+dotted), ``page`` and ``page_size`` (default 100, at most 500). Without ``page`` the reply is the
+plain list; with it, ``{"filtered_count", "item_count", "items", "page", "page_count",
+"page_size", "total_count"}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .errors import bad_request
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool:
+    return query.get(name, "false").lower() == "true"
+
+
+def _positive_int(query: Mapping[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be a positive integer, not {raw!r}") from None
+    if value < 1:
+        raise bad_request(f"{name} must be a positive integer, not {raw!r}")
+    return value
+
+
+def _get_path(item: Mapping[str, Any], path: list[str]) -> Any:
+    value: Any = item
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    # Missing values first, then numbers, then text: mixed types never raise.
+    if value is None:
+        return (0, 0)
+    if isinstance(value, bool | int | float):
+        return (1, value)
+    return (2, str(value))
+
+
+def _select_columns(item: Mapping[str, Any], columns: list[list[str]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in columns:
+        value = _get_path(item, path)
+        if value is None and not _has_path(item, path):
+            continue
+        target = out
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = value
+    return out
+
+
+def _has_path(item: Mapping[str, Any], path: list[str]) -> bool:
+    value: Any = item
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return False
+        value = value[key]
+    return True
+
+
+def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) -> Any:
+    """Filter, sort, page and cut ``items`` as the request's query asks; returns the JSON reply."""
+    all_items = list(items)
+    total = len(all_items)
+    selected = all_items
+    name = query.get("name")
+    if name:
+        if _flag(query, "use_regex"):
+            try:
+                pattern = re.compile(name)
+            except re.error as e:
+                raise bad_request(f"name is not a valid regular expression: {e}") from None
+            selected = [i for i in selected if pattern.search(str(i.get("name", "")))]
+        else:
+            selected = [i for i in selected if name in str(i.get("name", ""))]
+    sort = query.get("sort")
+    reverse = _flag(query, "sort_reverse")
+    if sort:
+        path = sort.split(".")
+        selected = sorted(selected, key=lambda i: _sort_key(_get_path(i, path)), reverse=reverse)
+    elif reverse:
+        selected = list(reversed(selected))
+    paged = "page" in query
+    filtered = len(selected)
+    if paged:
+        page = _positive_int(query, "page", 1)
+        page_size = _positive_int(query, "page_size", DEFAULT_PAGE_SIZE)
+        if page_size > MAX_PAGE_SIZE:
+            raise bad_request(f"page_size must be at most {MAX_PAGE_SIZE}, not {page_size}")
+        page_count = max(1, math.ceil(filtered / page_size))
+        if page > page_count:
+            raise bad_request(f"page {page} is out of range (there are {page_count} pages)")
+        selected = selected[(page - 1) * page_size: page * page_size]
+    columns = query.get("columns")
+    if columns:
+        paths = [c.split(".") for c in columns.split(",") if c]
+        selected = [_select_columns(i, paths) for i in selected]
+    if not paged:
+        return selected
+    return {"filtered_count": filtered, "item_count": len(selected), "items": selected, "page": page,
+            "page_count": page_count, "page_size": page_size, "total_count": total}

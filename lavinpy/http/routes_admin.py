@@ -1,0 +1,151 @@
+"""Users, vhosts, permissions and policies: RabbitMQ's /api/whoami, /api/users, /api/vhosts,
+/api/permissions and /api/policies. Tag and permission rules live in ``broker.admin_operations``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
+from .app import actor_of, broker_of, json_reply
+from .errors import read_json_object
+from .listing import apply_list_query
+
+
+def _ops(request: web.Request) -> AdminOperations:
+    return AdminOperations(broker_of(request))
+
+
+def _listed(request: web.Request, items: list) -> web.Response:
+    return json_reply(apply_list_query(items, request.query))
+
+
+def _created_or_updated(created: bool) -> web.Response:
+    return web.Response(status=201 if created else 204)
+
+
+NO_CONTENT = 204
+
+
+async def whoami(request: web.Request) -> web.Response:
+    actor = actor_of(request)
+    return json_reply({"name": actor.name, "tags": sorted(actor.tags)})
+
+
+# -- users ------------------------------------------------------------------------------------
+
+async def list_users(request: web.Request) -> web.Response:
+    return _listed(request, [user_json(u) for u in _ops(request).list_users(actor_of(request))])
+
+
+async def get_user(request: web.Request) -> web.Response:
+    return json_reply(user_json(_ops(request).get_user(actor_of(request), request.match_info["name"])))
+
+
+async def put_user(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    return _created_or_updated(_ops(request).put_user(actor_of(request), request.match_info["name"], body))
+
+
+async def delete_user(request: web.Request) -> web.Response:
+    _ops(request).delete_user(actor_of(request), request.match_info["name"])
+    return web.Response(status=NO_CONTENT)
+
+
+async def user_permissions(request: web.Request) -> web.Response:
+    return _listed(request, _ops(request).list_permissions(actor_of(request), user=request.match_info["name"]))
+
+
+# -- vhosts -----------------------------------------------------------------------------------
+
+async def list_vhosts(request: web.Request) -> web.Response:
+    return _listed(request, [vhost_json(v) for v in _ops(request).visible_vhosts(actor_of(request))])
+
+
+async def get_vhost(request: web.Request) -> web.Response:
+    return json_reply(vhost_json(_ops(request).get_vhost(actor_of(request), request.match_info["vhost"])))
+
+
+async def put_vhost(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    created = _ops(request).put_vhost(actor_of(request), request.match_info["vhost"],
+                                      body.get("description", ""), parse_tags(body.get("tags")))
+    return _created_or_updated(created)
+
+
+async def delete_vhost(request: web.Request) -> web.Response:
+    _ops(request).delete_vhost(actor_of(request), request.match_info["vhost"])
+    return web.Response(status=NO_CONTENT)
+
+
+async def vhost_permissions(request: web.Request) -> web.Response:
+    return _listed(request, _ops(request).list_permissions(actor_of(request), vhost=request.match_info["vhost"]))
+
+
+# -- permissions ------------------------------------------------------------------------------
+
+async def list_permissions(request: web.Request) -> web.Response:
+    return _listed(request, _ops(request).list_permissions(actor_of(request)))
+
+
+async def get_permission(request: web.Request) -> web.Response:
+    m = request.match_info
+    return json_reply(_ops(request).get_permissions(actor_of(request), m["vhost"], m["user"]))
+
+
+async def put_permission(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    m = request.match_info
+    return _created_or_updated(_ops(request).set_permissions(actor_of(request), m["vhost"], m["user"], body))
+
+
+async def delete_permission(request: web.Request) -> web.Response:
+    m = request.match_info
+    _ops(request).clear_permissions(actor_of(request), m["vhost"], m["user"])
+    return web.Response(status=NO_CONTENT)
+
+
+# -- policies ---------------------------------------------------------------------------------
+
+async def list_policies(request: web.Request) -> web.Response:
+    return _listed(request, _ops(request).list_policies(actor_of(request), request.match_info.get("vhost")))
+
+
+async def get_policy(request: web.Request) -> web.Response:
+    m = request.match_info
+    return json_reply(_ops(request).get_policy(actor_of(request), m["vhost"], m["name"]))
+
+
+async def put_policy(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    m = request.match_info
+    return _created_or_updated(_ops(request).set_policy(actor_of(request), m["vhost"], m["name"], body))
+
+
+async def delete_policy(request: web.Request) -> web.Response:
+    m = request.match_info
+    _ops(request).clear_policy(actor_of(request), m["vhost"], m["name"])
+    return web.Response(status=NO_CONTENT)
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/api/whoami", whoami)
+    r.add_get("/api/users", list_users)
+    r.add_get("/api/users/{name}", get_user)
+    r.add_put("/api/users/{name}", put_user)
+    r.add_delete("/api/users/{name}", delete_user)
+    r.add_get("/api/users/{name}/permissions", user_permissions)
+    r.add_get("/api/vhosts", list_vhosts)
+    r.add_get("/api/vhosts/{vhost}", get_vhost)
+    r.add_put("/api/vhosts/{vhost}", put_vhost)
+    r.add_delete("/api/vhosts/{vhost}", delete_vhost)
+    r.add_get("/api/vhosts/{vhost}/permissions", vhost_permissions)
+    r.add_get("/api/permissions", list_permissions)
+    r.add_get("/api/permissions/{vhost}/{user}", get_permission)
+    r.add_put("/api/permissions/{vhost}/{user}", put_permission)
+    r.add_delete("/api/permissions/{vhost}/{user}", delete_permission)
+    r.add_get("/api/policies", list_policies)
+    r.add_get("/api/policies/{vhost}", list_policies)
+    r.add_get("/api/policies/{vhost}/{name}", get_policy)
+    r.add_put("/api/policies/{vhost}/{name}", put_policy)
+    r.add_delete("/api/policies/{vhost}/{name}", delete_policy)
