@@ -60,6 +60,8 @@ class Config:
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
     http_port: int = 15672
+    prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
+    stats_sample_interval: float = 5.0  # seconds between message-rate samples
     log_level: str = "info"
     segment_size: int = 8 * 1024 * 1024
     fsync: str = "always"
@@ -88,12 +90,14 @@ class Config:
             raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
-        for name in ("amqp_port", "amqps_port", "http_port"):
+        for name in ("amqp_port", "amqps_port", "http_port", "prometheus_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
         if not self.bind:
             raise ConfigError("bind must name at least one address")
+        if not self.stats_sample_interval > 0:
+            raise ConfigError(f"stats_sample_interval must be above 0, not {self.stats_sample_interval}")
         self._validate_tls()
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
@@ -139,6 +143,8 @@ def _coerce(name: str, value: Any) -> Any:
             return int(value)
         if kind == "bool":
             return _bool(value)
+        if kind == "float":
+            return float(value)
         if kind == "list[str]":
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]
@@ -204,6 +210,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
     parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
     parser.add_argument("--http-port", dest="http_port", type=int)
+    parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--fsync", choices=FSYNC_POLICIES)
 
@@ -213,5 +220,5 @@ def from_args(args: argparse.Namespace) -> Config:
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
     overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
-                                                "log_level", "fsync")}
+                                                "prometheus_port", "log_level", "fsync")}
     return load(path, overrides=overrides)

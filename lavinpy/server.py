@@ -28,6 +28,7 @@ class Server:
         self._listeners: list[asyncio.AbstractServer] = []
         self.tls: ServerTLS | None = None
         self.http: Any = None  # the management API server, when http_port is not 0
+        self.metrics: Any = None  # the Prometheus endpoint's runner, when prometheus_port is not 0
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -46,6 +47,8 @@ class Server:
                                                 config.amqps_port, "AMQPS", self.tls.listener_context)
             if config.http_port:
                 await self._start_http()
+            if config.prometheus_port:
+                await self._start_metrics()
         except BaseException:
             self._close_listeners()
             raise
@@ -60,6 +63,12 @@ class Server:
         self.http = HttpServer(make_app(self.broker, self.sessions))
         await self.http.start(sockets)
         log.info("listening for HTTP on %s", ", ".join(address_text(s) for s in sockets))
+
+    async def _start_metrics(self) -> None:
+        from .http.metrics import start_metrics_server
+        sockets = bind_sockets(self.config.bind, self.config.prometheus_port, "Prometheus")
+        self.metrics = await start_metrics_server(self.broker, self.sessions, sockets)
+        log.info("listening for Prometheus on %s", ", ".join(address_text(s) for s in sockets))
 
     def _close_listeners(self) -> None:
         for listener in self._listeners:
@@ -85,6 +94,9 @@ class Server:
         if self.http is not None:
             await self.http.stop()
             self.http = None
+        if self.metrics is not None:
+            await self.metrics.cleanup()
+            self.metrics = None
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()

@@ -233,9 +233,17 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             queued, needs_sync = 0, False
         else:
             queued, needs_sync = self.vhost.publish(exchange, routing_key, properties, body)
-        if not queued and mandatory:
+        vhost_stats = self.vhost.stats
+        vhost_stats.publish += 1
+        exchange.stats.publish_in += 1
+        if queued:
+            exchange.stats.publish_out += 1
+        elif mandatory:
+            vhost_stats.return_unroutable += 1
             self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
                                                properties, body, self.conn.frame_max))
+        else:
+            vhost_stats.drop_unroutable += 1
         return needs_sync
 
     # --- deliveries ---------------------------------------------------------------------------
@@ -247,8 +255,14 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         self.delivery_tag += 1
         tag = self.delivery_tag
+        stats = consumer.queue.stats
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(consumer.queue, pos, consumer)
+            stats.deliver += 1
+        else:
+            stats.deliver_no_ack += 1
+        if redelivered:
+            stats.redeliver += 1
         self.conn.send_many(writer.deliver(self.id, consumer.tag, tag, redelivered, msg.exchange,
                                            msg.routing_key, msg.properties, msg.body, self.conn.frame_max))
 
@@ -297,8 +311,10 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                 item.queue.requeue(item.pos)
             elif requeue is None:
                 item.queue.ack(item.pos)
+                item.queue.stats.ack += 1
             else:
-                item.queue.reject(item.pos)  # dead-lettered (reason rejected) when the queue has a DLX
+                item.queue.reject(item.pos)
+                item.queue.stats.reject += 1  # dead-lettered (reason rejected) when the queue has a DLX
             touched.add(item.queue)
         for queue in touched:
             if queue.consumers:

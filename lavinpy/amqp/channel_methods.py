@@ -190,8 +190,12 @@ class ChannelMethods:
         tag = self.delivery_tag
         if m.no_ack:
             queue.ack(pos)
+            queue.stats.get_no_ack += 1
         else:
             self.unacked[tag] = Unacked(queue, pos, None)
+            queue.stats.get += 1
+        if redelivered:
+            queue.stats.redeliver += 1
         self.conn.send_many(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
                                           queue.message_count, msg.properties, msg.body, self.conn.frame_max))
 

@@ -68,6 +68,7 @@ class ConfirmsAndTx:
     def _send_ack(self, upto: int) -> None:
         if upto <= self._confirm_sent:
             return
+        self.vhost.stats.confirm += upto - self._confirm_sent
         if self._nacks:
             self._send_confirm_runs(upto)
             return

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout
-from .constants import CONNECTION_FORCED
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker

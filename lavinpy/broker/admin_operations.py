@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError
 from ..store.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password
+from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from .permissions import check_policy
 from .policies import Policy, PolicyError

@@ -11,6 +11,7 @@ from ..config import parse_watermark
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
 from .login_throttle import LoginThrottle
+from .stats import StatsSampler
 from .users import UserStore
 from .vhost import VHost
 
@@ -69,6 +70,7 @@ class Broker:
         self._pending_scheduled = False
         self.sessions: SessionLayer = _NoSessions(self)
         self._input_since_check = 0
+        self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
 
     def open(self) -> None:
         self.datadir.open()
@@ -100,6 +102,7 @@ class Broker:
             vhost.start_flusher()
         loop = asyncio.get_running_loop()
         self._alarm_task = loop.create_task(self._watch_resources())
+        self.stats.start()
 
     async def _watch_resources(self, interval: float = 2.0) -> None:
         while True:
@@ -166,6 +169,7 @@ class Broker:
         if task is not None:
             task.cancel()
         self.login_throttle.close()
+        self.stats.stop()
         for vhost in self.vhosts.values():
             vhost.close()
         self.datadir.write_clean_stop_marker()

@@ -58,4 +58,5 @@ def dead_letter(vhost: VHost, queue: QueueKind, msg: StoredMessage, reason: str)
         targets.append(target)
     if not targets:
         return 0
+    queue.stats.add_dead_lettered(reason)
     return append_and_push(vhost.store, dlx_name, routing_key, properties, msg.body, now, targets)[0]

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..amqp.constants import PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError, AMQPError
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPError
 from . import operations_objects as objects
 from .actor import Actor
 from .admin_operations import AdminOperations, parse_tags, password_spec, require_admin, user_json

@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from ..store.record import CorruptRecord
 from .exchanges.base import Exchange, freeze_arguments
+from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
 if TYPE_CHECKING:
     from .queue_base import QueueKind
@@ -49,6 +50,7 @@ def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
         "arguments": jsonable(exchange.arguments),
         "policy": policy.name if policy else None,
         "user_who_performed_action": "",
+        "message_stats": counters_stats(exchange.stats, EXCHANGE_FIELDS),
     }
 
 
@@ -85,6 +87,7 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         "policy": queue.settings.policy,
         "node": "lavinpy",
         "head_message_age_ms": _head_age_ms(queue, now_ms),
+        "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }
 
 

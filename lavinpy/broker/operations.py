@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..amqp.constants import ACCESS_REFUSED, NOT_FOUND
-from ..amqp.errors import AMQPChannelError
+from ..wire.constants import ACCESS_REFUSED, NOT_FOUND
+from ..wire.errors import AMQPChannelError
 from .actor import Actor
 
 if TYPE_CHECKING:

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.exceptions import PAMQPException
 
-from ..amqp.constants import ACCESS_REFUSED, PRECONDITION_FAILED
-from ..amqp.errors import AMQPChannelError
-from ..amqp.properties import decode_properties, encode_properties, peek_headers
 from ..store.record import CorruptRecord, StoredMessage
+from ..wire.constants import ACCESS_REFUSED, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
+from ..wire.properties import decode_properties, encode_properties, peek_headers
 from .actor import Actor
 from .arguments import ArgumentError, parse_expiration
 from .object_info import jsonable
 from .operations_objects import readable_queue
+from .stats import count_publish
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
@@ -133,6 +134,7 @@ def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routi
         except ArgumentError as e:
             raise bad_input(e.text) from None
     queued, _ = vhost.publish(exchange, routing_key, properties, body)
+    count_publish(vhost.stats, exchange.stats, bool(queued))
     return bool(queued)
 
 
@@ -158,6 +160,7 @@ def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: i
                 break
             pos, msg, redelivered = got
             taken.append(pos)
+            queue.stats.get += 1
             out.append(message_to_json(msg, redelivered, queue.message_count, encoding, truncate))
     finally:
         for pos in taken:

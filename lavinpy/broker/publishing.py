@@ -41,6 +41,7 @@ def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, pro
         if queue.index.closed:
             continue
         queue.push(pos, persistent, message)
+        queue.stats.publish += 1
         pushed += 1
         if persistent and queue.durable:
             needs_sync = True

@@ -11,6 +11,7 @@ from ..store.record import StoredMessage
 from .consumer_set import ConsumerSet
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .queue_features import QueueFeatures
+from .stats import MessageCounters
 
 if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
@@ -48,6 +49,7 @@ class Queue(QueueKind):
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
         self.consumers: ConsumerSet = ConsumerSet()
+        self.stats = MessageCounters()
         self.deleted = False
         self.special = False
         self._had_consumer = False

@@ -31,6 +31,7 @@ from ..wire.position import pos_segment
 from ..wire.properties import append_header_entry, peek_headers, replace_headers
 from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, QueueKind
+from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class StreamQueue(QueueKind):
         # Arguments only: RabbitMQ streams take retention from their declaration here.
         self.settings = QueueSettings.resolve(self.arguments)
         self.consumers: list[Consumer] = []
+        self.stats = MessageCounters()
         self.deleted = False
         self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
         self._damaged: set[int] = set()  # positions of damaged records already reported

@@ -43,6 +43,7 @@ from .publishing import VHostPublishing
 from .queue import Queue
 from .queue_base import QueueKind
 from .recovery import orphan_queue_declares
+from .stats import EXCHANGE_FIELDS, MessageCounters
 from .stream_arguments import validate_stream_declare
 from .stream_queue import StreamQueue
 
@@ -83,6 +84,7 @@ class VHost(VHostPublishing):
         self.generation = 0  # bumped when an exchange goes away: channels cache resolved exchanges
         self.queues: dict[str, QueueKind] = {}
         self.corrupt_messages = 0  # damaged records found (and skipped) by this vhost's queues
+        self.stats = MessageCounters()  # publishing channels' counts, and those of deleted queues
         self._flush_task: asyncio.Task | None = None
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
@@ -278,6 +280,7 @@ class VHost(VHostPublishing):
         if if_unused and exchange.has_bindings():
             raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
+        exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
         self._alternates.pop(name, None)
         if isinstance(exchange, DelayedExchange) and exchange.held is not None:
             exchange.held.delete()
@@ -453,6 +456,7 @@ class VHost(VHostPublishing):
             if exchange.unbind_all(queue):
                 self._maybe_auto_delete_exchange(exchange)
         count = queue.delete()
+        queue.stats.fold_into(self.stats)
         if queue.durable and not queue.exclusive:
             self.definitions.append(commands.Queue.Delete(queue=name))
         return count

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..amqp.errors import AMQPError
 from ..broker.actor import Actor
+from ..wire.errors import AMQPError
 from .auth import REALM, authenticate
 from .errors import ApiError, error_response, from_amqp_error
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lavinpy.http")
 
 # Modules of this package with an ``add_routes(app)``, registered in this order.
-ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions"]
+ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions", "routes_stats"]
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..amqp.constants import (
+from ..wire.constants import (
     ACCESS_REFUSED,
     INTERNAL_ERROR,
     NOT_ALLOWED,
@@ -31,7 +31,7 @@ from ..amqp.constants import (
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from ..amqp.errors import AMQPError
+from ..wire.errors import AMQPError
 
 BAD_REQUEST = (400, "bad_request")
 REPLY_CODE_TO_HTTP: dict[int, tuple[int, str]] = {

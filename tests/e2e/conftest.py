@@ -38,6 +38,7 @@ EXTERNAL_URL = os.environ.get("LAVINPY_TEST_URL", "").strip()
 RABBITMQCTL = os.environ.get("LAVINPY_TEST_RABBITMQCTL", "").strip()
 EXTERNAL_HTTP_URL = os.environ.get("LAVINPY_TEST_HTTP_URL", "").strip()
 DEFAULT_TIMEOUT = 60
+STARTED_LINE = "INFO lavinpy: lavinpy started"
 
 ON_LAVINPY = not EXTERNAL_URL
 
@@ -80,6 +81,7 @@ class LocalBroker:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.http_port = free_port()
+        self.prometheus_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_args: list[str] = []
 
@@ -95,6 +97,11 @@ class LocalBroker:
     def http_url(self) -> str:
         """The management API's base URL (no credentials)."""
         return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The Prometheus endpoint's base URL."""
+        return f"http://{self.host}:{self.prometheus_port}"
 
     @property
     def pid(self) -> int:
@@ -117,15 +124,19 @@ class LocalBroker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(self.data_dir),
-               "--amqp-port", str(self.port), "--http-port", str(self.http_port), "--log-level", "info",
+               "--amqp-port", str(self.port), "--http-port", str(self.http_port),
+               "--prometheus-port", str(self.prometheus_port), "--log-level", "info",
                "--fsync", "always", *self.extra_args]
+        started_before = self.log.count(STARTED_LINE)
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start {' '.join(cmd[1:])}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        while not (port_open(self.host, self.port) and port_open(self.host, self.http_port)):
+        # Listening is not enough: the server handles SIGTERM only once its start has finished.
+        while not (port_open(self.host, self.port) and port_open(self.host, self.http_port)
+                   and self.log.count(STARTED_LINE) > started_before):
             if self.proc.poll() is not None:
                 pytest.fail(f"lavinpy exited with code {self.proc.returncode} while starting:\n"
                             f"{self.log[-4000:]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from typing import Any, ClassVar, NamedTuple
 
+from lavinpy.broker.stats import MessageCounters
 from lavinpy.wire.constants import PRECONDITION_FAILED
 from lavinpy.wire.errors import AMQPChannelError
 
@@ -78,6 +79,7 @@ class Exchange:
         # Optional alternate exchange, set by the vhost. As in RabbitMQ it is consulted for every
         # exchange on the routing walk whose own bindings select nothing.
         self.alternate: Exchange | None = None
+        self.stats = MessageCounters()
         self._bindings: dict[BindingKey, Binding] = {}
         # Number of bindings per destination: makes unbind_all and bound_destinations cheap.
         self._per_destination: dict[Hashable, int] = {}

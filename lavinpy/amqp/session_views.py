@@ -1,0 +1,193 @@
+"""Read-only views of the live sessions (connections, channels, consumers) as RabbitMQ's API shows them.
+
+No state of their own: each call walks ``Sessions.connections``. What an actor may see follows
+RabbitMQ: ``monitoring`` and ``administrator`` users see every connection, other users only their
+own; closing another user's connection needs ``administrator``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND
+from ..wire.errors import AMQPChannelError
+from .connection import OPEN
+
+if TYPE_CHECKING:
+    from ..broker.actor import Actor
+    from ..broker.consumer import Consumer
+    from .channel import Channel
+    from .connection import AMQPConnection
+    from .sessions import Sessions
+
+PROTOCOL = "AMQP 0-9-1"
+DEFAULT_CLOSE_REASON = "Closed via management plugin"
+
+
+def _addresses(conn: AMQPConnection) -> tuple[str, int, str, int, bool]:
+    """(peer host, peer port, local host, local port, TLS) from the connection's socket."""
+    transport = getattr(conn.driver, "transport", None)
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    ssl = transport is not None and transport.get_extra_info("ssl_object") is not None
+    peer_host, peer_port = (peer[0], peer[1]) if isinstance(peer, tuple) else ("", 0)
+    host, port = (local[0], local[1]) if isinstance(local, tuple) else ("", 0)
+    return peer_host, peer_port, host, port, ssl
+
+
+def connection_name(conn: AMQPConnection) -> str:
+    """RabbitMQ's connection name: ``peer_host:peer_port -> host:port``."""
+    peer_host, peer_port, host, port, _ = _addresses(conn)
+    return f"{peer_host}:{peer_port} -> {host}:{port}"
+
+
+def _visible(actor: Actor | None, conn: AMQPConnection) -> bool:
+    return actor is None or actor.can_monitor() or conn.username == actor.name
+
+
+def open_connections(sessions: Sessions, actor: Actor | None, vhost: str | None = None) -> list[AMQPConnection]:
+    """Logged-in connections the actor may see, optionally of one vhost."""
+    return [c for c in list(sessions.connections)
+            if c.state == OPEN and c.vhost is not None and (vhost is None or c.vhost.name == vhost)
+            and _visible(actor, c)]
+
+
+def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
+    peer_host, peer_port, host, port, ssl = _addresses(conn)
+    return {
+        "name": f"{peer_host}:{peer_port} -> {host}:{port}",
+        "node": node,
+        "type": "network",
+        "state": "blocked" if conn.blocked else "running",
+        "protocol": PROTOCOL,
+        "user": conn.username,
+        "user_who_performed_action": conn.username,
+        "vhost": conn.vhost.name,
+        "channels": len(conn.channels),
+        "channel_max": conn.channel_max,
+        "frame_max": conn.frame_max,
+        "timeout": conn.heartbeat,
+        "peer_host": peer_host,
+        "peer_port": peer_port,
+        "host": host,
+        "port": port,
+        "ssl": ssl,
+        "auth_mechanism": "PLAIN",
+        "client_properties": _jsonable(conn.client_properties),
+    }
+
+
+def find_connection(sessions: Sessions, actor: Actor | None, name: str) -> AMQPConnection:
+    for conn in open_connections(sessions, actor):
+        if connection_name(conn) == name:
+            return conn
+    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
+
+
+def close_connection(sessions: Sessions, actor: Actor | None, name: str, reason: str | None) -> None:
+    """Close a connection with 320 CONNECTION_FORCED and ``reason`` (the owner or an administrator)."""
+    conn = find_connection(sessions, actor, name)
+    if actor is not None and conn.username != actor.name and not actor.is_admin():
+        raise AMQPChannelError(ACCESS_REFUSED, f"user '{actor.name}' may not close connection '{name}'")
+    conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason or DEFAULT_CLOSE_REASON}")
+
+
+def _channel_name(conn_name: str, channel: Channel) -> str:
+    return f"{conn_name} ({channel.id})"
+
+
+def channel_info(conn: AMQPConnection, channel: Channel, node: str) -> dict[str, Any]:
+    name = connection_name(conn)
+    peer_host, peer_port, _, _, _ = _addresses(conn)
+    return {
+        "name": _channel_name(name, channel),
+        "node": node,
+        "number": channel.id,
+        "user": conn.username,
+        "vhost": conn.vhost.name,
+        "state": "running" if channel.flow_active else "flow",
+        "confirm": channel.confirm,
+        "transactional": channel.tx,
+        "consumer_count": len(channel.consumers),
+        "messages_unacknowledged": len(channel.unacked),
+        "messages_unconfirmed": max(0, channel.publish_seq - channel._confirm_sent),
+        "prefetch_count": channel.prefetch_count,
+        "global_prefetch_count": channel.global_prefetch,
+        "connection_details": {"name": name, "peer_host": peer_host, "peer_port": peer_port},
+    }
+
+
+def channel_infos(sessions: Sessions, actor: Actor | None, node: str, *, vhost: str | None = None,
+                  connection: str | None = None) -> list[dict[str, Any]]:
+    conns = open_connections(sessions, actor, vhost)
+    if connection is not None:
+        conns = [find_connection(sessions, actor, connection)]
+    return [channel_info(conn, channel, node) for conn in conns for channel in list(conn.channels.values())]
+
+
+def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer) -> dict[str, Any]:
+    name = connection_name(conn)
+    peer_host, peer_port, _, _, _ = _addresses(conn)
+    queue = consumer.queue
+    return {
+        "consumer_tag": consumer.tag,
+        "queue": {"name": queue.name, "vhost": queue.vhost.name},
+        "channel_details": {"name": _channel_name(name, channel), "number": channel.id,
+                            "connection_name": name, "peer_host": peer_host, "peer_port": peer_port,
+                            "user": conn.username, "node": ""},
+        "ack_required": not consumer.no_ack,
+        "exclusive": consumer.exclusive,
+        "prefetch_count": consumer.prefetch,
+        "active": True,
+        "activity_status": "up",
+        "arguments": _jsonable(consumer.arguments),
+    }
+
+
+def consumer_infos(sessions: Sessions, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
+    """Every consumer on the connections the actor may see (RabbitMQ: of vhosts it may access)."""
+    infos = []
+    for conn in list(sessions.connections):
+        if conn.state != OPEN or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost):
+            continue
+        if actor is not None and not actor.can_monitor() and not actor.can_access_vhost(conn.vhost.name):
+            continue
+        for channel in list(conn.channels.values()):
+            for consumer in list(channel.consumers.values()):
+                infos.append(consumer_info(conn, channel, consumer))
+    return infos
+
+
+def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tuple[str, str], float]:
+    """(vhost, queue) -> seconds its oldest unacknowledged delivery has waited.
+
+    Read from what the consumer-timeout sweep records for each channel's oldest delivery (first seen
+    by a sweep, so within one sweep interval): no per-delivery timestamps on the hot path.
+    """
+    now = time.monotonic() if now is None else now
+    ages: dict[tuple[str, str], float] = {}
+    for conn in list(sessions.connections):
+        for channel in list(conn.channels.values()):
+            seen = channel.oldest_unacked_seen
+            if seen is None:
+                continue
+            item = channel.unacked.get(seen[0])
+            if item is None:
+                continue
+            key = (item.queue.vhost.name, item.queue.name)
+            ages[key] = max(ages.get(key, 0.0), now - seen[1])
+    return ages
+
+
+def _jsonable(value: Any) -> Any:
+    """Field-table values as JSON: bytes as text, nested tables and arrays walked."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

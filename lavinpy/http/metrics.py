@@ -1,0 +1,309 @@
+"""Prometheus metrics on ``prometheus_port``: ``/metrics`` (node totals) and ``/metrics/detailed``.
+
+A custom prometheus_client collector reads the broker's message counters (broker/stats.py) and its
+objects at scrape time: nothing is kept between scrapes. Family names are those of RabbitMQ's
+rabbitmq_prometheus plugin where one exists, with the prefix ``lavinpy`` by default; ``?prefix=
+rabbitmq`` gives RabbitMQ's exact names, so its Grafana dashboards work unchanged. Families without a
+RabbitMQ counterpart (message ages, exchange counters) keep the same naming scheme.
+
+``/metrics/detailed?family=F&family=G&vhost=V`` gives per-object families (``<prefix>_detailed_*``
+with ``vhost``/``queue``/``exchange`` labels); without ``family`` every detailed family is given.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .. import __version__
+from ..amqp import session_views
+from ..broker import node_info
+from ..broker.stats import DEAD_LETTER_REASONS, head_message_timestamp_ms, node_totals
+
+if TYPE_CHECKING:
+    from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
+    from ..broker.queue_base import QueueKind
+    from ..broker.vhost import VHost
+
+DEFAULT_PREFIX = "lavinpy"
+_PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+DETAILED_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count", "queue_metrics", "queue_delivery_metrics",
+                     "queue_publish_metrics", "exchange_metrics", "vhost_status")
+
+# (counter name after the prefix, node-total field(s), HELP) for the aggregated counters.
+_CHANNEL_COUNTERS = (
+    ("channel_messages_published_total", ("publish",),
+     "Total number of messages published into an exchange on a channel"),
+    ("channel_messages_confirmed_total", ("confirm",),
+     "Total number of messages published into an exchange and confirmed on the channel"),
+    ("channel_messages_unroutable_returned_total", ("return_unroutable",),
+     "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable"),
+    ("channel_messages_unroutable_dropped_total", ("drop_unroutable",),
+     "Total number of messages published as non-mandatory into an exchange and dropped as unroutable"),
+    ("channel_get_ack_total", ("get",),
+     "Total number of messages fetched with basic.get in manual acknowledgement mode"),
+    ("channel_get_total", ("get_no_ack",),
+     "Total number of messages fetched with basic.get in automatic acknowledgement mode"),
+    ("channel_messages_delivered_ack_total", ("deliver",),
+     "Total number of messages delivered to consumers in manual acknowledgement mode"),
+    ("channel_messages_delivered_total", ("deliver_no_ack",),
+     "Total number of messages delivered to consumers in automatic acknowledgement mode"),
+    ("channel_messages_redelivered_total", ("redeliver",),
+     "Total number of messages redelivered to consumers"),
+    ("channel_messages_acked_total", ("ack",), "Total number of messages acknowledged by consumers"),
+    ("global_messages_received_total", ("publish",), "Total number of messages received from publishers"),
+    ("global_messages_routed_total", ("publish_out",), "Total number of messages routed to queues or streams"),
+    ("global_messages_unroutable_dropped_total", ("drop_unroutable",),
+     "Total number of messages published as non-mandatory into an exchange and dropped as unroutable"),
+    ("global_messages_unroutable_returned_total", ("return_unroutable",),
+     "Total number of messages published as mandatory into an exchange and returned to the publisher as unroutable"),
+    ("global_messages_confirmed_total", ("confirm",), "Total number of messages confirmed to publishers"),
+    ("global_messages_delivered_total", ("deliver", "deliver_no_ack", "get", "get_no_ack"),
+     "Total number of messages delivered to consumers"),
+    ("global_messages_delivered_consume_manual_ack_total", ("deliver",),
+     "Total number of messages delivered to consumers using basic.consume with manual acknowledgment"),
+    ("global_messages_delivered_consume_auto_ack_total", ("deliver_no_ack",),
+     "Total number of messages delivered to consumers using basic.consume with automatic acknowledgment"),
+    ("global_messages_delivered_get_manual_ack_total", ("get",),
+     "Total number of messages delivered to consumers using basic.get with manual acknowledgment"),
+    ("global_messages_delivered_get_auto_ack_total", ("get_no_ack",),
+     "Total number of messages delivered to consumers using basic.get with automatic acknowledgment"),
+    ("global_messages_redelivered_total", ("redeliver",),
+     "Total number of messages redelivered to consumers"),
+    ("global_messages_acknowledged_total", ("ack",), "Total number of messages acknowledged by consumers"),
+)
+
+
+def _gauge(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value, labels=labels)
+
+
+class BrokerCollector:
+    """Reads the broker at scrape time. ``detailed`` selects per-object families instead of totals."""
+
+    def __init__(self, broker: Broker, sessions: Sessions, prefix: str, *, detailed: bool = False,
+                 families: tuple[str, ...] = (), vhosts: tuple[str, ...] = ()) -> None:
+        self.broker = broker
+        self.sessions = sessions
+        self.prefix = prefix
+        self.detailed = detailed
+        self.families = families or DETAILED_FAMILIES
+        self.vhosts = vhosts
+
+    def collect(self) -> Iterator[Metric]:
+        if self.detailed:
+            yield from self._detailed()
+        else:
+            yield from self._identity()
+            yield from self._node()
+            yield from self._totals()
+
+    # --- aggregated ---------------------------------------------------------------------------
+    def _identity(self) -> Iterator[Metric]:
+        p = self.prefix
+        node = node_info.node_name()
+        identity = _gauge(f"{p}_identity_info", "RabbitMQ node & cluster identity info",
+                          labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
+        identity.add_metric([node, node, f"lavinpy-{socket.gethostname()}"], 1)
+        yield identity
+        build = _gauge(f"{p}_build_info", "RabbitMQ & Erlang/OTP version info",
+                       labels=["rabbitmq_version", "product_name", "product_version", "prometheus_plugin_version"])
+        build.add_metric([node_info.API_COMPATIBLE_VERSION, node_info.PRODUCT_NAME, __version__, __version__], 1)
+        yield build
+
+    def _node(self) -> Iterator[Metric]:
+        p = self.prefix
+        state = node_info.resource_state(self.broker)
+        node = node_info.node_info(self.broker, len(self.sessions.connections))
+        yield _gauge(f"{p}_process_resident_memory_bytes", "Memory used in bytes", state["mem_used"])
+        yield _gauge(f"{p}_resident_memory_limit_bytes", "Memory high watermark in bytes", state["mem_limit"])
+        yield _gauge(f"{p}_disk_space_available_bytes", "Disk space available in bytes", state["disk_free"])
+        yield _gauge(f"{p}_disk_space_available_limit_bytes", "Free disk space low watermark in bytes",
+                     state["disk_free_limit"])
+        yield _gauge(f"{p}_process_open_fds", "Open file descriptors", node["fd_used"])
+        yield _gauge(f"{p}_process_max_fds", "Open file descriptors limit", node["fd_total"])
+        yield _gauge(f"{p}_alarms_memory_used_watermark",
+                     "is 1 if VM memory watermark alarm is in effect", int(state["mem_alarm"]))
+        yield _gauge(f"{p}_alarms_free_disk_space_watermark",
+                     "is 1 if free disk space watermark alarm is in effect", int(state["disk_free_alarm"]))
+        yield _gauge(f"{p}_alarms_file_descriptor_limit", "is 1 if file descriptor limit alarm is in effect", 0)
+        yield _gauge(f"{p}_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
+
+    def _totals(self) -> Iterator[Metric]:
+        p = self.prefix
+        conns = session_views.open_connections(self.sessions, None)
+        yield _gauge(f"{p}_connections", "Connections currently open", len(conns))
+        yield _gauge(f"{p}_channels", "Channels currently open", sum(len(c.channels) for c in conns))
+        ready = unacked = queues = consumers = 0
+        for vhost in list(self.broker.vhosts.values()):
+            queues += len(vhost.queues)
+            for queue in vhost.queues.values():
+                ready += queue.message_count
+                unacked += queue.index.unacked_count
+                consumers += queue.consumer_count
+        yield _gauge(f"{p}_consumers", "Consumers currently connected", consumers)
+        yield _gauge(f"{p}_queues", "Queues available", queues)
+        yield _gauge(f"{p}_queue_messages_ready", "Messages ready to be delivered to consumers", ready)
+        yield _gauge(f"{p}_queue_messages_unacked", "Messages delivered to consumers but not yet acknowledged",
+                     unacked)
+        yield _gauge(f"{p}_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
+                     ready + unacked)
+        yield _gauge(f"{p}_queue_consumers", "Consumers on a queue", consumers)
+        totals = node_totals(self.broker)
+        counts = totals.counts
+        for name, fields, doc in _CHANNEL_COUNTERS:
+            yield CounterMetricFamily(f"{p}_{name}", doc, value=sum(counts[f] for f in fields))
+        for reason in DEAD_LETTER_REASONS:
+            family = CounterMetricFamily(f"{p}_global_messages_dead_lettered_{reason}_total",
+                                         f"Total number of messages dead-lettered due to {reason}",
+                                         labels=["queue_type", "dead_letter_strategy"])
+            family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
+            yield family
+
+    # --- per object ---------------------------------------------------------------------------
+    def _selected_vhosts(self) -> list[VHost]:
+        vhosts = list(self.broker.vhosts.values())
+        if self.vhosts:
+            vhosts = [v for v in vhosts if v.name in self.vhosts]
+        return vhosts
+
+    def _detailed(self) -> Iterator[Metric]:
+        d = f"{self.prefix}_detailed"
+        vhosts = self._selected_vhosts()
+        queues: list[tuple[str, QueueKind]] = [(v.name, q) for v in vhosts for q in list(v.queues.values())]
+        wanted = set(self.families)
+        q_labels = ["vhost", "queue"]
+        if "queue_coarse_metrics" in wanted:
+            ready = _gauge(f"{d}_queue_messages_ready", "Messages ready to be delivered to consumers", labels=q_labels)
+            unacked = _gauge(f"{d}_queue_messages_unacked",
+                             "Messages delivered to consumers but not yet acknowledged", labels=q_labels)
+            total = _gauge(f"{d}_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
+                           labels=q_labels)
+            for vhost, queue in queues:
+                r, u = queue.message_count, queue.index.unacked_count
+                ready.add_metric([vhost, queue.name], r)
+                unacked.add_metric([vhost, queue.name], u)
+                total.add_metric([vhost, queue.name], r + u)
+            yield from (ready, unacked, total)
+        if "queue_consumer_count" in wanted:
+            family = _gauge(f"{d}_queue_consumers", "Consumers on a queue", labels=q_labels)
+            for vhost, queue in queues:
+                family.add_metric([vhost, queue.name], queue.consumer_count)
+            yield family
+        if "queue_metrics" in wanted:
+            yield from self._ages(d, queues)
+        if "queue_delivery_metrics" in wanted:
+            yield from self._queue_counters(d, queues)
+        if "queue_publish_metrics" in wanted:
+            family = CounterMetricFamily(f"{d}_queue_messages_published_total",
+                                         "Total number of messages published to queues", labels=q_labels)
+            for vhost, queue in queues:
+                family.add_metric([vhost, queue.name], queue.stats.publish)
+            yield family
+        if "exchange_metrics" in wanted:
+            x_labels = ["vhost", "exchange"]
+            published_in = CounterMetricFamily(f"{d}_exchange_messages_published_in_total",
+                                               "Total number of messages published into an exchange", labels=x_labels)
+            published_out = CounterMetricFamily(f"{d}_exchange_messages_published_out_total",
+                                                "Total number of messages an exchange routed to a queue",
+                                                labels=x_labels)
+            for vhost in vhosts:
+                for exchange in list(vhost.exchanges.values()):
+                    published_in.add_metric([vhost.name, exchange.name], exchange.stats.publish_in)
+                    published_out.add_metric([vhost.name, exchange.name], exchange.stats.publish_out)
+            yield from (published_in, published_out)
+        if "vhost_status" in wanted:
+            family = _gauge(f"{d}_vhost_status", "Whether a given vhost is running", labels=["vhost"])
+            for vhost in vhosts:
+                family.add_metric([vhost.name], 0 if vhost.closed else 1)
+            yield family
+
+    def _ages(self, d: str, queues: list[tuple[str, QueueKind]]) -> Iterator[Metric]:
+        q_labels = ["vhost", "queue"]
+        now_ms = time.time() * 1000
+        head_ts = _gauge(f"{d}_queue_head_message_timestamp",
+                         "Timestamp of the first message in the queue, if any", labels=q_labels)
+        head_age = _gauge(f"{d}_queue_head_message_age_seconds",
+                          "Seconds since the queue's head message was published (0 when empty)", labels=q_labels)
+        unacked_age = _gauge(f"{d}_queue_oldest_unacked_age_seconds",
+                             "Seconds the queue's oldest unacknowledged delivery has waited (0 when none)",
+                             labels=q_labels)
+        unacked_ages = session_views.oldest_unacked_ages(self.sessions)
+        for vhost, queue in queues:
+            timestamp = head_message_timestamp_ms(queue)
+            if timestamp is not None:
+                head_ts.add_metric([vhost, queue.name], timestamp // 1000)
+            head_age.add_metric([vhost, queue.name],
+                                max(0.0, (now_ms - timestamp) / 1000) if timestamp is not None else 0.0)
+            unacked_age.add_metric([vhost, queue.name], round(unacked_ages.get((vhost, queue.name), 0.0), 3))
+        yield from (head_ts, head_age, unacked_age)
+
+    def _queue_counters(self, d: str, queues: list[tuple[str, QueueKind]]) -> Iterator[Metric]:
+        q_labels = ["vhost", "queue"]
+        spec = (("queue_get_ack_total", "get", "Total number of messages fetched from a queue with basic.get "
+                 "in manual acknowledgement mode"),
+                ("queue_get_total", "get_no_ack", "Total number of messages fetched from a queue with basic.get "
+                 "in automatic acknowledgement mode"),
+                ("queue_delivered_ack_total", "deliver", "Total number of messages delivered from a queue to "
+                 "consumers in manual acknowledgement mode"),
+                ("queue_delivered_total", "deliver_no_ack", "Total number of messages delivered from a queue to "
+                 "consumers in automatic acknowledgement mode"),
+                ("queue_redelivered_total", "redeliver", "Total number of messages redelivered from a queue to "
+                 "consumers"),
+                ("queue_acked_total", "ack", "Total number of messages acknowledged by consumers on a queue"))
+        for name, field, doc in spec:
+            family = CounterMetricFamily(f"{d}_{name}", doc, labels=q_labels)
+            for vhost, queue in queues:
+                family.add_metric([vhost, queue.name], getattr(queue.stats, field))
+            yield family
+
+
+def _prefix(request: web.Request) -> str:
+    prefix = request.query.get("prefix", DEFAULT_PREFIX)
+    if not _PREFIX.fullmatch(prefix):
+        raise web.HTTPBadRequest(text=f"prefix must match [a-zA-Z_][a-zA-Z0-9_]*, not {prefix!r}\n")
+    return prefix
+
+
+def _render(collector: BrokerCollector) -> web.Response:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
+    """The Prometheus endpoint application (no authentication, as RabbitMQ's)."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        return _render(BrokerCollector(broker, sessions, _prefix(request)))
+
+    async def detailed(request: web.Request) -> web.Response:
+        families = tuple(request.query.getall("family", []))
+        unknown = [f for f in families if f not in DETAILED_FAMILIES]
+        if unknown:
+            raise web.HTTPBadRequest(text=f"unknown family {unknown[0]!r}; known: {', '.join(DETAILED_FAMILIES)}\n")
+        vhosts = tuple(request.query.getall("vhost", []))
+        return _render(BrokerCollector(broker, sessions, _prefix(request), detailed=True, families=families,
+                                       vhosts=vhosts))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics/detailed", detailed)
+    return app
+
+
+async def start_metrics_server(broker: Broker, sessions: Sessions, sockets: list[Any]) -> web.AppRunner:
+    """Serve the metrics application on already-bound sockets; the caller cleans the runner up."""
+    runner = web.AppRunner(make_metrics_app(broker, sessions), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    for sock in sockets:
+        await web.SockSite(runner, sock).start()
+    return runner

@@ -1,0 +1,146 @@
+"""The read-only views and health checks: overview, nodes, connections, channels, consumers,
+/api/health/checks/*, /api/aliveness-test. Handlers translate; node_info and session_views decide
+what the acting user may see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..amqp import session_views as views
+from ..broker import node_info
+from ..broker.operations import open_vhost
+from .app import actor_of, broker_of, json_reply, sessions_of
+from .errors import not_found
+from .listing import apply_list_query
+
+
+def _status(ok: bool, reason: str = "", **extra: Any) -> web.Response:
+    """RabbitMQ's health-check reply: 200 ok, or 503 failed with a reason."""
+    if ok:
+        return json_reply({"status": "ok", **extra})
+    return json_reply({"status": "failed", "reason": reason, **extra}, status=503)
+
+
+async def overview(request: web.Request) -> web.Response:
+    sessions, actor = sessions_of(request), actor_of(request)
+    connections = views.open_connections(sessions, actor)
+    channels = sum(len(c.channels) for c in connections)
+    consumers = len(views.consumer_infos(sessions, actor))
+    return json_reply(node_info.overview(broker_of(request), actor, connections=len(connections),
+                                         channels=channels, consumers=consumers))
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    node_info.require_monitor(actor_of(request))
+    info = node_info.node_info(broker_of(request), len(sessions_of(request).connections))
+    return json_reply(apply_list_query([info], request.query))
+
+
+async def get_node(request: web.Request) -> web.Response:
+    node_info.require_monitor(actor_of(request))
+    if request.match_info["name"] != node_info.node_name():
+        raise not_found()
+    return json_reply(node_info.node_info(broker_of(request), len(sessions_of(request).connections)))
+
+
+def _node() -> str:
+    return node_info.node_name()
+
+
+async def list_connections(request: web.Request) -> web.Response:
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        open_vhost(broker_of(request), actor_of(request), vhost)
+    conns = views.open_connections(sessions_of(request), actor_of(request), vhost)
+    return json_reply(apply_list_query([views.connection_info(c, _node()) for c in conns], request.query))
+
+
+async def get_connection(request: web.Request) -> web.Response:
+    conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
+    return json_reply(views.connection_info(conn, _node()))
+
+
+async def delete_connection(request: web.Request) -> web.Response:
+    views.close_connection(sessions_of(request), actor_of(request), request.match_info["name"],
+                           request.headers.get("X-Reason"))
+    return web.Response(status=204)
+
+
+async def list_channels(request: web.Request) -> web.Response:
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        open_vhost(broker_of(request), actor_of(request), vhost)
+    items = views.channel_infos(sessions_of(request), actor_of(request), _node(), vhost=vhost,
+                                connection=request.match_info.get("name"))
+    return json_reply(apply_list_query(items, request.query))
+
+
+async def list_consumers(request: web.Request) -> web.Response:
+    vhost = request.match_info.get("vhost")
+    if vhost is not None:
+        open_vhost(broker_of(request), actor_of(request), vhost)
+    items = views.consumer_infos(sessions_of(request), actor_of(request), vhost)
+    return json_reply(apply_list_query(items, request.query))
+
+
+async def check_alarms(request: web.Request) -> web.Response:
+    alarms = node_info.alarms(broker_of(request))
+    if not alarms:
+        return _status(True)
+    return _status(False, "There are alarms in effect in the cluster",
+                   alarms=[{"node": _node(), "resource": a} for a in alarms])
+
+
+async def check_local_alarms(request: web.Request) -> web.Response:
+    alarms = node_info.alarms(broker_of(request))
+    if not alarms:
+        return _status(True)
+    return _status(False, "There are alarms in effect on the node",
+                   alarms=[{"node": _node(), "resource": a} for a in alarms])
+
+
+async def check_virtual_hosts(request: web.Request) -> web.Response:
+    down = node_info.vhosts_down(broker_of(request))
+    if not down:
+        return _status(True)
+    return _status(False, "Some virtual hosts are down", **{"virtual-hosts": down})
+
+
+async def check_port_listener(request: web.Request) -> web.Response:
+    raw = request.match_info["port"]
+    try:
+        port = int(raw)
+    except ValueError:
+        return _status(False, f"port must be a number, not {raw!r}")
+    ports = sorted({listener["port"] for listener in node_info.listeners(broker_of(request))})
+    if port in ports:
+        return _status(True, port=port)
+    return _status(False, "No active listener", missing=port, ports=ports)
+
+
+async def aliveness_test(request: web.Request) -> web.Response:
+    failure = node_info.aliveness_test(broker_of(request), actor_of(request), request.match_info["vhost"])
+    return _status(failure is None, failure or "")
+
+
+def add_routes(app: web.Application) -> None:
+    router = app.router
+    router.add_get("/api/overview", overview)
+    router.add_get("/api/nodes", list_nodes)
+    router.add_get("/api/nodes/{name}", get_node)
+    router.add_get("/api/connections", list_connections)
+    router.add_get("/api/connections/{name}", get_connection)
+    router.add_delete("/api/connections/{name}", delete_connection)
+    router.add_get("/api/connections/{name}/channels", list_channels)
+    router.add_get("/api/vhosts/{vhost}/connections", list_connections)
+    router.add_get("/api/channels", list_channels)
+    router.add_get("/api/vhosts/{vhost}/channels", list_channels)
+    router.add_get("/api/consumers", list_consumers)
+    router.add_get("/api/consumers/{vhost}", list_consumers)
+    router.add_get("/api/health/checks/alarms", check_alarms)
+    router.add_get("/api/health/checks/local-alarms", check_local_alarms)
+    router.add_get("/api/health/checks/virtual-hosts", check_virtual_hosts)
+    router.add_get("/api/health/checks/port-listener/{port}", check_port_listener)
+    router.add_get("/api/aliveness-test/{vhost}", aliveness_test)
