@@ -12,9 +12,10 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..config import parse_watermark
 from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
-from .alarms import disk_free, parse_watermark, process_rss
+from .alarms import disk_free, process_rss
 from .operations import open_vhost, visible_vhosts
 
 if TYPE_CHECKING:
