@@ -68,7 +68,7 @@ def error_response(status: int, error: str, reason: str, headers: dict[str, str]
 
 
 def from_amqp_error(exc: AMQPError) -> web.Response:
-    status, error = REPLY_CODE_TO_HTTP.get(exc.code, BAD_REQUEST)
+    status, error = REPLY_CODE_TO_HTTP.get(exc.reply_code, BAD_REQUEST)
     return error_response(status, error, exc.detail)
 
 
