@@ -49,7 +49,10 @@ async function api(method, path, body, headers = {}) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
   const resp = await fetch("/api/" + path, init);
-  if (resp.status === 401 && path !== "whoami") { logout("Session expired: log in again"); throw new ApiError("401"); }
+  if (resp.status === 401) {
+    if (path !== "whoami") logout("Session expired: log in again");
+    throw new ApiError("401");
+  }
   const text = await resp.text();
   const data = text ? JSON.parse(text) : null;
   if (!resp.ok) throw new ApiError((data && (data.reason || data.error)) || resp.status + " " + resp.statusText);
@@ -232,7 +235,7 @@ function pagedList({ id, path, columns, rowActions, defaultSort = "name" }) {
       if (c.sort === state.sort) th.classList.add(state.sort_reverse ? "sorted-desc" : "sorted-asc");
       if (c.sort) th.addEventListener("click", () => {
         state.sort_reverse = state.sort === c.sort ? !state.sort_reverse : false;
-        state.sort = c.sort; load();
+        state.sort = c.sort; state.page = 1; load();
       });
       return th;
     }), rowActions ? h("th", {}, "") : null);
