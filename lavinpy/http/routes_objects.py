@@ -17,6 +17,7 @@ from ..broker import operations_objects as ops
 from ..broker.exchanges.base import Exchange
 from ..broker.object_info import exchange_info, properties_key, queue_info, vhost_bindings
 from ..broker.vhost import VHost
+from . import cooperative
 from .app import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
@@ -143,7 +144,8 @@ async def exchange_bindings_destination(request: web.Request) -> web.Response:
 # --- queues ---------------------------------------------------------------------------------------------
 
 async def list_queues(request: web.Request) -> web.Response:
-    return _list(request, [queue_info(q) for v in _scope(request) for q in v.queues.values()])
+    queues = [q for v in _scope(request) for q in v.queues.values()]
+    return await cooperative.list_reply(queues, queue_info, request.query)
 
 
 async def get_queue(request: web.Request) -> web.Response:

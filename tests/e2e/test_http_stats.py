@@ -287,3 +287,18 @@ def test_queue_and_exchange_message_stats(broker, clients):
     assert status == 200
     status, info, _ = http_call(broker, "GET", f"/api/exchanges/%2F/{exchange}")
     assert info["message_stats"]["publish_in"] == 5
+
+
+def test_long_queue_list_is_complete_and_pages(broker, clients):
+    """More queues than one encoding slice: the list and its pages are whole and valid JSON."""
+    _, ch = clients.channel()
+    prefix = _name("many")
+    names = [clients.track_queue(f"{prefix}-{n:03d}") for n in range(600)]
+    for name in names:
+        ch.queue_declare(name)
+    status, listed, _ = http_call(broker, "GET", f"/api/queues/%2F?name={prefix}")
+    assert status == 200 and sorted(q["name"] for q in listed) == names
+    status, page, _ = http_call(broker, "GET", f"/api/queues/%2F?name={prefix}&page=2&page_size=250&sort=name")
+    assert status == 200
+    assert page["filtered_count"] == 600 and page["page_count"] == 3 and page["item_count"] == 250
+    assert [q["name"] for q in page["items"]] == names[250:500]

@@ -117,3 +117,21 @@ def test_unknown_family_and_bad_prefix_are_400(broker):
             raise AssertionError(f"expected 400 for {path}")
         except urllib.error.HTTPError as e:
             assert e.code == 400
+
+
+def test_dead_lettered_counter_by_reason(broker, clients):
+    _, before = _scrape(broker)
+    conn, ch = clients.channel()
+    dlq = clients.track_queue(f"dlq-{uuid.uuid4().hex[:8]}")
+    source = clients.track_queue(f"src-{uuid.uuid4().hex[:8]}")
+    ch.queue_declare(dlq)
+    ch.queue_declare(source, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    ch.basic_publish("", source, b"bad")
+    method, _, _ = ch.basic_get(source, auto_ack=False)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    assert ch.basic_get(dlq, auto_ack=True)[2] == b"bad"
+    _, after = _scrape(broker)
+    name = "lavinpy_global_messages_dead_lettered_rejected"
+    assert _value(after, name) - _value(before, name) == 1
+    expired = "lavinpy_global_messages_dead_lettered_expired"
+    assert _value(after, expired) == _value(before, expired)
