@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lavinpy.http")
 
 # Modules of this package with an ``add_routes(app)``, registered in this order.
-ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions", "routes_stats"]
+ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions", "routes_stats", "routes_dashboard"]
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[SessionLayer] = web.AppKey("sessions")
