@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_defaults_match_the_shipped_config_file():
-    shipped = yaml.safe_load((REPO / "conf" / "lavinpy.yaml").read_text())
+    # The file installed with the package, which conf/lavinpy.yaml links to.
+    packaged = importlib.resources.files("lavinpy").joinpath("lavinpy.yaml").read_text()
+    assert (REPO / "conf" / "lavinpy.yaml").read_text() == packaged
+    shipped = yaml.safe_load(packaged)
     defaults = config.Config()
     assert set(shipped) == {f for f in vars(defaults)}, "conf/lavinpy.yaml must list every setting"
     for name, value in shipped.items():
