@@ -2,7 +2,9 @@
 
 As RabbitMQ's management API: no or wrong credentials are 401 with a ``WWW-Authenticate`` challenge;
 a user without any management tag (administrator, monitoring, policymaker, management) is refused
-with 403; users listed in ``loopback_users`` log in only from a loopback address.
+with 401 ``not_authorised`` (RabbitMQ answers every authorisation refusal with 401; the error field
+tells a refusal, ``not_authorised``, from failed credentials, ``not_authorized``); users listed in
+``loopback_users`` log in only from a loopback address.
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ def _from_loopback(request: web.Request) -> bool:
 
 
 def authenticate(broker: Broker, request: web.Request) -> Actor:
-    """The acting user of a request, or ApiError 401/403."""
+    """The acting user of a request, or ApiError 401."""
     users = broker.users
     assert users is not None
     credentials = _credentials(request)
     user = users.authenticate(*credentials) if credentials is not None else None
     if user is None or (user.name in broker.config.loopback_users and not _from_loopback(request)):
-        raise ApiError(401, "not_authorised", "Login failed")
+        raise ApiError(401, "not_authorized", "Not_Authorized")
     actor = Actor(users, user.name)
     if not actor.can_manage():
-        raise ApiError(403, "not_authorised", "Not management user")
+        raise ApiError(401, "not_authorised", "Not management user")
     return actor

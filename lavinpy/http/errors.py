@@ -3,7 +3,7 @@
 Broker operations raise ``AMQPError`` with AMQP reply codes; the HTTP status and error word are:
 
     AMQP reply code               HTTP  "error"
-    403 ACCESS_REFUSED            403   not_authorised
+    403 ACCESS_REFUSED            401   not_authorised (as RabbitMQ, which answers refusals with 401)
     404 NOT_FOUND                 404   Object Not Found
     405 RESOURCE_LOCKED           405   resource_locked
     406 PRECONDITION_FAILED       400   bad_request
@@ -35,7 +35,7 @@ from ..wire.errors import AMQPError
 
 BAD_REQUEST = (400, "bad_request")
 REPLY_CODE_TO_HTTP: dict[int, tuple[int, str]] = {
-    ACCESS_REFUSED: (403, "not_authorised"),
+    ACCESS_REFUSED: (401, "not_authorised"),
     NOT_FOUND: (404, "Object Not Found"),
     RESOURCE_LOCKED: (405, "resource_locked"),
     PRECONDITION_FAILED: BAD_REQUEST,

@@ -222,7 +222,7 @@ def test_management_user_sees_only_own_connections_and_no_nodes(fresh_broker, fr
     assert {c["user"] for c in conns} == {"watcher"}
     assert {c["peer_port"] for c in conns} == {_local_port(watcher_conn)}
     status, body, _ = http_call(fresh_broker, "GET", "/api/nodes", user="watcher", password="pw")
-    assert status == 403 and body == {"error": "not_authorised", "reason": "Not monitor user"}
+    assert status == 401 and body == {"error": "not_authorised", "reason": "Not monitor user"}
     # It may not close the guest's connection, which it cannot even see.
     guest_info = _find_connection(fresh_broker, _local_port(guest_conn))
     quoted = urllib.parse.quote(guest_info["name"], safe="")

@@ -49,12 +49,13 @@ async function api(method, path, body, headers = {}) {
     init.body = typeof body === "string" ? body : JSON.stringify(body);
   }
   const resp = await fetch("/api/" + path, init);
-  if (resp.status === 401) {
+  const text = await resp.text();
+  const data = text ? JSON.parse(text) : null;
+  // 401 is both a refusal ("not_authorised": shown) and failed credentials (back to the login form).
+  if (resp.status === 401 && !(data && data.error === "not_authorised")) {
     if (path !== "whoami") logout("Session expired: log in again");
     throw new ApiError("401");
   }
-  const text = await resp.text();
-  const data = text ? JSON.parse(text) : null;
   if (!resp.ok) throw new ApiError((data && (data.reason || data.error)) || resp.status + " " + resp.statusText);
   return data;
 }
