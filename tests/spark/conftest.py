@@ -5,7 +5,7 @@ One lavinpy broker and one SparkSession (local[2]) serve the whole test session.
 Environment:
   LAVINPY_TEST_URL   use the broker at this URL (e.g. a RabbitMQ with stream queues) instead of
                      starting lavinpy (`python -m lavinpy --data-dir <tmp> --amqp-port <free>
-                     --http-port 0`, cwd = the temporary directory, SIGTERM at the end).
+                     --http-port 0 --prometheus-port 0`, cwd = the temporary directory, SIGTERM at the end).
 
 Tests that read stream queues are skipped, with the reason, while the broker refuses
 `x-queue-type: stream` (406 naming the queue type): the skip goes away by itself once it doesn't.
@@ -64,7 +64,7 @@ class Broker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port", str(self.port),
-               "--http-port", "0", "--log-level", "warning"]
+               "--http-port", "0", "--prometheus-port", "0", "--log-level", "warning"]
         self.log_path = workdir / "lavinpy.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
