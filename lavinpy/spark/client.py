@@ -19,13 +19,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pamqp import commands
 
 from lavinpy.wire.client import FRAME_HEAD, decode_method, method_id
 from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
-from lavinpy.wire.uri import TLSOptions, default_port
+from lavinpy.wire.uri import TLSOptions, parse_url
 from lavinpy.wire.writer import method_frame
 
 DEFAULT_PORT = 5672
@@ -74,13 +73,9 @@ class AMQPParams:
         amqps:// takes RabbitMQ's URI query keys: cacertfile, certfile, keyfile, verify,
         server_name_indication.
         """
-        parsed = urlparse(url)
-        port = default_port(parsed.scheme, url)
-        tls = TLSOptions.from_query(parsed.query) if parsed.scheme == "amqps" else None
-        path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
-        return cls(host=parsed.hostname or "127.0.0.1", port=parsed.port or port,
-                   username=unquote(parsed.username or "guest"), password=unquote(parsed.password or "guest"),
-                   vhost=unquote(path) if path else "/", timeout=timeout, tls=tls)
+        u = parse_url(url)
+        return cls(host=u.host, port=u.port, username=u.user, password=u.password, vhost=u.vhost,
+                   timeout=timeout, tls=u.tls)
 
     def safe_url(self) -> str:
         """The URL without the password, for error messages."""
