@@ -12,13 +12,12 @@ import struct
 import time
 from array import array
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from pamqp import commands as spec
 
 from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD, WireError, decode_method
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
-from lavinpy.wire.uri import TLSOptions, default_port
+from lavinpy.wire.uri import parse_url
 from lavinpy.wire.writer import HEARTBEAT, basic_ack, method_frame
 
 _u32 = struct.Struct(">I")
@@ -314,15 +313,9 @@ async def connect(params: dict[str, Any], name: str) -> Client:
 
 
 def parse_uri(uri: str) -> dict[str, Any]:
-    """amqp[s]://user:pass@host:port/vhost; amqps:// takes cacertfile, certfile, keyfile, verify and
-    server_name_indication in the query, as in RabbitMQ's URI spec."""
-    u = urlsplit(uri)
-    port = default_port(u.scheme, uri)
-    vhost = unquote(u.path[1:]) if len(u.path) > 1 else "/"
-    return {"host": u.hostname or "127.0.0.1", "port": u.port or port,
-            "user": unquote(u.username) if u.username is not None else "guest",
-            "password": unquote(u.password) if u.password is not None else "guest", "vhost": vhost,
-            "tls": TLSOptions.from_query(u.query) if u.scheme == "amqps" else None}
+    """amqp[s]://user:pass@host:port/vhost as connect()'s params (lavinpy.wire.uri.parse_url)."""
+    u = parse_url(uri)
+    return {"host": u.host, "port": u.port, "user": u.user, "password": u.password, "vhost": u.vhost, "tls": u.tls}
 
 
 # ------------------------------------------------------------------ publishing

@@ -19,13 +19,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pamqp import commands
 
-from lavinpy.wire.client import FRAME_HEAD, decode_method, method_id
-from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
-from lavinpy.wire.uri import TLSOptions, default_port
+from lavinpy.wire.client import WireError, decode_method, method_id, split_frames
+from lavinpy.wire.constants import FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.uri import TLSOptions, parse_url
 from lavinpy.wire.writer import method_frame
 
 DEFAULT_PORT = 5672
@@ -74,13 +73,9 @@ class AMQPParams:
         amqps:// takes RabbitMQ's URI query keys: cacertfile, certfile, keyfile, verify,
         server_name_indication.
         """
-        parsed = urlparse(url)
-        port = default_port(parsed.scheme, url)
-        tls = TLSOptions.from_query(parsed.query) if parsed.scheme == "amqps" else None
-        path = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
-        return cls(host=parsed.hostname or "127.0.0.1", port=parsed.port or port,
-                   username=unquote(parsed.username or "guest"), password=unquote(parsed.password or "guest"),
-                   vhost=unquote(path) if path else "/", timeout=timeout, tls=tls)
+        u = parse_url(url)
+        return cls(host=u.host, port=u.port, username=u.user, password=u.password, vhost=u.vhost,
+                   timeout=timeout, tls=u.tls)
 
     def safe_url(self) -> str:
         """The URL without the password, for error messages."""
@@ -304,37 +299,41 @@ class Connection:
                 return []
 
     def _parse(self) -> list[Frame]:
+        """Complete frames in rbuf (split by lavinpy.wire.client.split_frames), heartbeats dropped.
+
+        A connection.close or channel.close consumes only the bytes up to and including it (frames
+        after it stay in rbuf), keeps the frames before it in the backlog and raises BrokerClosed.
+        """
         buf = self._rbuf
-        size = len(buf)
-        pos = 0
+        try:
+            parsed, used = split_frames(buf)
+        except WireError as exc:
+            self.abort()
+            raise ConnectionLost(f"malformed frame from {self.params.safe_url()}: {exc}") from exc
+        if not used:
+            return []
         frames: list[Frame] = []
         closing = self._closing_channels
-        while size - pos >= 8:
-            ftype, ch, length = FRAME_HEAD.unpack_from(buf, pos)
-            end = pos + 7 + length
-            if end >= size:
-                break
-            if buf[end] != FRAME_END:
-                self.abort()
-                raise ConnectionLost(f"malformed frame from {self.params.safe_url()} (bad frame end)")
-            payload = bytes(buf[pos + 7:end])
-            pos = end + 1
+        for item in parsed:
+            ftype, ch, payload = item
             if ftype == FRAME_HEARTBEAT:
                 continue
             if ftype == FRAME_METHOD:
                 mid = method_id(payload)
                 if mid in (_CLOSE, _CHANNEL_CLOSE):
                     # consume what was parsed first, so the error is raised exactly once
-                    del buf[:pos]
+                    after = parsed[parsed.index(item) + 1:]  # an equal frame earlier would have raised
+                    del buf[:used - sum(8 + len(rest[2]) for rest in after)]
                     self._backlog.extend(frames)
                     if mid == _CLOSE:
                         self._broker_closed_connection(payload)
                     self._broker_closed_channel(ch, payload)
-            if ch in closing and not (ftype == FRAME_METHOD and method_id(payload) == _CHANNEL_CLOSE_OK):
+                if ch in closing and mid != _CHANNEL_CLOSE_OK:
+                    continue
+            elif ch in closing:
                 continue
-            frames.append((ftype, ch, payload))
-        if pos:
-            del buf[:pos]
+            frames.append(item)
+        del buf[:used]
         return frames
 
     def _broker_closed_connection(self, payload: bytes) -> None:

@@ -1,4 +1,7 @@
-"""amqp:// and amqps:// URLs for lavinpy's own clients (the Spark data source, lavinpy-perf): schemes, ports, TLS.
+"""amqp:// and amqps:// URLs for lavinpy's own clients (the Spark data source, lavinpy-perf): the one parser.
+
+parse_url splits amqp[s]://user:pass@host:port/vhost; user, password and vhost are percent-decoded
+(%2F is "/"); an absent user or password is "guest", an absent or empty vhost is "/".
 
 TLS options ride in the URL query with the names of RabbitMQ's URI spec: cacertfile, certfile,
 keyfile, verify (verify_peer, the default, or verify_none) and server_name_indication.
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote, urlsplit
 
 SCHEMES = {"amqp": 5672, "amqps": 5671}
 _KEYS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
@@ -56,3 +59,25 @@ def default_port(scheme: str, url: str) -> int:
         return SCHEMES[scheme]
     except KeyError:
         raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r}: use amqp:// or amqps://") from None
+
+
+@dataclass(frozen=True)
+class AMQPURL:
+    host: str = "127.0.0.1"
+    port: int = 5672
+    user: str = "guest"
+    password: str = "guest"
+    vhost: str = "/"
+    tls: TLSOptions | None = None  # set for amqps:// only
+
+
+def parse_url(url: str) -> AMQPURL:
+    """amqp[s]://user:pass@host:port/vhost; amqps:// takes the TLS query keys above (TLSOptions)."""
+    u = urlsplit(url)
+    port = default_port(u.scheme, url)
+    path = u.path[1:] if u.path.startswith("/") else u.path
+    return AMQPURL(host=u.hostname or "127.0.0.1", port=u.port or port,
+                   user=unquote(u.username) if u.username is not None else "guest",
+                   password=unquote(u.password) if u.password is not None else "guest",
+                   vhost=unquote(path) if path else "/",
+                   tls=TLSOptions.from_query(u.query) if u.scheme == "amqps" else None)
