@@ -12,15 +12,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from .errors import bad_request
-from .listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, _flag, _positive_int, apply_list_query
+from .listing import _flag, apply_list_query, name_matcher, page_of
 
 SLICE = 250
 
@@ -82,28 +79,16 @@ async def list_reply(objects: Sequence[T], make: Callable[[T], dict[str, Any]],
 def _select_by_name(objects: Sequence[T], query: Mapping[str, str]) -> tuple[list[T], dict[str, Any] | None]:
     """``apply_list_query``'s filter, reverse and page steps (same rules and errors), on names only."""
     indexes = list(range(len(objects)))
-    name = query.get("name")
-    if name:
-        if _flag(query, "use_regex"):
-            try:
-                pattern = re.compile(name)
-            except re.error as e:
-                raise bad_request(f"name is not a valid regular expression: {e}") from None
-            indexes = [n for n in indexes if pattern.search(objects[n].name)]
-        else:
-            indexes = [n for n in indexes if name in objects[n].name]
+    matches = name_matcher(query)
+    if matches is not None:
+        indexes = [n for n in indexes if matches(objects[n].name)]
     if _flag(query, "sort_reverse"):
         indexes.reverse()
-    if "page" not in query:
-        return [objects[n] for n in indexes], None
-    page = _positive_int(query, "page", 1)
-    page_size = _positive_int(query, "page_size", DEFAULT_PAGE_SIZE)
-    if page_size > MAX_PAGE_SIZE:
-        raise bad_request(f"page_size must be at most {MAX_PAGE_SIZE}, not {page_size}")
     filtered = len(indexes)
-    page_count = max(1, math.ceil(filtered / page_size))
-    if page > page_count:
-        raise bad_request(f"page {page} is out of range (there are {page_count} pages)")
+    paging = page_of(query, filtered)
+    if paging is None:
+        return [objects[n] for n in indexes], None
+    page, page_size, page_count = paging
     chosen = [objects[n] for n in indexes[(page - 1) * page_size: page * page_size]]
     return chosen, {"filtered_count": filtered, "item_count": len(chosen), "page": page, "page_count": page_count,
                     "page_size": page_size, "total_count": len(objects)}

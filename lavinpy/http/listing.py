@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .errors import bad_request
@@ -77,21 +77,41 @@ def _has_path(item: Mapping[str, Any], path: list[str]) -> bool:
     return True
 
 
+def name_matcher(query: Mapping[str, str]) -> Callable[[str], bool] | None:
+    """The ``name`` filter of a list query (a substring, or a regex with ``use_regex``); None: no filter."""
+    name = query.get("name")
+    if not name:
+        return None
+    if _flag(query, "use_regex"):
+        try:
+            return re.compile(name).search  # type: ignore[return-value]
+        except re.error as e:
+            raise bad_request(f"name is not a valid regular expression: {e}") from None
+    return lambda text: name in text
+
+
+def page_of(query: Mapping[str, str], filtered: int) -> tuple[int, int, int] | None:
+    """(page, page_size, page_count) when the query asks for a page, checked as RabbitMQ checks them."""
+    if "page" not in query:
+        return None
+    page = _positive_int(query, "page", 1)
+    page_size = _positive_int(query, "page_size", DEFAULT_PAGE_SIZE)
+    if page_size > MAX_PAGE_SIZE:
+        raise bad_request(f"page_size must be at most {MAX_PAGE_SIZE}, not {page_size}")
+    page_count = max(1, math.ceil(filtered / page_size))
+    if page > page_count:
+        raise bad_request(f"page {page} is out of range (there are {page_count} pages)")
+    return page, page_size, page_count
+
+
 def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) -> Any:
     """Filter, sort, page and cut ``items`` as the request's query asks; returns the JSON reply."""
     all_items = list(items)
     total = len(all_items)
     selected = all_items
-    name = query.get("name")
-    if name:
-        if _flag(query, "use_regex"):
-            try:
-                pattern = re.compile(name)
-            except re.error as e:
-                raise bad_request(f"name is not a valid regular expression: {e}") from None
-            selected = [i for i in selected if pattern.search(str(i.get("name", "")))]
-        else:
-            selected = [i for i in selected if name in str(i.get("name", ""))]
+    matches = name_matcher(query)
+    if matches is not None:
+        selected = [i for i in selected if matches(str(i.get("name", "")))]
     sort = query.get("sort")
     reverse = _flag(query, "sort_reverse")
     if sort:
@@ -99,22 +119,16 @@ def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) 
         selected = sorted(selected, key=lambda i: _sort_key(_get_path(i, path)), reverse=reverse)
     elif reverse:
         selected = list(reversed(selected))
-    paged = "page" in query
     filtered = len(selected)
-    if paged:
-        page = _positive_int(query, "page", 1)
-        page_size = _positive_int(query, "page_size", DEFAULT_PAGE_SIZE)
-        if page_size > MAX_PAGE_SIZE:
-            raise bad_request(f"page_size must be at most {MAX_PAGE_SIZE}, not {page_size}")
-        page_count = max(1, math.ceil(filtered / page_size))
-        if page > page_count:
-            raise bad_request(f"page {page} is out of range (there are {page_count} pages)")
+    paging = page_of(query, filtered)
+    if paging is not None:
+        page, page_size, page_count = paging
         selected = selected[(page - 1) * page_size: page * page_size]
     columns = query.get("columns")
     if columns:
         paths = [c.split(".") for c in columns.split(",") if c]
         selected = [_select_columns(i, paths) for i in selected]
-    if not paged:
+    if paging is None:
         return selected
     return {"filtered_count": filtered, "item_count": len(selected), "items": selected, "page": page,
             "page_count": page_count, "page_size": page_size, "total_count": total}
