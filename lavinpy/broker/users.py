@@ -160,32 +160,20 @@ class UserStore:
         user = self._get_user(name)
         previous = (user.password_hash, user.hashing_algorithm)
         user.password_hash, user.hashing_algorithm = password_hash, algorithm
-        try:
-            self._save_users()
-        except BaseException:
+
+        def undo() -> None:
             user.password_hash, user.hashing_algorithm = previous
-            raise
-        self._changed()
+        self._commit_users(undo)
 
     def set_tags(self, name: str, tags: Iterable[str]) -> None:
         user = self._get_user(name)
         previous, user.tags = user.tags, list(tags)
-        try:
-            self._save_users()
-        except BaseException:
-            user.tags = previous
-            raise
-        self._changed()
+        self._commit_users(lambda: setattr(user, "tags", previous))
 
     def delete_user(self, name: str) -> None:
         user = self._get_user(name)
         del self._users[name]
-        try:
-            self._save_users()
-        except BaseException:
-            self._users[name] = user
-            raise
-        self._changed()
+        self._commit_users(lambda: self._users.__setitem__(name, user))
 
     def users(self) -> list[User]:
         return [u.copy() for u in self._users.values()]
@@ -252,23 +240,23 @@ class UserStore:
                 raise ValueError(f"invalid {kind} permission regex {pattern!r}: {exc}") from None
         previous = target.permissions.get(vhost)
         target.permissions[vhost] = Permissions(configure, write, read)
-        try:
-            self._save_users()
-        except BaseException:
-            self._restore_permissions(target, vhost, previous)
-            raise
-        self._changed()
+        self._commit_users(lambda: self._restore_permissions(target, vhost, previous))
 
     def clear_permissions(self, user: str, vhost: str) -> None:
         target = self._get_user(user)
         previous = target.permissions.pop(vhost, None)
         if previous is not None:
-            try:
-                self._save_users()
-            except BaseException:
-                self._restore_permissions(target, vhost, previous)
-                raise
-            self._changed()
+            self._commit_users(lambda: self._restore_permissions(target, vhost, previous))
+
+    def _commit_users(self, undo: Callable[[], None]) -> None:
+        """Write users.json after an in-memory change; if the write fails, undo the change and re-raise.
+        Then tell open connections (the generation number) that a user changed."""
+        try:
+            self._save_users()
+        except BaseException:
+            undo()
+            raise
+        self._changed()
 
     @staticmethod
     def _restore_permissions(user: User, vhost: str, previous: Permissions | None) -> None:
