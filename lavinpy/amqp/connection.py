@@ -7,7 +7,6 @@ socket, the timers and the write-buffer callbacks belong to the driver (transpor
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from pamqp import commands, decode
 
 from .. import __version__
 from ..broker.actor import Actor
+from ..broker.users import is_loopback_address
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -79,17 +79,6 @@ CAPABILITIES = {
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
 
-
-def _is_loopback(host: str | None) -> bool:
-    if host is None:
-        return True  # unix socket
-    try:
-        address = ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return False
-    # An IPv4 client of a dual-stack listener shows up as ::ffff:127.0.0.1.
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
 
 
 class AMQPConnection(ConnectionOutput):
@@ -414,7 +403,7 @@ class AMQPConnection(ConnectionOutput):
             self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - Login was refused using authentication mechanism "
                                        f"{mechanism}. For details see the broker logfile.")
             return
-        if username in self.config.loopback_users and not _is_loopback(self.peer_host):
+        if username in self.config.loopback_users and not is_loopback_address(self.peer_host):
             log.warning("connection %s: user %r may only connect from loopback", self.name, username)
             self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
             return

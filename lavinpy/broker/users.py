@@ -8,6 +8,7 @@ empty expressions, is what lets a user open a connection to that vhost.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from collections.abc import Callable, Iterable
@@ -25,6 +26,19 @@ PERMISSION_KINDS: tuple[str, ...] = ("configure", "write", "read")
 DEFAULT_EXCHANGE_RESOURCE = "amq.default"
 ADMINISTRATOR_TAG = "administrator"
 
+
+
+def is_loopback_address(host: str | None) -> bool:
+    """Whether a peer address is loopback: the rule behind ``loopback_users`` for every face."""
+    if host is None:
+        return True  # a unix socket
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    # An IPv4 client of a dual-stack listener shows up as ::ffff:127.0.0.1.
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 class NotFound(LookupError):
     """The named user or vhost does not exist."""

@@ -10,13 +10,13 @@ tells a refusal, ``not_authorised``, from failed credentials, ``not_authorized``
 from __future__ import annotations
 
 import binascii
-import ipaddress
 from base64 import b64decode
 
 from aiohttp import web
 
 from ..broker.actor import Actor
 from ..broker.broker import Broker
+from ..broker.users import is_loopback_address
 from .errors import ApiError
 
 REALM = 'Basic realm="RabbitMQ Management"'
@@ -35,23 +35,13 @@ def _credentials(request: web.Request) -> tuple[str, str] | None:
     return (name, password) if sep else None
 
 
-def _from_loopback(request: web.Request) -> bool:
-    peer = request.remote or ""
-    try:
-        address = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
-
-
 def authenticate(broker: Broker, request: web.Request) -> Actor:
     """The acting user of a request, or ApiError 401."""
     users = broker.users
     assert users is not None
     credentials = _credentials(request)
     user = users.authenticate(*credentials) if credentials is not None else None
-    if user is None or (user.name in broker.config.loopback_users and not _from_loopback(request)):
+    if user is None or (user.name in broker.config.loopback_users and not is_loopback_address(request.remote or "")):
         raise ApiError(401, "not_authorized", "Not_Authorized")
     actor = Actor(users, user.name)
     if not actor.can_manage():
