@@ -1,9 +1,13 @@
-"""Side-by-side comparison of lavinpy and RabbitMQ with amqpperf (see bench/README.md).
+"""Side-by-side comparison of lavinpy, LavinMQ 1.0.0 and RabbitMQ with amqpperf (see bench/README.md).
 
-Starts both brokers on loopback with fresh data directories, runs each scenario against each
-broker, alternating brokers, ``--rounds`` times, prints one table (figure for both brokers and the
-ratio lavinpy / RabbitMQ, best of the rounds) and writes all raw results as JSON. Both brokers are
-stopped by PID at the end. Run it through bench/compare.sh, which installs what it needs.
+Brokers: ``lavinpy`` (fsync always, the default), ``lavinpy-never`` (fsync never, to compare with
+LavinMQ 1.0.0, which confirms without fsync), ``lavinmq`` (the shared release build) and
+``rabbitmq`` (a private Debian node). Each run gets a fresh broker with a fresh data directory
+(started before the run, stopped by PID after it); scenarios run against the brokers alternately,
+``--rounds`` times. The table shows the median of the rounds per broker and the two ratios the
+speed issue tracks: lavinpy-never / LavinMQ and lavinpy / RabbitMQ. Scenario ``cpu`` loads each
+broker at a fixed rate (16 B transient, autoack) and reports broker CPU per message. All raw results
+are written as JSON. Run it through bench/compare.sh, which installs what it needs.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +34,12 @@ SCENARIOS: dict[str, list[str]] = {
     "d": ["-publishers", "100", "-consumers", "100", "-queues", "100", "-size", "16", "-confirm", "64",
           "-autoack", "-warmup", "2", "-duration", "10"],
 }
+CPU_RATE = 40_000
+SCENARIOS["cpu"] = ["-size", "16", "-autoack", "-rate", str(CPU_RATE), "-warmup", "2", "-duration", "10"]
 E_COUNT = 10_000_000
+# LavinMQ 1.0.0 from the shared tools directory beside the repository (LAVINMQ_BIN overrides it).
+LAVINMQ = os.environ.get("LAVINMQ_BIN",
+                         str(Path(__file__).resolve().parents[2] / "shared/tools/lavinmq/lavinmq-1.0.0"))
 
 
 def free_port() -> int:
@@ -113,14 +123,35 @@ class Broker:
 
 
 class Lavinpy(Broker):
+    fsync = "always"
+
     def start(self) -> None:
         data = self.workdir / "lavinpy-data"
         data.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "lavinpy.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lavinpy", "--data-dir", str(data), "--amqp-port", str(self.port),
-             "--http-port", "0", "--bind", "127.0.0.1", "--log-level", "warning"],
+             "--http-port", "0", "--prometheus-port", "0", "--bind", "127.0.0.1", "--log-level", "warning",
+             "--fsync", self.fsync],
             cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=self._open_log())
+        wait_port(self.port, self.proc)
+
+
+class LavinpyNever(Lavinpy):
+    fsync = "never"
+
+
+class LavinMQ(Broker):
+    """The shared LavinMQ 1.0.0 release build (it needs Debian's libgc1, libevent, libpcre3)."""
+
+    def start(self) -> None:
+        data = self.workdir / "lavinmq-data"
+        data.mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / "lavinmq.log"
+        self.proc = subprocess.Popen(
+            [LAVINMQ, "--data-dir", str(data), "--bind", "127.0.0.1", "--amqp-port", str(self.port),
+             "--http-port", str(free_port()), "--log-level", "warn"],
+            cwd=self.workdir, stdout=self._open_log(), stderr=subprocess.STDOUT)
         wait_port(self.port, self.proc)
 
 
@@ -232,7 +263,13 @@ def figures(scenario: str, r: dict) -> dict[str, float]:
         return {"messages": r["filled"], "fill s": r["fill_s"],
                 "served again s": r["served_again_s"], "RSS full MiB": r["broker_rss_full_kb"] / 1024,
                 "RSS after restart MiB": r["broker_rss_after_restart_kb"] / 1024}
+    cores = (r.get("cpu_cores") or {}).get("broker")
+    if scenario == "cpu":
+        rate = r.get("con_rate") or 0
+        return {"broker CPU us/msg": cores * 1e6 / rate, "broker CPU cores": cores} if cores and rate else {}
     out = {"pub msg/s": r.get("pub_rate", 0), "con msg/s": r.get("con_rate", 0)}
+    if cores is not None:
+        out["broker CPU cores"] = cores
     lat = r.get("latency_us") or {}
     if "p99" in lat:
         out["p99 latency ms"] = lat["p99"] / 1000
@@ -245,67 +282,90 @@ def figures(scenario: str, r: dict) -> dict[str, float]:
     return out
 
 
-LOWER_IS_BETTER = ("latency", "RSS", "served again", "fill s")
-
-
-def best(scenario: str, results: list[dict]) -> dict[str, float]:
-    merged: dict[str, float] = {}
+def median(scenario: str, results: list[dict]) -> dict[str, float]:
+    """The median of each figure over the rounds (the mean of the middle two for an even count)."""
+    values: dict[str, list[float]] = {}
     for r in results:
         for k, v in figures(scenario, r).items():
-            lower = any(word in k for word in LOWER_IS_BETTER)
-            if k not in merged or (v < merged[k] if lower else v > merged[k]):
-                merged[k] = v
-    return merged
+            values.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+BROKERS = {"lavinpy": Lavinpy, "lavinpy-never": LavinpyNever, "lavinmq": LavinMQ, "rabbitmq": RabbitMQ}
+RATIOS = (("lavinpy-never", "lavinmq"), ("lavinpy", "rabbitmq"))
+
+
+def run_once(amqpperf: str, broker: Broker, scenario: str, args: argparse.Namespace) -> dict:
+    """One run against a fresh broker: a new data directory, started now, stopped after."""
+    shutil.rmtree(broker.workdir, ignore_errors=True)
+    broker.workdir.mkdir(parents=True)
+    broker.port = free_port()
+    broker.start()
+    try:
+        if scenario == "e":
+            return scenario_e(amqpperf, broker, args.e_count, args.e_fill_timeout)
+        return run_amqpperf(amqpperf, broker, SCENARIOS[scenario])
+    finally:
+        broker.stop()
+
+
+def print_table(scenarios: list[str], names: list[str], results: dict) -> None:
+    ratios = [(a, b) for a, b in RATIOS if a in names and b in names]
+    head = f"{'scenario':<9}{'figure':<22}" + "".join(f"{n:>15}" for n in names)
+    head += "".join(f"{a.replace('lavinpy-', '')}/{b}".rjust(17) for a, b in ratios)
+    print("\n" + head)
+    for scenario in scenarios:
+        med = {n: median(scenario, results[scenario].get(n, [])) for n in names}
+        keys: list[str] = []
+        for n in names:
+            keys += [k for k in med[n] if k not in keys]
+        for key in keys:
+            row = f"{scenario:<9}{key:<22}"
+            for n in names:
+                v = med[n].get(key)
+                row += f"{v:>15,.1f}" if v is not None else f"{'-':>15}"
+            for a, b in ratios:
+                va, vb = med[a].get(key), med[b].get(key)
+                row += f"{va / vb:>17.2f}" if va is not None and vb else f"{'-':>17}"
+            print(row)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--amqpperf", required=True)
-    ap.add_argument("--scenarios", default="a,b,c,d,e")
+    ap.add_argument("--scenarios", default="a,b,c,d,e,cpu")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--e-count", type=int, default=E_COUNT)
     ap.add_argument("--e-fill-timeout", type=float, default=1800.0)
-    ap.add_argument("--brokers", default="lavinpy,rabbitmq", help="which brokers to run")
+    ap.add_argument("--brokers", default="lavinpy,lavinpy-never,lavinmq,rabbitmq",
+                    help=f"which brokers to run, of {', '.join(BROKERS)}")
     ap.add_argument("--out", default="bench/out/compare.json")
     args = ap.parse_args(argv)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    names = [n.strip() for n in args.brokers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BROKERS]
+    if unknown:
+        ap.error(f"unknown broker(s): {', '.join(unknown)}")
+    if "lavinmq" in names and not os.access(LAVINMQ, os.X_OK):
+        ap.error(f"LavinMQ binary not found at {LAVINMQ} (set LAVINMQ_BIN)")
     work = Path(tempfile.mkdtemp(prefix="lavinpy-compare-"))
-    wanted = set(args.brokers.split(","))
-    brokers = [b for b in (Lavinpy("lavinpy", work / "l"), RabbitMQ("rabbitmq", work / "r")) if b.name in wanted]
+    brokers = [BROKERS[n](n, work / n) for n in names]
     results: dict[str, dict[str, list[dict]]] = {s: {b.name: [] for b in brokers} for s in scenarios}
-    try:
-        for b in brokers:
-            b.workdir.mkdir(parents=True)
-            b.start()
-            print(f"{b.name} on port {b.port} (pids {b.pids})", file=sys.stderr)
-        for scenario in scenarios:
-            for rnd in range(args.rounds):
-                for b in brokers:
-                    print(f"scenario {scenario} round {rnd + 1}: {b.name}", file=sys.stderr, flush=True)
-                    if scenario == "e":
-                        r = scenario_e(args.amqpperf, b, args.e_count, args.e_fill_timeout)
-                    else:
-                        r = run_amqpperf(args.amqpperf, b, SCENARIOS[scenario])
-                    results[scenario][b.name].append(r)
-                    if r.get("errors"):
-                        print(f"  errors: {r['errors']}", file=sys.stderr)
-    finally:
-        for b in brokers:
-            b.stop()
+    for scenario in scenarios:
+        for rnd in range(args.rounds):
+            for b in brokers:
+                print(f"scenario {scenario} round {rnd + 1}: {b.name}", file=sys.stderr, flush=True)
+                r = run_once(args.amqpperf, b, scenario, args)
+                results[scenario][b.name].append(r)
+                if r.get("errors"):
+                    print(f"  errors: {r['errors']}", file=sys.stderr)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"\n{'scenario':<9}{'figure':<26}{'lavinpy':>14}{'RabbitMQ':>14}{'ratio':>9}")
-    for scenario in scenarios:
-        lp = best(scenario, results[scenario].get("lavinpy", []))
-        rq = best(scenario, results[scenario].get("rabbitmq", []))
-        for key in sorted(set(lp) | set(rq), key=lambda k: list(lp).index(k) if k in lp else 99):
-            a, b = lp.get(key), rq.get(key)
-            ratio = f"{a / b:.2f}" if a is not None and b else "-"
-            fa = f"{a:,.1f}" if a is not None else "-"
-            fb = f"{b:,.1f}" if b is not None else "-"
-            print(f"{scenario:<9}{key:<26}{fa:>14}{fb:>14}{ratio:>9}")
-    print(f"\nraw results: {args.out}; broker logs under {work}")
-    shutil.rmtree(work / "l" / "lavinpy-data", ignore_errors=True)
+    print_table(scenarios, names, results)
+    print(f"\nmedian of {args.rounds} rounds; raw results: {args.out}; broker logs under {work}")
+    for b in brokers:  # keep the logs, drop the data
+        for data in b.workdir.glob("*-data"):
+            shutil.rmtree(data, ignore_errors=True)
     return 0
 
 
