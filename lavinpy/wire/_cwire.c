@@ -469,6 +469,7 @@ cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBytes_FromStringAndSize((const char *)frame, 21);
 }
 
+
 static PyMethodDef cwire_methods[] = {
     {"init", cwire_init, METH_VARARGS, "init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, heartbeat)"},
     {"scan", (PyCFunction)(void (*)(void))cwire_scan, METH_FASTCALL, "the reader's fast path (see the source)"},

@@ -18,6 +18,7 @@ def test_selected_path_matches_the_variable() -> None:
     assert accel.PURE_PYTHON_REQUESTED is pure
     assert accel.COMPILED is not pure
     assert (accel.cwire is None) is pure
+    assert (accel.csocket is None) is pure
     assert (writer._deliver_frames is writer.deliver_frames_py) is pure
     assert reader.FrameReader()._compiled is not pure
 
@@ -25,7 +26,7 @@ def test_selected_path_matches_the_variable() -> None:
 def test_the_variable_switches_every_user_in_a_fresh_interpreter() -> None:
     code = ("from lavinpy.wire import accel, client, reader, writer; "
             "print(accel.COMPILED, accel.load('lavinpy.wire._cwire') is None, reader.FrameReader()._compiled, "
-            "writer._ack_frame is writer.ack_frame_py)")
+            "writer._ack_frame is writer.ack_frame_py, accel.csocket)")
     env = dict(os.environ, PYTHONPATH=str(REPO), LAVINPY_PURE_PYTHON="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True", "False", "True"]
+    assert out.stdout.split() == ["False", "True", "False", "True", "None"]
