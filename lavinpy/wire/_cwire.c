@@ -448,6 +448,58 @@ cwire_deliver_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* deliver(channel, consumer_tag, delivery_tag, redelivered, exchange, routing_key, properties, body,
+ * frame_max) -> [bytes]: writer.deliver in one call. The common case (the deliver parts cached, a
+ * body that fits one frame and is not empty) is built here; every other goes to the Python function
+ * given to init_deliver, which also fills the cache. */
+static PyObject *deliver_parts_cache = NULL, *deliver_fallback = NULL;
+
+static PyObject *
+cwire_init_deliver(PyObject *self, PyObject *args)
+{
+    PyObject *cache, *fallback;
+    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &cache, &fallback))
+        return NULL;
+    Py_XSETREF(deliver_parts_cache, Py_NewRef(cache));
+    Py_XSETREF(deliver_fallback, Py_NewRef(fallback));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || deliver_parts_cache == NULL) {
+        PyErr_SetString(PyExc_TypeError, "deliver takes 9 arguments (after init_deliver)");
+        return NULL;
+    }
+    PyObject *key = PyTuple_Pack(4, args[0], args[1], args[4], args[5]);
+    if (key == NULL)
+        return NULL;
+    PyObject *parts = PyDict_GetItemWithError(deliver_parts_cache, key);
+    Py_DECREF(key);
+    if (parts == NULL && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyObject_Length(args[7]);
+    Py_ssize_t frame_max = PyLong_AsSsize_t(args[8]);
+    if (size < 0 || (frame_max == -1 && PyErr_Occurred()))
+        return NULL;
+    if (parts == NULL || !PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) != 2 || size == 0
+        || size > frame_max - 8 || !PyBytes_Check(args[6]))
+        return PyObject_Vectorcall(deliver_fallback, args, nargs, NULL);
+    PyObject *call[7] = {PyTuple_GET_ITEM(parts, 0), PyTuple_GET_ITEM(parts, 1), args[0], args[2], args[3],
+                         args[6], args[7]};
+    PyObject *frames = cwire_deliver_frames(self, call, 7);
+    if (frames == NULL)
+        return NULL;
+    PyObject *out = PyList_New(1);
+    if (out == NULL) {
+        Py_DECREF(frames);
+        return NULL;
+    }
+    PyList_SET_ITEM(out, 0, frames);
+    return out;
+}
+
 /* ack_frame(index, channel, delivery_tag, bits) -> bytes: a basic.ack / basic.nack frame. */
 static PyObject *
 cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -476,6 +528,9 @@ static PyMethodDef cwire_methods[] = {
     {"split_frames", cwire_split_frames, METH_VARARGS, "split_frames(buf, frame_max) -> (frames, used, bad)"},
     {"deliver_frames", (PyCFunction)(void (*)(void))cwire_deliver_frames, METH_FASTCALL,
      "basic.deliver + header + body frames as one bytes object"},
+    {"init_deliver", cwire_init_deliver, METH_VARARGS, "init_deliver(parts_cache, fallback)"},
+    {"deliver", (PyCFunction)(void (*)(void))cwire_deliver, METH_FASTCALL,
+     "writer.deliver: basic.deliver + header + body frames"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},
     {NULL, NULL, 0, NULL},

@@ -163,6 +163,13 @@ def deliver_frames_py(head: bytes, names: bytes, channel: int, delivery_tag: int
 _deliver_frames = cwire.deliver_frames if cwire is not None else deliver_frames_py
 
 
+deliver_py = deliver
+if cwire is not None:
+    # One C call for the common delivery; the others (and cache misses) come back to deliver_py.
+    cwire.init_deliver(_deliver_parts_cache, deliver_py)
+    deliver = cwire.deliver  # noqa: F811
+
+
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
            message_count: int, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes]:
     """basic.get-ok + content header + body frames."""

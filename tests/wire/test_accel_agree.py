@@ -205,3 +205,17 @@ def test_deliver_frames_agree(channel: int, tag: str, delivery_tag: int, redeliv
 def test_ack_frames_agree(index: int, channel: int, delivery_tag: int, bits: int) -> None:
     assert accel.cwire.ack_frame(index, channel, delivery_tag, bits) == writer.ack_frame_py(
         index, channel, delivery_tag, bits)
+
+
+@AGREE
+@given(channels, names, st.integers(0, 2**64 - 1), st.booleans(), names, names, properties,
+       st.binary(max_size=700), st.sampled_from([0, 64, 300, FRAME_MAX]), st.booleans())
+def test_writer_deliver_agrees(channel: int, tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                               routing_key: str, props: bytes, body: bytes, frame_max: int, clear: bool) -> None:
+    # Every case: cached parts or not, empty bodies, bodies split over several frames (small frame_max).
+    if clear:
+        writer._deliver_parts_cache.clear()
+    args = (channel, tag, delivery_tag, redelivered, exchange, routing_key, props, body, frame_max)
+    assert writer.deliver is accel.cwire.deliver
+    assert writer.deliver(*args) == writer.deliver_py(*args)
+    assert writer.deliver(*args[:7], memoryview(body), frame_max) == writer.deliver_py(*args)
