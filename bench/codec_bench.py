@@ -4,19 +4,24 @@
 
 The reader is fed a stream of (basic.publish, content header, 16-byte body) triples in socket-sized
 chunks, as a publishing client would send them. pamqp's own unmarshal is measured on the same bytes
-as a baseline.
+as a baseline. With the compiled codec built, every figure is shown for both paths: the pure-Python
+column comes from a second run of this script with LAVINPY_PURE_PYTHON=1.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
 from pamqp import commands
 from pamqp import frame as pamqp_frame
 
-from lavinpy.wire import writer
+from lavinpy.wire import accel, client, writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.properties import peek_delivery_mode
 from lavinpy.wire.reader import FrameReader
@@ -76,10 +81,40 @@ def bench_ack(n: int) -> int:
     return n
 
 
+def bench_split(stream: bytes, chunk: int) -> int:
+    """The client side's frame splitting (Spark data source, lavinpy-perf) over the same stream."""
+    count, pending = 0, b""
+    for i in range(0, len(stream), chunk):
+        buf = pending + stream[i:i + chunk]
+        frames, used = client.split_frames(buf)
+        pending = buf[used:]
+        count += len(frames)
+    return count
+
+
 def bench_peek(n: int) -> int:
     for _ in range(n):
         peek_delivery_mode(PROPS)
     return n
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """Millions per second of each operation, on the codec path this process selected."""
+    out: dict[str, float] = {}
+    stream = publish_stream(args.triples)
+    seconds, events = best_of(args.runs, lambda: bench_reader(stream, args.chunk))
+    out["reader: publishes/s (publish+header+body)"] = args.triples / seconds / 1e6
+    rich = publish_stream(args.triples, RICH_PROPS)
+    seconds, events = best_of(args.runs, lambda: bench_reader(rich, args.chunk))
+    out["reader, richer properties: publishes/s"] = args.triples / seconds / 1e6
+    seconds, frames = best_of(args.runs, lambda: bench_split(stream, args.chunk))
+    out["client split_frames: frames/s"] = frames / seconds / 1e6
+    n = args.triples
+    for label, fn in (("deliver (method+header+body, one bytes)", bench_deliver),
+                      ("basic_ack", bench_ack), ("peek_delivery_mode", bench_peek)):
+        seconds, done = best_of(args.runs, lambda fn=fn: fn(n))
+        out[label] = done / seconds / 1e6
+    return out
 
 
 def main() -> None:
@@ -87,26 +122,28 @@ def main() -> None:
     parser.add_argument("--triples", type=int, default=200_000)
     parser.add_argument("--chunk", type=int, default=65536, help="bytes per feed() call")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print this path's figures as JSON only")
     args = parser.parse_args()
 
-    stream = publish_stream(args.triples)
-    seconds, frames = best_of(args.runs, lambda: bench_reader(stream, args.chunk))
-    print(f"reader: {frames / seconds / 1e6:.2f} M frames/s ({frames // 3 / seconds / 1e6:.2f} M publishes/s; "
-          f"{len(stream) / seconds / 1e6:.0f} MB/s, {args.chunk}-byte reads)")
+    figures = measure(args)
+    if args.json:
+        print(json.dumps(figures))
+        return
+    columns = {"compiled" if accel.COMPILED else "pure Python": figures}
+    if accel.COMPILED:
+        env = dict(os.environ, LAVINPY_PURE_PYTHON="1")
+        cmd = [sys.executable, __file__, "--json", "--triples", str(args.triples), "--chunk", str(args.chunk),
+               "--runs", str(args.runs)]
+        pure = json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+        columns = {"pure Python": pure, "compiled": figures}
+    names = list(columns)
+    print(f"{'M per second':44}" + "".join(f"{name:>13}" for name in names))
+    for label in figures:
+        print(f"{label:44}" + "".join(f"{columns[name][label]:13.2f}" for name in names))
 
-    rich = publish_stream(args.triples, RICH_PROPS)
-    seconds, frames = best_of(args.runs, lambda: bench_reader(rich, args.chunk))
-    print(f"reader, richer properties: {frames / seconds / 1e6:.2f} M frames/s")
-
-    small = stream[:len(stream) // 20]
+    small = publish_stream(args.triples)[:len(publish_stream(1)) * (args.triples // 20)]
     seconds, frames = best_of(1, lambda: bench_pamqp(small))
     print(f"pamqp.frame.unmarshal baseline: {frames / seconds / 1e6:.2f} M frames/s")
-
-    n = args.triples
-    for label, fn in (("deliver (method+header+body, one bytes)", bench_deliver),
-                      ("basic_ack", bench_ack), ("peek_delivery_mode", bench_peek)):
-        seconds, done = best_of(args.runs, lambda fn=fn: fn(n))
-        print(f"{label}: {done / seconds / 1e6:.2f} M/s")
 
 
 if __name__ == "__main__":

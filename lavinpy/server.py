@@ -16,6 +16,7 @@ from .config import Config
 from .listeners import address_text, bind_sockets, listen
 from .store.lock import DataDirLocked
 from .tls import ServerTLS
+from .wire import accel
 
 log = logging.getLogger("lavinpy")
 
@@ -54,7 +55,8 @@ class Server:
             raise
         self.broker.start()
         self.sessions.start()
-        log.info("lavinpy started (data dir %s, fsync %s)", config.data_dir, config.fsync)
+        log.info("lavinpy started (data dir %s, fsync %s, %s codec)", config.data_dir, config.fsync,
+                 "compiled" if accel.COMPILED else "pure-Python")
 
     async def _start_http(self) -> None:
         # aiohttp is imported only when the API is on: a broker without it starts without the cost.

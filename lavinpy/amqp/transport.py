@@ -3,13 +3,20 @@
 Output is written once per input batch (and once per round of deliveries), as one buffer: uvloop
 drains a buffer of many tiny pieces very slowly. The transport's 4 MiB high-water mark makes the
 connection unwritable (no deliveries, no reading) until the buffer drains.
+
+With the compiled codec, a busy plain TCP connection's output (past WRITER_AFTER_BYTES) goes through
+``_csocket.SocketWriter``: a thread that never takes the GIL does the send() system calls on the other
+core (quiet connections, such as most publishers', keep no thread and no buffer). Its backlog is
+checked against the same high-water mark (polled while above it, since the thread cannot call
+back into the loop), and a close waits for it to drain.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..wire.accel import csocket
 from .connection import AMQPConnection
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 
@@ -17,6 +24,9 @@ if TYPE_CHECKING:
     from .sessions import Sessions
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+WRITER_LOW_WATER = WRITE_HIGH_WATER // 4  # a paused connection resumes below this
+WRITER_POLL_SECONDS = 0.002  # how often a paused connection looks at its writer thread's backlog
+WRITER_AFTER_BYTES = 1024 * 1024  # output of a connection before it gets a writer thread
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -26,11 +36,17 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timers: dict[TimerKind, asyncio.TimerHandle] = {}
         self._loop = asyncio.get_event_loop()
+        self._writer: Any = None  # the SocketWriter, when the output goes through a writer thread
+        self._written = 0  # bytes written through the transport, until a writer thread takes over
+        self._writer_fd = -1  # the socket a writer thread may use (plain TCP with the compiled codec)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        sock = transport.get_extra_info("socket")
+        if csocket is not None and sock is not None and transport.get_extra_info("sslcontext") is None:
+            self._writer_fd = sock.fileno()
         peer = transport.get_extra_info("peername")
         conn = self.conn = AMQPConnection(self.sessions, peer if isinstance(peer, tuple) else None)
         conn.driver = self
@@ -44,6 +60,8 @@ class AMQPProtocol(asyncio.Protocol):
         self.pump()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._writer is not None and not self._writer.finishing:
+            self._writer.abort()  # the peer is gone: nothing more can be sent
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -69,7 +87,21 @@ class AMQPProtocol(asyncio.Protocol):
             return
         out = conn.data_to_send()
         if out and not transport.is_closing():
-            transport.write(out[0] if len(out) == 1 else b"".join(out))
+            data = out[0] if len(out) == 1 else b"".join(out)
+            if self._writer is None:
+                transport.write(data)
+                if self._writer_fd >= 0:
+                    self._written += len(data)
+                    # Only with the transport's buffer empty: the thread's bytes must come after its.
+                    if self._written > WRITER_AFTER_BYTES and not transport.get_write_buffer_size():
+                        self._writer = csocket.SocketWriter(self._writer_fd)  # type: ignore[union-attr]
+            else:
+                queued = self._writer.write(data)
+                if queued < 0:  # the writer thread stopped on a send error: the peer is gone
+                    transport.abort()
+                elif queued > WRITE_HIGH_WATER and conn.writable:
+                    conn.set_writable(False)
+                    self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
         for effect in conn.take_effects():
             self._apply(effect, transport)
 
@@ -87,11 +119,27 @@ class AMQPProtocol(asyncio.Protocol):
         elif transport.is_closing():
             return
         elif effect is Effect.CLOSE:
+            if self._writer is not None:
+                self._writer.finish()  # sends what is queued, then closes its side of the socket
             transport.close()
         elif effect is Effect.PAUSE_READING:
             transport.pause_reading()
         elif effect is Effect.RESUME_READING:
             transport.resume_reading()
+
+    def _poll_writer(self) -> None:
+        """While paused by the writer thread's backlog: resume once it is below the low-water mark."""
+        conn, writer = self.conn, self._writer
+        if conn is None or writer is None or conn.writable or self.transport is None or self.transport.is_closing():
+            return
+        queued = writer.buffered()
+        if queued < 0:
+            self.transport.abort()
+        elif queued < WRITER_LOW_WATER:
+            conn.set_writable(True)
+            self.pump()
+        else:
+            self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
 
     def _fire(self, kind: TimerKind) -> None:
         self._timers.pop(kind, None)

@@ -15,6 +15,7 @@ from typing import Any
 from pamqp import commands
 from pamqp.exceptions import UnmarshalingException
 
+from lavinpy.wire.accel import cwire
 from lavinpy.wire.constants import CLASS_BASIC, FRAME_BODY, FRAME_END, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.writer import content_frames
 
@@ -79,6 +80,15 @@ def split_frames(buf: bytes | bytearray, frame_max: int = 0) -> tuple[list[tuple
 
     Raises WireError for a frame without its end octet or (with ``frame_max``) larger than allowed.
     """
+    if cwire is None:
+        return _split_frames(buf, frame_max)
+    frames, pos, bad = cwire.split_frames(buf, frame_max)
+    if bad:  # the Python loop raises the error for the frame C stopped at
+        _split_frames(buf[pos:], frame_max)
+    return frames, pos
+
+
+def _split_frames(buf: bytes | bytearray, frame_max: int = 0) -> tuple[list[tuple[int, int, bytes]], int]:
     frames: list[tuple[int, int, bytes]] = []
     pos, total = 0, len(buf)
     unpack = FRAME_HEAD.unpack_from

@@ -16,6 +16,7 @@ from typing import Any
 
 from pamqp import commands
 
+from lavinpy.wire.accel import cwire
 from lavinpy.wire.constants import (
     FRAME_BODY,
     FRAME_ERROR,
@@ -60,6 +61,10 @@ __all__ = [
     "RefusedFrame",
     "Reject",
 ]
+
+
+if cwire is not None:  # the C reader builds these event classes by writing their slots
+    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, _HEARTBEAT_EVENT)
 
 
 class BadProtocolHeader(Exception):
@@ -154,11 +159,16 @@ class FrameReader:
 
     ``frame_max`` is the largest frame accepted, overhead included (set it after connection.tune-ok).
     ``expect_protocol_header`` is True until the 8-byte protocol header has been read.
+    ``compiled`` picks the C fast path (default: as ``lavinpy.wire.accel`` selected); both paths
+    return the same events and raise the same errors.
     """
 
-    __slots__ = ("frame_max", "expect_protocol_header", "_pending", "_need")
+    __slots__ = ("frame_max", "expect_protocol_header", "_pending", "_need", "_compiled")
 
-    def __init__(self, frame_max: int = 131072) -> None:
+    def __init__(self, frame_max: int = 131072, compiled: bool | None = None) -> None:
+        if compiled and cwire is None:
+            raise ValueError("the compiled codec is not available")
+        self._compiled = cwire is not None if compiled is None else compiled
         self.frame_max = frame_max
         self.expect_protocol_header = True
         # Bytes of an incomplete frame, and how many bytes it needs before parsing is worth trying.
@@ -194,7 +204,7 @@ class FrameReader:
                 return []
         events: list[FrameEvent] = []
         try:
-            pos = self._parse(src, events)
+            pos = self._parse_compiled(src, events) if self._compiled else self._parse(src, events)
         except AMQPConnectionError as err:
             err.frames = events
             raise
@@ -215,14 +225,32 @@ class FrameReader:
         self.expect_protocol_header = False
         return src[8:]
 
-    def _parse(self, src: bytes, events: list[FrameEvent]) -> int:
-        """Append the complete frames of ``src`` to ``events``; return the offset of the first unread byte.
+    def _parse_compiled(self, src: bytes, events: list[FrameEvent]) -> int:
+        """``_parse`` with the hot frames split and decoded in C (``_cwire.scan``).
+
+        The C loop stops at any frame it does not handle (a rare method, a property block not seen
+        before, anything wrong or incomplete); ``_parse`` then handles exactly that stretch, so every
+        error is raised by the same Python code on both paths.
+        """
+        end = len(src)
+        pos = 0
+        scan = cwire.scan  # type: ignore[union-attr]
+        max_payload = self.frame_max - FRAME_OVERHEAD
+        while True:
+            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
+            pos = self._parse(src, events, pos, stop)
+            if stop == end:
+                return pos
+
+    def _parse(self, src: bytes, events: list[FrameEvent], pos: int = 0, end: int = -1) -> int:
+        """Append the complete frames of ``src[pos:end]`` to ``events``; return the offset of the first
+        unread byte (``end`` -1: to the end of ``src``).
 
         This loop runs for every frame a client sends, so the hot cases are inlined and ordered by
         frequency (body, method with basic.publish first, header), and globals are bound to locals.
         """
-        end = len(src)
-        pos = 0
+        if end < 0:
+            end = len(src)
         max_payload = self.frame_max - FRAME_OVERHEAD
         head_unpack = _FRAME_HEAD.unpack_from
         u32_unpack = _U32.unpack_from

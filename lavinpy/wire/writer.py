@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from lavinpy.wire.accel import cwire
 from lavinpy.wire.constants import (
     CLASS_BASIC,
     FRAME_BODY,
@@ -144,12 +145,29 @@ def deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: boo
              or _deliver_parts(channel, consumer_tag, exchange, routing_key))
     size = len(body)
     if 0 < size <= frame_max - 8:  # the common case, inlined: one bytes object for all three frames
-        return [b"".join((
-            parts[0], _TAG_BIT.pack(delivery_tag, redelivered), parts[1],
-            _END_HEADER_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, size),
-            properties, _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, _END))]
+        return [_deliver_frames(parts[0], parts[1], channel, delivery_tag, redelivered, properties, body)]
     return _with_content([parts[0], _TAG_BIT.pack(delivery_tag, redelivered), parts[1]],
                          channel, properties, body, frame_max)
+
+
+def deliver_frames_py(head: bytes, names: bytes, channel: int, delivery_tag: int, redelivered: bool,
+                      properties: bytes, body: bytes | memoryview) -> bytes:
+    """basic.deliver + header + one body frame as one bytes object (``_cwire.deliver_frames`` in C)."""
+    size = len(body)
+    return b"".join((
+        head, _TAG_BIT.pack(delivery_tag, redelivered), names,
+        _END_HEADER_HEAD.pack(FRAME_END, FRAME_HEADER, channel, 12 + len(properties), CLASS_BASIC, 0, size),
+        properties, _END_BODY_HEAD.pack(FRAME_END, FRAME_BODY, channel, size), body, _END))
+
+
+_deliver_frames = cwire.deliver_frames if cwire is not None else deliver_frames_py
+
+
+deliver_py = deliver
+if cwire is not None:
+    # One C call for the common delivery; the others (and cache misses) come back to deliver_py.
+    cwire.init_deliver(_deliver_parts_cache, deliver_py)
+    deliver = cwire.deliver  # noqa: F811
 
 
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
@@ -178,10 +196,18 @@ def return_(channel: int, reply_code: int, reply_text: str, exchange: str, routi
 
 def basic_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """basic.ack (a publisher confirm)."""
-    return _ACK.pack(FRAME_METHOD, channel, 13, _IDX_ACK, delivery_tag, 1 if multiple else 0, FRAME_END)
+    return _ack_frame(_IDX_ACK, channel, delivery_tag, 1 if multiple else 0)
 
 
 def basic_nack(channel: int, delivery_tag: int, multiple: bool, requeue: bool = False) -> bytes:
     """basic.nack (a negative publisher confirm)."""
     bits = (1 if multiple else 0) | (2 if requeue else 0)
-    return _ACK.pack(FRAME_METHOD, channel, 13, _IDX_NACK, delivery_tag, bits, FRAME_END)
+    return _ack_frame(_IDX_NACK, channel, delivery_tag, bits)
+
+
+def ack_frame_py(index: int, channel: int, delivery_tag: int, bits: int) -> bytes:
+    """A basic.ack / basic.nack frame (``_cwire.ack_frame`` in C)."""
+    return _ACK.pack(FRAME_METHOD, channel, 13, index, delivery_tag, bits, FRAME_END)
+
+
+_ack_frame = cwire.ack_frame if cwire is not None else ack_frame_py

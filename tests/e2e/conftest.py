@@ -120,7 +120,10 @@ class LocalBroker:
 
     def start(self, timeout: float = 20.0) -> None:
         assert not self.running(), "broker already running"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
+        # The broker's settings come from the command line only; the codec switch passes through, so
+        # the whole suite runs on the path it selects.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("LAVINPY_") or k == "LAVINPY_PURE_PYTHON"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(self.data_dir),

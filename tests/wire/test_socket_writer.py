@@ -1,0 +1,77 @@
+"""_csocket.SocketWriter: the writer thread sends everything queued, in order, over a real socket pair;
+finish() sends the rest before its side closes; abort() and a vanished peer stop it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from lavinpy.wire import accel
+
+pytestmark = pytest.mark.skipif(accel.csocket is None, reason="the pure-Python path is selected")
+
+
+def read_all(sock: socket.socket, into: bytearray) -> None:
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return
+        into += chunk
+
+
+def wait_until(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_everything_queued_arrives_in_order_then_eof_after_finish() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)  # as the event loop's sockets are: the thread waits for POLLOUT itself
+    received = bytearray()
+    reader = threading.Thread(target=read_all, args=(peer, received))
+    writer = accel.csocket.SocketWriter(ours.fileno())
+    pieces = [os.urandom(n) for n in (1, 7, 4096, 300_000, 13, 2_000_000, 5)] * 3
+    for piece in pieces:
+        assert writer.write(piece) > 0
+    reader.start()  # the peer starts reading late: the thread had to wait for a full socket
+    writer.finish()
+    assert writer.write(b"after finish") == -1  # refused: nothing may follow the close
+    ours.close()  # the event loop closes its descriptor at once; the thread still holds its own
+    reader.join(10)
+    assert not reader.is_alive()
+    assert bytes(received) == b"".join(pieces)
+    peer.close()
+
+
+def test_abort_drops_the_rest_and_the_peer_sees_the_end() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    writer = accel.csocket.SocketWriter(ours.fileno())
+    writer.write(b"x" * 8_000_000)  # far more than the peer's buffers hold: the thread waits
+    time.sleep(0.1)
+    assert writer.buffered() > 0
+    writer.abort()
+    received = bytearray()
+    read_all(peer, received)  # returns: the socket was shut down
+    assert 0 < len(received) < 8_000_000
+    wait_until(lambda: writer.write(b"more") == -1)
+    ours.close()
+    peer.close()
+
+
+def test_a_vanished_peer_is_reported() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    writer = accel.csocket.SocketWriter(ours.fileno())
+    peer.close()
+    writer.write(b"hello")
+    wait_until(lambda: writer.buffered() == -1)  # the send failed: the connection must be dropped
+    assert writer.write(b"again") == -1
+    ours.close()
