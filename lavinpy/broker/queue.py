@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import StoredMessage
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
     from .arguments import QueueSettings
     from .consumer import Consumer
+    from .publishing import PublishRun
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.queue")
@@ -124,6 +125,38 @@ class Queue(QueueKind):
             return
         index.push(pos, persistent)
         if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+        """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at once."""
+        if self.special:
+            super().push_many(positions, persistent, run, first)
+            return
+        index = self.index
+        consumers = self.consumers
+        handed = 0
+        if consumers and not index.ready_count:
+            count = len(positions)
+            while handed < count:  # as push(): straight to consumers with capacity, nothing read back
+                consumer = consumers.next_ready()
+                if consumer is None:
+                    break
+                self._recovered_left = 0
+                pos = positions[handed]
+                message = run.message(first + handed)
+                handed += 1
+                if consumer.no_ack:
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    continue
+                index.push(pos, persistent)
+                index.shift()
+                consumer.channel.deliver(consumer, pos, message, False)
+                consumer.unacked += 1
+            if handed == count:
+                return
+            positions = positions[handed:]
+        index.push_many(positions, persistent)
+        if consumers:
             self.vhost.schedule_delivery(self)
 
     # --- messages out -------------------------------------------------------------------------
