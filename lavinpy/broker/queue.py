@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage
+from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .queue_features import QueueFeatures
@@ -202,6 +202,8 @@ class Queue(QueueKind):
         index = self.index
         consumers = self.consumers
         features = self.features if self.special else None
+        if features is None and len(consumers) == 1:
+            return self._deliver_to(next(iter(consumers)), budget)
         while budget and index.ready_count and consumers and not index.closed:
             consumer = features.pick_consumer() if features is not None else consumers.next_ready()
             if consumer is None:
@@ -231,6 +233,38 @@ class Queue(QueueKind):
             budget -= 1
         if features is not None:
             features.after_delivery()
+        return budget == 0
+
+    def _deliver_to(self, consumer: Consumer, budget: int) -> bool:
+        """``deliver`` with one consumer and no features: the same steps with the lookups done once
+        (no round robin to keep, the record read straight from the store)."""
+        index = self.index
+        channel = consumer.channel
+        can_deliver = channel.can_deliver
+        deliver = channel.deliver
+        read = self.vhost.store.messages.read
+        shift = self.shift
+        no_ack = consumer.no_ack
+        prefetch = 0 if no_ack else consumer.prefetch
+        while budget and index.ready_count and not index.closed and can_deliver():
+            if prefetch and consumer.unacked >= prefetch:
+                break
+            shifted = shift()
+            if shifted is None:
+                break
+            pos, redelivered = shifted
+            try:
+                msg = read(pos)
+            except (CorruptRecord, KeyError) as e:  # as QueueKind.read: reported, removed, the rest goes on
+                self.report_damaged(pos, e)
+                index.ack(pos)
+                continue
+            deliver(consumer, pos, msg, redelivered)
+            if no_ack:
+                index.ack(pos)
+            else:
+                consumer.unacked += 1
+            budget -= 1
         return budget == 0
 
     # --- acknowledgements ---------------------------------------------------------------------
