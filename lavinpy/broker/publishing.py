@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage
+from ..store.record import StoredMessage, stored_messages
 from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from .exchanges.delayed import DelayedExchange
 from .exchanges.direct import DirectExchange
@@ -59,7 +59,7 @@ class PublishRun:
 
     __slots__ = ("exchange", "routing_key", "properties", "bodies", "timestamp")
 
-    def __init__(self, exchange: str, routing_key: str, properties: bytes, bodies: Sequence[bytes],
+    def __init__(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
                  timestamp: int) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
@@ -69,6 +69,11 @@ class PublishRun:
 
     def message(self, i: int) -> StoredMessage:
         return StoredMessage(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies[i])
+
+    def messages(self, start: int, count: int) -> list[StoredMessage]:
+        """``message(i)`` for ``start <= i < start + count``, built in one call."""
+        return stored_messages(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies,
+                               start, count)
 
 
 def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[QueueKind]) -> bool:
@@ -155,7 +160,7 @@ class VHostPublishing:
         return reached, needs_sync
 
     def publish_run(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
-                    bodies: Sequence[bytes]) -> tuple[int, bool] | None:
+                    bodies: list[bytes]) -> tuple[int, bool] | None:
         """``publish`` for a run of messages with the same exchange, routing key and properties,
         routed once: (queues reached by each, needs an fsync for the confirms).
 

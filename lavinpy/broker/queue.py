@@ -137,13 +137,20 @@ class Queue(QueueKind):
         handed = 0
         if consumers and not index.ready_count:
             count = len(positions)
+            messages = run.messages(first, count)
+            only = next(iter(consumers)) if len(consumers) == 1 else None  # no round robin to keep
             while handed < count:  # as push(): straight to consumers with capacity, nothing read back
-                consumer = consumers.next_ready()
-                if consumer is None:
+                if only is None:
+                    consumer = consumers.next_ready()
+                    if consumer is None:
+                        break
+                elif only.can_accept():
+                    consumer = only
+                else:
                     break
                 self._recovered_left = 0
                 pos = positions[handed]
-                message = run.message(first + handed)
+                message = messages[handed]
                 handed += 1
                 if consumer.no_ack:
                     consumer.channel.deliver(consumer, pos, message, False)

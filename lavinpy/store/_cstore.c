@@ -342,6 +342,42 @@ done:
     return result;
 }
 
+/* stored_messages(timestamp, exchange, routing_key, properties, bodies, start, count)
+ *   -> [StoredMessage(timestamp, exchange, routing_key, properties, body) for body in bodies[start:start+count]] */
+static PyObject *py_stored_messages(PyObject *self, PyObject *args) {
+    PyObject *timestamp, *exchange, *routing_key, *properties, *bodies;
+    Py_ssize_t start, count;
+    if (!PyArg_ParseTuple(args, "OOOOO!nn", &timestamp, &exchange, &routing_key, &properties, &PyList_Type,
+                          &bodies, &start, &count))
+        return NULL;
+    if (StoredMessage == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() was not called");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (start < 0 || count < 0 || start > n || count > n - start) {
+        PyErr_SetString(PyExc_IndexError, "stored_messages: start or count out of range");
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *message = StoredMessage->tp_alloc(StoredMessage, 5);
+        if (message == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *fields[5] = {timestamp, exchange, routing_key, properties, PyList_GET_ITEM(bodies, start + i)};
+        for (int f = 0; f < 5; f++) {
+            Py_INCREF(fields[f]);
+            PyTuple_SET_ITEM(message, f, fields[f]);
+        }
+        PyList_SET_ITEM(out, i, message);
+    }
+    return out;
+}
+
 static PyObject *py_configure(PyObject *self, PyObject *args) {
     PyObject *message_type, *error;
     if (!PyArg_ParseTuple(args, "O!O", &PyType_Type, &message_type, &error))
@@ -534,6 +570,7 @@ static PyMethodDef methods[] = {
     {"write_run", py_write_run, METH_VARARGS, "Write records for a run of bodies with the same names and properties."},
     {"read_record", (PyCFunction)(void (*)(void))py_read_record, METH_VARARGS | METH_KEYWORDS,
      "Decode and verify one record: (StoredMessage, total size)."},
+    {"stored_messages", py_stored_messages, METH_VARARGS, "StoredMessage tuples for a run of bodies."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},
 };

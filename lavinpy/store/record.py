@@ -115,6 +115,15 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
     return i, offset, positions.tobytes()
 
 
+def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
+                       start: int, count: int) -> list[StoredMessage]:
+    """The records of ``bodies[start:start + count]`` as StoredMessage tuples (a run's deliveries in hand)."""
+    if start < 0 or count < 0 or start + count > len(bodies):
+        raise IndexError("stored_messages: start or count out of range")
+    return [StoredMessage(timestamp, exchange, routing_key, properties, body)
+            for body in bodies[start:start + count]]
+
+
 def write_record(buf: WritableBuffer, offset: int, exchange: bytes, routing_key: bytes, properties: bytes,
                  body: bytes | memoryview, timestamp: int) -> int:
     """Write one record at ``offset`` of a writable buffer (an mmap); returns bytes written."""
@@ -198,7 +207,9 @@ if cstore is not None:
     write_encoded = cstore.write_encoded
     write_run = cstore.write_run
     read_record = cstore.read_record
+    stored_messages = cstore.stored_messages
 else:
     write_encoded = py_write_encoded
     write_run = py_write_run
     read_record = py_read_record
+    stored_messages = py_stored_messages

@@ -202,3 +202,18 @@ def test_queue_index_state_is_the_same_with_either_ready_list(tmp_path: Path, se
     py_state, py_segments = drive_index(tmp_path / "py", PyReadyList, seed)
     assert c_state == py_state
     assert len(c_segments) == len(py_segments)
+
+
+@given(st.lists(st.binary(max_size=50), max_size=20), st.integers(0, 25), st.integers(0, 25), names_text,
+       properties())
+def test_stored_messages_of_a_run_agree(bodies: list, start: int, count: int, exchange: str, props: bytes) -> None:
+    args = (1700000000000, exchange, "rk", props, bodies, start, count)
+    try:
+        expected = record.py_stored_messages(*args)
+    except IndexError:
+        with pytest.raises(IndexError):
+            cstore.stored_messages(*args)
+        return
+    got = cstore.stored_messages(*args)
+    assert got == expected and all(type(m) is record.StoredMessage for m in got)
+    assert [m.body for m in got] == bodies[start:start + count]
