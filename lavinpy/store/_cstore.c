@@ -8,6 +8,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -101,6 +102,9 @@ static Py_ssize_t put_record(unsigned char *buf, Py_ssize_t offset, const Py_buf
     crc = crc_update(crc, p, body_len);
     p += body_len;
     Py_ssize_t length = p - start;
+    /* The payload must be in memory before the header that makes the record visible: a process
+     * killed in between leaves a zero length (end of data), as the Python code guarantees. */
+    atomic_signal_fence(memory_order_seq_cst);
     put_u32le(buf + offset + 4, crc);
     put_u32le(buf + offset, (uint32_t)length);
     return length + HEADER_SIZE;
