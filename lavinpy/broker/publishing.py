@@ -12,6 +12,7 @@ from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers,
 from .exchanges.delayed import DelayedExchange
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
+from .exchanges.topic import TopicExchange
 
 if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
@@ -94,7 +95,7 @@ def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[Qu
 
 
 # Exchanges whose routing depends on the routing key alone: a run is routed once.
-_RUN_EXCHANGES = (DirectExchange, FanoutExchange)
+_RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
 
 class VHostPublishing:
@@ -164,8 +165,8 @@ class VHostPublishing:
         """``publish`` for a run of messages with the same exchange, routing key and properties,
         routed once: (queues reached by each, needs an fsync for the confirms).
 
-        Only the common case takes this path: no headers and no expiration, the default, a direct
-        or a fanout exchange, routable, and every target an open queue without features. Otherwise
+        Only the common case takes this path: no headers and no expiration, the default, a direct,
+        fanout or topic exchange, routable, and every target an open queue without features. Otherwise
         it returns None having done nothing, and the caller publishes the messages one by one.
         """
         if properties[0] & (_HEADERS_FLAG_HIGH | _EXPIRATION_FLAG_HIGH):

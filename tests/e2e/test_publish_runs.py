@@ -76,6 +76,33 @@ def test_fanout_run_reaches_every_bound_queue(broker, clients):
         assert [b for _m, _p, b in get_all(ch, q)] == bodies
 
 
+def test_topic_run_follows_the_bindings_and_exchange_to_exchange_routes(broker, clients):
+    topic = clients.track_exchange(uid("topic"))
+    inner = clients.track_exchange(uid("inner"))
+    stars, hashes, other, via = (clients.track_queue(uid(n)) for n in ("star", "hash", "other", "via"))
+    ch = clients.connect().channel()
+    ch.exchange_declare(topic, "topic")
+    ch.exchange_declare(inner, "fanout")
+    for q in (stars, hashes, other, via):
+        ch.queue_declare(q)
+    ch.queue_bind(stars, topic, "orders.*.eu")
+    ch.queue_bind(hashes, topic, "orders.#")
+    ch.queue_bind(other, topic, "invoices.#")
+    ch.exchange_bind(inner, topic, "#.eu")
+    ch.queue_bind(via, inner)
+    bodies = [str(i).encode() for i in range(200)]
+    with RawAMQP(broker.host, broker.port) as c:
+        c.handshake()
+        c.open_channel(1)
+        c.call(1, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        c.send_raw(run_bytes(1, topic, "orders.new.eu", bodies) + run_bytes(1, topic, "orders.us", [b"us"]))
+        confirmed_upto(c, len(bodies) + 1)
+    assert [b for _m, _p, b in get_all(ch, stars)] == bodies
+    assert [b for _m, _p, b in get_all(ch, hashes)] == [*bodies, b"us"]
+    assert [b for _m, _p, b in get_all(ch, via)] == bodies
+    assert get_all(ch, other) == []
+
+
 def test_run_goes_in_hand_to_a_waiting_consumer_then_to_the_queue(broker, clients):
     q = clients.track_queue(uid("hand"))
     conn = clients.connect()
