@@ -1,7 +1,7 @@
-"""The optional C extension of the codec; everything else is declared in pyproject.toml.
+"""The optional C extensions; the package metadata is in pyproject.toml.
 
 ``optional=True``: without a C compiler the install still succeeds and lavinpy runs its pure-Python
-codec (lavinpy.wire.accel selects the path at import).
+code (lavinpy.wire.accel and lavinpy.store.accel select the path at import).
 """
 
 from setuptools import Extension, setup
@@ -12,6 +12,8 @@ setup(
                   extra_compile_args=["-O2"]),
         # POSIX threads and sockets: not built where they are missing (the event loop then sends).
         Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c"], optional=True,
+                  extra_compile_args=["-O2"]),
+        Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
 )

@@ -1,5 +1,8 @@
 """Store benchmark: append, flush, read+ack, memory per queued message and recovery time.
 
+The store's C path (lavinpy.store._cstore) is used when built; LAVINPY_PURE_PYTHON=1 measures the
+pure-Python one. The JSON line says which ran ("compiled").
+
 Run:  python bench/store_bench.py [--quick] [--appends N] [--open-counts 1000000,10000000] [--dir D]
 Prints one line per measurement and, last, one JSON line with every figure.
 """
@@ -17,6 +20,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from lavinpy.store.accel import COMPILED
 from lavinpy.store.vhost_store import VhostStore
 
 PROPS = b"\x00\x00"  # no basic properties
@@ -52,6 +56,30 @@ async def bench_append(base: Path, body_size: int, n_queues: int, count: int) ->
                 await store.flush()
     await store.flush()
     rate = count / (time.perf_counter() - start)
+    store.close()
+    shutil.rmtree(path)
+    return rate
+
+
+async def bench_append_runs(base: Path, body_size: int, count: int, run: int = 64) -> float:
+    """The publish-run path: ``append_run`` + ``push_many`` for runs of ``run`` messages, 1 queue."""
+    path = base / f"append-run-{body_size}"
+    store = new_store(path)
+    queue = store.open_queue("q", durable=True)
+    store.finish_recovery()
+    bodies = [b"x" * body_size] * run
+    append_run = store.messages.append_run
+    push_many = queue.push_many
+    start = time.perf_counter()
+    for i in range(count // run):
+        done = 0
+        while done < run:
+            done, positions = append_run("amq.direct", "rk", PROPS, bodies, done, 1_700_000_000_000)
+            push_many(positions, True)
+        if not i % 16:
+            await store.flush()
+    await store.flush()
+    rate = count // run * run / (time.perf_counter() - start)
     store.close()
     shutil.rmtree(path)
     return rate
@@ -201,6 +229,8 @@ async def main() -> None:
             for n_queues in (1, 3):
                 rate = await bench_append(base, size, n_queues, args.appends)
                 report(f"append_{size}B_{n_queues}q_per_s", rate, "msg/s")
+        for size in (16, 1024):
+            report(f"append_run64_{size}B_1q_per_s", await bench_append_runs(base, size, args.appends), "msg/s")
         rate, flushes = await bench_append_flush(base, min(args.appends, 200_000))
         report("append_flush100_always_per_s", rate, "msg/s")
         report("append_flush100_always_flushes", flushes, "flushes")
@@ -218,7 +248,7 @@ async def main() -> None:
             shutil.rmtree(path)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    print(json.dumps({"python": sys.version.split()[0], **results}))
+    print(json.dumps({"python": sys.version.split()[0], "compiled": COMPILED, **results}))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,16 @@ class ConfirmsAndTx:
         self._tx_publishes: list[PendingPublish] = []
         self._tx_settles: list[tuple[list[tuple[int, Unacked]], bool | None]] = []
 
+    def note_published(self, count: int, needs_sync: bool) -> None:
+        """``count`` publishes were routed and stored; their confirms go out with the next batch."""
+        if not self.confirm:
+            return
+        self.publish_seq += count
+        self._confirm_upto = self.publish_seq
+        if needs_sync:
+            self._confirm_needs_sync = True
+        self.conn.confirms_pending.add(self)
+
     def send_confirms(self) -> None:
         """Called once per batch of input: confirm what was published, after the fsync it needs."""
         upto = self._confirm_upto

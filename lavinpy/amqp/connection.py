@@ -56,6 +56,7 @@ from .output import (
     OPEN,
     ConnectionOutput,
 )
+from .publish_batch import publish_contents
 
 if TYPE_CHECKING:
     from ..broker.vhost import VHost
@@ -172,7 +173,10 @@ class AMQPConnection(ConnectionOutput):
             self.greet()
         channels = self.channels
         try:
-            for frame in frames:
+            i = 0
+            while i < len(frames):
+                frame = frames[i]
+                i += 1
                 if self.state != OPEN:
                     if self.state >= CLOSING:
                         self._handle_while_closing(frame)
@@ -184,7 +188,7 @@ class AMQPConnection(ConnectionOutput):
                 if kind is ContentMessage:
                     channel = channels.get(frame.channel)
                     if channel is not None and not channel.closing and not channel.in_content:
-                        channel.on_message(frame.method, frame.properties, frame.body)
+                        i = publish_contents(channel, frames, i - 1)
                     else:
                         for part in frame.frames():
                             if self.state != OPEN:

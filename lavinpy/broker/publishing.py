@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage
+from ..store.record import StoredMessage, stored_messages
 from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
 from .exchanges.delayed import DelayedExchange
+from .exchanges.direct import DirectExchange
+from .exchanges.fanout import FanoutExchange
+from .exchanges.topic import TopicExchange
 
 if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
@@ -46,6 +49,53 @@ def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, pro
         if persistent and queue.durable:
             needs_sync = True
     return pushed, needs_sync
+
+
+class PublishRun:
+    """A run of messages published with the same exchange, routing key and properties.
+
+    ``message(i)`` is the record of ``bodies[i]`` as a queue hands it to a consumer; it is built only
+    for messages delivered in hand.
+    """
+
+    __slots__ = ("exchange", "routing_key", "properties", "bodies", "timestamp")
+
+    def __init__(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
+                 timestamp: int) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.properties = properties
+        self.bodies = bodies
+        self.timestamp = timestamp
+
+    def message(self, i: int) -> StoredMessage:
+        return StoredMessage(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies[i])
+
+    def messages(self, start: int, count: int) -> list[StoredMessage]:
+        """``message(i)`` for ``start <= i < start + count``, built in one call."""
+        return stored_messages(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies,
+                               start, count)
+
+
+def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[QueueKind]) -> bool:
+    """``append_and_push`` for a run: the records are written by one call per segment, and each
+    queue takes the positions of that call at once. The queues are open. Returns whether a
+    persistent copy reached a durable queue (the confirms then wait for an fsync)."""
+    persistent = peek_delivery_mode(run.properties) == 2
+    bodies = run.bodies
+    append_run = store.messages.append_run
+    start = 0
+    while start < len(bodies):
+        done, positions = append_run(run.exchange, run.routing_key, run.properties, bodies, start, run.timestamp)
+        for queue in queues:
+            queue.push_many(positions, persistent, run, start)
+            queue.stats.publish += len(positions)
+        start = done
+    return persistent and any(queue.durable for queue in queues)
+
+
+# Exchanges whose routing depends on the routing key alone: a run is routed once.
+_RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
 
 class VHostPublishing:
@@ -109,6 +159,34 @@ class VHostPublishing:
             # the publisher must not get an ack. Routed all the same: no basic.return.
             return len(queues), REJECTED  # type: ignore[arg-type]
         return reached, needs_sync
+
+    def publish_run(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+                    bodies: list[bytes]) -> tuple[int, bool] | None:
+        """``publish`` for a run of messages with the same exchange, routing key and properties,
+        routed once: (queues reached by each, needs an fsync for the confirms).
+
+        Only the common case takes this path: no headers and no expiration, the default, a direct,
+        fanout or topic exchange, routable, and every target an open queue without features. Otherwise
+        it returns None having done nothing, and the caller publishes the messages one by one.
+        """
+        if properties[0] & (_HEADERS_FLAG_HIGH | _EXPIRATION_FLAG_HIGH):
+            return None
+        if exchange is self.default_exchange:
+            queue = self.queues.get(routing_key)
+            if queue is None:
+                return None
+            queues: Sequence[QueueKind] = (queue,)
+        elif type(exchange) in _RUN_EXCHANGES:
+            queues = tuple(self.route(exchange, routing_key, None))
+            if not queues:
+                return None
+        else:
+            return None
+        for queue in queues:
+            if queue.special or queue.index.closed:
+                return None
+        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+        return len(queues), append_and_push_many(self.store, run, queues)
 
     def _route_message(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
                        headers: dict | None) -> tuple[Any, bytes]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage
+from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .queue_features import QueueFeatures
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
     from .arguments import QueueSettings
     from .consumer import Consumer
+    from .publishing import PublishRun
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.queue")
@@ -126,6 +127,45 @@ class Queue(QueueKind):
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
+    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+        """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at once."""
+        if self.special:
+            super().push_many(positions, persistent, run, first)
+            return
+        index = self.index
+        consumers = self.consumers
+        handed = 0
+        if consumers and not index.ready_count:
+            count = len(positions)
+            messages = run.messages(first, count)
+            only = next(iter(consumers)) if len(consumers) == 1 else None  # no round robin to keep
+            while handed < count:  # as push(): straight to consumers with capacity, nothing read back
+                if only is None:
+                    consumer = consumers.next_ready()
+                    if consumer is None:
+                        break
+                elif only.can_accept():
+                    consumer = only
+                else:
+                    break
+                self._recovered_left = 0
+                pos = positions[handed]
+                message = messages[handed]
+                handed += 1
+                if consumer.no_ack:
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    continue
+                index.push(pos, persistent)
+                index.shift()
+                consumer.channel.deliver(consumer, pos, message, False)
+                consumer.unacked += 1
+            if handed == count:
+                return
+            positions = positions[handed:]
+        index.push_many(positions, persistent)
+        if consumers:
+            self.vhost.schedule_delivery(self)
+
     # --- messages out -------------------------------------------------------------------------
     def shift(self) -> tuple[int, bool] | None:
         """Take the head for delivery (it becomes unacked): (position, redelivered), or None."""
@@ -169,6 +209,8 @@ class Queue(QueueKind):
         index = self.index
         consumers = self.consumers
         features = self.features if self.special else None
+        if features is None and len(consumers) == 1:
+            return self._deliver_to(next(iter(consumers)), budget)
         while budget and index.ready_count and consumers and not index.closed:
             consumer = features.pick_consumer() if features is not None else consumers.next_ready()
             if consumer is None:
@@ -198,6 +240,38 @@ class Queue(QueueKind):
             budget -= 1
         if features is not None:
             features.after_delivery()
+        return budget == 0
+
+    def _deliver_to(self, consumer: Consumer, budget: int) -> bool:
+        """``deliver`` with one consumer and no features: the same steps with the lookups done once
+        (no round robin to keep, the record read straight from the store)."""
+        index = self.index
+        channel = consumer.channel
+        can_deliver = channel.can_deliver
+        deliver = channel.deliver
+        read = self.vhost.store.messages.read
+        shift = self.shift
+        no_ack = consumer.no_ack
+        prefetch = 0 if no_ack else consumer.prefetch
+        while budget and index.ready_count and not index.closed and can_deliver():
+            if prefetch and consumer.unacked >= prefetch:
+                break
+            shifted = shift()
+            if shifted is None:
+                break
+            pos, redelivered = shifted
+            try:
+                msg = read(pos)
+            except (CorruptRecord, KeyError) as e:  # as QueueKind.read: reported, removed, the rest goes on
+                self.report_damaged(pos, e)
+                index.ack(pos)
+                continue
+            deliver(consumer, pos, msg, redelivered)
+            if no_ack:
+                index.ack(pos)
+            else:
+                consumer.unacked += 1
+            budget -= 1
         return budget == 0
 
     # --- acknowledgements ---------------------------------------------------------------------

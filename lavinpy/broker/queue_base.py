@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
@@ -21,6 +21,7 @@ from .arguments import QueueSettings
 if TYPE_CHECKING:
     from ..store.index_kinds import AnyIndex
     from .consumer import Consumer
+    from .publishing import PublishRun
     from .vhost import VHost
 
 
@@ -85,6 +86,14 @@ class QueueKind(ABC):
     @abstractmethod
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
         """A stored message was routed here; ``message`` is the record in hand, if the caller has it."""
+
+    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+        """A run of stored messages was routed here: ``positions[i]`` holds ``run.message(first + i)``.
+
+        This default pushes them one by one; a classic queue without features does better.
+        """
+        for i, pos in enumerate(positions):
+            self.push(pos, persistent, run.message(first + i))
 
     def refuses(self, size: int) -> bool:
         """Whether a message of ``size`` bytes is refused now (reject-publish overflow)."""

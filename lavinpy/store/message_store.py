@@ -14,6 +14,7 @@ import logging
 import mmap
 import re
 import time
+from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from lavinpy.store.record import (
     encode_names,
     read_record,
     write_encoded,
+    write_run,
 )
 from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
@@ -148,6 +150,32 @@ class MessageStore:
         if self._dirty_start < 0:
             self._dirty_start = offset
         return self._cur_id | (offset << OFFSET_SHIFT)  # make_pos inlined: once per publish
+
+    def append_run(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes], start: int,
+                   timestamp_ms: int) -> tuple[int, array]:
+        """Write ``bodies[start:]`` as records with the same names and properties, in one call, up to
+        the end of the current segment (rolling first when not even the first one fits).
+
+        Returns (index of the first body not written, positions of those written). As with
+        ``append``, the caller pushes the positions to queue indexes before the next append, so a
+        run that spans segments comes back in one piece per segment.
+        """
+        names = self._names.get((exchange, routing_key))
+        if names is None:
+            names = self._encode_names(exchange, routing_key)
+        offset = self._wpos
+        first_end = offset + _OVERHEAD + len(names) + len(properties) + len(bodies[start])
+        if first_end > self._cur_size:
+            self._roll(first_end - offset)
+            offset = self._wpos
+        done, end, packed = write_run(self._mm, offset, self._cur_size, self._cur_id, names, properties, bodies,
+                                      start, timestamp_ms)
+        self._wpos = end
+        if self._dirty_start < 0:
+            self._dirty_start = offset
+        positions = array("Q")
+        positions.frombytes(packed)
+        return done, positions
 
     def _encode_names(self, exchange: str, routing_key: str) -> bytes:
         names = encode_names(exchange.encode(), routing_key.encode())

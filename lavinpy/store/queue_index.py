@@ -2,9 +2,9 @@
 
 On disk a durable queue directory holds ``.queue`` (the name), ``enq`` (one 8-byte position per
 message routed to the queue) and ``ack`` (one per message removed). The content is ``enq`` minus
-``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a deque of
-``array('Q')`` chunks (no Python object per message); only unacked and requeued messages, which
-are few, are Python ints in a set / heap.
+``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a
+``ReadyList`` (ready_list.py, in C when built; no Python object per message); only unacked and
+requeued messages, which are few, are Python ints in a set / heap.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shutil
 from array import array
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import filterfalse
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ log = logging.getLogger("lavinpy.store")
 QUEUE_NAME_FILE = ".queue"
 ENQ_FILE = "enq"
 ACK_FILE = "ack"
-CHUNK_ENTRIES = 4096  # ready entries per array chunk: 32 KiB, freed as soon as it is consumed
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
@@ -67,9 +67,7 @@ class QueueIndex:
         self._incref = messages.incref
         self._decref = messages.decref
         # ready messages: requeued ones (heap of enq-order keys) come before the chunks
-        self._chunks: deque[array] = deque([array("Q")])
-        self._tail = self._chunks[0]
-        self._head = 0  # index of the next ready entry in self._chunks[0]
+        self._ready = ReadyList()  # never-delivered ready positions, in enq order
         self._ready_count = 0
         self._requeued: list[int] = []
         self._unacked: set[int] = set()
@@ -190,13 +188,9 @@ class QueueIndex:
 
     def load_ready(self, live: array) -> None:
         """Extension point: take the recovered live positions (enq order) as the ready list."""
-        self._chunks.clear()
-        for start in range(0, len(live), CHUNK_ENTRIES):
-            self._chunks.append(live[start:start + CHUNK_ENTRIES])
-        if not self._chunks or len(self._chunks[-1]) >= CHUNK_ENTRIES:
-            self._chunks.append(array("Q"))
-        self._tail = self._chunks[-1]
-        self._head = 0
+        self._ready.clear()
+        for start in range(0, len(live), CHUNK_ENTRIES):  # bounded temporaries for a huge queue
+            self._ready.extend(live[start:start + CHUNK_ENTRIES])
         self._ready_count = len(live)
 
     # ---- the message flow --------------------------------------------------------------------
@@ -207,12 +201,24 @@ class QueueIndex:
         A transient message in a durable queue gets no enq entry, so it is gone after a restart;
         it is remembered in a set so that compaction does not write it either.
         """
-        tail = self._tail
-        if len(tail) >= CHUNK_ENTRIES:
-            tail = self._tail = array("Q")
-            self._chunks.append(tail)
-        tail.append(pos)
+        self._ready.push(pos)
         self.record_push(pos, persistent)
+
+    def push_many(self, positions: array, persistent: bool) -> None:
+        """``push`` for a run of positions (an ``array('Q')``) with the same persistence."""
+        self._ready.extend(positions)
+        self._ready_count += len(positions)
+        pending = self._enq_pending
+        if pending is not None:
+            if persistent:
+                pending.extend(positions)
+            else:
+                self._transient.update(positions)
+        if len(positions) == 1:
+            self._incref(positions[0] & SEGMENT_MASK)
+        else:
+            for segment, n in _segment_counts(positions).items():
+                self._incref(segment, n)
 
     # ---- extension point ---------------------------------------------------------------------
     # An index kind with its own order of ready messages (store/priority_index.py,
@@ -274,33 +280,18 @@ class QueueIndex:
         """The next message to deliver, or None; leaves it ready."""
         if self._requeued:
             return pos_from_order_key(self._requeued[0])
-        if self._ready_count == 0:
-            return None
-        return self._chunks[0][self._head]
+        return self._ready.peek()
 
     def shift(self) -> int | None:
         """Take the next ready message for delivery: it becomes unacked. None when empty."""
         if self._requeued:
             pos = pos_from_order_key(heapq.heappop(self._requeued))
-        elif self._ready_count == 0:
-            return None
         else:
-            pos = self._take_head()
+            pos = self._ready.shift()
+            if pos is None:
+                return None
         self._ready_count -= 1
         self._unacked.add(pos)
-        return pos
-
-    def _take_head(self) -> int:
-        chunks = self._chunks
-        head = chunks[0]
-        pos = head[self._head]
-        self._head += 1
-        if self._head >= len(head):
-            if len(chunks) > 1:
-                chunks.popleft()
-            else:  # the tail chunk is used up: reuse it
-                del head[:]
-            self._head = 0
         return pos
 
     def ack(self, pos: int) -> None:
@@ -341,10 +332,7 @@ class QueueIndex:
             return 0
         removed = self.ready_positions()
         self._requeued.clear()
-        self._chunks.clear()
-        self._tail = array("Q")
-        self._chunks.append(self._tail)
-        self._head = 0
+        self._ready.clear()
         return self.record_purge(removed)
 
     def _ack_file_full(self) -> bool:
@@ -368,10 +356,7 @@ class QueueIndex:
         """Ready positions in delivery order."""
         for key in sorted(self._requeued):
             yield pos_from_order_key(key)
-        head = self._head
-        for chunk in list(self._chunks):
-            yield from chunk[head:]
-            head = 0
+        yield from self._ready_array()
 
     def unacked(self) -> Iterable[int]:
         return iter(self._unacked)
@@ -379,10 +364,12 @@ class QueueIndex:
     def ready_positions(self) -> array:
         """All ready positions in delivery order, as one array."""
         out = array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
-        head = self._head
-        for chunk in self._chunks:
-            out.extend(chunk[head:] if head else chunk)
-            head = 0
+        out.frombytes(self._ready.to_bytes())
+        return out
+
+    def _ready_array(self) -> array:
+        out = array("Q")
+        out.frombytes(self._ready.to_bytes())
         return out
 
     def _live_array(self) -> array:
@@ -399,15 +386,12 @@ class QueueIndex:
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
         out = array("Q", (pos_from_order_key(k) for k in older))
-        head = self._head
-        newer = [chunk[head:] if i == 0 else chunk for i, chunk in enumerate(self._chunks)]
-        first_newer = next((chunk[0] for chunk in newer if chunk), None)
+        first_newer = self._ready.peek()
         if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
-            for chunk in newer:  # the normal FIFO case: everything delivered is older
-                out.extend(chunk)
+            out.frombytes(self._ready.to_bytes())  # the normal FIFO case: everything delivered is older
             return out
         # messages were pushed out of append order: merge entry by entry
-        merged = heapq.merge(older, (enq_order_key(p) for chunk in newer for p in chunk))
+        merged = heapq.merge(older, (enq_order_key(p) for p in self._ready_array()))
         return array("Q", (pos_from_order_key(k) for k in merged))
 
     # ---- files -------------------------------------------------------------------------------
@@ -525,10 +509,7 @@ class QueueIndex:
         self._requeued.clear()
         self._unacked.clear()
         self._transient.clear()
-        self._chunks.clear()
-        self._tail = array("Q")
-        self._chunks.append(self._tail)
-        self._head = 0
+        self._ready.clear()
         self._ready_count = 0
         if self._enq_pending is not None:
             del self._enq_pending[:]

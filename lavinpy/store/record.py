@@ -21,8 +21,11 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
+from array import array
 from typing import NamedTuple, TypeAlias
 
+from lavinpy.store.accel import cstore
+from lavinpy.wire.position import OFFSET_SHIFT
 from lavinpy.wire.properties import PropertiesError, properties_length
 
 HEADER = struct.Struct("<II")  # length, crc32
@@ -71,8 +74,8 @@ def record_size(exchange: bytes, routing_key: bytes, properties: bytes, body_len
     return HEADER_SIZE + FIXED_PAYLOAD + len(exchange) + len(routing_key) + len(properties) + body_len
 
 
-def write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties: bytes,
-                  body: bytes | memoryview, timestamp: int) -> int:
+def py_write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties: bytes,
+                     body: bytes | memoryview, timestamp: int) -> int:
     """Write a record whose names are already encoded (see ``encode_names``); returns bytes written.
 
     The caller has checked that the record fits. The payload goes first and the header last, so a
@@ -89,6 +92,36 @@ def write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties: by
     length = end - start
     _pack_header_into(buf, offset, length, _crc32(body, _crc32(head)))
     return length + HEADER_SIZE
+
+
+def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, names: bytes, properties: bytes,
+                 bodies: list[bytes], start: int, timestamp: int) -> tuple[int, int, bytes]:
+    """Write ``bodies[start:]`` as records with the same names and properties while they fit below
+    ``limit``: (index of the first body not written, end offset, positions packed as native u64).
+
+    One call per run of messages instead of one per message; the caller rolls the segment and
+    calls again from the returned index.
+    """
+    positions = array("Q")
+    fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names) + len(properties)
+    i = start
+    while i < len(bodies):
+        body = bodies[i]
+        if offset + fixed + len(body) > limit:
+            break
+        positions.append(segment_id | (offset << OFFSET_SHIFT))
+        offset += py_write_encoded(buf, offset, names, properties, body, timestamp)
+        i += 1
+    return i, offset, positions.tobytes()
+
+
+def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
+                       start: int, count: int) -> list[StoredMessage]:
+    """The records of ``bodies[start:start + count]`` as StoredMessage tuples (a run's deliveries in hand)."""
+    if start < 0 or count < 0 or start + count > len(bodies):
+        raise IndexError("stored_messages: start or count out of range")
+    return [StoredMessage(timestamp, exchange, routing_key, properties, body)
+            for body in bodies[start:start + count]]
 
 
 def write_record(buf: WritableBuffer, offset: int, exchange: bytes, routing_key: bytes, properties: bytes,
@@ -117,8 +150,8 @@ def record_checks_out(buf: Buffer, offset: int, end: int) -> bool:
     return _crc32(buf[offset + HEADER_SIZE:offset + total]) == _unpack_header_from(buf, offset)[1]
 
 
-def read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
-                copy: bool = True) -> tuple[StoredMessage, int]:
+def py_read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
+                   copy: bool = True) -> tuple[StoredMessage, int]:
     """Decode and verify the record at ``offset``; returns (message, total record size).
 
     ``end`` bounds the record (the file size). Pass a memoryview for ``buf`` so that the CRC is
@@ -166,3 +199,17 @@ def read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
     except UnicodeDecodeError:
         raise CorruptRecord(f"record at offset {offset}: exchange or routing key is not UTF-8") from None
     return message, length + HEADER_SIZE
+
+
+# The implementation in use: C when built (see accel.py), else the pure-Python reference above.
+if cstore is not None:
+    cstore.configure(StoredMessage, CorruptRecord)
+    write_encoded = cstore.write_encoded
+    write_run = cstore.write_run
+    read_record = cstore.read_record
+    stored_messages = cstore.stored_messages
+else:
+    write_encoded = py_write_encoded
+    write_run = py_write_run
+    read_record = py_read_record
+    stored_messages = py_stored_messages

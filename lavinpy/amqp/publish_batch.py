@@ -1,0 +1,68 @@
+"""Runs of publishes: consecutive messages a channel publishes with the same basic.publish and
+properties are routed, stored and confirmed once per run instead of once per message.
+
+The connection hands each fused publish (``ContentMessage``) to ``publish_contents``, which takes
+the run that starts there. Anything out of the common case (transactions, special properties, a
+body over the size limit, direct reply-to, or what ``VHost.publish_run`` declines) goes through
+``Channel.on_message`` one message at a time, exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..wire.frames import ContentMessage
+from .channel_methods import REPLY_TO_PREFIX
+
+if TYPE_CHECKING:
+    from .channel import Channel
+
+# reply_to / expiration (first flags byte) or user_id (second byte): checked per message.
+_SPECIAL_HIGH = 0x03
+_SPECIAL_LOW = 0x10
+_HEADERS_HIGH = 0x20
+
+
+def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> int:
+    """Publish ``frames[start]`` (a ContentMessage for the open ``channel``, not inside a content)
+    and the run of identical publishes after it; returns the index of the first frame not taken."""
+    first = frames[start]
+    assert type(first) is ContentMessage
+    method = first.method
+    properties = first.properties
+    max_size = channel.conn.config.max_message_size
+    if (channel.tx or method.immediate or len(properties) < 2 or properties[0] & (_SPECIAL_HIGH | _HEADERS_HIGH)
+            or properties[1] & _SPECIAL_LOW or len(first.body) > max_size
+            or (not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX))):
+        channel.on_message(method, properties, first.body)
+        return start + 1
+    end = start + 1
+    count = len(frames)
+    while end < count:
+        frame = frames[end]
+        if (type(frame) is not ContentMessage or frame.method is not method or frame.channel != first.channel
+                or frame.properties != properties or len(frame.body) > max_size):
+            break
+        end += 1
+    if end - start > 1:
+        channel.on_publish(method)  # resolves and checks the exchange, as for each single publish
+        if not channel.in_content:
+            return start + 1  # refused: the channel is closing; the rest go the general way
+        channel._reset_content()
+        bodies = [frames[i].body for i in range(start, end)]
+        exchange = channel._publish_exchange
+        published = channel.vhost.publish_run(exchange, method.routing_key, properties, bodies)
+        if published is not None:
+            run = end - start
+            channel.vhost.stats.publish += run
+            exchange.stats.publish_in += run
+            exchange.stats.publish_out += run
+            channel.note_published(run, published[1])
+            return end
+    for i in range(start, end):  # one by one, stopping where the channel stops taking fused publishes
+        if channel.closing or channel.in_content:
+            return i
+        frame = frames[i]
+        channel.on_message(frame.method, frame.properties, frame.body)
+    return end

@@ -1,0 +1,92 @@
+"""A queue's never-delivered ready messages: a FIFO of 8-byte positions, no Python object per entry.
+
+``ReadyList`` is the C ring buffer from _cstore when built (accel.py), else ``PyReadyList``: a
+deque of ``array('Q')`` chunks, each freed as soon as it is consumed. Both have the same methods
+and the same behaviour (tests/store/test_cstore_equivalence.py).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+
+from lavinpy.store.accel import cstore
+
+CHUNK_ENTRIES = 4096  # entries per array chunk: 32 KiB
+
+
+class PyReadyList:
+    """push / extend at the tail, shift / peek at the head, to_bytes for the whole list in order."""
+
+    __slots__ = ("_chunks", "_tail", "_head", "_count")
+
+    def __init__(self) -> None:
+        self._chunks: deque[array] = deque([array("Q")])
+        self._tail = self._chunks[0]
+        self._head = 0  # index of the next entry in self._chunks[0]
+        self._count = 0
+
+    def push(self, pos: int) -> None:
+        tail = self._tail
+        if len(tail) >= CHUNK_ENTRIES:
+            tail = self._tail = array("Q")
+            self._chunks.append(tail)
+        tail.append(pos)
+        self._count += 1
+
+    def extend(self, positions: array) -> None:
+        """Append an ``array('Q')`` of positions."""
+        if not positions:
+            return
+        tail = self._tail
+        room = CHUNK_ENTRIES - len(tail)
+        if room > 0:
+            tail.extend(positions[:room])
+        for start in range(max(room, 0), len(positions), CHUNK_ENTRIES):
+            tail = self._tail = positions[start:start + CHUNK_ENTRIES]
+            self._chunks.append(tail)
+        self._count += len(positions)
+
+    def shift(self) -> int | None:
+        if not self._count:
+            return None
+        chunks = self._chunks
+        head = chunks[0]
+        pos = head[self._head]
+        self._head += 1
+        if self._head >= len(head):
+            if len(chunks) > 1:
+                chunks.popleft()
+            else:  # the tail chunk is used up: reuse it
+                del head[:]
+            self._head = 0
+        self._count -= 1
+        return pos
+
+    def peek(self) -> int | None:
+        if not self._count:
+            return None
+        return self._chunks[0][self._head]
+
+    def to_bytes(self) -> bytes:
+        out = array("Q")
+        head = self._head
+        for chunk in self._chunks:
+            out.extend(chunk[head:] if head else chunk)
+            head = 0
+        return out.tobytes()
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._tail = array("Q")
+        self._chunks.append(self._tail)
+        self._head = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+
+ReadyList: type = cstore.ReadyList if cstore is not None else PyReadyList
+
+__all__ = ["ReadyList", "PyReadyList", "CHUNK_ENTRIES"]

@@ -1,0 +1,219 @@
+"""The C store path (_cstore) and the pure-Python reference agree on the same inputs.
+
+Records written by one decode with the other and the segments are byte-identical; damaged records
+are refused with the same error; ready lists and queue indexes driven by the same operations end in
+the same state. Runs whenever the extension is built, whatever LAVINPY_PURE_PYTHON says.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import zlib
+from array import array
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import commands
+
+from lavinpy.store import record
+from lavinpy.store.message_store import MessageStore
+from lavinpy.store.queue_index import QueueIndex
+from lavinpy.store.ready_list import CHUNK_ENTRIES, PyReadyList
+
+cstore = pytest.importorskip("lavinpy.store._cstore")
+cstore.configure(record.StoredMessage, record.CorruptRecord)
+
+names_text = st.text(max_size=40).filter(lambda s: len(s.encode()) <= 255)
+short = st.text(max_size=20).filter(lambda s: len(s.encode()) <= 255)
+
+
+@st.composite
+def properties(draw: st.DrawFn) -> bytes:
+    fields = {
+        "content_type": draw(st.none() | short),
+        "headers": draw(st.none() | st.dictionaries(st.text(min_size=1, max_size=8), st.integers(-5, 5) | short,
+                                                    max_size=3)),
+        "delivery_mode": draw(st.none() | st.sampled_from([1, 2])),
+        "priority": draw(st.none() | st.integers(0, 9)),
+        "correlation_id": draw(st.none() | short),
+        "expiration": draw(st.none() | st.sampled_from(["0", "60000"])),
+        "timestamp": draw(st.none() | st.just(datetime.datetime(2024, 5, 1, tzinfo=datetime.UTC))),
+        "app_id": draw(st.none() | short),
+    }
+    return commands.Basic.Properties(**{k: v for k, v in fields.items() if v is not None}).marshal()
+
+
+message = st.tuples(names_text, names_text, properties(), st.binary(max_size=3000),
+                    st.integers(-(1 << 63), (1 << 63) - 1))
+
+
+def encode_both(exchange: str, routing_key: str, props: bytes, body: bytes, ts: int) -> tuple[bytearray, bytearray]:
+    names = record.encode_names(exchange.encode(), routing_key.encode())
+    size = 7 + record.record_size(exchange.encode(), routing_key.encode(), props, len(body)) + 5
+    c_buf, py_buf = bytearray(size), bytearray(size)
+    assert cstore.write_encoded(c_buf, 7, names, props, body, ts) == \
+        record.py_write_encoded(py_buf, 7, names, props, body, ts) == size - 12
+    return c_buf, py_buf
+
+
+@settings(max_examples=300, deadline=None)
+@given(message)
+def test_records_are_byte_identical_and_decode_both_ways(msg: tuple) -> None:
+    exchange, routing_key, props, body, ts = msg
+    c_buf, py_buf = encode_both(exchange, routing_key, props, body, ts)
+    assert c_buf == py_buf
+    expected = (record.StoredMessage(ts, exchange, routing_key, props, body), len(c_buf) - 12)
+    for decode in (cstore.read_record, record.py_read_record):
+        for buf in (c_buf, py_buf):
+            assert decode(memoryview(buf), 7, len(buf)) == expected
+            got = decode(memoryview(buf), 7, len(buf), verify=False, copy=False)
+            assert got == (expected[0]._replace(body=b""), expected[1])
+    assert type(cstore.read_record(c_buf, 7, len(c_buf))[0]) is record.StoredMessage
+
+
+def outcome(decode, buf: bytearray, end: int, verify: bool) -> tuple:
+    try:
+        return ("ok",) + decode(memoryview(buf), 7, end, verify=verify)
+    except record.CorruptRecord as exc:
+        return ("corrupt", str(exc))
+
+
+@settings(max_examples=400, deadline=None)
+@given(message, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+       st.integers(0, 20), st.booleans())
+def test_damaged_records_are_refused_alike(msg: tuple, flips: list, cut: int, verify: bool) -> None:
+    buf = encode_both(*msg)[0]
+    for where, value in flips:
+        buf[7 + where % (len(buf) - 7)] = value
+    end = max(0, len(buf) - cut)
+    assert outcome(cstore.read_record, buf, end, verify) == outcome(record.py_read_record, buf, end, verify)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=700), min_size=1, max_size=30), st.integers(0, 6000), st.integers(0, 3),
+       properties(), st.integers(1, 1 << 32 - 1))
+def test_write_run_matches_record_by_record(bodies: list, limit: int, start: int, props: bytes, segment: int) -> None:
+    start = min(start, len(bodies))
+    names = record.encode_names(b"amq.direct", b"key")
+    c_buf, py_buf = bytearray(6000), bytearray(6000)
+    c_result = cstore.write_run(c_buf, 4, limit, segment, names, props, bodies, start, 1234)
+    py_result = record.py_write_run(py_buf, 4, limit, segment, names, props, bodies, start, 1234)
+    assert c_result == py_result and c_buf == py_buf
+    done, end, packed = c_result
+    positions = array("Q")
+    positions.frombytes(packed)
+    assert len(positions) == done - start and end <= max(limit, 4)
+    for i, pos in zip(range(start, done), positions, strict=True):
+        assert pos & 0xFFFFFFFF == segment
+        msg = record.py_read_record(memoryview(c_buf), pos >> 32, end)[0]
+        assert (msg.body, msg.properties, msg.routing_key) == (bodies[i], props, "key")
+
+
+@given(st.binary(max_size=5000), st.integers(0, (1 << 32) - 1))
+def test_crc32_is_zlibs(data: bytes, value: int) -> None:
+    assert cstore.crc32(data, value) == zlib.crc32(data, value)
+
+
+ready_ops = st.lists(st.one_of(
+    st.tuples(st.just("push"), st.integers(0, (1 << 64) - 1)),
+    st.tuples(st.just("extend"), st.lists(st.integers(0, (1 << 64) - 1), max_size=CHUNK_ENTRIES + 10)),
+    st.tuples(st.just("shift"), st.integers(1, CHUNK_ENTRIES + 10)),
+    st.tuples(st.just("peek"), st.none()),
+    st.tuples(st.just("clear"), st.none()),
+), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ready_ops)
+def test_ready_lists_agree(ops: list) -> None:
+    c_list, py_list = cstore.ReadyList(), PyReadyList()
+    for op, arg in ops:
+        if op == "push":
+            assert c_list.push(arg) is py_list.push(arg) is None
+        elif op == "extend":
+            c_list.extend(array("Q", arg))
+            py_list.extend(array("Q", arg))
+        elif op == "shift":
+            assert [c_list.shift() for _ in range(arg)] == [py_list.shift() for _ in range(arg)]
+        elif op == "peek":
+            assert c_list.peek() == py_list.peek()
+        else:
+            c_list.clear()
+            py_list.clear()
+        assert len(c_list) == len(py_list)
+        assert c_list.to_bytes() == py_list.to_bytes()
+
+
+def test_ready_list_gives_memory_back_when_drained() -> None:
+    ready = cstore.ReadyList()
+    assert ready.__sizeof__() < 100
+    ready.extend(array("Q", range(1_000_000)))
+    assert ready.__sizeof__() >= 8_000_000
+    assert [ready.shift() for _ in range(999_990)] == list(range(999_990))
+    assert len(ready) == 10 and ready.__sizeof__() < 10_000
+    assert array("Q", ready.to_bytes()).tolist() == list(range(999_990, 1_000_000))
+
+
+def drive_index(directory: Path, ready_list: type, seed: int) -> tuple:
+    """One random sequence of push / push_many / shift / ack / requeue / purge on a durable index."""
+    rng = random.Random(seed)
+    store = MessageStore(directory, segment_size=4096)
+    store.open()
+    index = QueueIndex("q", store, directory / "q")
+    index.open()
+    index._ready = ready_list()
+    unacked: list[int] = []
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.3:
+            index.push(store.append("", "q", b"\x00\x00", b"x" * rng.randrange(200)), rng.random() < 0.7)
+        elif op < 0.45:
+            bodies = [b"y" * rng.randrange(300) for _ in range(rng.randrange(1, 20))]
+            start = 0
+            while start < len(bodies):
+                start, positions = store.append_run("", "q", b"\x10\x00\x02", bodies, start, 99)
+                index.push_many(positions, rng.random() < 0.7)
+        elif op < 0.7:
+            pos = index.shift()
+            if pos is not None:
+                unacked.append(pos)
+        elif op < 0.85 and unacked:
+            index.ack(unacked.pop(rng.randrange(len(unacked))))
+        elif op < 0.97 and unacked:
+            index.requeue(unacked.pop(rng.randrange(len(unacked))))
+        elif op >= 0.97:
+            index.purge()
+    index.write_buffers()
+    state = (list(index.ready_positions()), sorted(index.unacked()), list(index.live_positions()),
+             index.ready_count, {s: store.refcount(s) for s in store.segment_ids()},
+             (directory / "q" / "enq").read_bytes(), (directory / "q" / "ack").read_bytes())
+    segments = [(directory / f"msgs.{s:010d}").read_bytes() for s in store.segment_ids()]
+    index.close()
+    store.close()
+    return state, segments
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_queue_index_state_is_the_same_with_either_ready_list(tmp_path: Path, seed: int) -> None:
+    c_state, c_segments = drive_index(tmp_path / "c", cstore.ReadyList, seed)
+    py_state, py_segments = drive_index(tmp_path / "py", PyReadyList, seed)
+    assert c_state == py_state
+    assert len(c_segments) == len(py_segments)
+
+
+@given(st.lists(st.binary(max_size=50), max_size=20), st.integers(0, 25), st.integers(0, 25), names_text,
+       properties())
+def test_stored_messages_of_a_run_agree(bodies: list, start: int, count: int, exchange: str, props: bytes) -> None:
+    args = (1700000000000, exchange, "rk", props, bodies, start, count)
+    try:
+        expected = record.py_stored_messages(*args)
+    except IndexError:
+        with pytest.raises(IndexError):
+            cstore.stored_messages(*args)
+        return
+    got = cstore.stored_messages(*args)
+    assert got == expected and all(type(m) is record.StoredMessage for m in got)
+    assert [m.body for m in got] == bodies[start:start + count]
