@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from pathlib import Path
+
 from ..store.datadir import CLEAN_STOP_MARKER
 
 # The node's cluster identity: a copy would make two nodes one.
@@ -20,3 +24,25 @@ LOCAL_ONLY_SUFFIXES = (".tmp",)
 def is_local_only(name: str) -> bool:
     """Whether the file ``name`` (a base name) stays on this node."""
     return name in LOCAL_ONLY_FILES or name.startswith(LOCAL_ONLY_PREFIXES) or name.endswith(LOCAL_ONLY_SUFFIXES)
+
+
+def node_id(data_dir: Path) -> str:
+    """This node's cluster id: made up once, kept in the data dir (never replicated)."""
+    path = data_dir / CLUSTERING_ID_FILE
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except FileNotFoundError:
+        pass
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    new_id = secrets.token_hex(8)
+    tmp = path.with_name(CLUSTERING_ID_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, f"{new_id}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return new_id
