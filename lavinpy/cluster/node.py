@@ -47,6 +47,10 @@ DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could
 LEADER_POLL = 0.25  # how often the leader key is read (changes are noticed within ~0.5 s)
 MEMBERS_POLL = 1.0
 ETCD_RETRY = 0.5
+# A leader whose key went (revoked, expired) sees it through its watch within milliseconds and stops;
+# followers campaign this much later, so clients never find two nodes serving. Fencing, not this
+# delay, is what keeps an old leader from confirming.
+ELECTION_DELAY = 0.3
 
 
 class LeaderServer(Protocol):
@@ -82,6 +86,7 @@ class ClusterNode:
         self._link: LeaderLink | None = None
         self._tasks: list[asyncio.Task] = []
         self._loop = asyncio.get_event_loop()
+        self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
 
     # --- life cycle -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> int:
@@ -203,11 +208,11 @@ class ClusterNode:
             try:
                 leader = await self.etcd.get(self.keys.leader)
                 if leader is None:
+                    await asyncio.sleep(ELECTION_DELAY)
                     if await self._campaign():
                         await self._lead()
                         return
                     self.leader = None
-                    await asyncio.sleep(LEADER_POLL)
                     continue
                 info = await self._node_of_lease(leader.lease)
                 if info is not None and info.id == self.id and leader.lease != self.lease:
@@ -302,10 +307,14 @@ class ClusterNode:
             self.replication.attach(broker)
 
     async def _guard_leadership(self) -> None:
-        """Step down when the leader key is no longer ours or the lease deadline comes near."""
+        """Step down when the leader key is no longer ours, a fenced write failed, or the lease deadline
+        comes near. The watch reacts at once; the reads every 0.25 s cover a watch that broke."""
+        self._tasks.append(asyncio.ensure_future(self._watch_leader_key()))
         next_read = 0.0
         while True:
             now = self._loop.time()
+            if self._fenced_out:
+                self.step_down(self._fenced_out)
             if now >= self.deadline - DEADLINE_MARGIN:
                 self.step_down(f"etcd unreachable: the lease may expire in {self.deadline - now:.1f} s")
             if now >= next_read:
@@ -317,6 +326,16 @@ class ClusterNode:
                 if leader is None or (leader and (leader.lease != self.lease or leader.text != self.uri)):
                     self.step_down("the leader key is no longer this node's")
             await asyncio.sleep(0.1)
+
+    async def _watch_leader_key(self) -> None:
+        while True:
+            try:
+                async for event in self.etcd.watch(self.keys.leader):
+                    if event.kind == "DELETE" or event.kv.lease != self.lease or event.kv.text != self.uri:
+                        self.step_down("the leader key was deleted or taken")
+            except EtcdError:
+                pass
+            await asyncio.sleep(ETCD_RETRY)
 
     # --- IsrWriter (called by the replication server) -------------------------------------------
     async def write_isr(self, members: list[str]) -> None:
@@ -331,7 +350,7 @@ class ClusterNode:
                 await asyncio.sleep(ETCD_RETRY)
                 continue
             if not written:
-                self._loop.call_soon(self.step_down, "the ISR write failed its fence: no longer leader")
+                self._fenced_out = "the ISR write failed its fence: this node no longer holds the leader key"
                 raise LeadershipLost(f"node {self.id} no longer holds the leader key")
             self.isr = list(members)
             return

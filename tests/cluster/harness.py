@@ -111,6 +111,13 @@ class Etcd:
                               capture_output=True, text=True, timeout=10).stdout
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -127,6 +134,11 @@ class Node:
         self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
         self.log_path = directory / "lavinpy.log"
+
+    @property
+    def node_id(self) -> str:
+        """The node's cluster id (made by the node on its first start)."""
+        return wait_until(lambda: _read(self.data_dir / ".clustering_id"), 10, what=f"{self.name}'s id")
 
     @property
     def uri(self) -> str:
