@@ -102,7 +102,7 @@ def cluster_node_infos(local: dict[str, Any], members: list[dict[str, Any]]) -> 
         if member.get("self"):
             nodes.append({**local, **{k: v for k, v in member.items() if k != "self"}})
         else:
-            nodes.append({"name": f"{PRODUCT_NAME}@{member['id']}", "type": "disc", "running": True,
+            nodes.append({"name": f"{PRODUCT_NAME}@{member['clustering_id']}", "type": "disc", "running": True,
                           **{k: v for k, v in member.items() if k != "self"}})
     return nodes
 

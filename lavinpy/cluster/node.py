@@ -45,7 +45,7 @@ LEASE_TTL = 10  # seconds (LavinMQ's)
 KEEPALIVE_INTERVAL = LEASE_TTL / 3
 DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could expire
 LEADER_POLL = 0.25  # how often the leader key is read (changes are noticed within ~0.5 s)
-MEMBERS_POLL = 1.0
+MEMBERS_POLL = 0.5
 ETCD_RETRY = 0.5
 # A leader whose key went (revoked, expired) sees it through its watch within milliseconds and stops;
 # followers campaign this much later, so clients never find two nodes serving. Fencing, not this
@@ -188,13 +188,17 @@ class ClusterNode:
     async def _watch_members(self) -> None:
         while True:
             try:
-                nodes = await self.etcd.get_prefix(self.keys.nodes)
-                isr = await self.etcd.get(self.keys.isr)
-                self.members = {info.id: info for info in map(NodeInfo.from_kv, nodes) if info is not None}
-                self.isr = _isr_list(isr)
+                await self._refresh_members()
             except EtcdError:
                 pass
             await asyncio.sleep(MEMBERS_POLL)
+
+    async def _refresh_members(self) -> None:
+        """The live nodes (whose addresses may send PROXY lines) and the ISR, for status and trust."""
+        nodes = await self.etcd.get_prefix(self.keys.nodes)
+        isr = await self.etcd.get(self.keys.isr)
+        self.members = {info.id: info for info in map(NodeInfo.from_kv, nodes) if info is not None}
+        self.isr = _isr_list(isr)
 
     def accepts_proxy_from(self, host: str) -> bool:
         """Whether a PROXY line from ``host`` is trusted: it is a cluster member's address."""
@@ -290,6 +294,7 @@ class ClusterNode:
         self._proxies = []
         self._lock.release()  # the broker takes it
         try:
+            await self._refresh_members()  # the followers' proxies are trusted from the first connection
             if ReplicationServer is not None:
                 host, port = self.config.clustering_bind, self.config.clustering_port
                 self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port)
