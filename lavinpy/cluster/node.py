@@ -11,9 +11,11 @@ re-exec of the process: every socket closes at once and the new process rejoins 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -77,6 +79,7 @@ class ClusterNode:
         self.secret = b""
         self.deadline = 0.0  # loop time by which the lease may have expired
         self.members: dict[str, NodeInfo] = {}  # id -> info, from <prefix>/nodes/
+        self.member_addresses: set[str] = set()  # their advertised hosts, resolved
         self.isr: list[str] | None = None
         self.leader: NodeInfo | None = None  # followers: the leader being followed
         self.server: LeaderServer | None = None
@@ -85,13 +88,11 @@ class ClusterNode:
         self._proxies: list[ClientProxy] = []
         self._link: LeaderLink | None = None
         self._tasks: list[asyncio.Task] = []
-        self._loop = asyncio.get_event_loop()
         self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
 
     # --- life cycle -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> int:
         """Join the cluster and take whatever role comes, until ``stop`` is set (SIGTERM)."""
-        self._loop = asyncio.get_running_loop()
         self.id = node_id(self.data_dir)
         try:
             self._lock.acquire()  # a follower's copy is written by its replication only
@@ -133,7 +134,7 @@ class ClusterNode:
                 secret = self.keys.secret
                 await self.etcd.put_if_absent(secret, os.urandom(32).hex())
                 self.secret = bytes.fromhex((await self.etcd.get(secret)).text)
-                sent = self._loop.time()
+                sent = _now()
                 self.lease = await self.etcd.lease_grant(LEASE_TTL)
                 self.deadline = sent + LEASE_TTL
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
@@ -157,6 +158,8 @@ class ClusterNode:
         if self.replication is not None:
             await self.replication.stop()
         await self._stop_following()
+        for proxy in self._proxies:
+            await proxy.stop()
         if self.lease:
             try:
                 await self.etcd.lease_revoke(self.lease)
@@ -171,13 +174,13 @@ class ClusterNode:
         failures = 0
         while True:
             await asyncio.sleep(KEEPALIVE_INTERVAL if failures == 0 else ETCD_RETRY)
-            sent = self._loop.time()
+            sent = _now()
             try:
                 ttl = await self.etcd.lease_keepalive(self.lease)
             except EtcdError as e:
                 if failures == 0:
                     log.warning("cluster: lease keepalive failed (%s); the lease runs out in %.1f s",
-                                e, self.deadline - self._loop.time())
+                                e, self.deadline - _now())
                 failures += 1
                 continue
             if ttl == 0:
@@ -199,11 +202,15 @@ class ClusterNode:
         isr = await self.etcd.get(self.keys.isr)
         self.members = {info.id: info for info in map(NodeInfo.from_kv, nodes) if info is not None}
         self.isr = _isr_list(isr)
+        addresses: set[str] = set()
+        for info in self.members.values():
+            for host in info.hosts():
+                addresses |= await _addresses_of(host)
+        self.member_addresses = addresses
 
     def accepts_proxy_from(self, host: str) -> bool:
         """Whether a PROXY line from ``host`` is trusted: it is a cluster member's address."""
-        host = host[7:] if host.startswith("::ffff:") else host
-        return any(host in info.hosts() for info in self.members.values())
+        return _normal_address(host) in self.member_addresses
 
     # --- roles ----------------------------------------------------------------------------------
     async def _roles(self) -> None:
@@ -317,7 +324,7 @@ class ClusterNode:
         self._tasks.append(asyncio.ensure_future(self._watch_leader_key()))
         next_read = 0.0
         while True:
-            now = self._loop.time()
+            now = _now()
             if self._fenced_out:
                 self.step_down(self._fenced_out)
             if now >= self.deadline - DEADLINE_MARGIN:
@@ -420,6 +427,33 @@ class ClusterNode:
             subprocess.Popen(command, shell=True, start_new_session=True, stdin=subprocess.DEVNULL)
         except OSError as e:
             log.error("cluster: %s could not run: %s", name, e)
+
+
+def _normal_address(host: str) -> str:
+    """One spelling per IP address (IPv4-mapped IPv6 as IPv4); other text unchanged."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+async def _addresses_of(host: str) -> set[str]:
+    """The IP addresses of an advertised host (itself when it is one; none when it does not resolve)."""
+    normal = _normal_address(host)
+    if normal != host or ":" in host or host.replace(".", "").isdigit():
+        return {normal}
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {_normal_address(info[4][0]) for info in infos}
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
 
 
 def _isr_list(kv: KeyValue | None) -> list[str] | None:

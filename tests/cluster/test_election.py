@@ -41,3 +41,16 @@ def test_one_leader_failover_within_5s_and_old_leader_rejoins_as_follower(cluste
     assert leader.amqp_serves(2)  # its port forwards to the new leader
     restarted_log = leader.log_text().rsplit("joined", 1)[-1]
     assert "elected leader" not in restarted_log
+
+
+def test_leader_hooks_run_on_election_and_on_losing_the_lease(cluster: Cluster) -> None:
+    (node,) = cluster.start(1, ["--clustering-on-leader-elected", "echo elected >> hooks.txt",
+                                "--clustering-on-leader-lost", "echo lost >> hooks.txt"])
+    hooks = node.directory / "hooks.txt"  # the commands run in the node's working directory
+    assert cluster.wait_for_leader(30) is node
+    wait_until(lambda: hooks.exists() and hooks.read_text() == "elected\n", 5, what="the elected hook")
+    _, lease = cluster.leader_key()
+    cluster.etcd.etcdctl("lease", "revoke", format(lease, "x"))
+    # It steps down (lost), rejoins, and as the only node is elected again (elected).
+    wait_until(lambda: hooks.read_text() == "elected\nlost\nelected\n", 20, 0.1, "the lost and elected hooks")
+    assert cluster.leader_key()[1] != lease
