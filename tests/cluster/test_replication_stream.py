@@ -131,3 +131,31 @@ def test_confirms_wait_for_the_follower_and_a_silent_follower_is_dropped(leader:
         connection.close()
     finally:
         stop_process(follower)
+
+
+def test_declare_and_bind_ok_wait_for_the_follower(leader: Leader, tmp_path: Path) -> None:
+    follower_dir = tmp_path / "follower"
+    follower = start_follower(follower_dir, leader.replication.port)
+    try:
+        leader.wait_caught_up("follower")
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        started = time.monotonic()
+        channel.queue_declare("before", durable=True)
+        assert time.monotonic() - started < 2
+        leader.wait_caught_up("follower")
+        # the declare reached the follower's definitions log before the declare-ok
+        assert b"before" in next(follower_dir.rglob("definitions.amqp")).read_bytes()
+
+        os.kill(follower.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        channel.queue_declare("while-stopped", durable=True)
+        declared = time.monotonic()
+        assert declared - started > 2.5, f"declare-ok after {declared - started:.2f} s, before the drop"
+        assert leader.isr.writes[-1][1] == ["leader"] and leader.isr.writes[-1][0] <= declared
+        started = time.monotonic()
+        channel.queue_bind("while-stopped", "amq.direct", "k")  # no ISR follower left: at once
+        assert time.monotonic() - started < 1
+        connection.close()
+    finally:
+        stop_process(follower)
