@@ -98,7 +98,9 @@ def test_stream_under_load_leaves_the_follower_byte_equal(leader: Leader, tmp_pa
     assert queue_counts(follower_dir) == expected
 
 
-def test_confirms_wait_for_the_follower_and_a_silent_follower_is_dropped(leader: Leader, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsync", ["always", "never"])  # never: no local fsync, the follower's ack still counts
+def test_confirms_wait_for_the_follower_and_a_silent_follower_is_dropped(fsync: str, tmp_path: Path) -> None:
+    leader = Leader(tmp_path / "leader", fsync=fsync).start()
     follower = start_follower(tmp_path / "follower", leader.replication.port)
     try:
         leader.wait_caught_up("follower")
@@ -131,6 +133,7 @@ def test_confirms_wait_for_the_follower_and_a_silent_follower_is_dropped(leader:
         connection.close()
     finally:
         stop_process(follower)
+        leader.stop()
 
 
 def test_declare_and_bind_ok_wait_for_the_follower(leader: Leader, tmp_path: Path) -> None:
