@@ -122,7 +122,7 @@ class ReplicationServer:
 
     def follower_status(self) -> list[dict]:
         return [{"id": f.id, "address": f.address, "bytes_sent": f.sent, "bytes_acked": f.acked,
-                 "lag_bytes": self._log_end - f.acked, "in_sync": f.id in self._isr}
+                 "lag_bytes": self._log_end - f.acked, "in_sync": self._isr.get(f.id) is f}
                 for f in self._followers.values()]
 
     @property
@@ -200,7 +200,7 @@ class ReplicationServer:
 
     async def _join_isr(self, follower: _Follower) -> None:
         async with self._isr_lock:
-            if follower.dropped or follower.id in self._isr:
+            if follower.dropped or self._isr.get(follower.id) is follower:
                 return
             # In the barrier before etcd names it: no confirm may skip a node etcd calls in sync.
             self._isr[follower.id] = follower
@@ -391,7 +391,7 @@ class ReplicationServer:
                 if acked > follower.acked:
                     follower.acked = acked
                     follower.last_progress = time.monotonic()
-            if follower.id not in self._isr and follower.acked >= follower.join_target:
+            if self._isr.get(follower.id) is not follower and follower.acked >= follower.join_target:
                 await self._join_isr(follower)
             self._release()
 
