@@ -162,14 +162,15 @@ class ReplicationServer:
 
     # ---- ReplicationBarrier ----------------------------------------------------------------------
 
-    async def wait_replicated(self) -> None:
-        """Resolve once every ISR follower acknowledged the stream up to its current end."""
+    def wait_replicated(self) -> asyncio.Future[None]:
+        """Resolves once every ISR follower acknowledged the stream up to its end at this call."""
         target = self._log_end
-        if self._released(target):
-            return
         future = asyncio.get_running_loop().create_future()
-        self._waiters.append((target, future))
-        await future
+        if self._released(target):
+            future.set_result(None)
+        else:
+            self._waiters.append((target, future))
+        return future
 
     def _released(self, target: int) -> bool:
         return all(f.acked >= target for f in self._isr.values())

@@ -17,6 +17,7 @@ and policies; one process serves one data directory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Protocol
@@ -44,7 +45,9 @@ class FileChanges(Protocol):
 class ReplicationBarrier(Protocol):
     """Resolves once every in-sync follower acknowledged everything reported before the call."""
 
-    async def wait_replicated(self) -> None: ...
+    def wait_replicated(self) -> asyncio.Future[None]:
+        """Await the result. The stream position is taken at the call, not when it is awaited, so
+        a flush can take it before its local sync and let the followers work meanwhile."""
 
 
 class _Feed:

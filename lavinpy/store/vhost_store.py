@@ -206,14 +206,17 @@ class VhostStore:
                             break
                 waiter, self._next = self._next, None
                 try:
-                    await self._flush_once(self._next_acks)
+                    replicated = await self._flush_once(self._next_acks)
                 except Exception as exc:
                     if not waiter.done():
                         waiter.set_exception(exc)
                     log.error("%s: flush failed: %s", self.path, exc)
                 else:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                    # The next flush may start while the followers acknowledge this one.
+                    if replicated is not None and not replicated.done():
+                        replicated.add_done_callback(lambda _, waiter=waiter: _resolve(waiter))
+                    else:
+                        _resolve(waiter)
         finally:
             self._flusher = None
 
@@ -222,7 +225,8 @@ class VhostStore:
             if index.has_pending_writes:
                 index.write_buffers()
 
-    async def _flush_once(self, acks: bool = True) -> None:
+    async def _flush_once(self, acks: bool = True) -> asyncio.Future[None] | None:
+        """Put what was written on the local disk; returns what resolves once the followers have it."""
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
         self._write_index_buffers()
         ranges = self.messages.take_dirty()
@@ -239,12 +243,13 @@ class VhostStore:
                 synced.append(counts)
                 fds.extend(taken)
         self._report_ranges(ranges)
+        # taken now: the followers write this flush's bytes while the local disk does
+        replicated = self.barrier.wait_replicated() if self.barrier is not None else None
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
             ranges, fds = [], []
         if ranges or fds:
             await self._sync_in_worker(synced, ranges, fds)
-        if self.barrier is not None:
-            await self.barrier.wait_replicated()
+        return replicated
 
     async def wait_replicated(self) -> None:
         """Resolve once every in-sync follower has what was written before the call (at once alone)."""
@@ -303,3 +308,8 @@ class VhostStore:
 
     def __repr__(self) -> str:
         return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
