@@ -162,3 +162,33 @@ def test_declare_and_bind_ok_wait_for_the_follower(leader: Leader, tmp_path: Pat
         connection.close()
     finally:
         stop_process(follower)
+
+
+def test_a_follower_too_far_behind_is_dropped_and_catches_up_by_full_sync(leader: Leader, tmp_path: Path,
+                                                                          caplog) -> None:
+    follower_dir = tmp_path / "follower"
+    follower = start_follower(follower_dir, leader.replication.port)
+    try:
+        leader.wait_caught_up("follower")
+        assert leader.replication is not None
+        leader.replication.max_backlog = 1024 * 1024  # the 256 MiB rule, scaled down
+        leader.replication.ack_timeout = 60  # only the backlog may drop it here
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        channel.queue_declare("bulk", durable=True)  # before: its declare-ok waits for the follower
+        os.kill(follower.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        for _ in range(400):  # 8 MiB, no confirms: the leader queues it for the stopped follower
+            channel.basic_publish("", "bulk", b"x" * 20_000, pika.BasicProperties(delivery_mode=2))
+        leader.wait(lambda: leader.isr.members == ["leader"], 10, "the follower dropped")
+        assert time.monotonic() - started < 10
+        assert any("dropped: more than 1048576 bytes behind" in r.getMessage() for r in caplog.records)
+        connection.close()
+        os.kill(follower.pid, signal.SIGCONT)
+        leader.flush_all()
+        leader.wait_caught_up("follower")
+        assert leader.isr.members == ["leader", "follower"]
+    finally:
+        stop_process(follower)
+    assert replicated_hashes(follower_dir) == replicated_hashes(leader.data_dir)
+    assert queue_counts(follower_dir)["bulk"] == 400
