@@ -15,6 +15,7 @@ import pytest
 
 from lavinpy import config as config_module
 from lavinpy.broker.broker import Broker
+from lavinpy.store.datadir import sha1_name
 
 from .replication_harness import Leader, replicated_hashes, start_follower, stop_process
 
@@ -71,6 +72,20 @@ async def publish_and_consume(url: str) -> dict[str, int]:
                 await channel.declare_queue(name, durable=True)
             await channel.queue_delete(name)
             expected.pop(name, None)
+        # a retry queue: nack with requeue writes its delivery-count file
+        retry = await consumer_channel.declare_queue("retry", durable=True, arguments={"x-delivery-limit": 5})
+        await asyncio.gather(*(channel.default_exchange.publish(aio_pika.Message(b"r", delivery_mode=2),
+                                                                routing_key="retry") for _ in range(20)))
+        for _ in range(10):
+            message = await retry.get(timeout=5)
+            await message.nack(requeue=True)
+        # the head came back 6 times: past the limit of 5 it was dropped; the next one has a count of 4
+        expected["retry"] = 19
+        # a stream: its offset log
+        await channel.declare_queue("events", durable=True, arguments={"x-queue-type": "stream"})
+        await asyncio.gather(*(channel.default_exchange.publish(aio_pika.Message(b"e", delivery_mode=2),
+                                                                routing_key="events") for _ in range(100)))
+        expected["events"] = 100
         await consumer_channel.close()
         # one more confirmed batch after all that
         await asyncio.gather(*(
@@ -87,14 +102,26 @@ def test_stream_under_load_leaves_the_follower_byte_equal(leader: Leader, tmp_pa
         leader.wait_caught_up("follower")
         assert leader.isr.members == ["leader", "follower"]
         expected = asyncio.run(publish_and_consume(leader.url))
+
+        async def admin() -> None:  # users.json, vhosts.json and policies.json
+            assert leader.server is not None
+            broker = leader.server.broker
+            broker.users.add_user("alice", "secret-password", ["management"])
+            broker.vhosts["/"].set_policy("short", "^q1$", {"max-length": 10000})
+            broker.users.add_vhost("other")
+            broker.open_vhost("other")
+        leader.call(admin)
         leader.flush_all()
         leader.wait_caught_up("follower")
-        segments = sorted(p.name for p in (follower_dir).rglob("msgs.*"))
+        segments = sorted(p.name for p in (follower_dir / sha1_name("/")).glob("msgs.*"))
         assert segments and "msgs.0000000001" not in segments, "no segment was deleted and replicated"
     finally:
         output = stop_process(follower)
     assert "Traceback" not in output, output
-    assert replicated_hashes(follower_dir) == replicated_hashes(leader.data_dir)
+    hashes = replicated_hashes(follower_dir)
+    assert hashes == replicated_hashes(leader.data_dir)
+    names = {rel.rpartition("/")[2] for rel in hashes}
+    assert {"users.json", "vhosts.json", "policies.json", "delivery_counts", "definitions.amqp"} <= names
     assert queue_counts(follower_dir) == expected
 
 
