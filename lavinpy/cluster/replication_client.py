@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -64,7 +65,11 @@ class FileApplier:
         if kind == proto.OP_WRITE:
             os.pwrite(self._fd(rel), operation.data, operation.offset)
         elif kind == proto.OP_TRUNCATE:
-            os.ftruncate(self._fd(rel), operation.size)
+            fd = self._fd(rel)
+            grown = operation.size - os.fstat(fd).st_size
+            os.ftruncate(fd, operation.size)
+            if grown > 0:
+                _reserve(fd, operation.size - grown, grown)
         elif kind == proto.OP_REPLACE:
             self._forget(rel)
             self.replace(rel, operation.data)
@@ -104,13 +109,15 @@ class FileApplier:
                 parent = parent.parent
 
     # full sync: a file arrives in chunks into <name>.tmp and is renamed over its name at the end
-    def begin_file(self, rel: str) -> None:
+    def begin_file(self, rel: str, size: int = 0) -> None:
         self._forget(rel)
         path = self._path(rel)
         self._make_parent(path)
         tmp = path.with_name(path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
         self._receiving = (rel, fd, 0)
+        if size:
+            _reserve(fd, 0, size)
 
     def file_chunk(self, data: bytes) -> None:
         if self._receiving is None:
@@ -126,9 +133,10 @@ class FileApplier:
     def end_file(self) -> None:
         if self._receiving is None:
             raise proto.ProtocolError("file end outside a file")
-        (rel, fd, _), self._receiving = self._receiving, None
+        (rel, fd, received), self._receiving = self._receiving, None
         path = self._path(rel)
         try:
+            os.ftruncate(fd, received)  # the reservation was for the size announced
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -247,8 +255,8 @@ class ReplicationClient:
                 for rel in paths:
                     applier.delete(rel)  # a few unlinks; their directories are fsynced at the end
             elif kind == proto.FILE_START:
-                rel, _ = proto.unpack_str(payload, 0)
-                await loop.run_in_executor(None, applier.begin_file, rel)
+                rel, pos = proto.unpack_str(payload, 0)
+                await loop.run_in_executor(None, applier.begin_file, rel, proto.unpack_u64(payload, pos))
             elif kind == proto.FILE_CHUNK:
                 await loop.run_in_executor(None, applier.file_chunk, payload)
                 self.bytes_applied += len(payload)
@@ -287,6 +295,16 @@ class ReplicationClient:
             self.bytes_applied += sum(len(op.data) for op in operations)
             self.acked = operations[-1].end
             writer.write(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve blocks as the leader does for its segments: a promoted follower writing through a
+    mapping of a sparse file on a full disk would die of SIGBUS."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def _apply_batch(applier: FileApplier, operations: list[proto.Operation]) -> None:
