@@ -1,24 +1,31 @@
 """Helpers of the no-loss tests: a publisher with confirms that survives failovers, the ISR as etcd
 records it, and draining a queue.
 
-The publisher runs in a thread with pika's blocking client: each message carries a unique id in its
-body and is published until a confirm comes back (after a broken connection it is published again,
-through whichever node answers), so a message may be stored twice but every id it records as
-confirmed was confirmed by a broker.
+The publisher runs in a thread with aio-pika, WINDOW messages in flight: each message carries a
+unique id in its body and is published until a confirm comes back (after a broken connection it is
+published again, through whichever node answers), so a message may be stored twice but every id it
+records as confirmed was confirmed by a broker. Many messages in flight keep a kill likely to land
+between a confirm and the followers' copy, were a leader to confirm early.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
 import time
 
+import aio_pika
+import aio_pika.exceptions
 import pika
-import pika.exceptions
+from pamqp.commands import Basic
 
 from .harness import PREFIX, Cluster, Etcd, Node
 
 QUEUE = "no-loss"
+WINDOW = 64  # messages published before their confirms are awaited
+PERSISTENT = aio_pika.DeliveryMode.PERSISTENT
 
 
 def isr(etcd: Etcd) -> list[str]:
@@ -37,13 +44,14 @@ def connect(port: int, timeout: float = 2.0) -> pika.BlockingConnection:
 
 
 class Publisher(threading.Thread):
-    """Publishes persistent messages with confirms to QUEUE, one at a time, reconnecting after failures.
+    """Publishes persistent messages with confirms to QUEUE, WINDOW at a time, reconnecting after failures.
 
     ``first`` is the node it connects to first; afterwards it tries every live node of the cluster in
     turn. ``confirmed`` is the list of confirmed ids, ``connections`` counts the connections made."""
 
-    def __init__(self, cluster: Cluster, first: Node) -> None:
+    def __init__(self, cluster: Cluster, first: Node, body_size: int = 0) -> None:
         super().__init__(daemon=True)
+        self.padding = b" " * body_size  # after the id
         self.cluster = cluster
         self.first = first
         self.confirmed: list[int] = []
@@ -79,40 +87,43 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         try:
-            self._publish()
+            asyncio.run(self._publish())
         except BaseException as e:  # reported by stop()
             self.error = e
 
-    def _publish(self) -> None:
+    async def _publish(self) -> None:
         candidates = self._candidates()
         next_id = 0
-        properties = pika.BasicProperties(delivery_mode=2)
+        unconfirmed: list[int] = []  # published again on the next connection
         while not self._stop_event.is_set():
             node = next(candidates)
             try:
-                connection = connect(node.amqp_port)
-            except (pika.exceptions.AMQPError, OSError):
-                time.sleep(0.02)
+                connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{node.amqp_port}/", timeout=2)
+            except (TimeoutError, aio_pika.exceptions.AMQPError, OSError):
+                await asyncio.sleep(0.02)
                 continue
             self.connections += 1
             self.ports_used.append(node.amqp_port)
             try:
-                channel = connection.channel()
-                channel.confirm_delivery()
-                channel.queue_declare(QUEUE, durable=True)
+                channel = await connection.channel(publisher_confirms=True)
+                await channel.declare_queue(QUEUE, durable=True)
+                exchange = channel.default_exchange
                 while not self._stop_event.is_set():
-                    # The same id again after a failure: a message whose confirm was lost is published
-                    # anew (a duplicate when the first one was stored).
-                    channel.basic_publish("", QUEUE, b"%d" % next_id, properties, mandatory=True)
-                    self.confirmed.append(next_id)
-                    next_id += 1
-            except (pika.exceptions.AMQPError, OSError):
+                    batch = unconfirmed + list(range(next_id, next_id + WINDOW - len(unconfirmed)))
+                    next_id = max(next_id, batch[-1] + 1)
+                    messages = [aio_pika.Message(b"%d%s" % (i, self.padding), delivery_mode=PERSISTENT) for i in batch]
+                    results = await asyncio.gather(*(exchange.publish(m, QUEUE, timeout=10) for m in messages),
+                                                   return_exceptions=True)
+                    acked = [isinstance(r, Basic.Ack) for r in results]
+                    self.confirmed.extend(i for i, ok in zip(batch, acked, strict=True) if ok)
+                    unconfirmed = [i for i, ok in zip(batch, acked, strict=True) if not ok]
+                    if unconfirmed:
+                        break
+            except (TimeoutError, aio_pika.exceptions.AMQPError, OSError):
                 pass
             finally:
-                try:
-                    connection.close()
-                except Exception:
-                    pass
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), 2)
 
 
 def drain(port: int, expected_at_least: int, timeout: float = 60) -> list[int]:
@@ -130,7 +141,7 @@ def drain(port: int, expected_at_least: int, timeout: float = 60) -> list[int]:
                 if len(ids) >= count or time.monotonic() > deadline:
                     break
                 continue
-            ids.append(int(body))
+            ids.append(int(body.split(b" ", 1)[0]))
             if len(ids) >= count:
                 break
         channel.cancel()

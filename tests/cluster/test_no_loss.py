@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import statistics
 import time
 import urllib.request
@@ -17,7 +19,7 @@ import urllib.request
 import pytest
 
 from .harness import Cluster, Node, wait_until
-from .no_loss import Publisher, drain, isr, missing_and_duplicates
+from .no_loss import WINDOW, Publisher, drain, isr, missing_and_duplicates
 from .test_replication_sync import PER_QUEUE, QUEUES, fill
 
 KILLS = 20
@@ -98,6 +100,38 @@ def test_a_revoked_leader_confirms_nothing_the_next_leader_lacks(cluster: Cluste
     assert publisher.connections >= 2
     print(f"{confirmed_at_revoke} confirmed when the lease was revoked; {successor.name} leads next")
     _check_no_loss(publisher, successor)
+
+
+@pytest.mark.timeout(120)
+def test_no_confirm_while_the_followers_are_stalled_and_none_lost_when_the_leader_dies(cluster: Cluster) -> None:
+    """Both followers stop reading (SIGSTOP) while large messages are published: a leader that
+    confirmed before the followers acknowledged would lose what it had not yet sent at its kill."""
+    nodes = cluster.start(3)
+    leader = cluster.wait_for_leader(30)
+    wait_until(lambda: len(isr(cluster.etcd)) == 3, 30, 0.1, "every node in the ISR")
+    followers = [n for n in nodes if n is not leader]
+    publisher = Publisher(cluster, leader, body_size=64 * 1024)
+    publisher.start()
+    try:
+        publisher.wait_for_more(100, 30)
+        for follower in followers:
+            os.kill(follower.process.pid, signal.SIGSTOP)
+        stalled = len(publisher.confirmed)
+        time.sleep(1.5)  # less than the 3 s after which a silent follower leaves the ISR
+        confirmed_while_stalled = len(publisher.confirmed) - stalled
+        leader.kill()
+        for follower in followers:
+            os.kill(follower.process.pid, signal.SIGCONT)
+        successor = cluster.wait_for_leader(20, exclude=leader)
+        publisher.wait_for_more(100, 30)
+    finally:
+        for follower in followers:
+            if follower.alive:
+                os.kill(follower.process.pid, signal.SIGCONT)
+        publisher.stop()
+    print(f"{confirmed_while_stalled} confirmed while the followers were stalled (in flight before)")
+    _check_no_loss(publisher, successor)
+    assert confirmed_while_stalled <= 2 * WINDOW
 
 
 def _queues(node: Node) -> dict[str, int]:
