@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from .harness import PREFIX, Cluster, wait_until
@@ -24,13 +25,14 @@ def test_one_leader_failover_within_5s_and_old_leader_rejoins_as_follower(cluste
                    what=f"{follower.name} to follow")
         assert follower.amqp_serves(2)
     time.sleep(2.5)  # past the grace a just-elected leader gets
+    in_sync = _isr(cluster)
 
     leader.kill()
     killed_at = time.monotonic()
     successor = cluster.wait_for_leader(FAILOVER_LIMIT + 5, exclude=leader)
     failover = time.monotonic() - killed_at
     print(f"failover: {successor.name} served AMQP {failover:.2f} s after the kill -9 of {leader.name}")
-    assert successor in followers
+    assert successor in followers and successor.node_id in in_sync
     assert failover < FAILOVER_LIMIT
     key = cluster.leader_key()
 
@@ -41,6 +43,13 @@ def test_one_leader_failover_within_5s_and_old_leader_rejoins_as_follower(cluste
     assert leader.amqp_serves(2)  # its port forwards to the new leader
     restarted_log = leader.log_text().rsplit("joined", 1)[-1]
     assert "elected leader" not in restarted_log
+    # after its sync the new leader records it in the ISR again
+    wait_until(lambda: leader.node_id in _isr(cluster), 30, what="the old leader back in the ISR")
+
+
+def _isr(cluster: Cluster) -> list[str]:
+    value = cluster.etcd.get(f"{PREFIX}/isr")
+    return json.loads(value[0]) if value else []
 
 
 def test_leader_hooks_run_on_election_and_on_losing_the_lease(cluster: Cluster) -> None:
