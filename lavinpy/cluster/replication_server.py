@@ -165,6 +165,11 @@ class ReplicationServer:
     def wait_replicated(self) -> asyncio.Future[None]:
         """Resolves once every ISR follower acknowledged the stream up to its end at this call."""
         target = self._log_end
+        for follower in self._followers.values():
+            # A flush waits on this: its operations go out now rather than on the sender task's next turn.
+            if (follower.streaming and not follower.dropped and follower.queue
+                    and not follower.writer.transport.get_write_buffer_size()):
+                self._write_queued(follower)
         future = asyncio.get_running_loop().create_future()
         if self._released(target):
             future.set_result(None)
@@ -363,18 +368,22 @@ class ReplicationServer:
                 follower.wake.clear()
                 await follower.wake.wait()
                 continue
-            batch = []
-            size = 0
-            while follower.queue and size < proto.CHUNK_SIZE:
-                encoded = follower.queue.popleft()
-                batch.append(encoded)
-                size += len(encoded)
-            follower.queued_bytes -= size
-            if follower.sent == follower.acked:  # the ack clock starts with the first unacknowledged byte
-                follower.last_progress = time.monotonic()
-            follower.sent += size
-            writer.write(b"".join(batch))
+            self._write_queued(follower)
             await writer.drain()
+
+    def _write_queued(self, follower: _Follower) -> None:
+        """Hand up to a chunk of the follower's queued operations to its socket."""
+        batch = []
+        size = 0
+        while follower.queue and size < proto.CHUNK_SIZE:
+            encoded = follower.queue.popleft()
+            batch.append(encoded)
+            size += len(encoded)
+        follower.queued_bytes -= size
+        if follower.sent == follower.acked:  # the ack clock starts with the first unacknowledged byte
+            follower.last_progress = time.monotonic()
+        follower.sent += size
+        follower.writer.write(b"".join(batch))
 
     async def _read_acks(self, follower: _Follower, reader: asyncio.StreamReader,
                          decoder: proto.FrameDecoder) -> None:
