@@ -129,6 +129,7 @@ class ClusterNode:
 
     async def _join(self) -> None:
         """The shared secret, a lease and this node's info in etcd (retried until etcd answers)."""
+        attempts = 0
         while True:
             try:
                 secret = self.keys.secret
@@ -140,7 +141,9 @@ class ClusterNode:
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
                 return
             except EtcdError as e:
-                log.warning("cluster: waiting for etcd (%s)", e)
+                if attempts % 30 == 0:  # once, then every 30 s
+                    log.warning("cluster: waiting for etcd (%s)", e)
+                attempts += 1
                 await asyncio.sleep(1.0)
 
     def _info(self) -> NodeInfo:
