@@ -85,8 +85,8 @@ class LeaderLink:
                 # Not the leader's fault: never a reason to take its lease.
                 self.refused = True
                 log.error("cluster: leader %s refused replication: %s", self.leader.id, e)
-            except OSError as e:
-                log.debug("cluster: replication connection to %s failed: %s", self.leader.uri, e)
+            except Exception as e:  # the connection broke or could not be made: try again
+                log.debug("cluster: replication connection to %s ended: %r", self.leader.uri, e)
             finally:
                 self._ended(started)
                 await client.close()
