@@ -421,7 +421,11 @@ class ClusterNode:
             handler.flush()
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "lavinpy", *self.argv])
+        try:
+            os.execv(sys.executable, [sys.executable, "-m", "lavinpy", *self.argv])
+        except OSError as e:  # serving on is not an option: exit, the supervisor restarts the node
+            log.critical("cluster: cannot re-exec (%s); exiting", e)
+            os._exit(70)
 
     def _run_hook(self, command: str, name: str) -> None:
         if not command:
