@@ -35,9 +35,10 @@ PROBE_INTERVAL = 0.25
 
 
 class LeaderLink:
-    def __init__(self, node: ClusterNode, leader: NodeInfo) -> None:
+    def __init__(self, node: ClusterNode, leader: NodeInfo, lease: int) -> None:
         self.node = node
         self.leader = leader
+        self.lease = lease  # the leader's lease: its term
         self.revoke_after = REVOKE_AFTER
         self.refused = False
         self._loop = asyncio.get_running_loop()

@@ -274,9 +274,9 @@ class ClusterNode:
         self.leader = info
         self.role = "follower"
         link = self._link
-        if link is None or link.leader.id != info.id:
+        if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
             await self._stop_following()
-            link = self._link = LeaderLink(self, info)
+            link = self._link = LeaderLink(self, info, leader.lease)
             link.start()
         while True:
             await asyncio.sleep(LEADER_POLL)
