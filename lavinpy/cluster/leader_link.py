@@ -35,9 +35,10 @@ PROBE_INTERVAL = 0.25
 
 
 class LeaderLink:
-    def __init__(self, node: ClusterNode, leader: NodeInfo) -> None:
+    def __init__(self, node: ClusterNode, leader: NodeInfo, lease: int) -> None:
         self.node = node
         self.leader = leader
+        self.lease = lease  # the leader's lease: its term
         self.revoke_after = REVOKE_AFTER
         self.refused = False
         self._loop = asyncio.get_running_loop()
@@ -85,8 +86,8 @@ class LeaderLink:
                 # Not the leader's fault: never a reason to take its lease.
                 self.refused = True
                 log.error("cluster: leader %s refused replication: %s", self.leader.id, e)
-            except OSError as e:
-                log.debug("cluster: replication connection to %s failed: %s", self.leader.uri, e)
+            except Exception as e:  # the connection broke or could not be made: try again
+                log.debug("cluster: replication connection to %s ended: %r", self.leader.uri, e)
             finally:
                 self._ended(started)
                 await client.close()

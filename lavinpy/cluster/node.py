@@ -129,6 +129,7 @@ class ClusterNode:
 
     async def _join(self) -> None:
         """The shared secret, a lease and this node's info in etcd (retried until etcd answers)."""
+        attempts = 0
         while True:
             try:
                 secret = self.keys.secret
@@ -140,7 +141,9 @@ class ClusterNode:
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
                 return
             except EtcdError as e:
-                log.warning("cluster: waiting for etcd (%s)", e)
+                if attempts % 30 == 0:  # once, then every 30 s
+                    log.warning("cluster: waiting for etcd (%s)", e)
+                attempts += 1
                 await asyncio.sleep(1.0)
 
     def _info(self) -> NodeInfo:
@@ -271,9 +274,9 @@ class ClusterNode:
         self.leader = info
         self.role = "follower"
         link = self._link
-        if link is None or link.leader.id != info.id:
+        if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
             await self._stop_following()
-            link = self._link = LeaderLink(self, info)
+            link = self._link = LeaderLink(self, info, leader.lease)
             link.start()
         while True:
             await asyncio.sleep(LEADER_POLL)
@@ -418,7 +421,11 @@ class ClusterNode:
             handler.flush()
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "lavinpy", *self.argv])
+        try:
+            os.execv(sys.executable, [sys.executable, "-m", "lavinpy", *self.argv])
+        except OSError as e:  # serving on is not an option: exit, the supervisor restarts the node
+            log.critical("cluster: cannot re-exec (%s); exiting", e)
+            os._exit(70)
 
     def _run_hook(self, command: str, name: str) -> None:
         if not command:

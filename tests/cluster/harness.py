@@ -145,6 +145,14 @@ class Node:
         return f"tcp://127.0.0.1:{self.clustering_port}"
 
     @property
+    def amqp_url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
     def args(self) -> list[str]:
         return ["--data-dir", str(self.data_dir), "--bind", "127.0.0.1", "--amqp-port", str(self.amqp_port),
                 "--http-port", str(self.http_port), "--prometheus-port", "0", "--clustering",
@@ -249,6 +257,13 @@ class Cluster:
     def followers(self) -> list[Node]:
         leader = self.leader()
         return [n for n in self.nodes if n is not leader and n.alive]
+
+    def kill_leader(self) -> tuple[Node, float]:
+        """SIGKILL the current leader; (the node, time.monotonic() of the kill)."""
+        leader = self.leader()
+        assert leader is not None, "no leader to kill"
+        leader.kill()
+        return leader, time.monotonic()
 
     def stop_all(self) -> None:
         for node in self.nodes:

@@ -63,3 +63,21 @@ def test_leader_hooks_run_on_election_and_on_losing_the_lease(cluster: Cluster) 
     # It steps down (lost), rejoins, and as the only node is elected again (elected).
     wait_until(lambda: hooks.read_text() == "elected\nlost\nelected\n", 20, 0.1, "the lost and elected hooks")
     assert cluster.leader_key()[1] != lease
+
+
+def test_leader_killed_and_restarted_at_once_settles_on_one_leader(cluster: Cluster) -> None:
+    cluster.start(3)
+    leader = cluster.wait_for_leader(30)
+    time.sleep(2.5)
+    leader.kill()
+    leader.start()  # back before anyone noticed: it or a follower leads, and the term then holds
+    cluster.wait_for_leader(15)
+    key = cluster.leader_key()
+    time.sleep(3)
+    assert cluster.leader_key() == key, "leadership kept changing after the restart"
+    serving_leader = cluster.leader()
+    assert serving_leader is not None and serving_leader.amqp_serves(2)
+    for node in cluster.nodes:  # everyone else follows it
+        if node is not serving_leader:
+            wait_until(lambda n=node: f"following leader {serving_leader.node_id}" in n.log_text(), 5,
+                       what=f"{node.name} to follow the leader")
