@@ -236,3 +236,27 @@ def publish_while_stopped(leader: Leader, follower_pid: int) -> None:
         flush.result(10)  # all resolve once the follower is out of the ISR
     assert leader.isr.members == ["leader"]
     connection.close()
+
+
+def test_tx_commit_ok_waits_for_the_follower(leader: Leader, tmp_path: Path) -> None:
+    follower = start_follower(tmp_path / "follower", leader.replication.port)
+    try:
+        leader.wait_caught_up("follower")
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        channel.queue_declare("tx", durable=True)
+        channel.tx_select()
+        channel.basic_publish("", "tx", b"first", pika.BasicProperties(delivery_mode=2))
+        started = time.monotonic()
+        channel.tx_commit()
+        assert time.monotonic() - started < 2
+        os.kill(follower.pid, signal.SIGSTOP)
+        channel.basic_publish("", "tx", b"second", pika.BasicProperties(delivery_mode=2))
+        started = time.monotonic()
+        channel.tx_commit()
+        committed = time.monotonic()
+        assert committed - started > 2.5, f"commit-ok after {committed - started:.2f} s, before the drop"
+        assert leader.isr.writes[-1][1] == ["leader"] and leader.isr.writes[-1][0] <= committed
+        connection.close()
+    finally:
+        stop_process(follower)
