@@ -200,17 +200,10 @@ def test_a_follower_too_far_behind_is_dropped_and_catches_up_by_full_sync(leader
         assert leader.replication is not None
         leader.replication.max_backlog = 1024 * 1024  # the 256 MiB rule, scaled down
         leader.replication.ack_timeout = 60  # only the backlog may drop it here
-        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
-        channel = connection.channel()
-        channel.queue_declare("bulk", durable=True)  # before: its declare-ok waits for the follower
-        os.kill(follower.pid, signal.SIGSTOP)
         started = time.monotonic()
-        for _ in range(400):  # 8 MiB, no confirms: the leader queues it for the stopped follower
-            channel.basic_publish("", "bulk", b"x" * 20_000, pika.BasicProperties(delivery_mode=2))
-        leader.wait(lambda: leader.isr.members == ["leader"], 10, "the follower dropped")
+        publish_while_stopped(leader, follower.pid)
         assert time.monotonic() - started < 10
         assert any("dropped: more than 1048576 bytes behind" in r.getMessage() for r in caplog.records)
-        connection.close()
         os.kill(follower.pid, signal.SIGCONT)
         leader.flush_all()
         leader.wait_caught_up("follower")
@@ -219,3 +212,51 @@ def test_a_follower_too_far_behind_is_dropped_and_catches_up_by_full_sync(leader
         stop_process(follower)
     assert replicated_hashes(follower_dir) == replicated_hashes(leader.data_dir)
     assert queue_counts(follower_dir)["bulk"] == 400
+
+
+
+def publish_while_stopped(leader: Leader, follower_pid: int) -> None:
+    """8 MiB published while the follower is stopped, with a group commit every 20 messages (as many
+    confirming channels would cause): the leader queues the bytes for the follower until they pass
+    the backlog limit, then drops it, well before the ack timeout."""
+    connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+    channel = connection.channel()
+    channel.queue_declare("bulk", durable=True)  # before: its declare-ok waits for the follower
+    os.kill(follower_pid, signal.SIGSTOP)
+    assert leader.server is not None
+    store = leader.server.broker.vhosts["/"].store
+    flushes = []
+    for n in range(400):
+        channel.basic_publish("", "bulk", b"x" * 20_000, pika.BasicProperties(delivery_mode=2))
+        if n % 20 == 19:
+            connection.process_data_events(0)
+            time.sleep(0.01)  # let the leader read them
+            flushes.append(asyncio.run_coroutine_threadsafe(store.flush(), leader.loop))
+    for flush in flushes:
+        flush.result(10)  # all resolve once the follower is out of the ISR
+    assert leader.isr.members == ["leader"]
+    connection.close()
+
+
+def test_tx_commit_ok_waits_for_the_follower(leader: Leader, tmp_path: Path) -> None:
+    follower = start_follower(tmp_path / "follower", leader.replication.port)
+    try:
+        leader.wait_caught_up("follower")
+        connection = pika.BlockingConnection(pika.URLParameters(leader.url))
+        channel = connection.channel()
+        channel.queue_declare("tx", durable=True)
+        channel.tx_select()
+        channel.basic_publish("", "tx", b"first", pika.BasicProperties(delivery_mode=2))
+        started = time.monotonic()
+        channel.tx_commit()
+        assert time.monotonic() - started < 2
+        os.kill(follower.pid, signal.SIGSTOP)
+        channel.basic_publish("", "tx", b"second", pika.BasicProperties(delivery_mode=2))
+        started = time.monotonic()
+        channel.tx_commit()
+        committed = time.monotonic()
+        assert committed - started > 2.5, f"commit-ok after {committed - started:.2f} s, before the drop"
+        assert leader.isr.writes[-1][1] == ["leader"] and leader.isr.writes[-1][0] <= committed
+        connection.close()
+    finally:
+        stop_process(follower)
