@@ -84,13 +84,23 @@ class Config:
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
     # A definitions JSON file (RabbitMQ's format) applied at every boot; "" = none.
     load_definitions: str = ""
+    # High availability (LavinMQ's names): nodes coordinated by etcd, one leader, followers replicating.
+    clustering: bool = False
+    clustering_etcd_endpoints: str = "127.0.0.1:2379"  # comma-separated host:port list
+    clustering_etcd_prefix: str = "lavinpy"  # every key of this cluster is under <prefix>/
+    clustering_bind: str = "127.0.0.1"  # the replication listener's address
+    clustering_port: int = 5679
+    # How the other nodes reach this one's replication port ("" = tcp://<clustering_bind>:<clustering_port>).
+    clustering_advertised_uri: str = ""
+    clustering_on_leader_elected: str = ""  # shell commands run on becoming / ceasing to be leader
+    clustering_on_leader_lost: str = ""
 
     def validate(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
-        for name in ("amqp_port", "amqps_port", "http_port", "prometheus_port"):
+        for name in ("amqp_port", "amqps_port", "http_port", "prometheus_port", "clustering_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
@@ -99,6 +109,7 @@ class Config:
         if not self.stats_sample_interval > 0:
             raise ConfigError(f"stats_sample_interval must be above 0, not {self.stats_sample_interval}")
         self._validate_tls()
+        self._validate_clustering()
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
         if self.ack_file_max_bytes < 8 or self.ack_file_max_bytes % 8:
@@ -127,6 +138,27 @@ class Config:
             raise ConfigError("tls_verify_peer needs tls_ca_cert (the CA that signs client certificates)")
         if self.tls_fail_if_no_peer_cert and not self.tls_verify_peer:
             raise ConfigError("tls_fail_if_no_peer_cert needs tls_verify_peer: true")
+
+    def _validate_clustering(self) -> None:
+        if not self.clustering:
+            return
+        if not [e for e in self.clustering_etcd_endpoints.split(",") if e.strip()]:
+            raise ConfigError("clustering_etcd_endpoints must name at least one etcd endpoint")
+        if not self.clustering_etcd_prefix or "\x00" in self.clustering_etcd_prefix:
+            raise ConfigError("clustering_etcd_prefix must be a non-empty key prefix")
+        if self.clustering_advertised_uri and not re.fullmatch(r"tcp://[^/:]+:[0-9]+|tcp://\[[0-9a-fA-F:.]+\]:[0-9]+",
+                                                                self.clustering_advertised_uri):
+            raise ConfigError("clustering_advertised_uri must look like tcp://host:port, "
+                              f"not {self.clustering_advertised_uri!r}")
+
+    @property
+    def clustering_uri(self) -> str:
+        """The replication address the other nodes use to reach this one."""
+        if self.clustering_advertised_uri:
+            return self.clustering_advertised_uri
+        host = self.clustering_bind or "127.0.0.1"
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        return f"tcp://[{host}]:{self.clustering_port}" if ":" in host else f"tcp://{host}:{self.clustering_port}"
 
     @property
     def amqps_enabled(self) -> bool:
@@ -203,6 +235,17 @@ def load(
     return cfg
 
 
+_CLUSTERING_FLAGS = {
+    "clustering_etcd_endpoints": "etcd endpoints, comma-separated host:port (default 127.0.0.1:2379)",
+    "clustering_etcd_prefix": "prefix of this cluster's etcd keys (default lavinpy)",
+    "clustering_bind": "address of the replication listener (default 127.0.0.1)",
+    "clustering_port": "port of the replication listener (default 5679)",
+    "clustering_advertised_uri": "tcp://host:port the other nodes use to reach this one",
+    "clustering_on_leader_elected": "shell command run when this node becomes leader",
+    "clustering_on_leader_lost": "shell command run when this node stops being leader",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML settings file (default conf/lavinpy.yaml if present)")
     parser.add_argument("--data-dir", dest="data_dir")
@@ -213,6 +256,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--fsync", choices=FSYNC_POLICIES)
+    cluster = parser.add_argument_group("clustering (high availability with etcd, see docs/clustering.md)")
+    cluster.add_argument("--clustering", action="store_const", const=True, help="run as a node of a cluster")
+    for name, text in _CLUSTERING_FLAGS.items():
+        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if name == "clustering_port" else str,
+                             help=text)
 
 
 def from_args(args: argparse.Namespace) -> Config:
@@ -220,5 +268,6 @@ def from_args(args: argparse.Namespace) -> Config:
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
     overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
-                                                "prometheus_port", "log_level", "fsync")}
+                                                "prometheus_port", "log_level", "fsync", "clustering",
+                                                *_CLUSTERING_FLAGS)}
     return load(path, overrides=overrides)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .amqp.sessions import Sessions
 from .amqp.transport import AMQPProtocol
@@ -18,12 +18,19 @@ from .store.lock import DataDirLocked
 from .tls import ServerTLS
 from .wire import accel
 
+if TYPE_CHECKING:
+    from .cluster.node import ClusterNode
+
 log = logging.getLogger("lavinpy")
 
 
 class Server:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, cluster: ClusterNode | None = None) -> None:
+        """``cluster``: the node this server runs for as the cluster's leader (None: a single broker)."""
         self.config = config
+        self.cluster = cluster
+        # Cluster members forward clients after a PROXY line; nobody else may send one.
+        self.accept_proxy = cluster.accepts_proxy_from if cluster is not None else None
         self.broker = Broker(config)
         self.sessions = Sessions(self.broker)
         self._listeners: list[asyncio.AbstractServer] = []
@@ -40,8 +47,10 @@ class Server:
         if config.load_definitions:
             changes = load_definitions_file(self.broker, config.load_definitions)
             log.info("definitions loaded from %s: %d changes", config.load_definitions, len(changes))
+        if self.cluster is not None:
+            self.cluster.attach(self.broker)  # replication hooks in before any client is accepted
         try:
-            self._listeners = await listen(lambda: AMQPProtocol(self.sessions), config.bind,
+            self._listeners = await listen(lambda: AMQPProtocol(self.sessions, self.accept_proxy), config.bind,
                                            config.amqp_port, "AMQP")
             if self.tls is not None:
                 self._listeners += await listen(lambda: AMQPProtocol(self.sessions), config.bind,
@@ -62,8 +71,9 @@ class Server:
         # aiohttp is imported only when the API is on: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
         sockets = bind_sockets(self.config.bind, self.config.http_port, "HTTP")
-        self.http = HttpServer(make_app(self.broker, self.sessions))
-        await self.http.start(sockets)
+        cluster_nodes = self.cluster.status if self.cluster is not None else None
+        self.http = HttpServer(make_app(self.broker, self.sessions, cluster_nodes))
+        await self.http.start(sockets, self.accept_proxy)
         log.info("listening for HTTP on %s", ", ".join(address_text(s) for s in sockets))
 
     async def _start_metrics(self) -> None:
@@ -124,7 +134,32 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+async def serve_clustered(config: Config) -> int:
+    """One node of a cluster: the broker runs only while this node leads (see cluster/node.py)."""
+    from .cluster.node import ClusterNode
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def start_leader(node: ClusterNode) -> Server:
+        server = Server(config, cluster=node)
+        try:
+            await server.start()
+        except BaseException:
+            if server.broker.users is not None:  # opened (and the data dir locked) before the failure
+                server.broker.close()
+            raise
+        loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+        return server
+
+    return await ClusterNode(config, start_leader).run(stop)
+
+
 async def serve(config: Config) -> int:
+    if config.clustering:
+        return await serve_clustered(config)
     server = Server(config)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -3,6 +3,7 @@ consumers, basic.get/qos/recover, direct reply-to."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 from collections import OrderedDict
@@ -42,6 +43,19 @@ class ChannelMethods:
     unacked: OrderedDict[int, Unacked]
     reply_to_key: str | None
     reply_to_consumer: str | None
+    closing: bool
+
+    def _send_when_replicated(self, method: Any) -> None:
+        """A declare/bind/delete/purge-ok: its change is on the local disk already; in a cluster it
+        goes out once every in-sync follower has it too."""
+        if self.vhost.store.barrier is None:
+            self.send_method(method)
+            return
+        async def send() -> None:
+            await self.vhost.store.wait_replicated()
+            if not self.closing:
+                self.send_method(method)
+        asyncio.get_running_loop().create_task(send())
 
     def _queue_name(self, name: str) -> str:
         if name == "":
@@ -55,22 +69,22 @@ class ChannelMethods:
                              durable=m.durable, auto_delete=m.auto_delete, internal=m.internal,
                              arguments=m.arguments)
         if not m.nowait:
-            self.send_method(commands.Exchange.DeclareOk())
+            self._send_when_replicated(commands.Exchange.DeclareOk())
 
     def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
         ops.delete_exchange(self.conn.actor, self.vhost, m.exchange, if_unused=m.if_unused)
         if not m.nowait:
-            self.send_method(commands.Exchange.DeleteOk())
+            self._send_when_replicated(commands.Exchange.DeleteOk())
 
     def on_exchange_bind(self, m: commands.Exchange.Bind) -> None:
         ops.bind_exchange(self.conn.actor, self.vhost, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.send_method(commands.Exchange.BindOk())
+            self._send_when_replicated(commands.Exchange.BindOk())
 
     def on_exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         ops.unbind_exchange(self.conn.actor, self.vhost, m.destination, m.source, m.routing_key, m.arguments)
         if not m.nowait:
-            self.send_method(commands.Exchange.UnbindOk())
+            self._send_when_replicated(commands.Exchange.UnbindOk())
 
     def on_queue_declare(self, m: commands.Queue.Declare) -> None:
         name = m.queue
@@ -87,32 +101,32 @@ class ChannelMethods:
                                   arguments=m.arguments, server_named=m.queue == "")
         self.last_queue = name
         if not m.nowait:
-            self.send_method(commands.Queue.DeclareOk(queue=name, message_count=queue.message_count,
-                                                      consumer_count=queue.consumer_count))
+            self._send_when_replicated(commands.Queue.DeclareOk(
+                queue=name, message_count=queue.message_count, consumer_count=queue.consumer_count))
 
     def on_queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self._queue_name(m.queue)
         ops.bind_queue(self.conn.actor, self.vhost, name, m.exchange, m.routing_key, m.arguments, self.conn)
         if not m.nowait:
-            self.send_method(commands.Queue.BindOk())
+            self._send_when_replicated(commands.Queue.BindOk())
 
     def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
         name = self._queue_name(m.queue)
         ops.unbind_queue(self.conn.actor, self.vhost, name, m.exchange, m.routing_key, m.arguments, self.conn)
-        self.send_method(commands.Queue.UnbindOk())
+        self._send_when_replicated(commands.Queue.UnbindOk())
 
     def on_queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
         count = ops.purge_queue(self.conn.actor, self.vhost, name, self.conn)
         if not m.nowait:
-            self.send_method(commands.Queue.PurgeOk(message_count=count))
+            self._send_when_replicated(commands.Queue.PurgeOk(message_count=count))
 
     def on_queue_delete(self, m: commands.Queue.Delete) -> None:
         name = self._queue_name(m.queue)
         count = ops.delete_queue(self.conn.actor, self.vhost, name, owner=self.conn, if_unused=m.if_unused,
                                  if_empty=m.if_empty)
         if not m.nowait:
-            self.send_method(commands.Queue.DeleteOk(message_count=count))
+            self._send_when_replicated(commands.Queue.DeleteOk(message_count=count))
 
     def on_basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:

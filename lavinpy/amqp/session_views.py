@@ -31,6 +31,9 @@ def _addresses(conn: AMQPConnection) -> tuple[str, int, str, int, bool]:
     peer = transport.get_extra_info("peername") if transport is not None else None
     local = transport.get_extra_info("sockname") if transport is not None else None
     ssl = transport is not None and transport.get_extra_info("ssl_object") is not None
+    proxied = getattr(conn.driver, "proxied", None)  # forwarded by a cluster member: its client's addresses
+    if proxied is not None:
+        peer, local = proxied[0], proxied[1] or local
     peer_host, peer_port = (peer[0], peer[1]) if isinstance(peer, tuple) else ("", 0)
     host, port = (local[0], local[1]) if isinstance(local, tuple) else ("", 0)
     return peer_host, peer_port, host, port, ssl

@@ -14,9 +14,11 @@ back into the loop), and a close waits for it to drain.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..wire.accel import csocket
+from ..wire.proxy_header import ProxyHeaderError, may_be_proxy_line, parse_proxy_line
 from .connection import AMQPConnection
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 
@@ -30,8 +32,13 @@ WRITER_AFTER_BYTES = 1024 * 1024  # output of a connection before it gets a writ
 
 
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, accept_proxy: Callable[[str], bool] | None = None) -> None:
+        """``accept_proxy(host)``: whether a peer at ``host`` may start with a PROXY line (cluster members)."""
         self.sessions = sessions
+        self.accept_proxy = accept_proxy
+        self._proxy_pending: bytes | None = None  # the start of a possible PROXY line from a trusted peer
+        # (client, local) addresses from a PROXY line: the connection's real peer, for listings.
+        self.proxied: tuple[tuple[str, int], tuple[str, int] | None] | None = None
         self.conn: AMQPConnection | None = None
         self.transport: asyncio.Transport | None = None
         self._timers: dict[TimerKind, asyncio.TimerHandle] = {}
@@ -48,6 +55,8 @@ class AMQPProtocol(asyncio.Protocol):
         if csocket is not None and sock is not None and transport.get_extra_info("sslcontext") is None:
             self._writer_fd = sock.fileno()
         peer = transport.get_extra_info("peername")
+        if self.accept_proxy is not None and isinstance(peer, tuple) and self.accept_proxy(peer[0]):
+            self._proxy_pending = b""
         conn = self.conn = AMQPConnection(self.sessions, peer if isinstance(peer, tuple) else None)
         conn.driver = self
         conn.start()
@@ -56,8 +65,33 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         assert conn is not None
+        if self._proxy_pending is not None:
+            data = self._take_proxy_line(conn, data)
+            if not data:
+                return
         conn.receive_data(data)
         self.pump()
+
+    def _take_proxy_line(self, conn: AMQPConnection, data: bytes) -> bytes:
+        """Strip the PROXY line a cluster member sends first; its client becomes the connection's peer.
+        Anything else (a malformed line included) goes to the connection as it came."""
+        pending = self._proxy_pending + data
+        try:
+            parsed = parse_proxy_line(pending) if may_be_proxy_line(pending) else False
+        except ProxyHeaderError:
+            parsed = False
+        if parsed is None:  # incomplete
+            self._proxy_pending = pending
+            return b""
+        self._proxy_pending = None
+        if parsed is False:
+            return pending
+        header, used = parsed
+        if header.source is not None:
+            self.proxied = (header.source, header.destination)
+            conn.peer_host = header.source[0]
+            conn.name = f"{header.source[0]}:{header.source[1]}"
+        return pending[used:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._writer is not None and not self._writer.finishing:

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from ..config import parse_watermark
+from ..store import changes
+from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
 from .login_throttle import LoginThrottle
@@ -71,6 +73,7 @@ class Broker:
         self.sessions: SessionLayer = _NoSessions(self)
         self._input_since_check = 0
         self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
+        self._replication_barrier: ReplicationBarrier | None = None
 
     def open(self) -> None:
         self.datadir.open()
@@ -86,9 +89,18 @@ class Broker:
 
     def open_vhost(self, name: str, unclean: bool = False) -> VHost:
         vhost = VHost(name, self.datadir.vhost_path(name, create=True), self.config, self)
+        vhost.store.barrier = self._replication_barrier
         vhost.open(unclean_stop=unclean)
         self.vhosts[name] = vhost
         return vhost
+
+    def set_replication(self, listener: FileChanges | None, barrier: ReplicationBarrier | None) -> None:
+        """A replication leader: report every durable file change to ``listener``, and make every
+        vhost's flushes (confirms, tx.commit-ok, declare-ok) wait for ``barrier``. None, None detaches."""
+        self._replication_barrier = barrier
+        changes.attach(self.datadir.path, listener)
+        for vhost in self.vhosts.values():
+            vhost.store.barrier = barrier
 
     def _users_changed(self) -> None:
         # Channels keep the exchange they last published to, permission-checked; a new vhost

@@ -94,6 +94,19 @@ def node_info(broker: Broker, connections: int) -> dict[str, Any]:
     return info
 
 
+def cluster_node_infos(local: dict[str, Any], members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """/api/nodes of a cluster: this node's entry and one per other member, each with its ``role`` (and,
+    for followers, the replication figures the leader has: bytes sent, acknowledged, lag)."""
+    nodes = []
+    for member in members:
+        if member.get("self"):
+            nodes.append({**local, **{k: v for k, v in member.items() if k != "self"}})
+        else:
+            nodes.append({"name": f"{PRODUCT_NAME}@{member['clustering_id']}", "type": "disc", "running": True,
+                          **{k: v for k, v in member.items() if k != "self"}})
+    return nodes
+
+
 def listeners(broker: Broker) -> list[dict[str, Any]]:
     config = broker.config
     ports = [("amqp", config.amqp_port)]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from ..store import changes
 from ..store.definitions import DefinitionsLog
 from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
@@ -145,6 +146,7 @@ class VHost(VHostPublishing):
                 if not unclean_stop:
                     queue.mark_redelivered(array("Q", marks.read_bytes()[: marks.stat().st_size // 8 * 8]))
                 marks.unlink()
+                changes.deleted(marks)  # a durable file: replicated like the store's
             self.queues[cmd.queue] = queue
         elif isinstance(cmd, commands.Queue.Bind):
             source, dest = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)

@@ -175,6 +175,18 @@ def cmd_status(api: Api, args: argparse.Namespace) -> None:
             print(f"{key}{sep}{_cell(value)}")
 
 
+CLUSTER_COLUMNS = ["clustering_id", "role", "amqp_address", "in_sync", "bytes_sent", "bytes_acked", "lag_bytes"]
+
+
+def cmd_cluster_status(api: Api, args: argparse.Namespace) -> None:
+    """Every cluster node with its role; per follower the replication bytes sent, acknowledged, lag."""
+    nodes = api.call("GET", "/api/nodes")
+    if not any("role" in node for node in nodes):
+        raise CtlError("this broker does not run as a cluster node (clustering: false)", EXIT_BROKER_ERROR)
+    nodes = sorted(nodes, key=lambda n: (n.get("role") != "leader", str(n.get("clustering_id"))))
+    print_rows(nodes, CLUSTER_COLUMNS, args.format)
+
+
 def _user(api: Api, name: str) -> dict[str, Any]:
     return api.call("GET", f"/api/users/{_q(name)}")
 
@@ -276,7 +288,8 @@ def cmd_hash_password(api: Api | None, args: argparse.Namespace) -> None:
 
 
 COMMANDS: dict[str, Callable[..., None]] = {
-    "status": cmd_status, "add_user": cmd_add_user, "delete_user": cmd_delete_user,
+    "status": cmd_status, "cluster_status": cmd_cluster_status,
+    "add_user": cmd_add_user, "delete_user": cmd_delete_user,
     "change_password": cmd_change_password, "set_user_tags": cmd_set_user_tags, "add_vhost": cmd_add_vhost,
     "delete_vhost": cmd_delete_vhost, "set_permissions": cmd_set_permissions,
     "clear_permissions": cmd_clear_permissions, "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
@@ -312,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         return command
 
     add("status", "node status (exit 0 when the broker answers: a container health check)")
+    add("cluster_status", "the cluster's nodes: role, in-sync, replication bytes sent/acknowledged/lag")
     for name in LISTS:
         add(name, name.replace("_", " ")).add_argument("columns", nargs="*", help="columns to show")
     add("add_user", "create a user (no tags)", "user", "password")

@@ -18,6 +18,7 @@ from ..broker.actor import Actor
 from ..wire.errors import AMQPError
 from .auth import REALM, authenticate
 from .errors import ApiError, error_response, from_amqp_error
+from .proxied import proxied_remote, serve_with_proxy_lines
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker, SessionLayer
@@ -29,6 +30,7 @@ ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions", "routes_stats"
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[SessionLayer] = web.AppKey("sessions")
+CLUSTER_NODES: web.AppKey[Callable[[], list[dict[str, Any]]] | None] = web.AppKey("cluster_nodes")
 ACTOR_KEY = "actor"
 API_PREFIX = "/api/"
 
@@ -78,11 +80,15 @@ def json_reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-def make_app(broker: Broker, sessions: SessionLayer) -> web.Application:
-    """The management application for one broker (its route modules registered)."""
-    app = web.Application(middlewares=[_errors, _authentication], client_max_size=broker.config.max_message_size)
+def make_app(broker: Broker, sessions: SessionLayer,
+             cluster_nodes: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
+    """The management application for one broker (its route modules registered); ``cluster_nodes``:
+    the cluster's nodes with their roles, when the broker leads a cluster."""
+    app = web.Application(middlewares=[proxied_remote, _errors, _authentication],
+                          client_max_size=broker.config.max_message_size)
     app[BROKER] = broker
     app[SESSIONS] = sessions
+    app[CLUSTER_NODES] = cluster_nodes
     for name in ROUTE_MODULES:
         module = importlib.import_module(f"{__package__}.{name}")
         module.add_routes(app)
@@ -94,11 +100,19 @@ class HttpServer:
 
     def __init__(self, app: web.Application) -> None:
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        self._proxied: list[Any] = []  # listeners that take PROXY lines from trusted peers
 
-    async def start(self, sockets: list[Any]) -> None:
+    async def start(self, sockets: list[Any], accept_proxy: Callable[[str], bool] | None = None) -> None:
+        """``accept_proxy(host)``: whether a peer at ``host`` may start with a PROXY line (cluster members)."""
         await self.runner.setup()
+        if accept_proxy is not None:
+            assert self.runner.server is not None
+            self._proxied = await serve_with_proxy_lines(self.runner.server, sockets, accept_proxy)
+            return
         for sock in sockets:
             await web.SockSite(self.runner, sock).start()
 
     async def stop(self) -> None:
+        for listener in self._proxied:
+            listener.close()
         await self.runner.cleanup()

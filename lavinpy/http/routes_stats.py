@@ -11,7 +11,7 @@ from aiohttp import web
 from ..amqp import session_views as views
 from ..broker import node_info
 from ..broker.operations import open_vhost
-from .app import actor_of, broker_of, json_reply, sessions_of
+from .app import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
 from .errors import not_found
 from .listing import apply_list_query
 
@@ -35,7 +35,9 @@ async def overview(request: web.Request) -> web.Response:
 async def list_nodes(request: web.Request) -> web.Response:
     node_info.require_monitor(actor_of(request))
     info = node_info.node_info(broker_of(request), len(sessions_of(request).connections))
-    return json_reply(apply_list_query([info], request.query))
+    cluster_nodes = request.app[CLUSTER_NODES]
+    nodes = [info] if cluster_nodes is None else node_info.cluster_node_infos(info, cluster_nodes())
+    return json_reply(apply_list_query(nodes, request.query))
 
 
 async def get_node(request: web.Request) -> web.Response:

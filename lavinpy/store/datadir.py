@@ -13,6 +13,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from lavinpy.store import changes
 from lavinpy.store.jsonfile import DIR_MODE, FILE_MODE, fsync_dir, write_bytes_atomic
 from lavinpy.store.lock import DataDirLock
 
@@ -162,3 +163,4 @@ class DataDir:
             pass
         shutil.rmtree(path)
         fsync_dir(self.path)
+        changes.dir_deleted(path)

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from pamqp import commands, encode
 from pamqp import frame as pamqp_frame
 
+from lavinpy.store import changes
 from lavinpy.store.jsonfile import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -347,9 +348,12 @@ class DefinitionsLog:
             return
         if self._file is None:
             raise RuntimeError(f"{self.path}: load() must be called before append()")
-        self._file.write(encode_record(command))
+        record = encode_record(command)
+        self._file.write(record)
         self._file.flush()
         os.fsync(self._file.fileno())
+        if changes.feed.listener is not None:
+            changes.appended(self.path, self._file.tell() - len(record), record)
         self._apply(command)
         if self._removals_since_compact >= self.compact_deletes:
             self.compact()

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from lavinpy.store import changes
 from lavinpy.store.jsonfile import fsync_dir
 
 log = logging.getLogger("lavinpy.store")
@@ -87,6 +88,7 @@ class DeliveryCounts:
             log.warning("queue %r: %s file ends with a partial entry of %d bytes; ignored",
                         self.name, COUNTS_FILE, len(data) - whole)
             os.truncate(self.path, whole)
+            changes.truncated(self.path, whole)
         counts = self.counts
         bad = 0
         for pos, count, crc in ENTRY.iter_unpack(memoryview(data)[:whole]):
@@ -113,8 +115,11 @@ class DeliveryCounts:
         if self._fd < 0:
             self._open_for_append()
         entry = pack_entry(pos, count)
-        while entry:
-            entry = entry[os.write(self._fd, entry):]
+        view = memoryview(entry)
+        while view:
+            view = view[os.write(self._fd, view):]
+        if changes.feed.listener is not None:
+            changes.appended_fd(self._fd, self.path, entry)
         self._file_entries += 1
         self.has_unsynced = True
         if self._file_entries >= max(self._compact_min, 2 * len(self.counts)):
@@ -158,6 +163,7 @@ class DeliveryCounts:
             if path.exists():
                 path.unlink()
                 fsync_dir(path.parent)
+                changes.deleted(path)
             self._file_entries = 0
             self.has_unsynced = False
             return
@@ -173,6 +179,7 @@ class DeliveryCounts:
             os.close(fd)
         os.replace(tmp, path)
         fsync_dir(path.parent)
+        changes.replaced(path, data)
         if self._fd >= 0:
             self._close_fd(self._fd)
         self._fd = os.open(path, _OPEN_FLAGS, 0o644)

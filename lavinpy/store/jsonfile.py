@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lavinpy.store import changes
+
 # Data dir files hold password hashes and message bodies: owner only, whatever the process umask.
 FILE_MODE = 0o600
 DIR_MODE = 0o700
@@ -42,6 +44,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+    changes.replaced(path, data)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -21,6 +21,7 @@ from itertools import filterfalse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
@@ -108,6 +109,9 @@ class QueueIndex:
         self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o600)
         enq = self._load_entries(self._enq_fd, ENQ_FILE)
         ack = self._load_entries(self._ack_fd, ACK_FILE)
+        if changes.feed.listener is not None:  # created, or cut to whole entries
+            changes.truncated(directory / ENQ_FILE, len(enq) * ENTRY_SIZE)
+            changes.truncated(directory / ACK_FILE, len(ack) * ENTRY_SIZE)
         self._ack_file_bytes = len(ack) * ENTRY_SIZE
         if ack:
             acked = set(ack)
@@ -405,10 +409,14 @@ class QueueIndex:
         """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
         if self._enq_pending:
             self._write_all(self._enq_fd, self._enq_pending)
+            if changes.feed.listener is not None:
+                changes.appended_fd(self._enq_fd, self.directory / ENQ_FILE, self._enq_pending.tobytes())
             del self._enq_pending[:]
             self.has_unsynced = self._enq_unsynced = True
         if self._ack_pending:
             written = self._write_all(self._ack_fd, self._ack_pending)
+            if changes.feed.listener is not None:
+                changes.appended_fd(self._ack_fd, self.directory / ACK_FILE, self._ack_pending.tobytes())
             self._ack_file_bytes += written
             del self._ack_pending[:]
             self.has_unsynced = self._ack_unsynced = True
@@ -475,6 +483,9 @@ class QueueIndex:
         self._close_fd(old_enq)
         os.ftruncate(self._ack_fd, 0)
         self._ack_file_bytes = 0
+        if changes.feed.listener is not None:
+            changes.replaced(directory / ENQ_FILE, live.tobytes())
+            changes.truncated(directory / ACK_FILE, 0)
         del self._enq_pending[:]
         del self._ack_pending[:]
 
@@ -522,6 +533,7 @@ class QueueIndex:
             shutil.rmtree(self.directory, ignore_errors=True)
             if self.directory.parent.exists():
                 fsync_dir(self.directory.parent)
+            changes.dir_deleted(self.directory)
 
     def mark_closed(self, reason: str) -> None:
         """Declare the queue damaged: it stops serving, the rest of the broker goes on."""

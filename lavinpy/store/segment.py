@@ -16,6 +16,7 @@ import struct
 import zlib
 from pathlib import Path
 
+from lavinpy.store import changes
 from lavinpy.store.record import FIXED_PAYLOAD, HEADER, HEADER_SIZE, record_checks_out
 
 log = logging.getLogger("lavinpy.store")
@@ -87,6 +88,9 @@ class Segment:
             raise
         os.close(fd)  # the mmap object keeps its own descriptor
         fsync_directory(directory)
+        if changes.feed.listener is not None:
+            changes.truncated(path, size)
+            changes.appended(path, 0, _VERSION.pack(SCHEMA_VERSION))
         return cls(segment_id, path, mm)
 
     @classmethod
@@ -189,6 +193,7 @@ class Segment:
         if end > start:
             self.mm[start:end] = bytes(end - start)
             self.sync(start, end)
+            changes.appended(self.path, start, bytes(end - start))
 
     def sync(self, start: int, end: int) -> None:
         """msync the pages covering [start, end). Safe to call from a worker thread."""
@@ -213,6 +218,7 @@ class Segment:
         """Close, then remove the file."""
         self.close()
         self.path.unlink(missing_ok=True)
+        changes.deleted(self.path)
 
     def __repr__(self) -> str:
         return f"Segment({self.path.name}, size={self.size})"

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
 from lavinpy.store.jsonfile import fsync_dir, read_json, write_json_atomic
 from lavinpy.store.queue_index import ENQ_FILE, QUEUE_NAME_FILE
@@ -106,6 +107,7 @@ class StreamIndex:
         (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
         self._fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         entries = self._load_entries()
+        changes.truncated(directory / ENQ_FILE, len(entries) * ENTRY_SIZE)  # created, or cut to whole entries
         meta = read_json(directory / META_FILE, None) or {}
         self._first = int(meta.get("first_offset", 1))
         start = self._locate_first(entries, meta)
@@ -416,14 +418,16 @@ class StreamIndex:
         if self._fd < 0:
             return
         tmp = self.directory / (ENQ_FILE + ".tmp")
+        live = self._live()
         fd = os.open(tmp, _TMP_FLAGS, 0o600)
         try:
-            _write_all(fd, self._live())
+            _write_all(fd, live)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.directory / ENQ_FILE)
         fsync_dir(self.directory)
+        changes.replaced(self.directory / ENQ_FILE, live.tobytes())
         old = self._fd
         self._fd = os.open(self.directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         self._close_fd(old)
@@ -441,6 +445,8 @@ class StreamIndex:
         """Hand the appended entries to the OS (event-loop thread)."""
         if self._pending and self._fd >= 0:
             _write_all(self._fd, self._pending)
+            if changes.feed.listener is not None:
+                changes.appended_fd(self._fd, self.directory / ENQ_FILE, self._pending.tobytes())
             del self._pending[:]
             self.has_unsynced = True
 
@@ -492,6 +498,7 @@ class StreamIndex:
         shutil.rmtree(self.directory, ignore_errors=True)
         if self.directory.parent.exists():
             fsync_dir(self.directory.parent)
+        changes.dir_deleted(self.directory)
 
     def mark_closed(self, reason: str) -> None:
         """Declare the stream damaged: it stops serving, the rest of the broker goes on."""

@@ -1,9 +1,10 @@
 """A vhost directory: its message store, its queue indexes and the group-commit flush.
 
 ``await flush()`` resolves once everything appended, pushed and acked before the call is on disk
-under the fsync policy. Concurrent callers share one flush (group commit). The disk work (msync of
-the message segments, then fsync of the index files: message bytes before index bytes) runs in a
-worker thread so that the event loop keeps serving clients meanwhile.
+under the fsync policy and, when a replication barrier is set, acknowledged by every in-sync
+follower. Concurrent callers share one flush (group commit). The disk work (msync of the message
+segments, then fsync of the index files: message bytes before index bytes) runs in a worker thread
+so that the event loop keeps serving clients meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lavinpy.store import changes
+from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
@@ -48,6 +51,7 @@ class VhostStore:
         self._sync_token: object | None = None  # set while a worker thread syncs
         self._deferred_closes: list[int] = []
         self.flush_count = 0  # flushes that reached the disk (tests, metrics)
+        self.barrier: ReplicationBarrier | None = None  # set by a replication leader
         self._is_open = False
 
     # ---- life cycle --------------------------------------------------------------------------
@@ -146,7 +150,9 @@ class VhostStore:
             counts.close(clean=clean)
         self._delivery_counts.clear()
         if clean:
-            self.messages.sync_ranges(self.messages.take_dirty())
+            ranges = self.messages.take_dirty()
+            self._report_ranges(ranges)
+            self.messages.sync_ranges(ranges)
         self.messages.close()
         # Everything is on disk now: release whoever still waits for a flush.
         if self._next is not None and not self._next.done():
@@ -171,7 +177,7 @@ class VhostStore:
         """
         if not self._is_open:  # closed: the clean close already put everything on disk
             return
-        if self.fsync_policy == "never":
+        if self.fsync_policy == "never" and self.barrier is None:
             self._write_index_buffers()
             return
         loop = asyncio.get_running_loop()
@@ -200,14 +206,17 @@ class VhostStore:
                             break
                 waiter, self._next = self._next, None
                 try:
-                    await self._flush_once(self._next_acks)
+                    replicated = await self._flush_once(self._next_acks)
                 except Exception as exc:
                     if not waiter.done():
                         waiter.set_exception(exc)
                     log.error("%s: flush failed: %s", self.path, exc)
                 else:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                    # The next flush may start while the followers acknowledge this one.
+                    if replicated is not None and not replicated.done():
+                        replicated.add_done_callback(lambda _, waiter=waiter: _resolve(waiter))
+                    else:
+                        _resolve(waiter)
         finally:
             self._flusher = None
 
@@ -216,7 +225,8 @@ class VhostStore:
             if index.has_pending_writes:
                 index.write_buffers()
 
-    async def _flush_once(self, acks: bool = True) -> None:
+    async def _flush_once(self, acks: bool = True) -> asyncio.Future[None] | None:
+        """Put what was written on the local disk; returns what resolves once the followers have it."""
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
         self._write_index_buffers()
         ranges = self.messages.take_dirty()
@@ -232,8 +242,29 @@ class VhostStore:
             if taken:
                 synced.append(counts)
                 fds.extend(taken)
-        if not ranges and not fds:
-            return
+        self._report_ranges(ranges)
+        # taken now: the followers write this flush's bytes while the local disk does
+        replicated = self.barrier.wait_replicated() if self.barrier is not None else None
+        if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
+            ranges, fds = [], []
+        if ranges or fds:
+            await self._sync_in_worker(synced, ranges, fds)
+        return replicated
+
+    async def wait_replicated(self) -> None:
+        """Resolve once every in-sync follower has what was written before the call (at once alone)."""
+        if self.barrier is not None:
+            await self.barrier.wait_replicated()
+
+    @staticmethod
+    def _report_ranges(ranges: list[DirtyRange]) -> None:
+        """Report written segment bytes to the change feed: once per flush, from the dirty ranges."""
+        if changes.feed.listener is not None:
+            for segment, start, end in ranges:
+                changes.appended(segment.path, start, segment.mm[start:end])
+
+    async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts], ranges: list[DirtyRange],
+                              fds: list[int]) -> None:
         token = self._begin_sync()
         try:
             assert self._executor is not None
@@ -277,3 +308,8 @@ class VhostStore:
 
     def __repr__(self) -> str:
         return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -1,0 +1,153 @@
+"""Cluster figures (see bench/README.md, "Cluster"): scenario b against one node, a three-node cluster
+through its leader and through a follower's forwarding port, then the failover time over repeated
+kill -9 of the leader. Prints a table; not a test.
+
+    python3 bench/cluster_bench.py --amqpperf bench/out/amqpperf [--rounds 2] [--kills 20]
+
+Needs ``etcd`` on PATH. Throughput runs alternate the three set-ups ``--rounds`` times (medians are
+shown) so that load from elsewhere on the machine hits them alike. Failover is the time from the
+kill -9 of the leader to a successful queue.declare on the new leader's own AMQP port; each killed
+node is restarted and back in the in-sync replica set before the next kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from compare import SCENARIOS, figures  # noqa: E402
+
+from tests.cluster.harness import PREFIX, Cluster, Etcd, free_port, port_open, wait_until  # noqa: E402
+
+SCENARIO = "b"  # 1 KiB persistent, confirm 256, prefetch 256
+
+
+def amqpperf(binary: str, port: int, pids: list[int], label: str) -> dict:
+    cmd = [binary, "-uri", f"amqp://guest:guest@127.0.0.1:{port}/", "-broker-pid", ",".join(map(str, pids)),
+           "-label", label, *SCENARIOS[SCENARIO]]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"errors": [f"amqpperf exit {out.returncode}: {out.stderr.strip()[-500:]}"]}
+
+
+def single_node(binary: str, data_dir: Path) -> dict:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    with open(data_dir.parent / f"{data_dir.name}.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(data_dir),
+                                    "--bind", "127.0.0.1", "--amqp-port", str(port), "--http-port", "0",
+                                    "--prometheus-port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: port_open(port), 60, 0.1, "the single node")
+        return amqpperf(binary, port, [process.pid], "single")
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def isr(etcd: Etcd) -> list[str]:
+    value = etcd.get(f"{PREFIX}/isr")
+    return json.loads(value[0]) if value else []
+
+
+def wait_in_sync(cluster: Cluster) -> None:
+    wait_until(lambda: {n.node_id for n in cluster.nodes} <= set(isr(cluster.etcd)), 120, 0.1, "a full ISR")
+
+
+def cluster_runs(binary: str, cluster: Cluster) -> dict[str, dict]:
+    leader = cluster.wait_for_leader(60)
+    wait_in_sync(cluster)
+    follower = next(n for n in cluster.nodes if n is not leader)
+    pids = [n.process.pid for n in cluster.nodes if n.process is not None]
+    results = {"cluster via leader": amqpperf(binary, leader.amqp_port, pids, "leader")}
+    wait_in_sync(cluster)
+    results["cluster via follower"] = amqpperf(binary, follower.amqp_port, pids, "follower")
+    return results
+
+
+def failovers(cluster: Cluster, kills: int) -> list[float]:
+    times = []
+    leader = cluster.wait_for_leader(60)
+    for _ in range(kills):
+        wait_in_sync(cluster)
+        time.sleep(0.5)
+        leader.kill()
+        killed_at = time.monotonic()
+        successor = cluster.wait_for_leader(30, exclude=leader)  # a queue.declare answered
+        times.append(time.monotonic() - killed_at)
+        print(f"  failover {len(times)}: {times[-1]:.2f} s", flush=True)
+        leader.start()
+        leader = successor
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--amqpperf", default=str(REPO_ROOT / "bench" / "out" / "amqpperf"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--kills", type=int, default=20)
+    args = parser.parse_args(argv)
+    if not Path(args.amqpperf).exists():
+        print(f"amqpperf not found at {args.amqpperf}: build it (see bench/README.md)", file=sys.stderr)
+        return 2
+    results: dict[str, list[dict]] = {"single node": [], "cluster via leader": [], "cluster via follower": []}
+    times: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="lavinpy-cluster-bench-") as tmp:
+        work = Path(tmp)
+        for round_ in range(args.rounds):
+            print(f"round {round_ + 1}: single node", flush=True)
+            results["single node"].append(single_node(args.amqpperf, work / f"single{round_}"))
+            print(f"round {round_ + 1}: three-node cluster", flush=True)
+            etcd = Etcd(work / f"etcd{round_}")  # a fresh etcd and cluster each round
+            etcd.start()
+            cluster = Cluster(work / f"cluster{round_}", etcd)
+            cluster.start(3)
+            try:
+                for name, result in cluster_runs(args.amqpperf, cluster).items():
+                    results[name].append(result)
+                if round_ == args.rounds - 1 and args.kills:
+                    print(f"failover over {args.kills} kills", flush=True)
+                    times = failovers(cluster, args.kills)
+            finally:
+                cluster.stop_all()
+                etcd.stop()
+    print_table(results)
+    if times:
+        print(f"failover (kill -9 to a queue.declare on the new leader) over {len(times)} kills: "
+              f"min {min(times):.2f} s, median {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    return 0
+
+
+def print_table(results: dict[str, list[dict]]) -> None:
+    single = None
+    print(f"{'set-up':<22}{'pub msg/s':>11}{'con msg/s':>11}{'p99 ms':>9}{'vs single':>11}  errors")
+    for name, runs in results.items():
+        rows = [figures(SCENARIO, r) for r in runs]
+        rows = [r for r in rows if r]
+        errors = sum(1 for r in runs if r.get("errors"))
+        if not rows:
+            print(f"{name:<22}{'-':>11}{'-':>11}{'-':>9}{'-':>11}  {errors}")
+            continue
+        pub = statistics.median(r["pub msg/s"] for r in rows)
+        con = statistics.median(r["con msg/s"] for r in rows)
+        p99 = statistics.median(r.get("p99 latency ms", 0) for r in rows)
+        single = single or pub
+        print(f"{name:<22}{pub:>11.0f}{con:>11.0f}{p99:>9.1f}{pub / single:>10.0%}  {errors}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The cluster's etcd keys and the node info stored under them.
+
+``<prefix>/leader``             the leader's clustering URI, bound to its lease
+``<prefix>/isr``                JSON list of the in-sync node ids (written by the leader, fenced)
+``<prefix>/clustering_secret``  hex of 32 random bytes, created once (replication authentication)
+``<prefix>/nodes/<id>``         JSON NodeInfo of each live node, bound to its lease
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from .etcd import KeyValue
+
+_URI = re.compile(r"tcp://(?:\[(?P<v6>[^\]]+)\]|(?P<host>[^:/]+)):(?P<port>[0-9]+)")
+
+
+def uri_host_port(uri: str) -> tuple[str, int]:
+    """(host, port) of ``tcp://host:port`` (or ``tcp://[v6]:port``)."""
+    match = _URI.fullmatch(uri)
+    if match is None:
+        raise ValueError(f"not a tcp://host:port address: {uri!r}")
+    return match.group("v6") or match.group("host"), int(match.group("port"))
+
+
+class ClusterKeys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.rstrip("/")
+        self.leader = f"{self.prefix}/leader"
+        self.isr = f"{self.prefix}/isr"
+        self.secret = f"{self.prefix}/clustering_secret"
+        self.nodes = f"{self.prefix}/nodes/"
+
+    def node(self, node_id: str) -> str:
+        return f"{self.nodes}{node_id}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where a node is reached: replication URI, AMQP and HTTP host:port ("" = no HTTP)."""
+
+    id: str
+    uri: str
+    amqp: str
+    http: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_kv(cls, kv: KeyValue) -> NodeInfo | None:
+        try:
+            data = json.loads(kv.value)
+            return cls(str(data["id"]), str(data["uri"]), str(data["amqp"]), str(data.get("http") or ""))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def hosts(self) -> set[str]:
+        """The addresses this node connects from (its advertised ones)."""
+        found = set()
+        for address in (self.uri, f"tcp://{self.amqp}", f"tcp://{self.http}" if self.http else ""):
+            try:
+                found.add(uri_host_port(address)[0])
+            except ValueError:
+                continue
+        return found

@@ -1,0 +1,473 @@
+"""A cluster node's roles: follower (replicating, forwarding clients) or leader (serving the broker).
+
+etcd holds the coordination (keys in keys.py): a lease per node, the leader key bound to the leader's
+lease, the in-sync replica set (ISR) written by the leader under a fence, and the shared secret.
+A node campaigns only while the ISR is absent or lists it. A leader stops serving before its lease
+can run out: at once when etcd says the lease is gone or the leader key changed, one second before
+the local deadline (last successful keepalive + TTL) when etcd cannot be reached. Stopping is a
+re-exec of the process: every socket closes at once and the new process rejoins as a follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..store.lock import DataDirLock, DataDirLocked
+from .errors import LeadershipLost
+from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op
+from .files import node_id
+from .keys import ClusterKeys, NodeInfo, uri_host_port
+from .leader_link import LeaderLink
+from .proxy import HTTP_UNAVAILABLE, ClientProxy
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+    from ..config import Config
+
+try:  # replication lives in its own modules; a build without them coordinates only
+    from .replication_server import ReplicationServer
+except ModuleNotFoundError as e:
+    if e.name != f"{__package__}.replication_server":
+        raise
+    ReplicationServer = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger("lavinpy.cluster")
+
+LEASE_TTL = 10  # seconds (LavinMQ's)
+KEEPALIVE_INTERVAL = LEASE_TTL / 3
+DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could expire
+LEADER_POLL = 0.25  # how often the leader key is read (changes are noticed within ~0.5 s)
+MEMBERS_POLL = 0.5
+ETCD_RETRY = 0.5
+# A leader whose key went (revoked, expired) sees it through its watch within milliseconds and stops;
+# followers campaign this much later, so clients never find two nodes serving. Fencing, not this
+# delay, is what keeps an old leader from confirming.
+ELECTION_DELAY = 0.3
+
+
+class LeaderServer(Protocol):
+    """The broker with its client listeners, started by the server layer when this node leads."""
+
+    async def stop(self) -> None: ...
+
+
+StartLeader = Callable[["ClusterNode"], Awaitable[LeaderServer]]
+
+
+class ClusterNode:
+    def __init__(self, config: Config, start_leader: StartLeader, argv: list[str] | None = None) -> None:
+        self.config = config
+        self.start_leader = start_leader
+        self.argv = list(sys.argv[1:] if argv is None else argv)  # to re-exec with on stepping down
+        self.data_dir = Path(config.data_dir)
+        self.id = ""
+        self.uri = config.clustering_uri
+        self.keys = ClusterKeys(config.clustering_etcd_prefix)
+        self.etcd = EtcdClient(config.clustering_etcd_endpoints)
+        self.role = "starting"
+        self.lease = 0
+        self.secret = b""
+        self.deadline = 0.0  # loop time by which the lease may have expired
+        self.members: dict[str, NodeInfo] = {}  # id -> info, from <prefix>/nodes/
+        self.member_addresses: set[str] = set()  # their advertised hosts, resolved
+        self.isr: list[str] | None = None
+        self.leader: NodeInfo | None = None  # followers: the leader being followed
+        self.server: LeaderServer | None = None
+        self.replication: Any = None  # the ReplicationServer while leading
+        self._lock = DataDirLock(self.data_dir / ".lock")
+        self._proxies: list[ClientProxy] = []
+        self._link: LeaderLink | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
+
+    # --- life cycle -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> int:
+        """Join the cluster and take whatever role comes, until ``stop`` is set (SIGTERM)."""
+        self.id = node_id(self.data_dir)
+        try:
+            self._lock.acquire()  # a follower's copy is written by its replication only
+        except DataDirLocked as e:
+            log.error("%s", e)
+            return 1
+        if ReplicationServer is None:
+            log.warning("cluster node %s: replication is not part of this build; followers keep no copy of "
+                        "the leader's data and a new leader starts from its own data dir", self.id)
+        waiting = asyncio.ensure_future(stop.wait())
+        joined = asyncio.ensure_future(self._join())
+        await asyncio.wait([waiting, joined], return_when=asyncio.FIRST_COMPLETED)
+        if not joined.done():
+            joined.cancel()
+            await self._leave()
+            return 0
+        joined.result()
+        log.info("cluster node %s joined (uri %s, etcd %s, prefix %s)", self.id, self.uri,
+                 self.config.clustering_etcd_endpoints, self.keys.prefix)
+        self._tasks = [asyncio.ensure_future(self._keep_lease()), asyncio.ensure_future(self._watch_members())]
+        try:
+            await self._start_proxies()
+        except OSError as e:
+            log.error("cannot start: %s", e)
+            await self._leave()
+            return 1
+        roles = asyncio.ensure_future(self._roles())
+        await asyncio.wait([waiting, roles], return_when=asyncio.FIRST_COMPLETED)
+        if roles.done():
+            roles.result()  # only ends by raising
+        roles.cancel()
+        await self._leave()
+        return 0
+
+    async def _join(self) -> None:
+        """The shared secret, a lease and this node's info in etcd (retried until etcd answers)."""
+        attempts = 0
+        while True:
+            try:
+                secret = self.keys.secret
+                await self.etcd.put_if_absent(secret, os.urandom(32).hex())
+                self.secret = bytes.fromhex((await self.etcd.get(secret)).text)
+                sent = _now()
+                self.lease = await self.etcd.lease_grant(LEASE_TTL)
+                self.deadline = sent + LEASE_TTL
+                await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
+                return
+            except EtcdError as e:
+                if attempts % 30 == 0:  # once, then every 30 s
+                    log.warning("cluster: waiting for etcd (%s)", e)
+                attempts += 1
+                await asyncio.sleep(1.0)
+
+    def _info(self) -> NodeInfo:
+        host = uri_host_port(self.uri)[0]
+        http = f"{host}:{self.config.http_port}" if self.config.http_port else ""
+        return NodeInfo(self.id, self.uri, f"{host}:{self.config.amqp_port}", http)
+
+    async def _leave(self) -> None:
+        """SIGTERM: stop serving, give up the lease (the others take over at once), release the data dir."""
+        for task in self._tasks:
+            task.cancel()
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self.replication is not None:
+            await self.replication.stop()
+        await self._stop_following()
+        for proxy in self._proxies:
+            await proxy.stop()
+        if self.lease:
+            try:
+                await self.etcd.lease_revoke(self.lease)
+            except EtcdError as e:
+                log.warning("cluster: lease not revoked (%s); it expires within %d s", e, LEASE_TTL)
+        await self.etcd.close()
+        if self._lock.held:
+            self._lock.release()
+
+    # --- lease and members ----------------------------------------------------------------------
+    async def _keep_lease(self) -> None:
+        failures = 0
+        while True:
+            await asyncio.sleep(KEEPALIVE_INTERVAL if failures == 0 else ETCD_RETRY)
+            sent = _now()
+            try:
+                ttl = await self.etcd.lease_keepalive(self.lease)
+            except EtcdError as e:
+                if failures == 0:
+                    log.warning("cluster: lease keepalive failed (%s); the lease runs out in %.1f s",
+                                e, self.deadline - _now())
+                failures += 1
+                continue
+            if ttl == 0:
+                self.step_down("etcd says this node's lease is gone (expired or revoked)")
+            failures = 0
+            self.deadline = sent + ttl
+
+    async def _watch_members(self) -> None:
+        while True:
+            try:
+                await self._refresh_members()
+            except EtcdError:
+                pass
+            await asyncio.sleep(MEMBERS_POLL)
+
+    async def _refresh_members(self) -> None:
+        """The live nodes (whose addresses may send PROXY lines) and the ISR, for status and trust."""
+        nodes = await self.etcd.get_prefix(self.keys.nodes)
+        isr = await self.etcd.get(self.keys.isr)
+        self.members = {info.id: info for info in map(NodeInfo.from_kv, nodes) if info is not None}
+        self.isr = _isr_list(isr)
+        addresses: set[str] = set()
+        for info in self.members.values():
+            for host in info.hosts():
+                addresses |= await _addresses_of(host)
+        self.member_addresses = addresses
+
+    def accepts_proxy_from(self, host: str) -> bool:
+        """Whether a PROXY line from ``host`` is trusted: it is a cluster member's address."""
+        return _normal_address(host) in self.member_addresses
+
+    # --- roles ----------------------------------------------------------------------------------
+    async def _roles(self) -> None:
+        """Follow whoever leads; campaign when nobody does and this node may."""
+        while True:
+            try:
+                leader = await self.etcd.get(self.keys.leader)
+                if leader is None:
+                    await asyncio.sleep(ELECTION_DELAY)
+                    if await self._campaign():
+                        await self._lead()
+                        return
+                    self.leader = None
+                    continue
+                info = await self._node_of_lease(leader.lease)
+                if info is not None and info.id == self.id and leader.lease != self.lease:
+                    # Our previous process led and was killed: its lease outlives it.
+                    log.info("cluster: the leader key is this node's from before its restart; revoking that lease")
+                    await self.etcd.lease_revoke(leader.lease)
+                    continue
+                await self._follow(leader, info)
+            except EtcdError as e:
+                log.warning("cluster: etcd: %s", e)
+                await asyncio.sleep(ETCD_RETRY)
+
+    async def _node_of_lease(self, lease: int) -> NodeInfo | None:
+        for kv in await self.etcd.get_prefix(self.keys.nodes):
+            if kv.lease == lease:
+                return NodeInfo.from_kv(kv)
+        return None
+
+    async def _may_lead(self) -> KeyValue | None | bool:
+        """The ISR key when this node may lead (None: no ISR yet), False when it is not in the ISR."""
+        isr = await self.etcd.get(self.keys.isr)
+        members = _isr_list(isr)
+        if members is not None and self.id not in members:
+            return False
+        return isr
+
+    async def _campaign(self) -> bool:
+        isr = await self._may_lead()
+        if isr is False:
+            return False
+        # The ISR must be as read: a node dropped from it in between does not get elected.
+        guard = Compare(self.keys.isr, "CREATE", 0) if isr is None else Compare(self.keys.isr, "MOD", isr.mod_revision)
+        won = await self.etcd.txn([Compare(self.keys.leader, "CREATE", 0), guard],
+                                  [put_op(self.keys.leader, self.uri, self.lease)])
+        return won
+
+    async def _follow(self, leader: KeyValue, info: NodeInfo | None) -> None:
+        """Replicate from the leader and forward clients to it until the leader key changes, or until
+        the leader is unreachable and this in-sync node revokes its lease (fast failover)."""
+        if info is None:  # its node key may not be there yet
+            await asyncio.sleep(LEADER_POLL)
+            return
+        if self.leader is None or self.leader.id != info.id:
+            log.info("cluster: following leader %s at %s (AMQP %s)", info.id, info.uri, info.amqp)
+        self.leader = info
+        self.role = "follower"
+        link = self._link
+        if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
+            await self._stop_following()
+            link = self._link = LeaderLink(self, info, leader.lease)
+            link.start()
+        while True:
+            await asyncio.sleep(LEADER_POLL)
+            current = await self.etcd.get(self.keys.leader)
+            if current is None or current.lease != leader.lease or current.value != leader.value:
+                return
+            if link.lost_for() >= link.revoke_after and await self._may_lead() is not False:
+                log.warning("cluster: leader %s unreachable for %.1f s; revoking its lease to take over",
+                            info.id, link.lost_for())
+                await self.etcd.lease_revoke(leader.lease)
+                return
+
+    async def _stop_following(self) -> None:
+        if self._link is not None:
+            await self._link.stop()
+            self._link = None
+
+    async def _lead(self) -> None:
+        log.info("cluster: node %s elected leader", self.id)
+        self.role = "leader"
+        self.leader = self._info()
+        await self._stop_following()  # the replication client fsyncs what it received
+        for proxy in self._proxies:
+            await proxy.stop()
+        self._proxies = []
+        self._lock.release()  # the broker takes it
+        try:
+            await self._refresh_members()  # the followers' proxies are trusted from the first connection
+            if ReplicationServer is not None:
+                host, port = self.config.clustering_bind, self.config.clustering_port
+                self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port)
+                await self.replication.start()
+            self.server = await self.start_leader(self)
+        except Exception as e:
+            log.exception("cluster: cannot serve as leader")
+            self.step_down(f"starting the broker failed: {e}")
+        self._run_hook(self.config.clustering_on_leader_elected, "clustering_on_leader_elected")
+        await self._guard_leadership()
+
+    def attach(self, broker: Broker) -> None:
+        """Called by the server once the broker is open, before its listeners accept."""
+        if self.replication is not None:
+            self.replication.attach(broker)
+
+    async def _guard_leadership(self) -> None:
+        """Step down when the leader key is no longer ours, a fenced write failed, or the lease deadline
+        comes near. The watch reacts at once; the reads every 0.25 s cover a watch that broke."""
+        self._tasks.append(asyncio.ensure_future(self._watch_leader_key()))
+        next_read = 0.0
+        while True:
+            now = _now()
+            if self._fenced_out:
+                self.step_down(self._fenced_out)
+            if now >= self.deadline - DEADLINE_MARGIN:
+                self.step_down(f"etcd unreachable: the lease may expire in {self.deadline - now:.1f} s")
+            if now >= next_read:
+                next_read = now + LEADER_POLL
+                try:
+                    leader = await self.etcd.get(self.keys.leader)
+                except EtcdError:
+                    leader = False
+                if leader is None or (leader and (leader.lease != self.lease or leader.text != self.uri)):
+                    self.step_down("the leader key is no longer this node's")
+            await asyncio.sleep(0.1)
+
+    async def _watch_leader_key(self) -> None:
+        while True:
+            try:
+                async for event in self.etcd.watch(self.keys.leader):
+                    if event.kind == "DELETE" or event.kv.lease != self.lease or event.kv.text != self.uri:
+                        self.step_down("the leader key was deleted or taken")
+            except EtcdError:
+                pass
+            await asyncio.sleep(ETCD_RETRY)
+
+    # --- IsrWriter (called by the replication server) -------------------------------------------
+    async def write_isr(self, members: list[str]) -> None:
+        """Record the in-sync replica set, only while this node holds the leader key (fenced txn).
+        Retried while etcd is unreachable (confirms wait); LeadershipLost when the fence fails."""
+        fence = [Compare(self.keys.leader, "VALUE", self.uri), Compare(self.keys.leader, "LEASE", self.lease)]
+        while True:
+            try:
+                written = await self.etcd.txn(fence, [put_op(self.keys.isr, json.dumps(members))])
+            except EtcdError as e:
+                log.warning("cluster: ISR %s not written yet (%s)", members, e)
+                await asyncio.sleep(ETCD_RETRY)
+                continue
+            if not written:
+                self._fenced_out = "the ISR write failed its fence: this node no longer holds the leader key"
+                raise LeadershipLost(f"node {self.id} no longer holds the leader key")
+            self.isr = list(members)
+            return
+
+    # --- status ---------------------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        """Every member with its role; per follower the replication figures when this node leads."""
+        figures = {}
+        if self.replication is not None:
+            figures = {f["id"]: f for f in self.replication.follower_status()}
+        leader_id = self.leader.id if self.leader is not None else None
+        nodes = []
+        for info in sorted(self.members.values(), key=lambda i: i.id):
+            entry: dict[str, Any] = {"clustering_id": info.id, "self": info.id == self.id,
+                                     "role": "leader" if info.id == leader_id else "follower",
+                                     "clustering_uri": info.uri, "amqp_address": info.amqp,
+                                     "http_address": info.http, "in_sync": self.isr is not None and info.id in self.isr}
+            follower = figures.get(info.id)
+            if follower is not None:
+                entry.update({k: follower[k] for k in ("bytes_sent", "bytes_acked", "lag_bytes") if k in follower})
+                entry["in_sync"] = bool(follower.get("in_sync", entry["in_sync"]))
+            nodes.append(entry)
+        return nodes
+
+    # --- follower's client ports ----------------------------------------------------------------
+    async def _start_proxies(self) -> None:
+        config = self.config
+        amqp = ClientProxy("AMQP", config.bind, config.amqp_port, lambda: self._leader_port("amqp"))
+        self._proxies = [amqp]
+        await amqp.start()
+        if config.http_port:
+            http = ClientProxy("HTTP", config.bind, config.http_port, lambda: self._leader_port("http"),
+                               HTTP_UNAVAILABLE)
+            self._proxies.append(http)
+            await http.start()
+
+    def _leader_port(self, which: str) -> tuple[str, int] | None:
+        leader = self.leader
+        if leader is None or self.role != "follower":
+            return None
+        address = leader.amqp if which == "amqp" else leader.http
+        return uri_host_port(f"tcp://{address}") if address else None
+
+    # --- stepping down --------------------------------------------------------------------------
+    def step_down(self, reason: str) -> None:
+        """Stop serving now: re-exec the process, which rejoins as a follower."""
+        was_leader = self.role == "leader"
+        log.error("cluster: node %s stops %s: %s; restarting as a follower", self.id,
+                  "leading" if was_leader else "following", reason)
+        if was_leader:
+            self._run_hook(self.config.clustering_on_leader_lost, "clustering_on_leader_lost")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(sys.executable, [sys.executable, "-m", "lavinpy", *self.argv])
+        except OSError as e:  # serving on is not an option: exit, the supervisor restarts the node
+            log.critical("cluster: cannot re-exec (%s); exiting", e)
+            os._exit(70)
+
+    def _run_hook(self, command: str, name: str) -> None:
+        if not command:
+            return
+        try:
+            subprocess.Popen(command, shell=True, start_new_session=True, stdin=subprocess.DEVNULL)
+        except OSError as e:
+            log.error("cluster: %s could not run: %s", name, e)
+
+
+def _normal_address(host: str) -> str:
+    """One spelling per IP address (IPv4-mapped IPv6 as IPv4); other text unchanged."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+async def _addresses_of(host: str) -> set[str]:
+    """The IP addresses of an advertised host (itself when it is one; none when it does not resolve)."""
+    normal = _normal_address(host)
+    if normal != host or ":" in host or host.replace(".", "").isdigit():
+        return {normal}
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {_normal_address(info[4][0]) for info in infos}
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _isr_list(kv: KeyValue | None) -> list[str] | None:
+    if kv is None:
+        return None
+    try:
+        members = json.loads(kv.value)
+    except ValueError:
+        return None
+    return [str(m) for m in members] if isinstance(members, list) else None

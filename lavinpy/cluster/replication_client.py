@@ -1,0 +1,313 @@
+"""The follower's side of replication: authenticate, full sync, then apply the leader's stream.
+
+Every read from the socket is one batch: its operations are applied, the touched files and
+directories fsynced, and only then the stream offset acknowledged (in a worker thread, so that the
+node's proxies keep running). After the full sync and the stream the data directory holds exactly
+the leader's durable files; when this node later leads, opening it is the normal crash recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from . import replication_protocol as proto
+from .errors import ReplicationRefused
+
+log = logging.getLogger("lavinpy.cluster.replication")
+
+READ_SIZE = 4 * 1024 * 1024
+_FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+class FileApplier:
+    """Applies operations under a data directory and makes them durable on ``commit()`` (blocking)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._fds: dict[str, int] = {}
+        self._dirs: set[Path] = set()  # directories whose entries changed
+        self._receiving: tuple[str, int, int] | None = None  # full sync: (path, fd of its .tmp, offset)
+
+    def _path(self, rel: str) -> Path:
+        return self.root / proto.check_path(rel)
+
+    def _fd(self, rel: str) -> int:
+        fd = self._fds.get(rel)
+        if fd is None:
+            path = self._path(rel)
+            self._make_parent(path)
+            if not path.exists():
+                self._dirs.add(path.parent)
+            fd = self._fds[rel] = os.open(path, _FILE_FLAGS, 0o600)
+        return fd
+
+    def _make_parent(self, path: Path) -> None:
+        parent = path.parent
+        if not parent.is_dir():
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for directory in (parent, *parent.parents):  # new names up to the root must be durable
+                self._dirs.add(directory)
+                if directory == self.root:
+                    break
+
+    def _forget(self, prefix: str) -> None:
+        for rel in [r for r in self._fds if r == prefix or r.startswith(prefix + "/")]:
+            os.close(self._fds.pop(rel))
+
+    def apply(self, operation: proto.Operation) -> None:
+        kind, rel = operation.kind, operation.path
+        if kind == proto.OP_WRITE:
+            os.pwrite(self._fd(rel), operation.data, operation.offset)
+        elif kind == proto.OP_TRUNCATE:
+            fd = self._fd(rel)
+            grown = operation.size - os.fstat(fd).st_size
+            os.ftruncate(fd, operation.size)
+            if grown > 0:
+                _reserve(fd, operation.size - grown, grown)
+        elif kind == proto.OP_REPLACE:
+            self._forget(rel)
+            self.replace(rel, operation.data)
+        elif kind == proto.OP_DELETE:
+            self.delete(rel)
+        elif kind == proto.OP_RMDIR:
+            self._forget(rel)
+            path = self._path(rel)
+            shutil.rmtree(path, ignore_errors=True)
+            self._dirs.add(path.parent)
+
+    def replace(self, rel: str, data: bytes) -> None:
+        path = self._path(rel)
+        self._make_parent(path)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._dirs.add(path.parent)
+
+    def delete(self, rel: str) -> None:
+        self._forget(rel)
+        path = self._path(rel)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            self._dirs.add(path.parent)
+            parent = path.parent  # directories the leader no longer has are emptied and removed
+            while parent != self.root and not any(parent.iterdir()):
+                parent.rmdir()
+                self._dirs.add(parent.parent)
+                parent = parent.parent
+
+    # full sync: a file arrives in chunks into <name>.tmp and is renamed over its name at the end
+    def begin_file(self, rel: str, size: int = 0) -> None:
+        self._forget(rel)
+        path = self._path(rel)
+        self._make_parent(path)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self._receiving = (rel, fd, 0)
+        if size:
+            _reserve(fd, 0, size)
+
+    def file_chunk(self, data: bytes) -> None:
+        if self._receiving is None:
+            raise proto.ProtocolError("file data outside a file")
+        rel, fd, offset = self._receiving
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, offset)
+            offset += n
+            view = view[n:]
+        self._receiving = (rel, fd, offset)
+
+    def end_file(self) -> None:
+        if self._receiving is None:
+            raise proto.ProtocolError("file end outside a file")
+        (rel, fd, received), self._receiving = self._receiving, None
+        path = self._path(rel)
+        try:
+            os.ftruncate(fd, received)  # the reservation was for the size announced
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(path.with_name(path.name + ".tmp"), path)
+        self._dirs.add(path.parent)
+
+    def commit(self) -> None:
+        """fsync every file and directory changed since the last commit."""
+        for fd in self._fds.values():
+            os.fsync(fd)
+            os.close(fd)
+        self._fds.clear()
+        for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+            try:
+                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._dirs.clear()
+
+    def abort(self) -> None:
+        if self._receiving is not None:
+            os.close(self._receiving[1])
+            self._receiving = None
+        self.commit()
+
+
+class ReplicationClient:
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader_host: str, leader_port: int) -> None:
+        self.data_dir = Path(data_dir)
+        self._secret = secret
+        self.node_id = node_id
+        self.leader_host = leader_host
+        self.leader_port = leader_port
+        self.in_sync = False  # full sync done and the stream applied as it arrives
+        self.bytes_applied = 0  # full-sync file bytes and stream bytes written to disk
+        self.acked = 0  # the stream offset last acknowledged
+        self._writer: asyncio.StreamWriter | None = None
+        self._applying = asyncio.Lock()
+        self._closing = False
+
+    async def run(self) -> None:
+        """Connect, authenticate, full-sync, then apply the stream until the connection ends.
+
+        Raises ReplicationRefused when the leader refuses the secret or fails to prove it knows it.
+        """
+        self._closing = False
+        reader, writer = await asyncio.open_connection(self.leader_host, self.leader_port)
+        self._writer = writer
+        decoder = proto.FrameDecoder()
+        applier = FileApplier(self.data_dir)
+        try:
+            await self._authenticate(reader, writer, decoder)
+            await self._full_sync(reader, writer, decoder, applier)
+            self.in_sync = True
+            await self._stream(reader, writer, decoder, applier)
+        except proto.ProtocolError as exc:
+            log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
+                      self.leader_port, exc)
+        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+            if not self._closing:
+                log.warning("replication: connection to the leader %s:%d ended: %s",
+                            self.leader_host, self.leader_port, exc)
+        finally:
+            self.in_sync = False
+            async with self._applying:
+                await asyncio.get_running_loop().run_in_executor(None, applier.abort)
+            writer.close()
+            self._writer = None
+
+    async def close(self) -> None:
+        """Stop; on return everything received so far is applied and fsynced."""
+        self._closing = True
+        if self._writer is not None:
+            self._writer.close()
+        async with self._applying:  # a batch being applied finishes (and is fsynced) first
+            pass
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            decoder: proto.FrameDecoder) -> None:
+        nonce = proto.new_nonce()
+        writer.write(proto.hello(self.node_id, nonce))
+        kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+        if kind == proto.REFUSED:
+            raise ReplicationRefused(f"leader refused: {proto.unpack_str(payload, 0)[0]}")
+        if kind != proto.CHALLENGE:
+            raise proto.ProtocolError(f"expected a challenge, got frame type {kind}")
+        leader_nonce, proof = proto.parse_challenge(payload)
+        if not proto.proof_matches(proto.leader_proof(self._secret, nonce, leader_nonce), proof):
+            log.warning("replication: leader %s:%d does not know the shared secret", self.leader_host,
+                        self.leader_port)
+            raise ReplicationRefused("the leader failed to prove the shared secret")
+        writer.write(proto.frame(proto.AUTH, proto.follower_proof(self._secret, nonce, leader_nonce, self.node_id)))
+        kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+        if kind == proto.REFUSED:
+            reason = proto.unpack_str(payload, 0)[0]
+            log.warning("replication: leader %s:%d refused this node: %s", self.leader_host, self.leader_port,
+                        reason)
+            raise ReplicationRefused(f"leader refused: {reason}")
+        if kind != proto.AUTH_OK:
+            raise proto.ProtocolError(f"expected auth-ok, got frame type {kind}")
+
+    async def _full_sync(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         decoder: proto.FrameDecoder, applier: FileApplier) -> None:
+        loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        listing = await loop.run_in_executor(None, proto.list_files, self.data_dir)
+        writer.write(proto.file_list(listing))
+        while True:
+            kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+            if kind == proto.DELETE_LIST:
+                paths = proto.parse_delete_list(payload)
+                for rel in paths:
+                    applier.delete(rel)  # a few unlinks; their directories are fsynced at the end
+            elif kind == proto.FILE_START:
+                rel, pos = proto.unpack_str(payload, 0)
+                await loop.run_in_executor(None, applier.begin_file, rel, proto.unpack_u64(payload, pos))
+            elif kind == proto.FILE_CHUNK:
+                await loop.run_in_executor(None, applier.file_chunk, payload)
+                self.bytes_applied += len(payload)
+            elif kind == proto.FILE_END:
+                await loop.run_in_executor(None, applier.end_file)
+            elif kind == proto.SYNC_END:
+                self.acked = proto.unpack_u64(payload)
+                async with self._applying:
+                    await loop.run_in_executor(None, applier.commit)
+                writer.write(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+                log.info("replication: full sync from %s:%d done", self.leader_host, self.leader_port)
+                return
+            else:
+                raise proto.ProtocolError(f"unexpected frame type {kind} during full sync")
+
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      decoder: proto.FrameDecoder, applier: FileApplier) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if decoder.pending:  # operations that came with the end of the full sync
+                frames, decoder.pending = decoder.pending, []
+            else:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    return
+                frames = decoder.feed(data)
+            operations = []
+            for kind, payload in frames:
+                if kind != proto.OP:
+                    raise proto.ProtocolError(f"expected an operation, got frame type {kind}")
+                operations.append(proto.parse_op(payload))
+            if not operations:
+                continue
+            async with self._applying:
+                await loop.run_in_executor(None, _apply_batch, applier, operations)
+            self.bytes_applied += sum(len(op.data) for op in operations)
+            self.acked = operations[-1].end
+            writer.write(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+
+
+def _reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve blocks as the leader does for its segments: a promoted follower writing through a
+    mapping of a sparse file on a full disk would die of SIGBUS."""
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+
+
+def _apply_batch(applier: FileApplier, operations: list[proto.Operation]) -> None:
+    for operation in operations:
+        applier.apply(operation)
+    applier.commit()

@@ -1,0 +1,291 @@
+"""The replication wire format: frames, authentication, full-sync messages and stream operations.
+
+Pure functions and a sans-IO frame decoder; the leader (replication_server) and the follower
+(replication_client) do the I/O. docs/replication.md describes the protocol.
+
+A frame is ``u32 length`` (big-endian, of what follows) + ``u8 type`` + payload. Strings are
+``u16 length`` + UTF-8; integers big-endian.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .files import is_local_only
+
+PROTOCOL_VERSION = 1
+NONCE_SIZE = 32
+MAX_FRAME = 64 * 1024 * 1024  # a file list of a large data dir fits; anything bigger is an attack
+CHUNK_SIZE = 1024 * 1024  # full-sync file data is sent in pieces of this size
+
+# frame types
+HELLO = 1  # follower -> leader: version u8, nonce, node id
+CHALLENGE = 2  # leader -> follower: nonce, proof of the leader
+AUTH = 3  # follower -> leader: proof of the follower
+AUTH_OK = 4  # leader -> follower
+REFUSED = 5  # either way: reason (string); the connection ends
+FILE_LIST = 6  # follower -> leader: JSON [[path, size, sha1 hex], ...]
+DELETE_LIST = 7  # leader -> follower: JSON [path, ...]
+FILE_START = 8  # leader -> follower: path, size u64
+FILE_CHUNK = 9  # leader -> follower: data (appended to the file being sent)
+FILE_END = 10  # leader -> follower
+SYNC_END = 11  # leader -> follower: stream offset u64 from which operations follow
+OP = 12  # leader -> follower: stream end offset u64, op kind u8, path, arguments
+ACK = 13  # follower -> leader: stream offset u64 applied and fsynced
+
+# stream operation kinds (all absolute: applying one twice leaves the same file)
+OP_WRITE = 1  # offset u64 + data: pwrite, creating the file if absent
+OP_REPLACE = 2  # data: the file's whole content
+OP_TRUNCATE = 3  # size u64: set the size, creating the file if absent
+OP_DELETE = 4  # the file goes
+OP_RMDIR = 5  # the directory and everything below it go
+
+_HEADER = struct.Struct(">IB")
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
+_OP_HEAD = struct.Struct(">QB")
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not this protocol."""
+
+
+# ---- framing -------------------------------------------------------------------------------------
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return _HEADER.pack(len(payload) + 1, kind) + payload
+
+
+class FrameDecoder:
+    """Bytes in, (type, payload) frames out; keeps an incomplete frame for the next feed."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max = max_frame
+        self.pending: list[tuple[int, bytes]] = []  # decoded, not yet taken by next_frame()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        self._buffer += data
+        frames = []
+        buffer = self._buffer
+        pos = 0
+        while len(buffer) - pos >= _HEADER.size:
+            length, kind = _HEADER.unpack_from(buffer, pos)
+            if not 1 <= length <= self._max:
+                raise ProtocolError(f"frame length {length} out of range")
+            end = pos + 4 + length
+            if end > len(buffer):
+                break
+            frames.append((kind, bytes(buffer[pos + _HEADER.size:end])))
+            pos = end
+        del buffer[:pos]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+
+async def next_frame(reader: asyncio.StreamReader, decoder: FrameDecoder,
+                     read_size: int = 1024 * 1024) -> tuple[int, bytes]:
+    """The next frame from ``reader``; frames that arrived with it wait in ``decoder.pending``."""
+    pending = decoder.pending
+    while not pending:
+        data = await reader.read(read_size)
+        if not data:
+            raise ConnectionResetError("connection closed by the peer")
+        pending.extend(decoder.feed(data))
+    return pending.pop(0)
+
+
+def pack_str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+def unpack_str(data: bytes, pos: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(data, pos)
+    end = pos + 2 + n
+    if end > len(data):
+        raise ProtocolError("string runs past the frame")
+    return data[pos + 2:end].decode("utf-8"), end
+
+
+def pack_u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def unpack_u64(data: bytes, pos: int = 0) -> int:
+    return _U64.unpack_from(data, pos)[0]
+
+
+# ---- authentication ------------------------------------------------------------------------------
+# Each side proves it knows the secret by an HMAC over both nonces (its own role in the message so
+# that a proof cannot be reflected back); the secret itself never crosses the wire.
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_SIZE)
+
+
+def hello(node_id: str, nonce: bytes) -> bytes:
+    return frame(HELLO, bytes([PROTOCOL_VERSION]) + nonce + pack_str(node_id))
+
+
+def parse_hello(payload: bytes) -> tuple[int, bytes, str]:
+    if len(payload) < 1 + NONCE_SIZE + 2:
+        raise ProtocolError("short hello")
+    node_id, _ = unpack_str(payload, 1 + NONCE_SIZE)
+    return payload[0], payload[1:1 + NONCE_SIZE], node_id
+
+
+def leader_proof(secret: bytes, follower_nonce: bytes, leader_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"leader" + follower_nonce + leader_nonce, hashlib.sha256).digest()
+
+
+def follower_proof(secret: bytes, follower_nonce: bytes, leader_nonce: bytes, node_id: str) -> bytes:
+    message = b"follower" + follower_nonce + leader_nonce + node_id.encode("utf-8")
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def challenge(leader_nonce: bytes, proof: bytes) -> bytes:
+    return frame(CHALLENGE, leader_nonce + proof)
+
+
+def parse_challenge(payload: bytes) -> tuple[bytes, bytes]:
+    if len(payload) != NONCE_SIZE + 32:
+        raise ProtocolError("bad challenge")
+    return payload[:NONCE_SIZE], payload[NONCE_SIZE:]
+
+
+def proof_matches(expected: bytes, given: bytes) -> bool:
+    return hmac.compare_digest(expected, given)
+
+
+# ---- full sync -----------------------------------------------------------------------------------
+
+
+def replicated_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(relative path, path) of every file under ``root`` that replication copies."""
+    root = Path(root)
+    for directory, dirs, names in os.walk(root):
+        dirs.sort()
+        base = Path(directory)
+        for name in sorted(names):
+            if is_local_only(name):
+                continue
+            path = base / name
+            yield path.relative_to(root).as_posix(), path
+
+
+def file_sha1(path: Path) -> str:
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def list_files(root: Path) -> dict[str, tuple[int, str]]:
+    """relative path -> (size, sha1 hex) of every replicated file (blocking: run it in a thread)."""
+    listing = {}
+    for rel, path in replicated_files(root):
+        try:
+            listing[rel] = (path.stat().st_size, file_sha1(path))
+        except FileNotFoundError:  # deleted while walking
+            continue
+    return listing
+
+
+def file_list(listing: dict[str, tuple[int, str]]) -> bytes:
+    return frame(FILE_LIST, json.dumps([[rel, size, sha] for rel, (size, sha) in listing.items()]).encode())
+
+
+def parse_file_list(payload: bytes) -> dict[str, tuple[int, str]]:
+    try:
+        return {check_path(str(rel)): (int(size), str(sha)) for rel, size, sha in json.loads(payload)}
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"bad file list: {exc}") from None
+
+
+def delete_list(paths: list[str]) -> bytes:
+    return frame(DELETE_LIST, json.dumps(paths).encode())
+
+
+def parse_delete_list(payload: bytes) -> list[str]:
+    try:
+        return [check_path(str(p)) for p in json.loads(payload)]
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"bad delete list: {exc}") from None
+
+
+def check_path(rel: str) -> str:
+    """A relative path that stays inside the data directory, and is not a local-only file."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in rel:
+        raise ProtocolError(f"path {rel!r} leaves the data directory")
+    if is_local_only(parts[-1]):
+        raise ProtocolError(f"path {rel!r} is local to each node")
+    return rel
+
+
+# ---- stream operations ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operation:
+    end: int  # stream offset just after this operation
+    kind: int
+    path: str
+    offset: int = 0  # OP_WRITE
+    size: int = 0  # OP_TRUNCATE
+    data: bytes = b""  # OP_WRITE, OP_REPLACE
+
+
+def op_frame_length(path: str, data_len: int, kind: int) -> int:
+    """The size of an operation's frame: stream offsets count these bytes."""
+    body = _OP_HEAD.size + 2 + len(path.encode("utf-8"))
+    if kind == OP_WRITE:
+        body += 8 + data_len
+    elif kind == OP_REPLACE:
+        body += data_len
+    elif kind == OP_TRUNCATE:
+        body += 8
+    return _HEADER.size + body
+
+
+def op(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0, data: bytes = b"") -> bytes:
+    head = _OP_HEAD.pack(end, kind) + pack_str(path)
+    if kind == OP_WRITE:
+        return frame(OP, head + _U64.pack(offset) + data)
+    if kind == OP_REPLACE:
+        return frame(OP, head + data)
+    if kind == OP_TRUNCATE:
+        return frame(OP, head + _U64.pack(size))
+    return frame(OP, head)
+
+
+def parse_op(payload: bytes) -> Operation:
+    if len(payload) < _OP_HEAD.size + 2:
+        raise ProtocolError("short operation")
+    end, kind = _OP_HEAD.unpack_from(payload, 0)
+    path, pos = unpack_str(payload, _OP_HEAD.size)
+    check_path(path)
+    if kind == OP_WRITE:
+        return Operation(end, kind, path, offset=unpack_u64(payload, pos), data=payload[pos + 8:])
+    if kind == OP_REPLACE:
+        return Operation(end, kind, path, data=payload[pos:])
+    if kind == OP_TRUNCATE:
+        return Operation(end, kind, path, size=unpack_u64(payload, pos))
+    if kind in (OP_DELETE, OP_RMDIR):
+        return Operation(end, kind, path)
+    raise ProtocolError(f"unknown operation kind {kind}")

@@ -1,0 +1,416 @@
+"""The leader's side of replication: authenticates followers, full-syncs them, streams every durable
+file change to them, keeps the in-sync replica set (ISR) in etcd, and holds confirms until every ISR
+follower acknowledged the bytes (the store's replication barrier).
+
+Order of a follower's life: authenticated -> registered (operations buffered for it from now on) ->
+full sync (files that differ, deletions) -> streaming (buffered operations first) -> caught up
+(acknowledged everything up to the stream position at the end of its full sync): added to the ISR.
+It is dropped (connection closed, removed from the ISR in etcd before any further confirm) when its
+connection ends, when it leaves data unacknowledged for ``ACK_TIMEOUT`` seconds, or when more than
+``MAX_BACKLOG`` bytes wait for it; it then has to connect and full-sync again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Protocol
+
+from . import replication_protocol as proto
+from .errors import LeadershipLost
+from .files import is_local_only
+
+log = logging.getLogger("lavinpy.cluster.replication")
+
+ACK_TIMEOUT = 3.0  # seconds a follower may leave sent data unacknowledged
+MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is dropped
+AUTH_TIMEOUT = 10.0
+
+
+class IsrWriter(Protocol):
+    async def write_isr(self, members: list[str]) -> None:
+        """Record the in-sync replica set (fenced: raises LeadershipLost if this node no longer leads)."""
+
+
+class _Follower:
+    def __init__(self, node_id: str, address: str, writer: asyncio.StreamWriter, position: int) -> None:
+        self.id = node_id
+        self.address = address
+        self.writer = writer
+        self.start = position  # stream offset its buffered operations start at
+        self.sent = position
+        self.acked = position
+        self.join_target = -1  # the stream offset it must acknowledge to join the ISR (set after sync)
+        self.queue: deque[bytes] = deque()
+        self.queued_bytes = 0
+        self.wake = asyncio.Event()
+        self.streaming = False
+        self.last_progress = time.monotonic()
+        self.dropped = False
+        self.sync_bytes = 0  # full-sync file bytes sent
+
+
+class ReplicationServer:
+    """Implements the store's FileChanges (the operations) and ReplicationBarrier (the confirms)."""
+
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int) -> None:
+        self.data_dir = Path(data_dir)
+        self._secret = secret
+        self.node_id = node_id
+        self._isr_writer = isr
+        self.host = host
+        self.port = port
+        self.max_backlog = MAX_BACKLOG
+        self.ack_timeout = ACK_TIMEOUT
+        self._server: asyncio.base_events.Server | None = None
+        self._followers: dict[str, _Follower] = {}  # registered: operations are buffered for them
+        self._isr: dict[str, _Follower] = {}  # the barrier waits for these
+        self._isr_lock = asyncio.Lock()
+        self._log_end = 0  # stream offset after the last operation
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._attached = asyncio.Event()
+        self._broker: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._monitor: asyncio.Task[None] | None = None
+        self.leadership_lost = False
+
+    # ---- life cycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Record ISR = [this node], then listen for followers."""
+        await self._isr_writer.write_isr([self.node_id])
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        self._monitor = asyncio.get_running_loop().create_task(self._watch_acks())
+        log.info("replication: listening on %s:%d", self.host, self.port)
+
+    def attach(self, broker: Any) -> None:
+        """Report the broker's durable file changes to the followers and make its flushes wait for them.
+
+        Followers are full-synced only from now on: changes made before were not reported.
+        """
+        self._broker = broker
+        broker.set_replication(self, self)
+        self._attached.set()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._monitor is not None:
+            self._monitor.cancel()
+        if self._broker is not None:
+            self._broker.set_replication(None, None)
+            self._broker = None
+        for follower in list(self._followers.values()):
+            self._close(follower)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        # Waiters stay pending: a stopped leader confirms nothing more.
+
+    def follower_status(self) -> list[dict]:
+        return [{"id": f.id, "address": f.address, "bytes_sent": f.sent, "bytes_acked": f.acked,
+                 "lag_bytes": self._log_end - f.acked, "in_sync": self._isr.get(f.id) is f}
+                for f in self._followers.values()]
+
+    @property
+    def isr(self) -> list[str]:
+        return [self.node_id, *sorted(self._isr)]
+
+    # ---- FileChanges: the store reports, we encode once and queue for every follower ------------
+
+    def _emit(self, kind: int, rel: str, *, offset: int = 0, size: int = 0, data: bytes = b"") -> None:
+        if not self._followers or is_local_only(rel.rpartition("/")[2]):
+            return
+        end = self._log_end + proto.op_frame_length(rel, len(data), kind)
+        encoded = proto.op(end, kind, rel, offset=offset, size=size, data=data)
+        self._log_end = end
+        for follower in list(self._followers.values()):
+            follower.queue.append(encoded)
+            follower.queued_bytes += len(encoded)
+            if follower.queued_bytes > self.max_backlog:
+                self._drop_later(follower, f"more than {self.max_backlog} bytes behind")
+            elif follower.streaming:
+                follower.wake.set()
+
+    def file_appended(self, rel_path: str, offset: int, data: bytes) -> None:
+        self._emit(proto.OP_WRITE, rel_path, offset=offset, data=data)
+
+    def file_replaced(self, rel_path: str, data: bytes) -> None:
+        self._emit(proto.OP_REPLACE, rel_path, data=data)
+
+    def file_truncated(self, rel_path: str, size: int) -> None:
+        self._emit(proto.OP_TRUNCATE, rel_path, size=size)
+
+    def file_deleted(self, rel_path: str) -> None:
+        self._emit(proto.OP_DELETE, rel_path)
+
+    def dir_deleted(self, rel_path: str) -> None:
+        self._emit(proto.OP_RMDIR, rel_path)
+
+    # ---- ReplicationBarrier ----------------------------------------------------------------------
+
+    def wait_replicated(self) -> asyncio.Future[None]:
+        """Resolves once every ISR follower acknowledged the stream up to its end at this call."""
+        target = self._log_end
+        for follower in self._followers.values():
+            # A flush waits on this: its operations go out now rather than on the sender task's next turn.
+            if (follower.streaming and not follower.dropped and follower.queue
+                    and not follower.writer.transport.get_write_buffer_size()):
+                self._write_queued(follower)
+        future = asyncio.get_running_loop().create_future()
+        if self._released(target):
+            future.set_result(None)
+        else:
+            self._waiters.append((target, future))
+        return future
+
+    def _released(self, target: int) -> bool:
+        return all(f.acked >= target for f in self._isr.values())
+
+    def _release(self) -> None:
+        if not self._waiters:
+            return
+        kept = []
+        for target, future in self._waiters:
+            if future.done():
+                continue
+            if self._released(target):
+                future.set_result(None)
+            else:
+                kept.append((target, future))
+        self._waiters = kept
+
+    # ---- ISR ---------------------------------------------------------------------------------------
+
+    async def _write_isr(self) -> bool:
+        try:
+            await self._isr_writer.write_isr(self.isr)
+            return True
+        except LeadershipLost:
+            self.leadership_lost = True
+            log.error("replication: leadership lost while writing the ISR; confirms stop")
+            return False
+
+    async def _join_isr(self, follower: _Follower) -> None:
+        async with self._isr_lock:
+            if follower.dropped or self._isr.get(follower.id) is follower:
+                return
+            # In the barrier before etcd names it: no confirm may skip a node etcd calls in sync.
+            self._isr[follower.id] = follower
+            if await self._write_isr():
+                log.info("replication: follower %s (%s) is in sync", follower.id, follower.address)
+
+    async def _leave_isr(self, follower: _Follower) -> None:
+        async with self._isr_lock:
+            if self._isr.get(follower.id) is not follower:
+                return
+            remaining = {k: v for k, v in self._isr.items() if v is not follower}
+            saved, self._isr = self._isr, remaining
+            written = await self._write_isr()  # etcd first: until then confirms keep waiting for it
+            if not written:
+                self._isr = saved
+                return
+        self._release()
+
+    # ---- followers ---------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _drop_later(self, follower: _Follower, reason: str) -> None:
+        if not follower.dropped:
+            self._close(follower)
+            log.warning("replication: follower %s (%s) dropped: %s", follower.id, follower.address, reason)
+            self._spawn(self._leave_isr(follower))
+
+    def _close(self, follower: _Follower) -> None:
+        follower.dropped = True
+        follower.streaming = False
+        follower.queue.clear()
+        follower.queued_bytes = 0
+        follower.wake.set()
+        if self._followers.get(follower.id) is follower:
+            del self._followers[follower.id]
+        follower.writer.close()
+
+    async def _watch_acks(self) -> None:
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for follower in list(self._followers.values()):
+                if follower.streaming and follower.sent > follower.acked \
+                        and now - follower.last_progress > self.ack_timeout:
+                    self._drop_later(follower, f"no acknowledgement for {self.ack_timeout:g} s")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        decoder = proto.FrameDecoder()
+        follower: _Follower | None = None
+        try:
+            node_id = await asyncio.wait_for(self._authenticate(reader, writer, decoder, address), AUTH_TIMEOUT)
+            if node_id is None:
+                return
+            await self._attached.wait()
+            old = self._followers.get(node_id)
+            if old is not None:
+                self._drop_later(old, "the same node connected again")
+            follower = _Follower(node_id, address, writer, self._log_end)
+            self._followers[node_id] = follower  # registered first: every later change is buffered
+            log.info("replication: follower %s (%s) connected; full sync", node_id, address)
+            kind, payload = await proto.next_frame(reader, decoder)
+            if kind != proto.FILE_LIST:
+                raise proto.ProtocolError(f"expected a file list, got frame type {kind}")
+            await self._full_sync(follower, proto.parse_file_list(payload))
+            follower.join_target = self._log_end
+            writer.write(proto.frame(proto.SYNC_END, proto.pack_u64(follower.start)))
+            follower.streaming = True
+            follower.last_progress = time.monotonic()
+            follower.wake.set()
+            sender = self._spawn(self._send_stream(follower))
+            try:
+                await self._read_acks(follower, reader, decoder)
+            finally:
+                sender.cancel()
+            if not follower.dropped:
+                self._drop_later(follower, "connection closed")
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, proto.ProtocolError, OSError) as exc:
+            if follower is not None and not follower.dropped:
+                self._drop_later(follower, f"{type(exc).__name__}: {exc}")
+            elif follower is None:
+                log.warning("replication: connection from %s ended: %s", address, exc or type(exc).__name__)
+        finally:
+            writer.close()
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            decoder: proto.FrameDecoder, address: str) -> str | None:
+        kind, payload = await proto.next_frame(reader, decoder)
+        if kind != proto.HELLO:
+            raise proto.ProtocolError(f"expected hello, got frame type {kind}")
+        version, follower_nonce, node_id = proto.parse_hello(payload)
+        if version != proto.PROTOCOL_VERSION:
+            writer.write(proto.frame(proto.REFUSED, proto.pack_str(f"protocol version {version} unsupported")))
+            log.warning("replication: refused %s: protocol version %d", address, version)
+            return None
+        leader_nonce = proto.new_nonce()
+        writer.write(proto.challenge(leader_nonce, proto.leader_proof(self._secret, follower_nonce, leader_nonce)))
+        kind, payload = await proto.next_frame(reader, decoder)
+        expected = proto.follower_proof(self._secret, follower_nonce, leader_nonce, node_id)
+        if kind != proto.AUTH or not proto.proof_matches(expected, payload):
+            log.warning("replication: refused follower %r from %s: wrong shared secret", node_id, address)
+            writer.write(proto.frame(proto.REFUSED, proto.pack_str("authentication failed")))
+            await writer.drain()
+            return None
+        writer.write(proto.frame(proto.AUTH_OK))
+        await writer.drain()
+        return node_id
+
+    async def _full_sync(self, follower: _Follower, theirs: dict[str, tuple[int, str]]) -> None:
+        loop = asyncio.get_running_loop()
+        ours = await loop.run_in_executor(None, _local_sizes, self.data_dir)
+        writer = follower.writer
+        writer.write(proto.delete_list(sorted(rel for rel in theirs if rel not in ours)))
+        for rel, (path, size) in ours.items():
+            if follower.dropped:
+                raise ConnectionResetError("dropped during full sync")
+            mine = theirs.get(rel)
+            if mine is not None and mine[0] == size:
+                try:
+                    if await loop.run_in_executor(None, proto.file_sha1, path) == mine[1]:
+                        continue
+                except FileNotFoundError:
+                    continue  # deleted meanwhile: its deletion is in the stream
+            await self._send_file(follower, rel, path)
+
+    async def _send_file(self, follower: _Follower, rel: str, path: Path) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return  # deleted meanwhile: its deletion is in the stream
+        try:
+            size = os.fstat(fd).st_size
+            writer = follower.writer
+            writer.write(proto.frame(proto.FILE_START, proto.pack_str(rel) + proto.pack_u64(size)))
+            offset = 0
+            while True:
+                chunk = await loop.run_in_executor(None, os.pread, fd, proto.CHUNK_SIZE, offset)
+                if not chunk:
+                    break
+                offset += len(chunk)
+                writer.write(proto.frame(proto.FILE_CHUNK, chunk))
+                await writer.drain()  # bounded memory: one chunk in flight at a time
+            writer.write(proto.frame(proto.FILE_END))
+            follower.sync_bytes += offset
+        finally:
+            os.close(fd)
+
+    async def _send_stream(self, follower: _Follower) -> None:
+        writer = follower.writer
+        while not follower.dropped:
+            if not follower.queue:
+                follower.wake.clear()
+                await follower.wake.wait()
+                continue
+            self._write_queued(follower)
+            await writer.drain()
+
+    def _write_queued(self, follower: _Follower) -> None:
+        """Hand up to a chunk of the follower's queued operations to its socket."""
+        batch = []
+        size = 0
+        while follower.queue and size < proto.CHUNK_SIZE:
+            encoded = follower.queue.popleft()
+            batch.append(encoded)
+            size += len(encoded)
+        follower.queued_bytes -= size
+        if follower.sent == follower.acked:  # the ack clock starts with the first unacknowledged byte
+            follower.last_progress = time.monotonic()
+        follower.sent += size
+        follower.writer.write(b"".join(batch))
+
+    async def _read_acks(self, follower: _Follower, reader: asyncio.StreamReader,
+                         decoder: proto.FrameDecoder) -> None:
+        while not follower.dropped:
+            data = await reader.read(65536)
+            if not data:
+                return
+            frames, decoder.pending = [*decoder.pending, *decoder.feed(data)], []
+            for kind, payload in frames:
+                if kind != proto.ACK:
+                    raise proto.ProtocolError(f"expected an ack, got frame type {kind}")
+                acked = proto.unpack_u64(payload)
+                if acked > follower.sent:
+                    raise proto.ProtocolError(f"ack of {acked} beyond the {follower.sent} bytes sent")
+                if acked > follower.acked:
+                    follower.acked = acked
+                    follower.last_progress = time.monotonic()
+            if self._isr.get(follower.id) is not follower and follower.acked >= follower.join_target:
+                await self._join_isr(follower)
+            self._release()
+
+
+def _local_sizes(root: Path) -> dict[str, tuple[Path, int]]:
+    found = {}
+    for rel, path in proto.replicated_files(root):
+        try:
+            found[rel] = (path, path.stat().st_size)
+        except FileNotFoundError:
+            continue
+    return found

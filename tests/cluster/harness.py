@@ -1,0 +1,270 @@
+"""A reusable cluster harness: a real etcd and lavinpy nodes as subprocesses on loopback.
+
+``Etcd`` runs one etcd member on free ports with its own data dir; ``Cluster`` starts lavinpy nodes in
+cluster mode (each with its own data dir and ports), finds the leader through etcd, kills nodes with
+SIGKILL and restarts them. Nothing here knows what a test checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pika
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "lavinpy"
+
+
+def etcd_binary() -> str | None:
+    return shutil.which("etcd")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """Poll ``check`` until it returns a true value; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class Etcd:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        with open(self.directory / "etcd.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [etcd_binary() or "etcd", "--name", "n", "--data-dir", str(self.directory / "data"),
+                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"n={peer}"],
+                stdout=log, stderr=subprocess.STDOUT)
+        wait_until(self._healthy, 15, 0.1, "etcd to answer")
+
+    def _healthy(self) -> bool:
+        try:
+            self.call("kv/range", {"key": _b64("health")})
+            return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def call(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(f"http://{self.endpoint}/v3/{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return json.loads(response.read().decode().splitlines()[0] or "{}")
+
+    def get(self, key: str) -> tuple[str, int] | None:
+        """(value, lease) of ``key``, None when absent."""
+        kvs = self.call("kv/range", {"key": _b64(key)}).get("kvs") or []
+        if not kvs:
+            return None
+        return base64.b64decode(kvs[0].get("value", "")).decode(), int(kvs[0].get("lease", 0))
+
+    def etcdctl(self, *args: str) -> str:
+        env = {**os.environ, "ETCDCTL_API": "3"}
+        return subprocess.run(["etcdctl", "--endpoints", self.endpoint, *args], env=env, check=True,
+                              capture_output=True, text=True, timeout=10).stdout
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+class Node:
+    def __init__(self, name: str, directory: Path, etcd: Etcd, extra_args: list[str]) -> None:
+        self.name = name
+        self.directory = directory
+        self.data_dir = directory / "data"
+        self.amqp_port = free_port()
+        self.http_port = free_port()
+        self.clustering_port = free_port()
+        self.etcd = etcd
+        self.extra_args = extra_args
+        self.process: subprocess.Popen | None = None
+        self.log_path = directory / "lavinpy.log"
+
+    @property
+    def node_id(self) -> str:
+        """The node's cluster id (made by the node on its first start)."""
+        return wait_until(lambda: _read(self.data_dir / ".clustering_id"), 10, what=f"{self.name}'s id")
+
+    @property
+    def uri(self) -> str:
+        return f"tcp://127.0.0.1:{self.clustering_port}"
+
+    @property
+    def amqp_url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def args(self) -> list[str]:
+        return ["--data-dir", str(self.data_dir), "--bind", "127.0.0.1", "--amqp-port", str(self.amqp_port),
+                "--http-port", str(self.http_port), "--prometheus-port", "0", "--clustering",
+                "--clustering-etcd-endpoints", self.etcd.endpoint, "--clustering-etcd-prefix", PREFIX,
+                "--clustering-bind", "127.0.0.1", "--clustering-port", str(self.clustering_port),
+                *self.extra_args]
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = {k: v for k, v in env.items() if not k.startswith("LAVINPY_")}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "lavinpy", *self.args], cwd=self.directory,
+                                            env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until the process is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def amqp_serves(self, timeout: float = 1.0) -> bool:
+        """A pika client on this node's AMQP port can open a channel and declare a queue."""
+        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, socket_timeout=timeout,
+                                           blocked_connection_timeout=timeout, connection_attempts=1,
+                                           stack_timeout=timeout * 2)
+        try:
+            connection = pika.BlockingConnection(params)
+        except Exception:
+            return False
+        try:
+            connection.channel().queue_declare("cluster-probe", auto_delete=True)
+            return True
+        except Exception:
+            return False
+        finally:
+            try:
+                connection.close()
+            except Exception:
+                pass
+
+
+class Cluster:
+    def __init__(self, directory: Path, etcd: Etcd) -> None:
+        self.directory = directory
+        self.etcd = etcd
+        self.nodes: list[Node] = []
+
+    def add(self, count: int = 1, extra_args: list[str] | None = None) -> list[Node]:
+        added = []
+        for _ in range(count):
+            name = f"node{len(self.nodes) + 1}"
+            node = Node(name, self.directory / name, self.etcd, extra_args or [])
+            self.nodes.append(node)
+            added.append(node)
+        return added
+
+    def start(self, count: int = 3, extra_args: list[str] | None = None) -> list[Node]:
+        nodes = self.add(count, extra_args)
+        for node in nodes:
+            node.start()
+        return nodes
+
+    def leader_key(self) -> tuple[str, int] | None:
+        """(value, lease) of the leader key."""
+        try:
+            return self.etcd.get(f"{PREFIX}/leader")
+        except OSError:
+            return None
+
+    def leader(self) -> Node | None:
+        """The node named by the leader key (whether or not it serves yet)."""
+        key = self.leader_key()
+        if key is None:
+            return None
+        return next((n for n in self.nodes if n.uri == key[0]), None)
+
+    def wait_for_leader(self, timeout: float = 20, exclude: Node | None = None) -> Node:
+        """The leader, once it serves AMQP on its own port."""
+        def serving_leader() -> Node | None:
+            node = self.leader()
+            if node is None or node is exclude or not node.alive:
+                return None
+            return node if node.amqp_serves() else None
+        return wait_until(serving_leader, timeout, 0.1, "a serving leader")
+
+    def followers(self) -> list[Node]:
+        leader = self.leader()
+        return [n for n in self.nodes if n is not leader and n.alive]
+
+    def kill_leader(self) -> tuple[Node, float]:
+        """SIGKILL the current leader; (the node, time.monotonic() of the kill)."""
+        leader = self.leader()
+        assert leader is not None, "no leader to kill"
+        leader.kill()
+        return leader, time.monotonic()
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            node.kill()

@@ -1,0 +1,147 @@
+"""A replication leader for the tests: a real lavinpy Server with a ReplicationServer attached, on an
+event loop in a thread (so the tests can read its ISR and follower status), and follower processes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from lavinpy import config as config_module
+from lavinpy.cluster import replication_protocol as proto
+from lavinpy.cluster.replication_server import ReplicationServer
+from lavinpy.server import Server
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SECRET = b"the cluster's shared secret 0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MemoryIsr:
+    """The IsrWriter protocol kept in memory: every ISR written, with the time it was written."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[float, list[str]]] = []
+
+    async def write_isr(self, members: list[str]) -> None:
+        self.writes.append((time.monotonic(), list(members)))
+
+    @property
+    def members(self) -> list[str]:
+        return self.writes[-1][1] if self.writes else []
+
+
+class Leader:
+    def __init__(self, data_dir: Path, *, fsync: str = "always", secret: bytes = SECRET, **settings: Any) -> None:
+        self.data_dir = Path(data_dir)
+        self.secret = secret
+        self.amqp_port = free_port()
+        self.config = config_module.load(None, env={}, overrides={
+            "data_dir": str(self.data_dir), "amqp_port": self.amqp_port, "http_port": 0,
+            "prometheus_port": 0, "bind": "127.0.0.1", "fsync": fsync, **settings})
+        self.isr = MemoryIsr()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.server: Server | None = None
+        self.replication: ReplicationServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+
+    def call(self, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout)
+
+    def start(self) -> Leader:
+        self._thread.start()
+
+        async def start() -> None:
+            self.replication = ReplicationServer(self.data_dir, self.secret, "leader", self.isr, "127.0.0.1", 0)
+            await self.replication.start()
+            self.server = Server(self.config)
+            self.replication.attach(self.server.broker)  # before any client can connect
+            await self.server.start()
+        self.call(start)
+        return self
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            if self.replication is not None:
+                await self.replication.stop()
+            if self.server is not None:
+                await self.server.stop()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:  # the broker's timers
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self.call(stop)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+    def status(self) -> list[dict]:
+        assert self.replication is not None
+        return self.call(lambda: _value(self.replication.follower_status()))
+
+    def flush_all(self) -> None:
+        """Wait until every vhost store is on disk and acknowledged by the ISR followers."""
+        async def flush() -> None:
+            assert self.server is not None
+            for vhost in self.server.broker.vhosts.values():
+                await vhost.store.flush()
+        self.call(flush)
+
+    def wait(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}: {self.status()}")
+            time.sleep(0.05)
+
+    def wait_caught_up(self, node_id: str, timeout: float = 30) -> None:
+        def caught_up() -> bool:
+            return any(f["id"] == node_id and f["in_sync"] and f["lag_bytes"] == 0 for f in self.status())
+        self.wait(caught_up, timeout, f"{node_id} in sync with no lag")
+
+
+async def _value(value: Any) -> Any:
+    return value
+
+
+def start_follower(data_dir: Path, port: int, node_id: str = "follower", secret: bytes = SECRET) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.cluster.replication_follower", str(data_dir), secret.hex(), node_id,
+         "127.0.0.1", str(port)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+
+
+def stop_process(process: subprocess.Popen) -> str:
+    if process.poll() is None:
+        try:
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.stdout.read() if process.stdout else ""
+
+
+def replicated_hashes(root: Path) -> dict[str, str]:
+    return {rel: hashlib.sha1(path.read_bytes()).hexdigest() for rel, path in proto.replicated_files(root)}

@@ -1,0 +1,156 @@
+"""Followers forward AMQP and HTTP to the leader with a PROXY line; the leader trusts it from members only."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pika
+import pytest
+from e2e.rawamqp import RawAMQP  # tests/ is on the path (no __init__.py there)
+
+from .harness import PREFIX, REPO_ROOT, Cluster, wait_until
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+
+def http_get(port: int, path: str, source: str | None = None) -> tuple[int, object]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={
+        "Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+@pytest.fixture
+def three(cluster: Cluster):
+    cluster.start(3)
+    leader = cluster.wait_for_leader(30)
+    followers = [n for n in cluster.nodes if n is not leader]
+    for follower in followers:
+        wait_until(lambda f=follower: f"following leader {leader.node_id}" in f.log_text(), 10,
+                   what=f"{follower.name} to follow")
+    return leader, followers
+
+
+def test_publish_and_consume_through_a_follower_shows_the_real_client_address(three) -> None:
+    leader, (follower, _) = three
+    params = pika.ConnectionParameters("127.0.0.1", follower.amqp_port)
+    connection = pika.BlockingConnection(params)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("through-follower", durable=True)
+    for i in range(20):
+        channel.basic_publish("", "through-follower", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    bodies = []
+    for _ in range(20):
+        method, _, body = channel.basic_get("through-follower", auto_ack=True)
+        bodies.append(body)
+    assert bodies == [f"m{i}".encode() for i in range(20)]
+    connection.close()
+
+    with RawAMQP("127.0.0.1", follower.amqp_port) as raw:  # a client whose address we know
+        raw.handshake()
+        client_port = raw.sock.getsockname()[1]
+        status, connections = http_get(leader.http_port, "/api/connections")
+        assert status == 200
+        mine = [c for c in connections if c["peer_port"] == client_port]
+        assert len(mine) == 1, connections
+        assert mine[0]["peer_host"] == "127.0.0.1"
+        assert mine[0]["port"] == follower.amqp_port  # the address the client connected to
+        assert mine[0]["name"] == f"127.0.0.1:{client_port} -> 127.0.0.1:{follower.amqp_port}"
+
+
+def test_http_through_a_follower_and_cluster_status(three) -> None:
+    leader, followers = three
+    def all_nodes() -> list | None:  # answered by the leader, which sees the nodes join within 0.5 s
+        status, nodes = http_get(followers[0].http_port, "/api/nodes")
+        assert status == 200
+        return nodes if len(nodes) == 3 else None
+    nodes = wait_until(all_nodes, 5, 0.2, "three nodes in /api/nodes")
+    roles = {n["clustering_id"]: n["role"] for n in nodes}
+    assert roles == {leader.node_id: "leader", **{f.node_id: "follower" for f in followers}}
+    leader_entry = next(n for n in nodes if n["role"] == "leader")
+    assert leader_entry["amqp_address"] == f"127.0.0.1:{leader.amqp_port}"
+    assert "mem_used" in leader_entry  # the leader's own entry keeps RabbitMQ's node fields
+
+    result = subprocess.run(
+        [sys.executable, "-m", "lavinpy.cli.ctl", "--uri", f"http://guest:guest@127.0.0.1:{followers[1].http_port}",
+         "cluster_status", "-f", "tsv"],
+        capture_output=True, text=True, timeout=30, cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split("\t")[:2] == ["clustering_id", "role"]
+    assert lines[1].split("\t")[:2] == [leader.node_id, "leader"]
+    assert sorted(line.split("\t")[0] for line in lines[2:]) == sorted(f.node_id for f in followers)
+    assert all(line.split("\t")[1] == "follower" for line in lines[2:])
+
+
+def _connect_from(source: str, port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_proxy_line_trusted_only_from_members(three) -> None:
+    leader, _ = three
+    line = b"PROXY TCP4 192.0.2.7 127.0.0.1 4242 5672\r\n"
+    # 127.0.0.2 is no member's address: the line is bad input, answered as a bad protocol header.
+    stranger = _connect_from("127.0.0.2", leader.amqp_port)
+    stranger.sendall(line + PROTOCOL_HEADER)
+    assert _read_all(stranger) == PROTOCOL_HEADER
+    stranger.close()
+    stranger = _connect_from("127.0.0.2", leader.http_port)
+    stranger.sendall(line + b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _read_all(stranger).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+    stranger.close()
+    # From a member's address (127.0.0.1 here) the same line is taken: the handshake goes on.
+    member = _connect_from("127.0.0.1", leader.amqp_port)
+    member.sendall(line + PROTOCOL_HEADER)
+    assert member.recv(1) == b"\x01"  # connection.start
+    member.close()
+    # Over HTTP the request counts as coming from the line's client: guest is loopback-only, so a client
+    # at 192.0.2.7 is refused and one at 127.0.0.1 is not.
+    auth = b"Authorization: Basic " + base64.b64encode(b"guest:guest") + b"\r\n"
+    request = b"GET /api/whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + auth + b"\r\n"
+    for source, status in ((b"192.0.2.7", b"401"), (b"127.0.0.1", b"200")):
+        member = _connect_from("127.0.0.1", leader.http_port)
+        member.sendall(b"PROXY TCP4 " + source + b" 127.0.0.1 4242 15672\r\n" + request)
+        assert _read_all(member).split(b"\r\n", 1)[0] == b"HTTP/1.1 " + status + (b" OK" if status == b"200"
+                                                                                   else b" Unauthorized")
+        member.close()
+
+
+def test_node_outside_the_isr_never_leads_and_refuses_clients_meanwhile(cluster: Cluster) -> None:
+    cluster.etcd.etcdctl("put", f"{PREFIX}/isr", '["another-node"]')  # an ISR this node is not in
+    (node,) = cluster.start(1)
+    wait_until(lambda: "forwarding HTTP" in node.log_text(), 15, 0.1, "the node's client ports")
+    time.sleep(1.0)  # several election rounds
+    assert cluster.leader_key() is None
+    client = socket.create_connection(("127.0.0.1", node.amqp_port), timeout=5)
+    client.sendall(PROTOCOL_HEADER)
+    assert _read_all(client) == b""  # no leader to forward to: closed
+    client.close()
+    status, body = http_get(node.http_port, "/api/overview")
+    assert status == 503 and body["error"] == "service_unavailable"
+    assert "no cluster leader is known" in node.log_text()
+
+    cluster.etcd.etcdctl("del", f"{PREFIX}/isr")  # no ISR: any node may lead
+    assert cluster.wait_for_leader(15) is node
