@@ -28,7 +28,7 @@ from ..store.record import StoredMessage
 from ..wire.constants import NOT_IMPLEMENTED
 from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
-from ..wire.properties import append_header_entry, peek_headers, replace_headers
+from ..wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
 from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .stats import MessageCounters
@@ -50,17 +50,36 @@ _QUEUE_PURGE = (50, 30)
 
 _OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
 
+def _stamped_block(properties: bytes, offset: int) -> bytes:
+    """``with_stream_offset`` by splicing the raw table (the general way)."""
+    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
+        headers = dict(peek_headers(properties) or {})
+        headers.pop(OFFSET_HEADER, None)
+        properties = replace_headers(properties, headers)
+    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
+
+
+# A stream's messages mostly share a few property blocks: for each, the bytes before and after the
+# 8-byte offset value of its stamped block, so stamping a delivery is one concatenation.
+_SPLICES: dict[bytes, tuple[bytes, bytes]] = {}
+_SPLICES_MAX = 1024
+
+
 def with_stream_offset(properties: bytes, offset: int) -> bytes:
     """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
 
     Spliced into the raw table, so every other field and header keeps its exact bytes and type
     (re-encoding through pamqp would pick the smallest integer type for every header).
     """
-    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
-        headers = dict(peek_headers(properties) or {})
-        headers.pop(OFFSET_HEADER, None)
-        properties = replace_headers(properties, headers)
-    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
+    splice = _SPLICES.get(properties)
+    if splice is None:
+        stamped = _stamped_block(properties, 0)
+        value_end = headers_span(stamped)[1]  # the entry is the table's last: its value ends it
+        splice = (stamped[:value_end - 8], stamped[value_end:])
+        if len(_SPLICES) >= _SPLICES_MAX:
+            _SPLICES.clear()
+        _SPLICES[bytes(properties)] = splice
+    return splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1]
 
 
 # --- the queue ---------------------------------------------------------------------------------
@@ -158,7 +177,8 @@ class StreamQueue(QueueKind):
                                   *_BASIC_GET)
 
     def _send(self, consumer: Consumer, offset: int, pos: int, msg: StoredMessage) -> None:
-        msg = msg._replace(properties=with_stream_offset(msg.properties, offset))
+        msg = StoredMessage(msg.timestamp, msg.exchange, msg.routing_key, with_stream_offset(msg.properties, offset),
+                            msg.body)
         self._cursors[consumer] = offset + 1
         consumer.channel.deliver(consumer, pos, msg, False)
         if not consumer.no_ack:

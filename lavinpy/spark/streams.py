@@ -23,7 +23,7 @@ from pamqp import commands
 from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, frame, method_id, parse_deliver, parse_header
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
-from lavinpy.wire.properties import property_values
+from lavinpy.wire.properties import headers_span, property_values
 from lavinpy.wire.writer import basic_ack
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
@@ -386,10 +386,40 @@ def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Deliv
         p += 10 + n
         n = buf[p]
         routing_key = buf[p + 1:p + 1 + n].decode()
-        props = property_values(buf, h + 19, b - 1, typed=False)
-        out.append((tag, Delivery(_split_offset(props), exchange, routing_key, props, body)))
+        offset, props = _offset_and_properties(bytes(buf[h + 19:b - 1]))
+        out.append((tag, Delivery(offset, exchange, routing_key, props, body)))
         pos = next_pos
     return pos
+
+
+# The broker stamps x-stream-offset as the last header entry: a stream's deliveries differ only in
+# those 8 bytes, so each distinct rest of the block is decoded once and its property list shared by
+# the deliveries that carry it (Delivery.properties is read-only for its users).
+_OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
+_decoded_blocks: dict[tuple[int, bytes], list[Any]] = {}
+_DECODED_MAX = 256
+
+
+def _offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
+    """(x-stream-offset, properties without it) of a delivery's property block."""
+    at = block.find(_OFFSET_ENTRY)
+    if at < 0:
+        props = property_values(block, typed=False)
+        return _split_offset(props), props
+    value = at + len(_OFFSET_ENTRY)
+    key = (at, block[:value] + block[value + 8:])
+    props = _decoded_blocks.get(key)
+    if props is not None:
+        return int.from_bytes(block[value:value + 8], "big", signed=True), props
+    props = property_values(block, typed=False)
+    offset = _split_offset(props)
+    # Cached only when the entry found is the header the broker stamped: the table's last entry.
+    if (offset == int.from_bytes(block[value:value + 8], "big", signed=True)
+            and headers_span(block)[1] == value + 8):
+        if len(_decoded_blocks) >= _DECODED_MAX:
+            _decoded_blocks.clear()
+        _decoded_blocks[key] = props
+    return offset, props
 
 
 class _Assembler:
