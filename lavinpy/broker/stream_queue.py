@@ -35,8 +35,11 @@ from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..store.stream_index import StreamIndex
     from .consumer import Consumer
+    from .publishing import PublishRun
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.stream")
@@ -170,6 +173,32 @@ class StreamQueue(QueueKind):
         if pos not in self._damaged:
             self._damaged.add(pos)
             super().report_damaged(pos, error)
+
+    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+        """``push`` for a run stored in one segment: appended at once; a caught-up consumer takes the
+        messages in hand while it has credit, as it would one by one."""
+        if not positions:
+            return
+        offset = self.index.append_many(positions)
+        segment = pos_segment(positions[0])
+        if segment != self._tail_segment:
+            self._tail_segment = segment
+            self.apply_retention()
+        if not self.consumers:
+            return
+        end = offset + len(positions)
+        behind = False
+        for consumer in self.consumers:
+            cursor = self._cursors[consumer]
+            if cursor == offset:
+                while cursor < end and consumer.can_accept():
+                    i = cursor - offset
+                    self._send(consumer, cursor, positions[i], run.message(first + i))
+                    cursor += 1
+            if cursor < end:
+                behind = True
+        if behind:
+            self.vhost.schedule_delivery(self)
 
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get is not supported on streams (RabbitMQ: 540, the connection closes)."""
