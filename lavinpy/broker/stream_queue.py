@@ -227,6 +227,8 @@ class StreamQueue(QueueKind):
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
             end = index.next_offset
+            deliver = consumer.channel.deliver
+            counts_credit = not consumer.no_ack
             while budget and cursor < end and consumer.can_accept():
                 pos = index.get(cursor)
                 if pos is None:  # a hole left by lost data: skip it
@@ -237,7 +239,11 @@ class StreamQueue(QueueKind):
                 if msg is None:  # damaged: reported by read(); skipped like a hole
                     cursor += 1
                     continue
-                self._send(consumer, cursor, pos, msg)
+                # _send inlined (once per delivery); the cursor is stored after the loop
+                deliver(consumer, pos, StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
+                                                     with_stream_offset(msg.properties, cursor), msg.body), False)
+                if counts_credit:
+                    consumer.unacked += 1
                 cursor += 1
                 budget -= 1
             if consumer in self._cursors:
