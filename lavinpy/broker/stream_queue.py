@@ -28,15 +28,18 @@ from ..store.record import StoredMessage
 from ..wire.constants import NOT_IMPLEMENTED
 from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
-from ..wire.properties import append_header_entry, peek_headers, replace_headers
+from ..wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
 from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..store.stream_index import StreamIndex
     from .consumer import Consumer
+    from .publishing import PublishRun
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.stream")
@@ -50,17 +53,36 @@ _QUEUE_PURGE = (50, 30)
 
 _OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
 
+def _stamped_block(properties: bytes, offset: int) -> bytes:
+    """``with_stream_offset`` by splicing the raw table (the general way)."""
+    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
+        headers = dict(peek_headers(properties) or {})
+        headers.pop(OFFSET_HEADER, None)
+        properties = replace_headers(properties, headers)
+    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
+
+
+# A stream's messages mostly share a few property blocks: for each, the bytes before and after the
+# 8-byte offset value of its stamped block, so stamping a delivery is one concatenation.
+_SPLICES: dict[bytes, tuple[bytes, bytes]] = {}
+_SPLICES_MAX = 1024
+
+
 def with_stream_offset(properties: bytes, offset: int) -> bytes:
     """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
 
     Spliced into the raw table, so every other field and header keeps its exact bytes and type
     (re-encoding through pamqp would pick the smallest integer type for every header).
     """
-    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
-        headers = dict(peek_headers(properties) or {})
-        headers.pop(OFFSET_HEADER, None)
-        properties = replace_headers(properties, headers)
-    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
+    splice = _SPLICES.get(properties)
+    if splice is None:
+        stamped = _stamped_block(properties, 0)
+        value_end = headers_span(stamped)[1]  # the entry is the table's last: its value ends it
+        splice = (stamped[:value_end - 8], stamped[value_end:])
+        if len(_SPLICES) >= _SPLICES_MAX:
+            _SPLICES.clear()
+        _SPLICES[bytes(properties)] = splice
+    return splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1]
 
 
 # --- the queue ---------------------------------------------------------------------------------
@@ -152,13 +174,40 @@ class StreamQueue(QueueKind):
             self._damaged.add(pos)
             super().report_damaged(pos, error)
 
+    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+        """``push`` for a run stored in one segment: appended at once; a caught-up consumer takes the
+        messages in hand while it has credit, as it would one by one."""
+        if not positions:
+            return
+        offset = self.index.append_many(positions)
+        segment = pos_segment(positions[0])
+        if segment != self._tail_segment:
+            self._tail_segment = segment
+            self.apply_retention()
+        if not self.consumers:
+            return
+        end = offset + len(positions)
+        behind = False
+        for consumer in self.consumers:
+            cursor = self._cursors[consumer]
+            if cursor == offset:
+                while cursor < end and consumer.can_accept():
+                    i = cursor - offset
+                    self._send(consumer, cursor, positions[i], run.message(first + i))
+                    cursor += 1
+            if cursor < end:
+                behind = True
+        if behind:
+            self.vhost.schedule_delivery(self)
+
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get is not supported on streams (RabbitMQ: 540, the connection closes)."""
         raise AMQPConnectionError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._where()}",
                                   *_BASIC_GET)
 
     def _send(self, consumer: Consumer, offset: int, pos: int, msg: StoredMessage) -> None:
-        msg = msg._replace(properties=with_stream_offset(msg.properties, offset))
+        msg = StoredMessage(msg.timestamp, msg.exchange, msg.routing_key, with_stream_offset(msg.properties, offset),
+                            msg.body)
         self._cursors[consumer] = offset + 1
         consumer.channel.deliver(consumer, pos, msg, False)
         if not consumer.no_ack:
@@ -178,6 +227,8 @@ class StreamQueue(QueueKind):
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
             end = index.next_offset
+            deliver = consumer.channel.deliver
+            counts_credit = not consumer.no_ack
             while budget and cursor < end and consumer.can_accept():
                 pos = index.get(cursor)
                 if pos is None:  # a hole left by lost data: skip it
@@ -188,7 +239,11 @@ class StreamQueue(QueueKind):
                 if msg is None:  # damaged: reported by read(); skipped like a hole
                     cursor += 1
                     continue
-                self._send(consumer, cursor, pos, msg)
+                # _send inlined (once per delivery); the cursor is stored after the loop
+                deliver(consumer, pos, StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
+                                                     with_stream_offset(msg.properties, cursor), msg.body), False)
+                if counts_credit:
+                    consumer.unacked += 1
                 cursor += 1
                 budget -= 1
             if consumer in self._cursors:

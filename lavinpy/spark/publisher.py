@@ -45,7 +45,7 @@ class MessageEncoder:
         self.channel = channel
         self.frame_max = frame_max
         self.mandatory = mandatory
-        self._max_inline_body = frame_max - 8
+        self.max_inline_body = frame_max - 8  # the largest body sent in one frame
         self._methods: dict[tuple[str, str], bytes] = {}
         self._packers: dict[bytes, ContentPacker] = {}
 
@@ -72,7 +72,7 @@ class MessageEncoder:
                body: bytes) -> None:
         """Append one message to out (properties must be the packer's property list)."""
         out += method_frame
-        if 0 < len(body) <= self._max_inline_body:
+        if 0 < len(body) <= self.max_inline_body:
             out += packer.pack(len(body))
             out += body
             out += FRAME_END_BYTE
@@ -84,7 +84,7 @@ class MessageEncoder:
     def append_any(self, out: bytearray, method_frame: bytes, properties: bytes, body: bytes) -> None:
         """Append one message whose property list changes from message to message."""
         out += method_frame
-        if len(body) <= self._max_inline_body:
+        if len(body) <= self.max_inline_body:
             out += single_content_frames(self.channel, properties, body)
         else:
             out += split_content_frames(self.channel, properties, body, self.frame_max)

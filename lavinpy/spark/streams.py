@@ -20,10 +20,18 @@ from typing import Any, NamedTuple
 
 from pamqp import commands
 
-from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, frame, method_id, parse_deliver, parse_header
+from lavinpy.wire.client import (
+    BASIC_DELIVER,
+    encode_shortstr,
+    frame,
+    method_id,
+    parse_deliver,
+    parse_header,
+    scan_deliveries,
+)
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
-from lavinpy.wire.properties import property_values
+from lavinpy.wire.properties import headers_span, property_values
 from lavinpy.wire.writer import basic_ack
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
@@ -337,9 +345,6 @@ def _split_offset(props: list[Any]) -> int | None:
 
 
 _FRAME_HEAD = struct.Struct(">BHI")
-_METHOD_HEAD = struct.Struct(">BHIHH")            # frame type, channel, size, class id, method id
-_CONTENT_HEAD = struct.Struct(">BHIHHQH")         # ... class id, weight, body size, property flags
-_U64 = struct.Struct(">Q")
 
 
 def _complete_frame_at_front(buf: bytearray) -> bool:
@@ -353,43 +358,42 @@ def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Deliv
 
     Stops at the first thing that is not such a complete message (left to the generic path).
     """
-    size = len(buf)
-    pos = 0
-    method_head = _METHOD_HEAD.unpack_from
-    content_head = _CONTENT_HEAD.unpack_from
-    frame_head = _FRAME_HEAD.unpack_from
-    while size - pos >= 22:
-        ftype, fch, flen, cls, mth = method_head(buf, pos)
-        h = pos + 8 + flen  # start of the next frame
-        if ftype != 1 or fch != ch or cls != 60 or mth != 60 or size - h < 22 or buf[h - 1] != 206:
-            break
-        ftype, fch, hlen, _cls, _weight, body_size, flags = content_head(buf, h)
-        b = h + 8 + hlen
-        if ftype != 2 or fch != ch or b > size or buf[b - 1] != 206:
-            break
-        if body_size:
-            if size - b < 8:
-                break
-            ftype, fch, blen = frame_head(buf, b)
-            next_pos = b + 8 + blen
-            if ftype != 3 or fch != ch or blen != body_size or next_pos > size or buf[next_pos - 1] != 206:
-                break
-            body = bytes(buf[b + 7:next_pos - 1])
-        else:
-            body = b""
-            next_pos = b
-        # basic.deliver arguments: consumer tag, delivery tag, redelivered, exchange, routing key
-        p = pos + 12 + buf[pos + 11]
-        tag = _U64.unpack_from(buf, p)[0]
-        n = buf[p + 9]
-        exchange = buf[p + 10:p + 10 + n].decode()
-        p += 10 + n
-        n = buf[p]
-        routing_key = buf[p + 1:p + 1 + n].decode()
-        props = property_values(buf, h + 19, b - 1, typed=False)
-        out.append((tag, Delivery(_split_offset(props), exchange, routing_key, props, body)))
-        pos = next_pos
-    return pos
+    items, used = scan_deliveries(buf, ch)
+    append = out.append
+    for tag, exchange, routing_key, block, body in items:
+        offset, props = _offset_and_properties(block)
+        append((tag, Delivery(offset, exchange, routing_key, props, body)))
+    return used
+
+
+# The broker stamps x-stream-offset as the last header entry: a stream's deliveries differ only in
+# those 8 bytes, so each distinct rest of the block is decoded once and its property list shared by
+# the deliveries that carry it (Delivery.properties is read-only for its users).
+_OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
+_decoded_blocks: dict[tuple[int, bytes], list[Any]] = {}
+_DECODED_MAX = 256
+
+
+def _offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
+    """(x-stream-offset, properties without it) of a delivery's property block."""
+    at = block.find(_OFFSET_ENTRY)
+    if at < 0:
+        props = property_values(block, typed=False)
+        return _split_offset(props), props
+    value = at + len(_OFFSET_ENTRY)
+    key = (at, block[:value] + block[value + 8:])
+    props = _decoded_blocks.get(key)
+    if props is not None:
+        return int.from_bytes(block[value:value + 8], "big", signed=True), props
+    props = property_values(block, typed=False)
+    offset = _split_offset(props)
+    # Cached only when the entry found is the header the broker stamped: the table's last entry.
+    if (offset == int.from_bytes(block[value:value + 8], "big", signed=True)
+            and headers_span(block)[1] == value + 8):
+        if len(_decoded_blocks) >= _DECODED_MAX:
+            _decoded_blocks.clear()
+        _decoded_blocks[key] = props
+    return offset, props
 
 
 class _Assembler:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from lavinpy.wire.client import ContentPacker, pack_publishes
 from lavinpy.wire.properties import encode_property_values
 
 from .options import WriteOptions
@@ -136,6 +137,10 @@ class RowEncoder:
             fixed_props = encode_property_values(delivery_mode=self.default_mode)
             packer = enc.packer(fixed_props)
             append = enc.append
+            if keys is None:  # every row the same publish: packed a chunk at a time
+                yield from self._fixed_chunks(bodies, fixed_method, packer, fixed_props)
+                self.rows += n
+                return
         else:
             append_any = enc.append_any
             encode_props = self._row_properties
@@ -154,6 +159,30 @@ class RowEncoder:
                 out = bytearray()
                 count = 0
         self.rows += n
+        if count:
+            yield out, count
+
+    def _fixed_chunks(self, bodies: list[bytes], method: bytes, packer: ContentPacker,
+                      properties: bytes) -> Iterator[tuple[bytearray, int]]:
+        """``chunks`` when every row has the same method frame and properties."""
+        enc = self.encoder
+        out = bytearray()
+        count = 0
+        i = 0
+        n = len(bodies)
+        while i < n:
+            j = pack_publishes(out, method, enc.channel, properties, bodies, i, CHUNK_MESSAGES - count, CHUNK_BYTES,
+                               enc.max_inline_body)
+            count += j - i
+            i = j
+            if i < n and count < CHUNK_MESSAGES and len(out) < CHUNK_BYTES:  # empty or multi-frame body
+                enc.append(out, method, packer, properties, bodies[i])
+                i += 1
+                count += 1
+            if count >= CHUNK_MESSAGES or len(out) >= CHUNK_BYTES:
+                yield out, count
+                out = bytearray()
+                count = 0
         if count:
             yield out, count
 

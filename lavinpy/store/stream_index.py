@@ -24,7 +24,7 @@ import shutil
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -258,6 +258,34 @@ class StreamIndex:
             runs.append(_Run(segment, 1, 1, pos_offset(pos)))
         self.messages.incref(segment)
         return offset
+
+    def append_many(self, positions: Sequence[int]) -> int:
+        """``append`` for positions of one segment (a run stored by one call); returns the first's offset."""
+        if not positions:
+            return self._first + self._count
+        segment = pos_segment(positions[0])
+        first = self._first + self._count
+        taken = 0
+        while taken < len(positions):
+            tail = self._chunks[-1]
+            if len(tail) >= CHUNK_ENTRIES:
+                tail = array("Q")
+                self._chunks.append(tail)
+            room = CHUNK_ENTRIES - len(tail)
+            tail.extend(positions[taken:taken + room])
+            taken += room
+        self._pending.extend(positions)
+        n = len(positions)
+        self._count += n
+        runs = self._runs
+        if runs and runs[-1].segment == segment:
+            run = runs[-1]
+            run.count += n
+            run.refs += n
+        else:
+            runs.append(_Run(segment, n, n, pos_offset(positions[0])))
+        self.messages.incref(segment, n)
+        return first
 
     def get(self, offset: int) -> int | None:
         """The position at ``offset``; None outside the log or for a hole."""

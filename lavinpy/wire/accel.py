@@ -12,7 +12,7 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["COMPILED", "PURE_PYTHON_REQUESTED", "csocket", "cwire", "load"]
+__all__ = ["COMPILED", "PURE_PYTHON_REQUESTED", "cclient", "csocket", "cwire", "load"]
 
 PURE_PYTHON_REQUESTED: bool = os.environ.get("LAVINPY_PURE_PYTHON", "") == "1"
 
@@ -30,6 +30,8 @@ def load(name: str) -> ModuleType | None:
 cwire: ModuleType | None = load("lavinpy.wire._cwire")
 # SocketWriter: a connection's send() calls in a thread that never takes the GIL (the second core).
 csocket: ModuleType | None = load("lavinpy.wire._csocket")
+# The blocking clients' runs of publishes and deliveries (lavinpy.wire.client).
+cclient: ModuleType | None = load("lavinpy.wire._cclient")
 
 # True when the codec's compiled path runs.
 COMPILED: bool = cwire is not None

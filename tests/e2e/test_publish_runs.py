@@ -177,3 +177,46 @@ def test_runs_across_segment_rolls_survive_kill9(fresh_broker, tmp_path: Path):
     finally:
         conn.close()
     assert [body for _m, _p, body in got] == bodies
+
+
+def test_stream_run_offsets_in_hand_and_read_back(broker, clients):
+    """A run into a stream: a caught-up consumer takes its credit in hand, a consumer from `first` and
+    a later reader see every message once, in order, with consecutive x-stream-offset headers."""
+    q = clients.track_queue(uid("srun"))
+    conn = clients.connect()
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.basic_qos(prefetch_count=40)
+    live: list[tuple[int, int, bytes]] = []
+    ch.basic_consume(q, lambda _c, m, p, b: live.append((m.delivery_tag, p.headers["x-stream-offset"], b)),
+                     arguments={"x-stream-offset": "next"})
+    conn.process_data_events(0.2)
+    bodies = [f"s{i}".encode() * (i % 5 + 1) for i in range(5000)]  # more than one index chunk
+    with RawAMQP(broker.host, broker.port) as c:
+        c.handshake()
+        c.open_channel(1)
+        c.call(1, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        c.send_raw(run_bytes(1, "", q, bodies, PERSISTENT))
+        confirmed_upto(c, len(bodies))
+        conn.process_data_events(0.5)
+        assert len(live) == 40  # the prefetch window, taken in hand
+        ok = c.call(1, commands.Queue.Declare(queue=q, passive=True, durable=True,
+                                              arguments={"x-queue-type": "stream"}), commands.Queue.DeclareOk)
+        assert ok.message_count == len(bodies)
+    while len(live) < len(bodies):
+        ch.basic_ack(live[-1][0], multiple=True)
+        before = len(live)
+        conn.process_data_events(1.0)
+        assert len(live) > before, f"stuck at {before} deliveries"
+    assert [(o, b) for _t, o, b in live] == list(zip(range(1, len(bodies) + 1), bodies, strict=True))
+    ch2 = clients.connect().channel()
+    ch2.basic_qos(prefetch_count=1000)
+    again: list[tuple[int, bytes]] = []
+    ch2.basic_consume(q, lambda c2, m, p, b: (again.append((p.headers["x-stream-offset"], b)),
+                                              c2.basic_ack(m.delivery_tag)),
+                      arguments={"x-stream-offset": "first"})
+    deadline = 200
+    while len(again) < len(bodies) and deadline:
+        ch2.connection.process_data_events(0.1)
+        deadline -= 1
+    assert again == list(zip(range(1, len(bodies) + 1), bodies, strict=True))

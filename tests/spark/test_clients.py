@@ -199,3 +199,33 @@ def test_connection_drop_leaves_messages_unconfirmed_and_fails(tmp_path: Path) -
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+
+
+def test_stream_reader_offsets_and_properties_with_shared_blocks(broker, admin) -> None:
+    """Deliveries that share a property block (decoded once by the reader) each keep their own offset;
+    blocks that differ, carry a publisher's own x-stream-offset or a look-alike value read as published."""
+    import pika
+
+    from lavinpy.spark.streams import StreamClient
+
+    queue = unique("spark-s")
+    admin.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"})
+    look_alike = "\x0fx-stream-offsetl" + "\x00" * 7 + "\x09"
+    kinds = [
+        ({"k": "v"}, "text/plain"),
+        (None, None),
+        ({"x-stream-offset": 999, "other": "keep"}, None),
+        ({"s": look_alike}, "a"),
+    ]
+    for i in range(400):
+        headers, content_type = kinds[(i // 3) % len(kinds)]
+        admin.basic_publish("", queue, b"m%d" % i,
+                            pika.BasicProperties(headers=headers, content_type=content_type, message_id=str(i % 2)))
+    with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=50) as client:
+        got = list(client.read_range(1, 401))
+    assert [d.offset for d in got] == list(range(1, 401))
+    for i, d in enumerate(got):
+        headers, content_type = kinds[(i // 3) % len(kinds)]
+        expected = {k: v for k, v in (headers or {}).items() if k != "x-stream-offset"} or None
+        assert (d.body, d.properties[0], d.properties[2], d.properties[8]) == \
+            (b"m%d" % i, content_type, expected, str(i % 2))

@@ -219,3 +219,58 @@ def test_writer_deliver_agrees(channel: int, tag: str, delivery_tag: int, redeli
     assert writer.deliver is accel.cwire.deliver
     assert writer.deliver(*args) == writer.deliver_py(*args)
     assert writer.deliver(*args[:7], memoryview(body), frame_max) == writer.deliver_py(*args)
+
+
+# --- the blocking clients' runs (lavinpy.wire._cclient) ----------------------------------------------
+
+def outcome(fn: object, *args: object) -> object:
+    """A call's result, or its error's type and text."""
+    try:
+        return fn(*args)  # type: ignore[operator]
+    except Exception as err:  # noqa: BLE001 - compared, not handled
+        return type(err), str(err)
+
+
+bodies = st.lists(st.one_of(st.binary(max_size=90), st.binary(min_size=1, max_size=4).map(bytearray)), max_size=30)
+
+
+@AGREE
+@given(bodies, st.integers(0, 32), st.integers(0, 40), st.integers(0, 3000), st.sampled_from([1, 8, 60, 4096]),
+       channels, properties, st.binary(max_size=20))
+def test_client_pack_publishes_agree(items: list, start: int, max_count: int, max_bytes: int, max_inline: int,
+                                     channel: int, props: bytes, prefix: bytes) -> None:
+    method = client.publish_method_frame(channel, "ex", "rk", True)
+    args = (method, channel, props, items, start, max_count, max_bytes, max_inline)
+    out_c, out_py = bytearray(prefix), bytearray(prefix)
+    assert outcome(accel.cclient.pack_publishes, out_c, *args) == outcome(client._pack_publishes, out_py, *args)
+    assert out_c == out_py
+
+
+def delivery(channel: int, tag: str, delivery_tag: int, exchange: str, routing_key: str, props: bytes,
+             body: bytes) -> bytes:
+    return b"".join(writer.deliver(channel, tag, delivery_tag, False, exchange, routing_key, props, body, FRAME_MAX))
+
+
+deliveries = st.builds(delivery, st.integers(0, 2), names, st.integers(0, 2**64 - 1), names, names, properties,
+                       st.binary(max_size=200))
+# A name that is not UTF-8 (the names above always are): the Python twin raises for it.
+bad_name = writer.method_frame(1, commands.Basic.Deliver("t", 1, False, "", "q")).replace(b"\x01q", b"\x01\xff")
+delivery_streams = st.builds(
+    mutate,
+    st.lists(st.one_of(deliveries, deliveries, deliveries, st.just(bad_name + content(1, b"\x00\x00", b"x")),
+                       frames()), min_size=1, max_size=8).map(b"".join),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2))
+
+
+@AGREE
+@given(delivery_streams, st.integers(0, 2), st.integers(-1, 40), st.booleans())
+def test_client_scan_deliveries_agree(stream: bytes, channel: int, pos: int, as_bytearray: bool) -> None:
+    data = bytearray(stream) if as_bytearray else stream
+    assert outcome(client.scan_deliveries, data, channel, pos) == outcome(client._scan_deliveries, data, channel, pos)
+
+
+def test_client_scan_deliveries_reads_a_run() -> None:
+    stream = b"".join(delivery(1, "ct", i, "ex", f"k{i}", b"\x10\x00\x02", b"b%d" % i) for i in range(1, 4))
+    items, used = accel.cclient.scan_deliveries(stream + b"\x01\x00", 1, 0)[:2]
+    assert used == len(stream)
+    assert items == [(i, "ex", f"k{i}", b"\x10\x00\x02", b"b%d" % i) for i in range(1, 4)]
