@@ -176,7 +176,7 @@ def deliver_run(channel: int, consumer_tag: str, first_tag: int, redelivered: li
     exchange, routing_key, properties and body); ``redelivered`` None means all False."""
     frames: list[bytes] = []
     add = frames.extend
-    one = deliver
+    one = deliver_py
     tag = first_tag
     if redelivered is None:
         for msg in messages:
@@ -189,6 +189,12 @@ def deliver_run(channel: int, consumer_tag: str, first_tag: int, redelivered: li
                     msg.body, frame_max))
             tag += 1
     return frames
+
+
+deliver_run_py = deliver_run
+if cwire is not None:
+    # Consecutive common deliveries in one bytes object; the others through deliver_py.
+    deliver_run = cwire.deliver_run  # noqa: F811
 
 
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
