@@ -248,7 +248,7 @@ class Queue(QueueKind):
         channel as one run (one bookkeeping step and one output append per run)."""
         index = self.index
         channel = consumer.channel
-        read = self.vhost.store.messages.read
+        read_many = self.vhost.store.messages.read_many
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
         while budget and index.ready_count and not index.closed and channel.can_deliver():
@@ -263,7 +263,7 @@ class Queue(QueueKind):
             budget -= len(positions)
             redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
             try:
-                messages = [read(pos) for pos in positions]
+                messages = read_many(positions)
             except (CorruptRecord, KeyError):
                 positions, messages, redelivered = self._readable(positions, redelivered)
                 if not positions:

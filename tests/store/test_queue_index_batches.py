@@ -91,3 +91,16 @@ def test_ack_many_refuses_a_position_that_is_not_unacked(tmp_path: Path) -> None
     assert index.unacked_count == 0 and index.shift_many(5) == positions[2:]
     index.close()
     store.close()
+
+
+def test_read_many_reads_as_read_and_raises_as_read(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path, segment_size=4096)
+    store.open()
+    positions = [store.append("ex", f"rk{i}", b"\x00\x00", bytes([i]) * (i * 37 % 500 + 1)) for i in range(60)]
+    assert len({pos & 0xFFFFFFFF for pos in positions}) > 2  # the run crosses segments
+    order = positions[5:] + positions[:5]
+    assert store.read_many(order) == [store.read(pos) for pos in order]
+    outside = positions[-1] + (1000 << 32)  # past the valid data of the current segment
+    with pytest.raises(KeyError):
+        store.read_many([positions[0], outside])
+    store.close()
