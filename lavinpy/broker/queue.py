@@ -137,34 +137,54 @@ class Queue(QueueKind):
         handed = 0
         if consumers and not index.ready_count:
             count = len(positions)
-            messages = run.messages(first, count)
-            only = next(iter(consumers)) if len(consumers) == 1 else None  # no round robin to keep
-            while handed < count:  # as push(): straight to consumers with capacity, nothing read back
-                if only is None:
+            if len(consumers) == 1:  # no round robin to keep: as many as its windows allow, as one run
+                handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first)
+            else:
+                messages = run.messages(first, count)
+                while handed < count:  # as push(): straight to consumers with capacity, nothing read back
                     consumer = consumers.next_ready()
                     if consumer is None:
                         break
-                elif only.can_accept():
-                    consumer = only
-                else:
-                    break
-                self._recovered_left = 0
-                pos = positions[handed]
-                message = messages[handed]
-                handed += 1
-                if consumer.no_ack:
+                    self._recovered_left = 0
+                    pos = positions[handed]
+                    message = messages[handed]
+                    handed += 1
+                    if consumer.no_ack:
+                        consumer.channel.deliver(consumer, pos, message, False)
+                        continue
+                    index.push(pos, persistent)
+                    index.shift()
                     consumer.channel.deliver(consumer, pos, message, False)
-                    continue
-                index.push(pos, persistent)
-                index.shift()
-                consumer.channel.deliver(consumer, pos, message, False)
-                consumer.unacked += 1
+                    consumer.unacked += 1
             if handed == count:
                 return
             positions = positions[handed:]
         index.push_many(positions, persistent)
         if consumers:
             self.vhost.schedule_delivery(self)
+
+    def _hand_run(self, consumer: Consumer, positions: Sequence[int], persistent: bool, run: PublishRun,
+                  first: int) -> int:
+        """The head of a published run straight to the queue's one consumer (nothing is ready), as
+        many as both prefetch windows allow; returns how many it took."""
+        channel = consumer.channel
+        if not channel.can_deliver():
+            return 0
+        count = min(len(positions), channel.delivery_room())
+        if not consumer.no_ack and consumer.prefetch:
+            count = min(count, consumer.prefetch - consumer.unacked)
+        if count <= 0:
+            return 0
+        self._recovered_left = 0
+        messages = run.messages(first, count)
+        if consumer.no_ack:  # delivered and settled at once: the index would only add and remove them
+            channel.deliver_run(consumer, list(positions[:count]), messages, None)
+            return count
+        index = self.index
+        index.push_many(positions[:count], persistent)
+        channel.deliver_run(consumer, index.shift_many(count), messages, None)
+        consumer.unacked += count
+        return count
 
     # --- messages out -------------------------------------------------------------------------
     def shift(self) -> tuple[int, bool] | None:

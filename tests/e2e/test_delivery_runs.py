@@ -6,6 +6,8 @@ from __future__ import annotations
 import pika
 
 from . import settle, uid, wait_until
+from .rawamqp import RawAMQP, commands
+from .test_publish_runs import PERSISTENT, confirmed_upto, run_bytes
 
 
 def _fill(ch, n: int, durable: bool = True) -> str:
@@ -119,4 +121,33 @@ def test_autoack_runs_remove_messages_in_order(clients) -> None:
     assert wait_until(conn, lambda: len(got) >= 2000)
     assert [b for _, b in got] == [str(i).encode() for i in range(2000)]
     assert ch.queue_declare(q, passive=True).method.message_count == 0
+    ch.queue_delete(q)
+
+
+def test_a_published_run_goes_to_a_waiting_consumer_up_to_its_prefetch(broker, clients) -> None:
+    # One write of 300 publishes reaches the queue as a run; its head goes straight to the waiting
+    # consumer (prefetch 40), the rest waits in the queue for acks.
+    conn, ch = clients.channel()
+    q = ch.queue_declare(uid("runs"), durable=True).method.queue
+    ch.basic_qos(prefetch_count=40)
+    got = _collector(ch, q)
+    settle(conn, 0.2)
+    bodies = [f"m{i}".encode() for i in range(300)]
+    with RawAMQP(broker.host, broker.port) as c:
+        c.handshake()
+        c.open_channel(1)
+        c.call(1, commands.Confirm.Select(), commands.Confirm.SelectOk)
+        c.send_raw(run_bytes(1, "", q, bodies, PERSISTENT))
+        confirmed_upto(c, len(bodies))
+    assert wait_until(conn, lambda: len(got) >= 40)
+    settle(conn, 0.3)
+    assert len(got) == 40
+    assert ch.queue_declare(q, passive=True).method.message_count == 260
+    while len(got) < 300:
+        ch.basic_ack(got[-1][0].delivery_tag, multiple=True)
+        upto = len(got) + 40
+        assert wait_until(conn, lambda upto=upto: len(got) >= min(upto, 300))
+    ch.basic_ack(0, multiple=True)
+    assert [b for _, b in got] == bodies
+    assert [m.delivery_tag for m, _ in got] == list(range(1, 301))
     ch.queue_delete(q)
