@@ -31,7 +31,7 @@ from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, ChannelMethods
 from .confirms import ConfirmsAndTx
 from .content import ContentAssembly, release_bodies
 from .log import channel_close_log
-from .unacked import Unacked
+from .unacked import Unacked, unacked_run
 
 if TYPE_CHECKING:
     from ..broker.consumer import Consumer
@@ -266,6 +266,31 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         self.conn.send_many(writer.deliver(self.id, consumer.tag, tag, redelivered, msg.exchange,
                                            msg.routing_key, msg.properties, msg.body, self.conn.frame_max))
 
+    def delivery_room(self) -> int:
+        """How many more deliveries the channel-wide prefetch (basic.qos global) allows now."""
+        if not self.global_prefetch:
+            return 1 << 30
+        return self.global_prefetch - len(self.unacked)
+
+    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
+                    redelivered: list[bool] | None) -> None:
+        """``deliver`` for several messages of the consumer's queue: the bookkeeping once per run,
+        the frames in one list. ``redelivered`` None means none is a redelivery."""
+        count = len(positions)
+        first = self.delivery_tag + 1
+        self.delivery_tag += count
+        queue = consumer.queue
+        stats = queue.stats
+        if not consumer.no_ack:
+            self.unacked.update(zip(range(first, first + count), unacked_run(queue, positions, consumer), strict=True))
+            stats.deliver += count
+        else:
+            stats.deliver_no_ack += count
+        if redelivered is not None:
+            stats.redeliver += sum(redelivered)
+        conn = self.conn
+        conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))
+
     def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> None:
         """Direct reply-to: a reply goes straight to the requester, never through a queue."""
         self.delivery_tag += 1
@@ -303,15 +328,15 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
 
     def _settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
         """requeue None = ack; True = back to the queue; False = drop (dead-lettered later)."""
+        if requeue is None:
+            self._settle_acks(items)
+            return
         touched = set()
         for _tag, item in items:
             if item.consumer is not None:
                 item.consumer.unacked -= 1
             if requeue:
                 item.queue.requeue(item.pos)
-            elif requeue is None:
-                item.queue.ack(item.pos)
-                item.queue.stats.ack += 1
             else:
                 item.queue.reject(item.pos)
                 item.queue.stats.reject += 1  # dead-lettered (reason rejected) when the queue has a DLX
@@ -321,6 +346,49 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                 self.vhost.schedule_delivery(queue)
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)
+
+    def _settle_acks(self, items: list[tuple[int, Unacked]]) -> None:
+        """Acks, a run of deliveries of one queue at a time (one ack_many per run)."""
+        touched = []
+        run_queue = None
+        run: list[int] = []
+        for _tag, (queue, pos, consumer) in items:
+            if consumer is not None:
+                consumer.unacked -= 1
+            if queue is not run_queue:
+                if run:
+                    run_queue.ack_many(run)  # type: ignore[union-attr]
+                    run_queue.stats.ack += len(run)  # type: ignore[union-attr]
+                run_queue = queue
+                run = []
+                if queue not in touched:
+                    touched.append(queue)
+            run.append(pos)
+        if run:
+            run_queue.ack_many(run)  # type: ignore[union-attr]
+            run_queue.stats.ack += len(run)  # type: ignore[union-attr]
+        for queue in touched:
+            if queue.consumers:
+                self.vhost.schedule_delivery(queue)
+        if self.global_prefetch:
+            self.conn.schedule_channel_deliveries(self)
+
+    def _ack_one(self, delivery_tag: int) -> bool:
+        """basic.ack of one delivery outside a transaction, without the lists; False if the tag is
+        not unacked (the general path then raises the error)."""
+        item = self.unacked.pop(delivery_tag, None)
+        if item is None:
+            return False
+        queue, pos, consumer = item
+        if consumer is not None:
+            consumer.unacked -= 1
+        queue.ack(pos)
+        queue.stats.ack += 1
+        if queue.consumers:
+            self.vhost.schedule_delivery(queue)
+        if self.global_prefetch:
+            self.conn.schedule_channel_deliveries(self)
+        return True
 
     def _ack(self, kind: str, delivery_tag: int, multiple: bool, requeue: bool) -> None:
         items = self._take_unacked(delivery_tag, multiple)
@@ -337,7 +405,8 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             self.on_publish(method)
             return
         if isinstance(method, Ack):
-            self._ack("ack", method.delivery_tag, method.multiple, False)
+            if method.multiple or self.tx or not self._ack_one(method.delivery_tag):
+                self._ack("ack", method.delivery_tag, method.multiple, False)
             return
         if isinstance(method, Nack):
             self._ack("nack", method.delivery_tag, method.multiple, method.requeue)

@@ -16,6 +16,13 @@ class ConsumerChannel(Protocol):
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None: ...
 
+    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
+                    redelivered: list[bool] | None) -> None: ...
+
+    def delivery_room(self) -> int:
+        """Deliveries the channel-wide prefetch still allows (a large number without one)."""
+        ...
+
     def consumer_cancelled(self, consumer: Consumer) -> None: ...
 
 

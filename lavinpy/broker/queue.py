@@ -137,34 +137,54 @@ class Queue(QueueKind):
         handed = 0
         if consumers and not index.ready_count:
             count = len(positions)
-            messages = run.messages(first, count)
-            only = next(iter(consumers)) if len(consumers) == 1 else None  # no round robin to keep
-            while handed < count:  # as push(): straight to consumers with capacity, nothing read back
-                if only is None:
+            if len(consumers) == 1:  # no round robin to keep: as many as its windows allow, as one run
+                handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first)
+            else:
+                messages = run.messages(first, count)
+                while handed < count:  # as push(): straight to consumers with capacity, nothing read back
                     consumer = consumers.next_ready()
                     if consumer is None:
                         break
-                elif only.can_accept():
-                    consumer = only
-                else:
-                    break
-                self._recovered_left = 0
-                pos = positions[handed]
-                message = messages[handed]
-                handed += 1
-                if consumer.no_ack:
+                    self._recovered_left = 0
+                    pos = positions[handed]
+                    message = messages[handed]
+                    handed += 1
+                    if consumer.no_ack:
+                        consumer.channel.deliver(consumer, pos, message, False)
+                        continue
+                    index.push(pos, persistent)
+                    index.shift()
                     consumer.channel.deliver(consumer, pos, message, False)
-                    continue
-                index.push(pos, persistent)
-                index.shift()
-                consumer.channel.deliver(consumer, pos, message, False)
-                consumer.unacked += 1
+                    consumer.unacked += 1
             if handed == count:
                 return
             positions = positions[handed:]
         index.push_many(positions, persistent)
         if consumers:
             self.vhost.schedule_delivery(self)
+
+    def _hand_run(self, consumer: Consumer, positions: Sequence[int], persistent: bool, run: PublishRun,
+                  first: int) -> int:
+        """The head of a published run straight to the queue's one consumer (nothing is ready), as
+        many as both prefetch windows allow; returns how many it took."""
+        channel = consumer.channel
+        if not channel.can_deliver():
+            return 0
+        count = min(len(positions), channel.delivery_room())
+        if not consumer.no_ack and consumer.prefetch:
+            count = min(count, consumer.prefetch - consumer.unacked)
+        if count <= 0:
+            return 0
+        self._recovered_left = 0
+        messages = run.messages(first, count)
+        if consumer.no_ack:  # delivered and settled at once: the index would only add and remove them
+            channel.deliver_run(consumer, list(positions[:count]), messages, None)
+            return count
+        index = self.index
+        index.push_many(positions[:count], persistent)
+        channel.deliver_run(consumer, index.shift_many(count), messages, None)
+        consumer.unacked += count
+        return count
 
     # --- messages out -------------------------------------------------------------------------
     def shift(self) -> tuple[int, bool] | None:
@@ -243,36 +263,68 @@ class Queue(QueueKind):
         return budget == 0
 
     def _deliver_to(self, consumer: Consumer, budget: int) -> bool:
-        """``deliver`` with one consumer and no features: the same steps with the lookups done once
-        (no round robin to keep, the record read straight from the store)."""
+        """``deliver`` with one consumer and no features, a run at a time: as many positions as the
+        budget and both prefetch windows allow leave the index in one call, are read, and go to the
+        channel as one run (one bookkeeping step and one output append per run)."""
         index = self.index
         channel = consumer.channel
-        can_deliver = channel.can_deliver
-        deliver = channel.deliver
-        read = self.vhost.store.messages.read
-        shift = self.shift
+        read_many = self.vhost.store.messages.read_many
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
-        while budget and index.ready_count and not index.closed and can_deliver():
-            if prefetch and consumer.unacked >= prefetch:
+        while budget and index.ready_count and not index.closed and channel.can_deliver():
+            count = min(budget, index.ready_count, channel.delivery_room())
+            if prefetch:
+                count = min(count, prefetch - consumer.unacked)
+            if count <= 0:
                 break
-            shifted = shift()
-            if shifted is None:
+            positions = index.shift_many(count)
+            if not positions:
                 break
-            pos, redelivered = shifted
+            budget -= len(positions)
+            redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
             try:
-                msg = read(pos)
-            except (CorruptRecord, KeyError) as e:  # as QueueKind.read: reported, removed, the rest goes on
-                self.report_damaged(pos, e)
-                index.ack(pos)
-                continue
-            deliver(consumer, pos, msg, redelivered)
+                messages = read_many(positions)
+            except (CorruptRecord, KeyError):
+                positions, messages, redelivered = self._readable(positions, redelivered)
+                if not positions:
+                    continue
+            channel.deliver_run(consumer, positions, messages, redelivered)
             if no_ack:
-                index.ack(pos)
+                index.ack_many(positions)
             else:
-                consumer.unacked += 1
-            budget -= 1
+                consumer.unacked += len(positions)
         return budget == 0
+
+    def _redelivered_flags(self, positions: list[int]) -> list[bool]:
+        """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
+        flags = []
+        again = self._redelivered
+        for pos in positions:
+            if pos in again:
+                again.discard(pos)
+                flags.append(True)
+            elif self._recovered_left:
+                self._recovered_left -= 1
+                flags.append(True)
+            else:
+                flags.append(False)
+        return flags
+
+    def _readable(self, positions: list[int], redelivered: list[bool] | None
+                  ) -> tuple[list[int], list[StoredMessage], list[bool] | None]:
+        """A run with damaged records: those are reported and removed (as ``read``), the rest kept."""
+        kept: list[int] = []
+        messages: list[StoredMessage] = []
+        flags: list[bool] = []
+        for i, pos in enumerate(positions):
+            msg = self.read(pos)
+            if msg is None:
+                self.index.ack(pos)
+                continue
+            kept.append(pos)
+            messages.append(msg)
+            flags.append(redelivered[i] if redelivered is not None else False)
+        return kept, messages, flags if redelivered is not None else None
 
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
@@ -282,6 +334,16 @@ class Queue(QueueKind):
             self.features.remove(pos)  # delivery counts are kept only while special
         else:
             self.index.ack(pos)
+
+    def ack_many(self, positions: list[int]) -> None:
+        if self.deleted:
+            return
+        if self.special:
+            remove = self.features.remove
+            for pos in positions:
+                remove(pos)
+        else:
+            self.index.ack_many(positions)
 
     def requeue(self, pos: int) -> None:
         if self.deleted:

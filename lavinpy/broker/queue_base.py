@@ -116,6 +116,11 @@ class QueueKind(ABC):
     def ack(self, pos: int) -> None:
         """A delivered message was acknowledged."""
 
+    def ack_many(self, positions: list[int]) -> None:
+        """``ack`` for several deliveries of this queue (basic.ack multiple=true)."""
+        for pos in positions:
+            self.ack(pos)
+
     @abstractmethod
     def requeue(self, pos: int) -> None:
         """A delivered message comes back (nack/reject with requeue, closed channel)."""

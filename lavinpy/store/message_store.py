@@ -234,6 +234,28 @@ class MessageStore:
         except CorruptRecord as exc:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
 
+    def read_many(self, positions: list[int]) -> list[StoredMessage]:
+        """``read`` for a run of positions (a delivery run), the lookups done once per segment;
+        the first missing or damaged one raises as ``read`` does."""
+        messages = []
+        add = messages.append
+        segment_id = -1
+        view = size = end = 0
+        for pos in positions:
+            if pos & SEGMENT_MASK != segment_id or not DATA_START <= pos >> OFFSET_SHIFT < end:
+                # another segment, or an offset to check: read() says what is wrong, if anything
+                add(self.read(pos))
+                segment_id = pos & SEGMENT_MASK
+                segment = self._segments[segment_id]
+                view, size = segment.view, segment.size
+                end = self._wpos if segment_id == self._cur_id else self._ends[segment_id]
+                continue
+            try:
+                add(read_record(view, pos >> OFFSET_SHIFT, size)[0])
+            except CorruptRecord:
+                add(self.read(pos))  # raises with the segment's name
+        return messages
+
     def salvage(self, pos: int) -> StoredMessage | None:
         """A damaged record's fields without the CRC check, if its layout still adds up; else None."""
         segment = self._segments.get(pos_segment(pos))

@@ -298,6 +298,62 @@ class QueueIndex:
         self._unacked.add(pos)
         return pos
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # An index kind with its own shift/ack (priorities, delayed) gets the batch forms as loops
+        # over them, so a batch never bypasses its bookkeeping.
+        super().__init_subclass__(**kwargs)
+        if cls.shift is not QueueIndex.shift and cls.shift_many is QueueIndex.shift_many:
+            cls.shift_many = QueueIndex._shift_each  # type: ignore[method-assign]
+        if cls.ack is not QueueIndex.ack and cls.ack_many is QueueIndex.ack_many:
+            cls.ack_many = QueueIndex._ack_each  # type: ignore[method-assign]
+
+    def _shift_each(self, count: int) -> list[int]:
+        shift = self.shift
+        taken = []
+        for _ in range(count):
+            pos = shift()
+            if pos is None:
+                break
+            taken.append(pos)
+        return taken
+
+    def _ack_each(self, positions: list[int]) -> None:
+        for pos in positions:
+            self.ack(pos)
+
+    def shift_many(self, count: int) -> list[int]:
+        """``shift`` up to ``count`` times in one call: the next ready positions, now unacked."""
+        if self._requeued:
+            return self._shift_each(count)
+        count = min(count, self._ready_count)
+        ready_shift = self._ready.shift
+        taken = [ready_shift() for _ in range(count)]
+        self._ready_count -= count
+        self._unacked.update(taken)
+        return taken
+
+    def ack_many(self, positions: list[int]) -> None:
+        """``ack`` for many unacked positions: one reference-count update per segment."""
+        unacked = self._unacked
+        if not unacked.issuperset(positions):
+            for pos in positions:
+                if pos not in unacked:
+                    raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
+        unacked.difference_update(positions)
+        removed = array("Q", positions)
+        pending = self._ack_pending
+        if pending is not None:
+            transient = self._transient
+            if transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry
+                pending.extend(array("Q", [pos for pos in positions if pos not in transient]))
+                transient.difference_update(positions)
+            else:
+                pending.extend(removed)
+            if self._ack_file_full():
+                self.compact()
+        for segment, n in _segment_counts(removed).items():
+            self._decref(segment, n)
+
     def ack(self, pos: int) -> None:
         """Remove an unacked message for good (ack, reject, expiry, dead-lettering...)."""
         try:

@@ -500,6 +500,172 @@ cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* deliver_run(channel, consumer_tag, first_tag, redelivered, messages, frame_max) -> [bytes]
+ *
+ * writer.deliver for a run of deliveries with consecutive tags from first_tag; messages is a list of
+ * (timestamp, exchange, routing_key, properties, body) tuples and redelivered None (all false) or a
+ * list of flags. Consecutive common deliveries (as in deliver) are built into one bytes object; any
+ * other goes to the fallback given to init_deliver and its frames are appended in order. */
+
+/* The cached deliver parts of one message, or NULL (borrowed; *err set on an error). The previous
+ * message's names are reused when exchange and routing key are equal. */
+static PyObject *
+run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *msg, PyObject **last_ex, PyObject **last_rk,
+          PyObject **last_parts, int *err)
+{
+    if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) < 5)
+        return NULL;
+    PyObject *ex = PyTuple_GET_ITEM(msg, 1), *rk = PyTuple_GET_ITEM(msg, 2);
+    if (!PyUnicode_CheckExact(ex) || !PyUnicode_CheckExact(rk))
+        return NULL;
+    if (*last_parts != NULL && (ex == *last_ex || PyUnicode_Compare(ex, *last_ex) == 0)
+        && (rk == *last_rk || PyUnicode_Compare(rk, *last_rk) == 0))
+        return *last_parts;
+    PyObject *key = PyTuple_Pack(4, channel, consumer_tag, ex, rk);
+    if (key == NULL) {
+        *err = 1;
+        return NULL;
+    }
+    PyObject *parts = PyDict_GetItemWithError(deliver_parts_cache, key);
+    Py_DECREF(key);
+    if (parts == NULL) {
+        if (PyErr_Occurred())
+            *err = 1;
+        return NULL;
+    }
+    if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(parts, 0))
+        || !PyBytes_Check(PyTuple_GET_ITEM(parts, 1)))
+        return NULL;
+    *last_ex = ex; *last_rk = rk; *last_parts = parts;
+    return parts;
+}
+
+static PyObject *
+cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || deliver_parts_cache == NULL) {
+        PyErr_SetString(PyExc_TypeError, "deliver_run takes 6 arguments (after init_deliver)");
+        return NULL;
+    }
+    PyObject *channel_obj = args[0], *consumer_tag = args[1], *flags = args[3], *messages = args[4];
+    if (!PyList_CheckExact(messages) || (flags != Py_None && !PyList_CheckExact(flags))) {
+        PyErr_SetString(PyExc_TypeError, "deliver_run: messages and redelivered must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(messages);
+    if (flags != Py_None && PyList_GET_SIZE(flags) != n) {
+        PyErr_SetString(PyExc_ValueError, "deliver_run: one redelivered flag per message");
+        return NULL;
+    }
+    long channel = PyLong_AsLong(channel_obj);
+    unsigned long long first_tag = PyLong_AsUnsignedLongLong(args[2]);
+    Py_ssize_t frame_max = PyLong_AsSsize_t(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    PyObject *last_ex = NULL, *last_rk = NULL, *last_parts = NULL;
+    int err = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        /* pass 1: the common deliveries from i on, and their size */
+        Py_ssize_t j = i, total = 0;
+        for (; j < n; j++) {
+            PyObject *msg = PyList_GET_ITEM(messages, j);
+            PyObject *parts = run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
+            if (err)
+                goto error;
+            if (parts == NULL)
+                break;
+            PyObject *props = PyTuple_GET_ITEM(msg, 3), *body = PyTuple_GET_ITEM(msg, 4);
+            if (!PyBytes_Check(props) || !PyBytes_Check(body))
+                break;
+            Py_ssize_t size = PyBytes_GET_SIZE(body);
+            if (size == 0 || size > frame_max - 8)
+                break;
+            total += PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, 0)) + 9 + PyBytes_GET_SIZE(PyTuple_GET_ITEM(parts, 1))
+                     + 1 + 7 + 12 + PyBytes_GET_SIZE(props) + 1 + 7 + size + 1;
+        }
+        if (j > i) {
+            /* pass 2: those deliveries into one bytes object (the parts are looked up again: the
+             * cache cannot change in between, no Python code runs) */
+            PyObject *chunk = PyBytes_FromStringAndSize(NULL, total);
+            if (chunk == NULL)
+                goto error;
+            unsigned char *p = (unsigned char *)PyBytes_AS_STRING(chunk);
+            for (Py_ssize_t k = i; k < j; k++) {
+                PyObject *msg = PyList_GET_ITEM(messages, k);
+                PyObject *parts = run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
+                if (parts == NULL) {
+                    if (!err)
+                        PyErr_SetString(PyExc_RuntimeError, "deliver_run: the deliver parts changed");
+                    Py_DECREF(chunk);
+                    goto error;
+                }
+                int again = 0;
+                if (flags != Py_None) {
+                    again = PyObject_IsTrue(PyList_GET_ITEM(flags, k));
+                    if (again < 0) {
+                        Py_DECREF(chunk);
+                        goto error;
+                    }
+                }
+                PyObject *head = PyTuple_GET_ITEM(parts, 0), *names = PyTuple_GET_ITEM(parts, 1);
+                PyObject *props = PyTuple_GET_ITEM(msg, 3), *body = PyTuple_GET_ITEM(msg, 4);
+                Py_ssize_t head_len = PyBytes_GET_SIZE(head), names_len = PyBytes_GET_SIZE(names);
+                Py_ssize_t props_len = PyBytes_GET_SIZE(props), size = PyBytes_GET_SIZE(body);
+                memcpy(p, PyBytes_AS_STRING(head), head_len); p += head_len;
+                wr64(p, first_tag + (unsigned long long)k); p[8] = again ? 1 : 0; p += 9;
+                memcpy(p, PyBytes_AS_STRING(names), names_len); p += names_len;
+                *p++ = FRAME_END;
+                *p++ = 2; wr16(p, (uint32_t)channel); wr32(p + 2, (uint32_t)(12 + props_len)); p += 6;
+                wr16(p, 60); wr16(p + 2, 0); wr64(p + 4, (uint64_t)size); p += 12;
+                memcpy(p, PyBytes_AS_STRING(props), props_len); p += props_len;
+                *p++ = FRAME_END;
+                *p++ = 3; wr16(p, (uint32_t)channel); wr32(p + 2, (uint32_t)size); p += 6;
+                memcpy(p, PyBytes_AS_STRING(body), size); p += size;
+                *p++ = FRAME_END;
+            }
+            int failed = PyList_Append(out, chunk);
+            Py_DECREF(chunk);
+            if (failed)
+                goto error;
+        }
+        if (j < n) {
+            /* one delivery the fallback builds (it also fills the parts cache for the next ones) */
+            PyObject *msg = PyList_GET_ITEM(messages, j);
+            if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) < 5) {
+                PyErr_SetString(PyExc_TypeError, "deliver_run: messages must be StoredMessage tuples");
+                goto error;
+            }
+            PyObject *tag = PyLong_FromUnsignedLongLong(first_tag + (unsigned long long)j);
+            if (tag == NULL)
+                goto error;
+            PyObject *again = flags == Py_None ? Py_False : PyList_GET_ITEM(flags, j);
+            PyObject *call[9] = {channel_obj, consumer_tag, tag, again, PyTuple_GET_ITEM(msg, 1),
+                                 PyTuple_GET_ITEM(msg, 2), PyTuple_GET_ITEM(msg, 3), PyTuple_GET_ITEM(msg, 4),
+                                 args[5]};
+            PyObject *frames = PyObject_Vectorcall(deliver_fallback, call, 9, NULL);
+            Py_DECREF(tag);
+            if (frames == NULL)
+                goto error;
+            Py_ssize_t end = PyList_GET_SIZE(out);
+            int failed = PyList_SetSlice(out, end, end, frames);
+            Py_DECREF(frames);
+            if (failed)
+                goto error;
+            last_parts = NULL;  /* the fallback may have cleared the cache */
+            j++;
+        }
+        i = j;
+    }
+    return out;
+error:
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ack_frame(index, channel, delivery_tag, bits) -> bytes: a basic.ack / basic.nack frame. */
 static PyObject *
 cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -531,6 +697,8 @@ static PyMethodDef cwire_methods[] = {
     {"init_deliver", cwire_init_deliver, METH_VARARGS, "init_deliver(parts_cache, fallback)"},
     {"deliver", (PyCFunction)(void (*)(void))cwire_deliver, METH_FASTCALL,
      "writer.deliver: basic.deliver + header + body frames"},
+    {"deliver_run", (PyCFunction)(void (*)(void))cwire_deliver_run, METH_FASTCALL,
+     "writer.deliver_run: the frames of a run of deliveries"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},
     {NULL, NULL, 0, NULL},

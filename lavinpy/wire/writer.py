@@ -170,6 +170,33 @@ if cwire is not None:
     deliver = cwire.deliver  # noqa: F811
 
 
+def deliver_run(channel: int, consumer_tag: str, first_tag: int, redelivered: list[bool] | None,
+                messages: list, frame_max: int) -> list[bytes]:
+    """``deliver`` for consecutive delivery tags from ``first_tag``, one message each (objects with
+    exchange, routing_key, properties and body); ``redelivered`` None means all False."""
+    frames: list[bytes] = []
+    add = frames.extend
+    one = deliver_py
+    tag = first_tag
+    if redelivered is None:
+        for msg in messages:
+            add(one(channel, consumer_tag, tag, False, msg.exchange, msg.routing_key, msg.properties,
+                    msg.body, frame_max))
+            tag += 1
+    else:
+        for msg, again in zip(messages, redelivered, strict=True):
+            add(one(channel, consumer_tag, tag, again, msg.exchange, msg.routing_key, msg.properties,
+                    msg.body, frame_max))
+            tag += 1
+    return frames
+
+
+deliver_run_py = deliver_run
+if cwire is not None:
+    # Consecutive common deliveries in one bytes object; the others through deliver_py.
+    deliver_run = cwire.deliver_run  # noqa: F811
+
+
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
            message_count: int, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes]:
     """basic.get-ok + content header + body frames."""

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
+from lavinpy.store.record import StoredMessage
 from lavinpy.wire import accel, client, reader, writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
@@ -274,3 +275,30 @@ def test_client_scan_deliveries_reads_a_run() -> None:
     items, used = accel.cclient.scan_deliveries(stream + b"\x01\x00", 1, 0)[:2]
     assert used == len(stream)
     assert items == [(i, "ex", f"k{i}", b"\x10\x00\x02", b"b%d" % i) for i in range(1, 4)]
+
+
+run_messages = st.lists(
+    st.tuples(st.sampled_from(["", "amq.direct", "x"]), st.sampled_from(["q", "rk", ""]), properties,
+              st.one_of(st.binary(max_size=400), st.binary(max_size=20).map(memoryview))),
+    max_size=12)
+
+
+@AGREE
+@given(channels, names, st.integers(1, 2**62), run_messages, st.booleans(), st.data(),
+       st.sampled_from([64, 300, FRAME_MAX]), st.booleans())
+def test_deliver_runs_agree(channel: int, tag: str, first_tag: int, messages: list, flagged: bool,
+                            data: st.DataObject, frame_max: int, clear: bool) -> None:
+    # Runs mixing common deliveries with the fallback's (cache misses, empty, memoryview and
+    # multi-frame bodies): the same bytes in the same order, tags counted from first_tag.
+    if clear:
+        writer._deliver_parts_cache.clear()
+    stored = [StoredMessage(0, exchange, key, props, body) for exchange, key, props, body in messages]
+    flags = data.draw(st.lists(st.booleans(), min_size=len(stored), max_size=len(stored))) if flagged else None
+    assert writer.deliver_run is accel.cwire.deliver_run
+    compiled = writer.deliver_run(channel, tag, first_tag, flags, stored, frame_max)
+    pure = writer.deliver_run_py(channel, tag, first_tag, flags, stored, frame_max)
+    assert b"".join(compiled) == b"".join(pure)
+    assert b"".join(pure) == b"".join(
+        b"".join(writer.deliver_py(channel, tag, first_tag + i, bool(flags and flags[i]), m.exchange,
+                                   m.routing_key, m.properties, m.body, frame_max))
+        for i, m in enumerate(stored))
