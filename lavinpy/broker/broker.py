@@ -102,6 +102,12 @@ class Broker:
         for vhost in self.vhosts.values():
             vhost.store.barrier = barrier
 
+    async def wait_replicated(self) -> None:
+        """Resolve once every in-sync follower holds what was written before the call (at once when
+        this broker leads no cluster): the HTTP API's changes wait for it as AMQP's -ok replies do."""
+        if self._replication_barrier is not None:
+            await self._replication_barrier.wait_replicated()
+
     def _users_changed(self) -> None:
         # Channels keep the exchange they last published to, permission-checked; a new vhost
         # generation makes them resolve and check it again on their next publish.

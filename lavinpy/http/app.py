@@ -76,6 +76,18 @@ async def _authentication(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+# Requests that change something: their reply waits until every in-sync follower has the change.
+CHANGING_METHODS = frozenset({"PUT", "POST", "DELETE"})
+
+
+@web.middleware
+async def _replicated(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    if request.method in CHANGING_METHODS and response.status < 400:
+        await request.app[BROKER].wait_replicated()
+    return response
+
+
 def json_reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
@@ -84,7 +96,7 @@ def make_app(broker: Broker, sessions: SessionLayer,
              cluster_nodes: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
     """The management application for one broker (its route modules registered); ``cluster_nodes``:
     the cluster's nodes with their roles, when the broker leads a cluster."""
-    app = web.Application(middlewares=[proxied_remote, _errors, _authentication],
+    app = web.Application(middlewares=[proxied_remote, _errors, _authentication, _replicated],
                           client_max_size=broker.config.max_message_size)
     app[BROKER] = broker
     app[SESSIONS] = sessions

@@ -260,3 +260,38 @@ def test_tx_commit_ok_waits_for_the_follower(leader: Leader, tmp_path: Path) -> 
         connection.close()
     finally:
         stop_process(follower)
+
+
+def test_http_api_changes_wait_for_the_follower(tmp_path: Path) -> None:
+    # The management API's declares reply as AMQP's declare-ok does: once the follower has the change.
+    import urllib.request
+
+    from .replication_harness import free_port
+
+    http_port = free_port()
+    node = Leader(tmp_path / "leader", http_port=http_port).start()
+    follower_dir = tmp_path / "follower"
+    follower = start_follower(follower_dir, node.replication.port)
+
+    def put_queue(name: str) -> float:
+        request = urllib.request.Request(f"http://127.0.0.1:{http_port}/api/queues/%2F/{name}", method="PUT",
+                                         data=b'{"durable": true}', headers={"content-type": "application/json"})
+        password = urllib.request.HTTPPasswordMgrWithDefaultRealm()
+        password.add_password(None, f"http://127.0.0.1:{http_port}/", "guest", "guest")
+        opener = urllib.request.build_opener(urllib.request.HTTPBasicAuthHandler(password))
+        started = time.monotonic()
+        with opener.open(request, timeout=30) as reply:
+            assert reply.status in (201, 204)
+        return time.monotonic() - started
+
+    try:
+        node.wait_caught_up("follower")
+        assert put_queue("http-before") < 2
+        assert b"http-before" in next(follower_dir.rglob("definitions.amqp")).read_bytes()
+        os.kill(follower.pid, signal.SIGSTOP)
+        took = put_queue("http-while-stopped")
+        assert took > 2.5, f"PUT answered after {took:.2f} s, before the follower was dropped"
+        assert node.isr.writes[-1][1] == ["leader"]
+    finally:
+        stop_process(follower)
+        node.stop()
