@@ -8,10 +8,10 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("lavinpy.wire._cwire", ["lavinpy/wire/_cwire.c"], optional=True,
-                  extra_compile_args=["-O2"]),
-        Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c"], optional=True,
-                  extra_compile_args=["-O2"]),
+        Extension("lavinpy.wire._cwire", ["lavinpy/wire/_cwire.c"], depends=["lavinpy/wire/_bytes.h"],
+                  optional=True, extra_compile_args=["-O2"]),
+        Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c"], depends=["lavinpy/wire/_bytes.h"],
+                  optional=True, extra_compile_args=["-O2"]),
         # POSIX threads and sockets: not built where they are missing (the event loop then sends).
         Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c"], optional=True,
                   extra_compile_args=["-O2"]),

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lavinpy.store import changes
-from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, write_bytes_atomic
 
 log = logging.getLogger("lavinpy.store")
 
@@ -128,7 +128,7 @@ class DeliveryCounts:
     def _open_for_append(self) -> None:
         path = self.path
         created = not path.exists()
-        self._fd = os.open(path, _OPEN_FLAGS, 0o644)
+        self._fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
         if created:
             fsync_dir(path.parent)  # the new name must survive a crash along with its entries
 
@@ -168,21 +168,10 @@ class DeliveryCounts:
             self.has_unsynced = False
             return
         data = b"".join(pack_entry(pos, count) for pos, count in self.counts.items())
-        tmp = path.with_name(COUNTS_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-        changes.replaced(path, data)
+        write_bytes_atomic(path, data)  # reports the replacement to the change feed
         if self._fd >= 0:
             self._close_fd(self._fd)
-        self._fd = os.open(path, _OPEN_FLAGS, 0o644)
+        self._fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
         self._file_entries = len(self.counts)
         self.has_unsynced = False
 
