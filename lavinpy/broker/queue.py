@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.queue")
 
+# A delivery run's bodies stay near this many bytes: the channel's output high-water mark is checked
+# once per run, so a run of large messages must be short (the first run of a queue is FIRST_RUN long).
+RUN_BYTES = 1 << 20
+FIRST_RUN = 16
+
 
 class Queue(QueueKind):
     """A classic queue (with or without priorities). Optional features (TTL, limits, priorities,
@@ -58,6 +63,7 @@ class Queue(QueueKind):
         # messages recovered from disk (their delivery state was not persisted).
         self._redelivered: set[int] = set()
         self._recovered_left = index.ready_count if recovered_redelivered else 0
+        self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
         self.features = QueueFeatures(self, settings)  # sets self.settings and self.special
 
     # --- state --------------------------------------------------------------------------------
@@ -272,7 +278,7 @@ class Queue(QueueKind):
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
         while budget and index.ready_count and not index.closed and channel.can_deliver():
-            count = min(budget, index.ready_count, channel.delivery_room())
+            count = min(budget, index.ready_count, channel.delivery_room(), self._run_limit)
             if prefetch:
                 count = min(count, prefetch - consumer.unacked)
             if count <= 0:
@@ -288,6 +294,9 @@ class Queue(QueueKind):
                 positions, messages, redelivered = self._readable(positions, redelivered)
                 if not positions:
                     continue
+            # the next run's length from this one's body sizes (first and last: no per-message step)
+            sampled = (len(messages[0].body) + len(messages[-1].body)) // 2 + 64
+            self._run_limit = max(1, RUN_BYTES // sampled)
             channel.deliver_run(consumer, positions, messages, redelivered)
             if no_ack:
                 index.ack_many(positions)
