@@ -14,8 +14,6 @@ import logging
 import os
 import shutil
 from array import array
-from bisect import bisect_right
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import filterfalse
 from pathlib import Path
@@ -23,9 +21,10 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
+from lavinpy.store.index_files import read_entries, segment_counts, valid_entries, write_entries
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
-from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
+from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
@@ -37,15 +36,6 @@ ENQ_FILE = "enq"
 ACK_FILE = "ack"
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-
-
-def _segment_ids(entries: array) -> memoryview:
-    """A strided uint32 view of the segment ids of an ``array('Q')`` (no copy)."""
-    return memoryview(entries).cast("B").cast("I")[0::2]
-
-
-def _segment_counts(entries: array) -> Counter[int]:
-    return Counter(_segment_ids(entries)) if entries else Counter()
 
 
 class QueueIndex:
@@ -107,8 +97,9 @@ class QueueIndex:
         (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
         self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
         self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o600)
-        enq = self._load_entries(self._enq_fd, ENQ_FILE)
-        ack = self._load_entries(self._ack_fd, ACK_FILE)
+        owner = f"queue {self.name!r}"
+        enq = read_entries(self._enq_fd, owner, ENQ_FILE)
+        ack = read_entries(self._ack_fd, owner, ACK_FILE)
         if changes.feed.listener is not None:  # created, or cut to whole entries
             changes.truncated(directory / ENQ_FILE, len(enq) * ENTRY_SIZE)
             changes.truncated(directory / ACK_FILE, len(ack) * ENTRY_SIZE)
@@ -118,7 +109,7 @@ class QueueIndex:
             del ack
             enq = array("Q", filterfalse(acked.__contains__, enq))
             del acked
-        live, counts, dropped = self._validate(enq)
+        live, counts, dropped = valid_entries(enq, self.messages.valid_ends())
         del enq
         self.messages.note_references(live)
         for segment, count in counts.items():
@@ -128,67 +119,6 @@ class QueueIndex:
             log.warning("queue %r: dropped %d index entries that point at a missing segment or past the "
                         "valid end of a segment", self.name, dropped)
             self.compact()  # rewrite enq so that the same entries are not reported again
-
-    def _load_entries(self, fd: int, what: str) -> array:
-        """Read a whole index file into an array; a partial trailing entry is cut off the file."""
-        size = os.fstat(fd).st_size
-        whole = size - size % ENTRY_SIZE
-        if whole != size:
-            log.warning("queue %r: %s file ends with a partial entry of %d bytes; ignored",
-                        self.name, what, size - whole)
-            os.ftruncate(fd, whole)
-        entries = array("Q", bytes(ENTRY_SIZE)) * (whole // ENTRY_SIZE)
-        view = memoryview(entries).cast("B")
-        done = 0
-        while done < whole:  # readinto the array's own buffer: one copy, no temporary bytes
-            n = os.preadv(fd, [view[done:]], done)
-            if n <= 0:
-                raise OSError(f"queue {self.name!r}: {what} file shrank while being read")
-            done += n
-        view.release()
-        return entries
-
-    def _validate(self, entries: array) -> tuple[array, Counter[int], int]:
-        """Drop entries whose segment is gone or whose offset is at/after the segment's valid end.
-
-        Returns (valid entries, count per segment, number dropped). Fast path: entries of a queue
-        are normally grouped by ascending segment, so each segment is one run found by bisection,
-        the grouping is proved with one C-level comparison, and each run needs one ``max()``.
-        """
-        if not entries:
-            return entries, Counter(), 0
-        valid_ends = self.messages.valid_ends()
-        segs = _segment_ids(entries)
-        offsets = memoryview(entries).cast("B").cast("I")[1::2]
-        runs: list[tuple[int, int, int]] = []
-        n = len(segs)
-        i = 0
-        while i < n and len(runs) <= 4096:
-            segment = segs[i]
-            j = bisect_right(segs, segment, i)
-            runs.append((segment, i, j))
-            i = j
-        if i == n and runs:
-            expected = array("I")
-            for segment, start, stop in runs:
-                expected.extend(array("I", (segment,)) * (stop - start))
-            grouped = segs == memoryview(expected)
-            del expected
-            if grouped and len({segment for segment, _, _ in runs}) == len(runs):
-                all_valid = True
-                for segment, start, stop in runs:
-                    end = valid_ends.get(segment)
-                    if end is None or max(offsets[start:stop]) >= end:
-                        all_valid = False
-                        break
-                if all_valid:
-                    return entries, Counter({segment: stop - start for segment, start, stop in runs}), 0
-        segs.release()
-        offsets.release()
-        # slow path: not grouped, or some entries are invalid
-        valid = array("Q", (p for p in entries
-                            if (p >> OFFSET_SHIFT) < valid_ends.get(p & SEGMENT_MASK, 0)))
-        return valid, _segment_counts(valid), len(entries) - len(valid)
 
     def load_ready(self, live: array) -> None:
         """Extension point: take the recovered live positions (enq order) as the ready list."""
@@ -221,7 +151,7 @@ class QueueIndex:
         if len(positions) == 1:
             self._incref(positions[0] & SEGMENT_MASK)
         else:
-            for segment, n in _segment_counts(positions).items():
+            for segment, n in segment_counts(positions).items():
                 self._incref(segment, n)
 
     # ---- extension point ---------------------------------------------------------------------
@@ -275,7 +205,7 @@ class QueueIndex:
             if self._transient:
                 self._transient.difference_update(removed)
             pending.extend(removed)
-        for segment, n in _segment_counts(removed).items():
+        for segment, n in segment_counts(removed).items():
             self._decref(segment, n)
         if self._ack_file_full():
             self.compact()
@@ -351,7 +281,7 @@ class QueueIndex:
                 pending.extend(removed)
             if self._ack_file_full():
                 self.compact()
-        for segment, n in _segment_counts(removed).items():
+        for segment, n in segment_counts(removed).items():
             self._decref(segment, n)
 
     def ack(self, pos: int) -> None:
@@ -464,28 +394,18 @@ class QueueIndex:
     def write_buffers(self) -> None:
         """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
         if self._enq_pending:
-            self._write_all(self._enq_fd, self._enq_pending)
+            write_entries(self._enq_fd, self._enq_pending)
             if changes.feed.listener is not None:
                 changes.appended_fd(self._enq_fd, self.directory / ENQ_FILE, self._enq_pending.tobytes())
             del self._enq_pending[:]
             self.has_unsynced = self._enq_unsynced = True
         if self._ack_pending:
-            written = self._write_all(self._ack_fd, self._ack_pending)
+            written = write_entries(self._ack_fd, self._ack_pending)
             if changes.feed.listener is not None:
                 changes.appended_fd(self._ack_fd, self.directory / ACK_FILE, self._ack_pending.tobytes())
             self._ack_file_bytes += written
             del self._ack_pending[:]
             self.has_unsynced = self._ack_unsynced = True
-
-    @staticmethod
-    def _write_all(fd: int, entries: array) -> int:
-        view = memoryview(entries).cast("B")
-        total = len(view)
-        done = 0
-        while done < total:
-            done += os.write(fd, view[done:])
-        view.release()
-        return total
 
     def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
         """Descriptors a flush must fsync, and marks them synced (event-loop thread).
@@ -525,7 +445,7 @@ class QueueIndex:
         tmp = directory / (ENQ_FILE + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            self._write_all(fd, live)
+            write_entries(fd, live)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -583,7 +503,7 @@ class QueueIndex:
             del self._ack_pending[:]  # type: ignore[index]
         self._close_fds()
         self._is_open = False
-        for segment, n in _segment_counts(live).items():
+        for segment, n in segment_counts(live).items():
             self._decref(segment, n)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
+from lavinpy.store.index_files import read_entries, write_entries
 from lavinpy.store.jsonfile import fsync_dir, read_json, write_json_atomic
 from lavinpy.store.queue_index import ENQ_FILE, QUEUE_NAME_FILE
 from lavinpy.store.record import CorruptRecord
@@ -106,7 +107,7 @@ class StreamIndex:
             fsync_dir(directory.parent)
         (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
         self._fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
-        entries = self._load_entries()
+        entries = read_entries(self._fd, f"stream {self.name!r}", "enq")
         changes.truncated(directory / ENQ_FILE, len(entries) * ENTRY_SIZE)  # created, or cut to whole entries
         meta = read_json(directory / META_FILE, None) or {}
         self._first = int(meta.get("first_offset", 1))
@@ -122,24 +123,6 @@ class StreamIndex:
                 self.messages.incref(run.segment, run.refs)
         if changed:
             self.compact()
-
-    def _load_entries(self) -> array:
-        size = os.fstat(self._fd).st_size
-        whole = size - size % ENTRY_SIZE
-        if whole != size:
-            log.warning("stream %r: enq file ends with a partial entry of %d bytes; ignored",
-                        self.name, size - whole)
-            os.ftruncate(self._fd, whole)
-        entries = array("Q", bytes(ENTRY_SIZE)) * (whole // ENTRY_SIZE)
-        view = memoryview(entries).cast("B")
-        done = 0
-        while done < whole:  # into the array's own buffer: one copy
-            n = os.preadv(self._fd, [view[done:]], done)
-            if n <= 0:
-                raise OSError(f"stream {self.name!r}: enq file shrank while being read")
-            done += n
-        view.release()
-        return entries
 
     def _locate_first(self, entries: array, meta: dict) -> int:
         """Index in ``entries`` of the entry at ``first_offset`` (the anchor fixes where offsets start)."""
@@ -449,7 +432,7 @@ class StreamIndex:
         live = self._live()
         fd = os.open(tmp, _TMP_FLAGS, 0o600)
         try:
-            _write_all(fd, live)
+            write_entries(fd, live)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -472,7 +455,7 @@ class StreamIndex:
     def write_buffers(self) -> None:
         """Hand the appended entries to the OS (event-loop thread)."""
         if self._pending and self._fd >= 0:
-            _write_all(self._fd, self._pending)
+            write_entries(self._fd, self._pending)
             if changes.feed.listener is not None:
                 changes.appended_fd(self._fd, self.directory / ENQ_FILE, self._pending.tobytes())
             del self._pending[:]
@@ -539,10 +522,3 @@ class StreamIndex:
     def __repr__(self) -> str:
         return f"StreamIndex({self.name!r}, offsets {self._first}..{self.next_offset - 1}, count={self._count})"
 
-
-def _write_all(fd: int, entries: array) -> None:
-    view = memoryview(entries).cast("B")
-    done = 0
-    while done < len(view):
-        done += os.write(fd, view[done:])
-    view.release()

@@ -1,0 +1,95 @@
+"""Index files of 8-byte entries (a queue's ``enq``/``ack``, a stream's ``enq``): reading a whole file
+into an ``array('Q')``, writing entries, and checking entries against the segments' valid ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from bisect import bisect_right
+from collections import Counter
+
+from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK
+
+log = logging.getLogger("lavinpy.store")
+
+
+def read_entries(fd: int, owner: str, what: str) -> array:
+    """A whole index file as an array; a partial trailing entry is cut off the file (``owner``, e.g.
+    ``queue 'q'``, and ``what``, the file's name, go into the warning)."""
+    size = os.fstat(fd).st_size
+    whole = size - size % ENTRY_SIZE
+    if whole != size:
+        log.warning("%s: %s file ends with a partial entry of %d bytes; ignored", owner, what, size - whole)
+        os.ftruncate(fd, whole)
+    entries = array("Q", bytes(ENTRY_SIZE)) * (whole // ENTRY_SIZE)
+    view = memoryview(entries).cast("B")
+    done = 0
+    while done < whole:  # readinto the array's own buffer: one copy, no temporary bytes
+        n = os.preadv(fd, [view[done:]], done)
+        if n <= 0:
+            raise OSError(f"{owner}: {what} file shrank while being read")
+        done += n
+    view.release()
+    return entries
+
+
+def write_entries(fd: int, entries: array) -> int:
+    """Write every entry (short writes continued); the number of bytes written."""
+    view = memoryview(entries).cast("B")
+    total = len(view)
+    done = 0
+    while done < total:
+        done += os.write(fd, view[done:])
+    view.release()
+    return total
+
+
+def segment_ids(entries: array) -> memoryview:
+    """A strided uint32 view of the segment ids of an ``array('Q')`` (no copy)."""
+    return memoryview(entries).cast("B").cast("I")[0::2]
+
+
+def segment_counts(entries: array) -> Counter[int]:
+    return Counter(segment_ids(entries)) if entries else Counter()
+
+
+def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, Counter[int], int]:
+    """Drop entries whose segment is gone or whose offset is at/after the segment's valid end.
+
+    Returns (valid entries, count per segment, number dropped). Fast path: entries of a queue are
+    normally grouped by ascending segment, so each segment is one run found by bisection, the
+    grouping is proved with one C-level comparison, and each run needs one ``max()``.
+    """
+    if not entries:
+        return entries, Counter(), 0
+    segs = segment_ids(entries)
+    offsets = memoryview(entries).cast("B").cast("I")[1::2]
+    runs: list[tuple[int, int, int]] = []
+    n = len(segs)
+    i = 0
+    while i < n and len(runs) <= 4096:
+        segment = segs[i]
+        j = bisect_right(segs, segment, i)
+        runs.append((segment, i, j))
+        i = j
+    if i == n and runs:
+        expected = array("I")
+        for segment, start, stop in runs:
+            expected.extend(array("I", (segment,)) * (stop - start))
+        grouped = segs == memoryview(expected)
+        del expected
+        if grouped and len({segment for segment, _, _ in runs}) == len(runs):
+            all_valid = True
+            for segment, start, stop in runs:
+                end = valid_ends.get(segment)
+                if end is None or max(offsets[start:stop]) >= end:
+                    all_valid = False
+                    break
+            if all_valid:
+                return entries, Counter({segment: stop - start for segment, start, stop in runs}), 0
+    segs.release()
+    offsets.release()
+    # slow path: not grouped, or some entries are invalid
+    valid = array("Q", (p for p in entries if (p >> OFFSET_SHIFT) < valid_ends.get(p & SEGMENT_MASK, 0)))
+    return valid, segment_counts(valid), len(entries) - len(valid)
