@@ -13,9 +13,10 @@ RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the 
   qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
 - basic.get and queue.purge are refused with 540 NOT_IMPLEMENTED, as RabbitMQ does.
 
-Retention runs when the stream opens, whenever its tail moves to a new segment (the only moment a
-size limit can free a whole segment), and on ``apply_retention()``, which the vhost calls from its
-periodic task so that ``x-max-age`` also expires an idle stream.
+Retention by size and age runs when the stream opens and whenever its tail moves to a new segment,
+as RabbitMQ's streams evaluate it on segment roll-over, so what a stream holds changes only when it
+is written to. ``apply_retention()``, which the vhost calls from its periodic task, applies only
+``x-max-age``, so that an idle stream still expires.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class StreamQueue(QueueKind):
         self.max_length_bytes = self.settings.max_length_bytes
         self.max_age_ms = self.settings.max_age
         self._tail_segment = self._last_segment()
-        self.apply_retention()
+        self._trim(by_size=True)
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -133,13 +134,18 @@ class StreamQueue(QueueKind):
         return 0 if pos is None else pos_segment(pos)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
-        """Drop whole segments from the head per x-max-length-bytes / x-max-age; returns messages dropped."""
-        if self.max_length_bytes is None and self.max_age_ms is None:
+        """Periodic retention: drop whole segments older than x-max-age; returns messages dropped."""
+        return self._trim(by_size=False, now_ms=now_ms)
+
+    def _trim(self, by_size: bool, now_ms: int | None = None) -> int:
+        """Drop whole segments from the head per x-max-length-bytes (when ``by_size``) and x-max-age."""
+        max_bytes = self.max_length_bytes if by_size else None
+        if max_bytes is None and self.max_age_ms is None:
             return 0
         if self.index.closed or self.deleted:
             return 0
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        dropped = self.index.trim(self.max_length_bytes, self.max_age_ms, now)
+        dropped = self.index.trim(max_bytes, self.max_age_ms, now)
         if dropped:
             log.debug("stream %r: retention dropped %d messages; first offset is now %d",
                       self.name, dropped, self.index.first_offset)
@@ -153,7 +159,7 @@ class StreamQueue(QueueKind):
         segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment
-            self.apply_retention()
+            self._trim(by_size=True)
         if not self.consumers:
             return
         behind = False
@@ -183,7 +189,7 @@ class StreamQueue(QueueKind):
         segment = pos_segment(positions[0])
         if segment != self._tail_segment:
             self._tail_segment = segment
-            self.apply_retention()
+            self._trim(by_size=True)
         if not self.consumers:
             return
         end = offset + len(positions)
