@@ -25,12 +25,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage
+from ..store.record import CorruptRecord, StoredMessage
 from ..wire.constants import NOT_IMPLEMENTED
 from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
 from ..wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
 from .arguments import QueueSettings
+from .queue import FIRST_RUN, RUN_BYTES
 from .queue_base import DELIVERY_BATCH, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.stream")
+_new_tuple = tuple.__new__
 
 
 # method ids for error replies
@@ -110,6 +112,7 @@ class StreamQueue(QueueKind):
         self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
+        self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
         # Validated at declaration; a bad value in old definitions resolves to None (no limit).
         self.max_length_bytes = self.settings.max_length_bytes
         self.max_age_ms = self.settings.max_age
@@ -232,33 +235,71 @@ class StreamQueue(QueueKind):
                 break
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
+            sent = self._deliver_runs(consumer, cursor, budget)
+            budget -= sent
+            cursor += sent
             end = index.next_offset
-            deliver = consumer.channel.deliver
-            counts_credit = not consumer.no_ack
             while budget and cursor < end and consumer.can_accept():
+                # One at a time only where a run stopped: a hole or a damaged record.
                 pos = index.get(cursor)
-                if pos is None:  # a hole left by lost data: skip it
-                    cursor += 1
+                cursor += 1
+                if pos is None or (msg := self.read(pos)) is None:  # damaged: reported by read()
                     self._cursors[consumer] = cursor
                     continue
-                msg = self.read(pos)
-                if msg is None:  # damaged: reported by read(); skipped like a hole
-                    cursor += 1
-                    continue
-                # _send inlined (once per delivery); the cursor is stored after the loop
-                deliver(consumer, pos, StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
-                                                     with_stream_offset(msg.properties, cursor), msg.body), False)
-                if counts_credit:
-                    consumer.unacked += 1
-                cursor += 1
+                self._send(consumer, cursor - 1, pos, msg)
                 budget -= 1
+                sent = self._deliver_runs(consumer, cursor, budget)
+                budget -= sent
+                cursor += sent
             if consumer in self._cursors:
                 self._cursors[consumer] = cursor
         return budget == 0
 
+    def _deliver_runs(self, consumer: Consumer, cursor: int, budget: int) -> int:
+        """Deliver from ``cursor`` to ``consumer`` in runs (positions, records and frames of a run
+        each in one call) while credit and ``budget`` last; stops before a hole or a damaged record.
+        Returns how many were delivered; the caller stores the cursor."""
+        index = self.index
+        channel = consumer.channel
+        read_many = self.vhost.store.messages.read_many
+        prefetch = 0 if consumer.no_ack else consumer.prefetch
+        sent = 0
+        while budget and not index.closed and channel.can_deliver():
+            count = min(budget, index.next_offset - cursor, channel.delivery_room(), self._run_limit)
+            if prefetch:
+                count = min(count, prefetch - consumer.unacked)
+            if count <= 0:
+                break
+            positions = index.get_many(cursor, count)
+            if 0 in positions:  # a hole: deliver up to it
+                positions = positions[:positions.index(0)]
+                if not positions:
+                    break
+            try:
+                messages = read_many(positions)
+            except (CorruptRecord, KeyError):
+                break  # the one-at-a-time path reports it and goes on
+            count = len(positions)
+            stamp = with_stream_offset
+            new = _new_tuple
+            messages = [new(StoredMessage, (m[0], m[1], m[2], stamp(m[3], offset), m[4]))
+                        for m, offset in zip(messages, range(cursor, cursor + count), strict=True)]
+            # the next run's length from this one's body sizes (as classic queues size theirs)
+            self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
+            channel.deliver_run(consumer, positions, messages, None)
+            if prefetch:
+                consumer.unacked += count
+            cursor += count
+            budget -= count
+            sent += count
+        return sent
+
     # --- acknowledgements: credit only ----------------------------------------------------------
     def ack(self, pos: int) -> None:
         """Nothing is removed from a stream; the channel already returned the credit to the consumer."""
+
+    def ack_many(self, positions: list[int]) -> None:
+        """basic.ack multiple=true: credit only too, without a call per delivery."""
 
     def requeue(self, pos: int) -> None:
         """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does."""

@@ -279,6 +279,27 @@ class StreamIndex:
         pos = self._chunks[i >> CHUNK_BITS][i & _CHUNK_MASK]
         return pos or None
 
+    def get_many(self, offset: int, count: int) -> list[int]:
+        """The positions of ``count`` consecutive offsets from ``offset`` (0 for a hole), one slice
+        per chunk; cut short at the end of the log (empty outside it)."""
+        i = offset - self._first
+        if i < 0:
+            return []
+        count = min(count, self._count - i)
+        out: list[int] = []
+        i += self._head
+        chunks = self._chunks
+        while count > 0:
+            chunk = chunks[i >> CHUNK_BITS]
+            lo = i & _CHUNK_MASK
+            part = chunk[lo:lo + count].tolist()
+            if not part:
+                break
+            out += part
+            count -= len(part)
+            i += len(part)
+        return out
+
     @property
     def first_offset(self) -> int:
         return self._first

@@ -32,6 +32,7 @@ class RecordingChannel:
     def __init__(self) -> None:
         self.deliveries: list[tuple[str, int, StoredMessage, bool]] = []
         self.cancelled: list[str] = []
+        self.runs: list[int] = []  # the length of each deliver_run
         self.writable = True
 
     def can_deliver(self) -> bool:
@@ -39,6 +40,15 @@ class RecordingChannel:
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         self.deliveries.append((consumer.tag, pos, msg, redelivered))
+
+    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
+                    redelivered: list[bool] | None) -> None:
+        self.runs.append(len(positions))
+        for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
+            self.deliver(consumer, pos, msg, False if redelivered is None else redelivered[i])
+
+    def delivery_room(self) -> int:
+        return 1 << 30
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         self.cancelled.append(consumer.tag)
@@ -338,3 +348,30 @@ def test_remove_consumer_and_damaged_record_is_skipped(stream: StreamQueue) -> N
     # The damaged record is reported and skipped; the stream goes on with the next offset.
     assert other.cancelled == [] and [number(m) for _, _, m, _ in other.deliveries] == [10]
     assert stream.corrupt_messages == 1 and stream.vhost.corrupt_messages == 1
+
+
+def test_stored_messages_go_out_in_runs_within_credit_and_around_damage(stream: StreamQueue) -> None:
+    publish(stream, 30, with_message=False)  # stored only: every delivery comes from deliver()
+    good = stream.index.get(31 - 1)
+    stream.index.append(good + (1 << 40))  # offset 31: past the valid data (damaged)
+    publish(stream, 10, start=100, with_message=False)  # offsets 32..41
+    consumer, channel = consume(stream, "first", prefetch=25)
+    # Credit bounds a run: 25 of 30, in far fewer deliver calls than messages.
+    assert received(channel) == [(i, i + 1) for i in range(25)]
+    assert consumer.unacked == 25 and sum(channel.runs) == 25 and len(channel.runs) < 25
+    channel.settle(consumer, 25, stream)
+    pump(stream)
+    # The rest of the run, the damaged offset skipped (reported once), then the next run goes on.
+    assert received(channel)[25:] == [(i, i + 1) for i in range(25, 30)] + [(100 + i, 32 + i) for i in range(10)]
+    assert stream.corrupt_messages == 1 and consumer.unacked == 15
+    assert stream.offset_of(consumer) == 42
+
+
+def test_stream_index_get_many_matches_get(stream: StreamQueue) -> None:
+    publish(stream, 40, with_message=False)
+    index = stream.index
+    assert index.get_many(1, 40) == [index.get(o) for o in range(1, 41)]
+    assert index.get_many(35, 100) == [index.get(o) for o in range(35, 41)]
+    assert index.get_many(41, 5) == [] and index.get_many(0, 5) == []
+    index.append_many([index.get(40)] * 5000)  # past the first 4096-entry chunk of the in-memory log
+    assert index.get_many(4000, 300) == [index.get(o) for o in range(4000, 4300)]
