@@ -198,7 +198,7 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     builder = read_rows.BatchBuilder(arrow_schema)
     with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
-        yield from builder.batches(client.read_range(partition.start, partition.end))
+        yield from builder.chunk_batches(client.read_range_chunks(partition.start, partition.end))
 
 
 class LavinpyBatchReader(DataSourceReader):

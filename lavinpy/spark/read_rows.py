@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .streams import Delivery
+from .streams import Delivery, DeliveryChunk
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
 # DataFrame can be written back unchanged.
@@ -90,22 +91,53 @@ class BatchBuilder:
         if rows:
             yield self.build(rows)
 
+    def chunk_batches(self, chunks: Iterable[DeliveryChunk]) -> Iterator[pa.RecordBatch]:
+        """Record batches of at least ``batch_rows`` rows (but the last) from chunks of deliveries."""
+        pending: list[DeliveryChunk] = []
+        rows = 0
+        for chunk in chunks:
+            pending.append(chunk)
+            rows += len(chunk.offsets)
+            if rows >= self.batch_rows:
+                yield self.build_columns(*self._joined(pending))
+                pending = []
+                rows = 0
+        if rows:
+            yield self.build_columns(*self._joined(pending))
+
+    @staticmethod
+    def _joined(chunks: list[DeliveryChunk]) -> DeliveryChunk:
+        if len(chunks) == 1:
+            return chunks[0]
+        return DeliveryChunk(*(list(chain.from_iterable(column)) for column in zip(*chunks, strict=True)))
+
     def build(self, rows: list[Delivery]) -> pa.RecordBatch:
-        # Transpose once (C speed): rows -> columns -> property columns.
-        offsets, exchanges, routing_keys, properties, bodies = zip(*rows, strict=True)
-        columns: dict[str, tuple[Any, ...]] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
-                                               "exchange": exchanges}
+        return self.build_columns(*DeliveryChunk.of_rows(rows))
+
+    def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
+                      properties: list[list[Any]], bodies: list[bytes]) -> pa.RecordBatch:
+        n = len(offsets)
+        columns: dict[str, Any] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
+                                   "exchange": exchanges}
         if any(name in _PROPERTY_INDEX for name in self.names):
-            for name, values in zip(_PROPERTY_INDEX, zip(*properties, strict=True), strict=False):
-                columns[name] = values
-        n = len(rows)
+            first = properties[0]
+            if properties.count(first) == n:  # one property list for all (shared: an identity check each)
+                for name, i in _PROPERTY_INDEX.items():
+                    columns[name] = _Repeated(first[i])
+            else:
+                for name, values in zip(_PROPERTY_INDEX, zip(*properties, strict=True), strict=False):
+                    columns[name] = values
         arrays = [self._array(name, columns[name], field.type, n)
                   for name, field in zip(self.names, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     @staticmethod
-    def _array(name: str, values: tuple[Any, ...], arrow_type: pa.DataType, n: int) -> pa.Array:
-        if name in _PROPERTY_INDEX and values.count(None) == n:
+    def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
+        if isinstance(values, _Repeated):
+            if values.value is None:
+                return pa.nulls(n, arrow_type)
+            values = [values.value] * n
+        elif name in _PROPERTY_INDEX and values.count(None) == n:
             return pa.nulls(n, arrow_type)
         if name == "headers":
             try:
@@ -117,3 +149,12 @@ class BatchBuilder:
             seconds = pa.array(values, type=pa.int64())
             return pc.multiply(seconds, 1_000_000).cast(arrow_type)
         return pa.array(values, type=arrow_type)
+
+
+class _Repeated:
+    """A property column with one value for every row."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value

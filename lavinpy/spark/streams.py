@@ -22,12 +22,14 @@ from pamqp import commands
 
 from lavinpy.wire.client import (
     BASIC_DELIVER,
+    STREAM_OFFSET_ENTRY,
     encode_shortstr,
     frame,
     method_id,
     parse_deliver,
     parse_header,
-    scan_deliveries,
+    scan_stream_deliveries,
+    stamped_offset_at,
 )
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
@@ -69,6 +71,30 @@ class Delivery(NamedTuple):
     routing_key: str
     properties: list[Any]  # ordered as lavinpy.wire.properties.PROPERTY_NAMES; headers without x-stream-offset
     body: bytes
+
+
+class DeliveryChunk(NamedTuple):
+    """Consecutive deliveries as columns, one list each, in delivery order: what a reader hands to
+    Arrow at once. Deliveries with the same properties share one property list (read-only)."""
+
+    offsets: list[int]
+    exchanges: list[str]
+    routing_keys: list[str]
+    properties: list[list[Any]]
+    bodies: list[bytes]
+
+    @classmethod
+    def of_rows(cls, rows: list[Delivery]) -> DeliveryChunk:
+        return cls(*(list(column) for column in zip(*rows, strict=True)))
+
+    def rows(self) -> Iterator[Delivery]:
+        return map(Delivery, *self)
+
+    def head(self, n: int) -> DeliveryChunk:
+        return DeliveryChunk(*(column[:n] for column in self))
+
+    def keep(self, indices: list[int]) -> DeliveryChunk:
+        return DeliveryChunk(*([column[i] for i in indices] for column in self))
 
 
 class StreamClient:
@@ -232,6 +258,11 @@ class StreamClient:
         Messages removed by retention are skipped: if the reader is idle for a while, it checks the
         stream's oldest offset and ends early when the rest of the range is gone.
         """
+        for chunk in self.read_range_chunks(start, end, stall_timeout):
+            yield from chunk.rows()
+
+    def read_range_chunks(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[DeliveryChunk]:
+        """``read_range`` a receive buffer's deliveries at a time, as columns."""
         if end <= start:
             return
         ch = self._consume(start, prefetch=self.prefetch)
@@ -240,17 +271,14 @@ class StreamClient:
         try:
             while True:
                 stalled = True
-                for delivery in self._deliveries(ch, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
+                for chunk in self._delivery_chunks(ch, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
-                    offset = delivery.offset
-                    if offset < start:
-                        continue  # a broker may start at the beginning of the chunk holding `start`
-                    if offset >= end:
-                        return
-                    last_seen = offset
-                    self._stalled_since = None
-                    yield delivery
-                    if offset == end - 1:
+                    chunk, done = _in_range(chunk, start, end)
+                    if chunk.offsets:
+                        last_seen = chunk.offsets[-1]
+                        self._stalled_since = None
+                        yield chunk
+                    if done:
                         return
                 if stalled and self._range_gone(last_seen + 1, end, stall_timeout):
                     return
@@ -292,13 +320,19 @@ class StreamClient:
         return ch
 
     def _deliveries(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[Delivery]:
-        """Deliveries on channel ch until none arrives for idle_wait (first_wait for the first).
+        """Deliveries on channel ch until none arrives for idle_wait (first_wait for the first)."""
+        for chunk in self._delivery_chunks(ch, first_wait, idle_wait):
+            yield from chunk.rows()
+
+    def _delivery_chunks(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[DeliveryChunk]:
+        """``_deliveries`` a receive buffer at a time.
 
         Whole messages (deliver + header + one body frame) are parsed straight from the receive
-        buffer (_parse_complete_messages); anything else -- a body split over frames, a message cut
-        by the end of a read, a frame for another channel, a close -- goes through the generic
-        frame path (_Assembler). Acks (multiple) every half prefetch: for a stream an ack is
-        credit, not removal.
+        buffer into columns by one call (scan_stream_deliveries); when it stops at anything else -- a
+        body split over frames, a frame for another channel, a close -- the generic frame path
+        (_Assembler) takes over until a message is whole again; when it stops because the bytes ran
+        out, the reader waits for more. Acks (multiple) once half the prefetch is unacked: for a
+        stream an ack is credit, not removal.
         """
         conn = self.conn
         buf = conn.rbuf
@@ -307,30 +341,47 @@ class StreamClient:
         wait = first_wait
         assembler = _Assembler(ch, self.queue)
         while True:
-            got: list[tuple[int, Delivery]] = []
+            chunk = None
+            generic = True
             if assembler.idle and not conn.has_backlog:
-                consumed = _parse_complete_messages(buf, ch, got)
-                if consumed:
-                    del buf[:consumed]
-            if conn.has_backlog or _complete_frame_at_front(buf):
-                for frame in conn.read_frames(0):
-                    item = assembler.feed(frame)
-                    if item is not None:
-                        got.append(item)
-            if got:
-                for tag, delivery in got:
-                    if delivery.offset is None:
-                        raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-                    unacked += 1
-                    if unacked >= ack_every:
-                        conn.send(basic_ack(ch, tag, True))
-                        unacked = 0
-                    yield delivery
+                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, ch)
+                if used:
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
+                    del buf[:used]
+            if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
+                rows = [item for frame in conn.read_frames(0) if (item := assembler.feed(frame)) is not None]
+                if rows:
+                    last_tag = rows[-1][0]
+                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
+            if chunk is not None:
+                if None in chunk.offsets:
+                    raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
+                unacked += len(chunk.offsets)
+                if unacked >= ack_every:
+                    conn.send(basic_ack(ch, last_tag, True))
+                    unacked = 0
+                yield chunk
                 wait = idle_wait
                 continue
             if not conn.wait_readable(wait):
                 return
             wait = idle_wait
+
+
+def _in_range(chunk: DeliveryChunk, start: int, end: int) -> tuple[DeliveryChunk, bool]:
+    """The chunk's deliveries with start <= offset < end, up to the first at or past end - 1; and
+    whether the range is done. A broker may start before ``start`` (at its chunk's beginning)."""
+    offsets = chunk.offsets
+    done = False
+    if max(offsets) >= end - 1:
+        cut = next(i for i, offset in enumerate(offsets) if offset >= end - 1)
+        chunk = chunk.head(cut + 1 if offsets[cut] == end - 1 else cut)
+        offsets = chunk.offsets
+        done = True
+    if offsets and min(offsets) < start:
+        chunk = chunk.keep([i for i, offset in enumerate(offsets) if offset >= start])
+    return chunk, done
 
 
 def _split_offset(props: list[Any]) -> int | None:
@@ -353,23 +404,51 @@ def _complete_frame_at_front(buf: bytearray) -> bool:
     return len(buf) >= 8 + _FRAME_HEAD.unpack_from(buf, 0)[2]
 
 
-def _parse_complete_messages(buf: bytearray, ch: int, out: list[tuple[int, Delivery]]) -> int:
-    """Parse whole single-body-frame deliveries on ch from the front of buf; returns bytes used.
+def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[str], blocks: list[bytes],
+           bodies: list[bytes]) -> DeliveryChunk:
+    """A chunk from scan_stream_deliveries' columns: each distinct property block decoded once.
 
-    Stops at the first thing that is not such a complete message (left to the generic path).
+    The scan shares one block object among deliveries that differ only in the value of a trailing
+    x-stream-offset entry and reads that value as their offset; decoding the block confirms the entry
+    is the header itself (the only one with those bytes). Otherwise, each delivery's own block (the
+    shared one with its value put back) is decoded on its own.
     """
-    items, used = scan_deliveries(buf, ch)
-    append = out.append
-    for tag, exchange, routing_key, block, body in items:
+    decoded: dict[bytes, tuple[int | None, list[Any]]] = {}
+    for block in dict.fromkeys(blocks):
         offset, props = _offset_and_properties(block)
-        append((tag, Delivery(offset, exchange, routing_key, props, body)))
-    return used
+        at = stamped_offset_at(block)
+        if at >= 0 and (block.find(_OFFSET_ENTRY) != at - len(_OFFSET_ENTRY)
+                        or offset != int.from_bytes(block[at:at + 8], "big", signed=True)):
+            return _chunk_one_by_one(offsets, exchanges, routing_keys, blocks, bodies)
+        decoded[block] = (offset, props)
+    if None in offsets:  # no trailing entry: the offset, if any, is wherever the decode found it
+        offsets = [decoded[block][0] if offset is None else offset
+                   for offset, block in zip(offsets, blocks, strict=True)]
+    if len(decoded) == 1:
+        properties = [next(iter(decoded.values()))[1]] * len(blocks)
+    else:
+        properties = [decoded[block][1] for block in blocks]
+    return DeliveryChunk(offsets, exchanges, routing_keys, properties, bodies)  # type: ignore[arg-type]
+
+
+def _chunk_one_by_one(offsets: list[int | None], exchanges: list[str], routing_keys: list[str],
+                      blocks: list[bytes], bodies: list[bytes]) -> DeliveryChunk:
+    properties = []
+    real_offsets = []
+    for offset, block in zip(offsets, blocks, strict=True):
+        at = stamped_offset_at(block)
+        if at >= 0 and offset is not None:
+            block = block[:at] + offset.to_bytes(8, "big", signed=True) + block[at + 8:]
+        real, props = _offset_and_properties(block)
+        real_offsets.append(real)
+        properties.append(props)
+    return DeliveryChunk(real_offsets, exchanges, routing_keys, properties, bodies)  # type: ignore[arg-type]
 
 
 # The broker stamps x-stream-offset as the last header entry: a stream's deliveries differ only in
 # those 8 bytes, so each distinct rest of the block is decoded once and its property list shared by
 # the deliveries that carry it (Delivery.properties is read-only for its users).
-_OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
+_OFFSET_ENTRY = STREAM_OFFSET_ENTRY
 _decoded_blocks: dict[tuple[int, bytes], list[Any]] = {}
 _DECODED_MAX = 256
 

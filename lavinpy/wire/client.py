@@ -38,6 +38,7 @@ __all__ = [
     "parse_return",
     "publish_method_frame",
     "scan_deliveries",
+    "scan_stream_deliveries",
     "single_content_frames",
     "split_content_frames",
     "split_frames",
@@ -296,3 +297,152 @@ def _scan_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> tupl
         items.append((tag, exchange, routing_key, bytes(buf[h + 19:b - 1]), body))
         pos = next_pos
     return items, pos
+
+
+# The x-stream-offset entry a stream stamps as its headers table's last entry (name, type 'l').
+STREAM_OFFSET_ENTRY = b"\x0fx-stream-offsetl"
+
+StreamColumns = tuple[list[int | None], list[str], list[str], list[bytes], list[bytes], int, int, bool]
+
+
+def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
+    """Where the 8-byte value of a trailing x-stream-offset ``long`` entry starts in a property block
+    (the bytes say so; the caller checks by decoding), or -1."""
+    size = len(block)
+    if size < 2:
+        return -1
+    flags = (block[0] << 8) | block[1]
+    if not flags & 0x2000 or flags & 1:  # no headers, or more flag words than basic has
+        return -1
+    p = 2
+    for bit in (0x8000, 0x4000):  # content-type, content-encoding
+        if flags & bit:
+            if p >= size:
+                return -1
+            p += 1 + block[p]
+    if p + 4 > size:
+        return -1
+    end = p + 4 + _U32.unpack_from(block, p)[0]
+    entry = len(STREAM_OFFSET_ENTRY)
+    if end > size or end - 8 - entry < p + 4 or bytes(block[end - 8 - entry:end - 8]) != STREAM_OFFSET_ENTRY:
+        return -1
+    return end - 8
+
+
+def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> StreamColumns:
+    """The whole deliveries on ``channel`` from ``buf[pos:]`` on, as columns: (offsets, exchanges,
+    routing keys, property blocks, bodies, last delivery tag, offset after them, other).
+
+    ``offsets[i]`` is the value of the x-stream-offset entry ending the delivery's headers table (where
+    a stream stamps it) or None; ``blocks[i]`` is the previous delivery's block object again when the
+    two differ at most in that value, so a reader decodes each distinct block once. ``other`` says the
+    scan stopped at something that is not (the start of) a delivery with its body in one frame, for
+    the generic frame path; False means the bytes ran out."""
+    if cclient is not None:
+        return cclient.scan_stream_deliveries(buf, channel, pos)
+    return _scan_stream_deliveries(buf, channel, pos)
+
+
+def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> StreamColumns:
+    offsets: list[int | None] = []
+    exchanges: list[str] = []
+    routing_keys: list[str] = []
+    blocks: list[bytes] = []
+    bodies: list[bytes] = []
+    last_tag = 0
+    other = False
+    size = len(buf)
+    if not 0 <= pos <= size:
+        pos = size
+    u16 = _U16.unpack_from
+    u32 = _U32.unpack_from
+    prev_block = prev_value = None
+    prev_at = -1
+    while True:
+        avail = size - pos
+        if ((avail >= 1 and buf[pos] != 1) or (avail >= 3 and u16(buf, pos + 1)[0] != channel)
+                or (avail >= 11 and _METHOD_IDS.unpack_from(buf, pos + 7) != (60, 60))):
+            other = True
+            break
+        if avail < 11:
+            break
+        h = pos + 8 + u32(buf, pos + 3)[0]
+        if h > size:
+            break
+        if buf[h - 1] != FRAME_END:
+            other = True
+            break
+        avail = size - h
+        if (avail >= 1 and buf[h] != 2) or (avail >= 3 and u16(buf, h + 1)[0] != channel):
+            other = True
+            break
+        if avail < 7:
+            break
+        hlen = u32(buf, h + 3)[0]
+        b = h + 8 + hlen
+        if hlen < 14:
+            other = True
+            break
+        if b > size:
+            break
+        if buf[b - 1] != FRAME_END:
+            other = True
+            break
+        body_size = _U64.unpack_from(buf, h + 11)[0]
+        next_pos = b
+        if body_size:
+            avail = size - b
+            if (avail >= 1 and buf[b] != 3) or (avail >= 3 and u16(buf, b + 1)[0] != channel):
+                other = True
+                break
+            if avail < 7:
+                break
+            if u32(buf, b + 3)[0] != body_size:
+                other = True
+                break
+            next_pos = b + 8 + body_size
+            if next_pos > size:
+                break
+            if buf[next_pos - 1] != FRAME_END:
+                other = True
+                break
+        mend = h - 1
+        p = pos + 12 + buf[pos + 11]
+        if p + 10 > mend or p + 10 + buf[p + 9] + 1 > mend:
+            other = True
+            break
+        tag = _U64.unpack_from(buf, p)[0]
+        n = buf[p + 9]
+        raw_exchange = bytes(buf[p + 10:p + 10 + n])
+        p += 10 + n
+        n = buf[p]
+        if p + 1 + n > mend:
+            other = True
+            break
+        try:
+            exchange = raw_exchange.decode()
+            routing_key = bytes(buf[p + 1:p + 1 + n]).decode()
+        except UnicodeDecodeError:
+            other = True  # the generic path decodes it with replacement characters
+            break
+        block = bytes(buf[h + 19:b - 1])
+        at = stamped_offset_at(block)
+        if at < 0:
+            offsets.append(None)
+            same = block == prev_block and prev_at < 0
+        else:
+            offsets.append(int.from_bytes(block[at:at + 8], "big", signed=True))
+            same = (prev_block is not None and prev_at == at and len(block) == len(prev_block)
+                    and block[:at] == prev_block[:at] and block[at + 8:] == prev_block[at + 8:])
+        if same:
+            block = prev_value  # type: ignore[assignment]
+        else:
+            prev_block = prev_value = block
+            prev_at = at
+        exchanges.append(exchange)
+        routing_keys.append(routing_key)
+        blocks.append(block)
+        bodies.append(bytes(buf[b + 7:next_pos - 1]))
+        last_tag = tag
+        pos = next_pos
+    return offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other
