@@ -12,6 +12,8 @@ setup(
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c"], depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),
+        Extension("lavinpy.wire._cstream", ["lavinpy/wire/_cstream.c"], depends=["lavinpy/wire/_bytes.h"],
+                  optional=True, extra_compile_args=["-O2"]),
         # POSIX threads and sockets: not built where they are missing (the event loop then sends).
         Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c"], optional=True,
                   extra_compile_args=["-O2"]),

@@ -26,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
+from ..wire.accel import load
 from ..wire.constants import NOT_IMPLEMENTED
 from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.stream")
-_new_tuple = tuple.__new__
 
 
 # method ids for error replies
@@ -86,6 +86,39 @@ def with_stream_offset(properties: bytes, offset: int) -> bytes:
             _SPLICES.clear()
         _SPLICES[bytes(properties)] = splice
     return splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1]
+
+
+def _stamp_offsets(messages: list[StoredMessage], start: int, first_offset: int,
+                   splices: dict[bytes, tuple[bytes, bytes]], cls: type = StoredMessage
+                   ) -> tuple[list[StoredMessage], int]:
+    """``messages[start:]`` stamped with consecutive offsets from ``first_offset`` through ``splices``;
+    stops at the first whose property block has no splice yet and returns its index too."""
+    out = []
+    for i in range(start, len(messages)):
+        msg = messages[i]
+        splice = splices.get(msg[3])
+        if splice is None:
+            return out, i
+        offset = first_offset + i - start
+        out.append(cls(msg[0], msg[1], msg[2], splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1], msg[4]))
+    return out, len(messages)
+
+
+_cstream = load("lavinpy.wire._cstream")
+stamp_offsets = _cstream.stamp_offsets if _cstream is not None else _stamp_offsets
+
+
+def stamped_run(messages: list[StoredMessage], first_offset: int) -> list[StoredMessage]:
+    """``with_stream_offset`` for a run of messages with consecutive offsets: one call for the run, and
+    one more per property block not seen before."""
+    stamped, i = stamp_offsets(messages, 0, first_offset, _SPLICES, StoredMessage)
+    while i < len(messages):
+        msg = messages[i]  # stamped the general way, which prepares its block's splice for the rest
+        stamped.append(StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
+                                     with_stream_offset(msg.properties, first_offset + i), msg.body))
+        more, i = stamp_offsets(messages, i + 1, first_offset + i + 1, _SPLICES, StoredMessage)
+        stamped += more
+    return stamped
 
 
 # --- the queue ---------------------------------------------------------------------------------
@@ -280,10 +313,7 @@ class StreamQueue(QueueKind):
             except (CorruptRecord, KeyError):
                 break  # the one-at-a-time path reports it and goes on
             count = len(positions)
-            stamp = with_stream_offset
-            new = _new_tuple
-            messages = [new(StoredMessage, (m[0], m[1], m[2], stamp(m[3], offset), m[4]))
-                        for m, offset in zip(messages, range(cursor, cursor + count), strict=True)]
+            messages = stamped_run(messages, cursor)
             # the next run's length from this one's body sizes (as classic queues size theirs)
             self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
             channel.deliver_run(consumer, positions, messages, None)

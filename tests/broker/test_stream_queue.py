@@ -375,3 +375,31 @@ def test_stream_index_get_many_matches_get(stream: StreamQueue) -> None:
     assert index.get_many(41, 5) == [] and index.get_many(0, 5) == []
     index.append_many([index.get(40)] * 5000)  # past the first 4096-entry chunk of the in-memory log
     assert index.get_many(4000, 300) == [index.get(o) for o in range(4000, 4300)]
+
+
+def test_stamped_runs_match_one_by_one_stamping_compiled_and_pure() -> None:
+    from lavinpy.broker import stream_queue
+    from lavinpy.wire import accel
+
+    blocks = [props(), props({"a": 1, "x-stream-offset": "theirs"}), b"\x00\x00", props({"n": {"deep": [1, 2]}})]
+    messages = [StoredMessage(i, "ex", f"rk{i % 3}", blocks[(i // 2) % len(blocks)], b"body%d" % i)
+                for i in range(40)]
+    for first in (1, 2**62, -5):
+        expected = [m._replace(properties=with_stream_offset(m.properties, first + i)) for i, m in enumerate(messages)]
+        stream_queue._SPLICES.clear()  # every block's first message takes the general way
+        run = stream_queue.stamped_run(messages, first)
+        assert run == expected and all(type(m) is StoredMessage for m in run)
+        assert [offset_header(m) for m in run] == [first + i for i in range(40)]
+    # the compiled twin (when built) stops where the pure one does, with the same messages
+    cstream = accel.load("lavinpy.wire._cstream")
+    splices = {blocks[0]: stream_queue._SPLICES[blocks[0]]}
+    pure = stream_queue._stamp_offsets(messages, 0, 7, splices)
+    assert pure[1] == 2 and pure[0] == expected_first_two(messages, 7)
+    if cstream is not None:
+        assert cstream.stamp_offsets(messages, 0, 7, splices, StoredMessage) == pure
+        assert cstream.stamp_offsets(messages, 8, 7, splices, StoredMessage) == \
+            stream_queue._stamp_offsets(messages, 8, 7, splices)
+
+
+def expected_first_two(messages: list[StoredMessage], first: int) -> list[StoredMessage]:
+    return [m._replace(properties=with_stream_offset(m.properties, first + i)) for i, m in enumerate(messages[:2])]
