@@ -233,10 +233,14 @@ class StreamQueue(QueueKind):
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
             if cursor == offset:
-                while cursor < end and consumer.can_accept():
-                    i = cursor - offset
-                    self._send(consumer, cursor, positions[i], run.message(first + i))
-                    cursor += 1
+                count = self._credit(consumer, end - cursor)
+                if count:
+                    messages = stamped_run(run.messages(first, count), cursor)
+                    consumer.channel.deliver_run(consumer, list(positions[:count]), messages, None)
+                    if not consumer.no_ack:
+                        consumer.unacked += count
+                    cursor += count
+                    self._cursors[consumer] = cursor
             if cursor < end:
                 behind = True
         if behind:
@@ -288,6 +292,17 @@ class StreamQueue(QueueKind):
                 self._cursors[consumer] = cursor
         return budget == 0
 
+    def _credit(self, consumer: Consumer, limit: int) -> int:
+        """How many of ``limit`` messages may go to ``consumer`` now as one run: its prefetch, the
+        channel's, the channel's output and the run length (about 1 MiB of bodies)."""
+        channel = consumer.channel
+        if limit <= 0 or not channel.can_deliver():
+            return 0
+        count = min(limit, channel.delivery_room(), self._run_limit)
+        if consumer.prefetch and not consumer.no_ack:
+            count = min(count, consumer.prefetch - consumer.unacked)
+        return max(count, 0)
+
     def _deliver_runs(self, consumer: Consumer, cursor: int, budget: int) -> int:
         """Deliver from ``cursor`` to ``consumer`` in runs (positions, records and frames of a run
         each in one call) while credit and ``budget`` last; stops before a hole or a damaged record.
@@ -295,13 +310,10 @@ class StreamQueue(QueueKind):
         index = self.index
         channel = consumer.channel
         read_many = self.vhost.store.messages.read_many
-        prefetch = 0 if consumer.no_ack else consumer.prefetch
         sent = 0
-        while budget and not index.closed and channel.can_deliver():
-            count = min(budget, index.next_offset - cursor, channel.delivery_room(), self._run_limit)
-            if prefetch:
-                count = min(count, prefetch - consumer.unacked)
-            if count <= 0:
+        while budget and not index.closed:
+            count = self._credit(consumer, min(budget, index.next_offset - cursor))
+            if not count:
                 break
             positions = index.get_many(cursor, count)
             if 0 in positions:  # a hole: deliver up to it
@@ -317,7 +329,7 @@ class StreamQueue(QueueKind):
             # the next run's length from this one's body sizes (as classic queues size theirs)
             self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
             channel.deliver_run(consumer, positions, messages, None)
-            if prefetch:
+            if not consumer.no_ack:
                 consumer.unacked += count
             cursor += count
             budget -= count

@@ -403,3 +403,23 @@ def test_stamped_runs_match_one_by_one_stamping_compiled_and_pure() -> None:
 
 def expected_first_two(messages: list[StoredMessage], first: int) -> list[StoredMessage]:
     return [m._replace(properties=with_stream_offset(m.properties, first + i)) for i, m in enumerate(messages[:2])]
+
+
+def test_published_run_goes_to_a_caught_up_consumer_as_one_run_within_credit(stream: StreamQueue) -> None:
+    from lavinpy.broker.publishing import PublishRun
+
+    publish(stream, 2)
+    consumer, channel = consume(stream, "next", prefetch=10)
+    p = props({"h": "v"})
+    bodies = [i.to_bytes(4, "big") * 4 for i in range(50, 75)]
+    messages = stream.vhost.store.messages
+    positions = [messages.append("ex", "rk", p, body, 1000) for body in bodies]
+    stream.push_many(positions, True, PublishRun("ex", "rk", p, bodies, 1000), 0)
+    # in hand, as far as the prefetch allows: one run of 10, offsets 3..12 stamped in order
+    assert channel.runs == [10] and received(channel) == [(50 + i, 3 + i) for i in range(10)]
+    assert [pos for _t, pos, _m, _r in channel.deliveries] == positions[:10]
+    assert decode_properties(channel.deliveries[0][2].properties).headers == {"h": "v", "x-stream-offset": 3}
+    assert stream in stream.vhost.scheduled  # the rest waits for credit
+    channel.settle(consumer, 10, stream)
+    pump(stream)
+    assert received(channel)[10:] == [(60 + i, 13 + i) for i in range(10)] and consumer.unacked == 10
