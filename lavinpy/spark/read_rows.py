@@ -33,6 +33,7 @@ _PROPERTY_INDEX = {"content_type": 0, "content_encoding": 1, "headers": 2, "deli
                    "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "timestamp": 9,
                    "type": 10, "user_id": 11, "app_id": 12}
 BATCH_ROWS = 8192
+_NAME_COLUMNS = ("exchange", "routing_key")
 
 
 def read_schema() -> Any:
@@ -136,9 +137,13 @@ class BatchBuilder:
         if isinstance(values, _Repeated):
             if values.value is None:
                 return pa.nulls(n, arrow_type)
+            if pa.types.is_string(arrow_type):
+                return pa.repeat(pa.scalar(values.value, arrow_type), n)
             values = [values.value] * n
         elif name in _PROPERTY_INDEX and values.count(None) == n:
             return pa.nulls(n, arrow_type)
+        elif name in _NAME_COLUMNS and values.count(values[0]) == n:  # one exchange, one routing key: the usual
+            return pa.repeat(pa.scalar(values[0], arrow_type), n)
         if name == "headers":
             try:
                 return pa.array(values, type=arrow_type)  # dicts of strings: converted in C
