@@ -150,6 +150,7 @@ def main() -> None:
     parser.add_argument("--body-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2, help="write tasks (local[2] runs 2 at a time)")
     parser.add_argument("--max-in-flight", default="20000")
+    parser.add_argument("--prefetch", help="the read's prefetch option (default: the source's)")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
@@ -184,9 +185,12 @@ def main() -> None:
                         .option("bodyBytes", args.body_bytes).load()
                         .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
         result: list[Any] = []
+        reader = spark.read.format("lavinpy").option("url", url).option("queue", stream) \
+            .option("maxMessagesPerPartition", str(-(-args.rows // 2)))
+        if args.prefetch:
+            reader = reader.option("prefetch", args.prefetch)
         read_s = timed(lambda: result.extend(
-            spark.read.format("lavinpy").option("url", url).option("queue", stream)
-            .option("maxMessagesPerPartition", str(-(-args.rows // 2))).load()
+            reader.load()
             .selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()))
         n = result[0].n
         assert n == args.rows, f"read {n} rows, expected {args.rows}"
