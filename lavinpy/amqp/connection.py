@@ -31,6 +31,7 @@ from ..wire.constants import (
 )
 from ..wire.errors import AMQPConnectionError
 from ..wire.reader import (
+    AckRun,
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -177,6 +178,16 @@ class AMQPConnection(ConnectionOutput):
             while i < len(frames):
                 frame = frames[i]
                 i += 1
+                kind = type(frame)
+                if kind is AckRun:
+                    channel = channels.get(frame.channel)
+                    if (self.state == OPEN and channel is not None and not channel.closing
+                            and not channel.in_content):
+                        channel.on_ack_run(frame.tags)
+                    else:  # the general path takes them one frame at a time
+                        i -= 1
+                        frames[i:i + 1] = frame.frames()
+                    continue
                 if self.state != OPEN:
                     if self.state >= CLOSING:
                         self._handle_while_closing(frame)
@@ -184,7 +195,6 @@ class AMQPConnection(ConnectionOutput):
                         self._handle_frame(frame)
                     continue
                 # Hot path: content frames and basic.publish straight to an open channel.
-                kind = type(frame)
                 if kind is ContentMessage:
                     channel = channels.get(frame.channel)
                     if channel is not None and not channel.closing and not channel.in_content:

@@ -33,6 +33,7 @@ from lavinpy.wire.field_table import FieldTableError, validate_table
 from lavinpy.wire.frames import (
     _HEARTBEAT_EVENT,
     Ack,
+    AckRun,
     BodyFrame,
     ContentMessage,
     FrameEvent,
@@ -48,6 +49,7 @@ from lavinpy.wire.properties import PropertiesError, properties_end, validate_he
 
 __all__ = [
     "Ack",
+    "AckRun",
     "BadProtocolHeader",
     "BodyFrame",
     "FrameEvent",
@@ -64,7 +66,7 @@ __all__ = [
 
 
 if cwire is not None:  # the C reader builds these event classes by writing their slots
-    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, _HEARTBEAT_EVENT)
+    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, _HEARTBEAT_EVENT)
 
 
 class BadProtocolHeader(Exception):
@@ -291,7 +293,15 @@ class FrameReader:
                         continue
                 elif index == 0x003C0050 and size == 13:  # basic.ack
                     tag, bits = tag_bits_unpack(src, start + 4)
-                    method = ack(tag, bits & 1 == 1)
+                    if bits & 1:
+                        method = ack(tag, True)
+                    else:  # joins the run of acks just before it on this channel, if any
+                        last = events[-1] if events else None
+                        if type(last) is AckRun and last.channel == channel:
+                            last.tags.append(tag)
+                        else:
+                            append(AckRun(channel, [tag]))
+                        continue
                 else:
                     try:
                         method = _decode_method(src, start, fend)
