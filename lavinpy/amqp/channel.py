@@ -168,16 +168,20 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         if len(body) > self.conn.config.max_message_size:
             self.on_header(HeaderFrame(self.id, 60, len(body), properties))  # refuses it, as usual
             return
-        self._header_seen = True
-        self._properties = properties
-        self._body_size = len(body)
-        self._complete_publish(body)
+        # Nothing of the content assembly was used: only what on_publish set is undone.
+        self.in_content = False
+        self._publish = None
+        self._publish_message(method, properties, body)
 
     def _complete_publish(self, body: bytes | memoryview) -> None:
         method = self._publish
         properties = self._properties
         self._reset_content()
         assert method is not None
+        self._publish_message(method, properties, body)
+
+    def _publish_message(self, method: Publish, properties: bytes, body: bytes | memoryview) -> None:
+        """Route (or hold, in a transaction) one complete message and count its confirm."""
         try:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)

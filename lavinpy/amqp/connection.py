@@ -54,6 +54,7 @@ from .output import (
     AWAIT_TUNE_OK,
     CLOSED,
     CLOSING,
+    INPUT_TURN_BYTES,
     OPEN,
     ConnectionOutput,
 )
@@ -224,8 +225,11 @@ class AMQPConnection(ConnectionOutput):
                 for channel in pending:
                     channel.send_confirms()
             self.sessions.run_pending()
-            self.broker.note_input(len(data))
-            self.take_input_turn(len(data))
+            nbytes = len(data)
+            self.broker.note_input(nbytes)
+            self._input_turn += nbytes
+            if self._input_turn > INPUT_TURN_BYTES:
+                self.yield_input_turn()
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541

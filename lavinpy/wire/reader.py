@@ -240,6 +240,9 @@ class FrameReader:
         max_payload = self.frame_max - FRAME_OVERHEAD
         while True:
             pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
+            if pos == end:  # the common case: every frame was complete and handled in C
+                self._need = 7
+                return pos
             pos = self._parse(src, events, pos, stop)
             if stop == end:
                 return pos
