@@ -206,7 +206,15 @@ class FrameReader:
                 return []
         events: list[FrameEvent] = []
         try:
-            pos = self._parse_compiled(src, events) if self._compiled else self._parse(src, events)
+            if self._compiled:
+                pos, stop = cwire.scan(src, 0, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
+                                       _publish_cache, _decode_publish, _valid_props)
+                if pos == len(src):  # the common case: every frame was complete and handled in C
+                    self._need = 7
+                else:
+                    pos = self._parse_compiled(src, events, pos, stop)
+            else:
+                pos = self._parse(src, events)
         except AMQPConnectionError as err:
             err.frames = events
             raise
@@ -227,24 +235,24 @@ class FrameReader:
         self.expect_protocol_header = False
         return src[8:]
 
-    def _parse_compiled(self, src: bytes, events: list[FrameEvent]) -> int:
-        """``_parse`` with the hot frames split and decoded in C (``_cwire.scan``).
+    def _parse_compiled(self, src: bytes, events: list[FrameEvent], pos: int, stop: int) -> int:
+        """``_parse`` with the hot frames split and decoded in C (``_cwire.scan``), from where the
+        first scan (in ``feed``) stopped at ``pos``.
 
         The C loop stops at any frame it does not handle (a rare method, a property block not seen
         before, anything wrong or incomplete); ``_parse`` then handles exactly that stretch, so every
         error is raised by the same Python code on both paths.
         """
         end = len(src)
-        pos = 0
         scan = cwire.scan  # type: ignore[union-attr]
         max_payload = self.frame_max - FRAME_OVERHEAD
         while True:
-            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
-            if pos == end:  # the common case: every frame was complete and handled in C
-                self._need = 7
-                return pos
             pos = self._parse(src, events, pos, stop)
             if stop == end:
+                return pos
+            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
+            if pos == end:
+                self._need = 7
                 return pos
 
     def _parse(self, src: bytes, events: list[FrameEvent], pos: int = 0, end: int = -1) -> int:
