@@ -390,7 +390,9 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                               Ack(delivery_tag, False))
 
     def _settle_acks(self, items: list[Unacked]) -> None:
-        """Acks, a run of deliveries of one queue at a time (one ack_many per run)."""
+        """Acks, a run of deliveries of one queue at a time (one ack_many per run). A queue with
+        consumers is asked to deliver again only when it holds ready messages (the freed prefetch
+        credit is then used): an empty one delivers on its next publish anyway."""
         count = len(items)
         queues, positions, consumers = zip(*items, strict=True)
         queue, consumer = queues[0], consumers[0]
@@ -400,7 +402,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                 consumer.unacked -= count
             queue.ack_many(list(positions))
             queue.stats.ack += count
-            if queue.consumers:
+            if queue.consumers and queue.message_count:
                 self.vhost.schedule_delivery(queue)
             if self.global_prefetch:
                 self.conn.schedule_channel_deliveries(self)
@@ -424,7 +426,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             run_queue.ack_many(run)  # type: ignore[union-attr]
             run_queue.stats.ack += len(run)  # type: ignore[union-attr]
         for queue in touched:
-            if queue.consumers:
+            if queue.consumers and queue.message_count:
                 self.vhost.schedule_delivery(queue)
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)
@@ -440,7 +442,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             consumer.unacked -= 1
         queue.ack(pos)
         queue.stats.ack += 1
-        if queue.consumers:
+        if queue.consumers and queue.message_count:
             self.vhost.schedule_delivery(queue)
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)
