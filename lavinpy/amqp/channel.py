@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -167,16 +168,20 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         if len(body) > self.conn.config.max_message_size:
             self.on_header(HeaderFrame(self.id, 60, len(body), properties))  # refuses it, as usual
             return
-        self._header_seen = True
-        self._properties = properties
-        self._body_size = len(body)
-        self._complete_publish(body)
+        # Nothing of the content assembly was used: only what on_publish set is undone.
+        self.in_content = False
+        self._publish = None
+        self._publish_message(method, properties, body)
 
     def _complete_publish(self, body: bytes | memoryview) -> None:
         method = self._publish
         properties = self._properties
         self._reset_content()
         assert method is not None
+        self._publish_message(method, properties, body)
+
+    def _publish_message(self, method: Publish, properties: bytes, body: bytes | memoryview) -> None:
+        """Route (or hold, in a transaction) one complete message and count its confirm."""
         try:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)
@@ -329,7 +334,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
     def _settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
         """requeue None = ack; True = back to the queue; False = drop (dead-lettered later)."""
         if requeue is None:
-            self._settle_acks(items)
+            self._settle_acks([item for _tag, item in items])
             return
         touched = set()
         for _tag, item in items:
@@ -347,12 +352,65 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)
 
-    def _settle_acks(self, items: list[tuple[int, Unacked]]) -> None:
-        """Acks, a run of deliveries of one queue at a time (one ack_many per run)."""
+    def on_ack_run(self, tags: list[int]) -> None:
+        """Consecutive basic.ack frames (multiple=false) of one read, settled as one batch with the
+        outcome of acking them one by one: an unknown tag closes the channel with 406 after the acks
+        before it were applied; the ones after it are not."""
+        if self.tx:
+            for tag in tags:  # held until commit, each validated now
+                try:
+                    self._ack("ack", tag, False, False)
+                except AMQPChannelError as e:
+                    self.close_with_error(e, Ack(tag, False))
+                    return
+            return
+        unacked = self.unacked
+        if len(tags) == 1:
+            if not self._ack_one(tags[0]):
+                self._unknown_ack(tags[0])
+            return
+        items = list(map(unacked.pop, tags, repeat(None)))  # one C loop; None for an unknown tag
+        if None in items:
+            bad = items.index(None)
+            # Those after the unknown tag stay unacked (returned to their queues as the channel closes).
+            for tag, item in zip(tags[bad + 1:], items[bad + 1:], strict=True):
+                if item is not None:
+                    unacked[tag] = item
+            ordered = sorted(unacked.items())  # delivery order again
+            unacked.clear()
+            unacked.update(ordered)
+            if bad:
+                self._settle_acks(items[:bad])
+            self._unknown_ack(tags[bad])
+            return
+        self._settle_acks(items)
+
+    def _unknown_ack(self, delivery_tag: int) -> None:
+        self.close_with_error(AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}"),
+                              Ack(delivery_tag, False))
+
+    def _settle_acks(self, items: list[Unacked]) -> None:
+        """Acks, a run of deliveries of one queue at a time (one ack_many per run). A queue with
+        consumers is asked to deliver again only when it holds ready messages (the freed prefetch
+        credit is then used): an empty one delivers on its next publish anyway."""
+        count = len(items)
+        queues, positions, consumers = zip(*items, strict=True)
+        queue, consumer = queues[0], consumers[0]
+        if queues.count(queue) == count and consumers.count(consumer) == count:
+            # The common case: every delivery from one consumer (or all from basic.get) of one queue.
+            if consumer is not None:
+                consumer.unacked -= count
+            queue.ack_many(list(positions))
+            queue.stats.ack += count
+            if queue.consumers and queue.message_count:
+                self.vhost.schedule_delivery(queue)
+            if self.global_prefetch:
+                self.conn.schedule_channel_deliveries(self)
+            return
         touched = []
         run_queue = None
         run: list[int] = []
-        for _tag, (queue, pos, consumer) in items:
+        for queue, pos, consumer in items:
             if consumer is not None:
                 consumer.unacked -= 1
             if queue is not run_queue:
@@ -368,7 +426,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             run_queue.ack_many(run)  # type: ignore[union-attr]
             run_queue.stats.ack += len(run)  # type: ignore[union-attr]
         for queue in touched:
-            if queue.consumers:
+            if queue.consumers and queue.message_count:
                 self.vhost.schedule_delivery(queue)
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)
@@ -384,7 +442,7 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             consumer.unacked -= 1
         queue.ack(pos)
         queue.stats.ack += 1
-        if queue.consumers:
+        if queue.consumers and queue.message_count:
             self.vhost.schedule_delivery(queue)
         if self.global_prefetch:
             self.conn.schedule_channel_deliveries(self)

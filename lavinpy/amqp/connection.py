@@ -31,6 +31,7 @@ from ..wire.constants import (
 )
 from ..wire.errors import AMQPConnectionError
 from ..wire.reader import (
+    AckRun,
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -53,6 +54,7 @@ from .output import (
     AWAIT_TUNE_OK,
     CLOSED,
     CLOSING,
+    INPUT_TURN_BYTES,
     OPEN,
     ConnectionOutput,
 )
@@ -177,6 +179,16 @@ class AMQPConnection(ConnectionOutput):
             while i < len(frames):
                 frame = frames[i]
                 i += 1
+                kind = type(frame)
+                if kind is AckRun:
+                    channel = channels.get(frame.channel)
+                    if (self.state == OPEN and channel is not None and not channel.closing
+                            and not channel.in_content):
+                        channel.on_ack_run(frame.tags)
+                    else:  # the general path takes them one frame at a time
+                        i -= 1
+                        frames[i:i + 1] = frame.frames()
+                    continue
                 if self.state != OPEN:
                     if self.state >= CLOSING:
                         self._handle_while_closing(frame)
@@ -184,7 +196,6 @@ class AMQPConnection(ConnectionOutput):
                         self._handle_frame(frame)
                     continue
                 # Hot path: content frames and basic.publish straight to an open channel.
-                kind = type(frame)
                 if kind is ContentMessage:
                     channel = channels.get(frame.channel)
                     if channel is not None and not channel.closing and not channel.in_content:
@@ -214,8 +225,11 @@ class AMQPConnection(ConnectionOutput):
                 for channel in pending:
                     channel.send_confirms()
             self.sessions.run_pending()
-            self.broker.note_input(len(data))
-            self.take_input_turn(len(data))
+            nbytes = len(data)
+            self.broker.note_input(nbytes)
+            self._input_turn += nbytes
+            if self._input_turn > INPUT_TURN_BYTES:
+                self.yield_input_turn()
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541

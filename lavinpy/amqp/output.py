@@ -81,17 +81,18 @@ class ConnectionOutput:
     def send(self, data: bytes) -> None:
         self._out.append(data)
         self._out_bytes += len(data)
-        self._after_send()
-
-    def send_many(self, frames: list[bytes]) -> None:
-        self._out.extend(frames)
-        for frame in frames:
-            self._out_bytes += len(frame)
-        self._after_send()
-
-    def _after_send(self) -> None:
+        # (the same as in send_many, inline: this runs for every delivery)
         if self._out_bytes > OUTPUT_FLUSH_BYTES:
             self.flush_output()  # may make the connection unwritable before the next delivery
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.sessions.schedule_output(self)
+
+    def send_many(self, frames: list[bytes]) -> None:
+        self._out += frames
+        self._out_bytes += len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
+        if self._out_bytes > OUTPUT_FLUSH_BYTES:
+            self.flush_output()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.sessions.schedule_output(self)
@@ -120,10 +121,10 @@ class ConnectionOutput:
             self._reading_paused = paused
             self.effect(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
 
-    def take_input_turn(self, nbytes: int) -> None:
-        """Count input; past a turn's worth, stop reading until the other clients were served."""
-        self._input_turn += nbytes
-        if self._input_turn > INPUT_TURN_BYTES and not self._yielding:
+    def yield_input_turn(self) -> None:
+        """A turn's worth of input was read (the connection counts it in ``_input_turn``): stop reading
+        until the other clients were served."""
+        if not self._yielding:
             self._yielding = True
             self.update_reading()
             self.effect(SetTimer(TimerKind.INPUT_TURN, 0.0))

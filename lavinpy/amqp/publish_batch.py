@@ -39,18 +39,19 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
         return start + 1
     end = start + 1
     count = len(frames)
+    bodies = [first.body]
     while end < count:
         frame = frames[end]
         if (type(frame) is not ContentMessage or frame.method is not method or frame.channel != first.channel
                 or frame.properties != properties or len(frame.body) > max_size):
             break
+        bodies.append(frame.body)
         end += 1
     if end - start > 1:
         channel.on_publish(method)  # resolves and checks the exchange, as for each single publish
         if not channel.in_content:
             return start + 1  # refused: the channel is closing; the rest go the general way
         channel._reset_content()
-        bodies = [frames[i].body for i in range(start, end)]
         exchange = channel._publish_exchange
         published = channel.vhost.publish_run(exchange, method.routing_key, properties, bodies)
         if published is not None:

@@ -102,7 +102,30 @@ class ContentMessage:
         return f"ContentMessage(channel={self.channel}, {self.method!r}, {len(self.body)} bytes)"
 
 
-FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | RefusedFrame
+class AckRun:
+    """Consecutive basic.ack frames with multiple=false on one channel, from one read, in order.
+
+    A consumer acking each message sends a stream of these; as one event the channel settles them
+    in one step instead of one dispatch per frame. A multiple=true ack stays a MethodFrame and ends
+    the run, so the order of all frames is kept.
+    """
+
+    __slots__ = ("channel", "tags")
+
+    def __init__(self, channel: int, tags: list[int]) -> None:
+        self.channel = channel
+        self.tags = tags
+
+    def frames(self) -> list[MethodFrame]:
+        """The same acks as separate frames, for the general path."""
+        channel = self.channel
+        return [MethodFrame(channel, Ack(tag, False)) for tag in self.tags]
+
+    def __repr__(self) -> str:
+        return f"AckRun({self.channel}, {self.tags!r})"
+
+
+FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | RefusedFrame | AckRun
 
 _HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
 

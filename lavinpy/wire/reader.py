@@ -33,6 +33,7 @@ from lavinpy.wire.field_table import FieldTableError, validate_table
 from lavinpy.wire.frames import (
     _HEARTBEAT_EVENT,
     Ack,
+    AckRun,
     BodyFrame,
     ContentMessage,
     FrameEvent,
@@ -48,6 +49,7 @@ from lavinpy.wire.properties import PropertiesError, properties_end, validate_he
 
 __all__ = [
     "Ack",
+    "AckRun",
     "BadProtocolHeader",
     "BodyFrame",
     "FrameEvent",
@@ -64,7 +66,7 @@ __all__ = [
 
 
 if cwire is not None:  # the C reader builds these event classes by writing their slots
-    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, _HEARTBEAT_EVENT)
+    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, _HEARTBEAT_EVENT)
 
 
 class BadProtocolHeader(Exception):
@@ -204,7 +206,15 @@ class FrameReader:
                 return []
         events: list[FrameEvent] = []
         try:
-            pos = self._parse_compiled(src, events) if self._compiled else self._parse(src, events)
+            if self._compiled:
+                pos, stop = cwire.scan(src, 0, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
+                                       _publish_cache, _decode_publish, _valid_props)
+                if pos == len(src):  # the common case: every frame was complete and handled in C
+                    self._need = 7
+                else:
+                    pos = self._parse_compiled(src, events, pos, stop)
+            else:
+                pos = self._parse(src, events)
         except AMQPConnectionError as err:
             err.frames = events
             raise
@@ -225,21 +235,24 @@ class FrameReader:
         self.expect_protocol_header = False
         return src[8:]
 
-    def _parse_compiled(self, src: bytes, events: list[FrameEvent]) -> int:
-        """``_parse`` with the hot frames split and decoded in C (``_cwire.scan``).
+    def _parse_compiled(self, src: bytes, events: list[FrameEvent], pos: int, stop: int) -> int:
+        """``_parse`` with the hot frames split and decoded in C (``_cwire.scan``), from where the
+        first scan (in ``feed``) stopped at ``pos``.
 
         The C loop stops at any frame it does not handle (a rare method, a property block not seen
         before, anything wrong or incomplete); ``_parse`` then handles exactly that stretch, so every
         error is raised by the same Python code on both paths.
         """
         end = len(src)
-        pos = 0
         scan = cwire.scan  # type: ignore[union-attr]
         max_payload = self.frame_max - FRAME_OVERHEAD
         while True:
-            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
             pos = self._parse(src, events, pos, stop)
             if stop == end:
+                return pos
+            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
+            if pos == end:
+                self._need = 7
                 return pos
 
     def _parse(self, src: bytes, events: list[FrameEvent], pos: int = 0, end: int = -1) -> int:
@@ -291,7 +304,15 @@ class FrameReader:
                         continue
                 elif index == 0x003C0050 and size == 13:  # basic.ack
                     tag, bits = tag_bits_unpack(src, start + 4)
-                    method = ack(tag, bits & 1 == 1)
+                    if bits & 1:
+                        method = ack(tag, True)
+                    else:  # joins the run of acks just before it on this channel, if any
+                        last = events[-1] if events else None
+                        if type(last) is AckRun and last.channel == channel:
+                            last.tags.append(tag)
+                        else:
+                            append(AckRun(channel, [tag]))
+                        continue
                 else:
                     try:
                         method = _decode_method(src, start, fend)

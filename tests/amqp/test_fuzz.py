@@ -11,6 +11,7 @@ from lavinpy.wire import writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
 from lavinpy.wire.reader import (
+    AckRun,
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -23,10 +24,11 @@ FRAME_MAX = 4096
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 def flatten(events: list) -> list:
-    """Frame events with fused publishes (ContentMessage) expanded into their three frames."""
+    """Frame events with fused publishes (ContentMessage) expanded into their three frames and runs
+    of acks (AckRun, which a cut may split in two) into one frame each."""
     out: list = []
     for event in events:
-        out.extend(event.frames() if isinstance(event, ContentMessage) else [event])
+        out.extend(event.frames() if isinstance(event, (ContentMessage, AckRun)) else [event])
     return out
 
 

@@ -8,10 +8,12 @@ import struct
 import pytest
 from pamqp import commands
 
+from lavinpy.wire import accel
 from lavinpy.wire.constants import FRAME_ERROR, NOT_IMPLEMENTED, PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPConnectionError, AMQPError
 from lavinpy.wire.reader import (
     Ack,
+    AckRun,
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
@@ -420,3 +422,26 @@ def test_too_deep_method_arguments_are_a_channel_error_naming_the_argument() -> 
     with pytest.raises(AMQPConnectionError) as err:  # on channel 0 there is no channel to close
         FrameReader().feed(PROTOCOL_HEADER + frame(1, 0, payload))
     assert err.value.reply_code == 406
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_consecutive_acks_of_a_channel_form_one_run(compiled):
+    """basic.ack frames with multiple=false become one AckRun per channel and stretch; a multiple=true
+    ack, another frame or another channel ends the run, so the order of everything is kept."""
+    if compiled and not accel.COMPILED:
+        pytest.skip("the compiled codec is not selected")
+
+    def ack(channel: int, tag: int, multiple: bool = False) -> bytes:
+        return method(channel, 60, 80, struct.pack(">QB", tag, 1 if multiple else 0))
+
+    data = (PROTOCOL_HEADER + ack(1, 1) + ack(1, 2) + ack(1, 3) + ack(2, 1) + ack(1, 4) + ack(1, 5, True)
+            + ack(1, 6) + method(1, 60, 90, struct.pack(">QB", 7, 0)) + ack(1, 8) + frame(8, 0, b"") + ack(1, 9))
+    events = FrameReader(compiled=compiled).feed(data)
+    described = [(type(e).__name__, e.channel, e.tags) if isinstance(e, AckRun)
+                 else (type(e).__name__, e.channel, type(getattr(e, "method", None)).__name__) for e in events]
+    assert described == [("AckRun", 1, [1, 2, 3]), ("AckRun", 2, [1]), ("AckRun", 1, [4]),
+                         ("MethodFrame", 1, "Ack"), ("AckRun", 1, [6]), ("MethodFrame", 1, "Reject"),
+                         ("AckRun", 1, [8]), ("HeartbeatFrame", 0, "NoneType"), ("AckRun", 1, [9])]
+    assert events[3].method.multiple is True and events[3].method.delivery_tag == 5
+    assert [(f.channel, f.method.delivery_tag, f.method.multiple) for f in events[0].frames()] == [
+        (1, 1, False), (1, 2, False), (1, 3, False)]

@@ -205,3 +205,21 @@ def test_large_body_over_many_frames_is_spooled_and_read_back(tmp_path: Path) ->
         assert b"".join(bodies) == payload
     finally:
         harness.close()
+
+
+def test_a_run_of_acks_inside_a_content_is_a_505_connection_error(client: Client) -> None:
+    # basic.publish, then acks where its content header must come: the run goes the general way,
+    # which refuses its first frame as RabbitMQ does.
+    client.send((1, commands.Basic.Publish(exchange="", routing_key="q")),
+                (1, commands.Basic.Ack(delivery_tag=1)), (1, commands.Basic.Ack(delivery_tag=2)))
+    [(channel, close)] = client.methods()
+    assert (channel, close.name, close.reply_code) == (0, "Connection.Close", 505)
+    assert close.reply_text == ("UNEXPECTED_FRAME - expected content header for class 60 on channel 1, "
+                                "got a method frame")
+
+
+def test_a_run_of_acks_on_channel_0_is_a_connection_error(client: Client) -> None:
+    client.send((0, commands.Basic.Ack(delivery_tag=1)), (0, commands.Basic.Ack(delivery_tag=2)))
+    [(channel, close)] = client.methods()
+    assert (channel, close.name, close.reply_code) == (0, "Connection.Close", 504)
+    assert close.reply_text == "CHANNEL_ERROR - unexpected method Basic.Ack on channel 0"

@@ -50,6 +50,8 @@ def test_basic_ack_matches_pamqp(tag, multiple):
 def test_delivery_tags_are_unsigned_64_bit():
     # pamqp's longlong is signed; AMQP delivery tags are not, and the hand-written paths use all 64 bits.
     (event,) = read_all(writer.basic_ack(1, 2**64 - 1, False))
+    assert event.tags == [2**64 - 1]
+    (event,) = read_all(writer.basic_ack(1, 2**64 - 1, True))
     assert event.method.delivery_tag == 2**64 - 1
 
 
