@@ -22,6 +22,8 @@ closes as it would with the transport paused). TLS connections keep the plain as
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +39,13 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITER_LOW_WATER = WRITE_HIGH_WATER // 4  # a paused connection resumes below this
 WRITER_POLL_SECONDS = 0.002  # how often a paused connection looks at its writer thread's backlog
 WRITER_AFTER_BYTES = 1024 * 1024  # output of a connection before it gets a writer thread
-READER_AFTER_BYTES = 1024 * 1024  # input of a connection before it gets a reader thread
+READER_AFTER_BYTES = 1024 * 1024  # input within READER_WINDOW seconds before a connection gets a reader thread
+READER_WINDOW = 1.0
 READER_BACKLOG = 4 * 1024 * 1024  # received and not yet taken by the loop: the thread stops receiving here
 READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog cannot hold the loop
+# A small input that follows another within this many µs waits as long for more before the thread
+# wakes the loop: one wake-up (and one pass of the per-read Python work) for several pieces of a stream.
+READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "100"))
 WRITER_ENABLED = csocket is not None and "writer" in SOCKET_THREADS
 READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(csocket, "SocketReader")
 
@@ -60,7 +66,8 @@ class AMQPProtocol(asyncio.Protocol):
         self._written = 0  # bytes written through the transport, until a writer thread takes over
         self._writer_fd = -1  # the socket a writer thread may use (plain TCP with the compiled codec)
         self._reader: Any = None  # the SocketReader, when the input comes from a reader thread
-        self._read = 0  # bytes received through the transport, until a reader thread takes over
+        self._read = 0  # bytes received through the transport in the current window
+        self._read_window_end = 0.0
         self._reader_fd = -1  # the socket a reader thread may use
         self._reading_paused = False  # as the connection last asked (PAUSE_READING / RESUME_READING)
 
@@ -92,6 +99,11 @@ class AMQPProtocol(asyncio.Protocol):
         conn.receive_data(data)
         self.pump()
         if self._reader_fd >= 0:
+            # Only a connection whose input streams gets a thread: one that asks and waits for the
+            # answer would pay the hand-over's latency on every request and gain nothing.
+            now = time.monotonic()
+            if now > self._read_window_end:
+                self._read, self._read_window_end = 0, now + READER_WINDOW
             self._read += len(data)
             if self._read > READER_AFTER_BYTES and not self._reading_paused:
                 self._start_reader()
@@ -103,7 +115,7 @@ class AMQPProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.pause_reading()
-        self._reader = csocket.SocketReader(fd, READER_BACKLOG)  # type: ignore[union-attr]
+        self._reader = csocket.SocketReader(fd, READER_BACKLOG, READER_HOLD_US)  # type: ignore[union-attr]
         self._loop.add_reader(self._reader.wake_fd, self._take_input)
 
     def _take_input(self) -> None:

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define READER_CHUNK (128 * 1024)     /* one recv() at most */
@@ -33,6 +34,7 @@ typedef struct {
     pthread_cond_t room;   /* paused, full, or stopped: the thread waits here */
     unsigned char *buf;    /* the backlog is buf[start:len]; only the thread moves or resizes buf */
     size_t start, len, alloc, cap;
+    long hold_ns;          /* a small input waits this long for more before it wakes the loop */
     int paused, stopped, eof, error, signalled;
     int refs;              /* the Python object and the thread */
 } ReaderState;
@@ -95,13 +97,27 @@ reader_make_room(ReaderState *st)
     return want;
 }
 
+static long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
 static void *
 reader_main(void *arg)
 {
     ReaderState *st = arg;
     struct pollfd polled[2] = {{st->fd, POLLIN, 0}, {st->stop_fd, POLLIN, 0}};
+    long held_since = 0;  /* received input not yet signalled (waiting for more), since then */
+    long last_input = 0;  /* when the previous recv() brought something */
     pthread_mutex_lock(&st->lock);
     for (;;) {
+        if (held_since && (st->paused || st->stopped || st->len - st->start >= st->cap)) {
+            reader_signal(st);
+            held_since = 0;
+        }
         while (!st->stopped && (st->paused || st->len - st->start >= st->cap))
             pthread_cond_wait(&st->room, &st->lock);
         if (st->stopped)
@@ -117,6 +133,12 @@ reader_main(void *arg)
         ssize_t got = recv(st->fd, into, room, 0);
         int err = got < 0 ? errno : 0;
         if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
+            if (held_since) {  /* nothing more came: the loop gets what is held before we sleep */
+                pthread_mutex_lock(&st->lock);
+                reader_signal(st);
+                pthread_mutex_unlock(&st->lock);
+                held_since = 0;
+            }
             polled[0].revents = polled[1].revents = 0;
             poll(polled, 2, -1);
             pthread_mutex_lock(&st->lock);
@@ -125,6 +147,27 @@ reader_main(void *arg)
         pthread_mutex_lock(&st->lock);
         if (got > 0) {
             st->len += (size_t)got;
+            long now = st->hold_ns > 0 ? monotonic_ns() : 0;
+            long previous = last_input;
+            last_input = now;
+            /* Held only while the input streams (the previous piece came within the window): a
+             * client waiting for an answer (one request, then quiet) is never held. */
+            if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4
+                    && (held_since || now - previous < st->hold_ns)) {
+                if (!held_since)
+                    held_since = now;
+                long left = held_since + st->hold_ns - now;
+                if (left > 0) {  /* the loop is idle: one wake-up for this and what follows soon */
+                    pthread_mutex_unlock(&st->lock);
+                    struct timespec wait = {0, left};
+                    polled[0].revents = polled[1].revents = 0;
+                    ppoll(polled, 2, &wait, NULL);
+                    pthread_mutex_lock(&st->lock);
+                    if (polled[0].revents && !polled[1].revents)
+                        continue;  /* more input: receive it first */
+                }
+            }
+            held_since = 0;
             reader_signal(st);
         } else if (got == 0 || err != EINTR) {
             if (got == 0)
@@ -151,7 +194,8 @@ SocketReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     int fd;
     Py_ssize_t cap;
-    if (!PyArg_ParseTuple(args, "in", &fd, &cap))
+    long hold_us = 0;
+    if (!PyArg_ParseTuple(args, "in|l", &fd, &cap, &hold_us))
         return NULL;
     if (cap <= 0) {
         PyErr_SetString(PyExc_ValueError, "cap must be positive");
@@ -161,6 +205,7 @@ SocketReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (st == NULL)
         return PyErr_NoMemory();
     st->cap = (size_t)cap;
+    st->hold_ns = hold_us > 0 && hold_us < 1000000 ? hold_us * 1000 : 0;
     st->fd = dup(fd);
     st->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     st->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

@@ -159,3 +159,21 @@ def test_stop_leaves_no_descriptors_or_threads() -> None:
     while counts() != before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert counts() == before
+
+
+def test_streaming_input_is_held_for_one_wake_up_and_a_lone_request_is_not() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    reader = accel.csocket.SocketReader(ours.fileno(), MiB, 400_000)  # hold up to 0.4 s
+    peer.sendall(b"request")  # after a quiet time: handed over at once
+    assert readable(reader.wake_fd, 0.1)
+    assert reader.take(100) == (b"request", 0)
+    peer.sendall(b"stream 1,")  # follows the request within the window: waits for more
+    time.sleep(0.05)
+    peer.sendall(b"stream 2")
+    assert not readable(reader.wake_fd, 0.1)
+    assert readable(reader.wake_fd, 2)  # at the end of the window
+    assert reader.take(100) == (b"stream 1,stream 2", 0)  # one wake-up for both
+    reader.stop()
+    ours.close()
+    peer.close()
