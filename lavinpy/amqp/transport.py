@@ -10,9 +10,11 @@ core (quiet connections, such as most publishers', keep no thread and no buffer)
 checked against the same high-water mark (polled while above it, since the thread cannot call
 back into the loop), and a close waits for it to drain.
 
-Likewise a busy connection's input (past READER_AFTER_BYTES) moves to ``_csocket.SocketReader``: a
-thread without the GIL does the recv() calls into a backlog of at most READER_BACKLOG bytes and wakes
-the loop through an eventfd once per batch; the loop takes the backlog in turns of READER_TAKE_BYTES.
+Likewise the input of a connection whose input streams (READER_AFTER_BYTES within READER_WINDOW)
+moves to ``_csocket.SocketReader``: a thread without the GIL does the recv() calls into a backlog of at
+most READER_BACKLOG bytes and wakes the loop through an eventfd once per batch (a small piece of a
+stream waits up to READER_HOLD_US for more, so the loop's per-read work is paid once for several;
+one after output to the client is not held); the loop takes the backlog in turns of READER_TAKE_BYTES.
 The transport's own reading stays paused from then on, and the connection's pause/resume effects
 pause and resume the thread instead (a paused thread stops receiving, so the client's TCP window
 closes as it would with the transport paused). TLS connections keep the plain asyncio path.
@@ -43,8 +45,9 @@ READER_AFTER_BYTES = 1024 * 1024  # input within READER_WINDOW seconds before a 
 READER_WINDOW = 1.0
 READER_BACKLOG = 4 * 1024 * 1024  # received and not yet taken by the loop: the thread stops receiving here
 READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog cannot hold the loop
-# A small input that follows another within this many µs waits as long for more before the thread
-# wakes the loop: one wake-up (and one pass of the per-read Python work) for several pieces of a stream.
+# A small input that follows another closely, with no output between them (a stream, not requests
+# waiting for answers), waits up to this many µs for more before the thread wakes the loop: one
+# wake-up (and one pass of the per-read Python work) for several pieces of a stream.
 READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "100"))
 WRITER_ENABLED = csocket is not None and "writer" in SOCKET_THREADS
 READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(csocket, "SocketReader")
@@ -191,6 +194,8 @@ class AMQPProtocol(asyncio.Protocol):
         out = conn.data_to_send()
         if out and not transport.is_closing():
             data = out[0] if len(out) == 1 else b"".join(out)
+            if self._reader is not None:
+                self._reader.answered()  # the client may be waiting for this: its next input is not held
             if self._writer is None:
                 transport.write(data)
                 if self._writer_fd >= 0:

@@ -1,9 +1,12 @@
 /* The second core, input side: SocketReader (part of lavinpy.wire._csocket).
  *
- * SocketReader(fd, cap) receives from a socket in a thread that never takes the GIL, into a backlog
- * the event loop takes whole with take(limit). The thread wakes the loop through an eventfd
+ * SocketReader(fd, cap, hold_us=0) receives from a socket in a thread that never takes the GIL, into
+ * a backlog the event loop takes with take(limit). The thread wakes the loop through an eventfd
  * (wake_fd, watched with add_reader) once per batch: only when the backlog goes from empty to
- * non-empty, so a busy loop finds many reads' worth in one take. Back-pressure: the thread stops
+ * non-empty, so a busy loop finds many reads' worth in one take. An idle loop is woken at once,
+ * unless the input streams: a small piece that came shortly after the previous one, with no answer
+ * (answered()) between them, waits up to hold_us for more, so the loop's per-read work is paid once
+ * for several; a client that waits for an answer is never held. Back-pressure: the thread stops
  * receiving while pause() is in force or while the backlog holds cap bytes (the kernel's buffers then
  * fill and TCP stops the client), and goes on after resume() or once take() made room.
  * Invariant: the backlog is non-empty, or the end was seen, exactly when wake_fd is readable.
@@ -27,6 +30,7 @@
 
 #define READER_CHUNK (128 * 1024)     /* one recv() at most */
 #define READER_KEEP_BYTES (256 * 1024) /* an emptied backlog larger than this is freed */
+#define READER_STREAM_GAP_NS 1000000L  /* pieces this close, with no answer between them, are a stream */
 
 typedef struct {
     int fd, wake_fd, stop_fd;
@@ -36,6 +40,7 @@ typedef struct {
     size_t start, len, alloc, cap;
     long hold_ns;          /* a small input waits this long for more before it wakes the loop */
     int paused, stopped, eof, error, signalled;
+    int answered;          /* the loop sent the client something since the last piece came */
     int refs;              /* the Python object and the thread */
 } ReaderState;
 
@@ -149,11 +154,13 @@ reader_main(void *arg)
             st->len += (size_t)got;
             long now = st->hold_ns > 0 ? monotonic_ns() : 0;
             long previous = last_input;
+            int answered = st->answered;
             last_input = now;
-            /* Held only while the input streams (the previous piece came within the window): a
-             * client waiting for an answer (one request, then quiet) is never held. */
+            st->answered = 0;
+            /* Held only while the input streams (the previous piece came shortly before, and the
+             * client got no answer since): a client waiting for an answer is never held. */
             if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4
-                    && (held_since || now - previous < st->hold_ns)) {
+                    && (held_since || (!answered && now - previous < READER_STREAM_GAP_NS))) {
                 if (!held_since)
                     held_since = now;
                 long left = held_since + st->hold_ns - now;
@@ -298,6 +305,13 @@ SocketReader_set_paused(SocketReader *r, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *
+SocketReader_answered(SocketReader *r, PyObject *unused)
+{
+    __atomic_store_n(&r->st->answered, 1, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
 static void
 reader_stop(ReaderState *st)
 {
@@ -347,6 +361,7 @@ static PyMethodDef SocketReader_methods[] = {
     {"take", (PyCFunction)SocketReader_take, METH_O, "take(limit) -> (bytes, end): end 0 open, 1 EOF, -errno"},
     {"set_paused", (PyCFunction)SocketReader_set_paused, METH_O, "stop (True) or go on (False) receiving"},
     {"stop", (PyCFunction)SocketReader_stop, METH_NOARGS, "end the thread; the backlog is dropped"},
+    {"answered", (PyCFunction)SocketReader_answered, METH_NOARGS, "the client was sent something (no hold)"},
     {NULL, NULL, 0, NULL},
 };
 
