@@ -177,3 +177,19 @@ def test_streaming_input_is_held_for_one_wake_up_and_a_lone_request_is_not() -> 
     reader.stop()
     ours.close()
     peer.close()
+
+
+def test_a_piece_after_an_answer_is_not_held() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    reader = accel.csocket.SocketReader(ours.fileno(), MiB, 400_000)
+    peer.sendall(b"request 1")
+    assert readable(reader.wake_fd, 0.1)
+    assert reader.take(100) == (b"request 1", 0)
+    reader.answered()  # the loop replied: the client's next piece is another request, not a stream
+    peer.sendall(b"request 2")
+    assert readable(reader.wake_fd, 0.1)
+    assert reader.take(100) == (b"request 2", 0)
+    reader.stop()
+    ours.close()
+    peer.close()
