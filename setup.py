@@ -15,8 +15,10 @@ setup(
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cstream", ["lavinpy/wire/_cstream.c"], depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),
-        # POSIX threads and sockets: not built where they are missing (the event loop then sends).
-        Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c"], optional=True,
+        # POSIX threads and sockets: not built where they are missing (the event loop then sends and
+        # receives); the reader thread (an eventfd wakes the loop) only on Linux.
+        Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c", "lavinpy/wire/_csocket_reader.c"],
+                  optional=True,
                   extra_compile_args=["-O2"]),
         Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c"], optional=True,
                   extra_compile_args=["-O2"]),

@@ -6,8 +6,10 @@ LavinMQ 1.0.0, which confirms without fsync), ``lavinmq`` (the shared release bu
 (started before the run, stopped by PID after it); scenarios run against the brokers alternately,
 ``--rounds`` times. The table shows the median of the rounds per broker and the two ratios the
 speed issue tracks: lavinpy-never / LavinMQ and lavinpy / RabbitMQ. Scenario ``cpu`` loads each
-broker at a fixed rate (16 B transient, autoack) and reports broker CPU per message. All raw results
-are written as JSON. Run it through bench/compare.sh, which installs what it needs.
+broker at a fixed rate (16 B transient, autoack) and reports broker CPU per message. For lavinpy the
+CPU is also split by thread (/proc/<pid>/task): the event-loop thread against the others (the socket
+reader and writer threads, the second core), over the measured window. All raw results are written
+as JSON. Run it through bench/compare.sh, which installs what it needs.
 """
 
 from __future__ import annotations
@@ -192,14 +194,75 @@ class RabbitMQ(Broker):
             self.proc.wait(10)
 
 
+def thread_cpu_ticks(pid: int) -> dict[int, int]:
+    """utime + stime (clock ticks) of each live thread of a process."""
+    ticks: dict[int, int] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ticks
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+class ThreadCpu:
+    """CPU of a process's event-loop thread (the main thread) and of its other threads over a window.
+
+    Threads are sampled every 0.2 s; a thread that ends within the window counts up to its last
+    sample, one that starts within it from zero."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.first: dict[int, int] | None = None
+        self.last: dict[int, int] = {}
+        self.t0 = self.t1 = 0.0
+
+    def sample(self) -> None:
+        now = thread_cpu_ticks(self.pid)
+        if self.first is None:
+            self.first, self.t0 = now, time.monotonic()
+        self.last.update(now)
+        self.t1 = time.monotonic()
+
+    def result(self) -> dict:
+        if self.first is None or self.t1 <= self.t0:
+            return {}
+        tck = os.sysconf("SC_CLK_TCK")
+        loop = (self.last.get(self.pid, 0) - self.first.get(self.pid, 0)) / tck
+        other = sum(v - self.first.get(tid, 0) for tid, v in self.last.items() if tid != self.pid) / tck
+        return {"seconds": round(self.t1 - self.t0, 3), "loop_thread_s": loop, "other_threads_s": other}
+
+
 def run_amqpperf(amqpperf: str, broker: Broker, args: list[str]) -> dict:
     pids = ",".join(str(p) for p in broker.pids)
     cmd = [amqpperf, "-uri", broker.uri, "-broker-pid", pids, "-label", broker.name, *args]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    # Per-thread CPU over amqpperf's measured window (after its warm-up), for lavinpy (one process).
+    threads = ThreadCpu(broker.pids[0]) if isinstance(broker, Lavinpy) and "-duration" in args else None
+    warmup = float(args[args.index("-warmup") + 1]) if "-warmup" in args else 0.0
+    duration = float(args[args.index("-duration") + 1]) if "-duration" in args else 0.0
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        started = time.monotonic()
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if threads is not None and warmup + 0.5 < time.monotonic() - started < warmup + duration + 0.5:
+                threads.sample()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        result = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        return {"errors": [f"amqpperf exit {out.returncode}: {out.stderr.strip()[-500:]}"]}
+        return {"errors": [f"amqpperf exit {proc.returncode}: {stderr.strip()[-500:]}"]}
+    if threads is not None:
+        result["thread_cpu"] = threads.result()
+    return result
 
 
 def queue_message_count(broker: Broker, queue: str) -> int:
@@ -264,12 +327,23 @@ def figures(scenario: str, r: dict) -> dict[str, float]:
                 "served again s": r["served_again_s"], "RSS full MiB": r["broker_rss_full_kb"] / 1024,
                 "RSS after restart MiB": r["broker_rss_after_restart_kb"] / 1024}
     cores = (r.get("cpu_cores") or {}).get("broker")
+    tc = r.get("thread_cpu") or {}
+    split: dict[str, float] = {}
+    if tc.get("seconds"):
+        if scenario == "cpu" and r.get("con_rate"):  # µs of each per message, at the fixed rate
+            per_msg = 1e6 / (tc["seconds"] * r["con_rate"])
+            split = {"loop thread us/msg": tc["loop_thread_s"] * per_msg,
+                     "other threads us/msg": tc["other_threads_s"] * per_msg}
+        else:
+            split = {"loop thread % core": 100 * tc["loop_thread_s"] / tc["seconds"],
+                     "other threads % core": 100 * tc["other_threads_s"] / tc["seconds"]}
     if scenario == "cpu":
         rate = r.get("con_rate") or 0
-        return {"broker CPU us/msg": cores * 1e6 / rate, "broker CPU cores": cores} if cores and rate else {}
+        return {"broker CPU us/msg": cores * 1e6 / rate, "broker CPU cores": cores, **split} if cores and rate else {}
     out = {"pub msg/s": r.get("pub_rate", 0), "con msg/s": r.get("con_rate", 0)}
     if cores is not None:
         out["broker CPU cores"] = cores
+    out.update(split)
     lat = r.get("latency_us") or {}
     if "p99" in lat:
         out["p99 latency ms"] = lat["p99"] / 1000

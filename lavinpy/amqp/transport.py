@@ -9,15 +9,27 @@ With the compiled codec, a busy plain TCP connection's output (past WRITER_AFTER
 core (quiet connections, such as most publishers', keep no thread and no buffer). Its backlog is
 checked against the same high-water mark (polled while above it, since the thread cannot call
 back into the loop), and a close waits for it to drain.
+
+Likewise the input of a connection whose input streams (READER_AFTER_BYTES within READER_WINDOW)
+moves to ``_csocket.SocketReader``: a thread without the GIL does the recv() calls into a backlog of at
+most READER_BACKLOG bytes and wakes the loop through an eventfd once per batch (a small piece of a
+stream waits up to READER_HOLD_US for more, so the loop's per-read work is paid once for several;
+one after output to the client is not held); the loop takes the backlog in turns of READER_TAKE_BYTES.
+The transport's own reading stays paused from then on, and the connection's pause/resume effects
+pause and resume the thread instead (a paused thread stops receiving, so the client's TCP window
+closes as it would with the transport paused). TLS connections keep the plain asyncio path.
+``LAVINPY_SOCKET_THREADS`` (lavinpy.wire.accel) selects which of the two threads busy connections get.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..wire.accel import csocket
+from ..wire.accel import SOCKET_THREADS, csocket
 from ..wire.proxy_header import ProxyHeaderError, may_be_proxy_line, parse_proxy_line
 from .connection import AMQPConnection
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
@@ -29,6 +41,16 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITER_LOW_WATER = WRITE_HIGH_WATER // 4  # a paused connection resumes below this
 WRITER_POLL_SECONDS = 0.002  # how often a paused connection looks at its writer thread's backlog
 WRITER_AFTER_BYTES = 1024 * 1024  # output of a connection before it gets a writer thread
+READER_AFTER_BYTES = 1024 * 1024  # input within READER_WINDOW seconds before a connection gets a reader thread
+READER_WINDOW = 1.0
+READER_BACKLOG = 4 * 1024 * 1024  # received and not yet taken by the loop: the thread stops receiving here
+READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog cannot hold the loop
+# A small input that follows another closely, with no output between them (a stream, not requests
+# waiting for answers), waits up to this many µs for more before the thread wakes the loop: one
+# wake-up (and one pass of the per-read Python work) for several pieces of a stream.
+READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "100"))
+WRITER_ENABLED = csocket is not None and "writer" in SOCKET_THREADS
+READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(csocket, "SocketReader")
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -46,14 +68,22 @@ class AMQPProtocol(asyncio.Protocol):
         self._writer: Any = None  # the SocketWriter, when the output goes through a writer thread
         self._written = 0  # bytes written through the transport, until a writer thread takes over
         self._writer_fd = -1  # the socket a writer thread may use (plain TCP with the compiled codec)
+        self._reader: Any = None  # the SocketReader, when the input comes from a reader thread
+        self._read = 0  # bytes received through the transport in the current window
+        self._read_window_end = 0.0
+        self._reader_fd = -1  # the socket a reader thread may use
+        self._reading_paused = False  # as the connection last asked (PAUSE_READING / RESUME_READING)
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         sock = transport.get_extra_info("socket")
-        if csocket is not None and sock is not None and transport.get_extra_info("sslcontext") is None:
-            self._writer_fd = sock.fileno()
+        if sock is not None and transport.get_extra_info("sslcontext") is None:
+            if WRITER_ENABLED:
+                self._writer_fd = sock.fileno()
+            if READER_ENABLED:
+                self._reader_fd = sock.fileno()
         peer = transport.get_extra_info("peername")
         if self.accept_proxy is not None and isinstance(peer, tuple) and self.accept_proxy(peer[0]):
             self._proxy_pending = b""
@@ -71,6 +101,47 @@ class AMQPProtocol(asyncio.Protocol):
                 return
         conn.receive_data(data)
         self.pump()
+        if self._reader_fd >= 0:
+            # Only a connection whose input streams gets a thread: one that asks and waits for the
+            # answer would pay the hand-over's latency on every request and gain nothing.
+            now = time.monotonic()
+            if now > self._read_window_end:
+                self._read, self._read_window_end = 0, now + READER_WINDOW
+            self._read += len(data)
+            if self._read > READER_AFTER_BYTES and not self._reading_paused:
+                self._start_reader()
+
+    def _start_reader(self) -> None:
+        """Hand the socket's input to a reader thread; the transport reads no more."""
+        transport = self.transport
+        self._reader_fd, fd = -1, self._reader_fd
+        if transport is None or transport.is_closing():
+            return
+        transport.pause_reading()
+        self._reader = csocket.SocketReader(fd, READER_BACKLOG, READER_HOLD_US)  # type: ignore[union-attr]
+        self._loop.add_reader(self._reader.wake_fd, self._take_input)
+
+    def _take_input(self) -> None:
+        """The reader thread's wake-up: feed what it received to the connection, in turns."""
+        reader, conn, transport = self._reader, self.conn, self.transport
+        if reader is None or conn is None or transport is None:
+            return
+        data, end = reader.take(READER_TAKE_BYTES)
+        if data:
+            conn.receive_data(data)
+            self.pump()
+        if end and self._reader is reader:  # the backlog is empty and the socket's input ended
+            self._stop_reader()
+            if end > 0:  # EOF: closed as asyncio closes a transport whose protocol ignores the EOF
+                transport.close()
+            else:  # a receive error (a reset)
+                transport.abort()
+
+    def _stop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            self._loop.remove_reader(reader.wake_fd)
+            reader.stop()
 
     def _take_proxy_line(self, conn: AMQPConnection, data: bytes) -> bytes:
         """Strip the PROXY line a cluster member sends first; its client becomes the connection's peer.
@@ -94,6 +165,7 @@ class AMQPProtocol(asyncio.Protocol):
         return pending[used:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_reader()
         if self._writer is not None and not self._writer.finishing:
             self._writer.abort()  # the peer is gone: nothing more can be sent
         for handle in self._timers.values():
@@ -122,6 +194,8 @@ class AMQPProtocol(asyncio.Protocol):
         out = conn.data_to_send()
         if out and not transport.is_closing():
             data = out[0] if len(out) == 1 else b"".join(out)
+            if self._reader is not None:
+                self._reader.answered()  # the client may be waiting for this: its next input is not held
             if self._writer is None:
                 transport.write(data)
                 if self._writer_fd >= 0:
@@ -153,13 +227,30 @@ class AMQPProtocol(asyncio.Protocol):
         elif transport.is_closing():
             return
         elif effect is Effect.CLOSE:
+            self._stop_reader()  # as a closing transport reads no more
             if self._writer is not None:
                 self._writer.finish()  # sends what is queued, then closes its side of the socket
             transport.close()
         elif effect is Effect.PAUSE_READING:
-            transport.pause_reading()
+            self._set_reading_paused(True, transport)
         elif effect is Effect.RESUME_READING:
-            transport.resume_reading()
+            self._set_reading_paused(False, transport)
+
+    def _set_reading_paused(self, paused: bool, transport: asyncio.Transport) -> None:
+        was_paused, self._reading_paused = self._reading_paused, paused
+        reader = self._reader
+        if reader is None:
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+        elif paused != was_paused:
+            # The loop stops watching too: the wake-up fd stays readable while a backlog waits.
+            reader.set_paused(paused)
+            if paused:
+                self._loop.remove_reader(reader.wake_fd)
+            else:
+                self._loop.add_reader(reader.wake_fd, self._take_input)
 
     def _poll_writer(self) -> None:
         """While paused by the writer thread's backlog: resume once it is below the low-water mark."""

@@ -1,4 +1,5 @@
-/* The second core: a socket writer thread (lavinpy.wire._csocket, selected by lavinpy/wire/accel.py).
+/* The second core: a socket writer thread (lavinpy.wire._csocket, selected by lavinpy/wire/accel.py);
+ * the reader thread beside it is in _csocket_reader.c (Linux: it wakes the loop through an eventfd).
  *
  * SocketWriter(fd) sends what the event loop queues with write() from a thread of its own, which
  * never takes the GIL: the send() system calls (on loopback they also run the receiver's TCP
@@ -293,8 +294,12 @@ static PyTypeObject SocketWriterType = {
 };
 
 static struct PyModuleDef csocket_module = {
-    PyModuleDef_HEAD_INIT, "lavinpy.wire._csocket", "A socket writer thread that never takes the GIL.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "lavinpy.wire._csocket", "Socket writer and reader threads that never take the GIL.", -1, NULL,
 };
+
+#ifdef __linux__
+int csocket_add_reader(PyObject *module);
+#endif
 
 PyMODINIT_FUNC
 PyInit__csocket(void)
@@ -310,5 +315,11 @@ PyInit__csocket(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef __linux__
+    if (csocket_add_reader(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     return m;
 }

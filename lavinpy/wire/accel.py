@@ -12,7 +12,7 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["COMPILED", "PURE_PYTHON_REQUESTED", "cclient", "csocket", "cwire", "load"]
+__all__ = ["COMPILED", "PURE_PYTHON_REQUESTED", "SOCKET_THREADS", "cclient", "csocket", "cwire", "load"]
 
 PURE_PYTHON_REQUESTED: bool = os.environ.get("LAVINPY_PURE_PYTHON", "") == "1"
 
@@ -28,8 +28,15 @@ def load(name: str) -> ModuleType | None:
 
 
 cwire: ModuleType | None = load("lavinpy.wire._cwire")
-# SocketWriter: a connection's send() calls in a thread that never takes the GIL (the second core).
+# SocketWriter / SocketReader: a busy connection's send() and recv() calls in threads that never take
+# the GIL (the second core).
 csocket: ModuleType | None = load("lavinpy.wire._csocket")
+# Which of those threads busy connections get: LAVINPY_SOCKET_THREADS, a comma list of "reader" and
+# "writer" (default both; empty or "0": none, the event loop does all socket calls), for comparisons.
+SOCKET_THREADS: frozenset[str] = frozenset(
+    part.strip() for part in os.environ.get("LAVINPY_SOCKET_THREADS", "reader,writer").split(",")
+    if part.strip() in ("reader", "writer")
+) if csocket is not None else frozenset()
 # The blocking clients' runs of publishes and deliveries (lavinpy.wire.client).
 cclient: ModuleType | None = load("lavinpy.wire._cclient")
 
