@@ -29,3 +29,5 @@ def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.stop_all()
+        for node in nodes.nodes:  # shown by pytest only when the test failed
+            print(f"--- {node.name}: last lines of its log ---\n" + "\n".join(node.log_text().splitlines()[-40:]))

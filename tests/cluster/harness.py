@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -30,9 +31,17 @@ def etcd_binary() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below Linux's ephemeral range (32768-60999): nodes are restarted on their
+    ports many times, and a port the kernel may hand out as some client's source port meanwhile
+    would keep a node from binding."""
+    while True:
+        port = random.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def wait_until(check, timeout: float, interval: float = 0.05, what: str = "condition"):
