@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .streams import Delivery, DeliveryChunk
+from .streams import DeliveryChunk
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
 # DataFrame can be written back unchanged.
@@ -82,16 +82,6 @@ class BatchBuilder:
         self.names = list(arrow_schema.names)
         self.batch_rows = batch_rows
 
-    def batches(self, deliveries: Iterable[Delivery]) -> Iterator[pa.RecordBatch]:
-        rows: list[Delivery] = []
-        for delivery in deliveries:
-            rows.append(delivery)
-            if len(rows) >= self.batch_rows:
-                yield self.build(rows)
-                rows = []
-        if rows:
-            yield self.build(rows)
-
     def chunk_batches(self, chunks: Iterable[DeliveryChunk]) -> Iterator[pa.RecordBatch]:
         """Record batches of at least ``batch_rows`` rows (but the last) from chunks of deliveries."""
         pending: list[DeliveryChunk] = []
@@ -111,9 +101,6 @@ class BatchBuilder:
         if len(chunks) == 1:
             return chunks[0]
         return DeliveryChunk(*(list(chain.from_iterable(column)) for column in zip(*chunks, strict=True)))
-
-    def build(self, rows: list[Delivery]) -> pa.RecordBatch:
-        return self.build_columns(*DeliveryChunk.of_rows(rows))
 
     def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
                       properties: list[list[Any]], bodies: list[bytes]) -> pa.RecordBatch:

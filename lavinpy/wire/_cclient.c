@@ -79,94 +79,6 @@ cclient_pack_publishes(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(stop);
 }
 
-/* scan_deliveries(buf, channel, pos) -> (items, pos, bad)
- *
- * From pos on, the whole deliveries on channel (basic.deliver, its content header, one body frame or
- * none for an empty body) as (delivery tag, exchange, routing key, property block, body), until
- * something else. bad: the next delivery's fields do not fit its frame or its names are not UTF-8
- * (the Python twin then reads it, and raises as it does). */
-static PyObject *
-cclient_scan_deliveries(PyObject *self, PyObject *args)
-{
-    Py_buffer view;
-    unsigned int ch;
-    Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "y*In", &view, &ch, &pos))
-        return NULL;
-    const unsigned char *buf = view.buf;
-    Py_ssize_t size = view.len;
-    int bad = 0;
-    PyObject *items = PyList_New(0);
-    if (items == NULL)
-        goto fail;
-    if (pos < 0)
-        pos = size;  /* nothing to read; Python's twin does the same with a negative start */
-    while (size - pos >= 22) {
-        uint32_t flen = rd32(buf + pos + 3);
-        Py_ssize_t h = pos + 8 + (Py_ssize_t)flen;  /* the header frame */
-        if (buf[pos] != 1 || rd16(buf + pos + 1) != ch || rd16(buf + pos + 7) != 60 || rd16(buf + pos + 9) != 60
-            || size - h < 22 || buf[h - 1] != FRAME_END)
-            break;
-        uint32_t hlen = rd32(buf + h + 3);
-        uint64_t body_size = rd64(buf + h + 11);
-        Py_ssize_t b = h + 8 + (Py_ssize_t)hlen;
-        if (buf[h] != 2 || rd16(buf + h + 1) != ch || b > size || buf[b - 1] != FRAME_END)
-            break;
-        Py_ssize_t next = b;
-        if (body_size) {
-            if (size - b < 8)
-                break;
-            uint32_t blen = rd32(buf + b + 3);
-            next = b + 8 + (Py_ssize_t)blen;
-            if (buf[b] != 3 || rd16(buf + b + 1) != ch || blen != body_size || next > size
-                || buf[next - 1] != FRAME_END)
-                break;
-        }
-        /* basic.deliver arguments: consumer tag, delivery tag, redelivered, exchange, routing key;
-         * all of them inside the method frame, and the property block at least its flags. */
-        Py_ssize_t mend = h - 1;
-        Py_ssize_t p = pos + 12 + buf[pos + 11];
-        if (p + 10 > mend || p + 10 + buf[p + 9] + 1 > mend || h + 19 > b - 1) {
-            bad = 1;
-            break;
-        }
-        uint64_t tag = rd64(buf + p);
-        Py_ssize_t en = buf[p + 9];
-        const char *exchange_at = (const char *)buf + p + 10;
-        p += 10 + en;
-        Py_ssize_t rn = buf[p];
-        if (p + 1 + rn > mend) {
-            bad = 1;
-            break;
-        }
-        PyObject *exchange = PyUnicode_DecodeUTF8(exchange_at, en, NULL);
-        PyObject *routing_key = exchange ? PyUnicode_DecodeUTF8((const char *)buf + p + 1, rn, NULL) : NULL;
-        if (routing_key == NULL) {
-            Py_XDECREF(exchange);
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                goto fail;
-            PyErr_Clear();
-            bad = 1;
-            break;
-        }
-        PyObject *item = Py_BuildValue("(KNNy#y#)", (unsigned long long)tag, exchange, routing_key,
-                                       (const char *)buf + h + 19, (Py_ssize_t)(b - 1 - (h + 19)),
-                                       (const char *)buf + b + 7, (Py_ssize_t)(body_size ? next - 1 - (b + 7) : 0));
-        if (item == NULL || PyList_Append(items, item) < 0) {
-            Py_XDECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
-        pos = next;
-    }
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(NnO)", items, pos, bad ? Py_True : Py_False);
-fail:
-    Py_XDECREF(items);
-    PyBuffer_Release(&view);
-    return NULL;
-}
-
 /* The x-stream-offset entry a stream stamps as its headers table's last entry: name and type 'l'. */
 static const char OFFSET_ENTRY[] = "\x0fx-stream-offsetl";
 #define OFFSET_ENTRY_LEN 17
@@ -374,7 +286,6 @@ fail:
 
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
-    {"scan_deliveries", cclient_scan_deliveries, METH_VARARGS, "Parse a run of deliveries (see the source)."},
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
     {NULL, NULL, 0, NULL},

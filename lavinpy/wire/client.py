@@ -37,7 +37,6 @@ __all__ = [
     "parse_header",
     "parse_return",
     "publish_method_frame",
-    "scan_deliveries",
     "scan_stream_deliveries",
     "single_content_frames",
     "split_content_frames",
@@ -237,66 +236,6 @@ def _pack_publishes(out: bytearray, method_frame: bytes, channel: int, propertie
         out += FRAME_END_BYTE
         i += 1
     return i
-
-
-Delivered = tuple[int, str, str, bytes, bytes]  # delivery tag, exchange, routing key, property block, body
-
-
-def scan_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> tuple[list[Delivered], int]:
-    """The whole deliveries on ``channel`` from ``buf[pos:]`` on (basic.deliver, its content header,
-    one body frame, or none for an empty body), until anything else; and the offset after them."""
-    if cclient is None:
-        return _scan_deliveries(buf, channel, pos)
-    items, pos, bad = cclient.scan_deliveries(buf, channel, pos)
-    if bad:  # fields that do not fit their frame, or names that are not UTF-8: read (or raised) here
-        more, pos = _scan_deliveries(buf, channel, pos)
-        items += more
-    return items, pos
-
-
-_METHOD_HEAD = struct.Struct(">BHIHH")  # frame type, channel, size, class id, method id
-_DELIVERY_HEAD = struct.Struct(">BHIHHQH")  # header frame ... class id, weight, body size, property flags
-
-
-def _scan_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> tuple[list[Delivered], int]:
-    items: list[Delivered] = []
-    size = len(buf)
-    if pos < 0:
-        pos = size
-    method_head = _METHOD_HEAD.unpack_from
-    content_head = _DELIVERY_HEAD.unpack_from
-    frame_head = FRAME_HEAD.unpack_from
-    ch = channel
-    while size - pos >= 22:
-        ftype, fch, flen, cls, mth = method_head(buf, pos)
-        h = pos + 8 + flen  # the header frame
-        if ftype != 1 or fch != ch or cls != 60 or mth != 60 or size - h < 22 or buf[h - 1] != FRAME_END:
-            break
-        ftype, fch, hlen, _cls, _weight, body_size, _flags = content_head(buf, h)
-        b = h + 8 + hlen
-        if ftype != 2 or fch != ch or b > size or buf[b - 1] != FRAME_END:
-            break
-        if body_size:
-            if size - b < 8:
-                break
-            ftype, fch, blen = frame_head(buf, b)
-            next_pos = b + 8 + blen
-            if ftype != 3 or fch != ch or blen != body_size or next_pos > size or buf[next_pos - 1] != FRAME_END:
-                break
-            body = bytes(buf[b + 7:next_pos - 1])
-        else:
-            body = b""
-            next_pos = b
-        p = pos + 12 + buf[pos + 11]  # after the consumer tag
-        tag = _U64.unpack_from(buf, p)[0]
-        n = buf[p + 9]
-        exchange = bytes(buf[p + 10:p + 10 + n]).decode()
-        p += 10 + n
-        n = buf[p]
-        routing_key = bytes(buf[p + 1:p + 1 + n]).decode()
-        items.append((tag, exchange, routing_key, bytes(buf[h + 19:b - 1]), body))
-        pos = next_pos
-    return items, pos
 
 
 # The x-stream-offset entry a stream stamps as its headers table's last entry (name, type 'l').

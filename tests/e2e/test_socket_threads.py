@@ -21,7 +21,13 @@ from lavinpy.wire import accel
 from . import uid
 from .conftest import lavinpy_only
 from .rawamqp import PeerClosed, RawAMQP
-from .test_memory_backpressure import MAX_GROWTH, MiB, assert_witness_served, raw_client, rss_anon
+from .test_memory_backpressure import (
+    MiB,
+    assert_unread_returns_stop_the_publisher,
+    assert_witness_served,
+    raw_client,
+    rss_anon,
+)
 from .test_policies_alarms import inproc  # noqa: F401 - the fixture
 
 pytestmark = lavinpy_only("counts the broker process's threads and descriptors")
@@ -178,21 +184,8 @@ def test_flooding_publisher_whose_output_is_backed_up(fresh_broker) -> None:
     round_trip(publisher)
     if READER_THREADS:
         assert eventually(lambda: threads(fresh_broker.pid) > before_threads), "no reader thread"
-    method = frame.marshal(commands.Basic.Publish(exchange="", routing_key=uid("nowhere"), mandatory=True), 1)
-    burst = (method + publisher.content_frames(1, b"r" * (64 * 1024))) * 16  # 1 MiB
-    sent = 0
-    publisher.sock.settimeout(2.0)
     try:
-        while sent < 300 * MiB:
-            publisher.sock.sendall(burst)  # blocks once the broker stops reading us
-            sent += len(burst)
-    except TimeoutError:
-        pass
-    try:
-        assert sent < 300 * MiB, "the broker kept reading a publisher that never reads its returns"
-        assert_witness_served(fresh_broker)
-        growth = rss_anon(fresh_broker.pid) - before
-        assert growth < MAX_GROWTH, f"RssAnon grew by {growth / MiB:.1f} MiB after {sent / MiB:.0f} MiB sent"
+        assert_unread_returns_stop_the_publisher(fresh_broker, publisher, before)
     finally:
         publisher.close()
 

@@ -256,27 +256,6 @@ deliveries = st.builds(delivery, st.integers(0, 2), names, st.integers(0, 2**64 
                        st.binary(max_size=200))
 # A name that is not UTF-8 (the names above always are): the Python twin raises for it.
 bad_name = writer.method_frame(1, commands.Basic.Deliver("t", 1, False, "", "q")).replace(b"\x01q", b"\x01\xff")
-delivery_streams = st.builds(
-    mutate,
-    st.lists(st.one_of(deliveries, deliveries, deliveries, st.just(bad_name + content(1, b"\x00\x00", b"x")),
-                       frames()), min_size=1, max_size=8).map(b"".join),
-    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2))
-
-
-@AGREE
-@given(delivery_streams, st.integers(0, 2), st.integers(-1, 40), st.booleans())
-def test_client_scan_deliveries_agree(stream: bytes, channel: int, pos: int, as_bytearray: bool) -> None:
-    data = bytearray(stream) if as_bytearray else stream
-    assert outcome(client.scan_deliveries, data, channel, pos) == outcome(client._scan_deliveries, data, channel, pos)
-
-
-def test_client_scan_deliveries_reads_a_run() -> None:
-    stream = b"".join(delivery(1, "ct", i, "ex", f"k{i}", b"\x10\x00\x02", b"b%d" % i) for i in range(1, 4))
-    items, used = accel.cclient.scan_deliveries(stream + b"\x01\x00", 1, 0)[:2]
-    assert used == len(stream)
-    assert items == [(i, "ex", f"k{i}", b"\x10\x00\x02", b"b%d" % i) for i in range(1, 4)]
-
-
 def stamped(props: bytes, offset: int) -> bytes:
     """A property block with x-stream-offset appended as the headers' last entry, as a stream sends it."""
     from lavinpy.wire.properties import append_header_entry

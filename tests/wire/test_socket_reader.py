@@ -5,6 +5,7 @@ leaves no descriptor behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -12,6 +13,8 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -49,96 +52,91 @@ def tcp_pair() -> tuple[socket.socket, socket.socket]:
     return ours, peer
 
 
+@contextlib.contextmanager
+def reading(tcp: bool = False, cap: int = 4 * MiB, hold_us: int | None = None,
+            rcvbuf: int | None = None) -> Iterator[tuple[Any, socket.socket]]:
+    """A reader thread on our end of a connected pair (non-blocking, as the event loop's sockets are)
+    and the peer's socket; both closed and the thread stopped afterwards."""
+    ours, peer = tcp_pair() if tcp else socket.socketpair()
+    ours.setblocking(False)
+    if rcvbuf is not None:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, rcvbuf)
+    args = (ours.fileno(), cap) if hold_us is None else (ours.fileno(), cap, hold_us)
+    reader = accel.csocket.SocketReader(*args)
+    try:
+        yield reader, peer
+    finally:
+        reader.stop()
+        ours.close()
+        peer.close()
+
+
 def test_everything_arrives_in_order_and_the_wake_fd_follows_the_backlog() -> None:
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)  # as the event loop's sockets are
-    reader = accel.csocket.SocketReader(ours.fileno(), 4 * MiB)
-    assert not readable(reader.wake_fd, 0.1)
-    pieces = [os.urandom(n) for n in (1, 7, 4096, 300_000, 13, 2_000_000, 5)]
-    sender = threading.Thread(target=lambda: [peer.sendall(p) for p in pieces])
-    sender.start()
-    got, end = take_all(reader, sum(map(len, pieces)))
-    sender.join()
-    assert got == b"".join(pieces) and end == 0
-    assert not readable(reader.wake_fd, 0.1)  # emptied: no wake-up until the next byte
-    assert reader.take(100) == (b"", 0)
-    peer.sendall(b"next")
-    assert readable(reader.wake_fd, 5)
-    assert reader.take(2) == (b"ne", 0)
-    assert readable(reader.wake_fd)  # still something to take
-    assert reader.take(100) == (b"xt", 0)
-    reader.stop()
-    ours.close()
-    peer.close()
+    with reading() as (reader, peer):
+        assert not readable(reader.wake_fd, 0.1)
+        pieces = [os.urandom(n) for n in (1, 7, 4096, 300_000, 13, 2_000_000, 5)]
+        sender = threading.Thread(target=lambda: [peer.sendall(p) for p in pieces])
+        sender.start()
+        got, end = take_all(reader, sum(map(len, pieces)))
+        sender.join()
+        assert got == b"".join(pieces) and end == 0
+        assert not readable(reader.wake_fd, 0.1)  # emptied: no wake-up until the next byte
+        assert reader.take(100) == (b"", 0)
+        peer.sendall(b"next")
+        assert readable(reader.wake_fd, 5)
+        assert reader.take(2) == (b"ne", 0)
+        assert readable(reader.wake_fd)  # still something to take
+        assert reader.take(100) == (b"xt", 0)
 
 
 def test_a_full_backlog_stops_receiving_until_taken() -> None:
-    ours, peer = tcp_pair()
-    ours.setblocking(False)
-    for s, opt in ((ours, socket.SO_RCVBUF), (peer, socket.SO_SNDBUF)):
-        s.setsockopt(socket.SOL_SOCKET, opt, 64 * 1024)
     cap = MiB
-    reader = accel.csocket.SocketReader(ours.fileno(), cap)
-    payload = os.urandom(32 * MiB)
-    peer.settimeout(1.0)
-    sent = 0
-    try:
-        while sent < len(payload):
-            sent += peer.send(payload[sent:sent + 256 * 1024])
-    except TimeoutError:
-        pass
-    assert sent < 8 * MiB, "the reader kept receiving past its cap"
-    assert reader.buffered <= cap
-    peer.settimeout(None)
-    sender = threading.Thread(target=peer.sendall, args=(payload[sent:],))
-    sender.start()
-    got, _end = take_all(reader, len(payload), timeout=30)
-    sender.join()
-    assert got == payload
-    reader.stop()
-    ours.close()
-    peer.close()
+    with reading(tcp=True, cap=cap, rcvbuf=64 * 1024) as (reader, peer):
+        payload = os.urandom(32 * MiB)
+        peer.settimeout(1.0)
+        sent = 0
+        try:
+            while sent < len(payload):
+                sent += peer.send(payload[sent:sent + 256 * 1024])
+        except TimeoutError:
+            pass
+        assert sent < 8 * MiB, "the reader kept receiving past its cap"
+        assert reader.buffered <= cap
+        peer.settimeout(None)
+        sender = threading.Thread(target=peer.sendall, args=(payload[sent:],))
+        sender.start()
+        got, _end = take_all(reader, len(payload), timeout=30)
+        sender.join()
+        assert got == payload
 
 
 def test_paused_it_stops_receiving_and_resumed_it_goes_on() -> None:
-    ours, peer = tcp_pair()
-    ours.setblocking(False)
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-    reader = accel.csocket.SocketReader(ours.fileno(), 4 * MiB)
-    reader.set_paused(True)
-    payload = os.urandom(16 * MiB)
-    sender = threading.Thread(target=peer.sendall, args=(payload,))
-    sender.start()
-    time.sleep(0.5)
-    assert reader.buffered <= 128 * 1024  # at most the one receive under way when it paused
-    assert sender.is_alive()  # TCP stopped the peer
-    reader.set_paused(False)
-    got, _end = take_all(reader, len(payload), timeout=30)
-    sender.join()
-    assert got == payload
-    reader.stop()
-    ours.close()
-    peer.close()
+    with reading(tcp=True, rcvbuf=64 * 1024) as (reader, peer):
+        reader.set_paused(True)
+        payload = os.urandom(16 * MiB)
+        sender = threading.Thread(target=peer.sendall, args=(payload,))
+        sender.start()
+        time.sleep(0.5)
+        assert reader.buffered <= 128 * 1024  # at most the one receive under way when it paused
+        assert sender.is_alive()  # TCP stopped the peer
+        reader.set_paused(False)
+        got, _end = take_all(reader, len(payload), timeout=30)
+        sender.join()
+        assert got == payload
 
 
 def test_eof_and_reset_are_reported_after_the_data() -> None:
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    reader = accel.csocket.SocketReader(ours.fileno(), 4 * MiB)
-    peer.sendall(b"last words")
-    peer.close()
-    assert take_all(reader, 1 << 20) == (b"last words", 1)
-    ours.close()
-
-    ours, peer = tcp_pair()
-    ours.setblocking(False)
-    reader = accel.csocket.SocketReader(ours.fileno(), 4 * MiB)
-    peer.sendall(b"cut")
-    time.sleep(0.2)
-    peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    peer.close()  # RST
-    assert take_all(reader, 1 << 20) == (b"cut", -errno.ECONNRESET)
-    ours.close()
+    with reading() as (reader, peer):
+        peer.sendall(b"last words")
+        peer.close()
+        assert take_all(reader, 1 << 20) == (b"last words", 1)
+    with reading(tcp=True) as (reader, peer):
+        peer.sendall(b"cut")
+        time.sleep(0.2)
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # RST
+        assert take_all(reader, 1 << 20) == (b"cut", -errno.ECONNRESET)
 
 
 def test_stop_leaves_no_descriptors_or_threads() -> None:
@@ -147,14 +145,9 @@ def test_stop_leaves_no_descriptors_or_threads() -> None:
 
     before = counts()
     for _ in range(50):
-        ours, peer = socket.socketpair()
-        ours.setblocking(False)
-        reader = accel.csocket.SocketReader(ours.fileno(), MiB)
-        peer.sendall(b"x" * 1000)
-        reader.stop()
-        del reader
-        ours.close()
-        peer.close()
+        with reading(cap=MiB) as (reader, peer):
+            peer.sendall(b"x" * 1000)
+        del reader  # its wake-up fd goes with the object
     deadline = time.monotonic() + 5
     while counts() != before and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -162,34 +155,24 @@ def test_stop_leaves_no_descriptors_or_threads() -> None:
 
 
 def test_streaming_input_is_held_for_one_wake_up_and_a_lone_request_is_not() -> None:
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    reader = accel.csocket.SocketReader(ours.fileno(), MiB, 400_000)  # hold up to 0.4 s
-    peer.sendall(b"request")  # after a quiet time: handed over at once
-    assert readable(reader.wake_fd, 0.1)
-    assert reader.take(100) == (b"request", 0)
-    peer.sendall(b"stream 1,")  # follows the request within the window: waits for more
-    time.sleep(0.05)
-    peer.sendall(b"stream 2")
-    assert not readable(reader.wake_fd, 0.1)
-    assert readable(reader.wake_fd, 2)  # at the end of the window
-    assert reader.take(100) == (b"stream 1,stream 2", 0)  # one wake-up for both
-    reader.stop()
-    ours.close()
-    peer.close()
+    with reading(cap=MiB, hold_us=400_000) as (reader, peer):  # hold up to 0.4 s
+        peer.sendall(b"request")  # after a quiet time: handed over at once
+        assert readable(reader.wake_fd, 0.1)
+        assert reader.take(100) == (b"request", 0)
+        peer.sendall(b"stream 1,")  # follows the request within the window: waits for more
+        time.sleep(0.05)
+        peer.sendall(b"stream 2")
+        assert not readable(reader.wake_fd, 0.1)
+        assert readable(reader.wake_fd, 2)  # at the end of the window
+        assert reader.take(100) == (b"stream 1,stream 2", 0)  # one wake-up for both
 
 
 def test_a_piece_after_an_answer_is_not_held() -> None:
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    reader = accel.csocket.SocketReader(ours.fileno(), MiB, 400_000)
-    peer.sendall(b"request 1")
-    assert readable(reader.wake_fd, 0.1)
-    assert reader.take(100) == (b"request 1", 0)
-    reader.answered()  # the loop replied: the client's next piece is another request, not a stream
-    peer.sendall(b"request 2")
-    assert readable(reader.wake_fd, 0.1)
-    assert reader.take(100) == (b"request 2", 0)
-    reader.stop()
-    ours.close()
-    peer.close()
+    with reading(cap=MiB, hold_us=400_000) as (reader, peer):
+        peer.sendall(b"request 1")
+        assert readable(reader.wake_fd, 0.1)
+        assert reader.take(100) == (b"request 1", 0)
+        reader.answered()  # the loop replied: the client's next piece is another request, not a stream
+        peer.sendall(b"request 2")
+        assert readable(reader.wake_fd, 0.1)
+        assert reader.take(100) == (b"request 2", 0)
