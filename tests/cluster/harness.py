@@ -261,7 +261,24 @@ class Cluster:
             if node is None or node is exclude or not node.alive:
                 return None
             return node if node.amqp_serves() else None
-        return wait_until(serving_leader, timeout, 0.1, "a serving leader")
+        try:
+            return wait_until(serving_leader, timeout, 0.1, "a serving leader")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {self.digest()}") from None
+
+    def digest(self) -> str:
+        """One line on what etcd and every node say, for a failure message (CI shows only its first
+        line): the leader key, the ISR, and each node's last cluster log lines."""
+        try:
+            isr = self.etcd.get(f"{PREFIX}/isr")
+        except OSError as e:
+            isr = f"etcd: {e}"
+        parts = [f"leader key {self.leader_key()}", f"isr {isr}"]
+        for node in self.nodes:
+            lines = [line[11:23] + " " + line[23:].split(": ", 1)[-1][:110] for line in node.log_text().splitlines()
+                     if " lavinpy.cluster" in line or "WARNING" in line or "ERROR" in line][-4:]
+            parts.append(f"{node.name} ({'alive' if node.alive else 'dead'}): " + " / ".join(lines))
+        return " | ".join(parts)
 
     def followers(self) -> list[Node]:
         leader = self.leader()
