@@ -10,6 +10,20 @@ import pytest
 from .harness import Cluster, Etcd, etcd_binary
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed cluster test's one-line message also says what etcd and the nodes said."""
+    outcome = yield
+    report = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if report.when == "call" and report.failed and cluster is not None and crash is not None:
+        try:
+            crash.message = f"{crash.message.splitlines()[0] if crash.message else ''}; {cluster.digest()}"
+        except Exception as e:  # never hide the failure itself
+            crash.message = f"{crash.message}; (no digest: {e})"
+
+
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[Etcd]:
     if etcd_binary() is None:

@@ -261,14 +261,11 @@ class Cluster:
             if node is None or node is exclude or not node.alive:
                 return None
             return node if node.amqp_serves() else None
-        try:
-            return wait_until(serving_leader, timeout, 0.1, "a serving leader")
-        except AssertionError as e:
-            raise AssertionError(f"{e}; {self.digest()}") from None
+        return wait_until(serving_leader, timeout, 0.1, "a serving leader")
 
     def digest(self) -> str:
-        """One line on what etcd and every node say, for a failure message (CI shows only its first
-        line): the leader key, the ISR, and each node's last cluster log lines."""
+        """One line on what etcd and every node say, added to a failed test's message (a CI summary
+        shows only its first line): the leader key, the ISR, and each node's last cluster log lines."""
         try:
             isr = self.etcd.get(f"{PREFIX}/isr")
         except OSError as e:
