@@ -62,14 +62,18 @@ class ConfirmsAndTx:
             self._send_ack(upto)
         elif upto > self._confirm_sent:
             previous = self._confirm_chain
+            # These messages join the group commit now, not once the earlier confirms went out (a
+            # replicated flush takes longer to acknowledge than the next one takes to start).
+            durable = self.vhost.store.durable(acks=False) if needs_sync else None  # messages, not acks
             self._confirm_chain = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(upto, needs_sync, previous))
+                self._confirm_after_flush(upto, durable, previous))
 
-    async def _confirm_after_flush(self, upto: int, needs_sync: bool, previous: asyncio.Task | None) -> None:
+    async def _confirm_after_flush(self, upto: int, durable: asyncio.Future[None] | None,
+                                   previous: asyncio.Task | None) -> None:
         if previous is not None:
             await previous
-        if needs_sync:
-            await self.vhost.store.flush(acks=False)  # confirms need the messages, not the acks
+        if durable is not None:
+            await durable
         if not self.closing:
             self._send_ack(upto)
         if self._confirm_chain is asyncio.current_task():

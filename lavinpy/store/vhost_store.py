@@ -175,12 +175,18 @@ class VhostStore:
         ``acks=False`` (publisher confirms): only messages and their enq entries must be on disk;
         ack files are synced by the next full flush (a lost ack means a redelivery, not a loss).
         """
+        await self.durable(acks)
+
+    def durable(self, acks: bool = True) -> asyncio.Future[None]:
+        """``flush`` as a future, joining the group commit at the call: a caller that must first wait
+        for something else (an earlier batch's confirms) does not hold its own messages out of the
+        flushes that run meanwhile."""
+        loop = asyncio.get_running_loop()
         if not self._is_open:  # closed: the clean close already put everything on disk
-            return
+            return _done(loop)
         if self.fsync_policy == "never" and self.barrier is None:
             self._write_index_buffers()
-            return
-        loop = asyncio.get_running_loop()
+            return _done(loop)
         waiter = self._next
         if waiter is None:
             waiter = self._next = loop.create_future()
@@ -191,7 +197,7 @@ class VhostStore:
         if self._flusher is None:
             self._flusher = loop.create_task(self._run_flushes())
         # shield: a cancelled caller must not cancel the flush other callers share
-        await asyncio.shield(waiter)
+        return asyncio.shield(waiter)
 
     async def _run_flushes(self) -> None:
         """Run flushes back to back while callers wait; each covers all callers that came before it."""
@@ -227,9 +233,11 @@ class VhostStore:
 
     async def _flush_once(self, acks: bool = True) -> asyncio.Future[None] | None:
         """Put what was written on the local disk; returns what resolves once the followers have it."""
-        # Loop thread: hand buffered bytes to the OS and collect what the worker must sync.
-        self._write_index_buffers()
+        # Loop thread: hand buffered bytes to the OS and collect what the worker must sync. The
+        # followers get the message bytes before the index entries that point at them, as the disk does.
         ranges = self.messages.take_dirty()
+        self._report_ranges(ranges)
+        self._write_index_buffers()
         synced: list[AnyIndex | DeliveryCounts] = []
         fds: list[int] = []
         for index in self._queues.values():
@@ -242,7 +250,6 @@ class VhostStore:
             if taken:
                 synced.append(counts)
                 fds.extend(taken)
-        self._report_ranges(ranges)
         # taken now: the followers write this flush's bytes while the local disk does
         replicated = self.barrier.wait_replicated() if self.barrier is not None else None
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
@@ -308,6 +315,12 @@ class VhostStore:
 
     def __repr__(self) -> str:
         return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"
+
+
+def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+    future = loop.create_future()
+    future.set_result(None)
+    return future
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

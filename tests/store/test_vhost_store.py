@@ -133,6 +133,64 @@ async def test_flush_after_running_one_covers_late_callers(tmp_path: Path) -> No
 
 
 @run_async
+async def test_durable_joins_the_group_commit_at_the_call(tmp_path: Path) -> None:
+    """A caller that waits for something else first (a channel's earlier confirms) still has its
+    messages in the flush that runs meanwhile: the future is registered when durable() returns."""
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    publish(store, [q], 10)
+    first = store.durable()
+    while store._sync_token is None:  # the first flush is syncing
+        await asyncio.sleep(0)
+    publish(store, [q], 5)
+    second = store.durable(acks=False)  # nobody awaits it until the first is done
+    await first
+    assert not second.done()
+    await asyncio.wait_for(asyncio.shield(second), 10)  # the flush after the first ran on its own
+    assert store.flush_count == 2 and not store.pending
+    assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 15 * 8
+    store.close()
+
+
+class RecordingFeed:
+    """A change-feed listener that keeps the order of what it was told."""
+
+    def __init__(self) -> None:
+        self.appends: list[str] = []
+
+    def file_appended(self, rel_path: str, offset: int, data: bytes) -> None:
+        self.appends.append(rel_path.rsplit("/", 1)[-1])
+
+    def file_replaced(self, rel_path: str, data: bytes) -> None: ...
+    def file_truncated(self, rel_path: str, size: int) -> None: ...
+    def file_deleted(self, rel_path: str) -> None: ...
+    def dir_deleted(self, rel_path: str) -> None: ...
+
+
+@run_async
+async def test_followers_get_message_bytes_before_the_index_entries(tmp_path: Path) -> None:
+    """A follower's copy, at any point of the stream, has no index entry pointing at message bytes
+    it lacks: each flush reports the segment ranges before the enq entries."""
+    from lavinpy.store import changes
+
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    q = store.open_queue("q", durable=True)
+    feed = RecordingFeed()
+    changes.attach(tmp_path, feed)
+    try:
+        for _ in range(3):
+            publish(store, [q], 20)
+            await store.flush()
+    finally:
+        changes.attach(tmp_path, None)
+    kinds = ["enq" if name == "enq" else "segment" for name in feed.appends if name != "ack"]
+    assert kinds == ["segment", "enq"] * 3
+    store.close()
+
+
+@run_async
 async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     store = make_store(tmp_path, fsync="always")
     store.finish_recovery()
