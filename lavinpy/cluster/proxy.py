@@ -8,10 +8,10 @@ AMQP connection is closed at once and an HTTP request gets 503.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from ..listeners import address_text, bind_sockets
 from ..wire.proxy_header import format_proxy_line
@@ -19,7 +19,7 @@ from ..wire.proxy_header import format_proxy_line
 log = logging.getLogger("lavinpy.cluster.proxy")
 
 CONNECT_TIMEOUT = 2.0
-CHUNK = 256 * 1024
+EARLY_LIMIT = 256 * 1024  # bytes taken from a client before the leader's end is connected
 
 _UNAVAILABLE_BODY = json.dumps({"error": "service_unavailable",
                                 "reason": "no cluster leader is known yet, try again"}).encode()
@@ -39,11 +39,12 @@ class ClientProxy:
         self.target = target
         self.unavailable_reply = unavailable_reply
         self._servers: list[asyncio.AbstractServer] = []
-        self._writers: set[asyncio.StreamWriter] = set()
+        self.halves: set[_Half] = set()
 
     async def start(self) -> None:
         sockets = bind_sockets(self.hosts, self.port, self.what)
-        self._servers = [await asyncio.start_server(self._handle, sock=sock) for sock in sockets]
+        loop = asyncio.get_running_loop()
+        self._servers = [await loop.create_server(lambda: _ClientHalf(self), sock=sock) for sock in sockets]
         log.info("forwarding %s from %s to the leader", self.what, ", ".join(address_text(s) for s in sockets))
 
     async def stop(self) -> None:
@@ -51,50 +52,100 @@ class ClientProxy:
         for server in self._servers:
             server.close()
         self._servers = []
-        for writer in list(self._writers):
-            writer.transport.abort()
-        self._writers.clear()
+        for half in list(self.halves):
+            half.abort()
+        self.halves.clear()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = writer.get_extra_info("peername")
-        local = writer.get_extra_info("sockname")
-        target = self.target()
-        upstream_writer = None
-        if target is not None:
+
+class _Half(asyncio.Protocol):
+    """One end of a forwarded connection. Bytes go straight from one transport to the other in the
+    callback that received them (no stream buffer, no task turn); a side whose output backs up
+    pauses the other side's reading, so nothing is buffered without bound."""
+
+    def __init__(self, proxy: ClientProxy) -> None:
+        self.proxy = proxy
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Half | None = None
+        self.early = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        self.proxy.halves.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+        else:  # before the other end is there (a loop may deliver what came with the connection)
+            self.early += data
+            if len(self.early) > EARLY_LIMIT and self.transport is not None:
+                self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False  # close this side; connection_lost closes the other
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.proxy.halves.discard(self)
+        self.transport = None
+        peer, self.peer = self.peer, None
+        if peer is not None and peer.transport is not None:
+            peer.peer = None
+            peer.transport.close()  # what it still has to send goes out first
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _ClientHalf(_Half):
+    """The client's end: its bytes go to the leader once the leader's end is connected and the PROXY
+    line sent (what comes before is kept, up to EARLY_LIMIT)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.transport.pause_reading()
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())  # kept: tasks are weak
+
+    async def _connect(self) -> None:
+        proxy, transport = self.proxy, self.transport
+        if transport is None:
+            return
+        client = transport.get_extra_info("peername")
+        target = proxy.target()
+        upstream: _Half | None = None
+        if target is None:
+            log.warning("%s connection from %s closed: no cluster leader is known", proxy.what, _text(client))
+        else:
             try:
-                upstream_reader, upstream_writer = await asyncio.wait_for(
-                    asyncio.open_connection(target[0], target[1]), CONNECT_TIMEOUT)
+                _, upstream = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                    lambda: _Half(proxy), target[0], target[1]), CONNECT_TIMEOUT)
             except (OSError, TimeoutError) as e:
                 log.warning("%s connection from %s: the leader at %s:%d cannot be reached (%s); closing it",
-                            self.what, _text(client), target[0], target[1], e)
-        else:
-            log.warning("%s connection from %s closed: no cluster leader is known", self.what, _text(client))
-        if upstream_writer is None:
-            if self.unavailable_reply:
-                writer.write(self.unavailable_reply)
-                with contextlib.suppress(OSError):
-                    await writer.drain()
-            writer.close()
+                            proxy.what, _text(client), target[0], target[1], e)
+        if self.transport is None:  # the client left meanwhile
+            if upstream is not None:
+                upstream.abort()
             return
-        self._writers.update((writer, upstream_writer))
-        upstream_writer.write(format_proxy_line(_pair(client), _pair(local)))
-        try:
-            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
-        finally:
-            self._writers.discard(writer)
-            self._writers.discard(upstream_writer)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until either side ends; then both ends close (the other pipe sees its end too)."""
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except OSError:
-        pass
-    finally:
-        writer.close()
+        if upstream is None or upstream.transport is None:
+            if proxy.unavailable_reply:
+                transport.write(proxy.unavailable_reply)
+            transport.close()
+            return
+        upstream.transport.write(format_proxy_line(_pair(client), _pair(transport.get_extra_info("sockname"))))
+        self.peer, upstream.peer = upstream, self
+        for half in (self, upstream):  # what either end sent before the link
+            if half.early and half.peer is not None and half.peer.transport is not None:
+                half.peer.transport.write(bytes(half.early))
+            half.early.clear()
+        transport.resume_reading()
+        upstream.transport.resume_reading()
 
 
 def _pair(address: object) -> tuple[str, int] | None:
