@@ -7,7 +7,8 @@ need; a chain of tasks keeps them in order. In tx mode publishes and acks wait f
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import logging
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 from pamqp import commands
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from ..broker.vhost import VHost
     from .connection import AMQPConnection
     from .unacked import Unacked
+
+log = logging.getLogger("lavinpy.channel")
 
 
 class ConfirmsAndTx:
@@ -36,7 +39,7 @@ class ConfirmsAndTx:
         self._confirm_sent = 0
         self._confirm_upto = 0
         self._confirm_needs_sync = False
-        self._confirm_chain: asyncio.Task | None = None
+        self._confirm_waits: deque[tuple[int, asyncio.Future[None] | None]] = deque()  # (upto, flush)
         self._nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
         self.tx = False
         self._tx_publishes: list[PendingPublish] = []
@@ -55,29 +58,49 @@ class ConfirmsAndTx:
     def send_confirms(self) -> None:
         """Called once per batch of input: confirm what was published, after the fsync it needs."""
         upto = self._confirm_upto
-        if (upto <= self._confirm_sent and self._confirm_chain is None) or self.closing:
+        if self.closing:
             return  # nothing may follow channel.close / close-ok on this channel
         needs_sync, self._confirm_needs_sync = self._confirm_needs_sync, False
-        if not needs_sync and self._confirm_chain is None:
+        waits = self._confirm_waits
+        if upto <= (waits[-1][0] if waits else self._confirm_sent):
+            return
+        if not needs_sync and not waits:
             self._send_ack(upto)
-        elif upto > self._confirm_sent:
-            previous = self._confirm_chain
-            # These messages join the group commit now, not once the earlier confirms went out (a
-            # replicated flush takes longer to acknowledge than the next one takes to start).
-            durable = self.vhost.store.durable(acks=False) if needs_sync else None  # messages, not acks
-            self._confirm_chain = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(upto, durable, previous))
+            return
+        # In order after the batches still waiting, but these messages join the group commit now, not
+        # once the earlier confirms went out (a replicated flush is acknowledged later than the next
+        # one can start). A callback, not a task: the confirm goes out in the loop turn the flush ends.
+        durable = self.vhost.store.durable(acks=False) if needs_sync else None  # messages, not acks
+        waits.append((upto, durable))
+        if durable is None or durable.done():
+            self._confirms_ready()
+        else:
+            durable.add_done_callback(self._confirms_ready)
 
-    async def _confirm_after_flush(self, upto: int, durable: asyncio.Future[None] | None,
-                                   previous: asyncio.Task | None) -> None:
-        if previous is not None:
-            await previous
-        if durable is not None:
-            await durable
-        if not self.closing:
-            self._send_ack(upto)
-        if self._confirm_chain is asyncio.current_task():
-            self._confirm_chain = None
+    def _confirms_ready(self, _done: asyncio.Future[None] | None = None) -> None:
+        """Send the confirms of the leading batches whose flush is done, in order."""
+        waits = self._confirm_waits
+        while waits:
+            upto, durable = waits[0]
+            if durable is not None and not durable.done():
+                return
+            waits.popleft()
+            if self.closing:
+                continue
+            failed = durable is not None and (durable.cancelled() or durable.exception() is not None)
+            if failed:  # not known to be on disk: the publisher must not count on it (RabbitMQ nacks)
+                log.error("channel %d: confirms up to %d refused: the flush failed (%s)", self.id, upto,
+                          "cancelled" if durable.cancelled() else durable.exception())
+                self._send_nack_upto(upto)
+            else:
+                self._send_ack(upto)
+
+    def _send_nack_upto(self, upto: int) -> None:
+        if upto <= self._confirm_sent:
+            return
+        self._nacks = [seq for seq in self._nacks if seq > upto]
+        self._confirm_sent = upto
+        self.send_method(commands.Basic.Nack(delivery_tag=upto, multiple=True, requeue=False))
 
     def _send_ack(self, upto: int) -> None:
         if upto <= self._confirm_sent:

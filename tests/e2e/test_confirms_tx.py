@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pika
 import pytest
 from pamqp.body import ContentBody
@@ -9,6 +11,7 @@ from pamqp.header import ContentHeader
 
 from . import bodies, channel_closed, get_all, settle, uid
 from .rawamqp import RawAMQP, commands
+from .test_policies_alarms import inproc  # noqa: F401 - the fixture
 
 
 def _confirmed_tags(c: RawAMQP, channel: int, n: int) -> tuple[list[int], list]:
@@ -202,3 +205,31 @@ def test_tx_mandatory_return_on_commit(broker):
             elif isinstance(f, commands.Tx.CommitOk):
                 seen.append("commit-ok")
         assert seen == ["return", "commit-ok"]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_flush_nacks_its_publishes_and_the_channel_goes_on(inproc) -> None:  # noqa: F811 - the fixture
+    """Publishes whose fsync failed are not confirmed as on disk: the publisher gets basic.nack for
+    them (as RabbitMQ nacks what it cannot take responsibility for); later publishes are acked."""
+    b = inproc()
+    store = b.call(lambda: b.broker.vhosts["/"].store)
+    queue = uid("flush-fails")
+
+    def failing_sync(ranges, fds) -> None:  # noqa: ANN001 - the store's worker-thread signature
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(queue, durable=True)
+        store._sync = failing_sync  # the disk fails under the store, for this publish only
+        try:
+            with pytest.raises(pika.exceptions.NackError):
+                ch.basic_publish("", queue, b"lost?", pika.BasicProperties(delivery_mode=2))
+        finally:
+            del store._sync
+        ch.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))  # acked: no error
+        assert ch.is_open
+    finally:
+        conn.close()
