@@ -175,12 +175,14 @@ class VhostStore:
         ``acks=False`` (publisher confirms): only messages and their enq entries must be on disk;
         ack files are synced by the next full flush (a lost ack means a redelivery, not a loss).
         """
-        await self.durable(acks)
+        # shield: a cancelled caller must not cancel the flush other callers share
+        await asyncio.shield(self.durable(acks))
 
     def durable(self, acks: bool = True) -> asyncio.Future[None]:
         """``flush`` as a future, joining the group commit at the call: a caller that must first wait
         for something else (an earlier batch's confirms) does not hold its own messages out of the
-        flushes that run meanwhile."""
+        flushes that run meanwhile. The future is shared by every caller of this flush: add a done
+        callback, or await it through ``asyncio.shield`` (cancelling it would cancel theirs too)."""
         loop = asyncio.get_running_loop()
         if not self._is_open:  # closed: the clean close already put everything on disk
             return _done(loop)
@@ -196,8 +198,7 @@ class VhostStore:
             self._next_acks = self._next_acks or acks
         if self._flusher is None:
             self._flusher = loop.create_task(self._run_flushes())
-        # shield: a cancelled caller must not cancel the flush other callers share
-        return asyncio.shield(waiter)
+        return waiter
 
     async def _run_flushes(self) -> None:
         """Run flushes back to back while callers wait; each covers all callers that came before it."""

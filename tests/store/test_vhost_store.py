@@ -145,7 +145,7 @@ async def test_durable_joins_the_group_commit_at_the_call(tmp_path: Path) -> Non
         await asyncio.sleep(0)
     publish(store, [q], 5)
     second = store.durable(acks=False)  # nobody awaits it until the first is done
-    await first
+    await asyncio.shield(first)
     assert not second.done()
     await asyncio.wait_for(asyncio.shield(second), 10)  # the flush after the first ran on its own
     assert store.flush_count == 2 and not store.pending
