@@ -24,6 +24,7 @@ log = logging.getLogger("lavinpy.cluster.replication")
 
 READ_SIZE = 4 * 1024 * 1024
 _FSYNCS = ThreadPoolExecutor(4, thread_name_prefix="replication-fsync")
+MAX_OPEN = 64  # descriptors kept open between batches
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -32,7 +33,8 @@ class FileApplier:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self._fds: dict[str, int] = {}
+        self._fds: dict[str, int] = {}  # open across commits: the same few files take every batch
+        self._written: set[int] = set()  # descriptors written since the last commit
         self._dirs: set[Path] = set()  # directories whose entries changed
         self._receiving: tuple[str, int, int] | None = None  # full sync: (path, fd of its .tmp, offset)
 
@@ -47,6 +49,7 @@ class FileApplier:
             if not path.exists():
                 self._dirs.add(path.parent)
             fd = self._fds[rel] = os.open(path, _FILE_FLAGS, 0o600)
+        self._written.add(fd)
         return fd
 
     def _make_parent(self, path: Path) -> None:
@@ -60,7 +63,9 @@ class FileApplier:
 
     def _forget(self, prefix: str) -> None:
         for rel in [r for r in self._fds if r == prefix or r.startswith(prefix + "/")]:
-            os.close(self._fds.pop(rel))
+            fd = self._fds.pop(rel)
+            self._written.discard(fd)  # the file is about to be deleted or replaced
+            os.close(fd)
 
     def apply(self, operation: proto.Operation) -> None:
         kind, rel = operation.kind, operation.path
@@ -147,14 +152,13 @@ class FileApplier:
 
     def commit(self) -> None:
         """fsync every file and directory changed since the last commit."""
-        fds = list(self._fds.values())
+        fds, self._written = list(self._written), set()
         if len(fds) > 1:  # at once: one journal commit can then cover them all
             list(_FSYNCS.map(os.fsync, fds))
         elif fds:
             os.fsync(fds[0])
-        for fd in fds:
-            os.close(fd)
-        self._fds.clear()
+        if len(self._fds) > MAX_OPEN:
+            self.close_files()
         for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
             try:
                 fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -166,11 +170,18 @@ class FileApplier:
                 os.close(fd)
         self._dirs.clear()
 
+    def close_files(self) -> None:
+        """Close the open descriptors (after a commit: nothing written is left unsynced)."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
     def abort(self) -> None:
         if self._receiving is not None:
             os.close(self._receiving[1])
             self._receiving = None
         self.commit()
+        self.close_files()
 
 
 class ReplicationClient:
