@@ -1,7 +1,8 @@
 """A channel's publisher confirms and transactions (mixin for Channel).
 
 Confirms go out once per input batch (``send_confirms``), after the fsync that persistent messages
-need; a chain of tasks keeps them in order. In tx mode publishes and acks wait for tx.commit.
+need; a queue of (upto, flush) entries, drained by the flushes' callbacks, keeps them in order. In
+tx mode publishes and acks wait for tx.commit.
 """
 
 from __future__ import annotations

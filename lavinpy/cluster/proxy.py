@@ -72,9 +72,14 @@ class _Half(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         self.proxy.halves.add(self)
 
+    def _other(self) -> asyncio.Transport | None:
+        """The other end's transport while both ends are linked and open."""
+        return self.peer.transport if self.peer is not None else None
+
     def data_received(self, data: bytes) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.write(data)
+        other = self._other()
+        if other is not None:
+            other.write(data)
         else:  # before the other end is there (a loop may deliver what came with the connection)
             self.early += data
             if len(self.early) > EARLY_LIMIT and self.transport is not None:
@@ -86,18 +91,20 @@ class _Half(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.proxy.halves.discard(self)
         self.transport = None
-        peer, self.peer = self.peer, None
-        if peer is not None and peer.transport is not None:
-            peer.peer = None
-            peer.transport.close()  # what it still has to send goes out first
+        other = self._other()
+        if self.peer is not None:
+            self.peer.peer = None
+            self.peer = None
+        if other is not None:
+            other.close()  # what it still has to send goes out first
 
     def pause_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.pause_reading()
+        if (other := self._other()) is not None:
+            other.pause_reading()
 
     def resume_writing(self) -> None:
-        if self.peer is not None and self.peer.transport is not None:
-            self.peer.transport.resume_reading()
+        if (other := self._other()) is not None:
+            other.resume_reading()
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -140,12 +147,11 @@ class _ClientHalf(_Half):
             return
         upstream.transport.write(format_proxy_line(_pair(client), _pair(transport.get_extra_info("sockname"))))
         self.peer, upstream.peer = upstream, self
-        for half in (self, upstream):  # what either end sent before the link
-            if half.early and half.peer is not None and half.peer.transport is not None:
-                half.peer.transport.write(bytes(half.early))
-            half.early.clear()
-        transport.resume_reading()
-        upstream.transport.resume_reading()
+        for half, other in ((self, upstream.transport), (upstream, transport)):  # sent before the link
+            if half.early:
+                other.write(bytes(half.early))
+                half.early.clear()
+            half.transport.resume_reading()
 
 
 def _pair(address: object) -> tuple[str, int] | None:

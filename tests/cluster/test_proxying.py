@@ -13,6 +13,7 @@ import urllib.request
 
 import pika
 import pytest
+from e2e import rss_anon
 from e2e.rawamqp import RawAMQP  # tests/ is on the path (no __init__.py there)
 from pamqp import commands
 
@@ -70,11 +71,6 @@ def test_publish_and_consume_through_a_follower_shows_the_real_client_address(th
         assert mine[0]["name"] == f"127.0.0.1:{client_port} -> 127.0.0.1:{follower.amqp_port}"
 
 
-def _rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
-
-
 def test_a_consumer_that_never_reads_through_a_follower_does_not_grow_it(three) -> None:
     """The follower forwards no faster than the client reads: a 40 MiB backlog delivered to a client
     that reads nothing stays in the leader's queue and the sockets, not in the follower's memory, and
@@ -86,14 +82,14 @@ def test_a_consumer_that_never_reads_through_a_follower_does_not_grow_it(three) 
     for _ in range(160):
         channel.basic_publish("", "unread-backlog", b"u" * (256 * 1024))
     connection.close()
-    before = _rss_anon(follower.process.pid)
+    before = rss_anon(follower.process.pid)
     with RawAMQP("127.0.0.1", follower.amqp_port) as slow:
         slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         slow.handshake()
         slow.open_channel(1)
         slow.send(1, commands.Basic.Consume(queue="unread-backlog", no_ack=True, nowait=True))
         time.sleep(2.0)
-        growth = _rss_anon(follower.process.pid) - before
+        growth = rss_anon(follower.process.pid) - before
         witness = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", follower.amqp_port))
         ch = witness.channel()
         q = ch.queue_declare("", exclusive=True).method.queue

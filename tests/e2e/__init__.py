@@ -61,6 +61,15 @@ def consume(conn: BlockingConnection, ch: BlockingChannel, queue: str, n: int, t
     return got
 
 
+def rss_anon(pid: int) -> int:
+    """A process's anonymous resident memory in bytes (what a broker's buffers cost)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc status")
+
+
 def wait_until(conn: BlockingConnection, predicate: Callable[[], bool], timeout: float = 5.0,
                step: float = 0.05) -> bool:
     """Process the connection's events until predicate() is true or timeout passes."""

@@ -15,7 +15,7 @@ import pytest
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
-from . import uid
+from . import rss_anon, uid
 from .conftest import lavinpy_only
 from .rawamqp import RawAMQP
 
@@ -23,14 +23,6 @@ pytestmark = lavinpy_only("reads the broker process's memory")
 
 MiB = 1024 * 1024
 MAX_GROWTH = 64 * MiB
-
-
-def rss_anon(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon in /proc status")
 
 
 def raw_client(broker, rcvbuf: int | None = None) -> RawAMQP:

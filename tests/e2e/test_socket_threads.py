@@ -18,7 +18,7 @@ from pamqp import commands, frame
 
 from lavinpy.wire import accel
 
-from . import uid
+from . import rss_anon, uid
 from .conftest import lavinpy_only
 from .rawamqp import PeerClosed, RawAMQP
 from .test_memory_backpressure import (
@@ -26,7 +26,6 @@ from .test_memory_backpressure import (
     assert_unread_returns_stop_the_publisher,
     assert_witness_served,
     raw_client,
-    rss_anon,
 )
 from .test_policies_alarms import inproc  # noqa: F401 - the fixture
 
