@@ -391,8 +391,12 @@ class MessageStore:
 
     @staticmethod
     def sync_ranges(ranges: Iterable[DirtyRange]) -> None:
-        """msync the ranges from take_dirty(). Runs in a worker thread: touches only the mmaps."""
+        """Sync the ranges from take_dirty(), each segment once. Runs in a worker thread."""
+        spans: dict[Segment, tuple[int, int]] = {}
         for segment, start, end in ranges:
+            low, high = spans.get(segment, (start, end))
+            spans[segment] = (min(low, start), max(high, end))
+        for segment, (start, end) in spans.items():
             segment.sync(start, end)
 
     # ---- introspection ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ log = logging.getLogger("lavinpy.store")
 SCHEMA_VERSION = 1
 DATA_START = 4  # records start after the u32 schema version
 _VERSION = struct.Struct("<I")
-_PAGE = mmap.ALLOCATIONGRANULARITY
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _TAIL_CHUNK = 64 * 1024  # data_end() looks at the file end in chunks of this size
 _NONZERO = re.compile(rb"[^\x00]")
 
@@ -196,15 +196,25 @@ class Segment:
             changes.appended(self.path, start, bytes(end - start))
 
     def sync(self, start: int, end: int) -> None:
-        """msync the pages covering [start, end). Safe to call from a worker thread."""
+        """Put the written pages covering [start, end) on disk. Safe to call from a worker thread.
+
+        The pages of a shared mapping are the file's page cache, so syncing the file covers them.
+        Not ``mmap.flush()``: its msync holds the GIL, which stopped the event loop for the whole
+        sync; ``os.fdatasync`` releases it. Other dirty pages of the file go along (a later append
+        reaching the disk early is harmless), and the timestamps are left to the journal's own pace.
+        """
         if end <= start or self.closed:
             return
-        aligned = start - start % _PAGE
         try:
-            self.mm.flush(aligned, min(end, self.size) - aligned)
-        except ValueError:  # closed meanwhile; the caller held deletions, so only on shutdown
+            fd = os.open(self.path, os.O_RDONLY | _CLOEXEC)
+        except FileNotFoundError:  # deleted meanwhile; the caller held deletions, so only on shutdown
             if not self.closed:
                 raise
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         """Unmap and close the file. Unmapping comes first so that a later unlink frees the space."""
