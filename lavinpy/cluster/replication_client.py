@@ -1,9 +1,10 @@
 """The follower's side of replication: authenticate, full sync, then apply the leader's stream.
 
 Every read from the socket is one batch: its operations are applied, the touched files and
-directories fsynced, and only then the stream offset acknowledged (in a worker thread, so that the
-node's proxies keep running). After the full sync and the stream the data directory holds exactly
-the leader's durable files; when this node later leads, opening it is the normal crash recovery.
+directories fsynced, and only then the stream offset acknowledged, all in the connection's own thread
+(so that the node's proxies keep running on the event loop and the loop takes no part in a batch).
+After the full sync and the stream the data directory holds exactly the leader's durable files;
+when this node later leads, opening it is the normal crash recovery.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import errno
 import logging
 import os
 import shutil
+import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from .errors import ReplicationRefused
 log = logging.getLogger("lavinpy.cluster.replication")
 
 READ_SIZE = 4 * 1024 * 1024
+CONNECT_TIMEOUT = 10.0
 _FSYNCS = ThreadPoolExecutor(4, thread_name_prefix="replication-fsync")
 MAX_OPEN = 64  # descriptors kept open between batches
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
@@ -185,6 +189,13 @@ class FileApplier:
 
 
 class ReplicationClient:
+    """The follower's replication connection, run by one thread of its own with a blocking socket.
+
+    A batch goes socket -> files -> fsync -> acknowledgement without a turn of the event loop or a
+    hand-over between threads: the loop is the follower's client proxy, and every turn it took on
+    this path delayed the leader's confirms. ``run()`` and ``close()`` are the asyncio face.
+    """
+
     def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader_host: str, leader_port: int) -> None:
         self.data_dir = Path(data_dir)
         self._secret = secret
@@ -194,9 +205,9 @@ class ReplicationClient:
         self.in_sync = False  # full sync done and the stream applied as it arrives
         self.bytes_applied = 0  # full-sync file bytes and stream bytes written to disk
         self.acked = 0  # the stream offset last acknowledged
-        self._writer: asyncio.StreamWriter | None = None
-        self._applying = asyncio.Lock()
+        self._sock: socket.socket | None = None
         self._closing = False
+        self._finished: asyncio.Future[None] | None = None  # resolved when the thread has ended
 
     async def run(self) -> None:
         """Connect, authenticate, full-sync, then apply the stream until the connection ends.
@@ -204,42 +215,74 @@ class ReplicationClient:
         Raises ReplicationRefused when the leader refuses the secret or fails to prove it knows it.
         """
         self._closing = False
-        reader, writer = await asyncio.open_connection(self.leader_host, self.leader_port)
-        self._writer = writer
-        decoder = proto.FrameDecoder()
+        loop = asyncio.get_running_loop()
+        finished = self._finished = loop.create_future()
+
+        def thread() -> None:
+            try:
+                self._run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                loop.call_soon_threadsafe(_settle, finished, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, finished, None)
+
+        threading.Thread(target=thread, name="replication-client", daemon=True).start()
+        try:
+            await asyncio.shield(finished)
+        except asyncio.CancelledError:
+            self._closing = True
+            self._shutdown()  # the thread ends at its next read; close() waits for it
+            raise
+
+    async def close(self) -> None:
+        """Stop; on return everything received so far is applied and fsynced."""
+        self._closing = True
+        self._shutdown()
+        if self._finished is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._finished)
+
+    def _shutdown(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    # ---- the thread ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        sock = socket.create_connection((self.leader_host, self.leader_port), timeout=CONNECT_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an acknowledgement goes at once
+        sock.settimeout(None)
+        self._sock = sock
+        if self._closing:  # close() came while connecting
+            self._shutdown()
+        link = _Link(sock)
         applier = FileApplier(self.data_dir)
         try:
-            await self._authenticate(reader, writer, decoder)
-            await self._full_sync(reader, writer, decoder, applier)
+            self._authenticate(link)
+            self._full_sync(link, applier)
             self.in_sync = True
-            await self._stream(reader, writer, decoder, applier)
+            self._stream(link, applier)
         except proto.ProtocolError as exc:
             log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
                       self.leader_port, exc)
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        except (ConnectionError, OSError) as exc:
             if not self._closing:
                 log.warning("replication: connection to the leader %s:%d ended: %s",
                             self.leader_host, self.leader_port, exc)
         finally:
             self.in_sync = False
-            async with self._applying:
-                await asyncio.get_running_loop().run_in_executor(None, applier.abort)
-            writer.close()
-            self._writer = None
+            try:
+                applier.abort()
+            finally:
+                self._sock = None
+                sock.close()
 
-    async def close(self) -> None:
-        """Stop; on return everything received so far is applied and fsynced."""
-        self._closing = True
-        if self._writer is not None:
-            self._writer.close()
-        async with self._applying:  # a batch being applied finishes (and is fsynced) first
-            pass
-
-    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            decoder: proto.FrameDecoder) -> None:
+    def _authenticate(self, link: _Link) -> None:
         nonce = proto.new_nonce()
-        writer.write(proto.hello(self.node_id, nonce))
-        kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+        link.send(proto.hello(self.node_id, nonce))
+        kind, payload = link.next_frame()
         if kind == proto.REFUSED:
             raise ReplicationRefused(f"leader refused: {proto.unpack_str(payload, 0)[0]}")
         if kind != proto.CHALLENGE:
@@ -249,8 +292,8 @@ class ReplicationClient:
             log.warning("replication: leader %s:%d does not know the shared secret", self.leader_host,
                         self.leader_port)
             raise ReplicationRefused("the leader failed to prove the shared secret")
-        writer.write(proto.frame(proto.AUTH, proto.follower_proof(self._secret, nonce, leader_nonce, self.node_id)))
-        kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+        link.send(proto.frame(proto.AUTH, proto.follower_proof(self._secret, nonce, leader_nonce, self.node_id)))
+        kind, payload = link.next_frame()
         if kind == proto.REFUSED:
             reason = proto.unpack_str(payload, 0)[0]
             log.warning("replication: leader %s:%d refused this node: %s", self.leader_host, self.leader_port,
@@ -259,47 +302,36 @@ class ReplicationClient:
         if kind != proto.AUTH_OK:
             raise proto.ProtocolError(f"expected auth-ok, got frame type {kind}")
 
-    async def _full_sync(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         decoder: proto.FrameDecoder, applier: FileApplier) -> None:
-        loop = asyncio.get_running_loop()
+    def _full_sync(self, link: _Link, applier: FileApplier) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        listing = await loop.run_in_executor(None, proto.list_files, self.data_dir)
-        writer.write(proto.file_list(listing))
+        link.send(proto.file_list(proto.list_files(self.data_dir)))
         while True:
-            kind, payload = await proto.next_frame(reader, decoder, READ_SIZE)
+            kind, payload = link.next_frame()
             if kind == proto.DELETE_LIST:
-                paths = proto.parse_delete_list(payload)
-                for rel in paths:
+                for rel in proto.parse_delete_list(payload):
                     applier.delete(rel)  # a few unlinks; their directories are fsynced at the end
             elif kind == proto.FILE_START:
                 rel, pos = proto.unpack_str(payload, 0)
-                await loop.run_in_executor(None, applier.begin_file, rel, proto.unpack_u64(payload, pos))
+                applier.begin_file(rel, proto.unpack_u64(payload, pos))
             elif kind == proto.FILE_CHUNK:
-                await loop.run_in_executor(None, applier.file_chunk, payload)
+                applier.file_chunk(payload)
                 self.bytes_applied += len(payload)
             elif kind == proto.FILE_END:
-                await loop.run_in_executor(None, applier.end_file)
+                applier.end_file()
             elif kind == proto.SYNC_END:
+                applier.commit()
                 self.acked = proto.unpack_u64(payload)
-                async with self._applying:
-                    await loop.run_in_executor(None, applier.commit)
-                writer.write(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+                link.send(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
                 log.info("replication: full sync from %s:%d done", self.leader_host, self.leader_port)
                 return
             else:
                 raise proto.ProtocolError(f"unexpected frame type {kind} during full sync")
 
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      decoder: proto.FrameDecoder, applier: FileApplier) -> None:
-        loop = asyncio.get_running_loop()
+    def _stream(self, link: _Link, applier: FileApplier) -> None:
         while True:
-            if decoder.pending:  # operations that came with the end of the full sync
-                frames, decoder.pending = decoder.pending, []
-            else:
-                data = await reader.read(READ_SIZE)
-                if not data:
-                    return
-                frames = decoder.feed(data)
+            frames = link.frames()  # all that arrived: one batch, one fsync, one acknowledgement
+            if frames is None:
+                return
             operations = []
             for kind, payload in frames:
                 if kind != proto.OP:
@@ -307,11 +339,52 @@ class ReplicationClient:
                 operations.append(proto.parse_op(payload))
             if not operations:
                 continue
-            async with self._applying:
-                await loop.run_in_executor(None, _apply_batch, applier, operations)
+            _apply_batch(applier, operations)
             self.bytes_applied += sum(len(op.data) for op in operations)
             self.acked = operations[-1].end
-            writer.write(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+            link.send(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
+
+
+class _Link:
+    """Frames over a blocking socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray(READ_SIZE)
+        self._view = memoryview(self._buffer)
+        self._decoder = proto.FrameDecoder()
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def frames(self) -> list[tuple[int, bytes]] | None:
+        """The frames decoded but not taken yet, else those of the next read; None at the end."""
+        decoder = self._decoder
+        if decoder.pending:
+            frames, decoder.pending = decoder.pending, []
+            return frames
+        received = self._sock.recv_into(self._buffer)
+        if not received:
+            return None
+        return decoder.feed(self._view[:received])
+
+    def next_frame(self) -> tuple[int, bytes]:
+        pending = self._decoder.pending
+        while not pending:
+            frames = self.frames()
+            if frames is None:
+                raise ConnectionResetError("connection closed by the peer")
+            pending.extend(frames)
+        return pending.pop(0)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _reserve(fd: int, offset: int, length: int) -> None:
