@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +50,10 @@ class _Follower:
         self.queue: deque[bytes] = deque()
         self.queued_bytes = 0
         self.wake = asyncio.Event()
+        self.writable = asyncio.Event()  # its connection takes more bytes (flow control)
+        self.writable.set()
         self.streaming = False
+        self.joining = False
         self.last_progress = time.monotonic()
         self.dropped = False
         self.sync_bytes = 0  # full-sync file bytes sent
@@ -72,7 +76,7 @@ class ReplicationServer:
         self._isr: dict[str, _Follower] = {}  # the barrier waits for these
         self._isr_lock = asyncio.Lock()
         self._log_end = 0  # stream offset after the last operation
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
         self._attached = asyncio.Event()
         self._broker: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -164,34 +168,37 @@ class ReplicationServer:
 
     def wait_replicated(self) -> asyncio.Future[None]:
         """Resolves once every ISR follower acknowledged the stream up to its end at this call."""
+        future = asyncio.get_running_loop().create_future()
+        self.on_replicated(lambda: future.done() or future.set_result(None))
+        return future
+
+    def on_replicated(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every ISR follower acknowledged the stream up to its end at this call."""
         target = self._log_end
         for follower in self._followers.values():
             # A flush waits on this: its operations go out now rather than on the sender task's next turn.
             if (follower.streaming and not follower.dropped and follower.queue
                     and not follower.writer.transport.get_write_buffer_size()):
                 self._write_queued(follower)
-        future = asyncio.get_running_loop().create_future()
         if self._released(target):
-            future.set_result(None)
+            callback()
         else:
-            self._waiters.append((target, future))
-        return future
+            self._waiters.append((target, callback))
 
     def _released(self, target: int) -> bool:
         return all(f.acked >= target for f in self._isr.values())
 
     def _release(self) -> None:
-        if not self._waiters:
+        """Call back, in order, whoever waited for what the ISR has now acknowledged."""
+        waiters = self._waiters
+        released = 0
+        while released < len(waiters) and self._released(waiters[released][0]):
+            released += 1
+        if not released:
             return
-        kept = []
-        for target, future in self._waiters:
-            if future.done():
-                continue
-            if self._released(target):
-                future.set_result(None)
-            else:
-                kept.append((target, future))
-        self._waiters = kept
+        self._waiters = waiters[released:]
+        for _, callback in waiters[:released]:
+            callback()
 
     # ---- ISR ---------------------------------------------------------------------------------------
 
@@ -280,12 +287,17 @@ class ReplicationServer:
             await self._full_sync(follower, proto.parse_file_list(payload))
             follower.join_target = self._log_end
             writer.write(proto.frame(proto.SYNC_END, proto.pack_u64(follower.start)))
+            if decoder.pending or decoder.buffered:  # it speaks only to acknowledge the stream
+                raise proto.ProtocolError("data from the follower before the end of its full sync")
+            # From now on its acknowledgements are read in the transport's callback (no stream task).
+            acks = _AckReader(self, follower)
+            writer.transport.set_protocol(acks)
             follower.streaming = True
             follower.last_progress = time.monotonic()
             follower.wake.set()
             sender = self._spawn(self._send_stream(follower))
             try:
-                await self._read_acks(follower, reader, decoder)
+                await acks.closed
             finally:
                 sender.cancel()
             if not follower.dropped:
@@ -362,14 +374,19 @@ class ReplicationServer:
             os.close(fd)
 
     async def _send_stream(self, follower: _Follower) -> None:
-        writer = follower.writer
+        transport = follower.writer.transport
+        high_water = transport.get_write_buffer_limits()[1]
         while not follower.dropped:
             if not follower.queue:
                 follower.wake.clear()
                 await follower.wake.wait()
-                continue
-            self._write_queued(follower)
-            await writer.drain()
+            elif not follower.writable.is_set() or transport.get_write_buffer_size() > high_water:
+                # Above the mark the transport has paused us (maybe before the ack reader took over:
+                # its resume comes to the reader all the same).
+                follower.writable.clear()
+                await follower.writable.wait()
+            else:
+                self._write_queued(follower)
 
     def _write_queued(self, follower: _Follower) -> None:
         """Hand up to a chunk of the follower's queued operations to its socket."""
@@ -385,25 +402,51 @@ class ReplicationServer:
         follower.sent += size
         follower.writer.write(b"".join(batch))
 
-    async def _read_acks(self, follower: _Follower, reader: asyncio.StreamReader,
-                         decoder: proto.FrameDecoder) -> None:
-        while not follower.dropped:
-            data = await reader.read(65536)
-            if not data:
-                return
-            frames, decoder.pending = [*decoder.pending, *decoder.feed(data)], []
-            for kind, payload in frames:
-                if kind != proto.ACK:
-                    raise proto.ProtocolError(f"expected an ack, got frame type {kind}")
-                acked = proto.unpack_u64(payload)
-                if acked > follower.sent:
-                    raise proto.ProtocolError(f"ack of {acked} beyond the {follower.sent} bytes sent")
-                if acked > follower.acked:
-                    follower.acked = acked
-                    follower.last_progress = time.monotonic()
-            if self._isr.get(follower.id) is not follower and follower.acked >= follower.join_target:
-                await self._join_isr(follower)
-            self._release()
+    def _acknowledged(self, follower: _Follower, frames: list[tuple[int, bytes]]) -> None:
+        for kind, payload in frames:
+            if kind != proto.ACK:
+                raise proto.ProtocolError(f"expected an ack, got frame type {kind}")
+            acked = proto.unpack_u64(payload)
+            if acked > follower.sent:
+                raise proto.ProtocolError(f"ack of {acked} beyond the {follower.sent} bytes sent")
+            if acked > follower.acked:
+                follower.acked = acked
+                follower.last_progress = time.monotonic()
+        if (not follower.joining and self._isr.get(follower.id) is not follower
+                and follower.acked >= follower.join_target):
+            follower.joining = True
+            self._spawn(self._join_isr(follower))
+        self._release()
+
+
+class _AckReader(asyncio.Protocol):
+    """A streaming follower's connection: its acknowledgements release confirms in the turn they
+    arrive, and its flow control paces the sender."""
+
+    def __init__(self, server: ReplicationServer, follower: _Follower) -> None:
+        self._server = server
+        self._follower = follower
+        self._decoder = proto.FrameDecoder()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        if self._follower.dropped:
+            return
+        try:
+            self._server._acknowledged(self._follower, self._decoder.feed(data))
+        except proto.ProtocolError as exc:
+            self._server._drop_later(self._follower, f"ProtocolError: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._follower.writable.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._follower.writable.clear()
+
+    def resume_writing(self) -> None:
+        self._follower.writable.set()
 
 
 def _local_sizes(root: Path) -> dict[str, tuple[Path, int]]:

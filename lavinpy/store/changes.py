@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -43,11 +44,16 @@ class FileChanges(Protocol):
 
 
 class ReplicationBarrier(Protocol):
-    """Resolves once every in-sync follower acknowledged everything reported before the call."""
+    """Tells when every in-sync follower acknowledged everything reported before the call."""
 
     def wait_replicated(self) -> asyncio.Future[None]:
         """Await the result. The stream position is taken at the call, not when it is awaited, so
         a flush can take it before its local sync and let the followers work meanwhile."""
+
+    def on_replicated(self, callback: Callable[[], None]) -> None:
+        """``wait_replicated`` as a plain callback, called on the event loop in the turn the last
+        acknowledgement arrives (at once if none is outstanding): a flush's confirms go out without
+        a further turn for a future's callbacks."""
 
 
 class _Feed:

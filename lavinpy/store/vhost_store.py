@@ -213,17 +213,11 @@ class VhostStore:
                             break
                 waiter, self._next = self._next, None
                 try:
-                    replicated = await self._flush_once(self._next_acks)
+                    await self._flush_once(waiter, self._next_acks)
                 except Exception as exc:
                     if not waiter.done():
                         waiter.set_exception(exc)
                     log.error("%s: flush failed: %s", self.path, exc)
-                else:
-                    # The next flush may start while the followers acknowledge this one.
-                    if replicated is not None and not replicated.done():
-                        replicated.add_done_callback(lambda _, waiter=waiter: _resolve(waiter))
-                    else:
-                        _resolve(waiter)
         finally:
             self._flusher = None
 
@@ -232,8 +226,9 @@ class VhostStore:
             if index.has_pending_writes:
                 index.write_buffers()
 
-    async def _flush_once(self, acks: bool = True) -> asyncio.Future[None] | None:
-        """Put what was written on the local disk; returns what resolves once the followers have it."""
+    async def _flush_once(self, waiter: asyncio.Future[None], acks: bool = True) -> None:
+        """Put what was written on the local disk; ``waiter`` resolves once the followers have it too
+        (the next flush may start while they acknowledge this one)."""
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync. The
         # followers get the message bytes before the index entries that point at them, as the disk does.
         ranges = self.messages.take_dirty()
@@ -251,13 +246,24 @@ class VhostStore:
             if taken:
                 synced.append(counts)
                 fds.extend(taken)
-        # taken now: the followers write this flush's bytes while the local disk does
-        replicated = self.barrier.wait_replicated() if self.barrier is not None else None
+        outstanding = 1
+        if self.barrier is not None:  # taken now: the followers write this flush's bytes while we do
+
+            def replicated() -> None:
+                nonlocal outstanding
+                outstanding -= 1
+                if not outstanding:
+                    _resolve(waiter)
+
+            outstanding = 2
+            self.barrier.on_replicated(replicated)
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
             ranges, fds = [], []
         if ranges or fds:
             await self._sync_in_worker(synced, ranges, fds)
-        return replicated
+        outstanding -= 1
+        if not outstanding:
+            _resolve(waiter)
 
     async def wait_replicated(self) -> None:
         """Resolve once every in-sync follower has what was written before the call (at once alone)."""
