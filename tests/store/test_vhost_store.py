@@ -195,7 +195,7 @@ async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     store = make_store(tmp_path, fsync="always")
     store.finish_recovery()
     qs = [store.open_queue(f"q{i}", durable=True) for i in range(3)]
-    publish(store, qs, 12_000, size=2000)  # ~24 MiB of dirty pages to msync
+    publish(store, qs, 12_000, size=2000)  # ~24 MiB of dirty pages to sync
     ticks = []
     stop = False
 
@@ -214,8 +214,9 @@ async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     during = [t for t in ticks if start <= t <= start + duration]
     assert len(during) >= 3
     gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
-    if duration > 0.02:  # a flush this long must not block the loop for most of it
-        assert max(gaps, default=0) < duration * 0.8
+    if duration > 0.02:  # the disk work releases the GIL: the loop never waits for it
+        # (mmap.flush held the GIL through its msync: gaps of about a third of the flush)
+        assert max(gaps, default=0) < max(duration * 0.15, 0.01)
     assert store.flush_count == 1
     store.close()
 
