@@ -203,3 +203,66 @@ def test_a_wrong_secret_is_refused_and_logged_with_the_peer_address(tmp_path: Pa
     lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert any(f"127.0.0.1:{local[1]}" in line and "wrong shared secret" in line for line in lines), lines
     assert not (tmp_path / "f" / "users.json").exists()
+
+
+@pytest.mark.parametrize("bad", ["ack beyond the bytes sent", "not an ack"])
+def test_a_streaming_follower_that_breaks_the_protocol_is_dropped(bad: str, tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="lavinpy.cluster.replication")
+
+    async def run() -> tuple[list[str], list[str], bytes]:
+        server, broker, isr = await _leader(tmp_path)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            decoder = proto.FrameDecoder()
+            nonce = proto.new_nonce()
+            writer.write(proto.hello("f1", nonce))
+            kind, payload = await proto.next_frame(reader, decoder)
+            leader_nonce, _ = proto.parse_challenge(payload)
+            writer.write(proto.frame(proto.AUTH, proto.follower_proof(SECRET, nonce, leader_nonce, "f1")))
+            assert (await proto.next_frame(reader, decoder))[0] == proto.AUTH_OK
+            writer.write(proto.file_list({}))
+            while (frame := await proto.next_frame(reader, decoder))[0] != proto.SYNC_END:
+                pass
+            writer.write(proto.frame(proto.ACK, frame[1]))  # caught up: it joins the ISR
+            for _ in range(100):
+                if isr.members == ["leader", "f1"]:
+                    break
+                await asyncio.sleep(0.02)
+            joined = list(isr.members)
+            if bad == "not an ack":
+                writer.write(proto.hello("f1", nonce))
+            else:
+                writer.write(proto.frame(proto.ACK, proto.pack_u64(proto.unpack_u64(frame[1]) + 10**6)))
+            rest = await asyncio.wait_for(reader.read(), 5)  # the leader hangs up
+            for _ in range(100):
+                if isr.members == ["leader"]:
+                    break
+                await asyncio.sleep(0.02)
+            writer.close()
+            return joined, list(isr.members), rest
+        finally:
+            await server.stop()
+            broker.close()
+
+    joined, after, _ = asyncio.run(run())
+    assert joined == ["leader", "f1"]
+    assert after == ["leader"]
+    assert any("f1" in r.getMessage() and "dropped" in r.getMessage() and "ProtocolError" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_close_ends_a_follower_waiting_on_a_silent_leader(tmp_path: Path) -> None:
+    async def run() -> float:
+        silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+        port = silent.sockets[0].getsockname()[1]
+        client = ReplicationClient(tmp_path / "f", SECRET, "f1", "127.0.0.1", port)
+        task = asyncio.ensure_future(client.run())
+        await asyncio.sleep(0.3)
+        assert not task.done()  # waiting for the leader's challenge in its thread
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(client.close(), 5)
+        await asyncio.wait_for(task, 5)  # ends without an error: it was closed
+        silent.close()
+        return asyncio.get_running_loop().time() - started
+
+    assert asyncio.run(run()) < 1.0
