@@ -355,7 +355,7 @@ class MessageStore:
         log.debug("%s: deleted unreferenced segment %s", self.path, segment.path.name)
 
     def hold_deletions(self) -> None:
-        """Postpone deletions (a worker thread may be msync-ing segments). Nests."""
+        """Postpone deletions (a worker thread may be syncing segments). Nests."""
         self._held += 1
 
     def release_deletions(self) -> None:
@@ -407,7 +407,7 @@ class MessageStore:
         Pages we wrote or read stay mapped and count as the broker's RSS, so a queue of 10M messages
         would cost the size of its segments in RSS. For a shared file mapping MADV_DONTNEED only
         unmaps them: the data stays in the page cache and the file (dirty pages are still written
-        back and msync still covers them), and a later read maps them in again.
+        back and a sync of the file still covers them), and a later read maps them in again.
         """
         advice = getattr(mmap, "MADV_DONTNEED", None)
         if advice is None:

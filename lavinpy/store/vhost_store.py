@@ -2,7 +2,7 @@
 
 ``await flush()`` resolves once everything appended, pushed and acked before the call is on disk
 under the fsync policy and, when a replication barrier is set, acknowledged by every in-sync
-follower. Concurrent callers share one flush (group commit). The disk work (msync of the message
+follower. Concurrent callers share one flush (group commit). The disk work (fdatasync of the message
 segments, then fsync of the index files: message bytes before index bytes) runs in a worker thread
 so that the event loop keeps serving clients meanwhile.
 """
@@ -140,7 +140,7 @@ class VhostStore:
             return
         self._is_open = False
         if self._executor is not None:
-            self._executor.shutdown(wait=True)  # a running msync/fsync finishes first
+            self._executor.shutdown(wait=True)  # a running sync finishes first
             self._executor = None
         self._end_sync()
         for index in self._queues.values():
