@@ -13,7 +13,7 @@ import urllib.request
 
 import pika
 import pytest
-from e2e import rss_anon
+from e2e import assert_witness_served, rss_anon
 from e2e.rawamqp import RawAMQP  # tests/ is on the path (no __init__.py there)
 from pamqp import commands
 
@@ -90,12 +90,7 @@ def test_a_consumer_that_never_reads_through_a_follower_does_not_grow_it(three) 
         slow.send(1, commands.Basic.Consume(queue="unread-backlog", no_ack=True, nowait=True))
         time.sleep(2.0)
         growth = rss_anon(follower.process.pid) - before
-        witness = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", follower.amqp_port))
-        ch = witness.channel()
-        q = ch.queue_declare("", exclusive=True).method.queue
-        ch.basic_publish("", q, b"ping")
-        assert ch.basic_get(q, auto_ack=True)[2] == b"ping"
-        witness.close()
+        assert_witness_served(f"amqp://guest:guest@127.0.0.1:{follower.amqp_port}/", 0.5)
     assert growth < 16 * 1024 * 1024, f"the follower's RssAnon grew by {growth / 2**20:.1f} MiB"
 
 

@@ -70,6 +70,23 @@ def rss_anon(pid: int) -> int:
     raise AssertionError("no RssAnon in /proc status")
 
 
+def assert_witness_served(url: str, seconds: float = 1.0) -> None:
+    """Another client (at ``url``) declares, publishes and gets round trips promptly meanwhile."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        q = ch.queue_declare(uid("witness"), exclusive=True).method.queue
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            ch.basic_publish("", q, b"ping")
+            method, _props, body = ch.basic_get(q, auto_ack=True)
+            assert method is not None and body == b"ping"
+            assert time.monotonic() - started < 1.0
+    finally:
+        conn.close()
+
+
 def wait_until(conn: BlockingConnection, predicate: Callable[[], bool], timeout: float = 5.0,
                step: float = 0.05) -> bool:
     """Process the connection's events until predicate() is true or timeout passes."""

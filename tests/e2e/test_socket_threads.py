@@ -18,13 +18,12 @@ from pamqp import commands, frame
 
 from lavinpy.wire import accel
 
-from . import rss_anon, uid
+from . import assert_witness_served, rss_anon, uid
 from .conftest import lavinpy_only
 from .rawamqp import PeerClosed, RawAMQP
 from .test_memory_backpressure import (
     MiB,
     assert_unread_returns_stop_the_publisher,
-    assert_witness_served,
     raw_client,
 )
 from .test_policies_alarms import inproc  # noqa: F401 - the fixture
@@ -144,7 +143,7 @@ def test_two_hundred_busy_connections_leave_no_threads_or_descriptors(fresh_brok
     assert eventually(lambda: threads(fresh_broker.pid) <= before_threads), \
         f"{threads(fresh_broker.pid)} threads, {before_threads} before"
     assert eventually(lambda: fds(fresh_broker.pid) <= before_fds), f"{fds(fresh_broker.pid)} fds, {before_fds} before"
-    assert_witness_served(fresh_broker, 0.5)
+    assert_witness_served(fresh_broker.url, 0.5)
 
 
 @pytest.mark.parametrize("end", ["eof", "reset", "bad_frame_end"])
@@ -171,7 +170,7 @@ def test_a_threaded_connection_ending_mid_frame(fresh_broker, end: str) -> None:
     check = raw_client(fresh_broker)
     assert message_count(check, queue) == stored  # the cut message was not stored
     check.close()
-    assert_witness_served(fresh_broker, 0.5)
+    assert_witness_served(fresh_broker.url, 0.5)
 
 
 def test_flooding_publisher_whose_output_is_backed_up(fresh_broker) -> None:
