@@ -267,7 +267,7 @@ class ReplicationClient:
         except proto.ProtocolError as exc:
             log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
                       self.leader_port, exc)
-        except (ConnectionError, OSError) as exc:
+        except OSError as exc:  # ConnectionError among them
             if not self._closing:
                 log.warning("replication: connection to the leader %s:%d ended: %s",
                             self.leader_host, self.leader_port, exc)

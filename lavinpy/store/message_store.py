@@ -391,13 +391,13 @@ class MessageStore:
 
     @staticmethod
     def sync_ranges(ranges: Iterable[DirtyRange]) -> None:
-        """Sync the ranges from take_dirty(), each segment once. Runs in a worker thread."""
-        spans: dict[Segment, tuple[int, int]] = {}
+        """Sync the ranges from take_dirty(), each segment once (a sync covers the whole file).
+        Runs in a worker thread."""
+        synced: set[Segment] = set()
         for segment, start, end in ranges:
-            low, high = spans.get(segment, (start, end))
-            spans[segment] = (min(low, start), max(high, end))
-        for segment, (start, end) in spans.items():
-            segment.sync(start, end)
+            if end > start and segment not in synced:
+                synced.add(segment)
+                segment.sync(start, end)
 
     # ---- introspection ---------------------------------------------------------------------------
 

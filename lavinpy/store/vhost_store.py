@@ -246,24 +246,21 @@ class VhostStore:
             if taken:
                 synced.append(counts)
                 fds.extend(taken)
-        outstanding = 1
+        outstanding = 1 if self.barrier is None else 2  # the local sync, and the followers'
+
+        def one_done() -> None:
+            nonlocal outstanding
+            outstanding -= 1
+            if not outstanding:
+                _resolve(waiter)
+
         if self.barrier is not None:  # taken now: the followers write this flush's bytes while we do
-
-            def replicated() -> None:
-                nonlocal outstanding
-                outstanding -= 1
-                if not outstanding:
-                    _resolve(waiter)
-
-            outstanding = 2
-            self.barrier.on_replicated(replicated)
+            self.barrier.on_replicated(one_done)
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
             ranges, fds = [], []
         if ranges or fds:
             await self._sync_in_worker(synced, ranges, fds)
-        outstanding -= 1
-        if not outstanding:
-            _resolve(waiter)
+        one_done()
 
     async def wait_replicated(self) -> None:
         """Resolve once every in-sync follower has what was written before the call (at once alone)."""
