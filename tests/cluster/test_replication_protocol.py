@@ -16,7 +16,8 @@ from lavinpy import config as config_module
 from lavinpy.broker.broker import Broker
 from lavinpy.cluster import replication_protocol as proto
 from lavinpy.cluster.errors import ReplicationRefused
-from lavinpy.cluster.replication_client import FileApplier, ReplicationClient
+from lavinpy.cluster.file_applier import FileApplier
+from lavinpy.cluster.replication_client import ReplicationClient
 from lavinpy.cluster.replication_server import ReplicationServer
 
 from .replication_harness import SECRET, MemoryIsr, replicated_hashes
