@@ -1,31 +1,77 @@
 """A follower's writes: the leader's operations applied under the data directory, made durable on
-``commit()`` (blocking; called from the replication client's own thread)."""
+``commit()`` (blocking; called from the replication client's own thread).
+
+Disk faults: every write loops until it is complete, and any OSError while applying or committing
+raises ``ReplicaDiskError``, so that the batch is not acknowledged (the client then closes the
+connection and the leader drops this follower from the ISR). After a failed fsync the page cache may
+hold data the disk never got, and Linux reports such an error only once: a retried fsync, or a hash
+read by the next full sync, would lie. So the applier then deletes every file written since the last
+successful commit, and lists those it cannot delete in a marker (``files.SUSPECT_FILE``) that makes
+the next full sync copy them whatever their hash says. The applier is unusable after that.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import logging
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from . import files
 from . import replication_protocol as proto
+
+log = logging.getLogger("lavinpy.cluster.replication")
 
 _FSYNCS = ThreadPoolExecutor(4, thread_name_prefix="replication-fsync")
 MAX_OPEN = 64  # descriptors kept open between batches
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_ACTIONS = {proto.OP_WRITE: "write", proto.OP_TRUNCATE: "truncate", proto.OP_REPLACE: "replace",
+            proto.OP_DELETE: "delete", proto.OP_RMDIR: "rmdir"}
+
+
+class ReplicaDiskError(OSError):
+    """Writing or syncing a replicated file failed: the batch is not durable and must not be
+    acknowledged. ``errno`` is the system's, ``filename`` the path relative to the data directory."""
+
+    def __init__(self, err: int, rel: str, action: str, detail: str = "") -> None:
+        super().__init__(err, os.strerror(err), rel)
+        self.action = action
+        self.detail = detail  # what was discarded because of it
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno, str(self.errno))
+        text = f"{self.action} of {self.filename} failed: {name} ({self.strerror})"
+        return f"{text}; {self.detail}" if self.detail else text
 
 
 class FileApplier:
-    """Applies operations under a data directory and makes them durable on ``commit()`` (blocking)."""
+    """Applies operations under a data directory and makes them durable on ``commit()`` (blocking).
 
-    def __init__(self, root: Path) -> None:
+    ``before_discard`` is called before files are deleted after a failed fsync: from then on the copy
+    misses data it may already have acknowledged, which a durable mark should say first.
+    """
+
+    def __init__(self, root: Path, before_discard: Callable[[], None] | None = None) -> None:
         self.root = Path(root)
+        self._before_discard = before_discard
         self._fds: dict[str, int] = {}  # open across commits: the same few files take every batch
-        self._written: set[int] = set()  # descriptors written since the last commit
+        self._written: dict[str, int] = {}  # files written through _fds since the last commit
+        self._renamed: set[str] = set()  # files replaced or received since the last commit
         self._dirs: set[Path] = set()  # directories whose entries changed
         self._receiving: tuple[str, int, int] | None = None  # full sync: (path, fd of its .tmp, offset)
+        self._broken: ReplicaDiskError | None = None  # set once files were discarded
+        # Suspect files are cleared from the marker once replaced or deleted and committed.
+        # (one that no longer exists is not listed by the next full sync, so nothing to vouch for)
+        try:
+            listed = files.suspect_files(self.root)
+            self._suspects = {rel for rel in listed if _valid(rel) and (self.root / rel).exists()}
+        except OSError:  # the full sync's file list reads the marker again, and fails there
+            listed, self._suspects = set(), set()
+        self._suspects_changed = self._suspects != listed
 
     def _path(self, rel: str) -> Path:
         return self.root / proto.check_path(rel)
@@ -38,7 +84,7 @@ class FileApplier:
             if not path.exists():
                 self._dirs.add(path.parent)
             fd = self._fds[rel] = os.open(path, _FILE_FLAGS, 0o600)
-        self._written.add(fd)
+        self._written[rel] = fd
         return fd
 
     def _make_parent(self, path: Path) -> None:
@@ -53,13 +99,34 @@ class FileApplier:
     def _forget(self, prefix: str) -> None:
         for rel in [r for r in self._fds if r == prefix or r.startswith(prefix + "/")]:
             fd = self._fds.pop(rel)
-            self._written.discard(fd)  # the file is about to be deleted or replaced
+            self._written.pop(rel, None)  # the file is about to be deleted or replaced
             os.close(fd)
 
+    def _resolved(self, prefix: str) -> None:
+        """Files under ``prefix`` were replaced by a complete copy or deleted: no longer suspect."""
+        if self._suspects:
+            gone = {r for r in self._suspects if r == prefix or r.startswith(prefix + "/")}
+            if gone:
+                self._suspects -= gone
+                self._suspects_changed = True
+
+    # ---- operations -------------------------------------------------------------------------------
+
     def apply(self, operation: proto.Operation) -> None:
+        """Apply one stream operation; raises ReplicaDiskError when the disk refuses it."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            self._apply(operation)
+        except ReplicaDiskError:
+            raise
+        except OSError as exc:
+            raise self._fail(_ACTIONS.get(operation.kind, "apply"), operation.path, exc) from exc
+
+    def _apply(self, operation: proto.Operation) -> None:
         kind, rel = operation.kind, operation.path
         if kind == proto.OP_WRITE:
-            os.pwrite(self._fd(rel), operation.data, operation.offset)
+            _pwrite_all(self._fd(rel), operation.data, operation.offset)
         elif kind == proto.OP_TRUNCATE:
             fd = self._fd(rel)
             grown = operation.size - os.fstat(fd).st_size
@@ -68,49 +135,68 @@ class FileApplier:
                 _reserve(fd, operation.size - grown, grown)
         elif kind == proto.OP_REPLACE:
             self._forget(rel)
-            self.replace(rel, operation.data)
+            self._replace(rel, operation.data)
         elif kind == proto.OP_DELETE:
-            self.delete(rel)
+            self._delete(rel)
         elif kind == proto.OP_RMDIR:
             self._forget(rel)
             path = self._path(rel)
-            shutil.rmtree(path, ignore_errors=True)
+            try:  # any other error must fail the batch: a directory left behind would come back
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                pass
+            self._resolved(rel)
             self._dirs.add(path.parent)
 
     def replace(self, rel: str, data: bytes) -> None:
+        """The file's whole content becomes ``data`` (written and fsynced before the rename)."""
+        self._guard("replace", rel, self._replace, rel, data)
+
+    def _replace(self, rel: str, data: bytes) -> None:
         path = self._path(rel)
         self._make_parent(path)
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(tmp, _TMP_FLAGS, 0o600)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
+            _write_all(fd, data, tmp)
+        except OSError:
             os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        self._fsync_received(rel, fd, tmp)
         os.replace(tmp, path)
+        self._renamed.add(rel)
+        self._resolved(rel)
         self._dirs.add(path.parent)
 
     def delete(self, rel: str) -> None:
+        self._guard("delete", rel, self._delete, rel)
+
+    def _delete(self, rel: str) -> None:
         self._forget(rel)
         path = self._path(rel)
-        with contextlib.suppress(FileNotFoundError):
+        try:
             path.unlink()
+        except FileNotFoundError:
+            pass
+        else:
             self._dirs.add(path.parent)
             parent = path.parent  # directories the leader no longer has are emptied and removed
             while parent != self.root and not any(parent.iterdir()):
                 parent.rmdir()
                 self._dirs.add(parent.parent)
                 parent = parent.parent
+        self._resolved(rel)
 
     # full sync: a file arrives in chunks into <name>.tmp and is renamed over its name at the end
     def begin_file(self, rel: str, size: int = 0) -> None:
+        self._guard("create", rel, self._begin_file, rel, size)
+
+    def _begin_file(self, rel: str, size: int) -> None:
         self._forget(rel)
         path = self._path(rel)
         self._make_parent(path)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(path.with_name(path.name + ".tmp"), _TMP_FLAGS, 0o600)
         self._receiving = (rel, fd, 0)
         if size:
             _reserve(fd, 0, size)
@@ -119,45 +205,96 @@ class FileApplier:
         if self._receiving is None:
             raise proto.ProtocolError("file data outside a file")
         rel, fd, offset = self._receiving
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(fd, view, offset)
-            offset += n
-            view = view[n:]
-        self._receiving = (rel, fd, offset)
+        self._guard("write", rel, _pwrite_all, fd, data, offset)
+        self._receiving = (rel, fd, offset + len(data))
 
     def end_file(self) -> None:
         if self._receiving is None:
             raise proto.ProtocolError("file end outside a file")
         (rel, fd, received), self._receiving = self._receiving, None
+        self._guard("write", rel, self._end_file, rel, fd, received)
+
+    def _end_file(self, rel: str, fd: int, received: int) -> None:
         path = self._path(rel)
+        tmp = path.with_name(path.name + ".tmp")
         try:
             os.ftruncate(fd, received)  # the reservation was for the size announced
-            os.fsync(fd)
-        finally:
+        except OSError:
             os.close(fd)
-        os.replace(path.with_name(path.name + ".tmp"), path)
+            _unlink_quietly(tmp)
+            raise
+        self._fsync_received(rel, fd, tmp)
+        os.replace(tmp, path)
+        self._renamed.add(rel)
+        self._resolved(rel)
         self._dirs.add(path.parent)
 
+    def _fsync_received(self, rel: str, fd: int, tmp: Path) -> None:
+        """fsync and close a file written in full (a replace or a full-sync file)."""
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            _close_quietly(fd)  # never synced again: a second fsync would report success
+            _unlink_quietly(tmp)  # local scratch: never listed, so nothing to vouch for
+            raise self._fail("fsync", rel, exc, discard=True) from exc
+        os.close(fd)
+
+    def _guard(self, action: str, rel: str, work: Callable[..., None], *args: object) -> None:
+        """Run ``work``: on a broken applier not at all, and any OSError as a ReplicaDiskError."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            work(*args)
+        except ReplicaDiskError:
+            raise
+        except OSError as exc:
+            raise self._fail(action, rel, exc) from exc
+
+    # ---- durability -------------------------------------------------------------------------------
+
     def commit(self) -> None:
-        """fsync every file and directory changed since the last commit."""
-        fds, self._written = list(self._written), set()
-        if len(fds) > 1:  # at once: one journal commit can then cover them all
-            list(_FSYNCS.map(os.fsync, fds))
-        elif fds:
-            os.fsync(fds[0])
-        if len(self._fds) > MAX_OPEN:
-            self.close_files()
-        for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
-            try:
-                fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            except FileNotFoundError:
-                continue
+        """fsync every file and directory changed since the last commit. On a failure the files
+        changed since the last commit are discarded and ReplicaDiskError is raised."""
+        if self._broken is not None:
+            raise self._broken
+        written = self._written
+        if len(written) > 1:  # at once: one journal commit can then cover them all
+            futures = {_FSYNCS.submit(os.fsync, fd): rel for rel, fd in written.items()}
+            wait(futures)  # all of them, before any descriptor may be closed
+            for future, rel in futures.items():
+                exc = future.exception()
+                if isinstance(exc, OSError):
+                    raise self._fail("fsync", rel, exc, discard=True) from exc
+                if exc is not None:
+                    raise exc
+        elif written:
+            [(rel, fd)] = written.items()
             try:
                 os.fsync(fd)
-            finally:
-                os.close(fd)
+            except OSError as exc:
+                raise self._fail("fsync", rel, exc, discard=True) from exc
+        for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
+            try:
+                _fsync_dir(directory)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # new names in it may be lost: its new files count as unwritten
+                rel = directory.relative_to(self.root).as_posix() if directory != self.root else "."
+                raise self._fail("fsync", rel + "/", exc, discard=True) from exc
+        self._written = {}
         self._dirs.clear()
+        self._renamed.clear()
+        if len(self._fds) > MAX_OPEN:
+            self.close_files()
+        if self._suspects_changed:
+            self._record_suspects()
+
+    def _record_suspects(self) -> None:
+        try:
+            files.write_suspects(self.root, self._suspects)
+            self._suspects_changed = False
+        except OSError as exc:  # not a loss: the next full sync copies them once more
+            log.warning("replication: could not update %s: %s", files.SUSPECT_FILE, exc)
 
     def close_files(self) -> None:
         """Close the open descriptors (after a commit: nothing written is left unsynced)."""
@@ -166,11 +303,128 @@ class FileApplier:
         self._fds.clear()
 
     def abort(self) -> None:
+        """The connection ended: make what was applied durable (or discard it) and close everything."""
         if self._receiving is not None:
             os.close(self._receiving[1])
             self._receiving = None
-        self.commit()
+        if self._broken is None:
+            try:
+                self.commit()
+            except ReplicaDiskError:
+                pass  # logged, and what could not be made durable is discarded
         self.close_files()
+
+    # ---- failures ---------------------------------------------------------------------------------
+
+    def _fail(self, action: str, rel: str, exc: OSError, *, discard: bool = False) -> ReplicaDiskError:
+        """The ReplicaDiskError for ``exc``, logged once; after a failed fsync, discard first."""
+        detail = self._discard() if discard else ""
+        error = ReplicaDiskError(exc.errno or errno.EIO, rel, action, detail)
+        if discard:
+            self._broken = error
+        log.error("replication: disk error, not acknowledged: %s", error)
+        return error
+
+    def _discard(self) -> str:
+        """Delete every file changed since the last commit; list in the marker those that stay."""
+        if self._before_discard is not None:
+            try:
+                self._before_discard()
+            except Exception:  # noqa: BLE001 - the discard must happen all the same
+                log.exception("replication: before_discard failed")
+        changed = sorted(self._written.keys() | self._renamed)
+        # Closed without an fsync: the error was reported once and a retry would claim success.
+        for fd in self._fds.values():
+            _close_quietly(fd)
+        self._fds.clear()
+        self._written.clear()
+        if self._receiving is not None:
+            _close_quietly(self._receiving[1])
+            self._receiving = None
+        deleted, kept, directories = 0, [], set()
+        for rel in changed:
+            path = self._path(rel)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                kept.append(rel)
+                continue
+            deleted += 1
+            directories.add(path.parent)
+        # Best effort: if the unlink does not last, the file comes back after a reboot with what the
+        # disk holds, which a hash then reads truthfully (the page cache went with the inode).
+        for directory in directories:
+            try:
+                _fsync_dir(directory)
+            except OSError:
+                pass
+        detail = f"{deleted} file(s) written since the last commit deleted"
+        if kept:
+            try:
+                files.write_suspects(self.root, files.suspect_files(self.root) | set(kept))
+            except OSError as exc:
+                log.critical("replication: cannot delete nor mark as suspect %s (%s): until this process "
+                             "restarts a full sync copies them again; after a restart remove them by hand",
+                             ", ".join(kept), exc)
+                detail += f"; {len(kept)} could not be deleted nor marked: {', '.join(kept)}"
+            else:
+                detail += f"; {len(kept)} could not be deleted, listed in {files.SUSPECT_FILE}: {', '.join(kept)}"
+        self._dirs.clear()
+        self._renamed.clear()
+        return detail
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """pwrite until complete: at ENOSPC ext4 and tmpfs write part of a buffer, and only the next
+    call reports the error."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite made no progress")
+        offset += written
+        view = view[written:]
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "write made no progress", str(path))
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:  # already failing; the descriptor is released all the same
+        pass
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _valid(rel: str) -> bool:
+    try:
+        proto.check_path(rel)
+    except proto.ProtocolError:
+        return False
+    return True
 
 
 def _reserve(fd: int, offset: int, length: int) -> None:
@@ -184,6 +438,7 @@ def _reserve(fd: int, offset: int, length: int) -> None:
 
 
 def apply_batch(applier: FileApplier, operations: list[proto.Operation]) -> None:
+    """Apply and commit one batch; raises ReplicaDiskError if any of it is not on disk."""
     for operation in operations:
         applier.apply(operation)
     applier.commit()

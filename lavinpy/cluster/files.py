@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from pathlib import Path
@@ -10,10 +11,13 @@ from ..store.datadir import CLEAN_STOP_MARKER
 
 # The node's cluster identity: a copy would make two nodes one.
 CLUSTERING_ID_FILE = ".clustering_id"
+# Files whose content this node cannot vouch for (file_applier): an fsync of them failed and they could
+# not be deleted. suspect_files() below.
+SUSPECT_FILE = ".replica_suspect"
 
 # Never copied to or from another node: the identity, the data dir's flock file, the clean-stop marker
 # (a follower's copy is never "cleanly stopped": it recovers as after a crash when it becomes leader).
-LOCAL_ONLY_FILES = {CLUSTERING_ID_FILE, ".lock", CLEAN_STOP_MARKER}
+LOCAL_ONLY_FILES = {CLUSTERING_ID_FILE, SUSPECT_FILE, ".lock", CLEAN_STOP_MARKER}
 
 # Names starting with these are per-process scratch: connection body spools (unlinked at once) and
 # atomic-replace temporaries (.tmp, renamed over their target, which is replicated as a replace).
@@ -46,3 +50,53 @@ def node_id(data_dir: Path) -> str:
         os.close(fd)
     os.replace(tmp, path)
     return new_id
+
+
+# Suspects are also kept in memory, by data dir, for when even the marker cannot be written: the next full
+# sync of this process still copies them.
+_suspects_in_memory: dict[str, frozenset[str]] = {}
+
+
+def suspect_files(data_dir: Path) -> set[str]:
+    """Relative paths that a full sync must copy again whatever their hash says: after an fsync error
+    the page cache may hold data the disk never got, and a hash read from it would lie."""
+    suspects = set(_suspects_in_memory.get(os.path.abspath(data_dir), ()))
+    try:
+        suspects.update(line for line in (Path(data_dir) / SUSPECT_FILE).read_text().splitlines() if line)
+    except FileNotFoundError:
+        pass
+    return suspects
+
+
+def write_suspects(data_dir: Path, suspects: set[str]) -> None:
+    """Record ``suspects`` (in memory at once, then durably); none removes the marker. Raises OSError."""
+    key = os.path.abspath(data_dir)
+    if suspects:
+        _suspects_in_memory[key] = frozenset(suspects)
+    else:
+        _suspects_in_memory.pop(key, None)
+    path = Path(data_dir) / SUSPECT_FILE
+    if suspects:
+        tmp = path.with_name(SUSPECT_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+        try:
+            view = memoryview("".join(f"{rel}\n" for rel in sorted(suspects)).encode())
+            while view:
+                written = os.write(fd, view)
+                if not written:
+                    raise OSError(errno.EIO, "write made no progress", str(tmp))
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+    directory = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

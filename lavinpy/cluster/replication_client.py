@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import replication_protocol as proto
 from .errors import ReplicationRefused
-from .file_applier import FileApplier, apply_batch
+from .file_applier import FileApplier, ReplicaDiskError, apply_batch
 
 log = logging.getLogger("lavinpy.cluster.replication")
 
@@ -105,6 +105,8 @@ class ReplicationClient:
         except proto.ProtocolError as exc:
             log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
                       self.leader_port, exc)
+        except ReplicaDiskError:  # logged by the applier; nothing acknowledged, and the connection
+            raise  # closes below: the leader drops this follower, which must full-sync again
         except OSError as exc:  # ConnectionError among them
             if not self._closing:
                 log.warning("replication: connection to the leader %s:%d ended: %s",

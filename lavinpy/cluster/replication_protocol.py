@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import is_local_only
+from .files import is_local_only, suspect_files
 
 PROTOCOL_VERSION = 1
 NONCE_SIZE = 32
@@ -195,12 +195,18 @@ def file_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Listed instead of the hash of a file this node cannot vouch for: equal to no sha1, so the leader sends
+# the file again (or deletes it), whatever the page cache says.
+UNPROVEN_SHA1 = "unproven"
+
+
 def list_files(root: Path) -> dict[str, tuple[int, str]]:
     """relative path -> (size, sha1 hex) of every replicated file (blocking: run it in a thread)."""
     listing = {}
+    suspects = suspect_files(root)
     for rel, path in replicated_files(root):
         try:
-            listing[rel] = (path.stat().st_size, file_sha1(path))
+            listing[rel] = (path.stat().st_size, UNPROVEN_SHA1 if rel in suspects else file_sha1(path))
         except FileNotFoundError:  # deleted while walking
             continue
     return listing
