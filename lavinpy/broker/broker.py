@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -74,6 +75,9 @@ class Broker:
         self._input_since_check = 0
         self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
         self._replication_barrier: ReplicationBarrier | None = None
+        # A cluster leader's lease check: False once this node may no longer serve (nothing more is
+        # delivered; the node is stepping down). None: a single node, always serving.
+        self.serving_guard: Callable[[], bool] | None = None
 
     def open(self) -> None:
         self.datadir.open()
@@ -171,6 +175,8 @@ class Broker:
     def run_deliveries(self) -> None:
         """Let every queue with pending work deliver (a few rounds; the rest is rescheduled)."""
         self._pending_scheduled = False
+        if self.serving_guard is not None and not self.serving_guard():
+            return
         rounds = 0
         while self.delivery_pending and rounds < 4:
             rounds += 1

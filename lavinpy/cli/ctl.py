@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..wire.passwords import hash_password
+from .cluster_ctl import ClusterCtlError, force_leader
 
 DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
 EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 69
@@ -349,6 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("export_definitions", "write the definitions as JSON to FILE (- for stdout)", "file")
     add("import_definitions", "apply a definitions JSON file (- for stdin)", "file")
     add("hash_password", "print a password hash as RabbitMQ stores it (sha256)", "password")
+    force = add("force_leader", "let a cluster node lead whatever etcd's ISR says (it may lack confirmed "
+                "messages: an operator's decision)", "node_id")
+    force.add_argument("--etcd-endpoints", dest="etcd_endpoints", default="127.0.0.1:2379",
+                       help="etcd endpoints, comma-separated host:port (default 127.0.0.1:2379)")
+    force.add_argument("--etcd-prefix", dest="etcd_prefix", default="lavinpy", help="the cluster's key prefix")
     return parser
 
 
@@ -358,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "hash_password":
             cmd_hash_password(None, args)
             return EXIT_OK
+        if args.command == "force_leader":
+            print(force_leader(args.etcd_endpoints, args.etcd_prefix, args.node_id))
+            return EXIT_OK
         api = Api(args.uri)
         if args.command in LISTS:
             run_list(api, args)
@@ -366,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     except CtlError as e:
         print(str(e), file=sys.stderr)
         return e.code
+    except ClusterCtlError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except BrokenPipeError:  # output piped into head and the like
         return EXIT_OK
     return EXIT_OK

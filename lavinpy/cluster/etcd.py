@@ -98,6 +98,11 @@ def put_op(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
     return {"request_put": body}
 
 
+def delete_op(key: str) -> dict[str, Any]:
+    """A delete of one key, for a txn's success or failure branch (no error when it is absent)."""
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
 class EtcdClient:
     def __init__(self, endpoints: str | list[str], timeout: float = REQUEST_TIMEOUT) -> None:
         items = endpoints.split(",") if isinstance(endpoints, str) else endpoints
@@ -148,6 +153,11 @@ class EtcdClient:
         """The lease's remaining TTL in seconds; 0 when the lease is gone (expired or revoked)."""
         data = await self.call("lease/keepalive", {"ID": str(lease)})
         return int(data.get("result", {}).get("TTL", 0))
+
+    async def lease_time_to_live(self, lease: int) -> int:
+        """The lease's remaining TTL in whole seconds as etcd counts it; -1 when it is gone."""
+        data = await self.call("lease/timetolive", {"ID": str(lease)})
+        return int(data.get("TTL", -1))
 
     async def lease_revoke(self, lease: int) -> bool:
         """Revoke a lease (its keys go with it); False when it was already gone."""

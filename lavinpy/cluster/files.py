@@ -11,13 +11,16 @@ from ..store.datadir import CLEAN_STOP_MARKER
 
 # The node's cluster identity: a copy would make two nodes one.
 CLUSTERING_ID_FILE = ".clustering_id"
+# What this node's copy is worth to the cluster (replica_state.py): each node judges its own.
+REPLICA_STATE_FILE = ".replica_state"
 # Files whose content this node cannot vouch for (file_applier): an fsync of them failed and they could
 # not be deleted. suspect_files() below.
 SUSPECT_FILE = ".replica_suspect"
 
-# Never copied to or from another node: the identity, the data dir's flock file, the clean-stop marker
+# Never copied to or from another node: the identity, its replica state, the data dir's flock file, the
+# clean-stop marker
 # (a follower's copy is never "cleanly stopped": it recovers as after a crash when it becomes leader).
-LOCAL_ONLY_FILES = {CLUSTERING_ID_FILE, SUSPECT_FILE, ".lock", CLEAN_STOP_MARKER}
+LOCAL_ONLY_FILES = {CLUSTERING_ID_FILE, REPLICA_STATE_FILE, SUSPECT_FILE, ".lock", CLEAN_STOP_MARKER}
 
 # Names starting with these are per-process scratch: connection body spools (unlinked at once) and
 # atomic-replace temporaries (.tmp, renamed over their target, which is replicated as a replace).

@@ -2,6 +2,8 @@
 
 ``<prefix>/leader``             the leader's clustering URI, bound to its lease
 ``<prefix>/isr``                JSON list of the in-sync node ids (written by the leader, fenced)
+``<prefix>/bootstrapped``       written with every ISR: this cluster has had a leader (the id of the last writer)
+``<prefix>/force_leader``       a node id put by an operator: that node may lead whatever the ISR says
 ``<prefix>/clustering_secret``  hex of 32 random bytes, created once (replication authentication)
 ``<prefix>/nodes/<id>``         JSON NodeInfo of each live node, bound to its lease
 """
@@ -30,6 +32,8 @@ class ClusterKeys:
         self.prefix = prefix.rstrip("/")
         self.leader = f"{self.prefix}/leader"
         self.isr = f"{self.prefix}/isr"
+        self.bootstrapped = f"{self.prefix}/bootstrapped"
+        self.force_leader = f"{self.prefix}/force_leader"
         self.secret = f"{self.prefix}/clustering_secret"
         self.nodes = f"{self.prefix}/nodes/"
 
@@ -39,12 +43,14 @@ class ClusterKeys:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """Where a node is reached: replication URI, AMQP and HTTP host:port ("" = no HTTP)."""
+    """Where a node is reached: replication URI, AMQP and HTTP host:port ("" = no HTTP); ``history``:
+    its data dir had been part of a cluster when it joined (a replica state file)."""
 
     id: str
     uri: str
     amqp: str
     http: str
+    history: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -53,7 +59,8 @@ class NodeInfo:
     def from_kv(cls, kv: KeyValue) -> NodeInfo | None:
         try:
             data = json.loads(kv.value)
-            return cls(str(data["id"]), str(data["uri"]), str(data["amqp"]), str(data.get("http") or ""))
+            return cls(str(data["id"]), str(data["uri"]), str(data["amqp"]), str(data.get("http") or ""),
+                       bool(data.get("history", False)))
         except (ValueError, KeyError, TypeError):
             return None
 

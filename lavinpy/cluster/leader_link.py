@@ -1,7 +1,9 @@
 """A follower's link to its leader: the replication stream, which also tells whether the leader lives.
 
-The link is lost when the connection ends and cannot be made again; the node revokes the leader's
-lease once the link has been lost for ``revoke_after`` seconds (and it may lead). Without the
+The link is up only once the leader has proved the shared secret (a connect that hangs is not a
+link), and lost when the connection ends and cannot be made again; the node revokes the leader's
+lease once the link has been lost for ``revoke_after`` seconds, if etcd has not heard from the leader
+either and this node may lead. Failed attempts are retried with a growing delay. Without the
 replication modules the link is a TCP connect to the leader's AMQP port every 0.25 s.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from .errors import ReplicationRefused
@@ -30,7 +33,8 @@ log = logging.getLogger("lavinpy.cluster")
 REVOKE_AFTER = 1.0  # seconds without a link before the leader's lease is revoked
 NEW_LEADER_GRACE = 2.0  # a just-elected leader gets this long to open its port first
 STABLE = 0.5  # a connection that lasts this long counts as re-established
-RETRY = 0.2
+RETRY = 0.2  # the first retry; doubled after every attempt that did not reach the stream, up to MAX_RETRY
+MAX_RETRY = 5.0
 PROBE_INTERVAL = 0.25
 
 
@@ -41,9 +45,7 @@ class LeaderLink:
         self.lease = lease  # the leader's lease: its term
         self.revoke_after = REVOKE_AFTER
         self.refused = False
-        self._loop = asyncio.get_running_loop()
-        self._good_at = self._loop.time() + NEW_LEADER_GRACE  # the last time the link was known up
-        self._up_since: float | None = None
+        self._good_at = time.monotonic() + NEW_LEADER_GRACE  # the last time the link was known up
         self._client = None
         self._task: asyncio.Task | None = None
 
@@ -61,25 +63,21 @@ class LeaderLink:
 
     def lost_for(self) -> float:
         """Seconds the link has been down (0 while up); a refused follower never counts as lost."""
-        now = self._loop.time()
+        now = time.monotonic()
         if self.refused:
             return 0.0
-        if self._up_since is not None and now - self._up_since >= STABLE:
+        client = self._client
+        up_since = client.up_since if client is not None else None
+        if up_since is not None and now - up_since >= STABLE:
             self._good_at = now
         return max(0.0, now - self._good_at)
-
-    def _ended(self, started: float) -> None:
-        now = self._loop.time()
-        if now - started >= STABLE:
-            self._good_at = now
-        self._up_since = None
 
     async def _replicate(self) -> None:
         host, port = uri_host_port(self.leader.uri)
         node = self.node
+        retry = RETRY
         while True:
             client = self._client = ReplicationClient(node.data_dir, node.secret, node.id, host, port)
-            started = self._up_since = self._loop.time()
             try:
                 await client.run()
             except ReplicationRefused as e:
@@ -89,15 +87,15 @@ class LeaderLink:
             except Exception as e:  # the connection broke or could not be made: try again
                 log.debug("cluster: replication connection to %s ended: %r", self.leader.uri, e)
             finally:
-                self._ended(started)
                 await client.close()
                 self._client = None
-            await asyncio.sleep(RETRY if not self.refused else 5.0)
+            retry = RETRY if client.streamed else min(retry * 2, MAX_RETRY)
+            await asyncio.sleep(retry if not self.refused else MAX_RETRY)
 
     async def _probe(self) -> None:
         host, port = uri_host_port(f"tcp://{self.leader.amqp}")
         while True:
-            started = self._loop.time()
+            started = time.monotonic()
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_INTERVAL * 2)
                 writer.close()

@@ -2,10 +2,13 @@
 
 etcd holds the coordination (keys in keys.py): a lease per node, the leader key bound to the leader's
 lease, the in-sync replica set (ISR) written by the leader under a fence, and the shared secret.
-A node campaigns only while the ISR is absent or lists it. A leader stops serving before its lease
-can run out: at once when etcd says the lease is gone or the leader key changed, one second before
-the local deadline (last successful keepalive + TTL) when etcd cannot be reached. Stopping is a
-re-exec of the process: every socket closes at once and the new process rejoins as a follower.
+A node campaigns only when etcd's ISR lists it and its own copy is consistent (replica_state.py), or
+when an operator forces it; with no ISR in etcd only a brand-new cluster elects by itself. A leader
+serves only while its lease is certainly valid: a local deadline on the monotonic clock (when the last
+successful keepalive was sent + TTL, less a margin) is checked by a timer and on the confirm and
+delivery paths, independently of any etcd call; it stops at once when etcd says the lease is gone or
+the leader key changed. Stopping is a re-exec of the process: every socket closes at once and the new
+process rejoins as a follower.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..store.lock import DataDirLock, DataDirLocked
+from . import replica_state
 from .errors import LeadershipLost
-from .etcd import Compare, EtcdClient, EtcdError, KeyValue, put_op
+from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op
 from .files import node_id
 from .keys import ClusterKeys, NodeInfo, uri_host_port
 from .leader_link import LeaderLink
@@ -44,8 +49,13 @@ except ModuleNotFoundError as e:
 log = logging.getLogger("lavinpy.cluster")
 
 LEASE_TTL = 10  # seconds (LavinMQ's)
-KEEPALIVE_INTERVAL = LEASE_TTL / 3
+# Often, so that a lease whose time to live has dropped tells the others its holder has gone quiet.
+KEEPALIVE_INTERVAL = 0.5
 DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could expire
+# A follower that lost its link to the leader takes the leader's lease only when etcd has not heard
+# from the leader for this long either: a leader cut off from one follower alone keeps leading (and
+# drops that follower from the ISR).
+LEADER_SILENT = 1.5
 LEADER_POLL = 0.25  # how often the leader key is read (changes are noticed within ~0.5 s)
 MEMBERS_POLL = 0.5
 ETCD_RETRY = 0.5
@@ -77,7 +87,8 @@ class ClusterNode:
         self.role = "starting"
         self.lease = 0
         self.secret = b""
-        self.deadline = 0.0  # loop time by which the lease may have expired
+        self.deadline = 0.0  # time.monotonic() by which the lease may have expired
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self.members: dict[str, NodeInfo] = {}  # id -> info, from <prefix>/nodes/
         self.member_addresses: set[str] = set()  # their advertised hosts, resolved
         self.isr: list[str] | None = None
@@ -89,6 +100,7 @@ class ClusterNode:
         self._link: LeaderLink | None = None
         self._tasks: list[asyncio.Task] = []
         self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
+        self._refused_for = ""  # the last reason this node could not lead (logged once)
 
     # --- life cycle -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> int:
@@ -135,7 +147,7 @@ class ClusterNode:
                 secret = self.keys.secret
                 await self.etcd.put_if_absent(secret, os.urandom(32).hex())
                 self.secret = bytes.fromhex((await self.etcd.get(secret)).text)
-                sent = _now()
+                sent = time.monotonic()
                 self.lease = await self.etcd.lease_grant(LEASE_TTL)
                 self.deadline = sent + LEASE_TTL
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
@@ -149,7 +161,8 @@ class ClusterNode:
     def _info(self) -> NodeInfo:
         host = uri_host_port(self.uri)[0]
         http = f"{host}:{self.config.http_port}" if self.config.http_port else ""
-        return NodeInfo(self.id, self.uri, f"{host}:{self.config.amqp_port}", http)
+        return NodeInfo(self.id, self.uri, f"{host}:{self.config.amqp_port}", http,
+                        replica_state.read(self.data_dir) is not None)
 
     async def _leave(self) -> None:
         """SIGTERM: stop serving, give up the lease (the others take over at once), release the data dir."""
@@ -158,6 +171,9 @@ class ClusterNode:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+            state = replica_state.read(self.data_dir)
+            if state is not None and state.state == replica_state.UNSYNCED:
+                replica_state.write(self.data_dir, replica_state.CONSISTENT)  # the clean stop synced it
         if self.replication is not None:
             await self.replication.stop()
         await self._stop_following()
@@ -176,20 +192,43 @@ class ClusterNode:
     async def _keep_lease(self) -> None:
         failures = 0
         while True:
-            await asyncio.sleep(KEEPALIVE_INTERVAL if failures == 0 else ETCD_RETRY)
-            sent = _now()
+            await asyncio.sleep(KEEPALIVE_INTERVAL)
+            sent = time.monotonic()
             try:
                 ttl = await self.etcd.lease_keepalive(self.lease)
             except EtcdError as e:
                 if failures == 0:
                     log.warning("cluster: lease keepalive failed (%s); the lease runs out in %.1f s",
-                                e, self.deadline - _now())
+                                e, self.deadline - time.monotonic())
                 failures += 1
                 continue
             if ttl == 0:
                 self.step_down("etcd says this node's lease is gone (expired or revoked)")
+            if failures:
+                log.info("cluster: lease kept alive again")
             failures = 0
             self.deadline = sent + ttl
+            if self.role == "leader":
+                self._arm_deadline()
+
+    def lease_valid(self) -> bool:
+        """Whether this node may still act as leader: its lease certainly has not run out. Checked by
+        the confirm and delivery paths; False starts the step-down."""
+        if time.monotonic() < self.deadline - DEADLINE_MARGIN:
+            return True
+        asyncio.get_running_loop().call_soon(self._lease_ran_out)
+        return False
+
+    def _arm_deadline(self) -> None:
+        """A timer at the deadline: stepping down does not wait for an etcd call to return."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        delay = self.deadline - DEADLINE_MARGIN - time.monotonic()
+        self._deadline_timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._lease_ran_out)
+
+    def _lease_ran_out(self) -> None:
+        if self.role == "leader" and time.monotonic() >= self.deadline - DEADLINE_MARGIN:
+            self.step_down(f"etcd unreachable: the lease may expire in {self.deadline - time.monotonic():.1f} s")
 
     async def _watch_members(self) -> None:
         while True:
@@ -245,22 +284,48 @@ class ClusterNode:
                 return NodeInfo.from_kv(kv)
         return None
 
-    async def _may_lead(self) -> KeyValue | None | bool:
-        """The ISR key when this node may lead (None: no ISR yet), False when it is not in the ISR."""
+    async def _may_lead(self) -> list[Compare] | None:
+        """The etcd conditions under which this node may take the leader key, or None when it may not.
+
+        Forced by an operator (``lavinpyctl force_leader``): always. Otherwise etcd's ISR must list this
+        node and its copy must be consistent (not half-way through a sync, not an unsynced leader's
+        after the machine restarted). With no ISR in etcd only a brand-new cluster elects by itself:
+        never bootstrapped, and no live node, this one included, has ever held a copy.
+        """
+        forced = await self.etcd.get(self.keys.force_leader)
+        if forced is not None and forced.text == self.id:
+            return [Compare(self.keys.force_leader, "MOD", forced.mod_revision)]
         isr = await self.etcd.get(self.keys.isr)
         members = _isr_list(isr)
-        if members is not None and self.id not in members:
-            return False
-        return isr
+        if isr is None or members is None:
+            if await self.etcd.get(self.keys.bootstrapped) is not None:
+                return self._refuse("etcd holds no ISR for a cluster that has had one")
+            veterans = sorted(i.id for i in self.members.values() if i.history) + (
+                [self.id] if replica_state.read(self.data_dir) is not None else [])
+            if veterans:
+                return self._refuse(f"etcd holds no ISR, and nodes {sorted(set(veterans))} were in a cluster before")
+            return [Compare(self.keys.isr, "CREATE", 0), Compare(self.keys.bootstrapped, "CREATE", 0)]
+        if self.id not in members:
+            return None
+        state = replica_state.read(self.data_dir)
+        if state is None or not state.consistent:
+            return self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+        # The ISR must be as read: a node dropped from it in between does not get elected.
+        return [Compare(self.keys.isr, "MOD", isr.mod_revision)]
+
+    def _refuse(self, reason: str) -> None:
+        if reason != self._refused_for:
+            self._refused_for = reason
+            log.warning("cluster: node %s may not lead: %s (`lavinpyctl force_leader %s` overrides)",
+                        self.id, reason, self.id)
+        return None
 
     async def _campaign(self) -> bool:
-        isr = await self._may_lead()
-        if isr is False:
+        guard = await self._may_lead()
+        if guard is None:
             return False
-        # The ISR must be as read: a node dropped from it in between does not get elected.
-        guard = Compare(self.keys.isr, "CREATE", 0) if isr is None else Compare(self.keys.isr, "MOD", isr.mod_revision)
-        won = await self.etcd.txn([Compare(self.keys.leader, "CREATE", 0), guard],
-                                  [put_op(self.keys.leader, self.uri, self.lease)])
+        won = await self.etcd.txn([Compare(self.keys.leader, "CREATE", 0), *guard],
+                                  [put_op(self.keys.leader, self.uri, self.lease), delete_op(self.keys.force_leader)])
         return won
 
     async def _follow(self, leader: KeyValue, info: NodeInfo | None) -> None:
@@ -283,11 +348,18 @@ class ClusterNode:
             current = await self.etcd.get(self.keys.leader)
             if current is None or current.lease != leader.lease or current.value != leader.value:
                 return
-            if link.lost_for() >= link.revoke_after and await self._may_lead() is not False:
-                log.warning("cluster: leader %s unreachable for %.1f s; revoking its lease to take over",
-                            info.id, link.lost_for())
+            if link.lost_for() >= link.revoke_after and await self._leader_silent(leader.lease) \
+                    and await self._may_lead() is not None:
+                log.warning("cluster: leader %s unreachable for %.1f s and silent in etcd; revoking its lease "
+                            "to take over", info.id, link.lost_for())
                 await self.etcd.lease_revoke(leader.lease)
                 return
+
+    async def _leader_silent(self, lease: int) -> bool:
+        """Whether the leader has not kept its lease alive for LEADER_SILENT seconds (it keeps it
+        alive every KEEPALIVE_INTERVAL): it is down, paused or cut off from etcd, not just from us."""
+        remaining = await self.etcd.lease_time_to_live(lease)
+        return remaining < 0 or remaining <= LEASE_TTL - LEADER_SILENT
 
     async def _stop_following(self) -> None:
         if self._link is not None:
@@ -303,11 +375,18 @@ class ClusterNode:
             await proxy.stop()
         self._proxies = []
         self._lock.release()  # the broker takes it
+        self._arm_deadline()
         try:
+            # Written before serving: with fsync "never" what this node writes from now on is in the
+            # page cache only, which a machine crash loses (replica_state.py).
+            unsynced = self.config.fsync == "never"
+            await asyncio.to_thread(replica_state.write, self.data_dir,
+                                    replica_state.UNSYNCED if unsynced else replica_state.CONSISTENT)
             await self._refresh_members()  # the followers' proxies are trusted from the first connection
             if ReplicationServer is not None:
                 host, port = self.config.clustering_bind, self.config.clustering_port
-                self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port)
+                self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
+                                                     self.lease_valid)
                 await self.replication.start()
             self.server = await self.start_leader(self)
         except Exception as e:
@@ -318,20 +397,20 @@ class ClusterNode:
 
     def attach(self, broker: Broker) -> None:
         """Called by the server once the broker is open, before its listeners accept."""
+        broker.serving_guard = self.lease_valid
         if self.replication is not None:
             self.replication.attach(broker)
 
     async def _guard_leadership(self) -> None:
         """Step down when the leader key is no longer ours, a fenced write failed, or the lease deadline
-        comes near. The watch reacts at once; the reads every 0.25 s cover a watch that broke."""
+        comes near (a timer, see _arm_deadline). The watch reacts at once; the reads every 0.25 s cover
+        a watch that broke."""
         self._tasks.append(asyncio.ensure_future(self._watch_leader_key()))
         next_read = 0.0
         while True:
             now = _now()
             if self._fenced_out:
                 self.step_down(self._fenced_out)
-            if now >= self.deadline - DEADLINE_MARGIN:
-                self.step_down(f"etcd unreachable: the lease may expire in {self.deadline - now:.1f} s")
             if now >= next_read:
                 next_read = now + LEADER_POLL
                 try:
@@ -357,9 +436,10 @@ class ClusterNode:
         """Record the in-sync replica set, only while this node holds the leader key (fenced txn).
         Retried while etcd is unreachable (confirms wait); LeadershipLost when the fence fails."""
         fence = [Compare(self.keys.leader, "VALUE", self.uri), Compare(self.keys.leader, "LEASE", self.lease)]
+        writes = [put_op(self.keys.isr, json.dumps(members)), put_op(self.keys.bootstrapped, self.id)]
         while True:
             try:
-                written = await self.etcd.txn(fence, [put_op(self.keys.isr, json.dumps(members))])
+                written = await self.etcd.txn(fence, writes)
             except EtcdError as e:
                 log.warning("cluster: ISR %s not written yet (%s)", members, e)
                 await asyncio.sleep(ETCD_RETRY)

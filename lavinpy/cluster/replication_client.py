@@ -14,8 +14,10 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from pathlib import Path
 
+from . import replica_state
 from . import replication_protocol as proto
 from .errors import ReplicationRefused
 from .file_applier import FileApplier, ReplicaDiskError, apply_batch
@@ -24,6 +26,11 @@ log = logging.getLogger("lavinpy.cluster.replication")
 
 READ_SIZE = 4 * 1024 * 1024
 CONNECT_TIMEOUT = 10.0
+# The leader sends a heartbeat every second when idle: this long without a byte means the link is dead
+# (a silent partition), and the follower reconnects. A full sync may pause longer while the leader
+# hashes large files.
+STREAM_READ_TIMEOUT = 5.0
+SYNC_READ_TIMEOUT = 60.0
 
 
 class ReplicationClient:
@@ -43,6 +50,8 @@ class ReplicationClient:
         self.in_sync = False  # full sync done and the stream applied as it arrives
         self.bytes_applied = 0  # full-sync file bytes and stream bytes written to disk
         self.acked = 0  # the stream offset last acknowledged
+        self.up_since: float | None = None  # monotonic time the leader authenticated (None: not up)
+        self.streamed = False  # the full sync completed and the stream began
         self._sock: socket.socket | None = None
         self._closing = False
         self._finished: asyncio.Future[None] | None = None  # resolved when the thread has ended
@@ -91,16 +100,19 @@ class ReplicationClient:
     def _run(self) -> None:
         sock = socket.create_connection((self.leader_host, self.leader_port), timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an acknowledgement goes at once
-        sock.settimeout(None)
+        proto.tune_socket(sock)
+        sock.settimeout(SYNC_READ_TIMEOUT)
         self._sock = sock
         if self._closing:  # close() came while connecting
             self._shutdown()
         link = _Link(sock)
-        applier = FileApplier(self.data_dir)
+        applier = FileApplier(self.data_dir, before_discard=self._not_consistent)
         try:
             self._authenticate(link)
+            self.up_since = time.monotonic()
             self._full_sync(link, applier)
-            self.in_sync = True
+            self.in_sync = self.streamed = True
+            sock.settimeout(STREAM_READ_TIMEOUT)
             self._stream(link, applier)
         except proto.ProtocolError as exc:
             log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
@@ -113,11 +125,17 @@ class ReplicationClient:
                             self.leader_host, self.leader_port, exc)
         finally:
             self.in_sync = False
+            self.up_since = None
             try:
                 applier.abort()
             finally:
                 self._sock = None
                 sock.close()
+
+    def _not_consistent(self) -> None:
+        """Before a disk fault makes the applier delete what it cannot prove: this copy may no longer
+        lead until a full sync has completed again."""
+        replica_state.write(self.data_dir, replica_state.SYNCING)
 
     def _authenticate(self, link: _Link) -> None:
         nonce = proto.new_nonce()
@@ -144,6 +162,8 @@ class ReplicationClient:
 
     def _full_sync(self, link: _Link, applier: FileApplier) -> None:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Before the first file changes: a copy half-way through a sync must never lead.
+        replica_state.write(self.data_dir, replica_state.SYNCING)
         link.send(proto.file_list(proto.list_files(self.data_dir)))
         while True:
             kind, payload = link.next_frame()
@@ -160,6 +180,7 @@ class ReplicationClient:
                 applier.end_file()
             elif kind == proto.SYNC_END:
                 applier.commit()
+                replica_state.write(self.data_dir, replica_state.CONSISTENT)
                 self.acked = proto.unpack_u64(payload)
                 link.send(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
                 log.info("replication: full sync from %s:%d done", self.leader_host, self.leader_port)
@@ -173,15 +194,20 @@ class ReplicationClient:
             if frames is None:
                 return
             operations = []
+            end = -1
             for kind, payload in frames:
                 if kind != proto.OP:
                     raise proto.ProtocolError(f"expected an operation, got frame type {kind}")
-                operations.append(proto.parse_op(payload))
-            if not operations:
+                operation = proto.parse_op(payload)
+                end = operation.end
+                if operation.kind != proto.OP_HEARTBEAT:
+                    operations.append(operation)
+            if end < 0:
                 continue
-            apply_batch(applier, operations)
-            self.bytes_applied += sum(len(op.data) for op in operations)
-            self.acked = operations[-1].end
+            if operations:
+                apply_batch(applier, operations)
+                self.bytes_applied += sum(len(op.data) for op in operations)
+            self.acked = end
             link.send(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
 
 

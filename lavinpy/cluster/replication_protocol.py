@@ -10,10 +10,12 @@ A frame is ``u32 length`` (big-endian, of what follows) + ``u8 type`` + payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
 import os
+import socket
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from .files import is_local_only, suspect_files
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: heartbeats in the stream
 NONCE_SIZE = 32
 MAX_FRAME = 64 * 1024 * 1024  # a file list of a large data dir fits; anything bigger is an attack
 CHUNK_SIZE = 1024 * 1024  # full-sync file data is sent in pieces of this size
@@ -47,6 +49,7 @@ OP_REPLACE = 2  # data: the file's whole content
 OP_TRUNCATE = 3  # size u64: set the size, creating the file if absent
 OP_DELETE = 4  # the file goes
 OP_RMDIR = 5  # the directory and everything below it go
+OP_HEARTBEAT = 6  # not a file change (no path): sent when the stream is idle, so both ends notice silence
 
 _HEADER = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")
@@ -126,6 +129,25 @@ def pack_u64(value: int) -> bytes:
 
 def unpack_u64(data: bytes, pos: int = 0) -> int:
     return _U64.unpack_from(data, pos)[0]
+
+
+# ---- sockets -------------------------------------------------------------------------------------
+
+# A silent partition must end a replication connection on both sides within seconds: keepalive probes
+# for an idle connection, a user timeout for data the peer never acknowledges (the heartbeats in the
+# stream make sure there is some).
+_TCP_OPTIONS = (("TCP_KEEPIDLE", 2), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 10_000))
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Keepalive and a user timeout on a replication connection (where the platform has them)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in _TCP_OPTIONS:
+        option = getattr(socket, name, None)
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 # ---- authentication ------------------------------------------------------------------------------
@@ -285,6 +307,8 @@ def parse_op(payload: bytes) -> Operation:
         raise ProtocolError("short operation")
     end, kind = _OP_HEAD.unpack_from(payload, 0)
     path, pos = unpack_str(payload, _OP_HEAD.size)
+    if kind == OP_HEARTBEAT:
+        return Operation(end, kind, path)
     check_path(path)
     if kind == OP_WRITE:
         return Operation(end, kind, path, offset=unpack_u64(payload, pos), data=payload[pos + 8:])

@@ -3,11 +3,14 @@ file change to them, keeps the in-sync replica set (ISR) in etcd, and holds conf
 follower acknowledged the bytes (the store's replication barrier).
 
 Order of a follower's life: authenticated -> registered (operations buffered for it from now on) ->
-full sync (files that differ, deletions) -> streaming (buffered operations first) -> caught up
-(acknowledged everything up to the stream position at the end of its full sync): added to the ISR.
-It is dropped (connection closed, removed from the ISR in etcd before any further confirm) when its
-connection ends, when it leaves data unacknowledged for ``ACK_TIMEOUT`` seconds, or when more than
-``MAX_BACKLOG`` bytes wait for it; it then has to connect and full-sync again.
+full sync (files that differ, deletions) -> streaming (buffered operations first) -> caught up with
+its full sync's end: into the confirm barrier (no later confirm goes out without it) -> caught up with
+the stream's end at that moment, so it holds everything ever confirmed: written into etcd's ISR. Only
+then may etcd elect it.
+It is dropped (connection closed) when its connection ends, when it leaves data unacknowledged for
+``ACK_TIMEOUT`` seconds (the stream carries a heartbeat every ``HEARTBEAT_INTERVAL`` when idle, so a
+silent follower is noticed even then), or when more than ``MAX_BACKLOG`` bytes wait for it; it leaves
+the barrier only once etcd's ISR no longer names it, and then has to connect and full-sync again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .files import is_local_only
 log = logging.getLogger("lavinpy.cluster.replication")
 
 ACK_TIMEOUT = 3.0  # seconds a follower may leave sent data unacknowledged
+HEARTBEAT_INTERVAL = 1.0  # an idle stream carries a heartbeat this often
 MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is dropped
 AUTH_TIMEOUT = 10.0
 
@@ -46,14 +50,16 @@ class _Follower:
         self.start = position  # stream offset its buffered operations start at
         self.sent = position
         self.acked = position
-        self.join_target = -1  # the stream offset it must acknowledge to join the ISR (set after sync)
+        self.join_target = -1  # the stream offset it must acknowledge for its next join step
         self.queue: deque[bytes] = deque()
         self.queued_bytes = 0
         self.wake = asyncio.Event()
         self.writable = asyncio.Event()  # its connection takes more bytes (flow control)
         self.writable.set()
         self.streaming = False
-        self.joining = False
+        self.joining = False  # in the barrier, catching up with join_target before etcd names it
+        self.joined = False  # named in etcd's ISR
+        self.writing_isr = False
         self.last_progress = time.monotonic()
         self.dropped = False
         self.sync_bytes = 0  # full-sync file bytes sent
@@ -62,7 +68,8 @@ class _Follower:
 class ReplicationServer:
     """Implements the store's FileChanges (the operations) and ReplicationBarrier (the confirms)."""
 
-    def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int) -> None:
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int,
+                 serving: Callable[[], bool] = lambda: True) -> None:
         self.data_dir = Path(data_dir)
         self._secret = secret
         self.node_id = node_id
@@ -71,9 +78,11 @@ class ReplicationServer:
         self.port = port
         self.max_backlog = MAX_BACKLOG
         self.ack_timeout = ACK_TIMEOUT
+        self.heartbeat_interval = HEARTBEAT_INTERVAL
+        self._serving = serving  # False once this node's lease may have run out: nothing is released
         self._server: asyncio.base_events.Server | None = None
         self._followers: dict[str, _Follower] = {}  # registered: operations are buffered for them
-        self._isr: dict[str, _Follower] = {}  # the barrier waits for these
+        self._isr: dict[str, _Follower] = {}  # the barrier waits for these (a superset of etcd's ISR)
         self._isr_lock = asyncio.Lock()
         self._log_end = 0  # stream offset after the last operation
         self._waiters: list[tuple[int, Callable[[], None]]] = []
@@ -126,12 +135,13 @@ class ReplicationServer:
 
     def follower_status(self) -> list[dict]:
         return [{"id": f.id, "address": f.address, "bytes_sent": f.sent, "bytes_acked": f.acked,
-                 "lag_bytes": self._log_end - f.acked, "in_sync": self._isr.get(f.id) is f}
+                 "lag_bytes": self._log_end - f.acked, "in_sync": self._isr.get(f.id) is f and f.joined}
                 for f in self._followers.values()]
 
     @property
     def isr(self) -> list[str]:
-        return [self.node_id, *sorted(self._isr)]
+        """The members etcd's ISR should name: this node and the followers whose join completed."""
+        return [self.node_id, *sorted(i for i, f in self._isr.items() if f.joined)]
 
     # ---- FileChanges: the store reports, we encode once and queue for every follower ------------
 
@@ -180,7 +190,7 @@ class ReplicationServer:
             if (follower.streaming and not follower.dropped and follower.queue
                     and not follower.writer.transport.get_write_buffer_size()):
                 self._write_queued(follower)
-        if self._released(target):
+        if not self._waiters and self._released(target) and self._serving():
             callback()
         else:
             self._waiters.append((target, callback))
@@ -190,6 +200,8 @@ class ReplicationServer:
 
     def _release(self) -> None:
         """Call back, in order, whoever waited for what the ISR has now acknowledged."""
+        if not self._serving():
+            return  # the node is stepping down: what waits is never confirmed by this leader
         waiters = self._waiters
         released = 0
         while released < len(waiters) and self._released(waiters[released][0]):
@@ -211,25 +223,44 @@ class ReplicationServer:
             log.error("replication: leadership lost while writing the ISR; confirms stop")
             return False
 
+    def _join_step(self, follower: _Follower) -> None:
+        """Called as its acknowledgements arrive: the follower's next step towards etcd's ISR."""
+        if follower.acked < follower.join_target or follower.dropped:
+            return
+        if not follower.joining:
+            # Into the barrier now: no confirm from here on goes out without it. Confirms already
+            # sent may cover bytes it has not acknowledged yet, so etcd names it only once it has
+            # acknowledged the stream's end as of this moment.
+            follower.joining = True
+            self._isr[follower.id] = follower
+            follower.join_target = self._log_end
+            if follower.acked < follower.join_target:
+                return
+        if not follower.joined and not follower.writing_isr:
+            follower.writing_isr = True
+            self._spawn(self._join_isr(follower))
+
     async def _join_isr(self, follower: _Follower) -> None:
         async with self._isr_lock:
-            if follower.dropped or self._isr.get(follower.id) is follower:
+            if follower.dropped or self._isr.get(follower.id) is not follower:
                 return
-            # In the barrier before etcd names it: no confirm may skip a node etcd calls in sync.
-            self._isr[follower.id] = follower
+            follower.joined = True
             if await self._write_isr():
                 log.info("replication: follower %s (%s) is in sync", follower.id, follower.address)
+            else:
+                follower.joined = False
 
     async def _leave_isr(self, follower: _Follower) -> None:
         async with self._isr_lock:
             if self._isr.get(follower.id) is not follower:
                 return
-            remaining = {k: v for k, v in self._isr.items() if v is not follower}
-            saved, self._isr = self._isr, remaining
-            written = await self._write_isr()  # etcd first: until then confirms keep waiting for it
-            if not written:
-                self._isr = saved
-                return
+            if follower.joined:
+                # etcd first: while it may still elect this follower, every confirm waits for it.
+                follower.joined = False
+                if not await self._write_isr():
+                    follower.joined = True
+                    return
+            del self._isr[follower.id]
         self._release()
 
     # ---- followers ---------------------------------------------------------------------------------
@@ -257,9 +288,15 @@ class ReplicationServer:
         follower.writer.close()
 
     async def _watch_acks(self) -> None:
+        quiet_end, quiet_since = -1, time.monotonic()
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
+            if self._log_end != quiet_end:
+                quiet_end, quiet_since = self._log_end, now
+            elif now - quiet_since >= self.heartbeat_interval:
+                self._emit(proto.OP_HEARTBEAT, "")  # a follower that does not answer is dropped below
+                quiet_end, quiet_since = self._log_end, now
             for follower in list(self._followers.values()):
                 if follower.streaming and follower.sent > follower.acked \
                         and now - follower.last_progress > self.ack_timeout:
@@ -267,6 +304,9 @@ class ReplicationServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            proto.tune_socket(sock)
         address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         decoder = proto.FrameDecoder()
         follower: _Follower | None = None
@@ -412,10 +452,8 @@ class ReplicationServer:
             if acked > follower.acked:
                 follower.acked = acked
                 follower.last_progress = time.monotonic()
-        if (not follower.joining and self._isr.get(follower.id) is not follower
-                and follower.acked >= follower.join_target):
-            follower.joining = True
-            self._spawn(self._join_isr(follower))
+        if not follower.joined:
+            self._join_step(follower)
         self._release()
 
 

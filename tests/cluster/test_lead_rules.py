@@ -1,0 +1,77 @@
+"""Who may lead (F7, F10): a copy half-way through a sync or an unsynced leader's after a machine
+restart never leads; with the ISR gone from etcd no node leads until an operator forces one with
+``lavinpyctl force_leader``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pika
+import pytest
+
+from .harness import PREFIX, REPO_ROOT, Cluster, wait_until
+
+
+def _isr(cluster: Cluster) -> list[str]:
+    value = cluster.etcd.get(f"{PREFIX}/isr")
+    return json.loads(value[0]) if value else []
+
+
+def _start_in_sync(cluster: Cluster):
+    nodes = cluster.start(2)
+    leader = cluster.wait_for_leader(30)
+    follower = next(n for n in nodes if n is not leader)
+    wait_until(lambda: set(_isr(cluster)) == {n.node_id for n in nodes}, 30, what="both nodes in the ISR")
+    connection = pika.BlockingConnection(pika.URLParameters(leader.amqp_url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("kept", durable=True)
+    channel.basic_publish("", "kept", b"confirmed", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    return leader, follower
+
+
+def _force(cluster: Cluster, node_id: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lavinpy.cli.ctl", "force_leader", node_id,
+                           "--etcd-endpoints", cluster.etcd.endpoint, "--etcd-prefix", PREFIX],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("state", [{"state": "syncing"}, {"state": "unsynced", "boot_id": "an-earlier-boot"}])
+def test_a_copy_that_is_not_consistent_never_leads(cluster: Cluster, state: dict) -> None:
+    leader, follower = _start_in_sync(cluster)
+    leader.kill()
+    follower.kill()  # etcd still lists both as in sync
+    (follower.data_dir / ".replica_state").write_text(json.dumps(state))
+    follower.start()
+    wait_until(lambda: "may not lead" in follower.log_text(), 20, what="the follower to refuse to lead")
+    wait_until(lambda: cluster.leader_key() is None, 15, what="the killed leader's lease to run out")
+    time.sleep(2)
+    assert cluster.leader_key() is None
+    leader.start()  # the consistent copy comes back and leads; the other syncs from it
+    assert cluster.wait_for_leader(30) is leader
+    wait_until(lambda: set(_isr(cluster)) == {leader.node_id, follower.node_id}, 30, what="the follower in sync")
+
+
+def test_without_the_isr_no_node_leads_until_an_operator_forces_one(cluster: Cluster) -> None:
+    leader, follower = _start_in_sync(cluster)
+    cluster.etcd.etcdctl("del", f"{PREFIX}/isr")
+    leader.kill()
+    wait_until(lambda: "etcd holds no ISR" in follower.log_text(), 20, what="the follower to refuse to lead")
+    wait_until(lambda: cluster.leader_key() is None, 15, what="the killed leader's lease to run out")
+    time.sleep(2)
+    assert cluster.leader_key() is None
+
+    refused = _force(cluster, "no-such-node")
+    assert refused.returncode != 0 and "no live node" in refused.stderr
+    done = _force(cluster, follower.node_id)
+    assert done.returncode == 0, done.stderr
+    assert cluster.wait_for_leader(20) is follower
+    assert cluster.etcd.get(f"{PREFIX}/force_leader") is None  # consumed by the election
+    assert _isr(cluster) == [follower.node_id] or follower.node_id in _isr(cluster)
+    connection = pika.BlockingConnection(pika.URLParameters(follower.amqp_url))
+    assert connection.channel().queue_declare("kept", durable=True, passive=True).method.message_count == 1
+    connection.close()
