@@ -130,7 +130,7 @@ def overview(broker: Broker, actor: Actor | None, *, connections: int, channels:
         queues += len(vhost.queues)
         for queue in vhost.queues.values():
             ready += queue.message_count
-            unacked += queue.index.unacked_count
+            unacked += queue.unacked_count
     if len(vhosts) == len(broker.vhosts):
         stats = broker.stats.node_stats()
     else:

@@ -10,7 +10,6 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from ..store.record import CorruptRecord
 from .exchanges.base import Exchange, freeze_arguments
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
@@ -54,23 +53,11 @@ def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     }
 
 
-def _head_age_ms(queue: QueueKind, now_ms: int) -> int | None:
-    """Age of the head message from its record's timestamp (None when the queue is empty or a stream)."""
-    if not queue.message_count or not hasattr(queue.index, "ready_positions"):
-        return None
-    pos = queue.index.peek()
-    if pos is None:
-        return None
-    try:
-        return max(0, now_ms - queue.vhost.store.messages.read(pos).timestamp)
-    except (CorruptRecord, KeyError):
-        return None  # the consumer path reports and skips it
-
-
 def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ready = queue.message_count
-    unacked = getattr(queue.index, "unacked_count", 0)
+    unacked = queue.unacked_count
+    head = queue.head_timestamp_ms()
     return {
         "name": queue.name,
         "vhost": queue.vhost.name,
@@ -83,10 +70,10 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         "messages_unacknowledged": unacked,
         "consumers": queue.consumer_count,
         "state": "running",
-        "type": "stream" if type(queue).__name__ == "StreamQueue" else "classic",
+        "type": queue.kind,
         "policy": queue.settings.policy,
         "node": "lavinpy",
-        "head_message_age_ms": _head_age_ms(queue, now_ms),
+        "head_message_age_ms": max(0, now_ms - head) if head is not None else None,
         "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }
 

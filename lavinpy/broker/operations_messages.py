@@ -5,13 +5,12 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
-import itertools
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 from pamqp.exceptions import PAMQPException
 
-from ..store.record import CorruptRecord, StoredMessage
+from ..store.record import StoredMessage
 from ..wire.constants import ACCESS_REFUSED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 from ..wire.properties import decode_properties, encode_properties, peek_headers
@@ -174,23 +173,13 @@ def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: i
 
 
 def peek_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` ready messages, read without taking, settling or marking them."""
+    """The first ``count`` messages from the head (a stream's oldest), read without taking, settling or
+    marking them."""
     if count < 1:
         raise bad_input(f"count must be a positive integer, not {count}")
     queue = readable_queue(actor, vhost, queue_name, None)
-    index = queue.index
-    if not hasattr(index, "ready_positions"):
-        raise bad_input(f"peek is not supported on queue '{queue_name}' in vhost '{vhost.name}' "
-                        "(a stream: consume with x-stream-offset instead)")
-    out = []
     remaining = queue.message_count
-    for pos in itertools.islice(iter(index), count):
-        try:
-            msg = vhost.store.messages.read(pos)
-        except (CorruptRecord, KeyError):
-            continue  # reading must not change the queue: the consumer path reports damage
-        out.append(message_to_json(msg, pos in getattr(queue, "_redelivered", ()), remaining, "auto", None))
-    return out
+    return [message_to_json(msg, redelivered, remaining, "auto", None) for msg, redelivered in queue.peek(count)]
 
 
 def _first_death(properties: bytes) -> tuple[str, str] | None:

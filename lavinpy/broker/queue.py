@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ class Queue(QueueKind):
     """A classic queue (with or without priorities). Optional features (TTL, limits, priorities,
     delivery limit, single active consumer) live in the ``features`` component; ``special`` is False
     unless the queue uses one, and the hot paths below test only that flag."""
+
+    kind = "classic"
 
     def __init__(
         self,
@@ -70,6 +73,32 @@ class Queue(QueueKind):
     @property
     def message_count(self) -> int:
         return self.index.ready_count
+
+    @property
+    def unacked_count(self) -> int:
+        return self.index.unacked_count
+
+    def head_position(self) -> int | None:
+        return self.index.peek()
+
+    def peek(self, count: int) -> list[tuple[StoredMessage, bool]]:
+        """The head's messages with the redelivered flag ``shift`` would give each, nothing changed."""
+        out: list[tuple[StoredMessage, bool]] = []
+        again, recovered = self._redelivered, self._recovered_left
+        read = self.vhost.store.messages.read
+        for pos in itertools.islice(iter(self.index), count):
+            if pos in again:
+                redelivered = True
+            elif recovered:
+                recovered -= 1
+                redelivered = True
+            else:
+                redelivered = False
+            try:
+                out.append((read(pos), redelivered))
+            except (CorruptRecord, KeyError):
+                continue  # peeking changes nothing: the delivery path reports and removes it
+        return out
 
     def redelivered_positions(self) -> list[int]:
         return sorted(self._redelivered)

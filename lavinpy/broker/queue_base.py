@@ -5,6 +5,11 @@ implement it; the vhost holds them as ``dict[str, QueueKind]`` and never asks wh
 Where the kinds differ, the difference is a method here: a stream's ``reject`` is credit only, a
 classic queue's ``validate_consumer`` accepts everything, only a stream's ``apply_retention`` drops
 messages, and so on. The defaults below are what a kind without that feature does.
+
+Monitoring (the HTTP API, the metrics, the dashboard) reads a queue only through ``kind``, ``stats``
+and the "state" section (``message_count``, ``unacked_count``, ``consumer_count``,
+``head_timestamp_ms``, ``peek``), never through its index: the figures a kind must give itself are
+abstract here, so a kind that lacks one cannot be instantiated, rather than failing a scrape later.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from ..store.index_kinds import AnyIndex
     from .consumer import Consumer
     from .publishing import PublishRun
+    from .stats import MessageCounters
     from .vhost import VHost
 
 
@@ -45,6 +51,8 @@ class QueueKind(ABC):
     auto_delete: bool
     deleted: bool
     consumers: Collection[Consumer]
+    kind: str  # RabbitMQ's queue "type" as the API reports it: "classic" (priorities included), "stream"
+    stats: MessageCounters
     # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
     # the one flag the publish hot path reads.
     special = False
@@ -60,8 +68,33 @@ class QueueKind(ABC):
         """Messages ready for delivery (queue.declare-ok, basic.get-ok)."""
 
     @property
+    @abstractmethod
+    def unacked_count(self) -> int:
+        """Deliveries waiting for a settlement that would remove them from the queue."""
+
+    @property
     def consumer_count(self) -> int:
         return len(self.consumers)
+
+    def head_position(self) -> int | None:
+        """Where the message delivered next is stored; None when there is none, or no single next
+        message for the kind (this default: a stream, whose consumers each read from their own offset)."""
+        return None
+
+    def head_timestamp_ms(self) -> int | None:
+        """When the head message (``head_position``) was published (ms), or None."""
+        pos = self.head_position() if self.message_count else None
+        if pos is None:
+            return None
+        try:
+            return self.vhost.store.messages.read(pos).timestamp
+        except (CorruptRecord, KeyError):
+            return None  # a statistics read reports nothing: the delivery path reports and skips it
+
+    @abstractmethod
+    def peek(self, count: int) -> list[tuple[StoredMessage, bool]]:
+        """Up to ``count`` messages from the head as a consumer would get them, with their redelivered
+        flag; nothing is taken, marked or reported (a damaged record is left out)."""
 
     @property
     def closed(self) -> bool:

@@ -224,16 +224,3 @@ class StatsSampler:
     def node_stats(self) -> dict[str, Any]:
         return message_stats(node_totals(self.broker).counts, self.node.rates)
 
-
-def head_message_timestamp_ms(queue: Any) -> int | None:
-    """When the queue's head message was published (its record's timestamp, ms), or None if empty."""
-    peek = getattr(queue.index, "peek", None)
-    if peek is None or not queue.message_count:
-        return None
-    pos = peek()
-    if pos is None:
-        return None
-    try:
-        return queue.vhost.store.messages.read(pos).timestamp
-    except Exception:  # a damaged head is reported when it is delivered, not by a statistics read
-        return None

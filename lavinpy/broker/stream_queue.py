@@ -126,6 +126,7 @@ def stamped_run(messages: list[StoredMessage], first_offset: int) -> list[Stored
 class StreamQueue(QueueKind):
     """The ``x-queue-type: stream`` kind of queue."""
 
+    kind = "stream"
     durable = True
     exclusive = False
     exclusive_owner = None
@@ -156,6 +157,28 @@ class StreamQueue(QueueKind):
     @property
     def message_count(self) -> int:
         return self.index.count
+
+    @property
+    def unacked_count(self) -> int:
+        """Always 0, as RabbitMQ reports a stream's: a settlement only returns credit, nothing leaves."""
+        return 0
+
+    def peek(self, count: int) -> list[tuple[StoredMessage, bool]]:
+        """The oldest messages kept (what a consumer from ``first`` gets), stamped with their offsets."""
+        offset = self.index.first_offset
+        positions = self.index.get_many(offset, count)
+        read = self.vhost.store.messages.read
+        out: list[tuple[StoredMessage, bool]] = []
+        for i, pos in enumerate(positions):
+            if not pos:
+                continue  # a hole left by a damaged record
+            try:
+                msg = read(pos)
+            except (CorruptRecord, KeyError):
+                continue
+            out.append((StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
+                                      with_stream_offset(msg.properties, offset + i), msg.body), False))
+        return out
 
     def offset_of(self, consumer: Consumer) -> int | None:
         """The next offset ``consumer`` will get (None if it is not a consumer of this stream)."""

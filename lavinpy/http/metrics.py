@@ -7,7 +7,8 @@ rabbitmq`` gives RabbitMQ's exact names, so its Grafana dashboards work unchange
 RabbitMQ counterpart (message ages, exchange counters) keep the same naming scheme.
 
 ``/metrics/detailed?family=F&family=G&vhost=V`` gives per-object families (``<prefix>_detailed_*``
-with ``vhost``/``queue``/``exchange`` labels); without ``family`` every detailed family is given.
+with ``vhost``/``queue``/``exchange`` labels); without ``family`` every detailed family is given. An
+unknown family is ignored, as RabbitMQ does, so one scrape config serves brokers of several versions.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import __version__
 from ..amqp import session_views
 from ..broker import node_info
-from ..broker.stats import DEAD_LETTER_REASONS, head_message_timestamp_ms, node_totals
+from ..broker.stats import DEAD_LETTER_REASONS, node_totals
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
@@ -90,12 +91,12 @@ class BrokerCollector:
     """Reads the broker at scrape time. ``detailed`` selects per-object families instead of totals."""
 
     def __init__(self, broker: Broker, sessions: Sessions, prefix: str, *, detailed: bool = False,
-                 families: tuple[str, ...] = (), vhosts: tuple[str, ...] = ()) -> None:
+                 families: tuple[str, ...] | None = None, vhosts: tuple[str, ...] = ()) -> None:
         self.broker = broker
         self.sessions = sessions
         self.prefix = prefix
         self.detailed = detailed
-        self.families = families or DETAILED_FAMILIES
+        self.families = DETAILED_FAMILIES if families is None else families  # None: all of them
         self.vhosts = vhosts
 
     def collect(self) -> Iterator[Metric]:
@@ -147,7 +148,7 @@ class BrokerCollector:
             queues += len(vhost.queues)
             for queue in vhost.queues.values():
                 ready += queue.message_count
-                unacked += queue.index.unacked_count
+                unacked += queue.unacked_count
                 consumers += queue.consumer_count
         yield _gauge(f"{p}_consumers", "Consumers currently connected", consumers)
         yield _gauge(f"{p}_queues", "Queues available", queues)
@@ -188,7 +189,7 @@ class BrokerCollector:
             total = _gauge(f"{d}_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
                            labels=q_labels)
             for vhost, queue in queues:
-                r, u = queue.message_count, queue.index.unacked_count
+                r, u = queue.message_count, queue.unacked_count
                 ready.add_metric([vhost, queue.name], r)
                 unacked.add_metric([vhost, queue.name], u)
                 total.add_metric([vhost, queue.name], r + u)
@@ -238,7 +239,7 @@ class BrokerCollector:
                              labels=q_labels)
         unacked_ages = session_views.oldest_unacked_ages(self.sessions)
         for vhost, queue in queues:
-            timestamp = head_message_timestamp_ms(queue)
+            timestamp = queue.head_timestamp_ms()
             if timestamp is not None:
                 head_ts.add_metric([vhost, queue.name], timestamp // 1000)
             head_age.add_metric([vhost, queue.name],
@@ -286,10 +287,8 @@ def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
         return _render(BrokerCollector(broker, sessions, _prefix(request)))
 
     async def detailed(request: web.Request) -> web.Response:
-        families = tuple(request.query.getall("family", []))
-        unknown = [f for f in families if f not in DETAILED_FAMILIES]
-        if unknown:
-            raise web.HTTPBadRequest(text=f"unknown family {unknown[0]!r}; known: {', '.join(DETAILED_FAMILIES)}\n")
+        asked = request.query.getall("family", [])
+        families = tuple(f for f in asked if f in DETAILED_FAMILIES) if asked else None
         vhosts = tuple(request.query.getall("vhost", []))
         return _render(BrokerCollector(broker, sessions, _prefix(request), detailed=True, families=families,
                                        vhosts=vhosts))

@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from . import bodies, channel_closed, get_all, persistent, uid, wait_until
-from .conftest import REPO_ROOT, LocalBroker, lavinpy_only
+from .conftest import REPO_ROOT, LocalBroker, http_call, lavinpy_only
 
 
 def _connect(clients):
@@ -137,10 +137,34 @@ def test_unacked_messages_come_back_redelivered_after_restart(fresh_broker, fres
     c.basic_ack(got[0].delivery_tag)  # 0 acked; 1 and 2 unacked at the restart
     ch.queue_declare(q, passive=True)  # a round trip so the ack is processed before the restart
     _restart(fresh_broker, fresh_clients)
+    peeked = http_call(fresh_broker, "GET", f"/api/queues/%2F/{q}/peek?count=5")[1] \
+        if isinstance(fresh_broker, LocalBroker) else None  # peek is lavinpy's
     conn, ch = _connect(fresh_clients)
     msgs = get_all(ch, q)
     assert bodies(msgs) == [b"1", b"2", b"3", b"4", b"5"]
     assert msgs[0][0].redelivered and msgs[1][0].redelivered
+    if peeked is not None:  # peek told the flag each delivery then carried
+        assert [(m["payload"].encode(), m["redelivered"]) for m in peeked] == \
+            [(body, method.redelivered) for method, _, body in msgs]
+
+
+@lavinpy_only("peek is lavinpy's; kills the server")
+def test_peek_after_a_crash_shows_the_recovered_messages_as_redelivered(fresh_broker, fresh_clients):
+    conn, ch = _connect(fresh_clients)
+    q = fresh_clients.track_queue(uid("dq"))
+    ch.queue_declare(q, durable=True)
+    for i in range(3):
+        ch.basic_publish("", q, str(i).encode(), persistent())
+    fresh_clients.close_connections()
+    fresh_broker.kill9()  # their delivery state was not saved: each goes out as possibly seen before
+    fresh_broker.start()
+    path = f"/api/queues/%2F/{q}/peek?count=5"
+    assert [(m["payload"], m["redelivered"]) for m in http_call(fresh_broker, "GET", path)[1]] == \
+        [("0", True), ("1", True), ("2", True)]
+    conn, ch = _connect(fresh_clients)
+    method, _, body = ch.basic_get(q, auto_ack=True)
+    assert body == b"0" and method.redelivered
+    assert [m["redelivered"] for m in http_call(fresh_broker, "GET", path)[1]] == [True, True]
 
 
 def test_large_persistent_message_survives_restart(fresh_broker, fresh_clients):

@@ -238,6 +238,9 @@ def test_purge_get_and_peek(broker, clients):
     assert body[0]["payload_encoding"] == "string" and body[0]["payload_bytes"] == 2
     assert body[0]["routing_key"] == q and body[0]["exchange"] == ""
     assert http_call(broker, "GET", path)[1]["messages_ready"] == 4  # requeued
+    if not broker.external:  # peek shows the flag their next delivery carries
+        status, body, _ = http_call(broker, "GET", path + "/peek?count=3")
+        assert [(m["payload"], m["redelivered"]) for m in body] == [("m0", True), ("m1", True), ("m2", False)]
     status, body, _ = http_call(broker, "POST", path + "/get",
                                 {"count": 1, "ackmode": "ack_requeue_false", "encoding": "base64",
                                  "truncate": 1})
