@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -291,3 +292,219 @@ class Cluster:
     def stop_all(self) -> None:
         for node in self.nodes:
             node.kill()
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of ``pid``'s sockets (from /proc: the process is ours)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _loopback_inode(local_port: int, remote_port: int) -> str | None:
+    """The inode of the loopback TCP socket from ``local_port`` to ``remote_port`` (/proc/net/tcp)."""
+    local, remote = f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}"
+    try:
+        with open("/proc/net/tcp") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+                    return fields[9]
+    except OSError:
+        pass
+    return None
+
+
+class PeerRelay:
+    """A TCP relay in front of one etcd member's peer port. The members reach each other only through
+    these; the relay finds which process opened each connection (its socket in /proc), so a test can
+    cut a member off from its peers both ways on loopback, without network namespaces."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.refused: set[int] = set()  # pids whose connections are cut
+        self._links: list[tuple[str | None, socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener.settimeout(0.2)
+        self._open = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def refuse(self, pids: set[int]) -> None:
+        """Cut the connections these processes opened to the relay, and refuse their new ones."""
+        with self._lock:
+            self.refused = set(pids)
+            links = list(self._links)
+        for inode, a, b in links:
+            if self._refused(inode):
+                _close(a, b)
+
+    def _refused(self, inode: str | None) -> bool:
+        return any(inode in _socket_inodes(pid) for pid in self.refused)
+
+    def close(self) -> None:
+        self._open = False
+        with self._lock:
+            links, self._links = self._links, []
+        for _, a, b in links:
+            _close(a, b)
+
+    def _accept(self) -> None:
+        while self._open:
+            try:
+                conn, (_, peer_port) = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            inode = _loopback_inode(peer_port, self.port)
+            with self._lock:
+                refused = self._refused(inode)
+            if refused:
+                conn.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=2)
+            except OSError:
+                conn.close()
+                continue
+            conn.settimeout(None)
+            upstream.settimeout(None)
+            with self._lock:
+                self._links.append((inode, conn, upstream))
+            threading.Thread(target=_pump, args=(conn, upstream), daemon=True).start()
+            threading.Thread(target=_pump, args=(upstream, conn), daemon=True).start()
+        self._listener.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    _close(source, sink)
+
+
+def _close(*sockets: socket.socket) -> None:
+    for sock in sockets:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+
+
+class EtcdMember(Etcd):
+    """One member of an EtcdCluster; its peers reach it through its PeerRelay."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        super().__init__(directory)
+        self.name = name
+        self.relay = PeerRelay(self.peer_port)
+
+    @property
+    def advertised_peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.relay.port}"
+
+    def launch(self, initial_cluster: str, token: str, extra_args: list[str]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        client = f"http://127.0.0.1:{self.client_port}"
+        with open(self.directory / "etcd.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [etcd_binary() or "etcd", "--name", self.name, "--data-dir", str(self.directory / "data"),
+                 "--listen-client-urls", client, "--advertise-client-urls", client,
+                 "--listen-peer-urls", f"http://127.0.0.1:{self.peer_port}",
+                 "--initial-advertise-peer-urls", self.advertised_peer_url, "--initial-cluster", initial_cluster,
+                 "--initial-cluster-token", token, "--initial-cluster-state", "new", *extra_args],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def has_leader(self) -> bool:
+        """Whether this member can serve a linearizable read."""
+        return self._healthy()
+
+
+class _MemberExited(Exception):
+    pass
+
+
+# Raft timing for tests: a member notices a lost leader after 0.5 s instead of 1 s.
+FAST_RAFT = ["--heartbeat-interval", "50", "--election-timeout", "500"]
+
+
+class EtcdCluster:
+    """Several etcd members on loopback, each behind a PeerRelay: ``isolate`` cuts one member off from
+    the others (both ways, it keeps running and answering its clients), ``heal`` undoes it; ``pause``
+    and ``resume`` stop and continue a member's process (SIGSTOP/SIGCONT)."""
+
+    def __init__(self, directory: Path, size: int = 3, extra_args: list[str] | None = None) -> None:
+        self.directory = directory
+        self.size = size
+        self.members = [EtcdMember(directory / f"m{i}", f"m{i}") for i in range(size)]
+        self.extra_args = FAST_RAFT if extra_args is None else extra_args
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def start(self, attempts: int = 3) -> None:
+        """Start every member; again on fresh ports when one exits at once (a port taken meanwhile)."""
+        for attempt in range(attempts):
+            if attempt:
+                self.stop()
+                self.members = [EtcdMember(self.directory / f"a{attempt}m{i}", f"m{i}") for i in range(self.size)]
+            initial = ",".join(f"{m.name}={m.advertised_peer_url}" for m in self.members)
+            token = f"t{random.randrange(1 << 30)}"  # members of other tests' clusters never join this one
+            for member in self.members:
+                member.launch(initial, token, self.extra_args)
+            try:
+                self.wait_healthy()
+                return
+            except _MemberExited:
+                continue
+        raise AssertionError(f"etcd cluster did not start in {attempts} attempts (logs in {self.directory})")
+
+    def wait_healthy(self, timeout: float = 15) -> None:
+        def serves(member: EtcdMember) -> bool:
+            if member.process is None or member.process.poll() is not None:
+                raise _MemberExited(member.name)
+            return member.has_leader()
+        for member in self.members:
+            wait_until(lambda m=member: serves(m), timeout, 0.1, f"etcd member {member.name} to serve")
+
+    def isolate(self, member: EtcdMember) -> None:
+        pids = {m.process.pid for m in self.members if m.process is not None}
+        for other in self.members:
+            # No one reaches the isolated member; it reaches no one.
+            other.relay.refuse(pids if other is member else {member.process.pid})
+
+    def heal(self) -> None:
+        for member in self.members:
+            member.relay.refuse(set())
+
+    def pause(self, *members: EtcdMember) -> None:
+        for member in members:
+            member.signal(signal.SIGSTOP)
+
+    def resume(self, *members: EtcdMember) -> None:
+        for member in members:
+            member.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()  # SIGKILL ends a stopped process too
+            member.relay.close()
