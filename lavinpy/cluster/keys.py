@@ -2,6 +2,7 @@
 
 ``<prefix>/leader``             the leader's clustering URI, bound to its lease
 ``<prefix>/isr``                JSON list of the in-sync node ids (written by the leader, fenced)
+``<prefix>/isr_epoch``          the newest stream epoch every ISR member holds (written with the ISR)
 ``<prefix>/bootstrapped``       written with every ISR: this cluster has had a leader (the id of the last writer)
 ``<prefix>/force_leader``       a node id put by an operator: that node may lead whatever the ISR says
 ``<prefix>/clustering_secret``  hex of 32 random bytes, created once (replication authentication)
@@ -32,6 +33,7 @@ class ClusterKeys:
         self.prefix = prefix.rstrip("/")
         self.leader = f"{self.prefix}/leader"
         self.isr = f"{self.prefix}/isr"
+        self.isr_epoch = f"{self.prefix}/isr_epoch"
         self.bootstrapped = f"{self.prefix}/bootstrapped"
         self.force_leader = f"{self.prefix}/force_leader"
         self.secret = f"{self.prefix}/clustering_secret"

@@ -101,6 +101,7 @@ class ClusterNode:
         self._tasks: list[asyncio.Task] = []
         self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
         self._refused_for = ""  # the last reason this node could not lead (logged once)
+        self._epoch = 0  # while leading: the newest epoch this node's copy has recorded
 
     # --- life cycle -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> int:
@@ -267,6 +268,10 @@ class ClusterNode:
                         return
                     self.leader = None
                     continue
+                if leader.lease == self.lease:
+                    # Our own campaign, whose answer was lost (timed out) but which etcd applied.
+                    await self._lead()
+                    return
                 info = await self._node_of_lease(leader.lease)
                 if info is not None and info.id == self.id and leader.lease != self.lease:
                     # Our previous process led and was killed: its lease outlives it.
@@ -310,6 +315,10 @@ class ClusterNode:
         state = replica_state.read(self.data_dir)
         if state is None or not state.consistent:
             return self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+        recorded = await self._recorded_epoch()
+        if state.epoch < recorded:
+            return self._refuse(f"this node's copy holds epoch {state.epoch}, older than the {recorded} every "
+                                "in-sync node held (a restored backup?)")
         # The ISR must be as read: a node dropped from it in between does not get elected.
         return [Compare(self.keys.isr, "MOD", isr.mod_revision)]
 
@@ -379,14 +388,14 @@ class ClusterNode:
         try:
             # Written before serving: with fsync "never" what this node writes from now on is in the
             # page cache only, which a machine crash loses (replica_state.py).
-            unsynced = self.config.fsync == "never"
-            await asyncio.to_thread(replica_state.write, self.data_dir,
-                                    replica_state.UNSYNCED if unsynced else replica_state.CONSISTENT)
+            state = replica_state.read(self.data_dir)
+            self._epoch = max(state.epoch if state else 0, await self._recorded_epoch())
+            await asyncio.to_thread(replica_state.write, self.data_dir, self._leading_state(), self._epoch)
             await self._refresh_members()  # the followers' proxies are trusted from the first connection
             if ReplicationServer is not None:
                 host, port = self.config.clustering_bind, self.config.clustering_port
                 self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
-                                                     self.lease_valid)
+                                                     self.lease_valid, self._epoch)
                 await self.replication.start()
             self.server = await self.start_leader(self)
         except Exception as e:
@@ -432,11 +441,17 @@ class ClusterNode:
             await asyncio.sleep(ETCD_RETRY)
 
     # --- IsrWriter (called by the replication server) -------------------------------------------
-    async def write_isr(self, members: list[str]) -> None:
-        """Record the in-sync replica set, only while this node holds the leader key (fenced txn).
-        Retried while etcd is unreachable (confirms wait); LeadershipLost when the fence fails."""
+    async def write_isr(self, members: list[str], epoch: int = 0) -> None:
+        """Record the in-sync replica set and the epoch they all hold, only while this node holds the
+        leader key (fenced txn). Retried while etcd is unreachable (confirms wait); LeadershipLost when
+        the fence fails. This node's own copy records the epoch first: etcd never claims more."""
+        if epoch > self._epoch:
+            await asyncio.to_thread(replica_state.write, self.data_dir, self._leading_state(), epoch)
+            self._epoch = epoch
         fence = [Compare(self.keys.leader, "VALUE", self.uri), Compare(self.keys.leader, "LEASE", self.lease)]
         writes = [put_op(self.keys.isr, json.dumps(members)), put_op(self.keys.bootstrapped, self.id)]
+        if epoch:
+            writes.append(put_op(self.keys.isr_epoch, str(epoch)))
         while True:
             try:
                 written = await self.etcd.txn(fence, writes)
@@ -449,6 +464,18 @@ class ClusterNode:
                 raise LeadershipLost(f"node {self.id} no longer holds the leader key")
             self.isr = list(members)
             return
+
+    def _leading_state(self) -> str:
+        # With fsync "never" what a leader writes is in the page cache only, which a machine crash
+        # loses (replica_state.py).
+        return replica_state.UNSYNCED if self.config.fsync == "never" else replica_state.CONSISTENT
+
+    async def _recorded_epoch(self) -> int:
+        kv = await self.etcd.get(self.keys.isr_epoch)
+        try:
+            return int(kv.text) if kv is not None else 0
+        except ValueError:
+            return 0
 
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> list[dict[str, Any]]:

@@ -4,8 +4,11 @@
 
 - ``{"state": "syncing"}``: a full sync started and has not completed. Files may be half-copied, and
   recovery would delete what their indexes do not reference: this copy must never lead.
-- ``{"state": "consistent"}``: a full sync completed; since then every batch of the stream was applied
-  in order and fsynced before being acknowledged, so the directory is a prefix of the leader's.
+- ``{"state": "consistent", "epoch": E}``: a full sync completed; since then every batch of the stream
+  was applied in order and fsynced before being acknowledged, so the directory is a prefix of the
+  leader's. E is the last position (epoch) the leader stamped into the stream that this copy holds;
+  etcd records the epoch every in-sync node holds, and a copy older than that (a restored backup)
+  may not lead.
 - ``{"state": "unsynced", "boot_id": B}``: this node leads with ``fsync: never``. Its writes are in the
   page cache only, which survives a crash of the process but not of the machine: the copy counts as
   consistent again only while the kernel that held that cache (boot id B) still runs.
@@ -34,6 +37,7 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 class ReplicaState:
     state: str
     boot_id: str = ""
+    epoch: int = 0
 
     @property
     def consistent(self) -> bool:
@@ -58,14 +62,14 @@ def read(data_dir: Path) -> ReplicaState | None:
         return None
     try:
         data = json.loads(raw)
-        return ReplicaState(str(data["state"]), str(data.get("boot_id", "")))
+        return ReplicaState(str(data["state"]), str(data.get("boot_id", "")), int(data.get("epoch", 0)))
     except (ValueError, KeyError, TypeError):
         return ReplicaState(SYNCING)
 
 
-def write(data_dir: Path, state: str) -> None:
+def write(data_dir: Path, state: str, epoch: int = 0) -> None:
     """Record ``state`` durably (blocking). UNSYNCED records the running kernel's boot id."""
-    data: dict[str, str] = {"state": state}
+    data: dict[str, str | int] = {"state": state, "epoch": epoch}
     if state == UNSYNCED:
         data["boot_id"] = boot_id()
     path = Path(data_dir) / STATE_FILE

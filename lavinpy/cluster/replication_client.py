@@ -194,19 +194,23 @@ class ReplicationClient:
             if frames is None:
                 return
             operations = []
-            end = -1
+            end = epoch = -1
             for kind, payload in frames:
                 if kind != proto.OP:
                     raise proto.ProtocolError(f"expected an operation, got frame type {kind}")
                 operation = proto.parse_op(payload)
                 end = operation.end
-                if operation.kind != proto.OP_HEARTBEAT:
+                if operation.kind == proto.OP_EPOCH:
+                    epoch = proto.unpack_u64(operation.data)
+                elif operation.kind != proto.OP_HEARTBEAT:
                     operations.append(operation)
             if end < 0:
                 continue
             if operations:
                 apply_batch(applier, operations)
                 self.bytes_applied += sum(len(op.data) for op in operations)
+            if epoch >= 0:  # after the batch's files are durable: this copy holds that position
+                replica_state.write(self.data_dir, replica_state.CONSISTENT, epoch)
             self.acked = end
             link.send(proto.frame(proto.ACK, proto.pack_u64(self.acked)))
 

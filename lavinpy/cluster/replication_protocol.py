@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .files import is_local_only, suspect_files
 
-PROTOCOL_VERSION = 2  # 2: heartbeats in the stream
+PROTOCOL_VERSION = 2  # 2: heartbeats and epochs in the stream
 NONCE_SIZE = 32
 MAX_FRAME = 64 * 1024 * 1024  # a file list of a large data dir fits; anything bigger is an attack
 CHUNK_SIZE = 1024 * 1024  # full-sync file data is sent in pieces of this size
@@ -49,7 +49,9 @@ OP_REPLACE = 2  # data: the file's whole content
 OP_TRUNCATE = 3  # size u64: set the size, creating the file if absent
 OP_DELETE = 4  # the file goes
 OP_RMDIR = 5  # the directory and everything below it go
-OP_HEARTBEAT = 6  # not a file change (no path): sent when the stream is idle, so both ends notice silence
+# Not file changes (no path):
+OP_HEARTBEAT = 6  # sent when the stream is idle, so both ends notice silence
+OP_EPOCH = 7  # data: u64 epoch; the follower records it as its position before acknowledging
 
 _HEADER = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")
@@ -284,7 +286,7 @@ def op_frame_length(path: str, data_len: int, kind: int) -> int:
     body = _OP_HEAD.size + 2 + len(path.encode("utf-8"))
     if kind == OP_WRITE:
         body += 8 + data_len
-    elif kind == OP_REPLACE:
+    elif kind in (OP_REPLACE, OP_EPOCH):
         body += data_len
     elif kind == OP_TRUNCATE:
         body += 8
@@ -295,7 +297,7 @@ def op(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0, data: 
     head = _OP_HEAD.pack(end, kind) + pack_str(path)
     if kind == OP_WRITE:
         return frame(OP, head + _U64.pack(offset) + data)
-    if kind == OP_REPLACE:
+    if kind in (OP_REPLACE, OP_EPOCH):
         return frame(OP, head + data)
     if kind == OP_TRUNCATE:
         return frame(OP, head + _U64.pack(size))
@@ -309,6 +311,10 @@ def parse_op(payload: bytes) -> Operation:
     path, pos = unpack_str(payload, _OP_HEAD.size)
     if kind == OP_HEARTBEAT:
         return Operation(end, kind, path)
+    if kind == OP_EPOCH:
+        if len(payload) - pos != 8:
+            raise ProtocolError("bad epoch")
+        return Operation(end, kind, path, data=payload[pos:])
     check_path(path)
     if kind == OP_WRITE:
         return Operation(end, kind, path, offset=unpack_u64(payload, pos), data=payload[pos + 8:])

@@ -11,6 +11,11 @@ It is dropped (connection closed) when its connection ends, when it leaves data 
 ``ACK_TIMEOUT`` seconds (the stream carries a heartbeat every ``HEARTBEAT_INTERVAL`` when idle, so a
 silent follower is noticed even then), or when more than ``MAX_BACKLOG`` bytes wait for it; it leaves
 the barrier only once etcd's ISR no longer names it, and then has to connect and full-sync again.
+
+Epochs: while the stream moves, the leader stamps a new epoch into it every ``EPOCH_INTERVAL``
+(and when a follower joins); once every follower etcd names has acknowledged an epoch, it is written
+to etcd with the ISR. A node whose copy holds an older epoch than etcd's (a data dir restored from an
+old backup) may not lead.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ log = logging.getLogger("lavinpy.cluster.replication")
 
 ACK_TIMEOUT = 3.0  # seconds a follower may leave sent data unacknowledged
 HEARTBEAT_INTERVAL = 1.0  # an idle stream carries a heartbeat this often
+EPOCH_INTERVAL = 1.0  # a moving stream gets a new epoch this often
 MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is dropped
 AUTH_TIMEOUT = 10.0
 
 
 class IsrWriter(Protocol):
-    async def write_isr(self, members: list[str]) -> None:
-        """Record the in-sync replica set (fenced: raises LeadershipLost if this node no longer leads)."""
+    async def write_isr(self, members: list[str], epoch: int) -> None:
+        """Record the in-sync replica set and the epoch they all hold (fenced: raises LeadershipLost if
+        this node no longer leads)."""
 
 
 class _Follower:
@@ -69,7 +76,7 @@ class ReplicationServer:
     """Implements the store's FileChanges (the operations) and ReplicationBarrier (the confirms)."""
 
     def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int,
-                 serving: Callable[[], bool] = lambda: True) -> None:
+                 serving: Callable[[], bool] = lambda: True, epoch: int = 0) -> None:
         self.data_dir = Path(data_dir)
         self._secret = secret
         self.node_id = node_id
@@ -80,6 +87,10 @@ class ReplicationServer:
         self.ack_timeout = ACK_TIMEOUT
         self.heartbeat_interval = HEARTBEAT_INTERVAL
         self._serving = serving  # False once this node's lease may have run out: nothing is released
+        self.epoch = epoch  # the last epoch stamped into the stream
+        self._epoch_end = -1  # where that stamp ends in the stream
+        self._recorded_epoch = epoch  # the last epoch written to etcd
+        self._recording = False
         self._server: asyncio.base_events.Server | None = None
         self._followers: dict[str, _Follower] = {}  # registered: operations are buffered for them
         self._isr: dict[str, _Follower] = {}  # the barrier waits for these (a superset of etcd's ISR)
@@ -214,9 +225,27 @@ class ReplicationServer:
 
     # ---- ISR ---------------------------------------------------------------------------------------
 
+    def _stamp_epoch(self) -> None:
+        self.epoch += 1
+        self._emit(proto.OP_EPOCH, "", data=proto.pack_u64(self.epoch))
+        self._epoch_end = self._log_end
+
+    def _held(self, end: int) -> bool:
+        """Whether every follower etcd names has acknowledged the stream up to ``end``."""
+        return all(f.acked >= end for f in self._isr.values() if f.joined)
+
+    async def _record_epoch(self, epoch: int, end: int) -> None:
+        async with self._isr_lock:
+            # Checked again: a follower may have joined while this waited for the lock.
+            if epoch > self._recorded_epoch and self._held(end):
+                saved, self._recorded_epoch = self._recorded_epoch, epoch
+                if not await self._write_isr():
+                    self._recorded_epoch = saved
+        self._recording = False
+
     async def _write_isr(self) -> bool:
         try:
-            await self._isr_writer.write_isr(self.isr)
+            await self._isr_writer.write_isr(self.isr, self._recorded_epoch)
             return True
         except LeadershipLost:
             self.leadership_lost = True
@@ -233,6 +262,7 @@ class ReplicationServer:
             # acknowledged the stream's end as of this moment.
             follower.joining = True
             self._isr[follower.id] = follower
+            self._stamp_epoch()  # so that it holds an epoch at least as new as etcd's when etcd names it
             follower.join_target = self._log_end
             if follower.acked < follower.join_target:
                 return
@@ -289,9 +319,16 @@ class ReplicationServer:
 
     async def _watch_acks(self) -> None:
         quiet_end, quiet_since = -1, time.monotonic()
+        stamped_end, stamped_at = -1, time.monotonic()
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
+            if self._followers and self._log_end != stamped_end and now - stamped_at >= EPOCH_INTERVAL:
+                self._stamp_epoch()
+                stamped_end, stamped_at = self._log_end, now
+            if self.epoch > self._recorded_epoch and not self._recording and self._held(self._epoch_end):
+                self._recording = True
+                self._spawn(self._record_epoch(self.epoch, self._epoch_end))
             if self._log_end != quiet_end:
                 quiet_end, quiet_since = self._log_end, now
             elif now - quiet_since >= self.heartbeat_interval:

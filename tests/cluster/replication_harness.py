@@ -35,10 +35,13 @@ class MemoryIsr:
     """The IsrWriter protocol kept in memory: every ISR written, with the time it was written."""
 
     def __init__(self) -> None:
-        self.writes: list[tuple[float, list[str]]] = []
+        self.writes: list[tuple[float, list[str]]] = []  # each change of the members
+        self.epoch = 0
 
-    async def write_isr(self, members: list[str]) -> None:
-        self.writes.append((time.monotonic(), list(members)))
+    async def write_isr(self, members: list[str], epoch: int = 0) -> None:
+        if not self.writes or self.writes[-1][1] != members:
+            self.writes.append((time.monotonic(), list(members)))
+        self.epoch = epoch
 
     @property
     def members(self) -> list[str]:

@@ -29,11 +29,11 @@ class GatedIsr(MemoryIsr):
         self.held_since: float | None = None
         self.opened_at: float | None = None
 
-    async def write_isr(self, members: list[str]) -> None:
+    async def write_isr(self, members: list[str], epoch: int = 0) -> None:
         if self.gate is not None and self.writes and len(members) < len(self.members):
             self.held_since = time.monotonic()
             await self.gate.wait()
-        await super().write_isr(members)
+        await super().write_isr(members, epoch)
 
 
 def test_a_dropped_follower_holds_confirms_until_etcd_no_longer_names_it(tmp_path: Path) -> None:
@@ -97,11 +97,11 @@ def test_etcd_names_a_joining_follower_only_once_it_holds_everything_confirmed(t
     server.on_replicated = on_replicated
     write = leader.isr.write_isr
 
-    async def checked_write(members: list[str]) -> None:
+    async def checked_write(members: list[str], epoch: int = 0) -> None:
         for follower in server._followers.values():
             if follower.id in members and follower.acked < confirmed_up_to[0]:
                 violations.append((follower.acked, confirmed_up_to[0]))
-        await write(members)
+        await write(members, epoch)
     leader.isr.write_isr = checked_write
 
     stop = threading.Event()

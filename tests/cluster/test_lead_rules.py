@@ -5,6 +5,7 @@ restart never leads; with the ISR gone from etcd no node leads until an operator
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -75,3 +76,37 @@ def test_without_the_isr_no_node_leads_until_an_operator_forces_one(cluster: Clu
     connection = pika.BlockingConnection(pika.URLParameters(follower.amqp_url))
     assert connection.channel().queue_declare("kept", durable=True, passive=True).method.message_count == 1
     connection.close()
+
+
+def test_a_data_dir_restored_from_an_old_backup_never_leads(cluster: Cluster) -> None:
+    leader, follower = _start_in_sync(cluster)
+    follower.terminate()
+    backup = follower.directory / "backup"
+    shutil.copytree(follower.data_dir, backup)
+    follower.start()
+    wait_until(lambda: follower.node_id in _isr(cluster), 30, what="the follower back in the ISR")
+    recorded = _recorded_epoch(cluster)
+    connection = pika.BlockingConnection(pika.URLParameters(leader.amqp_url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    deadline = time.monotonic() + 4  # epochs are stamped every second while the stream moves
+    while time.monotonic() < deadline:
+        channel.basic_publish("", "kept", b"later", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    wait_until(lambda: _recorded_epoch(cluster) > recorded, 10, what="a newer epoch recorded in etcd")
+    leader.kill()
+    follower.kill()
+    shutil.rmtree(follower.data_dir)
+    shutil.move(backup, follower.data_dir)
+    follower.start()
+    wait_until(lambda: "a restored backup?" in follower.log_text(), 25, what="the restored copy to refuse to lead")
+    wait_until(lambda: cluster.leader_key() is None, 15, what="the killed leader's lease to run out")
+    time.sleep(2)
+    assert cluster.leader_key() is None
+    leader.start()
+    assert cluster.wait_for_leader(30) is leader
+
+
+def _recorded_epoch(cluster: Cluster) -> int:
+    value = cluster.etcd.get(f"{PREFIX}/isr_epoch")
+    return int(value[0]) if value else 0

@@ -224,16 +224,23 @@ def test_a_streaming_follower_that_breaks_the_protocol_is_dropped(bad: str, tmp_
             writer.write(proto.file_list({}))
             while (frame := await proto.next_frame(reader, decoder))[0] != proto.SYNC_END:
                 pass
-            writer.write(proto.frame(proto.ACK, frame[1]))  # caught up: it joins the ISR
-            for _ in range(100):
+            writer.write(proto.frame(proto.ACK, frame[1]))  # caught up with its sync: it joins the ISR
+            acked = proto.unpack_u64(frame[1])
+            for _ in range(100):  # acknowledging what the leader streams meanwhile (its join's epoch)
                 if isr.members == ["leader", "f1"]:
                     break
-                await asyncio.sleep(0.02)
+                try:
+                    kind, payload = await asyncio.wait_for(proto.next_frame(reader, decoder), 0.02)
+                except TimeoutError:
+                    continue
+                if kind == proto.OP:
+                    acked = proto.parse_op(payload).end
+                    writer.write(proto.frame(proto.ACK, proto.pack_u64(acked)))
             joined = list(isr.members)
             if bad == "not an ack":
                 writer.write(proto.hello("f1", nonce))
             else:
-                writer.write(proto.frame(proto.ACK, proto.pack_u64(proto.unpack_u64(frame[1]) + 10**6)))
+                writer.write(proto.frame(proto.ACK, proto.pack_u64(acked + 10**6)))
             rest = await asyncio.wait_for(reader.read(), 5)  # the leader hangs up
             for _ in range(100):
                 if isr.members == ["leader"]:
