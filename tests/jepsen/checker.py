@@ -59,7 +59,7 @@ def nearest_fault(t: float, events: list[dict[str, Any]]) -> str:
         return "no fault"
     before = [e for e in faults if e["t"] <= t]
     e = before[-1] if before else faults[0]
-    return f"{e['k']} {e.get('what', '')} at {e['t'] - t:+.2f} s"
+    return f"{abs(t - e['t']):.2f} s {'after' if e['t'] <= t else 'before'} {e['k']} '{e.get('what', '')}'"
 
 
 def serving_intervals(history: list[dict[str, Any]], end: float) -> dict[str, list[tuple[float, float]]]:
@@ -200,7 +200,7 @@ def check(history: list[dict[str, Any]], events: list[dict[str, Any]], existing_
 
     if lost:
         shown = "; ".join(f"{x['id']} (confirmed at {x['confirmed_at']} via {x['node']}, {x['fault']})"
-                          for x in result.lost[:15])
+                          for x in result.lost[:3])
         result.failures.append(f"{len(lost)} confirmed messages lost: {shown}")
     if unexpected:
         result.failures.append(f"{len(unexpected)} delivered ids were never published: {unexpected[:10]}")

@@ -83,8 +83,8 @@ class EtcdMember:
     def client_url(self) -> str:
         return f"http://{self.ip}:{ETCD_PORT}"
 
-    def start(self, initial_cluster: str, token: str) -> None:
-        state = "existing" if (self.data_dir / "member").exists() else "new"
+    def start(self, initial_cluster: str, token: str, state: str = "") -> None:
+        state = state or ("existing" if (self.data_dir / "member").exists() else "new")
         peer = f"http://{self.ip}:{ETCD_PEER_PORT}"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -253,9 +253,8 @@ class Cluster:
     def start(self, timeout: float = 60) -> None:
         self.net.create()
         self.client = NetnsExecutor(self.net.ns("c"))
-        initial = ",".join(f"{e.name}=http://{e.ip}:{ETCD_PEER_PORT}" for e in self.etcds)
         for member in self.etcds:
-            member.start(initial, self.net.prefix)
+            member.start(self.initial_cluster, self.net.prefix)
         wait_until(lambda: self._etcd_healthy(), 30, 0.2, "etcd to answer")
         for node in self.nodes:
             node.prepare()
@@ -301,6 +300,16 @@ class Cluster:
                 return data
             raise OSError("; ".join(errors))
         return self.client.call(call, timeout=timeout * len(self.etcds) + 5)
+
+    @property
+    def initial_cluster(self) -> str:
+        return ",".join(f"{e.name}=http://{e.ip}:{ETCD_PEER_PORT}" for e in self.etcds)
+
+    def etcdctl(self, *args: str, endpoints: list[EtcdMember] | None = None) -> str:
+        """etcdctl from the client namespace."""
+        urls = ",".join(e.client_url for e in endpoints or self.etcds)
+        return run("ip", "netns", "exec", self.net.ns("c"), "env", "ETCDCTL_API=3", "etcdctl", "--endpoints", urls,
+                   "--command-timeout=5s", *args)
 
     def _etcd_healthy(self) -> bool:
         try:

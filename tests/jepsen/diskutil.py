@@ -5,7 +5,9 @@ fill            take every free block with a ballast file outside the data dir (
 free            delete the ballast
 free-bytes      print the bytes still free
 sizes           print {relative path: size} of the data dir as JSON
+hash REL        print the SHA-1 and size of a file of the data dir ("-" when it is missing)
 snapshot DEST   copy the data dir to DEST (a backup taken while the node runs)
+wipe            delete the data dir's content but the node's id (a replaced disk, same node)
 restore SRC     replace the data dir by a copy of SRC (an operator restoring an old backup)
 powerloss CLAIM...
                 zero the byte ranges the fault shim recorded as lost by a failed fsync (the claims), on
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -80,10 +83,12 @@ def powerloss(claims: list[str]) -> list[str]:
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError:
-            continue  # replaced or deleted since: nothing of it is left to lose
+            applied.append(f"{path}: gone")  # deleted since: nothing of it is left to lose
+            continue
         try:
             st = os.fstat(fd)
             if st.st_ino != ino or _version(fd) != version:
+                applied.append(f"{path}: replaced")  # rewritten as a new file since
                 continue
             end = min(hi, st.st_size)
             if end > lo:
@@ -106,11 +111,26 @@ def main(argv: list[str]) -> None:
         print(free_bytes(mnt))
     elif command == "sizes":
         print(json.dumps(sizes(data)))
+    elif command == "hash":
+        try:
+            content = (data / args[0]).read_bytes()
+            print(hashlib.sha1(content).hexdigest(), len(content))
+        except FileNotFoundError:
+            print("- 0")
     elif command == "snapshot":
         try:
             shutil.copytree(data, args[0], symlinks=True, ignore_dangling_symlinks=True)
         except shutil.Error:
             pass  # files the node deleted while they were copied
+    elif command == "wipe":
+        for entry in data.iterdir():
+            if entry.name == ".clustering_id":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        os.sync()
     elif command == "restore":
         shutil.rmtree(data, ignore_errors=True)
         shutil.copytree(args[0], data, symlinks=True)

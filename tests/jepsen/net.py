@@ -4,7 +4,8 @@ these namespaces (10.200.K.2 for a member, 10.200.K.1 for its router port).
 
 Faults live in the router, so no member can tell a partition from a slow peer:
 - ``ip rule ... blackhole`` drops silently (a connect hangs), ``prohibit`` answers with an ICMP error
-  (a connect fails at once); one-way or both ways.
+  (a connect fails at once: the sender also gets a prohibit route, see ``partition``); one-way or both
+  ways.
 - a port taken down isolates a member from everyone, the client included.
 - ``tbf`` on a router port limits the bandwidth towards a member (netem is not available everywhere).
 
@@ -32,11 +33,16 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _live: list[Net] = []  # destroyed at exit if a test did not get to it
 
 
+class CommandFailed(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"{' '.join(map(str, self.cmd))} failed ({self.returncode}): {(self.stderr or '').strip()[-500:]}"
+
+
 def run(*argv: str, check: bool = True, timeout: float = 30) -> str:
-    """Run a command, return its stdout; CalledProcessError (with stderr) when it fails."""
+    """Run a command, return its stdout; CommandFailed (with stderr) when it fails."""
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        raise subprocess.CalledProcessError(done.returncode, argv, done.stdout, done.stderr)
+        raise CommandFailed(done.returncode, argv, done.stdout, done.stderr)
     return done.stdout
 
 
@@ -88,6 +94,7 @@ class Net:
         self.members = dict(members)
         self.router = f"{self.prefix}-r"
         self._rules: list[list[str]] = []
+        self._routes: set[tuple[str, str, str]] = set()
         self._slowed: set[str] = set()
         self._down: set[str] = set()
         self.created = False
@@ -104,7 +111,8 @@ class Net:
         r = self.router
         run("ip", "netns", "add", r)
         run("ip", "-n", r, "link", "set", "lo", "up")
-        run("ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        # Every packet a prohibit rule stops gets its ICMP error (no rate limit): a connect fails at once.
+        run("ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv4.icmp_ratelimit=0")
         for member, k in self.members.items():
             ns = self.ns(member)
             run("ip", "netns", "add", ns)
@@ -138,6 +146,11 @@ class Net:
             rule = ["from", self.ip(x), "to", self.ip(y), kind, "prio", str(100 + len(self._rules))]
             run("ip", "-n", self.router, "rule", "add", *rule)
             self._rules.append(rule)
+            if kind != "blackhole":
+                # The router's ICMP errors are rate-limited host-wide (a few, then one a second), after
+                # which a connect would hang: the sender's own route makes every connect fail at once.
+                run("ip", "-n", self.ns(x), "route", "replace", kind, f"{self.ip(y)}/32")
+                self._routes.add((x, kind, self.ip(y)))
 
     def isolate(self, member: str) -> None:
         run("ip", "-n", self.router, "link", "set", member, "down")
@@ -162,6 +175,9 @@ class Net:
         for rule in reversed(self._rules):
             run("ip", "-n", self.router, "rule", "del", *rule, check=False)
         self._rules.clear()
+        for member, kind, ip in self._routes:
+            run("ip", "-n", self.ns(member), "route", "del", kind, f"{ip}/32", check=False)
+        self._routes.clear()
         for member in self._slowed:
             run("tc", "-n", self.router, "qdisc", "del", "dev", member, "root", check=False)
         self._slowed.clear()
@@ -171,7 +187,7 @@ class Net:
 
     @property
     def faulty(self) -> bool:
-        return bool(self._rules or self._slowed or self._down)
+        return bool(self._rules or self._routes or self._slowed or self._down)
 
 
 class NetnsExecutor:
