@@ -500,6 +500,11 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             return
         self.closed = True
         self.closing = True
+        counters = self.conn.broker.node_counters
+        counters.channels_closed += 1
+        # Open channels' confirm-mode publishes are read from their sequence at scrape time; a
+        # closing channel leaves its total to the node, so the counter never goes back.
+        counters.received_confirm_closed += self.publish_seq
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

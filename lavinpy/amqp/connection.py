@@ -117,13 +117,16 @@ class AMQPConnection(ConnectionOutput):
     def start(self) -> None:
         """The client is connected: the handshake clock starts."""
         self.sessions.connections.add(self)
+        self.broker.node_counters.connections_opened += 1
         self.effect(SetTimer(TimerKind.HANDSHAKE, HANDSHAKE_TIMEOUT))
 
     def lost(self) -> None:
         """The socket is gone (whoever closed it)."""
         self.state = CLOSED
         self.teardown()
-        self.sessions.connections.discard(self)
+        if self in self.sessions.connections:  # lost once, counted once
+            self.sessions.connections.discard(self)
+            self.broker.node_counters.connections_closed += 1
 
     def timer_fired(self, kind: TimerKind) -> None:
         if kind is TimerKind.HEARTBEAT:
@@ -315,6 +318,7 @@ class AMQPConnection(ConnectionOutput):
             raise AMQPConnectionError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has "
                                                    f"reached the negotiated channel_max ({self.channel_max})")
         self.channels[channel_id] = Channel(self, channel_id)
+        self.broker.node_counters.channels_opened += 1
         self.send(writer.method_frame(channel_id, commands.Channel.OpenOk()))
 
     def remove_channel(self, channel_id: int) -> None:

@@ -14,7 +14,7 @@ from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
 from .login_throttle import LoginThrottle
-from .stats import StatsSampler
+from .stats import NodeCounters, StatsSampler
 from .users import UserStore
 from .vhost import VHost
 
@@ -74,6 +74,7 @@ class Broker:
         self.sessions: SessionLayer = _NoSessions(self)
         self._input_since_check = 0
         self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
+        self.node_counters = NodeCounters()  # churn, empty gets, message sizes (read by the metrics)
         self._replication_barrier: ReplicationBarrier | None = None
         # A cluster leader's lease check: False once this node may no longer serve (nothing more is
         # delivered; the node is stepping down). None: a single node, always serving.

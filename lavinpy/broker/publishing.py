@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from time import time_ns
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from .exchanges.delayed import DelayedExchange
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
 from .exchanges.topic import TopicExchange
+from .stats import MESSAGE_SIZE_BOUNDS
 
 if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
@@ -132,6 +134,12 @@ class VHostPublishing:
         The second value is ``REJECTED`` when a reject-publish queue refused the message (the
         publisher's confirm is then a basic.nack).
         """
+        # Every message received counts in the size histogram, routable or not (as RabbitMQ's).
+        # Inlined: a method call would cost more than the two additions.
+        counters = self.node_counters
+        size = len(body)
+        counters.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
+        counters.size_sum += size
         if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
             # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
             queue = self.queues.get(routing_key)
@@ -186,6 +194,7 @@ class VHostPublishing:
             if queue.special or queue.index.closed:
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+        self.node_counters.observe_sizes(bodies)  # here only: a None above means one by one, counted there
         return len(queues), append_and_push_many(self.store, run, queues)
 
     def _route_message(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,

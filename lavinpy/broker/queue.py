@@ -253,9 +253,12 @@ class Queue(QueueKind):
             return None
         self.touch()
         if not self.special:
-            return self._take()
-        taken = self.features.take_ready()
-        self.features.after_delivery()
+            taken = self._take()
+        else:
+            taken = self.features.take_ready()
+            self.features.after_delivery()
+        if taken is None:
+            self.vhost.node_counters.get_empty += 1  # RabbitMQ's messages_get_empty_total
         return taken
 
     def deliver(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,51 @@ def count_publish(vhost_stats: MessageCounters, exchange_stats: MessageCounters,
         exchange_stats.publish_out += 1
     else:
         vhost_stats.drop_unroutable += 1
+
+
+# Upper bounds (bytes) of the message-size histogram's buckets, as RabbitMQ's; the last is +Inf.
+MESSAGE_SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
+
+
+class NodeCounters:
+    """Node-wide counters of events that belong to no queue or exchange: churn (RabbitMQ's
+    ``connection_churn_metrics``), empty basic.gets, confirm-mode publishes of closed channels and
+    the sizes of messages received. Plain attributes bumped where the event happens; one object per
+    broker, so counts never go back when a vhost or queue goes away.
+    """
+
+    __slots__ = ("connections_opened", "connections_closed", "channels_opened", "channels_closed",
+                 "queues_declared", "queues_created", "queues_deleted", "get_empty", "received_confirm_closed",
+                 "size_buckets", "size_sum")
+
+    def __init__(self) -> None:
+        self.connections_opened = self.connections_closed = 0
+        self.channels_opened = self.channels_closed = 0
+        self.queues_declared = self.queues_created = self.queues_deleted = 0
+        self.get_empty = 0
+        # Confirm-mode publishes of channels already closed; open channels' are read at scrape time
+        # from their own sequence numbers, so the publish path counts nothing more for this.
+        self.received_confirm_closed = 0
+        self.size_buckets = [0] * (len(MESSAGE_SIZE_BOUNDS) + 1)  # per bucket, not cumulative
+        self.size_sum = 0
+
+    def observe_size(self, size: int) -> None:
+        """One message received from a publisher (RabbitMQ's message_size_bytes histogram)."""
+        self.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
+        self.size_sum += size
+
+    def observe_sizes(self, bodies: list[bytes]) -> None:
+        """``observe_size`` for a run: when the smallest and largest body share a bucket (the common
+        case: a publisher sends messages of one size), one addition instead of one per message."""
+        sizes = list(map(len, bodies))
+        low, high = bisect_left(MESSAGE_SIZE_BOUNDS, min(sizes)), bisect_left(MESSAGE_SIZE_BOUNDS, max(sizes))
+        if low == high:
+            self.size_buckets[low] += len(sizes)
+        else:
+            buckets = self.size_buckets
+            for size in sizes:
+                buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
+        self.size_sum += sum(sizes)
 
 
 class Totals:

@@ -86,6 +86,7 @@ class VHost(VHostPublishing):
         self.queues: dict[str, QueueKind] = {}
         self.corrupt_messages = 0  # damaged records found (and skipped) by this vhost's queues
         self.stats = MessageCounters()  # publishing channels' counts, and those of deleted queues
+        self.node_counters = broker.node_counters  # held here too: the publish path reaches it in one step
         self._flush_task: asyncio.Task | None = None
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
@@ -401,6 +402,7 @@ class VHost(VHostPublishing):
                     raise inequivalent(arg, "queue", name, self.name, received, current)
             check_arguments("queue", name, self.name, arguments, existing.arguments)
             existing.touch()  # a redeclare counts as use (x-expires)
+            self.node_counters.queues_declared += 1
             return existing
         queue_type = queue_type_of(arguments)
         if queue_type == "stream":
@@ -412,6 +414,7 @@ class VHost(VHostPublishing):
                                                            arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
+            self._count_created()
             return stream
         try:
             validate_queue_arguments(arguments, queue=name, vhost=self.name, durable=durable,
@@ -427,7 +430,15 @@ class VHost(VHostPublishing):
         queue = Queue(self, name, index, durable=durable, exclusive_owner=owner if exclusive else None,
                       auto_delete=auto_delete, arguments=arguments, settings=settings)
         self.queues[name] = queue
+        self._count_created()
         return queue
+
+    def _count_created(self) -> None:
+        # As RabbitMQ: a declare that creates the queue counts as declared and as created; recovery
+        # at boot builds queues without declaring them and counts neither.
+        counters = self.node_counters
+        counters.queues_declared += 1
+        counters.queues_created += 1
 
     def _new_stream(self, name: str, arguments: dict) -> StreamQueue:
         index = self.store.open_queue(name, True, STREAM)
@@ -454,6 +465,7 @@ class VHost(VHostPublishing):
         if if_empty and queue.message_count:
             raise AMQPChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' not empty")
         del self.queues[name]
+        self.node_counters.queues_deleted += 1
         for exchange in list(self.exchanges.values()):
             if exchange.unbind_all(queue):
                 self._maybe_auto_delete_exchange(exchange)

@@ -4,7 +4,9 @@ A custom prometheus_client collector reads the broker's message counters (broker
 objects at scrape time: nothing is kept between scrapes. Family names are those of RabbitMQ's
 rabbitmq_prometheus plugin where one exists, with the prefix ``lavinpy`` by default; ``?prefix=
 rabbitmq`` gives RabbitMQ's exact names, so its Grafana dashboards work unchanged. Families without a
-RabbitMQ counterpart (message ages, exchange counters) keep the same naming scheme.
+RabbitMQ counterpart (message ages, exchange counters, fsync time, event-loop lag) keep the same
+naming scheme; the process's own families (CPU, memory, descriptors, start time) are the standard
+unprefixed ``process_*``. Node-level families other than the message counters are in metrics_node.py.
 
 ``/metrics/detailed?family=F&family=G&vhost=V`` gives per-object families (``<prefix>_detailed_*``
 with ``vhost``/``queue``/``exchange`` labels); without ``family`` every detailed family is given. An
@@ -27,6 +29,8 @@ from .. import __version__
 from ..amqp import session_views
 from ..broker import node_info
 from ..broker.stats import DEAD_LETTER_REASONS, node_totals
+from . import metrics_node
+from .metrics_node import EventLoopLag
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
@@ -91,8 +95,10 @@ class BrokerCollector:
     """Reads the broker at scrape time. ``detailed`` selects per-object families instead of totals."""
 
     def __init__(self, broker: Broker, sessions: Sessions, prefix: str, *, detailed: bool = False,
-                 families: tuple[str, ...] | None = None, vhosts: tuple[str, ...] = ()) -> None:
+                 families: tuple[str, ...] | None = None, vhosts: tuple[str, ...] = (),
+                 lag: EventLoopLag | None = None) -> None:
         self.broker = broker
+        self.lag = lag
         self.sessions = sessions
         self.prefix = prefix
         self.detailed = detailed
@@ -103,17 +109,21 @@ class BrokerCollector:
         if self.detailed:
             yield from self._detailed()
         else:
-            yield from self._identity()
+            yield from self._identity("aggregated")
             yield from self._node()
             yield from self._totals()
+            yield from metrics_node.process_families()
 
     # --- aggregated ---------------------------------------------------------------------------
-    def _identity(self) -> Iterator[Metric]:
+    def _identity(self, endpoint: str) -> Iterator[Metric]:
+        # ``rabbitmq_endpoint`` names the endpoint as RabbitMQ does: its dashboards select series by
+        # it (``aggregated`` for /metrics, ``detailed`` for /metrics/detailed).
         p = self.prefix
         node = node_info.node_name()
         identity = _gauge(f"{p}_identity_info", "RabbitMQ node & cluster identity info",
-                          labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id"])
-        identity.add_metric([node, node, f"lavinpy-{socket.gethostname()}"], 1)
+                          labels=["rabbitmq_node", "rabbitmq_cluster", "rabbitmq_cluster_permanent_id",
+                                  "rabbitmq_endpoint"])
+        identity.add_metric([node, node, f"lavinpy-{socket.gethostname()}", endpoint], 1)
         yield identity
         build = _gauge(f"{p}_build_info", "RabbitMQ & Erlang/OTP version info",
                        labels=["rabbitmq_version", "product_name", "product_version", "prometheus_plugin_version"])
@@ -137,6 +147,8 @@ class BrokerCollector:
                      "is 1 if free disk space watermark alarm is in effect", int(state["disk_free_alarm"]))
         yield _gauge(f"{p}_alarms_file_descriptor_limit", "is 1 if file descriptor limit alarm is in effect", 0)
         yield _gauge(f"{p}_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
+        if self.lag is not None:
+            yield self.lag.family(p)
 
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
@@ -168,6 +180,11 @@ class BrokerCollector:
                                          labels=["queue_type", "dead_letter_strategy"])
             family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
             yield family
+        counters = self.broker.node_counters
+        yield from metrics_node.global_families(p, self.sessions, counters, consumers)
+        yield from metrics_node.churn_families(p, counters)
+        yield metrics_node.message_size_family(p, counters)
+        yield from metrics_node.fsync_families(p)
 
     # --- per object ---------------------------------------------------------------------------
     def _selected_vhosts(self) -> list[VHost]:
@@ -283,8 +300,10 @@ def _render(collector: BrokerCollector) -> web.Response:
 def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
     """The Prometheus endpoint application (no authentication, as RabbitMQ's)."""
 
+    lag = EventLoopLag()
+
     async def metrics(request: web.Request) -> web.Response:
-        return _render(BrokerCollector(broker, sessions, _prefix(request)))
+        return _render(BrokerCollector(broker, sessions, _prefix(request), lag=lag))
 
     async def detailed(request: web.Request) -> web.Response:
         asked = request.query.getall("family", [])
@@ -294,6 +313,7 @@ def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
                                        vhosts=vhosts))
 
     app = web.Application()
+    app.cleanup_ctx.append(lag.context)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/metrics/detailed", detailed)
     return app

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from lavinpy.store.delivery_counts import DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex
+from lavinpy.store.sync_timing import SYNC_TIMES
 
 log = logging.getLogger("lavinpy.store")
 
@@ -291,9 +293,11 @@ class VhostStore:
 
     def _sync(self, ranges: list[DirtyRange], fds: list[int]) -> None:
         """Worker thread: message bytes first, then the index entries that point at them."""
+        started = time.perf_counter()
         self.messages.sync_ranges(ranges)
         for fd in fds:
             os.fsync(fd)
+        SYNC_TIMES.observe(time.perf_counter() - started)
 
     def _begin_sync(self) -> object:
         token = object()

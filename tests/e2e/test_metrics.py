@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 import uuid
 
+import pika
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import lavinpy_only
@@ -36,13 +37,17 @@ def _every_family_has_help_and_type(text: str) -> None:
     types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     samples = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
     assert helps == types
+    histograms = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ") and
+                  line.split()[3] == "histogram"}
+    # A histogram's samples are <name>_bucket, _sum and _count under the one family's HELP and TYPE.
+    samples = {s.rsplit("_", 1)[0] if s.rsplit("_", 1)[0] in histograms else s for s in samples}
     assert samples and samples <= helps, samples - helps
 
 
 def test_metrics_parse_with_help_and_type_and_default_prefix(broker):
     text, families = _scrape(broker)
     _every_family_has_help_and_type(text)
-    assert all(name.startswith("lavinpy_") for name in families)
+    assert all(name.startswith(("lavinpy_", "process_")) for name in families)
     for name in ("lavinpy_identity_info", "lavinpy_build_info", "lavinpy_process_resident_memory_bytes",
                  "lavinpy_disk_space_available_bytes", "lavinpy_alarms_memory_used_watermark",
                  "lavinpy_alarms_free_disk_space_watermark", "lavinpy_connections", "lavinpy_queue_messages_ready"):
@@ -54,7 +59,8 @@ def test_metrics_parse_with_help_and_type_and_default_prefix(broker):
 def test_rabbitmq_prefix_gives_rabbitmq_names(broker):
     text, families = _scrape(broker, "/metrics?prefix=rabbitmq")
     _every_family_has_help_and_type(text)
-    assert all(name.startswith("rabbitmq_") for name in families)
+    # The process's own families keep the standard unprefixed names, as in RabbitMQ's output.
+    assert all(name.startswith(("rabbitmq_", "process_")) for name in families)
     # Names RabbitMQ's Grafana "RabbitMQ-Overview" dashboard queries (counters parse without _total).
     for name in ("rabbitmq_identity_info", "rabbitmq_build_info", "rabbitmq_queue_messages_ready",
                  "rabbitmq_queue_messages_unacked", "rabbitmq_connections", "rabbitmq_channels", "rabbitmq_consumers",
@@ -141,3 +147,85 @@ def test_dead_lettered_counter_by_reason(broker, clients):
     assert _value(after, name) - _value(before, name) == 1
     expired = "lavinpy_global_messages_dead_lettered_expired"
     assert _value(after, expired) == _value(before, expired)
+
+
+def _counts(families: dict, name: str) -> float:
+    return _value(families, name, protocol="amqp091")
+
+
+def test_churn_get_empty_publishers_and_confirm_families(broker, clients):
+    prefix = "/metrics?prefix=rabbitmq"
+    _, before = _scrape(broker, prefix)
+    conn, ch = clients.channel()
+    ch.confirm_delivery()
+    queue = clients.track_queue(f"churn-{uuid.uuid4().hex[:8]}")
+    ch.queue_declare(queue)
+    ch.queue_declare(queue)  # a redeclare: declared, not created
+    for _ in range(4):
+        ch.basic_publish("", queue, b"x" * 150)  # 150 bytes: the 1000-byte bucket, not the 100-byte one
+    ch.basic_get(queue, auto_ack=True)
+    consumer_ch = conn.channel()
+    consumer_ch.basic_consume(queue, lambda *a: None, auto_ack=False)
+    conn.process_data_events(time_limit=0.2)
+    empty_queue = clients.track_queue(f"empty-{uuid.uuid4().hex[:8]}")
+    ch.queue_declare(empty_queue)
+    assert ch.basic_get(empty_queue, auto_ack=True) == (None, None, None)
+    assert ch.basic_get(empty_queue, auto_ack=True) == (None, None, None)
+    ch.queue_delete(empty_queue)
+    _, during = _scrape(broker, prefix)
+
+    def delta(name: str) -> float:
+        return _value(during, name) - _value(before, name)
+
+    assert delta("rabbitmq_queues_declared") == 3
+    assert delta("rabbitmq_queues_created") == 2
+    assert delta("rabbitmq_queues_deleted") == 1
+    assert delta("rabbitmq_connections_opened") >= 1
+    assert delta("rabbitmq_channels_opened") >= 2
+    empty = "rabbitmq_global_messages_get_empty"
+    assert _counts(during, empty) - _counts(before, empty) == 2
+    assert _counts(during, "rabbitmq_global_publishers") >= 1
+    assert _counts(during, "rabbitmq_global_consumers") >= 1
+    received = "rabbitmq_global_messages_received_confirm"
+    assert _counts(during, received) - _counts(before, received) == 4
+    sizes = during["rabbitmq_message_size_bytes"]
+    assert sizes.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in sizes.samples if s.name.endswith("_bucket")}
+    old = {s.labels["le"]: s.value for s in before["rabbitmq_message_size_bytes"].samples
+           if s.name.endswith("_bucket")}
+    assert set(buckets) == {"100.0", "1000.0", "10000.0", "100000.0", "1e+06", "1e+07", "5e+07", "1e+08", "+Inf"}
+    assert buckets["1000.0"] - old["1000.0"] == 4 and buckets["100.0"] == old["100.0"]
+    size_sum = [s.value for s in sizes.samples if s.name.endswith("_sum")][0]
+    assert size_sum >= 600
+
+    before_close = during
+    conn.close()
+    clients.connections.remove(conn)
+    time.sleep(0.3)
+    _, after = _scrape(broker, prefix)
+    assert _value(after, "rabbitmq_connections_closed") - _value(before_close, "rabbitmq_connections_closed") >= 1
+    assert _value(after, "rabbitmq_channels_closed") - _value(before_close, "rabbitmq_channels_closed") >= 2
+    # The closed channel's confirm-mode publishes stay counted: the counter never goes back.
+    assert _counts(after, received) >= _counts(during, received)
+
+
+def test_process_fsync_and_event_loop_families(broker, clients):
+    conn, ch = clients.channel()
+    ch.confirm_delivery()
+    queue = clients.track_queue(f"fsync-{uuid.uuid4().hex[:8]}")
+    ch.queue_declare(queue, durable=True)
+    ch.basic_publish("", queue, b"p", pika.BasicProperties(delivery_mode=2))  # confirmed after an fsync
+    time.sleep(1.2)  # two event-loop probes
+    text, families = _scrape(broker)
+    _every_family_has_help_and_type(text)
+    assert _value(families, "process_cpu_seconds") > 0
+    assert _value(families, "process_resident_memory_bytes") > 0
+    assert 0 < _value(families, "process_open_fds") < _value(families, "process_max_fds")
+    assert abs(_value(families, "process_start_time_seconds") - time.time()) < 24 * 3600
+    assert 0 <= _value(families, "lavinpy_event_loop_lag_seconds") < 5
+    fsync = families["lavinpy_store_fsync_duration_seconds"]
+    assert fsync.type == "histogram"
+    count = [s.value for s in fsync.samples if s.name.endswith("_count")][0]
+    assert count >= 1 and _value(families, "lavinpy_io_sync_ops") == count
+    identity = families["lavinpy_identity_info"].samples[0]
+    assert identity.labels["rabbitmq_endpoint"] == "aggregated"

@@ -1,0 +1,155 @@
+"""Node-level metric families of ``/metrics`` beyond the message counters: churn, publishers and
+consumers, empty gets, confirm-mode publishes, message sizes, fsync time, event-loop lag and the
+process (CPU, memory, descriptors, start time).
+
+Names, types and labels are RabbitMQ's where it has the family (rabbitmq_prometheus's core, global
+and message-size collectors); lavinpy's own (fsync histogram, event-loop lag) follow the same scheme.
+Everything is read at scrape time from counters the model keeps (broker/stats.py ``NodeCounters``,
+store/sync_timing.py), so a scrape costs one pass over the open channels and nothing is kept here
+except the event-loop probe's last readings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from ..broker.stats import MESSAGE_SIZE_BOUNDS
+from ..store.sync_timing import FSYNC_BOUNDS, SYNC_TIMES
+
+if TYPE_CHECKING:
+    from ..amqp.sessions import Sessions
+    from ..broker.stats import NodeCounters
+
+# The only protocol lavinpy speaks; RabbitMQ labels its global families by protocol.
+PROTOCOL = "amqp091"
+
+# (family after the prefix, NodeCounters attribute, HELP): RabbitMQ's connection_churn_metrics.
+_CHURN = (
+    ("connections_opened_total", "connections_opened", "Total number of connections opened"),
+    ("connections_closed_total", "connections_closed", "Total number of connections closed or terminated"),
+    ("channels_opened_total", "channels_opened", "Total number of channels opened"),
+    ("channels_closed_total", "channels_closed", "Total number of channels closed"),
+    ("queues_declared_total", "queues_declared", "Total number of queues declared"),
+    ("queues_created_total", "queues_created", "Total number of queues created"),
+    ("queues_deleted_total", "queues_deleted", "Total number of queues deleted"),
+)
+
+
+def churn_families(p: str, counters: NodeCounters) -> Iterator[Metric]:
+    """Connections, channels and queues opened/declared/created and closed/deleted."""
+    for name, attribute, doc in _CHURN:
+        yield CounterMetricFamily(f"{p}_{name}", doc, value=getattr(counters, attribute))
+
+
+def publishers_and_confirms(sessions: Sessions, counters: NodeCounters) -> tuple[int, int]:
+    """(channels that have published, messages received on confirm-mode channels so far).
+
+    A channel counts as a publisher once it has resolved an exchange to publish to, until it closes
+    (RabbitMQ counts an AMQP 0-9-1 channel from its first publish). Confirm-mode publishes are each
+    open channel's sequence plus what closed channels left to the node.
+    """
+    publishers = 0
+    received_confirm = counters.received_confirm_closed
+    for conn in list(sessions.connections):
+        for channel in list(conn.channels.values()):
+            if channel._publish_exchange is not None:
+                publishers += 1
+            received_confirm += channel.publish_seq
+    return publishers, received_confirm
+
+
+def global_families(p: str, sessions: Sessions, counters: NodeCounters, consumers: int) -> Iterator[Metric]:
+    """RabbitMQ's per-protocol global families that the message counters do not give."""
+    publishers, received_confirm = publishers_and_confirms(sessions, counters)
+    labels = ["protocol"]
+    for name, doc, value in (("publishers", "Current number of publishers", publishers),
+                             ("consumers", "Current number of consumers", consumers)):
+        gauge = GaugeMetricFamily(f"{p}_global_{name}", doc, labels=labels)
+        gauge.add_metric([PROTOCOL], value)
+        yield gauge
+    for name, doc, value in (
+            ("messages_received_confirm_total",
+             "Total number of messages received from publishers expecting confirmations", received_confirm),
+            ("messages_get_empty_total", "Total number of times basic.get operations fetched no message",
+             counters.get_empty)):
+        counter = CounterMetricFamily(f"{p}_global_{name}", doc, labels=labels)
+        counter.add_metric([PROTOCOL], value)
+        yield counter
+
+
+def _histogram(name: str, doc: str, bounds: tuple[float, ...], buckets: list[int], total: float,
+               labels: list[str] | None = None, label_values: list[str] | None = None) -> HistogramMetricFamily:
+    """A histogram family from per-bucket counts (the last bucket is +Inf); ``le`` is written as the
+    Go client writes it (``100.0``, ``1e+06``), which dashboards match as strings."""
+    cumulative: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*bounds, float("inf")), buckets, strict=True):
+        running += count
+        cumulative.append((floatToGoString(bound), running))
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    family.add_metric(label_values or [], cumulative, total)
+    return family
+
+
+def message_size_family(p: str, counters: NodeCounters) -> Metric:
+    return _histogram(f"{p}_message_size_bytes", "Size of messages received from publishers",
+                      tuple(float(b) for b in MESSAGE_SIZE_BOUNDS), list(counters.size_buckets),
+                      counters.size_sum, ["protocol"], [PROTOCOL])
+
+
+def fsync_families(p: str) -> Iterator[Metric]:
+    """The store's flush time: lavinpy's histogram, and RabbitMQ's io_sync counters from the same data."""
+    buckets, total = SYNC_TIMES.snapshot()
+    yield _histogram(f"{p}_store_fsync_duration_seconds",
+                     "Time a store flush spent in fdatasync/fsync of message segments and queue indexes",
+                     FSYNC_BOUNDS, buckets, total)
+    yield CounterMetricFamily(f"{p}_io_sync_ops_total", "Total number of I/O sync operations", value=sum(buckets))
+    yield CounterMetricFamily(f"{p}_io_sync_time_seconds_total", "Total I/O sync time", value=total)
+
+
+class EventLoopLag:
+    """Measures how late the event loop wakes a sleeper: the time clients wait behind other work.
+
+    A probe sleeps ``interval`` and records how much longer than that it took. The family reports
+    the worst of the last few probes (a rolling window: several scrapers do not reset each other).
+    """
+
+    def __init__(self, interval: float = 0.5, window: int = 6) -> None:
+        self.interval = interval
+        self.recent: deque[float] = deque([0.0], maxlen=window)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.interval)
+            self.recent.append(max(0.0, loop.time() - before - self.interval))
+
+    def family(self, p: str) -> Metric:
+        return GaugeMetricFamily(f"{p}_event_loop_lag_seconds",
+                                 "Worst delay of the event loop in waking a timer over the last few seconds",
+                                 value=round(max(self.recent), 6))
+
+    async def context(self, _app: object) -> AsyncIterator[None]:
+        """An aiohttp cleanup context: the probe runs while the metrics server does."""
+        task = asyncio.get_running_loop().create_task(self.run())
+        yield
+        task.cancel()
+
+
+# prometheus_client's reader of /proc/self: CPU seconds, resident and virtual memory, open and
+# maximum descriptors, start time, under the standard unprefixed ``process_*`` names every process
+# dashboard uses (RabbitMQ also gives ``process_start_time_seconds`` unprefixed).
+_PROCESS = ProcessCollector(registry=None)
+
+
+def process_families() -> Iterator[Metric]:
+    yield from _PROCESS.collect()
+
