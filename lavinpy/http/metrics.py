@@ -173,7 +173,15 @@ class BrokerCollector:
         totals = node_totals(self.broker)
         counts = totals.counts
         for name, fields, doc in _CHANNEL_COUNTERS:
-            yield CounterMetricFamily(f"{p}_{name}", doc, value=sum(counts[f] for f in fields))
+            value = sum(counts[f] for f in fields)
+            if name.startswith("global_"):
+                # RabbitMQ labels its global counters by protocol; dashboard queries that subtract one
+                # from another (received_confirm - confirmed) match series on that label.
+                family = CounterMetricFamily(f"{p}_{name}", doc, labels=["protocol"])
+                family.add_metric([metrics_node.PROTOCOL], value)
+                yield family
+            else:
+                yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
         for reason in DEAD_LETTER_REASONS:
             family = CounterMetricFamily(f"{p}_global_messages_dead_lettered_{reason}_total",
                                          f"Total number of messages dead-lettered due to {reason}",
