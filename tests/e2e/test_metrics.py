@@ -108,7 +108,7 @@ def test_detailed_per_queue_with_ages(broker, clients):
     _every_family_has_help_and_type(text)
     assert _value(families, "lavinpy_detailed_queue_messages_ready", vhost="/", queue=queue) == 1
     assert _value(families, "lavinpy_detailed_queue_messages_unacked", vhost="/", queue=queue) == 1
-    assert _value(families, "lavinpy_detailed_queue_delivered_ack", vhost="/", queue=queue) == 1
+    assert _value(families, "lavinpy_detailed_queue_messages_delivered_ack", vhost="/", queue=queue) == 1
     assert _value(families, "lavinpy_detailed_queue_head_message_age_seconds", vhost="/", queue=queue) >= 1.0
     assert _value(families, "lavinpy_detailed_queue_oldest_unacked_age_seconds", vhost="/", queue=queue) >= 0.5
     assert "lavinpy_detailed_queue_consumers" not in families  # a family not asked for
@@ -147,6 +147,10 @@ def test_dead_lettered_counter_by_reason(broker, clients):
     assert _value(after, name) - _value(before, name) == 1
     expired = "lavinpy_global_messages_dead_lettered_expired"
     assert _value(after, expired) == _value(before, expired)
+    _, detailed = _scrape(broker, "/metrics/detailed?family=queue_delivery_metrics")
+    per_queue = "lavinpy_detailed_queue_messages_dead_lettered"
+    assert _value(detailed, per_queue, vhost="/", queue=source, reason="rejected") == 1
+    assert not [s for s in detailed[per_queue].samples if s.labels["queue"] == dlq]  # none: no series
 
 
 def _counts(families: dict, name: str) -> float:

@@ -1,10 +1,12 @@
-"""RabbitMQ's "RabbitMQ-Overview" Grafana dashboard against lavinpy, through a real Prometheus.
+"""RabbitMQ's "RabbitMQ-Overview" Grafana dashboard, and lavinpy's own, against lavinpy through a
+real Prometheus.
 
 Debian's ``prometheus`` scrapes a lavinpy under load (a pika publisher, poller and churner, an
-aio-pika consumer) every second with ``?prefix=rabbitmq``, as the README's scrape config does; then
-each panel's queries (tests/e2e/rabbitmq_overview_queries.py, copied from the dashboard) go through
-Prometheus's HTTP API with the dashboard's variables filled as Grafana fills them. Every query must
-return data: an empty result is a blank panel.
+aio-pika consumer) every second with ``?prefix=rabbitmq``, with the scrape config of
+docs/grafana/README.md; then each panel's queries (tests/e2e/rabbitmq_overview_queries.py, copied
+from RabbitMQ's dashboard, and docs/grafana/lavinpy.json) go through Prometheus's HTTP API with the
+dashboards' variables filled as Grafana fills them. Every query must return data: an empty result
+is a blank panel.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import aio_pika
 import pika
 import pytest
 
-from .conftest import LocalBroker, free_port, lavinpy_only
+from .conftest import REPO_ROOT, LocalBroker, free_port, lavinpy_only
 from .rabbitmq_overview_queries import OVERVIEW_PANELS
 
 PROMETHEUS = shutil.which("prometheus")
@@ -42,6 +44,7 @@ RATE_INTERVAL = "4s"
 # The dashboard's time range ($__range), short enough for the seconds of data this test has.
 RANGE = "30s"
 DEADLINE = 35.0  # seconds of load before the empty panels are reported
+OWN_DASHBOARD = REPO_ROOT / "docs" / "grafana" / "lavinpy.json"
 
 
 def _get_json(url: str) -> dict:
@@ -65,6 +68,13 @@ scrape_configs:
     metrics_path: /metrics
     params:
       prefix: [rabbitmq]
+    static_configs:
+      - targets: ["{target}"]
+  - job_name: lavinpy-detailed
+    metrics_path: /metrics/detailed
+    params:
+      prefix: [rabbitmq]
+      family: [queue_coarse_metrics, queue_metrics, queue_delivery_metrics]
     static_configs:
       - targets: ["{target}"]
 """)
@@ -95,7 +105,7 @@ scrape_configs:
 
     def target_health(self) -> list[str]:
         targets = _get_json(self.url + "/api/v1/targets")["data"]["activeTargets"]
-        return [f"{t['health']} {t.get('lastError', '')}".strip() for t in targets]
+        return sorted(f"{t['health']} {t.get('lastError', '')}".strip() for t in targets)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -117,8 +127,8 @@ class Load:
     def __init__(self, broker: LocalBroker) -> None:
         self.url = broker.url
         tag = uuid.uuid4().hex[:8]
-        self.manual, self.auto, self.polled, self.empty = (f"dash-{kind}-{tag}" for kind in
-                                                          ("manual", "auto", "polled", "empty"))
+        self.manual, self.auto, self.polled, self.empty, self.dead = (
+            f"dash-{kind}-{tag}" for kind in ("manual", "auto", "polled", "empty", "dead"))
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._guard, args=(f,), daemon=True)
@@ -127,8 +137,12 @@ class Load:
     def start(self) -> None:
         conn = pika.BlockingConnection(pika.URLParameters(self.url))
         ch = conn.channel()
-        for queue in (self.manual, self.auto, self.polled, self.empty):
-            ch.queue_declare(queue, auto_delete=False)
+        # Persistent messages on a durable queue: their confirms wait for the store's fsync.
+        ch.queue_declare(self.manual, durable=True)
+        for queue in (self.auto, self.empty, self.dead):
+            ch.queue_declare(queue)
+        ch.queue_declare(self.polled, arguments={"x-dead-letter-exchange": "",
+                                                 "x-dead-letter-routing-key": self.dead})
         conn.close()
         for thread in self.threads:
             thread.start()
@@ -139,7 +153,7 @@ class Load:
             thread.join(15)
         conn = pika.BlockingConnection(pika.URLParameters(self.url))
         ch = conn.channel()
-        for queue in (self.manual, self.auto, self.polled, self.empty):
+        for queue in (self.manual, self.auto, self.polled, self.empty, self.dead):
             ch.queue_delete(queue)
         conn.close()
 
@@ -158,7 +172,8 @@ class Load:
         while not self.stop.is_set():
             n += 1
             body = b"m" * self.SIZES[n % len(self.SIZES)]
-            for queue in (self.manual, self.auto, self.polled):
+            ch.basic_publish("", self.manual, body, pika.BasicProperties(delivery_mode=2))
+            for queue in (self.auto, self.polled):
                 ch.basic_publish("", queue, body)
             if n % 10 == 0:
                 try:
@@ -167,7 +182,9 @@ class Load:
                     pass
                 ch.basic_publish("amq.direct", "nowhere", b"d")  # dropped
             method, _, _ = ch.basic_get(self.polled, auto_ack=False)
-            if method is not None:
+            if method is not None and n % 3 == 0:
+                ch.basic_reject(method.delivery_tag, requeue=False)  # dead-lettered: rejected
+            elif method is not None:
                 ch.basic_ack(method.delivery_tag)
             ch.basic_get(self.polled, auto_ack=True)
             ch.basic_get(self.empty, auto_ack=True)  # nothing there: a get_empty
@@ -216,6 +233,17 @@ def prometheus(broker: LocalBroker, tmp_path: Path) -> Iterator[Prometheus]:
     server.close()
 
 
+def _own_panels() -> list[tuple[str, list[str]]]:
+    dashboard = json.loads(OWN_DASHBOARD.read_text())
+    return [(panel["title"], [t["expr"] for t in panel["targets"]]) for panel in dashboard["panels"]
+            if panel.get("targets")]
+
+
+def _fill_own(expr: str, instance: str) -> str:
+    return (expr.replace("${prefix}", "rabbitmq").replace("$instance", instance)
+            .replace("$__rate_interval", RATE_INTERVAL))
+
+
 def _fill(expr: str, cluster: str) -> str:
     """The dashboard's variables as Grafana sets them for one lavinpy node: no Kubernetes namespace
     (the label is absent, which matches ""), the aggregated endpoint (/metrics)."""
@@ -242,18 +270,24 @@ def test_every_overview_panel_has_data_under_load(broker, prometheus):
             cluster = identity[0]["metric"]["rabbitmq_cluster"] if identity else None
             time.sleep(0.5)
         assert cluster, f"no rabbitmq_identity_info scraped; targets: {prometheus.target_health()}"
-        empty: list[str] = []
+        instance = identity[0]["metric"]["instance"]
+        own = _own_panels()
+        assert len(own) >= 10
+        queries = [(f"RabbitMQ-Overview: {title}", _fill(expr, cluster)) for title, exprs in OVERVIEW_PANELS
+                   for expr in exprs]
+        queries += [(f"lavinpy: {title}", _fill_own(expr, instance)) for title, exprs in own for expr in exprs]
+        empty: list[tuple[str, str]] = []
         while time.monotonic() < deadline:
             assert not load.errors, load.errors
-            empty = [f"{title}: {expr[:100]}" for title, exprs in OVERVIEW_PANELS for expr in exprs
-                     if not prometheus.query(_fill(expr, cluster))]
+            empty = [(title, expr) for title, expr in queries if not prometheus.query(expr)]
             if not empty:
                 break
             time.sleep(1)
-        assert prometheus.target_health() == ["up"]
-        panels = len(OVERVIEW_PANELS)
-        with_data = panels - len({line.split(":")[0] for line in empty})
-        assert not empty, f"{with_data} of {panels} panels have data; empty queries:\n" + "\n".join(empty)
+        assert prometheus.target_health() == ["up", "up"]
+        panels = len(OVERVIEW_PANELS) + len(own)
+        with_data = panels - len({title for title, _ in empty})
+        assert not empty, f"{with_data} of {panels} panels have data; empty queries:\n" + "\n".join(
+            f"{title}: {expr[:150]}" for title, expr in empty)
         # Data, and the right data: traffic shows as traffic.
         by_title = dict(OVERVIEW_PANELS)
         for title in ("Incoming messages / s", "Publishers", "Consumers", "Messages delivered / s",
@@ -261,6 +295,11 @@ def test_every_overview_panel_has_data_under_load(broker, prometheus):
                       "Channels opened / s", "Connections closed / s", "Queues created / s", "Avg Size",
                       "Messages confirmed to publishers / s"):
             value = _first_value(prometheus.query(_fill(by_title[title][0], cluster)))
+            assert value > 0, (title, value)
+        own_by_title = dict(own)
+        for title, target in (("Dead-lettered / s per queue and reason", 0), ("Dead-lettered / s by reason", 1),
+                              ("Flushes / s", 0), ("Deliveries / s per queue", 0), ("CPU", 0)):
+            value = _first_value(prometheus.query(_fill_own(own_by_title[title][target], instance)))
             assert value > 0, (title, value)
     finally:
         load.close()
