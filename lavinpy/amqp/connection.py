@@ -163,6 +163,8 @@ class AMQPConnection(ConnectionOutput):
     def receive_data(self, data: bytes) -> None:
         """Everything the client sent since the last call; replies and effects queue up."""
         self._last_recv = time.monotonic()
+        self.recv_oct += len(data)
+        self.recv_cnt += 1
         if self.state >= CLOSED:
             return
         try:

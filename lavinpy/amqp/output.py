@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..broker.rates import WindowRates
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
 
 if TYPE_CHECKING:
@@ -55,12 +56,18 @@ class ConnectionOutput:
         self._input_turn = 0
         self._yielding = False
         self._last_send = time.monotonic()
+        # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes and socket reads or writes (one write
+        # per flush of queued frames here, one read per batch of input).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.byte_rates = WindowRates((0, 0))
 
     # --- output and effects, taken by the driver ----------------------------------------------
     def data_to_send(self) -> list[bytes]:
         """The frames queued since the last call (the driver writes them as one buffer)."""
         out = self._out
         if out:
+            self.send_oct += self._out_bytes
+            self.send_cnt += 1
             self._out = []
             self._out_bytes = 0
             self._last_send = time.monotonic()

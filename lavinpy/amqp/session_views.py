@@ -78,7 +78,15 @@ def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
         "ssl": ssl,
         "auth_mechanism": "PLAIN",
         "client_properties": _jsonable(conn.client_properties),
+        **byte_counters(conn),
     }
+
+
+def byte_counters(conn: AMQPConnection) -> dict[str, Any]:
+    """RabbitMQ's socket counters of a connection, the byte counts with their rates."""
+    recv_rate, send_rate = conn.byte_rates.read((conn.recv_oct, conn.send_oct))
+    return {"recv_oct": conn.recv_oct, "recv_oct_details": {"rate": recv_rate}, "recv_cnt": conn.recv_cnt,
+            "send_oct": conn.send_oct, "send_oct_details": {"rate": send_rate}, "send_cnt": conn.send_cnt}
 
 
 def find_connection(sessions: Sessions, actor: Actor | None, name: str) -> AMQPConnection:

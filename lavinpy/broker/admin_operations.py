@@ -205,6 +205,10 @@ class AdminOperations:
         vhost = self.broker.vhosts[name]
         if getattr(self.broker, "_alarm_task", None) is not None:  # started: give it its flusher
             vhost.start_flusher()
+        # As RabbitMQ does, the creator may use what they made at once (an administrator without
+        # permissions on a new vhost could not even declare a queue in it).
+        if actor is not None and self.users.user(actor.name) is not None:
+            self.users.set_permissions(actor.name, name, ".*", ".*", ".*")
         return True
 
     def delete_vhost(self, actor: Actor | None, name: str) -> None:

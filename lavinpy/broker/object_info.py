@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from .exchanges.base import Exchange, freeze_arguments
+from .node_info import node_name
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def jsonable(value: Any) -> Any:
 
 def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     policy = vhost.policies.match(exchange.name, "exchange") if exchange.name else None
-    return {
+    info = {
         "name": exchange.name,
         "vhost": vhost.name,
         "type": exchange.type,
@@ -47,10 +48,12 @@ def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
         "auto_delete": exchange.auto_delete,
         "internal": exchange.internal,
         "arguments": jsonable(exchange.arguments),
-        "policy": policy.name if policy else None,
         "user_who_performed_action": "",
         "message_stats": counters_stats(exchange.stats, EXCHANGE_FIELDS),
     }
+    if policy is not None:  # RabbitMQ leaves the key out of an exchange no policy applies to
+        info["policy"] = policy.name
+    return info
 
 
 def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
@@ -72,7 +75,9 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         "state": "running",
         "type": queue.kind,
         "policy": queue.settings.policy,
-        "node": "lavinpy",
+        "node": node_name(),
+        # RabbitMQ's tag of the consumer that holds the queue exclusively, null when none does
+        "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "head_message_age_ms": max(0, now_ms - head) if head is not None else None,
         "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from aiohttp import web
 
 from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
+from ..broker.rates import WindowRates
 from .app import actor_of, broker_of, json_reply
 from .errors import read_json_object
 from .listing import apply_list_query
@@ -57,12 +61,39 @@ async def user_permissions(request: web.Request) -> web.Response:
 
 # -- vhosts -----------------------------------------------------------------------------------
 
+# The length rates of each open vhost, read when the vhost is listed (a deleted vhost's go with it).
+_LENGTH_RATES: weakref.WeakKeyDictionary[Any, WindowRates] = weakref.WeakKeyDictionary()
+_LENGTHS = ("messages", "messages_ready", "messages_unacknowledged")
+
+
+def _vhost_reply(request: web.Request, record: Any) -> dict[str, Any]:
+    """A vhost as RabbitMQ lists it: its settings, the message counts of its queues with their
+    rates, and its message statistics."""
+    item = vhost_json(record)
+    broker = broker_of(request)
+    vhost = broker.vhosts.get(record.name)
+    if vhost is None:  # not opened (yet): nothing in it to count
+        return item
+    ready = unacked = 0
+    for queue in list(vhost.queues.values()):
+        ready += queue.message_count
+        unacked += queue.unacked_count
+    counts = (ready + unacked, ready, unacked)
+    rates = _LENGTH_RATES.setdefault(vhost, WindowRates()).read(counts)
+    for name, count, rate in zip(_LENGTHS, counts, rates, strict=True):
+        item[name] = count
+        item[name + "_details"] = {"rate": rate}
+    item["message_stats"] = broker.stats.vhost_stats(vhost)
+    return item
+
+
 async def list_vhosts(request: web.Request) -> web.Response:
-    return _listed(request, [vhost_json(v) for v in _ops(request).visible_vhosts(actor_of(request))])
+    return _listed(request, [_vhost_reply(request, v) for v in _ops(request).visible_vhosts(actor_of(request))])
 
 
 async def get_vhost(request: web.Request) -> web.Response:
-    return json_reply(vhost_json(_ops(request).get_vhost(actor_of(request), request.match_info["vhost"])))
+    record = _ops(request).get_vhost(actor_of(request), request.match_info["vhost"])
+    return json_reply(_vhost_reply(request, record))
 
 
 async def put_vhost(request: web.Request) -> web.Response:

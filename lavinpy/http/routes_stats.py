@@ -14,6 +14,7 @@ from ..broker.operations import open_vhost
 from .app import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
 from .errors import not_found
 from .listing import apply_list_query
+from .routes_health import add_routes as add_health_routes
 
 
 def _status(ok: bool, reason: str = "", **extra: Any) -> web.Response:
@@ -147,3 +148,4 @@ def add_routes(app: web.Application) -> None:
     router.add_get("/api/health/checks/virtual-hosts", check_virtual_hosts)
     router.add_get("/api/health/checks/port-listener/{port}", check_port_listener)
     router.add_get("/api/aliveness-test/{vhost}", aliveness_test)
+    add_health_routes(app)  # RabbitMQ 4's further checks, in a module of their own

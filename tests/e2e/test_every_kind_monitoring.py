@@ -162,6 +162,10 @@ class Catalogue:
             return [{"vhost": v, "user": u} for v, u in self.permissions]
         if names == ("port",):
             return [{"port": p} for p in self.ports]
+        if names == ("protocol",):
+            return [{"protocol": p} for p in ("amqp", "http", "http/prometheus")]
+        if names == ("within", "unit"):
+            return [{"within": 1, "unit": u} for u in ("days", "weeks", "months", "years")]
         if names == ("file",):
             return [{"file": f} for f in self.static]
         if family == "bindings" and names[:4] == ("vhost", "source", "kind", "destination"):
