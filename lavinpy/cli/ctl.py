@@ -1,269 +1,126 @@
 """`lavinpyctl`: manage a running lavinpy (or RabbitMQ) through its management HTTP API.
 
-Command names and default columns are those of rabbitmqctl / lavinmqctl. The broker is reached at
-``--uri http://user:password@host:15672`` (or ``$LAVINPYCTL_URI``). Exit codes for scripts:
-0 done, 1 the broker refused or failed the request, 2 bad usage, 69 the broker is unreachable
-(rabbitmqctl's EX_UNAVAILABLE).
+Command names, options, default columns, output and exit codes are rabbitmqctl's (see ctl_api for the
+exit codes and ctl_output for the formats and -q / -s), so scripts written for rabbitmqctl run
+unchanged. The broker is reached at ``--uri http://user:password@host:15672`` (or ``$LAVINPYCTL_URI``).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import quote, urlsplit
+from typing import Any, NoReturn
 
+from .. import __version__
 from ..wire.passwords import hash_password
 from .cluster_ctl import ClusterCtlError, force_leader
+from .ctl_api import DEFAULT_URI, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CtlError, q
+from .ctl_columns import COMMANDS as LIST_COMMANDS
+from .ctl_columns import row
+from .ctl_node import cmd_await_startup, cmd_close_all_connections, cmd_cluster_status, cmd_ping, cmd_status
+from .ctl_output import FORMATS, Output, error
 
-DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
-EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 69
-
-
-class CtlError(Exception):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Api:
-    """A tiny client of the management API (standard library only)."""
-
-    def __init__(self, uri: str, timeout: float = 30.0) -> None:
-        parts = urlsplit(uri)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CtlError(f"--uri must look like http://user:password@host:15672, not {uri!r}", EXIT_USAGE)
-        port = f":{parts.port}" if parts.port else ""
-        self.base = f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')}"
-        user = urllib.request.unquote(parts.username or "guest")
-        password = urllib.request.unquote(parts.password or "guest")
-        self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        self.timeout = timeout
-
-    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-             accept: tuple[int, ...] = ()) -> Any:
-        """The decoded JSON reply; an error status not in ``accept`` raises CtlError."""
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Authorization", self.auth)
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as e:
-            if e.code in accept:
-                payload = e.read()
-            else:
-                raise CtlError(_error_text(e), EXIT_BROKER_ERROR) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise CtlError(f"cannot reach the broker at {self.base}: {reason}", EXIT_UNAVAILABLE) from None
-        return json.loads(payload) if payload.strip() else None
+# list command -> (API path, rabbitmqctl's default columns); the full specs are in ctl_columns
+LISTS: dict[str, tuple[str, list[str]]] = {name: (c.path, c.defaults) for name, c in LIST_COMMANDS.items()}
+USER_PERMISSION_COLUMNS = ["vhost", "configure", "write", "read"]
 
 
-def _error_text(e: urllib.error.HTTPError) -> str:
-    try:
-        body = json.loads(e.read() or b"{}")
-    except ValueError:
-        body = {}
-    reason = body.get("reason") or body.get("error") or e.reason
-    return f"Error: {e.code} {reason}"
+def run_list(api: Api, args: argparse.Namespace, out: Output) -> None:
+    spec = LIST_COMMANDS[args.command]
+    columns = args.columns or spec.defaults
+    unknown = spec.unknown(columns)
+    if unknown:
+        raise CtlError(f"Error (argument validation): Info key(s) {','.join(unknown)} are not supported\n"
+                       f"{args.command} accepts: {', '.join(spec.columns)}", EXIT_USAGE)
+    items = api.call("GET", spec.path.format(vhost=q(args.vhost)))
+    out.banner(spec.banner.format(vhost=args.vhost))
+    out.rows([row(args.command, item, columns) for item in items], columns)
 
 
-def _q(name: str) -> str:
-    return quote(name, safe="")
-
-
-# --- output ------------------------------------------------------------------------------------
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"), sort_keys=True)
-    return str(value)
-
-
-def _pick(item: dict[str, Any], column: str) -> Any:
-    value: Any = item
-    for key in column.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
-
-
-def print_rows(items: list[dict[str, Any]], columns: list[str], fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps([{c: _pick(i, c) for c in columns} for i in items], indent=2))
-        return
-    rows = [[_cell(_pick(i, c)) for c in columns] for i in items]
-    if fmt == "tsv":
-        print("\t".join(columns))
-        for row in rows:
-            print("\t".join(row))
-        return
-    widths = [max([len(c)] + [len(r[n]) for r in rows]) for n, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for row in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
-
-
-# --- commands ------------------------------------------------------------------------------------
-# list command -> (path with {vhost} when per vhost, default columns as rabbitmqctl's)
-LISTS: dict[str, tuple[str, list[str]]] = {
-    "list_queues": ("/api/queues/{vhost}", ["name", "messages"]),
-    "list_exchanges": ("/api/exchanges/{vhost}", ["name", "type"]),
-    "list_bindings": ("/api/bindings/{vhost}", ["source", "source_kind", "destination", "destination_type",
-                                                "routing_key", "arguments"]),
-    "list_connections": ("/api/connections", ["user", "peer_host", "peer_port", "state"]),
-    "list_channels": ("/api/channels", ["name", "user", "consumer_count", "messages_unacknowledged"]),
-    "list_consumers": ("/api/consumers/{vhost}", ["queue_name", "channel_name", "consumer_tag", "ack_required",
-                                                  "prefetch_count", "active", "arguments"]),
-    "list_users": ("/api/users", ["user", "tags"]),
-    "list_vhosts": ("/api/vhosts", ["name"]),
-    "list_permissions": ("/api/vhosts/{vhost}/permissions", ["user", "configure", "write", "read"]),
-    "list_policies": ("/api/policies/{vhost}", ["vhost", "name", "pattern", "apply-to", "definition", "priority"]),
-}
-def _normalise(command: str, item: dict[str, Any]) -> dict[str, Any]:
-    """Add the rabbitmqctl column names the API spells differently."""
-    item = dict(item)
-    if command == "list_users":
-        item["user"] = item.get("name")
-        tags = item.get("tags")
-        item["tags"] = "[" + ", ".join(tags if isinstance(tags, list) else [t for t in (tags or "").split(",") if t]) \
-            + "]"
-    elif command == "list_consumers":
-        item["queue_name"] = _pick(item, "queue.name")
-        item["channel_name"] = _pick(item, "channel_details.name")
-    elif command == "list_bindings":
-        item["source_kind"] = "exchange"
-    return item
-
-
-def run_list(api: Api, args: argparse.Namespace) -> None:
-    path, default_columns = LISTS[args.command]
-    items = api.call("GET", path.format(vhost=_q(args.vhost)))
-    items = [_normalise(args.command, i) for i in items]
-    print_rows(items, args.columns or default_columns, args.format)
-
-
-def cmd_status(api: Api, args: argparse.Namespace) -> None:
-    overview = api.call("GET", "/api/overview")
-    alarms = api.call("GET", "/api/health/checks/alarms", accept=(503,))  # an alarm is a status, not a failure
-    info = {
-        "node": overview.get("node"),
-        "product": f"{overview.get('product_name', 'RabbitMQ')} {overview.get('product_version', '')}".strip(),
-        "management_version": overview.get("management_version"),
-        "connections": _pick(overview, "object_totals.connections"),
-        "queues": _pick(overview, "object_totals.queues"),
-        "messages": _pick(overview, "queue_totals.messages"),
-        "alarms": alarms.get("status") if isinstance(alarms, dict) else alarms,
-    }
-    if args.format == "json":
-        print(json.dumps(info, indent=2))
-    else:
-        sep = "\t" if args.format == "tsv" else ": "
-        for key, value in info.items():
-            print(f"{key}{sep}{_cell(value)}")
-
-
-CLUSTER_COLUMNS = ["clustering_id", "role", "amqp_address", "in_sync", "bytes_sent", "bytes_acked", "lag_bytes"]
-
-
-def cmd_cluster_status(api: Api, args: argparse.Namespace) -> None:
-    """Every cluster node with its role; per follower the replication bytes sent, acknowledged, lag."""
-    nodes = api.call("GET", "/api/nodes")
-    if not any("role" in node for node in nodes):
-        raise CtlError("this broker does not run as a cluster node (clustering: false)", EXIT_BROKER_ERROR)
-    nodes = sorted(nodes, key=lambda n: (n.get("role") != "leader", str(n.get("clustering_id"))))
-    print_rows(nodes, CLUSTER_COLUMNS, args.format)
+def cmd_list_user_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    items = api.call("GET", f"/api/users/{q(args.user)}/permissions")
+    out.banner(f'Listing permissions for user "{args.user}" ...')
+    out.rows([{c: i.get(c) for c in USER_PERMISSION_COLUMNS} for i in items], USER_PERMISSION_COLUMNS)
 
 
 def _user(api: Api, name: str) -> dict[str, Any]:
-    return api.call("GET", f"/api/users/{_q(name)}")
+    return api.call("GET", f"/api/users/{q(name)}")
 
 
 def _tags_text(tags: Any) -> str:
     return ",".join(tags) if isinstance(tags, list) else (tags or "")
 
 
-def cmd_add_user(api: Api, args: argparse.Namespace) -> None:
-    api.call("PUT", f"/api/users/{_q(args.user)}", {"password": args.password, "tags": ""})
+def cmd_add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("PUT", f"/api/users/{q(args.user)}", {"password": args.password, "tags": ""})
 
 
-def cmd_delete_user(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/users/{_q(args.user)}")
+def cmd_delete_user(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/users/{q(args.user)}")
 
 
-def cmd_change_password(api: Api, args: argparse.Namespace) -> None:
+def cmd_change_password(api: Api, args: argparse.Namespace, out: Output) -> None:
     user = _user(api, args.user)
-    api.call("PUT", f"/api/users/{_q(args.user)}", {"password": args.password, "tags": _tags_text(user.get("tags"))})
+    api.call("PUT", f"/api/users/{q(args.user)}", {"password": args.password, "tags": _tags_text(user.get("tags"))})
 
 
-def cmd_set_user_tags(api: Api, args: argparse.Namespace) -> None:
+def cmd_set_user_tags(api: Api, args: argparse.Namespace, out: Output) -> None:
     user = _user(api, args.user)
-    api.call("PUT", f"/api/users/{_q(args.user)}", {
+    api.call("PUT", f"/api/users/{q(args.user)}", {
         "password_hash": user.get("password_hash", ""),
         "hashing_algorithm": user.get("hashing_algorithm", "rabbit_password_hashing_sha256"),
         "tags": ",".join(args.tags)})
 
 
-def cmd_add_vhost(api: Api, args: argparse.Namespace) -> None:
-    api.call("PUT", f"/api/vhosts/{_q(args.name)}")
+def cmd_add_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("PUT", f"/api/vhosts/{q(args.name)}")
 
 
-def cmd_delete_vhost(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/vhosts/{_q(args.name)}")
+def cmd_delete_vhost(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/vhosts/{q(args.name)}")
 
 
-def cmd_set_permissions(api: Api, args: argparse.Namespace) -> None:
-    api.call("PUT", f"/api/permissions/{_q(args.vhost)}/{_q(args.user)}",
+def cmd_set_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("PUT", f"/api/permissions/{q(args.vhost)}/{q(args.user)}",
              {"configure": args.conf, "write": args.write, "read": args.read})
 
 
-def cmd_clear_permissions(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/permissions/{_q(args.vhost)}/{_q(args.user)}")
+def cmd_clear_permissions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/permissions/{q(args.vhost)}/{q(args.user)}")
 
 
-def cmd_set_policy(api: Api, args: argparse.Namespace) -> None:
+def cmd_set_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         definition = json.loads(args.definition)
     except ValueError as e:
         raise CtlError(f"the policy definition is not valid JSON: {e}", EXIT_USAGE) from None
-    api.call("PUT", f"/api/policies/{_q(args.vhost)}/{_q(args.name)}",
+    api.call("PUT", f"/api/policies/{q(args.vhost)}/{q(args.name)}",
              {"pattern": args.pattern, "definition": definition, "priority": args.priority,
               "apply-to": args.apply_to})
 
 
-def cmd_clear_policy(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/policies/{_q(args.vhost)}/{_q(args.name)}")
+def cmd_clear_policy(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/policies/{q(args.vhost)}/{q(args.name)}")
 
 
-def cmd_purge_queue(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/queues/{_q(args.vhost)}/{_q(args.queue)}/contents")
+def cmd_purge_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/queues/{q(args.vhost)}/{q(args.queue)}/contents")
 
 
-def cmd_delete_queue(api: Api, args: argparse.Namespace) -> None:
-    query = "&".join(q for q, on in (("if-empty=true", args.if_empty), ("if-unused=true", args.if_unused)) if on)
-    api.call("DELETE", f"/api/queues/{_q(args.vhost)}/{_q(args.queue)}" + (f"?{query}" if query else ""))
+def cmd_delete_queue(api: Api, args: argparse.Namespace, out: Output) -> None:
+    query = "&".join(s for s, on in (("if-empty=true", args.if_empty), ("if-unused=true", args.if_unused)) if on)
+    api.call("DELETE", f"/api/queues/{q(args.vhost)}/{q(args.queue)}" + (f"?{query}" if query else ""))
 
 
-def cmd_close_connection(api: Api, args: argparse.Namespace) -> None:
-    api.call("DELETE", f"/api/connections/{_q(args.connection)}", headers={"X-Reason": args.reason})
+def cmd_close_connection(api: Api, args: argparse.Namespace, out: Output) -> None:
+    api.call("DELETE", f"/api/connections/{q(args.connection)}", headers={"X-Reason": args.reason})
 
 
-def cmd_export_definitions(api: Api, args: argparse.Namespace) -> None:
-    definitions = api.call("GET", "/api/definitions")
-    text = json.dumps(definitions, indent=2) + "\n"
+def cmd_export_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
+    text = json.dumps(api.call("GET", "/api/definitions"), indent=2) + "\n"
     if args.file == "-":
         sys.stdout.write(text)
     else:
@@ -271,7 +128,7 @@ def cmd_export_definitions(api: Api, args: argparse.Namespace) -> None:
             f.write(text)
 
 
-def cmd_import_definitions(api: Api, args: argparse.Namespace) -> None:
+def cmd_import_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
     try:
         if args.file == "-":
             raw = sys.stdin.read()
@@ -284,40 +141,54 @@ def cmd_import_definitions(api: Api, args: argparse.Namespace) -> None:
     api.call("POST", "/api/definitions", definitions)
 
 
-def cmd_hash_password(api: Api | None, args: argparse.Namespace) -> None:
-    print(hash_password(args.password))
-
-
-COMMANDS: dict[str, Callable[..., None]] = {
-    "status": cmd_status, "cluster_status": cmd_cluster_status,
+COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
+    "status": cmd_status, "cluster_status": cmd_cluster_status, "ping": cmd_ping,
+    "await_startup": cmd_await_startup, "close_all_connections": cmd_close_all_connections,
+    "list_user_permissions": cmd_list_user_permissions,
     "add_user": cmd_add_user, "delete_user": cmd_delete_user,
     "change_password": cmd_change_password, "set_user_tags": cmd_set_user_tags, "add_vhost": cmd_add_vhost,
     "delete_vhost": cmd_delete_vhost, "set_permissions": cmd_set_permissions,
     "clear_permissions": cmd_clear_permissions, "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "purge_queue": cmd_purge_queue, "delete_queue": cmd_delete_queue, "close_connection": cmd_close_connection,
     "export_definitions": cmd_export_definitions, "import_definitions": cmd_import_definitions,
-    "hash_password": cmd_hash_password,
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage exits with rabbitmqctl's 64 (EX_USAGE), not argparse's 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _global_options(parser: argparse.ArgumentParser, with_defaults: bool) -> None:
     """The options accepted before and after the command (after it, no defaults: they would win)."""
-    def default(value: str) -> str:
+    def default(value: Any) -> Any:
         return value if with_defaults else argparse.SUPPRESS
 
     parser.add_argument("--uri", default=default(os.environ.get("LAVINPYCTL_URI", DEFAULT_URI)),
                         help="management API, http://user:password@host:15672 (default $LAVINPYCTL_URI)")
     parser.add_argument("-p", "--vhost", default=default("/"), help="virtual host (default /)")
-    parser.add_argument("-f", "--format", choices=("table", "json", "tsv"), default=default("table"))
+    parser.add_argument("-f", "--formatter", "--format", dest="format", choices=FORMATS, default=default("table"),
+                        help="output format (default table: rabbitmqctl's tab-separated rows)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default(False),
+                        help="no informational messages (banners such as 'Listing queues ...')")
+    parser.add_argument("-s", "--silent", action="store_true", default=default(False),
+                        help="no informational messages and no table header row")
+    parser.add_argument("--no-table-headers", dest="no_table_headers", action="store_true",
+                        default=default(False), help="no table header row")
+    parser.add_argument("-t", "--timeout", type=float, default=default(None),
+                        help="seconds to wait for the broker (await_startup: default 300)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _global_options(common, with_defaults=False)
-    parser = argparse.ArgumentParser(prog="lavinpyctl",
-                                     description="Manage a lavinpy broker through its management HTTP API.")
+    parser = _Parser(prog="lavinpyctl", description="Manage a lavinpy broker through its management HTTP API.")
+    parser.add_argument("--version", action="version", version=__version__)
     _global_options(parser, with_defaults=True)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     def add(name: str, help_text: str, *arguments: str) -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=help_text, parents=[common])
@@ -325,10 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(argument)
         return command
 
-    add("status", "node status (exit 0 when the broker answers: a container health check)")
-    add("cluster_status", "the cluster's nodes: role, in-sync, replication bytes sent/acknowledged/lag")
-    for name in LISTS:
+    add("status", "node status: version, uptime, memory, disk, alarms, listeners, file descriptors "
+        "(exit 0 when the broker answers: a container health check)")
+    add("cluster_status", "the cluster's nodes (a single node shows itself as a cluster of one)")
+    add("ping", "check that the broker answers")
+    add("await_startup", "wait until the broker answers (-t seconds, default 300)")
+    close_all = add("close_all_connections", "close the vhost's connections (-p), or all with --global",
+                    "explanation")
+    close_all.add_argument("--global", dest="global_", action="store_true", help="across all vhosts")
+    close_all.add_argument("--per-connection-delay", dest="per_connection_delay", type=int, default=0,
+                           help="milliseconds between closures")
+    close_all.add_argument("--limit", type=int, default=None, help="close at most this many")
+    for name in LIST_COMMANDS:
         add(name, name.replace("_", " ")).add_argument("columns", nargs="*", help="columns to show")
+    add("list_user_permissions", "a user's permissions in every vhost", "user")
     add("add_user", "create a user (no tags)", "user", "password")
     add("delete_user", "delete a user", "user")
     add("change_password", "set a user's password", "user", "password")
@@ -359,24 +240,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # exits 2 on bad usage
+    args = build_parser().parse_args(argv)  # exits 64 on bad usage
+    out = Output(args.format, quiet=args.quiet or args.silent, headers=not (args.silent or args.no_table_headers))
     try:
         if args.command == "hash_password":
-            cmd_hash_password(None, args)
+            print(hash_password(args.password))
             return EXIT_OK
         if args.command == "force_leader":
             print(force_leader(args.etcd_endpoints, args.etcd_prefix, args.node_id))
             return EXIT_OK
-        api = Api(args.uri)
-        if args.command in LISTS:
-            run_list(api, args)
+        if args.command == "await_startup":
+            args.timeout = 300.0 if args.timeout is None else args.timeout
+            api = Api(args.uri, timeout=min(30.0, max(1.0, args.timeout)))
         else:
-            COMMANDS[args.command](api, args)
+            api = Api(args.uri, timeout=30.0 if args.timeout is None else args.timeout)
+        if args.command in LIST_COMMANDS:
+            run_list(api, args, out)
+        else:
+            COMMANDS[args.command](api, args, out)
     except CtlError as e:
-        print(str(e), file=sys.stderr)
+        error(str(e))
         return e.code
     except ClusterCtlError as e:
-        print(str(e), file=sys.stderr)
+        error(str(e))
         return EXIT_UNAVAILABLE
     except BrokenPipeError:  # output piped into head and the like
         return EXIT_OK

@@ -72,7 +72,7 @@ def test_policies(admin_api):
     assert policy["pattern"] == "^lim\\." and policy["apply-to"] == "queues" and policy["priority"] == 3
     assert policy["definition"] == {"max-length": 2}
     bad = ctl(b, "set_policy", "broken", ".*", "{not json")
-    assert bad.returncode == 2
+    assert bad.returncode == 64
     assert ctl(b, "clear_policy", "limits").returncode == 0
     assert "limits" not in ctl(b, "list_policies").stdout
 
@@ -97,4 +97,4 @@ def test_export_and_import_definitions(admin_api, tmp_path):
     status, _, _ = http_call(b, "GET", "/api/queues/%2F/from-file")
     assert status == 200
     from_stdin = ctl(b, "import_definitions", "-", stdin="{broken")
-    assert from_stdin.returncode == 2
+    assert from_stdin.returncode == 64

@@ -1,0 +1,76 @@
+"""lavinpyctl's client of the management API (standard library only) and its exit codes.
+
+Exit codes are rabbitmqctl's, so scripts written for it read lavinpy's the same way: 0 done, 1 the
+broker refused or failed the request, 64 bad usage (EX_USAGE: an unknown command, option or
+column), 69 the broker is unreachable (EX_UNAVAILABLE), 75 a wait timed out (EX_TEMPFAIL).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
+EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TEMPFAIL = 0, 1, 64, 69, 75
+
+
+class CtlError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Api:
+    """A tiny client of the management API."""
+
+    def __init__(self, uri: str, timeout: float = 30.0) -> None:
+        parts = urlsplit(uri)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise CtlError(f"--uri must look like http://user:password@host:15672, not {uri!r}", EXIT_USAGE)
+        port = f":{parts.port}" if parts.port else ""
+        self.base = f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')}"
+        user = urllib.request.unquote(parts.username or "guest")
+        password = urllib.request.unquote(parts.password or "guest")
+        self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+             accept: tuple[int, ...] = ()) -> Any:
+        """The decoded JSON reply; an error status not in ``accept`` raises CtlError."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Authorization", self.auth)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as e:
+            if e.code in accept:
+                payload = e.read()
+            else:
+                raise CtlError(_error_text(e), EXIT_BROKER_ERROR) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise CtlError(f"cannot reach the broker at {self.base}: {reason}", EXIT_UNAVAILABLE) from None
+        return json.loads(payload) if payload.strip() else None
+
+
+def _error_text(e: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(e.read() or b"{}")
+    except ValueError:
+        body = {}
+    reason = body.get("reason") or body.get("error") or e.reason
+    return f"Error: {e.code} {reason}"
+
+
+def q(name: str) -> str:
+    """A name as one path segment."""
+    return quote(name, safe="")

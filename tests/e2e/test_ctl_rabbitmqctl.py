@@ -1,0 +1,223 @@
+"""lavinpyctl as scripts written for rabbitmqctl call it: -q / -s / --no-table-headers, --version, ping,
+await_startup, list_user_permissions, close_all_connections, every list_queues column on every queue
+kind, unknown columns as usage errors (64), cluster_status on one node, status's node figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pika
+import pytest
+
+from lavinpy import __version__
+from lavinpy.cli.ctl_columns import COMMANDS, QUEUE_COLUMNS
+
+from .conftest import REPO_ROOT, free_port, http_call, lavinpy_only
+from .test_ctl import ctl
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_quiet_silent_and_no_headers(broker, clients):
+    _, ch = clients.channel()
+    queue = clients.track_queue(_name("quiet"))
+    ch.queue_declare(queue)
+    ch.basic_publish("", queue, b"a")
+    ch.basic_publish("", queue, b"b")
+    plain = ctl(broker, "list_queues", "name", "messages").stdout.splitlines()
+    assert plain[:2] == ["Listing queues for vhost / ...", "name\tmessages"]
+    for quiet in (["-q"], ["--quiet"]):
+        lines = ctl(broker, *quiet, "list_queues", "name", "messages").stdout.splitlines()
+        assert lines[0] == "name\tmessages" and f"{queue}\t2" in lines
+        assert not any(line.startswith("Listing") for line in lines)
+    after = ctl(broker, "list_queues", "-q", "name", "messages").stdout.splitlines()  # the option after the command
+    assert after[0] == "name\tmessages"
+    silent = ctl(broker, "-s", "list_queues", "name", "messages").stdout.splitlines()
+    assert f"{queue}\t2" in silent and "name\tmessages" not in silent
+    assert all(len(line.split("\t")) == 2 for line in silent)  # rows only
+    no_headers = ctl(broker, "list_queues", "--no-table-headers", "name", "messages").stdout.splitlines()
+    assert no_headers[0].startswith("Listing") and "name\tmessages" not in no_headers
+    assert "Status of node" in ctl(broker, "status").stdout
+    assert "Status of node" not in ctl(broker, "-q", "status").stdout
+
+
+def test_unknown_column_is_a_usage_error_on_every_list(broker):
+    for command in COMMANDS:
+        done = ctl(broker, command, "name", "no_such_column")
+        assert done.returncode == 64, (command, done.stdout, done.stderr)
+        assert "no_such_column" in done.stderr and done.stdout == "", command
+    # every column a list accepts is accepted
+    for command, spec in COMMANDS.items():
+        done = ctl(broker, "-s", command, *spec.columns)
+        assert done.returncode == 0, (command, done.stderr)
+
+
+def test_list_queues_every_column_on_every_kind(broker, clients):
+    conn, ch = clients.channel()
+    names = {kind: clients.track_queue(_name(kind)) for kind in ("classic", "priority", "stream", "excl")}
+    ch.queue_declare(names["classic"], durable=True)
+    ch.queue_declare(names["priority"], durable=True, arguments={"x-max-priority": 5})
+    ch.queue_declare(names["stream"], durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_declare(names["excl"], durable=True)
+    delayed = clients.track_exchange(_name("delayed"))
+    ch.exchange_declare(delayed, "x-delayed-message", arguments={"x-delayed-type": "direct"})
+    for kind in ("classic", "priority", "stream"):
+        for _ in range(3):
+            ch.basic_publish("", names[kind], b"m")
+    ch.basic_qos(prefetch_count=1)
+    ch.basic_consume(names["classic"], lambda *a: None)  # one unacked delivery
+    ch.basic_consume(names["excl"], lambda *a: None, exclusive=True, consumer_tag="the-only-one")
+    conn.process_data_events(time_limit=0.5)
+
+    rows = {r["name"]: r for r in json.loads(ctl(broker, "-f", "json", "list_queues", *QUEUE_COLUMNS).stdout)}
+    for kind, name in names.items():
+        assert list(rows[name]) == QUEUE_COLUMNS, kind
+        assert rows[name]["durable"] is True and rows[name]["state"] == "running"
+        assert rows[name]["slave_pids"] == "" and rows[name]["pid"].startswith("<lavinpy@")
+    classic, priority, stream = rows[names["classic"]], rows[names["priority"]], rows[names["stream"]]
+    assert (classic["messages"], classic["messages_ready"], classic["messages_unacknowledged"]) == (3, 2, 1)
+    assert (classic["messages_ram"], classic["messages_ready_ram"], classic["messages_unacknowledged_ram"]) == (3, 2, 1)
+    assert classic["consumers"] == 1 and classic["type"] == "classic" and classic["leader"] == ""
+    assert priority["arguments"] == {"x-max-priority": 5} and priority["messages"] == 3
+    assert stream["type"] == "stream" and stream["messages"] == 3
+    assert stream["leader"] == classic["pid"][1:-1] and stream["members"] == [stream["leader"]]
+    excl = rows[names["excl"]]
+    assert excl["exclusive_consumer_tag"] == "the-only-one" and excl["exclusive_consumer_pid"] == excl["pid"]
+    assert classic["exclusive_consumer_tag"] == ""
+
+    tsv = ctl(broker, "-s", "list_queues", *QUEUE_COLUMNS).stdout.splitlines()
+    assert all(len(line.split("\t")) == len(QUEUE_COLUMNS) for line in tsv)
+    exchanges = ctl(broker, "-s", "list_exchanges", "name", "type", "policy").stdout.splitlines()
+    assert f"{delayed}\tx-delayed-message\t" in exchanges
+
+
+def test_version_ping_and_await_startup(broker):
+    version = ctl(broker, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == __version__
+    ping = ctl(broker, "ping")
+    assert ping.returncode == 0 and ping.stdout.splitlines()[-1] == "Ping succeeded"
+    assert ctl(broker, "-q", "ping").stdout == "Ping succeeded\n"
+    assert ctl(broker, "ping", password="wrong").returncode == 0  # the node answered: it is up
+    down = f"http://guest:guest@127.0.0.1:{free_port()}"
+    assert ctl(broker, "ping", uri=down).returncode == 69
+    assert ctl(broker, "await_startup").returncode == 0
+    started = time.monotonic()
+    waited = ctl(broker, "await_startup", "--timeout", "1", uri=down)
+    assert waited.returncode == 75 and "did not start" in waited.stderr  # rabbitmqctl's EX_TEMPFAIL
+    assert 0.9 < time.monotonic() - started < 20
+
+
+@lavinpy_only("stops and starts the broker")
+def test_await_startup_returns_once_the_broker_starts(fresh_broker):
+    b = fresh_broker
+    b.stop()
+    env_uri = b.http_url.replace("http://", "http://guest:guest@")
+    waiter = subprocess.Popen([sys.executable, "-m", "lavinpy.cli.ctl", "--uri", env_uri, "await_startup", "-t", "60"],
+                              env={"PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)
+        assert waiter.poll() is None  # still waiting: nothing answers
+        b.start()
+        assert waiter.wait(timeout=30) == 0, waiter.stderr.read() if waiter.stderr else ""
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+
+
+def test_list_user_permissions_and_list_permissions(fresh_broker):
+    b = fresh_broker
+    vhost = _name("perm")
+    assert ctl(b, "add_vhost", vhost).returncode == 0
+    assert ctl(b, "add_user", "frank", "pw").returncode == 0
+    assert ctl(b, "set_permissions", "frank", "^f-", ".*", "").returncode == 0
+    assert ctl(b, "-p", vhost, "set_permissions", "frank", ".*", "", ".*").returncode == 0
+    listed = ctl(b, "list_user_permissions", "frank").stdout.splitlines()
+    assert listed[:2] == ['Listing permissions for user "frank" ...', "vhost\tconfigure\twrite\tread"]
+    assert sorted(ctl(b, "-s", "list_user_permissions", "frank").stdout.splitlines()) == \
+        sorted(["/\t^f-\t.*\t", f"{vhost}\t.*\t\t.*"])
+    as_json = json.loads(ctl(b, "-f", "json", "list_user_permissions", "frank").stdout)
+    assert {"vhost": vhost, "configure": ".*", "write": "", "read": ".*"} in as_json
+    missing = ctl(b, "list_user_permissions", "nobody")
+    assert missing.returncode == 1 and "404" in missing.stderr
+    in_vhost = ctl(b, "-q", "-p", vhost, "list_permissions").stdout.splitlines()
+    assert in_vhost[0] == "user\tconfigure\twrite\tread" and "frank\t.*\t\t.*" in in_vhost
+
+
+def _closed_with(conn: pika.BlockingConnection) -> tuple[int, str]:
+    try:
+        for _ in range(100):
+            conn.process_data_events(time_limit=0.05)
+    except pika.exceptions.ConnectionClosedByBroker as e:
+        return e.reply_code, e.reply_text
+    return 0, ""
+
+
+def test_close_all_connections(fresh_broker):
+    b = fresh_broker
+    vhost = _name("closing")
+    assert ctl(b, "add_vhost", vhost).returncode == 0  # the creator (guest) may use it at once
+    in_default = [pika.BlockingConnection(pika.URLParameters(b.url)) for _ in range(3)]
+    elsewhere = pika.BlockingConnection(pika.URLParameters(b.url_for("guest", "guest", vhost)))
+    try:
+        started = time.monotonic()
+        done = ctl(b, "close_all_connections", "-p", "/", "--limit", "2", "--per-connection-delay", "300",
+                   "maintenance")
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started >= 0.3  # one delay between the two closures
+        assert done.stdout.splitlines() == ["Closing all connections in vhost /, reason: maintenance...",
+                                            "Closed 2 connections"]
+        results = [_closed_with(c) for c in in_default]
+        assert sorted(results)[1:] == [(320, "CONNECTION_FORCED - maintenance")] * 2
+        assert elsewhere.is_open
+        done = ctl(b, "-q", "close_all_connections", "--global", "all of them")
+        assert done.stdout == "Closed 2 connections\n"
+        assert _closed_with(elsewhere) == (320, "CONNECTION_FORCED - all of them")
+        status, connections, _ = http_call(b, "GET", "/api/connections")
+        assert status == 200 and connections == []
+    finally:
+        for conn in [*in_default, elsewhere]:
+            try:
+                if conn.is_open:
+                    conn.close()
+            except pika.exceptions.AMQPError:
+                pass  # closed by the broker meanwhile
+
+
+def test_cluster_status_on_a_single_node(broker):
+    status, nodes, _ = http_call(broker, "GET", "/api/nodes")
+    node = nodes[0]["name"]
+    done = ctl(broker, "cluster_status")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"Cluster status of node {node} ..."
+    running = lines.index("Running Nodes")
+    assert lines[running + 2] == node
+    as_json = json.loads(ctl(broker, "-f", "json", "cluster_status").stdout)
+    assert as_json["running_nodes"] == [node] and as_json["disk_nodes"] == [node]
+    assert list(as_json["versions"]) == [node]
+
+
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_status_shows_the_node(broker, fmt):
+    done = ctl(broker, "-f", fmt, "status")
+    assert done.returncode == 0, done.stderr
+    _, overview, _ = http_call(broker, "GET", "/api/overview")
+    if fmt == "table":
+        assert f"version: {overview['product_version']}" in done.stdout.splitlines()
+        assert "alarms: ok" in done.stdout
+        return
+    info = json.loads(done.stdout)
+    assert info["version"] == overview["product_version"] and info["node"] == overview["node"]
+    assert info["uptime_seconds"] >= 0 and info["memory_used"] > 0 and info["memory_limit"] > info["memory_used"]
+    assert info["disk_free"] > 0 and info["disk_free_limit"] > 0
+    assert not info["memory_alarm"] and not info["disk_free_alarm"]
+    assert 0 < info["file_descriptors_used"] < info["file_descriptors_total"]
+    assert any(x.startswith("amqp ") and x.endswith(f":{broker.port}") for x in info["listeners"])
+    assert info["alarms"] == "ok" and info["alarm_list"] == []
