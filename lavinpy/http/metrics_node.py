@@ -82,6 +82,9 @@ def global_families(p: str, sessions: Sessions, counters: NodeCounters, consumer
         counter = CounterMetricFamily(f"{p}_global_{name}", doc, labels=labels)
         counter.add_metric([PROTOCOL], value)
         yield counter
+    # The aggregated channel family RabbitMQ gives beside the global one (no labels, as its siblings).
+    yield CounterMetricFamily(f"{p}_channel_get_empty_total",
+                              "Total number of times basic.get operations fetched no message", value=counters.get_empty)
 
 
 def _histogram(name: str, doc: str, bounds: tuple[float, ...], buckets: list[int], total: float,

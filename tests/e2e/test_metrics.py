@@ -188,6 +188,7 @@ def test_churn_get_empty_publishers_and_confirm_families(broker, clients):
     assert delta("rabbitmq_channels_opened") >= 2
     empty = "rabbitmq_global_messages_get_empty"
     assert _counts(during, empty) - _counts(before, empty) == 2
+    assert delta("rabbitmq_channel_get_empty") == 2
     assert _counts(during, "rabbitmq_global_publishers") >= 1
     assert _counts(during, "rabbitmq_global_consumers") >= 1
     received = "rabbitmq_global_messages_received_confirm"
