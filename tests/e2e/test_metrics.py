@@ -234,3 +234,26 @@ def test_process_fsync_and_event_loop_families(broker, clients):
     assert count >= 1 and _value(families, "lavinpy_io_sync_ops") == count
     identity = families["lavinpy_identity_info"].samples[0]
     assert identity.labels["rabbitmq_endpoint"] == "aggregated"
+
+
+def test_message_sizes_count_each_message_once_on_every_publish_path(broker, clients):
+    # Back-to-back publishes reach the broker in batches, most of them published as runs; a run the
+    # model refuses goes one by one. Either way each message is counted exactly once.
+    def sizes() -> tuple[float, float]:
+        _, families = _scrape(broker)
+        samples = families["lavinpy_message_size_bytes"].samples
+        small = [s.value for s in samples if s.name.endswith("_bucket") and s.labels["le"] == "100.0"][0]
+        count = [s.value for s in samples if s.name.endswith("_count")][0]
+        return small, count
+
+    conn, ch = clients.channel()
+    queue = clients.track_queue(f"sizes-{uuid.uuid4().hex[:8]}")
+    ch.queue_declare(queue)
+    small_before, count_before = sizes()
+    for _ in range(300):
+        ch.basic_publish("", queue, b"s" * 60)
+    deadline = time.monotonic() + 10
+    while ch.queue_declare(queue, passive=True).method.message_count < 300 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    small_after, count_after = sizes()
+    assert (small_after - small_before, count_after - count_before) == (300, 300)
