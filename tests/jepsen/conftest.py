@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,18 @@ def jepsen_shim(jepsen_settings: Settings, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture
-def jepsen(jepsen_settings: Settings, jepsen_shim: Path | None, tmp_path: Path) -> Callable[..., Any]:
+def jepsen(jepsen_settings: Settings, jepsen_shim: Path | None, tmp_path: Path,
+           request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``jepsen(name, body, needs_shim=False, **run_options)`` runs one scenario and fails the test
-    with the scenario, the seed, the lost ids and the nodes' last log lines when anything failed."""
+    with the scenario, the seed, the lost ids and the nodes' last log lines when anything failed.
+    The history, fault log, node logs and results stay in the run directory: LAVINPY_JEPSEN_DIR (kept,
+    e.g. as CI artifacts) or the test's tmp_path."""
     def scenario(name: str, body: Callable[[Run], None], needs_shim: bool = False, **options: Any) -> Any:
         if needs_shim and jepsen_shim is None:
             pytest.skip("gcc is missing: the fault shim cannot be built")
-        return run_scenario(name, body, jepsen_settings, tmp_path, jepsen_shim, **options)
+        directory = tmp_path
+        if os.environ.get("LAVINPY_JEPSEN_DIR"):
+            directory = Path(os.environ["LAVINPY_JEPSEN_DIR"]) / f"{request.node.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            directory.mkdir(parents=True)
+        return run_scenario(name, body, jepsen_settings, directory, jepsen_shim, **options)
     return scenario

@@ -11,6 +11,8 @@ below it cannot add command line options):
 - ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 2.5 in CI mode, 30 in long mode).
 - ``LAVINPY_JEPSEN_SOURCE``: the lavinpy source tree the nodes run (default this repository), e.g. a
   worktree of an older commit.
+- ``LAVINPY_JEPSEN_DIR``: keep each run's directory (history, fault log, node logs, results.json) under
+  this directory instead of pytest's temporary one.
 """
 
 from __future__ import annotations

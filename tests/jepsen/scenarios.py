@@ -348,8 +348,11 @@ def f10_isr_key_deleted(run: Run) -> None:
     if led:
         run.problems.append(f"F10: {led} led with no ISR key in etcd and no operator")
     else:
-        _force_leader(run, f1)
-        n.wait_recovered(30, "after the operator's force_leader")
+        said = _force_leader(run, f1)
+        try:
+            wait_until(lambda: c.serving() == [f1.name], 15, 0.2, f"{f1.name} to serve once forced")
+        except AssertionError as e:
+            run.problems.append(f"F10: {e} (lavinpyctl said: {said.strip()[-300:]})")
     run.heal("heal F10")
 
 
