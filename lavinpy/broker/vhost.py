@@ -86,6 +86,9 @@ class VHost(VHostPublishing):
         self.queues: dict[str, QueueKind] = {}
         self.corrupt_messages = 0  # damaged records found (and skipped) by this vhost's queues
         self.stats = MessageCounters()  # publishing channels' counts, and those of deleted queues
+        # Deleted queues' counts again, per queue kind other than classic: the metrics label delivery
+        # counters by queue type, and a deleted stream's deliveries must stay the stream type's.
+        self.deleted_stats_by_kind: dict[str, MessageCounters] = {}
         self.node_counters = broker.node_counters  # held here too: the publish path reaches it in one step
         self._flush_task: asyncio.Task | None = None
         self.closed = False
@@ -471,6 +474,8 @@ class VHost(VHostPublishing):
                 self._maybe_auto_delete_exchange(exchange)
         count = queue.delete()
         queue.stats.fold_into(self.stats)
+        if queue.kind != "classic":
+            queue.stats.fold_into(self.deleted_stats_by_kind.setdefault(queue.kind, MessageCounters()))
         if queue.durable and not queue.exclusive:
             self.definitions.append(commands.Queue.Delete(queue=name))
         return count

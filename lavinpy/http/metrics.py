@@ -86,6 +86,12 @@ _CHANNEL_COUNTERS = (
     ("global_messages_acknowledged_total", ("ack",), "Total number of messages acknowledged by consumers"),
 )
 
+# The global counters RabbitMQ labels by queue type as well as protocol (deliveries, gets, acks).
+_QUEUE_TYPE_COUNTERS = frozenset(name for name, _, _ in _CHANNEL_COUNTERS
+                                 if name.startswith("global_messages_") and
+                                 name.endswith(("delivered_total", "_ack_total", "redelivered_total",
+                                                "acknowledged_total")))
+
 
 def _gauge(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value, labels=labels)
@@ -172,9 +178,22 @@ class BrokerCollector:
         yield _gauge(f"{p}_queue_consumers", "Consumers on a queue", consumers)
         totals = node_totals(self.broker)
         counts = totals.counts
+        by_kind = metrics_node.counts_by_kind(self.broker)
         for name, fields, doc in _CHANNEL_COUNTERS:
             value = sum(counts[f] for f in fields)
-            if name.startswith("global_"):
+            if name in _QUEUE_TYPE_COUNTERS:
+                # RabbitMQ splits the queue-side global counters by queue type as well.
+                family = CounterMetricFamily(f"{p}_{name}", doc, labels=["protocol", "queue_type"])
+                others = 0
+                for kind, queue_type in metrics_node.QUEUE_TYPES.items():
+                    if kind != "classic":
+                        kind_counts = by_kind.get(kind)
+                        kind_value = sum(kind_counts[f] for f in fields) if kind_counts else 0
+                        others += kind_value
+                        family.add_metric([metrics_node.PROTOCOL, queue_type], kind_value)
+                family.add_metric([metrics_node.PROTOCOL, metrics_node.QUEUE_TYPES["classic"]], value - others)
+                yield family
+            elif name.startswith("global_"):
                 # RabbitMQ labels its global counters by protocol; dashboard queries that subtract one
                 # from another (received_confirm - confirmed) match series on that label.
                 family = CounterMetricFamily(f"{p}_{name}", doc, labels=["protocol"])

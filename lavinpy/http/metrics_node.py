@@ -20,11 +20,12 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..broker.stats import MESSAGE_SIZE_BOUNDS
+from ..broker.stats import FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
 from ..store.sync_timing import FSYNC_BOUNDS, SYNC_TIMES
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
     from ..broker.stats import NodeCounters
 
 # The only protocol lavinpy speaks; RabbitMQ labels its global families by protocol.
@@ -65,6 +66,26 @@ def publishers_and_confirms(sessions: Sessions, counters: NodeCounters) -> tuple
     return publishers, received_confirm
 
 
+# RabbitMQ's queue_type label values for lavinpy's queue kinds.
+QUEUE_TYPES = {"classic": "rabbit_classic_queue", "stream": "rabbit_stream_queue"}
+
+
+def counts_by_kind(broker: Broker) -> dict[str, dict[str, int]]:
+    """The queue counters (deliver, ack, ...) of every queue kind but classic: live queues' plus
+    deleted ones'. Classic's are the node total minus these (the total also holds what no queue
+    kind owns)."""
+    sums: dict[str, list[int]] = {}
+    for vhost in list(broker.vhosts.values()):
+        for kind, counters in list(vhost.deleted_stats_by_kind.items()):
+            row = read_counts(counters)
+            sums[kind] = [a + b for a, b in zip(sums.get(kind, [0] * len(row)), row, strict=True)]
+        for queue in list(vhost.queues.values()):
+            if queue.kind != "classic":
+                row = read_counts(queue.stats)
+                sums[queue.kind] = [a + b for a, b in zip(sums.get(queue.kind, [0] * len(row)), row, strict=True)]
+    return {kind: dict(zip(FIELDS, row, strict=True)) for kind, row in sums.items()}
+
+
 def global_families(p: str, sessions: Sessions, counters: NodeCounters, consumers: int) -> Iterator[Metric]:
     """RabbitMQ's per-protocol global families that the message counters do not give."""
     publishers, received_confirm = publishers_and_confirms(sessions, counters)
@@ -74,14 +95,18 @@ def global_families(p: str, sessions: Sessions, counters: NodeCounters, consumer
         gauge = GaugeMetricFamily(f"{p}_global_{name}", doc, labels=labels)
         gauge.add_metric([PROTOCOL], value)
         yield gauge
-    for name, doc, value in (
-            ("messages_received_confirm_total",
-             "Total number of messages received from publishers expecting confirmations", received_confirm),
-            ("messages_get_empty_total", "Total number of times basic.get operations fetched no message",
-             counters.get_empty)):
-        counter = CounterMetricFamily(f"{p}_global_{name}", doc, labels=labels)
-        counter.add_metric([PROTOCOL], value)
-        yield counter
+    counter = CounterMetricFamily(f"{p}_global_messages_received_confirm_total",
+                                  "Total number of messages received from publishers expecting confirmations",
+                                  labels=labels)
+    counter.add_metric([PROTOCOL], received_confirm)
+    yield counter
+    # Per queue type, as RabbitMQ's; only classic queues answer basic.get (a stream refuses it).
+    empty = CounterMetricFamily(f"{p}_global_messages_get_empty_total",
+                                "Total number of times basic.get operations fetched no message",
+                                labels=["protocol", "queue_type"])
+    for kind, queue_type in QUEUE_TYPES.items():
+        empty.add_metric([PROTOCOL, queue_type], counters.get_empty if kind == "classic" else 0)
+    yield empty
     # The aggregated channel family RabbitMQ gives beside the global one (no labels, as its siblings).
     yield CounterMetricFamily(f"{p}_channel_get_empty_total",
                               "Total number of times basic.get operations fetched no message", value=counters.get_empty)

@@ -187,7 +187,8 @@ def test_churn_get_empty_publishers_and_confirm_families(broker, clients):
     assert delta("rabbitmq_connections_opened") >= 1
     assert delta("rabbitmq_channels_opened") >= 2
     empty = "rabbitmq_global_messages_get_empty"
-    assert _counts(during, empty) - _counts(before, empty) == 2
+    classic = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}
+    assert _value(during, empty, **classic) - _value(before, empty, **classic) == 2
     assert delta("rabbitmq_channel_get_empty") == 2
     assert _counts(during, "rabbitmq_global_publishers") >= 1
     assert _counts(during, "rabbitmq_global_consumers") >= 1
@@ -257,3 +258,31 @@ def test_message_sizes_count_each_message_once_on_every_publish_path(broker, cli
         time.sleep(0.05)
     small_after, count_after = sizes()
     assert (small_after - small_before, count_after - count_before) == (300, 300)
+
+
+def test_delivery_counters_by_queue_type_survive_deleting_the_stream(broker, clients):
+    name = "rabbitmq_global_messages_delivered_consume_manual_ack"
+    stream = {"protocol": "amqp091", "queue_type": "rabbit_stream_queue"}
+    classic = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}
+    _, before = _scrape(broker, "/metrics?prefix=rabbitmq")
+    conn, ch = clients.channel()
+    queue = f"typed-{uuid.uuid4().hex[:8]}"
+    ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"})
+    for i in range(3):
+        ch.basic_publish("", queue, str(i).encode())
+    ch.basic_qos(prefetch_count=10)
+    got = []
+    ch.basic_consume(queue, lambda c, m, p, b: (got.append(b), c.basic_ack(m.delivery_tag)),
+                     arguments={"x-stream-offset": "first"})
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    assert len(got) == 3
+    _, during = _scrape(broker, "/metrics?prefix=rabbitmq")
+    assert _value(during, name, **stream) - _value(before, name, **stream) == 3
+    assert _value(during, name, **classic) == _value(before, name, **classic)
+    ch.queue_delete(queue)
+    _, after = _scrape(broker, "/metrics?prefix=rabbitmq")
+    # A deleted stream's deliveries stay the stream type's: no counter goes back, none jumps.
+    assert _value(after, name, **stream) == _value(during, name, **stream)
+    assert _value(after, name, **classic) == _value(during, name, **classic)
