@@ -45,6 +45,14 @@ def connection_name(conn: AMQPConnection) -> str:
     return f"{peer_host}:{peer_port} -> {host}:{port}"
 
 
+def owner_details(owner: object) -> dict[str, Any] | None:
+    """RabbitMQ's ``owner_pid_details`` of an exclusive queue: the owning connection's name and peer."""
+    if owner is None or not hasattr(owner, "driver"):
+        return None
+    peer_host, peer_port, _, _, _ = _addresses(owner)  # type: ignore[arg-type]
+    return {"name": connection_name(owner), "peer_host": peer_host, "peer_port": peer_port}  # type: ignore[arg-type]
+
+
 def _visible(actor: Actor | None, conn: AMQPConnection) -> bool:
     return actor is None or actor.can_monitor() or conn.username == actor.name
 

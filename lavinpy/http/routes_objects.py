@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from ..amqp.session_views import owner_details
 from ..broker import operations as scope
 from ..broker import operations_messages as messages
 from ..broker import operations_objects as ops
@@ -143,14 +144,24 @@ async def exchange_bindings_destination(request: web.Request) -> web.Response:
 
 # --- queues ---------------------------------------------------------------------------------------------
 
+def _queue_info(queue: Any) -> dict[str, Any]:
+    """A queue as the API shows it; an exclusive one names its owning connection, as RabbitMQ's do."""
+    info = queue_info(queue)
+    if queue.exclusive_owner is not None:
+        details = owner_details(queue.exclusive_owner)
+        if details is not None:
+            info["owner_pid_details"] = details
+    return info
+
+
 async def list_queues(request: web.Request) -> web.Response:
     queues = [q for v in _scope(request) for q in v.queues.values()]
-    return await cooperative.list_reply(queues, queue_info, request.query)
+    return await cooperative.list_reply(queues, _queue_info, request.query)
 
 
 async def get_queue(request: web.Request) -> web.Response:
     vhost = _vhost(request)
-    return json_reply(queue_info(ops.get_queue(actor_of(request), vhost, request.match_info["name"])))
+    return json_reply(_queue_info(ops.get_queue(actor_of(request), vhost, request.match_info["name"])))
 
 
 async def put_queue(request: web.Request) -> web.Response:

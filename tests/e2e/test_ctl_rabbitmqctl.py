@@ -73,7 +73,12 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     ch.basic_qos(prefetch_count=1)
     ch.basic_consume(names["classic"], lambda *a: None)  # one unacked delivery
     ch.basic_consume(names["excl"], lambda *a: None, exclusive=True, consumer_tag="the-only-one")
+    owned = ch.queue_declare("", exclusive=True).method.queue  # owned by this connection
     conn.process_data_events(time_limit=0.5)
+    port = conn._impl._transport._sock.getsockname()[1]
+    conn_name = next(c["name"] for c in http_call(broker, "GET", "/api/connections")[1] if c["peer_port"] == port)
+    _, owned_info, _ = http_call(broker, "GET", f"/api/queues/%2F/{owned}")
+    assert owned_info["owner_pid_details"] == {"name": conn_name, "peer_host": "127.0.0.1", "peer_port": port}
 
     rows = {r["name"]: r for r in json.loads(ctl(broker, "-f", "json", "list_queues", *QUEUE_COLUMNS).stdout)}
     for kind, name in names.items():
@@ -89,7 +94,8 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     assert stream["leader"] == classic["pid"][1:-1] and stream["members"] == [stream["leader"]]
     excl = rows[names["excl"]]
     assert excl["exclusive_consumer_tag"] == "the-only-one" and excl["exclusive_consumer_pid"] == excl["pid"]
-    assert classic["exclusive_consumer_tag"] == ""
+    assert classic["exclusive_consumer_tag"] == "" and classic["owner_pid"] == ""
+    assert rows[owned]["exclusive"] is True and rows[owned]["owner_pid"] == conn_name
 
     tsv = ctl(broker, "-s", "list_queues", *QUEUE_COLUMNS).stdout.splitlines()
     assert all(len(line.split("\t")) == len(QUEUE_COLUMNS) for line in tsv)
