@@ -108,6 +108,7 @@ class AMQPConnection(ConnectionOutput):
         self.confirms_pending: set[Channel] = set()
         self.init_output()
         self._last_recv = time.monotonic()
+        self.connected_at = int(time.time() * 1000)  # RabbitMQ's connected_at: ms since the epoch
         self.actor: Actor | None = None  # the logged-in user, set once the vhost is open
         self._login: tuple[bool, str, str] | None = None  # a login answer being delayed (login throttle)
         self._body_spool: BodySpool | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..broker.node_info import node_name
 from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND
 from ..wire.errors import AMQPChannelError
 from .connection import OPEN
@@ -86,8 +87,34 @@ def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
         "ssl": ssl,
         "auth_mechanism": "PLAIN",
         "client_properties": _jsonable(conn.client_properties),
+        "connected_at": conn.connected_at,
         **byte_counters(conn),
+        **tls_details(conn),
     }
+
+
+def _distinguished_name(name: Any) -> str | None:
+    # getpeercert()'s ((("commonName", "x"),), ...) as RabbitMQ prints a subject: "CN=x,O=y"
+    short = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+             "localityName": "L", "stateOrProvinceName": "ST", "emailAddress": "emailAddress"}
+    if not name:
+        return None
+    return ",".join(f"{short.get(k, k)}={v}" for rdn in name for k, v in rdn)
+
+
+def tls_details(conn: AMQPConnection) -> dict[str, Any]:
+    """RabbitMQ's TLS fields of a connection: null on plain TCP, the session's on TLS."""
+    transport = getattr(conn.driver, "transport", None)
+    tls = transport.get_extra_info("ssl_object") if transport is not None else None
+    if tls is None:
+        return {"ssl_protocol": None, "ssl_cipher": None, "peer_cert_subject": None, "peer_cert_issuer": None,
+                "peer_cert_validity": None}
+    cipher = tls.cipher()
+    cert = tls.getpeercert() or {}
+    validity = f"{cert['notBefore']} - {cert['notAfter']}" if "notAfter" in cert else None
+    return {"ssl_protocol": (tls.version() or "").lower() or None, "ssl_cipher": cipher[0] if cipher else None,
+            "peer_cert_subject": _distinguished_name(cert.get("subject")),
+            "peer_cert_issuer": _distinguished_name(cert.get("issuer")), "peer_cert_validity": validity}
 
 
 def byte_counters(conn: AMQPConnection) -> dict[str, Any]:
@@ -131,6 +158,9 @@ def channel_info(conn: AMQPConnection, channel: Channel, node: str) -> dict[str,
         "consumer_count": len(channel.consumers),
         "messages_unacknowledged": len(channel.unacked),
         "messages_unconfirmed": max(0, channel.publish_seq - channel._confirm_sent),
+        # what a transaction holds until tx.commit: publishes, and acks/rejects by delivery
+        "messages_uncommitted": len(channel._tx_publishes),
+        "acks_uncommitted": sum(len(items) for items, _ in channel._tx_settles),
         "prefetch_count": channel.prefetch_count,
         "global_prefetch_count": channel.global_prefetch,
         "connection_details": {"name": name, "peer_host": peer_host, "peer_port": peer_port},
@@ -154,7 +184,7 @@ def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer) ->
         "queue": {"name": queue.name, "vhost": queue.vhost.name},
         "channel_details": {"name": _channel_name(name, channel), "number": channel.id,
                             "connection_name": name, "peer_host": peer_host, "peer_port": peer_port,
-                            "user": conn.username, "node": ""},
+                            "user": conn.username, "node": node_name()},
         "ack_required": not consumer.no_ack,
         "exclusive": consumer.exclusive,
         "prefetch_count": consumer.prefetch,

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from ..wire.passwords import hash_password
 from .cluster_ctl import ClusterCtlError, force_leader
-from .ctl_api import DEFAULT_URI, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CtlError, q
+from .ctl_api import DEFAULT_URI, EXIT_DATAERR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CtlError, q
 from .ctl_columns import COMMANDS as LIST_COMMANDS
 from .ctl_columns import row
 from .ctl_node import cmd_await_startup, cmd_close_all_connections, cmd_cluster_status, cmd_ping, cmd_status
@@ -35,7 +35,12 @@ def run_list(api: Api, args: argparse.Namespace, out: Output) -> None:
     if unknown:
         raise CtlError(f"Error (argument validation): Info key(s) {','.join(unknown)} are not supported\n"
                        f"{args.command} accepts: {', '.join(spec.columns)}", EXIT_USAGE)
-    items = api.call("GET", spec.path.format(vhost=q(args.vhost)))
+    try:
+        items = api.call("GET", spec.path.format(vhost=q(args.vhost)))
+    except CtlError as e:
+        if e.status == 404 and "{vhost}" in spec.path:  # rabbitmqctl's answer and exit code (EX_DATAERR)
+            raise CtlError(f"Virtual host '{args.vhost}' does not exist", EXIT_DATAERR, 404) from None
+        raise
     out.banner(spec.banner.format(vhost=args.vhost))
     out.rows([row(args.command, item, columns) for item in items], columns)
 

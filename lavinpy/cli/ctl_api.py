@@ -2,7 +2,8 @@
 
 Exit codes are rabbitmqctl's, so scripts written for it read lavinpy's the same way: 0 done, 1 the
 broker refused or failed the request, 64 bad usage (EX_USAGE: an unknown command, option or
-column), 69 the broker is unreachable (EX_UNAVAILABLE), 75 a wait timed out (EX_TEMPFAIL).
+column), 65 a named vhost does not exist (EX_DATAERR), 69 the broker is unreachable (EX_UNAVAILABLE),
+75 a wait timed out (EX_TEMPFAIL).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
-EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_TEMPFAIL = 0, 1, 64, 69, 75
+EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_DATAERR, EXIT_UNAVAILABLE, EXIT_TEMPFAIL = 0, 1, 64, 65, 69, 75
 
 
 class CtlError(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status  # the API's HTTP status, when it answered with an error
 
 
 class Api:
@@ -55,7 +57,7 @@ class Api:
             if e.code in accept:
                 payload = e.read()
             else:
-                raise CtlError(_error_text(e), EXIT_BROKER_ERROR) from None
+                raise CtlError(_error_text(e), EXIT_BROKER_ERROR, e.code) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise CtlError(f"cannot reach the broker at {self.base}: {reason}", EXIT_UNAVAILABLE) from None

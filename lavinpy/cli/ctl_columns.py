@@ -137,7 +137,7 @@ COMMANDS: dict[str, ListCommand] = {
     "list_vhosts": ListCommand("/api/vhosts", ["name"],
                                ["name", "description", "tags", "tracing", "cluster_state", "default_queue_type",
                                 "messages", "messages_ready", "messages_unacknowledged"],
-                               {"cluster_state": lambda v: {}, "default_queue_type": lambda v: "classic"},
+                               {"default_queue_type": lambda v: v.get("default_queue_type") or "classic"},
                                "Listing vhosts ..."),
     "list_permissions": ListCommand("/api/vhosts/{vhost}/permissions", ["user", "configure", "write", "read"],
                                     ["user", "configure", "write", "read"], {},

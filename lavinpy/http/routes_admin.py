@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..broker import node_info
 from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
 from ..broker.rates import WindowRates
 from .app import actor_of, broker_of, json_reply
@@ -84,6 +85,7 @@ def _vhost_reply(request: web.Request, record: Any) -> dict[str, Any]:
         item[name] = count
         item[name + "_details"] = {"rate": rate}
     item["message_stats"] = broker.stats.vhost_stats(vhost)
+    item["cluster_state"] = {node_info.node_name(): "running"}  # open on this node (the only one serving)
     return item
 
 

@@ -67,7 +67,7 @@ def test_list_queues_formats_and_vhost_option(broker, clients):
     rows = json.loads(ctl(broker, "list_queues", "-f", "json", "-p", "/").stdout)
     assert {"name": queue, "messages": 3} in rows
     missing = ctl(broker, "list_queues", "-p", "no-such-vhost")
-    assert missing.returncode == 1 and "404" in missing.stderr
+    assert missing.returncode == 65 and "Virtual host 'no-such-vhost' does not exist" in missing.stderr
 
 
 def test_list_exchanges_bindings_connections_channels_consumers(broker, clients):

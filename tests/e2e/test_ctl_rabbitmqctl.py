@@ -103,6 +103,38 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     assert f"{delayed}\tx-delayed-message\t" in exchanges
 
 
+def test_connection_channel_consumer_and_vhost_columns(broker, clients):
+    conn, ch = clients.channel()
+    port = conn._impl._transport._sock.getsockname()[1]
+    queue = clients.track_queue(_name("cols"))
+    ch.queue_declare(queue)
+    ch.basic_publish("", queue, b"x" * 1000)
+    ch.basic_consume(queue, lambda *a: None, consumer_tag="cols-consumer")
+    tx = conn.channel()
+    tx.tx_select()
+    tx.basic_publish("", queue, b"held")
+    tx.basic_publish("", queue, b"held")
+    conn.process_data_events(time_limit=0.3)
+    before = int(time.time() * 1000)
+    connections = json.loads(ctl(broker, "-f", "json", "list_connections", "peer_port", "connected_at", "recv_oct",
+                                 "send_oct", "recv_cnt", "send_cnt", "ssl", "ssl_protocol", "pid").stdout)
+    mine = next(c for c in connections if c["peer_port"] == port)
+    assert 0 < before - mine["connected_at"] < 60_000
+    assert mine["recv_oct"] > 1000 and mine["send_oct"] > 1000 and mine["recv_cnt"] > 0 and mine["send_cnt"] > 0
+    assert mine["ssl"] is False and mine["ssl_protocol"] is None
+    channels = json.loads(ctl(broker, "-f", "json", "list_channels", "connection", "number", "transactional",
+                              "messages_uncommitted", "acks_uncommitted", "confirm").stdout)
+    held = next(c for c in channels if c["connection"].startswith(f"127.0.0.1:{port} ") and c["transactional"])
+    assert (held["number"], held["messages_uncommitted"], held["acks_uncommitted"]) == (2, 2, 0)
+    consumers = json.loads(ctl(broker, "-f", "json", "list_consumers", "consumer_tag", "channel_pid",
+                               "activity_status").stdout)
+    ours = next(c for c in consumers if c["consumer_tag"] == "cols-consumer")
+    assert ours["channel_pid"] == mine["pid"] and ours["activity_status"] == "up"
+    vhosts = json.loads(ctl(broker, "-f", "json", "list_vhosts", "name", "cluster_state", "tracing").stdout)
+    node = mine["pid"][1:-1]
+    assert {"name": "/", "cluster_state": {node: "running"}, "tracing": False} in vhosts
+
+
 def test_version_ping_and_await_startup(broker):
     version = ctl(broker, "--version")
     assert version.returncode == 0 and version.stdout.strip() == __version__

@@ -157,9 +157,15 @@ def test_rabbitmq_4_health_checks_fail_as_rabbitmq(broker):
     assert http_call(broker, "GET", "/api/health/checks/ready-to-serve-clients", password="wrong")[0] == 401
 
 
-def test_certificate_expiration_reads_the_amqps_certificate(tmp_path):
+def test_tls_connection_fields_and_certificate_expiration(tmp_path):
     tls = TLSBroker(tmp_path)  # its certificate is valid for one day
     try:
+        conn = pika.BlockingConnection(tls.pika_params(tls.client_context()))
+        port = conn._impl._transport._sock.getsockname()[1]
+        listed = {c["peer_port"]: c for c in http_call(tls.broker, "GET", "/api/connections")[1]}
+        assert listed[port]["ssl"] is True and listed[port]["ssl_protocol"] in ("tlsv1.2", "tlsv1.3")
+        assert listed[port]["ssl_cipher"] and listed[port]["peer_cert_subject"] is None  # no client certificate
+        conn.close()
         status, body, _ = http_call(tls.broker, "GET", "/api/health/checks/certificate-expiration/0/days")
         assert (status, body) == (200, {"status": "ok"})
         status, body, _ = http_call(tls.broker, "GET", "/api/health/checks/certificate-expiration/2/days")
