@@ -98,7 +98,11 @@ def cmd_cluster_status(api: Api, args: argparse.Namespace, out: Output) -> None:
 def cmd_ping(api: Api, args: argparse.Namespace, out: Output) -> None:
     """Succeeds when the broker answers at all: a refused login still shows the node is up."""
     out.banner(f"Will ping {api.base}. This only checks that the broker answers on its management port.")
-    api.call("GET", "/api/whoami", accept=(401, 403))
+    try:
+        api.call("GET", "/api/whoami")
+    except CtlError as e:
+        if e.status is None:  # no HTTP answer at all
+            raise
     print("Ping succeeded")
 
 
@@ -110,8 +114,10 @@ def cmd_await_startup(api: Api, args: argparse.Namespace, out: Output) -> None:
             api.call("GET", "/api/overview")
             return
         except CtlError as e:
-            if e.code != EXIT_UNAVAILABLE:
-                raise  # it answered with a refusal: waiting will not help
+            # Unreachable, or up but not serving yet (503: a cluster node with no leader); any other
+            # answer is a refusal that waiting will not change.
+            if e.code != EXIT_UNAVAILABLE and e.status != 503:
+                raise
             if time.monotonic() >= deadline:
                 raise CtlError(f"Error: the broker at {api.base} did not start within {args.timeout:g} s",
                                EXIT_TEMPFAIL) from None
