@@ -17,7 +17,17 @@ from typing import Any, NoReturn
 from .. import __version__
 from ..wire.passwords import hash_password
 from .cluster_ctl import ClusterCtlError, force_leader
-from .ctl_api import DEFAULT_URI, EXIT_DATAERR, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CtlError, q
+from .ctl_api import (
+    DEFAULT_URI,
+    EXIT_BROKER_ERROR,
+    EXIT_DATAERR,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Api,
+    CtlError,
+    q,
+)
 from .ctl_columns import COMMANDS as LIST_COMMANDS
 from .ctl_columns import row
 from .ctl_node import cmd_await_startup, cmd_close_all_connections, cmd_cluster_status, cmd_ping, cmd_status
@@ -61,6 +71,27 @@ def _tags_text(tags: Any) -> str:
 
 def cmd_add_user(api: Api, args: argparse.Namespace, out: Output) -> None:
     api.call("PUT", f"/api/users/{q(args.user)}", {"password": args.password, "tags": ""})
+
+
+def cmd_authenticate_user(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """Check a user's password against the broker (any user: management tags are not needed)."""
+    out.banner(f'Authenticating user "{args.user}" ...')
+    as_user = api.as_user(args.user, args.password)
+    try:
+        as_user.call("GET", "/api/whoami")
+    except CtlError as e:
+        if e.status is None:  # no answer: nothing was checked
+            raise
+        # A user without management tags is refused the API only after its password was accepted.
+        if not (e.status == 401 and "Not management user" in str(e)):
+            raise CtlError(f'Error: failed to authenticate user "{args.user}"', EXIT_BROKER_ERROR, e.status) from None
+    print("Success")
+
+
+def cmd_clear_password(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """The user keeps its tags and permissions but can no longer log in with a password."""
+    user = _user(api, args.user)
+    api.call("PUT", f"/api/users/{q(args.user)}", {"password_hash": "", "tags": _tags_text(user.get("tags"))})
 
 
 def cmd_delete_user(api: Api, args: argparse.Namespace, out: Output) -> None:
@@ -150,7 +181,8 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "status": cmd_status, "cluster_status": cmd_cluster_status, "ping": cmd_ping,
     "await_startup": cmd_await_startup, "close_all_connections": cmd_close_all_connections,
     "list_user_permissions": cmd_list_user_permissions,
-    "add_user": cmd_add_user, "delete_user": cmd_delete_user,
+    "add_user": cmd_add_user, "delete_user": cmd_delete_user, "authenticate_user": cmd_authenticate_user,
+    "clear_password": cmd_clear_password,
     "change_password": cmd_change_password, "set_user_tags": cmd_set_user_tags, "add_vhost": cmd_add_vhost,
     "delete_vhost": cmd_delete_vhost, "set_permissions": cmd_set_permissions,
     "clear_permissions": cmd_clear_permissions, "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
@@ -217,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("list_user_permissions", "a user's permissions in every vhost", "user")
     add("add_user", "create a user (no tags)", "user", "password")
     add("delete_user", "delete a user", "user")
+    add("authenticate_user", "check a user's password (exit 1 when refused)", "user", "password")
+    add("clear_password", "remove a user's password (it can no longer log in with one)", "user")
     add("change_password", "set a user's password", "user", "password")
     add("set_user_tags", "replace a user's tags", "user").add_argument("tags", nargs="*")
     add("add_vhost", "create a virtual host", "name")

@@ -40,6 +40,12 @@ class Api:
         self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
 
+    def as_user(self, user: str, password: str) -> Api:
+        """The same broker, reached with other credentials."""
+        other = Api(self.base, self.timeout)
+        other.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        return other
+
     def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
              accept: tuple[int, ...] = ()) -> Any:
         """The decoded JSON reply; an error status not in ``accept`` raises CtlError."""

@@ -73,6 +73,9 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     ch.basic_qos(prefetch_count=1)
     ch.basic_consume(names["classic"], lambda *a: None)  # one unacked delivery
     ch.basic_consume(names["excl"], lambda *a: None, exclusive=True, consumer_tag="the-only-one")
+    reader = conn.channel()  # a stream consumer reading from the first offset
+    reader.basic_qos(prefetch_count=10)
+    reader.basic_consume(names["stream"], lambda *a: None, arguments={"x-stream-offset": "first"})
     owned = ch.queue_declare("", exclusive=True).method.queue  # owned by this connection
     conn.process_data_events(time_limit=0.5)
     port = conn._impl._transport._sock.getsockname()[1]
@@ -90,7 +93,7 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     assert (classic["messages_ram"], classic["messages_ready_ram"], classic["messages_unacknowledged_ram"]) == (3, 2, 1)
     assert classic["consumers"] == 1 and classic["type"] == "classic" and classic["leader"] == ""
     assert priority["arguments"] == {"x-max-priority": 5} and priority["messages"] == 3
-    assert stream["type"] == "stream" and stream["messages"] == 3
+    assert stream["type"] == "stream" and stream["messages"] == 3 and stream["consumers"] == 1
     assert stream["leader"] == classic["pid"][1:-1] and stream["members"] == [stream["leader"]]
     excl = rows[names["excl"]]
     assert excl["exclusive_consumer_tag"] == "the-only-one" and excl["exclusive_consumer_pid"] == excl["pid"]
@@ -259,3 +262,21 @@ def test_status_shows_the_node(broker, fmt):
     assert 0 < info["file_descriptors_used"] < info["file_descriptors_total"]
     assert any(x.startswith("amqp ") and x.endswith(f":{broker.port}") for x in info["listeners"])
     assert info["alarms"] == "ok" and info["alarm_list"] == []
+
+
+def test_authenticate_user_and_clear_password(fresh_broker):
+    b = fresh_broker
+    assert ctl(b, "add_user", "gina", "pw").returncode == 0  # no tags: no management API access
+    assert ctl(b, "set_permissions", "gina", ".*", ".*", ".*").returncode == 0
+    ok = ctl(b, "authenticate_user", "gina", "pw")
+    assert ok.returncode == 0 and ok.stdout.splitlines() == ['Authenticating user "gina" ...', "Success"]
+    wrong = ctl(b, "authenticate_user", "gina", "nope")
+    assert wrong.returncode == 1 and 'failed to authenticate user "gina"' in wrong.stderr
+    assert ctl(b, "authenticate_user", "nobody", "pw").returncode == 1
+    assert ctl(b, "authenticate_user", "guest", "guest").returncode == 0  # an administrator too
+    pika.BlockingConnection(pika.URLParameters(b.url_for("gina", "pw"))).close()
+    assert ctl(b, "clear_password", "gina").returncode == 0
+    assert ctl(b, "authenticate_user", "gina", "pw").returncode == 1
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(pika.URLParameters(b.url_for("gina", "pw")))
+    assert json.loads(ctl(b, "-f", "json", "list_user_permissions", "gina").stdout)[0]["configure"] == ".*"
