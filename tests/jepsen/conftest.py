@@ -14,13 +14,21 @@ import pytest
 
 from . import net
 from .nemesis import build_shim
-from .runner import Run, Settings, run_scenario, settings_from_env
+from .runner import Run, Settings, run_scenario, settings_from_env, summaries
 
 PURE_PYTHON_REASON = "the fault schedules run once per CI run, on the compiled path"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "jepsen: fault-injection scenarios on real processes in network namespaces")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Every scenario's figures (confirmed, delivered, duplicates, overlap, failovers), passed or not."""
+    if summaries:
+        terminalreporter.section("jepsen scenarios")
+        for text in summaries:
+            terminalreporter.write_line(text)
 
 
 @pytest.fixture(scope="session")

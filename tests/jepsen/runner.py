@@ -8,7 +8,7 @@ below it cannot add command line options):
   members, the nightly faults); ``off`` = skip the suite.
 - ``LAVINPY_JEPSEN_SEED``: the seed of the random schedules (default: a fresh one, printed).
 - ``LAVINPY_JEPSEN_ETCD``: etcd members, 1 or 3 (default 1 in CI mode, 3 in long mode).
-- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 2.5 in CI mode, 30 in long mode).
+- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 3.5 in CI mode, 30 in long mode).
 - ``LAVINPY_JEPSEN_SOURCE``: the lavinpy source tree the nodes run (default this repository), e.g. a
   worktree of an older commit.
 - ``LAVINPY_JEPSEN_DIR``: keep each run's directory (history, fault log, node logs, results.json) under
@@ -40,6 +40,7 @@ WORKLOAD = Path(__file__).with_name("workload.py")
 RECOVERY_BOUND = 30.0  # seconds from a heal to one serving node and an ISR of three
 FINAL_BOUND = 60.0
 _runs = [0]
+summaries: list[str] = []  # every scenario's summary, printed at the end of the session (conftest.py)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Settings:
     mode: str = "ci"
     seed: int = 0
     etcd: int = 1
-    minutes: float = 2.5
+    minutes: float = 3.5
     source: Path = REPO
 
     @property
@@ -62,7 +63,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> Settings:
     seed = env.get("LAVINPY_JEPSEN_SEED")
     return Settings(mode=mode, seed=int(seed) if seed else random.SystemRandom().randrange(1, 1 << 31),
                     etcd=int(env.get("LAVINPY_JEPSEN_ETCD") or (3 if long else 1)),
-                    minutes=float(env.get("LAVINPY_JEPSEN_MINUTES") or (30 if long else 2.5)),
+                    minutes=float(env.get("LAVINPY_JEPSEN_MINUTES") or (30 if long else 3.5)),
                     source=Path(env.get("LAVINPY_JEPSEN_SOURCE") or REPO).resolve())
 
 
@@ -263,6 +264,8 @@ def run_scenario(name: str, body: Callable[[Run], None], settings: Settings, dir
     except Exception as e:  # noqa: BLE001 - reported with the nodes' logs below
         error = e
     try:
+        if run.result is not None:
+            summaries.append(checker.summary(name, run.result))
         if error is None and result.ok:
             print(checker.summary(name, result))
             return result
