@@ -47,6 +47,8 @@ def run_list(api: Api, args: argparse.Namespace, out: Output) -> None:
                        f"{args.command} accepts: {', '.join(spec.columns)}", EXIT_USAGE)
     try:
         items = api.call("GET", spec.path.format(vhost=q(args.vhost)))
+        if getattr(args, "offline", False) and not getattr(args, "online", False):
+            items = []  # the broker that answers holds them all
     except CtlError as e:
         if e.status == 404 and "{vhost}" in spec.path:  # rabbitmqctl's answer and exit code (EX_DATAERR)
             raise CtlError(f"Virtual host '{args.vhost}' does not exist", EXIT_DATAERR, 404) from None
@@ -217,6 +219,10 @@ def _global_options(parser: argparse.ArgumentParser, with_defaults: bool) -> Non
                         default=default(False), help="no table header row")
     parser.add_argument("-t", "--timeout", type=float, default=default(None),
                         help="seconds to wait for the broker (await_startup: default 300)")
+    # rabbitmqctl's node options, accepted so its scripts run unchanged: the broker is the one --uri names.
+    parser.add_argument("-n", "--node", default=default(None), help="ignored (rabbitmqctl's): --uri names the broker")
+    parser.add_argument("-l", "--longnames", action="store_true", default=default(False),
+                        help="ignored (rabbitmqctl's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,7 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="milliseconds between closures")
     close_all.add_argument("--limit", type=int, default=None, help="close at most this many")
     for name in LIST_COMMANDS:
-        add(name, name.replace("_", " ")).add_argument("columns", nargs="*", help="columns to show")
+        listing = add(name, name.replace("_", " "))
+        listing.add_argument("columns", nargs="*", help="columns to show")
+        if name == "list_queues":  # one node: every queue is local and online
+            listing.add_argument("--online", action="store_true", help="queues on reachable nodes (all of them)")
+            listing.add_argument("--offline", action="store_true", help="queues on unreachable nodes (none)")
+            listing.add_argument("--local", action="store_true", help="queues on this node (all of them)")
     add("list_user_permissions", "a user's permissions in every vhost", "user")
     add("add_user", "create a user (no tags)", "user", "password")
     add("delete_user", "delete a user", "user")

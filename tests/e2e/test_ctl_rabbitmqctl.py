@@ -43,6 +43,10 @@ def test_quiet_silent_and_no_headers(broker, clients):
     assert all(len(line.split("\t")) == 2 for line in silent)  # rows only
     no_headers = ctl(broker, "list_queues", "--no-table-headers", "name", "messages").stdout.splitlines()
     assert no_headers[0].startswith("Listing") and "name\tmessages" not in no_headers
+    # rabbitmqctl's node options and list_queues's node filters: one node holds every queue
+    assert f"{queue}\t2" in ctl(broker, "-n", "rabbit@elsewhere", "-s", "list_queues", "name", "messages",
+                                 "--local", "--online").stdout.splitlines()
+    assert ctl(broker, "-s", "list_queues", "--offline").stdout == ""
     assert "Status of node" in ctl(broker, "status").stdout
     assert "Status of node" not in ctl(broker, "-q", "status").stdout
 
