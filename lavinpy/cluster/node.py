@@ -174,7 +174,8 @@ class ClusterNode:
             self.server = None
             state = replica_state.read(self.data_dir)
             if state is not None and state.state == replica_state.UNSYNCED:
-                replica_state.write(self.data_dir, replica_state.CONSISTENT)  # the clean stop synced it
+                # The clean stop synced what it wrote: the copy is consistent at the epoch it reached.
+                replica_state.write(self.data_dir, replica_state.CONSISTENT, state.epoch)
         if self.replication is not None:
             await self.replication.stop()
         await self._stop_following()
