@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pika
 import pytest
@@ -110,3 +111,25 @@ def test_a_data_dir_restored_from_an_old_backup_never_leads(cluster: Cluster) ->
 def _recorded_epoch(cluster: Cluster) -> int:
     value = cluster.etcd.get(f"{PREFIX}/isr_epoch")
     return int(value[0]) if value else 0
+
+
+def test_an_fsync_never_leader_marks_its_copy_unsynced_and_a_clean_stop_keeps_its_epoch(cluster: Cluster) -> None:
+    nodes = cluster.start(2, ["--fsync", "never"])
+    leader = cluster.wait_for_leader(30)
+    wait_until(lambda: set(_isr(cluster)) == {n.node_id for n in nodes}, 30, what="both nodes in the ISR")
+    connection = pika.BlockingConnection(pika.URLParameters(leader.amqp_url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("kept", durable=True)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        channel.basic_publish("", "kept", b"m", pika.BasicProperties(delivery_mode=2))
+    connection.close()
+    wait_until(lambda: _recorded_epoch(cluster) > 0, 10, what="an epoch recorded in etcd")
+    state = json.loads((leader.data_dir / ".replica_state").read_text())
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert state["state"] == "unsynced" and state["boot_id"] == boot_id  # a machine crash would lose it
+    recorded = _recorded_epoch(cluster)
+    leader.terminate()
+    state = json.loads((leader.data_dir / ".replica_state").read_text())
+    assert state["state"] == "consistent" and state["epoch"] >= recorded
