@@ -143,9 +143,10 @@ def f4_silent_partition(run: Run) -> None:
 # ---- F5: a follower on a full disk never acknowledges what it did not write -----------------------
 
 def f5_full_disk(run: Run, attempts: int = 4) -> None:
-    """Fill a follower's disk, publish a burst across an index block boundary, free the disk. A follower
-    that acknowledged a short write stays in the ISR with a hole in its queue index; then fail over to
-    it (leader killed, the other follower frozen)."""
+    """Fill a follower's disk, publish a burst across an index block boundary, free the disk, a few
+    times. The follower must neither acknowledge the short write that ENOSPC gives (it would stay in
+    the ISR with a queue index unlike the leader's) nor depose the healthy leader over its own disk
+    errors. Then fail over to it (leader killed, the other follower frozen): no confirm may be lost."""
     n = run.nemesis
     leader = n.leader()
     f1, f2 = n.followers(leader)
@@ -166,6 +167,11 @@ def f5_full_disk(run: Run, attempts: int = 4) -> None:
         _publish(run, 40, rate=2000)  # at once: the leader writes them in few, large index writes
         n.free_disk(f1)
         _quiesce(run)
+        now = run.cluster.leader()
+        if now is not leader:  # a follower's disk trouble is no reason to depose a healthy leader
+            run.problems.append(f"F5: the leader changed from {leader.name} to {now and now.name} while "
+                                f"{f1.name}'s disk was full")
+            return
         theirs, ours = f1.disk("hash", enq).split()[0], leader.disk("hash", enq).split()[0]
         if _isr_has(run, f1) and theirs != ours:
             run.problems.append(f"F5: {f1.name} is in the ISR with a queue index unlike the leader's "
