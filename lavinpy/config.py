@@ -11,23 +11,27 @@ from typing import Any
 
 import yaml
 
+from .cgroups import cgroup_memory_limit
+
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-# memory_high_watermark: a fraction of the machine's RAM ("0.4", as RabbitMQ's
-# vm_memory_high_watermark) or an absolute size ("512MiB", "200MB", "1073741824").
+# memory_high_watermark: a fraction of the memory this process may use, RAM or its cgroup's cap ("0.4", as
+# RabbitMQ's vm_memory_high_watermark), or an absolute size ("512MiB", "200MB", "1073741824").
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|[kmgt]i?b|B|b)?\s*")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 
 
 def total_memory() -> int:
-    """Physical RAM in bytes."""
+    """The memory this process may use in bytes: the host's RAM, or its cgroup's cap when lower."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 0
+        ram = 0
+    cap = cgroup_memory_limit()
+    return min(ram, cap) if cap and ram else (cap or ram)
 
 
 def parse_watermark(value: str | float | int, total: int | None = None) -> int:
