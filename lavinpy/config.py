@@ -15,6 +15,7 @@ from .cgroups import cgroup_memory_limit
 
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 
 
 # memory_high_watermark: a fraction of the memory this process may use, RAM or its cgroup's cap ("0.4", as
@@ -67,6 +68,8 @@ class Config:
     prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
     stats_sample_interval: float = 5.0  # seconds between message-rate samples
     log_level: str = "info"
+    log_format: str = "text"  # text | json (one object per line)
+    log_file: str = ""  # appended to, reopened on SIGUSR1 (logrotate); "" = stderr
     segment_size: int = 8 * 1024 * 1024
     fsync: str = "always"
     fsync_interval_ms: int = 50
@@ -104,6 +107,8 @@ class Config:
             raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
         for name in ("amqp_port", "amqps_port", "http_port", "prometheus_port", "clustering_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -259,6 +264,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", dest="http_port", type=int)
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
+    parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS)
+    parser.add_argument("--log-file", dest="log_file", help="append the log here (SIGUSR1 reopens it); default stderr")
     parser.add_argument("--fsync", choices=FSYNC_POLICIES)
     cluster = parser.add_argument_group("clustering (high availability with etcd, see docs/clustering.md)")
     cluster.add_argument("--clustering", action="store_const", const=True, help="run as a node of a cluster")
@@ -274,4 +281,5 @@ def from_args(args: argparse.Namespace) -> Config:
     overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
                                                 "prometheus_port", "log_level", "fsync", "clustering",
                                                 *_CLUSTERING_FLAGS)}
+    overrides.update(log_format=args.log_format, log_file=args.log_file)
     return load(path, overrides=overrides)

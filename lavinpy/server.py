@@ -14,7 +14,9 @@ from .broker.broker import Broker
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import address_text, bind_sockets, listen
+from .logs import configure_logging, reopen_log_file
 from .store.lock import DataDirLocked
+from .systemd_notify import Notifier
 from .tls import ServerTLS
 from .wire import accel
 
@@ -128,20 +130,21 @@ class Server:
         self.stopped.set()
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
 async def serve_clustered(config: Config) -> int:
     """One node of a cluster: the broker runs only while this node leads (see cluster/node.py)."""
     from .cluster.node import ClusterNode
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    systemd = Notifier()
+
+    def stopping() -> None:
+        systemd.stopping()  # now: leaving the cluster may take a while
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopping)
+    loop.add_signal_handler(signal.SIGUSR1, reopen_log_file)
 
     async def start_leader(node: ClusterNode) -> Server:
         server = Server(config, cluster=node)
@@ -154,7 +157,26 @@ async def serve_clustered(config: Config) -> int:
         loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
         return server
 
-    return await ClusterNode(config, start_leader).run(stop)
+    node = ClusterNode(config, start_leader)
+    ready = loop.create_task(_notify_when_forwarding(node, systemd)) if systemd.enabled else None
+    try:
+        return await node.run(stop)
+    finally:
+        if ready is not None:
+            ready.cancel()
+        systemd.stop_watchdog()
+
+
+async def _notify_when_forwarding(node: ClusterNode, systemd: Notifier) -> None:
+    """READY=1 once the node's client ports accept (every role forwards or serves from then on).
+
+    The node has no hook for that moment, so its proxies are watched; a node that never joins
+    etcd never reports ready, and systemd's start timeout says so.
+    """
+    while not (node._proxies and all(proxy._servers for proxy in node._proxies)):
+        await asyncio.sleep(0.1)
+    systemd.ready()
+    systemd.start_watchdog()
 
 
 async def serve(config: Config) -> int:
@@ -167,6 +189,8 @@ async def serve(config: Config) -> int:
     # stops the server cleanly once it has started.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, reopen_log_file)
+    systemd = Notifier()
     try:
         await server.start()
     except DataDirLocked as e:
@@ -182,13 +206,21 @@ async def serve(config: Config) -> int:
             server.broker.close()
         return 1
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    systemd.ready()  # every listener accepts now
+    systemd.start_watchdog()
     await stop.wait()
+    systemd.stopping()
     await server.stop()
+    systemd.stop_watchdog()
     return 0
 
 
 def run(config: Config) -> int:
-    configure_logging(config.log_level)
+    try:
+        configure_logging(config.log_level, config.log_format, config.log_file)
+    except OSError as e:
+        print(f"lavinpy: cannot open log file {config.log_file}: {e.strerror}", file=sys.stderr)
+        return 1
     try:
         import uvloop
     except ImportError:
