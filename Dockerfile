@@ -1,22 +1,33 @@
+# Two stages: a build stage with a C compiler makes the wheels (lavinpy's with its compiled extensions,
+# and its dependencies'); the runtime image installs them and has no compiler. The extensions are
+# optional in setup.py, so a build without a compiler would quietly give a pure-Python broker: the
+# build stage refuses that below.
+
+FROM python:3.12-slim AS build
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Everything `pip wheel .` reads: metadata, setup.py (it declares the C extensions), the sources.
+COPY pyproject.toml setup.py README.md ./
+COPY lavinpy ./lavinpy
+RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
+    && pip install --no-cache-dir --no-index --find-links /wheels lavinpy \
+    && python -c "import lavinpy.wire._cwire, lavinpy.store._cstore"
+
 FROM python:3.12-slim
 
 # The broker runs as this user, never as root; its data lives in the volume below.
 RUN useradd --system --uid 999 --user-group --home-dir /var/lib/lavinpy --no-create-home lavinpy \
-    && mkdir -p /var/lib/lavinpy && chown lavinpy:lavinpy /var/lib/lavinpy && chmod 700 /var/lib/lavinpy
+    && mkdir -p /var/lib/lavinpy /etc/lavinpy && chown lavinpy:lavinpy /var/lib/lavinpy \
+    && chmod 700 /var/lib/lavinpy
 
-WORKDIR /app
+# Only wheels, no network and no compiler: the image runs exactly what the build stage checked.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels lavinpy \
+    && python -c "import lavinpy.wire._cwire, lavinpy.store._cstore"
 
-# Dependencies first, from pyproject.toml alone: a code change does not reinstall them.
-COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-        > /tmp/requirements.txt \
-    && pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt
-
-COPY README.md ./
-COPY lavinpy ./lavinpy
-COPY conf ./conf
-RUN pip install --no-cache-dir --no-deps .
-
+COPY lavinpy/lavinpy.yaml /etc/lavinpy/lavinpy.yaml
+WORKDIR /var/lib/lavinpy
 VOLUME ["/var/lib/lavinpy"]
 
 # First start only: the user created in an empty data dir (administrator, full rights on "/").
@@ -28,8 +39,9 @@ ENV LAVINPY_DATA_DIR=/var/lib/lavinpy \
     LAVINPY_DEFAULT_USER=guest \
     LAVINPY_DEFAULT_PASSWORD=guest
 
-# AMQP, AMQPS (when tls_cert is set), management API and dashboard, Prometheus metrics.
-EXPOSE 5672 5671 15672 15692
+# AMQP, AMQPS, HTTPS management API and dashboard (AMQPS and HTTPS when tls_cert is set), HTTP
+# management API and dashboard, Prometheus metrics.
+EXPOSE 5672 5671 15671 15672 15692
 
 USER lavinpy
 
@@ -39,4 +51,4 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=20s --retries=3 \
     CMD lavinpyctl --uri "${LAVINPYCTL_URI:-http://${LAVINPY_DEFAULT_USER}:${LAVINPY_DEFAULT_PASSWORD}@127.0.0.1:15672}" \
         status >/dev/null || exit 1
 
-CMD ["lavinpy", "--config", "/app/conf/lavinpy.yaml"]
+CMD ["lavinpy", "--config", "/etc/lavinpy/lavinpy.yaml"]

@@ -1,0 +1,95 @@
+"""The wheel, built from what the Dockerfile's build stage copies, installs and runs the compiled codec.
+
+This is what the container image does without Docker: the same files, `pip wheel`, an install into
+a fresh environment, a start. It runs once per suite: in the compiled run (it is skipped under
+LAVINPY_PURE_PYTHON=1, whose run is about the fallback).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+from .broker_proc import REPO, broker_env, port_args, start, stop, wait_for
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("LAVINPY_PURE_PYTHON") == "1",
+                       reason="built and started once, in the compiled run"),
+    pytest.mark.timeout(120),
+]
+
+
+def build_stage_copies(dockerfile: Path) -> list[str]:
+    """The sources named by COPY in the Dockerfile's first stage (the one that builds the wheel)."""
+    sources: list[str] = []
+    stage = 0
+    for line in dockerfile.read_text().splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0].upper() == "FROM":
+            stage += 1
+            if stage > 1:
+                break
+        elif words[0].upper() == "COPY":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            sources += args[:-1]
+    return sources
+
+
+def test_dockerfile_build_stage_copies_what_the_wheel_needs():
+    copies = build_stage_copies(REPO / "Dockerfile")
+    # setup.py declares the C extensions: without it the image runs the pure-Python path.
+    assert {"pyproject.toml", "setup.py", "README.md", "lavinpy"} <= set(copies), copies
+
+
+def test_installed_wheel_starts_with_the_compiled_codec(tmp_path: Path):
+    compiler = sysconfig.get_config_var("CC") or "cc"
+    if shutil.which(compiler.split()[0]) is None:
+        pytest.skip(f"no C compiler ({compiler}): the wheel would hold the pure-Python path only")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in build_stage_copies(REPO / "Dockerfile"):
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    wheels = tmp_path / "wheels"
+    # As the image's build stage runs it: an isolated build with the setuptools pyproject.toml asks for.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(wheels), str(src)],
+                   check=True, timeout=100, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    [wheel] = wheels.glob("lavinpy-*.whl")
+    assert re.search(r"-cp\d+-cp\d+[a-z]*-", wheel.name), f"{wheel.name} is not a platform wheel: nothing compiled"
+
+    # A fresh environment that sees the dependencies already installed here (no network needed); lavinpy
+    # itself must come from the wheel, which the check of lavinpy.__file__ below makes sure of.
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, system_site_packages=True, with_pip=False)
+    python = str(env_dir / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
+                    "--no-index", str(wheel)], check=True, timeout=60)
+    clean = {k: v for k, v in broker_env().items() if k not in ("PYTHONPATH", "LAVINPY_PURE_PYTHON")}
+    where = "import lavinpy, lavinpy.wire._cwire as c; print(lavinpy.__file__, c.__file__)"
+    found = subprocess.run([python, "-c", where], cwd=tmp_path, env=clean, capture_output=True, text=True,
+                           timeout=30)
+    assert found.returncode == 0, found.stderr
+    package_file, extension_file = found.stdout.split()
+    assert package_file.startswith(str(env_dir)) and extension_file.startswith(str(env_dir)), found.stdout
+
+    proc = start(port_args(tmp_path), tmp_path, clean, python=python)
+    log = tmp_path / "stderr"
+    try:
+        wait_for(lambda: "lavinpy started" in log.read_text(), proc, "the started line")
+    finally:
+        assert stop(proc) == 0
+    started = [line for line in log.read_text().splitlines() if "lavinpy started" in line]
+    assert "compiled codec" in started[0], started
