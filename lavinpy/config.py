@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from .cgroups import cgroup_memory_limit
+from .wire.proxy_header import parse_network
 
 FSYNC_POLICIES = ("always", "batch", "never")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -64,8 +65,15 @@ class Config:
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
-    http_port: int = 15672
+    http_port: int = 15672  # 0 = no plain HTTP (e.g. when https_port serves the API)
+    # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate: only when
+    # tls_cert is set (0 turns each off even then).
+    https_port: int = 15671
     prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
+    prometheus_tls_port: int = 15691
+    # Addresses and CIDRs of load balancers (LavinMQ's name): their connections must start with a PROXY
+    # protocol header (v1 or v2) naming the client, whose address then counts as the connection's.
+    proxy_protocol_trusted_sources: list[str] = field(default_factory=list)
     stats_sample_interval: float = 5.0  # seconds between message-rate samples
     log_level: str = "info"
     log_format: str = "text"  # text | json (one object per line)
@@ -109,7 +117,8 @@ class Config:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
-        for name in ("amqp_port", "amqps_port", "http_port", "prometheus_port", "clustering_port"):
+        for name in ("amqp_port", "amqps_port", "http_port", "https_port", "prometheus_port", "prometheus_tls_port",
+                     "clustering_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
@@ -118,6 +127,11 @@ class Config:
         if not self.stats_sample_interval > 0:
             raise ConfigError(f"stats_sample_interval must be above 0, not {self.stats_sample_interval}")
         self._validate_tls()
+        for entry in self.proxy_protocol_trusted_sources:
+            try:
+                parse_network(entry)
+            except ValueError:
+                raise ConfigError(f"proxy_protocol_trusted_sources: {entry!r} is neither an address nor a CIDR")
         self._validate_clustering()
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
@@ -172,6 +186,19 @@ class Config:
     @property
     def amqps_enabled(self) -> bool:
         return bool(self.tls_cert) and self.amqps_port != 0
+
+    @property
+    def https_enabled(self) -> bool:
+        return bool(self.tls_cert) and self.https_port != 0
+
+    @property
+    def prometheus_tls_enabled(self) -> bool:
+        return bool(self.tls_cert) and self.prometheus_tls_port != 0
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether any listener needs the certificate."""
+        return self.amqps_enabled or self.https_enabled or self.prometheus_tls_enabled
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
@@ -261,8 +288,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="addresses to listen on, comma-separated (default 127.0.0.1,::1)")
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
     parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
-    parser.add_argument("--http-port", dest="http_port", type=int)
+    parser.add_argument("--http-port", dest="http_port", type=int, help="management API (0 = off)")
+    parser.add_argument("--https-port", dest="https_port", type=int, help="management API over TLS (needs tls_cert)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
+    parser.add_argument("--prometheus-tls-port", dest="prometheus_tls_port", type=int,
+                        help="Prometheus /metrics over TLS (needs tls_cert)")
+    parser.add_argument("--proxy-protocol-trusted-sources", dest="proxy_protocol_trusted_sources",
+                        help="load balancer addresses/CIDRs that send a PROXY header, comma-separated")
     parser.add_argument("--log-level", dest="log_level", choices=LOG_LEVELS)
     parser.add_argument("--log-format", dest="log_format", choices=LOG_FORMATS)
     parser.add_argument("--log-file", dest="log_file", help="append the log here (SIGUSR1 reopens it); default stderr")
@@ -279,7 +311,8 @@ def from_args(args: argparse.Namespace) -> Config:
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
     overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
-                                                "prometheus_port", "log_level", "fsync", "clustering",
+                                                "https_port", "prometheus_port", "prometheus_tls_port",
+                                                "proxy_protocol_trusted_sources", "log_level", "fsync", "clustering",
                                                 *_CLUSTERING_FLAGS)}
     overrides.update(log_format=args.log_format, log_file=args.log_file)
     return load(path, overrides=overrides)

@@ -15,6 +15,16 @@ import socket
 import ssl
 from collections.abc import Callable
 
+from .wire.proxy_header import (
+    V2_FIXED,
+    V2_MAX_BODY,
+    ProxyHeader,
+    ProxyHeaderError,
+    TrustedSources,
+    may_be_proxy_header,
+    parse_proxy_header,
+)
+
 log = logging.getLogger("lavinpy")
 
 # The machine lacks the address or the address family: skip it, keep the others.
@@ -85,3 +95,149 @@ async def listen(factory: Callable[[], asyncio.Protocol], hosts: list[str], port
 def address_text(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# --- PROXY protocol ---------------------------------------------------------------------------------
+HEADER_TIMEOUT = 5.0  # a trusted proxy sends its header at once; one that does not is dropped
+_PEEK_BYTES = V2_FIXED + V2_MAX_BODY
+_ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+# A protocol for one accepted connection; its argument is the PROXY header naming the client and the
+# address it connected to (None: the TCP peer is the client).
+ForwardedFactory = Callable[[ProxyHeader | None], asyncio.Protocol]
+
+
+class ProxyPolicy:
+    """Which peers send a PROXY header: configured load balancers must, cluster members may (a
+    follower forwards its clients with one; the node itself also connects directly)."""
+
+    def __init__(self, trusted: TrustedSources, member: Callable[[str], bool] | None = None,
+                 refused: Callable[[str, object, str], None] | None = None) -> None:
+        """``refused(what, peer, reason)`` logs a connection closed for a bad header (the server passes
+        the rate-limited log the faces use, which this module may not import)."""
+        self.trusted = trusted
+        self.member = member
+        self.refused = refused or (lambda what, peer, reason: log.warning("%s connection from %s closed: %s",
+                                                                          what, peer, reason))
+
+    def __bool__(self) -> bool:
+        return bool(self.trusted) or self.member is not None
+
+    def mode(self, host: str) -> str | None:
+        """"must", "may" or None (a header from ``host`` is bad input)."""
+        if host in self.trusted:
+            return "must"
+        if self.member is not None and self.member(host):
+            return "may"
+        return None
+
+
+async def read_proxy_header(sock: socket.socket, required: bool) -> ProxyHeader | None:
+    """Take a PROXY header (either version) off the start of ``sock`` and nothing more: the bytes after
+    it stay in the socket for asyncio (and TLS) to read. None when the connection does not start with
+    one and none is ``required``; ProxyHeaderError when it is required and absent, or malformed."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await _readable(loop, sock)
+        data = sock.recv(_PEEK_BYTES, socket.MSG_PEEK)
+        if not data:
+            raise ConnectionError("closed before sending anything")
+        if not may_be_proxy_header(data):
+            if required:
+                raise ProxyHeaderError("a trusted source must start with a PROXY header")
+            return None
+        parsed = parse_proxy_header(data)
+        if parsed is not None:
+            header, used = parsed
+            while used:  # already received: no wait
+                used -= len(sock.recv(used))
+            return header
+        # Incomplete (rare: a proxy writes its header in one piece). Peeking does not drain the
+        # socket, so it stays readable: poll instead of spinning.
+        await asyncio.sleep(0.01)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    ready = loop.create_future()
+    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+class ProxiedListener:
+    """Accepts connections itself so that a PROXY header can be read before asyncio (and TLS, whose
+    handshake comes after the header) takes the socket; asyncio's own server cannot hand over bytes
+    it already read. Used only when some peer is trusted to send one."""
+
+    def __init__(self, sock: socket.socket, factory: ForwardedFactory, policy: ProxyPolicy, what: str,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        self.sockets = [sock]
+        self.factory = factory
+        self.policy = policy
+        self.what = what
+        self.ssl_context = ssl_context
+        self._pending: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.get_running_loop().create_task(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = self.sockets[0]
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(sock)
+            except OSError as e:
+                if e.errno in _ACCEPT_PAUSE:  # out of descriptors or memory: let some close first
+                    log.warning("%s: cannot accept a connection: %s", self.what, e.strerror)
+                    await asyncio.sleep(0.1)
+                    continue
+                if sock.fileno() < 0:
+                    return
+                raise
+            task = loop.create_task(self._serve(conn, peer))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _serve(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        conn.setblocking(False)
+        client = None
+        mode = self.policy.mode(peer[0])
+        if mode is not None:
+            try:
+                header = await asyncio.wait_for(read_proxy_header(conn, mode == "must"), HEADER_TIMEOUT)
+            except (ProxyHeaderError, OSError, TimeoutError) as e:
+                self.policy.refused(self.what, peer, str(e) or "no PROXY header in time")
+                conn.close()
+                return
+            client = header if header is not None and header.source is not None else None
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: self.factory(client), conn, ssl=self.ssl_context)
+        except (OSError, ssl.SSLError) as e:
+            log.debug("%s connection from %s failed before it started: %s", self.what, peer, e)
+            conn.close()
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in self._pending:
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+
+async def listen_forwarded(factory: ForwardedFactory, hosts: list[str], port: int, what: str,
+                           policy: ProxyPolicy, ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener]:
+    """As ``listen``, for listeners where ``policy`` trusts some peers to send a PROXY header."""
+    listeners = [ProxiedListener(sock, factory, policy, what, ssl_context) for sock in bind_sockets(hosts, port, what)]
+    log.info("listening for %s on %s (PROXY protocol from trusted sources)", what,
+             ", ".join(address_text(s) for listener in listeners for s in listener.sockets))
+    return listeners
+
+
+async def serve_port(factory: ForwardedFactory, hosts: list[str], port: int, what: str, policy: ProxyPolicy,
+                ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener] | list[asyncio.AbstractServer]:
+    """Listen with asyncio's server when nobody may send a PROXY header, else accept here."""
+    if policy:
+        return await listen_forwarded(factory, hosts, port, what, policy, ssl_context)
+    return await listen(lambda: factory(None), hosts, port, what, ssl_context)

@@ -8,22 +8,26 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.transport import AMQPProtocol
 from .broker.broker import Broker
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
-from .listeners import address_text, bind_sockets, listen
+from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
 from .store.lock import DataDirLocked
 from .systemd_notify import Notifier
 from .tls import ServerTLS
 from .wire import accel
+from .wire.proxy_header import TrustedSources
 
 if TYPE_CHECKING:
     from .cluster.node import ClusterNode
 
 log = logging.getLogger("lavinpy")
+# Prometheus scrapes directly (RabbitMQ's prometheus plugin has no PROXY protocol either).
+NO_PROXY = ProxyPolicy(TrustedSources([]))
 
 
 class Server:
@@ -31,19 +35,22 @@ class Server:
         """``cluster``: the node this server runs for as the cluster's leader (None: a single broker)."""
         self.config = config
         self.cluster = cluster
-        # Cluster members forward clients after a PROXY line; nobody else may send one.
-        self.accept_proxy = cluster.accepts_proxy_from if cluster is not None else None
+        # Configured load balancers must start with a PROXY header; cluster members forward clients after
+        # one (and may also connect directly); from anyone else a PROXY header is bad input.
+        self.proxy_policy = ProxyPolicy(TrustedSources(config.proxy_protocol_trusted_sources),
+                                        cluster.accepts_proxy_from if cluster is not None else None,
+                                        log_bad_proxy_header)
         self.broker = Broker(config)
         self.sessions = Sessions(self.broker)
-        self._listeners: list[asyncio.AbstractServer] = []
+        self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
-        self.http: Any = None  # the management API server, when http_port is not 0
-        self.metrics: Any = None  # the Prometheus endpoint's runner, when prometheus_port is not 0
+        self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
+        self.metrics: list[Any] = []  # the Prometheus endpoint's servers (plain, TLS)
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
         config = self.config
-        if config.amqps_enabled:
+        if config.tls_enabled:
             self.tls = ServerTLS(config)  # bad certificate files stop the start before anything is opened
         self.broker.open()
         if config.load_definitions:
@@ -52,17 +59,16 @@ class Server:
         if self.cluster is not None:
             self.cluster.attach(self.broker)  # replication hooks in before any client is accepted
         try:
-            self._listeners = await listen(lambda: AMQPProtocol(self.sessions, self.accept_proxy), config.bind,
-                                           config.amqp_port, "AMQP")
-            if self.tls is not None:
-                self._listeners += await listen(lambda: AMQPProtocol(self.sessions), config.bind,
-                                                config.amqps_port, "AMQPS", self.tls.listener_context)
-            if config.http_port:
-                await self._start_http()
-            if config.prometheus_port:
-                await self._start_metrics()
+            self._listeners = await serve_port(lambda header: AMQPProtocol(self.sessions, header), config.bind,
+                                               config.amqp_port, "AMQP", self.proxy_policy)
+            if self.tls is not None and config.amqps_enabled:
+                self._listeners += await serve_port(lambda header: AMQPProtocol(self.sessions, header), config.bind,
+                                                    config.amqps_port, "AMQPS", self.proxy_policy,
+                                                    self.tls.listener_context)
+            await self._start_http()
         except BaseException:
             self._close_listeners()
+            await self._stop_http()
             raise
         self.broker.start()
         self.sessions.start()
@@ -70,19 +76,33 @@ class Server:
                  "compiled" if accel.COMPILED else "pure-Python")
 
     async def _start_http(self) -> None:
-        # aiohttp is imported only when the API is on: a broker without it starts without the cost.
+        """The management API and /metrics, each plain and over TLS as the ports say."""
+        config, tls = self.config, self.tls
+        if not (config.http_port or config.prometheus_port or tls is not None):
+            return
+        # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
-        sockets = bind_sockets(self.config.bind, self.config.http_port, "HTTP")
+        from .http.metrics import make_metrics_app
         cluster_nodes = self.cluster.status if self.cluster is not None else None
-        self.http = HttpServer(make_app(self.broker, self.sessions, cluster_nodes))
-        await self.http.start(sockets, self.accept_proxy)
-        log.info("listening for HTTP on %s", ", ".join(address_text(s) for s in sockets))
+        ports = [(self.http, lambda: make_app(self.broker, self.sessions, cluster_nodes), config.http_port, "HTTP",
+                  self.proxy_policy, None),
+                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions), config.prometheus_port,
+                  "Prometheus", NO_PROXY, None)]
+        if tls is not None:
+            ports += [(self.http, ports[0][1], config.https_port if config.https_enabled else 0, "HTTPS",
+                       self.proxy_policy, tls.listener_context),
+                      (self.metrics, ports[1][1], config.prometheus_tls_port if config.prometheus_tls_enabled else 0,
+                       "Prometheus TLS", NO_PROXY, tls.listener_context)]
+        for servers, make, port, what, policy, context in ports:
+            if port:
+                server = HttpServer(make())
+                servers.append(server)
+                await server.start(config.bind, port, what, policy, context)
 
-    async def _start_metrics(self) -> None:
-        from .http.metrics import start_metrics_server
-        sockets = bind_sockets(self.config.bind, self.config.prometheus_port, "Prometheus")
-        self.metrics = await start_metrics_server(self.broker, self.sessions, sockets)
-        log.info("listening for Prometheus on %s", ", ".join(address_text(s) for s in sockets))
+    async def _stop_http(self) -> None:
+        for server in self.http + self.metrics:
+            await server.stop()
+        self.http, self.metrics = [], []
 
     def _close_listeners(self) -> None:
         for listener in self._listeners:
@@ -92,7 +112,7 @@ class Server:
     def reload_tls(self) -> None:
         """SIGHUP: read the certificate files again; new connections use them."""
         if self.tls is None:
-            log.info("SIGHUP: no TLS listener, nothing to reload")
+            log.info("SIGHUP: no TLS listener (AMQPS, HTTPS, Prometheus TLS), nothing to reload")
             return
         try:
             self.tls.reload()
@@ -105,12 +125,7 @@ class Server:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
         self._close_listeners()
-        if self.http is not None:
-            await self.http.stop()
-            self.http = None
-        if self.metrics is not None:
-            await self.metrics.cleanup()
-            self.metrics = None
+        await self._stop_http()
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()

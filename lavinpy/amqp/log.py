@@ -42,3 +42,12 @@ class RateLimitedLog:
 
 # Channel closes are client errors: one line each, rate-limited, under the channel's logger.
 channel_close_log = RateLimitedLog(logging.getLogger("lavinpy.channel"))
+
+# PROXY headers refused (from an untrusted peer, malformed, or missing from a trusted one): bad input,
+# one line per connection, rate-limited as a flood of them would be.
+proxy_header_log = RateLimitedLog(logging.getLogger("lavinpy.proxy"))
+
+
+def log_bad_proxy_header(what: str, peer: object, reason: str) -> None:
+    host = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+    proxy_header_log.log(logging.WARNING, "%s connection from %s closed: %s", what, host, reason)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..wire.accel import SOCKET_THREADS, csocket
-from ..wire.proxy_header import ProxyHeaderError, may_be_proxy_line, parse_proxy_line
+from ..wire.constants import PROTOCOL_HEADER
+from ..wire.proxy_header import ProxyHeader, may_be_proxy_header
 from .connection import AMQPConnection
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
+from .log import log_bad_proxy_header
 
 if TYPE_CHECKING:
     from .sessions import Sessions
@@ -54,13 +55,15 @@ READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(
 
 
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, sessions: Sessions, accept_proxy: Callable[[str], bool] | None = None) -> None:
-        """``accept_proxy(host)``: whether a peer at ``host`` may start with a PROXY line (cluster members)."""
+    def __init__(self, sessions: Sessions, forwarded: ProxyHeader | None = None) -> None:
+        """``forwarded``: the PROXY header a trusted proxy sent (the listener read it); its client is the
+        connection's peer for listings, the loopback-only rule and the login throttle."""
         self.sessions = sessions
-        self.accept_proxy = accept_proxy
-        self._proxy_pending: bytes | None = None  # the start of a possible PROXY line from a trusted peer
-        # (client, local) addresses from a PROXY line: the connection's real peer, for listings.
-        self.proxied: tuple[tuple[str, int], tuple[str, int] | None] | None = None
+        self.forwarded = forwarded
+        # (client, local) addresses as the connection listing reads them (None: the socket's own).
+        self.proxied: tuple[tuple[str, int], tuple[str, int] | None] | None = (
+            (forwarded.source, forwarded.destination) if forwarded is not None and forwarded.source else None)
+        self._first_read = True  # a PROXY header in the first bytes now is bad input
         self.conn: AMQPConnection | None = None
         self.transport: asyncio.Transport | None = None
         self._timers: dict[TimerKind, asyncio.TimerHandle] = {}
@@ -85,9 +88,11 @@ class AMQPProtocol(asyncio.Protocol):
             if READER_ENABLED:
                 self._reader_fd = sock.fileno()
         peer = transport.get_extra_info("peername")
-        if self.accept_proxy is not None and isinstance(peer, tuple) and self.accept_proxy(peer[0]):
-            self._proxy_pending = b""
         conn = self.conn = AMQPConnection(self.sessions, peer if isinstance(peer, tuple) else None)
+        if self.proxied is not None:
+            client = self.proxied[0]
+            conn.peer_host = client[0]
+            conn.name = f"{client[0]}:{client[1]}"
         conn.driver = self
         conn.start()
         self.pump()
@@ -95,9 +100,18 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         assert conn is not None
-        if self._proxy_pending is not None:
-            data = self._take_proxy_line(conn, data)
-            if not data:
+        if self._first_read:
+            self._first_read = False
+            if may_be_proxy_header(data[:16]):
+                # Not from a trusted source (the listener took a trusted one's header): refused, so
+                # that nobody can claim another address. Answered as any bad protocol header is.
+                transport = self.transport
+                if transport is not None:
+                    what = "AMQPS" if transport.get_extra_info("sslcontext") else "AMQP"
+                    log_bad_proxy_header(what, transport.get_extra_info("peername"),
+                                         "a PROXY header from a source not in proxy_protocol_trusted_sources")
+                    transport.write(PROTOCOL_HEADER)
+                    transport.close()
                 return
         conn.receive_data(data)
         self.pump()
@@ -142,27 +156,6 @@ class AMQPProtocol(asyncio.Protocol):
         if reader is not None:
             self._loop.remove_reader(reader.wake_fd)
             reader.stop()
-
-    def _take_proxy_line(self, conn: AMQPConnection, data: bytes) -> bytes:
-        """Strip the PROXY line a cluster member sends first; its client becomes the connection's peer.
-        Anything else (a malformed line included) goes to the connection as it came."""
-        pending = self._proxy_pending + data
-        try:
-            parsed = parse_proxy_line(pending) if may_be_proxy_line(pending) else False
-        except ProxyHeaderError:
-            parsed = False
-        if parsed is None:  # incomplete
-            self._proxy_pending = pending
-            return b""
-        self._proxy_pending = None
-        if parsed is False:
-            return pending
-        header, used = parsed
-        if header.source is not None:
-            self.proxied = (header.source, header.destination)
-            conn.peer_host = header.source[0]
-            conn.name = f"{header.source[0]}:{header.source[1]}"
-        return pending[used:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reader()

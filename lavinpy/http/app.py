@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import importlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ..broker.actor import Actor
+from ..listeners import ProxyPolicy, serve_port
 from ..wire.errors import AMQPError
 from .auth import REALM, authenticate
 from .errors import ApiError, error_response, from_amqp_error
-from .proxied import proxied_remote, serve_with_proxy_lines
+from .proxied import ForwardedProtocol, proxied_remote
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker, SessionLayer
@@ -108,23 +110,22 @@ def make_app(broker: Broker, sessions: SessionLayer,
 
 
 class HttpServer:
-    """The app served on already-bound sockets (one per bind address)."""
+    """An app served on every bind address of one port, plain or TLS, behind ForwardedProtocol."""
 
     def __init__(self, app: web.Application) -> None:
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        self._proxied: list[Any] = []  # listeners that take PROXY lines from trusted peers
+        self._listeners: list[Any] = []
 
-    async def start(self, sockets: list[Any], accept_proxy: Callable[[str], bool] | None = None) -> None:
-        """``accept_proxy(host)``: whether a peer at ``host`` may start with a PROXY line (cluster members)."""
+    async def start(self, hosts: list[str], port: int, what: str, policy: ProxyPolicy,
+                    ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on ``port`` of ``hosts``; ``policy``: who may or must start with a PROXY header."""
         await self.runner.setup()
-        if accept_proxy is not None:
-            assert self.runner.server is not None
-            self._proxied = await serve_with_proxy_lines(self.runner.server, sockets, accept_proxy)
-            return
-        for sock in sockets:
-            await web.SockSite(self.runner, sock).start()
+        server = self.runner.server
+        assert server is not None
+        self._listeners = await serve_port(lambda client: ForwardedProtocol(server(), client, what), hosts, port, what,
+                                      policy, ssl_context)
 
     async def stop(self) -> None:
-        for listener in self._proxied:
+        for listener in self._listeners:
             listener.close()
         await self.runner.cleanup()

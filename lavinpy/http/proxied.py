@@ -1,8 +1,9 @@
-"""PROXY protocol v1 in front of aiohttp's request handler (aiohttp has no support of its own).
+"""The client's address behind a PROXY header, for aiohttp (which has no PROXY protocol support).
 
-On a cluster's leader, followers forward HTTP connections byte for byte after a PROXY line naming the
-client. A thin protocol strips that line (only from a trusted peer) and hands everything else to
-aiohttp's handler untouched; a middleware then shows the client's address as ``request.remote``.
+The listener (lavinpy.listeners) reads a trusted peer's header before the connection reaches aiohttp
+and names the client; a thin protocol in front of aiohttp's handler records it, and a middleware
+shows it as ``request.remote`` (the loopback-only rule, the login throttle and logs read that).
+A PROXY header reaching the handler itself came from a peer that may not send one: bad input.
 """
 
 from __future__ import annotations
@@ -13,44 +14,39 @@ from typing import Any
 
 from aiohttp import web
 
-from ..wire.proxy_header import ProxyHeaderError, may_be_proxy_line, parse_proxy_line
+from ..amqp.log import log_bad_proxy_header
+from ..wire.proxy_header import ProxyHeader, may_be_proxy_header
 
-# transport -> the client address its PROXY line named (while the connection lasts)
+BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+               b"Content-Length: 35\r\n\r\nPROXY header from an untrusted peer")
+# transport -> the client address its PROXY header named (while the connection lasts)
 _CLIENTS: dict[Any, tuple[str, int]] = {}
 
 
-class ProxyLineProtocol(asyncio.Protocol):
-    def __init__(self, inner: asyncio.Protocol, accept_proxy: Callable[[str], bool]) -> None:
+class ForwardedProtocol(asyncio.Protocol):
+    """aiohttp's protocol for one connection, told which client a PROXY header named (None: none)."""
+
+    def __init__(self, inner: asyncio.Protocol, forwarded: ProxyHeader | None, what: str) -> None:
         self.inner = inner
-        self.accept_proxy = accept_proxy
+        self.client = forwarded.source if forwarded is not None else None
+        self.what = what
         self.transport: asyncio.BaseTransport | None = None
-        self._pending: bytes | None = None
+        self._first_read = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        if isinstance(peer, tuple) and self.accept_proxy(peer[0]):
-            self._pending = b""
+        if self.client is not None:
+            _CLIENTS[transport] = self.client
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._pending is not None:
-            pending = self._pending + data
-            try:
-                parsed = parse_proxy_line(pending) if may_be_proxy_line(pending) else False
-            except ProxyHeaderError:
-                parsed = False  # aiohttp answers it as the bad request it is
-            if parsed is None:
-                self._pending = pending
-                return
-            self._pending = None
-            data = pending
-            if parsed:
-                header, used = parsed
-                if header.source is not None:
-                    _CLIENTS[self.transport] = header.source
-                data = pending[used:]
-            if not data:
+        if self._first_read:
+            self._first_read = False
+            if may_be_proxy_header(data[:16]) and self.transport is not None:
+                log_bad_proxy_header(self.what, self.transport.get_extra_info("peername"),
+                                     "a PROXY header from a source not in proxy_protocol_trusted_sources")
+                self.transport.write(BAD_REQUEST)  # type: ignore[attr-defined]
+                self.transport.close()
                 return
         self.inner.data_received(data)
 
@@ -80,11 +76,3 @@ async def proxied_remote(request: web.Request,
     if client is not None:
         request = request.clone(remote=client[0])
     return await handler(request)
-
-
-async def serve_with_proxy_lines(server: web.Server, sockets: list[Any],
-                                 accept_proxy: Callable[[str], bool]) -> list[asyncio.AbstractServer]:
-    """Serve aiohttp's ``server`` on bound ``sockets``, each connection behind a ProxyLineProtocol."""
-    loop = asyncio.get_running_loop()
-    return [await loop.create_server(lambda: ProxyLineProtocol(server(), accept_proxy), sock=sock)
-            for sock in sockets]
