@@ -39,9 +39,9 @@ ENV LAVINPY_DATA_DIR=/var/lib/lavinpy \
     LAVINPY_DEFAULT_USER=guest \
     LAVINPY_DEFAULT_PASSWORD=guest
 
-# AMQP, AMQPS, HTTPS management API and dashboard (AMQPS and HTTPS when tls_cert is set), HTTP
-# management API and dashboard, Prometheus metrics.
-EXPOSE 5672 5671 15671 15672 15692
+# AMQP, AMQPS, the management API and dashboard over HTTPS and HTTP, Prometheus metrics over HTTP and
+# HTTPS (the TLS ports listen once tls_cert is set).
+EXPOSE 5672 5671 15671 15672 15692 15691
 
 USER lavinpy
 
