@@ -13,6 +13,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -136,3 +137,13 @@ def test_sighup_serves_a_new_certificate_to_new_connections(https_broker: HTTPSB
     assert response.status == 200 and json.loads(response.read())["name"] == "guest"
     assert int(kept.sock.getpeercert()["serialNumber"], 16) == old_serial == b.serial
     kept.close()
+
+
+def test_lavinpyctl_over_https(https_broker: HTTPSBroker) -> None:
+    # urllib's default context honours SSL_CERT_FILE: the test CA stands in for the system's.
+    env = {**os.environ, "SSL_CERT_FILE": str(https_broker.ca.cert_path)}
+    env.pop("LAVINPYCTL_URI", None)
+    out = subprocess.run([sys.executable, "-m", "lavinpy.cli.ctl", "--uri",
+                          f"https://guest:guest@localhost:{https_broker.https_port}", "list_vhosts"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "/" in out.stdout.split(), out.stderr
