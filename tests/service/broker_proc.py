@@ -66,3 +66,18 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> int:
         proc.kill()
         proc.wait()
         raise
+
+
+def receive(sock: socket.socket, until: str, timeout: float) -> list[str]:
+    """Every message until one containing ``until`` (inclusive), one line per message field."""
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        got += data.decode().splitlines()
+        if until in got:
+            return got
+    raise AssertionError(f"{until} not received within {timeout} s; got {got}")

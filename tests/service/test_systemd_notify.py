@@ -16,7 +16,7 @@ import pytest
 
 from lavinpy.systemd_notify import Notifier
 
-from .broker_proc import REPO, broker_env, port_args, start, stop
+from .broker_proc import REPO, broker_env, port_args, receive, start, stop
 
 
 @pytest.fixture(params=["path", "abstract"])
@@ -37,21 +37,6 @@ def systemd_socket(request: pytest.FixtureRequest) -> Iterator[tuple[socket.sock
     if request.param == "path":
         os.unlink(name)
         os.rmdir(directory)
-
-
-def receive(sock: socket.socket, until: str, timeout: float) -> list[str]:
-    """Every message until one containing ``until`` (inclusive), one line per message field."""
-    got: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            data = sock.recv(4096)
-        except TimeoutError:
-            continue
-        got += data.decode().splitlines()
-        if until in got:
-            return got
-    raise AssertionError(f"{until} not received within {timeout} s; got {got}")
 
 
 def test_ready_watchdog_and_stopping_arrive_in_order(tmp_path: Path, systemd_socket: tuple[socket.socket, str]):
