@@ -1,7 +1,8 @@
+# syntax=docker/dockerfile:1
 # Two stages: a build stage with a C compiler makes the wheels (lavinpy's with its compiled extensions,
 # and its dependencies'); the runtime image installs them and has no compiler. The extensions are
 # optional in setup.py, so a build without a compiler would quietly give a pure-Python broker: the
-# build stage refuses that below.
+# build stage refuses that below. BuildKit (Docker 23+'s default) is needed for RUN --mount.
 
 FROM python:3.12-slim AS build
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \

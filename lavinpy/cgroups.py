@@ -8,6 +8,7 @@ fake tree.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -89,21 +90,28 @@ def _read_limit(file: Path) -> int | None:
     return value if 0 < value < _V1_UNLIMITED else None
 
 
+@functools.lru_cache(maxsize=8)
+def _limit_files(root: str) -> tuple[Path, ...]:
+    """Every file that may hold a cap on this process. Found once: the alarm check runs every few
+    seconds and after every 16 MiB of input, and mountinfo can be long on a container host; a broker
+    is not moved to another cgroup while it runs, while a cap may be changed (docker update), so the
+    files themselves are read on every call."""
+    base = Path(root)
+    v2_path, v1_path = _own_paths(base)
+    v2_mounts, v1_mounts = _mounts(base)
+    files: list[Path] = []
+    for path, mounts, name in ((v2_path, v2_mounts, "memory.max"), (v1_path, v1_mounts, "memory.limit_in_bytes")):
+        if path is None:
+            continue
+        for mount_root, mount_point in mounts:
+            files += [directory / name for directory in _directories(mount_root, mount_point, path)]
+    return tuple(files)
+
+
 def cgroup_memory_limit(root: str | os.PathLike[str] = "/") -> int | None:
     """The tightest memory cap on this process's cgroup and its ancestors in bytes; None = no cap.
 
     cgroup v2 ``memory.max`` and v1 ``memory.limit_in_bytes``; "max" or a missing file is no cap.
     """
-    base = Path(root)
-    v2_path, v1_path = _own_paths(base)
-    v2_mounts, v1_mounts = _mounts(base)
-    limits: list[int] = []
-    for path, mounts, name in ((v2_path, v2_mounts, "memory.max"), (v1_path, v1_mounts, "memory.limit_in_bytes")):
-        if path is None:
-            continue
-        for mount_root, mount_point in mounts:
-            for directory in _directories(mount_root, mount_point, path):
-                limit = _read_limit(directory / name)
-                if limit is not None:
-                    limits.append(limit)
+    limits = [limit for file in _limit_files(os.fspath(root)) if (limit := _read_limit(file)) is not None]
     return min(limits) if limits else None

@@ -47,6 +47,16 @@ def test_v2_memory_max_of_the_own_cgroup(tmp_path: Path):
     assert cgroup_memory_limit(root) == 512 * MIB
 
 
+def test_a_cap_changed_at_run_time_is_seen(tmp_path: Path):
+    # docker update --memory: the same file, a new value; a cap set where there was none.
+    root = fake_tree(tmp_path, "0::/docker/abc\n", V2_MOUNT, {"sys/fs/cgroup/docker/abc/memory.max": "max\n"})
+    assert cgroup_memory_limit(root) is None
+    (root / "sys/fs/cgroup/docker/abc/memory.max").write_text("419430400\n")
+    assert cgroup_memory_limit(root) == 400 * MIB
+    (root / "sys/fs/cgroup/docker/memory.max").write_text("314572800\n")
+    assert cgroup_memory_limit(root) == 300 * MIB
+
+
 def test_v2_max_and_absent_files_are_no_cap(tmp_path: Path):
     root = fake_tree(tmp_path, "0::/user.slice/session-1.scope\n", V2_MOUNT, {
         "sys/fs/cgroup/user.slice/session-1.scope/memory.max": "max\n",

@@ -10,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from lavinpy import config
 from lavinpy.logs import JSONFormatter
 
 from .broker_proc import broker_env, port_args, start, stop, wait_for
@@ -91,3 +94,14 @@ def test_json_record_carries_the_exception():
     assert entry["logger"] == "lavinpy.test.json"
     assert "Traceback" in entry["exception"] and "ValueError: bad\nvalue \u00e9" in entry["exception"]
     assert "exception" not in json.loads(second)
+
+
+def test_log_settings_from_environment_and_a_bad_format_refused(tmp_path: Path):
+    cfg = config.load(None, env={"LAVINPY_LOG_FORMAT": "json", "LAVINPY_LOG_FILE": "/var/log/lavinpy/x.log"})
+    assert (cfg.log_format, cfg.log_file) == ("json", "/var/log/lavinpy/x.log")
+    assert (config.Config().log_format, config.Config().log_file) == ("text", "")
+    with pytest.raises(config.ConfigError, match="log_format must be one of text, json, not 'xml'"):
+        config.load(None, env={"LAVINPY_LOG_FORMAT": "xml"})
+    proc = subprocess.run([sys.executable, "-m", "lavinpy", *port_args(tmp_path), "--log-format", "xml"],
+                          cwd=tmp_path, env=broker_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--log-format" in proc.stderr
