@@ -213,3 +213,36 @@ def test_refusals_are_rate_limited_in_the_log(proxied: ProxiedBroker) -> None:
     time.sleep(0.5)
     logged = proxied.broker.log.count("lavinpy.proxy") - before
     assert 1 <= logged <= 25, logged
+
+
+def _failed_login_seconds(port: int) -> float:
+    params = pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1, socket_timeout=10,
+                                       credentials=pika.PlainCredentials("remote", "wrong"))
+    started = time.monotonic()
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        pika.BlockingConnection(params)
+    return time.monotonic() - started
+
+
+def test_login_throttle_counts_the_headers_client(proxied: ProxiedBroker) -> None:
+    guesser = proxied.relay(proxied.broker.port, "v2", ("198.51.100.7", 50000))
+    bystander = proxied.relay(proxied.broker.port, "v2", ("198.51.100.8", 50000))
+    for _ in range(6):  # 3 free failures, then 0.1 s doubling
+        _failed_login_seconds(guesser)
+    assert _failed_login_seconds(guesser) >= 0.7  # 0.8 s: slowed, by the header's address
+    # Everything came from 127.0.0.1 on the wire; another client behind the same balancer is not slowed.
+    assert _failed_login_seconds(bystander) < 0.5
+    assert "198.51.100.7" in proxied.broker.log
+
+
+def test_without_trusted_sources_every_header_is_refused(tmp_path: Path) -> None:
+    broker = LocalBroker(tmp_path / "plain")
+    broker.start()
+    try:
+        header = format_proxy_v2(REMOTE, ("127.0.0.1", broker.port))
+        assert _answer("127.0.0.1", broker.port, header + PROTOCOL_HEADER) == PROTOCOL_HEADER
+        assert _answer("127.0.0.1", broker.http_port, b"PROXY UNKNOWN\r\nGET / HTTP/1.1\r\n\r\n") \
+            .startswith(b"HTTP/1.1 400 ")
+        assert broker.log.count("not in proxy_protocol_trusted_sources") == 2
+    finally:
+        broker.close()
