@@ -103,6 +103,8 @@ class AMQPConnection(ConnectionOutput):
         self.frame_max = self.config.frame_max
         self.channel_max = self.config.channel_max
         self.heartbeat = 0
+        # Has published: under a resource alarm such a connection is no longer read (the API's
+        # "blocked"); one that never published still is, until it does ("blocking").
         self.published = False
         self.blocked = False
         self.confirms_pending: set[Channel] = set()

@@ -65,13 +65,23 @@ def open_connections(sessions: Sessions, actor: Actor | None, vhost: str | None 
             and _visible(actor, c)]
 
 
+def connection_state(conn: AMQPConnection) -> str:
+    """RabbitMQ's connection states under a resource alarm: ``blocking`` for a connection that has not
+    published (it is still read: consumers ack, gets get), ``blocked`` for one that has (its input is
+    no longer read). RabbitMQ reads a former publisher until its next publish and lavinpy stops it at
+    once (a publish already read would be taken in), so a former publisher is ``blocked`` here at once."""
+    if not conn.blocked:
+        return "running"
+    return "blocked" if conn.published else "blocking"
+
+
 def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
     peer_host, peer_port, host, port, ssl = _addresses(conn)
     return {
         "name": f"{peer_host}:{peer_port} -> {host}:{port}",
         "node": node,
         "type": "network",
-        "state": "blocked" if conn.blocked else "running",
+        "state": connection_state(conn),
         "protocol": PROTOCOL,
         "user": conn.username,
         "user_who_performed_action": conn.username,

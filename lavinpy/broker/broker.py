@@ -140,7 +140,9 @@ class Broker:
 
     def set_resource_limits(self, *, memory_high_watermark: str | float | None = None,
                             disk_free_limit: int | None = None) -> None:
-        """Change the alarm thresholds at run time (Python API); the alarm is re-evaluated at once."""
+        """Change the alarm thresholds at run time (the HTTP API's PUT /api/nodes/{name}/..., which
+        lavinpyctl's set_vm_memory_high_watermark and set_disk_free_limit call); the alarm is
+        re-evaluated at once. Not written back to the configuration file: a restart reads it again."""
         if memory_high_watermark is not None:
             parse_watermark(memory_high_watermark)  # ValueError before anything changes
             self.config.memory_high_watermark = str(memory_high_watermark)

@@ -5,7 +5,9 @@ an attribute where the event already happens (no locks, no per-message objects).
 totals of the queue-side counters are summed at read time; a deleted queue's counts are folded into
 its vhost first, so totals never go back. A ``StatsSampler`` snapshots every object every 5 s and
 keeps the rate since the previous sample, which the HTTP API and the metrics report as RabbitMQ's
-``message_stats`` with ``*_details: {"rate": ...}``. One set of counters feeds every reader.
+``message_stats`` with ``*_details: {"rate": ...}``. One set of counters feeds every reader. The
+sampler also keeps a bounded history of each queue, vhost and the node (see ``history``), so the API
+can answer RabbitMQ's ``lengths_age``/``msg_rates_age`` samples without the browser having watched.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from .history import Entry, Ring, append, new_ring, summed
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -38,7 +42,7 @@ DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit", "corru
 class MessageCounters:
     """One object's counters. Attributes only: the hot paths do ``obj.stats.deliver += 1``."""
 
-    __slots__ = FIELDS + ("dead_lettered", "_previous", "_sampled_at", "rates")
+    __slots__ = FIELDS + ("dead_lettered", "_previous", "_sampled_at", "rates", "history")
 
     def __init__(self) -> None:
         for name in FIELDS:
@@ -47,6 +51,7 @@ class MessageCounters:
         self._previous: tuple[int, ...] = (0,) * len(FIELDS)
         self._sampled_at = 0.0
         self.rates: dict[str, float] = {}
+        self.history: Ring | None = None  # a queue's samples, made on its first tick
 
     def values(self) -> dict[str, int]:
         return dict(zip(FIELDS, read_counts(self), strict=True))
@@ -228,6 +233,10 @@ class StatsSampler:
         self.vhosts: dict[str, Totals] = {}
         self.node = Totals()
         self._task: asyncio.Task | None = None
+        # Wall-clock milliseconds of the kept ticks; the rings below and each queue's line up with it.
+        self.times: Ring = new_ring()
+        self.vhost_history: dict[str, Ring] = {}
+        self.node_history: Ring = new_ring()
 
     def start(self) -> None:
         self.sample()
@@ -248,9 +257,19 @@ class StatsSampler:
         node = Totals()
         node._previous, node._sampled_at = self.node._previous, self.node._sampled_at
         vhosts: dict[str, Totals] = {}
+        histories: dict[str, Ring] = {}
+        node_ready = node_unacked = 0
         for name, vhost in list(self.broker.vhosts.items()):
+            ready = unacked = 0
             for queue in vhost.queues.values():
-                queue.stats.sample(now)
+                stats = queue.stats
+                stats.sample(now)
+                lengths = (queue.message_count, queue.unacked_count)
+                ready += lengths[0]
+                unacked += lengths[1]
+                if stats.history is None:
+                    stats.history = new_ring(self.times.maxlen or 1)
+                append(stats.history, stats._previous, lengths)
             for exchange in vhost.exchanges.values():
                 exchange.stats.sample(now)
             totals = vhost_totals(vhost)
@@ -260,9 +279,22 @@ class StatsSampler:
             totals.rates = sample_rates(totals, tuple(totals.counts[f] for f in FIELDS), now)
             vhosts[name] = totals
             node.add(totals, FIELDS)
+            ring = histories[name] = self.vhost_history.get(name) or new_ring(self.times.maxlen or 1)
+            append(ring, totals._previous, (ready, unacked))
+            node_ready += ready
+            node_unacked += unacked
         node.rates = sample_rates(node, tuple(node.counts[f] for f in FIELDS), now)
+        append(self.node_history, node._previous, (node_ready, node_unacked))
+        self.times.append(int(time.time() * 1000))
         self.vhosts = vhosts
+        self.vhost_history = histories  # a deleted vhost's history goes with it
         self.node = node
+
+    def history_of(self, vhosts: list[VHost] | None = None) -> list[Entry] | Ring:
+        """The node's samples, or the sum of some vhosts' (a user who sees only those)."""
+        if vhosts is None or len(vhosts) == len(self.broker.vhosts):
+            return self.node_history
+        return summed([self.vhost_history[v.name] for v in vhosts if v.name in self.vhost_history])
 
     def vhost_stats(self, vhost: VHost) -> dict[str, Any]:
         """The vhost's current counts with the rates of the last sample."""

@@ -30,7 +30,15 @@ from .ctl_api import (
 )
 from .ctl_columns import COMMANDS as LIST_COMMANDS
 from .ctl_columns import row
-from .ctl_node import cmd_await_startup, cmd_close_all_connections, cmd_cluster_status, cmd_ping, cmd_status
+from .ctl_node import (
+    cmd_await_startup,
+    cmd_close_all_connections,
+    cmd_cluster_status,
+    cmd_ping,
+    cmd_set_disk_free_limit,
+    cmd_set_vm_memory_high_watermark,
+    cmd_status,
+)
 from .ctl_output import FORMATS, Output, error
 
 # list command -> (API path, rabbitmqctl's default columns); the full specs are in ctl_columns
@@ -183,6 +191,7 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "status": cmd_status, "cluster_status": cmd_cluster_status, "ping": cmd_ping,
     "await_startup": cmd_await_startup, "close_all_connections": cmd_close_all_connections,
     "list_user_permissions": cmd_list_user_permissions,
+    "set_vm_memory_high_watermark": cmd_set_vm_memory_high_watermark, "set_disk_free_limit": cmd_set_disk_free_limit,
     "add_user": cmd_add_user, "delete_user": cmd_delete_user, "authenticate_user": cmd_authenticate_user,
     "clear_password": cmd_clear_password,
     "change_password": cmd_change_password, "set_user_tags": cmd_set_user_tags, "add_vhost": cmd_add_vhost,
@@ -250,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     close_all.add_argument("--per-connection-delay", dest="per_connection_delay", type=int, default=0,
                            help="milliseconds between closures")
     close_all.add_argument("--limit", type=int, default=None, help="close at most this many")
+    add("set_vm_memory_high_watermark", "the memory alarm's threshold at run time: <fraction of RAM> or "
+        "absolute <bytes or size>").add_argument("threshold", nargs="+")
+    add("set_disk_free_limit", "the disk alarm's threshold at run time: <bytes or size> or "
+        "mem_relative <multiple of RAM>").add_argument("limit", nargs="+")
     for name in LIST_COMMANDS:
         listing = add(name, name.replace("_", " "))
         listing.add_argument("columns", nargs="*", help="columns to show")

@@ -1,4 +1,5 @@
-"""lavinpyctl's node commands: status, cluster_status, ping, await_startup, close_all_connections."""
+"""lavinpyctl's node commands: status, cluster_status, ping, await_startup, close_all_connections,
+set_vm_memory_high_watermark, set_disk_free_limit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from .ctl_api import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, Api, CtlError, q
+from .ctl_api import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CtlError, q
 from .ctl_columns import pick
 from .ctl_output import Output
 
@@ -144,3 +145,45 @@ def cmd_close_all_connections(api: Api, args: argparse.Namespace, out: Output) -
                  accept=(404,))
         closed += 1
     print(f"Closed {closed} connections")
+
+
+def _threshold_args(values: list[str], keyword: str) -> tuple[str | None, str]:
+    """rabbitmqctl's ``<value>`` or ``<keyword> <value>`` argument forms."""
+    if len(values) == 1 and values[0] != keyword:
+        return None, values[0]
+    if len(values) == 2 and values[0] == keyword:
+        return keyword, values[1]
+    raise CtlError(f"Error: expected <value> or {keyword} <value>, not {' '.join(values)!r}", EXIT_USAGE)
+
+
+def cmd_set_vm_memory_high_watermark(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """rabbitmqctl set_vm_memory_high_watermark <fraction> | absolute <bytes or size>: the memory alarm's
+    threshold, at run time (until the broker restarts with its configuration file)."""
+    form, value = _threshold_args(args.threshold, "absolute")
+    node = _local_node(api).get("name", "")
+    out.banner(f"Setting memory threshold on {node} to {'absolute ' if form else ''}{value} ...")
+    if form is None:
+        try:
+            body: dict[str, Any] = {"fraction": float(value)}
+        except ValueError:
+            raise CtlError(f"Error: the fraction of RAM must be a number between 0 and 1, not {value!r}",
+                           EXIT_USAGE) from None
+    else:
+        body = {"absolute": value}
+    api.call("PUT", f"/api/nodes/{q(node)}/memory_high_watermark", body)
+
+
+def cmd_set_disk_free_limit(api: Api, args: argparse.Namespace, out: Output) -> None:
+    """rabbitmqctl set_disk_free_limit <bytes or size> | mem_relative <multiple of RAM>: the disk alarm's
+    threshold, at run time (until the broker restarts with its configuration file)."""
+    form, value = _threshold_args(args.limit, "mem_relative")
+    node = _local_node(api).get("name", "")
+    out.banner(f"Setting disk free limit on {node} to {'mem_relative ' if form else ''}{value} ...")
+    if form is None:
+        body: dict[str, Any] = {"bytes": value}
+    else:
+        try:
+            body = {"mem_relative": float(value)}
+        except ValueError:
+            raise CtlError(f"Error: mem_relative takes a number, not {value!r}", EXIT_USAGE) from None
+    api.call("PUT", f"/api/nodes/{q(node)}/disk_free_limit", body)

@@ -14,6 +14,7 @@ from ..broker.rates import WindowRates
 from .app import actor_of, broker_of, json_reply
 from .errors import read_json_object
 from .listing import apply_list_query
+from .samples import SampleQuery
 
 
 def _ops(request: web.Request) -> AdminOperations:
@@ -85,6 +86,9 @@ def _vhost_reply(request: web.Request, record: Any) -> dict[str, Any]:
         item[name] = count
         item[name + "_details"] = {"rate": rate}
     item["message_stats"] = broker.stats.vhost_stats(vhost)
+    samples = SampleQuery(request.query)
+    if samples:  # RabbitMQ's lengths_age / msg_rates_age: the vhost's history from the sampler
+        samples.apply(broker.stats, broker.stats.vhost_history.get(vhost.name), item, item["message_stats"])
     item["cluster_state"] = {node_info.node_name(): "running"}  # open on this node (the only one serving)
     return item
 

@@ -22,6 +22,7 @@ from . import cooperative
 from .app import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
+from .samples import SampleQuery
 
 DEFAULT_EXCHANGE_PATH_NAME = "amq.default"
 
@@ -161,7 +162,12 @@ async def list_queues(request: web.Request) -> web.Response:
 
 async def get_queue(request: web.Request) -> web.Response:
     vhost = _vhost(request)
-    return json_reply(_queue_info(ops.get_queue(actor_of(request), vhost, request.match_info["name"])))
+    queue = ops.get_queue(actor_of(request), vhost, request.match_info["name"])
+    info = _queue_info(queue)
+    samples = SampleQuery(request.query)
+    if samples:
+        samples.apply(broker_of(request).stats, queue.stats.history, info, info["message_stats"])
+    return json_reply(info)
 
 
 async def put_queue(request: web.Request) -> web.Response:

@@ -10,11 +10,16 @@ from aiohttp import web
 
 from ..amqp import session_views as views
 from ..broker import node_info
-from ..broker.operations import open_vhost
+from ..broker.alarms import disk_limit, memory_watermark
+from ..broker.operations import open_vhost, visible_vhosts
+from ..config import total_memory
+from ..wire.constants import ACCESS_REFUSED
+from ..wire.errors import AMQPChannelError
 from .app import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
-from .errors import not_found
+from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
 from .routes_health import add_routes as add_health_routes
+from .samples import SampleQuery
 
 
 def _status(ok: bool, reason: str = "", **extra: Any) -> web.Response:
@@ -29,8 +34,13 @@ async def overview(request: web.Request) -> web.Response:
     connections = views.open_connections(sessions, actor)
     channels = sum(len(c.channels) for c in connections)
     consumers = len(views.consumer_infos(sessions, actor))
-    return json_reply(node_info.overview(broker_of(request), actor, connections=len(connections),
-                                         channels=channels, consumers=consumers))
+    broker = broker_of(request)
+    reply = node_info.overview(broker, actor, connections=len(connections), channels=channels, consumers=consumers)
+    samples = SampleQuery(request.query)
+    if samples:
+        history = broker.stats.history_of(visible_vhosts(broker, actor))
+        samples.apply(broker.stats, history, reply["queue_totals"], reply["message_stats"])
+    return json_reply(reply)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -46,6 +56,50 @@ async def get_node(request: web.Request) -> web.Response:
     if request.match_info["name"] != node_info.node_name():
         raise not_found()
     return json_reply(node_info.node_info(broker_of(request), len(sessions_of(request).connections)))
+
+
+async def _threshold_body(request: web.Request) -> dict[str, Any]:
+    """The body of a threshold change, after the checks: this node, an administrator."""
+    actor = actor_of(request)
+    if actor is not None and not actor.is_admin():
+        raise AMQPChannelError(ACCESS_REFUSED, "Not administrator user")
+    if request.match_info["name"] != node_info.node_name():
+        raise not_found()
+    return await read_json_object(request)
+
+
+def _thresholds(broker: Any) -> dict[str, Any]:
+    state = node_info.resource_state(broker)
+    return {"memory_high_watermark": broker.config.memory_high_watermark, "mem_limit": state["mem_limit"],
+            "mem_alarm": state["mem_alarm"], "disk_free_limit": state["disk_free_limit"],
+            "disk_free_alarm": state["disk_free_alarm"]}
+
+
+async def put_memory_high_watermark(request: web.Request) -> web.Response:
+    """lavinpy's run-time form of rabbitmqctl set_vm_memory_high_watermark (RabbitMQ's API has none):
+    ``{"fraction": 0.4}`` or ``{"absolute": "512MiB"}``; the alarm is re-evaluated at once."""
+    body = await _threshold_body(request)
+    try:
+        setting = memory_watermark(fraction=body.get("fraction"), absolute=body.get("absolute"))
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e)) from None
+    broker = broker_of(request)
+    broker.set_resource_limits(memory_high_watermark=setting)
+    return json_reply(_thresholds(broker))
+
+
+async def put_disk_free_limit(request: web.Request) -> web.Response:
+    """rabbitmqctl set_disk_free_limit at run time: ``{"bytes": 50000000}`` (or a size, "2GB") or
+    ``{"mem_relative": 1.5}``; the alarm is re-evaluated at once."""
+    body = await _threshold_body(request)
+    try:
+        limit = disk_limit(size=body.get("bytes"), mem_relative=body.get("mem_relative"),
+                           total_memory=total_memory())
+    except (ValueError, TypeError) as e:
+        raise bad_request(str(e)) from None
+    broker = broker_of(request)
+    broker.set_resource_limits(disk_free_limit=limit)
+    return json_reply(_thresholds(broker))
 
 
 def _node() -> str:
@@ -134,6 +188,8 @@ def add_routes(app: web.Application) -> None:
     router.add_get("/api/overview", overview)
     router.add_get("/api/nodes", list_nodes)
     router.add_get("/api/nodes/{name}", get_node)
+    router.add_put("/api/nodes/{name}/memory_high_watermark", put_memory_high_watermark)
+    router.add_put("/api/nodes/{name}/disk_free_limit", put_disk_free_limit)
     router.add_get("/api/connections", list_connections)
     router.add_get("/api/connections/{name}", get_connection)
     router.add_delete("/api/connections/{name}", delete_connection)
