@@ -132,6 +132,10 @@ class ProxyPolicy:
         return None
 
 
+class _ClosedEarly(ConnectionError):
+    """The peer closed before sending a byte."""
+
+
 async def read_proxy_header(sock: socket.socket, required: bool) -> ProxyHeader | None:
     """Take a PROXY header (either version) off the start of ``sock`` and nothing more: the bytes after
     it stay in the socket for asyncio (and TLS) to read. None when the connection does not start with
@@ -141,7 +145,7 @@ async def read_proxy_header(sock: socket.socket, required: bool) -> ProxyHeader 
         await _readable(loop, sock)
         data = sock.recv(_PEEK_BYTES, socket.MSG_PEEK)
         if not data:
-            raise ConnectionError("closed before sending anything")
+            raise _ClosedEarly()
         if not may_be_proxy_header(data):
             if required:
                 raise ProxyHeaderError("a trusted source must start with a PROXY header")
@@ -206,6 +210,11 @@ class ProxiedListener:
         if mode is not None:
             try:
                 header = await asyncio.wait_for(read_proxy_header(conn, mode == "must"), HEADER_TIMEOUT)
+            except _ClosedEarly:
+                # A balancer's TCP health check (connect, close): no input at all, nothing to report.
+                log.debug("%s connection from %s closed before sending anything", self.what, peer)
+                conn.close()
+                return
             except (ProxyHeaderError, OSError, TimeoutError) as e:
                 self.policy.refused(self.what, peer, str(e) or "no PROXY header in time")
                 conn.close()

@@ -246,3 +246,15 @@ def test_without_trusted_sources_every_header_is_refused(tmp_path: Path) -> None
         assert broker.log.count("not in proxy_protocol_trusted_sources") == 2
     finally:
         broker.close()
+
+
+def test_a_health_check_from_a_trusted_source_is_not_bad_input(proxied: ProxiedBroker) -> None:
+    before = proxied.broker.log.count("lavinpy.proxy")
+    for _ in range(5):  # connect and close, as a balancer's TCP check does
+        socket.create_connection(("127.0.0.1", proxied.broker.port), timeout=10).close()
+    _answer("127.0.0.1", proxied.broker.port, PROTOCOL_HEADER)  # this one is bad input, and logged
+    deadline = time.monotonic() + 5
+    while proxied.broker.log.count("lavinpy.proxy") == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert proxied.broker.log.count("lavinpy.proxy") == before + 1
