@@ -3,13 +3,6 @@
 
 const AUTH_KEY = "lavinpy.auth";
 const POLL_MS = 5000;
-const CHART_POINTS = 60;
-const RATE_SERIES = [
-  ["publish", "Publish", "#1f77b4"],
-  ["deliver_get", "Deliver / get", "#2ca02c"],
-  ["ack", "Ack", "#d62728"],
-];
-const rateHistory = [];  // overview samples, oldest first, kept across page changes
 let pollTimer = null;
 
 // ---- DOM helpers: text always goes in as text nodes, never as HTML.
@@ -129,6 +122,7 @@ async function onLogin(ev) {
 function logout(message) {
   sessionStorage.removeItem(AUTH_KEY);
   stopPolling();
+  stopAlarmBanner();
   showLogin(message);
 }
 
@@ -139,6 +133,7 @@ async function start() {
   $("#whoami").textContent = me.name + (tags ? " (" + tags + ")" : "");
   $("#nav").hidden = false;
   $("#logout").hidden = false;
+  startAlarmBanner(Array.isArray(me.tags) ? me.tags : String(me.tags || "").split(","));  // dashboard_node.js: on every page
   if (!location.hash || location.hash === "#") location.hash = "#/overview";
   else route();
 }
@@ -152,6 +147,8 @@ function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   const page = PAGES[parts[0]] || PAGES.overview;
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.getAttribute("href") === "#/" + parts[0]);
+  // Everything the last page showed goes with it, messages read by peek or get included (they are
+  // kept in no variable: a page's elements are its only state).
   main().replaceChildren();
   page(...parts.slice(1));
 }
@@ -159,55 +156,7 @@ function route() {
 function stopPolling() { if (pollTimer) { clearInterval(pollTimer); pollTimer = null; } }
 function poll(fn) { fn(); pollTimer = setInterval(fn, POLL_MS); }
 
-// ---- overview: totals and a hand-drawn canvas chart of the message rates
-PAGES.overview = () => {
-  const totals = h("div", { className: "totals", id: "totals" });
-  const canvas = h("canvas", { id: "rate-chart", width: 900, height: 220 });
-  const legend = h("div", { className: "legend" }, RATE_SERIES.map(([key, label], i) =>
-    h("span", {}, h("span", { className: "swatch c" + i }), label + " ", h("b", { id: "rate-" + key }, "-"))));
-  main().append(h("h2", {}, "Overview"), totals, h("div", { className: "card" }, h("h3", {}, "Message rates"), canvas, legend));
-  poll(async () => {
-    const o = await act(() => api("GET", "overview"));
-    if (!o || !document.body.contains(canvas)) return;
-    const ms = o.message_stats || {};
-    const rates = Object.fromEntries(RATE_SERIES.map(([k]) => [k, get(ms, k + "_details.rate") || 0]));
-    rateHistory.push(rates);
-    if (rateHistory.length > CHART_POINTS) rateHistory.shift();
-    const t = (label, id, value) => h("div", { className: "total" }, label, h("b", { id }, value ?? 0));
-    const qt = o.queue_totals || {}, ot = o.object_totals || {};
-    totals.replaceChildren(
-      t("Messages", "total-messages", qt.messages), t("Ready", "total-ready", qt.messages_ready),
-      t("Unacked", "total-unacked", qt.messages_unacknowledged), t("Published", "total-publish", ms.publish),
-      t("Delivered", "total-deliver", ms.deliver_get), t("Acked", "total-ack", ms.ack),
-      t("Queues", "total-queues", ot.queues), t("Exchanges", "total-exchanges", ot.exchanges),
-      t("Connections", "total-connections", ot.connections), t("Channels", "total-channels", ot.channels),
-      t("Consumers", "total-consumers", ot.consumers));
-    for (const [k] of RATE_SERIES) $("#rate-" + k).textContent = fmtRate(rates[k]);
-    drawChart(canvas, rateHistory);
-  });
-};
-
-function drawChart(canvas, history) {
-  const ctx = canvas.getContext("2d");
-  const W = canvas.width, H = canvas.height, left = 50, bottom = 20, top = 10;
-  ctx.clearRect(0, 0, W, H);
-  const max = Math.max(1, ...history.flatMap((r) => RATE_SERIES.map(([k]) => r[k])));
-  ctx.strokeStyle = "#ccc"; ctx.fillStyle = "#555"; ctx.font = "11px sans-serif"; ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const y = top + (H - top - bottom) * (1 - i / 4);
-    ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(W, y); ctx.stroke();
-    ctx.fillText(fmtRate(max * i / 4), 2, y + 4);
-  }
-  ctx.fillText("last " + Math.round(CHART_POINTS * POLL_MS / 60000) + " min", left, H - 4);
-  const x = (i) => left + (W - left) * (i / (CHART_POINTS - 1));
-  const y = (v) => top + (H - top - bottom) * (1 - v / max);
-  RATE_SERIES.forEach(([key, , color]) => {
-    ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
-    const offset = CHART_POINTS - history.length;
-    history.forEach((r, i) => (i ? ctx.lineTo : ctx.moveTo).call(ctx, x(offset + i), y(r[key])));
-    ctx.stroke();
-  });
-}
+// The overview and its charts are in dashboard_charts.js, the node page and alarm banner in dashboard_node.js.
 
 // ---- paged, sortable lists: page/page_size/sort/sort_reverse/name go to the API, so a page of
 // a list of 10,000 objects costs one small reply.
@@ -338,12 +287,14 @@ function publishForm(vhost, exchange, routingKey, onDone) {
 PAGES.queue = (vhost, name) => {
   const qpath = `queues/${enc(vhost)}/${enc(name)}`;
   const details = h("table", { id: "queue-details" });
+  const depth = depthChart();  // dashboard_charts.js: drawn from the broker's samples
   const bindings = h("table", { id: "queue-bindings" });
   const consumers = h("table", { id: "queue-consumers" });
   const results = h("div", { id: "messages" });
   async function load() {
-    const q = await act(() => api("GET", qpath));
+    const q = await act(() => api("GET", qpath + "?" + SAMPLE_QUERY));
     if (!q) return;
+    depth.draw(q);
     const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", { "data-field": k }, v ?? ""));
     details.replaceChildren(row("messages", q.messages), row("messages_ready", q.messages_ready),
       row("messages_unacknowledged", q.messages_unacknowledged), row("consumers", q.consumers),
@@ -377,6 +328,7 @@ PAGES.queue = (vhost, name) => {
   });
   main().append(h("h2", {}, `Queue ${name} `, h("small", {}, `in vhost ${vhost}`)),
     h("div", { className: "card" }, details),
+    depth.el,
     h("div", { className: "card" }, h("h3", {}, "Bindings"), bindings, bindForm),
     h("div", { className: "card" }, h("h3", {}, "Consumers"), consumers),
     h("div", { className: "card" }, h("h3", {}, "Messages"),
@@ -454,6 +406,8 @@ PAGES.connections = () => {
     { label: "Name", field: "name", sort: "name" }, { label: "User", field: "user", sort: "user" },
     { label: "Vhost", field: "vhost", sort: "vhost" }, { label: "Protocol", field: "protocol" },
     { label: "Channels", field: "channels", num: true, sort: "channels" },
+    // RabbitMQ's states: blocking (an alarm is on, nothing held back yet), blocked (its publishes are held)
+    { label: "State", field: "state", sort: "state", render: (c) => h("span", { className: "state state-" + c.state }, c.state) },
     { label: "Client", field: "client_properties.product", render: (c) => get(c, "client_properties.product") },
   ], rowActions: (c, reload) => h("button", { type: "button", className: "danger close-connection", onclick: () =>
     confirm(`Close connection ${c.name}?`) && act(async () => {
