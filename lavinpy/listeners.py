@@ -18,6 +18,7 @@ from collections.abc import Callable
 from .wire.proxy_header import (
     V2_FIXED,
     V2_MAX_BODY,
+    V2_SIGNATURE,
     ProxyHeader,
     ProxyHeaderError,
     TrustedSources,
@@ -99,6 +100,7 @@ def address_text(sock: socket.socket) -> str:
 
 # --- PROXY protocol ---------------------------------------------------------------------------------
 HEADER_TIMEOUT = 5.0  # a trusted proxy sends its header at once; one that does not is dropped
+TLS_HELLO_TIMEOUT = 60.0  # asyncio's own TLS handshake timeout
 _PEEK_BYTES = V2_FIXED + V2_MAX_BODY
 _ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -220,12 +222,29 @@ class ProxiedListener:
                 conn.close()
                 return
             client = header if header is not None and header.source is not None else None
+        elif self.ssl_context is not None and not await self._no_header_before_tls(conn, peer):
+            return
         try:
             await asyncio.get_running_loop().connect_accepted_socket(
                 lambda: self.factory(client), conn, ssl=self.ssl_context)
         except (OSError, ssl.SSLError) as e:
             log.debug("%s connection from %s failed before it started: %s", self.what, peer, e)
             conn.close()
+
+    async def _no_header_before_tls(self, conn: socket.socket, peer: tuple[str, int]) -> bool:
+        """Whether an untrusted peer's first bytes may be a TLS ClientHello; a PROXY header there would
+        only fail the handshake unreported, so it is refused and logged as on the plain ports."""
+        try:
+            await asyncio.wait_for(_readable(asyncio.get_running_loop(), conn), TLS_HELLO_TIMEOUT)
+            first = conn.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+        except (OSError, TimeoutError):
+            first = b""
+        if first and not may_be_proxy_header(first):
+            return True
+        if first:
+            self.policy.refused(self.what, peer, "a PROXY header from a source not in proxy_protocol_trusted_sources")
+        conn.close()
+        return False
 
     def close(self) -> None:
         self._accepting.cancel()
@@ -237,16 +256,18 @@ class ProxiedListener:
 
 async def listen_forwarded(factory: ForwardedFactory, hosts: list[str], port: int, what: str,
                            policy: ProxyPolicy, ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener]:
-    """As ``listen``, for listeners where ``policy`` trusts some peers to send a PROXY header."""
+    """As ``listen``, accepting here: for PROXY headers from trusted peers, and on TLS ports."""
     listeners = [ProxiedListener(sock, factory, policy, what, ssl_context) for sock in bind_sockets(hosts, port, what)]
-    log.info("listening for %s on %s (PROXY protocol from trusted sources)", what,
-             ", ".join(address_text(s) for listener in listeners for s in listener.sockets))
+    log.info("listening for %s on %s%s", what, ", ".join(address_text(s) for lst in listeners for s in lst.sockets),
+             " (PROXY protocol from trusted sources)" if policy else "")
     return listeners
 
 
 async def serve_port(factory: ForwardedFactory, hosts: list[str], port: int, what: str, policy: ProxyPolicy,
-                ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener] | list[asyncio.AbstractServer]:
-    """Listen with asyncio's server when nobody may send a PROXY header, else accept here."""
-    if policy:
+                     ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener] | list[asyncio.AbstractServer]:
+    """asyncio's own server for a plain port nobody may send a PROXY header to (the protocols refuse
+    one themselves); accepted here when some peer may, or for TLS (where the header would come
+    before the handshake, out of the protocol's sight)."""
+    if policy or ssl_context is not None:
         return await listen_forwarded(factory, hosts, port, what, policy, ssl_context)
     return await listen(lambda: factory(None), hosts, port, what, ssl_context)

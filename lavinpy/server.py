@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy")
 # Prometheus scrapes directly (RabbitMQ's prometheus plugin has no PROXY protocol either).
-NO_PROXY = ProxyPolicy(TrustedSources([]))
+NO_PROXY = ProxyPolicy(TrustedSources([]), refused=log_bad_proxy_header)
 
 
 class Server:

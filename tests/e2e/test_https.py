@@ -147,3 +147,18 @@ def test_lavinpyctl_over_https(https_broker: HTTPSBroker) -> None:
                           f"https://guest:guest@localhost:{https_broker.https_port}", "list_vhosts"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "/" in out.stdout.split(), out.stderr
+
+
+def test_a_proxy_header_on_the_https_port_is_refused_and_logged(https_broker: HTTPSBroker) -> None:
+    # No trusted source is configured here: nobody may send one.
+    with socket.create_connection(("127.0.0.1", https_broker.https_port), timeout=10) as sock:
+        sock.sendall(b"PROXY TCP4 203.0.113.9 127.0.0.1 40000 15671\r\n")
+        try:  # closed with the header unread: a reset, or an end of stream when it came first
+            assert sock.recv(100) == b""
+        except ConnectionResetError:
+            pass
+    deadline = time.monotonic() + 5
+    while "HTTPS connection from 127.0.0.1" not in https_broker.broker.log:
+        assert time.monotonic() < deadline, https_broker.broker.log[-2000:]
+        time.sleep(0.05)
+    assert https_broker.get(https_broker.https_port, "/api/whoami")[0] == 200

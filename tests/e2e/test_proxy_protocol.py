@@ -258,3 +258,18 @@ def test_a_health_check_from_a_trusted_source_is_not_bad_input(proxied: ProxiedB
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert proxied.broker.log.count("lavinpy.proxy") == before + 1
+
+
+def test_a_header_before_tls_from_elsewhere_is_refused_and_logged(proxied: ProxiedBroker) -> None:
+    for port, what in ((proxied.amqps_port, "AMQPS"), (proxied.https_port, "HTTPS")):
+        assert _answer("127.0.0.2", port, format_proxy_v2(REMOTE, ("127.0.0.1", port))) == b""
+        deadline = time.monotonic() + 5
+        while f"{what} connection from 127.0.0.2" not in proxied.broker.log:
+            assert time.monotonic() < deadline, proxied.broker.log[-2000:]
+            time.sleep(0.05)
+    # The same peer's TLS clients are served.
+    ctx = ssl.create_default_context(cafile=str(proxied.ca.cert_path))
+    stranger = ("127.0.0.2", 0)  # 127.0.0.1 is trusted and would have to send a header
+    with socket.create_connection(("127.0.0.1", proxied.amqps_port), timeout=10, source_address=stranger) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
