@@ -194,13 +194,14 @@ class ProxiedListener:
             try:
                 conn, peer = await loop.sock_accept(sock)
             except OSError as e:
-                if e.errno in _ACCEPT_PAUSE:  # out of descriptors or memory: let some close first
-                    log.warning("%s: cannot accept a connection: %s", self.what, e.strerror)
-                    await asyncio.sleep(0.1)
-                    continue
-                if sock.fileno() < 0:
+                if sock.fileno() < 0:  # closed
                     return
-                raise
+                # Out of descriptors or memory: let some close first. Anything else (a client that
+                # reset before it was accepted) concerns one connection, never the listener.
+                pause = e.errno in _ACCEPT_PAUSE
+                (log.warning if pause else log.debug)("%s: cannot accept a connection: %s", self.what, e)
+                await asyncio.sleep(0.1 if pause else 0)
+                continue
             task = loop.create_task(self._serve(conn, peer))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
