@@ -84,7 +84,7 @@ class Window:
         # deques cannot be sliced: walk back from the newest tick of each by offset
         t_base, e_base = len(times) - n, len(entries) - n
         target = now_ms - now_ms % incr_ms  # aligned to incr, as RabbitMQ's timestamps are
-        oldest = now_ms - self.age * 1000
+        oldest = target - self.age * 1000  # age/incr + 1 points when the history reaches back so far
         out: list[tuple[int, Entry]] = []
         i = n - 1
         while i >= 0 and target >= oldest and len(out) < MAX_POINTS:
