@@ -19,7 +19,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -354,11 +354,3 @@ def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
     app.router.add_get("/metrics/detailed", detailed)
     return app
 
-
-async def start_metrics_server(broker: Broker, sessions: Sessions, sockets: list[Any]) -> web.AppRunner:
-    """Serve the metrics application on already-bound sockets; the caller cleans the runner up."""
-    runner = web.AppRunner(make_metrics_app(broker, sessions), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    for sock in sockets:
-        await web.SockSite(runner, sock).start()
-    return runner
