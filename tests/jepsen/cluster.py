@@ -206,6 +206,15 @@ class Node:
         wait_until(lambda: not run("losetup", "-j", str(self.image), check=False).strip(), 10, 0.05,
                    f"{self.name}'s image to be released")
 
+    def release(self) -> None:
+        """After the node is gone: its mount went with its namespace; make sure (a lazy umount, loop
+        devices detached) so that no image stays busy."""
+        with contextlib.suppress(AssertionError):
+            self.wait_unmounted()
+        run("umount", "-l", str(self.mnt), check=False)
+        for line in run("losetup", "-j", str(self.image), check=False).splitlines():
+            run("losetup", "-d", line.split(":", 1)[0], check=False)
+
     def disk(self, *args: str, timeout: float = 120) -> str:
         """Run diskutil.py where the node's file system is mounted: in its mount namespace while it runs,
         else in a private one of its own (the image must never be mounted twice at once)."""
@@ -271,8 +280,7 @@ class Cluster:
             self.client = None
         self.net.destroy()
         for node in self.nodes:
-            with contextlib.suppress(AssertionError):
-                node.wait_unmounted()
+            node.release()
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
