@@ -39,11 +39,6 @@ def _watch(seconds: float, check: Callable[[], Any], interval: float = 0.2) -> l
     return seen
 
 
-def _serving_other_than(run: Run, allowed: set[str]) -> str:
-    serving = [n for n in run.cluster.serving() if n not in allowed]
-    return ",".join(serving)
-
-
 def _isr_has(run: Run, node: Node) -> bool:
     return node.name in (run.cluster.isr() or [])
 
@@ -64,7 +59,8 @@ def _force_leader(run: Run, node: Node) -> str:
 def f1_isr_shrink(run: Run) -> None:
     """The leader and one follower are cut off from etcd; the other follower loses its link to the
     leader (fast failure, its connection reset) but still reaches etcd, so it takes over. Whatever the
-    old leader confirmed without it would be lost."""
+    old leader confirmed without it would be lost; and the old leader, which clients still reach, must
+    have stopped serving before the new one serves (the checker's overlap)."""
     n = run.nemesis
     leader = n.leader()
     f1, f2 = n.followers(leader)
@@ -266,7 +262,7 @@ def f7_half_synced(run: Run) -> None:
     time.sleep(3)
     n.kill(leader)
     n.pause(f2)
-    led = _watch(10, lambda: _serving_other_than(run, set()), 0.3)
+    led = _watch(10, lambda: ",".join(run.cluster.serving()), 0.3)
     if f1.name in ",".join(led):
         run.problems.append(f"F7: {f1.name} led half-way through its full sync")
     n.note(f"serving with {leader.name} dead and {f2.name} frozen: {led}")
