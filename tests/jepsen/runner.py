@@ -219,9 +219,12 @@ class Run:
     def teardown(self) -> None:
         self.stop_workload()
         self.cluster.stop()
-        for node in self.cluster.nodes:  # the images are big; the logs and the history stay
+        # The images and etcd's data (its WAL preallocates 64 MB) are big; logs and the history stay.
+        for node in self.cluster.nodes:
             node.image.unlink(missing_ok=True)
             shutil.rmtree(node.mnt, ignore_errors=True)
+        for member in self.cluster.etcds:
+            shutil.rmtree(member.data_dir, ignore_errors=True)
 
     @staticmethod
     def _tail(path: Path, lines: int = 10) -> str:
