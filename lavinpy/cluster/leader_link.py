@@ -1,9 +1,13 @@
 """A follower's link to its leader: the replication stream, which also tells whether the leader lives.
 
 The link is up only once the leader has proved the shared secret (a connect that hangs is not a
-link), and lost when the connection ends and cannot be made again; the node revokes the leader's
-lease once the link has been lost for ``revoke_after`` seconds, if etcd has not heard from the leader
-either and this node may lead. Failed attempts are retried with a growing delay. Without the
+link), and lost when the connection ends and cannot be made again. The node revokes the leader's
+lease early only on evidence that the leader no longer serves: the link has been lost for
+``revoke_after`` seconds and the leader's host refuses connections to its replication port (a leader
+process serves only while that port listens), etcd has not heard from the leader either, and this
+node may lead. A timeout or an unreachable host proves nothing (a partition, a paused process): then
+the lease runs out by itself, after the old leader's own deadline. Failed attempts are retried with a
+growing delay. Without the
 replication modules the link is a TCP connect to the leader's AMQP port every 0.25 s.
 """
 
@@ -45,6 +49,7 @@ class LeaderLink:
         self.lease = lease  # the leader's lease: its term
         self.revoke_after = REVOKE_AFTER
         self.refused = False
+        self.port_closed = False  # the last attempt was refused by the leader's host: nothing listens
         self._good_at = time.monotonic() + NEW_LEADER_GRACE  # the last time the link was known up
         self._client = None
         self._task: asyncio.Task | None = None
@@ -78,12 +83,15 @@ class LeaderLink:
         retry = RETRY
         while True:
             client = self._client = ReplicationClient(node.data_dir, node.secret, node.id, host, port)
+            self.port_closed = False
             try:
                 await client.run()
             except ReplicationRefused as e:
                 # Not the leader's fault: never a reason to take its lease.
                 self.refused = True
                 log.error("cluster: leader %s refused replication: %s", self.leader.id, e)
+            except ConnectionRefusedError:
+                self.port_closed = True
             except Exception as e:  # the connection broke or could not be made: try again
                 log.debug("cluster: replication connection to %s ended: %r", self.leader.uri, e)
             finally:

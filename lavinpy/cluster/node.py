@@ -274,8 +274,9 @@ class ClusterNode:
                     await self._lead()
                     return
                 info = await self._node_of_lease(leader.lease)
-                if info is not None and info.id == self.id and leader.lease != self.lease:
-                    # Our previous process led and was killed: its lease outlives it.
+                if leader.text == self.uri or (info is not None and info.id == self.id):
+                    # Our previous process led and was killed: its lease outlives it. (Its node key
+                    # was replaced under our new lease, so the advertised URI is what tells.)
                     log.info("cluster: the leader key is this node's from before its restart; revoking that lease")
                     await self.etcd.lease_revoke(leader.lease)
                     continue
@@ -358,10 +359,10 @@ class ClusterNode:
             current = await self.etcd.get(self.keys.leader)
             if current is None or current.lease != leader.lease or current.value != leader.value:
                 return
-            if link.lost_for() >= link.revoke_after and await self._leader_silent(leader.lease) \
-                    and await self._may_lead() is not None:
-                log.warning("cluster: leader %s unreachable for %.1f s and silent in etcd; revoking its lease "
-                            "to take over", info.id, link.lost_for())
+            if link.lost_for() >= link.revoke_after and link.port_closed \
+                    and await self._leader_silent(leader.lease) and await self._may_lead() is not None:
+                log.warning("cluster: leader %s gone for %.1f s (its replication port refuses connections) and "
+                            "silent in etcd; revoking its lease to take over", info.id, link.lost_for())
                 await self.etcd.lease_revoke(leader.lease)
                 return
 

@@ -25,7 +25,9 @@ from .file_applier import FileApplier, ReplicaDiskError, apply_batch
 log = logging.getLogger("lavinpy.cluster.replication")
 
 READ_SIZE = 4 * 1024 * 1024
-CONNECT_TIMEOUT = 10.0
+# A connect cannot be interrupted by close(): a node elected while its client connects to a vanished
+# leader waits this long before it can serve.
+CONNECT_TIMEOUT = 2.0
 # The leader sends a heartbeat every second when idle: this long without a byte means the link is dead
 # (a silent partition), and the follower reconnects. A full sync may pause longer while the leader
 # hashes large files.
