@@ -60,6 +60,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct free ports: bound all at once, so the kernel cannot hand the same one out twice (one
+    at a time, a broker once got the same port for HTTP and Prometheus and could not start)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
@@ -79,9 +92,7 @@ class LocalBroker:
         self.data_dir = workdir / "data"
         self.log_path = workdir / "lavinpy.log"
         self.host = "127.0.0.1"
-        self.port = free_port()
-        self.http_port = free_port()
-        self.prometheus_port = free_port()
+        self.port, self.http_port, self.prometheus_port = free_ports(3)
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_args: list[str] = []
 
