@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
+from ..store.jsonfile import fsync_dir
 from . import files
 from . import replication_protocol as proto
 
@@ -163,11 +164,7 @@ class FileApplier:
             os.close(fd)
             _unlink_quietly(tmp)
             raise
-        self._fsync_received(rel, fd, tmp)
-        os.replace(tmp, path)
-        self._renamed.add(rel)
-        self._resolved(rel)
-        self._dirs.add(path.parent)
+        self._install_received(rel, fd, tmp, path)
 
     def delete(self, rel: str) -> None:
         self._guard("delete", rel, self._delete, rel)
@@ -223,14 +220,11 @@ class FileApplier:
             os.close(fd)
             _unlink_quietly(tmp)
             raise
-        self._fsync_received(rel, fd, tmp)
-        os.replace(tmp, path)
-        self._renamed.add(rel)
-        self._resolved(rel)
-        self._dirs.add(path.parent)
+        self._install_received(rel, fd, tmp, path)
 
-    def _fsync_received(self, rel: str, fd: int, tmp: Path) -> None:
-        """fsync and close a file written in full (a replace or a full-sync file)."""
+    def _install_received(self, rel: str, fd: int, tmp: Path, path: Path) -> None:
+        """fsync and close a file written in full into ``tmp`` (a replace or a full-sync file), then
+        rename it over ``path``."""
         try:
             os.fsync(fd)
         except OSError as exc:
@@ -238,6 +232,10 @@ class FileApplier:
             _unlink_quietly(tmp)  # local scratch: never listed, so nothing to vouch for
             raise self._fail("fsync", rel, exc, discard=True) from exc
         os.close(fd)
+        os.replace(tmp, path)
+        self._renamed.add(rel)
+        self._resolved(rel)
+        self._dirs.add(path.parent)
 
     def _guard(self, action: str, rel: str, work: Callable[..., None], *args: object) -> None:
         """Run ``work``: on a broken applier not at all, and any OSError as a ReplicaDiskError."""
@@ -275,7 +273,7 @@ class FileApplier:
                 raise self._fail("fsync", rel, exc, discard=True) from exc
         for directory in sorted(self._dirs, key=lambda p: len(p.parts), reverse=True):
             try:
-                _fsync_dir(directory)
+                fsync_dir(directory)
             except FileNotFoundError:
                 continue
             except OSError as exc:  # new names in it may be lost: its new files count as unwritten
@@ -357,7 +355,7 @@ class FileApplier:
         # disk holds, which a hash then reads truthfully (the page cache went with the inode).
         for directory in directories:
             try:
-                _fsync_dir(directory)
+                fsync_dir(directory)
             except OSError:
                 pass
         detail = f"{deleted} file(s) written since the last commit deleted"
@@ -395,14 +393,6 @@ def _write_all(fd: int, data: bytes, path: Path) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "write made no progress", str(path))
         view = view[written:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _close_quietly(fd: int) -> None:
