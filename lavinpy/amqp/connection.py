@@ -44,7 +44,6 @@ from ..wire.reader import (
 )
 from .channel import Channel
 from .closing import send_close_ok
-from .content import BodySpool
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
 from .output import (
@@ -59,6 +58,7 @@ from .output import (
     ConnectionOutput,
 )
 from .publish_batch import publish_contents
+from .spool import BodySpool
 
 if TYPE_CHECKING:
     from ..broker.vhost import VHost
