@@ -11,13 +11,11 @@ and is not read (so it produces no replies, returns or confirms) until ``set_wri
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..broker.rates import WindowRates
+from .connection_states import CLOSED
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
-
-if TYPE_CHECKING:
-    from .sessions import Sessions
 
 # Queued output written to the transport at once above this size (bytes), so a burst of
 # deliveries cannot pile up in the connection before the transport's high-water check.
@@ -26,9 +24,6 @@ OUTPUT_FLUSH_BYTES = 256 * 1024
 # data_received for one busy socket many times in a row (libuv reads until the socket is empty).
 INPUT_TURN_BYTES = 256 * 1024
 
-# Connection states, in order
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
-
 
 class ConnectionDriver(Protocol):
     """Owner of a connection's socket: writes its output and carries out its effects."""
@@ -36,14 +31,25 @@ class ConnectionDriver(Protocol):
     def pump(self) -> None: ...
 
 
-class ConnectionOutput:
-    """Mixin for AMQPConnection: output buffering, effects and read/write flow control."""
+class OutputScheduler(Protocol):
+    """What a connection's output needs of the session layer: a flush once the current batch of
+    input (or round of deliveries) is done, for all connections with output at once."""
 
-    sessions: Sessions
+    def schedule_output(self, connection: ConnectionOutput) -> None: ...
+
+
+class ConnectionOutput:
+    """AMQPConnection's output half: output buffering, effects and read/write flow control.
+
+    What it needs of the connection it is part of: the attributes below, and
+    ``schedule_channel_deliveries`` (the connection's channels get deliveries again once writable).
+    """
+
+    sessions: OutputScheduler
     channels: dict[int, Any]
-    blocked: bool
-    published: bool
-    state: int
+    blocked: bool  # a resource alarm is on
+    published: bool  # the client has published (a blocked one is not read from then on)
+    state: int  # connection_states
 
     def init_output(self) -> None:
         self.driver: ConnectionDriver | None = None

@@ -12,6 +12,7 @@ from pamqp import body, commands, frame, header, heartbeat
 from lavinpy.amqp.connection import AMQPConnection
 from lavinpy.amqp.effects import ConnectionEffect
 from lavinpy.amqp.sessions import Sessions
+from lavinpy.amqp.spool import BodySpool
 from lavinpy.broker.broker import Broker
 from lavinpy.config import Config
 
@@ -19,14 +20,48 @@ PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 Frame = tuple[int, Any]  # (channel, pamqp frame value)
 
 
+class Timer:
+    def __init__(self, delay: float, callback: Callable[[], None]) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualScheduling:
+    """The session layer's scheduling by hand: callbacks wait in ``soon`` and ``timers`` until run."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+        self.timers: list[Timer] = []
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def fire_timers(self) -> None:
+        """Run the timers set so far (not those they set)."""
+        timers, self.timers = self.timers, []
+        for timer in timers:
+            if not timer.cancelled:
+                timer.callback()
+
+
 class Harness:
     """A real broker on a temporary data dir and its session layer; deferred work runs on ``run_soon``."""
 
     def __init__(self, path: Path, **settings: Any) -> None:
-        self.broker = Broker(Config(data_dir=str(path), **settings))
-        self.broker.open()
-        self.soon: list[Callable[[], None]] = []
-        self.sessions = Sessions(self.broker, call_soon=self.soon.append)
+        self.broker = broker = Broker(Config(data_dir=str(path), **settings))
+        broker.open()
+        self.scheduling = ManualScheduling()
+        self.soon = self.scheduling.soon
+        self.sessions = Sessions(broker, self.scheduling, lambda: BodySpool(broker.datadir.path))
 
     def connect(self, peer: tuple[str, int] = ("127.0.0.1", 50000)) -> Client:
         conn = AMQPConnection(self.sessions, peer)
