@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands, decode
@@ -100,6 +101,9 @@ class SessionHost(OutputScheduler, Protocol):
 
     def new_spool(self) -> BodySpool:
         """A body spool (files in the data dir) for this connection."""
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` alongside, on the adapter's event loop."""
 
 
 class AMQPConnection(ConnectionOutput):
@@ -271,6 +275,10 @@ class AMQPConnection(ConnectionOutput):
         if self._body_spool is None:
             self._body_spool = self.sessions.new_spool()
         return self._body_spool
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a wait for the store, say) alongside: the adapter's loop runs it, not this core."""
+        self.sessions.start_task(work)
 
     def enter_state(self, state: int) -> None:
         """Move to ``state`` (connection_states); a move the table does not allow is a bug."""

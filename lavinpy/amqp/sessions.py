@@ -11,8 +11,8 @@ test, by hand) provides the scheduling (``Scheduling``) and the connections' bod
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout
@@ -40,6 +40,9 @@ class Scheduling(Protocol):
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         """Run ``callback`` in ``delay`` seconds, unless cancelled."""
 
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (waiting for the store, say) alongside; its errors are the adapter's to log."""
+
 
 class Sessions:
     def __init__(self, broker: Broker, scheduling: Scheduling, new_spool: Callable[[], BodySpool]) -> None:
@@ -59,6 +62,10 @@ class Sessions:
     def new_spool(self) -> BodySpool:
         """A body spool for one connection's large incoming bodies."""
         return self._new_spool()
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` alongside, on the adapter's loop (the sessions start no tasks of their own)."""
+        self._scheduling.start_task(work)
 
     # --- SessionLayer (called by the broker) ---------------------------------------------------
     def work_pending(self) -> None:

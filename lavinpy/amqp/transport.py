@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..wire.accel import SOCKET_THREADS, csocket
@@ -60,6 +60,14 @@ READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(
 class LoopScheduling:
     """``sessions.Scheduling`` on the event loop running at the time of each call (the server's object
     is made before its loop runs)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def call_soon(self, callback: Callable[[], None]) -> asyncio.Handle:
         return asyncio.get_running_loop().call_soon(callback)

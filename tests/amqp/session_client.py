@@ -3,7 +3,8 @@ the bytes that come out are decoded with pamqp, effects are read back as the dri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,16 @@ class Timer:
 
 
 class ManualScheduling:
-    """The session layer's scheduling by hand: callbacks wait in ``soon`` and ``timers`` until run."""
+    """The session layer's scheduling by hand: callbacks wait in ``soon`` and ``timers`` until run,
+    and tasks (coroutines) in ``tasks``."""
 
     def __init__(self) -> None:
         self.soon: list[Callable[[], None]] = []
         self.timers: list[Timer] = []
+        self.tasks: list[Coroutine[Any, Any, None]] = []
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(work)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self.soon.append(callback)
@@ -44,6 +50,20 @@ class ManualScheduling:
         timer = Timer(delay, callback)
         self.timers.append(timer)
         return timer
+
+    def run_tasks(self) -> None:
+        """Run the tasks started so far to their end, in order, on an event loop of their own."""
+        tasks, self.tasks = self.tasks, []
+
+        async def run_all() -> None:
+            for task in tasks:
+                await task
+        asyncio.run(run_all())
+
+    def drop_tasks(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.close()
 
     def fire_timers(self) -> None:
         """Run the timers set so far (not those they set)."""
@@ -74,6 +94,7 @@ class Harness:
             self.soon.pop(0)()
 
     def close(self) -> None:
+        self.scheduling.drop_tasks()
         self.broker.close()
 
 
@@ -102,7 +123,7 @@ class Client:
         self.harness.run_soon()
         data = b"".join(self.conn.data_to_send())
         self.effects += self.conn.take_effects()
-        frames = []
+        frames: list[Frame] = []
         while data:
             if data.startswith(b"AMQP"):
                 frames.append((0, bytes(data[:8])))
@@ -127,7 +148,7 @@ class Client:
                   capabilities: dict | None = None) -> None:
         self.send(PROTOCOL_HEADER)
         self.read()
-        props = {"capabilities": capabilities if capabilities is not None else {"connection.blocked": True,
+        props: dict[str, Any] = {"capabilities": capabilities if capabilities is not None else {"connection.blocked": True,
                                                                                  "consumer_cancel_notify": True}}
         self.send((0, commands.Connection.StartOk(client_properties=props, mechanism="PLAIN",
                                                   response=f"\0{user}\0{password}", locale="en_US")))

@@ -36,7 +36,8 @@ def test_protocol_header_start_tune_open(harness: Harness) -> None:
     assert channel == 0 and isinstance(start, commands.Connection.Start)
     assert (start.version_major, start.version_minor) == (0, 9)
     assert start.mechanisms == "PLAIN AMQPLAIN"
-    assert start.server_properties["capabilities"]["publisher_confirms"] is True
+    capabilities = start.server_properties["capabilities"]
+    assert isinstance(capabilities, dict) and capabilities["publisher_confirms"] is True
 
     client.send((0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
                                                 response="\0guest\0guest", locale="en_US")))
@@ -284,6 +285,19 @@ def test_consumer_timeout_sweep_runs_on_the_injected_timer(harness: Harness) -> 
     [timer] = scheduling.timers
     harness.sessions.close()
     assert timer.cancelled
+
+
+def test_tasks_run_on_the_adapters_loop(harness: Harness) -> None:
+    client = harness.connect()
+    done: list[str] = []
+
+    async def work() -> None:
+        await asyncio.sleep(0)
+        done.append("ran")
+    client.conn.start_task(work())
+    assert done == [] and len(harness.scheduling.tasks) == 1  # handed over, not run by the connection
+    harness.scheduling.run_tasks()
+    assert done == ["ran"]
 
 
 def test_body_spool_comes_from_the_session_layer_once(harness: Harness) -> None:
