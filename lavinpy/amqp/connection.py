@@ -62,7 +62,7 @@ from .connection_states import (
 )
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
-from .output import INPUT_TURN_BYTES, ConnectionOutput, OutputScheduler
+from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
 
 if TYPE_CHECKING:
@@ -260,9 +260,7 @@ class AMQPConnection(ConnectionOutput):
             self.sessions.run_pending()
             nbytes = len(data)
             self.broker.note_input(nbytes)
-            self._input_turn += nbytes
-            if self._input_turn > INPUT_TURN_BYTES:
-                self.yield_input_turn()
+            self.count_input_turn(nbytes)
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
@@ -522,11 +520,11 @@ class AMQPConnection(ConnectionOutput):
             return
         now = time.monotonic()
         # While reading is paused (output backed up, alarm) the client's heartbeats stay unread.
-        if now - self._last_recv > 2 * self.heartbeat and not self._reading_paused:
+        if now - self._last_recv > 2 * self.heartbeat and not self.reading_paused:
             log.info("connection %s: missed heartbeats from client, timeout %ds", self.name, self.heartbeat)
             self.abort()
             return
-        if now - self._last_send >= self.heartbeat / 2:
+        if now - self.last_send >= self.heartbeat / 2:
             self.send(writer.HEARTBEAT)
         self._schedule_heartbeat()
 

@@ -58,10 +58,10 @@ class ConnectionOutput:
         self._out_bytes = 0
         self._effects: list[ConnectionEffect] = []
         self._flush_scheduled = False
-        self._reading_paused = False
+        self.reading_paused = False  # as last asked of the driver (PAUSE_READING / RESUME_READING)
         self._input_turn = 0
         self._yielding = False
-        self._last_send = time.monotonic()
+        self.last_send = time.monotonic()  # when output was last taken by the driver
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes and socket reads or writes (one write
         # per flush of queued frames here, one read per batch of input).
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
@@ -76,7 +76,7 @@ class ConnectionOutput:
             self.send_cnt += 1
             self._out = []
             self._out_bytes = 0
-            self._last_send = time.monotonic()
+            self.last_send = time.monotonic()
         return out
 
     def take_effects(self) -> list[ConnectionEffect]:
@@ -130,13 +130,18 @@ class ConnectionOutput:
         if self.state >= CLOSED:  # after close-ok the client's leftovers must drain: keep reading
             return
         paused = not self.writable or self._yielding or (self.blocked and self.published)
-        if paused != self._reading_paused:
-            self._reading_paused = paused
+        if paused != self.reading_paused:
+            self.reading_paused = paused
             self.effect(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
 
+    def count_input_turn(self, nbytes: int) -> None:
+        """``nbytes`` of input handled: past a turn's worth, the other clients get theirs first."""
+        self._input_turn += nbytes
+        if self._input_turn > INPUT_TURN_BYTES:
+            self.yield_input_turn()
+
     def yield_input_turn(self) -> None:
-        """A turn's worth of input was read (the connection counts it in ``_input_turn``): stop reading
-        until the other clients were served."""
+        """A turn's worth of input was read: stop reading until the other clients were served."""
         if not self._yielding:
             self._yielding = True
             self.update_reading()

@@ -148,8 +148,9 @@ class Client:
                   capabilities: dict | None = None) -> None:
         self.send(PROTOCOL_HEADER)
         self.read()
-        props: dict[str, Any] = {"capabilities": capabilities if capabilities is not None else {"connection.blocked": True,
-                                                                                 "consumer_cancel_notify": True}}
+        if capabilities is None:
+            capabilities = {"connection.blocked": True, "consumer_cancel_notify": True}
+        props: dict[str, Any] = {"capabilities": capabilities}
         self.send((0, commands.Connection.StartOk(client_properties=props, mechanism="PLAIN",
                                                   response=f"\0{user}\0{password}", locale="en_US")))
         tune = self.methods()[-1][1]
