@@ -82,10 +82,10 @@ def bind_sockets(hosts: list[str], port: int, what: str) -> list[socket.socket]:
 
 
 async def listen(factory: Callable[[], asyncio.Protocol], hosts: list[str], port: int, what: str,
-                 ssl_context: ssl.SSLContext | None = None) -> list[asyncio.AbstractServer]:
+                 ssl_context: ssl.SSLContext | None = None) -> list[asyncio.Server]:
     """Start serving on every address of hosts that the machine has."""
     loop = asyncio.get_running_loop()
-    servers = []
+    servers: list[asyncio.Server] = []
     for sock in bind_sockets(hosts, port, what):
         servers.append(await loop.create_server(factory, sock=sock, ssl=ssl_context, backlog=BACKLOG))
     names = ", ".join(address_text(s) for server in servers for s in server.sockets)
@@ -164,8 +164,12 @@ async def read_proxy_header(sock: socket.socket, required: bool) -> ProxyHeader 
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+    loop.add_reader(sock.fileno(), wake)
     try:
         await ready
     finally:
@@ -265,7 +269,7 @@ async def listen_forwarded(factory: ForwardedFactory, hosts: list[str], port: in
 
 
 async def serve_port(factory: ForwardedFactory, hosts: list[str], port: int, what: str, policy: ProxyPolicy,
-                     ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener] | list[asyncio.AbstractServer]:
+                     ssl_context: ssl.SSLContext | None = None) -> list[ProxiedListener] | list[asyncio.Server]:
     """asyncio's own server for a plain port nobody may send a PROXY header to (the protocols refuse
     one themselves); accepted here when some peer may, or for TLS (where the header would come
     before the handshake, out of the protocol's sight)."""

@@ -6,11 +6,13 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
-from .amqp.transport import AMQPProtocol
+from .amqp.spool import BodySpool
+from .amqp.transport import AMQPProtocol, LoopScheduling
 from .broker.broker import Broker
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
@@ -23,6 +25,10 @@ from .wire import accel
 from .wire.proxy_header import TrustedSources
 
 if TYPE_CHECKING:
+    import ssl
+
+    from aiohttp import web
+
     from .cluster.node import ClusterNode
 
 log = logging.getLogger("lavinpy")
@@ -40,8 +46,9 @@ class Server:
         self.proxy_policy = ProxyPolicy(TrustedSources(config.proxy_protocol_trusted_sources),
                                         cluster.accepts_proxy_from if cluster is not None else None,
                                         log_bad_proxy_header)
-        self.broker = Broker(config)
-        self.sessions = Sessions(self.broker)
+        self.broker = broker = Broker(config)
+        # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
+        self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
@@ -84,6 +91,7 @@ class Server:
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
         cluster_nodes = self.cluster.status if self.cluster is not None else None
+        ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
         ports = [(self.http, lambda: make_app(self.broker, self.sessions, cluster_nodes), config.http_port, "HTTP",
                   self.proxy_policy, None),
                  (self.metrics, lambda: make_metrics_app(self.broker, self.sessions), config.prometheus_port,

@@ -8,24 +8,32 @@ reading (and discarding) until the client closes, or until CLOSE_OK_TIMEOUT.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pamqp import commands
 
 from ..wire import writer
-from .effects import CancelTimer, Effect, SetTimer, TimerKind
-
-if TYPE_CHECKING:
-    from .connection import AMQPConnection
+from .connection_states import CLOSED
+from .effects import CancelTimer, ConnectionEffect, Effect, SetTimer, TimerKind
 
 CLOSE_OK_TIMEOUT = 30.0  # seconds a client has to close its socket after close-ok (RabbitMQ's too)
 
 
-def send_close_ok(conn: AMQPConnection, closed_state: int) -> None:
+class ClosingConnection(Protocol):
+    """What answering connection.close needs of the connection."""
+
+    def send(self, data: bytes) -> None: ...
+    def flush_output(self) -> None: ...
+    def enter_state(self, state: int) -> None: ...
+    def teardown(self) -> None: ...
+    def effect(self, effect: ConnectionEffect) -> None: ...
+
+
+def send_close_ok(conn: ClosingConnection) -> None:
     """Answer the client's connection.close; from now on its input is discarded unread."""
     conn.send(writer.method_frame(0, commands.Connection.CloseOk()))
     conn.flush_output()
-    conn.state = closed_state
+    conn.enter_state(CLOSED)
     conn.teardown()  # channels and exclusive queues go now, not when the client gets round to closing
     conn.effect(Effect.RESUME_READING)  # paused by a resource alarm: the leftovers must still drain
     conn.effect(CancelTimer(TimerKind.HANDSHAKE))

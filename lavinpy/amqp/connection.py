@@ -2,14 +2,17 @@
 
 ``receive_data`` takes what the client sent; ``data_to_send`` and ``take_effects`` give what to
 write and what to do (pause/resume reading, close, timers); ``timer_fired`` reports a timer. The
-socket, the timers and the write-buffer callbacks belong to the driver (transport.py).
+socket, the timers and the write-buffer callbacks belong to the driver (transport.py); the states
+and the moves between them are connection_states.py's table; the session layer it belongs to
+(``SessionHost``) schedules its output and provides its body spool.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands, decode
 
@@ -44,25 +47,28 @@ from ..wire.reader import (
 )
 from .channel import Channel
 from .closing import send_close_ok
-from .effects import CancelTimer, Effect, SetTimer, TimerKind
-from .log import RateLimitedLog
-from .output import (
+from .connection_states import (
     AWAIT_HEADER,
     AWAIT_OPEN,
     AWAIT_START_OK,
     AWAIT_TUNE_OK,
     CLOSED,
     CLOSING,
-    INPUT_TURN_BYTES,
+    CLOSING_METHODS,
+    HANDSHAKE_METHOD,
     OPEN,
-    ConnectionOutput,
+    OPEN_CONNECTION_METHODS,
+    check_transition,
 )
+from .effects import CancelTimer, Effect, SetTimer, TimerKind
+from .log import RateLimitedLog
+from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
-from .spool import BodySpool
 
 if TYPE_CHECKING:
+    from ..broker.broker import Broker
     from ..broker.vhost import VHost
-    from .sessions import Sessions
+    from .spool import BodySpool
 
 log = logging.getLogger("lavinpy.connection")
 # Client errors and internal errors, each at most a burst of lines per interval (shared by all clients).
@@ -83,9 +89,27 @@ HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
 
 
+class SessionHost(OutputScheduler, Protocol):
+    """What a connection needs of the session layer it belongs to (sessions.Sessions)."""
+
+    broker: Broker
+    connections: set[AMQPConnection]  # the live ones: a connection is in it from start to lost
+    reply_to: dict[str, Channel]  # direct reply-to, for the channels: reply key -> requester
+
+    def run_pending(self) -> None:
+        """Deliveries and output queued by this batch of input, now."""
+
+    def new_spool(self) -> BodySpool:
+        """A body spool (files in the data dir) for this connection."""
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` alongside, on the adapter's event loop."""
+
 
 class AMQPConnection(ConnectionOutput):
-    def __init__(self, sessions: Sessions, peer: tuple[Any, ...] | None = None) -> None:
+    sessions: SessionHost
+
+    def __init__(self, sessions: SessionHost, peer: tuple[Any, ...] | None = None) -> None:
         self.sessions = sessions
         self.broker = broker = sessions.broker
         self.config = broker.config
@@ -97,7 +121,7 @@ class AMQPConnection(ConnectionOutput):
             self.peer_host = peer[0]
             self.name = f"{peer[0]}:{peer[1]}"
         self.username = ""
-        self.vhost: VHost | None = None  # type: ignore[assignment]
+        self.vhost: VHost | None = None
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
         self.frame_max = self.config.frame_max
@@ -125,7 +149,8 @@ class AMQPConnection(ConnectionOutput):
 
     def lost(self) -> None:
         """The socket is gone (whoever closed it)."""
-        self.state = CLOSED
+        if self.state != CLOSED:
+            self.enter_state(CLOSED)
         self.teardown()
         if self in self.sessions.connections:  # lost once, counted once
             self.sessions.connections.discard(self)
@@ -185,7 +210,7 @@ class AMQPConnection(ConnectionOutput):
         try:
             i = 0
             while i < len(frames):
-                frame = frames[i]
+                frame: Any = frames[i]  # dispatched on type(frame), the cheapest test
                 i += 1
                 kind = type(frame)
                 if kind is AckRun:
@@ -235,9 +260,7 @@ class AMQPConnection(ConnectionOutput):
             self.sessions.run_pending()
             nbytes = len(data)
             self.broker.note_input(nbytes)
-            self._input_turn += nbytes
-            if self._input_turn > INPUT_TURN_BYTES:
-                self.yield_input_turn()
+            self.count_input_turn(nbytes)
         except AMQPConnectionError as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
@@ -248,12 +271,21 @@ class AMQPConnection(ConnectionOutput):
     def body_spool(self) -> BodySpool:
         """Where this connection's large incoming bodies and uncommitted publishes wait."""
         if self._body_spool is None:
-            self._body_spool = BodySpool(self.broker.datadir.path)
+            self._body_spool = self.sessions.new_spool()
         return self._body_spool
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a wait for the store, say) alongside: the adapter's loop runs it, not this core."""
+        self.sessions.start_task(work)
+
+    def enter_state(self, state: int) -> None:
+        """Move to ``state`` (connection_states); a move the table does not allow is a bug."""
+        self.state = check_transition(self.state, state)
 
     def abort(self) -> None:
         """Close the socket (after writing what is queued); input from now on is ignored."""
-        self.state = CLOSED
+        if self.state != CLOSED:
+            self.enter_state(CLOSED)
         self.effect(Effect.CLOSE)
 
     # --- closing ------------------------------------------------------------------------------
@@ -269,7 +301,7 @@ class AMQPConnection(ConnectionOutput):
             return
         self.send(writer.method_frame(0, commands.Connection.Close(
             reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
-        self.state = CLOSING
+        self.enter_state(CLOSING)
         for channel in list(self.channels.values()):
             channel.release()
         # Give the client a moment to answer close-ok, then drop it anyway.
@@ -279,10 +311,12 @@ class AMQPConnection(ConnectionOutput):
         if self.state >= CLOSED:
             return  # close-ok sent: the rest of the client's input is discarded
         method = getattr(frame, "method", None)
+        if not isinstance(method, CLOSING_METHODS):
+            return  # discarded: the client has not seen the broker's connection.close yet
         if isinstance(method, commands.Connection.CloseOk):
             self.abort()
-        elif isinstance(method, commands.Connection.Close):
-            send_close_ok(self, CLOSED)
+        else:
+            send_close_ok(self)
 
     # --- frames -------------------------------------------------------------------------------
     def _handle_frame(self, frame: Any) -> None:
@@ -332,16 +366,15 @@ class AMQPConnection(ConnectionOutput):
             channel.release()
 
     def _handle_connection_method(self, method: Any) -> None:
+        if not isinstance(method, OPEN_CONNECTION_METHODS):
+            raise AMQPConnectionError(CHANNEL_ERROR, f"unexpected method {method.name} on channel 0")
         if isinstance(method, commands.Connection.Close):
-            send_close_ok(self, CLOSED)
+            send_close_ok(self)
         elif isinstance(method, commands.Connection.CloseOk):
             self.abort()
         elif isinstance(method, commands.Connection.UpdateSecret):
             self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
-        elif isinstance(method, (commands.Connection.Blocked, commands.Connection.Unblocked)):
-            pass  # a client may send these; nothing to do
-        else:
-            raise AMQPConnectionError(CHANNEL_ERROR, f"unexpected method {method.name} on channel 0")
+        # connection.blocked and unblocked: a client may send these; nothing to do
 
     # --- handshake ----------------------------------------------------------------------------
     def _handle_handshake(self, frame: Any) -> None:
@@ -350,19 +383,21 @@ class AMQPConnection(ConnectionOutput):
             raise AMQPConnectionError(COMMAND_INVALID, "expected a connection method on channel 0 "
                                                        "during the handshake")
         if isinstance(method, commands.Connection.Close):
-            send_close_ok(self, CLOSED)
-        elif self.state == AWAIT_START_OK and isinstance(method, commands.Connection.StartOk):
-            self._on_start_ok(method)
-        elif self.state == AWAIT_TUNE_OK and isinstance(method, commands.Connection.TuneOk):
-            self._on_tune_ok(method)
-        elif self.state == AWAIT_OPEN and isinstance(method, commands.Connection.Open):
-            self._on_open(method)
-        else:
+            send_close_ok(self)
+            return
+        expected = HANDSHAKE_METHOD.get(self.state)
+        if expected is None or not isinstance(method, expected):
             raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
+        if isinstance(method, commands.Connection.StartOk):
+            self._on_start_ok(method)
+        elif isinstance(method, commands.Connection.TuneOk):
+            self._on_tune_ok(method)
+        elif isinstance(method, commands.Connection.Open):
+            self._on_open(method)
 
     def greet(self) -> None:
         """Send connection.start once the protocol header has arrived."""
-        self.state = AWAIT_START_OK
+        self.enter_state(AWAIT_START_OK)
         self.send(writer.method_frame(0, commands.Connection.Start(
             version_major=0, version_minor=9,
             server_properties={
@@ -435,7 +470,7 @@ class AMQPConnection(ConnectionOutput):
             self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
             return
         self.username = username
-        self.state = AWAIT_TUNE_OK
+        self.enter_state(AWAIT_TUNE_OK)
         self.send(writer.method_frame(0, commands.Connection.Tune(
             channel_max=self.config.channel_max, frame_max=self.config.frame_max,
             heartbeat=self.config.heartbeat)))
@@ -453,7 +488,7 @@ class AMQPConnection(ConnectionOutput):
             raise AMQPConnectionError(NOT_ALLOWED, f"channel_max={self.channel_max} > "
                                                    f"{self.config.channel_max} max")
         self.heartbeat = method.heartbeat
-        self.state = AWAIT_OPEN
+        self.enter_state(AWAIT_OPEN)
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         name = method.virtual_host or "/"
@@ -467,7 +502,7 @@ class AMQPConnection(ConnectionOutput):
                                       f"access to vhost '{name}' refused for user '{self.username}'")
         self.vhost = vhost
         self.actor = Actor(users, self.username)
-        self.state = OPEN
+        self.enter_state(OPEN)
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         self.effect(CancelTimer(TimerKind.HANDSHAKE))
         if self.heartbeat:
@@ -485,11 +520,11 @@ class AMQPConnection(ConnectionOutput):
             return
         now = time.monotonic()
         # While reading is paused (output backed up, alarm) the client's heartbeats stay unread.
-        if now - self._last_recv > 2 * self.heartbeat and not self._reading_paused:
+        if now - self._last_recv > 2 * self.heartbeat and not self.reading_paused:
             log.info("connection %s: missed heartbeats from client, timeout %ds", self.name, self.heartbeat)
             self.abort()
             return
-        if now - self._last_send >= self.heartbeat / 2:
+        if now - self.last_send >= self.heartbeat / 2:
             self.send(writer.HEARTBEAT)
         self._schedule_heartbeat()
 
@@ -523,4 +558,5 @@ class AMQPConnection(ConnectionOutput):
             self.abort()
 
 
-__all__ = ["AMQPConnection", "REPLY_SUCCESS"]
+# OPEN and CLOSING stay importable from here (session views, tests) as before the states had a module.
+__all__ = ["AMQPConnection", "CLOSED", "CLOSING", "OPEN", "REPLY_SUCCESS", "SessionHost"]

@@ -11,13 +11,11 @@ and is not read (so it produces no replies, returns or confirms) until ``set_wri
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..broker.rates import WindowRates
+from .connection_states import CLOSED
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
-
-if TYPE_CHECKING:
-    from .sessions import Sessions
 
 # Queued output written to the transport at once above this size (bytes), so a burst of
 # deliveries cannot pile up in the connection before the transport's high-water check.
@@ -26,9 +24,6 @@ OUTPUT_FLUSH_BYTES = 256 * 1024
 # data_received for one busy socket many times in a row (libuv reads until the socket is empty).
 INPUT_TURN_BYTES = 256 * 1024
 
-# Connection states, in order
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, CLOSED = range(7)
-
 
 class ConnectionDriver(Protocol):
     """Owner of a connection's socket: writes its output and carries out its effects."""
@@ -36,14 +31,25 @@ class ConnectionDriver(Protocol):
     def pump(self) -> None: ...
 
 
-class ConnectionOutput:
-    """Mixin for AMQPConnection: output buffering, effects and read/write flow control."""
+class OutputScheduler(Protocol):
+    """What a connection's output needs of the session layer: a flush once the current batch of
+    input (or round of deliveries) is done, for all connections with output at once."""
 
-    sessions: Sessions
+    def schedule_output(self, connection: ConnectionOutput) -> None: ...
+
+
+class ConnectionOutput:
+    """AMQPConnection's output half: output buffering, effects and read/write flow control.
+
+    What it needs of the connection it is part of: the attributes below, and
+    ``schedule_channel_deliveries`` (the connection's channels get deliveries again once writable).
+    """
+
+    sessions: OutputScheduler
     channels: dict[int, Any]
-    blocked: bool
-    published: bool
-    state: int
+    blocked: bool  # a resource alarm is on
+    published: bool  # the client has published (a blocked one is not read from then on)
+    state: int  # connection_states
 
     def init_output(self) -> None:
         self.driver: ConnectionDriver | None = None
@@ -52,10 +58,10 @@ class ConnectionOutput:
         self._out_bytes = 0
         self._effects: list[ConnectionEffect] = []
         self._flush_scheduled = False
-        self._reading_paused = False
+        self.reading_paused = False  # as last asked of the driver (PAUSE_READING / RESUME_READING)
         self._input_turn = 0
         self._yielding = False
-        self._last_send = time.monotonic()
+        self.last_send = time.monotonic()  # when output was last taken by the driver
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes and socket reads or writes (one write
         # per flush of queued frames here, one read per batch of input).
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
@@ -70,7 +76,7 @@ class ConnectionOutput:
             self.send_cnt += 1
             self._out = []
             self._out_bytes = 0
-            self._last_send = time.monotonic()
+            self.last_send = time.monotonic()
         return out
 
     def take_effects(self) -> list[ConnectionEffect]:
@@ -124,13 +130,18 @@ class ConnectionOutput:
         if self.state >= CLOSED:  # after close-ok the client's leftovers must drain: keep reading
             return
         paused = not self.writable or self._yielding or (self.blocked and self.published)
-        if paused != self._reading_paused:
-            self._reading_paused = paused
+        if paused != self.reading_paused:
+            self.reading_paused = paused
             self.effect(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
 
+    def count_input_turn(self, nbytes: int) -> None:
+        """``nbytes`` of input handled: past a turn's worth, the other clients get theirs first."""
+        self._input_turn += nbytes
+        if self._input_turn > INPUT_TURN_BYTES:
+            self.yield_input_turn()
+
     def yield_input_turn(self) -> None:
-        """A turn's worth of input was read (the connection counts it in ``_input_turn``): stop reading
-        until the other clients were served."""
+        """A turn's worth of input was read: stop reading until the other clients were served."""
         if not self._yielding:
             self._yielding = True
             self.update_reading()

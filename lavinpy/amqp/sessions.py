@@ -3,14 +3,16 @@
 The broker (the model) knows nothing of connections; it reaches them through the
 ``SessionLayer`` protocol it defines, which ``Sessions`` implements: pending deliveries and
 resource alarms. Work queued by any connection (deliveries, output) runs once per input batch.
+
+No event loop and no files here: the adapter that runs the sessions (the server, on asyncio; a
+test, by hand) provides the scheduling (``Scheduling``) and the connections' body spools.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout
@@ -20,21 +22,50 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .connection import AMQPConnection
     from .output import ConnectionOutput
+    from .spool import BodySpool
 
 log = logging.getLogger("lavinpy.sessions")
 
 
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Scheduling(Protocol):
+    """What the session layer needs of its event loop."""
+
+    def call_soon(self, callback: Callable[[], None]) -> object:
+        """Run ``callback`` once the current callback (a batch of input, a timer) is done."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        """Run ``callback`` in ``delay`` seconds, unless cancelled."""
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (waiting for the store, say) alongside; its errors are the adapter's to log."""
+
+
 class Sessions:
-    def __init__(self, broker: Broker, call_soon: Callable[[Callable[[], None]], object] | None = None) -> None:
+    def __init__(self, broker: Broker, scheduling: Scheduling, new_spool: Callable[[], BodySpool]) -> None:
+        """``new_spool``: a new body spool for a connection (files in the data dir)."""
         self.broker = broker
         self.connections: set[AMQPConnection] = set()
         # Direct reply-to: reply key -> the requester's channel.
         self.reply_to: dict[str, Channel] = {}
         self.output_pending: set[ConnectionOutput] = set()
         self._scheduled = False
-        self._call_soon = call_soon
-        self._sweep_task: asyncio.Task | None = None
+        self._call_soon = scheduling.call_soon
+        self._scheduling = scheduling
+        self._new_spool = new_spool
+        self._sweep_timer: TimerHandle | None = None
         broker.sessions = self
+
+    def new_spool(self) -> BodySpool:
+        """A body spool for one connection's large incoming bodies."""
+        return self._new_spool()
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` alongside, on the adapter's loop (the sessions start no tasks of their own)."""
+        self._scheduling.start_task(work)
 
     # --- SessionLayer (called by the broker) ---------------------------------------------------
     def work_pending(self) -> None:
@@ -59,8 +90,7 @@ class Sessions:
     def _schedule(self) -> None:
         if not self._scheduled:
             self._scheduled = True
-            call_soon = self._call_soon or asyncio.get_running_loop().call_soon
-            call_soon(self.run_pending)
+            self._call_soon(self.run_pending)
 
     def run_pending(self) -> None:
         """Deliveries first, then every connection's output in one write each."""
@@ -73,19 +103,20 @@ class Sessions:
 
     # --- consumer timeouts ----------------------------------------------------------------------
     def start(self) -> None:
-        """Start the consumer-timeout sweep (needs a running event loop)."""
-        self._sweep_task = asyncio.get_running_loop().create_task(self._watch_consumer_timeouts())
+        """Start the consumer-timeout sweep, every SWEEP_INTERVAL seconds until ``close``."""
+        self._sweep_timer = self._scheduling.call_later(consumer_timeout.SWEEP_INTERVAL, self._sweep_consumer_timeouts)
 
-    async def _watch_consumer_timeouts(self) -> None:
-        while True:
-            await asyncio.sleep(consumer_timeout.SWEEP_INTERVAL)
-            try:
-                if consumer_timeout.sweep(self.connections, self.broker.config.consumer_timeout):
-                    self._schedule()  # the channel.close frames go out now
-            except Exception:  # pragma: no cover - a bug here must not stop the sweeps
-                log.exception("consumer timeout sweep failed")
+    def _sweep_consumer_timeouts(self) -> None:
+        try:
+            if consumer_timeout.sweep(self.connections, self.broker.config.consumer_timeout):
+                self._schedule()  # the channel.close frames go out now
+        except Exception:  # pragma: no cover - a bug here must not stop the sweeps
+            log.exception("consumer timeout sweep failed")
+        if self._sweep_timer is not None:  # not closed meanwhile
+            self._sweep_timer = self._scheduling.call_later(consumer_timeout.SWEEP_INTERVAL,
+                                                            self._sweep_consumer_timeouts)
 
     def close(self) -> None:
-        if self._sweep_task is not None:
-            self._sweep_task.cancel()
-            self._sweep_task = None
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None

@@ -19,6 +19,8 @@ The transport's own reading stays paused from then on, and the connection's paus
 pause and resume the thread instead (a paused thread stops receiving, so the client's TCP window
 closes as it would with the transport paused). TLS connections keep the plain asyncio path.
 ``LAVINPY_SOCKET_THREADS`` (lavinpy.wire.accel) selects which of the two threads busy connections get.
+
+``LoopScheduling`` is the session layer's scheduling on the running event loop.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..wire.accel import SOCKET_THREADS, csocket
@@ -52,6 +55,25 @@ READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog can
 READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "100"))
 WRITER_ENABLED = csocket is not None and "writer" in SOCKET_THREADS
 READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(csocket, "SocketReader")
+
+
+class LoopScheduling:
+    """``sessions.Scheduling`` on the event loop running at the time of each call (the server's object
+    is made before its loop runs)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def call_soon(self, callback: Callable[[], None]) -> asyncio.Handle:
+        return asyncio.get_running_loop().call_soon(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay, callback)
 
 
 class AMQPProtocol(asyncio.Protocol):

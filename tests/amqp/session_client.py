@@ -3,7 +3,8 @@ the bytes that come out are decoded with pamqp, effects are read back as the dri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from pamqp import body, commands, frame, header, heartbeat
 from lavinpy.amqp.connection import AMQPConnection
 from lavinpy.amqp.effects import ConnectionEffect
 from lavinpy.amqp.sessions import Sessions
+from lavinpy.amqp.spool import BodySpool
 from lavinpy.broker.broker import Broker
 from lavinpy.config import Config
 
@@ -19,14 +21,67 @@ PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 Frame = tuple[int, Any]  # (channel, pamqp frame value)
 
 
+class Timer:
+    def __init__(self, delay: float, callback: Callable[[], None]) -> None:
+        self.delay = delay
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualScheduling:
+    """The session layer's scheduling by hand: callbacks wait in ``soon`` and ``timers`` until run,
+    and tasks (coroutines) in ``tasks``."""
+
+    def __init__(self) -> None:
+        self.soon: list[Callable[[], None]] = []
+        self.timers: list[Timer] = []
+        self.tasks: list[Coroutine[Any, Any, None]] = []
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(work)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.soon.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def run_tasks(self) -> None:
+        """Run the tasks started so far to their end, in order, on an event loop of their own."""
+        tasks, self.tasks = self.tasks, []
+
+        async def run_all() -> None:
+            for task in tasks:
+                await task
+        asyncio.run(run_all())
+
+    def drop_tasks(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.close()
+
+    def fire_timers(self) -> None:
+        """Run the timers set so far (not those they set)."""
+        timers, self.timers = self.timers, []
+        for timer in timers:
+            if not timer.cancelled:
+                timer.callback()
+
+
 class Harness:
     """A real broker on a temporary data dir and its session layer; deferred work runs on ``run_soon``."""
 
     def __init__(self, path: Path, **settings: Any) -> None:
-        self.broker = Broker(Config(data_dir=str(path), **settings))
-        self.broker.open()
-        self.soon: list[Callable[[], None]] = []
-        self.sessions = Sessions(self.broker, call_soon=self.soon.append)
+        self.broker = broker = Broker(Config(data_dir=str(path), **settings))
+        broker.open()
+        self.scheduling = ManualScheduling()
+        self.soon = self.scheduling.soon
+        self.sessions = Sessions(broker, self.scheduling, lambda: BodySpool(broker.datadir.path))
 
     def connect(self, peer: tuple[str, int] = ("127.0.0.1", 50000)) -> Client:
         conn = AMQPConnection(self.sessions, peer)
@@ -39,6 +94,7 @@ class Harness:
             self.soon.pop(0)()
 
     def close(self) -> None:
+        self.scheduling.drop_tasks()
         self.broker.close()
 
 
@@ -67,7 +123,7 @@ class Client:
         self.harness.run_soon()
         data = b"".join(self.conn.data_to_send())
         self.effects += self.conn.take_effects()
-        frames = []
+        frames: list[Frame] = []
         while data:
             if data.startswith(b"AMQP"):
                 frames.append((0, bytes(data[:8])))
@@ -92,8 +148,9 @@ class Client:
                   capabilities: dict | None = None) -> None:
         self.send(PROTOCOL_HEADER)
         self.read()
-        props = {"capabilities": capabilities if capabilities is not None else {"connection.blocked": True,
-                                                                                 "consumer_cancel_notify": True}}
+        if capabilities is None:
+            capabilities = {"connection.blocked": True, "consumer_cancel_notify": True}
+        props: dict[str, Any] = {"capabilities": capabilities}
         self.send((0, commands.Connection.StartOk(client_properties=props, mechanism="PLAIN",
                                                   response=f"\0{user}\0{password}", locale="en_US")))
         tune = self.methods()[-1][1]

@@ -11,6 +11,8 @@ from pamqp import commands, heartbeat
 from session_client import PROTOCOL_HEADER, Client, Harness
 
 from lavinpy.amqp import connection as connection_module
+from lavinpy.amqp import connection_states as states
+from lavinpy.amqp import consumer_timeout
 from lavinpy.amqp.effects import CancelTimer, Effect, SetTimer, TimerKind
 
 
@@ -34,7 +36,8 @@ def test_protocol_header_start_tune_open(harness: Harness) -> None:
     assert channel == 0 and isinstance(start, commands.Connection.Start)
     assert (start.version_major, start.version_minor) == (0, 9)
     assert start.mechanisms == "PLAIN AMQPLAIN"
-    assert start.server_properties["capabilities"]["publisher_confirms"] is True
+    capabilities = start.server_properties["capabilities"]
+    assert isinstance(capabilities, dict) and capabilities["publisher_confirms"] is True
 
     client.send((0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
                                                 response="\0guest\0guest", locale="en_US")))
@@ -236,3 +239,69 @@ def test_throttled_login_is_answered_by_the_login_timer(harness: Harness) -> Non
         assert client.names() == [(0, "Connection.Tune")]
 
     asyncio.run(attempts())
+
+
+def test_state_table_moves_forward_only_and_ends_closed() -> None:
+    names = states.STATE_NAMES
+    assert set(states.TRANSITIONS) == set(range(len(names)))
+    for state, allowed in states.TRANSITIONS.items():
+        assert all(new > state for new in allowed), names[state]  # no way back into the handshake
+        assert state == states.CLOSED or states.CLOSED in allowed  # the socket may go at any time
+    assert states.TRANSITIONS[states.CLOSED] == frozenset()
+    assert states.check_transition(states.OPEN, states.CLOSING) == states.CLOSING
+    with pytest.raises(states.IllegalTransition, match="OPEN -> AWAIT_OPEN"):
+        states.check_transition(states.OPEN, states.AWAIT_OPEN)
+    with pytest.raises(states.IllegalTransition, match="AWAIT_HEADER -> CLOSING"):
+        states.check_transition(states.AWAIT_HEADER, states.CLOSING)
+
+
+def test_illegal_transition_is_a_bug_not_a_state_change(harness: Harness) -> None:
+    client = harness.connect()
+    client.handshake()
+    with pytest.raises(states.IllegalTransition):
+        client.conn.enter_state(states.AWAIT_TUNE_OK)
+    assert client.conn.state == states.OPEN
+
+
+def test_a_closed_connection_stays_closed(harness: Harness) -> None:
+    client = harness.connect()
+    client.send(PROTOCOL_HEADER)
+    client.send((0, commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)))
+    assert client.names() == [(0, "Connection.Start"), (0, "Connection.CloseOk")]
+    assert client.conn.state == states.CLOSED
+    client.conn.timer_fired(TimerKind.LINGER)  # the client never closed its socket
+    client.conn.lost()
+    client.read()
+    assert client.effects[-1] is Effect.CLOSE and client.conn.state == states.CLOSED
+    assert client.conn not in harness.sessions.connections
+
+
+def test_consumer_timeout_sweep_runs_on_the_injected_timer(harness: Harness) -> None:
+    scheduling = harness.scheduling
+    harness.sessions.start()
+    [timer] = scheduling.timers
+    assert timer.delay == consumer_timeout.SWEEP_INTERVAL
+    scheduling.fire_timers()  # a sweep (nothing to time out), and the next one is set
+    [timer] = scheduling.timers
+    harness.sessions.close()
+    assert timer.cancelled
+
+
+def test_tasks_run_on_the_adapters_loop(harness: Harness) -> None:
+    client = harness.connect()
+    done: list[str] = []
+
+    async def work() -> None:
+        await asyncio.sleep(0)
+        done.append("ran")
+    client.conn.start_task(work())
+    assert done == [] and len(harness.scheduling.tasks) == 1  # handed over, not run by the connection
+    harness.scheduling.run_tasks()
+    assert done == ["ran"]
+
+
+def test_body_spool_comes_from_the_session_layer_once(harness: Harness) -> None:
+    client = harness.connect()
+    spool = client.conn.body_spool()
+    assert client.conn.body_spool() is spool
+    assert spool.directory == harness.broker.datadir.path
