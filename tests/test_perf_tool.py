@@ -17,12 +17,7 @@ import pika.exceptions
 import pytest
 
 from lavinpy.cli import perf
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port
 
 
 @pytest.fixture

@@ -23,38 +23,14 @@ from pathlib import Path
 
 import pika
 
+from tests.helpers import free_port, wait_until
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "lavinpy"
 
 
 def etcd_binary() -> str | None:
     return shutil.which("etcd")
-
-
-def free_port() -> int:
-    """A free loopback port below Linux's ephemeral range (32768-60999): nodes are restarted on their
-    ports many times, and a port the kernel may hand out as some client's source port meanwhile
-    would keep a node from binding."""
-    while True:
-        port = random.randrange(20000, 32768)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
-def wait_until(check, timeout: float, interval: float = 0.05, what: str = "condition"):
-    """Poll ``check`` until it returns a true value; AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -68,8 +44,8 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 class Etcd:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port = free_port(below_ephemeral=True)
+        self.peer_port = free_port(below_ephemeral=True)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -137,9 +113,9 @@ class Node:
         self.name = name
         self.directory = directory
         self.data_dir = directory / "data"
-        self.amqp_port = free_port()
-        self.http_port = free_port()
-        self.clustering_port = free_port()
+        self.amqp_port = free_port(below_ephemeral=True)
+        self.http_port = free_port(below_ephemeral=True)
+        self.clustering_port = free_port(below_ephemeral=True)
         self.etcd = etcd
         self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
@@ -331,7 +307,7 @@ class PeerRelay:
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.port = free_port()
+        self.port = free_port(below_ephemeral=True)
         self.refused: set[int] = set()  # pids whose connections are cut
         self._links: list[tuple[str | None, socket.socket, socket.socket]] = []
         self._lock = threading.Lock()

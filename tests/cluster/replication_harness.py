@@ -7,7 +7,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,15 +19,10 @@ from lavinpy import config as config_module
 from lavinpy.cluster import replication_protocol as proto
 from lavinpy.cluster.replication_server import ReplicationServer
 from lavinpy.server import Server
+from tests.helpers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"the cluster's shared secret 0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MemoryIsr:

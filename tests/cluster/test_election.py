@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from .harness import PREFIX, Cluster, wait_until
+from tests.helpers import wait_until
+
+from .harness import PREFIX, Cluster
 
 FAILOVER_LIMIT = 5.0  # seconds from the kill to a follower serving AMQP (the target)
 

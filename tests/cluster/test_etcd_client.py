@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from lavinpy.cluster.etcd import Compare, EtcdClient, EtcdUnavailable, prefix_end, put_op
+from tests.helpers import free_port
 
-from .harness import Etcd, free_port
+from .harness import Etcd
 
 
 def run(coro):

@@ -16,8 +16,9 @@ from lavinpy import config as settings
 from lavinpy.cluster.errors import LeadershipLost
 from lavinpy.cluster.etcd import EtcdClient
 from lavinpy.cluster.node import LEASE_TTL, ClusterNode
+from tests.helpers import wait_until
 
-from .harness import PREFIX, Cluster, Etcd, wait_until
+from .harness import PREFIX, Cluster, Etcd
 
 
 def _closed(sock: socket.socket) -> bool:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pika
 import pytest
 
-from .harness import PREFIX, REPO_ROOT, Cluster, wait_until
+from tests.helpers import wait_until
+
+from .harness import PREFIX, REPO_ROOT, Cluster
 
 
 def _isr(cluster: Cluster) -> list[str]:

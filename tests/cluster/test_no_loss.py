@@ -18,7 +18,9 @@ import urllib.request
 
 import pytest
 
-from .harness import Cluster, Node, wait_until
+from tests.helpers import wait_until
+
+from .harness import Cluster, Node
 from .no_loss import WINDOW, Publisher, drain, isr, missing_and_duplicates
 from .test_replication_sync import PER_QUEUE, QUEUES, fill
 

@@ -17,7 +17,9 @@ from e2e import assert_witness_served, rss_anon
 from e2e.rawamqp import RawAMQP  # tests/ is on the path (no __init__.py there)
 from pamqp import commands
 
-from .harness import PREFIX, REPO_ROOT, Cluster, wait_until
+from tests.helpers import wait_until
+
+from .harness import PREFIX, REPO_ROOT, Cluster
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 

@@ -266,7 +266,7 @@ def test_http_api_changes_wait_for_the_follower(tmp_path: Path) -> None:
     # The management API's declares reply as AMQP's declare-ok does: once the follower has the change.
     import urllib.request
 
-    from .replication_harness import free_port
+    from tests.helpers import free_port
 
     http_port = free_port()
     node = Leader(tmp_path / "leader", http_port=http_port).start()

@@ -22,6 +22,8 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
+from tests.helpers import poll_until
+
 
 def uid(prefix: str = "t") -> str:
     """A name no other test uses."""
@@ -89,13 +91,8 @@ def assert_witness_served(url: str, seconds: float = 1.0) -> None:
 
 def wait_until(conn: BlockingConnection, predicate: Callable[[], bool], timeout: float = 5.0,
                step: float = 0.05) -> bool:
-    """Process the connection's events until predicate() is true or timeout passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        conn.process_data_events(time_limit=step)
-    return True
+    """Process the connection's events until predicate() is true (True) or timeout passes (False)."""
+    return bool(poll_until(predicate, timeout, step, pause=lambda s: conn.process_data_events(time_limit=s)))
 
 
 def settle(conn: BlockingConnection, seconds: float = 0.3) -> None:

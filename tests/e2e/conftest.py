@@ -33,6 +33,8 @@ from urllib.parse import quote, urlparse
 import pika
 import pytest
 
+from tests.helpers import free_ports
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL_URL = os.environ.get("LAVINPY_TEST_URL", "").strip()
 RABBITMQCTL = os.environ.get("LAVINPY_TEST_RABBITMQCTL", "").strip()
@@ -52,25 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free ports: bound all at once, so the kernel cannot hand the same one out twice (one
-    at a time, a broker once got the same port for HTTP and Prometheus and could not start)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def port_open(host: str, port: int) -> bool:

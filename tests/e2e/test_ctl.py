@@ -13,8 +13,9 @@ import pika
 import pytest
 
 from lavinpy.wire.passwords import verify_password
+from tests.helpers import free_port
 
-from .conftest import REPO_ROOT, free_port, http_call, lavinpy_only
+from .conftest import REPO_ROOT, http_call, lavinpy_only
 from .test_http_stats import restart_with_config
 
 

@@ -15,8 +15,9 @@ import pytest
 
 from lavinpy import __version__
 from lavinpy.cli.ctl_columns import COMMANDS, QUEUE_COLUMNS
+from tests.helpers import free_port
 
-from .conftest import REPO_ROOT, free_port, http_call, lavinpy_only
+from .conftest import REPO_ROOT, http_call, lavinpy_only
 from .test_ctl import ctl
 
 

@@ -20,7 +20,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import LocalBroker, free_port, lavinpy_only, port_open
+from tests.helpers import free_port
+
+from .conftest import LocalBroker, lavinpy_only, port_open
 
 pytestmark = [lavinpy_only("starts lavinpy with its own PROXY protocol settings"),
               pytest.mark.skipif(shutil.which("haproxy") is None, reason="Debian's haproxy is not installed")]

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LocalBroker, free_port, lavinpy_only, port_open
+from tests.helpers import free_port
+
+from .conftest import LocalBroker, lavinpy_only, port_open
 from .tls_certs import CA
 
 pytestmark = lavinpy_only("starts lavinpy with its own TLS settings")

@@ -16,9 +16,10 @@ from pamqp import commands
 
 from lavinpy import config as lavinpy_config
 from lavinpy.server import Server
+from tests.helpers import free_port
 
 from . import bodies, get_all, settle, uid, wait_until
-from .conftest import free_port, lavinpy_only
+from .conftest import lavinpy_only
 from .rawamqp import RawAMQP
 
 pytestmark = lavinpy_only("reads and writes the broker's files or runs it in-process")

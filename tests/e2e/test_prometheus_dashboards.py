@@ -28,7 +28,9 @@ import aio_pika
 import pika
 import pytest
 
-from .conftest import REPO_ROOT, LocalBroker, free_port, lavinpy_only
+from tests.helpers import free_port
+
+from .conftest import REPO_ROOT, LocalBroker, lavinpy_only
 from .rabbitmq_overview_queries import OVERVIEW_PANELS
 
 PROMETHEUS = shutil.which("prometheus")

@@ -21,8 +21,9 @@ import pytest
 
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.proxy_header import V2_SIGNATURE, format_proxy_line, format_proxy_v2
+from tests.helpers import free_port
 
-from .conftest import LocalBroker, free_port, lavinpy_only, port_open
+from .conftest import LocalBroker, lavinpy_only, port_open
 from .proxy_relay import Relay
 from .tls_certs import CA
 

@@ -22,7 +22,9 @@ from typing import Any
 import pika
 import pytest
 
-from .conftest import free_port, http_call, lavinpy_only
+from tests.helpers import free_port
+
+from .conftest import http_call, lavinpy_only
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),

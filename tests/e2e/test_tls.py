@@ -19,7 +19,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from .conftest import REPO_ROOT, LocalBroker, free_port, lavinpy_only, port_open
+from tests.helpers import free_port
+
+from .conftest import REPO_ROOT, LocalBroker, lavinpy_only, port_open
 from .rawamqp import commands
 from .tls_certs import CA
 

@@ -19,10 +19,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import wait_until
 
 from .net import Net, NetnsExecutor, run
 
@@ -43,17 +44,6 @@ class Options:
     shim: Path | None = None  # the built fault shim, None: nodes run without it
     time_offsets: bool = True  # each node in a time namespace with its own monotonic offset
     extra_config: dict[str, Any] = field(default_factory=dict)
-
-
-def wait_until(check: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 def _b64(text: str) -> str:

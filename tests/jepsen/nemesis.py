@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cluster import PREFIX, REPL_PORT, Cluster, Node, wait_until
+from tests.helpers import wait_until
+
+from .cluster import PREFIX, REPL_PORT, Cluster, Node
 from .net import run
 
 

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import wait_until
+
 from . import checker
-from .cluster import AMQP_PORT, PASSWORD, PROM_PORT, USER, Cluster, Options, wait_until
+from .cluster import AMQP_PORT, PASSWORD, PROM_PORT, USER, Cluster, Options
 from .nemesis import Nemesis
 
 REPO = Path(__file__).resolve().parents[2]

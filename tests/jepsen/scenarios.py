@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .cluster import ETCD_PEER_PORT, ETCD_PORT, PREFIX, Node, wait_until
+from tests.helpers import wait_until
+
+from .cluster import ETCD_PEER_PORT, ETCD_PORT, PREFIX, Node
 from .runner import Run
 
 

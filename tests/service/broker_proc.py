@@ -10,13 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.helpers import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def broker_env(extra: dict[str, str] | None = None) -> dict[str, str]:

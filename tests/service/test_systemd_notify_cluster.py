@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from .broker_proc import broker_env, free_port, receive, start, stop
+from tests.helpers import free_port
+
+from .broker_proc import broker_env, receive, start, stop
 
 
 def start_etcd(directory: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -51,6 +51,7 @@ def test_dockerfile_build_stage_copies_what_the_wheel_needs():
     assert {"pyproject.toml", "setup.py", "README.md", "lavinpy"} <= set(copies), copies
 
 
+@pytest.mark.slow  # builds a wheel and a fresh venv
 def test_installed_wheel_starts_with_the_compiled_codec(tmp_path: Path):
     compiler = sysconfig.get_config_var("CC") or "cc"
     if shutil.which(compiler.split()[0]) is None:

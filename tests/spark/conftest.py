@@ -28,18 +28,10 @@ from typing import Any
 import pika
 import pytest
 
+from tests.helpers import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL_URL = os.environ.get("LAVINPY_TEST_URL", "").strip()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "spark: PySpark data source tests (need Java, pyspark and pyarrow)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -59,7 +51,7 @@ class Broker:
         if EXTERNAL_URL:
             self.url = EXTERNAL_URL
             return
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)

@@ -19,8 +19,9 @@ from lavinpy.spark.client import AMQPParams, BrokerClosed, Connection
 from lavinpy.spark.options import FIRST, LAST, NEXT, OptionError, ReadOptions, WriteOptions, parse_start
 from lavinpy.spark.publisher import ConfirmPublisher, PublishError
 from lavinpy.wire import field_table, properties
+from tests.helpers import free_port
 
-from .conftest import EXTERNAL_URL, REPO_ROOT, _free_port, _port_open, drain, unique
+from .conftest import EXTERNAL_URL, REPO_ROOT, _port_open, drain, unique
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
 
@@ -171,7 +172,7 @@ def test_confirm_tracking_with_nacks() -> None:
 
 @pytest.mark.skipif(bool(EXTERNAL_URL), reason="kills its own broker process")
 def test_connection_drop_leaves_messages_unconfirmed_and_fails(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(tmp_path / "data"), "--amqp-port",

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from lavinpy.wire import accel
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(accel.csocket is None, reason="the pure-Python path is selected")
 
@@ -21,13 +22,6 @@ def read_all(sock: socket.socket, into: bytearray) -> None:
         if not chunk:
             return
         into += chunk
-
-
-def wait_until(check, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_everything_queued_arrives_in_order_then_eof_after_finish() -> None:
@@ -61,7 +55,7 @@ def test_abort_drops_the_rest_and_the_peer_sees_the_end() -> None:
     received = bytearray()
     read_all(peer, received)  # returns: the socket was shut down
     assert 0 < len(received) < 8_000_000
-    wait_until(lambda: writer.write(b"more") == -1)
+    wait_until(lambda: writer.write(b"more") == -1, interval=0.01, what="the writer to refuse more")
     ours.close()
     peer.close()
 
@@ -72,6 +66,7 @@ def test_a_vanished_peer_is_reported() -> None:
     writer = accel.csocket.SocketWriter(ours.fileno())
     peer.close()
     writer.write(b"hello")
-    wait_until(lambda: writer.buffered() == -1)  # the send failed: the connection must be dropped
+    # the send failed: the connection must be dropped
+    wait_until(lambda: writer.buffered() == -1, interval=0.01, what="the send to fail")
     assert writer.write(b"again") == -1
     ours.close()
