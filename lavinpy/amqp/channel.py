@@ -38,8 +38,8 @@ from .content import Content, ContentAssembly, release_bodies
 from .log import channel_close_log
 
 if TYPE_CHECKING:
+    from ..broker.deliveries import StoredMessage  # the model's record type; amqp names no store module
     from ..broker.exchanges.base import Exchange
-    from ..store.record import StoredMessage
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")
@@ -222,7 +222,14 @@ class Channel:
             if self.tx is not None:
                 self.tx.publishes.append(self.content.hold(method, properties, body))
                 return
-            confirm = self._route(exchange, method.routing_key, method.mandatory, properties, body)
+            routing_key = method.routing_key
+            if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":
+                confirm = self._route(exchange, routing_key, method.mandatory, properties, body)
+            else:  # the common case, one call less than through _route
+                routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, method.mandatory,
+                                                      properties, body)
+                if not routed and method.mandatory:
+                    self._return(exchange, routing_key, properties, body)
         except AMQPChannelError as e:
             self.close_with_error(e, method)
             return
@@ -267,9 +274,13 @@ class Channel:
         else:
             routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, mandatory, properties, body)
         if not routed and mandatory:
-            self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
-                                               properties, body, self.conn.frame_max))
+            self._return(exchange, routing_key, properties, body)
         return confirm
+
+    def _return(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes | memoryview) -> None:
+        """basic.return of a mandatory message no queue took."""
+        self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
+                                           properties, body, self.conn.frame_max))
 
     def published_run(self, count: int, needs_sync: bool) -> None:
         """A run of publishes was routed and stored (publish_batch): their confirms."""
