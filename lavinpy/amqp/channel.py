@@ -220,7 +220,7 @@ class Channel:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)
             if self.tx is not None:
-                self.tx.publishes.append(self.content.hold(method, properties, body))
+                self.tx.hold_publish(self.content.hold(method, properties, body))
                 return
             routing_key = method.routing_key
             if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":

@@ -161,6 +161,9 @@ class Transaction:
     def uncommitted_acks(self) -> int:
         return sum(len(items) for items, _ in self.settles)
 
+    def hold_publish(self, publish: PendingPublish) -> None:
+        self.publishes.append(publish)
+
     def hold_settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
         self.settles.append((items, requeue))
 
