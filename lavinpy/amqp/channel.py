@@ -1,26 +1,30 @@
-"""One AMQP channel: frames in, publishing, deliveries, acks, teardown.
+"""One AMQP channel: frames in, translated to the model's operations, and their results to frames out.
 
-The rest of a channel is in mixins: content assembly (content.py), confirms and transactions
-(confirms.py), and the methods for exchanges, queues and consumers (channel_methods.py).
+The channel owns its parts, each with its own state: the content assembly (content.py), publisher
+confirms and the transaction (confirms.py), the exchange and queue methods and direct reply-to
+(channel_methods.py), and the model's ledger of its unacked deliveries (broker/deliveries.py). What
+it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks and opens no files.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..broker.arguments import ArgumentError, parse_expiration
+from ..broker import publish_ops
+from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
+from ..broker.consumer import Consumer
+from ..broker.deliveries import Deliveries
 from ..broker.operations_messages import publish_exchange
-from ..broker.vhost import REJECTED
-from ..store.record import StoredMessage
+from ..broker.operations_objects import readable_queue
 from ..wire import writer
 from ..wire.constants import (
+    ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
+    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
     UNEXPECTED_FRAME,
@@ -28,17 +32,15 @@ from ..wire.constants import (
 from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
 from ..wire.properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
-from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, ChannelMethods
-from .confirms import ConfirmsAndTx
-from .content import ContentAssembly, release_bodies
+from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, Declarations, DirectReplyTo, random_tag
+from .confirms import Confirms, Transaction
+from .content import Content, ContentAssembly, release_bodies
 from .log import channel_close_log
-from .unacked import Unacked, unacked_run
 
 if TYPE_CHECKING:
-    from ..broker.consumer import Consumer
+    from ..broker.deliveries import StoredMessage  # the model's record type; amqp names no store module
     from ..broker.exchanges.base import Exchange
-    from ..broker.vhost import VHost
-    from .connection import AMQPConnection
+    from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")
 
@@ -48,49 +50,54 @@ _USER_ID_FLAG = 1 << 4
 
 
 def _method_ids(method: Any) -> tuple[int, int]:
-    index = getattr(method, "index", None)
+    index: int | None = getattr(method, "index", None)
     if index is None:
-        index = getattr(type(method), "INDEX", 0)
+        index = int(getattr(type(method), "INDEX", 0))
     return (index >> 16) & 0xFFFF, index & 0xFFFF
 
 
-class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
-    def __init__(self, connection: AMQPConnection, channel_id: int) -> None:
-        self.conn = connection
+class Channel:
+    def __init__(self, host: ChannelHost, channel_id: int) -> None:
+        self.conn = host
         self.id = channel_id
-        self.vhost: VHost = connection.vhost
+        vhost = host.vhost
+        assert vhost is not None  # channels open after the vhost
+        self.vhost = vhost
         self.closing = False
         self.closed = False
-        # content assembly
-        self.in_content = False  # after basic.publish, until the body is complete
-        self._header_seen = False
-        self._publish: Publish | None = None
-        self._publish_exchange: Exchange | None = None  # resolved and permission-checked
-        self._publish_exchange_name: str | None = None
-        self._publish_generation = -1
-        self._properties = b""
-        self._body_size = 0
-        self._body_parts: list[bytes] = []
-        self._body_received = 0
-        self._spooled = None  # a large body being written to the connection's spool
-        # deliveries
-        self.delivery_tag = 0
-        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.flow_active = True
+        # parts
+        self.content = ContentAssembly(channel_id, host.config, host.body_spool)
+        self.in_content = False  # after basic.publish, until its body is complete (the host reads it)
+        self.deliveries = Deliveries(vhost, self._room_freed)
+        self.confirms: Confirms | None = None  # after confirm.select
+        self.tx: Transaction | None = None  # after tx.select
+        self.declarations = Declarations(host, vhost, self)
+        self.reply_to = DirectReplyTo(host.sessions)
         self.consumers: dict[str, Consumer] = {}
         self.prefetch_count = 0  # for consumers created after basic.qos(global=false)
-        self.global_prefetch = 0  # basic.qos(global=true): the whole channel
-        self.flow_active = True
-        self.last_queue = ""
-        self.init_confirms()  # confirms and transactions
+        # the exchange the last basic.publish resolved (kept while its name and the vhost's generation
+        # hold); set once the channel has published (the metrics count publishers by it)
+        self._publish_exchange: Exchange | None = None
+        self._publish_exchange_name: str | None = None
+        self._publish_generation = -1
         # consumer timeout: (oldest unacked delivery tag, when the sweep first saw it)
         self.oldest_unacked_seen: tuple[int, float] | None = None
-        # direct reply-to
-        self.reply_to_key: str | None = None
-        self.reply_to_consumer: str | None = None
+
+    # --- read by the connection, monitoring and the consumer timeout ---------------------------
+    @property
+    def publish_seq(self) -> int:
+        """Publishes received in confirm mode."""
+        return self.confirms.seq if self.confirms is not None else 0
 
     # --- output -------------------------------------------------------------------------------
     def send_method(self, method: Any) -> None:
         self.conn.send(writer.method_frame(self.id, method))
+
+    def send_confirms(self) -> None:
+        """End of an input batch: the confirms of what this channel published in it."""
+        if self.confirms is not None:
+            self.confirms.send()
 
     # --- errors -------------------------------------------------------------------------------
     def close_with_error(self, error: AMQPChannelError, method: Any | None) -> None:
@@ -136,9 +143,38 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             except AMQPChannelError as e:
                 self.close_with_error(e, method)
 
+    def on_header(self, frame: HeaderFrame) -> None:
+        try:
+            content = self.content.on_header(frame)
+        except AMQPChannelError as e:
+            self.in_content = False
+            self.close_with_error(e, None)
+            return
+        if content is not None:
+            self._content_complete(content)
+
+    def on_body(self, data: bytes) -> None:
+        try:
+            content = self.content.on_body(data)
+        except AMQPChannelError as e:
+            self.in_content = False
+            self.close_with_error(e, None)
+            return
+        if content is not None:
+            self._content_complete(content)
+
+    def _content_complete(self, content: Content) -> None:
+        self.in_content = False
+        try:
+            self._publish_message(content.method, content.exchange, content.properties, content.body)
+        finally:
+            if content.spooled is not None:
+                content.spooled.release()
+
     # --- publishing ---------------------------------------------------------------------------
-    def on_publish(self, method: Publish) -> None:
-        """basic.publish: resolve the exchange now (404/403 before the content, as RabbitMQ)."""
+    def publish_target(self, method: Publish) -> Exchange | None:
+        """basic.publish: the exchange, resolved now (404/403 before the content, as RabbitMQ);
+        None when it was refused (the channel is then closed)."""
         try:
             name = method.exchange
             if name != self._publish_exchange_name or self.vhost.generation != self._publish_generation:
@@ -151,56 +187,54 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                 raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
         except AMQPChannelError as e:
             self.close_with_error(e, method)
-            return
-        self._publish = method
-        self.in_content = True
+            return None
         conn = self.conn
         if not conn.published:
             conn.published = True
             if conn.blocked:
                 conn.update_reading()  # resource alarm: this connection now publishes
+        return self._publish_exchange
+
+    def on_publish(self, method: Publish) -> None:
+        exchange = self.publish_target(method)
+        if exchange is not None:
+            self.content.begin(method, exchange)
+            self.in_content = True
 
     def on_message(self, method: Publish, properties: bytes, body: bytes) -> None:
         """basic.publish, its header and its one body frame, all from one read (the common case)."""
-        self.on_publish(method)
-        if not self.in_content:
+        exchange = self.publish_target(method)
+        if exchange is None:
             return  # the publish was refused and the channel closed
         if len(body) > self.conn.config.max_message_size:
+            self.content.begin(method, exchange)
+            self.in_content = True
             self.on_header(HeaderFrame(self.id, 60, len(body), properties))  # refuses it, as usual
             return
-        # Nothing of the content assembly was used: only what on_publish set is undone.
-        self.in_content = False
-        self._publish = None
-        self._publish_message(method, properties, body)
+        self._publish_message(method, exchange, properties, body)
 
-    def _complete_publish(self, body: bytes | memoryview) -> None:
-        method = self._publish
-        properties = self._properties
-        self._reset_content()
-        assert method is not None
-        self._publish_message(method, properties, body)
-
-    def _publish_message(self, method: Publish, properties: bytes, body: bytes | memoryview) -> None:
+    def _publish_message(self, method: Publish, exchange: Exchange, properties: bytes,
+                         body: bytes | memoryview) -> None:
         """Route (or hold, in a transaction) one complete message and count its confirm."""
         try:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
                 properties = self._check_special_properties(properties)
-            if self.tx:
-                self._tx_publish(method, properties, body)
+            if self.tx is not None:
+                self.tx.hold_publish(self.content.hold(method, properties, body))
                 return
-            needs_sync = self._route(self._publish_exchange, method.routing_key, method.mandatory,
-                                     properties, body)
+            routing_key = method.routing_key
+            if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":
+                confirm = self._route(exchange, routing_key, method.mandatory, properties, body)
+            else:  # the common case, one call less than through _route
+                routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, method.mandatory,
+                                                      properties, body)
+                if not routed and method.mandatory:
+                    self._return(exchange, routing_key, properties, body)
         except AMQPChannelError as e:
             self.close_with_error(e, method)
             return
-        if self.confirm:
-            self.publish_seq += 1
-            self._confirm_upto = self.publish_seq
-            if needs_sync:
-                if needs_sync is REJECTED:
-                    self._nacks.append(self.publish_seq)
-                else:
-                    self._confirm_needs_sync = True
+        if self.confirms is not None:
+            self.confirms.published(confirm)
             self.conn.confirms_pending.add(self)
 
     def _check_special_properties(self, properties: bytes) -> bytes:
@@ -222,85 +256,67 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
                                    f"user_id property set to '{props.user_id}' but authenticated user was "
                                    f"'{self.conn.username}'", 60, 40)
         if flags & _REPLY_TO_FLAG and props.reply_to == REPLY_TO:
-            if self.reply_to_key is None:
+            if self.reply_to.key is None:
                 raise AMQPChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
-            properties = replace_field(properties, "reply_to", self.reply_to_key)
+            properties = replace_field(properties, "reply_to", self.reply_to.key)
         return properties
 
     def _route(self, exchange: Exchange, routing_key: str, mandatory: bool, properties: bytes,
-               body: bytes) -> bool:
-        """Route one message; returns True when its confirm must wait for an fsync."""
+               body: bytes | memoryview) -> Any:
+        """Publish one message through the model; its confirm as the model's publish returns it."""
         if routing_key.startswith(REPLY_TO_PREFIX) and exchange.name == "":
-            target = self.conn.sessions.reply_to.get(routing_key)
-            if target is not None and not target.closing:
-                target.deliver_reply(routing_key, properties, body)
+            target = self.reply_to.target(routing_key)
+            if target is not None:
+                target.deliver_reply(routing_key, properties, bytes(body))
                 return False
-            queued, needs_sync = 0, False
+            publish_ops.unroutable_reply(self.vhost, exchange, mandatory)
+            routed, confirm = False, False
         else:
-            queued, needs_sync = self.vhost.publish(exchange, routing_key, properties, body)
-        vhost_stats = self.vhost.stats
-        vhost_stats.publish += 1
-        exchange.stats.publish_in += 1
-        if queued:
-            exchange.stats.publish_out += 1
-        elif mandatory:
-            vhost_stats.return_unroutable += 1
-            self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
-                                               properties, body, self.conn.frame_max))
-        else:
-            vhost_stats.drop_unroutable += 1
-        return needs_sync
+            routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, mandatory, properties, body)
+        if not routed and mandatory:
+            self._return(exchange, routing_key, properties, body)
+        return confirm
 
-    # --- deliveries ---------------------------------------------------------------------------
+    def _return(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes | memoryview) -> None:
+        """basic.return of a mandatory message no queue took."""
+        self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
+                                           properties, body, self.conn.frame_max))
+
+    def published_run(self, count: int, needs_sync: bool) -> None:
+        """A run of publishes was routed and stored (publish_batch): their confirms."""
+        if self.confirms is not None:
+            self.confirms.published_run(count, needs_sync)
+            self.conn.confirms_pending.add(self)
+
+    # --- deliveries (the queue's side: broker.consumer.ConsumerChannel) -------------------------
     def can_deliver(self) -> bool:
         if not self.flow_active or self.closing or not self.conn.writable:
             return False
-        return not self.global_prefetch or len(self.unacked) < self.global_prefetch
+        deliveries = self.deliveries
+        return not deliveries.prefetch or len(deliveries.unacked) < deliveries.prefetch
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
-        self.delivery_tag += 1
-        tag = self.delivery_tag
-        stats = consumer.queue.stats
-        if not consumer.no_ack:
-            self.unacked[tag] = Unacked(consumer.queue, pos, consumer)
-            stats.deliver += 1
-        else:
-            stats.deliver_no_ack += 1
-        if redelivered:
-            stats.redeliver += 1
-        self.conn.send_many(writer.deliver(self.id, consumer.tag, tag, redelivered, msg.exchange,
-                                           msg.routing_key, msg.properties, msg.body, self.conn.frame_max))
+        tag = self.deliveries.deliver(consumer, pos, redelivered)
+        conn = self.conn
+        conn.send_many(writer.deliver(self.id, consumer.tag, tag, redelivered, msg.exchange,
+                                      msg.routing_key, msg.properties, msg.body, conn.frame_max))
 
     def delivery_room(self) -> int:
         """How many more deliveries the channel-wide prefetch (basic.qos global) allows now."""
-        if not self.global_prefetch:
-            return 1 << 30
-        return self.global_prefetch - len(self.unacked)
+        return self.deliveries.room()
 
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
-        """``deliver`` for several messages of the consumer's queue: the bookkeeping once per run,
-        the frames in one list. ``redelivered`` None means none is a redelivery."""
-        count = len(positions)
-        first = self.delivery_tag + 1
-        self.delivery_tag += count
-        queue = consumer.queue
-        stats = queue.stats
-        if not consumer.no_ack:
-            self.unacked.update(zip(range(first, first + count), unacked_run(queue, positions, consumer), strict=True))
-            stats.deliver += count
-        else:
-            stats.deliver_no_ack += count
-        if redelivered is not None:
-            stats.redeliver += sum(redelivered)
+        """``deliver`` for several messages of the consumer's queue: booked once per run, the frames
+        in one list. ``redelivered`` None means none is a redelivery."""
+        first = self.deliveries.deliver_run(consumer, positions, redelivered)
         conn = self.conn
         conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))
 
     def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> None:
         """Direct reply-to: a reply goes straight to the requester, never through a queue."""
-        self.delivery_tag += 1
-        self.conn.send_many(writer.deliver(self.id, self.reply_to_consumer or "", self.delivery_tag, False,
-                                           "", routing_key, properties, body, self.conn.frame_max))
+        self.conn.send_many(writer.deliver(self.id, self.reply_to.consumer_tag or "", self.deliveries.next_tag(),
+                                           False, "", routing_key, properties, body, self.conn.frame_max))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         """The server cancels a consumer (its queue was deleted)."""
@@ -309,153 +325,37 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             if self.conn.capability("consumer_cancel_notify") and not self.closing:
                 self.send_method(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
+    def _room_freed(self) -> None:
+        """Settled deliveries freed room under the channel-wide prefetch: this channel's consumers
+        may take more."""
+        self.conn.schedule_channel_deliveries(self)
+
     # --- acknowledgements ---------------------------------------------------------------------
-    def _take_unacked(self, delivery_tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
-        unacked = self.unacked
-        if multiple:
-            if delivery_tag == 0:
-                taken = list(unacked.items())
-                unacked.clear()
-                return taken
-            taken = []
-            while unacked:
-                tag = next(iter(unacked))
-                if tag > delivery_tag:
-                    break
-                taken.append(unacked.popitem(last=False))
-            if taken:
-                return taken
-        else:
-            item = unacked.pop(delivery_tag, None)
-            if item is not None:
-                return [(delivery_tag, item)]
-        raise AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-
-    def _settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
-        """requeue None = ack; True = back to the queue; False = drop (dead-lettered later)."""
-        if requeue is None:
-            self._settle_acks([item for _tag, item in items])
-            return
-        touched = set()
-        for _tag, item in items:
-            if item.consumer is not None:
-                item.consumer.unacked -= 1
-            if requeue:
-                item.queue.requeue(item.pos)
-            else:
-                item.queue.reject(item.pos)
-                item.queue.stats.reject += 1  # dead-lettered (reason rejected) when the queue has a DLX
-            touched.add(item.queue)
-        for queue in touched:
-            if queue.consumers:
-                self.vhost.schedule_delivery(queue)
-        if self.global_prefetch:
-            self.conn.schedule_channel_deliveries(self)
-
     def on_ack_run(self, tags: list[int]) -> None:
         """Consecutive basic.ack frames (multiple=false) of one read, settled as one batch with the
         outcome of acking them one by one: an unknown tag closes the channel with 406 after the acks
         before it were applied; the ones after it are not."""
-        if self.tx:
+        if self.tx is not None:
             for tag in tags:  # held until commit, each validated now
                 try:
-                    self._ack("ack", tag, False, False)
+                    self._settle(tag, False, None)
                 except AMQPChannelError as e:
                     self.close_with_error(e, Ack(tag, False))
                     return
             return
-        unacked = self.unacked
-        if len(tags) == 1:
-            if not self._ack_one(tags[0]):
-                self._unknown_ack(tags[0])
-            return
-        items = list(map(unacked.pop, tags, repeat(None)))  # one C loop; None for an unknown tag
-        if None in items:
-            bad = items.index(None)
-            # Those after the unknown tag stay unacked (returned to their queues as the channel closes).
-            for tag, item in zip(tags[bad + 1:], items[bad + 1:], strict=True):
-                if item is not None:
-                    unacked[tag] = item
-            ordered = sorted(unacked.items())  # delivery order again
-            unacked.clear()
-            unacked.update(ordered)
-            if bad:
-                self._settle_acks(items[:bad])
-            self._unknown_ack(tags[bad])
-            return
-        self._settle_acks(items)
+        bad = self.deliveries.ack_run(tags)
+        if bad is not None:
+            self.close_with_error(AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tags[bad]}"),
+                                  Ack(tags[bad], False))
 
-    def _unknown_ack(self, delivery_tag: int) -> None:
-        self.close_with_error(AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}"),
-                              Ack(delivery_tag, False))
-
-    def _settle_acks(self, items: list[Unacked]) -> None:
-        """Acks, a run of deliveries of one queue at a time (one ack_many per run). A queue with
-        consumers is asked to deliver again only when it holds ready messages (the freed prefetch
-        credit is then used): an empty one delivers on its next publish anyway."""
-        count = len(items)
-        queues, positions, consumers = zip(*items, strict=True)
-        queue, consumer = queues[0], consumers[0]
-        if queues.count(queue) == count and consumers.count(consumer) == count:
-            # The common case: every delivery from one consumer (or all from basic.get) of one queue.
-            if consumer is not None:
-                consumer.unacked -= count
-            queue.ack_many(list(positions))
-            queue.stats.ack += count
-            if queue.consumers and queue.message_count:
-                self.vhost.schedule_delivery(queue)
-            if self.global_prefetch:
-                self.conn.schedule_channel_deliveries(self)
+    def _settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> None:
+        """basic.ack (requeue None), nack or reject: validated now; in a transaction applied on
+        commit and given back on rollback."""
+        items = self.deliveries.take(delivery_tag, multiple)
+        if self.tx is not None:
+            self.tx.hold_settle(items, requeue)
             return
-        touched = []
-        run_queue = None
-        run: list[int] = []
-        for queue, pos, consumer in items:
-            if consumer is not None:
-                consumer.unacked -= 1
-            if queue is not run_queue:
-                if run:
-                    run_queue.ack_many(run)  # type: ignore[union-attr]
-                    run_queue.stats.ack += len(run)  # type: ignore[union-attr]
-                run_queue = queue
-                run = []
-                if queue not in touched:
-                    touched.append(queue)
-            run.append(pos)
-        if run:
-            run_queue.ack_many(run)  # type: ignore[union-attr]
-            run_queue.stats.ack += len(run)  # type: ignore[union-attr]
-        for queue in touched:
-            if queue.consumers and queue.message_count:
-                self.vhost.schedule_delivery(queue)
-        if self.global_prefetch:
-            self.conn.schedule_channel_deliveries(self)
-
-    def _ack_one(self, delivery_tag: int) -> bool:
-        """basic.ack of one delivery outside a transaction, without the lists; False if the tag is
-        not unacked (the general path then raises the error)."""
-        item = self.unacked.pop(delivery_tag, None)
-        if item is None:
-            return False
-        queue, pos, consumer = item
-        if consumer is not None:
-            consumer.unacked -= 1
-        queue.ack(pos)
-        queue.stats.ack += 1
-        if queue.consumers and queue.message_count:
-            self.vhost.schedule_delivery(queue)
-        if self.global_prefetch:
-            self.conn.schedule_channel_deliveries(self)
-        return True
-
-    def _ack(self, kind: str, delivery_tag: int, multiple: bool, requeue: bool) -> None:
-        items = self._take_unacked(delivery_tag, multiple)
-        settle = None if kind == "ack" else requeue
-        if self.tx:
-            # Validated now, applied on commit, given back on rollback.
-            self._tx_settles.append((items, settle))
-            return
-        self._settle(items, settle)
+        self.deliveries.settle(items, requeue)
 
     # --- methods ------------------------------------------------------------------------------
     def _handle_method(self, method: Any) -> None:
@@ -463,14 +363,14 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             self.on_publish(method)
             return
         if isinstance(method, Ack):
-            if method.multiple or self.tx or not self._ack_one(method.delivery_tag):
-                self._ack("ack", method.delivery_tag, method.multiple, False)
+            if method.multiple or self.tx is not None or self.deliveries.ack_run([method.delivery_tag]) is not None:
+                self._settle(method.delivery_tag, method.multiple, None)
             return
         if isinstance(method, Nack):
-            self._ack("nack", method.delivery_tag, method.multiple, method.requeue)
+            self._settle(method.delivery_tag, method.multiple, method.requeue)
             return
         if isinstance(method, Reject):
-            self._ack("reject", method.delivery_tag, False, method.requeue)
+            self._settle(method.delivery_tag, False, method.requeue)
             return
         handler = _HANDLERS.get(type(method))
         if handler is None:
@@ -493,6 +393,126 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
         if self.flow_active:
             self.conn.schedule_channel_deliveries(self)
 
+    def on_basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", 60, 10)
+        if m.global_:
+            self.deliveries.prefetch = m.prefetch_count
+        else:
+            self.prefetch_count = m.prefetch_count
+        self.send_method(commands.Basic.QosOk())
+        self.conn.schedule_channel_deliveries(self)
+
+    def on_basic_consume(self, m: commands.Basic.Consume) -> None:
+        tag = m.consumer_tag or random_tag("amq.ctag-")
+        if tag in self.consumers or tag == self.reply_to.consumer_tag:
+            raise AMQPConnectionError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", 60, 20)
+        if m.queue == REPLY_TO:
+            self.reply_to.consume(self, m, tag)
+            if not m.nowait:
+                self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+            return
+        limit = self.conn.config.max_consumers_per_channel
+        if limit and len(self.consumers) >= limit:
+            raise AMQPChannelError(NOT_ALLOWED, f"reached maximum ({limit}) of consumers per channel")
+        name = self.declarations.queue_name(m.queue)
+        queue = readable_queue(self.conn.actor, self.vhost, name, self.conn)
+        if queue.has_exclusive_consumer() or (m.exclusive and queue.consumers):
+            raise AMQPChannelError(ACCESS_REFUSED, f"queue '{name}' in vhost '{self.vhost.name}' in exclusive use")
+        args = dict(m.arguments or {})
+        try:
+            # x-stream-offset is checked by the stream itself (its own reply texts).
+            validate_consumer_arguments(args, queue=name, vhost=self.vhost.name)
+        except ArgumentError as e:
+            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
+        priority = int(args.get("x-priority", 0))  # type: ignore[arg-type]  # validated above
+        queue.validate_consumer(m.no_ack, self.prefetch_count, args, self.deliveries.prefetch)
+        consumer = Consumer(tag, queue, self, no_ack=m.no_ack, exclusive=m.exclusive, priority=priority,
+                            prefetch=self.prefetch_count, arguments=args)
+        self.consumers[tag] = consumer
+        if not m.nowait:
+            self.send_method(commands.Basic.ConsumeOk(consumer_tag=tag))
+        queue.add_consumer(consumer)
+
+    def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag or "", None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+        elif m.consumer_tag == self.reply_to.consumer_tag:
+            self.reply_to.drop()
+        if not m.nowait:
+            self.send_method(commands.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    def on_basic_get(self, m: commands.Basic.Get) -> None:
+        name = self.declarations.queue_name(m.queue)
+        queue = readable_queue(self.conn.actor, self.vhost, name, self.conn)
+        got = self.deliveries.get(queue, m.no_ack)
+        if got is None:
+            self.send_method(commands.Basic.GetEmpty())
+            return
+        tag, msg, redelivered = got
+        self.conn.send_many(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
+                                          queue.message_count, msg.properties, msg.body, self.conn.frame_max))
+
+    def on_basic_recover(self, m: commands.Basic.Recover) -> None:
+        if not m.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 110)
+        self.deliveries.requeue_all()
+        self.send_method(commands.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, m: Any) -> None:
+        """Deprecated, but RabbitMQ still serves it: basic.recover without a reply."""
+        if not m.requeue:
+            raise AMQPConnectionError(NOT_IMPLEMENTED, "requeue=false", 60, 100)
+        self.deliveries.requeue_all()
+
+    def on_confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
+        if self.confirms is None:
+            self.confirms = Confirms(self.id, self.conn, self.vhost)
+        if not m.nowait:
+            self.send_method(commands.Confirm.SelectOk())
+
+    def on_tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirms is not None:
+            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
+        if self.tx is None:
+            self.tx = Transaction()
+        self.send_method(commands.Tx.SelectOk())
+
+    def on_tx_commit(self, m: commands.Tx.Commit) -> None:
+        if self.tx is None:
+            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        publishes, settles = self.tx.take()
+        needs_sync = False
+        try:
+            for p in publishes:
+                needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key,
+                                               p.mandatory, p.properties, p.body.read()))
+                p.body.release()
+        finally:
+            release_bodies(publishes)
+        for items, requeue in settles:
+            self.deliveries.settle(items, requeue)
+        if not needs_sync:
+            self.send_method(commands.Tx.CommitOk())
+            return
+        durable = self.vhost.durable()
+
+        def committed(done: Any) -> None:
+            if done.cancelled() or done.exception() is not None:
+                log.error("channel %d: tx.commit not confirmed: the flush failed", self.id)
+            elif not self.closing:
+                self.send_method(commands.Tx.CommitOk())
+        durable.add_done_callback(committed)
+
+    def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if self.tx is None:
+            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self.deliveries.restore(self.tx.rollback())
+        self.send_method(commands.Tx.RollbackOk())
+
     # --- teardown -----------------------------------------------------------------------------
     def release(self) -> None:
         """Channel closed: consumers go, unacked messages return to their queues in order."""
@@ -500,42 +520,36 @@ class Channel(ContentAssembly, ConfirmsAndTx, ChannelMethods):
             return
         self.closed = True
         self.closing = True
-        counters = self.conn.broker.node_counters
-        counters.channels_closed += 1
-        # Open channels' confirm-mode publishes are read from their sequence at scrape time; a
-        # closing channel leaves its total to the node, so the counter never goes back.
-        counters.received_confirm_closed += self.publish_seq
+        if self.confirms is not None:
+            self.confirms.stopped = True
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
-        self._drop_reply_to()
-        self._reset_content()
-        release_bodies(self._tx_publishes)
-        self._tx_publishes = []
-        self._restore_tx_settles()
-        items = list(self.unacked.values())
-        self.unacked.clear()
-        touched = set()
-        for item in items:
-            item.queue.requeue(item.pos)
-            touched.add(item.queue)
-        for queue in touched:
-            if queue.consumers:
-                self.vhost.schedule_delivery(queue)
+        self.reply_to.drop()
+        self.content.reset()
+        self.in_content = False
+        if self.tx is not None:
+            self.deliveries.restore(self.tx.rollback())
+        self.deliveries.close(self.publish_seq)
+
+
+def _part(name: str, method: Any) -> Any:
+    """A handler of the part ``name`` of the channel, called as ``handler(channel, method)``."""
+    return lambda channel, m: method(getattr(channel, name), m)
 
 
 _HANDLERS = {
     commands.Channel.Close: Channel.on_channel_close,
     commands.Channel.Flow: Channel.on_channel_flow,
-    commands.Exchange.Declare: Channel.on_exchange_declare,
-    commands.Exchange.Delete: Channel.on_exchange_delete,
-    commands.Exchange.Bind: Channel.on_exchange_bind,
-    commands.Exchange.Unbind: Channel.on_exchange_unbind,
-    commands.Queue.Declare: Channel.on_queue_declare,
-    commands.Queue.Bind: Channel.on_queue_bind,
-    commands.Queue.Unbind: Channel.on_queue_unbind,
-    commands.Queue.Purge: Channel.on_queue_purge,
-    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Exchange.Declare: _part("declarations", Declarations.on_exchange_declare),
+    commands.Exchange.Delete: _part("declarations", Declarations.on_exchange_delete),
+    commands.Exchange.Bind: _part("declarations", Declarations.on_exchange_bind),
+    commands.Exchange.Unbind: _part("declarations", Declarations.on_exchange_unbind),
+    commands.Queue.Declare: _part("declarations", Declarations.on_queue_declare),
+    commands.Queue.Bind: _part("declarations", Declarations.on_queue_bind),
+    commands.Queue.Unbind: _part("declarations", Declarations.on_queue_unbind),
+    commands.Queue.Purge: _part("declarations", Declarations.on_queue_purge),
+    commands.Queue.Delete: _part("declarations", Declarations.on_queue_delete),
     commands.Basic.Qos: Channel.on_basic_qos,
     commands.Basic.Consume: Channel.on_basic_consume,
     commands.Basic.Cancel: Channel.on_basic_cancel,

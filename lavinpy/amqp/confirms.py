@@ -1,69 +1,80 @@
-"""A channel's publisher confirms and transactions (mixin for Channel).
+"""A channel's publisher confirms (``Confirms``) and transaction (``Transaction``).
 
-Confirms go out once per input batch (``send_confirms``), after the fsync that persistent messages
-need; a queue of (upto, flush) entries, drained by the flushes' callbacks, keeps them in order. In
-tx mode publishes and acks wait for tx.commit.
+Confirms go out once per input batch (``send``), after the fsync that persistent messages need; a
+queue of (upto, durable) entries, drained by the durability futures' done-callbacks, keeps them in
+order. In tx mode publishes and acks are held by the ``Transaction`` until tx.commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
-from typing import TYPE_CHECKING
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from ..broker import publish_ops
+from ..broker.publishing import REJECTED
 from ..wire import writer
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from .content import PendingPublish, release_bodies
 
 if TYPE_CHECKING:
+    from ..broker.deliveries import Unacked
     from ..broker.vhost import VHost
-    from .connection import AMQPConnection
-    from .unacked import Unacked
+    from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")
 
 
-class ConfirmsAndTx:
-    conn: AMQPConnection
-    id: int
-    vhost: VHost
-    closing: bool
-    unacked: OrderedDict[int, Unacked]
+class Confirms:
+    """Publisher confirms of one channel in confirm mode: sequence numbers, acks and nacks."""
 
-    def init_confirms(self) -> None:
-        self.confirm = False
-        self.publish_seq = 0
-        self._confirm_sent = 0
-        self._confirm_upto = 0
-        self._confirm_needs_sync = False
-        self._confirm_waits: deque[tuple[int, asyncio.Future[None] | None]] = deque()  # (upto, flush)
-        self._nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
-        self.tx = False
-        self._tx_publishes: list[PendingPublish] = []
-        self._tx_settles: list[tuple[list[tuple[int, Unacked]], bool | None]] = []
+    __slots__ = ("channel_id", "_host", "_vhost", "seq", "sent", "upto", "needs_sync", "waits", "nacks",
+                 "stopped")
 
-    def note_published(self, count: int, needs_sync: bool) -> None:
+    def __init__(self, channel_id: int, host: ChannelHost, vhost: VHost) -> None:
+        self.channel_id = channel_id
+        self._host = host
+        self._vhost = vhost
+        self.seq = 0  # publishes received in confirm mode
+        self.sent = 0  # confirmed (acked or nacked) up to here
+        self.upto = 0  # to confirm with the next batch
+        self.needs_sync = False  # the next batch waits for an fsync
+        self.waits: deque[tuple[int, asyncio.Future[None] | None]] = deque()  # (upto, durable)
+        self.nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
+        self.stopped = False  # the channel closed: nothing more goes out
+
+    @property
+    def unconfirmed(self) -> int:
+        return max(0, self.seq - self.sent)
+
+    def published(self, confirm: Any) -> None:
+        """One publish: ``confirm`` as the model's publish returned it (False, True: after an
+        fsync, or REJECTED: a nack)."""
+        seq = self.seq = self.seq + 1
+        self.upto = seq
+        if confirm:
+            if confirm is REJECTED:
+                self.nacks.append(seq)
+            else:
+                self.needs_sync = True
+
+    def published_run(self, count: int, needs_sync: bool) -> None:
         """``count`` publishes were routed and stored; their confirms go out with the next batch."""
-        if not self.confirm:
-            return
-        self.publish_seq += count
-        self._confirm_upto = self.publish_seq
+        self.seq += count
+        self.upto = self.seq
         if needs_sync:
-            self._confirm_needs_sync = True
-        self.conn.confirms_pending.add(self)
+            self.needs_sync = True
 
-    def send_confirms(self) -> None:
+    def send(self) -> None:
         """Called once per batch of input: confirm what was published, after the fsync it needs."""
-        upto = self._confirm_upto
-        if self.closing:
+        upto = self.upto
+        if self.stopped:
             return  # nothing may follow channel.close / close-ok on this channel
-        needs_sync, self._confirm_needs_sync = self._confirm_needs_sync, False
-        waits = self._confirm_waits
-        if upto <= (waits[-1][0] if waits else self._confirm_sent):
+        needs_sync, self.needs_sync = self.needs_sync, False
+        waits = self.waits
+        if upto <= (waits[-1][0] if waits else self.sent):
             return
         if not needs_sync and not waits:
             self._send_ack(upto)
@@ -71,114 +82,102 @@ class ConfirmsAndTx:
         # In order after the batches still waiting, but these messages join the group commit now, not
         # once the earlier confirms went out (a replicated flush is acknowledged later than the next
         # one can start). A callback, not a task: the confirm goes out in the loop turn the flush ends.
-        durable = self.vhost.store.durable(acks=False) if needs_sync else None  # messages, not acks
+        durable = self._vhost.durable(acks=False) if needs_sync else None  # messages, not acks
         waits.append((upto, durable))
         if durable is None or durable.done():
-            self._confirms_ready()
+            self._ready()
         else:
-            durable.add_done_callback(self._confirms_ready)
+            durable.add_done_callback(self._ready)
 
-    def _confirms_ready(self, _done: asyncio.Future[None] | None = None) -> None:
+    def _ready(self, _done: asyncio.Future[None] | None = None) -> None:
         """Send the confirms of the leading batches whose flush is done, in order."""
-        waits = self._confirm_waits
+        waits = self.waits
         while waits:
             upto, durable = waits[0]
             if durable is not None and not durable.done():
                 return
             waits.popleft()
-            if self.closing:
+            if self.stopped:
                 continue
             failed = durable is not None and (durable.cancelled() or durable.exception() is not None)
             if failed:  # not known to be on disk: the publisher must not count on it (RabbitMQ nacks)
-                log.error("channel %d: confirms up to %d refused: the flush failed (%s)", self.id, upto,
+                assert durable is not None
+                log.error("channel %d: confirms up to %d refused: the flush failed (%s)", self.channel_id, upto,
                           "cancelled" if durable.cancelled() else durable.exception())
                 self._send_nack_upto(upto)
             else:
                 self._send_ack(upto)
 
+    def _send_method(self, method: Any) -> None:
+        self._host.send(writer.method_frame(self.channel_id, method))
+
     def _send_nack_upto(self, upto: int) -> None:
-        if upto <= self._confirm_sent:
+        if upto <= self.sent:
             return
-        self._nacks = [seq for seq in self._nacks if seq > upto]
-        self._confirm_sent = upto
-        self.send_method(commands.Basic.Nack(delivery_tag=upto, multiple=True, requeue=False))
+        self.nacks = [seq for seq in self.nacks if seq > upto]
+        self.sent = upto
+        self._send_method(commands.Basic.Nack(delivery_tag=upto, multiple=True, requeue=False))
 
     def _send_ack(self, upto: int) -> None:
-        if upto <= self._confirm_sent:
+        if upto <= self.sent:
             return
-        self.vhost.stats.confirm += upto - self._confirm_sent
-        if self._nacks:
-            self._send_confirm_runs(upto)
+        publish_ops.confirmed(self._vhost, upto - self.sent)
+        if self.nacks:
+            self._send_runs(upto)
             return
-        multiple = upto - self._confirm_sent > 1
-        self._confirm_sent = upto
-        self.conn.send(writer.basic_ack(self.id, upto, multiple))
+        multiple = upto - self.sent > 1
+        self.sent = upto
+        self._host.send(writer.basic_ack(self.channel_id, upto, multiple))
 
-    def _send_confirm_runs(self, upto: int) -> None:
+    def _send_runs(self, upto: int) -> None:
         """Confirms up to ``upto`` with refused publishes among them: acks in runs, a nack for each refusal."""
-        nacks = self._nacks
-        sent = self._confirm_sent
+        nacks = self.nacks
+        sent = self.sent
+        send = self._host.send
         while nacks and nacks[0] <= upto:
             seq = nacks.pop(0)
             if seq - 1 > sent:
-                self.conn.send(writer.basic_ack(self.id, seq - 1, seq - 1 - sent > 1))
-            self.send_method(commands.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
+                send(writer.basic_ack(self.channel_id, seq - 1, seq - 1 - sent > 1))
+            self._send_method(commands.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
             sent = seq
         if upto > sent:
-            self.conn.send(writer.basic_ack(self.id, upto, upto - sent > 1))
-        self._confirm_sent = upto
+            send(writer.basic_ack(self.channel_id, upto, upto - sent > 1))
+        self.sent = upto
 
 
-    def on_confirm_select(self, m: commands.Confirm.Select) -> None:
-        if self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
-        self.confirm = True
-        if not m.nowait:
-            self.send_method(commands.Confirm.SelectOk())
+Settles = list[tuple[list[tuple[int, "Unacked"]], "bool | None"]]
 
-    def on_tx_select(self, m: commands.Tx.Select) -> None:
-        if self.confirm:
-            raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10)
-        self.tx = True
-        self.send_method(commands.Tx.SelectOk())
 
-    def on_tx_commit(self, m: commands.Tx.Commit) -> None:
-        if not self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 20)
-        publishes, self._tx_publishes = self._tx_publishes, []
-        settles, self._tx_settles = self._tx_settles, []
-        needs_sync = False
-        try:
-            for p in publishes:
-                needs_sync |= bool(self._route(self.vhost.get_exchange(p.exchange), p.routing_key,
-                                               p.mandatory, p.properties, p.body.read()))
-                p.body.release()
-        finally:
-            release_bodies(publishes)
-        for items, settle in settles:
-            self._settle(items, settle)
-        if needs_sync:
-            asyncio.get_running_loop().create_task(self._commit_after_flush())
-        else:
-            self.send_method(commands.Tx.CommitOk())
+class Transaction:
+    """A channel in tx mode: publishes and settles held until tx.commit, dropped by tx.rollback."""
 
-    async def _commit_after_flush(self) -> None:
-        await self.vhost.store.flush()
-        if not self.closing:
-            self.send_method(commands.Tx.CommitOk())
+    __slots__ = ("publishes", "settles")
 
-    def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
-        if not self.tx:
-            raise AMQPChannelError(PRECONDITION_FAILED, "channel is not transactional", 90, 30)
-        release_bodies(self._tx_publishes)
-        self._tx_publishes = []
-        self._restore_tx_settles()
-        self.send_method(commands.Tx.RollbackOk())
+    def __init__(self) -> None:
+        self.publishes: list[PendingPublish] = []
+        self.settles: Settles = []  # (taken deliveries, requeue as for Deliveries.settle)
 
-    def _restore_tx_settles(self) -> None:
-        """Acks taken inside a rolled-back transaction: the deliveries are unacked again."""
-        restored = [pair for items, _ in self._tx_settles for pair in items]
-        self._tx_settles = []
-        if restored:
-            merged = sorted([*self.unacked.items(), *restored])
-            self.unacked = OrderedDict(merged)
+    @property
+    def uncommitted_acks(self) -> int:
+        return sum(len(items) for items, _ in self.settles)
+
+    def hold_publish(self, publish: PendingPublish) -> None:
+        self.publishes.append(publish)
+
+    def hold_settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
+        self.settles.append((items, requeue))
+
+    def take(self) -> tuple[list[PendingPublish], Settles]:
+        """tx.commit: what the transaction held, in order; it starts over empty."""
+        publishes, self.publishes = self.publishes, []
+        settles, self.settles = self.settles, []
+        return publishes, settles
+
+    def rollback(self) -> list[tuple[int, Unacked]]:
+        """tx.rollback (and a closing channel): held publishes dropped; returns the deliveries held
+        acks had taken, to be unacked again."""
+        release_bodies(self.publishes)
+        self.publishes = []
+        restored = [pair for items, _ in self.settles for pair in items]
+        self.settles = []
+        return restored

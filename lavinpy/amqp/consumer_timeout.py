@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 
 if TYPE_CHECKING:
-    from .channel import Unacked
-    from .connection import AMQPConnection
+    from ..broker.deliveries import Unacked
+    from .channel import Channel
 
 SWEEP_INTERVAL = 0.25  # seconds
 
 
+class HasChannels(Protocol):
+    """A connection, as the sweep sees it."""
+
+    channels: dict[int, Channel]
+
+
 def delivery_timeout(item: Unacked, default: int) -> int:
-    """The timeout (ms) that applies to one unacked delivery (channel.Unacked)."""
+    """The timeout (ms) that applies to one unacked delivery."""
     consumer = item.consumer
     if consumer is not None:
         value = consumer.arguments.get("x-consumer-timeout")
@@ -36,13 +42,13 @@ def delivery_timeout(item: Unacked, default: int) -> int:
     return default
 
 
-def sweep(connections: Iterable[AMQPConnection], default: int, now: float | None = None) -> int:
+def sweep(connections: Iterable[HasChannels], default: int, now: float | None = None) -> int:
     """Check every open channel once; returns how many were closed."""
     now = time.monotonic() if now is None else now
     closed = 0
     for connection in list(connections):
         for channel in list(connection.channels.values()):
-            unacked = channel.unacked
+            unacked = channel.deliveries.unacked
             if not unacked or channel.closing:
                 channel.oldest_unacked_seen = None
                 continue

@@ -4,20 +4,23 @@ A body that arrives in one frame is published from that frame (the fast path). A
 arrives in several frames is written to the connection's spool (an unlinked file in the data dir)
 frame by frame, so a slow or large message costs disk, not heap; at completion it is mapped
 read-only and published from the mapping. Uncommitted transactional publishes are spooled the same
-way and read back at tx.commit.
+way and read back at tx.commit. The spool comes from the channel's host: nothing here opens files.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..wire.constants import FRAME_ERROR, PRECONDITION_FAILED, RESOURCE_ERROR, UNEXPECTED_FRAME
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
-from ..wire.reader import HeaderFrame
-from .spool import SPOOL_MIN_BODY, SpooledBody
+from ..wire.reader import HeaderFrame, Publish
+from .spool import SPOOL_MIN_BODY, BodySpool, SpooledBody
 
 if TYPE_CHECKING:
-    from .connection import AMQPConnection
+    from ..broker.exchanges.base import Exchange
+    from ..config import Config
+
 
 class PendingPublish(NamedTuple):
     """A publish inside a transaction, its body on disk until tx.commit."""
@@ -29,107 +32,122 @@ class PendingPublish(NamedTuple):
     body: SpooledBody
 
 
+class Content(NamedTuple):
+    """A complete message: its basic.publish, the exchange resolved for it, properties and body.
+    ``spooled``, when set, holds the body's mapping: release it once the message is published."""
+
+    method: Publish
+    exchange: Exchange
+    properties: bytes
+    body: bytes | memoryview
+    spooled: SpooledBody | None
+
+
 class ContentAssembly:
-    """Mixin for Channel: content header and body frames."""
+    """The content header and body frames that follow one basic.publish."""
 
-    id: int
-    conn: AMQPConnection
-    in_content: bool
-    _header_seen: bool
-    _publish: Any
-    _properties: bytes
-    _body_size: int
-    _body_parts: list[bytes]
-    _body_received: int
-    _spooled: SpooledBody | None
-    _tx_publishes: list[PendingPublish]
+    __slots__ = ("channel_id", "config", "_spool", "method", "exchange", "header_seen", "properties",
+                 "body_size", "parts", "received", "spooled")
 
-    def _reset_content(self) -> None:
-        self.in_content = False
-        self._header_seen = False
-        self._publish = None
-        self._body_parts = []
-        self._body_received = 0
-        if self._spooled is not None:
-            self._spooled.release()
-            self._spooled = None
+    def __init__(self, channel_id: int, config: Config, spool: Callable[[], BodySpool]) -> None:
+        self.channel_id = channel_id
+        self.config = config  # max_message_size
+        self._spool = spool
+        self.method: Publish | None = None
+        self.exchange: Exchange | None = None
+        self.header_seen = False
+        self.properties = b""
+        self.body_size = 0
+        self.parts: list[bytes] = []
+        self.received = 0
+        self.spooled: SpooledBody | None = None  # a large body being written to the spool
 
-    def on_header(self, frame: HeaderFrame) -> None:
-        if self._header_seen:
-            raise AMQPConnectionError(UNEXPECTED_FRAME, f"unexpected content header on channel {self.id}")
+    def begin(self, method: Publish, exchange: Exchange) -> None:
+        self.method = method
+        self.exchange = exchange
+
+    def reset(self) -> None:
+        self.header_seen = False
+        self.method = None
+        self.parts = []
+        self.received = 0
+        if self.spooled is not None:
+            self.spooled.release()
+            self.spooled = None
+
+    def _complete(self, body: bytes | memoryview, spooled: SpooledBody | None) -> Content:
+        method, exchange, properties = self.method, self.exchange, self.properties
+        assert method is not None and exchange is not None
+        self.reset()
+        return Content(method, exchange, properties, body, spooled)
+
+    def on_header(self, frame: HeaderFrame) -> Content | None:
+        """The content header: the message when its body is empty. A body over the size limit is a
+        channel error (AMQPChannelError, the content already dropped)."""
+        if self.header_seen:
+            raise AMQPConnectionError(UNEXPECTED_FRAME, f"unexpected content header on channel {self.channel_id}")
         if frame.class_id != 60:
             raise AMQPConnectionError(FRAME_ERROR, f"content header for class {frame.class_id}, "
                                                    "expected class 60 (basic)")
         body_size = frame.body_size
-        if body_size > self.conn.config.max_message_size:
-            self._reset_content()
-            self.close_with_error(AMQPChannelError(
-                PRECONDITION_FAILED, f"message size {body_size} is larger than configured max size "
-                                     f"{self.conn.config.max_message_size}", 60, 40), None)
-            return
-        self._header_seen = True
-        self._properties = frame.properties
-        self._body_size = body_size
+        max_size = self.config.max_message_size
+        if body_size > max_size:
+            self.reset()
+            raise AMQPChannelError(PRECONDITION_FAILED, f"message size {body_size} is larger than configured "
+                                                        f"max size {max_size}", 60, 40)
+        self.header_seen = True
+        self.properties = frame.properties
+        self.body_size = body_size
         if body_size == 0:
-            self._complete_publish(b"")
+            return self._complete(b"", None)
+        return None
 
-    def on_body(self, data: bytes) -> None:
-        if not self._header_seen:
-            raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.id}, "
+    def on_body(self, data: bytes) -> Content | None:
+        """A content body frame: the message once its body is complete. A body the spool cannot
+        take is a channel error (AMQPChannelError, the content already dropped)."""
+        if not self.header_seen:
+            raise AMQPConnectionError(UNEXPECTED_FRAME, f"expected content header on channel {self.channel_id}, "
                                                         "got a content body frame")
-        received = self._body_received + len(data)
-        if received > self._body_size:
+        received = self.received + len(data)
+        if received > self.body_size:
             raise AMQPConnectionError(
-                FRAME_ERROR, f"content body on channel {self.id} is longer than the "
-                             f"{self._body_size} bytes announced in its header")
-        spooled = self._spooled
-        if spooled is None and received == self._body_size:
-            if self._body_parts:
-                self._body_parts.append(data)
-                data = b"".join(self._body_parts)
-            self._complete_publish(data)
-            return
-        self._body_received = received
-        if spooled is None and self._body_size <= SPOOL_MIN_BODY:
-            self._body_parts.append(data)
-            return
+                FRAME_ERROR, f"content body on channel {self.channel_id} is longer than the "
+                             f"{self.body_size} bytes announced in its header")
+        spooled = self.spooled
+        if spooled is None and received == self.body_size:
+            if self.parts:
+                self.parts.append(data)
+                data = b"".join(self.parts)
+            return self._complete(data, None)
+        self.received = received
+        if spooled is None and self.body_size <= SPOOL_MIN_BODY:
+            self.parts.append(data)
+            return None
         try:
             if spooled is None:
-                spooled = self._spooled = self.conn.body_spool().reserve(self._body_size)
-                for part in self._body_parts:
+                spooled = self.spooled = self._spool().reserve(self.body_size)
+                for part in self.parts:
                     spooled.write(part)
-                self._body_parts = []
+                self.parts = []
             spooled.write(data)
-            if received < self._body_size:
-                return
+            if received < self.body_size:
+                return None
             body = spooled.read()
         except OSError as e:
-            self._reset_content()
-            self.close_with_error(AMQPChannelError(RESOURCE_ERROR, f"cannot store the message body: {e}",
-                                                   60, 40), None)
-            return
-        self._spooled = None  # _complete_publish resets the content: the body stays with us
-        try:
-            self._complete_publish(body)
-        finally:
-            spooled.release()
+            self.reset()
+            raise AMQPChannelError(RESOURCE_ERROR, f"cannot store the message body: {e}", 60, 40)
+        self.spooled = None  # the body stays with the caller, who releases it once published
+        return self._complete(body, spooled)
 
-    def _tx_publish(self, method: Any, properties: bytes, body: bytes | memoryview) -> None:
-        """Hold a transactional publish until tx.commit, its body on disk."""
-        spooled = self.conn.body_spool().reserve(len(body))
+    def hold(self, method: Publish, properties: bytes, body: bytes | memoryview) -> PendingPublish:
+        """A transactional publish, its body written to the spool until tx.commit."""
+        spooled = self._spool().reserve(len(body))
         try:
             spooled.write(body)
         except OSError as e:
             spooled.release()
             raise AMQPChannelError(RESOURCE_ERROR, f"cannot store the message body: {e}", 60, 40)
-        self._tx_publishes.append(
-            PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, spooled))
-
-    def _complete_publish(self, body: bytes | memoryview) -> None:
-        raise NotImplementedError
-
-    def close_with_error(self, error: AMQPChannelError, method: Any | None) -> None:
-        raise NotImplementedError
+        return PendingPublish(method.exchange, method.routing_key, method.mandatory, properties, spooled)
 
 
 def release_bodies(publishes: list[PendingPublish]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..broker import publish_ops
 from ..wire.frames import ContentMessage
 from .channel_methods import REPLY_TO_PREFIX
 
@@ -32,8 +33,9 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
     method = first.method
     properties = first.properties
     max_size = channel.conn.config.max_message_size
-    if (channel.tx or method.immediate or len(properties) < 2 or properties[0] & (_SPECIAL_HIGH | _HEADERS_HIGH)
-            or properties[1] & _SPECIAL_LOW or len(first.body) > max_size
+    if (channel.tx is not None or method.immediate or len(properties) < 2
+            or properties[0] & (_SPECIAL_HIGH | _HEADERS_HIGH) or properties[1] & _SPECIAL_LOW
+            or len(first.body) > max_size
             or (not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX))):
         channel.on_message(method, properties, first.body)
         return start + 1
@@ -48,22 +50,17 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
         bodies.append(frame.body)
         end += 1
     if end - start > 1:
-        channel.on_publish(method)  # resolves and checks the exchange, as for each single publish
-        if not channel.in_content:
+        exchange = channel.publish_target(method)  # resolved and checked, as for each single publish
+        if exchange is None:
             return start + 1  # refused: the channel is closing; the rest go the general way
-        channel._reset_content()
-        exchange = channel._publish_exchange
-        published = channel.vhost.publish_run(exchange, method.routing_key, properties, bodies)
-        if published is not None:
-            run = end - start
-            channel.vhost.stats.publish += run
-            exchange.stats.publish_in += run
-            exchange.stats.publish_out += run
-            channel.note_published(run, published[1])
+        needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key, properties, bodies)
+        if needs_sync is not None:
+            channel.published_run(end - start, needs_sync)
             return end
     for i in range(start, end):  # one by one, stopping where the channel stops taking fused publishes
         if channel.closing or channel.in_content:
             return i
         frame = frames[i]
+        assert type(frame) is ContentMessage
         channel.on_message(frame.method, frame.properties, frame.body)
     return end

@@ -85,7 +85,7 @@ def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
         "protocol": PROTOCOL,
         "user": conn.username,
         "user_who_performed_action": conn.username,
-        "vhost": conn.vhost.name,
+        "vhost": conn.vhost.name if conn.vhost is not None else "",
         "channels": len(conn.channels),
         "channel_max": conn.channel_max,
         "frame_max": conn.frame_max,
@@ -156,23 +156,24 @@ def _channel_name(conn_name: str, channel: Channel) -> str:
 def channel_info(conn: AMQPConnection, channel: Channel, node: str) -> dict[str, Any]:
     name = connection_name(conn)
     peer_host, peer_port, _, _, _ = _addresses(conn)
+    confirms, tx = channel.confirms, channel.tx
     return {
         "name": _channel_name(name, channel),
         "node": node,
         "number": channel.id,
         "user": conn.username,
-        "vhost": conn.vhost.name,
+        "vhost": conn.vhost.name if conn.vhost is not None else "",
         "state": "running" if channel.flow_active else "flow",
-        "confirm": channel.confirm,
-        "transactional": channel.tx,
+        "confirm": confirms is not None,
+        "transactional": tx is not None,
         "consumer_count": len(channel.consumers),
-        "messages_unacknowledged": len(channel.unacked),
-        "messages_unconfirmed": max(0, channel.publish_seq - channel._confirm_sent),
+        "messages_unacknowledged": len(channel.deliveries.unacked),
+        "messages_unconfirmed": confirms.unconfirmed if confirms is not None else 0,
         # what a transaction holds until tx.commit: publishes, and acks/rejects by delivery
-        "messages_uncommitted": len(channel._tx_publishes),
-        "acks_uncommitted": sum(len(items) for items, _ in channel._tx_settles),
+        "messages_uncommitted": len(tx.publishes) if tx is not None else 0,
+        "acks_uncommitted": tx.uncommitted_acks if tx is not None else 0,
         "prefetch_count": channel.prefetch_count,
-        "global_prefetch_count": channel.global_prefetch,
+        "global_prefetch_count": channel.deliveries.prefetch,
         "connection_details": {"name": name, "peer_host": peer_host, "peer_port": peer_port},
     }
 
@@ -231,7 +232,7 @@ def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tu
             seen = channel.oldest_unacked_seen
             if seen is None:
                 continue
-            item = channel.unacked.get(seen[0])
+            item = channel.deliveries.unacked.get(seen[0])
             if item is None:
                 continue
             key = (item.queue.vhost.name, item.queue.name)

@@ -52,6 +52,10 @@ class Consumer:
         self.unacked = 0
         self.arguments = arguments or {}
 
+    def credit(self, count: int) -> None:
+        """``count`` of this consumer's deliveries were settled: their prefetch credit comes back."""
+        self.unacked -= count
+
     def can_accept(self) -> bool:
         if not self.no_ack and self.prefetch and self.unacked >= self.prefetch:
             return False

@@ -16,9 +16,10 @@ from ..wire.errors import AMQPChannelError
 from ..wire.properties import decode_properties, encode_properties, peek_headers
 from .actor import Actor
 from .arguments import ArgumentError, parse_expiration
+from .deliveries import get_one
 from .object_info import jsonable
 from .operations_objects import readable_queue
-from .stats import count_publish
+from .publish_ops import publish
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
@@ -132,9 +133,8 @@ def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routi
             parse_expiration(props.expiration)
         except ArgumentError as e:
             raise bad_input(e.text) from None
-    queued, _ = vhost.publish(exchange, routing_key, properties, body)
-    count_publish(vhost.stats, exchange.stats, bool(queued))
-    return bool(queued)
+    routed, _ = publish(vhost, exchange, routing_key, False, properties, body)
+    return routed
 
 
 def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: int, ackmode: str,
@@ -154,12 +154,11 @@ def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: i
     out: list[dict[str, Any]] = []
     try:
         for _ in range(count):
-            got = queue.get()
+            got = get_one(queue, False)
             if got is None:
                 break
             pos, msg, redelivered = got
             taken.append(pos)
-            queue.stats.get += 1
             out.append(message_to_json(msg, redelivered, queue.message_count, encoding, truncate))
     finally:
         for pos in taken:
@@ -215,9 +214,9 @@ def replay_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: i
     replayed = 0
     try:
         targets = [_first_death(msg.properties) for _, msg in taken]
-        for target in {t for t in targets if t is not None}:
+        for exchange_name, _key in {t for t in targets if t is not None}:
             if actor is not None:
-                actor.check("write", "exchange", target[0], vhost.name)
+                actor.check("write", "exchange", exchange_name, vhost.name)
         for i, ((pos, msg), target) in enumerate(zip(taken, targets, strict=True)):
             exchange = vhost.exchanges.get(target[0]) if target is not None else None
             if exchange is None or target is None:

@@ -203,6 +203,19 @@ class VHost(VHostPublishing):
                         log.exception("vhost %r: periodic flush failed", self.name)
         self._flush_task = asyncio.get_running_loop().create_task(run())
 
+    # --- durability (sessions and faces ask the vhost, not the store) ----------------------------
+    def durable(self, acks: bool = True) -> asyncio.Future[None]:
+        """A future that resolves once what was stored before the call is on disk (as the fsync policy
+        says) and, in a cluster, with every in-sync follower; ``acks=False`` (publisher confirms):
+        messages only. Shared with other callers: add a done callback, never cancel it."""
+        return self.store.durable(acks)
+
+    def replicated(self) -> asyncio.Future[None] | None:
+        """A future that resolves once every in-sync follower has what was written before the call;
+        None outside a cluster (a local change is complete at once)."""
+        barrier = self.store.barrier
+        return None if barrier is None else barrier.wait_replicated()
+
     # --- delivery scheduling ------------------------------------------------------------------
     def schedule_delivery(self, queue: QueueKind) -> None:
         self.broker.schedule_delivery(queue)

@@ -85,10 +85,11 @@ def test_consume_deliver_ack(harness: Harness, client: Client) -> None:
     assert [frames[3][1].value, frames[6][1].value] == [b"one", b"two"]
 
     queue = harness.broker.vhosts["/"].queues["work"]
-    assert (queue.message_count, queue.index.unacked_count, list(client.conn.channels[1].unacked)) == (0, 2, [1, 2])
+    unacked = client.conn.channels[1].deliveries.unacked
+    assert (queue.message_count, queue.index.unacked_count, list(unacked)) == (0, 2, [1, 2])
     client.send((1, commands.Basic.Ack(delivery_tag=2, multiple=True)))
     assert client.read() == []
-    assert (queue.index.unacked_count, len(client.conn.channels[1].unacked)) == (0, 0)
+    assert (queue.index.unacked_count, len(client.conn.channels[1].deliveries.unacked)) == (0, 0)
 
 
 def test_closed_channel_requeues_its_unacked_for_the_next_consumer(harness: Harness, client: Client) -> None:
@@ -192,7 +193,7 @@ def test_large_body_over_many_frames_is_spooled_and_read_back(tmp_path: Path) ->
         chunks = [payload[i:i + 8184] for i in range(0, len(payload), 8184)]
         publish, head, _ = client.publish(1, "big", payload)
         client.send(publish, head, *[(1, body.ContentBody(c)) for c in chunks[:5]])
-        spooled = client.conn.channels[1]._spooled
+        spooled = client.conn.channels[1].content.spooled
         assert spooled is not None and spooled.written == 5 * 8184
         client.send(*[(1, body.ContentBody(c)) for c in chunks[5:]])
         assert harness.broker.vhosts["/"].queues["big"].message_count == 1

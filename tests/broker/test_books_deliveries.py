@@ -1,0 +1,133 @@
+"""A channel's deliveries as the model books them (broker.deliveries), in process, without a session:
+counts on the queue, credit back to the consumer, rescheduling, and the order of requeues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lavinpy.broker.consumer import Consumer
+from lavinpy.broker.deliveries import Deliveries
+from lavinpy.broker.stats import MessageCounters, NodeCounters
+from lavinpy.wire.errors import AMQPChannelError
+
+
+class BookQueue:
+    """The queue side the ledger uses: settling calls, counters, consumers and ready messages."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stats = MessageCounters()
+        self.consumers: list[Any] = []
+        self.message_count = 0
+        self.calls: list[tuple[str, Any]] = []
+        self.ready: list[tuple[int, bytes, bool]] = []
+
+    def ack(self, pos: int) -> None:
+        self.calls.append(("ack", pos))
+
+    def ack_many(self, positions: list[int]) -> None:
+        self.calls.append(("ack_many", positions))
+
+    def requeue(self, pos: int) -> None:
+        self.calls.append(("requeue", pos))
+        self.message_count += 1
+
+    def reject(self, pos: int) -> None:
+        self.calls.append(("reject", pos))
+
+    def get(self) -> Any:
+        return self.ready.pop(0) if self.ready else None
+
+
+class BookVhost:
+    def __init__(self) -> None:
+        self.node_counters = NodeCounters()
+        self.scheduled: list[str] = []
+
+    def schedule_delivery(self, queue: Any) -> None:
+        self.scheduled.append(queue.name)
+
+
+class OpenChannel:
+    def can_deliver(self) -> bool:
+        return True
+
+
+def ledger() -> tuple[Deliveries, BookVhost, list[int]]:
+    vhost = BookVhost()
+    freed: list[int] = []
+    return Deliveries(vhost, lambda: freed.append(1)), vhost, freed  # type: ignore[arg-type]
+
+
+def consumer_of(queue: BookQueue, tag: str = "c", no_ack: bool = False) -> Consumer:
+    consumer = Consumer(tag, queue, OpenChannel(), no_ack=no_ack, prefetch=10)  # type: ignore[arg-type]
+    queue.consumers.append(consumer)
+    return consumer
+
+
+def test_a_run_is_counted_on_its_queue_and_acked_as_one_run():
+    deliveries, vhost, freed = ledger()
+    queue = BookQueue("q")
+    consumer = consumer_of(queue)
+    consumer.unacked = 3  # the queue counts what it hands out
+    first = deliveries.deliver_run(consumer, [10, 11, 12], [False, True, False])
+    assert first == 1 and list(deliveries.unacked) == [1, 2, 3]
+    assert (queue.stats.deliver, queue.stats.redeliver) == (3, 1)
+    queue.message_count = 5
+    assert deliveries.ack_run([1, 2, 3]) is None
+    assert queue.calls == [("ack_many", [10, 11, 12])] and queue.stats.ack == 3
+    assert consumer.unacked == 0 and vhost.scheduled == ["q"] and freed == []
+
+
+def test_an_unknown_tag_in_an_ack_run_stops_it_there():
+    deliveries, _vhost, _freed = ledger()
+    queue = BookQueue("q")
+    consumer = consumer_of(queue)
+    consumer.unacked = 4
+    deliveries.deliver_run(consumer, [1, 2, 3, 4], None)
+    assert deliveries.ack_run([1, 9, 3]) == 1
+    assert queue.calls == [("ack_many", [1])] and queue.stats.ack == 1 and consumer.unacked == 3
+    assert list(deliveries.unacked) == [2, 3, 4]  # in delivery order again
+
+
+def test_nack_requeues_or_rejects_counting_rejects_and_giving_credit_back():
+    deliveries, vhost, freed = ledger()
+    deliveries.prefetch = 5  # channel-wide: the session is told when room is freed
+    queue = BookQueue("q")
+    consumer = consumer_of(queue)
+    consumer.unacked = 3
+    deliveries.deliver_run(consumer, [7, 8, 9], None)
+    deliveries.settle(deliveries.take(2, True), False)
+    assert queue.calls == [("reject", 7), ("reject", 8)] and queue.stats.reject == 2
+    assert consumer.unacked == 1 and freed == [1] and vhost.scheduled == []
+    deliveries.settle(deliveries.take(3, False), True)
+    assert queue.calls[-1] == ("requeue", 9) and consumer.unacked == 0 and vhost.scheduled == ["q"]
+    with pytest.raises(AMQPChannelError) as e:
+        deliveries.take(3, False)
+    assert e.value.reply_code == 406 and e.value.text == "PRECONDITION_FAILED - unknown delivery tag 3"
+
+
+def test_get_counts_and_no_ack_settles_at_once():
+    deliveries, _vhost, _freed = ledger()
+    queue = BookQueue("q")
+    queue.ready = [(4, b"m1", True), (5, b"m2", False)]
+    assert deliveries.get(queue, False) == (1, b"m1", True)  # type: ignore[arg-type]
+    assert deliveries.get(queue, True) == (2, b"m2", False)  # type: ignore[arg-type]
+    assert deliveries.get(queue, False) is None
+    assert (queue.stats.get, queue.stats.get_no_ack, queue.stats.redeliver) == (1, 1, 1)
+    assert list(deliveries.unacked) == [1] and queue.calls == [("ack", 5)]
+
+
+def test_close_requeues_every_delivery_in_order_and_counts_the_channel():
+    deliveries, vhost, _freed = ledger()
+    first, second = BookQueue("a"), BookQueue("b")
+    one, two = consumer_of(first, "one"), consumer_of(second, "two")
+    one.unacked, two.unacked = 1, 2
+    deliveries.deliver(one, 30, False)
+    deliveries.deliver_run(two, [40, 41], None)
+    deliveries.close(confirm_publishes=7)
+    assert first.calls == [("requeue", 30)] and second.calls == [("requeue", 40), ("requeue", 41)]
+    assert (one.unacked, two.unacked) == (0, 0) and deliveries.unacked == {}
+    assert (vhost.node_counters.channels_closed, vhost.node_counters.received_confirm_closed) == (1, 7)
