@@ -34,17 +34,11 @@ from .files import node_id
 from .keys import ClusterKeys, NodeInfo, uri_host_port
 from .leader_link import LeaderLink
 from .proxy import HTTP_UNAVAILABLE, ClientProxy
+from .replication_server import ReplicationServer
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
     from ..config import Config
-
-try:  # replication lives in its own modules; a build without them coordinates only
-    from .replication_server import ReplicationServer
-except ModuleNotFoundError as e:
-    if e.name != f"{__package__}.replication_server":
-        raise
-    ReplicationServer = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("lavinpy.cluster")
 
@@ -94,7 +88,7 @@ class ClusterNode:
         self.isr: list[str] | None = None
         self.leader: NodeInfo | None = None  # followers: the leader being followed
         self.server: LeaderServer | None = None
-        self.replication: Any = None  # the ReplicationServer while leading
+        self.replication: ReplicationServer | None = None  # while leading
         self._lock = DataDirLock(self.data_dir / ".lock")
         self._proxies: list[ClientProxy] = []
         self._link: LeaderLink | None = None
@@ -112,9 +106,6 @@ class ClusterNode:
         except DataDirLocked as e:
             log.error("%s", e)
             return 1
-        if ReplicationServer is None:
-            log.warning("cluster node %s: replication is not part of this build; followers keep no copy of "
-                        "the leader's data and a new leader starts from its own data dir", self.id)
         waiting = asyncio.ensure_future(stop.wait())
         joined = asyncio.ensure_future(self._join())
         await asyncio.wait([waiting, joined], return_when=asyncio.FIRST_COMPLETED)
@@ -352,7 +343,7 @@ class ClusterNode:
         link = self._link
         if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
             await self._stop_following()
-            link = self._link = LeaderLink(self, info, leader.lease)
+            link = self._link = LeaderLink(self.data_dir, self.secret, self.id, info, leader.lease)
             link.start()
         while True:
             await asyncio.sleep(LEADER_POLL)
@@ -394,11 +385,10 @@ class ClusterNode:
             self._epoch = max(state.epoch if state else 0, await self._recorded_epoch())
             await asyncio.to_thread(replica_state.write, self.data_dir, self._leading_state(), self._epoch)
             await self._refresh_members()  # the followers' proxies are trusted from the first connection
-            if ReplicationServer is not None:
-                host, port = self.config.clustering_bind, self.config.clustering_port
-                self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
-                                                     self.lease_valid, self._epoch)
-                await self.replication.start()
+            host, port = self.config.clustering_bind, self.config.clustering_port
+            self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
+                                                 self.lease_valid, self._epoch)
+            await self.replication.start()
             self.server = await self.start_leader(self)
         except Exception as e:
             log.exception("cluster: cannot serve as leader")

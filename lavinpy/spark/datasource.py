@@ -26,11 +26,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from . import read_rows, write_rows
 from .client import AMQPClientError, BrokerClosed, Connection
 from .options import FIRST, LAST, LATEST, NEXT, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
+from .read_rows import BatchBuilder, read_schema
+from .read_rows import check_schema as check_read_schema
 from .streams import StreamClient
+from .write_rows import RowEncoder, RowError
+from .write_rows import check_schema as check_write_schema
 
 
 class LavinpyDataSource(DataSource):
@@ -41,14 +44,14 @@ class LavinpyDataSource(DataSource):
         return "lavinpy"
 
     def schema(self) -> Any:
-        return read_rows.read_schema()
+        return read_schema()
 
     def reader(self, schema: Any) -> DataSourceReader:
-        read_rows.check_schema(schema)
+        check_read_schema(schema)
         return LavinpyBatchReader(ReadOptions.parse(self.options), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        read_rows.check_schema(schema)
+        check_read_schema(schema)
         return LavinpyStreamReader(ReadOptions.parse(self.options), schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
@@ -89,7 +92,7 @@ class PublishedMessages(WriterCommitMessage):
 def _write_options(options: Any, schema: Any) -> WriteOptions:
     """Parse and check on the driver, so that mistakes fail the job once, before any task runs."""
     opts = WriteOptions.parse(options)
-    write_rows.check_schema(schema, opts)
+    check_write_schema(schema, opts)
     if opts.exchange:
         _check_exchange(opts)
     return opts
@@ -103,7 +106,7 @@ def _check_exchange(opts: WriteOptions) -> None:
                       commands.Exchange.DeclareOk)
         except BrokerClosed as exc:
             if exc.reply_code == 404:
-                raise write_rows.RowError(
+                raise RowError(
                     f"exchange {opts.exchange!r} not found in vhost {opts.params.vhost!r} at "
                     f"{opts.params.safe_url()}: declare it first (the lavinpy writer does not create "
                     f"exchanges)") from None
@@ -115,7 +118,7 @@ def publish_batches(opts: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Pu
     with gc_paused(), Connection(opts.params).open() as conn:
         publisher = ConfirmPublisher(conn, confirm=opts.confirm, mandatory=opts.mandatory,
                                      max_in_flight=opts.max_in_flight)
-        rows = write_rows.RowEncoder(opts, publisher.encoder)
+        rows = RowEncoder(opts, publisher.encoder)
         for batch in batches:
             for data, count in rows.chunks(batch):
                 publisher.send_encoded(data, count)
@@ -196,7 +199,7 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    builder = read_rows.BatchBuilder(arrow_schema)
+    builder = BatchBuilder(arrow_schema)
     with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
         yield from builder.chunk_batches(client.read_range_chunks(partition.start, partition.end))
 
