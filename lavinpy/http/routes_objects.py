@@ -19,7 +19,7 @@ from ..broker.exchanges.base import Exchange
 from ..broker.object_info import exchange_info, properties_key, queue_info, vhost_bindings
 from ..broker.vhost import VHost
 from . import cooperative
-from .app import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
 from .samples import SampleQuery
