@@ -138,7 +138,10 @@ class ClusterNode:
             try:
                 secret = self.keys.secret
                 await self.etcd.put_if_absent(secret, os.urandom(32).hex())
-                self.secret = bytes.fromhex((await self.etcd.get(secret)).text)
+                stored = await self.etcd.get(secret)
+                if stored is None:  # deleted in between: written again on the next attempt
+                    raise EtcdError(f"{secret} is gone")
+                self.secret = bytes.fromhex(stored.text)
                 sent = time.monotonic()
                 self.lease = await self.etcd.lease_grant(LEASE_TTL)
                 self.deadline = sent + LEASE_TTL
@@ -297,30 +300,34 @@ class ClusterNode:
         members = _isr_list(isr)
         if isr is None or members is None:
             if await self.etcd.get(self.keys.bootstrapped) is not None:
-                return self._refuse("etcd holds no ISR for a cluster that has had one")
+                self._refuse("etcd holds no ISR for a cluster that has had one")
+                return None
             veterans = sorted(i.id for i in self.members.values() if i.history) + (
                 [self.id] if replica_state.read(self.data_dir) is not None else [])
             if veterans:
-                return self._refuse(f"etcd holds no ISR, and nodes {sorted(set(veterans))} were in a cluster before")
+                self._refuse(f"etcd holds no ISR, and nodes {sorted(set(veterans))} were in a cluster before")
+                return None
             return [Compare(self.keys.isr, "CREATE", 0), Compare(self.keys.bootstrapped, "CREATE", 0)]
         if self.id not in members:
             return None
         state = replica_state.read(self.data_dir)
         if state is None or not state.consistent:
-            return self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+            self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+            return None
         recorded = await self._recorded_epoch()
         if state.epoch < recorded:
-            return self._refuse(f"this node's copy holds epoch {state.epoch}, older than the {recorded} every "
-                                "in-sync node held (a restored backup?)")
+            self._refuse(f"this node's copy holds epoch {state.epoch}, older than the {recorded} every "
+                         "in-sync node held (a restored backup?)")
+            return None
         # The ISR must be as read: a node dropped from it in between does not get elected.
         return [Compare(self.keys.isr, "MOD", isr.mod_revision)]
 
     def _refuse(self, reason: str) -> None:
+        """Log once why this node may not lead; _may_lead then answers None."""
         if reason != self._refused_for:
             self._refused_for = reason
             log.warning("cluster: node %s may not lead: %s (`lavinpyctl force_leader %s` overrides)",
                         self.id, reason, self.id)
-        return None
 
     async def _campaign(self) -> bool:
         guard = await self._may_lead()
@@ -417,8 +424,10 @@ class ClusterNode:
                 try:
                     leader = await self.etcd.get(self.keys.leader)
                 except EtcdError:
-                    leader = False
-                if leader is None or (leader and (leader.lease != self.lease or leader.text != self.uri)):
+                    still_ours = True  # etcd unreachable: the lease deadline decides
+                else:
+                    still_ours = leader is not None and leader.lease == self.lease and leader.text == self.uri
+                if not still_ours:
                     self.step_down("the leader key is no longer this node's")
             await asyncio.sleep(0.1)
 
@@ -555,7 +564,7 @@ async def _addresses_of(host: str) -> set[str]:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return set()
-    return {_normal_address(info[4][0]) for info in infos}
+    return {_normal_address(str(info[4][0])) for info in infos}
 
 
 def _now() -> float:
