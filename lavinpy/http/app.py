@@ -23,7 +23,8 @@ from .errors import ApiError, error_response, from_amqp_error
 from .proxied import ForwardedProtocol, proxied_remote
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker, SessionLayer
+    from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
 
 log = logging.getLogger("lavinpy.http")
 
@@ -86,7 +87,7 @@ def add_routes(app: web.Application) -> None:
         add(app)
 
 
-def make_app(broker: Broker, sessions: SessionLayer,
+def make_app(broker: Broker, sessions: Sessions,
              cluster_nodes: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
     """The management application for one broker (its route modules registered); ``cluster_nodes``:
     the cluster's nodes with their roles, when the broker leads a cluster."""

@@ -12,10 +12,11 @@ from aiohttp import web
 from ..broker.actor import Actor
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker, SessionLayer
+    from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
-SESSIONS: web.AppKey[SessionLayer] = web.AppKey("sessions")
+SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")
 CLUSTER_NODES: web.AppKey[Callable[[], list[dict[str, Any]]] | None] = web.AppKey("cluster_nodes")
 ACTOR_KEY = "actor"
 
@@ -24,7 +25,7 @@ def broker_of(request: web.Request) -> Broker:
     return request.app[BROKER]
 
 
-def sessions_of(request: web.Request) -> SessionLayer:
+def sessions_of(request: web.Request) -> Sessions:
     return request.app[SESSIONS]
 
 
