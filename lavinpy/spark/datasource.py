@@ -11,7 +11,8 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 import pyarrow as pa
 from pamqp import commands
@@ -190,7 +191,9 @@ def resolve_start(client: StreamClient, spec: StartSpec, end: int | None) -> int
         return end - 1
     if spec == NEXT:
         return end
-    found = client.offset_at(spec)  # a datetime
+    if not isinstance(spec, datetime):
+        raise ValueError(f"startingOffset {spec!r} is not first, last, next, an offset or a time")
+    found = client.offset_at(spec)
     return end if found is None else found
 
 
@@ -223,8 +226,9 @@ class LavinpyBatchReader(DataSourceReader):
         end = start if end is None else max(end, start)
         return split_range(start, end, opts.max_messages_per_partition) or [OffsetRange(start, start)]
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
-        return read_partition(self.opts, self.schema, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Spark hands back the partitions this reader made: OffsetRanges.
+        return read_partition(self.opts, self.schema, cast(OffsetRange, partition))
 
 
 class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -296,8 +300,9 @@ class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 lo = first  # balance the split over offsets that still exist
         return split_range(lo, hi, size)
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
-        return read_partition(self.opts, self.schema, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Spark hands back the partitions this reader made: OffsetRanges.
+        return read_partition(self.opts, self.schema, cast(OffsetRange, partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # streams keep messages; there is nothing to acknowledge on the broker
