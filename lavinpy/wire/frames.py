@@ -138,6 +138,10 @@ class Publish:
     publish with the same arguments (a publisher repeats its exchange and routing key)."""
 
     __slots__ = ("exchange", "routing_key", "mandatory", "immediate")
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    immediate: bool
     name = "Basic.Publish"
     frame_id = 40
     index = 0x003C0028

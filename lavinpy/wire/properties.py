@@ -224,7 +224,7 @@ def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
 
 def _encode_field(name: str, kind: int, value: object) -> bytes:
     if kind == _SHORTSTR:
-        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[call-overload]
         if len(data) > 255:
             raise ValueError(f"{name} longer than 255 bytes")
         return bytes((len(data),)) + data
