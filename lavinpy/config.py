@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -243,7 +244,7 @@ def _apply(cfg: Config, values: dict[str, Any], source: str) -> None:
 
 def load(
     path: str | os.PathLike[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> Config:
     """Build the settings from a YAML file, LAVINPY_* variables and explicit overrides."""
@@ -259,10 +260,10 @@ def load(
         if not isinstance(doc, dict):
             raise ConfigError(f"config file {p} must hold a mapping of settings")
         _apply(cfg, doc, str(p))
-    env = os.environ if env is None else env
+    variables: Mapping[str, str] = os.environ if env is None else env
     from_env = {
         k[len("LAVINPY_"):].lower(): v
-        for k, v in env.items()
+        for k, v in variables.items()
         if k.startswith("LAVINPY_") and k[len("LAVINPY_"):].lower() in _FIELDS
     }
     _apply(cfg, from_env, "environment")

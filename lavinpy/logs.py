@@ -7,11 +7,12 @@ after the signal. JSON output is one object per line for log shippers that must 
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -89,7 +90,7 @@ def reopen_log_file() -> None:
         handler.reopen()
     except OSError as e:
         # The old stream is closed; records go to stderr until a later SIGUSR1 succeeds.
-        handler.stream = sys.stderr
+        handler.stream = cast(io.TextIOWrapper, sys.stderr)  # a text stream, as the file was
         print(f"lavinpy: cannot reopen log file {handler.baseFilename}: {e}", file=sys.stderr)
         return
     logging.getLogger("lavinpy").info("log file reopened (SIGUSR1)")

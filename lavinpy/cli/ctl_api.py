@@ -13,7 +13,7 @@ import json
 import urllib.error
 import urllib.request
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
 EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_DATAERR, EXIT_UNAVAILABLE, EXIT_TEMPFAIL = 0, 1, 64, 65, 69, 75
@@ -35,8 +35,8 @@ class Api:
             raise CtlError(f"--uri must look like http://user:password@host:15672, not {uri!r}", EXIT_USAGE)
         port = f":{parts.port}" if parts.port else ""
         self.base = f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')}"
-        user = urllib.request.unquote(parts.username or "guest")
-        password = urllib.request.unquote(parts.password or "guest")
+        user = unquote(parts.username or "guest")
+        password = unquote(parts.password or "guest")
         self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
 

@@ -92,8 +92,12 @@ class ListCommand:
         return [c for c in columns if c not in self.columns]
 
 
+def _picker(source: str) -> Callable[[Item], Any]:
+    return lambda item: pick(item, source)
+
+
 def _renamed(**sources: str) -> dict[str, Callable[[Item], Any]]:
-    return {column: (lambda item, source=source: pick(item, source)) for column, source in sources.items()}
+    return {column: _picker(source) for column, source in sources.items()}
 
 
 COMMANDS: dict[str, ListCommand] = {

@@ -18,6 +18,7 @@ import resource
 import sys
 import time
 from array import array
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -356,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         parse_uri(args.uri)
     except ValueError as e:
         parser.error(str(e))
+    runner: Callable[..., Any]
     try:
         import uvloop  # optional: roughly doubles what one Python process can push
+
+        runner = uvloop.run
     except ImportError:
-        uvloop = None
-    runner = uvloop.run if uvloop is not None else asyncio.run
+        runner = asyncio.run
     try:
         summary = runner(run(args))
     except (TimeoutError, AMQPError, OSError) as e:

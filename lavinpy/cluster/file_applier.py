@@ -44,7 +44,8 @@ class ReplicaDiskError(OSError):
         self.detail = detail  # what was discarded because of it
 
     def __str__(self) -> str:
-        name = errno.errorcode.get(self.errno, str(self.errno))
+        code = self.errno or 0  # always set: the constructor passes it
+        name = errno.errorcode.get(code, str(code))
         text = f"{self.action} of {self.filename} failed: {name} ({self.strerror})"
         return f"{text}; {self.detail}" if self.detail else text
 

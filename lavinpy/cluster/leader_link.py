@@ -7,8 +7,7 @@ lease early only on evidence that the leader no longer serves: the link has been
 process serves only while that port listens), etcd has not heard from the leader either, and this
 node may lead. A timeout or an unreachable host proves nothing (a partition, a paused process): then
 the lease runs out by itself, after the old leader's own deadline. Failed attempts are retried with a
-growing delay. Without the
-replication modules the link is a TCP connect to the leader's AMQP port every 0.25 s.
+growing delay.
 """
 
 from __future__ import annotations
@@ -17,20 +16,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from .errors import ReplicationRefused
 from .keys import NodeInfo, uri_host_port
-
-if TYPE_CHECKING:
-    from .node import ClusterNode
-
-try:
-    from .replication_client import ReplicationClient
-except ModuleNotFoundError as e:
-    if e.name != f"{__package__}.replication_client":
-        raise
-    ReplicationClient = None  # type: ignore[assignment,misc]
+from .replication_client import ReplicationClient
 
 log = logging.getLogger("lavinpy.cluster")
 
@@ -39,23 +29,27 @@ NEW_LEADER_GRACE = 2.0  # a just-elected leader gets this long to open its port 
 STABLE = 0.5  # a connection that lasts this long counts as re-established
 RETRY = 0.2  # the first retry; doubled after every attempt that did not reach the stream, up to MAX_RETRY
 MAX_RETRY = 5.0
-PROBE_INTERVAL = 0.25
 
 
 class LeaderLink:
-    def __init__(self, node: ClusterNode, leader: NodeInfo, lease: int) -> None:
-        self.node = node
+    """Replicates into ``data_dir`` as follower ``node_id`` (proving ``secret``) from ``leader`` in its term
+    ``lease``."""
+
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader: NodeInfo, lease: int) -> None:
+        self.data_dir = data_dir
+        self.secret = secret
+        self.node_id = node_id
         self.leader = leader
         self.lease = lease  # the leader's lease: its term
         self.revoke_after = REVOKE_AFTER
         self.refused = False
         self.port_closed = False  # the last attempt was refused by the leader's host: nothing listens
         self._good_at = time.monotonic() + NEW_LEADER_GRACE  # the last time the link was known up
-        self._client = None
-        self._task: asyncio.Task | None = None
+        self._client: ReplicationClient | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.ensure_future(self._replicate() if ReplicationClient is not None else self._probe())
+        self._task = asyncio.ensure_future(self._replicate())
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -79,10 +73,9 @@ class LeaderLink:
 
     async def _replicate(self) -> None:
         host, port = uri_host_port(self.leader.uri)
-        node = self.node
         retry = RETRY
         while True:
-            client = self._client = ReplicationClient(node.data_dir, node.secret, node.id, host, port)
+            client = self._client = ReplicationClient(self.data_dir, self.secret, self.node_id, host, port)
             self.port_closed = False
             try:
                 await client.run()
@@ -99,15 +92,3 @@ class LeaderLink:
                 self._client = None
             retry = RETRY if client.streamed else min(retry * 2, MAX_RETRY)
             await asyncio.sleep(retry if not self.refused else MAX_RETRY)
-
-    async def _probe(self) -> None:
-        host, port = uri_host_port(f"tcp://{self.leader.amqp}")
-        while True:
-            started = time.monotonic()
-            try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), PROBE_INTERVAL * 2)
-                writer.close()
-                self._good_at = max(self._good_at, started)
-            except (OSError, TimeoutError):
-                pass
-            await asyncio.sleep(PROBE_INTERVAL)

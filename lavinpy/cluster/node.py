@@ -34,17 +34,11 @@ from .files import node_id
 from .keys import ClusterKeys, NodeInfo, uri_host_port
 from .leader_link import LeaderLink
 from .proxy import HTTP_UNAVAILABLE, ClientProxy
+from .replication_server import ReplicationServer
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
     from ..config import Config
-
-try:  # replication lives in its own modules; a build without them coordinates only
-    from .replication_server import ReplicationServer
-except ModuleNotFoundError as e:
-    if e.name != f"{__package__}.replication_server":
-        raise
-    ReplicationServer = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("lavinpy.cluster")
 
@@ -94,7 +88,7 @@ class ClusterNode:
         self.isr: list[str] | None = None
         self.leader: NodeInfo | None = None  # followers: the leader being followed
         self.server: LeaderServer | None = None
-        self.replication: Any = None  # the ReplicationServer while leading
+        self.replication: ReplicationServer | None = None  # while leading
         self._lock = DataDirLock(self.data_dir / ".lock")
         self._proxies: list[ClientProxy] = []
         self._link: LeaderLink | None = None
@@ -112,9 +106,6 @@ class ClusterNode:
         except DataDirLocked as e:
             log.error("%s", e)
             return 1
-        if ReplicationServer is None:
-            log.warning("cluster node %s: replication is not part of this build; followers keep no copy of "
-                        "the leader's data and a new leader starts from its own data dir", self.id)
         waiting = asyncio.ensure_future(stop.wait())
         joined = asyncio.ensure_future(self._join())
         await asyncio.wait([waiting, joined], return_when=asyncio.FIRST_COMPLETED)
@@ -147,7 +138,10 @@ class ClusterNode:
             try:
                 secret = self.keys.secret
                 await self.etcd.put_if_absent(secret, os.urandom(32).hex())
-                self.secret = bytes.fromhex((await self.etcd.get(secret)).text)
+                stored = await self.etcd.get(secret)
+                if stored is None:  # deleted in between: written again on the next attempt
+                    raise EtcdError(f"{secret} is gone")
+                self.secret = bytes.fromhex(stored.text)
                 sent = time.monotonic()
                 self.lease = await self.etcd.lease_grant(LEASE_TTL)
                 self.deadline = sent + LEASE_TTL
@@ -306,30 +300,34 @@ class ClusterNode:
         members = _isr_list(isr)
         if isr is None or members is None:
             if await self.etcd.get(self.keys.bootstrapped) is not None:
-                return self._refuse("etcd holds no ISR for a cluster that has had one")
+                self._refuse("etcd holds no ISR for a cluster that has had one")
+                return None
             veterans = sorted(i.id for i in self.members.values() if i.history) + (
                 [self.id] if replica_state.read(self.data_dir) is not None else [])
             if veterans:
-                return self._refuse(f"etcd holds no ISR, and nodes {sorted(set(veterans))} were in a cluster before")
+                self._refuse(f"etcd holds no ISR, and nodes {sorted(set(veterans))} were in a cluster before")
+                return None
             return [Compare(self.keys.isr, "CREATE", 0), Compare(self.keys.bootstrapped, "CREATE", 0)]
         if self.id not in members:
             return None
         state = replica_state.read(self.data_dir)
         if state is None or not state.consistent:
-            return self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+            self._refuse(f"this node's copy is not consistent ({state.state if state else 'never synced'})")
+            return None
         recorded = await self._recorded_epoch()
         if state.epoch < recorded:
-            return self._refuse(f"this node's copy holds epoch {state.epoch}, older than the {recorded} every "
-                                "in-sync node held (a restored backup?)")
+            self._refuse(f"this node's copy holds epoch {state.epoch}, older than the {recorded} every "
+                         "in-sync node held (a restored backup?)")
+            return None
         # The ISR must be as read: a node dropped from it in between does not get elected.
         return [Compare(self.keys.isr, "MOD", isr.mod_revision)]
 
     def _refuse(self, reason: str) -> None:
+        """Log once why this node may not lead; _may_lead then answers None."""
         if reason != self._refused_for:
             self._refused_for = reason
             log.warning("cluster: node %s may not lead: %s (`lavinpyctl force_leader %s` overrides)",
                         self.id, reason, self.id)
-        return None
 
     async def _campaign(self) -> bool:
         guard = await self._may_lead()
@@ -352,7 +350,7 @@ class ClusterNode:
         link = self._link
         if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
             await self._stop_following()
-            link = self._link = LeaderLink(self, info, leader.lease)
+            link = self._link = LeaderLink(self.data_dir, self.secret, self.id, info, leader.lease)
             link.start()
         while True:
             await asyncio.sleep(LEADER_POLL)
@@ -394,11 +392,10 @@ class ClusterNode:
             self._epoch = max(state.epoch if state else 0, await self._recorded_epoch())
             await asyncio.to_thread(replica_state.write, self.data_dir, self._leading_state(), self._epoch)
             await self._refresh_members()  # the followers' proxies are trusted from the first connection
-            if ReplicationServer is not None:
-                host, port = self.config.clustering_bind, self.config.clustering_port
-                self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
-                                                     self.lease_valid, self._epoch)
-                await self.replication.start()
+            host, port = self.config.clustering_bind, self.config.clustering_port
+            self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
+                                                 self.lease_valid, self._epoch)
+            await self.replication.start()
             self.server = await self.start_leader(self)
         except Exception as e:
             log.exception("cluster: cannot serve as leader")
@@ -427,8 +424,10 @@ class ClusterNode:
                 try:
                     leader = await self.etcd.get(self.keys.leader)
                 except EtcdError:
-                    leader = False
-                if leader is None or (leader and (leader.lease != self.lease or leader.text != self.uri)):
+                    still_ours = True  # etcd unreachable: the lease deadline decides
+                else:
+                    still_ours = leader is not None and leader.lease == self.lease and leader.text == self.uri
+                if not still_ours:
                     self.step_down("the leader key is no longer this node's")
             await asyncio.sleep(0.1)
 
@@ -565,7 +564,7 @@ async def _addresses_of(host: str) -> set[str]:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return set()
-    return {_normal_address(info[4][0]) for info in infos}
+    return {_normal_address(str(info[4][0])) for info in infos}
 
 
 def _now() -> float:

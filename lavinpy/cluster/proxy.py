@@ -117,7 +117,7 @@ class _ClientHalf(_Half):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.transport.pause_reading()
+        cast(asyncio.Transport, transport).pause_reading()
         self._connecting = asyncio.get_running_loop().create_task(self._connect())  # kept: tasks are weak
 
     async def _connect(self) -> None:
@@ -147,11 +147,13 @@ class _ClientHalf(_Half):
             return
         upstream.transport.write(format_proxy_line(_pair(client), _pair(transport.get_extra_info("sockname"))))
         self.peer, upstream.peer = upstream, self
-        for half, other in ((self, upstream.transport), (upstream, transport)):  # sent before the link
+        leader_end = upstream.transport
+        # What each end sent early goes out before the link.
+        for half, own, other in ((self, transport, leader_end), (upstream, leader_end, transport)):
             if half.early:
                 other.write(bytes(half.early))
                 half.early.clear()
-            half.transport.resume_reading()
+            own.resume_reading()
 
 
 def _pair(address: object) -> tuple[str, int] | None:

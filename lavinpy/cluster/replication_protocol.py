@@ -78,7 +78,7 @@ class FrameDecoder:
         self._max = max_frame
         self.pending: list[tuple[int, bytes]] = []  # decoded, not yet taken by next_frame()
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
         self._buffer += data
         frames = []
         buffer = self._buffer

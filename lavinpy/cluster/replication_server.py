@@ -44,7 +44,7 @@ AUTH_TIMEOUT = 10.0
 
 
 class IsrWriter(Protocol):
-    async def write_isr(self, members: list[str], epoch: int) -> None:
+    async def write_isr(self, members: list[str], epoch: int = 0) -> None:
         """Record the in-sync replica set and the epoch they all hold (fenced: raises LeadershipLost if
         this node no longer leads)."""
 
@@ -189,8 +189,13 @@ class ReplicationServer:
 
     def wait_replicated(self) -> asyncio.Future[None]:
         """Resolves once every ISR follower acknowledged the stream up to its end at this call."""
-        future = asyncio.get_running_loop().create_future()
-        self.on_replicated(lambda: future.done() or future.set_result(None))
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def resolve() -> None:
+            if not future.done():
+                future.set_result(None)
+
+        self.on_replicated(resolve)
         return future
 
     def on_replicated(self, callback: Callable[[], None]) -> None:

@@ -1,4 +1,4 @@
-"""The aiohttp application: authentication and error middleware, then the route modules.
+"""The aiohttp application: authentication and error middleware, then the routes of each route module.
 
 Handlers only translate: they read the path, query and JSON body, call one broker operation with the
 request's ``Actor``, and shape its result as RabbitMQ's API does. Every permission and tag check is in
@@ -7,7 +7,6 @@ the operations; their ``AMQPError`` becomes RabbitMQ's error JSON here (see erro
 
 from __future__ import annotations
 
-import importlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -15,40 +14,32 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..broker.actor import Actor
 from ..listeners import ProxyPolicy, serve_port
 from ..wire.errors import AMQPError
+from . import definitions, routes_admin, routes_dashboard, routes_health, routes_objects, routes_stats
 from .auth import REALM, authenticate
+from .context import ACTOR_KEY, BROKER, CLUSTER_NODES, SESSIONS
 from .errors import ApiError, error_response, from_amqp_error
 from .proxied import ForwardedProtocol, proxied_remote
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker, SessionLayer
+    from ..amqp.sessions import Sessions
+    from ..broker.broker import Broker
 
 log = logging.getLogger("lavinpy.http")
 
-# Modules of this package with an ``add_routes(app)``, registered in this order.
-ROUTE_MODULES = ["routes_objects", "routes_admin", "definitions", "routes_stats", "routes_dashboard"]
-
-BROKER: web.AppKey[Broker] = web.AppKey("broker")
-SESSIONS: web.AppKey[SessionLayer] = web.AppKey("sessions")
-CLUSTER_NODES: web.AppKey[Callable[[], list[dict[str, Any]]] | None] = web.AppKey("cluster_nodes")
-ACTOR_KEY = "actor"
+# Each route module's routes, registered in this order (aiohttp matches the first route that fits).
+ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
+    routes_objects.add_routes,
+    routes_admin.add_routes,
+    definitions.add_routes,
+    routes_stats.add_routes,
+    routes_health.add_routes,  # RabbitMQ 4's further health checks
+    routes_dashboard.add_routes,
+)
 API_PREFIX = "/api/"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def broker_of(request: web.Request) -> Broker:
-    return request.app[BROKER]
-
-
-def sessions_of(request: web.Request) -> SessionLayer:
-    return request.app[SESSIONS]
-
-
-def actor_of(request: web.Request) -> Actor:
-    return request[ACTOR_KEY]
 
 
 @web.middleware
@@ -90,11 +81,13 @@ async def _replicated(request: web.Request, handler: Handler) -> web.StreamRespo
     return response
 
 
-def json_reply(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+def add_routes(app: web.Application) -> None:
+    """Every route of the management API and the dashboard."""
+    for add in ROUTE_TABLES:
+        add(app)
 
 
-def make_app(broker: Broker, sessions: SessionLayer,
+def make_app(broker: Broker, sessions: Sessions,
              cluster_nodes: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
     """The management application for one broker (its route modules registered); ``cluster_nodes``:
     the cluster's nodes with their roles, when the broker leads a cluster."""
@@ -103,9 +96,7 @@ def make_app(broker: Broker, sessions: SessionLayer,
     app[BROKER] = broker
     app[SESSIONS] = sessions
     app[CLUSTER_NODES] = cluster_nodes
-    for name in ROUTE_MODULES:
-        module = importlib.import_module(f"{__package__}.{name}")
-        module.add_routes(app)
+    add_routes(app)
     return app
 
 

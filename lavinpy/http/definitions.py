@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..broker.definitions_io import export_definitions, import_definitions
-from .app import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, json_reply
 from .errors import read_json
 
 

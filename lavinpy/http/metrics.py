@@ -232,27 +232,27 @@ class BrokerCollector:
                              "Messages delivered to consumers but not yet acknowledged", labels=q_labels)
             total = _gauge(f"{d}_queue_messages", "Sum of ready and unacknowledged messages - total queue depth",
                            labels=q_labels)
-            for vhost, queue in queues:
+            for vhost_name, queue in queues:
                 r, u = queue.message_count, queue.unacked_count
-                ready.add_metric([vhost, queue.name], r)
-                unacked.add_metric([vhost, queue.name], u)
-                total.add_metric([vhost, queue.name], r + u)
+                ready.add_metric([vhost_name, queue.name], r)
+                unacked.add_metric([vhost_name, queue.name], u)
+                total.add_metric([vhost_name, queue.name], r + u)
             yield from (ready, unacked, total)
         if "queue_consumer_count" in wanted:
             family = _gauge(f"{d}_queue_consumers", "Consumers on a queue", labels=q_labels)
-            for vhost, queue in queues:
-                family.add_metric([vhost, queue.name], queue.consumer_count)
+            for vhost_name, queue in queues:
+                family.add_metric([vhost_name, queue.name], queue.consumer_count)
             yield family
         if "queue_metrics" in wanted:
             yield from self._ages(d, queues)
         if "queue_delivery_metrics" in wanted:
             yield from self._queue_counters(d, queues)
         if "queue_publish_metrics" in wanted:
-            family = CounterMetricFamily(f"{d}_queue_messages_published_total",
-                                         "Total number of messages published to queues", labels=q_labels)
-            for vhost, queue in queues:
-                family.add_metric([vhost, queue.name], queue.stats.publish)
-            yield family
+            published = CounterMetricFamily(f"{d}_queue_messages_published_total",
+                                            "Total number of messages published to queues", labels=q_labels)
+            for vhost_name, queue in queues:
+                published.add_metric([vhost_name, queue.name], queue.stats.publish)
+            yield published
         if "exchange_metrics" in wanted:
             x_labels = ["vhost", "exchange"]
             published_in = CounterMetricFamily(f"{d}_exchange_messages_published_in_total",

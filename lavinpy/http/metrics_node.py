@@ -5,7 +5,7 @@ process (CPU, memory, descriptors, start time).
 Names, types and labels are RabbitMQ's where it has the family (rabbitmq_prometheus's core, global
 and message-size collectors); lavinpy's own (fsync histogram, event-loop lag) follow the same scheme.
 Everything is read at scrape time from counters the model keeps (broker/stats.py ``NodeCounters``,
-store/sync_timing.py), so a scrape costs one pass over the open channels and nothing is kept here
+broker/operations_store.py), so a scrape costs one pass over the open channels and nothing is kept here
 except the event-loop probe's last readings.
 """
 
@@ -20,8 +20,8 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from ..broker.operations_store import FSYNC_BOUNDS, fsync_times
 from ..broker.stats import FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
-from ..store.sync_timing import FSYNC_BOUNDS, SYNC_TIMES
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
@@ -134,7 +134,7 @@ def message_size_family(p: str, counters: NodeCounters) -> Metric:
 
 def fsync_families(p: str) -> Iterator[Metric]:
     """The store's flush time: lavinpy's histogram, and RabbitMQ's io_sync counters from the same data."""
-    buckets, total = SYNC_TIMES.snapshot()
+    buckets, total = fsync_times()
     yield _histogram(f"{p}_store_fsync_duration_seconds",
                      "Time a store flush spent in fdatasync/fsync of message segments and queue indexes",
                      FSYNC_BOUNDS, buckets, total)

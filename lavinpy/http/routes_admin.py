@@ -11,7 +11,7 @@ from aiohttp import web
 from ..broker import node_info
 from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
 from ..broker.rates import WindowRates
-from .app import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, json_reply
 from .errors import read_json_object
 from .listing import apply_list_query
 from .samples import SampleQuery

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from ..broker import node_info
-from .app import CLUSTER_NODES, broker_of, json_reply, sessions_of
+from .context import CLUSTER_NODES, broker_of, json_reply, sessions_of
 from .errors import bad_request
 
 # Protocol names RabbitMQ accepts for a listener besides the listener's own (amqp, amqp/ssl, http, ...).

@@ -6,7 +6,7 @@ the operations check permissions and arguments. "amq.default" in a path names th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 from urllib.parse import quote
 
 from aiohttp import web
@@ -19,7 +19,7 @@ from ..broker.exchanges.base import Exchange
 from ..broker.object_info import exchange_info, properties_key, queue_info, vhost_bindings
 from ..broker.vhost import VHost
 from . import cooperative
-from .app import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
 from .samples import SampleQuery
@@ -57,6 +57,10 @@ def _arguments(body: dict[str, Any]) -> dict[str, Any]:
     return arguments
 
 
+@overload
+def _int_field(body: dict[str, Any], name: str, default: int) -> int: ...
+@overload
+def _int_field(body: dict[str, Any], name: str, default: None) -> int | None: ...
 def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
     value = body.get(name, default)
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):

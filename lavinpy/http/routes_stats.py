@@ -15,10 +15,9 @@ from ..broker.operations import open_vhost, visible_vhosts
 from ..config import total_memory
 from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
-from .app import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
+from .context import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
-from .routes_health import add_routes as add_health_routes
 from .samples import SampleQuery
 
 
@@ -204,4 +203,3 @@ def add_routes(app: web.Application) -> None:
     router.add_get("/api/health/checks/virtual-hosts", check_virtual_hosts)
     router.add_get("/api/health/checks/port-listener/{port}", check_port_listener)
     router.add_get("/api/aliveness-test/{vhost}", aliveness_test)
-    add_health_routes(app)  # RabbitMQ 4's further checks, in a module of their own

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pamqp import commands
+from pamqp.base import Frame as MethodFrame
 
 from lavinpy.wire.client import WireError, decode_method, method_id, split_frames
 from lavinpy.wire.constants import FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
@@ -130,7 +131,7 @@ class Connection:
         mechanisms = (start.mechanisms or "").split()
         if "PLAIN" not in mechanisms:
             raise AMQPClientError(f"broker at {p.safe_url()} does not offer PLAIN authentication ({mechanisms})")
-        client_properties = {
+        client_properties: dict[str, Any] = {
             "product": "lavinpy.spark",
             "platform": f"Python {platform.python_version()}",
             "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
@@ -351,7 +352,7 @@ class Connection:
         self._backlog = deque(f for f in self._backlog if f[1] != ch)
         raise BrokerClosed(f"channel {ch}", method.reply_code, method.reply_text, method.class_id, method.method_id)
 
-    def _wait_method(self, ch: int, reply: type | tuple[type, ...]) -> Any:
+    def _wait_method(self, ch: int, reply: type[MethodFrame] | tuple[type[MethodFrame], ...]) -> Any:
         types = reply if isinstance(reply, tuple) else (reply,)
         ids = {t.index for t in types}
         payload = self._wait_for(ch, ids, " or ".join(t.__name__ for t in types))

@@ -11,7 +11,8 @@ import contextlib
 import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, cast
 
 import pyarrow as pa
 from pamqp import commands
@@ -26,11 +27,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from . import read_rows, write_rows
 from .client import AMQPClientError, BrokerClosed, Connection
 from .options import FIRST, LAST, LATEST, NEXT, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
+from .read_rows import BatchBuilder, read_schema
+from .read_rows import check_schema as check_read_schema
 from .streams import StreamClient
+from .write_rows import RowEncoder, RowError
+from .write_rows import check_schema as check_write_schema
 
 
 class LavinpyDataSource(DataSource):
@@ -41,14 +45,14 @@ class LavinpyDataSource(DataSource):
         return "lavinpy"
 
     def schema(self) -> Any:
-        return read_rows.read_schema()
+        return read_schema()
 
     def reader(self, schema: Any) -> DataSourceReader:
-        read_rows.check_schema(schema)
+        check_read_schema(schema)
         return LavinpyBatchReader(ReadOptions.parse(self.options), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        read_rows.check_schema(schema)
+        check_read_schema(schema)
         return LavinpyStreamReader(ReadOptions.parse(self.options), schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
@@ -89,7 +93,7 @@ class PublishedMessages(WriterCommitMessage):
 def _write_options(options: Any, schema: Any) -> WriteOptions:
     """Parse and check on the driver, so that mistakes fail the job once, before any task runs."""
     opts = WriteOptions.parse(options)
-    write_rows.check_schema(schema, opts)
+    check_write_schema(schema, opts)
     if opts.exchange:
         _check_exchange(opts)
     return opts
@@ -103,7 +107,7 @@ def _check_exchange(opts: WriteOptions) -> None:
                       commands.Exchange.DeclareOk)
         except BrokerClosed as exc:
             if exc.reply_code == 404:
-                raise write_rows.RowError(
+                raise RowError(
                     f"exchange {opts.exchange!r} not found in vhost {opts.params.vhost!r} at "
                     f"{opts.params.safe_url()}: declare it first (the lavinpy writer does not create "
                     f"exchanges)") from None
@@ -115,7 +119,7 @@ def publish_batches(opts: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Pu
     with gc_paused(), Connection(opts.params).open() as conn:
         publisher = ConfirmPublisher(conn, confirm=opts.confirm, mandatory=opts.mandatory,
                                      max_in_flight=opts.max_in_flight)
-        rows = write_rows.RowEncoder(opts, publisher.encoder)
+        rows = RowEncoder(opts, publisher.encoder)
         for batch in batches:
             for data, count in rows.chunks(batch):
                 publisher.send_encoded(data, count)
@@ -187,7 +191,9 @@ def resolve_start(client: StreamClient, spec: StartSpec, end: int | None) -> int
         return end - 1
     if spec == NEXT:
         return end
-    found = client.offset_at(spec)  # a datetime
+    if not isinstance(spec, datetime):
+        raise ValueError(f"startingOffset {spec!r} is not first, last, next, an offset or a time")
+    found = client.offset_at(spec)
     return end if found is None else found
 
 
@@ -196,7 +202,7 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    builder = read_rows.BatchBuilder(arrow_schema)
+    builder = BatchBuilder(arrow_schema)
     with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
         yield from builder.chunk_batches(client.read_range_chunks(partition.start, partition.end))
 
@@ -220,8 +226,9 @@ class LavinpyBatchReader(DataSourceReader):
         end = start if end is None else max(end, start)
         return split_range(start, end, opts.max_messages_per_partition) or [OffsetRange(start, start)]
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
-        return read_partition(self.opts, self.schema, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Spark hands back the partitions this reader made: OffsetRanges.
+        return read_partition(self.opts, self.schema, cast(OffsetRange, partition))
 
 
 class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -293,8 +300,9 @@ class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 lo = first  # balance the split over offsets that still exist
         return split_range(lo, hi, size)
 
-    def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:
-        return read_partition(self.opts, self.schema, partition)
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Spark hands back the partitions this reader made: OffsetRanges.
+        return read_partition(self.opts, self.schema, cast(OffsetRange, partition))
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # streams keep messages; there is nothing to acknowledge on the broker

@@ -19,12 +19,6 @@ from .streams import DeliveryChunk
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
 # DataFrame can be written back unchanged.
-READ_SCHEMA_DDL = (
-    "offset LONG, body BINARY, routing_key STRING, exchange STRING, headers MAP<STRING, STRING>, "
-    "content_type STRING, content_encoding STRING, delivery_mode INT, priority INT, correlation_id STRING, "
-    "reply_to STRING, expiration STRING, message_id STRING, timestamp TIMESTAMP, type STRING, user_id STRING, "
-    "app_id STRING"
-)
 COLUMNS = ("offset", "body", "routing_key", "exchange", "headers", "content_type", "content_encoding",
            "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
            "type", "user_id", "app_id")

@@ -16,7 +16,7 @@ import datetime as _dt
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from pamqp import commands
 
@@ -91,10 +91,10 @@ class DeliveryChunk(NamedTuple):
         return map(Delivery, *self)
 
     def head(self, n: int) -> DeliveryChunk:
-        return DeliveryChunk(*(column[:n] for column in self))
+        return DeliveryChunk._make(column[:n] for column in self)
 
     def keep(self, indices: list[int]) -> DeliveryChunk:
-        return DeliveryChunk(*([column[i] for i in indices] for column in self))
+        return DeliveryChunk._make([column[i] for i in indices] for column in self)
 
 
 class StreamClient:
@@ -461,9 +461,9 @@ def _offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
         return _split_offset(props), props
     value = at + len(_OFFSET_ENTRY)
     key = (at, block[:value] + block[value + 8:])
-    props = _decoded_blocks.get(key)
-    if props is not None:
-        return int.from_bytes(block[value:value + 8], "big", signed=True), props
+    cached = _decoded_blocks.get(key)
+    if cached is not None:
+        return int.from_bytes(block[value:value + 8], "big", signed=True), cached
     props = property_values(block, typed=False)
     offset = _split_offset(props)
     # Cached only when the entry found is the header the broker stamped: the table's last entry.
@@ -522,7 +522,9 @@ class _Assembler:
         tag, exchange, routing_key = self.pending
         self.pending = None
         body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
-        return tag, Delivery(_split_offset(self.props), exchange, routing_key, self.props, body)
+        # A stream queue stamps x-stream-offset on every delivery (as in _chunk).
+        offset = cast(int, _split_offset(self.props))
+        return tag, Delivery(offset, exchange, routing_key, self.props, body)
 
 
 _U16 = struct.Struct(">H")

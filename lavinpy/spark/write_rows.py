@@ -44,11 +44,11 @@ def check_schema(schema: Any, opts: WriteOptions) -> None:
     """Validate a Spark StructType against the columns the writer understands (on the driver)."""
     from pyspark.sql import types as T  # noqa: N812 - Spark's own convention
 
-    fields = {f.name: f.dataType for f in schema.fields}
+    fields: dict[str, Any] = {f.name: f.dataType for f in schema.fields}
     if "body" not in fields:
         raise RowError(f"the DataFrame needs a `body` column (binary or string); it has {sorted(fields)}")
     ints = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-    expected: dict[str, tuple[tuple[type, ...], str]] = {
+    expected: dict[str, tuple[tuple[Any, ...], str]] = {  # Spark DataType classes
         "body": ((T.BinaryType, T.StringType), "binary or string"),
         "routing_key": ((T.StringType,), "string"),
         "headers": ((T.MapType,), "map<string, string>"),

@@ -10,9 +10,10 @@ times more per message. Frames are split by ``split_frames``, which checks sizes
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, cast
 
 from pamqp import commands
+from pamqp.base import Frame
 from pamqp.exceptions import UnmarshalingException
 
 from lavinpy.wire.accel import cclient, cwire
@@ -113,9 +114,12 @@ def method_id(payload: bytes) -> int:
     return (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
 
 
+_METHODS = cast(dict[int, type[Frame]], commands.INDEX_MAPPING)
+
+
 def decode_method(payload: bytes) -> Any:
     """A method frame's payload as a pamqp command (for the rare methods)."""
-    cls = commands.INDEX_MAPPING.get(_U32.unpack_from(payload, 0)[0]) if len(payload) >= 4 else None
+    cls = _METHODS.get(_U32.unpack_from(payload, 0)[0]) if len(payload) >= 4 else None
     if cls is None:
         raise WireError(f"unknown method {payload[:4].hex()}")
     method = cls.__new__(cls)  # unmarshal sets every field; __init__ would warn for deprecated methods

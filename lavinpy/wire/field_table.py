@@ -129,6 +129,7 @@ class Float32(float):
     """A 32-bit float; ``raw`` keeps the exact 4 bytes (a NaN's payload would not survive a double)."""
 
     __slots__ = ("raw",)
+    raw: bytes | bytearray | memoryview
 
     def __repr__(self) -> str:
         return f"Float32({float(self)!r})"

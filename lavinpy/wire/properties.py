@@ -78,7 +78,6 @@ def properties_length(buf: bytes | bytearray | memoryview, offset: int = 0, end:
 _KIND_BY_NAME: dict[str, tuple[int, int]] = {name: (bit, kind) for name, bit, kind in FIELDS}
 # pamqp calls the "type" property "message_type"; accept both spellings.
 _KIND_BY_NAME["message_type"] = _KIND_BY_NAME["type"]
-_FIELD_BITS = tuple(bit for _name, bit, _kind in FIELDS)
 _FIXED_SIZE = {_OCTET: 1, _TIMESTAMP: 8}
 
 # flags word -> kinds of the present fields, in wire order. At most 2**15 distinct entries, in
@@ -225,7 +224,7 @@ def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
 
 def _encode_field(name: str, kind: int, value: object) -> bytes:
     if kind == _SHORTSTR:
-        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[call-overload]
         if len(data) > 255:
             raise ValueError(f"{name} longer than 255 bytes")
         return bytes((len(data),)) + data

@@ -12,9 +12,10 @@ nothing about channel state: content sequencing is the channel's job.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, cast
 
 from pamqp import commands
+from pamqp.base import Frame
 
 from lavinpy.wire.accel import cwire
 from lavinpy.wire.constants import (
@@ -153,7 +154,7 @@ _IDX_PUBLISH = 0x003C0028
 _IDX_ACK = 0x003C0050
 _IDX_REJECT = 0x003C005A
 _IDX_NACK = 0x003C0078
-_METHODS = commands.INDEX_MAPPING
+_METHODS = cast(dict[int, type[Frame]], commands.INDEX_MAPPING)
 
 
 class FrameReader:
@@ -296,7 +297,7 @@ class FrameReader:
                 index = u32_unpack(src, start)[0] if size >= 4 else -1
                 if index == 0x003C0028:  # basic.publish
                     args = src[start + 4:fend]
-                    method = publish_cache_get(args) or _decode_publish(args)
+                    method: Any = publish_cache_get(args) or _decode_publish(args)  # or an Ack, or pamqp's
                     fused = self._fuse_content(src, pos, end, channel, method, max_payload)
                     if fused is not None:
                         append(fused[0])

@@ -5,7 +5,6 @@ a member only some queue kinds have (as ``unacked_count`` on a stream once did) 
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import time
@@ -20,7 +19,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from lavinpy.cli.ctl import LISTS
-from lavinpy.http.app import ROUTE_MODULES
+from lavinpy.http.app import add_routes
 from lavinpy.http.metrics import DETAILED_FAMILIES, make_metrics_app
 
 from .conftest import lavinpy_only
@@ -90,8 +89,7 @@ def test_figures_of_every_kind(world: World) -> None:
 def get_routes() -> list[str]:
     """The GET paths the management application registers (built here only to read its route table)."""
     app = web.Application()
-    for name in ROUTE_MODULES:
-        importlib.import_module(f"lavinpy.http.{name}").add_routes(app)
+    add_routes(app)
     paths = []
     for resource in app.router.resources():
         if any(route.method == "GET" for route in resource):
