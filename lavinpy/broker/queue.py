@@ -10,23 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
-from .queue_base import DELIVERY_BATCH, QueueKind
+from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .queue_features import QueueFeatures
 from .stats import MessageCounters
 
 if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
     from .arguments import QueueSettings
-    from .consumer import Consumer
-    from .publishing import PublishRun
-    from .vhost import VHost
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.queue")
-
-# A delivery run's bodies stay near this many bytes: the channel's output high-water mark is checked
-# once per run, so a run of large messages must be short (the first run of a queue is FIRST_RUN long).
-RUN_BYTES = 1 << 20
-FIRST_RUN = 16
 
 
 class Queue(QueueKind):
@@ -38,7 +32,7 @@ class Queue(QueueKind):
 
     def __init__(
         self,
-        vhost: VHost,
+        vhost: QueueHost,
         name: str,
         index: QueueIndex,
         *,
@@ -198,7 +192,7 @@ class Queue(QueueKind):
         if consumers:
             self.vhost.schedule_delivery(self)
 
-    def _hand_run(self, consumer: Consumer, positions: Sequence[int], persistent: bool, run: PublishRun,
+    def _hand_run(self, consumer: QueueConsumer, positions: Sequence[int], persistent: bool, run: PublishRun,
                   first: int) -> int:
         """The head of a published run straight to the queue's one consumer (nothing is ready), as
         many as both prefetch windows allow; returns how many it took."""
@@ -300,7 +294,7 @@ class Queue(QueueKind):
             features.after_delivery()
         return budget == 0
 
-    def _deliver_to(self, consumer: Consumer, budget: int) -> bool:
+    def _deliver_to(self, consumer: QueueConsumer, budget: int) -> bool:
         """``deliver`` with one consumer and no features, a run at a time: as many positions as the
         budget and both prefetch windows allow leave the index in one call, are read, and go to the
         channel as one run (one bookkeeping step and one output append per run)."""
@@ -412,13 +406,13 @@ class Queue(QueueKind):
         return count
 
     # --- consumers ----------------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: QueueConsumer) -> None:
         self.consumers.add(consumer)
         self._had_consumer = True
         self.touch()
         self.vhost.schedule_delivery(self)
 
-    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+    def remove_consumer(self, consumer: QueueConsumer, *, notify: bool = False) -> None:
         """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
         if not self.consumers.remove(consumer):
             return

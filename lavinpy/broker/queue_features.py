@@ -20,8 +20,8 @@ from .priorities import message_priority
 from .ttl import Timer, message_expiry, now_ms
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
     from .queue import Queue
+    from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.queue")
 
@@ -146,7 +146,7 @@ class QueueFeatures:
             self.remove(pos)
 
     # --- delivering ---------------------------------------------------------------------------
-    def pick_consumer(self) -> Consumer | None:
+    def pick_consumer(self) -> QueueConsumer | None:
         queue = self.queue
         if queue.settings.single_active_consumer:
             # Only the first registered consumer gets messages; the next takes over when it goes.

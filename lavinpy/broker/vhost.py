@@ -9,7 +9,7 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
@@ -34,7 +34,6 @@ from .dead_lettering import dead_letter
 from .equivalence import check_arguments, inequivalent
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
-from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
@@ -50,7 +49,8 @@ from .stream_queue import StreamQueue
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .broker import Broker
+    from .stats import NodeCounters
+    from .users import UserStore
 
 log = logging.getLogger("lavinpy.vhost")
 
@@ -67,8 +67,21 @@ REDELIVERED_FILE = "redelivered"
 RELEASE_MEMORY_TICKS = 10
 
 
+class VHostOwner(Protocol):
+    """What a vhost needs of the broker that holds it (``broker.Broker`` is one)."""
+
+    @property
+    def node_counters(self) -> NodeCounters: ...
+
+    @property
+    def users(self) -> UserStore | None: ...
+
+    def schedule_delivery(self, queue: QueueKind) -> None:
+        """Deliver from ``queue`` soon (once per input batch)."""
+
+
 class VHost(VHostPublishing):
-    def __init__(self, name: str, path: Path, config: Config, broker: Broker) -> None:
+    def __init__(self, name: str, path: Path, config: Config, broker: VHostOwner) -> None:
         self.name = name
         self.broker = broker
         self.path = path
@@ -166,8 +179,7 @@ class VHost(VHostPublishing):
             return
         self.closed = True
         for exchange in self.exchanges.values():
-            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-                exchange.held.close()
+            exchange.close()
         for queue in list(self.queues.values()):
             queue.stop_timers()
             if not queue.durable:
@@ -206,11 +218,6 @@ class VHost(VHostPublishing):
     # --- delivery scheduling ------------------------------------------------------------------
     def schedule_delivery(self, queue: QueueKind) -> None:
         self.broker.schedule_delivery(queue)
-
-    def schedule_all_deliveries(self) -> None:
-        for queue in self.queues.values():
-            if queue.consumers and queue.message_count:
-                self.schedule_delivery(queue)
 
     # --- exchanges ----------------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:
@@ -263,8 +270,7 @@ class VHost(VHostPublishing):
 
     def _add_exchange(self, exchange: Exchange) -> None:
         self.exchanges[exchange.name] = exchange
-        if isinstance(exchange, DelayedExchange):
-            exchange.open_store(self.store, self._route_due)
+        exchange.attach(self.store, self._route_due)
         self._update_alternate(exchange)
 
     def _update_alternate(self, exchange: Exchange) -> None:
@@ -288,8 +294,7 @@ class VHost(VHostPublishing):
         del self.exchanges[name]
         exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
         self._alternates.pop(name, None)
-        if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-            exchange.held.delete()
+        exchange.delete()
         self.generation += 1
         for other in list(self.exchanges.values()):
             if other.unbind_all(exchange):
@@ -517,5 +522,4 @@ class VHost(VHostPublishing):
         for queue in self.queues.values():
             queue.start_timers()
         for exchange in self.exchanges.values():
-            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-                exchange.held.arm()
+            exchange.start_timers()

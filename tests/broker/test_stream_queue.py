@@ -406,7 +406,7 @@ def expected_first_two(messages: list[StoredMessage], first: int) -> list[Stored
 
 
 def test_published_run_goes_to_a_caught_up_consumer_as_one_run_within_credit(stream: StreamQueue) -> None:
-    from lavinpy.broker.publishing import PublishRun
+    from lavinpy.broker.publish_run import PublishRun
 
     publish(stream, 2)
     consumer, channel = consume(stream, "next", prefetch=10)
