@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
+from array import array
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..store.record import CorruptRecord, StoredMessage
@@ -148,7 +149,7 @@ class QueueKind(ABC):
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
         """A stored message was routed here; ``message`` is the record in hand, if the caller has it."""
 
-    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
         """A run of stored messages was routed here: ``positions[i]`` holds ``run.message(first + i)``.
 
         This default pushes them one by one; a classic queue without features does better.

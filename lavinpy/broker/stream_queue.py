@@ -37,7 +37,7 @@ from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from array import array
 
     from ..store.stream_index import StreamIndex
     from .publish_run import PublishRun
@@ -237,7 +237,7 @@ class StreamQueue(QueueKind):
             self._damaged.add(pos)
             super().report_damaged(pos, error)
 
-    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
         """``push`` for a run stored in one segment: appended at once; a caught-up consumer takes the
         messages in hand while it has credit, as it would one by one."""
         if not positions:
