@@ -23,15 +23,22 @@ from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
 from ..wire.constants import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
-from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
+from ..wire.errors import AMQPChannelError
+from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
 from .dead_lettering import dead_letter
-from .equivalence import check_arguments, inequivalent
+from .declarations import (
+    check_exchange_equivalent,
+    check_exchange_name,
+    check_queue_equivalent,
+    check_queue_name,
+    default_exchange_refused,
+    new_exchange,
+    validate_queue_declare,
+)
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
@@ -44,7 +51,6 @@ from .queue import Queue
 from .queue_base import QueueKind
 from .recovery import orphan_queue_declares
 from .stats import EXCHANGE_FIELDS, MessageCounters
-from .stream_arguments import validate_stream_declare
 from .stream_queue import StreamQueue
 
 if TYPE_CHECKING:
@@ -232,7 +238,7 @@ class VHost(VHostPublishing):
         """Declare an exchange; ``permissions`` is the acting user's (None: a trusted caller)."""
         arguments = dict(arguments or {})
         if name == "":
-            raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+            raise default_exchange_refused()
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -240,27 +246,12 @@ class VHost(VHostPublishing):
             return existing
         if permissions is not None:
             permissions.check_exchange_declare(name, arguments)
-        if name.startswith("amq.") and existing is None:
-            raise AMQPChannelError(ACCESS_REFUSED,
-                                   f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        check_exchange_name(name, exists=existing is not None)
         if existing is not None:
-            if name == "" or (name.startswith("amq.") and existing.type == type_name):
-                return existing
-            for arg, received, current in (("type", type_name, existing.type),
-                                           ("durable", durable, existing.durable),
-                                           ("auto_delete", auto_delete, existing.auto_delete),
-                                           ("internal", internal, existing.internal)):
-                if received != current:
-                    raise inequivalent(arg, "exchange", name, self.name, received, current)
-            check_arguments("exchange", name, self.name, arguments, existing.arguments)
+            check_exchange_equivalent(existing, self.name, type_name, durable, auto_delete, internal, arguments)
             return existing
-        try:
-            exchange = make_exchange(type_name, name, durable=durable, auto_delete=auto_delete,
-                                     internal=internal, arguments=arguments)
-        except UnknownExchangeType:
-            raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'")
-        except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
+        exchange = new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                                arguments=arguments)
         if durable:
             self.definitions.append(commands.Exchange.Declare(
                 exchange=name, exchange_type=type_name, durable=True, auto_delete=auto_delete,
@@ -308,7 +299,7 @@ class VHost(VHostPublishing):
 
     def _check_bindable(self, exchange: Exchange) -> None:
         if exchange.name == "":
-            raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+            raise default_exchange_refused()
 
     def bind_queue(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict | None) -> None:
         queue = self.get_queue(queue_name)
@@ -397,38 +388,26 @@ class VHost(VHostPublishing):
             return existing
         if permissions is not None:
             permissions.check_queue_declare(name, arguments)
-        if existing is None and name.startswith("amq.") and not server_named:
-            raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        check_queue_name(name, exists=existing is not None, server_named=server_named)
         if existing is not None:
             self.check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, not an argument to compare.
                 raise self._locked(name)
-            for arg, received, current in (("durable", durable, existing.durable),
-                                           ("auto_delete", auto_delete, existing.auto_delete)):
-                if received != current:
-                    raise inequivalent(arg, "queue", name, self.name, received, current)
-            check_arguments("queue", name, self.name, arguments, existing.arguments)
+            check_queue_equivalent(existing.durable, existing.auto_delete, existing.arguments, name, self.name,
+                                   durable, auto_delete, arguments)
             existing.touch()  # a redeclare counts as use (x-expires)
             self.node_counters.queues_declared += 1
             return existing
-        queue_type = queue_type_of(arguments)
+        queue_type = validate_queue_declare(name, self.name, durable=durable, exclusive=exclusive,
+                                            auto_delete=auto_delete, arguments=arguments, server_named=server_named)
         if queue_type == "stream":
-            if server_named:
-                raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
-            validate_stream_declare(name, self.name, durable=durable, exclusive=exclusive,
-                                    auto_delete=auto_delete, arguments=arguments)
             self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
                                                            arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
             self._count_created()
             return stream
-        try:
-            validate_queue_arguments(arguments, queue=name, vhost=self.name, durable=durable,
-                                     exclusive=exclusive, auto_delete=auto_delete)
-        except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         settings = self._queue_settings(name, arguments)
         persist = durable and not exclusive
         if persist:
