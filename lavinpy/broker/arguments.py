@@ -254,6 +254,7 @@ def parse_expiration(expiration: str) -> int:
     RabbitMQ reads a leading integer and refuses leftovers, negative values and values over 2^32-1.
     """
     match = _LEADING_INT.match(expiration)
+    reason: str | None
     if match is None:
         reason = "no_integer"
     elif match.end() != len(expiration):

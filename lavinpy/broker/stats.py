@@ -74,6 +74,20 @@ class MessageCounters:
     """One object's counters. Attributes only: the hot paths do ``obj.stats.deliver += 1``."""
 
     __slots__ = FIELDS + ("dead_lettered", "_previous", "_sampled_at", "rates", "history")
+    # The FIELDS, set in __init__ (declared for the type checker; the slots hold them).
+    publish: int
+    publish_in: int
+    publish_out: int
+    confirm: int
+    deliver: int
+    deliver_no_ack: int
+    get: int
+    get_no_ack: int
+    ack: int
+    redeliver: int
+    reject: int
+    return_unroutable: int
+    drop_unroutable: int
 
     def __init__(self) -> None:
         for name in FIELDS:

@@ -91,7 +91,7 @@ def _stamp_offsets(messages: list[StoredMessage], start: int, first_offset: int,
                    ) -> tuple[list[StoredMessage], int]:
     """``messages[start:]`` stamped with consecutive offsets from ``first_offset`` through ``splices``;
     stops at the first whose property block has no splice yet and returns its index too."""
-    out = []
+    out: list[StoredMessage] = []
     for i in range(start, len(messages)):
         msg = messages[i]
         splice = splices.get(msg[3])
@@ -134,7 +134,7 @@ class StreamQueue(QueueKind):
                  arguments: dict[str, Any] | None = None) -> None:
         self.vhost = vhost
         self.name = name
-        self.index = index
+        self.index: StreamIndex = index
         self.arguments = arguments or {}
         # Arguments only: RabbitMQ streams take retention from their declaration here.
         self.settings = QueueSettings.resolve(self.arguments)

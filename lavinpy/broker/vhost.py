@@ -131,8 +131,8 @@ class VHost(VHostPublishing):
         # which deletes the segments no open index references.
         replay = self.definitions.load()
         if self.definitions.damaged_records:
-            for cmd in orphan_queue_declares(self.name, self.store, replay):
-                self.definitions.append(cmd)
+            for orphan in orphan_queue_declares(self.name, self.store, replay):
+                self.definitions.append(orphan)
             replay = self.definitions.current()  # exchanges, queues, then bindings
         for cmd in replay:
             self._replay(cmd, unclean_stop)
@@ -172,13 +172,13 @@ class VHost(VHostPublishing):
                 changes.deleted(marks)  # a durable file: replicated like the store's
             self.queues[cmd.queue] = queue
         elif isinstance(cmd, commands.Queue.Bind):
-            source, dest = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)
-            if source is not None and dest is not None:
-                source.bind(dest, cmd.routing_key, dict(cmd.arguments or {}))
+            source, bound = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)
+            if source is not None and bound is not None:
+                source.bind(bound, cmd.routing_key, dict(cmd.arguments or {}))
         elif isinstance(cmd, commands.Exchange.Bind):
-            source, dest = self.exchanges.get(cmd.source), self.exchanges.get(cmd.destination)
-            if source is not None and dest is not None:
-                source.bind(dest, cmd.routing_key, dict(cmd.arguments or {}))
+            source, destination = self.exchanges.get(cmd.source), self.exchanges.get(cmd.destination)
+            if source is not None and destination is not None:
+                source.bind(destination, cmd.routing_key, dict(cmd.arguments or {}))
 
     def close(self) -> None:
         if self.closed:
