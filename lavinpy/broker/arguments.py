@@ -308,11 +308,6 @@ class QueueSettings:
     stream_max_segment_size_bytes: int | None = None
     policy: str | None = None
 
-    @property
-    def is_priority_queue(self) -> bool:
-        """x-max-priority 0 is accepted but, having one level only, behaves as a plain queue."""
-        return bool(self.max_priority)
-
     @classmethod
     def resolve(cls, arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None,
                 policy_name: str | None = None) -> QueueSettings:

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from .broker import Broker
 
 RABBIT_VERSION = "3.10.0"  # the export format this follows
-SECTIONS = ("users", "vhosts", "permissions", "topic_permissions", "parameters", "global_parameters",
-            "policies", "queues", "exchanges", "bindings")
 
 
 def _exportable_exchange(exchange: Exchange) -> bool:

@@ -9,7 +9,7 @@ from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import StoredMessage
-from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
+from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
 from .exchanges.topic import TopicExchange
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
     from .exchanges.base import Exchange
     from .queue_base import QueueKind
+    from .routing import Routing
     from .stats import NodeCounters
 
 log = logging.getLogger("lavinpy.vhost")
@@ -82,32 +83,12 @@ class VHostPublishing:
     queues: dict[str, QueueKind]
     default_exchange: Exchange
     node_counters: NodeCounters
-    _alternates: dict[str, str]  # exchange name -> its alternate exchange's name
+    routing: Routing
     dead_letter: Callable[[QueueKind, StoredMessage, str], int]
 
     def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
-        queues = exchange.route(routing_key, headers)
-        if headers:
-            for key in ("CC", "BCC"):
-                extra = headers.get(key)
-                if isinstance(extra, list):
-                    for rk in extra:
-                        if isinstance(rk, (str, bytes)):
-                            rk = rk.decode() if isinstance(rk, bytes) else rk
-                            queues |= exchange.route(rk, headers)
-        seen = {exchange.name}
-        while not queues:
-            # Unroutable: follow the alternate-exchange chain, each exchange once.
-            ae_name = self._alternates.get(exchange.name)
-            if not ae_name or ae_name in seen:
-                break
-            seen.add(ae_name)
-            alternate = self.exchanges.get(ae_name)
-            if alternate is None:
-                break
-            exchange = alternate
-            queues = exchange.route(routing_key, headers)
-        return queues
+        """The queues a message reaches from ``exchange`` (see ``routing``)."""
+        return self.routing.route(exchange, routing_key, headers)
 
     def publish(self, exchange: Exchange, routing_key: str, properties: bytes,
                 body: bytes) -> tuple[int, Any]:
@@ -134,7 +115,7 @@ class VHostPublishing:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
             if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
-            queues, properties = self._route_message(exchange, routing_key, properties, headers)
+            queues, properties = self.routing.route_message(exchange, routing_key, properties, headers)
             if not queues:
                 return 0, False
             if properties[0] & _EXPIRATION_FLAG_HIGH:
@@ -167,7 +148,7 @@ class VHostPublishing:
                 return None
             queues: Sequence[QueueKind] = (queue,)
         elif type(exchange) in _RUN_EXCHANGES:
-            queues = tuple(self.route(exchange, routing_key, None))
+            queues = tuple(self.routing.route(exchange, routing_key, None))
             if not queues:
                 return None
         else:
@@ -178,16 +159,6 @@ class VHostPublishing:
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         self.node_counters.observe_sizes(bodies)  # here only: a None above means one by one, counted there
         return len(queues), append_and_push_many(self.store, run, queues)
-
-    def _route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
-                       headers: dict | None) -> tuple[Any, bytes]:
-        """The queues a message reaches, and its properties without the BCC header."""
-        queues = self.route(exchange, routing_key, headers)
-        if headers and "BCC" in headers:
-            headers = dict(headers)
-            del headers["BCC"]
-            properties = replace_headers(properties, headers)
-        return queues, properties
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
                     queues: Iterable[QueueKind]) -> tuple[int, Any]:
@@ -226,6 +197,6 @@ class VHostPublishing:
         except PropertiesError as e:
             log.warning("delayed exchange %r: dropping a message with malformed headers: %s", exchange.name, e)
             return
-        queues, properties = self._route_message(exchange, msg.routing_key, msg.properties, headers)
+        queues, properties = self.routing.route_message(exchange, msg.routing_key, msg.properties, headers)
         if queues:
             self._publish_to(exchange.name, msg.routing_key, properties, msg.body, queues)

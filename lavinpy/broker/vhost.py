@@ -50,6 +50,7 @@ from .publishing import VHostPublishing
 from .queue import Queue
 from .queue_base import QueueKind
 from .recovery import orphan_queue_declares
+from .routing import Routing
 from .stats import EXCHANGE_FIELDS, MessageCounters
 from .stream_queue import StreamQueue
 
@@ -113,8 +114,7 @@ class VHost(VHostPublishing):
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
         self.policies.subscribe(self._policy_changed)
-        # Exchange name -> alternate exchange name, when a policy (or argument) gives one.
-        self._alternates: dict[str, str] = {}
+        self.routing = Routing(self.exchanges)  # alternate exchanges are set as policies give them
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self, unclean_stop: bool = False) -> None:
@@ -267,10 +267,7 @@ class VHost(VHostPublishing):
     def _update_alternate(self, exchange: Exchange) -> None:
         policy = self.policies.match(exchange.name, "exchange")
         ae = alternate_exchange(exchange.arguments, policy.definition if policy else None)
-        if ae:
-            self._alternates[exchange.name] = ae
-        else:
-            self._alternates.pop(exchange.name, None)
+        self.routing.set_alternate(exchange.name, ae)
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
@@ -284,7 +281,7 @@ class VHost(VHostPublishing):
             raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
         exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
-        self._alternates.pop(name, None)
+        self.routing.set_alternate(name, None)
         exchange.delete()
         self.generation += 1
         for other in list(self.exchanges.values()):
