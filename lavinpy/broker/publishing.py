@@ -1,4 +1,4 @@
-"""Routing and publishing in a vhost: exchange -> queues, then the message stored once for all of them."""
+"""Publishing in a vhost: routed (see ``routing``), then the message stored once for all its queues."""
 
 from __future__ import annotations
 
