@@ -16,7 +16,7 @@ import asyncio
 import operator
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .history import Entry, Ring, append, new_ring, summed
@@ -335,7 +335,7 @@ class StatsSampler:
         self.vhost_history = histories  # a deleted vhost's history goes with it
         self.node = node
 
-    def history_of(self, vhosts: list[CountedVHost] | None = None) -> list[Entry] | Ring:
+    def history_of(self, vhosts: Sequence[CountedVHost] | None = None) -> list[Entry] | Ring:
         """The node's samples, or the sum of some vhosts' (a user who sees only those)."""
         if vhosts is None or len(vhosts) == len(self.broker.vhosts):
             return self.node_history
