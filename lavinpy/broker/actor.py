@@ -43,9 +43,6 @@ class Actor:
         """See every vhost's objects and connections (monitoring, administrator)."""
         return bool(self.tags & {ADMINISTRATOR, MONITORING})
 
-    def can_set_policies(self) -> bool:
-        return bool(self.tags & {ADMINISTRATOR, POLICYMAKER})
-
     def can_manage(self) -> bool:
         """Any management tag: may use the HTTP API at all."""
         return bool(self.tags & MANAGEMENT_TAGS)

@@ -290,7 +290,7 @@ class AdminOperations:
             names = [vhost]
         else:
             names = [v.name for v in self.visible_vhosts(actor)]
-        result = []
+        result: list[dict[str, Any]] = []
         for name in sorted(names):
             model = self.broker.vhosts.get(name)
             if model is not None:

@@ -254,6 +254,7 @@ def parse_expiration(expiration: str) -> int:
     RabbitMQ reads a leading integer and refuses leftovers, negative values and values over 2^32-1.
     """
     match = _LEADING_INT.match(expiration)
+    reason: str | None
     if match is None:
         reason = "no_integer"
     elif match.end() != len(expiration):
@@ -306,11 +307,6 @@ class QueueSettings:
     max_age: int | None = None
     stream_max_segment_size_bytes: int | None = None
     policy: str | None = None
-
-    @property
-    def is_priority_queue(self) -> bool:
-        """x-max-priority 0 is accepted but, having one level only, behaves as a plain queue."""
-        return bool(self.max_priority)
 
     @classmethod
     def resolve(cls, arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None,

@@ -20,8 +20,7 @@ from .vhost import VHost
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .queue import Queue
-    from .stream_queue import StreamQueue
+    from .queue_base import QueueKind
 
 log = logging.getLogger("lavinpy.broker")
 
@@ -69,7 +68,7 @@ class Broker:
         # Set while a resource alarm blocks publishers (connection.blocked); None when clear.
         self.blocked_reason: str | None = None
         # Queues with deliveries to make, run once per input batch (see run_deliveries).
-        self.delivery_pending: set[Queue | StreamQueue] = set()
+        self.delivery_pending: set[QueueKind] = set()
         self._pending_scheduled = False
         self.sessions: SessionLayer = _NoSessions(self)
         self._input_since_check = 0
@@ -169,7 +168,7 @@ class Broker:
     # uvloop may call data_received for one busy socket many times before it runs call_soon
     # callbacks, so the session layer also runs deliveries at the end of every input batch:
     # a publisher flood then cannot starve consumers.
-    def schedule_delivery(self, queue: Queue | StreamQueue) -> None:
+    def schedule_delivery(self, queue: QueueKind) -> None:
         self.delivery_pending.add(queue)
         if not self._pending_scheduled:
             self._pending_scheduled = True

@@ -12,15 +12,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from .queue_consumer import QueueConsumer
 
 
 class ConsumerSet:
     __slots__ = ("_order", "_ring", "_priorities", "_exclusive")
 
     def __init__(self) -> None:
-        self._order: dict[Consumer, None] = {}
-        self._ring: OrderedDict[Consumer, None] = OrderedDict()
+        self._order: dict[QueueConsumer, None] = {}
+        self._ring: OrderedDict[QueueConsumer, None] = OrderedDict()
         self._priorities: dict[int, int] = {}  # priority -> number of consumers with it
         self._exclusive = 0
 
@@ -30,14 +30,14 @@ class ConsumerSet:
     def __bool__(self) -> bool:
         return bool(self._order)
 
-    def __iter__(self) -> Iterator[Consumer]:
+    def __iter__(self) -> Iterator[QueueConsumer]:
         """Registration order."""
         return iter(self._order)
 
     def __contains__(self, consumer: object) -> bool:
         return consumer in self._order
 
-    def add(self, consumer: Consumer) -> None:
+    def add(self, consumer: QueueConsumer) -> None:
         self._order[consumer] = None
         self._ring[consumer] = None
         priorities = self._priorities
@@ -45,7 +45,7 @@ class ConsumerSet:
         if consumer.exclusive:
             self._exclusive += 1
 
-    def remove(self, consumer: Consumer) -> bool:
+    def remove(self, consumer: QueueConsumer) -> bool:
         """False when the consumer was not here."""
         if consumer not in self._order:
             return False
@@ -61,7 +61,7 @@ class ConsumerSet:
             self._exclusive -= 1
         return True
 
-    def first(self) -> Consumer | None:
+    def first(self) -> QueueConsumer | None:
         """The earliest registered consumer (the single active consumer)."""
         for consumer in self._order:
             return consumer
@@ -71,11 +71,11 @@ class ConsumerSet:
     def has_exclusive(self) -> bool:
         return self._exclusive > 0
 
-    def next_ready(self) -> Consumer | None:
+    def next_ready(self) -> QueueConsumer | None:
         """The next consumer with capacity in round-robin order; the highest priority wins when
         priorities differ. The one chosen goes to the end of the ring."""
         ring = self._ring
-        chosen: Consumer | None = None
+        chosen: QueueConsumer | None = None
         if len(self._priorities) <= 1:
             for consumer in ring:
                 if consumer.can_accept():

@@ -9,7 +9,7 @@ at-most-once, as in RabbitMQ: a missing DLX, no route, or a full reject-publish 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..store.record import StoredMessage
 from ..wire.properties import PropertiesError, peek_headers
@@ -18,13 +18,31 @@ from .publishing import append_and_push
 from .ttl import now_ms
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..store.vhost_store import VhostStore
+    from .exchanges.base import Exchange
     from .queue_base import QueueKind
-    from .vhost import VHost
 
 log = logging.getLogger("lavinpy.dead_lettering")
 
 
-def dead_letter(vhost: VHost, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
+class DeadLetterHost(Protocol):
+    """What dead-lettering needs of the vhost: its exchanges, its routing and its store."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def exchanges(self) -> Mapping[str, Exchange]: ...
+
+    @property
+    def store(self) -> VhostStore: ...
+
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set: ...
+
+
+def dead_letter(vhost: DeadLetterHost, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
     """Dead-letter ``msg`` leaving ``queue`` for ``reason``; returns how many queues got the copy.
 
     The caller removes the original from its queue (ack) whatever this returns.

@@ -8,35 +8,21 @@ are kept as given, so users exported from RabbitMQ 3.x log in with their passwor
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError, AMQPError
+from ..wire.errors import AMQPError
 from . import operations_objects as objects
 from .actor import Actor
-from .admin_operations import AdminOperations, parse_tags, password_spec, require_admin, user_json
-from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
+from .admin_operations import AdminOperations, require_admin, user_json
+from .definitions_check import DefinitionsError as DefinitionsError  # re-exported: the faces catch it
+from .definitions_check import Plan, check_document
 from .exchanges.base import Exchange
-from .exchanges.registry import EXCHANGE_TYPES, UnknownExchangeType, make_exchange
-from .policies import PolicyError, make_policy
-from .stream_arguments import validate_stream_declare
-from .users import PERMISSION_KINDS
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 RABBIT_VERSION = "3.10.0"  # the export format this follows
-SECTIONS = ("users", "vhosts", "permissions", "topic_permissions", "parameters", "global_parameters",
-            "policies", "queues", "exchanges", "bindings")
-
-
-class DefinitionsError(AMQPChannelError):
-    """One object of a definitions document is wrong (406; 400 over HTTP)."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(PRECONDITION_FAILED, detail)
 
 
 def _exportable_exchange(exchange: Exchange) -> bool:
@@ -112,58 +98,6 @@ def _version() -> str:
 # -- import ---------------------------------------------------------------------------------------
 
 
-def _list(doc: Mapping[str, Any], section: str) -> list[Any]:
-    value = doc.get(section, [])
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise DefinitionsError(f"definitions: '{section}' must be a list")
-    return value
-
-
-def _obj(item: Any, section: str, index: int) -> Mapping[str, Any]:
-    if not isinstance(item, Mapping):
-        raise DefinitionsError(f"definitions: {section}[{index}] must be an object")
-    return item
-
-
-def _name(item: Mapping[str, Any], what: str, key: str = "name") -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise DefinitionsError(f"{what}: '{key}' must be a string, not {value!r}")
-    return value
-
-
-def _flag(item: Mapping[str, Any], key: str, what: str, default: bool) -> bool:
-    value = item.get(key, default)
-    if not isinstance(value, bool):
-        raise DefinitionsError(f"{what}: '{key}' must be true or false, not {value!r}")
-    return value
-
-
-def _args(item: Mapping[str, Any], what: str) -> dict[str, Any]:
-    value = item.get("arguments") or {}
-    if not isinstance(value, Mapping):
-        raise DefinitionsError(f"{what}: 'arguments' must be an object")
-    return dict(value)
-
-
-class _Plan:
-    """A checked document: the actions an import will take, in order, and what each changes."""
-
-    def __init__(self) -> None:
-        self.actions: list[tuple[str, str, str, Any]] = []  # (kind, vhost, name, payload)
-        self.changes: list[dict[str, str]] = []
-
-    def add(self, kind: str, vhost: str, name: str, payload: Any, change: str | None) -> None:
-        self.actions.append((kind, vhost, name, payload))
-        if change is not None:
-            entry = {"type": kind, "name": name, "change": change}
-            if vhost:
-                entry["vhost"] = vhost
-            self.changes.append(entry)
-
-
 def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: str | None = None,
                        dry_run: bool = False) -> list[dict[str, str]]:
     """Check the whole document, then apply it (unless ``dry_run``); returns what changes."""
@@ -173,179 +107,13 @@ def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: 
     ops = AdminOperations(broker)
     if vhost is not None:
         ops.check_vhost_visible(actor, vhost)
-    plan = _check(broker, doc, vhost)
+    plan = check_document(broker, doc, vhost)
     if not dry_run:
         _apply(broker, ops, plan)
     return plan.changes
 
 
-def _check(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> _Plan:
-    users = broker.users
-    assert users is not None
-    plan = _Plan()
-    vhosts = {v.name for v in users.vhosts()}
-    user_names = {u.name for u in users.users()}
-    sections = ("policies", "exchanges", "queues", "bindings") if only_vhost else \
-        ("vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings")
-    for section in ("topic_permissions", "parameters", "global_parameters"):
-        for i, item in enumerate(_list(doc, section)):
-            _obj(item, section, i)  # accepted and ignored: lavinpy has no runtime parameters
-
-    def vhost_of(item: Mapping[str, Any], what: str) -> str:
-        if only_vhost is not None:
-            return only_vhost
-        name = _name(item, what, "vhost")
-        if name not in vhosts:
-            raise DefinitionsError(f"{what}: no vhost '{name}'")
-        return name
-
-    if "vhosts" in sections:
-        for i, item in enumerate(_list(doc, "vhosts")):
-            item = _obj(item, "vhosts", i)
-            name = _name(item, f"vhost #{i}")
-            if not name:
-                raise DefinitionsError(f"vhost #{i}: name must not be empty")
-            metadata = item.get("metadata") if isinstance(item.get("metadata"), Mapping) else {}
-            description = item.get("description", metadata.get("description", ""))
-            if not isinstance(description, str):
-                raise DefinitionsError(f"vhost '{name}': description must be a string")
-            try:
-                tags = parse_tags(item.get("tags", metadata.get("tags")))
-            except AMQPError as e:
-                raise DefinitionsError(f"vhost '{name}': {e.detail}") from None
-            plan.add("vhost", "", name, (description, tags), None if name in vhosts else "create")
-            vhosts.add(name)
-    if "users" in sections:
-        for i, item in enumerate(_list(doc, "users")):
-            item = _obj(item, "users", i)
-            name = _name(item, f"user #{i}")
-            if not name:
-                raise DefinitionsError(f"user #{i}: name must not be empty")
-            try:
-                spec = password_spec(item, name)
-                tags = parse_tags(item.get("tags"))
-            except AMQPError as e:
-                raise DefinitionsError(e.detail) from None
-            plan.add("user", "", name, (spec, tags), "update" if name in user_names else "create")
-            user_names.add(name)
-    if "permissions" in sections:
-        for i, item in enumerate(_list(doc, "permissions")):
-            item = _obj(item, "permissions", i)
-            user = _name(item, f"permission #{i}", "user")
-            what = f"permission of user '{user}'"
-            vhost = vhost_of(item, what)
-            what = f"permission of user '{user}' in vhost '{vhost}'"
-            if user not in user_names:
-                raise DefinitionsError(f"{what}: no user '{user}'")
-            patterns = []
-            for kind in PERMISSION_KINDS:
-                pattern = _name(item, what, kind)
-                try:
-                    re.compile(pattern)
-                except re.error as e:
-                    raise DefinitionsError(f"{what}: {kind} {pattern!r} is not a valid regular expression: {e}")
-                patterns.append(pattern)
-            plan.add("permission", vhost, user, patterns, "set")
-    for i, item in enumerate(_list(doc, "policies")):
-        item = _obj(item, "policies", i)
-        name = _name(item, f"policy #{i}")
-        vhost = vhost_of(item, f"policy '{name}'")
-        try:
-            policy = make_policy(name, item.get("pattern"), item.get("definition"),  # type: ignore[arg-type]
-                                 item.get("priority", 0), item.get("apply-to", "all"))
-        except PolicyError as e:
-            raise DefinitionsError(f"vhost '{vhost}': {e}") from None
-        plan.add("policy", vhost, name, policy, "set")
-    new_exchanges: dict[tuple[str, str], str] = {}
-    for i, item in enumerate(_list(doc, "exchanges")):
-        item = _obj(item, "exchanges", i)
-        name = _name(item, f"exchange #{i}")
-        what = f"exchange '{name}'"
-        vhost = vhost_of(item, what)
-        what = f"exchange '{name}' in vhost '{vhost}'"
-        type_name = _name(item, what, "type")
-        durable = _flag(item, "durable", what, True)
-        auto_delete = _flag(item, "auto_delete", what, False)
-        internal = _flag(item, "internal", what, False)
-        arguments = _args(item, what)
-        if not name:
-            raise DefinitionsError(f"exchange #{i} in vhost '{vhost}': the default exchange cannot be declared")
-        if type_name not in EXCHANGE_TYPES:
-            raise DefinitionsError(f"{what}: unknown exchange type '{type_name}'")
-        try:
-            make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
-                          arguments=arguments)
-        except (ArgumentError, UnknownExchangeType) as e:
-            raise DefinitionsError(f"{what}: {getattr(e, 'text', e)}") from None
-        model = broker.vhosts.get(vhost)
-        existing = model.exchanges.get(name) if model is not None else None
-        if existing is not None:
-            if existing.type != type_name:
-                raise DefinitionsError(f"{what}: exists with type '{existing.type}', not '{type_name}'")
-            change = None
-        elif name.startswith("amq."):
-            raise DefinitionsError(f"{what}: name contains reserved prefix 'amq.*'")
-        else:
-            change = "create"
-        new_exchanges[(vhost, name)] = type_name
-        plan.add("exchange", vhost, name, (type_name, durable, auto_delete, internal, arguments), change)
-    new_queues: set[tuple[str, str]] = set()
-    for i, item in enumerate(_list(doc, "queues")):
-        item = _obj(item, "queues", i)
-        name = _name(item, f"queue #{i}")
-        what = f"queue '{name}'"
-        vhost = vhost_of(item, what)
-        what = f"queue '{name}' in vhost '{vhost}'"
-        durable = _flag(item, "durable", what, True)
-        auto_delete = _flag(item, "auto_delete", what, False)
-        arguments = _args(item, what)
-        if not name or name.startswith("amq."):
-            raise DefinitionsError(f"{what}: a queue name must not be empty or start with 'amq.'")
-        try:
-            if queue_type_of(arguments) == "stream":
-                validate_stream_declare(name, vhost, durable=durable, exclusive=False,
-                                        auto_delete=auto_delete, arguments=arguments)
-            else:
-                validate_queue_arguments(arguments, queue=name, vhost=vhost, durable=durable,
-                                         auto_delete=auto_delete)
-        except ArgumentError as e:
-            raise DefinitionsError(e.text) from None
-        except AMQPError as e:
-            raise DefinitionsError(e.detail) from None
-        model = broker.vhosts.get(vhost)
-        existing = model.queues.get(name) if model is not None else None
-        if existing is not None and (existing.durable != durable or existing.auto_delete != auto_delete):
-            raise DefinitionsError(f"{what}: exists with different durable/auto_delete flags")
-        new_queues.add((vhost, name))
-        plan.add("queue", vhost, name, (durable, auto_delete, arguments), None if existing else "create")
-    for i, item in enumerate(_list(doc, "bindings")):
-        item = _obj(item, "bindings", i)
-        source = _name(item, f"binding #{i}", "source")
-        destination = _name(item, f"binding #{i}", "destination")
-        dest_type = _name(item, f"binding #{i}", "destination_type")
-        routing_key = _name(item, f"binding #{i}", "routing_key") if "routing_key" in item else ""
-        vhost = vhost_of(item, f"binding #{i}")
-        what = f"binding of {dest_type} '{destination}' to exchange '{source}' in vhost '{vhost}'"
-        arguments = _args(item, what)
-        if dest_type not in ("queue", "exchange"):
-            raise DefinitionsError(f"{what}: destination_type must be 'queue' or 'exchange'")
-        if source == "":
-            continue  # default-exchange bindings are implicit (RabbitMQ exports none)
-        model = broker.vhosts.get(vhost)
-        if (vhost, source) not in new_exchanges and (model is None or source not in model.exchanges):
-            raise DefinitionsError(f"{what}: no exchange '{source}' in vhost '{vhost}'")
-        if dest_type == "queue":
-            known = (vhost, destination) in new_queues or (model is not None and destination in model.queues)
-        else:
-            known = (vhost, destination) in new_exchanges or (model is not None and destination in model.exchanges)
-        if not known:
-            raise DefinitionsError(f"{what}: no {dest_type} '{destination}' in vhost '{vhost}'")
-        plan.add("binding", vhost, f"{source}->{dest_type}:{destination}",
-                 (source, destination, dest_type, routing_key, arguments), "bind")
-    return plan
-
-
-def _apply(broker: Broker, ops: AdminOperations, plan: _Plan) -> None:
+def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
     users = ops.users
     for kind, vhost, name, payload in plan.actions:
         if kind == "vhost":

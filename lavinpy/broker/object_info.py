@@ -111,5 +111,6 @@ def vhost_bindings(vhost: VHost) -> list[dict[str, Any]]:
         for b in exchange.bindings():
             dest = b.destination
             kind = "exchange" if isinstance(dest, Exchange) else "queue"
-            out.append(binding_info(vhost, exchange.name, dest.name, kind, b.routing_key, b.arguments))
+            name = dest.name  # type: ignore[attr-defined]  # an exchange or a queue: both are named
+            out.append(binding_info(vhost, exchange.name, name, kind, b.routing_key, b.arguments))
     return out

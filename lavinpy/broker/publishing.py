@@ -1,26 +1,27 @@
-"""Routing and publishing in a vhost: exchange -> queues, then the message stored once for all of them."""
+"""Publishing in a vhost: routed (see ``routing``), then the message stored once for all its queues."""
 
 from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
-from ..store.record import StoredMessage, stored_messages
-from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers, replace_headers
-from .exchanges.delayed import DelayedExchange
+from ..store.record import StoredMessage
+from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
 from .exchanges.topic import TopicExchange
+from .publish_run import PublishRun
 from .stats import MESSAGE_SIZE_BOUNDS
 
 if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
     from .exchanges.base import Exchange
     from .queue_base import QueueKind
-    from .vhost import VHost
+    from .routing import Routing
+    from .stats import NodeCounters
 
 log = logging.getLogger("lavinpy.vhost")
 
@@ -53,32 +54,6 @@ def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, pro
     return pushed, needs_sync
 
 
-class PublishRun:
-    """A run of messages published with the same exchange, routing key and properties.
-
-    ``message(i)`` is the record of ``bodies[i]`` as a queue hands it to a consumer; it is built only
-    for messages delivered in hand.
-    """
-
-    __slots__ = ("exchange", "routing_key", "properties", "bodies", "timestamp")
-
-    def __init__(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
-                 timestamp: int) -> None:
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.properties = properties
-        self.bodies = bodies
-        self.timestamp = timestamp
-
-    def message(self, i: int) -> StoredMessage:
-        return StoredMessage(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies[i])
-
-    def messages(self, start: int, count: int) -> list[StoredMessage]:
-        """``message(i)`` for ``start <= i < start + count``, built in one call."""
-        return stored_messages(self.timestamp, self.exchange, self.routing_key, self.properties, self.bodies,
-                               start, count)
-
-
 def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[QueueKind]) -> bool:
     """``append_and_push`` for a run: the records are written by one call per segment, and each
     queue takes the positions of that call at once. The queues are open. Returns whether a
@@ -101,33 +76,21 @@ _RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
 
 class VHostPublishing:
-    """The routing and publishing methods of ``VHost`` (every method assumes ``self`` is a VHost)."""
+    """The routing and publishing methods of ``VHost``, over the vhost members declared here."""
 
-    def route(self: VHost, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
-        queues = exchange.route(routing_key, headers)
-        if headers:
-            for key in ("CC", "BCC"):
-                extra = headers.get(key)
-                if isinstance(extra, list):
-                    for rk in extra:
-                        if isinstance(rk, (str, bytes)):
-                            rk = rk.decode() if isinstance(rk, bytes) else rk
-                            queues |= exchange.route(rk, headers)
-        seen = {exchange.name}
-        while not queues:
-            # Unroutable: follow the alternate-exchange chain, each exchange once.
-            ae_name = self._alternates.get(exchange.name)
-            if not ae_name or ae_name in seen:
-                break
-            seen.add(ae_name)
-            alternate = self.exchanges.get(ae_name)
-            if alternate is None:
-                break
-            exchange = alternate
-            queues = exchange.route(routing_key, headers)
-        return queues
+    store: VhostStore
+    exchanges: dict[str, Exchange]
+    queues: dict[str, QueueKind]
+    default_exchange: Exchange
+    node_counters: NodeCounters
+    routing: Routing
+    dead_letter: Callable[[QueueKind, StoredMessage, str], int]
 
-    def publish(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
+        """The queues a message reaches from ``exchange`` (see ``routing``)."""
+        return self.routing.route(exchange, routing_key, headers)
+
+    def publish(self, exchange: Exchange, routing_key: str, properties: bytes,
                 body: bytes) -> tuple[int, Any]:
         """Route and store a message once; returns (queues reached, needs an fsync for its confirm).
 
@@ -150,9 +113,9 @@ class VHostPublishing:
             queues: Iterable[QueueKind] = (queue,)
         else:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
-            if type(exchange) is DelayedExchange and exchange.hold(routing_key, properties, body, headers):
+            if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
-            queues, properties = self._route_message(exchange, routing_key, properties, headers)
+            queues, properties = self.routing.route_message(exchange, routing_key, properties, headers)
             if not queues:
                 return 0, False
             if properties[0] & _EXPIRATION_FLAG_HIGH:
@@ -168,7 +131,7 @@ class VHostPublishing:
             return len(queues), REJECTED  # type: ignore[arg-type]
         return reached, needs_sync
 
-    def publish_run(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+    def publish_run(self, exchange: Exchange, routing_key: str, properties: bytes,
                     bodies: list[bytes]) -> tuple[int, bool] | None:
         """``publish`` for a run of messages with the same exchange, routing key and properties,
         routed once: (queues reached by each, needs an fsync for the confirms).
@@ -185,7 +148,7 @@ class VHostPublishing:
                 return None
             queues: Sequence[QueueKind] = (queue,)
         elif type(exchange) in _RUN_EXCHANGES:
-            queues = tuple(self.route(exchange, routing_key, None))
+            queues = tuple(self.routing.route(exchange, routing_key, None))
             if not queues:
                 return None
         else:
@@ -197,17 +160,7 @@ class VHostPublishing:
         self.node_counters.observe_sizes(bodies)  # here only: a None above means one by one, counted there
         return len(queues), append_and_push_many(self.store, run, queues)
 
-    def _route_message(self: VHost, exchange: Exchange, routing_key: str, properties: bytes,
-                       headers: dict | None) -> tuple[Any, bytes]:
-        """The queues a message reaches, and its properties without the BCC header."""
-        queues = self.route(exchange, routing_key, headers)
-        if headers and "BCC" in headers:
-            headers = dict(headers)
-            del headers["BCC"]
-            properties = replace_headers(properties, headers)
-        return queues, properties
-
-    def _publish_to(self: VHost, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
+    def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
                     queues: Iterable[QueueKind]) -> tuple[int, Any]:
         """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
         timestamp = time_ns() // 1_000_000
@@ -235,8 +188,8 @@ class VHostPublishing:
                                          targets)[1]
         return reached, REJECTED if rejected else needs_sync
 
-    def _route_due(self: VHost, exchange: DelayedExchange, msg: StoredMessage) -> None:
-        """A delayed message is due: route it now, as a new record (its wait does not count as age)."""
+    def _route_due(self, exchange: Exchange, msg: StoredMessage) -> None:
+        """A held message is due: route it now, as a new record (its wait does not count as age)."""
         if exchange.name not in self.exchanges:
             return
         try:
@@ -244,6 +197,6 @@ class VHostPublishing:
         except PropertiesError as e:
             log.warning("delayed exchange %r: dropping a message with malformed headers: %s", exchange.name, e)
             return
-        queues, properties = self._route_message(exchange, msg.routing_key, msg.properties, headers)
+        queues, properties = self.routing.route_message(exchange, msg.routing_key, msg.properties, headers)
         if queues:
             self._publish_to(exchange.name, msg.routing_key, properties, msg.body, queues)

@@ -5,40 +5,41 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
-from .queue_base import DELIVERY_BATCH, QueueKind
+from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .queue_features import QueueFeatures
 from .stats import MessageCounters
 
 if TYPE_CHECKING:
     from ..store.queue_index import QueueIndex
     from .arguments import QueueSettings
-    from .consumer import Consumer
-    from .publishing import PublishRun
-    from .vhost import VHost
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.queue")
 
-# A delivery run's bodies stay near this many bytes: the channel's output high-water mark is checked
-# once per run, so a run of large messages must be short (the first run of a queue is FIRST_RUN long).
-RUN_BYTES = 1 << 20
-FIRST_RUN = 16
+
+# The message paths a queue takes from its feature component while it uses a feature (see use_features).
+FEATURE_PATHS = ("push", "push_many", "deliver", "refuses", "_take_head")
 
 
 class Queue(QueueKind):
-    """A classic queue (with or without priorities). Optional features (TTL, limits, priorities,
-    delivery limit, single active consumer) live in the ``features`` component; ``special`` is False
-    unless the queue uses one, and the hot paths below test only that flag."""
+    """A classic queue (with or without priorities). The methods here are the plain paths: they know
+    no feature. Optional features (TTL, limits, priorities, delivery limit, single active consumer)
+    live in the ``features`` component; while the queue uses one (``special``), the component's paths
+    are bound on the queue in place of the plain ones, so neither kind of path tests a flag per message.
+    """
 
     kind = "classic"
 
     def __init__(
         self,
-        vhost: VHost,
+        vhost: QueueHost,
         name: str,
         index: QueueIndex,
         *,
@@ -67,7 +68,11 @@ class Queue(QueueKind):
         self._redelivered: set[int] = set()
         self._recovered_left = index.ready_count if recovered_redelivered else 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
-        self.features = QueueFeatures(self, settings)  # sets self.settings and self.special
+        # Settled here through these, bound by use_features: the index's own, or the component's.
+        self._remove: Callable[[int], None] = index.ack
+        self._remove_many: Callable[[list[int]], None] = index.ack_many
+        self._requeue_one: Callable[[int], None] = self.requeue_ready
+        self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -110,11 +115,27 @@ class Queue(QueueKind):
         return self.consumers.has_exclusive
 
     # --- settings and timers ------------------------------------------------------------------
+    def use_features(self, features: QueueFeatures | None) -> None:
+        """Bind the message paths: the component's while the queue uses a feature, else the plain ones.
+
+        The one place that decides: instance attributes shadow the plain methods of the class (the
+        publish path reads only ``special``), and no path tests a flag per message.
+        """
+        self.special = features is not None
+        paths = self.__dict__
+        if features is not None:
+            paths.update(push=features.push, push_many=features.push_many, deliver=features.deliver,
+                         refuses=features.refuses, _take_head=features.take_for_get)
+            self._remove, self._remove_many, self._requeue_one = (
+                features.remove, features.remove_many, features.requeue)
+        else:
+            for name in FEATURE_PATHS:
+                paths.pop(name, None)
+            self._remove, self._remove_many, self._requeue_one = (
+                self.index.ack, self.index.ack_many, self.requeue_ready)
+
     def apply_settings(self, settings: QueueSettings) -> None:
         self.features.apply(settings)
-
-    def refuses(self, size: int) -> bool:
-        return self.special and self.features.refuses(size)
 
     def enable_message_ttl(self) -> None:
         self.features.enable_message_ttl()
@@ -130,43 +151,28 @@ class Queue(QueueKind):
 
     # --- messages in --------------------------------------------------------------------------
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
-        features = self.features if self.special else None
-        if features is not None and message is None:
-            message = self.read(pos)
-            if message is None:
-                return
         index = self.index
         if message is not None and self.consumers and not index.ready_count:
             # Nothing waiting: hand the message in hand straight to a consumer with capacity,
             # instead of reading it back from its segment later. It is stored and indexed all the same.
-            consumer = features.pick_consumer() if features is not None else self.consumers.next_ready()
+            consumer = self.consumers.next_ready()
             if consumer is not None:
                 self._recovered_left = 0
                 if consumer.no_ack:
                     # Delivered and settled at once: the index would only add and remove it.
                     consumer.channel.deliver(consumer, pos, message, False)
                     return
-                if features is not None:
-                    features.index_push(pos, persistent, message)
-                else:
-                    index.push(pos, persistent)
+                index.push(pos, persistent)
                 index.shift()
                 consumer.channel.deliver(consumer, pos, message, False)
                 consumer.unacked += 1
                 return
-        if features is not None:
-            assert message is not None  # read above
-            features.push_ready(pos, persistent, message)
-            return
         index.push(pos, persistent)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
-    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
         """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at once."""
-        if self.special:
-            super().push_many(positions, persistent, run, first)
-            return
         index = self.index
         consumers = self.consumers
         handed = 0
@@ -198,7 +204,7 @@ class Queue(QueueKind):
         if consumers:
             self.vhost.schedule_delivery(self)
 
-    def _hand_run(self, consumer: Consumer, positions: Sequence[int], persistent: bool, run: PublishRun,
+    def _hand_run(self, consumer: QueueConsumer, positions: array, persistent: bool, run: PublishRun,
                   first: int) -> int:
         """The head of a published run straight to the queue's one consumer (nothing is ready), as
         many as both prefetch windows allow; returns how many it took."""
@@ -235,7 +241,7 @@ class Queue(QueueKind):
             return pos, True
         return pos, False
 
-    def _take(self) -> tuple[int, StoredMessage, bool] | None:
+    def _take_head(self) -> tuple[int, StoredMessage, bool] | None:
         """The head, read (a damaged one is reported by read(), removed, and the next one tried)."""
         while True:
             shifted = self.shift()
@@ -252,11 +258,7 @@ class Queue(QueueKind):
         if self.closed:
             return None
         self.touch()
-        if not self.special:
-            taken = self._take()
-        else:
-            taken = self.features.take_ready()
-            self.features.after_delivery()
+        taken = self._take_head()
         if taken is None:
             self.vhost.node_counters.get_empty += 1  # RabbitMQ's messages_get_empty_total
         return taken
@@ -266,41 +268,29 @@ class Queue(QueueKind):
         budget = DELIVERY_BATCH
         index = self.index
         consumers = self.consumers
-        features = self.features if self.special else None
-        if features is None and len(consumers) == 1:
+        if len(consumers) == 1:
             return self._deliver_to(next(iter(consumers)), budget)
         while budget and index.ready_count and consumers and not index.closed:
-            consumer = features.pick_consumer() if features is not None else consumers.next_ready()
+            consumer = consumers.next_ready()
             if consumer is None:
                 break
-            if features is not None:
-                taken = features.take_ready()
-                if taken is None:
-                    break
-                pos, msg, redelivered = taken
-            else:
-                shifted = self.shift()
-                if shifted is None:
-                    break
-                pos, redelivered = shifted
-                read = self.read(pos)
-                if read is None:  # damaged: reported by read(); removed, and the rest goes on
-                    index.ack(pos)
-                    continue
-                msg = read
+            shifted = self.shift()
+            if shifted is None:
+                break
+            pos, redelivered = shifted
+            msg = self.read(pos)
+            if msg is None:  # damaged: reported by read(); removed, and the rest goes on
+                index.ack(pos)
+                continue
             consumer.channel.deliver(consumer, pos, msg, redelivered)
             if not consumer.no_ack:
                 consumer.unacked += 1
-            elif features is not None:
-                features.remove(pos)
             else:
                 index.ack(pos)
             budget -= 1
-        if features is not None:
-            features.after_delivery()
         return budget == 0
 
-    def _deliver_to(self, consumer: Consumer, budget: int) -> bool:
+    def _deliver_to(self, consumer: QueueConsumer, budget: int) -> bool:
         """``deliver`` with one consumer and no features, a run at a time: as many positions as the
         budget and both prefetch windows allow leave the index in one call, are read, and go to the
         channel as one run (one bookkeeping step and one output append per run)."""
@@ -369,30 +359,17 @@ class Queue(QueueKind):
 
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
-        if self.deleted:
-            return
-        if self.special:
-            self.features.remove(pos)  # delivery counts are kept only while special
-        else:
-            self.index.ack(pos)
+        if not self.deleted:
+            self._remove(pos)
 
     def ack_many(self, positions: list[int]) -> None:
-        if self.deleted:
-            return
-        if self.special:
-            remove = self.features.remove
-            for pos in positions:
-                remove(pos)
-        else:
-            self.index.ack_many(positions)
+        if not self.deleted:
+            self._remove_many(positions)
 
     def requeue(self, pos: int) -> None:
         if self.deleted:
             return
-        if self.special:
-            self.features.requeue(pos)
-        else:
-            self.requeue_ready(pos)
+        self._requeue_one(pos)
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
@@ -412,13 +389,13 @@ class Queue(QueueKind):
         return count
 
     # --- consumers ----------------------------------------------------------------------------
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: QueueConsumer) -> None:
         self.consumers.add(consumer)
         self._had_consumer = True
         self.touch()
         self.vhost.schedule_delivery(self)
 
-    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+    def remove_consumer(self, consumer: QueueConsumer, *, notify: bool = False) -> None:
         """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
         if not self.consumers.remove(consumer):
             return

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from array import array
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..store.record import CorruptRecord, StoredMessage
 from ..wire.position import pos_offset, pos_segment
@@ -25,23 +26,51 @@ from .arguments import QueueSettings
 
 if TYPE_CHECKING:
     from ..store.index_kinds import AnyIndex
-    from .consumer import Consumer
-    from .publishing import PublishRun
-    from .stats import MessageCounters
-    from .vhost import VHost
+    from ..store.vhost_store import VhostStore
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
+    from .stats import MessageCounters, NodeCounters
 
 
 log = logging.getLogger("lavinpy.queue")
 
 # Deliveries a queue makes in one go before other queues get a turn on the event loop.
 DELIVERY_BATCH = 256
+# A delivery run's bodies stay near this many bytes: the channel's output high-water mark is checked
+# once per run, so a run of large messages must be short (the first run of a queue is FIRST_RUN long).
+RUN_BYTES = 1 << 20
+FIRST_RUN = 16
+
+
+class QueueHost(Protocol):
+    """What a queue needs of the vhost that holds it, and nothing more (``vhost.VHost`` is one)."""
+
+    name: str
+    corrupt_messages: int  # damaged records found by the host's queues
+
+    @property
+    def store(self) -> VhostStore: ...
+
+    @property
+    def node_counters(self) -> NodeCounters: ...
+
+    def schedule_delivery(self, queue: QueueKind) -> None:
+        """The queue has messages and consumers with capacity: deliver on the next loop turn."""
+
+    def dead_letter(self, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
+        """Route ``msg`` leaving ``queue`` to its dead-letter exchange; returns queues reached."""
+        ...
+
+    def delete_queue(self, name: str) -> int:
+        """Delete the queue (x-expires, auto-delete)."""
+        ...
 
 
 class QueueKind(ABC):
     """A queue as the vhost and channels see it; each kind brings its index, delivery and acks."""
 
     name: str
-    vhost: VHost
+    vhost: QueueHost
     index: AnyIndex
     arguments: dict[str, Any]
     settings: QueueSettings
@@ -50,7 +79,7 @@ class QueueKind(ABC):
     exclusive_owner: object | None
     auto_delete: bool
     deleted: bool
-    consumers: Collection[Consumer]
+    consumers: Collection[QueueConsumer]
     kind: str  # RabbitMQ's queue "type" as the API reports it: "classic" (priorities included), "stream"
     stats: MessageCounters
     # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
@@ -120,7 +149,7 @@ class QueueKind(ABC):
     def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
         """A stored message was routed here; ``message`` is the record in hand, if the caller has it."""
 
-    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
         """A run of stored messages was routed here: ``positions[i]`` holds ``run.message(first + i)``.
 
         This default pushes them one by one; a classic queue without features does better.
@@ -173,10 +202,10 @@ class QueueKind(ABC):
         return None
 
     @abstractmethod
-    def add_consumer(self, consumer: Consumer) -> None: ...
+    def add_consumer(self, consumer: QueueConsumer) -> None: ...
 
     @abstractmethod
-    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+    def remove_consumer(self, consumer: QueueConsumer, *, notify: bool = False) -> None:
         """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
 
     # --- life cycle ---------------------------------------------------------------------------

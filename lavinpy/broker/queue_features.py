@@ -1,15 +1,17 @@
 """The slow paths of a classic queue: TTL, length limits, priorities, delivery limit, single active consumer.
 
-Every classic queue holds one ``QueueFeatures``; the queue's hot paths (push, deliver, requeue in
-``queue.py``) consult it only while ``Queue.special`` is True, which is when its settings (arguments
-or policy) use one of these features or it received a message with an ``expiration``. A plain queue
-pays one flag check per message.
+Every classic queue holds one ``QueueFeatures``. While the queue's settings (arguments or policy) use
+one of these features, or it received a message with an ``expiration``, the component's message paths
+(push, deliver, get, settle, requeue, refuses) are bound on the queue in place of its plain ones
+(``Queue.use_features``), and ``Queue.special`` tells the publish path to take its slow path. A plain
+queue's paths know nothing of features: it pays one flag check per published message, nothing more.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from array import array
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ..store.priority_index import PriorityIndex
 from ..store.record import StoredMessage
@@ -17,21 +19,48 @@ from .arguments import QueueSettings
 from .death_headers import delivery_count_properties
 from .limits import body_bytes, over_limit, would_overflow
 from .priorities import message_priority
+from .queue_base import DELIVERY_BATCH, QueueHost, QueueKind
 from .ttl import Timer, message_expiry, now_ms
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
-    from .queue import Queue
+    from ..store.queue_index import QueueIndex
+    from .consumer_set import ConsumerSet
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.queue")
 
 EXPIRE_BATCH = 1024  # expired heads removed per timer callback before yielding to the loop
 
 
+class ClassicQueue(Protocol):
+    """The classic queue as its feature component uses it (``queue.Queue`` is one)."""
+
+    name: str
+    vhost: QueueHost
+    settings: QueueSettings
+    deleted: bool
+    _recovered_left: int  # recovered messages still to deliver with redelivered=true
+
+    @property
+    def index(self) -> QueueIndex: ...
+
+    @property
+    def consumers(self) -> ConsumerSet: ...
+
+    def shift(self) -> tuple[int, bool] | None: ...
+
+    def read(self, pos: int) -> StoredMessage | None: ...
+
+    def requeue_ready(self, pos: int) -> None: ...
+
+    def use_features(self, features: QueueFeatures | None) -> None: ...
+
+
 class QueueFeatures:
     """The feature state of one classic queue and the slow paths that use it."""
 
-    def __init__(self, queue: Queue, settings: QueueSettings | None) -> None:
+    def __init__(self, queue: ClassicQueue, settings: QueueSettings | None) -> None:
         self.queue = queue
         self.priority_index: PriorityIndex | None = None
         self.max_priority = 0
@@ -66,8 +95,9 @@ class QueueFeatures:
         self._counts_deliveries = settings.delivery_limit is not None
         if not self._counts_deliveries:
             self.delivery_counts.clear()
-        queue.special = bool(self.has_ttl or self.has_limits or self._counts_deliveries
-                             or settings.single_active_consumer or self.max_priority)
+        used = bool(self.has_ttl or self.has_limits or self._counts_deliveries
+                    or settings.single_active_consumer or self.max_priority)
+        queue.use_features(self if used else None)
         if self.has_limits and settings.overflow == "drop-head":
             self._enforce_limits()
         if self.has_ttl:
@@ -81,7 +111,7 @@ class QueueFeatures:
         if not self._message_ttl_seen:
             self._message_ttl_seen = True
             self.has_ttl = True
-            self.queue.special = True
+            self.queue.use_features(self)
 
     def start_timers(self) -> None:
         if self.has_ttl:
@@ -97,6 +127,35 @@ class QueueFeatures:
         return len(msg.body) if msg is not None else 0
 
     # --- publishing ---------------------------------------------------------------------------
+    def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
+        """``Queue.push`` while a feature is used: the record is needed (priority, TTL, bytes)."""
+        queue = self.queue
+        if message is None:
+            message = queue.read(pos)
+            if message is None:
+                return
+        index = queue.index
+        if queue.consumers and not index.ready_count:
+            # Nothing waiting: straight to a consumer with capacity, as the plain path does.
+            consumer = self.pick_consumer()
+            if consumer is not None:
+                queue._recovered_left = 0
+                if consumer.no_ack:
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    return
+                self.index_push(pos, persistent, message)
+                index.shift()
+                consumer.channel.deliver(consumer, pos, message, False)
+                consumer.unacked += 1
+                return
+        self.push_ready(pos, persistent, message)
+
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
+        """``Queue.push_many`` while a feature is used: one by one."""
+        push = self.push
+        for i, pos in enumerate(positions):
+            push(pos, persistent, run.message(first + i))
+
     def refuses(self, size: int) -> bool:
         settings = self.queue.settings
         return (self.has_limits and settings.overflow != "drop-head"
@@ -115,7 +174,7 @@ class QueueFeatures:
             if self.has_ttl else None
         if expiry is not None and expiry <= now_ms():
             # TTL 0 (or a clock step): expired unless a consumer took it at once, as in RabbitMQ.
-            queue.vhost.dead_letter(queue, message, "expired")
+            self._dead_letter(message, "expired")
             return
         self.index_push(pos, persistent, message)
         if self.track_bytes:
@@ -125,7 +184,7 @@ class QueueFeatures:
         if expiry is not None:
             self._ttl_timer.arm_before(expiry)
         if queue.consumers:
-            queue.vhost.schedule_delivery(queue)
+            queue.vhost.schedule_delivery(cast(QueueKind, queue))
 
     def _enforce_limits(self) -> None:
         """drop-head: remove (and dead-letter, reason maxlen) head messages until within the limits."""
@@ -142,11 +201,40 @@ class QueueFeatures:
                 if self.track_bytes:
                     self.ready_bytes -= len(msg.body)
                 if dlx:
-                    queue.vhost.dead_letter(queue, msg, "maxlen")
+                    self._dead_letter(msg, "maxlen")
             self.remove(pos)
 
     # --- delivering ---------------------------------------------------------------------------
-    def pick_consumer(self) -> Consumer | None:
+    def deliver(self) -> bool:
+        """``Queue.deliver`` while a feature is used: one message at a time, expired heads skipped."""
+        queue = self.queue
+        budget = DELIVERY_BATCH
+        index = queue.index
+        consumers = queue.consumers
+        while budget and index.ready_count and consumers and not index.closed:
+            consumer = self.pick_consumer()
+            if consumer is None:
+                break
+            taken = self.take_ready()
+            if taken is None:
+                break
+            pos, msg, redelivered = taken
+            consumer.channel.deliver(consumer, pos, msg, redelivered)
+            if not consumer.no_ack:
+                consumer.unacked += 1
+            else:
+                self.remove(pos)
+            budget -= 1
+        self.after_delivery()
+        return budget == 0
+
+    def take_for_get(self) -> tuple[int, StoredMessage, bool] | None:
+        """The head for basic.get (``Queue.get``'s step while a feature is used)."""
+        taken = self.take_ready()
+        self.after_delivery()
+        return taken
+
+    def pick_consumer(self) -> QueueConsumer | None:
         queue = self.queue
         if queue.settings.single_active_consumer:
             # Only the first registered consumer gets messages; the next takes over when it goes.
@@ -190,6 +278,11 @@ class QueueFeatures:
             self.delivery_counts.pop(pos, None)
         self.queue.index.ack(pos)
 
+    def remove_many(self, positions: list[int]) -> None:
+        remove = self.remove
+        for pos in positions:
+            remove(pos)
+
     def purged(self) -> None:
         """After a purge only the unacked messages are left to count (the purged ones are gone)."""
         self.ready_bytes = 0
@@ -205,7 +298,7 @@ class QueueFeatures:
         if queue.settings.dead_letter_exchange is not None:
             msg = queue.read(pos)
             if msg is not None:
-                queue.vhost.dead_letter(queue, msg, "rejected")
+                self._dead_letter(msg, "rejected")
         self.remove(pos)
 
     def requeue(self, pos: int) -> None:
@@ -218,7 +311,7 @@ class QueueFeatures:
                 if queue.settings.dead_letter_exchange is not None:
                     msg = queue.read(pos)
                     if msg is not None:
-                        queue.vhost.dead_letter(queue, msg, "delivery_limit")
+                        self._dead_letter(msg, "delivery_limit")
                 self.remove(pos)
                 return
             # On file before the message is ready again: a restart cannot hand it out with a lower count.
@@ -234,9 +327,12 @@ class QueueFeatures:
                     if expiry is not None:
                         self._ttl_timer.arm_before(expiry)
 
+    def _dead_letter(self, msg: StoredMessage, reason: str) -> None:
+        self.queue.vhost.dead_letter(cast(QueueKind, self.queue), msg, reason)  # the queue is a QueueKind
+
     # --- expiry -------------------------------------------------------------------------------
     def _expire(self, pos: int, msg: StoredMessage) -> None:
-        self.queue.vhost.dead_letter(self.queue, msg, "expired")
+        self._dead_letter(msg, "expired")
         self.remove(pos)
 
     def _arm_for_head(self) -> None:

@@ -28,7 +28,8 @@ def orphan_queue_declares(vhost_name: str, store: VhostStore, replay: list[Any])
     for name in store.queue_names_on_disk():
         if name in declared:
             continue
-        arguments = {"x-queue-type": "stream"} if (store.queue_path(name) / STREAM_META_FILE).exists() else {}
+        stream = (store.queue_path(name) / STREAM_META_FILE).exists()
+        arguments: dict[str, Any] = {"x-queue-type": "stream"} if stream else {}
         log.error("vhost %r: queue %r is declared again from its directory (its declaration was in a damaged "
                   "definitions record); arguments other than its type are not known", vhost_name, name)
         orphans.append(commands.Queue.Declare(queue=name, durable=True, arguments=arguments))

@@ -16,16 +16,47 @@ import asyncio
 import operator
 import time
 from bisect import bisect_left
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .history import Entry, Ring, append, new_ring, summed
 
-if TYPE_CHECKING:
-    from .broker import Broker
-    from .vhost import VHost
-
 SAMPLE_INTERVAL = 5.0
+
+
+class Counted(Protocol):
+    """An object with its own counters (a queue or an exchange)."""
+
+    @property
+    def stats(self) -> MessageCounters: ...
+
+
+class CountedQueue(Counted, Protocol):
+    @property
+    def message_count(self) -> int: ...
+
+    @property
+    def unacked_count(self) -> int: ...
+
+
+class CountedVHost(Counted, Protocol):
+    """The members of a vhost its totals are summed from (``vhost.VHost`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def queues(self) -> Mapping[str, CountedQueue]: ...
+
+    @property
+    def exchanges(self) -> Mapping[str, Counted]: ...
+
+
+class CountedNode(Protocol):
+    """The broker as the sampler reads it: its vhosts."""
+
+    @property
+    def vhosts(self) -> Mapping[str, CountedVHost]: ...
 
 # Counted by each queue (messages into it, out of it, settled).
 QUEUE_FIELDS = ("publish", "deliver", "deliver_no_ack", "get", "get_no_ack", "ack", "redeliver", "reject")
@@ -176,7 +207,7 @@ class Totals:
 _PUBLISH = FIELDS.index("publish")
 
 
-def vhost_totals(vhost: VHost) -> Totals:
+def vhost_totals(vhost: CountedVHost) -> Totals:
     """A vhost's counters: its own (publishing channels, deleted queues) plus its queues' and exchanges'.
 
     Each kind of object counts only its own fields (queues never count publish_in, exchanges never
@@ -198,7 +229,7 @@ def vhost_totals(vhost: VHost) -> Totals:
     return totals
 
 
-def node_totals(broker: Broker) -> Totals:
+def node_totals(broker: CountedNode) -> Totals:
     totals = Totals()
     for vhost in list(broker.vhosts.values()):
         totals.add(vhost_totals(vhost), FIELDS)
@@ -231,7 +262,7 @@ def counters_stats(counters: MessageCounters, fields: Iterable[str]) -> dict[str
 class StatsSampler:
     """Samples every queue, exchange, vhost and the node every ``interval`` seconds."""
 
-    def __init__(self, broker: Broker, interval: float = SAMPLE_INTERVAL) -> None:
+    def __init__(self, broker: CountedNode, interval: float = SAMPLE_INTERVAL) -> None:
         self.broker = broker
         self.interval = interval
         self.vhosts: dict[str, Totals] = {}
@@ -294,13 +325,13 @@ class StatsSampler:
         self.vhost_history = histories  # a deleted vhost's history goes with it
         self.node = node
 
-    def history_of(self, vhosts: list[VHost] | None = None) -> list[Entry] | Ring:
+    def history_of(self, vhosts: Sequence[CountedVHost] | None = None) -> list[Entry] | Ring:
         """The node's samples, or the sum of some vhosts' (a user who sees only those)."""
         if vhosts is None or len(vhosts) == len(self.broker.vhosts):
             return self.node_history
         return summed([self.vhost_history[v.name] for v in vhosts if v.name in self.vhost_history])
 
-    def vhost_stats(self, vhost: VHost) -> dict[str, Any]:
+    def vhost_stats(self, vhost: CountedVHost) -> dict[str, Any]:
         """The vhost's current counts with the rates of the last sample."""
         sampled = self.vhosts.get(vhost.name)
         return message_stats(vhost_totals(vhost).counts, sampled.rates if sampled else {})

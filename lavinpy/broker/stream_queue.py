@@ -32,18 +32,16 @@ from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
 from ..wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
 from .arguments import QueueSettings
-from .queue import FIRST_RUN, RUN_BYTES
-from .queue_base import DELIVERY_BATCH, QueueKind
+from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from array import array
 
     from ..store.stream_index import StreamIndex
-    from .consumer import Consumer
-    from .publishing import PublishRun
-    from .vhost import VHost
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.stream")
 
@@ -93,7 +91,7 @@ def _stamp_offsets(messages: list[StoredMessage], start: int, first_offset: int,
                    ) -> tuple[list[StoredMessage], int]:
     """``messages[start:]`` stamped with consecutive offsets from ``first_offset`` through ``splices``;
     stops at the first whose property block has no splice yet and returns its index too."""
-    out = []
+    out: list[StoredMessage] = []
     for i in range(start, len(messages)):
         msg = messages[i]
         splice = splices.get(msg[3])
@@ -132,18 +130,18 @@ class StreamQueue(QueueKind):
     exclusive_owner = None
     auto_delete = False
 
-    def __init__(self, vhost: VHost, name: str, index: StreamIndex, *,
+    def __init__(self, vhost: QueueHost, name: str, index: StreamIndex, *,
                  arguments: dict[str, Any] | None = None) -> None:
         self.vhost = vhost
         self.name = name
-        self.index = index
+        self.index: StreamIndex = index
         self.arguments = arguments or {}
         # Arguments only: RabbitMQ streams take retention from their declaration here.
         self.settings = QueueSettings.resolve(self.arguments)
-        self.consumers: list[Consumer] = []
+        self.consumers: list[QueueConsumer] = []
         self.stats = MessageCounters()
         self.deleted = False
-        self._cursors: dict[Consumer, int] = {}  # consumer -> next offset to deliver to it
+        self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -180,7 +178,7 @@ class StreamQueue(QueueKind):
                                       with_stream_offset(msg.properties, offset + i), msg.body), False))
         return out
 
-    def offset_of(self, consumer: Consumer) -> int | None:
+    def offset_of(self, consumer: QueueConsumer) -> int | None:
         """The next offset ``consumer`` will get (None if it is not a consumer of this stream)."""
         return self._cursors.get(consumer)
 
@@ -239,7 +237,7 @@ class StreamQueue(QueueKind):
             self._damaged.add(pos)
             super().report_damaged(pos, error)
 
-    def push_many(self, positions: Sequence[int], persistent: bool, run: PublishRun, first: int) -> None:
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
         """``push`` for a run stored in one segment: appended at once; a caught-up consumer takes the
         messages in hand while it has credit, as it would one by one."""
         if not positions:
@@ -274,7 +272,7 @@ class StreamQueue(QueueKind):
         raise AMQPConnectionError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._where()}",
                                   *_BASIC_GET)
 
-    def _send(self, consumer: Consumer, offset: int, pos: int, msg: StoredMessage) -> None:
+    def _send(self, consumer: QueueConsumer, offset: int, pos: int, msg: StoredMessage) -> None:
         msg = StoredMessage(msg.timestamp, msg.exchange, msg.routing_key, with_stream_offset(msg.properties, offset),
                             msg.body)
         self._cursors[consumer] = offset + 1
@@ -315,7 +313,7 @@ class StreamQueue(QueueKind):
                 self._cursors[consumer] = cursor
         return budget == 0
 
-    def _credit(self, consumer: Consumer, limit: int) -> int:
+    def _credit(self, consumer: QueueConsumer, limit: int) -> int:
         """How many of ``limit`` messages may go to ``consumer`` now as one run: its prefetch, the
         channel's, the channel's output and the run length (about 1 MiB of bodies)."""
         channel = consumer.channel
@@ -326,7 +324,7 @@ class StreamQueue(QueueKind):
             count = min(count, consumer.prefetch - consumer.unacked)
         return max(count, 0)
 
-    def _deliver_runs(self, consumer: Consumer, cursor: int, budget: int) -> int:
+    def _deliver_runs(self, consumer: QueueConsumer, cursor: int, budget: int) -> int:
         """Deliver from ``cursor`` to ``consumer`` in runs (positions, records and frames of a run
         each in one call) while credit and ``budget`` last; stops before a hole or a damaged record.
         Returns how many were delivered; the caller stores the cursor."""
@@ -399,12 +397,12 @@ class StreamQueue(QueueKind):
         validate_stream_consumer(no_ack, prefetch, arguments, queue=self.name, vhost=self.vhost.name,
                                  global_prefetch=global_prefetch)
 
-    def add_consumer(self, consumer: Consumer) -> None:
+    def add_consumer(self, consumer: QueueConsumer) -> None:
         self._cursors[consumer] = self.start_offset(consumer.arguments)
         self.consumers.append(consumer)
         self.vhost.schedule_delivery(self)
 
-    def remove_consumer(self, consumer: Consumer, *, notify: bool = False) -> None:
+    def remove_consumer(self, consumer: QueueConsumer, *, notify: bool = False) -> None:
         """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
         try:
             self.consumers.remove(consumer)

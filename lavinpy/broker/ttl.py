@@ -21,10 +21,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def has_expiration(properties: bytes) -> bool:
-    return bool(properties[0] & _EXPIRATION_FLAG_HIGH)
-
-
 def message_ttl(properties: bytes) -> int | None:
     """The per-message TTL (ms) from the expiration property, or None (absent or unreadable)."""
     if not properties[0] & _EXPIRATION_FLAG_HIGH:

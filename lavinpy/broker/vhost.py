@@ -9,7 +9,7 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
@@ -23,18 +23,24 @@ from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
 from ..wire.constants import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     NOT_FOUND,
     PRECONDITION_FAILED,
     RESOURCE_LOCKED,
 )
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
-from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of, validate_queue_arguments
+from ..wire.errors import AMQPChannelError
+from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
 from .dead_lettering import dead_letter
-from .equivalence import check_arguments, inequivalent
+from .declarations import (
+    check_exchange_equivalent,
+    check_exchange_name,
+    check_queue_equivalent,
+    check_queue_name,
+    default_exchange_refused,
+    new_exchange,
+    validate_queue_declare,
+)
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
-from .exchanges.delayed import DelayedExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
@@ -44,13 +50,14 @@ from .publishing import VHostPublishing
 from .queue import Queue
 from .queue_base import QueueKind
 from .recovery import orphan_queue_declares
+from .routing import Routing
 from .stats import EXCHANGE_FIELDS, MessageCounters
-from .stream_arguments import validate_stream_declare
 from .stream_queue import StreamQueue
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .broker import Broker
+    from .stats import NodeCounters
+    from .users import UserStore
 
 log = logging.getLogger("lavinpy.vhost")
 
@@ -67,8 +74,21 @@ REDELIVERED_FILE = "redelivered"
 RELEASE_MEMORY_TICKS = 10
 
 
+class VHostOwner(Protocol):
+    """What a vhost needs of the broker that holds it (``broker.Broker`` is one)."""
+
+    @property
+    def node_counters(self) -> NodeCounters: ...
+
+    @property
+    def users(self) -> UserStore | None: ...
+
+    def schedule_delivery(self, queue: QueueKind) -> None:
+        """Deliver from ``queue`` soon (once per input batch)."""
+
+
 class VHost(VHostPublishing):
-    def __init__(self, name: str, path: Path, config: Config, broker: Broker) -> None:
+    def __init__(self, name: str, path: Path, config: Config, broker: VHostOwner) -> None:
         self.name = name
         self.broker = broker
         self.path = path
@@ -94,8 +114,7 @@ class VHost(VHostPublishing):
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
         self.policies.subscribe(self._policy_changed)
-        # Exchange name -> alternate exchange name, when a policy (or argument) gives one.
-        self._alternates: dict[str, str] = {}
+        self.routing = Routing(self.exchanges)  # alternate exchanges are set as policies give them
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self, unclean_stop: bool = False) -> None:
@@ -112,8 +131,8 @@ class VHost(VHostPublishing):
         # which deletes the segments no open index references.
         replay = self.definitions.load()
         if self.definitions.damaged_records:
-            for cmd in orphan_queue_declares(self.name, self.store, replay):
-                self.definitions.append(cmd)
+            for orphan in orphan_queue_declares(self.name, self.store, replay):
+                self.definitions.append(orphan)
             replay = self.definitions.current()  # exchanges, queues, then bindings
         for cmd in replay:
             self._replay(cmd, unclean_stop)
@@ -153,21 +172,20 @@ class VHost(VHostPublishing):
                 changes.deleted(marks)  # a durable file: replicated like the store's
             self.queues[cmd.queue] = queue
         elif isinstance(cmd, commands.Queue.Bind):
-            source, dest = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)
-            if source is not None and dest is not None:
-                source.bind(dest, cmd.routing_key, dict(cmd.arguments or {}))
+            source, bound = self.exchanges.get(cmd.exchange), self.queues.get(cmd.queue)
+            if source is not None and bound is not None:
+                source.bind(bound, cmd.routing_key, dict(cmd.arguments or {}))
         elif isinstance(cmd, commands.Exchange.Bind):
-            source, dest = self.exchanges.get(cmd.source), self.exchanges.get(cmd.destination)
-            if source is not None and dest is not None:
-                source.bind(dest, cmd.routing_key, dict(cmd.arguments or {}))
+            source, destination = self.exchanges.get(cmd.source), self.exchanges.get(cmd.destination)
+            if source is not None and destination is not None:
+                source.bind(destination, cmd.routing_key, dict(cmd.arguments or {}))
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         for exchange in self.exchanges.values():
-            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-                exchange.held.close()
+            exchange.close()
         for queue in list(self.queues.values()):
             queue.stop_timers()
             if not queue.durable:
@@ -220,11 +238,6 @@ class VHost(VHostPublishing):
     def schedule_delivery(self, queue: QueueKind) -> None:
         self.broker.schedule_delivery(queue)
 
-    def schedule_all_deliveries(self) -> None:
-        for queue in self.queues.values():
-            if queue.consumers and queue.message_count:
-                self.schedule_delivery(queue)
-
     # --- exchanges ----------------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:
         try:
@@ -238,7 +251,7 @@ class VHost(VHostPublishing):
         """Declare an exchange; ``permissions`` is the acting user's (None: a trusted caller)."""
         arguments = dict(arguments or {})
         if name == "":
-            raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+            raise default_exchange_refused()
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
@@ -246,27 +259,12 @@ class VHost(VHostPublishing):
             return existing
         if permissions is not None:
             permissions.check_exchange_declare(name, arguments)
-        if name.startswith("amq.") and existing is None:
-            raise AMQPChannelError(ACCESS_REFUSED,
-                                   f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        check_exchange_name(name, exists=existing is not None)
         if existing is not None:
-            if name == "" or (name.startswith("amq.") and existing.type == type_name):
-                return existing
-            for arg, received, current in (("type", type_name, existing.type),
-                                           ("durable", durable, existing.durable),
-                                           ("auto_delete", auto_delete, existing.auto_delete),
-                                           ("internal", internal, existing.internal)):
-                if received != current:
-                    raise inequivalent(arg, "exchange", name, self.name, received, current)
-            check_arguments("exchange", name, self.name, arguments, existing.arguments)
+            check_exchange_equivalent(existing, self.name, type_name, durable, auto_delete, internal, arguments)
             return existing
-        try:
-            exchange = make_exchange(type_name, name, durable=durable, auto_delete=auto_delete,
-                                     internal=internal, arguments=arguments)
-        except UnknownExchangeType:
-            raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'")
-        except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
+        exchange = new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                                arguments=arguments)
         if durable:
             self.definitions.append(commands.Exchange.Declare(
                 exchange=name, exchange_type=type_name, durable=True, auto_delete=auto_delete,
@@ -276,17 +274,13 @@ class VHost(VHostPublishing):
 
     def _add_exchange(self, exchange: Exchange) -> None:
         self.exchanges[exchange.name] = exchange
-        if isinstance(exchange, DelayedExchange):
-            exchange.open_store(self.store, self._route_due)
+        exchange.attach(self.store, self._route_due)
         self._update_alternate(exchange)
 
     def _update_alternate(self, exchange: Exchange) -> None:
         policy = self.policies.match(exchange.name, "exchange")
         ae = alternate_exchange(exchange.arguments, policy.definition if policy else None)
-        if ae:
-            self._alternates[exchange.name] = ae
-        else:
-            self._alternates.pop(exchange.name, None)
+        self.routing.set_alternate(exchange.name, ae)
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
@@ -300,9 +294,8 @@ class VHost(VHostPublishing):
             raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
         exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
-        self._alternates.pop(name, None)
-        if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-            exchange.held.delete()
+        self.routing.set_alternate(name, None)
+        exchange.delete()
         self.generation += 1
         for other in list(self.exchanges.values()):
             if other.unbind_all(exchange):
@@ -316,7 +309,7 @@ class VHost(VHostPublishing):
 
     def _check_bindable(self, exchange: Exchange) -> None:
         if exchange.name == "":
-            raise AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+            raise default_exchange_refused()
 
     def bind_queue(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict | None) -> None:
         queue = self.get_queue(queue_name)
@@ -405,38 +398,26 @@ class VHost(VHostPublishing):
             return existing
         if permissions is not None:
             permissions.check_queue_declare(name, arguments)
-        if existing is None and name.startswith("amq.") and not server_named:
-            raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        check_queue_name(name, exists=existing is not None, server_named=server_named)
         if existing is not None:
             self.check_exclusive(existing, owner)
             if exclusive != existing.exclusive:
                 # As RabbitMQ: exclusivity is a lock, not an argument to compare.
                 raise self._locked(name)
-            for arg, received, current in (("durable", durable, existing.durable),
-                                           ("auto_delete", auto_delete, existing.auto_delete)):
-                if received != current:
-                    raise inequivalent(arg, "queue", name, self.name, received, current)
-            check_arguments("queue", name, self.name, arguments, existing.arguments)
+            check_queue_equivalent(existing.durable, existing.auto_delete, existing.arguments, name, self.name,
+                                   durable, auto_delete, arguments)
             existing.touch()  # a redeclare counts as use (x-expires)
             self.node_counters.queues_declared += 1
             return existing
-        queue_type = queue_type_of(arguments)
+        queue_type = validate_queue_declare(name, self.name, durable=durable, exclusive=exclusive,
+                                            auto_delete=auto_delete, arguments=arguments, server_named=server_named)
         if queue_type == "stream":
-            if server_named:
-                raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
-            validate_stream_declare(name, self.name, durable=durable, exclusive=exclusive,
-                                    auto_delete=auto_delete, arguments=arguments)
             self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
                                                            arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
             self._count_created()
             return stream
-        try:
-            validate_queue_arguments(arguments, queue=name, vhost=self.name, durable=durable,
-                                     exclusive=exclusive, auto_delete=auto_delete)
-        except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text)
         settings = self._queue_settings(name, arguments)
         persist = durable and not exclusive
         if persist:
@@ -530,5 +511,4 @@ class VHost(VHostPublishing):
         for queue in self.queues.values():
             queue.start_timers()
         for exchange in self.exchanges.values():
-            if isinstance(exchange, DelayedExchange) and exchange.held is not None:
-                exchange.held.arm()
+            exchange.start_timers()

@@ -147,7 +147,7 @@ def test_settings_from_arguments_only() -> None:
                                "x-dead-letter-exchange": "dlx", "x-max-priority": 10,
                                "x-single-active-consumer": True, "x-delivery-limit": 3})
     assert (s.message_ttl, s.max_length, s.overflow, s.dead_letter_exchange) == (1000, 5, "reject-publish", "dlx")
-    assert (s.max_priority, s.is_priority_queue, s.single_active_consumer, s.delivery_limit) == (10, True, True, 3)
+    assert (s.max_priority, s.single_active_consumer, s.delivery_limit) == (10, True, 3)
     assert s.expires is None and s.dead_letter_routing_key is None and s.queue_type == "classic"
 
 
@@ -184,7 +184,7 @@ def test_policy_cannot_set_declare_time_features() -> None:
 def test_delivery_limit_minus_one_means_unlimited() -> None:
     assert QueueSettings.resolve({"x-delivery-limit": -1}).delivery_limit is None
     assert QueueSettings.resolve({"x-delivery-limit": -1}, {"delivery-limit": 4}).delivery_limit is None
-    assert QueueSettings.resolve({"x-max-priority": 0}).is_priority_queue is False
+    assert not QueueSettings.resolve({"x-max-priority": 0}).max_priority  # one level: a plain queue
 
 
 def test_alternate_exchange_argument_wins() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ from pamqp import commands
 
 from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
+from lavinpy.broker.queue_base import QueueHost, QueueKind
+from lavinpy.broker.stats import NodeCounters
 from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
 from lavinpy.broker.stream_queue import StreamQueue, with_stream_offset
 from lavinpy.store.index_kinds import STREAM
@@ -63,17 +66,29 @@ class RecordingChannel:
                 queue.ack(pos)
 
 
-class MiniVhost:
-    """The vhost side a queue uses: its name, its store and delivery scheduling."""
+class StandInHost:
+    """The host a queue needs (``QueueHost``), and nothing of a real vhost: its name, store and counters,
+    recorded delivery scheduling, dead-lettering and deletion."""
 
     def __init__(self, store: VhostStore) -> None:
         self.name = "/"
         self.store = store
-        self.scheduled: set = set()
+        self.node_counters = NodeCounters()
         self.corrupt_messages = 0
+        self.scheduled: set[QueueKind] = set()
+        self.dead_lettered: list[tuple[str, StoredMessage, str]] = []
+        self.deleted: list[str] = []
 
-    def schedule_delivery(self, queue: Any) -> None:
+    def schedule_delivery(self, queue: QueueKind) -> None:
         self.scheduled.add(queue)
+
+    def dead_letter(self, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
+        self.dead_lettered.append((queue.name, msg, reason))
+        return 0
+
+    def delete_queue(self, name: str) -> int:
+        self.deleted.append(name)
+        return 0
 
 
 def open_stream(path: Path, arguments: dict | None = None) -> tuple[VhostStore, StreamQueue]:
@@ -82,7 +97,8 @@ def open_stream(path: Path, arguments: dict | None = None) -> tuple[VhostStore, 
     index = store.open_queue("s", True, STREAM)
     store.finish_recovery()
     args = {"x-queue-type": "stream", **(arguments or {})}
-    return store, StreamQueue(MiniVhost(store), "s", index, arguments=args)
+    host: QueueHost = StandInHost(store)
+    return store, StreamQueue(host, "s", index, arguments=args)
 
 
 def props(headers: dict | None = None) -> bytes:
@@ -406,18 +422,18 @@ def expected_first_two(messages: list[StoredMessage], first: int) -> list[Stored
 
 
 def test_published_run_goes_to_a_caught_up_consumer_as_one_run_within_credit(stream: StreamQueue) -> None:
-    from lavinpy.broker.publishing import PublishRun
+    from lavinpy.broker.publish_run import PublishRun
 
     publish(stream, 2)
     consumer, channel = consume(stream, "next", prefetch=10)
     p = props({"h": "v"})
     bodies = [i.to_bytes(4, "big") * 4 for i in range(50, 75)]
     messages = stream.vhost.store.messages
-    positions = [messages.append("ex", "rk", p, body, 1000) for body in bodies]
+    positions = array("Q", [messages.append("ex", "rk", p, body, 1000) for body in bodies])
     stream.push_many(positions, True, PublishRun("ex", "rk", p, bodies, 1000), 0)
     # in hand, as far as the prefetch allows: one run of 10, offsets 3..12 stamped in order
     assert channel.runs == [10] and received(channel) == [(50 + i, 3 + i) for i in range(10)]
-    assert [pos for _t, pos, _m, _r in channel.deliveries] == positions[:10]
+    assert [pos for _t, pos, _m, _r in channel.deliveries] == list(positions[:10])
     assert decode_properties(channel.deliveries[0][2].properties).headers == {"h": "v", "x-stream-offset": 3}
     assert stream in stream.vhost.scheduled  # the rest waits for credit
     channel.settle(consumer, 10, stream)

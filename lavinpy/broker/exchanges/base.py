@@ -7,12 +7,16 @@ Each exchange type subclasses `Exchange` and keeps its own routing index up to d
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable, Collection, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from lavinpy.broker.stats import MessageCounters
 from lavinpy.wire.constants import PRECONDITION_FAILED
 from lavinpy.wire.errors import AMQPChannelError
+
+if TYPE_CHECKING:
+    from lavinpy.store.record import StoredMessage
+    from lavinpy.store.vhost_store import VhostStore
 
 
 class InvalidBinding(AMQPChannelError, ValueError):
@@ -61,6 +65,8 @@ class Exchange:
     """
 
     type: ClassVar[str] = ""
+    # Whether the exchange may hold a message back (``hold``): the publish path asks only then.
+    holds_messages: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -172,6 +178,24 @@ class Exchange:
                 else:
                     queues.add(destination)
         return queues
+
+    # -- messages held back, and their life cycle (a delayed exchange's; the others keep nothing) --
+
+    def hold(self, routing_key: str, properties: bytes, body: bytes, headers: dict | None) -> bool:
+        """Keep the message to route it later; False: route it now."""
+        return False
+
+    def attach(self, store: VhostStore, on_due: Callable[[Exchange, StoredMessage], None]) -> None:
+        """The exchange joined a vhost: open what it keeps in ``store``; ``on_due`` routes a released message."""
+
+    def start_timers(self) -> None:
+        """The event loop runs: arm the exchange's timers."""
+
+    def close(self) -> None:
+        """The vhost is closing: stop the timers (what is kept stays on disk)."""
+
+    def delete(self) -> None:
+        """The exchange was deleted: drop what it keeps."""
 
     # -- per-type hooks -----------------------------------------------------------------------
 

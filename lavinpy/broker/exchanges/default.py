@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from .base import Exchange
@@ -15,6 +15,6 @@ class DefaultExchange(Exchange):
         super().__init__("", durable=True)
         self._lookup_queue = lookup_queue
 
-    def route(self, routing_key: str, headers: dict | None) -> set:
+    def route(self, routing_key: str, headers: dict[str, Any] | None = None) -> set[Hashable]:
         queue = self._lookup_queue(routing_key)
         return {queue} if queue is not None else set()

@@ -271,6 +271,7 @@ class DelayedExchange(Exchange):
     """``x-delayed-message``: routes like its inner ``x-delayed-type`` exchange, after ``x-delay`` ms."""
 
     type = "x-delayed-message"
+    holds_messages = True
 
     def __init__(self, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
@@ -309,7 +310,7 @@ class DelayedExchange(Exchange):
     def index_name(self) -> str:
         return INDEX_PREFIX + self.name
 
-    def open_store(self, store: VhostStore, on_due: Callable[[DelayedExchange, StoredMessage], None], *,
+    def open_store(self, store: VhostStore, on_due: Callable[[Exchange, StoredMessage], None], *,
                    loop: asyncio.AbstractEventLoop | None = None,
                    clock: Callable[[], int] = now_ms) -> DelayedStore:
         """Attach the held-message store (a durable exchange's held messages persist)."""
@@ -318,6 +319,21 @@ class DelayedExchange(Exchange):
         held.open()
         self.held = held
         return held
+
+    def attach(self, store: VhostStore, on_due: Callable[[Exchange, StoredMessage], None]) -> None:
+        self.open_store(store, on_due)
+
+    def start_timers(self) -> None:
+        if self.held is not None:
+            self.held.arm()
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.held.close()
+
+    def delete(self) -> None:
+        if self.held is not None:
+            self.held.delete()
 
     def hold(self, routing_key: str, properties: bytes, body: bytes, headers: dict | None) -> bool:
         """Hold the message if its x-delay asks for it; False means: route it now."""

@@ -1,0 +1,94 @@
+"""The rules of exchange.declare and queue.declare, with RabbitMQ's replies.
+
+The vhost applies them to every declaration (AMQP, HTTP, recovery aside); the definitions import
+applies the same ones to a whole document before it changes anything, so both refuse the same things
+with the same texts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..wire.constants import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
+from .equivalence import check_arguments, inequivalent
+from .exchanges.registry import UnknownExchangeType, make_exchange
+from .stream_arguments import validate_stream_declare
+
+if TYPE_CHECKING:
+    from .exchanges.base import Exchange
+
+
+def default_exchange_refused() -> AMQPChannelError:
+    return AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+
+
+def check_exchange_name(name: str, *, exists: bool) -> None:
+    """The default exchange is not declared; a new exchange's name may not start with ``amq.``."""
+    if name == "":
+        raise default_exchange_refused()
+    if name.startswith("amq.") and not exists:
+        raise AMQPChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
+
+
+def check_exchange_equivalent(existing: Exchange, vhost: str, type_name: str, durable: bool, auto_delete: bool,
+                              internal: bool, arguments: dict[str, Any]) -> None:
+    """A redeclaration must match the exchange (406 inequivalent arg); a built-in one of its type always does."""
+    name = existing.name
+    if name == "" or (name.startswith("amq.") and existing.type == type_name):
+        return
+    for arg, received, current in (("type", type_name, existing.type),
+                                   ("durable", durable, existing.durable),
+                                   ("auto_delete", auto_delete, existing.auto_delete),
+                                   ("internal", internal, existing.internal)):
+        if received != current:
+            raise inequivalent(arg, "exchange", name, vhost, received, current)
+    check_arguments("exchange", name, vhost, arguments, existing.arguments)
+
+
+def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool, internal: bool,
+                 arguments: dict[str, Any]) -> Exchange:
+    """The exchange a declaration makes: an unknown type closes the connection (503), bad arguments 406."""
+    try:
+        return make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                             arguments=arguments)
+    except UnknownExchangeType:
+        raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'") from None
+    except ArgumentError as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
+
+
+def check_queue_name(name: str, *, exists: bool, server_named: bool = False) -> None:
+    """A client may not name a new queue ``amq.*`` (server-generated names use that prefix)."""
+    if not exists and name.startswith("amq.") and not server_named:
+        raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+
+
+def check_queue_equivalent(existing_durable: bool, existing_auto_delete: bool, existing_arguments: dict[str, Any],
+                           name: str, vhost: str, durable: bool, auto_delete: bool,
+                           arguments: dict[str, Any]) -> None:
+    """A redeclaration must match the queue's flags and arguments (406 inequivalent arg)."""
+    for arg, received, current in (("durable", durable, existing_durable),
+                                   ("auto_delete", auto_delete, existing_auto_delete)):
+        if received != current:
+            raise inequivalent(arg, "queue", name, vhost, received, current)
+    check_arguments("queue", name, vhost, arguments, existing_arguments)
+
+
+def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
+                           arguments: dict[str, Any], server_named: bool = False) -> str:
+    """Refuse a new queue's flags and arguments as RabbitMQ does (406); returns the queue type."""
+    queue_type = queue_type_of(arguments)
+    if queue_type == "stream":
+        if server_named:
+            raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
+        validate_stream_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                                arguments=arguments)
+        return queue_type
+    try:
+        validate_queue_arguments(arguments, queue=name, vhost=vhost, durable=durable, exclusive=exclusive,
+                                 auto_delete=auto_delete)
+    except ArgumentError as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
+    return queue_type

@@ -1,0 +1,266 @@
+"""Checking a definitions document before anything is imported: the plan of an import.
+
+The whole document is checked against itself and the broker's current state first; an import then
+changes nothing when any object is wrong, and the error names the first bad object. Objects are
+judged by the model's own rules (``declarations``, ``arguments``, ``policies``, ``admin_operations``):
+an import refuses what a declaration would refuse, with the same text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..wire.constants import PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError, AMQPError
+from .admin_operations import parse_tags, password_spec
+from .declarations import (
+    check_exchange_equivalent,
+    check_exchange_name,
+    check_queue_equivalent,
+    check_queue_name,
+    new_exchange,
+    validate_queue_declare,
+)
+from .policies import PolicyError, make_policy
+from .users import PERMISSION_KINDS
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+# Sections in the order an import applies them (a whole-node import; a vhost's takes the last four).
+NODE_SECTIONS = ("vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings")
+VHOST_SECTIONS = ("policies", "exchanges", "queues", "bindings")
+IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")  # lavinpy has no runtime parameters
+
+
+class DefinitionsError(AMQPChannelError):
+    """One object of a definitions document is wrong (406; 400 over HTTP)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(PRECONDITION_FAILED, detail)
+
+
+def _list(doc: Mapping[str, Any], section: str) -> list[Any]:
+    value = doc.get(section, [])
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise DefinitionsError(f"definitions: '{section}' must be a list")
+    return value
+
+
+def _obj(item: Any, section: str, index: int) -> Mapping[str, Any]:
+    if not isinstance(item, Mapping):
+        raise DefinitionsError(f"definitions: {section}[{index}] must be an object")
+    return item
+
+
+def _name(item: Mapping[str, Any], what: str, key: str = "name") -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise DefinitionsError(f"{what}: '{key}' must be a string, not {value!r}")
+    return value
+
+
+def _flag(item: Mapping[str, Any], key: str, what: str, default: bool) -> bool:
+    value = item.get(key, default)
+    if not isinstance(value, bool):
+        raise DefinitionsError(f"{what}: '{key}' must be true or false, not {value!r}")
+    return value
+
+
+def _args(item: Mapping[str, Any], what: str) -> dict[str, Any]:
+    value = item.get("arguments") or {}
+    if not isinstance(value, Mapping):
+        raise DefinitionsError(f"{what}: 'arguments' must be an object")
+    return dict(value)
+
+
+def _refused(what: str, vhost: str, error: AMQPError) -> DefinitionsError:
+    """A model rule's refusal as an import error; ``what`` names the object unless the text does."""
+    detail = error.detail
+    return DefinitionsError(detail if f"in vhost '{vhost}'" in detail else f"{what}: {detail}")
+
+
+class Plan:
+    """A checked document: the actions an import will take, in order, and what each changes."""
+
+    def __init__(self) -> None:
+        self.actions: list[tuple[str, str, str, Any]] = []  # (kind, vhost, name, payload)
+        self.changes: list[dict[str, str]] = []
+
+    def add(self, kind: str, vhost: str, name: str, payload: Any, change: str | None) -> None:
+        self.actions.append((kind, vhost, name, payload))
+        if change is not None:
+            entry = {"type": kind, "name": name, "change": change}
+            if vhost:
+                entry["vhost"] = vhost
+            self.changes.append(entry)
+
+
+def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> Plan:
+    """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong."""
+    checker = _Checker(broker, only_vhost)
+    for section in IGNORED_SECTIONS:
+        for i, item in enumerate(_list(doc, section)):
+            _obj(item, section, i)  # accepted and ignored
+    for section in VHOST_SECTIONS if only_vhost else NODE_SECTIONS:
+        check_item = getattr(checker, section)
+        for i, item in enumerate(_list(doc, section)):
+            check_item(i, _obj(item, section, i))
+    return checker.plan
+
+
+class _Checker:
+    """One method per section, each checking one item and adding its action to the plan. Objects
+    declared earlier in the document count as existing for the later ones (bindings, permissions)."""
+
+    def __init__(self, broker: Broker, only_vhost: str | None) -> None:
+        users = broker.users
+        assert users is not None
+        self.broker = broker
+        self.only_vhost = only_vhost
+        self.plan = Plan()
+        self.vhost_names = {v.name for v in users.vhosts()}
+        self.user_names = {u.name for u in users.users()}
+        self.new_exchanges: set[tuple[str, str]] = set()
+        self.new_queues: set[tuple[str, str]] = set()
+
+    def vhost_of(self, item: Mapping[str, Any], what: str) -> str:
+        if self.only_vhost is not None:
+            return self.only_vhost
+        name = _name(item, what, "vhost")
+        if name not in self.vhost_names:
+            raise DefinitionsError(f"{what}: no vhost '{name}'")
+        return name
+
+    def vhosts(self, i: int, item: Mapping[str, Any]) -> None:
+        name = _name(item, f"vhost #{i}")
+        if not name:
+            raise DefinitionsError(f"vhost #{i}: name must not be empty")
+        metadata = item.get("metadata") if isinstance(item.get("metadata"), Mapping) else {}
+        assert metadata is not None
+        description = item.get("description", metadata.get("description", ""))
+        if not isinstance(description, str):
+            raise DefinitionsError(f"vhost '{name}': description must be a string")
+        try:
+            tags = parse_tags(item.get("tags", metadata.get("tags")))
+        except AMQPError as e:
+            raise DefinitionsError(f"vhost '{name}': {e.detail}") from None
+        self.plan.add("vhost", "", name, (description, tags), None if name in self.vhost_names else "create")
+        self.vhost_names.add(name)
+
+    def users(self, i: int, item: Mapping[str, Any]) -> None:
+        name = _name(item, f"user #{i}")
+        if not name:
+            raise DefinitionsError(f"user #{i}: name must not be empty")
+        try:
+            spec = password_spec(item, name)
+            tags = parse_tags(item.get("tags"))
+        except AMQPError as e:
+            raise DefinitionsError(e.detail) from None
+        self.plan.add("user", "", name, (spec, tags), "update" if name in self.user_names else "create")
+        self.user_names.add(name)
+
+    def permissions(self, i: int, item: Mapping[str, Any]) -> None:
+        user = _name(item, f"permission #{i}", "user")
+        vhost = self.vhost_of(item, f"permission of user '{user}'")
+        what = f"permission of user '{user}' in vhost '{vhost}'"
+        if user not in self.user_names:
+            raise DefinitionsError(f"{what}: no user '{user}'")
+        patterns = []
+        for kind in PERMISSION_KINDS:
+            pattern = _name(item, what, kind)
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise DefinitionsError(f"{what}: {kind} {pattern!r} is not a valid regular expression: {e}")
+            patterns.append(pattern)
+        self.plan.add("permission", vhost, user, patterns, "set")
+
+    def policies(self, i: int, item: Mapping[str, Any]) -> None:
+        name = _name(item, f"policy #{i}")
+        vhost = self.vhost_of(item, f"policy '{name}'")
+        try:
+            policy = make_policy(name, item.get("pattern"), item.get("definition"),  # type: ignore[arg-type]
+                                 item.get("priority", 0), item.get("apply-to", "all"))
+        except PolicyError as e:
+            raise DefinitionsError(f"vhost '{vhost}': {e}") from None
+        self.plan.add("policy", vhost, name, policy, "set")
+
+    def exchanges(self, i: int, item: Mapping[str, Any]) -> None:
+        name = _name(item, f"exchange #{i}")
+        vhost = self.vhost_of(item, f"exchange '{name}'")
+        what = f"exchange '{name}' in vhost '{vhost}'" if name else f"exchange #{i} in vhost '{vhost}'"
+        type_name = _name(item, what, "type")
+        durable = _flag(item, "durable", what, True)
+        auto_delete = _flag(item, "auto_delete", what, False)
+        internal = _flag(item, "internal", what, False)
+        arguments = _args(item, what)
+        model = self.broker.vhosts.get(vhost)
+        existing = model.exchanges.get(name) if model is not None else None
+        try:
+            check_exchange_name(name, exists=existing is not None)
+            new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                         arguments=arguments)
+            if existing is not None:
+                # An import leaves an existing exchange's flags and arguments as they are: its type must match.
+                check_exchange_equivalent(existing, vhost, type_name, existing.durable, existing.auto_delete,
+                                          existing.internal, existing.arguments)
+        except AMQPError as e:
+            raise _refused(what, vhost, e) from None
+        self.new_exchanges.add((vhost, name))
+        self.plan.add("exchange", vhost, name, (type_name, durable, auto_delete, internal, arguments),
+                      None if existing is not None else "create")
+
+    def queues(self, i: int, item: Mapping[str, Any]) -> None:
+        name = _name(item, f"queue #{i}")
+        vhost = self.vhost_of(item, f"queue '{name}'")
+        what = f"queue '{name}' in vhost '{vhost}'"
+        durable = _flag(item, "durable", what, True)
+        auto_delete = _flag(item, "auto_delete", what, False)
+        arguments = _args(item, what)
+        if not name:
+            raise DefinitionsError(f"{what}: a queue name must not be empty")
+        model = self.broker.vhosts.get(vhost)
+        existing = model.queues.get(name) if model is not None else None
+        try:
+            check_queue_name(name, exists=False)  # an import names no queue amq.*, even an existing one
+            validate_queue_declare(name, vhost, durable=durable, exclusive=False, auto_delete=auto_delete,
+                                   arguments=arguments)
+            if existing is not None:
+                # An import leaves an existing queue's arguments as they are: its flags must match.
+                check_queue_equivalent(existing.durable, existing.auto_delete, existing.arguments, name, vhost,
+                                       durable, auto_delete, existing.arguments)
+        except AMQPError as e:
+            raise _refused(what, vhost, e) from None
+        self.new_queues.add((vhost, name))
+        self.plan.add("queue", vhost, name, (durable, auto_delete, arguments), None if existing else "create")
+
+    def bindings(self, i: int, item: Mapping[str, Any]) -> None:
+        source = _name(item, f"binding #{i}", "source")
+        destination = _name(item, f"binding #{i}", "destination")
+        dest_type = _name(item, f"binding #{i}", "destination_type")
+        routing_key = _name(item, f"binding #{i}", "routing_key") if "routing_key" in item else ""
+        vhost = self.vhost_of(item, f"binding #{i}")
+        what = f"binding of {dest_type} '{destination}' to exchange '{source}' in vhost '{vhost}'"
+        arguments = _args(item, what)
+        if dest_type not in ("queue", "exchange"):
+            raise DefinitionsError(f"{what}: destination_type must be 'queue' or 'exchange'")
+        if source == "":
+            return  # default-exchange bindings are implicit (RabbitMQ exports none)
+        if not self._exists("exchange", vhost, source):
+            raise DefinitionsError(f"{what}: no exchange '{source}' in vhost '{vhost}'")
+        if not self._exists(dest_type, vhost, destination):
+            raise DefinitionsError(f"{what}: no {dest_type} '{destination}' in vhost '{vhost}'")
+        self.plan.add("binding", vhost, f"{source}->{dest_type}:{destination}",
+                      (source, destination, dest_type, routing_key, arguments), "bind")
+
+    def _exists(self, kind: str, vhost: str, name: str) -> bool:
+        """An exchange or queue declared earlier in the document or present in the vhost."""
+        if (vhost, name) in (self.new_queues if kind == "queue" else self.new_exchanges):
+            return True
+        model = self.broker.vhosts.get(vhost)
+        return model is not None and name in (model.queues if kind == "queue" else model.exchanges)

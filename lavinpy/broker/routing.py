@@ -1,0 +1,63 @@
+"""Where a message goes in one vhost: the exchange's bindings, the CC and BCC headers, and the chain of
+alternate exchanges when nothing matched. Apart from publishing, so dead-lettering and the delayed
+exchange's due messages route the same way without knowing the vhost."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..wire.properties import replace_headers
+
+if TYPE_CHECKING:
+    from .exchanges.base import Exchange
+
+
+class Routing:
+    """The routing of one vhost over its exchanges (the vhost's dict, read as it changes)."""
+
+    def __init__(self, exchanges: Mapping[str, Exchange]) -> None:
+        self.exchanges = exchanges
+        self.alternates: dict[str, str] = {}  # exchange name -> its alternate exchange's name
+
+    def set_alternate(self, exchange: str, alternate: str | None) -> None:
+        """Give ``exchange`` an alternate exchange (a policy's or its argument's), or none."""
+        if alternate:
+            self.alternates[exchange] = alternate
+        else:
+            self.alternates.pop(exchange, None)
+
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
+        """The queues a message reaches from ``exchange``."""
+        queues = exchange.route(routing_key, headers)
+        if headers:
+            for key in ("CC", "BCC"):
+                extra = headers.get(key)
+                if isinstance(extra, list):
+                    for rk in extra:
+                        if isinstance(rk, (str, bytes)):
+                            rk = rk.decode() if isinstance(rk, bytes) else rk
+                            queues |= exchange.route(rk, headers)
+        seen = {exchange.name}
+        while not queues:
+            # Unroutable: follow the alternate-exchange chain, each exchange once.
+            ae_name = self.alternates.get(exchange.name)
+            if not ae_name or ae_name in seen:
+                break
+            seen.add(ae_name)
+            alternate = self.exchanges.get(ae_name)
+            if alternate is None:
+                break
+            exchange = alternate
+            queues = exchange.route(routing_key, headers)
+        return queues
+
+    def route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
+                      headers: dict | None) -> tuple[Any, bytes]:
+        """The queues a message reaches, and its properties without the BCC header."""
+        queues = self.route(exchange, routing_key, headers)
+        if headers and "BCC" in headers:
+            headers = dict(headers)
+            del headers["BCC"]
+            properties = replace_headers(properties, headers)
+        return queues, properties
