@@ -27,15 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lavinpy.store import changes
-from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, tmp_path_for
+from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, tmp_path_for, write_bytes_atomic
 
 log = logging.getLogger("lavinpy.store")
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | _CLOEXEC
-_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _CLOEXEC
 
-Entries = array | bytes | memoryview
+Entries = bytes | memoryview | array
 
 
 def write_all(fd: int, data: Entries) -> int:
@@ -159,21 +158,12 @@ class EntryFile:
 
         The new file is on disk when this returns, so nothing of it is left for a flush to sync.
         """
-        tmp = tmp_path_for(self.path)
-        fd = os.open(tmp, _TMP_FLAGS, FILE_MODE)
-        try:
-            written = write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-        changes.replaced(self.path, memoryview(data).cast("B"))
+        write_bytes_atomic(self.path, data)  # reports the replacement to the change feed
         old = self.fd
         self.fd = os.open(self.path, _APPEND_FLAGS | os.O_CREAT, FILE_MODE)
         if old >= 0:
             self._close_fd(old)
-        self.size = written
+        self.size = memoryview(data).nbytes
         self.unsynced = False
 
     def truncate(self, size: int = 0) -> None:
