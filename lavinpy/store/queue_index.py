@@ -73,8 +73,7 @@ class QueueIndex:
             self._ack_pending = array("Q")
             self._enq = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
             self._ack = EntryFile(self.directory / ACK_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
-        self.closed = False
-        self.close_reason: str | None = None
+        self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
     # ---- opening -----------------------------------------------------------------------------
@@ -293,13 +292,6 @@ class QueueIndex:
                     self.compact()
         self._decref(pos & SEGMENT_MASK)  # pos_segment inlined: once per message
 
-    def drop_head(self) -> int | None:
-        """Remove the head ready message without delivering it (max-length drop-head)."""
-        pos = self.shift()
-        if pos is not None:
-            self.ack(pos)
-        return pos
-
     def requeue(self, pos: int) -> None:
         """Put an unacked message back ahead of never-delivered ones, in enq order among requeued."""
         try:
@@ -481,14 +473,6 @@ class QueueIndex:
             if self.directory.parent.exists():
                 fsync_dir(self.directory.parent)
             changes.dir_deleted(self.directory)
-
-    def mark_closed(self, reason: str) -> None:
-        """Declare the queue damaged: it stops serving, the rest of the broker goes on."""
-        if self.closed:
-            return
-        self.closed = True
-        self.close_reason = reason
-        log.error("queue %r closed: %s", self.name, reason)
 
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"

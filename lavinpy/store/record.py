@@ -35,7 +35,6 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 # timestamp + two name-length bytes + body size: the fixed part of a payload
 FIXED_PAYLOAD = 8 + 1 + 1 + 8
-MAX_RECORD_LENGTH = 0xFFFFFFFF  # the length field is a u32
 
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap

@@ -83,8 +83,7 @@ class StreamIndex:
         self._runs: deque[_Run] = deque()
         self._pending = array("Q")  # appended, not yet handed to the OS
         self._stale = 0  # trimmed entries still at the start of the enq file
-        self.closed = False
-        self.close_reason: str | None = None
+        self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
     # ---- opening -----------------------------------------------------------------------------
@@ -504,14 +503,6 @@ class StreamIndex:
         if self.directory.parent.exists():
             fsync_dir(self.directory.parent)
         changes.dir_deleted(self.directory)
-
-    def mark_closed(self, reason: str) -> None:
-        """Declare the stream damaged: it stops serving, the rest of the broker goes on."""
-        if self.closed:
-            return
-        self.closed = True
-        self.close_reason = reason
-        log.error("stream %r closed: %s", self.name, reason)
 
     def __repr__(self) -> str:
         return f"StreamIndex({self.name!r}, offsets {self._first}..{self.next_offset - 1}, count={self._count})"
