@@ -37,7 +37,7 @@ _APPEND_FLAGS = os.O_RDWR | os.O_APPEND | _CLOEXEC
 Entries = bytes | memoryview | array
 
 
-def write_all(fd: int, data: Entries) -> int:
+def _write_all(fd: int, data: Entries) -> int:
     """Write every byte of ``data`` (short writes continued); the number of bytes written."""
     view = memoryview(data).cast("B")
     total = len(view)
@@ -128,7 +128,7 @@ class EntryFile:
     def append(self, data: Entries) -> int:
         """Hand whole entries to the OS; the bytes written. The next flush fsyncs them."""
         fd = self.fd
-        written = write_all(fd, data)
+        written = _write_all(fd, data)
         if changes.feed.listener is not None:
             changes.appended_fd(fd, self.path, memoryview(data).cast("B"))
         self.size += written
@@ -167,7 +167,8 @@ class EntryFile:
         self.unsynced = False
 
     def truncate(self, size: int = 0) -> None:
-        """Cut the file to ``size`` bytes (not synced: the owner's next flush or close does that)."""
+        """Cut the file to ``size`` bytes. Not synced here: the owner cuts only entries that are
+        harmless if a crash brings them back (a queue's acks of entries its rewritten enq dropped)."""
         os.ftruncate(self.fd, size)
         self.size = size
         changes.truncated(self.path, size)
