@@ -67,12 +67,14 @@ class QueueIndex:
         self._ack_pending: array | None = None
         self._enq: EntryFile | None = None
         self._ack: EntryFile | None = None
+        self._ack_room = 0  # see _measure_ack_room
         if self.directory is not None:
             owner = f"queue {name!r}"
             self._enq_pending = array("Q")
             self._ack_pending = array("Q")
             self._enq = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
             self._ack = EntryFile(self.directory / ACK_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
+            self._measure_ack_room()
         self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
@@ -95,6 +97,7 @@ class QueueIndex:
             fsync_dir(directory.parent)  # the queue directory itself must survive a crash
         enq = enq_file.recover()
         ack = ack_file.recover()
+        self._measure_ack_room()
         if ack:
             acked = set(ack)
             del ack
@@ -287,8 +290,7 @@ class QueueIndex:
                 self._transient.discard(pos)
             else:
                 pending.append(pos)
-                ack_file = self._ack
-                if ack_file is not None and ack_file.size + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
+                if len(pending) >= self._ack_room:
                     self.compact()
         self._decref(pos & SEGMENT_MASK)  # pos_segment inlined: once per message
 
@@ -311,10 +313,14 @@ class QueueIndex:
         return self.record_purge(removed)
 
     def _ack_file_full(self) -> bool:
-        pending, ack_file = self._ack_pending, self._ack
-        if pending is None or ack_file is None:
-            return False
-        return ack_file.size + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes
+        pending = self._ack_pending
+        return pending is not None and len(pending) >= self._ack_room
+
+    def _measure_ack_room(self) -> None:
+        """How many buffered acks take the ack file to its limit: the check once per ack is then a
+        single comparison. Measured again whenever the file's size changes."""
+        if self._ack is not None:
+            self._ack_room = -(-(self.ack_file_max_bytes - self._ack.size) // ENTRY_SIZE)
 
     @property
     def ready_count(self) -> int:
@@ -388,6 +394,7 @@ class QueueIndex:
             if pending and file is not None:
                 file.append(pending)
                 del pending[:]
+        self._measure_ack_room()
 
     def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
         """Descriptors a flush must fsync, and marks them synced (event-loop thread).
@@ -425,6 +432,7 @@ class QueueIndex:
         enq.rewrite(self._live_array())
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
         ack.truncate(0)
+        self._measure_ack_room()
         del self._enq_pending[:]
         del self._ack_pending[:]
 
