@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -95,7 +96,7 @@ def appended_fd(fd: int, path: Path | str, data: bytes | memoryview) -> None:
         listener.file_appended(rel, end - len(data), bytes(data))
 
 
-def replaced(path: Path | str, data: bytes | memoryview) -> None:
+def replaced(path: Path | str, data: bytes | memoryview | array) -> None:
     listener = feed.listener
     if listener is not None and (rel := relative(path)) is not None:
         listener.file_replaced(rel, bytes(data))

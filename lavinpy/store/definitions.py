@@ -52,7 +52,7 @@ Command = (
     | commands.Queue.Bind
     | commands.Queue.Unbind
 )
-COMMAND_TYPES: tuple[type, ...] = (
+COMMAND_TYPES = (
     commands.Exchange.Declare,
     commands.Exchange.Delete,
     commands.Exchange.Bind,

@@ -26,8 +26,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from lavinpy.store import changes
-from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, write_bytes_atomic
+from lavinpy.store.entry_file import EntryFile
 
 log = logging.getLogger("lavinpy.store")
 
@@ -36,7 +35,6 @@ ENTRY = struct.Struct("<QII")  # position, count, crc32 of the first 12 bytes
 _KEY = struct.Struct("<QI")
 COMPACT_MIN_ENTRIES = 4096  # 64 KiB: below this the file is never rewritten while running
 MAX_COUNT = 0xFFFFFFFF
-_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
 def pack_entry(pos: int, count: int) -> bytes:
@@ -61,44 +59,31 @@ class DeliveryCounts:
         self.durable = directory is not None
         self.counts: dict[int, int] = {}
         self._sync_removals = sync_removals
-        self._close_fd = close_fd
         self._compact_min = compact_min_entries
-        self._fd = -1
-        self._file_entries = 0  # entries in the file on disk (written, maybe not synced)
-        self.has_unsynced = False
+        self._file = (EntryFile(self.directory / COUNTS_FILE, ENTRY.size, f"queue {name!r}", close_fd=close_fd)
+                      if self.directory is not None else None)
 
     @property
-    def path(self) -> Path:
-        assert self.directory is not None
-        return self.directory / COUNTS_FILE
+    def has_unsynced(self) -> bool:
+        """Entries written that a flush has not fsynced yet."""
+        return self._file is not None and self._file.unsynced
 
     # ---- opening -----------------------------------------------------------------------------
 
     def open(self, live: Iterable[int] | None = None) -> None:
         """Load the file, if any; ``live`` (the queue's positions) filters out removed messages."""
-        if not self.durable:
+        if self._file is None:
             return
-        self.path.with_name(COUNTS_FILE + ".tmp").unlink(missing_ok=True)  # an interrupted compaction
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return
-        whole = len(data) - len(data) % ENTRY.size
-        if whole != len(data):
-            log.warning("queue %r: %s file ends with a partial entry of %d bytes; ignored",
-                        self.name, COUNTS_FILE, len(data) - whole)
-            os.truncate(self.path, whole)
-            changes.truncated(self.path, whole)
+        data = self._file.recover("B", create=False)  # no file until a message is returned
         counts = self.counts
         bad = 0
-        for pos, count, crc in ENTRY.iter_unpack(memoryview(data)[:whole]):
+        for pos, count, crc in ENTRY.iter_unpack(memoryview(data)):
             if zlib.crc32(_KEY.pack(pos, count)) != crc:
                 bad += 1
                 continue
             counts[pos] = count
         if bad:
             log.warning("queue %r: %d damaged entries in %s ignored", self.name, bad, COUNTS_FILE)
-        self._file_entries = whole // ENTRY.size
         if counts and live is not None:
             kept = set(counts).intersection(live)  # one pass over the queue, only when counts exist
             for pos in [pos for pos in counts if pos not in kept]:
@@ -110,87 +95,57 @@ class DeliveryCounts:
         """Record a new count; on return it is in the file (the OS has it: a killed process keeps it)."""
         count = min(count, MAX_COUNT)
         self.counts[pos] = count
-        if not self.durable:
+        file = self._file
+        if file is None:
             return
-        if self._fd < 0:
-            self._open_for_append()
-        entry = pack_entry(pos, count)
-        view = memoryview(entry)
-        while view:
-            view = view[os.write(self._fd, view):]
-        if changes.feed.listener is not None:
-            changes.appended_fd(self._fd, self.path, entry)
-        self._file_entries += 1
-        self.has_unsynced = True
-        if self._file_entries >= max(self._compact_min, 2 * len(self.counts)):
+        if not file.is_open:
+            file.create()
+        file.append(pack_entry(pos, count))
+        if file.size >= max(self._compact_min, 2 * len(self.counts)) * ENTRY.size:
             self.compact()
-
-    def _open_for_append(self) -> None:
-        path = self.path
-        created = not path.exists()
-        self._fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
-        if created:
-            fsync_dir(path.parent)  # the new name must survive a crash along with its entries
 
     # ---- flushing (the vhost store's group commit) -------------------------------------------
 
     def take_unsynced_fds(self) -> list[int]:
         """The descriptor a flush must fsync, marked synced (event-loop thread)."""
-        if not self.has_unsynced or self._fd < 0:
-            return []
-        self.has_unsynced = False
-        return [self._fd]
+        fds: list[int] = []
+        if self._file is not None:
+            self._file.take_unsynced(fds)
+        return fds
 
     def mark_unsynced(self) -> None:
         """A flush failed: the next one syncs the file again."""
-        if self._fd >= 0:
-            self.has_unsynced = True
+        if self._file is not None:
+            self._file.mark_unsynced()
 
     # ---- compaction and life cycle -----------------------------------------------------------
 
     def compact(self) -> None:
         """Rewrite the file with the live counts only (tmp, fsync, rename); no file when none."""
-        if not self.durable:
+        file = self._file
+        if file is None:
             return
         # A count is forgotten when its message is acked: the ack must be durable before the entry
         # goes, or a crash would bring the message back with a count of zero.
         self._sync_removals()
-        path = self.path
         if not self.counts:
-            if self._fd >= 0:
-                self._close_fd(self._fd)
-                self._fd = -1
-            if path.exists():
-                path.unlink()
-                fsync_dir(path.parent)
-                changes.deleted(path)
-            self._file_entries = 0
-            self.has_unsynced = False
+            file.remove()
             return
-        data = b"".join(pack_entry(pos, count) for pos, count in self.counts.items())
-        write_bytes_atomic(path, data)  # reports the replacement to the change feed
-        if self._fd >= 0:
-            self._close_fd(self._fd)
-        self._fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
-        self._file_entries = len(self.counts)
-        self.has_unsynced = False
+        file.rewrite(b"".join(pack_entry(pos, count) for pos, count in self.counts.items()))
 
     def close(self, clean: bool = True) -> None:
         """Clean: compact (the queue's index is closed and synced first). Otherwise as a crash leaves it."""
-        if self.durable and clean and (self._file_entries or self.counts):
+        if self._file is None:
+            return
+        if clean and (self._file.size or self.counts):
             self.compact()
-        if self._fd >= 0:
-            self._close_fd(self._fd)
-            self._fd = -1
+        self._file.close()
 
     def delete(self) -> None:
         """The queue is deleted (its directory goes with its index)."""
         self.counts.clear()
-        if self._fd >= 0:
-            self._close_fd(self._fd)
-            self._fd = -1
-        self._file_entries = 0
-        self.has_unsynced = False
+        if self._file is not None:
+            self._file.close()
 
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"

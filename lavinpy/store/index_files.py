@@ -1,48 +1,14 @@
-"""Index files of 8-byte entries (a queue's ``enq``/``ack``, a stream's ``enq``): reading a whole file
-into an ``array('Q')``, writing entries, and checking entries against the segments' valid ends."""
+"""Index entries (8-byte positions, a queue's ``enq``/``ack``, a stream's ``enq``) in an ``array('Q')``:
+segment ids and counts, and checking entries against the segments' valid ends. The files
+themselves are entry_file.py's."""
 
 from __future__ import annotations
 
-import logging
-import os
 from array import array
 from bisect import bisect_right
 from collections import Counter
 
-from lavinpy.wire.position import ENTRY_SIZE, OFFSET_SHIFT, SEGMENT_MASK
-
-log = logging.getLogger("lavinpy.store")
-
-
-def read_entries(fd: int, owner: str, what: str) -> array:
-    """A whole index file as an array; a partial trailing entry is cut off the file (``owner``, e.g.
-    ``queue 'q'``, and ``what``, the file's name, go into the warning)."""
-    size = os.fstat(fd).st_size
-    whole = size - size % ENTRY_SIZE
-    if whole != size:
-        log.warning("%s: %s file ends with a partial entry of %d bytes; ignored", owner, what, size - whole)
-        os.ftruncate(fd, whole)
-    entries = array("Q", bytes(ENTRY_SIZE)) * (whole // ENTRY_SIZE)
-    view = memoryview(entries).cast("B")
-    done = 0
-    while done < whole:  # readinto the array's own buffer: one copy, no temporary bytes
-        n = os.preadv(fd, [view[done:]], done)
-        if n <= 0:
-            raise OSError(f"{owner}: {what} file shrank while being read")
-        done += n
-    view.release()
-    return entries
-
-
-def write_entries(fd: int, entries: array) -> int:
-    """Write every entry (short writes continued); the number of bytes written."""
-    view = memoryview(entries).cast("B")
-    total = len(view)
-    done = 0
-    while done < total:
-        done += os.write(fd, view[done:])
-    view.release()
-    return total
+from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK
 
 
 def segment_ids(entries: array) -> memoryview:

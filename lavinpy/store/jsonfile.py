@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,8 @@ def tmp_path_for(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably."""
+def write_bytes_atomic(path: Path, data: bytes | memoryview | array) -> None:
+    """Replace ``path`` with ``data`` (any bytes-like object) atomically and durably."""
     path = Path(path)
     tmp = tmp_path_for(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)

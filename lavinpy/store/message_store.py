@@ -68,7 +68,7 @@ class MessageStore:
         # The segment being written, unpacked into attributes for the hot path.
         self._cur: Segment | None = None
         self._cur_id = 0
-        self._mm = None
+        self._mm: mmap.mmap | None = None
         self._wpos = DATA_START
         self._cur_size = 0
         # Written but not yet synced: sealed segments' ranges, and where the current one's starts.
@@ -237,10 +237,11 @@ class MessageStore:
     def read_many(self, positions: list[int]) -> list[StoredMessage]:
         """``read`` for a run of positions (a delivery run), the lookups done once per segment;
         the first missing or damaged one raises as ``read`` does."""
-        messages = []
+        messages: list[StoredMessage] = []
         add = messages.append
         segment_id = -1
-        view = size = end = 0
+        view = memoryview(b"")
+        size = end = 0
         for pos in positions:
             if pos & SEGMENT_MASK != segment_id or not DATA_START <= pos >> OFFSET_SHIFT < end:
                 # another segment, or an offset to check: read() says what is wrong, if anything
@@ -384,7 +385,7 @@ class MessageStore:
         """The (segment, start, end) ranges written since the last call; clears them (loop thread)."""
         ranges = self._dirty
         self._dirty = []
-        if self._dirty_start >= 0:
+        if self._dirty_start >= 0 and self._cur is not None:
             ranges.append((self._cur, self._dirty_start, self._wpos))
             self._dirty_start = -1
         return ranges

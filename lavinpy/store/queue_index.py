@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
-from lavinpy.store.index_files import read_entries, segment_counts, valid_entries, write_entries
+from lavinpy.store.entry_file import EntryFile
+from lavinpy.store.index_files import segment_counts, valid_entries
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
@@ -35,7 +36,6 @@ QUEUE_NAME_FILE = ".queue"
 ENQ_FILE = "enq"
 ACK_FILE = "ack"
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
-_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
 class QueueIndex:
@@ -54,7 +54,6 @@ class QueueIndex:
         self.directory = Path(directory) if directory is not None else None
         self.durable = directory is not None
         self.ack_file_max_bytes = ack_file_max_bytes
-        self._close_fd = close_fd
         self._incref = messages.incref
         self._decref = messages.decref
         # ready messages: requeued ones (heap of enq-order keys) come before the chunks
@@ -63,17 +62,20 @@ class QueueIndex:
         self._requeued: list[int] = []
         self._unacked: set[int] = set()
         self._transient: set[int] = set()  # durable queue only: live entries without an enq entry
-        # durable only: entries not yet handed to the OS, and the descriptors
-        self._enq_pending: array | None = array("Q") if self.durable else None
-        self._ack_pending: array | None = array("Q") if self.durable else None
-        self._enq_fd = -1
-        self._ack_fd = -1
-        self._ack_file_bytes = 0  # bytes in the ack file on disk (written, maybe not synced)
-        self.has_unsynced = False  # bytes handed to the OS that a flush has not fsynced yet
-        self._enq_unsynced = False
-        self._ack_unsynced = False
-        self.closed = False
-        self.close_reason: str | None = None
+        # durable only: entries not yet handed to the OS, and the files
+        self._enq_pending: array | None = None
+        self._ack_pending: array | None = None
+        self._enq: EntryFile | None = None
+        self._ack: EntryFile | None = None
+        self._ack_room = 0  # see _measure_ack_room
+        if self.directory is not None:
+            owner = f"queue {name!r}"
+            self._enq_pending = array("Q")
+            self._ack_pending = array("Q")
+            self._enq = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
+            self._ack = EntryFile(self.directory / ACK_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
+            self._measure_ack_room()
+        self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
     # ---- opening -----------------------------------------------------------------------------
@@ -83,10 +85,9 @@ class QueueIndex:
         if self._is_open:
             return
         self._is_open = True
-        if not self.durable:
-            return
-        directory = self.directory
-        assert directory is not None
+        directory, enq_file, ack_file = self.directory, self._enq, self._ack
+        if directory is None or enq_file is None or ack_file is None:
+            return  # transient: memory only
         created = not directory.exists()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name_file = directory / QUEUE_NAME_FILE
@@ -94,16 +95,9 @@ class QueueIndex:
             write_name_file(name_file, self.name)
         if created:
             fsync_dir(directory.parent)  # the queue directory itself must survive a crash
-        (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
-        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
-        self._ack_fd = os.open(directory / ACK_FILE, _OPEN_FLAGS, 0o600)
-        owner = f"queue {self.name!r}"
-        enq = read_entries(self._enq_fd, owner, ENQ_FILE)
-        ack = read_entries(self._ack_fd, owner, ACK_FILE)
-        if changes.feed.listener is not None:  # created, or cut to whole entries
-            changes.truncated(directory / ENQ_FILE, len(enq) * ENTRY_SIZE)
-            changes.truncated(directory / ACK_FILE, len(ack) * ENTRY_SIZE)
-        self._ack_file_bytes = len(ack) * ENTRY_SIZE
+        enq = enq_file.recover()
+        ack = ack_file.recover()
+        self._measure_ack_room()
         if ack:
             acked = set(ack)
             del ack
@@ -296,16 +290,9 @@ class QueueIndex:
                 self._transient.discard(pos)
             else:
                 pending.append(pos)
-                if self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes:
+                if len(pending) >= self._ack_room:
                     self.compact()
         self._decref(pos & SEGMENT_MASK)  # pos_segment inlined: once per message
-
-    def drop_head(self) -> int | None:
-        """Remove the head ready message without delivering it (max-length drop-head)."""
-        pos = self.shift()
-        if pos is not None:
-            self.ack(pos)
-        return pos
 
     def requeue(self, pos: int) -> None:
         """Put an unacked message back ahead of never-delivered ones, in enq order among requeued."""
@@ -327,9 +314,13 @@ class QueueIndex:
 
     def _ack_file_full(self) -> bool:
         pending = self._ack_pending
-        if pending is None:
-            return False
-        return self._ack_file_bytes + len(pending) * ENTRY_SIZE >= self.ack_file_max_bytes
+        return pending is not None and len(pending) >= self._ack_room
+
+    def _measure_ack_room(self) -> None:
+        """How many buffered acks take the ack file to its limit: the check once per ack is then a
+        single comparison. Measured again whenever the file's size changes."""
+        if self._ack is not None:
+            self._ack_room = -(-(self.ack_file_max_bytes - self._ack.size) // ENTRY_SIZE)
 
     @property
     def ready_count(self) -> int:
@@ -391,21 +382,19 @@ class QueueIndex:
         """Buffered index entries not yet handed to the OS."""
         return bool(self._enq_pending or self._ack_pending)
 
+    @property
+    def has_unsynced(self) -> bool:
+        """Bytes handed to the OS that a flush has not fsynced yet."""
+        enq, ack = self._enq, self._ack
+        return enq is not None and ack is not None and (enq.unsynced or ack.unsynced)
+
     def write_buffers(self) -> None:
         """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
-        if self._enq_pending:
-            write_entries(self._enq_fd, self._enq_pending)
-            if changes.feed.listener is not None:
-                changes.appended_fd(self._enq_fd, self.directory / ENQ_FILE, self._enq_pending.tobytes())
-            del self._enq_pending[:]
-            self.has_unsynced = self._enq_unsynced = True
-        if self._ack_pending:
-            written = write_entries(self._ack_fd, self._ack_pending)
-            if changes.feed.listener is not None:
-                changes.appended_fd(self._ack_fd, self.directory / ACK_FILE, self._ack_pending.tobytes())
-            self._ack_file_bytes += written
-            del self._ack_pending[:]
-            self.has_unsynced = self._ack_unsynced = True
+        for pending, file in ((self._enq_pending, self._enq), (self._ack_pending, self._ack)):
+            if pending and file is not None:
+                file.append(pending)
+                del pending[:]
+        self._measure_ack_room()
 
     def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
         """Descriptors a flush must fsync, and marks them synced (event-loop thread).
@@ -413,55 +402,37 @@ class QueueIndex:
         ``include_acks=False`` leaves the ack file for a later flush: a publisher confirm needs the
         enq entries on disk, while an ack lost in a crash only means a redelivery.
         """
-        if not self.has_unsynced or self._enq_fd < 0:
+        enq, ack = self._enq, self._ack
+        if enq is None or ack is None or not (enq.unsynced or ack.unsynced):
             return []
-        fds = []
-        if self._enq_unsynced:
-            fds.append(self._enq_fd)
-            self._enq_unsynced = False
-        if include_acks and self._ack_unsynced:
-            fds.append(self._ack_fd)
-            self._ack_unsynced = False
-        self.has_unsynced = self._enq_unsynced or self._ack_unsynced
+        fds: list[int] = []
+        enq.take_unsynced(fds)
+        if include_acks:
+            ack.take_unsynced(fds)
         return fds
 
     def mark_unsynced(self) -> None:
         """A flush failed: its files are not known to be on disk, so the next one syncs them."""
-        self.has_unsynced = self._enq_unsynced = self._ack_unsynced = True
+        for file in (self._enq, self._ack):
+            if file is not None:
+                file.mark_unsynced()
 
     def fsync(self) -> None:
         """fsync the enq and ack files (safe in a worker thread)."""
-        for fd in (self._enq_fd, self._ack_fd):
-            if fd >= 0:
-                os.fsync(fd)
+        for file in (self._enq, self._ack):
+            if file is not None:
+                file.fsync()
 
     def compact(self) -> None:
         """Rewrite ``enq`` with the live entries and empty ``ack`` (crash-safe: tmp, fsync, rename)."""
-        if not self.durable or self._enq_fd < 0:
+        enq, ack = self._enq, self._ack
+        if enq is None or ack is None or not enq.is_open:
             return
-        directory = self.directory
-        assert directory is not None and self._enq_pending is not None and self._ack_pending is not None
-        live = self._live_array()
-        tmp = directory / (ENQ_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-        try:
-            write_entries(fd, live)
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-        os.replace(tmp, directory / ENQ_FILE)
-        fsync_dir(directory)
+        assert self._enq_pending is not None and self._ack_pending is not None
+        enq.rewrite(self._live_array())
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
-        old_enq = self._enq_fd
-        self._enq_fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
-        self._close_fd(old_enq)
-        os.ftruncate(self._ack_fd, 0)
-        self._ack_file_bytes = 0
-        if changes.feed.listener is not None:
-            changes.replaced(directory / ENQ_FILE, live.tobytes())
-            changes.truncated(directory / ACK_FILE, 0)
+        ack.truncate(0)
+        self._measure_ack_room()
         del self._enq_pending[:]
         del self._ack_pending[:]
 
@@ -469,21 +440,21 @@ class QueueIndex:
 
     def close(self, clean: bool = True) -> None:
         """Close the files. Clean: write buffers, compact if anything was acked, fsync."""
-        if self.durable and self._enq_fd >= 0:
+        enq, ack = self._enq, self._ack
+        if enq is not None and ack is not None and enq.is_open:
             self.write_buffers()
             if clean:
-                if self._ack_file_bytes:
+                if ack.size:
                     self.compact()
                 self.fsync()
-                self.has_unsynced = self._enq_unsynced = self._ack_unsynced = False
-            self._close_fds()
+                enq.unsynced = ack.unsynced = False
+            self._close_files()
         self._is_open = False
 
-    def _close_fds(self) -> None:
-        for fd in (self._enq_fd, self._ack_fd):
-            if fd >= 0:
-                self._close_fd(fd)
-        self._enq_fd = self._ack_fd = -1
+    def _close_files(self) -> None:
+        for file in (self._enq, self._ack):
+            if file is not None:
+                file.close()
 
     def delete(self) -> None:
         """Drop every message (releasing its segment reference), close and remove the directory.
@@ -498,10 +469,10 @@ class QueueIndex:
         self._transient.clear()
         self._ready.clear()
         self._ready_count = 0
-        if self._enq_pending is not None:
-            del self._enq_pending[:]
-            del self._ack_pending[:]  # type: ignore[index]
-        self._close_fds()
+        for pending in (self._enq_pending, self._ack_pending):
+            if pending is not None:
+                del pending[:]
+        self._close_files()
         self._is_open = False
         for segment, n in segment_counts(live).items():
             self._decref(segment, n)
@@ -510,14 +481,6 @@ class QueueIndex:
             if self.directory.parent.exists():
                 fsync_dir(self.directory.parent)
             changes.dir_deleted(self.directory)
-
-    def mark_closed(self, reason: str) -> None:
-        """Declare the queue damaged: it stops serving, the rest of the broker goes on."""
-        if self.closed:
-            return
-        self.closed = True
-        self.close_reason = reason
-        log.error("queue %r closed: %s", self.name, reason)
 
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"

@@ -22,7 +22,8 @@ import mmap
 import struct
 import zlib
 from array import array
-from typing import NamedTuple, TypeAlias
+from collections.abc import Callable
+from typing import NamedTuple, TypeAlias, cast
 
 from lavinpy.store.accel import cstore
 from lavinpy.wire.position import OFFSET_SHIFT
@@ -35,7 +36,6 @@ _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 # timestamp + two name-length bytes + body size: the fixed part of a payload
 FIXED_PAYLOAD = 8 + 1 + 1 + 8
-MAX_RECORD_LENGTH = 0xFFFFFFFF  # the length field is a u32
 
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
@@ -45,6 +45,8 @@ _pack_header_into = HEADER.pack_into
 _unpack_header_from = HEADER.unpack_from
 _pack_i64 = _I64.pack
 _pack_u64 = _U64.pack
+# An mmap indexes and slices like bytes, which is all properties_length does with its buffer.
+_properties_length = cast("Callable[[Buffer, int, int], int]", properties_length)
 
 
 class StoredMessage(NamedTuple):
@@ -181,7 +183,7 @@ def py_read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
     routing_key = bytes(buf[p + 1:p + 1 + rk_len])
     p += 1 + rk_len
     try:
-        props_len = properties_length(buf, p, stop)
+        props_len = _properties_length(buf, p, stop)
     except PropertiesError as exc:
         raise CorruptRecord(f"record at offset {offset}: bad basic properties ({exc})") from None
     properties = bytes(buf[p:p + props_len])

@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 from lavinpy.store import changes
+from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.record import FIXED_PAYLOAD, HEADER, HEADER_SIZE, record_checks_out
 
 log = logging.getLogger("lavinpy.store")
@@ -35,15 +36,6 @@ class SegmentError(Exception):
 
 def segment_name(segment_id: int) -> str:
     return f"msgs.{segment_id:010d}"
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make a created, renamed or deleted name in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Segment:
@@ -87,7 +79,7 @@ class Segment:
                 pass
             raise
         os.close(fd)  # the mmap object keeps its own descriptor
-        fsync_directory(directory)
+        fsync_dir(directory)
         if changes.feed.listener is not None:
             changes.truncated(path, size)
             changes.appended(path, 0, _VERSION.pack(SCHEMA_VERSION))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.datadir import write_name_file
-from lavinpy.store.index_files import read_entries, write_entries
+from lavinpy.store.entry_file import EntryFile
 from lavinpy.store.jsonfile import fsync_dir, read_json, write_json_atomic
 from lavinpy.store.queue_index import ENQ_FILE, QUEUE_NAME_FILE
 from lavinpy.store.record import CorruptRecord
@@ -46,8 +46,6 @@ HOLE = 0  # an entry whose record is lost; keeps the offsets after it stable
 CHUNK_BITS = 12
 CHUNK_ENTRIES = 1 << CHUNK_BITS  # 32 KiB per chunk
 _CHUNK_MASK = CHUNK_ENTRIES - 1
-_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
 class _Run:
@@ -77,18 +75,15 @@ class StreamIndex:
         self.name = name
         self.messages = messages
         self.directory = Path(directory)
-        self._close_fd = close_fd
+        self._file = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, f"stream {name!r}", close_fd=close_fd)
         self._chunks: list[array] = [array("Q")]
         self._head = 0  # entries trimmed off the front of self._chunks[0]
         self._count = 0
         self._first = 1
         self._runs: deque[_Run] = deque()
         self._pending = array("Q")  # appended, not yet handed to the OS
-        self._fd = -1
         self._stale = 0  # trimmed entries still at the start of the enq file
-        self.has_unsynced = False
-        self.closed = False
-        self.close_reason: str | None = None
+        self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
     # ---- opening -----------------------------------------------------------------------------
@@ -105,10 +100,7 @@ class StreamIndex:
             write_name_file(directory / QUEUE_NAME_FILE, self.name)
         if created:
             fsync_dir(directory.parent)
-        (directory / (ENQ_FILE + ".tmp")).unlink(missing_ok=True)  # an interrupted compaction
-        self._fd = os.open(directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
-        entries = read_entries(self._fd, f"stream {self.name!r}", "enq")
-        changes.truncated(directory / ENQ_FILE, len(entries) * ENTRY_SIZE)  # created, or cut to whole entries
+        entries = self._file.recover()
         meta = read_json(directory / META_FILE, None) or {}
         self._first = int(meta.get("first_offset", 1))
         start = self._locate_first(entries, meta)
@@ -321,10 +313,6 @@ class StreamIndex:
     def __len__(self) -> int:
         return self._count
 
-    @property
-    def segment_count(self) -> int:
-        return len(self._runs)
-
     def segments(self) -> list[int]:
         """Ids of the segments the log references, oldest first."""
         return [run.segment for run in self._runs if run.segment]
@@ -447,25 +435,11 @@ class StreamIndex:
 
     def compact(self) -> None:
         """Rewrite ``enq`` with the live entries only (crash-safe: tmp, fsync, rename)."""
-        if self._fd < 0:
+        if not self._file.is_open:
             return
-        tmp = self.directory / (ENQ_FILE + ".tmp")
-        live = self._live()
-        fd = os.open(tmp, _TMP_FLAGS, 0o600)
-        try:
-            write_entries(fd, live)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.directory / ENQ_FILE)
-        fsync_dir(self.directory)
-        changes.replaced(self.directory / ENQ_FILE, live.tobytes())
-        old = self._fd
-        self._fd = os.open(self.directory / ENQ_FILE, _OPEN_FLAGS, 0o600)
-        self._close_fd(old)
+        self._file.rewrite(self._live())
         del self._pending[:]  # the new file holds them, synced
         self._stale = 0
-        self.has_unsynced = False
 
     # ---- durability (the vhost store's group commit) -----------------------------------------
 
@@ -473,45 +447,45 @@ class StreamIndex:
     def has_pending_writes(self) -> bool:
         return bool(self._pending)
 
+    @property
+    def has_unsynced(self) -> bool:
+        """Bytes handed to the OS that a flush has not fsynced yet."""
+        return self._file.unsynced
+
     def write_buffers(self) -> None:
         """Hand the appended entries to the OS (event-loop thread)."""
-        if self._pending and self._fd >= 0:
-            write_entries(self._fd, self._pending)
-            if changes.feed.listener is not None:
-                changes.appended_fd(self._fd, self.directory / ENQ_FILE, self._pending.tobytes())
+        if self._pending and self._file.is_open:
+            self._file.append(self._pending)
             del self._pending[:]
-            self.has_unsynced = True
 
     def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
         """Descriptors a flush must fsync; clears ``has_unsynced`` (event-loop thread).
 
         A stream has no ack file, so ``include_acks`` changes nothing.
         """
-        if not self.has_unsynced or self._fd < 0:
-            return []
-        self.has_unsynced = False
-        return [self._fd]
+        fds: list[int] = []
+        self._file.take_unsynced(fds)
+        return fds
 
     def mark_unsynced(self) -> None:
-        self.has_unsynced = True
+        self._file.mark_unsynced()
 
     def fsync(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
+        self._file.fsync()
 
     # ---- life cycle --------------------------------------------------------------------------
 
     def close(self, clean: bool = True) -> None:
         """Close the file. Clean: write buffers, drop the trimmed head from the file, fsync."""
-        if self._fd >= 0:
+        file = self._file
+        if file.is_open:
             self.write_buffers()
             if clean:
                 if self._stale:
                     self.compact()
-                self.fsync()
-                self.has_unsynced = False
-            self._close_fd(self._fd)
-            self._fd = -1
+                file.fsync()
+                file.unsynced = False
+            file.close()
         self._is_open = False
 
     def delete(self) -> None:
@@ -520,9 +494,7 @@ class StreamIndex:
         self._chunks = [array("Q")]
         self._head = self._count = 0
         del self._pending[:]
-        if self._fd >= 0:
-            self._close_fd(self._fd)
-            self._fd = -1
+        self._file.close()
         self._is_open = False
         for run in runs:
             if run.refs:
@@ -531,14 +503,6 @@ class StreamIndex:
         if self.directory.parent.exists():
             fsync_dir(self.directory.parent)
         changes.dir_deleted(self.directory)
-
-    def mark_closed(self, reason: str) -> None:
-        """Declare the stream damaged: it stops serving, the rest of the broker goes on."""
-        if self.closed:
-            return
-        self.closed = True
-        self.close_reason = reason
-        log.error("stream %r closed: %s", self.name, reason)
 
     def __repr__(self) -> str:
         return f"StreamIndex({self.name!r}, offsets {self._first}..{self.next_offset - 1}, count={self._count})"

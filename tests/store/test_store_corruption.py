@@ -126,7 +126,7 @@ def test_truncated_segment_file(tmp_path: Path) -> None:
     store.close()
 
 
-def test_flipped_byte_closes_only_that_queue(tmp_path: Path, caplog) -> None:
+def test_flipped_byte_damages_only_that_record(tmp_path: Path) -> None:
     a, b = populate(tmp_path)
     victim = a[3]
     assert pos_segment(victim) != pos_segment(b[-1])  # in a sealed segment, records follow it
@@ -137,18 +137,13 @@ def test_flipped_byte_closes_only_that_queue(tmp_path: Path, caplog) -> None:
     store = reopen(tmp_path)  # opening does not read bodies: no exception here
     qa = store.queues["a"]
     assert qa.ready_count == 100
-    with caplog.at_level(logging.ERROR, logger="lavinpy.store"):
-        good = []
-        for pos in qa:  # what the broker does on delivery
-            try:
-                good.append(store.messages.read(pos).body)
-            except CorruptRecord as exc:
-                assert pos == victim
-                qa.mark_closed(f"message at {pos:#x} is damaged: {exc}")
-    assert qa.closed and "damaged" in qa.close_reason
+    good = []
+    for pos in qa:  # the broker skips (reports, dead-letters) a damaged record on delivery
+        try:
+            good.append(store.messages.read(pos).body)
+        except CorruptRecord:
+            assert pos == victim
     assert len(good) == 99
-    assert any("'a'" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
-    assert not store.queues["b"].closed
     assert bodies(store, "b") == [body_of(i) for i in range(1, 200, 2)]
     with pytest.raises(CorruptRecord):
         store.messages.read(victim)
