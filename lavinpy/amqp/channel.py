@@ -195,6 +195,11 @@ class Channel:
                 conn.update_reading()  # resource alarm: this connection now publishes
         return self._publish_exchange
 
+    @property
+    def is_publisher(self) -> bool:
+        """The channel has resolved an exchange to publish to (RabbitMQ counts a publisher from then)."""
+        return self._publish_exchange is not None
+
     def on_publish(self, method: Publish) -> None:
         exchange = self.publish_target(method)
         if exchange is not None:
@@ -288,7 +293,7 @@ class Channel:
             self.confirms.published_run(count, needs_sync)
             self.conn.confirms_pending.add(self)
 
-    # --- deliveries (the queue's side: broker.consumer.ConsumerChannel) -------------------------
+    # --- deliveries (the queue's side: broker.queue_consumer.DeliveryChannel) -------------------------
     def can_deliver(self) -> bool:
         if not self.flow_active or self.closing or not self.conn.writable:
             return False

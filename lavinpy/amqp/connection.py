@@ -144,7 +144,7 @@ class AMQPConnection(ConnectionOutput):
     def start(self) -> None:
         """The client is connected: the handshake clock starts."""
         self.sessions.connections.add(self)
-        self.broker.node_counters.connections_opened += 1
+        self.broker.node_counters.connection_opened()
         self.effect(SetTimer(TimerKind.HANDSHAKE, HANDSHAKE_TIMEOUT))
 
     def lost(self) -> None:
@@ -154,7 +154,7 @@ class AMQPConnection(ConnectionOutput):
         self.teardown()
         if self in self.sessions.connections:  # lost once, counted once
             self.sessions.connections.discard(self)
-            self.broker.node_counters.connections_closed += 1
+            self.broker.node_counters.connection_closed()
 
     def timer_fired(self, kind: TimerKind) -> None:
         if kind is TimerKind.HEARTBEAT:
@@ -356,8 +356,7 @@ class AMQPConnection(ConnectionOutput):
         if len(self.channels) >= self.channel_max:
             raise AMQPConnectionError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has "
                                                    f"reached the negotiated channel_max ({self.channel_max})")
-        self.channels[channel_id] = Channel(self, channel_id)
-        self.broker.node_counters.channels_opened += 1
+        self.channels[channel_id] = Channel(self, channel_id)  # counted open by its books
         self.send(writer.method_frame(channel_id, commands.Channel.OpenOk()))
 
     def remove_channel(self, channel_id: int) -> None:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+from .queue_consumer import DeliveryChannel
 
 if TYPE_CHECKING:
-    from ..store.record import StoredMessage
     from .queue_base import QueueKind
-
-
-class ConsumerChannel(Protocol):
-    """What a queue needs from the channel that owns a consumer (the session layer implements it)."""
-
-    def can_deliver(self) -> bool: ...
-
-    def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None: ...
-
-    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
-                    redelivered: list[bool] | None) -> None: ...
-
-    def delivery_room(self) -> int:
-        """Deliveries the channel-wide prefetch still allows (a large number without one)."""
-        ...
-
-    def consumer_cancelled(self, consumer: Consumer) -> None: ...
 
 
 class Consumer:
@@ -34,7 +18,7 @@ class Consumer:
         self,
         tag: str,
         queue: QueueKind,
-        channel: ConsumerChannel,
+        channel: DeliveryChannel,
         *,
         no_ack: bool = False,
         exclusive: bool = False,

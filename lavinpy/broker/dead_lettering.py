@@ -69,7 +69,7 @@ def dead_letter(vhost: DeadLetterHost, queue: QueueKind, msg: StoredMessage, rea
     size = len(msg.body)
     targets = []
     for target in vhost.route(exchange, routing_key, headers):
-        if target.index.closed or should_drop_cycle(properties, target.name):
+        if should_drop_cycle(properties, target.name):
             continue
         if target.refuses(size):
             continue  # a full reject-publish dead-letter queue drops it

@@ -68,6 +68,7 @@ class Deliveries:
         self._vhost = vhost
         self._schedule = vhost.schedule_delivery
         self._room_freed = room_freed  # the session delivers again to its own consumers
+        vhost.node_counters.channels_opened += 1  # a channel's books open with it (closed in close())
 
     def room(self) -> int:
         """How many more deliveries the channel-wide prefetch allows now."""

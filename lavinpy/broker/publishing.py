@@ -44,8 +44,6 @@ def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, pro
     needs_sync = False
     pushed = 0
     for queue in queues:
-        if queue.index.closed:
-            continue
         queue.push(pos, persistent, message)
         queue.stats.publish += 1
         pushed += 1
@@ -154,7 +152,7 @@ class VHostPublishing:
         else:
             return None
         for queue in queues:
-            if queue.special or queue.index.closed:
+            if queue.special:
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         self.node_counters.observe_sizes(bodies)  # here only: a None above means one by one, counted there
@@ -170,9 +168,6 @@ class VHostPublishing:
         targets = []
         for queue in queues:
             reached += 1
-            if queue.index.closed:  # nothing would be stored for it: never confirmed with an ack
-                rejected = True
-                continue
             if expiring:
                 queue.enable_message_ttl()
             if queue.refuses(len(body)):

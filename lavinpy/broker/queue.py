@@ -255,8 +255,6 @@ class Queue(QueueKind):
 
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get: the head message (now unacked), or None."""
-        if self.closed:
-            return None
         self.touch()
         taken = self._take_head()
         if taken is None:
@@ -270,7 +268,7 @@ class Queue(QueueKind):
         consumers = self.consumers
         if len(consumers) == 1:
             return self._deliver_to(next(iter(consumers)), budget)
-        while budget and index.ready_count and consumers and not index.closed:
+        while budget and index.ready_count and consumers:
             consumer = consumers.next_ready()
             if consumer is None:
                 break
@@ -299,7 +297,7 @@ class Queue(QueueKind):
         read_many = self.vhost.store.messages.read_many
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
-        while budget and index.ready_count and not index.closed and channel.can_deliver():
+        while budget and index.ready_count and channel.can_deliver():
             count = min(budget, index.ready_count, channel.delivery_room(), self._run_limit)
             if prefetch:
                 count = min(count, prefetch - consumer.unacked)

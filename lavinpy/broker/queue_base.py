@@ -125,11 +125,6 @@ class QueueKind(ABC):
         """Up to ``count`` messages from the head as a consumer would get them, with their redelivered
         flag; nothing is taken, marked or reported (a damaged record is left out)."""
 
-    @property
-    def closed(self) -> bool:
-        """The index was found damaged: the queue serves nothing more."""
-        return self.index.closed
-
     def is_unused(self) -> bool:
         return not self.consumers
 

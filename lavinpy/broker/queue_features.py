@@ -211,7 +211,7 @@ class QueueFeatures:
         budget = DELIVERY_BATCH
         index = queue.index
         consumers = queue.consumers
-        while budget and index.ready_count and consumers and not index.closed:
+        while budget and index.ready_count and consumers:
             consumer = self.pick_consumer()
             if consumer is None:
                 break
@@ -340,7 +340,7 @@ class QueueFeatures:
         queue = self.queue
         while True:
             pos = queue.index.peek()
-            if pos is None or queue.index.closed:
+            if pos is None:
                 return
             msg = queue.read(pos)
             if msg is not None:
@@ -354,7 +354,7 @@ class QueueFeatures:
     def _on_ttl_timer(self) -> None:
         """Remove the expired messages at the head, then wait for the new head's expiry."""
         queue = self.queue
-        if queue.deleted or queue.index.closed or not self.has_ttl:
+        if queue.deleted or not self.has_ttl:
             return
         now = now_ms()
         ttl = queue.settings.message_ttl

@@ -162,6 +162,12 @@ class NodeCounters:
         self.size_buckets = [0] * (len(MESSAGE_SIZE_BOUNDS) + 1)  # per bucket, not cumulative
         self.size_sum = 0
 
+    def connection_opened(self) -> None:
+        self.connections_opened += 1
+
+    def connection_closed(self) -> None:
+        self.connections_closed += 1
+
     def observe_size(self, size: int) -> None:
         """One message received from a publisher (RabbitMQ's message_size_bytes histogram)."""
         self.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1

@@ -199,7 +199,7 @@ class StreamQueue(QueueKind):
         max_bytes = self.max_length_bytes if by_size else None
         if max_bytes is None and self.max_age_ms is None:
             return 0
-        if self.index.closed or self.deleted:
+        if self.deleted:
             return 0
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         dropped = self.index.trim(max_bytes, self.max_age_ms, now)
@@ -289,7 +289,7 @@ class StreamQueue(QueueKind):
         start = self._rr
         self._rr = (start + 1) % n if n else 0
         for k in range(n):
-            if index.closed or not budget:
+            if not budget:
                 break
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
@@ -332,7 +332,7 @@ class StreamQueue(QueueKind):
         channel = consumer.channel
         read_many = self.vhost.store.messages.read_many
         sent = 0
-        while budget and not index.closed:
+        while budget:
             count = self._credit(consumer, min(budget, index.next_offset - cursor))
             if not count:
                 break

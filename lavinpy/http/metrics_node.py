@@ -60,7 +60,7 @@ def publishers_and_confirms(sessions: Sessions, counters: NodeCounters) -> tuple
     received_confirm = counters.received_confirm_closed
     for conn in list(sessions.connections):
         for channel in list(conn.channels.values()):
-            if channel._publish_exchange is not None:
+            if channel.is_publisher:
                 publishers += 1
             received_confirm += channel.publish_seq
     return publishers, received_confirm

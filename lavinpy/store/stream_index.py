@@ -83,7 +83,6 @@ class StreamIndex:
         self._runs: deque[_Run] = deque()
         self._pending = array("Q")  # appended, not yet handed to the OS
         self._stale = 0  # trimmed entries still at the start of the enq file
-        self.closed = False  # read by the broker; nothing sets it since damaged records are skipped
         self._is_open = False
 
     # ---- opening -----------------------------------------------------------------------------

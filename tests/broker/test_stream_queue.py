@@ -13,6 +13,7 @@ from pamqp import commands
 
 from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
+from lavinpy.broker.deliveries import Deliveries
 from lavinpy.broker.queue_base import QueueHost, QueueKind
 from lavinpy.broker.stats import NodeCounters
 from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
@@ -29,10 +30,22 @@ SEGMENT_SIZE = 4096
 BODY = 400
 
 
-class RecordingChannel:
-    """The channel side of a consumer (can_deliver / deliver / consumer_cancelled), recording deliveries."""
+class LedgerHost:
+    """What a channel's books (``Deliveries``) need of their vhost: node counters and rescheduling."""
 
     def __init__(self) -> None:
+        self.node_counters = NodeCounters()
+
+    def schedule_delivery(self, queue: QueueKind) -> None:
+        pass  # the tests pump the queue themselves
+
+
+class RecordingChannel:
+    """The channel side of a consumer (can_deliver / deliver / consumer_cancelled), recording deliveries
+    and keeping its books with the model's own ledger, as a real channel does."""
+
+    def __init__(self) -> None:
+        self.books = Deliveries(LedgerHost(), lambda: None)  # type: ignore[arg-type]
         self.deliveries: list[tuple[str, int, StoredMessage, bool]] = []
         self.cancelled: list[str] = []
         self.runs: list[int] = []  # the length of each deliver_run
@@ -42,13 +55,15 @@ class RecordingChannel:
         return self.writable
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
+        self.books.deliver(consumer, pos, redelivered)
         self.deliveries.append((consumer.tag, pos, msg, redelivered))
 
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
         self.runs.append(len(positions))
+        self.books.deliver_run(consumer, positions, redelivered)
         for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
-            self.deliver(consumer, pos, msg, False if redelivered is None else redelivered[i])
+            self.deliveries.append((consumer.tag, pos, msg, False if redelivered is None else redelivered[i]))
 
     def delivery_room(self) -> int:
         return 1 << 30
@@ -57,13 +72,9 @@ class RecordingChannel:
         self.cancelled.append(consumer.tag)
 
     def settle(self, consumer: Consumer, n: int, queue: StreamQueue, requeue: bool = False) -> None:
-        """What the channel does on basic.ack / nack: give credit back, then tell the queue."""
-        for _tag, pos, _msg, _r in self.deliveries[:n]:
-            consumer.unacked -= 1
-            if requeue:
-                queue.requeue(pos)
-            else:
-                queue.ack(pos)
+        """basic.ack (or nack with requeue) of the ``n`` oldest unacked deliveries, through the books."""
+        last = list(self.books.unacked)[n - 1]
+        self.books.settle(self.books.take(last, multiple=True), True if requeue else None)
 
 
 class StandInHost:

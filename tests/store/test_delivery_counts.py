@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import COUNTS_FILE, ENTRY, DeliveryCounts, pack_entry
 from lavinpy.store.vhost_store import VhostStore
+from tests import helpers
 
 P1, P2, P3 = 1 | (4 << 32), 1 | (100 << 32), 2 | (4 << 32)
 
@@ -106,10 +108,7 @@ def test_transient_counts_have_no_file(tmp_path: Path) -> None:
 
 # --- in the vhost store ---------------------------------------------------------------------------
 
-def make_store(path: Path) -> VhostStore:
-    store = VhostStore(path, segment_size=4096, fsync="always")
-    store.open()
-    return store
+make_store = partial(helpers.make_store, segment_size=4096, fsync="always")
 
 
 def publish(store: VhostStore, index, n: int) -> list[int]:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from array import array
+from functools import partial
 from pathlib import Path
 
 from lavinpy.store.index_kinds import STREAM
@@ -14,15 +15,14 @@ from lavinpy.store.segment import segment_name
 from lavinpy.store.stream_index import CHUNK_ENTRIES, META_FILE, StreamIndex
 from lavinpy.store.vhost_store import VhostStore
 from lavinpy.wire.position import make_pos, pos_segment
+from tests import helpers
 
 SEGMENT_SIZE = 4096
 BODY = 400  # about 9 records per 4 KiB segment
 
 
-def make_store(path: Path) -> VhostStore:
-    store = VhostStore(path, segment_size=SEGMENT_SIZE)
-    store.open()
-    return store
+# Every store here has small segments, so that a test spans several.
+make_store = partial(helpers.make_store, segment_size=SEGMENT_SIZE)
 
 
 def reopen(store: VhostStore, name: str = "s", clean: bool = True) -> tuple[VhostStore, StreamIndex]:

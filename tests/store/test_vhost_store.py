@@ -12,6 +12,7 @@ import pytest
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.vhost_store import VhostStore
 from lavinpy.wire.position import pos_segment
+from tests.helpers import make_store
 
 
 def run_async(fn):
@@ -22,12 +23,6 @@ def run_async(fn):
         return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
-
-
-def make_store(path: Path, **kw) -> VhostStore:
-    store = VhostStore(path, **kw)
-    store.open()
-    return store
 
 
 def publish(store: VhostStore, queues, n: int, size: int = 64) -> list[int]:
