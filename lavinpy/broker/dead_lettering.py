@@ -39,7 +39,8 @@ class DeadLetterHost(Protocol):
     @property
     def store(self) -> VhostStore: ...
 
-    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set: ...
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None,
+              properties: bytes | None = None) -> set: ...
 
 
 def dead_letter(vhost: DeadLetterHost, queue: QueueKind, msg: StoredMessage, reason: str) -> int:
@@ -68,7 +69,7 @@ def dead_letter(vhost: DeadLetterHost, queue: QueueKind, msg: StoredMessage, rea
     routing_key = msg.routing_key if dlrk is None else dlrk
     size = len(msg.body)
     targets = []
-    for target in vhost.route(exchange, routing_key, headers):
+    for target in vhost.route(exchange, routing_key, headers, properties):
         if should_drop_cycle(properties, target.name):
             continue
         if target.refuses(size):

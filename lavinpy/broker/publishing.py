@@ -84,9 +84,10 @@ class VHostPublishing:
     routing: Routing
     dead_letter: Callable[[QueueKind, StoredMessage, str], int]
 
-    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None,
+              properties: bytes | None = None) -> set:
         """The queues a message reaches from ``exchange`` (see ``routing``)."""
-        return self.routing.route(exchange, routing_key, headers)
+        return self.routing.route(exchange, routing_key, headers, properties)
 
     def publish(self, exchange: Exchange, routing_key: str, properties: bytes,
                 body: bytes) -> tuple[int, Any]:

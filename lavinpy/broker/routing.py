@@ -27,9 +27,10 @@ class Routing:
         else:
             self.alternates.pop(exchange, None)
 
-    def route(self, exchange: Exchange, routing_key: str, headers: dict | None) -> set:
-        """The queues a message reaches from ``exchange``."""
-        queues = exchange.route(routing_key, headers)
+    def route(self, exchange: Exchange, routing_key: str, headers: dict | None,
+              properties: bytes | None = None) -> set:
+        """The queues a message reaches from ``exchange`` (``properties``: for the types that hash on one)."""
+        queues = exchange.route(routing_key, headers, properties)
         if headers:
             for key in ("CC", "BCC"):
                 extra = headers.get(key)
@@ -37,7 +38,7 @@ class Routing:
                     for rk in extra:
                         if isinstance(rk, (str, bytes)):
                             rk = rk.decode() if isinstance(rk, bytes) else rk
-                            queues |= exchange.route(rk, headers)
+                            queues |= exchange.route(rk, headers, properties)
         seen = {exchange.name}
         while not queues:
             # Unroutable: follow the alternate-exchange chain, each exchange once.
@@ -49,13 +50,13 @@ class Routing:
             if alternate is None:
                 break
             exchange = alternate
-            queues = exchange.route(routing_key, headers)
+            queues = exchange.route(routing_key, headers, properties)
         return queues
 
     def route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
                       headers: dict | None) -> tuple[Any, bytes]:
         """The queues a message reaches, and its properties without the BCC header."""
-        queues = self.route(exchange, routing_key, headers)
+        queues = self.route(exchange, routing_key, headers, properties)
         if headers and "BCC" in headers:
             headers = dict(headers)
             del headers["BCC"]

@@ -67,6 +67,8 @@ class Exchange:
     type: ClassVar[str] = ""
     # Whether the exchange may hold a message back (``hold``): the publish path asks only then.
     holds_messages: ClassVar[bool] = False
+    # Whether routing reads the message's properties (``match_properties``): the walk asks only then.
+    reads_properties: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -154,11 +156,13 @@ class Exchange:
 
     # -- routing ------------------------------------------------------------------------------
 
-    def route(self, routing_key: str, headers: dict[str, Any] | None = None) -> set[Hashable]:
+    def route(self, routing_key: str, headers: dict[str, Any] | None = None,
+              properties: bytes | None = None) -> set[Hashable]:
         """The queues a message reaches, following exchange-to-exchange bindings.
 
         Each exchange is visited at most once per message (so cycles terminate) and each queue
-        appears once however many paths lead to it.
+        appears once however many paths lead to it. ``properties`` (the raw property block) is read
+        only by exchange types that route on a property.
         """
         if not self._exchange_bindings and self.alternate is None:
             return set(self.match(routing_key, headers))
@@ -167,7 +171,9 @@ class Exchange:
         pending: list[Exchange] = [self]
         while pending:
             exchange = pending.pop()
-            selected: Collection[Hashable] = exchange.match(routing_key, headers)
+            selected: Collection[Hashable] = (
+                exchange.match_properties(routing_key, headers, properties) if exchange.reads_properties
+                else exchange.match(routing_key, headers))
             if not selected and exchange.alternate is not None:
                 selected = (exchange.alternate,)
             for destination in selected:
@@ -205,6 +211,11 @@ class Exchange:
         The result may be an internal structure: callers must only read it.
         """
         raise NotImplementedError
+
+    def match_properties(self, routing_key: str, headers: dict[str, Any] | None,
+                         properties: bytes | None) -> Collection[Hashable]:
+        """``match`` for a type that also reads the message's properties (``reads_properties``)."""
+        return self.match(routing_key, headers)
 
     def validate_binding(self, routing_key: str, arguments: dict[str, Any]) -> None:
         """Raise InvalidBinding when the binding cannot be added. Most types accept anything."""

@@ -15,6 +15,7 @@ class DefaultExchange(Exchange):
         super().__init__("", durable=True)
         self._lookup_queue = lookup_queue
 
-    def route(self, routing_key: str, headers: dict[str, Any] | None = None) -> set[Hashable]:
+    def route(self, routing_key: str, headers: dict[str, Any] | None = None,
+              properties: bytes | None = None) -> set[Hashable]:
         queue = self._lookup_queue(routing_key)
         return {queue} if queue is not None else set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lavinpy.broker.exchanges.base import Exchange
+from lavinpy.broker.exchanges.consistent_hash import ConsistentHashExchange
 from lavinpy.broker.exchanges.delayed import DelayedExchange
 from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange
@@ -22,6 +23,7 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     TopicExchange.type: TopicExchange,
     HeadersExchange.type: HeadersExchange,
     DelayedExchange.type: DelayedExchange,  # x-delayed-message (the delayed-message plugin's contract)
+    ConsistentHashExchange.type: ConsistentHashExchange,  # x-consistent-hash (the plugin's, and LavinMQ's)
 }
 
 
