@@ -14,6 +14,7 @@ from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
 from .equivalence import check_arguments, inequivalent
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .quorum_arguments import validate_quorum_declare
 from .stream_arguments import validate_stream_declare
 
 if TYPE_CHECKING:
@@ -73,7 +74,16 @@ def check_queue_equivalent(existing_durable: bool, existing_auto_delete: bool, e
                                    ("auto_delete", auto_delete, existing_auto_delete)):
         if received != current:
             raise inequivalent(arg, "queue", name, vhost, received, current)
-    check_arguments("queue", name, vhost, arguments, existing_arguments)
+    # RabbitMQ 4 writes the default type into a declaration without one, so "classic" given or left out
+    # are the same, and a quorum queue redeclared without its type differs as 'classic'.
+    received_type, current_type = queue_type_of(arguments), queue_type_of(existing_arguments)
+    if received_type != current_type:
+        raise inequivalent("x-queue-type", "queue", name, vhost, received_type, current_type)
+    check_arguments("queue", name, vhost, _without_type(arguments), _without_type(existing_arguments))
+
+
+def _without_type(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in arguments.items() if key != "x-queue-type"}
 
 
 def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
@@ -85,6 +95,10 @@ def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: b
             raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
         validate_stream_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                 arguments=arguments)
+        return queue_type
+    if queue_type == "quorum":
+        validate_quorum_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                                arguments=arguments, server_named=server_named)
         return queue_type
     try:
         validate_queue_arguments(arguments, queue=name, vhost=vhost, durable=durable, exclusive=exclusive,

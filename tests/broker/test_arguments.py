@@ -65,11 +65,11 @@ def test_good_declare_arguments_pass() -> None:
 
 
 def test_queue_type_must_be_supported() -> None:
-    err = error_of({"x-queue-type": "quorum"})
+    err = error_of({"x-queue-type": "bogus"})
     assert err.name == "x-queue-type"
-    assert err.text == "invalid arg 'x-queue-type' for queue 'q' in vhost '/': queue type 'quorum' is not supported"
-    validate_queue_arguments({"x-queue-type": "quorum"}, queue="q", vhost="/",
-                             queue_types=("classic", "quorum"))
+    assert err.text == "invalid arg 'x-queue-type' for queue 'q' in vhost '/': queue type 'bogus' is not supported"
+    validate_queue_arguments({"x-queue-type": "bogus"}, queue="q", vhost="/",
+                             queue_types=("classic", "bogus"))
 
 
 @pytest.mark.parametrize("flags, prop", [
