@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MAX_EXPIRY = 0xFFFFFFFF  # RabbitMQ's TTL/expiry ceiling (an Erlang timer limit), in ms
+MAX_EXPIRY = 315_360_000_000  # RabbitMQ's TTL/expiry ceiling since 3.11 (ten years), in ms
 MAX_PRIORITY = 255
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
@@ -105,7 +105,7 @@ def _expiry_reason(value: int) -> str | None:
     if value < 0:
         return _term("value_negative", value)
     if value > MAX_EXPIRY:
-        return _term("value_too_big", value)
+        return _term("value_too_large", value)
     return None
 
 
@@ -252,7 +252,7 @@ def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vho
 def parse_expiration(expiration: str) -> int:
     """The per-message TTL in ms from the ``expiration`` property; ArgumentError when it is not one.
 
-    RabbitMQ reads a leading integer and refuses leftovers, negative values and values over 2^32-1.
+    RabbitMQ reads a leading integer and refuses leftovers, negative values and values over ten years.
     """
     match = _LEADING_INT.match(expiration)
     reason: str | None
