@@ -1,9 +1,12 @@
 """x-queue-type quorum: RabbitMQ 4's declaration rules and texts, its settings (default delivery limit,
-overflow), the redeclare equivalence of the type, and the queue's reported type, in process."""
+overflow), the redeclare equivalence of the type, the queue's reported type and the quorum-critical
+health check, in process."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,6 +14,8 @@ import pytest
 from lavinpy.broker.arguments import DEFAULT_DELIVERY_LIMIT, QueueSettings, quorum_delivery_limit
 from lavinpy.broker.declarations import check_queue_equivalent, validate_queue_declare
 from lavinpy.broker.policies import make_policy
+from lavinpy.http.context import BROKER, CLUSTER_NODES
+from lavinpy.http.routes_health import node_is_quorum_critical
 from lavinpy.wire.errors import AMQPChannelError
 from tests.broker.model_harness import Model, run
 
@@ -162,4 +167,27 @@ def test_default_limit_drops_after_twenty_returns(tmp_path: Path) -> None:
         for _ in range(DEFAULT_DELIVERY_LIMIT + 1):
             m.get("q", ackmode="reject_requeue_true")
         assert (m.count("q"), m.count("dead")) == (0, 1)
+    run(body, tmp_path)
+
+
+def test_node_is_quorum_critical(tmp_path: Path) -> None:
+    """Only a cluster leader with no other member in sync is critical, and only with quorum queues."""
+    async def body(m: Model) -> None:
+        async def check(nodes: list[dict[str, Any]] | None) -> tuple[int, dict[str, Any]]:
+            request = SimpleNamespace(app={BROKER: m.broker, CLUSTER_NODES: None if nodes is None else lambda: nodes})
+            response = await node_is_quorum_critical(request)  # type: ignore[arg-type]
+            return response.status, json.loads(response.text or "{}")
+
+        alone = [{"self": True, "role": "leader", "in_sync": True}, {"self": False, "role": "follower",
+                                                                        "in_sync": False}]
+        synced = [alone[0], {"self": False, "role": "follower", "in_sync": True}]
+        follower = [{"self": True, "role": "follower", "in_sync": True}, {"self": False, "role": "leader"}]
+        assert await check(None) == (200, {"status": "ok", "reason": "single node cluster"})
+        assert (await check(alone))[0] == 200  # no quorum queue yet
+        m.declare("qq", durable=True, queue_type="quorum")
+        status, reply = await check(alone)
+        assert status == 503 and reply["queues"] == [{"name": "qq", "virtual_host": "/", "type": "quorum"}]
+        assert reply["reason"] == "There are quorum queues that would lose their quorum if the target node is shut down"
+        assert (await check(synced))[0] == 200
+        assert (await check(follower))[0] == 200
     run(body, tmp_path)
