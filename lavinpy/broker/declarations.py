@@ -106,3 +106,16 @@ def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: b
     except ArgumentError as e:
         raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
     return queue_type
+
+
+def with_default_queue_type(arguments: dict[str, Any], default_queue_type: str | None, *, durable: bool,
+                            exclusive: bool, auto_delete: bool) -> dict[str, Any]:
+    """A declaration's arguments with its vhost's default queue type written in, as RabbitMQ 4 does.
+
+    Only when the client gave no x-queue-type and the vhost has a default; a declaration the default
+    type cannot take (quorum and stream: durable, not exclusive, not auto-delete) gets classic instead.
+    """
+    if "x-queue-type" in arguments or default_queue_type in (None, "", "undefined"):
+        return arguments
+    fits = default_queue_type == "classic" or (durable and not exclusive and not auto_delete)
+    return {**arguments, "x-queue-type": default_queue_type if fits else "classic"}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lavinpy.broker.arguments import DEFAULT_DELIVERY_LIMIT, QueueSettings, quorum_delivery_limit
-from lavinpy.broker.declarations import check_queue_equivalent, validate_queue_declare
+from lavinpy.broker.declarations import check_queue_equivalent, validate_queue_declare, with_default_queue_type
 from lavinpy.broker.policies import make_policy
 from lavinpy.http.context import BROKER, CLUSTER_NODES
 from lavinpy.http.routes_health import node_is_quorum_critical
@@ -191,3 +191,15 @@ def test_node_is_quorum_critical(tmp_path: Path) -> None:
         assert (await check(synced))[0] == 200
         assert (await check(follower))[0] == 200
     run(body, tmp_path)
+
+
+def test_vhost_default_queue_type() -> None:
+    flags = {"durable": True, "exclusive": False, "auto_delete": False}
+    assert with_default_queue_type({}, "quorum", **flags) == Q
+    assert with_default_queue_type({}, None, **flags) == {}
+    assert with_default_queue_type({"x-queue-type": "classic"}, "quorum", **flags) == {"x-queue-type": "classic"}
+    # a declaration quorum cannot take falls back to classic, as in RabbitMQ
+    assert with_default_queue_type({}, "quorum", durable=True, exclusive=True, auto_delete=False) == \
+        {"x-queue-type": "classic"}
+    assert with_default_queue_type({}, "quorum", durable=False, exclusive=False, auto_delete=False) == \
+        {"x-queue-type": "classic"}
