@@ -185,3 +185,21 @@ def test_confirmed_messages_survive_kill9(fresh_broker) -> None:
     status, queue, _ = http_call(fresh_broker, "GET", f"/api/queues/%2F/{name}")
     assert queue["type"] == "quorum"
     conn.close()
+
+
+def test_definitions_import_and_export(broker, clients) -> None:
+    """A RabbitMQ export's quorum queue imports as one and exports with its type argument; one refused
+    quorum queue refuses the whole document (400 naming it), nothing applied."""
+    good, bad = clients.track_queue(uid("qq-def")), clients.track_queue(uid("qq-def-bad"))
+    queue = {"name": good, "vhost": "/", "durable": True, "auto_delete": False, "type": "quorum",
+             "arguments": {"x-queue-type": "quorum", "x-delivery-limit": 7}}
+    refused = {**queue, "name": bad, "auto_delete": True}
+    status, body, _ = http_call(broker, "POST", "/api/definitions", {"queues": [queue, refused]})
+    assert status == 400 and bad in body["reason"] and "auto-delete" in body["reason"], body
+    assert http_call(broker, "GET", f"/api/queues/%2F/{good}")[0] == 404
+    assert http_call(broker, "POST", "/api/definitions", {"queues": [queue]})[0] in (200, 201, 204)
+    status, info, _ = http_call(broker, "GET", f"/api/queues/%2F/{good}")
+    assert info["type"] == "quorum" and info["arguments"]["x-delivery-limit"] == 7
+    status, doc, _ = http_call(broker, "GET", "/api/definitions")
+    [exported] = [q for q in doc["queues"] if q["name"] == good]
+    assert exported["arguments"] == {"x-queue-type": "quorum", "x-delivery-limit": 7}
