@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-MAX_EXPIRY = 0xFFFFFFFF  # RabbitMQ's TTL/expiry ceiling (an Erlang timer limit), in ms
+MAX_EXPIRY = 315_360_000_000  # RabbitMQ's TTL/expiry ceiling since 3.11 (ten years), in ms
 MAX_PRIORITY = 255
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_MODES = ("default", "lazy")
-QUEUE_TYPES = ("classic", "stream")
+QUEUE_TYPES = ("classic", "quorum", "stream")
+DEFAULT_DELIVERY_LIMIT = 20  # RabbitMQ 4: a quorum queue without a delivery limit gets this one
 DEAD_LETTER_REASONS = ("rejected", "expired", "maxlen", "delivery_limit")
 _MAX_AGE = re.compile(r"([0-9]+)([YMDhms])")
 _AGE_UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000,
@@ -104,7 +105,7 @@ def _expiry_reason(value: int) -> str | None:
     if value < 0:
         return _term("value_negative", value)
     if value > MAX_EXPIRY:
-        return _term("value_too_big", value)
+        return _term("value_too_large", value)
     return None
 
 
@@ -251,7 +252,7 @@ def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vho
 def parse_expiration(expiration: str) -> int:
     """The per-message TTL in ms from the ``expiration`` property; ArgumentError when it is not one.
 
-    RabbitMQ reads a leading integer and refuses leftovers, negative values and values over 2^32-1.
+    RabbitMQ reads a leading integer and refuses leftovers, negative values and values over ten years.
     """
     match = _LEADING_INT.match(expiration)
     reason: str | None
@@ -327,17 +328,28 @@ class QueueSettings:
                 value = pol.get(name)
             return _text(value) if value is not None else None
 
-        delivery_limit = smaller("delivery-limit")
-        if delivery_limit is not None and delivery_limit < 0:
-            delivery_limit = None
+        queue_type = queue_type_of(arguments)
+        if queue_type == "quorum":
+            delivery_limit = quorum_delivery_limit(_int_or_none(arguments.get("x-delivery-limit")),
+                                                   _int_or_none(pol.get("delivery-limit")))
+            # RabbitMQ's quorum queue: the policy's overflow wins, and reject-publish-dlx (a classic
+            # queue mode) falls back to drop-head.
+            overflow = _text(pol.get("overflow")) or argument_first("overflow") or "drop-head"
+            if overflow == "reject-publish-dlx":
+                overflow = "drop-head"
+        else:
+            delivery_limit = smaller("delivery-limit")
+            if delivery_limit is not None and delivery_limit < 0:
+                delivery_limit = None
+            overflow = argument_first("overflow") or "drop-head"
         max_age = _min_of(_age_or_none(arguments.get("x-max-age")), _age_or_none(pol.get("max-age")))
         return cls(
-            queue_type=queue_type_of(arguments),
+            queue_type=queue_type,
             message_ttl=smaller("message-ttl"),
             expires=smaller("expires"),
             max_length=smaller("max-length"),
             max_length_bytes=smaller("max-length-bytes"),
-            overflow=argument_first("overflow") or "drop-head",
+            overflow=overflow,
             dead_letter_exchange=argument_first("dead-letter-exchange"),
             dead_letter_routing_key=argument_first("dead-letter-routing-key"),
             delivery_limit=delivery_limit,
@@ -349,6 +361,24 @@ class QueueSettings:
                                                                      pol.get("stream-max-segment-size-bytes"))),
             policy=policy_name,
         )
+
+
+def quorum_delivery_limit(argument: int | None, policy: int | None) -> int | None:
+    """The delivery limit RabbitMQ 4 gives a quorum queue; None means unlimited.
+
+    Argument and policy: a negative one (unlimited) yields to the other (the larger wins), else the
+    smaller wins; neither set: the default of 20. A negative result is no limit.
+    """
+    if argument is None and policy is None:
+        return DEFAULT_DELIVERY_LIMIT
+    if argument is None or policy is None:
+        limit = argument if policy is None else policy
+    elif argument < 0 or policy < 0:
+        limit = max(argument, policy)
+    else:
+        limit = min(argument, policy)
+    assert limit is not None
+    return None if limit < 0 else limit
 
 
 def alternate_exchange(arguments: Mapping[str, Any], policy: Mapping[str, Any] | None = None) -> str | None:

@@ -14,6 +14,7 @@ from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
 from .equivalence import check_arguments, inequivalent
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .quorum_arguments import validate_quorum_declare
 from .stream_arguments import validate_stream_declare
 
 if TYPE_CHECKING:
@@ -73,7 +74,16 @@ def check_queue_equivalent(existing_durable: bool, existing_auto_delete: bool, e
                                    ("auto_delete", auto_delete, existing_auto_delete)):
         if received != current:
             raise inequivalent(arg, "queue", name, vhost, received, current)
-    check_arguments("queue", name, vhost, arguments, existing_arguments)
+    # RabbitMQ 4 writes the default type into a declaration without one, so "classic" given or left out
+    # are the same, and a quorum queue redeclared without its type differs as 'classic'.
+    received_type, current_type = queue_type_of(arguments), queue_type_of(existing_arguments)
+    if received_type != current_type:
+        raise inequivalent("x-queue-type", "queue", name, vhost, received_type, current_type)
+    check_arguments("queue", name, vhost, _without_type(arguments), _without_type(existing_arguments))
+
+
+def _without_type(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in arguments.items() if key != "x-queue-type"}
 
 
 def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
@@ -86,9 +96,26 @@ def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: b
         validate_stream_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                 arguments=arguments)
         return queue_type
+    if queue_type == "quorum":
+        validate_quorum_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
+                                arguments=arguments, server_named=server_named)
+        return queue_type
     try:
         validate_queue_arguments(arguments, queue=name, vhost=vhost, durable=durable, exclusive=exclusive,
                                  auto_delete=auto_delete)
     except ArgumentError as e:
         raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
     return queue_type
+
+
+def with_default_queue_type(arguments: dict[str, Any], default_queue_type: str | None, *, durable: bool,
+                            exclusive: bool, auto_delete: bool) -> dict[str, Any]:
+    """A declaration's arguments with its vhost's default queue type written in, as RabbitMQ 4 does.
+
+    Only when the client gave no x-queue-type and the vhost has a default; a declaration the default
+    type cannot take (quorum and stream: durable, not exclusive, not auto-delete) gets classic instead.
+    """
+    if "x-queue-type" in arguments or default_queue_type in (None, "", "undefined"):
+        return arguments
+    fits = default_queue_type == "classic" or (durable and not exclusive and not auto_delete)
+    return {**arguments, "x-queue-type": default_queue_type if fits else "classic"}

@@ -61,7 +61,7 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     ready = queue.message_count
     unacked = queue.unacked_count
     head = queue.head_timestamp_ms()
-    return {
+    info: dict[str, Any] = {
         "name": queue.name,
         "vhost": queue.vhost.name,
         "durable": queue.durable,
@@ -81,6 +81,9 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         "head_message_age_ms": max(0, now_ms - head) if head is not None else None,
         "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }
+    if queue.kind == "quorum":  # RabbitMQ's replica figures; this node holds the queue (see docs/migration.md)
+        info.update(leader=info["node"], members=[info["node"]], online=[info["node"]])
+    return info
 
 
 def properties_key(routing_key: str, arguments: dict[str, Any]) -> str:

@@ -22,8 +22,8 @@ from lavinpy.store.jsonfile import read_json, write_json_atomic
 log = logging.getLogger("lavinpy.policies")
 
 POLICIES_FILE = "policies.json"
-APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "streams")
-_QUEUE_TYPE_APPLY_TO = {"classic": "classic_queues", "stream": "streams"}
+APPLY_TO = ("all", "queues", "exchanges", "classic_queues", "quorum_queues", "streams")
+_QUEUE_TYPE_APPLY_TO = {"classic": "classic_queues", "quorum": "quorum_queues", "stream": "streams"}
 
 
 class PolicyError(ValueError):

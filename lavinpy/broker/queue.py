@@ -73,6 +73,10 @@ class Queue(QueueKind):
         self._remove_many: Callable[[list[int]], None] = index.ack_many
         self._requeue_one: Callable[[int], None] = self.requeue_ready
         self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
+        if self.settings.queue_type == "quorum":
+            # A quorum queue is this queue with a default delivery limit (see QueueSettings); it reports
+            # its declared type, as RabbitMQ does.
+            self.kind = "quorum"
 
     # --- state --------------------------------------------------------------------------------
     @property

@@ -80,7 +80,7 @@ class QueueKind(ABC):
     auto_delete: bool
     deleted: bool
     consumers: Collection[QueueConsumer]
-    kind: str  # RabbitMQ's queue "type" as the API reports it: "classic" (priorities included), "stream"
+    kind: str  # RabbitMQ's queue "type" as the API reports it: "classic" (priorities included), "quorum", "stream"
     stats: MessageCounters
     # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
     # the one flag the publish hot path reads.

@@ -67,7 +67,7 @@ def publishers_and_confirms(sessions: Sessions, counters: NodeCounters) -> tuple
 
 
 # RabbitMQ's queue_type label values for lavinpy's queue kinds.
-QUEUE_TYPES = {"classic": "rabbit_classic_queue", "stream": "rabbit_stream_queue"}
+QUEUE_TYPES = {"classic": "rabbit_classic_queue", "quorum": "rabbit_quorum_queue", "stream": "rabbit_stream_queue"}
 
 
 def counts_by_kind(broker: Broker) -> dict[str, dict[str, int]]:

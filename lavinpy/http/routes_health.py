@@ -97,7 +97,28 @@ async def certificate_expiration(request: web.Request) -> web.Response:
 
 
 async def node_is_quorum_critical(request: web.Request) -> web.Response:
-    # lavinpy has no quorum queues: shutting a node down never takes one below its quorum.
+    # A quorum queue here has no Raft group of its own: the cluster's in-sync replicas hold it, and it
+    # stays available while one of them survives. So a single node is never critical (as RabbitMQ
+    # says of one), and in a cluster only the leader with no other member in sync is: shutting it down
+    # leaves its quorum queues with no copy to fail over to.
+    cluster_nodes = request.app[CLUSTER_NODES]
+    if cluster_nodes is None:
+        return json_reply({"status": "ok", "reason": "single node cluster"})
+    nodes = cluster_nodes()
+    me = next((n for n in nodes if n.get("self")), None)
+    if me is None or me.get("role") != "leader" or any(n.get("in_sync") for n in nodes if not n.get("self")):
+        return _status(True)
+    queues = [{"name": queue.name, "virtual_host": vhost.name, "type": queue.kind}
+              for vhost in list(broker_of(request).vhosts.values())
+              for queue in list(vhost.queues.values()) if queue.kind == "quorum"]
+    if not queues:
+        return _status(True)
+    return _status(False, "There are quorum queues that would lose their quorum if the target node is shut down",
+                   queues=queues)
+
+
+async def node_is_mirror_sync_critical(request: web.Request) -> web.Response:
+    # No classic mirrored queues: never critical.
     if request.app[CLUSTER_NODES] is None:
         return json_reply({"status": "ok", "reason": "single node cluster"})
     return _status(True)
@@ -117,6 +138,6 @@ def add_routes(app: web.Application) -> None:
     r.add_get(checks + "ready-to-serve-clients", ready_to_serve_clients)
     r.add_get(checks + "certificate-expiration/{within}/{unit}", certificate_expiration)
     r.add_get(checks + "node-is-quorum-critical", node_is_quorum_critical)
-    r.add_get(checks + "node-is-mirror-sync-critical", node_is_quorum_critical)
+    r.add_get(checks + "node-is-mirror-sync-critical", node_is_mirror_sync_critical)
     r.add_get(checks + "metadata-store/initialized", metadata_store_initialized)
     r.add_get(checks + "metadata-store/initialized/with-data", metadata_store_initialized)

@@ -69,7 +69,7 @@ def test_expired_message_is_dead_lettered_with_original_expiration(clients):
     assert props.headers["x-first-death-reason"] == "expired"
 
 
-@pytest.mark.parametrize("bad", ["abc", "-1", "10x", "4294967296"])
+@pytest.mark.parametrize("bad", ["abc", "-1", "10x", "315360000001"])
 def test_invalid_expiration_is_406(clients, bad):
     _, ch = clients.channel()
     q = ch.queue_declare(uid("q"), exclusive=True).method.queue

@@ -301,7 +301,8 @@ PAGES.queue = (vhost, name) => {
       row("head message age", fmtAge(q.head_message_age_ms)), row("type", q.type), row("durable", String(q.durable)),
       row("policy", q.policy), row("arguments", JSON.stringify(q.arguments)),
       row("publish rate", fmtRate(get(q, "message_stats.publish_details.rate"))),
-      row("deliver rate", fmtRate(get(q, "message_stats.deliver_get_details.rate"))));
+      row("deliver rate", fmtRate(get(q, "message_stats.deliver_get_details.rate"))),
+      ...(q.type === "quorum" ? [row("leader", q.leader), row("members", (q.members || []).join(", "))] : []));
     const bs = await act(() => api("GET", qpath + "/bindings")) || [];
     bindings.replaceChildren(h("tr", {}, h("th", {}, "From exchange"), h("th", {}, "Routing key"), h("th", {}, "Arguments"), h("th", {})),
       ...bs.map((b) => h("tr", {}, h("td", {}, b.source || "(default)"), h("td", {}, b.routing_key),
