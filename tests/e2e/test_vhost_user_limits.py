@@ -207,3 +207,64 @@ def test_limits_persist_across_restart(fresh_broker):
     _ok(http_call(b, "DELETE", f"/api/users/{user}")[0])
     assert http_call(b, "GET", "/api/vhost-limits")[1] == []
     assert http_call(b, "GET", "/api/user-limits")[1] == []
+
+
+def _definitions(vhost: str, user: str) -> dict:
+    return {
+        "users": [{"name": user, "password_hash": "", "hashing_algorithm": "rabbit_password_hashing_sha256",
+                   "tags": [], "limits": {"max-connections": 2}}],
+        "vhosts": [{"name": vhost, "limits": [], "metadata": {"description": "", "tags": []}}],
+        "permissions": [{"user": user, "vhost": vhost, **FULL}],
+        "parameters": [
+            {"vhost": vhost, "component": "vhost-limits", "name": "limits", "value": {"max-queues": 2}},
+            {"vhost": vhost, "component": "operator_policy", "name": "cap",
+             "value": {"pattern": ".*", "definition": {"message-ttl": 1000}, "priority": 0, "apply-to": "queues"}},
+        ],
+        "global_parameters": [{"name": "cluster_name", "value": "imported"},
+                              {"name": "internal_cluster_id", "value": "rabbitmq-cluster-id-abc"}],
+        "queues": [{"name": "dq", "vhost": vhost, "durable": True, "auto_delete": False, "arguments": {}}],
+    }
+
+
+def test_definitions_round_trip(fresh_broker):
+    b = fresh_broker
+    vhost, user = _name("dv"), _name("du")
+    _ok(http_call(b, "POST", "/api/definitions", _definitions(vhost, user))[0])
+    assert http_call(b, "GET", f"/api/vhost-limits/{vhost}")[1] == [{"vhost": vhost, "value": {"max-queues": 2}}]
+    assert http_call(b, "GET", f"/api/user-limits/{user}")[1] == [{"user": user, "value": {"max-connections": 2}}]
+    assert http_call(b, "GET", f"/api/queues/{vhost}/dq")[1]["effective_policy_definition"] == {"message-ttl": 1000}
+    assert http_call(b, "GET", "/api/overview")[1]["cluster_name"] == "imported"
+    exported = http_call(b, "GET", "/api/definitions")[1]
+    assert {"vhost": vhost, "component": "vhost-limits", "name": "limits",
+            "value": {"max-queues": 2}} in exported["parameters"]
+    assert [p["value"]["definition"] for p in exported["parameters"]
+            if p["component"] == "operator_policy" and p["vhost"] == vhost] == [{"message-ttl": 1000}]
+    assert exported["global_parameters"] == [{"name": "cluster_name", "value": "imported"}]
+    assert next(u for u in exported["users"] if u["name"] == user)["limits"] == {"max-connections": 2}
+    # the export imports again unchanged
+    _ok(http_call(b, "POST", "/api/definitions", exported)[0])
+    assert http_call(b, "GET", "/api/definitions")[1]["parameters"] == exported["parameters"]
+
+
+def test_definitions_bad_items_refused_by_name_nothing_applied(fresh_broker):
+    b = fresh_broker
+    vhost, user = _name("dv"), _name("du")
+    doc = _definitions(vhost, user)
+    doc["parameters"].append({"vhost": vhost, "component": "federation-upstream", "name": "up",
+                              "value": {"uri": "amqp://remote"}})
+    status, body, _ = http_call(b, "POST", "/api/definitions", doc)
+    assert status == 400 and "federation-upstream" in body["reason"] and "'up'" in body["reason"]
+    assert http_call(b, "GET", f"/api/vhosts/{vhost}")[0] == 404  # nothing applied
+    doc = _definitions(vhost, user)
+    doc["parameters"][0]["value"] = {"max-queues": "two"}
+    status, body, _ = http_call(b, "POST", "/api/definitions", doc)
+    assert status == 400 and "max-queues" in body["reason"]
+    doc = _definitions(vhost, user)
+    doc["parameters"][0]["value"] = {"max-queues": 0}
+    status, body, _ = http_call(b, "POST", "/api/definitions", doc)
+    assert status == 400 and f'Adding 1 queue(s) to virtual host "{vhost}" would exceed the limit of 0' in body["reason"]
+    doc = _definitions(vhost, user)
+    doc["users"][0]["limits"] = {"max-sessions": 1}
+    status, body, _ = http_call(b, "POST", "/api/definitions", doc)
+    assert status == 400 and "max-sessions" in body["reason"]
+    assert http_call(b, "GET", f"/api/vhosts/{vhost}")[0] == 404
