@@ -189,7 +189,8 @@ def test_limits_persist_across_restart(fresh_broker):
     user = _user(b, vhost)
     _ok(http_call(b, "PUT", f"/api/vhost-limits/{vhost}/max-queues", {"value": 0})[0])
     _ok(http_call(b, "PUT", f"/api/user-limits/{user}/max-connections", {"value": 0})[0])
-    _ok(http_call(b, "PUT", f"/api/operator-policies/{vhost}/cap", {"pattern": ".*", "definition": {"expires": 9000}})[0])
+    _ok(http_call(b, "PUT", f"/api/operator-policies/{vhost}/cap",
+                  {"pattern": ".*", "definition": {"expires": 9000}})[0])
     _ok(http_call(b, "PUT", "/api/global-parameters/cluster_name", {"value": "green"})[0])
     b.restart()
     assert http_call(b, "GET", f"/api/vhost-limits/{vhost}")[1] == [{"vhost": vhost, "value": {"max-queues": 0}}]
@@ -262,7 +263,8 @@ def test_definitions_bad_items_refused_by_name_nothing_applied(fresh_broker):
     doc = _definitions(vhost, user)
     doc["parameters"][0]["value"] = {"max-queues": 0}
     status, body, _ = http_call(b, "POST", "/api/definitions", doc)
-    assert status == 400 and f'Adding 1 queue(s) to virtual host "{vhost}" would exceed the limit of 0' in body["reason"]
+    assert status == 400
+    assert f'Adding 1 queue(s) to virtual host "{vhost}" would exceed the limit of 0' in body["reason"]
     doc = _definitions(vhost, user)
     doc["users"][0]["limits"] = {"max-sessions": 1}
     status, body, _ = http_call(b, "POST", "/api/definitions", doc)
