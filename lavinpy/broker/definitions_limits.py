@@ -72,7 +72,7 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
             continue
         try:
             broker.parameters.component(component).validate(vhost, name, value)  # type: ignore[arg-type]
-        except ParameterError as e:  # an unknown component is refused by name too
+        except ValueError as e:  # ParameterError (an unknown component too) or a component's ValueError
             raise _Refused(f"{what}: {e}") from None
         if component == VHOST_LIMITS_COMPONENT and isinstance(value, Mapping) and "max-queues" in value:
             queue_limits[vhost] = value["max-queues"]

@@ -87,7 +87,7 @@ class LimitsOperations:
             return self.broker.parameters.set(component, vhost, name, value)
         except UnknownComponent as e:
             raise _not_found(str(e)) from None
-        except ParameterError as e:
+        except ValueError as e:  # ParameterError, or a component's own ValueError: a 400 naming the key
             raise _bad(str(e)) from None
 
     def clear_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> None:
