@@ -179,6 +179,7 @@ class AMQPConnection(ConnectionOutput):
         self._torn_down = True
         for channel in list(self.channels.values()):
             channel.release()
+        self.broker.client_limits.channels_closed(self.username, len(self.channels))
         self.channels.clear()
         if self._body_spool is not None:
             self._body_spool.close()
@@ -186,6 +187,7 @@ class AMQPConnection(ConnectionOutput):
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
         if self.vhost is not None:
+            self.broker.client_limits.connection_closed(self.vhost.name, self.username)
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
     def receive_data(self, data: bytes) -> None:
@@ -356,6 +358,7 @@ class AMQPConnection(ConnectionOutput):
         if len(self.channels) >= self.channel_max:
             raise AMQPConnectionError(NOT_ALLOWED, f"number of channels opened ({len(self.channels)}) has "
                                                    f"reached the negotiated channel_max ({self.channel_max})")
+        self.broker.client_limits.channel_opened(self.username)  # the user's max-channels
         self.channels[channel_id] = Channel(self, channel_id)  # counted open by its books
         self.send(writer.method_frame(channel_id, commands.Channel.OpenOk()))
 
@@ -363,6 +366,7 @@ class AMQPConnection(ConnectionOutput):
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             channel.release()
+            self.broker.client_limits.channels_closed(self.username)
 
     def _handle_connection_method(self, method: Any) -> None:
         if not isinstance(method, OPEN_CONNECTION_METHODS):
@@ -499,6 +503,7 @@ class AMQPConnection(ConnectionOutput):
         if not users.can_access_vhost(self.username, name):
             raise AMQPConnectionError(NOT_ALLOWED,
                                       f"access to vhost '{name}' refused for user '{self.username}'")
+        self.broker.client_limits.connection_opened(name, self.username)  # vhost and user limits
         self.vhost = vhost
         self.actor = Actor(users, self.username)
         self.enter_state(OPEN)

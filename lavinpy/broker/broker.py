@@ -13,7 +13,9 @@ from ..store import changes
 from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
+from .client_limits import USER_LIMITS_FILE, ClientLimits
 from .login_throttle import LoginThrottle
+from .parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
 from .stats import NodeCounters, StatsSampler
 from .users import UserStore
 from .vhost import VHost
@@ -78,6 +80,12 @@ class Broker:
         # A cluster leader's lease check: False once this node may no longer serve (nothing more is
         # delivered; the node is stepping down). None: a single node, always serving.
         self.serving_guard: Callable[[], bool] | None = None
+        # Runtime parameters with their components (vhost-limits here; the server registers shovel),
+        # and the vhost and user limits with the counts they are checked against.
+        self.parameters = Parameters(self.datadir.path / PARAMETERS_FILE, self.datadir.path / GLOBAL_PARAMETERS_FILE)
+        self.client_limits = ClientLimits(self.datadir.path / USER_LIMITS_FILE)
+        self.client_limits.vhost_limits_changed = self._vhost_limits_changed
+        self.parameters.register(self.client_limits)
 
     def open(self) -> None:
         self.datadir.open()
@@ -90,13 +98,22 @@ class Broker:
         self.users.subscribe(self._users_changed)
         for vhost in self.users.vhosts():
             self.open_vhost(vhost.name, unclean)
+        self.parameters.vhost_exists = self.users.vhost_exists
+        self.parameters.load()
+        self.client_limits.load()
 
     def open_vhost(self, name: str, unclean: bool = False) -> VHost:
         vhost = VHost(name, self.datadir.vhost_path(name, create=True), self.config, self)
         vhost.store.barrier = self._replication_barrier
         vhost.open(unclean_stop=unclean)
+        vhost.max_queues = self.client_limits.max_queues(name)
         self.vhosts[name] = vhost
         return vhost
+
+    def _vhost_limits_changed(self, name: str) -> None:
+        vhost = self.vhosts.get(name)
+        if vhost is not None:
+            vhost.max_queues = self.client_limits.max_queues(name)
 
     def set_replication(self, listener: FileChanges | None, barrier: ReplicationBarrier | None) -> None:
         """A replication leader: report every durable file change to ``listener``, and make every
@@ -113,6 +130,14 @@ class Broker:
             await self._replication_barrier.wait_replicated()
 
     def _users_changed(self) -> None:
+        users = self.users
+        if users is not None:  # a deleted vhost's parameters and a deleted user's limits go with it
+            for vhost in {p["vhost"] for p in self.parameters.listing()}:
+                if not users.vhost_exists(vhost):
+                    self.parameters.drop_vhost(vhost)
+            for user in list(self.client_limits.user_limits):
+                if users.user(user) is None:
+                    self.client_limits.drop_user(user)
         # Channels keep the exchange they last published to, permission-checked; a new vhost
         # generation makes them resolve and check it again on their next publish.
         for vhost in self.vhosts.values():

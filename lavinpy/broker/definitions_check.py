@@ -23,6 +23,7 @@ from .declarations import (
     new_exchange,
     validate_queue_declare,
 )
+from .definitions_limits import check_limit_sections
 from .policies import PolicyError, make_policy
 from .users import PERMISSION_KINDS
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 # Sections in the order an import applies them (a whole-node import; a vhost's takes the last four).
 NODE_SECTIONS = ("vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings")
 VHOST_SECTIONS = ("policies", "exchanges", "queues", "bindings")
-IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")  # lavinpy has no runtime parameters
+IGNORED_SECTIONS = ("topic_permissions",)  # parameters and limits: definitions_limits
 
 
 class DefinitionsError(AMQPChannelError):
@@ -110,6 +111,7 @@ def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | Non
         check_item = getattr(checker, section)
         for i, item in enumerate(_list(doc, section)):
             check_item(i, _obj(item, section, i))
+    check_limit_sections(broker, doc, only_vhost, checker.plan)
     return checker.plan
 
 

@@ -17,6 +17,9 @@ from .actor import Actor
 from .admin_operations import AdminOperations, require_admin, user_json
 from .definitions_check import DefinitionsError as DefinitionsError  # re-exported: the faces catch it
 from .definitions_check import Plan, check_document
+from .definitions_limits import ACTION_KINDS as LIMIT_ACTIONS
+from .definitions_limits import apply_action as apply_limit_action
+from .definitions_limits import export_limit_sections
 from .exchanges.base import Exchange
 
 if TYPE_CHECKING:
@@ -46,8 +49,6 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
                          for v in sorted(users.vhosts(), key=lambda v: v.name)]
         doc["permissions"] = ops.list_permissions(actor)
         doc["topic_permissions"] = []
-    doc["parameters"] = []
-    doc["global_parameters"] = []
     policies, queues, exchanges, bindings = [], [], [], []
     for name in names:
         model = broker.vhosts.get(name)
@@ -80,6 +81,7 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
                                  "destination_type": dest_type, "routing_key": binding.routing_key,
                                  "arguments": dict(binding.arguments)})
     doc.update(policies=policies, queues=queues, exchanges=exchanges, bindings=bindings)
+    export_limit_sections(broker, doc, names, whole=vhost is None)
     if vhost is not None:  # a vhost's export leaves the vhost out of each object, as RabbitMQ's
         for section in ("policies", "queues", "exchanges", "bindings"):
             for item in doc[section]:
@@ -146,6 +148,8 @@ def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
             if name not in model.queues:
                 objects.declare_queue(None, model, name, owner=None, durable=durable, auto_delete=auto_delete,
                                       arguments=arguments)
+        elif kind in LIMIT_ACTIONS:
+            apply_limit_action(broker, kind, vhost, name, payload)
         elif kind == "binding":
             source, destination, dest_type, routing_key, arguments = payload
             model = broker.vhosts[vhost]

@@ -142,7 +142,7 @@ def overview(broker: Broker, actor: Actor | None, *, connections: int, channels:
         "product_version": __version__,
         "erlang_version": "none",
         "rates_mode": "basic",
-        "cluster_name": node_name(),
+        "cluster_name": broker.parameters.get_global("cluster_name") or node_name(),
         "node": node_name(),
         "object_totals": {"connections": connections, "channels": channels, "consumers": consumers,
                           "exchanges": exchanges, "queues": queues},

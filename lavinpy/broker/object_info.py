@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from .exchanges.base import Exchange, freeze_arguments
 from .node_info import node_name
+from .operator_policies import queue_policy_info
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
 if TYPE_CHECKING:
@@ -56,6 +57,14 @@ def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     return info
 
 
+def _policy_info(queue: QueueKind) -> dict[str, Any]:
+    # A queue's host is a VHost in the broker (policies and operator policies); test hosts may have none.
+    policies = getattr(queue.vhost, "policies", None)
+    operators = getattr(queue.vhost, "operator_policies", None)
+    return queue_policy_info(policies.match(queue.name, "queue", queue.kind) if policies else None,
+                             operators.match(queue.name, "queue", queue.kind) if operators else None)
+
+
 def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ready = queue.message_count
@@ -75,6 +84,7 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         "state": "running",
         "type": queue.kind,
         "policy": queue.settings.policy,
+        **_policy_info(queue),
         "node": node_name(),
         # RabbitMQ's tag of the consumer that holds the queue exclusively, null when none does
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),

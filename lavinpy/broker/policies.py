@@ -107,8 +107,11 @@ class Policy:
 
 
 def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority: int = 0,
-                apply_to: str = "all") -> Policy:
-    """A validated Policy; PolicyError names the bad field."""
+                apply_to: str = "all",
+                validators: Mapping[str, Callable[[Any], str | None]] | None = None) -> Policy:
+    """A validated Policy; PolicyError names the bad field. ``validators``: the keys allowed (the
+    policy keys unless given: operator policies allow fewer)."""
+    validators = VALIDATORS if validators is None else validators
     if not isinstance(name, str) or not name:
         raise PolicyError("policy name must be a non-empty string")
     if not _is_int(priority):
@@ -126,12 +129,12 @@ def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority
         raise PolicyError(f"policy '{name}': definition must be a dictionary: {definition!r}")
     if not definition:
         raise PolicyError(f"policy '{name}': no policy provided")
-    unknown = sorted(k for k in definition if k not in VALIDATORS)
+    unknown = sorted(k for k in definition if k not in validators)
     if unknown:
         verb = "is not a recognised policy setting" if len(unknown) == 1 else "are not recognised policy settings"
         raise PolicyError(f"policy '{name}': {', '.join(repr(k) for k in unknown)} {verb}")
     for key in sorted(definition):
-        problem = VALIDATORS[key](definition[key])
+        problem = validators[key](definition[key])
         if problem is not None:
             raise PolicyError(f"policy '{name}': {key}: {problem}")
     return Policy(name, pattern, dict(definition), priority, apply_to)
@@ -143,8 +146,9 @@ Listener = Callable[[str], None]
 class PolicyStore:
     """The policies of one vhost, kept in ``policies.json`` (written atomically on every change)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, validators: Mapping[str, Callable[[Any], str | None]] | None = None) -> None:
         self.path = Path(path)
+        self.validators = VALIDATORS if validators is None else validators
         self._policies: dict[str, Policy] = {}
         self._listeners: list[Listener] = []
 
@@ -157,7 +161,7 @@ class PolicyStore:
         for entry in entries:
             try:
                 policy = make_policy(entry["name"], entry["pattern"], entry["definition"],
-                                     entry.get("priority", 0), entry.get("apply-to", "all"))
+                                     entry.get("priority", 0), entry.get("apply-to", "all"), self.validators)
             except (PolicyError, KeyError, TypeError, AttributeError) as err:
                 log.error("%s: ignoring policy entry %r: %s", self.path, entry, err)
                 continue
@@ -166,7 +170,7 @@ class PolicyStore:
     def set(self, name: str, pattern: str, definition: Mapping[str, Any], priority: int = 0,
             apply_to: str = "all") -> Policy:
         """Add or replace a policy, save the file, then tell the listeners."""
-        policy = make_policy(name, pattern, definition, priority, apply_to)
+        policy = make_policy(name, pattern, definition, priority, apply_to, self.validators)
         previous = self._policies.get(name)
         self._policies[name] = policy
         try:

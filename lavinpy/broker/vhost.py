@@ -29,6 +29,7 @@ from ..wire.constants import (
 )
 from ..wire.errors import AMQPChannelError
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
+from .client_limits import queue_limit_error
 from .dead_lettering import dead_letter
 from .declarations import (
     check_exchange_equivalent,
@@ -42,6 +43,7 @@ from .declarations import (
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .operator_policies import merge_definitions, operator_policy_store
 from .permissions import UserPermissions, check_policy
 from .policies import POLICIES_FILE, Policy, PolicyStore
 from .priorities import priority_kind
@@ -114,6 +116,9 @@ class VHost(VHostPublishing):
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)
         self.policies.subscribe(self._policy_changed)
+        self.operator_policies = operator_policy_store(path)
+        self.operator_policies.subscribe(self._policy_changed)
+        self.max_queues: int | None = None  # the vhost-limits max-queues (None: no limit)
         self.routing = Routing(self.exchanges)  # alternate exchanges are set as policies give them
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -125,6 +130,7 @@ class VHost(VHostPublishing):
             self.exchanges[name] = make_exchange(type_name, name, durable=True)
         try:
             self.policies.load()
+            self.operator_policies.load()
         except (OSError, ValueError) as e:
             log.error("vhost %r: policies not loaded: %s", self.name, e)
         # Delayed exchanges open their held-message index during the replay: before finish_recovery,
@@ -411,6 +417,8 @@ class VHost(VHostPublishing):
             return existing
         queue_type = validate_queue_declare(name, self.name, durable=durable, exclusive=exclusive,
                                             auto_delete=auto_delete, arguments=arguments, server_named=server_named)
+        if self.max_queues is not None and len(self.queues) >= self.max_queues:
+            raise queue_limit_error(name, self.name, self.max_queues)
         if queue_type == "stream":
             self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
                                                            arguments=arguments))
@@ -443,9 +451,14 @@ class VHost(VHostPublishing):
         return StreamQueue(self, name, index, arguments=arguments)
 
     def _queue_settings(self, name: str, arguments: dict) -> QueueSettings:
-        policy = self.policies.match(name, "queue", queue_type_of(arguments))
-        return QueueSettings.resolve(arguments, policy.definition if policy else None,
-                                     policy.name if policy else None)
+        queue_type = queue_type_of(arguments)
+        policy = self.policies.match(name, "queue", queue_type)
+        definition = policy.definition if policy else None
+        if len(self.operator_policies):  # the stricter of policy and operator policy (RabbitMQ's merge)
+            operator = self.operator_policies.match(name, "queue", queue_type)
+            if operator is not None:
+                definition = merge_definitions(definition, operator.definition)
+        return QueueSettings.resolve(arguments, definition, policy.name if policy else None)
 
     def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> QueueIndex:
         kind = priority_kind(settings.max_priority) if settings.max_priority else FIFO

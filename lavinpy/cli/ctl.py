@@ -30,6 +30,8 @@ from .ctl_api import (
 )
 from .ctl_columns import COMMANDS as LIST_COMMANDS
 from .ctl_columns import row
+from .ctl_limits import COMMANDS as LIMIT_COMMANDS
+from .ctl_limits import add_commands as add_limit_commands
 from .ctl_node import (
     cmd_await_startup,
     cmd_close_all_connections,
@@ -199,6 +201,7 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "clear_permissions": cmd_clear_permissions, "set_policy": cmd_set_policy, "clear_policy": cmd_clear_policy,
     "purge_queue": cmd_purge_queue, "delete_queue": cmd_delete_queue, "close_connection": cmd_close_connection,
     "export_definitions": cmd_export_definitions, "import_definitions": cmd_import_definitions,
+    **LIMIT_COMMANDS,
 }
 
 
@@ -285,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--priority", type=int, default=0)
     policy.add_argument("--apply-to", dest="apply_to", choices=("all", "queues", "exchanges"), default="all")
     add("clear_policy", "remove a policy from the vhost (-p)", "name")
+    add_limit_commands(add)
     add("purge_queue", "remove a queue's ready messages", "queue")
     delete_queue = add("delete_queue", "delete a queue", "queue")
     delete_queue.add_argument("--if-empty", dest="if_empty", action="store_true")

@@ -16,7 +16,15 @@ from aiohttp import web
 
 from ..listeners import ProxyPolicy, serve_port
 from ..wire.errors import AMQPError
-from . import definitions, routes_admin, routes_dashboard, routes_health, routes_objects, routes_stats
+from . import (
+    definitions,
+    routes_admin,
+    routes_dashboard,
+    routes_health,
+    routes_objects,
+    routes_parameters,
+    routes_stats,
+)
 from .auth import REALM, authenticate
 from .context import ACTOR_KEY, BROKER, CLUSTER_NODES, SESSIONS
 from .errors import ApiError, error_response, from_amqp_error
@@ -32,6 +40,7 @@ log = logging.getLogger("lavinpy.http")
 ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
     routes_objects.add_routes,
     routes_admin.add_routes,
+    routes_parameters.add_routes,  # parameters, limits, operator policies
     definitions.add_routes,
     routes_stats.add_routes,
     routes_health.add_routes,  # RabbitMQ 4's further health checks

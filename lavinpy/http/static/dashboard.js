@@ -299,7 +299,9 @@ PAGES.queue = (vhost, name) => {
     details.replaceChildren(row("messages", q.messages), row("messages_ready", q.messages_ready),
       row("messages_unacknowledged", q.messages_unacknowledged), row("consumers", q.consumers),
       row("head message age", fmtAge(q.head_message_age_ms)), row("type", q.type), row("durable", String(q.durable)),
-      row("policy", q.policy), row("arguments", JSON.stringify(q.arguments)),
+      row("policy", q.policy), row("operator_policy", q.operator_policy),
+      row("effective_policy_definition", JSON.stringify(q.effective_policy_definition || {})),
+      row("arguments", JSON.stringify(q.arguments)),
       row("publish rate", fmtRate(get(q, "message_stats.publish_details.rate"))),
       row("deliver rate", fmtRate(get(q, "message_stats.deliver_get_details.rate"))),
       ...(q.type === "quorum" ? [row("leader", q.leader), row("members", (q.members || []).join(", "))] : []));

@@ -1,0 +1,236 @@
+"""Runtime parameters, global parameters, vhost and user limits and operator policies, with RabbitMQ's
+tag rules, for every face (HTTP, ctl, definitions import).
+
+As RabbitMQ: administrators change limits, operator policies and global parameters; policymakers
+(and administrators) change the parameters of vhosts they may access; monitoring users read them.
+Errors are ``AMQPChannelError``s with reply codes the HTTP face maps (403 -> 401, 404, 406 -> 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
+from ..wire.errors import AMQPChannelError
+from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
+from .client_limits import USER_LIMIT_KEYS, VHOST_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, VHOST_LIMITS_NAME
+from .operator_policies import operator_policy_json
+from .parameters import ParameterError, UnknownComponent
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .vhost import VHost
+
+
+def _refused(detail: str) -> AMQPChannelError:
+    return AMQPChannelError(ACCESS_REFUSED, detail)
+
+
+def _not_found(detail: str) -> AMQPChannelError:
+    return AMQPChannelError(NOT_FOUND, detail)
+
+
+def _bad(detail: str) -> AMQPChannelError:
+    return AMQPChannelError(PRECONDITION_FAILED, detail)
+
+
+def _admin(actor: Actor | None) -> None:
+    if actor is not None and not actor.is_admin():
+        raise _refused(f"user '{actor.name}' is not an administrator")
+
+
+def _reader(actor: Actor | None) -> None:
+    if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
+        raise _refused(f"user '{actor.name}' may not see parameters "
+                       "(needs the policymaker, monitoring or administrator tag)")
+
+
+class LimitsOperations:
+    """The operations of one broker; ``actor`` None is a trusted internal caller."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        assert broker.users is not None
+        self.users = broker.users
+
+    def _vhost(self, name: str) -> VHost:
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None or not self.users.vhost_exists(name):
+            raise _not_found(f"no vhost '{name}'")
+        return vhost
+
+    def _visible(self, actor: Actor | None, vhost: str) -> bool:
+        return actor is None or actor.can_monitor() or actor.can_access_vhost(vhost)
+
+    # -- parameters ----------------------------------------------------------------------------
+    def list_parameters(self, actor: Actor | None, component: str | None = None,
+                        vhost: str | None = None) -> list[dict[str, Any]]:
+        _reader(actor)
+        if vhost is not None:
+            self._vhost(vhost)
+        return [p for p in self.broker.parameters.listing(component, vhost) if self._visible(actor, p["vhost"])]
+
+    def get_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> dict[str, Any]:
+        for item in self.list_parameters(actor, component, vhost):
+            if item["name"] == name:
+                return item
+        raise _not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
+
+    def set_parameter(self, actor: Actor | None, component: str, vhost: str, name: str, value: Any) -> bool:
+        """Validate, store and apply; True when new. Unknown components are refused by name."""
+        self._may_change(actor, vhost, component)
+        self._vhost(vhost)
+        if component == VHOST_LIMITS_COMPONENT:
+            _admin(actor)
+        try:
+            return self.broker.parameters.set(component, vhost, name, value)
+        except UnknownComponent as e:
+            raise _not_found(str(e)) from None
+        except ValueError as e:  # ParameterError, or a component's own ValueError: a 400 naming the key
+            raise _bad(str(e)) from None
+
+    def clear_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> None:
+        self._may_change(actor, vhost, component)
+        if component == VHOST_LIMITS_COMPONENT:
+            _admin(actor)
+        if not self.broker.parameters.delete(component, vhost, name):
+            raise _not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
+
+    def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
+        if actor is None or actor.is_admin():
+            return
+        if POLICYMAKER not in actor.tags or not actor.can_access_vhost(vhost):
+            raise _refused(f"user '{actor.name}' may not change parameters of component '{component}' "
+                           f"in vhost '{vhost}' (needs the policymaker tag and access to the vhost)")
+
+    # -- global parameters ---------------------------------------------------------------------
+    def list_global_parameters(self, actor: Actor | None) -> list[dict[str, Any]]:
+        _reader(actor)
+        return self.broker.parameters.list_globals()
+
+    def get_global_parameter(self, actor: Actor | None, name: str) -> dict[str, Any]:
+        _reader(actor)
+        for item in self.broker.parameters.list_globals():
+            if item["name"] == name:
+                return item
+        raise _not_found(f"no global parameter '{name}'")
+
+    def set_global_parameter(self, actor: Actor | None, name: str, value: Any) -> bool:
+        _admin(actor)
+        try:
+            return self.broker.parameters.set_global(name, value)
+        except ParameterError as e:
+            raise _bad(str(e)) from None
+
+    def clear_global_parameter(self, actor: Actor | None, name: str) -> None:
+        _admin(actor)
+        if not self.broker.parameters.delete_global(name):
+            raise _not_found(f"no global parameter '{name}'")
+
+    # -- vhost limits --------------------------------------------------------------------------
+    def list_vhost_limits(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
+        if vhost is not None:
+            self._vhost(vhost)
+        return [item for item in self.broker.client_limits.vhost_limits_json(vhost)
+                if self._visible(actor, item["vhost"])]
+
+    def set_vhost_limit(self, actor: Actor | None, vhost: str, key: str, value: Any) -> None:
+        """One limit (PUT /api/vhost-limits/{vhost}/{name}); the others are kept."""
+        if key not in VHOST_LIMIT_KEYS:
+            raise _bad(f"vhost-limits: '{key}' is not a recognised limit; should be one of: "
+                       + ", ".join(f"'{k}'" for k in VHOST_LIMIT_KEYS))
+        current = dict(self.broker.client_limits.vhost_limits.get(vhost, {}))
+        current[key] = value
+        self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, current)
+
+    def set_vhost_limits(self, actor: Actor | None, vhost: str, limits: Any) -> None:
+        """All of a vhost's limits at once (rabbitmqctl set_vhost_limits); an empty object clears them."""
+        if isinstance(limits, Mapping) and not limits:
+            self.clear_vhost_limit(actor, vhost, "all", missing_ok=True)
+            return
+        self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, limits)
+
+    def clear_vhost_limit(self, actor: Actor | None, vhost: str, key: str, missing_ok: bool = False) -> None:
+        _admin(actor)
+        self._vhost(vhost)
+        current = dict(self.broker.client_limits.vhost_limits.get(vhost, {}))
+        if key == "all" or (key in current and len(current) == 1):
+            if current or not missing_ok:
+                self.clear_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME)
+            return
+        if key not in current:
+            if missing_ok:
+                return
+            raise _not_found(f"no limit '{key}' on vhost '{vhost}'")
+        del current[key]
+        self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, current)
+
+    # -- user limits ---------------------------------------------------------------------------
+    def list_user_limits(self, actor: Actor | None, user: str | None = None) -> list[dict[str, Any]]:
+        if actor is not None and not actor.is_admin() and user != actor.name:
+            _reader(actor)
+        if user is not None and self.users.user(user) is None:
+            raise _not_found(f"no user '{user}'")
+        return self.broker.client_limits.user_limits_json(user)
+
+    def set_user_limit(self, actor: Actor | None, user: str, key: str, value: Any) -> None:
+        if key not in USER_LIMIT_KEYS:
+            raise _bad(f"user-limits: '{key}' is not a recognised limit; should be one of: "
+                       + ", ".join(f"'{k}'" for k in USER_LIMIT_KEYS))
+        current = dict(self.broker.client_limits.user_limits.get(user, {}))
+        current[key] = value
+        self.set_user_limits(actor, user, current)
+
+    def set_user_limits(self, actor: Actor | None, user: str, limits: Any) -> None:
+        _admin(actor)
+        if self.users.user(user) is None:
+            raise _not_found(f"no user '{user}'")
+        try:
+            self.broker.client_limits.set_user_limits(user, limits)
+        except ParameterError as e:
+            raise _bad(str(e)) from None
+
+    def clear_user_limit(self, actor: Actor | None, user: str, key: str) -> None:
+        _admin(actor)
+        if self.users.user(user) is None:
+            raise _not_found(f"no user '{user}'")
+        if not self.broker.client_limits.clear_user_limit(user, key) and key != "all":
+            raise _not_found(f"no limit '{key}' on user '{user}'")
+
+    # -- operator policies ---------------------------------------------------------------------
+    def list_operator_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
+        _reader(actor)
+        names = [vhost] if vhost is not None else sorted(self.broker.vhosts)
+        result: list[dict[str, Any]] = []
+        for name in names:
+            model = self._vhost(name)
+            if self._visible(actor, name):
+                result.extend(operator_policy_json(name, p)
+                              for p in sorted(model.operator_policies.list(), key=lambda p: p.name))
+        return result
+
+    def get_operator_policy(self, actor: Actor | None, vhost: str, name: str) -> dict[str, Any]:
+        for item in self.list_operator_policies(actor, vhost):
+            if item["name"] == name:
+                return item
+        raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")
+
+    def set_operator_policy(self, actor: Actor | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
+        _admin(actor)
+        model = self._vhost(vhost)
+        for key in ("pattern", "definition"):
+            if key not in body:
+                raise _bad(f"operator policy '{name}': {key} is missing")
+        created = model.operator_policies.get(name) is None
+        try:
+            model.operator_policies.set(name, body["pattern"], body["definition"], body.get("priority", 0),
+                                        body.get("apply-to", "all"))
+        except ValueError as e:
+            raise _bad(str(e).replace("policy '", "operator policy '", 1)) from None
+        return created
+
+    def clear_operator_policy(self, actor: Actor | None, vhost: str, name: str) -> None:
+        _admin(actor)
+        if not self._vhost(vhost).operator_policies.delete(name):
+            raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")
