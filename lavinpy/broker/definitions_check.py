@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPError
-from .admin_operations import parse_tags, password_spec
+from .admin_operations import check_vhost_metadata, parse_tags, password_spec
 from .declarations import (
     check_exchange_equivalent,
     check_exchange_name,
@@ -23,16 +23,20 @@ from .declarations import (
     new_exchange,
     validate_queue_declare,
 )
-from .policies import PolicyError, make_policy
+from .policies import NOT_NEEDED_KEYS, PolicyError, make_policy
 from .users import PERMISSION_KINDS
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 # Sections in the order an import applies them (a whole-node import; a vhost's takes the last four).
-NODE_SECTIONS = ("vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings")
+NODE_SECTIONS = ("vhosts", "users", "permissions", "topic_permissions", "policies", "exchanges", "queues",
+                 "bindings")
 VHOST_SECTIONS = ("policies", "exchanges", "queues", "bindings")
-IGNORED_SECTIONS = ("topic_permissions", "parameters", "global_parameters")  # lavinpy has no runtime parameters
+IGNORED_SECTIONS = ("parameters", "global_parameters")  # checked by their own section handlers when present
+# Policy keys accepted, kept and exported, reported as not needed: RabbitMQ-only ones, and the queue
+# mode and version (lavinpy keeps messages on disk and pages them in on demand).
+REPORTED_POLICY_KEYS = NOT_NEEDED_KEYS | {"queue-mode", "queue-version"}
 
 
 class DefinitionsError(AMQPChannelError):
@@ -90,6 +94,13 @@ class Plan:
     def __init__(self) -> None:
         self.actions: list[tuple[str, str, str, Any]] = []  # (kind, vhost, name, payload)
         self.changes: list[dict[str, str]] = []
+        self.ignored: list[dict[str, str]] = []  # accepted, not needed by lavinpy's design
+
+    def ignore(self, kind: str, vhost: str, name: str, key: str, reason: str) -> None:
+        entry = {"type": kind, "name": name, "key": key, "reason": reason}
+        if vhost:
+            entry["vhost"] = vhost
+        self.ignored.append(entry)
 
     def add(self, kind: str, vhost: str, name: str, payload: Any, change: str | None) -> None:
         self.actions.append((kind, vhost, name, payload))
@@ -111,6 +122,14 @@ def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | Non
         for i, item in enumerate(_list(doc, section)):
             check_item(i, _obj(item, section, i))
     return checker.plan
+
+
+def not_needed_reason(key: str) -> str:
+    """Why lavinpy needs no RabbitMQ-only policy key: what in its design gives what the key asks."""
+    if key.startswith("ha-") or key in ("queue-master-locator", "queue-leader-locator", "initial-cluster-size",
+                                        "target-group-size"):
+        return "a lavinpy cluster replicates every durable queue to all in-sync replicas"
+    return "lavinpy keeps messages on disk and pages them in on demand (lazy by design)"
 
 
 class _Checker:
@@ -145,11 +164,18 @@ class _Checker:
         description = item.get("description", metadata.get("description", ""))
         if not isinstance(description, str):
             raise DefinitionsError(f"vhost '{name}': description must be a string")
+        default_queue_type = item.get("default_queue_type", metadata.get("default_queue_type"))
         try:
             tags = parse_tags(item.get("tags", metadata.get("tags")))
+            check_vhost_metadata(name, description, default_queue_type)
         except AMQPError as e:
-            raise DefinitionsError(f"vhost '{name}': {e.detail}") from None
-        self.plan.add("vhost", "", name, (description, tags), None if name in self.vhost_names else "create")
+            detail = e.detail if e.detail.startswith("vhost") else f"vhost '{name}': {e.detail}"
+            raise DefinitionsError(detail) from None
+        for key in ("limits",):
+            if item.get(key):
+                self.plan.ignore("vhost", "", name, key, "vhost limits are imported from the parameters section")
+        self.plan.add("vhost", "", name, (description, tags, default_queue_type),
+                      None if name in self.vhost_names else "create")
         self.vhost_names.add(name)
 
     def users(self, i: int, item: Mapping[str, Any]) -> None:
@@ -180,6 +206,23 @@ class _Checker:
             patterns.append(pattern)
         self.plan.add("permission", vhost, user, patterns, "set")
 
+    def topic_permissions(self, i: int, item: Mapping[str, Any]) -> None:
+        user = _name(item, f"topic permission #{i}", "user")
+        vhost = self.vhost_of(item, f"topic permission of user '{user}'")
+        exchange = _name(item, f"topic permission of user '{user}' in vhost '{vhost}'", "exchange")
+        what = f"topic permission of user '{user}' on exchange '{exchange}' in vhost '{vhost}'"
+        if user not in self.user_names:
+            raise DefinitionsError(f"{what}: no user '{user}'")
+        patterns = []
+        for kind in ("write", "read"):
+            pattern = _name(item, what, kind)
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise DefinitionsError(f"{what}: {kind} {pattern!r} is not a valid regular expression: {e}")
+            patterns.append(pattern)
+        self.plan.add("topic_permission", vhost, user, (exchange, *patterns), "set")
+
     def policies(self, i: int, item: Mapping[str, Any]) -> None:
         name = _name(item, f"policy #{i}")
         vhost = self.vhost_of(item, f"policy '{name}'")
@@ -188,6 +231,8 @@ class _Checker:
                                  item.get("priority", 0), item.get("apply-to", "all"))
         except PolicyError as e:
             raise DefinitionsError(f"vhost '{vhost}': {e}") from None
+        for key in sorted(REPORTED_POLICY_KEYS.intersection(policy.definition)):
+            self.plan.ignore("policy", vhost, name, key, "not needed: " + not_needed_reason(key))
         self.plan.add("policy", vhost, name, policy, "set")
 
     def exchanges(self, i: int, item: Mapping[str, Any]) -> None:

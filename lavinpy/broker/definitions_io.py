@@ -8,6 +8,7 @@ are kept as given, so users exported from RabbitMQ 3.x log in with their passwor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,9 @@ from .exchanges.base import Exchange
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .users import VHost as VHostRecord
 
+log = logging.getLogger("lavinpy.definitions")
 RABBIT_VERSION = "3.10.0"  # the export format this follows
 
 
@@ -41,11 +44,9 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
                            "product_name": "lavinpy", "product_version": _version()}
     if vhost is None:
         doc["users"] = [user_json(u) for u in sorted(users.users(), key=lambda u: u.name)]
-        doc["vhosts"] = [{"name": v.name, "limits": [],
-                          "metadata": {"description": v.description, "tags": list(v.tags)}}
-                         for v in sorted(users.vhosts(), key=lambda v: v.name)]
+        doc["vhosts"] = [_vhost_export(v) for v in sorted(users.vhosts(), key=lambda v: v.name)]
         doc["permissions"] = ops.list_permissions(actor)
-        doc["topic_permissions"] = []
+        doc["topic_permissions"] = ops.list_topic_permissions(actor)
     doc["parameters"] = []
     doc["global_parameters"] = []
     policies, queues, exchanges, bindings = [], [], [], []
@@ -87,6 +88,15 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
     return doc
 
 
+def _vhost_export(vhost: VHostRecord) -> dict[str, Any]:
+    """A vhost as RabbitMQ 3.10+ exports it: its metadata (RabbitMQ 3.10 reads description and tags;
+    default_queue_type is 3.11's, kept for a round trip)."""
+    metadata: dict[str, Any] = {"description": vhost.description, "tags": list(vhost.tags)}
+    if vhost.default_queue_type is not None:
+        metadata["default_queue_type"] = vhost.default_queue_type
+    return {"name": vhost.name, "limits": [], "metadata": metadata}
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -99,8 +109,9 @@ def _version() -> str:
 
 
 def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: str | None = None,
-                       dry_run: bool = False) -> list[dict[str, str]]:
-    """Check the whole document, then apply it (unless ``dry_run``); returns what changes."""
+                       dry_run: bool = False) -> Plan:
+    """Check the whole document, then apply it (unless ``dry_run``); returns the plan: what changes
+    (``changes``) and what was accepted as not needed (``ignored``)."""
     require_admin(actor)
     if not isinstance(doc, Mapping):
         raise DefinitionsError("definitions must be a JSON object")
@@ -110,15 +121,14 @@ def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: 
     plan = check_document(broker, doc, vhost)
     if not dry_run:
         _apply(broker, ops, plan)
-    return plan.changes
+    return plan
 
 
 def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
     users = ops.users
     for kind, vhost, name, payload in plan.actions:
         if kind == "vhost":
-            if not users.vhost_exists(name):
-                ops.put_vhost(None, name, payload[0], payload[1])
+            ops.put_vhost(None, name, *payload)
         elif kind == "user":
             spec, tags = payload
             if users.user(name) is None:
@@ -130,6 +140,8 @@ def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
                 users.set_tags(name, tags)
         elif kind == "permission":
             users.set_permissions(name, vhost, *payload)
+        elif kind == "topic_permission":
+            users.set_topic_permission(name, vhost, *payload)
         elif kind == "policy":
             broker.vhosts[vhost].set_policy(name, payload.pattern, dict(payload.definition),
                                             payload.priority, payload.apply_to)
@@ -170,6 +182,9 @@ def load_definitions_file(broker: Broker, path: str) -> list[dict[str, str]]:
     except ValueError as e:
         raise DefinitionsFileError(f"load_definitions: {path} is not valid JSON: {e}") from None
     try:
-        return import_definitions(broker, None, doc)
+        plan = import_definitions(broker, None, doc)
     except AMQPError as e:
         raise DefinitionsFileError(f"load_definitions: {path}: {e.detail}") from None
+    for item in plan.ignored:
+        log.info("load_definitions: %s '%s': %s accepted, %s", item["type"], item["name"], item["key"], item["reason"])
+    return plan.changes
