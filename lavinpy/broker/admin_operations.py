@@ -314,7 +314,7 @@ class AdminOperations:
             raise _not_found(f"no vhost '{vhost}'")
         if user is not None:
             self._existing_user(user)
-        result = []
+        result: list[dict[str, str]] = []
         for u in sorted(self.users.users(), key=lambda u: u.name):
             if user is not None and u.name != user:
                 continue

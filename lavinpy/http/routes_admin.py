@@ -104,7 +104,9 @@ async def get_vhost(request: web.Request) -> web.Response:
 
 async def put_vhost(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
     description = body.get("description", metadata.get("description"))
     tags = body.get("tags", metadata.get("tags"))
     created = _ops(request).put_vhost(actor_of(request), request.match_info["vhost"], description,

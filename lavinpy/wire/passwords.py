@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import hmac
 import os
+from typing import Any
 
 DEFAULT_ALGORITHM = "rabbit_password_hashing_sha256"
 BCRYPT_ALGORITHM = "lavinmq_bcrypt"
@@ -93,7 +94,7 @@ def bcrypt_available() -> bool:
     return True
 
 
-def _bcrypt():  # type: ignore[no-untyped-def]
+def _bcrypt() -> Any:
     try:
         import bcrypt
     except ImportError:
