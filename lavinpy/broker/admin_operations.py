@@ -89,7 +89,7 @@ class PasswordSpec:
 def password_spec(body: Mapping[str, Any], user: str) -> PasswordSpec | None:
     """From a user body as RabbitMQ takes it; None when the body names no password at all."""
     try:  # RabbitMQ's names and LavinMQ's spellings (SHA256, sha512, Bcrypt...) are the same algorithms
-        algorithm = canonical_algorithm(body.get("hashing_algorithm") or DEFAULT_ALGORITHM)
+        algorithm = canonical_algorithm(body.get("hashing_algorithm") or _algorithm_of(body.get("password_hash")))
         if "password" in body:
             password = body["password"]
             if not isinstance(password, str):
@@ -105,6 +105,13 @@ def password_spec(body: Mapping[str, Any], user: str) -> PasswordSpec | None:
     except ValueError as e:
         raise _bad(f"user '{user}': {e}") from None
     return None
+
+
+def _algorithm_of(password_hash: Any) -> str:
+    """A hash given without its algorithm: bcrypt's own form says it is bcrypt; else RabbitMQ's default."""
+    if isinstance(password_hash, str) and password_hash.startswith(("$2a$", "$2b$", "$2y$")):
+        return BCRYPT_ALGORITHM
+    return DEFAULT_ALGORITHM
 
 
 def bcrypt_check(password_hash: str) -> None:

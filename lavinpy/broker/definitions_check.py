@@ -37,6 +37,9 @@ IGNORED_SECTIONS = ("parameters", "global_parameters")  # checked by their own s
 # Policy keys accepted, kept and exported, reported as not needed: RabbitMQ-only ones, and the queue
 # mode and version (lavinpy keeps messages on disk and pages them in on demand).
 REPORTED_POLICY_KEYS = NOT_NEEDED_KEYS | {"queue-mode", "queue-version"}
+# Top-level keys that describe the export itself (RabbitMQ's and LavinMQ's), nothing to apply.
+EXPORT_INFO_KEYS = frozenset({"rabbit_version", "rabbitmq_version", "product_name", "product_version",
+                              "lavinmq_version"})
 
 
 class DefinitionsError(AMQPChannelError):
@@ -114,6 +117,14 @@ class Plan:
 def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> Plan:
     """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong."""
     checker = _Checker(broker, only_vhost)
+    known = set(NODE_SECTIONS) | set(IGNORED_SECTIONS) | EXPORT_INFO_KEYS
+    for key in sorted(k for k in doc if k not in known):  # said, never silently dropped
+        checker.plan.ignore("section", "", str(key), str(key), "not a definitions section lavinpy knows")
+    if only_vhost is not None:
+        for section in sorted(set(NODE_SECTIONS) - set(VHOST_SECTIONS)):
+            if doc.get(section):  # as RabbitMQ's vhost import, which reads only the vhost's objects
+                checker.plan.ignore("section", only_vhost, section, section,
+                                    "a vhost's import takes only policies, exchanges, queues and bindings")
     for section in IGNORED_SECTIONS:
         for i, item in enumerate(_list(doc, section)):
             _obj(item, section, i)  # accepted and ignored
