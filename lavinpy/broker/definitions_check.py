@@ -1,7 +1,7 @@
 """Checking a definitions document before anything is imported: the plan of an import.
 
 The whole document is checked against itself and the broker's current state first; an import then
-changes nothing when any object is wrong, and the error names the first bad object. Objects are
+changes nothing when any object is wrong, and the error names every bad object. Objects are
 judged by the model's own rules (``declarations``, ``arguments``, ``policies``, ``admin_operations``):
 an import refuses what a declaration would refuse, with the same text.
 """
@@ -128,10 +128,17 @@ def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | Non
     for section in IGNORED_SECTIONS:
         for i, item in enumerate(_list(doc, section)):
             _obj(item, section, i)  # accepted and ignored
+    refused: list[str] = []  # every bad item is named, not only the first
     for section in VHOST_SECTIONS if only_vhost else NODE_SECTIONS:
         check_item = getattr(checker, section)
         for i, item in enumerate(_list(doc, section)):
-            check_item(i, _obj(item, section, i))
+            try:
+                check_item(i, _obj(item, section, i))
+            except DefinitionsError as e:
+                refused.append(e.detail)
+    if refused:
+        count = f"{len(refused)} items refused, nothing imported: " if len(refused) > 1 else ""
+        raise DefinitionsError(count + "; ".join(refused))
     return checker.plan
 
 

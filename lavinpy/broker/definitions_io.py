@@ -1,9 +1,12 @@
-"""Definitions export and import in RabbitMQ's JSON format (users, vhosts, permissions, policies,
-exchanges, queues, bindings; parameters empty).
+"""Definitions export and import in RabbitMQ's JSON format (users, vhosts with their metadata,
+permissions, topic permissions, policies, exchanges, queues, bindings), read from RabbitMQ's and
+LavinMQ's exports alike.
 
 An import checks the whole document first, against the file itself and the broker's current state,
-and changes nothing when any object is wrong: the error names the first bad object. Password hashes
-are kept as given, so users exported from RabbitMQ 3.x log in with their passwords.
+and changes nothing when any object is wrong: the error names every bad object. What lavinpy's design
+already gives (RabbitMQ-only policy keys such as ha-mode) is accepted, kept, exported back and listed
+in the reply as not needed. Password hashes are kept as given (LavinMQ's older prefixed form made
+RabbitMQ's), so users exported from RabbitMQ or LavinMQ log in with their passwords.
 """
 
 from __future__ import annotations

@@ -102,3 +102,16 @@ def test_one_bad_item_refuses_all(model, bad, needle):
     with pytest.raises(DefinitionsError, match=needle.replace("(", r"\(")):
         import_definitions(model.broker, None, doc)
     assert users.vhost("new-vhost") is None and users.user("x") is None
+
+
+def test_every_bad_item_is_named(model):
+    doc = {"vhosts": [{"name": "nv"}],
+           "users": [{"name": "a", "password_hash": "x", "hashing_algorithm": "md4"}],
+           "queues": [{"name": "q", "vhost": "nowhere"}],
+           "policies": [{"vhost": "nv", "name": "p", "pattern": ".*", "definition": {"federation-upstream": "u"}}]}
+    with pytest.raises(DefinitionsError) as e:
+        import_definitions(model.broker, None, doc)
+    assert e.value.detail.startswith("3 items refused, nothing imported: ")
+    for needle in ("md4", "nowhere", "federation-upstream"):
+        assert needle in e.value.detail
+    assert model.broker.users.vhost("nv") is None
