@@ -5,6 +5,9 @@ permissions and the ha-* keys included) imports back into RabbitMQ. Bad items re
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +201,28 @@ def test_quorum_queue_in_an_export_goes_to_the_declare_rules(fresh_broker) -> No
                        "arguments": {"x-queue-type": "quorum"}}]}
     status, reply, _ = http_call(fresh_broker, "POST", "/api/definitions", bad)
     assert status == 400 and "qq2" in reply["reason"], reply
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqadmin") is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_imports_and_declares_ha_policies(fresh_broker, tmp_path: Path) -> None:
+    """Debian's rabbitmqadmin: `import` of an export with ha-* keys and `declare policy` with them."""
+    b = fresh_broker
+
+    def admin(*args: str) -> str:
+        cmd = ["rabbitmqadmin", "-H", b.host, "-P", str(b.http_port), "-u", "guest", "-p", "guest", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"{' '.join(args)}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps({"policies": [{"vhost": "/", "name": "m", "pattern": "^m", "apply-to": "queues",
+                                              "priority": 0, "definition": HA}],
+                                "topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic",
+                                                       "write": ".*", "read": ".*"}]}))
+    admin("import", str(path))
+    admin("declare", "policy", "name=m2", "pattern=^n",
+          "definition=" + json.dumps({"ha-mode": "exactly", "ha-params": 2}))
+    policies = {p["name"]: p for p in json.loads(admin("-f", "raw_json", "list", "policies"))}
+    assert policies["m"]["definition"] == HA
+    assert policies["m2"]["definition"] == {"ha-mode": "exactly", "ha-params": 2}
+    assert http_call(b, "GET", "/api/topic-permissions/%2F/guest")[1][0]["exchange"] == "amq.topic"
