@@ -159,3 +159,19 @@ def test_topic_permissions_survive_a_restart(fresh_broker):
             ch.basic_qos(prefetch_count=0)
     finally:
         conn.close()
+
+
+def test_http_bind_is_checked_too(broker):
+    vhost, user = _setup(broker)
+    conn = _connect(broker, vhost, user)
+    try:
+        conn.channel().queue_declare("tp-q", durable=False)
+    finally:
+        conn.close()
+    path = f"/api/bindings/{_q(vhost)}/e/amq.topic/q/tp-q"
+    status, reply, _ = http_call(broker, "POST", path, {"routing_key": "secret.#"}, user=user, password=PASSWORD)
+    assert status == 401, reply
+    assert reply["reason"] == (f"read access to topic 'secret.#' in exchange 'amq.topic' in vhost '{vhost}' "
+                               f"refused for user '{user}'")
+    status, reply, _ = http_call(broker, "POST", path, {"routing_key": "public.#"}, user=user, password=PASSWORD)
+    assert status == 201, reply
