@@ -17,7 +17,7 @@ from ..broker import publish_ops
 from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
 from ..broker.consumer import Consumer
 from ..broker.deliveries import Deliveries
-from ..broker.operations_messages import publish_exchange
+from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.operations_objects import readable_queue
 from ..wire import writer
 from ..wire.constants import (
@@ -40,6 +40,7 @@ from .log import channel_close_log
 if TYPE_CHECKING:
     from ..broker.deliveries import StoredMessage  # the model's record type; amqp names no store module
     from ..broker.exchanges.base import Exchange
+    from ..broker.permissions import TopicCheck
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")
@@ -81,6 +82,7 @@ class Channel:
         self._publish_exchange: Exchange | None = None
         self._publish_exchange_name: str | None = None
         self._publish_generation = -1
+        self._publish_topic_check: TopicCheck | None = None  # set only when a topic permission applies
         # consumer timeout: (oldest unacked delivery tag, when the sweep first saw it)
         self.oldest_unacked_seen: tuple[int, float] | None = None
 
@@ -181,10 +183,13 @@ class Channel:
                 if method.immediate:
                     raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
                 self._publish_exchange = publish_exchange(self.conn.actor, self.vhost, name)
+                self._publish_topic_check = publish_topic_check(self.conn.actor, self.vhost, self._publish_exchange)
                 self._publish_exchange_name = name
                 self._publish_generation = self.vhost.generation
             elif method.immediate:
                 raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
+            if self._publish_topic_check is not None:  # once per publish, once per run of publishes
+                self._publish_topic_check(method.routing_key)
         except AMQPChannelError as e:
             self.close_with_error(e, method)
             return None

@@ -10,7 +10,7 @@ administrator > monitoring > policymaker > management. A user with none of them 
 
 from __future__ import annotations
 
-from .permissions import UserPermissions, access_refused
+from .permissions import TopicCheck, UserPermissions, access_refused, topic_check
 from .users import UserStore
 
 ADMINISTRATOR = "administrator"
@@ -64,3 +64,13 @@ class Actor:
         """RabbitMQ's 403 unless the user has ``kind`` permission on the named queue or exchange."""
         if not self.allowed(kind, resource_type, name, vhost):
             raise access_refused(kind, resource_type, name, vhost, self.name)
+
+    def topic_check(self, kind: str, vhost: str, exchange_name: str, exchange_type: str) -> TopicCheck | None:
+        """The topic permission check for keys of a ``kind`` operation on that exchange (None: none applies)."""
+        return topic_check(self.users, self.name, vhost, kind, exchange_name, exchange_type)
+
+    def check_topic(self, kind: str, vhost: str, exchange_name: str, exchange_type: str, key: str) -> None:
+        """RabbitMQ's 403 unless a topic permission on the exchange (if any) allows ``key``."""
+        check = self.topic_check(kind, vhost, exchange_name, exchange_type)
+        if check is not None:
+            check(key)

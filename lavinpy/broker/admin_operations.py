@@ -19,10 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
-from ..wire.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password
+from ..wire.passwords import (
+    BCRYPT_ALGORITHM,
+    DEFAULT_ALGORITHM,
+    bcrypt_available,
+    canonical_algorithm,
+    hash_password,
+    normalize_hash,
+)
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from .permissions import check_policy
-from .policies import Policy, PolicyError
+from .policies import NOT_NEEDED_KEYS, Policy, PolicyError
 from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHost
 
 if TYPE_CHECKING:
@@ -30,6 +37,8 @@ if TYPE_CHECKING:
     from .vhost import VHost as VHostModel
 
 log = logging.getLogger("lavinpy.admin")
+# RabbitMQ's vhost default queue types (3.11+ metadata); kept and exported, declares keep their own rules.
+DEFAULT_QUEUE_TYPES = ("classic", "quorum", "stream", "undefined")
 
 def is_admin(actor: Actor | None) -> bool:
     return actor is None or actor.is_admin()
@@ -79,21 +88,46 @@ class PasswordSpec:
 
 def password_spec(body: Mapping[str, Any], user: str) -> PasswordSpec | None:
     """From a user body as RabbitMQ takes it; None when the body names no password at all."""
-    algorithm = body.get("hashing_algorithm", DEFAULT_ALGORITHM)
-    if algorithm not in ALGORITHMS:
-        raise _bad(f"user '{user}': unsupported hashing_algorithm {algorithm!r}; "
-                   f"supported: {', '.join(ALGORITHMS)}")
-    if "password" in body:
-        password = body["password"]
-        if not isinstance(password, str):
-            raise _bad(f"user '{user}': password must be a string")
-        return PasswordSpec(hash_password(password, algorithm), algorithm)
-    if "password_hash" in body:
-        password_hash = body["password_hash"]
-        if not isinstance(password_hash, str):
-            raise _bad(f"user '{user}': password_hash must be a string")
-        return PasswordSpec(password_hash, algorithm)
+    try:  # RabbitMQ's names and LavinMQ's spellings (SHA256, sha512, Bcrypt...) are the same algorithms
+        algorithm = canonical_algorithm(body.get("hashing_algorithm") or _algorithm_of(body.get("password_hash")))
+        if "password" in body:
+            password = body["password"]
+            if not isinstance(password, str):
+                raise _bad(f"user '{user}': password must be a string")
+            return PasswordSpec(hash_password(password, algorithm), algorithm)
+        if "password_hash" in body:
+            password_hash = body["password_hash"]
+            if not isinstance(password_hash, str):
+                raise _bad(f"user '{user}': password_hash must be a string")
+            if password_hash and algorithm == BCRYPT_ALGORITHM:
+                bcrypt_check(password_hash)
+            return PasswordSpec(normalize_hash(password_hash, algorithm), algorithm)
+    except ValueError as e:
+        raise _bad(f"user '{user}': {e}") from None
     return None
+
+
+def _algorithm_of(password_hash: Any) -> str:
+    """A hash given without its algorithm: bcrypt's own form says it is bcrypt; else RabbitMQ's default."""
+    if isinstance(password_hash, str) and password_hash.startswith(("$2a$", "$2b$", "$2y$")):
+        return BCRYPT_ALGORITHM
+    return DEFAULT_ALGORITHM
+
+
+def bcrypt_check(password_hash: str) -> None:
+    """A bcrypt hash is kept only in bcrypt's form and where it can be checked at login."""
+    if not (password_hash.startswith(("$2a$", "$2b$", "$2y$")) and len(password_hash) == 60):
+        raise ValueError("password_hash is not a bcrypt hash ($2a$...)")
+    if not bcrypt_available():
+        raise ValueError("bcrypt password hashes (lavinmq_bcrypt) need the 'bcrypt' Python package installed")
+
+
+def check_vhost_metadata(name: str, description: Any, default_queue_type: Any) -> None:
+    if not isinstance(description, str):
+        raise _bad(f"vhost '{name}': description must be a string")
+    if default_queue_type is not None and default_queue_type not in DEFAULT_QUEUE_TYPES:
+        raise _bad(f"vhost '{name}': default_queue_type must be one of {', '.join(DEFAULT_QUEUE_TYPES)}, "
+                   f"not {default_queue_type!r}")
 
 
 class AdminOperations:
@@ -187,18 +221,20 @@ class AdminOperations:
         assert vhost is not None
         return vhost
 
-    def put_vhost(self, actor: Actor | None, name: str, description: str = "",
-                  tags: Iterable[str] = ()) -> bool:
-        """Create a vhost (opened at once) or accept a redeclare; True when created."""
+    def put_vhost(self, actor: Actor | None, name: str, description: str | None = None,
+                  tags: Iterable[str] | None = None, default_queue_type: str | None = None) -> bool:
+        """Create a vhost (opened at once) or update the metadata given for an existing one (None:
+        unchanged); True when created."""
         require_admin(actor)
         if not name:
             raise _bad("vhost name must not be empty")
-        if not isinstance(description, str):
-            raise _bad(f"vhost '{name}': description must be a string")
+        check_vhost_metadata(name, description if description is not None else "", default_queue_type)
         if self.users.vhost_exists(name):
+            if description is not None or tags is not None or default_queue_type is not None:
+                self.users.set_vhost_metadata(name, description, tags, default_queue_type)
             return False
         try:
-            self.users.add_vhost(name, description, tags)
+            self.users.add_vhost(name, description or "", tags or (), default_queue_type)
         except AlreadyExists:
             return False
         self.broker.open_vhost(name)
@@ -276,6 +312,54 @@ class AdminOperations:
             raise _not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
         self.users.clear_permissions(user, vhost)
 
+    # -- topic permissions (RabbitMQ's /api/topic-permissions) ------------------------------------
+
+    def list_topic_permissions(self, actor: Actor | None, *, vhost: str | None = None,
+                               user: str | None = None) -> list[dict[str, str]]:
+        require_admin(actor)
+        if vhost is not None and not self.users.vhost_exists(vhost):
+            raise _not_found(f"no vhost '{vhost}'")
+        if user is not None:
+            self._existing_user(user)
+        result: list[dict[str, str]] = []
+        for u in sorted(self.users.users(), key=lambda u: u.name):
+            if user is not None and u.name != user:
+                continue
+            for vhost_name, per_vhost in sorted(u.topic_permissions.items()):
+                if vhost is None or vhost_name == vhost:
+                    result.extend({"user": u.name, "vhost": vhost_name, "exchange": t.exchange,
+                                   "write": t.write, "read": t.read}
+                                  for t in sorted(per_vhost.values(), key=lambda t: t.exchange))
+        return result
+
+    def set_topic_permission(self, actor: Actor | None, vhost: str, user: str, body: Mapping[str, Any]) -> bool:
+        """RabbitMQ's PUT /api/topic-permissions/{vhost}/{user} ({"exchange", "write", "read"});
+        True when the user had no topic permission on that exchange before."""
+        require_admin(actor)
+        what = f"topic permission of user '{user}' in vhost '{vhost}'"
+        values = []
+        for key in ("exchange", "write", "read"):
+            value = body.get(key)
+            if not isinstance(value, str):
+                raise _bad(f"{what}: '{key}' must be a string")
+            values.append(value)
+        self._existing_user(user)
+        if not self.users.vhost_exists(vhost):
+            raise _not_found(f"no vhost '{vhost}'")
+        created = self.users.topic_permission(user, vhost, values[0]) is None
+        try:
+            self.users.set_topic_permission(user, vhost, *values)
+        except ValueError as e:
+            raise _bad(f"{what}: {e}") from None
+        return created
+
+    def clear_topic_permissions(self, actor: Actor | None, vhost: str, user: str,
+                                exchange: str | None = None) -> None:
+        require_admin(actor)
+        self._existing_user(user)
+        if not self.users.clear_topic_permissions(user, vhost, exchange):
+            raise _not_found(f"no topic permissions for user '{user}' in vhost '{vhost}'")
+
     # -- policies ------------------------------------------------------------------------------
 
     def _may_read_policies(self, actor: Actor | None) -> None:
@@ -341,10 +425,20 @@ def user_json(user: User) -> dict[str, Any]:
 
 
 def vhost_json(vhost: VHost) -> dict[str, Any]:
-    return {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags),
-            "tracing": False}
+    metadata: dict[str, Any] = {"description": vhost.description, "tags": list(vhost.tags)}
+    if vhost.default_queue_type is not None:
+        metadata["default_queue_type"] = vhost.default_queue_type
+    out = {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags),
+           "metadata": metadata, "tracing": False}
+    if vhost.default_queue_type is not None:
+        out["default_queue_type"] = vhost.default_queue_type
+    return out
 
 
 def policy_json(vhost: str, policy: Policy) -> dict[str, Any]:
-    return {"vhost": vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
-            "definition": dict(policy.definition), "priority": policy.priority}
+    out = {"vhost": vhost, "name": policy.name, "pattern": policy.pattern, "apply-to": policy.apply_to,
+           "definition": dict(policy.definition), "priority": policy.priority}
+    not_needed = sorted(NOT_NEEDED_KEYS.intersection(policy.definition))
+    if not_needed:  # RabbitMQ-only keys: kept and exported, not needed by lavinpy's design
+        out["not_needed"] = not_needed
+    return out

@@ -1,7 +1,7 @@
 """Checking a definitions document before anything is imported: the plan of an import.
 
 The whole document is checked against itself and the broker's current state first; an import then
-changes nothing when any object is wrong, and the error names the first bad object. Objects are
+changes nothing when any object is wrong, and the error names every bad object. Objects are
 judged by the model's own rules (``declarations``, ``arguments``, ``policies``, ``admin_operations``):
 an import refuses what a declaration would refuse, with the same text.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPError
-from .admin_operations import parse_tags, password_spec
+from .admin_operations import check_vhost_metadata, parse_tags, password_spec
 from .declarations import (
     check_exchange_equivalent,
     check_exchange_name,
@@ -24,16 +24,23 @@ from .declarations import (
     validate_queue_declare,
 )
 from .definitions_limits import check_limit_sections
-from .policies import PolicyError, make_policy
+from .policies import NOT_NEEDED_KEYS, PolicyError, make_policy
 from .users import PERMISSION_KINDS
 
 if TYPE_CHECKING:
     from .broker import Broker
 
 # Sections in the order an import applies them (a whole-node import; a vhost's takes the last four).
-NODE_SECTIONS = ("vhosts", "users", "permissions", "policies", "exchanges", "queues", "bindings")
+NODE_SECTIONS = ("vhosts", "users", "permissions", "topic_permissions", "policies", "exchanges", "queues",
+                 "bindings")
 VHOST_SECTIONS = ("policies", "exchanges", "queues", "bindings")
-IGNORED_SECTIONS = ("topic_permissions",)  # parameters and limits: definitions_limits
+IGNORED_SECTIONS = ("parameters", "global_parameters", "operator_policies")  # definitions_limits checks them
+# Policy keys accepted, kept and exported, reported as not needed: RabbitMQ-only ones, and the queue
+# mode and version (lavinpy keeps messages on disk and pages them in on demand).
+REPORTED_POLICY_KEYS = NOT_NEEDED_KEYS | {"queue-mode", "queue-version"}
+# Top-level keys that describe the export itself (RabbitMQ's and LavinMQ's), nothing to apply.
+EXPORT_INFO_KEYS = frozenset({"rabbit_version", "rabbitmq_version", "product_name", "product_version",
+                              "lavinmq_version"})
 
 
 class DefinitionsError(AMQPChannelError):
@@ -91,6 +98,13 @@ class Plan:
     def __init__(self) -> None:
         self.actions: list[tuple[str, str, str, Any]] = []  # (kind, vhost, name, payload)
         self.changes: list[dict[str, str]] = []
+        self.ignored: list[dict[str, str]] = []  # accepted, not needed by lavinpy's design
+
+    def ignore(self, kind: str, vhost: str, name: str, key: str, reason: str) -> None:
+        entry = {"type": kind, "name": name, "key": key, "reason": reason}
+        if vhost:
+            entry["vhost"] = vhost
+        self.ignored.append(entry)
 
     def add(self, kind: str, vhost: str, name: str, payload: Any, change: str | None) -> None:
         self.actions.append((kind, vhost, name, payload))
@@ -104,15 +118,45 @@ class Plan:
 def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> Plan:
     """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong."""
     checker = _Checker(broker, only_vhost)
+    parameters = doc.get("parameters")
+    checker.vhost_limit_parameters = {
+        p.get("vhost"): p.get("value") for p in (parameters if isinstance(parameters, list) else [])
+        if isinstance(p, Mapping) and p.get("component") == "vhost-limits"}
+    known = set(NODE_SECTIONS) | set(IGNORED_SECTIONS) | EXPORT_INFO_KEYS
+    for key in sorted(k for k in doc if k not in known):  # said, never silently dropped
+        checker.plan.ignore("section", "", str(key), str(key), "not a definitions section lavinpy knows")
+    if only_vhost is not None:
+        for section in sorted(set(NODE_SECTIONS) - set(VHOST_SECTIONS)):
+            if doc.get(section):  # as RabbitMQ's vhost import, which reads only the vhost's objects
+                checker.plan.ignore("section", only_vhost, section, section,
+                                    "a vhost's import takes only policies, exchanges, queues and bindings")
     for section in IGNORED_SECTIONS:
         for i, item in enumerate(_list(doc, section)):
             _obj(item, section, i)  # accepted and ignored
+    refused: list[str] = []  # every bad item is named, not only the first
     for section in VHOST_SECTIONS if only_vhost else NODE_SECTIONS:
         check_item = getattr(checker, section)
         for i, item in enumerate(_list(doc, section)):
-            check_item(i, _obj(item, section, i))
-    check_limit_sections(broker, doc, only_vhost, checker.plan)
+            try:
+                check_item(i, _obj(item, section, i))
+            except DefinitionsError as e:
+                refused.append(e.detail)
+    try:
+        check_limit_sections(broker, doc, only_vhost, checker.plan)
+    except AMQPChannelError as e:  # the parameters, limits and operator policies: the first refused one
+        refused.append(e.detail)
+    if refused:
+        count = f"{len(refused)} items refused, nothing imported: " if len(refused) > 1 else ""
+        raise DefinitionsError(count + "; ".join(refused))
     return checker.plan
+
+
+def not_needed_reason(key: str) -> str:
+    """Why lavinpy needs no RabbitMQ-only policy key: what in its design gives what the key asks."""
+    if key.startswith("ha-") or key in ("queue-master-locator", "queue-leader-locator", "initial-cluster-size",
+                                        "target-group-size"):
+        return "a lavinpy cluster replicates every durable queue to all in-sync replicas"
+    return "lavinpy keeps messages on disk and pages them in on demand (lazy by design)"
 
 
 class _Checker:
@@ -124,6 +168,7 @@ class _Checker:
         assert users is not None
         self.broker = broker
         self.only_vhost = only_vhost
+        self.vhost_limit_parameters: dict[Any, Any] = {}  # vhost -> the document's vhost-limits value
         self.plan = Plan()
         self.vhost_names = {v.name for v in users.vhosts()}
         self.user_names = {u.name for u in users.users()}
@@ -147,11 +192,20 @@ class _Checker:
         description = item.get("description", metadata.get("description", ""))
         if not isinstance(description, str):
             raise DefinitionsError(f"vhost '{name}': description must be a string")
+        default_queue_type = item.get("default_queue_type", metadata.get("default_queue_type"))
         try:
             tags = parse_tags(item.get("tags", metadata.get("tags")))
+            check_vhost_metadata(name, description, default_queue_type)
         except AMQPError as e:
-            raise DefinitionsError(f"vhost '{name}': {e.detail}") from None
-        self.plan.add("vhost", "", name, (description, tags), None if name in self.vhost_names else "create")
+            detail = e.detail if e.detail.startswith("vhost") else f"vhost '{name}': {e.detail}"
+            raise DefinitionsError(detail) from None
+        limits = item.get("limits")
+        # RabbitMQ writes a vhost's limits twice: here and as a vhost-limits parameter, which is what
+        # applies them. Said only when this copy is not the same as the parameter's.
+        if limits and limits != self.vhost_limit_parameters.get(name):
+            self.plan.ignore("vhost", "", name, "limits", "vhost limits are imported from the parameters section")
+        self.plan.add("vhost", "", name, (description, tags, default_queue_type),
+                      None if name in self.vhost_names else "create")
         self.vhost_names.add(name)
 
     def users(self, i: int, item: Mapping[str, Any]) -> None:
@@ -182,6 +236,23 @@ class _Checker:
             patterns.append(pattern)
         self.plan.add("permission", vhost, user, patterns, "set")
 
+    def topic_permissions(self, i: int, item: Mapping[str, Any]) -> None:
+        user = _name(item, f"topic permission #{i}", "user")
+        vhost = self.vhost_of(item, f"topic permission of user '{user}'")
+        exchange = _name(item, f"topic permission of user '{user}' in vhost '{vhost}'", "exchange")
+        what = f"topic permission of user '{user}' on exchange '{exchange}' in vhost '{vhost}'"
+        if user not in self.user_names:
+            raise DefinitionsError(f"{what}: no user '{user}'")
+        patterns = []
+        for kind in ("write", "read"):
+            pattern = _name(item, what, kind)
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise DefinitionsError(f"{what}: {kind} {pattern!r} is not a valid regular expression: {e}")
+            patterns.append(pattern)
+        self.plan.add("topic_permission", vhost, user, (exchange, *patterns), "set")
+
     def policies(self, i: int, item: Mapping[str, Any]) -> None:
         name = _name(item, f"policy #{i}")
         vhost = self.vhost_of(item, f"policy '{name}'")
@@ -190,6 +261,8 @@ class _Checker:
                                  item.get("priority", 0), item.get("apply-to", "all"))
         except PolicyError as e:
             raise DefinitionsError(f"vhost '{vhost}': {e}") from None
+        for key in sorted(REPORTED_POLICY_KEYS.intersection(policy.definition)):
+            self.plan.ignore("policy", vhost, name, key, "not needed: " + not_needed_reason(key))
         self.plan.add("policy", vhost, name, policy, "set")
 
     def exchanges(self, i: int, item: Mapping[str, Any]) -> None:

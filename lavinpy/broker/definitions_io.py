@@ -1,13 +1,17 @@
-"""Definitions export and import in RabbitMQ's JSON format (users, vhosts, permissions, policies,
-exchanges, queues, bindings; parameters empty).
+"""Definitions export and import in RabbitMQ's JSON format (users, vhosts with their metadata,
+permissions, topic permissions, policies, exchanges, queues, bindings), read from RabbitMQ's and
+LavinMQ's exports alike.
 
 An import checks the whole document first, against the file itself and the broker's current state,
-and changes nothing when any object is wrong: the error names the first bad object. Password hashes
-are kept as given, so users exported from RabbitMQ 3.x log in with their passwords.
+and changes nothing when any object is wrong: the error names every bad object. What lavinpy's design
+already gives (RabbitMQ-only policy keys such as ha-mode) is accepted, kept, exported back and listed
+in the reply as not needed. Password hashes are kept as given (LavinMQ's older prefixed form made
+RabbitMQ's), so users exported from RabbitMQ or LavinMQ log in with their passwords.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +28,9 @@ from .exchanges.base import Exchange
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .users import VHost as VHostRecord
 
+log = logging.getLogger("lavinpy.definitions")
 RABBIT_VERSION = "3.10.0"  # the export format this follows
 
 
@@ -44,11 +50,9 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
                            "product_name": "lavinpy", "product_version": _version()}
     if vhost is None:
         doc["users"] = [user_json(u) for u in sorted(users.users(), key=lambda u: u.name)]
-        doc["vhosts"] = [{"name": v.name, "limits": [],
-                          "metadata": {"description": v.description, "tags": list(v.tags)}}
-                         for v in sorted(users.vhosts(), key=lambda v: v.name)]
+        doc["vhosts"] = [_vhost_export(v) for v in sorted(users.vhosts(), key=lambda v: v.name)]
         doc["permissions"] = ops.list_permissions(actor)
-        doc["topic_permissions"] = []
+        doc["topic_permissions"] = ops.list_topic_permissions(actor)
     policies, queues, exchanges, bindings = [], [], [], []
     for name in names:
         model = broker.vhosts.get(name)
@@ -89,6 +93,15 @@ def export_definitions(broker: Broker, actor: Actor | None, vhost: str | None = 
     return doc
 
 
+def _vhost_export(vhost: VHostRecord) -> dict[str, Any]:
+    """A vhost as RabbitMQ 3.10+ exports it: its metadata (RabbitMQ 3.10 reads description and tags;
+    default_queue_type is 3.11's, kept for a round trip)."""
+    metadata: dict[str, Any] = {"description": vhost.description, "tags": list(vhost.tags)}
+    if vhost.default_queue_type is not None:
+        metadata["default_queue_type"] = vhost.default_queue_type
+    return {"name": vhost.name, "limits": [], "metadata": metadata}
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -101,8 +114,9 @@ def _version() -> str:
 
 
 def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: str | None = None,
-                       dry_run: bool = False) -> list[dict[str, str]]:
-    """Check the whole document, then apply it (unless ``dry_run``); returns what changes."""
+                       dry_run: bool = False) -> Plan:
+    """Check the whole document, then apply it (unless ``dry_run``); returns the plan: what changes
+    (``changes``) and what was accepted as not needed (``ignored``)."""
     require_admin(actor)
     if not isinstance(doc, Mapping):
         raise DefinitionsError("definitions must be a JSON object")
@@ -112,15 +126,14 @@ def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: 
     plan = check_document(broker, doc, vhost)
     if not dry_run:
         _apply(broker, ops, plan)
-    return plan.changes
+    return plan
 
 
 def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
     users = ops.users
     for kind, vhost, name, payload in plan.actions:
         if kind == "vhost":
-            if not users.vhost_exists(name):
-                ops.put_vhost(None, name, payload[0], payload[1])
+            ops.put_vhost(None, name, *payload)
         elif kind == "user":
             spec, tags = payload
             if users.user(name) is None:
@@ -132,6 +145,8 @@ def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
                 users.set_tags(name, tags)
         elif kind == "permission":
             users.set_permissions(name, vhost, *payload)
+        elif kind == "topic_permission":
+            users.set_topic_permission(name, vhost, *payload)
         elif kind == "policy":
             broker.vhosts[vhost].set_policy(name, payload.pattern, dict(payload.definition),
                                             payload.priority, payload.apply_to)
@@ -174,6 +189,9 @@ def load_definitions_file(broker: Broker, path: str) -> list[dict[str, str]]:
     except ValueError as e:
         raise DefinitionsFileError(f"load_definitions: {path} is not valid JSON: {e}") from None
     try:
-        return import_definitions(broker, None, doc)
+        plan = import_definitions(broker, None, doc)
     except AMQPError as e:
         raise DefinitionsFileError(f"load_definitions: {path}: {e.detail}") from None
+    for item in plan.ignored:
+        log.info("load_definitions: %s '%s': %s accepted, %s", item["type"], item["name"], item["key"], item["reason"])
+    return plan.changes

@@ -23,6 +23,7 @@ from .publish_ops import publish
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
+    from .permissions import TopicCheck
     from .vhost import VHost
 
 
@@ -40,6 +41,15 @@ def publish_exchange(actor: Actor | None, vhost: VHost, name: str) -> Exchange:
         raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
                                                f"in vhost '{vhost.name}'", 60, 40)
     return exchange
+
+
+def publish_topic_check(actor: Actor | None, vhost: VHost, exchange: Exchange) -> TopicCheck | None:
+    """The topic permission check the routing keys of publishes to ``exchange`` need (RabbitMQ's 403
+    "write access to topic ..."), or None when none applies: a channel keeps it with the exchange, so a
+    user without topic permissions pays nothing per message."""
+    if actor is None or exchange.type != "topic":
+        return None
+    return actor.topic_check("write", vhost.name, exchange.name, exchange.type)
 
 
 # --- messages as the management API shows them -----------------------------------------------------
@@ -122,6 +132,9 @@ def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routi
                     body: bytes) -> bool:
     """Publish one message as a client would; returns whether any queue took it."""
     exchange = publish_exchange(actor, vhost, exchange_name)
+    check = publish_topic_check(actor, vhost, exchange)
+    if check is not None:
+        check(routing_key)
     max_size = vhost.config.max_message_size
     if len(body) > max_size:
         raise bad_input(f"message size {len(body)} is larger than max size {max_size}")

@@ -24,6 +24,15 @@ def _check(actor: Actor | None, kind: str, resource_type: str, name: str, vhost:
         actor.check(kind, resource_type, name, vhost.name)
 
 
+def _check_binding_key(actor: Actor | None, vhost: VHost, source: str, routing_key: str) -> None:
+    """A bind or unbind to a topic exchange: the binding key against the user's topic ``read``
+    permission on it (RabbitMQ's "read access to topic ..."). A missing source is left to the bind (404)."""
+    if actor is not None:
+        exchange = vhost.exchanges.get(source)
+        if exchange is not None and exchange.type == "topic":
+            actor.check_topic("read", vhost.name, source, exchange.type, routing_key)
+
+
 # --- exchanges -------------------------------------------------------------------------------------
 
 def declare_exchange(actor: Actor | None, vhost: VHost, name: str, type_name: str, *, passive: bool = False,
@@ -58,6 +67,7 @@ def bind_exchange(actor: Actor | None, vhost: VHost, destination: str, source: s
                   arguments: dict[str, Any] | None) -> None:
     _check(actor, "write", "exchange", destination, vhost)
     _check(actor, "read", "exchange", source, vhost)
+    _check_binding_key(actor, vhost, source, routing_key)
     vhost.bind_exchange(destination, source, routing_key, arguments)
 
 
@@ -65,6 +75,7 @@ def unbind_exchange(actor: Actor | None, vhost: VHost, destination: str, source:
                     arguments: dict[str, Any] | None) -> None:
     _check(actor, "write", "exchange", destination, vhost)
     _check(actor, "read", "exchange", source, vhost)
+    _check_binding_key(actor, vhost, source, routing_key)
     vhost.unbind_exchange(destination, source, routing_key, arguments)
 
 
@@ -122,6 +133,7 @@ def bind_queue(actor: Actor | None, vhost: VHost, queue: str, exchange: str, rou
                arguments: dict[str, Any] | None, owner: object) -> None:
     _check(actor, "write", "queue", queue, vhost)
     _check(actor, "read", "exchange", exchange, vhost)
+    _check_binding_key(actor, vhost, exchange, routing_key)
     owned_queue(vhost, queue, owner)
     vhost.bind_queue(queue, exchange, routing_key, arguments)
 
@@ -130,6 +142,7 @@ def unbind_queue(actor: Actor | None, vhost: VHost, queue: str, exchange: str, r
                  arguments: dict[str, Any] | None, owner: object) -> None:
     _check(actor, "write", "queue", queue, vhost)
     _check(actor, "read", "exchange", exchange, vhost)
+    _check_binding_key(actor, vhost, exchange, routing_key)
     existing = vhost.queues.get(queue)
     if existing is not None:  # unbinding from a queue that is gone is fine (as RabbitMQ)
         vhost.check_exclusive(existing, owner)

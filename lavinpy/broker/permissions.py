@@ -8,6 +8,7 @@ connection's next operation, and that never grows past ``CACHE_MAX_ENTRIES``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,60 @@ def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: s
         name = DEFAULT_EXCHANGE_RESOURCE
     return AMQPChannelError(ACCESS_REFUSED, f"{kind} access to {resource_type} '{name}' in vhost '{vhost}' "
                                             f"refused for user '{user}'")
+
+
+def topic_access_refused(kind: str, routing_key: str, exchange: str, vhost: str, user: str) -> AMQPChannelError:
+    """RabbitMQ's 403 for a routing or binding key a topic permission does not allow."""
+    return AMQPChannelError(ACCESS_REFUSED, f"{kind} access to topic '{routing_key}' in exchange '{exchange}' "
+                                            f"in vhost '{vhost}' refused for user '{user}'")
+
+
+def expand_topic_pattern(pattern: str, user: str, vhost: str) -> str:
+    """RabbitMQ's variable expansion: ``{username}`` and ``{vhost}`` replaced as they are (not escaped);
+    an empty pattern allows only the empty key, as RabbitMQ's ``^$``."""
+    if pattern == "":
+        return "^$"
+    return pattern.replace("{username}", user).replace("{vhost}", vhost)
+
+
+class TopicCheck:
+    """One user's topic permission of one kind on one topic exchange: called with each routing (or
+    binding) key. Made only when a topic permission applies, so a user without any pays nothing; the
+    last allowed key is remembered (a publisher usually repeats it)."""
+
+    __slots__ = ("kind", "regex", "exchange", "vhost", "user", "_last")
+
+    def __init__(self, kind: str, regex: re.Pattern[str], exchange: str, vhost: str, user: str) -> None:
+        self.kind = kind
+        self.regex = regex
+        self.exchange = exchange
+        self.vhost = vhost
+        self.user = user
+        self._last: str | None = None
+
+    def __call__(self, key: str) -> None:
+        if key == self._last:
+            return
+        if self.regex.search(key) is None:
+            raise topic_access_refused(self.kind, key, self.exchange, self.vhost, self.user)
+        self._last = key
+
+
+def topic_check(users: UserStore, user: str, vhost: str, kind: str, exchange_name: str,
+                exchange_type: str) -> TopicCheck | None:
+    """The check a ``kind`` ("write" or "read") key on that exchange needs, or None when no topic
+    permission applies (not a topic exchange, or the user has none on it: RabbitMQ then allows all)."""
+    if exchange_type != "topic":
+        return None
+    permission = users.topic_permission(user, vhost, exchange_name)
+    if permission is None:
+        return None
+    pattern = expand_topic_pattern(permission.write if kind == "write" else permission.read, user, vhost)
+    try:
+        regex = users.compiled(pattern)
+    except re.error:  # a variable expanded into a broken regex: nothing matches, as RabbitMQ's
+        regex = users.compiled("(?!)")
+    return TopicCheck(kind, regex, exchange_name, vhost, user)
 
 
 class UserPermissions:

@@ -77,6 +77,18 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "queue-version": lambda value: None if value in (1, 2) else f"{value!r} is not a valid queue version",
 }
 
+# RabbitMQ-only keys whose purpose lavinpy's design already serves (mirroring and placement: the
+# cluster replicates every durable queue; queue modes and in-memory limits: messages live on disk and
+# are paged in on demand). Accepted with any value, kept in the definition and exported back, and
+# reported as not needed by definitions imports.
+NOT_NEEDED_KEYS = frozenset({
+    "ha-mode", "ha-params", "ha-sync-mode", "ha-sync-batch-size", "ha-promote-on-shutdown",
+    "ha-promote-on-failure", "queue-master-locator", "queue-leader-locator", "max-in-memory-length",
+    "max-in-memory-bytes", "initial-cluster-size", "target-group-size",
+})
+for _key in NOT_NEEDED_KEYS:
+    VALIDATORS[_key] = lambda value: None
+
 
 @dataclass(frozen=True)
 class Policy:

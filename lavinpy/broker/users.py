@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
-from lavinpy.wire.passwords import ALGORITHMS, DEFAULT_ALGORITHM, hash_password, verify_password
+from lavinpy.wire.passwords import DEFAULT_ALGORITHM, canonical_algorithm, hash_password, verify_password
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,16 @@ class Permissions:
     read: str
 
 
+@dataclass(frozen=True)
+class TopicPermission:
+    """RabbitMQ's topic permission: regexes the routing key of a publish (``write``) or the binding
+    key of a bind (``read``) to a topic exchange must match."""
+
+    exchange: str
+    write: str
+    read: str
+
+
 @dataclass
 class User:
     name: str
@@ -62,9 +72,12 @@ class User:
     hashing_algorithm: str = DEFAULT_ALGORITHM
     tags: list[str] = field(default_factory=list)
     permissions: dict[str, Permissions] = field(default_factory=dict)
+    # vhost -> exchange -> topic permission
+    topic_permissions: dict[str, dict[str, TopicPermission]] = field(default_factory=dict)
 
     def copy(self) -> User:
-        return replace(self, tags=list(self.tags), permissions=dict(self.permissions))
+        return replace(self, tags=list(self.tags), permissions=dict(self.permissions),
+                       topic_permissions={v: dict(t) for v, t in self.topic_permissions.items()})
 
 
 @dataclass
@@ -72,6 +85,7 @@ class VHost:
     name: str
     description: str = ""
     tags: list[str] = field(default_factory=list)
+    default_queue_type: str | None = None  # RabbitMQ 3.11+'s vhost metadata: kept and exported
 
     def copy(self) -> VHost:
         return replace(self, tags=list(self.tags))
@@ -157,8 +171,7 @@ class UserStore:
             raise ValueError("user name must not be empty")
         if name in self._users:
             raise AlreadyExists(f"user {name!r} already exists")
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown password hashing algorithm {algorithm!r}")
+        algorithm = canonical_algorithm(algorithm)
         user = User(name, password_hash, algorithm, list(tags))
         self._users[name] = user
         self._save_users()
@@ -169,8 +182,7 @@ class UserStore:
 
     def set_password_hash(self, name: str, password_hash: str, algorithm: str = DEFAULT_ALGORITHM) -> None:
         """Replace a user's password hash (an empty hash turns password login off)."""
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown password hashing algorithm {algorithm!r}")
+        algorithm = canonical_algorithm(algorithm)
         user = self._get_user(name)
         previous = (user.password_hash, user.hashing_algorithm)
         user.password_hash, user.hashing_algorithm = password_hash, algorithm
@@ -204,15 +216,31 @@ class UserStore:
 
     # -- vhosts -------------------------------------------------------------------------------
 
-    def add_vhost(self, name: str, description: str = "", tags: Iterable[str] = ()) -> VHost:
+    def add_vhost(self, name: str, description: str = "", tags: Iterable[str] = (),
+                  default_queue_type: str | None = None) -> VHost:
         if not name:
             raise ValueError("vhost name must not be empty")
         if name in self._vhosts:
             raise AlreadyExists(f"vhost {name!r} already exists")
-        vhost = VHost(name, description, list(tags))
+        vhost = VHost(name, description, list(tags), default_queue_type)
         self._vhosts[name] = vhost
         self._save_vhosts()
         return vhost.copy()
+
+    def set_vhost_metadata(self, name: str, description: str | None, tags: Iterable[str] | None,
+                           default_queue_type: str | None) -> None:
+        """RabbitMQ's PUT of an existing vhost: the description, tags and default queue type given
+        (not None) replace the old ones."""
+        vhost = self._vhosts.get(name)
+        if vhost is None:
+            raise NotFound(f"no vhost {name!r}")
+        if description is not None:
+            vhost.description = description
+        if tags is not None:
+            vhost.tags = list(tags)
+        if default_queue_type is not None:
+            vhost.default_queue_type = default_queue_type
+        self._save_vhosts()
 
     def delete_vhost(self, name: str) -> None:
         """Remove the vhost and every user's permissions on it."""
@@ -221,6 +249,8 @@ class UserStore:
         users_changed = False
         for user in self._users.values():
             if user.permissions.pop(name, None) is not None:
+                users_changed = True
+            if user.topic_permissions.pop(name, None) is not None:
                 users_changed = True
         # Permissions first: a crash between the two writes then leaves an unused vhost, not
         # permissions that would silently apply to a later vhost of the same name.
@@ -283,6 +313,49 @@ class UserStore:
         target = self._users.get(user)
         return target.permissions.get(vhost) if target is not None else None
 
+    # -- topic permissions (RabbitMQ's: per user, vhost and topic exchange) ---------------------
+
+    def set_topic_permission(self, user: str, vhost: str, exchange: str, write: str, read: str) -> None:
+        """Set ``user``'s topic permission on ``exchange`` in ``vhost``; a bad regex is a ValueError."""
+        target = self._get_user(user)
+        if vhost not in self._vhosts:
+            raise NotFound(f"no vhost {vhost!r}")
+        for kind, pattern in (("write", write), ("read", read)):
+            try:
+                self._compiled(pattern)
+            except re.error as exc:
+                raise ValueError(f"invalid {kind} topic permission regex {pattern!r}: {exc}") from None
+        previous = {v: dict(t) for v, t in target.topic_permissions.items()}
+        target.topic_permissions.setdefault(vhost, {})[exchange] = TopicPermission(exchange, write, read)
+        self._commit_users(lambda: setattr(target, "topic_permissions", previous))
+
+    def clear_topic_permissions(self, user: str, vhost: str, exchange: str | None = None) -> bool:
+        """Drop the user's topic permissions in ``vhost`` (only ``exchange``'s when named); False if none."""
+        target = self._get_user(user)
+        previous = {v: dict(t) for v, t in target.topic_permissions.items()}
+        current = target.topic_permissions.get(vhost)
+        if not current or (exchange is not None and exchange not in current):
+            return False
+        if exchange is None:
+            del target.topic_permissions[vhost]
+        else:
+            del current[exchange]
+            if not current:
+                del target.topic_permissions[vhost]
+        self._commit_users(lambda: setattr(target, "topic_permissions", previous))
+        return True
+
+    def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:
+        target = self._users.get(user)
+        if target is None:
+            return None
+        per_vhost = target.topic_permissions.get(vhost)
+        return per_vhost.get(exchange) if per_vhost else None
+
+    def compiled(self, pattern: str) -> re.Pattern[str]:
+        """A regex compiled once for every check that uses it."""
+        return self._compiled(pattern)
+
     def can_access_vhost(self, user: str, vhost: str) -> bool:
         """A user may open a vhost when the vhost exists and the user has any permission entry on it."""
         return vhost in self._vhosts and self.permissions(user, vhost) is not None
@@ -312,7 +385,7 @@ class UserStore:
 
 
 def _user_to_json(user: User) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "name": user.name,
         "password_hash": user.password_hash,
         "hashing_algorithm": user.hashing_algorithm,
@@ -322,6 +395,12 @@ def _user_to_json(user: User) -> dict[str, Any]:
             for vhost, p in user.permissions.items()
         },
     }
+    if user.topic_permissions:
+        out["topic_permissions"] = {
+            vhost: {t.exchange: {"write": t.write, "read": t.read} for t in per_vhost.values()}
+            for vhost, per_vhost in user.topic_permissions.items()
+        }
+    return out
 
 
 def _user_from_json(obj: dict[str, Any]) -> User:
@@ -334,12 +413,19 @@ def _user_from_json(obj: dict[str, Any]) -> User:
             vhost: Permissions(p["configure"], p["write"], p["read"])
             for vhost, p in obj.get("permissions", {}).items()
         },
+        topic_permissions={
+            vhost: {ex: TopicPermission(ex, t["write"], t["read"]) for ex, t in per_vhost.items()}
+            for vhost, per_vhost in obj.get("topic_permissions", {}).items()
+        },
     )
 
 
 def _vhost_to_json(vhost: VHost) -> dict[str, Any]:
-    return {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags)}
+    out: dict[str, Any] = {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags)}
+    if vhost.default_queue_type is not None:
+        out["default_queue_type"] = vhost.default_queue_type
+    return out
 
 
 def _vhost_from_json(obj: dict[str, Any]) -> VHost:
-    return VHost(obj["name"], obj.get("description", ""), list(obj.get("tags", [])))
+    return VHost(obj["name"], obj.get("description", ""), list(obj.get("tags", [])), obj.get("default_queue_type"))

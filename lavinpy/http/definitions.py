@@ -20,10 +20,12 @@ async def get_definitions(request: web.Request) -> web.Response:
 async def post_definitions(request: web.Request) -> web.Response:
     doc = await read_json(request)
     dry_run = request.query.get("dry_run", "false").lower() == "true"
-    changes = import_definitions(broker_of(request), actor_of(request), doc,
-                                 vhost=request.match_info.get("vhost"), dry_run=dry_run)
+    plan = import_definitions(broker_of(request), actor_of(request), doc,
+                              vhost=request.match_info.get("vhost"), dry_run=dry_run)
     if dry_run:
-        return json_reply({"dry_run": True, "changes": changes})
+        return json_reply({"dry_run": True, "changes": plan.changes, "ignored": plan.ignored})
+    if plan.ignored:  # accepted and not needed by lavinpy: said, never silently dropped
+        return json_reply({"ignored": plan.ignored})
     return web.Response(status=204)
 
 

@@ -12,7 +12,7 @@ from ..broker import node_info
 from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
 from ..broker.rates import WindowRates
 from .context import actor_of, broker_of, json_reply
-from .errors import read_json_object
+from .errors import not_found, read_json_object
 from .listing import apply_list_query
 from .samples import SampleQuery
 
@@ -104,8 +104,14 @@ async def get_vhost(request: web.Request) -> web.Response:
 
 async def put_vhost(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    created = _ops(request).put_vhost(actor_of(request), request.match_info["vhost"],
-                                      body.get("description", ""), parse_tags(body.get("tags")))
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    description = body.get("description", metadata.get("description"))
+    tags = body.get("tags", metadata.get("tags"))
+    created = _ops(request).put_vhost(actor_of(request), request.match_info["vhost"], description,
+                                      parse_tags(tags) if tags is not None else None,
+                                      body.get("default_queue_type", metadata.get("default_queue_type")))
     return _created_or_updated(created)
 
 
@@ -138,6 +144,34 @@ async def put_permission(request: web.Request) -> web.Response:
 async def delete_permission(request: web.Request) -> web.Response:
     m = request.match_info
     _ops(request).clear_permissions(actor_of(request), m["vhost"], m["user"])
+    return web.Response(status=NO_CONTENT)
+
+
+# -- topic permissions ------------------------------------------------------------------------
+
+async def list_topic_permissions(request: web.Request) -> web.Response:
+    m = request.match_info
+    return _listed(request, _ops(request).list_topic_permissions(actor_of(request), vhost=m.get("vhost"),
+                                                                 user=m.get("user") or m.get("name")))
+
+
+async def get_topic_permission(request: web.Request) -> web.Response:
+    m = request.match_info
+    found = _ops(request).list_topic_permissions(actor_of(request), vhost=m["vhost"], user=m["user"])
+    if not found:
+        raise not_found(f"no topic permissions for user '{m['user']}' in vhost '{m['vhost']}'")
+    return json_reply(found)
+
+
+async def put_topic_permission(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    m = request.match_info
+    return _created_or_updated(_ops(request).set_topic_permission(actor_of(request), m["vhost"], m["user"], body))
+
+
+async def delete_topic_permission(request: web.Request) -> web.Response:
+    m = request.match_info
+    _ops(request).clear_topic_permissions(actor_of(request), m["vhost"], m["user"], request.query.get("exchange"))
     return web.Response(status=NO_CONTENT)
 
 
@@ -181,6 +215,12 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/permissions/{vhost}/{user}", get_permission)
     r.add_put("/api/permissions/{vhost}/{user}", put_permission)
     r.add_delete("/api/permissions/{vhost}/{user}", delete_permission)
+    r.add_get("/api/users/{name}/topic-permissions", list_topic_permissions)
+    r.add_get("/api/vhosts/{vhost}/topic-permissions", list_topic_permissions)
+    r.add_get("/api/topic-permissions", list_topic_permissions)
+    r.add_get("/api/topic-permissions/{vhost}/{user}", get_topic_permission)
+    r.add_put("/api/topic-permissions/{vhost}/{user}", put_topic_permission)
+    r.add_delete("/api/topic-permissions/{vhost}/{user}", delete_topic_permission)
     r.add_get("/api/policies", list_policies)
     r.add_get("/api/policies/{vhost}", list_policies)
     r.add_get("/api/policies/{vhost}/{name}", get_policy)

@@ -87,8 +87,8 @@ def test_imported_hashes_authenticate(store, files):
 
 
 def test_import_with_unknown_algorithm_is_refused(store):
-    with pytest.raises(ValueError, match="bcrypt"):
-        store.add_user_with_hash("x", "abc", "bcrypt", [])
+    with pytest.raises(ValueError, match="md4"):
+        store.add_user_with_hash("x", "abc", "md4", [])
     assert store.user("x") is None
 
 
