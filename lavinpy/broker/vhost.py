@@ -39,6 +39,7 @@ from .declarations import (
     default_exchange_refused,
     new_exchange,
     validate_queue_declare,
+    with_default_queue_type,
 )
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
@@ -404,6 +405,11 @@ class VHost(VHostPublishing):
             return existing
         if permissions is not None:
             permissions.check_queue_declare(name, arguments)
+        users = self.broker.users
+        record = users.vhost(self.name) if users is not None else None
+        if record is not None and record.default_queue_type:  # RabbitMQ 4: the vhost's type, written in
+            arguments = with_default_queue_type(arguments, record.default_queue_type, durable=durable,
+                                                exclusive=exclusive, auto_delete=auto_delete)
         check_queue_name(name, exists=existing is not None, server_named=server_named)
         if existing is not None:
             self.check_exclusive(existing, owner)

@@ -203,3 +203,21 @@ def test_definitions_import_and_export(broker, clients) -> None:
     status, doc, _ = http_call(broker, "GET", "/api/definitions")
     [exported] = [q for q in doc["queues"] if q["name"] == good]
     assert exported["arguments"] == {"x-queue-type": "quorum", "x-delivery-limit": 7}
+
+
+def test_vhost_default_queue_type(broker, clients) -> None:
+    """A vhost whose default queue type is quorum: a declaration without x-queue-type makes a quorum queue
+    when it can be one, a classic queue otherwise (RabbitMQ 4's rule)."""
+    vhost = uid("dqt")
+    assert http_call(broker, "PUT", f"/api/vhosts/{vhost}", {"default_queue_type": "quorum"})[0] in (201, 204)
+    assert http_call(broker, "PUT", f"/api/permissions/{vhost}/guest",
+                     {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    try:
+        _conn, ch = clients.channel(broker.url_for("guest", "guest", vhost))
+        ch.queue_declare("durable-q", durable=True)
+        ch.queue_declare("exclusive-q", exclusive=True)
+        ch.queue_declare("durable-q", durable=True)  # a redeclare without the type is equivalent
+        types = {q["name"]: q["type"] for q in http_call(broker, "GET", f"/api/queues/{vhost}")[1]}
+        assert types == {"durable-q": "quorum", "exclusive-q": "classic"}
+    finally:
+        http_call(broker, "DELETE", f"/api/vhosts/{vhost}")
