@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ..listeners import ProxyPolicy, serve_port
 from ..wire.errors import AMQPError
-from . import definitions, routes_admin, routes_dashboard, routes_health, routes_objects, routes_stats
+from . import definitions, routes_admin, routes_dashboard, routes_health, routes_objects, routes_shovels, routes_stats
 from .auth import REALM, authenticate
 from .context import ACTOR_KEY, BROKER, CLUSTER_NODES, SESSIONS
 from .errors import ApiError, error_response, from_amqp_error
@@ -36,6 +36,7 @@ ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
     routes_stats.add_routes,
     routes_health.add_routes,  # RabbitMQ 4's further health checks
     routes_dashboard.add_routes,
+    routes_shovels.add_routes,
 )
 API_PREFIX = "/api/"
 
