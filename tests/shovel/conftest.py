@@ -34,3 +34,14 @@ def engine() -> Iterator[EngineThread]:
         yield e
     finally:
         e.close()
+
+
+@pytest.fixture
+def one_broker(tmp_path: Path) -> Iterator[LocalBroker]:
+    b = LocalBroker(tmp_path / "one")
+    b.start()
+    try:
+        yield b
+    finally:
+        if b.running():
+            b.stop()
