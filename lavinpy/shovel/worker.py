@@ -331,9 +331,12 @@ class Shovel:
             "node": node, "timestamp": self.timestamp, "name": self.name, "vhost": self.vhost, "type": "dynamic",
             "state": self.state, "src_uri": masked(self.src_uri), "dest_uri": masked(self.dest_uri),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
-            "forwarded": self.forwarded, "pending": len(self._outstanding),
+            # RabbitMQ's counters: "pending" counts messages it holds back while the destination is
+            # blocked; this shovel holds none (the socket's buffer pushes back on the source instead).
+            "forwarded": self.forwarded, "pending": 0,
             "remaining": self.remaining if self.remaining is not None else "unlimited",
-            "remaining_unacked": len(self._outstanding), "blocked_status": "running",
+            "remaining_unacked": len(self._outstanding) if self.remaining is not None else "unlimited",
+            "blocked_status": "running",
         }
         if d.src_queue is not None:
             info["src_queue"] = d.src_queue

@@ -32,12 +32,12 @@ PAGES.shovels = () => {
   const table = h("table", { id: "shovels" });
   const load = async () => {
     const rows = await act(() => api("GET", "shovels")) || [];
-    table.replaceChildren(h("tr", {}, ["Vhost", "Name", "State", "Source", "Destination", "Forwarded", "Pending",
+    table.replaceChildren(h("tr", {}, ["Vhost", "Name", "State", "Source", "Destination", "Forwarded", "Remaining unacked",
       "Remaining", "Reason", ""].map((t) => h("th", {}, t))),
       ...rows.map((s) => h("tr", {}, h("td", {}, s.vhost), h("td", {}, s.name), h("td", {}, s.state),
         h("td", {}, `${s.src_uri} ${s.src_queue ?? s.src_exchange ?? ""}`),
         h("td", {}, `${s.dest_uri} ${s.dest_queue ?? s.dest_exchange ?? ""}`),
-        h("td", { className: "num" }, s.forwarded), h("td", { className: "num" }, s.pending),
+        h("td", { className: "num" }, s.forwarded), h("td", { className: "num" }, s.remaining_unacked),
         h("td", { className: "num" }, s.remaining), h("td", {}, s.reason || ""),
         h("td", {},
           h("button", { type: "button", onclick: () => act(async () => {
