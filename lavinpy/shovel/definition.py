@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from lavinpy.wire.properties import PROPERTY_NAMES
+from lavinpy.wire.properties import PROPERTY_NAMES, encode_property_values
 from lavinpy.wire.uri import parse_url
 
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
@@ -162,6 +162,10 @@ def parse_definition(value: Any) -> ShovelDefinition:
         if bad:
             raise ShovelDefinitionError(f"dest-publish-properties: unknown properties {', '.join(bad)}")
         kw["publish_properties"] = {k.replace("-", "_"): v for k, v in props.items()}
+        try:
+            encode_property_values(**kw["publish_properties"])
+        except (ValueError, TypeError, OverflowError, AttributeError) as e:  # the encoder's complaint
+            raise ShovelDefinitionError(f"dest-publish-properties: {e}") from None
     if "reconnect-delay" in value:
         delay = value["reconnect-delay"]
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:

@@ -103,6 +103,9 @@ class Shovel:
             except (ShovelClientError, OSError, ValueError) as e:
                 self._set_state("terminated", str(e))
                 log.warning("shovel %s in vhost %s terminated: %s", self.name, self.vhost, e)
+            except Exception as e:  # a fault of the shovel itself: reported and retried like any other
+                self._set_state("terminated", f"internal error: {e!r}")
+                log.exception("shovel %s in vhost %s failed", self.name, self.vhost)
             await self._close()
             if definition.reconnect_delay <= 0:
                 return

@@ -167,6 +167,8 @@ def test_destination_restart_loses_nothing(two_brokers, engine) -> None:
      "dest-add-forward-headers"),
     ({"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "dest-publish-properties": {"colour": 1}},
      "dest-publish-properties"),
+    ({"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "dest-publish-properties": {"priority": 300}},
+     "dest-publish-properties"),
     ({"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "src-protocol": "amqp10"}, "src-protocol"),
     ({"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "bogus-key": 1}, "bogus-key"),
     ({"src-uri": "amqp://", "src-exchange": "x", "dest-uri": "amqp://", "src-delete-after": "queue-length"},
