@@ -298,4 +298,7 @@ async def connect(url: AMQPURL, name: str) -> ShovelClient:
         raise ShovelClientError(f"{where}: the AMQP handshake timed out") from None
     except ShovelClientError as e:
         raise ShovelClientError(f"{where}: {e}") from None
+    except asyncio.CancelledError:  # the shovel was stopped during the handshake
+        client.abort()
+        raise
     return client

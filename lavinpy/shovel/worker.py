@@ -29,6 +29,7 @@ log = logging.getLogger("lavinpy.shovel")
 
 MAX_BACKOFF = 8  # the longest wait is this many reconnect-delays
 STABLE_SECONDS = 30.0  # running this long resets the backoff
+STOP_SECONDS = 3.0
 
 LocalURL = Callable[[str, str], AMQPURL]  # (uri without host, the shovel's vhost) -> where the local node listens
 
@@ -77,10 +78,8 @@ class Shovel:
         task = self.task
         if task is not None and not task.done():
             task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+            # Bounded: a connect stuck in a TLS handshake must not hold up the broker's shutdown.
+            await asyncio.wait({task}, timeout=STOP_SECONDS)
         await self._close()
 
     def _set_state(self, state: str, reason: str | None = None) -> None:
