@@ -67,6 +67,7 @@ class Shovel:
         self._single_confirms: set[int] = set()
         self._nacked: set[int] = set()
         self._allowed = -1  # messages this session may still forward (-1: no limit)
+        self._no_ack = False  # consuming without acks (ack-mode no-ack and no src-delete-after)
         self._done = asyncio.Event()
 
     # ---------------------------------------------------------------- lifecycle
@@ -156,12 +157,15 @@ class Shovel:
             await dest.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
             dest.on_confirm = self._confirmed
         prefetch = d.prefetch_count if self._allowed < 0 else max(1, min(d.prefetch_count, self._allowed))
-        if d.ack_mode != "no-ack":
+        # no-ack with src-delete-after still takes acks (at once, as on-publish): without a prefetch limit
+        # the source would push messages past the count, and those would be lost.
+        self._no_ack = d.ack_mode == "no-ack" and self._allowed < 0
+        if not self._no_ack:
             await src.rpc(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
         dest.on_writable = lambda writable: src.pause_reading(not writable)
         src.on_delivery = self._deliver
         await src.rpc(spec.Basic.Consume(queue=queue, consumer_tag=f"shovel-{self.name}"[:255],
-                                         no_ack=d.ack_mode == "no-ack", arguments=d.src_consumer_args or None),
+                                         no_ack=self._no_ack, arguments=d.src_consumer_args or None),
                       spec.Basic.ConsumeOk)
         self._set_state("running")
         log.info("shovel %s in vhost %s running: %s -> %s", self.name, self.vhost, masked(self.src_uri),
@@ -258,7 +262,7 @@ class Shovel:
             self._seq += 1
             self._outstanding.append((self._seq, tag))
         else:
-            if d.ack_mode == "on-publish":
+            if not self._no_ack:
                 src.ack(tag, False)
             self._settled(1)
 

@@ -79,22 +79,24 @@ def test_delete_after_queue_length_then_gone(two_brokers, engine) -> None:
     assert _count(b.url, "moved") == 300 and _count(a.url, "move-me") == 0
 
 
-def test_delete_after_number_and_exchange_source(two_brokers, engine) -> None:
+@pytest.mark.parametrize("ack_mode", ["on-publish", "no-ack"])
+def test_delete_after_number_to_an_exchange(two_brokers, engine, ack_mode: str) -> None:
     a, b = two_brokers
     _publish(a.url, "n", 20)
-    engine.apply("ten", {"src-uri": a.url, "src-queue": "n", "dest-uri": b.url, "dest-exchange": "amq.direct",
-                         "dest-exchange-key": "k", "src-delete-after": 10, "ack-mode": "on-publish"})
     conn = pika.BlockingConnection(pika.URLParameters(b.url))
     ch = conn.channel()
     ch.queue_declare("k-bound", durable=True)
     ch.queue_bind("k-bound", "amq.direct", "k")
     conn.close()
+    engine.apply("ten", {"src-uri": a.url, "src-queue": "n", "dest-uri": b.url, "dest-exchange": "amq.direct",
+                         "dest-exchange-key": "k", "src-delete-after": 10, "ack-mode": ack_mode})
     deadline = time.monotonic() + 15
     while ("/", "ten") not in engine.finished and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ("/", "ten") in engine.finished
     time.sleep(0.3)  # the requeued prefetched ones are back in the source queue
     assert _count(a.url, "n") == 10
+    assert _count(b.url, "k-bound") == 10
 
 
 def test_exchange_source_no_ack(two_brokers, engine) -> None:
