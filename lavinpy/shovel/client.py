@@ -201,6 +201,11 @@ class ShovelClient(asyncio.Protocol):
         elif isinstance(method, spec.Channel.Close):
             self.error = f"channel closed by the broker: {method.reply_code} {method.reply_text}"
             self.send(spec.Channel.CloseOk())
+            if self._waiter is None or self._waiter.done():
+                # Not the answer to a declare the shovel waits for: the channel it moves messages on is
+                # gone, so the connection goes too and the shovel starts again.
+                assert self.transport is not None
+                self.transport.close()
             self._fail()
         elif isinstance(method, spec.Connection.CloseOk):
             assert self.transport is not None

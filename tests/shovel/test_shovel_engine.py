@@ -185,3 +185,22 @@ def test_old_key_names_accepted() -> None:
     d = parse_definition({"src-uri": "amqp://", "src-queue": "q", "dest-uri": "amqp://", "prefetch-count": 7,
                           "delete-after": 3, "add-forward-headers": True})
     assert (d.prefetch_count, d.delete_after, d.add_forward_headers) == (7, 3, True)
+
+
+def test_destination_channel_closed_restarts_the_shovel(two_brokers, engine) -> None:
+    a, b = two_brokers
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel().exchange_declare("goes-away", "fanout")
+    conn.close()
+    _publish(a.url, "gone-src", 1)
+    engine.apply("gone", {"src-uri": a.url, "src-queue": "gone-src", "dest-uri": b.url, "dest-exchange": "goes-away",
+                          "reconnect-delay": 0.2})
+    engine.wait_state("gone", "running")
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    conn.channel().exchange_delete("goes-away")
+    conn.close()
+    _publish(a.url, "gone-src", 1)  # its publish to the deleted exchange closes the shovel's channel (404)
+    row = engine.wait_state("gone", "terminated")
+    assert "goes-away" in row["reason"], row
+    assert _count(a.url, "gone-src") == 1  # not acked: still at the source
+    engine.remove("gone")
