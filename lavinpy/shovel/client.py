@@ -62,6 +62,7 @@ class ShovelClient(asyncio.Protocol):
         self._body_left = 0
         self._last_read = loop.time()
         self._beat: asyncio.TimerHandle | None = None
+        self._reading_paused = False
         self.on_delivery: Delivery | None = None
         self.on_confirm: Confirm | None = None
         self.on_writable: Callable[[bool], None] | None = None
@@ -110,7 +111,9 @@ class ShovelClient(asyncio.Protocol):
         # Heartbeats both ways: a peer silent for two intervals is gone (a partition gives no RST).
         if self.transport is None or self.transport.is_closing():
             return
-        if self._loop.time() - self._last_read > 2 * self.heartbeat:
+        if self._reading_paused:
+            self._last_read = self._loop.time()  # not reading (held back by the other side): no verdict
+        elif self._loop.time() - self._last_read > 2 * self.heartbeat:
             self._abort(f"missed heartbeats from {self.url.host}:{self.url.port}")
             return
         self.transport.write(HEARTBEAT)
@@ -264,7 +267,8 @@ class ShovelClient(asyncio.Protocol):
             self.transport.write(basic_nack(CHANNEL, tag, multiple, True))
 
     def pause_reading(self, paused: bool) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing() and paused != self._reading_paused:
+            self._reading_paused = paused
             if paused:
                 self.transport.pause_reading()
             else:
