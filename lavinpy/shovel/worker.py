@@ -243,8 +243,8 @@ class Shovel:
 
     def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
         src, dest, d = self._src, self._dest, self.definition
-        if src is None or dest is None or self._allowed == 0:
-            return  # past src-delete-after: left unacked, the source requeues it when the shovel closes
+        if src is None or dest is None or self._allowed == 0 or dest.transport is None or dest.transport.is_closing():
+            return  # past src-delete-after or no destination: left unacked, the source requeues it on close
         if d.dest_queue:
             target_exchange, target_key = "", d.dest_queue
         elif d.dest_exchange is not None:
