@@ -18,6 +18,7 @@ from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
+from .shovel.component import LocalNode, ShovelComponent, Shovels
 from .store.lock import DataDirLocked
 from .systemd_notify import Notifier
 from .tls import ServerTLS
@@ -54,6 +55,16 @@ class Server:
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
         self.metrics: list[Any] = []  # the Prometheus endpoint's servers (plain, TLS)
         self.stopped = asyncio.Event()
+        # Shovels run with the broker: in a cluster only the leader runs a Server, so only it shovels.
+        # "amqp://" (no host) is this node's AMQP port over loopback (lavinpy.shovel.component.LocalNode).
+        local_host = next((h for h in config.bind if h not in ("0.0.0.0", "::")), "127.0.0.1")
+        self.shovels = Shovels(LocalNode(local_host, config.amqp_port, config.default_user, config.default_password))
+        self.shovel_component = ShovelComponent(self.shovels)  # the parameters registry's "shovel" component
+        broker.parameters.register(self.shovel_component)
+        # A finished one-off shovel, or one deleted through /api/shovels, takes its parameter with it.
+        def drop_parameter(vhost: str, name: str) -> None:
+            broker.parameters.delete("shovel", vhost, name)
+        self.shovels.on_finished = drop_parameter
 
     async def start(self) -> None:
         config = self.config
@@ -79,6 +90,7 @@ class Server:
             raise
         self.broker.start()
         self.sessions.start()
+        self.shovels.start()
         log.info("lavinpy started (data dir %s, fsync %s, %s codec)", config.data_dir, config.fsync,
                  "compiled" if accel.COMPILED else "pure-Python")
 
@@ -90,9 +102,16 @@ class Server:
         # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
+        from .http.routes_shovels import SHOVELS
         cluster_nodes = self.cluster.status if self.cluster is not None else None
+
+        def management_app() -> web.Application:
+            app = make_app(self.broker, self.sessions, cluster_nodes)
+            app[SHOVELS] = self.shovels
+            return app
+
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
-        ports = [(self.http, lambda: make_app(self.broker, self.sessions, cluster_nodes), config.http_port, "HTTP",
+        ports = [(self.http, management_app, config.http_port, "HTTP",
                   self.proxy_policy, None),
                  (self.metrics, lambda: make_metrics_app(self.broker, self.sessions), config.prometheus_port,
                   "Prometheus", NO_PROXY, None)]
@@ -132,6 +151,7 @@ class Server:
     async def stop(self) -> None:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
+        await self.shovels.stop()
         self._close_listeners()
         await self._stop_http()
         sessions = self.sessions

@@ -42,6 +42,8 @@ from .ctl_node import (
     cmd_status,
 )
 from .ctl_output import FORMATS, Output, error
+from .ctl_shovels import COMMANDS as SHOVEL_COMMANDS
+from .ctl_shovels import add_parsers as add_shovel_parsers
 
 # list command -> (API path, rabbitmqctl's default columns); the full specs are in ctl_columns
 LISTS: dict[str, tuple[str, list[str]]] = {name: (c.path, c.defaults) for name, c in LIST_COMMANDS.items()}
@@ -202,6 +204,7 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "purge_queue": cmd_purge_queue, "delete_queue": cmd_delete_queue, "close_connection": cmd_close_connection,
     "export_definitions": cmd_export_definitions, "import_definitions": cmd_import_definitions,
     **LIMIT_COMMANDS,
+    **SHOVEL_COMMANDS,
 }
 
 
@@ -297,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     close.add_argument("reason", nargs="?", default="Closed via lavinpyctl")
     add("export_definitions", "write the definitions as JSON to FILE (- for stdout)", "file")
     add("import_definitions", "apply a definitions JSON file (- for stdin)", "file")
+    add_shovel_parsers(add)
     add("hash_password", "print a password hash as RabbitMQ stores it (sha256)", "password")
     force = add("force_leader", "let a cluster node lead whatever etcd's ISR says (it may lack confirmed "
                 "messages: an operator's decision)", "node_id")

@@ -23,6 +23,7 @@ from . import (
     routes_health,
     routes_objects,
     routes_parameters,
+    routes_shovels,
     routes_stats,
 )
 from .auth import REALM, authenticate
@@ -45,6 +46,7 @@ ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
     routes_stats.add_routes,
     routes_health.add_routes,  # RabbitMQ 4's further health checks
     routes_dashboard.add_routes,
+    routes_shovels.add_routes,
 )
 API_PREFIX = "/api/"
 

@@ -349,6 +349,7 @@ PAGES.queue = (vhost, name) => {
         }, (r) => "Replayed: " + JSON.stringify(r)))),
       results),
     publishForm(vhost, "", name, load),
+    moveMessagesCard(vhost, name),  // dashboard_shovels.js
     h("div", { className: "card" },
       button("purge", "Purge", () => confirm(`Purge all ready messages of '${name}'?`) && act(async () => {
         await api("DELETE", qpath + "/contents"); load();

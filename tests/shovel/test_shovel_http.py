@@ -1,0 +1,52 @@
+"""The shovel status API of a lavinpy process, and "amqp://" meaning the local node."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+
+from tests.e2e.conftest import http_call
+
+from .engine import EngineThread
+from .test_shovel_engine import _count, _publish
+
+
+def test_status_api_of_a_broker(one_broker) -> None:
+    a = one_broker
+    assert http_call(a, "GET", "/api/shovels")[:2] == (200, [])
+    assert http_call(a, "GET", "/api/shovels/%2F")[:2] == (200, [])
+    status, body, _ = http_call(a, "DELETE", "/api/shovels/vhost/%2F/nope/restart")
+    assert status == 404 and "nope" in body["reason"]
+    assert http_call(a, "GET", "/api/shovels/vhost/%2F/nope")[0] == 404
+
+
+def test_local_uri_is_the_local_node(one_broker) -> None:
+    a = one_broker
+    engine = EngineThread(local_port=a.port)
+    try:
+        _publish(a.url, "here", 10)
+        engine.apply("local", {"src-uri": "amqp://", "src-queue": "here", "dest-uri": "amqp://",
+                               "dest-queue": "there"})
+        deadline = time.monotonic() + 10
+        while _count(a.url, "here") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        conn = pika.BlockingConnection(pika.URLParameters(a.url))
+        assert conn.channel().queue_declare("there", passive=True).method.message_count == 10
+        conn.close()
+        assert engine.status("local")["src_uri"] == "amqp://"
+    finally:
+        engine.close()
+
+
+def test_ctl_shovel_commands(one_broker, capsys) -> None:
+    from lavinpy.cli.ctl import main
+
+    a = one_broker
+    uri = f"--uri=http://guest:guest@127.0.0.1:{a.http_port}"
+    assert main([uri, "shovel_status"]) == 0
+    assert "name\tvhost\ttype\tstate" in capsys.readouterr().out
+    assert main([uri, "list_shovels", "-q"]) == 0
+    assert main([uri, "delete_shovel", "nope"]) == 65
+    assert main([uri, "restart_shovel", "-p", "/", "nope"]) == 65
+    assert "was not found" in capsys.readouterr().err
