@@ -371,7 +371,7 @@ PAGES.exchanges = () => {
   ] });
   const form = h("form", { className: "inline card", id: "declare-exchange" }, h("b", {}, "Add exchange"), vhostSelect(),
     h("label", {}, "Name", h("input", { name: "name", required: true })),
-    h("label", {}, "Type", h("select", { name: "type" }, ["direct", "fanout", "topic", "headers", "x-delayed-message"].map((t) => h("option", { value: t }, t)))),
+    h("label", {}, "Type", h("select", { name: "type" }, ["direct", "fanout", "topic", "headers", "x-delayed-message", "x-consistent-hash"].map((t) => h("option", { value: t }, t)))),
     h("label", {}, h("input", { type: "checkbox", name: "durable", checked: true }), "durable"),
     h("label", {}, "Arguments (JSON)", h("input", { name: "arguments" })),
     h("button", { type: "submit" }, "Add exchange"));
