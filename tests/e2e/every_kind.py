@@ -37,6 +37,7 @@ QUEUES = {
     "priority": "every-priority",  # x-max-priority, a consumer with 2 unacked, 2 ready
     "stream": "every-stream",  # a stream with 5 messages and a consumer from the first offset
     "stream_empty": "every-stream-empty",  # an empty stream, no consumer: the figure reads that broke
+    "quorum": "every-quorum",  # x-queue-type quorum, ready messages, no consumer
     "policy": "every-lim.q",  # a queue a policy applies to
     "exclusive": "every-exclusive",
     "auto_delete": "every-auto-delete",
@@ -51,12 +52,14 @@ EXCHANGES = {
     "delayed": "every.delayed",  # x-delayed-message, one message held for an hour
     "internal": "every.internal",  # internal, bound from every.topic (an exchange-to-exchange binding)
     "auto_delete": "every.auto-delete",
+    "chash": "every.chash",  # x-consistent-hash, the idle queue bound with weight 1
 }
 # what each queue holds once the world is made: (ready, unacked) as the API reports them
 FIGURES = {
     "classic": (3, 2), "idle": (3, 0), "priority": (2, 2), "stream": (5, 0), "stream_empty": (0, 0),
-    "policy": (2, 0), "exclusive": (0, 0), "auto_delete": (0, 0), "transient": (0, 0),
+    "policy": (2, 0), "exclusive": (0, 0), "auto_delete": (0, 0), "transient": (0, 0), "quorum": (2, 0),
 }
+SHOVEL = "every-shovel"  # a shovel whose source queue does not exist: terminated, with its reason
 PREFETCH = 2
 DISK_ALARM = "disk_free_limit: 1000000000000000000\n"  # more than any disk has free
 
@@ -105,12 +108,15 @@ def _durable_half(broker: LocalBroker) -> None:
     ch.exchange_declare(EXCHANGES["delayed"], "x-delayed-message", durable=True,
                         arguments={"x-delayed-type": "direct"})
     ch.exchange_declare(EXCHANGES["internal"], "topic", durable=True, internal=True)
+    ch.exchange_declare(EXCHANGES["chash"], "x-consistent-hash", durable=True)
     q = QUEUES
     for role in ("classic", "idle", "policy"):
         ch.queue_declare(q[role], durable=True)
     ch.queue_declare(q["priority"], durable=True, arguments={"x-max-priority": 5})
     for role in ("stream", "stream_empty"):
         ch.queue_declare(q[role], durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_declare(q["quorum"], durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_bind(q["idle"], EXCHANGES["chash"], "1")
     ch.queue_bind(q["classic"], EXCHANGES["direct"], "c")
     ch.queue_bind(q["classic"], EXCHANGES["delayed"], "c")
     ch.queue_bind(q["idle"], EXCHANGES["fanout"])
@@ -131,12 +137,24 @@ def _durable_half(broker: LocalBroker) -> None:
     publish(EXCHANGES["topic"], "s.x", 5)  # through the internal exchange into the stream
     publish(EXCHANGES["delayed"], "c", 1, headers={"x-delay": 3_600_000})  # held, not routed yet
     publish("", q["policy"], 2)
+    publish("", q["quorum"], 2)
     conn.close()
     _http_ok(broker, "PUT", f"/api/policies/%2F/{POLICY}",
              {"pattern": r"^every-lim\.", "apply-to": "queues", "definition": {"max-length": 100}, "priority": 1})
     _http_ok(broker, "PUT", f"/api/vhosts/{EMPTY_VHOST}", {"description": "nothing in it"})
     _http_ok(broker, "PUT", f"/api/permissions/{EMPTY_VHOST}/guest",
              {"configure": ".*", "write": ".*", "read": ".*"})
+    # The objects of migration: a topic permission, limits, an operator policy, parameters, a shovel.
+    _http_ok(broker, "PUT", "/api/topic-permissions/%2F/guest",
+             {"exchange": "amq.topic", "write": ".*", "read": ".*"})
+    _http_ok(broker, "PUT", f"/api/vhost-limits/{EMPTY_VHOST}/max-queues", {"value": 10})
+    _http_ok(broker, "PUT", "/api/user-limits/guest/max-channels", {"value": 1000})
+    _http_ok(broker, "PUT", f"/api/operator-policies/{EMPTY_VHOST}/every-operator-policy",
+             {"pattern": "^nothing$", "definition": {"max-length": 1000}, "apply-to": "queues", "priority": 1})
+    _http_ok(broker, "PUT", "/api/global-parameters/cluster_name", {"value": "every-cluster"})
+    _http_ok(broker, "PUT", f"/api/parameters/shovel/%2F/{SHOVEL}",
+             {"value": {"src-uri": "amqp://", "src-queue": "every-no-such-queue", "dest-uri": "amqp://",
+                        "dest-queue": "every-shovel-dst", "reconnect-delay": 3600}})
 
 
 def _connected_half(world: World) -> None:

@@ -59,7 +59,8 @@ def test_figures_of_every_kind(world: World) -> None:
         ready, unacked = FIGURES[role]
         assert (info["messages_ready"], info["messages_unacknowledged"], info["messages"]) == \
             (ready, unacked, ready + unacked), (role, info)
-        assert info["type"] == ("stream" if role.startswith("stream") else "classic"), info
+        kind = "stream" if role.startswith("stream") else "quorum" if role == "quorum" else "classic"
+        assert info["type"] == kind, info
         assert info["policy"] == (POLICY if role == "policy" else None), info
         # A stream's consumers read from their own offsets: no head message, no head age.
         assert (info["head_message_age_ms"] is None) == (ready == 0 or role.startswith("stream")), info
@@ -129,6 +130,13 @@ class Catalogue:
         self.nodes = [n["name"] for n in api_json(b, "/api/nodes")]
         self.connections = [c["name"] for c in api_json(b, "/api/connections")]
         self.permissions = [(p["vhost"], p["user"]) for p in api_json(b, "/api/permissions")]
+        self.topic_permissions = sorted({(p["vhost"], p["user"]) for p in api_json(b, "/api/topic-permissions")})
+        self.parameters = [(p["component"], p["vhost"], p["name"]) for p in api_json(b, "/api/parameters")]
+        self.global_parameters = [p["name"] for p in api_json(b, "/api/global-parameters")]
+        self.user_limits = sorted({x["user"] for x in api_json(b, "/api/user-limits")})
+        self.operator_policies = {v: [x["name"] for x in api_json(b, f"/api/operator-policies/{q(v)}")]
+                                  for v in self.vhosts}
+        self.shovels = {v: [x["name"] for x in api_json(b, f"/api/shovels/{q(v)}")] for v in self.vhosts}
         self.ports = sorted({listener["port"] for listener in api_json(b, "/api/overview")["listeners"]})
         _, _, index = fetch(b.http_url + "/", auth=False)
         refs = [attrs.get("src") or attrs.get("href") or "" for _, attrs in _html_tags(index)]
@@ -150,8 +158,10 @@ class Catalogue:
         """Every filling of ``template``'s parameters; None when the route's parameters are not known here."""
         names = tuple(_PARAM.findall(template))
         family = template.split("/")[2] if template.startswith("/api/") else template.split("/")[1]
-        per_vhost = {"queues": self.queues, "exchanges": self.exchanges, "policies": self.policies}
-        by_name = {"users": self.users, "nodes": self.nodes, "connections": self.connections}
+        per_vhost = {"queues": self.queues, "exchanges": self.exchanges, "policies": self.policies,
+                     "operator-policies": self.operator_policies, "shovels": self.shovels}
+        by_name = {"users": self.users, "nodes": self.nodes, "connections": self.connections,
+                   "global-parameters": self.global_parameters}
         if not names:
             return [{}]
         if names == ("vhost",):
@@ -162,6 +172,14 @@ class Catalogue:
             return [{"name": n} for n in by_name[family]]
         if names == ("vhost", "user") and family == "permissions":
             return [{"vhost": v, "user": u} for v, u in self.permissions]
+        if names == ("vhost", "user") and family == "topic-permissions":
+            return [{"vhost": v, "user": u} for v, u in self.topic_permissions]
+        if names == ("user",) and family == "user-limits":
+            return [{"user": u} for u in self.user_limits]
+        if family == "parameters" and names and set(names) <= {"component", "vhost", "name"}:
+            keys = {"component": 0, "vhost": 1, "name": 2}
+            fillings = {tuple(p[keys[n]] for n in names) for p in self.parameters}
+            return [dict(zip(names, f, strict=True)) for f in sorted(fillings)]
         if names == ("port",):
             return [{"port": p} for p in self.ports]
         if names == ("protocol",):
