@@ -29,6 +29,7 @@ from .users import PERMISSION_KINDS
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .exchanges.base import Exchange
 
 # Sections in the order an import applies them (a whole-node import; a vhost's takes the last four).
 NODE_SECTIONS = ("vhosts", "users", "permissions", "topic_permissions", "policies", "exchanges", "queues",
@@ -172,7 +173,8 @@ class _Checker:
         self.plan = Plan()
         self.vhost_names = {v.name for v in users.vhosts()}
         self.user_names = {u.name for u in users.users()}
-        self.new_exchanges: set[tuple[str, str]] = set()
+        # (vhost, name) -> the exchange as the import leaves it (its bindings are checked against its type)
+        self.new_exchanges: dict[tuple[str, str], Exchange] = {}
         self.new_queues: set[tuple[str, str]] = set()
 
     def vhost_of(self, item: Mapping[str, Any], what: str) -> str:
@@ -278,15 +280,15 @@ class _Checker:
         existing = model.exchanges.get(name) if model is not None else None
         try:
             check_exchange_name(name, exists=existing is not None)
-            new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
-                         arguments=arguments)
+            made = new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
+                                arguments=arguments)
             if existing is not None:
                 # An import leaves an existing exchange's flags and arguments as they are: its type must match.
                 check_exchange_equivalent(existing, vhost, type_name, existing.durable, existing.auto_delete,
                                           existing.internal, existing.arguments)
         except AMQPError as e:
             raise _refused(what, vhost, e) from None
-        self.new_exchanges.add((vhost, name))
+        self.new_exchanges[(vhost, name)] = existing if existing is not None else made
         self.plan.add("exchange", vhost, name, (type_name, durable, auto_delete, internal, arguments),
                       None if existing is not None else "create")
 
@@ -330,6 +332,15 @@ class _Checker:
             raise DefinitionsError(f"{what}: no exchange '{source}' in vhost '{vhost}'")
         if not self._exists(dest_type, vhost, destination):
             raise DefinitionsError(f"{what}: no {dest_type} '{destination}' in vhost '{vhost}'")
+        model = self.broker.vhosts.get(vhost)
+        exchange = self.new_exchanges.get((vhost, source))
+        if exchange is None and model is not None:
+            exchange = model.exchanges.get(source)
+        if exchange is not None:
+            try:  # the exchange type's own rule (a weight, an x-match), as queue.bind would apply it
+                exchange.validate_binding(routing_key, arguments)
+            except AMQPError as e:
+                raise DefinitionsError(f"{what}: {e.detail}") from None
         self.plan.add("binding", vhost, f"{source}->{dest_type}:{destination}",
                       (source, destination, dest_type, routing_key, arguments), "bind")
 

@@ -115,3 +115,26 @@ def test_every_bad_item_is_named(model):
     for needle in ("md4", "nowhere", "federation-upstream"):
         assert needle in e.value.detail
     assert model.broker.users.vhost("nv") is None
+
+
+def test_a_binding_its_exchange_type_refuses_refuses_the_import(model):
+    """The exchange type's own binding rule (a consistent-hash weight, a headers x-match) is checked
+    before anything is applied, for an exchange new in the document and for one already there."""
+    model.broker.vhosts["/"].declare_exchange("existing.headers", "headers", durable=True)
+    doc = {"exchanges": [{"name": "chx", "vhost": "/", "type": "x-consistent-hash", "durable": True}],
+           "queues": [{"name": "chq", "vhost": "/", "durable": True}],
+           "bindings": [
+               {"source": "chx", "vhost": "/", "destination": "chq", "destination_type": "queue",
+                "routing_key": "heavy", "arguments": {}},
+               {"source": "existing.headers", "vhost": "/", "destination": "chq", "destination_type": "queue",
+                "routing_key": "", "arguments": {"x-match": "some"}}]}
+    with pytest.raises(DefinitionsError) as e:
+        import_definitions(model.broker, None, doc)
+    assert e.value.detail.startswith("2 items refused, nothing imported: ")
+    assert "The binding key must be an integer" in e.value.detail and "x-match" in e.value.detail
+    vhost = model.broker.vhosts["/"]
+    assert "chx" not in vhost.exchanges and "chq" not in vhost.queues
+    doc["bindings"][0]["routing_key"] = "3"
+    doc["bindings"].pop()
+    import_definitions(model.broker, None, doc)
+    assert "chx" in vhost.exchanges and "chq" in vhost.queues
