@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,6 +55,11 @@ def _populate(node: RabbitNode) -> None:
     _ok(node, "PUT", "/api/queues/mv/ha.work", {"durable": True, "arguments": {}})
     _ok(node, "PUT", "/api/queues/mv/plain", {"durable": True, "arguments": {"x-message-ttl": 5000}})
     _ok(node, "POST", "/api/bindings/mv/e/events/q/ha.work", {"routing_key": "ev.#"})
+    # A dynamic shovel (RabbitMQ's shovel plugin): in the export as a parameter, run by lavinpy after the import.
+    _ok(node, "PUT", "/api/parameters/shovel/mv/move-plain",
+        {"value": {"src-protocol": "amqp091", "src-uri": "amqp://", "src-queue": "plain",
+                   "dest-protocol": "amqp091", "dest-uri": "amqp://", "dest-queue": "moved",
+                   "ack-mode": "on-confirm", "src-delete-after": "never"}})
 
 
 def _amqp(broker, user: str, password: str, vhost: str = "mv") -> pika.BlockingConnection:
@@ -121,6 +127,13 @@ def test_rabbitmq_export_imports_whole_and_back(rabbit: RabbitNode, fresh_broker
     assert policy["definition"] == HA and "ha-mode" in policy["not_needed"]
     assert len(http_call(fresh_broker, "GET", "/api/topic-permissions")[1]) == 2
     _check_enforced(fresh_broker)
+    # The shovel from RabbitMQ's export runs here, on lavinpy's own queues ("amqp://" is this node).
+    assert [p["name"] for p in exported["parameters"] if p["component"] == "shovel"] == ["move-plain"]
+    assert http_call(fresh_broker, "GET", "/api/parameters/shovel/mv/move-plain")[0] == 200
+    deadline = time.monotonic() + 20
+    while not [s for s in http_call(fresh_broker, "GET", "/api/shovels/mv")[1] if s["state"] == "running"]:
+        assert time.monotonic() < deadline, http_call(fresh_broker, "GET", "/api/shovels/mv")[1]
+        time.sleep(0.1)
 
     # lavinpy's export goes back into RabbitMQ 3.10 (after the vhost and users there are gone).
     status, ours, _ = http_call(fresh_broker, "GET", "/api/definitions")
@@ -136,6 +149,7 @@ def test_rabbitmq_export_imports_whole_and_back(rabbit: RabbitNode, fresh_broker
     (mirrored,) = [p for p in back["policies"] if p["name"] == "mirrored"]
     assert mirrored["definition"] == HA
     assert http_call(rabbit, "GET", "/api/vhosts/mv")[1]["description"] == "orders"
+    assert [p["name"] for p in back["parameters"] if p["component"] == "shovel"] == ["move-plain"]
     _check_enforced(rabbit)
 
 

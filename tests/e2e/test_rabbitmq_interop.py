@@ -53,7 +53,8 @@ class RabbitNode:
 
     def start(self, timeout: float = 60.0) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
-        (self.base / "enabled_plugins").write_text("[rabbitmq_management].\n")
+        # The shovel plugin too: its shovel parameters are part of the exports the migration tests import.
+        (self.base / "enabled_plugins").write_text("[rabbitmq_management,rabbitmq_shovel].\n")
         (self.base / "rabbitmq.conf").write_text(
             f"management.tcp.port = {self.http_port}\nmanagement.tcp.ip = 127.0.0.1\n")
         env = dict(os.environ, HOME=str(self.base),
