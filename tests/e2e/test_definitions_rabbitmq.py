@@ -54,6 +54,7 @@ def _populate(node: RabbitNode) -> None:
     _ok(node, "PUT", "/api/exchanges/mv/events", {"type": "topic", "durable": True})
     _ok(node, "PUT", "/api/queues/mv/ha.work", {"durable": True, "arguments": {}})
     _ok(node, "PUT", "/api/queues/mv/plain", {"durable": True, "arguments": {"x-message-ttl": 5000}})
+    _ok(node, "PUT", "/api/queues/mv/qq", {"durable": True, "arguments": {"x-queue-type": "quorum"}})
     _ok(node, "POST", "/api/bindings/mv/e/events/q/ha.work", {"routing_key": "ev.#"})
     # A dynamic shovel (RabbitMQ's shovel plugin): in the export as a parameter, run by lavinpy after the import.
     _ok(node, "PUT", "/api/parameters/shovel/mv/move-plain",
@@ -127,6 +128,7 @@ def test_rabbitmq_export_imports_whole_and_back(rabbit: RabbitNode, fresh_broker
     assert policy["definition"] == HA and "ha-mode" in policy["not_needed"]
     assert len(http_call(fresh_broker, "GET", "/api/topic-permissions")[1]) == 2
     _check_enforced(fresh_broker)
+    assert http_call(fresh_broker, "GET", "/api/queues/mv/qq")[1]["type"] == "quorum"
     # The shovel from RabbitMQ's export runs here, on lavinpy's own queues ("amqp://" is this node).
     assert [p["name"] for p in exported["parameters"] if p["component"] == "shovel"] == ["move-plain"]
     assert http_call(fresh_broker, "GET", "/api/parameters/shovel/mv/move-plain")[0] == 200
