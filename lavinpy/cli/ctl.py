@@ -44,6 +44,8 @@ from .ctl_node import (
 from .ctl_output import FORMATS, Output, error
 from .ctl_shovels import COMMANDS as SHOVEL_COMMANDS
 from .ctl_shovels import add_parsers as add_shovel_parsers
+from .ctl_topic_permissions import COMMANDS as TOPIC_PERMISSION_COMMANDS
+from .ctl_topic_permissions import add_commands as add_topic_permission_commands
 
 # list command -> (API path, rabbitmqctl's default columns); the full specs are in ctl_columns
 LISTS: dict[str, tuple[str, list[str]]] = {name: (c.path, c.defaults) for name, c in LIST_COMMANDS.items()}
@@ -205,6 +207,7 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "export_definitions": cmd_export_definitions, "import_definitions": cmd_import_definitions,
     **LIMIT_COMMANDS,
     **SHOVEL_COMMANDS,
+    **TOPIC_PERMISSION_COMMANDS,
 }
 
 
@@ -287,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("delete_vhost", "delete a virtual host", "name")
     add("set_permissions", "set a user's permissions in the vhost (-p)", "user", "conf", "write", "read")
     add("clear_permissions", "remove a user's permissions in the vhost (-p)", "user")
+    add_topic_permission_commands(add)
     policy = add("set_policy", "set a policy in the vhost (-p)", "name", "pattern", "definition")
     policy.add_argument("--priority", type=int, default=0)
     policy.add_argument("--apply-to", dest="apply_to", choices=("all", "queues", "exchanges"), default="all")
