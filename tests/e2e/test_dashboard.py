@@ -67,16 +67,19 @@ def _text(driver: Any, css: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
-def _click(driver: Any, css: str) -> None:
+def _element(driver: Any, css: str) -> Any:
+    """The element once the page has rendered it (pages render after their API calls answer)."""
     from selenium.webdriver.common.by import By
 
-    driver.find_element(By.CSS_SELECTOR, css).click()
+    return _wait(lambda: driver.find_elements(By.CSS_SELECTOR, css), css)[0]
+
+
+def _click(driver: Any, css: str) -> None:
+    _element(driver, css).click()
 
 
 def _fill(driver: Any, css: str, value: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    field = driver.find_element(By.CSS_SELECTOR, css)
+    field = _element(driver, css)
     field.clear()
     field.send_keys(value)
 
