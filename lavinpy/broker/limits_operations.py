@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
+from .admin_operations import require_admin
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, VHOST_LIMITS_NAME
 from .operator_policies import operator_policy_json
 from .parameters import ParameterError, UnknownComponent
@@ -33,11 +34,6 @@ def _not_found(detail: str) -> AMQPChannelError:
 
 def _bad(detail: str) -> AMQPChannelError:
     return AMQPChannelError(PRECONDITION_FAILED, detail)
-
-
-def _admin(actor: Actor | None) -> None:
-    if actor is not None and not actor.is_admin():
-        raise _refused(f"user '{actor.name}' is not an administrator")
 
 
 def _reader(actor: Actor | None) -> None:
@@ -82,7 +78,7 @@ class LimitsOperations:
         self._may_change(actor, vhost, component)
         self._vhost(vhost)
         if component == VHOST_LIMITS_COMPONENT:
-            _admin(actor)
+            require_admin(actor)
         try:
             return self.broker.parameters.set(component, vhost, name, value)
         except UnknownComponent as e:
@@ -93,7 +89,7 @@ class LimitsOperations:
     def clear_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> None:
         self._may_change(actor, vhost, component)
         if component == VHOST_LIMITS_COMPONENT:
-            _admin(actor)
+            require_admin(actor)
         if not self.broker.parameters.delete(component, vhost, name):
             raise _not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
@@ -117,14 +113,14 @@ class LimitsOperations:
         raise _not_found(f"no global parameter '{name}'")
 
     def set_global_parameter(self, actor: Actor | None, name: str, value: Any) -> bool:
-        _admin(actor)
+        require_admin(actor)
         try:
             return self.broker.parameters.set_global(name, value)
         except ParameterError as e:
             raise _bad(str(e)) from None
 
     def clear_global_parameter(self, actor: Actor | None, name: str) -> None:
-        _admin(actor)
+        require_admin(actor)
         if not self.broker.parameters.delete_global(name):
             raise _not_found(f"no global parameter '{name}'")
 
@@ -152,7 +148,7 @@ class LimitsOperations:
         self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, limits)
 
     def clear_vhost_limit(self, actor: Actor | None, vhost: str, key: str, missing_ok: bool = False) -> None:
-        _admin(actor)
+        require_admin(actor)
         self._vhost(vhost)
         current = dict(self.broker.client_limits.vhost_limits.get(vhost, {}))
         if key == "all" or (key in current and len(current) == 1):
@@ -183,7 +179,7 @@ class LimitsOperations:
         self.set_user_limits(actor, user, current)
 
     def set_user_limits(self, actor: Actor | None, user: str, limits: Any) -> None:
-        _admin(actor)
+        require_admin(actor)
         if self.users.user(user) is None:
             raise _not_found(f"no user '{user}'")
         try:
@@ -192,7 +188,7 @@ class LimitsOperations:
             raise _bad(str(e)) from None
 
     def clear_user_limit(self, actor: Actor | None, user: str, key: str) -> None:
-        _admin(actor)
+        require_admin(actor)
         if self.users.user(user) is None:
             raise _not_found(f"no user '{user}'")
         if not self.broker.client_limits.clear_user_limit(user, key) and key != "all":
@@ -217,7 +213,7 @@ class LimitsOperations:
         raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")
 
     def set_operator_policy(self, actor: Actor | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
-        _admin(actor)
+        require_admin(actor)
         model = self._vhost(vhost)
         for key in ("pattern", "definition"):
             if key not in body:
@@ -231,6 +227,6 @@ class LimitsOperations:
         return created
 
     def clear_operator_policy(self, actor: Actor | None, vhost: str, name: str) -> None:
-        _admin(actor)
+        require_admin(actor)
         if not self._vhost(vhost).operator_policies.delete(name):
             raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")

@@ -36,3 +36,8 @@ def actor_of(request: web.Request) -> Actor:
 
 def json_reply(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
+
+
+def created_or_updated(created: bool) -> web.Response:
+    """A PUT's reply as RabbitMQ's: 201 when it made the object, 204 when it changed one."""
+    return web.Response(status=201 if created else 204)

@@ -14,6 +14,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from aiohttp import web
+
+from .context import json_reply
 from .errors import bad_request
 
 DEFAULT_PAGE_SIZE = 100
@@ -132,3 +135,8 @@ def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) 
         return selected
     return {"filtered_count": filtered, "item_count": len(selected), "items": selected, "page": page,
             "page_count": page_count, "page_size": page_size, "total_count": total}
+
+
+def listed(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+    """A list route's reply: ``items`` paged, sorted, filtered and cut as the request's query asks."""
+    return json_reply(apply_list_query(items, request.query))

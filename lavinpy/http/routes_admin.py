@@ -11,22 +11,14 @@ from aiohttp import web
 from ..broker import node_info
 from ..broker.admin_operations import AdminOperations, parse_tags, user_json, vhost_json
 from ..broker.rates import WindowRates
-from .context import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, created_or_updated, json_reply
 from .errors import not_found, read_json_object
-from .listing import apply_list_query
+from .listing import listed
 from .samples import SampleQuery
 
 
 def _ops(request: web.Request) -> AdminOperations:
     return AdminOperations(broker_of(request))
-
-
-def _listed(request: web.Request, items: list) -> web.Response:
-    return json_reply(apply_list_query(items, request.query))
-
-
-def _created_or_updated(created: bool) -> web.Response:
-    return web.Response(status=201 if created else 204)
 
 
 NO_CONTENT = 204
@@ -40,7 +32,7 @@ async def whoami(request: web.Request) -> web.Response:
 # -- users ------------------------------------------------------------------------------------
 
 async def list_users(request: web.Request) -> web.Response:
-    return _listed(request, [user_json(u) for u in _ops(request).list_users(actor_of(request))])
+    return listed(request, [user_json(u) for u in _ops(request).list_users(actor_of(request))])
 
 
 async def get_user(request: web.Request) -> web.Response:
@@ -49,7 +41,7 @@ async def get_user(request: web.Request) -> web.Response:
 
 async def put_user(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    return _created_or_updated(_ops(request).put_user(actor_of(request), request.match_info["name"], body))
+    return created_or_updated(_ops(request).put_user(actor_of(request), request.match_info["name"], body))
 
 
 async def delete_user(request: web.Request) -> web.Response:
@@ -58,7 +50,7 @@ async def delete_user(request: web.Request) -> web.Response:
 
 
 async def user_permissions(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_permissions(actor_of(request), user=request.match_info["name"]))
+    return listed(request, _ops(request).list_permissions(actor_of(request), user=request.match_info["name"]))
 
 
 # -- vhosts -----------------------------------------------------------------------------------
@@ -94,7 +86,7 @@ def _vhost_reply(request: web.Request, record: Any) -> dict[str, Any]:
 
 
 async def list_vhosts(request: web.Request) -> web.Response:
-    return _listed(request, [_vhost_reply(request, v) for v in _ops(request).visible_vhosts(actor_of(request))])
+    return listed(request, [_vhost_reply(request, v) for v in _ops(request).visible_vhosts(actor_of(request))])
 
 
 async def get_vhost(request: web.Request) -> web.Response:
@@ -112,7 +104,7 @@ async def put_vhost(request: web.Request) -> web.Response:
     created = _ops(request).put_vhost(actor_of(request), request.match_info["vhost"], description,
                                       parse_tags(tags) if tags is not None else None,
                                       body.get("default_queue_type", metadata.get("default_queue_type")))
-    return _created_or_updated(created)
+    return created_or_updated(created)
 
 
 async def delete_vhost(request: web.Request) -> web.Response:
@@ -121,13 +113,13 @@ async def delete_vhost(request: web.Request) -> web.Response:
 
 
 async def vhost_permissions(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_permissions(actor_of(request), vhost=request.match_info["vhost"]))
+    return listed(request, _ops(request).list_permissions(actor_of(request), vhost=request.match_info["vhost"]))
 
 
 # -- permissions ------------------------------------------------------------------------------
 
 async def list_permissions(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_permissions(actor_of(request)))
+    return listed(request, _ops(request).list_permissions(actor_of(request)))
 
 
 async def get_permission(request: web.Request) -> web.Response:
@@ -138,7 +130,7 @@ async def get_permission(request: web.Request) -> web.Response:
 async def put_permission(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     m = request.match_info
-    return _created_or_updated(_ops(request).set_permissions(actor_of(request), m["vhost"], m["user"], body))
+    return created_or_updated(_ops(request).set_permissions(actor_of(request), m["vhost"], m["user"], body))
 
 
 async def delete_permission(request: web.Request) -> web.Response:
@@ -151,7 +143,7 @@ async def delete_permission(request: web.Request) -> web.Response:
 
 async def list_topic_permissions(request: web.Request) -> web.Response:
     m = request.match_info
-    return _listed(request, _ops(request).list_topic_permissions(actor_of(request), vhost=m.get("vhost"),
+    return listed(request, _ops(request).list_topic_permissions(actor_of(request), vhost=m.get("vhost"),
                                                                  user=m.get("user") or m.get("name")))
 
 
@@ -166,7 +158,7 @@ async def get_topic_permission(request: web.Request) -> web.Response:
 async def put_topic_permission(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     m = request.match_info
-    return _created_or_updated(_ops(request).set_topic_permission(actor_of(request), m["vhost"], m["user"], body))
+    return created_or_updated(_ops(request).set_topic_permission(actor_of(request), m["vhost"], m["user"], body))
 
 
 async def delete_topic_permission(request: web.Request) -> web.Response:
@@ -178,7 +170,7 @@ async def delete_topic_permission(request: web.Request) -> web.Response:
 # -- policies ---------------------------------------------------------------------------------
 
 async def list_policies(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_policies(actor_of(request), request.match_info.get("vhost")))
+    return listed(request, _ops(request).list_policies(actor_of(request), request.match_info.get("vhost")))
 
 
 async def get_policy(request: web.Request) -> web.Response:
@@ -189,7 +181,7 @@ async def get_policy(request: web.Request) -> web.Response:
 async def put_policy(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     m = request.match_info
-    return _created_or_updated(_ops(request).set_policy(actor_of(request), m["vhost"], m["name"], body))
+    return created_or_updated(_ops(request).set_policy(actor_of(request), m["vhost"], m["name"], body))
 
 
 async def delete_policy(request: web.Request) -> web.Response:

@@ -8,23 +8,15 @@ from typing import Any
 from aiohttp import web
 
 from ..broker.limits_operations import LimitsOperations
-from .context import actor_of, broker_of, json_reply
+from .context import actor_of, broker_of, created_or_updated, json_reply
 from .errors import bad_request, read_json_object
-from .listing import apply_list_query
+from .listing import listed
 
 NO_CONTENT = 204
 
 
 def _ops(request: web.Request) -> LimitsOperations:
     return LimitsOperations(broker_of(request))
-
-
-def _listed(request: web.Request, items: list) -> web.Response:
-    return json_reply(apply_list_query(items, request.query))
-
-
-def _created_or_updated(created: bool) -> web.Response:
-    return web.Response(status=201 if created else 204)
 
 
 def _value(body: dict[str, Any]) -> Any:
@@ -37,7 +29,7 @@ def _value(body: dict[str, Any]) -> Any:
 
 async def list_parameters(request: web.Request) -> web.Response:
     m = request.match_info
-    return _listed(request, _ops(request).list_parameters(actor_of(request), m.get("component"), m.get("vhost")))
+    return listed(request, _ops(request).list_parameters(actor_of(request), m.get("component"), m.get("vhost")))
 
 
 async def get_parameter(request: web.Request) -> web.Response:
@@ -49,7 +41,7 @@ async def put_parameter(request: web.Request) -> web.Response:
     m = request.match_info
     value = _value(await read_json_object(request))
     created = _ops(request).set_parameter(actor_of(request), m["component"], m["vhost"], m["name"], value)
-    return _created_or_updated(created)
+    return created_or_updated(created)
 
 
 async def delete_parameter(request: web.Request) -> web.Response:
@@ -61,7 +53,7 @@ async def delete_parameter(request: web.Request) -> web.Response:
 # -- global parameters --------------------------------------------------------------------------
 
 async def list_global_parameters(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_global_parameters(actor_of(request)))
+    return listed(request, _ops(request).list_global_parameters(actor_of(request)))
 
 
 async def get_global_parameter(request: web.Request) -> web.Response:
@@ -71,7 +63,7 @@ async def get_global_parameter(request: web.Request) -> web.Response:
 async def put_global_parameter(request: web.Request) -> web.Response:
     value = _value(await read_json_object(request))
     created = _ops(request).set_global_parameter(actor_of(request), request.match_info["name"], value)
-    return _created_or_updated(created)
+    return created_or_updated(created)
 
 
 async def delete_global_parameter(request: web.Request) -> web.Response:
@@ -82,7 +74,7 @@ async def delete_global_parameter(request: web.Request) -> web.Response:
 # -- vhost and user limits ----------------------------------------------------------------------
 
 async def list_vhost_limits(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_vhost_limits(actor_of(request), request.match_info.get("vhost")))
+    return listed(request, _ops(request).list_vhost_limits(actor_of(request), request.match_info.get("vhost")))
 
 
 async def put_vhost_limit(request: web.Request) -> web.Response:
@@ -98,7 +90,7 @@ async def delete_vhost_limit(request: web.Request) -> web.Response:
 
 
 async def list_user_limits(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_user_limits(actor_of(request), request.match_info.get("user")))
+    return listed(request, _ops(request).list_user_limits(actor_of(request), request.match_info.get("user")))
 
 
 async def put_user_limit(request: web.Request) -> web.Response:
@@ -116,7 +108,7 @@ async def delete_user_limit(request: web.Request) -> web.Response:
 # -- operator policies --------------------------------------------------------------------------
 
 async def list_operator_policies(request: web.Request) -> web.Response:
-    return _listed(request, _ops(request).list_operator_policies(actor_of(request), request.match_info.get("vhost")))
+    return listed(request, _ops(request).list_operator_policies(actor_of(request), request.match_info.get("vhost")))
 
 
 async def get_operator_policy(request: web.Request) -> web.Response:
@@ -127,7 +119,7 @@ async def get_operator_policy(request: web.Request) -> web.Response:
 async def put_operator_policy(request: web.Request) -> web.Response:
     m = request.match_info
     body = await read_json_object(request)
-    return _created_or_updated(_ops(request).set_operator_policy(actor_of(request), m["vhost"], m["name"], body))
+    return created_or_updated(_ops(request).set_operator_policy(actor_of(request), m["vhost"], m["name"], body))
 
 
 async def delete_operator_policy(request: web.Request) -> web.Response:
