@@ -9,6 +9,7 @@ it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -146,18 +147,15 @@ class Channel:
                 self.close_with_error(e, method)
 
     def on_header(self, frame: HeaderFrame) -> None:
-        try:
-            content = self.content.on_header(frame)
-        except AMQPChannelError as e:
-            self.in_content = False
-            self.close_with_error(e, None)
-            return
-        if content is not None:
-            self._content_complete(content)
+        self._assemble(self.content.on_header, frame)
 
     def on_body(self, data: bytes) -> None:
+        self._assemble(self.content.on_body, data)
+
+    def _assemble(self, step: Callable[[Any], Content | None], frame: Any) -> None:
+        """One content frame into the assembly: a bad one closes the channel, the last one publishes."""
         try:
-            content = self.content.on_body(data)
+            content = step(frame)
         except AMQPChannelError as e:
             self.in_content = False
             self.close_with_error(e, None)

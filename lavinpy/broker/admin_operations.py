@@ -13,7 +13,7 @@ users see every vhost and policy read-only; management users see the vhosts they
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -262,22 +262,25 @@ class AdminOperations:
 
     # -- permissions ---------------------------------------------------------------------------
 
-    def list_permissions(self, actor: Actor | None, *, vhost: str | None = None,
-                         user: str | None = None) -> list[dict[str, str]]:
+    def _grants(self, actor: Actor | None, vhost: str | None, user: str | None,
+                field: str) -> Iterator[tuple[str, str, Any]]:
+        """(user, vhost, grant) of each user's ``field`` (permissions or topic_permissions, keyed by
+        vhost), in name order, kept to ``vhost`` and ``user`` when given (404 when they do not exist)."""
         require_admin(actor)
         if vhost is not None and not self.users.vhost_exists(vhost):
             raise _not_found(f"no vhost '{vhost}'")
         if user is not None:
             self._existing_user(user)
-        result = []
         for u in sorted(self.users.users(), key=lambda u: u.name):
-            if user is not None and u.name != user:
-                continue
-            for vhost_name, p in sorted(u.permissions.items()):
-                if vhost is None or vhost_name == vhost:
-                    result.append({"user": u.name, "vhost": vhost_name, "configure": p.configure,
-                                   "write": p.write, "read": p.read})
-        return result
+            if user is None or u.name == user:
+                for vhost_name, grant in sorted(getattr(u, field).items()):
+                    if vhost is None or vhost_name == vhost:
+                        yield u.name, vhost_name, grant
+
+    def list_permissions(self, actor: Actor | None, *, vhost: str | None = None,
+                         user: str | None = None) -> list[dict[str, str]]:
+        return [{"user": u, "vhost": v, "configure": p.configure, "write": p.write, "read": p.read}
+                for u, v, p in self._grants(actor, vhost, user, "permissions")]
 
     def get_permissions(self, actor: Actor | None, vhost: str, user: str) -> dict[str, str]:
         found = self.list_permissions(actor, vhost=vhost, user=user)
@@ -316,21 +319,9 @@ class AdminOperations:
 
     def list_topic_permissions(self, actor: Actor | None, *, vhost: str | None = None,
                                user: str | None = None) -> list[dict[str, str]]:
-        require_admin(actor)
-        if vhost is not None and not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
-        if user is not None:
-            self._existing_user(user)
-        result: list[dict[str, str]] = []
-        for u in sorted(self.users.users(), key=lambda u: u.name):
-            if user is not None and u.name != user:
-                continue
-            for vhost_name, per_vhost in sorted(u.topic_permissions.items()):
-                if vhost is None or vhost_name == vhost:
-                    result.extend({"user": u.name, "vhost": vhost_name, "exchange": t.exchange,
-                                   "write": t.write, "read": t.read}
-                                  for t in sorted(per_vhost.values(), key=lambda t: t.exchange))
-        return result
+        return [{"user": u, "vhost": v, "exchange": t.exchange, "write": t.write, "read": t.read}
+                for u, v, per_exchange in self._grants(actor, vhost, user, "topic_permissions")
+                for t in sorted(per_exchange.values(), key=lambda t: t.exchange)]
 
     def set_topic_permission(self, actor: Actor | None, vhost: str, user: str, body: Mapping[str, Any]) -> bool:
         """RabbitMQ's PUT /api/topic-permissions/{vhost}/{user} ({"exchange", "write", "read"});
