@@ -17,6 +17,10 @@ T = TypeVar("T")
 
 # Linux's default ephemeral range (net.ipv4.ip_local_port_range) is 32768-60999.
 _BELOW_EPHEMERAL = (20000, 32768)
+# Ports below the ephemeral range handed out by this process: a test binds them later (a cluster node
+# its AMQP, HTTP and clustering ports), so a second pick must not land on one (it once gave a node the
+# same port for AMQP and clustering, and the node could never lead).
+_handed_out: set[int] = set()
 
 
 def free_port(below_ephemeral: bool = False) -> int:
@@ -29,11 +33,14 @@ def free_port(below_ephemeral: bool = False) -> int:
         return free_ports(1)[0]
     while True:
         port = random.randrange(*_BELOW_EPHEMERAL)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
 
 

@@ -295,7 +295,10 @@ class ReplicationServer:
                 if not await self._write_isr():
                     follower.joined = True
                     return
-            del self._isr[follower.id]
+            # While etcd was written the same node may have connected again and entered the barrier
+            # with its new connection: that entry stays (removing it kept the node out of the ISR).
+            if self._isr.get(follower.id) is follower:
+                del self._isr[follower.id]
         self._release()
 
     # ---- followers ---------------------------------------------------------------------------------
@@ -441,10 +444,14 @@ class ReplicationServer:
         try:
             size = os.fstat(fd).st_size
             writer = follower.writer
+            if follower.dropped:  # while its hash was computed
+                raise ConnectionResetError("dropped during full sync")
             writer.write(proto.frame(proto.FILE_START, proto.pack_str(rel) + proto.pack_u64(size)))
             offset = 0
             while True:
                 chunk = await loop.run_in_executor(None, os.pread, fd, proto.CHUNK_SIZE, offset)
+                if follower.dropped:  # its transport is closed: writing to it raises under uvloop
+                    raise ConnectionResetError("dropped during full sync")
                 if not chunk:
                     break
                 offset += len(chunk)

@@ -155,5 +155,32 @@ def test_an_idle_silent_follower_is_dropped_and_a_silent_leader_is_left(tmp_path
     assert "timed out" in output, output[-2000:]
 
 
+def test_a_node_that_reconnects_while_its_old_connection_leaves_the_isr_joins_again(tmp_path: Path) -> None:
+    # The old connection's leave waits for etcd; meanwhile the same node connects again and enters the
+    # barrier. The leave must not remove the new connection's entry: the node would never rejoin.
+    leader = Leader(tmp_path / "leader")
+    isr = leader.isr = GatedIsr()
+    leader.start()
+    server = leader.replication
+    isr.gate = leader.call(lambda: _make_event())
+    follower = start_follower(tmp_path / "f1", server.port, "f1")
+    try:
+        leader.wait_caught_up("f1")
+        assert isr.members == ["leader", "f1"]
+        follower.kill()  # its connection closes: dropped, and the ISR shrink hangs on etcd
+        follower.wait()
+        leader.wait(lambda: isr.held_since is not None, 10, "the ISR shrink to be attempted")
+        follower = start_follower(tmp_path / "f1", server.port, "f1")
+        leader.wait(lambda: "f1" in server._followers and server._followers["f1"].writing_isr, 30,
+                    "the reconnected follower to wait to be named in etcd")
+        written = len(isr.writes)
+        leader.loop.call_soon_threadsafe(isr.gate.set)
+        leader.wait(lambda: len(isr.writes) >= written + 2, 10, "the reconnected follower back in the ISR")
+        assert [members for _, members in isr.writes][written:] == [["leader"], ["leader", "f1"]]
+    finally:
+        stop_process(follower)
+        leader.stop()
+
+
 async def _make_event() -> asyncio.Event:
     return asyncio.Event()
