@@ -18,6 +18,7 @@ from pamqp import commands, decode
 
 from .. import __version__
 from ..broker.actor import Actor
+from ..broker.operations import admit_connection
 from ..broker.users import is_loopback_address
 from ..wire import writer
 from ..wire.constants import (
@@ -495,17 +496,7 @@ class AMQPConnection(ConnectionOutput):
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         name = method.virtual_host or "/"
-        vhost = self.broker.vhosts.get(name)
-        users = self.broker.users
-        assert users is not None
-        if vhost is None:
-            raise AMQPConnectionError(NOT_ALLOWED, f"vhost {name} not found")
-        if not users.can_access_vhost(self.username, name):
-            raise AMQPConnectionError(NOT_ALLOWED,
-                                      f"access to vhost '{name}' refused for user '{self.username}'")
-        self.broker.client_limits.connection_opened(name, self.username)  # vhost and user limits
-        self.vhost = vhost
-        self.actor = Actor(users, self.username)
+        self.vhost, self.actor = admit_connection(self.broker, self.username, name)
         self.enter_state(OPEN)
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         self.effect(CancelTimer(TimerKind.HANDSHAKE))

@@ -113,8 +113,8 @@ class ClientLimits:
             self.set_user_limits(user, {})
 
     # -- checks and books ----------------------------------------------------------------------
-    def connection_opened(self, vhost: str, user: str) -> None:
-        """Count a connection opening on ``vhost`` as ``user``, or refuse it as RabbitMQ does."""
+    def check_connection(self, vhost: str, user: str) -> None:
+        """Refuse a connection opening on ``vhost`` as ``user`` when a limit is reached, as RabbitMQ does."""
         limit = self.vhost_limits.get(vhost, {}).get("max-connections")
         if _reached(limit, self.connections_by_vhost[vhost]):
             raise AMQPConnectionError(NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}': "
@@ -123,6 +123,9 @@ class ClientLimits:
         if _reached(limit, self.connections_by_user[user]):
             raise AMQPConnectionError(NOT_ALLOWED, f"Connection refused for user '{user}': "
                                                    f"user connection limit ({limit}) is reached")
+
+    def connection_opened(self, vhost: str, user: str) -> None:
+        """Count a connection admitted on ``vhost`` as ``user``."""
         self.connections_by_vhost[vhost] += 1
         self.connections_by_user[user] += 1
 

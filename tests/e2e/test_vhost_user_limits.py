@@ -70,6 +70,19 @@ def test_vhost_max_connections(broker):
     assert http_call(broker, "GET", f"/api/vhost-limits/{vhost}")[1] == []
 
 
+def test_connection_limits_are_checked_before_vhost_access(broker):
+    vhost = _vhost(broker)
+    outsider = _user(broker, "%2F")  # no permission on vhost
+    _ok(http_call(broker, "PUT", f"/api/vhost-limits/{vhost}/max-connections", {"value": 0})[0])
+    assert _refused(broker, user=outsider, password="pw", vhost=vhost) == (
+        530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{outsider}': "
+             "connection limit (0) is reached")
+    _ok(http_call(broker, "DELETE", f"/api/vhost-limits/{vhost}/max-connections")[0])
+    assert _refused(broker, user=outsider, password="pw", vhost=vhost) == (
+        530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{outsider}'")
+    _connect(broker, vhost=vhost).close()  # the refusals were not counted against the vhost
+
+
 def test_vhost_max_queues(broker):
     vhost = _vhost(broker)
     _ok(http_call(broker, "PUT", f"/api/vhost-limits/{vhost}/max-queues", {"value": 1})[0])
