@@ -64,7 +64,7 @@ class Setup:
         self.leader = cluster.wait_for_leader(30)
         self.follower: Node = cluster.add(1, ["--proxy-protocol-trusted-sources", "127.0.0.1"])[0]
         self.follower.start()
-        wait_until(lambda: "forwarding HTTP" in self.follower.log_text(), 30, 0.1, "the follower forwarding")
+        wait_until(lambda: "forwarding HTTP" in self.follower.log_text(), 30, 0.1, "the follower listening")
         self.ports = {(face, mode): free_port() for face in ("amqp", "http") for mode in MODES}
         targets = {"amqp": self.follower.amqp_port, "http": self.follower.http_port}
         lines = ["global", "  maxconn 256", "defaults", "  mode tcp", "  timeout connect 5s",
@@ -83,6 +83,9 @@ class Setup:
             assert self.haproxy.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, self.log.read_text()
             time.sleep(0.05)
+        # The follower listens before it knows the leader (until then it answers 503): wait for it to forward.
+        wait_until(lambda: all(api("127.0.0.1", self.ports["http", mode], "/api/whoami")[0] == 200 for mode in MODES),
+                   30, 0.1, "the follower forwarding to the leader")
 
     def close(self) -> None:
         self.haproxy.terminate()
