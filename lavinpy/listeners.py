@@ -103,6 +103,10 @@ HEADER_TIMEOUT = 5.0  # a trusted proxy sends its header at once; one that does 
 TLS_HELLO_TIMEOUT = 60.0  # asyncio's own TLS handshake timeout
 _PEEK_BYTES = V2_FIXED + V2_MAX_BODY
 _ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+# The answer on an HTTP port (the leader's, or a follower's forwarding one) to a PROXY header from a
+# peer that may not send one.
+HTTP_PROXY_HEADER_REFUSED = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                             b"Content-Length: 35\r\n\r\nPROXY header from an untrusted peer")
 
 # A protocol for one accepted connection; its argument is the PROXY header naming the client and the
 # address it connected to (None: the TCP peer is the client).

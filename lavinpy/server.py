@@ -200,7 +200,7 @@ async def serve_clustered(config: Config) -> int:
         loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
         return server
 
-    node = ClusterNode(config, start_leader)
+    node = ClusterNode(config, start_leader, proxy_refused=log_bad_proxy_header)
     ready = loop.create_task(_notify_when_forwarding(node, systemd)) if systemd.enabled else None
     try:
         return await node.run(stop)

@@ -26,7 +26,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..listeners import HTTP_PROXY_HEADER_REFUSED, ProxyPolicy
 from ..store.lock import DataDirLock, DataDirLocked
+from ..wire.constants import PROTOCOL_HEADER
+from ..wire.proxy_header import TrustedSources
 from . import replica_state
 from .errors import LeadershipLost
 from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op
@@ -69,8 +72,14 @@ StartLeader = Callable[["ClusterNode"], Awaitable[LeaderServer]]
 
 
 class ClusterNode:
-    def __init__(self, config: Config, start_leader: StartLeader, argv: list[str] | None = None) -> None:
+    def __init__(self, config: Config, start_leader: StartLeader, argv: list[str] | None = None,
+                 proxy_refused: Callable[[str, object, str], None] | None = None) -> None:
+        """``proxy_refused(what, peer, reason)`` logs a client refused for a PROXY header on a
+        follower's port (the server passes the rate-limited log its listeners use)."""
         self.config = config
+        # A follower's client ports take PROXY headers from the same trusted sources as the node's own.
+        self.client_proxy_policy = ProxyPolicy(TrustedSources(config.proxy_protocol_trusted_sources),
+                                               refused=proxy_refused)
         self.start_leader = start_leader
         self.argv = list(sys.argv[1:] if argv is None else argv)  # to re-exec with on stepping down
         self.data_dir = Path(config.data_dir)
@@ -501,12 +510,14 @@ class ClusterNode:
     # --- follower's client ports ----------------------------------------------------------------
     async def _start_proxies(self) -> None:
         config = self.config
-        amqp = ClientProxy("AMQP", config.bind, config.amqp_port, lambda: self._leader_port("amqp"))
+        policy = self.client_proxy_policy
+        amqp = ClientProxy("AMQP", config.bind, config.amqp_port, lambda: self._leader_port("amqp"),
+                           policy=policy, refused_reply=PROTOCOL_HEADER)
         self._proxies = [amqp]
         await amqp.start()
         if config.http_port:
             http = ClientProxy("HTTP", config.bind, config.http_port, lambda: self._leader_port("http"),
-                               HTTP_UNAVAILABLE)
+                               HTTP_UNAVAILABLE, policy, HTTP_PROXY_HEADER_REFUSED)
             self._proxies.append(http)
             await http.start()
 

@@ -1,8 +1,12 @@
 """A follower's client ports: each connection is forwarded byte for byte to the leader's same port.
 
 The first bytes sent to the leader are a PROXY protocol v1 line naming the client, so the leader
-shows (and checks, for loopback-only users) the client's own address. While no leader is known an
-AMQP connection is closed at once and an HTTP request gets 503.
+shows (and checks, for loopback-only users) the client's own address. Behind a load balancer listed in
+``proxy_protocol_trusted_sources`` the client is the one its PROXY header names: the header is read
+and checked by the node's own listener code (lavinpy.listeners), with its rules and limits, and only
+the line naming that client goes on. A PROXY header from anyone else is bad input, refused here as the
+leader's own ports would. While no leader is known an AMQP connection is closed at once and an HTTP
+request gets 503.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ import logging
 from collections.abc import Callable
 from typing import cast
 
-from ..listeners import address_text, bind_sockets
-from ..wire.proxy_header import format_proxy_line
+from ..listeners import ProxiedListener, ProxyPolicy, address_text, bind_sockets
+from ..wire.proxy_header import ProxyHeader, TrustedSources, format_proxy_line, may_be_proxy_header
 
 log = logging.getLogger("lavinpy.cluster.proxy")
 
@@ -29,23 +33,37 @@ HTTP_UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: applicat
 
 
 class ClientProxy:
-    """Listens on ``port`` of every bind address; ``target()`` is the leader's (host, port) or None."""
+    """Listens on ``port`` of every bind address; ``target()`` is the leader's (host, port) or None.
+
+    ``policy`` says who must send a PROXY header (the node's trusted sources) and logs refusals;
+    ``refused_reply`` is what a client refused for a PROXY header gets before the close, as on the
+    leader's port of the same protocol."""
 
     def __init__(self, what: str, hosts: list[str], port: int,
-                 target: Callable[[], tuple[str, int] | None], unavailable_reply: bytes = b"") -> None:
+                 target: Callable[[], tuple[str, int] | None], unavailable_reply: bytes = b"",
+                 policy: ProxyPolicy | None = None, refused_reply: bytes = b"") -> None:
         self.what = what
         self.hosts = hosts
         self.port = port
         self.target = target
         self.unavailable_reply = unavailable_reply
-        self._servers: list[asyncio.AbstractServer] = []
+        self.policy = policy if policy is not None else ProxyPolicy(TrustedSources([]))
+        self.refused_reply = refused_reply
+        self._servers: list[asyncio.AbstractServer | ProxiedListener] = []
         self.halves: set[_Half] = set()
 
     async def start(self) -> None:
         sockets = bind_sockets(self.hosts, self.port, self.what)
-        loop = asyncio.get_running_loop()
-        self._servers = [await loop.create_server(lambda: _ClientHalf(self), sock=sock) for sock in sockets]
-        log.info("forwarding %s from %s to the leader", self.what, ", ".join(address_text(s) for s in sockets))
+        names = ", ".join(address_text(s) for s in sockets)
+        if self.policy:  # trusted sources send a header first: accepted (and the header read) there
+            self._servers = [ProxiedListener(sock, lambda header: _ClientHalf(self, header), self.policy, self.what,
+                                             None) for sock in sockets]
+        else:
+            loop = asyncio.get_running_loop()
+            self._servers = [await loop.create_server(lambda: _ClientHalf(self, None), sock=sock)
+                             for sock in sockets]
+        log.info("forwarding %s from %s to the leader%s", self.what, names,
+                 " (PROXY protocol from trusted sources)" if self.policy else "")
 
     async def stop(self) -> None:
         """Stop listening and drop every forwarded connection."""
@@ -113,7 +131,35 @@ class _Half(asyncio.Protocol):
 
 class _ClientHalf(_Half):
     """The client's end: its bytes go to the leader once the leader's end is connected and the PROXY
-    line sent (what comes before is kept, up to EARLY_LIMIT)."""
+    line sent (what comes before is kept, up to EARLY_LIMIT). ``forwarded``: the header a trusted load
+    balancer sent, naming the client and the address it connected to (None: the TCP peer is the client)."""
+
+    def __init__(self, proxy: ClientProxy, forwarded: ProxyHeader | None) -> None:
+        super().__init__(proxy)
+        self.forwarded = forwarded
+        self._first_read = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._first_read:
+            self._first_read = False
+            # The same test as the leader's protocols make on their first read: a (further) PROXY
+            # header here came from a peer that may not send one.
+            if may_be_proxy_header(data[:16]):
+                self._refuse()
+                return
+        super().data_received(data)
+
+    def _refuse(self) -> None:
+        transport, proxy = self.transport, self.proxy
+        if transport is None:
+            return
+        proxy.policy.refused(proxy.what, transport.get_extra_info("peername"),
+                             "a PROXY header from a source not in proxy_protocol_trusted_sources")
+        if self.peer is not None:  # the leader's end has seen the PROXY line only: dropped silently
+            self.peer.abort()
+        if proxy.refused_reply:
+            transport.write(proxy.refused_reply)
+        transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -124,7 +170,8 @@ class _ClientHalf(_Half):
         proxy, transport = self.proxy, self.transport
         if transport is None:
             return
-        client = transport.get_extra_info("peername")
+        forwarded = self.forwarded
+        client = forwarded.source if forwarded is not None else transport.get_extra_info("peername")
         target = proxy.target()
         upstream: _Half | None = None
         if target is None:
@@ -136,7 +183,7 @@ class _ClientHalf(_Half):
             except (OSError, TimeoutError) as e:
                 log.warning("%s connection from %s: the leader at %s:%d cannot be reached (%s); closing it",
                             proxy.what, _text(client), target[0], target[1], e)
-        if self.transport is None:  # the client left meanwhile
+        if self.transport is None or transport.is_closing():  # the client left (or was refused) meanwhile
             if upstream is not None:
                 upstream.abort()
             return
@@ -145,7 +192,8 @@ class _ClientHalf(_Half):
                 transport.write(proxy.unavailable_reply)
             transport.close()
             return
-        upstream.transport.write(format_proxy_line(_pair(client), _pair(transport.get_extra_info("sockname"))))
+        reached = forwarded.destination if forwarded is not None else transport.get_extra_info("sockname")
+        upstream.transport.write(format_proxy_line(_pair(client), _pair(reached)))
         self.peer, upstream.peer = upstream, self
         leader_end = upstream.transport
         # What each end sent early goes out before the link.

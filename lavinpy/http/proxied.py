@@ -15,10 +15,9 @@ from typing import Any
 from aiohttp import web
 
 from ..amqp.log import log_bad_proxy_header
+from ..listeners import HTTP_PROXY_HEADER_REFUSED
 from ..wire.proxy_header import ProxyHeader, may_be_proxy_header
 
-BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-               b"Content-Length: 35\r\n\r\nPROXY header from an untrusted peer")
 # transport -> the client address its PROXY header named (while the connection lasts)
 _CLIENTS: dict[Any, tuple[str, int]] = {}
 
@@ -45,7 +44,7 @@ class ForwardedProtocol(asyncio.Protocol):
             if may_be_proxy_header(data[:16]) and self.transport is not None:
                 log_bad_proxy_header(self.what, self.transport.get_extra_info("peername"),
                                      "a PROXY header from a source not in proxy_protocol_trusted_sources")
-                self.transport.write(BAD_REQUEST)  # type: ignore[attr-defined]
+                self.transport.write(HTTP_PROXY_HEADER_REFUSED)  # type: ignore[attr-defined]
                 self.transport.close()
                 return
         self.inner.data_received(data)
