@@ -17,8 +17,11 @@ from .operator_policies import queue_policy_info
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..store.record import StoredMessage
     from .queue_base import QueueKind
+    from .queue_consumer import QueueConsumer
     from .vhost import VHost
 
 
@@ -76,14 +79,10 @@ def _timestamp_property(message: StoredMessage | None) -> int | None:
         return None  # a statistics read reports nothing: the delivery path reports a damaged message
 
 
-def _consumer_capacity(queue: QueueKind) -> dict[str, Any]:
-    # RabbitMQ's figures are the share of time a consumer could take a message at once; lavinpy gives
+def _consumer_capacity(consumers: Iterable[QueueConsumer]) -> float:
+    # RabbitMQ's figure is the share of time a consumer could take a message at once; lavinpy gives
     # that indicator's value now: 1.0 when some consumer has prefetch and channel room, else 0.0.
-    # No consumer: capacity 0 and no utilisation figure.
-    if not queue.consumers:
-        return {"consumer_capacity": 0}
-    capacity = 1.0 if any(c.can_accept() for c in queue.consumers) else 0.0
-    return {"consumer_capacity": capacity, "consumer_utilisation": capacity}
+    return 1.0 if any(c.can_accept() for c in consumers) else 0.0
 
 
 def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
@@ -111,15 +110,22 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         # RabbitMQ's tag of the consumer that holds the queue exclusively, null when none does
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "head_message_age_ms": max(0, now_ms - head) if head is not None else None,
-        **_consumer_capacity(queue),
+        "consumer_capacity": _consumer_capacity(queue.consumers) if queue.consumers else 0,
         "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }
     # Figures a queue kind does not keep are left out, as RabbitMQ leaves them out (a null cell breaks
-    # rabbitmqadmin's tables). head_message_timestamp is the head message's timestamp property (seconds).
-    for key, value in (("head_message_timestamp", _timestamp_property(head_message)),
-                       ("messages_persistent", queue.persistent_count()), ("memory", queue.memory_bytes())):
-        if value is not None:
-            info[key] = value
+    # rabbitmqadmin's tables); so is utilisation without a consumer.
+    if queue.consumers:
+        info["consumer_utilisation"] = info["consumer_capacity"]
+    stamp = _timestamp_property(head_message)  # the head message's timestamp property (seconds)
+    if stamp is not None:
+        info["head_message_timestamp"] = stamp
+    persistent = queue.persistent_count()
+    if persistent is not None:
+        info["messages_persistent"] = persistent
+    memory = queue.memory_bytes()
+    if memory is not None:
+        info["memory"] = memory
     if queue.kind == "quorum":  # RabbitMQ's replica figures; this node holds the queue (see docs/migration.md)
         info.update(leader=info["node"], members=[info["node"]], online=[info["node"]])
     return info
