@@ -10,13 +10,18 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from ..wire.properties import PropertiesError, peek_timestamp
 from .exchanges.base import Exchange, freeze_arguments
 from .node_info import node_name
 from .operator_policies import queue_policy_info
 from .stats import EXCHANGE_FIELDS, QUEUE_FIELDS, counters_stats
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..store.record import StoredMessage
     from .queue_base import QueueKind
+    from .queue_consumer import QueueConsumer
     from .vhost import VHost
 
 
@@ -65,11 +70,27 @@ def _policy_info(queue: QueueKind) -> dict[str, Any]:
                              operators.match(queue.name, "queue", queue.kind) if operators else None)
 
 
+def _timestamp_property(message: StoredMessage | None) -> int | None:
+    if message is None:
+        return None
+    try:
+        return peek_timestamp(message.properties)
+    except PropertiesError:
+        return None  # a statistics read reports nothing: the delivery path reports a damaged message
+
+
+def _consumer_capacity(consumers: Iterable[QueueConsumer]) -> float:
+    # RabbitMQ's figure is the share of time a consumer could take a message at once; lavinpy gives
+    # that indicator's value now: 1.0 when some consumer has prefetch and channel room, else 0.0.
+    return 1.0 if any(c.can_accept() for c in consumers) else 0.0
+
+
 def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     ready = queue.message_count
     unacked = queue.unacked_count
-    head = queue.head_timestamp_ms()
+    head_message = queue.head_message()
+    head = head_message.timestamp if head_message is not None else None
     info: dict[str, Any] = {
         "name": queue.name,
         "vhost": queue.vhost.name,
@@ -89,8 +110,22 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
         # RabbitMQ's tag of the consumer that holds the queue exclusively, null when none does
         "exclusive_consumer_tag": next((c.tag for c in queue.consumers if c.exclusive), None),
         "head_message_age_ms": max(0, now_ms - head) if head is not None else None,
+        "consumer_capacity": _consumer_capacity(queue.consumers) if queue.consumers else 0,
         "message_stats": counters_stats(queue.stats, QUEUE_FIELDS),
     }
+    # Figures a queue kind does not keep are left out, as RabbitMQ leaves them out (a null cell breaks
+    # rabbitmqadmin's tables); so is utilisation without a consumer.
+    if queue.consumers:
+        info["consumer_utilisation"] = info["consumer_capacity"]
+    stamp = _timestamp_property(head_message)  # the head message's timestamp property (seconds)
+    if stamp is not None:
+        info["head_message_timestamp"] = stamp
+    persistent = queue.persistent_count()
+    if persistent is not None:
+        info["messages_persistent"] = persistent
+    memory = queue.memory_bytes()
+    if memory is not None:
+        info["memory"] = memory
     if queue.kind == "quorum":  # RabbitMQ's replica figures; this node holds the queue (see docs/migration.md)
         info.update(leader=info["node"], members=[info["node"]], online=[info["node"]])
     return info

@@ -87,6 +87,15 @@ class Queue(QueueKind):
     def unacked_count(self) -> int:
         return self.index.unacked_count
 
+    def persistent_count(self) -> int:
+        # all but the ones published non-persistent in a durable queue; none in a transient queue
+        if not self.durable:
+            return 0
+        return self.index.ready_count + self.index.unacked_count - self.index.transient_count
+
+    def memory_bytes(self) -> int:
+        return self.index.memory_bytes()
+
     def head_position(self) -> int | None:
         return self.index.peek()
 

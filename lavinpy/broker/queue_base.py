@@ -8,8 +8,9 @@ messages, and so on. The defaults below are what a kind without that feature doe
 
 Monitoring (the HTTP API, the metrics, the dashboard) reads a queue only through ``kind``, ``stats``
 and the "state" section (``message_count``, ``unacked_count``, ``consumer_count``,
-``head_timestamp_ms``, ``peek``), never through its index: the figures a kind must give itself are
-abstract here, so a kind that lacks one cannot be instantiated, rather than failing a scrape later.
+``head_timestamp_ms``, ``head_message``, ``peek``, ``persistent_count``, ``memory_bytes``), never
+through its index: the figures a kind must give itself are abstract here, so a kind that lacks one
+cannot be instantiated, rather than failing a scrape later.
 """
 
 from __future__ import annotations
@@ -110,15 +111,30 @@ class QueueKind(ABC):
         message for the kind (this default: a stream, whose consumers each read from their own offset)."""
         return None
 
-    def head_timestamp_ms(self) -> int | None:
-        """When the head message (``head_position``) was published (ms), or None."""
+    def head_message(self) -> StoredMessage | None:
+        """The head message (``head_position``) as stored, or None."""
         pos = self.head_position() if self.message_count else None
         if pos is None:
             return None
         try:
-            return self.vhost.store.messages.read(pos).timestamp
+            return self.vhost.store.messages.read(pos)
         except (CorruptRecord, KeyError):
             return None  # a statistics read reports nothing: the delivery path reports and skips it
+
+    def head_timestamp_ms(self) -> int | None:
+        """When the head message (``head_position``) was published (ms), or None."""
+        head = self.head_message()
+        return head.timestamp if head is not None else None
+
+    def persistent_count(self) -> int | None:
+        """Messages that survive a restart (RabbitMQ's messages_persistent), or None: this default is a
+        kind that keeps no such count."""
+        return None
+
+    def memory_bytes(self) -> int | None:
+        """Bytes the queue holds in memory (bodies live in the shared segment files), or None: this
+        default is a kind that does not measure it."""
+        return None
 
     @abstractmethod
     def peek(self, count: int) -> list[tuple[StoredMessage, bool]]:

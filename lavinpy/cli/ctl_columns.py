@@ -4,7 +4,8 @@ every column rabbitmqctl accepts, and how a column's value comes out of the API'
 A column rabbitmqctl does not know is a usage error (exit 64), as with rabbitmqctl: a script with a
 typo fails instead of reading a blank column. A column the API answers with is read from it; the
 others are derived from what the API gives (renamed fields, nested ones, one-node facts such as
-"no mirrors"), and only figures lavinpy does not keep (bytes per queue, disk reads) stay blank.
+"no mirrors"), and only figures lavinpy does not keep (message bytes per queue, disk reads and
+writes) stay blank, as rabbitmqctl leaves an item blank that a queue type does not report.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def _pid(item: Item) -> str:
     return f"<{item.get('node') or 'lavinpy'}>"
 
 
+def _vhost_metadata(vhost: Item) -> dict[str, Any]:
+    # rabbitmqctl's metadata item: the description, tags and default queue type together.
+    return {"description": vhost.get("description") or "", "tags": vhost.get("tags") or [],
+            "default_queue_type": vhost.get("default_queue_type") or "classic"}
+
+
 def _replicated_only(value: Callable[[Item], Any]) -> Callable[[Item], Any]:
     # leader, members and online are quorum and stream queue figures; rabbitmqctl leaves them blank
     # for classic queues.
@@ -54,8 +61,11 @@ QUEUE_DERIVED: dict[str, Callable[[Item], Any]] = {
     "messages_ready_ram": _ram("messages_ready"),
     "messages_unacknowledged_ram": _ram("messages_unacknowledged"),
     "messages_ram": _ram("messages"),
-    "slave_pids": lambda q: "",  # no mirrored queues
+    # No mirrored queues: rabbitmqctl leaves these blank for a queue that is not mirrored.
+    "slave_pids": lambda q: "",
     "synchronised_slave_pids": lambda q: "",
+    "mirror_pids": lambda q: "",
+    "synchronised_mirror_pids": lambda q: "",
     "leader": _replicated_only(lambda q: q.get("node")),
     "members": _replicated_only(lambda q: [q.get("node")]),
     "online": _replicated_only(lambda q: [q.get("node")]),
@@ -69,7 +79,7 @@ QUEUE_COLUMNS = [
     "message_bytes_ready", "message_bytes_unacknowledged", "message_bytes_ram", "message_bytes_persistent",
     "head_message_timestamp", "disk_reads", "disk_writes", "consumers", "consumer_utilisation",
     "consumer_capacity", "memory", "slave_pids", "synchronised_slave_pids", "state", "type", "leader", "members",
-    "online",
+    "online", "mirror_pids", "synchronised_mirror_pids",
 ]
 
 
@@ -140,8 +150,9 @@ COMMANDS: dict[str, ListCommand] = {
                               {"user": lambda u: u.get("name")}, "Listing users ..."),
     "list_vhosts": ListCommand("/api/vhosts", ["name"],
                                ["name", "description", "tags", "tracing", "cluster_state", "default_queue_type",
-                                "messages", "messages_ready", "messages_unacknowledged"],
-                               {"default_queue_type": lambda v: v.get("default_queue_type") or "classic"},
+                                "messages", "messages_ready", "messages_unacknowledged", "metadata"],
+                               {"default_queue_type": lambda v: v.get("default_queue_type") or "classic",
+                                "metadata": _vhost_metadata},
                                "Listing vhosts ..."),
     "list_permissions": ListCommand("/api/vhosts/{vhost}/permissions", ["user", "configure", "write", "read"],
                                     ["user", "configure", "write", "read"], {},

@@ -13,6 +13,7 @@ import heapq
 import logging
 import os
 import shutil
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from itertools import filterfalse
@@ -328,6 +329,17 @@ class QueueIndex:
     @property
     def unacked_count(self) -> int:
         return len(self._unacked)
+
+    @property
+    def transient_count(self) -> int:
+        """Live messages of a durable queue that have no enq entry (published non-persistent)."""
+        return len(self._transient)
+
+    def memory_bytes(self) -> int:
+        """Bytes the index holds in memory: 8 per ready position, plus the unacked, requeued and
+        transient sets (message bodies stay in the memory-mapped segments, shared by all queues)."""
+        return (ENTRY_SIZE * self._ready_count + sys.getsizeof(self._unacked) + sys.getsizeof(self._requeued)
+                + sys.getsizeof(self._transient))
 
     def __len__(self) -> int:
         return self._ready_count

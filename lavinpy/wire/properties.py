@@ -209,6 +209,14 @@ def peek_expiration(raw: bytes | bytearray | memoryview) -> str | None:
         raise PropertiesError(f"expiration is not UTF-8: {err}") from err
 
 
+def peek_timestamp(raw: bytes | bytearray | memoryview) -> int | None:
+    """The timestamp property (seconds since the epoch, as sent), or None when absent."""
+    if len(raw) >= 2 and not raw[1] & 0x40:  # bit 6 lives in the low byte
+        return None
+    _flags, start, stop, _ = _field_span(raw, 1 << 6)
+    return int.from_bytes(raw[start:stop], "big") if stop > start else None
+
+
 def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
     """The headers table, decoded on its own (the other fields are skipped), or None when absent."""
     if len(raw) >= 2 and not raw[0] & 0x20:  # bit 13

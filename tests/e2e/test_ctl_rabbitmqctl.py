@@ -15,7 +15,7 @@ import pytest
 
 from lavinpy import __version__
 from lavinpy.cli.ctl_columns import COMMANDS, QUEUE_COLUMNS
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 from .conftest import REPO_ROOT, http_call, lavinpy_only
 from .test_ctl import ctl
@@ -111,6 +111,77 @@ def test_list_queues_every_column_on_every_kind(broker, clients):
     assert f"{delayed}\tx-delayed-message\t" in exchanges
 
 
+def test_list_queues_every_column_value(broker, clients):
+    """Each rabbitmqctl column of each queue kind, as a script reads it from ``lavinpyctl -s list_queues``."""
+    conn, ch = clients.channel()
+    classic, quorum, stream = (clients.track_queue(_name(f"values-{kind}")) for kind in ("classic", "quorum", "stream"))
+    ch.queue_declare(classic, durable=True)
+    ch.queue_declare(quorum, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    persistent = pika.BasicProperties(delivery_mode=2, timestamp=1_700_000_000)
+    ch.basic_publish("", classic, b"first", persistent)  # taken by the consumer below: unacked
+    ch.basic_publish("", classic, b"second", pika.BasicProperties(delivery_mode=2, timestamp=1_700_000_100))
+    ch.basic_publish("", classic, b"third")  # transient, no timestamp
+    ch.basic_publish("", quorum, b"q", persistent)
+    for _ in range(2):
+        ch.basic_publish("", stream, b"s", persistent)
+    ch.basic_qos(prefetch_count=1)
+    ch.basic_consume(classic, lambda *a: None)  # prefetch full after one delivery: no capacity now
+    owner = conn.channel()
+    exclusive = owner.queue_declare("", exclusive=True).method.queue
+    owner.basic_consume(exclusive, lambda *a: None, exclusive=True, consumer_tag="sole")
+    port = conn._impl._transport._sock.getsockname()[1]
+    conn_name = next(c["name"] for c in http_call(broker, "GET", "/api/connections")[1] if c["peer_port"] == port)
+    wait_until(lambda: http_call(broker, "GET", f"/api/queues/%2F/{classic}")[1]["messages_unacknowledged"] == 1,
+               what="the consumer's delivery", pause=lambda t: conn.process_data_events(time_limit=t))
+
+    lines = ctl(broker, "-s", "list_queues", *QUEUE_COLUMNS).stdout.splitlines()
+    rows = {cells[0]: dict(zip(QUEUE_COLUMNS, cells, strict=True)) for cells in (line.split("\t") for line in lines)}
+    node = rows[classic]["pid"][1:-1]
+    assert node.startswith("lavinpy@")
+    common = {"auto_delete": "false", "policy": "", "pid": f"<{node}>", "state": "running",
+              "message_bytes": "", "message_bytes_ready": "", "message_bytes_unacknowledged": "",
+              "message_bytes_ram": "", "message_bytes_persistent": "", "disk_reads": "", "disk_writes": "",
+              "slave_pids": "", "synchronised_slave_pids": "", "mirror_pids": "", "synchronised_mirror_pids": ""}
+    unowned = {"owner_pid": "", "exclusive": "false", "exclusive_consumer_pid": "", "exclusive_consumer_tag": ""}
+    replicated = {"leader": node, "members": f'["{node}"]', "online": f'["{node}"]'}
+    unreplicated = {"leader": "", "members": "", "online": ""}
+    no_consumer = {"consumers": "0", "consumer_utilisation": "", "consumer_capacity": "0"}
+
+    def counts(ready: int, unacked: int) -> dict[str, str]:
+        return {"messages_ready": str(ready), "messages_unacknowledged": str(unacked), "messages": str(ready + unacked),
+                "messages_ready_ram": str(ready), "messages_unacknowledged_ram": str(unacked),
+                "messages_ram": str(ready + unacked)}
+
+    expected = {
+        classic: {**common, **unowned, **unreplicated, **counts(2, 1), "name": classic, "durable": "true",
+                  "arguments": "{}", "type": "classic", "messages_persistent": "2",
+                  "head_message_timestamp": "1700000100", "consumers": "1", "consumer_utilisation": "0.0",
+                  "consumer_capacity": "0.0"},
+        exclusive: {**common, **unreplicated, **counts(0, 0), "name": exclusive, "durable": "false",
+                    "arguments": "{}", "type": "classic", "owner_pid": conn_name, "exclusive": "true",
+                    "exclusive_consumer_pid": f"<{node}>", "exclusive_consumer_tag": "sole",
+                    "messages_persistent": "0", "head_message_timestamp": "", "consumers": "1",
+                    "consumer_utilisation": "1.0", "consumer_capacity": "1.0"},
+        quorum: {**common, **unowned, **replicated, **no_consumer, **counts(1, 0), "name": quorum, "durable": "true",
+                 "arguments": '{"x-queue-type":"quorum"}', "type": "quorum", "messages_persistent": "1",
+                 "head_message_timestamp": "1700000000"},
+        stream: {**common, **unowned, **replicated, **no_consumer, **counts(2, 0), "name": stream, "durable": "true",
+                 "arguments": '{"x-queue-type":"stream"}', "type": "stream", "messages_persistent": "",
+                 "head_message_timestamp": "", "memory": ""},
+    }
+    for name, want in expected.items():
+        got = rows[name]
+        if "memory" not in want:  # the index's bytes: 8 per ready position and the unacked set
+            assert int(got["memory"]) >= 8 * int(want["messages_ready"]), name
+            want = {**want, "memory": got["memory"]}
+        assert got == want, name
+    # the same figures in the management API, where rabbitmqadmin and dashboards read them
+    _, info, _ = http_call(broker, "GET", f"/api/queues/%2F/{classic}")
+    figures = (info["messages_persistent"], info["head_message_timestamp"], info["consumer_capacity"])
+    assert figures == (2, 1700000100, 0.0)
+
+
 def test_connection_channel_consumer_and_vhost_columns(broker, clients):
     conn, ch = clients.channel()
     port = conn._impl._transport._sock.getsockname()[1]
@@ -138,9 +209,10 @@ def test_connection_channel_consumer_and_vhost_columns(broker, clients):
                                "activity_status").stdout)
     ours = next(c for c in consumers if c["consumer_tag"] == "cols-consumer")
     assert ours["channel_pid"] == mine["pid"] and ours["activity_status"] == "up"
-    vhosts = json.loads(ctl(broker, "-f", "json", "list_vhosts", "name", "cluster_state", "tracing").stdout)
+    vhosts = json.loads(ctl(broker, "-f", "json", "list_vhosts", "name", "cluster_state", "tracing", "metadata").stdout)
     node = mine["pid"][1:-1]
-    assert {"name": "/", "cluster_state": {node: "running"}, "tracing": False} in vhosts
+    metadata = {"description": "", "tags": [], "default_queue_type": "classic"}
+    assert {"name": "/", "cluster_state": {node: "running"}, "tracing": False, "metadata": metadata} in vhosts
 
 
 def test_version_ping_and_await_startup(broker):

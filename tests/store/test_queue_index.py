@@ -319,9 +319,11 @@ def test_transient_messages_in_a_durable_queue_do_not_come_back(store: MessageSt
         q.push(pos, persistent)
         (kept if persistent else dropped).append(pos)
     assert list(q) == sorted(kept + dropped, key=enq_order_key)
+    assert q.transient_count == 6  # what messages_persistent leaves out
     # ack one of each kind; only the persistent ack reaches the ack file
     for _ in range(2):
         q.ack(q.shift())
+    assert q.transient_count == 5 and q.ready_count + q.unacked_count - q.transient_count == 5
     q.write_buffers()
     assert entries_of(tmp_path / "q" / "ack") == [kept[0]]
     assert dropped[0] not in entries_of(tmp_path / "q" / "enq")
@@ -331,3 +333,15 @@ def test_transient_messages_in_a_durable_queue_do_not_come_back(store: MessageSt
     q.close()
     q2 = open_queue(store, tmp_path / "q")
     assert list(q2) == kept[1:]
+
+
+def test_memory_bytes_grow_with_ready_and_unacked_messages(store: MessageStore) -> None:
+    q = open_queue(store, None)
+    empty = q.memory_bytes()
+    publish(store, [q], 1000)
+    full = q.memory_bytes()
+    assert full >= empty + 8 * 1000
+    for _ in range(500):
+        q.shift()  # unacked positions sit in a set: more than 8 bytes each
+    assert q.memory_bytes() > full - 8 * 500
+    assert q.transient_count == 0  # a transient queue keeps no persistence figure: nothing survives it

@@ -18,6 +18,7 @@ from lavinpy.wire.properties import (
     peek_expiration,
     peek_headers,
     peek_priority,
+    peek_timestamp,
     properties_end,
     properties_length,
     replace_field,
@@ -87,6 +88,8 @@ def test_decode_and_peeks_agree_with_pamqp(values):
     assert peek_delivery_mode(raw) == values.get("delivery_mode")
     assert peek_priority(raw) == values.get("priority")
     assert peek_expiration(raw) == values.get("expiration")
+    stamp = values.get("timestamp")
+    assert peek_timestamp(raw) == (int(stamp.timestamp()) if stamp is not None else None)
     assert peek_headers(raw) == values.get("headers")
     assert peek_headers(memoryview(raw)) == values.get("headers")
 
@@ -153,7 +156,7 @@ def test_truncated_blocks_raise_properties_error(raw):
         decode_properties(raw)
 
 
-@pytest.mark.parametrize("peek", [peek_delivery_mode, peek_priority, peek_expiration, peek_headers])
+@pytest.mark.parametrize("peek", [peek_delivery_mode, peek_priority, peek_expiration, peek_headers, peek_timestamp])
 def test_peeks_on_truncated_blocks(peek):
     with pytest.raises(PropertiesError):
         peek(b"\xff\xfc")
