@@ -27,6 +27,7 @@ log = logging.getLogger("lavinpy.vhost")
 
 _HEADERS_FLAG_HIGH = (1 << 13) >> 8  # the headers bit within the first property-flags byte
 _EXPIRATION_FLAG_HIGH = (1 << 8) >> 8  # the expiration bit within the first property-flags byte
+_FIRST_SIZE_BOUND = MESSAGE_SIZE_BOUNDS[0]
 # vhost.publish's second value when a reject-publish queue refused the message: confirm with a nack.
 REJECTED = object()
 
@@ -52,16 +53,21 @@ def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, pro
     return pushed, needs_sync
 
 
-def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[QueueKind]) -> bool:
+def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[QueueKind],
+                         counters: NodeCounters) -> bool:
     """``append_and_push`` for a run: the records are written by one call per segment, and each
-    queue takes the positions of that call at once. The queues are open. Returns whether a
-    persistent copy reached a durable queue (the confirms then wait for an fsync)."""
+    queue takes the positions of that call at once. The queues are open. The messages are counted
+    in the size histogram from the sizes each write reports. Returns whether a persistent copy
+    reached a durable queue (the confirms then wait for an fsync)."""
     persistent = peek_delivery_mode(run.properties) == 2
     bodies = run.bodies
     append_run = store.messages.append_run
+    observe_run = counters.observe_run
     start = 0
     while start < len(bodies):
-        done, positions = append_run(run.exchange, run.routing_key, run.properties, bodies, start, run.timestamp)
+        done, positions, body_bytes, smallest, largest = append_run(run.exchange, run.routing_key, run.properties,
+                                                                    bodies, start, run.timestamp)
+        observe_run(bodies, start, done, body_bytes, smallest, largest)
         for queue in queues:
             queue.push_many(positions, persistent, run, start)
             queue.stats.publish += len(positions)
@@ -98,9 +104,10 @@ class VHostPublishing:
         """
         # Every message received counts in the size histogram, routable or not (as RabbitMQ's).
         # Inlined: a method call would cost more than the two additions.
+        # Most messages are small: the first bucket without a search.
         counters = self.node_counters
         size = len(body)
-        counters.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
+        counters.size_buckets[0 if size <= _FIRST_SIZE_BOUND else bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
         counters.size_sum += size
         if exchange is self.default_exchange and not properties[0] & _HEADERS_FLAG_HIGH:
             # Hot path: the default exchange without headers (no CC/BCC) reaches at most one queue.
@@ -156,8 +163,8 @@ class VHostPublishing:
             if queue.special:
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
-        self.node_counters.observe_sizes(bodies)  # here only: a None above means one by one, counted there
-        return len(queues), append_and_push_many(self.store, run, queues)
+        # Counted in the write only: a None above means one by one, counted by publish().
+        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
                     queues: Iterable[QueueKind]) -> tuple[int, Any]:

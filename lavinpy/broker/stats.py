@@ -16,7 +16,7 @@ import asyncio
 import operator
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 from .history import Entry, Ring, append, new_ring, summed
@@ -173,20 +173,27 @@ class NodeCounters:
         self.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
         self.size_sum += size
 
-    def observe_sizes(self, bodies: list[bytes]) -> None:
-        """``observe_size`` for a run: when the smallest and largest body share a bucket (the common
-        case: a publisher sends messages of one size), one addition instead of one per message. The
-        largest is looked at first: when it is in the first bucket (small messages, the fast runs)
-        so is every other, and the pass for the smallest is saved."""
-        sizes = list(map(len, bodies))
-        high = bisect_left(MESSAGE_SIZE_BOUNDS, max(sizes))
-        if not high or high == bisect_left(MESSAGE_SIZE_BOUNDS, min(sizes)):
-            self.size_buckets[high] += len(sizes)
+    def observe_sizes(self, bodies: Sequence[Sized]) -> None:
+        """``observe_size`` for each of ``bodies`` (a run measured here rather than by its write)."""
+        if bodies:
+            sizes = list(map(len, bodies))
+            self.observe_run(bodies, 0, len(sizes), sum(sizes), min(sizes), max(sizes))
+
+    def observe_run(self, bodies: Sequence[Sized], start: int, end: int, total: int, smallest: int,
+                    largest: int) -> None:
+        """``observe_size`` for ``bodies[start:end]``, given their total, smallest and largest size
+        (the store's run write reports them). When the smallest and the largest share a bucket (the
+        common case: a publisher sends messages of one size) that is one addition for the whole
+        run, and no body is looked at; only a run whose sizes straddle a bound is counted body by
+        body. The largest is looked at first: in the first bucket, so is every other."""
+        high = bisect_left(MESSAGE_SIZE_BOUNDS, largest)
+        if not high or high == bisect_left(MESSAGE_SIZE_BOUNDS, smallest):
+            self.size_buckets[high] += end - start
         else:
             buckets = self.size_buckets
-            for size in sizes:
-                buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
-        self.size_sum += sum(sizes)
+            for i in range(start, end):
+                buckets[bisect_left(MESSAGE_SIZE_BOUNDS, len(bodies[i]))] += 1
+        self.size_sum += total
 
 
 class Totals:

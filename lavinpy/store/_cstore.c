@@ -1,10 +1,9 @@
 /* The store's per-message work in C: record encoding into a segment's mmap with its CRC, record
  * decoding with one body copy, and a queue's ready list of 8-byte positions.
  *
- * Written against the CPython C API (no Cython): the module is small, has no Python-level logic to
- * translate, and builds with nothing but a C compiler and the Python headers. It must behave
- * exactly as the pure-Python code in record.py and ready_list.py (tests/store/test_cstore_equivalence.py
- * runs both on the same inputs). The record layout is described in record.py.
+ * Written against the CPython C API (no Cython): small, no Python-level logic to translate, built with a C
+ * compiler and the Python headers alone. It behaves exactly as the pure-Python code in record.py (which
+ * describes the record layout) and ready_list.py; tests/store/test_cstore_equivalence.py runs both alike.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -146,10 +145,9 @@ static PyObject *py_write_encoded(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* write_run(buf, offset, limit, segment_id, names, properties, bodies, start, timestamp)
- *   -> (next index in bodies, end offset, positions as packed little-endian u64)
- * Writes bodies[start:] one record each while they fit below ``limit``; the caller rolls the
- * segment and calls again from the returned index. */
+/* write_run(buf, offset, limit, segment_id, names, properties, bodies, start, timestamp) -> (next index,
+ * end offset, positions as packed native u64, smallest and largest body written or 0, 0): bodies[start:]
+ * while they fit below ``limit``; the caller rolls the segment and calls again (sizes: for the histogram). */
 static PyObject *py_write_run(PyObject *self, PyObject *args) {
     Py_buffer buf, names, props;
     Py_ssize_t offset, limit, start;
@@ -170,7 +168,7 @@ static PyObject *py_write_run(PyObject *self, PyObject *args) {
         goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(positions);
     Py_ssize_t fixed = HEADER_SIZE + 16 + names.len + props.len;
-    Py_ssize_t i = start;
+    Py_ssize_t i = start, smallest = PY_SSIZE_T_MAX, largest = 0;
     for (; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(bodies, i);
         Py_buffer body;
@@ -184,11 +182,13 @@ static PyObject *py_write_run(PyObject *self, PyObject *args) {
         memcpy(out, &pos, 8); /* native order, as array('Q') holds it */
         out += 8;
         offset += put_record(buf.buf, offset, &names, props.buf, props.len, body.buf, body.len, timestamp);
+        smallest = body.len < smallest ? body.len : smallest;
+        largest = body.len > largest ? body.len : largest;
         PyBuffer_Release(&body);
     }
     if (_PyBytes_Resize(&positions, (i - start) * 8) < 0)
         goto done;
-    result = Py_BuildValue("nnO", i, offset, positions);
+    result = Py_BuildValue("nnOnn", i, offset, positions, i == start ? 0 : smallest, largest);
 done:
     Py_XDECREF(positions);
     PyBuffer_Release(&buf);

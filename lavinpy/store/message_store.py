@@ -152,13 +152,15 @@ class MessageStore:
         return self._cur_id | (offset << OFFSET_SHIFT)  # make_pos inlined: once per publish
 
     def append_run(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes], start: int,
-                   timestamp_ms: int) -> tuple[int, array]:
+                   timestamp_ms: int) -> tuple[int, array, int, int, int]:
         """Write ``bodies[start:]`` as records with the same names and properties, in one call, up to
         the end of the current segment (rolling first when not even the first one fits).
 
-        Returns (index of the first body not written, positions of those written). As with
-        ``append``, the caller pushes the positions to queue indexes before the next append, so a
-        run that spans segments comes back in one piece per segment.
+        Returns (index of the first body not written, positions of those written, their body bytes
+        in total, the smallest and the largest of them). As with ``append``, the caller pushes the
+        positions to queue indexes before the next append, so a run that spans segments comes back
+        in one piece per segment. The sizes are what the message-size histogram counts: the write
+        sees each body anyway, so nobody walks the run again for them.
         """
         names = self._names.get((exchange, routing_key))
         if names is None:
@@ -168,14 +170,16 @@ class MessageStore:
         if first_end > self._cur_size:
             self._roll(first_end - offset)
             offset = self._wpos
-        done, end, packed = write_run(self._mm, offset, self._cur_size, self._cur_id, names, properties, bodies,
-                                      start, timestamp_ms)
+        done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id, names,
+                                                         properties, bodies, start, timestamp_ms)
         self._wpos = end
         if self._dirty_start < 0:
             self._dirty_start = offset
         positions = array("Q")
         positions.frombytes(packed)
-        return done, positions
+        # Each record is its fixed part plus its body, so the bodies' total needs no pass either.
+        body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names) + len(properties))
+        return done, positions, body_bytes, smallest, largest
 
     def _encode_names(self, exchange: str, routing_key: str) -> bytes:
         names = encode_names(exchange.encode(), routing_key.encode())

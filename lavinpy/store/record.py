@@ -97,24 +97,32 @@ def py_write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties:
 
 
 def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, names: bytes, properties: bytes,
-                 bodies: list[bytes], start: int, timestamp: int) -> tuple[int, int, bytes]:
+                 bodies: list[bytes], start: int, timestamp: int) -> tuple[int, int, bytes, int, int]:
     """Write ``bodies[start:]`` as records with the same names and properties while they fit below
-    ``limit``: (index of the first body not written, end offset, positions packed as native u64).
+    ``limit``: (index of the first body not written, end offset, positions packed as native u64,
+    smallest and largest body written, 0 and 0 when none).
 
     One call per run of messages instead of one per message; the caller rolls the segment and
-    calls again from the returned index.
+    calls again from the returned index. The smallest and largest body spare the message-size
+    histogram a pass of its own over the run.
     """
     positions = array("Q")
     fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names) + len(properties)
+    smallest, largest = -1, 0
     i = start
     while i < len(bodies):
         body = bodies[i]
-        if offset + fixed + len(body) > limit:
+        size = len(body)
+        if offset + fixed + size > limit:
             break
         positions.append(segment_id | (offset << OFFSET_SHIFT))
         offset += py_write_encoded(buf, offset, names, properties, body, timestamp)
+        if size > largest:
+            largest = size
+        if size < smallest or smallest < 0:
+            smallest = size
         i += 1
-    return i, offset, positions.tobytes()
+    return i, offset, positions.tobytes(), max(smallest, 0), largest
 
 
 def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],

@@ -1,8 +1,12 @@
-"""NodeCounters: the message-size histogram gives the same counts by run as one message at a time."""
+"""NodeCounters: the message-size histogram gives the same counts by run (measured here or reported by
+the store's run write) as one message at a time."""
 
 from __future__ import annotations
 
+import random
+
 from lavinpy.broker.stats import MESSAGE_SIZE_BOUNDS, NodeCounters
+from tests.helpers import make_store
 
 
 class _Body:
@@ -33,3 +37,30 @@ def test_run_of_one_size_adds_once_to_its_bucket():
     counters.observe_sizes([b"y" * 500] * 7)
     assert counters.size_buckets[1] == 7 and sum(counters.size_buckets) == 7
     assert counters.size_sum == 3_500
+
+
+def test_runs_written_across_segments_count_as_single_observations(tmp_path):
+    # The store's run write reports each piece's total, smallest and largest body (a piece per
+    # segment: the small segments force several); counting from those equals counting each body.
+    rng = random.Random(7)
+    store = make_store(tmp_path, segment_size=4096, fsync="never")
+    by_write, one_by_one = NodeCounters(), NodeCounters()
+    try:
+        runs = ([16] * 300, [150] * 40, [0, 100, 101, 999, 1_000, 1_001, 5],
+                [rng.randrange(2_500) for _ in range(60)], [10_001] * 3)
+        for sizes in runs:
+            bodies = [b"b" * size for size in sizes]
+            start = pieces = 0
+            while start < len(bodies):
+                done, positions, total, smallest, largest = store.messages.append_run("", "q", b"\x00\x00", bodies,
+                                                                                      start, 1)
+                assert len(positions) == done - start
+                by_write.observe_run(bodies, start, done, total, smallest, largest)
+                start, pieces = done, pieces + 1
+            for size in sizes:
+                one_by_one.observe_size(size)
+            assert pieces > 1 or len(sizes) < 10
+            assert by_write.size_buckets == one_by_one.size_buckets
+            assert by_write.size_sum == one_by_one.size_sum
+    finally:
+        store.close()

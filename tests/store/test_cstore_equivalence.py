@@ -102,10 +102,12 @@ def test_write_run_matches_record_by_record(bodies: list, limit: int, start: int
     c_result = cstore.write_run(c_buf, 4, limit, segment, names, props, bodies, start, 1234)
     py_result = record.py_write_run(py_buf, 4, limit, segment, names, props, bodies, start, 1234)
     assert c_result == py_result and c_buf == py_buf
-    done, end, packed = c_result
+    done, end, packed, smallest, largest = c_result
     positions = array("Q")
     positions.frombytes(packed)
     assert len(positions) == done - start and end <= max(limit, 4)
+    written = [len(body) for body in bodies[start:done]]
+    assert (smallest, largest) == ((min(written), max(written)) if written else (0, 0))
     for i, pos in zip(range(start, done), positions, strict=True):
         assert pos & 0xFFFFFFFF == segment
         msg = record.py_read_record(memoryview(c_buf), pos >> 32, end)[0]
@@ -174,7 +176,7 @@ def drive_index(directory: Path, ready_list: type, seed: int) -> tuple:
             bodies = [b"y" * rng.randrange(300) for _ in range(rng.randrange(1, 20))]
             start = 0
             while start < len(bodies):
-                start, positions = store.append_run("", "q", b"\x10\x00\x02", bodies, start, 99)
+                start, positions = store.append_run("", "q", b"\x10\x00\x02", bodies, start, 99)[:2]
                 index.push_many(positions, rng.random() < 0.7)
         elif op < 0.7:
             pos = index.shift()
