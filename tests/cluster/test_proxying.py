@@ -173,7 +173,11 @@ def test_node_outside_the_isr_never_leads_and_refuses_clients_meanwhile(cluster:
     assert cluster.leader_key() is None
     client = socket.create_connection(("127.0.0.1", node.amqp_port), timeout=5)
     client.sendall(PROTOCOL_HEADER)
-    assert _read_all(client) == b""  # no leader to forward to: closed
+    # No leader to forward to: closed at once (a reset when the header arrives after the close).
+    try:
+        assert _read_all(client) == b""
+    except ConnectionResetError:
+        pass
     client.close()
     status, body = http_get(node.http_port, "/api/overview")
     assert status == 503 and body["error"] == "service_unavailable"
