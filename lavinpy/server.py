@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -18,6 +19,8 @@ from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
+from .mqtt.sessions import MQTTSessions
+from .mqtt.transport import MQTTProtocol
 from .shovel.component import LocalNode, ShovelComponent, Shovels
 from .store.lock import DataDirLocked
 from .systemd_notify import Notifier
@@ -50,6 +53,7 @@ class Server:
         self.broker = broker = Broker(config)
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
+        self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
@@ -83,6 +87,8 @@ class Server:
                 self._listeners += await serve_port(lambda header: AMQPProtocol(self.sessions, header), config.bind,
                                                     config.amqps_port, "AMQPS", self.proxy_policy,
                                                     self.tls.listener_context)
+            if config.mqtt_port:
+                await self._start_mqtt()
             await self._start_http()
         except BaseException:
             self._close_listeners()
@@ -93,6 +99,18 @@ class Server:
         self.shovels.start()
         log.info("lavinpy started (data dir %s, fsync %s, %s codec)", config.data_dir, config.fsync,
                  "compiled" if accel.COMPILED else "pure-Python")
+
+    async def _start_mqtt(self) -> None:
+        """The MQTT listener. On by default, on a port other brokers (mosquitto) also take by default:
+        when it is in use this broker runs without MQTT and says so, rather than not at all."""
+        config = self.config
+        try:
+            self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
+                                                config.mqtt_port, "MQTT", self.proxy_policy)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            log.warning("not listening for MQTT: %s (set mqtt_port, or 0 to turn MQTT off)", e.strerror)
 
     async def _start_http(self) -> None:
         """The management API and /metrics, each plain and over TLS as the ports say."""
@@ -154,6 +172,7 @@ class Server:
         await self.shovels.stop()
         self._close_listeners()
         await self._stop_http()
+        self.mqtt.shutdown()
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()
