@@ -1,0 +1,35 @@
+"""A PUBACK means the message is durable (fsync always): every PUBACKed QoS 1 publish is delivered
+after kill -9, through a persistent MQTT session and to an AMQP queue."""
+
+from __future__ import annotations
+
+import pika
+
+from .conftest import MQTTBroker, Paho, unique
+
+
+def test_pubacked_messages_survive_kill9(fresh_mqtt_broker: MQTTBroker) -> None:
+    broker = fresh_mqtt_broker
+    device, base = unique("dev"), unique("k9")
+    subscriber = Paho(broker.mqtt_port, device, clean_session=False)
+    subscriber.connect()
+    assert subscriber.subscribe(f"{base}/#", 1) == [1]
+    subscriber.disconnect()
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    channel = conn.channel()
+    channel.queue_declare("k9-amqp", durable=True)
+    channel.queue_bind("k9-amqp", "amq.topic", f"{base}.#")
+    conn.close()
+    publisher = Paho(broker.mqtt_port, unique("pub"))
+    publisher.connect()
+    for i in range(20):
+        publisher.publish(f"{base}/n", b"%d" % i, qos=1)  # returns after the PUBACK
+    broker.kill9()
+    broker.start()
+    again = Paho(broker.mqtt_port, device, clean_session=False)
+    assert again.connect()[0] is True
+    assert [again.message().payload for _ in range(20)] == [b"%d" % i for i in range(20)]
+    again.disconnect()
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    assert conn.channel().queue_declare("k9-amqp", passive=True).method.message_count == 20
+    conn.close()
