@@ -281,7 +281,7 @@ class MQTTConnection:
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         if retain:
-            self.host.retained.put(vhost.name, topic, payload, qos)
+            self.host.retained.put(vhost, topic, payload, qos)
         _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
         if confirm is REJECTED:
             return None
@@ -294,7 +294,7 @@ class MQTTConnection:
         self.send(codec.suback(packet_id, granted))
         for (topic_filter, _), qos in zip(requested, granted, strict=True):
             if qos != codec.SUBACK_FAILURE:
-                for topic, payload, stored_qos in self.host.retained.matching(vhost.name, topic_filter):
+                for topic, payload, stored_qos in self.host.retained.matching(vhost, topic_filter):
                     subs.send_retained(topic, payload, min(qos, stored_qos))
 
     # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------

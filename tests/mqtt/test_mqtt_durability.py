@@ -33,3 +33,23 @@ def test_pubacked_messages_survive_kill9(fresh_mqtt_broker: MQTTBroker) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(broker.url))
     assert conn.channel().queue_declare("k9-amqp", passive=True).method.message_count == 20
     conn.close()
+
+
+def test_retained_messages_survive_kill9(fresh_mqtt_broker: MQTTBroker) -> None:
+    broker = fresh_mqtt_broker
+    base = unique("r9")
+    publisher = Paho(broker.mqtt_port, unique("pub"))
+    publisher.connect()
+    publisher.publish(f"{base}/kept", b"v1", qos=1, retain=True)
+    publisher.publish(f"{base}/kept", b"v2", qos=1, retain=True)
+    publisher.publish(f"{base}/cleared", b"x", qos=1, retain=True)
+    publisher.publish(f"{base}/cleared", b"", qos=1, retain=True)
+    broker.kill9()
+    broker.start()
+    subscriber = Paho(broker.mqtt_port, unique("sub"))
+    subscriber.connect()
+    subscriber.subscribe(f"{base}/#", 1)
+    msg = subscriber.message()
+    assert (msg.topic, msg.payload, msg.retain) == (f"{base}/kept", b"v2", True)
+    subscriber.no_message()
+    subscriber.disconnect()
