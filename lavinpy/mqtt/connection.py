@@ -214,7 +214,13 @@ class MQTTConnection:
         self.host.register(self)  # takes the client id over from an earlier connection
         self.subscriptions = Subscriptions(self, self.actor, vhost, self.config.mqtt_exchange, self.client_id,
                                            packet.clean_session, self.config.mqtt_inflight_window)
-        present = self.subscriptions.start()
+        try:
+            present = self.subscriptions.start()
+        except AMQPError as e:  # may not delete or consume from what an earlier session left
+            log.info("MQTT connection %s: session of client %r refused: %s", self.name, self.client_id, e.text)
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
         self.send(codec.connack(present, codec.ACCEPTED))
         self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
         log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,

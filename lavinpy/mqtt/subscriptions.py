@@ -60,13 +60,14 @@ class Subscriptions:
         names = [queue_name(self.client_id, qos) for qos in (0, 1)]
         if self.clean_session:
             for name in names:
-                ops.delete_queue(self.actor, self.vhost, name, owner=self)
+                if name in self.vhost.queues:  # nothing to check for a queue that is not there
+                    ops.delete_queue(self.actor, self.vhost, name, owner=self)
             return False
         present = False
         for qos, name in enumerate(names):
             if name in self.vhost.queues:
                 present = True
-                self._consume(qos, self.vhost.queues[name])
+                self._consume(qos, name)
         return present
 
     def _queue(self, qos: int) -> QueueKind:
@@ -78,9 +79,11 @@ class Subscriptions:
         return ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=durable,
                                  auto_delete=not durable)
 
-    def _consume(self, qos: int, queue: QueueKind) -> None:
+    def _consume(self, qos: int, name: str) -> None:
+        """Consume from the queue of that QoS (read permission on it, as any consumer)."""
         if qos in self.consumers:
             return
+        queue = ops.readable_queue(self.actor, self.vhost, name, self)
         consumer = Consumer(f"mqtt-{self.client_id}-qos{qos}", queue, self, no_ack=qos == 0,
                             prefetch=self.window if qos else 0)
         self.consumers[qos] = consumer
@@ -95,11 +98,11 @@ class Subscriptions:
             topics.check_filter(topic_filter)
             key = topics.binding_key(topic_filter)
             queue = self._queue(granted)
+            self._consume(granted, queue.name)
             ops.bind_queue(self.actor, self.vhost, queue.name, self.exchange, key, None, self)
             other = self.vhost.queues.get(queue_name(self.client_id, 1 - granted))
             if other is not None:
                 ops.unbind_queue(self.actor, self.vhost, other.name, self.exchange, key, None, self)
-            self._consume(granted, queue)
         except (topics.TopicError, AMQPError):
             return codec.SUBACK_FAILURE
         return granted
