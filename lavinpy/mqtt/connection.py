@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("lavinpy.mqtt")
 
 CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
+# The largest packet before a client has logged in (RabbitMQ's unauthenticated limit): nobody can make
+# the server buffer mqtt_max_packet_size without a password.
+MAX_PACKET_BEFORE_CONNECT = 65536
 # Message properties by the publish's QoS: persistent for QoS 1, and the QoS for deliveries to MQTT.
 _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
                for qos in (0, 1)}
@@ -67,7 +70,7 @@ class MQTTConnection:
         self.config = host.config
         self.peer_host = peer[0] if peer else None
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
-        self.reader = codec.PacketReader(self.config.mqtt_max_packet_size)
+        self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
         self.connected = False
         self.closed = False
         self.writable = True
@@ -211,6 +214,7 @@ class MQTTConnection:
         self.keepalive = packet.keepalive
         self.will = packet.will
         self.connected = True
+        self.reader.max_packet_size = self.config.mqtt_max_packet_size
         self.host.register(self)  # takes the client id over from an earlier connection
         self.subscriptions = Subscriptions(self, self.actor, vhost, self.config.mqtt_exchange, self.client_id,
                                            packet.clean_session, self.config.mqtt_inflight_window)

@@ -121,3 +121,18 @@ def test_qos1_deliveries_stop_at_the_inflight_window_until_pubacks(mqtt_broker: 
     assert [p.payload for p in more] == [b"10", b"11", b"12"]
     conn.close()
     sock.close()
+
+
+def test_a_large_packet_before_connect_is_refused(mqtt_broker: MQTTBroker) -> None:
+    """Before a login only 64 KiB packets: a CONNECT of 70 kB (a large will) closes at its header."""
+    sock = socket.create_connection(("127.0.0.1", mqtt_broker.mqtt_port), timeout=TIMEOUT)
+    sock.sendall(bytes((0x10, 0xF0, 0xA2, 0x04)))  # CONNECT, remaining length 70000: the length alone is too much
+    assert read_until_closed(sock) == b""
+    # After CONNECT the configured limit applies: a 100 kB publish is fine.
+    sub = Paho(mqtt_broker.mqtt_port, unique("sub"))
+    sub.connect()
+    topic = unique("big") + "/t"
+    sub.subscribe(topic, 1)
+    sub.publish(topic, b"z" * 100_000, qos=1)
+    assert sub.message().payload == b"z" * 100_000
+    sub.disconnect()

@@ -53,3 +53,25 @@ def test_retained_messages_survive_kill9(fresh_mqtt_broker: MQTTBroker) -> None:
     assert (msg.topic, msg.payload, msg.retain) == (f"{base}/kept", b"v2", True)
     subscriber.no_message()
     subscriber.disconnect()
+
+
+def test_clean_stop_with_mqtt_clients_connected(fresh_mqtt_broker: MQTTBroker) -> None:
+    """SIGTERM disconnects MQTT clients and exits 0; unacknowledged deliveries of a persistent session
+    are there again after the restart (redelivered, with DUP set)."""
+    broker = fresh_mqtt_broker
+    device, base = unique("dev"), unique("st")
+    subscriber = Paho(broker.mqtt_port, device, clean_session=False)
+    subscriber.connect()
+    subscriber.subscribe(f"{base}/#", 1)
+    subscriber.client.on_message = lambda c, u, msg: None  # paho acks on return: this client never sees them
+    subscriber.client.loop_stop()  # and now reads nothing more: the deliveries stay unacked
+    publisher = Paho(broker.mqtt_port, unique("pub"))
+    publisher.connect()
+    publisher.publish(f"{base}/x", b"kept", qos=1)
+    broker.stop()  # asserts exit code 0
+    broker.start()
+    again = Paho(broker.mqtt_port, device, clean_session=False)
+    assert again.connect()[0] is True
+    msg = again.message()
+    assert (msg.payload, msg.qos, msg.dup) == (b"kept", 1, True)
+    again.disconnect()
