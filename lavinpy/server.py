@@ -40,6 +40,26 @@ log = logging.getLogger("lavinpy")
 NO_PROXY = ProxyPolicy(TrustedSources([]), refused=log_bad_proxy_header)
 
 
+class SessionLayers:
+    """The model's ``SessionLayer`` over both faces: deliveries run in the AMQP sessions' batch (MQTT
+    connections are delivered to in the same runs); alarms and a deleted vhost reach every face."""
+
+    def __init__(self, amqp: Sessions, mqtt: MQTTSessions) -> None:
+        self.amqp = amqp
+        self.mqtt = mqtt
+
+    def work_pending(self) -> None:
+        self.amqp.work_pending()
+
+    def resources_changed(self, reason: str | None) -> None:
+        self.amqp.resources_changed(reason)
+        self.mqtt.resources_changed(reason)
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        self.mqtt.close_vhost_connections(vhost, reason)
+        self.amqp.close_vhost_connections(vhost, reason)
+
+
 class Server:
     def __init__(self, config: Config, cluster: ClusterNode | None = None) -> None:
         """``cluster``: the node this server runs for as the cluster's leader (None: a single broker)."""
@@ -54,6 +74,7 @@ class Server:
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
         self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
+        broker.sessions = SessionLayers(self.sessions, self.mqtt)
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)

@@ -44,6 +44,8 @@ _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, header
 
 class Effect(Enum):
     CLOSE = "close"
+    PAUSE_READING = "pause_reading"
+    RESUME_READING = "resume_reading"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,8 @@ class MQTTConnection:
         self.connected = False
         self.closed = False
         self.writable = True
+        self.published = False  # a publisher is no longer read under a resource alarm
+        self.reading_paused = False
         self.client_id = ""
         self.username = ""
         self.protocol_level = 4
@@ -111,6 +115,8 @@ class MQTTConnection:
         except AMQPError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
             self._fail(e.text)
         self._end_batch()
+        if self.published and self.broker.blocked_reason:
+            self.update_reading()
 
     def data_to_send(self) -> list[bytes]:
         out, self._out = self._out, []
@@ -130,6 +136,15 @@ class MQTTConnection:
         if writable and self.subscriptions is not None:
             self.subscriptions.resume()
 
+    def update_reading(self) -> None:
+        """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
+        publishers; the client's TCP window closes); it is read again once the alarm clears."""
+        paused = bool(self.broker.blocked_reason) and self.published and not self.closed
+        if paused != self.reading_paused:
+            self.reading_paused = paused
+            self._effects.append(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
+            self.wakeup()
+
     def timer_fired(self) -> None:
         if self.closed:
             return
@@ -139,7 +154,9 @@ class MQTTConnection:
         if self.keepalive:
             limit = self.keepalive * 1.5
             idle = time.monotonic() - self._last_recv
-            if idle >= limit:
+            if self.reading_paused:  # its packets wait unread: not the client's silence
+                self._effects.append(SetTimer(limit))
+            elif idle >= limit:
                 self._fail(f"no packet for {idle:.1f} s (keepalive {self.keepalive} s)")
             else:
                 self._effects.append(SetTimer(limit - idle))
@@ -267,6 +284,7 @@ class MQTTConnection:
         except topics.TopicError as e:
             raise MQTTProtocolError(str(e)) from None
         qos = min(packet.qos, 1)  # QoS 2 is served as QoS 1
+        self.published = True
         needs_sync = self._publish(packet.topic, packet.payload, qos, packet.retain)
         if qos:
             if needs_sync is None:

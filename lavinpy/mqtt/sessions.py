@@ -45,6 +45,19 @@ class MQTTSessions:
         """The socket is gone."""
         self.connections.discard(connection)
 
+    # --- what the model asks of every face (the server's SessionLayers forwards it) ---------------
+    def resources_changed(self, reason: str | None) -> None:
+        """A resource alarm was raised or cleared: publishers stop being read, or are read again."""
+        for connection in list(self.connections):
+            connection.update_reading()
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""
+        for connection in list(self.connections):
+            if connection.vhost is not None and connection.vhost.name == vhost:
+                connection.will = None
+                connection.kick(reason)
+
     def shutdown(self) -> None:
         """The server stops: every client is disconnected (no wills: the broker, not the client, ends)."""
         for connection in list(self.connections):

@@ -82,6 +82,12 @@ class MQTTProtocol(asyncio.Protocol):
                     self._timer = self._loop.call_later(effect.delay, self._fire)
             elif effect is Effect.CLOSE:
                 transport.close()
+            elif transport.is_closing():
+                continue
+            elif effect is Effect.PAUSE_READING:
+                transport.pause_reading()
+            elif effect is Effect.RESUME_READING:
+                transport.resume_reading()
 
     def _fire(self) -> None:
         self._timer = None

@@ -139,3 +139,16 @@ def test_amqp_sees_mqtt_publishes_of_every_qos_as_persistent_or_not(mqtt_broker:
     assert props.headers == {"x-mqtt-publish-qos": 1}
     pub.disconnect()
     conn.close()
+
+
+def test_deleting_the_vhost_disconnects_its_clients(mqtt_broker: MQTTBroker) -> None:
+    vhost = unique("gone")
+    assert http_call(mqtt_broker, "PUT", f"/api/vhosts/{vhost}")[0] in (201, 204)
+    body = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert http_call(mqtt_broker, "PUT", f"/api/permissions/{vhost}/guest", body)[0] in (201, 204)
+    client = Paho(mqtt_broker.mqtt_port, unique("c"), username=f"{vhost}:guest")
+    assert client.connect()[1] == "Success"
+    client.subscribe("a/b", 1)
+    assert http_call(mqtt_broker, "DELETE", f"/api/vhosts/{vhost}")[0] == 204
+    client.disconnects.get(timeout=10)
+    client.client.loop_stop()
