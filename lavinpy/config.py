@@ -69,6 +69,7 @@ class Config:
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
+    mqtts_port: int = 8883  # MQTT over TLS with the AMQPS certificate, once tls_cert is set (0 = off)
     mqtt_default_vhost: str = "/"
     mqtt_exchange: str = "amq.topic"
     mqtt_allow_anonymous: bool = False
@@ -126,7 +127,7 @@ class Config:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
-        for name in ("amqp_port", "amqps_port", "mqtt_port", "http_port", "https_port", "prometheus_port",
+        for name in ("amqp_port", "amqps_port", "mqtt_port", "mqtts_port", "http_port", "https_port", "prometheus_port",
                      "prometheus_tls_port", "clustering_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -201,6 +202,10 @@ class Config:
         return bool(self.tls_cert) and self.amqps_port != 0
 
     @property
+    def mqtts_enabled(self) -> bool:
+        return bool(self.tls_cert) and self.mqtts_port != 0
+
+    @property
     def https_enabled(self) -> bool:
         return bool(self.tls_cert) and self.https_port != 0
 
@@ -211,7 +216,7 @@ class Config:
     @property
     def tls_enabled(self) -> bool:
         """Whether any listener needs the certificate."""
-        return self.amqps_enabled or self.https_enabled or self.prometheus_tls_enabled
+        return self.amqps_enabled or self.mqtts_enabled or self.https_enabled or self.prometheus_tls_enabled
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
@@ -302,6 +307,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
     parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
     parser.add_argument("--mqtt-port", dest="mqtt_port", type=int, help="MQTT listener (0 = off)")
+    parser.add_argument("--mqtts-port", dest="mqtts_port", type=int, help="MQTT over TLS (needs tls_cert)")
     parser.add_argument("--http-port", dest="http_port", type=int, help="management API (0 = off)")
     parser.add_argument("--https-port", dest="https_port", type=int, help="management API over TLS (needs tls_cert)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
@@ -325,7 +331,8 @@ def from_args(args: argparse.Namespace) -> Config:
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
     overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "mqtt_port",
-                                                "http_port", "https_port", "prometheus_port", "prometheus_tls_port",
+                                                "mqtts_port", "http_port", "https_port", "prometheus_port",
+                                                "prometheus_tls_port",
                                                 "proxy_protocol_trusted_sources", "log_level", "fsync", "clustering",
                                                 *_CLUSTERING_FLAGS)}
     overrides.update(log_format=args.log_format, log_file=args.log_file)

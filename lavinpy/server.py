@@ -108,8 +108,7 @@ class Server:
                 self._listeners += await serve_port(lambda header: AMQPProtocol(self.sessions, header), config.bind,
                                                     config.amqps_port, "AMQPS", self.proxy_policy,
                                                     self.tls.listener_context)
-            if config.mqtt_port:
-                await self._start_mqtt()
+            await self._start_mqtt()
             await self._start_http()
         except BaseException:
             self._close_listeners()
@@ -122,16 +121,22 @@ class Server:
                  "compiled" if accel.COMPILED else "pure-Python")
 
     async def _start_mqtt(self) -> None:
-        """The MQTT listener. On by default, on a port other brokers (mosquitto) also take by default:
-        when it is in use this broker runs without MQTT and says so, rather than not at all."""
+        """The MQTT listeners. On by default, on ports other brokers (mosquitto) also take by default:
+        when one is in use this broker runs without it and says so, rather than not at all."""
         config = self.config
-        try:
-            self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
-                                                config.mqtt_port, "MQTT", self.proxy_policy)
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                raise
-            log.warning("not listening for MQTT: %s (set mqtt_port, or 0 to turn MQTT off)", e.strerror)
+        ports: list[tuple[int, str, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", "mqtt_port", None)]
+        if self.tls is not None and config.mqtts_enabled:
+            ports.append((config.mqtts_port, "MQTTS", "mqtts_port", self.tls.listener_context))
+        for port, what, setting, context in ports:
+            if not port:
+                continue
+            try:
+                self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
+                                                    port, what, self.proxy_policy, context)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                log.warning("not listening for %s: %s (set %s, or 0 to turn it off)", what, e.strerror, setting)
 
     async def _start_http(self) -> None:
         """The management API and /metrics, each plain and over TLS as the ports say."""
