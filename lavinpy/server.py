@@ -146,12 +146,14 @@ class Server:
         # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
+        from .http.routes_mqtt import MQTT_SESSIONS
         from .http.routes_shovels import SHOVELS
         cluster_nodes = self.cluster.status if self.cluster is not None else None
 
         def management_app() -> web.Application:
             app = make_app(self.broker, self.sessions, cluster_nodes)
             app[SHOVELS] = self.shovels
+            app[MQTT_SESSIONS] = self.mqtt
             return app
 
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]

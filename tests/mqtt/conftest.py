@@ -51,11 +51,15 @@ class Paho:
     """One paho-mqtt client (its network loop in a thread), with its events as queues."""
 
     def __init__(self, port: int, client_id: str, *, username: str | None = "guest", password: str | None = "guest",
-                 clean_session: bool = True, protocol: int = mqtt.MQTTv311, keepalive: int = 60) -> None:
+                 clean_session: bool = True, protocol: int = mqtt.MQTTv311, keepalive: int = 60,
+                 websocket: bool = False) -> None:
         self.port = port
         self.keepalive = keepalive
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  clean_session=clean_session, protocol=protocol)
+                                  clean_session=clean_session, protocol=protocol,
+                                  transport="websockets" if websocket else "tcp")
+        if websocket:
+            self.client.ws_set_options(path="/ws")
         if username is not None:
             self.client.username_pw_set(username, password)
         self.connacks: queue.Queue[tuple[bool, Any]] = queue.Queue()
