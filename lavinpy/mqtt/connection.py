@@ -94,6 +94,10 @@ class MQTTConnection:
         self._pubacks: list[int] = []  # QoS 1 packet ids of this input batch
         self._batch_sync = False  # some publish of this batch waits for the disk
         self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
+        self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
+        # A login answer held back by the login throttle: (CONNECT, code, vhost, user). Meanwhile the
+        # connection is not read and the packets after the CONNECT wait in the backlog.
+        self._login: tuple[codec.Connect, int, str, str] | None = None
 
     # --- adapter side ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -103,11 +107,15 @@ class MQTTConnection:
         if self.closed:
             return
         self._last_recv = time.monotonic()
+        self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
+
+    def _handle(self, step: Callable[[], None]) -> None:
+        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection."""
         try:
-            for kind, flags, body in self.reader.feed(data):
-                self._packet(kind, flags, body)
-                if self.closed:
-                    break
+            step()
+            backlog = self._backlog
+            while backlog and not self.closed and self._login is None:
+                self._packet(*backlog.popleft())
         except MQTTProtocolError as e:
             if e.connack is not None and not self.connected:
                 self.send(codec.connack(False, e.connack))
@@ -115,8 +123,7 @@ class MQTTConnection:
         except AMQPError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
             self._fail(e.text)
         self._end_batch()
-        if self.published and self.broker.blocked_reason:
-            self.update_reading()
+        self.update_reading()
 
     def data_to_send(self) -> list[bytes]:
         out, self._out = self._out, []
@@ -139,7 +146,7 @@ class MQTTConnection:
     def update_reading(self) -> None:
         """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
         publishers; the client's TCP window closes); it is read again once the alarm clears."""
-        paused = bool(self.broker.blocked_reason) and self.published and not self.closed
+        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published))
         if paused != self.reading_paused:
             self.reading_paused = paused
             self._effects.append(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
@@ -147,6 +154,10 @@ class MQTTConnection:
 
     def timer_fired(self) -> None:
         if self.closed:
+            return
+        if self._login is not None:
+            login, self._login = self._login, None
+            self._handle(lambda: self._finish_connect(*login))
             return
         if not self.connected:
             self._fail("no CONNECT within the connect timeout")
@@ -217,13 +228,25 @@ class MQTTConnection:
                 topics.check_topic_name(packet.will.topic)
             except topics.TopicError as e:
                 raise MQTTProtocolError(f"will: {e}") from None
+        delay = self.broker.login_throttle.delay(self.peer_host)  # before this attempt counts
         code, vhost_name, username = self._authenticate(packet)
+        if delay:
+            # Answered later, right or wrong (the throttle's rule), without holding anyone else up.
+            self._login = (packet, code, vhost_name, username)
+            self._effects.append(SetTimer(delay))
+            return
+        self._finish_connect(packet, code, vhost_name, username)
+
+    def _finish_connect(self, packet: codec.Connect, code: int, vhost_name: str, username: str) -> None:
         if code != codec.ACCEPTED:
             self.send(codec.connack(False, code))
             self._close()
             return
         vhost = self.broker.vhosts.get(vhost_name)
-        assert vhost is not None and self.broker.users is not None
+        if vhost is None or self.broker.users is None:  # deleted while the answer was held back
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
         self.username = username
         self.vhost = vhost
         self.actor = Actor(self.broker.users, username)

@@ -3,6 +3,8 @@ vhost choice, CONNACK return codes, MQTT 3.1 and 3.1.1."""
 
 from __future__ import annotations
 
+import time
+
 import paho.mqtt.client as mqtt
 
 from lavinpy.mqtt import codec
@@ -61,3 +63,21 @@ def test_empty_client_id_needs_a_clean_session(mqtt_broker: MQTTBroker) -> None:
     sock = raw_connect(mqtt_broker.mqtt_port, client_id="", clean_session=True)
     assert sock.recv(4) == codec.connack(False, codec.ACCEPTED)
     sock.close()
+
+
+def test_login_throttle_delays_answers_after_repeated_failures(fresh_mqtt_broker: MQTTBroker) -> None:
+    """After three failed logins from an address its next CONNACK, right or wrong, comes later (and
+    the packets sent behind the CONNECT are handled after it, in order)."""
+    for _ in range(4):
+        sock = raw_connect(fresh_mqtt_broker.mqtt_port, password=b"wrong")
+        assert read_until_closed(sock) == codec.connack(False, codec.BAD_USERNAME_OR_PASSWORD)
+    started = time.monotonic()
+    sock = raw_connect(fresh_mqtt_broker.mqtt_port)
+    sock.sendall(bytes((0xC0, 0x00)))  # PINGREQ right behind the CONNECT
+    answer = b""
+    while len(answer) < 6:
+        answer += sock.recv(6 - len(answer))
+    assert time.monotonic() - started >= 0.1  # the throttle's base delay at least
+    assert answer == codec.connack(False, codec.ACCEPTED) + codec.PINGRESP_PACKET
+    sock.close()
+    assert "login refused for user 'guest'" in fresh_mqtt_broker.log

@@ -53,7 +53,10 @@ def _recorded_session(topic: str) -> bytes:
     ])
 
 
-def test_mutated_sessions_close_only_themselves(mqtt_broker: MQTTBroker) -> None:
+def test_mutated_sessions_close_only_themselves(fresh_mqtt_broker: MQTTBroker) -> None:
+    """On a broker of its own: mutated passwords are failed logins, which the login throttle then
+    makes every login from this address wait for."""
+    mqtt_broker = fresh_mqtt_broker
     rng = random.Random(23)
     bystander = Paho(mqtt_broker.mqtt_port, unique("by"))
     bystander.connect()
