@@ -18,6 +18,7 @@ from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import publish
 from ..broker.publishing import REJECTED
 from ..broker.users import is_loopback_address
+from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from .retained import RetainedStore
 
 log = logging.getLogger("lavinpy.mqtt")
+# Connections closed for the client's doing (bad input, a refused publish, silence): one line each,
+# a bounded number per interval, so a flood of bad clients cannot fill the disk.
+client_error_log = RateLimitedLog(log)
 
 CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
 # The largest packet before a client has logged in (RabbitMQ's unauthenticated limit): nobody can make
@@ -378,7 +382,8 @@ class MQTTConnection:
     def _fail(self, reason: str) -> None:
         if self.closed:
             return
-        log.info("MQTT connection %s (client %r) closed: %s", self.name, self.client_id or "-", reason)
+        client_error_log.log(logging.INFO, "MQTT connection %s (client %r) closed: %s", self.name,
+                             self.client_id or "-", reason)
         self._close()
 
     def _close(self) -> None:

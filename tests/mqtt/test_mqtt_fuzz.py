@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import socket
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -62,6 +63,7 @@ def test_mutated_sessions_close_only_themselves(fresh_mqtt_broker: MQTTBroker) -
     bystander.connect()
     watched = unique("watch") + "/t"
     bystander.subscribe(watched, 1)
+    started = time.monotonic()
     for _ in range(60):
         data = bytearray(_recorded_session(unique("fz") + "/t"))
         for _ in range(rng.randint(1, 4)):
@@ -81,3 +83,6 @@ def test_mutated_sessions_close_only_themselves(fresh_mqtt_broker: MQTTBroker) -
     publisher.disconnect()
     bystander.disconnect()
     assert "Traceback" not in mqtt_broker.log
+    # Logged one line per connection, at most 20 per 10 s (the rest counted, said later).
+    windows = int((time.monotonic() - started) // 10) + 1
+    assert mqtt_broker.log.count(") closed: ") <= 20 * windows
