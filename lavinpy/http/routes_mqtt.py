@@ -7,10 +7,11 @@ import asyncio
 
 from aiohttp import WSMsgType, web
 
-from ..mqtt.sessions import MQTTSessions
 from ..mqtt.transport import WRITE_HIGH_WATER, ConnectionDriver
+from .context import MQTT_SESSIONS
 
-MQTT_SESSIONS: web.AppKey[MQTTSessions] = web.AppKey("mqtt_sessions")
+__all__ = ["MQTT_SESSIONS", "add_routes", "mqtt_websocket"]
+
 PATH = "/ws"
 
 
@@ -75,7 +76,9 @@ async def mqtt_websocket(request: web.Request) -> web.StreamResponse:
     if isinstance(peer, tuple) and request.remote and request.remote != peer[0]:
         peer = (request.remote, peer[1])  # a client forwarded by a trusted proxy
     driver = WebSocketDriver(ws)
-    conn = sessions.new_connection(peer if isinstance(peer, tuple) else None)
+    local = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    conn = sessions.new_connection(peer if isinstance(peer, tuple) else None,
+                                   local if isinstance(local, tuple) else None)
     sender = asyncio.get_running_loop().create_task(driver.send_loop())
     driver.attach(conn)
     try:

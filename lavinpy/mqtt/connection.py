@@ -70,12 +70,18 @@ class MQTTHost(Protocol):
 
 
 class MQTTConnection:
-    def __init__(self, host: MQTTHost, peer: tuple[str, int] | None) -> None:
+    def __init__(self, host: MQTTHost, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
+                 tls: bool = False) -> None:
         self.host = host
         self.broker = host.broker
         self.config = host.config
+        self.peer = peer
+        self.local = local
+        self.tls = tls
         self.peer_host = peer[0] if peer else None
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
+        self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
+        self.recv_oct = self.send_oct = 0
         self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
         self.connected = False
         self.closed = False
@@ -111,6 +117,7 @@ class MQTTConnection:
         if self.closed:
             return
         self._last_recv = time.monotonic()
+        self.recv_oct += len(data)
         self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
 
     def _handle(self, step: Callable[[], None]) -> None:
@@ -140,6 +147,7 @@ class MQTTConnection:
     def send(self, data: bytes) -> None:
         if not self.closed:
             self._out.append(data)
+            self.send_oct += len(data)
             self.wakeup()
 
     def set_writable(self, writable: bool) -> None:

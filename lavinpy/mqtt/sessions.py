@@ -21,8 +21,9 @@ class MQTTSessions:
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
 
-    def new_connection(self, peer: tuple[str, int] | None) -> MQTTConnection:
-        connection = MQTTConnection(self, peer)
+    def new_connection(self, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
+                       tls: bool = False) -> MQTTConnection:
+        connection = MQTTConnection(self, peer, local, tls)
         self.connections.add(connection)
         return connection
 

@@ -113,7 +113,10 @@ class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if self.forwarded is not None and self.forwarded.source:
             peer = self.forwarded.source
-        self.attach(self.sessions.new_connection(peer if isinstance(peer, tuple) else None))
+        local = transport.get_extra_info("sockname")
+        self.attach(self.sessions.new_connection(peer if isinstance(peer, tuple) else None,
+                                                 local if isinstance(local, tuple) else None,
+                                                 transport.get_extra_info("sslcontext") is not None))
 
     def data_received(self, data: bytes) -> None:
         self.received(data)
