@@ -42,7 +42,11 @@ def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
         "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1], "ssl": conn.tls,
         "auth_mechanism": "none", "client_properties": {"client_id": conn.client_id},
         "connected_at": conn.connected_at,
-        "recv_oct": conn.recv_oct, "send_oct": conn.send_oct,
+        # The byte counts without rates or packet counts (not kept for MQTT yet): the fields AMQP rows have.
+        "recv_oct": conn.recv_oct, "recv_oct_details": {"rate": 0.0}, "recv_cnt": 0,
+        "send_oct": conn.send_oct, "send_oct_details": {"rate": 0.0}, "send_cnt": 0,
+        "ssl_protocol": None, "ssl_cipher": None, "peer_cert_subject": None, "peer_cert_issuer": None,
+        "peer_cert_validity": None,
     }
 
 
