@@ -157,10 +157,13 @@ class MQTTConnection:
 
     def update_reading(self) -> None:
         """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
-        publishers; the client's TCP window closes); it is read again once the alarm clears."""
+        publishers; the client's TCP window closes), nor one whose login answer is held back; it is
+        read again once the alarm clears or the answer went out."""
         paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published))
         if paused != self.reading_paused:
             self.reading_paused = paused
+            if not paused:
+                self._last_recv = time.monotonic()  # what it sent meanwhile was not read: no silence
             self._effects.append(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
             self.wakeup()
 
