@@ -276,7 +276,9 @@ class MQTTConnection:
         try:
             present = self.subscriptions.start()
         except AMQPError as e:  # may not delete or consume from what an earlier session left
-            log.info("MQTT connection %s: session of client %r refused: %s", self.name, self.client_id, e.text)
+            client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
+                                 self.client_id, e.text)
+            self.will = None  # never accepted: no will
             self.send(codec.connack(False, codec.NOT_AUTHORIZED))
             self._close()
             return
@@ -293,7 +295,7 @@ class MQTTConnection:
         vhost_name = config.mqtt_default_vhost
         if packet.username is None:
             if not config.mqtt_allow_anonymous:
-                log.info("MQTT connection %s: anonymous login refused", self.name)
+                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
                 return codec.NOT_AUTHORIZED, vhost_name, ""
             username, password = config.default_user, config.default_password
         else:
@@ -312,7 +314,8 @@ class MQTTConnection:
             log.warning("MQTT connection %s: user %r may only connect from loopback", self.name, username)
             return codec.NOT_AUTHORIZED, vhost_name, username
         if vhost_name not in self.broker.vhosts or not users.can_access_vhost(username, vhost_name):
-            log.info("MQTT connection %s: user %r may not open vhost %r", self.name, username, vhost_name)
+            client_error_log.log(logging.INFO, "MQTT connection %s: user %r may not open vhost %r", self.name, username,
+                                 vhost_name)
             return codec.NOT_AUTHORIZED, vhost_name, username
         return codec.ACCEPTED, vhost_name, username
 
