@@ -66,6 +66,15 @@ class Config:
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
+    # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
+    # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
+    mqtt_port: int = 1883
+    mqtts_port: int = 8883  # MQTT over TLS with the AMQPS certificate, once tls_cert is set (0 = off)
+    mqtt_default_vhost: str = "/"
+    mqtt_exchange: str = "amq.topic"
+    mqtt_allow_anonymous: bool = False
+    mqtt_max_packet_size: int = 128 * 1024 * 1024 + 65536  # a whole packet, headers included
+    mqtt_inflight_window: int = 10  # QoS 1 deliveries awaiting PUBACK per subscription queue
     http_port: int = 15672  # 0 = no plain HTTP (e.g. when https_port serves the API)
     # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate: only when
     # tls_cert is set (0 turns each off even then).
@@ -118,8 +127,8 @@ class Config:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
-        for name in ("amqp_port", "amqps_port", "http_port", "https_port", "prometheus_port", "prometheus_tls_port",
-                     "clustering_port"):
+        for name in ("amqp_port", "amqps_port", "mqtt_port", "mqtts_port", "http_port", "https_port", "prometheus_port",
+                     "prometheus_tls_port", "clustering_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
@@ -144,6 +153,10 @@ class Config:
             raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
         if self.max_message_size < 1:
             raise ConfigError("max_message_size must be positive")
+        if not 2 <= self.mqtt_max_packet_size <= 268_435_460:
+            raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
+        if not 1 <= self.mqtt_inflight_window <= 65535:
+            raise ConfigError(f"mqtt_inflight_window must be between 1 and 65535, not {self.mqtt_inflight_window}")
         if self.consumer_timeout < 0:
             raise ConfigError(f"consumer_timeout must be 0 (off) or a number of ms, not {self.consumer_timeout}")
         if self.max_consumers_per_channel < 0:
@@ -189,6 +202,10 @@ class Config:
         return bool(self.tls_cert) and self.amqps_port != 0
 
     @property
+    def mqtts_enabled(self) -> bool:
+        return bool(self.tls_cert) and self.mqtts_port != 0
+
+    @property
     def https_enabled(self) -> bool:
         return bool(self.tls_cert) and self.https_port != 0
 
@@ -199,7 +216,7 @@ class Config:
     @property
     def tls_enabled(self) -> bool:
         """Whether any listener needs the certificate."""
-        return self.amqps_enabled or self.https_enabled or self.prometheus_tls_enabled
+        return self.amqps_enabled or self.mqtts_enabled or self.https_enabled or self.prometheus_tls_enabled
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
@@ -289,6 +306,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bind", help="addresses to listen on, comma-separated (default 127.0.0.1,::1)")
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
     parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
+    parser.add_argument("--mqtt-port", dest="mqtt_port", type=int, help="MQTT listener (0 = off)")
+    parser.add_argument("--mqtts-port", dest="mqtts_port", type=int, help="MQTT over TLS (needs tls_cert)")
     parser.add_argument("--http-port", dest="http_port", type=int, help="management API (0 = off)")
     parser.add_argument("--https-port", dest="https_port", type=int, help="management API over TLS (needs tls_cert)")
     parser.add_argument("--prometheus-port", dest="prometheus_port", type=int, help="Prometheus /metrics (0 = off)")
@@ -311,8 +330,9 @@ def from_args(args: argparse.Namespace) -> Config:
     path = args.config
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
-    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "http_port",
-                                                "https_port", "prometheus_port", "prometheus_tls_port",
+    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "mqtt_port",
+                                                "mqtts_port", "http_port", "https_port", "prometheus_port",
+                                                "prometheus_tls_port",
                                                 "proxy_protocol_trusted_sources", "log_level", "fsync", "clustering",
                                                 *_CLUSTERING_FLAGS)}
     overrides.update(log_format=args.log_format, log_file=args.log_file)

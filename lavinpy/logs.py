@@ -94,3 +94,37 @@ def reopen_log_file() -> None:
         print(f"lavinpy: cannot reopen log file {handler.baseFilename}: {e}", file=sys.stderr)
         return
     logging.getLogger("lavinpy").info("log file reopened (SIGUSR1)")
+
+
+class RateLimitedLog:
+    """Logs at most ``burst`` lines per ``interval`` seconds; the next line allowed says how many were
+    dropped. One misbehaving client (or a thousand) cannot fill the disk with the same complaint."""
+
+    def __init__(self, logger: logging.Logger, burst: int = 20, interval: float = 10.0) -> None:
+        self.logger = logger
+        self.burst = burst
+        self.interval = interval
+        self._window_start = 0.0
+        self._count = 0
+        self.suppressed = 0
+
+    def allow(self) -> bool:
+        """True when a line may be written now (and counts it); False counts it as suppressed."""
+        now = time.monotonic()
+        if now - self._window_start >= self.interval:
+            self._window_start = now
+            self._count = 0
+        if self._count >= self.burst:
+            self.suppressed += 1
+            return False
+        self._count += 1
+        if self.suppressed:
+            self.logger.warning("%d similar log lines suppressed in the last %.0f s", self.suppressed,
+                                self.interval)
+            self.suppressed = 0
+        return True
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """``logger.log(level, msg, *args)`` unless over the limit. One line: no traceback."""
+        if self.allow():
+            self.logger.log(level, msg, *args)

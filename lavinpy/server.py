@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import sys
@@ -18,6 +19,8 @@ from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
+from .mqtt.sessions import MQTTSessions
+from .mqtt.transport import MQTTProtocol
 from .shovel.component import LocalNode, ShovelComponent, Shovels
 from .store.lock import DataDirLocked
 from .systemd_notify import Notifier
@@ -37,6 +40,26 @@ log = logging.getLogger("lavinpy")
 NO_PROXY = ProxyPolicy(TrustedSources([]), refused=log_bad_proxy_header)
 
 
+class SessionLayers:
+    """The model's ``SessionLayer`` over both faces: deliveries run in the AMQP sessions' batch (MQTT
+    connections are delivered to in the same runs); alarms and a deleted vhost reach every face."""
+
+    def __init__(self, amqp: Sessions, mqtt: MQTTSessions) -> None:
+        self.amqp = amqp
+        self.mqtt = mqtt
+
+    def work_pending(self) -> None:
+        self.amqp.work_pending()
+
+    def resources_changed(self, reason: str | None) -> None:
+        self.amqp.resources_changed(reason)
+        self.mqtt.resources_changed(reason)
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        self.mqtt.close_vhost_connections(vhost, reason)
+        self.amqp.close_vhost_connections(vhost, reason)
+
+
 class Server:
     def __init__(self, config: Config, cluster: ClusterNode | None = None) -> None:
         """``cluster``: the node this server runs for as the cluster's leader (None: a single broker)."""
@@ -50,6 +73,8 @@ class Server:
         self.broker = broker = Broker(config)
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
+        self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
+        broker.sessions = SessionLayers(self.sessions, self.mqtt)
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
@@ -83,6 +108,7 @@ class Server:
                 self._listeners += await serve_port(lambda header: AMQPProtocol(self.sessions, header), config.bind,
                                                     config.amqps_port, "AMQPS", self.proxy_policy,
                                                     self.tls.listener_context)
+            await self._start_mqtt()
             await self._start_http()
         except BaseException:
             self._close_listeners()
@@ -94,6 +120,24 @@ class Server:
         log.info("lavinpy started (data dir %s, fsync %s, %s codec)", config.data_dir, config.fsync,
                  "compiled" if accel.COMPILED else "pure-Python")
 
+    async def _start_mqtt(self) -> None:
+        """The MQTT listeners. On by default, on ports other brokers (mosquitto) also take by default:
+        when one is in use this broker runs without it and says so, rather than not at all."""
+        config = self.config
+        ports: list[tuple[int, str, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", "mqtt_port", None)]
+        if self.tls is not None and config.mqtts_enabled:
+            ports.append((config.mqtts_port, "MQTTS", "mqtts_port", self.tls.listener_context))
+        for port, what, setting, context in ports:
+            if not port:
+                continue
+            try:
+                self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
+                                                    port, what, self.proxy_policy, context)
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                log.warning("not listening for %s: %s (set %s, or 0 to turn it off)", what, e.strerror, setting)
+
     async def _start_http(self) -> None:
         """The management API and /metrics, each plain and over TLS as the ports say."""
         config, tls = self.config, self.tls
@@ -102,12 +146,14 @@ class Server:
         # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
+        from .http.routes_mqtt import MQTT_SESSIONS
         from .http.routes_shovels import SHOVELS
         cluster_nodes = self.cluster.status if self.cluster is not None else None
 
         def management_app() -> web.Application:
             app = make_app(self.broker, self.sessions, cluster_nodes)
             app[SHOVELS] = self.shovels
+            app[MQTT_SESSIONS] = self.mqtt
             return app
 
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
@@ -154,6 +200,7 @@ class Server:
         await self.shovels.stop()
         self._close_listeners()
         await self._stop_http()
+        self.mqtt.shutdown()
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()

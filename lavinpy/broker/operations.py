@@ -58,6 +58,17 @@ def admit_connection(broker: Broker, username: str, name: str) -> tuple[VHost, A
     return vhost, Actor(users, username)
 
 
+def can_see_connection(actor: Actor | None, user: str) -> bool:
+    """As RabbitMQ: monitoring and administrator users see every connection, others their own."""
+    return actor is None or actor.can_monitor() or user == actor.name
+
+
+def check_close_connection(actor: Actor | None, user: str, name: str) -> None:
+    """Closing a connection through the API: its own user or an administrator (403 otherwise)."""
+    if actor is not None and user != actor.name and not actor.is_admin():
+        raise AMQPChannelError(ACCESS_REFUSED, f"user '{actor.name}' may not close connection '{name}'")
+
+
 def vhosts_in_scope(broker: Broker, actor: Actor | None, name: str | None) -> list[VHost]:
     """One vhost (checked) or, with no name, every vhost the actor may see."""
     return [open_vhost(broker, actor, name)] if name is not None else visible_vhosts(broker, actor)

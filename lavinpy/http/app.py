@@ -21,6 +21,7 @@ from . import (
     routes_admin,
     routes_dashboard,
     routes_health,
+    routes_mqtt,
     routes_objects,
     routes_parameters,
     routes_shovels,
@@ -47,6 +48,7 @@ ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
     routes_health.add_routes,  # RabbitMQ 4's further health checks
     routes_dashboard.add_routes,
     routes_shovels.add_routes,
+    routes_mqtt.add_routes,  # MQTT over WebSocket (/ws)
 )
 API_PREFIX = "/api/"
 

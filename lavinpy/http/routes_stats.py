@@ -13,9 +13,10 @@ from ..broker import node_info
 from ..broker.alarms import disk_limit, memory_watermark
 from ..broker.operations import open_vhost, visible_vhosts
 from ..config import total_memory
+from ..mqtt import views as mqtt_views
 from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
-from .context import CLUSTER_NODES, actor_of, broker_of, json_reply, sessions_of
+from .context import CLUSTER_NODES, MQTT_SESSIONS, actor_of, broker_of, json_reply, sessions_of
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query
 from .samples import SampleQuery
@@ -33,8 +34,11 @@ async def overview(request: web.Request) -> web.Response:
     connections = views.open_connections(sessions, actor)
     channels = sum(len(c.channels) for c in connections)
     consumers = len(views.consumer_infos(sessions, actor))
+    mqtt = request.app.get(MQTT_SESSIONS)
+    mqtt_connections = len(mqtt_views.open_connections(mqtt, actor)) if mqtt is not None else 0
     broker = broker_of(request)
-    reply = node_info.overview(broker, actor, connections=len(connections), channels=channels, consumers=consumers)
+    reply = node_info.overview(broker, actor, connections=len(connections) + mqtt_connections, channels=channels,
+                               consumers=consumers)
     samples = SampleQuery(request.query)
     if samples:
         history = broker.stats.history_of(visible_vhosts(broker, actor))
@@ -110,15 +114,38 @@ async def list_connections(request: web.Request) -> web.Response:
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
     conns = views.open_connections(sessions_of(request), actor_of(request), vhost)
-    return json_reply(apply_list_query([views.connection_info(c, _node()) for c in conns], request.query))
+    rows = [views.connection_info(c, _node()) for c in conns]
+    mqtt = request.app.get(MQTT_SESSIONS)
+    if mqtt is not None:  # MQTT clients are connections too (protocol "MQTT 3.1.1")
+        rows += [mqtt_views.connection_info(c, _node()) for c in mqtt_views.open_connections(mqtt, actor_of(request),
+                                                                                              vhost)]
+    return json_reply(apply_list_query(rows, request.query))
+
+
+def _mqtt_connection(request: web.Request) -> Any:
+    """The MQTT connection the path names, or None (then it is an AMQP one, or none: 404)."""
+    mqtt = request.app.get(MQTT_SESSIONS)
+    name = request.match_info["name"]
+    if mqtt is None or " -> " not in name:
+        return None
+    return next((c for c in mqtt_views.open_connections(mqtt, actor_of(request))
+                 if mqtt_views.connection_name(c) == name), None)
 
 
 async def get_connection(request: web.Request) -> web.Response:
+    mqtt_conn = _mqtt_connection(request)
+    if mqtt_conn is not None:
+        return json_reply(mqtt_views.connection_info(mqtt_conn, _node()))
     conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
     return json_reply(views.connection_info(conn, _node()))
 
 
 async def delete_connection(request: web.Request) -> web.Response:
+    mqtt = request.app.get(MQTT_SESSIONS)
+    if mqtt is not None and _mqtt_connection(request) is not None:
+        mqtt_views.close_connection(mqtt, actor_of(request), request.match_info["name"],
+                                    request.headers.get("X-Reason"))
+        return web.Response(status=204)
     views.close_connection(sessions_of(request), actor_of(request), request.match_info["name"],
                            request.headers.get("X-Reason"))
     return web.Response(status=204)

@@ -1,0 +1,118 @@
+"""MQTT throughput over raw sockets (the client side does little more than write prepared packets
+and count, so the broker is the bound): one publisher to one subscriber, fan-in (``--publishers``
+to one subscriber) and fan-out (one publisher to ``--subscribers``). Works against any MQTT 3.1.1
+broker: lavinpy, mosquitto. Prints delivered msg/s per QoS; not a test.
+
+    python3 bench/mqtt_bench.py --port 1883 [--messages 200000] [--size 16] [--qos 0 1]
+    python3 bench/mqtt_bench.py --port 1883 --publishers 100      # fan-in
+    python3 bench/mqtt_bench.py --port 1883 --subscribers 100     # fan-out
+
+Each publisher writes batches of ``--batch`` PUBLISH packets (``--messages`` in all, shared among the
+publishers); a QoS 1 subscriber PUBACKs what it read after each read; a QoS 1 publisher's PUBACKs
+are counted by a thread of its own. The time is from the first publish to the last message read
+(and, for QoS 1, the last PUBACK received); the rate counts deliveries (messages x subscribers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lavinpy.mqtt import codec  # noqa: E402  (the repository's codec encodes the packets)
+
+
+def connect(args: argparse.Namespace, client_id: str) -> socket.socket:
+    sock = socket.create_connection((args.host, args.port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(codec.encode_connect(client_id, username=args.user, password=args.password.encode(), keepalive=0))
+    connack = sock.recv(4)
+    if len(connack) != 4 or connack[3] != 0:
+        raise SystemExit(f"CONNECT refused: {connack!r}")
+    return sock
+
+
+def subscribe(sock: socket.socket, topic: str, qos: int) -> None:
+    name = topic.encode()
+    body = b"\x00\x01" + len(name).to_bytes(2, "big") + name + bytes((qos,))
+    sock.sendall(bytes((0x82, len(body))) + body)
+    if len(sock.recv(5)) != 5:
+        raise SystemExit("no SUBACK")
+
+
+def run(args: argparse.Namespace, qos: int) -> float:
+    topic = f"bench/{qos}/{time.monotonic_ns()}"
+    subs = [connect(args, f"bench-sub-{qos}-{i}") for i in range(args.subscribers)]
+    for sub in subs:
+        subscribe(sub, topic, qos)
+    pubs = [connect(args, f"bench-pub-{qos}-{i}") for i in range(args.publishers)]
+    count = args.messages - args.messages % args.publishers  # the same share for every publisher
+    share = count // args.publishers
+
+    def read_subscriber(sub: socket.socket) -> None:
+        reader, got = codec.PacketReader(1 << 26), 0
+        while got < count:
+            acks = []
+            for kind, flags, body in reader.feed(sub.recv(1 << 20)):
+                if kind == codec.PUBLISH:
+                    got += 1
+                    if qos:
+                        acks.append(codec.puback(codec.parse_publish(flags, body).packet_id))
+            if acks:
+                sub.sendall(b"".join(acks))
+
+    def read_pubacks(pub: socket.socket) -> None:
+        reader, got = codec.PacketReader(1 << 26), 0
+        while got < share:
+            got += sum(1 for kind, _, _ in reader.feed(pub.recv(1 << 20)) if kind == codec.PUBACK)
+
+    def write_publisher(pub: socket.socket) -> None:
+        for batch in batches:
+            pub.sendall(batch)
+
+    payload = b"x" * args.size
+    batches = [b"".join(codec.publish(topic, payload, qos, False, False, j % 65535 + 1)
+                        for j in range(i, min(i + args.batch, share))) for i in range(0, share, args.batch)]
+    readers = [threading.Thread(target=read_subscriber, args=(sub,)) for sub in subs]
+    if qos:
+        readers += [threading.Thread(target=read_pubacks, args=(pub,)) for pub in pubs]
+    writers = [threading.Thread(target=write_publisher, args=(pub,)) for pub in pubs]
+    for thread in readers:
+        thread.start()
+    started = time.monotonic()
+    for thread in writers:
+        thread.start()
+    for thread in readers + writers:
+        thread.join()
+    elapsed = time.monotonic() - started
+    for sock in pubs + subs:
+        sock.close()
+    return count * len(subs) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=1883)
+    parser.add_argument("--user", default="guest")
+    parser.add_argument("--password", default="guest")
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=16, help="payload bytes")
+    parser.add_argument("--batch", type=int, default=1000, help="PUBLISH packets per write")
+    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=[0, 1])
+    parser.add_argument("--publishers", type=int, default=1)
+    parser.add_argument("--subscribers", type=int, default=1)
+    args = parser.parse_args()
+    for qos in args.qos:
+        rate = run(args, qos)
+        print(f"QoS {qos}: {args.messages} messages of {args.size} B, {args.publishers} publisher(s) to "
+              f"{args.subscribers} subscriber(s): {rate:,.0f} deliveries/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""MQTT 3.1 / 3.1.1 packets: a bounded, strict reader (bytes in, packets out) and the encoders of what
+the server sends. Pure: no sockets, no broker. Anything the spec calls malformed raises
+``MQTTProtocolError`` (the connection closes); nothing here is lenient about reserved bits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+PACKET_NAMES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 5: "PUBREC", 6: "PUBREL", 7: "PUBCOMP",
+                8: "SUBSCRIBE", 9: "SUBACK", 10: "UNSUBSCRIBE", 11: "UNSUBACK", 12: "PINGREQ", 13: "PINGRESP",
+                14: "DISCONNECT"}
+# Fixed-header flags every packet but PUBLISH must carry exactly (MQTT 3.1.1 section 2.2.2).
+REQUIRED_FLAGS = {CONNECT: 0, CONNACK: 0, PUBACK: 0, PUBREC: 0, PUBREL: 2, PUBCOMP: 0, SUBSCRIBE: 2, SUBACK: 0,
+                  UNSUBSCRIBE: 2, UNSUBACK: 0, PINGREQ: 0, PINGRESP: 0, DISCONNECT: 0}
+MAX_REMAINING_LENGTH = 268_435_455  # four length bytes
+
+# CONNACK return codes.
+ACCEPTED = 0
+UNACCEPTABLE_PROTOCOL_VERSION = 1
+IDENTIFIER_REJECTED = 2
+SERVER_UNAVAILABLE = 3
+BAD_USERNAME_OR_PASSWORD = 4
+NOT_AUTHORIZED = 5
+SUBACK_FAILURE = 0x80
+
+# Protocol name -> level of the versions served.
+PROTOCOLS = {"MQTT": 4, "MQIsdp": 3}
+
+
+class MQTTProtocolError(Exception):
+    """Malformed input: the connection is closed (after a CONNACK when ``connack`` is set)."""
+
+    def __init__(self, text: str, connack: int | None = None) -> None:
+        super().__init__(text)
+        self.connack = connack
+
+
+@dataclass(slots=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+@dataclass(slots=True)
+class Connect:
+    protocol: str
+    level: int
+    client_id: str
+    clean_session: bool
+    keepalive: int
+    username: str | None
+    password: bytes | None
+    will: Will | None
+
+
+@dataclass(slots=True)
+class Publish:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    dup: bool
+    packet_id: int
+
+
+class PacketReader:
+    """Splits input into (type, flags, body) packets; at most ``max_packet_size`` bytes each (the
+    whole packet, fixed header included), so a client cannot make the server buffer more."""
+
+    __slots__ = ("_buf", "max_packet_size")
+
+    def __init__(self, max_packet_size: int) -> None:
+        self._buf = bytearray()
+        self.max_packet_size = max_packet_size
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        buf = self._buf
+        buf += data
+        packets: list[tuple[int, int, bytes]] = []
+        pos = 0
+        end = len(buf)
+        while end - pos >= 2:
+            first = buf[pos]
+            kind, flags = first >> 4, first & 0x0F
+            if kind not in PACKET_NAMES:
+                raise MQTTProtocolError(f"reserved packet type {kind}")
+            required = REQUIRED_FLAGS.get(kind)
+            if required is not None and flags != required:
+                raise MQTTProtocolError(f"{PACKET_NAMES[kind]} with reserved flags {flags:#x}")
+            length, multiplier, i = 0, 1, pos + 1
+            while True:
+                if i >= end:
+                    if i - pos - 1 >= 4:
+                        raise MQTTProtocolError("remaining length over four bytes")
+                    self._keep(pos)
+                    return packets
+                byte = buf[i]
+                length += (byte & 0x7F) * multiplier
+                i += 1
+                if not byte & 0x80:
+                    break
+                multiplier *= 128
+                if i - pos - 1 >= 4:
+                    raise MQTTProtocolError("remaining length over four bytes")
+            total = i - pos + length
+            if total > self.max_packet_size:
+                raise MQTTProtocolError(f"packet of {total} bytes is larger than max_packet_size "
+                                        f"{self.max_packet_size}")
+            if end - i < length:
+                break
+            packets.append((kind, flags, bytes(buf[i:i + length])))
+            pos = i + length
+        self._keep(pos)
+        return packets
+
+    def _keep(self, pos: int) -> None:
+        if pos:
+            del self._buf[:pos]
+
+
+class _Body:
+    """A cursor over one packet's variable header and payload."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def u8(self) -> int:
+        if self.left() < 1:
+            raise MQTTProtocolError("packet ends early")
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
+
+    def u16(self) -> int:
+        if self.left() < 2:
+            raise MQTTProtocolError("packet ends early")
+        value = int.from_bytes(self.data[self.pos:self.pos + 2], "big")
+        self.pos += 2
+        return value
+
+    def binary(self) -> bytes:
+        size = self.u16()
+        if self.left() < size:
+            raise MQTTProtocolError("string longer than its packet")
+        value = self.data[self.pos:self.pos + size]
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        raw = self.binary()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MQTTProtocolError("string is not UTF-8") from None
+        if "\x00" in text:
+            raise MQTTProtocolError("string contains U+0000")
+        return text
+
+    def rest(self) -> bytes:
+        value = self.data[self.pos:]
+        self.pos = len(self.data)
+        return value
+
+    def done(self, what: str) -> None:
+        if self.left():
+            raise MQTTProtocolError(f"{what} has {self.left()} bytes past its end")
+
+
+def parse_connect(data: bytes) -> Connect:
+    body = _Body(data)
+    protocol = body.string()
+    level = body.u8()
+    if protocol not in PROTOCOLS:
+        raise MQTTProtocolError(f"unknown protocol name {protocol!r}")
+    if PROTOCOLS[protocol] != level:
+        raise MQTTProtocolError(f"unsupported protocol level {level}", UNACCEPTABLE_PROTOCOL_VERSION)
+    flags = body.u8()
+    if flags & 0x01:
+        raise MQTTProtocolError("CONNECT with the reserved flag set")
+    keepalive = body.u16()
+    client_id = body.string()
+    will = None
+    will_qos = (flags >> 3) & 0x03
+    if flags & 0x04:
+        if will_qos == 3:
+            raise MQTTProtocolError("will QoS 3")
+        topic = body.string()
+        will = Will(topic, body.binary(), will_qos, bool(flags & 0x20))
+    elif will_qos or flags & 0x20:
+        raise MQTTProtocolError("will QoS or retain without a will")
+    username = body.string() if flags & 0x80 else None
+    if flags & 0x40 and username is None:
+        raise MQTTProtocolError("password without a user name")
+    password = body.binary() if flags & 0x40 else None
+    body.done("CONNECT")
+    return Connect(protocol, level, client_id, bool(flags & 0x02), keepalive, username, password, will)
+
+
+def parse_publish(flags: int, data: bytes) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MQTTProtocolError("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and qos == 0:
+        raise MQTTProtocolError("PUBLISH QoS 0 with DUP set")
+    body = _Body(data)
+    topic = body.string()
+    packet_id = 0
+    if qos:
+        packet_id = body.u16()
+        if not packet_id:
+            raise MQTTProtocolError("PUBLISH with packet identifier 0")
+    return Publish(topic, body.rest(), qos, bool(flags & 0x01), dup, packet_id)
+
+
+def parse_packet_id(data: bytes, what: str) -> int:
+    body = _Body(data)
+    packet_id = body.u16()
+    body.done(what)
+    return packet_id
+
+
+def parse_subscribe(data: bytes) -> tuple[int, list[tuple[str, int]]]:
+    body = _Body(data)
+    packet_id = body.u16()
+    topics: list[tuple[str, int]] = []
+    while body.left():
+        topic = body.string()
+        options = body.u8()
+        if options & 0xFC or options == 3:
+            raise MQTTProtocolError(f"SUBSCRIBE with requested QoS byte {options:#x}")
+        topics.append((topic, options))
+    if not topics:
+        raise MQTTProtocolError("SUBSCRIBE without a topic filter")
+    return packet_id, topics
+
+
+def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
+    body = _Body(data)
+    packet_id = body.u16()
+    topics: list[str] = []
+    while body.left():
+        topics.append(body.string())
+    if not topics:
+        raise MQTTProtocolError("UNSUBSCRIBE without a topic filter")
+    return packet_id, topics
+
+
+# --- encoders ------------------------------------------------------------------------------------
+
+def _remaining_length(length: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, length = length % 128, length // 128
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def _packet(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + _remaining_length(len(body)) + body
+
+
+def connack(session_present: bool, code: int) -> bytes:
+    return bytes((CONNACK << 4, 2, 1 if session_present else 0, code))
+
+
+def puback(packet_id: int) -> bytes:
+    return bytes((PUBACK << 4, 2)) + packet_id.to_bytes(2, "big")
+
+
+def suback(packet_id: int, codes: list[int]) -> bytes:
+    return _packet(SUBACK << 4, packet_id.to_bytes(2, "big") + bytes(codes))
+
+
+def unsuback(packet_id: int) -> bytes:
+    return bytes((UNSUBACK << 4, 2)) + packet_id.to_bytes(2, "big")
+
+
+PINGRESP_PACKET = bytes((PINGRESP << 4, 0))
+
+
+def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int) -> bytes:
+    name = topic.encode("utf-8")
+    header = len(name).to_bytes(2, "big") + name
+    if qos:
+        header += packet_id.to_bytes(2, "big")
+    first = (PUBLISH << 4) | (0x08 if dup else 0) | (qos << 1) | (1 if retain else 0)
+    return bytes((first,)) + _remaining_length(len(header) + len(payload)) + header + payload
+
+
+def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,
+                   username: str | None = None, password: bytes | None = None,
+                   protocol: str = "MQTT", level: int = 4) -> bytes:
+    """A CONNECT as a client sends it (the tests' raw-socket cases write their own bad variants)."""
+    def s(value: str | bytes) -> bytes:
+        raw = value.encode() if isinstance(value, str) else value
+        return len(raw).to_bytes(2, "big") + raw
+    flags = ((0x02 if clean_session else 0) | (0x80 if username is not None else 0)
+             | (0x40 if password is not None else 0))
+    body = s(protocol) + bytes((level, flags)) + keepalive.to_bytes(2, "big") + s(client_id)
+    if username is not None:
+        body += s(username)
+    if password is not None:
+        body += s(password)
+    return _packet(CONNECT << 4, body)

@@ -1,0 +1,423 @@
+"""One MQTT connection as a state machine: ``receive_data(bytes)`` in, ``data_to_send()`` and
+``take_effects()`` out (the h11 shape; the asyncio adapter in ``transport`` owns the socket and the
+timer). Publishes go through the model's publish operations with the exchange's permission and
+topic checks; subscriptions are queues and consumers of the model (``subscriptions``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..broker.actor import Actor
+from ..broker.operations import admit_connection
+from ..broker.operations_messages import publish_exchange, publish_topic_check
+from ..broker.publish_ops import publish
+from ..broker.publishing import REJECTED
+from ..broker.users import is_loopback_address
+from ..logs import RateLimitedLog
+from ..wire.errors import AMQPError
+from ..wire.properties import encode_property_values
+from . import codec, topics
+from .codec import MQTTProtocolError
+from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+    from ..broker.exchanges.base import Exchange
+    from ..broker.vhost import VHost
+    from ..config import Config
+    from .retained import RetainedStore
+
+log = logging.getLogger("lavinpy.mqtt")
+# Connections closed for the client's doing (bad input, a refused publish, silence): one line each,
+# a bounded number per interval, so a flood of bad clients cannot fill the disk.
+client_error_log = RateLimitedLog(log)
+
+CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
+# The largest packet before a client has logged in (RabbitMQ's unauthenticated limit): nobody can make
+# the server buffer mqtt_max_packet_size without a password.
+MAX_PACKET_BEFORE_CONNECT = 65536
+# Message properties by the publish's QoS: persistent for QoS 1, and the QoS for deliveries to MQTT.
+_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
+               for qos in (0, 1)}
+
+
+class Effect(Enum):
+    CLOSE = "close"
+    PAUSE_READING = "pause_reading"
+    RESUME_READING = "resume_reading"
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    delay: float
+
+
+class MQTTHost(Protocol):
+    """What a connection needs of the session registry above it."""
+
+    broker: Broker
+    config: Config
+    retained: RetainedStore
+
+    def register(self, connection: MQTTConnection) -> None: ...
+
+    def unregister(self, connection: MQTTConnection) -> None: ...
+
+
+class MQTTConnection:
+    def __init__(self, host: MQTTHost, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
+                 tls: bool = False) -> None:
+        self.host = host
+        self.broker = host.broker
+        self.config = host.config
+        self.peer = peer
+        self.local = local
+        self.tls = tls
+        self.peer_host = peer[0] if peer else None
+        self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
+        self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
+        self.recv_oct = self.send_oct = 0
+        self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
+        self.connected = False
+        self.closed = False
+        self.writable = True
+        self.published = False  # a publisher is no longer read under a resource alarm
+        self.reading_paused = False
+        self.client_id = ""
+        self.username = ""
+        self.protocol_level = 4
+        self.vhost: VHost | None = None
+        self.actor: Actor | None = None
+        self.subscriptions: Subscriptions | None = None
+        self.keepalive = 0
+        self.will: codec.Will | None = None
+        self.wakeup: Callable[[], None] = lambda: None  # the adapter flushes output soon
+        self._out: list[bytes] = []
+        self._effects: list[Any] = []
+        self._last_recv = time.monotonic()
+        self._exchange: tuple[int, Exchange, Any] | None = None  # (vhost generation, exchange, topic check)
+        self._pubacks: list[int] = []  # QoS 1 packet ids of this input batch
+        self._batch_sync = False  # some publish of this batch waits for the disk
+        self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
+        self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
+        # A login answer held back by the login throttle: (CONNECT, code, vhost, user). Meanwhile the
+        # connection is not read and the packets after the CONNECT wait in the backlog.
+        self._login: tuple[codec.Connect, int, str, str] | None = None
+
+    # --- adapter side ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._effects.append(SetTimer(CONNECT_TIMEOUT))
+
+    def receive_data(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._last_recv = time.monotonic()
+        self.recv_oct += len(data)
+        self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
+
+    def _handle(self, step: Callable[[], None]) -> None:
+        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection."""
+        try:
+            step()
+            backlog = self._backlog
+            while backlog and not self.closed and self._login is None:
+                self._packet(*backlog.popleft())
+        except MQTTProtocolError as e:
+            if e.connack is not None and not self.connected:
+                self.send(codec.connack(False, e.connack))
+            self._fail(str(e))
+        except AMQPError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
+            self._fail(e.text)
+        self._end_batch()
+        self.update_reading()
+
+    def data_to_send(self) -> list[bytes]:
+        out, self._out = self._out, []
+        return out
+
+    def take_effects(self) -> list[Any]:
+        effects, self._effects = self._effects, []
+        return effects
+
+    def send(self, data: bytes) -> None:
+        if not self.closed:
+            self._out.append(data)
+            self.send_oct += len(data)
+            self.wakeup()
+
+    def set_writable(self, writable: bool) -> None:
+        self.writable = writable
+        if writable and self.subscriptions is not None:
+            self.subscriptions.resume()
+
+    def update_reading(self) -> None:
+        """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
+        publishers; the client's TCP window closes), nor one whose login answer is held back; it is
+        read again once the alarm clears or the answer went out."""
+        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published))
+        if paused != self.reading_paused:
+            self.reading_paused = paused
+            if not paused:
+                self._last_recv = time.monotonic()  # what it sent meanwhile was not read: no silence
+            self._effects.append(Effect.PAUSE_READING if paused else Effect.RESUME_READING)
+            self.wakeup()
+
+    def timer_fired(self) -> None:
+        if self.closed:
+            return
+        if self._login is not None:
+            login, self._login = self._login, None
+            self._handle(lambda: self._finish_connect(*login))
+            return
+        if not self.connected:
+            self._fail("no CONNECT within the connect timeout")
+            return
+        if self.keepalive:
+            limit = self.keepalive * 1.5
+            idle = time.monotonic() - self._last_recv
+            if self.reading_paused:  # its packets wait unread: not the client's silence
+                self._effects.append(SetTimer(limit))
+            elif idle >= limit:
+                self._fail(f"no packet for {idle:.1f} s (keepalive {self.keepalive} s)")
+            else:
+                self._effects.append(SetTimer(limit - idle))
+
+    def lost(self) -> None:
+        """The socket closed (by the client, or after our close): an unclean end publishes the will."""
+        self._teardown(publish_will=True)
+
+    def kick(self, reason: str) -> None:
+        """Closed by the server: another connection took the client id over, the server stops."""
+        log.info("MQTT connection %s (client %r) closed: %s", self.name, self.client_id, reason)
+        self._close()
+        self._teardown(publish_will=True)
+
+    # --- packets -----------------------------------------------------------------------------------
+    def _packet(self, kind: int, flags: int, body: bytes) -> None:
+        if not self.connected:
+            if kind != codec.CONNECT:
+                raise MQTTProtocolError(f"{codec.PACKET_NAMES[kind]} before CONNECT")
+            self._on_connect(codec.parse_connect(body))
+            return
+        if kind == codec.PUBLISH:
+            self._on_publish(codec.parse_publish(flags, body))
+        elif kind == codec.PUBACK:
+            assert self.subscriptions is not None
+            self.subscriptions.puback(codec.parse_packet_id(body, "PUBACK"))
+        elif kind == codec.SUBSCRIBE:
+            self._on_subscribe(*codec.parse_subscribe(body))
+        elif kind == codec.UNSUBSCRIBE:
+            packet_id, filters = codec.parse_unsubscribe(body)
+            assert self.subscriptions is not None
+            for topic_filter in filters:
+                self.subscriptions.unsubscribe(topic_filter)
+            self.send(codec.unsuback(packet_id))
+        elif kind == codec.PINGREQ:
+            if body:
+                raise MQTTProtocolError("PINGREQ with a body")
+            self.send(codec.PINGRESP_PACKET)
+        elif kind == codec.DISCONNECT:
+            if body:
+                raise MQTTProtocolError("DISCONNECT with a body")
+            self.will = None  # a clean end: the will is dropped
+            self._close()
+        elif kind == codec.CONNECT:
+            raise MQTTProtocolError("a second CONNECT")
+        else:
+            # QoS 2 is never granted nor used by the server: PUBREC/PUBREL/PUBCOMP, CONNACK, SUBACK... are bad input.
+            raise MQTTProtocolError(f"unexpected {codec.PACKET_NAMES[kind]}")
+
+    def _on_connect(self, packet: codec.Connect) -> None:
+        self.protocol_level = packet.level
+        if not packet.client_id and not packet.clean_session:
+            raise MQTTProtocolError("empty client id with clean_session=0", codec.IDENTIFIER_REJECTED)
+        if packet.level == 3 and len(packet.client_id) > 23:
+            raise MQTTProtocolError("MQTT 3.1 client id over 23 characters", codec.IDENTIFIER_REJECTED)
+        if packet.will is not None:
+            try:
+                topics.check_topic_name(packet.will.topic)
+            except topics.TopicError as e:
+                raise MQTTProtocolError(f"will: {e}") from None
+        delay = self.broker.login_throttle.delay(self.peer_host)  # before this attempt counts
+        code, vhost_name, username = self._authenticate(packet)
+        if delay:
+            # Answered later, right or wrong (the throttle's rule), without holding anyone else up.
+            self._login = (packet, code, vhost_name, username)
+            self._effects.append(SetTimer(delay))
+            return
+        self._finish_connect(packet, code, vhost_name, username)
+
+    def _finish_connect(self, packet: codec.Connect, code: int, vhost_name: str, username: str) -> None:
+        if code != codec.ACCEPTED:
+            self.send(codec.connack(False, code))
+            self._close()
+            return
+        try:  # the vhost (maybe deleted while the answer was held back), the limits, the user's access
+            vhost, actor = admit_connection(self.broker, username, vhost_name)
+        except AMQPError as e:
+            client_error_log.log(logging.INFO, "MQTT connection %s: %s", self.name, e.text)
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
+        self.username = username
+        self.vhost = vhost
+        self.actor = actor
+        self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
+        self.keepalive = packet.keepalive
+        self.will = packet.will
+        self.connected = True
+        self.reader.max_packet_size = self.config.mqtt_max_packet_size
+        self.host.register(self)  # takes the client id over from an earlier connection
+        self.subscriptions = Subscriptions(self, self.actor, vhost, self.config.mqtt_exchange, self.client_id,
+                                           packet.clean_session, self.config.mqtt_inflight_window)
+        try:
+            present = self.subscriptions.start()
+        except AMQPError as e:  # may not delete or consume from what an earlier session left
+            client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
+                                 self.client_id, e.text)
+            self.will = None  # never accepted: no will
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
+        self.send(codec.connack(present, codec.ACCEPTED))
+        self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
+        log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,
+                 username, vhost_name)
+
+    def _authenticate(self, packet: codec.Connect) -> tuple[int, str, str]:
+        """(CONNACK code, vhost, user) as RabbitMQ chooses them: ``vhost:user`` or the default vhost."""
+        config = self.config
+        users = self.broker.users
+        assert users is not None
+        vhost_name = config.mqtt_default_vhost
+        if packet.username is None:
+            if not config.mqtt_allow_anonymous:
+                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
+                return codec.NOT_AUTHORIZED, vhost_name, ""
+            username, password = config.default_user, config.default_password
+        else:
+            username = packet.username
+            if ":" in username:
+                vhost_name, username = username.split(":", 1)
+            if packet.password is None:
+                return codec.BAD_USERNAME_OR_PASSWORD, vhost_name, username
+            password = packet.password.decode("utf-8", "replace")
+        throttle = self.broker.login_throttle
+        if users.authenticate(username, password) is None:
+            throttle.failed(self.peer_host, username, "MQTT")
+            return codec.BAD_USERNAME_OR_PASSWORD, vhost_name, username
+        throttle.succeeded(self.peer_host)
+        if username in config.loopback_users and not is_loopback_address(self.peer_host):
+            log.warning("MQTT connection %s: user %r may only connect from loopback", self.name, username)
+            return codec.NOT_AUTHORIZED, vhost_name, username
+        return codec.ACCEPTED, vhost_name, username
+
+    def _on_publish(self, packet: codec.Publish) -> None:
+        try:
+            topics.check_topic_name(packet.topic)
+        except topics.TopicError as e:
+            raise MQTTProtocolError(str(e)) from None
+        qos = min(packet.qos, 1)  # QoS 2 is served as QoS 1
+        self.published = True
+        needs_sync = self._publish(packet.topic, packet.payload, qos, packet.retain)
+        if qos:
+            if needs_sync is None:
+                return  # a queue refused it: no PUBACK, the client sends it again
+            self._pubacks.append(packet.packet_id)
+            self._batch_sync = self._batch_sync or needs_sync
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool | None:
+        """Publish to the MQTT exchange as the model books it; whether its PUBACK waits for the disk
+        (None: a queue rejected it)."""
+        vhost, actor = self.vhost, self.actor
+        assert vhost is not None
+        cached = self._exchange
+        if cached is None or cached[0] != vhost.generation:
+            exchange = publish_exchange(actor, vhost, self.config.mqtt_exchange)
+            cached = self._exchange = (vhost.generation, exchange, publish_topic_check(actor, vhost, exchange))
+        _, exchange, check = cached
+        key = topics.routing_key(topic)
+        if check is not None:
+            check(key)
+        max_size = vhost.config.max_message_size
+        if len(payload) > max_size:
+            raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
+        if retain:
+            self.host.retained.put(vhost, topic, payload, qos)
+        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
+        if confirm is REJECTED:
+            return None
+        return bool(confirm)
+
+    def _on_subscribe(self, packet_id: int, requested: list[tuple[str, int]]) -> None:
+        subs, vhost = self.subscriptions, self.vhost
+        assert subs is not None and vhost is not None
+        granted = [subs.subscribe(topic_filter, qos) for topic_filter, qos in requested]
+        self.send(codec.suback(packet_id, granted))
+        for (topic_filter, _), qos in zip(requested, granted, strict=True):
+            if qos != codec.SUBACK_FAILURE:
+                for topic, payload, stored_qos in self.host.retained.matching(vhost, topic_filter):
+                    subs.send_retained(topic, payload, min(qos, stored_qos))
+
+    # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------
+    def _end_batch(self) -> None:
+        ids, self._pubacks = self._pubacks, []
+        sync, self._batch_sync = self._batch_sync, False
+        if not ids or self.closed:
+            return
+        if not sync and not self._ack_batches:
+            for packet_id in ids:
+                self.send(codec.puback(packet_id))
+            return
+        entry: list[Any] = [ids, not sync]
+        self._ack_batches.append(entry)
+        if sync:
+            assert self.vhost is not None
+            self.vhost.durable(acks=False).add_done_callback(lambda f: self._durable(entry, f))
+
+    def _durable(self, entry: list[Any], future: Any) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self._fail("the store could not make a message durable")
+            return
+        entry[1] = True
+        batches = self._ack_batches
+        while batches and batches[0][1]:
+            for packet_id in batches.popleft()[0]:
+                self.send(codec.puback(packet_id))
+
+    # --- ending -----------------------------------------------------------------------------------
+    def _fail(self, reason: str) -> None:
+        if self.closed:
+            return
+        client_error_log.log(logging.INFO, "MQTT connection %s (client %r) closed: %s", self.name,
+                             self.client_id or "-", reason)
+        self._close()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self._effects.append(Effect.CLOSE)
+            self.wakeup()
+            self.closed = True
+
+    def _teardown(self, publish_will: bool) -> None:
+        self.closed = True
+        subs, self.subscriptions = self.subscriptions, None
+        if subs is None:
+            return
+        assert self.vhost is not None
+        self.broker.client_limits.connection_closed(self.vhost.name, self.username)  # admitted: uncounted
+        self.host.unregister(self)
+        will, self.will = self.will, None
+        if publish_will and will is not None:
+            try:
+                self._publish(will.topic, will.payload, min(will.qos, 1), will.retain)
+            except (AMQPError, MQTTProtocolError, topics.TopicError) as e:
+                log.info("MQTT client %r: its will was not published: %s", self.client_id,
+                         getattr(e, "text", e))
+        subs.close()

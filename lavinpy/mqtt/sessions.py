@@ -1,0 +1,66 @@
+"""The MQTT connections of the broker: client ids per vhost (a second CONNECT with the same id takes
+the session over) and the retained messages. No event loop here: the adapter drives connections."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .connection import MQTTConnection
+from .retained import RetainedStore
+
+if TYPE_CHECKING:
+    from ..broker.broker import Broker
+    from ..config import Config
+
+
+class MQTTSessions:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config: Config = broker.config
+        self.retained = RetainedStore()
+        self.connections: set[MQTTConnection] = set()
+        self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
+
+    def new_connection(self, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
+                       tls: bool = False) -> MQTTConnection:
+        connection = MQTTConnection(self, peer, local, tls)
+        self.connections.add(connection)
+        return connection
+
+    def register(self, connection: MQTTConnection) -> None:
+        """A client connected: one with the same id in the same vhost is disconnected first."""
+        assert connection.vhost is not None
+        key = (connection.vhost.name, connection.client_id)
+        earlier = self.clients.get(key)
+        if earlier is not None and earlier is not connection:
+            earlier.kick(f"client id {connection.client_id!r} taken over by {connection.name}")
+        self.clients[key] = connection
+
+    def unregister(self, connection: MQTTConnection) -> None:
+        if connection.vhost is not None:
+            key = (connection.vhost.name, connection.client_id)
+            if self.clients.get(key) is connection:
+                del self.clients[key]
+
+    def forget(self, connection: MQTTConnection) -> None:
+        """The socket is gone."""
+        self.connections.discard(connection)
+
+    # --- what the model asks of every face (the server's SessionLayers forwards it) ---------------
+    def resources_changed(self, reason: str | None) -> None:
+        """A resource alarm was raised or cleared: publishers stop being read, or are read again."""
+        for connection in list(self.connections):
+            connection.update_reading()
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""
+        for connection in list(self.connections):
+            if connection.vhost is not None and connection.vhost.name == vhost:
+                connection.will = None
+                connection.kick(reason)
+
+    def shutdown(self) -> None:
+        """The server stops: every client is disconnected (no wills: the broker, not the client, ends)."""
+        for connection in list(self.connections):
+            connection.will = None
+            connection.kick("the server is stopping")

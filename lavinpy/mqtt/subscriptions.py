@@ -1,0 +1,206 @@
+"""One MQTT client's subscriptions on the model: its queues (named as RabbitMQ names them, one for
+QoS 0 and one for QoS 1 subscriptions), their bindings on the MQTT exchange, the consumers on them,
+and the deliveries awaiting PUBACK (an in-flight window). Queues deliver here as to any
+``DeliveryChannel``; the books and the settling are the model's (``broker.deliveries``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ..broker import operations_objects as ops
+from ..broker.consumer import Consumer
+from ..broker.deliveries import Deliveries
+from ..wire.errors import AMQPError
+from ..wire.properties import peek_headers
+from . import codec, topics
+
+if TYPE_CHECKING:
+    from ..broker.actor import Actor
+    from ..broker.deliveries import StoredMessage  # the model's record type; mqtt names no store module
+    from ..broker.queue_base import QueueKind
+    from ..broker.vhost import VHost
+
+PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
+
+
+class SubscriberHost(Protocol):
+    """What the subscriptions need of their connection."""
+
+    writable: bool
+
+    def send(self, data: bytes) -> None: ...
+
+
+def queue_name(client_id: str, qos: int) -> str:
+    return f"mqtt-subscription-{client_id}qos{qos}"
+
+
+class Subscriptions:
+    """A connected client's queues, consumers and in-flight QoS 1 deliveries."""
+
+    def __init__(self, host: SubscriberHost, actor: Actor, vhost: VHost, exchange: str, client_id: str,
+                 clean_session: bool, inflight_window: int) -> None:
+        self.host = host
+        self.actor = actor
+        self.vhost = vhost
+        self.exchange = exchange
+        self.client_id = client_id
+        self.clean_session = clean_session
+        self.window = inflight_window
+        self.deliveries = Deliveries(vhost, self._room_freed)
+        self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
+        self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
+        self._next_id = 0
+        self.closed = False
+
+    # --- the session as the client left it ---------------------------------------------------------
+    def start(self) -> bool:
+        """At CONNECT: a clean session drops what an earlier one left; a persistent one consumes
+        again from its queues. Returns the CONNACK's session-present flag."""
+        names = [queue_name(self.client_id, qos) for qos in (0, 1)]
+        if self.clean_session:
+            for name in names:
+                if name in self.vhost.queues:  # nothing to check for a queue that is not there
+                    ops.delete_queue(self.actor, self.vhost, name, owner=self)
+            return False
+        present = False
+        for qos, name in enumerate(names):
+            if name in self.vhost.queues:
+                present = True
+                self._consume(qos, name)
+        return present
+
+    def _queue(self, qos: int) -> QueueKind:
+        name = queue_name(self.client_id, qos)
+        existing = self.vhost.queues.get(name)
+        if existing is not None:
+            return existing
+        durable = not self.clean_session
+        return ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=durable,
+                                 auto_delete=not durable)
+
+    def _consume(self, qos: int, name: str) -> None:
+        """Consume from the queue of that QoS (read permission on it, as any consumer)."""
+        if qos in self.consumers:
+            return
+        queue = ops.readable_queue(self.actor, self.vhost, name, self)
+        consumer = Consumer(f"mqtt-{self.client_id}-qos{qos}", queue, self, no_ack=qos == 0,
+                            prefetch=self.window if qos else 0)
+        self.consumers[qos] = consumer
+        queue.add_consumer(consumer)
+
+    # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------------
+    def subscribe(self, topic_filter: str, qos: int) -> int:
+        """Bind the filter to the queue of its QoS (2 is served as 1) and unbind it from the other;
+        the granted QoS, or the SUBACK failure code (bad filter, permission refused)."""
+        granted = min(qos, 1)
+        try:
+            topics.check_filter(topic_filter)
+            key = topics.binding_key(topic_filter)
+            queue = self._queue(granted)
+            self._consume(granted, queue.name)
+            ops.bind_queue(self.actor, self.vhost, queue.name, self.exchange, key, None, self)
+            other = self.vhost.queues.get(queue_name(self.client_id, 1 - granted))
+            if other is not None:
+                ops.unbind_queue(self.actor, self.vhost, other.name, self.exchange, key, None, self)
+        except (topics.TopicError, AMQPError):
+            return codec.SUBACK_FAILURE
+        return granted
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        try:
+            topics.check_filter(topic_filter)
+        except topics.TopicError:
+            return
+        key = topics.binding_key(topic_filter)
+        for qos in (0, 1):
+            name = queue_name(self.client_id, qos)
+            if name in self.vhost.queues:
+                try:
+                    ops.unbind_queue(self.actor, self.vhost, name, self.exchange, key, None, self)
+                except AMQPError:
+                    pass  # nothing bound, or not allowed: UNSUBACK all the same (the spec's rule)
+
+    # --- deliveries (broker.queue_consumer.DeliveryChannel) ------------------------------------------
+    def can_deliver(self) -> bool:
+        return not self.closed and self.host.writable
+
+    def delivery_room(self) -> int:
+        return self.deliveries.room()
+
+    def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
+        tag = self.deliveries.deliver(consumer, pos, redelivered)
+        self._send(consumer, tag, msg, redelivered)
+
+    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
+                    redelivered: list[bool] | None) -> None:
+        first = self.deliveries.deliver_run(consumer, positions, redelivered)
+        for i, msg in enumerate(messages):
+            self._send(consumer, first + i, msg, redelivered[i] if redelivered is not None else False)
+
+    def consumer_cancelled(self, consumer: Consumer) -> None:
+        for qos, mine in list(self.consumers.items()):
+            if mine is consumer:
+                del self.consumers[qos]
+
+    def _send(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
+        topic = topics.topic_name(msg.routing_key)
+        body = bytes(msg.body)
+        if consumer.no_ack:
+            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            return
+        headers = peek_headers(msg.properties)
+        published_qos = headers.get(PUBLISH_QOS_HEADER) if headers else None
+        if published_qos == 0:
+            # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
+            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            self.deliveries.ack_run([tag])
+            return
+        packet_id = self._packet_id()
+        self.inflight[packet_id] = tag
+        self.host.send(codec.publish(topic, body, 1, False, redelivered, packet_id))
+
+    def send_retained(self, topic: str, payload: bytes, qos: int) -> None:
+        """A retained message on SUBSCRIBE: straight to the client, outside any queue."""
+        if qos:
+            packet_id = self._packet_id()
+            self.inflight[packet_id] = None
+            self.host.send(codec.publish(topic, payload, 1, True, False, packet_id))
+        else:
+            self.host.send(codec.publish(topic, payload, 0, True, False, 0))
+
+    def _packet_id(self) -> int:
+        for _ in range(65535):
+            self._next_id = self._next_id % 65535 + 1
+            if self._next_id not in self.inflight:
+                return self._next_id
+        raise codec.MQTTProtocolError("no packet identifier left")  # pragma: no cover - window is smaller
+
+    def puback(self, packet_id: int) -> None:
+        """The client's PUBACK settles its delivery through the model (an unknown id is ignored)."""
+        if packet_id not in self.inflight:
+            return
+        tag = self.inflight.pop(packet_id)
+        if tag is not None:
+            self.deliveries.ack_run([tag])
+
+    def _room_freed(self) -> None:
+        self.resume()
+
+    def resume(self) -> None:
+        """Room again (PUBACKs, a drained socket): the queues deliver again."""
+        for consumer in self.consumers.values():
+            queue = consumer.queue
+            if queue.message_count:
+                self.vhost.schedule_delivery(queue)
+
+    def close(self) -> None:
+        """The connection is gone: consumers go, unacknowledged deliveries back to their queues."""
+        if self.closed:
+            return
+        self.closed = True
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        self.consumers.clear()
+        self.inflight.clear()
+        self.deliveries.close(0)

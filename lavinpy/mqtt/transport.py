@@ -1,0 +1,153 @@
+"""The asyncio side of an MQTT connection: owns the socket and its one timer, drives the state
+machine (``connection.MQTTConnection``) and writes its output once per turn of the loop.
+
+``ConnectionDriver`` is the part every carrier shares (the output flush, the timer, the effects);
+``MQTTProtocol`` carries MQTT over TCP (and TLS), the HTTP face's WebSocket route over WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from .connection import Effect, MQTTConnection, SetTimer
+
+if TYPE_CHECKING:
+    from ..wire.proxy_header import ProxyHeader
+    from .sessions import MQTTSessions
+
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+
+class ConnectionDriver:
+    """Runs one ``MQTTConnection``: its output written once per turn of the loop, its timer, its effects."""
+
+    def __init__(self) -> None:
+        self.conn: MQTTConnection | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._flush_scheduled = False
+        self._loop = asyncio.get_event_loop()
+
+    # --- the carrier's side -------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def set_reading(self, paused: bool) -> None:
+        raise NotImplementedError
+
+    def closing(self) -> bool:
+        raise NotImplementedError
+
+    # --- shared -------------------------------------------------------------------------------------
+    def attach(self, conn: MQTTConnection) -> None:
+        self.conn = conn
+        conn.wakeup = self._schedule_flush
+        conn.start()
+        self.pump()
+
+    def received(self, data: bytes) -> None:
+        if self.conn is not None:
+            self.conn.receive_data(data)
+            self.pump()
+
+    def ended(self) -> None:
+        """The carrier is gone: the connection's unclean end (if it did not end already)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conn = self.conn
+        if conn is not None:
+            conn.lost()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self.pump)
+
+    def pump(self) -> None:
+        """Write the connection's output as one buffer, then carry out its effects."""
+        self._flush_scheduled = False
+        conn = self.conn
+        if conn is None:
+            return
+        out = conn.data_to_send()
+        if out and not self.closing():
+            self.write(out[0] if len(out) == 1 else b"".join(out))
+        for effect in conn.take_effects():
+            if type(effect) is SetTimer:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                if effect.delay > 0 and not self.closing():
+                    self._timer = self._loop.call_later(effect.delay, self._fire)
+            elif effect is Effect.CLOSE:
+                self.close()
+            elif self.closing():
+                continue
+            elif effect is Effect.PAUSE_READING:
+                self.set_reading(True)
+            elif effect is Effect.RESUME_READING:
+                self.set_reading(False)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self.conn is not None:
+            self.conn.timer_fired()
+            self.pump()
+
+
+class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
+    """MQTT over a TCP (or TLS) socket."""
+
+    def __init__(self, sessions: MQTTSessions, forwarded: ProxyHeader | None = None) -> None:
+        super().__init__()
+        self.sessions = sessions
+        self.forwarded = forwarded
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        if self.forwarded is not None and self.forwarded.source:
+            peer = self.forwarded.source
+        local = transport.get_extra_info("sockname")
+        self.attach(self.sessions.new_connection(peer if isinstance(peer, tuple) else None,
+                                                 local if isinstance(local, tuple) else None,
+                                                 transport.get_extra_info("sslcontext") is not None))
+
+    def data_received(self, data: bytes) -> None:
+        self.received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended()
+        if self.conn is not None:
+            self.sessions.forget(self.conn)
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.set_writable(False)
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.set_writable(True)
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def set_reading(self, paused: bool) -> None:
+        assert self.transport is not None
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()

@@ -1,0 +1,64 @@
+"""MQTT connections as the management API lists them (RabbitMQ's fields, ``protocol: "MQTT 3.1.1"``),
+found by name and closed; who may see or close one is the model's rule (``broker.operations``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..broker.operations import can_see_connection, check_close_connection
+from ..wire.constants import NOT_FOUND
+from ..wire.errors import AMQPChannelError
+
+if TYPE_CHECKING:
+    from ..broker.actor import Actor
+    from .connection import MQTTConnection
+    from .sessions import MQTTSessions
+
+PROTOCOLS = {4: "MQTT 3.1.1", 3: "MQTT 3.1"}
+
+
+def connection_name(conn: MQTTConnection) -> str:
+    """RabbitMQ's connection name: ``peer_host:peer_port -> host:port``."""
+    peer, local = conn.peer or ("", 0), conn.local or ("", 0)
+    return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
+
+
+def open_connections(sessions: MQTTSessions, actor: Actor | None, vhost: str | None = None) -> list[MQTTConnection]:
+    """Logged-in MQTT connections the actor may see, optionally of one vhost."""
+    return [c for c in list(sessions.connections)
+            if c.connected and not c.closed and c.vhost is not None and (vhost is None or c.vhost.name == vhost)
+            and can_see_connection(actor, c.username)]
+
+
+def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
+    peer, local = conn.peer or ("", 0), conn.local or ("", 0)
+    return {
+        "name": connection_name(conn), "node": node, "type": "network",
+        "state": "blocked" if conn.reading_paused else "running",
+        "protocol": PROTOCOLS.get(conn.protocol_level, "MQTT"),
+        "user": conn.username, "user_who_performed_action": conn.username,
+        "vhost": conn.vhost.name if conn.vhost is not None else "",
+        "channels": 0, "channel_max": 0, "frame_max": 0, "timeout": conn.keepalive,
+        "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1], "ssl": conn.tls,
+        "auth_mechanism": "none", "client_properties": {"client_id": conn.client_id},
+        "connected_at": conn.connected_at,
+        # The byte counts without rates or packet counts (not kept for MQTT yet): the fields AMQP rows have.
+        "recv_oct": conn.recv_oct, "recv_oct_details": {"rate": 0.0}, "recv_cnt": 0,
+        "send_oct": conn.send_oct, "send_oct_details": {"rate": 0.0}, "send_cnt": 0,
+        "ssl_protocol": None, "ssl_cipher": None, "peer_cert_subject": None, "peer_cert_issuer": None,
+        "peer_cert_validity": None,
+    }
+
+
+def find_connection(sessions: MQTTSessions, actor: Actor | None, name: str) -> MQTTConnection:
+    for conn in open_connections(sessions, actor):
+        if connection_name(conn) == name:
+            return conn
+    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
+
+
+def close_connection(sessions: MQTTSessions, actor: Actor | None, name: str, reason: str | None) -> None:
+    """Close an MQTT connection (MQTT 3.1.1 has no close reason to send: the socket closes)."""
+    conn = find_connection(sessions, actor, name)
+    check_close_connection(actor, conn.username, name)
+    conn.kick(reason or "closed via the management API")

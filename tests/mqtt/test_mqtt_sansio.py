@@ -1,0 +1,81 @@
+"""The MQTT connection without sockets (the h11 shape): bytes in, bytes and effects out, on a real
+broker whose deferred work runs by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lavinpy.mqtt import codec
+from lavinpy.mqtt.connection import Effect, MQTTConnection, SetTimer
+from lavinpy.mqtt.sessions import MQTTSessions
+from tests.amqp.session_client import Harness
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path, fsync="never")
+    yield h
+    h.close()
+
+
+def _packets(conn: MQTTConnection) -> list[tuple[int, int, bytes]]:
+    return codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+
+
+def _connected(sessions: MQTTSessions, client_id: str = "dev") -> MQTTConnection:
+    conn = sessions.new_connection(("127.0.0.1", 50000))
+    conn.start()
+    conn.receive_data(codec.encode_connect(client_id, username="guest", password=b"guest", keepalive=60))
+    assert b"".join(conn.data_to_send()) == codec.connack(False, codec.ACCEPTED)
+    assert conn.take_effects() == [SetTimer(10.0), SetTimer(90.0)]  # connect timeout, then keepalive x 1.5
+    return conn
+
+
+def _subscribe(packet_id: int, topic: str, qos: int) -> bytes:
+    name = topic.encode()
+    return bytes((0x82, 2 + 2 + len(name) + 1)) + packet_id.to_bytes(2, "big") + len(name).to_bytes(2, "big") \
+        + name + bytes((qos,))
+
+
+def test_publish_subscribe_and_puback_settling(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    conn = _connected(sessions)
+    # SUBSCRIBE and a QoS 1 PUBLISH in one read: SUBACK; the queue delivers the message in hand to the
+    # consumer as it is published; the PUBACK goes at the end of the batch.
+    conn.receive_data(_subscribe(1, "a/+", 1) + codec.publish("a/b", b"hi", 1, False, False, 7))
+    harness.run_soon()
+    packets = _packets(conn)
+    assert [(k, body) for k, _, body in packets if k != codec.PUBLISH] == [(codec.SUBACK, b"\x00\x01\x01"),
+                                                                           (codec.PUBACK, b"\x00\x07")]
+    delivered = [codec.parse_publish(f, b) for k, f, b in packets if k == codec.PUBLISH]
+    assert [(p.topic, p.payload, p.qos) for p in delivered] == [("a/b", b"hi", 1)]
+    queue = harness.broker.vhosts["/"].queues["mqtt-subscription-devqos1"]
+    assert conn.subscriptions is not None and len(conn.subscriptions.deliveries.unacked) == 1
+    conn.receive_data(codec.puback(delivered[0].packet_id))
+    assert not conn.subscriptions.deliveries.unacked and queue.message_count == 0
+    conn.receive_data(bytes((0xE0, 0x00)))  # DISCONNECT
+    assert Effect.CLOSE in conn.take_effects()
+    conn.lost()
+    harness.run_soon()
+    assert "mqtt-subscription-devqos1" not in harness.broker.vhosts["/"].queues  # a clean session's queue
+
+
+def test_bad_input_is_a_close_effect_and_nothing_else(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    conn = _connected(sessions)
+    conn.receive_data(codec.publish("a/#", b"x", 0, False, False, 0))
+    assert conn.take_effects() == [Effect.CLOSE]
+    assert conn.data_to_send() == []
+    conn.receive_data(bytes((0xC0, 0x00)))  # nothing more is read once closed
+    assert conn.data_to_send() == []
+
+
+def test_takeover_closes_the_first_connection(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    first = _connected(sessions, "same")
+    second = _connected(sessions, "same")
+    assert first.closed and Effect.CLOSE in first.take_effects()
+    assert sessions.clients[("/", "same")] is second
