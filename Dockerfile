@@ -42,7 +42,7 @@ ENV LAVINPY_DATA_DIR=/var/lib/lavinpy \
 
 # AMQP, AMQPS, the management API and dashboard over HTTPS and HTTP, Prometheus metrics over HTTP and
 # HTTPS (the TLS ports listen once tls_cert is set).
-EXPOSE 5672 5671 15671 15672 15692 15691
+EXPOSE 5672 5671 15671 15672 15692 15691 1883 8883
 
 USER lavinpy
 
