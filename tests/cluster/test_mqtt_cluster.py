@@ -1,0 +1,54 @@
+"""MQTT in a cluster: a follower forwards its MQTT port to the leader's with a PROXY line (the leader
+shows the client's own address)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import wait_until
+from tests.mqtt.conftest import Paho
+
+from .harness import PREFIX, Cluster
+from .test_proxying import http_get
+
+
+def _isr(cluster: Cluster) -> list[str]:
+    value = cluster.etcd.get(f"{PREFIX}/isr")
+    return json.loads(value[0]) if value else []
+
+
+@pytest.fixture
+def two(cluster: Cluster):
+    nodes = cluster.start(2)
+    leader = cluster.wait_for_leader(30)
+    follower = next(n for n in nodes if n is not leader)
+    wait_until(lambda: f"following leader {leader.node_id}" in follower.log_text(), 15, what="the follower to follow")
+    wait_until(lambda: set(_isr(cluster)) == {n.node_id for n in nodes}, 30, what="both nodes in the ISR")
+    return leader, follower
+
+
+def test_a_publish_through_a_follower_reaches_a_subscriber_on_the_leader(two) -> None:
+    leader, follower = two
+    subscriber = Paho(leader.mqtt_port, "on-leader")
+    publisher = Paho(follower.mqtt_port, "through-follower")
+    try:
+        assert subscriber.connect()[1] == 0 and publisher.connect()[1] == 0
+        assert subscriber.subscribe("cluster/+/temp", 1) == [1]
+        publisher.publish("cluster/kitchen/temp", b"21.5", qos=1)  # PUBACKed through the follower
+        message = subscriber.message()
+        assert (message.topic, message.payload, message.qos) == ("cluster/kitchen/temp", b"21.5", 1)
+
+        client_port = publisher.client.socket().getsockname()[1]
+        status, connections = http_get(leader.http_port, "/api/connections")
+        assert status == 200
+        mine = [c for c in connections if c["peer_port"] == client_port]
+        assert len(mine) == 1, connections
+        assert mine[0]["protocol"] == "MQTT 3.1.1"
+        assert mine[0]["peer_host"] == "127.0.0.1"
+        assert mine[0]["port"] == follower.mqtt_port  # the address the client connected to
+        assert mine[0]["name"] == f"127.0.0.1:{client_port} -> 127.0.0.1:{follower.mqtt_port}"
+    finally:
+        publisher.disconnect()
+        subscriber.disconnect()
