@@ -1,5 +1,6 @@
 """MQTT in a cluster: a follower forwards its MQTT port to the leader's with a PROXY line (the leader
-shows the client's own address)."""
+shows the client's own address), and retained messages are replicated with the store's files, so a
+follower promoted after a kill -9 of the leader still delivers them."""
 
 from __future__ import annotations
 
@@ -51,4 +52,29 @@ def test_a_publish_through_a_follower_reaches_a_subscriber_on_the_leader(two) ->
         assert mine[0]["name"] == f"127.0.0.1:{client_port} -> 127.0.0.1:{follower.mqtt_port}"
     finally:
         publisher.disconnect()
+        subscriber.disconnect()
+
+
+def test_a_retained_message_survives_a_kill_9_of_the_leader(cluster: Cluster, two) -> None:
+    leader, follower = two
+    publisher = Paho(leader.mqtt_port, "retainer")
+    try:
+        assert publisher.connect()[1] == 0
+        for i in range(3):  # the last one of a topic counts; a cleared topic stays cleared
+            publisher.publish("house/lamp", f"on-{i}".encode(), qos=1, retain=True)
+        publisher.publish("house/door", b"open", qos=1, retain=True)
+        publisher.publish("house/door", b"", qos=1, retain=True)  # PUBACKed: on the in-sync follower too
+    finally:
+        publisher.disconnect()
+    leader.kill()
+    promoted = cluster.wait_for_leader(60, exclude=leader)
+    assert promoted is follower
+    subscriber = Paho(follower.mqtt_port, "after-failover")
+    try:
+        assert subscriber.connect()[1] == 0
+        assert subscriber.subscribe("house/#", 1) == [1]
+        message = subscriber.message()
+        assert (message.topic, message.payload, message.retain) == ("house/lamp", b"on-2", True)
+        subscriber.no_message(1.0)
+    finally:
         subscriber.disconnect()
