@@ -5,11 +5,12 @@ follower promoted after a kill -9 of the leader still delivers them."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
 from tests.helpers import wait_until
-from tests.mqtt.conftest import Paho
+from tests.mqtt.conftest import Paho, read_until_closed
 
 from .harness import PREFIX, Cluster
 from .test_proxying import http_get
@@ -53,6 +54,17 @@ def test_a_publish_through_a_follower_reaches_a_subscriber_on_the_leader(two) ->
     finally:
         publisher.disconnect()
         subscriber.disconnect()
+
+
+def test_a_follower_without_a_leader_answers_server_unavailable(cluster: Cluster) -> None:
+    cluster.etcd.etcdctl("put", f"{PREFIX}/isr", '["another-node"]')  # an ISR this node is not in: no leader
+    (node,) = cluster.start(1)
+    wait_until(lambda: "forwarding MQTT" in node.log_text(), 15, 0.1, "the node's MQTT port")
+    # The answer comes without waiting for the CONNECT (a CONNECT arriving after the close would
+    # reset the connection under the answer): read before sending.
+    with socket.create_connection(("127.0.0.1", node.mqtt_port), timeout=10) as client:
+        assert read_until_closed(client) == b"\x20\x02\x00\x03"  # CONNACK: server unavailable, then closed
+    assert "MQTT connection from 127.0.0.1" in node.log_text() and "no cluster leader is known" in node.log_text()
 
 
 def test_a_retained_message_survives_a_kill_9_of_the_leader(cluster: Cluster, two) -> None:
