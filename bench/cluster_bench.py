@@ -50,7 +50,8 @@ def single_node(binary: str, data_dir: Path) -> dict:
     with open(data_dir.parent / f"{data_dir.name}.log", "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(data_dir),
                                     "--bind", "127.0.0.1", "--amqp-port", str(port), "--http-port", "0",
-                                    "--prometheus-port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT)
+                                    "--prometheus-port", "0", "--mqtt-port", "0"],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: port_open(port), 60, 0.1, "the single node")
         return amqpperf(binary, port, [process.pid], "single")

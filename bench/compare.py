@@ -133,7 +133,8 @@ class Lavinpy(Broker):
         self.log = self.workdir / "lavinpy.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lavinpy", "--data-dir", str(data), "--amqp-port", str(self.port),
-             "--http-port", "0", "--prometheus-port", "0", "--bind", "127.0.0.1", "--log-level", "warning",
+             "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0", "--bind", "127.0.0.1",
+             "--log-level", "warning",
              "--fsync", self.fsync],
             cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=self._open_log())
         wait_port(self.port, self.proc)

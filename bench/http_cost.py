@@ -70,6 +70,8 @@ class Broker:
         env["PYTHONPATH"] = str(repo)
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port",
                str(self.amqp_port), "--http-port", str(self.http_port), "--log-level", "warning", "--fsync", "never"]
+        if "mqtt_port" in (repo / "lavinpy" / "config.py").read_text():
+            cmd += ["--mqtt-port", "0"]
         if "prometheus_port" in (repo / "lavinpy" / "config.py").read_text():
             self.prometheus_port = free_port() if http else 0
             cmd += ["--prometheus-port", str(self.prometheus_port)]

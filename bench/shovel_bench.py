@@ -76,7 +76,7 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     port, http_port, metrics_port = free_ports(3)
     proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port",
                              str(port), "--http-port", str(http_port), "--prometheus-port", str(metrics_port),
-                             "--log-level", "warning"], cwd=workdir, stdout=subprocess.DEVNULL,
+                             "--mqtt-port", "0", "--log-level", "warning"], cwd=workdir, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"amqp://guest:guest@127.0.0.1:{port}/"
     deadline = time.monotonic() + 20

@@ -39,7 +39,8 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     with open(workdir / "lavinpy.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
-                                 "--amqp-port", str(port), "--http-port", "0", "--log-level", "warning"],
+                                 "--amqp-port", str(port), "--http-port", "0", "--mqtt-port", "0",
+                                 "--log-level", "warning"],
                                 cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:

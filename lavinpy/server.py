@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import signal
 import sys
@@ -121,22 +120,15 @@ class Server:
                  "compiled" if accel.COMPILED else "pure-Python")
 
     async def _start_mqtt(self) -> None:
-        """The MQTT listeners. On by default, on ports other brokers (mosquitto) also take by default:
-        when one is in use this broker runs without it and says so, rather than not at all."""
+        """The MQTT listeners, plain and over TLS; a port in use stops the start as AMQP's does."""
         config = self.config
-        ports: list[tuple[int, str, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", "mqtt_port", None)]
+        ports: list[tuple[int, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", None)]
         if self.tls is not None and config.mqtts_enabled:
-            ports.append((config.mqtts_port, "MQTTS", "mqtts_port", self.tls.listener_context))
-        for port, what, setting, context in ports:
-            if not port:
-                continue
-            try:
+            ports.append((config.mqtts_port, "MQTTS", self.tls.listener_context))
+        for port, what, context in ports:
+            if port:
                 self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
                                                     port, what, self.proxy_policy, context)
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                log.warning("not listening for %s: %s (set %s, or 0 to turn it off)", what, e.strerror, setting)
 
     async def _start_http(self) -> None:
         """The management API and /metrics, each plain and over TLS as the ports say."""

@@ -26,7 +26,7 @@ def broker_uri(tmp_path: Path) -> Iterator[str]:
     with open(tmp_path / "lavinpy.log", "wb") as log:  # the child keeps its own copy of the fd
         proc = subprocess.Popen(
             [sys.executable, "-m", "lavinpy", "--data-dir", str(tmp_path / "data"), "--amqp-port", str(port),
-             "--http-port", "0", "--prometheus-port", "0"],
+             "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 15

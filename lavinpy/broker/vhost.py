@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 
 from ..store import changes
+from ..store.append_file import AppendFile
 from ..store.definitions import DefinitionsLog
 from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
@@ -234,6 +235,12 @@ class VHost(VHostPublishing):
         says) and, in a cluster, with every in-sync follower; ``acks=False`` (publisher confirms):
         messages only. Shared with other callers: add a done callback, never cancel it."""
         return self.store.durable(acks)
+
+    def append_file(self, name: str) -> AppendFile:
+        """A file of the faces' own in the vhost's directory (MQTT's retained messages), opened once:
+        appends are replicated with the store's files and synced by its group commit, so a caller
+        that must know one durable waits for ``durable()``."""
+        return self.store.open_append_file(name)
 
     def replicated(self) -> asyncio.Future[None] | None:
         """A future that resolves once every in-sync follower has what was written before the call;

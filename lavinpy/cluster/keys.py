@@ -45,14 +45,15 @@ class ClusterKeys:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """Where a node is reached: replication URI, AMQP and HTTP host:port ("" = no HTTP); ``history``:
-    its data dir had been part of a cluster when it joined (a replica state file)."""
+    """Where a node is reached: replication URI, AMQP, HTTP and MQTT host:port ("" = no HTTP, no
+    MQTT); ``history``: its data dir had been part of a cluster when it joined (a replica state file)."""
 
     id: str
     uri: str
     amqp: str
     http: str
     history: bool = False
+    mqtt: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -62,7 +63,7 @@ class NodeInfo:
         try:
             data = json.loads(kv.value)
             return cls(str(data["id"]), str(data["uri"]), str(data["amqp"]), str(data.get("http") or ""),
-                       bool(data.get("history", False)))
+                       bool(data.get("history", False)), str(data.get("mqtt") or ""))
         except (ValueError, KeyError, TypeError):
             return None
 

@@ -36,7 +36,7 @@ from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op
 from .files import node_id
 from .keys import ClusterKeys, NodeInfo, uri_host_port
 from .leader_link import LeaderLink
-from .proxy import HTTP_UNAVAILABLE, ClientProxy
+from .proxy import HTTP_UNAVAILABLE, MQTT_UNAVAILABLE, ClientProxy
 from .replication_server import ReplicationServer
 
 if TYPE_CHECKING:
@@ -165,8 +165,9 @@ class ClusterNode:
     def _info(self) -> NodeInfo:
         host = uri_host_port(self.uri)[0]
         http = f"{host}:{self.config.http_port}" if self.config.http_port else ""
+        mqtt = f"{host}:{self.config.mqtt_port}" if self.config.mqtt_port else ""
         return NodeInfo(self.id, self.uri, f"{host}:{self.config.amqp_port}", http,
-                        replica_state.read(self.data_dir) is not None)
+                        replica_state.read(self.data_dir) is not None, mqtt)
 
     async def _leave(self) -> None:
         """SIGTERM: stop serving, give up the lease (the others take over at once), release the data dir."""
@@ -520,12 +521,17 @@ class ClusterNode:
                                HTTP_UNAVAILABLE, policy, HTTP_PROXY_HEADER_REFUSED)
             self._proxies.append(http)
             await http.start()
+        if config.mqtt_port:  # plain MQTT only, as AMQP: TLS ports are not forwarded
+            mqtt = ClientProxy("MQTT", config.bind, config.mqtt_port, lambda: self._leader_port("mqtt"),
+                               MQTT_UNAVAILABLE, policy)
+            self._proxies.append(mqtt)
+            await mqtt.start()
 
     def _leader_port(self, which: str) -> tuple[str, int] | None:
         leader = self.leader
         if leader is None or self.role != "follower":
             return None
-        address = leader.amqp if which == "amqp" else leader.http
+        address = {"amqp": leader.amqp, "http": leader.http, "mqtt": leader.mqtt}[which]
         return uri_host_port(f"tcp://{address}") if address else None
 
     # --- stepping down --------------------------------------------------------------------------

@@ -5,8 +5,8 @@ shows (and checks, for loopback-only users) the client's own address. Behind a l
 ``proxy_protocol_trusted_sources`` the client is the one its PROXY header names: the header is read
 and checked by the node's own listener code (lavinpy.listeners), with its rules and limits, and only
 the line naming that client goes on. A PROXY header from anyone else is bad input, refused here as the
-leader's own ports would. While no leader is known an AMQP connection is closed at once and an HTTP
-request gets 503.
+leader's own ports would. While no leader is known an AMQP connection is closed at once, an HTTP
+request gets 503 and an MQTT client a CONNACK "server unavailable".
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ _UNAVAILABLE_BODY = json.dumps({"error": "service_unavailable",
 HTTP_UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
                     + str(len(_UNAVAILABLE_BODY)).encode() + b"\r\n\r\n" + _UNAVAILABLE_BODY)
+
+# CONNACK, return code 3 "server unavailable": what an MQTT client reads while no leader is known.
+MQTT_UNAVAILABLE = b"\x20\x02\x00\x03"
 
 
 class ClientProxy:

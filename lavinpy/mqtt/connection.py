@@ -348,12 +348,11 @@ class MQTTConnection:
         max_size = vhost.config.max_message_size
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
-        if retain:
-            self.host.retained.put(vhost, topic, payload, qos)
+        retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
         _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
         if confirm is REJECTED:
             return None
-        return bool(confirm)
+        return bool(confirm) or retained_waits
 
     def _on_subscribe(self, packet_id: int, requested: list[tuple[str, int]]) -> None:
         subs, vhost = self.subscriptions, self.vhost

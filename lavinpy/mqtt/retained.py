@@ -1,16 +1,16 @@
 """Retained messages, one per topic per vhost, delivered on SUBSCRIBE with the retain flag.
 
-Kept in memory and in an append-only file in the vhost's directory (``mqtt.retained``): a record
-per retained publish or clear, synced before the PUBACK when the fsync policy is ``always``, read
-back at the first use after a start (a torn last record, from a crash mid-write, is dropped), and
-rewritten whole once it holds mostly replaced records."""
+Kept in memory and in a file of the vhost's own (``mqtt.retained``, through ``VHost.append_file``): a
+record per retained publish or clear, appended as the store's other files are written, so it is
+replicated to the cluster's followers with them and synced by the store's group commit (``always``:
+the PUBACK waits for the flush, as a confirm does; ``batch``: the flush on the batch timer), read back
+at the first use after a start (a torn last record, from a crash mid-write, is dropped), and rewritten
+whole once it holds mostly replaced records."""
 
 from __future__ import annotations
 
 import logging
-import os
 import weakref
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import topics
@@ -38,12 +38,8 @@ def _size(topic: str, payload: bytes) -> int:
     return 8 + len(topic.encode("utf-8")) + len(payload)
 
 
-def _read(path: Path) -> tuple[dict[str, tuple[bytes, int]], int]:
+def _parse(data: bytes, name: str) -> tuple[dict[str, tuple[bytes, int]], int]:
     """The retained messages a file holds, and the length of its whole records."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return {}, 0
     messages: dict[str, tuple[bytes, int]] = {}
     pos, end = 0, len(data)
     while pos + 3 <= end:
@@ -66,7 +62,7 @@ def _read(path: Path) -> tuple[dict[str, tuple[bytes, int]], int]:
         messages[topic] = (data[start + 5:start + 5 + length], qos)
         pos = start + 5 + length
     if pos != end:
-        log.warning("%s: %d bytes of a torn last record dropped", path, end - pos)
+        log.warning("%s: %d bytes of a torn last record dropped", name, end - pos)
     return messages, pos
 
 
@@ -74,49 +70,32 @@ class _VHostRetained:
     """One vhost's retained messages and their file."""
 
     def __init__(self, vhost: VHost) -> None:
-        self.path = vhost.path / FILE_NAME
-        self.sync = vhost.config.fsync == "always"
-        self.messages, self.file_bytes = _read(self.path)
+        self.file = vhost.append_file(FILE_NAME)
+        data = self.file.open()
+        self.messages, self.file_bytes = _parse(data, str(self.file.path))
         self.live_bytes = sum(_size(t, p) for t, (p, _) in self.messages.items())  # their records' size
-        if self.path.exists() and self.path.stat().st_size != self.file_bytes:
-            os.truncate(self.path, self.file_bytes)
+        if len(data) != self.file_bytes:
+            self.file.truncate(self.file_bytes)
 
-    def put(self, topic: str, payload: bytes, qos: int) -> None:
+    def put(self, topic: str, payload: bytes, qos: int) -> bool:
+        """Whether the change waits for ``vhost.durable()`` to be on disk (and on the followers)."""
         old = self.messages.get(topic)
         if payload:
             self.messages[topic] = (payload, qos)
             self.live_bytes += _size(topic, payload)
         elif old is None:
-            return  # nothing retained to clear
+            return False  # nothing retained to clear
         else:
             del self.messages[topic]
         if old is not None:
             self.live_bytes -= _size(topic, old[0])
-        record = _record(topic, payload or None, qos)
         if self.file_bytes > COMPACT_MIN_BYTES and self.file_bytes > 2 * self.live_bytes:
-            self._rewrite()
-            return
-        with open(self.path, "ab") as f:
-            f.write(record)
-            f.flush()
-            if self.sync:
-                os.fsync(f.fileno())
+            data = b"".join(_record(t, p, q) for t, (p, q) in self.messages.items())
+            self.file_bytes = len(data)
+            return self.file.replace(data)
+        record = _record(topic, payload or None, qos)
         self.file_bytes += len(record)
-
-    def _rewrite(self) -> None:
-        data = b"".join(_record(t, p, q) for t, (p, q) in self.messages.items())
-        temporary = self.path.with_suffix(".tmp")
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        self.file_bytes = len(data)
+        return self.file.append(record)
 
 
 class RetainedStore:
@@ -131,9 +110,10 @@ class RetainedStore:
             retained = self._by_vhost[vhost] = _VHostRetained(vhost)
         return retained
 
-    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> None:
-        """A retained publish: kept for the topic; an empty payload clears it (the spec's rule)."""
-        self._of(vhost).put(topic, payload, qos)
+    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> bool:
+        """A retained publish: kept for the topic; an empty payload clears it (the spec's rule). Whether
+        a PUBACK waits for ``vhost.durable()``."""
+        return self._of(vhost).put(topic, payload, qos)
 
     def matching(self, vhost: VHost, topic_filter: str) -> list[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches."""

@@ -111,9 +111,10 @@ class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
-        if self.forwarded is not None and self.forwarded.source:
-            peer = self.forwarded.source
         local = transport.get_extra_info("sockname")
+        if self.forwarded is not None and self.forwarded.source:  # the client, and where it connected
+            peer = self.forwarded.source
+            local = self.forwarded.destination or local
         self.attach(self.sessions.new_connection(peer if isinstance(peer, tuple) else None,
                                                  local if isinstance(local, tuple) else None,
                                                  transport.get_extra_info("sslcontext") is not None))

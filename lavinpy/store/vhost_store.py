@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lavinpy.store import changes
+from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import DeliveryCounts
@@ -44,6 +45,7 @@ class VhostStore:
         self.messages = MessageStore(self.path, segment_size)
         self._queues: dict[str, AnyIndex] = {}
         self._delivery_counts: dict[str, DeliveryCounts] = {}
+        self._append_files: dict[str, AppendFile] = {}
         self._executor: ThreadPoolExecutor | None = None
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
@@ -119,6 +121,18 @@ class VhostStore:
         self._delivery_counts[index.name] = counts
         return counts
 
+    def open_append_file(self, name: str) -> AppendFile:
+        """A file of the vhost's own in its directory (``append_file``), synced with the group commit
+        and reported to the change feed; the same object if already open. ``open()`` it before use."""
+        appended = self._append_files.get(name)
+        if appended is None:
+            appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits)
+        return appended
+
+    def _flush_waits(self) -> bool:
+        """Whether durable() waits for anything: a sync, or in a cluster the followers."""
+        return self.fsync_policy != "never" or self.barrier is not None
+
     def delete_queue(self, index: AnyIndex) -> None:
         """Remove a queue: its messages lose this reference and its directory goes."""
         if self._queues.get(index.name) is index:
@@ -151,6 +165,9 @@ class VhostStore:
         for counts in self._delivery_counts.values():  # after the indexes: their acks are on disk
             counts.close(clean=clean)
         self._delivery_counts.clear()
+        for appended in self._append_files.values():
+            appended.close(clean=clean)
+        self._append_files.clear()
         if clean:
             ranges = self.messages.take_dirty()
             self._report_ranges(ranges)
@@ -169,7 +186,8 @@ class VhostStore:
         if self.fsync_policy == "never":  # flushing only hands the buffers to the OS
             return any(q.has_pending_writes for q in self._queues.values())
         return (any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
-                or any(c.has_unsynced for c in self._delivery_counts.values()))
+                or any(c.has_unsynced for c in self._delivery_counts.values())
+                or any(f.has_unsynced for f in self._append_files.values()))
 
     async def flush(self, acks: bool = True) -> None:
         """Resolve once everything appended/pushed/acked before the call is on disk (per policy).
@@ -236,17 +254,18 @@ class VhostStore:
         ranges = self.messages.take_dirty()
         self._report_ranges(ranges)
         self._write_index_buffers()
-        synced: list[AnyIndex | DeliveryCounts] = []
+        synced: list[AnyIndex | DeliveryCounts | AppendFile] = []
         fds: list[int] = []
         for index in self._queues.values():
             taken = index.take_unsynced_fds(acks)
             if taken:
                 synced.append(index)
                 fds.extend(taken)
-        for counts in self._delivery_counts.values():
-            taken = counts.take_unsynced_fds()
+        others: list[DeliveryCounts | AppendFile] = [*self._delivery_counts.values(), *self._append_files.values()]
+        for synced_with in others:
+            taken = synced_with.take_unsynced_fds()
             if taken:
-                synced.append(counts)
+                synced.append(synced_with)
                 fds.extend(taken)
         outstanding = 1 if self.barrier is None else 2  # the local sync, and the followers'
 
@@ -276,7 +295,7 @@ class VhostStore:
             for segment, start, end in ranges:
                 changes.appended(segment.path, start, segment.mm[start:end])
 
-    async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts], ranges: list[DirtyRange],
+    async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts | AppendFile], ranges: list[DirtyRange],
                               fds: list[int]) -> None:
         token = self._begin_sync()
         try:

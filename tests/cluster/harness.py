@@ -116,6 +116,7 @@ class Node:
         self.amqp_port = free_port(below_ephemeral=True)
         self.http_port = free_port(below_ephemeral=True)
         self.clustering_port = free_port(below_ephemeral=True)
+        self.mqtt_port = free_port(below_ephemeral=True)
         self.etcd = etcd
         self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
@@ -141,8 +142,8 @@ class Node:
     @property
     def args(self) -> list[str]:
         return ["--data-dir", str(self.data_dir), "--bind", "127.0.0.1", "--amqp-port", str(self.amqp_port),
-                "--http-port", str(self.http_port), "--prometheus-port", "0", "--clustering",
-                "--clustering-etcd-endpoints", self.etcd.endpoint, "--clustering-etcd-prefix", PREFIX,
+                "--http-port", str(self.http_port), "--prometheus-port", "0", "--mqtt-port", str(self.mqtt_port),
+                "--clustering", "--clustering-etcd-endpoints", self.etcd.endpoint, "--clustering-etcd-prefix", PREFIX,
                 "--clustering-bind", "127.0.0.1", "--clustering-port", str(self.clustering_port),
                 *self.extra_args]
 

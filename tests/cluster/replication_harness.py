@@ -49,7 +49,7 @@ class Leader:
         self.amqp_port = free_port()
         self.config = config_module.load(None, env={}, overrides={
             "data_dir": str(self.data_dir), "amqp_port": self.amqp_port, "http_port": 0,
-            "prometheus_port": 0, "bind": "127.0.0.1", "fsync": fsync, **settings})
+            "prometheus_port": 0, "mqtt_port": 0, "bind": "127.0.0.1", "fsync": fsync, **settings})
         self.isr = MemoryIsr()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)

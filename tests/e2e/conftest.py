@@ -123,7 +123,7 @@ class LocalBroker:
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(self.data_dir),
                "--amqp-port", str(self.port), "--http-port", str(self.http_port),
                "--prometheus-port", str(self.prometheus_port), "--log-level", "info",
-               "--fsync", "always", *self.extra_args]
+               "--fsync", "always", "--mqtt-port", "0", "--mqtts-port", "0", *self.extra_args]
         started_before = self.log.count(STARTED_LINE)
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== start {' '.join(cmd[1:])}\n".encode())

@@ -203,7 +203,7 @@ def test_second_broker_on_same_data_dir_refuses_to_start(fresh_broker):
     assert isinstance(fresh_broker, LocalBroker)
     r = subprocess.run(
         [sys.executable, "-m", "lavinpy", "--data-dir", str(fresh_broker.data_dir), "--amqp-port", "0",
-         "--http-port", "0", "--prometheus-port", "0"],
+         "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0"],
         cwd=fresh_broker.workdir, capture_output=True, text=True, timeout=30,
         env={**{k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")},
              "PYTHONPATH": str(REPO_ROOT)},

@@ -40,7 +40,7 @@ class HTTPSBroker:
         self.cert, self.key, self.serial = self.ca.issue("server", server=True)
         self.https_port, self.metrics_tls_port = free_port(), free_port()
         conf = tmp_path / "https.yaml"
-        conf.write_text(f"tls_cert: {self.cert}\ntls_key: {self.key}\namqps_port: 0\n"
+        conf.write_text(f"tls_cert: {self.cert}\ntls_key: {self.key}\namqps_port: 0\nmqtts_port: 0\n"
                         f"https_port: {self.https_port}\nprometheus_tls_port: {self.metrics_tls_port}\n")
         self.broker = LocalBroker(tmp_path / "broker")
         self.plain_http_port = self.broker.http_port  # stays closed: http_port 0 below wins

@@ -37,7 +37,7 @@ class InProcessBroker:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
         cfg = lavinpy_config.load(None, env={}, overrides={
             "data_dir": str(workdir / "data"), "amqp_port": self.port, "http_port": 0,
-            "prometheus_port": 0, **settings})
+            "prometheus_port": 0, "mqtt_port": 0, **settings})
         self.server = Server(cfg)
         self.loop = asyncio.new_event_loop()
         started = threading.Event()

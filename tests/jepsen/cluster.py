@@ -131,7 +131,7 @@ class Node:
         # -m 0: no blocks reserved for root, so that a full disk is full for the node too.
         run("mkfs.ext4", "-q", "-F", "-m", "0", str(self.image))
         settings = {"data_dir": str(self.data_dir), "bind": [self.ip], "amqp_port": AMQP_PORT,
-                    "http_port": HTTP_PORT, "prometheus_port": PROM_PORT, "default_user": USER,
+                    "http_port": HTTP_PORT, "prometheus_port": PROM_PORT, "mqtt_port": 0, "default_user": USER,
                     "default_password": PASSWORD, "loopback_users": [], "disk_free_limit": 8_000_000,
                     "heartbeat": 10, "clustering": True, "clustering_etcd_endpoints": self.endpoints,
                     "clustering_etcd_prefix": PREFIX, "clustering_bind": self.ip, "clustering_port": REPL_PORT,

@@ -1,47 +1,121 @@
-"""The retained messages' file on its own: replayed at open, a torn last record dropped, rewritten
-when it holds mostly replaced records."""
+"""The retained messages' file on a real vhost: replayed at open, a torn last record dropped, rewritten
+when it holds mostly replaced records, reported to the store's change feed (what replication streams)
+and synced by the store's group commit, not per record."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from lavinpy.broker.broker import Broker
 from lavinpy.mqtt import retained
 from lavinpy.mqtt.retained import FILE_NAME, RetainedStore
+from lavinpy.store import changes
+from tests.broker.model_harness import Model
 
 
-class _VHost:
-    """The two members of a vhost the store reads (hashable and weakly referenced, as a VHost)."""
+class _Feed:
+    """A change listener recording what a replication leader would stream."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.config = SimpleNamespace(fsync="always")
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, str, Any]] = []
+
+    def file_appended(self, rel_path: str, offset: int, data: bytes) -> None:
+        self.ops.append(("append", rel_path, (offset, data)))
+
+    def file_replaced(self, rel_path: str, data: bytes) -> None:
+        self.ops.append(("replace", rel_path, data))
+
+    def file_truncated(self, rel_path: str, size: int) -> None:
+        self.ops.append(("truncate", rel_path, size))
+
+    def file_deleted(self, rel_path: str) -> None:
+        self.ops.append(("delete", rel_path, None))
+
+    def dir_deleted(self, rel_path: str) -> None:
+        self.ops.append(("rmdir", rel_path, None))
 
 
-def _vhost(path: Path) -> Any:
-    return _VHost(path)
+def _apply(ops: list[tuple[str, str, Any]], root: Path, name: str) -> bytes:
+    """A follower's copy of one file after the ops (absolute, so replayable)."""
+    data = bytearray()
+    for kind, rel, arg in ops:
+        if not rel.endswith(name):
+            continue
+        if kind == "append":
+            offset, chunk = arg
+            data[offset:offset + len(chunk)] = chunk
+        elif kind == "replace":
+            data = bytearray(arg)
+        elif kind == "truncate":
+            del data[arg:]
+    return bytes(data)
 
 
-def test_replay_and_torn_tail(tmp_path: Path) -> None:
-    vhost = _vhost(tmp_path)
+@pytest.fixture
+def model(tmp_path: Path):
+    m = Model(tmp_path / "data")
+    yield m
+    changes.attach(tmp_path, None)
+    m.close()
+
+
+def test_replay_and_torn_tail(model: Model) -> None:
+    vhost = model.vhost
     store = RetainedStore()
-    store.put(vhost, "a/b", b"one", 1)
+    assert store.put(vhost, "a/b", b"one", 1)  # fsync always: the PUBACK waits for durable()
     store.put(vhost, "a/c", b"two", 0)
     store.put(vhost, "a/c", b"", 0)
-    whole = (tmp_path / FILE_NAME).stat().st_size
-    with open(tmp_path / FILE_NAME, "ab") as f:
-        f.write(b"R\x00\x03a/dX")  # a record cut short by a crash
-    reopened = RetainedStore()
-    assert reopened.matching(_vhost(tmp_path), "a/+") == [("a/b", b"one", 1)]
-    assert (tmp_path / FILE_NAME).stat().st_size == whole  # the torn tail is cut off
+    path = vhost.path / FILE_NAME
+    whole = path.stat().st_size
+    model.close()  # as a crash: nothing compacted, and a record cut short after the whole ones
+    with open(path, "ab") as f:
+        f.write(b"R\x00\x03a/dX")
+    model.broker = Broker(model.broker.config)
+    model.broker.open()
+    assert RetainedStore().matching(model.vhost, "a/+") == [("a/b", b"one", 1)]
+    assert path.stat().st_size == whole  # the torn tail is cut off
 
 
-def test_rewritten_when_mostly_replaced(tmp_path: Path, monkeypatch: Any) -> None:
+def test_rewritten_when_mostly_replaced(model: Model, monkeypatch: Any) -> None:
     monkeypatch.setattr(retained, "COMPACT_MIN_BYTES", 1000)
-    vhost = _vhost(tmp_path)
     store = RetainedStore()
     for i in range(200):
-        store.put(vhost, "t", b"%03d" % i, 1)
-    assert (tmp_path / FILE_NAME).stat().st_size < 1000 + 100
-    assert RetainedStore().matching(_vhost(tmp_path), "#") == [("t", b"199", 1)]
+        store.put(model.vhost, "t", b"%03d" % i, 1)
+    assert (model.vhost.path / FILE_NAME).stat().st_size < 1000 + 100
+    model.reopen()
+    assert RetainedStore().matching(model.vhost, "#") == [("t", b"199", 1)]
+
+
+def test_changes_reach_the_feed_and_sync_with_the_group_commit(model: Model, monkeypatch: Any,
+                                                               tmp_path: Path) -> None:
+    feed = _Feed()
+    changes.attach(tmp_path, feed)
+    monkeypatch.setattr(retained, "COMPACT_MIN_BYTES", 400)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    vhost, store = model.vhost, RetainedStore()
+
+    async def scenario() -> None:
+        for i in range(15):  # 315 bytes: below the rewrite
+            assert store.put(vhost, f"t/{i % 3}", b"payload-%02d" % i, 1)
+        assert not synced  # no fsync per record: they wait for the group commit
+        assert vhost.store.pending
+        await vhost.durable(acks=False)
+        assert len(synced) == 1 and not vhost.store.pending  # one fsync for the fifteen
+        for i in range(15, 40):  # past 400 bytes, mostly replaced: rewritten once on the way
+            store.put(vhost, f"t/{i % 3}", b"payload-%02d" % i, 1)
+        await vhost.durable(acks=False)
+
+    asyncio.run(scenario())
+    kinds = {kind for kind, rel, _ in feed.ops if rel.endswith(FILE_NAME)}
+    assert kinds == {"append", "replace"}, feed.ops  # appends and at least one rewrite, all reported
+    copy = _apply(feed.ops, tmp_path, FILE_NAME)
+    assert copy == (vhost.path / FILE_NAME).read_bytes()
+    expected = {f"t/{k}": (b"payload-%02d" % max(i for i in range(40) if i % 3 == k), 1) for k in range(3)}
+    assert retained._parse(copy, "copy")[0] == expected

@@ -20,10 +20,10 @@ def tls_mqtt_broker(tmp_path: Path) -> Iterator[tuple[MQTTBroker, int, Path]]:
     cert, key, _ = ca.issue("server", server=True)
     mqtts_port = free_port()
     conf = tmp_path / "tls.yaml"
-    conf.write_text(f"tls_cert: {cert}\ntls_key: {key}\nmqtts_port: {mqtts_port}\namqps_port: 0\n"
+    conf.write_text(f"tls_cert: {cert}\ntls_key: {key}\namqps_port: 0\n"
                     "https_port: 0\nprometheus_tls_port: 0\n")
     broker = MQTTBroker(tmp_path / "broker")
-    broker.extra_args += ["--config", str(conf)]
+    broker.extra_args += ["--config", str(conf), "--mqtts-port", str(mqtts_port)]
     broker.start()
     yield broker, mqtts_port, ca.cert_path
     broker.close()

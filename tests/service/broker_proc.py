@@ -28,7 +28,8 @@ def broker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def port_args(tmp_path: Path) -> list[str]:
     """A data dir and free ports; the HTTP API on, Prometheus off."""
     return ["--data-dir", str(tmp_path / "data"), "--bind", "127.0.0.1", "--amqp-port", str(free_port()),
-            "--http-port", str(free_port()), "--prometheus-port", "0", "--amqps-port", "0"]
+            "--http-port", str(free_port()), "--prometheus-port", "0", "--amqps-port", "0",
+            "--mqtt-port", "0", "--mqtts-port", "0"]
 
 
 def start(args: list[str], tmp_path: Path, env: dict[str, str] | None = None, python: str = sys.executable,

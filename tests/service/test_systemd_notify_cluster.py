@@ -49,7 +49,7 @@ def test_cluster_node_reports_ready_pings_and_stopping(tmp_path: Path):
     sock.settimeout(0.2)
     amqp_port = free_port()
     args = ["--data-dir", str(tmp_path / "data"), "--bind", "127.0.0.1", "--amqp-port", str(amqp_port),
-            "--http-port", str(free_port()), "--prometheus-port", "0", "--clustering",
+            "--http-port", str(free_port()), "--prometheus-port", "0", "--mqtt-port", "0", "--clustering",
             "--clustering-etcd-endpoints", endpoint, "--clustering-bind", "127.0.0.1",
             "--clustering-port", str(free_port())]
     proc = start(args, tmp_path, broker_env({"NOTIFY_SOCKET": name, "WATCHDOG_USEC": "400000"}))

@@ -56,7 +56,7 @@ class Broker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port", str(self.port),
-               "--http-port", "0", "--prometheus-port", "0", "--log-level", "warning"]
+               "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0", "--log-level", "warning"]
         self.log_path = workdir / "lavinpy.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,

@@ -176,7 +176,8 @@ def test_connection_drop_leaves_messages_unconfirmed_and_fails(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(tmp_path / "data"), "--amqp-port",
-                             str(port), "--http-port", "0", "--prometheus-port", "0", "--log-level", "error"],
+                             str(port), "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0",
+                             "--log-level", "error"],
                             cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,0 +1,96 @@
+"""A small durable file of a vhost's own beside its queues (MQTT's retained messages): records are
+appended, the whole file is replaced now and then, and both take part in the store like its index
+files do.
+
+Each append goes to the OS at once (one ``write`` on an O_APPEND descriptor) and to the change feed
+(so a replication leader streams it to the followers in order with the store's other changes); the
+fsync is the group commit's: under ``always`` the next flush syncs it before its waiters resolve,
+under ``batch`` the flush on the batch timer does, and a caller that must know the bytes are durable
+(and, in a cluster, on every in-sync follower) waits for ``VhostStore.durable()`` as a publisher
+confirm does. No fsync per record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from lavinpy.store import changes
+from lavinpy.store.jsonfile import FILE_MODE, write_bytes_atomic
+
+_FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+
+
+class AppendFile:
+    """One file; use from the store's event loop thread. ``close_fd`` closes a descriptor, or later if
+    a flush's worker thread may be syncing it (the store's rule for its index files)."""
+
+    def __init__(self, path: Path, close_fd: Callable[[int], None], waits: Callable[[], bool]) -> None:
+        self.path = Path(path)
+        self._close_fd = close_fd
+        self._waits = waits
+        self._fd = -1
+        self._unsynced = False
+
+    def open(self) -> bytes:
+        """Open (creating it empty) and return what the file holds."""
+        if self._fd < 0:
+            self._fd = os.open(self.path, _FLAGS, FILE_MODE)
+        with open(self.path, "rb") as f:
+            return f.read()
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def append(self, data: bytes) -> bool:
+        """Add ``data`` at the end; whether a caller that must know it durable waits for the store's
+        ``durable()`` (False: with ``fsync: never`` outside a cluster, handed to the OS is all)."""
+        written = os.write(self._fd, data)
+        while written < len(data):  # a regular file takes it whole but for a full disk; finish or raise
+            written += os.write(self._fd, data[written:])
+        changes.appended_fd(self._fd, self.path, data)
+        self._unsynced = True
+        return self._waits()
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (a torn last record after a crash)."""
+        os.ftruncate(self._fd, size)
+        changes.truncated(self.path, size)
+        self._unsynced = True
+
+    def replace(self, data: bytes) -> bool:
+        """Make the file hold exactly ``data``, atomically and durably here (a rewrite that drops
+        replaced records); whether a caller waits for ``durable()`` (in a cluster, for the followers)."""
+        write_bytes_atomic(self.path, data)  # synced, renamed, reported as a replace
+        old, self._fd = self._fd, os.open(self.path, _FLAGS, FILE_MODE)
+        self._close_fd(old)
+        self._unsynced = False
+        return self._waits()
+
+    # ---- group commit (VhostStore) -------------------------------------------------------------
+
+    @property
+    def has_unsynced(self) -> bool:
+        return self._unsynced
+
+    def take_unsynced_fds(self) -> list[int]:
+        """The descriptor to fsync in this flush, if anything was written since the last one."""
+        if not self._unsynced or self._fd < 0:
+            return []
+        self._unsynced = False
+        return [self._fd]
+
+    def mark_unsynced(self) -> None:
+        """A flush that took the descriptor failed: the next one syncs it again."""
+        self._unsynced = True
+
+    def close(self, clean: bool = True) -> None:
+        if self._fd < 0:
+            return
+        if clean and self._unsynced:
+            os.fsync(self._fd)
+            self._unsynced = False
+        self._close_fd(self._fd)
+        self._fd = -1
