@@ -14,8 +14,10 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..broker.broker import ConnectionCounts
 from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout
+from .connection_states import OPEN
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -81,6 +83,11 @@ class Sessions:
                 connection.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
                 connection.teardown()  # exclusive queues go before the vhost closes
         self._schedule()  # the close frames go out now
+
+    def connection_counts(self) -> ConnectionCounts:
+        connections = list(self.connections)
+        logged_in = sum(1 for c in connections if c.state == OPEN and c.vhost is not None)
+        return ConnectionCounts(len(connections), logged_in)
 
     # --- pending work ---------------------------------------------------------------------------
     def schedule_output(self, connection: ConnectionOutput) -> None:

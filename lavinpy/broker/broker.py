@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,8 +32,22 @@ log = logging.getLogger("lavinpy.broker")
 RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """Client connections of one face (or of all of them, added up)."""
+
+    sockets: int  # client sockets open, logged in or not (RabbitMQ's sockets_used)
+    open: int  # connections past their login, the ones the API lists
+
+    def __add__(self, other: ConnectionCounts) -> ConnectionCounts:
+        return ConnectionCounts(self.sockets + other.sockets, self.open + other.open)
+
+
 class SessionLayer(Protocol):
     """What the model asks of the session layer above it (which implements this)."""
+
+    def connection_counts(self) -> ConnectionCounts:
+        """The client connections of every face: what the node and metrics views count."""
 
     def work_pending(self) -> None:
         """Queues have deliveries to make: call ``Broker.run_deliveries`` soon."""
@@ -58,6 +73,9 @@ class _NoSessions:
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         pass
+
+    def connection_counts(self) -> ConnectionCounts:
+        return ConnectionCounts(0, 0)
 
 
 class Broker:

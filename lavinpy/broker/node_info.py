@@ -75,8 +75,8 @@ def resource_state(broker: Broker) -> dict[str, Any]:
     }
 
 
-def node_info(broker: Broker, connections: int) -> dict[str, Any]:
-    """RabbitMQ's /api/nodes entry for this node."""
+def node_info(broker: Broker) -> dict[str, Any]:
+    """RabbitMQ's /api/nodes entry for this node (its sockets: the client connections of every face)."""
     info = {
         "name": node_name(),
         "type": "disc",
@@ -84,7 +84,7 @@ def node_info(broker: Broker, connections: int) -> dict[str, Any]:
         "uptime": uptime_ms(),
         "fd_used": fd_used(),
         "fd_total": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "sockets_used": connections,
+        "sockets_used": broker.sessions.connection_counts().sockets,
         "proc_used": 1,
         "processors": os.cpu_count() or 1,
         "partitions": [],

@@ -139,7 +139,7 @@ class BrokerCollector:
     def _node(self) -> Iterator[Metric]:
         p = self.prefix
         state = node_info.resource_state(self.broker)
-        node = node_info.node_info(self.broker, len(self.sessions.connections))
+        node = node_info.node_info(self.broker)
         yield _gauge(f"{p}_process_resident_memory_bytes", "Memory used in bytes", state["mem_used"])
         yield _gauge(f"{p}_resident_memory_limit_bytes", "Memory high watermark in bytes", state["mem_limit"])
         yield _gauge(f"{p}_disk_space_available_bytes", "Disk space available in bytes", state["disk_free"])
@@ -158,8 +158,9 @@ class BrokerCollector:
 
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
+        # Every face's connections (RabbitMQ counts its MQTT ones too); channels are AMQP's alone.
+        yield _gauge(f"{p}_connections", "Connections currently open", self.broker.sessions.connection_counts().open)
         conns = session_views.open_connections(self.sessions, None)
-        yield _gauge(f"{p}_connections", "Connections currently open", len(conns))
         yield _gauge(f"{p}_channels", "Channels currently open", sum(len(c.channels) for c in conns))
         ready = unacked = queues = consumers = 0
         for vhost in list(self.broker.vhosts.values()):

@@ -48,7 +48,7 @@ async def overview(request: web.Request) -> web.Response:
 
 async def list_nodes(request: web.Request) -> web.Response:
     node_info.require_monitor(actor_of(request))
-    info = node_info.node_info(broker_of(request), len(sessions_of(request).connections))
+    info = node_info.node_info(broker_of(request))
     cluster_nodes = request.app[CLUSTER_NODES]
     nodes = [info] if cluster_nodes is None else node_info.cluster_node_infos(info, cluster_nodes())
     return json_reply(apply_list_query(nodes, request.query))
@@ -58,7 +58,7 @@ async def get_node(request: web.Request) -> web.Response:
     node_info.require_monitor(actor_of(request))
     if request.match_info["name"] != node_info.node_name():
         raise not_found()
-    return json_reply(node_info.node_info(broker_of(request), len(sessions_of(request).connections)))
+    return json_reply(node_info.node_info(broker_of(request)))
 
 
 async def _threshold_body(request: web.Request) -> dict[str, Any]:

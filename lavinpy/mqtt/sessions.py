@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..broker.broker import ConnectionCounts
 from .connection import MQTTConnection
 from .retained import RetainedStore
 
@@ -25,6 +26,7 @@ class MQTTSessions:
                        tls: bool = False) -> MQTTConnection:
         connection = MQTTConnection(self, peer, local, tls)
         self.connections.add(connection)
+        self.broker.node_counters.connection_opened()  # churn counts every face's connections
         return connection
 
     def register(self, connection: MQTTConnection) -> None:
@@ -44,13 +46,20 @@ class MQTTSessions:
 
     def forget(self, connection: MQTTConnection) -> None:
         """The socket is gone."""
-        self.connections.discard(connection)
+        if connection in self.connections:  # gone once, counted once
+            self.connections.discard(connection)
+            self.broker.node_counters.connection_closed()
 
     # --- what the model asks of every face (the server's SessionLayers forwards it) ---------------
     def resources_changed(self, reason: str | None) -> None:
         """A resource alarm was raised or cleared: publishers stop being read, or are read again."""
         for connection in list(self.connections):
             connection.update_reading()
+
+    def connection_counts(self) -> ConnectionCounts:
+        connections = list(self.connections)
+        return ConnectionCounts(len(connections),
+                                sum(1 for c in connections if c.connected and not c.closed and c.vhost is not None))
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""
