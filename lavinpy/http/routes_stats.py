@@ -134,8 +134,9 @@ def _mqtt_connection(request: web.Request) -> Any:
 
 async def get_connection(request: web.Request) -> web.Response:
     mqtt_conn = _mqtt_connection(request)
-    if mqtt_conn is not None:
-        return json_reply(mqtt_views.connection_info(mqtt_conn, _node()))
+    if mqtt_conn is not None:  # with its MQTT session: subscriptions, deliveries awaiting PUBACK
+        return json_reply({**mqtt_views.connection_info(mqtt_conn, _node()),
+                           "mqtt_session": mqtt_views.session_info(mqtt_conn)})
     conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
     return json_reply(views.connection_info(conn, _node()))
 
@@ -152,6 +153,8 @@ async def delete_connection(request: web.Request) -> web.Response:
 
 
 async def list_channels(request: web.Request) -> web.Response:
+    if "name" in request.match_info and _mqtt_connection(request) is not None:
+        return json_reply(apply_list_query([], request.query))  # an MQTT connection has no channels
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
