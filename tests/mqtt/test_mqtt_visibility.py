@@ -39,6 +39,7 @@ def test_mqtt_connections_in_metrics_nodes_and_overview(fresh_mqtt_broker: MQTTB
     now = wait_until(lambda: (m := _metrics(b))["lavinpy_connections"] == 3 and m, what="three connections counted")
     assert now["lavinpy_connections_opened_total"] - before["lavinpy_connections_opened_total"] == 3
     assert now["lavinpy_channels"] == 0  # MQTT connections have no channels, and pika opened none yet
+    assert now["lavinpy_channels_opened_total"] == before["lavinpy_channels_opened_total"]
     assert http_call(b, "GET", "/api/nodes")[1][0]["sockets_used"] == 3
     assert http_call(b, "GET", "/api/overview")[1]["object_totals"]["connections"] == 3
     devices[0].disconnect()
