@@ -59,8 +59,8 @@ class SessionLayers:
         self.mqtt.close_vhost_connections(vhost, reason)
         self.amqp.close_vhost_connections(vhost, reason)
 
-    def connection_counts(self) -> ConnectionCounts:
-        return self.amqp.connection_counts() + self.mqtt.connection_counts()
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        return {**self.amqp.connection_counts(), **self.mqtt.connection_counts()}
 
 
 class Server:

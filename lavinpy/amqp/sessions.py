@@ -46,6 +46,9 @@ class Scheduling(Protocol):
         """Run ``work`` (waiting for the store, say) alongside; its errors are the adapter's to log."""
 
 
+PROTOCOL_LABEL = "amqp091"  # RabbitMQ's label of AMQP 0-9-1 in its per-protocol metrics
+
+
 class Sessions:
     def __init__(self, broker: Broker, scheduling: Scheduling, new_spool: Callable[[], BodySpool]) -> None:
         """``new_spool``: a new body spool for a connection (files in the data dir)."""
@@ -84,10 +87,16 @@ class Sessions:
                 connection.teardown()  # exclusive queues go before the vhost closes
         self._schedule()  # the close frames go out now
 
-    def connection_counts(self) -> ConnectionCounts:
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
         connections = list(self.connections)
-        logged_in = sum(1 for c in connections if c.state == OPEN and c.vhost is not None)
-        return ConnectionCounts(len(connections), logged_in)
+        logged_in = publishers = consumers = 0
+        for conn in connections:
+            if conn.state == OPEN and conn.vhost is not None:
+                logged_in += 1
+            for channel in list(conn.channels.values()):
+                publishers += channel.is_publisher
+                consumers += len(channel.consumers)
+        return {PROTOCOL_LABEL: ConnectionCounts(len(connections), logged_in, publishers, consumers)}
 
     # --- pending work ---------------------------------------------------------------------------
     def schedule_output(self, connection: ConnectionOutput) -> None:

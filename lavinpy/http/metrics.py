@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import __version__
 from ..amqp import session_views
 from ..broker import node_info
+from ..broker.broker import all_protocols
 from ..broker.stats import DEAD_LETTER_REASONS, node_totals
 from . import metrics_node
 from .metrics_node import EventLoopLag
@@ -159,7 +160,8 @@ class BrokerCollector:
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
         # Every face's connections (RabbitMQ counts its MQTT ones too); channels are AMQP's alone.
-        yield _gauge(f"{p}_connections", "Connections currently open", self.broker.sessions.connection_counts().open)
+        by_protocol = self.broker.sessions.connection_counts()
+        yield _gauge(f"{p}_connections", "Connections currently open", all_protocols(by_protocol).open)
         conns = session_views.open_connections(self.sessions, None)
         yield _gauge(f"{p}_channels", "Channels currently open", sum(len(c.channels) for c in conns))
         ready = unacked = queues = consumers = 0
@@ -209,7 +211,7 @@ class BrokerCollector:
             family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
             yield family
         counters = self.broker.node_counters
-        yield from metrics_node.global_families(p, self.sessions, counters, consumers)
+        yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
         yield metrics_node.message_size_family(p, counters)
         yield from metrics_node.fsync_families(p)

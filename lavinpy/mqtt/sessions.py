@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from ..config import Config
 
 
+# RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
+PROTOCOL_LABELS = {4: "mqtt311", 3: "mqtt310"}
+
+
 class MQTTSessions:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -56,10 +60,16 @@ class MQTTSessions:
         for connection in list(self.connections):
             connection.update_reading()
 
-    def connection_counts(self) -> ConnectionCounts:
-        connections = list(self.connections)
-        return ConnectionCounts(len(connections),
-                                sum(1 for c in connections if c.connected and not c.closed and c.vhost is not None))
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        """By protocol level (a client not yet past CONNECT counts as MQTT 3.1.1)."""
+        counts: dict[str, ConnectionCounts] = {}
+        for conn in list(self.connections):
+            logged_in = conn.connected and not conn.closed and conn.vhost is not None
+            subs = conn.subscriptions
+            label = PROTOCOL_LABELS.get(conn.protocol_level, PROTOCOL_LABELS[4])
+            counts[label] = counts.get(label, ConnectionCounts(0, 0)) + ConnectionCounts(
+                1, logged_in, int(logged_in and conn.published), len(subs.consumers) if subs is not None else 0)
+        return counts
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import urllib.request
 
+import paho.mqtt.client as mqtt
 import pika
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,10 +23,18 @@ from .conftest import MQTTBroker, Paho, unique
 RABBITMQADMIN = shutil.which("rabbitmqadmin")
 
 
-def _metrics(broker: MQTTBroker) -> dict[str, float]:
+def _scrape(broker: MQTTBroker) -> list:
     with urllib.request.urlopen(broker.metrics_url + "/metrics", timeout=30) as response:
         text = response.read().decode()
-    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+    return [s for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def _metrics(broker: MQTTBroker) -> dict[str, float]:
+    return {s.name: s.value for s in _scrape(broker) if not s.labels}
+
+
+def _by_protocol(broker: MQTTBroker, name: str) -> dict[str, float]:
+    return {s.labels["protocol"]: s.value for s in _scrape(broker) if s.name == name}
 
 
 def test_mqtt_connections_in_metrics_nodes_and_overview(fresh_mqtt_broker: MQTTBroker) -> None:
@@ -42,6 +51,24 @@ def test_mqtt_connections_in_metrics_nodes_and_overview(fresh_mqtt_broker: MQTTB
     assert now["lavinpy_channels_opened_total"] == before["lavinpy_channels_opened_total"]
     assert http_call(b, "GET", "/api/nodes")[1][0]["sockets_used"] == 3
     assert http_call(b, "GET", "/api/overview")[1]["object_totals"]["connections"] == 3
+    # Publishers and consumers by protocol, labelled as RabbitMQ labels them.
+    assert _by_protocol(b, "lavinpy_global_publishers") == {"amqp091": 0, "mqtt311": 0}
+    devices[0].subscribe("metrics/#", 1)
+    devices[1].publish("metrics/x", b"x", qos=1)
+    old = Paho(b.mqtt_port, unique("metrics31"), protocol=mqtt.MQTTv31)
+    old.connect()
+    old.subscribe("metrics/#", 0)
+    amqp_channel = amqp.channel()
+    amqp_channel.basic_publish("amq.topic", "metrics.y", b"y")
+    amqp_channel.basic_consume(amqp_channel.queue_declare("", exclusive=True).method.queue, lambda *a: None)
+    wait_until(lambda: _by_protocol(b, "lavinpy_global_publishers") == {"amqp091": 1, "mqtt310": 0, "mqtt311": 1},
+               what="one publisher of each protocol that published")
+    assert _by_protocol(b, "lavinpy_global_consumers") == {"amqp091": 1, "mqtt310": 1, "mqtt311": 1}
+    assert _metrics(b)["lavinpy_consumers"] == 3
+    old.disconnect()
+    amqp_channel.close()
+    wait_until(lambda: _metrics(b)["lavinpy_connections"] == 3, what="the MQTT 3.1 client uncounted")
+    now = _metrics(b)
     devices[0].disconnect()
     after = wait_until(lambda: (m := _metrics(b))["lavinpy_connections"] == 2 and m, what="the closed one uncounted")
     assert after["lavinpy_connections_closed_total"] - now["lavinpy_connections_closed_total"] == 1
