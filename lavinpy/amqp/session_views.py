@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker.node_info import node_name
-from ..broker.operations import can_see_connection, check_close_connection
+from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
 from ..wire.constants import CONNECTION_FORCED, NOT_FOUND
 from ..wire.errors import AMQPChannelError
 from .connection import OPEN
@@ -206,7 +206,7 @@ def consumer_infos(sessions: Sessions, actor: Actor | None, vhost: str | None = 
     for conn in list(sessions.connections):
         if conn.state != OPEN or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost):
             continue
-        if actor is not None and not actor.can_monitor() and not actor.can_access_vhost(conn.vhost.name):
+        if not can_see_vhost(actor, conn.vhost.name):
             continue
         for channel in list(conn.channels.values()):
             for consumer in list(channel.consumers.values()):

@@ -168,6 +168,9 @@ async def list_consumers(request: web.Request) -> web.Response:
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
     items = views.consumer_infos(sessions_of(request), actor_of(request), vhost)
+    mqtt = request.app.get(MQTT_SESSIONS)
+    if mqtt is not None:  # MQTT subscriptions consume too
+        items += mqtt_views.consumer_infos(mqtt, actor_of(request), _node(), vhost)
     return json_reply(apply_list_query(items, request.query))
 
 

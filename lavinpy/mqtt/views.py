@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..broker.operations import can_see_connection, check_close_connection
+from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
 from ..wire.constants import NOT_FOUND
 from ..wire.errors import AMQPChannelError
 from .subscriptions import queue_name
@@ -70,6 +70,30 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
     return {"client_id": conn.client_id, "clean_session": subs.clean_session,
             "subscriptions": sorted(subscriptions, key=lambda s: (s["topic_filter"], s["qos"])),
             "messages_unacknowledged": len(subs.inflight), "prefetch_count": subs.window}
+
+
+def consumer_infos(sessions: MQTTSessions, actor: Actor | None, node: str,
+                   vhost: str | None = None) -> list[dict[str, Any]]:
+    """The consumers of MQTT clients' subscription queues, as RabbitMQ lists consumers (an MQTT
+    client has no channels: its connection stands in, channel number 0)."""
+    infos = []
+    for conn in list(sessions.connections):
+        subs = conn.subscriptions
+        if (subs is None or conn.closed or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost)
+                or not can_see_vhost(actor, conn.vhost.name)):
+            continue
+        name = connection_name(conn)
+        peer = conn.peer or ("", 0)
+        for consumer in list(subs.consumers.values()):
+            infos.append({
+                "consumer_tag": consumer.tag,
+                "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost.name},
+                "channel_details": {"name": name, "number": 0, "connection_name": name, "peer_host": peer[0],
+                                    "peer_port": peer[1], "user": conn.username, "node": node},
+                "ack_required": not consumer.no_ack, "exclusive": False, "prefetch_count": consumer.prefetch,
+                "active": True, "activity_status": "up", "arguments": {},
+            })
+    return infos
 
 
 def find_connection(sessions: MQTTSessions, actor: Actor | None, name: str) -> MQTTConnection:

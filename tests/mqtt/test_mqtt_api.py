@@ -62,6 +62,12 @@ def test_one_connection_shows_its_mqtt_session_and_no_channels(mqtt_broker: MQTT
                           {"topic_filter": f"{client_id}/+/temp", "qos": 1,
                            "queue": f"mqtt-subscription-{client_id}qos1"}]}
     assert http_call(mqtt_broker, "GET", path + "/channels")[1] == []
+    consumers = {c["queue"]["name"]: c for c in http_call(mqtt_broker, "GET", "/api/consumers/%2F")[1]
+                 if c["channel_details"]["connection_name"] == row["name"]}
+    assert sorted(consumers) == [f"mqtt-subscription-{client_id}qos0", f"mqtt-subscription-{client_id}qos1"]
+    qos1 = consumers[f"mqtt-subscription-{client_id}qos1"]
+    assert (qos1["ack_required"], qos1["prefetch_count"], qos1["channel_details"]["user"]) == (True, 10, "guest")
+    assert consumers[f"mqtt-subscription-{client_id}qos0"]["ack_required"] is False
     client.client.unsubscribe(f"{client_id}/#")
     wait_until(lambda: len(http_call(mqtt_broker, "GET", path)[1]["mqtt_session"]["subscriptions"]) == 1,
                what="the unsubscribed filter gone")
