@@ -45,7 +45,7 @@ def page_server() -> Iterator[str]:
         server.server_close()
 
 
-def test_browser_page_speaks_mqtt_over_websocket_with_amqp(browser: Any, mqtt_broker: MQTTBroker,  # noqa: F811
+def test_browser_page_speaks_mqtt_over_websocket_with_amqp(browser: Any, mqtt_broker: MQTTBroker,
                                                            page_server: str) -> None:
     d, b = browser, mqtt_broker
     prefix = unique("browser")
