@@ -13,7 +13,7 @@ from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
-from .broker.broker import Broker
+from .broker.broker import Broker, ConnectionCounts
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .config import Config
 from .listeners import ProxyPolicy, serve_port
@@ -57,6 +57,9 @@ class SessionLayers:
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         self.mqtt.close_vhost_connections(vhost, reason)
         self.amqp.close_vhost_connections(vhost, reason)
+
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        return {**self.amqp.connection_counts(), **self.mqtt.connection_counts()}
 
 
 class Server:

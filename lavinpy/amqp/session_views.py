@@ -1,8 +1,7 @@
 """Read-only views of the live sessions (connections, channels, consumers) as RabbitMQ's API shows them.
 
-No state of their own: each call walks ``Sessions.connections``. What an actor may see follows
-RabbitMQ: ``monitoring`` and ``administrator`` users see every connection, other users only their
-own; closing another user's connection needs ``administrator``.
+No state of their own: each call walks ``Sessions.connections``. What an actor may see and close is
+the model's rule for every face (``broker.operations.can_see_connection``, ``check_close_connection``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..broker.node_info import node_name
-from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_FOUND
+from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
+from ..wire.constants import CONNECTION_FORCED, NOT_FOUND
 from ..wire.errors import AMQPChannelError
 from .connection import OPEN
 
@@ -54,15 +54,11 @@ def owner_details(owner: object) -> dict[str, Any] | None:
     return {"name": connection_name(owner), "peer_host": peer_host, "peer_port": peer_port}  # type: ignore[arg-type]
 
 
-def _visible(actor: Actor | None, conn: AMQPConnection) -> bool:
-    return actor is None or actor.can_monitor() or conn.username == actor.name
-
-
 def open_connections(sessions: Sessions, actor: Actor | None, vhost: str | None = None) -> list[AMQPConnection]:
     """Logged-in connections the actor may see, optionally of one vhost."""
     return [c for c in list(sessions.connections)
             if c.state == OPEN and c.vhost is not None and (vhost is None or c.vhost.name == vhost)
-            and _visible(actor, c)]
+            and can_see_connection(actor, c.username)]
 
 
 def connection_state(conn: AMQPConnection) -> str:
@@ -144,8 +140,7 @@ def find_connection(sessions: Sessions, actor: Actor | None, name: str) -> AMQPC
 def close_connection(sessions: Sessions, actor: Actor | None, name: str, reason: str | None) -> None:
     """Close a connection with 320 CONNECTION_FORCED and ``reason`` (the owner or an administrator)."""
     conn = find_connection(sessions, actor, name)
-    if actor is not None and conn.username != actor.name and not actor.is_admin():
-        raise AMQPChannelError(ACCESS_REFUSED, f"user '{actor.name}' may not close connection '{name}'")
+    check_close_connection(actor, conn.username, name)
     conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason or DEFAULT_CLOSE_REASON}")
 
 
@@ -211,7 +206,7 @@ def consumer_infos(sessions: Sessions, actor: Actor | None, vhost: str | None = 
     for conn in list(sessions.connections):
         if conn.state != OPEN or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost):
             continue
-        if actor is not None and not actor.can_monitor() and not actor.can_access_vhost(conn.vhost.name):
+        if not can_see_vhost(actor, conn.vhost.name):
             continue
         for channel in list(conn.channels.values()):
             for consumer in list(channel.consumers.values()):

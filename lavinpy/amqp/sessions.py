@@ -14,8 +14,10 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..broker.broker import ConnectionCounts
 from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout
+from .connection_states import OPEN
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -42,6 +44,9 @@ class Scheduling(Protocol):
 
     def start_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (waiting for the store, say) alongside; its errors are the adapter's to log."""
+
+
+PROTOCOL_LABEL = "amqp091"  # RabbitMQ's label of AMQP 0-9-1 in its per-protocol metrics
 
 
 class Sessions:
@@ -81,6 +86,17 @@ class Sessions:
                 connection.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
                 connection.teardown()  # exclusive queues go before the vhost closes
         self._schedule()  # the close frames go out now
+
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        connections = list(self.connections)
+        logged_in = publishers = consumers = 0
+        for conn in connections:
+            if conn.state == OPEN and conn.vhost is not None:
+                logged_in += 1
+            for channel in list(conn.channels.values()):
+                publishers += channel.is_publisher
+                consumers += len(channel.consumers)
+        return {PROTOCOL_LABEL: ConnectionCounts(len(connections), logged_in, publishers, consumers)}
 
     # --- pending work ---------------------------------------------------------------------------
     def schedule_output(self, connection: ConnectionOutput) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,8 +32,31 @@ log = logging.getLogger("lavinpy.broker")
 RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionCounts:
+    """Client connections of one protocol (or of all of them, added up)."""
+
+    sockets: int  # client sockets open, logged in or not (RabbitMQ's sockets_used)
+    open: int  # connections past their login, the ones the API lists
+    publishers: int = 0  # what RabbitMQ counts as publishers: AMQP channels, MQTT connections, that published
+    consumers: int = 0
+
+    def __add__(self, other: ConnectionCounts) -> ConnectionCounts:
+        return ConnectionCounts(self.sockets + other.sockets, self.open + other.open,
+                                self.publishers + other.publishers, self.consumers + other.consumers)
+
+
+def all_protocols(counts: dict[str, ConnectionCounts]) -> ConnectionCounts:
+    """The counts of every protocol added up."""
+    return sum(counts.values(), ConnectionCounts(0, 0))
+
+
 class SessionLayer(Protocol):
     """What the model asks of the session layer above it (which implements this)."""
+
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        """The client connections of every face by protocol, labelled as RabbitMQ's metrics label
+        them (``amqp091``, ``mqtt311``, ``mqtt310``): what the node and metrics views count."""
 
     def work_pending(self) -> None:
         """Queues have deliveries to make: call ``Broker.run_deliveries`` soon."""
@@ -58,6 +82,9 @@ class _NoSessions:
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         pass
+
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        return {}
 
 
 class Broker:

@@ -59,16 +59,20 @@ def get_one(queue: QueueKind, no_ack: bool) -> tuple[int, StoredMessage, bool] |
 class Deliveries:
     """The unacked deliveries of one channel, by delivery tag, in delivery order."""
 
-    __slots__ = ("unacked", "tag", "prefetch", "_vhost", "_schedule", "_room_freed")
+    __slots__ = ("unacked", "tag", "prefetch", "_vhost", "_schedule", "_room_freed", "_channel")
 
-    def __init__(self, vhost: VHost, room_freed: Callable[[], None]) -> None:
+    def __init__(self, vhost: VHost, room_freed: Callable[[], None], *, channel: bool = True) -> None:
+        """``channel``: the books of an AMQP channel, counted in the node's channel churn (an MQTT
+        client's are not: it has no channels)."""
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.tag = 0  # the last delivery tag given
         self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
         self._vhost = vhost
         self._schedule = vhost.schedule_delivery
         self._room_freed = room_freed  # the session delivers again to its own consumers
-        vhost.node_counters.channels_opened += 1  # a channel's books open with it (closed in close())
+        self._channel = channel
+        if channel:
+            vhost.node_counters.channels_opened += 1  # a channel's books open with it (closed in close())
 
     def room(self) -> int:
         """How many more deliveries the channel-wide prefetch allows now."""
@@ -220,7 +224,8 @@ class Deliveries:
         """The channel is gone: its unacked deliveries go back to their queues in order; the node
         keeps its count of confirm-mode publishes (read from open channels at scrape time)."""
         counters = self._vhost.node_counters
-        counters.channels_closed += 1
+        if self._channel:
+            counters.channels_closed += 1
         counters.received_confirm_closed += confirm_publishes
         self.requeue_all()
 

@@ -61,6 +61,8 @@ def run_list(api: Api, args: argparse.Namespace, out: Output) -> None:
                        f"{args.command} accepts: {', '.join(spec.columns)}", EXIT_USAGE)
     try:
         items = api.call("GET", spec.path.format(vhost=q(args.vhost)))
+        if spec.keep is not None:
+            items = [item for item in items if spec.keep(item)]
         if getattr(args, "offline", False) and not getattr(args, "online", False):
             items = []  # the broker that answers holds them all
     except CtlError as e:

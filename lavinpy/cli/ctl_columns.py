@@ -90,6 +90,7 @@ class ListCommand:
     columns: list[str]  # every column accepted
     derived: dict[str, Callable[[Item], Any]] = field(default_factory=dict)
     banner: str = ""  # rabbitmqctl's informational line, {vhost} filled in
+    keep: Callable[[Item], bool] | None = None  # the API's items this command lists (None: all of them)
 
     def value(self, item: Item, column: str) -> Any:
         # A derived column wins: it is how rabbitmqctl shows a field the API spells another way
@@ -132,6 +133,14 @@ COMMANDS: dict[str, ListCommand] = {
          "port", "protocol", "recv_cnt", "recv_oct", "send_cnt", "send_oct", "send_pend", "ssl", "ssl_cipher",
          "ssl_hash", "ssl_key_exchange", "ssl_protocol", "state", "timeout", "user", "vhost"],
         {"pid": _pid, "send_pend": lambda c: 0}, "Listing connections ..."),
+    # rabbitmqctl's MQTT plugin command: the MQTT rows of the same connection list, with its names.
+    "list_mqtt_connections": ListCommand(
+        "/api/connections", ["client_id", "conn_name"],
+        ["auth_mechanism", "channel_max", "channels", "client_id", "client_properties", "conn_name",
+         "connection_state", "frame_max", "host", "peer_host", "peer_port", "port", "protocol", "ssl", "ssl_cipher",
+         "ssl_protocol", "user", "vhost"],
+        _renamed(client_id="client_properties.client_id", conn_name="name", connection_state="state"),
+        "Listing MQTT connections ...", keep=lambda c: str(c.get("protocol", "")).startswith("MQTT")),
     "list_channels": ListCommand(
         "/api/channels", ["name", "user", "consumer_count", "messages_unacknowledged"],
         ["acks_uncommitted", "confirm", "connection", "consumer_count", "global_prefetch_count",

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import __version__
 from ..amqp import session_views
 from ..broker import node_info
+from ..broker.broker import all_protocols
 from ..broker.stats import DEAD_LETTER_REASONS, node_totals
 from . import metrics_node
 from .metrics_node import EventLoopLag
@@ -139,7 +140,7 @@ class BrokerCollector:
     def _node(self) -> Iterator[Metric]:
         p = self.prefix
         state = node_info.resource_state(self.broker)
-        node = node_info.node_info(self.broker, len(self.sessions.connections))
+        node = node_info.node_info(self.broker)
         yield _gauge(f"{p}_process_resident_memory_bytes", "Memory used in bytes", state["mem_used"])
         yield _gauge(f"{p}_resident_memory_limit_bytes", "Memory high watermark in bytes", state["mem_limit"])
         yield _gauge(f"{p}_disk_space_available_bytes", "Disk space available in bytes", state["disk_free"])
@@ -158,8 +159,10 @@ class BrokerCollector:
 
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
+        # Every face's connections (RabbitMQ counts its MQTT ones too); channels are AMQP's alone.
+        by_protocol = self.broker.sessions.connection_counts()
+        yield _gauge(f"{p}_connections", "Connections currently open", all_protocols(by_protocol).open)
         conns = session_views.open_connections(self.sessions, None)
-        yield _gauge(f"{p}_connections", "Connections currently open", len(conns))
         yield _gauge(f"{p}_channels", "Channels currently open", sum(len(c.channels) for c in conns))
         ready = unacked = queues = consumers = 0
         for vhost in list(self.broker.vhosts.values()):
@@ -208,7 +211,7 @@ class BrokerCollector:
             family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
             yield family
         counters = self.broker.node_counters
-        yield from metrics_node.global_families(p, self.sessions, counters, consumers)
+        yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
         yield metrics_node.message_size_family(p, counters)
         yield from metrics_node.fsync_families(p)

@@ -25,10 +25,11 @@ from ..broker.stats import FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
+    from ..broker.broker import Broker, ConnectionCounts
     from ..broker.stats import NodeCounters
 
-# The only protocol lavinpy speaks; RabbitMQ labels its global families by protocol.
+# RabbitMQ labels its global families by protocol. The message counters are the node's, of every
+# face, and go under AMQP 0-9-1's label; publishers and consumers are split by protocol.
 PROTOCOL = "amqp091"
 
 # (family after the prefix, NodeCounters attribute, HELP): RabbitMQ's connection_churn_metrics.
@@ -49,21 +50,14 @@ def churn_families(p: str, counters: NodeCounters) -> Iterator[Metric]:
         yield CounterMetricFamily(f"{p}_{name}", doc, value=getattr(counters, attribute))
 
 
-def publishers_and_confirms(sessions: Sessions, counters: NodeCounters) -> tuple[int, int]:
-    """(channels that have published, messages received on confirm-mode channels so far).
-
-    A channel counts as a publisher once it has resolved an exchange to publish to, until it closes
-    (RabbitMQ counts an AMQP 0-9-1 channel from its first publish). Confirm-mode publishes are each
-    open channel's sequence plus what closed channels left to the node.
-    """
-    publishers = 0
-    received_confirm = counters.received_confirm_closed
+def received_confirm(sessions: Sessions, counters: NodeCounters) -> int:
+    """Messages received on AMQP confirm-mode channels so far: each open channel's sequence plus what
+    closed channels left to the node."""
+    received = counters.received_confirm_closed
     for conn in list(sessions.connections):
         for channel in list(conn.channels.values()):
-            if channel.is_publisher:
-                publishers += 1
-            received_confirm += channel.publish_seq
-    return publishers, received_confirm
+            received += channel.publish_seq
+    return received
 
 
 # RabbitMQ's queue_type label values for lavinpy's queue kinds.
@@ -86,19 +80,25 @@ def counts_by_kind(broker: Broker) -> dict[str, dict[str, int]]:
     return {kind: dict(zip(FIELDS, row, strict=True)) for kind, row in sums.items()}
 
 
-def global_families(p: str, sessions: Sessions, counters: NodeCounters, consumers: int) -> Iterator[Metric]:
-    """RabbitMQ's per-protocol global families that the message counters do not give."""
-    publishers, received_confirm = publishers_and_confirms(sessions, counters)
+def global_families(p: str, sessions: Sessions, counters: NodeCounters,
+                    by_protocol: dict[str, ConnectionCounts]) -> Iterator[Metric]:
+    """RabbitMQ's per-protocol global families that the message counters do not give.
+
+    Publishers and consumers come from every face by protocol (``by_protocol``: an AMQP channel that
+    has resolved an exchange to publish to counts from then until it closes, as RabbitMQ counts an
+    AMQP 0-9-1 channel from its first publish; an MQTT connection from its first PUBLISH)."""
     labels = ["protocol"]
-    for name, doc, value in (("publishers", "Current number of publishers", publishers),
-                             ("consumers", "Current number of consumers", consumers)):
+    protocols = sorted({PROTOCOL, *by_protocol})
+    for name, doc in (("publishers", "Current number of publishers"), ("consumers", "Current number of consumers")):
         gauge = GaugeMetricFamily(f"{p}_global_{name}", doc, labels=labels)
-        gauge.add_metric([PROTOCOL], value)
+        for protocol in protocols:
+            counts = by_protocol.get(protocol)
+            gauge.add_metric([protocol], getattr(counts, name) if counts is not None else 0)
         yield gauge
     counter = CounterMetricFamily(f"{p}_global_messages_received_confirm_total",
                                   "Total number of messages received from publishers expecting confirmations",
                                   labels=labels)
-    counter.add_metric([PROTOCOL], received_confirm)
+    counter.add_metric([PROTOCOL], received_confirm(sessions, counters))
     yield counter
     # Per queue type, as RabbitMQ's; only classic queues answer basic.get (a stream refuses it).
     empty = CounterMetricFamily(f"{p}_global_messages_get_empty_total",

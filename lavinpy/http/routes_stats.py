@@ -48,7 +48,7 @@ async def overview(request: web.Request) -> web.Response:
 
 async def list_nodes(request: web.Request) -> web.Response:
     node_info.require_monitor(actor_of(request))
-    info = node_info.node_info(broker_of(request), len(sessions_of(request).connections))
+    info = node_info.node_info(broker_of(request))
     cluster_nodes = request.app[CLUSTER_NODES]
     nodes = [info] if cluster_nodes is None else node_info.cluster_node_infos(info, cluster_nodes())
     return json_reply(apply_list_query(nodes, request.query))
@@ -58,7 +58,7 @@ async def get_node(request: web.Request) -> web.Response:
     node_info.require_monitor(actor_of(request))
     if request.match_info["name"] != node_info.node_name():
         raise not_found()
-    return json_reply(node_info.node_info(broker_of(request), len(sessions_of(request).connections)))
+    return json_reply(node_info.node_info(broker_of(request)))
 
 
 async def _threshold_body(request: web.Request) -> dict[str, Any]:
@@ -134,8 +134,9 @@ def _mqtt_connection(request: web.Request) -> Any:
 
 async def get_connection(request: web.Request) -> web.Response:
     mqtt_conn = _mqtt_connection(request)
-    if mqtt_conn is not None:
-        return json_reply(mqtt_views.connection_info(mqtt_conn, _node()))
+    if mqtt_conn is not None:  # with its MQTT session: subscriptions, deliveries awaiting PUBACK
+        return json_reply({**mqtt_views.connection_info(mqtt_conn, _node()),
+                           "mqtt_session": mqtt_views.session_info(mqtt_conn)})
     conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
     return json_reply(views.connection_info(conn, _node()))
 
@@ -152,6 +153,8 @@ async def delete_connection(request: web.Request) -> web.Response:
 
 
 async def list_channels(request: web.Request) -> web.Response:
+    if "name" in request.match_info and _mqtt_connection(request) is not None:
+        return json_reply(apply_list_query([], request.query))  # an MQTT connection has no channels
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
@@ -165,6 +168,9 @@ async def list_consumers(request: web.Request) -> web.Response:
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
     items = views.consumer_infos(sessions_of(request), actor_of(request), vhost)
+    mqtt = request.app.get(MQTT_SESSIONS)
+    if mqtt is not None:  # MQTT subscriptions consume too
+        items += mqtt_views.consumer_infos(mqtt, actor_of(request), _node(), vhost)
     return json_reply(apply_list_query(items, request.query))
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..broker.broker import ConnectionCounts
 from .connection import MQTTConnection
 from .retained import RetainedStore
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
     from ..config import Config
+
+
+# RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
+PROTOCOL_LABELS = {4: "mqtt311", 3: "mqtt310"}
 
 
 class MQTTSessions:
@@ -25,6 +30,7 @@ class MQTTSessions:
                        tls: bool = False) -> MQTTConnection:
         connection = MQTTConnection(self, peer, local, tls)
         self.connections.add(connection)
+        self.broker.node_counters.connection_opened()  # churn counts every face's connections
         return connection
 
     def register(self, connection: MQTTConnection) -> None:
@@ -44,13 +50,26 @@ class MQTTSessions:
 
     def forget(self, connection: MQTTConnection) -> None:
         """The socket is gone."""
-        self.connections.discard(connection)
+        if connection in self.connections:  # gone once, counted once
+            self.connections.discard(connection)
+            self.broker.node_counters.connection_closed()
 
     # --- what the model asks of every face (the server's SessionLayers forwards it) ---------------
     def resources_changed(self, reason: str | None) -> None:
         """A resource alarm was raised or cleared: publishers stop being read, or are read again."""
         for connection in list(self.connections):
             connection.update_reading()
+
+    def connection_counts(self) -> dict[str, ConnectionCounts]:
+        """By protocol level (a client not yet past CONNECT counts as MQTT 3.1.1)."""
+        counts: dict[str, ConnectionCounts] = {}
+        for conn in list(self.connections):
+            logged_in = conn.connected and not conn.closed and conn.vhost is not None
+            subs = conn.subscriptions
+            label = PROTOCOL_LABELS.get(conn.protocol_level, PROTOCOL_LABELS[4])
+            counts[label] = counts.get(label, ConnectionCounts(0, 0)) + ConnectionCounts(
+                1, logged_in, int(logged_in and conn.published), len(subs.consumers) if subs is not None else 0)
+        return counts
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""

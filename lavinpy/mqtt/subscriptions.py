@@ -47,7 +47,7 @@ class Subscriptions:
         self.client_id = client_id
         self.clean_session = clean_session
         self.window = inflight_window
-        self.deliveries = Deliveries(vhost, self._room_freed)
+        self.deliveries = Deliveries(vhost, self._room_freed, channel=False)
         self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
         self._next_id = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 _TO_AMQP = str.maketrans({"/": ".", ".": "/"})
 _TO_AMQP_FILTER = str.maketrans({"/": ".", ".": "/", "+": "*"})
+_FROM_AMQP_FILTER = str.maketrans({"/": ".", ".": "/", "*": "+"})
 
 
 class TopicError(ValueError):
@@ -40,6 +41,11 @@ def routing_key(topic: str) -> str:
 def binding_key(topic_filter: str) -> str:
     """The AMQP binding key of an MQTT topic filter."""
     return topic_filter.translate(_TO_AMQP_FILTER)
+
+
+def topic_filter(key: str) -> str:
+    """The MQTT topic filter of an AMQP binding key (what a subscription's binding shows)."""
+    return key.translate(_FROM_AMQP_FILTER)
 
 
 def topic_name(key: str) -> str:

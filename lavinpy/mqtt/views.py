@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..broker.operations import can_see_connection, check_close_connection
+from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
 from ..wire.constants import NOT_FOUND
 from ..wire.errors import AMQPChannelError
+from .subscriptions import queue_name
+from .topics import topic_filter
 
 if TYPE_CHECKING:
     from ..broker.actor import Actor
@@ -48,6 +50,50 @@ def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
         "ssl_protocol": None, "ssl_cipher": None, "peer_cert_subject": None, "peer_cert_issuer": None,
         "peer_cert_validity": None,
     }
+
+
+def session_info(conn: MQTTConnection) -> dict[str, Any]:
+    """The client's MQTT session, for one connection's page: its subscriptions (read from the
+    bindings of its queues on the MQTT exchange) and the QoS 1 deliveries awaiting PUBACK."""
+    subs = conn.subscriptions
+    if subs is None or conn.vhost is None:
+        return {"client_id": conn.client_id, "clean_session": None, "subscriptions": [], "messages_unacknowledged": 0}
+    queues = {qos: conn.vhost.queues.get(queue_name(conn.client_id, qos)) for qos in (0, 1)}
+    exchange = conn.vhost.exchanges.get(subs.exchange)
+    subscriptions = []
+    if exchange is not None:
+        for binding in exchange.bindings():
+            for qos, queue in queues.items():
+                if queue is not None and binding.destination is queue:
+                    subscriptions.append({"topic_filter": topic_filter(binding.routing_key), "qos": qos,
+                                          "queue": queue.name})
+    return {"client_id": conn.client_id, "clean_session": subs.clean_session,
+            "subscriptions": sorted(subscriptions, key=lambda s: (s["topic_filter"], s["qos"])),
+            "messages_unacknowledged": len(subs.inflight), "prefetch_count": subs.window}
+
+
+def consumer_infos(sessions: MQTTSessions, actor: Actor | None, node: str,
+                   vhost: str | None = None) -> list[dict[str, Any]]:
+    """The consumers of MQTT clients' subscription queues, as RabbitMQ lists consumers (an MQTT
+    client has no channels: its connection stands in, channel number 0)."""
+    infos = []
+    for conn in list(sessions.connections):
+        subs = conn.subscriptions
+        if (subs is None or conn.closed or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost)
+                or not can_see_vhost(actor, conn.vhost.name)):
+            continue
+        name = connection_name(conn)
+        peer = conn.peer or ("", 0)
+        for consumer in list(subs.consumers.values()):
+            infos.append({
+                "consumer_tag": consumer.tag,
+                "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost.name},
+                "channel_details": {"name": name, "number": 0, "connection_name": name, "peer_host": peer[0],
+                                    "peer_port": peer[1], "user": conn.username, "node": node},
+                "ack_required": not consumer.no_ack, "exclusive": False, "prefetch_count": consumer.prefetch,
+                "active": True, "activity_status": "up", "arguments": {},
+            })
+    return infos
 
 
 def find_connection(sessions: MQTTSessions, actor: Actor | None, name: str) -> MQTTConnection:

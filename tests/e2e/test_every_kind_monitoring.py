@@ -32,8 +32,10 @@ pytestmark = lavinpy_only("starts a broker of its own and raises an alarm in it"
 
 # The answers other than 200, each as RabbitMQ documents it: the health checks answer 503 while an
 # alarm is in effect (the world has a disk alarm); only its own connection may read an exclusive queue's
-# messages (405 RESOURCE_LOCKED, as basic.get from another connection).
+# messages (405 RESOURCE_LOCKED, as basic.get from another connection); MQTT over WebSocket's /ws
+# answers a plain GET (no WebSocket upgrade) with 400.
 EXPECTED_STATUS = {
+    "/ws": 400,
     "/api/health/checks/alarms": 503,
     "/api/health/checks/local-alarms": 503,
     f"/api/queues/%2F/{QUEUES['exclusive']}/peek": 405,
@@ -225,6 +227,8 @@ def _check(world: World, path: str, problems: list[str]) -> Any:
     if status != expected:
         problems.append(f"GET {path}: {status}, expected {expected}: {body[:200]!r}")
         return None
+    if expected != 200 and content_type.startswith("text/plain"):
+        return None  # a refusal in words (the WebSocket endpoint's answer to a plain GET)
     problem = _body_problem(path, content_type, body)
     if problem:
         problems.append(f"GET {path}: {problem}")
@@ -385,10 +389,14 @@ def test_dashboard_pages_load_without_errors(world: World, browser: Any) -> None
     pages = d.execute_script("return Object.keys(PAGES).map((k) => [k, PAGES[k].length])")
     objects = {"queue": [x["name"] for x in api_json(world.broker, "/api/queues/%2F")],
                "exchange": [x["name"] for x in api_json(world.broker, "/api/exchanges/%2F")]}
+    connections = [x["name"] for x in api_json(world.broker, "/api/connections")]
     visits = []
     for page, arity in pages:
         if arity == 0:
             visits.append(f"#/{page}")
+        elif page == "connection":  # one connection's page, by name
+            assert connections, "no connection to show"
+            visits += [f"#/connection/{q(name)}" for name in connections]
         else:
             assert arity == 2 and page in objects, f"page {page!r} takes parameters this test cannot fill"
             visits += [f"#/{page}/%2F/{q(name)}" for name in objects[page]]

@@ -404,24 +404,7 @@ PAGES.exchange = (vhost, name) => {
   poll(load);
 };
 
-// ---- connections and channels
-PAGES.connections = () => {
-  const list = pagedList({ id: "connections", path: "connections", columns: [
-    { label: "Name", field: "name", sort: "name" }, { label: "User", field: "user", sort: "user" },
-    { label: "Vhost", field: "vhost", sort: "vhost" }, { label: "Protocol", field: "protocol" },
-    { label: "Channels", field: "channels", num: true, sort: "channels" },
-    // RabbitMQ's states: blocking (an alarm is on, nothing held back yet), blocked (its publishes are held)
-    { label: "State", field: "state", sort: "state", render: (c) => h("span", { className: "state state-" + c.state }, c.state) },
-    { label: "Client", field: "client_properties.product", render: (c) => get(c, "client_properties.product") },
-  ], rowActions: (c, reload) => h("button", { type: "button", className: "danger close-connection", onclick: () =>
-    confirm(`Close connection ${c.name}?`) && act(async () => {
-      await api("DELETE", `connections/${enc(c.name)}`, undefined, { "X-Reason": "Closed via management plugin" });
-      reload();
-    }, "Connection closed") }, "Close") });
-  main().append(h("h2", {}, "Connections"), list.el);
-  poll(list.load);
-};
-
+// ---- channels (the connections pages are in dashboard_connections.js)
 PAGES.channels = () => {
   const list = pagedList({ id: "channels", path: "channels", columns: [
     { label: "Name", field: "name", sort: "name" }, { label: "User", field: "user", sort: "user" },
