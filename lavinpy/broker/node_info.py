@@ -117,6 +117,10 @@ def listeners(broker: Broker) -> list[dict[str, Any]]:
         ports.append(("http", config.http_port))
     if config.prometheus_port:
         ports.append(("http/prometheus", config.prometheus_port))
+    if config.mqtt_port:
+        ports.append(("mqtt", config.mqtt_port))
+    if config.mqtts_enabled:
+        ports.append(("mqtt/ssl", config.mqtts_port))
     return [{"node": node_name(), "protocol": protocol, "ip_address": address, "port": port}
             for protocol, port in ports for address in config.bind]
 

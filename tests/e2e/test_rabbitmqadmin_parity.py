@@ -145,9 +145,9 @@ def test_rabbitmq_4_health_checks_pass(broker, check):
 
 
 def test_rabbitmq_4_health_checks_fail_as_rabbitmq(broker):
-    status, body, _ = http_call(broker, "GET", "/api/health/checks/protocol-listener/mqtt")
+    status, body, _ = http_call(broker, "GET", "/api/health/checks/protocol-listener/stomp")
     assert status == 503
-    assert body["status"] == "failed" and body["reason"] == "No active listener" and body["missing"] == "mqtt"
+    assert body["status"] == "failed" and body["reason"] == "No active listener" and body["missing"] == "stomp"
     assert {"amqp", "http"} <= set(body["protocols"])
     status, body, _ = http_call(broker, "GET", "/api/health/checks/certificate-expiration/1/fortnights")
     assert status == 400 and "days, weeks, months, years" in body["reason"]

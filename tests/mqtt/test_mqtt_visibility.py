@@ -122,3 +122,11 @@ def test_rabbitmqadmin_lists_mqtt_connections(mqtt_broker: MQTTBroker) -> None:
     mine = [r for r in json.loads(done.stdout) if r["client_properties"].get("client_id") == client_id]
     assert len(mine) == 1 and mine[0]["protocol"] == "MQTT 3.1.1" and mine[0]["user"] == "guest"
     device.disconnect()
+
+
+def test_mqtt_listener_in_the_overview_and_its_health_check(mqtt_broker: MQTTBroker) -> None:
+    listeners = http_call(mqtt_broker, "GET", "/api/overview")[1]["listeners"]
+    assert {"protocol": "mqtt", "port": mqtt_broker.mqtt_port} in [
+        {"protocol": entry["protocol"], "port": entry["port"]} for entry in listeners]
+    status, body, _ = http_call(mqtt_broker, "GET", "/api/health/checks/protocol-listener/mqtt")
+    assert (status, body["status"]) == (200, "ok"), body
