@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -37,8 +38,10 @@ FULL = {"configure": ".*", "write": ".*", "read": ".*"}
 class RabbitNode:
     def __init__(self, base: Path) -> None:
         self.base = base
-        self.port = free_port()
-        self.http_port = free_port()
+        # Below the ephemeral range: the node is restarted on these ports, and a client reconnecting
+        # meanwhile could otherwise be handed one of them as its own source port and keep it.
+        self.port = free_port(below_ephemeral=True)
+        self.http_port = free_port(below_ephemeral=True)
         self.host = "127.0.0.1"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -60,7 +63,7 @@ class RabbitNode:
         env = dict(os.environ, HOME=str(self.base),
                    RABBITMQ_NODENAME=f"lpinterop{self.port}@localhost",
                    RABBITMQ_NODE_IP_ADDRESS="127.0.0.1", RABBITMQ_NODE_PORT=str(self.port),
-                   RABBITMQ_DIST_PORT=str(free_port()), ERL_EPMD_ADDRESS="127.0.0.1",
+                   RABBITMQ_DIST_PORT=str(free_port(below_ephemeral=True)), ERL_EPMD_ADDRESS="127.0.0.1",
                    RABBITMQ_MNESIA_BASE=str(self.base / "mnesia"), RABBITMQ_LOG_BASE=str(self.base / "log"),
                    RABBITMQ_ENABLED_PLUGINS_FILE=str(self.base / "enabled_plugins"),
                    RABBITMQ_CONFIG_FILE=str(self.base / "rabbitmq"))
@@ -72,7 +75,9 @@ class RabbitNode:
             if self.proc.poll() is not None:
                 pytest.skip(f"rabbitmq-server exited with {self.proc.returncode} while starting")
             try:
+                # The management API answers before the AMQP listener has started: wait for both.
                 if http_call(self, "GET", "/api/overview")[0] == 200:
+                    socket.create_connection((self.host, self.port), timeout=1).close()
                     return
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
