@@ -1,5 +1,6 @@
 """The brokers and the curves of bench/scale.py: each curve function measures one point against one fresh
-broker and returns its figures (a flat dict of numbers, plus ``errors`` when something failed).
+broker and writes its figures into ``out`` as it goes (numbers, and ``errors``), so a point cut short by its
+time limit keeps what it measured; it returns ``out``.
 
 The brokers are bench/compare.py's, started the same way with the HTTP API (and the Prometheus port) on, so
 the queues curve can time ``/api/queues`` and ``/metrics``; lavinpy runs at ``fsync: never`` as LavinMQ 1.0.0
@@ -162,11 +163,11 @@ def busy_rate(amqpperf: str, b: compare.Broker, errors: list) -> float:
     return r.get("con_rate") or 0.0
 
 
-async def connections(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict:
+async def connections(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """``n`` idle connections with a channel and heartbeats, and one busy publisher and consumer (amqpperf)
     before they open, while they are open and after they close."""
-    errors: list = []
-    out: dict = {"busy before msg/s": await asyncio.to_thread(busy_rate, amqpperf, b, errors)}
+    errors: list = out["errors"]
+    out["busy before msg/s"] = await asyncio.to_thread(busy_rate, amqpperf, b, errors)
     rss0 = rss_kib(b)
     start = time.monotonic()
     conns, open_errors = await open_many(HOST, b.port, n, HEARTBEAT_S)
@@ -195,7 +196,7 @@ async def connections(amqpperf: str, b: compare.Broker, n: int, args: object) ->
         out["open / before"] = out["busy open msg/s"] / out["busy before msg/s"]
         out["after / before"] = out["busy after msg/s"] / out["busy before msg/s"]
     out["RSS MiB"] = rss_kib(b) / 1024
-    return {**out, "errors": errors}
+    return out
 
 
 def http_times(b: Http, out: dict, errors: list) -> None:
@@ -220,10 +221,9 @@ async def served_again(b: compare.Broker, queue: str, timeout: float) -> float:
             await asyncio.sleep(0.1)
 
 
-async def queues(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict:
+async def queues(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """``n`` durable queues declared pipelined on one channel, under the default fd limit."""
-    errors: list = []
-    out: dict = {}
+    errors: list = out["errors"]
     rss0 = rss_kib(b)
     conn = await connect(b)
     declares = [commands.Queue.Declare(queue=f"scale-q-{i:06d}", durable=True) for i in range(n)]
@@ -249,7 +249,7 @@ async def queues(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict
             out["RSS after restart MiB"] = rss_kib(b) / 1024
         except (OSError, BrokerClosed, asyncio.IncompleteReadError, RuntimeError) as exc:
             errors.append(f"restart: {exc}")
-    return {**out, "errors": errors}
+    return out
 
 
 def binding_key(i: int) -> str:
@@ -257,10 +257,9 @@ def binding_key(i: int) -> str:
     return (f"s.{i}.#", f"s.{i}.*", f"s.*.{i}", f"*.{i}.x")[i % 4]
 
 
-async def bindings(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict:
+async def bindings(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """A topic exchange with ``n`` wildcard bindings to ten capped queues: bind rate, then the confirmed
     publish rate of 16 B messages with routing keys spread over all the bindings."""
-    out: dict = {}
     conn = await connect(b)
     try:
         await conn.rpc([commands.Exchange.Declare(exchange="scale.topic", exchange_type="topic")]
@@ -276,14 +275,15 @@ async def bindings(amqpperf: str, b: compare.Broker, n: int, args: object) -> di
         messages = [publish_frames("scale.topic", f"s.{rng.randrange(n)}.x", b"x" * 16) for _ in range(2000)]
         r = await publish_confirmed(conn, messages, PUBLISH_S)
         out["publish msg/s"] = r["rate"]
-        return {**out, "errors": []}
+        return out
     except BrokerClosed as exc:
-        return {**out, "errors": [str(exc)]}
+        out["errors"].append(str(exc))
+        return out
     finally:
         await conn.close()
 
 
-async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object) -> dict:
+async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object, out: dict) -> dict:
     """Persistent messages of ``size`` bytes, one publisher (confirms) and one consumer (manual acks)."""
     unsettled = str(max(2, min(256, (64 << 20) // size)))
     r = await asyncio.to_thread(perf, amqpperf, b, ["-size", str(size), "-persistent", "-confirm", unsettled,
@@ -292,7 +292,7 @@ async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object) -> d
             "RSS peak MiB": (r.get("broker_rss_peak_kb") or 0) / 1024, "errors": r.get("errors") or []}
 
 
-async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict:
+async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """``n`` consumers (each its own connection) on one queue, one publisher, 16 B, prefetch 100."""
     r = await asyncio.to_thread(perf, amqpperf, b, ["-publishers", "1", "-consumers", str(n), "-queues", "1",
                                                     "-size", "16", "-prefetch", "100", *window()])
@@ -302,10 +302,9 @@ async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object) -> d
             "errors": r.get("errors") or []}
 
 
-async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict:
+async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """One fanout exchange bound to ``n`` queues (capped at 100 messages, the oldest dropped): the confirmed
     rate of 16 B publishes, each routed to every queue."""
-    out: dict = {}
     conn = await connect(b)
     try:
         await conn.rpc([commands.Exchange.Declare(exchange="scale.fanout", exchange_type="fanout")]
@@ -316,22 +315,22 @@ async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object) -> dict
         out["publish msg/s"] = r["rate"]
         out["enqueued /s"] = r["rate"] * n
         out["RSS MiB"] = rss_kib(b) / 1024
-        return {**out, "errors": []}
+        return out
     except BrokerClosed as exc:
-        return {**out, "errors": [str(exc)]}
+        out["errors"].append(str(exc))
+        return out
     finally:
         await conn.close()
 
 
-async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object) -> dict:
+async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object, out: dict) -> dict:
     """``count`` × 1 KiB persistent into one queue with the broker's memory capped (lavinpy and RabbitMQ),
     filled and drained in 30 s amqpperf runs (6 load windows), and restarted full in between."""
     queue = "scale-backlog"
     step = ["-duration", str(6 * LOAD_S), "-keep-queue", "-purge=false", "-queue", queue, "-size", str(BACKLOG_BODY),
             "-persistent"]
     timeout = getattr(args, "point_timeout", 600)
-    errors: list = []
-    out: dict = {}
+    errors: list = out["errors"]
     rss_peak = 0
     start = time.monotonic()
     have = 0
@@ -349,7 +348,8 @@ async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object) ->
         out["restart s"] = await served_again(b, queue, timeout)
         out["RSS after restart MiB"] = rss_kib(b) / 1024
     except (OSError, BrokerClosed, asyncio.IncompleteReadError, RuntimeError) as exc:
-        return {**out, "errors": [*errors, f"restart: {exc}"]}
+        errors.append(f"restart: {exc}")
+        return out
     start = time.monotonic()
     left = have
     busy_s = 0  # the seconds in which the consumer got messages (a run goes on after the queue is empty)
@@ -364,7 +364,7 @@ async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object) ->
         left = await depth(b, queue)
     out["drain msg/s"] = (have - left) / max(1, busy_s)
     out["RSS peak MiB"] = rss_peak / 1024
-    return {**out, "errors": errors}
+    return out
 
 
 def backlog_room(workdir: Path, count: int) -> str | None:
