@@ -4,9 +4,13 @@ path)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,3 +87,44 @@ def make_store(path: Path, **settings: Any) -> VhostStore:
     store = VhostStore(path, **settings)
     store.open()
     return store
+
+
+def http_request(base_url: str, method: str, path: str, body: Any = None, *, user: str = "guest",
+                 password: str = "guest", raw: bytes | None = None, headers: dict[str, str] | None = None,
+                 timeout: float = 30) -> tuple[int, Any, dict[str, str]]:
+    """One request to a management API at ``base_url``: (status, decoded JSON or None, headers).
+
+    ``path`` is sent as given (already percent-encoded, e.g. /api/queues/%2F/q); ``body`` is sent
+    as JSON, ``raw`` as bytes.
+    """
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(base_url + path, data=data, method=method)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, payload, reply_headers = response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as e:
+        status, payload, reply_headers = e.code, e.read(), dict(e.headers)
+    return status, (json.loads(payload) if payload.strip() else None), reply_headers
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    """A TCP connection to a loopback port from the local address ``source`` (e.g. 127.0.0.2)."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the peer sends until it closes."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data

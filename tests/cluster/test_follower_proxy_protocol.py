@@ -5,14 +5,10 @@ follower is bad input, refused by the follower itself; a trusted peer without a 
 
 from __future__ import annotations
 
-import base64
-import json
 import shutil
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.helpers import free_port, wait_until
+from tests.helpers import connect_from, free_port, http_request, read_all, wait_until
 
 from .harness import Cluster, Node, port_open
 
@@ -44,16 +40,9 @@ def _outside_address() -> str | None:
 
 def api(host: str, port: int, path: str, user: str = "guest", password: str = "guest",
         body: object = None, method: str = "GET") -> tuple[int, object]:
-    auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-    request = urllib.request.Request(f"http://{host}:{port}{path}", method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": auth, "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            raw = response.read()
-            return response.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as e:
-        return e.code, None
+    status, payload, _ = http_request(f"http://{host}:{port}", method, path, body, user=user, password=password,
+                                      timeout=10)
+    return status, payload
 
 
 class Setup:
@@ -99,21 +88,6 @@ def setup(cluster: Cluster, tmp_path: Path) -> Iterator[Setup]:
     s.close()
 
 
-def _connect_from(source: str, port: int) -> socket.socket:
-    sock = socket.socket()
-    sock.bind((source, 0))
-    sock.settimeout(5)
-    sock.connect(("127.0.0.1", port))
-    return sock
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    return data
-
-
 def _leader_lists(setup: Setup, name: str) -> dict:
     def listed() -> dict | None:
         _, connections = api("127.0.0.1", setup.leader.http_port, "/api/connections")
@@ -157,7 +131,7 @@ def test_clients_behind_haproxy_and_a_follower_keep_their_address(setup: Setup) 
     # A client behind the trusted HAProxy that sends a PROXY header of its own: bad input.
     sneaky = socket.create_connection((outside, setup.ports["amqp", "send-proxy"]), timeout=5)
     sneaky.sendall(b"PROXY TCP4 127.0.0.1 127.0.0.1 4242 5672\r\n" + PROTOCOL_HEADER)
-    assert _read_all(sneaky) == PROTOCOL_HEADER
+    assert read_all(sneaky) == PROTOCOL_HEADER
     sneaky.close()
 
 
@@ -165,13 +139,13 @@ def test_proxy_header_from_an_untrusted_peer_of_a_follower_is_refused(setup: Set
     line = b"PROXY TCP4 192.0.2.7 127.0.0.1 4242 5672\r\n"
     follower, leader = setup.follower, setup.leader
     # 127.0.0.2 is not trusted by the follower: its header is refused there, answered as the leader would.
-    stranger = _connect_from("127.0.0.2", follower.amqp_port)
+    stranger = connect_from("127.0.0.2", follower.amqp_port)
     stranger.sendall(line + PROTOCOL_HEADER)
-    assert _read_all(stranger) == PROTOCOL_HEADER
+    assert read_all(stranger) == PROTOCOL_HEADER
     stranger.close()
-    stranger = _connect_from("127.0.0.2", follower.http_port)
+    stranger = connect_from("127.0.0.2", follower.http_port)
     stranger.sendall(line + b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _read_all(stranger).split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request"
+    assert read_all(stranger).split(b"\r\n", 1)[0] == b"HTTP/1.1 400 Bad Request"
     stranger.close()
     wait_until(lambda: follower.log_text().count("connection from 127.0.0.2:") >= 2, 10, 0.05, "the refusals logged")
     assert "AMQP connection from 127.0.0.2" in follower.log_text() and UNTRUSTED in follower.log_text()

@@ -17,7 +17,7 @@ from e2e import assert_witness_served, rss_anon
 from e2e.rawamqp import RawAMQP  # tests/ is on the path (no __init__.py there)
 from pamqp import commands
 
-from tests.helpers import wait_until
+from tests.helpers import connect_from, read_all, wait_until
 
 from .harness import PREFIX, REPO_ROOT, Cluster
 
@@ -121,35 +121,20 @@ def test_http_through_a_follower_and_cluster_status(three) -> None:
     assert all(line.split("\t")[1] == "follower" for line in lines[2:])
 
 
-def _connect_from(source: str, port: int) -> socket.socket:
-    sock = socket.socket()
-    sock.bind((source, 0))
-    sock.settimeout(5)
-    sock.connect(("127.0.0.1", port))
-    return sock
-
-
-def _read_all(sock: socket.socket) -> bytes:
-    data = b""
-    while chunk := sock.recv(65536):
-        data += chunk
-    return data
-
-
 def test_proxy_line_trusted_only_from_members(three) -> None:
     leader, _ = three
     line = b"PROXY TCP4 192.0.2.7 127.0.0.1 4242 5672\r\n"
     # 127.0.0.2 is no member's address: the line is bad input, answered as a bad protocol header.
-    stranger = _connect_from("127.0.0.2", leader.amqp_port)
+    stranger = connect_from("127.0.0.2", leader.amqp_port)
     stranger.sendall(line + PROTOCOL_HEADER)
-    assert _read_all(stranger) == PROTOCOL_HEADER
+    assert read_all(stranger) == PROTOCOL_HEADER
     stranger.close()
-    stranger = _connect_from("127.0.0.2", leader.http_port)
+    stranger = connect_from("127.0.0.2", leader.http_port)
     stranger.sendall(line + b"GET /api/overview HTTP/1.1\r\nHost: x\r\n\r\n")
-    assert _read_all(stranger).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+    assert read_all(stranger).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
     stranger.close()
     # From a member's address (127.0.0.1 here) the same line is taken: the handshake goes on.
-    member = _connect_from("127.0.0.1", leader.amqp_port)
+    member = connect_from("127.0.0.1", leader.amqp_port)
     member.sendall(line + PROTOCOL_HEADER)
     assert member.recv(1) == b"\x01"  # connection.start
     member.close()
@@ -158,9 +143,9 @@ def test_proxy_line_trusted_only_from_members(three) -> None:
     auth = b"Authorization: Basic " + base64.b64encode(b"guest:guest") + b"\r\n"
     request = b"GET /api/whoami HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + auth + b"\r\n"
     for source, status in ((b"192.0.2.7", b"401"), (b"127.0.0.1", b"200")):
-        member = _connect_from("127.0.0.1", leader.http_port)
+        member = connect_from("127.0.0.1", leader.http_port)
         member.sendall(b"PROXY TCP4 " + source + b" 127.0.0.1 4242 15672\r\n" + request)
-        assert _read_all(member).split(b"\r\n", 1)[0] == b"HTTP/1.1 " + status + (b" OK" if status == b"200"
+        assert read_all(member).split(b"\r\n", 1)[0] == b"HTTP/1.1 " + status + (b" OK" if status == b"200"
                                                                                    else b" Unauthorized")
         member.close()
 
@@ -175,7 +160,7 @@ def test_node_outside_the_isr_never_leads_and_refuses_clients_meanwhile(cluster:
     client.sendall(PROTOCOL_HEADER)
     # No leader to forward to: closed at once (a reset when the header arrives after the close).
     try:
-        assert _read_all(client) == b""
+        assert read_all(client) == b""
     except ConnectionResetError:
         pass
     client.close()

@@ -33,7 +33,7 @@ from urllib.parse import quote, urlparse
 import pika
 import pytest
 
-from tests.helpers import free_ports
+from tests.helpers import free_ports, http_request
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTERNAL_URL = os.environ.get("LAVINPY_TEST_URL", "").strip()
@@ -479,25 +479,5 @@ def make_admin(b: Broker) -> FileAdmin | CtlAdmin:
 def http_call(broker: Broker, method: str, path: str, body: Any = None, *, user: str = "guest",
               password: str = "guest", raw: bytes | None = None,
               headers: dict[str, str] | None = None) -> tuple[int, Any, dict[str, str]]:
-    """One request to the broker's management API: (status, decoded JSON or None, headers).
-
-    ``path`` is sent as given (already percent-encoded, e.g. /api/queues/%2F/q); ``body`` is sent
-    as JSON, ``raw`` as bytes.
-    """
-    import urllib.error
-    import urllib.request
-
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(broker.http_url + path, data=data, method=method)
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    request.add_header("Authorization", f"Basic {token}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    for name, value in (headers or {}).items():
-        request.add_header(name, value)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            status, payload, reply_headers = response.status, response.read(), dict(response.headers)
-    except urllib.error.HTTPError as e:
-        status, payload, reply_headers = e.code, e.read(), dict(e.headers)
-    return status, (json.loads(payload) if payload.strip() else None), reply_headers
+    """One request to the broker's management API (tests.helpers.http_request at its HTTP URL)."""
+    return http_request(broker.http_url, method, path, body, user=user, password=password, raw=raw, headers=headers)

@@ -5,14 +5,10 @@ broker sees: in the connection listing, and for guest, who may log in only from 
 
 from __future__ import annotations
 
-import base64
-import json
 import shutil
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, http_request
 
 from .conftest import LocalBroker, lavinpy_only, port_open
 
@@ -69,16 +65,9 @@ class HAProxied:
 
     def api(self, host: str, mode: str, path: str, user: str = "guest", password: str = "guest",
             body: object = None, method: str = "GET") -> tuple[int, object]:
-        auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        request = urllib.request.Request(f"http://{host}:{self.ports['http', mode]}{path}", method=method,
-                                         data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Authorization": auth, "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                raw = response.read()
-                return response.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as e:
-            return e.code, None
+        status, payload, _ = http_request(f"http://{host}:{self.ports['http', mode]}", method, path, body,
+                                          user=user, password=password, timeout=10)
+        return status, payload
 
     def close(self) -> None:
         self.proc.terminate()
