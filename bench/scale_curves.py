@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import random
 import resource
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import compare
@@ -148,6 +150,19 @@ async def connect(b: compare.Broker) -> Conn:
     return await Conn().open(HOST, b.port)
 
 
+@contextlib.asynccontextmanager
+async def session(b: compare.Broker, out: dict) -> AsyncIterator[Conn]:
+    """A connection for one point's work: the broker closing it is recorded in ``out["errors"]`` and
+    the point keeps what it measured before."""
+    conn = await connect(b)
+    try:
+        yield conn
+    except BrokerClosed as exc:
+        out["errors"].append(str(exc))
+    finally:
+        await conn.close()
+
+
 async def depth(b: compare.Broker, queue: str) -> int:
     conn = await connect(b)
     try:
@@ -260,8 +275,7 @@ def binding_key(i: int) -> str:
 async def bindings(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """A topic exchange with ``n`` wildcard bindings to ten capped queues: bind rate, then the confirmed
     publish rate of 16 B messages with routing keys spread over all the bindings."""
-    conn = await connect(b)
-    try:
+    async with session(b, out) as conn:
         await conn.rpc([commands.Exchange.Declare(exchange="scale.topic", exchange_type="topic")]
                        + [commands.Queue.Declare(queue=f"scale-b-{j}", arguments={"x-max-length": 1000})
                           for j in range(10)])
@@ -275,12 +289,7 @@ async def bindings(amqpperf: str, b: compare.Broker, n: int, args: object, out: 
         messages = [publish_frames("scale.topic", f"s.{rng.randrange(n)}.x", b"x" * 16) for _ in range(2000)]
         r = await publish_confirmed(conn, messages, PUBLISH_S)
         out["publish msg/s"] = r["rate"]
-        return out
-    except BrokerClosed as exc:
-        out["errors"].append(str(exc))
-        return out
-    finally:
-        await conn.close()
+    return out
 
 
 async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object, out: dict) -> dict:
@@ -305,8 +314,7 @@ async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object, out:
 async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
     """One fanout exchange bound to ``n`` queues (capped at 100 messages, the oldest dropped): the confirmed
     rate of 16 B publishes, each routed to every queue."""
-    conn = await connect(b)
-    try:
+    async with session(b, out) as conn:
         await conn.rpc([commands.Exchange.Declare(exchange="scale.fanout", exchange_type="fanout")]
                        + [commands.Queue.Declare(queue=f"scale-f-{j:05d}", arguments={"x-max-length": 100})
                           for j in range(n)]
@@ -315,12 +323,7 @@ async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object, out: di
         out["publish msg/s"] = r["rate"]
         out["enqueued /s"] = r["rate"] * n
         out["RSS MiB"] = rss_kib(b) / 1024
-        return out
-    except BrokerClosed as exc:
-        out["errors"].append(str(exc))
-        return out
-    finally:
-        await conn.close()
+    return out
 
 
 async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object, out: dict) -> dict:
