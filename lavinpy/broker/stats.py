@@ -173,12 +173,6 @@ class NodeCounters:
         self.size_buckets[bisect_left(MESSAGE_SIZE_BOUNDS, size)] += 1
         self.size_sum += size
 
-    def observe_sizes(self, bodies: Sequence[Sized]) -> None:
-        """``observe_size`` for each of ``bodies`` (a run measured here rather than by its write)."""
-        if bodies:
-            sizes = list(map(len, bodies))
-            self.observe_run(bodies, 0, len(sizes), sum(sizes), min(sizes), max(sizes))
-
     def observe_run(self, bodies: Sequence[Sized], start: int, end: int, total: int, smallest: int,
                     largest: int) -> None:
         """``observe_size`` for ``bodies[start:end]``, given their total, smallest and largest size

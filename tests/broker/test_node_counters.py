@@ -19,12 +19,18 @@ class _Body:
         return self.size
 
 
+def _observe(counters: NodeCounters, bodies: list) -> None:
+    """A run counted as the store's run write reports it: total, smallest and largest size."""
+    sizes = [len(body) for body in bodies]
+    counters.observe_run(bodies, 0, len(bodies), sum(sizes), min(sizes), max(sizes))
+
+
 def test_run_of_mixed_sizes_counts_as_single_observations():
     sizes = [0, 100, 101, 1_000, 1_001, 99_999, 100_000_000, 100_000_001, 5]
     one_by_one, by_run = NodeCounters(), NodeCounters()
     for size in sizes:
         one_by_one.observe_size(size)
-    by_run.observe_sizes([_Body(size) for size in sizes])  # type: ignore[misc]
+    _observe(by_run, [_Body(size) for size in sizes])
     assert by_run.size_buckets == one_by_one.size_buckets
     assert by_run.size_sum == one_by_one.size_sum == sum(sizes)
     # A bound belongs to its own bucket (le: less than or equal), as in RabbitMQ's histogram.
@@ -34,7 +40,7 @@ def test_run_of_mixed_sizes_counts_as_single_observations():
 
 def test_run_of_one_size_adds_once_to_its_bucket():
     counters = NodeCounters()
-    counters.observe_sizes([b"y" * 500] * 7)
+    _observe(counters, [b"y" * 500] * 7)
     assert counters.size_buckets[1] == 7 and sum(counters.size_buckets) == 7
     assert counters.size_sum == 3_500
 
