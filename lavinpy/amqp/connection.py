@@ -19,7 +19,7 @@ from pamqp import commands, decode
 from .. import __version__
 from ..broker.actor import Actor
 from ..broker.operations import admit_connection
-from ..broker.users import is_loopback_address
+from ..broker.users import loopback_only_refused
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -469,7 +469,7 @@ class AMQPConnection(ConnectionOutput):
             self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - Login was refused using authentication mechanism "
                                        f"{mechanism}. For details see the broker logfile.")
             return
-        if username in self.config.loopback_users and not is_loopback_address(self.peer_host):
+        if loopback_only_refused(self.config.loopback_users, username, self.peer_host):
             log.warning("connection %s: user %r may only connect from loopback", self.name, username)
             self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
             return

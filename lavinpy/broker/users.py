@@ -40,6 +40,13 @@ def is_loopback_address(host: str | None) -> bool:
     mapped = getattr(address, "ipv4_mapped", None)
     return (mapped or address).is_loopback
 
+
+def loopback_only_refused(loopback_users: Iterable[str], username: str, peer: str | None) -> bool:
+    """Whether ``username`` is one of ``loopback_users`` (``guest`` by default) connecting from a peer
+    that is not loopback: refused by every face."""
+    return username in loopback_users and not is_loopback_address(peer)
+
+
 class NotFound(LookupError):
     """The named user or vhost does not exist."""
 

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ..broker.actor import Actor
 from ..broker.broker import Broker
-from ..broker.users import is_loopback_address
+from ..broker.users import loopback_only_refused
 from .errors import ApiError
 
 REALM = 'Basic realm="RabbitMQ Management"'
@@ -41,7 +41,7 @@ def authenticate(broker: Broker, request: web.Request) -> Actor:
     assert users is not None
     credentials = _credentials(request)
     user = users.authenticate(*credentials) if credentials is not None else None
-    if user is None or (user.name in broker.config.loopback_users and not is_loopback_address(request.remote or "")):
+    if user is None or loopback_only_refused(broker.config.loopback_users, user.name, request.remote or ""):
         raise ApiError(401, "not_authorized", "Not_Authorized")
     actor = Actor(users, user.name)
     if not actor.can_manage():

@@ -18,7 +18,7 @@ from ..broker.operations import admit_connection
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import publish
 from ..broker.publishing import REJECTED
-from ..broker.users import is_loopback_address
+from ..broker.users import loopback_only_refused
 from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
@@ -313,7 +313,7 @@ class MQTTConnection:
             throttle.failed(self.peer_host, username, "MQTT")
             return codec.BAD_USERNAME_OR_PASSWORD, vhost_name, username
         throttle.succeeded(self.peer_host)
-        if username in config.loopback_users and not is_loopback_address(self.peer_host):
+        if loopback_only_refused(config.loopback_users, username, self.peer_host):
             log.warning("MQTT connection %s: user %r may only connect from loopback", self.name, username)
             return codec.NOT_AUTHORIZED, vhost_name, username
         return codec.ACCEPTED, vhost_name, username
