@@ -255,10 +255,10 @@ async def serve_clustered(config: Config) -> int:
 async def _notify_when_forwarding(node: ClusterNode, systemd: Notifier) -> None:
     """READY=1 once the node's client ports accept (every role forwards or serves from then on).
 
-    The node has no hook for that moment, so its proxies are watched; a node that never joins
+    The node has no hook for that moment, so its forwarding ports are watched; a node that never joins
     etcd never reports ready, and systemd's start timeout says so.
     """
-    while not (node._proxies and all(proxy._servers for proxy in node._proxies)):
+    while not node.follower_ports.listening:
         await asyncio.sleep(0.1)
     systemd.ready()
     systemd.start_watchdog()

@@ -26,17 +26,16 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..listeners import HTTP_PROXY_HEADER_REFUSED, ProxyPolicy
+from ..listeners import ProxyPolicy
 from ..store.lock import DataDirLock, DataDirLocked
-from ..wire.constants import PROTOCOL_HEADER
 from ..wire.proxy_header import TrustedSources
 from . import replica_state
 from .errors import LeadershipLost
 from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op
 from .files import node_id
+from .follower_ports import FollowerPorts
 from .keys import ClusterKeys, NodeInfo, uri_host_port
 from .leader_link import LeaderLink
-from .proxy import HTTP_UNAVAILABLE, MQTT_UNAVAILABLE, ClientProxy
 from .replication_server import ReplicationServer
 
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ class ClusterNode:
         self.server: LeaderServer | None = None
         self.replication: ReplicationServer | None = None  # while leading
         self._lock = DataDirLock(self.data_dir / ".lock")
-        self._proxies: list[ClientProxy] = []
+        self.follower_ports = FollowerPorts(config, self._leader_port, self.client_proxy_policy)
         self._link: LeaderLink | None = None
         self._tasks: list[asyncio.Task] = []
         self._fenced_out = ""  # why a fenced etcd write failed: the leader must step down
@@ -127,7 +126,7 @@ class ClusterNode:
                  self.config.clustering_etcd_endpoints, self.keys.prefix)
         self._tasks = [asyncio.ensure_future(self._keep_lease()), asyncio.ensure_future(self._watch_members())]
         try:
-            await self._start_proxies()
+            await self.follower_ports.start()
         except OSError as e:
             log.error("cannot start: %s", e)
             await self._leave()
@@ -183,8 +182,7 @@ class ClusterNode:
         if self.replication is not None:
             await self.replication.stop()
         await self._stop_following()
-        for proxy in self._proxies:
-            await proxy.stop()
+        await self.follower_ports.stop()
         if self.lease:
             try:
                 await self.etcd.lease_revoke(self.lease)
@@ -390,9 +388,7 @@ class ClusterNode:
         self.role = "leader"
         self.leader = self._info()
         await self._stop_following()  # the replication client fsyncs what it received
-        for proxy in self._proxies:
-            await proxy.stop()
-        self._proxies = []
+        await self.follower_ports.stop()
         self._lock.release()  # the broker takes it
         self._arm_deadline()
         try:
@@ -508,25 +504,7 @@ class ClusterNode:
             nodes.append(entry)
         return nodes
 
-    # --- follower's client ports ----------------------------------------------------------------
-    async def _start_proxies(self) -> None:
-        config = self.config
-        policy = self.client_proxy_policy
-        amqp = ClientProxy("AMQP", config.bind, config.amqp_port, lambda: self._leader_port("amqp"),
-                           policy=policy, refused_reply=PROTOCOL_HEADER)
-        self._proxies = [amqp]
-        await amqp.start()
-        if config.http_port:
-            http = ClientProxy("HTTP", config.bind, config.http_port, lambda: self._leader_port("http"),
-                               HTTP_UNAVAILABLE, policy, HTTP_PROXY_HEADER_REFUSED)
-            self._proxies.append(http)
-            await http.start()
-        if config.mqtt_port:  # plain MQTT only, as AMQP: TLS ports are not forwarded
-            mqtt = ClientProxy("MQTT", config.bind, config.mqtt_port, lambda: self._leader_port("mqtt"),
-                               MQTT_UNAVAILABLE, policy)
-            self._proxies.append(mqtt)
-            await mqtt.start()
-
+    # --- follower's client ports (follower_ports.py) ----------------------------------------------
     def _leader_port(self, which: str) -> tuple[str, int] | None:
         leader = self.leader
         if leader is None or self.role != "follower":

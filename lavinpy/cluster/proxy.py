@@ -55,6 +55,10 @@ class ClientProxy:
         self._servers: list[asyncio.AbstractServer | ProxiedListener] = []
         self.halves: set[_Half] = set()
 
+    @property
+    def listening(self) -> bool:
+        return bool(self._servers)
+
     async def start(self) -> None:
         sockets = bind_sockets(self.hosts, self.port, self.what)
         names = ", ".join(address_text(s) for s in sockets)
