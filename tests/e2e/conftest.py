@@ -232,6 +232,18 @@ class ExternalBroker:
         pass
 
 
+@pytest.fixture
+def rabbit(tmp_path: Path) -> Iterator[Any]:
+    """A private RabbitMQ node (rabbitmq_node.py), started for this test and stopped after it."""
+    from .rabbitmq_node import RabbitNode  # it imports this module
+    node = RabbitNode(tmp_path / "rabbitmq")
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
 def rabbitmqctl(*args: str) -> str:
     cmd = [*shlex.split(RABBITMQCTL), *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)

@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pika
@@ -17,24 +16,12 @@ import pytest
 
 from . import channel_closed
 from .conftest import http_call, lavinpy_only
-from .test_rabbitmq_interop import RABBITMQ_SERVER, RabbitNode, _ok
+from .rabbitmq_node import RabbitNode
+from .rabbitmq_node import needs_rabbitmq as rabbitmq_installed
+from .test_rabbitmq_interop import _ok
 
 pytestmark = [pytest.mark.timeout(180), lavinpy_only("imports into a lavinpy started by the tests")]
-needs_rabbitmq = [pytest.mark.slow,
-                  pytest.mark.skipif(not RABBITMQ_SERVER.exists(), reason="rabbitmq-server is not installed")]
-
-
-
-@pytest.fixture
-def rabbit(tmp_path: Path) -> Iterator[RabbitNode]:
-    """A private RabbitMQ node (the interop tests' own), started for this test."""
-    node = RabbitNode(tmp_path / "rabbitmq")
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
+needs_rabbitmq = [pytest.mark.slow, rabbitmq_installed]
 
 FULL = {"configure": ".*", "write": ".*", "read": ".*"}
 HA = {"ha-mode": "all", "ha-sync-mode": "automatic", "ha-promote-on-shutdown": "always", "queue-mode": "lazy",

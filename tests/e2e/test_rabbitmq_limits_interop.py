@@ -10,9 +10,9 @@ import pika.exceptions
 import pytest
 
 from .conftest import http_call
-from .test_rabbitmq_interop import FULL, RabbitNode
+from .rabbitmq_node import RabbitNode
+from .test_rabbitmq_interop import FULL
 from .test_rabbitmq_interop import pytestmark as pytestmark  # noqa: F401 - slow, needs rabbitmq-server
-from .test_rabbitmq_interop import rabbit as rabbit  # noqa: F401 - the fixture
 
 
 def _ok(broker: Any, method: str, path: str, body: Any = None) -> None:

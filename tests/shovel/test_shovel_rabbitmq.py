@@ -20,13 +20,13 @@ import pika.exceptions
 import pytest
 
 from tests.e2e.conftest import LocalBroker
-from tests.e2e.test_rabbitmq_interop import RABBITMQ_SERVER, RabbitNode
+from tests.e2e.rabbitmq_node import RabbitNode, needs_rabbitmq
 
 from .engine import EngineThread
 
 LONG = bool(os.environ.get("LAVINPY_SHOVEL_LONG"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 if LONG else 120),
-              pytest.mark.skipif(not RABBITMQ_SERVER.exists(), reason="rabbitmq-server is not installed")]
+              needs_rabbitmq]
 QUEUE = "migrate"
 
 
