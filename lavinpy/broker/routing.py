@@ -30,15 +30,11 @@ class Routing:
     def route(self, exchange: Exchange, routing_key: str, headers: dict | None,
               properties: bytes | None = None) -> set:
         """The queues a message reaches from ``exchange`` (``properties``: for the types that hash on one)."""
-        queues = exchange.route(routing_key, headers, properties)
-        if headers:
-            for key in ("CC", "BCC"):
-                extra = headers.get(key)
-                if isinstance(extra, list):
-                    for rk in extra:
-                        if isinstance(rk, (str, bytes)):
-                            rk = rk.decode() if isinstance(rk, bytes) else rk
-                            queues |= exchange.route(rk, headers, properties)
+        keys = _routing_keys(routing_key, headers) if headers else None
+        if keys is None:
+            queues = exchange.route(routing_key, headers, properties)
+        else:
+            queues = exchange.route_keys(keys, headers, properties)
         seen = {exchange.name}
         while not queues:
             # Unroutable: follow the alternate-exchange chain, each exchange once.
@@ -50,7 +46,8 @@ class Routing:
             if alternate is None:
                 break
             exchange = alternate
-            queues = exchange.route(routing_key, headers, properties)
+            queues = (exchange.route(routing_key, headers, properties) if keys is None
+                      else exchange.route_keys(keys, headers, properties))
         return queues
 
     def route_message(self, exchange: Exchange, routing_key: str, properties: bytes,
@@ -62,3 +59,17 @@ class Routing:
             del headers["BCC"]
             properties = replace_headers(properties, headers)
         return queues, properties
+
+
+def _routing_keys(routing_key: str, headers: dict) -> list[str] | None:
+    """The routing key with the CC and BCC keys after it, or None when the message names no other key."""
+    keys: list[str] | None = None
+    for name in ("CC", "BCC"):
+        extra = headers.get(name)
+        if isinstance(extra, list):
+            for key in extra:
+                if isinstance(key, (str, bytes)):
+                    if keys is None:
+                        keys = [routing_key]
+                    keys.append(key.decode() if isinstance(key, bytes) else key)
+    return keys

@@ -182,3 +182,24 @@ def test_the_same_key_reaches_the_same_queue_after_a_restart(fresh_broker, fresh
     for i in range(1000):
         ch.basic_publish(ex, f"user-{i}", f"user-{i}".encode())
     assert _placed(ch, queues) == before
+
+
+def test_a_message_with_cc_keys_reaches_one_queue_of_the_ring(clients):
+    """RabbitMQ's exchange hashes a message's routing keys (its own and the CC/BCC ones) once: one copy,
+    where a direct exchange delivers one per key."""
+    _, ch = clients.channel()
+    ch.confirm_delivery()
+    ex, queues = _ring(ch, clients, {"a": 1, "b": 1, "c": 1, "d": 1})
+    for i in range(200):
+        headers = {"CC": [f"cc-{i}-{n}" for n in range(5)], "BCC": [f"bcc-{i}"]}
+        ch.basic_publish(ex, f"key-{i}", f"m{i}".encode(), pika.BasicProperties(headers=headers))
+    placed = _placed(ch, queues)  # asserts each body landed once
+    assert len(placed) == 200 and len(set(placed.values())) > 1, Counter(placed.values())
+    direct = clients.track_exchange(uid("cc-direct"))
+    ch.exchange_declare(direct, "direct")
+    targets = [clients.track_queue(uid("cc")) for _ in range(3)]
+    for n, q in enumerate(targets):
+        ch.queue_declare(q)
+        ch.queue_bind(q, direct, f"k{n}")
+    ch.basic_publish(direct, "k0", b"each", pika.BasicProperties(headers={"CC": ["k1"], "BCC": ["k2"]}))
+    assert [len(get_all(ch, q)) for q in targets] == [1, 1, 1]

@@ -185,6 +185,15 @@ class Exchange:
                     queues.add(destination)
         return queues
 
+    def route_keys(self, keys: list[str], headers: dict[str, Any] | None = None,
+                   properties: bytes | None = None) -> set[Hashable]:
+        """The queues a message published with several routing keys (its own and the CC/BCC ones) reaches:
+        those each key reaches, as RabbitMQ routes on each key of the list."""
+        queues: set[Hashable] = set()
+        for key in keys:
+            queues |= self.route(key, headers, properties)
+        return queues
+
     # -- messages held back, and their life cycle (a delayed exchange's; the others keep nothing) --
 
     def hold(self, routing_key: str, properties: bytes, body: bytes, headers: dict | None) -> bool:

@@ -195,13 +195,16 @@ class ConsistentHashExchange(Exchange):
 
     def match_properties(self, routing_key: str, headers: dict[str, Any] | None,
                          properties: bytes | None) -> Collection[Hashable]:
+        return self._pick(self.hash_input(routing_key, headers, properties))
+
+    def _pick(self, hashed: bytes) -> Collection[Hashable]:
         ring = self._ring
         if ring is None:
             ring = self._build_ring()
         points, destinations = ring
         if not points:
             return ()
-        index = bisect_right(points, _hash64(self.hash_input(routing_key, headers, properties)))
+        index = bisect_right(points, _hash64(hashed))
         return (destinations[index if index < len(points) else 0],)
 
     def match(self, routing_key: str, headers: dict[str, Any] | None) -> Collection[Hashable]:
@@ -212,3 +215,13 @@ class ConsistentHashExchange(Exchange):
         if not self._exchange_bindings and self.alternate is None:
             return set(self.match_properties(routing_key, headers, properties))
         return super().route(routing_key, headers, properties)
+
+    def route_keys(self, keys: list[str], headers: dict[str, Any] | None = None,
+                   properties: bytes | None = None) -> set[Hashable]:
+        """One destination for the message however many CC/BCC keys it has, as RabbitMQ's exchange hashes
+        the whole list of routing keys (or the one header or property) once."""
+        if self._exchange_bindings or self.alternate is not None:
+            return super().route_keys(keys, headers, properties)
+        if self.hash_header is not None or self._property_index >= 0:
+            return set(self.match_properties(keys[0], headers, properties))
+        return set(self._pick(b"\0".join(key.encode("utf-8", "surrogatepass") for key in keys)))
