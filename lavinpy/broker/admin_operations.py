@@ -49,22 +49,23 @@ def sees_all_vhosts(actor: Actor | None) -> bool:
     return actor is None or actor.can_monitor()
 
 
-def _refused(detail: str) -> AMQPChannelError:
+def access_refused(detail: str) -> AMQPChannelError:
+    """The error of a management operation the actor may not do (the HTTP face answers 401)."""
     return AMQPChannelError(ACCESS_REFUSED, detail)
 
 
-def _not_found(detail: str) -> AMQPChannelError:
+def not_found(detail: str) -> AMQPChannelError:
     return AMQPChannelError(NOT_FOUND, detail)
 
 
-def _bad(detail: str) -> AMQPChannelError:
+def precondition_failed(detail: str) -> AMQPChannelError:
     return AMQPChannelError(PRECONDITION_FAILED, detail)
 
 
 def require_admin(actor: Actor | None) -> None:
     if not is_admin(actor):
         assert actor is not None
-        raise _refused(f"user '{actor.name}' is not an administrator")
+        raise access_refused(f"user '{actor.name}' is not an administrator")
 
 
 def parse_tags(value: Any) -> list[str]:
@@ -75,7 +76,7 @@ def parse_tags(value: Any) -> list[str]:
         return [t.strip() for t in value.split(",") if t.strip()]
     if isinstance(value, list) and all(isinstance(t, str) for t in value):
         return [t.strip() for t in value if t.strip()]
-    raise _bad(f"tags must be a comma-separated string or a list of strings, not {value!r}")
+    raise precondition_failed(f"tags must be a comma-separated string or a list of strings, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -93,17 +94,17 @@ def password_spec(body: Mapping[str, Any], user: str) -> PasswordSpec | None:
         if "password" in body:
             password = body["password"]
             if not isinstance(password, str):
-                raise _bad(f"user '{user}': password must be a string")
+                raise precondition_failed(f"user '{user}': password must be a string")
             return PasswordSpec(hash_password(password, algorithm), algorithm)
         if "password_hash" in body:
             password_hash = body["password_hash"]
             if not isinstance(password_hash, str):
-                raise _bad(f"user '{user}': password_hash must be a string")
+                raise precondition_failed(f"user '{user}': password_hash must be a string")
             if password_hash and algorithm == BCRYPT_ALGORITHM:
                 bcrypt_check(password_hash)
             return PasswordSpec(normalize_hash(password_hash, algorithm), algorithm)
     except ValueError as e:
-        raise _bad(f"user '{user}': {e}") from None
+        raise precondition_failed(f"user '{user}': {e}") from None
     return None
 
 
@@ -124,10 +125,10 @@ def bcrypt_check(password_hash: str) -> None:
 
 def check_vhost_metadata(name: str, description: Any, default_queue_type: Any) -> None:
     if not isinstance(description, str):
-        raise _bad(f"vhost '{name}': description must be a string")
+        raise precondition_failed(f"vhost '{name}': description must be a string")
     if default_queue_type is not None and default_queue_type not in DEFAULT_QUEUE_TYPES:
-        raise _bad(f"vhost '{name}': default_queue_type must be one of {', '.join(DEFAULT_QUEUE_TYPES)}, "
-                   f"not {default_queue_type!r}")
+        raise precondition_failed(f"vhost '{name}': default_queue_type must be one of "
+                                  f"{', '.join(DEFAULT_QUEUE_TYPES)}, not {default_queue_type!r}")
 
 
 class AdminOperations:
@@ -153,11 +154,11 @@ class AdminOperations:
     def check_vhost_visible(self, actor: Actor | None, vhost: str) -> None:
         """404 for a missing vhost; 403 when the actor has no permissions on it (and is no monitor)."""
         if not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
+            raise not_found(f"no vhost '{vhost}'")
         if not sees_all_vhosts(actor):
             assert actor is not None
             if not self.users.can_access_vhost(actor.name, vhost):
-                raise _refused(f"access to vhost '{vhost}' refused for user '{actor.name}'")
+                raise access_refused(f"access to vhost '{vhost}' refused for user '{actor.name}'")
 
     # -- users ---------------------------------------------------------------------------------
 
@@ -169,14 +170,14 @@ class AdminOperations:
         require_admin(actor)
         user = self.users.user(name)
         if user is None:
-            raise _not_found(f"no user '{name}'")
+            raise not_found(f"no user '{name}'")
         return user
 
     def put_user(self, actor: Actor | None, name: str, body: Mapping[str, Any]) -> bool:
         """Create or update a user (RabbitMQ's PUT /api/users/{name} body); True when created."""
         require_admin(actor)
         if not name:
-            raise _bad("user name must not be empty")
+            raise precondition_failed("user name must not be empty")
         spec = password_spec(body, name)
         tags = parse_tags(body.get("tags"))
         existing = self.users.user(name)
@@ -205,12 +206,12 @@ class AdminOperations:
         try:
             self.users.delete_user(name)
         except NotFound:
-            raise _not_found(f"no user '{name}'") from None
+            raise not_found(f"no user '{name}'") from None
 
     def _existing_user(self, name: str) -> User:
         user = self.users.user(name)
         if user is None:
-            raise _not_found(f"no user '{name}'")
+            raise not_found(f"no user '{name}'")
         return user
 
     # -- vhosts --------------------------------------------------------------------------------
@@ -227,7 +228,7 @@ class AdminOperations:
         unchanged); True when created."""
         require_admin(actor)
         if not name:
-            raise _bad("vhost name must not be empty")
+            raise precondition_failed("vhost name must not be empty")
         check_vhost_metadata(name, description if description is not None else "", default_queue_type)
         if self.users.vhost_exists(name):
             if description is not None or tags is not None or default_queue_type is not None:
@@ -251,7 +252,7 @@ class AdminOperations:
         """Close the vhost's connections (320), then drop its queues, messages and permissions."""
         require_admin(actor)
         if not self.users.vhost_exists(name):
-            raise _not_found(f"no vhost '{name}'")
+            raise not_found(f"no vhost '{name}'")
         self.broker.sessions.close_vhost_connections(name, f"vhost '{name}' is deleted")
         vhost = self.broker.vhosts.pop(name, None)
         self.users.delete_vhost(name)
@@ -268,7 +269,7 @@ class AdminOperations:
         vhost), in name order, kept to ``vhost`` and ``user`` when given (404 when they do not exist)."""
         require_admin(actor)
         if vhost is not None and not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
+            raise not_found(f"no vhost '{vhost}'")
         if user is not None:
             self._existing_user(user)
         for u in sorted(self.users.users(), key=lambda u: u.name):
@@ -285,7 +286,7 @@ class AdminOperations:
     def get_permissions(self, actor: Actor | None, vhost: str, user: str) -> dict[str, str]:
         found = self.list_permissions(actor, vhost=vhost, user=user)
         if not found:
-            raise _not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
+            raise not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
         return found[0]
 
     def set_permissions(self, actor: Actor | None, vhost: str, user: str,
@@ -296,23 +297,23 @@ class AdminOperations:
         for kind in PERMISSION_KINDS:
             value = body.get(kind)
             if not isinstance(value, str):
-                raise _bad(f"permissions of user '{user}' in vhost '{vhost}': "
-                           f"'{kind}' must be a string (a regular expression)")
+                raise precondition_failed(f"permissions of user '{user}' in vhost '{vhost}': "
+                                          f"'{kind}' must be a string (a regular expression)")
             patterns.append(value)
         self._existing_user(user)
         if not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
+            raise not_found(f"no vhost '{vhost}'")
         created = self.users.permissions(user, vhost) is None
         try:
             self.users.set_permissions(user, vhost, *patterns)
         except ValueError as e:
-            raise _bad(f"permissions of user '{user}' in vhost '{vhost}': {e}") from None
+            raise precondition_failed(f"permissions of user '{user}' in vhost '{vhost}': {e}") from None
         return created
 
     def clear_permissions(self, actor: Actor | None, vhost: str, user: str) -> None:
         require_admin(actor)
         if self.users.permissions(user, vhost) is None:
-            raise _not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
+            raise not_found(f"no permissions for user '{user}' in vhost '{vhost}'")
         self.users.clear_permissions(user, vhost)
 
     # -- topic permissions (RabbitMQ's /api/topic-permissions) ------------------------------------
@@ -332,16 +333,16 @@ class AdminOperations:
         for key in ("exchange", "write", "read"):
             value = body.get(key)
             if not isinstance(value, str):
-                raise _bad(f"{what}: '{key}' must be a string")
+                raise precondition_failed(f"{what}: '{key}' must be a string")
             values.append(value)
         self._existing_user(user)
         if not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
+            raise not_found(f"no vhost '{vhost}'")
         created = self.users.topic_permission(user, vhost, values[0]) is None
         try:
             self.users.set_topic_permission(user, vhost, *values)
         except ValueError as e:
-            raise _bad(f"{what}: {e}") from None
+            raise precondition_failed(f"{what}: {e}") from None
         return created
 
     def clear_topic_permissions(self, actor: Actor | None, vhost: str, user: str,
@@ -349,14 +350,14 @@ class AdminOperations:
         require_admin(actor)
         self._existing_user(user)
         if not self.users.clear_topic_permissions(user, vhost, exchange):
-            raise _not_found(f"no topic permissions for user '{user}' in vhost '{vhost}'")
+            raise not_found(f"no topic permissions for user '{user}' in vhost '{vhost}'")
 
     # -- policies ------------------------------------------------------------------------------
 
     def _may_read_policies(self, actor: Actor | None) -> None:
         if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
-            raise _refused(f"user '{actor.name}' may not see policies "
-                           "(needs the policymaker, monitoring or administrator tag)")
+            raise access_refused(f"user '{actor.name}' may not see policies "
+                                 "(needs the policymaker, monitoring or administrator tag)")
 
     def list_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
         self._may_read_policies(actor)
@@ -377,32 +378,32 @@ class AdminOperations:
         self.check_vhost_visible(actor, vhost)
         policy = self.broker.vhosts[vhost].policies.get(name)
         if policy is None:
-            raise _not_found(f"no policy '{name}' in vhost '{vhost}'")
+            raise not_found(f"no policy '{name}' in vhost '{vhost}'")
         return policy_json(vhost, policy)
 
     def set_policy(self, actor: Actor | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
         """Add or replace a policy (applied at once to existing queues and exchanges); True when new."""
         model = self._policy_vhost(actor, vhost, body.get("definition"))
         if "pattern" not in body:
-            raise _bad(f"policy '{name}': pattern is missing")
+            raise precondition_failed(f"policy '{name}': pattern is missing")
         if "definition" not in body:
-            raise _bad(f"policy '{name}': definition is missing")
+            raise precondition_failed(f"policy '{name}': definition is missing")
         created = model.policies.get(name) is None
         try:
             model.set_policy(name, body["pattern"], body["definition"], body.get("priority", 0),
                              body.get("apply-to", "all"))
         except PolicyError as e:
-            raise _bad(str(e)) from None
+            raise precondition_failed(str(e)) from None
         return created
 
     def clear_policy(self, actor: Actor | None, vhost: str, name: str) -> None:
         model = self._policy_vhost(actor, vhost, None)
         if not model.delete_policy(name):
-            raise _not_found(f"no policy '{name}' in vhost '{vhost}'")
+            raise not_found(f"no policy '{name}' in vhost '{vhost}'")
 
     def _policy_vhost(self, actor: Actor | None, vhost: str, definition: Any) -> VHostModel:
         if not self.users.vhost_exists(vhost):
-            raise _not_found(f"no vhost '{vhost}'")
+            raise not_found(f"no vhost '{vhost}'")
         if actor is not None and not actor.is_admin():  # administrators see and change every vhost
             check_policy(self.users, actor.name, vhost,
                          definition if isinstance(definition, Mapping) else {})

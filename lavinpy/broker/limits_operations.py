@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
-from .admin_operations import require_admin
+from .admin_operations import access_refused, not_found, precondition_failed, require_admin
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, VHOST_LIMITS_NAME
 from .operator_policies import operator_policy_json
 from .parameters import ParameterError, UnknownComponent
@@ -24,22 +22,10 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 
-def _refused(detail: str) -> AMQPChannelError:
-    return AMQPChannelError(ACCESS_REFUSED, detail)
-
-
-def _not_found(detail: str) -> AMQPChannelError:
-    return AMQPChannelError(NOT_FOUND, detail)
-
-
-def _bad(detail: str) -> AMQPChannelError:
-    return AMQPChannelError(PRECONDITION_FAILED, detail)
-
-
 def _reader(actor: Actor | None) -> None:
     if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
-        raise _refused(f"user '{actor.name}' may not see parameters "
-                       "(needs the policymaker, monitoring or administrator tag)")
+        raise access_refused(f"user '{actor.name}' may not see parameters "
+                             "(needs the policymaker, monitoring or administrator tag)")
 
 
 class LimitsOperations:
@@ -53,7 +39,7 @@ class LimitsOperations:
     def _vhost(self, name: str) -> VHost:
         vhost = self.broker.vhosts.get(name)
         if vhost is None or not self.users.vhost_exists(name):
-            raise _not_found(f"no vhost '{name}'")
+            raise not_found(f"no vhost '{name}'")
         return vhost
 
     def _visible(self, actor: Actor | None, vhost: str) -> bool:
@@ -71,7 +57,7 @@ class LimitsOperations:
         for item in self.list_parameters(actor, component, vhost):
             if item["name"] == name:
                 return item
-        raise _not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
+        raise not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
     def set_parameter(self, actor: Actor | None, component: str, vhost: str, name: str, value: Any) -> bool:
         """Validate, store and apply; True when new. Unknown components are refused by name."""
@@ -82,23 +68,23 @@ class LimitsOperations:
         try:
             return self.broker.parameters.set(component, vhost, name, value)
         except UnknownComponent as e:
-            raise _not_found(str(e)) from None
+            raise not_found(str(e)) from None
         except ValueError as e:  # ParameterError, or a component's own ValueError: a 400 naming the key
-            raise _bad(str(e)) from None
+            raise precondition_failed(str(e)) from None
 
     def clear_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> None:
         self._may_change(actor, vhost, component)
         if component == VHOST_LIMITS_COMPONENT:
             require_admin(actor)
         if not self.broker.parameters.delete(component, vhost, name):
-            raise _not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
+            raise not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
         if actor is None or actor.is_admin():
             return
         if POLICYMAKER not in actor.tags or not actor.can_access_vhost(vhost):
-            raise _refused(f"user '{actor.name}' may not change parameters of component '{component}' "
-                           f"in vhost '{vhost}' (needs the policymaker tag and access to the vhost)")
+            raise access_refused(f"user '{actor.name}' may not change parameters of component '{component}' "
+                                 f"in vhost '{vhost}' (needs the policymaker tag and access to the vhost)")
 
     # -- global parameters ---------------------------------------------------------------------
     def list_global_parameters(self, actor: Actor | None) -> list[dict[str, Any]]:
@@ -110,19 +96,19 @@ class LimitsOperations:
         for item in self.broker.parameters.list_globals():
             if item["name"] == name:
                 return item
-        raise _not_found(f"no global parameter '{name}'")
+        raise not_found(f"no global parameter '{name}'")
 
     def set_global_parameter(self, actor: Actor | None, name: str, value: Any) -> bool:
         require_admin(actor)
         try:
             return self.broker.parameters.set_global(name, value)
         except ParameterError as e:
-            raise _bad(str(e)) from None
+            raise precondition_failed(str(e)) from None
 
     def clear_global_parameter(self, actor: Actor | None, name: str) -> None:
         require_admin(actor)
         if not self.broker.parameters.delete_global(name):
-            raise _not_found(f"no global parameter '{name}'")
+            raise not_found(f"no global parameter '{name}'")
 
     # -- vhost limits --------------------------------------------------------------------------
     def list_vhost_limits(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
@@ -134,7 +120,7 @@ class LimitsOperations:
     def set_vhost_limit(self, actor: Actor | None, vhost: str, key: str, value: Any) -> None:
         """One limit (PUT /api/vhost-limits/{vhost}/{name}); the others are kept."""
         if key not in VHOST_LIMIT_KEYS:
-            raise _bad(f"vhost-limits: '{key}' is not a recognised limit; should be one of: "
+            raise precondition_failed(f"vhost-limits: '{key}' is not a recognised limit; should be one of: "
                        + ", ".join(f"'{k}'" for k in VHOST_LIMIT_KEYS))
         current = dict(self.broker.client_limits.vhost_limits.get(vhost, {}))
         current[key] = value
@@ -158,7 +144,7 @@ class LimitsOperations:
         if key not in current:
             if missing_ok:
                 return
-            raise _not_found(f"no limit '{key}' on vhost '{vhost}'")
+            raise not_found(f"no limit '{key}' on vhost '{vhost}'")
         del current[key]
         self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, current)
 
@@ -167,12 +153,12 @@ class LimitsOperations:
         if actor is not None and not actor.is_admin() and user != actor.name:
             _reader(actor)
         if user is not None and self.users.user(user) is None:
-            raise _not_found(f"no user '{user}'")
+            raise not_found(f"no user '{user}'")
         return self.broker.client_limits.user_limits_json(user)
 
     def set_user_limit(self, actor: Actor | None, user: str, key: str, value: Any) -> None:
         if key not in USER_LIMIT_KEYS:
-            raise _bad(f"user-limits: '{key}' is not a recognised limit; should be one of: "
+            raise precondition_failed(f"user-limits: '{key}' is not a recognised limit; should be one of: "
                        + ", ".join(f"'{k}'" for k in USER_LIMIT_KEYS))
         current = dict(self.broker.client_limits.user_limits.get(user, {}))
         current[key] = value
@@ -181,18 +167,18 @@ class LimitsOperations:
     def set_user_limits(self, actor: Actor | None, user: str, limits: Any) -> None:
         require_admin(actor)
         if self.users.user(user) is None:
-            raise _not_found(f"no user '{user}'")
+            raise not_found(f"no user '{user}'")
         try:
             self.broker.client_limits.set_user_limits(user, limits)
         except ParameterError as e:
-            raise _bad(str(e)) from None
+            raise precondition_failed(str(e)) from None
 
     def clear_user_limit(self, actor: Actor | None, user: str, key: str) -> None:
         require_admin(actor)
         if self.users.user(user) is None:
-            raise _not_found(f"no user '{user}'")
+            raise not_found(f"no user '{user}'")
         if not self.broker.client_limits.clear_user_limit(user, key) and key != "all":
-            raise _not_found(f"no limit '{key}' on user '{user}'")
+            raise not_found(f"no limit '{key}' on user '{user}'")
 
     # -- operator policies ---------------------------------------------------------------------
     def list_operator_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
@@ -210,23 +196,23 @@ class LimitsOperations:
         for item in self.list_operator_policies(actor, vhost):
             if item["name"] == name:
                 return item
-        raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")
+        raise not_found(f"no operator policy '{name}' in vhost '{vhost}'")
 
     def set_operator_policy(self, actor: Actor | None, vhost: str, name: str, body: Mapping[str, Any]) -> bool:
         require_admin(actor)
         model = self._vhost(vhost)
         for key in ("pattern", "definition"):
             if key not in body:
-                raise _bad(f"operator policy '{name}': {key} is missing")
+                raise precondition_failed(f"operator policy '{name}': {key} is missing")
         created = model.operator_policies.get(name) is None
         try:
             model.operator_policies.set(name, body["pattern"], body["definition"], body.get("priority", 0),
                                         body.get("apply-to", "all"))
         except ValueError as e:
-            raise _bad(str(e).replace("policy '", "operator policy '", 1)) from None
+            raise precondition_failed(str(e).replace("policy '", "operator policy '", 1)) from None
         return created
 
     def clear_operator_policy(self, actor: Actor | None, vhost: str, name: str) -> None:
         require_admin(actor)
         if not self._vhost(vhost).operator_policies.delete(name):
-            raise _not_found(f"no operator policy '{name}' in vhost '{vhost}'")
+            raise not_found(f"no operator policy '{name}' in vhost '{vhost}'")
