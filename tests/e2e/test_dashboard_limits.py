@@ -53,3 +53,28 @@ def test_limits_operator_policies_and_parameters_pages(browser: Any, broker: Any
     assert http_call(broker, "GET", "/api/overview")[1]["cluster_name"] == "dash-cluster"
     assert http_call(broker, "DELETE", "/api/global-parameters/cluster_name")[0] == 204
     assert _severe_console_errors(d) == [] or all("400" in e["message"] for e in _severe_console_errors(d))
+
+
+def test_topic_permissions_page_sets_lists_and_deletes(browser: Any, broker: Any) -> None:
+    d = browser
+    user = _name("topicdash")
+    assert http_call(broker, "PUT", f"/api/users/{user}", {"password": "pw", "tags": ""})[0] in (201, 204)
+    try:
+        _login(d, broker)
+        _wait(lambda: _text(d, "#whoami"), "the login")
+        d.get(broker.http_url + "/#/topic-permissions")
+        _fill(d, "#topic-permission-form input[name=user]", user)
+        _fill(d, "#topic-permission-form input[name=write]", "^sensors\\.")
+        _fill(d, "#topic-permission-form input[name=read]", "^alerts\\.")
+        _click(d, "#topic-permission-form button")
+        _wait(lambda: user in _text(d, "#topic-permissions") and "^sensors\\." in _text(d, "#topic-permissions"),
+              "the topic permission listed")
+        assert http_call(broker, "GET", f"/api/users/{user}/topic-permissions")[1] == [
+            {"user": user, "vhost": "/", "exchange": "amq.topic", "write": "^sensors\\.", "read": "^alerts\\."}]
+        key = f"topic permissions of '{user}' on 'amq.topic' in '/'"
+        _click(d, f'#topic-permissions tr[data-key="{key}"] button.delete')
+        d.switch_to.alert.accept()
+        _wait(lambda: user not in _text(d, "#topic-permissions"), "the topic permission gone from the list")
+        assert http_call(broker, "GET", f"/api/users/{user}/topic-permissions")[1] == []
+    finally:
+        http_call(broker, "DELETE", f"/api/users/{user}")

@@ -491,6 +491,21 @@ PAGES.permissions = () => adminPage({
   (d) => `Permissions of '${d.user}' on '${d.vhost}' set`),
 });
 
+// Topic permissions (RabbitMQ's): per user, vhost and topic exchange, regular expressions over routing keys.
+PAGES["topic-permissions"] = () => adminPage({
+  title: "Topic permissions", id: "topic-permissions", path: "topic-permissions",
+  keyOf: (p) => `topic permissions of '${p.user}' on '${p.exchange}' in '${p.vhost}'`,
+  columns: [["User", (p) => p.user], ["Vhost", (p) => p.vhost], ["Exchange", (p) => p.exchange], ["Write", (p) => p.write], ["Read", (p) => p.read]],
+  deletePath: (p) => `topic-permissions/${enc(p.vhost)}/${enc(p.user)}?exchange=${enc(p.exchange)}`,
+  fill: (f, p) => setFields(f, p),
+  form: submitForm(h("form", { className: "inline", id: "topic-permission-form" }, h("b", {}, "Set topic permissions"),
+    input("User", "user", { required: true }), input("Vhost", "vhost", { required: true, value: "/" }),
+    input("Exchange", "exchange", { required: true, value: "amq.topic" }), input("Write", "write", { value: ".*" }),
+    input("Read", "read", { value: ".*" }), h("button", { type: "submit" }, "Set topic permissions")),
+  (d) => api("PUT", `topic-permissions/${enc(d.vhost)}/${enc(d.user)}`, { exchange: d.exchange, write: d.write, read: d.read }),
+  (d) => `Topic permissions of '${d.user}' on '${d.exchange}' set`),
+});
+
 PAGES.policies = () => adminPage({
   title: "Policies", id: "policies", path: "policies", keyOf: (p) => `policy '${p.name}' in '${p.vhost}'`,
   columns: [["Vhost", (p) => p.vhost], ["Name", (p) => p.name], ["Pattern", (p) => p.pattern], ["Apply to", (p) => p["apply-to"]],
