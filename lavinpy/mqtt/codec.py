@@ -305,7 +305,7 @@ def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
 
 # --- encoders ------------------------------------------------------------------------------------
 
-def _remaining_length(length: int) -> bytes:
+def remaining_length(length: int) -> bytes:
     out = bytearray()
     while True:
         byte, length = length % 128, length // 128
@@ -315,7 +315,7 @@ def _remaining_length(length: int) -> bytes:
 
 
 def _packet(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _remaining_length(len(body)) + body
+    return bytes((first,)) + remaining_length(len(body)) + body
 
 
 def connack(session_present: bool, code: int) -> bytes:
@@ -343,7 +343,7 @@ def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packe
     if qos:
         header += packet_id.to_bytes(2, "big")
     first = (PUBLISH << 4) | (0x08 if dup else 0) | (qos << 1) | (1 if retain else 0)
-    return bytes((first,)) + _remaining_length(len(header) + len(payload)) + header + payload
+    return bytes((first,)) + remaining_length(len(header) + len(payload)) + header + payload
 
 
 def topic_field(topic: str) -> bytes:
@@ -357,7 +357,7 @@ def publish_packet(header: bytes, payload: bytes | memoryview, first: int) -> by
     length = len(header) + len(payload)
     if length < 128:
         return b"".join((bytes((first, length)), header, payload))
-    return b"".join((bytes((first,)), _remaining_length(length), header, payload))
+    return b"".join((bytes((first,)), remaining_length(length), header, payload))
 
 
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,

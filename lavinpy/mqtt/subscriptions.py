@@ -156,20 +156,35 @@ class Subscriptions:
             return
         settled: list[int] = []
         inflight = self.inflight
+        qos_cache = self._qos_by_properties
+        append = parts.append
+        next_id = self._next_id
         for i, msg in enumerate(messages):
             key = msg.routing_key
             if headers_cache is None or headers_cache[0] != key:
                 headers_cache = (key, codec.topic_field(topics.topic_name(key)))
-            if self._published_qos(msg.properties) == 0:
+            properties = msg.properties
+            published_qos = qos_cache[properties] if properties in qos_cache else self._published_qos(properties)
+            if published_qos == 0:
                 # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
-                parts.append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
+                append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
                 settled.append(first + i)
                 continue
-            packet_id = self._packet_id()
-            inflight[packet_id] = first + i
-            again = redelivered is not None and redelivered[i]
-            parts.append(codec.publish_packet(headers_cache[1] + packet_id.to_bytes(2, "big"), msg.body,
-                                              0x3A if again else 0x32))
+            next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
+            if next_id in inflight:
+                self._next_id = next_id
+                next_id = self._packet_id()
+            inflight[next_id] = first + i
+            topic = headers_cache[1]
+            body = msg.body
+            length = len(topic) + 2 + len(body)
+            flags = 0x3A if redelivered is not None and redelivered[i] else 0x32
+            # The PUBLISH in parts (fixed header, topic, packet id, payload), joined once for the run.
+            append(bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length))
+            append(topic)
+            append(next_id.to_bytes(2, "big"))
+            append(body)
+        self._next_id = next_id
         self.host.send(b"".join(parts))
         if settled:
             self.deliveries.ack_run(settled)
