@@ -142,19 +142,24 @@ class VHostPublishing:
         """``publish`` for a run of messages with the same exchange, routing key and properties,
         routed once: (queues reached by each, needs an fsync for the confirms).
 
-        Only the common case takes this path: no headers and no expiration, the default, a direct,
-        fanout or topic exchange, routable, and every target an open queue without features. Otherwise
-        it returns None having done nothing, and the caller publishes the messages one by one.
+        Only the common case takes this path: no CC/BCC headers and no expiration, the default, a
+        direct, fanout or topic exchange, routable, and every target an open queue without features.
+        Otherwise it returns None having done nothing, and the caller publishes the messages one by one.
         """
-        if properties[0] & (_HEADERS_FLAG_HIGH | _EXPIRATION_FLAG_HIGH):
+        if properties[0] & _EXPIRATION_FLAG_HIGH:
             return None
+        headers = None
+        if properties[0] & _HEADERS_FLAG_HIGH:  # read once for the run (exchange-to-exchange bindings)
+            headers = peek_headers(properties)
+            if headers and ("CC" in headers or "BCC" in headers):
+                return None
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
         elif type(exchange) in _RUN_EXCHANGES:
-            queues = tuple(self.routing.route(exchange, routing_key, None))
+            queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
         else:

@@ -149,7 +149,7 @@ class NodeCounters:
 
     __slots__ = ("connections_opened", "connections_closed", "channels_opened", "channels_closed",
                  "queues_declared", "queues_created", "queues_deleted", "get_empty", "received_confirm_closed",
-                 "size_buckets", "size_sum")
+                 "size_buckets", "size_sum", "by_protocol")
 
     def __init__(self) -> None:
         self.connections_opened = self.connections_closed = 0
@@ -161,6 +161,16 @@ class NodeCounters:
         self.received_confirm_closed = 0
         self.size_buckets = [0] * (len(MESSAGE_SIZE_BOUNDS) + 1)  # per bucket, not cumulative
         self.size_sum = 0
+        # The message counts (FIELDS, plus received_confirm) of faces other than AMQP, by the protocol
+        # label RabbitMQ's metrics give them; each face adds a run at a time. AMQP's are the rest.
+        self.by_protocol: dict[str, dict[str, int]] = {}
+
+    def protocol_counts(self, protocol: str) -> dict[str, int]:
+        """The counts a face of ``protocol`` adds to (created on first use)."""
+        counts = self.by_protocol.get(protocol)
+        if counts is None:
+            counts = self.by_protocol[protocol] = dict.fromkeys((*FIELDS, "received_confirm"), 0)
+        return counts
 
     def connection_opened(self) -> None:
         self.connections_opened += 1

@@ -99,6 +99,8 @@ def global_families(p: str, sessions: Sessions, counters: NodeCounters,
                                   "Total number of messages received from publishers expecting confirmations",
                                   labels=labels)
     counter.add_metric([PROTOCOL], received_confirm(sessions, counters))
+    for protocol, protocol_counts in sorted(counters.by_protocol.items()):
+        counter.add_metric([protocol], protocol_counts["received_confirm"])
     yield counter
     # Per queue type, as RabbitMQ's; only classic queues answer basic.get (a stream refuses it).
     empty = CounterMetricFamily(f"{p}_global_messages_get_empty_total",

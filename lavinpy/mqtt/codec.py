@@ -5,6 +5,10 @@ the server sends. Pure: no sockets, no broker. Anything the spec calls malformed
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections import deque
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
@@ -223,6 +227,49 @@ def parse_publish(flags: int, data: bytes) -> Publish:
     return Publish(topic, body.rest(), qos, bool(flags & 0x01), dup, packet_id)
 
 
+def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: bytes, payload: bytes,
+                     packet_id: int, max_payload: int) -> tuple[list[bytes], list[int]]:
+    """The payloads and packet ids of a parsed PUBLISH (``flags``, ``body``) and of the PUBLISH
+    packets at the head of ``backlog`` with the same topic and QoS, no retain, a payload of at most
+    ``max_payload`` bytes (taken from the backlog). A packet that differs, or is bad, ends the run
+    and is parsed on its own (so bad input fails as it would alone)."""
+    payloads, packet_ids = [payload], [packet_id]
+    qos = flags & 0x06
+    prefix = body[:2 + int.from_bytes(body[:2], "big")]  # the topic as it is on the wire
+    start = len(prefix)
+    if qos:
+        start += 2
+        while backlog:
+            kind, other, data = backlog[0]
+            if (kind != PUBLISH or other & 0x07 != qos or len(data) - start > max_payload
+                    or len(data) < start or not data.startswith(prefix) or not (data[start - 2] or data[start - 1])):
+                break
+            backlog.popleft()
+            packet_ids.append(int.from_bytes(data[start - 2:start], "big"))
+            payloads.append(data[start:])
+    else:
+        while backlog:
+            kind, other, data = backlog[0]
+            if kind != PUBLISH or other != 0 or len(data) - start > max_payload or not data.startswith(prefix):
+                break
+            backlog.popleft()
+            payloads.append(data[start:])
+    return payloads, packet_ids
+
+
+def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes) -> list[int]:
+    """The packet id of a PUBACK (``body``) and of the well-formed PUBACK packets at the head of
+    ``backlog`` (taken from it), in order."""
+    packet_ids = [parse_packet_id(body, "PUBACK")]
+    while backlog:
+        kind, _, data = backlog[0]
+        if kind != PUBACK or len(data) != 2:
+            break
+        backlog.popleft()
+        packet_ids.append(int.from_bytes(data, "big"))
+    return packet_ids
+
+
 def parse_packet_id(data: bytes, what: str) -> int:
     body = _Body(data)
     packet_id = body.u16()
@@ -258,7 +305,7 @@ def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
 
 # --- encoders ------------------------------------------------------------------------------------
 
-def _remaining_length(length: int) -> bytes:
+def remaining_length(length: int) -> bytes:
     out = bytearray()
     while True:
         byte, length = length % 128, length // 128
@@ -268,7 +315,7 @@ def _remaining_length(length: int) -> bytes:
 
 
 def _packet(first: int, body: bytes) -> bytes:
-    return bytes((first,)) + _remaining_length(len(body)) + body
+    return bytes((first,)) + remaining_length(len(body)) + body
 
 
 def connack(session_present: bool, code: int) -> bytes:
@@ -296,7 +343,21 @@ def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packe
     if qos:
         header += packet_id.to_bytes(2, "big")
     first = (PUBLISH << 4) | (0x08 if dup else 0) | (qos << 1) | (1 if retain else 0)
-    return bytes((first,)) + _remaining_length(len(header) + len(payload)) + header + payload
+    return bytes((first,)) + remaining_length(len(header) + len(payload)) + header + payload
+
+
+def topic_field(topic: str) -> bytes:
+    """A topic as a PUBLISH carries it (length-prefixed UTF-8)."""
+    name = topic.encode("utf-8")
+    return len(name).to_bytes(2, "big") + name
+
+
+def publish_packet(header: bytes, payload: bytes | memoryview, first: int) -> bytes:
+    """A PUBLISH from its first byte, its variable header (topic field, packet id) and payload."""
+    length = len(header) + len(payload)
+    if length < 128:
+        return b"".join((bytes((first, length)), header, payload))
+    return b"".join((bytes((first,)), remaining_length(length), header, payload))
 
 
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..broker.actor import Actor
 from ..broker.operations import admit_connection
 from ..broker.operations_messages import publish_exchange, publish_topic_check
-from ..broker.publish_ops import publish
+from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
+from ..broker.rates import WindowRates
 from ..broker.users import loopback_only_refused
 from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
@@ -45,6 +46,10 @@ MAX_PACKET_BEFORE_CONNECT = 65536
 # Message properties by the publish's QoS: persistent for QoS 1, and the QoS for deliveries to MQTT.
 _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
                for qos in (0, 1)}
+
+
+# RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
+PROTOCOL_LABELS = {4: "mqtt311", 3: "mqtt310"}
 
 
 class Effect(Enum):
@@ -82,7 +87,12 @@ class MQTTConnection:
         self.peer_host = peer[0] if peer else None
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
-        self.recv_oct = self.send_oct = 0
+        # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes, socket reads and writes (one write per
+        # flush of the output); their rates as AMQP connections give them (``byte_rates``).
+        self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
+        self.started = time.monotonic()
+        self._byte_rates: WindowRates | None = None  # made on the first look: idle devices stay small
+        self.counts: dict[str, int] = {}  # the node's message counts of this protocol (set at CONNECT)
         self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
         self.connected = False
         self.closed = False
@@ -119,6 +129,7 @@ class MQTTConnection:
             return
         self._last_recv = time.monotonic()
         self.recv_oct += len(data)
+        self.recv_cnt += 1
         self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
 
     def _handle(self, step: Callable[[], None]) -> None:
@@ -139,7 +150,16 @@ class MQTTConnection:
 
     def data_to_send(self) -> list[bytes]:
         out, self._out = self._out, []
+        if out:
+            self.send_cnt += 1
         return out
+
+    def byte_rates(self) -> tuple[float, float]:
+        """Bytes received and sent per second, over the same window as an AMQP connection's."""
+        if self._byte_rates is None:  # as if made at the start: the first look averages since then
+            self._byte_rates = WindowRates((0, 0), now=self.started)
+        recv_rate, send_rate = self._byte_rates.read((self.recv_oct, self.send_oct))
+        return recv_rate, send_rate
 
     def take_effects(self) -> list[Any]:
         effects, self._effects = self._effects, []
@@ -206,10 +226,10 @@ class MQTTConnection:
             self._on_connect(codec.parse_connect(body))
             return
         if kind == codec.PUBLISH:
-            self._on_publish(codec.parse_publish(flags, body))
+            self._on_publish(flags, body)
         elif kind == codec.PUBACK:
             assert self.subscriptions is not None
-            self.subscriptions.puback(codec.parse_packet_id(body, "PUBACK"))
+            self.subscriptions.puback_run(codec.puback_run(self._backlog, body))
         elif kind == codec.SUBSCRIBE:
             self._on_subscribe(*codec.parse_subscribe(body))
         elif kind == codec.UNSUBSCRIBE:
@@ -268,6 +288,7 @@ class MQTTConnection:
         self.username = username
         self.vhost = vhost
         self.actor = actor
+        self.counts = self.broker.node_counters.protocol_counts(PROTOCOL_LABELS.get(packet.level, PROTOCOL_LABELS[4]))
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         self.keepalive = packet.keepalive
         self.will = packet.will
@@ -318,23 +339,53 @@ class MQTTConnection:
             return codec.NOT_AUTHORIZED, vhost_name, username
         return codec.ACCEPTED, vhost_name, username
 
-    def _on_publish(self, packet: codec.Publish) -> None:
+    def _on_publish(self, flags: int, body: bytes) -> None:
+        """A PUBLISH and the run of PUBLISH packets after it in this read with the same topic and
+        QoS (no retain): routed, stored and counted once through the model's run operation."""
+        packet = codec.parse_publish(flags, body)
         try:
             topics.check_topic_name(packet.topic)
         except topics.TopicError as e:
             raise MQTTProtocolError(str(e)) from None
         qos = min(packet.qos, 1)  # QoS 2 is served as QoS 1
         self.published = True
-        needs_sync = self._publish(packet.topic, packet.payload, qos, packet.retain)
+        vhost, backlog = self.vhost, self._backlog
+        assert vhost is not None
+        max_size = vhost.config.max_message_size
+        if (packet.retain or not backlog or backlog[0][0] != codec.PUBLISH
+                or len(packet.payload) > max_size):
+            self._publish_one(packet.topic, packet.payload, qos, packet.retain, packet.packet_id)
+            return
+        payloads, packet_ids = codec.publish_run_tail(backlog, flags, body, packet.payload, packet.packet_id,
+                                                      max_size)
+        if len(payloads) == 1:
+            self._publish_one(packet.topic, packet.payload, qos, False, packet.packet_id)
+            return
+        exchange, key = self._target(packet.topic)
+        needs_sync = publish_run(vhost, exchange, key, _PROPERTIES[qos], payloads)
+        if needs_sync is None:  # not a run the model takes whole: one by one
+            for payload, packet_id in zip(payloads, packet_ids, strict=True):
+                self._publish_one(packet.topic, payload, qos, False, packet_id)
+            return
+        counts, run = self.counts, len(payloads)
+        counts["publish"] += run
+        counts["publish_out"] += run
+        if qos:
+            counts["received_confirm"] += run
+            self._pubacks.extend(packet_ids)
+            self._batch_sync = self._batch_sync or needs_sync
+
+    def _publish_one(self, topic: str, payload: bytes, qos: int, retain: bool, packet_id: int) -> None:
+        needs_sync = self._publish(topic, payload, qos, retain)
         if qos:
             if needs_sync is None:
                 return  # a queue refused it: no PUBACK, the client sends it again
-            self._pubacks.append(packet.packet_id)
+            self._pubacks.append(packet_id)
             self._batch_sync = self._batch_sync or needs_sync
 
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool | None:
-        """Publish to the MQTT exchange as the model books it; whether its PUBACK waits for the disk
-        (None: a queue rejected it)."""
+    def _target(self, topic: str) -> tuple[Exchange, str]:
+        """The MQTT exchange (cached per vhost generation) and the topic's routing key, checked
+        against the user's topic permissions."""
         vhost, actor = self.vhost, self.actor
         assert vhost is not None
         cached = self._exchange
@@ -345,11 +396,23 @@ class MQTTConnection:
         key = topics.routing_key(topic)
         if check is not None:
             check(key)
+        return exchange, key
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool | None:
+        """Publish to the MQTT exchange as the model books it; whether its PUBACK waits for the disk
+        (None: a queue rejected it)."""
+        vhost = self.vhost
+        assert vhost is not None
+        exchange, key = self._target(topic)
         max_size = vhost.config.max_message_size
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
-        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
+        routed, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
+        counts = self.counts
+        counts["publish"] += 1
+        counts["publish_out" if routed else "drop_unroutable"] += 1
+        counts["received_confirm"] += qos
         if confirm is REJECTED:
             return None
         return bool(confirm) or retained_waits
@@ -371,8 +434,7 @@ class MQTTConnection:
         if not ids or self.closed:
             return
         if not sync and not self._ack_batches:
-            for packet_id in ids:
-                self.send(codec.puback(packet_id))
+            self._send_pubacks(ids)
             return
         entry: list[Any] = [ids, not sync]
         self._ack_batches.append(entry)
@@ -387,8 +449,16 @@ class MQTTConnection:
         entry[1] = True
         batches = self._ack_batches
         while batches and batches[0][1]:
-            for packet_id in batches.popleft()[0]:
-                self.send(codec.puback(packet_id))
+            self._send_pubacks(batches.popleft()[0])
+
+    def _send_pubacks(self, packet_ids: list[int]) -> None:
+        """PUBACKs as one write, counted as confirms (the model's and this protocol's)."""
+        if self.closed:
+            return
+        self.send(b"".join([codec.puback(packet_id) for packet_id in packet_ids]))
+        assert self.vhost is not None
+        confirmed(self.vhost, len(packet_ids))
+        self.counts["confirm"] += len(packet_ids)
 
     # --- ending -----------------------------------------------------------------------------------
     def _fail(self, reason: str) -> None:

@@ -6,16 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..broker.broker import ConnectionCounts
-from .connection import MQTTConnection
+from .connection import PROTOCOL_LABELS, MQTTConnection
 from .retained import RetainedStore
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
     from ..config import Config
-
-
-# RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
-PROTOCOL_LABELS = {4: "mqtt311", 3: "mqtt310"}
 
 
 class MQTTSessions:
@@ -25,6 +21,8 @@ class MQTTSessions:
         self.retained = RetainedStore()
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
+        for label in PROTOCOL_LABELS.values():  # in the metrics from the start, as AMQP's
+            broker.node_counters.protocol_counts(label)
 
     def new_connection(self, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
                        tls: bool = False) -> MQTTConnection:

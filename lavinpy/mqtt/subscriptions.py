@@ -5,6 +5,7 @@ and the deliveries awaiting PUBACK (an in-flight window). Queues deliver here as
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker import operations_objects as ops
@@ -27,6 +28,7 @@ class SubscriberHost(Protocol):
     """What the subscriptions need of their connection."""
 
     writable: bool
+    counts: dict[str, int]  # the node's message counts of the connection's protocol
 
     def send(self, data: bytes) -> None: ...
 
@@ -50,6 +52,7 @@ class Subscriptions:
         self.deliveries = Deliveries(vhost, self._room_freed, channel=False)
         self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
+        self._qos_by_properties: dict[bytes, int | None] = {}
         self._next_id = 0
         self.closed = False
 
@@ -134,27 +137,93 @@ class Subscriptions:
 
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
+        """Deliveries of a run, booked once and written as one buffer (the topic encoded once per
+        routing key, QoS 0 deliveries of a QoS 1 subscription settled as one run)."""
         first = self.deliveries.deliver_run(consumer, positions, redelivered)
+        counts = self.host.counts
+        counts["deliver_no_ack" if consumer.no_ack else "deliver"] += len(messages)
+        if redelivered is not None:
+            counts["redeliver"] += sum(redelivered)
+        parts: list[bytes] = []
+        headers_cache: tuple[str, bytes] | None = None  # (routing key, its encoded topic)
+        if consumer.no_ack:
+            for msg in messages:
+                key = msg.routing_key
+                if headers_cache is None or headers_cache[0] != key:
+                    headers_cache = (key, codec.topic_field(topics.topic_name(key)))
+                parts.append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
+            self.host.send(b"".join(parts))
+            return
+        settled: list[int] = []
+        inflight = self.inflight
+        qos_cache = self._qos_by_properties
+        append = parts.append
+        next_id = self._next_id
         for i, msg in enumerate(messages):
-            self._send(consumer, first + i, msg, redelivered[i] if redelivered is not None else False)
+            key = msg.routing_key
+            if headers_cache is None or headers_cache[0] != key:
+                headers_cache = (key, codec.topic_field(topics.topic_name(key)))
+            properties = msg.properties
+            published_qos = qos_cache[properties] if properties in qos_cache else self._published_qos(properties)
+            if published_qos == 0:
+                # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
+                append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
+                settled.append(first + i)
+                continue
+            next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
+            if next_id in inflight:
+                self._next_id = next_id
+                next_id = self._packet_id()
+            inflight[next_id] = first + i
+            topic = headers_cache[1]
+            body = msg.body
+            length = len(topic) + 2 + len(body)
+            flags = 0x3A if redelivered is not None and redelivered[i] else 0x32
+            # The PUBLISH in parts (fixed header, topic, packet id, payload), joined once for the run.
+            append(bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length))
+            append(topic)
+            append(next_id.to_bytes(2, "big"))
+            append(body)
+        self._next_id = next_id
+        self.host.send(b"".join(parts))
+        if settled:
+            self.deliveries.ack_run(settled)
+            counts["ack"] += len(settled)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         for qos, mine in list(self.consumers.items()):
             if mine is consumer:
                 del self.consumers[qos]
 
+    def _published_qos(self, properties: bytes) -> int | None:
+        """The x-mqtt-publish-qos of a message's properties (None: absent, as for AMQP publishes),
+        read once per distinct properties value."""
+        cache = self._qos_by_properties
+        try:
+            return cache[properties]
+        except KeyError:
+            pass
+        headers = peek_headers(properties)
+        published_qos = headers.get(PUBLISH_QOS_HEADER) if headers else None
+        if len(cache) >= 64:
+            cache.clear()
+        cache[properties] = published_qos
+        return published_qos
+
     def _send(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
         topic = topics.topic_name(msg.routing_key)
         body = bytes(msg.body)
+        counts = self.host.counts
+        counts["deliver_no_ack" if consumer.no_ack else "deliver"] += 1
+        counts["redeliver"] += redelivered
         if consumer.no_ack:
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             return
-        headers = peek_headers(msg.properties)
-        published_qos = headers.get(PUBLISH_QOS_HEADER) if headers else None
-        if published_qos == 0:
+        if self._published_qos(msg.properties) == 0:
             # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             self.deliveries.ack_run([tag])
+            counts["ack"] += 1
             return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
@@ -176,13 +245,14 @@ class Subscriptions:
                 return self._next_id
         raise codec.MQTTProtocolError("no packet identifier left")  # pragma: no cover - window is smaller
 
-    def puback(self, packet_id: int) -> None:
-        """The client's PUBACK settles its delivery through the model (an unknown id is ignored)."""
-        if packet_id not in self.inflight:
-            return
-        tag = self.inflight.pop(packet_id)
-        if tag is not None:
-            self.deliveries.ack_run([tag])
+    def puback_run(self, packet_ids: list[int]) -> None:
+        """The client's PUBACKs (of one read) settle their deliveries through the model as one run
+        (an unknown id is ignored)."""
+        pop = self.inflight.pop
+        tags = [tag for tag in map(pop, packet_ids, repeat(None)) if tag is not None]
+        if tags:
+            self.deliveries.ack_run(tags)
+            self.host.counts["ack"] += len(tags)
 
     def _room_freed(self) -> None:
         self.resume()

@@ -48,8 +48,14 @@ class ConnectionDriver:
         self.pump()
 
     def received(self, data: bytes) -> None:
-        if self.conn is not None:
-            self.conn.receive_data(data)
+        conn = self.conn
+        if conn is not None:
+            conn.receive_data(data)
+            broker = conn.broker
+            if broker.delivery_pending:
+                # What this input made deliverable (a PUBACK freeing window room, publishes) goes out
+                # in this turn of the loop, not two turns later: an in-flight window's round trip.
+                broker.run_deliveries()
             self.pump()
 
     def ended(self) -> None:

@@ -34,6 +34,7 @@ def open_connections(sessions: MQTTSessions, actor: Actor | None, vhost: str | N
 
 def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
     peer, local = conn.peer or ("", 0), conn.local or ("", 0)
+    recv_rate, send_rate = conn.byte_rates()
     return {
         "name": connection_name(conn), "node": node, "type": "network",
         "state": "blocked" if conn.reading_paused else "running",
@@ -44,9 +45,9 @@ def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
         "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1], "ssl": conn.tls,
         "auth_mechanism": "none", "client_properties": {"client_id": conn.client_id},
         "connected_at": conn.connected_at,
-        # The byte counts without rates or packet counts (not kept for MQTT yet): the fields AMQP rows have.
-        "recv_oct": conn.recv_oct, "recv_oct_details": {"rate": 0.0}, "recv_cnt": 0,
-        "send_oct": conn.send_oct, "send_oct_details": {"rate": 0.0}, "send_cnt": 0,
+        # The socket counters and byte rates AMQP rows have (the same window rates).
+        "recv_oct": conn.recv_oct, "recv_oct_details": {"rate": recv_rate}, "recv_cnt": conn.recv_cnt,
+        "send_oct": conn.send_oct, "send_oct_details": {"rate": send_rate}, "send_cnt": conn.send_cnt,
         "ssl_protocol": None, "ssl_cipher": None, "peer_cert_subject": None, "peer_cert_issuer": None,
         "peer_cert_validity": None,
     }
