@@ -149,7 +149,7 @@ class Channel:
     def on_header(self, frame: HeaderFrame) -> None:
         self._assemble(self.content.on_header, frame)
 
-    def on_body(self, data: bytes) -> None:
+    def on_body(self, data: bytes | memoryview) -> None:
         self._assemble(self.content.on_body, data)
 
     def _assemble(self, step: Callable[[Any], Content | None], frame: Any) -> None:

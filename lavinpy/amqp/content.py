@@ -58,7 +58,7 @@ class ContentAssembly:
         self.header_seen = False
         self.properties = b""
         self.body_size = 0
-        self.parts: list[bytes] = []
+        self.parts: list[bytes | memoryview] = []
         self.received = 0
         self.spooled: SpooledBody | None = None  # a large body being written to the spool
 
@@ -102,7 +102,7 @@ class ContentAssembly:
             return self._complete(b"", None)
         return None
 
-    def on_body(self, data: bytes) -> Content | None:
+    def on_body(self, data: bytes | memoryview) -> Content | None:
         """A content body frame: the message once its body is complete. A body the spool cannot
         take is a channel error (AMQPChannelError, the content already dropped)."""
         if not self.header_seen:

@@ -54,7 +54,7 @@ class ConnectionOutput:
     def init_output(self) -> None:
         self.driver: ConnectionDriver | None = None
         self.writable = True  # False while the transport's write buffer is above its high-water mark
-        self._out: list[bytes] = []
+        self._out: list[bytes | memoryview] = []
         self._out_bytes = 0
         self._effects: list[ConnectionEffect] = []
         self._flush_scheduled = False
@@ -68,7 +68,7 @@ class ConnectionOutput:
         self.byte_rates = WindowRates((0, 0))
 
     # --- output and effects, taken by the driver ----------------------------------------------
-    def data_to_send(self) -> list[bytes]:
+    def data_to_send(self) -> list[bytes | memoryview]:
         """The frames queued since the last call (the driver writes them as one buffer)."""
         out = self._out
         if out:
@@ -101,7 +101,7 @@ class ConnectionOutput:
             self._flush_scheduled = True
             self.sessions.schedule_output(self)
 
-    def send_many(self, frames: list[bytes]) -> None:
+    def send_many(self, frames: list[bytes | memoryview]) -> None:
         self._out += frames
         self._out_bytes += len(frames[0]) if len(frames) == 1 else sum(map(len, frames))
         if self._out_bytes > OUTPUT_FLUSH_BYTES:

@@ -98,6 +98,8 @@ class AMQPProtocol(asyncio.Protocol):
         self._read_window_end = 0.0
         self._reader_fd = -1  # the socket a reader thread may use
         self._reading_paused = False  # as the connection last asked (PAUSE_READING / RESUME_READING)
+        # Output waiting for the write buffer to drain below its high-water mark (large body slices).
+        self._held: list[bytes | memoryview] | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -181,6 +183,7 @@ class AMQPProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_reader()
+        self._held = None
         if self._writer is not None and not self._writer.finishing:
             self._writer.abort()  # the peer is gone: nothing more can be sent
         for handle in self._timers.values():
@@ -196,6 +199,8 @@ class AMQPProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         if self.conn is not None:
+            if not self._send_held():  # back above the high-water mark: pause_writing comes again
+                return
             self.conn.set_writable(True)
             self.pump()
 
@@ -208,25 +213,89 @@ class AMQPProtocol(asyncio.Protocol):
             return
         out = conn.data_to_send()
         if out and not transport.is_closing():
-            data = out[0] if len(out) == 1 else b"".join(out)
             if self._reader is not None:
                 self._reader.answered()  # the client may be waiting for this: its next input is not held
-            if self._writer is None:
-                transport.write(data)
-                if self._writer_fd >= 0:
-                    self._written += len(data)
-                    # Only with the transport's buffer empty: the thread's bytes must come after its.
-                    if self._written > WRITER_AFTER_BYTES and not transport.get_write_buffer_size():
-                        self._writer = csocket.SocketWriter(self._writer_fd)  # type: ignore[union-attr]
+            if self._held is not None:
+                self._held += out  # behind the slices that wait for the buffer to drain
+            elif len(out) == 1:
+                self._send(out[0], transport)
+            elif memoryview not in map(type, out):
+                self._send(b"".join(out), transport)
             else:
-                queued = self._writer.write(data)
-                if queued < 0:  # the writer thread stopped on a send error: the peer is gone
-                    transport.abort()
-                elif queued > WRITE_HIGH_WATER and conn.writable:
-                    conn.set_writable(False)
-                    self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
+                self._send_pieces(out, transport)
         for effect in conn.take_effects():
             self._apply(effect, transport)
+
+    def _send(self, data: bytes | memoryview, transport: asyncio.Transport) -> int:
+        """Hand ``data`` to the transport or the writer thread; returns the bytes queued and unsent
+        (-1: the writer thread stopped, the connection is aborted)."""
+        conn = self.conn
+        assert conn is not None
+        if self._writer is None:
+            transport.write(data)
+            if self._writer_fd >= 0:
+                self._written += len(data)
+                # Only with the transport's buffer empty: the thread's bytes must come after its.
+                if self._written > WRITER_AFTER_BYTES and not transport.get_write_buffer_size():
+                    self._writer = csocket.SocketWriter(self._writer_fd)  # type: ignore[union-attr]
+            return transport.get_write_buffer_size()
+        queued: int = self._writer.write(data)
+        if queued < 0:  # the writer thread stopped on a send error: the peer is gone
+            transport.abort()
+        elif queued > WRITE_HIGH_WATER and conn.writable:
+            conn.set_writable(False)
+            self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
+        return queued
+
+    def _send_pieces(self, pieces: list[bytes | memoryview], transport: asyncio.Transport) -> None:
+        """Output holding large bodies as memoryview slices (of the spool or the message's bytes):
+        each slice is handed over as it is, the small pieces between them joined. Once the queued
+        bytes pass the high-water mark the rest waits in ``_held`` (it costs no copy: the slices keep
+        the body alive) until the buffer drains, so a large body is never buffered whole twice."""
+        self._held = []  # output made meanwhile (a re-entrant pump) goes behind these pieces
+        start = 0
+        queued = 0
+        count = len(pieces)
+        for i in range(count):
+            piece = pieces[i]
+            if type(piece) is not memoryview:
+                continue
+            if queued > WRITE_HIGH_WATER:
+                break
+            if i > start:
+                self._send(pieces[start] if i - start == 1 else b"".join(pieces[start:i]), transport)
+            queued = self._send(piece, transport)
+            start = i + 1
+            if queued < 0:
+                self._held = None
+                return
+        else:
+            if start < count:
+                queued = self._send(b"".join(pieces[start:]), transport)
+            start = count
+        rest = pieces[start:] + (self._held or [])
+        self._held = None
+        if not rest:
+            return
+        if queued <= WRITE_HIGH_WATER:  # only output made meanwhile is left: it goes the usual way
+            if memoryview in map(type, rest):
+                self._send_pieces(rest, transport)
+            else:
+                self._send(b"".join(rest), transport)
+            return
+        self._held = rest
+        conn = self.conn
+        if self._writer is not None and conn is not None and conn.writable:
+            conn.set_writable(False)
+            self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
+
+    def _send_held(self) -> bool:
+        """Send what waits in ``_held``; True when nothing waits any more."""
+        held, self._held = self._held, None
+        transport = self.transport
+        if held and transport is not None and not transport.is_closing():
+            self._send_pieces(held, transport)
+        return self._held is None
 
     def _apply(self, effect: Effect | SetTimer | CancelTimer, transport: asyncio.Transport) -> None:
         if type(effect) is SetTimer:
@@ -243,6 +312,9 @@ class AMQPProtocol(asyncio.Protocol):
             return
         elif effect is Effect.CLOSE:
             self._stop_reader()  # as a closing transport reads no more
+            held, self._held = self._held, None
+            for piece in held or ():  # closing: what waits goes out before the end, whatever its size
+                self._send(piece, transport)
             if self._writer is not None:
                 self._writer.finish()  # sends what is queued, then closes its side of the socket
             transport.close()
@@ -276,6 +348,9 @@ class AMQPProtocol(asyncio.Protocol):
         if queued < 0:
             self.transport.abort()
         elif queued < WRITER_LOW_WATER:
+            if not self._send_held():  # more slices wait: back above the high-water mark
+                self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
+                return
             conn.set_writable(True)
             self.pump()
         else:

@@ -214,7 +214,13 @@ class Segment:
             return
         self.closed = True
         self.view.release()
-        self.mm.close()
+        try:
+            self.mm.close()
+        except BufferError:
+            # A large body is being delivered from a slice of the mapping (message_store._in_place):
+            # the mapping goes when the last slice does; the file's name may go now (its space is
+            # freed once it is unmapped).
+            pass
 
     def delete(self) -> None:
         """Close, then remove the file."""

@@ -42,7 +42,7 @@ class BodyFrame:
 
     __slots__ = ("channel", "data")
 
-    def __init__(self, channel: int, data: bytes) -> None:
+    def __init__(self, channel: int, data: bytes | memoryview) -> None:
         self.channel = channel
         self.data = data
 

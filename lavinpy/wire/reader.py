@@ -148,6 +148,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TAG_BITS = struct.Struct(">QB")
 _HEADER_HEAD = struct.Struct(">HHQ")  # class id, weight, body size
+BODY_VIEW_MIN = 64 * 1024  # body frames from this size on are handed out as memoryviews of the input
 _KNOWN_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
 
 _IDX_PUBLISH = 0x003C0028
@@ -194,8 +195,9 @@ class FrameReader:
             if len(pending) + len(data) < self._need and not self.expect_protocol_header:
                 pending += data
                 return []
-            # Parse from immutable bytes: slices of them are the bytes the events hand out.
-            src = bytes(pending) + data
+            # Parse from immutable bytes: slices of them are the bytes the events hand out. One
+            # join copies both parts once (``bytes(pending) + data`` copied the pending part twice).
+            src = b"".join((pending, data))
             pending.clear()
         elif type(data) is bytes:
             src = data
@@ -292,7 +294,9 @@ class FrameReader:
                     FRAME_ERROR, f"frame end octet is 0x{src[fend]:02x}, expected 0xce (type {frame_type})")
             pos = fend + 1
             if frame_type == 3:  # body
-                append(body_frame(channel, src[start:fend]))
+                # A large frame's data is a view of ``src`` (immutable bytes), not a copy of it.
+                append(body_frame(channel, src[start:fend] if size < BODY_VIEW_MIN
+                                  else memoryview(src)[start:fend]))
             elif frame_type == 1:  # method
                 index = u32_unpack(src, start)[0] if size >= 4 else -1
                 if index == 0x003C0028:  # basic.publish

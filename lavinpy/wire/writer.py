@@ -84,6 +84,26 @@ def _body_frames(channel: int, body: bytes | memoryview, chunk: int) -> list[byt
             for part in (body[i:i + chunk] for i in range(0, size, chunk))]
 
 
+# Body frames at least this long are not copied into frames of their own: the output holds each frame's
+# head and end octets around a memoryview slice of the body, and the driver writes the slices as they are.
+PIECE_MIN = 32 * 1024
+
+
+def _body_pieces(channel: int, body: bytes | memoryview, chunk: int) -> list[bytes | memoryview]:
+    """The body frames as pieces: the first frame's head, then each slice of the body followed by
+    its end octet packed with the next frame's head, and the last end octet. No body byte is copied."""
+    view = body if type(body) is memoryview else memoryview(body)
+    size = len(view)
+    end_head = _END_BODY_HEAD.pack
+    pieces: list[bytes | memoryview] = [_FRAME_HEAD.pack(FRAME_BODY, channel, min(chunk, size))]
+    add = pieces.append
+    for i in range(0, size, chunk):
+        add(view[i:i + chunk])
+        rest = size - i - chunk
+        add(end_head(FRAME_END, FRAME_BODY, channel, min(chunk, rest)) if rest > 0 else _END)
+    return pieces
+
+
 def _chunk_size(frame_max: int) -> int:
     # frame_max 0 means "no limit" in connection.tune.
     return frame_max - 8 if frame_max > 0 else 1 << 62
@@ -101,7 +121,7 @@ def content_frames(channel: int, properties: bytes, body: bytes | memoryview, fr
 
 
 def _with_content(method_part: list, channel: int, properties: bytes, body: bytes | memoryview,
-                  frame_max: int) -> list[bytes]:
+                  frame_max: int) -> list[bytes | memoryview]:
     """Finish ``method_part`` (a method frame without its end octet) with header and body frames.
 
     A body that fits one frame is joined with the method and header into a single bytes object.
@@ -118,6 +138,8 @@ def _with_content(method_part: list, channel: int, properties: bytes, body: byte
         method_part.append(_END)
         return [b"".join(method_part)]
     method_part.append(_END)
+    if chunk >= PIECE_MIN:  # large frames: the body's bytes go out as slices, never joined here
+        return [b"".join(method_part), *_body_pieces(channel, body, chunk)]
     return [b"".join(method_part), *_body_frames(channel, body, chunk)]
 
 
@@ -139,7 +161,7 @@ def _deliver_parts(channel: int, consumer_tag: str, exchange: str, routing_key: 
 
 
 def deliver(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
-            routing_key: str, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes]:
+            routing_key: str, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes | memoryview]:
     """basic.deliver + content header + body frames."""
     parts = (_deliver_parts_cache.get((channel, consumer_tag, exchange, routing_key))
              or _deliver_parts(channel, consumer_tag, exchange, routing_key))
@@ -171,10 +193,10 @@ if cwire is not None:
 
 
 def deliver_run(channel: int, consumer_tag: str, first_tag: int, redelivered: list[bool] | None,
-                messages: list, frame_max: int) -> list[bytes]:
+                messages: list, frame_max: int) -> list[bytes | memoryview]:
     """``deliver`` for consecutive delivery tags from ``first_tag``, one message each (objects with
     exchange, routing_key, properties and body); ``redelivered`` None means all False."""
-    frames: list[bytes] = []
+    frames: list[bytes | memoryview] = []
     add = frames.extend
     one = deliver_py
     tag = first_tag
@@ -198,7 +220,7 @@ if cwire is not None:
 
 
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
-           message_count: int, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes]:
+           message_count: int, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes | memoryview]:
     """basic.get-ok + content header + body frames."""
     ex = _shortstr(exchange)
     key = _shortstr(routing_key)
@@ -210,7 +232,7 @@ def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, ro
 
 
 def return_(channel: int, reply_code: int, reply_text: str, exchange: str, routing_key: str,
-            properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes]:
+            properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes | memoryview]:
     """basic.return + content header + body frames (an unroutable mandatory message going back)."""
     text = _shortstr(reply_text)
     ex = _shortstr(exchange)

@@ -12,6 +12,7 @@ from lavinpy.wire import accel
 from lavinpy.wire.constants import FRAME_ERROR, NOT_IMPLEMENTED, PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPConnectionError, AMQPError
 from lavinpy.wire.reader import (
+    BODY_VIEW_MIN,
     Ack,
     AckRun,
     BadProtocolHeader,
@@ -445,3 +446,21 @@ def test_consecutive_acks_of_a_channel_form_one_run(compiled):
     assert events[3].method.multiple is True and events[3].method.delivery_tag == 5
     assert [(f.channel, f.method.delivery_tag, f.method.multiple) for f in events[0].frames()] == [
         (1, 1, False), (1, 2, False), (1, 3, False)]
+
+
+@pytest.mark.parametrize("compiled", [False, None])
+def test_large_body_frame_split_across_reads(compiled):
+    """A large body frame arriving in pieces comes out whole and intact; the Python parser hands
+    it out as a view of its input rather than another copy."""
+    data = bytes(range(256)) * (BODY_VIEW_MIN // 256 + 10)
+    frame = struct.pack(">BHI", 3, 1, len(data)) + data + b"\xce"
+    reader = FrameReader(1 << 20, compiled=compiled)
+    assert reader.feed(PROTOCOL_HEADER) == []
+    events = []
+    for i in range(0, len(frame), 50_000):
+        events += reader.feed(frame[i:i + 50_000])
+    assert reader.buffered == 0
+    (event,) = events
+    assert isinstance(event, BodyFrame) and event.channel == 1 and event.data == data
+    if compiled is False:
+        assert type(event.data) is memoryview

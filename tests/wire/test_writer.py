@@ -240,3 +240,26 @@ def test_deliver_reuses_cached_pieces_correctly():
     assert [(e.channel, e.method.delivery_tag, e.method.redelivered) for e in events[::3]] == [
         (1, 1, False), (1, 2, True), (2, 3, False)]
     assert [e.data for e in events[2::3]] == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("size", [writer.PIECE_MIN - 8, 131064, 131065, 3 * 131064, 1_000_000])
+@pytest.mark.parametrize("frame_max", [4096, writer.PIECE_MIN + 8, 131072])
+def test_large_deliver_sends_the_body_as_slices(size, frame_max):
+    """Frames of PIECE_MIN bytes or more (smaller ones are joined as before): the body goes out as
+    memoryview slices of itself (never copied), the frame heads and ends around them, every frame
+    within frame_max."""
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    frames = writer.deliver(3, "c", 7, False, "ex", "rk", PROPS, body, frame_max)
+    data = b"".join(frames)
+    events = read_all(data, frame_max)
+    assert events[0].method.name == "Basic.Deliver" and events[1].body_size == size
+    assert all(isinstance(e, BodyFrame) and len(e.data) <= frame_max - 8 for e in events[2:])
+    assert b"".join(e.data for e in events[2:]) == body
+    if size > frame_max - 8 >= writer.PIECE_MIN:
+        slices = [f for f in frames if type(f) is memoryview]
+        assert len(slices) == -(-size // (frame_max - 8))
+        assert all(s.obj is body for s in slices)
+    for build in (writer.get_ok, writer.return_):
+        args = (3, 7, False, "ex", "rk", 5) if build is writer.get_ok else (3, 312, "NO_ROUTE", "ex", "rk")
+        parts = build(*args, PROPS, memoryview(body), frame_max)  # type: ignore[operator]
+        assert b"".join(e.data for e in read_all(b"".join(parts), frame_max)[2:]) == body
