@@ -10,8 +10,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .cgroups import cgroup_memory_limit
 from .wire.proxy_header import parse_network
 
@@ -267,6 +265,8 @@ def load(
     """Build the settings from a YAML file, LAVINPY_* variables and explicit overrides."""
     cfg = Config()
     if path is not None:
+        import yaml  # only a broker started with a settings file pays for the YAML parser
+
         p = Path(path)
         try:
             doc = yaml.safe_load(p.read_text()) or {}
