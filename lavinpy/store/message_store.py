@@ -36,6 +36,10 @@ from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_se
 log = logging.getLogger("lavinpy.store")
 
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+# The current segment keeps at most this much written data mapped behind the write position (twice
+# this before a release): the newest records are the ones a consumer reads back soonest.
+_KEEP_MAPPED = 1024 * 1024
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
 # header + timestamp + body size; the names' length bytes are inside the encoded names
@@ -91,6 +95,7 @@ class MessageStore:
         self._cur: Segment | None = None
         self._cur_id = 0
         self._mm: mmap.mmap | None = None
+        self._kept_from = 0  # the current segment's pages before this are released (page-aligned)
         self._wpos = DATA_START
         self._cur_size = 0
         # Written but not yet synced: sealed segments' ranges, and where the current one's starts.
@@ -173,6 +178,8 @@ class MessageStore:
         else:
             write_encoded(self._mm, offset, names, properties, body, timestamp_ms)
         self._wpos = end
+        if end - self._kept_from > 2 * _KEEP_MAPPED and _DONTNEED is not None:
+            self._release_written(end)
         if self._dirty_start < 0:
             self._dirty_start = offset
         return self._cur_id | (offset << OFFSET_SHIFT)  # make_pos inlined: once per publish
@@ -202,6 +209,8 @@ class MessageStore:
         done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id, names,
                                                          properties, bodies, start, timestamp_ms)
         self._wpos = end
+        if end - self._kept_from > 2 * _KEEP_MAPPED and _DONTNEED is not None:
+            self._release_written(end)
         if self._dirty_start < 0:
             self._dirty_start = offset
         positions = array("Q")
@@ -247,6 +256,8 @@ class MessageStore:
         self._set_current(new, DATA_START)
         if not self._refs.get(old.id):
             self._maybe_delete(old.id)
+        elif _DONTNEED is not None:
+            old.mm.madvise(_DONTNEED)  # sealed: its pages leave the RSS now (see release_memory)
 
     def _create_segment(self, size: int) -> Segment:
         segment = Segment.create(self.path, self._next_id, size)
@@ -254,7 +265,16 @@ class MessageStore:
         self._segments[segment.id] = segment
         return segment
 
+    def _release_written(self, end: int) -> None:
+        """Drop the current segment's pages written more than _KEEP_MAPPED ago from this process's
+        mapping (a later read maps them in again from the page cache; see release_memory)."""
+        upto = (end - _KEEP_MAPPED) & ~(mmap.PAGESIZE - 1)
+        assert self._mm is not None and _DONTNEED is not None
+        self._mm.madvise(_DONTNEED, self._kept_from, upto - self._kept_from)
+        self._kept_from = upto
+
     def _set_current(self, segment: Segment, write_pos: int) -> None:
+        self._kept_from = 0
         self._cur = segment
         self._cur_id = segment.id
         self._mm = segment.mm
