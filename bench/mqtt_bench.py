@@ -6,6 +6,7 @@ broker: lavinpy, mosquitto. Prints delivered msg/s per QoS; not a test.
     python3 bench/mqtt_bench.py --port 1883 [--messages 200000] [--size 16] [--qos 0 1]
     python3 bench/mqtt_bench.py --port 1883 --publishers 100      # fan-in
     python3 bench/mqtt_bench.py --port 1883 --subscribers 100     # fan-out
+    python3 bench/mqtt_bench.py --port 1883 --idle 10000 --pid PID  # RSS per idle device
 
 Each publisher writes batches of ``--batch`` PUBLISH packets (``--messages`` in all, shared among the
 publishers); a QoS 1 subscriber PUBACKs what it read after each read; a QoS 1 publisher's PUBACKs
@@ -16,6 +17,7 @@ are counted by a thread of its own. The time is from the first publish to the la
 from __future__ import annotations
 
 import argparse
+import resource
 import socket
 import sys
 import threading
@@ -95,6 +97,26 @@ def run(args: argparse.Namespace, qos: int) -> float:
     return count * len(subs) / elapsed
 
 
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def idle_devices(args: argparse.Namespace) -> None:
+    """``--idle`` clean-session devices connected (keepalive 0) and left idle: the broker's RSS growth
+    per device, 3 s after the last CONNACK."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, args.idle + 100)), hard))
+    before = rss_kib(args.pid)
+    devices = [connect(args, f"idle-{i}") for i in range(args.idle)]
+    time.sleep(3)
+    after = rss_kib(args.pid)
+    print(f"{args.idle} idle devices: broker RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB, "
+          f"{(after - before) / args.idle:.2f} KiB each")
+    for sock in devices:
+        sock.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -107,7 +129,14 @@ def main() -> None:
     parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=[0, 1])
     parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--subscribers", type=int, default=1)
+    parser.add_argument("--idle", type=int, default=0, help="connect this many idle devices instead (needs --pid)")
+    parser.add_argument("--pid", type=int, help="the broker's process id, for --idle")
     args = parser.parse_args()
+    if args.idle:
+        if not args.pid:
+            parser.error("--idle needs --pid (the broker's process id)")
+        idle_devices(args)
+        return
     for qos in args.qos:
         rate = run(args, qos)
         print(f"QoS {qos}: {args.messages} messages of {args.size} B, {args.publishers} publisher(s) to "
