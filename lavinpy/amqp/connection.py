@@ -119,6 +119,11 @@ CONSUMING_METHODS = (commands.Basic.Consume, commands.Basic.Get)
 
 
 class AMQPConnection(ConnectionOutput):
+    __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
+                 "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
+                 "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
+                 "_login", "_body_spool", "_torn_down", "__weakref__")
+
     sessions: SessionHost
 
     def __init__(self, sessions: SessionHost, peer: tuple[Any, ...] | None = None) -> None:
