@@ -95,6 +95,7 @@ class SessionHost(OutputScheduler, Protocol):
 
     broker: Broker
     connections: set[AMQPConnection]  # the live ones: a connection is in it from start to lost
+    consuming: set[AMQPConnection]  # the live ones that sent basic.consume or basic.get (consumer timeouts)
     reply_to: dict[str, Channel]  # direct reply-to, for the channels: reply key -> requester
 
     def run_pending(self) -> None:
@@ -106,8 +107,23 @@ class SessionHost(OutputScheduler, Protocol):
     def start_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` alongside, on the adapter's event loop."""
 
+    def watch_heartbeat(self, connection: AMQPConnection, due: float) -> None:
+        """Call ``connection.heartbeat_due`` at ``due`` (one wheel for all connections, not a timer each)."""
+
+    def unwatch_heartbeat(self, connection: AMQPConnection) -> None:
+        """No more heartbeat checks for ``connection``."""
+
+
+# Methods after which a channel can hold unacked deliveries (the consumer-timeout sweep looks at those).
+CONSUMING_METHODS = (commands.Basic.Consume, commands.Basic.Get)
+
 
 class AMQPConnection(ConnectionOutput):
+    __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
+                 "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
+                 "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
+                 "_login", "_body_spool", "_torn_down", "__weakref__")
+
     sessions: SessionHost
 
     def __init__(self, sessions: SessionHost, peer: tuple[Any, ...] | None = None) -> None:
@@ -128,6 +144,8 @@ class AMQPConnection(ConnectionOutput):
         self.frame_max = self.config.frame_max
         self.channel_max = self.config.channel_max
         self.heartbeat = 0
+        self.heartbeat_slot: int | None = None  # the session layer's heartbeat wheel slot it waits in
+        self.consuming = False  # has sent basic.consume or basic.get (then in sessions.consuming)
         # Has published: under a resource alarm such a connection is no longer read (the API's
         # "blocked"); one that never published still is, until it does ("blocking").
         self.published = False
@@ -155,12 +173,11 @@ class AMQPConnection(ConnectionOutput):
         self.teardown()
         if self in self.sessions.connections:  # lost once, counted once
             self.sessions.connections.discard(self)
+            self.sessions.consuming.discard(self)
             self.broker.node_counters.connection_closed()
 
     def timer_fired(self, kind: TimerKind) -> None:
-        if kind is TimerKind.HEARTBEAT:
-            self._heartbeat_tick()
-        elif kind is TimerKind.INPUT_TURN:
+        if kind is TimerKind.INPUT_TURN:
             self.end_input_turn()
         elif kind is TimerKind.LOGIN:
             login, self._login = self._login, None
@@ -170,7 +187,7 @@ class AMQPConnection(ConnectionOutput):
             if self.state < OPEN:
                 log.info("connection %s: handshake timed out", self.name)
                 self.abort()
-        else:  # CLOSE_WAIT, LINGER: the client did not close in time
+        elif kind is TimerKind.CLOSE_WAIT or kind is TimerKind.LINGER:  # the client did not close in time
             self.abort()
 
     def teardown(self) -> None:
@@ -178,6 +195,7 @@ class AMQPConnection(ConnectionOutput):
         if self._torn_down:
             return
         self._torn_down = True
+        self.sessions.unwatch_heartbeat(self)
         for channel in list(self.channels.values()):
             channel.release()
         self.broker.client_limits.channels_closed(self.username, len(self.channels))
@@ -198,6 +216,8 @@ class AMQPConnection(ConnectionOutput):
         self.recv_cnt += 1
         if self.state >= CLOSED:
             return
+        if data == writer.HEARTBEAT and self.state == OPEN and not self.reader.buffered:
+            return  # an idle client's heartbeat, alone: noted above, nothing else to do
         try:
             frames = self.reader.feed(data)
         except BadProtocolHeader:
@@ -349,8 +369,12 @@ class AMQPConnection(ConnectionOutput):
             if not channel.closing:
                 channel.close_with_error(frame.error, None)
             return
-        if isinstance(getattr(frame, "method", None), commands.Channel.Open) and not channel.closing:
+        method = getattr(frame, "method", None)
+        if isinstance(method, commands.Channel.Open) and not channel.closing:
             raise AMQPConnectionError(CHANNEL_ERROR, f"channel {channel_id} is already open")
+        if not self.consuming and isinstance(method, CONSUMING_METHODS):
+            self.consuming = True
+            self.sessions.consuming.add(self)
         channel.handle_frame(frame)
 
     def _open_channel(self, channel_id: int) -> None:
@@ -501,19 +525,17 @@ class AMQPConnection(ConnectionOutput):
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         self.effect(CancelTimer(TimerKind.HANDSHAKE))
         if self.heartbeat:
-            self._schedule_heartbeat()
+            self.sessions.watch_heartbeat(self, time.monotonic() + self.heartbeat / 2)
         if self.broker.blocked_reason and self.capability("connection.blocked"):
             self.set_blocked(self.broker.blocked_reason)
         log.info("connection %s opened (user %r, vhost %r)", self.name, self.username, name)
 
     # --- heartbeats ---------------------------------------------------------------------------
-    def _schedule_heartbeat(self) -> None:
-        self.effect(SetTimer(TimerKind.HEARTBEAT, self.heartbeat / 2))
-
-    def _heartbeat_tick(self) -> None:
+    def heartbeat_due(self, now: float) -> None:
+        """Every heartbeat/2 seconds (the session layer's wheel): send one if nothing else was sent
+        meanwhile; close a client silent for two heartbeats."""
         if self.state >= CLOSING:
             return
-        now = time.monotonic()
         # While reading is paused (output backed up, alarm) the client's heartbeats stay unread.
         if now - self._last_recv > 2 * self.heartbeat and not self.reading_paused:
             log.info("connection %s: missed heartbeats from client, timeout %ds", self.name, self.heartbeat)
@@ -521,7 +543,7 @@ class AMQPConnection(ConnectionOutput):
             return
         if now - self.last_send >= self.heartbeat / 2:
             self.send(writer.HEARTBEAT)
-        self._schedule_heartbeat()
+        self.sessions.watch_heartbeat(self, now + self.heartbeat / 2)
 
     # --- flow ---------------------------------------------------------------------------------
     def set_blocked(self, reason: str | None) -> None:

@@ -4,6 +4,11 @@ The broker (the model) knows nothing of connections; it reaches them through the
 ``SessionLayer`` protocol it defines, which ``Sessions`` implements: pending deliveries and
 resource alarms. Work queued by any connection (deliveries, output) runs once per input batch.
 
+Periodic work looks only at the connections it concerns, so that idle connections cost (almost) nothing:
+heartbeats run on one wheel of HEARTBEAT_TICK slots (one loop timer for all connections, each connection
+visited once per heartbeat/2), and the consumer-timeout sweep visits only the connections that have
+consumed or fetched (``consuming``), not every connection's channels four times a second.
+
 No event loop and no files here: the adapter that runs the sessions (the server, on asyncio; a
 test, by hand) provides the scheduling (``Scheduling``) and the connections' body spools.
 """
@@ -11,6 +16,7 @@ test, by hand) provides the scheduling (``Scheduling``) and the connections' bod
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,6 +52,18 @@ class Scheduling(Protocol):
         """Run ``work`` (waiting for the store, say) alongside; its errors are the adapter's to log."""
 
 
+HEARTBEAT_TICK = 0.25  # seconds: a connection's heartbeat check runs at most this late
+
+
+class HeartbeatWatched(Protocol):
+    """A connection, as the heartbeat wheel sees it."""
+
+    heartbeat_slot: int | None  # the wheel slot it waits in (None: not watched)
+
+    def heartbeat_due(self, now: float) -> None:
+        """Its heartbeat check is due: send one, close a silent client, or ``watch_heartbeat`` again."""
+
+
 PROTOCOL_LABEL = "amqp091"  # RabbitMQ's label of AMQP 0-9-1 in its per-protocol metrics
 
 
@@ -54,6 +72,11 @@ class Sessions:
         """``new_spool``: a new body spool for a connection (files in the data dir)."""
         self.broker = broker
         self.connections: set[AMQPConnection] = set()
+        # The connections that sent basic.consume or basic.get: only these can hold unacked deliveries.
+        self.consuming: set[AMQPConnection] = set()
+        # Heartbeat wheel: slot (due time // HEARTBEAT_TICK, rounded up) -> the connections due then.
+        self._heartbeat_slots: dict[int, set[HeartbeatWatched]] = {}
+        self._heartbeat_timer: TimerHandle | None = None
         # Direct reply-to: reply key -> the requester's channel.
         self.reply_to: dict[str, Channel] = {}
         self.output_pending: set[ConnectionOutput] = set()
@@ -124,7 +147,7 @@ class Sessions:
 
     def _sweep_consumer_timeouts(self) -> None:
         try:
-            if consumer_timeout.sweep(self.connections, self.broker.config.consumer_timeout):
+            if consumer_timeout.sweep(self.consuming, self.broker.config.consumer_timeout):
                 self._schedule()  # the channel.close frames go out now
         except Exception:  # pragma: no cover - a bug here must not stop the sweeps
             log.exception("consumer timeout sweep failed")
@@ -132,7 +155,49 @@ class Sessions:
             self._sweep_timer = self._scheduling.call_later(consumer_timeout.SWEEP_INTERVAL,
                                                             self._sweep_consumer_timeouts)
 
+    # --- heartbeats -----------------------------------------------------------------------------
+    def watch_heartbeat(self, connection: HeartbeatWatched, due: float) -> None:
+        """Call ``connection.heartbeat_due`` once at (or up to a tick after) ``due`` (time.monotonic)."""
+        self.unwatch_heartbeat(connection)
+        slot = int(due / HEARTBEAT_TICK) + 1
+        connection.heartbeat_slot = slot
+        waiting = self._heartbeat_slots.get(slot)
+        if waiting is None:
+            waiting = self._heartbeat_slots[slot] = set()
+        waiting.add(connection)
+        if self._heartbeat_timer is None:
+            self._heartbeat_timer = self._scheduling.call_later(HEARTBEAT_TICK, self._heartbeat_sweep)
+
+    def unwatch_heartbeat(self, connection: HeartbeatWatched) -> None:
+        slot, connection.heartbeat_slot = connection.heartbeat_slot, None
+        if slot is not None:
+            waiting = self._heartbeat_slots.get(slot)
+            if waiting is not None:
+                waiting.discard(connection)
+                if not waiting:
+                    del self._heartbeat_slots[slot]
+
+    def _heartbeat_sweep(self) -> None:
+        """One tick of the wheel: the connections whose slot has come; the timer runs while any wait."""
+        self._heartbeat_timer = None
+        now = time.monotonic()
+        current = int(now / HEARTBEAT_TICK)
+        slots = self._heartbeat_slots
+        for slot in sorted(s for s in slots if s <= current):
+            for connection in slots.pop(slot):
+                connection.heartbeat_slot = None
+                try:
+                    connection.heartbeat_due(now)
+                except Exception:  # pragma: no cover - a bug in one must not stop the others' heartbeats
+                    log.exception("heartbeat check failed")
+        if slots and self._heartbeat_timer is None:  # (a connection watched again may have set it)
+            self._heartbeat_timer = self._scheduling.call_later(HEARTBEAT_TICK, self._heartbeat_sweep)
+
     def close(self) -> None:
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+            self._heartbeat_timer = None
+        self._heartbeat_slots.clear()

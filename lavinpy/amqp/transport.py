@@ -191,8 +191,14 @@ class AMQPProtocol(asyncio.Protocol):
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
-        if self.conn is not None:
-            self.conn.lost()
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.lost()
+            # The connection and this driver refer to each other: without these references the pair
+            # (and the transport) is freed at once, not left for a full collection of the garbage
+            # collector (whose cost grows with everything else alive; see server.GC_THRESHOLDS).
+            conn.driver = None
+        self.transport = None
 
     def pause_writing(self) -> None:
         if self.conn is not None:

@@ -13,6 +13,7 @@ from session_client import PROTOCOL_HEADER, Client, Harness
 from lavinpy.amqp import connection as connection_module
 from lavinpy.amqp import connection_states as states
 from lavinpy.amqp import consumer_timeout
+from lavinpy.amqp import sessions as sessions_module
 from lavinpy.amqp.effects import CancelTimer, Effect, SetTimer, TimerKind
 
 
@@ -49,7 +50,8 @@ def test_protocol_header_start_tune_open(harness: Harness) -> None:
     client.send((0, commands.Connection.TuneOk(channel_max=100, frame_max=8192, heartbeat=10)),
                 (0, commands.Connection.Open(virtual_host="/")))
     assert client.names() == [(0, "Connection.OpenOk")]
-    assert client.effects == [CancelTimer(TimerKind.HANDSHAKE), SetTimer(TimerKind.HEARTBEAT, 5.0)]
+    assert client.effects == [CancelTimer(TimerKind.HANDSHAKE)]  # heartbeats: the session layer's wheel
+    assert client.conn.heartbeat_slot is not None
     assert (client.conn.frame_max, client.conn.channel_max, client.conn.heartbeat) == (8192, 100, 10)
 
 
@@ -124,20 +126,42 @@ def test_open_connection_ignores_the_handshake_timer(harness: Harness) -> None:
 def test_heartbeats_sent_when_idle_and_missed_ones_close(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(connection_module.time, "monotonic", lambda: now[0])
+    scheduling = harness.scheduling
     client = harness.connect()
     client.handshake(heartbeat=10)
     client.effects.clear()
+    assert [t.delay for t in scheduling.timers] == [sessions_module.HEARTBEAT_TICK]  # the wheel's one timer
 
-    now[0] += 6  # more than heartbeat/2 since anything was sent: one heartbeat goes out
+    now[0] += 4  # the wheel turns before heartbeat/2: nothing yet
+    scheduling.fire_timers()
+    harness.run_soon()
+    assert client.read() == []
+
+    now[0] += 2  # more than heartbeat/2 since anything was sent: one heartbeat goes out
     client.send(heartbeat.Heartbeat.marshal())  # and the client's arrives
-    client.conn.timer_fired(TimerKind.HEARTBEAT)
+    scheduling.fire_timers()
+    harness.run_soon()
     assert [type(f) for _, f in client.read()] == [heartbeat.Heartbeat]
-    assert client.effects == [SetTimer(TimerKind.HEARTBEAT, 5.0)]
+    assert client.effects == []  # no timer of its own
+    assert len(scheduling.timers) == 1  # the wheel turns on: the connection waits for its next check
 
     now[0] += 21  # nothing from the client for more than two heartbeats
-    client.conn.timer_fired(TimerKind.HEARTBEAT)
+    scheduling.fire_timers()
+    harness.run_soon()
     client.read()
     assert client.effects[-1] is Effect.CLOSE
+    client.conn.lost()
+    assert client.conn.heartbeat_slot is None
+    scheduling.fire_timers()
+    assert scheduling.timers == []  # nobody left to watch: the wheel stops
+
+
+def test_one_heartbeat_timer_for_many_connections(harness: Harness) -> None:
+    clients = [harness.connect(("127.0.0.1", 50000 + i)) for i in range(20)]
+    for client in clients:
+        client.handshake(heartbeat=10)
+    assert len(harness.scheduling.timers) == 1
+    assert all(client.effects.count(SetTimer(TimerKind.HEARTBEAT, 5.0)) == 0 for client in clients)
 
 
 def test_client_close_gets_close_ok_then_linger(harness: Harness) -> None:
