@@ -20,8 +20,10 @@ the store defers a close while a flush may still be fsyncing that descriptor.
 A file given an ``OpenFiles`` cache holds a descriptor only while it is in use: it is opened on
 demand (an append, a truncate, a sync of entries written before it was closed) and closed when it is
 the least recently used of more files than the cache's budget, which follows the process's fd limit.
-A file closed that way with entries no flush has synced yet is fsynced first when ``sync_on_close``
-says the fsync policy syncs at all, so closing never loses what a flush would have put on disk.
+A file closed that way with entries no flush has synced yet is handed by path to ``sync_later`` (the
+store's next flush opens and fsyncs it in its worker: Linux syncs a file's dirty pages through any
+descriptor), or fsynced before it closes without one, when ``sync_on_close`` says the fsync policy
+syncs at all: closing never loses what a flush would have put on disk.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ class EntryFile:
     """
 
     __slots__ = ("path", "entry_size", "owner", "fd", "size", "unsynced", "_close_fd", "cache",
-                 "sync_on_close", "exists", "on_create")
+                 "sync_on_close", "sync_later", "exists", "on_create")
 
     def __init__(self, path: Path, entry_size: int, owner: str, *,
                  close_fd: Callable[[int], None] = os.close, cache: OpenFiles | None = None) -> None:
@@ -135,6 +137,7 @@ class EntryFile:
         self._close_fd = close_fd
         self.cache = cache
         self.sync_on_close = True
+        self.sync_later: Callable[[Path], None] | None = None
         self.exists = False  # known to be on disk (recovered or created)
         self.on_create: Callable[[], None] | None = None
         self.fd = -1
@@ -165,7 +168,10 @@ class EntryFile:
         if fd < 0:
             return
         if self.unsynced and self.sync_on_close:
-            os.fsync(fd)
+            if self.sync_later is not None:
+                self.sync_later(self.path)
+            else:
+                os.fsync(fd)
             self.unsynced = False
         self.fd = -1
         self._close_fd(fd)
@@ -246,14 +252,9 @@ class EntryFile:
 
     def take_unsynced(self, fds: list[int]) -> None:
         """Add the descriptor to ``fds`` if a flush must fsync it, and count it synced (event-loop thread)."""
-        if self.unsynced:
-            if self.fd < 0 and self.cache is not None:
-                if not self.exists:
-                    return
-                self._open_fd()  # written, closed unsynced (a policy that does not sync on close)
-            if self.fd >= 0:
-                fds.append(self.fd)
-                self.unsynced = False
+        if self.unsynced and self.fd >= 0:  # closed: handed to sync_later, or a policy that does not sync
+            fds.append(self.fd)
+            self.unsynced = False
 
     def mark_unsynced(self) -> None:
         """A flush failed: the file is not known to be on disk, so the next one syncs it."""

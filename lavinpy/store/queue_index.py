@@ -415,13 +415,14 @@ class QueueIndex:
         self._new_names = True
         self._has_directory = True
 
-    def set_fsync(self, syncs: bool) -> None:
+    def set_fsync(self, syncs: bool, sync_later: Callable[[Path], None] | None = None) -> None:
         """Whether the fsync policy syncs (not ``never``): new names wait for a flush, and a file
-        closed while idle is synced first."""
+        closed while idle with unsynced entries goes to ``sync_later`` (the store's next flush)."""
         self.sync_metadata = syncs
         for file in (self._enq, self._ack):
             if file is not None:
                 file.sync_on_close = syncs
+                file.sync_later = sync_later
 
     def _file_created(self) -> None:
         self._new_names = True

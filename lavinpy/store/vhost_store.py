@@ -62,6 +62,7 @@ class VhostStore:
         self._delivery_counts: dict[str, DeliveryCounts] = {}
         self._append_files: dict[str, AppendFile] = {}
         self._synced_files: list[SyncedFile] = []  # registered by their owners (the definitions log)
+        self._sync_paths: list[Path] = []  # index files closed while idle before a flush synced them
         self._executor: ThreadPoolExecutor | None = None
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
@@ -119,7 +120,7 @@ class VhostStore:
         directory = self.queue_path(name) if durable else None
         index = kind.build(name, self.messages, directory, self.ack_file_max_bytes, self._close_fd)
         if isinstance(index, QueueIndex):
-            index.set_fsync(self.fsync_policy != "never")
+            index.set_fsync(self.fsync_policy != "never", self._sync_path_later)
         index.open()
         self._queues[name] = index
         return index
@@ -194,6 +195,10 @@ class VhostStore:
         for appended in self._append_files.values():
             appended.close(clean=clean)
         self._append_files.clear()
+        paths, self._sync_paths = self._sync_paths, []
+        if clean:
+            for path in paths:
+                sync_path(path)
         for synced_file in self._synced_files:  # still open (their owners close them): synced here
             if clean:
                 for fd in synced_file.take_unsynced_fds():
@@ -220,7 +225,7 @@ class VhostStore:
         return (any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
                 or any(c.has_unsynced for c in self._delivery_counts.values())
                 or any(f.has_unsynced for f in self._append_files.values())
-                or any(f.has_unsynced for f in self._synced_files))
+                or any(f.has_unsynced for f in self._synced_files) or bool(self._sync_paths))
 
     async def flush(self, acks: bool = True) -> None:
         """Resolve once everything appended/pushed/acked before the call is on disk (per policy).
@@ -300,6 +305,7 @@ class VhostStore:
                     directories.append(directory)
         others: list[DeliveryCounts | AppendFile | SyncedFile] = [
             *self._delivery_counts.values(), *self._append_files.values(), *self._synced_files]
+        paths, self._sync_paths = self._sync_paths, []  # after the writes above: they may close files
         for synced_with in others:
             taken = synced_with.take_unsynced_fds()
             if taken:
@@ -316,9 +322,13 @@ class VhostStore:
         if self.barrier is not None:  # taken now: the followers write this flush's bytes while we do
             self.barrier.on_replicated(one_done)
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
-            ranges, fds, directories = [], [], []
-        if ranges or fds or directories:
-            await self._sync_in_worker(synced, ranges, fds, directories)
+            ranges, fds, directories, paths = [], [], [], []
+        if ranges or fds or directories or paths:
+            try:
+                await self._sync_in_worker(synced, ranges, fds, directories, paths)
+            except BaseException:
+                self._sync_paths.extend(paths)  # not known to be on disk: the next flush tries again
+                raise
         one_done()
 
     async def wait_replicated(self) -> None:
@@ -334,11 +344,13 @@ class VhostStore:
                 changes.appended(segment.path, start, segment.mm[start:end])
 
     async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts | AppendFile | SyncedFile],
-                              ranges: list[DirtyRange], fds: list[int], directories: list[Path]) -> None:
+                              ranges: list[DirtyRange], fds: list[int], directories: list[Path],
+                              paths: list[Path]) -> None:
         token = self._begin_sync()
         try:
             assert self._executor is not None
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds, directories)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds, directories,
+                                                             paths)
         except BaseException:
             for index in synced:  # not known to be on disk: the next flush tries again
                 index.mark_unsynced()
@@ -348,13 +360,16 @@ class VhostStore:
                 self._end_sync()
         self.flush_count += 1
 
-    def _sync(self, ranges: list[DirtyRange], fds: list[int], directories: list[Path]) -> None:
-        """Worker thread: message bytes first, then the index entries that point at them and the
-        names of new queue directories and files."""
+    def _sync(self, ranges: list[DirtyRange], fds: list[int], directories: list[Path], paths: list[Path]) -> None:
+        """Worker thread: message bytes first, then the index entries that point at them (open
+        files by descriptor, files closed while idle by path) and the names of new queue
+        directories and files."""
         started = time.perf_counter()
         self.messages.sync_ranges(ranges)
         for fd in fds:
             os.fsync(fd)
+        for path in paths:
+            sync_path(path)
         for directory in directories:
             sync_new_directory(directory)
         SYNC_TIMES.observe(time.perf_counter() - started)
@@ -374,6 +389,9 @@ class VhostStore:
             os.close(fd)
         self.messages.release_deletions()
 
+    def _sync_path_later(self, path: Path) -> None:
+        self._sync_paths.append(path)
+
     def _close_fd(self, fd: int) -> None:
         """Close an index descriptor, or later if a worker thread may be fsyncing it right now."""
         if self._sync_token is not None:
@@ -383,6 +401,18 @@ class VhostStore:
 
     def __repr__(self) -> str:
         return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"
+
+
+def sync_path(path: Path) -> None:
+    """fsync a file by name (its written pages, whichever descriptor wrote them); gone: nothing to do."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return  # its queue was deleted
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
