@@ -78,6 +78,7 @@ class QueueIndex:
         # directory, .queue, enq, ack) are not durable until a flush syncs them
         self._has_directory = False
         self._new_names = False
+        self.found_files: frozenset[str] | None = None  # names in the directory at open (None: not listed)
         self.sync_metadata = True  # whether making a directory or file needs syncing (fsync policy)
         if self.directory is not None:
             owner = f"queue {name!r}"
@@ -99,15 +100,19 @@ class QueueIndex:
         directory, enq_file, ack_file = self.directory, self._enq, self._ack
         if directory is None or enq_file is None or ack_file is None:
             return  # transient: memory only
-        if not directory.is_dir():
+        try:
+            found = frozenset(os.listdir(directory))  # one call instead of a failed open per absent file
+        except FileNotFoundError:
+            self.found_files = frozenset()
             return  # declared, nothing written yet: the first write makes the directory
+        self.found_files = found
         self._has_directory = True
         name_file = directory / QUEUE_NAME_FILE
-        if not name_file.exists() or not name_file.stat().st_size:  # a crash before it was synced
+        if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
             name_file.write_bytes(self.name.encode("utf-8"))
             self._new_names = True
-        enq = enq_file.recover(create=False)
-        ack = ack_file.recover(create=False)
+        enq = enq_file.recover(create=False) if found.intersection((ENQ_FILE, ENQ_FILE + ".tmp")) else array("Q")
+        ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
         enq_file.close()  # opened again by the next write
         ack_file.close()
         self._measure_ack_room()

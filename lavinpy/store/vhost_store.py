@@ -22,7 +22,7 @@ from lavinpy.store import changes
 from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
-from lavinpy.store.delivery_counts import DeliveryCounts
+from lavinpy.store.delivery_counts import COUNTS_FILE, DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex, sync_new_directory
@@ -137,7 +137,9 @@ class VhostStore:
 
         counts = DeliveryCounts(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd,
                                 prepare_directory=index.ensure_directory)
-        counts.open(index if counts.durable else None)
+        found = index.found_files if index.durable else frozenset()
+        if found is None or found.intersection((COUNTS_FILE, COUNTS_FILE + ".tmp")):  # none: nothing to read
+            counts.open(index if counts.durable else None)
         self._delivery_counts[index.name] = counts
         return counts
 
