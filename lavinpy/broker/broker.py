@@ -152,7 +152,12 @@ class Broker:
 
     async def wait_replicated(self) -> None:
         """Resolve once every in-sync follower holds what was written before the call (at once when
-        this broker leads no cluster): the HTTP API's changes wait for it as AMQP's -ok replies do."""
+        this broker leads no cluster), and the definitions appended are on disk per the fsync policy:
+        the HTTP API's changes wait for it as AMQP's -ok replies do."""
+        for vhost in list(self.vhosts.values()):
+            pending = vhost.definitions_pending()
+            if pending is not None:
+                await asyncio.shield(pending)
         if self._replication_barrier is not None:
             await self._replication_barrier.wait_replicated()
 

@@ -105,6 +105,7 @@ class VHost(VHostPublishing):
             ack_file_max_bytes=config.ack_file_max_bytes,
         )
         self.definitions = DefinitionsLog(path / "definitions.amqp", config.definitions_compact_deletes)
+        self._definitions_durable: asyncio.Future[None] | None = None  # the flush the last append waits for
         self.exchanges: dict[str, Exchange] = {}
         self.generation = 0  # bumped when an exchange goes away: channels cache resolved exchanges
         self.queues: dict[str, QueueKind] = {}
@@ -144,6 +145,10 @@ class VHost(VHostPublishing):
             replay = self.definitions.current()  # exchanges, queues, then bindings
         for cmd in replay:
             self._replay(cmd, unclean_stop)
+        # From now on the group commit syncs the definitions: many declarations, one fsync.
+        self.store.register_synced_file(self.definitions)
+        self.definitions.group_commit = True
+        self.definitions.on_append = self._definitions_appended
         self.store.finish_recovery()
         self.store.messages.release_memory()
         recovered = sum(q.message_count for q in self.queues.values())
@@ -243,10 +248,34 @@ class VHost(VHostPublishing):
         return self.store.open_append_file(name)
 
     def replicated(self) -> asyncio.Future[None] | None:
-        """A future that resolves once every in-sync follower has what was written before the call;
-        None outside a cluster (a local change is complete at once)."""
+        """A future that resolves once every in-sync follower has what was written before the call
+        and the definitions appended are on disk per the fsync policy; None when the change is
+        complete at once (outside a cluster, no definitions awaiting a flush)."""
+        pending = self.definitions_pending()
+        if pending is not None:
+            return pending
         barrier = self.store.barrier
         return None if barrier is None else barrier.wait_replicated()
+
+    def definitions_pending(self) -> asyncio.Future[None] | None:
+        """While a definitions append awaits its flush: a flush joined now (it covers the caller's
+        change too and resolves no earlier than that one), else None."""
+        pending = self._definitions_durable
+        if pending is None:
+            return None
+        if pending.done():
+            self._definitions_durable = None
+            return None
+        return self.store.durable(acks=False)
+
+    def _definitions_appended(self) -> None:
+        store = self.store
+        if store.fsync_policy == "never" and store.barrier is None:
+            return  # handed to the OS is all the policy asks
+        try:
+            self._definitions_durable = store.durable(acks=False)
+        except RuntimeError:  # no event loop (a caller outside the server): sync now
+            self.definitions.sync()
 
     # --- delivery scheduling ------------------------------------------------------------------
     def schedule_delivery(self, queue: QueueKind) -> None:

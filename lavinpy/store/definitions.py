@@ -9,6 +9,11 @@ damaged length is passed by searching for the next record that checks out). Vers
 frames without length and CRC) are read the same way and rewritten as version 2. Deletes and unbinds make the log
 longer than the state, so the log is rewritten (compacted) from the in-memory state at boot when it
 holds any, and at run time after ``compact_deletes`` of them.
+
+An append is handed to the OS at once (a killed process keeps it). Alone, the log fsyncs each
+append before returning; once a vhost store's group commit syncs it (``group_commit``), appends
+are only marked unsynced, the ``on_append`` hook lets the owner join the next flush, and its -ok
+replies wait for that flush: many declarations, one fsync.
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ import time
 import zlib
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from pamqp import commands, encode
 from pamqp import frame as pamqp_frame
 
 from lavinpy.store import changes
-from lavinpy.store.jsonfile import write_bytes_atomic
+from lavinpy.store.jsonfile import FILE_MODE, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +281,13 @@ class DefinitionsLog:
         self._bindings: dict[tuple, Binding] = {}
         self._removals_since_compact = 0
         self.damaged_records = 0  # records the last load() skipped as damaged
-        self._file: BinaryIO | None = None
+        self._fd = -1
+        # closes the descriptor: a store's group commit defers it while a flush may be syncing it
+        self.close_fd: Callable[[int], None] = os.close
+        self._size = 0  # bytes in the file (the offset of the next record)
+        self.unsynced = False  # appended since the last sync
+        self.group_commit = False  # a store's flush syncs the file (else: fsync per append)
+        self.on_append: Callable[[], None] | None = None
         self._apply_by_type: dict[type, Callable[[Any], None]] = {
             commands.Exchange.Declare: self._declare_exchange,
             commands.Exchange.Delete: self._delete_exchange,
@@ -346,17 +357,49 @@ class DefinitionsLog:
             raise TypeError(f"cannot store {type(command).__name__} in definitions.amqp")
         if isinstance(command, commands.Exchange.Declare | commands.Queue.Declare) and command.passive:
             return
-        if self._file is None:
+        fd = self._fd
+        if fd < 0:
             raise RuntimeError(f"{self.path}: load() must be called before append()")
         record = encode_record(command)
-        self._file.write(record)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        written = os.write(fd, record)
+        while written < len(record):  # a regular file takes it whole but for a full disk; finish or raise
+            written += os.write(fd, record[written:])
+        offset = self._size
+        self._size += len(record)
         if changes.feed.listener is not None:
-            changes.appended(self.path, self._file.tell() - len(record), record)
+            changes.appended(self.path, offset, record)
+        if self.group_commit:
+            self.unsynced = True
+        else:
+            os.fsync(fd)
         self._apply(command)
         if self._removals_since_compact >= self.compact_deletes:
             self.compact()
+        if self.on_append is not None:
+            self.on_append()
+
+    # -- group commit (a vhost store's flush) ---------------------------------------------------
+
+    @property
+    def has_unsynced(self) -> bool:
+        return self.unsynced
+
+    def take_unsynced_fds(self) -> list[int]:
+        """The descriptor a flush must fsync, counted as synced (event-loop thread)."""
+        if not self.unsynced or self._fd < 0:
+            return []
+        self.unsynced = False
+        return [self._fd]
+
+    def mark_unsynced(self) -> None:
+        """A flush that took the descriptor failed: the next one syncs it again."""
+        self.unsynced = True
+
+    def sync(self) -> None:
+        """fsync now what was appended and not synced (no event loop to wait in)."""
+        if self.unsynced and self._fd >= 0:
+            os.fsync(self._fd)
+            self.unsynced = False
 
     def compact(self) -> None:
         """Rewrite the file as the current state only (via ``.tmp``, fsync, rename, fsync dir)."""
@@ -365,6 +408,7 @@ class DefinitionsLog:
         try:
             write_bytes_atomic(self.path, data)
             self._removals_since_compact = 0
+            self.unsynced = False  # the new file is on disk
         finally:
             self._open_for_append()
 
@@ -373,9 +417,12 @@ class DefinitionsLog:
         return [*self._exchanges.values(), *self._queues.values(), *self._bindings.values()]
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd >= 0:
+            if self.unsynced:
+                os.fsync(self._fd)
+                self.unsynced = False
+            fd, self._fd = self._fd, -1
+            self.close_fd(fd)
 
     # -- state model --------------------------------------------------------------------------
 
@@ -414,5 +461,7 @@ class DefinitionsLog:
     # -- file handling ------------------------------------------------------------------------
 
     def _open_for_append(self) -> None:
-        # The handle lives as long as the log (closed in close()/compact()), hence no context manager.
-        self._file = open(self.path, "ab")  # noqa: SIM115
+        # The descriptor lives as long as the log (closed in close()/compact()).
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0),
+                           FILE_MODE)
+        self._size = os.fstat(self._fd).st_size

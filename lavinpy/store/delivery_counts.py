@@ -53,12 +53,14 @@ class DeliveryCounts:
     def __init__(self, name: str, directory: Path | None, *,
                  sync_removals: Callable[[], None] = lambda: None,
                  close_fd: Callable[[int], None] = os.close,
-                 compact_min_entries: int = COMPACT_MIN_ENTRIES) -> None:
+                 compact_min_entries: int = COMPACT_MIN_ENTRIES,
+                 prepare_directory: Callable[[], None] = lambda: None) -> None:
         self.name = name
         self.directory = Path(directory) if directory is not None else None
         self.durable = directory is not None
         self.counts: dict[int, int] = {}
         self._sync_removals = sync_removals
+        self._prepare_directory = prepare_directory  # the queue's directory is made by its first write
         self._compact_min = compact_min_entries
         self._file = (EntryFile(self.directory / COUNTS_FILE, ENTRY.size, f"queue {name!r}", close_fd=close_fd)
                       if self.directory is not None else None)
@@ -99,6 +101,7 @@ class DeliveryCounts:
         if file is None:
             return
         if not file.is_open:
+            self._prepare_directory()
             file.create()
         file.append(pack_entry(pos, count))
         if file.size >= max(self._compact_min, 2 * len(self.counts)) * ENTRY.size:

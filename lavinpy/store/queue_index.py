@@ -5,6 +5,12 @@ message routed to the queue) and ``ack`` (one per message removed). The content 
 ``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a
 ``ReadyList`` (ready_list.py, in C when built; no Python object per message); only unacked and
 requeued messages, which are few, are Python ints in a set / heap.
+
+Nothing is on disk for a durable queue until its first index entry: the directory, its ``.queue``
+file and the ``enq``/``ack`` files are made by the first write (the declaration itself is the
+definitions record's), and their names are made durable by the next flush (``take_new_directory``).
+The files are opened on demand through the node's ``OpenFiles`` budget and closed when idle, so an
+empty or idle queue holds no descriptor.
 """
 
 from __future__ import annotations
@@ -21,8 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
-from lavinpy.store.datadir import write_name_file
-from lavinpy.store.entry_file import EntryFile
+from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
 from lavinpy.store.index_files import segment_counts, valid_entries
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
@@ -49,7 +54,7 @@ class QueueIndex:
 
     def __init__(self, name: str, messages: MessageStore, directory: Path | None,
                  ack_file_max_bytes: int = DEFAULT_ACK_FILE_MAX_BYTES, *,
-                 close_fd: Callable[[int], None] = os.close) -> None:
+                 close_fd: Callable[[int], None] = os.close, files: OpenFiles | None = INDEX_FILES) -> None:
         self.name = name
         self.messages = messages
         self.directory = Path(directory) if directory is not None else None
@@ -69,12 +74,19 @@ class QueueIndex:
         self._enq: EntryFile | None = None
         self._ack: EntryFile | None = None
         self._ack_room = 0  # see _measure_ack_room
+        # durable only: the directory exists (False: made by the first write); its new names (the
+        # directory, .queue, enq, ack) are not durable until a flush syncs them
+        self._has_directory = False
+        self._new_names = False
+        self.found_files: frozenset[str] | None = None  # names in the directory at open (None: not listed)
+        self.sync_metadata = True  # whether making a directory or file needs syncing (fsync policy)
         if self.directory is not None:
             owner = f"queue {name!r}"
             self._enq_pending = array("Q")
             self._ack_pending = array("Q")
-            self._enq = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
-            self._ack = EntryFile(self.directory / ACK_FILE, ENTRY_SIZE, owner, close_fd=close_fd)
+            self._enq = EntryFile(self.directory / ENQ_FILE, ENTRY_SIZE, owner, close_fd=close_fd, cache=files)
+            self._ack = EntryFile(self.directory / ACK_FILE, ENTRY_SIZE, owner, close_fd=close_fd, cache=files)
+            self._enq.on_create = self._ack.on_create = self._file_created
             self._measure_ack_room()
         self._is_open = False
 
@@ -88,15 +100,21 @@ class QueueIndex:
         directory, enq_file, ack_file = self.directory, self._enq, self._ack
         if directory is None or enq_file is None or ack_file is None:
             return  # transient: memory only
-        created = not directory.exists()
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            found = frozenset(os.listdir(directory))  # one call instead of a failed open per absent file
+        except FileNotFoundError:
+            self.found_files = frozenset()
+            return  # declared, nothing written yet: the first write makes the directory
+        self.found_files = found
+        self._has_directory = True
         name_file = directory / QUEUE_NAME_FILE
-        if not name_file.exists():
-            write_name_file(name_file, self.name)
-        if created:
-            fsync_dir(directory.parent)  # the queue directory itself must survive a crash
-        enq = enq_file.recover()
-        ack = ack_file.recover()
+        if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
+            name_file.write_bytes(self.name.encode("utf-8"))
+            self._new_names = True
+        enq = enq_file.recover(create=False) if found.intersection((ENQ_FILE, ENQ_FILE + ".tmp")) else array("Q")
+        ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
+        enq_file.close()  # opened again by the next write
+        ack_file.close()
         self._measure_ack_room()
         if ack:
             acked = set(ack)
@@ -388,6 +406,40 @@ class QueueIndex:
 
     # ---- files -------------------------------------------------------------------------------
 
+    def ensure_directory(self) -> None:
+        """Make the queue's directory and its ``.queue`` file if this is the first write (durable
+        queue). Not synced here: the next flush syncs the new names (``take_new_directory``)."""
+        if self._has_directory or self.directory is None:
+            return
+        directory = self.directory
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        name = self.name.encode("utf-8")
+        name_file = directory / QUEUE_NAME_FILE
+        name_file.write_bytes(name)  # synced with the names by the next flush (a crash before: see open)
+        changes.replaced(name_file, name)
+        self._new_names = True
+        self._has_directory = True
+
+    def set_fsync(self, syncs: bool, sync_later: Callable[[Path], None] | None = None) -> None:
+        """Whether the fsync policy syncs (not ``never``): new names wait for a flush, and a file
+        closed while idle with unsynced entries goes to ``sync_later`` (the store's next flush)."""
+        self.sync_metadata = syncs
+        for file in (self._enq, self._ack):
+            if file is not None:
+                file.sync_on_close = syncs
+                file.sync_later = sync_later
+
+    def _file_created(self) -> None:
+        self._new_names = True
+
+    def take_new_directory(self) -> Path | None:
+        """The directory whose new names (itself, ``.queue``, a new ``enq``/``ack``) the next flush
+        must make durable, or None; counted as synced (event-loop thread)."""
+        if not self._new_names or not self.sync_metadata:
+            return None
+        self._new_names = False
+        return self.directory
+
     @property
     def has_pending_writes(self) -> bool:
         """Buffered index entries not yet handed to the OS."""
@@ -403,6 +455,8 @@ class QueueIndex:
         """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
         for pending, file in ((self._enq_pending, self._enq), (self._ack_pending, self._ack)):
             if pending and file is not None:
+                if not self._has_directory:
+                    self.ensure_directory()
                 file.append(pending)
                 del pending[:]
         self._measure_ack_room()
@@ -427,20 +481,31 @@ class QueueIndex:
         for file in (self._enq, self._ack):
             if file is not None:
                 file.mark_unsynced()
+        if self._has_directory:
+            self._new_names = True
 
     def fsync(self) -> None:
-        """fsync the enq and ack files (safe in a worker thread)."""
+        """fsync the enq and ack files, and new names (event-loop thread: closed files are opened)."""
         for file in (self._enq, self._ack):
             if file is not None:
                 file.fsync()
+        directory = self.take_new_directory()
+        if directory is not None:
+            sync_new_directory(directory)
 
     def compact(self) -> None:
         """Rewrite ``enq`` with the live entries and empty ``ack`` (crash-safe: tmp, fsync, rename)."""
         enq, ack = self._enq, self._ack
-        if enq is None or ack is None or not enq.is_open:
+        if enq is None or ack is None or not self._is_open:
             return
         assert self._enq_pending is not None and self._ack_pending is not None
-        enq.rewrite(self._live_array())
+        live = self._live_array()
+        if not self._has_directory:
+            if not live or self.directory is None:
+                return  # nothing was ever written and nothing is to be
+            self.ensure_directory()
+            sync_new_directory(self.directory)  # the rewrite below is durable at once: so its directory
+        enq.rewrite(live)
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
         ack.truncate(0)
         self._measure_ack_room()
@@ -452,7 +517,7 @@ class QueueIndex:
     def close(self, clean: bool = True) -> None:
         """Close the files. Clean: write buffers, compact if anything was acked, fsync."""
         enq, ack = self._enq, self._ack
-        if enq is not None and ack is not None and enq.is_open:
+        if enq is not None and ack is not None and self._is_open:
             self.write_buffers()
             if clean:
                 if ack.size:
@@ -493,6 +558,26 @@ class QueueIndex:
                 fsync_dir(self.directory.parent)
             changes.dir_deleted(self.directory)
 
+    @property
+    def open_files(self) -> int:
+        """Descriptors the index holds right now (0 when idle)."""
+        return sum(1 for file in (self._enq, self._ack) if file is not None and file.is_open)
+
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"
         return f"QueueIndex({self.name!r}, {kind}, ready={self._ready_count}, unacked={len(self._unacked)})"
+
+
+def sync_new_directory(directory: Path) -> None:
+    """Make a queue directory's new names durable: its ``.queue`` file's bytes, the names in it, and
+    its own name in the vhost directory (any thread; a directory deleted meanwhile is skipped)."""
+    try:
+        fd = os.open(directory / QUEUE_NAME_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(directory)
+    except FileNotFoundError:
+        return  # the queue was deleted meanwhile
+    fsync_dir(directory.parent)

@@ -13,22 +13,37 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from lavinpy.store import changes
 from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
-from lavinpy.store.delivery_counts import DeliveryCounts
+from lavinpy.store.delivery_counts import COUNTS_FILE, DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
-from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex
+from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex, sync_new_directory
 from lavinpy.store.sync_timing import SYNC_TIMES
 
 log = logging.getLogger("lavinpy.store")
 
 FSYNC_POLICIES = ("always", "batch", "never")
+
+
+class SyncedFile(Protocol):
+    """What the group commit asks of a file it syncs."""
+
+    @property
+    def has_unsynced(self) -> bool: ...
+
+    def take_unsynced_fds(self) -> list[int]: ...
+
+    def mark_unsynced(self) -> None: ...
+
+    close_fd: Callable[[int], None]
 
 
 class VhostStore:
@@ -46,6 +61,8 @@ class VhostStore:
         self._queues: dict[str, AnyIndex] = {}
         self._delivery_counts: dict[str, DeliveryCounts] = {}
         self._append_files: dict[str, AppendFile] = {}
+        self._synced_files: list[SyncedFile] = []  # registered by their owners (the definitions log)
+        self._sync_paths: list[Path] = []  # index files closed while idle before a flush synced them
         self._executor: ThreadPoolExecutor | None = None
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
@@ -102,6 +119,8 @@ class VhostStore:
             return index
         directory = self.queue_path(name) if durable else None
         index = kind.build(name, self.messages, directory, self.ack_file_max_bytes, self._close_fd)
+        if isinstance(index, QueueIndex):
+            index.set_fsync(self.fsync_policy != "never", self._sync_path_later)
         index.open()
         self._queues[name] = index
         return index
@@ -116,8 +135,11 @@ class VhostStore:
             index.write_buffers()
             index.fsync()
 
-        counts = DeliveryCounts(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd)
-        counts.open(index if counts.durable else None)
+        counts = DeliveryCounts(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd,
+                                prepare_directory=index.ensure_directory)
+        found = index.found_files if index.durable else frozenset()
+        if found is None or found.intersection((COUNTS_FILE, COUNTS_FILE + ".tmp")):  # none: nothing to read
+            counts.open(index if counts.durable else None)
         self._delivery_counts[index.name] = counts
         return counts
 
@@ -128,6 +150,13 @@ class VhostStore:
         if appended is None:
             appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits)
         return appended
+
+    def register_synced_file(self, file: SyncedFile) -> None:
+        """A file of another owner (the vhost's definitions log) that the group commit syncs; it closes
+        its descriptor through ``file.close_fd``, which this sets (a close waits for a running sync)."""
+        file.close_fd = self._close_fd
+        if file not in self._synced_files:
+            self._synced_files.append(file)
 
     def _flush_waits(self) -> bool:
         """Whether durable() waits for anything: a sync, or in a cluster the followers."""
@@ -168,6 +197,16 @@ class VhostStore:
         for appended in self._append_files.values():
             appended.close(clean=clean)
         self._append_files.clear()
+        paths, self._sync_paths = self._sync_paths, []
+        if clean:
+            for path in paths:
+                sync_path(path)
+        for synced_file in self._synced_files:  # still open (their owners close them): synced here
+            if clean:
+                for fd in synced_file.take_unsynced_fds():
+                    os.fsync(fd)
+            synced_file.close_fd = os.close  # no flush runs any more
+        self._synced_files.clear()
         if clean:
             ranges = self.messages.take_dirty()
             self._report_ranges(ranges)
@@ -187,7 +226,8 @@ class VhostStore:
             return any(q.has_pending_writes for q in self._queues.values())
         return (any(q.has_pending_writes or q.has_unsynced for q in self._queues.values() if q.durable)
                 or any(c.has_unsynced for c in self._delivery_counts.values())
-                or any(f.has_unsynced for f in self._append_files.values()))
+                or any(f.has_unsynced for f in self._append_files.values())
+                or any(f.has_unsynced for f in self._synced_files) or bool(self._sync_paths))
 
     async def flush(self, acks: bool = True) -> None:
         """Resolve once everything appended/pushed/acked before the call is on disk (per policy).
@@ -254,14 +294,20 @@ class VhostStore:
         ranges = self.messages.take_dirty()
         self._report_ranges(ranges)
         self._write_index_buffers()
-        synced: list[AnyIndex | DeliveryCounts | AppendFile] = []
+        synced: list[AnyIndex | DeliveryCounts | AppendFile | SyncedFile] = []
         fds: list[int] = []
+        directories: list[Path] = []
         for index in self._queues.values():
             taken = index.take_unsynced_fds(acks)
-            if taken:
+            directory = index.take_new_directory() if isinstance(index, QueueIndex) else None
+            if taken or directory is not None:
                 synced.append(index)
                 fds.extend(taken)
-        others: list[DeliveryCounts | AppendFile] = [*self._delivery_counts.values(), *self._append_files.values()]
+                if directory is not None:
+                    directories.append(directory)
+        others: list[DeliveryCounts | AppendFile | SyncedFile] = [
+            *self._delivery_counts.values(), *self._append_files.values(), *self._synced_files]
+        paths, self._sync_paths = self._sync_paths, []  # after the writes above: they may close files
         for synced_with in others:
             taken = synced_with.take_unsynced_fds()
             if taken:
@@ -278,9 +324,13 @@ class VhostStore:
         if self.barrier is not None:  # taken now: the followers write this flush's bytes while we do
             self.barrier.on_replicated(one_done)
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
-            ranges, fds = [], []
-        if ranges or fds:
-            await self._sync_in_worker(synced, ranges, fds)
+            ranges, fds, directories, paths = [], [], [], []
+        if ranges or fds or directories or paths:
+            try:
+                await self._sync_in_worker(synced, ranges, fds, directories, paths)
+            except BaseException:
+                self._sync_paths.extend(paths)  # not known to be on disk: the next flush tries again
+                raise
         one_done()
 
     async def wait_replicated(self) -> None:
@@ -295,12 +345,14 @@ class VhostStore:
             for segment, start, end in ranges:
                 changes.appended(segment.path, start, segment.mm[start:end])
 
-    async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts | AppendFile], ranges: list[DirtyRange],
-                              fds: list[int]) -> None:
+    async def _sync_in_worker(self, synced: list[AnyIndex | DeliveryCounts | AppendFile | SyncedFile],
+                              ranges: list[DirtyRange], fds: list[int], directories: list[Path],
+                              paths: list[Path]) -> None:
         token = self._begin_sync()
         try:
             assert self._executor is not None
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds)
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._sync, ranges, fds, directories,
+                                                             paths)
         except BaseException:
             for index in synced:  # not known to be on disk: the next flush tries again
                 index.mark_unsynced()
@@ -310,12 +362,18 @@ class VhostStore:
                 self._end_sync()
         self.flush_count += 1
 
-    def _sync(self, ranges: list[DirtyRange], fds: list[int]) -> None:
-        """Worker thread: message bytes first, then the index entries that point at them."""
+    def _sync(self, ranges: list[DirtyRange], fds: list[int], directories: list[Path], paths: list[Path]) -> None:
+        """Worker thread: message bytes first, then the index entries that point at them (open
+        files by descriptor, files closed while idle by path) and the names of new queue
+        directories and files."""
         started = time.perf_counter()
         self.messages.sync_ranges(ranges)
         for fd in fds:
             os.fsync(fd)
+        for path in paths:
+            sync_path(path)
+        for directory in directories:
+            sync_new_directory(directory)
         SYNC_TIMES.observe(time.perf_counter() - started)
 
     def _begin_sync(self) -> object:
@@ -333,6 +391,9 @@ class VhostStore:
             os.close(fd)
         self.messages.release_deletions()
 
+    def _sync_path_later(self, path: Path) -> None:
+        self._sync_paths.append(path)
+
     def _close_fd(self, fd: int) -> None:
         """Close an index descriptor, or later if a worker thread may be fsyncing it right now."""
         if self._sync_token is not None:
@@ -342,6 +403,18 @@ class VhostStore:
 
     def __repr__(self) -> str:
         return f"VhostStore({str(self.path)!r}, fsync={self.fsync_policy!r}, queues={len(self._queues)})"
+
+
+def sync_path(path: Path) -> None:
+    """fsync a file by name (its written pages, whichever descriptor wrote them); gone: nothing to do."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return  # its queue was deleted
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _done(loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:

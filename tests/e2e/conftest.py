@@ -19,6 +19,7 @@ import base64
 import hashlib
 import json
 import os
+import resource
 import shlex
 import signal
 import socket
@@ -78,6 +79,7 @@ class LocalBroker:
         self.port, self.http_port, self.prometheus_port = free_ports(3)
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_args: list[str] = []
+        self.fd_limit: int | None = None  # the server's RLIMIT_NOFILE (None: inherited)
 
     @property
     def url(self) -> str:
@@ -129,7 +131,7 @@ class LocalBroker:
             log.write(f"\n===== start {' '.join(cmd[1:])}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT)
+                                         stdout=log, stderr=subprocess.STDOUT, preexec_fn=self._limit_fds)
         deadline = time.monotonic() + timeout
         # Listening is not enough: the server handles SIGTERM only once its start has finished.
         while not (port_open(self.host, self.port) and port_open(self.host, self.http_port)
@@ -142,6 +144,10 @@ class LocalBroker:
                 pytest.fail(f"lavinpy did not listen on port {self.port} within {timeout} s:\n"
                             f"{self.log[-4000:]}")
             time.sleep(0.05)
+
+    def _limit_fds(self) -> None:
+        if self.fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM; the server must exit with code 0 within timeout."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store import changes
+from lavinpy.store.datadir import sha1_name
 from lavinpy.store.entry_file import EntryFile
 from lavinpy.store.vhost_store import VhostStore
 
@@ -214,4 +215,6 @@ def test_fsync_policy(tmp_path: Path, policy: str, monkeypatch) -> None:
     if policy == "never":
         assert synced == []  # a flush only hands the entries to the OS
     else:
-        assert synced == ["enq"]  # the index entry (the segments are synced through their mapping)
+        # the index entry (the segments are synced through their mapping), then the names the queue's
+        # first write made: its .queue file, its directory's entries, the directory in the vhost's
+        assert synced == ["enq", ".queue", sha1_name("q"), policy]
