@@ -16,11 +16,23 @@ def segment_ids(entries: array) -> memoryview:
     return memoryview(entries).cast("B").cast("I")[0::2]
 
 
-def segment_counts(entries: array) -> Counter[int]:
-    return Counter(segment_ids(entries)) if entries else Counter()
+def segment_counts(entries: array) -> dict[int, int]:
+    """How many of ``entries`` are in each segment. A short run of acks or pushes is usually all in one
+    segment: checked in a loop that is cheaper than building a Counter for a few entries."""
+    n = len(entries)
+    if n <= 16:
+        if not n:
+            return {}
+        first = entries[0] & SEGMENT_MASK
+        for pos in entries:
+            if pos & SEGMENT_MASK != first:
+                break
+        else:
+            return {first: n}
+    return Counter(segment_ids(entries))
 
 
-def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, Counter[int], int]:
+def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, dict[int, int], int]:
     """Drop entries whose segment is gone or whose offset is at/after the segment's valid end.
 
     Returns (valid entries, count per segment, number dropped). Fast path: entries of a queue are
@@ -28,7 +40,7 @@ def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, Co
     grouping is proved with one C-level comparison, and each run needs one ``max()``.
     """
     if not entries:
-        return entries, Counter(), 0
+        return entries, {}, 0
     segs = segment_ids(entries)
     offsets = memoryview(entries).cast("B").cast("I")[1::2]
     runs: list[tuple[int, int, int]] = []
@@ -53,7 +65,7 @@ def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, Co
                     all_valid = False
                     break
             if all_valid:
-                return entries, Counter({segment: stop - start for segment, start, stop in runs}), 0
+                return entries, {segment: stop - start for segment, start, stop in runs}, 0
     segs.release()
     offsets.release()
     # slow path: not grouped, or some entries are invalid
