@@ -212,6 +212,8 @@ class VHost(VHostPublishing):
         """Clean stop: remember which ready messages were delivered before, for their redelivered flag."""
         marks = queue.redelivered_positions()
         if marks:
+            # A queue's directory is made by its first write, which may still be waiting for a flush.
+            queue.index.ensure_directory()
             path = self.store.queue_path(queue.name) / REDELIVERED_FILE
             write_bytes_atomic(path, array("Q", marks).tobytes())
 

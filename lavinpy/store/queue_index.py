@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from lavinpy.store import changes
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
 from lavinpy.store.index_files import segment_counts, valid_entries
-from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.jsonfile import FILE_MODE, fsync_dir
 from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
@@ -109,7 +109,7 @@ class QueueIndex:
         self._has_directory = True
         name_file = directory / QUEUE_NAME_FILE
         if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
-            name_file.write_bytes(self.name.encode("utf-8"))
+            _write_name_file(name_file, self.name.encode("utf-8"))
             self._new_names = True
         enq = enq_file.recover(create=False) if found.intersection((ENQ_FILE, ENQ_FILE + ".tmp")) else array("Q")
         ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
@@ -415,7 +415,7 @@ class QueueIndex:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = self.name.encode("utf-8")
         name_file = directory / QUEUE_NAME_FILE
-        name_file.write_bytes(name)  # synced with the names by the next flush (a crash before: see open)
+        _write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
         changes.replaced(name_file, name)
         self._new_names = True
         self._has_directory = True
@@ -581,3 +581,12 @@ def sync_new_directory(directory: Path) -> None:
     except FileNotFoundError:
         return  # the queue was deleted meanwhile
     fsync_dir(directory.parent)
+
+
+def _write_name_file(path: Path, name: bytes) -> None:
+    """Write a queue's ``.queue`` file, owner-only as every file of the store (whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        os.write(fd, name)
+    finally:
+        os.close(fd)

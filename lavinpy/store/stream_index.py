@@ -474,6 +474,9 @@ class StreamIndex:
 
     # ---- life cycle --------------------------------------------------------------------------
 
+    def ensure_directory(self) -> None:
+        """A stream's directory is made when it is opened (the queue index's makes its on first write)."""
+
     def close(self, clean: bool = True) -> None:
         """Close the file. Clean: write buffers, drop the trimmed head from the file, fsync."""
         file = self._file
