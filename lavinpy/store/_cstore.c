@@ -11,52 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* ---- CRC-32 (the zlib polynomial, reflected), slicing by 8 --------------------------------- */
-
-static uint32_t crc_table[8][256];
-
-static void crc_init(void) {
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = n;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        crc_table[0][n] = c;
-    }
-    for (uint32_t n = 0; n < 256; n++) {
-        uint32_t c = crc_table[0][n];
-        for (int k = 1; k < 8; k++) {
-            c = crc_table[0][c & 0xFF] ^ (c >> 8);
-            crc_table[k][n] = c;
-        }
-    }
-}
-
-static uint32_t crc_update(uint32_t crc, const unsigned char *p, Py_ssize_t len) {
-    crc = ~crc;
-    while (len && ((uintptr_t)p & 7)) {
-        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-        len--;
-    }
-    while (len >= 8) {
-        uint32_t lo, hi;
-        memcpy(&lo, p, 4);
-        memcpy(&hi, p + 4, 4);
-#if PY_BIG_ENDIAN
-        lo = __builtin_bswap32(lo);
-        hi = __builtin_bswap32(hi);
-#endif
-        lo ^= crc;
-        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^
-              crc_table[5][(lo >> 16) & 0xFF] ^ crc_table[4][lo >> 24] ^
-              crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
-              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
-        p += 8;
-        len -= 8;
-    }
-    while (len--)
-        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return ~crc;
-}
+#include "_crc32.h"
 
 static inline void put_u32le(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
@@ -96,9 +51,9 @@ static Py_ssize_t put_record(unsigned char *buf, Py_ssize_t offset, const Py_buf
     p += props_len;
     put_u64le(p, (uint64_t)body_len);
     p += 8;
-    uint32_t crc = crc_update(0, start, p - start);
+    uint32_t crc = crc32_update(0, start, p - start);
     memcpy(p, body, body_len);
-    crc = crc_update(crc, p, body_len);
+    crc = crc32_update(crc, p, body_len);
     p += body_len;
     Py_ssize_t length = p - start;
     /* The payload must be in memory before the header that makes the record visible: a process
@@ -116,10 +71,21 @@ static PyObject *py_crc32(PyObject *self, PyObject *args) {
         return NULL;
     uint32_t crc;
     Py_BEGIN_ALLOW_THREADS
-    crc = crc_update((uint32_t)value, data.buf, data.len);
+    crc = crc32_update((uint32_t)value, data.buf, data.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(crc);
+}
+
+/* crc32_path(table=None) -> "clmul" or "table": the CRC path in use; table=True forces the table path,
+ * table=False allows the fast one again (tests check both against zlib). */
+static PyObject *py_crc32_path(PyObject *self, PyObject *args) {
+    PyObject *table = Py_None;
+    if (!PyArg_ParseTuple(args, "|O", &table))
+        return NULL;
+    if (table != Py_None)
+        crc32_force_table(PyObject_IsTrue(table));
+    return PyUnicode_FromString(crc32_accelerated() ? "clmul" : "table");
 }
 
 /* write_encoded(buf, offset, names, properties, body, timestamp) -> bytes written */
@@ -283,7 +249,7 @@ static PyObject *py_read_record(PyObject *self, PyObject *args, PyObject *kwargs
         corrupt("record at offset %zd of length %u runs past the end (%zd)", offset, length, end);
         goto done;
     }
-    if (verify && crc_update(0, b + start, length) != crc) {
+    if (verify && crc32_update(0, b + start, length) != crc) {
         corrupt("record at offset %zd fails its CRC check", offset);
         goto done;
     }
@@ -570,6 +536,7 @@ static PyTypeObject ReadyListType = {
 
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib.crc32."},
+    {"crc32_path", py_crc32_path, METH_VARARGS, "crc32_path(table=None): the CRC path in use, 'clmul' or 'table'."},
     {"write_encoded", py_write_encoded, METH_VARARGS, "Write one record; returns bytes written."},
     {"write_run", py_write_run, METH_VARARGS, "Write records for a run of bodies with the same names and properties."},
     {"read_record", (PyCFunction)(void (*)(void))py_read_record, METH_VARARGS | METH_KEYWORDS,
@@ -584,7 +551,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__cstore(void) {
-    crc_init();
+    crc32_init();
     if (PyType_Ready(&ReadyListType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

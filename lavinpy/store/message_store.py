@@ -45,8 +45,8 @@ _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared wh
 # header + timestamp + body size; the names' length bytes are inside the encoded names
 _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 # Bodies from this size on are written the large way (see _prepare_large): their pages faulted in
-# with one system call first, and the CRC taken with zlib's (faster on long inputs than the
-# compiled record writer's table-driven one).
+# with one system call first, written through record.py (whose CRC is the compiled carry-less one
+# where the CPU has it, else zlib's), the body a slice of the mapping when read back.
 LARGE_BODY = 256 * 1024
 LARGE_RUN = 64 * 1024  # a run whose first body is this large gets its pages faulted in first
 # madvise(MADV_POPULATE_WRITE), Linux 5.14: maps a range's pages writable in one call instead of a

@@ -40,7 +40,9 @@ FIXED_PAYLOAD = 8 + 1 + 1 + 8
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 
-_crc32 = zlib.crc32
+# zlib's CRC-32 function; the compiled one where it folds with carry-less multiplies (several times
+# faster on long inputs: the large records written and read here through Python).
+_crc32 = cstore.crc32 if cstore is not None and cstore.crc32_path() == "clmul" else zlib.crc32
 _pack_header_into = HEADER.pack_into
 _unpack_header_from = HEADER.unpack_from
 _pack_i64 = _I64.pack
