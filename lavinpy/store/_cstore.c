@@ -1,5 +1,5 @@
 /* The store's per-message work in C: record encoding into a segment's mmap with its CRC, record
- * decoding with one body copy, and a queue's ready list of 8-byte positions.
+ * decoding with one body copy (_cstore_read.c), and a queue's ready list of 8-byte positions.
  *
  * Written against the CPython C API (no Cython): small, no Python-level logic to translate, built with a C
  * compiler and the Python headers alone. It behaves exactly as the pure-Python code in record.py (which
@@ -12,30 +12,10 @@
 #include <string.h>
 
 #include "_crc32.h"
+#include "_cstore.h"
 
-static inline void put_u32le(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
-}
-
-static inline void put_u64le(unsigned char *p, uint64_t v) {
-    put_u32le(p, (uint32_t)v);
-    put_u32le(p + 4, (uint32_t)(v >> 32));
-}
-
-static inline uint32_t get_u32le(const unsigned char *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline uint64_t get_u64le(const unsigned char *p) {
-    return (uint64_t)get_u32le(p) | (uint64_t)get_u32le(p + 4) << 32;
-}
-
-#define HEADER_SIZE 8
-#define FIXED_PAYLOAD 18
-
-static PyObject *CorruptRecord = NULL;   /* record.CorruptRecord, set by configure() */
-static PyTypeObject *StoredMessage = NULL; /* record.StoredMessage (a tuple subclass) */
+PyObject *CorruptRecord = NULL;   /* record.CorruptRecord, set by configure() */
+PyTypeObject *StoredMessage = NULL; /* record.StoredMessage (a tuple subclass) */
 
 /* Write one record at buf+offset: payload first, header last (see record.write_encoded). */
 static Py_ssize_t put_record(unsigned char *buf, Py_ssize_t offset, const Py_buffer *names,
@@ -160,155 +140,6 @@ done:
     PyBuffer_Release(&buf);
     PyBuffer_Release(&names);
     PyBuffer_Release(&props);
-    return result;
-}
-
-/* Offset past the property block at p (< end), or -1 with the Python code's message in *err. */
-static Py_ssize_t properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, const char **err) {
-    if (pos + 2 > end) {
-        *err = "property flags truncated";
-        return -1;
-    }
-    unsigned flags = (unsigned)b[pos] << 8 | b[pos + 1];
-    pos += 2;
-    unsigned more = flags;
-    while (more & 1) {
-        if (pos + 2 > end) {
-            *err = "property flags truncated";
-            return -1;
-        }
-        more = (unsigned)b[pos] << 8 | b[pos + 1];
-        pos += 2;
-    }
-    for (int bit = 15; bit >= 2; bit--) {
-        if (!(flags & (1u << bit)))
-            continue;
-        if (bit == 13) { /* headers: a table, skipped by its length */
-            if (pos + 4 > end) {
-                *err = "property table truncated";
-                return -1;
-            }
-            pos += 4 + (Py_ssize_t)((uint32_t)b[pos] << 24 | (uint32_t)b[pos + 1] << 16 |
-                                    (uint32_t)b[pos + 2] << 8 | b[pos + 3]);
-        } else if (bit == 12 || bit == 11) { /* delivery_mode, priority */
-            pos += 1;
-        } else if (bit == 6) { /* timestamp */
-            pos += 8;
-        } else { /* a shortstr */
-            if (pos >= end) {
-                *err = "property field truncated";
-                return -1;
-            }
-            pos += 1 + b[pos];
-        }
-        if (pos > end) {
-            *err = "property field truncated";
-            return -1;
-        }
-    }
-    return pos;
-}
-
-static PyObject *corrupt(const char *fmt, ...) {
-    va_list vargs;
-    va_start(vargs, fmt);
-    PyObject *msg = PyUnicode_FromFormatV(fmt, vargs);
-    va_end(vargs);
-    if (msg != NULL) {
-        PyErr_SetObject(CorruptRecord, msg);
-        Py_DECREF(msg);
-    }
-    return NULL;
-}
-
-/* read_record(buf, offset, end, verify=True, copy=True) -> (StoredMessage, total size) */
-static PyObject *py_read_record(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"buf", "offset", "end", "verify", "copy", NULL};
-    Py_buffer view;
-    Py_ssize_t offset, end;
-    int verify = 1, copy = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*nn|$pp", kwlist, &view, &offset, &end, &verify, &copy))
-        return NULL;
-    PyObject *result = NULL;
-    const unsigned char *b = view.buf;
-    if (end > view.len)
-        end = view.len; /* slices in the Python code stop at the buffer's end too */
-    if (offset < 0 || offset + HEADER_SIZE > end) {
-        corrupt("record header at offset %zd runs past the end (%zd)", offset, end);
-        goto done;
-    }
-    uint32_t length = get_u32le(b + offset);
-    uint32_t crc = get_u32le(b + offset + 4);
-    Py_ssize_t start = offset + HEADER_SIZE;
-    Py_ssize_t stop = start + (Py_ssize_t)length;
-    if (length < FIXED_PAYLOAD) {
-        corrupt("record at offset %zd has an invalid length %u", offset, length);
-        goto done;
-    }
-    if (stop > end) {
-        corrupt("record at offset %zd of length %u runs past the end (%zd)", offset, length, end);
-        goto done;
-    }
-    if (verify && crc32_update(0, b + start, length) != crc) {
-        corrupt("record at offset %zd fails its CRC check", offset);
-        goto done;
-    }
-    int64_t timestamp = (int64_t)get_u64le(b + start);
-    Py_ssize_t p = start + 8;
-    Py_ssize_t ex_len = b[p], ex_at = p + 1;
-    p += 1 + ex_len;
-    if (p >= stop) {
-        corrupt("record at offset %zd: exchange name runs past the record", offset);
-        goto done;
-    }
-    Py_ssize_t rk_len = b[p], rk_at = p + 1;
-    p += 1 + rk_len;
-    const char *err = NULL;
-    Py_ssize_t props_end = properties_end(b, p, stop, &err);
-    if (props_end < 0) {
-        corrupt("record at offset %zd: bad basic properties (%s)", offset, err);
-        goto done;
-    }
-    Py_ssize_t props_at = p;
-    p = props_end;
-    if (p + 8 > stop) {
-        corrupt("record at offset %zd: body size runs past the record", offset);
-        goto done;
-    }
-    uint64_t body_len = get_u64le(b + p);
-    p += 8;
-    if (body_len > (uint64_t)(stop - p) || p + (Py_ssize_t)body_len != stop) {
-        corrupt("record at offset %zd: body size %llu does not match the record length %u", offset,
-                (unsigned long long)body_len, length);
-        goto done;
-    }
-    PyObject *exchange = PyUnicode_DecodeUTF8((const char *)b + ex_at, ex_len, NULL);
-    PyObject *routing_key = exchange ? PyUnicode_DecodeUTF8((const char *)b + rk_at, rk_len, NULL) : NULL;
-    if (routing_key == NULL) {
-        Py_XDECREF(exchange);
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            corrupt("record at offset %zd: exchange or routing key is not UTF-8", offset);
-        }
-        goto done;
-    }
-    PyObject *message = StoredMessage->tp_alloc(StoredMessage, 5);
-    PyObject *ts = PyLong_FromLongLong(timestamp);
-    PyObject *props = PyBytes_FromStringAndSize((const char *)b + props_at, props_end - props_at);
-    PyObject *body = PyBytes_FromStringAndSize(copy ? (const char *)b + p : NULL, copy ? (Py_ssize_t)body_len : 0);
-    if (message == NULL || ts == NULL || props == NULL || body == NULL) {
-        Py_XDECREF(message); Py_XDECREF(ts); Py_XDECREF(props); Py_XDECREF(body);
-        Py_DECREF(exchange); Py_DECREF(routing_key);
-        goto done;
-    }
-    PyTuple_SET_ITEM(message, 0, ts);
-    PyTuple_SET_ITEM(message, 1, exchange);
-    PyTuple_SET_ITEM(message, 2, routing_key);
-    PyTuple_SET_ITEM(message, 3, props);
-    PyTuple_SET_ITEM(message, 4, body);
-    result = Py_BuildValue("Nn", message, (Py_ssize_t)length + HEADER_SIZE);
-done:
-    PyBuffer_Release(&view);
     return result;
 }
 
@@ -541,6 +372,7 @@ static PyMethodDef methods[] = {
     {"write_run", py_write_run, METH_VARARGS, "Write records for a run of bodies with the same names and properties."},
     {"read_record", (PyCFunction)(void (*)(void))py_read_record, METH_VARARGS | METH_KEYWORDS,
      "Decode and verify one record: (StoredMessage, total size)."},
+    {"read_run", py_read_run, METH_VARARGS, "Decode and verify the records of a run of positions in one segment."},
     {"stored_messages", py_stored_messages, METH_VARARGS, "StoredMessage tuples for a run of bodies."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},

@@ -27,6 +27,7 @@ from lavinpy.store.record import (
     encode_names,
     py_write_encoded,
     read_record,
+    read_run,
     write_encoded,
     write_run,
 )
@@ -305,8 +306,30 @@ class MessageStore:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
 
     def read_many(self, positions: list[int]) -> list[StoredMessage]:
-        """``read`` for a run of positions (a delivery run), the lookups done once per segment;
-        the first missing or damaged one raises as ``read`` does."""
+        """``read`` for a run of positions (a delivery run); the first missing or damaged one raises
+        as ``read`` does. Compiled: one call per segment's stretch of the run (record.read_run),
+        each record the run's C code cannot take (a large one, or one that is not sound) read by
+        ``read``; else the lookups done once per segment in Python."""
+        if read_run is None:
+            return self._read_each(positions)
+        messages: list[StoredMessage] = []
+        i, count = 0, len(positions)
+        while i < count:
+            pos = positions[i]
+            segment_id = pos & SEGMENT_MASK
+            segment = self._segments.get(segment_id)
+            if segment is not None:
+                end = self._wpos if segment_id == self._cur_id else self._ends.get(segment_id, 0)
+                run = read_run(segment.view, positions, i, segment_id, DATA_START, end, segment.size)
+                if run:
+                    messages += run
+                    i += len(run)
+                    continue
+            messages.append(self.read(pos))  # a large record in place; or raises: missing or damaged
+            i += 1
+        return messages
+
+    def _read_each(self, positions: list[int]) -> list[StoredMessage]:
         messages: list[StoredMessage] = []
         add = messages.append
         segment_id = -1

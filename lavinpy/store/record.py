@@ -220,8 +220,12 @@ if cstore is not None:
     write_run = cstore.write_run
     read_record = cstore.read_record
     stored_messages = cstore.stored_messages
+    # read_run(buf, positions, start, segment, first, valid_end, size): the sound records of a run of
+    # positions in one segment, up to the first that is not (see _cstore_read.c); None without C.
+    read_run: Callable[..., list[StoredMessage]] | None = cstore.read_run
 else:
     write_encoded = py_write_encoded
     write_run = py_write_run
     read_record = py_read_record
     stored_messages = py_stored_messages
+    read_run = None

@@ -1,0 +1,38 @@
+/* What the compiled store's files share: little-endian field access, the record layout's sizes, and
+ * the Python types record.py hands over (configure). */
+#ifndef LAVINPY_CSTORE_H
+#define LAVINPY_CSTORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static inline void put_u32le(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+}
+
+static inline void put_u64le(unsigned char *p, uint64_t v) {
+    put_u32le(p, (uint32_t)v);
+    put_u32le(p + 4, (uint32_t)(v >> 32));
+}
+
+static inline uint32_t get_u32le(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t get_u64le(const unsigned char *p) {
+    return (uint64_t)get_u32le(p) | (uint64_t)get_u32le(p + 4) << 32;
+}
+
+#define HEADER_SIZE 8
+#define FIXED_PAYLOAD 18
+
+extern PyObject *CorruptRecord;      /* record.CorruptRecord, set by configure() */
+extern PyTypeObject *StoredMessage;  /* record.StoredMessage (a tuple subclass) */
+
+/* _cstore_read.c */
+PyObject *py_read_record(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *py_read_run(PyObject *self, PyObject *args);
+
+#endif
