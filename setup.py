@@ -20,7 +20,8 @@ setup(
         Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c", "lavinpy/wire/_csocket_reader.c"],
                   optional=True,
                   extra_compile_args=["-O2"]),
-        Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c"], optional=True,
+        Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c", "lavinpy/store/_cstore_ready.c"],
+                  depends=["lavinpy/store/_cstore.h"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
 )

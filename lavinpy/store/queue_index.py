@@ -267,10 +267,8 @@ class QueueIndex:
         """``shift`` up to ``count`` times in one call: the next ready positions, now unacked."""
         if self._requeued:
             return self._shift_each(count)
-        count = min(count, self._ready_count)
-        ready_shift = self._ready.shift
-        taken = [ready_shift() for _ in range(count)]
-        self._ready_count -= count
+        taken = self._ready.shift_many(count)
+        self._ready_count -= len(taken)
         self._unacked.update(taken)
         return taken
 
