@@ -269,19 +269,30 @@ static PyObject *ReadyList_peek(ReadyList *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(self->blocks[self->first][self->head]);
 }
 
-/* to_bytes() -> the positions in order, packed as native u64 (array('Q').frombytes takes them) */
-static PyObject *ReadyList_to_bytes(ReadyList *self, PyObject *unused) {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * 8);
+/* to_bytes(start=0, stop=len) -> the positions [start, stop) in order (clamped as a slice, no
+ * negative indexes), packed as native u64 (array('Q').frombytes takes them) */
+static PyObject *ReadyList_to_bytes(ReadyList *self, PyObject *args) {
+    Py_ssize_t start = 0, stop = self->count;
+    if (!PyArg_ParseTuple(args, "|nn:to_bytes", &start, &stop))
+        return NULL;
+    if (start < 0 || stop < 0) {
+        PyErr_SetString(PyExc_ValueError, "to_bytes: negative index");
+        return NULL;
+    }
+    if (stop > self->count)
+        stop = self->count;
+    if (start > stop)
+        start = stop;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (stop - start) * 8);
     if (out == NULL)
         return NULL;
     uint64_t *dst = (uint64_t *)PyBytes_AS_STRING(out);
-    Py_ssize_t done = 0;
-    while (done < self->count) {
-        Py_ssize_t g = self->head + done;
+    for (Py_ssize_t i = start; i < stop;) {
+        Py_ssize_t g = self->head + i;
         Py_ssize_t offset = g % BLOCK;
-        Py_ssize_t take = BLOCK - offset < self->count - done ? BLOCK - offset : self->count - done;
-        memcpy(dst + done, self->blocks[self->first + g / BLOCK] + offset, take * sizeof(uint64_t));
-        done += take;
+        Py_ssize_t take = BLOCK - offset < stop - i ? BLOCK - offset : stop - i;
+        memcpy(dst + (i - start), self->blocks[self->first + g / BLOCK] + offset, take * sizeof(uint64_t));
+        i += take;
     }
     return out;
 }
@@ -310,7 +321,8 @@ static PyMethodDef ReadyList_methods[] = {
     {"shift", (PyCFunction)ReadyList_shift, METH_NOARGS, "Remove and return the first position, or None."},
     {"shift_many", (PyCFunction)ReadyList_shift_many, METH_O, "Remove and return up to n first positions."},
     {"peek", (PyCFunction)ReadyList_peek, METH_NOARGS, "The first position, or None."},
-    {"to_bytes", (PyCFunction)ReadyList_to_bytes, METH_NOARGS, "All positions in order, packed."},
+    {"to_bytes", (PyCFunction)ReadyList_to_bytes, METH_VARARGS,
+     "to_bytes(start=0, stop=len): the positions in order, packed."},
     {"clear", (PyCFunction)ReadyList_clear, METH_NOARGS, "Remove every position."},
     {NULL},
 };

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
-from lavinpy.store.index_files import segment_counts, valid_entries
+from lavinpy.store.index_files import live_chunks, recovered_chunks, segment_counts
 from lavinpy.store.jsonfile import FILE_MODE, fsync_dir
-from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
+from lavinpy.store.ready_list import ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ QUEUE_NAME_FILE = ".queue"
 ENQ_FILE = "enq"
 ACK_FILE = "ack"
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
+STREAM_ENTRIES = 1 << 18  # entries per chunk read at recovery or written by compaction: 2 MiB
 
 
 class QueueIndex:
@@ -111,32 +112,43 @@ class QueueIndex:
         if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
             _write_name_file(name_file, self.name.encode("utf-8"))
             self._new_names = True
-        enq = enq_file.recover(create=False) if found.intersection((ENQ_FILE, ENQ_FILE + ".tmp")) else array("Q")
+        has_enq = bool(found.intersection((ENQ_FILE, ENQ_FILE + ".tmp"))) and enq_file.open_recovered(create=False)
         ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
-        enq_file.close()  # opened again by the next write
-        ack_file.close()
+        ack_file.close()  # opened again by the next write
+        acked = set(ack) if ack else None  # the ack file is small: compaction keeps it under its limit
+        del ack
+        # enq is read, filtered and checked a bounded chunk at a time, straight into the ready list:
+        # a backlog of millions is in memory once (only an index kind with its own order, which takes
+        # the whole array in load_ready, gets one)
+        streams = type(self).load_ready is QueueIndex.load_ready
+        live = array("Q")
+        dropped = 0
+        if streams:
+            self._ready.clear()
+        for chunk, counts, chunk_dropped in recovered_chunks(
+                enq_file.read_chunks(STREAM_ENTRIES) if has_enq else (), acked, self.messages.valid_ends()):
+            dropped += chunk_dropped
+            self.messages.note_references(chunk)
+            for segment, count in counts.items():
+                self._incref(segment, count)
+            (self._ready if streams else live).extend(chunk)
+        enq_file.close()
+        del acked
         self._measure_ack_room()
-        if ack:
-            acked = set(ack)
-            del ack
-            enq = array("Q", filterfalse(acked.__contains__, enq))
-            del acked
-        live, counts, dropped = valid_entries(enq, self.messages.valid_ends())
-        del enq
-        self.messages.note_references(live)
-        for segment, count in counts.items():
-            self._incref(segment, count)
-        self.load_ready(live)
+        if streams:
+            self.record_loaded(len(self._ready))
+        else:
+            self.load_ready(live)
         if dropped:
             log.warning("queue %r: dropped %d index entries that point at a missing segment or past the "
                         "valid end of a segment", self.name, dropped)
             self.compact()  # rewrite enq so that the same entries are not reported again
 
     def load_ready(self, live: array) -> None:
-        """Extension point: take the recovered live positions (enq order) as the ready list."""
+        """Extension point: take the recovered live positions (enq order) as the ready list. (This
+        class's own recovery streams the entries into the ready list instead of calling it.)"""
         self._ready.clear()
-        for start in range(0, len(live), CHUNK_ENTRIES):  # bounded temporaries for a huge queue
-            self._ready.extend(live[start:start + CHUNK_ENTRIES])
+        self._ready.extend(live)
         self._ready_count = len(live)
 
     # ---- the message flow --------------------------------------------------------------------
@@ -364,7 +376,7 @@ class QueueIndex:
         """Ready positions in delivery order."""
         for key in sorted(self._requeued):
             yield pos_from_order_key(key)
-        yield from self._ready_array()
+        yield from array("Q", self._ready.to_bytes())
 
     def unacked(self) -> Iterable[int]:
         return iter(self._unacked)
@@ -375,32 +387,28 @@ class QueueIndex:
         out.frombytes(self._ready.to_bytes())
         return out
 
-    def _ready_array(self) -> array:
-        out = array("Q")
-        out.frombytes(self._ready.to_bytes())
-        return out
-
-    def _live_array(self) -> array:
-        """Persistent ready and unacked positions (what a compacted ``enq`` holds)."""
-        live = self.live_positions()
-        if self._transient:
-            transient = self._transient
-            live = array("Q", filterfalse(transient.__contains__, live))
-        return live
-
     def live_positions(self) -> array:
         """Ready and unacked positions in the order a compacted ``enq`` keeps them (enq order)."""
+        out = array("Q")
+        for chunk in live_chunks(self._older_keys(), self._ready, set(), STREAM_ENTRIES):
+            out.extend(chunk)
+        return out
+
+    def _older_keys(self) -> list[int]:
+        """Enq-order keys of the requeued and unacked messages, sorted."""
         older = sorted(self._requeued)
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
-        out = array("Q", (pos_from_order_key(k) for k in older))
-        first_newer = self._ready.peek()
-        if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
-            out.frombytes(self._ready.to_bytes())  # the normal FIFO case: everything delivered is older
-            return out
-        # messages were pushed out of append order: merge entry by entry
-        merged = heapq.merge(older, (enq_order_key(p) for p in self._ready_array()))
-        return array("Q", (pos_from_order_key(k) for k in merged))
+        return older
+
+    def _live_chunks(self) -> Iterator[array]:
+        """The persistent live positions (what a compacted ``enq`` holds) a bounded chunk at a time: the
+        ready list is read in place, never copied whole. An index kind with its own ``live_positions``
+        gives them whole."""
+        if type(self).live_positions is not QueueIndex.live_positions:
+            live, transient = self.live_positions(), self._transient
+            return iter((array("Q", filterfalse(transient.__contains__, live)) if transient else live,))
+        return live_chunks(self._older_keys(), self._ready, self._transient, STREAM_ENTRIES)
 
     # ---- files -------------------------------------------------------------------------------
 
@@ -497,13 +505,12 @@ class QueueIndex:
         if enq is None or ack is None or not self._is_open:
             return
         assert self._enq_pending is not None and self._ack_pending is not None
-        live = self._live_array()
         if not self._has_directory:
-            if not live or self.directory is None:
+            if self.directory is None or not any(len(chunk) for chunk in self._live_chunks()):
                 return  # nothing was ever written and nothing is to be
             self.ensure_directory()
             sync_new_directory(self.directory)  # the rewrite below is durable at once: so its directory
-        enq.rewrite(live)
+        enq.rewrite_chunks(self._live_chunks())  # bounded chunks: a huge backlog is not copied whole
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
         ack.truncate(0)
         self._measure_ack_room()

@@ -92,12 +92,24 @@ class PyReadyList:
             return None
         return self._chunks[0][self._head]
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The positions ``[start, stop)`` in order (clamped as a slice; no negative indexes), packed."""
+        if start < 0 or (stop is not None and stop < 0):
+            raise ValueError("to_bytes: negative index")
+        stop = self._count if stop is None else min(stop, self._count)
         out = array("Q")
-        head = self._head
+        skip = self._head + start  # entries to pass over from the first chunk's start
+        want = stop - start
         for chunk in self._chunks:
-            out.extend(chunk[head:] if head else chunk)
-            head = 0
+            if want <= 0:
+                break
+            if skip >= len(chunk):
+                skip -= len(chunk)
+                continue
+            piece = chunk[skip:skip + want]
+            out.extend(piece)
+            want -= len(piece)
+            skip = 0
         return out.tobytes()
 
     def clear(self) -> None:

@@ -126,6 +126,7 @@ ready_ops = st.lists(st.one_of(
     st.tuples(st.just("shift_many"), st.integers(-1, 2 * CHUNK_ENTRIES + 10)),
     st.tuples(st.just("extend_big"), st.integers(CHUNK_ENTRIES - 2, 3 * CHUNK_ENTRIES + 2)),
     st.tuples(st.just("peek"), st.none()),
+    st.tuples(st.just("to_bytes"), st.tuples(st.integers(0, 3 * CHUNK_ENTRIES), st.integers(0, 3 * CHUNK_ENTRIES))),
     st.tuples(st.just("clear"), st.none()),
 ), max_size=40)
 
@@ -149,6 +150,9 @@ def test_ready_lists_agree(ops: list) -> None:
             py_list.extend(array("Q", range(arg)))
         elif op == "peek":
             assert c_list.peek() == py_list.peek()
+        elif op == "to_bytes":
+            assert c_list.to_bytes(*arg) == py_list.to_bytes(*arg) == c_list.to_bytes()[8 * arg[0]:8 * arg[1]]
+            assert c_list.to_bytes(arg[0]) == py_list.to_bytes(arg[0])
         else:
             c_list.clear()
             py_list.clear()
