@@ -5,6 +5,10 @@
  * entries (a backlog of millions is never in memory twice), a consumed block is freed at once (one is
  * kept as a spare for the tail), and a drained list gives its blocks back. A short list lives in one
  * small block that grows by doubling up to BLOCK, so an idle queue costs a few hundred bytes.
+ *
+ * The full blocks are mapped from the kernel, not taken from the C heap: freed they are given back at
+ * once, where heap chunks freed in the middle of the heap stay resident (a drained backlog of millions
+ * kept most of its pages).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -12,6 +16,10 @@
 #include <string.h>
 
 #include "_cstore.h"
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 
 #define BLOCK 4096     /* entries per block: 32 KiB */
 #define FIRST_CAP 64   /* a new list's first (only) block, doubled up to BLOCK as it fills */
@@ -30,14 +38,36 @@ typedef struct {
     uint64_t *spare;    /* one consumed block kept for the next tail */
 } ReadyList;
 
+static uint64_t *block_alloc(void) {
+#ifdef MAP_ANONYMOUS
+    void *block = mmap(NULL, BLOCK * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return block == MAP_FAILED ? NULL : block;
+#else
+    return PyMem_Malloc(BLOCK * sizeof(uint64_t));
+#endif
+}
+
+static void block_free(uint64_t *block) {
+    if (block == NULL)
+        return;
+#ifdef MAP_ANONYMOUS
+    munmap(block, BLOCK * sizeof(uint64_t));
+#else
+    PyMem_Free(block);
+#endif
+}
+
 /* Entry i of the list (0 = the head) is blocks[first + (head + i) / BLOCK][(head + i) % BLOCK]: every
  * block but the tail is a full BLOCK, and a tail smaller than BLOCK is the only block. */
 
 static void rl_free_blocks(ReadyList *self) {
-    for (Py_ssize_t i = 0; i < self->used; i++)
-        PyMem_Free(self->blocks[self->first + i]);
+    if (self->used == 1 && self->tail_cap < BLOCK)
+        PyMem_Free(self->blocks[self->first]);  /* the only block, a small one from the heap */
+    else
+        for (Py_ssize_t i = 0; i < self->used; i++)
+            block_free(self->blocks[self->first + i]);
     PyMem_Free(self->blocks);
-    PyMem_Free(self->spare);
+    block_free(self->spare);
     self->blocks = NULL;
     self->spare = NULL;
     self->slots = self->first = self->used = self->tail_cap = self->head = self->count = 0;
@@ -63,14 +93,25 @@ static int rl_reserve_slot(ReadyList *self) {
     return 0;
 }
 
-/* Resize the only block to cap entries (its entries moved to its start first). */
+/* A full block: the spare, or a new one. */
+static uint64_t *rl_new_block(ReadyList *self) {
+    uint64_t *block = self->spare;
+    self->spare = NULL;
+    if (block == NULL && (block = block_alloc()) == NULL)
+        PyErr_NoMemory();
+    return block;
+}
+
+/* Make the only block (none, or a small one from the heap) hold cap entries (cap < BLOCK: from the
+ * heap; BLOCK: a full block), its entries moved to its start. */
 static int rl_resize_only(ReadyList *self, Py_ssize_t cap) {
     if (self->used == 0) {
         if (rl_reserve_slot(self) < 0)
             return -1;
-        uint64_t *block = PyMem_Malloc(cap * sizeof(uint64_t));
+        uint64_t *block = cap < BLOCK ? PyMem_Malloc(cap * sizeof(uint64_t)) : rl_new_block(self);
         if (block == NULL) {
-            PyErr_NoMemory();
+            if (cap < BLOCK)
+                PyErr_NoMemory();
             return -1;
         }
         self->blocks[self->first] = block;
@@ -79,6 +120,17 @@ static int rl_resize_only(ReadyList *self, Py_ssize_t cap) {
         return 0;
     }
     uint64_t *block = self->blocks[self->first];
+    if (cap == BLOCK) {  /* from the heap to a full block: a copy of less than BLOCK entries */
+        uint64_t *full = rl_new_block(self);
+        if (full == NULL)
+            return -1;
+        memcpy(full, block + self->head, self->count * sizeof(uint64_t));
+        PyMem_Free(block);
+        self->blocks[self->first] = full;
+        self->head = 0;
+        self->tail_cap = BLOCK;
+        return 0;
+    }
     if (self->head) {
         memmove(block, block + self->head, self->count * sizeof(uint64_t));
         self->head = 0;
@@ -117,12 +169,9 @@ static int rl_reserve(ReadyList *self, Py_ssize_t n) {
     while (room < n) {
         if (rl_reserve_slot(self) < 0)
             return -1;
-        uint64_t *block = self->spare;
-        self->spare = NULL;
-        if (block == NULL && (block = PyMem_Malloc(BLOCK * sizeof(uint64_t))) == NULL) {
-            PyErr_NoMemory();
+        uint64_t *block = rl_new_block(self);
+        if (block == NULL)
             return -1;
-        }
         self->blocks[self->first + self->used++] = block;
         room += BLOCK;
     }
@@ -139,7 +188,7 @@ static inline uint64_t *rl_slot(ReadyList *self, Py_ssize_t i) {
 static void rl_drained(ReadyList *self) {
     if (self->used == 1 && self->tail_cap <= KEEP_CAP) {
         self->head = 0;
-        PyMem_Free(self->spare);
+        block_free(self->spare);
         self->spare = NULL;
         return;
     }
@@ -152,7 +201,7 @@ static void rl_drop_head_block(ReadyList *self) {
     if (self->spare == NULL)
         self->spare = block;
     else
-        PyMem_Free(block);
+        block_free(block);
     self->first++;
     self->used--;
     self->head = 0;

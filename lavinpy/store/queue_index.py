@@ -112,11 +112,11 @@ class QueueIndex:
         if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
             _write_name_file(name_file, self.name.encode("utf-8"))
             self._new_names = True
-        has_enq = bool(found.intersection((ENQ_FILE, ENQ_FILE + ".tmp"))) and enq_file.open_recovered(create=False)
         ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
-        ack_file.close()  # opened again by the next write
+        ack_file.close()  # opened again by the next write (closed first: enq stays open while it is read)
         acked = set(ack) if ack else None  # the ack file is small: compaction keeps it under its limit
         del ack
+        has_enq = bool(found.intersection((ENQ_FILE, ENQ_FILE + ".tmp"))) and enq_file.open_recovered(create=False)
         # enq is read, filtered and checked a bounded chunk at a time, straight into the ready list:
         # a backlog of millions is in memory once (only an index kind with its own order, which takes
         # the whole array in load_ready, gets one)

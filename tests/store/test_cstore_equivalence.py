@@ -267,3 +267,26 @@ def test_stored_messages_of_a_run_agree(bodies: list, start: int, count: int, ex
     got = cstore.stored_messages(*args)
     assert got == expected and all(type(m) is record.StoredMessage for m in got)
     assert [m.body for m in got] == bodies[start:start + count]
+
+
+def rss_anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_drained_ready_list_gives_its_pages_back_to_the_system() -> None:
+    """Its blocks are mapped, not heap chunks that allocations in between would keep resident."""
+    before = rss_anon_kib()
+    ready = cstore.ReadyList()
+    kept = []
+    for _ in range(1000):
+        ready.extend(array("Q", range(4 * CHUNK_ENTRIES)))  # 128 MiB in all
+        kept.append(bytes(3000))  # heap allocations between the blocks, still alive after the drain
+    assert rss_anon_kib() - before > 100_000
+    while len(ready):
+        ready.shift_many(10_000)
+    assert rss_anon_kib() - before < 16_000
+    assert len(kept) == 1000
