@@ -103,22 +103,33 @@ def live_chunks(older: list[int], ready: Positions, transient: set[int], size: i
     def persistent(chunk: array) -> array:
         return array("Q", filterfalse(transient.__contains__, chunk)) if transient else chunk
 
-    def ready_chunks() -> Iterator[array]:
-        for start in range(0, len(ready), size):
-            chunk = array("Q")
-            chunk.frombytes(ready.to_bytes(start, start + size))
-            yield chunk
-
     first_newer = ready.peek()
     if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
         # the normal FIFO case: everything delivered is older than everything never delivered
         for start in range(0, len(older), size):
             yield persistent(array("Q", (pos_from_order_key(k) for k in older[start:start + size])))
-        for chunk in ready_chunks():
+        for chunk in ready_chunks(ready, size):
             yield persistent(chunk)
         return
     # messages were pushed out of append order: merge entry by entry
-    newer = (enq_order_key(p) for chunk in ready_chunks() for p in chunk)
+    newer = (enq_order_key(p) for chunk in ready_chunks(ready, size) for p in chunk)
     merged = heapq.merge(older, newer)
     while chunk := array("Q", (pos_from_order_key(k) for k in islice(merged, size))):
         yield persistent(chunk)
+
+
+def ready_chunks(ready: Positions, size: int) -> Iterator[array]:
+    """A ready list's positions in order, ``size`` at a time, read in place."""
+    for start in range(0, len(ready), size):
+        chunk = array("Q")
+        chunk.frombytes(ready.to_bytes(start, start + size))
+        yield chunk
+
+
+def chunked_counts(chunks: Iterable[array]) -> dict[int, int]:
+    """``segment_counts`` over many chunks."""
+    totals: dict[int, int] = {}
+    for chunk in chunks:
+        for segment, n in segment_counts(chunk).items():
+            totals[segment] = totals.get(segment, 0) + n
+    return totals

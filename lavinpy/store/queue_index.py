@@ -22,14 +22,15 @@ import shutil
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from itertools import filterfalse
+from itertools import chain, filterfalse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
-from lavinpy.store.index_files import live_chunks, recovered_chunks, segment_counts
-from lavinpy.store.jsonfile import FILE_MODE, fsync_dir
+from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks, recovered_chunks, segment_counts
+from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.queue_dir import QUEUE_NAME_FILE, sync_new_directory, write_name_file
 from lavinpy.store.ready_list import ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.store")
 
-QUEUE_NAME_FILE = ".queue"
 ENQ_FILE = "enq"
 ACK_FILE = "ack"
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
@@ -110,19 +110,17 @@ class QueueIndex:
         self._has_directory = True
         name_file = directory / QUEUE_NAME_FILE
         if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
-            _write_name_file(name_file, self.name.encode("utf-8"))
+            write_name_file(name_file, self.name.encode("utf-8"))
             self._new_names = True
         ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
         ack_file.close()  # opened again by the next write (closed first: enq stays open while it is read)
         acked = set(ack) if ack else None  # the ack file is small: compaction keeps it under its limit
-        del ack
         has_enq = bool(found.intersection((ENQ_FILE, ENQ_FILE + ".tmp"))) and enq_file.open_recovered(create=False)
         # enq is read, filtered and checked a bounded chunk at a time, straight into the ready list:
         # a backlog of millions is in memory once (only an index kind with its own order, which takes
         # the whole array in load_ready, gets one)
         streams = type(self).load_ready is QueueIndex.load_ready
-        live = array("Q")
-        dropped = 0
+        live, dropped = array("Q"), 0
         if streams:
             self._ready.clear()
         for chunk, counts, chunk_dropped in recovered_chunks(
@@ -133,7 +131,7 @@ class QueueIndex:
                 self._incref(segment, count)
             (self._ready if streams else live).extend(chunk)
         enq_file.close()
-        del acked
+        del ack, acked
         self._measure_ack_room()
         if streams:
             self.record_loaded(len(self._ready))
@@ -335,10 +333,40 @@ class QueueIndex:
         """Remove every ready message (unacked ones stay); returns how many were removed."""
         if self._ready_count == 0:
             return 0
+        if len(self._ready) > STREAM_ENTRIES:  # a backlog: not copied whole, nor an ack entry each
+            return self._purge_backlog()
         removed = self.ready_positions()
         self._requeued.clear()
         self._ready.clear()
         return self.record_purge(removed)
+
+    def _purge_backlog(self) -> int:
+        """``purge`` of a huge ready list: read a chunk at a time, and enq rewritten with what stays
+        (the unacked messages) before the segment references go."""
+        transient = self._transient
+
+        def forget_transient(chunks: Iterable[array]) -> Iterator[array]:
+            for chunk in chunks:
+                transient.difference_update(chunk)
+                yield chunk
+
+        counts = chunked_counts(forget_transient(self._ready_position_chunks()))
+        count = self._ready_count
+        self._requeued.clear()
+        self._ready.clear()
+        self._ready_count = 0
+        self.compact()  # the purged messages are gone from enq before their segments may go
+        for segment, n in counts.items():
+            self._decref(segment, n)
+        return count
+
+    def _ready_position_chunks(self) -> Iterator[array]:
+        """``ready_positions`` a bounded chunk at a time (whole from an index kind with its own)."""
+        if type(self).ready_positions is not QueueIndex.ready_positions:
+            yield self.ready_positions()
+            return
+        yield array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
+        yield from ready_chunks(self._ready, STREAM_ENTRIES)
 
     def _ack_file_full(self) -> bool:
         pending = self._ack_pending
@@ -421,7 +449,7 @@ class QueueIndex:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = self.name.encode("utf-8")
         name_file = directory / QUEUE_NAME_FILE
-        _write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
+        write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
         changes.replaced(name_file, name)
         self._new_names = True
         self._has_directory = True
@@ -543,8 +571,7 @@ class QueueIndex:
         The directory is removed at once, even while a flush may be fsyncing its (still open)
         descriptors, so that a queue of the same name can be declared again right away.
         """
-        live = self.ready_positions()
-        live.extend(self._unacked)
+        counts = chunked_counts(chain(self._ready_position_chunks(), (array("Q", self._unacked),)))
         self._requeued.clear()
         self._unacked.clear()
         self._transient.clear()
@@ -555,7 +582,7 @@ class QueueIndex:
                 del pending[:]
         self._close_files()
         self._is_open = False
-        for segment, n in segment_counts(live).items():
+        for segment, n in counts.items():
             self._decref(segment, n)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -571,27 +598,3 @@ class QueueIndex:
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"
         return f"QueueIndex({self.name!r}, {kind}, ready={self._ready_count}, unacked={len(self._unacked)})"
-
-
-def sync_new_directory(directory: Path) -> None:
-    """Make a queue directory's new names durable: its ``.queue`` file's bytes, the names in it, and
-    its own name in the vhost directory (any thread; a directory deleted meanwhile is skipped)."""
-    try:
-        fd = os.open(directory / QUEUE_NAME_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_dir(directory)
-    except FileNotFoundError:
-        return  # the queue was deleted meanwhile
-    fsync_dir(directory.parent)
-
-
-def _write_name_file(path: Path, name: bytes) -> None:
-    """Write a queue's ``.queue`` file, owner-only as every file of the store (whatever the umask)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    try:
-        os.write(fd, name)
-    finally:
-        os.close(fd)

@@ -210,3 +210,51 @@ def test_compacting_a_backlog_copies_a_chunk_at_a_time(store: MessageStore, tmp_
     peak = peak_of(q.compact)
     assert (tmp_path / "q" / "enq").stat().st_size == 8 * (BACKLOG - 1)
     assert peak < 1 << 20, peak
+
+
+def test_purging_a_backlog_keeps_the_unacked_and_rewrites_enq(store: MessageStore, tmp_path: Path,
+                                                              small_chunks: None) -> None:
+    positions = publish(store, 80)
+    q = open_queue(store, tmp_path / "q")
+    transient = set(positions[::5])
+    for pos in positions:
+        q.push(pos, persistent=pos not in transient)
+    q.write_buffers()
+    taken = q.shift_many(30)
+    for pos in taken[:10]:
+        q.ack(pos)
+    for pos in taken[10:15]:
+        q.requeue(pos)
+    unacked = taken[15:]
+    assert q.purge() == 80 - 30 + 5
+    assert q.ready_count == 0 and list(q) == [] and sorted(q.unacked()) == sorted(unacked)
+    assert q.transient_count == len(transient.intersection(unacked))
+    for s in store.segment_ids():
+        assert store.refcount(s) == sum(1 for p in unacked if p & 0xFFFFFFFF == s)
+    kept = [p for p in unacked if p not in transient]
+    assert list(array("Q", (tmp_path / "q" / "enq").read_bytes())) == kept
+    ack = tmp_path / "q" / "ack"
+    assert not ack.exists() or ack.stat().st_size == 0  # the acks of the rewrite's dropped entries went
+    q.push(positions[0])  # still usable: the next push and ack go to the files as usual
+    q.ack(q.shift())
+    q.close(clean=False)
+    q2 = open_queue(store, tmp_path / "q")
+    assert list(q2) == kept
+
+
+def test_purging_or_deleting_a_backlog_copies_a_chunk_at_a_time(store: MessageStore, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queue_index, "STREAM_ENTRIES", 1 << 14)
+    pos = publish(store, 1)[0]
+    segment = pos & 0xFFFFFFFF
+    for name in ("purged", "deleted"):
+        q = QueueIndex(name, store, tmp_path / name)
+        q.open()
+        q.push_many(array("Q", [pos]) * BACKLOG, True)
+        q.write_buffers()
+        q.ack(q.shift())
+        assert store.refcount(segment) == BACKLOG - 1
+        peak = peak_of(q.purge if name == "purged" else q.delete)
+        assert store.refcount(segment) == 0
+        assert peak < 1 << 20, (name, peak)
+    assert (tmp_path / "purged" / "enq").stat().st_size == 0 and not (tmp_path / "deleted").exists()
