@@ -328,8 +328,20 @@ async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object, out: di
 
 async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object, out: dict) -> dict:
     """``count`` × 1 KiB persistent into one queue with the broker's memory capped (lavinpy and RabbitMQ),
-    filled and drained in 30 s amqpperf runs (6 load windows), and restarted full in between."""
+    filled and drained in 30 s amqpperf runs (6 load windows), and restarted full in between. The
+    restart's memory peak is the restarted processes' VmHWM (their high-water mark since they started)."""
     queue = "scale-backlog"
+
+    def hwm_kib() -> int:
+        total = 0
+        for pid in b.pids:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        return total
+
     step = ["-duration", str(6 * LOAD_S), "-keep-queue", "-purge=false", "-queue", queue, "-size", str(BACKLOG_BODY),
             "-persistent"]
     timeout = getattr(args, "point_timeout", 600)
@@ -349,6 +361,7 @@ async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object, ou
     b.stop()
     try:
         out["restart s"] = await served_again(b, queue, timeout)
+        out["restart RSS peak MiB"] = hwm_kib() / 1024
         out["RSS after restart MiB"] = rss_kib(b) / 1024
     except (OSError, BrokerClosed, asyncio.IncompleteReadError, RuntimeError) as exc:
         errors.append(f"restart: {exc}")
@@ -366,6 +379,7 @@ async def backlog(amqpperf: str, b: compare.Broker, count: int, args: object, ou
             break
         left = await depth(b, queue)
     out["drain msg/s"] = (have - left) / max(1, busy_s)
+    out["RSS after drain MiB"] = rss_kib(b) / 1024
     out["RSS peak MiB"] = rss_peak / 1024
     return out
 

@@ -1,5 +1,5 @@
 /* The store's per-message work in C: record encoding into a segment's mmap with its CRC, record
- * decoding with one body copy (_cstore_read.c), and a queue's ready list of 8-byte positions.
+ * decoding with one body copy (_cstore_read.c); a queue's ready list of 8-byte positions is _cstore_ready.c's.
  *
  * Written against the CPython C API (no Cython): small, no Python-level logic to translate, built with a C
  * compiler and the Python headers alone. It behaves exactly as the pure-Python code in record.py (which
@@ -194,177 +194,6 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* ---- ReadyList: a FIFO of 8-byte positions in one ring buffer --------------------------- */
-
-typedef struct {
-    PyObject_HEAD
-    uint64_t *items;
-    Py_ssize_t cap;   /* a power of two, or 0 */
-    Py_ssize_t head;  /* index of the first entry */
-    Py_ssize_t count;
-} ReadyList;
-
-#define MIN_CAP 64
-
-static int ring_resize(ReadyList *self, Py_ssize_t cap) {
-    uint64_t *items = PyMem_Malloc(cap * sizeof(uint64_t));
-    if (items == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t first = self->cap - self->head;
-    if (first > self->count)
-        first = self->count;
-    if (self->count) {
-        memcpy(items, self->items + self->head, first * sizeof(uint64_t));
-        memcpy(items + first, self->items, (self->count - first) * sizeof(uint64_t));
-    }
-    PyMem_Free(self->items);
-    self->items = items;
-    self->cap = cap;
-    self->head = 0;
-    return 0;
-}
-
-static int ring_reserve(ReadyList *self, Py_ssize_t more) {
-    if (self->count + more <= self->cap)
-        return 0;
-    Py_ssize_t cap = self->cap ? self->cap : MIN_CAP;
-    while (cap < self->count + more)
-        cap *= 2;
-    return ring_resize(self, cap);
-}
-
-/* Give memory back as the list drains: a consumed queue must not keep its peak size. */
-static int ring_maybe_shrink(ReadyList *self) {
-    if (self->cap > MIN_CAP * 16 && self->count < self->cap / 8)
-        return ring_resize(self, self->cap / 4);
-    return 0;
-}
-
-static PyObject *ReadyList_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if (PyTuple_GET_SIZE(args) || (kwargs && PyDict_GET_SIZE(kwargs))) {
-        PyErr_SetString(PyExc_TypeError, "ReadyList() takes no arguments");
-        return NULL;
-    }
-    ReadyList *self = (ReadyList *)type->tp_alloc(type, 0);
-    return (PyObject *)self;
-}
-
-static void ReadyList_dealloc(ReadyList *self) {
-    PyMem_Free(self->items);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *ReadyList_push(ReadyList *self, PyObject *arg) {
-    uint64_t pos = PyLong_AsUnsignedLongLong(arg);
-    if (pos == (uint64_t)-1 && PyErr_Occurred())
-        return NULL;
-    if (ring_reserve(self, 1) < 0)
-        return NULL;
-    self->items[(self->head + self->count) & (self->cap - 1)] = pos;
-    self->count++;
-    Py_RETURN_NONE;
-}
-
-/* extend(buffer of native u64, e.g. an array('Q')) */
-static PyObject *ReadyList_extend(ReadyList *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (view.len % 8) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "extend: not a whole number of 8-byte positions");
-        return NULL;
-    }
-    Py_ssize_t n = view.len / 8;
-    if (ring_reserve(self, n) < 0) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    const uint64_t *src = view.buf;
-    Py_ssize_t tail = (self->head + self->count) & (self->cap - 1);
-    Py_ssize_t first = self->cap - tail < n ? self->cap - tail : n;
-    memcpy(self->items + tail, src, first * sizeof(uint64_t));
-    memcpy(self->items, src + first, (n - first) * sizeof(uint64_t));
-    self->count += n;
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-}
-
-static PyObject *ReadyList_shift(ReadyList *self, PyObject *unused) {
-    if (!self->count)
-        Py_RETURN_NONE;
-    uint64_t pos = self->items[self->head];
-    self->head = (self->head + 1) & (self->cap - 1);
-    self->count--;
-    if (ring_maybe_shrink(self) < 0)
-        return NULL;
-    return PyLong_FromUnsignedLongLong(pos);
-}
-
-static PyObject *ReadyList_peek(ReadyList *self, PyObject *unused) {
-    if (!self->count)
-        Py_RETURN_NONE;
-    return PyLong_FromUnsignedLongLong(self->items[self->head]);
-}
-
-/* to_bytes() -> the positions in order, packed as native u64 (array('Q').frombytes takes them) */
-static PyObject *ReadyList_to_bytes(ReadyList *self, PyObject *unused) {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, self->count * 8);
-    if (out == NULL)
-        return NULL;
-    uint64_t *dst = (uint64_t *)PyBytes_AS_STRING(out);
-    Py_ssize_t first = self->cap - self->head < self->count ? self->cap - self->head : self->count;
-    if (self->count) {
-        memcpy(dst, self->items + self->head, first * sizeof(uint64_t));
-        memcpy(dst + first, self->items, (self->count - first) * sizeof(uint64_t));
-    }
-    return out;
-}
-
-static PyObject *ReadyList_clear(ReadyList *self, PyObject *unused) {
-    PyMem_Free(self->items);
-    self->items = NULL;
-    self->cap = self->head = self->count = 0;
-    Py_RETURN_NONE;
-}
-
-static Py_ssize_t ReadyList_len(ReadyList *self) {
-    return self->count;
-}
-
-static PyObject *ReadyList_sizeof(ReadyList *self, PyObject *unused) {
-    return PyLong_FromSsize_t(Py_TYPE(self)->tp_basicsize + self->cap * (Py_ssize_t)sizeof(uint64_t));
-}
-
-static PyMethodDef ReadyList_methods[] = {
-    {"__sizeof__", (PyCFunction)ReadyList_sizeof, METH_NOARGS, "Bytes used, the ring buffer included."},
-    {"push", (PyCFunction)ReadyList_push, METH_O, "Append one position."},
-    {"extend", (PyCFunction)ReadyList_extend, METH_O, "Append positions from an array('Q')."},
-    {"shift", (PyCFunction)ReadyList_shift, METH_NOARGS, "Remove and return the first position, or None."},
-    {"peek", (PyCFunction)ReadyList_peek, METH_NOARGS, "The first position, or None."},
-    {"to_bytes", (PyCFunction)ReadyList_to_bytes, METH_NOARGS, "All positions in order, packed."},
-    {"clear", (PyCFunction)ReadyList_clear, METH_NOARGS, "Remove every position."},
-    {NULL},
-};
-
-static PySequenceMethods ReadyList_as_sequence = {
-    .sq_length = (lenfunc)ReadyList_len,
-};
-
-static PyTypeObject ReadyListType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "lavinpy.store._cstore.ReadyList",
-    .tp_basicsize = sizeof(ReadyList),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A FIFO of 8-byte message positions (a queue's never-delivered ready messages).",
-    .tp_new = ReadyList_new,
-    .tp_dealloc = (destructor)ReadyList_dealloc,
-    .tp_methods = ReadyList_methods,
-    .tp_as_sequence = &ReadyList_as_sequence,
-};
-
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib.crc32."},
     {"crc32_path", py_crc32_path, METH_VARARGS, "crc32_path(table=None): the CRC path in use, 'clmul' or 'table'."},
@@ -384,14 +213,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cstore(void) {
     crc32_init();
-    if (PyType_Ready(&ReadyListType) < 0)
+    if (PyType_Ready(&cstore_ReadyListType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&ReadyListType);
-    if (PyModule_AddObject(m, "ReadyList", (PyObject *)&ReadyListType) < 0) {
-        Py_DECREF(&ReadyListType);
+    Py_INCREF(&cstore_ReadyListType);
+    if (PyModule_AddObject(m, "ReadyList", (PyObject *)&cstore_ReadyListType) < 0) {
+        Py_DECREF(&cstore_ReadyListType);
         Py_DECREF(m);
         return NULL;
     }

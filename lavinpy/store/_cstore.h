@@ -1,5 +1,6 @@
-/* What the compiled store's files share: little-endian field access, the record layout's sizes, and
- * the Python types record.py hands over (configure). */
+/* What the translation units of lavinpy.store._cstore share: little-endian field access, the record
+ * layout's sizes, the Python types record.py hands over (configure), and the functions and the ready
+ * list type (_cstore_ready.c) that the module (_cstore.c) adds. */
 #ifndef LAVINPY_CSTORE_H
 #define LAVINPY_CSTORE_H
 
@@ -34,5 +35,8 @@ extern PyTypeObject *StoredMessage;  /* record.StoredMessage (a tuple subclass) 
 /* _cstore_read.c */
 PyObject *py_read_record(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_read_run(PyObject *self, PyObject *args);
+
+/* _cstore_ready.c: the ready list type the module adds */
+extern PyTypeObject cstore_ReadyListType;
 
 #endif

@@ -3,14 +3,15 @@
 
 The protocol every such file follows, in one place:
 
-- recover: a leftover ``<file>.tmp`` (an interrupted rewrite) is removed, the file is read whole and a
-  torn last entry (a write cut short by a crash) is cut off;
+- recover: a leftover ``<file>.tmp`` (an interrupted rewrite) is removed, a torn last entry (a write
+  cut short by a crash) is cut off and the file is read, whole or a bounded part at a time;
 - append: whole entries are handed to the OS through an ``O_APPEND`` descriptor (the owner decides
   when: the indexes buffer entries until the group commit, the delivery counts write each at once);
 - sync: the store's flush collects the descriptors with ``take_unsynced`` and fsyncs them in its
   worker thread, as its fsync policy says;
-- rewrite: the live entries go to ``<file>.tmp``, which is fsynced and renamed over the file, and the
-  directory is fsynced, so a crash leaves the old or the new file, never a mix;
+- rewrite: the live entries go to ``<file>.tmp`` (whole or a bounded part at a time), which is fsynced
+  and renamed over the file, and the directory is fsynced, so a crash leaves the old or the new file,
+  never a mix;
 - truncate, remove, close.
 
 Every mutation is reported to the change feed (changes.py) the moment it is made, so a replication
@@ -33,7 +34,7 @@ import os
 import resource
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from lavinpy.store import changes
@@ -189,6 +190,13 @@ class EntryFile:
         created, or cut to whole entries). Otherwise an absent file stays absent (empty result, not
         open) and only a cut is reported.
         """
+        if not self.open_recovered(create=create):
+            return array(typecode)
+        return self._read(typecode, 0, self.size)
+
+    def open_recovered(self, *, create: bool = True) -> bool:
+        """``recover`` without the reading (``read_chunks`` reads a large file a bounded part at a
+        time): whether the file is there, open, ``size`` its whole entries."""
         tmp_path_for(self.path).unlink(missing_ok=True)  # an interrupted rewrite
         flags = _APPEND_FLAGS | os.O_CREAT if create else _APPEND_FLAGS
         try:
@@ -196,7 +204,7 @@ class EntryFile:
         except FileNotFoundError:
             if create:
                 raise
-            return array(typecode)
+            return False
         self.fd = fd
         self.exists = True
         if self.cache is not None:
@@ -210,18 +218,26 @@ class EntryFile:
         self.size = whole
         if create or whole != size:
             changes.truncated(self.path, whole)
-        return self._read(typecode)
+        return True
 
-    def _read(self, typecode: str) -> array:
+    def read_chunks(self, entries: int, typecode: str = "Q") -> Iterator[array]:
+        """The open file's whole entries (``size`` bytes from its start) in order, in arrays of at most
+        ``entries``: a huge file is never in memory whole."""
+        step = entries * self.entry_size
+        end = self.size
+        for start in range(0, end, step):
+            yield self._read(typecode, start, min(start + step, end))
+
+    def _read(self, typecode: str, start: int, stop: int) -> array:
         fd = self.fd
-        whole = self.size
+        length = stop - start
         entries = array(typecode)
         entries.frombytes(bytes(entries.itemsize))
-        entries *= whole // entries.itemsize
+        entries *= length // entries.itemsize
         view = memoryview(entries).cast("B")
         done = 0
-        while done < whole:  # readinto the array's own buffer: one copy, no temporary bytes
-            n = os.preadv(fd, [view[done:]], done)
+        while done < length:  # readinto the array's own buffer: one copy, no temporary bytes
+            n = os.preadv(fd, [view[done:]], start + done)
             if n <= 0:
                 raise OSError(f"{self.owner}: {self.path.name} file shrank while being read")
             done += n
@@ -277,6 +293,39 @@ class EntryFile:
         The new file is on disk when this returns, so nothing of it is left for a flush to sync.
         """
         write_bytes_atomic(self.path, data)  # reports the replacement to the change feed
+        self._reopen_rewritten(memoryview(data).nbytes)
+
+    def rewrite_chunks(self, chunks: Iterable[Entries]) -> None:
+        """``rewrite`` with the new content given a bounded part at a time (a queue's millions of live
+        entries are never in memory twice): the same tmp, fsync, rename and directory fsync.
+
+        The change feed gets the whole file as one replacement, as from ``rewrite``: a follower must
+        never hold half of it. Only then are the parts joined (a replication leader holds them anyway).
+        """
+        path = self.path
+        tmp = tmp_path_for(path)
+        report: list[bytes] | None = [] if changes.feed.listener is not None else None
+        size = 0
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _CLOEXEC, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)  # a leftover .tmp keeps its old mode through O_CREAT
+            for chunk in chunks:
+                size += _write_all(fd, chunk)
+                if report is not None:
+                    report.append(bytes(memoryview(chunk).cast("B")))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)  # the old file stays, whole
+            raise
+        os.close(fd)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        if report is not None:
+            changes.replaced(path, b"".join(report))
+        self._reopen_rewritten(size)
+
+    def _reopen_rewritten(self, size: int) -> None:
         self.exists = True
         if self.cache is not None:  # opened again on the next use
             self.close()
@@ -285,7 +334,7 @@ class EntryFile:
             self.fd = os.open(self.path, _APPEND_FLAGS | os.O_CREAT, FILE_MODE)
             if old >= 0:
                 self._close_fd(old)
-        self.size = memoryview(data).nbytes
+        self.size = size
         self.unsynced = False
 
     def truncate(self, size: int = 0) -> None:

@@ -1,14 +1,28 @@
 """Index entries (8-byte positions, a queue's ``enq``/``ack``, a stream's ``enq``) in an ``array('Q')``:
-segment ids and counts, and checking entries against the segments' valid ends. The files
-themselves are entry_file.py's."""
+segment ids and counts, checking entries against the segments' valid ends, and a queue's recovered
+and compacted entries a bounded chunk at a time. The files themselves are entry_file.py's."""
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from bisect import bisect_right
 from collections import Counter
+from collections.abc import Iterable, Iterator
+from itertools import filterfalse, islice
+from typing import Protocol
 
-from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK
+from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
+
+
+class Positions(Protocol):
+    """What ``live_chunks`` reads of a ready list (ready_list.py)."""
+
+    def __len__(self) -> int: ...
+
+    def peek(self) -> int | None: ...
+
+    def to_bytes(self, start: int = 0, stop: int | None = None) -> bytes: ...
 
 
 def segment_ids(entries: array) -> memoryview:
@@ -71,3 +85,51 @@ def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, di
     # slow path: not grouped, or some entries are invalid
     valid = array("Q", (p for p in entries if (p >> OFFSET_SHIFT) < valid_ends.get(p & SEGMENT_MASK, 0)))
     return valid, segment_counts(valid), len(entries) - len(valid)
+
+
+def recovered_chunks(chunks: Iterable[array], acked: set[int] | None, valid_ends: dict[int, int]
+                     ) -> Iterator[tuple[array, dict[int, int], int]]:
+    """A queue's ``enq`` read a chunk at a time, minus ``acked``, checked by ``valid_entries``: for
+    each chunk (valid entries, count per segment, number dropped)."""
+    for chunk in chunks:
+        if acked:
+            chunk = array("Q", filterfalse(acked.__contains__, chunk))
+        yield valid_entries(chunk, valid_ends)
+
+
+def live_chunks(older: list[int], ready: Positions, transient: set[int], size: int) -> Iterator[array]:
+    """A compacted ``enq`` in chunks of at most ``size`` entries: the requeued and unacked messages
+    (``older``, sorted enq-order keys) and the ready list merged in enq order, minus ``transient``."""
+    def persistent(chunk: array) -> array:
+        return array("Q", filterfalse(transient.__contains__, chunk)) if transient else chunk
+
+    first_newer = ready.peek()
+    if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
+        # the normal FIFO case: everything delivered is older than everything never delivered
+        for start in range(0, len(older), size):
+            yield persistent(array("Q", (pos_from_order_key(k) for k in older[start:start + size])))
+        for chunk in ready_chunks(ready, size):
+            yield persistent(chunk)
+        return
+    # messages were pushed out of append order: merge entry by entry
+    newer = (enq_order_key(p) for chunk in ready_chunks(ready, size) for p in chunk)
+    merged = heapq.merge(older, newer)
+    while chunk := array("Q", (pos_from_order_key(k) for k in islice(merged, size))):
+        yield persistent(chunk)
+
+
+def ready_chunks(ready: Positions, size: int) -> Iterator[array]:
+    """A ready list's positions in order, ``size`` at a time, read in place."""
+    for start in range(0, len(ready), size):
+        chunk = array("Q")
+        chunk.frombytes(ready.to_bytes(start, start + size))
+        yield chunk
+
+
+def chunked_counts(chunks: Iterable[array]) -> dict[int, int]:
+    """``segment_counts`` over many chunks."""
+    totals: dict[int, int] = {}
+    for chunk in chunks:
+        for segment, n in segment_counts(chunk).items():
+            totals[segment] = totals.get(segment, 0) + n
+    return totals

@@ -22,15 +22,16 @@ import shutil
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from itertools import filterfalse
+from itertools import chain, filterfalse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lavinpy.store import changes
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
-from lavinpy.store.index_files import segment_counts, valid_entries
-from lavinpy.store.jsonfile import FILE_MODE, fsync_dir
-from lavinpy.store.ready_list import CHUNK_ENTRIES, ReadyList
+from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks, recovered_chunks, segment_counts
+from lavinpy.store.jsonfile import fsync_dir
+from lavinpy.store.queue_dir import QUEUE_NAME_FILE, sync_new_directory, write_name_file
+from lavinpy.store.ready_list import ReadyList
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
@@ -38,10 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.store")
 
-QUEUE_NAME_FILE = ".queue"
 ENQ_FILE = "enq"
 ACK_FILE = "ack"
 DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
+STREAM_ENTRIES = 1 << 18  # entries per chunk read at recovery or written by compaction: 2 MiB
 
 
 class QueueIndex:
@@ -109,34 +110,43 @@ class QueueIndex:
         self._has_directory = True
         name_file = directory / QUEUE_NAME_FILE
         if QUEUE_NAME_FILE not in found or not name_file.stat().st_size:  # a crash before it was synced
-            _write_name_file(name_file, self.name.encode("utf-8"))
+            write_name_file(name_file, self.name.encode("utf-8"))
             self._new_names = True
-        enq = enq_file.recover(create=False) if found.intersection((ENQ_FILE, ENQ_FILE + ".tmp")) else array("Q")
         ack = ack_file.recover(create=False) if found.intersection((ACK_FILE, ACK_FILE + ".tmp")) else array("Q")
-        enq_file.close()  # opened again by the next write
-        ack_file.close()
+        ack_file.close()  # opened again by the next write (closed first: enq stays open while it is read)
+        acked = set(ack) if ack else None  # the ack file is small: compaction keeps it under its limit
+        has_enq = bool(found.intersection((ENQ_FILE, ENQ_FILE + ".tmp"))) and enq_file.open_recovered(create=False)
+        # enq is read, filtered and checked a bounded chunk at a time, straight into the ready list:
+        # a backlog of millions is in memory once (only an index kind with its own order, which takes
+        # the whole array in load_ready, gets one)
+        streams = type(self).load_ready is QueueIndex.load_ready
+        live, dropped = array("Q"), 0
+        if streams:
+            self._ready.clear()
+        for chunk, counts, chunk_dropped in recovered_chunks(
+                enq_file.read_chunks(STREAM_ENTRIES) if has_enq else (), acked, self.messages.valid_ends()):
+            dropped += chunk_dropped
+            self.messages.note_references(chunk)
+            for segment, count in counts.items():
+                self._incref(segment, count)
+            (self._ready if streams else live).extend(chunk)
+        enq_file.close()
+        del ack, acked
         self._measure_ack_room()
-        if ack:
-            acked = set(ack)
-            del ack
-            enq = array("Q", filterfalse(acked.__contains__, enq))
-            del acked
-        live, counts, dropped = valid_entries(enq, self.messages.valid_ends())
-        del enq
-        self.messages.note_references(live)
-        for segment, count in counts.items():
-            self._incref(segment, count)
-        self.load_ready(live)
+        if streams:
+            self.record_loaded(len(self._ready))
+        else:
+            self.load_ready(live)
         if dropped:
             log.warning("queue %r: dropped %d index entries that point at a missing segment or past the "
                         "valid end of a segment", self.name, dropped)
             self.compact()  # rewrite enq so that the same entries are not reported again
 
     def load_ready(self, live: array) -> None:
-        """Extension point: take the recovered live positions (enq order) as the ready list."""
+        """Extension point: take the recovered live positions (enq order) as the ready list. (This
+        class's own recovery streams the entries into the ready list instead of calling it.)"""
         self._ready.clear()
-        for start in range(0, len(live), CHUNK_ENTRIES):  # bounded temporaries for a huge queue
-            self._ready.extend(live[start:start + CHUNK_ENTRIES])
+        self._ready.extend(live)
         self._ready_count = len(live)
 
     # ---- the message flow --------------------------------------------------------------------
@@ -267,10 +277,8 @@ class QueueIndex:
         """``shift`` up to ``count`` times in one call: the next ready positions, now unacked."""
         if self._requeued:
             return self._shift_each(count)
-        count = min(count, self._ready_count)
-        ready_shift = self._ready.shift
-        taken = [ready_shift() for _ in range(count)]
-        self._ready_count -= count
+        taken = self._ready.shift_many(count)
+        self._ready_count -= len(taken)
         self._unacked.update(taken)
         return taken
 
@@ -325,10 +333,40 @@ class QueueIndex:
         """Remove every ready message (unacked ones stay); returns how many were removed."""
         if self._ready_count == 0:
             return 0
+        if len(self._ready) > STREAM_ENTRIES:  # a backlog: not copied whole, nor an ack entry each
+            return self._purge_backlog()
         removed = self.ready_positions()
         self._requeued.clear()
         self._ready.clear()
         return self.record_purge(removed)
+
+    def _purge_backlog(self) -> int:
+        """``purge`` of a huge ready list: read a chunk at a time, and enq rewritten with what stays
+        (the unacked messages) before the segment references go."""
+        transient = self._transient
+
+        def forget_transient(chunks: Iterable[array]) -> Iterator[array]:
+            for chunk in chunks:
+                transient.difference_update(chunk)
+                yield chunk
+
+        counts = chunked_counts(forget_transient(self._ready_position_chunks()))
+        count = self._ready_count
+        self._requeued.clear()
+        self._ready.clear()
+        self._ready_count = 0
+        self.compact()  # the purged messages are gone from enq before their segments may go
+        for segment, n in counts.items():
+            self._decref(segment, n)
+        return count
+
+    def _ready_position_chunks(self) -> Iterator[array]:
+        """``ready_positions`` a bounded chunk at a time (whole from an index kind with its own)."""
+        if type(self).ready_positions is not QueueIndex.ready_positions:
+            yield self.ready_positions()
+            return
+        yield array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
+        yield from ready_chunks(self._ready, STREAM_ENTRIES)
 
     def _ack_file_full(self) -> bool:
         pending = self._ack_pending
@@ -366,7 +404,7 @@ class QueueIndex:
         """Ready positions in delivery order."""
         for key in sorted(self._requeued):
             yield pos_from_order_key(key)
-        yield from self._ready_array()
+        yield from array("Q", self._ready.to_bytes())
 
     def unacked(self) -> Iterable[int]:
         return iter(self._unacked)
@@ -377,32 +415,28 @@ class QueueIndex:
         out.frombytes(self._ready.to_bytes())
         return out
 
-    def _ready_array(self) -> array:
-        out = array("Q")
-        out.frombytes(self._ready.to_bytes())
-        return out
-
-    def _live_array(self) -> array:
-        """Persistent ready and unacked positions (what a compacted ``enq`` holds)."""
-        live = self.live_positions()
-        if self._transient:
-            transient = self._transient
-            live = array("Q", filterfalse(transient.__contains__, live))
-        return live
-
     def live_positions(self) -> array:
         """Ready and unacked positions in the order a compacted ``enq`` keeps them (enq order)."""
+        out = array("Q")
+        for chunk in live_chunks(self._older_keys(), self._ready, set(), STREAM_ENTRIES):
+            out.extend(chunk)
+        return out
+
+    def _older_keys(self) -> list[int]:
+        """Enq-order keys of the requeued and unacked messages, sorted."""
         older = sorted(self._requeued)
         older.extend(enq_order_key(p) for p in self._unacked)
         older.sort()
-        out = array("Q", (pos_from_order_key(k) for k in older))
-        first_newer = self._ready.peek()
-        if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
-            out.frombytes(self._ready.to_bytes())  # the normal FIFO case: everything delivered is older
-            return out
-        # messages were pushed out of append order: merge entry by entry
-        merged = heapq.merge(older, (enq_order_key(p) for p in self._ready_array()))
-        return array("Q", (pos_from_order_key(k) for k in merged))
+        return older
+
+    def _live_chunks(self) -> Iterator[array]:
+        """The persistent live positions (what a compacted ``enq`` holds) a bounded chunk at a time: the
+        ready list is read in place, never copied whole. An index kind with its own ``live_positions``
+        gives them whole."""
+        if type(self).live_positions is not QueueIndex.live_positions:
+            live, transient = self.live_positions(), self._transient
+            return iter((array("Q", filterfalse(transient.__contains__, live)) if transient else live,))
+        return live_chunks(self._older_keys(), self._ready, self._transient, STREAM_ENTRIES)
 
     # ---- files -------------------------------------------------------------------------------
 
@@ -415,7 +449,7 @@ class QueueIndex:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = self.name.encode("utf-8")
         name_file = directory / QUEUE_NAME_FILE
-        _write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
+        write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
         changes.replaced(name_file, name)
         self._new_names = True
         self._has_directory = True
@@ -499,13 +533,12 @@ class QueueIndex:
         if enq is None or ack is None or not self._is_open:
             return
         assert self._enq_pending is not None and self._ack_pending is not None
-        live = self._live_array()
         if not self._has_directory:
-            if not live or self.directory is None:
+            if self.directory is None or not any(len(chunk) for chunk in self._live_chunks()):
                 return  # nothing was ever written and nothing is to be
             self.ensure_directory()
             sync_new_directory(self.directory)  # the rewrite below is durable at once: so its directory
-        enq.rewrite(live)
+        enq.rewrite_chunks(self._live_chunks())  # bounded chunks: a huge backlog is not copied whole
         # The new enq holds every live entry, so nothing buffered is needed any more; old acks go.
         ack.truncate(0)
         self._measure_ack_room()
@@ -538,8 +571,7 @@ class QueueIndex:
         The directory is removed at once, even while a flush may be fsyncing its (still open)
         descriptors, so that a queue of the same name can be declared again right away.
         """
-        live = self.ready_positions()
-        live.extend(self._unacked)
+        counts = chunked_counts(chain(self._ready_position_chunks(), (array("Q", self._unacked),)))
         self._requeued.clear()
         self._unacked.clear()
         self._transient.clear()
@@ -550,7 +582,7 @@ class QueueIndex:
                 del pending[:]
         self._close_files()
         self._is_open = False
-        for segment, n in segment_counts(live).items():
+        for segment, n in counts.items():
             self._decref(segment, n)
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -566,27 +598,3 @@ class QueueIndex:
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"
         return f"QueueIndex({self.name!r}, {kind}, ready={self._ready_count}, unacked={len(self._unacked)})"
-
-
-def sync_new_directory(directory: Path) -> None:
-    """Make a queue directory's new names durable: its ``.queue`` file's bytes, the names in it, and
-    its own name in the vhost directory (any thread; a directory deleted meanwhile is skipped)."""
-    try:
-        fd = os.open(directory / QUEUE_NAME_FILE, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_dir(directory)
-    except FileNotFoundError:
-        return  # the queue was deleted meanwhile
-    fsync_dir(directory.parent)
-
-
-def _write_name_file(path: Path, name: bytes) -> None:
-    """Write a queue's ``.queue`` file, owner-only as every file of the store (whatever the umask)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
-    try:
-        os.write(fd, name)
-    finally:
-        os.close(fd)

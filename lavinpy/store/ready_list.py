@@ -1,7 +1,9 @@
 """A queue's never-delivered ready messages: a FIFO of 8-byte positions, no Python object per entry.
 
-``ReadyList`` is the C ring buffer from _cstore when built (accel.py), else ``PyReadyList``: a
-deque of ``array('Q')`` chunks, each freed as soon as it is consumed. Both have the same methods
+``ReadyList`` is the C one from _cstore when built (accel.py: fixed 32 KiB blocks off an array of
+block pointers), else ``PyReadyList``: a deque of ``array('Q')`` chunks. In both, growing never copies
+the entries already queued and each chunk is freed as soon as it is consumed, so a backlog costs 8
+bytes a message and a drained list gives its memory back. Both have the same methods
 and the same behaviour (tests/store/test_cstore_equivalence.py).
 """
 
@@ -63,17 +65,51 @@ class PyReadyList:
         self._count -= 1
         return pos
 
+    def shift_many(self, count: int) -> list[int]:
+        """Remove and return up to ``count`` positions from the head."""
+        taken: list[int] = []
+        chunks = self._chunks
+        while count > 0 and self._count:
+            head = chunks[0]
+            start = self._head
+            stop = min(len(head), start + count)
+            taken.extend(head[start:stop])
+            n = stop - start
+            count -= n
+            self._count -= n
+            if stop >= len(head):
+                if len(chunks) > 1:
+                    chunks.popleft()
+                else:
+                    del head[:]
+                self._head = 0
+            else:
+                self._head = stop
+        return taken
+
     def peek(self) -> int | None:
         if not self._count:
             return None
         return self._chunks[0][self._head]
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The positions ``[start, stop)`` in order (clamped as a slice; no negative indexes), packed."""
+        if start < 0 or (stop is not None and stop < 0):
+            raise ValueError("to_bytes: negative index")
+        stop = self._count if stop is None else min(stop, self._count)
         out = array("Q")
-        head = self._head
+        skip = self._head + start  # entries to pass over from the first chunk's start
+        want = stop - start
         for chunk in self._chunks:
-            out.extend(chunk[head:] if head else chunk)
-            head = 0
+            if want <= 0:
+                break
+            if skip >= len(chunk):
+                skip -= len(chunk)
+                continue
+            piece = chunk[skip:skip + want]
+            out.extend(piece)
+            want -= len(piece)
+            skip = 0
         return out.tobytes()
 
     def clear(self) -> None:

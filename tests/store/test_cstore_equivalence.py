@@ -123,7 +123,10 @@ ready_ops = st.lists(st.one_of(
     st.tuples(st.just("push"), st.integers(0, (1 << 64) - 1)),
     st.tuples(st.just("extend"), st.lists(st.integers(0, (1 << 64) - 1), max_size=CHUNK_ENTRIES + 10)),
     st.tuples(st.just("shift"), st.integers(1, CHUNK_ENTRIES + 10)),
+    st.tuples(st.just("shift_many"), st.integers(-1, 2 * CHUNK_ENTRIES + 10)),
+    st.tuples(st.just("extend_big"), st.integers(CHUNK_ENTRIES - 2, 3 * CHUNK_ENTRIES + 2)),
     st.tuples(st.just("peek"), st.none()),
+    st.tuples(st.just("to_bytes"), st.tuples(st.integers(0, 3 * CHUNK_ENTRIES), st.integers(0, 3 * CHUNK_ENTRIES))),
     st.tuples(st.just("clear"), st.none()),
 ), max_size=40)
 
@@ -140,8 +143,16 @@ def test_ready_lists_agree(ops: list) -> None:
             py_list.extend(array("Q", arg))
         elif op == "shift":
             assert [c_list.shift() for _ in range(arg)] == [py_list.shift() for _ in range(arg)]
+        elif op == "shift_many":
+            assert c_list.shift_many(arg) == py_list.shift_many(arg)
+        elif op == "extend_big":  # across block boundaries, from wherever the tail is
+            c_list.extend(array("Q", range(arg)))
+            py_list.extend(array("Q", range(arg)))
         elif op == "peek":
             assert c_list.peek() == py_list.peek()
+        elif op == "to_bytes":
+            assert c_list.to_bytes(*arg) == py_list.to_bytes(*arg) == c_list.to_bytes()[8 * arg[0]:8 * arg[1]]
+            assert c_list.to_bytes(arg[0]) == py_list.to_bytes(arg[0])
         else:
             c_list.clear()
             py_list.clear()
@@ -153,10 +164,47 @@ def test_ready_list_gives_memory_back_when_drained() -> None:
     ready = cstore.ReadyList()
     assert ready.__sizeof__() < 100
     ready.extend(array("Q", range(1_000_000)))
-    assert ready.__sizeof__() >= 8_000_000
-    assert [ready.shift() for _ in range(999_990)] == list(range(999_990))
-    assert len(ready) == 10 and ready.__sizeof__() < 10_000
+    assert 8_000_000 <= ready.__sizeof__() < 8_000_000 + 2 * 8 * CHUNK_ENTRIES  # no doubling slack
+    assert [ready.shift() for _ in range(999_000)] == list(range(999_000))
+    assert ready.shift_many(990) == list(range(999_000, 999_990))
+    # what is left: the entries' block, one spare, a small pointer array
+    assert len(ready) == 10 and ready.__sizeof__() < 3 * 8 * CHUNK_ENTRIES
     assert array("Q", ready.to_bytes()).tolist() == list(range(999_990, 1_000_000))
+    assert ready.shift_many(20) == list(range(999_990, 1_000_000))
+    assert len(ready) == 0 and ready.__sizeof__() < 100 and ready.shift() is None
+
+
+def test_ready_list_of_a_few_entries_stays_small() -> None:
+    """A queue whose consumers keep up holds a handful of entries in one small block, forever."""
+    ready, reference = cstore.ReadyList(), PyReadyList()
+    for i in range(20_000):
+        for r in (ready, reference):
+            r.push(i)
+            if i % 7 == 0 or len(r) > 40:  # between 1 and 40 entries, the head moving on
+                r.shift()
+        assert ready.peek() == reference.peek() and len(ready) == len(reference)
+        assert ready.__sizeof__() < 1_000
+    assert ready.to_bytes() == reference.to_bytes()
+    ready.shift_many(len(ready))
+    assert ready.__sizeof__() < 1_000  # a small block is kept for the next push
+
+
+def test_ready_list_grows_without_copying_in_huge_extends() -> None:
+    """Blocks at every boundary: extends of exact block multiples, one past, one short, after a shift."""
+    ready, reference = cstore.ReadyList(), PyReadyList()
+    total = 0
+    for n in (CHUNK_ENTRIES, 1, CHUNK_ENTRIES - 1, 5 * CHUNK_ENTRIES, 5 * CHUNK_ENTRIES + 1, 300_000):
+        chunk = array("Q", range(total, total + n))
+        ready.extend(chunk)
+        reference.extend(chunk)
+        total += n
+        assert ready.shift() == reference.shift()
+        assert len(ready) == len(reference)
+    assert ready.__sizeof__() < 8 * len(ready) + 3 * 8 * CHUNK_ENTRIES
+    assert ready.to_bytes() == reference.to_bytes()
+    assert ready.shift_many(CHUNK_ENTRIES * 3 + 7) == reference.shift_many(CHUNK_ENTRIES * 3 + 7)
+    assert ready.peek() == reference.peek()
+    assert ready.to_bytes() == reference.to_bytes()
 
 
 def drive_index(directory: Path, ready_list: type, seed: int) -> tuple:
@@ -219,3 +267,26 @@ def test_stored_messages_of_a_run_agree(bodies: list, start: int, count: int, ex
     got = cstore.stored_messages(*args)
     assert got == expected and all(type(m) is record.StoredMessage for m in got)
     assert [m.body for m in got] == bodies[start:start + count]
+
+
+def rss_anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_a_drained_ready_list_gives_its_pages_back_to_the_system() -> None:
+    """Its blocks are mapped, not heap chunks that allocations in between would keep resident."""
+    before = rss_anon_kib()
+    ready = cstore.ReadyList()
+    kept = []
+    for _ in range(1000):
+        ready.extend(array("Q", range(4 * CHUNK_ENTRIES)))  # 128 MiB in all
+        kept.append(bytes(3000))  # heap allocations between the blocks, still alive after the drain
+    assert rss_anon_kib() - before > 100_000
+    while len(ready):
+        ready.shift_many(10_000)
+    assert rss_anon_kib() - before < 16_000
+    assert len(kept) == 1000
