@@ -17,6 +17,7 @@ from lavinpy.store.entry_file import EntryFile
 from lavinpy.store.message_store import MessageStore
 from lavinpy.store.queue_index import QueueIndex
 from lavinpy.wire.position import make_pos
+from tests.store.test_entry_file import Feed
 
 
 @pytest.fixture
@@ -118,26 +119,6 @@ def test_compaction_in_chunks_keeps_enq_order_and_leaves_transient_out(store: Me
     assert sorted(open_queue(store, tmp_path / "q")) == sorted(p for p in live if p not in transient)
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.ops: list[tuple] = []
-
-    def file_appended(self, rel_path: str, offset: int, data: bytes) -> None:
-        self.ops.append(("append", rel_path, offset, data))
-
-    def file_replaced(self, rel_path: str, data: bytes) -> None:
-        self.ops.append(("replace", rel_path, data))
-
-    def file_truncated(self, rel_path: str, size: int) -> None:
-        self.ops.append(("truncate", rel_path, size))
-
-    def file_deleted(self, rel_path: str) -> None:
-        self.ops.append(("delete", rel_path))
-
-    def dir_deleted(self, rel_path: str) -> None:
-        self.ops.append(("rmdir", rel_path))
-
-
 def test_compaction_in_chunks_reports_one_whole_replacement(store: MessageStore, tmp_path: Path,
                                                             small_chunks: None) -> None:
     positions = publish(store, 50)
@@ -147,7 +128,7 @@ def test_compaction_in_chunks_reports_one_whole_replacement(store: MessageStore,
     q.write_buffers()
     for _ in range(10):
         q.ack(q.shift())
-    recorder = Recorder()
+    recorder = Feed()
     changes.attach(tmp_path, recorder)
     try:
         q.compact()
@@ -167,7 +148,7 @@ def test_a_failed_chunked_rewrite_leaves_the_old_file(tmp_path: Path) -> None:
         yield array("Q", [7])
         raise OSError("disk gone")
 
-    recorder = Recorder()
+    recorder = Feed()
     changes.attach(tmp_path, recorder)
     try:
         with pytest.raises(OSError, match="disk gone"):
