@@ -105,6 +105,9 @@ class Config:
     default_user: str = "guest"
     default_password: str = "guest"
     loopback_users: list[str] = field(default_factory=lambda: ["guest"])
+    # A user with a bcrypt hash (imported from LavinMQ) gets RabbitMQ's salted SHA-256 hash of the same
+    # password on its first good login: bcrypt costs a quarter of a second of CPU per check.
+    rehash_bcrypt_on_login: bool = True
     # A definitions JSON file (RabbitMQ's format) applied at every boot; "" = none.
     load_definitions: str = ""
     # High availability (LavinMQ's names): nodes coordinated by etcd, one leader, followers replicating.

@@ -14,12 +14,11 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pamqp import commands, decode
+from pamqp import commands
 
 from .. import __version__
 from ..broker.actor import Actor
-from ..broker.operations import admit_connection
-from ..broker.users import loopback_only_refused
+from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -30,7 +29,6 @@ from ..wire.constants import (
     NOT_ALLOWED,
     PROTOCOL_HEADER,
     REPLY_SUCCESS,
-    SYNTAX_ERROR,
     UNEXPECTED_FRAME,
 )
 from ..wire.errors import AMQPConnectionError
@@ -65,6 +63,7 @@ from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
 from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
+from .sasl import sasl_credentials
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -122,7 +121,7 @@ class AMQPConnection(ConnectionOutput):
     __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
                  "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
                  "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
-                 "_login", "_body_spool", "_torn_down", "__weakref__")
+                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "__weakref__")
 
     sessions: SessionHost
 
@@ -155,7 +154,11 @@ class AMQPConnection(ConnectionOutput):
         self._last_recv = time.monotonic()
         self.connected_at = int(time.time() * 1000)  # RabbitMQ's connected_at: ms since the epoch
         self.actor: Actor | None = None  # the logged-in user, set once the vhost is open
-        self._login: tuple[bool, str, str] | None = None  # a login answer being delayed (login throttle)
+        # A login being decided (the throttle's delay, a slow hash): meanwhile nothing more is read or
+        # handled; the frames already read wait in _held_frames, input read before the pause in _held_input.
+        self._login: LoginAttempt | None = None
+        self._held_frames: list[Any] = []
+        self._held_input: list[bytes] = []
         self._body_spool: BodySpool | None = None
         self._torn_down = False
 
@@ -180,9 +183,8 @@ class AMQPConnection(ConnectionOutput):
         if kind is TimerKind.INPUT_TURN:
             self.end_input_turn()
         elif kind is TimerKind.LOGIN:
-            login, self._login = self._login, None
-            if login is not None:
-                self._finish_login(*login)
+            if self._login is not None:
+                self._decide_login(self._login)
         elif kind is TimerKind.HANDSHAKE:
             if self.state < OPEN:
                 log.info("connection %s: handshake timed out", self.name)
@@ -195,6 +197,9 @@ class AMQPConnection(ConnectionOutput):
         if self._torn_down:
             return
         self._torn_down = True
+        login, self._login = self._login, None
+        if login is not None:
+            login.abandon()
         self.sessions.unwatch_heartbeat(self)
         for channel in list(self.channels.values()):
             channel.release()
@@ -216,6 +221,9 @@ class AMQPConnection(ConnectionOutput):
         self.recv_cnt += 1
         if self.state >= CLOSED:
             return
+        if self._login is not None:  # read before the pause took effect: handled after the login
+            self._held_input.append(data)
+            return
         if data == writer.HEARTBEAT and self.state == OPEN and not self.reader.buffered:
             return  # an idle client's heartbeat, alone: noted above, nothing else to do
         try:
@@ -229,6 +237,11 @@ class AMQPConnection(ConnectionOutput):
             return
         if self.state == AWAIT_HEADER and not self.reader.expect_protocol_header:
             self.greet()
+        self._run_frames(frames, len(data))
+
+    def _run_frames(self, frames: list[Any], nbytes: int) -> None:
+        """Handle ``frames`` (read from ``nbytes`` of input) in order; a login that must wait stops
+        the run, the rest waits in ``_held_frames``."""
         channels = self.channels
         try:
             i = 0
@@ -250,6 +263,9 @@ class AMQPConnection(ConnectionOutput):
                         self._handle_while_closing(frame)
                     else:
                         self._handle_frame(frame)
+                        if self._login is not None:
+                            self._held_frames = frames[i:]
+                            break
                     continue
                 # Hot path: content frames and basic.publish straight to an open channel.
                 if kind is ContentMessage:
@@ -281,7 +297,6 @@ class AMQPConnection(ConnectionOutput):
                 for channel in pending:
                     channel.send_confirms()
             self.sessions.run_pending()
-            nbytes = len(data)
             self.broker.note_input(nbytes)
             self.count_input_turn(nbytes)
         except AMQPConnectionError as e:
@@ -443,65 +458,67 @@ class AMQPConnection(ConnectionOutput):
         caps = self.client_properties.get("capabilities")
         return isinstance(caps, dict) and bool(caps.get(name))
 
-    def _credentials(self, mechanism: str, response: Any) -> tuple[str, str]:
-        raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
-        if mechanism == "PLAIN":
-            parts = raw.split(b"\x00")
-            if len(parts) != 3:
-                raise AMQPConnectionError(ACCESS_REFUSED, "malformed PLAIN response")
-            return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        if mechanism == "AMQPLAIN":
-            try:
-                _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
-            except Exception:
-                raise AMQPConnectionError(SYNTAX_ERROR, "malformed AMQPLAIN response")
-            login, password = table.get("LOGIN", ""), table.get("PASSWORD", "")
-            if isinstance(login, bytes):
-                login = login.decode("utf-8", "replace")
-            if isinstance(password, bytes):
-                password = password.decode("utf-8", "replace")
-            return str(login), str(password)
-        raise AMQPConnectionError(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'")
-
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        if self._login is not None:
-            raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
         self.client_properties = dict(method.client_properties or {})
         mechanism = method.mechanism
-        username, password = self._credentials(mechanism, method.response)
-        users = self.broker.users
-        assert users is not None
-        throttle = self.broker.login_throttle
-        delay = throttle.delay(self.peer_host)  # before this attempt counts
-        ok = users.authenticate(username, password) is not None
-        if ok:
-            throttle.succeeded(self.peer_host)
+        username, password = sasl_credentials(mechanism, method.response)
+        # The model's one login operation: the throttle's delay, the password (a slow hash in its
+        # worker pool), the loopback-only rule. Until it is decided the connection reads nothing more:
+        # a client that sent StartOk, TuneOk and Open in one write gets 403 or its Tune.
+        login = self._login = self.broker.logins.attempt(
+            LoginRequest("AMQP 0-9-1", mechanism, username, password, self.peer_host))
+        self.input_held = True
+        self.update_reading()
+        if login.delay:  # answered later, right or wrong, without holding anyone else up
+            self.effect(SetTimer(TimerKind.LOGIN, login.delay))
         else:
-            throttle.failed(self.peer_host, username, mechanism)
-        if delay:
-            # Answer later without blocking anyone else; frames meanwhile are a protocol error.
-            self._login = (ok, username, mechanism)
-            self.effect(SetTimer(TimerKind.LOGIN, delay))
-        else:
-            self._finish_login(ok, username, mechanism)
+            self._decide_login(login)
 
-    def _finish_login(self, ok: bool, username: str, mechanism: str) -> None:
+    def _decide_login(self, login: LoginAttempt) -> None:
+        outcome = login.decide_now()
+        if outcome is None:
+            self.start_task(self._await_login(login))
+        else:
+            self._login_decided(login, outcome)
+
+    async def _await_login(self, login: LoginAttempt) -> None:
+        try:
+            outcome = await login.decide()
+        except Exception:  # the pool is gone (the broker is stopping)
+            log.exception("connection %s: the login was not decided", self.name)
+            self.abort()
+            return
+        self._login_decided(login, outcome)
+        if self.driver is not None:
+            self.driver.pump()
+
+    def _login_decided(self, login: LoginAttempt, outcome: LoginOutcome) -> None:
+        """The login's answer, then the input held meanwhile."""
+        if self._login is not login:
+            return  # the client went away meanwhile
+        self._login = None
+        self.input_held = False
+        self.update_reading()
         if self.state != AWAIT_START_OK:
-            return  # the client went away (or broke the protocol) meanwhile
-        if not ok:
-            # Logged (rate-limited) by the login throttle, not per attempt.
-            self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - Login was refused using authentication mechanism "
-                                       f"{mechanism}. For details see the broker logfile.")
             return
-        if loopback_only_refused(self.config.loopback_users, username, self.peer_host):
-            log.warning("connection %s: user %r may only connect from loopback", self.name, username)
-            self.close(ACCESS_REFUSED, f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
-            return
-        self.username = username
-        self.enter_state(AWAIT_TUNE_OK)
-        self.send(writer.method_frame(0, commands.Connection.Tune(
-            channel_max=self.config.channel_max, frame_max=self.config.frame_max,
-            heartbeat=self.config.heartbeat)))
+        if outcome.ok:
+            self.username = outcome.username
+            self.enter_state(AWAIT_TUNE_OK)
+            self.send(writer.method_frame(0, commands.Connection.Tune(
+                channel_max=self.config.channel_max, frame_max=self.config.frame_max,
+                heartbeat=self.config.heartbeat)))
+        else:  # logged by the login (the throttle's summary, the loopback rule)
+            self.close(ACCESS_REFUSED, outcome.text)
+        frames, self._held_frames = self._held_frames, []
+        if frames:
+            self._run_frames(frames, 0)
+        held, self._held_input = self._held_input, []
+        if held and self._login is None:
+            self.recv_oct -= sum(map(len, held))  # counted when they arrived
+            self.recv_cnt -= len(held)
+            self.receive_data(b"".join(held))
+        elif held:
+            self._held_input = held + self._held_input
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         frame_max = method.frame_max or self.config.frame_max
@@ -520,7 +537,10 @@ class AMQPConnection(ConnectionOutput):
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         name = method.virtual_host or "/"
-        self.vhost, self.actor = admit_connection(self.broker, self.username, name)
+        outcome = self.broker.logins.admit(LoginOutcome(self.username), name)
+        if not outcome.ok:
+            raise AMQPConnectionError(NOT_ALLOWED, outcome.text.removeprefix("NOT_ALLOWED - "))
+        self.vhost, self.actor = outcome.vhost, outcome.actor
         self.enter_state(OPEN)
         self.send(writer.method_frame(0, commands.Connection.OpenOk()))
         self.effect(CancelTimer(TimerKind.HANDSHAKE))

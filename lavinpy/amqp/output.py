@@ -48,7 +48,7 @@ class ConnectionOutput:
     # Slots: a connection has more attributes than an instance dict shares keys for (30 in CPython 3.11),
     # so each would carry a dict of its own (about 1.5 KiB of every idle connection's cost).
     __slots__ = ("driver", "writable", "_out", "_out_bytes", "_effects", "_flush_scheduled", "reading_paused",
-                 "_input_turn", "_yielding", "last_send", "recv_oct", "recv_cnt", "send_oct", "send_cnt",
+                 "input_held", "_input_turn", "_yielding", "last_send", "recv_oct", "recv_cnt", "send_oct", "send_cnt",
                  "byte_rates")
 
     sessions: OutputScheduler
@@ -65,6 +65,7 @@ class ConnectionOutput:
         self._effects: list[ConnectionEffect] = []
         self._flush_scheduled = False
         self.reading_paused = False  # as last asked of the driver (PAUSE_READING / RESUME_READING)
+        self.input_held = False  # the connection handles no input for now (a login being decided)
         self._input_turn = 0
         self._yielding = False
         self.last_send = time.monotonic()  # when output was last taken by the driver
@@ -132,10 +133,11 @@ class ConnectionOutput:
                 self.schedule_channel_deliveries(channel)
 
     def update_reading(self) -> None:
-        """Read from the client unless its output is backed up or a resource alarm blocks it."""
+        """Read from the client unless its output is backed up, a resource alarm blocks it or its input
+        is held."""
         if self.state >= CLOSED:  # after close-ok the client's leftovers must drain: keep reading
             return
-        paused = not self.writable or self._yielding or (self.blocked and self.published)
+        paused = not self.writable or self._yielding or (self.blocked and self.published) or self.input_held
         if paused != self.reading_paused:
             self.reading_paused = paused
             self.effect(Effect.PAUSE_READING if paused else Effect.RESUME_READING)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..wire.constants import ACCESS_REFUSED, NOT_ALLOWED, NOT_FOUND
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from ..wire.constants import ACCESS_REFUSED, NOT_FOUND
+from ..wire.errors import AMQPChannelError
 from .actor import Actor
 
 if TYPE_CHECKING:
@@ -40,22 +40,6 @@ def open_vhost(broker: Broker, actor: Actor | None, name: str) -> VHost:
         assert actor is not None
         raise AMQPChannelError(ACCESS_REFUSED, f"access to vhost '{name}' refused for user '{actor.name}'")
     return vhost
-
-
-def admit_connection(broker: Broker, username: str, name: str) -> tuple[VHost, Actor]:
-    """A client connection of any protocol opening vhost ``name`` as an authenticated ``username``:
-    the vhost must exist, its and the user's connection limits are checked before the user's access
-    (RabbitMQ's order), and the admitted connection is counted (``connection_closed`` uncounts it)."""
-    vhost = broker.vhosts.get(name)
-    if vhost is None:
-        raise AMQPConnectionError(NOT_ALLOWED, f"vhost {name} not found")
-    users = broker.users
-    assert users is not None
-    broker.client_limits.check_connection(name, username)
-    if not users.can_access_vhost(username, name):
-        raise AMQPConnectionError(NOT_ALLOWED, f"access to vhost '{name}' refused for user '{username}'")
-    broker.client_limits.connection_opened(name, username)
-    return vhost, Actor(users, username)
 
 
 def can_see_connection(actor: Actor | None, user: str) -> bool:

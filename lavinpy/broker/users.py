@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
-from lavinpy.wire.passwords import DEFAULT_ALGORITHM, canonical_algorithm, hash_password, verify_password
+from lavinpy.wire.passwords import (
+    BCRYPT_ALGORITHM,
+    DEFAULT_ALGORITHM,
+    canonical_algorithm,
+    hash_password,
+    verify_password,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +171,23 @@ class UserStore:
             log.warning("user %r has an unsupported hashing algorithm %r", username, user.hashing_algorithm)
             return None
         return user.copy() if ok else None
+
+    def password_of(self, username: str) -> tuple[str, str] | None:
+        """(password hash, hashing algorithm) of a user, or None when there is no such user."""
+        user = self._users.get(username)
+        return None if user is None else (user.password_hash, user.hashing_algorithm)
+
+    def user_count(self) -> int:
+        return len(self._users)
+
+    def slowest_hash(self) -> tuple[str, str] | None:
+        """(hash, algorithm) of a bcrypt user (the slowest kind, the highest cost), or None when
+        no user has one: what an unknown user's password is checked against, to take as long."""
+        slowest: tuple[str, str] | None = None
+        for user in self._users.values():
+            if user.hashing_algorithm == BCRYPT_ALGORITHM and user.password_hash[:7] > (slowest or ("",))[0][:7]:
+                slowest = (user.password_hash, user.hashing_algorithm)
+        return slowest
 
     def add_user(self, name: str, password: str, tags: Iterable[str] = ()) -> User:
         """Create a user with a salted SHA-256 password hash."""

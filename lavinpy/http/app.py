@@ -78,7 +78,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 @web.middleware
 async def _authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path.startswith(API_PREFIX):
-        request[ACTOR_KEY] = authenticate(request.app[BROKER], request)
+        request[ACTOR_KEY] = await authenticate(request.app[BROKER], request)
     return await handler(request)
 
 

@@ -1,10 +1,11 @@
-"""HTTP basic authentication against the user store, and the management-tag gate.
+"""HTTP basic authentication through the model's login operation, and the management-tag gate.
 
 As RabbitMQ's management API: no or wrong credentials are 401 with a ``WWW-Authenticate`` challenge;
 a user without any management tag (administrator, monitoring, policymaker, management) is refused
 with 401 ``not_authorised`` (RabbitMQ answers every authorisation refusal with 401; the error field
-tells a refusal, ``not_authorised``, from failed credentials, ``not_authorized``); users listed in
-``loopback_users`` log in only from a loopback address.
+tells a refusal, ``not_authorised``, from failed credentials, ``not_authorized``). The login itself
+is the one every face uses (``broker.login``): the login throttle, the password checked off the event
+loop (and remembered for a few seconds), the loopback-only users.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from aiohttp import web
 
 from ..broker.actor import Actor
 from ..broker.broker import Broker
-from ..broker.users import loopback_only_refused
+from ..broker.login import LoginRequest
 from .errors import ApiError
 
 REALM = 'Basic realm="RabbitMQ Management"'
@@ -35,15 +36,18 @@ def _credentials(request: web.Request) -> tuple[str, str] | None:
     return (name, password) if sep else None
 
 
-def authenticate(broker: Broker, request: web.Request) -> Actor:
+async def authenticate(broker: Broker, request: web.Request) -> Actor:
     """The acting user of a request, or ApiError 401."""
     users = broker.users
     assert users is not None
     credentials = _credentials(request)
-    user = users.authenticate(*credentials) if credentials is not None else None
-    if user is None or loopback_only_refused(broker.config.loopback_users, user.name, request.remote or ""):
+    if credentials is None:
         raise ApiError(401, "not_authorized", "Not_Authorized")
-    actor = Actor(users, user.name)
+    name, password = credentials
+    outcome = await broker.logins.attempt(LoginRequest("HTTP", "PLAIN", name, password, request.remote or "")).run()
+    if not outcome.ok:
+        raise ApiError(401, "not_authorized", "Not_Authorized")
+    actor = Actor(users, outcome.username)
     if not actor.can_manage():
         raise ApiError(401, "not_authorised", "Not management user")
     return actor

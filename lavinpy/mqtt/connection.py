@@ -8,24 +8,23 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.actor import Actor
-from ..broker.operations import admit_connection
+from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
 from ..broker.rates import WindowRates
-from ..broker.users import loopback_only_refused
 from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import MQTTProtocolError
-from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions
+from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -72,6 +71,9 @@ class MQTTHost(Protocol):
 
     def register(self, connection: MQTTConnection) -> None: ...
 
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a login's slow password check) alongside, on the adapter's event loop."""
+
     def unregister(self, connection: MQTTConnection) -> None: ...
 
 
@@ -116,9 +118,10 @@ class MQTTConnection:
         self._batch_sync = False  # some publish of this batch waits for the disk
         self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
         self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
-        # A login answer held back by the login throttle: (CONNECT, code, vhost, user). Meanwhile the
-        # connection is not read and the packets after the CONNECT wait in the backlog.
-        self._login: tuple[codec.Connect, int, str, str] | None = None
+        # A login being decided (the throttle's delay, a slow hash): (CONNECT, vhost, attempt). Meanwhile
+        # the connection is not read and the packets after the CONNECT wait in the backlog.
+        self._login: tuple[codec.Connect, str, LoginAttempt] | None = None
+        self._login_timer = False  # the login waits for the throttle's timer (not for the pool)
 
     # --- adapter side ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -192,8 +195,11 @@ class MQTTConnection:
         if self.closed:
             return
         if self._login is not None:
-            login, self._login = self._login, None
-            self._handle(lambda: self._finish_connect(*login))
+            if self._login_timer:
+                self._login_timer = False
+                self._handle(self._decide_login)
+            else:  # the password check is still in the pool: the client is not the one waiting
+                self._effects.append(SetTimer(CONNECT_TIMEOUT))
             return
         if not self.connected:
             self._fail("no CONNECT within the connect timeout")
@@ -264,41 +270,87 @@ class MQTTConnection:
                 topics.check_topic_name(packet.will.topic)
             except topics.TopicError as e:
                 raise MQTTProtocolError(f"will: {e}") from None
-        delay = self.broker.login_throttle.delay(self.peer_host)  # before this attempt counts
-        code, vhost_name, username = self._authenticate(packet)
-        if delay:
-            # Answered later, right or wrong (the throttle's rule), without holding anyone else up.
-            self._login = (packet, code, vhost_name, username)
-            self._effects.append(SetTimer(delay))
-            return
-        self._finish_connect(packet, code, vhost_name, username)
+        # The model's one login operation: the throttle's delay, the password (a slow hash in its
+        # worker pool), the loopback-only rule, then the vhost, the limits and the user's access.
+        config = self.config
+        vhost_name = config.mqtt_default_vhost
+        password: str | None
+        if packet.username is None:
+            if not config.mqtt_allow_anonymous:
+                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
+                self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+                self._close()
+                return
+            username, password = config.default_user, config.default_password
+        else:
+            username = packet.username
+            if ":" in username:  # RabbitMQ's vhost:user
+                vhost_name, username = username.split(":", 1)
+            password = None if packet.password is None else packet.password.decode("utf-8", "replace")
+        login = self.broker.logins.attempt(LoginRequest("MQTT", "PLAIN", username, password, self.peer_host))
+        self._login = (packet, vhost_name, login)
+        if login.delay:  # answered later, right or wrong, without holding anyone else up
+            self._login_timer = True
+            self._effects.append(SetTimer(login.delay))
+        else:
+            self._decide_login()
 
-    def _finish_connect(self, packet: codec.Connect, code: int, vhost_name: str, username: str) -> None:
-        if code != codec.ACCEPTED:
+    def _decide_login(self) -> None:
+        assert self._login is not None
+        packet, vhost_name, login = self._login
+        outcome = login.decide_now()
+        if outcome is None:
+            self.host.start_task(self._await_login(login))
+            return
+        self._login = None
+        self._finish_connect(packet, vhost_name, outcome)
+
+    async def _await_login(self, login: LoginAttempt) -> None:
+        outcome = await login.decide()
+        pending = self._login
+        if pending is None or pending[2] is not login or self.closed:
+            return  # the client went away meanwhile
+        self._login = None
+        self._handle(lambda: self._finish_connect(pending[0], pending[1], outcome))
+
+    def _finish_connect(self, packet: codec.Connect, vhost_name: str, outcome: LoginOutcome) -> None:
+        if outcome.ok:  # the vhost (maybe deleted while the answer was held back), the limits, the access
+            outcome = self.broker.logins.admit(outcome, vhost_name)
+        if not outcome.ok:
+            if outcome.refusal is Refusal.CREDENTIALS:
+                code = codec.BAD_USERNAME_OR_PASSWORD
+            else:
+                code = codec.NOT_AUTHORIZED
+                client_error_log.log(logging.INFO, "MQTT connection %s: %s", self.name, outcome.text)
             self.send(codec.connack(False, code))
             self._close()
             return
-        try:  # the vhost (maybe deleted while the answer was held back), the limits, the user's access
-            vhost, actor = admit_connection(self.broker, username, vhost_name)
+        vhost, actor = outcome.vhost, outcome.actor
+        assert vhost is not None and actor is not None
+        username = self.username = outcome.username
+        self.vhost = vhost
+        self.actor = actor
+        self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
+        subscriptions = Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id,
+                                      packet.clean_session, self.config.mqtt_inflight_window)
+        try:  # authorised for the session before it takes the client id over from another connection
+            self._check_session(actor, vhost, packet.clean_session)
         except AMQPError as e:
-            client_error_log.log(logging.INFO, "MQTT connection %s: %s", self.name, e.text)
+            client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
+                                 self.client_id, e.text)
+            self.broker.client_limits.connection_closed(vhost.name, username)  # admitted: uncounted
             self.send(codec.connack(False, codec.NOT_AUTHORIZED))
             self._close()
             return
-        self.username = username
-        self.vhost = vhost
-        self.actor = actor
         self.counts = self.broker.node_counters.protocol_counts(PROTOCOL_LABELS.get(packet.level, PROTOCOL_LABELS[4]))
-        self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         self.keepalive = packet.keepalive
         self.will = packet.will
         self.connected = True
         self.reader.max_packet_size = self.config.mqtt_max_packet_size
         self.host.register(self)  # takes the client id over from an earlier connection
-        self.subscriptions = Subscriptions(self, self.actor, vhost, self.config.mqtt_exchange, self.client_id,
-                                           packet.clean_session, self.config.mqtt_inflight_window)
+        self.subscriptions = subscriptions
         try:
-            present = self.subscriptions.start()
+            present = subscriptions.start()
         except AMQPError as e:  # may not delete or consume from what an earlier session left
             client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
                                  self.client_id, e.text)
@@ -309,35 +361,16 @@ class MQTTConnection:
         self.send(codec.connack(present, codec.ACCEPTED))
         self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
         log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,
-                 username, vhost_name)
+                 username, vhost.name)
 
-    def _authenticate(self, packet: codec.Connect) -> tuple[int, str, str]:
-        """(CONNACK code, vhost, user) as RabbitMQ chooses them: ``vhost:user`` or the default vhost."""
-        config = self.config
-        users = self.broker.users
-        assert users is not None
-        vhost_name = config.mqtt_default_vhost
-        if packet.username is None:
-            if not config.mqtt_allow_anonymous:
-                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
-                return codec.NOT_AUTHORIZED, vhost_name, ""
-            username, password = config.default_user, config.default_password
-        else:
-            username = packet.username
-            if ":" in username:
-                vhost_name, username = username.split(":", 1)
-            if packet.password is None:
-                return codec.BAD_USERNAME_OR_PASSWORD, vhost_name, username
-            password = packet.password.decode("utf-8", "replace")
-        throttle = self.broker.login_throttle
-        if users.authenticate(username, password) is None:
-            throttle.failed(self.peer_host, username, "MQTT")
-            return codec.BAD_USERNAME_OR_PASSWORD, vhost_name, username
-        throttle.succeeded(self.peer_host)
-        if loopback_only_refused(config.loopback_users, username, self.peer_host):
-            log.warning("MQTT connection %s: user %r may only connect from loopback", self.name, username)
-            return codec.NOT_AUTHORIZED, vhost_name, username
-        return codec.ACCEPTED, vhost_name, username
+    def _check_session(self, actor: Actor, vhost: VHost, clean_session: bool) -> None:
+        """The rights ``Subscriptions.start`` will use on what an earlier session left: configure to
+        delete its queues (a clean session), read to consume from them (a persistent one)."""
+        kind = "configure" if clean_session else "read"
+        for qos in (0, 1):
+            name = queue_name(self.client_id, qos)
+            if name in vhost.queues:
+                actor.check(kind, "queue", name, vhost.name)
 
     def _on_publish(self, flags: int, body: bytes) -> None:
         """A PUBLISH and the run of PUBLISH packets after it in this read with the same topic and
@@ -476,6 +509,9 @@ class MQTTConnection:
 
     def _teardown(self, publish_will: bool) -> None:
         self.closed = True
+        login, self._login = self._login, None
+        if login is not None:
+            login[2].abandon()
         subs, self.subscriptions = self.subscriptions, None
         if subs is None:
             return

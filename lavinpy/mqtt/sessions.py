@@ -3,7 +3,9 @@ the session over) and the retained messages. No event loop here: the adapter dri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from ..broker.broker import ConnectionCounts
 from .connection import PROTOCOL_LABELS, MQTTConnection
@@ -21,6 +23,7 @@ class MQTTSessions:
         self.retained = RetainedStore()
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
+        self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks
         for label in PROTOCOL_LABELS.values():  # in the metrics from the start, as AMQP's
             broker.node_counters.protocol_counts(label)
 
@@ -39,6 +42,12 @@ class MQTTSessions:
         if earlier is not None and earlier is not connection:
             earlier.kick(f"client id {connection.client_id!r} taken over by {connection.name}")
         self.clients[key] = connection
+
+    def start_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` on the running event loop."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def unregister(self, connection: MQTTConnection) -> None:
         if connection.vhost is not None:

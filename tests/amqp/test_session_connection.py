@@ -240,6 +240,16 @@ def _start_ok(client: Client, password: str) -> None:
                                                 response=f"\0guest\0{password}", locale="en_US")))
 
 
+def _pipelined_login(client: Client, password: str) -> None:
+    """StartOk, TuneOk and Open in one write, as some clients send them."""
+    client.send(PROTOCOL_HEADER)
+    client.read()
+    client.send((0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN",
+                                                response=f"\0guest\0{password}", locale="en_US")),
+                (0, commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0)),
+                (0, commands.Connection.Open(virtual_host="/")))
+
+
 def test_throttled_login_is_answered_by_the_login_timer(harness: Harness) -> None:
     async def attempts() -> None:  # the throttle's log summary needs an event loop
         for _ in range(3):  # free failures: answered at once
@@ -247,20 +257,28 @@ def test_throttled_login_is_answered_by_the_login_timer(harness: Harness) -> Non
             _start_ok(client, "wrong")
             assert [name for _, name in client.names()] == ["Connection.Close"]
         client = harness.connect()
-        _start_ok(client, "wrong")  # from an address that keeps failing: answered later
+        _pipelined_login(client, "wrong")  # from an address that keeps failing: answered later
         assert client.read() == []
-        assert client.effects[-1] == SetTimer(TimerKind.LOGIN, 0.1)
-        client.send((0, commands.Connection.TuneOk(channel_max=0, frame_max=131072, heartbeat=0)))
-        [(_, close)] = client.methods()  # anything before the answer breaks the handshake
-        assert (close.reply_code, close.reply_text) == (503, "COMMAND_INVALID - unexpected Connection.TuneOk "
-                                                             "during the handshake")
+        assert client.effects[-2:] == [Effect.PAUSE_READING, SetTimer(TimerKind.LOGIN, 0.1)]
+        client.send((0, commands.Connection.Close(reply_code=200, reply_text="", class_id=0, method_id=0)))
+        assert client.read() == []  # read before the pause took effect: waits for the answer too
+        client.conn.timer_fired(TimerKind.LOGIN)
+        # The refusal, never "unexpected Connection.TuneOk"; what followed StartOk was not handled
+        # before it (the Close after it is answered as in any closing connection).
+        [(_, close), (_, close_ok)] = client.methods()
+        assert (close.reply_code, close.reply_text) == (403, "ACCESS_REFUSED - Login was refused using "
+                                                             "authentication mechanism PLAIN. For details see "
+                                                             "the broker logfile.")
+        assert isinstance(close_ok, commands.Connection.CloseOk)
 
         client = harness.connect()
-        _start_ok(client, "guest")  # right, yet delayed too: timing tells nothing
+        _pipelined_login(client, "guest")  # right, yet delayed too: timing tells nothing
         assert client.read() == []
         assert client.effects[-1] == SetTimer(TimerKind.LOGIN, 0.2)
         client.conn.timer_fired(TimerKind.LOGIN)
-        assert client.names() == [(0, "Connection.Tune")]
+        assert client.names() == [(0, "Connection.Tune"), (0, "Connection.OpenOk")]
+        assert Effect.RESUME_READING in client.effects
+        client.open_channel()
 
     asyncio.run(attempts())
 
