@@ -237,3 +237,32 @@ def test_mqtt_takeover_needs_the_newcomer_authenticated_and_authorised(tmp_path:
         assert first.data_to_send()  # its own message and the PUBACK
     finally:
         harness.close()
+
+
+def test_mqtt_connect_of_a_bcrypt_user_waits_for_the_pool_with_its_packets(tmp_path: Path) -> None:
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        _bcrypt_user(harness.broker, "bob", "secret")
+        sessions = MQTTSessions(harness.broker)
+
+        async def connect() -> tuple[MQTTConnection, list]:
+            conn = sessions.new_connection(("127.0.0.1", 50001))
+            conn.start()
+            name = b"a/b"
+            subscribe = (bytes((0x82, 2 + 2 + len(name) + 1)) + (1).to_bytes(2, "big")
+                         + len(name).to_bytes(2, "big") + name + b"\x00")
+            conn.receive_data(codec.encode_connect("dev", username="bob", password=b"secret", keepalive=0)
+                              + subscribe)  # CONNECT and SUBSCRIBE in one read
+            assert conn.data_to_send() == [] and conn.reading_paused  # the hash is being checked
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if conn.connected:
+                    break
+            harness.run_soon()
+            return conn, codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+
+        conn, packets = asyncio.run(connect())
+        assert [kind for kind, _, _ in packets] == [codec.CONNACK, codec.SUBACK]
+        assert not conn.reading_paused and not conn.closed
+    finally:
+        harness.close()
