@@ -116,6 +116,7 @@ class MQTTConnection:
         self._batch_sync = False  # some publish of this batch waits for the disk
         self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
         self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
+        self._unread = True  # input read before login, not yet split into packets after it
         # A login answer held back by the login throttle: (CONNECT, code, vhost, user). Meanwhile the
         # connection is not read and the packets after the CONNECT wait in the backlog.
         self._login: tuple[codec.Connect, int, str, str] | None = None
@@ -130,15 +131,23 @@ class MQTTConnection:
         self._last_recv = time.monotonic()
         self.recv_oct += len(data)
         self.recv_cnt += 1
-        self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
+        self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
 
     def _handle(self, step: Callable[[], None]) -> None:
-        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection."""
+        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection.
+        Before login the input is read one packet at a time (the CONNECT, under the pre-login size
+        limit); what follows it is read once the login has set the limit of a logged-in client."""
         try:
             step()
-            backlog = self._backlog
-            while backlog and not self.closed and self._login is None:
-                self._packet(*backlog.popleft())
+            backlog, reader = self._backlog, self.reader
+            while not self.closed and self._login is None:
+                if backlog:
+                    self._packet(*backlog.popleft())
+                elif reader.buffered and self.connected and self._unread:
+                    self._unread = False
+                    backlog.extend(reader.feed(b""))
+                else:
+                    break
         except MQTTProtocolError as e:
             if e.connack is not None and not self.connected:
                 self.send(codec.connack(False, e.connack))
