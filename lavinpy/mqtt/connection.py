@@ -158,6 +158,11 @@ class MQTTConnection:
         self.update_reading()
 
     def data_to_send(self) -> list[bytes]:
+        subs = self.subscriptions
+        if subs is not None and subs.retained_owed and self.writable:
+            subs.send_retained_owed()  # the next batch of retained messages owed, while the socket takes them
+            if self.reading_paused and not subs.retained_owed:
+                self.update_reading()
         out, self._out = self._out, []
         if out:
             self.send_cnt += 1
@@ -184,12 +189,17 @@ class MQTTConnection:
         self.writable = writable
         if writable and self.subscriptions is not None:
             self.subscriptions.resume()
+            if self.subscriptions.retained_owed:
+                self.wakeup()  # the next flush sends more of them
 
     def update_reading(self) -> None:
         """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
         publishers; the client's TCP window closes), nor one whose login answer is held back; it is
         read again once the alarm clears or the answer went out."""
-        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published))
+        subs = self.subscriptions
+        owing = subs is not None and subs.retained_owed > self.config.mqtt_max_subscribe_filters
+        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published)
+                                      or owing)
         if paused != self.reading_paused:
             self.reading_paused = paused
             if not paused:
@@ -427,14 +437,23 @@ class MQTTConnection:
         return bool(confirm) or retained_waits
 
     def _on_subscribe(self, packet_id: int, requested: list[tuple[str, int]]) -> None:
+        """At most ``mqtt_max_subscribe_filters`` filters; a filter repeated in the packet is one
+        subscription (the last request replaces the earlier, as a repeated SUBSCRIBE does; the SUBACK
+        has a code per request all the same) whose retained messages are owed once. They go out
+        after the SUBACK as the socket takes them; while more than a packet's worth of filters is
+        owed, the client is not read."""
         subs, vhost = self.subscriptions, self.vhost
         assert subs is not None and vhost is not None
-        granted = [subs.subscribe(topic_filter, qos) for topic_filter, qos in requested]
-        self.send(codec.suback(packet_id, granted))
-        for (topic_filter, _), qos in zip(requested, granted, strict=True):
+        limit = self.config.mqtt_max_subscribe_filters
+        if len(requested) > limit:
+            raise MQTTProtocolError(f"SUBSCRIBE with {len(requested)} topic filters, over mqtt_max_subscribe_filters "
+                                    f"{limit}")
+        granted = {topic_filter: subs.subscribe(topic_filter, qos) for topic_filter, qos in dict(requested).items()}
+        self.send(codec.suback(packet_id, [granted[topic_filter] for topic_filter, _ in requested]))
+        source = self.host.retained.of(vhost)
+        for topic_filter, qos in granted.items():
             if qos != codec.SUBACK_FAILURE:
-                for topic, payload, stored_qos in self.host.retained.matching(vhost, topic_filter):
-                    subs.send_retained(topic, payload, min(qos, stored_qos))
+                subs.queue_retained(source, topic_filter, qos)
 
     # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------
     def _end_batch(self) -> None:

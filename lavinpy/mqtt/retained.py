@@ -13,12 +13,14 @@ import logging
 import weakref
 from typing import TYPE_CHECKING
 
+from ..logs import RateLimitedLog
 from . import topics
 
 if TYPE_CHECKING:
     from ..broker.vhost import VHost
 
 log = logging.getLogger("lavinpy.mqtt")
+refused_log = RateLimitedLog(log)  # one line per refused retained message, a bounded number per interval
 
 FILE_NAME = "mqtt.retained"
 _SET, _CLEAR = b"R", b"D"
@@ -66,10 +68,14 @@ def _parse(data: bytes, name: str) -> tuple[dict[str, tuple[bytes, int]], int]:
     return messages, pos
 
 
-class _VHostRetained:
-    """One vhost's retained messages and their file."""
+class VHostRetained:
+    """One vhost's retained messages and their file, at most ``max_messages`` of at most ``max_bytes``
+    (their records' size)."""
 
-    def __init__(self, vhost: VHost) -> None:
+    def __init__(self, vhost: VHost, max_messages: int, max_bytes: int) -> None:
+        self.vhost_name = vhost.name
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
         self.file = vhost.append_file(FILE_NAME)
         data = self.file.open()
         self.messages, self.file_bytes = _parse(data, str(self.file.path))
@@ -80,6 +86,8 @@ class _VHostRetained:
     def put(self, topic: str, payload: bytes, qos: int) -> bool:
         """Whether the change waits for ``vhost.durable()`` to be on disk (and on the followers)."""
         old = self.messages.get(topic)
+        if payload and not self._room(topic, payload, old):
+            return False
         if payload:
             self.messages[topic] = (payload, qos)
             self.live_bytes += _size(topic, payload)
@@ -98,24 +106,46 @@ class _VHostRetained:
         return self.file.append(record)
 
 
+    def _room(self, topic: str, payload: bytes, old: tuple[bytes, int] | None) -> bool:
+        """Whether the message fits the vhost's limits (a replaced one's room counts); else a log line."""
+        freed = _size(topic, old[0]) if old is not None else 0
+        count = len(self.messages) + (old is None)
+        if count <= self.max_messages and self.live_bytes - freed + _size(topic, payload) <= self.max_bytes:
+            return True
+        refused_log.log(logging.WARNING, "vhost %r: retained message on %r (%d bytes) not retained: over "
+                        "mqtt_retained_max_messages %d or mqtt_retained_max_bytes %d", self.vhost_name, topic,
+                        len(payload), self.max_messages, self.max_bytes)
+        return False
+
+    def topics(self, topic_filter: str) -> list[str]:
+        """The topics with a retained message the filter matches."""
+        return [topic for topic in self.messages if topics.matches(topic_filter, topic)]
+
+    def get(self, topic: str) -> tuple[bytes, int] | None:
+        """A topic's retained (payload, qos), if it still has one."""
+        return self.messages.get(topic)
+
+
 class RetainedStore:
     """Every vhost's retained messages (a vhost deleted and made again starts empty: its directory went)."""
 
-    def __init__(self) -> None:
-        self._by_vhost: weakref.WeakKeyDictionary[VHost, _VHostRetained] = weakref.WeakKeyDictionary()
+    def __init__(self, max_messages: int = 100_000, max_bytes: int = 1 << 30) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._by_vhost: weakref.WeakKeyDictionary[VHost, VHostRetained] = weakref.WeakKeyDictionary()
 
-    def _of(self, vhost: VHost) -> _VHostRetained:
+    def of(self, vhost: VHost) -> VHostRetained:
         retained = self._by_vhost.get(vhost)
         if retained is None:
-            retained = self._by_vhost[vhost] = _VHostRetained(vhost)
+            retained = self._by_vhost[vhost] = VHostRetained(vhost, self.max_messages, self.max_bytes)
         return retained
 
     def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> bool:
         """A retained publish: kept for the topic; an empty payload clears it (the spec's rule). Whether
         a PUBACK waits for ``vhost.durable()``."""
-        return self._of(vhost).put(topic, payload, qos)
+        return self.of(vhost).put(topic, payload, qos)
 
     def matching(self, vhost: VHost, topic_filter: str) -> list[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches."""
-        return [(topic, payload, qos) for topic, (payload, qos) in self._of(vhost).messages.items()
-                if topics.matches(topic_filter, topic)]
+        retained = self.of(vhost)
+        return [(topic, *retained.messages[topic]) for topic in retained.topics(topic_filter)]
