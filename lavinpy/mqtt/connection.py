@@ -25,7 +25,8 @@ from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import MQTTProtocolError
-from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions
+from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
+from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -242,7 +243,10 @@ class MQTTConnection:
         if not self.connected:
             if kind != codec.CONNECT:
                 raise MQTTProtocolError(f"{codec.PACKET_NAMES[kind]} before CONNECT")
-            self._on_connect(codec.parse_connect(body))
+            packet = codec.parse_connect(body)
+            if len(queue_name(packet.client_id, 1).encode()) > MAX_NAME_BYTES:
+                raise MQTTProtocolError("client id too long for its queue names", codec.IDENTIFIER_REJECTED)
+            self._on_connect(packet)
             return
         if kind == codec.PUBLISH:
             self._on_publish(flags, body)
@@ -309,6 +313,7 @@ class MQTTConnection:
         self.actor = actor
         self.counts = self.broker.node_counters.protocol_counts(PROTOCOL_LABELS.get(packet.level, PROTOCOL_LABELS[4]))
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
+        actor.client_id = self.client_id  # {client_id} in topic permissions
         self.keepalive = packet.keepalive
         self.will = packet.will
         self.connected = True
