@@ -162,8 +162,8 @@ class MQTTConnection:
         subs = self.subscriptions
         if subs is not None and subs.retained_owed and self.writable:
             subs.send_retained_owed()  # the next batch of retained messages owed, while the socket takes them
-            if self.reading_paused and not subs.retained_owed:
-                self.update_reading()
+            if self.reading_paused:
+                self.update_reading()  # read again once little is owed
         out, self._out = self._out, []
         if out:
             self.send_cnt += 1

@@ -159,3 +159,19 @@ def test_100000_copies_of_a_filter_over_a_1_mib_retained_message(broker: MQTTBro
         assert len(packets[0][2]) == 2 + 1000
     publisher.disconnect()
     assert during - before < 64 and rss_mib(broker.pid) - before < 64, (before, during)
+
+
+def test_the_client_is_not_read_while_more_than_a_packet_of_filters_is_owed(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    publisher = _connected(sessions, "pub")
+    publisher.receive_data(codec.publish("o/t", b"kept", 0, True, False, 0))
+    conn = _connected(sessions, "owed")
+    conn.set_writable(False)  # a client that does not read
+    conn.receive_data(subscribe_packet(1, [(f"o/{i}", 0) for i in range(49)] + [("o/#", 0)]))
+    assert Effect.PAUSE_READING not in conn.take_effects()  # one packet's worth: read on
+    conn.receive_data(subscribe_packet(2, [("o/+", 0)]))
+    assert Effect.PAUSE_READING in conn.take_effects()
+    conn.set_writable(True)
+    retained = [codec.parse_publish(f, b).topic for k, f, b in _packets(conn.data_to_send()) if k == codec.PUBLISH]
+    assert retained == ["o/t", "o/t"]  # once for each filter that matches
+    assert conn.take_effects() == [Effect.RESUME_READING]
