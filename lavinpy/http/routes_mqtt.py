@@ -37,6 +37,7 @@ class PreLoginGate:
         self.queue = queue
         self.limit = limit
         self.opened = False
+        self.refused = False
         self._head = bytearray()  # the current frame header, while incomplete
         self._payload_left = 0  # bytes of the current frame's payload not seen yet
         self._message = 0  # bytes of the current data message so far
@@ -45,10 +46,12 @@ class PreLoginGate:
         self.reader.feed_eof()
 
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        if self.refused:
+            return _REFUSED  # nothing more is read
         if not self.opened and not self._scan(data):
             self.queue.set_exception(WebSocketError(WSCloseCode.MESSAGE_TOO_BIG,
                                                     f"a message over {self.limit} bytes before CONNECT"))
-            self.opened = True  # nothing more is read
+            self.refused = True
             return _REFUSED
         result: tuple[bool, bytes] = self.reader.feed_data(data)
         return result

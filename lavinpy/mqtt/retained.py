@@ -30,7 +30,8 @@ refused_log = RateLimitedLog(log)  # one line per refused retained message, a bo
 FILE_NAME = "mqtt.retained"
 _SET, _CLEAR = b"R", b"D"
 COMPACT_MIN_BYTES = 1 << 20  # below this the file is never rewritten
-_CHUNK = 1 << 20  # bytes read at a time when the index is rebuilt or the file rewritten
+_CHUNK = 1 << 20  # payload bytes copied at a time when the file is rewritten
+_WINDOW = 1 << 16  # bytes of records' headers read at a time when the index is rebuilt
 
 
 def _header(topic: str, qos: int, length: int) -> bytes:
@@ -65,7 +66,7 @@ def _scan(read_at: Callable[[int, int], bytes], end: int) -> tuple[dict[str, Ent
         if pos + size > end:
             return None
         if not (buf_at <= pos and pos + size <= buf_at + len(buf)):
-            buf, buf_at = read_at(pos, max(size, _CHUNK)), pos
+            buf, buf_at = read_at(pos, max(size, _WINDOW)), pos
         return buf[pos - buf_at:pos - buf_at + size]
 
     pos = 0

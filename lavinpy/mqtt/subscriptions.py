@@ -169,7 +169,7 @@ class Subscriptions:
         if consumer.no_ack:
             for msg in messages:
                 key = msg.routing_key
-                if key[:1] == "$" and not self._dollar_subscribed(key):
+                if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
                     continue
                 if headers_cache is None or headers_cache[0] != key:
                     headers_cache = (key, codec.topic_field(topics.topic_name(key)))
@@ -183,7 +183,7 @@ class Subscriptions:
         next_id = self._next_id
         for i, msg in enumerate(messages):
             key = msg.routing_key
-            if key[:1] == "$" and not self._dollar_subscribed(key):
+            if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
                 settled.append(first + i)  # no filter of the client's matches it: settled unsent
                 continue
             if headers_cache is None or headers_cache[0] != key:
@@ -235,21 +235,20 @@ class Subscriptions:
         cache[properties] = published_qos
         return published_qos
 
-    def _dollar_subscribed(self, key: str) -> bool:
-        """Whether a routing key starting with ``$`` is a topic one of the client's filters matches: in
-        MQTT a filter starting with a wildcard matches no topic starting with ``$`` (3.1.1, 4.7.2), in
+    def _dollar_subscribed(self, key: str, consumer: Consumer) -> bool:
+        """Whether a routing key starting with ``$`` is a topic a filter of the consumer's queue matches:
+        in MQTT a filter starting with a wildcard matches no topic starting with ``$`` (3.1.1, 4.7.2), in
         the topic exchange its binding key does. Keys starting with ``$`` are rare; this reads the
-        bindings of the client's queues each time."""
+        exchange's bindings each time."""
         exchange = self.vhost.exchanges.get(self.exchange)
         if exchange is None:
             return True  # not routed by a filter of the client's
-        mine = {consumer.queue for consumer in self.consumers.values()}
-        topic = topics.topic_name(key)
-        return any(binding.destination in mine and topics.matches(topics.topic_filter(binding.routing_key), topic)
+        queue, topic = consumer.queue, topics.topic_name(key)
+        return any(binding.destination is queue and topics.matches(topics.topic_filter(binding.routing_key), topic)
                    for binding in exchange.bindings())
 
     def _send(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
-        if msg.routing_key[:1] == "$" and not self._dollar_subscribed(msg.routing_key):
+        if msg.routing_key[:1] == "$" and not self._dollar_subscribed(msg.routing_key, consumer):
             if not consumer.no_ack:
                 self.deliveries.ack_run([tag])
             return
