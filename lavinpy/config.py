@@ -73,6 +73,11 @@ class Config:
     mqtt_allow_anonymous: bool = False
     mqtt_max_packet_size: int = 128 * 1024 * 1024 + 65536  # a whole packet, headers included
     mqtt_inflight_window: int = 10  # QoS 1 deliveries awaiting PUBACK per subscription queue
+    mqtt_max_subscribe_filters: int = 1000  # topic filters in one SUBSCRIBE (more closes the connection)
+    # Retained messages per vhost: a retained publish that would go over either is not retained (it is
+    # still delivered), with a log line; replacing or clearing a retained topic is always allowed.
+    mqtt_retained_max_messages: int = 100_000
+    mqtt_retained_max_bytes: int = 1024 * 1024 * 1024  # their topics and payloads
     http_port: int = 15672  # 0 = no plain HTTP (e.g. when https_port serves the API)
     # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate: only when
     # tls_cert is set (0 turns each off even then).
@@ -158,6 +163,9 @@ class Config:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
         if not 1 <= self.mqtt_inflight_window <= 65535:
             raise ConfigError(f"mqtt_inflight_window must be between 1 and 65535, not {self.mqtt_inflight_window}")
+        for name in ("mqtt_max_subscribe_filters", "mqtt_retained_max_messages", "mqtt_retained_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
         if self.consumer_timeout < 0:
             raise ConfigError(f"consumer_timeout must be 0 (off) or a number of ms, not {self.consumer_timeout}")
         if self.max_consumers_per_channel < 0:

@@ -63,6 +63,8 @@ def test_command_line_flags_map_to_settings(tmp_path: Path):
     ("no_such_setting: 1\n", "unknown setting 'no_such_setting'"),
     ("amqp_port: abc\n", "setting amqp_port: cannot use 'abc'"),
     ("- a list\n", "must hold a mapping"),
+    ("mqtt_max_subscribe_filters: 0\n", "mqtt_max_subscribe_filters must be positive"),
+    ("mqtt_retained_max_bytes: 0\n", "mqtt_retained_max_bytes must be positive"),
 ])
 def test_bad_settings_are_refused_with_a_clear_message(tmp_path: Path, text: str, message: str):
     cfg_file = tmp_path / "bad.yaml"

@@ -23,11 +23,12 @@ MANAGEMENT_TAGS = frozenset({ADMINISTRATOR, MONITORING, POLICYMAKER, MANAGEMENT}
 class Actor:
     """One user's identity plus a permission cache per vhost (dropped when the user store changes)."""
 
-    __slots__ = ("users", "name", "_permissions")
+    __slots__ = ("users", "name", "client_id", "_permissions")
 
     def __init__(self, users: UserStore, name: str) -> None:
         self.users = users
         self.name = name
+        self.client_id: str | None = None  # an MQTT client's id: ``{client_id}`` in its topic permissions
         self._permissions: dict[str, UserPermissions] = {}
 
     @property
@@ -67,7 +68,7 @@ class Actor:
 
     def topic_check(self, kind: str, vhost: str, exchange_name: str, exchange_type: str) -> TopicCheck | None:
         """The topic permission check for keys of a ``kind`` operation on that exchange (None: none applies)."""
-        return topic_check(self.users, self.name, vhost, kind, exchange_name, exchange_type)
+        return topic_check(self.users, self.name, vhost, kind, exchange_name, exchange_type, self.client_id)
 
     def check_topic(self, kind: str, vhost: str, exchange_name: str, exchange_type: str, key: str) -> None:
         """RabbitMQ's 403 unless a topic permission on the exchange (if any) allows ``key``."""

@@ -39,12 +39,13 @@ def topic_access_refused(kind: str, routing_key: str, exchange: str, vhost: str,
                                             f"in vhost '{vhost}' refused for user '{user}'")
 
 
-def expand_topic_pattern(pattern: str, user: str, vhost: str) -> str:
-    """RabbitMQ's variable expansion: ``{username}`` and ``{vhost}`` replaced as they are (not escaped);
-    an empty pattern allows only the empty key, as RabbitMQ's ``^$``."""
+def expand_topic_pattern(pattern: str, user: str, vhost: str, client_id: str | None = None) -> str:
+    """RabbitMQ's variable expansion: ``{username}``, ``{vhost}`` and, for an MQTT client, ``{client_id}``
+    replaced as they are (not escaped); an empty pattern allows only the empty key, as RabbitMQ's ``^$``."""
     if pattern == "":
         return "^$"
-    return pattern.replace("{username}", user).replace("{vhost}", vhost)
+    expanded = pattern.replace("{username}", user).replace("{vhost}", vhost)
+    return expanded if client_id is None else expanded.replace("{client_id}", client_id)
 
 
 class TopicCheck:
@@ -71,7 +72,7 @@ class TopicCheck:
 
 
 def topic_check(users: UserStore, user: str, vhost: str, kind: str, exchange_name: str,
-                exchange_type: str) -> TopicCheck | None:
+                exchange_type: str, client_id: str | None = None) -> TopicCheck | None:
     """The check a ``kind`` ("write" or "read") key on that exchange needs, or None when no topic
     permission applies (not a topic exchange, or the user has none on it: RabbitMQ then allows all)."""
     if exchange_type != "topic":
@@ -79,7 +80,7 @@ def topic_check(users: UserStore, user: str, vhost: str, kind: str, exchange_nam
     permission = users.topic_permission(user, vhost, exchange_name)
     if permission is None:
         return None
-    pattern = expand_topic_pattern(permission.write if kind == "write" else permission.read, user, vhost)
+    pattern = expand_topic_pattern(permission.write if kind == "write" else permission.read, user, vhost, client_id)
     try:
         regex = users.compiled(pattern)
     except re.error:  # a variable expanded into a broken regex: nothing matches, as RabbitMQ's

@@ -1,18 +1,112 @@
 """MQTT over WebSocket on the HTTP port (``/ws``, subprotocol ``mqtt``, as RabbitMQ's Web MQTT): the
-WebSocket carries the bytes of one ``mqtt.connection.MQTTConnection``, driven as a TCP one is."""
+WebSocket carries the bytes of one ``mqtt.connection.MQTTConnection``, driven as a TCP one is.
+
+Served only while MQTT is on (``mqtt_port`` not 0). Until the client has logged in, a WebSocket
+message may be no larger than an MQTT packet before CONNECT (64 KiB, as over TCP): ``PreLoginGate``
+reads the frame headers in front of aiohttp's reader and refuses a larger message at its first header,
+before its payload is buffered; once logged in, a message may be as large as ``mqtt_max_packet_size``.
+No compression is offered (permessage-deflate is negotiated at the handshake, before any login, and
+inflating is what lets a few bytes on the wire cost the server megabytes)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web, web_ws
+from aiohttp.http_websocket import WebSocketError
 
+from ..mqtt.connection import MAX_PACKET_BEFORE_CONNECT
 from ..mqtt.transport import WRITE_HIGH_WATER, ConnectionDriver
 from .context import MQTT_SESSIONS
 
 __all__ = ["MQTT_SESSIONS", "add_routes", "mqtt_websocket"]
 
 PATH = "/ws"
+_READER = web_ws.WebSocketReader  # aiohttp's frame reader, which the gate stands in front of
+_EMPTY, _REFUSED = (False, b""), (True, b"")  # a reader's answers to input: (end of input, unread tail)
+
+
+class PreLoginGate:
+    """Stands in front of aiohttp's WebSocket reader (which it passes every byte to) and, until
+    ``opened``, refuses a data message larger than ``limit`` at the header of the frame that makes it
+    so, before the payload is buffered anywhere. Control frames (ping, pong, close) do not count."""
+
+    def __init__(self, reader: Any, queue: Any, limit: int) -> None:
+        self.reader = reader
+        self.queue = queue
+        self.limit = limit
+        self.opened = False
+        self.refused = False
+        self._head = bytearray()  # the current frame header, while incomplete
+        self._payload_left = 0  # bytes of the current frame's payload not seen yet
+        self._message = 0  # bytes of the current data message so far
+
+    def feed_eof(self) -> None:
+        self.reader.feed_eof()
+
+    def feed_data(self, data: bytes) -> tuple[bool, bytes]:
+        if self.refused:
+            return _REFUSED  # nothing more is read
+        if not self.opened and not self._scan(data):
+            self.queue.set_exception(WebSocketError(WSCloseCode.MESSAGE_TOO_BIG,
+                                                    f"a message over {self.limit} bytes before CONNECT"))
+            self.refused = True
+            return _REFUSED
+        result: tuple[bool, bytes] = self.reader.feed_data(data)
+        return result
+
+    def _scan(self, data: bytes) -> bool:
+        """Follow the frames of ``data``; False once a data message is over the limit."""
+        pos, end, head = 0, len(data), self._head
+        while pos < end:
+            if self._payload_left:
+                step = min(self._payload_left, end - pos)
+                self._payload_left -= step
+                pos += step
+                continue
+            take = min(end - pos, 14 - len(head))
+            head += data[pos:pos + take]
+            if len(head) < 2:
+                return True
+            short = head[1] & 0x7F
+            size = 2 + (2 if short == 126 else 8 if short == 127 else 0) + (4 if head[1] & 0x80 else 0)
+            if len(head) < size:
+                return True
+            pos += take - (len(head) - size)
+            length = short if short < 126 else int.from_bytes(head[2:4 if short == 126 else 10], "big")
+            opcode, fin = head[0] & 0x0F, head[0] & 0x80
+            del head[:]
+            if opcode < 8:  # a data frame or a continuation of one
+                self._message += length
+                if self._message > self.limit:
+                    return False
+                if fin:
+                    self._message = 0
+            self._payload_left = length
+        return True
+
+
+class MQTTWebSocketResponse(web.WebSocketResponse):
+    """A WebSocket whose frame reader is behind a ``PreLoginGate`` from its first byte on."""
+
+    gate: PreLoginGate | None = None
+
+    def _post_start(self, *args: Any, **kwargs: Any) -> None:
+        def gated_reader(queue: Any, max_msg_size: int, *rest: Any, **options: Any) -> PreLoginGate:
+            self.gate = PreLoginGate(_READER(queue, max_msg_size, *rest, **options), queue,
+                                     MAX_PACKET_BEFORE_CONNECT)
+            return self.gate
+
+        # aiohttp makes its reader in _post_start, by this name, and hands it the input read so far;
+        # nothing else runs meanwhile (no await in between).
+        web_ws.WebSocketReader = gated_reader  # type: ignore[assignment]
+        try:
+            super()._post_start(*args, **kwargs)
+        finally:
+            web_ws.WebSocketReader = _READER
+        if self.gate is None:
+            raise RuntimeError("aiohttp made its WebSocket reader elsewhere: MQTT over WebSocket cannot limit it")
 
 
 class WebSocketDriver(ConnectionDriver):
@@ -44,6 +138,12 @@ class WebSocketDriver(ConnectionDriver):
     def closing(self) -> bool:
         return self._closing or self.ws.closed
 
+    def pump(self) -> None:
+        super().pump()
+        gate = self.ws.gate if isinstance(self.ws, MQTTWebSocketResponse) else None
+        if gate is not None and not gate.opened and self.conn is not None and self.conn.connected:
+            gate.opened = True  # logged in: messages up to mqtt_max_packet_size
+
     def set_reading(self, paused: bool) -> None:
         if paused:
             self.readable.clear()
@@ -68,9 +168,10 @@ class WebSocketDriver(ConnectionDriver):
 
 async def mqtt_websocket(request: web.Request) -> web.StreamResponse:
     sessions = request.app.get(MQTT_SESSIONS)
-    if sessions is None:
+    if sessions is None or not sessions.config.mqtt_port:  # MQTT is off
         raise web.HTTPNotFound()
-    ws = web.WebSocketResponse(protocols=("mqtt",), max_msg_size=sessions.config.mqtt_max_packet_size)
+    ws = MQTTWebSocketResponse(protocols=("mqtt",), max_msg_size=sessions.config.mqtt_max_packet_size,
+                               compress=False)
     await ws.prepare(request)
     peer = request.transport.get_extra_info("peername") if request.transport is not None else None
     if isinstance(peer, tuple) and request.remote and request.remote != peer[0]:

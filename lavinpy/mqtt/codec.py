@@ -81,7 +81,9 @@ class PacketReader:
         self._buf = bytearray()
         self.max_packet_size = max_packet_size
 
-    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+    def feed(self, data: bytes, one: bool = False) -> list[tuple[int, int, bytes]]:
+        """The whole packets of the input so far (``one``: at most one, the rest kept unread, as
+        before CONNECT, when the packets after it are read with the size limit the login sets)."""
         buf = self._buf
         buf += data
         packets: list[tuple[int, int, bytes]] = []
@@ -118,8 +120,15 @@ class PacketReader:
                 break
             packets.append((kind, flags, bytes(buf[i:i + length])))
             pos = i + length
+            if one:
+                break
         self._keep(pos)
         return packets
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not yet returned as packets."""
+        return len(self._buf)
 
     def _keep(self, pos: int) -> None:
         if pos:

@@ -25,6 +25,7 @@ from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import MQTTProtocolError
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
+from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -118,6 +119,7 @@ class MQTTConnection:
         self._batch_sync = False  # some publish of this batch waits for the disk
         self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
         self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
+        self._unread = True  # input read before login, not yet split into packets after it
         # A login being decided (the throttle's delay, a slow hash): (CONNECT, vhost, attempt). Meanwhile
         # the connection is not read and the packets after the CONNECT wait in the backlog.
         self._login: tuple[codec.Connect, str, LoginAttempt] | None = None
@@ -133,15 +135,23 @@ class MQTTConnection:
         self._last_recv = time.monotonic()
         self.recv_oct += len(data)
         self.recv_cnt += 1
-        self._handle(lambda: self._backlog.extend(self.reader.feed(data)))
+        self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
 
     def _handle(self, step: Callable[[], None]) -> None:
-        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection."""
+        """Run ``step``, then the packets waiting in the backlog; bad input closes the connection.
+        Before login the input is read one packet at a time (the CONNECT, under the pre-login size
+        limit); what follows it is read once the login has set the limit of a logged-in client."""
         try:
             step()
-            backlog = self._backlog
-            while backlog and not self.closed and self._login is None:
-                self._packet(*backlog.popleft())
+            backlog, reader = self._backlog, self.reader
+            while not self.closed and self._login is None:
+                if backlog:
+                    self._packet(*backlog.popleft())
+                elif reader.buffered and self.connected and self._unread:
+                    self._unread = False
+                    backlog.extend(reader.feed(b""))
+                else:
+                    break
         except MQTTProtocolError as e:
             if e.connack is not None and not self.connected:
                 self.send(codec.connack(False, e.connack))
@@ -152,6 +162,11 @@ class MQTTConnection:
         self.update_reading()
 
     def data_to_send(self) -> list[bytes]:
+        subs = self.subscriptions
+        if subs is not None and subs.retained_owed and self.writable:
+            subs.send_retained_owed()  # the next batch of retained messages owed, while the socket takes them
+            if self.reading_paused:
+                self.update_reading()  # read again once little is owed
         out, self._out = self._out, []
         if out:
             self.send_cnt += 1
@@ -178,12 +193,17 @@ class MQTTConnection:
         self.writable = writable
         if writable and self.subscriptions is not None:
             self.subscriptions.resume()
+            if self.subscriptions.retained_owed:
+                self.wakeup()  # the next flush sends more of them
 
     def update_reading(self) -> None:
         """Under a resource alarm a connection that has published is not read (as RabbitMQ blocks
         publishers; the client's TCP window closes), nor one whose login answer is held back; it is
         read again once the alarm clears or the answer went out."""
-        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published))
+        subs = self.subscriptions
+        owing = subs is not None and subs.retained_owed > self.config.mqtt_max_subscribe_filters
+        paused = not self.closed and (self._login is not None or (bool(self.broker.blocked_reason) and self.published)
+                                      or owing)
         if paused != self.reading_paused:
             self.reading_paused = paused
             if not paused:
@@ -229,7 +249,10 @@ class MQTTConnection:
         if not self.connected:
             if kind != codec.CONNECT:
                 raise MQTTProtocolError(f"{codec.PACKET_NAMES[kind]} before CONNECT")
-            self._on_connect(codec.parse_connect(body))
+            packet = codec.parse_connect(body)
+            if len(queue_name(packet.client_id, 1).encode()) > MAX_NAME_BYTES:
+                raise MQTTProtocolError("client id too long for its queue names", codec.IDENTIFIER_REJECTED)
+            self._on_connect(packet)
             return
         if kind == codec.PUBLISH:
             self._on_publish(flags, body)
@@ -331,6 +354,7 @@ class MQTTConnection:
         self.vhost = vhost
         self.actor = actor
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
+        actor.client_id = self.client_id  # {client_id} in topic permissions
         subscriptions = Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id,
                                       packet.clean_session, self.config.mqtt_inflight_window)
         try:  # authorised for the session before it takes the client id over from another connection
@@ -451,14 +475,23 @@ class MQTTConnection:
         return bool(confirm) or retained_waits
 
     def _on_subscribe(self, packet_id: int, requested: list[tuple[str, int]]) -> None:
+        """At most ``mqtt_max_subscribe_filters`` filters; a filter repeated in the packet is one
+        subscription (the last request replaces the earlier, as a repeated SUBSCRIBE does; the SUBACK
+        has a code per request all the same) whose retained messages are owed once. They go out
+        after the SUBACK as the socket takes them; while more than a packet's worth of filters is
+        owed, the client is not read."""
         subs, vhost = self.subscriptions, self.vhost
         assert subs is not None and vhost is not None
-        granted = [subs.subscribe(topic_filter, qos) for topic_filter, qos in requested]
-        self.send(codec.suback(packet_id, granted))
-        for (topic_filter, _), qos in zip(requested, granted, strict=True):
+        limit = self.config.mqtt_max_subscribe_filters
+        if len(requested) > limit:
+            raise MQTTProtocolError(f"SUBSCRIBE with {len(requested)} topic filters, over mqtt_max_subscribe_filters "
+                                    f"{limit}")
+        granted = {topic_filter: subs.subscribe(topic_filter, qos) for topic_filter, qos in dict(requested).items()}
+        self.send(codec.suback(packet_id, [granted[topic_filter] for topic_filter, _ in requested]))
+        source = self.host.retained.of(vhost)
+        for topic_filter, qos in granted.items():
             if qos != codec.SUBACK_FAILURE:
-                for topic, payload, stored_qos in self.host.retained.matching(vhost, topic_filter):
-                    subs.send_retained(topic, payload, min(qos, stored_qos))
+                subs.queue_retained(source, topic_filter, qos)
 
     # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------
     def _end_batch(self) -> None:

@@ -1,121 +1,209 @@
 """Retained messages, one per topic per vhost, delivered on SUBSCRIBE with the retain flag.
 
-Kept in memory and in a file of the vhost's own (``mqtt.retained``, through ``VHost.append_file``): a
-record per retained publish or clear, appended as the store's other files are written, so it is
-replicated to the cluster's followers with them and synced by the store's group commit (``always``:
-the PUBACK waits for the flush, as a confirm does; ``batch``: the flush on the batch timer), read back
-at the first use after a start (a torn last record, from a crash mid-write, is dropped), and rewritten
-whole once it holds mostly replaced records."""
+Kept in a file of the vhost's own (``mqtt.retained``, through ``VHost.append_file``) with only an index
+in memory (topic -> where its payload lies in the file, its length and QoS): a payload is read from the
+file when it is sent. A record per retained publish or clear is appended as the store's other files
+are written, so it is replicated to the cluster's followers with them and synced by the store's group
+commit (``always``: the PUBACK waits for the flush, as a confirm does; ``batch``: the flush on the batch
+timer). The index is rebuilt at the first use after a start by reading the records' headers a chunk at a
+time (a torn last record, from a crash mid-write, is dropped), and the file is rewritten record by
+record once it holds mostly replaced ones. Each vhost holds at most ``mqtt_retained_max_messages``
+messages of at most ``mqtt_retained_max_bytes`` (their records' size); a retained publish beyond is
+not retained (it is still delivered), with a log line."""
 
 from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from ..logs import RateLimitedLog
 from . import topics
 
 if TYPE_CHECKING:
     from ..broker.vhost import VHost
 
 log = logging.getLogger("lavinpy.mqtt")
+refused_log = RateLimitedLog(log)  # one line per refused retained message, a bounded number per interval
 
 FILE_NAME = "mqtt.retained"
 _SET, _CLEAR = b"R", b"D"
 COMPACT_MIN_BYTES = 1 << 20  # below this the file is never rewritten
+_CHUNK = 1 << 20  # payload bytes copied at a time when the file is rewritten
+_WINDOW = 1 << 16  # bytes of records' headers read at a time when the index is rebuilt
+
+
+def _header(topic: str, qos: int, length: int) -> bytes:
+    """A retained message's record before its payload of ``length`` bytes."""
+    name = topic.encode("utf-8")
+    return _SET + len(name).to_bytes(2, "big") + name + bytes((qos,)) + length.to_bytes(4, "big")
 
 
 def _record(topic: str, payload: bytes | None, qos: int) -> bytes:
-    name = topic.encode("utf-8")
-    head = len(name).to_bytes(2, "big") + name
     if payload is None:
-        return _CLEAR + head
-    return _SET + head + bytes((qos,)) + len(payload).to_bytes(4, "big") + payload
+        name = topic.encode("utf-8")
+        return _CLEAR + len(name).to_bytes(2, "big") + name
+    return _header(topic, qos, len(payload)) + payload
 
 
-def _size(topic: str, payload: bytes) -> int:
-    """The length of a retained message's record."""
-    return 8 + len(topic.encode("utf-8")) + len(payload)
+def _size(topic: str, length: int) -> int:
+    """The length of a retained message's record, by its payload's length."""
+    return 8 + len(topic.encode("utf-8")) + length
+
+
+Entry = tuple[int, int, int]  # (the payload's offset in the file, its length, the QoS)
+
+
+def _scan(read_at: Callable[[int, int], bytes], end: int) -> tuple[dict[str, Entry], int]:
+    """The index of the records in the first ``end`` bytes (read a chunk at a time, payloads skipped)
+    and the length of the whole records."""
+    index: dict[str, Entry] = {}
+    buf, buf_at = b"", 0  # a window of the file
+
+    def window(pos: int, size: int) -> bytes | None:
+        nonlocal buf, buf_at
+        if pos + size > end:
+            return None
+        if not (buf_at <= pos and pos + size <= buf_at + len(buf)):
+            buf, buf_at = read_at(pos, max(size, _WINDOW)), pos
+        return buf[pos - buf_at:pos - buf_at + size]
+
+    pos = 0
+    while True:
+        head = window(pos, 3)
+        if head is None or head[:1] not in (_SET, _CLEAR):
+            break
+        size = int.from_bytes(head[1:3], "big")
+        name = window(pos + 3, size)
+        if name is None:
+            break
+        topic = name.decode("utf-8", "replace")
+        start = pos + 3 + size
+        if head[:1] == _CLEAR:
+            index.pop(topic, None)
+            pos = start
+            continue
+        fields = window(start, 5)
+        if fields is None:
+            break
+        length = int.from_bytes(fields[1:5], "big")
+        if start + 5 + length > end:
+            break
+        index[topic] = (start + 5, length, fields[0])
+        pos = start + 5 + length
+    return index, pos
 
 
 def _parse(data: bytes, name: str) -> tuple[dict[str, tuple[bytes, int]], int]:
-    """The retained messages a file holds, and the length of its whole records."""
-    messages: dict[str, tuple[bytes, int]] = {}
-    pos, end = 0, len(data)
-    while pos + 3 <= end:
-        kind = data[pos:pos + 1]
-        size = int.from_bytes(data[pos + 1:pos + 3], "big")
-        start = pos + 3 + size
-        if start > end or kind not in (_SET, _CLEAR):
-            break
-        topic = data[pos + 3:start].decode("utf-8", "replace")
-        if kind == _CLEAR:
-            messages.pop(topic, None)
-            pos = start
-            continue
-        if start + 5 > end:
-            break
-        qos = data[start]
-        length = int.from_bytes(data[start + 1:start + 5], "big")
-        if start + 5 + length > end:
-            break
-        messages[topic] = (data[start + 5:start + 5 + length], qos)
-        pos = start + 5 + length
-    if pos != end:
-        log.warning("%s: %d bytes of a torn last record dropped", name, end - pos)
-    return messages, pos
+    """The retained messages a file's bytes hold, and the length of its whole records."""
+    index, end = _scan(lambda offset, size: data[offset:offset + size], len(data))
+    if end != len(data):
+        log.warning("%s: %d bytes of a torn last record dropped", name, len(data) - end)
+    return {topic: (data[at:at + length], qos) for topic, (at, length, qos) in index.items()}, end
 
 
-class _VHostRetained:
-    """One vhost's retained messages and their file."""
+class VHostRetained:
+    """One vhost's retained messages: the index in memory, the payloads in the file."""
 
-    def __init__(self, vhost: VHost) -> None:
+    def __init__(self, vhost: VHost, max_messages: int, max_bytes: int) -> None:
+        self.vhost_name = vhost.name
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
         self.file = vhost.append_file(FILE_NAME)
-        data = self.file.open()
-        self.messages, self.file_bytes = _parse(data, str(self.file.path))
-        self.live_bytes = sum(_size(t, p) for t, (p, _) in self.messages.items())  # their records' size
-        if len(data) != self.file_bytes:
+        size = self.file.open_unread()
+        self.index, self.file_bytes = _scan(self.file.read_at, size)
+        if size != self.file_bytes:
+            log.warning("%s: %d bytes of a torn last record dropped", self.file.path, size - self.file_bytes)
             self.file.truncate(self.file_bytes)
+        self.live_bytes = sum(_size(t, length) for t, (_, length, _) in self.index.items())  # their records' size
 
     def put(self, topic: str, payload: bytes, qos: int) -> bool:
         """Whether the change waits for ``vhost.durable()`` to be on disk (and on the followers)."""
-        old = self.messages.get(topic)
-        if payload:
-            self.messages[topic] = (payload, qos)
-            self.live_bytes += _size(topic, payload)
-        elif old is None:
-            return False  # nothing retained to clear
-        else:
-            del self.messages[topic]
+        old = self.index.get(topic)
+        if payload and not self._room(topic, len(payload), old):
+            return False
+        if not payload:
+            if old is None:
+                return False  # nothing retained to clear
+            del self.index[topic]
         if old is not None:
-            self.live_bytes -= _size(topic, old[0])
-        if self.file_bytes > COMPACT_MIN_BYTES and self.file_bytes > 2 * self.live_bytes:
-            data = b"".join(_record(t, p, q) for t, (p, q) in self.messages.items())
-            self.file_bytes = len(data)
-            return self.file.replace(data)
+            self.live_bytes -= _size(topic, old[1])
+        if payload:
+            self.live_bytes += _size(topic, len(payload))
         record = _record(topic, payload or None, qos)
+        if payload:
+            self.index[topic] = (self.file_bytes + len(record) - len(payload), len(payload), qos)
         self.file_bytes += len(record)
-        return self.file.append(record)
+        waits = self.file.append(record)
+        if self.file_bytes > COMPACT_MIN_BYTES and self.file_bytes > 2 * self.live_bytes:
+            return self._compact() or waits
+        return waits
+
+    def _compact(self) -> bool:
+        """Rewrite the file with the live records only, a record at a time."""
+        index: dict[str, Entry] = {}
+        written = 0
+
+        def records() -> Iterator[bytes]:
+            nonlocal written
+            for topic, (at, length, qos) in self.index.items():
+                head = _header(topic, qos, length)
+                index[topic] = (written + len(head), length, qos)
+                written += len(head) + length
+                yield head
+                for offset in range(0, length, _CHUNK):
+                    yield self.file.read_at(at + offset, min(_CHUNK, length - offset))
+
+        waits = self.file.replace_from(records())
+        self.index, self.file_bytes = index, written
+        return waits
+
+    def _room(self, topic: str, length: int, old: Entry | None) -> bool:
+        """Whether the message fits the vhost's limits (a replaced one's room counts); else a log line."""
+        freed = _size(topic, old[1]) if old is not None else 0
+        count = len(self.index) + (old is None)
+        if count <= self.max_messages and self.live_bytes - freed + _size(topic, length) <= self.max_bytes:
+            return True
+        refused_log.log(logging.WARNING, "vhost %r: retained message on %r (%d bytes) not retained: over "
+                        "mqtt_retained_max_messages %d or mqtt_retained_max_bytes %d", self.vhost_name, topic,
+                        length, self.max_messages, self.max_bytes)
+        return False
+
+    def topics(self, topic_filter: str) -> list[str]:
+        """The topics with a retained message the filter matches."""
+        return [topic for topic in self.index if topics.matches(topic_filter, topic)]
+
+    def get(self, topic: str) -> tuple[bytes, int] | None:
+        """A topic's retained (payload, qos), read from the file, if it still has one."""
+        entry = self.index.get(topic)
+        if entry is None:
+            return None
+        at, length, qos = entry
+        return self.file.read_at(at, length), qos
 
 
 class RetainedStore:
     """Every vhost's retained messages (a vhost deleted and made again starts empty: its directory went)."""
 
-    def __init__(self) -> None:
-        self._by_vhost: weakref.WeakKeyDictionary[VHost, _VHostRetained] = weakref.WeakKeyDictionary()
+    def __init__(self, max_messages: int = 100_000, max_bytes: int = 1 << 30) -> None:
+        self.max_messages = max_messages
+        self.max_bytes = max_bytes
+        self._by_vhost: weakref.WeakKeyDictionary[VHost, VHostRetained] = weakref.WeakKeyDictionary()
 
-    def _of(self, vhost: VHost) -> _VHostRetained:
+    def of(self, vhost: VHost) -> VHostRetained:
         retained = self._by_vhost.get(vhost)
         if retained is None:
-            retained = self._by_vhost[vhost] = _VHostRetained(vhost)
+            retained = self._by_vhost[vhost] = VHostRetained(vhost, self.max_messages, self.max_bytes)
         return retained
 
     def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> bool:
         """A retained publish: kept for the topic; an empty payload clears it (the spec's rule). Whether
         a PUBACK waits for ``vhost.durable()``."""
-        return self._of(vhost).put(topic, payload, qos)
+        return self.of(vhost).put(topic, payload, qos)
 
     def matching(self, vhost: VHost, topic_filter: str) -> list[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches."""
-        return [(topic, payload, qos) for topic, (payload, qos) in self._of(vhost).messages.items()
-                if topics.matches(topic_filter, topic)]
+        retained = self.of(vhost)
+        return [(topic, *found) for topic in retained.topics(topic_filter)
+                if (found := retained.get(topic)) is not None]

@@ -20,7 +20,7 @@ class MQTTSessions:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.config: Config = broker.config
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(self.config.mqtt_retained_max_messages, self.config.mqtt_retained_max_bytes)
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks

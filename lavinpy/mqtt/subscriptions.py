@@ -5,6 +5,7 @@ and the deliveries awaiting PUBACK (an in-flight window). Queues deliver here as
 
 from __future__ import annotations
 
+from collections import deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
     from ..broker.vhost import VHost
 
 PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
+# Retained messages owed to SUBSCRIBEs go out at most this many bytes per call (once per flush of the
+# connection's output), and only while the socket takes them: one or two such batches beyond the
+# socket's high-water mark at most, however many are owed.
+RETAINED_BATCH_BYTES = 1 << 20
+_PACKET_IDS = 65535
 
 
 class SubscriberHost(Protocol):
@@ -31,6 +37,15 @@ class SubscriberHost(Protocol):
     counts: dict[str, int]  # the node's message counts of the connection's protocol
 
     def send(self, data: bytes) -> None: ...
+
+
+class RetainedSource(Protocol):
+    """A vhost's retained messages, as the subscriptions read them: the topics a filter matches, then
+    each message when its turn comes (it may have been replaced or cleared meanwhile)."""
+
+    def topics(self, topic_filter: str) -> list[str]: ...
+
+    def get(self, topic: str) -> tuple[bytes, int] | None: ...
 
 
 def queue_name(client_id: str, qos: int) -> str:
@@ -55,6 +70,11 @@ class Subscriptions:
         self._qos_by_properties: dict[bytes, int | None] = {}
         self._next_id = 0
         self.closed = False
+        # Retained messages owed: (source, filter, granted QoS) of SUBSCRIBEs not yet served, and the
+        # topics left of the one being served.
+        self._retained_filters: deque[tuple[RetainedSource, str, int]] = deque()
+        self._retained_topics: deque[str] = deque()
+        self._retained_from: tuple[RetainedSource, int] | None = None
 
     # --- the session as the client left it ---------------------------------------------------------
     def start(self) -> bool:
@@ -149,6 +169,8 @@ class Subscriptions:
         if consumer.no_ack:
             for msg in messages:
                 key = msg.routing_key
+                if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
+                    continue
                 if headers_cache is None or headers_cache[0] != key:
                     headers_cache = (key, codec.topic_field(topics.topic_name(key)))
                 parts.append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
@@ -161,6 +183,9 @@ class Subscriptions:
         next_id = self._next_id
         for i, msg in enumerate(messages):
             key = msg.routing_key
+            if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
+                settled.append(first + i)  # no filter of the client's matches it: settled unsent
+                continue
             if headers_cache is None or headers_cache[0] != key:
                 headers_cache = (key, codec.topic_field(topics.topic_name(key)))
             properties = msg.properties
@@ -210,7 +235,23 @@ class Subscriptions:
         cache[properties] = published_qos
         return published_qos
 
+    def _dollar_subscribed(self, key: str, consumer: Consumer) -> bool:
+        """Whether a routing key starting with ``$`` is a topic a filter of the consumer's queue matches:
+        in MQTT a filter starting with a wildcard matches no topic starting with ``$`` (3.1.1, 4.7.2), in
+        the topic exchange its binding key does. Keys starting with ``$`` are rare; this reads the
+        exchange's bindings each time."""
+        exchange = self.vhost.exchanges.get(self.exchange)
+        if exchange is None:
+            return True  # not routed by a filter of the client's
+        queue, topic = consumer.queue, topics.topic_name(key)
+        return any(binding.destination is queue and topics.matches(topics.topic_filter(binding.routing_key), topic)
+                   for binding in exchange.bindings())
+
     def _send(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
+        if msg.routing_key[:1] == "$" and not self._dollar_subscribed(msg.routing_key, consumer):
+            if not consumer.no_ack:
+                self.deliveries.ack_run([tag])
+            return
         topic = topics.topic_name(msg.routing_key)
         body = bytes(msg.body)
         counts = self.host.counts
@@ -228,6 +269,42 @@ class Subscriptions:
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
         self.host.send(codec.publish(topic, body, 1, False, redelivered, packet_id))
+
+    # --- retained messages on SUBSCRIBE, under the socket's back-pressure -------------------------------
+    def queue_retained(self, source: RetainedSource, topic_filter: str, qos: int) -> None:
+        """The retained messages the filter matches are owed, at the granted QoS (or the lower one they
+        were published at); they go out through ``send_retained_owed``."""
+        self._retained_filters.append((source, topic_filter, qos))
+
+    @property
+    def retained_owed(self) -> int:
+        """Filters whose retained messages are not all sent yet."""
+        return len(self._retained_filters) + bool(self._retained_topics)
+
+    def send_retained_owed(self) -> None:
+        """Send owed retained messages while the socket is writable, at most RETAINED_BATCH_BYTES (but
+        at least one message) per call, each read from the store only now; a QoS 1 one waits for a free
+        packet identifier."""
+        budget = RETAINED_BATCH_BYTES
+        while budget > 0 and not self.closed and self.host.writable:
+            if not self._retained_topics:
+                if not self._retained_filters:
+                    self._retained_from = None
+                    return
+                source, topic_filter, qos = self._retained_filters.popleft()
+                self._retained_topics = deque(source.topics(topic_filter))
+                self._retained_from = (source, qos)
+                continue
+            assert self._retained_from is not None
+            source, qos = self._retained_from
+            if qos and len(self.inflight) >= _PACKET_IDS:
+                return  # every identifier awaits its PUBACK
+            topic = self._retained_topics.popleft()
+            found = source.get(topic)
+            if found is not None:
+                payload, stored_qos = found
+                self.send_retained(topic, payload, min(qos, stored_qos))
+                budget -= len(payload) + len(topic) + 8
 
     def send_retained(self, topic: str, payload: bytes, qos: int) -> None:
         """A retained message on SUBSCRIBE: straight to the client, outside any queue."""
@@ -269,6 +346,8 @@ class Subscriptions:
         if self.closed:
             return
         self.closed = True
+        self._retained_filters.clear()
+        self._retained_topics.clear()
         for consumer in list(self.consumers.values()):
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()

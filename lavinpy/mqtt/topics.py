@@ -9,14 +9,24 @@ _TO_AMQP_FILTER = str.maketrans({"/": ".", ".": "/", "+": "*"})
 _FROM_AMQP_FILTER = str.maketrans({"/": ".", ".": "/", "*": "+"})
 
 
+# The longest name of the model (an AMQP short string): routing and binding keys, queue names.
+MAX_NAME_BYTES = 255
+
+
 class TopicError(ValueError):
     """A topic name or filter the spec does not allow."""
 
 
+def _check_length(what: str, name: str) -> None:
+    if len(name) > MAX_NAME_BYTES // 4 and len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise TopicError(f"{what} over {MAX_NAME_BYTES} bytes (the longest routing key)")
+
+
 def check_topic_name(topic: str) -> None:
-    """A PUBLISH (or will) topic: not empty, no wildcards."""
+    """A PUBLISH (or will) topic: not empty, no wildcards, a routing key of at most 255 bytes."""
     if not topic:
         raise TopicError("empty topic name")
+    _check_length("topic name", topic)
     if "+" in topic or "#" in topic:
         raise TopicError(f"wildcard in topic name '{topic}'")
 
@@ -25,6 +35,7 @@ def check_filter(topic_filter: str) -> None:
     """A SUBSCRIBE filter: ``#`` only as the whole last level, ``+`` only as a whole level."""
     if not topic_filter:
         raise TopicError("empty topic filter")
+    _check_length("topic filter", topic_filter)
     levels = topic_filter.split("/")
     for i, level in enumerate(levels):
         if "#" in level and (level != "#" or i != len(levels) - 1):

@@ -12,12 +12,13 @@ confirm does. No fsync per record.
 
 from __future__ import annotations
 
+import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lavinpy.store import changes
-from lavinpy.store.jsonfile import FILE_MODE, write_bytes_atomic
+from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, tmp_path_for, write_bytes_atomic
 
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
@@ -39,6 +40,16 @@ class AppendFile:
             self._fd = os.open(self.path, _FLAGS, FILE_MODE)
         with open(self.path, "rb") as f:
             return f.read()
+
+    def open_unread(self) -> int:
+        """Open (creating it empty) without reading it; its size (read it with ``read_at``)."""
+        if self._fd < 0:
+            self._fd = os.open(self.path, _FLAGS, FILE_MODE)
+        return self.size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (fewer at the end of the file)."""
+        return os.pread(self._fd, size, offset)
 
     @property
     def size(self) -> int:
@@ -66,6 +77,40 @@ class AppendFile:
         write_bytes_atomic(self.path, data)  # synced, renamed, reported as a replace
         old, self._fd = self._fd, os.open(self.path, _FLAGS, FILE_MODE)
         self._close_fd(old)
+        self._unsynced = False
+        return self._waits()
+
+    def replace_from(self, chunks: Iterable[bytes]) -> bool:
+        """``replace`` with the new content made a chunk at a time (the chunks may be read from this
+        file: it is swapped only once they are all written), never whole in memory here; a replication
+        listener is handed it from a read-only map of the new file."""
+        tmp = tmp_path_for(self.path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+        try:
+            with open(fd, "wb") as f:
+                os.fchmod(fd, FILE_MODE)
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.path.parent)
+        old, self._fd = self._fd, os.open(self.path, _FLAGS, FILE_MODE)
+        self._close_fd(old)
+        if changes.feed.listener is not None:  # (a replication leader's: it copies what it sends)
+            size = self.size
+            if not size:
+                changes.replaced(self.path, b"")
+            else:
+                with mmap.mmap(self._fd, size, access=mmap.ACCESS_READ) as mapped:
+                    view = memoryview(mapped)
+                    try:
+                        changes.replaced(self.path, view)
+                    finally:
+                        view.release()
         self._unsynced = False
         return self._waits()
 
