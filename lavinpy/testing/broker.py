@@ -33,7 +33,6 @@ __all__ = ["APIError", "Broker", "BrokerError", "Message", "VirtualHost"]
 
 HOST = "127.0.0.1"
 _DIR_PREFIX = "lavinpy-testing-"
-_STARTED = re.compile(rb"READY=1")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -210,13 +209,10 @@ class Broker:
                "--mqtts-port", "0", "--https-port", "0", "--prometheus-tls-port", "0",
                "--fsync", self.fsync, "--log-level", self.log_level, *self.args]
         began = time.monotonic()
-        # The broker tells systemd it is ready (READY=1 once every listener accepts); the same datagram,
-        # on a socket of our own, says so sooner than polling its ports would.
-        address = f"\0lavinpy-testing-{os.getpid()}-{uuid.uuid4().hex}"
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as ready:
-            ready.bind(address)
-            env = self._environment()
-            env["NOTIFY_SOCKET"] = "@" + address[1:]
+        env = self._environment()
+        with _ReadySignal() as ready:
+            if ready.address:
+                env["NOTIFY_SOCKET"] = ready.address
             with open(self.log_path, "ab") as log:
                 log.write(f"===== {' '.join(cmd)}\n".encode())
                 log.flush()
@@ -225,13 +221,7 @@ class Broker:
                                              stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent())
             (self.workdir / "broker.pid").write_text(str(self.proc.pid))
             deadline = began + self.start_timeout
-            ready.settimeout(0.05)
-            while True:
-                try:
-                    if _STARTED.search(ready.recv(4096)):
-                        break
-                except TimeoutError:
-                    pass
+            while not ready.wait(0.05, self.log_path):
                 if self.proc.poll() is not None:
                     log_text = self.log
                     if "Address already in use" in log_text[-2000:]:
@@ -322,6 +312,41 @@ class Broker:
 
 class _PortTaken(Exception):
     pass
+
+
+class _ReadySignal:
+    """The broker's READY=1, sent (systemd's notify protocol) once every listener accepts, on a socket of
+    our own: sooner than polling its ports. Where Linux's abstract socket names are missing, the log's
+    started line stands in for it."""
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.address = ""
+        if sys.platform.startswith("linux"):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            name = f"lavinpy-testing-{os.getpid()}-{uuid.uuid4().hex}"
+            self.sock.bind("\0" + name)
+            self.address = "@" + name
+
+    def wait(self, seconds: float, log_path: Path) -> bool:
+        if self.sock is None:
+            time.sleep(seconds)
+            try:
+                return "lavinpy started" in log_path.read_text(errors="replace")
+            except FileNotFoundError:
+                return False
+        self.sock.settimeout(seconds)
+        try:
+            return b"READY=1" in self.sock.recv(4096)
+        except TimeoutError:
+            return False
+
+    def __enter__(self) -> _ReadySignal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sock is not None:
+            self.sock.close()
 
 
 def _free_ports(count: int) -> list[int]:
