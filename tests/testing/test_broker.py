@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,23 @@ def gone(pid: int, timeout: float) -> bool:
     return False
 
 
+def hold_default_ports() -> list[socket.socket]:
+    """Listeners on the default ports that are free, as a RabbitMQ of the user's would be (one already
+    there does the same)."""
+    held = []
+    for port in sorted(DEFAULT_PORTS):
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            held.append(sock)
+        except OSError:
+            sock.close()
+    return held
+
+
 def test_context_manager_on_free_ports_beside_another_broker() -> None:
+    held = hold_default_ports()
     with Broker() as first, Broker(mqtt=False) as second:
         ports = {first.amqp_port, first.http_port, first.mqtt_port, second.amqp_port, second.http_port}
         assert len(ports) == 5 and not ports & DEFAULT_PORTS
@@ -47,6 +64,8 @@ def test_context_manager_on_free_ports_beside_another_broker() -> None:
         workdir, pid = first.workdir, first.proc.pid if first.proc else 0
     assert workdir is not None and not workdir.exists()
     assert gone(pid, 1)
+    for sock in held:
+        sock.close()
 
 
 def test_restart_keeps_the_data_dir_and_the_ports() -> None:

@@ -39,6 +39,7 @@ def outer_site_dirs() -> list[str]:
     return [d for d in dict.fromkeys(dirs) if Path(d).is_dir()]
 
 
+@pytest.mark.skipif(os.environ.get("LAVINPY_PURE_PYTHON") == "1", reason="once per suite, in the compiled run")
 @pytest.mark.timeout(240)  # a wheel build and a venv: about 20 s
 def test_a_fresh_venv_with_the_wheel_runs_a_test_with_the_fixture(tmp_path: Path) -> None:
     src = tmp_path / "src"
@@ -74,3 +75,8 @@ def test_a_fresh_venv_with_the_wheel_runs_a_test_with_the_fixture(tmp_path: Path
     assert "1 passed" in run.stdout
     [origin] = [line.split()[1] for line in run.stdout.splitlines() if line.startswith("LAVINPY_FROM")]
     assert origin.startswith(str(env_dir)), f"lavinpy came from {origin}, not from the wheel"
+
+    # and the entry point's name turns the plugin off
+    off = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:lavinpy",
+                          "test_invoices.py"], cwd=project, env=clean, capture_output=True, text=True, timeout=120)
+    assert off.returncode == 1 and "fixture 'lavinpy_vhost' not found" in off.stdout, off.stdout[-2000:]
