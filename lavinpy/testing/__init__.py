@@ -16,13 +16,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .broker import Broker, BrokerError, Message, VirtualHost
+    from .broker import APIError, Broker, BrokerError, Message, VirtualHost
     from .case import BrokerTestCase
 
-__all__ = ["Broker", "BrokerError", "BrokerTestCase", "Message", "VirtualHost"]
+__all__ = ["APIError", "Broker", "BrokerError", "BrokerTestCase", "Message", "VirtualHost"]
 
-_WHERE = {"Broker": "broker", "BrokerError": "broker", "Message": "broker", "VirtualHost": "broker",
-          "BrokerTestCase": "case"}
+_WHERE = {"APIError": "broker", "Broker": "broker", "BrokerError": "broker", "Message": "broker",
+          "VirtualHost": "broker", "BrokerTestCase": "case"}
 
 
 def __getattr__(name: str) -> Any:

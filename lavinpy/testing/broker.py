@@ -55,6 +55,10 @@ class VirtualHost(str):
         self.broker = broker
         return self
 
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        # A copy or a pickle (a library that deep-copies its settings) is the URL alone.
+        return str, (str(self),)
+
     @property
     def amqp_url(self) -> str:
         return str(self)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 import queue
 import uuid
 
@@ -35,6 +37,12 @@ def test_pika_round_trip_and_the_queue_helpers(lavinpy_vhost: VirtualHost) -> No
         assert method is not None and body == b'{"n": 1}'
     finally:
         connection.close()
+
+
+def test_a_copy_of_the_vhost_is_its_url(lavinpy_vhost: VirtualHost) -> None:
+    """Libraries that deep-copy or pickle their settings get the URL (not the broker with it)."""
+    for copied in (copy.deepcopy(lavinpy_vhost), pickle.loads(pickle.dumps(lavinpy_vhost))):
+        assert type(copied) is str and copied == lavinpy_vhost.amqp_url
 
 
 def test_wait_for_messages_times_out_with_what_the_queue_holds(lavinpy_vhost: VirtualHost) -> None:
