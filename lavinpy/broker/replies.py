@@ -201,7 +201,9 @@ class ReplyQueue:
 
     def _release_confirms(self, _done: object = None) -> None:
         confirms, sink = self._confirms, self._confirm_sink
-        assert confirms is not None and sink is not None
+        if confirms is None:
+            return  # stopped before the flush ended
+        assert sink is not None
         while confirms and not self.stopped:
             wait, batch = confirms[0]
             if wait is not None and not wait.done():

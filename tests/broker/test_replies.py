@@ -105,3 +105,18 @@ def test_a_last_frame_stops_the_queue_once_sent() -> None:
     session.queue.follow("channel.close", last=True)
     session.queue.confirm(None, 1)
     assert session.out == [("reply", "channel.close")] and session.queue.stopped
+
+
+def test_a_stopped_queue_ignores_the_waits_that_end_later() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        errors: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context))
+        session, flush = Session(), loop.create_future()
+        session.queue.commit(flush, "declare-ok")
+        session.queue.confirm(flush, 1)
+        session.queue.stop()  # the channel closed before its flush ended
+        flush.set_result(None)
+        await asyncio.sleep(0)
+        assert session.out == [] and errors == []
+    asyncio.run(scenario())
