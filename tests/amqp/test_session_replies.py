@@ -6,7 +6,7 @@ fails under the store for one step (tests/mqtt/test_mqtt_replies.py: the MQTT PU
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,8 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     h.close()
 
 
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(scenario())  # type: ignore[arg-type]
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(scenario())
 
 
 async def frames_until(client: Client, done: Callable[[list[Frame]], bool]) -> list[Frame]:
@@ -51,7 +51,7 @@ def has(name: str) -> Callable[[list[Frame]], bool]:
     return lambda frames: name in names(frames)
 
 
-async def opened(harness: Harness) -> Client:
+def opened(harness: Harness) -> Client:
     client = harness.connect()
     client.handshake()
     client.open_channel(1)
@@ -70,7 +70,7 @@ def test_delete_ok_goes_before_the_basic_cancel_it_causes(harness: Harness) -> N
     """A consumer of a durable queue deleted on the same channel: queue.delete-ok (after the group
     commit), then basic.cancel, as RabbitMQ sends them."""
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         await call(client, commands.Queue.Declare(queue="durable-q", durable=True), "Queue.DeclareOk")
         await call(client, commands.Basic.Consume(queue="durable-q", consumer_tag="c1"), "Basic.ConsumeOk")
         client.send((1, commands.Queue.Delete(queue="durable-q")))
@@ -84,7 +84,7 @@ def test_replies_and_deliveries_follow_a_waiting_declare_ok(harness: Harness) ->
     """declare (durable), publish, consume and qos in one read: declare-ok first, then the other
     replies in their methods' order, then the delivery to the new consumer."""
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         client.send((1, commands.Queue.Declare(queue="work", durable=True)), *client.publish(1, "work", b"m"),
                     (1, commands.Basic.Consume(queue="work", consumer_tag="c1")), (1, commands.Basic.Qos()))
         frames = await frames_until(client, has("Basic.Deliver"))
@@ -94,7 +94,7 @@ def test_replies_and_deliveries_follow_a_waiting_declare_ok(harness: Harness) ->
 
 def test_a_channel_error_behind_a_waiting_reply_closes_after_it(harness: Harness) -> None:
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         client.send((1, commands.Queue.Declare(queue="d", durable=True)),
                     (1, commands.Queue.Declare(queue="d", durable=False)))  # inequivalent: 406
         frames = await frames_until(client, has("Channel.Close"))
@@ -107,7 +107,7 @@ def test_channel_close_from_the_client_is_answered_at_once(harness: Harness) -> 
     """A client that closes a channel reads only close-ok: replies still waiting are dropped, the
     close-ok is not held behind them."""
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         client.send((1, commands.Queue.Declare(queue="d", durable=True)),
                     (1, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)))
         assert client.names() == [(1, "Channel.CloseOk")]
@@ -122,7 +122,7 @@ def test_channel_close_from_the_client_is_answered_at_once(harness: Harness) -> 
 @pytest.mark.parametrize("failure", FAILURES)
 def test_a_failed_wait_nacks_the_confirms_and_the_channel_goes_on(harness: Harness, failure: str) -> None:
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         await call(client, commands.Queue.Declare(queue="q", durable=True), "Queue.DeclareOk")
         await call(client, commands.Confirm.Select(), "Confirm.SelectOk")
         persistent = commands.Basic.Properties(delivery_mode=2)
@@ -141,7 +141,7 @@ def test_a_failed_wait_nacks_the_confirms_and_the_channel_goes_on(harness: Harne
 @pytest.mark.parametrize("failure", FAILURES)
 def test_a_failed_wait_closes_the_channel_of_tx_commit(harness: Harness, failure: str) -> None:
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         await call(client, commands.Queue.Declare(queue="q", durable=True), "Queue.DeclareOk")
         await call(client, commands.Tx.Select(), "Tx.SelectOk")
         client.send(*client.publish(1, "q", b"a", properties=commands.Basic.Properties(delivery_mode=2)))
@@ -183,7 +183,7 @@ def test_a_failed_wait_closes_the_channel_of_a_declaration(harness: Harness, nam
     method, before, _ = METHODS[name]
 
     async def scenario() -> None:
-        client = await opened(harness)
+        client = opened(harness)
         for setup in before:
             await call(client, setup, setup.name + "Ok")
         heal = FAILURES[failure](harness.broker)
