@@ -27,6 +27,7 @@ from ..wire.constants import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     FRAME_MIN_SIZE,
+    INTERNAL_MECHANISM,
     NOT_ALLOWED,
     PROTOCOL_HEADER,
     REPLY_SUCCESS,
@@ -468,6 +469,11 @@ class AMQPConnection(ConnectionOutput):
             raise AMQPConnectionError(COMMAND_INVALID, f"unexpected {method.name} during the handshake")
         self.client_properties = dict(method.client_properties or {})
         mechanism = method.mechanism
+        if mechanism == INTERNAL_MECHANISM:  # this node's own shovel, as the user who made it
+            assert self.broker.users is not None
+            internal = self.broker.internal_logins.verify(method.response, self.peer_host, self.broker.users)
+            self._finish_login(internal is not None, internal or "", mechanism)
+            return
         username, password = self._credentials(mechanism, method.response)
         users = self.broker.users
         assert users is not None
