@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import LocalBroker
-from tests.e2e.test_dashboard import _login, _severe_console_errors, _text, _wait, browser  # noqa: F401
+from tests.e2e.test_dashboard import _click, _login, _severe_console_errors, _text, _wait, browser  # noqa: F401
 
 from .conftest import PASSWORDS, admin
 
@@ -28,6 +28,11 @@ def test_parameters_and_policies_pages_by_role(browser: Any, broker: LocalBroker
     d.get(broker.http_url + "/#/parameters")
     table = _wait(lambda: "dash-remote" in _text(d, "#parameters") and _text(d, "#parameters"), "the parameters")
     assert "remote:***@" in table and "dash-pw-77" not in d.page_source, table
+    # Edit fills the form from the row (the row also names the user who set the shovel).
+    _click(d, '#parameters tr[data-key*="dash-remote"] button.edit')
+    form_value = _wait(lambda: d.execute_script(
+        "return document.querySelector('#parameter-form').elements['value'].value"), "the filled form")
+    assert "remote:***@" in form_value and "dash-pw-77" not in form_value, form_value
     d.get(broker.http_url + "/#/policies")
     table = _wait(lambda: "dash-pol" in _text(d, "#policies") and _text(d, "#policies"), "the policies")
     assert "dash-pol-b" not in table, table
