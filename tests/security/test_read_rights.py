@@ -98,3 +98,10 @@ def test_move_messages_needs_no_password(broker: LocalBroker) -> None:
     page = (Path(__file__).resolve().parents[2] / "lavinpy/http/static/dashboard_shovels.js").read_text()
     assert "const localShovelUri = (vhost) => `amqp:///${enc(vhost)}`;" in page
     assert "sessionStorage" not in page and "AUTH_KEY" not in page
+
+
+def test_a_refused_uri_is_named_without_its_password(broker: LocalBroker) -> None:
+    status, body, _ = http_call(broker, "PUT", "/api/parameters/shovel/a/bad-scheme", {"value": {
+        "src-uri": f"http://u:{PASSWORD}@example.com/", "src-queue": "q", "dest-uri": "amqp://"}})
+    assert status == 400 and "src-uri" in body["reason"] and "u:***@example.com" in body["reason"], body
+    assert PASSWORD not in json.dumps(body) and PASSWORD not in broker.log
