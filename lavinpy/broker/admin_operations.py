@@ -27,7 +27,7 @@ from ..wire.passwords import (
     hash_password,
     normalize_hash,
 )
-from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
+from .actor import ADMINISTRATOR, POLICYMAKER, Actor
 from .permissions import check_policy
 from .policies import NOT_NEEDED_KEYS, Policy, PolicyError
 from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHost
@@ -355,9 +355,10 @@ class AdminOperations:
     # -- policies ------------------------------------------------------------------------------
 
     def _may_read_policies(self, actor: Actor | None) -> None:
-        if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
+        # As RabbitMQ: policymakers and administrators; monitoring does not imply policymaker.
+        if actor is not None and not ({ADMINISTRATOR, POLICYMAKER} & actor.tags):
             raise access_refused(f"user '{actor.name}' may not see policies "
-                                 "(needs the policymaker, monitoring or administrator tag)")
+                                 "(needs the policymaker or administrator tag)")
 
     def list_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
         self._may_read_policies(actor)

@@ -116,8 +116,9 @@ class Plan:
             self.changes.append(entry)
 
 
-def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> Plan:
-    """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong."""
+def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None, importer: str) -> Plan:
+    """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong.
+    ``importer``: whom a link (shovel) parameter without a recorded ``user`` runs as."""
     checker = _Checker(broker, only_vhost)
     parameters = doc.get("parameters")
     checker.vhost_limit_parameters = {
@@ -143,7 +144,7 @@ def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | Non
             except DefinitionsError as e:
                 refused.append(e.detail)
     try:
-        check_limit_sections(broker, doc, only_vhost, checker.plan)
+        check_limit_sections(broker, doc, only_vhost, checker.plan, importer)
     except AMQPChannelError as e:  # the parameters, limits and operator policies: the first refused one
         refused.append(e.detail)
     if refused:

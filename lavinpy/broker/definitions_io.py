@@ -123,7 +123,8 @@ def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: 
     ops = AdminOperations(broker)
     if vhost is not None:
         ops.check_vhost_visible(actor, vhost)
-    plan = check_document(broker, doc, vhost)
+    # Links (shovels) without a recorded user become the importing administrator's.
+    plan = check_document(broker, doc, vhost, actor.name if actor is not None else broker.config.default_user)
     if not dry_run:
         _apply(broker, ops, plan)
     return plan
