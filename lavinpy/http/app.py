@@ -29,6 +29,7 @@ from . import (
 )
 from .auth import REALM, authenticate
 from .context import ACTOR_KEY, BROKER, CLUSTER_NODES, SESSIONS
+from .csrf import same_origin_json
 from .errors import ApiError, error_response, from_amqp_error
 from .proxied import ForwardedProtocol, proxied_remote
 
@@ -104,7 +105,7 @@ def make_app(broker: Broker, sessions: Sessions,
              cluster_nodes: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
     """The management application for one broker (its route modules registered); ``cluster_nodes``:
     the cluster's nodes with their roles, when the broker leads a cluster."""
-    app = web.Application(middlewares=[proxied_remote, _errors, _authentication, _replicated],
+    app = web.Application(middlewares=[proxied_remote, _errors, same_origin_json, _authentication, _replicated],
                           client_max_size=broker.config.max_message_size)
     app[BROKER] = broker
     app[SESSIONS] = sessions
