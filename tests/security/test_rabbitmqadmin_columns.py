@@ -77,7 +77,8 @@ def test_every_column_of_every_kind_prints(fresh_broker):
     ch.basic_consume("cq", lambda *a: None)
     ch.exchange_declare("pol.x", "topic")
     ch.queue_bind("cq", "pol.x", "a.#")
-    assert http_call(b, "PUT", "/api/policies/%2F/pol", {"pattern": "^pol\\.", "definition": {"max-length": 9}})[0] == 201
+    assert http_call(b, "PUT", "/api/policies/%2F/pol",
+                     {"pattern": "^pol\\.", "definition": {"max-length": 9}})[0] == 201
     assert http_call(b, "PUT", "/api/operator-policies/%2F/op",
                      {"pattern": "^none", "definition": {"max-length": 99}})[0] == 201
     assert http_call(b, "PUT", "/api/vhost-limits/%2F/max-queues", {"value": 1000})[0] == 204
