@@ -50,8 +50,8 @@ def test_other_clients_are_served_during_a_large_import(fresh_broker):
     assert result["status"] == 204, result
     listed = http_call(b, "GET", "/api/queues/%2F?page=1&page_size=1")[1]
     assert listed["total_count"] == COUNT + 1
-    # The import took a while, and the other clients were served all along, not after it.
+    # The other clients were served all along, not after the import: no wait near the import's length
+    # (before, one publish waited 8.6 s of a 9.2 s import), and a confirm every half second at least.
     seconds = float(result["seconds"])  # type: ignore[arg-type]
-    assert seconds > 1.0 and len(gaps) >= 5, (seconds, len(gaps))
-    assert max(gaps) < min(1.0, seconds / 2), (max(gaps), seconds)
-    assert max(api_gaps) < min(1.0, seconds / 2), (max(api_gaps), seconds)
+    assert max(gaps) < 0.5 and max(api_gaps) < 0.5, (max(gaps), max(api_gaps), seconds)
+    assert len(gaps) >= seconds / 0.5, (len(gaps), seconds)
