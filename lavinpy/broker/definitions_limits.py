@@ -23,7 +23,7 @@ from ..wire.errors import AMQPChannelError
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, check_limits
 from .links import LINK_COMPONENTS, link_refusal
 from .operator_policies import OPERATOR_VALIDATORS
-from .parameters import ParameterError
+from .parameters import ParameterError, check_parameter_name
 from .policies import PolicyError, make_policy
 
 if TYPE_CHECKING:
@@ -76,6 +76,10 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
         if vhost not in vhosts:
             raise _Refused(f"{what}: no vhost '{vhost}'")
         value = item.get("value")
+        try:
+            check_parameter_name("parameter name", name)
+        except ParameterError as e:
+            raise _Refused(f"{what}: {e}") from None
         if component == OPERATOR_POLICY_COMPONENT:
             _operator_policy(plan, vhost, name, value if isinstance(value, Mapping) else {}, what)
             continue
@@ -102,6 +106,10 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
     if only_vhost is None:
         for item in _items(doc, "global_parameters"):
             name = _text(item, "name", "global parameter")
+            try:
+                check_parameter_name("global parameter name", name)
+            except ParameterError as e:
+                raise _Refused(str(e)) from None
             if name == "cluster_name" and (not isinstance(item.get("value"), str) or not item.get("value")):
                 raise _Refused("global parameter 'cluster_name': value must be a non-empty string")
             plan.add("global_parameter", "", name, item.get("value"), "set")

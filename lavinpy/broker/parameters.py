@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
+from .names import name_too_long
+
 log = logging.getLogger("lavinpy.parameters")
 
 PARAMETERS_FILE = "parameters.json"
@@ -52,6 +54,13 @@ class Component(Protocol):
 
 
 Key = tuple[str, str, str]  # component, vhost, name
+
+
+def check_parameter_name(what: str, name: str) -> None:
+    """ParameterError when ``name`` is longer than 255 bytes (the limit of every name in the model)."""
+    reason = name_too_long(what, name)
+    if reason is not None:
+        raise ParameterError(reason)
 
 
 def unknown_component_text(component: str) -> str:
@@ -133,6 +142,7 @@ class Parameters:
         comp = self.component(component)
         if not isinstance(name, str) or not name:
             raise ParameterError("parameter name must be a non-empty string")
+        check_parameter_name("parameter name", name)
         if not self.vhost_exists(vhost):
             raise ParameterError(f"no vhost '{vhost}'")
         comp.validate(vhost, name, value)
@@ -206,6 +216,7 @@ class Parameters:
     def set_global(self, name: str, value: Any) -> bool:
         if not isinstance(name, str) or not name:
             raise ParameterError("global parameter name must be a non-empty string")
+        check_parameter_name("global parameter name", name)
         if name == "cluster_name" and (not isinstance(value, str) or not value):
             raise ParameterError("cluster_name: value must be a non-empty string")
         created = name not in self._globals
