@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import replication_protocol as proto
+from .admission import HandshakeAdmission
 from .errors import LeadershipLost
 from .files import is_local_only
 
@@ -40,7 +42,9 @@ ACK_TIMEOUT = 3.0  # seconds a follower may leave sent data unacknowledged
 HEARTBEAT_INTERVAL = 1.0  # an idle stream carries a heartbeat this often
 EPOCH_INTERVAL = 1.0  # a moving stream gets a new epoch this often
 MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is dropped
-AUTH_TIMEOUT = 10.0
+# A follower proves the secret in two round trips: a connection that has not within this time (TLS
+# handshake included) is closed.
+HANDSHAKE_TIMEOUT = 3.0
 
 
 class IsrWriter(Protocol):
@@ -76,8 +80,14 @@ class ReplicationServer:
     """Implements the store's FileChanges (the operations) and ReplicationBarrier (the confirms)."""
 
     def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int,
-                 serving: Callable[[], bool] = lambda: True, epoch: int = 0) -> None:
+                 serving: Callable[[], bool] = lambda: True, epoch: int = 0,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: a server context that requires and verifies the followers' certificates (None:
+        plain TCP)."""
         self.data_dir = Path(data_dir)
+        self._tls = tls
+        self.admission = HandshakeAdmission()
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._secret = secret
         self.node_id = node_id
         self._isr_writer = isr
@@ -108,11 +118,11 @@ class ReplicationServer:
     async def start(self) -> None:
         """Record ISR = [this node], then listen for followers."""
         await self._isr_writer.write_isr([self.node_id])
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._monitor = asyncio.get_running_loop().create_task(self._watch_acks())
-        log.info("replication: listening on %s:%d", self.host, self.port)
+        log.info("replication: listening on %s:%d%s", self.host, self.port, " (TLS)" if self._tls else "")
 
     def attach(self, broker: Any) -> None:
         """Report the broker's durable file changes to the followers and make its flushes wait for them.
@@ -347,18 +357,34 @@ class ReplicationServer:
                         and now - follower.last_progress > self.ack_timeout:
                     self._drop_later(follower, f"no acknowledgement for {self.ack_timeout:g} s")
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A new connection: admitted (HandshakeAdmission) or closed before a byte is read."""
         peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        if not self.admission.admit(host):
+            writer.transport.abort()
+            return
         sock = writer.get_extra_info("socket")
         if sock is not None:
             proto.tune_socket(sock)
+        await self._serve(reader, writer, host)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> None:
+        peer = writer.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        decoder = proto.FrameDecoder()
+        decoder = proto.FrameDecoder(max_frame=proto.HANDSHAKE_MAX_FRAME)
         follower: _Follower | None = None
         try:
-            node_id = await asyncio.wait_for(self._authenticate(reader, writer, decoder, address), AUTH_TIMEOUT)
+            try:
+                async with asyncio.timeout(self.handshake_timeout):
+                    if self._tls is not None:  # after admission: a refused peer costs no TLS handshake
+                        await writer.start_tls(self._tls)
+                    node_id = await self._authenticate(reader, writer, decoder, address)
+            finally:
+                self.admission.release(host)
             if node_id is None:
                 return
+            decoder.max_frame = proto.MAX_FRAME  # the file list may be large
             await self._attached.wait()
             old = self._followers.get(node_id)
             if old is not None:
@@ -387,17 +413,20 @@ class ReplicationServer:
                 sender.cancel()
             if not follower.dropped:
                 self._drop_later(follower, "connection closed")
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, proto.ProtocolError, OSError) as exc:
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, proto.ProtocolError, OSError,
+                ssl.SSLError) as exc:
             if follower is not None and not follower.dropped:
                 self._drop_later(follower, f"{type(exc).__name__}: {exc}")
             elif follower is None:
                 log.warning("replication: connection from %s ended: %s", address, exc or type(exc).__name__)
+                if isinstance(exc, proto.ProtocolError):
+                    writer.transport.abort()  # unread bytes are not waited for
         finally:
             writer.close()
 
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                             decoder: proto.FrameDecoder, address: str) -> str | None:
-        kind, payload = await proto.next_frame(reader, decoder)
+        kind, payload = await proto.next_frame(reader, decoder, proto.HANDSHAKE_MAX_FRAME)
         if kind != proto.HELLO:
             raise proto.ProtocolError(f"expected hello, got frame type {kind}")
         version, follower_nonce, node_id = proto.parse_hello(payload)
@@ -407,7 +436,7 @@ class ReplicationServer:
             return None
         leader_nonce = proto.new_nonce()
         writer.write(proto.challenge(leader_nonce, proto.leader_proof(self._secret, follower_nonce, leader_nonce)))
-        kind, payload = await proto.next_frame(reader, decoder)
+        kind, payload = await proto.next_frame(reader, decoder, proto.HANDSHAKE_MAX_FRAME)
         expected = proto.follower_proof(self._secret, follower_nonce, leader_nonce, node_id)
         if kind != proto.AUTH or not proto.proof_matches(expected, payload):
             log.warning("replication: refused follower %r from %s: wrong shared secret", node_id, address)
