@@ -22,6 +22,21 @@ _MAX_TRACKED = 4096  # addresses whose attempt rate is remembered
 REFUSAL_LOG_INTERVAL = 10.0  # refused connections are logged once per interval, with a count
 
 
+class Ticket:
+    """An admitted connection's place among the pending handshakes; ``release()`` gives it back (once)."""
+
+    __slots__ = ("_admission", "address")
+
+    def __init__(self, admission: HandshakeAdmission, address: str) -> None:
+        self._admission: HandshakeAdmission | None = admission
+        self.address = address
+
+    def release(self) -> None:
+        if self._admission is not None:
+            self._admission._release(self.address)
+            self._admission = None
+
+
 class HandshakeAdmission:
     def __init__(self, per_address: int = MAX_PENDING_PER_ADDRESS, total: int = MAX_PENDING,
                  burst: int = ATTEMPT_BURST, rate: float = ATTEMPTS_PER_SECOND) -> None:
@@ -35,23 +50,23 @@ class HandshakeAdmission:
         self._refused = 0
         self._refused_logged_at = 0.0
 
-    def admit(self, address: str) -> bool:
-        """Whether a new connection from ``address`` may start its handshake; if so, ``release()`` it
-        once it has authenticated or ended."""
+    def admit(self, address: str) -> Ticket | None:
+        """A ticket when a new connection from ``address`` may start its handshake (release it once
+        the peer has authenticated or the connection ended); None when it must be closed."""
         reason = self._refusal(address)
         if reason is None:
             self._pending[address] = self._pending.get(address, 0) + 1
             self._pending_total += 1
-            return True
+            return Ticket(self, address)
         self._refused += 1
         now = time.monotonic()
         if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL:
             log.warning("replication: refused %d unauthenticated connection(s), the last from %s: %s",
                         self._refused, address, reason)
             self._refused, self._refused_logged_at = 0, now
-        return False
+        return None
 
-    def release(self, address: str) -> None:
+    def _release(self, address: str) -> None:
         count = self._pending.get(address, 0)
         if count <= 0:
             return

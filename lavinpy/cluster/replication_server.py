@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import replication_protocol as proto
-from .admission import HandshakeAdmission
+from .admission import HandshakeAdmission, Ticket
 from .errors import LeadershipLost
 from .files import is_local_only
+from .replication_listener import ReplicationListener
 
 log = logging.getLogger("lavinpy.cluster.replication")
 
@@ -101,7 +102,7 @@ class ReplicationServer:
         self._epoch_end = -1  # where that stamp ends in the stream
         self._recorded_epoch = epoch  # the last epoch written to etcd
         self._recording = False
-        self._server: asyncio.base_events.Server | None = None
+        self._server: ReplicationListener | None = None
         self._followers: dict[str, _Follower] = {}  # registered: operations are buffered for them
         self._isr: dict[str, _Follower] = {}  # the barrier waits for these (a superset of etcd's ISR)
         self._isr_lock = asyncio.Lock()
@@ -118,9 +119,8 @@ class ReplicationServer:
     async def start(self) -> None:
         """Record ISR = [this node], then listen for followers."""
         await self._isr_writer.write_isr([self.node_id])
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
-        if self.port == 0:
-            self.port = self._server.sockets[0].getsockname()[1]
+        self._server = ReplicationListener(self._serve, self.admission, self._tls, lambda: self.handshake_timeout)
+        self.port = await self._server.start(self.host, self.port)
         self._monitor = asyncio.get_running_loop().create_task(self._watch_acks())
         log.info("replication: listening on %s:%d%s", self.host, self.port, " (TLS)" if self._tls else "")
 
@@ -357,19 +357,12 @@ class ReplicationServer:
                         and now - follower.last_progress > self.ack_timeout:
                     self._drop_later(follower, f"no acknowledgement for {self.ack_timeout:g} s")
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A new connection: admitted (HandshakeAdmission) or closed before a byte is read."""
-        peer = writer.get_extra_info("peername")
-        host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        if not self.admission.admit(host):
-            writer.transport.abort()
-            return
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ticket: Ticket) -> None:
+        """An admitted connection (ReplicationListener), TLS done; ``ticket`` is its place among the
+        unauthenticated ones."""
         sock = writer.get_extra_info("socket")
         if sock is not None:
             proto.tune_socket(sock)
-        await self._serve(reader, writer, host)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> None:
         peer = writer.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         decoder = proto.FrameDecoder(max_frame=proto.HANDSHAKE_MAX_FRAME)
@@ -377,11 +370,9 @@ class ReplicationServer:
         try:
             try:
                 async with asyncio.timeout(self.handshake_timeout):
-                    if self._tls is not None:  # after admission: a refused peer costs no TLS handshake
-                        await writer.start_tls(self._tls)
                     node_id = await self._authenticate(reader, writer, decoder, address)
             finally:
-                self.admission.release(host)
+                ticket.release()
             if node_id is None:
                 return
             decoder.max_frame = proto.MAX_FRAME  # the file list may be large
