@@ -7,6 +7,7 @@ etcd password stops with a clear error."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -23,6 +24,8 @@ import pika
 import pytest
 
 from lavinpy.cluster import replication_protocol as proto
+from lavinpy.cluster.etcd import EtcdClient, EtcdError
+from lavinpy.cluster.tls import etcd_context
 from tests.helpers import wait_until
 
 from .certs import node_certificate
@@ -218,3 +221,33 @@ def test_lavinpyctl_force_leader_reaches_etcd_with_auth_and_tls(trusted: Cluster
     wrong = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
                            env={**env, "PYTHONPATH": str(REPO_ROOT), "LAVINPY_CLUSTERING_ETCD_PASSWORD": "wrong"})
     assert "authentication failed" in wrong.stderr and wrong.returncode != 0
+
+
+def test_the_etcd_client_needs_the_ca_and_its_certificate(secure_etcd: SecureEtcd) -> None:
+    async def attempts() -> dict[str, str]:
+        ca = str(secure_etcd.ca.cert_path)
+        clients = {
+            "all of it": EtcdClient(secure_etcd.endpoint, user=USER, password=PASSWORD,
+                                    tls=etcd_context(ca, str(secure_etcd.client_cert), str(secure_etcd.client_key))),
+            "no client certificate": EtcdClient(secure_etcd.endpoint, user=USER, password=PASSWORD,
+                                                tls=etcd_context(ca)),
+            "plain HTTP": EtcdClient(secure_etcd.endpoint, user=USER, password=PASSWORD),
+            "outside its prefix": EtcdClient(secure_etcd.endpoint, user=USER, password=PASSWORD,
+                                             tls=etcd_context(ca, str(secure_etcd.client_cert),
+                                                              str(secure_etcd.client_key))),
+        }
+        results = {}
+        for name, client in clients.items():
+            try:
+                await client.get("other/key" if name == "outside its prefix" else f"{PREFIX}/clustering_secret")
+                results[name] = "read"
+            except EtcdError as e:
+                results[name] = str(e)
+            finally:
+                await client.close()
+        return results
+    results = asyncio.run(attempts())
+    assert results["all of it"] == "read"
+    assert "certificate" in results["no client certificate"].lower(), results
+    assert "no endpoint could serve" in results["plain HTTP"], results
+    assert "permission denied" in results["outside its prefix"], results
