@@ -104,8 +104,12 @@ class ReplicationListener:
                     ssl_handshake_timeout=self._handshake_timeout() if self._tls is not None else None)
             except (OSError, ssl.SSLError, TimeoutError) as e:
                 sock.close()
-                log.warning("replication: TLS handshake with %s failed: %s", ticket.address, e or type(e).__name__)
+                log.warning("replication: TLS handshake with %s failed: %s", ticket.address,
+                            str(e) or type(e).__name__)
                 return
+            except BaseException:  # cancelled (the leader stops): the socket is not a transport's yet
+                sock.close()
+                raise
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             await self._serve(reader, writer, ticket)
         finally:
