@@ -125,6 +125,18 @@ class Config:
     clustering_advertised_uri: str = ""
     clustering_on_leader_elected: str = ""  # shell commands run on becoming / ceasing to be leader
     clustering_on_leader_lost: str = ""
+    # etcd holds the replication secret: log in as this user (etcd's auth/authenticate) when etcd has
+    # authentication on; the password belongs in the YAML file or LAVINPY_CLUSTERING_ETCD_PASSWORD.
+    clustering_etcd_user: str = ""
+    clustering_etcd_password: str = ""
+    # TLS to etcd (endpoints without a scheme become https://): the CA that signed etcd's certificate
+    # ("" = the system's), and this node's client certificate and key when etcd asks for one.
+    clustering_etcd_tls_ca: str = ""
+    clustering_etcd_tls_cert: str = ""
+    clustering_etcd_tls_key: str = ""
+    # TLS on the replication port with the node's tls_cert / tls_key, each side verifying the other's
+    # certificate against tls_ca_cert (both ends must have it on).
+    clustering_tls: bool = False
 
     def validate(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -196,6 +208,18 @@ class Config:
                                                                 self.clustering_advertised_uri):
             raise ConfigError("clustering_advertised_uri must look like tcp://host:port, "
                               f"not {self.clustering_advertised_uri!r}")
+        if self.clustering_etcd_password and not self.clustering_etcd_user:
+            raise ConfigError("clustering_etcd_password needs clustering_etcd_user")
+        if bool(self.clustering_etcd_tls_cert) != bool(self.clustering_etcd_tls_key):
+            raise ConfigError("clustering_etcd_tls_cert and clustering_etcd_tls_key must be set together")
+        if self.clustering_tls and not (self.tls_cert and self.tls_key and self.tls_ca_cert):
+            raise ConfigError("clustering_tls needs tls_cert, tls_key and tls_ca_cert (the node's certificate "
+                              "and the CA that signed the other nodes')")
+
+    @property
+    def clustering_etcd_tls(self) -> bool:
+        """Whether the etcd client speaks TLS to endpoints that name no scheme."""
+        return bool(self.clustering_etcd_tls_ca or self.clustering_etcd_tls_cert)
 
     @property
     def clustering_uri(self) -> str:
@@ -308,6 +332,12 @@ _CLUSTERING_FLAGS = {
     "clustering_advertised_uri": "tcp://host:port the other nodes use to reach this one",
     "clustering_on_leader_elected": "shell command run when this node becomes leader",
     "clustering_on_leader_lost": "shell command run when this node stops being leader",
+    "clustering_etcd_user": "etcd user to log in as (the password: clustering_etcd_password in the YAML file or "
+                            "LAVINPY_CLUSTERING_ETCD_PASSWORD)",
+    "clustering_etcd_tls_ca": "CA file that signed etcd's certificate (turns TLS to etcd on)",
+    "clustering_etcd_tls_cert": "client certificate for etcd (with --clustering-etcd-tls-key)",
+    "clustering_etcd_tls_key": "key of the client certificate for etcd",
+    "clustering_tls": "true: TLS on the replication port with tls_cert/tls_key, peers verified against tls_ca_cert",
 }
 
 

@@ -8,21 +8,29 @@ import json
 
 from ..cluster.etcd import EtcdClient, EtcdError
 from ..cluster.keys import ClusterKeys
+from ..cluster.tls import ClusterTLSError, etcd_context
 
 
 class ClusterCtlError(Exception):
     pass
 
 
-def force_leader(endpoints: str, prefix: str, node_id: str) -> str:
+def force_leader(endpoints: str, prefix: str, node_id: str, user: str = "", password: str = "",
+                 tls_files: tuple[str, str, str] = ("", "", "")) -> str:
     """Let ``node_id`` take the leadership whatever the ISR says (it must be a live member). The node
-    consumes the key when it wins. Returns what was done, for the operator."""
-    return asyncio.run(_force_leader(endpoints, prefix, node_id))
+    consumes the key when it wins. Returns what was done, for the operator. ``tls_files``: etcd's CA,
+    a client certificate and its key (any of them set: TLS to etcd)."""
+    return asyncio.run(_force_leader(endpoints, prefix, node_id, user, password, tls_files))
 
 
-async def _force_leader(endpoints: str, prefix: str, node_id: str) -> str:
+async def _force_leader(endpoints: str, prefix: str, node_id: str, user: str, password: str,
+                        tls_files: tuple[str, str, str]) -> str:
     keys = ClusterKeys(prefix)
-    etcd = EtcdClient(endpoints)
+    try:
+        tls = etcd_context(*tls_files) if any(tls_files) else None
+    except ClusterTLSError as e:
+        raise ClusterCtlError(str(e)) from None
+    etcd = EtcdClient(endpoints, user=user, password=password, tls=tls)
     try:
         live = {kv.key.rsplit("/", 1)[1] for kv in await etcd.get_prefix(keys.nodes)}
         if node_id not in live:

@@ -313,6 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     force.add_argument("--etcd-endpoints", dest="etcd_endpoints", default="127.0.0.1:2379",
                        help="etcd endpoints, comma-separated host:port (default 127.0.0.1:2379)")
     force.add_argument("--etcd-prefix", dest="etcd_prefix", default="lavinpy", help="the cluster's key prefix")
+    force.add_argument("--etcd-user", dest="etcd_user", default="",
+                       help="etcd user (its password from LAVINPY_CLUSTERING_ETCD_PASSWORD)")
+    force.add_argument("--etcd-tls-ca", dest="etcd_tls_ca", default="", help="CA of etcd's certificate (TLS to etcd)")
+    force.add_argument("--etcd-tls-cert", dest="etcd_tls_cert", default="", help="client certificate for etcd")
+    force.add_argument("--etcd-tls-key", dest="etcd_tls_key", default="", help="key of the client certificate")
     return parser
 
 
@@ -324,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             print(hash_password(args.password))
             return EXIT_OK
         if args.command == "force_leader":
-            print(force_leader(args.etcd_endpoints, args.etcd_prefix, args.node_id))
+            print(force_leader(args.etcd_endpoints, args.etcd_prefix, args.node_id, user=args.etcd_user,
+                               password=os.environ.get("LAVINPY_CLUSTERING_ETCD_PASSWORD", ""),
+                               tls_files=(args.etcd_tls_ca, args.etcd_tls_cert, args.etcd_tls_key)))
             return EXIT_OK
         if args.command == "await_startup":
             args.timeout = 300.0 if args.timeout is None else args.timeout

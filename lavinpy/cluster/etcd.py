@@ -18,19 +18,50 @@ A request whose answer was lost (timeout, 5xx) may still be applied by etcd. Try
 elsewhere is safe for this client's writes (a put repeats itself, a fenced txn re-checks its fence),
 but a create-if-absent txn retried that way finds the key it created itself: ``put_if_absent``
 recognises that case; callers of ``txn`` that create keys should read back when it says False.
+
+With a user name the client authenticates (``auth/authenticate``) before its first request and sends
+the token etcd gives in the ``Authorization`` header; a token etcd no longer takes (expired, revoked
+by a password change, issued before a change of roles, or lost with a restarted member) is replaced
+once and the request sent again. With a TLS context the endpoints are ``https://`` (unless they say
+otherwise) and the context verifies etcd's certificate and presents the client's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from .etcd_codec import (
+    _HEADERS,
+    Compare,
+    EtcdAuthFailed,
+    EtcdCompacted,
+    EtcdError,
+    EtcdUnavailable,
+    KeyValue,
+    WatchEvent,
+    _b64,
+    _describe,
+    _error_of,
+    _kv,
+    _loop_time,
+    _member_cannot_serve,
+    _parse,
+    _token_rejected,
+    delete_op,
+    prefix_end,
+    put_op,
+    range_op,
+)
+
+__all__ = ["Compare", "EtcdAuthFailed", "EtcdClient", "EtcdCompacted", "EtcdError", "EtcdUnavailable", "KeyValue",
+           "Watch", "WatchEvent", "delete_op", "prefix_end", "put_op", "range_op"]
 
 log = logging.getLogger("lavinpy.cluster.etcd")
 
@@ -38,159 +69,32 @@ REQUEST_TIMEOUT = 1.0  # connect + answer, per endpoint
 KEEPALIVE_TIMEOUT = 0.5  # a lease keepalive is answered from the leader's memory: fast or not at all
 WATCH_IDLE_TIMEOUT = 5.0  # a watch that hears nothing for this long ends, to be resumed elsewhere
 
-# Forwarded by the gateway as gRPC metadata: a member without a leader refuses requests at once and
-# cancels watch streams (after ~3 election timeouts) instead of leaving them waiting.
-_HEADERS = {"Grpc-Metadata-hasleader": "true"}
 
-# gRPC codes that say "this member cannot serve now": Unavailable, DeadlineExceeded.
-_MEMBER_CODES = {4, 14}
-_MEMBER_MESSAGES = ("no leader", "not leader", "leader changed", "timed out", "deadline exceeded", "server stopped",
-                    "unhealthy cluster", "too many requests")
+class _TokenRejected(EtcdError):
+    """etcd no longer takes the client's token: authenticate again."""
 
-
-class EtcdError(Exception):
-    """etcd answered with an error, or no endpoint could be reached."""
-
-
-class EtcdUnavailable(EtcdError):
-    """No endpoint answered (in time, or with a leader)."""
-
-
-class EtcdCompacted(EtcdError):
-    """A watch's start revision is gone from etcd's history: read the state again, then watch from there."""
-
-    def __init__(self, message: str, compact_revision: int) -> None:
+    def __init__(self, message: str, uncertain: bool) -> None:
         super().__init__(message)
-        self.compact_revision = compact_revision
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    lease: int
-
-    @property
-    def text(self) -> str:
-        return self.value.decode()
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    kind: str  # "PUT" or "DELETE"
-    kv: KeyValue
-
-
-@dataclass(frozen=True)
-class Compare:
-    """One txn condition: ``target`` is CREATE, MOD, VALUE or LEASE (compared for equality)."""
-
-    key: str
-    target: str
-    value: int | str | bytes
-
-    def encode(self) -> dict[str, Any]:
-        field = {"CREATE": "create_revision", "MOD": "mod_revision", "VALUE": "value", "LEASE": "lease"}[self.target]
-        value = self.value
-        if self.target == "VALUE":
-            value = _b64(value if isinstance(value, bytes) else str(value).encode())
-        else:
-            value = str(value)
-        return {"key": _b64(self.key), "target": self.target, "result": "EQUAL", field: value}
-
-
-def _b64(data: str | bytes) -> str:
-    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
-
-
-def _unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
-
-
-def prefix_end(prefix: str) -> str:
-    """The range_end covering every key that starts with ``prefix``."""
-    raw = bytearray(prefix.encode())
-    while raw and raw[-1] == 0xFF:
-        raw.pop()
-    raw[-1] += 1
-    return raw.decode("latin-1")
-
-
-def _kv(item: dict[str, Any]) -> KeyValue:
-    return KeyValue(key=_unb64(item.get("key")).decode(), value=_unb64(item.get("value")),
-                    create_revision=int(item.get("create_revision", 0)),
-                    mod_revision=int(item.get("mod_revision", 0)), lease=int(item.get("lease", 0)))
-
-
-def put_op(key: str, value: str | bytes, lease: int = 0) -> dict[str, Any]:
-    """A put, for a txn's success or failure branch."""
-    body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
-    if lease:
-        body["lease"] = str(lease)
-    return {"request_put": body}
-
-
-def delete_op(key: str) -> dict[str, Any]:
-    """A delete of one key, for a txn's success or failure branch (no error when it is absent)."""
-    return {"request_delete_range": {"key": _b64(key)}}
-
-
-def range_op(key: str) -> dict[str, Any]:
-    """A read of one key, for a txn's success or failure branch."""
-    return {"request_range": {"key": _b64(key)}}
-
-
-def _error_of(data: dict[str, Any]) -> tuple[int | None, str] | None:
-    """(gRPC code, message) of an error answer: unary calls put them at the top level, streamed calls
-    (keepalive, watch) nest them in "error"."""
-    error = data.get("error")
-    if error is None:
-        return None
-    if isinstance(error, dict):
-        return error.get("grpc_code"), str(error.get("message", ""))
-    return data.get("code"), str(data.get("message") or error)
-
-
-def _member_cannot_serve(status: int, error: tuple[int | None, str] | None) -> bool:
-    """Whether an answer says this member cannot serve now, so another member may."""
-    if status >= 500:
-        return True
-    if error is None:
-        return False
-    code, message = error
-    return code in _MEMBER_CODES or any(m in message for m in _MEMBER_MESSAGES)
-
-
-def _parse(text: str) -> dict[str, Any] | None:
-    """The first JSON object of an answer; None when it is not JSON (not etcd's gateway answering)."""
-    first = text.strip().splitlines()[0] if text.strip() else "{}"
-    try:
-        data = json.loads(first)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _describe(e: BaseException, budget: float) -> str:
-    return f"no answer within {budget:.2f} s" if isinstance(e, TimeoutError) else repr(e)
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
+        self.uncertain = uncertain
 
 
 class EtcdClient:
     def __init__(self, endpoints: str | list[str], request_timeout: float = REQUEST_TIMEOUT,
-                 watch_idle_timeout: float = WATCH_IDLE_TIMEOUT, keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+                 watch_idle_timeout: float = WATCH_IDLE_TIMEOUT, keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+                 user: str = "", password: str = "", tls: ssl.SSLContext | None = None) -> None:
         items = endpoints.split(",") if isinstance(endpoints, str) else endpoints
-        self.endpoints = [e.strip() if "://" in e else f"http://{e.strip()}" for e in items if e.strip()]
+        scheme = "https" if tls is not None else "http"
+        self.endpoints = [e.strip() if "://" in e else f"{scheme}://{e.strip()}" for e in items if e.strip()]
         if not self.endpoints:
             raise ValueError("no etcd endpoint given")
         self.request_timeout = request_timeout
         self.watch_idle_timeout = watch_idle_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.user = user
+        self._password = password
+        self._tls = tls
+        self._token = ""  # etcd's token for ``user``; "" until authenticated
+        self._authenticating: asyncio.Lock | None = None
         self._current = 0  # the endpoint that answered last: tried first
         self._session: aiohttp.ClientSession | None = None
 
@@ -201,8 +105,33 @@ class EtcdClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=self._tls) if self._tls is not None else None
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
+
+    def _headers(self) -> dict[str, str]:
+        return {**_HEADERS, "Authorization": self._token} if self._token else _HEADERS
+
+    async def _authenticate(self, stale: str, deadline: float | None) -> None:
+        """A new token, unless another call replaced ``stale`` meanwhile. EtcdAuthFailed when etcd
+        refuses the user name or password."""
+        if self._authenticating is None:
+            self._authenticating = asyncio.Lock()
+        async with self._authenticating:
+            if self._token != stale:
+                return
+            self._token = ""
+            body = {"name": self.user, "password": self._password}
+            try:
+                data, _ = await self._call_once("auth/authenticate", body, deadline, None)
+            except EtcdUnavailable:
+                raise
+            except EtcdError as e:
+                raise EtcdAuthFailed(f"etcd refused user {self.user!r}: {str(e).split(': ', 2)[-1]} (check "
+                                     "clustering_etcd_user and clustering_etcd_password)") from None
+            self._token = str(data.get("token", ""))
+            if not self._token:
+                raise EtcdAuthFailed(f"etcd gave user {self.user!r} no token: is authentication enabled?")
 
     async def close(self) -> None:
         if self._session is not None:
@@ -237,12 +166,28 @@ class EtcdClient:
     async def _call(self, path: str, body: dict[str, Any], deadline: float | None,
                     timeout: float | None) -> tuple[dict[str, Any], bool]:
         """The answer, and whether an earlier try's request may have been applied without an answer."""
+        if not self.user:
+            return await self._call_once(path, body, deadline, timeout)
+        token = self._token
+        if not token:
+            await self._authenticate(token, deadline)
+            token = self._token
+        try:
+            return await self._call_once(path, body, deadline, timeout)
+        except _TokenRejected as e:
+            log.info("etcd: the token of user %r was refused (%s); authenticating again", self.user, e)
+            await self._authenticate(token, deadline)
+            data, uncertain = await self._call_once(path, body, deadline, timeout)
+            return data, uncertain or e.uncertain
+
+    async def _call_once(self, path: str, body: dict[str, Any], deadline: float | None,
+                         timeout: float | None) -> tuple[dict[str, Any], bool]:
         errors: list[str] = []
         uncertain = False
         for index, budget in self._attempts(timeout or self.request_timeout, deadline):
             endpoint = self.endpoints[index]
             try:
-                async with self._http().post(f"{endpoint}/v3/{path}", json=body, headers=_HEADERS,
+                async with self._http().post(f"{endpoint}/v3/{path}", json=body, headers=self._headers(),
                                              timeout=aiohttp.ClientTimeout(total=budget)) as response:
                     status = response.status
                     text = await response.text()
@@ -267,6 +212,11 @@ class EtcdClient:
                 uncertain = uncertain or error is None or "no leader" not in error[1]
                 continue
             self._answered(index)
+            if error is not None and _token_rejected(error[1]):
+                if self.user:
+                    raise _TokenRejected(error[1], uncertain)
+                raise EtcdAuthFailed(f"etcd {path}: {error[1]}: etcd requires authentication (set "
+                                     "clustering_etcd_user and clustering_etcd_password)")
             if error is not None or status != 200:
                 raise EtcdError(f"etcd {path}: HTTP {status}: {error[1] if error else text.strip()[:200]}")
             return data, uncertain
@@ -407,7 +357,19 @@ class Watch:
             yield b'{"progress_request": {}}\n'
 
     async def _open(self) -> tuple[aiohttp.ClientResponse, dict[str, Any]]:
-        """The stream and its "created" answer, from the first endpoint that can serve."""
+        """The stream and its "created" answer, from the first endpoint that can serve (with a new
+        token once when etcd refuses the client's)."""
+        client = self.client
+        if client.user and not client._token:
+            await client._authenticate("", self.deadline)
+        token = client._token
+        try:
+            return await self._open_once()
+        except _TokenRejected:
+            await client._authenticate(token, self.deadline)
+            return await self._open_once()
+
+    async def _open_once(self) -> tuple[aiohttp.ClientResponse, dict[str, Any]]:
         client = self.client
         errors: list[str] = []
         for index, budget in client._attempts(client.request_timeout, self.deadline):
@@ -418,7 +380,7 @@ class Watch:
                     # Without "Expect: 100-continue", Go's HTTP/1.1 server drains the request body
                     # before it sends the answer's headers: an open request stream would get none.
                     response = await client._http().post(
-                        f"{endpoint}/v3/watch", data=self._requests(self._create_request()), headers=_HEADERS,
+                        f"{endpoint}/v3/watch", data=self._requests(self._create_request()), headers=client._headers(),
                         timeout=aiohttp.ClientTimeout(total=None), expect100=True)
                     line = await response.content.readline()
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
@@ -437,6 +399,8 @@ class Watch:
                 errors.append(f"{endpoint}: HTTP {response.status}: {error[1] if error else line[:80]!r}")
                 continue
             client._answered(index)
+            if client.user and _token_rejected(error[1]):
+                raise _TokenRejected(error[1], False)
             raise EtcdError(f"etcd watch: {error[1]}")
         raise EtcdUnavailable(f"etcd watch: no endpoint could serve: {'; '.join(errors) or 'deadline passed'}")
 

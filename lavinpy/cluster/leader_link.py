@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from pathlib import Path
 
@@ -35,8 +36,10 @@ class LeaderLink:
     """Replicates into ``data_dir`` as follower ``node_id`` (proving ``secret``) from ``leader`` in its term
     ``lease``."""
 
-    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader: NodeInfo, lease: int) -> None:
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader: NodeInfo, lease: int,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.data_dir = data_dir
+        self.tls = tls
         self.secret = secret
         self.node_id = node_id
         self.leader = leader
@@ -75,7 +78,7 @@ class LeaderLink:
         host, port = uri_host_port(self.leader.uri)
         retry = RETRY
         while True:
-            client = self._client = ReplicationClient(self.data_dir, self.secret, self.node_id, host, port)
+            client = self._client = ReplicationClient(self.data_dir, self.secret, self.node_id, host, port, self.tls)
             self.port_closed = False
             try:
                 await client.run()

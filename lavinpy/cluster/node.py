@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..listeners import ProxyPolicy
 from ..store.lock import DataDirLock, DataDirLocked
 from ..wire.proxy_header import TrustedSources
-from . import replica_state
+from . import replica_state, tls
 from .errors import LeadershipLost
-from .etcd import Compare, EtcdClient, EtcdError, KeyValue, delete_op, put_op
+from .etcd import Compare, EtcdAuthFailed, EtcdClient, EtcdError, KeyValue, delete_op, put_op
 from .files import node_id
 from .follower_ports import FollowerPorts
 from .keys import ClusterKeys, NodeInfo, uri_host_port
@@ -85,7 +86,15 @@ class ClusterNode:
         self.id = ""
         self.uri = config.clustering_uri
         self.keys = ClusterKeys(config.clustering_etcd_prefix)
-        self.etcd = EtcdClient(config.clustering_etcd_endpoints)
+        self._setup_error = ""  # a TLS file that cannot be used: run() says so and stops
+        etcd_tls: ssl.SSLContext | None = None
+        self.replication_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None  # (server, client)
+        try:
+            etcd_tls, self.replication_tls = tls.node_contexts(config)
+        except tls.ClusterTLSError as e:
+            self._setup_error = str(e)
+        self.etcd = EtcdClient(config.clustering_etcd_endpoints, user=config.clustering_etcd_user,
+                               password=config.clustering_etcd_password, tls=etcd_tls)
         self.role = "starting"
         self.lease = 0
         self.secret = b""
@@ -108,6 +117,9 @@ class ClusterNode:
     # --- life cycle -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> int:
         """Join the cluster and take whatever role comes, until ``stop`` is set (SIGTERM)."""
+        if self._setup_error:
+            log.error("cannot start: %s", self._setup_error)
+            return 1
         self.id = node_id(self.data_dir)
         try:
             self._lock.acquire()  # a follower's copy is written by its replication only
@@ -121,7 +133,12 @@ class ClusterNode:
             joined.cancel()
             await self._leave()
             return 0
-        joined.result()
+        try:
+            joined.result()
+        except EtcdAuthFailed as e:
+            log.error("cannot join the cluster: %s", e)
+            await self._leave()
+            return 1
         log.info("cluster node %s joined (uri %s, etcd %s, prefix %s)", self.id, self.uri,
                  self.config.clustering_etcd_endpoints, self.keys.prefix)
         self._tasks = [asyncio.ensure_future(self._keep_lease()), asyncio.ensure_future(self._watch_members())]
@@ -155,6 +172,8 @@ class ClusterNode:
                 self.deadline = sent + LEASE_TTL
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
                 return
+            except EtcdAuthFailed:
+                raise  # a setting to fix, not a state to wait out
             except EtcdError as e:
                 if attempts % 30 == 0:  # once, then every 30 s
                     log.warning("cluster: waiting for etcd (%s)", e)
@@ -358,7 +377,8 @@ class ClusterNode:
         link = self._link
         if link is None or link.lease != leader.lease:  # a new term, even of the same node: a new link
             await self._stop_following()
-            link = self._link = LeaderLink(self.data_dir, self.secret, self.id, info, leader.lease)
+            link = self._link = LeaderLink(self.data_dir, self.secret, self.id, info, leader.lease,
+                                           self.replication_tls[1] if self.replication_tls else None)
             link.start()
         while True:
             await asyncio.sleep(LEADER_POLL)
@@ -400,7 +420,8 @@ class ClusterNode:
             await self._refresh_members()  # the followers' proxies are trusted from the first connection
             host, port = self.config.clustering_bind, self.config.clustering_port
             self.replication = ReplicationServer(self.data_dir, self.secret, self.id, self, host, port,
-                                                 self.lease_valid, self._epoch)
+                                                 self.lease_valid, self._epoch,
+                                                 self.replication_tls[0] if self.replication_tls else None)
             await self.replication.start()
             self.server = await self.start_leader(self)
         except Exception as e:

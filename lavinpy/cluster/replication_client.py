@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -43,8 +44,12 @@ class ReplicationClient:
     this path delayed the leader's confirms. ``run()`` and ``close()`` are the asyncio face.
     """
 
-    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader_host: str, leader_port: int) -> None:
+    def __init__(self, data_dir: Path, secret: bytes, node_id: str, leader_host: str, leader_port: int,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: a client context that verifies the leader's certificate (and presents this node's);
+        None: plain TCP."""
         self.data_dir = Path(data_dir)
+        self._tls = tls
         self._secret = secret
         self.node_id = node_id
         self.leader_host = leader_host
@@ -95,7 +100,9 @@ class ReplicationClient:
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                # The plain socket's shutdown, also under TLS: SSLSocket's own drops its TLS state,
+                # which the thread may be reading with.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     # ---- the thread ---------------------------------------------------------------------------------
 
@@ -103,14 +110,17 @@ class ReplicationClient:
         sock = socket.create_connection((self.leader_host, self.leader_port), timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # an acknowledgement goes at once
         proto.tune_socket(sock)
-        sock.settimeout(SYNC_READ_TIMEOUT)
         self._sock = sock
         if self._closing:  # close() came while connecting
             self._shutdown()
         link = _Link(sock)
         applier = FileApplier(self.data_dir, before_discard=self._not_consistent)
         try:
+            if self._tls is not None:
+                sock = self._sock = link.start_tls(self._tls, self.leader_host)
+            sock.settimeout(SYNC_READ_TIMEOUT)
             self._authenticate(link)
+            link.decoder.max_frame = proto.MAX_FRAME
             self.up_since = time.monotonic()
             self._full_sync(link, applier)
             self.in_sync = self.streamed = True
@@ -224,24 +234,53 @@ class _Link:
         self._sock = sock
         self._buffer = bytearray(READ_SIZE)
         self._view = memoryview(self._buffer)
-        self._decoder = proto.FrameDecoder()
+        self.decoder = proto.FrameDecoder(max_frame=proto.HANDSHAKE_MAX_FRAME)  # raised once authenticated
+        self._tls = False
+
+    def start_tls(self, context: ssl.SSLContext, host: str) -> ssl.SSLSocket:
+        """TLS over the connection (the handshake within CONNECT_TIMEOUT): the leader's certificate must
+        name ``host`` and chain to the context's CA."""
+        self._sock.settimeout(CONNECT_TIMEOUT)
+        self._sock = context.wrap_socket(self._sock, server_hostname=host)
+        self._tls = True
+        return self._sock
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
 
+    def _receive(self) -> int:
+        """Read what has arrived into the buffer. A TLS read returns one record (16 KiB at most): the
+        records already there are read too, so that a batch is not cut into many (one fsync each)."""
+        received = self._sock.recv_into(self._buffer)
+        if not received or not self._tls:
+            return received
+        timeout = self._sock.gettimeout()
+        self._sock.settimeout(0.0)
+        try:
+            while received < len(self._buffer):
+                more = self._sock.recv_into(self._view[received:])
+                if not more:
+                    break
+                received += more
+        except (ssl.SSLWantReadError, BlockingIOError):
+            pass
+        finally:
+            self._sock.settimeout(timeout)
+        return received
+
     def frames(self) -> list[tuple[int, bytes]] | None:
         """The frames decoded but not taken yet, else those of the next read; None at the end."""
-        decoder = self._decoder
+        decoder = self.decoder
         if decoder.pending:
             frames, decoder.pending = decoder.pending, []
             return frames
-        received = self._sock.recv_into(self._buffer)
+        received = self._receive()
         if not received:
             return None
         return decoder.feed(self._view[:received])
 
     def next_frame(self) -> tuple[int, bytes]:
-        pending = self._decoder.pending
+        pending = self.decoder.pending
         while not pending:
             frames = self.frames()
             if frames is None:

@@ -26,6 +26,9 @@ from .files import is_local_only, suspect_files
 PROTOCOL_VERSION = 2  # 2: heartbeats and epochs in the stream
 NONCE_SIZE = 32
 MAX_FRAME = 64 * 1024 * 1024  # a file list of a large data dir fits; anything bigger is an attack
+# Until the peer has proved the secret its frames are the handshake's (a hello, a proof, a refusal): a
+# larger length is refused as soon as its header arrives, so a stranger never makes a side buffer more.
+HANDSHAKE_MAX_FRAME = 4096
 CHUNK_SIZE = 1024 * 1024  # full-sync file data is sent in pieces of this size
 
 # frame types
@@ -75,7 +78,7 @@ class FrameDecoder:
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buffer = bytearray()
-        self._max = max_frame
+        self.max_frame = max_frame  # raised from HANDSHAKE_MAX_FRAME once the peer is authenticated
         self.pending: list[tuple[int, bytes]] = []  # decoded, not yet taken by next_frame()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
@@ -85,8 +88,8 @@ class FrameDecoder:
         pos = 0
         while len(buffer) - pos >= _HEADER.size:
             length, kind = _HEADER.unpack_from(buffer, pos)
-            if not 1 <= length <= self._max:
-                raise ProtocolError(f"frame length {length} out of range")
+            if not 1 <= length <= self.max_frame:
+                raise ProtocolError(f"frame length {length} out of range (at most {self.max_frame})")
             end = pos + 4 + length
             if end > len(buffer):
                 break

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable
@@ -31,8 +32,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import replication_protocol as proto
+from .admission import HandshakeAdmission, Ticket
 from .errors import LeadershipLost
 from .files import is_local_only
+from .replication_listener import ReplicationListener
 
 log = logging.getLogger("lavinpy.cluster.replication")
 
@@ -40,7 +43,9 @@ ACK_TIMEOUT = 3.0  # seconds a follower may leave sent data unacknowledged
 HEARTBEAT_INTERVAL = 1.0  # an idle stream carries a heartbeat this often
 EPOCH_INTERVAL = 1.0  # a moving stream gets a new epoch this often
 MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is dropped
-AUTH_TIMEOUT = 10.0
+# A follower proves the secret in two round trips: a connection that has not within this time (TLS
+# handshake included) is closed.
+HANDSHAKE_TIMEOUT = 3.0
 
 
 class IsrWriter(Protocol):
@@ -76,8 +81,14 @@ class ReplicationServer:
     """Implements the store's FileChanges (the operations) and ReplicationBarrier (the confirms)."""
 
     def __init__(self, data_dir: Path, secret: bytes, node_id: str, isr: IsrWriter, host: str, port: int,
-                 serving: Callable[[], bool] = lambda: True, epoch: int = 0) -> None:
+                 serving: Callable[[], bool] = lambda: True, epoch: int = 0,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: a server context that requires and verifies the followers' certificates (None:
+        plain TCP)."""
         self.data_dir = Path(data_dir)
+        self._tls = tls
+        self.admission = HandshakeAdmission()
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._secret = secret
         self.node_id = node_id
         self._isr_writer = isr
@@ -91,7 +102,7 @@ class ReplicationServer:
         self._epoch_end = -1  # where that stamp ends in the stream
         self._recorded_epoch = epoch  # the last epoch written to etcd
         self._recording = False
-        self._server: asyncio.base_events.Server | None = None
+        self._server: ReplicationListener | None = None
         self._followers: dict[str, _Follower] = {}  # registered: operations are buffered for them
         self._isr: dict[str, _Follower] = {}  # the barrier waits for these (a superset of etcd's ISR)
         self._isr_lock = asyncio.Lock()
@@ -108,11 +119,10 @@ class ReplicationServer:
     async def start(self) -> None:
         """Record ISR = [this node], then listen for followers."""
         await self._isr_writer.write_isr([self.node_id])
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        if self.port == 0:
-            self.port = self._server.sockets[0].getsockname()[1]
+        self._server = ReplicationListener(self._serve, self.admission, self._tls, lambda: self.handshake_timeout)
+        self.port = await self._server.start(self.host, self.port)
         self._monitor = asyncio.get_running_loop().create_task(self._watch_acks())
-        log.info("replication: listening on %s:%d", self.host, self.port)
+        log.info("replication: listening on %s:%d%s", self.host, self.port, " (TLS)" if self._tls else "")
 
     def attach(self, broker: Any) -> None:
         """Report the broker's durable file changes to the followers and make its flushes wait for them.
@@ -347,18 +357,25 @@ class ReplicationServer:
                         and now - follower.last_progress > self.ack_timeout:
                     self._drop_later(follower, f"no acknowledgement for {self.ack_timeout:g} s")
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ticket: Ticket) -> None:
+        """An admitted connection (ReplicationListener), TLS done; ``ticket`` is its place among the
+        unauthenticated ones."""
         sock = writer.get_extra_info("socket")
         if sock is not None:
             proto.tune_socket(sock)
+        peer = writer.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        decoder = proto.FrameDecoder()
+        decoder = proto.FrameDecoder(max_frame=proto.HANDSHAKE_MAX_FRAME)
         follower: _Follower | None = None
         try:
-            node_id = await asyncio.wait_for(self._authenticate(reader, writer, decoder, address), AUTH_TIMEOUT)
+            try:
+                async with asyncio.timeout(self.handshake_timeout):
+                    node_id = await self._authenticate(reader, writer, decoder, address)
+            finally:
+                ticket.release()
             if node_id is None:
                 return
+            decoder.max_frame = proto.MAX_FRAME  # the file list may be large
             await self._attached.wait()
             old = self._followers.get(node_id)
             if old is not None:
@@ -387,17 +404,20 @@ class ReplicationServer:
                 sender.cancel()
             if not follower.dropped:
                 self._drop_later(follower, "connection closed")
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, proto.ProtocolError, OSError) as exc:
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, proto.ProtocolError, OSError,
+                ssl.SSLError) as exc:
             if follower is not None and not follower.dropped:
                 self._drop_later(follower, f"{type(exc).__name__}: {exc}")
             elif follower is None:
                 log.warning("replication: connection from %s ended: %s", address, exc or type(exc).__name__)
+                if isinstance(exc, proto.ProtocolError):
+                    writer.transport.abort()  # unread bytes are not waited for
         finally:
             writer.close()
 
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                             decoder: proto.FrameDecoder, address: str) -> str | None:
-        kind, payload = await proto.next_frame(reader, decoder)
+        kind, payload = await proto.next_frame(reader, decoder, proto.HANDSHAKE_MAX_FRAME)
         if kind != proto.HELLO:
             raise proto.ProtocolError(f"expected hello, got frame type {kind}")
         version, follower_nonce, node_id = proto.parse_hello(payload)
@@ -407,7 +427,7 @@ class ReplicationServer:
             return None
         leader_nonce = proto.new_nonce()
         writer.write(proto.challenge(leader_nonce, proto.leader_proof(self._secret, follower_nonce, leader_nonce)))
-        kind, payload = await proto.next_frame(reader, decoder)
+        kind, payload = await proto.next_frame(reader, decoder, proto.HANDSHAKE_MAX_FRAME)
         expected = proto.follower_proof(self._secret, follower_nonce, leader_nonce, node_id)
         if kind != proto.AUTH or not proto.proof_matches(expected, payload):
             log.warning("replication: refused follower %r from %s: wrong shared secret", node_id, address)
