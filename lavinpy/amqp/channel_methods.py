@@ -12,6 +12,7 @@ from pamqp import commands
 from ..broker import operations_objects as ops
 from ..wire.constants import NOT_FOUND, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
+from ..wire.frames import build_method
 
 if TYPE_CHECKING:
     import asyncio
@@ -97,15 +98,17 @@ class Declarations:
             name = self.queue_name(name)
         if name == REPLY_TO and m.passive:
             if not m.nowait:
-                self._out.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
+                self._out.send_method(build_method(commands.Queue.DeclareOk, queue=name, message_count=0,
+                                                  consumer_count=0))
             return
         queue = ops.declare_queue(self._host.actor, self._vhost, name, owner=self._host, passive=m.passive,
                                   durable=m.durable, exclusive=m.exclusive, auto_delete=m.auto_delete,
                                   arguments=m.arguments, server_named=m.queue == "")
         self.last_queue = name
         if not m.nowait:
-            self.send_when_replicated(commands.Queue.DeclareOk(
-                queue=name, message_count=queue.message_count, consumer_count=queue.consumer_count))
+            self.send_when_replicated(build_method(
+                commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
+                consumer_count=queue.consumer_count))
 
     def on_queue_bind(self, m: commands.Queue.Bind) -> None:
         name = self.queue_name(m.queue)
