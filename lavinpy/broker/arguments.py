@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .refused_arguments import refusal_text, refused_argument
+
 MAX_EXPIRY = 315_360_000_000  # RabbitMQ's TTL/expiry ceiling since 3.11 (ten years), in ms
 MAX_PRIORITY = 255
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -240,6 +242,9 @@ def queue_type_of(arguments: Mapping[str, Any]) -> str:
 def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str) -> None:
     """Raise ArgumentError for a bad basic.consume argument (x-stream-offset: ``stream_arguments``)."""
     where = _resource("queue", queue, vhost)
+    refused = refused_argument("consumer", arguments)
+    if refused is not None:
+        raise ArgumentError(refused.name, refusal_text(refused, where))
     for name, check in (("x-priority", _int_reason), ("x-consumer-timeout", _non_neg_int_reason)):
         if name in arguments:
             reason = check(arguments[name])
