@@ -13,6 +13,7 @@ from typing import Any
 from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import parse_max_age
+from .stream_filter import StreamFilterError, stream_filter
 
 OFFSET_HEADER = "x-stream-offset"
 # method ids for error replies
@@ -99,3 +100,7 @@ def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, A
     except ValueError as e:
         raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
                                *_BASIC_CONSUME) from None
+    try:
+        stream_filter(arguments)
+    except StreamFilterError as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, str(e), *_BASIC_CONSUME) from None

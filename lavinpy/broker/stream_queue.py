@@ -35,6 +35,7 @@ from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
+from .stream_filter import StreamFilter, stream_filter
 
 if TYPE_CHECKING:
     from array import array
@@ -142,6 +143,7 @@ class StreamQueue(QueueKind):
         self.stats = MessageCounters()
         self.deleted = False
         self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
+        self._filters: dict[QueueConsumer, StreamFilter] = {}  # the consumers that filter (stream_filter)
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -293,6 +295,13 @@ class StreamQueue(QueueKind):
                 break
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
+            wanted = self._filters.get(consumer)
+            if wanted is not None:
+                cursor, used = self._deliver_filtered(consumer, wanted, cursor, budget)
+                budget -= used
+                if consumer in self._cursors:
+                    self._cursors[consumer] = cursor
+                continue
             sent = self._deliver_runs(consumer, cursor, budget)
             budget -= sent
             cursor += sent
@@ -312,6 +321,28 @@ class StreamQueue(QueueKind):
             if consumer in self._cursors:
                 self._cursors[consumer] = cursor
         return budget == 0
+
+    def _deliver_filtered(self, consumer: QueueConsumer, wanted: StreamFilter, cursor: int,
+                          budget: int) -> tuple[int, int]:
+        """Deliver the messages from ``cursor`` that match the consumer's filter, one at a time; a
+        message passed over costs the budget as one delivered, so a long unmatched stretch is read
+        over several turns of the loop. Returns the next cursor and the budget used."""
+        index = self.index
+        end = index.next_offset
+        used = 0
+        while used < budget and cursor < end and consumer.can_accept():
+            pos = index.get(cursor)
+            cursor += 1
+            used += 1
+            if pos is None or (msg := self.read(pos)) is None:  # damaged: reported by read()
+                continue
+            try:
+                headers = peek_headers(msg.properties)
+            except ValueError:  # a malformed headers table matches no filter
+                headers = None
+            if wanted.matches(headers):
+                self._send(consumer, cursor - 1, pos, msg)
+        return cursor, used
 
     def _credit(self, consumer: QueueConsumer, limit: int) -> int:
         """How many of ``limit`` messages may go to ``consumer`` now as one run: its prefetch, the
@@ -399,6 +430,9 @@ class StreamQueue(QueueKind):
 
     def add_consumer(self, consumer: QueueConsumer) -> None:
         self._cursors[consumer] = self.start_offset(consumer.arguments)
+        wanted = stream_filter(consumer.arguments)  # validated by validate_consumer
+        if wanted is not None:
+            self._filters[consumer] = wanted
         self.consumers.append(consumer)
         self.vhost.schedule_delivery(self)
 
@@ -409,6 +443,7 @@ class StreamQueue(QueueKind):
         except ValueError:
             return
         self._cursors.pop(consumer, None)
+        self._filters.pop(consumer, None)
         if notify:
             consumer.channel.consumer_cancelled(consumer)
 
@@ -419,6 +454,7 @@ class StreamQueue(QueueKind):
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             self._cursors.pop(consumer, None)
+            self._filters.pop(consumer, None)
             consumer.channel.consumer_cancelled(consumer)
         self.vhost.store.delete_queue(self.index)
         return count
