@@ -14,6 +14,7 @@ from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import parse_max_age
 from .stream_filter import StreamFilterError, stream_filter
+from .stream_offsets import OffsetTrackingError, tracking_requested
 
 OFFSET_HEADER = "x-stream-offset"
 # method ids for error replies
@@ -102,5 +103,6 @@ def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, A
                                *_BASIC_CONSUME) from None
     try:
         stream_filter(arguments)
-    except StreamFilterError as e:
+        tracking_requested("", arguments)
+    except (StreamFilterError, OffsetTrackingError) as e:
         raise AMQPChannelError(PRECONDITION_FAILED, str(e), *_BASIC_CONSUME) from None

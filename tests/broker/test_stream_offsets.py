@@ -1,0 +1,36 @@
+"""The offset tracker of a stream (broker/stream_offsets.py): the stored offset is the first unsettled
+one, never past an unacknowledged delivery; generated tags are tracked only when asked; the file
+comes back on a new tracker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lavinpy.broker.stream_offsets import OffsetTracker, OffsetTrackingError, tracking_requested
+
+
+def test_who_is_tracked():
+    assert tracking_requested("reader", None)
+    assert not tracking_requested("amq.ctag-abc", {})
+    assert tracking_requested("amq.ctag-abc", {"x-stream-automatic-offset-tracking": True})
+    assert not tracking_requested("reader", {"x-stream-automatic-offset-tracking": False})
+    with pytest.raises(OffsetTrackingError, match="x-stream-automatic-offset-tracking must be a boolean"):
+        tracking_requested("reader", {"x-stream-automatic-offset-tracking": "yes"})
+
+
+@given(count=st.integers(1, 30), settled=st.sets(st.integers(0, 29)))
+def test_stored_offset_is_the_first_unsettled(tmp_path_factory, count, settled):
+    directory = tmp_path_factory.mktemp("offsets")
+    tracker = OffsetTracker(directory, "s")
+    consumer = object()
+    tracker.attach(consumer, "reader", 10)
+    tracker.delivered_run(consumer, [1000 + i for i in range(count)], 10)
+    for i in settled:
+        if i < count:
+            tracker.settled(1000 + i)
+    unsettled = [10 + i for i in range(count) if i not in settled]
+    assert tracker.resume_offset("reader") == (min(unsettled) if unsettled else 10 + count)
+    tracker.detach(consumer)
+    assert OffsetTracker(directory, "s").resume_offset("reader") == tracker.resume_offset("reader")
