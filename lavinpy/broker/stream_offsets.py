@@ -24,6 +24,9 @@ from ..store.jsonfile import read_json, write_json_atomic
 log = logging.getLogger("lavinpy.stream")
 
 OFFSETS_FILE = "consumer_offsets.json"
+# Tags kept per stream at most, the least recently moved dropped first: clients that make up a tag
+# per consumer (pika's ctag1.<uuid>) would otherwise grow the file without end.
+MAX_TAGS = 10_000
 TRACKING = "x-stream-automatic-offset-tracking"
 GENERATED_TAG = "amq.ctag-"
 
@@ -130,7 +133,7 @@ class OffsetTracker:
         if not self._dirty:
             return
         try:
-            write_json_atomic(self.path, dict(sorted(self.stored.items())))
+            write_json_atomic(self.path, self.stored)  # in the order they moved (the oldest first)
         except OSError as e:
             log.error("stream offsets %s not written: %s", self.path, e)
             return
@@ -138,8 +141,14 @@ class OffsetTracker:
 
     def _commit(self, live: _Live) -> None:
         offset = live.committed()
-        if self.stored.get(live.tag) != offset:
-            self.stored[live.tag] = offset
+        stored = self.stored
+        if stored.get(live.tag) != offset:
+            stored.pop(live.tag, None)  # to the end: the most recently moved
+            stored[live.tag] = offset
             self._dirty = True
+            if len(stored) > MAX_TAGS:
+                live_tags = {other.tag for other in self._live.values()}
+                for tag in [t for t in stored if t not in live_tags][:len(stored) - MAX_TAGS]:
+                    del stored[tag]
 
 

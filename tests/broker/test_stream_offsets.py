@@ -34,3 +34,17 @@ def test_stored_offset_is_the_first_unsettled(tmp_path_factory, count, settled):
     assert tracker.resume_offset("reader") == (min(unsettled) if unsettled else 10 + count)
     tracker.detach(consumer)
     assert OffsetTracker(directory, "s").resume_offset("reader") == tracker.resume_offset("reader")
+
+
+def test_the_least_recently_moved_tags_go_past_the_bound(tmp_path, monkeypatch):
+    from lavinpy.broker import stream_offsets
+
+    monkeypatch.setattr(stream_offsets, "MAX_TAGS", 3)
+    tracker = OffsetTracker(tmp_path, "s")
+    for i in range(5):
+        consumer = object()
+        tracker.attach(consumer, f"tag{i}", 1)
+        tracker.delivered(consumer, 100 + i, 1)
+        tracker.settled(100 + i)
+        tracker.detach(consumer)
+    assert list(OffsetTracker(tmp_path, "s").stored) == ["tag2", "tag3", "tag4"]
