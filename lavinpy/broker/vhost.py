@@ -510,7 +510,7 @@ class VHost(VHostPublishing):
         return QueueSettings.resolve(arguments, definition, policy.name if policy else None)
 
     def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> QueueIndex:
-        kind = priority_kind(settings.max_priority) if settings.max_priority else FIFO
+        kind = priority_kind(settings.max_priority, settings.default_priority) if settings.max_priority else FIFO
         index = self.store.open_queue(name, persist, kind)
         assert isinstance(index, QueueIndex)
         return index
