@@ -129,6 +129,24 @@ class Logins:
             return LoginOutcome(outcome.username, Refusal.NOT_ALLOWED, e.text)
         return LoginOutcome(outcome.username, vhost=opened, actor=actor)
 
+    def secret_updated(self, outcome: LoginOutcome, vhost: str) -> LoginOutcome:
+        """The outcome of a connection's ``update-secret``, decided as a login of the connection's user
+        (``attempt`` with the new secret as the password): refused, it is RabbitMQ's refusal of a new
+        secret (530); accepted, the user must still have access to the connection's vhost, as
+        RabbitMQ checks again. The connection is not counted again."""
+        username = outcome.username
+        if not outcome.ok:
+            log.warning("secret update was refused for user %r", username)
+            return LoginOutcome(username, Refusal.NOT_ALLOWED,
+                                "NOT_ALLOWED - New secret was refused by one of the backends")
+        users = self.broker.users
+        assert users is not None
+        opened = self.broker.vhosts.get(vhost)
+        if opened is None or not users.can_access_vhost(username, vhost):
+            return LoginOutcome(username, Refusal.NOT_ALLOWED,
+                                f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{username}'")
+        return LoginOutcome(username, vhost=opened, actor=Actor(users, username))
+
     def close(self) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
