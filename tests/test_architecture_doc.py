@@ -1,5 +1,5 @@
 """docs/architecture.md's file map names every module under lavinpy/ and only modules that exist; its layer block
-is pyproject.toml's layers contract."""
+is pyproject.toml's layers contract; the README's Layout and Development sections agree with both."""
 
 from __future__ import annotations
 
@@ -68,7 +68,9 @@ def test_the_map_names_every_module_once() -> None:
     assert not unnamed, f"docs/architecture.md's file map does not name: {unnamed}"
 
 
-# --- the layer block and the modules outside the layers -----------------------------------------------
+# --- the layer block, the modules outside the layers, and the README's account of them ---------------
+
+README = REPO / "README.md"
 
 
 def package_layers() -> list[str]:
@@ -105,3 +107,22 @@ def test_the_modules_outside_the_layers_are_named():
     top = {path.name for path in (REPO / "lavinpy").glob("*.py")
            if path.name != "__init__.py" and f"lavinpy.{path.stem}" not in layered}
     assert named == top, f"named but missing: {sorted(named - top)}; not named: {sorted(top - named)}"
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_readme_layout_names_every_package():
+    layout = readme_section("Layout")
+    named = set(re.findall(r"`lavinpy/(\w+)/`", layout))
+    packages = {path.name for path in (REPO / "lavinpy").iterdir() if (path / "__init__.py").is_file()}
+    assert named == packages, f"named but missing: {sorted(named - packages)}; not named: {sorted(packages - named)}"
+
+
+def test_the_readme_development_section_gives_pyprojects_layer_order():
+    order = " > ".join(layer.replace("lavinpy.", "") for layer in package_layers())
+    assert f"`{order}`" in readme_section("Development"), order
