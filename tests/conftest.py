@@ -9,6 +9,10 @@ pure-Python fallback (.ci/run says why this slice)."""
 
 from __future__ import annotations
 
+import fcntl
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,9 +21,11 @@ HERE = Path(__file__).parent
 DIRECTORY_MARKERS = {HERE / name: name for name in ("cluster", "spark", "jepsen")}
 BROWSER_FIXTURE = "browser"
 # Under pytest-xdist (-n 2), a group's tests run one after the other on one worker: the Spark tests share one
-# local SparkSession (a JVM), and the cluster and fault-injection tests (several nodes and an etcd each,
-# failover deadlines) run one at a time, beside the other worker's tests.
+# local SparkSession (a JVM); the cluster and fault-injection tests start several nodes and an etcd each.
 SERIAL_GROUPS = {"spark": "spark", "cluster": "nodes", "jepsen": "nodes"}
+# ... and these run with no test beside them on the other worker: their failover and timeout bounds (half
+# a second for some) hold on a quiet machine, as in a serial run, not beside another test's broker.
+ALONE = ("cluster", "jepsen")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -65,3 +71,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("both_paths")
         if BROWSER_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker("browser")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist, an ALONE test holds the run's lock exclusively, every other test shares it; outside
+    every other wrapper, so that waiting for the lock counts toward no test's timeout."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:
+        yield
+        return
+    alone = any(item.get_closest_marker(name) for name in ALONE)
+    with run_lock(Path(tempfile.gettempdir()) / f"lavinpy-tests-{workerinput['testrunuid']}", alone):
+        yield
+
+
+@contextmanager
+def run_lock(base: Path, exclusive: bool) -> Iterator[None]:
+    """A readers-writer lock between the workers of one run (flock), writers first: a test waiting to run
+    alone holds the turnstile, so no new test starts beside it while the running ones finish."""
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
