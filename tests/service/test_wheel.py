@@ -91,8 +91,11 @@ def test_installed_wheel_starts_with_the_compiled_codec(tmp_path: Path):
     venv.create(env_dir, system_site_packages=True, with_pip=False)
     python = str(env_dir / "bin" / "python")
     see_dependencies_of_this_interpreter(python)
+    # Into the fresh venv whatever this environment holds: an editable lavinpy seen through PYTHONPATH (the
+    # Spark fixture puts the repository there) or through the .pth would otherwise count as installed.
+    no_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
-                    "--no-index", str(wheel)], check=True, timeout=60)
+                    "--no-index", "--ignore-installed", str(wheel)], check=True, timeout=60, env=no_path)
     clean = {k: v for k, v in broker_env().items() if k not in ("PYTHONPATH", "LAVINPY_PURE_PYTHON")}
     where = "import lavinpy, lavinpy.wire._cwire as c; print(lavinpy.__file__, c.__file__)"
     found = subprocess.run([python, "-c", where], cwd=tmp_path, env=clean, capture_output=True, text=True,
