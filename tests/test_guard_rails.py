@@ -7,8 +7,6 @@ import ast
 import tomllib
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "lavinpy"
 MAX_LINES = 600
@@ -110,30 +108,6 @@ def face_counter_writes() -> dict[str, list[int]]:
     return found
 
 
-# The MQTT face still books its own publish, deliver and ack counts; moving them into the model is
-# issue 29's face kit. Only these files may, until then.
-BOOKS_STILL_IN_FACE = {"lavinpy/mqtt/connection.py", "lavinpy/mqtt/subscriptions.py"}
-
-
-def test_counter_writes_are_recognised():
-    source = (
-        "def f(self, counts, n):\n"
-        "    self.host.counts['ack'] += n\n"
-        "    counts['deliver' if n else 'get'] += 1\n"
-        "    self.counts['x'] = 3\n"
-        "    counts[label] = counts.get(label, 0) + 1\n"  # a local table being built: no book
-        "    seen[label] += 1\n"
-        "    self.accounts = 2\n"
-    )
-    assert counter_writes(source) == [2, 3, 4]
-
-
 def test_faces_write_into_no_counter():
-    writes = {path: lines for path, lines in face_counter_writes().items() if path not in BOOKS_STILL_IN_FACE}
+    writes = face_counter_writes()
     assert not writes, f"a face writes into a counter (count in the model's operations instead): {writes}"
-
-
-@pytest.mark.xfail(strict=True, reason="issue 29: the MQTT face still keeps its own publish/deliver/ack books")
-def test_the_mqtt_face_writes_into_no_counter():
-    writes = {path: lines for path, lines in face_counter_writes().items() if path in BOOKS_STILL_IN_FACE}
-    assert not writes, f"the MQTT face writes into counters: {writes}"

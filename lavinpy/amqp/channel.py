@@ -23,6 +23,7 @@ from ..broker.deliveries import Deliveries
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.operations_objects import readable_queue
 from ..broker.replies import ReplyQueue
+from ..broker.stats import AMQP_091
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -77,7 +78,8 @@ class Channel:
         # parts
         self.content = ContentAssembly(channel_id, host.config, host.body_spool)
         self.in_content = False  # after basic.publish, until its body is complete (the host reads it)
-        self.deliveries = Deliveries(vhost, self._room_freed)
+        self.counters = vhost.node_counters.of(AMQP_091)  # what the model counts this channel's traffic in
+        self.deliveries = Deliveries(vhost, self._room_freed, self.counters)
         # what goes out after the disk, in the order of its methods; deliveries wait while a reply does
         self.replies = ReplyQueue(self, self, self._replies_released)
         self.confirms: Confirms | None = None  # after confirm.select
@@ -288,7 +290,7 @@ class Channel:
                 confirm = self._route(exchange, routing_key, method.mandatory, properties, body)
             else:  # the common case, one call less than through _route
                 routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, method.mandatory,
-                                                      properties, body)
+                                                      properties, body, self.counters)
                 if not routed and method.mandatory:
                     self._return(exchange, routing_key, properties, body)
         except AMQPChannelError as e:
@@ -306,10 +308,11 @@ class Channel:
             if target is not None:
                 target.deliver_reply(routing_key, properties, bytes(body))
                 return False
-            publish_ops.unroutable_reply(self.vhost, exchange, mandatory)
+            publish_ops.unroutable_reply(self.vhost, exchange, mandatory, self.counters)
             routed, confirm = False, False
         else:
-            routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, mandatory, properties, body)
+            routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, mandatory, properties, body,
+                                                  self.counters)
         if not routed and mandatory:
             self._return(exchange, routing_key, properties, body)
         return confirm
@@ -507,7 +510,7 @@ class Channel:
         if self.tx is not None:
             raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
         if self.confirms is None:
-            self.confirms = Confirms(self.id, self.conn, self.vhost, self.replies)
+            self.confirms = Confirms(self.id, self.conn, self.vhost, self.replies, self.counters)
         if not m.nowait:
             self.send_method(commands.Confirm.SelectOk())
 

@@ -21,6 +21,7 @@ from .content import PendingPublish, release_bodies
 if TYPE_CHECKING:
     from ..broker.deliveries import Unacked
     from ..broker.replies import ReplyQueue
+    from ..broker.stats import ProtocolCounters
     from ..broker.vhost import VHost
     from .channel_host import ChannelHost
 
@@ -30,13 +31,15 @@ log = logging.getLogger("lavinpy.channel")
 class Confirms:
     """Publisher confirms of one channel in confirm mode: sequence numbers, acks and nacks."""
 
-    __slots__ = ("channel_id", "_host", "_vhost", "_replies", "seq", "sent", "upto", "queued", "needs_sync",
-                 "nacks", "stopped")
+    __slots__ = ("channel_id", "_host", "_vhost", "_counters", "_replies", "seq", "sent", "upto", "queued",
+                 "needs_sync", "nacks", "stopped")
 
-    def __init__(self, channel_id: int, host: ChannelHost, vhost: VHost, replies: ReplyQueue) -> None:
+    def __init__(self, channel_id: int, host: ChannelHost, vhost: VHost, replies: ReplyQueue,
+                 counters: ProtocolCounters) -> None:
         self.channel_id = channel_id
         self._host = host
         self._vhost = vhost
+        self._counters = counters
         self._replies = replies  # the channel's replies after the disk: confirms in order, nacked on failure
         self.seq = 0  # publishes received in confirm mode
         self.sent = 0  # confirmed (acked or nacked) up to here
@@ -99,7 +102,7 @@ class Confirms:
     def send_ack(self, upto: int) -> None:
         if upto <= self.sent:
             return
-        publish_ops.confirmed(self._vhost, upto - self.sent)
+        publish_ops.confirmed(self._vhost, upto - self.sent, self._counters)
         if self.nacks:
             self._send_runs(upto)
             return

@@ -53,7 +53,8 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
         exchange = channel.publish_target(method)  # resolved and checked, as for each single publish
         if exchange is None:
             return start + 1  # refused: the channel is closing; the rest go the general way
-        needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key, properties, bodies)
+        needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key, properties, bodies,
+                                             channel.counters)
         if needs_sync is not None:
             channel.published_run(end - start, needs_sync)
             return end

@@ -1,10 +1,11 @@
 """A channel's deliveries awaiting acknowledgement, and the model operations on them.
 
 One ``Deliveries`` per channel (any protocol's session): it numbers deliveries, counts them on their
-queue, and settles them with one rule. Settling: the queue acks (counting ``ack``), requeues, or
-rejects (dead-lettering, counting ``reject``); the consumer gets its prefetch credit back; a queue
-with consumers and ready messages is asked to deliver again; with a channel-wide prefetch the
-session is told that room was freed. Runs (deliver runs, ack runs) are booked once per run.
+queue and in the counters of the session's protocol, and settles them with one rule. Settling: the
+queue acks (counting ``ack``), requeues, or rejects (dead-lettering, counting ``reject``); the
+consumer gets its prefetch credit back; a queue with consumers and ready messages is asked to
+deliver again; with a channel-wide prefetch the session is told that room was freed.
+Runs (deliver runs, ack runs) are booked once per run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ..store.record import StoredMessage
     from .consumer import Consumer
     from .queue_base import QueueKind
+    from .stats import ProtocolCounters
     from .vhost import VHost
 
 
@@ -39,7 +41,7 @@ def unacked_run(queue: QueueKind, positions: list[int], consumer: Consumer) -> l
     return [_new_tuple(Unacked, (queue, pos, consumer)) for pos in positions]
 
 
-def get_one(queue: QueueKind, no_ack: bool) -> tuple[int, StoredMessage, bool] | None:
+def get_one(queue: QueueKind, no_ack: bool, counters: ProtocolCounters) -> tuple[int, StoredMessage, bool] | None:
     """basic.get (and the HTTP API's get): take the head message, counted as a get. With ``no_ack``
     it is settled at once. None when the queue is empty (the queue counts the empty get)."""
     got = queue.get()
@@ -49,24 +51,30 @@ def get_one(queue: QueueKind, no_ack: bool) -> tuple[int, StoredMessage, bool] |
     if no_ack:
         queue.ack(got[0])
         stats.get_no_ack += 1
+        counters.get_no_ack += 1
     else:
         stats.get += 1
+        counters.get += 1
     if got[2]:
         stats.redeliver += 1
+        counters.redeliver += 1
     return got
 
 
 class Deliveries:
     """The unacked deliveries of one channel, by delivery tag, in delivery order."""
 
-    __slots__ = ("unacked", "tag", "prefetch", "_vhost", "_schedule", "_room_freed", "_channel")
+    __slots__ = ("unacked", "tag", "prefetch", "counters", "_vhost", "_schedule", "_room_freed", "_channel")
 
-    def __init__(self, vhost: VHost, room_freed: Callable[[], None], *, channel: bool = True) -> None:
-        """``channel``: the books of an AMQP channel, counted in the node's channel churn (an MQTT
-        client's are not: it has no channels)."""
+    def __init__(self, vhost: VHost, room_freed: Callable[[], None], counters: ProtocolCounters, *,
+                 channel: bool = True) -> None:
+        """``counters``: the session's protocol's, counted with the queues'. ``channel``: the books of
+        an AMQP channel, counted in the node's channel churn (an MQTT client's are not: it has no
+        channels)."""
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.tag = 0  # the last delivery tag given
         self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
+        self.counters = counters
         self._vhost = vhost
         self._schedule = vhost.schedule_delivery
         self._room_freed = room_freed  # the session delivers again to its own consumers
@@ -86,13 +94,17 @@ class Deliveries:
         tag = self.tag = self.tag + 1
         queue = consumer.queue
         stats = queue.stats
+        counters = self.counters
         if not consumer.no_ack:
             self.unacked[tag] = _new_tuple(Unacked, (queue, pos, consumer))
             stats.deliver += 1
+            counters.deliver += 1
         else:
             stats.deliver_no_ack += 1
+            counters.deliver_no_ack += 1
         if redelivered:
             stats.redeliver += 1
+            counters.redeliver += 1
         return tag
 
     def deliver_run(self, consumer: Consumer, positions: list[int], redelivered: list[bool] | None) -> int:
@@ -102,14 +114,19 @@ class Deliveries:
         self.tag += count
         queue = consumer.queue
         stats = queue.stats
+        counters = self.counters
         if not consumer.no_ack:
             self.unacked.update(zip(range(first, first + count), unacked_run(queue, positions, consumer),
                                     strict=True))
             stats.deliver += count
+            counters.deliver += count
         else:
             stats.deliver_no_ack += count
+            counters.deliver_no_ack += count
         if redelivered is not None:
-            stats.redeliver += sum(redelivered)
+            redelivered_count = sum(redelivered)
+            stats.redeliver += redelivered_count
+            counters.redeliver += redelivered_count
         return first
 
     def next_tag(self) -> int:
@@ -119,7 +136,7 @@ class Deliveries:
 
     def get(self, queue: QueueKind, no_ack: bool) -> tuple[int, StoredMessage, bool] | None:
         """basic.get: (delivery tag, message, redelivered), or None when the queue is empty."""
-        got = get_one(queue, no_ack)
+        got = get_one(queue, no_ack, self.counters)
         if got is None:
             return None
         pos, msg, redelivered = got
@@ -165,6 +182,7 @@ class Deliveries:
                 consumer.credit(1)
             queue.ack(pos)
             queue.stats.ack += 1
+            self.counters.ack += 1
             if queue.consumers and queue.message_count:
                 self._schedule(queue)
             if self.prefetch:
@@ -204,6 +222,7 @@ class Deliveries:
             else:
                 queue.reject(pos)
                 queue.stats.reject += 1
+                self.counters.reject += 1
             touched[queue] = None
         for consumer, count in credits.items():
             consumer.credit(count)
@@ -240,6 +259,7 @@ class Deliveries:
                 consumer.credit(count)
             queue.ack_many(list(positions))
             queue.stats.ack += count
+            self.counters.ack += count
             if queue.consumers and queue.message_count:
                 self._schedule(queue)
             if self.prefetch:
@@ -255,6 +275,7 @@ class Deliveries:
             touched[queue] = None
             run.append(pos)
         _ack_positions(run_queue, run_consumer, run)
+        self.counters.ack += count
         self._settled(touched)
 
     def _settled(self, queues: dict[QueueKind, None]) -> None:

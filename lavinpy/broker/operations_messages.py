@@ -21,6 +21,7 @@ from .names import check_name_length
 from .object_info import jsonable
 from .operations_objects import readable_queue
 from .publish_ops import publish
+from .stats import AMQP_091
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
@@ -148,7 +149,7 @@ def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routi
             parse_expiration(props.expiration)
         except ArgumentError as e:
             raise bad_input(e.text) from None
-    routed, _ = publish(vhost, exchange, routing_key, False, properties, body)
+    routed, _ = publish(vhost, exchange, routing_key, False, properties, body, vhost.node_counters.of(AMQP_091))
     return routed
 
 
@@ -165,11 +166,12 @@ def get_messages(actor: Actor | None, vhost: VHost, queue_name: str, *, count: i
     if truncate is not None and (not isinstance(truncate, int) or truncate < 0):
         raise bad_input(f"truncate must be a non-negative integer, not {truncate!r}")
     queue = readable_queue(actor, vhost, queue_name, None)
+    counters = vhost.node_counters.of(AMQP_091)  # as RabbitMQ's management plugin's internal AMQP 0-9-1 get
     taken: list[int] = []
     out: list[dict[str, Any]] = []
     try:
         for _ in range(count):
-            got = get_one(queue, False)
+            got = get_one(queue, False, counters)
             if got is None:
                 break
             pos, msg, redelivered = got

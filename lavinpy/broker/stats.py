@@ -15,23 +15,24 @@ from __future__ import annotations
 import asyncio
 import operator
 import time
+import typing
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 from .history import Entry, Ring, append, new_ring, summed
 
 SAMPLE_INTERVAL = 5.0
 
 
-class Counted(Protocol):
+class Counted(typing.Protocol):
     """An object with its own counters (a queue or an exchange)."""
 
     @property
     def stats(self) -> MessageCounters: ...
 
 
-class CountedQueue(Counted, Protocol):
+class CountedQueue(Counted, typing.Protocol):
     @property
     def message_count(self) -> int: ...
 
@@ -39,7 +40,7 @@ class CountedQueue(Counted, Protocol):
     def unacked_count(self) -> int: ...
 
 
-class CountedVHost(Counted, Protocol):
+class CountedVHost(Counted, typing.Protocol):
     """The members of a vhost its totals are summed from (``vhost.VHost`` is one)."""
 
     @property
@@ -52,7 +53,7 @@ class CountedVHost(Counted, Protocol):
     def exchanges(self) -> Mapping[str, Counted]: ...
 
 
-class CountedNode(Protocol):
+class CountedNode(typing.Protocol):
     """The broker as the sampler reads it: its vhosts."""
 
     @property
@@ -140,6 +141,55 @@ def sample_rates(holder: Any, current: tuple[int, ...], now: float) -> dict[str,
 MESSAGE_SIZE_BOUNDS = (100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000, 50_000_000, 100_000_000)
 
 
+class ProtocolId(NamedTuple):
+    """A protocol the model counts traffic by: each face names its own and hands the model the
+    ``ProtocolCounters`` the node keeps for it."""
+
+    label: str  # the ``protocol`` label of RabbitMQ's metrics ("amqp091", "mqtt311")
+    name: str  # as the management API's connection rows name it ("AMQP 0-9-1")
+
+
+# RabbitMQ's management plugin publishes and gets over an internal AMQP 0-9-1 connection, so the
+# HTTP API's message operations count as this protocol's too.
+AMQP_091 = ProtocolId("amqp091", "AMQP 0-9-1")
+
+
+# What a protocol's traffic is counted by: FIELDS but an exchange's publish_in (a protocol's publishes
+# are its ``publish``), and the publishes received expecting a confirm.
+PROTOCOL_FIELDS = tuple(name for name in FIELDS if name != "publish_in") + ("received_confirm",)
+
+
+class ProtocolCounters:
+    """The message counters (FIELDS) of one protocol's traffic, node-wide, plus the publishes received
+    expecting a confirm. A face asks the node for them once per session and passes them to the model's
+    operations (publish, deliver, get, ack, confirm), which count them where they count the queue and
+    vhost counters, a run at a time; a face never writes one."""
+
+    __slots__ = PROTOCOL_FIELDS + ("protocol",)
+    publish: int
+    publish_out: int
+    confirm: int
+    deliver: int
+    deliver_no_ack: int
+    get: int
+    get_no_ack: int
+    ack: int
+    redeliver: int
+    reject: int
+    return_unroutable: int
+    drop_unroutable: int
+    received_confirm: int
+
+    def __init__(self, protocol: ProtocolId) -> None:
+        for name in PROTOCOL_FIELDS:
+            setattr(self, name, 0)
+        self.protocol = protocol
+
+    def count(self, name: str) -> int:
+        """One counter by name (a PROTOCOL_FIELDS name)."""
+        return int(getattr(self, name))
+
+
 class NodeCounters:
     """Node-wide counters of events that belong to no queue or exchange: churn (RabbitMQ's
     ``connection_churn_metrics``), empty basic.gets, confirm-mode publishes of closed channels and
@@ -161,16 +211,18 @@ class NodeCounters:
         self.received_confirm_closed = 0
         self.size_buckets = [0] * (len(MESSAGE_SIZE_BOUNDS) + 1)  # per bucket, not cumulative
         self.size_sum = 0
-        # The message counts (FIELDS, plus received_confirm) of faces other than AMQP, by the protocol
-        # label RabbitMQ's metrics give them; each face adds a run at a time. AMQP's are the rest.
-        self.by_protocol: dict[str, dict[str, int]] = {}
+        # The message counts of every protocol, by the label RabbitMQ's metrics give it; the model's
+        # operations count into them (ProtocolCounters), each face's sessions hand them over.
+        self.by_protocol: dict[str, ProtocolCounters] = {}
+        self.of(AMQP_091)  # the HTTP API's message operations count as it from the start
 
-    def protocol_counts(self, protocol: str) -> dict[str, int]:
-        """The counts a face of ``protocol`` adds to (created on first use)."""
-        counts = self.by_protocol.get(protocol)
-        if counts is None:
-            counts = self.by_protocol[protocol] = dict.fromkeys((*FIELDS, "received_confirm"), 0)
-        return counts
+    def of(self, protocol: ProtocolId) -> ProtocolCounters:
+        """The counters of ``protocol``'s traffic (created on first use: a face asks when it starts,
+        so its figures are in the metrics from then on, zero or not)."""
+        counters = self.by_protocol.get(protocol.label)
+        if counters is None:
+            counters = self.by_protocol[protocol.label] = ProtocolCounters(protocol)
+        return counters
 
     def connection_opened(self) -> None:
         self.connections_opened += 1

@@ -182,42 +182,39 @@ class BrokerCollector:
         totals = node_totals(self.broker)
         counts = totals.counts
         by_kind = metrics_node.counts_by_kind(self.broker)
-        # Other faces count their own traffic (per run) by protocol; AMQP's is what remains of the totals.
-        face_counts = sorted(self.broker.node_counters.by_protocol.items())
+        # The model counts each protocol's traffic (its operations are handed the face's protocol).
+        traffic = sorted(self.broker.node_counters.by_protocol.items())
         amqp = metrics_node.PROTOCOL
         classic = metrics_node.QUEUE_TYPES["classic"]
         for name, fields, doc in _CHANNEL_COUNTERS:
-            value = sum(counts[f] for f in fields)
             if name in _QUEUE_TYPE_COUNTERS:
-                # RabbitMQ splits the queue-side global counters by queue type as well.
+                # RabbitMQ splits the queue-side global counters by queue type as well. Quorum queues
+                # and streams are consumed over AMQP 0-9-1 only: the rest of its figure is classic's.
                 family = CounterMetricFamily(f"{p}_{name}", doc, labels=["protocol", "queue_type"])
-                others = 0
+                other_kinds = 0
                 for kind, queue_type in metrics_node.QUEUE_TYPES.items():
                     if kind != "classic":
                         kind_counts = by_kind.get(kind)
                         kind_value = sum(kind_counts[f] for f in fields) if kind_counts else 0
-                        others += kind_value
+                        other_kinds += kind_value
                         family.add_metric([amqp, queue_type], kind_value)
-                for protocol, protocol_counts in face_counts:  # their subscriptions are classic queues
-                    protocol_value = sum(protocol_counts[f] for f in fields)
-                    others += protocol_value
+                for protocol, protocol_counters in traffic:
+                    protocol_value = sum(protocol_counters.count(f) for f in fields)
+                    if protocol == amqp:
+                        family.add_metric([amqp, classic], max(0, protocol_value - other_kinds))
+                        continue
                     for queue_type in metrics_node.QUEUE_TYPES.values():
                         family.add_metric([protocol, queue_type], protocol_value if queue_type == classic else 0)
-                family.add_metric([amqp, classic], max(0, value - others))
                 yield family
             elif name.startswith("global_"):
                 # RabbitMQ labels its global counters by protocol; dashboard queries that subtract one
                 # from another (received_confirm - confirmed) match series on that label.
                 family = CounterMetricFamily(f"{p}_{name}", doc, labels=["protocol"])
-                others = 0
-                for protocol, protocol_counts in face_counts:
-                    protocol_value = sum(protocol_counts[f] for f in fields)
-                    others += protocol_value
-                    family.add_metric([protocol], protocol_value)
-                family.add_metric([amqp], max(0, value - others))
+                for protocol, protocol_counters in traffic:
+                    family.add_metric([protocol], sum(protocol_counters.count(f) for f in fields))
                 yield family
             else:
-                yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
+                yield CounterMetricFamily(f"{p}_{name}", doc, value=sum(counts[f] for f in fields))
         for reason in DEAD_LETTER_REASONS:
             family = CounterMetricFamily(f"{p}_global_messages_dead_lettered_{reason}_total",
                                          f"Total number of messages dead-lettered due to {reason}",

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 from ..broker.operations_store import FSYNC_BOUNDS, fsync_times
-from ..broker.stats import FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
+from ..broker.stats import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 # RabbitMQ labels its global families by protocol. The message counters are the node's, of every
 # face, and go under AMQP 0-9-1's label; publishers and consumers are split by protocol.
-PROTOCOL = "amqp091"
+PROTOCOL = AMQP_091.label
 
 # (family after the prefix, NodeCounters attribute, HELP): RabbitMQ's connection_churn_metrics.
 _CHURN = (
@@ -98,9 +98,11 @@ def global_families(p: str, sessions: Sessions, counters: NodeCounters,
     counter = CounterMetricFamily(f"{p}_global_messages_received_confirm_total",
                                   "Total number of messages received from publishers expecting confirmations",
                                   labels=labels)
-    counter.add_metric([PROTOCOL], received_confirm(sessions, counters))
-    for protocol, protocol_counts in sorted(counters.by_protocol.items()):
-        counter.add_metric([protocol], protocol_counts["received_confirm"])
+    for protocol, protocol_counters in sorted(counters.by_protocol.items()):
+        value = protocol_counters.received_confirm
+        if protocol == PROTOCOL:  # AMQP channels number their confirm-mode publishes themselves
+            value += received_confirm(sessions, counters)
+        counter.add_metric([protocol], value)
     yield counter
     # Per queue type, as RabbitMQ's; only classic queues answer basic.get (a stream refuses it).
     empty = CounterMetricFamily(f"{p}_global_messages_get_empty_total",

@@ -20,6 +20,7 @@ from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
 from ..broker.rates import WindowRates
 from ..broker.replies import ReplyQueue
+from ..broker.stats import ProtocolId
 from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
@@ -50,7 +51,8 @@ _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, header
 
 
 # RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
-PROTOCOL_LABELS = {4: "mqtt311", 3: "mqtt310"}
+# The protocol the model counts a connection's traffic by, by protocol level (3.1.1 until CONNECT says).
+PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "MQTT 3.1")}
 
 
 class Effect(Enum):
@@ -96,7 +98,7 @@ class MQTTConnection:
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.started = time.monotonic()
         self._byte_rates: WindowRates | None = None  # made on the first look: idle devices stay small
-        self.counts: dict[str, int] = {}  # the node's message counts of this protocol (set at CONNECT)
+        self.counters = self.broker.node_counters.of(PROTOCOLS[4])  # handed to the model (set at CONNECT)
         self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
         self.connected = False
         self.closed = False
@@ -356,6 +358,7 @@ class MQTTConnection:
         self.actor = actor
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         actor.client_id = self.client_id  # {client_id} in topic permissions
+        self.counters = self.broker.node_counters.of(PROTOCOLS.get(packet.level, PROTOCOLS[4]))
         subscriptions = Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id,
                                       packet.clean_session, self.config.mqtt_inflight_window)
         try:  # authorised for the session before it takes the client id over from another connection
@@ -367,7 +370,6 @@ class MQTTConnection:
             self.send(codec.connack(False, codec.NOT_AUTHORIZED))
             self._close()
             return
-        self.counts = self.broker.node_counters.protocol_counts(PROTOCOL_LABELS.get(packet.level, PROTOCOL_LABELS[4]))
         self.keepalive = packet.keepalive
         self.will = packet.will
         self.connected = True
@@ -420,16 +422,12 @@ class MQTTConnection:
             self._publish_one(packet.topic, packet.payload, qos, False, packet.packet_id)
             return
         exchange, key = self._target(packet.topic)
-        needs_sync = publish_run(vhost, exchange, key, _PROPERTIES[qos], payloads)
+        needs_sync = publish_run(vhost, exchange, key, _PROPERTIES[qos], payloads, self.counters, qos > 0)
         if needs_sync is None:  # not a run the model takes whole: one by one
             for payload, packet_id in zip(payloads, packet_ids, strict=True):
                 self._publish_one(packet.topic, payload, qos, False, packet_id)
             return
-        counts, run = self.counts, len(payloads)
-        counts["publish"] += run
-        counts["publish_out"] += run
         if qos:
-            counts["received_confirm"] += run
             self._pubacks.extend(packet_ids)
             self._batch_sync = self._batch_sync or needs_sync
 
@@ -466,11 +464,7 @@ class MQTTConnection:
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
-        routed, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload)
-        counts = self.counts
-        counts["publish"] += 1
-        counts["publish_out" if routed else "drop_unroutable"] += 1
-        counts["received_confirm"] += qos
+        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload, self.counters, qos)
         if confirm is REJECTED:
             return None
         return bool(confirm) or retained_waits
@@ -521,8 +515,7 @@ class MQTTConnection:
             return
         self.send(b"".join([codec.puback(packet_id) for packet_id in packet_ids]))
         assert self.vhost is not None
-        confirmed(self.vhost, len(packet_ids))
-        self.counts["confirm"] += len(packet_ids)
+        confirmed(self.vhost, len(packet_ids), self.counters)
 
     # --- ending -----------------------------------------------------------------------------------
     def _fail(self, reason: str) -> None:

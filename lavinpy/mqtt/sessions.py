@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ..broker.broker import ConnectionCounts
-from .connection import PROTOCOL_LABELS, MQTTConnection
+from .connection import PROTOCOLS, MQTTConnection
 from .retained import RetainedStore
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ class MQTTSessions:
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks
-        for label in PROTOCOL_LABELS.values():  # in the metrics from the start, as AMQP's
-            broker.node_counters.protocol_counts(label)
+        for protocol in PROTOCOLS.values():  # in the metrics from the start, as AMQP's
+            broker.node_counters.of(protocol)
 
     def new_connection(self, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
                        tls: bool = False) -> MQTTConnection:
@@ -73,7 +73,7 @@ class MQTTSessions:
         for conn in list(self.connections):
             logged_in = conn.connected and not conn.closed and conn.vhost is not None
             subs = conn.subscriptions
-            label = PROTOCOL_LABELS.get(conn.protocol_level, PROTOCOL_LABELS[4])
+            label = PROTOCOLS.get(conn.protocol_level, PROTOCOLS[4]).label
             counts[label] = counts.get(label, ConnectionCounts(0, 0)) + ConnectionCounts(
                 1, logged_in, int(logged_in and conn.published), len(subs.consumers) if subs is not None else 0)
         return counts

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..broker.actor import Actor
     from ..broker.deliveries import StoredMessage  # the model's record type; mqtt names no store module
     from ..broker.queue_base import QueueKind
+    from ..broker.stats import ProtocolCounters
     from ..broker.vhost import VHost
 
 PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
@@ -34,7 +35,7 @@ class SubscriberHost(Protocol):
     """What the subscriptions need of their connection."""
 
     writable: bool
-    counts: dict[str, int]  # the node's message counts of the connection's protocol
+    counters: ProtocolCounters  # what the model counts the connection's traffic in
 
     def send(self, data: bytes) -> None: ...
 
@@ -64,7 +65,7 @@ class Subscriptions:
         self.client_id = client_id
         self.clean_session = clean_session
         self.window = inflight_window
-        self.deliveries = Deliveries(vhost, self._room_freed, channel=False)
+        self.deliveries = Deliveries(vhost, self._room_freed, host.counters, channel=False)
         self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
         self._qos_by_properties: dict[bytes, int | None] = {}
@@ -160,10 +161,6 @@ class Subscriptions:
         """Deliveries of a run, booked once and written as one buffer (the topic encoded once per
         routing key, QoS 0 deliveries of a QoS 1 subscription settled as one run)."""
         first = self.deliveries.deliver_run(consumer, positions, redelivered)
-        counts = self.host.counts
-        counts["deliver_no_ack" if consumer.no_ack else "deliver"] += len(messages)
-        if redelivered is not None:
-            counts["redeliver"] += sum(redelivered)
         parts: list[bytes] = []
         headers_cache: tuple[str, bytes] | None = None  # (routing key, its encoded topic)
         if consumer.no_ack:
@@ -213,7 +210,6 @@ class Subscriptions:
         self.host.send(b"".join(parts))
         if settled:
             self.deliveries.ack_run(settled)
-            counts["ack"] += len(settled)
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
         for qos, mine in list(self.consumers.items()):
@@ -254,9 +250,6 @@ class Subscriptions:
             return
         topic = topics.topic_name(msg.routing_key)
         body = bytes(msg.body)
-        counts = self.host.counts
-        counts["deliver_no_ack" if consumer.no_ack else "deliver"] += 1
-        counts["redeliver"] += redelivered
         if consumer.no_ack:
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             return
@@ -264,7 +257,6 @@ class Subscriptions:
             # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             self.deliveries.ack_run([tag])
-            counts["ack"] += 1
             return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
@@ -329,7 +321,6 @@ class Subscriptions:
         tags = [tag for tag in map(pop, packet_ids, repeat(None)) if tag is not None]
         if tags:
             self.deliveries.ack_run(tags)
-            self.host.counts["ack"] += len(tags)
 
     def _room_freed(self) -> None:
         self.resume()

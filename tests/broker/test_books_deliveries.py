@@ -1,5 +1,6 @@
 """A channel's deliveries as the model books them (broker.deliveries), in process, without a session:
-counts on the queue, credit back to the consumer, rescheduling, and the order of requeues."""
+counts on the queue and in the session's protocol's counters, credit back to the consumer,
+rescheduling, and the order of requeues."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from lavinpy.broker.consumer import Consumer
 from lavinpy.broker.deliveries import Deliveries
-from lavinpy.broker.stats import MessageCounters, NodeCounters
+from lavinpy.broker.stats import MessageCounters, NodeCounters, ProtocolCounters, ProtocolId
 from lavinpy.wire.errors import AMQPChannelError
 
 
@@ -55,10 +56,20 @@ class OpenChannel:
         return True
 
 
+FACE = ProtocolId("face", "A Face")
+
+
 def ledger() -> tuple[Deliveries, BookVhost, list[int]]:
     vhost = BookVhost()
     freed: list[int] = []
-    return Deliveries(vhost, lambda: freed.append(1)), vhost, freed  # type: ignore[arg-type]
+    counters = vhost.node_counters.of(FACE)
+    return Deliveries(vhost, lambda: freed.append(1), counters), vhost, freed  # type: ignore[arg-type]
+
+
+def protocol_counts(deliveries: Deliveries) -> dict[str, int]:
+    counters: ProtocolCounters = deliveries.counters
+    return {name: counters.count(name) for name in ("deliver", "deliver_no_ack", "get", "get_no_ack", "ack",
+                                                    "redeliver", "reject") if counters.count(name)}
 
 
 def consumer_of(queue: BookQueue, tag: str = "c", no_ack: bool = False) -> Consumer:
@@ -79,6 +90,21 @@ def test_a_run_is_counted_on_its_queue_and_acked_as_one_run():
     assert deliveries.ack_run([1, 2, 3]) is None
     assert queue.calls == [("ack_many", [10, 11, 12])] and queue.stats.ack == 3
     assert consumer.unacked == 0 and vhost.scheduled == ["q"] and freed == []
+    assert protocol_counts(deliveries) == {"deliver": 3, "redeliver": 1, "ack": 3}
+    assert vhost.node_counters.by_protocol["face"] is deliveries.counters
+
+
+def test_acks_across_queues_and_consumers_are_counted_for_the_protocol_once_each():
+    deliveries, _vhost, _freed = ledger()
+    first, second = BookQueue("a"), BookQueue("b")
+    one, two = consumer_of(first, "one"), consumer_of(second, "two", no_ack=False)
+    one.unacked, two.unacked = 2, 1
+    deliveries.deliver(one, 1, False)
+    deliveries.deliver(two, 2, True)
+    deliveries.deliver(one, 3, False)
+    assert deliveries.ack_run([1, 2, 3]) is None
+    assert (first.stats.ack, second.stats.ack) == (2, 1)
+    assert protocol_counts(deliveries) == {"deliver": 3, "redeliver": 1, "ack": 3}
 
 
 def test_an_unknown_tag_in_an_ack_run_stops_it_there():
@@ -101,6 +127,7 @@ def test_nack_requeues_or_rejects_counting_rejects_and_giving_credit_back():
     deliveries.deliver_run(consumer, [7, 8, 9], None)
     deliveries.settle(deliveries.take(2, True), False)
     assert queue.calls == [("reject", 7), ("reject", 8)] and queue.stats.reject == 2
+    assert protocol_counts(deliveries) == {"deliver": 3, "reject": 2}
     assert consumer.unacked == 1 and freed == [1] and vhost.scheduled == []
     deliveries.settle(deliveries.take(3, False), True)
     assert queue.calls[-1] == ("requeue", 9) and consumer.unacked == 0 and vhost.scheduled == ["q"]
@@ -117,6 +144,7 @@ def test_get_counts_and_no_ack_settles_at_once():
     assert deliveries.get(queue, True) == (2, b"m2", False)  # type: ignore[arg-type]
     assert deliveries.get(queue, False) is None
     assert (queue.stats.get, queue.stats.get_no_ack, queue.stats.redeliver) == (1, 1, 1)
+    assert protocol_counts(deliveries) == {"get": 1, "get_no_ack": 1, "redeliver": 1}
     assert list(deliveries.unacked) == [1] and queue.calls == [("ack", 5)]
 
 

@@ -15,7 +15,7 @@ from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
 from lavinpy.broker.deliveries import Deliveries
 from lavinpy.broker.queue_base import QueueHost, QueueKind
-from lavinpy.broker.stats import NodeCounters
+from lavinpy.broker.stats import AMQP_091, NodeCounters
 from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
 from lavinpy.broker.stream_queue import StreamQueue, with_stream_offset
 from lavinpy.store.index_kinds import STREAM
@@ -45,7 +45,8 @@ class RecordingChannel:
     and keeping its books with the model's own ledger, as a real channel does."""
 
     def __init__(self) -> None:
-        self.books = Deliveries(LedgerHost(), lambda: None)  # type: ignore[arg-type]
+        host = LedgerHost()
+        self.books = Deliveries(host, lambda: None, host.node_counters.of(AMQP_091))  # type: ignore[arg-type]
         self.deliveries: list[tuple[str, int, StoredMessage, bool]] = []
         self.cancelled: list[str] = []
         self.runs: list[int] = []  # the length of each deliver_run
