@@ -14,7 +14,7 @@ from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
-from .broker.broker import Broker, ConnectionCounts
+from .broker.broker import Broker, Face
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .broker.limits_operations import LimitsOperations
 from .config import Config
@@ -48,26 +48,28 @@ NO_PROXY = ProxyPolicy(TrustedSources([]), refused=log_bad_proxy_header)
 
 
 class SessionLayers:
-    """The model's ``SessionLayer`` over both faces: deliveries run in the AMQP sessions' batch (MQTT
-    connections are delivered to in the same runs); alarms and a deleted vhost reach every face."""
+    """The model's ``SessionLayer`` over the faces registered with it, in order: alarms and a deleted
+    vhost reach every face. Deliveries run in the batch of ``deliveries`` (the AMQP sessions', whose
+    output flush follows them; every face's consumers are delivered to in the same runs)."""
 
-    def __init__(self, amqp: Sessions, mqtt: MQTTSessions) -> None:
-        self.amqp = amqp
-        self.mqtt = mqtt
+    def __init__(self, deliveries: Sessions) -> None:
+        self.deliveries = deliveries
+        self.faces: list[Face] = []
+
+    def register(self, face: Face) -> None:
+        self.faces.append(face)
 
     def work_pending(self) -> None:
-        self.amqp.work_pending()
+        self.deliveries.work_pending()
 
     def resources_changed(self, reason: str | None) -> None:
-        self.amqp.resources_changed(reason)
-        self.mqtt.resources_changed(reason)
+        for face in self.faces:
+            face.resources_changed(reason)
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
-        self.mqtt.close_vhost_connections(vhost, reason)
-        self.amqp.close_vhost_connections(vhost, reason)
+        for face in self.faces:
+            face.close_vhost_connections(vhost, reason)
 
-    def connection_counts(self) -> dict[str, ConnectionCounts]:
-        return {**self.amqp.connection_counts(), **self.mqtt.connection_counts()}
 
 
 class Server:
@@ -84,7 +86,11 @@ class Server:
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
         self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
-        broker.sessions = SessionLayers(self.sessions, self.mqtt)
+        # The faces, each on the model's operations; a new protocol's sessions are one more entry.
+        layers = SessionLayers(self.sessions)
+        for face in (self.sessions, self.mqtt):
+            layers.register(face)
+        broker.sessions = layers
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)

@@ -95,6 +95,12 @@ class SessionHost(OutputScheduler, Protocol):
     consuming: set[AMQPConnection]  # the live ones that sent basic.consume or basic.get (consumer timeouts)
     reply_to: dict[str, Channel]  # direct reply-to, for the channels: reply key -> requester
 
+    def connection_started(self, connection: AMQPConnection) -> None:
+        """Into ``connections`` and the model's connection registry."""
+
+    def connection_lost(self, connection: AMQPConnection) -> None:
+        """Out of ``connections``, ``consuming`` and the model's connection registry."""
+
     def run_pending(self) -> None:
         """Deliveries and output queued by this batch of input, now."""
 
@@ -163,7 +169,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
     # --- driver interface -----------------------------------------------------------------------
     def start(self) -> None:
         """The client is connected: the handshake clock starts."""
-        self.sessions.connections.add(self)
+        self.sessions.connection_started(self)
         self.broker.node_counters.connection_opened()
         self.effect(SetTimer(TimerKind.HANDSHAKE, HANDSHAKE_TIMEOUT))
 
@@ -173,8 +179,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.enter_state(CLOSED)
         self.teardown()
         if self in self.sessions.connections:  # lost once, counted once
-            self.sessions.connections.discard(self)
-            self.sessions.consuming.discard(self)
+            self.sessions.connection_lost(self)
             self.broker.node_counters.connection_closed()
 
     def timer_fired(self, kind: TimerKind) -> None:

@@ -1,28 +1,27 @@
-"""Read-only views of the live sessions (connections, channels, consumers) as RabbitMQ's API shows them.
+"""An AMQP connection as the model's connection registry holds it (``broker.connections``): its
+name, rows (the connection, its channels, its consumers) as RabbitMQ's API shows them, and close.
 
-No state of their own: each call walks ``Sessions.connections``. What an actor may see and close is
-the model's rule for every face (``broker.operations.can_see_connection``, ``check_close_connection``).
+The session layer registers one ``AMQPClientConnection`` per connection from its start to its end;
+the HTTP API and the metrics read them through the registry. What an actor may see and close is
+the model's rule for every face (``broker.operations``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.node_info import node_name
-from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
-from ..wire.constants import CONNECTION_FORCED, NOT_FOUND
-from ..wire.errors import AMQPChannelError
+from ..broker.stats import AMQP_091, ProtocolId
+from ..wire.constants import CONNECTION_FORCED
 from .connection import OPEN
 
 if TYPE_CHECKING:
-    from ..broker.actor import Actor
     from ..broker.consumer import Consumer
     from .channel import Channel
     from .connection import AMQPConnection
-    from .sessions import Sessions
 
-PROTOCOL = "AMQP 0-9-1"
+PROTOCOL = AMQP_091.name
 DEFAULT_CLOSE_REASON = "Closed via management plugin"
 
 
@@ -44,21 +43,6 @@ def connection_name(conn: AMQPConnection) -> str:
     """RabbitMQ's connection name: ``peer_host:peer_port -> host:port``."""
     peer_host, peer_port, host, port, _ = _addresses(conn)
     return f"{peer_host}:{peer_port} -> {host}:{port}"
-
-
-def owner_details(owner: object) -> dict[str, Any] | None:
-    """RabbitMQ's ``owner_pid_details`` of an exclusive queue: the owning connection's name and peer."""
-    if owner is None or not hasattr(owner, "driver"):
-        return None
-    peer_host, peer_port, _, _, _ = _addresses(owner)  # type: ignore[arg-type]
-    return {"name": connection_name(owner), "peer_host": peer_host, "peer_port": peer_port}  # type: ignore[arg-type]
-
-
-def open_connections(sessions: Sessions, actor: Actor | None, vhost: str | None = None) -> list[AMQPConnection]:
-    """Logged-in connections the actor may see, optionally of one vhost."""
-    return [c for c in list(sessions.connections)
-            if c.state == OPEN and c.vhost is not None and (vhost is None or c.vhost.name == vhost)
-            and can_see_connection(actor, c.username)]
 
 
 def connection_state(conn: AMQPConnection) -> str:
@@ -130,20 +114,6 @@ def byte_counters(conn: AMQPConnection) -> dict[str, Any]:
             "send_oct": conn.send_oct, "send_oct_details": {"rate": send_rate}, "send_cnt": conn.send_cnt}
 
 
-def find_connection(sessions: Sessions, actor: Actor | None, name: str) -> AMQPConnection:
-    for conn in open_connections(sessions, actor):
-        if connection_name(conn) == name:
-            return conn
-    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
-
-
-def close_connection(sessions: Sessions, actor: Actor | None, name: str, reason: str | None) -> None:
-    """Close a connection with 320 CONNECTION_FORCED and ``reason`` (the owner or an administrator)."""
-    conn = find_connection(sessions, actor, name)
-    check_close_connection(actor, conn.username, name)
-    conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason or DEFAULT_CLOSE_REASON}")
-
-
 def _channel_name(conn_name: str, channel: Channel) -> str:
     return f"{conn_name} ({channel.id})"
 
@@ -173,15 +143,7 @@ def channel_info(conn: AMQPConnection, channel: Channel, node: str) -> dict[str,
     }
 
 
-def channel_infos(sessions: Sessions, actor: Actor | None, node: str, *, vhost: str | None = None,
-                  connection: str | None = None) -> list[dict[str, Any]]:
-    conns = open_connections(sessions, actor, vhost)
-    if connection is not None:
-        conns = [find_connection(sessions, actor, connection)]
-    return [channel_info(conn, channel, node) for conn in conns for channel in list(conn.channels.values())]
-
-
-def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer) -> dict[str, Any]:
+def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer, node: str) -> dict[str, Any]:
     name = connection_name(conn)
     peer_host, peer_port, _, _, _ = _addresses(conn)
     queue = consumer.queue
@@ -190,7 +152,7 @@ def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer) ->
         "queue": {"name": queue.name, "vhost": queue.vhost.name},
         "channel_details": {"name": _channel_name(name, channel), "number": channel.id,
                             "connection_name": name, "peer_host": peer_host, "peer_port": peer_port,
-                            "user": conn.username, "node": node_name()},
+                            "user": conn.username, "node": node},
         "ack_required": not consumer.no_ack,
         "exclusive": consumer.exclusive,
         "prefetch_count": consumer.prefetch,
@@ -200,21 +162,8 @@ def consumer_info(conn: AMQPConnection, channel: Channel, consumer: Consumer) ->
     }
 
 
-def consumer_infos(sessions: Sessions, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
-    """Every consumer on the connections the actor may see (RabbitMQ: of vhosts it may access)."""
-    infos = []
-    for conn in list(sessions.connections):
-        if conn.state != OPEN or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost):
-            continue
-        if not can_see_vhost(actor, conn.vhost.name):
-            continue
-        for channel in list(conn.channels.values()):
-            for consumer in list(channel.consumers.values()):
-                infos.append(consumer_info(conn, channel, consumer))
-    return infos
-
-
-def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tuple[str, str], float]:
+def oldest_unacked_ages(connections: Iterable[AMQPConnection],
+                        now: float | None = None) -> dict[tuple[str, str], float]:
     """(vhost, queue) -> seconds its oldest unacknowledged delivery has waited.
 
     Read from what the consumer-timeout sweep records for each channel's oldest delivery (first seen
@@ -222,7 +171,7 @@ def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tu
     """
     now = time.monotonic() if now is None else now
     ages: dict[tuple[str, str], float] = {}
-    for conn in list(sessions.connections):
+    for conn in list(connections):
         for channel in list(conn.channels.values()):
             seen = channel.oldest_unacked_seen
             if seen is None:
@@ -233,6 +182,72 @@ def oldest_unacked_ages(sessions: Sessions, now: float | None = None) -> dict[tu
             key = (item.queue.vhost.name, item.queue.name)
             ages[key] = max(ages.get(key, 0.0), now - seen[1])
     return ages
+
+
+class AMQPClientConnection:
+    """An AMQP connection in the model's registry (``broker.connections.ClientConnection``)."""
+
+    __slots__ = ("conn",)
+    protocol: ProtocolId = AMQP_091
+
+    def __init__(self, conn: AMQPConnection) -> None:
+        self.conn = conn
+
+    @property
+    def listed(self) -> bool:
+        return self.conn.state == OPEN and self.conn.vhost is not None
+
+    @property
+    def name(self) -> str:
+        return connection_name(self.conn)
+
+    @property
+    def vhost(self) -> str | None:
+        vhost = self.conn.vhost
+        return vhost.name if vhost is not None else None
+
+    @property
+    def user(self) -> str:
+        return self.conn.username
+
+    @property
+    def peer(self) -> tuple[str, int]:
+        peer_host, peer_port, _, _, _ = _addresses(self.conn)
+        return peer_host, peer_port
+
+    @property
+    def client_info(self) -> dict[str, Any]:
+        return dict(_jsonable(self.conn.client_properties) or {})
+
+    @property
+    def channel_count(self) -> int:
+        return len(self.conn.channels)
+
+    @property
+    def publishers(self) -> int:
+        return sum(channel.is_publisher for channel in list(self.conn.channels.values()))
+
+    @property
+    def consumer_count(self) -> int:
+        return sum(len(channel.consumers) for channel in list(self.conn.channels.values()))
+
+    def info(self, node: str) -> dict[str, Any]:
+        return connection_info(self.conn, node)
+
+    def details(self, node: str) -> dict[str, Any]:
+        return connection_info(self.conn, node)
+
+    def channel_infos(self, node: str) -> list[dict[str, Any]]:
+        return [channel_info(self.conn, channel, node) for channel in list(self.conn.channels.values())]
+
+    def consumer_infos(self, node: str) -> list[dict[str, Any]]:
+        conn = self.conn
+        return [consumer_info(conn, channel, consumer, node) for channel in list(conn.channels.values())
+                for consumer in list(channel.consumers.values())]
+
+    def close(self, reason: str | None) -> None:
+        """With 320 CONNECTION_FORCED and ``reason`` (RabbitMQ's default text without one)."""
+        self.conn.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason or DEFAULT_CLOSE_REASON}")
 
 
 def _jsonable(value: Any) -> Any:

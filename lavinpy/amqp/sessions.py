@@ -20,10 +20,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker.broker import ConnectionCounts
 from ..wire.constants import CONNECTION_FORCED
-from . import consumer_timeout
-from .connection_states import OPEN
+from . import consumer_timeout, session_views
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -64,7 +62,6 @@ class HeartbeatWatched(Protocol):
         """Its heartbeat check is due: send one, close a silent client, or ``watch_heartbeat`` again."""
 
 
-PROTOCOL_LABEL = "amqp091"  # RabbitMQ's label of AMQP 0-9-1 in its per-protocol metrics
 
 
 class Sessions:
@@ -96,6 +93,15 @@ class Sessions:
         self._scheduling.start_task(work)
 
     # --- SessionLayer (called by the broker) ---------------------------------------------------
+    def connection_started(self, connection: AMQPConnection) -> None:
+        self.connections.add(connection)
+        self.broker.connections.register(connection, session_views.AMQPClientConnection(connection))
+
+    def connection_lost(self, connection: AMQPConnection) -> None:
+        self.connections.discard(connection)
+        self.consuming.discard(connection)
+        self.broker.connections.unregister(connection)
+
     def work_pending(self) -> None:
         self._schedule()
 
@@ -109,17 +115,6 @@ class Sessions:
                 connection.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
                 connection.teardown()  # exclusive queues go before the vhost closes
         self._schedule()  # the close frames go out now
-
-    def connection_counts(self) -> dict[str, ConnectionCounts]:
-        connections = list(self.connections)
-        logged_in = publishers = consumers = 0
-        for conn in connections:
-            if conn.state == OPEN and conn.vhost is not None:
-                logged_in += 1
-            for channel in list(conn.channels.values()):
-                publishers += channel.is_publisher
-                consumers += len(channel.consumers)
-        return {PROTOCOL_LABEL: ConnectionCounts(len(connections), logged_in, publishers, consumers)}
 
     # --- pending work ---------------------------------------------------------------------------
     def schedule_output(self, connection: ConnectionOutput) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,6 +14,7 @@ from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
 from .client_limits import USER_LIMITS_FILE, ClientLimits
+from .connections import ConnectionCounts, ConnectionRegistry, all_protocols
 from .internal_login import InternalLogins
 from .login import Logins
 from .login_throttle import LoginThrottle
@@ -22,6 +22,8 @@ from .parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
 from .stats import NodeCounters, StatsSampler
 from .users import UserStore
 from .vhost import VHost
+
+__all__ = ["Broker", "ConnectionCounts", "Face", "SessionLayer", "all_protocols"]
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -34,31 +36,8 @@ log = logging.getLogger("lavinpy.broker")
 RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionCounts:
-    """Client connections of one protocol (or of all of them, added up)."""
-
-    sockets: int  # client sockets open, logged in or not (RabbitMQ's sockets_used)
-    open: int  # connections past their login, the ones the API lists
-    publishers: int = 0  # what RabbitMQ counts as publishers: AMQP channels, MQTT connections, that published
-    consumers: int = 0
-
-    def __add__(self, other: ConnectionCounts) -> ConnectionCounts:
-        return ConnectionCounts(self.sockets + other.sockets, self.open + other.open,
-                                self.publishers + other.publishers, self.consumers + other.consumers)
-
-
-def all_protocols(counts: dict[str, ConnectionCounts]) -> ConnectionCounts:
-    """The counts of every protocol added up."""
-    return sum(counts.values(), ConnectionCounts(0, 0))
-
-
 class SessionLayer(Protocol):
     """What the model asks of the session layer above it (which implements this)."""
-
-    def connection_counts(self) -> dict[str, ConnectionCounts]:
-        """The client connections of every face by protocol, labelled as RabbitMQ's metrics label
-        them (``amqp091``, ``mqtt311``, ``mqtt310``): what the node and metrics views count."""
 
     def work_pending(self) -> None:
         """Queues have deliveries to make: call ``Broker.run_deliveries`` soon."""
@@ -68,6 +47,18 @@ class SessionLayer(Protocol):
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         """The vhost goes away: close its connections with 320 and release their channels now."""
+
+
+class Face(Protocol):
+    """What the model asks of each face's sessions (the server registers every face with its
+    ``SessionLayer``); their connections are in ``Broker.connections``, their traffic counted by the
+    model's operations (``stats.ProtocolCounters``)."""
+
+    def resources_changed(self, reason: str | None) -> None:
+        """A resource alarm was raised (reason) or cleared (None): block or unblock publishers."""
+
+    def close_vhost_connections(self, vhost: str, reason: str) -> None:
+        """The vhost goes away: close its connections now."""
 
 
 class _NoSessions:
@@ -85,9 +76,6 @@ class _NoSessions:
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         pass
 
-    def connection_counts(self) -> dict[str, ConnectionCounts]:
-        return {}
-
 
 class Broker:
     def __init__(self, config: Config) -> None:
@@ -104,6 +92,7 @@ class Broker:
         self.delivery_pending: set[QueueKind] = set()
         self._pending_scheduled = False
         self.sessions: SessionLayer = _NoSessions(self)
+        self.connections = ConnectionRegistry()  # every face's client connections (the API reads them here)
         self._input_since_check = 0
         self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
         self.node_counters = NodeCounters()  # churn, empty gets, message sizes (read by the metrics)

@@ -16,7 +16,7 @@ from ..config import parse_watermark
 from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
 from .alarms import disk_free, process_rss
-from .broker import all_protocols
+from .connections import all_protocols
 from .operations import open_vhost, visible_vhosts
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def node_info(broker: Broker) -> dict[str, Any]:
         "uptime": uptime_ms(),
         "fd_used": fd_used(),
         "fd_total": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
-        "sockets_used": all_protocols(broker.sessions.connection_counts()).sockets,
+        "sockets_used": all_protocols(broker.connections.counts()).sockets,
         "proc_used": 1,
         "processors": os.cpu_count() or 1,
         "partitions": [],

@@ -1,4 +1,4 @@
-"""Broker operations shared by every face (AMQP channels, the HTTP API).
+"""Broker operations shared by every face (AMQP channels, MQTT connections, the HTTP API).
 
 Each takes the acting user (an ``Actor``; None for a trusted internal caller), checks its
 permissions and the arguments, and raises ``AMQPError`` with RabbitMQ's reply codes and texts.
@@ -7,7 +7,7 @@ Faces only translate their input into these calls and the results into their rep
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..wire.constants import ACCESS_REFUSED, NOT_FOUND
 from ..wire.errors import AMQPChannelError
@@ -15,6 +15,7 @@ from .actor import Actor
 
 if TYPE_CHECKING:
     from .broker import Broker
+    from .connections import ClientConnection
     from .vhost import VHost
 
 
@@ -56,3 +57,33 @@ def check_close_connection(actor: Actor | None, user: str, name: str) -> None:
 def vhosts_in_scope(broker: Broker, actor: Actor | None, name: str | None) -> list[VHost]:
     """One vhost (checked) or, with no name, every vhost the actor may see."""
     return [open_vhost(broker, actor, name)] if name is not None else visible_vhosts(broker, actor)
+
+
+# --- the connections of every face (broker.connections), as an actor may see and close them ------------
+def visible_connections(broker: Broker, actor: Actor | None, vhost: str | None = None) -> list[ClientConnection]:
+    """The logged-in connections of every face the actor may see, optionally of one vhost."""
+    return [c for c in broker.connections.listed(vhost) if can_see_connection(actor, c.user)]
+
+
+def find_connection(broker: Broker, actor: Actor | None, name: str) -> ClientConnection:
+    """The connection the API names, of any face: 404 when there is none the actor may see."""
+    for connection in visible_connections(broker, actor):
+        if connection.name == name:
+            return connection
+    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
+
+
+def close_connection(broker: Broker, actor: Actor | None, name: str, reason: str | None) -> None:
+    """Close a connection through the API (its own user or an administrator), as its face closes one."""
+    connection = find_connection(broker, actor, name)
+    check_close_connection(actor, connection.user, name)
+    connection.close(reason)
+
+
+def visible_consumers(broker: Broker, actor: Actor | None, node: str, vhost: str | None = None) -> list[dict[str, Any]]:
+    """Every consumer on the connections of vhosts the actor may see (as RabbitMQ), of every face."""
+    rows: list[dict[str, Any]] = []
+    for connection in broker.connections.listed(vhost):
+        if connection.vhost is not None and can_see_vhost(actor, connection.vhost):
+            rows += connection.consumer_infos(node)
+    return rows

@@ -14,11 +14,9 @@ from ..broker.actor import Actor
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
     from ..broker.broker import Broker
-    from ..mqtt.sessions import MQTTSessions
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")
-MQTT_SESSIONS: web.AppKey[MQTTSessions] = web.AppKey("mqtt_sessions")  # set by the server when it runs MQTT
 CLUSTER_NODES: web.AppKey[Callable[[], list[dict[str, Any]]] | None] = web.AppKey("cluster_nodes")
 ACTOR_KEY = "actor"
 

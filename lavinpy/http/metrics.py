@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import __version__
 from ..amqp import session_views
 from ..broker import node_info
-from ..broker.broker import all_protocols
+from ..broker.connections import all_protocols
 from ..broker.stats import DEAD_LETTER_REASONS, node_totals
 from . import metrics_node
 from .metrics_node import EventLoopLag
@@ -159,11 +159,11 @@ class BrokerCollector:
 
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
-        # Every face's connections (RabbitMQ counts its MQTT ones too); channels are AMQP's alone.
-        by_protocol = self.broker.sessions.connection_counts()
+        # Every face's connections, from the model's registry (channels: of the faces that have them).
+        by_protocol = self.broker.connections.counts()
         yield _gauge(f"{p}_connections", "Connections currently open", all_protocols(by_protocol).open)
-        conns = session_views.open_connections(self.sessions, None)
-        yield _gauge(f"{p}_channels", "Channels currently open", sum(len(c.channels) for c in conns))
+        conns = self.broker.connections.listed()
+        yield _gauge(f"{p}_channels", "Channels currently open", sum(c.channel_count for c in conns))
         ready = unacked = queues = consumers = 0
         for vhost in list(self.broker.vhosts.values()):
             queues += len(vhost.queues)
@@ -295,7 +295,7 @@ class BrokerCollector:
         unacked_age = _gauge(f"{d}_queue_oldest_unacked_age_seconds",
                              "Seconds the queue's oldest unacknowledged delivery has waited (0 when none)",
                              labels=q_labels)
-        unacked_ages = session_views.oldest_unacked_ages(self.sessions)
+        unacked_ages = session_views.oldest_unacked_ages(self.sessions.connections)
         for vhost, queue in queues:
             timestamp = queue.head_timestamp_ms()
             if timestamp is not None:

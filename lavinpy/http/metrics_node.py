@@ -25,7 +25,8 @@ from ..broker.stats import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker, ConnectionCounts
+    from ..broker.broker import Broker
+    from ..broker.connections import ConnectionCounts
     from ..broker.stats import NodeCounters
 
 # RabbitMQ labels its global families by protocol. The message counters are the node's, of every
@@ -84,9 +85,8 @@ def global_families(p: str, sessions: Sessions, counters: NodeCounters,
                     by_protocol: dict[str, ConnectionCounts]) -> Iterator[Metric]:
     """RabbitMQ's per-protocol global families that the message counters do not give.
 
-    Publishers and consumers come from every face by protocol (``by_protocol``: an AMQP channel that
-    has resolved an exchange to publish to counts from then until it closes, as RabbitMQ counts an
-    AMQP 0-9-1 channel from its first publish; an MQTT connection from its first PUBLISH)."""
+    Publishers and consumers come from every face by protocol (``by_protocol``, the model's connection
+    registry: each face says what counts as a publisher, as RabbitMQ counts them for its protocol)."""
     labels = ["protocol"]
     protocols = sorted({PROTOCOL, *by_protocol})
     for name, doc in (("publishers", "Current number of publishers"), ("consumers", "Current number of consumers")):

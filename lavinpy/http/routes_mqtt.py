@@ -17,8 +17,11 @@ from aiohttp import WSCloseCode, WSMsgType, web, web_ws
 from aiohttp.http_websocket import WebSocketError
 
 from ..mqtt.connection import MAX_PACKET_BEFORE_CONNECT
+from ..mqtt.sessions import MQTTSessions
 from ..mqtt.transport import WRITE_HIGH_WATER, ConnectionDriver
-from .context import MQTT_SESSIONS
+
+# The MQTT sessions the /ws route hands its connections to: set by the server when it runs MQTT.
+MQTT_SESSIONS: web.AppKey[MQTTSessions] = web.AppKey("mqtt_sessions")
 
 __all__ = ["MQTT_SESSIONS", "add_routes", "mqtt_websocket"]
 

@@ -11,10 +11,10 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from ..amqp.session_views import owner_details
 from ..broker import operations as scope
 from ..broker import operations_messages as messages
 from ..broker import operations_objects as ops
+from ..broker.connections import ConnectionRegistry
 from ..broker.exchanges.base import Exchange
 from ..broker.object_info import exchange_info, properties_key, queue_info, vhost_bindings
 from ..broker.vhost import VHost
@@ -149,11 +149,11 @@ async def exchange_bindings_destination(request: web.Request) -> web.Response:
 
 # --- queues ---------------------------------------------------------------------------------------------
 
-def _queue_info(queue: Any) -> dict[str, Any]:
+def _queue_info(queue: Any, connections: ConnectionRegistry) -> dict[str, Any]:
     """A queue as the API shows it; an exclusive one names its owning connection, as RabbitMQ's do."""
     info = queue_info(queue)
     if queue.exclusive_owner is not None:
-        details = owner_details(queue.exclusive_owner)
+        details = connections.owner_details(queue.exclusive_owner)
         if details is not None:
             info["owner_pid_details"] = details
     return info
@@ -161,13 +161,14 @@ def _queue_info(queue: Any) -> dict[str, Any]:
 
 async def list_queues(request: web.Request) -> web.Response:
     queues = [q for v in _scope(request) for q in v.queues.values()]
-    return await cooperative.list_reply(queues, _queue_info, request.query)
+    connections = broker_of(request).connections
+    return await cooperative.list_reply(queues, lambda queue: _queue_info(queue, connections), request.query)
 
 
 async def get_queue(request: web.Request) -> web.Response:
     vhost = _vhost(request)
     queue = ops.get_queue(actor_of(request), vhost, request.match_info["name"])
-    info = _queue_info(queue)
+    info = _queue_info(queue, broker_of(request).connections)
     samples = SampleQuery(request.query)
     if samples:
         samples.apply(broker_of(request).stats, queue.stats.history, info, info["message_stats"])

@@ -1,6 +1,7 @@
 """The read-only views and health checks: overview, nodes, connections, channels, consumers,
-/api/health/checks/*, /api/aliveness-test. Handlers translate; node_info and session_views decide
-what the acting user may see."""
+/api/health/checks/*, /api/aliveness-test. Handlers translate; node_info and the model's connection
+registry (broker.connections, read through broker.operations) decide what the acting user may see,
+of every face alike."""
 
 from __future__ import annotations
 
@@ -8,15 +9,20 @@ from typing import Any
 
 from aiohttp import web
 
-from ..amqp import session_views as views
 from ..broker import node_info
 from ..broker.alarms import disk_limit, memory_watermark
-from ..broker.operations import open_vhost, visible_vhosts
+from ..broker.operations import (
+    close_connection,
+    find_connection,
+    open_vhost,
+    visible_connections,
+    visible_consumers,
+    visible_vhosts,
+)
 from ..config import total_memory
-from ..mqtt import views as mqtt_views
 from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
-from .context import CLUSTER_NODES, MQTT_SESSIONS, actor_of, broker_of, json_reply, sessions_of
+from .context import CLUSTER_NODES, actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query, object_reply
 from .samples import SampleQuery
@@ -30,15 +36,11 @@ def _status(ok: bool, reason: str = "", **extra: Any) -> web.Response:
 
 
 async def overview(request: web.Request) -> web.Response:
-    sessions, actor = sessions_of(request), actor_of(request)
-    connections = views.open_connections(sessions, actor)
-    channels = sum(len(c.channels) for c in connections)
-    consumers = len(views.consumer_infos(sessions, actor))
-    mqtt = request.app.get(MQTT_SESSIONS)
-    mqtt_connections = len(mqtt_views.open_connections(mqtt, actor)) if mqtt is not None else 0
-    broker = broker_of(request)
-    reply = node_info.overview(broker, actor, connections=len(connections) + mqtt_connections, channels=channels,
-                               consumers=consumers)
+    broker, actor = broker_of(request), actor_of(request)
+    connections = visible_connections(broker, actor)
+    channels = sum(c.channel_count for c in connections)
+    consumers = len(visible_consumers(broker, actor, _node()))
+    reply = node_info.overview(broker, actor, connections=len(connections), channels=channels, consumers=consumers)
     samples = SampleQuery(request.query)
     if samples:
         history = broker.stats.history_of(visible_vhosts(broker, actor))
@@ -113,53 +115,32 @@ async def list_connections(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
-    conns = views.open_connections(sessions_of(request), actor_of(request), vhost)
-    rows = [views.connection_info(c, _node()) for c in conns]
-    mqtt = request.app.get(MQTT_SESSIONS)
-    if mqtt is not None:  # MQTT clients are connections too (protocol "MQTT 3.1.1")
-        rows += [mqtt_views.connection_info(c, _node()) for c in mqtt_views.open_connections(mqtt, actor_of(request),
-                                                                                              vhost)]
+    rows = [c.info(_node()) for c in visible_connections(broker_of(request), actor_of(request), vhost)]
     return json_reply(apply_list_query(rows, request.query))
 
 
-def _mqtt_connection(request: web.Request) -> Any:
-    """The MQTT connection the path names, or None (then it is an AMQP one, or none: 404)."""
-    mqtt = request.app.get(MQTT_SESSIONS)
-    name = request.match_info["name"]
-    if mqtt is None or " -> " not in name:
-        return None
-    return next((c for c in mqtt_views.open_connections(mqtt, actor_of(request))
-                 if mqtt_views.connection_name(c) == name), None)
-
-
 async def get_connection(request: web.Request) -> web.Response:
-    mqtt_conn = _mqtt_connection(request)
-    if mqtt_conn is not None:  # with its MQTT session: subscriptions, deliveries awaiting PUBACK
-        return object_reply({**mqtt_views.connection_info(mqtt_conn, _node()),
-                           "mqtt_session": mqtt_views.session_info(mqtt_conn)})
-    conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
-    return object_reply(views.connection_info(conn, _node()))
+    connection = find_connection(broker_of(request), actor_of(request), request.match_info["name"])
+    return object_reply(connection.details(_node()))
 
 
 async def delete_connection(request: web.Request) -> web.Response:
-    mqtt = request.app.get(MQTT_SESSIONS)
-    if mqtt is not None and _mqtt_connection(request) is not None:
-        mqtt_views.close_connection(mqtt, actor_of(request), request.match_info["name"],
-                                    request.headers.get("X-Reason"))
-        return web.Response(status=204)
-    views.close_connection(sessions_of(request), actor_of(request), request.match_info["name"],
-                           request.headers.get("X-Reason"))
+    close_connection(broker_of(request), actor_of(request), request.match_info["name"],
+                     request.headers.get("X-Reason"))
     return web.Response(status=204)
 
 
 async def list_channels(request: web.Request) -> web.Response:
-    if "name" in request.match_info and _mqtt_connection(request) is not None:
-        return json_reply(apply_list_query([], request.query))  # an MQTT connection has no channels
-    vhost = request.match_info.get("vhost")
-    if vhost is not None:
-        open_vhost(broker_of(request), actor_of(request), vhost)
-    items = views.channel_infos(sessions_of(request), actor_of(request), _node(), vhost=vhost,
-                                connection=request.match_info.get("name"))
+    broker, actor = broker_of(request), actor_of(request)
+    name = request.match_info.get("name")
+    if name is not None:
+        connections = [find_connection(broker, actor, name)]
+    else:
+        vhost = request.match_info.get("vhost")
+        if vhost is not None:
+            open_vhost(broker, actor, vhost)
+        connections = visible_connections(broker, actor, vhost)
+    items = [row for connection in connections for row in connection.channel_infos(_node())]
     return json_reply(apply_list_query(items, request.query))
 
 
@@ -167,10 +148,7 @@ async def list_consumers(request: web.Request) -> web.Response:
     vhost = request.match_info.get("vhost")
     if vhost is not None:
         open_vhost(broker_of(request), actor_of(request), vhost)
-    items = views.consumer_infos(sessions_of(request), actor_of(request), vhost)
-    mqtt = request.app.get(MQTT_SESSIONS)
-    if mqtt is not None:  # MQTT subscriptions consume too
-        items += mqtt_views.consumer_infos(mqtt, actor_of(request), _node(), vhost)
+    items = visible_consumers(broker_of(request), actor_of(request), _node(), vhost)
     return json_reply(apply_list_query(items, request.query))
 
 

@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ..broker.broker import ConnectionCounts
 from .connection import PROTOCOLS, MQTTConnection
 from .retained import RetainedStore
+from .views import MQTTClientConnection
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -31,6 +31,7 @@ class MQTTSessions:
                        tls: bool = False) -> MQTTConnection:
         connection = MQTTConnection(self, peer, local, tls)
         self.connections.add(connection)
+        self.broker.connections.register(connection, MQTTClientConnection(connection))
         self.broker.node_counters.connection_opened()  # churn counts every face's connections
         return connection
 
@@ -59,6 +60,7 @@ class MQTTSessions:
         """The socket is gone."""
         if connection in self.connections:  # gone once, counted once
             self.connections.discard(connection)
+            self.broker.connections.unregister(connection)
             self.broker.node_counters.connection_closed()
 
     # --- what the model asks of every face (the server's SessionLayers forwards it) ---------------
@@ -66,17 +68,6 @@ class MQTTSessions:
         """A resource alarm was raised or cleared: publishers stop being read, or are read again."""
         for connection in list(self.connections):
             connection.update_reading()
-
-    def connection_counts(self) -> dict[str, ConnectionCounts]:
-        """By protocol level (a client not yet past CONNECT counts as MQTT 3.1.1)."""
-        counts: dict[str, ConnectionCounts] = {}
-        for conn in list(self.connections):
-            logged_in = conn.connected and not conn.closed and conn.vhost is not None
-            subs = conn.subscriptions
-            label = PROTOCOLS.get(conn.protocol_level, PROTOCOLS[4]).label
-            counts[label] = counts.get(label, ConnectionCounts(0, 0)) + ConnectionCounts(
-                1, logged_in, int(logged_in and conn.published), len(subs.consumers) if subs is not None else 0)
-        return counts
 
     def close_vhost_connections(self, vhost: str, reason: str) -> None:
         """The vhost goes away: its clients are disconnected now (no wills: there is nowhere to publish them)."""

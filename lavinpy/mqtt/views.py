@@ -1,22 +1,21 @@
-"""MQTT connections as the management API lists them (RabbitMQ's fields, ``protocol: "MQTT 3.1.1"``),
-found by name and closed; who may see or close one is the model's rule (``broker.operations``)."""
+"""An MQTT connection as the model's connection registry holds it (``broker.connections``): its name,
+its rows as the management API lists them (RabbitMQ's fields, ``protocol: "MQTT 3.1.1"``), its
+session for its own page, and close. Who may see or close one is the model's rule
+(``broker.operations``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..broker.operations import can_see_connection, can_see_vhost, check_close_connection
-from ..wire.constants import NOT_FOUND
-from ..wire.errors import AMQPChannelError
+from ..broker.stats import ProtocolId
+from .connection import PROTOCOLS
 from .subscriptions import queue_name
 from .topics import topic_filter
 
 if TYPE_CHECKING:
-    from ..broker.actor import Actor
     from .connection import MQTTConnection
-    from .sessions import MQTTSessions
 
-PROTOCOLS = {4: "MQTT 3.1.1", 3: "MQTT 3.1"}
+DEFAULT_CLOSE_REASON = "closed via the management API"
 
 
 def connection_name(conn: MQTTConnection) -> str:
@@ -25,20 +24,13 @@ def connection_name(conn: MQTTConnection) -> str:
     return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
 
 
-def open_connections(sessions: MQTTSessions, actor: Actor | None, vhost: str | None = None) -> list[MQTTConnection]:
-    """Logged-in MQTT connections the actor may see, optionally of one vhost."""
-    return [c for c in list(sessions.connections)
-            if c.connected and not c.closed and c.vhost is not None and (vhost is None or c.vhost.name == vhost)
-            and can_see_connection(actor, c.username)]
-
-
 def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
     peer, local = conn.peer or ("", 0), conn.local or ("", 0)
     recv_rate, send_rate = conn.byte_rates()
     return {
         "name": connection_name(conn), "node": node, "type": "network",
         "state": "blocked" if conn.reading_paused else "running",
-        "protocol": PROTOCOLS.get(conn.protocol_level, "MQTT"),
+        "protocol": PROTOCOLS[conn.protocol_level].name if conn.protocol_level in PROTOCOLS else "MQTT",
         "user": conn.username, "user_who_performed_action": conn.username,
         "vhost": conn.vhost.name if conn.vhost is not None else "",
         "channels": 0, "channel_max": 0, "frame_max": 0, "timeout": conn.keepalive,
@@ -73,39 +65,89 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
             "messages_unacknowledged": len(subs.inflight), "prefetch_count": subs.window}
 
 
-def consumer_infos(sessions: MQTTSessions, actor: Actor | None, node: str,
-                   vhost: str | None = None) -> list[dict[str, Any]]:
-    """The consumers of MQTT clients' subscription queues, as RabbitMQ lists consumers (an MQTT
+def consumer_infos(conn: MQTTConnection, node: str) -> list[dict[str, Any]]:
+    """The consumers of an MQTT client's subscription queues, as RabbitMQ lists consumers (an MQTT
     client has no channels: its connection stands in, channel number 0)."""
-    infos = []
-    for conn in list(sessions.connections):
-        subs = conn.subscriptions
-        if (subs is None or conn.closed or conn.vhost is None or (vhost is not None and conn.vhost.name != vhost)
-                or not can_see_vhost(actor, conn.vhost.name)):
-            continue
-        name = connection_name(conn)
-        peer = conn.peer or ("", 0)
-        for consumer in list(subs.consumers.values()):
-            infos.append({
-                "consumer_tag": consumer.tag,
-                "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost.name},
-                "channel_details": {"name": name, "number": 0, "connection_name": name, "peer_host": peer[0],
-                                    "peer_port": peer[1], "user": conn.username, "node": node},
-                "ack_required": not consumer.no_ack, "exclusive": False, "prefetch_count": consumer.prefetch,
-                "active": True, "activity_status": "up", "arguments": {},
-            })
-    return infos
+    subs = conn.subscriptions
+    if subs is None or conn.closed or conn.vhost is None:
+        return []
+    name = connection_name(conn)
+    peer = conn.peer or ("", 0)
+    return [{
+        "consumer_tag": consumer.tag,
+        "queue": {"name": consumer.queue.name, "vhost": consumer.queue.vhost.name},
+        "channel_details": {"name": name, "number": 0, "connection_name": name, "peer_host": peer[0],
+                            "peer_port": peer[1], "user": conn.username, "node": node},
+        "ack_required": not consumer.no_ack, "exclusive": False, "prefetch_count": consumer.prefetch,
+        "active": True, "activity_status": "up", "arguments": {},
+    } for consumer in list(subs.consumers.values())]
 
 
-def find_connection(sessions: MQTTSessions, actor: Actor | None, name: str) -> MQTTConnection:
-    for conn in open_connections(sessions, actor):
-        if connection_name(conn) == name:
-            return conn
-    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
+class MQTTClientConnection:
+    """An MQTT connection in the model's registry (``broker.connections.ClientConnection``)."""
 
+    __slots__ = ("conn",)
 
-def close_connection(sessions: MQTTSessions, actor: Actor | None, name: str, reason: str | None) -> None:
-    """Close an MQTT connection (MQTT 3.1.1 has no close reason to send: the socket closes)."""
-    conn = find_connection(sessions, actor, name)
-    check_close_connection(actor, conn.username, name)
-    conn.kick(reason or "closed via the management API")
+    def __init__(self, conn: MQTTConnection) -> None:
+        self.conn = conn
+
+    @property
+    def protocol(self) -> ProtocolId:
+        """By protocol level (a client not yet past CONNECT counts as MQTT 3.1.1)."""
+        return PROTOCOLS.get(self.conn.protocol_level, PROTOCOLS[4])
+
+    @property
+    def listed(self) -> bool:
+        conn = self.conn
+        return conn.connected and not conn.closed and conn.vhost is not None
+
+    @property
+    def name(self) -> str:
+        return connection_name(self.conn)
+
+    @property
+    def vhost(self) -> str | None:
+        vhost = self.conn.vhost
+        return vhost.name if vhost is not None else None
+
+    @property
+    def user(self) -> str:
+        return self.conn.username
+
+    @property
+    def peer(self) -> tuple[str, int]:
+        return self.conn.peer or ("", 0)
+
+    @property
+    def client_info(self) -> dict[str, Any]:
+        return {"client_id": self.conn.client_id}
+
+    @property
+    def channel_count(self) -> int:
+        return 0  # an MQTT connection has no channels
+
+    @property
+    def publishers(self) -> int:
+        return int(self.listed and self.conn.published)
+
+    @property
+    def consumer_count(self) -> int:
+        subs = self.conn.subscriptions
+        return len(subs.consumers) if subs is not None else 0
+
+    def info(self, node: str) -> dict[str, Any]:
+        return connection_info(self.conn, node)
+
+    def details(self, node: str) -> dict[str, Any]:
+        """With its MQTT session: subscriptions, deliveries awaiting PUBACK."""
+        return {**connection_info(self.conn, node), "mqtt_session": session_info(self.conn)}
+
+    def channel_infos(self, node: str) -> list[dict[str, Any]]:
+        return []
+
+    def consumer_infos(self, node: str) -> list[dict[str, Any]]:
+        return consumer_infos(self.conn, node)
+
+    def close(self, reason: str | None) -> None:
+        """MQTT 3.1.1 has no close reason to send: the socket closes."""
+        self.conn.kick(reason or DEFAULT_CLOSE_REASON)
