@@ -1,5 +1,6 @@
 """The project's rules that no tool checks by itself: every module of a package is in its layers contract,
-no source file passes 600 lines, and the faces keep no books (counters belong to the model)."""
+no source file passes 600 lines, the faces keep no books (counters belong to the model), and the model
+raises its own errors, not a protocol's."""
 
 from __future__ import annotations
 
@@ -111,3 +112,15 @@ def face_counter_writes() -> dict[str, list[int]]:
 def test_faces_write_into_no_counter():
     writes = face_counter_writes()
     assert not writes, f"a face writes into a counter (count in the model's operations instead): {writes}"
+
+
+def test_the_model_raises_no_protocol_error():
+    """broker.errors is the model's; each face maps its kinds to its own codes (amqp/refusals.py,
+    http/errors.py, the MQTT CONNACK table)."""
+    found = {}
+    for path in sorted((PACKAGE / "broker").rglob("*.py")):
+        lines = [i for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if "wire.errors" in line or "AMQPChannelError" in line or "AMQPConnectionError" in line]
+        if lines:
+            found[path.relative_to(REPO).as_posix()] = lines
+    assert not found, f"the model names AMQP's error classes: {found}"

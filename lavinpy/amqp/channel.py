@@ -20,6 +20,7 @@ from ..broker import publish_ops
 from ..broker.arguments import ArgumentError, validate_consumer_arguments
 from ..broker.consumer import Consumer
 from ..broker.deliveries import Deliveries
+from ..broker.errors import BrokerChannelError
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.operations_objects import readable_queue
 from ..broker.replies import ReplyQueue
@@ -48,6 +49,7 @@ from .channel_methods import (
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, release_bodies
 from .log import channel_close_log
+from .refusals import CHANNEL_ERRORS, reply_code
 
 if TYPE_CHECKING:
     from ..broker.deliveries import StoredMessage  # the model's record type; amqp names no store module
@@ -152,14 +154,14 @@ class Channel:
             self.confirms.send()
 
     # --- errors -------------------------------------------------------------------------------
-    def close_with_error(self, error: AMQPChannelError, method: Any | None) -> None:
+    def close_with_error(self, error: AMQPChannelError | BrokerChannelError, method: Any | None) -> None:
         class_id, method_id = (error.class_id, error.method_id)
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
         channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
         # After the replies before it; the last frame of the channel.
         self.replies.follow([writer.method_frame(self.id, commands.Channel.Close(
-            reply_code=error.reply_code, reply_text=error.text[:255], class_id=class_id, method_id=method_id))],
+            reply_code=reply_code(error), reply_text=error.text[:255], class_id=class_id, method_id=method_id))],
             last=True)
         self.closing = True
         self.release(replies_end=False)
@@ -198,7 +200,7 @@ class Channel:
             method = frame.method
             try:
                 self._handle_method(method)
-            except AMQPChannelError as e:
+            except CHANNEL_ERRORS as e:
                 self.close_with_error(e, method)
 
     def on_header(self, frame: HeaderFrame) -> None:
@@ -211,7 +213,7 @@ class Channel:
         """One content frame into the assembly: a bad one closes the channel, the last one publishes."""
         try:
             content = step(frame)
-        except AMQPChannelError as e:
+        except CHANNEL_ERRORS as e:
             self.in_content = False
             self.close_with_error(e, None)
             return
@@ -243,7 +245,7 @@ class Channel:
                 raise AMQPConnectionError(NOT_IMPLEMENTED, "immediate=true", 60, 40)
             if self._publish_topic_check is not None:  # once per publish, once per run of publishes
                 self._publish_topic_check(method.routing_key)
-        except AMQPChannelError as e:
+        except CHANNEL_ERRORS as e:
             self.close_with_error(e, method)
             return None
         conn = self.conn
@@ -293,7 +295,7 @@ class Channel:
                                                       properties, body, self.counters)
                 if not routed and method.mandatory:
                     self._return(exchange, routing_key, properties, body)
-        except AMQPChannelError as e:
+        except CHANNEL_ERRORS as e:
             self.close_with_error(e, method)
             return
         if self.confirms is not None:
@@ -379,7 +381,7 @@ class Channel:
             for tag in tags:  # held until commit, each validated now
                 try:
                     self._settle(tag, False, None)
-                except AMQPChannelError as e:
+                except CHANNEL_ERRORS as e:
                     self.close_with_error(e, Ack(tag, False))
                     return
             return

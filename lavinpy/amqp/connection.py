@@ -18,6 +18,7 @@ from pamqp import commands
 
 from .. import __version__
 from ..broker.actor import Actor
+from ..broker.errors import BrokerConnectionError
 from ..broker.login import LoginAttempt, LoginOutcome
 from ..wire import writer
 from ..wire.constants import (
@@ -62,6 +63,7 @@ from .log import RateLimitedLog
 from .login_flow import LoginFlow
 from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
+from .refusals import CONNECTION_ERRORS, reply_code
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -235,7 +237,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.send(PROTOCOL_HEADER)
             self.abort()
             return
-        except AMQPConnectionError as e:
+        except CONNECTION_ERRORS as e:
             self.close_with_error(e)
             return
         if self.state == AWAIT_HEADER and not self.reader.expect_protocol_header:
@@ -305,7 +307,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.sessions.run_pending()
             self.broker.note_input(nbytes)
             self.count_input_turn(nbytes)
-        except AMQPConnectionError as e:
+        except CONNECTION_ERRORS as e:
             self.close_with_error(e)
         except Exception as e:  # a bug must not take the broker down; the client gets 541
             if internal_error_log.allow():
@@ -333,9 +335,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.effect(Effect.CLOSE)
 
     # --- closing ------------------------------------------------------------------------------
-    def close_with_error(self, error: AMQPConnectionError) -> None:
+    def close_with_error(self, error: AMQPConnectionError | BrokerConnectionError) -> None:
         client_error_log.log(logging.INFO, "connection %s closed by the broker: %s", self.name, error.text)
-        self.close(error.reply_code, error.text, error.class_id, error.method_id)
+        self.close(reply_code(error), error.text, error.class_id, error.method_id)
 
     def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         if self.state >= CLOSING:

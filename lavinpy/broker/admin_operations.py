@@ -1,7 +1,7 @@
 """User, vhost, permission and policy operations, with RabbitMQ's tag rules, for every face.
 
 Each operation takes the acting user (an ``Actor``; None = a trusted internal caller such as the
-boot-time definitions import) and raises ``AMQPChannelError`` with RabbitMQ's reply code when the
+boot-time definitions import) and raises ``BrokerChannelError`` with RabbitMQ's reply code when the
 actor may not do it (403), the object is missing (404) or the input is wrong (406). The HTTP face
 only translates bodies to these calls and the errors to statuses.
 
@@ -17,8 +17,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from ..wire.passwords import (
     BCRYPT_ALGORITHM,
     DEFAULT_ALGORITHM,
@@ -28,6 +26,7 @@ from ..wire.passwords import (
     normalize_hash,
 )
 from .actor import ADMINISTRATOR, POLICYMAKER, Actor
+from .errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
 from .names import check_name_length
 from .permissions import check_policy
 from .policies import NOT_NEEDED_KEYS, Policy, PolicyError
@@ -50,17 +49,17 @@ def sees_all_vhosts(actor: Actor | None) -> bool:
     return actor is None or actor.can_monitor()
 
 
-def access_refused(detail: str) -> AMQPChannelError:
+def access_refused(detail: str) -> BrokerChannelError:
     """The error of a management operation the actor may not do (the HTTP face answers 401)."""
-    return AMQPChannelError(ACCESS_REFUSED, detail)
+    return BrokerChannelError(ACCESS_REFUSED, detail)
 
 
-def not_found(detail: str) -> AMQPChannelError:
-    return AMQPChannelError(NOT_FOUND, detail)
+def not_found(detail: str) -> BrokerChannelError:
+    return BrokerChannelError(NOT_FOUND, detail)
 
 
-def precondition_failed(detail: str) -> AMQPChannelError:
-    return AMQPChannelError(PRECONDITION_FAILED, detail)
+def precondition_failed(detail: str) -> BrokerChannelError:
+    return BrokerChannelError(PRECONDITION_FAILED, detail)
 
 
 def require_admin(actor: Actor | None) -> None:

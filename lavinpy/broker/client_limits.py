@@ -16,8 +16,7 @@ from typing import Any
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
-from ..wire.constants import NOT_ALLOWED, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
+from .errors import NOT_ALLOWED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .parameters import ParameterError
 
 VHOST_LIMITS_COMPONENT = "vhost-limits"
@@ -117,11 +116,11 @@ class ClientLimits:
         """Refuse a connection opening on ``vhost`` as ``user`` when a limit is reached, as RabbitMQ does."""
         limit = self.vhost_limits.get(vhost, {}).get("max-connections")
         if _reached(limit, self.connections_by_vhost[vhost]):
-            raise AMQPConnectionError(NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}': "
+            raise BrokerConnectionError(NOT_ALLOWED, f"access to vhost '{vhost}' refused for user '{user}': "
                                                    f"connection limit ({limit}) is reached")
         limit = self.user_limits.get(user, {}).get("max-connections")
         if _reached(limit, self.connections_by_user[user]):
-            raise AMQPConnectionError(NOT_ALLOWED, f"Connection refused for user '{user}': "
+            raise BrokerConnectionError(NOT_ALLOWED, f"Connection refused for user '{user}': "
                                                    f"user connection limit ({limit}) is reached")
 
     def connection_opened(self, vhost: str, user: str) -> None:
@@ -136,7 +135,7 @@ class ClientLimits:
     def channel_opened(self, user: str) -> None:
         limit = self.user_limits.get(user, {}).get("max-channels")
         if _reached(limit, self.channels_by_user[user]):
-            raise AMQPConnectionError(NOT_ALLOWED, f"number of channels opened for user '{user}' has reached "
+            raise BrokerConnectionError(NOT_ALLOWED, f"number of channels opened for user '{user}' has reached "
                                                    f"the maximum allowed user limit of ({limit})")
         self.channels_by_user[user] += 1
 
@@ -158,10 +157,10 @@ class ClientLimits:
                 if limits and (user is None or name == user)]
 
 
-def queue_limit_error(queue: str, vhost: str, limit: int) -> AMQPChannelError:
+def queue_limit_error(queue: str, vhost: str, limit: int) -> BrokerChannelError:
     """RabbitMQ's refusal of a queue declare over the vhost's max-queues."""
-    return AMQPChannelError(PRECONDITION_FAILED,
-                            f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached")
+    return BrokerChannelError(PRECONDITION_FAILED,
+                              f"cannot declare queue '{queue}': queue limit in vhost '{vhost}' ({limit}) is reached")
 
 
 def _decrement(counter: Counter[str], key: str, count: int = 1) -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
 from .equivalence import check_arguments, inequivalent
+from .errors import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .names import check_name_length
 from .quorum_arguments import validate_quorum_declare
@@ -27,8 +26,8 @@ _EXCHANGE_DECLARE = (40, 10)
 _QUEUE_DECLARE = (50, 10)
 
 
-def default_exchange_refused() -> AMQPChannelError:
-    return AMQPChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+def default_exchange_refused() -> BrokerChannelError:
+    return BrokerChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
 
 
 def check_exchange_name(name: str, *, exists: bool) -> None:
@@ -37,7 +36,7 @@ def check_exchange_name(name: str, *, exists: bool) -> None:
         raise default_exchange_refused()
     check_name_length("exchange name", name)
     if name.startswith("amq.") and not exists:
-        raise AMQPChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
 
 
 def check_exchange_equivalent(existing: Exchange, vhost: str, type_name: str, durable: bool, auto_delete: bool,
@@ -60,21 +59,21 @@ def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool,
     """The exchange a declaration makes: an unknown type closes the connection (503), bad arguments 406."""
     refused = refused_argument("exchange", arguments)
     if refused is not None:
-        raise AMQPChannelError(PRECONDITION_FAILED, refusal_text(refused, f"exchange '{name}'"), *_EXCHANGE_DECLARE)
+        raise BrokerChannelError(PRECONDITION_FAILED, refusal_text(refused, f"exchange '{name}'"), *_EXCHANGE_DECLARE)
     try:
         return make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                              arguments=arguments)
     except UnknownExchangeType:
-        raise AMQPConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'") from None
+        raise BrokerConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'") from None
     except ArgumentError as e:
-        raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
+        raise BrokerChannelError(PRECONDITION_FAILED, e.text) from None
 
 
 def check_queue_name(name: str, *, exists: bool, server_named: bool = False) -> None:
     """A client may not name a new queue ``amq.*`` (server-generated names use that prefix)."""
     check_name_length("queue name", name)
     if not exists and name.startswith("amq.") and not server_named:
-        raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
 
 
 def check_queue_equivalent(existing_durable: bool, existing_auto_delete: bool, existing_arguments: dict[str, Any],
@@ -103,12 +102,12 @@ def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: b
     not honour (``refused_arguments``); returns the queue type."""
     refused = refused_argument("queue", arguments)
     if refused is not None:
-        raise AMQPChannelError(PRECONDITION_FAILED, refusal_text(refused, f"queue '{name}' in vhost '{vhost}'"),
-                               *_QUEUE_DECLARE)
+        raise BrokerChannelError(PRECONDITION_FAILED, refusal_text(refused, f"queue '{name}' in vhost '{vhost}'"),
+                                 *_QUEUE_DECLARE)
     queue_type = queue_type_of(arguments)
     if queue_type == "stream":
         if server_named:
-            raise AMQPChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
+            raise BrokerChannelError(PRECONDITION_FAILED, "Cannot declare a server-named queue for type stream")
         validate_stream_declare(name, vhost, durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                 arguments=arguments)
         return queue_type
@@ -120,7 +119,7 @@ def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: b
         validate_queue_arguments(arguments, queue=name, vhost=vhost, durable=durable, exclusive=exclusive,
                                  auto_delete=auto_delete)
     except ArgumentError as e:
-        raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
+        raise BrokerChannelError(PRECONDITION_FAILED, e.text) from None
     return queue_type
 
 

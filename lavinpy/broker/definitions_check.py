@@ -12,8 +12,6 @@ import re
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError, AMQPError
 from .admin_operations import check_vhost_metadata, parse_tags, password_spec
 from .declarations import (
     check_exchange_equivalent,
@@ -24,6 +22,7 @@ from .declarations import (
     validate_queue_declare,
 )
 from .definitions_limits import check_limit_sections
+from .errors import PRECONDITION_FAILED, BrokerChannelError, BrokerError
 from .names import name_too_long
 from .policies import NOT_NEEDED_KEYS, PolicyError, make_policy
 from .users import PERMISSION_KINDS
@@ -45,7 +44,7 @@ EXPORT_INFO_KEYS = frozenset({"rabbit_version", "rabbitmq_version", "product_nam
                               "lavinmq_version"})
 
 
-class DefinitionsError(AMQPChannelError):
+class DefinitionsError(BrokerChannelError):
     """One object of a definitions document is wrong (406; 400 over HTTP)."""
 
     def __init__(self, detail: str) -> None:
@@ -95,7 +94,7 @@ def _fits(what: str, kind: str, name: str) -> None:
         raise DefinitionsError(f"{what}: {reason}")
 
 
-def _refused(what: str, vhost: str, error: AMQPError) -> DefinitionsError:
+def _refused(what: str, vhost: str, error: BrokerError) -> DefinitionsError:
     """A model rule's refusal as an import error; ``what`` names the object unless the text does."""
     detail = error.detail
     return DefinitionsError(detail if f"in vhost '{vhost}'" in detail else f"{what}: {detail}")
@@ -171,7 +170,7 @@ def check_steps(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None,
             yield
     try:
         check_limit_sections(broker, doc, only_vhost, checker.plan, importer)
-    except AMQPChannelError as e:  # the parameters, limits and operator policies: the first refused one
+    except BrokerChannelError as e:  # the parameters, limits and operator policies: the first refused one
         refused.append(e.detail)
     if refused:
         count = f"{len(refused)} items refused, nothing imported: " if len(refused) > 1 else ""
@@ -225,7 +224,7 @@ class _Checker:
         try:
             tags = parse_tags(item.get("tags", metadata.get("tags")))
             check_vhost_metadata(name, description, default_queue_type)
-        except AMQPError as e:
+        except BrokerError as e:
             detail = e.detail if e.detail.startswith("vhost") else f"vhost '{name}': {e.detail}"
             raise DefinitionsError(detail) from None
         limits = item.get("limits")
@@ -245,7 +244,7 @@ class _Checker:
         try:
             spec = password_spec(item, name)
             tags = parse_tags(item.get("tags"))
-        except AMQPError as e:
+        except BrokerError as e:
             raise DefinitionsError(e.detail) from None
         self.plan.add("user", "", name, (spec, tags), "update" if name in self.user_names else "create")
         self.user_names.add(name)
@@ -315,7 +314,7 @@ class _Checker:
                 # An import leaves an existing exchange's flags and arguments as they are: its type must match.
                 check_exchange_equivalent(existing, vhost, type_name, existing.durable, existing.auto_delete,
                                           existing.internal, existing.arguments)
-        except AMQPError as e:
+        except BrokerError as e:
             raise _refused(what, vhost, e) from None
         self.new_exchanges[(vhost, name)] = existing if existing is not None else made
         self.plan.add("exchange", vhost, name, (type_name, durable, auto_delete, internal, arguments),
@@ -340,7 +339,7 @@ class _Checker:
                 # An import leaves an existing queue's arguments as they are: its flags must match.
                 check_queue_equivalent(existing.durable, existing.auto_delete, existing.arguments, name, vhost,
                                        durable, auto_delete, existing.arguments)
-        except AMQPError as e:
+        except BrokerError as e:
             raise _refused(what, vhost, e) from None
         self.new_queues.add((vhost, name))
         self.plan.add("queue", vhost, name, (durable, auto_delete, arguments), None if existing else "create")
@@ -369,7 +368,7 @@ class _Checker:
         if exchange is not None:
             try:  # the exchange type's own rule (a weight, an x-match), as queue.bind would apply it
                 exchange.validate_binding(routing_key, arguments)
-            except AMQPError as e:
+            except BrokerError as e:
                 raise DefinitionsError(f"{what}: {e.detail}") from None
         self.plan.add("binding", vhost, f"{source}->{dest_type}:{destination}",
                       (source, destination, dest_type, routing_key, arguments), "bind")

@@ -18,7 +18,6 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..wire.errors import AMQPError
 from . import operations_objects as objects
 from .actor import Actor
 from .admin_operations import AdminOperations, require_admin, user_json
@@ -27,6 +26,7 @@ from .definitions_check import Plan, check_document, check_steps, drain
 from .definitions_limits import ACTION_KINDS as LIMIT_ACTIONS
 from .definitions_limits import apply_action as apply_limit_action
 from .definitions_limits import export_limit_sections
+from .errors import BrokerError
 from .exchanges.base import Exchange
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ def load_definitions_file(broker: Broker, path: str) -> list[dict[str, str]]:
         raise DefinitionsFileError(f"load_definitions: {path} is not valid JSON: {e}") from None
     try:
         plan = import_definitions(broker, None, doc)
-    except AMQPError as e:
+    except BrokerError as e:
         raise DefinitionsFileError(f"load_definitions: {path}: {e.detail}") from None
     for item in plan.ignored:
         log.info("load_definitions: %s '%s': %s accepted, %s", item["type"], item["name"], item["key"], item["reason"])

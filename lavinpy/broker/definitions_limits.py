@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, check_limits
+from .errors import PRECONDITION_FAILED, BrokerChannelError
 from .links import LINK_COMPONENTS, link_refusal
 from .operator_policies import OPERATOR_VALIDATORS
 from .parameters import ParameterError, check_parameter_name
@@ -34,7 +33,7 @@ OPERATOR_POLICY_COMPONENT = "operator_policy"
 ACTION_KINDS = ("parameter", "global_parameter", "operator_policy", "user_limits")
 
 
-class _Refused(AMQPChannelError):
+class _Refused(BrokerChannelError):
     def __init__(self, detail: str) -> None:
         super().__init__(PRECONDITION_FAILED, detail)
 

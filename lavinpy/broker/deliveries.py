@@ -15,8 +15,7 @@ from collections.abc import Callable
 from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
+from .errors import PRECONDITION_FAILED, BrokerChannelError
 
 if TYPE_CHECKING:
     from ..store.record import StoredMessage
@@ -166,7 +165,7 @@ class Deliveries:
             item = unacked.pop(delivery_tag, None)
             if item is not None:
                 return [(delivery_tag, item)]
-        raise AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+        raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
 
     def ack_run(self, tags: list[int]) -> int | None:
         """basic.ack (multiple=false) of each tag, in order, settled as one batch with the outcome of

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
+from .errors import PRECONDITION_FAILED, BrokerChannelError
 
 
 def _fmt(value: Any) -> str:
@@ -16,8 +15,8 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def inequivalent(arg: str, kind: str, name: str, vhost: str, received: Any, current: Any) -> AMQPChannelError:
-    return AMQPChannelError(
+def inequivalent(arg: str, kind: str, name: str, vhost: str, received: Any, current: Any) -> BrokerChannelError:
+    return BrokerChannelError(
         PRECONDITION_FAILED,
         f"inequivalent arg '{arg}' for {kind} '{name}' in vhost '{vhost}': "
         f"received '{_fmt(received)}' but current is '{_fmt(current)}'",

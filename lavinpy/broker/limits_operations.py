@@ -6,7 +6,8 @@ As RabbitMQ: administrators change limits, operator policies and global paramete
 operator policies are read by administrators and by policymakers (of the vhosts they may access), not by
 monitoring users (monitoring does not imply policymaker); a policymaker sees URI passwords masked.
 A shovel's parameter records the user who set it and is checked against that user's rights (links.py).
-Errors are ``AMQPChannelError``s with reply codes the HTTP face maps (403 -> 401, 404, 406 -> 400).
+Errors are ``BrokerChannelError``s whose kinds the HTTP face maps (access refused -> 401, not found -> 404,
+precondition failed -> 400).
 """
 
 from __future__ import annotations

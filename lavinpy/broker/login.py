@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from ..wire.constants import INTERNAL_MECHANISM, NOT_ALLOWED
-from ..wire.errors import AMQPConnectionError, AMQPError
+from ..wire.constants import INTERNAL_MECHANISM
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
 from .actor import Actor
+from .errors import NOT_ALLOWED, BrokerConnectionError, BrokerError
 from .internal_login import InternalLogins
 from .users import loopback_only_refused
 
@@ -125,7 +125,7 @@ class Logins:
             return outcome
         try:
             opened, actor = admit_connection(self.broker, outcome.username, vhost)
-        except AMQPError as e:
+        except BrokerError as e:
             return LoginOutcome(outcome.username, Refusal.NOT_ALLOWED, e.text)
         return LoginOutcome(outcome.username, vhost=opened, actor=actor)
 
@@ -248,12 +248,12 @@ def admit_connection(broker: Broker, username: str, name: str) -> tuple[VHost, A
     order), and the admitted connection is counted (``connection_closed`` uncounts it)."""
     vhost = broker.vhosts.get(name)
     if vhost is None:
-        raise AMQPConnectionError(NOT_ALLOWED, f"vhost {name} not found")
+        raise BrokerConnectionError(NOT_ALLOWED, f"vhost {name} not found")
     users = broker.users
     assert users is not None
     broker.client_limits.check_connection(name, username)
     if not users.can_access_vhost(username, name):
-        raise AMQPConnectionError(NOT_ALLOWED, f"access to vhost '{name}' refused for user '{username}'")
+        raise BrokerConnectionError(NOT_ALLOWED, f"access to vhost '{name}' refused for user '{username}'")
     broker.client_limits.connection_opened(name, username)
     return vhost, Actor(users, username)
 

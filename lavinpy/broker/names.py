@@ -8,8 +8,7 @@ shovel's settings) with PRECONDITION_FAILED, which the HTTP API answers as 400 `
 
 from __future__ import annotations
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
+from .errors import PRECONDITION_FAILED, BrokerChannelError
 
 MAX_NAME_BYTES = 255
 
@@ -29,4 +28,4 @@ def check_name_length(what: str, name: str) -> None:
     """406 PRECONDITION_FAILED when ``name`` is longer than 255 bytes of UTF-8."""
     reason = name_too_long(what, name)
     if reason is not None:
-        raise AMQPChannelError(PRECONDITION_FAILED, reason)
+        raise BrokerChannelError(PRECONDITION_FAILED, reason)

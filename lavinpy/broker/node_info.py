@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..config import parse_watermark
-from ..wire.constants import ACCESS_REFUSED
-from ..wire.errors import AMQPChannelError
 from .alarms import disk_free, process_rss
 from .connections import all_protocols
+from .errors import ACCESS_REFUSED, BrokerChannelError
 from .operations import open_vhost, visible_vhosts
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ _NO_PROPERTIES = b"\x00\x00"
 def require_monitor(actor: Actor | None) -> None:
     """Node details are for ``monitoring`` and ``administrator`` users, as in RabbitMQ."""
     if actor is not None and not actor.can_monitor():
-        raise AMQPChannelError(ACCESS_REFUSED, "Not monitor user")
+        raise BrokerChannelError(ACCESS_REFUSED, "Not monitor user")
 
 
 def node_name() -> str:
@@ -195,7 +194,7 @@ def aliveness_test(broker: Broker, actor: Actor | None, vhost_name: str) -> str 
     """
     vhost = open_vhost(broker, actor, vhost_name)
     if actor is not None and not actor.can_access_vhost(vhost_name):
-        raise AMQPChannelError(ACCESS_REFUSED, f"access to vhost '{vhost_name}' refused for user '{actor.name}'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"access to vhost '{vhost_name}' refused for user '{actor.name}'")
     queue = vhost.declare_queue(ALIVENESS_QUEUE, owner=None)
     vhost.publish(vhost.default_exchange, ALIVENESS_QUEUE, _NO_PROPERTIES, ALIVENESS_BODY)
     while (got := queue.get()) is not None:  # an older test's leftover may come first

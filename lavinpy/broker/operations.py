@@ -1,7 +1,7 @@
 """Broker operations shared by every face (AMQP channels, MQTT connections, the HTTP API).
 
 Each takes the acting user (an ``Actor``; None for a trusted internal caller), checks its
-permissions and the arguments, and raises ``AMQPError`` with RabbitMQ's reply codes and texts.
+permissions and the arguments, and raises ``errors.BrokerError`` with RabbitMQ's kinds and texts.
 Faces only translate their input into these calls and the results into their replies.
 """
 
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import ACCESS_REFUSED, NOT_FOUND
-from ..wire.errors import AMQPChannelError
 from .actor import Actor
+from .errors import ACCESS_REFUSED, NOT_FOUND, BrokerChannelError
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -19,8 +18,8 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 
-def vhost_not_found(name: str) -> AMQPChannelError:
-    return AMQPChannelError(NOT_FOUND, f"no vhost '{name}'")
+def vhost_not_found(name: str) -> BrokerChannelError:
+    return BrokerChannelError(NOT_FOUND, f"no vhost '{name}'")
 
 
 def can_see_vhost(actor: Actor | None, name: str) -> bool:
@@ -39,7 +38,7 @@ def open_vhost(broker: Broker, actor: Actor | None, name: str) -> VHost:
         raise vhost_not_found(name)
     if not can_see_vhost(actor, name):
         assert actor is not None
-        raise AMQPChannelError(ACCESS_REFUSED, f"access to vhost '{name}' refused for user '{actor.name}'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"access to vhost '{name}' refused for user '{actor.name}'")
     return vhost
 
 
@@ -51,7 +50,7 @@ def can_see_connection(actor: Actor | None, user: str) -> bool:
 def check_close_connection(actor: Actor | None, user: str, name: str) -> None:
     """Closing a connection through the API: its own user or an administrator (403 otherwise)."""
     if actor is not None and user != actor.name and not actor.is_admin():
-        raise AMQPChannelError(ACCESS_REFUSED, f"user '{actor.name}' may not close connection '{name}'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"user '{actor.name}' may not close connection '{name}'")
 
 
 def vhosts_in_scope(broker: Broker, actor: Actor | None, name: str | None) -> list[VHost]:
@@ -70,7 +69,7 @@ def find_connection(broker: Broker, actor: Actor | None, name: str) -> ClientCon
     for connection in visible_connections(broker, actor):
         if connection.name == name:
             return connection
-    raise AMQPChannelError(NOT_FOUND, f"no connection '{name}'")
+    raise BrokerChannelError(NOT_FOUND, f"no connection '{name}'")
 
 
 def close_connection(broker: Broker, actor: Actor | None, name: str, reason: str | None) -> None:

@@ -11,12 +11,11 @@ from pamqp import commands
 from pamqp.exceptions import PAMQPException
 
 from ..store.record import StoredMessage
-from ..wire.constants import ACCESS_REFUSED, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from ..wire.properties import decode_properties, encode_properties, peek_headers
 from .actor import Actor
 from .arguments import ArgumentError, parse_expiration
 from .deliveries import get_one
+from .errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerChannelError
 from .names import check_name_length
 from .object_info import jsonable
 from .operations_objects import readable_queue
@@ -40,7 +39,7 @@ def publish_exchange(actor: Actor | None, vhost: VHost, name: str) -> Exchange:
         actor.check("write", "exchange", name, vhost.name)
     exchange = vhost.get_exchange(name)
     if exchange.internal:
-        raise AMQPChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
+        raise BrokerChannelError(ACCESS_REFUSED, f"cannot publish to internal exchange '{name}' "
                                                f"in vhost '{vhost.name}'", 60, 40)
     return exchange
 
@@ -66,8 +65,8 @@ PROPERTY_NAMES = {"content_type": "content_type", "content_encoding": "content_e
                   "cluster_id": "cluster_id"}
 
 
-def bad_input(text: str) -> AMQPChannelError:
-    return AMQPChannelError(PRECONDITION_FAILED, text)
+def bad_input(text: str) -> BrokerChannelError:
+    return BrokerChannelError(PRECONDITION_FAILED, text)
 
 
 def properties_to_json(raw: bytes) -> dict[str, Any]:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..wire.constants import NOT_FOUND
-from ..wire.errors import AMQPChannelError
 from .actor import Actor
+from .errors import NOT_FOUND, BrokerChannelError
 from .names import check_name_length
 
 if TYPE_CHECKING:
@@ -126,7 +125,7 @@ def delete_queue(actor: Actor | None, vhost: VHost, name: str, *, owner: object,
     queue = vhost.queues.get(name)
     if queue is None:
         if not missing_ok:
-            raise AMQPChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{vhost.name}'")
+            raise BrokerChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{vhost.name}'")
         return 0
     vhost.check_exclusive(queue, owner)
     return vhost.delete_queue(name, if_unused=if_unused, if_empty=if_empty)

@@ -12,8 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..wire.constants import ACCESS_REFUSED
-from ..wire.errors import AMQPChannelError
+from .errors import ACCESS_REFUSED, BrokerChannelError
 from .users import DEFAULT_EXCHANGE_RESOURCE, UserStore
 
 # About 200 bytes an entry: a connection caches at most ~100 KiB of answers, however many names it uses.
@@ -25,17 +24,17 @@ POLICY_TARGET_KEYS = ("dead-letter-exchange", "alternate-exchange")
 POLICY_TAGS = frozenset({"administrator", "policymaker"})
 
 
-def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: str) -> AMQPChannelError:
+def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: str) -> BrokerChannelError:
     """RabbitMQ's 403 for ``user`` lacking ``kind`` permission on the named queue or exchange."""
     if resource_type == "exchange" and name == "":
         name = DEFAULT_EXCHANGE_RESOURCE
-    return AMQPChannelError(ACCESS_REFUSED, f"{kind} access to {resource_type} '{name}' in vhost '{vhost}' "
+    return BrokerChannelError(ACCESS_REFUSED, f"{kind} access to {resource_type} '{name}' in vhost '{vhost}' "
                                             f"refused for user '{user}'")
 
 
-def topic_access_refused(kind: str, routing_key: str, exchange: str, vhost: str, user: str) -> AMQPChannelError:
+def topic_access_refused(kind: str, routing_key: str, exchange: str, vhost: str, user: str) -> BrokerChannelError:
     """RabbitMQ's 403 for a routing or binding key a topic permission does not allow."""
-    return AMQPChannelError(ACCESS_REFUSED, f"{kind} access to topic '{routing_key}' in exchange '{exchange}' "
+    return BrokerChannelError(ACCESS_REFUSED, f"{kind} access to topic '{routing_key}' in exchange '{exchange}' "
                                             f"in vhost '{vhost}' refused for user '{user}'")
 
 
@@ -154,9 +153,9 @@ def check_policy(users: UserStore, username: str, vhost: str, definition: Mappin
     """
     user = users.user(username)
     if user is None or not users.can_access_vhost(username, vhost):
-        raise AMQPChannelError(ACCESS_REFUSED, f"access to vhost '{vhost}' refused for user '{username}'")
+        raise BrokerChannelError(ACCESS_REFUSED, f"access to vhost '{vhost}' refused for user '{username}'")
     if not POLICY_TAGS.intersection(user.tags):
-        raise AMQPChannelError(ACCESS_REFUSED, f"user '{username}' may not set policies in vhost '{vhost}' "
+        raise BrokerChannelError(ACCESS_REFUSED, f"user '{username}' may not set policies in vhost '{vhost}' "
                                                "(needs the policymaker or administrator tag)")
     permissions = UserPermissions(users, username, vhost)
     for key in POLICY_TARGET_KEYS:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..wire.constants import PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError
 from .arguments import ArgumentError, amqp_type_name, validate_queue_arguments
+from .errors import PRECONDITION_FAILED, BrokerChannelError
 
 TYPE_MODULE = "rabbit_quorum_queue"  # RabbitMQ names the type by its module in these texts
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
@@ -40,8 +39,8 @@ def _where(name: str, vhost: str) -> str:
     return f"queue '{name}' in vhost '{vhost}'"
 
 
-def _refuse(text: str) -> AMQPChannelError:
-    return AMQPChannelError(PRECONDITION_FAILED, text, *_QUEUE_DECLARE)
+def _refuse(text: str) -> BrokerChannelError:
+    return BrokerChannelError(PRECONDITION_FAILED, text, *_QUEUE_DECLARE)
 
 
 def _text(value: Any) -> str | None:

@@ -10,9 +10,8 @@ import datetime
 import time
 from typing import Any
 
-from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import parse_max_age
+from .errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .stream_filter import StreamFilterError, stream_filter
 from .stream_offsets import OffsetTrackingError, tracking_requested
 
@@ -38,21 +37,21 @@ def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: 
     for prop, bad in (("non-durable", not durable), ("exclusive-owner", exclusive),
                       ("auto-delete", auto_delete)):
         if bad:
-            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {where}", *_QUEUE_DECLARE)
+            raise BrokerChannelError(PRECONDITION_FAILED, f"invalid property '{prop}' for {where}", *_QUEUE_DECLARE)
     for key in sorted(arguments):
         if key.startswith("x-") and key not in STREAM_ARGUMENTS:
-            raise AMQPChannelError(PRECONDITION_FAILED,
-                                   f"invalid arg '{key}' for {where} of queue type stream", *_QUEUE_DECLARE)
+            raise BrokerChannelError(PRECONDITION_FAILED,
+                                     f"invalid arg '{key}' for {where} of queue type stream", *_QUEUE_DECLARE)
     max_bytes = arguments.get("x-max-length-bytes")
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
-        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
+        raise BrokerChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
                                                     f"{max_bytes!r} is not a non-negative integer", *_QUEUE_DECLARE)
     if "x-max-age" in arguments:
         try:
             parse_max_age(arguments["x-max-age"])
         except ValueError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: {e}",
-                                   *_QUEUE_DECLARE) from None
+            raise BrokerChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-age' for {where}: {e}",
+                                     *_QUEUE_DECLARE) from None
 
 
 def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, int]:
@@ -89,20 +88,20 @@ def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, A
     """
     where = queue_in_vhost(queue, vhost)
     if not prefetch:
-        raise AMQPChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}",
-                               *_BASIC_CONSUME)
+        raise BrokerChannelError(PRECONDITION_FAILED, f"consumer prefetch count is not set for stream {where}",
+                                 *_BASIC_CONSUME)
     if no_ack:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}",
-                                  *_BASIC_CONSUME)
+        raise BrokerConnectionError(NOT_IMPLEMENTED, f"automatic acknowledgement not supported by stream {where}",
+                                    *_BASIC_CONSUME)
     if global_prefetch:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"{where} does not support global qos", *_BASIC_CONSUME)
+        raise BrokerConnectionError(NOT_IMPLEMENTED, f"{where} does not support global qos", *_BASIC_CONSUME)
     try:
         parse_stream_offset((arguments or {}).get(OFFSET_HEADER))
     except ValueError as e:
-        raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
-                               *_BASIC_CONSUME) from None
+        raise BrokerChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
+                                 *_BASIC_CONSUME) from None
     try:
         stream_filter(arguments)
         tracking_requested("", arguments)
     except (StreamFilterError, OffsetTrackingError) as e:
-        raise AMQPChannelError(PRECONDITION_FAILED, str(e), *_BASIC_CONSUME) from None
+        raise BrokerChannelError(PRECONDITION_FAILED, str(e), *_BASIC_CONSUME) from None

@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
 from ..wire.accel import load
-from ..wire.constants import NOT_IMPLEMENTED
-from ..wire.errors import AMQPConnectionError
 from ..wire.position import pos_segment
 from ..wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
 from .arguments import QueueSettings
+from .errors import NOT_IMPLEMENTED, BrokerConnectionError
 from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
@@ -279,8 +278,8 @@ class StreamQueue(QueueKind):
 
     def get(self) -> tuple[int, StoredMessage, bool] | None:
         """basic.get is not supported on streams (RabbitMQ: 540, the connection closes)."""
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._where()}",
-                                  *_BASIC_GET)
+        raise BrokerConnectionError(NOT_IMPLEMENTED, f"basic.get not supported by stream queues {self._where()}",
+                                    *_BASIC_GET)
 
     def _send(self, consumer: QueueConsumer, offset: int, pos: int, msg: StoredMessage) -> None:
         msg = StoredMessage(msg.timestamp, msg.exchange, msg.routing_key, with_stream_offset(msg.properties, offset),
@@ -422,8 +421,8 @@ class StreamQueue(QueueKind):
             self.offsets.settled(pos)
 
     def purge(self) -> int:
-        raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._where()}",
-                                  *_QUEUE_PURGE)
+        raise BrokerConnectionError(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._where()}",
+                                    *_QUEUE_PURGE)
 
     # --- consumers ----------------------------------------------------------------------------
     def start_offset(self, arguments: dict[str, Any] | None, now_ms: int | None = None) -> int:

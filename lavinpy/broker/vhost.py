@@ -22,13 +22,6 @@ from ..store.queue_index import QueueIndex
 from ..store.record import StoredMessage
 from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
-from ..wire.constants import (
-    ACCESS_REFUSED,
-    NOT_FOUND,
-    PRECONDITION_FAILED,
-    RESOURCE_LOCKED,
-)
-from ..wire.errors import AMQPChannelError
 from ..wire.frames import build_method
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
 from .client_limits import queue_limit_error
@@ -43,6 +36,7 @@ from .declarations import (
     validate_queue_declare,
     with_default_queue_type,
 )
+from .errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, BrokerChannelError
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
@@ -289,7 +283,7 @@ class VHost(VHostPublishing):
         try:
             return self.exchanges[name]
         except KeyError:
-            raise AMQPChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+            raise BrokerChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
 
     def declare_exchange(self, name: str, type_name: str, *, passive: bool = False, durable: bool = False,
                          auto_delete: bool = False, internal: bool = False,
@@ -301,7 +295,7 @@ class VHost(VHostPublishing):
         existing = self.exchanges.get(name)
         if passive:
             if existing is None:
-                raise AMQPChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
+                raise BrokerChannelError(NOT_FOUND, f"no exchange '{name}' in vhost '{self.name}'")
             return existing
         if permissions is not None:
             permissions.check_exchange_declare(name, arguments)
@@ -330,14 +324,14 @@ class VHost(VHostPublishing):
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         if name == "" or name.startswith("amq."):
-            raise AMQPChannelError(ACCESS_REFUSED,
-                                   f"exchange '{name}' in vhost '{self.name}' is built in and cannot be deleted")
+            raise BrokerChannelError(ACCESS_REFUSED,
+                                     f"exchange '{name}' in vhost '{self.name}' is built in and cannot be deleted")
         exchange = self.exchanges.get(name)
         if exchange is None:
             # RabbitMQ answers delete-ok for a missing exchange (idempotent delete).
             return
         if if_unused and exchange.has_bindings():
-            raise AMQPChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
+            raise BrokerChannelError(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
         exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
         self.routing.set_alternate(name, None)
@@ -417,14 +411,14 @@ class VHost(VHostPublishing):
         try:
             return self.queues[name]
         except KeyError:
-            raise AMQPChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
+            raise BrokerChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
 
     def check_exclusive(self, queue: QueueKind, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
             raise self._locked(queue.name)
 
-    def _locked(self, name: str) -> AMQPChannelError:
-        return AMQPChannelError(
+    def _locked(self, name: str) -> BrokerChannelError:
+        return BrokerChannelError(
             RESOURCE_LOCKED,
             f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
             "It could be originally declared on another connection or the exclusive property "
@@ -443,7 +437,7 @@ class VHost(VHostPublishing):
         existing = self.queues.get(name)
         if passive:
             if existing is None:
-                raise AMQPChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
+                raise BrokerChannelError(NOT_FOUND, f"no queue '{name}' in vhost '{self.name}'")
             self.check_exclusive(existing, owner)
             return existing
         if permissions is not None:
@@ -520,9 +514,9 @@ class VHost(VHostPublishing):
         if queue is None:
             return 0
         if if_unused and not queue.is_unused():
-            raise AMQPChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use")
+            raise BrokerChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and queue.message_count:
-            raise AMQPChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' not empty")
+            raise BrokerChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.name}' not empty")
         del self.queues[name]
         self.node_counters.queues_deleted += 1
         for exchange in list(self.exchanges.values()):

@@ -2,7 +2,7 @@
 
 Handlers only translate: they read the path, query and JSON body, call one broker operation with the
 request's ``Actor``, and shape its result as RabbitMQ's API does. Every permission and tag check is in
-the operations; their ``AMQPError`` becomes RabbitMQ's error JSON here (see errors.py for the table).
+the operations; their ``BrokerError`` becomes RabbitMQ's error JSON here (see errors.py for the table).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..broker.errors import BrokerError
 from ..listeners import ProxyPolicy, serve_port
-from ..wire.errors import AMQPError
 from . import (
     definitions,
     routes_admin,
@@ -31,7 +31,7 @@ from . import (
 from .auth import REALM, authenticate
 from .context import ACTOR_KEY, BROKER, CLUSTER_NODES, SESSIONS
 from .csrf import same_origin_json
-from .errors import ApiError, error_response, from_amqp_error
+from .errors import ApiError, error_response, from_broker_error
 from .proxied import ForwardedProtocol, proxied_remote
 
 if TYPE_CHECKING:
@@ -64,8 +64,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except ApiError as e:
         headers = {"WWW-Authenticate": REALM} if e.status == 401 else None
         return error_response(e.status, e.error, e.reason, headers)
-    except AMQPError as e:
-        return from_amqp_error(e)
+    except BrokerError as e:
+        return from_broker_error(e)
     except web.HTTPNotFound:
         return error_response(404, "Object Not Found", "Not Found")
     except web.HTTPMethodNotAllowed:

@@ -1,18 +1,18 @@
 """RabbitMQ's error JSON, ``{"error": ..., "reason": ...}``, from one mapping of the model's errors.
 
-Broker operations raise ``AMQPError`` with AMQP reply codes; the HTTP status and error word are:
+Broker operations raise ``broker.errors.BrokerError`` with an error kind; the HTTP status and error
+word are:
 
-    AMQP reply code               HTTP  "error"
-    403 ACCESS_REFUSED            401   not_authorised (as RabbitMQ, which answers refusals with 401)
-    404 NOT_FOUND                 404   Object Not Found
-    405 RESOURCE_LOCKED           405   resource_locked
-    406 PRECONDITION_FAILED       400   bad_request
-    530 NOT_ALLOWED               400   bad_request
-    540 NOT_IMPLEMENTED           501   not_implemented
-    541 INTERNAL_ERROR            500   internal_error
+    kind                          HTTP  "error"
+    ACCESS_REFUSED                401   not_authorised (as RabbitMQ, which answers refusals with 401)
+    NOT_FOUND                     404   Object Not Found
+    RESOURCE_LOCKED               405   resource_locked
+    PRECONDITION_FAILED           400   bad_request
+    NOT_ALLOWED                   400   bad_request
+    NOT_IMPLEMENTED               501   not_implemented
     any other                     400   bad_request
 
-The reason is the AMQP text without its reply-code name, as RabbitMQ's API shows it.
+The reason is the error's detail (its text without the kind's name), as RabbitMQ's API shows it.
 """
 
 from __future__ import annotations
@@ -22,26 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
-from ..wire.constants import (
-    ACCESS_REFUSED,
-    INTERNAL_ERROR,
-    NOT_ALLOWED,
-    NOT_FOUND,
-    NOT_IMPLEMENTED,
-    PRECONDITION_FAILED,
-    RESOURCE_LOCKED,
-)
-from ..wire.errors import AMQPError
+from ..broker.errors import BrokerError, ErrorKind
 
 BAD_REQUEST = (400, "bad_request")
-REPLY_CODE_TO_HTTP: dict[int, tuple[int, str]] = {
-    ACCESS_REFUSED: (401, "not_authorised"),
-    NOT_FOUND: (404, "Object Not Found"),
-    RESOURCE_LOCKED: (405, "resource_locked"),
-    PRECONDITION_FAILED: BAD_REQUEST,
-    NOT_ALLOWED: BAD_REQUEST,
-    NOT_IMPLEMENTED: (501, "not_implemented"),
-    INTERNAL_ERROR: (500, "internal_error"),
+KIND_TO_HTTP: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.ACCESS_REFUSED: (401, "not_authorised"),
+    ErrorKind.NOT_FOUND: (404, "Object Not Found"),
+    ErrorKind.RESOURCE_LOCKED: (405, "resource_locked"),
+    ErrorKind.PRECONDITION_FAILED: BAD_REQUEST,
+    ErrorKind.NOT_ALLOWED: BAD_REQUEST,
+    ErrorKind.NOT_IMPLEMENTED: (501, "not_implemented"),
 }
 
 
@@ -67,8 +57,8 @@ def error_response(status: int, error: str, reason: str, headers: dict[str, str]
     return web.json_response({"error": error, "reason": reason}, status=status, headers=headers)
 
 
-def from_amqp_error(exc: AMQPError) -> web.Response:
-    status, error = REPLY_CODE_TO_HTTP.get(exc.reply_code, BAD_REQUEST)
+def from_broker_error(exc: BrokerError) -> web.Response:
+    status, error = KIND_TO_HTTP.get(exc.kind, BAD_REQUEST)
     return error_response(status, error, exc.detail)
 
 

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from ..broker import node_info
 from ..broker.alarms import disk_limit, memory_watermark
+from ..broker.errors import ACCESS_REFUSED, BrokerChannelError
 from ..broker.operations import (
     close_connection,
     find_connection,
@@ -20,8 +21,6 @@ from ..broker.operations import (
     visible_vhosts,
 )
 from ..config import total_memory
-from ..wire.constants import ACCESS_REFUSED
-from ..wire.errors import AMQPChannelError
 from .context import CLUSTER_NODES, actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
 from .listing import apply_list_query, object_reply
@@ -67,7 +66,7 @@ async def _threshold_body(request: web.Request) -> dict[str, Any]:
     """The body of a threshold change, after the checks: this node, an administrator."""
     actor = actor_of(request)
     if actor is not None and not actor.is_admin():
-        raise AMQPChannelError(ACCESS_REFUSED, "Not administrator user")
+        raise BrokerChannelError(ACCESS_REFUSED, "Not administrator user")
     if request.match_info["name"] != node_info.node_name():
         raise not_found()
     return await read_json_object(request)

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.actor import Actor
+from ..broker.errors import BrokerError, ErrorKind
 from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
@@ -22,7 +23,6 @@ from ..broker.rates import WindowRates
 from ..broker.replies import ReplyQueue
 from ..broker.stats import ProtocolId
 from ..logs import RateLimitedLog
-from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import MQTTProtocolError
@@ -53,6 +53,10 @@ _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, header
 # RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
 # The protocol the model counts a connection's traffic by, by protocol level (3.1.1 until CONNECT says).
 PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "MQTT 3.1")}
+# The model's refusals (broker.errors) as the CONNACK return code of a session it refuses: MQTT 3.1.1
+# has one code for a logged-in client that may not have its session (a SUBSCRIBE refused: 0x80; a
+# refused PUBLISH or will: the connection closes, 3.1.1 has no negative answer).
+CONNACK_CODES: dict[ErrorKind, int] = dict.fromkeys(ErrorKind, codec.NOT_AUTHORIZED)
 
 
 class Effect(Enum):
@@ -159,7 +163,7 @@ class MQTTConnection:
             if e.connack is not None and not self.connected:
                 self.send(codec.connack(False, e.connack))
             self._fail(str(e))
-        except AMQPError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
+        except BrokerError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
             self._fail(e.text)
         self._end_batch()
         self.update_reading()
@@ -363,11 +367,11 @@ class MQTTConnection:
                                       packet.clean_session, self.config.mqtt_inflight_window)
         try:  # authorised for the session before it takes the client id over from another connection
             self._check_session(actor, vhost, packet.clean_session)
-        except AMQPError as e:
+        except BrokerError as e:
             client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
                                  self.client_id, e.text)
             self.broker.client_limits.connection_closed(vhost.name, username)  # admitted: uncounted
-            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self.send(codec.connack(False, CONNACK_CODES[e.kind]))
             self._close()
             return
         self.keepalive = packet.keepalive
@@ -378,11 +382,11 @@ class MQTTConnection:
         self.subscriptions = subscriptions
         try:
             present = subscriptions.start()
-        except AMQPError as e:  # may not delete or consume from what an earlier session left
+        except BrokerError as e:  # may not delete or consume from what an earlier session left
             client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
                                  self.client_id, e.text)
             self.will = None  # never accepted: no will
-            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self.send(codec.connack(False, CONNACK_CODES[e.kind]))
             self._close()
             return
         self.send(codec.connack(present, codec.ACCEPTED))
@@ -548,7 +552,7 @@ class MQTTConnection:
         if publish_will and will is not None:
             try:
                 self._publish(will.topic, will.payload, min(will.qos, 1), will.retain)
-            except (AMQPError, MQTTProtocolError, topics.TopicError) as e:
+            except (BrokerError, MQTTProtocolError, topics.TopicError) as e:
                 log.info("MQTT client %r: its will was not published: %s", self.client_id,
                          getattr(e, "text", e))
         subs.close()

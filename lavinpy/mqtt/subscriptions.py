@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..broker import operations_objects as ops
 from ..broker.consumer import Consumer
 from ..broker.deliveries import Deliveries
-from ..wire.errors import AMQPError
+from ..broker.errors import BrokerError
 from ..wire.properties import peek_headers
 from . import codec, topics
 
@@ -127,7 +127,7 @@ class Subscriptions:
             other = self.vhost.queues.get(queue_name(self.client_id, 1 - granted))
             if other is not None:
                 ops.unbind_queue(self.actor, self.vhost, other.name, self.exchange, key, None, self)
-        except (topics.TopicError, AMQPError):
+        except (topics.TopicError, BrokerError):
             return codec.SUBACK_FAILURE
         return granted
 
@@ -142,7 +142,7 @@ class Subscriptions:
             if name in self.vhost.queues:
                 try:
                     ops.unbind_queue(self.actor, self.vhost, name, self.exchange, key, None, self)
-                except AMQPError:
+                except BrokerError:
                     pass  # nothing bound, or not allowed: UNSUBACK all the same (the spec's rule)
 
     # --- deliveries (broker.queue_consumer.DeliveryChannel) ------------------------------------------

@@ -16,10 +16,9 @@ from lavinpy.broker import operations_objects as objects
 from lavinpy.broker.arguments import ArgumentError, validate_consumer_arguments
 from lavinpy.broker.definitions_check import DefinitionsError
 from lavinpy.broker.definitions_io import import_definitions
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from lavinpy.broker.policies import PolicyError
 from lavinpy.broker.refused_arguments import REFUSED
-from lavinpy.wire.constants import PRECONDITION_FAILED
-from lavinpy.wire.errors import AMQPChannelError
 from tests.broker.model_harness import OWNER, Model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "arguments.md"
@@ -79,7 +78,7 @@ def _declare(model: Model, name: str, kind: str, on: str, example: dict[str, Any
         try:  # as basic.consume checks them, then the queue
             validate_consumer_arguments(dict(example), queue=queue.name, vhost=vhost.name)
         except ArgumentError as e:
-            raise AMQPChannelError(PRECONDITION_FAILED, e.text) from None
+            raise BrokerChannelError(PRECONDITION_FAILED, e.text) from None
         queue.validate_consumer(False, 10, dict(example))
     else:
         vhost.policies.set(unique, f"^{re.escape(unique)}$", dict(example), apply_to=on)
@@ -95,9 +94,9 @@ def test_each_row(model, name, kind, on, example, status):
         with pytest.raises(PolicyError, match=f"'{re.escape(name)}' is not supported by lavinpy"):
             _declare(model, name, kind, on, example)
         return
-    with pytest.raises(AMQPChannelError) as refused:
+    with pytest.raises(BrokerChannelError) as refused:
         _declare(model, name, kind, on, example)
-    assert refused.value.reply_code == PRECONDITION_FAILED
+    assert refused.value.kind is PRECONDITION_FAILED
     assert f"invalid arg '{name}'" in refused.value.text and "not supported by lavinpy (" in refused.value.text
 
 

@@ -15,8 +15,8 @@ from lavinpy.broker.arguments import (
     validate_consumer_arguments,
     validate_queue_arguments,
 )
+from lavinpy.broker.errors import BrokerChannelError
 from lavinpy.broker.stream_arguments import parse_stream_offset, validate_stream_consumer, validate_stream_declare
-from lavinpy.wire.errors import AMQPChannelError
 
 
 def error_of(arguments: dict, **kw) -> ArgumentError:
@@ -81,13 +81,13 @@ def test_queue_type_must_be_supported() -> None:
 ])
 def test_stream_needs_a_durable_shared_queue(flags: dict, prop: str) -> None:
     declare = {"durable": True, "exclusive": False, "auto_delete": False, **flags}
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         validate_stream_declare("q", "/", arguments={"x-queue-type": "stream"}, **declare)
     assert info.value.text == f"PRECONDITION_FAILED - invalid property '{prop}' for queue 'q' in vhost '/'"
 
 
 def test_stream_refuses_queue_only_arguments() -> None:
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         validate_stream_declare("q", "/", durable=True, exclusive=False, auto_delete=False,
                                 arguments={"x-queue-type": "stream", "x-message-ttl": 1000})
     assert info.value.text.endswith("invalid arg 'x-message-ttl' for queue 'q' in vhost '/' of queue type stream")
@@ -139,7 +139,7 @@ def test_stream_offsets(value: object, expected: tuple[str, int]) -> None:
 
 @pytest.mark.parametrize("value", ["middle", -1, 1.5, True])
 def test_bad_stream_offsets(value: object) -> None:
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         validate_stream_consumer(False, 10, {"x-stream-offset": value}, queue="s", vhost="/")
     assert info.value.text.startswith("PRECONDITION_FAILED - invalid x-stream-offset for queue 's' in vhost '/': ")
 

@@ -10,8 +10,8 @@ import pytest
 
 from lavinpy.broker.consumer import Consumer
 from lavinpy.broker.deliveries import Deliveries
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from lavinpy.broker.stats import MessageCounters, NodeCounters, ProtocolCounters, ProtocolId
-from lavinpy.wire.errors import AMQPChannelError
 
 
 class BookQueue:
@@ -131,9 +131,9 @@ def test_nack_requeues_or_rejects_counting_rejects_and_giving_credit_back():
     assert consumer.unacked == 1 and freed == [1] and vhost.scheduled == []
     deliveries.settle(deliveries.take(3, False), True)
     assert queue.calls[-1] == ("requeue", 9) and consumer.unacked == 0 and vhost.scheduled == ["q"]
-    with pytest.raises(AMQPChannelError) as e:
+    with pytest.raises(BrokerChannelError) as e:
         deliveries.take(3, False)
-    assert e.value.reply_code == 406 and e.value.text == "PRECONDITION_FAILED - unknown delivery tag 3"
+    assert e.value.kind is PRECONDITION_FAILED and e.value.text == "PRECONDITION_FAILED - unknown delivery tag 3"
 
 
 def test_get_counts_and_no_ack_settles_at_once():

@@ -16,10 +16,10 @@ import pytest
 
 from lavinpy.broker import operations_objects
 from lavinpy.broker.arguments import ArgumentError
+from lavinpy.broker.errors import PRECONDITION_FAILED
 from lavinpy.broker.exchanges.base import InvalidBinding
 from lavinpy.broker.exchanges.consistent_hash import MAX_WEIGHT, ConsistentHashExchange
 from lavinpy.broker.exchanges.registry import make_exchange
-from lavinpy.wire.constants import PRECONDITION_FAILED
 from lavinpy.wire.field_table import Int8, Int64
 from tests.broker.model_harness import OWNER, Model, run
 
@@ -136,7 +136,7 @@ def test_bad_binding_keys_are_refused_with_the_plugins_texts(key: str, text: str
     x = exchange(("q1", "1"))
     with pytest.raises(InvalidBinding) as e:
         x.bind("q2", key)
-    assert e.value.reply_code == PRECONDITION_FAILED and e.value.text == f"PRECONDITION_FAILED - {text}"
+    assert e.value.kind is PRECONDITION_FAILED and e.value.text == f"PRECONDITION_FAILED - {text}"
     assert x.weights() == {"q1": 1} and len(x.bindings()) == 1
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from lavinpy.broker.actor import Actor
 from lavinpy.broker.definitions_io import DefinitionsError, export_definitions, import_definitions
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import BrokerChannelError
 from tests.broker.model_harness import Model
 
 bcrypt = pytest.importorskip("bcrypt")
@@ -79,7 +79,7 @@ def test_topic_permissions_vhost_metadata_and_policies(model):
     assert policy["definition"]["ha-mode"] == "exactly" and policy["definition"]["max-length"] == 5
     actor = Actor(model.broker.users, "u")
     actor.check_topic("write", "mv", "amq.topic", "topic", "a.b")
-    with pytest.raises(AMQPChannelError, match="write access to topic 'b' in exchange 'amq.topic'"):
+    with pytest.raises(BrokerChannelError, match="write access to topic 'b' in exchange 'amq.topic'"):
         actor.check_topic("write", "mv", "amq.topic", "topic", "b")
     actor.check_topic("write", "mv", "amq.direct", "direct", "b")  # only topic exchanges are checked
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from tests.broker.model_harness import Model, death, run
 
 
@@ -93,7 +93,7 @@ def test_limit_minus_one_means_no_limit(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", [-2, "3"])
 def test_a_bad_delivery_limit_is_refused_with_406(tmp_path: Path, value: object) -> None:
     async def body(m: Model) -> None:
-        with pytest.raises(AMQPChannelError) as refused:
+        with pytest.raises(BrokerChannelError) as refused:
             m.declare("q", delivery_limit=value)
-        assert refused.value.reply_code == 406
+        assert refused.value.kind is PRECONDITION_FAILED
     run(body, tmp_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from tests.broker.model_harness import Model, death, run
 
 
@@ -95,7 +95,7 @@ def test_a_policy_limits_an_existing_queue(tmp_path: Path) -> None:
 @pytest.mark.parametrize("arguments", [{"max_length": -1}, {"max_length_bytes": -1}, {"overflow": "drop-tail"}])
 def test_bad_limit_arguments_are_refused_with_406(tmp_path: Path, arguments: dict) -> None:
     async def body(m: Model) -> None:
-        with pytest.raises(AMQPChannelError) as refused:
+        with pytest.raises(BrokerChannelError) as refused:
             m.declare("q", **arguments)
-        assert refused.value.reply_code == 406
+        assert refused.value.kind is PRECONDITION_FAILED
     run(body, tmp_path)

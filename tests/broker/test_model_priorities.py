@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from tests.broker.model_harness import Model, run
 
 
@@ -67,7 +67,7 @@ def test_priority_order_survives_a_restart(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", [-1, 256, "5"])
 def test_a_bad_max_priority_is_refused_with_406(tmp_path: Path, value: object) -> None:
     async def body(m: Model) -> None:
-        with pytest.raises(AMQPChannelError) as refused:
+        with pytest.raises(BrokerChannelError) as refused:
             m.declare("q", max_priority=value)
-        assert refused.value.reply_code == 406 and "'x-max-priority'" in refused.value.text
+        assert refused.value.kind is PRECONDITION_FAILED and "'x-max-priority'" in refused.value.text
     run(body, tmp_path)

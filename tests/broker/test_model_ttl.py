@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.wire.constants import NOT_FOUND
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
 from tests.broker.model_harness import Model, death, run, until
 
 
@@ -78,8 +77,8 @@ def test_x_expires_deletes_an_unused_queue_even_with_messages(tmp_path: Path) ->
         def gone() -> bool:
             try:
                 m.vhost.get_queue("q")
-            except AMQPChannelError as e:
-                assert e.reply_code == NOT_FOUND
+            except BrokerChannelError as e:
+                assert e.kind is NOT_FOUND
                 return True
             return False
         await until(gone, what="x-expires to delete the queue")
@@ -104,7 +103,7 @@ def test_expiry_counts_from_the_original_publish_across_a_restart(tmp_path: Path
                                              ({"expires": 0}, "x-expires")])
 def test_bad_ttl_arguments_are_refused_with_406(tmp_path: Path, arguments: dict, name: str) -> None:
     async def body(m: Model) -> None:
-        with pytest.raises(AMQPChannelError) as refused:
+        with pytest.raises(BrokerChannelError) as refused:
             m.declare("q", **arguments)
-        assert refused.value.reply_code == 406 and f"'{name}'" in refused.value.text
+        assert refused.value.kind is PRECONDITION_FAILED and f"'{name}'" in refused.value.text
     run(body, tmp_path)

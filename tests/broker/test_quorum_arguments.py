@@ -13,10 +13,10 @@ import pytest
 
 from lavinpy.broker.arguments import DEFAULT_DELIVERY_LIMIT, QueueSettings, quorum_delivery_limit
 from lavinpy.broker.declarations import check_queue_equivalent, validate_queue_declare, with_default_queue_type
+from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from lavinpy.broker.policies import make_policy
 from lavinpy.http.context import BROKER, CLUSTER_NODES
 from lavinpy.http.routes_health import node_is_quorum_critical
-from lavinpy.wire.errors import AMQPChannelError
 from tests.broker.model_harness import Model, run
 
 Q = {"x-queue-type": "quorum"}
@@ -25,10 +25,10 @@ WHERE = "queue 'q' in vhost '/'"
 
 def refusal(arguments: dict[str, Any], *, durable: bool = True, exclusive: bool = False,
             auto_delete: bool = False, server_named: bool = False) -> str:
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         validate_queue_declare("q", "/", durable=durable, exclusive=exclusive, auto_delete=auto_delete,
                                arguments=arguments, server_named=server_named)
-    assert info.value.reply_code == 406
+    assert info.value.kind is PRECONDITION_FAILED
     return info.value.detail
 
 
@@ -103,14 +103,14 @@ def test_redeclare_type_equivalence() -> None:
     check_queue_equivalent(True, False, {}, "q", "/", True, False, {"x-queue-type": "classic"})
     check_queue_equivalent(True, False, {"x-queue-type": "classic"}, "q", "/", True, False, {})
     check_queue_equivalent(True, False, dict(Q), "q", "/", True, False, dict(Q))
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         check_queue_equivalent(True, False, dict(Q), "q", "/", True, False, {})
     assert info.value.detail == (f"inequivalent arg 'x-queue-type' for {WHERE}: "
                                      "received 'classic' but current is 'quorum'")
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         check_queue_equivalent(True, False, {}, "q", "/", True, False, dict(Q))
     assert "received 'quorum' but current is 'classic'" in info.value.detail
-    with pytest.raises(AMQPChannelError) as info:
+    with pytest.raises(BrokerChannelError) as info:
         check_queue_equivalent(True, False, dict(Q), "q", "/", True, False, {**Q, "x-delivery-limit": 3})
     assert "inequivalent arg 'x-delivery-limit'" in info.value.detail
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import BrokerChannelError
 from tests.broker.model_harness import Model
 
 PUBLISHED = [("a", None), ("b", 0), ("c", 5), ("d", 31), ("e", 200), ("f", 4), ("g", None), ("h", 3)]
@@ -51,5 +51,5 @@ def test_a_classic_queue_stays_fifo_and_quorum_refuses_x_max_priority(model):
     model.declare("classic", durable=True)
     _publish(model, "classic")
     assert model.bodies("classic") == [body for body, _ in PUBLISHED]
-    with pytest.raises(AMQPChannelError, match="x-max-priority"):
+    with pytest.raises(BrokerChannelError, match="x-max-priority"):
         model.declare("qq2", durable=True, queue_type="quorum", max_priority=10)

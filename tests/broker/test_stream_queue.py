@@ -14,6 +14,7 @@ from pamqp import commands
 from lavinpy.broker.arguments import parse_max_age
 from lavinpy.broker.consumer import Consumer
 from lavinpy.broker.deliveries import Deliveries
+from lavinpy.broker.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from lavinpy.broker.queue_base import QueueHost, QueueKind
 from lavinpy.broker.stats import AMQP_091, NodeCounters
 from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
@@ -22,8 +23,6 @@ from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
 from lavinpy.store.vhost_store import VhostStore
-from lavinpy.wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
-from lavinpy.wire.errors import AMQPChannelError, AMQPConnectionError
 from lavinpy.wire.properties import decode_properties, encode_properties
 
 SEGMENT_SIZE = 4096
@@ -309,25 +308,25 @@ def test_retention_by_age(tmp_path: Path) -> None:
 
 
 def test_get_purge_and_consumer_validation_follow_rabbitmq(stream: StreamQueue) -> None:
-    with pytest.raises(AMQPConnectionError) as e:
+    with pytest.raises(BrokerConnectionError) as e:
         stream.get()
-    assert e.value.reply_code == NOT_IMPLEMENTED and "basic.get not supported by stream queues" in e.value.text
-    with pytest.raises(AMQPConnectionError) as e:
+    assert e.value.kind is NOT_IMPLEMENTED and "basic.get not supported by stream queues" in e.value.text
+    with pytest.raises(BrokerConnectionError) as e:
         stream.purge()
-    assert e.value.reply_code == NOT_IMPLEMENTED and (e.value.class_id, e.value.method_id) == (50, 30)
-    with pytest.raises(AMQPChannelError) as e:
+    assert e.value.kind is NOT_IMPLEMENTED and (e.value.class_id, e.value.method_id) == (50, 30)
+    with pytest.raises(BrokerChannelError) as e:
         validate_stream_consumer(False, 0, {}, queue="s")
-    assert e.value.reply_code == PRECONDITION_FAILED and "prefetch count is not set" in e.value.text
-    with pytest.raises(AMQPConnectionError) as e:
+    assert e.value.kind is PRECONDITION_FAILED and "prefetch count is not set" in e.value.text
+    with pytest.raises(BrokerConnectionError) as e:
         validate_stream_consumer(True, 10, {}, queue="s")
-    assert e.value.reply_code == NOT_IMPLEMENTED and "automatic acknowledgement" in e.value.text
-    with pytest.raises(AMQPConnectionError) as e:
+    assert e.value.kind is NOT_IMPLEMENTED and "automatic acknowledgement" in e.value.text
+    with pytest.raises(BrokerConnectionError) as e:
         validate_stream_consumer(False, 10, {}, queue="s", global_prefetch=5)
-    assert e.value.reply_code == NOT_IMPLEMENTED and "global qos" in e.value.text
+    assert e.value.kind is NOT_IMPLEMENTED and "global qos" in e.value.text
     for bad in ("sometime", -1, 1.5, True, "0h"):
-        with pytest.raises(AMQPChannelError) as e:
+        with pytest.raises(BrokerChannelError) as e:
             validate_stream_consumer(False, 10, {"x-stream-offset": bad}, queue="s")
-        assert e.value.reply_code == PRECONDITION_FAILED
+        assert e.value.kind is PRECONDITION_FAILED
     for good in ("first", "last", "next", 0, 5, "7D", datetime.datetime.now(datetime.UTC), b"first"):
         validate_stream_consumer(False, 10, {"x-stream-offset": good}, queue="s")
 
@@ -346,9 +345,9 @@ def test_declare_validation() -> None:
     for change, word in cases:
         kw: dict[str, Any] = {"durable": True, "exclusive": False, "auto_delete": False, "arguments": ok}
         kw.update(change)
-        with pytest.raises(AMQPChannelError) as e:
+        with pytest.raises(BrokerChannelError) as e:
             validate_stream_declare("s", "/", **kw)
-        assert e.value.reply_code == PRECONDITION_FAILED and word in e.value.text
+        assert e.value.kind is PRECONDITION_FAILED and word in e.value.text
     assert parse_max_age("12h") == 12 * 3_600_000 and parse_max_age("7D") == 7 * 86_400_000
 
 

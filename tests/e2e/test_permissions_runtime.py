@@ -10,7 +10,7 @@ import stat
 import pika
 import pytest
 
-from lavinpy.wire.errors import AMQPChannelError
+from lavinpy.broker.errors import ACCESS_REFUSED, BrokerChannelError
 
 from . import channel_closed, uid
 from .conftest import lavinpy_only, rabbit_password_hash
@@ -109,14 +109,14 @@ def test_set_policy_checks_the_acting_user(inproc):
     _add_user(b, "maker", "^mine", "^mine", "^mine", tags=("policymaker",))
     _add_user(b, "plain", ".*", ".*", ".*")
     definition = {"dead-letter-exchange": "amq.direct"}
-    with pytest.raises(AMQPChannelError) as e:
+    with pytest.raises(BrokerChannelError) as e:
         b.call(vhost.set_policy, "p1", "^mine", definition, user="maker")
-    assert e.value.reply_code == 403
+    assert e.value.kind is ACCESS_REFUSED
     assert e.value.text == "ACCESS_REFUSED - write access to exchange 'amq.direct' in vhost '/' refused " \
                            "for user 'maker'"
-    with pytest.raises(AMQPChannelError) as e:
+    with pytest.raises(BrokerChannelError) as e:
         b.call(vhost.set_policy, "p1", "^mine", {"alternate-exchange": "mine-ae"}, user="plain")
-    assert e.value.reply_code == 403 and "policymaker" in e.value.text
+    assert e.value.kind is ACCESS_REFUSED and "policymaker" in e.value.text
     assert b.call(vhost.policies.get, "p1") is None
     # a target the user may write to is fine; so is anything for a trusted (internal) caller
     b.call(vhost.set_policy, "p1", "^mine", {"alternate-exchange": "mine-ae"}, user="maker")

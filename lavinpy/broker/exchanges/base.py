@@ -11,15 +11,15 @@ from collections.abc import Callable, Collection, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from lavinpy.broker.stats import MessageCounters
-from lavinpy.wire.constants import PRECONDITION_FAILED
-from lavinpy.wire.errors import AMQPChannelError
+
+from ..errors import PRECONDITION_FAILED, BrokerChannelError
 
 if TYPE_CHECKING:
     from lavinpy.store.record import StoredMessage
     from lavinpy.store.vhost_store import VhostStore
 
 
-class InvalidBinding(AMQPChannelError, ValueError):
+class InvalidBinding(BrokerChannelError, ValueError):
     """A binding's arguments are not acceptable for this exchange type: the channel closes with 406
     and this text, as RabbitMQ does for a bad x-match."""
 
