@@ -1,7 +1,8 @@
-"""Errors carrying an AMQP reply code and text, raised by the model and the codec alike.
+"""Errors carrying an AMQP reply code and text, raised by the codec and the AMQP session's own checks.
 
-The AMQP session turns them into channel.close / connection.close; another front end (an HTTP API)
-can map ``reply_code`` to its own status codes. Plain attributes, no protocol objects.
+The AMQP session turns them into channel.close / connection.close (the model's refusals are
+``lavinpy.broker.errors``, which the session maps to reply codes the same way). Plain attributes, no
+protocol objects.
 """
 
 from __future__ import annotations
