@@ -19,6 +19,7 @@ from pamqp import commands
 from .. import __version__
 from ..broker.actor import Actor
 from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
+from ..broker.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -450,7 +451,7 @@ class AMQPConnection(ConnectionOutput):
                 "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
                 "copyright": "lavinpy developers",
                 "capabilities": dict(CAPABILITIES),
-                "cluster_name": "lavinpy",
+                "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name(),
             },
             mechanisms="PLAIN AMQPLAIN", locales="en_US")))
 
