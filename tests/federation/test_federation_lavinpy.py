@@ -1,0 +1,113 @@
+"""Exchange federation between two lavinpy brokers: the links, bindings mirrored upstream, reconnects,
+loops cut by max-hops and the cluster name, the status API and lavinpyctl."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from tests.e2e.conftest import http_call
+from tests.e2e.test_ctl import ctl
+
+from .conftest import channel, drain, links, upstream_bindings, wait_for
+
+
+def _federate(down, up, exchange: str, policy: str, upstream: str = "up", **keys) -> None:
+    status, body, _ = http_call(down, "PUT", f"/api/parameters/federation-upstream/%2F/{upstream}",
+                                {"value": {"uri": up.url, "reconnect-delay": 0.2, **keys}})
+    assert status in (201, 204), body
+    status, body, _ = http_call(down, "PUT", f"/api/policies/%2F/{policy}",
+                                {"pattern": f"^{exchange}$", "apply-to": "exchanges",
+                                 "definition": {"federation-upstream-set": "all"}})
+    assert status in (201, 204), body
+
+
+def _running(broker, exchange: str) -> dict | None:
+    return next((r for r in links(broker) if r["exchange"] == exchange and r["status"] == "running"), None)
+
+
+def test_messages_bindings_reconnect(pair) -> None:
+    up, down = pair
+    conn, ch = channel(down)
+    ch.exchange_declare("fed.x", "topic", durable=True)
+    ch.queue_declare("fed.q", durable=True)
+    ch.queue_bind("fed.q", "fed.x", "a.#")
+    _federate(down, up, "fed.x", "fed")
+    row = wait_for(lambda: _running(down, "fed.x"), what="a running link")
+    assert row["upstream"] == "up" and row["type"] == "exchange" and row["upstream_exchange"] == "fed.x"
+    assert row["vhost"] == "/" and row["node"] and row["id"] and "guest:" not in row["uri"]
+    assert row["queue"] == "federation: fed.x -> down"
+    # On the upstream: the queue and the internal exchange RabbitMQ's plugin makes, bound with a.#.
+    status, q, _ = http_call(up, "GET", "/api/queues/%2F/federation%3A%20fed.x%20-%3E%20down")
+    assert status == 200 and q["durable"] and q["arguments"]["x-internal-purpose"] == "federation"
+    wait_for(lambda: upstream_bindings(up, "fed.x") == {"a.#"}, what="the binding upstream")
+
+    uconn, uch = channel(up)
+    for i in range(20):
+        uch.basic_publish("fed.x", "a.b" if i % 2 == 0 else "z.b", str(i).encode())
+    got = drain(down, "fed.q", 10)
+    assert sorted(int(body) for _, body in got) == list(range(0, 20, 2))  # once each, only a.#
+    hop = got[0][0].headers["x-received-from"]
+    assert len(hop) == 1 and hop[0]["exchange"] == "fed.x" and hop[0]["cluster-name"] == "up"
+    assert hop[0]["redelivered"] is False and "guest:" not in hop[0]["uri"] and hop[0]["uri"].startswith("amqp://")
+
+    # A binding added downstream appears upstream, and goes when it goes.
+    ch.queue_declare("fed.q2", durable=True)
+    ch.queue_bind("fed.q2", "fed.x", "b.*")
+    wait_for(lambda: upstream_bindings(up, "fed.x") == {"a.#", "b.*"}, what="b.* mirrored")
+    uch.basic_publish("fed.x", "b.c", b"late")
+    assert [body for _, body in drain(down, "fed.q2", 1)] == [b"late"]
+    ch.queue_unbind("fed.q2", "fed.x", "b.*")
+    wait_for(lambda: upstream_bindings(up, "fed.x") == {"a.#"}, what="b.* removed upstream")
+
+    # The link's upstream connection closed by the upstream: the link comes back and binds again.
+    status, conns, _ = http_call(up, "GET", "/api/connections")
+    fed = [c["name"] for c in conns if "Federation link" in (c.get("client_properties") or {}).get(
+        "connection_name", "")]
+    assert fed
+    for name in fed:
+        http_call(up, "DELETE", "/api/connections/" + quote(name, safe=""))
+    wait_for(lambda: (r := next((x for x in links(down) if x["exchange"] == "fed.x"), None)) and
+             r["status"] != "running", timeout=5, what="the link to notice")
+    wait_for(lambda: _running(down, "fed.x"), what="the link running again")
+    ch.queue_bind("fed.q2", "fed.x", "c.*")  # added while reconnected: mirrored too
+    wait_for(lambda: upstream_bindings(up, "fed.x") == {"a.#", "c.*"}, what="bindings after reconnect")
+    uch.basic_publish("fed.x", "a.after", b"after")
+    assert [body for _, body in drain(down, "fed.q", 1)] == [b"after"]
+
+    # lavinpyctl: federation_status and restart_federation_link.
+    out = ctl(down, "federation_status", "--formatter", "json")
+    assert out.returncode == 0, out.stderr
+    assert "fed.x" in out.stdout and "running" in out.stdout
+    link_id = _running(down, "fed.x")["id"]
+    out = ctl(down, "restart_federation_link", link_id)
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: _running(down, "fed.x"), what="the restarted link")
+    assert ctl(down, "restart_federation_link", "nope").returncode != 0
+    uconn.close()
+    conn.close()
+
+
+def test_max_hops_cuts_a_loop(pair) -> None:
+    up, down = pair
+    for b in (up, down):
+        conn, ch = channel(b)
+        ch.exchange_declare("loop.x", "fanout", durable=True)
+        ch.queue_declare("loop.q", durable=True)
+        ch.queue_bind("loop.q", "loop.x", "")
+        conn.close()
+    _federate(down, up, "loop.x", "loop", upstream="to-up")
+    _federate(up, down, "loop.x", "loop", upstream="to-down")
+    for b in (up, down):
+        wait_for(lambda b=b: _running(b, "loop.x"), what="both links running")
+    wait_for(lambda: upstream_bindings(up, "loop.x") and upstream_bindings(down, "loop.x"), what="bindings")
+    conn, ch = channel(up)
+    for i in range(10):
+        ch.basic_publish("loop.x", "", str(i).encode())
+    conn.close()
+    here = drain(up, "loop.q", 10, settle=1.5)
+    there = drain(down, "loop.q", 10, settle=0.5)
+    assert sorted(int(body) for _, body in here) == list(range(10))  # not back again from down
+    assert sorted(int(body) for _, body in there) == list(range(10))
+    assert all(p.headers["x-received-from"][0]["cluster-name"] == "up" for p, _ in there)
+    dropped = sum(r["messages_dropped"] for r in links(up) if r["exchange"] == "loop.x")
+    assert dropped == 10
