@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from pamqp import commands as spec
 
 from lavinpy.shovel.client import CONNECT_TIMEOUT, ShovelClient, ShovelClientError
+from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.uri import AMQPURL
 
 LinkError = ShovelClientError
@@ -21,13 +22,19 @@ NAME_FIELDS = ("queue", "exchange", "destination", "source")
 
 
 def unchecked(cls: type, **fields: Any) -> Any:
-    """A method whose names are sent as given: pamqp's check refuses what RabbitMQ takes and its
-    federation uses (``federation: x -> cluster``: spaces, '>')."""
+    """A method whose names are sent as given (pamqp's check refuses what RabbitMQ takes and its
+    federation uses: ``federation: x -> cluster``, spaces, '>') and whose arguments table (the last
+    field of every method that has one) is encoded by lavinpy.wire, which keeps an Int64 a long
+    ('l': RabbitMQ wants x-max-hops so) where pamqp picks the smallest integer type."""
+    arguments = fields.pop("arguments", None)
     method = cls(**{k: ("x" if k in NAME_FIELDS and v else v) for k, v in fields.items()})
     for k in NAME_FIELDS:
         if k in fields:
             setattr(method, k, fields[k])
     method.validate = lambda: None
+    if arguments:
+        marshal = method.marshal
+        method.marshal = lambda: marshal()[:-4] + encode_table(arguments)
     return method
 
 
