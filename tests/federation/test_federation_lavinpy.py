@@ -111,3 +111,81 @@ def test_max_hops_cuts_a_loop(pair) -> None:
     assert all(p.headers["x-received-from"][0]["cluster-name"] == "up" for p, _ in there)
     dropped = sum(r["messages_dropped"] for r in links(up) if r["exchange"] == "loop.x")
     assert dropped == 10
+
+
+def _put(broker, path: str, body, user: str = "guest", password: str = "guest"):
+    return http_call(broker, "PUT", path, body, user=user, password=password)
+
+
+def test_upstreams_and_sets_validated_as_rabbitmq(pair) -> None:
+    _, down = pair
+    for value, key in [({"uri": "amqp://h", "ack-mode": "sometimes"}, "ack-mode"),
+                       ({"uri": "amqp://h", "prefetch-count": 0}, "prefetch-count"),
+                       ({"uri": "amqp://h", "max-hops": "2"}, "max-hops"),
+                       ({"uri": "amqp://h", "trust-user-id": "yes"}, "trust-user-id"),
+                       ({"uri": "amqp://h", "queue-type": "stream"}, "queue-type"),
+                       ({"uri": []}, "uri"), ({"prefetch-count": 5}, "uri"),
+                       ({"uri": "amqp://h", "bogus": 1}, "bogus")]:
+        status, body, _ = _put(down, "/api/parameters/federation-upstream/%2F/bad", {"value": value})
+        assert status == 400 and key in body["reason"], (value, body)
+    for value, key in [({"upstream": "up"}, "list"), ([{"prefetch-count": 1}], "upstream"),
+                       ([{"upstream": "up", "uri": "amqp://h"}], "uri")]:
+        status, body, _ = _put(down, "/api/parameters/federation-upstream-set/%2F/bad", {"value": value})
+        assert status == 400 and key in body["reason"], (value, body)
+    status, body, _ = _put(down, "/api/policies/%2F/both", {"pattern": "^none$", "definition": {
+        "federation-upstream": "up", "federation-upstream-set": "all"}})
+    assert status == 400 and "together" in body["reason"]
+
+
+def test_rights_of_the_upstreams_creator(pair) -> None:
+    up, down = pair
+    for path, body in [("/api/vhosts/other", {}), ("/api/users/pm", {"password": "pm", "tags": "policymaker"}),
+                       ("/api/permissions/%2F/pm", {"configure": "^$", "write": "^$", "read": ".*"}),
+                       ("/api/users/outsider", {"password": "o", "tags": "policymaker"})]:
+        assert _put(down, path, body)[0] in (201, 204)
+    # No access to the vhost at all: refused.
+    status, _, _ = _put(down, "/api/parameters/federation-upstream/%2F/o", {"value": {"uri": up.url}},
+                        user="outsider", password="o")
+    assert status in (401, 403)
+    # A URI of this node naming a vhost the creator may not open: refused, naming it.
+    status, body, _ = _put(down, "/api/parameters/federation-upstream/%2F/pmlocal", {"value": {"uri": "amqp:///other"}},
+                           user="pm", password="pm")
+    assert status == 400 and "may not connect to vhost \"other\"" in body["reason"]
+    # Allowed to define it, but without configure and write on the exchange: the link says why.
+    status, body, _ = _put(down, "/api/parameters/federation-upstream/%2F/pmup",
+                           {"value": {"uri": up.url, "reconnect-delay": 0.2}}, user="pm", password="pm")
+    assert status in (201, 204), body
+    shown = http_call(down, "GET", "/api/parameters/federation-upstream/%2F/pmup", user="pm", password="pm")[1]
+    assert shown["value"]["uri"] == up.url.replace(":guest@", ":***@")  # a policymaker sees no password
+    conn, ch = channel(down)
+    ch.exchange_declare("pm.x", "fanout", durable=True)
+    conn.close()
+    status, body, _ = _put(down, "/api/policies/%2F/pmfed", {"pattern": "^pm\\.x$", "apply-to": "exchanges",
+                                                              "definition": {"federation-upstream": "pmup"}},
+                           user="pm", password="pm")
+    assert status in (201, 204), body
+    row = wait_for(lambda: next((r for r in links(down) if r["exchange"] == "pm.x" and r["status"] == "error"), None),
+                   what="the refused link")
+    assert "exchange" in row["error"] and "pm.x" in row["error"] and row["upstream"] == "pmup"
+    http_call(down, "DELETE", "/api/policies/%2F/pmfed")
+    http_call(down, "DELETE", "/api/parameters/federation-upstream/%2F/pmup")
+    wait_for(lambda: not any(r["exchange"] == "pm.x" for r in links(down)), what="the link gone with its policy")
+
+
+def test_definitions_round_trip(pair) -> None:
+    _, down = pair
+    assert _put(down, "/api/parameters/federation-upstream-set/%2F/site-b",
+                {"value": [{"upstream": "up", "prefetch-count": 10}]})[0] in (201, 204)
+    status, doc, _ = http_call(down, "GET", "/api/definitions")
+    assert status == 200
+    mine = {(p["component"], p["name"]): p for p in doc["parameters"] if p["component"].startswith("federation")}
+    assert mine[("federation-upstream", "up")]["value"]["reconnect-delay"] == 0.2
+    assert mine[("federation-upstream-set", "site-b")]["value"] == [{"upstream": "up", "prefetch-count": 10}]
+    assert any(p["definition"].get("federation-upstream-set") == "all" for p in doc["policies"])
+    for component, name in [("federation-upstream-set", "site-b"), ("federation-upstream", "up")]:
+        assert http_call(down, "DELETE", f"/api/parameters/{component}/%2F/{name}")[0] == 204
+    wait_for(lambda: not any(r["upstream"] == "up" for r in links(down)), what="the links gone")
+    status, body, _ = http_call(down, "POST", "/api/definitions", doc)
+    assert status in (200, 201, 204), body
+    assert http_call(down, "GET", "/api/parameters/federation-upstream-set/%2F/site-b")[0] == 200
+    wait_for(lambda: _running(down, "fed.x"), what="the link back after the import")
