@@ -180,8 +180,8 @@ class Server:
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
         ports = [(self.http, management_app, config.http_port, "HTTP",
                   self.proxy_policy, None),
-                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions), config.prometheus_port,
-                  "Prometheus", NO_PROXY, None)]
+                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions, self.federation.status),
+                  config.prometheus_port, "Prometheus", NO_PROXY, None)]
         if tls is not None:
             ports += [(self.http, ports[0][1], config.https_port if config.https_enabled else 0, "HTTPS",
                        self.proxy_policy, tls.listener_context),

@@ -3,6 +3,7 @@ loops cut by max-hops and the cluster name, the status API and lavinpyctl."""
 
 from __future__ import annotations
 
+import urllib.request
 from urllib.parse import quote
 
 from tests.e2e.conftest import http_call
@@ -73,6 +74,13 @@ def test_messages_bindings_reconnect(pair) -> None:
     wait_for(lambda: upstream_bindings(up, "fed.x") == {"a.#", "c.*"}, what="bindings after reconnect")
     uch.basic_publish("fed.x", "a.after", b"after")
     assert [body for _, body in drain(down, "fed.q", 1)] == [b"after"]
+
+    # The Prometheus endpoint: a running gauge and a forwarded count per link.
+    with urllib.request.urlopen(down.metrics_url + "/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'lavinpy_federation_link_running{exchange="fed.x",id="%s",upstream="up",vhost="/"} 1.0' % row["id"] \
+        in metrics
+    assert "lavinpy_federation_link_messages_forwarded{" in metrics
 
     # lavinpyctl: federation_status and restart_federation_link.
     out = ctl(down, "federation_status", "--formatter", "json")
