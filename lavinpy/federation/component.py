@@ -121,7 +121,7 @@ class Federation:
         wanted = self.wanted()
         loop = asyncio.get_running_loop()
         for key in [k for k, link in self.links.items() if wanted.get(k) != link.upstream]:
-            loop.create_task(self.links.pop(key).stop())
+            loop.create_task(self.links.pop(key).stop(cleanup=key not in wanted))
         for key, upstream in wanted.items():
             if key not in self.links:
                 self._launch(key, upstream)

@@ -108,11 +108,22 @@ class ExchangeLink:
         self.task = asyncio.get_running_loop().create_task(
             self.run(), name=f"federation {self.vhost}/{self.exchange} <- {self.upstream.name}")
 
-    async def stop(self) -> None:
+    async def stop(self, cleanup: bool = False) -> None:
+        """Stop the link; ``cleanup`` (its policy or upstream is gone, not a restart or a shutdown):
+        delete its queue and internal exchange upstream, as RabbitMQ does, so that nothing piles up there."""
         task = self.task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=STOP_SECONDS)
+        up = self._up
+        if cleanup and up is not None and not up.closed.done() and self.state == "running":
+            try:
+                await up.rpc(unchecked(spec.Exchange.Delete, exchange=self._internal), spec.Exchange.DeleteOk,
+                             timeout=STOP_SECONDS)
+                await up.rpc(unchecked(spec.Queue.Delete, queue=self.upstream.queue or self._queue_name()),
+                             spec.Queue.DeleteOk, timeout=STOP_SECONDS)
+            except LinkError as e:
+                log.info("federation link %s in vhost %s: upstream cleanup failed: %s", self.exchange, self.vhost, e)
         await self._close()
 
     def _set_state(self, state: str, error: str | None = None) -> None:

@@ -78,8 +78,8 @@ def test_messages_bindings_reconnect(pair) -> None:
     # The Prometheus endpoint: a running gauge and a forwarded count per link.
     with urllib.request.urlopen(down.metrics_url + "/metrics", timeout=10) as response:
         metrics = response.read().decode()
-    assert 'lavinpy_federation_link_running{exchange="fed.x",id="%s",upstream="up",vhost="/"} 1.0' % row["id"] \
-        in metrics
+    running = 'lavinpy_federation_link_running{exchange="fed.x",id="' + row["id"] + '",upstream="up",vhost="/"} 1.0'
+    assert running in metrics
     assert "lavinpy_federation_link_messages_forwarded{" in metrics
 
     # lavinpyctl: federation_status and restart_federation_link.
@@ -119,6 +119,13 @@ def test_max_hops_cuts_a_loop(pair) -> None:
     assert all(p.headers["x-received-from"][0]["cluster-name"] == "up" for p, _ in there)
     dropped = sum(r["messages_dropped"] for r in links(up) if r["exchange"] == "loop.x")
     assert dropped == 10
+    # The policy gone: the link stops and takes its queue and internal exchange off the upstream.
+    queue = "/api/queues/%2F/" + quote("federation: loop.x -> down", safe="")
+    assert http_call(up, "GET", queue)[0] == 200
+    assert http_call(down, "DELETE", "/api/policies/%2F/loop")[0] == 204
+    wait_for(lambda: http_call(up, "GET", queue)[0] == 404, what="the upstream queue deleted")
+    exchanges = http_call(up, "GET", "/api/exchanges")[1]
+    assert not any(x["name"].startswith("federation: loop.x -> down") for x in exchanges)
 
 
 def _put(broker, path: str, body, user: str = "guest", password: str = "guest"):
