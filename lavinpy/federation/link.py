@@ -351,9 +351,9 @@ class ExchangeLink:
         headers = peek_headers(properties) or {}
         trail = headers.get(RECEIVED_FROM)
         trail = list(trail) if isinstance(trail, list) else []
-        me = self.env.cluster_name()
+        me = (self.env.cluster_name(), self.vhost)
         if len(trail) >= self.upstream.max_hops or any(
-                isinstance(e, Mapping) and e.get("cluster-name") == me for e in trail):
+                isinstance(e, Mapping) and (e.get("cluster-name"), e.get("vhost")) == me for e in trail):
             self.dropped += 1  # a loop, or past max-hops: RabbitMQ's upstream exchange would not route it
             if self.upstream.ack_mode != "no-ack":
                 up.ack(tag, False)

@@ -117,8 +117,11 @@ def test_max_hops_cuts_a_loop(pair) -> None:
     assert sorted(int(body) for _, body in here) == list(range(10))  # not back again from down
     assert sorted(int(body) for _, body in there) == list(range(10))
     assert all(p.headers["x-received-from"][0]["cluster-name"] == "up" for p, _ in there)
-    dropped = sum(r["messages_dropped"] for r in links(up) if r["exchange"] == "loop.x")
-    assert dropped == 10
+    # Cut on the way back by down's x-federation-upstream exchange (hops), before leaving down.
+    internal = [x for x in http_call(down, "GET", "/api/exchanges/%2F")[1]
+                if x["name"].startswith("federation: loop.x -> up ")]
+    assert len(internal) == 1 and internal[0]["type"] == "x-federation-upstream" and internal[0]["internal"]
+    assert sum(r["messages_received"] for r in links(up) if r["exchange"] == "loop.x") == 0
     # The policy gone: the link stops and takes its queue and internal exchange off the upstream.
     queue = "/api/queues/%2F/" + quote("federation: loop.x -> down", safe="")
     assert http_call(up, "GET", queue)[0] == 200

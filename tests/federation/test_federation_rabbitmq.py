@@ -1,6 +1,6 @@
 """Exchange federation with a private RabbitMQ node (Debian's rabbitmq-server with its federation plugin):
 RabbitMQ upstream -> lavinpy downstream (the x-federation-upstream exchange RabbitMQ knows, bindings
-mirrored live), and RabbitMQ's own plugin downstream of lavinpy."""
+mirrored live), and RabbitMQ's own plugin downstream of lavinpy (lavinpy's x-federation-upstream type)."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def test_rabbitmq_upstream_lavinpy_downstream(peers) -> None:
 
 
 def test_rabbitmq_plugin_downstream_of_lavinpy(peers) -> None:
-    """RabbitMQ's own federation link from lavinpy: lavinpy does not know x-federation-upstream, so the
-    plugin makes its fanout exchange instead; messages published to lavinpy arrive in RabbitMQ."""
+    """RabbitMQ's own federation link from lavinpy: it makes its x-federation-upstream exchange on lavinpy,
+    and messages published to lavinpy arrive in RabbitMQ."""
     rabbit, lavin = peers
     rconn = pika.BlockingConnection(pika.URLParameters(rabbit.url_for("guest", "guest", "/")))
     rch = rconn.channel()
@@ -105,6 +105,8 @@ def test_rabbitmq_plugin_downstream_of_lavinpy(peers) -> None:
         status, body, _ = http_call(lavin, "GET", "/api/bindings/%2F")
         return any(b["source"] == "lx" and b["routing_key"] == "hello" for b in body)
     wait_for(bound, timeout=30, what="RabbitMQ's link binding on lavinpy")
+    internal = [x for x in http_call(lavin, "GET", "/api/exchanges/%2F")[1] if x["name"].startswith("federation: lx")]
+    assert len(internal) == 1 and internal[0]["type"] == "x-federation-upstream", internal
     conn, ch = channel(lavin)
     ch.basic_publish("lx", "hello", b"from lavinpy")
     conn.close()
