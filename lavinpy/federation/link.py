@@ -208,7 +208,10 @@ class ExchangeLink:
         await up.rpc(unchecked(spec.Queue.Declare, queue=self.upstream.queue or queue, durable=True, arguments=args),
                      spec.Queue.DeclareOk)
         queue = self.upstream.queue or queue
-        old, self.suffix = self.suffix, "B" if self.suffix == "A" else "A"
+        # The suffix not in use upstream (this node may have restarted since it chose one): the exchange
+        # that still carries the bindings is deleted only once the new one carries them too.
+        old = "A" if await self._exchange_exists(f"{queue} A") else "B"
+        self.suffix = "B" if old == "A" else "A"
         self._internal = f"{queue} {self.suffix}"
         await self._declare_internal(up, self._internal)
         await up.rpc(unchecked(spec.Queue.Bind, queue=queue, exchange=self._internal), spec.Queue.BindOk)
@@ -245,17 +248,21 @@ class ExchangeLink:
             down = f":{self.exchange}"
         return f"federation: {self.upstream_exchange} -> {self.env.cluster_name()}{down}"
 
-    async def _ensure_upstream_exchange(self, up: LinkConnection, x: Mapping[str, Any]) -> None:
-        """The upstream exchange, declared like the federated one where it is missing."""
+    async def _exchange_exists(self, name: str) -> bool:
+        """Whether the upstream has that exchange (a passive declare on a connection of its own)."""
         probe = await connect(self._url(self.uri or ""), "Federation link (check)")
         try:
-            await probe.rpc(unchecked(spec.Exchange.Declare, exchange=self.upstream_exchange, passive=True),
-                            spec.Exchange.DeclareOk)
-            return
+            await probe.rpc(unchecked(spec.Exchange.Declare, exchange=name, passive=True), spec.Exchange.DeclareOk)
+            return True
         except LinkError:
-            pass
+            return False
         finally:
             await probe.close(1.0)
+
+    async def _ensure_upstream_exchange(self, up: LinkConnection, x: Mapping[str, Any]) -> None:
+        """The upstream exchange, declared like the federated one where it is missing."""
+        if await self._exchange_exists(self.upstream_exchange):
+            return
         await up.rpc(unchecked(spec.Exchange.Declare, exchange=self.upstream_exchange, exchange_type=x["type"],
                                            durable=x["durable"], auto_delete=x["auto_delete"],
                                            internal=x["internal"], arguments=x["arguments"] or None),
