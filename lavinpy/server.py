@@ -14,6 +14,7 @@ from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
+from .broker.arguments import queue_type_of
 from .broker.broker import Broker, ConnectionCounts
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .broker.limits_operations import LimitsOperations
@@ -349,8 +350,8 @@ def federation_of(broker: Broker, default_user: str, local: LocalNode) -> Federa
     its links log in to this node as a shovel does (``local``), and run on the leader only."""
     federation = Federation(local.url, node_name())
 
-    def federated() -> dict[tuple[str, str], Mapping[str, Any]]:
-        found: dict[tuple[str, str], Mapping[str, Any]] = {}
+    def federated() -> dict[tuple[str, str, str], Mapping[str, Any]]:
+        found: dict[tuple[str, str, str], Mapping[str, Any]] = {}
         for vhost in list(broker.vhosts.values()):
             if not any(FEDERATION_KEYS & p.definition.keys() for p in vhost.policies.list()):
                 continue
@@ -358,8 +359,18 @@ def federation_of(broker: Broker, default_user: str, local: LocalNode) -> Federa
                 policy = vhost.policies.match(name, "exchange") if name else None
                 if (policy is not None and FEDERATION_KEYS & policy.definition.keys()
                         and exchange.arguments.get("x-internal-purpose") != "federation"):
-                    found[(vhost.name, name)] = policy.definition
+                    found[("exchange", vhost.name, name)] = policy.definition
+            for name, queue in vhost.queues.items():
+                policy = vhost.policies.match(name, "queue", queue_type_of(queue.arguments))
+                if (policy is not None and FEDERATION_KEYS & policy.definition.keys()
+                        and queue.arguments.get("x-internal-purpose") != "federation"):
+                    found[("queue", vhost.name, name)] = policy.definition
         return found
+
+    def queue_state(vhost_name: str, name: str) -> tuple[int, int] | None:
+        vhost = broker.vhosts.get(vhost_name)
+        q = vhost.queues.get(name) if vhost is not None else None
+        return (q.consumer_count, q.message_count) if q is not None else None
 
     def exchange_info(vhost_name: str, name: str) -> dict[str, Any] | None:
         vhost = broker.vhosts.get(vhost_name)
@@ -374,15 +385,16 @@ def federation_of(broker: Broker, default_user: str, local: LocalNode) -> Federa
         x = vhost.exchanges.get(name) if vhost is not None else None
         return [(b.routing_key, dict(b.arguments or {})) for b in x.bindings()] if x is not None else []
 
-    def refusal(vhost: str, upstream: str, exchange: str) -> str | None:  # the creator's rights, at each start
+    def refusal(vhost: str, upstream: str, kind: str, name: str) -> str | None:  # the creator's rights, each start
         if broker.users is None:
             return None
-        return LimitsOperations(broker).link_refusal(UPSTREAM, vhost, upstream, exchange)
+        return LimitsOperations(broker).link_refusal(UPSTREAM, vhost, upstream, (kind, name))
 
     def creator(vhost: str, name: str) -> str:
         return broker.parameters.user_of(UPSTREAM, vhost, name) or default_user
 
     federation.federated, federation.exchange_info, federation.bindings = federated, exchange_info, bindings
+    federation.queue_state = queue_state
     federation.cluster_name = lambda: broker.parameters.get_global("cluster_name") or node_name()
     federation.authorize = refusal
     broker.parameters.register(UpstreamComponent(federation, creator))

@@ -121,12 +121,13 @@ class LimitsOperations:
             return user
         return actor.name if actor is not None else self.broker.config.default_user
 
-    def link_refusal(self, component: str, vhost: str, name: str, exchange: str | None = None) -> str | None:
+    def link_refusal(self, component: str, vhost: str, name: str,
+                     resource: tuple[str, str] | None = None) -> str | None:
         """Why a stored link may not start now (its creator's rights are checked again), or None;
-        ``exchange``: the exchange a federation link feeds."""
+        ``resource``: ("exchange" or "queue", name) a federation link feeds."""
         value = self.broker.parameters.get(component, vhost, name)
         creator = self.broker.parameters.user_of(component, vhost, name) or self.broker.config.default_user
-        return link_refusal(self.users, creator, vhost, value, component, exchange)
+        return link_refusal(self.users, creator, vhost, value, component, resource)
 
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
         if actor is None or actor.is_admin():

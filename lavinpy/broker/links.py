@@ -9,7 +9,7 @@ starts, that user must, for every URI of this node (``amqp://`` without a host):
   vhost (LavinMQ's rule).
 A federation upstream's user must be able to open its own vhost (the links publish there) and
 the vhost of every URI of this node; each link also needs configure and write permission on its
-federated exchange (checked when the link starts, as the exchange is named by a policy).
+federated exchange or queue (checked when the link starts, as a policy names it).
 URIs with a host log in with their own credentials; the broker they name checks those.
 """
 
@@ -55,23 +55,24 @@ def _side(value: Mapping[str, Any], side: str) -> tuple[str, str, tuple[str, str
 
 
 def federation_refusal(users: UserStore, user: str, vhost: str, value: Mapping[str, Any],
-                       exchange: str | None = None) -> str | None:
-    """Why ``user`` may not run links of the federation upstream ``value`` of ``vhost`` (into
-    ``exchange`` when named), or None."""
+                       resource: tuple[str, str] | None = None) -> str | None:
+    """Why ``user`` may not run links of the federation upstream ``value`` of ``vhost`` (into the
+    ("exchange" or "queue", name) ``resource`` when named), or None."""
     targets = [vhost] + [t for t in (_local_vhost(uri, vhost) for uri in _uris(value.get("uri"))) if t is not None]
     for target in targets:
         if not users.can_access_vhost(user, target):
             return f"uri: user \"{user}\" may not connect to vhost \"{target}\""
-    if exchange is not None:
+    if resource is not None:
         rights = UserPermissions(users, user, vhost)
+        resource_type, name = resource
         for kind in ("configure", "write"):
-            if not rights.allowed(kind, "exchange", exchange):
-                return f"exchange: {access_refused(kind, 'exchange', exchange, vhost, user).detail}"
+            if not rights.allowed(kind, resource_type, name):
+                return f"{resource_type}: {access_refused(kind, resource_type, name, vhost, user).detail}"
     return None
 
 
 def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component: str = "shovel",
-                 exchange: str | None = None) -> str | None:
+                 resource: tuple[str, str] | None = None) -> str | None:
     """Why ``user`` may not run the link ``value`` of ``vhost`` (a text naming the key and the vhost),
     or None when it may. A value of the wrong shape is the component's to refuse: None here."""
     if not isinstance(value, Mapping):
@@ -79,7 +80,7 @@ def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component:
     if users.user(user) is None:
         return f"user \"{user}\", who made this {'shovel' if component == 'shovel' else 'upstream'}, no longer exists"
     if component == FEDERATION_UPSTREAM:
-        return federation_refusal(users, user, vhost, value, exchange)
+        return federation_refusal(users, user, vhost, value, resource)
     sides = []
     for side, kinds in (("src", ("read", "configure")), ("dest", ("write", "configure"))):
         uri_key, resource_key, resource = _side(value, side)

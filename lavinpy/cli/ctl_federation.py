@@ -10,13 +10,16 @@ from typing import Any
 from .ctl_api import EXIT_DATAERR, Api, CtlError, q
 from .ctl_output import Output
 
-COLUMNS = ["type", "name", "vhost", "id", "upstream", "upstream_exchange", "uri", "status", "local_connection",
+COLUMNS = ["type", "name", "vhost", "id", "upstream", "upstream_name", "uri", "status", "local_connection",
            "last_changed", "error"]
-_FIELDS = {"name": "exchange", "last_changed": "timestamp"}
 
 
 def _row(item: dict[str, Any]) -> dict[str, Any]:
-    return {c: item.get(_FIELDS.get(c, c), "") for c in COLUMNS}
+    """The link's columns; name and upstream_name are its exchange's or queue's (by its type)."""
+    kind = item.get("type", "exchange")
+    names = {"name": item.get(kind, ""), "upstream_name": item.get(f"upstream_{kind}", ""),
+             "last_changed": item.get("timestamp", "")}
+    return {c: names[c] if c in names else item.get(c, "") for c in COLUMNS}
 
 
 def cmd_federation_status(api: Api, args: argparse.Namespace, out: Output) -> None:

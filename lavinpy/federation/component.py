@@ -21,19 +21,21 @@ from typing import Any
 from lavinpy.wire.uri import AMQPURL
 
 from .link import BindingSpec, ExchangeLink, LinkEnv
+from .queue_link import QueueEnv, QueueLink
 from .upstream import Upstream, UpstreamError, check_upstream_set, parse_upstream, resolve
 
 log = logging.getLogger("lavinpy.federation")
 
 RECONCILE_SECONDS = 1.0
-LinkKey = tuple[str, str, str]  # vhost, federated exchange, upstream name
+LinkKey = tuple[str, str, str, str]  # "exchange" or "queue", vhost, federated exchange or queue, upstream name
+Federated = dict[tuple[str, str, str], Mapping[str, Any]]  # (kind, vhost, name) -> its policy's definition
 
 
 class LinkNotFound(LookupError):
     """No federation link of that id in that vhost."""
 
 
-def _no_exchanges() -> dict[tuple[str, str], Mapping[str, Any]]:
+def _nothing() -> Federated:
     return {}
 
 
@@ -47,14 +49,16 @@ class Federation:
         self.upstreams: dict[tuple[str, str], Upstream] = {}
         self.creators: dict[tuple[str, str], str] = {}
         self.sets: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        self.links: dict[LinkKey, ExchangeLink] = {}
-        # Given by the server: the federated exchanges with their policy's definition, an exchange's
-        # description and bindings, the cluster name, and why a link's creator may not run it.
-        self.federated: Callable[[], dict[tuple[str, str], Mapping[str, Any]]] = _no_exchanges
+        self.links: dict[LinkKey, ExchangeLink | QueueLink] = {}
+        # Given by the server: the federated exchanges and queues with their policy's definition, an
+        # exchange's description and bindings, a queue's consumers and ready messages, the cluster name,
+        # and why a link's creator may not run it (vhost, upstream, kind, name).
+        self.federated: Callable[[], Federated] = _nothing
         self.exchange_info: Callable[[str, str], dict[str, Any] | None] = lambda vhost, name: None
         self.bindings: Callable[[str, str], list[BindingSpec]] = lambda vhost, name: []
+        self.queue_state: Callable[[str, str], tuple[int, int] | None] = lambda vhost, name: None
         self.cluster_name: Callable[[], str] = lambda: self.node
-        self.authorize: Callable[[str, str, str], str | None] | None = None
+        self.authorize: Callable[[str, str, str, str], str | None] | None = None
         self.started = False
         self._task: asyncio.Task[None] | None = None
 
@@ -105,14 +109,14 @@ class Federation:
     def wanted(self) -> dict[LinkKey, Upstream]:
         """The links the policies ask for now."""
         wanted: dict[LinkKey, Upstream] = {}
-        for (vhost, exchange), definition in self.federated().items():
+        for (kind, vhost, name), definition in self.federated().items():
             upstreams = {n: u for (v, n), u in self.upstreams.items() if v == vhost}
             sets = {n: s for (v, n), s in self.sets.items() if v == vhost}
             found, missing = resolve(definition, upstreams, sets)
             for what in missing:
-                log.debug("federation of %s in vhost %s: no %s", exchange, vhost, what)
+                log.debug("federation of %s %s in vhost %s: no %s", kind, name, vhost, what)
             for upstream in found:
-                wanted[(vhost, exchange, upstream.name)] = upstream
+                wanted[(kind, vhost, name, upstream.name)] = upstream
         return wanted
 
     def reconcile(self) -> None:
@@ -127,16 +131,25 @@ class Federation:
                 self._launch(key, upstream)
 
     def _launch(self, key: LinkKey, upstream: Upstream) -> None:
-        vhost, exchange, name = key
+        kind, vhost, target, name = key
         user = self.creators.get((vhost, name), "")
 
         def refusal() -> str | None:
-            return self.authorize(vhost, name, exchange) if self.authorize is not None else None
+            return self.authorize(vhost, name, kind, target) if self.authorize is not None else None
 
-        env = LinkEnv(local_url=lambda uri: self.local_url(uri, vhost, user), cluster_name=self.cluster_name,
-                      exchange=lambda: self.exchange_info(vhost, exchange),
-                      bindings=lambda: self.bindings(vhost, exchange), refusal=refusal)
-        link = self.links[key] = ExchangeLink(vhost, exchange, upstream, env)
+        def local_url(uri: str) -> AMQPURL:
+            return self.local_url(uri, vhost, user)
+
+        link: ExchangeLink | QueueLink
+        if kind == "queue":
+            link = QueueLink(vhost, target, upstream, QueueEnv(
+                local_url=local_url, queue=lambda: self.queue_state(vhost, target), refusal=refusal))
+        else:
+            link = ExchangeLink(vhost, target, upstream, LinkEnv(
+                local_url=local_url, cluster_name=self.cluster_name,
+                exchange=lambda: self.exchange_info(vhost, target),
+                bindings=lambda: self.bindings(vhost, target), refusal=refusal))
+        self.links[key] = link
         link.start()
 
     @staticmethod
@@ -146,12 +159,12 @@ class Federation:
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """RabbitMQ's /api/federation-links rows."""
         return [link.status(self.node, self.link_id(key)) for key, link in sorted(self.links.items())
-                if vhost is None or key[0] == vhost]
+                if vhost is None or key[1] == vhost]
 
     def restart(self, vhost: str, link_id: str) -> None:
         """Stop the link and start it again now (RabbitMQ's restart_federation_link)."""
         for key, link in list(self.links.items()):
-            if key[0] == vhost and self.link_id(key) == link_id:
+            if key[1] == vhost and self.link_id(key) == link_id:
                 asyncio.get_running_loop().create_task(link.stop())
                 self._launch(key, link.upstream)
                 return

@@ -164,13 +164,14 @@ class BrokerCollector:
         """Per federation link: 1 while running, and the messages it has republished here."""
         if self.links is None:
             return
-        labels = ["vhost", "exchange", "upstream", "id"]
+        labels = ["vhost", "exchange", "queue", "upstream", "id"]
         running = _gauge(f"{self.prefix}_federation_link_running", "is 1 while the federation link runs",
                          labels=labels)
         forwarded = _gauge(f"{self.prefix}_federation_link_messages_forwarded",
                            "Messages the federation link republished downstream", labels=labels)
         for row in self.links():
-            values = [row["vhost"], row["exchange"], row["upstream"], row["id"]]
+            queue = row.get("queue", "") if row.get("type") == "queue" else ""
+            values = [row["vhost"], row.get("exchange", ""), queue, row["upstream"], row["id"]]
             running.add_metric(values, int(row["status"] == "running"))
             forwarded.add_metric(values, row.get("messages_forwarded", 0))
         yield running

@@ -20,7 +20,7 @@ def test_federation_page(browser: Any, fresh_broker: Any) -> None:  # noqa: F811
     _login(d, b)
     _wait(lambda: _text(d, "#whoami"), "the login")
     d.get(b.http_url + "/#/federation")
-    _wait(lambda: "Upstream exchange" in _text(d, "#federation-links"), "the links table")
+    _wait(lambda: "Upstream" in _text(d, "#federation-links"), "the links table")
     _fill(d, "#add-upstream input[name=name]", "self")
     _fill(d, "#add-upstream input[name=uri]", b.url)
     _click(d, "#add-upstream button")

@@ -3,6 +3,7 @@ loops cut by max-hops and the cluster name, the status API and lavinpyctl."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from urllib.parse import quote
 
@@ -80,7 +81,8 @@ def test_messages_bindings_reconnect(pair) -> None:
     # The Prometheus endpoint: a running gauge and a forwarded count per link.
     with urllib.request.urlopen(down.metrics_url + "/metrics", timeout=10) as response:
         metrics = response.read().decode()
-    running = 'lavinpy_federation_link_running{exchange="fed.x",id="' + row["id"] + '",upstream="up",vhost="/"} 1.0'
+    labels = f'exchange="fed.x",id="{row["id"]}",queue="",upstream="up",vhost="/"'
+    running = "lavinpy_federation_link_running{" + labels + "} 1.0"
     assert running in metrics
     assert "lavinpy_federation_link_messages_forwarded{" in metrics
 
@@ -254,3 +256,34 @@ def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
     finally:
         conn.close()
     assert len(got) - 900 < 300  # duplicates only from what was in flight
+
+
+def test_queue_federation_moves_messages_only_to_consumers(pair) -> None:
+    up, down = pair
+    conn, ch = channel(up)
+    ch.queue_declare("qf", durable=True)
+    for i in range(20):
+        ch.basic_publish("", "qf", str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+    dconn, dch = channel(down)
+    dch.queue_declare("qf", durable=True)
+    assert _put(down, "/api/parameters/federation-upstream/%2F/qup",
+                {"value": {"uri": up.url, "reconnect-delay": 0.2, "prefetch-count": 5}})[0] in (201, 204)
+    assert _put(down, "/api/policies/%2F/qfed", {"pattern": "^qf$", "apply-to": "queues",
+                                                 "definition": {"federation-upstream": "qup"}})[0] in (201, 204)
+    row = wait_for(lambda: next((r for r in links(down) if r.get("queue") == "qf" and r["type"] == "queue"
+                                 and r["status"] == "running"), None), what="the queue link")
+    assert row["upstream_queue"] == "qf" and row["upstream"] == "qup" and not row["consuming"]
+    time.sleep(0.6)  # no consumer here: the messages stay upstream
+    assert http_call(up, "GET", "/api/queues/%2F/qf")[1]["messages"] == 20
+    got: list[int] = []
+    dch.basic_consume("qf", lambda c, m, p, body: (got.append(int(body)), c.basic_ack(m.delivery_tag)))
+    deadline = time.monotonic() + 15
+    while len(got) < 20 and time.monotonic() < deadline:
+        dconn.process_data_events(0.1)
+    assert sorted(got) == list(range(20))
+    out = ctl(down, "federation_status", "--formatter", "json")
+    assert out.returncode == 0 and '"qf"' in out.stdout and '"queue"' in out.stdout, out.stdout
+    wait_for(lambda: http_call(up, "GET", "/api/queues/%2F/qf")[1]["messages"] == 0, what="upstream emptied")
+    dconn.close()
+    http_call(down, "DELETE", "/api/policies/%2F/qfed")

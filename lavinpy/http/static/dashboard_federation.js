@@ -22,15 +22,15 @@ PAGES.federation = () => {
             await api("DELETE", `parameters/federation-upstream/${enc(u.vhost)}/${enc(u.name)}`); load();
           }, `Upstream '${u.name}' deleted`) }, "Delete")))));
     const rows = await act(() => api("GET", "federation-links")) || [];
-    links.replaceChildren(h("tr", {}, ["Vhost", "Exchange", "Upstream", "Upstream exchange", "URI", "Status", "Forwarded",
+    links.replaceChildren(h("tr", {}, ["Vhost", "Exchange or queue", "Upstream", "Upstream's", "URI", "Status", "Forwarded",
       "Bindings", "Error", ""].map((t) => h("th", {}, t))),
-      ...rows.map((l) => h("tr", {}, h("td", {}, l.vhost), h("td", {}, l.exchange), h("td", {}, l.upstream),
-        h("td", {}, l.upstream_exchange), h("td", {}, l.uri), h("td", {}, l.status),
-        h("td", { className: "num" }, l.messages_forwarded), h("td", { className: "num" }, l.bindings),
+      ...rows.map((l) => h("tr", {}, h("td", {}, l.vhost), h("td", {}, `${l.type} ${l[l.type]}`), h("td", {}, l.upstream),
+        h("td", {}, l[`upstream_${l.type}`]), h("td", {}, l.uri), h("td", {}, l.status),
+        h("td", { className: "num" }, l.messages_forwarded), h("td", { className: "num" }, l.bindings ?? ""),
         h("td", {}, l.error || ""),
         h("td", {}, h("button", { type: "button", onclick: () => act(async () => {
           await api("DELETE", `federation-links/vhost/${enc(l.vhost)}/${enc(l.id)}/${enc(l.node)}/restart`); load();
-        }, `Link of '${l.exchange}' from '${l.upstream}' restarted`) }, "Restart")))));
+        }, `Link of ${l.type} '${l[l.type]}' from '${l.upstream}' restarted`) }, "Restart")))));
   };
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
