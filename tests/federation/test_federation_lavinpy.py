@@ -11,6 +11,7 @@ import pika
 
 from tests.e2e.conftest import http_call
 from tests.e2e.test_ctl import ctl
+from tests.helpers import free_port
 
 from .conftest import channel, drain, links, upstream_bindings, wait_for
 
@@ -287,3 +288,30 @@ def test_queue_federation_moves_messages_only_to_consumers(pair) -> None:
     wait_for(lambda: http_call(up, "GET", "/api/queues/%2F/qf")[1]["messages"] == 0, what="upstream emptied")
     dconn.close()
     http_call(down, "DELETE", "/api/policies/%2F/qfed")
+
+
+def test_unreachable_and_refused_upstreams_say_why(pair) -> None:
+    up, down = pair
+    conn, ch = channel(down)
+    ch.exchange_declare("why.x", "fanout", durable=True)
+    conn.close()
+    bad_login = up.url.replace("guest:guest@", "guest:wrong@")
+    nowhere = f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    for name, uri in [("nowhere", nowhere), ("badlogin", bad_login)]:
+        assert _put(down, f"/api/parameters/federation-upstream/%2F/{name}",
+                    {"value": {"uri": uri, "reconnect-delay": 0.2}})[0] in (201, 204)
+    assert _put(down, "/api/policies/%2F/why", {"pattern": "^why\\.x$", "apply-to": "exchanges",
+                                                "definition": {"federation-upstream-set": "broken"}})[0] in (201, 204)
+    members = [{"upstream": "nowhere"}, {"upstream": "badlogin"}, {"upstream": "missing"}]  # missing: no link
+    assert _put(down, "/api/parameters/federation-upstream-set/%2F/broken", {"value": members})[0] in (201, 204)
+
+    def errors() -> dict[str, str] | None:
+        rows = {r["upstream"]: r.get("error", "") for r in links(down) if r.get("exchange") == "why.x"}
+        return rows if len(rows) == 2 and all(rows.values()) else None
+    rows = wait_for(errors, what="both links in error")
+    assert "cannot connect" in rows["nowhere"] and "refused" in rows["nowhere"].lower()
+    assert "ACCESS_REFUSED" in rows["badlogin"] or "403" in rows["badlogin"], rows["badlogin"]
+    for row in links(down):
+        if row.get("exchange") == "why.x":
+            assert row["status"] in ("error", "starting") and "wrong" not in row["uri"]
+    http_call(down, "DELETE", "/api/policies/%2F/why")
