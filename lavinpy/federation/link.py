@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pamqp import commands as spec
 
 from lavinpy.wire.field_table import Int64
-from lavinpy.wire.properties import peek_headers, replace_field, replace_headers
+from lavinpy.wire.properties import decode_properties, peek_headers, replace_field, replace_headers
 from lavinpy.wire.uri import AMQPURL, parse_url
 
 from .client import LinkConnection, LinkError, connect, unchecked
@@ -97,6 +97,7 @@ class ExchangeLink:
         self._internal = ""
         self._upstream_cluster = ""
         self._upstream_vhost = "/"
+        self._down_user = ""
         self._outstanding: deque[tuple[int, int]] = deque()
         self._confirmed_upto = 0
         self._seq = 0
@@ -192,8 +193,9 @@ class ExchangeLink:
         self._seq = self._confirmed_upto = 0
         self._bound.clear()
         up = self._up = await self._connect_upstream()
-        down = self._down = await connect(self.env.local_url(f"amqp:///{self.vhost}"),
-                                          f"Federation link (downstream: {self.exchange})")
+        local = self.env.local_url(f"amqp:///{self.vhost}")
+        self._down_user = local.user
+        down = self._down = await connect(local, f"Federation link (downstream: {self.exchange})")
         cluster = up.server_properties.get("cluster_name")
         self._upstream_cluster = cluster if isinstance(cluster, str) else ""
         await self._ensure_upstream_exchange(up, x)
@@ -372,7 +374,9 @@ class ExchangeLink:
         entry["vhost"] = self._upstream_vhost
         headers[RECEIVED_FROM] = [entry, *trail]
         properties = replace_headers(properties, headers)
-        if not self.upstream.trust_user_id:
+        # lavinpy checks a user_id against the publishing user (it has no impersonator tag): one it would
+        # refuse is cleared even with trust-user-id, or the message would stop the link at each redelivery.
+        if not self.upstream.trust_user_id or decode_properties(properties).user_id not in (None, self._down_user):
             properties = replace_field(properties, "user_id", None)
         down.publish(self.exchange, routing_key, properties, body)
         self.forwarded += 1

@@ -315,3 +315,23 @@ def test_unreachable_and_refused_upstreams_say_why(pair) -> None:
         if row.get("exchange") == "why.x":
             assert row["status"] in ("error", "starting") and "wrong" not in row["uri"]
     http_call(down, "DELETE", "/api/policies/%2F/why")
+
+
+def test_trust_user_id_keeps_the_user_id(pair) -> None:
+    up, down = pair
+    conn, ch = channel(down)
+    ch.exchange_declare("t.x", "fanout", durable=True)
+    ch.queue_declare("t.q", durable=True)
+    ch.queue_bind("t.q", "t.x", "")
+    conn.close()
+    assert _put(down, "/api/parameters/federation-upstream/%2F/tup",
+                {"value": {"uri": up.url, "reconnect-delay": 0.2, "trust-user-id": True}})[0] in (201, 204)
+    assert _put(down, "/api/policies/%2F/trust", {"pattern": "^t\\.x$", "apply-to": "exchanges",
+                                                  "definition": {"federation-upstream": "tup"}})[0] in (201, 204)
+    wait_for(lambda: _running(down, "t.x"), what="the link")
+    wait_for(lambda: upstream_bindings(up, "t.x"), what="the binding upstream")
+    conn, ch = channel(up)
+    ch.basic_publish("t.x", "", b"mine", pika.BasicProperties(user_id="guest"))
+    conn.close()
+    (props, body), = drain(down, "t.q", 1)
+    assert body == b"mine" and props.user_id == "guest"
