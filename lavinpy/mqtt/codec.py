@@ -335,6 +335,15 @@ def puback(packet_id: int) -> bytes:
     return bytes((PUBACK << 4, 2)) + packet_id.to_bytes(2, "big")
 
 
+# QoS 2's replies by their kind in connection replies (1 PUBREC, 2 PUBCOMP, 3 PUBREL; 0 PUBACK).
+_REPLY_FIRST = {0: PUBACK << 4, 1: PUBREC << 4, 2: PUBCOMP << 4, 3: PUBREL << 4 | 2}
+
+
+def qos2_reply(kind: int, packet_id: int) -> bytes:
+    """PUBACK, PUBREC, PUBCOMP or PUBREL (``kind`` 0 to 3) of a packet id."""
+    return bytes((_REPLY_FIRST[kind], 2)) + packet_id.to_bytes(2, "big")
+
+
 def suback(packet_id: int, codes: list[int]) -> bytes:
     return _packet(SUBACK << 4, packet_id.to_bytes(2, "big") + bytes(codes))
 
