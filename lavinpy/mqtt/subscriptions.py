@@ -202,6 +202,7 @@ class Subscriptions:
         settled: list[int] = []
         inflight = self.inflight
         taken = self.qos2.taken
+        reserved = bool(self.qos2.sent_ids or self.qos2.pubrel_owed)  # ids QoS 2 exchanges hold
         qos_cache = self._qos_by_properties
         append = parts.append
         next_id = self._next_id
@@ -220,7 +221,7 @@ class Subscriptions:
                 settled.append(first + i)
                 continue
             next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
-            if next_id in inflight or taken(next_id):
+            if next_id in inflight or (reserved and taken(next_id)):
                 self._next_id = next_id
                 next_id = self._packet_id()
             inflight[next_id] = first + i
