@@ -76,6 +76,8 @@ class Subscriptions:
         self.qos2 = ClientState(client_id, None)  # the session's QoS 2 state (``start`` finds a persistent one's)
         self.qos2_ids: set[int] = set()  # the ids of ``inflight`` sent at QoS 2 (awaiting PUBREC)
         self._qos2_topics: dict[str, bool] = {}  # topic -> whether a filter granted QoS 2 matches it
+        self._ids_exhausted = False  # deliveries wait for a PUBCOMP to free a packet id
+        self._queued_qos2 = 0  # deliveries of ``inflight`` from the queue at QoS 2 (their ids are in qos2.sent_ids)
         self._qos_by_properties: dict[bytes, int | None] = {}
         self._next_id = 0
         self.closed = False
@@ -168,7 +170,21 @@ class Subscriptions:
         return not self.closed and self.host.writable
 
     def delivery_room(self) -> int:
-        return self.deliveries.room()
+        """The room the books allow, and no more than the packet ids left: QoS 2 exchanges past PUBREC
+        hold theirs until PUBCOMP (a client that never sends PUBCOMP stops its deliveries, no more)."""
+        held = self._ids_held()
+        if not held:
+            return self.deliveries.room()
+        left = _PACKET_IDS - held - len(self.inflight)
+        if left <= 0:
+            self._ids_exhausted = True
+            return 0
+        return min(self.deliveries.room(), left)
+
+    def _ids_held(self) -> int:
+        """Packet ids QoS 2 exchanges hold beyond ``inflight``: PUBRELs owed, and deliveries awaiting
+        PUBREC that an earlier connection of the session sent."""
+        return len(self.qos2.pubrel_owed) + len(self.qos2.sent_ids) - self._queued_qos2
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         tag = self.deliveries.deliver(consumer, pos, redelivered)
@@ -302,6 +318,7 @@ class Subscriptions:
             self.qos2.sending(pos, packet_id)
             self.inflight[packet_id] = tag
             self.qos2_ids.add(packet_id)
+            self._queued_qos2 += 1
             self.host.send(codec.publish(topic, body, 2, False, redelivered, packet_id))
             return
         packet_id = self._packet_id()
@@ -345,7 +362,7 @@ class Subscriptions:
                 continue
             assert self._retained_from is not None
             source, qos = self._retained_from
-            if qos and len(self.inflight) >= _PACKET_IDS:
+            if qos and len(self.inflight) + self._ids_held() >= _PACKET_IDS:
                 return  # every identifier awaits its PUBACK
             topic = self._retained_topics.popleft()
             found = source.get(topic)
@@ -394,6 +411,7 @@ class Subscriptions:
         waits = self.qos2.pubrec(packet_id)
         tag = self.inflight.pop(packet_id, None)
         if tag is not None:
+            self._queued_qos2 -= 1
             self.deliveries.ack_run([tag])
             self.host.counts["ack"] += 1
         return waits
@@ -401,6 +419,9 @@ class Subscriptions:
     def pubcomp(self, packet_id: int) -> None:
         """The client's PUBCOMP: the exchange is over, the id free (an unknown one is ignored)."""
         self.qos2.pubcomp(packet_id)
+        if self._ids_exhausted:
+            self._ids_exhausted = False
+            self.resume()
 
     def resend_pubrels(self) -> None:
         """A persistent session resumed: the PUBRELs it owes, in the order their PUBRECs came."""
@@ -429,4 +450,5 @@ class Subscriptions:
         self.consumers.clear()
         self.inflight.clear()
         self.qos2_ids.clear()
+        self._queued_qos2 = 0
         self.deliveries.close(0)

@@ -217,3 +217,28 @@ def test_persistent_session_keeps_ids_across_reconnect_and_restart(broker: Broke
     broker.restart()
     sub = broker.connect("keep", clean=False)
     assert sub.subscriptions is not None and sub.subscriptions.qos2.empty
+
+
+def test_pubrels_never_completed_stop_deliveries_not_the_broker(tmp_path: Path) -> None:
+    """Every packet id held by a QoS 2 exchange awaiting PUBCOMP: deliveries wait (no id is reused, no
+    error), and one PUBCOMP lets the next message go."""
+    broker = Broker(tmp_path)
+    broker.harness.broker.config.mqtt_inflight_window = 65535
+    try:
+        sub = broker.connect("greedy")
+        broker.feed(sub, _subscribe(1, "g", 2))
+        broker.read(sub)
+        pub = broker.connect("pub")
+        total = 65535 + 3
+        broker.feed(pub, b"".join(codec.publish("g", b"%d" % i, 2, False, False, i % 65535 + 1)
+                                  + _pkt(codec.PUBREL, i % 65535 + 1) for i in range(total)))
+        got = _publishes(broker.read(sub))
+        assert len(got) == 65535 and len({p.packet_id for p in got}) == 65535
+        broker.feed(sub, b"".join(_pkt(codec.PUBREC, p.packet_id) for p in got))
+        assert len(broker.read(sub)) == 65535  # PUBRELs; no PUBCOMP comes
+        assert broker.held("greedy") == 3 and not _publishes(broker.read(sub))
+        broker.feed(sub, _pkt(codec.PUBCOMP, got[5].packet_id))
+        (freed,) = _publishes(broker.read(sub))
+        assert (freed.payload, freed.qos, freed.packet_id) == (b"65535", 2, got[5].packet_id)
+    finally:
+        broker.close()
