@@ -16,6 +16,7 @@ from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
 from .broker.broker import Broker, ConnectionCounts
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
+from .broker.limits_operations import LimitsOperations
 from .config import Config
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
@@ -90,10 +91,21 @@ class Server:
         self.metrics: list[Any] = []  # the Prometheus endpoint's servers (plain, TLS)
         self.stopped = asyncio.Event()
         # Shovels run with the broker: in a cluster only the leader runs a Server, so only it shovels.
-        # "amqp://" (no host) is this node's AMQP port over loopback (lavinpy.shovel.component.LocalNode).
+        # "amqp://" (no host) is this node's AMQP port over loopback (lavinpy.shovel.component.LocalNode),
+        # logged in as the shovel's creator by the internal mechanism (broker/internal_login.py): no
+        # password, and a token that is good only from this host and this process.
         local_host = next((h for h in config.bind if h not in ("0.0.0.0", "::")), "127.0.0.1")
-        self.shovels = Shovels(LocalNode(local_host, config.amqp_port, config.default_user, config.default_password))
-        self.shovel_component = ShovelComponent(self.shovels)  # the parameters registry's "shovel" component
+        broker.internal_logins.set_own_hosts([local_host])
+        self.shovels = Shovels(LocalNode(local_host, config.amqp_port, broker.internal_logins.token))
+
+        def creator(vhost: str, name: str) -> str:  # a parameter stored before creators were: the default user's
+            return broker.parameters.user_of("shovel", vhost, name) or config.default_user
+
+        def refusal(vhost: str, name: str) -> str | None:  # the creator's rights, again at each start
+            return LimitsOperations(broker).link_refusal("shovel", vhost, name) if broker.users is not None else None
+
+        self.shovels.authorize = refusal
+        self.shovel_component = ShovelComponent(self.shovels, creator)  # the registry's "shovel" component
         broker.parameters.register(self.shovel_component)
         # A finished one-off shovel, or one deleted through /api/shovels, takes its parameter with it.
         def drop_parameter(vhost: str, name: str) -> None:

@@ -2,8 +2,10 @@
 
 The channel owns its parts, each with its own state: the content assembly (content.py), publisher
 confirms and the transaction (confirms.py), the exchange and queue methods and direct reply-to
-(channel_methods.py), and the model's ledger of its unacked deliveries (broker/deliveries.py). What
-it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks and opens no files.
+(channel_methods.py), the model's ledger of its unacked deliveries (broker/deliveries.py) and its
+replies after the disk (broker/replies.py: in the order of their methods; the channel is their
+``ReplySink``). What it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks
+and opens no files.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from ..broker import publish_ops
-from ..broker.arguments import ArgumentError, parse_expiration, validate_consumer_arguments
+from ..broker.arguments import ArgumentError, validate_consumer_arguments
 from ..broker.consumer import Consumer
 from ..broker.deliveries import Deliveries
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.operations_objects import readable_queue
+from ..broker.replies import ReplyQueue
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -28,12 +31,19 @@ from ..wire.constants import (
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     PRECONDITION_FAILED,
+    RESOURCE_ERROR,
     UNEXPECTED_FRAME,
 )
 from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
-from ..wire.properties import PropertiesError, decode_properties, peek_expiration, replace_field
 from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
-from .channel_methods import REPLY_TO, REPLY_TO_PREFIX, Declarations, DirectReplyTo, random_tag
+from .channel_methods import (
+    REPLY_TO,
+    REPLY_TO_PREFIX,
+    Declarations,
+    DirectReplyTo,
+    check_special_properties,
+    random_tag,
+)
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, release_bodies
 from .log import channel_close_log
@@ -45,10 +55,6 @@ if TYPE_CHECKING:
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")
-
-_REPLY_TO_FLAG = 1 << 9
-_EXPIRATION_FLAG = 1 << 8
-_USER_ID_FLAG = 1 << 4
 
 
 def _method_ids(method: Any) -> tuple[int, int]:
@@ -72,6 +78,8 @@ class Channel:
         self.content = ContentAssembly(channel_id, host.config, host.body_spool)
         self.in_content = False  # after basic.publish, until its body is complete (the host reads it)
         self.deliveries = Deliveries(vhost, self._room_freed)
+        # what goes out after the disk, in the order of its methods; deliveries wait while a reply does
+        self.replies = ReplyQueue(self, self, self._replies_released)
         self.confirms: Confirms | None = None  # after confirm.select
         self.tx: Transaction | None = None  # after tx.select
         self.declarations = Declarations(host, vhost, self)
@@ -93,9 +101,48 @@ class Channel:
         """Publishes received in confirm mode."""
         return self.confirms.seq if self.confirms is not None else 0
 
-    # --- output -------------------------------------------------------------------------------
+    # --- output (in the order of the methods that caused it: behind a reply that waits) ---------
     def send_method(self, method: Any) -> None:
-        self.conn.send(writer.method_frame(self.id, method))
+        self.send_frames([writer.method_frame(self.id, method)])
+
+    def send_frames(self, frames: list[bytes | memoryview]) -> None:
+        if self.replies.waiting:
+            self.replies.follow(frames)
+        else:
+            self.conn.send_many(frames)
+
+    def reply_after(self, wait: Any, method: Any, cause: Any) -> None:
+        """``method``, the reply to ``cause``, once ``wait`` (VHost.durable/replicated, or None) is done."""
+        self.replies.commit(wait, (method, cause))
+
+    # --- the reply queue's sink (broker.replies.ReplySink, ConfirmSink) -------------------------
+    def send_reply(self, reply: Any) -> None:
+        """A method's reply, (method, cause), or frames that followed one."""
+        if type(reply) is tuple:
+            self.conn.send(writer.method_frame(self.id, reply[0]))
+        else:
+            self.conn.send_many(reply)
+
+    def send_confirm(self, upto: int) -> None:
+        if self.confirms is not None:
+            self.confirms.send_ack(upto)
+
+    def refuse_confirm(self, upto: int, reason: str) -> None:
+        if self.confirms is not None:
+            self.confirms.refuse(upto, reason)
+
+    def durability_failed(self, reply: Any, reason: str) -> None:
+        """A reply's change could not be made durable: the channel closes (506), the client retries."""
+        log.error("channel %d on %s: %s", self.id, self.conn.name, reason)
+        class_id, method_id = _method_ids(reply[1])
+        self.conn.send(writer.method_frame(self.id, commands.Channel.Close(
+            reply_code=RESOURCE_ERROR, reply_text=f"RESOURCE_ERROR - {reason}"[:255], class_id=class_id,
+            method_id=method_id)))
+        self.closing = True
+        self.release()
+
+    def _replies_released(self) -> None:
+        self.conn.schedule_channel_deliveries(self)  # deliveries waited behind the replies
 
     def send_confirms(self) -> None:
         """End of an input batch: the confirms of what this channel published in it."""
@@ -108,10 +155,12 @@ class Channel:
         if method is not None and not class_id:
             class_id, method_id = _method_ids(method)
         channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
-        self.send_method(commands.Channel.Close(reply_code=error.reply_code, reply_text=error.text[:255],
-                                                class_id=class_id, method_id=method_id))
+        # After the replies before it; the last frame of the channel.
+        self.replies.follow([writer.method_frame(self.id, commands.Channel.Close(
+            reply_code=error.reply_code, reply_text=error.text[:255], class_id=class_id, method_id=method_id))],
+            last=True)
         self.closing = True
-        self.release()
+        self.release(replies_end=False)
 
     # --- frames in ----------------------------------------------------------------------------
     def handle_frame(self, frame: Any) -> None:
@@ -122,7 +171,11 @@ class Channel:
             if isinstance(method, commands.Channel.CloseOk):
                 self.conn.remove_channel(self.id)
             elif isinstance(method, commands.Channel.Close):
-                self.send_method(commands.Channel.CloseOk())
+                unsent = self.replies.waiting  # our channel.close still waits: the client's wins
+                self.replies.stop()
+                self.conn.send(writer.method_frame(self.id, commands.Channel.CloseOk()))
+                if unsent:
+                    self.conn.remove_channel(self.id)
             return
         if isinstance(frame, BodyFrame):
             if not self.in_content:
@@ -226,7 +279,7 @@ class Channel:
         """Route (or hold, in a transaction) one complete message and count its confirm."""
         try:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
-                properties = self._check_special_properties(properties)
+                properties = check_special_properties(properties, self.conn.username, self.reply_to.key)
             if self.tx is not None:
                 self.tx.hold_publish(self.content.hold(method, properties, body))
                 return
@@ -244,30 +297,6 @@ class Channel:
         if self.confirms is not None:
             self.confirms.published(confirm)
             self.conn.confirms_pending.add(self)
-
-    def _check_special_properties(self, properties: bytes) -> bytes:
-        flags = (properties[0] << 8) | properties[1]
-        if flags & _EXPIRATION_FLAG:
-            try:
-                expiration = peek_expiration(properties)
-                if expiration is not None:
-                    parse_expiration(expiration)
-            except ArgumentError as e:
-                raise AMQPChannelError(PRECONDITION_FAILED, e.text, 60, 40)
-            except PropertiesError as e:
-                raise AMQPChannelError(PRECONDITION_FAILED, f"invalid expiration: {e}", 60, 40)
-        if not flags & (_REPLY_TO_FLAG | _USER_ID_FLAG):
-            return properties
-        props = decode_properties(properties)
-        if flags & _USER_ID_FLAG and props.user_id != self.conn.username:
-            raise AMQPChannelError(PRECONDITION_FAILED,
-                                   f"user_id property set to '{props.user_id}' but authenticated user was "
-                                   f"'{self.conn.username}'", 60, 40)
-        if flags & _REPLY_TO_FLAG and props.reply_to == REPLY_TO:
-            if self.reply_to.key is None:
-                raise AMQPChannelError(PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40)
-            properties = replace_field(properties, "reply_to", self.reply_to.key)
-        return properties
 
     def _route(self, exchange: Exchange, routing_key: str, mandatory: bool, properties: bytes,
                body: bytes | memoryview) -> Any:
@@ -287,7 +316,7 @@ class Channel:
 
     def _return(self, exchange: Exchange, routing_key: str, properties: bytes, body: bytes | memoryview) -> None:
         """basic.return of a mandatory message no queue took."""
-        self.conn.send_many(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
+        self.send_frames(writer.return_(self.id, NO_ROUTE, "NO_ROUTE", exchange.name, routing_key,
                                            properties, body, self.conn.frame_max))
 
     def published_run(self, count: int, needs_sync: bool) -> None:
@@ -298,7 +327,7 @@ class Channel:
 
     # --- deliveries (the queue's side: broker.queue_consumer.DeliveryChannel) -------------------------
     def can_deliver(self) -> bool:
-        if not self.flow_active or self.closing or not self.conn.writable:
+        if not self.flow_active or self.closing or not self.conn.writable or self.replies.waiting:
             return False
         deliveries = self.deliveries
         return not deliveries.prefetch or len(deliveries.unacked) < deliveries.prefetch
@@ -323,7 +352,7 @@ class Channel:
 
     def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> None:
         """Direct reply-to: a reply goes straight to the requester, never through a queue."""
-        self.conn.send_many(writer.deliver(self.id, self.reply_to.consumer_tag or "", self.deliveries.next_tag(),
+        self.send_frames(writer.deliver(self.id, self.reply_to.consumer_tag or "", self.deliveries.next_tag(),
                                            False, "", routing_key, properties, body, self.conn.frame_max))
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -388,8 +417,8 @@ class Channel:
         handler(self, method)
 
     def on_channel_close(self, method: commands.Channel.Close) -> None:
-        self.send_method(commands.Channel.CloseOk())
-        self.release()
+        self.release()  # replies still waiting are dropped: after channel.close a client reads only close-ok
+        self.conn.send(writer.method_frame(self.id, commands.Channel.CloseOk()))
         self.conn.remove_channel(self.id)
 
     def on_channel_flow(self, method: commands.Channel.Flow) -> None:
@@ -459,7 +488,7 @@ class Channel:
             self.send_method(commands.Basic.GetEmpty())
             return
         tag, msg, redelivered = got
-        self.conn.send_many(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
+        self.send_frames(writer.get_ok(self.id, tag, redelivered, msg.exchange, msg.routing_key,
                                           queue.message_count, msg.properties, msg.body, self.conn.frame_max))
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:
@@ -478,7 +507,7 @@ class Channel:
         if self.tx is not None:
             raise AMQPChannelError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10)
         if self.confirms is None:
-            self.confirms = Confirms(self.id, self.conn, self.vhost)
+            self.confirms = Confirms(self.id, self.conn, self.vhost, self.replies)
         if not m.nowait:
             self.send_method(commands.Confirm.SelectOk())
 
@@ -503,17 +532,7 @@ class Channel:
             release_bodies(publishes)
         for items, requeue in settles:
             self.deliveries.settle(items, requeue)
-        if not needs_sync:
-            self.send_method(commands.Tx.CommitOk())
-            return
-        durable = self.vhost.durable()
-
-        def committed(done: Any) -> None:
-            if done.cancelled() or done.exception() is not None:
-                log.error("channel %d: tx.commit not confirmed: the flush failed", self.id)
-            elif not self.closing:
-                self.send_method(commands.Tx.CommitOk())
-        durable.add_done_callback(committed)
+        self.reply_after(self.vhost.durable() if needs_sync else None, commands.Tx.CommitOk(), m)
 
     def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
         if self.tx is None:
@@ -522,8 +541,11 @@ class Channel:
         self.send_method(commands.Tx.RollbackOk())
 
     # --- teardown -----------------------------------------------------------------------------
-    def release(self) -> None:
-        """Channel closed: consumers go, unacked messages return to their queues in order."""
+    def release(self, replies_end: bool = True) -> None:
+        """Channel closed: consumers go, unacked messages return to their queues in order; replies
+        still waiting are dropped unless ``replies_end`` is False (the channel.close behind them)."""
+        if replies_end:
+            self.replies.stop()
         if self.closed:
             return
         self.closed = True

@@ -1,15 +1,14 @@
 """A channel's publisher confirms (``Confirms``) and transaction (``Transaction``).
 
-Confirms go out once per input batch (``send``), after the fsync that persistent messages need; a
-queue of (upto, durable) entries, drained by the durability futures' done-callbacks, keeps them in
-order. In tx mode publishes and acks are held by the ``Transaction`` until tx.commit.
+Confirms go out once per input batch (``send``), after the fsync that persistent messages need: one
+entry per batch in the channel's ``broker.replies.ReplyQueue``, which keeps them in order and refuses
+(nacks) a batch whose flush failed. In tx mode publishes and acks are held by the ``Transaction``
+until tx.commit.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
@@ -21,6 +20,7 @@ from .content import PendingPublish, release_bodies
 
 if TYPE_CHECKING:
     from ..broker.deliveries import Unacked
+    from ..broker.replies import ReplyQueue
     from ..broker.vhost import VHost
     from .channel_host import ChannelHost
 
@@ -30,18 +30,19 @@ log = logging.getLogger("lavinpy.channel")
 class Confirms:
     """Publisher confirms of one channel in confirm mode: sequence numbers, acks and nacks."""
 
-    __slots__ = ("channel_id", "_host", "_vhost", "seq", "sent", "upto", "needs_sync", "waits", "nacks",
-                 "stopped")
+    __slots__ = ("channel_id", "_host", "_vhost", "_replies", "seq", "sent", "upto", "queued", "needs_sync",
+                 "nacks", "stopped")
 
-    def __init__(self, channel_id: int, host: ChannelHost, vhost: VHost) -> None:
+    def __init__(self, channel_id: int, host: ChannelHost, vhost: VHost, replies: ReplyQueue) -> None:
         self.channel_id = channel_id
         self._host = host
         self._vhost = vhost
+        self._replies = replies  # the channel's replies after the disk: confirms in order, nacked on failure
         self.seq = 0  # publishes received in confirm mode
         self.sent = 0  # confirmed (acked or nacked) up to here
         self.upto = 0  # to confirm with the next batch
+        self.queued = 0  # handed to the reply queue up to here
         self.needs_sync = False  # the next batch waits for an fsync
-        self.waits: deque[tuple[int, asyncio.Future[None] | None]] = deque()  # (upto, durable)
         self.nacks: list[int] = []  # publish seqs refused by a reject-publish queue (rare)
         self.stopped = False  # the channel closed: nothing more goes out
 
@@ -73,40 +74,17 @@ class Confirms:
         if self.stopped:
             return  # nothing may follow channel.close / close-ok on this channel
         needs_sync, self.needs_sync = self.needs_sync, False
-        waits = self.waits
-        if upto <= (waits[-1][0] if waits else self.sent):
+        if upto <= max(self.queued, self.sent):
             return
-        if not needs_sync and not waits:
-            self._send_ack(upto)
-            return
-        # In order after the batches still waiting, but these messages join the group commit now, not
-        # once the earlier confirms went out (a replicated flush is acknowledged later than the next
-        # one can start). A callback, not a task: the confirm goes out in the loop turn the flush ends.
-        durable = self._vhost.durable(acks=False) if needs_sync else None  # messages, not acks
-        waits.append((upto, durable))
-        if durable is None or durable.done():
-            self._ready()
-        else:
-            durable.add_done_callback(self._ready)
+        self.queued = upto
+        # Messages only (acks=False): these messages join the group commit now, whatever waits before.
+        self._replies.confirm(self._vhost.durable(acks=False) if needs_sync else None, upto)
 
-    def _ready(self, _done: asyncio.Future[None] | None = None) -> None:
-        """Send the confirms of the leading batches whose flush is done, in order."""
-        waits = self.waits
-        while waits:
-            upto, durable = waits[0]
-            if durable is not None and not durable.done():
-                return
-            waits.popleft()
-            if self.stopped:
-                continue
-            failed = durable is not None and (durable.cancelled() or durable.exception() is not None)
-            if failed:  # not known to be on disk: the publisher must not count on it (RabbitMQ nacks)
-                assert durable is not None
-                log.error("channel %d: confirms up to %d refused: the flush failed (%s)", self.channel_id, upto,
-                          "cancelled" if durable.cancelled() else durable.exception())
-                self._send_nack_upto(upto)
-            else:
-                self._send_ack(upto)
+    def refuse(self, upto: int, reason: str) -> None:
+        """The flush of the publishes up to ``upto`` failed: not known to be on disk, the publisher
+        must not count on them (RabbitMQ nacks)."""
+        log.error("channel %d: confirms up to %d refused: %s", self.channel_id, upto, reason)
+        self._send_nack_upto(upto)
 
     def _send_method(self, method: Any) -> None:
         self._host.send(writer.method_frame(self.channel_id, method))
@@ -118,7 +96,7 @@ class Confirms:
         self.sent = upto
         self._send_method(commands.Basic.Nack(delivery_tag=upto, multiple=True, requeue=False))
 
-    def _send_ack(self, upto: int) -> None:
+    def send_ack(self, upto: int) -> None:
         if upto <= self.sent:
             return
         publish_ops.confirmed(self._vhost, upto - self.sent)

@@ -6,7 +6,7 @@ from typing import Any
 
 from pamqp import decode
 
-from ..wire.constants import ACCESS_REFUSED, SYNTAX_ERROR
+from ..wire.constants import ACCESS_REFUSED, INTERNAL_MECHANISM, SYNTAX_ERROR
 from ..wire.errors import AMQPConnectionError
 
 
@@ -14,7 +14,7 @@ def sasl_credentials(mechanism: str, response: Any) -> tuple[str, str]:
     """(user, password) of a start-ok's ``response``; AMQPConnectionError for a malformed one or an
     unsupported mechanism."""
     raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) else bytes(response)
-    if mechanism == "PLAIN":
+    if mechanism in ("PLAIN", INTERNAL_MECHANISM):  # the internal one: user and the node's token
         parts = raw.split(b"\x00")
         if len(parts) != 3:
             raise AMQPConnectionError(ACCESS_REFUSED, "malformed PLAIN response")

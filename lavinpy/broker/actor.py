@@ -4,8 +4,9 @@ Broker operations take an ``Actor`` (or None for a trusted internal caller) and 
 and tag check themselves. Tags and permissions are read from the user store at each check, so a
 change made at run time applies to the actor's next operation.
 
-Tags follow RabbitMQ's management plugin, each including the ones after it:
-administrator > monitoring > policymaker > management. A user with none of them has no HTTP access.
+Tags follow RabbitMQ's management plugin: administrator includes monitoring and policymaker, each of
+which includes management; monitoring does not include policymaker (a monitoring user sees every
+vhost's objects, not its policies or parameters). A user with none of them has no HTTP access.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Actor:
         user = self.users.user(self.name)
         return frozenset(user.tags) if user is not None else frozenset()
 
-    # -- tag predicates (RabbitMQ's order: each tag grants what the ones below it grant) --------
+    # -- tag predicates ------------------------------------------------------------------------
     def is_admin(self) -> bool:
         return ADMINISTRATOR in self.tags
 

@@ -27,7 +27,8 @@ from ..wire.passwords import (
     hash_password,
     normalize_hash,
 )
-from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
+from .actor import ADMINISTRATOR, POLICYMAKER, Actor
+from .names import check_name_length
 from .permissions import check_policy
 from .policies import NOT_NEEDED_KEYS, Policy, PolicyError
 from .users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHost
@@ -124,6 +125,7 @@ def bcrypt_check(password_hash: str) -> None:
 
 
 def check_vhost_metadata(name: str, description: Any, default_queue_type: Any) -> None:
+    check_name_length("vhost name", name)
     if not isinstance(description, str):
         raise precondition_failed(f"vhost '{name}': description must be a string")
     if default_queue_type is not None and default_queue_type not in DEFAULT_QUEUE_TYPES:
@@ -178,6 +180,7 @@ class AdminOperations:
         require_admin(actor)
         if not name:
             raise precondition_failed("user name must not be empty")
+        check_name_length("user name", name)
         spec = password_spec(body, name)
         tags = parse_tags(body.get("tags"))
         existing = self.users.user(name)
@@ -335,6 +338,7 @@ class AdminOperations:
             if not isinstance(value, str):
                 raise precondition_failed(f"{what}: '{key}' must be a string")
             values.append(value)
+        check_name_length("exchange name", values[0])
         self._existing_user(user)
         if not self.users.vhost_exists(vhost):
             raise not_found(f"no vhost '{vhost}'")
@@ -355,9 +359,10 @@ class AdminOperations:
     # -- policies ------------------------------------------------------------------------------
 
     def _may_read_policies(self, actor: Actor | None) -> None:
-        if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
+        # As RabbitMQ: policymakers and administrators; monitoring does not imply policymaker.
+        if actor is not None and not ({ADMINISTRATOR, POLICYMAKER} & actor.tags):
             raise access_refused(f"user '{actor.name}' may not see policies "
-                                 "(needs the policymaker, monitoring or administrator tag)")
+                                 "(needs the policymaker or administrator tag)")
 
     def list_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
         self._may_read_policies(actor)

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .names import name_too_long
+
 MAX_EXPIRY = 315_360_000_000  # RabbitMQ's TTL/expiry ceiling since 3.11 (ten years), in ms
 MAX_PRIORITY = 255
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
@@ -151,6 +153,12 @@ def _string_reason(value: Any) -> str | None:
     return None if _text(value) is not None else _bad_type(value)
 
 
+def _short_string_reason(value: Any) -> str | None:
+    """A string that names an exchange or is a routing key: at most 255 bytes (AMQP's short string)."""
+    text = _text(value)
+    return _bad_type(value) if text is None else name_too_long("the value", text)
+
+
 def _bool_reason(value: Any) -> str | None:
     return None if isinstance(value, bool) else _bad_type(value)
 
@@ -194,8 +202,8 @@ def parse_max_age(value: Any) -> int:
 _QUEUE_CHECKS = (
     ("x-expires", _expires_reason),
     ("x-message-ttl", _ttl_reason),
-    ("x-dead-letter-exchange", _string_reason),
-    ("x-dead-letter-routing-key", _string_reason),
+    ("x-dead-letter-exchange", _short_string_reason),
+    ("x-dead-letter-routing-key", _short_string_reason),
     ("x-max-length", _non_neg_int_reason),
     ("x-max-length-bytes", _non_neg_int_reason),
     ("x-max-priority", _max_priority_reason),

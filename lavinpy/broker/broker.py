@@ -15,6 +15,7 @@ from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .alarms import alarm_reason
 from .client_limits import USER_LIMITS_FILE, ClientLimits
+from .internal_login import InternalLogins
 from .login import Logins
 from .login_throttle import LoginThrottle
 from .parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
@@ -94,6 +95,7 @@ class Broker:
         self.datadir = DataDir(Path(config.data_dir))
         self.users: UserStore | None = None
         self.login_throttle = LoginThrottle()
+        self.internal_logins = InternalLogins()  # the node's own shovels log in to it as their creators
         self.logins = Logins(self)  # the one login operation of every face
         self.vhosts: dict[str, VHost] = {}
         # Set while a resource alarm blocks publishers (connection.blocked); None when clear.

@@ -14,6 +14,7 @@ from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
 from .equivalence import check_arguments, inequivalent
 from .exchanges.registry import UnknownExchangeType, make_exchange
+from .names import check_name_length
 from .quorum_arguments import validate_quorum_declare
 from .stream_arguments import validate_stream_declare
 
@@ -29,6 +30,7 @@ def check_exchange_name(name: str, *, exists: bool) -> None:
     """The default exchange is not declared; a new exchange's name may not start with ``amq.``."""
     if name == "":
         raise default_exchange_refused()
+    check_name_length("exchange name", name)
     if name.startswith("amq.") and not exists:
         raise AMQPChannelError(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'")
 
@@ -62,6 +64,7 @@ def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool,
 
 def check_queue_name(name: str, *, exists: bool, server_named: bool = False) -> None:
     """A client may not name a new queue ``amq.*`` (server-generated names use that prefix)."""
+    check_name_length("queue name", name)
     if not exists and name.startswith("amq.") and not server_named:
         raise AMQPChannelError(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'")
 

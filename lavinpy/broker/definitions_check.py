@@ -9,7 +9,7 @@ an import refuses what a declaration would refuse, with the same text.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..wire.constants import PRECONDITION_FAILED
@@ -24,6 +24,7 @@ from .declarations import (
     validate_queue_declare,
 )
 from .definitions_limits import check_limit_sections
+from .names import name_too_long
 from .policies import NOT_NEEDED_KEYS, PolicyError, make_policy
 from .users import PERMISSION_KINDS
 
@@ -87,6 +88,13 @@ def _args(item: Mapping[str, Any], what: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _fits(what: str, kind: str, name: str) -> None:
+    """DefinitionsError when ``name`` is longer than 255 bytes (AMQP's short string)."""
+    reason = name_too_long(kind, name)
+    if reason is not None:
+        raise DefinitionsError(f"{what}: {reason}")
+
+
 def _refused(what: str, vhost: str, error: AMQPError) -> DefinitionsError:
     """A model rule's refusal as an import error; ``what`` names the object unless the text does."""
     detail = error.detail
@@ -116,8 +124,26 @@ class Plan:
             self.changes.append(entry)
 
 
-def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None) -> Plan:
-    """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong."""
+def drain(steps: Iterator[None]) -> Any:
+    """Run a generator of steps (``check_steps``, an import's apply) to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None, importer: str) -> Plan:
+    """The plan of importing ``doc`` (into ``only_vhost``, or the whole node); DefinitionsError if wrong.
+    ``importer``: whom a link (shovel) parameter without a recorded ``user`` runs as."""
+    plan: Plan = drain(check_steps(broker, doc, only_vhost, importer))
+    return plan
+
+
+def check_steps(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None,
+                importer: str) -> Generator[None, None, Plan]:
+    """``check_document`` one object at a time: yields after each, returns the plan (a caller may give
+    the event loop a turn between objects)."""
     checker = _Checker(broker, only_vhost)
     parameters = doc.get("parameters")
     checker.vhost_limit_parameters = {
@@ -142,8 +168,9 @@ def check_document(broker: Broker, doc: Mapping[str, Any], only_vhost: str | Non
                 check_item(i, _obj(item, section, i))
             except DefinitionsError as e:
                 refused.append(e.detail)
+            yield
     try:
-        check_limit_sections(broker, doc, only_vhost, checker.plan)
+        check_limit_sections(broker, doc, only_vhost, checker.plan, importer)
     except AMQPChannelError as e:  # the parameters, limits and operator policies: the first refused one
         refused.append(e.detail)
     if refused:
@@ -214,6 +241,7 @@ class _Checker:
         name = _name(item, f"user #{i}")
         if not name:
             raise DefinitionsError(f"user #{i}: name must not be empty")
+        _fits(f"user #{i}", "user name", name)
         try:
             spec = password_spec(item, name)
             tags = parse_tags(item.get("tags"))
@@ -242,6 +270,7 @@ class _Checker:
         user = _name(item, f"topic permission #{i}", "user")
         vhost = self.vhost_of(item, f"topic permission of user '{user}'")
         exchange = _name(item, f"topic permission of user '{user}' in vhost '{vhost}'", "exchange")
+        _fits(f"topic permission of user '{user}' in vhost '{vhost}'", "exchange name", exchange)
         what = f"topic permission of user '{user}' on exchange '{exchange}' in vhost '{vhost}'"
         if user not in self.user_names:
             raise DefinitionsError(f"{what}: no user '{user}'")
@@ -326,6 +355,7 @@ class _Checker:
         arguments = _args(item, what)
         if dest_type not in ("queue", "exchange"):
             raise DefinitionsError(f"{what}: destination_type must be 'queue' or 'exchange'")
+        _fits(what, "routing key", routing_key)
         if source == "":
             return  # default-exchange bindings are implicit (RabbitMQ exports none)
         if not self._exists("exchange", vhost, source):

@@ -11,8 +11,11 @@ RabbitMQ's), so users exported from RabbitMQ or LavinMQ log in with their passwo
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import time
+import weakref
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..wire.errors import AMQPError
@@ -20,7 +23,7 @@ from . import operations_objects as objects
 from .actor import Actor
 from .admin_operations import AdminOperations, require_admin, user_json
 from .definitions_check import DefinitionsError as DefinitionsError  # re-exported: the faces catch it
-from .definitions_check import Plan, check_document
+from .definitions_check import Plan, check_document, check_steps, drain
 from .definitions_limits import ACTION_KINDS as LIMIT_ACTIONS
 from .definitions_limits import apply_action as apply_limit_action
 from .definitions_limits import export_limit_sections
@@ -29,6 +32,7 @@ from .exchanges.base import Exchange
 if TYPE_CHECKING:
     from .broker import Broker
     from .users import VHost as VHostRecord
+    from .vhost import VHost as VHostModel
 
 log = logging.getLogger("lavinpy.definitions")
 RABBIT_VERSION = "3.10.0"  # the export format this follows
@@ -116,20 +120,71 @@ def _version() -> str:
 def import_definitions(broker: Broker, actor: Actor | None, doc: Any, *, vhost: str | None = None,
                        dry_run: bool = False) -> Plan:
     """Check the whole document, then apply it (unless ``dry_run``); returns the plan: what changes
-    (``changes``) and what was accepted as not needed (``ignored``)."""
+    (``changes``) and what was accepted as not needed (``ignored``). In one go: for the boot's
+    ``load_definitions``; the API uses ``import_definitions_cooperatively``."""
+    ops = _importer(broker, actor, doc, vhost)
+    plan = check_document(broker, doc, vhost, _importer_name(broker, actor))
+    if not dry_run:
+        drain(_apply_steps(broker, ops, plan))
+    return plan
+
+
+# An import over the API gives the event loop a turn at least this often (seconds of work), so that
+# other clients (deliveries, heartbeats, the cluster's keepalive) are served during a large import.
+IMPORT_SLICE_SECONDS = 0.01
+_import_locks: weakref.WeakKeyDictionary[Broker, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def import_definitions_cooperatively(broker: Broker, actor: Actor | None, doc: Any, *,
+                                           vhost: str | None = None, dry_run: bool = False) -> Plan:
+    """``import_definitions`` with a turn of the event loop every ``IMPORT_SLICE_SECONDS`` of work,
+    while checking and while applying. Imports into one broker run one at a time. What other clients
+    change meanwhile is not seen by the check: an object it needs that is deleted during the apply
+    refuses the rest of the import (400 naming it), the objects already made stay."""
+    lock = _import_locks.setdefault(broker, asyncio.Lock())
+    async with lock:
+        ops = _importer(broker, actor, doc, vhost)
+        plan: Plan = await _cooperatively(check_steps(broker, doc, vhost, _importer_name(broker, actor)))
+        if not dry_run:
+            await _cooperatively(_apply_steps(broker, ops, plan))
+        return plan
+
+
+async def _cooperatively(steps: Iterator[None]) -> Any:
+    slice_end = time.monotonic() + IMPORT_SLICE_SECONDS
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        if time.monotonic() >= slice_end:
+            await asyncio.sleep(0)
+            slice_end = time.monotonic() + IMPORT_SLICE_SECONDS
+
+
+def _importer(broker: Broker, actor: Actor | None, doc: Any, vhost: str | None) -> AdminOperations:
     require_admin(actor)
     if not isinstance(doc, Mapping):
         raise DefinitionsError("definitions must be a JSON object")
     ops = AdminOperations(broker)
     if vhost is not None:
         ops.check_vhost_visible(actor, vhost)
-    plan = check_document(broker, doc, vhost)
-    if not dry_run:
-        _apply(broker, ops, plan)
-    return plan
+    return ops
 
 
-def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
+def _importer_name(broker: Broker, actor: Actor | None) -> str:
+    """Whom links (shovels) without a recorded user run as: the importing administrator."""
+    return actor.name if actor is not None else broker.config.default_user
+
+
+def _model(broker: Broker, vhost: str) -> VHostModel:
+    model = broker.vhosts.get(vhost)
+    if model is None:  # deleted by another client while a cooperative import ran
+        raise DefinitionsError(f"vhost '{vhost}' was deleted during the import")
+    return model
+
+
+def _apply_steps(broker: Broker, ops: AdminOperations, plan: Plan) -> Iterator[None]:
     users = ops.users
     for kind, vhost, name, payload in plan.actions:
         if kind == "vhost":
@@ -148,18 +203,18 @@ def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
         elif kind == "topic_permission":
             users.set_topic_permission(name, vhost, *payload)
         elif kind == "policy":
-            broker.vhosts[vhost].set_policy(name, payload.pattern, dict(payload.definition),
-                                            payload.priority, payload.apply_to)
+            _model(broker, vhost).set_policy(name, payload.pattern, dict(payload.definition),
+                                             payload.priority, payload.apply_to)
         elif kind == "exchange":
             # The actor was checked as an administrator: the objects are declared as a trusted caller.
             type_name, durable, auto_delete, internal, arguments = payload
-            model = broker.vhosts[vhost]
+            model = _model(broker, vhost)
             if name not in model.exchanges:
                 objects.declare_exchange(None, model, name, type_name, durable=durable,
                                          auto_delete=auto_delete, internal=internal, arguments=arguments)
         elif kind == "queue":
             durable, auto_delete, arguments = payload
-            model = broker.vhosts[vhost]
+            model = _model(broker, vhost)
             if name not in model.queues:
                 objects.declare_queue(None, model, name, owner=None, durable=durable, auto_delete=auto_delete,
                                       arguments=arguments)
@@ -167,11 +222,13 @@ def _apply(broker: Broker, ops: AdminOperations, plan: Plan) -> None:
             apply_limit_action(broker, kind, vhost, name, payload)
         elif kind == "binding":
             source, destination, dest_type, routing_key, arguments = payload
-            model = broker.vhosts[vhost]
+            model = _model(broker, vhost)
             if dest_type == "queue":
                 objects.bind_queue(None, model, destination, source, routing_key, arguments, owner=None)
             else:
                 objects.bind_exchange(None, model, destination, source, routing_key, arguments)
+        yield
+
 
 class DefinitionsFileError(Exception):
     """The load_definitions file cannot be read or is wrong: the broker does not start."""

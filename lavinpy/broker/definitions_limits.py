@@ -2,9 +2,11 @@
 
 Import (checked with the rest of the document before anything is applied):
 - ``parameters``: ``vhost-limits`` and every registered component (``shovel`` once the shovel module has
-  registered it) are validated by their component and applied; ``operator_policy`` (how RabbitMQ exports
-  operator policies) becomes an operator policy; any other component (``federation-upstream``, ...) is
-  refused by name.
+  registered it) are validated by their component and applied; a shovel keeps the ``user`` recorded
+  with it (else it becomes the importer's) and is refused unless that user has the rights it needs
+  (links.py; a user the same document creates or gives permissions is checked when the shovel starts);
+  ``operator_policy`` (how RabbitMQ exports operator policies) becomes an operator policy; any other
+  component (``federation-upstream``, ...) is refused by name.
 - ``global_parameters``: stored; ``cluster_name`` is shown in the overview, ``internal_cluster_id`` kept.
 - ``operator_policies`` (a section of its own, as lavinpy and LavinMQ may write it) and users' ``limits``.
 - RabbitMQ's queue-limit check: queues the import adds to a vhost must fit its max-queues.
@@ -19,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, check_limits
+from .links import LINK_COMPONENTS, link_refusal
 from .operator_policies import OPERATOR_VALIDATORS
-from .parameters import ParameterError
+from .parameters import ParameterError, check_parameter_name
 from .policies import PolicyError, make_policy
 
 if TYPE_CHECKING:
@@ -53,10 +56,16 @@ def _text(item: Mapping[str, Any], key: str, what: str) -> str:
     return value
 
 
-def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None, plan: Any) -> None:
-    """Check the sections and add their actions to ``plan`` (a definitions_check.Plan); refuse by name."""
+def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None, plan: Any,
+                         importer: str) -> None:
+    """Check the sections and add their actions to ``plan`` (a definitions_check.Plan); refuse by name.
+    ``importer``: whom a link parameter without a recorded ``user`` runs as."""
     users = broker.users
     assert users is not None
+    # A link's user the document creates or gives permissions is checked when the link starts (its
+    # rights are not there yet); any other is checked now.
+    deferred = ({item.get("name") for item in _items(doc, "users")} - {u.name for u in users.users()}
+                | {item.get("user") for item in _items(doc, "permissions")})
     vhosts = {v.name for v in users.vhosts()} | {v.get("name") for v in _items(doc, "vhosts")}
     queue_limits: dict[str, int] = {}
     for i, item in enumerate(_items(doc, "parameters")):
@@ -67,6 +76,10 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
         if vhost not in vhosts:
             raise _Refused(f"{what}: no vhost '{vhost}'")
         value = item.get("value")
+        try:
+            check_parameter_name("parameter name", name)
+        except ParameterError as e:
+            raise _Refused(f"{what}: {e}") from None
         if component == OPERATOR_POLICY_COMPONENT:
             _operator_policy(plan, vhost, name, value if isinstance(value, Mapping) else {}, what)
             continue
@@ -76,7 +89,14 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
             raise _Refused(f"{what}: {e}") from None
         if component == VHOST_LIMITS_COMPONENT and isinstance(value, Mapping) and "max-queues" in value:
             queue_limits[vhost] = value["max-queues"]
-        plan.add("parameter", vhost, name, (component, value), "set")
+        user = None
+        if component in LINK_COMPONENTS:
+            recorded = item.get("user")
+            user = recorded if isinstance(recorded, str) else importer
+            refusal = None if user in deferred else link_refusal(users, user, vhost, value)
+            if refusal is not None:
+                raise _Refused(f"{what}: {refusal}")
+        plan.add("parameter", vhost, name, (component, value, user), "set")
     for item in _items(doc, "operator_policies"):
         name = _text(item, "name", "operator policy")
         vhost = only_vhost if only_vhost is not None else _text(item, "vhost", f"operator policy '{name}'")
@@ -86,6 +106,10 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
     if only_vhost is None:
         for item in _items(doc, "global_parameters"):
             name = _text(item, "name", "global parameter")
+            try:
+                check_parameter_name("global parameter name", name)
+            except ParameterError as e:
+                raise _Refused(str(e)) from None
             if name == "cluster_name" and (not isinstance(item.get("value"), str) or not item.get("value")):
                 raise _Refused("global parameter 'cluster_name': value must be a non-empty string")
             plan.add("global_parameter", "", name, item.get("value"), "set")
@@ -132,8 +156,8 @@ def _check_queue_limits(broker: Broker, doc: Mapping[str, Any], only_vhost: str 
 def apply_action(broker: Broker, kind: str, vhost: str, name: str, payload: Any) -> None:
     """Apply one checked action (as a trusted caller)."""
     if kind == "parameter":
-        component, value = payload
-        broker.parameters.set(component, vhost, name, value)
+        component, value, user = payload
+        broker.parameters.set(component, vhost, name, value, user)
     elif kind == "global_parameter":
         broker.parameters.set_global(name, payload)
     elif kind == "operator_policy":

@@ -2,7 +2,10 @@
 tag rules, for every face (HTTP, ctl, definitions import).
 
 As RabbitMQ: administrators change limits, operator policies and global parameters; policymakers
-(and administrators) change the parameters of vhosts they may access; monitoring users read them.
+(and administrators) change the parameters of vhosts they may access. Parameters, global parameters and
+operator policies are read by administrators and by policymakers (of the vhosts they may access), not by
+monitoring users (monitoring does not imply policymaker); a policymaker sees URI passwords masked.
+A shovel's parameter records the user who set it and is checked against that user's rights (links.py).
 Errors are ``AMQPChannelError``s with reply codes the HTTP face maps (403 -> 401, 404, 406 -> 400).
 """
 
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from .admin_operations import access_refused, not_found, precondition_failed, require_admin
 from .client_limits import USER_LIMIT_KEYS, VHOST_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, VHOST_LIMITS_NAME
+from .links import LINK_COMPONENTS, link_refusal, masked
 from .operator_policies import operator_policy_json
 from .parameters import ParameterError, UnknownComponent
 
@@ -22,10 +26,17 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 
-def _reader(actor: Actor | None) -> None:
-    if actor is not None and not ({ADMINISTRATOR, MONITORING, POLICYMAKER} & actor.tags):
-        raise access_refused(f"user '{actor.name}' may not see parameters "
-                             "(needs the policymaker, monitoring or administrator tag)")
+def _reader(actor: Actor | None, what: str = "parameters") -> None:
+    if actor is not None and not ({ADMINISTRATOR, POLICYMAKER} & actor.tags):
+        raise access_refused(f"user '{actor.name}' may not see {what} "
+                             "(needs the policymaker or administrator tag)")
+
+
+def _shown(actor: Actor | None, item: dict[str, Any]) -> dict[str, Any]:
+    """A parameter as ``actor`` may see it: URI passwords masked unless an administrator (or internal)."""
+    if actor is None or actor.is_admin():
+        return item
+    return {**item, "value": masked(item["value"])}
 
 
 class LimitsOperations:
@@ -45,13 +56,24 @@ class LimitsOperations:
     def _visible(self, actor: Actor | None, vhost: str) -> bool:
         return actor is None or actor.can_monitor() or actor.can_access_vhost(vhost)
 
+    def _policy_visible(self, actor: Actor | None, vhost: str) -> bool:
+        """Parameters and operator policies: administrators see all, policymakers their vhosts'."""
+        return actor is None or actor.is_admin() or actor.can_access_vhost(vhost)
+
+    def _check_policy_visible(self, actor: Actor | None, vhost: str) -> None:
+        if not self._policy_visible(actor, vhost):
+            assert actor is not None
+            raise access_refused(f"access to vhost '{vhost}' refused for user '{actor.name}'")
+
     # -- parameters ----------------------------------------------------------------------------
     def list_parameters(self, actor: Actor | None, component: str | None = None,
                         vhost: str | None = None) -> list[dict[str, Any]]:
         _reader(actor)
         if vhost is not None:
             self._vhost(vhost)
-        return [p for p in self.broker.parameters.listing(component, vhost) if self._visible(actor, p["vhost"])]
+            self._check_policy_visible(actor, vhost)
+        return [_shown(actor, p) for p in self.broker.parameters.listing(component, vhost)
+                if self._policy_visible(actor, p["vhost"])]
 
     def get_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> dict[str, Any]:
         for item in self.list_parameters(actor, component, vhost):
@@ -59,14 +81,24 @@ class LimitsOperations:
                 return item
         raise not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
-    def set_parameter(self, actor: Actor | None, component: str, vhost: str, name: str, value: Any) -> bool:
-        """Validate, store and apply; True when new. Unknown components are refused by name."""
+    def set_parameter(self, actor: Actor | None, component: str, vhost: str, name: str, value: Any,
+                      user: str | None = None) -> bool:
+        """Validate, store and apply; True when new. Unknown components are refused by name.
+
+        A link (a shovel) is recorded as made by the actor (an administrator, or an internal caller,
+        may name another ``user``) and refused unless that user has the rights it needs (links.py)."""
         self._may_change(actor, vhost, component)
         self._vhost(vhost)
         if component == VHOST_LIMITS_COMPONENT:
             require_admin(actor)
+        creator = None
+        if component in LINK_COMPONENTS:
+            creator = self.link_creator(actor, user)
+            refusal = link_refusal(self.users, creator, vhost, value)
+            if refusal is not None:
+                raise precondition_failed(refusal)
         try:
-            return self.broker.parameters.set(component, vhost, name, value)
+            return self.broker.parameters.set(component, vhost, name, value, creator)
         except UnknownComponent as e:
             raise not_found(str(e)) from None
         except ValueError as e:  # ParameterError, or a component's own ValueError: a 400 naming the key
@@ -79,6 +111,22 @@ class LimitsOperations:
         if not self.broker.parameters.delete(component, vhost, name):
             raise not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
+    def link_creator(self, actor: Actor | None, user: str | None) -> str:
+        """Whom a link set by ``actor`` runs as: the actor itself, unless an administrator or an internal
+        caller names a ``user``; an internal caller naming nobody (a definitions file at boot) makes it
+        the configured default user's."""
+        if actor is not None and not actor.is_admin():
+            return actor.name
+        if user is not None:
+            return user
+        return actor.name if actor is not None else self.broker.config.default_user
+
+    def link_refusal(self, component: str, vhost: str, name: str) -> str | None:
+        """Why a stored link may not start now (its creator's rights are checked again), or None."""
+        value = self.broker.parameters.get(component, vhost, name)
+        creator = self.broker.parameters.user_of(component, vhost, name) or self.broker.config.default_user
+        return link_refusal(self.users, creator, vhost, value)
+
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
         if actor is None or actor.is_admin():
             return
@@ -88,12 +136,11 @@ class LimitsOperations:
 
     # -- global parameters ---------------------------------------------------------------------
     def list_global_parameters(self, actor: Actor | None) -> list[dict[str, Any]]:
-        _reader(actor)
-        return self.broker.parameters.list_globals()
+        _reader(actor, "global parameters")
+        return [_shown(actor, item) for item in self.broker.parameters.list_globals()]
 
     def get_global_parameter(self, actor: Actor | None, name: str) -> dict[str, Any]:
-        _reader(actor)
-        for item in self.broker.parameters.list_globals():
+        for item in self.list_global_parameters(actor):
             if item["name"] == name:
                 return item
         raise not_found(f"no global parameter '{name}'")
@@ -150,8 +197,10 @@ class LimitsOperations:
 
     # -- user limits ---------------------------------------------------------------------------
     def list_user_limits(self, actor: Actor | None, user: str | None = None) -> list[dict[str, Any]]:
-        if actor is not None and not actor.is_admin() and user != actor.name:
-            _reader(actor)
+        if (actor is not None and not actor.is_admin() and user != actor.name
+                and not ({MONITORING, POLICYMAKER} & actor.tags)):
+            raise access_refused(f"user '{actor.name}' may not see user limits "
+                                 "(needs the policymaker, monitoring or administrator tag)")
         if user is not None and self.users.user(user) is None:
             raise not_found(f"no user '{user}'")
         return self.broker.client_limits.user_limits_json(user)
@@ -182,12 +231,14 @@ class LimitsOperations:
 
     # -- operator policies ---------------------------------------------------------------------
     def list_operator_policies(self, actor: Actor | None, vhost: str | None = None) -> list[dict[str, Any]]:
-        _reader(actor)
+        _reader(actor, "operator policies")
         names = [vhost] if vhost is not None else sorted(self.broker.vhosts)
         result: list[dict[str, Any]] = []
         for name in names:
             model = self._vhost(name)
-            if self._visible(actor, name):
+            if vhost is not None:
+                self._check_policy_visible(actor, vhost)
+            if self._policy_visible(actor, name):
                 result.extend(operator_policy_json(name, p)
                               for p in sorted(model.operator_policies.list(), key=lambda p: p.name))
         return result

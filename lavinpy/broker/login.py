@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
-from ..wire.constants import NOT_ALLOWED
+from ..wire.constants import INTERNAL_MECHANISM, NOT_ALLOWED
 from ..wire.errors import AMQPConnectionError, AMQPError
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
 from .actor import Actor
+from .internal_login import InternalLogins
 from .users import loopback_only_refused
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class Broker(Protocol):
     vhosts: dict[str, VHost]
     client_limits: ClientLimits
     login_throttle: LoginThrottle
+    internal_logins: InternalLogins
 
 
 class Refusal(Enum):
@@ -261,6 +263,11 @@ class LoginAttempt:
         password = request.password
         if password is None:
             return self._conclude(False)
+        if request.mechanism == INTERNAL_MECHANISM:  # the node's own link, as the user who made it
+            users = logins.broker.users
+            # Not remembered: the cache would take the token as a password from anywhere.
+            return self._conclude(users is not None and logins.broker.internal_logins.verify(
+                request.username, password, request.peer, users), remember=False)
         if logins._cached(request.username, password):
             return self._conclude(True)
         password_hash, algorithm, dummy = logins._stored(request.username)
@@ -304,7 +311,7 @@ class LoginAttempt:
             request = self.request
             self.logins.throttle.end(request.peer, request.username, request.mechanism, False)
 
-    def _conclude(self, ok: bool, checked: str = "") -> LoginOutcome:
+    def _conclude(self, ok: bool, checked: str = "", remember: bool = True) -> LoginOutcome:
         request, logins = self.request, self.logins
         username = request.username
         if not self._done:
@@ -318,7 +325,8 @@ class LoginAttempt:
         assert request.password is not None
         if checked and logins.broker.config.rehash_bcrypt_on_login:
             logins._rehash(username, request.password, checked)
-        logins._remember(username, request.password)
+        if remember:
+            logins._remember(username, request.password)
         if loopback_only_refused(logins.broker.config.loopback_users, username, request.peer):
             log.warning("%s login from %s: user %r may only connect from loopback", request.protocol,
                         request.peer, username)

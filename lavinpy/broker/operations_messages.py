@@ -17,6 +17,7 @@ from ..wire.properties import decode_properties, encode_properties, peek_headers
 from .actor import Actor
 from .arguments import ArgumentError, parse_expiration
 from .deliveries import get_one
+from .names import check_name_length
 from .object_info import jsonable
 from .operations_objects import readable_queue
 from .publish_ops import publish
@@ -131,6 +132,7 @@ def message_to_json(msg: StoredMessage, redelivered: bool, message_count: int, e
 def publish_message(actor: Actor | None, vhost: VHost, exchange_name: str, routing_key: str, properties: bytes,
                     body: bytes) -> bool:
     """Publish one message as a client would; returns whether any queue took it."""
+    check_name_length("routing key", routing_key)
     exchange = publish_exchange(actor, vhost, exchange_name)
     check = publish_topic_check(actor, vhost, exchange)
     if check is not None:

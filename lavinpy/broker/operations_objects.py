@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..wire.constants import NOT_FOUND
 from ..wire.errors import AMQPChannelError
 from .actor import Actor
+from .names import check_name_length
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
@@ -26,7 +27,9 @@ def _check(actor: Actor | None, kind: str, resource_type: str, name: str, vhost:
 
 def _check_binding_key(actor: Actor | None, vhost: VHost, source: str, routing_key: str) -> None:
     """A bind or unbind to a topic exchange: the binding key against the user's topic ``read``
-    permission on it (RabbitMQ's "read access to topic ..."). A missing source is left to the bind (404)."""
+    permission on it (RabbitMQ's "read access to topic ..."). A missing source is left to the bind (404).
+    A key longer than 255 bytes (AMQP's short string) is refused first (406)."""
+    check_name_length("routing key", routing_key)
     if actor is not None:
         exchange = vhost.exchanges.get(source)
         if exchange is not None and exchange.type == "topic":

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
+from .names import name_too_long
+
 log = logging.getLogger("lavinpy.parameters")
 
 PARAMETERS_FILE = "parameters.json"
@@ -54,6 +56,13 @@ class Component(Protocol):
 Key = tuple[str, str, str]  # component, vhost, name
 
 
+def check_parameter_name(what: str, name: str) -> None:
+    """ParameterError when ``name`` is longer than 255 bytes (the limit of every name in the model)."""
+    reason = name_too_long(what, name)
+    if reason is not None:
+        raise ParameterError(reason)
+
+
 def unknown_component_text(component: str) -> str:
     if component in KNOWN_UNSUPPORTED:
         return f"component '{component}' is not supported by lavinpy (no federation plugin)"
@@ -68,6 +77,7 @@ class Parameters:
         self.global_path = Path(global_path)
         self._components: dict[str, Component] = {}
         self._values: dict[Key, Any] = {}
+        self._users: dict[Key, str] = {}  # who set a parameter, where it matters (a shovel runs as its creator)
         self._globals: dict[str, Any] = {}
         self.vhost_exists: Callable[[str], bool] = lambda _vhost: True
 
@@ -92,10 +102,13 @@ class Parameters:
     def load(self) -> None:
         entries = read_json(self.path, [])
         self._values.clear()
+        self._users.clear()
         for entry in entries if isinstance(entries, list) else []:
             try:
                 key = (str(entry["component"]), str(entry["vhost"]), str(entry["name"]))
                 self._values[key] = entry["value"]
+                if isinstance(entry.get("user"), str):
+                    self._users[key] = entry["user"]
             except (KeyError, TypeError):
                 log.error("%s: ignoring parameter entry %r", self.path, entry)
         stored = read_json(self.global_path, {})
@@ -112,23 +125,32 @@ class Parameters:
             log.error("parameter %s/%s/%s not applied: %s", component.name, vhost, name, exc)
 
     def _save(self) -> None:
-        write_json_atomic(self.path, [
-            {"component": c, "vhost": v, "name": n, "value": value}
-            for (c, v, n), value in sorted(self._values.items())])
+        write_json_atomic(self.path, [self._entry(key, value) for key, value in sorted(self._values.items())])
+
+    def _entry(self, key: Key, value: Any) -> dict[str, Any]:
+        """RabbitMQ's parameter object, with the user who set it when recorded."""
+        c, v, n = key
+        entry = {"name": n, "vhost": v, "component": c, "value": value}
+        if key in self._users:
+            entry["user"] = self._users[key]
+        return entry
 
     # -- parameters ----------------------------------------------------------------------------
-    def set(self, component: str, vhost: str, name: str, value: Any) -> bool:
-        """Validate, store and apply a parameter; True when it is new. ParameterError names the fault."""
+    def set(self, component: str, vhost: str, name: str, value: Any, user: str | None = None) -> bool:
+        """Validate, store and apply a parameter; True when it is new. ParameterError names the fault.
+        ``user``: who set it (recorded with it, exported and replicated with it)."""
         comp = self.component(component)
         if not isinstance(name, str) or not name:
             raise ParameterError("parameter name must be a non-empty string")
+        check_parameter_name("parameter name", name)
         if not self.vhost_exists(vhost):
             raise ParameterError(f"no vhost '{vhost}'")
         comp.validate(vhost, name, value)
         key = (component, vhost, name)
         created = key not in self._values
-        previous = self._values.get(key)
+        previous, previous_user = self._values.get(key), self._users.get(key)
         self._values[key] = value
+        self._set_user(key, user)
         try:
             self._save()
         except BaseException:
@@ -136,6 +158,7 @@ class Parameters:
                 del self._values[key]
             else:
                 self._values[key] = previous
+            self._set_user(key, previous_user)
             raise
         comp.apply(vhost, name, value)
         return created
@@ -146,24 +169,35 @@ class Parameters:
         if key not in self._values:
             return False
         value = self._values.pop(key)
+        user = self._users.pop(key, None)
         try:
             self._save()
         except BaseException:
             self._values[key] = value
+            self._set_user(key, user)
             raise
         comp = self._components.get(component)
         if comp is not None:
             comp.remove(vhost, name)
         return True
 
+    def _set_user(self, key: Key, user: str | None) -> None:
+        if user is None:
+            self._users.pop(key, None)
+        else:
+            self._users[key] = user
+
     def get(self, component: str, vhost: str, name: str) -> Any:
         return self._values.get((component, vhost, name))
 
+    def user_of(self, component: str, vhost: str, name: str) -> str | None:
+        """The user who set the parameter (None: not recorded, e.g. stored before users were)."""
+        return self._users.get((component, vhost, name))
+
     def listing(self, component: str | None = None, vhost: str | None = None) -> list[dict[str, Any]]:
-        """RabbitMQ's parameter objects, sorted by component, vhost and name."""
-        return [{"name": n, "vhost": v, "component": c, "value": value}
-                for (c, v, n), value in sorted(self._values.items())
-                if (component is None or c == component) and (vhost is None or v == vhost)]
+        """RabbitMQ's parameter objects (with ``user`` when recorded), sorted by component, vhost and name."""
+        return [self._entry(key, value) for key, value in sorted(self._values.items())
+                if (component is None or key[0] == component) and (vhost is None or key[1] == vhost)]
 
     def drop_vhost(self, vhost: str) -> None:
         """A vhost is gone: its parameters go with it (each component told)."""
@@ -172,6 +206,7 @@ class Parameters:
             return
         for key in gone:
             del self._values[key]
+            self._users.pop(key, None)
         self._save()
         for comp, v, name in gone:
             if comp in self._components:
@@ -181,6 +216,7 @@ class Parameters:
     def set_global(self, name: str, value: Any) -> bool:
         if not isinstance(name, str) or not name:
             raise ParameterError("global parameter name must be a non-empty string")
+        check_parameter_name("global parameter name", name)
         if name == "cluster_name" and (not isinstance(value, str) or not value):
             raise ParameterError("cluster_name: value must be a non-empty string")
         created = name not in self._globals

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lavinpy.broker.arguments import OVERFLOW_MODES, QUEUE_MODES, parse_max_age
+from lavinpy.broker.names import name_too_long
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
 log = logging.getLogger("lavinpy.policies")
@@ -41,7 +42,11 @@ def _int_at_least(minimum: int, what: str) -> Callable[[Any], str | None]:
 
 
 def _string(what: str) -> Callable[[Any], str | None]:
-    return lambda value: None if isinstance(value, str) else f"{value!r} is not a valid {what}"
+    def reason(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return f"{value!r} is not a valid {what}"
+        return name_too_long(what, value)
+    return reason
 
 
 def _one_of(choices: tuple[str, ...], what: str) -> Callable[[Any], str | None]:
@@ -126,6 +131,9 @@ def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority
     validators = VALIDATORS if validators is None else validators
     if not isinstance(name, str) or not name:
         raise PolicyError("policy name must be a non-empty string")
+    too_long = name_too_long("policy name", name)
+    if too_long is not None:
+        raise PolicyError(too_long)
     if not _is_int(priority):
         raise PolicyError(f"policy '{name}': {priority!r} priority must be a number")
     if apply_to not in APPLY_TO:

@@ -15,7 +15,7 @@ from pamqp import commands
 
 from ..store import changes
 from ..store.append_file import AppendFile
-from ..store.definitions import DefinitionsLog
+from ..store.definitions import DefinitionsLog, stored
 from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
 from ..store.queue_index import QueueIndex
@@ -311,7 +311,7 @@ class VHost(VHostPublishing):
         exchange = new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                                 arguments=arguments)
         if durable:
-            self.definitions.append(commands.Exchange.Declare(
+            self.definitions.append(stored(commands.Exchange.Declare,
                 exchange=name, exchange_type=type_name, durable=True, auto_delete=auto_delete,
                 internal=internal, arguments=arguments))
         self._add_exchange(exchange)
@@ -346,7 +346,7 @@ class VHost(VHostPublishing):
             if other.unbind_all(exchange):
                 self._maybe_auto_delete_exchange(other)
         if exchange.durable:
-            self.definitions.append(commands.Exchange.Delete(exchange=name))
+            self.definitions.append(stored(commands.Exchange.Delete, exchange=name))
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.has_bindings() and exchange.name in self.exchanges:
@@ -363,7 +363,7 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if exchange.bind(queue, routing_key, arguments) and queue.durable and exchange.durable \
                 and not queue.exclusive:
-            self.definitions.append(commands.Queue.Bind(
+            self.definitions.append(stored(commands.Queue.Bind,
                 queue=queue_name, exchange=exchange_name, routing_key=routing_key, arguments=arguments))
 
     def unbind_queue(self, queue_name: str, exchange_name: str, routing_key: str,
@@ -377,7 +377,7 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if exchange.unbind(queue, routing_key, arguments):
             if queue.durable and exchange.durable and not queue.exclusive:
-                self.definitions.append(commands.Queue.Unbind(
+                self.definitions.append(stored(commands.Queue.Unbind,
                     queue=queue_name, exchange=exchange_name, routing_key=routing_key, arguments=arguments))
             self._maybe_auto_delete_exchange(exchange)
 
@@ -388,7 +388,7 @@ class VHost(VHostPublishing):
         self._check_bindable(src)
         arguments = dict(arguments or {})
         if src.bind(dest, routing_key, arguments) and src.durable and dest.durable:
-            self.definitions.append(commands.Exchange.Bind(
+            self.definitions.append(stored(commands.Exchange.Bind,
                 destination=destination, source=source, routing_key=routing_key, arguments=arguments))
 
     def unbind_exchange(self, destination: str, source: str, routing_key: str,
@@ -403,7 +403,7 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if src.unbind(dest, routing_key, arguments):
             if src.durable and dest.durable:
-                self.definitions.append(commands.Exchange.Unbind(
+                self.definitions.append(stored(commands.Exchange.Unbind,
                     destination=destination, source=source, routing_key=routing_key, arguments=arguments))
             self._maybe_auto_delete_exchange(src)
 
@@ -464,8 +464,8 @@ class VHost(VHostPublishing):
         if self.max_queues is not None and len(self.queues) >= self.max_queues:
             raise queue_limit_error(name, self.name, self.max_queues)
         if queue_type == "stream":
-            self.definitions.append(commands.Queue.Declare(queue=name, durable=True, auto_delete=False,
-                                                           arguments=arguments))
+            self.definitions.append(stored(commands.Queue.Declare, queue=name, durable=True, auto_delete=False,
+                                           arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
             self._count_created()
@@ -473,7 +473,7 @@ class VHost(VHostPublishing):
         settings = self._queue_settings(name, arguments)
         persist = durable and not exclusive
         if persist:
-            self.definitions.append(commands.Queue.Declare(
+            self.definitions.append(stored(commands.Queue.Declare,
                 queue=name, durable=True, auto_delete=auto_delete, arguments=arguments))
         index = self._open_index(name, persist, settings)
         queue = Queue(self, name, index, durable=durable, exclusive_owner=owner if exclusive else None,
@@ -528,7 +528,7 @@ class VHost(VHostPublishing):
         if queue.kind != "classic":
             queue.stats.fold_into(self.deleted_stats_by_kind.setdefault(queue.kind, MessageCounters()))
         if queue.durable and not queue.exclusive:
-            self.definitions.append(commands.Queue.Delete(queue=name))
+            self.definitions.append(stored(commands.Queue.Delete, queue=name))
         return count
 
     def purge_queue(self, name: str) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
-from .listing import _flag, apply_list_query, name_matcher, page_of
+from .listing import _flag, apply_list_query, name_matcher, page_of, without_nulls
 
 SLICE = 250
 
@@ -39,7 +39,7 @@ async def _encode(objects: Sequence[T], make: Callable[[T], dict[str, Any]], col
         if collecting:
             gc.disable()  # this slice's dicts are freed below: no collection needs to look at them
         try:
-            items = [make(o) for o in objects[start:start + SLICE]]
+            items = [without_nulls(make(o)) for o in objects[start:start + SLICE]]
             if column_query:
                 items = apply_list_query(items, column_query)
             parts.append(json.dumps(items)[1:-1])
@@ -59,7 +59,7 @@ async def list_reply(objects: Sequence[T], make: Callable[[T], dict[str, Any]],
         for start in range(0, len(objects), SLICE):
             if start:
                 await asyncio.sleep(0)
-            items.extend(make(o) for o in objects[start:start + SLICE])
+            items.extend(without_nulls(make(o)) for o in objects[start:start + SLICE])
         result = apply_list_query(items, query)
         del items
         page = result if isinstance(result, list) else result["items"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..broker.definitions_io import export_definitions, import_definitions
+from ..broker.definitions_io import export_definitions, import_definitions_cooperatively
 from .context import actor_of, broker_of, json_reply
 from .errors import read_json
 
@@ -20,8 +20,8 @@ async def get_definitions(request: web.Request) -> web.Response:
 async def post_definitions(request: web.Request) -> web.Response:
     doc = await read_json(request)
     dry_run = request.query.get("dry_run", "false").lower() == "true"
-    plan = import_definitions(broker_of(request), actor_of(request), doc,
-                              vhost=request.match_info.get("vhost"), dry_run=dry_run)
+    plan = await import_definitions_cooperatively(broker_of(request), actor_of(request), doc,
+                                                  vhost=request.match_info.get("vhost"), dry_run=dry_run)
     if dry_run:
         return json_reply({"dry_run": True, "changes": plan.changes, "ignored": plan.ignored})
     if plan.ignored:  # accepted and not needed by lavinpy: said, never silently dropped

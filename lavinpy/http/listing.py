@@ -1,19 +1,27 @@
 """List replies as RabbitMQ's management API shapes them.
 
-Query parameters: ``name`` (substring, or a regex with ``use_regex=true``), ``sort`` (a field, dotted
+Query parameters: ``name`` (substring, or a regex with ``use_regex=true``: at most 255 characters,
+and at most 0.1 s of matching over all the listed names, else 400), ``sort`` (a field, dotted
 for nested ones, e.g. ``message_stats.publish``), ``sort_reverse``, ``columns`` (comma-separated,
 dotted), ``page`` and ``page_size`` (default 100, at most 500). Without ``page`` the reply is the
 plain list; with it, ``{"filtered_count", "item_count", "items", "page", "page_count",
 "page_size", "total_count"}``.
+
+No listed object carries a null: RabbitMQ's API gives ``null`` for a name that is not set (a queue's
+``policy``, a plain connection's ``ssl_protocol``), and RabbitMQ's own rabbitmqadmin then fails on
+that column (its table measures every cell as text). Such text fields are listed as ``""`` (the value
+RabbitMQ holds before its JSON encoder turns it into null); any other field without a value is left
+out, as RabbitMQ leaves out figures an object does not keep.
 """
 
 from __future__ import annotations
 
 import math
-import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import regex
 from aiohttp import web
 
 from .context import json_reply
@@ -21,6 +29,34 @@ from .errors import bad_request
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 500
+# A name filter regex: Python's re cannot stop a match that backtracks for ever ("(a|aa)+$" over a
+# long name), so the filter uses the regex module, whose matches take a timeout, with a budget for
+# the whole listing; and patterns no longer than a name.
+MAX_REGEX_CHARS = 255
+REGEX_BUDGET_SECONDS = 0.1
+
+
+# Text fields that name something and are "" when there is nothing to name.
+TEXT_FIELDS = frozenset({
+    "policy", "operator_policy", "exclusive_consumer_tag", "single_active_consumer_tag", "ssl_protocol",
+    "ssl_cipher", "ssl_hash", "ssl_key_exchange", "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity",
+    "user_who_performed_action", "auth_mechanism", "client_id", "description"})
+
+
+def without_nulls(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` with every null text field as "" and every other null left out (nested objects too)."""
+    if not any(v is None or isinstance(v, dict) for v in item.values()):
+        return item
+    out: dict[str, Any] = {}
+    for key, value in item.items():
+        if value is None:
+            if key in TEXT_FIELDS:
+                out[key] = ""
+        elif isinstance(value, dict):
+            out[key] = without_nulls(value)
+        else:
+            out[key] = value
+    return out
 
 
 def _flag(query: Mapping[str, str], name: str) -> bool:
@@ -86,11 +122,32 @@ def name_matcher(query: Mapping[str, str]) -> Callable[[str], bool] | None:
     if not name:
         return None
     if _flag(query, "use_regex"):
-        try:
-            return re.compile(name).search  # type: ignore[return-value]
-        except re.error as e:
-            raise bad_request(f"name is not a valid regular expression: {e}") from None
+        return _RegexFilter(name)
     return lambda text: name in text
+
+
+class _RegexFilter:
+    """``use_regex`` matching within a time budget shared by every name of one listing."""
+
+    def __init__(self, pattern: str) -> None:
+        if len(pattern) > MAX_REGEX_CHARS:
+            raise bad_request(f"name: a regular expression may have at most {MAX_REGEX_CHARS} characters, "
+                              f"not {len(pattern)}")
+        try:
+            self.compiled = regex.compile(pattern)
+        except (regex.error, ValueError, OverflowError, RecursionError) as e:
+            raise bad_request(f"name is not a valid regular expression: {e}") from None
+        self.deadline = time.monotonic() + REGEX_BUDGET_SECONDS
+
+    def __call__(self, text: str) -> bool:
+        left = self.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            return self.compiled.search(text, timeout=left) is not None
+        except TimeoutError:
+            raise bad_request(f"name: the regular expression takes too long to match (over "
+                              f"{REGEX_BUDGET_SECONDS:g} s over the listed names); make it simpler") from None
 
 
 def page_of(query: Mapping[str, str], filtered: int) -> tuple[int, int, int] | None:
@@ -109,7 +166,7 @@ def page_of(query: Mapping[str, str], filtered: int) -> tuple[int, int, int] | N
 
 def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) -> Any:
     """Filter, sort, page and cut ``items`` as the request's query asks; returns the JSON reply."""
-    all_items = list(items)
+    all_items = [without_nulls(i) for i in items]
     total = len(all_items)
     selected = all_items
     matches = name_matcher(query)
@@ -135,6 +192,11 @@ def apply_list_query(items: Iterable[dict[str, Any]], query: Mapping[str, str]) 
         return selected
     return {"filtered_count": filtered, "item_count": len(selected), "items": selected, "page": page,
             "page_count": page_count, "page_size": page_size, "total_count": total}
+
+
+def object_reply(item: dict[str, Any]) -> web.Response:
+    """One object's reply (GET of a queue, a connection), its nulls as a listing's."""
+    return json_reply(without_nulls(item))
 
 
 def listed(request: web.Request, items: list[dict[str, Any]]) -> web.Response:

@@ -21,7 +21,7 @@ from ..broker.vhost import VHost
 from . import cooperative
 from .context import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
-from .listing import apply_list_query
+from .listing import apply_list_query, object_reply
 from .samples import SampleQuery
 
 DEFAULT_EXCHANGE_PATH_NAME = "amq.default"
@@ -87,7 +87,7 @@ async def list_exchanges(request: web.Request) -> web.Response:
 async def get_exchange(request: web.Request) -> web.Response:
     vhost = _vhost(request)
     exchange = ops.get_exchange(actor_of(request), vhost, _exchange_name(request.match_info["name"]))
-    return json_reply(exchange_info(vhost, exchange))
+    return object_reply(exchange_info(vhost, exchange))
 
 
 async def put_exchange(request: web.Request) -> web.Response:
@@ -171,7 +171,7 @@ async def get_queue(request: web.Request) -> web.Response:
     samples = SampleQuery(request.query)
     if samples:
         samples.apply(broker_of(request).stats, queue.stats.history, info, info["message_stats"])
-    return json_reply(info)
+    return object_reply(info)
 
 
 async def put_queue(request: web.Request) -> web.Response:

@@ -18,7 +18,7 @@ from ..wire.constants import ACCESS_REFUSED
 from ..wire.errors import AMQPChannelError
 from .context import CLUSTER_NODES, MQTT_SESSIONS, actor_of, broker_of, json_reply, sessions_of
 from .errors import bad_request, not_found, read_json_object
-from .listing import apply_list_query
+from .listing import apply_list_query, object_reply
 from .samples import SampleQuery
 
 
@@ -135,10 +135,10 @@ def _mqtt_connection(request: web.Request) -> Any:
 async def get_connection(request: web.Request) -> web.Response:
     mqtt_conn = _mqtt_connection(request)
     if mqtt_conn is not None:  # with its MQTT session: subscriptions, deliveries awaiting PUBACK
-        return json_reply({**mqtt_views.connection_info(mqtt_conn, _node()),
+        return object_reply({**mqtt_views.connection_info(mqtt_conn, _node()),
                            "mqtt_session": mqtt_views.session_info(mqtt_conn)})
     conn = views.find_connection(sessions_of(request), actor_of(request), request.match_info["name"])
-    return json_reply(views.connection_info(conn, _node()))
+    return object_reply(views.connection_info(conn, _node()))
 
 
 async def delete_connection(request: web.Request) -> web.Response:

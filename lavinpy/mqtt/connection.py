@@ -19,6 +19,7 @@ from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
 from ..broker.rates import WindowRates
+from ..broker.replies import ReplyQueue
 from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
@@ -120,7 +121,7 @@ class MQTTConnection:
         self._exchange: tuple[int, Exchange, Any] | None = None  # (vhost generation, exchange, topic check)
         self._pubacks: list[int] = []  # replies of this input batch: QoS 1 packet ids, QoS 2 ones | *_REPLY
         self._batch_sync = False  # some publish of this batch waits for the disk
-        self._ack_batches: deque[list[Any]] = deque()  # [packet ids, durable yet] in input order
+        self._replies = ReplyQueue(self)  # PUBACK runs in input order, after the disk
         self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
         self._unread = True  # input read before login, not yet split into packets after it
         # A login being decided (the throttle's delay, a slow hash): (CONNECT, vhost, attempt). Meanwhile
@@ -527,27 +528,24 @@ class MQTTConnection:
 
     # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------
     def _end_batch(self) -> None:
+        """One reply queue entry per input batch: its PUBACKs, after the flush some of them wait for. A
+        failed flush or replication closes the connection (broker.replies), so the client publishes
+        them again."""
         ids, self._pubacks = self._pubacks, []
         sync, self._batch_sync = self._batch_sync, False
         if not ids or self.closed:
             return
-        if not sync and not self._ack_batches:
-            self._send_pubacks(ids)
-            return
-        entry: list[Any] = [ids, not sync]
-        self._ack_batches.append(entry)
-        if sync:
-            assert self.vhost is not None
-            self.vhost.durable(acks=False).add_done_callback(lambda f: self._durable(entry, f))
+        assert self.vhost is not None
+        self._replies.commit(self.vhost.durable(acks=False) if sync else None, ids)
 
-    def _durable(self, entry: list[Any], future: Any) -> None:
-        if future.cancelled() or future.exception() is not None:
-            self._fail("the store could not make a message durable")
-            return
-        entry[1] = True
-        batches = self._ack_batches
-        while batches and batches[0][1]:
-            self._send_pubacks(batches.popleft()[0])
+    # the reply queue's sink (broker.replies.ReplySink)
+    def send_reply(self, reply: list[int]) -> None:
+        self._send_pubacks(reply)
+
+    def durability_failed(self, reply: list[int], reason: str) -> None:
+        log.error("MQTT connection %s (client %r) closed: %d PUBACKs withheld: %s", self.name, self.client_id,
+                  len(reply), reason)
+        self._close()
 
     def _send_pubacks(self, packet_ids: list[int]) -> None:
         """PUBACKs (and QoS 2's replies) as one write; PUBACKs and PUBRECs counted as confirms (the
@@ -574,6 +572,7 @@ class MQTTConnection:
         self._close()
 
     def _close(self) -> None:
+        self._replies.stop()
         if not self.closed:
             self._effects.append(Effect.CLOSE)
             self.wakeup()
@@ -584,6 +583,7 @@ class MQTTConnection:
         login, self._login = self._login, None
         if login is not None:
             login[2].abandon()
+        self._replies.stop()
         subs, self.subscriptions = self.subscriptions, None
         if subs is None:
             return

@@ -182,7 +182,7 @@ class ShovelClient(asyncio.Protocol):
                 client_properties={"product": "lavinpy shovel", "connection_name": self.name,
                                    "capabilities": {"publisher_confirms": True, "consumer_cancel_notify": True,
                                                     "basic.nack": True}},
-                mechanism="PLAIN", response=f"\0{url.user}\0{url.password}", locale="en_US"), 0)
+                mechanism=url.mechanism, response=f"\0{url.user}\0{url.password}", locale="en_US"), 0)
         elif isinstance(method, spec.Connection.Tune):
             self.frame_max = method.frame_max or 131072
             proposed = method.heartbeat

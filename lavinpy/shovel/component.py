@@ -1,10 +1,13 @@
 """The shovels of one node, and the ``shovel`` parameter component that defines them.
 
 ``Shovels`` runs one ``Shovel`` task per definition while started (the server starts it with the
-broker and, in a cluster, only on the leader: a follower runs no server). ``ShovelComponent`` is
-what the parameters registry calls: ``validate`` raises ShovelDefinitionError naming the key,
-``apply`` (re)starts the shovel, ``remove`` stops it. The registry keeps the definitions durable and
-applies them again at boot.
+broker and, in a cluster, only on the leader: a follower runs no server). Each shovel runs as the user
+who made it (its parameter's creator): on this node it logs in as that user without a password (the
+node's internal mechanism, with a token the server gives through ``LocalNode``), and before each
+start ``Shovels.authorize`` (the broker's check of the creator's rights, wired by the server) may
+refuse it. ``ShovelComponent`` is what the parameters registry calls: ``validate`` raises
+ShovelDefinitionError naming the key, ``apply`` (re)starts the shovel, ``remove`` stops it. The registry
+keeps the definitions durable and applies them again at boot.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from lavinpy.wire.constants import INTERNAL_MECHANISM
 from lavinpy.wire.uri import AMQPURL
 
 from .definition import ShovelDefinition, parse_definition
@@ -32,19 +36,23 @@ class LocalNode:
     """Where ``amqp://`` (no host) leads: this node's AMQP listener over loopback.
 
     A local URI's user and password are used when it names them (``amqp://user:pass@/vhost``);
-    otherwise the broker's configured default user, which may log in from loopback.
+    otherwise the shovel logs in as the user who made it, with ``token(user)`` under ``mechanism``
+    (the server gives its internal mechanism and per-process tokens: no password is involved).
     """
 
-    def __init__(self, host: str, port: int, user: str, password: str) -> None:
-        self.host, self.port, self.user, self.password = host, port, user, password
+    def __init__(self, host: str, port: int, token: Callable[[str], str],
+                 mechanism: str = INTERNAL_MECHANISM) -> None:
+        self.host, self.port, self.token, self.mechanism = host, port, token, mechanism
 
-    def url(self, uri: str, vhost: str) -> AMQPURL:
+    def url(self, uri: str, vhost: str, user: str) -> AMQPURL:
         u = urlsplit(uri)
         path = u.path[1:] if u.path.startswith("/") else u.path
-        return AMQPURL(host=self.host, port=self.port,
-                       user=unquote(u.username) if u.username else self.user,
-                       password=unquote(u.password) if u.password is not None else self.password,
-                       vhost=unquote(path) if path else vhost)
+        target = unquote(path) if path else vhost
+        if u.username:
+            return AMQPURL(host=self.host, port=self.port, user=unquote(u.username),
+                           password=unquote(u.password) if u.password is not None else "", vhost=target)
+        return AMQPURL(host=self.host, port=self.port, user=user, password=self.token(user), vhost=target,
+                       mechanism=self.mechanism)
 
 
 class Shovels:
@@ -54,14 +62,28 @@ class Shovels:
         self.local = local
         self.node = node_name or f"lavinpy@{socket.gethostname()}"
         self.definitions: dict[tuple[str, str], ShovelDefinition] = {}
+        self.creators: dict[tuple[str, str], str] = {}  # whom each shovel runs as
+        # (vhost, name) -> why the shovel may not start now (its creator's rights), or None.
+        self.authorize: Callable[[str, str], str | None] | None = None
         self.running: dict[tuple[str, str], Shovel] = {}
         self.started = False
         # Called when a shovel with src-delete-after has moved its messages: the registry forgets
         # its parameter then (RabbitMQ deletes the parameter too).
         self.on_finished: Callable[[str, str], None] | None = None
 
+    def _shovel(self, key: tuple[str, str]) -> Shovel:
+        user, authorize = self.creators[key], self.authorize
+
+        def local_url(uri: str, vhost: str) -> AMQPURL:
+            return self.local.url(uri, vhost, user)
+
+        def refusal() -> str | None:
+            return authorize(*key) if authorize is not None else None
+
+        return Shovel(key[0], key[1], self.definitions[key], local_url, self._finished, refusal)
+
     def _launch(self, key: tuple[str, str]) -> None:
-        shovel = Shovel(key[0], key[1], self.definitions[key], self.local.url, self._finished)
+        shovel = self._shovel(key)
         self.running[key] = shovel
         shovel.start()
 
@@ -70,6 +92,7 @@ class Shovels:
         if self.running.get(key) is shovel:
             del self.running[key]
             self.definitions.pop(key, None)
+            self.creators.pop(key, None)
             if self.on_finished is not None:
                 try:
                     self.on_finished(*key)
@@ -88,10 +111,11 @@ class Shovels:
         running, self.running = list(self.running.values()), {}
         await asyncio.gather(*(shovel.stop() for shovel in running), return_exceptions=True)
 
-    def put(self, vhost: str, name: str, definition: ShovelDefinition) -> None:
-        """Define (or redefine: restarted with the new definition) a shovel."""
+    def put(self, vhost: str, name: str, definition: ShovelDefinition, user: str) -> None:
+        """Define (or redefine: restarted with the new definition) a shovel run as ``user``."""
         key = (vhost, name)
         self.definitions[key] = definition
+        self.creators[key] = user
         old = self.running.pop(key, None)
         if old is not None:
             asyncio.get_running_loop().create_task(old.stop())
@@ -102,6 +126,7 @@ class Shovels:
         key = (vhost, name)
         if self.definitions.pop(key, None) is None:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
+        self.creators.pop(key, None)
         shovel = self.running.pop(key, None)
         if shovel is not None:
             asyncio.get_running_loop().create_task(shovel.stop())
@@ -111,18 +136,18 @@ class Shovels:
         key = (vhost, name)
         if key not in self.definitions:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
-        self.put(vhost, name, self.definitions[key])
+        self.put(vhost, name, self.definitions[key], self.creators[key])
 
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """RabbitMQ's /api/shovels rows (defined shovels not running here, e.g. stopped, are listed as
         terminated)."""
         rows = []
-        for (v, name), definition in sorted(self.definitions.items()):
+        for v, name in sorted(self.definitions):
             if vhost is not None and v != vhost:
                 continue
             shovel = self.running.get((v, name))
             if shovel is None:
-                shovel = Shovel(v, name, definition, self.local.url)
+                shovel = self._shovel((v, name))
                 shovel.state, shovel.reason = "terminated", "not running on this node"
             rows.append(shovel.status(self.node))
         return rows
@@ -133,14 +158,16 @@ class ShovelComponent:
 
     name = "shovel"
 
-    def __init__(self, shovels: Shovels) -> None:
+    def __init__(self, shovels: Shovels, creator: Callable[[str, str], str]) -> None:
+        """``creator``: (vhost, name) -> the user a stored shovel parameter runs as."""
         self.shovels = shovels
+        self.creator = creator
 
     def validate(self, vhost: str, name: str, value: dict) -> None:
         parse_definition(value)
 
     def apply(self, vhost: str, name: str, value: dict) -> None:
-        self.shovels.put(vhost, name, parse_definition(value))
+        self.shovels.put(vhost, name, parse_definition(value), self.creator(vhost, name))
 
     def remove(self, vhost: str, name: str) -> None:
         try:

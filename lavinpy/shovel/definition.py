@@ -90,7 +90,7 @@ def _uris(value: Any, key: str) -> tuple[str, ...]:
         try:
             parse_url(uri)
         except ValueError as e:
-            raise ShovelDefinitionError(f"{key}: {e}") from None
+            raise ShovelDefinitionError(f"{key}: {str(e).replace(uri, masked(uri))}") from None  # logged at boot
     return tuple(items)
 
 

@@ -46,10 +46,13 @@ class Shovel:
     """One dynamic shovel; ``run`` loops until cancelled or done (then ``on_done`` is called)."""
 
     def __init__(self, vhost: str, name: str, definition: ShovelDefinition, local_url: LocalURL,
-                 on_done: Callable[[Shovel], None] | None = None) -> None:
+                 on_done: Callable[[Shovel], None] | None = None,
+                 refusal: Callable[[], str | None] | None = None) -> None:
+        """``refusal``: asked before each start; a text (its creator may not run it now) terminates it."""
         self.vhost, self.name, self.definition = vhost, name, definition
         self._local_url = local_url
         self._on_done = on_done
+        self._refusal = refusal
         self.state = "starting"
         self.reason: str | None = None
         self.timestamp = _now()
@@ -93,6 +96,9 @@ class Shovel:
         while True:
             started = asyncio.get_running_loop().time()
             try:
+                reason = self._refusal() if self._refusal is not None else None
+                if reason is not None:
+                    raise ShovelClientError(reason)
                 await self._session()
             except ShovelDone:
                 await self._close()

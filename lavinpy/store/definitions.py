@@ -18,6 +18,7 @@ replies wait for that flush: many declarations, one fsync.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import struct
@@ -25,7 +26,7 @@ import time
 import zlib
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pamqp import commands, encode
 from pamqp import frame as pamqp_frame
@@ -44,6 +45,7 @@ FRAME_METHOD = 1
 FRAME_END = 0xCE
 _FRAME_HEADER = struct.Struct(">BHI")  # AMQP frame header: type, channel, payload size (big-endian)
 _METHOD_INDEX = struct.Struct(">I")
+C = TypeVar("C")
 
 Declare = commands.Exchange.Declare | commands.Queue.Declare
 Binding = commands.Exchange.Bind | commands.Queue.Bind
@@ -89,6 +91,28 @@ def encode_command(command: Command) -> bytes:
     """
     payload = _METHOD_INDEX.pack(command.index) + _encode_fields(command)
     return _FRAME_HEADER.pack(FRAME_METHOD, 0, len(payload)) + payload + bytes((FRAME_END,))
+
+
+def stored(cls: type[C], **fields: Any) -> C:
+    """A pamqp command for the log, made without pamqp's check of its names (see ``encode_command``):
+    ``cls(**fields)`` refuses a queue named ``é`` or ``a;b``, which RabbitMQ and lavinpy accept."""
+    command = cls.__new__(cls)
+    for name, parameter in _init_parameters(cls):
+        setattr(command, name, fields.get(name, parameter.default))
+    if getattr(command, "arguments", {}) is None:
+        command.arguments = {}  # type: ignore[attr-defined]
+    return command
+
+
+def _init_parameters(cls: Any) -> list[tuple[str, inspect.Parameter]]:
+    known = _INIT_PARAMETERS.get(cls)
+    if known is None:
+        known = [(n, p) for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"]
+        _INIT_PARAMETERS[cls] = known
+    return known
+
+
+_INIT_PARAMETERS: dict[Any, list[tuple[str, inspect.Parameter]]] = {}
 
 
 def encode_record(command: Command) -> bytes:

@@ -61,3 +61,7 @@ REPLY_NAMES: dict[int, str] = {
     NOT_IMPLEMENTED: "NOT_IMPLEMENTED",
     INTERNAL_ERROR: "INTERNAL_ERROR",
 }
+
+# The SASL mechanism of a node's own links (its shovels) logging in to itself as the user who made them:
+# never advertised in Connection.Start, accepted only from this host with the node's per-process token.
+INTERNAL_MECHANISM = "LAVINPY-INTERNAL"

@@ -69,6 +69,7 @@ class AMQPURL:
     password: str = "guest"
     vhost: str = "/"
     tls: TLSOptions | None = None  # set for amqps:// only
+    mechanism: str = "PLAIN"  # the SASL mechanism of the login (a node's own shovels use its internal one)
 
 
 def parse_url(url: str) -> AMQPURL:

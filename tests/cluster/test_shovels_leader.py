@@ -67,3 +67,8 @@ def test_only_the_leader_shovels_and_a_new_leader_takes_over(cluster: Cluster) -
     # at least the 150 (a move unconfirmed at the kill may be repeated), and the source drained
     wait_until(lambda: _moved(successor) >= 150, 20, what="the new leader's shovel to move the new messages")
     assert [f for f in followers if f is not successor and _runs_shovel(f)] == []
+    # The parameter came with the user who set it (it runs as guest there too, with no password).
+    request = urllib.request.Request(successor.http_url + "/api/parameters/shovel/%2F/moving",
+                                     headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert json.load(reply)["user"] == "guest"

@@ -233,3 +233,37 @@ def test_a_failed_flush_nacks_its_publishes_and_the_channel_goes_on(inproc) -> N
         assert ch.is_open
     finally:
         conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_flush_closes_the_channel_of_tx_commit_and_a_new_one_commits(inproc) -> None:  # noqa: F811
+    """tx.commit whose fsync failed is answered, never left waiting: channel.close 506 naming the
+    failure; the client opens a channel and commits again."""
+    b = inproc()
+    store = b.call(lambda: b.broker.vhosts["/"].store)
+    queue = uid("tx-flush-fails")
+
+    def failing_sync(ranges, fds, directories, paths) -> None:  # noqa: ANN001 - the store's worker-thread signature
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    try:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.tx_select()
+        ch.basic_publish("", queue, b"lost?", pika.BasicProperties(delivery_mode=2))
+        store._sync = failing_sync
+        try:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                ch.tx_commit()
+        finally:
+            del store._sync
+        assert closed.value.reply_code == 506
+        assert closed.value.reply_text.startswith("RESOURCE_ERROR - could not write to disk or replicate: ")
+        ch = conn.channel()
+        ch.tx_select()
+        ch.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))
+        ch.tx_commit()
+        assert b"kept" in bodies(get_all(ch, queue))
+    finally:
+        conn.close()

@@ -261,7 +261,10 @@ def test_tag_rules(broker):
         assert {mine, other} <= seen["monitoring"]
         assert mine in seen["management"] and other not in seen["management"]
         assert call("management", "GET", f"/api/vhosts/{other}") == 401
-        assert call("monitoring", "GET", f"/api/policies/{other}/p1") == 200
+        # Policies are read by policymakers and administrators only: monitoring does not imply policymaker.
+        assert call("monitoring", "GET", f"/api/policies/{other}/p1") == 401
+        assert call("monitoring", "GET", "/api/policies") == 401
+        assert call("administrator", "GET", f"/api/policies/{other}/p1") == 200
         assert call("management", "GET", "/api/policies") == 401
         listed = http_call(broker, "GET", "/api/policies", user=users["policymaker"], password="pw")[1]
         assert {(p["vhost"], p["name"]) for p in listed} >= {(mine, "p1")}

@@ -183,7 +183,7 @@ def test_operator_policy_stricter_value_wins(broker):
     listed = http_call(broker, "GET", f"/api/operator-policies/{vhost}")[1]
     assert [(p["name"], p["definition"]) for p in listed] == [("cap", {"max-length": 2, "message-ttl": 60000})]
     _ok(http_call(broker, "DELETE", f"/api/operator-policies/{vhost}/cap")[0])
-    assert http_call(broker, "GET", f"/api/queues/{vhost}/op-q")[1]["operator_policy"] is None
+    assert http_call(broker, "GET", f"/api/queues/{vhost}/op-q")[1]["operator_policy"] == ""
 
 
 def test_global_parameters_and_cluster_name(fresh_broker):

@@ -1,6 +1,11 @@
-"""The attack suite's brokers: a lavinpy server of the test's own (a subprocess on free ports), one with
+"""The attack suite's brokers and roles: a lavinpy server of the test's own (a subprocess on free ports), one with
 MQTT on, its resident memory read from /proc, and raw WebSocket frames for what no well-behaved client
-sends."""
+sends.
+Roles (the module-scoped ``broker``, with vhosts ``a`` and ``b``): ``guest`` the default administrator;
+``pm`` policymaker, configure and write on everything of ``a``, read only on queues named ``open-*``, no
+access to ``b``; ``mon`` monitoring with full permissions on ``/``, ``a`` and ``b``; ``pmall`` policymaker
+with full permissions on ``/`` (the dashboard's Move messages as a non-admin).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pika
 import pytest
 
-from tests.e2e.conftest import LocalBroker
+from tests.e2e.conftest import LocalBroker, http_call
 from tests.mqtt.conftest import MQTTBroker
 
 
@@ -94,3 +101,60 @@ def ws_read_frame(sock: socket.socket) -> tuple[int, bytes]:
         return first & 0x0F, exactly(length)
     except (EOFError, ConnectionError):
         return -1, b""
+
+
+PASSWORDS = {"pm": "pm-secret-1", "mon": "mon-secret-2", "pmall": "pmall-secret-3"}
+
+
+def admin(broker: LocalBroker, method: str, path: str, body: Any = None, password: str = "guest") -> Any:
+    status, reply, _ = http_call(broker, method, path, body, password=password)
+    assert status in (200, 201, 204), (method, path, status, reply)
+    return reply
+
+
+def as_user(broker: LocalBroker, user: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    status, reply, _ = http_call(broker, method, path, body, user=user, password=PASSWORDS[user])
+    return status, reply
+
+
+def publish(broker: LocalBroker, vhost: str, queue: str, count: int) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url_for("guest", "guest", vhost)))
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True)
+    ch.confirm_delivery()
+    for i in range(count):
+        ch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+def messages(broker: LocalBroker, vhost: str, queue: str, password: str = "guest") -> int:
+    """The queue's length over AMQP (-1: no such queue)."""
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url_for("guest", password, vhost)))
+    try:
+        return conn.channel().queue_declare(queue, passive=True).method.message_count
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == 404, e
+        return -1
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    b = LocalBroker(Path(tmp_path_factory.mktemp("security")))
+    b.start()
+    try:
+        for vhost in ("a", "b"):
+            admin(b, "PUT", f"/api/vhosts/{vhost}")
+        admin(b, "PUT", "/api/users/pm", {"password": PASSWORDS["pm"], "tags": "policymaker"})
+        admin(b, "PUT", "/api/permissions/a/pm", {"configure": ".*", "write": ".*", "read": "^open-.*"})
+        admin(b, "PUT", "/api/users/mon", {"password": PASSWORDS["mon"], "tags": "monitoring"})
+        for vhost in ("%2F", "a", "b"):
+            admin(b, "PUT", f"/api/permissions/{vhost}/mon", {"configure": ".*", "write": ".*", "read": ".*"})
+            admin(b, "PUT", f"/api/permissions/{vhost}/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+        admin(b, "PUT", "/api/users/pmall", {"password": PASSWORDS["pmall"], "tags": "policymaker"})
+        admin(b, "PUT", "/api/permissions/%2F/pmall", {"configure": ".*", "write": ".*", "read": ".*"})
+        yield b
+    finally:
+        b.close()

@@ -16,8 +16,10 @@ class EngineThread:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.shovels: Shovels = self.call(lambda: Shovels(LocalNode("127.0.0.1", local_port, "guest", "guest"), "test"))
-        self.component = ShovelComponent(self.shovels)
+        # In process there is no broker to take the internal login: local shovels log in as guest.
+        local = LocalNode("127.0.0.1", local_port, lambda _user: "guest", mechanism="PLAIN")
+        self.shovels: Shovels = self.call(lambda: Shovels(local, "test"))
+        self.component = ShovelComponent(self.shovels, lambda _vhost, _name: "guest")
         self.finished: list[tuple[str, str]] = []
         self.shovels.on_finished = lambda vhost, name: self.finished.append((vhost, name))
         self.call(self.shovels.start)

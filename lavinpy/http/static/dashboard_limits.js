@@ -57,7 +57,7 @@ PAGES.parameters = () => {
     keyOf: (p) => `parameter '${p.name}' of '${p.component}' in '${p.vhost}'`,
     columns: [["Component", (p) => p.component], ["Vhost", (p) => p.vhost], ["Name", (p) => p.name], ["Value", (p) => jsonText(p.value)]],
     deletePath: (p) => `parameters/${enc(p.component)}/${enc(p.vhost)}/${enc(p.name)}`,
-    fill: (f, p) => setFields(f, { ...p, value: jsonText(p.value) }),
+    fill: (f, p) => setFields(f, { component: p.component, vhost: p.vhost, name: p.name, value: jsonText(p.value) }),
     form: submitForm(h("form", { className: "inline", id: "parameter-form" }, h("b", {}, "Set parameter"),
       input("Component", "component", { required: true, placeholder: "shovel" }), input("Vhost", "vhost", { required: true, value: "/" }),
       input("Name", "name", { required: true }), input("Value (JSON)", "value", { required: true }),

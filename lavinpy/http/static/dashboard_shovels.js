@@ -3,12 +3,9 @@
 // LavinMQ's UI has it. Shovels are defined through /api/parameters/shovel/{vhost}/{name}.
 "use strict";
 
-// "amqp://user:password@/vhost": this node (no host), as the logged-in user, so the move needs its permissions.
-function localShovelUri(vhost) {
-  const [user, ...rest] = new TextDecoder().decode(
-    Uint8Array.from(atob(sessionStorage.getItem(AUTH_KEY) || ""), (c) => c.charCodeAt(0))).split(":");
-  return `amqp://${enc(user)}:${enc(rest.join(":"))}@/${enc(vhost)}`;
-}
+// "amqp:///vhost": this node (no host) and no credentials, as RabbitMQ's UI writes it: the shovel runs as the
+// user who defines it (the logged-in user), so the move needs that user's permissions and no password.
+const localShovelUri = (vhost) => `amqp:///${enc(vhost)}`;
 
 function moveMessagesCard(vhost, queue) {
   const form = h("form", { className: "inline", id: "move-messages" }, h("b", {}, "Move messages"),

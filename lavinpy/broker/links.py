@@ -1,0 +1,100 @@
+"""The rights a link (a dynamic shovel) needs from the user who made it, and passwords kept out of answers.
+
+A link runs as the user recorded on its parameter. When the parameter is set and each time the link
+starts, that user must, for every URI of this node (``amqp://`` without a host):
+- be able to open the URI's vhost (RabbitMQ's rule: ``user "u" may not connect to vhost "v"``);
+- have read and configure permission on the source queue or exchange, and write and configure
+  permission on the destination queue or exchange (the default exchange when it names neither), in that
+  vhost (LavinMQ's rule).
+URIs with a host log in with their own credentials; the broker they name checks those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from .permissions import UserPermissions, access_refused
+from .users import UserStore
+
+# The parameter components whose values are links run as their creator (the coming federation
+# upstreams belong here too).
+LINK_COMPONENTS = frozenset({"shovel"})
+MASK = "***"
+
+
+def _uris(value: Any) -> list[str]:
+    items = value if isinstance(value, list) else [value]
+    return [u for u in items if isinstance(u, str)]
+
+
+def _local_vhost(uri: str, default: str) -> str | None:
+    """The vhost of a URI of this node (no host), or None for a URI naming a host."""
+    try:
+        u = urlsplit(uri)
+        if u.hostname:
+            return None
+    except ValueError:
+        return None
+    path = u.path[1:] if u.path.startswith("/") else u.path
+    return unquote(path) if path else default
+
+
+def _side(value: Mapping[str, Any], side: str) -> tuple[str, str, tuple[str, str]]:
+    """(URI key, resource key, (resource type, name)) of the source or destination."""
+    for kind in ("queue", "exchange"):
+        key = f"{side}-{kind}"
+        if isinstance(value.get(key), str):
+            return f"{side}-uri", key, (kind, value[key])
+    return f"{side}-uri", f"{side}-exchange", ("exchange", "")  # the destination's original routing: amq.default
+
+
+def link_refusal(users: UserStore, user: str, vhost: str, value: Any) -> str | None:
+    """Why ``user`` may not run the shovel ``value`` of ``vhost`` (a text naming the key and the vhost),
+    or None when it may. A value of the wrong shape is the component's to refuse: None here."""
+    if not isinstance(value, Mapping):
+        return None
+    if users.user(user) is None:
+        return f"user \"{user}\", who made this shovel, no longer exists"
+    sides = []
+    for side, kinds in (("src", ("read", "configure")), ("dest", ("write", "configure"))):
+        uri_key, resource_key, resource = _side(value, side)
+        if side == "src" and resource_key == "src-exchange" and not isinstance(value.get(resource_key), str):
+            continue  # neither src-queue nor src-exchange: the component refuses it
+        targets = [t for t in (_local_vhost(uri, vhost) for uri in _uris(value.get(uri_key))) if t is not None]
+        for target in targets:  # every URI's vhost first: RabbitMQ's rule
+            if not users.can_access_vhost(user, target):
+                return f"{uri_key}: user \"{user}\" may not connect to vhost \"{target}\""
+        sides.append((resource_key, resource, kinds, targets))
+    for resource_key, (resource_type, name), kinds, targets in sides:
+        for target in targets:
+            rights = UserPermissions(users, user, target)
+            for kind in kinds:
+                if not rights.allowed(kind, resource_type, name):
+                    return f"{resource_key}: {access_refused(kind, resource_type, name, target, user).detail}"
+    return None
+
+
+def masked_uri(uri: str) -> str:
+    """The URI with its password replaced by ``***`` (unchanged when it has none)."""
+    try:
+        u = urlsplit(uri)
+        if u.password is None:
+            return uri
+    except ValueError:
+        return uri
+    userinfo, _, hostport = u.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit((u.scheme, f"{user}:{MASK}@{hostport}", u.path, u.query, u.fragment))
+
+
+def masked(value: Any) -> Any:
+    """``value`` with the password of every URI in it (``scheme://user:password@...``) masked."""
+    if isinstance(value, str):
+        return masked_uri(value) if "://" in value else value
+    if isinstance(value, Mapping):
+        return {k: masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value

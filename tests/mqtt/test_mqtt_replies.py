@@ -1,0 +1,86 @@
+"""The MQTT connection's PUBACKs after the disk (broker.replies), without sockets: a failed flush or
+replication closes the connection, with no PUBACK for the messages it could not make durable, so
+the client publishes them again; never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lavinpy.mqtt import codec
+from lavinpy.mqtt.connection import Effect, MQTTConnection
+from lavinpy.mqtt.sessions import MQTTSessions
+from tests.amqp.session_client import Harness
+from tests.broker.durability_faults import FAILURES
+
+WAIT = 5.0  # seconds an answer may take before the test calls it a hang
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)  # fsync "always": a QoS 1 message to a durable queue waits for the group commit
+    yield h
+    h.close()
+
+
+def _subscribe(packet_id: int, topic: str, qos: int) -> bytes:
+    name = topic.encode()
+    return bytes((0x82, 2 + 2 + len(name) + 1)) + packet_id.to_bytes(2, "big") + len(name).to_bytes(2, "big") \
+        + name + bytes((qos,))
+
+
+async def _connected(sessions: MQTTSessions) -> MQTTConnection:
+    conn = sessions.new_connection(("127.0.0.1", 50001))
+    conn.start()
+    conn.receive_data(codec.encode_connect("dev", username="guest", password=b"guest", keepalive=60,
+                                           clean_session=False))
+    conn.receive_data(_subscribe(1, "a/b", 1))  # a durable queue: QoS 1, no clean session
+    await asyncio.sleep(0.05)
+    kinds = [kind for kind, _, _ in codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))]
+    assert kinds == [codec.CONNACK, codec.SUBACK]
+    conn.take_effects()
+    return conn
+
+
+async def _pubacks(conn: MQTTConnection, count: int) -> list[bytes]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    packets: list[tuple[int, int, bytes]] = []
+    while len([p for p in packets if p[0] == codec.PUBACK]) < count:
+        assert loop.time() < deadline, "no PUBACK (a hang)"
+        await asyncio.sleep(0.005)
+        packets += codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+    return [body for kind, _, body in packets if kind == codec.PUBACK]
+
+
+def test_pubacks_wait_for_the_disk_in_input_order(harness: Harness) -> None:
+    async def scenario() -> None:
+        conn = await _connected(MQTTSessions(harness.broker))
+        conn.receive_data(codec.publish("a/b", b"1", 1, False, False, 7))
+        conn.receive_data(codec.publish("a/c", b"2", 1, False, False, 8))  # unrouted: no wait of its own
+        assert await _pubacks(conn, 2) == [b"\x00\x07", b"\x00\x08"]
+        conn.lost()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_failed_wait_closes_the_connection_without_its_puback(harness: Harness, failure: str) -> None:
+    async def scenario() -> None:
+        conn = await _connected(MQTTSessions(harness.broker))
+        heal = FAILURES[failure](harness.broker)
+        conn.receive_data(codec.publish("a/b", b"hi", 1, False, False, 7))
+        conn.receive_data(codec.publish("a/c", b"after", 1, False, False, 8))  # behind it: never acked
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        while Effect.CLOSE not in conn.take_effects():
+            assert loop.time() < deadline, "no answer (a hang)"
+            await asyncio.sleep(0.005)
+        heal()
+        await asyncio.sleep(0.05)
+        packets = codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+        assert codec.PUBACK not in [kind for kind, _, _ in packets]
+        conn.lost()
+    asyncio.run(scenario())
