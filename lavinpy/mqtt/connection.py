@@ -450,21 +450,22 @@ class MQTTConnection:
             self._batch_sync = self._batch_sync or needs_sync
 
     def _publish_exactly_once(self, packet: codec.Publish) -> None:
-        """A QoS 2 PUBLISH: stored once per packet id until its PUBREL (a PUBLISH with an id still
-        remembered is a duplicate: PUBREC again, nothing routed); PUBREC once it is durable."""
+        """A QoS 2 PUBLISH, stored once per id until its PUBREL; PUBREC once durable (a duplicate, the id
+        remembered, is not routed: PUBREC after a flush, as the first one's may have failed)."""
         assert self.subscriptions is not None
         state, packet_id = self.subscriptions.qos2, packet.packet_id
+        sync: bool | None = True
         if packet_id not in state.inbound:
-            needs_sync = self._publish(packet.topic, packet.payload, 2, packet.retain)
-            if needs_sync is None:
+            sync = self._publish(packet.topic, packet.payload, 2, packet.retain)
+            if sync is None:
                 return  # a queue refused it: no PUBREC, the client sends it again
-            needs_sync = state.received(packet_id) or needs_sync
-            self._batch_sync = self._batch_sync or needs_sync
+            sync = state.received(packet_id) or sync
+        self._batch_sync = self._batch_sync or bool(sync)
         self._pubacks.append(packet_id | PUBREC_REPLY)
 
     def _on_qos2(self, kind: int, packet_id: int) -> None:
-        """PUBREL of an inbound QoS 2 message (PUBCOMP, also for an unknown id: 3.1.1, 4.3.3), PUBREC
-        and PUBCOMP of an outbound one; a reply goes with the PUBACKs once its record is durable."""
+        """PUBREL (PUBCOMP, an unknown id too: 3.1.1, 4.3.3), PUBREC and PUBCOMP of outbound messages; a
+        reply goes with the PUBACKs once its record is durable."""
         subs = self.subscriptions
         assert subs is not None
         if kind == codec.PUBCOMP:
@@ -543,7 +544,7 @@ class MQTTConnection:
         self._send_pubacks(reply)
 
     def durability_failed(self, reply: list[int], reason: str) -> None:
-        log.error("MQTT connection %s (client %r) closed: %d PUBACKs withheld: %s", self.name, self.client_id,
+        log.error("MQTT connection %s (client %r) closed: %d acknowledgements withheld: %s", self.name, self.client_id,
                   len(reply), reason)
         self._close()
 
@@ -559,9 +560,8 @@ class MQTTConnection:
             self.send(b"".join([codec.qos2_reply(reply >> 16, reply & 0xFFFF) for reply in packet_ids]))
             count = sum((reply & REPLY_KINDS) <= PUBREC_REPLY for reply in packet_ids)
         assert self.vhost is not None
-        if count:
-            confirmed(self.vhost, count)
-            self.counts["confirm"] += count
+        confirmed(self.vhost, count)
+        self.counts["confirm"] += count
 
     # --- ending -----------------------------------------------------------------------------------
     def _fail(self, reason: str) -> None:

@@ -32,15 +32,16 @@ def _subscribe(packet_id: int, topic: str, qos: int) -> bytes:
         + name + bytes((qos,))
 
 
-async def _connected(sessions: MQTTSessions) -> MQTTConnection:
+async def _connected(sessions: MQTTSessions, present: bool = False) -> MQTTConnection:
     conn = sessions.new_connection(("127.0.0.1", 50001))
     conn.start()
     conn.receive_data(codec.encode_connect("dev", username="guest", password=b"guest", keepalive=60,
                                            clean_session=False))
     conn.receive_data(_subscribe(1, "a/b", 1))  # a durable queue: QoS 1, no clean session
     await asyncio.sleep(0.05)
-    kinds = [kind for kind, _, _ in codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))]
-    assert kinds == [codec.CONNACK, codec.SUBACK]
+    packets = codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+    assert [kind for kind, _, _ in packets if kind != codec.PUBLISH] == [codec.CONNACK, codec.SUBACK]
+    assert packets[0][2][0] == present
     conn.take_effects()
     return conn
 
@@ -82,5 +83,49 @@ def test_a_failed_wait_closes_the_connection_without_its_puback(harness: Harness
         await asyncio.sleep(0.05)
         packets = codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
         assert codec.PUBACK not in [kind for kind, _, _ in packets]
+        conn.lost()
+    asyncio.run(scenario())
+
+
+async def _packets_until_close(conn: MQTTConnection) -> list[tuple[int, int, bytes]]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    packets: list[tuple[int, int, bytes]] = []
+    while Effect.CLOSE not in conn.take_effects():
+        assert loop.time() < deadline, "no answer (a hang)"
+        await asyncio.sleep(0.005)
+        packets += codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+    return packets + codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_failed_wait_withholds_pubrec_and_a_duplicate_waits_for_the_next_flush(harness: Harness,
+                                                                                 failure: str) -> None:
+    """QoS 2: no PUBREC for a message the store could not make durable; the client's PUBLISH again
+    (its id remembered: not routed twice) gets its PUBREC only after a flush that succeeds."""
+    async def scenario() -> None:
+        sessions = MQTTSessions(harness.broker)
+        conn = await _connected(sessions)
+        heal = FAILURES[failure](harness.broker)
+        conn.receive_data(codec.publish("a/b", b"once", 2, False, False, 9))
+        assert codec.PUBREC not in [kind for kind, _, _ in await _packets_until_close(conn)]
+        conn.lost()
+        conn = await _connected(sessions, present=True)
+        conn.receive_data(codec.publish("a/b", b"once", 2, False, True, 9))  # while the disk still fails
+        assert codec.PUBREC not in [kind for kind, _, _ in await _packets_until_close(conn)]
+        conn.lost()
+        heal()
+        conn = await _connected(sessions, present=True)
+        conn.receive_data(codec.publish("a/b", b"once", 2, False, True, 9))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        packets: list[tuple[int, int, bytes]] = []
+        while not packets:
+            assert loop.time() < deadline, "no PUBREC (a hang)"
+            await asyncio.sleep(0.005)
+            packets = codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+        assert [kind for kind, _, body in packets if kind != codec.PUBLISH] == [codec.PUBREC]
+        queue = harness.broker.vhosts["/"].queues["mqtt-subscription-devqos1"]
+        assert queue.message_count + queue.unacked_count == 1  # stored once
         conn.lost()
     asyncio.run(scenario())
