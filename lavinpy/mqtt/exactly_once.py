@@ -100,10 +100,11 @@ class ClientState:
         return self._write(RECEIVED, packet_id)
 
     def released(self, packet_id: int) -> bool:
-        """PUBREL: the id is forgotten (an unknown one too). Whether the PUBCOMP waits for the disk (a
-        PUBLISH reusing the id after PUBCOMP must never be taken for a duplicate)."""
+        """PUBREL: the id is forgotten. Whether the PUBCOMP waits for the disk (a PUBLISH reusing the id
+        after PUBCOMP must never be taken for a duplicate); for an id not remembered too, in a
+        persistent session: an earlier PUBREL's record may still await its flush."""
         if packet_id not in self.inbound:
-            return False
+            return self.file is not None
         self.inbound.discard(packet_id)
         return self._write(RELEASED, packet_id)
 
@@ -133,7 +134,7 @@ class ClientState:
         if pos is not None:
             del self.sent[pos]
         if packet_id in self.pubrel_owed:
-            return False
+            return self.file is not None  # a PUBREC again: its record may still await its flush
         self.pubrel_owed[packet_id] = None
         return self._write(PUBREL_OWED, packet_id)
 

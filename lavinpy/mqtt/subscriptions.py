@@ -406,7 +406,7 @@ class Subscriptions:
         a crash between the two leaves the PUBREL owed, not a message to deliver again). Whether the
         PUBREL waits for the record to be durable. An unknown id gets its PUBREL all the same."""
         if packet_id not in self.qos2_ids:
-            return False
+            return packet_id in self.qos2.pubrel_owed and self.qos2.pubrec(packet_id)
         self.qos2_ids.discard(packet_id)
         waits = self.qos2.pubrec(packet_id)
         tag = self.inflight.pop(packet_id, None)

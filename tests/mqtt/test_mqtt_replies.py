@@ -1,6 +1,7 @@
-"""The MQTT connection's PUBACKs after the disk (broker.replies), without sockets: a failed flush or
-replication closes the connection, with no PUBACK for the messages it could not make durable, so
-the client publishes them again; never a hang."""
+"""The MQTT connection's PUBACKs and QoS 2 replies after the disk (broker.replies), without sockets: a
+failed flush or replication closes the connection, with no PUBACK or PUBREC for the messages it could
+not make durable and no PUBCOMP for a PUBREL it could not record, so the client sends them again
+(answered only after a flush that succeeds); never a hang."""
 
 from __future__ import annotations
 
@@ -127,5 +128,38 @@ def test_a_failed_wait_withholds_pubrec_and_a_duplicate_waits_for_the_next_flush
         assert [kind for kind, _, body in packets if kind != codec.PUBLISH] == [codec.PUBREC]
         queue = harness.broker.vhosts["/"].queues["mqtt-subscription-devqos1"]
         assert queue.message_count + queue.unacked_count == 1  # stored once
+        conn.lost()
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_pubrel_again_gets_its_pubcomp_only_after_a_flush(harness: Harness, failure: str) -> None:
+    """The PUBCOMP withheld (its record's flush failed): the PUBREL again, the id already forgotten in
+    memory, is answered only once a flush succeeds, so the id is never remembered again after a crash
+    once the client has its PUBCOMP."""
+    async def scenario() -> None:
+        sessions = MQTTSessions(harness.broker)
+        conn = await _connected(sessions)
+        conn.receive_data(codec.publish("a/b", b"once", 2, False, False, 9))
+        await asyncio.sleep(0.05)
+        heal = FAILURES[failure](harness.broker)
+        conn.receive_data(bytes((0x62, 0x02, 0x00, 0x09)))  # PUBREL
+        assert codec.PUBCOMP not in [kind for kind, _, _ in await _packets_until_close(conn)]
+        conn.lost()
+        conn = await _connected(sessions, present=True)
+        conn.receive_data(bytes((0x62, 0x02, 0x00, 0x09)))  # while the disk still fails
+        assert codec.PUBCOMP not in [kind for kind, _, _ in await _packets_until_close(conn)]
+        conn.lost()
+        heal()
+        conn = await _connected(sessions, present=True)
+        conn.receive_data(bytes((0x62, 0x02, 0x00, 0x09)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        packets: list[tuple[int, int, bytes]] = []
+        while not packets:
+            assert loop.time() < deadline, "no PUBCOMP (a hang)"
+            await asyncio.sleep(0.005)
+            packets = codec.PacketReader(1 << 20).feed(b"".join(conn.data_to_send()))
+        assert [(kind, body) for kind, _, body in packets if kind != codec.PUBLISH] == [(codec.PUBCOMP, b"\x00\x09")]
         conn.lost()
     asyncio.run(scenario())
