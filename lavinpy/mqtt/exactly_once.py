@@ -204,6 +204,7 @@ class VHostQoS2:
             log.warning("%s: %d bytes of a torn last record dropped", self.file.path, len(data) - end)
             self.file.truncate(end)
         self.file_bytes = end
+        self._check_at = 0  # the file's size past which it may hold mostly stale records
         self.clients: dict[str, ClientState] = {}
         for record in records:
             self._replay(*record)
@@ -238,9 +239,12 @@ class VHostQoS2:
         record = _record(kind, client_id, packet_id, pos, topic_filter)
         self.file_bytes += len(record)
         waits = self.file.append(record)
-        if self.file_bytes > COMPACT_MIN_BYTES:
+        if self.file_bytes > max(COMPACT_MIN_BYTES, self._check_at):
+            # The live state is measured again only once the file has grown past twice its size.
             live = [r for state in self.clients.values() for r in state.records()]
-            if 2 * sum(map(len, live)) < self.file_bytes:
+            live_bytes = sum(map(len, live))
+            self._check_at = 2 * live_bytes
+            if 2 * live_bytes < self.file_bytes:
                 data = b"".join(live)
                 self.file_bytes = len(data)
                 return self.file.replace(data) or waits
