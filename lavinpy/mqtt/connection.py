@@ -24,12 +24,13 @@ from ..logs import RateLimitedLog
 from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
-from .codec import MQTTProtocolError
-from .exactly_once import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, REPLY_KINDS
+from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..broker.broker import Broker
     from ..broker.exchanges.base import Exchange
     from ..broker.vhost import VHost
@@ -450,8 +451,7 @@ class MQTTConnection:
             self._batch_sync = self._batch_sync or needs_sync
 
     def _publish_exactly_once(self, packet: codec.Publish) -> None:
-        """A QoS 2 PUBLISH, stored once per id until its PUBREL; PUBREC once durable (a duplicate, the id
-        remembered, is not routed: PUBREC after a flush, as the first one's may have failed)."""
+        """QoS 2: stored once per id until PUBREL; PUBREC after the disk (a duplicate's too, not routed)."""
         assert self.subscriptions is not None
         state, packet_id = self.subscriptions.qos2, packet.packet_id
         sync: bool | None = True
@@ -464,8 +464,7 @@ class MQTTConnection:
         self._pubacks.append(packet_id | PUBREC_REPLY)
 
     def _on_qos2(self, kind: int, packet_id: int) -> None:
-        """PUBREL (PUBCOMP, an unknown id too: 3.1.1, 4.3.3), PUBREC and PUBCOMP of outbound messages; a
-        reply goes with the PUBACKs once its record is durable."""
+        """PUBREL (PUBCOMP, to an unknown id too: 3.1.1, 4.3.3), PUBREC and PUBCOMP (replies after the disk)."""
         subs = self.subscriptions
         assert subs is not None
         if kind == codec.PUBCOMP:
@@ -539,13 +538,18 @@ class MQTTConnection:
         assert self.vhost is not None
         self._replies.commit(self.vhost.durable(acks=False) if sync else None, ids)
 
+    def send_after(self, wait: asyncio.Future[None] | None, data: bytes) -> None:
+        """Output (a QoS 2 PUBLISH) after ``wait`` and the replies before it (subscriptions.SubscriberHost)."""
+        self._replies.commit(wait, data)
+
     # the reply queue's sink (broker.replies.ReplySink)
-    def send_reply(self, reply: list[int]) -> None:
+    def send_reply(self, reply: list[int] | bytes) -> None:
+        if isinstance(reply, bytes):
+            return self.send(reply)
         self._send_pubacks(reply)
 
-    def durability_failed(self, reply: list[int], reason: str) -> None:
-        log.error("MQTT connection %s (client %r) closed: %d acknowledgements withheld: %s", self.name, self.client_id,
-                  len(reply), reason)
+    def durability_failed(self, reply: list[int] | bytes, reason: str) -> None:
+        log.error("MQTT connection %s (client %r) closed: replies withheld: %s", self.name, self.client_id, reason)
         self._close()
 
     def _send_pubacks(self, packet_ids: list[int]) -> None:
@@ -553,12 +557,8 @@ class MQTTConnection:
         model's and this protocol's)."""
         if self.closed:
             return
-        count = len(packet_ids)
-        if max(packet_ids) < PUBREC_REPLY:
-            self.send(b"".join([codec.puback(packet_id) for packet_id in packet_ids]))
-        else:
-            self.send(b"".join([codec.qos2_reply(reply >> 16, reply & 0xFFFF) for reply in packet_ids]))
-            count = sum((reply & REPLY_KINDS) <= PUBREC_REPLY for reply in packet_ids)
+        data, count = codec.replies(packet_ids)
+        self.send(data)
         assert self.vhost is not None
         confirmed(self.vhost, count)
         self.counts["confirm"] += count

@@ -39,12 +39,6 @@ _KINDS = frozenset((RECEIVED, RELEASED, SENT, PUBREL_OWED, COMPLETE, FORGOTTEN, 
 _FILTERS = (GRANTED, UNGRANTED)
 COMPACT_MIN_BYTES = 1 << 20  # below this the file is never rewritten
 
-# Replies waiting with the PUBACKs for the disk are packet ids; these bits tell which packet each is.
-PUBREC_REPLY = 1 << 16
-PUBCOMP_REPLY = 2 << 16
-PUBREL_REPLY = 3 << 16
-REPLY_KINDS = 3 << 16
-
 
 class StateFile(Protocol):
     """Where a persistent session's records go (``VHostQoS2``)."""
@@ -117,16 +111,18 @@ class ClientState:
         """The packet id a message at this queue position went out with earlier (a redelivery)."""
         return self.sent.get(pos)
 
-    def sending(self, pos: int, packet_id: int) -> None:
-        """A QoS 2 delivery of the queue's message at ``pos`` goes out with ``packet_id``."""
+    def sending(self, pos: int, packet_id: int) -> bool:
+        """A QoS 2 delivery of the queue's message at ``pos`` goes out with ``packet_id``: whether the
+        PUBLISH waits for the record to be durable (else a crash could send it again with another id,
+        a second message to the client)."""
         if self.sent.get(pos) == packet_id:
-            return
+            return False
         old = self.sent.pop(pos, None)
         if old is not None:
             del self.sent_ids[old]
         self.sent[pos] = packet_id
         self.sent_ids[packet_id] = pos
-        self._write(SENT, packet_id, pos)
+        return self._write(SENT, packet_id, pos)
 
     def pubrec(self, packet_id: int) -> bool:
         """The client's PUBREC: the PUBREL is owed until PUBCOMP. Whether the PUBREL waits."""

@@ -21,6 +21,8 @@ from . import codec, topics
 from .exactly_once import ClientState
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..broker.actor import Actor
     from ..broker.deliveries import StoredMessage  # the model's record type; mqtt names no store module
     from ..broker.queue_base import QueueKind
@@ -42,6 +44,9 @@ class SubscriberHost(Protocol):
     counts: dict[str, int]  # the node's message counts of the connection's protocol
 
     def send(self, data: bytes) -> None: ...
+
+    def send_after(self, wait: asyncio.Future[None] | None, data: bytes) -> None:
+        """``data`` after ``wait`` (None: nothing) and the replies queued before it."""
 
 
 class RetainedSource(Protocol):
@@ -315,11 +320,15 @@ class Subscriptions:
             packet_id = self.qos2.id_of(pos)
             if packet_id is None or packet_id in self.inflight:
                 packet_id = self._packet_id()
-            self.qos2.sending(pos, packet_id)
+            waits = self.qos2.sending(pos, packet_id)
             self.inflight[packet_id] = tag
             self.qos2_ids.add(packet_id)
             self._queued_qos2 += 1
-            self.host.send(codec.publish(topic, body, 2, False, redelivered, packet_id))
+            packet = codec.publish(topic, body, 2, False, redelivered, packet_id)
+            if self.qos2.file is None:
+                self.host.send(packet)
+            else:  # once its id is recorded, in order with the session's other QoS 2 PUBLISHes
+                self.host.send_after(self.vhost.durable(acks=False) if waits else None, packet)
             return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag

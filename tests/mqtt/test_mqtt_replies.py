@@ -163,3 +163,46 @@ def test_a_pubrel_again_gets_its_pubcomp_only_after_a_flush(harness: Harness, fa
         assert [(kind, body) for kind, _, body in packets if kind != codec.PUBLISH] == [(codec.PUBCOMP, b"\x00\x09")]
         conn.lost()
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_a_qos2_delivery_waits_for_its_packet_id_on_disk(harness: Harness, failure: str) -> None:
+    """A persistent session's QoS 2 PUBLISH goes out once the record of its packet id is durable (a
+    crash before would send it again with another id: a second message to the client). A failed wait
+    closes the connection without it; the session resumed, it comes with that id."""
+    async def scenario() -> None:
+        sessions = MQTTSessions(harness.broker)
+        sub = sessions.new_connection(("127.0.0.1", 50002))
+        sub.start()
+        sub.receive_data(codec.encode_connect("sub2", username="guest", password=b"guest", clean_session=False)
+                         + _subscribe(1, "x/y", 2))
+        await asyncio.sleep(0.05)
+        assert [kind for kind, _, _ in codec.PacketReader(1 << 20).feed(b"".join(sub.data_to_send()))] == [
+            codec.CONNACK, codec.SUBACK]
+        pub = await _connected(sessions)
+        await asyncio.sleep(0.05)
+        heal = FAILURES[failure](harness.broker)
+        pub.receive_data(codec.publish("x/y", b"m", 2, False, False, 5))  # PUBREC withheld: it closes
+        harness.run_soon()  # the delivery
+        assert codec.PUBLISH not in [kind for kind, _, _ in await _packets_until_close(sub)]
+        state = sub.subscriptions.qos2 if sub.subscriptions is not None else None
+        assert state is not None and len(state.sent_ids) == 1
+        (packet_id,) = state.sent_ids
+        sub.lost()
+        pub.lost()
+        heal()
+        sub = sessions.new_connection(("127.0.0.1", 50003))
+        sub.start()
+        sub.receive_data(codec.encode_connect("sub2", username="guest", password=b"guest", clean_session=False))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT
+        packets: list[tuple[int, int, bytes]] = []
+        while codec.PUBLISH not in [kind for kind, _, _ in packets]:
+            assert loop.time() < deadline, "no PUBLISH (a hang)"
+            await asyncio.sleep(0.005)
+            harness.run_soon()
+            packets += codec.PacketReader(1 << 20).feed(b"".join(sub.data_to_send()))
+        (got,) = [codec.parse_publish(flags, body) for kind, flags, body in packets if kind == codec.PUBLISH]
+        assert (got.payload, got.qos, got.packet_id) == (b"m", 2, packet_id)
+        sub.lost()
+    asyncio.run(scenario())
