@@ -72,7 +72,7 @@ class Config:
     mqtt_exchange: str = "amq.topic"
     mqtt_allow_anonymous: bool = False
     mqtt_max_packet_size: int = 128 * 1024 * 1024 + 65536  # a whole packet, headers included
-    mqtt_inflight_window: int = 10  # QoS 1 deliveries awaiting PUBACK per subscription queue
+    mqtt_inflight_window: int = 10  # QoS 1 and 2 deliveries awaiting PUBACK or PUBREC, one window per client
     mqtt_max_subscribe_filters: int = 1000  # topic filters in one SUBSCRIBE (more closes the connection)
     # Retained messages per vhost: a retained publish that would go over either is not retained (it is
     # still delivered), with a log line; replacing or clearing a retained topic is always allowed.
