@@ -18,7 +18,8 @@ from pamqp import commands
 
 from .. import __version__
 from ..broker.actor import Actor
-from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
+from ..broker.cert_login import PeerCertificate
+from ..broker.login import LoginAttempt, LoginOutcome
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -63,7 +64,7 @@ from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
 from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
-from .sasl import sasl_credentials
+from .sasl import login_request, offered_mechanisms
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -121,7 +122,8 @@ class AMQPConnection(ConnectionOutput):
     __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
                  "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
                  "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
-                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "__weakref__")
+                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "peer_certificate",
+                 "auth_mechanism", "__weakref__")
 
     sessions: SessionHost
 
@@ -137,6 +139,8 @@ class AMQPConnection(ConnectionOutput):
             self.peer_host = peer[0]
             self.name = f"{peer[0]}:{peer[1]}"
         self.username = ""
+        self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
+        self.auth_mechanism = "PLAIN"
         self.vhost: VHost | None = None
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
@@ -443,16 +447,11 @@ class AMQPConnection(ConnectionOutput):
         self.enter_state(AWAIT_START_OK)
         self.send(writer.method_frame(0, commands.Connection.Start(
             version_major=0, version_minor=9,
-            server_properties={
-                "product": "lavinpy",
-                "version": __version__,
-                "platform": "Python",
-                "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
-                "copyright": "lavinpy developers",
-                "capabilities": dict(CAPABILITIES),
-                "cluster_name": "lavinpy",
-            },
-            mechanisms="PLAIN AMQPLAIN", locales="en_US")))
+            server_properties={"product": "lavinpy", "version": __version__, "platform": "Python",
+                               "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
+                               "copyright": "lavinpy developers", "capabilities": dict(CAPABILITIES),
+                               "cluster_name": "lavinpy"},
+            mechanisms=" ".join(offered_mechanisms(self.config, self.peer_certificate)), locales="en_US")))
 
     def capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")
@@ -460,13 +459,11 @@ class AMQPConnection(ConnectionOutput):
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = dict(method.client_properties or {})
-        mechanism = method.mechanism
-        username, password = sasl_credentials(mechanism, method.response)
-        # The model's one login operation: the throttle's delay, the password (a slow hash in its
-        # worker pool), the loopback-only rule. Until it is decided the connection reads nothing more:
+        self.auth_mechanism = method.mechanism
+        request = login_request(self.config, method.mechanism, method.response, self.peer_certificate, self.peer_host)
+        # The model's one login operation (broker/login.py). Until it is decided nothing more is read:
         # a client that sent StartOk, TuneOk and Open in one write gets 403 or its Tune.
-        login = self._login = self.broker.logins.attempt(
-            LoginRequest("AMQP 0-9-1", mechanism, username, password, self.peer_host))
+        login = self._login = self.broker.logins.attempt(request)
         self.input_held = True
         self.update_reading()
         if login.delay:  # answered later, right or wrong, without holding anyone else up
