@@ -57,6 +57,18 @@ def peer_certificate(ssl_object: Any) -> PeerCertificate | None:
     return PeerCertificate(fields, der)
 
 
+def certificate_login(enabled: bool, config: Config, cert: PeerCertificate | None) -> str | None:
+    """The user of a certificate login on a face where it is ``enabled``: None when it is off, the
+    client sent no verified certificate, or the certificate has no user name (logged)."""
+    if not enabled or cert is None:
+        return None
+    user = certificate_user(config, cert)
+    if user is None:
+        log.warning("no user name in the client certificate (ssl_cert_login_from: %s, subject %s)",
+                    config.ssl_cert_login_from, distinguished_name(cert.fields.get("subject") or ()))
+    return user
+
+
 def certificate_user(config: Config, cert: PeerCertificate) -> str | None:
     """The user name ``ssl_cert_login_from`` takes from ``cert``, or None when it has none."""
     source = config.ssl_cert_login_from
