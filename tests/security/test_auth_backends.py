@@ -121,3 +121,16 @@ def test_distinguished_names_in_rabbitmqs_rfc_4514_form() -> None:
     subject = ((("countryName", "SE"),), (("organizationName", "Example, Inc"),),
                (("organizationalUnitName", "ops"), ("commonName", "#app+1 ")), (("domainComponent", "é"),))
     assert distinguished_name(subject) == r"DC=\C3\A9,OU=ops+CN=\#app\+1\ ,O=Example\, Inc,C=SE"
+
+
+def test_certificate_logins_need_verified_peers() -> None:
+    for settings in ({"auth_mechanisms": ["PLAIN", "EXTERNAL"]}, {"mqtt_ssl_cert_login": True},
+                     {"management_ssl_cert_login": True}):
+        with pytest.raises(ConfigError, match="needs tls_verify_peer: true"):
+            Config(**settings).validate()  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unknown mechanism 'GSSAPI'"):
+        Config(auth_mechanisms=["GSSAPI"]).validate()
+    with pytest.raises(ConfigError, match="ssl_cert_login_from must be one of"):
+        Config(ssl_cert_login_from="serial").validate()
+    with pytest.raises(ConfigError, match="ssl_cert_login_san_type must be one of"):
+        Config(ssl_cert_login_san_type="rid").validate()
