@@ -40,7 +40,7 @@ from ..wire.constants import INTERNAL_MECHANISM, NOT_ALLOWED
 from ..wire.errors import AMQPConnectionError, AMQPError
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
 from .actor import Actor
-from .auth_backends import AuthBackend, AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
+from .auth_backends import AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
 from .internal_login import InternalLogins
 from .users import loopback_only_refused
 
@@ -382,6 +382,3 @@ class LocalBackend:
         if ok and dummy is None and logins.broker.config.rehash_bcrypt_on_login:
             logins._rehash(request.username, password, password_hash)
         return self._result(request, dummy is None, bool(ok))
-
-
-_LOCAL: type[AuthBackend] = LocalBackend  # LocalBackend follows the backends' interface
