@@ -14,6 +14,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.actor import Actor
+from ..broker.cert_login import PeerCertificate, certificate_login
 from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
@@ -93,6 +94,7 @@ class MQTTConnection:
         self.local = local
         self.tls = tls
         self.peer_host = peer[0] if peer else None
+        self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes, socket reads and writes (one write per
@@ -304,7 +306,12 @@ class MQTTConnection:
         config = self.config
         vhost_name = config.mqtt_default_vhost
         password: str | None
-        if packet.username is None:
+        # RabbitMQ's ssl_cert_login: no user name and no password, a verified certificate's user.
+        cert_user = certificate_login(config.mqtt_ssl_cert_login, config, self.peer_certificate) \
+            if packet.username is None and packet.password is None else None
+        if cert_user is not None:
+            username, password = cert_user, None
+        elif packet.username is None:
             if not config.mqtt_allow_anonymous:
                 client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
                 self.send(codec.connack(False, codec.NOT_AUTHORIZED))
@@ -316,7 +323,8 @@ class MQTTConnection:
             if ":" in username:  # RabbitMQ's vhost:user
                 vhost_name, username = username.split(":", 1)
             password = None if packet.password is None else packet.password.decode("utf-8", "replace")
-        login = self.broker.logins.attempt(LoginRequest("MQTT", "PLAIN", username, password, self.peer_host))
+        login = self.broker.logins.attempt(LoginRequest("MQTT", "PLAIN" if cert_user is None else "EXTERNAL",
+                                                        username, password, self.peer_host, cert_user is not None))
         self._login = (packet, vhost_name, login)
         if login.delay:  # answered later, right or wrong, without holding anyone else up
             self._login_timer = True
