@@ -14,8 +14,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.actor import Actor
-from ..broker.cert_login import PeerCertificate, certificate_login
-from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
+from ..broker.cert_login import PeerCertificate
+from ..broker.login import LoginAttempt, LoginOutcome, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
@@ -26,6 +26,7 @@ from ..wire.errors import AMQPError
 from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
+from .connect_login import connect_login
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 from .topics import MAX_NAME_BYTES
 
@@ -303,28 +304,14 @@ class MQTTConnection:
                 raise MQTTProtocolError(f"will: {e}") from None
         # The model's one login operation: the throttle's delay, the password (a slow hash in its
         # worker pool), the loopback-only rule, then the vhost, the limits and the user's access.
-        config = self.config
-        vhost_name = config.mqtt_default_vhost
-        password: str | None
-        # RabbitMQ's ssl_cert_login: no user name and no password, a verified certificate's user.
-        cert_user = certificate_login(config.mqtt_ssl_cert_login, config, self.peer_certificate) \
-            if packet.username is None and packet.password is None else None
-        if cert_user is not None:
-            username, password = cert_user, None
-        elif packet.username is None:
-            if not config.mqtt_allow_anonymous:
-                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
-                self.send(codec.connack(False, codec.NOT_AUTHORIZED))
-                self._close()
-                return
-            username, password = config.default_user, config.default_password
-        else:
-            username = packet.username
-            if ":" in username:  # RabbitMQ's vhost:user
-                vhost_name, username = username.split(":", 1)
-            password = None if packet.password is None else packet.password.decode("utf-8", "replace")
-        login = self.broker.logins.attempt(LoginRequest("MQTT", "PLAIN" if cert_user is None else "EXTERNAL",
-                                                        username, password, self.peer_host, cert_user is not None))
+        asked = connect_login(self.config, packet, self.peer_certificate, self.peer_host)
+        if asked is None:
+            client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
+        request, vhost_name = asked
+        login = self.broker.logins.attempt(request)
         self._login = (packet, vhost_name, login)
         if login.delay:  # answered later, right or wrong, without holding anyone else up
             self._login_timer = True
