@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import random
 import socket
 import time
@@ -27,6 +28,17 @@ _BELOW_EPHEMERAL = (20000, 32768)
 _handed_out: set[int] = set()
 
 
+def worker_share(ports: tuple[int, int]) -> tuple[int, int]:
+    """Under pytest-xdist (-n N), worker gwK's own slice of a port range: ports a worker remembers as
+    handed out are unknown to the others."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return ports
+    share = (ports[1] - ports[0]) // count
+    start = ports[0] + int(worker[2:]) * share
+    return start, start + share
+
+
 def free_port(below_ephemeral: bool = False) -> int:
     """A loopback port nothing listens on now.
 
@@ -36,7 +48,7 @@ def free_port(below_ephemeral: bool = False) -> int:
     if not below_ephemeral:
         return free_ports(1)[0]
     while True:
-        port = random.randrange(*_BELOW_EPHEMERAL)
+        port = random.randrange(*worker_share(_BELOW_EPHEMERAL))
         if port in _handed_out:
             continue
         with socket.socket() as s:

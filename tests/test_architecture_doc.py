@@ -1,8 +1,10 @@
-"""docs/architecture.md's file map names every module under lavinpy/ and only modules that exist."""
+"""docs/architecture.md's file map names every module under lavinpy/ and only modules that exist; its layer block
+is pyproject.toml's layers contract; the README's Layout and Development sections agree with both."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,3 +66,63 @@ def test_the_map_names_every_module_once() -> None:
     assert not repeated, f"named more than once: {repeated}"
     unnamed = sorted(source_modules() - set(listed))
     assert not unnamed, f"docs/architecture.md's file map does not name: {unnamed}"
+
+
+# --- the layer block, the modules outside the layers, and the README's account of them ---------------
+
+README = REPO / "README.md"
+
+
+def package_layers() -> list[str]:
+    """pyproject.toml's layers contract of the whole package, top first, as 'lavinpy.a | lavinpy.b'."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in contracts if c["id"] == "layers"]
+    return [normalised(layer) for layer in contract["layers"]]
+
+
+def normalised(layer: str) -> str:
+    return " | ".join(name.strip() for name in layer.split("|"))
+
+
+def layer_block() -> list[str]:
+    """The layers of the doc's first code block: a line's first column (descriptions continue indented)."""
+    text = DOC.read_text()
+    block = re.search(r"^```\n(.*?)^```", text[:text.index("## File map")], re.M | re.S)
+    assert block, "no layer block before '## File map'"
+    return [normalised(re.split(r"\s{2,}", line)[0]) for line in block.group(1).splitlines()
+            if line.strip() and not line[0].isspace()]
+
+
+def test_the_layer_block_is_pyprojects_layers_contract():
+    assert layer_block() == package_layers()
+
+
+def test_the_modules_outside_the_layers_are_named():
+    text = DOC.read_text()
+    sentence = text[:text.index("sit outside the layers")]
+    sentence = sentence[sentence.rindex("\n\n"):]
+    named = set(re.findall(r"`([\w.]+\.py)`", sentence))
+    layered = {name.strip() for layer in package_layers() for name in layer.split("|")}
+    top = {path.name for path in (REPO / "lavinpy").glob("*.py")
+           if path.name != "__init__.py" and f"lavinpy.{path.stem}" not in layered}
+    assert named == top, f"named but missing: {sorted(named - top)}; not named: {sorted(top - named)}"
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_readme_layout_names_every_package():
+    layout = readme_section("Layout")
+    named = set(re.findall(r"`lavinpy/(\w+)/`", layout))
+    packages = {path.name for path in (REPO / "lavinpy").iterdir() if (path / "__init__.py").is_file()}
+    assert named == packages, f"named but missing: {sorted(named - packages)}; not named: {sorted(packages - named)}"
+
+
+def test_the_readme_development_section_gives_pyprojects_layer_order():
+    order = " > ".join(layer.replace("lavinpy.", "") for layer in package_layers())
+    assert f"`{order}`" in readme_section("Development"), order

@@ -14,6 +14,7 @@ from ..broker import operations_objects as ops
 from ..broker.arguments import ArgumentError, parse_expiration
 from ..wire.constants import NOT_FOUND, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
+from ..wire.frames import build_method
 from ..wire.properties import PropertiesError, decode_properties, peek_expiration, replace_field
 
 if TYPE_CHECKING:
@@ -143,7 +144,8 @@ class Declarations:
             name = self.queue_name(name)
         if name == REPLY_TO and m.passive:
             if not m.nowait:
-                self._out.send_method(commands.Queue.DeclareOk(queue=name, message_count=0, consumer_count=0))
+                self._out.send_method(build_method(commands.Queue.DeclareOk, queue=name, message_count=0,
+                                                  consumer_count=0))
             return
 
         def declare() -> Any:
@@ -151,7 +153,8 @@ class Declarations:
                                       durable=m.durable, exclusive=m.exclusive, auto_delete=m.auto_delete,
                                       arguments=m.arguments, server_named=m.queue == "")
             self.last_queue = name
-            return declare_ok(name, queue.message_count, queue.consumer_count)
+            return build_method(commands.Queue.DeclareOk, queue=name, message_count=queue.message_count,
+                                consumer_count=queue.consumer_count)
         self._run(m, declare)
 
     def on_queue_bind(self, m: commands.Queue.Bind) -> None:
@@ -211,12 +214,3 @@ class DirectReplyTo:
         if self.key is not None:
             self._registry.reply_to.pop(self.key, None)
         self.key = self.consumer_tag = None
-
-
-def declare_ok(name: str, message_count: int, consumer_count: int) -> commands.Queue.DeclareOk:
-    """queue.declare-ok for any name the broker took: pamqp's name check refuses some names RabbitMQ
-    takes (spaces, '>': RabbitMQ's federation queues are named ``federation: x -> cluster``)."""
-    reply = commands.Queue.DeclareOk(queue="q", message_count=message_count, consumer_count=consumer_count)
-    reply.queue = name
-    reply.validate = lambda: None  # type: ignore[method-assign]
-    return reply

@@ -18,11 +18,11 @@ from pamqp import commands
 
 from .. import __version__
 from ..broker.actor import Actor
-from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
+from ..broker.cert_login import PeerCertificate
+from ..broker.login import LoginAttempt, LoginOutcome
 from ..broker.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
-    ACCESS_REFUSED,
     CHANNEL_ERROR,
     COMMAND_INVALID,
     CONNECTION_FORCED,
@@ -51,7 +51,6 @@ from .connection_states import (
     AWAIT_HEADER,
     AWAIT_OPEN,
     AWAIT_START_OK,
-    AWAIT_TUNE_OK,
     CLOSED,
     CLOSING,
     CLOSING_METHODS,
@@ -62,9 +61,10 @@ from .connection_states import (
 )
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
+from .login_flow import LoginFlow
 from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
-from .sasl import sasl_credentials
+from .sasl import offered_mechanisms
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -118,11 +118,12 @@ class SessionHost(OutputScheduler, Protocol):
 CONSUMING_METHODS = (commands.Basic.Consume, commands.Basic.Get)
 
 
-class AMQPConnection(ConnectionOutput):
+class AMQPConnection(ConnectionOutput, LoginFlow):
     __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
                  "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
                  "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
-                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "__weakref__")
+                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "peer_certificate",
+                 "auth_mechanism", "__weakref__")
 
     sessions: SessionHost
 
@@ -138,6 +139,8 @@ class AMQPConnection(ConnectionOutput):
             self.peer_host = peer[0]
             self.name = f"{peer[0]}:{peer[1]}"
         self.username = ""
+        self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
+        self.auth_mechanism = "PLAIN"
         self.vhost: VHost | None = None
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
@@ -293,6 +296,9 @@ class AMQPConnection(ConnectionOutput):
                         channel.on_publish(frame.method)
                         continue
                 self._handle_frame(frame)
+                if self._login is not None:  # an update-secret being decided: the rest waits for it
+                    self._held_frames = frames[i:]
+                    break
             if self.confirms_pending:
                 pending, self.confirms_pending = self.confirms_pending, set()
                 for channel in pending:
@@ -417,7 +423,7 @@ class AMQPConnection(ConnectionOutput):
         elif isinstance(method, commands.Connection.CloseOk):
             self.abort()
         elif isinstance(method, commands.Connection.UpdateSecret):
-            self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
+            self.on_update_secret(method)
         # connection.blocked and unblocked: a client may send these; nothing to do
 
     # --- handshake ----------------------------------------------------------------------------
@@ -444,82 +450,15 @@ class AMQPConnection(ConnectionOutput):
         self.enter_state(AWAIT_START_OK)
         self.send(writer.method_frame(0, commands.Connection.Start(
             version_major=0, version_minor=9,
-            server_properties={
-                "product": "lavinpy",
-                "version": __version__,
-                "platform": "Python",
-                "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
-                "copyright": "lavinpy developers",
-                "capabilities": dict(CAPABILITIES),
-                "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name(),
-            },
-            mechanisms="PLAIN AMQPLAIN", locales="en_US")))
+            server_properties={"product": "lavinpy", "version": __version__, "platform": "Python",
+                               "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
+                               "copyright": "lavinpy developers", "capabilities": dict(CAPABILITIES),
+                               "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name()},
+            mechanisms=" ".join(offered_mechanisms(self.config, self.peer_certificate)), locales="en_US")))
 
     def capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")
         return isinstance(caps, dict) and bool(caps.get(name))
-
-    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        self.client_properties = dict(method.client_properties or {})
-        mechanism = method.mechanism
-        username, password = sasl_credentials(mechanism, method.response)
-        # The model's one login operation: the throttle's delay, the password (a slow hash in its
-        # worker pool), the loopback-only rule. Until it is decided the connection reads nothing more:
-        # a client that sent StartOk, TuneOk and Open in one write gets 403 or its Tune.
-        login = self._login = self.broker.logins.attempt(
-            LoginRequest("AMQP 0-9-1", mechanism, username, password, self.peer_host))
-        self.input_held = True
-        self.update_reading()
-        if login.delay:  # answered later, right or wrong, without holding anyone else up
-            self.effect(SetTimer(TimerKind.LOGIN, login.delay))
-        else:
-            self._decide_login(login)
-
-    def _decide_login(self, login: LoginAttempt) -> None:
-        outcome = login.decide_now()
-        if outcome is None:
-            self.start_task(self._await_login(login))
-        else:
-            self._login_decided(login, outcome)
-
-    async def _await_login(self, login: LoginAttempt) -> None:
-        try:
-            outcome = await login.decide()
-        except Exception:  # the pool is gone (the broker is stopping)
-            log.exception("connection %s: the login was not decided", self.name)
-            self.abort()
-            return
-        self._login_decided(login, outcome)
-        if self.driver is not None:
-            self.driver.pump()
-
-    def _login_decided(self, login: LoginAttempt, outcome: LoginOutcome) -> None:
-        """The login's answer, then the input held meanwhile."""
-        if self._login is not login:
-            return  # the client went away meanwhile
-        self._login = None
-        self.input_held = False
-        self.update_reading()
-        if self.state != AWAIT_START_OK:
-            return
-        if outcome.ok:
-            self.username = outcome.username
-            self.enter_state(AWAIT_TUNE_OK)
-            self.send(writer.method_frame(0, commands.Connection.Tune(
-                channel_max=self.config.channel_max, frame_max=self.config.frame_max,
-                heartbeat=self.config.heartbeat)))
-        else:  # logged by the login (the throttle's summary, the loopback rule)
-            self.close(ACCESS_REFUSED, outcome.text)
-        frames, self._held_frames = self._held_frames, []
-        if frames:
-            self._run_frames(frames, 0)
-        held, self._held_input = self._held_input, []
-        if held and self._login is None:
-            self.recv_oct -= sum(map(len, held))  # counted when they arrived
-            self.recv_cnt -= len(held)
-            self.receive_data(b"".join(held))
-        elif held:
-            self._held_input = held + self._held_input
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         frame_max = method.frame_max or self.config.frame_max

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .names import name_too_long
+from .refused_arguments import refusal_text, refused_argument
 
 MAX_EXPIRY = 315_360_000_000  # RabbitMQ's TTL/expiry ceiling since 3.11 (ten years), in ms
 MAX_PRIORITY = 255
@@ -33,6 +34,8 @@ _MAX_AGE = re.compile(r"([0-9]+)([YMDhms])")
 _AGE_UNIT_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000,
                 "s": 1000}
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
+QUORUM_MAX_PRIORITY = 31  # RabbitMQ 4.3's quorum queues: strict priorities 0-31 ...
+QUORUM_DEFAULT_PRIORITY = 4  # ... a message without one counting as 4
 
 
 class ArgumentError(ValueError):
@@ -248,6 +251,9 @@ def queue_type_of(arguments: Mapping[str, Any]) -> str:
 def validate_consumer_arguments(arguments: Mapping[str, Any], *, queue: str, vhost: str) -> None:
     """Raise ArgumentError for a bad basic.consume argument (x-stream-offset: ``stream_arguments``)."""
     where = _resource("queue", queue, vhost)
+    refused = refused_argument("consumer", arguments)
+    if refused is not None:
+        raise ArgumentError(refused.name, refusal_text(refused, where))
     for name, check in (("x-priority", _int_reason), ("x-consumer-timeout", _non_neg_int_reason)):
         if name in arguments:
             reason = check(arguments[name])
@@ -311,6 +317,7 @@ class QueueSettings:
     dead_letter_routing_key: str | None = None
     delivery_limit: int | None = None
     max_priority: int | None = None
+    default_priority: int = 0  # the level of a message without a priority
     single_active_consumer: bool = False
     consumer_timeout: int | None = None
     max_age: int | None = None
@@ -337,7 +344,11 @@ class QueueSettings:
             return _text(value) if value is not None else None
 
         queue_type = queue_type_of(arguments)
+        max_priority = _int_or_none(arguments.get("x-max-priority"))
+        default_priority = 0
         if queue_type == "quorum":
+            # RabbitMQ 4.3's quorum queue: strict priorities 0-31 always, 4 for a message without one.
+            max_priority, default_priority = QUORUM_MAX_PRIORITY, QUORUM_DEFAULT_PRIORITY
             delivery_limit = quorum_delivery_limit(_int_or_none(arguments.get("x-delivery-limit")),
                                                    _int_or_none(pol.get("delivery-limit")))
             # RabbitMQ's quorum queue: the policy's overflow wins, and reject-publish-dlx (a classic
@@ -361,7 +372,8 @@ class QueueSettings:
             dead_letter_exchange=argument_first("dead-letter-exchange"),
             dead_letter_routing_key=argument_first("dead-letter-routing-key"),
             delivery_limit=delivery_limit,
-            max_priority=_int_or_none(arguments.get("x-max-priority")),
+            max_priority=max_priority,
+            default_priority=default_priority,
             single_active_consumer=arguments.get("x-single-active-consumer") is True,
             consumer_timeout=smaller("consumer-timeout"),
             max_age=max_age,

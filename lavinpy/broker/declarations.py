@@ -16,10 +16,15 @@ from .equivalence import check_arguments, inequivalent
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .names import check_name_length
 from .quorum_arguments import validate_quorum_declare
+from .refused_arguments import refusal_text, refused_argument
 from .stream_arguments import validate_stream_declare
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
+
+
+_EXCHANGE_DECLARE = (40, 10)
+_QUEUE_DECLARE = (50, 10)
 
 
 def default_exchange_refused() -> AMQPChannelError:
@@ -53,6 +58,9 @@ def check_exchange_equivalent(existing: Exchange, vhost: str, type_name: str, du
 def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool, internal: bool,
                  arguments: dict[str, Any]) -> Exchange:
     """The exchange a declaration makes: an unknown type closes the connection (503), bad arguments 406."""
+    refused = refused_argument("exchange", arguments)
+    if refused is not None:
+        raise AMQPChannelError(PRECONDITION_FAILED, refusal_text(refused, f"exchange '{name}'"), *_EXCHANGE_DECLARE)
     try:
         return make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                              arguments=arguments)
@@ -91,7 +99,12 @@ def _without_type(arguments: dict[str, Any]) -> dict[str, Any]:
 
 def validate_queue_declare(name: str, vhost: str, *, durable: bool, exclusive: bool, auto_delete: bool,
                            arguments: dict[str, Any], server_named: bool = False) -> str:
-    """Refuse a new queue's flags and arguments as RabbitMQ does (406); returns the queue type."""
+    """Refuse a new queue's flags and arguments as RabbitMQ does (406), and the arguments lavinpy does
+    not honour (``refused_arguments``); returns the queue type."""
+    refused = refused_argument("queue", arguments)
+    if refused is not None:
+        raise AMQPChannelError(PRECONDITION_FAILED, refusal_text(refused, f"queue '{name}' in vhost '{vhost}'"),
+                               *_QUEUE_DECLARE)
     queue_type = queue_type_of(arguments)
     if queue_type == "stream":
         if server_named:

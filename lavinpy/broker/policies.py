@@ -18,6 +18,7 @@ from typing import Any
 
 from lavinpy.broker.arguments import OVERFLOW_MODES, QUEUE_MODES, parse_max_age
 from lavinpy.broker.names import name_too_long
+from lavinpy.broker.refused_arguments import refused_argument
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
 log = logging.getLogger("lavinpy.policies")
@@ -79,6 +80,7 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "max-age": _max_age,
     "stream-max-segment-size-bytes": _int_at_least(0, "segment size"),
     "queue-mode": _one_of(QUEUE_MODES, "queue-mode"),
+    "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead-letter-strategy"),
     "queue-version": lambda value: None if value in (1, 2) else f"{value!r} is not a valid queue version",
     # Federation (lavinpy.federation): the upstream, or the set of upstreams ("all": every one), an
     # exchange is fed from.
@@ -153,6 +155,10 @@ def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority
         raise PolicyError(f"policy '{name}': definition must be a dictionary: {definition!r}")
     if not definition:
         raise PolicyError(f"policy '{name}': no policy provided")
+    for key in sorted(definition):
+        refused = refused_argument("policy", {key: definition[key]})
+        if refused is not None:
+            raise PolicyError(f"policy '{name}': '{key}' is not supported by lavinpy ({refused.reason})")
     unknown = sorted(k for k in definition if k not in validators)
     if unknown:
         verb = "is not a recognised policy setting" if len(unknown) == 1 else "are not recognised policy settings"

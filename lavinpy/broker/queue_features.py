@@ -64,6 +64,7 @@ class QueueFeatures:
         self.queue = queue
         self.priority_index: PriorityIndex | None = None
         self.max_priority = 0
+        self.default_priority = 0
         self.track_bytes = False
         self.ready_bytes = 0
         self.has_limits = False
@@ -86,6 +87,7 @@ class QueueFeatures:
         index = queue.index
         self.priority_index = index if isinstance(index, PriorityIndex) else None
         self.max_priority = self.priority_index.max_priority if self.priority_index is not None else 0
+        self.default_priority = settings.default_priority
         track_bytes = settings.max_length_bytes is not None
         if track_bytes and not self.track_bytes:
             self.ready_bytes = body_bytes(index, self._body_size)
@@ -163,7 +165,8 @@ class QueueFeatures:
 
     def index_push(self, pos: int, persistent: bool, message: StoredMessage) -> None:
         if self.priority_index is not None:
-            self.priority_index.push(pos, persistent, message_priority(message.properties, self.max_priority))
+            self.priority_index.push(pos, persistent,
+                                     message_priority(message.properties, self.max_priority, self.default_priority))
         else:
             self.queue.index.push(pos, persistent)
 

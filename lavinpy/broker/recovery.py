@@ -15,9 +15,9 @@ from typing import Any
 
 from pamqp import commands
 
-from ..store.definitions import stored
 from ..store.stream_index import META_FILE as STREAM_META_FILE
 from ..store.vhost_store import VhostStore
+from ..wire.frames import build_method
 
 log = logging.getLogger(__name__)
 
@@ -33,5 +33,5 @@ def orphan_queue_declares(vhost_name: str, store: VhostStore, replay: list[Any])
         arguments: dict[str, Any] = {"x-queue-type": "stream"} if stream else {}
         log.error("vhost %r: queue %r is declared again from its directory (its declaration was in a damaged "
                   "definitions record); arguments other than its type are not known", vhost_name, name)
-        orphans.append(stored(commands.Queue.Declare, queue=name, durable=True, arguments=arguments))
+        orphans.append(build_method(commands.Queue.Declare, queue=name, durable=True, arguments=arguments))
     return orphans

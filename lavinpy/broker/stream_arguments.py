@@ -13,6 +13,8 @@ from typing import Any
 from ..wire.constants import NOT_IMPLEMENTED, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError, AMQPConnectionError
 from .arguments import parse_max_age
+from .stream_filter import StreamFilterError, stream_filter
+from .stream_offsets import OffsetTrackingError, tracking_requested
 
 OFFSET_HEADER = "x-stream-offset"
 # method ids for error replies
@@ -99,3 +101,8 @@ def validate_stream_consumer(no_ack: bool, prefetch: int, arguments: dict[str, A
     except ValueError as e:
         raise AMQPChannelError(PRECONDITION_FAILED, f"invalid {OFFSET_HEADER} for {where}: {e}",
                                *_BASIC_CONSUME) from None
+    try:
+        stream_filter(arguments)
+        tracking_requested("", arguments)
+    except (StreamFilterError, OffsetTrackingError) as e:
+        raise AMQPChannelError(PRECONDITION_FAILED, str(e), *_BASIC_CONSUME) from None

@@ -35,6 +35,8 @@ from .arguments import QueueSettings
 from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
+from .stream_filter import StreamFilter, stream_filter
+from .stream_offsets import OffsetTracker, tracking_requested
 
 if TYPE_CHECKING:
     from array import array
@@ -142,6 +144,8 @@ class StreamQueue(QueueKind):
         self.stats = MessageCounters()
         self.deleted = False
         self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
+        self._filters: dict[QueueConsumer, StreamFilter] = {}  # the consumers that filter (stream_filter)
+        self.offsets = OffsetTracker(index.directory, name)  # named consumers' offsets (stream_offsets)
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -191,8 +195,14 @@ class StreamQueue(QueueKind):
         return 0 if pos is None else pos_segment(pos)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
-        """Periodic retention: drop whole segments older than x-max-age; returns messages dropped."""
+        """Periodic retention: drop whole segments older than x-max-age; returns messages dropped. The
+        tracked consumer offsets are written too."""
+        self.offsets.flush()
         return self._trim(by_size=False, now_ms=now_ms)
+
+    def stop_timers(self) -> None:
+        """The vhost is closing: the tracked consumer offsets are written."""
+        self.offsets.flush()
 
     def _trim(self, by_size: bool, now_ms: int | None = None) -> int:
         """Drop whole segments from the head per x-max-length-bytes (when ``by_size``) and x-max-age."""
@@ -277,6 +287,7 @@ class StreamQueue(QueueKind):
                             msg.body)
         self._cursors[consumer] = offset + 1
         consumer.channel.deliver(consumer, pos, msg, False)
+        self.offsets.delivered(consumer, pos, offset)
         if not consumer.no_ack:
             consumer.unacked += 1
 
@@ -293,6 +304,13 @@ class StreamQueue(QueueKind):
                 break
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
+            wanted = self._filters.get(consumer)
+            if wanted is not None:
+                cursor, used = self._deliver_filtered(consumer, wanted, cursor, budget)
+                budget -= used
+                if consumer in self._cursors:
+                    self._cursors[consumer] = cursor
+                continue
             sent = self._deliver_runs(consumer, cursor, budget)
             budget -= sent
             cursor += sent
@@ -312,6 +330,28 @@ class StreamQueue(QueueKind):
             if consumer in self._cursors:
                 self._cursors[consumer] = cursor
         return budget == 0
+
+    def _deliver_filtered(self, consumer: QueueConsumer, wanted: StreamFilter, cursor: int,
+                          budget: int) -> tuple[int, int]:
+        """Deliver the messages from ``cursor`` that match the consumer's filter, one at a time; a
+        message passed over costs the budget as one delivered, so a long unmatched stretch is read
+        over several turns of the loop. Returns the next cursor and the budget used."""
+        index = self.index
+        end = index.next_offset
+        used = 0
+        while used < budget and cursor < end and consumer.can_accept():
+            pos = index.get(cursor)
+            cursor += 1
+            used += 1
+            if pos is None or (msg := self.read(pos)) is None:  # damaged: reported by read()
+                continue
+            try:
+                headers = peek_headers(msg.properties)
+            except ValueError:  # a malformed headers table matches no filter
+                headers = None
+            if wanted.matches(headers):
+                self._send(consumer, cursor - 1, pos, msg)
+        return cursor, used
 
     def _credit(self, consumer: QueueConsumer, limit: int) -> int:
         """How many of ``limit`` messages may go to ``consumer`` now as one run: its prefetch, the
@@ -350,6 +390,7 @@ class StreamQueue(QueueKind):
             # the next run's length from this one's body sizes (as classic queues size theirs)
             self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
             channel.deliver_run(consumer, positions, messages, None)
+            self.offsets.delivered_run(consumer, positions, cursor)
             if not consumer.no_ack:
                 consumer.unacked += count
             cursor += count
@@ -359,16 +400,26 @@ class StreamQueue(QueueKind):
 
     # --- acknowledgements: credit only ----------------------------------------------------------
     def ack(self, pos: int) -> None:
-        """Nothing is removed from a stream; the channel already returned the credit to the consumer."""
+        """Nothing is removed from a stream; the channel already returned the credit to the consumer.
+        A tracked consumer's offset moves past it."""
+        if self.offsets.active:
+            self.offsets.settled(pos)
 
     def ack_many(self, positions: list[int]) -> None:
         """basic.ack multiple=true: credit only too, without a call per delivery."""
+        if self.offsets.active:
+            for pos in positions:
+                self.offsets.settled(pos)
 
     def requeue(self, pos: int) -> None:
-        """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does."""
+        """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does; a
+        tracked consumer's offset stays at it (delivered again when the consumer comes back)."""
 
     def reject(self, pos: int) -> None:
-        """nack/reject without requeue: credit only too (nothing is dead-lettered from a stream)."""
+        """nack/reject without requeue: credit only too (nothing is dead-lettered from a stream); a
+        tracked consumer's offset moves past it."""
+        if self.offsets.active:
+            self.offsets.settled(pos)
 
     def purge(self) -> int:
         raise AMQPConnectionError(NOT_IMPLEMENTED, f"queue.purge not supported by stream queues {self._where()}",
@@ -398,7 +449,18 @@ class StreamQueue(QueueKind):
                                  global_prefetch=global_prefetch)
 
     def add_consumer(self, consumer: QueueConsumer) -> None:
-        self._cursors[consumer] = self.start_offset(consumer.arguments)
+        start = self.start_offset(consumer.arguments)
+        tracked = tracking_requested(consumer.tag, consumer.arguments)  # validated by validate_consumer
+        if tracked and OFFSET_HEADER not in (consumer.arguments or {}):
+            resume = self.offsets.resume_offset(consumer.tag)
+            if resume is not None:  # where it left off, unless retention has passed it
+                start = min(max(resume, self.index.first_offset), self.index.next_offset)
+        self._cursors[consumer] = start
+        if tracked:
+            self.offsets.attach(consumer, consumer.tag, start)
+        wanted = stream_filter(consumer.arguments)  # validated by validate_consumer
+        if wanted is not None:
+            self._filters[consumer] = wanted
         self.consumers.append(consumer)
         self.vhost.schedule_delivery(self)
 
@@ -408,7 +470,9 @@ class StreamQueue(QueueKind):
             self.consumers.remove(consumer)
         except ValueError:
             return
+        self.offsets.detach(consumer)
         self._cursors.pop(consumer, None)
+        self._filters.pop(consumer, None)
         if notify:
             consumer.channel.consumer_cancelled(consumer)
 
@@ -416,9 +480,11 @@ class StreamQueue(QueueKind):
         """Remove the stream's log and files; consumers get basic.cancel."""
         count = self.index.count
         self.deleted = True
+        self.offsets.drop()
         for consumer in list(self.consumers):
             self.consumers.remove(consumer)
             self._cursors.pop(consumer, None)
+            self._filters.pop(consumer, None)
             consumer.channel.consumer_cancelled(consumer)
         self.vhost.store.delete_queue(self.index)
         return count

@@ -15,7 +15,7 @@ from pamqp import commands
 
 from ..store import changes
 from ..store.append_file import AppendFile
-from ..store.definitions import DefinitionsLog, stored
+from ..store.definitions import DefinitionsLog
 from ..store.index_kinds import FIFO, STREAM
 from ..store.jsonfile import write_bytes_atomic
 from ..store.queue_index import QueueIndex
@@ -29,6 +29,7 @@ from ..wire.constants import (
     RESOURCE_LOCKED,
 )
 from ..wire.errors import AMQPChannelError
+from ..wire.frames import build_method
 from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
 from .client_limits import queue_limit_error
 from .dead_lettering import dead_letter
@@ -311,9 +312,9 @@ class VHost(VHostPublishing):
         exchange = new_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                                 arguments=arguments)
         if durable:
-            self.definitions.append(stored(commands.Exchange.Declare,
-                exchange=name, exchange_type=type_name, durable=True, auto_delete=auto_delete,
-                internal=internal, arguments=arguments))
+            self.definitions.append(build_method(
+                commands.Exchange.Declare, exchange=name, exchange_type=type_name, durable=True,
+                auto_delete=auto_delete, internal=internal, arguments=arguments))
         self._add_exchange(exchange)
         return exchange
 
@@ -346,7 +347,7 @@ class VHost(VHostPublishing):
             if other.unbind_all(exchange):
                 self._maybe_auto_delete_exchange(other)
         if exchange.durable:
-            self.definitions.append(stored(commands.Exchange.Delete, exchange=name))
+            self.definitions.append(build_method(commands.Exchange.Delete, exchange=name))
 
     def _maybe_auto_delete_exchange(self, exchange: Exchange) -> None:
         if exchange.auto_delete and not exchange.has_bindings() and exchange.name in self.exchanges:
@@ -363,8 +364,9 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if exchange.bind(queue, routing_key, arguments) and queue.durable and exchange.durable \
                 and not queue.exclusive:
-            self.definitions.append(stored(commands.Queue.Bind,
-                queue=queue_name, exchange=exchange_name, routing_key=routing_key, arguments=arguments))
+            self.definitions.append(build_method(
+                commands.Queue.Bind, queue=queue_name, exchange=exchange_name, routing_key=routing_key,
+                arguments=arguments))
 
     def unbind_queue(self, queue_name: str, exchange_name: str, routing_key: str,
                      arguments: dict | None) -> None:
@@ -377,8 +379,9 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if exchange.unbind(queue, routing_key, arguments):
             if queue.durable and exchange.durable and not queue.exclusive:
-                self.definitions.append(stored(commands.Queue.Unbind,
-                    queue=queue_name, exchange=exchange_name, routing_key=routing_key, arguments=arguments))
+                self.definitions.append(build_method(
+                    commands.Queue.Unbind, queue=queue_name, exchange=exchange_name, routing_key=routing_key,
+                    arguments=arguments))
             self._maybe_auto_delete_exchange(exchange)
 
     def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict | None) -> None:
@@ -388,8 +391,9 @@ class VHost(VHostPublishing):
         self._check_bindable(src)
         arguments = dict(arguments or {})
         if src.bind(dest, routing_key, arguments) and src.durable and dest.durable:
-            self.definitions.append(stored(commands.Exchange.Bind,
-                destination=destination, source=source, routing_key=routing_key, arguments=arguments))
+            self.definitions.append(build_method(
+                commands.Exchange.Bind, destination=destination, source=source, routing_key=routing_key,
+                arguments=arguments))
 
     def unbind_exchange(self, destination: str, source: str, routing_key: str,
                         arguments: dict | None) -> None:
@@ -403,8 +407,9 @@ class VHost(VHostPublishing):
         arguments = dict(arguments or {})
         if src.unbind(dest, routing_key, arguments):
             if src.durable and dest.durable:
-                self.definitions.append(stored(commands.Exchange.Unbind,
-                    destination=destination, source=source, routing_key=routing_key, arguments=arguments))
+                self.definitions.append(build_method(
+                    commands.Exchange.Unbind, destination=destination, source=source, routing_key=routing_key,
+                    arguments=arguments))
             self._maybe_auto_delete_exchange(src)
 
     # --- queues -------------------------------------------------------------------------------
@@ -464,8 +469,8 @@ class VHost(VHostPublishing):
         if self.max_queues is not None and len(self.queues) >= self.max_queues:
             raise queue_limit_error(name, self.name, self.max_queues)
         if queue_type == "stream":
-            self.definitions.append(stored(commands.Queue.Declare, queue=name, durable=True, auto_delete=False,
-                                           arguments=arguments))
+            self.definitions.append(build_method(commands.Queue.Declare, queue=name, durable=True, auto_delete=False,
+                                               arguments=arguments))
             stream = self._new_stream(name, arguments)
             self.queues[name] = stream
             self._count_created()
@@ -473,8 +478,8 @@ class VHost(VHostPublishing):
         settings = self._queue_settings(name, arguments)
         persist = durable and not exclusive
         if persist:
-            self.definitions.append(stored(commands.Queue.Declare,
-                queue=name, durable=True, auto_delete=auto_delete, arguments=arguments))
+            self.definitions.append(build_method(
+                commands.Queue.Declare, queue=name, durable=True, auto_delete=auto_delete, arguments=arguments))
         index = self._open_index(name, persist, settings)
         queue = Queue(self, name, index, durable=durable, exclusive_owner=owner if exclusive else None,
                       auto_delete=auto_delete, arguments=arguments, settings=settings)
@@ -505,7 +510,7 @@ class VHost(VHostPublishing):
         return QueueSettings.resolve(arguments, definition, policy.name if policy else None)
 
     def _open_index(self, name: str, persist: bool, settings: QueueSettings) -> QueueIndex:
-        kind = priority_kind(settings.max_priority) if settings.max_priority else FIFO
+        kind = priority_kind(settings.max_priority, settings.default_priority) if settings.max_priority else FIFO
         index = self.store.open_queue(name, persist, kind)
         assert isinstance(index, QueueIndex)
         return index
@@ -528,7 +533,7 @@ class VHost(VHostPublishing):
         if queue.kind != "classic":
             queue.stats.fold_into(self.deleted_stats_by_kind.setdefault(queue.kind, MessageCounters()))
         if queue.durable and not queue.exclusive:
-            self.definitions.append(stored(commands.Queue.Delete, queue=name))
+            self.definitions.append(build_method(commands.Queue.Delete, queue=name))
         return count
 
     def purge_queue(self, name: str) -> int:

@@ -8,34 +8,44 @@ cluster name; the shared sans-IO client can take its place behind the same few m
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from pamqp import commands as spec
 
 from lavinpy.shovel.client import CONNECT_TIMEOUT, ShovelClient, ShovelClientError
+from lavinpy.wire.constants import FRAME_END, FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.frames import build_method, method_fields
 from lavinpy.wire.uri import AMQPURL
 
 LinkError = ShovelClientError
-NAME_FIELDS = ("queue", "exchange", "destination", "source")
+
+
+class RawMethod:
+    """A method whose octets are made here: its names as given, and its arguments table (the last field
+    of every method that has one) encoded by lavinpy.wire, which keeps an Int64 a long ('l': RabbitMQ
+    wants x-max-hops so) where pamqp picks the smallest integer type. Sent by the link's client as is."""
+
+    def __init__(self, cls: type, fields: dict[str, Any], arguments: dict[str, Any]) -> None:
+        self.name = cls.__name__
+        head = method_fields(build_method(cls, **fields, arguments={}))[:-4]  # the empty table's length
+        self.payload = head + encode_table(arguments)
+        self.index: int = cls.index  # type: ignore[attr-defined]  # a pamqp method class
+
+    def frame(self, channel: int) -> bytes:
+        return struct.pack(">BHII", FRAME_METHOD, channel, 4 + len(self.payload), self.index) + self.payload \
+            + bytes([FRAME_END])
 
 
 def unchecked(cls: type, **fields: Any) -> Any:
-    """A method whose names are sent as given (pamqp's check refuses what RabbitMQ takes and its
-    federation uses: ``federation: x -> cluster``, spaces, '>') and whose arguments table (the last
-    field of every method that has one) is encoded by lavinpy.wire, which keeps an Int64 a long
-    ('l': RabbitMQ wants x-max-hops so) where pamqp picks the smallest integer type."""
+    """A method with names sent as given (``federation: x -> cluster``, which pamqp's check refuses) and,
+    when it has arguments, as a RawMethod."""
     arguments = fields.pop("arguments", None)
-    method = cls(**{k: ("x" if k in NAME_FIELDS and v else v) for k, v in fields.items()})
-    for k in NAME_FIELDS:
-        if k in fields:
-            setattr(method, k, fields[k])
-    method.validate = lambda: None
     if arguments:
-        marshal = method.marshal
-        method.marshal = lambda: marshal()[:-4] + encode_table(arguments)
-    return method
+        return RawMethod(cls, fields, arguments)
+    return build_method(cls, **fields)
 
 
 class LinkConnection(Protocol):
@@ -65,6 +75,13 @@ class _Client(ShovelClient):
     def __init__(self, url: AMQPURL, name: str) -> None:
         super().__init__(url, name)
         self.server_properties: dict[str, Any] = {}
+
+    def send(self, method: Any, channel: int = 1) -> None:
+        if isinstance(method, RawMethod):
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(method.frame(channel))
+            return
+        super().send(method, channel)
 
     def _method(self, payload: bytes) -> None:
         if payload[:4] == b"\x00\x0a\x00\x0a":  # connection.start

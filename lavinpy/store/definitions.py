@@ -18,7 +18,6 @@ replies wait for that flush: many declarations, one fsync.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import struct
@@ -26,13 +25,14 @@ import time
 import zlib
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from pamqp import commands, encode
+from pamqp import commands
 from pamqp import frame as pamqp_frame
 
 from lavinpy.store import changes
 from lavinpy.store.jsonfile import FILE_MODE, write_bytes_atomic
+from lavinpy.wire.frames import method_fields
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ FRAME_METHOD = 1
 FRAME_END = 0xCE
 _FRAME_HEADER = struct.Struct(">BHI")  # AMQP frame header: type, channel, payload size (big-endian)
 _METHOD_INDEX = struct.Struct(">I")
-C = TypeVar("C")
 
 Declare = commands.Exchange.Declare | commands.Queue.Declare
 Binding = commands.Exchange.Bind | commands.Queue.Bind
@@ -85,34 +84,12 @@ class DefinitionsFileError(ValueError):
 def encode_command(command: Command) -> bytes:
     """One complete channel-0 method frame, byte-identical to ``pamqp.frame.marshal(command, 0)``.
 
-    The frame is built here rather than with ``pamqp.frame.marshal`` because pamqp's marshal rejects
-    exchange and queue names outside ``[a-zA-Z0-9-_.:@#,/+ ]``, while AMQP (and RabbitMQ) allow any
-    UTF-8 name, and a name the broker accepted must be storable.
+    The fields are encoded with ``method_fields`` rather than pamqp's marshal, which rejects exchange
+    and queue names outside ``[a-zA-Z0-9-_.:@#,/+ ]``, while AMQP (and RabbitMQ) allow any UTF-8 name,
+    and a name the broker accepted must be storable.
     """
-    payload = _METHOD_INDEX.pack(command.index) + _encode_fields(command)
+    payload = _METHOD_INDEX.pack(command.index) + method_fields(command)
     return _FRAME_HEADER.pack(FRAME_METHOD, 0, len(payload)) + payload + bytes((FRAME_END,))
-
-
-def stored(cls: type[C], **fields: Any) -> C:
-    """A pamqp command for the log, made without pamqp's check of its names (see ``encode_command``):
-    ``cls(**fields)`` refuses a queue named ``é`` or ``a;b``, which RabbitMQ and lavinpy accept."""
-    command = cls.__new__(cls)
-    for name, parameter in _init_parameters(cls):
-        setattr(command, name, fields.get(name, parameter.default))
-    if getattr(command, "arguments", {}) is None:
-        command.arguments = {}  # type: ignore[attr-defined]
-    return command
-
-
-def _init_parameters(cls: Any) -> list[tuple[str, inspect.Parameter]]:
-    known = _INIT_PARAMETERS.get(cls)
-    if known is None:
-        known = [(n, p) for n, p in inspect.signature(cls.__init__).parameters.items() if n != "self"]
-        _INIT_PARAMETERS[cls] = known
-    return known
-
-
-_INIT_PARAMETERS: dict[Any, list[tuple[str, inspect.Parameter]]] = {}
 
 
 def encode_record(command: Command) -> bytes:
@@ -225,32 +202,6 @@ def _runs_past_end(data: bytes, pos: int, v2: bool) -> bool:
                 and zlib.crc32(data[pos + _RECORD_HEADER.size:]) != crc)
     size = _FRAME_HEADER.unpack_from(data, pos)[2]
     return pos + _FRAME_HEADER.size + size + 1 > len(data)
-
-
-def _encode_fields(command: Command) -> bytes:
-    parts: list[bytes] = []
-    bits: list[bool] = []
-    for name in command.__slots__:
-        kind = command.amqp_type(name)
-        value = getattr(command, name)
-        if kind == "bit":
-            bits.append(bool(value))
-            continue
-        if bits:
-            parts.append(_pack_bits(bits))
-            bits = []
-        parts.append(encode.by_type(value, kind))
-    if bits:
-        parts.append(_pack_bits(bits))
-    return b"".join(parts)
-
-
-def _pack_bits(bits: list[bool]) -> bytes:
-    # Consecutive AMQP bit fields share octets, least significant bit first, 8 per octet.
-    out = bytearray()
-    for start in range(0, len(bits), 8):
-        out.append(sum(1 << i for i, bit in enumerate(bits[start:start + 8]) if bit))
-    return bytes(out)
 
 
 def decode_frames(data: bytes, offset: int) -> tuple[list[Command], int, str | None]:

@@ -2,9 +2,59 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+from pamqp import base, encode
 
 from lavinpy.wire.errors import AMQPChannelError
+
+_Method = TypeVar("_Method", bound=base.Frame)
+
+
+def build_method(kind: type[_Method], **fields: Any) -> _Method:
+    """A pamqp method of ``kind`` holding ``fields``, for any exchange or queue name AMQP allows.
+
+    pamqp's constructors check names against a narrower pattern than AMQP's (ASCII letters, digits,
+    ``-_.:@#,/+`` and space; exchanges up to 127 characters), so a durable ``ünï`` or
+    ``federation: x -> rabbit@h`` could be neither stored nor answered although RabbitMQ takes it.
+    The method is made with its defaults, which pass that check, and then given the fields; encoding
+    only needs each name to fit a short string (255 bytes of UTF-8), which the reader already holds
+    every client's name to.
+    """
+    method = kind()
+    for name, value in fields.items():
+        if name not in kind.__slots__:
+            raise TypeError(f"{kind.__name__} has no field {name!r}")
+        setattr(method, name, {} if name == "arguments" and value is None else value)
+    return method
+
+
+def method_fields(method: base.Frame) -> bytes:
+    """The encoded fields of a pamqp method, as pamqp's marshal gives them but without its name check
+    (see ``build_method``): a name the broker accepted can be answered and stored."""
+    parts: list[bytes] = []
+    bits: list[bool] = []
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        value = getattr(method, name)
+        if kind == "bit":
+            bits.append(bool(value))
+            continue
+        if bits:
+            parts.append(_pack_bits(bits))
+            bits = []
+        parts.append(encode.by_type(value, kind))
+    if bits:
+        parts.append(_pack_bits(bits))
+    return b"".join(parts)
+
+
+def _pack_bits(bits: list[bool]) -> bytes:
+    # Consecutive AMQP bit fields share octets, least significant bit first, 8 per octet.
+    out = bytearray()
+    for start in range(0, len(bits), 8):
+        out.append(sum(1 << i for i, bit in enumerate(bits[start:start + 8]) if bit))
+    return bytes(out)
 
 # --- Frame events --------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from lavinpy.wire.constants import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
 )
+from lavinpy.wire.frames import method_fields
 
 __all__ = [
     "HEARTBEAT",
@@ -72,8 +73,8 @@ def _shortstr(value: str) -> bytes:
 
 
 def method_frame(channel: int, method: Any) -> bytes:
-    """A method frame for any pamqp command instance."""
-    payload = method.marshal()
+    """A method frame for any pamqp command instance (any exchange or queue name AMQP allows)."""
+    payload = method_fields(method)
     return b"".join((_METHOD_HEAD.pack(FRAME_METHOD, channel, 4 + len(payload), method.index), payload, _END))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -45,6 +46,19 @@ def build_stage_copies(dockerfile: Path) -> list[str]:
     return sources
 
 
+def see_dependencies_of_this_interpreter(python: str) -> None:
+    """Puts this interpreter's site directories after the fresh environment's own, by a .pth file.
+
+    A fresh venv's system site packages are those of the base interpreter; run from a venv (as the README
+    has it), the dependencies are in that venv's site-packages, which the fresh one would not see. A .pth
+    line adds a directory without running the .pth files in it, so an editable install of lavinpy found
+    there stays out and the wheel's copy, first on the path, is the one imported."""
+    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    ours = [*site.getsitepackages(), site.getusersitepackages()]
+    Path(own, "outer-environment.pth").write_text("".join(f"{path}\n" for path in ours if Path(path).is_dir()))
+
+
 def test_dockerfile_build_stage_copies_what_the_wheel_needs():
     copies = build_stage_copies(REPO / "Dockerfile")
     # setup.py declares the C extensions: without it the image runs the pure-Python path.
@@ -76,8 +90,12 @@ def test_installed_wheel_starts_with_the_compiled_codec(tmp_path: Path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=False)
     python = str(env_dir / "bin" / "python")
+    see_dependencies_of_this_interpreter(python)
+    # Into the fresh venv whatever this environment holds: an editable lavinpy seen through PYTHONPATH (the
+    # Spark fixture puts the repository there) or through the .pth would otherwise count as installed.
+    no_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
-                    "--no-index", str(wheel)], check=True, timeout=60)
+                    "--no-index", "--ignore-installed", str(wheel)], check=True, timeout=60, env=no_path)
     clean = {k: v for k, v in broker_env().items() if k not in ("PYTHONPATH", "LAVINPY_PURE_PYTHON")}
     where = "import lavinpy, lavinpy.wire._cwire as c; print(lavinpy.__file__, c.__file__)"
     found = subprocess.run([python, "-c", where], cwd=tmp_path, env=clean, capture_output=True, text=True,

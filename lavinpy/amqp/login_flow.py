@@ -1,0 +1,157 @@
+"""A connection's logins through the model's one login operation (broker/login.py): the handshake's
+(connection.start-ok) and a running connection's new secret (connection.update-secret).
+
+While a login is decided (the throttle's delay, a slow hash in the worker pool) the connection reads
+and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret is
+checked as a password of the connection's user: accepted, the user must still reach the vhost and
+the connection gets update-secret-ok; refused, it is closed with 530 as RabbitMQ closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
+from ..wire import writer
+from ..wire.constants import ACCESS_REFUSED, NOT_ALLOWED
+from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, OPEN
+from .effects import SetTimer, TimerKind
+from .sasl import login_request
+
+if TYPE_CHECKING:
+    from ..broker.actor import Actor
+    from ..broker.broker import Broker
+    from ..broker.cert_login import PeerCertificate
+    from ..broker.vhost import VHost
+    from ..config import Config
+    from .output import ConnectionEffect
+
+log = logging.getLogger("lavinpy.connection")
+
+PROTOCOL = "AMQP 0-9-1"
+_UPDATE_SECRET_IDS = (10, 70)  # connection.update-secret's class and method ids, named in its refusal
+
+
+class LoginFlow:
+    """AMQPConnection's logins (a mixin: the connection holds the state)."""
+
+    if not TYPE_CHECKING:  # the connection's slots hold the state (mypy sees the attributes below)
+        __slots__ = ()
+    else:
+        broker: Broker
+        config: Config
+        name: str
+        peer_host: str | None
+        peer_certificate: PeerCertificate | None
+        auth_mechanism: str
+        username: str
+        vhost: VHost | None
+        actor: Actor | None
+        state: int
+        client_properties: dict
+        input_held: bool
+        driver: Any
+        recv_oct: int
+        recv_cnt: int
+        _login: LoginAttempt | None
+        _held_frames: list[Any]
+        _held_input: list[bytes]
+
+        def update_reading(self) -> None: ...
+        def effect(self, effect: ConnectionEffect) -> None: ...
+        def start_task(self, work: Coroutine[Any, Any, None]) -> None: ...
+        def abort(self) -> None: ...
+        def send(self, data: bytes) -> None: ...
+        def enter_state(self, state: int) -> None: ...
+        def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
+        def receive_data(self, data: bytes) -> None: ...
+        def _run_frames(self, frames: list[Any], nbytes: int) -> None: ...
+
+    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(method.client_properties or {})
+        self.auth_mechanism = method.mechanism
+        request = login_request(self.config, method.mechanism, method.response, self.peer_certificate, self.peer_host)
+        # The model's one login operation: the throttle's delay, the auth backends (a slow hash in its
+        # worker pool), the loopback-only rule. Until it is decided the connection reads nothing more:
+        # a client that sent StartOk, TuneOk and Open in one write gets 403 or its Tune.
+        self._begin_login(request)
+
+    def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        """A new secret for the connection's user, decided as that user's login with it as the password."""
+        secret = method.new_secret
+        if isinstance(secret, bytes | bytearray):
+            secret = bytes(secret).decode("utf-8", "replace")
+        log.debug("connection %s of user %r: asked to update secret, reason: %s", self.name, self.username,
+                  method.reason)
+        self._begin_login(LoginRequest(PROTOCOL, "update-secret", self.username, str(secret), self.peer_host))
+
+    def _begin_login(self, request: LoginRequest) -> None:
+        login = self._login = self.broker.logins.attempt(request)
+        self.input_held = True
+        self.update_reading()
+        if login.delay:  # answered later, right or wrong, without holding anyone else up
+            self.effect(SetTimer(TimerKind.LOGIN, login.delay))
+        else:
+            self._decide_login(login)
+
+    def _decide_login(self, login: LoginAttempt) -> None:
+        outcome = login.decide_now()
+        if outcome is None:
+            self.start_task(self._await_login(login))
+        else:
+            self._login_decided(login, outcome)
+
+    async def _await_login(self, login: LoginAttempt) -> None:
+        try:
+            outcome = await login.decide()
+        except Exception:  # the pool is gone (the broker is stopping)
+            log.exception("connection %s: the login was not decided", self.name)
+            self.abort()
+            return
+        self._login_decided(login, outcome)
+        if self.driver is not None:
+            self.driver.pump()
+
+    def _login_decided(self, login: LoginAttempt, outcome: LoginOutcome) -> None:
+        """The login's answer, then the input held meanwhile."""
+        if self._login is not login:
+            return  # the client went away meanwhile
+        self._login = None
+        self.input_held = False
+        self.update_reading()
+        if self.state == OPEN:
+            self._secret_decided(outcome)
+        elif self.state != AWAIT_START_OK:
+            return
+        elif outcome.ok:
+            self.username = outcome.username
+            self.enter_state(AWAIT_TUNE_OK)
+            self.send(writer.method_frame(0, commands.Connection.Tune(
+                channel_max=self.config.channel_max, frame_max=self.config.frame_max,
+                heartbeat=self.config.heartbeat)))
+        else:  # logged by the login (the throttle's summary, the loopback rule)
+            self.close(ACCESS_REFUSED, outcome.text)
+        frames, self._held_frames = self._held_frames, []
+        if frames:
+            self._run_frames(frames, 0)
+        held, self._held_input = self._held_input, []
+        if held and self._login is None:
+            self.recv_oct -= sum(map(len, held))  # counted when they arrived
+            self.recv_cnt -= len(held)
+            self.receive_data(b"".join(held))
+        elif held:
+            self._held_input = held + self._held_input
+
+    def _secret_decided(self, outcome: LoginOutcome) -> None:
+        assert self.vhost is not None
+        decided = self.broker.logins.secret_updated(outcome, self.vhost.name)
+        if not decided.ok:
+            self.close(NOT_ALLOWED, decided.text, *_UPDATE_SECRET_IDS)
+            return
+        self.actor = decided.actor
+        self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
+        log.info("connection %s: user %r updated secret", self.name, self.username)

@@ -1,0 +1,154 @@
+"""Server-side offset tracking of stream consumers (LavinMQ's ``x-stream-automatic-offset-tracking``).
+
+A consumer with a name of its own (a consumer tag the client chose, not a server-generated
+``amq.ctag-...``) is tracked unless it says ``x-stream-automatic-offset-tracking: false``; one with a
+generated tag only when it says ``true``. Its stored offset is the first offset it has not settled:
+the lowest of its unacknowledged deliveries, or the next offset after everything delivered when none
+is unacknowledged. So a consumer that comes back with the same tag and no ``x-stream-offset`` resumes
+there, and never past a message it did not acknowledge (a nack with requeue keeps the message
+unsettled; an ack or a reject settles it).
+
+The offsets live in ``consumer_offsets.json`` in the stream's directory (tag -> offset). They are
+written by ``flush`` (the vhost's periodic task, a consumer leaving, the vhost closing): a kill -9
+loses at most the last period's progress, which only means messages delivered again, never skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..store.jsonfile import read_json, write_json_atomic
+
+log = logging.getLogger("lavinpy.stream")
+
+OFFSETS_FILE = "consumer_offsets.json"
+# Tags kept per stream at most, the least recently moved dropped first: clients that make up a tag
+# per consumer (pika's ctag1.<uuid>) would otherwise grow the file without end.
+MAX_TAGS = 10_000
+TRACKING = "x-stream-automatic-offset-tracking"
+GENERATED_TAG = "amq.ctag-"
+
+
+class OffsetTrackingError(ValueError):
+    """A malformed tracking argument; the text is the reply's."""
+
+
+def tracking_requested(tag: str, arguments: dict[str, Any] | None) -> bool:
+    """Whether a consumer with this tag and these arguments is tracked; OffsetTrackingError if the
+    argument is not a boolean."""
+    value = (arguments or {}).get(TRACKING)
+    if value is None:
+        return not tag.startswith(GENERATED_TAG)
+    if not isinstance(value, bool):
+        raise OffsetTrackingError(f"{TRACKING} must be a boolean")
+    return value
+
+
+class _Live:
+    __slots__ = ("tag", "unsettled", "next")
+
+    def __init__(self, tag: str, start: int) -> None:
+        self.tag = tag
+        self.unsettled: dict[int, int] = {}  # position -> offset of each unacknowledged delivery
+        self.next = start  # the offset after the last one delivered
+
+    def committed(self) -> int:
+        return min(self.unsettled.values()) if self.unsettled else self.next
+
+
+class OffsetTracker:
+    """The tracked offsets of one stream, and its tracked consumers' unsettled deliveries."""
+
+    def __init__(self, directory: Path, stream: str) -> None:
+        self.path = Path(directory) / OFFSETS_FILE
+        self.stored: dict[str, int] = {}
+        self._live: dict[object, _Live] = {}
+        self._dirty = False
+        try:
+            loaded = read_json(self.path, {})
+        except (OSError, ValueError) as e:
+            log.error("stream %r: the tracked consumer offsets cannot be read (%s); consumers start afresh", stream, e)
+            loaded = {}
+        if isinstance(loaded, dict):
+            self.stored = {str(tag): offset for tag, offset in loaded.items()
+                           if isinstance(offset, int) and not isinstance(offset, bool)}
+
+    def resume_offset(self, tag: str) -> int | None:
+        return self.stored.get(tag)
+
+    def attach(self, consumer: object, tag: str, start: int) -> None:
+        self._live[consumer] = _Live(tag, start)
+        self._commit(self._live[consumer])
+
+    def tracks(self, consumer: object) -> bool:
+        return consumer in self._live
+
+    def delivered(self, consumer: object, pos: int, offset: int) -> None:
+        live = self._live.get(consumer)
+        if live is not None:
+            live.unsettled[pos] = offset
+            live.next = max(live.next, offset + 1)
+            self._commit(live)
+
+    def delivered_run(self, consumer: object, positions: Any, first_offset: int) -> None:
+        live = self._live.get(consumer)
+        if live is not None:
+            for i, pos in enumerate(positions):
+                live.unsettled[pos] = first_offset + i
+            live.next = max(live.next, first_offset + len(positions))
+            self._commit(live)
+
+    def settled(self, pos: int) -> None:
+        for live in self._live.values():
+            if live.unsettled.pop(pos, None) is not None:
+                self._commit(live)
+
+    def detach(self, consumer: object) -> None:
+        live = self._live.pop(consumer, None)
+        if live is not None:
+            self._commit(live)
+            self.flush()
+
+    def drop(self) -> None:
+        """The stream is deleted: nothing more to track or write."""
+        self._live.clear()
+        self._dirty = False
+
+    @property
+    def active(self) -> bool:
+        """Whether any consumer is tracked now (settlements need looking at)."""
+        return bool(self._live)
+
+    def forget(self, tag: str) -> bool:
+        """Delete a tag's stored offset (its next consumer starts where its arguments say)."""
+        found = self.stored.pop(tag, None) is not None
+        if found:
+            self._dirty = True
+            self.flush()
+        return found
+
+    def flush(self) -> None:
+        if not self._dirty:
+            return
+        try:
+            write_json_atomic(self.path, self.stored)  # in the order they moved (the oldest first)
+        except OSError as e:
+            log.error("stream offsets %s not written: %s", self.path, e)
+            return
+        self._dirty = False
+
+    def _commit(self, live: _Live) -> None:
+        offset = live.committed()
+        stored = self.stored
+        if stored.get(live.tag) != offset:
+            stored.pop(live.tag, None)  # to the end: the most recently moved
+            stored[live.tag] = offset
+            self._dirty = True
+            if len(stored) > MAX_TAGS:
+                live_tags = {other.tag for other in self._live.values()}
+                for tag in [t for t in stored if t not in live_tags][:len(stored) - MAX_TAGS]:
+                    del stored[tag]
+
+
