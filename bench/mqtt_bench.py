@@ -3,15 +3,18 @@ and count, so the broker is the bound): one publisher to one subscriber, fan-in 
 to one subscriber) and fan-out (one publisher to ``--subscribers``). Works against any MQTT 3.1.1
 broker: lavinpy, mosquitto. Prints delivered msg/s per QoS; not a test.
 
-    python3 bench/mqtt_bench.py --port 1883 [--messages 200000] [--size 16] [--qos 0 1]
+    python3 bench/mqtt_bench.py --port 1883 [--messages 200000] [--size 16] [--qos 0 1 2] [--inflight 1000]
     python3 bench/mqtt_bench.py --port 1883 --publishers 100      # fan-in
     python3 bench/mqtt_bench.py --port 1883 --subscribers 100     # fan-out
     python3 bench/mqtt_bench.py --port 1883 --idle 10000 --pid PID  # RSS per idle device
 
 Each publisher writes batches of ``--batch`` PUBLISH packets (``--messages`` in all, shared among the
 publishers); a QoS 1 subscriber PUBACKs what it read after each read; a QoS 1 publisher's PUBACKs
-are counted by a thread of its own. The time is from the first publish to the last message read
-(and, for QoS 1, the last PUBACK received); the rate counts deliveries (messages x subscribers).
+are counted by a thread of its own. At QoS 2 the subscriber answers PUBLISH with PUBREC and PUBREL
+with PUBCOMP (a message counts at its PUBREL), the publisher's thread answers PUBREC with PUBREL and
+counts PUBCOMPs, and a publisher keeps at most ``--inflight`` messages unfinished (its packet ids are
+reused only once free). The time is from the first publish to the last message read (and, for QoS 1
+and 2, the last PUBACK or PUBCOMP received); the rate counts deliveries (messages x subscribers).
 """
 
 from __future__ import annotations
@@ -62,28 +65,49 @@ def run(args: argparse.Namespace, qos: int) -> float:
             acks = []
             for kind, flags, body in reader.feed(sub.recv(1 << 20)):
                 if kind == codec.PUBLISH:
+                    if qos == 2:
+                        acks.append(codec.qos2_reply(1, codec.parse_publish(flags, body).packet_id))  # PUBREC
+                        continue
                     got += 1
                     if qos:
                         acks.append(codec.puback(codec.parse_publish(flags, body).packet_id))
+                elif kind == codec.PUBREL:
+                    got += 1
+                    acks.append(codec.qos2_reply(2, int.from_bytes(body, "big")))  # PUBCOMP
             if acks:
                 sub.sendall(b"".join(acks))
 
-    def read_pubacks(pub: socket.socket) -> None:
+    def read_pubacks(pub: socket.socket, window: threading.Semaphore) -> None:
         reader, got = codec.PacketReader(1 << 26), 0
         while got < share:
-            got += sum(1 for kind, _, _ in reader.feed(pub.recv(1 << 20)) if kind == codec.PUBACK)
+            pubrels = []
+            for kind, _, body in reader.feed(pub.recv(1 << 20)):
+                if kind == codec.PUBREC:
+                    pubrels.append(codec.qos2_reply(3, int.from_bytes(body, "big")))
+                elif kind in (codec.PUBACK, codec.PUBCOMP):
+                    got += 1
+                    if kind == codec.PUBCOMP:
+                        window.release()
+            if pubrels:
+                pub.sendall(b"".join(pubrels))
 
-    def write_publisher(pub: socket.socket) -> None:
-        for batch in batches:
+    def write_publisher(pub: socket.socket, window: threading.Semaphore) -> None:
+        for batch, size in zip(batches, sizes, strict=True):
+            if qos == 2:
+                for _ in range(size):
+                    window.acquire()
             pub.sendall(batch)
 
     payload = b"x" * args.size
+    batch = min(args.batch, args.inflight) if qos == 2 else args.batch
     batches = [b"".join(codec.publish(topic, payload, qos, False, False, j % 65535 + 1)
-                        for j in range(i, min(i + args.batch, share))) for i in range(0, share, args.batch)]
+                        for j in range(i, min(i + batch, share))) for i in range(0, share, batch)]
+    sizes = [min(batch, share - i) for i in range(0, share, batch)]
+    windows = [threading.Semaphore(args.inflight) for _ in pubs]
     readers = [threading.Thread(target=read_subscriber, args=(sub,)) for sub in subs]
     if qos:
-        readers += [threading.Thread(target=read_pubacks, args=(pub,)) for pub in pubs]
-    writers = [threading.Thread(target=write_publisher, args=(pub,)) for pub in pubs]
+        readers += [threading.Thread(target=read_pubacks, args=(pub, w)) for pub, w in zip(pubs, windows, strict=True)]
+    writers = [threading.Thread(target=write_publisher, args=(pub, w)) for pub, w in zip(pubs, windows, strict=True)]
     for thread in readers:
         thread.start()
     started = time.monotonic()
@@ -126,7 +150,9 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=16, help="payload bytes")
     parser.add_argument("--batch", type=int, default=1000, help="PUBLISH packets per write")
-    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=[0, 1])
+    parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=[0, 1, 2])
+    parser.add_argument("--inflight", type=int, default=1000, choices=range(1, 65536), metavar="1..65535",
+                        help="QoS 2 messages a publisher keeps unfinished (PUBCOMP not yet received)")
     parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--subscribers", type=int, default=1)
     parser.add_argument("--idle", type=int, default=0, help="connect this many idle devices instead (needs --pid)")

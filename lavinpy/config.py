@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,11 @@ from .cgroups import cgroup_memory_limit
 from .wire.proxy_header import parse_network
 
 FSYNC_POLICIES = ("always", "batch", "never")
+# The login backends auth_backends may name (lavinpy.broker.auth_backends builds them).
+AUTH_BACKENDS = ("local",)
+AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
+CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")
+CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
@@ -64,6 +70,20 @@ class Config:
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
+    # Logins with a verified client certificate (tls_verify_peer): the user name taken from it as
+    # RabbitMQ's ssl_cert_login_from says (distinguished_name | common_name | subject_alternative_name,
+    # the last with ssl_cert_login_san_type dns | ip | email | uri | other_name and the 0-based
+    # ssl_cert_login_san_index among the names of that type); no password, the user must exist.
+    ssl_cert_login_from: str = "distinguished_name"
+    ssl_cert_login_san_type: str = "dns"
+    ssl_cert_login_san_index: int = 0
+    # The SASL mechanisms AMQP offers (RabbitMQ's auth_mechanisms); EXTERNAL (the certificate's user)
+    # is offered only on a TLS connection whose client sent a verified certificate.
+    auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
+    # Who decides a login, in order (RabbitMQ's and LavinMQ's auth_backends): the first backend that
+    # knows the user decides, and the same backend gives its tags and permissions ("authn:authz" names
+    # another backend for those). Known: local (the user store).
+    auth_backends: list[str] = field(default_factory=lambda: ["local"])
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
@@ -71,8 +91,11 @@ class Config:
     mqtt_default_vhost: str = "/"
     mqtt_exchange: str = "amq.topic"
     mqtt_allow_anonymous: bool = False
+    # RabbitMQ's mqtt.ssl_cert_login: a CONNECT with neither user name nor password over MQTTS (or
+    # WebSocket over HTTPS) with a verified client certificate logs in as the certificate's user.
+    mqtt_ssl_cert_login: bool = False
     mqtt_max_packet_size: int = 128 * 1024 * 1024 + 65536  # a whole packet, headers included
-    mqtt_inflight_window: int = 10  # QoS 1 deliveries awaiting PUBACK per subscription queue
+    mqtt_inflight_window: int = 10  # QoS 1 and 2 deliveries awaiting PUBACK or PUBREC, one window per client
     mqtt_max_subscribe_filters: int = 1000  # topic filters in one SUBSCRIBE (more closes the connection)
     # Retained messages per vhost: a retained publish that would go over either is not retained (it is
     # still delivered), with a log line; replacing or clearing a retained topic is always allowed.
@@ -82,6 +105,9 @@ class Config:
     # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate: only when
     # tls_cert is set (0 turns each off even then).
     https_port: int = 15671
+    # A request over HTTPS without Basic credentials whose client sent a verified certificate acts as
+    # the certificate's user (the same login as every face; the user needs a management tag).
+    management_ssl_cert_login: bool = False
     prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
     prometheus_tls_port: int = 15691
     # Addresses and CIDRs of load balancers (LavinMQ's name): their connections must start with a PROXY
@@ -155,6 +181,7 @@ class Config:
         if not self.stats_sample_interval > 0:
             raise ConfigError(f"stats_sample_interval must be above 0, not {self.stats_sample_interval}")
         self._validate_tls()
+        self._validate_auth()
         for entry in self.proxy_protocol_trusted_sources:
             try:
                 parse_network(entry)
@@ -196,6 +223,35 @@ class Config:
             raise ConfigError("tls_verify_peer needs tls_ca_cert (the CA that signs client certificates)")
         if self.tls_fail_if_no_peer_cert and not self.tls_verify_peer:
             raise ConfigError("tls_fail_if_no_peer_cert needs tls_verify_peer: true")
+
+    def _validate_auth(self) -> None:
+        if not self.auth_backends:
+            raise ConfigError("auth_backends must name at least one backend (e.g. local)")
+        for entry in self.auth_backends:
+            for name in entry.split(":", 1):
+                if name not in AUTH_BACKENDS:
+                    raise ConfigError(f"auth_backends: unknown backend {name!r} (known: {', '.join(AUTH_BACKENDS)})")
+        for mechanism in self.auth_mechanisms:
+            if mechanism not in AUTH_MECHANISMS:
+                raise ConfigError(f"auth_mechanisms: unknown mechanism {mechanism!r} "
+                                  f"(known: {', '.join(AUTH_MECHANISMS)})")
+        if self.ssl_cert_login_from not in CERT_LOGIN_FROM:
+            raise ConfigError(f"ssl_cert_login_from must be one of {', '.join(CERT_LOGIN_FROM)}, "
+                              f"not {self.ssl_cert_login_from!r}")
+        if self.ssl_cert_login_san_type not in CERT_LOGIN_SAN_TYPES:
+            raise ConfigError(f"ssl_cert_login_san_type must be one of {', '.join(CERT_LOGIN_SAN_TYPES)}, "
+                              f"not {self.ssl_cert_login_san_type!r}")
+        if self.ssl_cert_login_san_index < 0:
+            raise ConfigError(f"ssl_cert_login_san_index must be 0 or more, not {self.ssl_cert_login_san_index}")
+        for name, on in (("auth_mechanisms: EXTERNAL", "EXTERNAL" in self.auth_mechanisms),
+                         ("mqtt_ssl_cert_login", self.mqtt_ssl_cert_login),
+                         ("management_ssl_cert_login", self.management_ssl_cert_login)):
+            if on and not self.tls_verify_peer:
+                raise ConfigError(f"{name} needs tls_verify_peer: true (and tls_ca_cert, the CA that signs "
+                                  "client certificates)")
+        if (self.ssl_cert_login_from in ("subject_alternative_name", "subject_alt_name")
+                and self.ssl_cert_login_san_type == "other_name" and find_spec("cryptography") is None):
+            raise ConfigError("ssl_cert_login_san_type: other_name needs the cryptography package")
 
     def _validate_clustering(self) -> None:
         if not self.clustering:

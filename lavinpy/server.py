@@ -7,17 +7,21 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
+from .broker.arguments import queue_type_of
 from .broker.broker import Broker, Face
 from .broker.definitions_io import DefinitionsFileError, load_definitions_file
 from .broker.limits_operations import LimitsOperations
+from .broker.links import FEDERATION_UPSTREAM as UPSTREAM
+from .broker.node_info import node_name
 from .config import Config
+from .federation.component import Federation, UpstreamComponent, UpstreamSetComponent
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
 from .mqtt.sessions import MQTTSessions
@@ -71,7 +75,6 @@ class SessionLayers:
             face.close_vhost_connections(vhost, reason)
 
 
-
 class Server:
     def __init__(self, config: Config, cluster: ClusterNode | None = None) -> None:
         """``cluster``: the node this server runs for as the cluster's leader (None: a single broker)."""
@@ -117,6 +120,7 @@ class Server:
         def drop_parameter(vhost: str, name: str) -> None:
             broker.parameters.delete("shovel", vhost, name)
         self.shovels.on_finished = drop_parameter
+        self.federation = federation_of(broker, config.default_user, self.shovels.local)
 
     async def start(self) -> None:
         config = self.config
@@ -144,6 +148,7 @@ class Server:
         self.broker.start()
         self.sessions.start()
         self.shovels.start()
+        self.federation.start()
         log.info("lavinpy started (data dir %s, fsync %s, %s codec)", config.data_dir, config.fsync,
                  "compiled" if accel.COMPILED else "pure-Python")
 
@@ -166,6 +171,7 @@ class Server:
         # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
+        from .http.routes_federation import FEDERATION
         from .http.routes_mqtt import MQTT_SESSIONS
         from .http.routes_shovels import SHOVELS
         cluster_nodes = self.cluster.status if self.cluster is not None else None
@@ -173,14 +179,15 @@ class Server:
         def management_app() -> web.Application:
             app = make_app(self.broker, self.sessions, cluster_nodes)
             app[SHOVELS] = self.shovels
+            app[FEDERATION] = self.federation
             app[MQTT_SESSIONS] = self.mqtt
             return app
 
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
         ports = [(self.http, management_app, config.http_port, "HTTP",
                   self.proxy_policy, None),
-                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions), config.prometheus_port,
-                  "Prometheus", NO_PROXY, None)]
+                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions, self.federation.status),
+                  config.prometheus_port, "Prometheus", NO_PROXY, None)]
         if tls is not None:
             ports += [(self.http, ports[0][1], config.https_port if config.https_enabled else 0, "HTTPS",
                        self.proxy_policy, tls.listener_context),
@@ -218,6 +225,7 @@ class Server:
         """Stop accepting, close clients with 320, flush, write indexes, release the lock."""
         log.info("stopping")
         await self.shovels.stop()
+        await self.federation.stop()
         self._close_listeners()
         await self._stop_http()
         self.mqtt.shutdown()
@@ -337,3 +345,63 @@ def run(config: Config) -> int:
     except ImportError:
         return asyncio.run(serve(config))
     return uvloop.run(serve(config))
+
+FEDERATION_KEYS = {"federation-upstream", "federation-upstream-set"}
+
+
+def federation_of(broker: Broker, default_user: str, local: LocalNode) -> Federation:
+    """The node's federation links (lavinpy.federation), told what the model knows: the exchanges a
+    federation policy matches, their bindings, the cluster name and the rights of an upstream's creator;
+    its links log in to this node as a shovel does (``local``), and run on the leader only."""
+    federation = Federation(local.url, node_name())
+
+    def federated() -> dict[tuple[str, str, str], Mapping[str, Any]]:
+        found: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        for vhost in list(broker.vhosts.values()):
+            if not any(FEDERATION_KEYS & p.definition.keys() for p in vhost.policies.list()):
+                continue
+            for name, exchange in vhost.exchanges.items():
+                policy = vhost.policies.match(name, "exchange") if name else None
+                if (policy is not None and FEDERATION_KEYS & policy.definition.keys()
+                        and exchange.arguments.get("x-internal-purpose") != "federation"):
+                    found[("exchange", vhost.name, name)] = policy.definition
+            for name, queue in vhost.queues.items():
+                policy = vhost.policies.match(name, "queue", queue_type_of(queue.arguments))
+                if (policy is not None and FEDERATION_KEYS & policy.definition.keys()
+                        and queue.arguments.get("x-internal-purpose") != "federation"):
+                    found[("queue", vhost.name, name)] = policy.definition
+        return found
+
+    def queue_state(vhost_name: str, name: str) -> tuple[int, int] | None:
+        vhost = broker.vhosts.get(vhost_name)
+        q = vhost.queues.get(name) if vhost is not None else None
+        return (q.consumer_count, q.message_count) if q is not None else None
+
+    def exchange_info(vhost_name: str, name: str) -> dict[str, Any] | None:
+        vhost = broker.vhosts.get(vhost_name)
+        x = vhost.exchanges.get(name) if vhost is not None else None
+        if x is None:
+            return None
+        return {"type": x.type, "durable": x.durable, "auto_delete": x.auto_delete, "internal": x.internal,
+                "arguments": dict(x.arguments)}
+
+    def bindings(vhost_name: str, name: str) -> list[tuple[str, dict[str, Any]]]:
+        vhost = broker.vhosts.get(vhost_name)
+        x = vhost.exchanges.get(name) if vhost is not None else None
+        return [(b.routing_key, dict(b.arguments or {})) for b in x.bindings()] if x is not None else []
+
+    def refusal(vhost: str, upstream: str, kind: str, name: str) -> str | None:  # the creator's rights, each start
+        if broker.users is None:
+            return None
+        return LimitsOperations(broker).link_refusal(UPSTREAM, vhost, upstream, (kind, name))
+
+    def creator(vhost: str, name: str) -> str:
+        return broker.parameters.user_of(UPSTREAM, vhost, name) or default_user
+
+    federation.federated, federation.exchange_info, federation.bindings = federated, exchange_info, bindings
+    federation.queue_state = queue_state
+    federation.cluster_name = lambda: broker.parameters.get_global("cluster_name") or node_name()
+    federation.authorize = refusal
+    broker.parameters.register(UpstreamComponent(federation, creator))
+    broker.parameters.register(UpstreamSetComponent(federation))
+    return federation

@@ -18,8 +18,10 @@ from pamqp import commands
 
 from .. import __version__
 from ..broker.actor import Actor
+from ..broker.cert_login import PeerCertificate
 from ..broker.errors import BrokerConnectionError
 from ..broker.login import LoginAttempt, LoginOutcome
+from ..broker.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
     CHANNEL_ERROR,
@@ -64,6 +66,7 @@ from .login_flow import LoginFlow
 from .output import ConnectionOutput, OutputScheduler
 from .publish_batch import publish_contents
 from .refusals import CONNECTION_ERRORS, reply_code
+from .sasl import offered_mechanisms
 
 if TYPE_CHECKING:
     from ..broker.broker import Broker
@@ -127,7 +130,8 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
     __slots__ = ("sessions", "broker", "config", "reader", "state", "name", "peer_host", "username", "vhost",
                  "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
                  "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
-                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "__weakref__")
+                 "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "peer_certificate",
+                 "auth_mechanism", "__weakref__")
 
     sessions: SessionHost
 
@@ -143,6 +147,8 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.peer_host = peer[0]
             self.name = f"{peer[0]}:{peer[1]}"
         self.username = ""
+        self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
+        self.auth_mechanism = "PLAIN"
         self.vhost: VHost | None = None
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
@@ -451,16 +457,11 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.enter_state(AWAIT_START_OK)
         self.send(writer.method_frame(0, commands.Connection.Start(
             version_major=0, version_minor=9,
-            server_properties={
-                "product": "lavinpy",
-                "version": __version__,
-                "platform": "Python",
-                "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
-                "copyright": "lavinpy developers",
-                "capabilities": dict(CAPABILITIES),
-                "cluster_name": "lavinpy",
-            },
-            mechanisms="PLAIN AMQPLAIN", locales="en_US")))
+            server_properties={"product": "lavinpy", "version": __version__, "platform": "Python",
+                               "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
+                               "copyright": "lavinpy developers", "capabilities": dict(CAPABILITIES),
+                               "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name()},
+            mechanisms=" ".join(offered_mechanisms(self.config, self.peer_certificate)), locales="en_US")))
 
     def capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")

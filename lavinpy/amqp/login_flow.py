@@ -20,11 +20,12 @@ from ..wire import writer
 from ..wire.constants import ACCESS_REFUSED, NOT_ALLOWED
 from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, OPEN
 from .effects import SetTimer, TimerKind
-from .sasl import sasl_credentials
+from .sasl import login_request
 
 if TYPE_CHECKING:
     from ..broker.actor import Actor
     from ..broker.broker import Broker
+    from ..broker.cert_login import PeerCertificate
     from ..broker.vhost import VHost
     from ..config import Config
     from .output import ConnectionEffect
@@ -45,6 +46,8 @@ class LoginFlow:
         config: Config
         name: str
         peer_host: str | None
+        peer_certificate: PeerCertificate | None
+        auth_mechanism: str
         username: str
         vhost: VHost | None
         actor: Actor | None
@@ -70,12 +73,12 @@ class LoginFlow:
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = dict(method.client_properties or {})
-        mechanism = method.mechanism
-        username, password = sasl_credentials(mechanism, method.response)
-        # The model's one login operation: the throttle's delay, the password (a slow hash in its
+        self.auth_mechanism = method.mechanism
+        request = login_request(self.config, method.mechanism, method.response, self.peer_certificate, self.peer_host)
+        # The model's one login operation: the throttle's delay, the auth backends (a slow hash in its
         # worker pool), the loopback-only rule. Until it is decided the connection reads nothing more:
         # a client that sent StartOk, TuneOk and Open in one write gets 403 or its Tune.
-        self._begin_login(LoginRequest(PROTOCOL, mechanism, username, password, self.peer_host))
+        self._begin_login(request)
 
     def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         """A new secret for the connection's user, decided as that user's login with it as the password."""

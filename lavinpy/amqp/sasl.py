@@ -1,13 +1,54 @@
-"""The user and password of a client's connection.start-ok, by its SASL mechanism (PLAIN, AMQPLAIN)."""
+"""The SASL mechanisms offered in connection.start, and the login a client's start-ok asks for.
+
+PLAIN and AMQPLAIN carry a user and a password. EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl)
+carries nothing the broker reads: the user is the one ``ssl_cert_login_from`` takes from the client's
+verified certificate, and it is offered only on a TLS connection whose client sent one. A mechanism
+the broker knows but did not offer is refused as RabbitMQ refuses it (503 invalid authentication
+mechanism).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from pamqp import decode
 
-from ..wire.constants import ACCESS_REFUSED, INTERNAL_MECHANISM, SYNTAX_ERROR
+from ..broker.cert_login import PeerCertificate, certificate_user
+from ..broker.login import LoginRequest
+from ..config import AUTH_MECHANISMS
+from ..wire.constants import ACCESS_REFUSED, COMMAND_INVALID, INTERNAL_MECHANISM, SYNTAX_ERROR
 from ..wire.errors import AMQPConnectionError
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+log = logging.getLogger("lavinpy.login")
+PROTOCOL = "AMQP 0-9-1"
+
+
+def offered_mechanisms(config: Config, cert: PeerCertificate | None) -> list[str]:
+    """``auth_mechanisms`` as this connection offers them: EXTERNAL only with a verified certificate."""
+    return [m for m in config.auth_mechanisms if m != "EXTERNAL" or cert is not None]
+
+
+def login_request(config: Config, mechanism: str, response: Any, cert: PeerCertificate | None,
+                  peer: str | None) -> LoginRequest:
+    """The login a start-ok asks for; AMQPConnectionError for a mechanism not offered or a malformed
+    response."""
+    if mechanism != INTERNAL_MECHANISM and mechanism not in offered_mechanisms(config, cert):
+        if mechanism in AUTH_MECHANISMS:
+            raise AMQPConnectionError(COMMAND_INVALID, f"invalid authentication mechanism '{mechanism}'")
+        raise AMQPConnectionError(ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'")
+    if mechanism == "EXTERNAL":
+        assert cert is not None  # offered only then
+        username = certificate_user(config, cert)
+        if username is None:
+            log.warning("%s login from %s: no user name in the client certificate (ssl_cert_login_from: %s)",
+                        PROTOCOL, peer, config.ssl_cert_login_from)
+        return LoginRequest(PROTOCOL, mechanism, username or "", None, peer, certified=username is not None)
+    username, password = sasl_credentials(mechanism, response)
+    return LoginRequest(PROTOCOL, mechanism, username, password, peer)
 
 
 def sasl_credentials(mechanism: str, response: Any) -> tuple[str, str]:

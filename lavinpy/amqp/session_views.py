@@ -75,7 +75,7 @@ def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
         "host": host,
         "port": port,
         "ssl": ssl,
-        "auth_mechanism": "PLAIN",
+        "auth_mechanism": conn.auth_mechanism,
         "client_properties": _jsonable(conn.client_properties),
         "connected_at": conn.connected_at,
         **byte_counters(conn),

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from ..broker.cert_login import peer_certificate
 from ..wire.accel import SOCKET_THREADS, csocket
 from ..wire.constants import PROTOCOL_HEADER
 from ..wire.proxy_header import ProxyHeader, may_be_proxy_header
@@ -119,6 +120,7 @@ class AMQPProtocol(asyncio.Protocol):
             client = self.proxied[0]
             conn.peer_host = client[0]
             conn.name = f"{client[0]}:{client[1]}"
+        conn.peer_certificate = peer_certificate(transport.get_extra_info("ssl_object"))
         conn.driver = self
         conn.start()
         self.pump()

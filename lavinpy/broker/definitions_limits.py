@@ -1,12 +1,13 @@
 """The definitions sections of runtime parameters, global parameters, operator policies and limits.
 
 Import (checked with the rest of the document before anything is applied):
-- ``parameters``: ``vhost-limits`` and every registered component (``shovel`` once the shovel module has
-  registered it) are validated by their component and applied; a shovel keeps the ``user`` recorded
-  with it (else it becomes the importer's) and is refused unless that user has the rights it needs
-  (links.py; a user the same document creates or gives permissions is checked when the shovel starts);
+- ``parameters``: ``vhost-limits`` and every registered component (``shovel``, ``federation-upstream`` and
+  ``federation-upstream-set`` once the server has registered them) are validated by their component and
+  applied; a link (shovel, federation upstream) keeps the ``user`` recorded with it (else it becomes the
+  importer's) and is refused unless that user has the rights it needs (links.py; a user the same
+  document creates or gives permissions is checked when the link starts);
   ``operator_policy`` (how RabbitMQ exports operator policies) becomes an operator policy; any other
-  component (``federation-upstream``, ...) is refused by name.
+  component (``mqtt-port-to-vhost-mapping``, ...) is refused by name.
 - ``global_parameters``: stored; ``cluster_name`` is shown in the overview, ``internal_cluster_id`` kept.
 - ``operator_policies`` (a section of its own, as lavinpy and LavinMQ may write it) and users' ``limits``.
 - RabbitMQ's queue-limit check: queues the import adds to a vhost must fit its max-queues.
@@ -92,7 +93,7 @@ def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str
         if component in LINK_COMPONENTS:
             recorded = item.get("user")
             user = recorded if isinstance(recorded, str) else importer
-            refusal = None if user in deferred else link_refusal(users, user, vhost, value)
+            refusal = None if user in deferred else link_refusal(users, user, vhost, value, component)
             if refusal is not None:
                 raise _Refused(f"{what}: {refusal}")
         plan.add("parameter", vhost, name, (component, value, user), "set")

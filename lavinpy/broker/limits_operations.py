@@ -95,7 +95,7 @@ class LimitsOperations:
         creator = None
         if component in LINK_COMPONENTS:
             creator = self.link_creator(actor, user)
-            refusal = link_refusal(self.users, creator, vhost, value)
+            refusal = link_refusal(self.users, creator, vhost, value, component)
             if refusal is not None:
                 raise precondition_failed(refusal)
         try:
@@ -122,11 +122,13 @@ class LimitsOperations:
             return user
         return actor.name if actor is not None else self.broker.config.default_user
 
-    def link_refusal(self, component: str, vhost: str, name: str) -> str | None:
-        """Why a stored link may not start now (its creator's rights are checked again), or None."""
+    def link_refusal(self, component: str, vhost: str, name: str,
+                     resource: tuple[str, str] | None = None) -> str | None:
+        """Why a stored link may not start now (its creator's rights are checked again), or None;
+        ``resource``: ("exchange" or "queue", name) a federation link feeds."""
         value = self.broker.parameters.get(component, vhost, name)
         creator = self.broker.parameters.user_of(component, vhost, name) or self.broker.config.default_user
-        return link_refusal(self.users, creator, vhost, value)
+        return link_refusal(self.users, creator, vhost, value, component, resource)
 
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
         if actor is None or actor.is_admin():

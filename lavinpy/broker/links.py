@@ -1,4 +1,5 @@
-"""The rights a link (a dynamic shovel) needs from the user who made it, and passwords kept out of answers.
+"""The rights a link (a dynamic shovel, a federation upstream) needs from the user who made it, and
+passwords kept out of answers.
 
 A link runs as the user recorded on its parameter. When the parameter is set and each time the link
 starts, that user must, for every URI of this node (``amqp://`` without a host):
@@ -6,6 +7,9 @@ starts, that user must, for every URI of this node (``amqp://`` without a host):
 - have read and configure permission on the source queue or exchange, and write and configure
   permission on the destination queue or exchange (the default exchange when it names neither), in that
   vhost (LavinMQ's rule).
+A federation upstream's user must be able to open its own vhost (the links publish there) and
+the vhost of every URI of this node; each link also needs configure and write permission on its
+federated exchange or queue (checked when the link starts, as a policy names it).
 URIs with a host log in with their own credentials; the broker they name checks those.
 """
 
@@ -18,9 +22,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from .permissions import UserPermissions, access_refused
 from .users import UserStore
 
-# The parameter components whose values are links run as their creator (the coming federation
-# upstreams belong here too).
-LINK_COMPONENTS = frozenset({"shovel"})
+# The parameter components whose values are links run as their creator.
+FEDERATION_UPSTREAM = "federation-upstream"
+LINK_COMPONENTS = frozenset({"shovel", FEDERATION_UPSTREAM})
 MASK = "***"
 
 
@@ -50,13 +54,33 @@ def _side(value: Mapping[str, Any], side: str) -> tuple[str, str, tuple[str, str
     return f"{side}-uri", f"{side}-exchange", ("exchange", "")  # the destination's original routing: amq.default
 
 
-def link_refusal(users: UserStore, user: str, vhost: str, value: Any) -> str | None:
-    """Why ``user`` may not run the shovel ``value`` of ``vhost`` (a text naming the key and the vhost),
+def federation_refusal(users: UserStore, user: str, vhost: str, value: Mapping[str, Any],
+                       resource: tuple[str, str] | None = None) -> str | None:
+    """Why ``user`` may not run links of the federation upstream ``value`` of ``vhost`` (into the
+    ("exchange" or "queue", name) ``resource`` when named), or None."""
+    targets = [vhost] + [t for t in (_local_vhost(uri, vhost) for uri in _uris(value.get("uri"))) if t is not None]
+    for target in targets:
+        if not users.can_access_vhost(user, target):
+            return f"uri: user \"{user}\" may not connect to vhost \"{target}\""
+    if resource is not None:
+        rights = UserPermissions(users, user, vhost)
+        resource_type, name = resource
+        for kind in ("configure", "write"):
+            if not rights.allowed(kind, resource_type, name):
+                return f"{resource_type}: {access_refused(kind, resource_type, name, vhost, user).detail}"
+    return None
+
+
+def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component: str = "shovel",
+                 resource: tuple[str, str] | None = None) -> str | None:
+    """Why ``user`` may not run the link ``value`` of ``vhost`` (a text naming the key and the vhost),
     or None when it may. A value of the wrong shape is the component's to refuse: None here."""
     if not isinstance(value, Mapping):
         return None
     if users.user(user) is None:
-        return f"user \"{user}\", who made this shovel, no longer exists"
+        return f"user \"{user}\", who made this {'shovel' if component == 'shovel' else 'upstream'}, no longer exists"
+    if component == FEDERATION_UPSTREAM:
+        return federation_refusal(users, user, vhost, value, resource)
     sides = []
     for side, kinds in (("src", ("read", "configure")), ("dest", ("write", "configure"))):
         uri_key, resource_key, resource = _side(value, side)

@@ -15,6 +15,12 @@ store, so an unknown name takes as long as a known one; a good check is remember
 ``CACHE_SECONDS`` (by user and a keyed hash of the password, forgotten on any change to the users),
 so the HTTP API's Basic credentials on every request cost one check per few seconds; a bcrypt user
 is rehashed to RabbitMQ's salted SHA-256 form on its first good login (``rehash_bcrypt_on_login``).
+
+Who decides: the backends of ``auth_backends`` in order (``auth_backends``: the first that knows the
+user decides); ``local`` is the user store with the password checks above. A certificate login
+(``LoginRequest.certified``: AMQP's EXTERNAL, MQTT's ssl_cert_login, HTTPS with a client
+certificate) has no password: the backend that knows the certificate's user name admits it, and the
+throttle, the loopback rule and the vhost checks apply as to any login.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..wire.constants import INTERNAL_MECHANISM
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
 from .actor import Actor
+from .auth_backends import AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
 from .errors import NOT_ALLOWED, BrokerConnectionError, BrokerError
 from .internal_login import InternalLogins
 from .users import loopback_only_refused
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.login")
+
+__all__ = ["LoginAttempt", "LoginOutcome", "LoginRequest", "Logins", "Refusal", "admit_connection"]
 
 CACHE_SECONDS = 5.0  # a good password check is remembered this long
 CACHE_ENTRIES = 10_000  # at most this many remembered checks (the oldest go first)
@@ -77,21 +86,13 @@ class Refusal(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class LoginRequest:
-    protocol: str  # the face, for the log: "AMQP 0-9-1", "MQTT", "HTTP"
-    mechanism: str  # PLAIN, AMQPLAIN, ... (named in AMQP's refusal text)
-    username: str
-    password: str | None  # None: none given (refused)
-    peer: str | None  # the client's address (None: a unix socket)
-
-
-@dataclass(frozen=True, slots=True)
 class LoginOutcome:
     username: str
     refusal: Refusal | None = None
     text: str = ""  # RabbitMQ's text of the refusal
     vhost: VHost | None = None  # set by ``Logins.admit``
     actor: Actor | None = None
+    backend: str = ""  # the auth backend that decided
 
     @property
     def ok(self) -> bool:
@@ -112,6 +113,7 @@ class Logins:
         self._dummies: dict[str, str] = {}  # a bcrypt salt prefix ("$2a$12$") -> a dummy hash of that cost
         # ((users generation, user count), the slowest hash): looked for again after any change of the users
         self._slowest: tuple[tuple[int, int], tuple[str, str] | None] = ((-1, -1), None)
+        self.chain: list[ChainLink] = make_chain(broker.config.auth_backends, {"local": lambda: LocalBackend(self)})
 
     def attempt(self, request: LoginRequest) -> LoginAttempt:
         """A login starts: counted by the throttle from now (attempts, not answers)."""
@@ -127,7 +129,7 @@ class Logins:
             opened, actor = admit_connection(self.broker, outcome.username, vhost)
         except BrokerError as e:
             return LoginOutcome(outcome.username, Refusal.NOT_ALLOWED, e.text)
-        return LoginOutcome(outcome.username, vhost=opened, actor=actor)
+        return LoginOutcome(outcome.username, vhost=opened, actor=actor, backend=outcome.backend)
 
     def secret_updated(self, outcome: LoginOutcome, vhost: str) -> LoginOutcome:
         """The outcome of a connection's ``update-secret``, decided as a login of the connection's user
@@ -267,50 +269,52 @@ def _bcrypt_dummy(cost: int) -> str:
 class LoginAttempt:
     """One login from ``Logins.attempt`` to its outcome. The face waits ``delay`` seconds first."""
 
-    __slots__ = ("logins", "request", "delay", "_done")
+    __slots__ = ("logins", "request", "delay", "_done", "_step")
 
     def __init__(self, logins: Logins, request: LoginRequest, delay: float) -> None:
         self.logins = logins
         self.request = request
         self.delay = delay
         self._done = False
+        self._step = 0  # the chain's backend asked next
 
     def decide_now(self) -> LoginOutcome | None:
-        """After the delay: the outcome when it costs no slow hash, else None (``await decide()``)."""
+        """After the delay: the outcome when it costs nothing slow, else None (``await decide()``)."""
         request, logins = self.request, self.logins
         password = request.password
-        if password is None:
-            return self._conclude(False)
-        if request.mechanism == INTERNAL_MECHANISM:  # the node's own link, as the user who made it
+        if password is None and not request.certified:
+            return self._conclude(None)
+        if request.mechanism == INTERNAL_MECHANISM and password is not None:  # the node's own link
             users = logins.broker.users
-            # Not remembered: the cache would take the token as a password from anywhere.
-            return self._conclude(users is not None and logins.broker.internal_logins.verify(
-                request.username, password, request.peer, users), remember=False)
-        if logins._cached(request.username, password):
-            return self._conclude(True)
-        password_hash, algorithm, dummy = logins._stored(request.username)
-        if algorithm == BCRYPT_ALGORITHM:
-            return None
-        return self._conclude(logins._check(password, password_hash, algorithm) and dummy is None)
+            ok = users is not None and logins.broker.internal_logins.verify(request.username, password,
+                                                                             request.peer, users)
+            return self._conclude(AuthResult(AuthStatus.KNOWN if ok else AuthStatus.REFUSED, "internal"))
+        chain = logins.chain
+        while self._step < len(chain):  # the first backend that knows the user decides
+            link = chain[self._step]
+            result = link.authn.check_now(request)
+            if result is None:
+                return None
+            if result.status is not AuthStatus.UNKNOWN:
+                return self._conclude(AuthResult(result.status, result.backend, link.authz))
+            self._step += 1
+        return self._conclude(None)  # no backend knows the user
 
     async def decide(self) -> LoginOutcome:
-        """After the delay: the outcome, a slow hash checked in the worker pool."""
-        outcome = self.decide_now()
-        if outcome is not None:
-            return outcome
-        request, logins = self.request, self.logins
-        password = request.password
-        assert password is not None
-        password_hash, algorithm, dummy = logins._stored(request.username)
-        try:
-            ok = await logins._in_pool(password, password_hash, algorithm, dummy or "")
-        except BaseException:
-            self.abandon()
-            raise
-        if ok is None:
-            log.warning("login of user %r refused: %d password checks waiting already", request.username,
-                        MAX_WAITING_CHECKS)
-        return self._conclude(bool(ok) and dummy is None, password_hash)
+        """After the delay: the outcome, slow checks awaited (a slow hash in the worker pool)."""
+        while True:
+            outcome = self.decide_now()
+            if outcome is not None:
+                return outcome
+            link = self.logins.chain[self._step]
+            try:
+                result = await link.authn.check(self.request)
+            except BaseException:
+                self.abandon()
+                raise
+            if result.status is not AuthStatus.UNKNOWN:
+                return self._conclude(AuthResult(result.status, result.backend, link.authz))
+            self._step += 1
 
     async def run(self) -> LoginOutcome:
         """The delay, then the outcome (for a face that can simply wait: the HTTP API)."""
@@ -329,9 +333,11 @@ class LoginAttempt:
             request = self.request
             self.logins.throttle.end(request.peer, request.username, request.mechanism, False)
 
-    def _conclude(self, ok: bool, checked: str = "", remember: bool = True) -> LoginOutcome:
+    def _conclude(self, result: AuthResult | None) -> LoginOutcome:
+        """The backends' answer (None: no backend knows the user), then the loopback-only rule."""
         request, logins = self.request, self.logins
         username = request.username
+        ok = result is not None and result.status is AuthStatus.KNOWN
         if not self._done:
             self._done = True
             logins.throttle.end(request.peer, username, f"{request.mechanism}, {request.protocol}", ok)
@@ -340,14 +346,57 @@ class LoginAttempt:
             return LoginOutcome(username, Refusal.CREDENTIALS,
                                 f"ACCESS_REFUSED - Login was refused using authentication mechanism "
                                 f"{request.mechanism}. For details see the broker logfile.")
-        assert request.password is not None
-        if checked and logins.broker.config.rehash_bcrypt_on_login:
-            logins._rehash(username, request.password, checked)
-        if remember:
-            logins._remember(username, request.password)
+        assert result is not None
         if loopback_only_refused(logins.broker.config.loopback_users, username, request.peer):
             log.warning("%s login from %s: user %r may only connect from loopback", request.protocol,
                         request.peer, username)
             return LoginOutcome(username, Refusal.LOOPBACK,
                                 f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
-        return LoginOutcome(username)
+        return LoginOutcome(username, backend=result.backend)
+
+
+class LocalBackend:
+    """``local``: the user store; a password checked against its hash (a slow one in the pool), a
+    good check remembered; a certificate's user admitted when the store has it."""
+
+    name = "local"
+
+    def __init__(self, logins: Logins) -> None:
+        self.logins = logins
+
+    def _result(self, request: LoginRequest, known: bool, ok: bool) -> AuthResult:
+        if not known:
+            return AuthResult(AuthStatus.UNKNOWN, self.name)
+        if ok and request.password is not None and not request.certified:
+            self.logins._remember(request.username, request.password)
+        return AuthResult(AuthStatus.KNOWN if ok else AuthStatus.REFUSED, self.name)
+
+    def check_now(self, request: LoginRequest) -> AuthResult | None:
+        logins = self.logins
+        users = logins.broker.users
+        assert users is not None
+        password = request.password
+        if request.certified or password is None:  # no password to check: does the store know the user?
+            return self._result(request, users.password_of(request.username) is not None, request.certified)
+        if logins._cached(request.username, password):
+            return AuthResult(AuthStatus.KNOWN, self.name)
+        password_hash, algorithm, dummy = logins._stored(request.username)
+        if algorithm == BCRYPT_ALGORITHM:
+            return None
+        return self._result(request, dummy is None, logins._check(password, password_hash, algorithm))
+
+    async def check(self, request: LoginRequest) -> AuthResult:
+        result = self.check_now(request)
+        if result is not None:
+            return result
+        logins = self.logins
+        password = request.password
+        assert password is not None
+        password_hash, algorithm, dummy = logins._stored(request.username)
+        ok = await logins._in_pool(password, password_hash, algorithm, dummy or "")
+        if ok is None:
+            log.warning("login of user %r refused: %d password checks waiting already", request.username,
+                        MAX_WAITING_CHECKS)
+        if ok and dummy is None and logins.broker.config.rehash_bcrypt_on_login:
+            logins._rehash(request.username, password, password_hash)
+        return self._result(request, dummy is None, bool(ok))

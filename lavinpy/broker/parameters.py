@@ -3,7 +3,8 @@
 A parameter is (component, vhost, name) -> a JSON value. What a parameter means is the business of its
 component: an object registered with ``Parameters.register`` that validates a value (raising
 ``ParameterError`` with a text naming the bad key), applies it and removes it. ``vhost-limits`` is one
-component (limits.py); the shovel module registers ``shovel``. Parameters of a component nobody has
+component (limits.py); the server registers ``shovel``, ``federation-upstream`` and
+``federation-upstream-set``. Parameters of a component nobody has
 registered are refused by name, so nothing in a definitions import is silently dropped.
 
 Every parameter is kept in ``parameters.json`` and every global parameter in ``global_parameters.json``
@@ -27,7 +28,7 @@ log = logging.getLogger("lavinpy.parameters")
 PARAMETERS_FILE = "parameters.json"
 GLOBAL_PARAMETERS_FILE = "global_parameters.json"
 # Components RabbitMQ has that lavinpy does not (yet): refused by name on import and on PUT.
-KNOWN_UNSUPPORTED = ("federation-upstream", "federation-upstream-set", "federation", "mqtt-port-to-vhost-mapping")
+KNOWN_UNSUPPORTED = ("federation", "mqtt-port-to-vhost-mapping")
 
 
 class ParameterError(ValueError):
@@ -65,7 +66,7 @@ def check_parameter_name(what: str, name: str) -> None:
 
 def unknown_component_text(component: str) -> str:
     if component in KNOWN_UNSUPPORTED:
-        return f"component '{component}' is not supported by lavinpy (no federation plugin)"
+        return f"component '{component}' is not supported by lavinpy"
     return f"component '{component}' not found"
 
 

@@ -82,6 +82,10 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "queue-mode": _one_of(QUEUE_MODES, "queue-mode"),
     "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead-letter-strategy"),
     "queue-version": lambda value: None if value in (1, 2) else f"{value!r} is not a valid queue version",
+    # Federation (lavinpy.federation): the upstream, or the set of upstreams ("all": every one), an
+    # exchange is fed from.
+    "federation-upstream": _string("federation upstream name"),
+    "federation-upstream-set": _string("federation upstream set name"),
 }
 
 # RabbitMQ-only keys whose purpose lavinpy's design already serves (mirroring and placement: the
@@ -159,6 +163,8 @@ def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority
     if unknown:
         verb = "is not a recognised policy setting" if len(unknown) == 1 else "are not recognised policy settings"
         raise PolicyError(f"policy '{name}': {', '.join(repr(k) for k in unknown)} {verb}")
+    if "federation-upstream" in definition and "federation-upstream-set" in definition:
+        raise PolicyError(f"policy '{name}': cannot specify federation-upstream and federation-upstream-set together")
     for key in sorted(definition):
         problem = validators[key](definition[key])
         if problem is not None:

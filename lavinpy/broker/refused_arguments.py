@@ -20,7 +20,6 @@ from typing import Any
 # application would see instead.
 _RETRY = "delayed retries are not implemented"
 _DEDUP = "message deduplication is not implemented"
-_FEDERATION = "federation is not implemented: use a shovel"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +46,6 @@ REFUSED: tuple[Refused, ...] = (
     _row("x-cache-ttl", "queue exchange", _DEDUP),
     _row("x-deduplication-header", "queue exchange", _DEDUP),
     _row("x-delayed-exchange", "exchange", "use the exchange type x-delayed-message", False),
-    _row("federation-upstream", "policy", _FEDERATION),
-    _row("federation-upstream-set", "policy", _FEDERATION),
 )
 
 _BY_KIND: dict[str, dict[str, Refused]] = {}

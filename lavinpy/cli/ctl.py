@@ -30,6 +30,8 @@ from .ctl_api import (
 )
 from .ctl_columns import COMMANDS as LIST_COMMANDS
 from .ctl_columns import row
+from .ctl_federation import COMMANDS as FEDERATION_COMMANDS
+from .ctl_federation import add_parsers as add_federation_parsers
 from .ctl_limits import COMMANDS as LIMIT_COMMANDS
 from .ctl_limits import add_commands as add_limit_commands
 from .ctl_node import (
@@ -209,6 +211,7 @@ COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "export_definitions": cmd_export_definitions, "import_definitions": cmd_import_definitions,
     **LIMIT_COMMANDS,
     **SHOVEL_COMMANDS,
+    **FEDERATION_COMMANDS,
     **TOPIC_PERMISSION_COMMANDS,
 }
 
@@ -307,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("export_definitions", "write the definitions as JSON to FILE (- for stdout)", "file")
     add("import_definitions", "apply a definitions JSON file (- for stdin)", "file")
     add_shovel_parsers(add)
+    add_federation_parsers(add)
     add("hash_password", "print a password hash as RabbitMQ stores it (sha256)", "password")
     force = add("force_leader", "let a cluster node lead whatever etcd's ISR says (it may lack confirmed "
                 "messages: an operator's decision)", "node_id")

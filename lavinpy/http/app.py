@@ -21,6 +21,7 @@ from . import (
     definitions,
     routes_admin,
     routes_dashboard,
+    routes_federation,
     routes_health,
     routes_mqtt,
     routes_objects,
@@ -49,6 +50,7 @@ ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
     routes_stats.add_routes,
     routes_health.add_routes,  # RabbitMQ 4's further health checks
     routes_dashboard.add_routes,
+    routes_federation.add_routes,
     routes_shovels.add_routes,
     routes_mqtt.add_routes,  # MQTT over WebSocket (/ws)
 )

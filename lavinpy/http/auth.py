@@ -5,7 +5,9 @@ a user without any management tag (administrator, monitoring, policymaker, manag
 with 401 ``not_authorised`` (RabbitMQ answers every authorisation refusal with 401; the error field
 tells a refusal, ``not_authorised``, from failed credentials, ``not_authorized``). The login itself
 is the one every face uses (``broker.login``): the login throttle, the password checked off the event
-loop (and remembered for a few seconds), the loopback-only users.
+loop (and remembered for a few seconds), the loopback-only users. With ``management_ssl_cert_login``
+a request over HTTPS without Basic credentials whose client sent a verified certificate acts as the
+certificate's user (``ssl_cert_login_from``); Basic credentials, when sent, take priority.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiohttp import web
 
 from ..broker.actor import Actor
 from ..broker.broker import Broker
+from ..broker.cert_login import certificate_login, peer_certificate
 from ..broker.login import LoginRequest
 from .errors import ApiError
 
@@ -36,15 +39,27 @@ def _credentials(request: web.Request) -> tuple[str, str] | None:
     return (name, password) if sep else None
 
 
+def _certificate_user(broker: Broker, request: web.Request) -> str | None:
+    config = broker.config
+    if not config.management_ssl_cert_login or request.transport is None:
+        return None
+    return certificate_login(True, config, peer_certificate(request.transport.get_extra_info("ssl_object")))
+
+
 async def authenticate(broker: Broker, request: web.Request) -> Actor:
     """The acting user of a request, or ApiError 401."""
     users = broker.users
     assert users is not None
     credentials = _credentials(request)
-    if credentials is None:
-        raise ApiError(401, "not_authorized", "Not_Authorized")
-    name, password = credentials
-    outcome = await broker.logins.attempt(LoginRequest("HTTP", "PLAIN", name, password, request.remote or "")).run()
+    if credentials is not None:
+        name, password = credentials
+        login = LoginRequest("HTTP", "PLAIN", name, password, request.remote or "")
+    else:  # no Basic credentials: a verified client certificate's user (management_ssl_cert_login)
+        cert_user = _certificate_user(broker, request)
+        if cert_user is None:
+            raise ApiError(401, "not_authorized", "Not_Authorized")
+        login = LoginRequest("HTTP", "EXTERNAL", cert_user, None, request.remote or "", certified=True)
+    outcome = await broker.logins.attempt(login).run()
     if not outcome.ok:
         raise ApiError(401, "not_authorized", "Not_Authorized")
     actor = Actor(users, outcome.username)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -103,8 +103,10 @@ class BrokerCollector:
 
     def __init__(self, broker: Broker, sessions: Sessions, prefix: str, *, detailed: bool = False,
                  families: tuple[str, ...] | None = None, vhosts: tuple[str, ...] = (),
-                 lag: EventLoopLag | None = None) -> None:
+                 lag: EventLoopLag | None = None,
+                 links: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.broker = broker
+        self.links = links
         self.lag = lag
         self.sessions = sessions
         self.prefix = prefix
@@ -119,6 +121,7 @@ class BrokerCollector:
             yield from self._identity("aggregated")
             yield from self._node()
             yield from self._totals()
+            yield from self._links()
             yield from metrics_node.process_families()
 
     # --- aggregated ---------------------------------------------------------------------------
@@ -156,6 +159,23 @@ class BrokerCollector:
         yield _gauge(f"{p}_erlang_uptime_seconds", "Node uptime", node["uptime"] / 1000)
         if self.lag is not None:
             yield self.lag.family(p)
+
+    def _links(self) -> Iterator[Metric]:
+        """Per federation link: 1 while running, and the messages it has republished here."""
+        if self.links is None:
+            return
+        labels = ["vhost", "exchange", "queue", "upstream", "id"]
+        running = _gauge(f"{self.prefix}_federation_link_running", "is 1 while the federation link runs",
+                         labels=labels)
+        forwarded = _gauge(f"{self.prefix}_federation_link_messages_forwarded",
+                           "Messages the federation link republished downstream", labels=labels)
+        for row in self.links():
+            queue = row.get("queue", "") if row.get("type") == "queue" else ""
+            values = [row["vhost"], row.get("exchange", ""), queue, row["upstream"], row["id"]]
+            running.add_metric(values, int(row["status"] == "running"))
+            forwarded.add_metric(values, row.get("messages_forwarded", 0))
+        yield running
+        yield forwarded
 
     def _totals(self) -> Iterator[Metric]:
         p = self.prefix
@@ -347,13 +367,15 @@ def _render(collector: BrokerCollector) -> web.Response:
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_metrics_app(broker: Broker, sessions: Sessions) -> web.Application:
-    """The Prometheus endpoint application (no authentication, as RabbitMQ's)."""
+def make_metrics_app(broker: Broker, sessions: Sessions,
+                     links: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
+    """The Prometheus endpoint application (no authentication, as RabbitMQ's); ``links``: the federation
+    links' status rows."""
 
     lag = EventLoopLag()
 
     async def metrics(request: web.Request) -> web.Response:
-        return _render(BrokerCollector(broker, sessions, _prefix(request), lag=lag))
+        return _render(BrokerCollector(broker, sessions, _prefix(request), lag=lag, links=links))
 
     async def detailed(request: web.Request) -> web.Response:
         asked = request.query.getall("family", [])

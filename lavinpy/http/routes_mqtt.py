@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web, web_ws
 from aiohttp.http_websocket import WebSocketError
 
+from ..broker.cert_login import peer_certificate
 from ..mqtt.connection import MAX_PACKET_BEFORE_CONNECT
 from ..mqtt.sessions import MQTTSessions
 from ..mqtt.transport import WRITE_HIGH_WATER, ConnectionDriver
@@ -183,6 +184,8 @@ async def mqtt_websocket(request: web.Request) -> web.StreamResponse:
     local = request.transport.get_extra_info("sockname") if request.transport is not None else None
     conn = sessions.new_connection(peer if isinstance(peer, tuple) else None,
                                    local if isinstance(local, tuple) else None)
+    if request.transport is not None:  # WebSocket over HTTPS: the client's verified certificate
+        conn.peer_certificate = peer_certificate(request.transport.get_extra_info("ssl_object"))
     sender = asyncio.get_running_loop().create_task(driver.send_loop())
     driver.attach(conn)
     try:

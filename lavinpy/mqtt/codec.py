@@ -335,6 +335,25 @@ def puback(packet_id: int) -> bytes:
     return bytes((PUBACK << 4, 2)) + packet_id.to_bytes(2, "big")
 
 
+# A connection's replies after the disk are packet ids, the packet's kind in the bits above them.
+PUBREC_REPLY, PUBCOMP_REPLY, PUBREL_REPLY = 1 << 16, 2 << 16, 3 << 16  # (a PUBACK: the id alone)
+_REPLY_FIRST = {0: PUBACK << 4, 1: PUBREC << 4, 2: PUBCOMP << 4, 3: PUBREL << 4 | 2}
+
+
+def qos2_reply(kind: int, packet_id: int) -> bytes:
+    """PUBACK, PUBREC, PUBCOMP or PUBREL (``kind`` 0 to 3) of a packet id."""
+    return bytes((_REPLY_FIRST[kind], 2)) + packet_id.to_bytes(2, "big")
+
+
+def replies(batch: list[int]) -> tuple[bytes, int]:
+    """A batch of replies (packet ids | *_REPLY) as packets, and how many confirm a publish (PUBACKs
+    and PUBRECs)."""
+    if max(batch) < PUBREC_REPLY:
+        return b"".join([puback(packet_id) for packet_id in batch]), len(batch)
+    return (b"".join([qos2_reply(reply >> 16, reply & 0xFFFF) for reply in batch]),
+            sum(reply < PUBCOMP_REPLY for reply in batch))
+
+
 def suback(packet_id: int, codes: list[int]) -> bytes:
     return _packet(SUBACK << 4, packet_id.to_bytes(2, "big") + bytes(codes))
 

@@ -14,8 +14,9 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.actor import Actor
+from ..broker.cert_login import PeerCertificate
 from ..broker.errors import BrokerError, ErrorKind
-from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
+from ..broker.login import LoginAttempt, LoginOutcome, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
@@ -25,15 +26,19 @@ from ..broker.stats import ProtocolId
 from ..logs import RateLimitedLog
 from ..wire.properties import encode_property_values
 from . import codec, topics
-from .codec import MQTTProtocolError
+from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
+from .connect_login import connect_login
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..broker.broker import Broker
     from ..broker.exchanges.base import Exchange
     from ..broker.vhost import VHost
     from ..config import Config
+    from .exactly_once import QoS2Store
     from .retained import RetainedStore
 
 log = logging.getLogger("lavinpy.mqtt")
@@ -45,9 +50,9 @@ CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
 # The largest packet before a client has logged in (RabbitMQ's unauthenticated limit): nobody can make
 # the server buffer mqtt_max_packet_size without a password.
 MAX_PACKET_BEFORE_CONNECT = 65536
-# Message properties by the publish's QoS: persistent for QoS 1, and the QoS for deliveries to MQTT.
+# Message properties by the publish's QoS: persistent for QoS 1 and 2, and the QoS for deliveries to MQTT.
 _PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
-               for qos in (0, 1)}
+               for qos in (0, 1, 2)}
 
 
 # RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
@@ -76,6 +81,7 @@ class MQTTHost(Protocol):
     broker: Broker
     config: Config
     retained: RetainedStore
+    qos2: QoS2Store
 
     def register(self, connection: MQTTConnection) -> None: ...
 
@@ -95,6 +101,7 @@ class MQTTConnection:
         self.local = local
         self.tls = tls
         self.peer_host = peer[0] if peer else None
+        self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes, socket reads and writes (one write per
@@ -122,7 +129,7 @@ class MQTTConnection:
         self._effects: list[Any] = []
         self._last_recv = time.monotonic()
         self._exchange: tuple[int, Exchange, Any] | None = None  # (vhost generation, exchange, topic check)
-        self._pubacks: list[int] = []  # QoS 1 packet ids of this input batch
+        self._pubacks: list[int] = []  # replies of this input batch: QoS 1 packet ids, QoS 2 ones | *_REPLY
         self._batch_sync = False  # some publish of this batch waits for the disk
         self._replies = ReplyQueue(self)  # PUBACK runs in input order, after the disk
         self._backlog: deque[tuple[int, int, bytes]] = deque()  # packets read, not yet handled
@@ -283,10 +290,11 @@ class MQTTConnection:
                 raise MQTTProtocolError("DISCONNECT with a body")
             self.will = None  # a clean end: the will is dropped
             self._close()
+        elif kind in (codec.PUBREC, codec.PUBREL, codec.PUBCOMP):
+            self._on_qos2(kind, codec.parse_packet_id(body, codec.PACKET_NAMES[kind]))
         elif kind == codec.CONNECT:
             raise MQTTProtocolError("a second CONNECT")
-        else:
-            # QoS 2 is never granted nor used by the server: PUBREC/PUBREL/PUBCOMP, CONNACK, SUBACK... are bad input.
+        else:  # CONNACK, SUBACK, PINGRESP... are the server's packets
             raise MQTTProtocolError(f"unexpected {codec.PACKET_NAMES[kind]}")
 
     def _on_connect(self, packet: codec.Connect) -> None:
@@ -302,22 +310,14 @@ class MQTTConnection:
                 raise MQTTProtocolError(f"will: {e}") from None
         # The model's one login operation: the throttle's delay, the password (a slow hash in its
         # worker pool), the loopback-only rule, then the vhost, the limits and the user's access.
-        config = self.config
-        vhost_name = config.mqtt_default_vhost
-        password: str | None
-        if packet.username is None:
-            if not config.mqtt_allow_anonymous:
-                client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
-                self.send(codec.connack(False, codec.NOT_AUTHORIZED))
-                self._close()
-                return
-            username, password = config.default_user, config.default_password
-        else:
-            username = packet.username
-            if ":" in username:  # RabbitMQ's vhost:user
-                vhost_name, username = username.split(":", 1)
-            password = None if packet.password is None else packet.password.decode("utf-8", "replace")
-        login = self.broker.logins.attempt(LoginRequest("MQTT", "PLAIN", username, password, self.peer_host))
+        asked = connect_login(self.config, packet, self.peer_certificate, self.peer_host)
+        if asked is None:
+            client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
+            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self._close()
+            return
+        request, vhost_name = asked
+        login = self.broker.logins.attempt(request)
         self._login = (packet, vhost_name, login)
         if login.delay:  # answered later, right or wrong, without holding anyone else up
             self._login_timer = True
@@ -364,7 +364,7 @@ class MQTTConnection:
         actor.client_id = self.client_id  # {client_id} in topic permissions
         self.counters = self.broker.node_counters.of(PROTOCOLS.get(packet.level, PROTOCOLS[4]))
         subscriptions = Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id,
-                                      packet.clean_session, self.config.mqtt_inflight_window)
+                                      packet.clean_session, self.config.mqtt_inflight_window, self.host.qos2)
         try:  # authorised for the session before it takes the client id over from another connection
             self._check_session(actor, vhost, packet.clean_session)
         except BrokerError as e:
@@ -390,6 +390,7 @@ class MQTTConnection:
             self._close()
             return
         self.send(codec.connack(present, codec.ACCEPTED))
+        subscriptions.resend_pubrels()
         self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
         log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,
                  username, vhost.name)
@@ -411,8 +412,11 @@ class MQTTConnection:
             topics.check_topic_name(packet.topic)
         except topics.TopicError as e:
             raise MQTTProtocolError(str(e)) from None
-        qos = min(packet.qos, 1)  # QoS 2 is served as QoS 1
+        qos = packet.qos
         self.published = True
+        if qos == 2:
+            self._publish_exactly_once(packet)
+            return
         vhost, backlog = self.vhost, self._backlog
         assert vhost is not None
         max_size = vhost.config.max_message_size
@@ -443,6 +447,29 @@ class MQTTConnection:
             self._pubacks.append(packet_id)
             self._batch_sync = self._batch_sync or needs_sync
 
+    def _publish_exactly_once(self, packet: codec.Publish) -> None:
+        """QoS 2: stored once per id until PUBREL; PUBREC after the disk (a duplicate's too, not routed)."""
+        assert self.subscriptions is not None
+        state, packet_id = self.subscriptions.qos2, packet.packet_id
+        sync: bool | None = True
+        if packet_id not in state.inbound:
+            sync = self._publish(packet.topic, packet.payload, 2, packet.retain)
+            if sync is None:
+                return  # a queue refused it: no PUBREC, the client sends it again
+            sync = state.received(packet_id) or sync
+        self._batch_sync = self._batch_sync or bool(sync)
+        self._pubacks.append(packet_id | PUBREC_REPLY)
+
+    def _on_qos2(self, kind: int, packet_id: int) -> None:
+        """PUBREL (PUBCOMP, to an unknown id too: 3.1.1, 4.3.3), PUBREC and PUBCOMP (replies after the disk)."""
+        subs = self.subscriptions
+        assert subs is not None
+        if kind == codec.PUBCOMP:
+            return subs.pubcomp(packet_id)
+        waits = subs.qos2.released(packet_id) if kind == codec.PUBREL else subs.pubrec(packet_id)
+        self._pubacks.append(packet_id | (PUBCOMP_REPLY if kind == codec.PUBREL else PUBREL_REPLY))
+        self._batch_sync = self._batch_sync or waits
+
     def _target(self, topic: str) -> tuple[Exchange, str]:
         """The MQTT exchange (cached per vhost generation) and the topic's routing key, checked
         against the user's topic permissions."""
@@ -468,7 +495,7 @@ class MQTTConnection:
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
-        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload, self.counters, qos)
+        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload, self.counters, int(qos > 0))
         if confirm is REJECTED:
             return None
         return bool(confirm) or retained_waits
@@ -504,22 +531,29 @@ class MQTTConnection:
         assert self.vhost is not None
         self._replies.commit(self.vhost.durable(acks=False) if sync else None, ids)
 
+    def send_after(self, wait: asyncio.Future[None] | None, data: bytes) -> None:
+        """Output (a QoS 2 PUBLISH) after ``wait`` and the replies before it (subscriptions.SubscriberHost)."""
+        self._replies.commit(wait, data)
+
     # the reply queue's sink (broker.replies.ReplySink)
-    def send_reply(self, reply: list[int]) -> None:
+    def send_reply(self, reply: list[int] | bytes) -> None:
+        if isinstance(reply, bytes):
+            return self.send(reply)
         self._send_pubacks(reply)
 
-    def durability_failed(self, reply: list[int], reason: str) -> None:
-        log.error("MQTT connection %s (client %r) closed: %d PUBACKs withheld: %s", self.name, self.client_id,
-                  len(reply), reason)
+    def durability_failed(self, reply: list[int] | bytes, reason: str) -> None:
+        log.error("MQTT connection %s (client %r) closed: replies withheld: %s", self.name, self.client_id, reason)
         self._close()
 
     def _send_pubacks(self, packet_ids: list[int]) -> None:
-        """PUBACKs as one write, counted as confirms (the model's and this protocol's)."""
+        """PUBACKs (and QoS 2's replies) as one write; PUBACKs and PUBRECs counted as confirms (the
+        model's and this protocol's)."""
         if self.closed:
             return
-        self.send(b"".join([codec.puback(packet_id) for packet_id in packet_ids]))
+        data, count = codec.replies(packet_ids)
+        self.send(data)
         assert self.vhost is not None
-        confirmed(self.vhost, len(packet_ids), self.counters)
+        confirmed(self.vhost, count, self.counters)
 
     # --- ending -----------------------------------------------------------------------------------
     def _fail(self, reason: str) -> None:
@@ -551,7 +585,7 @@ class MQTTConnection:
         will, self.will = self.will, None
         if publish_will and will is not None:
             try:
-                self._publish(will.topic, will.payload, min(will.qos, 1), will.retain)
+                self._publish(will.topic, will.payload, will.qos, will.retain)
             except (BrokerError, MQTTProtocolError, topics.TopicError) as e:
                 log.info("MQTT client %r: its will was not published: %s", self.client_id,
                          getattr(e, "text", e))

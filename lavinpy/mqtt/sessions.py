@@ -8,6 +8,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .connection import PROTOCOLS, MQTTConnection
+from .exactly_once import QoS2Store
 from .retained import RetainedStore
 from .views import MQTTClientConnection
 
@@ -21,6 +22,7 @@ class MQTTSessions:
         self.broker = broker
         self.config: Config = broker.config
         self.retained = RetainedStore(self.config.mqtt_retained_max_messages, self.config.mqtt_retained_max_bytes)
+        self.qos2 = QoS2Store()
         self.connections: set[MQTTConnection] = set()
         self.clients: dict[tuple[str, str], MQTTConnection] = {}  # (vhost, client id) -> its connection
         self._tasks: set[asyncio.Task] = set()  # the loop keeps only weak references to its tasks

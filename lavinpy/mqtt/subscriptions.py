@@ -1,7 +1,10 @@
 """One MQTT client's subscriptions on the model: its queues (named as RabbitMQ names them, one for
-QoS 0 and one for QoS 1 subscriptions), their bindings on the MQTT exchange, the consumers on them,
-and the deliveries awaiting PUBACK (an in-flight window). Queues deliver here as to any
-``DeliveryChannel``; the books and the settling are the model's (``broker.deliveries``)."""
+QoS 0 and one for QoS 1 and 2 subscriptions), their bindings on the MQTT exchange, the consumers on
+them, and the deliveries awaiting PUBACK or PUBREC (one in-flight window). A message of the QoS 1 queue
+goes out at QoS 2 when a filter granted QoS 2 matches its topic (those filters are part of the
+session's QoS 2 state, ``exactly_once``) and it was published at QoS 2 or over AMQP; it is acked to its
+queue at PUBREC. Queues deliver here as to any ``DeliveryChannel``; the books and the settling are the
+model's (``broker.deliveries``)."""
 
 from __future__ import annotations
 
@@ -15,13 +18,17 @@ from ..broker.deliveries import Deliveries
 from ..broker.errors import BrokerError
 from ..wire.properties import peek_headers
 from . import codec, topics
+from .exactly_once import ClientState
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ..broker.actor import Actor
     from ..broker.deliveries import StoredMessage  # the model's record type; mqtt names no store module
     from ..broker.queue_base import QueueKind
     from ..broker.stats import ProtocolCounters
     from ..broker.vhost import VHost
+    from .exactly_once import QoS2Store
 
 PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
 # Retained messages owed to SUBSCRIBEs go out at most this many bytes per call (once per flush of the
@@ -38,6 +45,9 @@ class SubscriberHost(Protocol):
     counters: ProtocolCounters  # what the model counts the connection's traffic in
 
     def send(self, data: bytes) -> None: ...
+
+    def send_after(self, wait: asyncio.Future[None] | None, data: bytes) -> None:
+        """``data`` after ``wait`` (None: nothing) and the replies queued before it."""
 
 
 class RetainedSource(Protocol):
@@ -57,7 +67,7 @@ class Subscriptions:
     """A connected client's queues, consumers and in-flight QoS 1 deliveries."""
 
     def __init__(self, host: SubscriberHost, actor: Actor, vhost: VHost, exchange: str, client_id: str,
-                 clean_session: bool, inflight_window: int) -> None:
+                 clean_session: bool, inflight_window: int, qos2_store: QoS2Store) -> None:
         self.host = host
         self.actor = actor
         self.vhost = vhost
@@ -68,6 +78,12 @@ class Subscriptions:
         self.deliveries = Deliveries(vhost, self._room_freed, host.counters, channel=False)
         self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
+        self.qos2_store = qos2_store
+        self.qos2 = ClientState(client_id, None)  # the session's QoS 2 state (``start`` finds a persistent one's)
+        self.qos2_ids: set[int] = set()  # the ids of ``inflight`` sent at QoS 2 (awaiting PUBREC)
+        self._qos2_topics: dict[str, bool] = {}  # topic -> whether a filter granted QoS 2 matches it
+        self._ids_exhausted = False  # deliveries wait for a PUBCOMP to free a packet id
+        self._queued_qos2 = 0  # deliveries of ``inflight`` from the queue at QoS 2 (their ids are in qos2.sent_ids)
         self._qos_by_properties: dict[bytes, int | None] = {}
         self._next_id = 0
         self.closed = False
@@ -82,6 +98,7 @@ class Subscriptions:
         """At CONNECT: a clean session drops what an earlier one left; a persistent one consumes
         again from its queues. Returns the CONNACK's session-present flag."""
         names = [queue_name(self.client_id, qos) for qos in (0, 1)]
+        self.qos2 = self.qos2_store.session(self.vhost, self.client_id, not self.clean_session)
         if self.clean_session:
             for name in names:
                 if name in self.vhost.queues:  # nothing to check for a queue that is not there
@@ -92,7 +109,11 @@ class Subscriptions:
             if name in self.vhost.queues:
                 present = True
                 self._consume(qos, name)
-        return present
+        queue = self.vhost.queues.get(names[1])
+        if self.qos2.sent and (queue is None or not (queue.message_count or queue.unacked_count)):
+            for packet_id in list(self.qos2.sent_ids):  # left the queue meanwhile: ids free
+                self.qos2.forget(packet_id)
+        return present or not self.qos2.empty
 
     def _queue(self, qos: int) -> QueueKind:
         name = queue_name(self.client_id, qos)
@@ -115,21 +136,24 @@ class Subscriptions:
 
     # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------------
     def subscribe(self, topic_filter: str, qos: int) -> int:
-        """Bind the filter to the queue of its QoS (2 is served as 1) and unbind it from the other;
-        the granted QoS, or the SUBACK failure code (bad filter, permission refused)."""
-        granted = min(qos, 1)
+        """Bind the filter to the queue of its QoS (QoS 2 to the QoS 1 queue, the filter kept in the
+        session's QoS 2 state) and unbind it from the other; the granted QoS, or the SUBACK failure
+        code (bad filter, permission refused)."""
+        queue_qos = min(qos, 1)
         try:
             topics.check_filter(topic_filter)
             key = topics.binding_key(topic_filter)
-            queue = self._queue(granted)
-            self._consume(granted, queue.name)
+            queue = self._queue(queue_qos)
+            self._consume(queue_qos, queue.name)
             ops.bind_queue(self.actor, self.vhost, queue.name, self.exchange, key, None, self)
-            other = self.vhost.queues.get(queue_name(self.client_id, 1 - granted))
+            other = self.vhost.queues.get(queue_name(self.client_id, 1 - queue_qos))
             if other is not None:
                 ops.unbind_queue(self.actor, self.vhost, other.name, self.exchange, key, None, self)
         except (topics.TopicError, BrokerError):
             return codec.SUBACK_FAILURE
-        return granted
+        self.qos2.grant(topic_filter, qos == 2)
+        self._qos2_topics.clear()
+        return qos
 
     def unsubscribe(self, topic_filter: str) -> None:
         try:
@@ -137,6 +161,8 @@ class Subscriptions:
         except topics.TopicError:
             return
         key = topics.binding_key(topic_filter)
+        self.qos2.grant(topic_filter, False)
+        self._qos2_topics.clear()
         for qos in (0, 1):
             name = queue_name(self.client_id, qos)
             if name in self.vhost.queues:
@@ -150,11 +176,25 @@ class Subscriptions:
         return not self.closed and self.host.writable
 
     def delivery_room(self) -> int:
-        return self.deliveries.room()
+        """The room the books allow, and no more than the packet ids left: QoS 2 exchanges past PUBREC
+        hold theirs until PUBCOMP (a client that never sends PUBCOMP stops its deliveries, no more)."""
+        held = self._ids_held()
+        if not held:
+            return self.deliveries.room()
+        left = _PACKET_IDS - held - len(self.inflight)
+        if left <= 0:
+            self._ids_exhausted = True
+            return 0
+        return min(self.deliveries.room(), left)
+
+    def _ids_held(self) -> int:
+        """Packet ids QoS 2 exchanges hold beyond ``inflight``: PUBRELs owed, and deliveries awaiting
+        PUBREC that an earlier connection of the session sent."""
+        return len(self.qos2.pubrel_owed) + len(self.qos2.sent_ids) - self._queued_qos2
 
     def deliver(self, consumer: Consumer, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         tag = self.deliveries.deliver(consumer, pos, redelivered)
-        self._send(consumer, tag, msg, redelivered)
+        self._send(consumer, tag, pos, msg, redelivered)
 
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
@@ -173,8 +213,14 @@ class Subscriptions:
                 parts.append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
             self.host.send(b"".join(parts))
             return
+        if self.qos2.filters:  # some may go out at QoS 2: one at a time
+            for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
+                self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
+            return
         settled: list[int] = []
         inflight = self.inflight
+        taken = self.qos2.taken
+        reserved = bool(self.qos2.sent_ids or self.qos2.pubrel_owed)  # ids QoS 2 exchanges hold
         qos_cache = self._qos_by_properties
         append = parts.append
         next_id = self._next_id
@@ -193,7 +239,7 @@ class Subscriptions:
                 settled.append(first + i)
                 continue
             next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
-            if next_id in inflight:
+            if next_id in inflight or (reserved and taken(next_id)):
                 self._next_id = next_id
                 next_id = self._packet_id()
             inflight[next_id] = first + i
@@ -243,7 +289,7 @@ class Subscriptions:
         return any(binding.destination is queue and topics.matches(topics.topic_filter(binding.routing_key), topic)
                    for binding in exchange.bindings())
 
-    def _send(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
+    def _send(self, consumer: Consumer, tag: int, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         if msg.routing_key[:1] == "$" and not self._dollar_subscribed(msg.routing_key, consumer):
             if not consumer.no_ack:
                 self.deliveries.ack_run([tag])
@@ -253,14 +299,40 @@ class Subscriptions:
         if consumer.no_ack:
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             return
-        if self._published_qos(msg.properties) == 0:
+        published_qos = self._published_qos(msg.properties)
+        if published_qos == 0:
             # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
             self.host.send(codec.publish(topic, body, 0, False, False, 0))
             self.deliveries.ack_run([tag])
             return
+        if published_qos != 1 and self.qos2.filters and self._qos2_topic(topic):
+            # At QoS 2, with the packet id an earlier delivery of the message had (a redelivery).
+            packet_id = self.qos2.id_of(pos)
+            if packet_id is None or packet_id in self.inflight:
+                packet_id = self._packet_id()
+            waits = self.qos2.sending(pos, packet_id)
+            self.inflight[packet_id] = tag
+            self.qos2_ids.add(packet_id)
+            self._queued_qos2 += 1
+            packet = codec.publish(topic, body, 2, False, redelivered, packet_id)
+            if self.qos2.file is None:
+                self.host.send(packet)
+            else:  # once its id is recorded, in order with the session's other QoS 2 PUBLISHes
+                self.host.send_after(self.vhost.durable(acks=False) if waits else None, packet)
+            return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
         self.host.send(codec.publish(topic, body, 1, False, redelivered, packet_id))
+
+    def _qos2_topic(self, topic: str) -> bool:
+        """Whether a filter granted QoS 2 matches the topic (cached per topic until a (un)subscribe)."""
+        cache = self._qos2_topics
+        found = cache.get(topic)
+        if found is None:
+            if len(cache) >= 1024:
+                cache.clear()
+            found = cache[topic] = any(topics.matches(f, topic) for f in self.qos2.filters)
+        return found
 
     # --- retained messages on SUBSCRIBE, under the socket's back-pressure -------------------------------
     def queue_retained(self, source: RetainedSource, topic_filter: str, qos: int) -> None:
@@ -289,7 +361,7 @@ class Subscriptions:
                 continue
             assert self._retained_from is not None
             source, qos = self._retained_from
-            if qos and len(self.inflight) >= _PACKET_IDS:
+            if qos and len(self.inflight) + self._ids_held() >= _PACKET_IDS:
                 return  # every identifier awaits its PUBACK
             topic = self._retained_topics.popleft()
             found = source.get(topic)
@@ -303,24 +375,55 @@ class Subscriptions:
         if qos:
             packet_id = self._packet_id()
             self.inflight[packet_id] = None
-            self.host.send(codec.publish(topic, payload, 1, True, False, packet_id))
+            if qos == 2:
+                self.qos2_ids.add(packet_id)
+            self.host.send(codec.publish(topic, payload, qos, True, False, packet_id))
         else:
             self.host.send(codec.publish(topic, payload, 0, True, False, 0))
 
     def _packet_id(self) -> int:
         for _ in range(65535):
             self._next_id = self._next_id % 65535 + 1
-            if self._next_id not in self.inflight:
+            if self._next_id not in self.inflight and not self.qos2.taken(self._next_id):
                 return self._next_id
         raise codec.MQTTProtocolError("no packet identifier left")  # pragma: no cover - window is smaller
 
     def puback_run(self, packet_ids: list[int]) -> None:
         """The client's PUBACKs (of one read) settle their deliveries through the model as one run
         (an unknown id is ignored)."""
+        if self.qos2_ids:  # a PUBACK of a QoS 2 delivery is ignored
+            packet_ids = [packet_id for packet_id in packet_ids if packet_id not in self.qos2_ids]
         pop = self.inflight.pop
         tags = [tag for tag in map(pop, packet_ids, repeat(None)) if tag is not None]
         if tags:
             self.deliveries.ack_run(tags)
+
+    # --- QoS 2 deliveries: PUBREC acks the message to its queue, PUBREL is owed until PUBCOMP ------
+    def pubrec(self, packet_id: int) -> bool:
+        """The client's PUBREC: the delivery is acked to its queue and its PUBREL owed (recorded first:
+        a crash between the two leaves the PUBREL owed, not a message to deliver again). Whether the
+        PUBREL waits for the record to be durable. An unknown id gets its PUBREL all the same."""
+        if packet_id not in self.qos2_ids:
+            return packet_id in self.qos2.pubrel_owed and self.qos2.pubrec(packet_id)
+        self.qos2_ids.discard(packet_id)
+        waits = self.qos2.pubrec(packet_id)
+        tag = self.inflight.pop(packet_id, None)
+        if tag is not None:
+            self._queued_qos2 -= 1
+            self.deliveries.ack_run([tag])
+        return waits
+
+    def pubcomp(self, packet_id: int) -> None:
+        """The client's PUBCOMP: the exchange is over, the id free (an unknown one is ignored)."""
+        self.qos2.pubcomp(packet_id)
+        if self._ids_exhausted:
+            self._ids_exhausted = False
+            self.resume()
+
+    def resend_pubrels(self) -> None:
+        """A persistent session resumed: the PUBRELs it owes, in the order their PUBRECs came."""
+        if self.qos2.pubrel_owed:
+            self.host.send(b"".join(codec.qos2_reply(3, packet_id) for packet_id in self.qos2.pubrel_owed))
 
     def _room_freed(self) -> None:
         self.resume()
@@ -343,4 +446,6 @@ class Subscriptions:
             consumer.queue.remove_consumer(consumer)
         self.consumers.clear()
         self.inflight.clear()
+        self.qos2_ids.clear()
+        self._queued_qos2 = 0
         self.deliveries.close(0)

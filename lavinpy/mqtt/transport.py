@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ..broker.cert_login import peer_certificate
 from .connection import Effect, MQTTConnection, SetTimer
 
 if TYPE_CHECKING:
@@ -121,9 +122,11 @@ class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
         if self.forwarded is not None and self.forwarded.source:  # the client, and where it connected
             peer = self.forwarded.source
             local = self.forwarded.destination or local
-        self.attach(self.sessions.new_connection(peer if isinstance(peer, tuple) else None,
-                                                 local if isinstance(local, tuple) else None,
-                                                 transport.get_extra_info("sslcontext") is not None))
+        conn = self.sessions.new_connection(peer if isinstance(peer, tuple) else None,
+                                            local if isinstance(local, tuple) else None,
+                                            transport.get_extra_info("sslcontext") is not None)
+        conn.peer_certificate = peer_certificate(transport.get_extra_info("ssl_object"))
+        self.attach(conn)
 
     def data_received(self, data: bytes) -> None:
         self.received(data)

@@ -47,10 +47,12 @@ def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
 
 def session_info(conn: MQTTConnection) -> dict[str, Any]:
     """The client's MQTT session, for one connection's page: its subscriptions (read from the
-    bindings of its queues on the MQTT exchange) and the QoS 1 deliveries awaiting PUBACK."""
+    bindings of its queues on the MQTT exchange; QoS 2 for a filter the session granted it), the QoS 1
+    and 2 deliveries awaiting PUBACK or PUBREC, and the QoS 2 PUBRELs awaiting PUBCOMP."""
     subs = conn.subscriptions
     if subs is None or conn.vhost is None:
-        return {"client_id": conn.client_id, "clean_session": None, "subscriptions": [], "messages_unacknowledged": 0}
+        return {"client_id": conn.client_id, "clean_session": None, "subscriptions": [], "messages_unacknowledged": 0,
+                "pubrel_pending": 0}
     queues = {qos: conn.vhost.queues.get(queue_name(conn.client_id, qos)) for qos in (0, 1)}
     exchange = conn.vhost.exchanges.get(subs.exchange)
     subscriptions = []
@@ -58,11 +60,13 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
         for binding in exchange.bindings():
             for qos, queue in queues.items():
                 if queue is not None and binding.destination is queue:
-                    subscriptions.append({"topic_filter": topic_filter(binding.routing_key), "qos": qos,
+                    name = topic_filter(binding.routing_key)
+                    subscriptions.append({"topic_filter": name, "qos": 2 if qos and name in subs.qos2.filters else qos,
                                           "queue": queue.name})
     return {"client_id": conn.client_id, "clean_session": subs.clean_session,
             "subscriptions": sorted(subscriptions, key=lambda s: (s["topic_filter"], s["qos"])),
-            "messages_unacknowledged": len(subs.inflight), "prefetch_count": subs.window}
+            "messages_unacknowledged": len(subs.inflight), "pubrel_pending": len(subs.qos2.pubrel_owed),
+            "prefetch_count": subs.window}
 
 
 def consumer_infos(conn: MQTTConnection, node: str) -> list[dict[str, Any]]:

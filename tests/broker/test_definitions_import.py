@@ -92,8 +92,9 @@ def test_topic_permissions_vhost_metadata_and_policies(model):
     ({"topic_permissions": [{"user": "guest", "vhost": "/", "exchange": "amq.topic", "write": "(", "read": ""}]},
      "'amq.topic'"),
     ({"vhosts": [{"name": "v2", "default_queue_type": "fancy"}]}, "default_queue_type"),
-    ({"policies": [{"vhost": "/", "name": "fed", "pattern": ".*", "definition": {"federation-upstream-set": "all"}}]},
-     "federation-upstream-set"),
+    ({"policies": [{"vhost": "/", "name": "fed", "pattern": ".*",
+                    "definition": {"federation-upstream-set": "all", "federation-upstream": "u"}}]},
+     "federation-upstream and federation-upstream-set together"),
 ])
 def test_one_bad_item_refuses_all(model, bad, needle):
     users = model.broker.users
@@ -108,11 +109,11 @@ def test_every_bad_item_is_named(model):
     doc = {"vhosts": [{"name": "nv"}],
            "users": [{"name": "a", "password_hash": "x", "hashing_algorithm": "md4"}],
            "queues": [{"name": "q", "vhost": "nowhere"}],
-           "policies": [{"vhost": "nv", "name": "p", "pattern": ".*", "definition": {"federation-upstream": "u"}}]}
+           "policies": [{"vhost": "nv", "name": "p", "pattern": ".*", "definition": {"federation-upstreams": "u"}}]}
     with pytest.raises(DefinitionsError) as e:
         import_definitions(model.broker, None, doc)
     assert e.value.detail.startswith("3 items refused, nothing imported: ")
-    for needle in ("md4", "nowhere", "federation-upstream"):
+    for needle in ("md4", "nowhere", "federation-upstreams"):
         assert needle in e.value.detail
     assert model.broker.users.vhost("nv") is None
 

@@ -67,8 +67,8 @@ def test_stored_parameters_are_applied_when_their_component_registers(tmp_path: 
 
 def test_unknown_components_are_refused_by_name(tmp_path: Path) -> None:
     params = _parameters(tmp_path)
-    with pytest.raises(UnknownComponent, match="'federation-upstream' is not supported"):
-        params.set("federation-upstream", "/", "up", {"uri": "amqp://"})
+    with pytest.raises(UnknownComponent, match="'mqtt-port-to-vhost-mapping' is not supported"):
+        params.set("mqtt-port-to-vhost-mapping", "/", "m", {"1883": "/"})
     with pytest.raises(UnknownComponent, match="component 'bananas' not found"):
         params.set("bananas", "/", "b", {})
 

@@ -1,6 +1,6 @@
 """MQTT in a cluster: a follower forwards its MQTT port to the leader's with a PROXY line (the leader
-shows the client's own address), and retained messages are replicated with the store's files, so a
-follower promoted after a kill -9 of the leader still delivers them."""
+shows the client's own address), and retained messages and QoS 2 session state are replicated with the
+store's files, so a follower promoted after a kill -9 of the leader still delivers and honours them."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import socket
 
 import pytest
 
+from lavinpy.mqtt import codec
 from tests.helpers import wait_until
 from tests.mqtt.conftest import Paho, read_until_closed
+from tests.mqtt.test_mqtt_qos2 import Strict, parsed, reply, subscribe
 
 from .harness import PREFIX, Cluster
 from .test_proxying import http_get
@@ -90,3 +92,41 @@ def test_a_retained_message_survives_a_kill_9_of_the_leader(cluster: Cluster, tw
         subscriber.no_message(1.0)
     finally:
         subscriber.disconnect()
+
+
+def test_qos2_in_flight_state_survives_a_kill_9_of_the_leader(cluster: Cluster, two) -> None:
+    """The QoS 2 state of persistent sessions is replicated with the store's files: after a failover
+    the publisher's id still awaits its PUBREL (a PUBLISH again is a duplicate), the subscriber's PUBREL
+    owed comes again, and its PUBLISH awaiting PUBREC comes again with its id."""
+    leader, follower = two
+    subscriber = Strict(leader.mqtt_port, "q2-sub", clean=False)
+    subscriber.send(subscribe(1, "q2/#", 2))
+    assert subscriber.packet() == (codec.SUBACK, 0, b"\x00\x01\x02")
+    publisher = Strict(leader.mqtt_port, "q2-pub", clean=False)
+    publisher.send(codec.publish("q2/a", b"one", 2, False, False, 11))
+    assert publisher.packet() == parsed(codec.PUBREC, 11)  # durable on the in-sync follower too
+    publisher.send(codec.publish("q2/a", b"two", 2, False, False, 12))
+    assert publisher.packet() == parsed(codec.PUBREC, 12)
+    one, two_ = subscriber.publish(), subscriber.publish()
+    subscriber.send(reply(codec.PUBREC, one.packet_id))
+    assert subscriber.packet() == parsed(codec.PUBREL, one.packet_id)
+    leader.kill()
+    subscriber.close()
+    publisher.close()
+    promoted = cluster.wait_for_leader(60, exclude=leader)
+    assert promoted is follower
+    publisher = Strict(follower.mqtt_port, "q2-pub", clean=False, present=True)
+    publisher.send(codec.publish("q2/a", b"one", 2, False, True, 11))
+    assert publisher.packet() == parsed(codec.PUBREC, 11)
+    publisher.send(reply(codec.PUBREL, 11), reply(codec.PUBREL, 12))
+    assert [publisher.packet(), publisher.packet()] == [parsed(codec.PUBCOMP, 11), parsed(codec.PUBCOMP, 12)]
+    publisher.close()
+    subscriber = Strict(follower.mqtt_port, "q2-sub", clean=False, present=True)
+    assert subscriber.packet() == parsed(codec.PUBREL, one.packet_id)
+    again = subscriber.publish()
+    assert (again.payload, again.qos, again.dup, again.packet_id) == (b"two", 2, True, two_.packet_id)
+    subscriber.send(reply(codec.PUBCOMP, one.packet_id), reply(codec.PUBREC, two_.packet_id))
+    assert subscriber.packet() == parsed(codec.PUBREL, two_.packet_id)
+    subscriber.send(reply(codec.PUBCOMP, two_.packet_id))
+    subscriber.nothing(1.0)
+    subscriber.close()

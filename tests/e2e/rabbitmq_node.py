@@ -32,6 +32,7 @@ class RabbitNode:
         self.http_port = free_port(below_ephemeral=True)
         self.host = "127.0.0.1"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.plugins = ["rabbitmq_management", "rabbitmq_shovel"]  # a test may add more before start
 
     @property
     def http_url(self) -> str:
@@ -45,7 +46,7 @@ class RabbitNode:
     def start(self, timeout: float = 60.0) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
         # The shovel plugin too: its shovel parameters are part of the exports the migration tests import.
-        (self.base / "enabled_plugins").write_text("[rabbitmq_management,rabbitmq_shovel].\n")
+        (self.base / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
         (self.base / "rabbitmq.conf").write_text(
             f"management.tcp.port = {self.http_port}\nmanagement.tcp.ip = 127.0.0.1\n")
         env = dict(os.environ, HOME=str(self.base),

@@ -65,8 +65,8 @@ def test_ctl_operator_policies_and_parameters(broker):
     _ok(ctl(broker, "set_parameter", "-p", vhost, "vhost-limits", "limits", '{"max-queues": 7}'))
     assert _ok(ctl(broker, "-s", "list_parameters", "-p", vhost)).splitlines() == [
         'vhost-limits\tlimits\t{"max-queues":7}']
-    refused = ctl(broker, "set_parameter", "-p", vhost, "federation-upstream", "up", '{"uri": "amqp://"}')
-    assert refused.returncode != 0 and "federation-upstream" in refused.stderr
+    refused = ctl(broker, "set_parameter", "-p", vhost, "mqtt-port-to-vhost-mapping", "m", '{"1883": "/"}')
+    assert refused.returncode != 0 and "mqtt-port-to-vhost-mapping" in refused.stderr
     _ok(ctl(broker, "clear_parameter", "-p", vhost, "vhost-limits", "limits"))
     assert _ok(ctl(broker, "-s", "list_parameters", "-p", vhost)).strip() == ""
 

@@ -33,7 +33,9 @@ class TLSBroker:
         self.ca = CA(tmp_path / "pki")
         self.cert, self.key, self.serial = self.ca.issue("server", server=True)
         self.amqps_port = free_port()
-        lines = [f"tls_cert: {self.cert}", f"tls_key: {self.key}", f"amqps_port: {self.amqps_port}"]
+        # The HTTPS API and Prometheus over TLS off: their default ports are shared by every broker of the run.
+        lines = [f"tls_cert: {self.cert}", f"tls_key: {self.key}", f"amqps_port: {self.amqps_port}",
+                 "https_port: 0", "prometheus_tls_port: 0"]
         if client_certs:
             lines += [f"tls_ca_cert: {self.ca.cert_path}", "tls_verify_peer: true", "tls_fail_if_no_peer_cert: true"]
         conf = tmp_path / "tls.yaml"

@@ -138,9 +138,9 @@ def test_malformed_limits_are_400_naming_the_key(broker):
     status, body, _ = http_call(broker, "PUT", f"/api/parameters/vhost-limits/{vhost}/limits",
                                 {"value": {"max-queues": True}})
     assert status == 400 and "max-queues" in body["reason"]
-    status, body, _ = http_call(broker, "PUT", f"/api/parameters/federation-upstream/{vhost}/up",
-                                {"value": {"uri": "amqp://"}})
-    assert status == 404 and "federation-upstream" in body["reason"]
+    status, body, _ = http_call(broker, "PUT", f"/api/parameters/mqtt-port-to-vhost-mapping/{vhost}/m",
+                                {"value": {"1883": "/"}})
+    assert status == 404 and "mqtt-port-to-vhost-mapping" in body["reason"]
     status, body, _ = http_call(broker, "PUT", "/api/vhost-limits/no-such-vhost/max-queues", {"value": 1})
     assert status == 404
     assert http_call(broker, "GET", f"/api/vhost-limits/{vhost}")[1] == []
@@ -265,10 +265,10 @@ def test_definitions_bad_items_refused_by_name_nothing_applied(fresh_broker):
     b = fresh_broker
     vhost, user = _name("dv"), _name("du")
     doc = _definitions(vhost, user)
-    doc["parameters"].append({"vhost": vhost, "component": "federation-upstream", "name": "up",
-                              "value": {"uri": "amqp://remote"}})
+    doc["parameters"].append({"vhost": vhost, "component": "mqtt-port-to-vhost-mapping", "name": "up",
+                              "value": {"1883": "/"}})
     status, body, _ = http_call(b, "POST", "/api/definitions", doc)
-    assert status == 400 and "federation-upstream" in body["reason"] and "'up'" in body["reason"]
+    assert status == 400 and "mqtt-port-to-vhost-mapping" in body["reason"] and "'up'" in body["reason"]
     assert http_call(b, "GET", f"/api/vhosts/{vhost}")[0] == 404  # nothing applied
     doc = _definitions(vhost, user)
     doc["parameters"][0]["value"] = {"max-queues": "two"}

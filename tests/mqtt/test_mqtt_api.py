@@ -53,13 +53,17 @@ def test_one_connection_shows_its_mqtt_session_and_no_channels(mqtt_broker: MQTT
     client.connect()
     client.subscribe(f"{client_id}/+/temp", 1)
     client.subscribe(f"{client_id}/#", 0)
+    client.subscribe(f"{client_id}/exact", 2)
     row = wait_until(lambda: _mine(mqtt_broker, client_id), what="the MQTT connection listed")[0]
     path = "/api/connections/" + urllib.parse.quote(row["name"], safe="")
     shown = http_call(mqtt_broker, "GET", path)[1]
     assert shown["mqtt_session"] == {
         "client_id": client_id, "clean_session": False, "messages_unacknowledged": 0, "prefetch_count": 10,
+        "pubrel_pending": 0,
         "subscriptions": [{"topic_filter": f"{client_id}/#", "qos": 0, "queue": f"mqtt-subscription-{client_id}qos0"},
                           {"topic_filter": f"{client_id}/+/temp", "qos": 1,
+                           "queue": f"mqtt-subscription-{client_id}qos1"},
+                          {"topic_filter": f"{client_id}/exact", "qos": 2,  # on the QoS 1 queue
                            "queue": f"mqtt-subscription-{client_id}qos1"}]}
     assert http_call(mqtt_broker, "GET", path + "/channels")[1] == []
     consumers = {c["queue"]["name"]: c for c in http_call(mqtt_broker, "GET", "/api/consumers/%2F")[1]
@@ -69,7 +73,7 @@ def test_one_connection_shows_its_mqtt_session_and_no_channels(mqtt_broker: MQTT
     assert (qos1["ack_required"], qos1["prefetch_count"], qos1["channel_details"]["user"]) == (True, 10, "guest")
     assert consumers[f"mqtt-subscription-{client_id}qos0"]["ack_required"] is False
     client.client.unsubscribe(f"{client_id}/#")
-    wait_until(lambda: len(http_call(mqtt_broker, "GET", path)[1]["mqtt_session"]["subscriptions"]) == 1,
+    wait_until(lambda: len(http_call(mqtt_broker, "GET", path)[1]["mqtt_session"]["subscriptions"]) == 2,
                what="the unsubscribed filter gone")
     client.disconnect()
     for qos in (0, 1):  # the persistent session's queues, left by design

@@ -27,8 +27,8 @@ def _parse_all(data: bytes) -> None:
             codec.parse_subscribe(body)
         elif kind == codec.UNSUBSCRIBE:
             codec.parse_unsubscribe(body)
-        elif kind == codec.PUBACK:
-            codec.parse_packet_id(body, "PUBACK")
+        elif kind in (codec.PUBACK, codec.PUBREC, codec.PUBREL, codec.PUBCOMP):
+            codec.parse_packet_id(body, codec.PACKET_NAMES[kind])
 
 
 @settings(max_examples=300, deadline=None)
@@ -42,12 +42,17 @@ def test_codec_raises_only_protocol_errors(data: bytes) -> None:
 
 def _recorded_session(topic: str) -> bytes:
     name = topic.encode()
-    subscribe = bytes((0x82, 2 + 2 + len(name) + 1)) + b"\x00\x01" + len(name).to_bytes(2, "big") + name + b"\x01"
+    subscribe = bytes((0x82, 2 + 2 + len(name) + 1)) + b"\x00\x01" + len(name).to_bytes(2, "big") + name + b"\x02"
     return b"".join([
         codec.encode_connect(unique("fz"), username="guest", password=b"guest", keepalive=30),
         subscribe,
         codec.publish(topic, b"hello", 1, False, False, 2),
         codec.publish(topic, b"again", 0, True, False, 0),
+        codec.publish(topic, b"exactly", 2, False, False, 3),
+        codec.publish(topic, b"exactly", 2, False, True, 3),  # a duplicate
+        bytes((0x62, 0x02, 0x00, 0x03)),  # PUBREL
+        bytes((0x50, 0x02, 0x00, 0x02)),  # PUBREC of the delivery of "exactly" to this client
+        bytes((0x70, 0x02, 0x00, 0x02)),  # PUBCOMP
         bytes((0xC0, 0x00)),  # PINGREQ
         bytes((0xA2, 2 + 2 + len(name))) + b"\x00\x03" + len(name).to_bytes(2, "big") + name,  # UNSUBSCRIBE
         bytes((0xE0, 0x00)),  # DISCONNECT

@@ -9,6 +9,7 @@ from lavinpy.broker.exchanges.consistent_hash import ConsistentHashExchange
 from lavinpy.broker.exchanges.delayed import DelayedExchange
 from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange
+from lavinpy.broker.exchanges.federation_upstream import FederationUpstreamExchange
 from lavinpy.broker.exchanges.headers import HeadersExchange
 from lavinpy.broker.exchanges.topic import TopicExchange
 
@@ -24,6 +25,7 @@ EXCHANGE_TYPES: dict[str, type[Exchange]] = {
     HeadersExchange.type: HeadersExchange,
     DelayedExchange.type: DelayedExchange,  # x-delayed-message (the delayed-message plugin's contract)
     ConsistentHashExchange.type: ConsistentHashExchange,  # x-consistent-hash (the plugin's, and LavinMQ's)
+    FederationUpstreamExchange.type: FederationUpstreamExchange,  # x-federation-upstream (federation links')
 }
 
 

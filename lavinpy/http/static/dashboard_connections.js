@@ -44,7 +44,7 @@ PAGES.connection = (name) => {
     if (session) {  // MQTT: the client's session and its subscriptions
       extra.replaceChildren(h("h3", {}, "MQTT session"),
         h("p", {}, `client id ${session.client_id}, clean session ${session.clean_session}, `
-          + `${session.messages_unacknowledged} awaiting PUBACK`),
+          + `${session.messages_unacknowledged} awaiting PUBACK or PUBREC, ${session.pubrel_pending ?? 0} awaiting PUBCOMP`),
         h("table", { id: "mqtt-subscriptions" }, h("tr", {}, ["Topic filter", "QoS", "Queue"].map((t) => h("th", {}, t))),
           ...session.subscriptions.map((s) => h("tr", {}, h("td", {}, s.topic_filter), h("td", { className: "num" }, s.qos),
             h("td", {}, link(objectHash("queue", c.vhost, s.queue), s.queue))))));

@@ -1,0 +1,424 @@
+"""One exchange federation link: a federated exchange of this node fed from one upstream.
+
+On the upstream the link declares what RabbitMQ's federation plugin declares: the upstream exchange
+(when missing, of the federated exchange's type), a durable queue ``federation: <exchange> -> <cluster
+name>`` (x-internal-purpose federation, x-expires, x-message-ttl, x-queue-type), and an internal,
+auto-delete exchange named after the queue with the suffix A or B, of type ``x-federation-upstream``
+(x-max-hops, x-downstream-name, x-downstream-vhost) or ``fanout`` where the upstream does not know that
+type. The queue is bound to it; it is bound to the upstream exchange with every binding of the
+federated exchange (one per routing key and arguments), kept in step while the link runs. At each
+start the other suffix's exchange is made and the old one deleted, so lost bindings come back.
+
+Messages consumed from the queue are published into the federated exchange here with the upstream's
+routing key and an ``x-received-from`` entry (uri without password, exchange, redelivered,
+cluster-name, vhost) in front of those already there. A message that already made ``max-hops`` hops
+or already passed this cluster is acknowledged and dropped. The link stops on a connection loss and
+starts again after reconnect-delay, doubled after each quick failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from pamqp import commands as spec
+
+from lavinpy.wire.field_table import Int64
+from lavinpy.wire.properties import decode_properties, peek_headers, replace_field, replace_headers
+from lavinpy.wire.uri import AMQPURL, parse_url
+
+from .client import LinkConnection, LinkError, connect, unchecked
+from .upstream import Upstream
+
+log = logging.getLogger("lavinpy.federation")
+
+SYNC_SECONDS = 0.5  # how often the federated exchange's bindings are compared with the upstream's
+STABLE_SECONDS = 30.0
+MAX_BACKOFF = 12
+STOP_SECONDS = 5.0
+RECEIVED_FROM = "x-received-from"
+BOUND_FROM = "x-bound-from"
+
+BindingSpec = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class LinkEnv:
+    """What a link asks of this node (given by the server: the link itself talks over AMQP only)."""
+
+    local_url: Callable[[str], AMQPURL]  # a URI of this node (amqp:// without host) -> how to log in
+    cluster_name: Callable[[], str]
+    exchange: Callable[[], dict[str, Any] | None]  # the federated exchange: type, durable, ... (None: gone)
+    bindings: Callable[[], list[BindingSpec]]  # its bindings, as (routing key, arguments)
+    refusal: Callable[[], str | None]  # why the creator may not run the link now, or None
+
+
+def strip_password(uri: str) -> str:
+    try:
+        u = urlsplit(uri)
+        if u.password is None:
+            return uri
+    except ValueError:
+        return uri
+    host = u.netloc.rpartition("@")[2]
+    user = u.username or ""
+    return urlunsplit((u.scheme, f"{user}@{host}" if user else host, u.path, u.query, u.fragment))
+
+
+def _now() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _key(routing_key: str, arguments: Mapping[str, Any]) -> str:
+    return json.dumps([routing_key, arguments], sort_keys=True, default=repr)
+
+
+class ExchangeLink:
+    def __init__(self, vhost: str, exchange: str, upstream: Upstream, env: LinkEnv) -> None:
+        self.vhost, self.exchange, self.upstream, self.env = vhost, exchange, upstream, env
+        self.upstream_exchange = upstream.exchange or exchange
+        self.state = "starting"
+        self.error: str | None = None
+        self.timestamp = _now()
+        self.uri: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.suffix = "A"
+        self.received = self.forwarded = self.dropped = 0
+        self._up: LinkConnection | None = None
+        self._down: LinkConnection | None = None
+        self._bound: dict[str, BindingSpec] = {}  # upstream bindings made, by key
+        self._internal = ""
+        self._upstream_cluster = ""
+        self._upstream_vhost = "/"
+        self._down_user = ""
+        self._outstanding: deque[tuple[int, int]] = deque()
+        self._confirmed_upto = 0
+        self._seq = 0
+        self._singles: set[int] = set()
+
+    # -------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"federation {self.vhost}/{self.exchange} <- {self.upstream.name}")
+
+    async def stop(self, cleanup: bool = False) -> None:
+        """Stop the link; ``cleanup`` (its policy or upstream is gone, not a restart or a shutdown):
+        delete its queue and internal exchange upstream, as RabbitMQ does, so that nothing piles up there."""
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_SECONDS)
+        up = self._up
+        if cleanup and up is not None and not up.closed.done() and self.state == "running":
+            try:
+                await up.rpc(unchecked(spec.Exchange.Delete, exchange=self._internal), spec.Exchange.DeleteOk,
+                             timeout=STOP_SECONDS)
+                await up.rpc(unchecked(spec.Queue.Delete, queue=self.upstream.queue or self._queue_name()),
+                             spec.Queue.DeleteOk, timeout=STOP_SECONDS)
+            except LinkError as e:
+                log.info("federation link %s in vhost %s: upstream cleanup failed: %s", self.exchange, self.vhost, e)
+        await self._close()
+
+    def _set_state(self, state: str, error: str | None = None) -> None:
+        if state != self.state or error != self.error:
+            self.state, self.error, self.timestamp = state, error, _now()
+
+    async def run(self) -> None:
+        failures = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                reason = self.env.refusal()
+                if reason is not None:
+                    raise LinkError(reason)
+                await self._session()
+            except (LinkError, OSError, ValueError) as e:
+                self._set_state("error", str(e))
+                log.warning("federation link %s in vhost %s (upstream %s): %s", self.exchange, self.vhost,
+                            self.upstream.name, e)
+            except Exception as e:  # a fault of the link itself: reported and retried like any other
+                self._set_state("error", f"internal error: {e!r}")
+                log.exception("federation link %s in vhost %s failed", self.exchange, self.vhost)
+            await self._close()
+            failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
+            await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
+            self._set_state("starting")
+
+    async def _close(self) -> None:
+        up, down = self._up, self._down
+        self._up = self._down = None
+        for client in (up, down):
+            if client is not None:
+                try:
+                    await client.close(1.0)
+                except Exception:  # a half-dead connection: nothing left to do
+                    client.abort()
+
+    def _url(self, uri: str) -> AMQPURL:
+        u = urlsplit(uri)
+        return self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri)
+
+    async def _connect_upstream(self) -> LinkConnection:
+        errors = []
+        for uri in self.upstream.uris:  # tried in turn, as RabbitMQ does
+            try:
+                client = await connect(self._url(uri), f"Federation link (upstream: {self.upstream.name}, "
+                                                       f"policy: {self.exchange})")
+            except LinkError as e:
+                errors.append(str(e))
+                continue
+            self.uri = uri
+            path = urlsplit(uri).path
+            self._upstream_vhost = unquote(path[1:]) if len(path) > 1 else "/"
+            return client
+        raise LinkError("; ".join(errors))
+
+    # --------------------------------------------------------------------- session
+
+    async def _session(self) -> None:
+        x = self.env.exchange()
+        if x is None:
+            raise LinkError(f"no exchange '{self.exchange}' in vhost '{self.vhost}'")
+        self._outstanding.clear()
+        self._singles.clear()
+        self._seq = self._confirmed_upto = 0
+        self._bound.clear()
+        up = self._up = await self._connect_upstream()
+        local = self.env.local_url(f"amqp:///{self.vhost}")
+        self._down_user = local.user
+        down = self._down = await connect(local, f"Federation link (downstream: {self.exchange})")
+        cluster = up.server_properties.get("cluster_name")
+        self._upstream_cluster = cluster if isinstance(cluster, str) else ""
+        await self._ensure_upstream_exchange(up, x)
+        queue = self._queue_name()
+        args: dict[str, Any] = {"x-internal-purpose": "federation"}
+        if self.upstream.expires is not None:
+            args["x-expires"] = Int64(self.upstream.expires)
+        if self.upstream.message_ttl is not None:
+            args["x-message-ttl"] = Int64(self.upstream.message_ttl)
+        if self.upstream.queue_type != "classic":
+            args["x-queue-type"] = self.upstream.queue_type
+        await up.rpc(unchecked(spec.Queue.Declare, queue=self.upstream.queue or queue, durable=True, arguments=args),
+                     spec.Queue.DeclareOk)
+        queue = self.upstream.queue or queue
+        # The suffix not in use upstream (this node may have restarted since it chose one): the exchange
+        # that still carries the bindings is deleted only once the new one carries them too.
+        old = "A" if await self._exchange_exists(f"{queue} A") else "B"
+        self.suffix = "B" if old == "A" else "A"
+        self._internal = f"{queue} {self.suffix}"
+        await self._declare_internal(up, self._internal)
+        await up.rpc(unchecked(spec.Queue.Bind, queue=queue, exchange=self._internal), spec.Queue.BindOk)
+        await self._sync_bindings(up)
+        await self._delete_exchange(up, f"{queue} {old}")
+        if self.upstream.ack_mode == "on-confirm":
+            await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
+            down.on_confirm = self._confirmed
+        no_ack = self.upstream.ack_mode == "no-ack"
+        if not no_ack:
+            await up.rpc(spec.Basic.Qos(prefetch_count=self.upstream.prefetch_count), spec.Basic.QosOk)
+        down.on_writable = lambda writable: up.pause_reading(not writable)
+        up.on_delivery = self._deliver
+        await up.rpc(unchecked(spec.Basic.Consume, queue=queue, consumer_tag=self.upstream.consumer_tag or "",
+                                        no_ack=no_ack), spec.Basic.ConsumeOk)
+        self._set_state("running")
+        log.info("federation link %s in vhost %s running from upstream %s (%s)", self.exchange, self.vhost,
+                 self.upstream.name, strip_password(self.uri or ""))
+        while not (up.closed.done() or down.closed.done()):
+            await asyncio.wait([asyncio.shield(up.closed), asyncio.shield(down.closed)], timeout=SYNC_SECONDS)
+            if up.closed.done() or down.closed.done():
+                break
+            if self.env.exchange() is None:
+                raise LinkError(f"no exchange '{self.exchange}' in vhost '{self.vhost}'")
+            await self._sync_bindings(up)
+        failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
+        raise LinkError(f"{side}: {failed.error}")
+
+    def _queue_name(self) -> str:
+        down = ""
+        if self._upstream_vhost != self.vhost:
+            down = f":{self.vhost}:{self.exchange}"
+        elif self.upstream_exchange != self.exchange:
+            down = f":{self.exchange}"
+        return f"federation: {self.upstream_exchange} -> {self.env.cluster_name()}{down}"
+
+    async def _exchange_exists(self, name: str) -> bool:
+        """Whether the upstream has that exchange (a passive declare on a connection of its own)."""
+        probe = await connect(self._url(self.uri or ""), "Federation link (check)")
+        try:
+            await probe.rpc(unchecked(spec.Exchange.Declare, exchange=name, passive=True), spec.Exchange.DeclareOk)
+            return True
+        except LinkError:
+            return False
+        finally:
+            await probe.close(1.0)
+
+    async def _ensure_upstream_exchange(self, up: LinkConnection, x: Mapping[str, Any]) -> None:
+        """The upstream exchange, declared like the federated one where it is missing."""
+        if await self._exchange_exists(self.upstream_exchange):
+            return
+        await up.rpc(unchecked(spec.Exchange.Declare, exchange=self.upstream_exchange, exchange_type=x["type"],
+                                           durable=x["durable"], auto_delete=x["auto_delete"],
+                                           internal=x["internal"], arguments=x["arguments"] or None),
+                     spec.Exchange.DeclareOk)
+
+    async def _declare_internal(self, up: LinkConnection, name: str) -> None:
+        """The internal upstream exchange: x-federation-upstream where the upstream has it, else fanout
+        (tried on a connection of its own: an unknown type closes the connection)."""
+        await self._delete_exchange(up, name)
+        purpose: dict[str, Any] = {"x-internal-purpose": "federation"}
+        probe = await connect(self._url(self.uri or ""), "Federation link (declare)")
+        try:
+            await probe.rpc(unchecked(
+                spec.Exchange.Declare, exchange=name, exchange_type="x-federation-upstream", durable=True,
+                auto_delete=True,
+                internal=True, arguments={"x-max-hops": Int64(self.upstream.max_hops),
+                                          "x-downstream-name": self.env.cluster_name(),
+                                          "x-downstream-vhost": self.vhost, **purpose}), spec.Exchange.DeclareOk)
+            return
+        except LinkError:
+            pass
+        finally:
+            await probe.close(1.0)
+        await up.rpc(unchecked(spec.Exchange.Declare, exchange=name, exchange_type="fanout", durable=True,
+                               auto_delete=True, internal=True, arguments=purpose), spec.Exchange.DeclareOk)
+
+    @staticmethod
+    async def _delete_exchange(up: LinkConnection, name: str) -> None:
+        try:
+            await up.rpc(unchecked(spec.Exchange.Delete, exchange=name), spec.Exchange.DeleteOk)
+        except LinkError:
+            if up.closed.done():
+                raise
+            await up.reopen_channel()  # an upstream that answers 404 for a missing exchange
+
+    # -------------------------------------------------------------------- bindings
+
+    def _wanted(self) -> dict[str, BindingSpec]:
+        wanted: dict[str, BindingSpec] = {}
+        for routing_key, arguments in self.env.bindings():
+            args = self._propagated(arguments)
+            if args is not None:
+                wanted[_key(routing_key, args)] = (routing_key, args)
+        return wanted
+
+    def _propagated(self, arguments: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The arguments a binding is made with upstream (an x-bound-from entry counting the hops it may
+        still travel), or None when it travels no further."""
+        args = dict(arguments)
+        previous = args.get(BOUND_FROM)
+        hops = self.upstream.max_hops
+        if isinstance(previous, list) and previous and isinstance(previous[0], Mapping):
+            seen = any(isinstance(e, Mapping) and e.get("cluster-name") == self._upstream_cluster
+                       for e in previous)
+            hops = 0 if seen else min(int(previous[0].get("hops", 1)) - 1, hops)
+        if hops <= 0:
+            return None
+        entry = {"cluster-name": self.env.cluster_name(), "vhost": self.vhost,
+                 "exchange": f"{self.vhost}:{self.exchange} {self.suffix}", "hops": hops}
+        args[BOUND_FROM] = [entry, *(previous if isinstance(previous, list) else [])]
+        return args
+
+    async def _sync_bindings(self, up: LinkConnection) -> None:
+        wanted = self._wanted()
+        nowait = self.upstream.bind_nowait
+        for key in [k for k in self._bound if k not in wanted]:
+            routing_key, args = self._bound.pop(key)
+            await self._call(up, unchecked(spec.Exchange.Unbind, destination=self._internal,
+                                           source=self.upstream_exchange, routing_key=routing_key, arguments=args),
+                             spec.Exchange.UnbindOk, False)
+        for key, (routing_key, args) in wanted.items():
+            if key not in self._bound:
+                await self._call(up, unchecked(spec.Exchange.Bind, destination=self._internal,
+                                               source=self.upstream_exchange, routing_key=routing_key,
+                                               arguments=args, nowait=nowait),
+                                 spec.Exchange.BindOk, nowait)
+                self._bound[key] = (routing_key, args)
+
+    @staticmethod
+    async def _call(up: LinkConnection, method: Any, reply: type, nowait: bool) -> None:
+        if nowait:
+            up.send(method)
+        else:
+            await up.rpc(method, reply)
+
+    # -------------------------------------------------------------------- messages
+
+    def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+        up, down = self._up, self._down
+        if up is None or down is None:
+            return  # left unacked: the upstream requeues it when the connection closes
+        self.received += 1
+        headers = peek_headers(properties) or {}
+        trail = headers.get(RECEIVED_FROM)
+        trail = list(trail) if isinstance(trail, list) else []
+        me = (self.env.cluster_name(), self.vhost)
+        if len(trail) >= self.upstream.max_hops or any(
+                isinstance(e, Mapping) and (e.get("cluster-name"), e.get("vhost")) == me for e in trail):
+            self.dropped += 1  # a loop, or past max-hops: RabbitMQ's upstream exchange would not route it
+            if self.upstream.ack_mode != "no-ack":
+                up.ack(tag, False)
+            return
+        entry: dict[str, Any] = {"uri": strip_password(self.uri or ""), "exchange": self.upstream_exchange,
+                                 "redelivered": False}
+        if self._upstream_cluster:
+            entry["cluster-name"] = self._upstream_cluster
+        entry["vhost"] = self._upstream_vhost
+        headers[RECEIVED_FROM] = [entry, *trail]
+        properties = replace_headers(properties, headers)
+        # lavinpy checks a user_id against the publishing user (it has no impersonator tag): one it would
+        # refuse is cleared even with trust-user-id, or the message would stop the link at each redelivery.
+        if not self.upstream.trust_user_id or decode_properties(properties).user_id not in (None, self._down_user):
+            properties = replace_field(properties, "user_id", None)
+        down.publish(self.exchange, routing_key, properties, body)
+        self.forwarded += 1
+        if self.upstream.ack_mode == "on-confirm":
+            self._seq += 1
+            self._outstanding.append((self._seq, tag))
+        elif self.upstream.ack_mode == "on-publish":
+            up.ack(tag, False)
+
+    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
+        if multiple:
+            self._confirmed_upto = max(self._confirmed_upto, seq)
+        else:
+            self._singles.add(seq)
+        up = self._up
+        while self._outstanding:
+            s, tag = self._outstanding[0]
+            if s > self._confirmed_upto and s not in self._singles:
+                break
+            self._outstanding.popleft()
+            self._singles.discard(s)
+            if up is not None:
+                if nack and (s == seq or multiple):
+                    up.nack(tag, False)  # refused here: back to the upstream queue
+                else:
+                    up.ack(tag, False)
+
+    # ---------------------------------------------------------------------- status
+
+    def status(self, node: str, link_id: str) -> dict[str, Any]:
+        """The link as RabbitMQ's /api/federation-links lists it."""
+        info: dict[str, Any] = {
+            "node": node, "exchange": self.exchange, "upstream_exchange": self.upstream_exchange,
+            "type": "exchange", "vhost": self.vhost, "upstream": self.upstream.name, "id": link_id,
+            "status": self.state, "timestamp": self.timestamp,
+            "uri": strip_password(self.uri or self.upstream.uris[0]),
+            "local_connection": f"Federation link (downstream: {self.exchange})",
+            "messages_received": self.received, "messages_forwarded": self.forwarded,
+            "messages_dropped": self.dropped, "bindings": len(self._bound),
+        }
+        if self.state == "running":
+            info["queue"] = self.upstream.queue or self._queue_name()
+        if self.state == "error":
+            info["error"] = self.error or ""
+        return info

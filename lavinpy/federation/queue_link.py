@@ -1,0 +1,201 @@
+"""One queue federation link: a federated queue of this node fed from the queue of that name upstream.
+
+As RabbitMQ's queue federation, the link moves messages only while the local queue has consumers and no
+ready messages of its own: it then consumes the upstream queue (``prefetch-count``, ``ack-mode``) and
+publishes each message to the local queue through the default exchange; otherwise it cancels its
+upstream consumer, so the messages wait upstream for that site's own consumers. A message moves once
+per hop: it is acknowledged upstream once this node has it (on-confirm, on-publish) or at once (no-ack).
+The local queue's state is looked at every 0.2 s (the server gives it), not pushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from pamqp import commands as spec
+
+from lavinpy.wire.uri import AMQPURL, parse_url
+
+from .client import LinkConnection, LinkError, connect, unchecked
+from .link import MAX_BACKOFF, STABLE_SECONDS, STOP_SECONDS, _now, strip_password
+from .upstream import Upstream
+
+log = logging.getLogger("lavinpy.federation")
+
+CHECK_SECONDS = 0.2
+
+
+@dataclass
+class QueueEnv:
+    local_url: Callable[[str], AMQPURL]
+    queue: Callable[[], tuple[int, int] | None]  # (consumers, ready messages) of the local queue; None: gone
+    refusal: Callable[[], str | None]
+
+
+class QueueLink:
+    def __init__(self, vhost: str, queue: str, upstream: Upstream, env: QueueEnv) -> None:
+        self.vhost, self.queue, self.upstream, self.env = vhost, queue, upstream, env
+        self.upstream_queue = upstream.queue or queue
+        self.state = "starting"
+        self.error: str | None = None
+        self.timestamp = _now()
+        self.uri: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.received = self.forwarded = 0
+        self.consuming = False
+        self._up: LinkConnection | None = None
+        self._down: LinkConnection | None = None
+        self._outstanding: deque[tuple[int, int]] = deque()
+        self._seq = self._confirmed_upto = 0
+        self._tag = ""
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(
+            self.run(), name=f"federation queue {self.vhost}/{self.queue} <- {self.upstream.name}")
+
+    async def stop(self, cleanup: bool = False) -> None:
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_SECONDS)
+        for client in (self._up, self._down):
+            if client is not None:
+                try:
+                    await client.close(1.0)
+                except Exception:
+                    client.abort()
+        self._up = self._down = None
+
+    def _set_state(self, state: str, error: str | None = None) -> None:
+        if state != self.state or error != self.error:
+            self.state, self.error, self.timestamp = state, error, _now()
+
+    async def run(self) -> None:
+        failures = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                reason = self.env.refusal()
+                if reason is not None:
+                    raise LinkError(reason)
+                await self._session()
+            except (LinkError, OSError, ValueError) as e:
+                self._set_state("error", str(e))
+                log.warning("federation link of queue %s in vhost %s (upstream %s): %s", self.queue, self.vhost,
+                            self.upstream.name, e)
+            except Exception as e:
+                self._set_state("error", f"internal error: {e!r}")
+                log.exception("federation link of queue %s in vhost %s failed", self.queue, self.vhost)
+            await self.stop_connections()
+            failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
+            await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
+            self._set_state("starting")
+
+    async def stop_connections(self) -> None:
+        for client in (self._up, self._down):
+            if client is not None:
+                try:
+                    await client.close(1.0)
+                except Exception:
+                    client.abort()
+        self._up = self._down = None
+
+    def _url(self, uri: str) -> AMQPURL:
+        u = urlsplit(uri)
+        return self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri)
+
+    async def _session(self) -> None:
+        if self.env.queue() is None:
+            raise LinkError(f"no queue '{self.queue}' in vhost '{self.vhost}'")
+        self._outstanding.clear()
+        self._seq = self._confirmed_upto = 0
+        self.consuming = False
+        errors = []
+        for uri in self.upstream.uris:
+            try:
+                self._up = await connect(self._url(uri), f"Federation link (upstream: {self.upstream.name}, "
+                                                         f"queue: {self.queue})")
+                self.uri = uri
+                break
+            except LinkError as e:
+                errors.append(str(e))
+        if self._up is None:
+            raise LinkError("; ".join(errors))
+        up = self._up
+        down = self._down = await connect(self.env.local_url(f"amqp:///{self.vhost}"),
+                                          f"Federation link (downstream: {self.queue})")
+        await up.rpc(unchecked(spec.Queue.Declare, queue=self.upstream_queue, durable=True), spec.Queue.DeclareOk)
+        no_ack = self.upstream.ack_mode == "no-ack"
+        if not no_ack:
+            await up.rpc(spec.Basic.Qos(prefetch_count=self.upstream.prefetch_count), spec.Basic.QosOk)
+        if self.upstream.ack_mode == "on-confirm":
+            await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
+            down.on_confirm = self._confirmed
+        down.on_writable = lambda writable: up.pause_reading(not writable)
+        up.on_delivery = self._deliver
+        self._set_state("running")
+        log.info("federation link of queue %s in vhost %s running from upstream %s (%s)", self.queue, self.vhost,
+                 self.upstream.name, strip_password(self.uri or ""))
+        while not (up.closed.done() or down.closed.done()):
+            await asyncio.wait([asyncio.shield(up.closed), asyncio.shield(down.closed)], timeout=CHECK_SECONDS)
+            if up.closed.done() or down.closed.done():
+                break
+            local = self.env.queue()
+            if local is None:
+                raise LinkError(f"no queue '{self.queue}' in vhost '{self.vhost}'")
+            consumers, ready = local
+            want = consumers > 0 and ready == 0
+            if want and not self.consuming:
+                ok = await up.rpc(unchecked(spec.Basic.Consume, queue=self.upstream_queue,
+                                            consumer_tag=self.upstream.consumer_tag or "", no_ack=no_ack),
+                                  spec.Basic.ConsumeOk)
+                self._tag, self.consuming = ok.consumer_tag, True
+            elif not want and self.consuming:
+                await up.rpc(spec.Basic.Cancel(consumer_tag=self._tag), spec.Basic.CancelOk)
+                self.consuming = False
+        failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
+        raise LinkError(f"{side}: {failed.error}")
+
+    def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+        up, down = self._up, self._down
+        if up is None or down is None:
+            return
+        self.received += 1
+        down.publish("", self.queue, properties, body)
+        self.forwarded += 1
+        if self.upstream.ack_mode == "on-confirm":
+            self._seq += 1
+            self._outstanding.append((self._seq, tag))
+        elif self.upstream.ack_mode == "on-publish":
+            up.ack(tag, False)
+
+    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
+        up = self._up
+        while self._outstanding and self._outstanding[0][0] <= seq:
+            s, tag = self._outstanding.popleft()
+            if up is not None:
+                if nack:
+                    up.nack(tag, False)
+                else:
+                    up.ack(tag, False)
+            if not multiple and s == seq:
+                break
+
+    def status(self, node: str, link_id: str) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "node": node, "queue": self.queue, "upstream_queue": self.upstream_queue, "type": "queue",
+            "vhost": self.vhost, "upstream": self.upstream.name, "id": link_id, "status": self.state,
+            "timestamp": self.timestamp, "uri": strip_password(self.uri or self.upstream.uris[0]),
+            "local_connection": f"Federation link (downstream: {self.queue})",
+            "messages_received": self.received, "messages_forwarded": self.forwarded, "consuming": self.consuming,
+        }
+        if self.state == "error":
+            info["error"] = self.error or ""
+        return info

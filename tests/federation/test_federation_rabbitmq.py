@@ -1,0 +1,122 @@
+"""Exchange federation with a private RabbitMQ node (Debian's rabbitmq-server with its federation plugin):
+RabbitMQ upstream -> lavinpy downstream (the x-federation-upstream exchange RabbitMQ knows, bindings
+mirrored live), and RabbitMQ's own plugin downstream of lavinpy (lavinpy's x-federation-upstream type)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pika
+import pytest
+
+from tests.e2e.conftest import LocalBroker, http_call
+from tests.e2e.rabbitmq_node import RabbitNode, needs_rabbitmq
+
+from .conftest import channel, drain, links, named, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), needs_rabbitmq]
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RabbitNode, LocalBroker]]:
+    root = tmp_path_factory.mktemp("federation-rabbit")
+    rabbit = RabbitNode(root / "rabbit")
+    rabbit.plugins.append("rabbitmq_federation")
+    lavin = LocalBroker(root / "lavinpy")
+    lavin.start()
+    named(lavin, "lavin")
+    rabbit.start()
+    try:
+        yield rabbit, lavin
+    finally:
+        rabbit.stop()
+        lavin.stop()
+
+
+def _rabbit_bindings(rabbit: RabbitNode, exchange: str) -> set[str]:
+    status, body, _ = http_call(rabbit, "GET", f"/api/exchanges/%2F/{exchange}/bindings/source")
+    return {b["routing_key"] for b in body} if status == 200 else set()
+
+
+def test_rabbitmq_upstream_lavinpy_downstream(peers) -> None:
+    rabbit, lavin = peers
+    rabbit_url = rabbit.url_for("guest", "guest", "/")
+    conn, ch = channel(lavin)
+    ch.exchange_declare("rx", "topic", durable=True)
+    ch.queue_declare("rq", durable=True)
+    ch.queue_bind("rq", "rx", "k.#")
+    status, body, _ = http_call(lavin, "PUT", "/api/parameters/federation-upstream/%2F/rabbit",
+                                {"value": {"uri": rabbit_url, "reconnect-delay": 0.5, "max-hops": 2}})
+    assert status in (201, 204), body
+    status, body, _ = http_call(lavin, "PUT", "/api/policies/%2F/rfed",
+                                {"pattern": "^rx$", "apply-to": "exchanges",
+                                 "definition": {"federation-upstream": "rabbit"}})
+    assert status in (201, 204), body
+    wait_for(lambda: any(r["status"] == "running" for r in links(lavin)), timeout=20, what="the link")
+    # What RabbitMQ's plugin would have made: the queue, and the internal exchange of RabbitMQ's type.
+    status, exchanges, _ = http_call(rabbit, "GET", "/api/exchanges/%2F")
+    internal = [x for x in exchanges if x["name"].startswith("federation: rx -> lavin ")]
+    assert len(internal) == 1 and internal[0]["type"] == "x-federation-upstream" and internal[0]["internal"]
+    assert internal[0]["arguments"]["x-max-hops"] == 2 and internal[0]["arguments"]["x-downstream-name"] == "lavin"
+    status, q, _ = http_call(rabbit, "GET", "/api/queues/%2F/" + quote("federation: rx -> lavin", safe=""))
+    assert status == 200 and q["arguments"]["x-internal-purpose"] == "federation"
+    wait_for(lambda: _rabbit_bindings(rabbit, "rx") == {"k.#"}, what="k.# bound on RabbitMQ")
+
+    rconn = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+    rch = rconn.channel()
+    for i in range(10):
+        rch.basic_publish("rx", "k.x" if i < 5 else "other", str(i).encode(), pika.BasicProperties(user_id="guest"))
+    got = drain(lavin, "rq", 5)
+    assert sorted(int(b) for _, b in got) == list(range(5))
+    props = got[0][0]
+    hop = props.headers["x-received-from"][0]
+    assert hop["exchange"] == "rx" and hop["cluster-name"].startswith("lpinterop") and props.user_id is None
+
+    ch.queue_bind("rq", "rx", "j.*")
+    wait_for(lambda: _rabbit_bindings(rabbit, "rx") == {"k.#", "j.*"}, what="j.* mirrored on RabbitMQ")
+    ch.queue_unbind("rq", "rx", "k.#")
+    wait_for(lambda: _rabbit_bindings(rabbit, "rx") == {"j.*"}, what="k.# removed on RabbitMQ")
+    rch.basic_publish("rx", "j.y", b"j")
+    rch.basic_publish("rx", "k.y", b"k")
+    assert [b for _, b in drain(lavin, "rq", 1)] == [b"j"]
+    rconn.close()
+    conn.close()
+
+
+def test_rabbitmq_plugin_downstream_of_lavinpy(peers) -> None:
+    """RabbitMQ's own federation link from lavinpy: it makes its x-federation-upstream exchange on lavinpy,
+    and messages published to lavinpy arrive in RabbitMQ."""
+    rabbit, lavin = peers
+    rconn = pika.BlockingConnection(pika.URLParameters(rabbit.url_for("guest", "guest", "/")))
+    rch = rconn.channel()
+    rch.exchange_declare("lx", "direct", durable=True)
+    rch.queue_declare("lq", durable=True)
+    rch.queue_bind("lq", "lx", "hello")
+    status, body, _ = http_call(rabbit, "PUT", "/api/parameters/federation-upstream/%2F/lavin",
+                                {"value": {"uri": lavin.url}})
+    assert status in (201, 204), body
+    status, body, _ = http_call(rabbit, "PUT", "/api/policies/%2F/lfed",
+                                {"pattern": "^lx$", "apply-to": "exchanges",
+                                 "definition": {"federation-upstream": "lavin"}})
+    assert status in (201, 204), body
+
+    def bound() -> bool:
+        status, body, _ = http_call(lavin, "GET", "/api/bindings/%2F")
+        return any(b["source"] == "lx" and b["routing_key"] == "hello" for b in body)
+    wait_for(bound, timeout=30, what="RabbitMQ's link binding on lavinpy")
+    internal = [x for x in http_call(lavin, "GET", "/api/exchanges/%2F")[1] if x["name"].startswith("federation: lx")]
+    assert len(internal) == 1 and internal[0]["type"] == "x-federation-upstream", internal
+    conn, ch = channel(lavin)
+    ch.basic_publish("lx", "hello", b"from lavinpy")
+    conn.close()
+    deadline_got = []
+    for _ in range(100):
+        method, props, body = rch.basic_get("lq", auto_ack=True)
+        if method is not None:
+            deadline_got.append((props, body))
+            break
+        rconn.sleep(0.1)
+    assert deadline_got and deadline_got[0][1] == b"from lavinpy"
+    assert deadline_got[0][0].headers["x-received-from"][0]["exchange"] == "lx"
+    rconn.close()
