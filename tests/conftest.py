@@ -25,7 +25,7 @@ BROWSER_FIXTURE = "browser"
 SERIAL_GROUPS = {"spark": "spark", "cluster": "nodes", "jepsen": "nodes"}
 # ... and these run with no test beside them on the other worker: their failover and timeout bounds (half
 # a second for some) hold on a quiet machine, as in a serial run, not beside another test's broker.
-ALONE = ("cluster", "jepsen")
+ALONE = ("cluster", "jepsen", "timing")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pika
+import pytest
 
 from tests.e2e.conftest import http_call
 from tests.helpers import http_request
@@ -14,6 +15,7 @@ from tests.helpers import http_request
 COUNT = 20_000
 
 
+@pytest.mark.timing
 def test_other_clients_are_served_during_a_large_import(fresh_broker):
     b = fresh_broker
     doc = {

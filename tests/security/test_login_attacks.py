@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import bcrypt
 import pika
+import pytest
 from pamqp import commands
 
 from lavinpy.broker import login_throttle
@@ -133,6 +134,7 @@ def _confirm_latencies(channel: Any, seconds: float) -> list[float]:
     return sorted(latencies)
 
 
+@pytest.mark.timing
 def test_wrong_bcrypt_logins_do_not_stall_publisher_confirms(fresh_broker: LocalBroker) -> None:
     hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(12, b"2a")).decode()  # LavinMQ's cost
 

@@ -186,6 +186,7 @@ async def test_followers_get_message_bytes_before_the_index_entries(tmp_path: Pa
     store.close()
 
 
+@pytest.mark.timing
 @run_async
 async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     store = make_store(tmp_path, fsync="always")

@@ -58,8 +58,11 @@ def test_a_fresh_venv_with_the_wheel_runs_a_test_with_the_fixture(tmp_path: Path
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=False)
     python = env_dir / "bin" / "python"
+    # Without PYTHONPATH and ignoring what is installed: a lavinpy seen through PYTHONPATH (the Spark tests
+    # put the repository there) or the outer environment would otherwise count as installed already.
+    no_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--no-index", str(wheel)], check=True, timeout=120)
+                    "--no-index", "--ignore-installed", str(wheel)], check=True, timeout=120, env=no_path)
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              check=True, capture_output=True, text=True, timeout=30).stdout.strip()
     # After the venv's own site-packages, so the wheel's lavinpy comes first.
