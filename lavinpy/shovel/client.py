@@ -34,16 +34,16 @@ class ShovelClient(ClientProtocol):
         self.on_confirm: ConfirmCallback | None = None
         self.on_writable: Callable[[bool], None] | None = None
 
-    def delivered(self, delivery: Delivery) -> None:
+    def handle_delivery(self, delivery: Delivery) -> None:
         if self.on_delivery is not None:
             self.on_delivery(delivery.delivery_tag, delivery.exchange, delivery.routing_key, delivery.properties,
                              delivery.body)
 
-    def confirmed(self, confirm: Confirmed) -> None:
+    def handle_confirm(self, confirm: Confirmed) -> None:
         if self.on_confirm is not None:
             self.on_confirm(confirm.delivery_tag, confirm.multiple, confirm.nack)
 
-    def event(self, event: Event) -> None:
+    def handle_event(self, event: Event) -> None:
         if isinstance(event, ConsumerCancelled):
             self.abort("the broker cancelled the consumer (the source queue was deleted?)")
         # connection.blocked: publishes wait in the socket buffer; pause_writing holds the source back

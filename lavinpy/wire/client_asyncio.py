@@ -9,7 +9,7 @@ given a context), runs the handshake and returns the protocol once connection.op
     client.basic_publish(channel, "", "q", properties, body)
     await client.close()
 
-A subclass overrides ``delivered``, ``confirmed`` and ``event`` to take deliveries, publisher
+A subclass overrides ``handle_delivery``, ``handle_confirm`` and ``handle_event`` to take deliveries, publisher
 confirms and the other events (returns, flow, blocked, cancels); a channel the broker closes while
 nobody waits on it ends the connection unless ``channel_closed`` is overridden. Calls raise
 ClientError (the broker refused, or the connection is gone); heartbeats run on the loop's timer.
@@ -86,7 +86,7 @@ class ClientProtocol(asyncio.Protocol):
             self.flush()  # the connection.close that says why
             self.abort(str(e))
             return
-        self.handle(events)
+        self.handle_events(events)
         self.flush()
 
     def flush(self) -> None:
@@ -112,12 +112,12 @@ class ClientProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ events
 
-    def handle(self, events: list[Event]) -> None:
+    def handle_events(self, events: list[Event]) -> None:
         for event in events:
             if isinstance(event, Delivery):
-                self.delivered(event)
+                self.handle_delivery(event)
             elif isinstance(event, Confirmed):
-                self.confirmed(event)
+                self.handle_confirm(event)
             elif isinstance(event, Reply):
                 waiters = self._waiters.get(event.channel)
                 if waiters:
@@ -135,15 +135,15 @@ class ClientProtocol(asyncio.Protocol):
                 if self.transport is not None:
                     self.transport.close()
             else:
-                self.event(event)
+                self.handle_event(event)
 
-    def delivered(self, delivery: Delivery) -> None:
+    def handle_delivery(self, delivery: Delivery) -> None:
         """A message from a consumer (override)."""
 
-    def confirmed(self, confirm: Confirmed) -> None:
+    def handle_confirm(self, confirm: Confirmed) -> None:
         """A publisher confirm (override)."""
 
-    def event(self, event: Event) -> None:
+    def handle_event(self, event: Event) -> None:
         """Any other event: Returned, ChannelFlow, Blocked, Unblocked, ConsumerCancelled, MethodReceived."""
 
     def writable_changed(self, writable: bool) -> None:
