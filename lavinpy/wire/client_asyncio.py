@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
@@ -205,38 +206,38 @@ class ClientProtocol(asyncio.Protocol):
     async def call(self, channel: int, method: Any, *expect: type, timeout: float = 30.0) -> Reply:
         """A synchronous method and its reply; ClientError when the broker refuses (closes the channel
         or connection) or does not answer within ``timeout`` (the connection is then aborted)."""
+        return await self._reply(channel, lambda: self.conn.call(channel, method, *expect), type(method).__name__,
+                                 timeout)
+
+    async def open_channel(self, channel: int = 0, timeout: float = 30.0) -> int:
+        """Open ``channel`` (0: the lowest free number) and return its number."""
+        opened: list[int] = []
+        await self._reply(channel, lambda: opened.append(self.conn.open_channel(channel)), "channel.open", timeout,
+                          opened)
+        return opened[0]
+
+    async def confirm_select(self, channel: int, timeout: float = 30.0) -> None:
+        """Publisher confirms on ``channel``: ``basic_publish`` returns each message's delivery tag."""
+        await self._reply(channel, lambda: self.conn.confirm_select(channel), "confirm.select", timeout)
+
+    async def _reply(self, channel: int, send: Callable[[], object], what: str, timeout: float,
+                     opened: list[int] | None = None) -> Reply:
         if self.error:
             raise self.failure()
         try:
-            self.conn.call(channel, method, *expect)
+            send()
         except ClientProtocolError as e:
             raise ClientError(str(e)) from None
+        if opened:
+            channel = opened[0]
         waiter: asyncio.Future[Reply] = self._loop.create_future()
         self._waiters.setdefault(channel, deque()).append(waiter)
         self.flush()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except TimeoutError:
-            self.abort(f"no answer to {type(method).__name__} within {timeout:g} s")
+            self.abort(f"no answer to {what} within {timeout:g} s")
             raise self.failure() from None
-
-    async def open_channel(self, channel: int = 0, timeout: float = 30.0) -> int:
-        """Open ``channel`` (0: the lowest free number) and return its number."""
-        if self.error:
-            raise self.failure()
-        try:
-            channel = self.conn.open_channel(channel)
-        except ClientProtocolError as e:
-            raise ClientError(str(e)) from None
-        waiter: asyncio.Future[Reply] = self._loop.create_future()
-        self._waiters.setdefault(channel, deque()).append(waiter)
-        self.flush()
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except TimeoutError:
-            self.abort(f"no answer to channel.open within {timeout:g} s")
-            raise self.failure() from None
-        return channel
 
     def send_method(self, channel: int, method: Any) -> None:
         """A method with no reply (a nowait one)."""

@@ -17,6 +17,7 @@ takes the frames they leave).
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from typing import Any
 
@@ -248,7 +249,7 @@ class ClientConnection:
                 if mid == BASIC_RETURN:
                     self._content[channel] = _Content((BASIC_RETURN, *parse_return(payload)))
                     return
-            except (IndexError, ValueError) as e:
+            except (IndexError, ValueError, struct.error) as e:
                 self._fail(f"truncated method {mid >> 16}.{mid & 0xFFFF}: {e}", FRAME_ERROR)
         try:
             method = decode_method(payload)

@@ -193,14 +193,14 @@ def test_deliveries_and_returns_are_assembled(harness: Harness) -> None:
 def test_channel_flow_blocked_and_unblocked_from_the_broker(harness: Harness) -> None:
     pair, ch = with_channel(harness)
     client = pair.client
+    # channel.flow from a broker (lavinpy sends none; RabbitMQ did) is answered with flow-ok
     assert client.receive_data(method_frame(ch, commands.Channel.Flow(active=False))) == [ChannelFlow(ch, False)]
     _, _, flow_ok = frame.unmarshal(client.data_to_send())
     assert isinstance(flow_ok, commands.Channel.FlowOk) and flow_ok.active is False
-    assert client.receive_data(method_frame(0, commands.Connection.Blocked(reason="low on disk"))) == [
-        Blocked("low on disk")]
-    assert client.blocked
-    assert client.receive_data(method_frame(0, commands.Connection.Unblocked())) == [Unblocked()]
-    assert not client.blocked
+    harness.sessions.resources_changed("memory alarm")  # what the broker calls on an alarm
+    assert pair.pump() == [Blocked("memory alarm")] and client.blocked
+    harness.sessions.resources_changed(None)
+    assert pair.pump() == [Unblocked()] and not client.blocked
 
 
 def test_broker_closes_the_channel_and_it_is_answered(harness: Harness) -> None:
@@ -269,6 +269,14 @@ def test_bad_bytes_from_the_broker_are_a_clear_error(bad: bytes, match: str) -> 
         client.receive_data(bad)
     assert client.is_closed
     assert client.receive_data(b"more") == []  # nothing after, and no hang
+
+
+def test_truncated_hot_methods_are_a_clear_error(harness: Harness) -> None:
+    pair, ch = with_channel(harness)
+    truncated_ack = b"\x01" + ch.to_bytes(2, "big") + b"\x00\x00\x00\x06\x00\x3c\x00\x50\x00\x01\xce"
+    with pytest.raises(ClientProtocolError, match="truncated method 60.80"):
+        pair.client.receive_data(truncated_ack)
+    assert pair.client.is_closed
 
 
 def test_method_out_of_place_during_the_handshake() -> None:
