@@ -79,6 +79,9 @@ OPEN = "open"
 CLOSING = "closing"
 CLOSED = "closed"
 
+_U32 = struct.Struct(">I")
+_TAG_BITS = struct.Struct(">QB")
+
 MISSED_TICKS_DEAD = 4  # ticks come every half heartbeat: silent for two heartbeats is dead
 
 
@@ -130,6 +133,7 @@ class ClientConnection:
         self._out: list[bytes] = []
         self._channels: set[int] = set()  # open or opening
         self._closing: set[int] = set()  # we sent channel.close, waiting for close-ok
+        self._live: set[int] = set()  # open and not closing, while the connection is open: the fast path's
         self._expected: dict[int, deque[tuple[type, ...]]] = {}
         self._content: dict[int, _Content] = {}
         self._confirm_tags: dict[int, int] = {}  # channel in confirm mode -> last publish's tag
@@ -182,15 +186,43 @@ class ClientConnection:
             self._fail(f"bad frame from the broker: {e}", FRAME_ERROR)
         del buf[:used]
         events: list[Event] = []
-        for ftype, channel, payload in frames:
-            if self.state == CLOSED:
-                break
-            if ftype == FRAME_METHOD:
-                self._method_frame(channel, payload, events)
-            elif ftype in (FRAME_HEADER, FRAME_BODY):
-                self._content_frame(ftype, channel, payload, events)
-            elif ftype != FRAME_HEARTBEAT:
-                self._fail(f"frame of unknown type {ftype} from the broker", FRAME_ERROR)
+        live, contents, append = self._live, self._content, events.append
+        try:
+            for ftype, channel, payload in frames:
+                # The per-message frames of live channels first, inline (the shovel's path); the
+                # general methods below check everything again.
+                if ftype == FRAME_BODY:
+                    content = contents.get(channel)
+                    if content is not None and content.left > 0 and channel in live:
+                        content.parts.append(payload)
+                        content.left -= len(payload)
+                        if content.left <= 0:
+                            self._content_done(channel, content, events)
+                        continue
+                elif ftype == FRAME_METHOD and channel in live and channel not in contents and len(payload) >= 4:
+                    mid = _U32.unpack_from(payload)[0]
+                    if mid == BASIC_DELIVER:
+                        n = payload[4]
+                        tag, redelivered, exchange, routing_key = parse_deliver(payload)
+                        contents[channel] = _Content((BASIC_DELIVER, payload[5:5 + n].decode(errors="replace"), tag,
+                                                      redelivered, exchange, routing_key))
+                        continue
+                    if mid in (BASIC_ACK, BASIC_NACK):
+                        tag, bits = _TAG_BITS.unpack_from(payload, 4)
+                        append(Confirmed(channel, tag, bool(bits & 1), mid == BASIC_NACK))
+                        continue
+                if self.state == CLOSED:
+                    break
+                if ftype == FRAME_METHOD:
+                    self._method_frame(channel, payload, events)
+                elif ftype in (FRAME_HEADER, FRAME_BODY):
+                    self._content_frame(ftype, channel, payload, events)
+                elif ftype != FRAME_HEARTBEAT:
+                    self._fail(f"frame of unknown type {ftype} from the broker", FRAME_ERROR)
+        except ClientProtocolError:
+            raise
+        except (IndexError, ValueError, struct.error) as e:
+            self._fail(f"truncated frame from the broker: {e}", FRAME_ERROR)
         return events
 
     def receive_method(self, channel: int, payload: bytes) -> list[Event]:
@@ -213,6 +245,7 @@ class ClientConnection:
         if self.error is None:
             self.error = text
         self.state = CLOSED
+        self._live.clear()
         self._expected.clear()
         self._content.clear()
 
@@ -370,26 +403,31 @@ class ClientConnection:
             if content.left < 0:
                 self._fail(f"content body on channel {channel} longer than its header said", FRAME_ERROR)
         if content.left == 0:
-            del self._content[channel]
-            parts = content.parts
-            body = parts[0] if len(parts) == 1 else b"".join(parts)
-            head = content.head
-            if head[0] == BASIC_DELIVER:
-                events.append(Delivery(channel, head[1], head[2], head[3], head[4], head[5], content.properties,
-                                       body))
-            elif head[0] == BASIC_RETURN:
-                events.append(Returned(channel, head[1], head[2], head[3], head[4], content.properties, body))
+            self._content_done(channel, content, events)
+
+    def _content_done(self, channel: int, content: _Content, events: list[Event]) -> None:
+        if content.left < 0:
+            self._fail(f"content body on channel {channel} longer than its header said", FRAME_ERROR)
+        del self._content[channel]
+        parts = content.parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        head = content.head
+        if head[0] == BASIC_DELIVER:
+            events.append(Delivery(channel, head[1], head[2], head[3], head[4], head[5], content.properties, body))
+        elif head[0] == BASIC_RETURN:
+            events.append(Returned(channel, head[1], head[2], head[3], head[4], content.properties, body))
+        else:
+            expected = self._expected.get(channel)
+            if expected and isinstance(head[0], expected[0]):
+                expected.popleft()
+                events.append(Reply(channel, head[0], content.properties, body))
             else:
-                expected = self._expected.get(channel)
-                if expected and isinstance(head[0], expected[0]):
-                    expected.popleft()
-                    events.append(Reply(channel, head[0], content.properties, body))
-                else:
-                    events.append(MethodReceived(channel, head[0]))
+                events.append(MethodReceived(channel, head[0]))
 
     def _channel_gone(self, channel: int) -> None:
         self._channels.discard(channel)
         self._closing.discard(channel)
+        self._live.discard(channel)
         self._expected.pop(channel, None)
         self._content.pop(channel, None)
         self._confirm_tags.pop(channel, None)
@@ -422,6 +460,7 @@ class ClientConnection:
         if channel in self._channels or not 0 < channel <= self.channel_max:
             raise ClientProtocolError(f"channel {channel} is in use or beyond channel_max {self.channel_max}")
         self._channels.add(channel)
+        self._live.add(channel)
         self.call(channel, commands.Channel.Open(), commands.Channel.OpenOk)
         return channel
 
@@ -433,6 +472,7 @@ class ClientConnection:
         self._expected.pop(channel, None)
         self._content.pop(channel, None)
         self._closing.add(channel)
+        self._live.discard(channel)
         self._write(method_frame(channel, commands.Channel.Close(
             reply_code=reply_code, reply_text=reply_text, class_id=0, method_id=0)))
 
@@ -479,6 +519,7 @@ class ClientConnection:
         self._write(method_frame(0, commands.Connection.Close(
             reply_code=reply_code, reply_text=reply_text, class_id=class_id, method_id=method_id)))
         self.state = CLOSING
+        self._live.clear()
 
     # ------------------------------------------------------------------ heartbeats
 

@@ -1,7 +1,7 @@
 """What ``ClientConnection.receive_data`` reports: one small value per thing the broker did.
 
-Plain slotted classes (not dataclasses with defaults) because deliveries and confirms are made once
-per message on the shovel's path.
+Slotted dataclasses, and not frozen ones: a frozen one's __init__ sets each field through
+object.__setattr__, and deliveries and confirms are made once per message on the shovel's path.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnectionOpened:
     """connection.open-ok: the handshake is done with these negotiated limits."""
     server_properties: dict[str, Any]
@@ -35,7 +35,7 @@ class ConnectionOpened:
     heartbeat: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConnectionClosed:
     """The connection is over: the broker closed it (``by_broker``) or answered our close."""
     reply_code: int
@@ -45,7 +45,7 @@ class ConnectionClosed:
     by_broker: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reply:
     """The reply to a ``call`` on ``channel`` (replies come in the order the calls went out).
     A basic.get-ok carries its message's property block and body."""
@@ -55,7 +55,7 @@ class Reply:
     body: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChannelClosed:
     """The broker closed ``channel`` (already answered with close-ok); its pending calls are void."""
     channel: int
@@ -65,7 +65,7 @@ class ChannelClosed:
     method_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """basic.deliver with its content; ``properties`` is the raw property block (decode it lazily)."""
     channel: int
@@ -78,7 +78,7 @@ class Delivery:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Returned:
     """basic.return (an unroutable mandatory publish) with its content."""
     channel: int
@@ -90,7 +90,7 @@ class Returned:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Confirmed:
     """A publisher confirm: basic.ack (``nack`` False) or basic.nack, for ``delivery_tag`` alone or,
     with ``multiple``, every unconfirmed tag up to it."""
@@ -100,32 +100,32 @@ class Confirmed:
     nack: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChannelFlow:
     """channel.flow from the broker (already answered with flow-ok): publish on ``channel`` or not."""
     channel: int
     active: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Blocked:
     """connection.blocked: the broker reads no publishes until ``Unblocked`` (a resource alarm)."""
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unblocked:
     """connection.unblocked."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConsumerCancelled:
     """basic.cancel from the broker: the consumer's queue went away."""
     channel: int
     consumer_tag: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MethodReceived:
     """Any other method (one nobody called for), decoded by pamqp."""
     channel: int

@@ -274,7 +274,7 @@ def test_bad_bytes_from_the_broker_are_a_clear_error(bad: bytes, match: str) -> 
 def test_truncated_hot_methods_are_a_clear_error(harness: Harness) -> None:
     pair, ch = with_channel(harness)
     truncated_ack = b"\x01" + ch.to_bytes(2, "big") + b"\x00\x00\x00\x06\x00\x3c\x00\x50\x00\x01\xce"
-    with pytest.raises(ClientProtocolError, match="truncated method 60.80"):
+    with pytest.raises(ClientProtocolError, match="truncated"):
         pair.client.receive_data(truncated_ack)
     assert pair.client.is_closed
 
