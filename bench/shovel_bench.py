@@ -56,14 +56,15 @@ def reset_destination(url: str) -> None:
 
 
 async def move(src: str, dest: str, ack_mode: str, prefetch: int) -> float:
-    shovels = Shovels(LocalNode("127.0.0.1", 5672, "guest", "guest"), "bench")
+    shovels = Shovels(LocalNode("127.0.0.1", 5672, lambda _user: ""), "bench")  # URIs name their users
     done = asyncio.Event()
     shovels.on_finished = lambda _vhost, _name: done.set()
     shovels.start()
     started = time.perf_counter()
-    ShovelComponent(shovels).apply("/", "bench", {"src-uri": src, "src-queue": SRC, "dest-uri": dest,
-                                                  "dest-queue": DST, "src-delete-after": "queue-length",
-                                                  "ack-mode": ack_mode, "src-prefetch-count": prefetch})
+    component = ShovelComponent(shovels, lambda _vhost, _name: "guest")
+    component.apply("/", "bench", {"src-uri": src, "src-queue": SRC, "dest-uri": dest,
+                                   "dest-queue": DST, "src-delete-after": "queue-length",
+                                   "ack-mode": ack_mode, "src-prefetch-count": prefetch})
     await done.wait()
     elapsed = time.perf_counter() - started
     await shovels.stop()

@@ -3,7 +3,7 @@
 Publishers and consumers each get their own connection and go through the default exchange to
 one or more queues. Rates are printed every second on stderr, a JSON summary goes to stdout.
 
-The client (perf_client.py) is a raw asyncio.Protocol that does not import lavinpy's broker code,
+The client (perf_client.py) is lavinpy.wire's asyncio client with inline hot paths; it does not import the broker,
 so it measures RabbitMQ and lavinpy the same way.
 Latency is the time between the publisher stamping the first 8 bytes of the body with
 CLOCK_MONOTONIC and the consumer reading it, so publishers and consumers must share a host.

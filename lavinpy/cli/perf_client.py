@@ -1,8 +1,9 @@
-"""lavinpy-perf's AMQP client: one connection with one channel, as a raw asyncio.Protocol.
+"""lavinpy-perf's AMQP client: one connection with one channel, lavinpy.wire's asyncio client.
 
-The shared codec (lavinpy.wire) encodes and decodes the handshake and the rare methods; the hot
-path (publish, deliver, ack, confirm) uses pre-encoded frames and its struct layouts inline. It talks
-to the broker over the network only, so it measures RabbitMQ and lavinpy the same way.
+The shared client (wire.client_asyncio over the sans-IO wire.client_connection) does the handshake,
+calls and closing; the hot path (publish, deliver, ack, confirm) uses pre-encoded frames and its
+struct layouts inline, and hands every other method frame to the shared connection. It talks to the
+broker over the network only, so it measures RabbitMQ and lavinpy the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import time
 from array import array
 from typing import Any
 
-from pamqp import commands as spec
-
-from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD, WireError, decode_method
-from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_HEARTBEAT, FRAME_METHOD, PROTOCOL_HEADER
+from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD
+from lavinpy.wire.client_asyncio import ClientError, ClientProtocol
+from lavinpy.wire.client_asyncio import connect as connect_client
+from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
+from lavinpy.wire.client_events import ChannelClosed
+from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.uri import parse_url
-from lavinpy.wire.writer import HEARTBEAT, basic_ack, method_frame
+from lavinpy.wire.writer import basic_ack
 
 _u32 = struct.Struct(">I")
 _u64 = struct.Struct(">Q")
@@ -27,26 +30,17 @@ _ack_tail = struct.Struct(">QB")
 LATENCY_CAP = 1 << 21  # samples kept per consumer before halving the sampling rate
 CHANNEL = 1
 
+# The broker refused or closed something, or the connection was lost.
+AMQPError = ClientError
 
-class AMQPError(Exception):
-    """The broker refused or closed something, or the connection was lost."""
 
-
-class Client(asyncio.Protocol):
+class Client(ClientProtocol):
     """One AMQP connection with one channel; can publish, consume, or do control operations."""
 
-    def __init__(self, user: str, password: str, vhost: str, name: str) -> None:
-        self.user, self.password, self.vhost, self.name = user, password, vhost, name
-        self.transport: asyncio.Transport | None = None
-        self.frame_max = 131072
+    def __init__(self, connection: ClientConnection) -> None:
+        super().__init__(connection)
+        self.name = connection.client_properties.get("connection_name", "lavinpy-perf")
         self._buf = bytearray()
-        loop = asyncio.get_running_loop()
-        self._loop = loop
-        self.opened: asyncio.Future[None] = loop.create_future()
-        self.closed: asyncio.Future[None] = loop.create_future()
-        self.error: str | None = None
-        self._waiter: asyncio.Future[Any] | None = None
-        self._waiting_for: tuple[type, ...] = ()
         self._writable = asyncio.Event()
         self._writable.set()
         # Publisher state: confirms are counted exactly, also when single and multiple acks mix.
@@ -71,50 +65,34 @@ class Client(asyncio.Protocol):
 
     # ----------------------------------------------------------------- plumbing
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
-        # Big enough to batch, small enough that pause_writing pushes back on a slow broker.
-        self.transport.set_write_buffer_limits(high=1 << 20, low=1 << 18)  # type: ignore[union-attr]
-        self.transport.write(PROTOCOL_HEADER)  # type: ignore[union-attr]
-
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.error is None:
-            self.error = f"connection lost: {exc}" if exc else "connection closed by broker"
-        self._fail(self.failure())
-        if not self.closed.done():
-            self.closed.set_result(None)
+        super().connection_lost(exc)
+        self._wake_confirm_waiter()
         self._writable.set()
 
-    def pause_writing(self) -> None:
-        self._writable.clear()
+    def writable_changed(self, writable: bool) -> None:
+        if writable:
+            self._writable.set()
+        else:
+            self._writable.clear()
 
-    def resume_writing(self) -> None:
-        self._writable.set()
+    def failure(self) -> ClientError:
+        return ClientError(f"{self.name}: {self.error or 'connection closed'}")
 
-    def _fail(self, exc: Exception) -> None:
-        for fut in (self.opened, self._waiter, self._confirm_wakeup):
-            if fut is not None and not fut.done():
-                fut.set_exception(exc)
-                fut.exception()  # mark retrieved: nobody may be awaiting it any more
+    def channel_closed(self, closed: ChannelClosed, awaited: bool) -> None:
+        # The publish and consume loops see the error and stop; a declare's refusal goes to its caller.
+        self.error = self._channel_text(closed)
+        self._wake_confirm_waiter()
 
-    def failure(self) -> AMQPError:
-        return AMQPError(f"{self.name}: {self.error}")
-
-    def send(self, method: Any, channel: int = CHANNEL) -> None:
-        assert self.transport is not None
-        self.transport.write(method_frame(channel, method))
+    def _wake_confirm_waiter(self) -> None:
+        w = self._confirm_wakeup
+        if w is not None and not w.done():
+            w.set_exception(self.failure())
+            w.exception()
 
     async def rpc(self, method: Any, *expect: type, timeout: float = 30.0) -> Any:
         """Send a synchronous method on channel 1 and wait for its reply."""
-        if self.error:
-            raise self.failure()
-        self._waiter = self._loop.create_future()
-        self._waiting_for = expect
-        self.send(method)
-        try:
-            return await asyncio.wait_for(self._waiter, timeout)
-        finally:
-            self._waiter = None
+        return (await self.call(CHANNEL, method, *expect, timeout=timeout)).method
 
     # ------------------------------------------------------------------ parsing
 
@@ -130,7 +108,7 @@ class Client(asyncio.Protocol):
             end = pos + 7 + size  # index of the frame-end octet
             if end >= size_all:
                 if buf[:4] == b"AMQP":  # the broker answered our header with the version it wants
-                    self._protocol_error("broker rejected the AMQP 0-9-1 protocol header")
+                    self.abort("broker rejected the AMQP 0-9-1 protocol header")
                     return
                 break
             p = pos + 7
@@ -158,10 +136,19 @@ class Client(asyncio.Protocol):
                 self._first_body = True
                 if self._body_left == 0:
                     self._delivered()
-            elif ftype == FRAME_HEARTBEAT and self.transport is not None:
-                self.transport.write(HEARTBEAT)
             pos = end + 1
         del buf[:pos]
+
+    def _slow_frame(self, channel: int, payload: bytes) -> None:
+        """Every other method: the shared connection's (handshake, replies, closes)."""
+        try:
+            events = self.conn.receive_method(channel, payload)
+        except ClientProtocolError as e:
+            self.flush()
+            self.abort(f"bad frame from the broker: {e}")
+            return
+        self.handle_events(events)
+        self.flush()
 
     def _record(self, ns: int) -> None:
         # Keep a uniform sample: when the buffer is full, drop every other sample and halve the rate.
@@ -208,67 +195,14 @@ class Client(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    def _slow_frame(self, channel: int, payload: bytes) -> None:
-        try:
-            method = decode_method(payload)
-        except WireError as e:
-            self._protocol_error(f"cannot decode frame from broker: {e}")
-            return
-        if isinstance(method, spec.Connection.Start):
-            self.send(spec.Connection.StartOk(
-                client_properties={"product": "lavinpy-perf", "connection_name": self.name,
-                                   "capabilities": {"publisher_confirms": True}},
-                mechanism="PLAIN", response=f"\0{self.user}\0{self.password}", locale="en_US"), 0)
-        elif isinstance(method, spec.Connection.Tune):
-            self.frame_max = method.frame_max or 131072
-            # Heartbeats off: a saturated perf run should not be torn down by a late heartbeat.
-            self.send(spec.Connection.TuneOk(channel_max=method.channel_max or 2047,
-                                             frame_max=self.frame_max, heartbeat=0), 0)
-            self.send(spec.Connection.Open(virtual_host=self.vhost), 0)
-        elif isinstance(method, spec.Connection.OpenOk):
-            self.send(spec.Channel.Open())
-        elif isinstance(method, spec.Channel.OpenOk) and not self.opened.done():
-            self.opened.set_result(None)
-        elif isinstance(method, spec.Connection.Close):
-            self.error = f"connection closed by broker: {method.reply_code} {method.reply_text}"
-            self.send(spec.Connection.CloseOk(), 0)
-            self._fail(self.failure())
-            assert self.transport is not None
-            self.transport.close()
-        elif isinstance(method, spec.Channel.Close):
-            self.error = f"channel closed by broker: {method.reply_code} {method.reply_text}"
-            self.send(spec.Channel.CloseOk(), channel)
-            self._fail(self.failure())
-        elif isinstance(method, spec.Connection.CloseOk):
-            assert self.transport is not None
-            self.transport.close()
-        elif self._waiter is not None and isinstance(method, self._waiting_for) and not self._waiter.done():
-            self._waiter.set_result(method)
-        # Anything else (consume-ok after a timeout, basic.return, ...) is of no interest here.
-
-    def _protocol_error(self, text: str) -> None:
-        self.error = text
-        self._fail(self.failure())
-        if self.transport is not None:
-            self.transport.close()
-
     # --------------------------------------------------------------- operations
-
-    async def close(self, timeout: float = 3.0) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        self.send(spec.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0), 0)
-        try:
-            await asyncio.wait_for(asyncio.shield(self.closed), timeout)
-        except TimeoutError:
-            self.transport.abort()
 
     async def reopen_channel(self) -> None:
         """Open channel 1 again after the broker closed it (the connection must still be up)."""
         if self.transport is None or self.transport.is_closing():
-            raise AMQPError(f"{self.name}: {self.error or 'connection closed'}")
+            raise self.failure()
         self.error = None
-        await self.rpc(spec.Channel.Open(), spec.Channel.OpenOk)
+        await self.open_channel(CHANNEL)
 
     @property
     def writable(self) -> bool:
@@ -297,18 +231,18 @@ class Client(asyncio.Protocol):
 
 
 async def connect(params: dict[str, Any], name: str) -> Client:
-    loop = asyncio.get_running_loop()
     tls = params.get("tls")
-    _, client = await loop.create_connection(
-        lambda: Client(params["user"], params["password"], params["vhost"], name), params["host"], params["port"],
-        ssl=tls.context() if tls is not None else None,
-        server_hostname=(tls.server_name or params["host"]) if tls is not None else None)
+    # Heartbeats off: a saturated perf run should not be torn down by a late heartbeat.
+    connection = ClientConnection(params["user"], params["password"], params["vhost"], name=name,
+                                  product="lavinpy-perf", heartbeat=0)
     try:
-        await asyncio.wait_for(client.opened, 15)
-    except TimeoutError:
-        if client.transport is not None:
-            client.transport.abort()
-        raise AMQPError(f"{name}: handshake timed out")
+        client = await connect_client(connection, params["host"], params["port"],
+                                      tls=tls.context() if tls is not None else None,
+                                      server_hostname=tls.server_name if tls is not None else None,
+                                      protocol=Client)
+        await client.open_channel(CHANNEL)
+    except ClientError as e:
+        raise AMQPError(f"{name}: {e}") from None
     return client
 
 
