@@ -1,50 +1,42 @@
 """What a federation link asks of an AMQP 0-9-1 connection, and the client that gives it.
 
-The link names only ``LinkConnection`` and ``connect``: today the shovel's client (lavinpy.shovel.client,
-on lavinpy.wire) with the server's properties kept, so that the link can read the upstream's
-cluster name; the shared sans-IO client can take its place behind the same few methods.
+The link names only ``LinkConnection`` and ``connect``: the shovel's client (lavinpy.shovel.client, an
+asyncio adapter of lavinpy.wire's sans-IO client connection) with the server's properties shown, so
+that the link can read the upstream's cluster name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from pamqp import commands as spec
-
-from lavinpy.shovel.client import CONNECT_TIMEOUT, ShovelClient, ShovelClientError
-from lavinpy.wire.constants import FRAME_END, FRAME_METHOD
+from lavinpy.shovel.client import CHANNEL, CONNECT_TIMEOUT, HEARTBEAT_SECONDS, ShovelClient, ShovelClientError
+from lavinpy.wire.client_asyncio import ClientError
+from lavinpy.wire.client_asyncio import connect as connect_client
+from lavinpy.wire.client_connection import ClientConnection
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.frames import build_method, method_fields
 from lavinpy.wire.uri import AMQPURL
+from lavinpy.wire.writer import EncodedMethod
 
 LinkError = ShovelClientError
 
 
-class RawMethod:
-    """A method whose octets are made here: its names as given, and its arguments table (the last field
-    of every method that has one) encoded by lavinpy.wire, which keeps an Int64 a long ('l': RabbitMQ
-    wants x-max-hops so) where pamqp picks the smallest integer type. Sent by the link's client as is."""
-
-    def __init__(self, cls: type, fields: dict[str, Any], arguments: dict[str, Any]) -> None:
-        self.name = cls.__name__
-        head = method_fields(build_method(cls, **fields, arguments={}))[:-4]  # the empty table's length
-        self.payload = head + encode_table(arguments)
-        self.index: int = cls.index  # type: ignore[attr-defined]  # a pamqp method class
-
-    def frame(self, channel: int) -> bytes:
-        return struct.pack(">BHII", FRAME_METHOD, channel, 4 + len(self.payload), self.index) + self.payload \
-            + bytes([FRAME_END])
+def raw_method(cls: type, fields: dict[str, Any], arguments: dict[str, Any]) -> EncodedMethod:
+    """A method whose arguments table (the last field of every method that has one) is encoded by
+    lavinpy.wire, which keeps an Int64 a long ('l': RabbitMQ wants x-max-hops so) where pamqp picks the
+    smallest integer type."""
+    head = method_fields(build_method(cls, **fields, arguments={}))[:-4]  # the empty table's length
+    return EncodedMethod(cls.__name__, cls.index, head + encode_table(arguments))  # type: ignore[attr-defined]
 
 
 def unchecked(cls: type, **fields: Any) -> Any:
     """A method with names sent as given (``federation: x -> cluster``, which pamqp's check refuses) and,
-    when it has arguments, as a RawMethod."""
+    when it has arguments, encoded by ``raw_method``."""
     arguments = fields.pop("arguments", None)
     if arguments:
-        return RawMethod(cls, fields, arguments)
+        return raw_method(cls, fields, arguments)
     return build_method(cls, **fields)
 
 
@@ -53,7 +45,8 @@ class LinkConnection(Protocol):
 
     error: str | None
     closed: asyncio.Future[None]
-    server_properties: dict[str, Any]
+    @property
+    def server_properties(self) -> dict[str, Any]: ...
     on_delivery: Callable[[int, str, str, bytes, bytes], None] | None
     on_confirm: Callable[[int, bool, bool], None] | None
     on_writable: Callable[[bool], None] | None
@@ -70,50 +63,27 @@ class LinkConnection(Protocol):
 
 
 class _Client(ShovelClient):
-    """The shovel's client, keeping connection.start's server properties."""
+    """The shovel's client, with connection.start's server properties and nowait methods on channel 1."""
 
-    def __init__(self, url: AMQPURL, name: str) -> None:
-        super().__init__(url, name)
-        self.server_properties: dict[str, Any] = {}
+    @property
+    def server_properties(self) -> dict[str, Any]:
+        return self.conn.server_properties
 
     def send(self, method: Any, channel: int = 1) -> None:
-        if isinstance(method, RawMethod):
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.write(method.frame(channel))
-            return
-        super().send(method, channel)
-
-    def _method(self, payload: bytes) -> None:
-        if payload[:4] == b"\x00\x0a\x00\x0a":  # connection.start
-            try:
-                start = spec.Connection.Start()
-                start.unmarshal(payload[4:])
-                self.server_properties = dict(start.server_properties or {})
-            except Exception:  # no properties: the handshake below reports a real fault
-                pass
-        super()._method(payload)
+        self.send_method(channel, method)
 
 
 async def connect(url: AMQPURL, name: str) -> LinkConnection:
     """An open connection with channel 1 open, or LinkError naming the broker and why."""
-    loop = asyncio.get_running_loop()
-    where = f"{url.host}:{url.port}"
     tls = url.tls
+    connection = ClientConnection(url.user, url.password, url.vhost, mechanism=url.mechanism, name=name,
+                                  product="lavinpy federation", heartbeat=HEARTBEAT_SECONDS)
+    client = await connect_client(connection, url.host, url.port, tls=tls.context() if tls is not None else None,
+                                  server_hostname=tls.server_name if tls is not None else None,
+                                  timeout=CONNECT_TIMEOUT, protocol=_Client)
     try:
-        _, client = await asyncio.wait_for(loop.create_connection(
-            lambda: _Client(url, name), url.host, url.port,
-            ssl=tls.context() if tls is not None else None,
-            server_hostname=(tls.server_name or url.host) if tls is not None else None), CONNECT_TIMEOUT)
-    except (OSError, TimeoutError) as e:
-        raise LinkError(f"cannot connect to {where}: {e or 'timed out'}") from None
-    try:
-        await asyncio.wait_for(asyncio.shield(client.opened), CONNECT_TIMEOUT)
-    except TimeoutError:
+        await client.open_channel(CHANNEL, timeout=CONNECT_TIMEOUT)
+    except ClientError as e:
         client.abort()
-        raise LinkError(f"{where}: the AMQP handshake timed out") from None
-    except LinkError as e:
-        raise LinkError(f"{where}: {e}") from None
-    except asyncio.CancelledError:
-        client.abort()
-        raise
+        raise LinkError(f"{url.host}:{url.port}: {e}") from None
     return client

@@ -65,7 +65,7 @@ from lavinpy.wire.constants import (
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
-from lavinpy.wire.writer import HEARTBEAT, basic_ack, basic_nack, content_frames, method_frame
+from lavinpy.wire.writer import HEARTBEAT, basic_ack, basic_nack, content_frames, encoded_method_frame, method_frame
 
 __all__ = ["ClientConnection", "ClientProtocolError", "MECHANISMS"]
 
@@ -343,7 +343,7 @@ class ClientConnection:
         payload = start_ok.marshal()
         tail = len(encode_shortstr("en_US"))
         payload = payload[:-tail - 4] + len(response).to_bytes(4, "big") + response + payload[-tail:]
-        self._write(method_frame(0, _Raw(start_ok.index, payload)))
+        self._write(encoded_method_frame(0, start_ok.index, payload))
         self.state = AWAIT_TUNE
 
     def _on_tune(self, tune: commands.Connection.Tune) -> None:
@@ -551,14 +551,3 @@ class ClientConnection:
         self._sent = False
         return False
 
-
-class _Raw:
-    """A method already marshalled, for ``method_frame``."""
-
-    __slots__ = ("index", "_payload")
-
-    def __init__(self, index: int, payload: bytes) -> None:
-        self.index, self._payload = index, payload
-
-    def marshal(self) -> bytes:
-        return self._payload

@@ -73,9 +73,26 @@ def _shortstr(value: str) -> bytes:
 
 
 def method_frame(channel: int, method: Any) -> bytes:
-    """A method frame for any pamqp command instance (any exchange or queue name AMQP allows)."""
-    payload = method_fields(method)
-    return b"".join((_METHOD_HEAD.pack(FRAME_METHOD, channel, 4 + len(payload), method.index), payload, _END))
+    """A method frame for any pamqp command instance (any exchange or queue name AMQP allows) or an
+    EncodedMethod."""
+    if isinstance(method, EncodedMethod):
+        return encoded_method_frame(channel, method.index, method.payload)
+    return encoded_method_frame(channel, method.index, method_fields(method))
+
+
+class EncodedMethod:
+    """A method whose fields were encoded by its maker (say, an arguments table with types of its own
+    choosing); ``method_frame`` sends it as it is."""
+
+    __slots__ = ("name", "index", "payload")
+
+    def __init__(self, name: str, index: int, payload: bytes) -> None:
+        self.name, self.index, self.payload = name, index, payload
+
+
+def encoded_method_frame(channel: int, index: int, payload: bytes) -> bytes:
+    """A method frame around fields already encoded (``index``: the method's class and method ids)."""
+    return b"".join((_METHOD_HEAD.pack(FRAME_METHOD, channel, 4 + len(payload), index), payload, _END))
 
 
 def _body_frames(channel: int, body: bytes | memoryview, chunk: int) -> list[bytes]:
