@@ -239,6 +239,14 @@ def validate_queue_arguments(arguments: Mapping[str, Any], *, queue: str, vhost:
                                             f"queue type '{queue_type}' is not supported")
 
 
+def validate_exchange_arguments(arguments: Mapping[str, Any], where: str) -> None:
+    """Raise ArgumentError when the alternate-exchange argument is a name longer than 255 bytes."""
+    text = _text(arguments.get("alternate-exchange"))
+    reason = name_too_long("the value", text) if text is not None else None
+    if reason is not None:
+        raise ArgumentError("alternate-exchange", f"invalid arg 'alternate-exchange' for {where}: {reason}")
+
+
 def queue_type_of(arguments: Mapping[str, Any]) -> str:
     """The x-queue-type argument as text ("classic" when absent)."""
     value = arguments.get("x-queue-type", "classic")

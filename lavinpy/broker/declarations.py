@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .arguments import ArgumentError, queue_type_of, validate_queue_arguments
+from .arguments import ArgumentError, queue_type_of, validate_exchange_arguments, validate_queue_arguments
 from .equivalence import check_arguments, inequivalent
 from .errors import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .exchanges.registry import UnknownExchangeType, make_exchange
@@ -61,6 +61,7 @@ def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool,
     if refused is not None:
         raise BrokerChannelError(PRECONDITION_FAILED, refusal_text(refused, f"exchange '{name}'"), *_EXCHANGE_DECLARE)
     try:
+        validate_exchange_arguments(arguments, f"exchange '{name}'")
         return make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                              arguments=arguments)
     except UnknownExchangeType:

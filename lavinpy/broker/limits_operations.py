@@ -90,8 +90,6 @@ class LimitsOperations:
         may name another ``user``) and refused unless that user has the rights it needs (links.py)."""
         self._may_change(actor, vhost, component)
         self._vhost(vhost)
-        if component == VHOST_LIMITS_COMPONENT:
-            require_admin(actor)
         creator = None
         if component in LINK_COMPONENTS:
             creator = self.link_creator(actor, user)
@@ -107,8 +105,6 @@ class LimitsOperations:
 
     def clear_parameter(self, actor: Actor | None, component: str, vhost: str, name: str) -> None:
         self._may_change(actor, vhost, component)
-        if component == VHOST_LIMITS_COMPONENT:
-            require_admin(actor)
         if not self.broker.parameters.delete(component, vhost, name):
             raise not_found(f"no parameter '{name}' of component '{component}' in vhost '{vhost}'")
 
@@ -131,8 +127,12 @@ class LimitsOperations:
         return link_refusal(self.users, creator, vhost, value, component, resource)
 
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
+        """The one check of every change of a parameter, on every face (HTTP, ctl, import)."""
         if actor is None or actor.is_admin():
             return
+        if component == VHOST_LIMITS_COMPONENT:  # RabbitMQ: vhost limits are administrators' only
+            raise access_refused(f"user '{actor.name}' may not change the limits of vhost '{vhost}' "
+                                 "(needs the administrator tag)")
         if POLICYMAKER not in actor.tags or not actor.can_access_vhost(vhost):
             raise access_refused(f"user '{actor.name}' may not change parameters of component '{component}' "
                                  f"in vhost '{vhost}' (needs the policymaker tag and access to the vhost)")
@@ -184,7 +184,7 @@ class LimitsOperations:
         self.set_parameter(actor, VHOST_LIMITS_COMPONENT, vhost, VHOST_LIMITS_NAME, limits)
 
     def clear_vhost_limit(self, actor: Actor | None, vhost: str, key: str, missing_ok: bool = False) -> None:
-        require_admin(actor)
+        self._may_change(actor, vhost, VHOST_LIMITS_COMPONENT)
         self._vhost(vhost)
         current = dict(self.broker.client_limits.vhost_limits.get(vhost, {}))
         if key == "all" or (key in current and len(current) == 1):

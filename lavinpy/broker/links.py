@@ -11,16 +11,24 @@ A federation upstream's user must be able to open its own vhost (the links publi
 the vhost of every URI of this node; each link also needs configure and write permission on its
 federated exchange or queue (checked when the link starts, as a policy names it).
 URIs with a host log in with their own credentials; the broker they name checks those.
+
+Every URI's query keys must be ones lavinpy's URI parser takes (``lavinpy.wire.uri``); those that
+name files of the node (cacertfile, certfile, keyfile) only an administrator's links may carry, so
+no one else can make the broker open a path and learn from the error whether it exists. Shown to
+non-administrators, a link's error says only that its TLS settings could not be loaded, and no
+link's error repeats what a peer that is not an AMQP broker sent (``shown_error``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
+from ..wire.uri import FILE_KEYS, QUERY_KEYS, TLS_UNLOADABLE
 from .permissions import UserPermissions, access_refused
-from .users import UserStore
+from .users import ADMINISTRATOR_TAG, UserStore
 
 # The parameter components whose values are links run as their creator.
 FEDERATION_UPSTREAM = "federation-upstream"
@@ -43,6 +51,45 @@ def _local_vhost(uri: str, default: str) -> str | None:
         return None
     path = u.path[1:] if u.path.startswith("/") else u.path
     return unquote(path) if path else default
+
+
+def _query_keys(uri: str) -> list[str]:
+    try:
+        return [key for key, _ in parse_qsl(urlsplit(uri).query, keep_blank_values=True)]
+    except ValueError:
+        return []  # a URI that does not parse: the component refuses it
+
+
+def query_refusal(users: UserStore, user: str, value: Mapping[str, Any]) -> str | None:
+    """Why the query keys of the link ``value``'s URIs are refused for ``user``, or None: keys the
+    URI parser does not take (for everyone), keys naming files (for all but administrators)."""
+    admin = ADMINISTRATOR_TAG in getattr(users.user(user), "tags", ())
+    for uri_key in ("src-uri", "dest-uri", "uri"):
+        for uri in _uris(value.get(uri_key)):
+            keys = _query_keys(uri)
+            unknown = sorted({k for k in keys if k not in QUERY_KEYS})
+            if unknown:
+                return (f"{uri_key}: unknown URI query key(s) " + ", ".join(f"'{k}'" for k in unknown)
+                        + "; should be one of: " + ", ".join(f"'{k}'" for k in QUERY_KEYS))
+            files = sorted({k for k in keys if k in FILE_KEYS})
+            if files and not admin:
+                return (f"{uri_key}: the URI query key(s) " + ", ".join(f"'{k}'" for k in files)
+                        + f" name files of the node: only administrators may set them (user \"{user}\" is not one)")
+    return None
+
+
+_TLS_DETAIL = re.compile(re.escape(TLS_UNLOADABLE) + r": [^;]*")
+_BAD_FRAME = re.compile(r"(?:bad frame|cannot decode a (?:frame|method)) from the broker(?:: [^;]*)?"
+                        r"|the broker refused the AMQP 0-9-1 protocol header \(it speaks [^;]*?\)")
+NOT_AMQP = "bad frame from the peer: not an AMQP 0-9-1 broker"
+
+
+def shown_error(text: str, admin: bool) -> str:
+    """A link's error text as a user sees it: what a peer that is not an AMQP 0-9-1 broker sent is not
+    repeated (its bytes, or numbers made of them), and non-administrators get no detail of why TLS files
+    could not be loaded (no OS error, no file contents)."""
+    text = _BAD_FRAME.sub(NOT_AMQP, text)
+    return text if admin else _TLS_DETAIL.sub(TLS_UNLOADABLE, text)
 
 
 def _side(value: Mapping[str, Any], side: str) -> tuple[str, str, tuple[str, str]]:
@@ -79,6 +126,9 @@ def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component:
         return None
     if users.user(user) is None:
         return f"user \"{user}\", who made this {'shovel' if component == 'shovel' else 'upstream'}, no longer exists"
+    refusal = query_refusal(users, user, value)
+    if refusal is not None:
+        return refusal
     if component == FEDERATION_UPSTREAM:
         return federation_refusal(users, user, vhost, value, resource)
     sides = []

@@ -32,7 +32,7 @@ from pamqp import commands as spec
 
 from lavinpy.wire.field_table import Int64
 from lavinpy.wire.properties import decode_properties, peek_headers, replace_field, replace_headers
-from lavinpy.wire.uri import AMQPURL, parse_url
+from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
 from .client import LinkConnection, LinkError, connect, unchecked
 from .upstream import Upstream
@@ -165,7 +165,10 @@ class ExchangeLink:
 
     def _url(self, uri: str) -> AMQPURL:
         u = urlsplit(uri)
-        return self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri)
+        try:
+            return load_tls(self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri))
+        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
+            raise LinkError(str(e)) from None
 
     async def _connect_upstream(self) -> LinkConnection:
         errors = []

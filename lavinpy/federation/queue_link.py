@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from pamqp import commands as spec
 
-from lavinpy.wire.uri import AMQPURL, parse_url
+from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
 from .client import LinkConnection, LinkError, connect, unchecked
 from .link import MAX_BACKOFF, STABLE_SECONDS, STOP_SECONDS, _now, strip_password
@@ -109,7 +109,10 @@ class QueueLink:
 
     def _url(self, uri: str) -> AMQPURL:
         u = urlsplit(uri)
-        return self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri)
+        try:
+            return load_tls(self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri))
+        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
+            raise LinkError(str(e)) from None
 
     async def _session(self) -> None:
         if self.env.queue() is None:

@@ -8,9 +8,12 @@ routes list the links that run on this node and restart one by its id.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from ..broker.actor import ADMINISTRATOR, POLICYMAKER
+from ..broker.links import shown_error
 from ..federation.component import Federation, LinkNotFound
 from .context import actor_of, json_reply
 from .errors import ApiError
@@ -25,6 +28,12 @@ def _federation(request: web.Request) -> Federation:
     return federation
 
 
+def _shown(request: web.Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their error texts as the requester may see them (broker/links.py)."""
+    admin = actor_of(request).is_admin()
+    return [{**row, "error": shown_error(row["error"], admin)} if row.get("error") else row for row in rows]
+
+
 def _vhost_checked(request: web.Request) -> str:
     vhost = request.match_info["vhost"]
     if not actor_of(request).can_access_vhost(vhost):
@@ -37,11 +46,11 @@ async def list_all(request: web.Request) -> web.Response:
     actor = actor_of(request)
     rows = [row for row in _federation(request).status()
             if actor.can_monitor() or actor.can_access_vhost(row["vhost"])]
-    return json_reply(rows)
+    return json_reply(_shown(request, rows))
 
 
 async def list_vhost(request: web.Request) -> web.Response:
-    return json_reply(_federation(request).status(_vhost_checked(request)))
+    return json_reply(_shown(request, _federation(request).status(_vhost_checked(request))))
 
 
 async def restart(request: web.Request) -> web.Response:

@@ -7,9 +7,12 @@ delete one by name, as RabbitMQ's shovel management plugin does.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from ..broker.actor import ADMINISTRATOR, POLICYMAKER
+from ..broker.links import shown_error
 from ..shovel.component import ShovelNotFound, Shovels
 from .context import actor_of, json_reply
 from .errors import ApiError
@@ -24,6 +27,12 @@ def _shovels(request: web.Request) -> Shovels:
     return shovels
 
 
+def _shown(request: web.Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their error texts as the requester may see them (broker/links.py)."""
+    admin = actor_of(request).is_admin()
+    return [{**row, "reason": shown_error(row["reason"], admin)} if row.get("reason") else row for row in rows]
+
+
 def _vhost_checked(request: web.Request) -> str:
     vhost = request.match_info["vhost"]
     if not actor_of(request).can_access_vhost(vhost):
@@ -35,16 +44,16 @@ def _vhost_checked(request: web.Request) -> str:
 async def list_all(request: web.Request) -> web.Response:
     actor = actor_of(request)
     rows = [row for row in _shovels(request).status() if actor.can_monitor() or actor.can_access_vhost(row["vhost"])]
-    return json_reply(rows)
+    return json_reply(_shown(request, rows))
 
 
 async def list_vhost(request: web.Request) -> web.Response:
-    return json_reply(_shovels(request).status(_vhost_checked(request)))
+    return json_reply(_shown(request, _shovels(request).status(_vhost_checked(request))))
 
 
 async def show(request: web.Request) -> web.Response:
     vhost, name = _vhost_checked(request), request.match_info["name"]
-    for row in _shovels(request).status(vhost):
+    for row in _shown(request, _shovels(request).status(vhost)):
         if row["name"] == name:
             return json_reply(row)
     raise ApiError(404, "Object Not Found", f"no shovel '{name}' in vhost '{vhost}'")

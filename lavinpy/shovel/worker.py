@@ -20,7 +20,7 @@ from pamqp import commands as spec
 
 from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.properties import append_header_entry, replace_field
-from lavinpy.wire.uri import AMQPURL, parse_url
+from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
 from .client import ShovelClient, ShovelClientError, connect
 from .definition import ShovelDefinition, is_local, masked
@@ -130,7 +130,10 @@ class Shovel:
                     client.abort()
 
     def _url(self, uri: str) -> AMQPURL:
-        return self._local_url(uri, self.vhost) if is_local(uri) else parse_url(uri)
+        try:
+            return load_tls(self._local_url(uri, self.vhost) if is_local(uri) else parse_url(uri))
+        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
+            raise ShovelClientError(str(e)) from None
 
     async def _connect(self, uris: tuple[str, ...], side: str) -> tuple[ShovelClient, str]:
         errors = []

@@ -15,6 +15,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 SCHEMES = {"amqp": 5672, "amqps": 5671}
 _KEYS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
+# RabbitMQ's other URI query keys: a link (shovel, federation upstream) accepts them, so that RabbitMQ's
+# definitions import as they are, and keeps its own heartbeat, timeouts and limits (docs/security.md).
+RABBITMQ_OTHER_KEYS = ("heartbeat", "connection_timeout", "channel_max", "auth_mechanism", "fail_if_no_peer_cert",
+                       "depth")
+QUERY_KEYS = _KEYS + RABBITMQ_OTHER_KEYS  # every query key a link's URI may carry
+FILE_KEYS = ("cacertfile", "certfile", "keyfile")  # the keys that name files of the machine
+TLS_UNLOADABLE = "TLS settings could not be loaded"
 
 
 @dataclass(frozen=True)
@@ -82,3 +89,15 @@ def parse_url(url: str) -> AMQPURL:
                    password=unquote(u.password) if u.password is not None else "guest",
                    vhost=unquote(path) if path else "/",
                    tls=TLSOptions.from_query(u.query) if u.scheme == "amqps" else None)
+
+
+def load_tls(url: AMQPURL) -> AMQPURL:
+    """The URL, once its TLS settings load (files read, context made); otherwise ValueError
+    "TLS settings could not be loaded: <why>", on one line with no ";" (link errors join URIs with it)."""
+    if url.tls is not None:
+        try:
+            url.tls.context()
+        except (OSError, ValueError) as e:
+            detail = " ".join(str(e).split()).replace(";", ",")
+            raise ValueError(f"{TLS_UNLOADABLE}: {detail}") from None
+    return url
