@@ -18,22 +18,16 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-DIRECTORY_MARKERS = {HERE / name: name for name in ("cluster", "spark", "jepsen")}
+DIRECTORY_MARKERS = {HERE / name: name for name in ("cluster", "spark", "jepsen", "federation")}
 BROWSER_FIXTURE = "browser"
 # Under pytest-xdist (-n 2), a group's tests run one after the other on one worker: the Spark tests share one
 # local SparkSession (a JVM); the cluster and fault-injection tests start several nodes and an etcd each.
-SERIAL_GROUPS = {"spark": "spark", "cluster": "nodes", "jepsen": "nodes"}
+SERIAL_GROUPS = {"spark": "spark", "cluster": "nodes", "jepsen": "nodes", "federation": "federation"}
 # ... and these run with no test beside them on the other worker: their failover and timeout bounds (half
 # a second for some) hold on a quiet machine, as in a serial run, not beside another test's broker.
 ALONE = ("cluster", "jepsen", "timing")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config: pytest.Config) -> None:
-    """`-n N` alone distributes by group (xdist's loadgroup), so that SERIAL_GROUPS hold; an explicit --dist wins."""
-    given = any(arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args)
-    if getattr(config.option, "numprocesses", None) and not given and config.option.dist == "load":
-        config.option.dist = "loadgroup"
 # What the compiled twins replace, and the tests that drive it:
 BOTH_PATHS = {HERE / name for name in (
     # the codec, the clients' frame runs, socket readers and writers, in process

@@ -196,7 +196,9 @@ def test_rights_of_the_upstreams_creator(pair) -> None:
 
 
 def test_definitions_round_trip(pair) -> None:
-    _, down = pair
+    up, down = pair
+    _federate(down, up, "fed.x", "fed")  # as the first test left it, whichever tests ran before
+    wait_for(lambda: _running(down, "fed.x"), what="the link running")
     assert _put(down, "/api/parameters/federation-upstream-set/%2F/site-b",
                 {"value": [{"upstream": "up", "prefetch-count": 10}]})[0] in (201, 204)
     status, doc, _ = http_call(down, "GET", "/api/definitions")
