@@ -196,9 +196,9 @@ def test_rights_of_the_upstreams_creator(pair) -> None:
 
 
 def test_definitions_round_trip(pair) -> None:
-    up, down = pair
-    _federate(down, up, "fed.x", "fed")  # as the first test left it, whichever tests ran before
-    wait_for(lambda: _running(down, "fed.x"), what="the link running")
+    """On the upstream ``up`` and the federated exchange that test_messages_bindings_reconnect made (the
+    module's tests run in order on one worker: tests/conftest.py's SERIAL_GROUPS)."""
+    _, down = pair
     assert _put(down, "/api/parameters/federation-upstream-set/%2F/site-b",
                 {"value": [{"upstream": "up", "prefetch-count": 10}]})[0] in (201, 204)
     status, doc, _ = http_call(down, "GET", "/api/definitions")
