@@ -11,10 +11,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lavinpy.shovel.client import CHANNEL, CONNECT_TIMEOUT, HEARTBEAT_SECONDS, ShovelClient, ShovelClientError
-from lavinpy.wire.client_asyncio import ClientError
-from lavinpy.wire.client_asyncio import connect as connect_client
-from lavinpy.wire.client_connection import ClientConnection
+from lavinpy.shovel.client import ShovelClient, ShovelClientError
+from lavinpy.shovel.client import connect as connect_shovel_client
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.frames import build_method, method_fields
 from lavinpy.wire.uri import AMQPURL
@@ -75,15 +73,4 @@ class _Client(ShovelClient):
 
 async def connect(url: AMQPURL, name: str) -> LinkConnection:
     """An open connection with channel 1 open, or LinkError naming the broker and why."""
-    tls = url.tls
-    connection = ClientConnection(url.user, url.password, url.vhost, mechanism=url.mechanism, name=name,
-                                  product="lavinpy federation", heartbeat=HEARTBEAT_SECONDS)
-    client = await connect_client(connection, url.host, url.port, tls=tls.context() if tls is not None else None,
-                                  server_hostname=tls.server_name if tls is not None else None,
-                                  timeout=CONNECT_TIMEOUT, protocol=_Client)
-    try:
-        await client.open_channel(CHANNEL, timeout=CONNECT_TIMEOUT)
-    except ClientError as e:
-        client.abort()
-        raise LinkError(f"{url.host}:{url.port}: {e}") from None
-    return client
+    return await connect_shovel_client(url, name, product="lavinpy federation", protocol=_Client)

@@ -13,10 +13,10 @@ from typing import Any
 from aiohttp import web
 
 from ..broker.actor import ADMINISTRATOR, POLICYMAKER
-from ..broker.links import shown_error
 from ..federation.component import Federation, LinkNotFound
 from .context import actor_of, json_reply
 from .errors import ApiError
+from .link_rows import route_vhost, rows_shown
 
 FEDERATION: web.AppKey[Federation] = web.AppKey("federation")
 
@@ -29,17 +29,7 @@ def _federation(request: web.Request) -> Federation:
 
 
 def _shown(request: web.Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows with their error texts as the requester may see them (broker/links.py)."""
-    admin = actor_of(request).is_admin()
-    return [{**row, "error": shown_error(row["error"], admin)} if row.get("error") else row for row in rows]
-
-
-def _vhost_checked(request: web.Request) -> str:
-    vhost = request.match_info["vhost"]
-    if not actor_of(request).can_access_vhost(vhost):
-        raise ApiError(401, "not_authorised", f"access to vhost '{vhost}' refused for user "
-                                              f"'{actor_of(request).name}'")
-    return vhost
+    return rows_shown(request, rows, "error")
 
 
 async def list_all(request: web.Request) -> web.Response:
@@ -50,11 +40,11 @@ async def list_all(request: web.Request) -> web.Response:
 
 
 async def list_vhost(request: web.Request) -> web.Response:
-    return json_reply(_shown(request, _federation(request).status(_vhost_checked(request))))
+    return json_reply(_shown(request, _federation(request).status(route_vhost(request))))
 
 
 async def restart(request: web.Request) -> web.Response:
-    vhost, link_id = _vhost_checked(request), request.match_info["id"]
+    vhost, link_id = route_vhost(request), request.match_info["id"]
     actor = actor_of(request)
     if not actor.tags & {ADMINISTRATOR, POLICYMAKER}:
         raise ApiError(401, "not_authorised", f"user '{actor.name}' needs the policymaker or administrator tag")

@@ -12,10 +12,10 @@ from typing import Any
 from aiohttp import web
 
 from ..broker.actor import ADMINISTRATOR, POLICYMAKER
-from ..broker.links import shown_error
 from ..shovel.component import ShovelNotFound, Shovels
 from .context import actor_of, json_reply
 from .errors import ApiError
+from .link_rows import route_vhost, rows_shown
 
 SHOVELS: web.AppKey[Shovels] = web.AppKey("shovels")
 
@@ -28,17 +28,7 @@ def _shovels(request: web.Request) -> Shovels:
 
 
 def _shown(request: web.Request, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows with their error texts as the requester may see them (broker/links.py)."""
-    admin = actor_of(request).is_admin()
-    return [{**row, "reason": shown_error(row["reason"], admin)} if row.get("reason") else row for row in rows]
-
-
-def _vhost_checked(request: web.Request) -> str:
-    vhost = request.match_info["vhost"]
-    if not actor_of(request).can_access_vhost(vhost):
-        raise ApiError(401, "not_authorised", f"access to vhost '{vhost}' refused for user "
-                                              f"'{actor_of(request).name}'")
-    return vhost
+    return rows_shown(request, rows, "reason")
 
 
 async def list_all(request: web.Request) -> web.Response:
@@ -48,11 +38,11 @@ async def list_all(request: web.Request) -> web.Response:
 
 
 async def list_vhost(request: web.Request) -> web.Response:
-    return json_reply(_shown(request, _shovels(request).status(_vhost_checked(request))))
+    return json_reply(_shown(request, _shovels(request).status(route_vhost(request))))
 
 
 async def show(request: web.Request) -> web.Response:
-    vhost, name = _vhost_checked(request), request.match_info["name"]
+    vhost, name = route_vhost(request), request.match_info["name"]
     for row in _shown(request, _shovels(request).status(vhost)):
         if row["name"] == name:
             return json_reply(row)
@@ -66,7 +56,7 @@ def _policymaker(request: web.Request) -> None:
 
 
 async def restart(request: web.Request) -> web.Response:
-    vhost, name = _vhost_checked(request), request.match_info["name"]
+    vhost, name = route_vhost(request), request.match_info["name"]
     _policymaker(request)
     try:
         _shovels(request).restart(vhost, name)
@@ -76,7 +66,7 @@ async def restart(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    vhost, name = _vhost_checked(request), request.match_info["name"]
+    vhost, name = route_vhost(request), request.match_info["name"]
     _policymaker(request)
     shovels = _shovels(request)
     try:

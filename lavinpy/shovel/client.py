@@ -8,7 +8,7 @@ confirms go to ``on_confirm``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from lavinpy.wire.client_asyncio import ClientError, ClientProtocol
 from lavinpy.wire.client_asyncio import connect as connect_client
@@ -83,14 +83,19 @@ class ShovelClient(ClientProtocol):
         await super().close(timeout, reply_text)
 
 
-async def connect(url: AMQPURL, name: str) -> ShovelClient:
-    """An open connection with channel 1 open, or ShovelClientError naming the broker and why."""
+Client = TypeVar("Client", bound=ShovelClient)
+
+
+async def connect(url: AMQPURL, name: str, *, product: str = "lavinpy shovel",
+                  protocol: type[Client] = ShovelClient) -> Client:  # type: ignore[assignment]
+    """An open connection with channel 1 open, or ShovelClientError naming the broker and why
+    (``protocol``: a ShovelClient subclass, as a federation link's)."""
     tls = url.tls
     connection = ClientConnection(url.user, url.password, url.vhost, mechanism=url.mechanism, name=name,
-                                  product="lavinpy shovel", heartbeat=HEARTBEAT_SECONDS)
+                                  product=product, heartbeat=HEARTBEAT_SECONDS)
     client = await connect_client(connection, url.host, url.port, tls=tls.context() if tls is not None else None,
                                   server_hostname=tls.server_name if tls is not None else None,
-                                  timeout=CONNECT_TIMEOUT, protocol=ShovelClient)
+                                  timeout=CONNECT_TIMEOUT, protocol=protocol)
     try:
         await client.open_channel(CHANNEL, timeout=CONNECT_TIMEOUT)
     except ClientError as e:
