@@ -80,9 +80,71 @@ def _key(routing_key: str, arguments: Mapping[str, Any]) -> str:
     return json.dumps([routing_key, arguments], sort_keys=True, default=repr)
 
 
-class ExchangeLink:
+class LinkRunner:
+    """What an exchange link and a queue link share: the state the API shows, the reconnect loop with its
+    backoff around a subclass's ``_session``, closing both connections, and the URLs of their URIs."""
+
+    vhost: str
+    upstream: Upstream
+    env: Any  # a LinkEnv or a QueueEnv: ``refusal`` and ``local_url``
+    described: str  # "federation link <what> in vhost <vhost>", for the log
+    state: str
+    error: str | None
+    timestamp: str
+    _up: LinkConnection | None
+    _down: LinkConnection | None
+
+    async def _session(self) -> None:
+        raise NotImplementedError
+
+    def _set_state(self, state: str, error: str | None = None) -> None:
+        if state != self.state or error != self.error:
+            self.state, self.error, self.timestamp = state, error, _now()
+
+    async def run(self) -> None:
+        failures = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                reason = self.env.refusal()
+                if reason is not None:
+                    raise LinkError(reason)
+                await self._session()
+            except (LinkError, OSError, ValueError) as e:
+                self._set_state("error", str(e))
+                log.warning("%s (upstream %s): %s", self.described, self.upstream.name, e)
+            except Exception as e:  # a fault of the link itself: reported and retried like any other
+                self._set_state("error", f"internal error: {e!r}")
+                log.exception("%s failed", self.described)
+            await self._close()
+            failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
+            await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
+            self._set_state("starting")
+
+    async def _close(self) -> None:
+        up, down = self._up, self._down
+        self._up = self._down = None
+        for client in (up, down):
+            if client is not None:
+                try:
+                    await client.close(1.0)
+                except Exception:  # a half-dead connection: nothing left to do
+                    client.abort()
+
+    def _url(self, uri: str) -> AMQPURL:
+        u = urlsplit(uri)
+        try:
+            return load_tls(self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri))
+        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
+            raise LinkError(str(e)) from None
+
+
+
+class ExchangeLink(LinkRunner):
     def __init__(self, vhost: str, exchange: str, upstream: Upstream, env: LinkEnv) -> None:
         self.vhost, self.exchange, self.upstream, self.env = vhost, exchange, upstream, env
+        self.described = f"federation link {exchange} in vhost {vhost}"
         self.upstream_exchange = upstream.exchange or exchange
         self.state = "starting"
         self.error: str | None = None
@@ -126,49 +188,6 @@ class ExchangeLink:
             except LinkError as e:
                 log.info("federation link %s in vhost %s: upstream cleanup failed: %s", self.exchange, self.vhost, e)
         await self._close()
-
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        if state != self.state or error != self.error:
-            self.state, self.error, self.timestamp = state, error, _now()
-
-    async def run(self) -> None:
-        failures = 0
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                reason = self.env.refusal()
-                if reason is not None:
-                    raise LinkError(reason)
-                await self._session()
-            except (LinkError, OSError, ValueError) as e:
-                self._set_state("error", str(e))
-                log.warning("federation link %s in vhost %s (upstream %s): %s", self.exchange, self.vhost,
-                            self.upstream.name, e)
-            except Exception as e:  # a fault of the link itself: reported and retried like any other
-                self._set_state("error", f"internal error: {e!r}")
-                log.exception("federation link %s in vhost %s failed", self.exchange, self.vhost)
-            await self._close()
-            failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
-            await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
-            self._set_state("starting")
-
-    async def _close(self) -> None:
-        up, down = self._up, self._down
-        self._up = self._down = None
-        for client in (up, down):
-            if client is not None:
-                try:
-                    await client.close(1.0)
-                except Exception:  # a half-dead connection: nothing left to do
-                    client.abort()
-
-    def _url(self, uri: str) -> AMQPURL:
-        u = urlsplit(uri)
-        try:
-            return load_tls(self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri))
-        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
-            raise LinkError(str(e)) from None
 
     async def _connect_upstream(self) -> LinkConnection:
         errors = []

@@ -16,14 +16,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from pamqp import commands as spec
 
-from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
+from lavinpy.wire.uri import AMQPURL
 
 from .client import LinkConnection, LinkError, connect, unchecked
-from .link import MAX_BACKOFF, STABLE_SECONDS, STOP_SECONDS, _now, strip_password
+from .link import STOP_SECONDS, LinkRunner, _now, strip_password
 from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
@@ -38,9 +37,10 @@ class QueueEnv:
     refusal: Callable[[], str | None]
 
 
-class QueueLink:
+class QueueLink(LinkRunner):
     def __init__(self, vhost: str, queue: str, upstream: Upstream, env: QueueEnv) -> None:
         self.vhost, self.queue, self.upstream, self.env = vhost, queue, upstream, env
+        self.described = f"federation link of queue {queue} in vhost {vhost}"
         self.upstream_queue = upstream.queue or queue
         self.state = "starting"
         self.error: str | None = None
@@ -71,48 +71,6 @@ class QueueLink:
                 except Exception:
                     client.abort()
         self._up = self._down = None
-
-    def _set_state(self, state: str, error: str | None = None) -> None:
-        if state != self.state or error != self.error:
-            self.state, self.error, self.timestamp = state, error, _now()
-
-    async def run(self) -> None:
-        failures = 0
-        loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                reason = self.env.refusal()
-                if reason is not None:
-                    raise LinkError(reason)
-                await self._session()
-            except (LinkError, OSError, ValueError) as e:
-                self._set_state("error", str(e))
-                log.warning("federation link of queue %s in vhost %s (upstream %s): %s", self.queue, self.vhost,
-                            self.upstream.name, e)
-            except Exception as e:
-                self._set_state("error", f"internal error: {e!r}")
-                log.exception("federation link of queue %s in vhost %s failed", self.queue, self.vhost)
-            await self.stop_connections()
-            failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
-            await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
-            self._set_state("starting")
-
-    async def stop_connections(self) -> None:
-        for client in (self._up, self._down):
-            if client is not None:
-                try:
-                    await client.close(1.0)
-                except Exception:
-                    client.abort()
-        self._up = self._down = None
-
-    def _url(self, uri: str) -> AMQPURL:
-        u = urlsplit(uri)
-        try:
-            return load_tls(self.env.local_url(uri) if u.scheme == "amqp" and not u.hostname else parse_url(uri))
-        except ValueError as e:  # the TLS files: the status shows non-administrators no detail (links.py)
-            raise LinkError(str(e)) from None
 
     async def _session(self) -> None:
         if self.env.queue() is None:
