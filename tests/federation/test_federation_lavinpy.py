@@ -196,24 +196,30 @@ def test_rights_of_the_upstreams_creator(pair) -> None:
 
 
 def test_definitions_round_trip(pair) -> None:
-    """On the upstream ``up`` and the federated exchange that test_messages_bindings_reconnect made (the
-    module's tests run in order on one worker: tests/conftest.py's SERIAL_GROUPS)."""
-    _, down = pair
+    """Upstreams, sets and the policy survive an export, a delete and an import (its own upstream and exchange,
+    whatever the module's other tests left)."""
+    up, down = pair
+    conn, ch = channel(down)
+    ch.exchange_declare("rt.x", "fanout", durable=True)
+    conn.close()
+    _federate(down, up, "rt.x", "rt", upstream="rt-up")
+    wait_for(lambda: _running(down, "rt.x"), what="the link running")
     assert _put(down, "/api/parameters/federation-upstream-set/%2F/site-b",
-                {"value": [{"upstream": "up", "prefetch-count": 10}]})[0] in (201, 204)
+                {"value": [{"upstream": "rt-up", "prefetch-count": 10}]})[0] in (201, 204)
     status, doc, _ = http_call(down, "GET", "/api/definitions")
     assert status == 200
     mine = {(p["component"], p["name"]): p for p in doc["parameters"] if p["component"].startswith("federation")}
-    assert mine[("federation-upstream", "up")]["value"]["reconnect-delay"] == 0.2
-    assert mine[("federation-upstream-set", "site-b")]["value"] == [{"upstream": "up", "prefetch-count": 10}]
-    assert any(p["definition"].get("federation-upstream-set") == "all" for p in doc["policies"])
-    for component, name in [("federation-upstream-set", "site-b"), ("federation-upstream", "up")]:
+    assert mine[("federation-upstream", "rt-up")]["value"]["reconnect-delay"] == 0.2
+    assert mine[("federation-upstream-set", "site-b")]["value"] == [{"upstream": "rt-up", "prefetch-count": 10}]
+    assert any(p["name"] == "rt" and p["definition"].get("federation-upstream-set") == "all"
+               for p in doc["policies"])
+    for component, name in [("federation-upstream-set", "site-b"), ("federation-upstream", "rt-up")]:
         assert http_call(down, "DELETE", f"/api/parameters/{component}/%2F/{name}")[0] == 204
-    wait_for(lambda: not any(r["upstream"] == "up" for r in links(down)), what="the links gone")
+    wait_for(lambda: not any(r["upstream"] == "rt-up" for r in links(down)), what="the links gone")
     status, body, _ = http_call(down, "POST", "/api/definitions", doc)
     assert status in (200, 201, 204), body
     assert http_call(down, "GET", "/api/parameters/federation-upstream-set/%2F/site-b")[0] == 200
-    wait_for(lambda: _running(down, "fed.x"), what="the link back after the import")
+    wait_for(lambda: _running(down, "rt.x"), what="the link back after the import")
 
 
 def _publish_confirmed(broker, exchange: str, numbers: range) -> None:
