@@ -36,6 +36,7 @@ from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
+from .stream_tags import UNKNOWN, FilterTags
 
 if TYPE_CHECKING:
     from array import array
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
     from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.stream")
+
+REBUILD_BATCH = 50_000  # recovered offsets classified per periodic turn (stream_tags)
+SCAN_WINDOW = 1 << 20  # tags searched per step of a filtering consumer's delivery
 
 
 # method ids for error replies
@@ -145,6 +149,7 @@ class StreamQueue(QueueKind):
         self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
         self._filters: dict[QueueConsumer, StreamFilter] = {}  # the consumers that filter (stream_filter)
         self.offsets = OffsetTracker(index.directory, name)  # named consumers' offsets (stream_offsets)
+        self.tags = FilterTags(index.first_offset, index.count)  # each offset's filter values (stream_tags)
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -197,7 +202,30 @@ class StreamQueue(QueueKind):
         """Periodic retention: drop whole segments older than x-max-age; returns messages dropped. The
         tracked consumer offsets are written too."""
         self.offsets.flush()
+        if self.tags.rebuilding:
+            self.rebuild_tags()
         return self._trim(by_size=False, now_ms=now_ms)
+
+    def rebuild_tags(self, limit: int = REBUILD_BATCH) -> None:
+        """Classify up to ``limit`` recovered offsets from their records (bounded: the loop goes on)."""
+        tags = self.tags
+        start = max(tags.unknown_from, self.index.first_offset)
+        stop = min(start + limit, tags.unknown_end)
+        read_many = self.vhost.store.messages.read_many
+        offset = start
+        while offset < stop:
+            positions = self.index.get_many(offset, min(stop - offset, 4096))
+            if not positions:
+                break
+            whole = positions[:positions.index(0)] if 0 in positions else positions
+            try:
+                messages = read_many(whole) if whole else []
+            except (CorruptRecord, KeyError):
+                messages = []  # left unknown: a consumer reading it decides
+            for i, msg in enumerate(messages):
+                tags.set(offset + i, tags.tag_of(msg.properties))
+            offset += max(len(messages), 1)
+        tags.unknown_from = max(offset, stop)
 
     def stop_timers(self) -> None:
         """The vhost is closing: the tracked consumer offsets are written."""
@@ -212,6 +240,7 @@ class StreamQueue(QueueKind):
             return 0
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         dropped = self.index.trim(max_bytes, self.max_age_ms, now)
+        self.tags.trim(self.index.first_offset)
         if dropped:
             log.debug("stream %r: retention dropped %d messages; first offset is now %d",
                       self.name, dropped, self.index.first_offset)
@@ -222,6 +251,8 @@ class StreamQueue(QueueKind):
         """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
         must be the same after a restart."""
         offset = self.index.append(pos)
+        tag = UNKNOWN if message is None else self.tags.tag_of(message.properties)
+        self.tags.append(tag)
         segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment
@@ -229,8 +260,18 @@ class StreamQueue(QueueKind):
         if not self.consumers:
             return
         behind = False
+        filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            wanted = filters.get(consumer) if filters else None
+            if wanted is not None and cursor == offset:
+                match = self.tags.decides(wanted, tag)
+                if match is False:  # passed over in hand
+                    self._cursors[consumer] = offset + 1
+                    continue
+                if match is None:  # the record decides: the delivery loop reads it
+                    behind = True
+                    continue
             if cursor == offset and message is not None and consumer.can_accept():
                 # Caught up: deliver the message in hand instead of reading it back later.
                 self._send(consumer, offset, pos, message)
@@ -252,6 +293,8 @@ class StreamQueue(QueueKind):
         if not positions:
             return
         offset = self.index.append_many(positions)
+        tag = self.tags.tag_of(run.properties)  # a run shares its properties
+        self.tags.append(tag, len(positions))
         segment = pos_segment(positions[0])
         if segment != self._tail_segment:
             self._tail_segment = segment
@@ -260,13 +303,25 @@ class StreamQueue(QueueKind):
             return
         end = offset + len(positions)
         behind = False
+        filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            wanted = filters.get(consumer) if filters else None
+            if wanted is not None and cursor == offset:
+                match = self.tags.decides(wanted, tag)
+                if match is False:  # the whole run passed over in hand
+                    self._cursors[consumer] = end
+                    continue
+                if match is None:
+                    behind = True
+                    continue
             if cursor == offset:
                 count = self._credit(consumer, end - cursor)
                 if count:
                     messages = stamped_run(run.messages(first, count), cursor)
-                    consumer.channel.deliver_run(consumer, list(positions[:count]), messages, None)
+                    run_positions = list(positions[:count])
+                    consumer.channel.deliver_run(consumer, run_positions, messages, None)
+                    self.offsets.delivered_run(consumer, run_positions, cursor)
                     if not consumer.no_ack:
                         consumer.unacked += count
                     cursor += count
@@ -332,22 +387,37 @@ class StreamQueue(QueueKind):
 
     def _deliver_filtered(self, consumer: QueueConsumer, wanted: StreamFilter, cursor: int,
                           budget: int) -> tuple[int, int]:
-        """Deliver the messages from ``cursor`` that match the consumer's filter, one at a time; a
-        message passed over costs the budget as one delivered, so a long unmatched stretch is read
-        over several turns of the loop. Returns the next cursor and the budget used."""
+        """Deliver the messages from ``cursor`` that match the consumer's filter. The filter-value
+        index (stream_tags) finds the next candidate with one search over bytes, so a stretch without
+        one (a segment or more) is passed over without reading it; a candidate whose tag decides is
+        delivered without decoding its headers, the others are read and matched. A record read or a
+        window of ``SCAN_WINDOW`` tags searched costs one of the budget. Returns the next cursor and
+        the budget used."""
         index = self.index
+        tags = self.tags
         end = index.next_offset
+        pattern, exact = tags.scanner(wanted)
         used = 0
         while used < budget and cursor < end and consumer.can_accept():
+            stop = min(end, cursor + SCAN_WINDOW)
+            cursor = tags.next_candidate(pattern, cursor, stop)
+            used += 1
+            if cursor >= stop:
+                continue
             pos = index.get(cursor)
             cursor += 1
-            used += 1
             if pos is None or (msg := self.read(pos)) is None:  # damaged: reported by read()
+                continue
+            tag = tags.get(cursor - 1)
+            if exact and tag != UNKNOWN:
+                self._send(consumer, cursor - 1, pos, msg)
                 continue
             try:
                 headers = peek_headers(msg.properties)
             except ValueError:  # a malformed headers table matches no filter
                 headers = None
+            if tag == UNKNOWN:  # classified now for the next reader
+                tags.set(cursor - 1, tags.tag_of(msg.properties))
             if wanted.matches(headers):
                 self._send(consumer, cursor - 1, pos, msg)
         return cursor, used
