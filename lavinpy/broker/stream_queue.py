@@ -6,8 +6,8 @@ RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the 
   ``x-max-age`` (``7D``, ``12h``: units Y M D h m s) drops whole segments from the head.
 - Each consumer has its own cursor, chosen by its ``x-stream-offset`` argument: ``first``,
   ``last`` (lavinpy: the newest message), ``next`` (the default: only new messages), an offset,
-  a timestamp (AMQP timestamp, seconds: the first message stored at or after it) or an interval
-  string (``1h``: that long ago). Every delivery carries an ``x-stream-offset`` header (a signed
+  a negative offset (``-N``: the last N messages, LavinMQ's), a timestamp (AMQP timestamp, seconds:
+  the first message stored at or after it) or an interval string (``1h``: that long ago). Every delivery carries an ``x-stream-offset`` header (a signed
   64-bit ``long``) and ``redelivered = false``.
 - A consumer needs a prefetch (basic.qos, 406 otherwise) and manual acks (540 for no-ack); global
   qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
@@ -508,6 +508,8 @@ class StreamQueue(QueueKind):
             return index.last_offset if index.count else index.next_offset
         if kind == "offset":
             return min(max(value, index.first_offset), index.next_offset)
+        if kind == "from_end":
+            return max(index.next_offset - value, index.first_offset)
         if kind == "timestamp":
             return index.offset_for_timestamp(value)
         return index.next_offset
