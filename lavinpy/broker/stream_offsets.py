@@ -4,11 +4,13 @@ A consumer with a name of its own (a consumer tag the client chose, not a server
 ``amq.ctag-...``) is tracked unless it says ``x-stream-automatic-offset-tracking: false``; one with a
 generated tag only when it says ``true``. Its stored offset is the first offset it has not settled:
 the lowest of its unacknowledged deliveries, or the next offset after everything delivered when none
-is unacknowledged. So a consumer that comes back with the same tag and no ``x-stream-offset`` resumes
-there, and never past a message it did not acknowledge (a nack with requeue keeps the message
+is unacknowledged, with the offsets after it that were settled out of order. So a consumer that comes
+back with the same tag and no ``x-stream-offset`` gets exactly what it had not settled and what is
+new, never starting past a message it did not acknowledge (a nack with requeue keeps the message
 unsettled; an ack or a reject settles it).
 
-The offsets live in ``consumer_offsets.json`` in the stream's directory (tag -> offset). They are
+The offsets live in ``consumer_offsets.json`` in the stream's directory (tag -> offset, or
+[offset, [offsets after it settled]]). They are
 written by ``flush`` (the vhost's periodic task, a consumer leaving, the vhost closing): a kill -9
 loses at most the last period's progress, which only means messages delivered again, never skipped.
 """
@@ -47,15 +49,24 @@ def tracking_requested(tag: str, arguments: dict[str, Any] | None) -> bool:
 
 
 class _Live:
-    __slots__ = ("tag", "unsettled", "next")
+    __slots__ = ("tag", "unsettled", "next", "settled")
 
-    def __init__(self, tag: str, start: int) -> None:
+    def __init__(self, tag: str, start: int, settled: frozenset[int] = frozenset()) -> None:
         self.tag = tag
         self.unsettled: dict[int, int] = {}  # position -> offset of each unacknowledged delivery
         self.next = start  # the offset after the last one delivered
+        self.settled = set(settled)  # offsets settled past the first unsettled one (out of order)
 
     def committed(self) -> int:
         return min(self.unsettled.values()) if self.unsettled else self.next
+
+    def stored_form(self) -> int | list[Any]:
+        """The stored offset, and the offsets after it already settled (out-of-order acks), which a
+        consumer resuming there does not get again."""
+        offset = self.committed()
+        if self.settled:
+            self.settled = {o for o in self.settled if o > offset}
+        return [offset, sorted(self.settled)] if self.settled else offset
 
 
 class OffsetTracker:
@@ -64,6 +75,7 @@ class OffsetTracker:
     def __init__(self, directory: Path, stream: str) -> None:
         self.path = Path(directory) / OFFSETS_FILE
         self.stored: dict[str, int] = {}
+        self.settled_after: dict[str, frozenset[int]] = {}  # tag -> offsets after its stored one it settled
         self._live: dict[object, _Live] = {}
         self._dirty = False
         try:
@@ -72,14 +84,22 @@ class OffsetTracker:
             log.error("stream %r: the tracked consumer offsets cannot be read (%s); consumers start afresh", stream, e)
             loaded = {}
         if isinstance(loaded, dict):
-            self.stored = {str(tag): offset for tag, offset in loaded.items()
-                           if isinstance(offset, int) and not isinstance(offset, bool)}
+            for tag, value in loaded.items():
+                offset, settled = _parse_stored(value)
+                if offset is not None:
+                    self.stored[str(tag)] = offset
+                    if settled:
+                        self.settled_after[str(tag)] = settled
 
     def resume_offset(self, tag: str) -> int | None:
         return self.stored.get(tag)
 
-    def attach(self, consumer: object, tag: str, start: int) -> None:
-        self._live[consumer] = _Live(tag, start)
+    def resume_skips(self, tag: str) -> frozenset[int]:
+        """The offsets after the tag's stored one that it already settled."""
+        return self.settled_after.get(tag, frozenset())
+
+    def attach(self, consumer: object, tag: str, start: int, settled: frozenset[int] = frozenset()) -> None:
+        self._live[consumer] = _Live(tag, start, frozenset(o for o in settled if o > start))
         self._commit(self._live[consumer])
 
     def tracks(self, consumer: object) -> bool:
@@ -102,7 +122,10 @@ class OffsetTracker:
 
     def settled(self, pos: int) -> None:
         for live in self._live.values():
-            if live.unsettled.pop(pos, None) is not None:
+            offset = live.unsettled.pop(pos, None)
+            if offset is not None:
+                if live.unsettled and offset > min(live.unsettled.values()):
+                    live.settled.add(offset)  # out of order: remembered until the offset passes it
                 self._commit(live)
 
     def detach(self, consumer: object) -> None:
@@ -121,9 +144,22 @@ class OffsetTracker:
         """Whether any consumer is tracked now (settlements need looking at)."""
         return bool(self._live)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """Each tag's stored offset as the API shows it, the most recently moved last; ``consumers``
+        counts the consumers with that tag attached now."""
+        attached: dict[str, int] = {}
+        for live in self._live.values():
+            attached[live.tag] = attached.get(live.tag, 0) + 1
+        return [{"consumer_tag": tag, "offset": offset, "consumers": attached.get(tag, 0)}
+                for tag, offset in self.stored.items()]
+
+    def attached(self, tag: str) -> bool:
+        return any(live.tag == tag for live in self._live.values())
+
     def forget(self, tag: str) -> bool:
         """Delete a tag's stored offset (its next consumer starts where its arguments say)."""
         found = self.stored.pop(tag, None) is not None
+        self.settled_after.pop(tag, None)
         if found:
             self._dirty = True
             self.flush()
@@ -133,22 +169,42 @@ class OffsetTracker:
         if not self._dirty:
             return
         try:
-            write_json_atomic(self.path, self.stored)  # in the order they moved (the oldest first)
+            stored: dict[str, int | list[Any]] = {
+                tag: [offset, sorted(self.settled_after[tag])] if tag in self.settled_after else offset
+                for tag, offset in self.stored.items()}
+            write_json_atomic(self.path, stored)  # in the order they moved (the oldest first)
         except OSError as e:
             log.error("stream offsets %s not written: %s", self.path, e)
             return
         self._dirty = False
 
     def _commit(self, live: _Live) -> None:
-        offset = live.committed()
+        form = live.stored_form()
+        offset, settled = (form[0], frozenset(form[1])) if isinstance(form, list) else (form, frozenset())
         stored = self.stored
-        if stored.get(live.tag) != offset:
+        if stored.get(live.tag) != offset or self.settled_after.get(live.tag, frozenset()) != settled:
             stored.pop(live.tag, None)  # to the end: the most recently moved
             stored[live.tag] = offset
+            if settled:
+                self.settled_after[live.tag] = settled
+            else:
+                self.settled_after.pop(live.tag, None)
             self._dirty = True
             if len(stored) > MAX_TAGS:
                 live_tags = {other.tag for other in self._live.values()}
                 for tag in [t for t in stored if t not in live_tags][:len(stored) - MAX_TAGS]:
                     del stored[tag]
+                    self.settled_after.pop(tag, None)
 
 
+
+
+def _parse_stored(value: Any) -> tuple[int | None, frozenset[int]]:
+    """A stored entry: an offset, or [offset, [offsets after it already settled]]."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if is_int(value):
+        return value, frozenset()
+    if isinstance(value, list) and len(value) == 2 and is_int(value[0]) and isinstance(value[1], list):
+        return value[0], frozenset(v for v in value[1] if is_int(v) and v > value[0])
+    return None, frozenset()

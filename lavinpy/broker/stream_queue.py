@@ -7,8 +7,8 @@ RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the 
 - Each consumer has its own cursor, chosen by its ``x-stream-offset`` argument: ``first``,
   ``last`` (lavinpy: the newest message), ``next`` (the default: only new messages), an offset,
   a negative offset (``-N``: the last N messages, LavinMQ's), a timestamp (AMQP timestamp, seconds:
-  the first message stored at or after it) or an interval string (``1h``: that long ago). Every delivery carries an ``x-stream-offset`` header (a signed
-  64-bit ``long``) and ``redelivered = false``.
+  the first message stored at or after it) or an interval string (``1h``: that long ago). Every
+  delivery carries an ``x-stream-offset`` header (a signed 64-bit ``long``) and ``redelivered = false``.
 - A consumer needs a prefetch (basic.qos, 406 otherwise) and manual acks (540 for no-ack); global
   qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
 - basic.get and queue.purge are refused with 540 NOT_IMPLEMENTED, as RabbitMQ does.
@@ -148,6 +148,8 @@ class StreamQueue(QueueKind):
         self.deleted = False
         self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
         self._filters: dict[QueueConsumer, StreamFilter] = {}  # the consumers that filter (stream_filter)
+        # Resumed consumers: the offsets ahead they had settled already (not delivered again).
+        self._skips: dict[QueueConsumer, set[int]] = {}
         self.offsets = OffsetTracker(index.directory, name)  # named consumers' offsets (stream_offsets)
         self.tags = FilterTags(index.first_offset, index.count)  # each offset's filter values (stream_tags)
         self._damaged: set[int] = set()  # positions of damaged records already reported
@@ -208,24 +210,7 @@ class StreamQueue(QueueKind):
 
     def rebuild_tags(self, limit: int = REBUILD_BATCH) -> None:
         """Classify up to ``limit`` recovered offsets from their records (bounded: the loop goes on)."""
-        tags = self.tags
-        start = max(tags.unknown_from, self.index.first_offset)
-        stop = min(start + limit, tags.unknown_end)
-        read_many = self.vhost.store.messages.read_many
-        offset = start
-        while offset < stop:
-            positions = self.index.get_many(offset, min(stop - offset, 4096))
-            if not positions:
-                break
-            whole = positions[:positions.index(0)] if 0 in positions else positions
-            try:
-                messages = read_many(whole) if whole else []
-            except (CorruptRecord, KeyError):
-                messages = []  # left unknown: a consumer reading it decides
-            for i, msg in enumerate(messages):
-                tags.set(offset + i, tags.tag_of(msg.properties))
-            offset += max(len(messages), 1)
-        tags.unknown_from = max(offset, stop)
+        self.tags.rebuild(self.index, self.vhost.store.messages.read_many, limit)
 
     def stop_timers(self) -> None:
         """The vhost is closing: the tracked consumer offsets are written."""
@@ -263,6 +248,9 @@ class StreamQueue(QueueKind):
         filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            if self._skips and consumer in self._skips:
+                behind = True
+                continue
             wanted = filters.get(consumer) if filters else None
             if wanted is not None and cursor == offset:
                 match = self.tags.decides(wanted, tag)
@@ -306,6 +294,9 @@ class StreamQueue(QueueKind):
         filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            if self._skips and consumer in self._skips:
+                behind = True
+                continue
             wanted = filters.get(consumer) if filters else None
             if wanted is not None and cursor == offset:
                 match = self.tags.decides(wanted, tag)
@@ -359,6 +350,14 @@ class StreamQueue(QueueKind):
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
             wanted = self._filters.get(consumer)
+            skips = self._skips.get(consumer) if self._skips else None
+            if skips is not None:
+                cursor, used = self._deliver_skipping(consumer, wanted, skips, cursor, budget)
+                budget -= used
+                self._cursors[consumer] = cursor
+                if cursor <= max(skips):
+                    continue
+                del self._skips[consumer]
             if wanted is not None:
                 cursor, used = self._deliver_filtered(consumer, wanted, cursor, budget)
                 budget -= used
@@ -420,6 +419,31 @@ class StreamQueue(QueueKind):
                 tags.set(cursor - 1, tags.tag_of(msg.properties))
             if wanted.matches(headers):
                 self._send(consumer, cursor - 1, pos, msg)
+        return cursor, used
+
+    def _deliver_skipping(self, consumer: QueueConsumer, wanted: StreamFilter | None, skips: set[int],
+                          cursor: int, budget: int) -> tuple[int, int]:
+        """A resumed consumer up to the last offset it had settled: one at a time, passing over those
+        it settled. Returns the next cursor and the budget used."""
+        index = self.index
+        stop = min(index.next_offset, max(skips) + 1)
+        used = 0
+        while used < budget and cursor < stop and consumer.can_accept():
+            offset = cursor
+            cursor += 1
+            used += 1
+            if offset in skips or (pos := index.get(offset)) is None or (msg := self.read(pos)) is None:
+                continue
+            if wanted is not None:
+                try:
+                    headers = peek_headers(msg.properties)
+                except ValueError:
+                    headers = None
+                if not wanted.matches(headers):
+                    continue
+            self._send(consumer, offset, pos, msg)
+        if cursor >= index.next_offset:  # the log ends before them (they were trimmed or lost)
+            cursor = max(cursor, max(skips) + 1)
         return cursor, used
 
     def _credit(self, consumer: QueueConsumer, limit: int) -> int:
@@ -522,13 +546,18 @@ class StreamQueue(QueueKind):
     def add_consumer(self, consumer: QueueConsumer) -> None:
         start = self.start_offset(consumer.arguments)
         tracked = tracking_requested(consumer.tag, consumer.arguments)  # validated by validate_consumer
+        resume = None
         if tracked and OFFSET_HEADER not in (consumer.arguments or {}):
             resume = self.offsets.resume_offset(consumer.tag)
             if resume is not None:  # where it left off, unless retention has passed it
                 start = min(max(resume, self.index.first_offset), self.index.next_offset)
         self._cursors[consumer] = start
         if tracked:
-            self.offsets.attach(consumer, consumer.tag, start)
+            skips = self.offsets.resume_skips(consumer.tag) if resume is not None else frozenset()
+            skips = frozenset(o for o in skips if o >= start)
+            self.offsets.attach(consumer, consumer.tag, start, skips)
+            if skips:
+                self._skips[consumer] = set(skips)
         wanted = stream_filter(consumer.arguments)  # validated by validate_consumer
         if wanted is not None:
             self._filters[consumer] = wanted
@@ -544,6 +573,7 @@ class StreamQueue(QueueKind):
         self.offsets.detach(consumer)
         self._cursors.pop(consumer, None)
         self._filters.pop(consumer, None)
+        self._skips.pop(consumer, None)
         if notify:
             consumer.channel.consumer_cancelled(consumer)
 
@@ -556,6 +586,7 @@ class StreamQueue(QueueKind):
             self.consumers.remove(consumer)
             self._cursors.pop(consumer, None)
             self._filters.pop(consumer, None)
+            self._skips.pop(consumer, None)
             consumer.channel.consumer_cancelled(consumer)
         self.vhost.store.delete_queue(self.index)
         return count

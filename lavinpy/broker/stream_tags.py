@@ -18,11 +18,15 @@ a filtering consumer classifies what it reads.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
+from ..store.record import CorruptRecord, StoredMessage
 from ..wire.properties import peek_headers
 from .stream_filter import VALUE_HEADER, StreamFilter, message_values
+
+if TYPE_CHECKING:
+    from ..store.stream_index import StreamIndex
 
 UNTAGGED = 0
 UNKNOWN = 255
@@ -149,3 +153,22 @@ class FilterTags:
         if not could_match(wanted, tag != UNTAGGED, self._sets[tag]):
             return False
         return True if not wanted.headers else None
+
+    def rebuild(self, index: StreamIndex, read_many: Callable[[list[int]], list[StoredMessage]], limit: int) -> None:
+        """Classify up to ``limit`` of the recovered offsets from their records."""
+        start = max(self.unknown_from, index.first_offset)
+        stop = min(start + limit, self.unknown_end)
+        offset = start
+        while offset < stop:
+            positions = index.get_many(offset, min(stop - offset, 4096))
+            if not positions:
+                break
+            whole = positions[:positions.index(0)] if 0 in positions else positions  # up to a hole
+            try:
+                messages = read_many(whole) if whole else []
+            except (CorruptRecord, KeyError):
+                messages = []  # left unknown: a consumer reading it decides
+            for i, msg in enumerate(messages):
+                self.set(offset + i, self.tag_of(msg.properties))
+            offset += max(len(messages), 1)
+        self.unknown_from = max(offset, stop)
