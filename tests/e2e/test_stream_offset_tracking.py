@@ -99,12 +99,24 @@ def test_a_consumer_back_with_its_tag_gets_exactly_the_unacked_and_the_new(broke
         conn.close()
 
 
-def test_offsets_of_a_queue_that_is_not_a_stream_are_refused(broker, clients):
+def test_offsets_need_a_stream_and_read_permission_on_it(broker, clients):
     conn, ch = clients.channel()
     name = clients.track_queue(uid("classic"))
     ch.queue_declare(name)
     status, body, _ = http_call(broker, "GET", _offsets_path(name))
     assert status == 400 and "is not a stream" in body["reason"]
+    stream = clients.track_queue(uid("guarded"))
+    ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
+    user = uid("no-read")
+    assert http_call(broker, "PUT", f"/api/users/{user}", {"password": "pw", "tags": "management"})[0] in (201, 204)
+    try:
+        assert http_call(broker, "PUT", f"/api/permissions/%2F/{user}",
+                         {"configure": ".*", "write": ".*", "read": "^$"})[0] in (201, 204)
+        for method, path in (("GET", _offsets_path(stream)), ("DELETE", _offsets_path(stream) + "/reader")):
+            status, body, _ = http_call(broker, method, path, user=user, password="pw")
+            assert status == 401 and "read access" in body["reason"], (method, status, body)  # as RabbitMQ
+    finally:
+        http_call(broker, "DELETE", f"/api/users/{user}")
 
 
 def test_a_caught_up_filtering_consumer_gets_only_its_matches(broker):
