@@ -18,6 +18,7 @@ loses at most the last period's progress, which only means messages delivered ag
 from __future__ import annotations
 
 import logging
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,24 @@ def tracking_requested(tag: str, arguments: dict[str, Any] | None) -> bool:
 
 
 class _Live:
-    __slots__ = ("tag", "unsettled", "next", "settled")
+    __slots__ = ("tag", "unsettled", "order", "next", "settled", "prune_at")
 
     def __init__(self, tag: str, start: int, settled: frozenset[int] = frozenset()) -> None:
         self.tag = tag
         self.unsettled: dict[int, int] = {}  # position -> offset of each unacknowledged delivery
+        # (offset, position) of the deliveries in the order they went out, which is ascending offset
+        # order: the first one still unsettled is the committed offset, found in amortised O(1)
+        self.order: deque[tuple[int, int]] = deque()
         self.next = start  # the offset after the last one delivered
         self.settled = set(settled)  # offsets settled past the first unsettled one (out of order)
+        self.prune_at = 64  # the size of ``settled`` at which those the committed offset passed go
 
     def committed(self) -> int:
-        return min(self.unsettled.values()) if self.unsettled else self.next
+        order = self.order
+        unsettled = self.unsettled
+        while order and order[0][1] not in unsettled:
+            order.popleft()
+        return order[0][0] if order else self.next
 
     def stored_form(self) -> int | list[Any]:
         """The stored offset, and the offsets after it already settled (out-of-order acks), which a
@@ -66,6 +75,7 @@ class _Live:
         offset = self.committed()
         if self.settled:
             self.settled = {o for o in self.settled if o > offset}
+            self.prune_at = 2 * len(self.settled) + 64  # amortised: pruned again after as many more
         return [offset, sorted(self.settled)] if self.settled else offset
 
 
@@ -77,6 +87,7 @@ class OffsetTracker:
         self.stored: dict[str, int] = {}
         self.settled_after: dict[str, frozenset[int]] = {}  # tag -> offsets after its stored one it settled
         self._live: dict[object, _Live] = {}
+        self._moved: set[_Live] = set()  # consumers whose offset may have moved since the last _sync
         self._dirty = False
         try:
             loaded = read_json(self.path, {})
@@ -92,10 +103,12 @@ class OffsetTracker:
                         self.settled_after[str(tag)] = settled
 
     def resume_offset(self, tag: str) -> int | None:
+        self._sync()
         return self.stored.get(tag)
 
     def resume_skips(self, tag: str) -> frozenset[int]:
         """The offsets after the tag's stored one that it already settled."""
+        self._sync()
         return self.settled_after.get(tag, frozenset())
 
     def attach(self, consumer: object, tag: str, start: int, settled: frozenset[int] = frozenset()) -> None:
@@ -109,14 +122,17 @@ class OffsetTracker:
         live = self._live.get(consumer)
         if live is not None:
             live.unsettled[pos] = offset
+            live.order.append((offset, pos))
             live.next = max(live.next, offset + 1)
             self._commit(live)
 
     def delivered_run(self, consumer: object, positions: Any, first_offset: int) -> None:
         live = self._live.get(consumer)
         if live is not None:
+            order = live.order
             for i, pos in enumerate(positions):
                 live.unsettled[pos] = first_offset + i
+                order.append((first_offset + i, pos))
             live.next = max(live.next, first_offset + len(positions))
             self._commit(live)
 
@@ -124,8 +140,10 @@ class OffsetTracker:
         for live in self._live.values():
             offset = live.unsettled.pop(pos, None)
             if offset is not None:
-                if live.unsettled and offset > min(live.unsettled.values()):
+                if live.unsettled and offset > live.committed():
                     live.settled.add(offset)  # out of order: remembered until the offset passes it
+                    if len(live.settled) > live.prune_at:
+                        live.stored_form()  # drops those the committed offset has passed
                 self._commit(live)
 
     def detach(self, consumer: object) -> None:
@@ -137,6 +155,7 @@ class OffsetTracker:
     def drop(self) -> None:
         """The stream is deleted: nothing more to track or write."""
         self._live.clear()
+        self._moved.clear()
         self._dirty = False
 
     @property
@@ -147,6 +166,7 @@ class OffsetTracker:
     def rows(self) -> list[dict[str, Any]]:
         """Each tag's stored offset as the API shows it, the most recently moved last; ``consumers``
         counts the consumers with that tag attached now."""
+        self._sync()
         attached: dict[str, int] = {}
         for live in self._live.values():
             attached[live.tag] = attached.get(live.tag, 0) + 1
@@ -158,6 +178,7 @@ class OffsetTracker:
 
     def forget(self, tag: str) -> bool:
         """Delete a tag's stored offset (its next consumer starts where its arguments say)."""
+        self._sync()
         found = self.stored.pop(tag, None) is not None
         self.settled_after.pop(tag, None)
         if found:
@@ -166,6 +187,7 @@ class OffsetTracker:
         return found
 
     def flush(self) -> None:
+        self._sync()
         if not self._dirty:
             return
         try:
@@ -179,10 +201,20 @@ class OffsetTracker:
         self._dirty = False
 
     def _commit(self, live: _Live) -> None:
-        form = live.stored_form()
-        offset, settled = (form[0], frozenset(form[1])) if isinstance(form, list) else (form, frozenset())
+        """The consumer's offset may have moved: worked out at the next _sync (an ack costs a set add)."""
+        self._moved.add(live)
+
+    def _sync(self) -> None:
+        """Bring ``stored`` up to the moved consumers' offsets."""
+        if not self._moved:
+            return
+        moved, self._moved = self._moved, set()
         stored = self.stored
-        if stored.get(live.tag) != offset or self.settled_after.get(live.tag, frozenset()) != settled:
+        for live in moved:
+            form = live.stored_form()
+            offset, settled = (form[0], frozenset(form[1])) if isinstance(form, list) else (form, frozenset())
+            if stored.get(live.tag) == offset and self.settled_after.get(live.tag, frozenset()) == settled:
+                continue
             stored.pop(live.tag, None)  # to the end: the most recently moved
             stored[live.tag] = offset
             if settled:
@@ -190,14 +222,11 @@ class OffsetTracker:
             else:
                 self.settled_after.pop(live.tag, None)
             self._dirty = True
-            if len(stored) > MAX_TAGS:
-                live_tags = {other.tag for other in self._live.values()}
-                for tag in [t for t in stored if t not in live_tags][:len(stored) - MAX_TAGS]:
-                    del stored[tag]
-                    self.settled_after.pop(tag, None)
-
-
-
+        if len(stored) > MAX_TAGS:
+            live_tags = {other.tag for other in self._live.values()}
+            for tag in [t for t in stored if t not in live_tags][:len(stored) - MAX_TAGS]:
+                del stored[tag]
+                self.settled_after.pop(tag, None)
 
 def _parse_stored(value: Any) -> tuple[int | None, frozenset[int]]:
     """A stored entry: an offset, or [offset, [offsets after it already settled]]."""
