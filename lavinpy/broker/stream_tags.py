@@ -33,6 +33,7 @@ UNKNOWN = 255
 _MAX_SETS = 255  # tags 0..254
 _KEY = bytes((len(VALUE_HEADER),)) + VALUE_HEADER.encode()  # the header's key as a table holds it
 _BLOCK_CACHE_MAX = 1024
+TRIM_MIN = 65536  # tags of trimmed offsets dropped once this many (a copy of the rest each time)
 
 
 def could_match(wanted: StreamFilter, tagged: bool, values: frozenset[str]) -> bool:
@@ -111,7 +112,7 @@ class FilterTags:
     def trim(self, first_offset: int) -> None:
         """Retention moved the stream's head: drop the tags before it once they are many."""
         dead = first_offset - self.base
-        if dead > 65536 and dead * 2 > len(self.tags):
+        if dead > TRIM_MIN and dead * 2 > len(self.tags):
             del self.tags[:dead]
             self.base = first_offset
         self.unknown_from = max(self.unknown_from, first_offset)

@@ -161,3 +161,20 @@ def test_live_and_logged_deliveries_are_exactly_the_matches(tmp_path_factory, ar
         assert [int.from_bytes(m.body[:4], "big") for *_x, m, _r in channel.deliveries] == expected
     finally:
         store.close()
+
+
+def test_retention_keeps_the_index_aligned_with_the_offsets(tmp_path: Path, monkeypatch):
+    from lavinpy.broker import stream_tags
+
+    monkeypatch.setattr(stream_tags, "TRIM_MIN", 0)  # drop trimmed tags at every trim
+    store, queue = open_stream(tmp_path, {"x-max-length-bytes": 8_000})
+    try:
+        values = ["eu" if i % 7 == 0 else "us" for i in range(400)]
+        _publish(queue, values)
+        first = queue.index.first_offset
+        assert first > 1 and queue.tags.base > 1  # retention ran and the index followed it
+        channel = _consume(queue, {"x-stream-filter": "eu", "x-stream-offset": "first"})
+        got = [int.from_bytes(m.body[:4], "big") for *_x, m, _r in channel.deliveries]
+        assert got == [i for i in range(first - 1, 400) if i % 7 == 0]
+    finally:
+        store.close()
