@@ -178,3 +178,27 @@ def test_retention_keeps_the_index_aligned_with_the_offsets(tmp_path: Path, monk
         assert got == [i for i in range(first - 1, 400) if i % 7 == 0]
     finally:
         store.close()
+
+
+def test_a_filtering_tag_resumes_at_exactly_its_unsettled_matches_and_the_new(tmp_path: Path):
+    store, queue = open_stream(tmp_path)
+    try:
+        _publish(queue, ["eu", "us", "eu", "eu", "us", "eu"])  # eu at 0, 2, 3, 5
+        channel = RecordingChannel()
+        arguments = {"x-stream-filter": "eu", "x-stream-offset": "first"}
+        first = Consumer("reader", queue, channel, prefetch=100, arguments=arguments)  # type: ignore[arg-type]
+        queue.add_consumer(first)  # type: ignore[arg-type]
+        pump(queue)
+        delivered = [(int.from_bytes(m.body[:4], "big"), pos) for _t, pos, m, _r in channel.deliveries]
+        assert [n for n, _ in delivered] == [0, 2, 3, 5]
+        queue.ack(delivered[2][1])  # 3 acknowledged, out of order: 0, 2 and 5 are not
+        queue.ack(delivered[0][1])  # then 0
+        queue.remove_consumer(first)  # type: ignore[arg-type]
+        _publish(queue, ["us", "eu"])  # offsets 7 and 8, numbered 0 and 1 in their call
+        again = RecordingChannel()
+        queue.add_consumer(Consumer("reader", queue, again, prefetch=100,  # type: ignore[arg-type]
+                                    arguments={"x-stream-filter": "eu"}))
+        pump(queue)
+        assert [int.from_bytes(m.body[:4], "big") for *_x, m, _r in again.deliveries] == [2, 5, 1]  # 1: the new eu
+    finally:
+        store.close()
