@@ -15,12 +15,13 @@ from ..wire.properties import decode_properties, encode_properties, peek_headers
 from .actor import Actor
 from .arguments import ArgumentError, parse_expiration
 from .deliveries import get_one
-from .errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerChannelError
+from .errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
 from .names import check_name_length
 from .object_info import jsonable
 from .operations_objects import readable_queue
 from .publish_ops import publish
 from .stats import AMQP_091
+from .stream_queue import StreamQueue
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange
@@ -247,3 +248,30 @@ def replay_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: i
             if pos != -1:
                 queue.requeue(pos)
     return {"replayed": replayed, "left": len(taken) - replayed}
+
+
+# --- tracked stream offsets -------------------------------------------------------------------------
+
+def _stream(actor: Actor | None, vhost: VHost, queue_name: str) -> StreamQueue:
+    queue = readable_queue(actor, vhost, queue_name, None)
+    if not isinstance(queue, StreamQueue):
+        raise bad_input(f"queue '{queue_name}' in vhost '{vhost.name}' is not a stream: only streams track "
+                        "consumer offsets")
+    return queue
+
+
+def stream_consumer_offsets(actor: Actor | None, vhost: VHost, queue_name: str) -> list[dict[str, Any]]:
+    """The offsets a stream keeps per consumer tag (read permission on the stream)."""
+    return _stream(actor, vhost, queue_name).offsets.rows()
+
+
+def delete_stream_consumer_offset(actor: Actor | None, vhost: VHost, queue_name: str, tag: str) -> None:
+    """Forget a consumer tag's offset: its next consumer starts where its arguments say. Refused while
+    a consumer with that tag is attached (it would store its offset again at its next ack)."""
+    offsets = _stream(actor, vhost, queue_name).offsets
+    if offsets.attached(tag):
+        raise bad_input(f"consumer tag '{tag}' is consuming from queue '{queue_name}' in vhost '{vhost.name}'; "
+                        "cancel it first")
+    if not offsets.forget(tag):
+        raise BrokerChannelError(NOT_FOUND, f"no offset for consumer tag '{tag}' in queue '{queue_name}' in vhost "
+                                            f"'{vhost.name}'")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Callable
 from typing import Any
 
-from .arguments import parse_max_age
+from .arguments import amqp_type_name, parse_max_age
 from .errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .stream_filter import StreamFilterError, stream_filter
 from .stream_offsets import OffsetTrackingError, tracking_requested
@@ -24,6 +25,31 @@ STREAM_ARGUMENTS = frozenset({
     "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
     "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-filter-size-bytes",
 })
+
+
+def _int_between(low: int, high: int | None) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{{unacceptable_type,{amqp_type_name(value)}}}"
+        if value < low or (high is not None and value > high):
+            return f"{value} is not an integer from {low}" + (f" to {high}" if high is not None else " up")
+        return None
+    return check
+
+
+def _leader_locator(value: Any) -> str | None:
+    text = bytes(value).decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else value
+    return None if text in ("client-local", "balanced") else "invalid_queue_locator_arg"
+
+
+# The declare arguments checked here (x-max-length-bytes and x-max-age below), as RabbitMQ's ranges:
+# a filter size from 16 to 255 bytes, a cluster size of at least one node.
+_DECLARE_CHECKS: tuple[tuple[str, Callable[[Any], str | None]], ...] = (
+    ("x-stream-max-segment-size-bytes", _int_between(1, None)),
+    ("x-initial-cluster-size", _int_between(1, None)),
+    ("x-queue-leader-locator", _leader_locator),
+    ("x-stream-filter-size-bytes", _int_between(16, 255)),
+)
 
 
 def queue_in_vhost(queue: str, vhost: str) -> str:
@@ -46,6 +72,12 @@ def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: 
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
         raise BrokerChannelError(PRECONDITION_FAILED, f"invalid arg 'x-max-length-bytes' for {where}: "
                                                     f"{max_bytes!r} is not a non-negative integer", *_QUEUE_DECLARE)
+    for key, check in _DECLARE_CHECKS:
+        if key in arguments:
+            problem = check(arguments[key])
+            if problem is not None:
+                raise BrokerChannelError(PRECONDITION_FAILED, f"invalid arg '{key}' for {where}: {problem}",
+                                         *_QUEUE_DECLARE)
     if "x-max-age" in arguments:
         try:
             parse_max_age(arguments["x-max-age"])
@@ -55,7 +87,8 @@ def validate_stream_declare(name: str, vhost: str, *, durable: bool, exclusive: 
 
 
 def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, int]:
-    """An ``x-stream-offset`` argument as (kind, value); kind is first, last, next, offset or timestamp.
+    """An ``x-stream-offset`` argument as (kind, value); kind is first, last, next, offset, from_end
+    (a negative offset: that many messages before the end) or timestamp.
 
     A timestamp (or an interval string, meaning that long ago) comes back in ms. ValueError if invalid.
     """
@@ -73,8 +106,8 @@ def parse_stream_offset(value: Any, *, now_ms: int | None = None) -> tuple[str, 
             value = value.replace(tzinfo=datetime.UTC)
         return "timestamp", int(value.timestamp()) * 1000
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"offset {value} is negative")
+        if value < 0:  # LavinMQ's: that many before the end (-1 is the newest message)
+            return "from_end", -value
         return "offset", value
     raise ValueError(f"{value!r} is not first, last, next, an offset, a timestamp or an interval")
 

@@ -61,7 +61,11 @@ def as_text(value: Any) -> str:
         return bytes(value).decode("utf-8", "replace")
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, datetime.datetime | decimal.Decimal | int | float | str):
+    if isinstance(value, int):  # the decoder's typed integers (Int8...) print their type with str()
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, datetime.datetime | decimal.Decimal | str):
         return str(value)
     return repr(value)
 

@@ -6,9 +6,9 @@ RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the 
   ``x-max-age`` (``7D``, ``12h``: units Y M D h m s) drops whole segments from the head.
 - Each consumer has its own cursor, chosen by its ``x-stream-offset`` argument: ``first``,
   ``last`` (lavinpy: the newest message), ``next`` (the default: only new messages), an offset,
-  a timestamp (AMQP timestamp, seconds: the first message stored at or after it) or an interval
-  string (``1h``: that long ago). Every delivery carries an ``x-stream-offset`` header (a signed
-  64-bit ``long``) and ``redelivered = false``.
+  a negative offset (``-N``: the last N messages, LavinMQ's), a timestamp (AMQP timestamp, seconds:
+  the first message stored at or after it) or an interval string (``1h``: that long ago). Every
+  delivery carries an ``x-stream-offset`` header (a signed 64-bit ``long``) and ``redelivered = false``.
 - A consumer needs a prefetch (basic.qos, 406 otherwise) and manual acks (540 for no-ack); global
   qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
 - basic.get and queue.purge are refused with 540 NOT_IMPLEMENTED, as RabbitMQ does.
@@ -36,6 +36,7 @@ from .stats import MessageCounters
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
+from .stream_tags import UNKNOWN, FilterTags
 
 if TYPE_CHECKING:
     from array import array
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
     from .queue_consumer import QueueConsumer
 
 log = logging.getLogger("lavinpy.stream")
+
+REBUILD_BATCH = 20_000  # recovered offsets classified per periodic turn (stream_tags): about 15 ms
+SCAN_WINDOW = 1 << 20  # tags searched per step of a filtering consumer's delivery
 
 
 # method ids for error replies
@@ -144,7 +148,10 @@ class StreamQueue(QueueKind):
         self.deleted = False
         self._cursors: dict[QueueConsumer, int] = {}  # consumer -> next offset to deliver to it
         self._filters: dict[QueueConsumer, StreamFilter] = {}  # the consumers that filter (stream_filter)
+        # Resumed consumers: the offsets ahead they had settled already (not delivered again).
+        self._skips: dict[QueueConsumer, set[int]] = {}
         self.offsets = OffsetTracker(index.directory, name)  # named consumers' offsets (stream_offsets)
+        self.tags = FilterTags(index.first_offset, index.count)  # each offset's filter values (stream_tags)
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -197,7 +204,13 @@ class StreamQueue(QueueKind):
         """Periodic retention: drop whole segments older than x-max-age; returns messages dropped. The
         tracked consumer offsets are written too."""
         self.offsets.flush()
+        if self.tags.rebuilding:
+            self.rebuild_tags()
         return self._trim(by_size=False, now_ms=now_ms)
+
+    def rebuild_tags(self, limit: int = REBUILD_BATCH) -> None:
+        """Classify up to ``limit`` recovered offsets from their records (bounded: the loop goes on)."""
+        self.tags.rebuild(self.index, self.vhost.store.messages.read_many, limit)
 
     def stop_timers(self) -> None:
         """The vhost is closing: the tracked consumer offsets are written."""
@@ -212,6 +225,7 @@ class StreamQueue(QueueKind):
             return 0
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         dropped = self.index.trim(max_bytes, self.max_age_ms, now)
+        self.tags.trim(self.index.first_offset)
         if dropped:
             log.debug("stream %r: retention dropped %d messages; first offset is now %d",
                       self.name, dropped, self.index.first_offset)
@@ -222,6 +236,8 @@ class StreamQueue(QueueKind):
         """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
         must be the same after a restart."""
         offset = self.index.append(pos)
+        tag = UNKNOWN if message is None else self.tags.tag_of(message.properties)
+        self.tags.append(tag)
         segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment
@@ -229,8 +245,21 @@ class StreamQueue(QueueKind):
         if not self.consumers:
             return
         behind = False
+        filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            if self._skips and consumer in self._skips:
+                behind = True
+                continue
+            wanted = filters.get(consumer) if filters else None
+            if wanted is not None and cursor == offset:
+                match = self.tags.decides(wanted, tag)
+                if match is False:  # passed over in hand
+                    self._cursors[consumer] = offset + 1
+                    continue
+                if match is None:  # the record decides: the delivery loop reads it
+                    behind = True
+                    continue
             if cursor == offset and message is not None and consumer.can_accept():
                 # Caught up: deliver the message in hand instead of reading it back later.
                 self._send(consumer, offset, pos, message)
@@ -252,6 +281,8 @@ class StreamQueue(QueueKind):
         if not positions:
             return
         offset = self.index.append_many(positions)
+        tag = self.tags.tag_of(run.properties)  # a run shares its properties
+        self.tags.append(tag, len(positions))
         segment = pos_segment(positions[0])
         if segment != self._tail_segment:
             self._tail_segment = segment
@@ -260,13 +291,28 @@ class StreamQueue(QueueKind):
             return
         end = offset + len(positions)
         behind = False
+        filters = self._filters
         for consumer in self.consumers:
             cursor = self._cursors[consumer]
+            if self._skips and consumer in self._skips:
+                behind = True
+                continue
+            wanted = filters.get(consumer) if filters else None
+            if wanted is not None and cursor == offset:
+                match = self.tags.decides(wanted, tag)
+                if match is False:  # the whole run passed over in hand
+                    self._cursors[consumer] = end
+                    continue
+                if match is None:
+                    behind = True
+                    continue
             if cursor == offset:
                 count = self._credit(consumer, end - cursor)
                 if count:
                     messages = stamped_run(run.messages(first, count), cursor)
-                    consumer.channel.deliver_run(consumer, list(positions[:count]), messages, None)
+                    run_positions = list(positions[:count])
+                    consumer.channel.deliver_run(consumer, run_positions, messages, None)
+                    self.offsets.delivered_run(consumer, run_positions, cursor)
                     if not consumer.no_ack:
                         consumer.unacked += count
                     cursor += count
@@ -304,6 +350,14 @@ class StreamQueue(QueueKind):
             consumer = consumers[(start + k) % n]
             cursor = max(self._cursors[consumer], index.first_offset)  # retention may have passed it
             wanted = self._filters.get(consumer)
+            skips = self._skips.get(consumer) if self._skips else None
+            if skips is not None:
+                cursor, used = self._deliver_skipping(consumer, wanted, skips, cursor, budget)
+                budget -= used
+                self._cursors[consumer] = cursor
+                if cursor <= max(skips):
+                    continue
+                del self._skips[consumer]
             if wanted is not None:
                 cursor, used = self._deliver_filtered(consumer, wanted, cursor, budget)
                 budget -= used
@@ -332,24 +386,64 @@ class StreamQueue(QueueKind):
 
     def _deliver_filtered(self, consumer: QueueConsumer, wanted: StreamFilter, cursor: int,
                           budget: int) -> tuple[int, int]:
-        """Deliver the messages from ``cursor`` that match the consumer's filter, one at a time; a
-        message passed over costs the budget as one delivered, so a long unmatched stretch is read
-        over several turns of the loop. Returns the next cursor and the budget used."""
+        """Deliver the messages from ``cursor`` that match the consumer's filter. The filter-value
+        index (stream_tags) finds the next candidate with one search over bytes, so a stretch without
+        one (a segment or more) is passed over without reading it; a candidate whose tag decides is
+        delivered without decoding its headers, the others are read and matched. A record read or a
+        window of ``SCAN_WINDOW`` tags searched costs one of the budget. Returns the next cursor and
+        the budget used."""
         index = self.index
+        tags = self.tags
         end = index.next_offset
+        pattern, exact = tags.scanner(wanted)
         used = 0
         while used < budget and cursor < end and consumer.can_accept():
+            stop = min(end, cursor + SCAN_WINDOW)
+            cursor = tags.next_candidate(pattern, cursor, stop)
+            used += 1
+            if cursor >= stop:
+                continue
             pos = index.get(cursor)
             cursor += 1
-            used += 1
             if pos is None or (msg := self.read(pos)) is None:  # damaged: reported by read()
+                continue
+            tag = tags.get(cursor - 1)
+            if exact and tag != UNKNOWN:
+                self._send(consumer, cursor - 1, pos, msg)
                 continue
             try:
                 headers = peek_headers(msg.properties)
             except ValueError:  # a malformed headers table matches no filter
                 headers = None
+            if tag == UNKNOWN:  # classified now for the next reader
+                tags.set(cursor - 1, tags.tag_of(msg.properties))
             if wanted.matches(headers):
                 self._send(consumer, cursor - 1, pos, msg)
+        return cursor, used
+
+    def _deliver_skipping(self, consumer: QueueConsumer, wanted: StreamFilter | None, skips: set[int],
+                          cursor: int, budget: int) -> tuple[int, int]:
+        """A resumed consumer up to the last offset it had settled: one at a time, passing over those
+        it settled. Returns the next cursor and the budget used."""
+        index = self.index
+        stop = min(index.next_offset, max(skips) + 1)
+        used = 0
+        while used < budget and cursor < stop and consumer.can_accept():
+            offset = cursor
+            cursor += 1
+            used += 1
+            if offset in skips or (pos := index.get(offset)) is None or (msg := self.read(pos)) is None:
+                continue
+            if wanted is not None:
+                try:
+                    headers = peek_headers(msg.properties)
+                except ValueError:
+                    headers = None
+                if not wanted.matches(headers):
+                    continue
+            self._send(consumer, offset, pos, msg)
+        if cursor >= index.next_offset:  # the log ends before them (they were trimmed or lost)
+            cursor = max(cursor, max(skips) + 1)
         return cursor, used
 
     def _credit(self, consumer: QueueConsumer, limit: int) -> int:
@@ -438,6 +532,8 @@ class StreamQueue(QueueKind):
             return index.last_offset if index.count else index.next_offset
         if kind == "offset":
             return min(max(value, index.first_offset), index.next_offset)
+        if kind == "from_end":
+            return max(index.next_offset - value, index.first_offset)
         if kind == "timestamp":
             return index.offset_for_timestamp(value)
         return index.next_offset
@@ -450,13 +546,18 @@ class StreamQueue(QueueKind):
     def add_consumer(self, consumer: QueueConsumer) -> None:
         start = self.start_offset(consumer.arguments)
         tracked = tracking_requested(consumer.tag, consumer.arguments)  # validated by validate_consumer
+        resume = None
         if tracked and OFFSET_HEADER not in (consumer.arguments or {}):
             resume = self.offsets.resume_offset(consumer.tag)
             if resume is not None:  # where it left off, unless retention has passed it
                 start = min(max(resume, self.index.first_offset), self.index.next_offset)
         self._cursors[consumer] = start
         if tracked:
-            self.offsets.attach(consumer, consumer.tag, start)
+            skips = self.offsets.resume_skips(consumer.tag) if resume is not None else frozenset()
+            skips = frozenset(o for o in skips if o >= start)
+            self.offsets.attach(consumer, consumer.tag, start, skips)
+            if skips:
+                self._skips[consumer] = set(skips)
         wanted = stream_filter(consumer.arguments)  # validated by validate_consumer
         if wanted is not None:
             self._filters[consumer] = wanted
@@ -472,6 +573,7 @@ class StreamQueue(QueueKind):
         self.offsets.detach(consumer)
         self._cursors.pop(consumer, None)
         self._filters.pop(consumer, None)
+        self._skips.pop(consumer, None)
         if notify:
             consumer.channel.consumer_cancelled(consumer)
 
@@ -484,6 +586,7 @@ class StreamQueue(QueueKind):
             self.consumers.remove(consumer)
             self._cursors.pop(consumer, None)
             self._filters.pop(consumer, None)
+            self._skips.pop(consumer, None)
             consumer.channel.consumer_cancelled(consumer)
         self.vhost.store.delete_queue(self.index)
         return count

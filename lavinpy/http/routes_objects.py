@@ -226,6 +226,18 @@ async def replay(request: web.Request) -> web.Response:
     return json_reply(messages.replay_messages(actor_of(request), vhost, request.match_info["name"], count))
 
 
+async def stream_offsets(request: web.Request) -> web.Response:
+    vhost = _vhost(request)
+    return json_reply(messages.stream_consumer_offsets(actor_of(request), vhost, request.match_info["name"]))
+
+
+async def delete_stream_offset(request: web.Request) -> web.Response:
+    vhost = _vhost(request)
+    messages.delete_stream_consumer_offset(actor_of(request), vhost, request.match_info["name"],
+                                           request.match_info["tag"])
+    return web.Response(status=204)
+
+
 async def queue_bindings(request: web.Request) -> web.Response:
     vhost = _vhost(request)
     queue = ops.get_queue(actor_of(request), vhost, request.match_info["name"])
@@ -339,6 +351,8 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/queues/{vhost}/{name}/peek", peek)
     r.add_post("/api/queues/{vhost}/{name}/replay", replay)
     r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.add_get("/api/queues/{vhost}/{name}/consumer_offsets", stream_offsets)
+    r.add_delete("/api/queues/{vhost}/{name}/consumer_offsets/{tag}", delete_stream_offset)
     r.add_get("/api/bindings", list_bindings)
     r.add_get("/api/bindings/{vhost}", list_bindings)
     between = "/api/bindings/{vhost}/e/{source}/{kind:[eq]}/{destination}"

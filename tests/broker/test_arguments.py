@@ -137,7 +137,7 @@ def test_stream_offsets(value: object, expected: tuple[str, int]) -> None:
     assert parse_stream_offset(value, now_ms=10_000_000) == expected
 
 
-@pytest.mark.parametrize("value", ["middle", -1, 1.5, True])
+@pytest.mark.parametrize("value", ["middle", "-1", 1.5, True])  # the number -1 is the last message
 def test_bad_stream_offsets(value: object) -> None:
     with pytest.raises(BrokerChannelError) as info:
         validate_stream_consumer(False, 10, {"x-stream-offset": value}, queue="s", vhost="/")

@@ -85,3 +85,12 @@ def test_mixed_array_of_values_and_table_matches_all():
 def test_bad_arguments_name_themselves(args, text):
     with pytest.raises(StreamFilterError, match=text):
         stream_filter(args)
+
+
+def test_header_values_as_decoded_from_the_wire_compare_by_their_digits():
+    from lavinpy.wire.field_table import Int8, Int64
+
+    f = stream_filter({"x-stream-filter": {"app": "1", "size": "1000000000000"}})
+    assert f is not None
+    assert f.matches({"app": Int8(1), "size": Int64(10**12)})
+    assert not f.matches({"app": Int8(2), "size": Int64(10**12)})

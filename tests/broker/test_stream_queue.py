@@ -196,6 +196,16 @@ def test_start_first_last_next_and_numeric(stream: StreamQueue) -> None:
     assert received(last)[-2:] == [(10, 11), (11, 12)]
 
 
+def test_negative_offsets_count_back_from_the_end(stream: StreamQueue) -> None:
+    publish(stream, 10)
+    _, last_three = consume(stream, -3, tag="last-three")
+    _, last_one = consume(stream, -1, tag="last-one")
+    _, all_of_it = consume(stream, -1000, tag="all")
+    assert [o for _, o in received(last_three)] == [8, 9, 10]
+    assert received(last_one) == [(9, 10)]
+    assert [o for _, o in received(all_of_it)] == list(range(1, 11))
+
+
 def test_start_by_timestamp_and_interval(stream: StreamQueue) -> None:
     base = 1_700_000_000_000
     publish(stream, 3, ts=base)
@@ -323,16 +333,21 @@ def test_get_purge_and_consumer_validation_follow_rabbitmq(stream: StreamQueue) 
     with pytest.raises(BrokerConnectionError) as e:
         validate_stream_consumer(False, 10, {}, queue="s", global_prefetch=5)
     assert e.value.kind is NOT_IMPLEMENTED and "global qos" in e.value.text
-    for bad in ("sometime", -1, 1.5, True, "0h"):
+    bad_arguments = [("x-stream-offset", bad) for bad in ("sometime", 1.5, True, "0h")] + [
+        ("x-stream-filter", 5), ("x-stream-filter", [["nested"]]), ("x-filter-match-type", "some"),
+        ("x-stream-match-unfiltered", "yes"), ("x-stream-automatic-offset-tracking", 1)]
+    for name, bad in bad_arguments:
         with pytest.raises(BrokerChannelError) as e:
-            validate_stream_consumer(False, 10, {"x-stream-offset": bad}, queue="s")
-        assert e.value.kind is PRECONDITION_FAILED
-    for good in ("first", "last", "next", 0, 5, "7D", datetime.datetime.now(datetime.UTC), b"first"):
+            validate_stream_consumer(False, 10, {"x-stream-filter": "a", name: bad}, queue="s")
+        assert e.value.kind is PRECONDITION_FAILED and name in e.value.text
+    for good in ("first", "last", "next", 0, 5, -5, "7D", datetime.datetime.now(datetime.UTC), b"first"):
         validate_stream_consumer(False, 10, {"x-stream-offset": good}, queue="s")
 
 
 def test_declare_validation() -> None:
-    ok = {"x-queue-type": "stream", "x-max-length-bytes": 10, "x-max-age": "7D"}
+    ok = {"x-queue-type": "stream", "x-max-length-bytes": 10, "x-max-age": "7D", "x-initial-cluster-size": 3,
+          "x-stream-max-segment-size-bytes": 1 << 20, "x-queue-leader-locator": "balanced",
+          "x-stream-filter-size-bytes": 16}
     validate_stream_declare("s", "/", durable=True, exclusive=False, auto_delete=False, arguments=ok)
     cases = [
         ({"durable": False}, "non-durable"),
@@ -341,10 +356,17 @@ def test_declare_validation() -> None:
         ({"arguments": {"x-max-length": 5}}, "x-max-length"),
         ({"arguments": {"x-max-age": "7d"}}, "x-max-age"),
         ({"arguments": {"x-max-length-bytes": -1}}, "x-max-length-bytes"),
+        ({"arguments": {"x-stream-max-segment-size-bytes": "big"}}, "x-stream-max-segment-size-bytes"),
+        ({"arguments": {"x-stream-max-segment-size-bytes": 0}}, "x-stream-max-segment-size-bytes"),
+        ({"arguments": {"x-initial-cluster-size": 0}}, "x-initial-cluster-size"),
+        ({"arguments": {"x-queue-leader-locator": "nearest"}}, "x-queue-leader-locator"),
+        ({"arguments": {"x-stream-filter-size-bytes": 15}}, "x-stream-filter-size-bytes"),
+        ({"arguments": {"x-stream-filter-size-bytes": 256}}, "x-stream-filter-size-bytes"),
+        ({"arguments": {"x-stream-filter-size-bytes": "32"}}, "x-stream-filter-size-bytes"),
     ]
     for change, word in cases:
         kw: dict[str, Any] = {"durable": True, "exclusive": False, "auto_delete": False, "arguments": ok}
-        kw.update(change)
+        kw.update({**change, "arguments": {**ok, **change.get("arguments", {})}} if "arguments" in change else change)
         with pytest.raises(BrokerChannelError) as e:
             validate_stream_declare("s", "/", **kw)
         assert e.value.kind is PRECONDITION_FAILED and word in e.value.text
