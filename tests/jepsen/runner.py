@@ -8,7 +8,8 @@ below it cannot add command line options):
   members, the nightly faults); ``off`` = skip the suite.
 - ``LAVINPY_JEPSEN_SEED``: the seed of the random schedules (default: a fresh one, printed).
 - ``LAVINPY_JEPSEN_ETCD``: etcd members, 1 or 3 (default 1 in CI mode, 3 in long mode).
-- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 1.5 in CI mode: each fault also has its targeted test, 30 in long mode).
+- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 1.5 in CI mode, where each fault also has
+  its targeted test; 30 in long mode).
 - ``LAVINPY_JEPSEN_SOURCE``: the lavinpy source tree the nodes run (default this repository), e.g. a
   worktree of an older commit.
 - ``LAVINPY_JEPSEN_DIR``: keep each run's directory (history, fault log, node logs, results.json) under
