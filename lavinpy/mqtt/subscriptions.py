@@ -76,7 +76,7 @@ class Subscriptions:
         self.clean_session = clean_session
         self.window = inflight_window
         self.deliveries = Deliveries(vhost, self._room_freed, host.counters, channel=False)
-        self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
+        self.consumers: dict[int | str, Consumer] = {}  # by the QoS of their queue (shared ones: by queue name)
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
         self.qos2_store = qos2_store
         self.qos2 = ClientState(client_id, None)  # the session's QoS 2 state (``start`` finds a persistent one's)
@@ -296,13 +296,14 @@ class Subscriptions:
             return
         topic = topics.topic_name(msg.routing_key)
         body = bytes(msg.body)
+        encode = self._encode
         if consumer.no_ack:
-            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            self.host.send(encode(topic, body, 0, False, 0, msg))
             return
         published_qos = self._published_qos(msg.properties)
         if published_qos == 0:
             # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
-            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            self.host.send(encode(topic, body, 0, False, 0, msg))
             self.deliveries.ack_run([tag])
             return
         if published_qos != 1 and self.qos2.filters and self._qos2_topic(topic):
@@ -314,7 +315,7 @@ class Subscriptions:
             self.inflight[packet_id] = tag
             self.qos2_ids.add(packet_id)
             self._queued_qos2 += 1
-            packet = codec.publish(topic, body, 2, False, redelivered, packet_id)
+            packet = encode(topic, body, 2, redelivered, packet_id, msg)
             if self.qos2.file is None:
                 self.host.send(packet)
             else:  # once its id is recorded, in order with the session's other QoS 2 PUBLISHes
@@ -322,7 +323,11 @@ class Subscriptions:
             return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
-        self.host.send(codec.publish(topic, body, 1, False, redelivered, packet_id))
+        self.host.send(encode(topic, body, 1, redelivered, packet_id, msg))
+
+    def _encode(self, topic: str, body: bytes, qos: int, dup: bool, packet_id: int, msg: StoredMessage) -> bytes:
+        """The PUBLISH of a queue's message (an MQTT 5 session's carries its properties)."""
+        return codec.publish(topic, body, qos, False, dup, packet_id)
 
     def _qos2_topic(self, topic: str) -> bool:
         """Whether a filter granted QoS 2 matches the topic (cached per topic until a (un)subscribe)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..broker.rates import WindowRates
 from ..broker.stats import ProtocolId
 from .connection import PROTOCOLS
 from .subscriptions import queue_name
@@ -24,9 +25,17 @@ def connection_name(conn: MQTTConnection) -> str:
     return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
 
 
+def byte_rates(conn: MQTTConnection) -> tuple[float, float]:
+    """Bytes received and sent per second, over the same window as an AMQP connection's."""
+    if conn.byte_rates is None:  # as if made at the start: the first look averages since then
+        conn.byte_rates = WindowRates((0, 0), now=conn.started)
+    recv_rate, send_rate = conn.byte_rates.read((conn.recv_oct, conn.send_oct))
+    return recv_rate, send_rate
+
+
 def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
     peer, local = conn.peer or ("", 0), conn.local or ("", 0)
-    recv_rate, send_rate = conn.byte_rates()
+    recv_rate, send_rate = byte_rates(conn)
     return {
         "name": connection_name(conn), "node": node, "type": "network",
         "state": "blocked" if conn.reading_paused else "running",
