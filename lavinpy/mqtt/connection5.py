@@ -126,6 +126,12 @@ class MQTT5Connection(MQTTConnection):
         reason = CONNACK_REASONS.get(code, code)
         if reason:
             return codec5.connack(False, reason, self._reason_string(text))
+        assert self.vhost is not None
+        pending = vhost_state(self.vhost).wills.pop(self.client_id, None)
+        if pending is not None:  # back within the will delay: the session goes on without its will,
+            pending[0].cancel()
+            if self.subscriptions is not None and self.subscriptions.clean_session:  # unless it is a new one
+                pending[1]()
         asked = v5.properties
         props: dict[str, Any] = {"maximum_packet_size": self.config.mqtt_max_packet_size,
                                  "topic_alias_maximum": self.config.mqtt_topic_alias_maximum or None,
@@ -146,10 +152,6 @@ class MQTT5Connection(MQTTConnection):
         v5 = self.v5
         if v5 is None:
             return super()._new_subscriptions(actor, vhost, packet)
-        state = vhost_state(vhost)
-        pending = state.wills.pop(self.client_id, None)
-        if pending is not None:  # the client came back within the will delay: no will
-            pending.cancel()
         props = v5.properties
         limits = ClientLimits(packet.clean_session, v5.session_expiry, props.get("maximum_packet_size"),
                               props.get("topic_alias_maximum", 0))
@@ -289,13 +291,16 @@ class MQTT5Connection(MQTTConnection):
         wills = vhost_state(self.vhost).wills
         earlier = wills.pop(self.client_id, None)
         if earlier is not None:
-            earlier.cancel()
+            earlier[0].cancel()
+
+        def publish_now() -> None:
+            MQTTConnection._publish_will(self, will, properties)
 
         def publish_late() -> None:
-            if wills.get(self.client_id) is handle:
+            if wills.get(self.client_id, (None,))[0] is handle:
                 del wills[self.client_id]
-                MQTTConnection._publish_will(self, will, properties)
+                publish_now()
 
         handle = loop.call_later(delay, publish_late)
-        wills[self.client_id] = handle
+        wills[self.client_id] = (handle, publish_now)
         client_error_log.log(logging.DEBUG, "MQTT client %r: will delayed %d s", self.client_id, delay)

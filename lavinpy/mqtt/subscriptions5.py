@@ -21,10 +21,11 @@ from ..broker.errors import BrokerError
 from . import codec, codec5, topics
 from .message5 import Outbound
 from .properties import encode_properties
-from .subscriptions import RetainedSource, Subscriptions, queue_name
+from .subscriptions import Subscriptions, queue_name
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
     from ..broker.actor import Actor
     from ..broker.deliveries import StoredMessage
@@ -63,7 +64,7 @@ class VHostState:
     per client (a restart keeps the subscriptions, not their options), and wills waiting for their delay."""
 
     options: dict[str, dict[str, FilterOptions]] = field(default_factory=dict)
-    wills: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    wills: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = field(default_factory=dict)
 
 
 _STATE: weakref.WeakKeyDictionary[VHost, VHostState] = weakref.WeakKeyDictionary()
@@ -329,6 +330,3 @@ def retained_for(request: codec5.SubscriptionRequest, existed: bool) -> bool:
     if request.topic_filter.startswith(SHARE_PREFIX):
         return False
     return request.retain_handling == 0 or (request.retain_handling == 1 and not existed)
-
-
-__all__ = ["ClientLimits", "FilterOptions", "RetainedSource", "Subscriptions5", "retained_for", "vhost_state"]
