@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lavinpy.broker.publish_ops import publish
 from lavinpy.broker.stats import ProtocolCounters, ProtocolId
@@ -311,3 +313,40 @@ def test_session_expiry_keeps_queues_with_x_expires(harness: Harness) -> None:
     zero.lost()
     harness.run_soon()
     assert "mqtt-subscription-expqos1" not in harness.broker.vhosts["/"].queues
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120), st.sampled_from([0x30, 0x32, 0x40, 0x50, 0x62, 0x70, 0x82, 0xA2, 0xE0, 0x10]))
+def test_codec5_raises_only_protocol_errors_with_a_reason(body: bytes, first: int) -> None:
+    kind, flags = first >> 4, first & 0x0F
+    parsers = {codec.PUBLISH: lambda: codec5.parse_publish(flags, body),
+               codec.SUBSCRIBE: lambda: codec5.parse_subscribe(body),
+               codec.UNSUBSCRIBE: lambda: codec5.parse_unsubscribe(body),
+               codec.DISCONNECT: lambda: codec5.parse_disconnect(body),
+               codec.CONNECT: lambda: codec5.parse_connect(body)}
+    parse = parsers.get(kind, lambda: codec5.parse_ack(body, "ACK"))
+    try:
+        parse()
+    except codec.MQTTProtocolError as e:
+        assert e.reason in (0x81, 0x82, 0x94)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from([0x30, 0x32, 0x34, 0x40, 0x50, 0x62, 0x70, 0x82, 0xA2, 0xC0, 0xE0, 0x10]),
+                          st.binary(max_size=60)), min_size=1, max_size=4))
+def test_fuzzed_packets_on_a_connection_end_in_a_reason_code(harness: Harness,
+                                                            packets_in: list[tuple[int, bytes]]) -> None:
+    """Any packets after an MQTT 5 CONNECT: answered, or one DISCONNECT with the spec's reason and a
+    closed connection; never an exception out of the connection."""
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "fuzz")
+    conn.receive_data(b"".join(bytes((first,)) + codec.remaining_length(len(body)) + body
+                               for first, body in packets_in))
+    harness.run_soon()
+    out = packets(conn)
+    ends = [body for kind, _, body in out if kind == codec.DISCONNECT]
+    if ends:
+        assert len(ends) == 1 and conn.closed and out[-1][0] == codec.DISCONNECT
+        assert ends[0][0] in (0x81, 0x82, 0x87, 0x8F, 0x90, 0x94, 0x95, 0x97, 0x99), ends[0]
+    conn.lost()
+    harness.run_soon()
