@@ -94,8 +94,8 @@ class PacketReader:
         while end - pos >= 2:
             first = buf[pos]
             kind, flags = first >> 4, first & 0x0F
-            if kind not in PACKET_NAMES:
-                raise MQTTProtocolError(f"reserved packet type {kind}")
+            if kind not in PACKET_NAMES:  # 15 is MQTT 5's AUTH: no authentication method was agreed
+                raise MQTTProtocolError(f"reserved packet type {kind}", reason=0x82 if kind == 15 else 0x81)
             required = REQUIRED_FLAGS.get(kind)
             if required is not None and flags != required:
                 raise MQTTProtocolError(f"{PACKET_NAMES[kind]} with reserved flags {flags:#x}")

@@ -162,5 +162,6 @@ class MQTTClientConnection:
         return consumer_infos(self.conn, node)
 
     def close(self, reason: str | None) -> None:
-        """MQTT 3.1.1 has no close reason to send: the socket closes."""
+        """MQTT 3.1.1 has no close reason to send: the socket closes (MQTT 5 is sent DISCONNECT 0x98,
+        administrative action, first)."""
         self.conn.kick(reason or DEFAULT_CLOSE_REASON)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import socket
 import time
+import urllib.request
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -18,9 +19,12 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+from prometheus_client.parser import text_string_to_metric_families
 
 from lavinpy.mqtt import codec, codec5
 from lavinpy.mqtt.properties import encode_properties
+from tests.e2e.conftest import http_call
+from tests.helpers import wait_until
 
 from .conftest import TIMEOUT, MQTTBroker, unique
 
@@ -271,3 +275,23 @@ def test_malformed_connect_properties_get_connack_reason(mqtt_broker: MQTTBroker
     [(kind, _, body)] = codec.PacketReader(1 << 16).feed(reply)
     assert kind == codec.CONNACK and body[1] == 0x82
     sock.close()
+
+
+def test_visible_as_mqtt5_in_api_and_metrics(mqtt_broker: MQTTBroker, clients: Any) -> None:
+    client_id = unique("visible5")
+    conn = clients(client_id)
+    conn.connect()
+    conn.subscribe(f"{client_id}/#", 1)
+    conn.publish(f"{client_id}/x", b"x")
+    conn.message()
+
+    def row() -> dict[str, Any] | None:
+        rows = http_call(mqtt_broker, "GET", "/api/connections")[1]
+        return next((r for r in rows if r["client_properties"].get("client_id") == client_id), None)
+    found = wait_until(row, what="the MQTT 5 connection listed")
+    assert found["protocol"] == "MQTT 5.0"
+    with urllib.request.urlopen(mqtt_broker.metrics_url + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    labels = {s.labels.get("protocol") for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "lavinpy_global_publishers"}
+    assert "mqtt50" in labels
