@@ -6,11 +6,14 @@ calls malformed or a protocol error raises ``MQTTProtocolError`` with the reason
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec
-from .codec import CONNACK, DISCONNECT, PUBLISH, SUBACK, UNSUBACK, Connect, MQTTProtocolError, Publish, Will
+from .codec import CONNACK, DISCONNECT, PUBLISH, SUBACK, UNSUBACK, Connect, Publish, Will
 from .properties import encode_properties, malformed, protocol_error, read_properties
+
+if TYPE_CHECKING:
+    from collections import deque
 
 LEVEL = 5
 _EMPTY = b"\x00"  # an empty property block
@@ -125,6 +128,27 @@ def parse_publish(flags: int, data: bytes) -> tuple[Publish, dict[str, Any]]:
             raise malformed("PUBLISH with packet identifier 0")
     properties = body.properties("PUBLISH")
     return Publish(topic, data[body.pos:], qos, bool(flags & 0x01), dup, packet_id), properties
+
+
+def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: bytes, payload: bytes,
+                     packet_id: int, max_payload: int) -> tuple[list[bytes], list[int]]:
+    """As ``codec.publish_run_tail`` for MQTT 5 PUBLISH packets without properties (an empty property
+    block after the packet id): the run of them at the head of ``backlog`` with the same topic, QoS
+    and no retain, taken from it. A packet with properties, or any other, ends the run."""
+    payloads, packet_ids = [payload], [packet_id]
+    prefix = body[:2 + int.from_bytes(body[:2], "big")]  # the topic as it is on the wire
+    start = len(prefix) + (2 if flags & 0x06 else 0)  # where the property block starts
+    qos_bits = flags & 0x06
+    while backlog:
+        kind, other, data = backlog[0]
+        if (kind != PUBLISH or other & 0x07 != qos_bits or (not qos_bits and other) or len(data) <= start
+                or data[start] or len(data) - start - 1 > max_payload or not data.startswith(prefix)
+                or (qos_bits and not (data[start - 2] or data[start - 1]))):
+            break
+        backlog.popleft()
+        packet_ids.append(int.from_bytes(data[start - 2:start], "big") if qos_bits else 0)
+        payloads.append(data[start + 1:])
+    return payloads, packet_ids
 
 
 def parse_ack(data: bytes, what: str) -> tuple[int, int, dict[str, Any]]:
@@ -251,7 +275,3 @@ def encode_subscribe(packet_id: int, requests: list[tuple[str, int]], subscripti
     for topic_filter, options in requests:
         body += codec.topic_field(topic_filter) + bytes((options,))
     return _packet(codec.SUBSCRIBE << 4 | 2, body)
-
-
-def raise_for_level(level: int) -> None:
-    raise MQTTProtocolError(f"unsupported protocol level {level}", codec.UNACCEPTABLE_PROTOCOL_VERSION)

@@ -51,7 +51,7 @@ CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
 # the server buffer mqtt_max_packet_size without a password.
 MAX_PACKET_BEFORE_CONNECT = 65536
 # Message properties by the publish's QoS: persistent for QoS 1 and 2, and the QoS for deliveries to MQTT.
-_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
+QOS_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
                for qos in (0, 1, 2)}
 
 
@@ -431,7 +431,7 @@ class MQTTConnection:
             self._publish_one(packet.topic, packet.payload, qos, False, packet.packet_id)
             return
         exchange, key = self._target(packet.topic)
-        needs_sync = publish_run(vhost, exchange, key, _PROPERTIES[qos], payloads, self.counters, qos > 0)
+        needs_sync = publish_run(vhost, exchange, key, QOS_PROPERTIES[qos], payloads, self.counters, qos > 0)
         if needs_sync is None:  # not a run the model takes whole: one by one
             for payload, packet_id in zip(payloads, packet_ids, strict=True):
                 self._publish_one(packet.topic, payload, qos, False, packet_id)
@@ -497,7 +497,7 @@ class MQTTConnection:
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
-        _, confirm = publish(vhost, exchange, key, False, properties or _PROPERTIES[qos], payload, self.counters,
+        _, confirm = publish(vhost, exchange, key, False, properties or QOS_PROPERTIES[qos], payload, self.counters,
                              int(qos > 0))
         if confirm is REJECTED:
             return None

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..broker.errors import BrokerError
+from ..broker.publish_ops import publish_run
 from . import codec, codec5, topics
 from .codec import PUBREC_REPLY, MQTTProtocolError
-from .connection import MQTTConnection, client_error_log
+from .connection import QOS_PROPERTIES, MQTTConnection, client_error_log
 from .message5 import amqp_properties
 from .properties import (
     BAD_USER_NAME_OR_PASSWORD,
@@ -194,6 +195,16 @@ class MQTT5Connection(MQTTConnection):
                     raise MQTTProtocolError("payload is not UTF-8 as its format indicator says",
                                             reason=PAYLOAD_FORMAT_INVALID) from None
                 return self._refuse(qos, packet_id, PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+        vhost, backlog = self.vhost, self._backlog
+        assert vhost is not None
+        if (not props and qos < 2 and not packet.retain and not v5.no_local and backlog
+                and backlog[0][0] == codec.PUBLISH and len(packet.payload) <= vhost.config.max_message_size):
+            payloads, packet_ids = codec5.publish_run_tail(backlog, flags, body, packet.payload, packet_id,
+                                                           vhost.config.max_message_size)
+            if len(payloads) == 1 or not self._publish_run(topic, qos, payloads, packet_ids):
+                for payload, each_id in zip(payloads, packet_ids, strict=True):
+                    self._publish_plain(topic, payload, qos, each_id)
+            return
         if props or packet.retain or v5.no_local:
             properties: bytes | None = amqp_properties(qos, props, retain=packet.retain,
                                                        publisher=self.client_id if v5.no_local else None)
@@ -214,6 +225,30 @@ class MQTT5Connection(MQTTConnection):
                 return
             sync = self._publish(topic, packet.payload, qos, packet.retain, properties)
         except BrokerError as e:  # refused by a permission: the ack says so (QoS 0: the connection ends)
+            if not qos:
+                raise
+            return self._refuse(qos, packet_id, NOT_AUTHORIZED, e.text)
+        if qos and sync is not None:
+            self._pubacks.append(packet_id)
+            self._batch_sync = self._batch_sync or sync
+
+    def _publish_run(self, topic: str, qos: int, payloads: list[bytes], packet_ids: list[int]) -> bool:
+        """A run of PUBLISH packets without properties, routed, stored and counted once by the model's run
+        operation (False: not a run it takes whole)."""
+        assert self.vhost is not None
+        exchange, key = self._target(topic)
+        needs_sync = publish_run(self.vhost, exchange, key, QOS_PROPERTIES[qos], payloads, self.counters, qos > 0)
+        if needs_sync is None:
+            return False
+        if qos:
+            self._pubacks.extend(packet_ids)
+            self._batch_sync = self._batch_sync or needs_sync
+        return True
+
+    def _publish_plain(self, topic: str, payload: bytes, qos: int, packet_id: int) -> None:
+        try:
+            sync = self._publish(topic, payload, qos, False)
+        except BrokerError as e:
             if not qos:
                 raise
             return self._refuse(qos, packet_id, NOT_AUTHORIZED, e.text)

@@ -92,17 +92,19 @@ def shared_queue_name(group: str, topic_filter: str) -> str:
 
 
 class Subscriptions5(Subscriptions):
+    property_block = b"\x00"
     def __init__(self, host: SubscriberHost, actor: Actor, vhost: VHost, exchange: str, client_id: str,
                  limits: ClientLimits, inflight_window: int, qos2_store: QoS2Store) -> None:
         super().__init__(host, actor, vhost, exchange, client_id, limits.clean_start, inflight_window, qos2_store)
         self.limits = limits
-        self.deliveries.prefetch = inflight_window  # the Receive Maximum bounds all consumers together
         state = vhost_state(vhost)
         self.options = state.options.setdefault(client_id, {})
         self._aliases: dict[str, int] = {}  # topic -> the alias the client was given for it
         self._outbound: dict[bytes, Outbound] = {}
         self._matching: dict[str, list[FilterOptions]] = {}
         self._consumer: Consumer | None = None  # of the delivery being encoded
+        self._plain: dict[bytes, bool] = {}  # AMQP properties -> whether a delivery carries no MQTT 5 property
+        self._per_message = self._needs_per_message()
 
     # --- the session's life --------------------------------------------------------------------------
     def start(self) -> bool:
@@ -122,6 +124,7 @@ class Subscriptions5(Subscriptions):
         for topic_filter, options in list(self.options.items()):
             if options.group is not None:
                 self.subscribe_shared(options.group, topic_filter.split("/", 2)[2], options.qos)
+        self._per_message = self._needs_per_message()
         return present
 
     def _queue(self, qos: int) -> QueueKind:
@@ -164,6 +167,7 @@ class Subscriptions5(Subscriptions):
                 code, request.no_local, request.retain_as_published, request.subscription_id,
                 shared[0] if shared is not None else None)
             self._matching.clear()
+            self._per_message = self._needs_per_message()
         return code, existed
 
     def subscribe_shared(self, group: str, topic_filter: str, qos: int) -> int:
@@ -188,6 +192,7 @@ class Subscriptions5(Subscriptions):
                                     prefetch=self.window if granted else 0)
                 self.consumers[name] = consumer
                 queue.add_consumer(consumer)
+            self._bound_window()
         except (topics.TopicError, BrokerError):
             return codec.SUBACK_FAILURE
         return granted
@@ -196,18 +201,57 @@ class Subscriptions5(Subscriptions):
         """The UNSUBACK code: success, or no subscription existed."""
         options = self.options.pop(topic_filter, None)
         self._matching.clear()
+        self._per_message = self._needs_per_message()
         if options is not None and options.group is not None:
             name = shared_queue_name(options.group, topic_filter.split("/", 2)[2])
             consumer = self.consumers.pop(name, None)
             if consumer is not None:
                 consumer.queue.remove_consumer(consumer)
+            self._bound_window()
             return 0
         self.unsubscribe(topic_filter)
         return 0 if options is not None else 0x11
 
     # --- deliveries ----------------------------------------------------------------------------------
+    def _bound_window(self) -> None:
+        """With shared subscriptions beside its own queue the client has several consumers: the
+        in-flight window (its Receive Maximum) bounds them together. Alone, its queue's consumer
+        prefetch does (a channel-wide one would cut QoS 0 runs to the window's size too)."""
+        shared = any(isinstance(key, str) for key in self.consumers)
+        self.deliveries.prefetch = self.window if shared else 0
+
+    def _needs_per_message(self) -> bool:
+        """Whether a delivery may differ from the plain 3.1.1-shaped one plus an empty property block
+        (aliases, a size limit, subscription options or identifiers)."""
+        limits = self.limits
+        return bool(limits.maximum_packet_size is not None or limits.topic_alias_maximum or any(
+            o.subscription_id is not None or o.no_local or o.retain_as_published for o in self.options.values()))
+
+    def _is_plain(self, properties: bytes) -> bool:
+        found = self._plain.get(properties)
+        if found is None:
+            if len(self._plain) >= 64:
+                self._plain.clear()
+            outbound = self._outbound_of(properties)
+            found = self._plain[properties] = not outbound.static and outbound.expiration_ms is None
+        return found
+
+    def _all_plain(self, messages: list[StoredMessage]) -> bool:
+        last = None  # a run's messages mostly share one properties value: each distinct one looked up once
+        for msg in messages:
+            properties = msg.properties
+            if properties is not last:
+                if not self._is_plain(properties):
+                    return False
+                last = properties
+        return True
+
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
+        """A run of plain deliveries (no MQTT 5 property to send, none dropped) is written as the 3.1.1
+        connection writes runs; any other, one delivery at a time."""
+        if not self._per_message and consumer.queue.name[:12] != "mqtt-shared-" and self._all_plain(messages):
+            return super().deliver_run(consumer, positions, messages, redelivered)
         first = self.deliveries.deliver_run(consumer, positions, redelivered)
         for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
             self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
@@ -218,7 +262,7 @@ class Subscriptions5(Subscriptions):
             if not consumer.no_ack:
                 self.deliveries.ack_run([tag])
             return
-        if isinstance(self._key_of(consumer), str):  # a shared subscription: QoS 0 or 1
+        if consumer.queue.name[:12] == "mqtt-shared-":  # a shared subscription: QoS 0 or 1
             self._send_shared(consumer, tag, msg, redelivered)
             return
         super()._send(consumer, tag, pos, msg, redelivered)
@@ -238,12 +282,6 @@ class Subscriptions5(Subscriptions):
         self.inflight[packet_id] = tag
         self.host.send(self._encode(topic, body, 1, redelivered, packet_id, msg))
 
-    def _key_of(self, consumer: Consumer) -> int | str | None:
-        for key, mine in self.consumers.items():
-            if mine is consumer:
-                return key
-        return None
-
     def _outbound_of(self, properties: bytes) -> Outbound:
         cache = self._outbound
         found = cache.get(properties)
@@ -255,7 +293,7 @@ class Subscriptions5(Subscriptions):
 
     def _options_for(self, topic: str, consumer: Consumer | None) -> list[FilterOptions]:
         """The options of the filters a delivery on this consumer's queue came through."""
-        if consumer is not None and isinstance(self._key_of(consumer), str):
+        if consumer is not None and consumer.queue.name[:12] == "mqtt-shared-":
             name = consumer.queue.name
             return [o for f, o in self.options.items()
                     if o.group is not None and shared_queue_name(o.group, f.split("/", 2)[2]) == name]

@@ -350,3 +350,27 @@ def test_fuzzed_packets_on_a_connection_end_in_a_reason_code(harness: Harness,
         assert ends[0][0] in (0x81, 0x82, 0x87, 0x8F, 0x90, 0x94, 0x95, 0x97, 0x99), ends[0]
     conn.lost()
     harness.run_soon()
+
+
+def test_runs_of_plain_publishes_and_deliveries_keep_order_and_properties(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    sub, _ = connect(sessions, "run-sub")
+    sub.receive_data(codec5.encode_subscribe(1, [("run/#", 1)]))
+    packets(sub)
+    pub, _ = connect(sessions, "run-pub")
+    # Plain QoS 1 publishes (a run), one with a property in the middle, then plain QoS 0 ones.
+    data = b"".join(publish5("run/a", b"%d" % i, 1, i + 1) for i in range(4))
+    data += publish5("run/a", b"4", 1, 5, content_type="x") + publish5("run/a", b"5", 1, 6)
+    data += b"".join(publish5("run/a", b"%d" % i, 0) for i in range(6, 9))
+    pub.receive_data(data)
+    harness.run_soon()
+    assert [body for kind, _, body in packets(pub)] == [i.to_bytes(2, "big") for i in range(1, 7)]
+    seen: list[tuple[codec.Publish, dict[str, Any]]] = []
+    for _ in range(3):  # the in-flight window is 10: acks free room for the rest
+        got = delivered(sub)
+        seen += got
+        sub.receive_data(b"".join(codec5.ack(codec.PUBACK, p.packet_id) for p, _ in got if p.qos))
+        harness.run_soon()
+    assert [(p.payload, p.qos, props.get("content_type")) for p, props in seen] == [
+        (b"0", 1, None), (b"1", 1, None), (b"2", 1, None), (b"3", 1, None), (b"4", 1, "x"), (b"5", 1, None),
+        (b"6", 0, None), (b"7", 0, None), (b"8", 0, None)]
