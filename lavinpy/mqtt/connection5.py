@@ -75,8 +75,9 @@ class MQTT5Connection(MQTTConnection):
         assert subs is not None
         if kind == codec.PUBLISH:
             self._publish5(flags, body)
-        elif kind == codec.PUBACK:
-            subs.puback_run([codec5.parse_ack(body, "PUBACK")[0]])
+        elif kind == codec.PUBACK:  # a run of short (success) PUBACKs settles as one, as in 3.1.1
+            subs.puback_run(codec.puback_run(self._backlog, body) if len(body) == 2
+                            else [codec5.parse_ack(body, "PUBACK")[0]])
         elif kind in (codec.PUBREC, codec.PUBREL, codec.PUBCOMP):
             packet_id, reason, _ = codec5.parse_ack(body, codec.PACKET_NAMES[kind])
             if kind == codec.PUBREC and reason >= 0x80:  # refused: the exchange ends here, no PUBREL
