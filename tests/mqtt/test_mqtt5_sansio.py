@@ -374,3 +374,25 @@ def test_runs_of_plain_publishes_and_deliveries_keep_order_and_properties(harnes
     assert [(p.payload, p.qos, props.get("content_type")) for p, props in seen] == [
         (b"0", 1, None), (b"1", 1, None), (b"2", 1, None), (b"3", 1, None), (b"4", 1, "x"), (b"5", 1, None),
         (b"6", 0, None), (b"7", 0, None), (b"8", 0, None)]
+
+
+def test_payload_format_invalid_and_server_keep_alive(harness: Harness) -> None:
+    harness.broker.config.mqtt_max_keepalive = 30
+    sessions = MQTTSessions(harness.broker)
+    conn, props = connect(sessions, "pfi", keepalive=600)
+    assert props["server_keep_alive"] == 30 and conn.keepalive == 30
+    conn.receive_data(publish5("pfi/a", b"\xff\xfe", 1, 9, payload_format_indicator=1)
+                      + publish5("pfi/a", b"text", 1, 10, payload_format_indicator=1))
+    harness.run_soon()
+    replies = [codec5.parse_ack(body, "PUBACK")[:2] for kind, _, body in packets(conn) if kind == codec.PUBACK]
+    assert replies == [(9, 0x99), (10, 0)]
+    conn.receive_data(publish5("pfi/a", b"\xff", 0, payload_format_indicator=1))  # QoS 0: no ack to say it in
+    assert disconnect_reason(conn) == 0x99
+
+
+def test_keepalive_timeout_is_a_disconnect_with_its_reason(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "quiet", keepalive=1)
+    conn._last_recv -= 2  # as if 2 s went by without a packet
+    conn.timer_fired()
+    assert disconnect_reason(conn) == 0x8D and conn.closed
