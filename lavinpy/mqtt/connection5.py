@@ -30,7 +30,7 @@ from .properties import (
     UNSUPPORTED_PROTOCOL_VERSION,
     protocol_error,
 )
-from .subscriptions import queue_name
+from .subscriptions import Subscriptions, queue_name
 from .subscriptions5 import ClientLimits, Subscriptions5, retained_for, vhost_state
 from .topics import MAX_NAME_BYTES
 
@@ -150,7 +150,7 @@ class MQTT5Connection(MQTTConnection):
             return None
         return {"reason_string": text[:200]}
 
-    def _new_subscriptions(self, actor: Actor, vhost: VHost, packet: codec.Connect) -> Subscriptions5 | Any:
+    def _new_subscriptions(self, actor: Actor, vhost: VHost, packet: codec.Connect) -> Subscriptions:
         v5 = self.v5
         if v5 is None:
             return super()._new_subscriptions(actor, vhost, packet)
