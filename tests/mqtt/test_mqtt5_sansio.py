@@ -4,6 +4,8 @@ bad properties answered with the spec's reason code."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -396,3 +398,63 @@ def test_keepalive_timeout_is_a_disconnect_with_its_reason(harness: Harness) -> 
     conn._last_recv -= 2  # as if 2 s went by without a packet
     conn.timer_fired()
     assert disconnect_reason(conn) == 0x8D and conn.closed
+
+
+def test_message_expiry_is_a_per_message_ttl(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    sub, _ = connect(sessions, "ttl", clean_start=False, properties={"session_expiry_interval": 60})
+    sub.receive_data(codec5.encode_subscribe(1, [("ttl/#", 1)]))
+    packets(sub)
+    sub.receive_data(b"\xe0\x00")
+    sub.lost()
+    pub, _ = connect(sessions, "ttl-pub")
+
+    async def publish_durably() -> None:  # persistent messages to a durable queue: PUBACKs after the store's flush
+        pub.receive_data(publish5("ttl/a", b"short", 1, 1, message_expiry_interval=1)
+                         + publish5("ttl/a", b"kept", 1, 2))
+        harness.run_soon()
+        for _ in range(50):
+            await asyncio.sleep(0)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(publish_durably())
+    loop.close()
+    assert [body for _, _, body in packets(pub)] == [b"\x00\x01", b"\x00\x02"]
+    time.sleep(1.1)
+    again, _ = connect(sessions, "ttl", clean_start=False, properties={"session_expiry_interval": 60})
+    harness.run_soon()
+    assert [p.payload for p, _ in delivered(again)] == [b"kept"]
+
+
+def test_shared_member_unsubscribes(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    first, _ = connect(sessions, "m-a")
+    second, _ = connect(sessions, "m-b")
+    for conn in (first, second):
+        conn.receive_data(codec5.encode_subscribe(1, [("$share/grp/u/#", 0)]))
+        packets(conn)
+    body = b"\x00\x02\x00" + codec.topic_field("$share/grp/u/#")
+    first.receive_data(bytes((0xA2,)) + codec.remaining_length(len(body)) + body)
+    assert packets(first) == [(codec.UNSUBACK, 0, b"\x00\x02\x00\x00")]
+    pub, _ = connect(sessions, "m-pub")
+    pub.receive_data(b"".join(publish5("u/x", b"%d" % i) for i in range(5)))
+    harness.run_soon()
+    assert delivered(first) == [] and len(delivered(second)) == 5
+    # A bad share name is refused per filter.
+    second.receive_data(codec5.encode_subscribe(3, [("$share//u", 0), ("$share/g+/u", 0), ("$share/g", 0)]))
+    assert packets(second) == [(codec.SUBACK, 0, b"\x00\x03\x00\x8f\x8f\x8f")]
+
+
+def test_a_311_subscriber_gets_mqtt5_messages_as_311_packets(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    old = sessions.new_connection(("127.0.0.1", 50002))
+    old.start()
+    old.receive_data(codec.encode_connect("old", username="guest", password=b"guest"))
+    assert b"".join(old.data_to_send()) == codec.connack(False, codec.ACCEPTED)
+    old.receive_data(bytes((0x82, 10)) + b"\x00\x01" + codec.topic_field("mix/#") + b"\x01")
+    packets(old)
+    pub, _ = connect(sessions, "mix-pub")
+    pub.receive_data(publish5("mix/a", b"with props", 1, 1, user_property=[("k", "v")], content_type="t")
+                     + publish5("mix/a", b"plain", 0))
+    harness.run_soon()
+    got = [codec.parse_publish(f, b) for k, f, b in packets(old) if k == codec.PUBLISH]
+    assert [(p.topic, p.payload, p.qos) for p in got] == [("mix/a", b"with props", 1), ("mix/a", b"plain", 0)]
