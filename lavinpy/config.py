@@ -208,6 +208,10 @@ class Config:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
         if not 1 <= self.mqtt_inflight_window <= 65535:
             raise ConfigError(f"mqtt_inflight_window must be between 1 and 65535, not {self.mqtt_inflight_window}")
+        for name, top in (("mqtt_max_session_expiry_interval", 0xFFFFFFFF), ("mqtt_topic_alias_maximum", 65535),
+                          ("mqtt_max_keepalive", 65535)):
+            if not 0 <= getattr(self, name) <= top:
+                raise ConfigError(f"{name} must be between 0 and {top}, not {getattr(self, name)}")
         for name in ("mqtt_max_subscribe_filters", "mqtt_retained_max_messages", "mqtt_retained_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
