@@ -458,3 +458,25 @@ def test_a_311_subscriber_gets_mqtt5_messages_as_311_packets(harness: Harness) -
     harness.run_soon()
     got = [codec.parse_publish(f, b) for k, f, b in packets(old) if k == codec.PUBLISH]
     assert [(p.topic, p.payload, p.qos) for p in got] == [("mix/a", b"with props", 1), ("mix/a", b"plain", 0)]
+
+
+def test_qos2_both_ways_with_properties(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    sub, _ = connect(sessions, "q2-sub")
+    sub.receive_data(codec5.encode_subscribe(1, [("q2/#", 2)], subscription_id=5))
+    assert packets(sub)[0][2] == b"\x00\x01\x00\x02"
+    pub, _ = connect(sessions, "q2-pub")
+    pub.receive_data(publish5("q2/a", b"once", 2, 7, content_type="t"))
+    harness.run_soon()
+    assert packets(pub) == [(codec.PUBREC, 0, b"\x00\x07")]
+    pub.receive_data(codec5.ack(codec.PUBREL, 7))
+    harness.run_soon()
+    assert packets(pub) == [(codec.PUBCOMP, 0, b"\x00\x07")]
+    [(message, props)] = delivered(sub)
+    assert (message.payload, message.qos, props["content_type"], props["subscription_identifier"]) == (
+        b"once", 2, "t", 5)
+    sub.receive_data(codec5.ack(codec.PUBREC, message.packet_id))
+    harness.run_soon()
+    assert packets(sub) == [(codec.PUBREL, 2, message.packet_id.to_bytes(2, "big"))]
+    sub.receive_data(codec5.ack(codec.PUBCOMP, message.packet_id))
+    assert not harness.broker.vhosts["/"].queues["mqtt-subscription-q2-subqos1"].message_count
