@@ -152,16 +152,23 @@ class Subscriptions5(Subscriptions):
 
     # --- SUBSCRIBE -----------------------------------------------------------------------------------
     def subscribe5(self, request: codec5.SubscriptionRequest) -> tuple[int, bool]:
-        """The SUBACK code of one request and whether the subscription existed before."""
+        """The SUBACK code of one request (the granted QoS; 0x8F for a bad filter, 0x87 for one refused)
+        and whether the subscription existed before."""
         try:
             shared = split_shared(request.topic_filter)
         except topics.TopicError:
             return 0x8F, False  # topic filter invalid
+        try:
+            topics.check_filter(shared[1] if shared is not None else request.topic_filter)
+        except topics.TopicError:
+            return 0x8F, False
         existed = request.topic_filter in self.options
         if shared is not None:
             code = self.subscribe_shared(shared[0], shared[1], request.qos)
         else:
             code = self.subscribe(request.topic_filter, request.qos)
+        if code == codec.SUBACK_FAILURE:  # a valid filter refused: a permission (or a name too long)
+            return 0x87, existed
         if code < 0x80:
             self.options[request.topic_filter] = FilterOptions(
                 code, request.no_local, request.retain_as_published, request.subscription_id,

@@ -440,8 +440,9 @@ def test_shared_member_unsubscribes(harness: Harness) -> None:
     harness.run_soon()
     assert delivered(first) == [] and len(delivered(second)) == 5
     # A bad share name is refused per filter.
-    second.receive_data(codec5.encode_subscribe(3, [("$share//u", 0), ("$share/g+/u", 0), ("$share/g", 0)]))
-    assert packets(second) == [(codec.SUBACK, 0, b"\x00\x03\x00\x8f\x8f\x8f")]
+    second.receive_data(codec5.encode_subscribe(3, [("$share//u", 0), ("$share/g+/u", 0), ("$share/g", 0),
+                                                    ("a/#/b", 0), ("$share/g/a/#/b", 0)]))
+    assert packets(second) == [(codec.SUBACK, 0, b"\x00\x03\x00\x8f\x8f\x8f\x8f\x8f")]
 
 
 def test_a_311_subscriber_gets_mqtt5_messages_as_311_packets(harness: Harness) -> None:
@@ -480,3 +481,24 @@ def test_qos2_both_ways_with_properties(harness: Harness) -> None:
     assert packets(sub) == [(codec.PUBREL, 2, message.packet_id.to_bytes(2, "big"))]
     sub.receive_data(codec5.ack(codec.PUBCOMP, message.packet_id))
     assert not harness.broker.vhosts["/"].queues["mqtt-subscription-q2-subqos1"].message_count
+
+
+def test_refused_by_permissions_acks_say_not_authorized(harness: Harness) -> None:
+    users = harness.broker.users
+    users.add_user("limited", "pw")
+    users.set_permissions("limited", "/", ".*", ".*", ".*")
+    users.set_topic_permission("limited", "/", "amq.topic", "^open\\.", "^open\\.")
+    sessions = MQTTSessions(harness.broker)
+    conn = sessions.new_connection(("127.0.0.1", 50003))
+    conn.start()
+    conn.receive_data(codec5.encode_connect("limited-dev", username="limited", password=b"pw"))
+    harness.run_soon()
+    assert packets(conn)[0][0] == codec.CONNACK
+    conn.receive_data(codec5.encode_subscribe(1, [("open/#", 1), ("closed/#", 1)])
+                      + publish5("closed/x", b"no", 1, 3) + publish5("open/x", b"yes", 1, 4))
+    harness.run_soon()
+    out = packets(conn)
+    assert out[0] == (codec.SUBACK, 0, b"\x00\x01\x00\x01\x87")
+    acks = [codec5.parse_ack(body, "PUBACK")[:2] for kind, _, body in out if kind == codec.PUBACK]
+    assert acks == [(3, 0x87), (4, 0)]  # in order; the connection stays
+    assert not conn.closed
