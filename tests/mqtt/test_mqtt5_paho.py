@@ -102,8 +102,8 @@ def clients(mqtt_broker: MQTTBroker) -> Any:
         return made[-1]
     yield make
     for client in made:
-        client.client.loop_stop()
         client.client.disconnect()
+        client.client.loop_stop()
 
 
 def test_connack_properties_and_message_properties_both_ways(mqtt_broker: MQTTBroker, clients: Any) -> None:
