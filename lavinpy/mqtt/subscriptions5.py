@@ -88,7 +88,8 @@ def split_shared(topic_filter: str) -> tuple[str, str] | None:
 
 
 def shared_queue_name(group: str, topic_filter: str) -> str:
-    return f"mqtt-shared-{group}-{topics.binding_key(topic_filter)}"
+    """The group's queue for the filter: a share name has no ``/``, so the name stands for one pair."""
+    return f"mqtt-shared-{group}/{topics.binding_key(topic_filter)}"
 
 
 class Subscriptions5(Subscriptions):

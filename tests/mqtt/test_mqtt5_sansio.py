@@ -439,6 +439,15 @@ def test_shared_member_unsubscribes(harness: Harness) -> None:
     pub.receive_data(b"".join(publish5("u/x", b"%d" % i) for i in range(5)))
     harness.run_soon()
     assert delivered(first) == [] and len(delivered(second)) == 5
+    # Groups whose names and filters would read alike with a dash are queues of their own.
+    third, _ = connect(sessions, "m-c")
+    third.receive_data(codec5.encode_subscribe(2, [("$share/a-b/c", 0)]))
+    second.receive_data(codec5.encode_subscribe(2, [("$share/a/b-c", 0)]))
+    packets(third), packets(second)
+    pub.receive_data(b"".join(publish5("c", b"to a-b") for _ in range(4)) + publish5("b-c", b"to a"))
+    harness.run_soon()
+    assert [p.payload for p, _ in delivered(third)] == [b"to a-b"] * 4
+    assert [p.payload for p, _ in delivered(second)] == [b"to a"]
     # A bad share name is refused per filter.
     second.receive_data(codec5.encode_subscribe(3, [("$share//u", 0), ("$share/g+/u", 0), ("$share/g", 0),
                                                     ("a/#/b", 0), ("$share/g/a/#/b", 0)]))
