@@ -139,11 +139,13 @@ class Subscriptions5(Subscriptions):
                                  auto_delete=expiry == 0, arguments=arguments)
 
     def end(self) -> None:
-        """The connection is gone: a session whose expiry interval is 0 ends with it (queues an earlier
-        session made durable too)."""
+        """The connection is gone: a session whose expiry interval is 0 ends with it (queues and QoS 2
+        state an earlier session made durable too)."""
         self.close()
         if self.limits.session_expiry == 0:
             vhost_state(self.vhost).options.pop(self.client_id, None)
+            if self.qos2.file is not None:  # the QoS 2 state a persistent session kept
+                self.qos2_store.session(self.vhost, self.client_id, False)
             for qos in (0, 1):
                 if queue_name(self.client_id, qos) in self.vhost.queues:
                     try:
