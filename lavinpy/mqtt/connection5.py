@@ -23,6 +23,7 @@ from .properties import (
     BAD_USER_NAME_OR_PASSWORD,
     CLIENT_IDENTIFIER_NOT_VALID,
     NOT_AUTHORIZED,
+    PACKET_IDENTIFIER_NOT_FOUND,
     PAYLOAD_FORMAT_INVALID,
     SERVER_UNAVAILABLE,
     TOPIC_ALIAS_INVALID,
@@ -83,6 +84,9 @@ class MQTT5Connection(MQTTConnection):
             if kind == codec.PUBREC and reason >= 0x80:  # refused: the exchange ends here, no PUBREL
                 subs.pubrec(packet_id)
                 subs.pubcomp(packet_id)
+            elif kind == codec.PUBREL and packet_id not in subs.qos2.inbound:  # PUBCOMP says so (3.7.2.1)
+                self._end_batch()
+                self.send_after(None, codec5.ack(codec.PUBCOMP, packet_id, PACKET_IDENTIFIER_NOT_FOUND))
             else:
                 self._on_qos2(kind, packet_id)
         elif kind == codec.SUBSCRIBE:

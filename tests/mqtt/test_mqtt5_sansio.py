@@ -490,6 +490,9 @@ def test_qos2_both_ways_with_properties(harness: Harness) -> None:
     assert packets(sub) == [(codec.PUBREL, 2, message.packet_id.to_bytes(2, "big"))]
     sub.receive_data(codec5.ack(codec.PUBCOMP, message.packet_id))
     assert not harness.broker.vhosts["/"].queues["mqtt-subscription-q2-subqos1"].message_count
+    pub.receive_data(codec5.ack(codec.PUBREL, 7))  # again: the id is no longer known
+    harness.run_soon()
+    assert packets(pub) == [(codec.PUBCOMP, 0, b"\x00\x07\x92\x00")]
 
 
 def test_refused_by_permissions_acks_say_not_authorized(harness: Harness) -> None:
