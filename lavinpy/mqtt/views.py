@@ -11,6 +11,7 @@ from ..broker.rates import WindowRates
 from ..broker.stats import ProtocolId
 from .connection import PROTOCOLS
 from .subscriptions import queue_name
+from .subscriptions5 import Subscriptions5, shared_queue_name
 from .topics import topic_filter
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
                 "pubrel_pending": 0}
     queues = {qos: conn.vhost.queues.get(queue_name(conn.client_id, qos)) for qos in (0, 1)}
     exchange = conn.vhost.exchanges.get(subs.exchange)
-    subscriptions = []
+    subscriptions: list[dict[str, Any]] = []
     if exchange is not None:
         for binding in exchange.bindings():
             for qos, queue in queues.items():
@@ -72,6 +73,16 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
                     name = topic_filter(binding.routing_key)
                     subscriptions.append({"topic_filter": name, "qos": 2 if qos and name in subs.qos2.filters else qos,
                                           "queue": queue.name})
+    if isinstance(subs, Subscriptions5):  # MQTT 5: the shared subscriptions, and each filter's options
+        for name, options in subs.options.items():
+            if options.group is not None:
+                subscriptions.append({"topic_filter": name, "qos": options.qos, "queue": shared_queue_name(
+                    options.group, name.split("/", 2)[2])})
+        for row in subscriptions:
+            found = subs.options.get(str(row["topic_filter"]))
+            if found is not None:
+                row.update(no_local=found.no_local, retain_as_published=found.retain_as_published,
+                           subscription_identifier=found.subscription_id)
     return {"client_id": conn.client_id, "clean_session": subs.clean_session,
             "subscriptions": sorted(subscriptions, key=lambda s: (s["topic_filter"], s["qos"])),
             "messages_unacknowledged": len(subs.inflight), "pubrel_pending": len(subs.qos2.pubrel_owed),

@@ -23,7 +23,7 @@ from lavinpy.mqtt.connection5 import MQTT5Connection
 from lavinpy.mqtt.message5 import amqp_properties
 from lavinpy.mqtt.properties import encode_properties, encode_varint, read_properties, read_varint
 from lavinpy.mqtt.sessions import MQTTSessions
-from lavinpy.mqtt.views import connection_info
+from lavinpy.mqtt.views import connection_info, session_info
 from lavinpy.wire.properties import encode_property_values, property_values
 from tests.amqp.session_client import Harness
 
@@ -514,3 +514,15 @@ def test_refused_by_permissions_acks_say_not_authorized(harness: Harness) -> Non
     acks = [codec5.parse_ack(body, "PUBACK")[:2] for kind, _, body in out if kind == codec.PUBACK]
     assert acks == [(3, 0x87), (4, 0)]  # in order; the connection stays
     assert not conn.closed
+
+
+def test_session_page_lists_shared_subscriptions_and_options(harness: Harness) -> None:
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "page")
+    conn.receive_data(codec5.encode_subscribe(1, [("own/#", 0x04 | 1)], subscription_id=3)
+                      + codec5.encode_subscribe(2, [("$share/g/jobs/+", 1)]))
+    packets(conn)
+    rows = {row["topic_filter"]: row for row in session_info(conn)["subscriptions"]}
+    assert rows["own/#"]["no_local"] and rows["own/#"]["subscription_identifier"] == 3
+    assert rows["own/#"]["queue"] == "mqtt-subscription-pageqos1"
+    assert rows["$share/g/jobs/+"]["queue"] == "mqtt-shared-g/jobs.*" and rows["$share/g/jobs/+"]["qos"] == 1
