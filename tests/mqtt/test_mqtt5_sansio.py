@@ -526,3 +526,26 @@ def test_session_page_lists_shared_subscriptions_and_options(harness: Harness) -
     assert rows["own/#"]["no_local"] and rows["own/#"]["subscription_identifier"] == 3
     assert rows["own/#"]["queue"] == "mqtt-subscription-pageqos1"
     assert rows["$share/g/jobs/+"]["queue"] == "mqtt-shared-g/jobs.*" and rows["$share/g/jobs/+"]["qos"] == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=40), st.binary(max_size=20))
+def test_fuzzed_connect_properties_get_a_connack_reason(harness: Harness, props: bytes, will_props: bytes) -> None:
+    """Random CONNECT and will property blocks: a CONNACK, accepted or with the spec's reason code (then
+    the connection closes); never an exception out of the connection."""
+    def block(raw: bytes) -> bytes:
+        return encode_varint(len(raw)) + raw
+    body = (codec.topic_field("MQTT") + bytes((5, 0x02 | 0x04 | 0x80 | 0x40)) + b"\x00\x3c" + block(props)
+            + codec.topic_field("fz") + block(will_props) + codec.topic_field("w") + codec.topic_field("x")
+            + codec.topic_field("guest") + codec.topic_field("guest"))
+    sessions = MQTTSessions(harness.broker)
+    conn = sessions.new_connection(("127.0.0.1", 50004))
+    conn.start()
+    conn.receive_data(bytes((0x10,)) + codec.remaining_length(len(body)) + body)
+    harness.run_soon()
+    [(kind, _, reply)] = packets(conn)
+    assert kind == codec.CONNACK
+    if reply[1]:
+        assert reply[1] in (0x81, 0x82, 0x8C) and conn.closed, reply
+    conn.lost()
+    harness.run_soon()
