@@ -152,7 +152,10 @@ class MQTT5Connection(MQTTConnection):
         v5 = self.v5
         if not text or v5 is None or not v5.problem_information:
             return None
-        return {"reason_string": text[:200]}
+        text = text[:200]
+        if len(text.encode()) + 16 > v5.properties.get("maximum_packet_size", 1 << 28):
+            return None  # a reason string is left out rather than send a packet the client refuses (3.1.2.25)
+        return {"reason_string": text}
 
     def _new_subscriptions(self, actor: Actor, vhost: VHost, packet: codec.Connect) -> Subscriptions:
         v5 = self.v5
