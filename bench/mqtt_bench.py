@@ -7,6 +7,7 @@ broker: lavinpy, mosquitto. Prints delivered msg/s per QoS; not a test.
     python3 bench/mqtt_bench.py --port 1883 --publishers 100      # fan-in
     python3 bench/mqtt_bench.py --port 1883 --subscribers 100     # fan-out
     python3 bench/mqtt_bench.py --port 1883 --idle 10000 --pid PID  # RSS per idle device
+    python3 bench/mqtt_bench.py --port 1883 --mqtt5 --pid PID    # MQTT 5 clients; the broker's CPU per delivery
 
 Each publisher writes batches of ``--batch`` PUBLISH packets (``--messages`` in all, shared among the
 publishers); a QoS 1 subscriber PUBACKs what it read after each read; a QoS 1 publisher's PUBACKs
@@ -15,11 +16,14 @@ with PUBCOMP (a message counts at its PUBREL), the publisher's thread answers PU
 counts PUBCOMPs, and a publisher keeps at most ``--inflight`` messages unfinished (its packet ids are
 reused only once free). The time is from the first publish to the last message read (and, for QoS 1
 and 2, the last PUBACK or PUBCOMP received); the rate counts deliveries (messages x subscribers).
+With ``--mqtt5`` the clients speak MQTT 5 (PUBLISH with an empty property block); with ``--pid`` the
+broker's CPU time (user + system) per delivery is printed too, the figure to compare on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import socket
 import sys
@@ -29,32 +33,52 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lavinpy.mqtt import codec  # noqa: E402  (the repository's codec encodes the packets)
+from lavinpy.mqtt import codec, codec5  # noqa: E402  (the repository's codec encodes the packets)
+
+
+def read_packet(sock: socket.socket, kind: int) -> bytes:
+    """The body of the next packet, which must be of ``kind``."""
+    reader, packets = codec.PacketReader(1 << 20), []
+    while not packets:
+        data = sock.recv(1 << 16)
+        if not data:
+            raise SystemExit(f"closed before {codec.PACKET_NAMES[kind]}")
+        packets = reader.feed(data)
+    if packets[0][0] != kind:
+        raise SystemExit(f"{codec.PACKET_NAMES[packets[0][0]]} instead of {codec.PACKET_NAMES[kind]}")
+    return packets[0][2]
 
 
 def connect(args: argparse.Namespace, client_id: str) -> socket.socket:
     sock = socket.create_connection((args.host, args.port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(codec.encode_connect(client_id, username=args.user, password=args.password.encode(), keepalive=0))
-    connack = sock.recv(4)
-    if len(connack) != 4 or connack[3] != 0:
+    if args.mqtt5:
+        sock.sendall(codec5.encode_connect(client_id, username=args.user, password=args.password.encode(),
+                                           keepalive=0))
+    else:
+        sock.sendall(codec.encode_connect(client_id, username=args.user, password=args.password.encode(),
+                                          keepalive=0))
+    connack = read_packet(sock, codec.CONNACK)
+    if connack[1] != 0:
         raise SystemExit(f"CONNECT refused: {connack!r}")
     return sock
 
 
-def subscribe(sock: socket.socket, topic: str, qos: int) -> None:
-    name = topic.encode()
-    body = b"\x00\x01" + len(name).to_bytes(2, "big") + name + bytes((qos,))
-    sock.sendall(bytes((0x82, len(body))) + body)
-    if len(sock.recv(5)) != 5:
-        raise SystemExit("no SUBACK")
+def subscribe(sock: socket.socket, topic: str, qos: int, mqtt5: bool) -> None:
+    if mqtt5:
+        sock.sendall(codec5.encode_subscribe(1, [(topic, qos)]))
+    else:
+        name = topic.encode()
+        body = b"\x00\x01" + len(name).to_bytes(2, "big") + name + bytes((qos,))
+        sock.sendall(bytes((0x82, len(body))) + body)
+    read_packet(sock, codec.SUBACK)
 
 
 def run(args: argparse.Namespace, qos: int) -> float:
     topic = f"bench/{qos}/{time.monotonic_ns()}"
     subs = [connect(args, f"bench-sub-{qos}-{i}") for i in range(args.subscribers)]
     for sub in subs:
-        subscribe(sub, topic, qos)
+        subscribe(sub, topic, qos, args.mqtt5)
     pubs = [connect(args, f"bench-pub-{qos}-{i}") for i in range(args.publishers)]
     count = args.messages - args.messages % args.publishers  # the same share for every publisher
     share = count // args.publishers
@@ -63,14 +87,14 @@ def run(args: argparse.Namespace, qos: int) -> float:
         reader, got = codec.PacketReader(1 << 26), 0
         while got < count:
             acks = []
-            for kind, flags, body in reader.feed(sub.recv(1 << 20)):
+            for kind, _, body in reader.feed(sub.recv(1 << 20)):
                 if kind == codec.PUBLISH:
                     if qos == 2:
-                        acks.append(codec.qos2_reply(1, codec.parse_publish(flags, body).packet_id))  # PUBREC
+                        acks.append(codec.qos2_reply(1, packet_id_of(body)))  # PUBREC
                         continue
                     got += 1
                     if qos:
-                        acks.append(codec.puback(codec.parse_publish(flags, body).packet_id))
+                        acks.append(codec.puback(packet_id_of(body)))
                 elif kind == codec.PUBREL:
                     got += 1
                     acks.append(codec.qos2_reply(2, int.from_bytes(body, "big")))  # PUBCOMP
@@ -100,7 +124,8 @@ def run(args: argparse.Namespace, qos: int) -> float:
 
     payload = b"x" * args.size
     batch = min(args.batch, args.inflight) if qos == 2 else args.batch
-    batches = [b"".join(codec.publish(topic, payload, qos, False, False, j % 65535 + 1)
+    encode = codec5.publish if args.mqtt5 else codec.publish
+    batches = [b"".join(encode(topic, payload, qos, False, False, j % 65535 + 1)
                         for j in range(i, min(i + batch, share))) for i in range(0, share, batch)]
     sizes = [min(batch, share - i) for i in range(0, share, batch)]
     windows = [threading.Semaphore(args.inflight) for _ in pubs]
@@ -119,6 +144,19 @@ def run(args: argparse.Namespace, qos: int) -> float:
     for sock in pubs + subs:
         sock.close()
     return count * len(subs) / elapsed
+
+
+def packet_id_of(body: bytes) -> int:
+    """A QoS 1 or 2 PUBLISH's packet id (after its topic, in both versions)."""
+    start = 2 + int.from_bytes(body[:2], "big")
+    return int.from_bytes(body[start:start + 2], "big")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> int:
@@ -156,7 +194,8 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--subscribers", type=int, default=1)
     parser.add_argument("--idle", type=int, default=0, help="connect this many idle devices instead (needs --pid)")
-    parser.add_argument("--pid", type=int, help="the broker's process id, for --idle")
+    parser.add_argument("--pid", type=int, help="the broker's process id, for --idle (else: CPU per delivery)")
+    parser.add_argument("--mqtt5", action="store_true", help="MQTT 5 clients (else 3.1.1)")
     args = parser.parse_args()
     if args.idle:
         if not args.pid:
@@ -164,9 +203,14 @@ def main() -> None:
         idle_devices(args)
         return
     for qos in args.qos:
+        cpu = cpu_seconds(args.pid) if args.pid else 0.0
         rate = run(args, qos)
-        print(f"QoS {qos}: {args.messages} messages of {args.size} B, {args.publishers} publisher(s) to "
-              f"{args.subscribers} subscriber(s): {rate:,.0f} deliveries/s")
+        cost = ""
+        if args.pid:
+            deliveries = (args.messages - args.messages % args.publishers) * args.subscribers
+            cost = f", broker CPU {(cpu_seconds(args.pid) - cpu) / deliveries * 1e6:.2f} us/delivery"
+        print(f"QoS {qos}{' (MQTT 5)' if args.mqtt5 else ''}: {args.messages} messages of {args.size} B, "
+              f"{args.publishers} publisher(s) to {args.subscribers} subscriber(s): {rate:,.0f} deliveries/s{cost}")
 
 
 if __name__ == "__main__":

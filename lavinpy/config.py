@@ -97,6 +97,12 @@ class Config:
     mqtt_max_packet_size: int = 128 * 1024 * 1024 + 65536  # a whole packet, headers included
     mqtt_inflight_window: int = 10  # QoS 1 and 2 deliveries awaiting PUBACK or PUBREC, one window per client
     mqtt_max_subscribe_filters: int = 1000  # topic filters in one SUBSCRIBE (more closes the connection)
+    # MQTT 5: the longest Session Expiry Interval granted (RabbitMQ's max_session_expiry_interval_seconds),
+    # the topic aliases a client may set (RabbitMQ's topic_alias_maximum), and the longest keepalive
+    # (0: the client's; else told as Server Keep Alive when the client asks for more or none).
+    mqtt_max_session_expiry_interval: int = 86400
+    mqtt_topic_alias_maximum: int = 16
+    mqtt_max_keepalive: int = 0
     # Retained messages per vhost: a retained publish that would go over either is not retained (it is
     # still delivered), with a log line; replacing or clearing a retained topic is always allowed.
     mqtt_retained_max_messages: int = 100_000
@@ -202,6 +208,10 @@ class Config:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
         if not 1 <= self.mqtt_inflight_window <= 65535:
             raise ConfigError(f"mqtt_inflight_window must be between 1 and 65535, not {self.mqtt_inflight_window}")
+        for name, top in (("mqtt_max_session_expiry_interval", 0xFFFFFFFF), ("mqtt_topic_alias_maximum", 65535),
+                          ("mqtt_max_keepalive", 65535)):
+            if not 0 <= getattr(self, name) <= top:
+                raise ConfigError(f"{name} must be between 0 and {top}, not {getattr(self, name)}")
         for name in ("mqtt_max_subscribe_filters", "mqtt_retained_max_messages", "mqtt_retained_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")

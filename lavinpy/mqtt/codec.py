@@ -29,16 +29,18 @@ BAD_USERNAME_OR_PASSWORD = 4
 NOT_AUTHORIZED = 5
 SUBACK_FAILURE = 0x80
 
-# Protocol name -> level of the versions served.
+# Protocol name -> level of the versions served (MQTT 5, level 5, is read by ``codec5``).
 PROTOCOLS = {"MQTT": 4, "MQIsdp": 3}
 
 
 class MQTTProtocolError(Exception):
-    """Malformed input: the connection is closed (after a CONNACK when ``connack`` is set)."""
+    """Malformed input: the connection is closed (after a CONNACK when ``connack`` is set; an MQTT 5
+    connection is told ``reason``, its reason code, first)."""
 
-    def __init__(self, text: str, connack: int | None = None) -> None:
+    def __init__(self, text: str, connack: int | None = None, reason: int = 0x81) -> None:
         super().__init__(text)
         self.connack = connack
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -92,8 +94,8 @@ class PacketReader:
         while end - pos >= 2:
             first = buf[pos]
             kind, flags = first >> 4, first & 0x0F
-            if kind not in PACKET_NAMES:
-                raise MQTTProtocolError(f"reserved packet type {kind}")
+            if kind not in PACKET_NAMES:  # 15 is MQTT 5's AUTH: no authentication method was agreed
+                raise MQTTProtocolError(f"reserved packet type {kind}", reason=0x82 if kind == 15 else 0x81)
             required = REQUIRED_FLAGS.get(kind)
             if required is not None and flags != required:
                 raise MQTTProtocolError(f"{PACKET_NAMES[kind]} with reserved flags {flags:#x}")
@@ -115,7 +117,7 @@ class PacketReader:
             total = i - pos + length
             if total > self.max_packet_size:
                 raise MQTTProtocolError(f"packet of {total} bytes is larger than max_packet_size "
-                                        f"{self.max_packet_size}")
+                                        f"{self.max_packet_size}", reason=0x95)
             if end - i < length:
                 break
             packets.append((kind, flags, bytes(buf[i:i + length])))

@@ -20,7 +20,6 @@ from ..broker.login import LoginAttempt, LoginOutcome, Refusal
 from ..broker.operations_messages import publish_exchange, publish_topic_check
 from ..broker.publish_ops import confirmed, publish, publish_run
 from ..broker.publishing import REJECTED
-from ..broker.rates import WindowRates
 from ..broker.replies import ReplyQueue
 from ..broker.stats import ProtocolId
 from ..logs import RateLimitedLog
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
 
     from ..broker.broker import Broker
     from ..broker.exchanges.base import Exchange
+    from ..broker.rates import WindowRates
     from ..broker.vhost import VHost
     from ..config import Config
     from .exactly_once import QoS2Store
@@ -51,13 +51,14 @@ CONNECT_TIMEOUT = 10.0  # seconds a client has to send CONNECT
 # the server buffer mqtt_max_packet_size without a password.
 MAX_PACKET_BEFORE_CONNECT = 65536
 # Message properties by the publish's QoS: persistent for QoS 1 and 2, and the QoS for deliveries to MQTT.
-_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
+QOS_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
                for qos in (0, 1, 2)}
 
 
 # RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
 # The protocol the model counts a connection's traffic by, by protocol level (3.1.1 until CONNECT says).
-PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "MQTT 3.1")}
+PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "MQTT 3.1"),
+             5: ProtocolId("mqtt50", "MQTT 5.0")}
 # The model's refusals (broker.errors) as the CONNACK return code of a session it refuses: MQTT 3.1.1
 # has one code for a logged-in client that may not have its session (a SUBSCRIBE refused: 0x80; a
 # refused PUBLISH or will: the connection closes, 3.1.1 has no negative answer).
@@ -105,10 +106,10 @@ class MQTTConnection:
         self.name = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         self.connected_at = int(time.time() * 1000)  # ms since the epoch, as RabbitMQ lists it
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes, socket reads and writes (one write per
-        # flush of the output); their rates as AMQP connections give them (``byte_rates``).
+        # flush of the output); their rates as AMQP connections give them (``views``).
         self.recv_oct = self.recv_cnt = self.send_oct = self.send_cnt = 0
         self.started = time.monotonic()
-        self._byte_rates: WindowRates | None = None  # made on the first look: idle devices stay small
+        self.byte_rates: WindowRates | None = None  # made on the first look (views): idle devices stay small
         self.counters = self.broker.node_counters.of(PROTOCOLS[4])  # handed to the model (set at CONNECT)
         self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
         self.connected = False
@@ -168,10 +169,10 @@ class MQTTConnection:
                     break
         except MQTTProtocolError as e:
             if e.connack is not None and not self.connected:
-                self.send(codec.connack(False, e.connack))
-            self._fail(str(e))
+                self.send(self._connack(False, e.connack, str(e)))
+            self._fail(str(e), e.reason)
         except BrokerError as e:  # the model refused (a permission): MQTT 3.1.1 can only close
-            self._fail(e.text)
+            self._fail(e.text, 0x87)
         self._end_batch()
         self.update_reading()
 
@@ -185,13 +186,6 @@ class MQTTConnection:
         if out:
             self.send_cnt += 1
         return out
-
-    def byte_rates(self) -> tuple[float, float]:
-        """Bytes received and sent per second, over the same window as an AMQP connection's."""
-        if self._byte_rates is None:  # as if made at the start: the first look averages since then
-            self._byte_rates = WindowRates((0, 0), now=self.started)
-        recv_rate, send_rate = self._byte_rates.read((self.recv_oct, self.send_oct))
-        return recv_rate, send_rate
 
     def take_effects(self) -> list[Any]:
         effects, self._effects = self._effects, []
@@ -244,7 +238,7 @@ class MQTTConnection:
             if self.reading_paused:  # its packets wait unread: not the client's silence
                 self._effects.append(SetTimer(limit))
             elif idle >= limit:
-                self._fail(f"no packet for {idle:.1f} s (keepalive {self.keepalive} s)")
+                self._fail(f"no packet for {idle:.1f} s (keepalive {self.keepalive} s)", 0x8D)
             else:
                 self._effects.append(SetTimer(limit - idle))
 
@@ -252,8 +246,9 @@ class MQTTConnection:
         """The socket closed (by the client, or after our close): an unclean end publishes the will."""
         self._teardown(publish_will=True)
 
-    def kick(self, reason: str) -> None:
-        """Closed by the server: another connection took the client id over, the server stops."""
+    def kick(self, reason: str, code: int = 0x98) -> None:
+        """Closed by the server: another connection took the client id over, the server stops (``code``:
+        the MQTT 5 reason code, administrative action unless said)."""
         log.info("MQTT connection %s (client %r) closed: %s", self.name, self.client_id, reason)
         self._close()
         self._teardown(publish_will=True)
@@ -313,7 +308,7 @@ class MQTTConnection:
         asked = connect_login(self.config, packet, self.peer_certificate, self.peer_host)
         if asked is None:
             client_error_log.log(logging.INFO, "MQTT connection %s: anonymous login refused", self.name)
-            self.send(codec.connack(False, codec.NOT_AUTHORIZED))
+            self.send(self._connack(False, codec.NOT_AUTHORIZED, "anonymous login refused"))
             self._close()
             return
         request, vhost_name = asked
@@ -352,7 +347,7 @@ class MQTTConnection:
             else:
                 code = codec.NOT_AUTHORIZED
                 client_error_log.log(logging.INFO, "MQTT connection %s: %s", self.name, outcome.text)
-            self.send(codec.connack(False, code))
+            self.send(self._connack(False, code, outcome.text))
             self._close()
             return
         vhost, actor = outcome.vhost, outcome.actor
@@ -363,15 +358,14 @@ class MQTTConnection:
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         actor.client_id = self.client_id  # {client_id} in topic permissions
         self.counters = self.broker.node_counters.of(PROTOCOLS.get(packet.level, PROTOCOLS[4]))
-        subscriptions = Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id,
-                                      packet.clean_session, self.config.mqtt_inflight_window, self.host.qos2)
+        subscriptions = self._new_subscriptions(actor, vhost, packet)
         try:  # authorised for the session before it takes the client id over from another connection
             self._check_session(actor, vhost, packet.clean_session)
         except BrokerError as e:
             client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
                                  self.client_id, e.text)
             self.broker.client_limits.connection_closed(vhost.name, username)  # admitted: uncounted
-            self.send(codec.connack(False, CONNACK_CODES[e.kind]))
+            self.send(self._connack(False, CONNACK_CODES[e.kind], e.text))
             self._close()
             return
         self.keepalive = packet.keepalive
@@ -386,14 +380,21 @@ class MQTTConnection:
             client_error_log.log(logging.INFO, "MQTT connection %s: session of client %r refused: %s", self.name,
                                  self.client_id, e.text)
             self.will = None  # never accepted: no will
-            self.send(codec.connack(False, CONNACK_CODES[e.kind]))
+            self.send(self._connack(False, CONNACK_CODES[e.kind], e.text))
             self._close()
             return
-        self.send(codec.connack(present, codec.ACCEPTED))
+        self.send(self._connack(present, codec.ACCEPTED))
         subscriptions.resend_pubrels()
         self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
         log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,
                  username, vhost.name)
+
+    def _connack(self, present: bool, code: int, text: str = "") -> bytes:
+        return codec.connack(present, code)
+
+    def _new_subscriptions(self, actor: Actor, vhost: VHost, packet: codec.Connect) -> Subscriptions:
+        return Subscriptions(self, actor, vhost, self.config.mqtt_exchange, self.client_id, packet.clean_session,
+                             self.config.mqtt_inflight_window, self.host.qos2)
 
     def _check_session(self, actor: Actor, vhost: VHost, clean_session: bool) -> None:
         """The rights ``Subscriptions.start`` will use on what an earlier session left: configure to
@@ -430,7 +431,7 @@ class MQTTConnection:
             self._publish_one(packet.topic, packet.payload, qos, False, packet.packet_id)
             return
         exchange, key = self._target(packet.topic)
-        needs_sync = publish_run(vhost, exchange, key, _PROPERTIES[qos], payloads, self.counters, qos > 0)
+        needs_sync = publish_run(vhost, exchange, key, QOS_PROPERTIES[qos], payloads, self.counters, qos > 0)
         if needs_sync is None:  # not a run the model takes whole: one by one
             for payload, packet_id in zip(payloads, packet_ids, strict=True):
                 self._publish_one(packet.topic, payload, qos, False, packet_id)
@@ -485,9 +486,10 @@ class MQTTConnection:
             check(key)
         return exchange, key
 
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> bool | None:
-        """Publish to the MQTT exchange as the model books it; whether its PUBACK waits for the disk
-        (None: a queue rejected it)."""
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, properties: bytes | None = None
+                 ) -> bool | None:
+        """Publish to the MQTT exchange as the model books it (``properties``: the AMQP ones, else
+        those of the QoS); whether its PUBACK waits for the disk (None: a queue rejected it)."""
         vhost = self.vhost
         assert vhost is not None
         exchange, key = self._target(topic)
@@ -495,7 +497,8 @@ class MQTTConnection:
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
         retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
-        _, confirm = publish(vhost, exchange, key, False, _PROPERTIES[qos], payload, self.counters, int(qos > 0))
+        _, confirm = publish(vhost, exchange, key, False, properties or QOS_PROPERTIES[qos], payload, self.counters,
+                             int(qos > 0))
         if confirm is REJECTED:
             return None
         return bool(confirm) or retained_waits
@@ -556,7 +559,8 @@ class MQTTConnection:
         confirmed(self.vhost, count, self.counters)
 
     # --- ending -----------------------------------------------------------------------------------
-    def _fail(self, reason: str) -> None:
+    def _fail(self, reason: str, code: int = 0x80) -> None:
+        """Close for the client's doing (``code``: the MQTT 5 reason code)."""
         if self.closed:
             return
         client_error_log.log(logging.INFO, "MQTT connection %s (client %r) closed: %s", self.name,
@@ -584,9 +588,11 @@ class MQTTConnection:
         self.host.unregister(self)
         will, self.will = self.will, None
         if publish_will and will is not None:
-            try:
-                self._publish(will.topic, will.payload, will.qos, will.retain)
-            except (BrokerError, MQTTProtocolError, topics.TopicError) as e:
-                log.info("MQTT client %r: its will was not published: %s", self.client_id,
-                         getattr(e, "text", e))
+            self._publish_will(will)
         subs.close()
+
+    def _publish_will(self, will: codec.Will, properties: bytes | None = None) -> None:
+        try:
+            self._publish(will.topic, will.payload, will.qos, will.retain, properties)
+        except (BrokerError, MQTTProtocolError, topics.TopicError) as e:
+            log.info("MQTT client %r: its will was not published: %s", self.client_id, getattr(e, "text", e))

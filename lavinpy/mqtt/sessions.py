@@ -8,6 +8,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .connection import PROTOCOLS, MQTTConnection
+from .connection5 import MQTT5Connection
 from .exactly_once import QoS2Store
 from .retained import RetainedStore
 from .views import MQTTClientConnection
@@ -31,7 +32,7 @@ class MQTTSessions:
 
     def new_connection(self, peer: tuple[str, int] | None, local: tuple[str, int] | None = None,
                        tls: bool = False) -> MQTTConnection:
-        connection = MQTTConnection(self, peer, local, tls)
+        connection = MQTT5Connection(self, peer, local, tls)  # 3.1.1 or 5, as its CONNECT says
         self.connections.add(connection)
         self.broker.connections.register(connection, MQTTClientConnection(connection))
         self.broker.node_counters.connection_opened()  # churn counts every face's connections
@@ -43,7 +44,7 @@ class MQTTSessions:
         key = (connection.vhost.name, connection.client_id)
         earlier = self.clients.get(key)
         if earlier is not None and earlier is not connection:
-            earlier.kick(f"client id {connection.client_id!r} taken over by {connection.name}")
+            earlier.kick(f"client id {connection.client_id!r} taken over by {connection.name}", 0x8E)
         self.clients[key] = connection
 
     def start_task(self, work: Coroutine[Any, Any, None]) -> None:
@@ -82,4 +83,4 @@ class MQTTSessions:
         """The server stops: every client is disconnected (no wills: the broker, not the client, ends)."""
         for connection in list(self.connections):
             connection.will = None
-            connection.kick("the server is stopping")
+            connection.kick("the server is stopping", 0x8B)

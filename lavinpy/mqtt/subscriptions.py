@@ -66,6 +66,8 @@ def queue_name(client_id: str, qos: int) -> str:
 class Subscriptions:
     """A connected client's queues, consumers and in-flight QoS 1 deliveries."""
 
+    property_block = b""  # after a PUBLISH's packet id (MQTT 5's empty one in runs of plain messages)
+
     def __init__(self, host: SubscriberHost, actor: Actor, vhost: VHost, exchange: str, client_id: str,
                  clean_session: bool, inflight_window: int, qos2_store: QoS2Store) -> None:
         self.host = host
@@ -76,7 +78,7 @@ class Subscriptions:
         self.clean_session = clean_session
         self.window = inflight_window
         self.deliveries = Deliveries(vhost, self._room_freed, host.counters, channel=False)
-        self.consumers: dict[int, Consumer] = {}  # by the QoS of their queue
+        self.consumers: dict[int | str, Consumer] = {}  # by the QoS of their queue (shared ones: by queue name)
         self.inflight: dict[int, int | None] = {}  # packet id -> delivery tag (None: a retained message)
         self.qos2_store = qos2_store
         self.qos2 = ClientState(client_id, None)  # the session's QoS 2 state (``start`` finds a persistent one's)
@@ -202,15 +204,17 @@ class Subscriptions:
         routing key, QoS 0 deliveries of a QoS 1 subscription settled as one run)."""
         first = self.deliveries.deliver_run(consumer, positions, redelivered)
         parts: list[bytes] = []
-        headers_cache: tuple[str, bytes] | None = None  # (routing key, its encoded topic)
+        block = self.property_block
+        headers_cache: tuple[str, bytes, bytes] | None = None  # (routing key, its encoded topic, + block)
         if consumer.no_ack:
             for msg in messages:
                 key = msg.routing_key
                 if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
                     continue
                 if headers_cache is None or headers_cache[0] != key:
-                    headers_cache = (key, codec.topic_field(topics.topic_name(key)))
-                parts.append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
+                    topic_field = codec.topic_field(topics.topic_name(key))
+                    headers_cache = (key, topic_field, topic_field + block)
+                parts.append(codec.publish_packet(headers_cache[2], msg.body, 0x30))
             self.host.send(b"".join(parts))
             return
         if self.qos2.filters:  # some may go out at QoS 2: one at a time
@@ -230,12 +234,13 @@ class Subscriptions:
                 settled.append(first + i)  # no filter of the client's matches it: settled unsent
                 continue
             if headers_cache is None or headers_cache[0] != key:
-                headers_cache = (key, codec.topic_field(topics.topic_name(key)))
+                topic_field = codec.topic_field(topics.topic_name(key))
+                headers_cache = (key, topic_field, topic_field + block)
             properties = msg.properties
             published_qos = qos_cache[properties] if properties in qos_cache else self._published_qos(properties)
             if published_qos == 0:
                 # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
-                append(codec.publish_packet(headers_cache[1], msg.body, 0x30))
+                append(codec.publish_packet(headers_cache[2], msg.body, 0x30))
                 settled.append(first + i)
                 continue
             next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
@@ -245,12 +250,14 @@ class Subscriptions:
             inflight[next_id] = first + i
             topic = headers_cache[1]
             body = msg.body
-            length = len(topic) + 2 + len(body)
+            length = len(topic) + 2 + len(block) + len(body)
             flags = 0x3A if redelivered is not None and redelivered[i] else 0x32
-            # The PUBLISH in parts (fixed header, topic, packet id, payload), joined once for the run.
+            # The PUBLISH in parts (fixed header, topic, packet id, properties, payload), joined once for the run.
             append(bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length))
             append(topic)
             append(next_id.to_bytes(2, "big"))
+            if block:
+                append(block)
             append(body)
         self._next_id = next_id
         self.host.send(b"".join(parts))
@@ -296,13 +303,14 @@ class Subscriptions:
             return
         topic = topics.topic_name(msg.routing_key)
         body = bytes(msg.body)
+        encode = self._encode
         if consumer.no_ack:
-            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            self.host.send(encode(topic, body, 0, False, 0, msg))
             return
         published_qos = self._published_qos(msg.properties)
         if published_qos == 0:
             # QoS 0 publishes go out at QoS 0 even to QoS 1 subscribers (the lower of the two).
-            self.host.send(codec.publish(topic, body, 0, False, False, 0))
+            self.host.send(encode(topic, body, 0, False, 0, msg))
             self.deliveries.ack_run([tag])
             return
         if published_qos != 1 and self.qos2.filters and self._qos2_topic(topic):
@@ -314,7 +322,7 @@ class Subscriptions:
             self.inflight[packet_id] = tag
             self.qos2_ids.add(packet_id)
             self._queued_qos2 += 1
-            packet = codec.publish(topic, body, 2, False, redelivered, packet_id)
+            packet = encode(topic, body, 2, redelivered, packet_id, msg)
             if self.qos2.file is None:
                 self.host.send(packet)
             else:  # once its id is recorded, in order with the session's other QoS 2 PUBLISHes
@@ -322,7 +330,11 @@ class Subscriptions:
             return
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
-        self.host.send(codec.publish(topic, body, 1, False, redelivered, packet_id))
+        self.host.send(encode(topic, body, 1, redelivered, packet_id, msg))
+
+    def _encode(self, topic: str, body: bytes, qos: int, dup: bool, packet_id: int, msg: StoredMessage) -> bytes:
+        """The PUBLISH of a queue's message (an MQTT 5 session's carries its properties)."""
+        return codec.publish(topic, body, qos, False, dup, packet_id)
 
     def _qos2_topic(self, topic: str) -> bool:
         """Whether a filter granted QoS 2 matches the topic (cached per topic until a (un)subscribe)."""

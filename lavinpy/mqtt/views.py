@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..broker.rates import WindowRates
 from ..broker.stats import ProtocolId
 from .connection import PROTOCOLS
 from .subscriptions import queue_name
+from .subscriptions5 import Subscriptions5, shared_queue_name
 from .topics import topic_filter
 
 if TYPE_CHECKING:
@@ -24,9 +26,17 @@ def connection_name(conn: MQTTConnection) -> str:
     return f"{peer[0]}:{peer[1]} -> {local[0]}:{local[1]}"
 
 
+def byte_rates(conn: MQTTConnection) -> tuple[float, float]:
+    """Bytes received and sent per second, over the same window as an AMQP connection's."""
+    if conn.byte_rates is None:  # as if made at the start: the first look averages since then
+        conn.byte_rates = WindowRates((0, 0), now=conn.started)
+    recv_rate, send_rate = conn.byte_rates.read((conn.recv_oct, conn.send_oct))
+    return recv_rate, send_rate
+
+
 def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
     peer, local = conn.peer or ("", 0), conn.local or ("", 0)
-    recv_rate, send_rate = conn.byte_rates()
+    recv_rate, send_rate = byte_rates(conn)
     return {
         "name": connection_name(conn), "node": node, "type": "network",
         "state": "blocked" if conn.reading_paused else "running",
@@ -55,7 +65,7 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
                 "pubrel_pending": 0}
     queues = {qos: conn.vhost.queues.get(queue_name(conn.client_id, qos)) for qos in (0, 1)}
     exchange = conn.vhost.exchanges.get(subs.exchange)
-    subscriptions = []
+    subscriptions: list[dict[str, Any]] = []
     if exchange is not None:
         for binding in exchange.bindings():
             for qos, queue in queues.items():
@@ -63,6 +73,16 @@ def session_info(conn: MQTTConnection) -> dict[str, Any]:
                     name = topic_filter(binding.routing_key)
                     subscriptions.append({"topic_filter": name, "qos": 2 if qos and name in subs.qos2.filters else qos,
                                           "queue": queue.name})
+    if isinstance(subs, Subscriptions5):  # MQTT 5: the shared subscriptions, and each filter's options
+        for name, options in subs.options.items():
+            if options.group is not None:
+                subscriptions.append({"topic_filter": name, "qos": options.qos, "queue": shared_queue_name(
+                    options.group, name.split("/", 2)[2])})
+        for row in subscriptions:
+            found = subs.options.get(str(row["topic_filter"]))
+            if found is not None:
+                row.update(no_local=found.no_local, retain_as_published=found.retain_as_published,
+                           subscription_identifier=found.subscription_id)
     return {"client_id": conn.client_id, "clean_session": subs.clean_session,
             "subscriptions": sorted(subscriptions, key=lambda s: (s["topic_filter"], s["qos"])),
             "messages_unacknowledged": len(subs.inflight), "pubrel_pending": len(subs.qos2.pubrel_owed),
@@ -153,5 +173,6 @@ class MQTTClientConnection:
         return consumer_infos(self.conn, node)
 
     def close(self, reason: str | None) -> None:
-        """MQTT 3.1.1 has no close reason to send: the socket closes."""
+        """MQTT 3.1.1 has no close reason to send: the socket closes (MQTT 5 is sent DISCONNECT 0x98,
+        administrative action, first)."""
         self.conn.kick(reason or DEFAULT_CLOSE_REASON)

@@ -53,7 +53,7 @@ def test_vhost_colon_user_picks_the_vhost(mqtt_broker: MQTTBroker) -> None:
 
 
 def test_unknown_protocol_level_gets_return_code_1(mqtt_broker: MQTTBroker) -> None:
-    sock = raw_connect(mqtt_broker.mqtt_port, level=5)
+    sock = raw_connect(mqtt_broker.mqtt_port, level=6)
     assert read_until_closed(sock) == codec.connack(False, codec.UNACCEPTABLE_PROTOCOL_VERSION)
 
 

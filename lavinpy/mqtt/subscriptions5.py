@@ -1,0 +1,380 @@
+"""An MQTT 5 session's subscriptions: the 3.1.1 ones (``subscriptions``) plus what MQTT 5 adds on the
+same queues. The session lives as long as its Session Expiry Interval (its queues are durable with
+that ``x-expires``, as RabbitMQ maps it; 0: they go with the connection); deliveries carry their
+properties (``message5``), the subscription identifiers and Retain As Published of the filters
+matching their topic, a topic alias once one is assigned, and are dropped when larger than the
+client's Maximum Packet Size or, under No Local, when the client published them. Shared subscriptions
+(``$share/<group>/<filter>``) are one queue per group and filter, every member a consumer on it: the
+queue hands its messages round robin to the members with room, and a member's unacknowledged
+deliveries go back to it when the member goes, for another to get (with DUP)."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..broker import operations_objects as ops
+from ..broker.consumer import Consumer
+from ..broker.errors import BrokerError
+from . import codec, codec5, topics
+from .message5 import Outbound
+from .properties import encode_properties
+from .subscriptions import Subscriptions, queue_name
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from ..broker.actor import Actor
+    from ..broker.deliveries import StoredMessage
+    from ..broker.queue_base import QueueKind
+    from ..broker.vhost import VHost
+    from .exactly_once import QoS2Store
+    from .subscriptions import SubscriberHost
+
+SHARE_PREFIX = "$share/"
+
+
+@dataclass(slots=True)
+class FilterOptions:
+    """A filter's MQTT 5 subscription options (``group``: a shared subscription's share name)."""
+
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    subscription_id: int | None = None
+    group: str | None = None
+
+
+@dataclass(slots=True)
+class ClientLimits:
+    """What the client's CONNECT asked of the server's sending, and the session's life."""
+
+    clean_start: bool
+    session_expiry: int  # seconds the session outlives its connection
+    maximum_packet_size: int | None = None
+    topic_alias_maximum: int = 0
+
+
+@dataclass(slots=True)
+class VHostState:
+    """The MQTT 5 state of a vhost's sessions kept in memory between connections: subscription options
+    per client (a restart keeps the subscriptions, not their options), and wills waiting for their delay."""
+
+    options: dict[str, dict[str, FilterOptions]] = field(default_factory=dict)
+    wills: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = field(default_factory=dict)
+
+
+_STATE: weakref.WeakKeyDictionary[VHost, VHostState] = weakref.WeakKeyDictionary()
+
+
+def vhost_state(vhost: VHost) -> VHostState:
+    found = _STATE.get(vhost)
+    if found is None:
+        found = _STATE[vhost] = VHostState()
+    return found
+
+
+def split_shared(topic_filter: str) -> tuple[str, str] | None:
+    """(share name, filter) of ``$share/<name>/<filter>``; TopicError when it is not a valid one."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None
+    group, _, rest = topic_filter[len(SHARE_PREFIX):].partition("/")
+    if not group or not rest or any(c in group for c in "+#"):
+        raise topics.TopicError(f"shared subscription {topic_filter!r} is not $share/<name>/<filter>")
+    return group, rest
+
+
+def shared_queue_name(group: str, topic_filter: str) -> str:
+    """The group's queue for the filter: a share name has no ``/``, so the name stands for one pair."""
+    return f"mqtt-shared-{group}/{topics.binding_key(topic_filter)}"
+
+
+class Subscriptions5(Subscriptions):
+    property_block = b"\x00"
+    def __init__(self, host: SubscriberHost, actor: Actor, vhost: VHost, exchange: str, client_id: str,
+                 limits: ClientLimits, inflight_window: int, qos2_store: QoS2Store) -> None:
+        super().__init__(host, actor, vhost, exchange, client_id, limits.clean_start, inflight_window, qos2_store)
+        self.limits = limits
+        state = vhost_state(vhost)
+        self.options = state.options.setdefault(client_id, {})
+        self._aliases: dict[str, int] = {}  # topic -> the alias the client was given for it
+        self._outbound: dict[bytes, Outbound] = {}
+        self._matching: dict[str, list[FilterOptions]] = {}
+        self._consumer: Consumer | None = None  # of the delivery being encoded
+        self._plain: dict[bytes, bool] = {}  # AMQP properties -> whether a delivery carries no MQTT 5 property
+        self._per_message = self._needs_per_message()
+
+    # --- the session's life --------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Clean Start drops what an earlier session left; the session lives on after the connection
+        when its expiry interval is not 0. Shared subscriptions are consumed again."""
+        expiry = self.limits.session_expiry
+        if self.limits.clean_start:
+            self.options.clear()
+            super().start()
+            if expiry:
+                self.qos2 = self.qos2_store.session(self.vhost, self.client_id, True)
+            present = False
+        else:
+            self.clean_session = False
+            present = super().start()
+        self.clean_session = expiry == 0
+        for topic_filter, options in list(self.options.items()):
+            if options.group is not None:
+                self.subscribe_shared(options.group, topic_filter.split("/", 2)[2], options.qos)
+        self._per_message = self._needs_per_message()
+        return present
+
+    def _queue(self, qos: int) -> QueueKind:
+        name = queue_name(self.client_id, qos)
+        existing = self.vhost.queues.get(name)
+        if existing is not None:
+            return existing
+        expiry = self.limits.session_expiry
+        arguments = {"x-expires": expiry * 1000} if 0 < expiry < 0xFFFFFFFF else None
+        return ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
+                                 auto_delete=expiry == 0, arguments=arguments)
+
+    def end(self) -> None:
+        """The connection is gone: a session whose expiry interval is 0 ends with it (queues and QoS 2
+        state an earlier session made durable too)."""
+        self.close()
+        if self.limits.session_expiry == 0:
+            vhost_state(self.vhost).options.pop(self.client_id, None)
+            if self.qos2.file is not None:  # the QoS 2 state a persistent session kept
+                self.qos2_store.session(self.vhost, self.client_id, False)
+            for qos in (0, 1):
+                if queue_name(self.client_id, qos) in self.vhost.queues:
+                    try:
+                        ops.delete_queue(self.actor, self.vhost, queue_name(self.client_id, qos), owner=self)
+                    except BrokerError:
+                        pass  # may not configure it: it expires as its arguments say
+
+    # --- SUBSCRIBE -----------------------------------------------------------------------------------
+    def subscribe5(self, request: codec5.SubscriptionRequest) -> tuple[int, bool]:
+        """The SUBACK code of one request (the granted QoS; 0x8F for a bad filter, 0x87 for one refused)
+        and whether the subscription existed before."""
+        try:
+            shared = split_shared(request.topic_filter)
+        except topics.TopicError:
+            return 0x8F, False  # topic filter invalid
+        try:
+            topics.check_filter(shared[1] if shared is not None else request.topic_filter)
+        except topics.TopicError:
+            return 0x8F, False
+        existed = request.topic_filter in self.options
+        if shared is not None:
+            code = self.subscribe_shared(shared[0], shared[1], request.qos)
+        else:
+            code = self.subscribe(request.topic_filter, request.qos)
+        if code == codec.SUBACK_FAILURE:  # a valid filter refused: a permission (or a name too long)
+            return 0x87, existed
+        if code < 0x80:
+            self.options[request.topic_filter] = FilterOptions(
+                code, request.no_local, request.retain_as_published, request.subscription_id,
+                shared[0] if shared is not None else None)
+            self._matching.clear()
+            self._per_message = self._needs_per_message()
+        return code, existed
+
+    def subscribe_shared(self, group: str, topic_filter: str, qos: int) -> int:
+        """A member of the group's queue for the filter, at QoS 0 or 1 (a QoS 2 request is granted 1:
+        the session's exactly-once state is kept per queue of its own)."""
+        granted = min(qos, 1)
+        try:
+            topics.check_filter(topic_filter)
+            name = shared_queue_name(group, topic_filter)
+            if len(name.encode()) > topics.MAX_NAME_BYTES:
+                return codec.SUBACK_FAILURE
+            if name not in self.vhost.queues:
+                ops.declare_queue(self.actor, self.vhost, name, owner=self, auto_delete=True)
+            ops.bind_queue(self.actor, self.vhost, name, self.exchange, topics.binding_key(topic_filter), None, self)
+            mine = self.consumers.get(name)
+            if mine is not None and mine.no_ack != (granted == 0):
+                mine.queue.remove_consumer(mine)
+                del self.consumers[name]
+            if name not in self.consumers:
+                queue = ops.readable_queue(self.actor, self.vhost, name, self)
+                consumer = Consumer(f"mqtt-{self.client_id}-{name}", queue, self, no_ack=granted == 0,
+                                    prefetch=self.window if granted else 0)
+                self.consumers[name] = consumer
+                queue.add_consumer(consumer)
+            self._bound_window()
+        except (topics.TopicError, BrokerError):
+            return codec.SUBACK_FAILURE
+        return granted
+
+    def unsubscribe5(self, topic_filter: str) -> int:
+        """The UNSUBACK code: success, or no subscription existed."""
+        options = self.options.pop(topic_filter, None)
+        self._matching.clear()
+        self._per_message = self._needs_per_message()
+        if options is not None and options.group is not None:
+            name = shared_queue_name(options.group, topic_filter.split("/", 2)[2])
+            consumer = self.consumers.pop(name, None)
+            if consumer is not None:
+                consumer.queue.remove_consumer(consumer)
+            self._bound_window()
+            return 0
+        self.unsubscribe(topic_filter)
+        return 0 if options is not None else 0x11
+
+    # --- deliveries ----------------------------------------------------------------------------------
+    def _bound_window(self) -> None:
+        """With shared subscriptions beside its own queue the client has several consumers: the
+        in-flight window (its Receive Maximum) bounds them together. Alone, its queue's consumer
+        prefetch does (a channel-wide one would cut QoS 0 runs to the window's size too)."""
+        shared = any(isinstance(key, str) for key in self.consumers)
+        self.deliveries.prefetch = self.window if shared else 0
+
+    def _needs_per_message(self) -> bool:
+        """Whether a delivery may differ from the plain 3.1.1-shaped one plus an empty property block
+        (aliases, a size limit, subscription options or identifiers)."""
+        limits = self.limits
+        return bool(limits.maximum_packet_size is not None or limits.topic_alias_maximum or any(
+            o.subscription_id is not None or o.no_local or o.retain_as_published for o in self.options.values()))
+
+    def _is_plain(self, properties: bytes) -> bool:
+        found = self._plain.get(properties)
+        if found is None:
+            if len(self._plain) >= 64:
+                self._plain.clear()
+            outbound = self._outbound_of(properties)
+            found = self._plain[properties] = not outbound.static and outbound.expiration_ms is None
+        return found
+
+    def _all_plain(self, messages: list[StoredMessage]) -> bool:
+        last = None  # a run's messages mostly share one properties value: each distinct one looked up once
+        for msg in messages:
+            properties = msg.properties
+            if properties is not last:
+                if not self._is_plain(properties):
+                    return False
+                last = properties
+        return True
+
+    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
+                    redelivered: list[bool] | None) -> None:
+        """A run of plain deliveries (no MQTT 5 property to send, none dropped) is written as the 3.1.1
+        connection writes runs; any other, one delivery at a time."""
+        if not self._per_message and consumer.queue.name[:12] != "mqtt-shared-" and self._all_plain(messages):
+            return super().deliver_run(consumer, positions, messages, redelivered)
+        first = self.deliveries.deliver_run(consumer, positions, redelivered)
+        for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
+            self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
+
+    def _send(self, consumer: Consumer, tag: int, pos: int, msg: StoredMessage, redelivered: bool) -> None:
+        self._consumer = consumer
+        if self._skipped(consumer, msg):
+            if not consumer.no_ack:
+                self.deliveries.ack_run([tag])
+            return
+        if consumer.queue.name[:12] == "mqtt-shared-":  # a shared subscription: QoS 0 or 1
+            self._send_shared(consumer, tag, msg, redelivered)
+            return
+        super()._send(consumer, tag, pos, msg, redelivered)
+
+    def _send_shared(self, consumer: Consumer, tag: int, msg: StoredMessage, redelivered: bool) -> None:
+        if msg.routing_key[:1] == "$" and not self._dollar_subscribed(msg.routing_key, consumer):
+            if not consumer.no_ack:
+                self.deliveries.ack_run([tag])
+            return
+        topic, body = topics.topic_name(msg.routing_key), bytes(msg.body)
+        if consumer.no_ack or self._published_qos(msg.properties) == 0:
+            self.host.send(self._encode(topic, body, 0, False, 0, msg))
+            if not consumer.no_ack:
+                self.deliveries.ack_run([tag])
+            return
+        packet_id = self._packet_id()
+        self.inflight[packet_id] = tag
+        self.host.send(self._encode(topic, body, 1, redelivered, packet_id, msg))
+
+    def _outbound_of(self, properties: bytes) -> Outbound:
+        cache = self._outbound
+        found = cache.get(properties)
+        if found is None:
+            if len(cache) >= 64:
+                cache.clear()
+            found = cache[properties] = Outbound(properties)
+        return found
+
+    def _options_for(self, topic: str, consumer: Consumer | None) -> list[FilterOptions]:
+        """The options of the filters a delivery on this consumer's queue came through."""
+        if consumer is not None and consumer.queue.name[:12] == "mqtt-shared-":
+            name = consumer.queue.name
+            return [o for f, o in self.options.items()
+                    if o.group is not None and shared_queue_name(o.group, f.split("/", 2)[2]) == name]
+        cache = self._matching
+        found = cache.get(topic)
+        if found is None:
+            if len(cache) >= 1024:
+                cache.clear()
+            found = cache[topic] = [o for f, o in self.options.items() if o.group is None and topics.matches(f, topic)]
+        return found
+
+    def _skipped(self, consumer: Consumer, msg: StoredMessage) -> bool:
+        """No Local (every filter the message came through asks it, and the client published it), or
+        larger than the client's Maximum Packet Size (dropped as if sent, 3.1.2.11.4)."""
+        outbound = self._outbound_of(msg.properties)
+        topic = topics.topic_name(msg.routing_key)
+        if outbound.publisher() == self.client_id:
+            options = self._options_for(topic, consumer)
+            if options and all(o.no_local for o in options):
+                return True
+        limit = self.limits.maximum_packet_size
+        if limit is not None:
+            length = 2 + len(topic.encode()) + 2 + len(outbound.block(msg.timestamp, msg.timestamp, {})) \
+                + len(msg.body) + 8  # the subscription identifiers' room
+            if 1 + len(codec.remaining_length(length)) + length > limit:
+                return True
+        return False
+
+    def _encode(self, topic: str, body: bytes, qos: int, dup: bool, packet_id: int, msg: StoredMessage) -> bytes:
+        outbound = self._outbound_of(msg.properties)
+        options = self._options_for(topic, self._consumer) if self.options else []
+        extra: dict[str, Any] = {}
+        ids = [o.subscription_id for o in options if o.subscription_id is not None]
+        if ids:
+            extra["subscription_identifier"] = ids
+        retain = outbound.retained() and any(o.retain_as_published for o in options)
+        name = self._alias(topic, extra)
+        block = outbound.block(msg.timestamp, time.time_ns() // 1_000_000, extra)
+        return codec5.publish(name, body, qos, retain, dup, packet_id, block)
+
+    def _alias(self, topic: str, extra: dict[str, Any]) -> str:
+        """The topic to send: empty once the client knows its alias (the alias in ``extra``)."""
+        maximum = self.limits.topic_alias_maximum
+        if not maximum:
+            return topic
+        alias = self._aliases.get(topic)
+        if alias is not None:
+            extra["topic_alias"] = alias
+            return ""
+        if len(self._aliases) < maximum:
+            alias = self._aliases[topic] = len(self._aliases) + 1
+            extra["topic_alias"] = alias
+        return topic
+
+    def send_retained(self, topic: str, payload: bytes, qos: int) -> None:
+        """A retained message on SUBSCRIBE, with the subscription identifiers of the filters it matches."""
+        options = self._options_for(topic, None)
+        ids = [o.subscription_id for o in options if o.subscription_id is not None]
+        block = encode_properties({"subscription_identifier": ids or None})
+        packet_id = 0
+        if qos:
+            packet_id = self._packet_id()
+            self.inflight[packet_id] = None
+            if qos == 2:
+                self.qos2_ids.add(packet_id)
+        self.host.send(codec5.publish(topic, payload, qos, True, False, packet_id, block))
+
+
+def retained_for(request: codec5.SubscriptionRequest, existed: bool) -> bool:
+    """Whether a SUBSCRIBE's retained messages are sent: Retain Handling 0 always, 1 for a new
+    subscription, 2 never; never for a shared subscription."""
+    if request.topic_filter.startswith(SHARE_PREFIX):
+        return False
+    return request.retain_handling == 0 or (request.retain_handling == 1 and not existed)
