@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import ACCESS_REFUSED, BrokerChannelError
-from .users import DEFAULT_EXCHANGE_RESOURCE, UserStore
+from .users import DEFAULT_EXCHANGE_RESOURCE, PermissionKind, Permissions, TopicPermission
 
 # About 200 bytes an entry: a connection caches at most ~100 KiB of answers, however many names it uses.
 CACHE_MAX_ENTRIES = 512
@@ -22,6 +22,29 @@ DEAD_LETTER_EXCHANGE_ARG = "x-dead-letter-exchange"
 ALTERNATE_EXCHANGE_ARG = "alternate-exchange"
 POLICY_TARGET_KEYS = ("dead-letter-exchange", "alternate-exchange")
 POLICY_TAGS = frozenset({"administrator", "policymaker"})
+
+
+class Grants(Protocol):
+    """Where a user's tags and permissions come from: the user store (``users.UserStore``), or a
+    token's scopes (``token_grants.TokenGrants``). Every check below reads them through this, so a
+    user of any backend is checked by the same code."""
+
+    @property
+    def generation(self) -> int:
+        """Bumped by any change that may change an answer (cached answers are dropped)."""
+
+    def tags_of(self, user: str) -> frozenset[str]: ...
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool: ...
+
+    def permissions(self, user: str, vhost: str) -> Permissions | None: ...
+
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool: ...
+
+    def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:
+        """None: no topic permission applies (then every key is allowed)."""
+
+    def compiled(self, pattern: str) -> re.Pattern[str]: ...
 
 
 def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: str) -> BrokerChannelError:
@@ -70,7 +93,7 @@ class TopicCheck:
         self._last = key
 
 
-def topic_check(users: UserStore, user: str, vhost: str, kind: str, exchange_name: str,
+def topic_check(users: Grants, user: str, vhost: str, kind: str, exchange_name: str,
                 exchange_type: str, client_id: str | None = None) -> TopicCheck | None:
     """The check a ``kind`` ("write" or "read") key on that exchange needs, or None when no topic
     permission applies (not a topic exchange, or the user has none on it: RabbitMQ then allows all)."""
@@ -92,7 +115,7 @@ class UserPermissions:
 
     __slots__ = ("users", "username", "vhost", "_cache", "_generation")
 
-    def __init__(self, users: UserStore, username: str, vhost: str) -> None:
+    def __init__(self, users: Grants, username: str, vhost: str) -> None:
         self.users = users
         self.username = username
         self.vhost = vhost
@@ -143,7 +166,7 @@ class UserPermissions:
             self.check("write", "exchange", target)
 
 
-def check_policy(users: UserStore, username: str, vhost: str, definition: Mapping[str, Any]) -> None:
+def check_policy(users: Grants, username: str, vhost: str, definition: Mapping[str, Any]) -> None:
     """May ``username`` set a policy with this definition on ``vhost``?
 
     As RabbitMQ: only users tagged policymaker or administrator with access to the vhost may set
@@ -151,10 +174,9 @@ def check_policy(users: UserStore, username: str, vhost: str, definition: Mappin
     write to every exchange the policy names as a dead-letter or alternate exchange: queues that match
     the policy later dead-letter there whoever declared them, so the policy's author answers for it.
     """
-    user = users.user(username)
-    if user is None or not users.can_access_vhost(username, vhost):
+    if not users.can_access_vhost(username, vhost):
         raise BrokerChannelError(ACCESS_REFUSED, f"access to vhost '{vhost}' refused for user '{username}'")
-    if not POLICY_TAGS.intersection(user.tags):
+    if not POLICY_TAGS.intersection(users.tags_of(username)):
         raise BrokerChannelError(ACCESS_REFUSED, f"user '{username}' may not set policies in vhost '{vhost}' "
                                                "(needs the policymaker or administrator tag)")
     permissions = UserPermissions(users, username, vhost)
