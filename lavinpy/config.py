@@ -17,7 +17,7 @@ from .wire.proxy_header import parse_network
 
 FSYNC_POLICIES = ("always", "batch", "never")
 # The login backends auth_backends may name (lavinpy.broker.auth_backends builds them).
-AUTH_BACKENDS = ("local", "oauth2")
+AUTH_BACKENDS = ("local", "oauth2", "ldap")
 AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")
 CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
@@ -109,6 +109,26 @@ class Config:
     # More identity providers: name -> {issuer, jwks_url, discovery_endpoint_path, https_cacertfile, algorithms}.
     auth_oauth2_oauth_providers: dict[str, Any] = field(default_factory=dict)
     auth_oauth2_default_oauth_provider: str = ""  # a provider above for auth_oauth2_resource_server_id
+    # ldap (RabbitMQ's auth_ldap.*, "." written "_"; queries are its advanced.config terms as YAML lists).
+    auth_ldap_servers: list[str] = field(default_factory=list)
+    auth_ldap_port: int = 389
+    auth_ldap_use_ssl: bool = False
+    auth_ldap_use_starttls: bool = False
+    auth_ldap_ssl_cacertfile: str = ""
+    auth_ldap_timeout: float = 5.0  # seconds for a connection or an answer
+    auth_ldap_user_dn_pattern: str = "${username}"
+    auth_ldap_dn_lookup_attribute: str = ""  # e.g. uid, userPrincipalName: the DN is looked up
+    auth_ldap_dn_lookup_base: str = ""
+    auth_ldap_dn_lookup_bind: str = "as_user"  # as_user | anon | the DN the lookup binds as
+    auth_ldap_dn_lookup_bind_password: str = ""
+    auth_ldap_other_bind: str = "as_user"  # who asks the queries: as_user | anon | a DN
+    auth_ldap_other_bind_password: str = ""
+    auth_ldap_group_lookup_base: str = ""  # where in_group_nested searches ("" = dn_lookup_base)
+    auth_ldap_tag_queries: dict[str, Any] = field(default_factory=dict)  # tag -> query
+    auth_ldap_vhost_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_resource_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_topic_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_cache_ttl: float = 15.0  # seconds a query's answer is remembered
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
@@ -276,6 +296,15 @@ class Config:
                                   "client certificates)")
         if any("oauth2" in entry.split(":", 1) for entry in self.auth_backends):
             self._validate_oauth2()
+        if any("ldap" in entry.split(":", 1) for entry in self.auth_backends):
+            if find_spec("ldap3") is None:
+                raise ConfigError("auth_backends: ldap needs the ldap3 package (pip install 'lavinpy[ldap]')")
+            if not self.auth_ldap_servers:
+                raise ConfigError("auth_backends: ldap needs auth_ldap_servers (the directory's hosts)")
+            if self.auth_ldap_use_ssl and self.auth_ldap_use_starttls:
+                raise ConfigError("auth_ldap_use_ssl and auth_ldap_use_starttls: choose one")
+            if not isinstance(self.auth_ldap_tag_queries, dict):
+                raise ConfigError("auth_ldap_tag_queries must map a tag to a query")
         if (self.ssl_cert_login_from in ("subject_alternative_name", "subject_alt_name")
                 and self.ssl_cert_login_san_type == "other_name" and find_spec("cryptography") is None):
             raise ConfigError("ssl_cert_login_san_type: other_name needs the cryptography package")
@@ -375,6 +404,8 @@ def _coerce(name: str, value: Any) -> Any:
             return _bool(value)
         if kind == "float":
             return float(value)
+        if kind == "Any":  # a query: YAML as it is, or JSON from the environment
+            return json.loads(value) if isinstance(value, str) else value
         if kind == "dict[str, Any]":
             parsed = json.loads(value) if isinstance(value, str) else value
             if not isinstance(parsed, dict):

@@ -117,8 +117,13 @@ class Logins:
         # ((users generation, user count), the slowest hash): looked for again after any change of the users
         self._slowest: tuple[tuple[int, int], tuple[str, str] | None] = ((-1, -1), None)
         self.chain: list[ChainLink] = make_chain(broker.config.auth_backends, {
-            "local": lambda: LocalBackend(self), "oauth2": self._oauth2})
+            "local": lambda: LocalBackend(self), "oauth2": self._oauth2, "ldap": self._ldap})
         self.counts: dict[tuple[str, str], int] = {}  # (backend, "ok" | "refused") -> logins
+
+    def _ldap(self) -> AuthBackend:
+        from .ldap_backend import LdapBackend  # ldap3 is imported only by a broker that uses a directory
+
+        return LdapBackend(self.broker.config, lambda: self.broker.users)
 
     def _oauth2(self) -> AuthBackend:
         from .oauth2 import OAuth2Backend  # joserfc is imported only by a broker that uses tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import ACCESS_REFUSED, BrokerChannelError
 from .users import DEFAULT_EXCHANGE_RESOURCE, PermissionKind, Permissions, TopicPermission
@@ -39,12 +39,32 @@ class Grants(Protocol):
 
     def permissions(self, user: str, vhost: str) -> Permissions | None: ...
 
-    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool: ...
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
+        ...
 
     def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:
-        """None: no topic permission applies (then every key is allowed)."""
+        """None: no topic permission applies (then every key is allowed, unless ``TopicQueries``)."""
 
     def compiled(self, pattern: str) -> re.Pattern[str]: ...
+
+
+@runtime_checkable
+class TopicQueries(Protocol):
+    """Grants whose topic permissions are asked key by key (a directory's query), not regexes."""
+
+    def topic_allowed(self, user: str, vhost: str, exchange: str, kind: str, key: str) -> bool: ...
+
+
+class _AskedKeys:
+    """A ``TopicQueries``' answer in the shape of a compiled regex (``TopicCheck`` searches it)."""
+
+    __slots__ = ("grants", "user", "vhost", "exchange", "kind")
+
+    def __init__(self, grants: TopicQueries, user: str, vhost: str, exchange: str, kind: str) -> None:
+        self.grants, self.user, self.vhost, self.exchange, self.kind = grants, user, vhost, exchange, kind
+
+    def search(self, key: str) -> bool | None:
+        return True if self.grants.topic_allowed(self.user, self.vhost, self.exchange, self.kind, key) else None
 
 
 def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: str) -> BrokerChannelError:
@@ -77,7 +97,7 @@ class TopicCheck:
 
     __slots__ = ("kind", "regex", "exchange", "vhost", "user", "_last")
 
-    def __init__(self, kind: str, regex: re.Pattern[str], exchange: str, vhost: str, user: str) -> None:
+    def __init__(self, kind: str, regex: re.Pattern[str] | _AskedKeys, exchange: str, vhost: str, user: str) -> None:
         self.kind = kind
         self.regex = regex
         self.exchange = exchange
@@ -99,6 +119,8 @@ def topic_check(users: Grants, user: str, vhost: str, kind: str, exchange_name: 
     permission applies (not a topic exchange, or the user has none on it: RabbitMQ then allows all)."""
     if exchange_type != "topic":
         return None
+    if isinstance(users, TopicQueries):
+        return TopicCheck(kind, _AskedKeys(users, user, vhost, exchange_name, kind), exchange_name, vhost, user)
     permission = users.topic_permission(user, vhost, exchange_name)
     if permission is None:
         return None
@@ -119,7 +141,7 @@ class UserPermissions:
         self.users = users
         self.username = username
         self.vhost = vhost
-        self._cache: dict[tuple[str, str], bool] = {}
+        self._cache: dict[tuple[str, str, str], bool] = {}
         self._generation = users.generation
 
     def allowed(self, kind: str, resource_type: str, name: str) -> bool:
@@ -128,10 +150,10 @@ class UserPermissions:
             self._generation = self.users.generation
         if resource_type == "exchange" and name == "":
             name = DEFAULT_EXCHANGE_RESOURCE
-        key = (kind, name)  # the regexes do not depend on the resource type
+        key = (kind, resource_type, name)  # a directory's query may answer queues and exchanges apart
         allowed = self._cache.get(key)
         if allowed is None:
-            allowed = self.users.check(self.username, self.vhost, kind, name)  # type: ignore[arg-type]
+            allowed = self.users.check(self.username, self.vhost, kind, name, resource_type)  # type: ignore[arg-type]
             if len(self._cache) >= CACHE_MAX_ENTRIES:
                 self._cache.clear()  # cheaper than LRU bookkeeping; a refill costs one regex search each
             self._cache[key] = allowed

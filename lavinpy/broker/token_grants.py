@@ -122,7 +122,7 @@ class TokenGrants:
             return None
         return Permissions(*(_union([name for k, name, _ in grants if k == kind]) for kind in _KINDS))
 
-    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool:
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
         return allowed_by(self.permissions(user, vhost), kind, resource, self.compiled)
 
     def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:

@@ -394,8 +394,9 @@ class UserStore:
         """A user may open a vhost when the vhost exists and the user has any permission entry on it."""
         return vhost in self._vhosts and self.permissions(user, vhost) is not None
 
-    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool:
-        """May ``user`` do a ``kind`` operation on the exchange or queue named ``resource`` in ``vhost``?"""
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
+        """May ``user`` do a ``kind`` operation on the exchange or queue named ``resource`` in ``vhost``?
+        (The regexes do not depend on ``resource_type``.)"""
         return allowed_by(self.permissions(user, vhost), kind, resource, self._compiled)
 
     def _compiled(self, pattern: str) -> re.Pattern[str]:
