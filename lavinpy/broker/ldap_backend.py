@@ -229,7 +229,7 @@ class LdapGrants:
         self.user_dn = user_dn
         self._password = password  # the queries bind as the user (RabbitMQ's other_bind as_user)
         self.tags: frozenset[str] = frozenset()
-        self._answers: dict[tuple[str, ...], tuple[bool, float]] = {}
+        self._answers: dict[tuple[Any, ...], tuple[bool, float]] = {}
 
     @property
     def generation(self) -> int:
@@ -240,7 +240,7 @@ class LdapGrants:
 
     def ask(self, query: Any, values: dict[str, str], directory: Any = None) -> bool:
         """A query's answer for ``values``, from the cache or the directory (no on any failure)."""
-        key = (repr(query), *sorted(f"{k}={v}" for k, v in values.items()))
+        key = (id(query), *values.values())  # the queries live as long as the settings; values in one order
         cached = self._answers.get(key)
         now = time.monotonic()
         if cached is not None and cached[1] > now:
@@ -253,7 +253,8 @@ class LdapGrants:
                 directory = _Directory(s, who, self._password if s.other_bind == "as_user" else s.other_bind_password)
             answer = evaluate(query, values, directory, s.group_lookup_base or s.dn_lookup_base)
         except (QueryError, DirectoryDown) as e:
-            log.warning("LDAP query for user %r (%s) answered no: %s", self.username, ", ".join(key[1:]), e)
+            log.warning("LDAP query for user %r (%s) answered no: %s", self.username,
+                        ", ".join(f"{k}={v}" for k, v in values.items()), e)
             answer = False
         finally:
             if own and directory is not None:
