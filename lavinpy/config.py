@@ -109,6 +109,12 @@ class Config:
     # More identity providers: name -> {issuer, jwks_url, discovery_endpoint_path, https_cacertfile, algorithms}.
     auth_oauth2_oauth_providers: dict[str, Any] = field(default_factory=dict)
     auth_oauth2_default_oauth_provider: str = ""  # a provider above for auth_oauth2_resource_server_id
+    # The dashboard's single sign-on (RabbitMQ's management.oauth_*): the authorization code flow with
+    # PKCE against the provider (a public client: no secret), the token then sent as Bearer.
+    management_oauth_enabled: bool = False
+    management_oauth_client_id: str = ""
+    management_oauth_provider_url: str = ""  # the issuer the browser goes to ("" = auth_oauth2_issuer)
+    management_oauth_scopes: str = "openid profile"
     # ldap (RabbitMQ's auth_ldap.*, "." written "_"; queries are its advanced.config terms as YAML lists).
     auth_ldap_servers: list[str] = field(default_factory=list)
     auth_ldap_port: int = 389
@@ -296,6 +302,15 @@ class Config:
                                   "client certificates)")
         if any("oauth2" in entry.split(":", 1) for entry in self.auth_backends):
             self._validate_oauth2()
+        if self.management_oauth_enabled:
+            if not any("oauth2" in entry.split(":", 1) for entry in self.auth_backends):
+                raise ConfigError("management_oauth_enabled needs oauth2 in auth_backends (the API checks the tokens)")
+            if not self.management_oauth_client_id:
+                raise ConfigError("management_oauth_enabled needs management_oauth_client_id")
+            provider = self.management_oauth_provider_url or self.auth_oauth2_issuer
+            if not provider.startswith(("https://", "http://")):
+                raise ConfigError("management_oauth_enabled needs management_oauth_provider_url "
+                                  "(or auth_oauth2_issuer)")
         if any("ldap" in entry.split(":", 1) for entry in self.auth_backends):
             if find_spec("ldap3") is None:
                 raise ConfigError("auth_backends: ldap needs the ldap3 package (pip install 'lavinpy[ldap]')")

@@ -2,13 +2,15 @@
 credentials grant and RFC 9068 JWT access token generator, signing through joserfc) on Flask, served by
 Werkzeug on a free port in a thread. It publishes OpenID discovery and a JWKS, issues access tokens at
 its token endpoint to registered clients (HTTP Basic client authentication, the scopes each client may
-ask for, the audience of the broker's resource server, a lifetime per client), and rotates its signing
+ask for, the audience of the broker's resource server, a lifetime per client), runs the authorization
+code flow with PKCE for browser apps (its login form takes a user name), and rotates its signing
 key (RS256, ES256, EdDSA) when a test asks. Authlib's token endpoint signs with RS256 and ES256 (joserfc's
 recommended algorithms); ``sign`` signs any claims with the current key, EdDSA included."""
 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
 import threading
@@ -20,9 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from authlib.integrations.flask_oauth2 import AuthorizationServer
+from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.rfc6749 import ClientMixin, grants
+from authlib.oauth2.rfc7636 import CodeChallenge
 from authlib.oauth2.rfc9068 import JWTBearerTokenGenerator
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 from werkzeug.serving import make_server
@@ -33,35 +37,83 @@ from tests.helpers import free_port
 @dataclass
 class Client(ClientMixin):
     client_id: str
-    secret: str
+    secret: str  # "": a public client (a browser app: the authorization code flow with PKCE)
     scopes: set[str]  # what it may ask for
     audience: str | list[str]
     lifetime: int = 300  # seconds its tokens live
     claims: dict[str, Any] = field(default_factory=dict)  # extra claims in its tokens
+    redirect_uris: list[str] = field(default_factory=list)
 
     def get_client_id(self) -> str:
         return self.client_id
 
     def get_default_redirect_uri(self) -> str:
-        return ""
+        return self.redirect_uris[0] if self.redirect_uris else ""
 
     def get_allowed_scope(self, scope: str) -> str:
         return " ".join(s for s in scope.split() if s in self.scopes)
 
     def check_redirect_uri(self, redirect_uri: str) -> bool:
-        return False
+        return redirect_uri in self.redirect_uris
 
     def check_client_secret(self, client_secret: str) -> bool:
-        return client_secret == self.secret
+        return bool(self.secret) and client_secret == self.secret
 
     def check_endpoint_auth_method(self, method: str, endpoint: str) -> bool:
-        return method == "client_secret_basic"
+        return method == ("client_secret_basic" if self.secret else "none")
 
     def check_response_type(self, response_type: str) -> bool:
-        return False
+        return response_type == "code" and not self.secret
 
     def check_grant_type(self, grant_type: str) -> bool:
-        return grant_type == "client_credentials"
+        return grant_type == ("client_credentials" if self.secret else "authorization_code")
+
+
+@dataclass
+class User:
+    name: str
+
+    def get_user_id(self) -> str:
+        return self.name
+
+
+@dataclass
+class Code:
+    code: str
+    client_id: str
+    redirect_uri: str
+    scope: str
+    user: User
+    code_challenge: str
+    code_challenge_method: str
+
+    def get_redirect_uri(self) -> str:
+        return self.redirect_uri
+
+    def get_scope(self) -> str:
+        return self.scope
+
+
+class _CodeGrant(grants.AuthorizationCodeGrant):
+    """The authorization code grant for public clients (PKCE required: CodeChallenge below)."""
+
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
+    codes: dict[str, Code] = {}
+
+    def save_authorization_code(self, code: str, request: Any) -> None:
+        self.codes[code] = Code(code, request.client.client_id, request.payload.redirect_uri, request.scope,
+                                request.user, request.payload.data.get("code_challenge", ""),
+                                request.payload.data.get("code_challenge_method", ""))
+
+    def query_authorization_code(self, code: str, client: Client) -> Code | None:
+        item = self.codes.get(code)
+        return item if item is not None and item.client_id == client.client_id else None
+
+    def delete_authorization_code(self, authorization_code: Code) -> None:
+        self.codes.pop(authorization_code.code, None)
+
+    def authenticate_user(self, authorization_code: Code) -> User:
+        return authorization_code.user
 
 
 class _Tokens(JWTBearerTokenGenerator):
@@ -107,6 +159,7 @@ class OIDCProvider:
         app = Flask("oidc-provider")
         server = AuthorizationServer(app, query_client=self.clients.get, save_token=lambda token, request: None)
         server.register_grant(grants.ClientCredentialsGrant)
+        server.register_grant(_CodeGrant, [CodeChallenge(required=True)])
         server.register_token_generator("default", _Tokens(self))
 
         @app.get("/.well-known/openid-configuration")
@@ -128,6 +181,27 @@ class OIDCProvider:
         def token() -> Any:
             return server.create_token_response()
 
+        @app.get("/authorize")
+        def authorize_form() -> Any:  # the provider's login page: a user name is enough here
+            try:
+                server.get_consent_grant(end_user=None)
+            except OAuth2Error as e:
+                return jsonify(dict(e.get_body())), 400
+            hidden = "".join(f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">'
+                             for k, v in request.args.items())
+            return (f'<form method="post" action="/authorize">{hidden}<input id="username" name="username">'
+                    '<button id="sign-in" type="submit">Sign in</button></form>')
+
+        @app.post("/authorize")
+        def authorize() -> Any:
+            user = User(request.form["username"])
+            return server.create_authorization_response(grant=server.get_consent_grant(end_user=user), grant_user=user)
+
+        @app.after_request
+        def cors(response: Any) -> Any:  # browser apps on other origins read discovery and the token endpoint
+            response.headers["Access-Control-Allow-Origin"] = "*"
+            return response
+
         self._server = make_server("127.0.0.1", self.port, app, threaded=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="oidc-provider", daemon=True)
         self._thread.start()
@@ -146,8 +220,11 @@ class OIDCProvider:
         return kid
 
     def add_client(self, client_id: str, scopes: list[str], audience: str | list[str] = "rabbitmq",
-                   lifetime: int = 300, claims: dict[str, Any] | None = None) -> Client:
-        client = Client(client_id, f"{client_id}-secret", set(scopes), audience, lifetime, claims or {})
+                   lifetime: int = 300, claims: dict[str, Any] | None = None,
+                   redirect_uris: list[str] | None = None) -> Client:
+        """A client with a secret (client credentials), or with ``redirect_uris`` a public one (code + PKCE)."""
+        secret = "" if redirect_uris else f"{client_id}-secret"
+        client = Client(client_id, secret, set(scopes), audience, lifetime, claims or {}, redirect_uris or [])
         self.clients[client_id] = client
         return client
 

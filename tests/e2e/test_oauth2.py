@@ -38,6 +38,8 @@ from tests.mqtt.conftest import Paho
 
 from .conftest import LocalBroker, lavinpy_only
 from .oidc_provider import OIDCProvider, claims_of, wait_past
+from .test_dashboard import CHROMEDRIVER, CHROMIUM, _click, _fill, _text, _wait
+from .test_dashboard import browser as browser  # the headless Chromium fixture
 
 pytestmark = lavinpy_only("starts lavinpy with the oauth2 backend")
 
@@ -53,10 +55,12 @@ class OAuthBroker:
             "auth_backends": ["local", "oauth2"],
             "auth_oauth2_resource_server_id": "rabbitmq",
             "auth_oauth2_issuer": provider.issuer,
-            "auth_oauth2_preferred_username_claims": ["user_name", "client_id"],
+            "auth_oauth2_preferred_username_claims": ["user_name", "sub"],  # sub: the client, or the user
             "auth_oauth2_additional_scopes_key": "roles",
             "auth_oauth2_scope_aliases": {"ops": ["rabbitmq.tag:monitoring", "rabbitmq.read:*/*"]},
             "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"}},
+            "management_oauth_enabled": True, "management_oauth_client_id": "dashboard",
+            "management_oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*",
         }
         conf = tmp / "oauth2.yaml"
         conf.write_text(json.dumps(settings))  # JSON is YAML
@@ -371,3 +375,25 @@ def test_bad_tokens_are_refused_with_403_and_logged_once_each(ob: OAuthBroker, p
     metrics = urllib.request.urlopen(f"{ob.broker.metrics_url}/metrics", timeout=10).read().decode()
     assert 'auth_logins_total{backend="oauth2",outcome="refused"}' in metrics
     assert 'auth_logins_total{backend="oauth2",outcome="ok"}' in metrics
+
+
+# --- the dashboard's single sign-on -------------------------------------------------------------------
+
+@pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+                    reason="chromium and chromium-driver are not installed")
+def test_the_dashboard_signs_in_with_the_authorization_code_flow_and_pkce(
+        ob: OAuthBroker, provider: OIDCProvider, browser: Any) -> None:
+    provider.add_client("dashboard", ["openid", "rabbitmq.tag:administrator", "rabbitmq.read:*/*"],
+                        redirect_uris=[f"{ob.broker.http_url}/"])
+    assert ob.api("GET", "auth") == {"oauth_enabled": True, "oauth_client_id": "dashboard",
+                                     "oauth_provider_url": provider.issuer, "oauth_resource_id": "rabbitmq",
+                                     "oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*"}
+    browser.get(f"{ob.broker.http_url}/")
+    _click(browser, "#sso-login")
+    _wait(lambda: browser.current_url.startswith(f"{provider.issuer}/authorize?"), "the provider's login page")
+    assert "code_challenge_method=S256" in browser.current_url
+    _fill(browser, "#username", "sso-admin")
+    _click(browser, "#sign-in")
+    _wait(lambda: _text(browser, "#whoami") == "sso-admin (administrator)", "the dashboard signed in by SSO")
+    assert "code=" not in browser.current_url  # the code is used once and leaves the address bar
+    _wait(lambda: browser.find_elements("css selector", "#nav a[href='#/overview'].active"), "the overview")
