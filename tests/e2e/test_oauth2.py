@@ -58,7 +58,10 @@ class OAuthBroker:
             "auth_oauth2_preferred_username_claims": ["user_name", "sub"],  # sub: the client, or the user
             "auth_oauth2_additional_scopes_key": "roles",
             "auth_oauth2_scope_aliases": {"ops": ["rabbitmq.tag:monitoring", "rabbitmq.read:*/*"]},
-            "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"}},
+            "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"},
+                                             "offline": {"id": "offline", "oauth_provider_id": "down"}},
+            # A second provider whose key set cannot be fetched (nothing listens there).
+            "auth_oauth2_oauth_providers": {"down": {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks"}},
             "management_oauth_enabled": True, "management_oauth_client_id": "dashboard",
             "management_oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*",
         }
@@ -334,6 +337,22 @@ def test_mqtt_client_is_disconnected_when_its_token_expires(ob: OAuthBroker, pro
         paho.disconnect()
 
 
+def test_update_secret_replaces_the_scopes(ob: OAuthBroker, provider: OIDCProvider) -> None:
+    client_id = f"narrowing-{time.monotonic_ns()}"
+    provider.add_client(client_id, [*ALL, "rabbitmq.read:%2F/*", "rabbitmq.read:v2/*"])
+    conn = pika.BlockingConnection(ob.params(provider.token(client_id, " ".join(ALL))))
+    conn.update_secret(provider.token(client_id, "rabbitmq.read:%2F/*"), "fewer rights")
+    ch = conn.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        ch.queue_declare(f"q-{client_id}", auto_delete=True)
+    assert (refused.value.reply_code, refused.value.reply_text) == (
+        403, f"ACCESS_REFUSED - configure access to queue 'q-{client_id}' in vhost '/' refused for user '{client_id}'")
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        conn.update_secret(provider.token(client_id, "rabbitmq.read:v2/*"), "another vhost only")
+    assert (closed.value.reply_code, closed.value.reply_text) == (
+        530, f"NOT_ALLOWED - access to vhost '/' refused for user '{client_id}'")
+
+
 # --- bad tokens --------------------------------------------------------------------------------------
 
 def _bad_tokens(provider: OIDCProvider) -> dict[str, tuple[str, str]]:
@@ -357,6 +376,8 @@ def _bad_tokens(provider: OIDCProvider) -> dict[str, tuple[str, str]]:
                            "unknown signing key id 'nobody'"),
         "another issuer": (provider.sign({"aud": "rabbitmq", "exp": now + 300, "iss": "https://evil.example"}),
                            "issued by 'https://evil.example'"),
+        "its provider's keys unreachable": (provider.sign({"aud": "offline", "exp": now + 300}),
+                                            "the signing keys could not be fetched"),
     }
 
 
