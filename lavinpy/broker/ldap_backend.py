@@ -109,9 +109,9 @@ class _Directory:
             self.connection.open()
             if settings.use_starttls:
                 self.connection.start_tls()
+            self.bound = bool(self.connection.bind()) if not anonymous else True
         except LDAPException as e:
             raise DirectoryDown(str(e) or type(e).__name__) from None
-        self.bound = self.connection.bind() if not anonymous else True
 
     def close(self) -> None:
         try:

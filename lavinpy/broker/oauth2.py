@@ -110,6 +110,8 @@ class OAuth2Backend:
         digest = hashlib.sha256(token.encode()).digest()
         try:
             header, claims, server, keys = self._peek(token)
+            if not keys.may_refresh():  # unknown key ids cannot make the broker fetch without bound
+                raise Refused(f"unknown signing key id {header.get('kid')!r} (the keys were just fetched)")
             try:
                 await keys.refresh()
             except KeyFetchError as e:
