@@ -200,7 +200,7 @@ class LdapBackend:
             log.warning("LDAP login of %r: the directory could not be reached (%s); the next backend decides",
                         username, e)
             return AuthResult(AuthStatus.UNKNOWN, self.name)
-        except QueryError as e:
+        except QueryError as e:  # the DN pattern names a variable a login does not know
             log.warning("LDAP login of %r: %s", username, e)
             return AuthResult(AuthStatus.REFUSED, self.name)
         return AuthResult(AuthStatus.KNOWN, self.name, username=username, grants=grants)

@@ -241,3 +241,49 @@ def test_a_directory_that_does_not_answer_refuses_its_users_only(lb: LdapBroker)
     assert "the directory could not be reached" in lb.broker.log
     with lb.connect("alice") as conn:
         conn.channel()
+
+
+def _backend(lb: LdapBroker, **settings: Any) -> Any:
+    """The broker's ldap backend in this process, on the module's directory, with other settings."""
+    from lavinpy.broker.auth_backends import LoginRequest
+    from lavinpy.broker.ldap_backend import LdapBackend
+    from lavinpy.config import Config
+
+    config = Config(auth_backends=["ldap"], auth_ldap_servers=["127.0.0.1"], auth_ldap_port=lb.slapd.port,
+                    auth_ldap_timeout=2.0, **settings)
+    config.validate()
+    backend = LdapBackend(config, lambda: None)
+    return lambda user, password: backend._login(LoginRequest("AMQP 0-9-1", "PLAIN", user, password, None).username,
+                                                 password)
+
+
+@pytest.mark.parametrize("bind", ["anon", ADMIN, "as_user"])
+def test_the_users_dn_is_looked_up_before_or_after_the_bind(lb: LdapBroker, bind: str) -> None:
+    login = _backend(lb, auth_ldap_user_dn_pattern=f"uid=${{username}},{PEOPLE}" if bind == "as_user" else "unused",
+                     auth_ldap_dn_lookup_attribute="cn", auth_ldap_dn_lookup_base=PEOPLE, auth_ldap_dn_lookup_bind=bind,
+                     auth_ldap_dn_lookup_bind_password=ADMIN_PASSWORD if bind == ADMIN else "",
+                     auth_ldap_tag_queries={"administrator": ["in_group", ADMINS]})
+    if bind == "as_user":  # the pattern gives the bind DN; the lookup after the bind, as the user, finds it
+        found = login("alice", "alice-pw")
+        assert (found.status.value, found.grants.user_dn) == ("known", f"uid=alice,{PEOPLE}")
+        return
+    alice = login("alice", "alice-pw")
+    assert (alice.status.value, alice.grants.user_dn, alice.grants.tags) == (
+        "known", f"uid=alice,{PEOPLE}", frozenset({"administrator"}))
+    assert login("alice", "wrong").status.value == "refused"
+    assert login("nobody", "x").status.value == "unknown"  # not in the directory: the next backend decides
+
+
+def test_queries_asked_anonymously_and_unknown_forms_answer_no(lb: LdapBroker,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    login = _backend(lb, auth_ldap_user_dn_pattern=f"uid=${{username}},{PEOPLE}", auth_ldap_other_bind="anon",
+                     auth_ldap_tag_queries={"monitoring": ["in_group", ADMINS], "management": ["no_such_form"]})
+    result = login("bob", "bob-pw")
+    assert (result.status.value, result.grants.tags) == ("known", frozenset())  # a broken query answers no
+    assert "LDAP query for user 'bob'" in "".join(caplog.messages)
+    login = _backend(lb, auth_ldap_user_dn_pattern=f"uid=${{username}},{PEOPLE}", auth_ldap_other_bind="anon",
+                     auth_ldap_tag_queries={"monitoring": ["in_group", ADMINS]},
+                     auth_ldap_resource_access_query=["match", "${name}", "^${no_such_variable}"])
+    alice = login("alice", "alice-pw")
+    assert alice.grants.tags == frozenset({"monitoring"})  # asked anonymously: the groups are readable
+    assert not alice.grants.ask(["match", "${name}", "^${no_such_variable}"], {"name": "q"})
