@@ -26,7 +26,8 @@ def have_slapd() -> bool:
 
 
 class Slapd:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) for StartTLS on the same port."""
         if not have_slapd():
             pytest.skip("Debian's slapd and ldap-utils are not installed (.ci/run installs them)")
         self.dir = workdir
@@ -40,7 +41,8 @@ class Slapd:
         conf.write_text(f"{schemas}pidfile {self.dir}/slapd.pid\nmodulepath /usr/lib/ldap\nmoduleload back_mdb\n"
                         f"database mdb\nmaxsize 10485760\nsuffix \"{SUFFIX}\"\nrootdn \"{ADMIN}\"\n"
                         f"rootpw {ADMIN_PASSWORD}\ndirectory {self.dir / 'db'}\n"
-                        "access to attrs=userPassword by anonymous auth by self read by * none\n"
+                        + (f"TLSCertificateFile {tls[0]}\nTLSCertificateKeyFile {tls[1]}\n" if tls else "")
+                        + "access to attrs=userPassword by anonymous auth by self read by * none\n"
                         "access to * by * read\n")
         self.log = open(self.dir / "slapd.log", "wb")  # noqa: SIM115 (closed in stop)
         # -d: stay in the foreground (the test owns the process); 0: no debug output.

@@ -28,6 +28,7 @@ from tests.mqtt.conftest import Paho
 
 from .conftest import LocalBroker, lavinpy_only
 from .slapd import ADMIN, ADMIN_PASSWORD, SUFFIX, Slapd
+from .tls_certs import CA
 
 pytestmark = lavinpy_only("starts lavinpy with the ldap backend")
 
@@ -107,7 +108,9 @@ REFUSED = "ACCESS_REFUSED - Login was refused using authentication mechanism PLA
 
 class LdapBroker:
     def __init__(self, tmp: Path) -> None:
-        self.slapd = Slapd(tmp / "slapd")
+        self.ca = CA(tmp / "pki")
+        cert, key, _ = self.ca.issue("ldap", server=True)
+        self.slapd = Slapd(tmp / "slapd", tls=(cert, key))
         try:
             self.slapd.add(ENTRIES)
             conf = tmp / "ldap.yaml"
@@ -287,3 +290,11 @@ def test_queries_asked_anonymously_and_unknown_forms_answer_no(lb: LdapBroker,
     alice = login("alice", "alice-pw")
     assert alice.grants.tags == frozenset({"monitoring"})  # asked anonymously: the groups are readable
     assert not alice.grants.ask(["match", "${name}", "^${no_such_variable}"], {"name": "q"})
+
+
+def test_starttls_with_the_directorys_ca_and_not_with_another(lb: LdapBroker, tmp_path: Path) -> None:
+    settings = {"auth_ldap_user_dn_pattern": f"uid=${{username}},{PEOPLE}", "auth_ldap_use_starttls": True}
+    trusted = _backend(lb, auth_ldap_ssl_cacertfile=str(lb.ca.cert_path), **settings)
+    assert trusted("dave", "dave-pw").status.value == "known"
+    stranger = _backend(lb, auth_ldap_ssl_cacertfile=str(CA(tmp_path / "other").cert_path), **settings)
+    assert stranger("dave", "dave-pw").status.value == "unknown"  # the directory's certificate is not trusted
