@@ -111,17 +111,17 @@ class LdapBroker:
         self.ca = CA(tmp / "pki")
         cert, key, _ = self.ca.issue("ldap", server=True)
         self.slapd = Slapd(tmp / "slapd", tls=(cert, key))
+        self.broker = LocalBroker(tmp / "broker")
         try:
             self.slapd.add(ENTRIES)
             conf = tmp / "ldap.yaml"
             conf.write_text(json.dumps({**SETTINGS, "auth_ldap_port": self.slapd.port}))
             self.mqtt_port = free_port()
-            self.broker = LocalBroker(tmp / "broker")
             self.broker.extra_args = ["--config", str(conf), "--mqtt-port", str(self.mqtt_port)]
             self.broker.start()
             self.api("PUT", "vhosts/v2", user="guest", password="guest")
         except BaseException:
-            self.slapd.stop()
+            self.close()
             raise
 
     def close(self) -> None:

@@ -69,9 +69,13 @@ class OAuthBroker:
         conf.write_text(json.dumps(settings))  # JSON is YAML
         self.broker = LocalBroker(tmp / "broker")
         self.broker.extra_args = ["--config", str(conf), "--mqtt-port", str(self.mqtt_port)]
-        self.broker.start()
-        self.api("PUT", "vhosts/v2")
-        self.api("PUT", "permissions/v2/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+        try:
+            self.broker.start()
+            self.api("PUT", "vhosts/v2")
+            self.api("PUT", "permissions/v2/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+        except BaseException:
+            self.broker.close()
+            raise
 
     def api(self, method: str, path: str, body: Any = None, auth: str | None = None) -> Any:
         auth = auth or "Basic " + base64.b64encode(b"guest:guest").decode()
