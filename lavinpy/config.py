@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from .wire.proxy_header import parse_network
 
 FSYNC_POLICIES = ("always", "batch", "never")
 # The login backends auth_backends may name (lavinpy.broker.auth_backends builds them).
-AUTH_BACKENDS = ("local",)
+AUTH_BACKENDS = ("local", "oauth2", "ldap")
 AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")
 CERT_LOGIN_SAN_TYPES = ("dns", "ip", "email", "uri", "other_name")
@@ -82,8 +83,58 @@ class Config:
     auth_mechanisms: list[str] = field(default_factory=lambda: ["PLAIN", "AMQPLAIN"])
     # Who decides a login, in order (RabbitMQ's and LavinMQ's auth_backends): the first backend that
     # knows the user decides, and the same backend gives its tags and permissions ("authn:authz" names
-    # another backend for those). Known: local (the user store).
+    # another backend for those). Known: local (the user store), oauth2 (JWT access tokens as passwords).
     auth_backends: list[str] = field(default_factory=lambda: ["local"])
+    # oauth2 (RabbitMQ's auth_oauth2.* with "_" for "."; docs/auth.md): a token's aud must name a resource
+    # server (this id, or one of auth_oauth2_resource_servers); its keys come from the issuer's JWKS
+    # (OpenID discovery at issuer + discovery path, or jwks_url), refetched for an unknown key id.
+    auth_oauth2_resource_server_id: str = ""
+    auth_oauth2_issuer: str = ""
+    auth_oauth2_jwks_url: str = ""
+    auth_oauth2_discovery_endpoint_path: str = "/.well-known/openid-configuration"
+    auth_oauth2_https_cacertfile: str = ""  # the CA of the issuer's HTTPS certificate ("" = the system's)
+    auth_oauth2_algorithms: list[str] = field(default_factory=list)  # [] = every asymmetric one
+    auth_oauth2_verify_aud: bool = True
+    auth_oauth2_require_exp: bool = True
+    auth_oauth2_leeway: int = 0  # seconds of clock skew allowed on exp and nbf
+    auth_oauth2_scope_prefix: str = ""  # "" = "<resource_server_id>."
+    # Claims (dotted paths, space-separated) holding more scopes (RabbitMQ's extra_scopes_source).
+    auth_oauth2_additional_scopes_key: str = ""
+    auth_oauth2_preferred_username_claims: list[str] = field(default_factory=lambda: ["sub", "client_id"])
+    # alias -> scopes (a list, or one space-separated string) a token's alias scope stands for.
+    auth_oauth2_scope_aliases: dict[str, Any] = field(default_factory=dict)
+    # More resource servers: name -> {id, scope_prefix, additional_scopes_key, preferred_username_claims,
+    # scope_aliases, verify_aud, require_exp, oauth_provider_id}; unset keys are the settings above.
+    auth_oauth2_resource_servers: dict[str, Any] = field(default_factory=dict)
+    # More identity providers: name -> {issuer, jwks_url, discovery_endpoint_path, https_cacertfile, algorithms}.
+    auth_oauth2_oauth_providers: dict[str, Any] = field(default_factory=dict)
+    auth_oauth2_default_oauth_provider: str = ""  # a provider above for auth_oauth2_resource_server_id
+    # The dashboard's single sign-on (RabbitMQ's management.oauth_*): the authorization code flow with
+    # PKCE against the provider (a public client: no secret), the token then sent as Bearer.
+    management_oauth_enabled: bool = False
+    management_oauth_client_id: str = ""
+    management_oauth_provider_url: str = ""  # the issuer the browser goes to ("" = auth_oauth2_issuer)
+    management_oauth_scopes: str = "openid profile"
+    # ldap (RabbitMQ's auth_ldap.*, "." written "_"; queries are its advanced.config terms as YAML lists).
+    auth_ldap_servers: list[str] = field(default_factory=list)
+    auth_ldap_port: int = 389
+    auth_ldap_use_ssl: bool = False
+    auth_ldap_use_starttls: bool = False
+    auth_ldap_ssl_cacertfile: str = ""
+    auth_ldap_timeout: float = 5.0  # seconds for a connection or an answer
+    auth_ldap_user_dn_pattern: str = "${username}"
+    auth_ldap_dn_lookup_attribute: str = ""  # e.g. uid, userPrincipalName: the DN is looked up
+    auth_ldap_dn_lookup_base: str = ""
+    auth_ldap_dn_lookup_bind: str = "as_user"  # as_user | anon | the DN the lookup binds as
+    auth_ldap_dn_lookup_bind_password: str = ""
+    auth_ldap_other_bind: str = "as_user"  # who asks the queries: as_user | anon | a DN
+    auth_ldap_other_bind_password: str = ""
+    auth_ldap_group_lookup_base: str = ""  # where in_group_nested searches ("" = dn_lookup_base)
+    auth_ldap_tag_queries: dict[str, Any] = field(default_factory=dict)  # tag -> query
+    auth_ldap_vhost_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_resource_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_topic_access_query: Any = field(default_factory=lambda: ["constant", True])
+    auth_ldap_cache_ttl: float = 15.0  # seconds a query's answer is remembered
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
@@ -259,9 +310,57 @@ class Config:
             if on and not self.tls_verify_peer:
                 raise ConfigError(f"{name} needs tls_verify_peer: true (and tls_ca_cert, the CA that signs "
                                   "client certificates)")
+        if any("oauth2" in entry.split(":", 1) for entry in self.auth_backends):
+            self._validate_oauth2()
+        if self.management_oauth_enabled:
+            if not any("oauth2" in entry.split(":", 1) for entry in self.auth_backends):
+                raise ConfigError("management_oauth_enabled needs oauth2 in auth_backends (the API checks the tokens)")
+            if not self.management_oauth_client_id:
+                raise ConfigError("management_oauth_enabled needs management_oauth_client_id")
+            provider = self.management_oauth_provider_url or self.auth_oauth2_issuer
+            if not provider.startswith(("https://", "http://")):
+                raise ConfigError("management_oauth_enabled needs management_oauth_provider_url "
+                                  "(or auth_oauth2_issuer)")
+        if any("ldap" in entry.split(":", 1) for entry in self.auth_backends):
+            if find_spec("ldap3") is None:
+                raise ConfigError("auth_backends: ldap needs the ldap3 package (pip install 'lavinpy[ldap]')")
+            if not self.auth_ldap_servers:
+                raise ConfigError("auth_backends: ldap needs auth_ldap_servers (the directory's hosts)")
+            if self.auth_ldap_use_ssl and self.auth_ldap_use_starttls:
+                raise ConfigError("auth_ldap_use_ssl and auth_ldap_use_starttls: choose one")
+            if not isinstance(self.auth_ldap_tag_queries, dict):
+                raise ConfigError("auth_ldap_tag_queries must map a tag to a query")
         if (self.ssl_cert_login_from in ("subject_alternative_name", "subject_alt_name")
                 and self.ssl_cert_login_san_type == "other_name" and find_spec("cryptography") is None):
             raise ConfigError("ssl_cert_login_san_type: other_name needs the cryptography package")
+
+    def _validate_oauth2(self) -> None:
+        if find_spec("joserfc") is None:
+            raise ConfigError("auth_backends: oauth2 needs the joserfc package (pip install 'lavinpy[oauth2]')")
+        if not self.auth_oauth2_resource_server_id and not self.auth_oauth2_resource_servers:
+            raise ConfigError("auth_backends: oauth2 needs auth_oauth2_resource_server_id (the audience of its tokens)")
+        providers = self.auth_oauth2_oauth_providers
+        for name, provider in providers.items():
+            if not isinstance(provider, dict) or not (provider.get("issuer") or provider.get("jwks_url")):
+                raise ConfigError(f"auth_oauth2_oauth_providers: {name!r} needs an issuer or a jwks_url")
+        default = self.auth_oauth2_default_oauth_provider
+        if default and default not in providers:
+            raise ConfigError(f"auth_oauth2_default_oauth_provider: no provider {default!r}")
+        root_used = not self.auth_oauth2_default_oauth_provider and bool(self.auth_oauth2_resource_server_id)
+        for name, server in self.auth_oauth2_resource_servers.items():
+            if not isinstance(server, dict):
+                raise ConfigError(f"auth_oauth2_resource_servers: {name!r} must be a mapping of settings")
+            provider = server.get("oauth_provider_id")
+            if provider and provider not in providers:
+                raise ConfigError(f"auth_oauth2_resource_servers: {name!r} names no known provider {provider!r}")
+            root_used = root_used or not (provider or self.auth_oauth2_default_oauth_provider)
+        if root_used and not (self.auth_oauth2_issuer or self.auth_oauth2_jwks_url):
+            raise ConfigError("auth_backends: oauth2 needs auth_oauth2_issuer or auth_oauth2_jwks_url (where the "
+                              "signing keys are)")
+        if not isinstance(self.auth_oauth2_scope_aliases, dict):
+            raise ConfigError("auth_oauth2_scope_aliases must map an alias to scopes")
+        if self.auth_oauth2_leeway < 0:
+            raise ConfigError(f"auth_oauth2_leeway must be 0 or more seconds, not {self.auth_oauth2_leeway}")
 
     def _validate_clustering(self) -> None:
         if not self.clustering:
@@ -330,6 +429,13 @@ def _coerce(name: str, value: Any) -> Any:
             return _bool(value)
         if kind == "float":
             return float(value)
+        if kind == "Any":  # a query: YAML as it is, or JSON from the environment
+            return json.loads(value) if isinstance(value, str) else value
+        if kind == "dict[str, Any]":
+            parsed = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(parsed, dict):
+                raise ValueError(value)
+            return {str(k): v for k, v in parsed.items()}
         if kind == "list[str]":
             if isinstance(value, str):
                 return [v.strip() for v in value.split(",") if v.strip()]

@@ -131,7 +131,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                  "client_properties", "channels", "frame_max", "channel_max", "heartbeat", "heartbeat_slot",
                  "consuming", "published", "blocked", "confirms_pending", "_last_recv", "connected_at", "actor",
                  "_login", "_held_frames", "_held_input", "_body_spool", "_torn_down", "peer_certificate",
-                 "auth_mechanism", "__weakref__")
+                 "auth_mechanism", "login_outcome", "__weakref__")
 
     sessions: SessionHost
 
@@ -149,6 +149,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.username = ""
         self.peer_certificate: PeerCertificate | None = None  # a verified client certificate (set by the driver)
         self.auth_mechanism = "PLAIN"
+        self.login_outcome: LoginOutcome | None = None  # the handshake's login (its backend, a token's grants)
         self.vhost: VHost | None = None
         self.client_properties: dict = {}
         self.channels: dict[int, Channel] = {}
@@ -202,6 +203,8 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                 self.abort()
         elif kind is TimerKind.CLOSE_WAIT or kind is TimerKind.LINGER:  # the client did not close in time
             self.abort()
+        elif kind is TimerKind.CREDENTIAL:
+            self.credential_expired()
 
     def teardown(self) -> None:
         """The connection is over for the broker: channels close, exclusive queues go (once)."""
@@ -484,7 +487,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         name = method.virtual_host or "/"
-        outcome = self.broker.logins.admit(LoginOutcome(self.username), name)
+        outcome = self.broker.logins.admit(self.login_outcome or LoginOutcome(self.username), name)
         if not outcome.ok:
             raise AMQPConnectionError(NOT_ALLOWED, outcome.text.removeprefix("NOT_ALLOWED - "))
         self.vhost, self.actor = outcome.vhost, outcome.actor

@@ -24,6 +24,7 @@ class TimerKind(Enum):
     LINGER = "linger"  # after close-ok: read and discard until the client closes, at most this long
     LOGIN = "login"  # a throttled login answer
     INPUT_TURN = "input_turn"  # 0 s: read again once the other clients had their turn
+    CREDENTIAL = "credential"  # the login's credential (a token) expires: the connection is closed
 
 
 class SetTimer(NamedTuple):

@@ -5,11 +5,16 @@ While a login is decided (the throttle's delay, a slow hash in the worker pool) 
 and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret is
 checked as a password of the connection's user: accepted, the user must still reach the vhost and
 the connection gets update-secret-ok; refused, it is closed with 530 as RabbitMQ closes it.
+
+A credential that expires (a token's ``exp``) closes the connection then, with RabbitMQ's 320
+``credential expired``, unless an update-secret brought a newer token first: its scopes replace
+the old ones and its expiry the old one.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -17,9 +22,9 @@ from pamqp import commands
 
 from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
 from ..wire import writer
-from ..wire.constants import ACCESS_REFUSED, NOT_ALLOWED
-from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, OPEN
-from .effects import SetTimer, TimerKind
+from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED
+from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, CLOSING, OPEN
+from .effects import CancelTimer, SetTimer, TimerKind
 from .sasl import login_request
 
 if TYPE_CHECKING:
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from ..broker.cert_login import PeerCertificate
     from ..broker.vhost import VHost
     from ..config import Config
+    from .channel import Channel
     from .output import ConnectionEffect
 
 log = logging.getLogger("lavinpy.connection")
@@ -48,10 +54,12 @@ class LoginFlow:
         peer_host: str | None
         peer_certificate: PeerCertificate | None
         auth_mechanism: str
+        login_outcome: LoginOutcome | None
         username: str
         vhost: VHost | None
         actor: Actor | None
         state: int
+        channels: dict[int, Channel]
         client_properties: dict
         input_held: bool
         driver: Any
@@ -129,6 +137,8 @@ class LoginFlow:
             return
         elif outcome.ok:
             self.username = outcome.username
+            self.login_outcome = outcome
+            self._expire_at(outcome.expires_at)
             self.enter_state(AWAIT_TUNE_OK)
             self.send(writer.method_frame(0, commands.Connection.Tune(
                 channel_max=self.config.channel_max, frame_max=self.config.frame_max,
@@ -148,10 +158,28 @@ class LoginFlow:
 
     def _secret_decided(self, outcome: LoginOutcome) -> None:
         assert self.vhost is not None
-        decided = self.broker.logins.secret_updated(outcome, self.vhost.name)
+        decided = self.broker.logins.secret_updated(outcome, self.vhost.name, self.username)
         if not decided.ok:
             self.close(NOT_ALLOWED, decided.text, *_UPDATE_SECRET_IDS)
             return
         self.actor = decided.actor
+        self.login_outcome = decided
+        self._expire_at(decided.expires_at)
+        for channel in self.channels.values():  # its publish target is resolved and checked again
+            channel._publish_generation = -1
         self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
         log.info("connection %s: user %r updated secret", self.name, self.username)
+
+    def _expire_at(self, expires_at: float | None) -> None:
+        """The credential's expiry (epoch seconds) ends the connection then (None: never)."""
+        if expires_at is None:
+            self.effect(CancelTimer(TimerKind.CREDENTIAL))
+        else:
+            self.effect(SetTimer(TimerKind.CREDENTIAL, max(0.0, expires_at - time.time())))
+
+    def credential_expired(self) -> None:
+        """RabbitMQ's close of a connection whose credential expired (320, ``credential expired``)."""
+        if self.state >= CLOSING:
+            return
+        log.warning("closing AMQP connection %s of user %r: credential has expired", self.name, self.username)
+        self.close(CONNECTION_FORCED, "CONNECTION_FORCED - credential expired")

@@ -76,6 +76,7 @@ def connection_info(conn: AMQPConnection, node: str) -> dict[str, Any]:
         "port": port,
         "ssl": ssl,
         "auth_mechanism": conn.auth_mechanism,
+        "auth_backend": conn.login_outcome.backend if conn.login_outcome is not None else "",
         "client_properties": _jsonable(conn.client_properties),
         "connected_at": conn.connected_at,
         **byte_counters(conn),

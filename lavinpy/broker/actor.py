@@ -11,7 +11,7 @@ vhost's objects, not its policies or parameters). A user with none of them has n
 
 from __future__ import annotations
 
-from .permissions import TopicCheck, UserPermissions, access_refused, topic_check
+from .permissions import Grants, TopicCheck, UserPermissions, access_refused, topic_check
 from .users import UserStore
 
 ADMINISTRATOR = "administrator"
@@ -22,20 +22,21 @@ MANAGEMENT_TAGS = frozenset({ADMINISTRATOR, MONITORING, POLICYMAKER, MANAGEMENT}
 
 
 class Actor:
-    """One user's identity plus a permission cache per vhost (dropped when the user store changes)."""
+    """One user's identity plus a permission cache per vhost (dropped when the user store changes).
+    Tags and permissions come from ``grants``: the user store, or a token's scopes."""
 
-    __slots__ = ("users", "name", "client_id", "_permissions")
+    __slots__ = ("users", "grants", "name", "client_id", "_permissions")
 
-    def __init__(self, users: UserStore, name: str) -> None:
+    def __init__(self, users: UserStore, name: str, grants: Grants | None = None) -> None:
         self.users = users
+        self.grants: Grants = users if grants is None else grants
         self.name = name
         self.client_id: str | None = None  # an MQTT client's id: ``{client_id}`` in its topic permissions
         self._permissions: dict[str, UserPermissions] = {}
 
     @property
     def tags(self) -> frozenset[str]:
-        user = self.users.user(self.name)
-        return frozenset(user.tags) if user is not None else frozenset()
+        return self.grants.tags_of(self.name)
 
     # -- tag predicates ------------------------------------------------------------------------
     def is_admin(self) -> bool:
@@ -51,12 +52,12 @@ class Actor:
 
     # -- vhost permissions ----------------------------------------------------------------------
     def can_access_vhost(self, vhost: str) -> bool:
-        return self.users.can_access_vhost(self.name, vhost)
+        return self.grants.can_access_vhost(self.name, vhost)
 
     def permissions(self, vhost: str) -> UserPermissions:
         perms = self._permissions.get(vhost)
         if perms is None:
-            perms = self._permissions[vhost] = UserPermissions(self.users, self.name, vhost)
+            perms = self._permissions[vhost] = UserPermissions(self.grants, self.name, vhost)
         return perms
 
     def allowed(self, kind: str, resource_type: str, name: str, vhost: str) -> bool:
@@ -69,7 +70,7 @@ class Actor:
 
     def topic_check(self, kind: str, vhost: str, exchange_name: str, exchange_type: str) -> TopicCheck | None:
         """The topic permission check for keys of a ``kind`` operation on that exchange (None: none applies)."""
-        return topic_check(self.users, self.name, vhost, kind, exchange_name, exchange_type, self.client_id)
+        return topic_check(self.grants, self.name, vhost, kind, exchange_name, exchange_type, self.client_id)
 
     def check_topic(self, kind: str, vhost: str, exchange_name: str, exchange_type: str, key: str) -> None:
         """RabbitMQ's 403 unless a topic permission on the exchange (if any) allows ``key``."""

@@ -150,7 +150,7 @@ class AdminOperations:
         if sees_all_vhosts(actor):
             return vhosts
         assert actor is not None
-        return [v for v in vhosts if self.users.can_access_vhost(actor.name, v.name)]
+        return [v for v in vhosts if actor.can_access_vhost(v.name)]
 
     def check_vhost_visible(self, actor: Actor | None, vhost: str) -> None:
         """404 for a missing vhost; 403 when the actor has no permissions on it (and is no monitor)."""
@@ -158,7 +158,7 @@ class AdminOperations:
             raise not_found(f"no vhost '{vhost}'")
         if not sees_all_vhosts(actor):
             assert actor is not None
-            if not self.users.can_access_vhost(actor.name, vhost):
+            if not actor.can_access_vhost(vhost):
                 raise access_refused(f"access to vhost '{vhost}' refused for user '{actor.name}'")
 
     # -- users ---------------------------------------------------------------------------------
@@ -409,7 +409,7 @@ class AdminOperations:
         if not self.users.vhost_exists(vhost):
             raise not_found(f"no vhost '{vhost}'")
         if actor is not None and not actor.is_admin():  # administrators see and change every vhost
-            check_policy(self.users, actor.name, vhost,
+            check_policy(actor.grants, actor.name, vhost,
                          definition if isinstance(definition, Mapping) else {})
         return self.broker.vhosts[vhost]
 

@@ -12,7 +12,7 @@ A certificate login (``LoginRequest.certified``: the user name taken from a veri
 certificate, no password) is decided the same way: a backend that keeps users says whether it knows
 the name; one that needs a secret (a token) answers ``UNKNOWN``.
 
-Adding a backend (``oauth2``, ``ldap``): one module with a class following ``AuthBackend``, its name
+Adding a backend (``ldap``): one module with a class following ``AuthBackend``, its name
 in ``config.AUTH_BACKENDS`` and a line in the broker's ``make_chain`` call.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,11 @@ class AuthResult:
     status: AuthStatus
     backend: str  # the backend that answered (shown per connection, logged)
     authz: str = ""  # the backend giving tags and permissions (set by the chain)
+    # A backend whose credential names the user (a token): that user, its tags and permissions
+    # (a permissions.Grants; None: the user store's), and when the credential expires (epoch seconds).
+    username: str = ""
+    grants: Any = None
+    expires_at: float | None = None
 
 
 class AuthBackend(Protocol):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..wire.constants import INTERNAL_MECHANISM
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
 from .actor import Actor
-from .auth_backends import AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
+from .auth_backends import AuthBackend, AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
 from .errors import NOT_ALLOWED, BrokerConnectionError, BrokerError
 from .internal_login import InternalLogins
 from .users import loopback_only_refused
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from .client_limits import ClientLimits
     from .login_throttle import LoginThrottle
+    from .permissions import Grants
     from .users import UserStore
     from .vhost import VHost
 
@@ -93,6 +94,8 @@ class LoginOutcome:
     vhost: VHost | None = None  # set by ``Logins.admit``
     actor: Actor | None = None
     backend: str = ""  # the auth backend that decided
+    grants: Grants | None = None  # the user's tags and permissions when not the user store's (a token's)
+    expires_at: float | None = None  # when the credential expires (epoch seconds): the session ends then
 
     @property
     def ok(self) -> bool:
@@ -113,7 +116,19 @@ class Logins:
         self._dummies: dict[str, str] = {}  # a bcrypt salt prefix ("$2a$12$") -> a dummy hash of that cost
         # ((users generation, user count), the slowest hash): looked for again after any change of the users
         self._slowest: tuple[tuple[int, int], tuple[str, str] | None] = ((-1, -1), None)
-        self.chain: list[ChainLink] = make_chain(broker.config.auth_backends, {"local": lambda: LocalBackend(self)})
+        self.chain: list[ChainLink] = make_chain(broker.config.auth_backends, {
+            "local": lambda: LocalBackend(self), "oauth2": self._oauth2, "ldap": self._ldap})
+        self.counts: dict[tuple[str, str], int] = {}  # (backend, "ok" | "refused") -> logins
+
+    def _ldap(self) -> AuthBackend:
+        from .ldap_backend import LdapBackend  # ldap3 is imported only by a broker that uses a directory
+
+        return LdapBackend(self.broker.config, lambda: self.broker.users)
+
+    def _oauth2(self) -> AuthBackend:
+        from .oauth2 import OAuth2Backend  # joserfc is imported only by a broker that uses tokens
+
+        return OAuth2Backend(self.broker.config, lambda: self.broker.users)
 
     def attempt(self, request: LoginRequest) -> LoginAttempt:
         """A login starts: counted by the throttle from now (attempts, not answers)."""
@@ -126,28 +141,35 @@ class Logins:
         if not outcome.ok:
             return outcome
         try:
-            opened, actor = admit_connection(self.broker, outcome.username, vhost)
+            opened, actor = admit_connection(self.broker, outcome.username, vhost, outcome.grants)
         except BrokerError as e:
             return LoginOutcome(outcome.username, Refusal.NOT_ALLOWED, e.text)
-        return LoginOutcome(outcome.username, vhost=opened, actor=actor, backend=outcome.backend)
+        return LoginOutcome(outcome.username, vhost=opened, actor=actor, backend=outcome.backend,
+                            grants=outcome.grants, expires_at=outcome.expires_at)
 
-    def secret_updated(self, outcome: LoginOutcome, vhost: str) -> LoginOutcome:
+    def secret_updated(self, outcome: LoginOutcome, vhost: str, username: str) -> LoginOutcome:
         """The outcome of a connection's ``update-secret``, decided as a login of the connection's user
         (``attempt`` with the new secret as the password): refused, it is RabbitMQ's refusal of a new
         secret (530); accepted, the user must still have access to the connection's vhost, as
-        RabbitMQ checks again. The connection is not counted again."""
-        username = outcome.username
+        RabbitMQ checks again; a token must name the connection's ``username`` again (RabbitMQ's rule).
+        The connection is not counted again."""
+        if outcome.ok and outcome.username != username:
+            log.warning("secret update was refused for user %r: the new token is user %r's", username,
+                        outcome.username)
+            outcome = LoginOutcome(username, Refusal.CREDENTIALS)
         if not outcome.ok:
             log.warning("secret update was refused for user %r", username)
             return LoginOutcome(username, Refusal.NOT_ALLOWED,
                                 "NOT_ALLOWED - New secret was refused by one of the backends")
         users = self.broker.users
         assert users is not None
+        grants: Grants = users if outcome.grants is None else outcome.grants
         opened = self.broker.vhosts.get(vhost)
-        if opened is None or not users.can_access_vhost(username, vhost):
+        if opened is None or not grants.can_access_vhost(username, vhost):
             return LoginOutcome(username, Refusal.NOT_ALLOWED,
                                 f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{username}'")
-        return LoginOutcome(username, vhost=opened, actor=Actor(users, username))
+        return LoginOutcome(username, vhost=opened, actor=Actor(users, username, outcome.grants),
+                            backend=outcome.backend, grants=outcome.grants, expires_at=outcome.expires_at)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -244,20 +266,21 @@ class Logins:
         log.info("user %r: bcrypt password hash replaced by %s on a good login", username, DEFAULT_ALGORITHM)
 
 
-def admit_connection(broker: Broker, username: str, name: str) -> tuple[VHost, Actor]:
+def admit_connection(broker: Broker, username: str, name: str, grants: Grants | None = None) -> tuple[VHost, Actor]:
     """A connection of any face opening vhost ``name`` as the logged-in ``username``: the vhost must
     exist, its and the user's connection limits are checked before the user's access (RabbitMQ's
-    order), and the admitted connection is counted (``connection_closed`` uncounts it)."""
+    order), and the admitted connection is counted (``connection_closed`` uncounts it). ``grants``:
+    the user's tags and permissions when they are not the user store's (a token's scopes)."""
     vhost = broker.vhosts.get(name)
     if vhost is None:
         raise BrokerConnectionError(NOT_ALLOWED, f"vhost {name} not found")
     users = broker.users
     assert users is not None
     broker.client_limits.check_connection(name, username)
-    if not users.can_access_vhost(username, name):
+    if not (users if grants is None else grants).can_access_vhost(username, name):
         raise BrokerConnectionError(NOT_ALLOWED, f"access to vhost '{name}' refused for user '{username}'")
     broker.client_limits.connection_opened(name, username)
-    return vhost, Actor(users, username)
+    return vhost, Actor(users, username, grants)
 
 
 def _bcrypt_dummy(cost: int) -> str:
@@ -296,7 +319,7 @@ class LoginAttempt:
             if result is None:
                 return None
             if result.status is not AuthStatus.UNKNOWN:
-                return self._conclude(AuthResult(result.status, result.backend, link.authz))
+                return self._conclude(_linked(result, link))
             self._step += 1
         return self._conclude(None)  # no backend knows the user
 
@@ -313,7 +336,7 @@ class LoginAttempt:
                 self.abandon()
                 raise
             if result.status is not AuthStatus.UNKNOWN:
-                return self._conclude(AuthResult(result.status, result.backend, link.authz))
+                return self._conclude(_linked(result, link))
             self._step += 1
 
     async def run(self) -> LoginOutcome:
@@ -336,8 +359,11 @@ class LoginAttempt:
     def _conclude(self, result: AuthResult | None) -> LoginOutcome:
         """The backends' answer (None: no backend knows the user), then the loopback-only rule."""
         request, logins = self.request, self.logins
-        username = request.username
         ok = result is not None and result.status is AuthStatus.KNOWN
+        username = result.username if ok and result is not None and result.username else request.username
+        backend = result.backend if result is not None else "none"
+        key = (backend, "ok" if ok else "refused")
+        logins.counts[key] = logins.counts.get(key, 0) + 1
         if not self._done:
             self._done = True
             logins.throttle.end(request.peer, username, f"{request.mechanism}, {request.protocol}", ok)
@@ -352,7 +378,13 @@ class LoginAttempt:
                         request.peer, username)
             return LoginOutcome(username, Refusal.LOOPBACK,
                                 f"ACCESS_REFUSED - user '{username}' can only connect via localhost")
-        return LoginOutcome(username, backend=result.backend)
+        grants = result.grants if result.authz == result.backend else None
+        return LoginOutcome(username, backend=result.backend, grants=grants, expires_at=result.expires_at)
+
+
+def _linked(result: AuthResult, link: ChainLink) -> AuthResult:
+    """A backend's answer with the chain's authz backend (its grants hold only when it is the same)."""
+    return AuthResult(result.status, result.backend, link.authz, result.username, result.grants, result.expires_at)
 
 
 class LocalBackend:

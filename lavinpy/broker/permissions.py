@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import ACCESS_REFUSED, BrokerChannelError
-from .users import DEFAULT_EXCHANGE_RESOURCE, UserStore
+from .users import DEFAULT_EXCHANGE_RESOURCE, PermissionKind, Permissions, TopicPermission
 
 # About 200 bytes an entry: a connection caches at most ~100 KiB of answers, however many names it uses.
 CACHE_MAX_ENTRIES = 512
@@ -22,6 +22,49 @@ DEAD_LETTER_EXCHANGE_ARG = "x-dead-letter-exchange"
 ALTERNATE_EXCHANGE_ARG = "alternate-exchange"
 POLICY_TARGET_KEYS = ("dead-letter-exchange", "alternate-exchange")
 POLICY_TAGS = frozenset({"administrator", "policymaker"})
+
+
+class Grants(Protocol):
+    """Where a user's tags and permissions come from: the user store (``users.UserStore``), or a
+    token's scopes (``token_grants.TokenGrants``). Every check below reads them through this, so a
+    user of any backend is checked by the same code."""
+
+    @property
+    def generation(self) -> int:
+        """Bumped by any change that may change an answer (cached answers are dropped)."""
+
+    def tags_of(self, user: str) -> frozenset[str]: ...
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool: ...
+
+    def permissions(self, user: str, vhost: str) -> Permissions | None: ...
+
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
+        ...
+
+    def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:
+        """None: no topic permission applies (then every key is allowed, unless ``TopicQueries``)."""
+
+    def compiled(self, pattern: str) -> re.Pattern[str]: ...
+
+
+@runtime_checkable
+class TopicQueries(Protocol):
+    """Grants whose topic permissions are asked key by key (a directory's query), not regexes."""
+
+    def topic_allowed(self, user: str, vhost: str, exchange: str, kind: str, key: str) -> bool: ...
+
+
+class _AskedKeys:
+    """A ``TopicQueries``' answer in the shape of a compiled regex (``TopicCheck`` searches it)."""
+
+    __slots__ = ("grants", "user", "vhost", "exchange", "kind")
+
+    def __init__(self, grants: TopicQueries, user: str, vhost: str, exchange: str, kind: str) -> None:
+        self.grants, self.user, self.vhost, self.exchange, self.kind = grants, user, vhost, exchange, kind
+
+    def search(self, key: str) -> bool | None:
+        return True if self.grants.topic_allowed(self.user, self.vhost, self.exchange, self.kind, key) else None
 
 
 def access_refused(kind: str, resource_type: str, name: str, vhost: str, user: str) -> BrokerChannelError:
@@ -54,7 +97,7 @@ class TopicCheck:
 
     __slots__ = ("kind", "regex", "exchange", "vhost", "user", "_last")
 
-    def __init__(self, kind: str, regex: re.Pattern[str], exchange: str, vhost: str, user: str) -> None:
+    def __init__(self, kind: str, regex: re.Pattern[str] | _AskedKeys, exchange: str, vhost: str, user: str) -> None:
         self.kind = kind
         self.regex = regex
         self.exchange = exchange
@@ -70,12 +113,14 @@ class TopicCheck:
         self._last = key
 
 
-def topic_check(users: UserStore, user: str, vhost: str, kind: str, exchange_name: str,
+def topic_check(users: Grants, user: str, vhost: str, kind: str, exchange_name: str,
                 exchange_type: str, client_id: str | None = None) -> TopicCheck | None:
     """The check a ``kind`` ("write" or "read") key on that exchange needs, or None when no topic
     permission applies (not a topic exchange, or the user has none on it: RabbitMQ then allows all)."""
     if exchange_type != "topic":
         return None
+    if isinstance(users, TopicQueries):
+        return TopicCheck(kind, _AskedKeys(users, user, vhost, exchange_name, kind), exchange_name, vhost, user)
     permission = users.topic_permission(user, vhost, exchange_name)
     if permission is None:
         return None
@@ -92,11 +137,11 @@ class UserPermissions:
 
     __slots__ = ("users", "username", "vhost", "_cache", "_generation")
 
-    def __init__(self, users: UserStore, username: str, vhost: str) -> None:
+    def __init__(self, users: Grants, username: str, vhost: str) -> None:
         self.users = users
         self.username = username
         self.vhost = vhost
-        self._cache: dict[tuple[str, str], bool] = {}
+        self._cache: dict[tuple[str, str, str], bool] = {}
         self._generation = users.generation
 
     def allowed(self, kind: str, resource_type: str, name: str) -> bool:
@@ -105,10 +150,10 @@ class UserPermissions:
             self._generation = self.users.generation
         if resource_type == "exchange" and name == "":
             name = DEFAULT_EXCHANGE_RESOURCE
-        key = (kind, name)  # the regexes do not depend on the resource type
+        key = (kind, resource_type, name)  # a directory's query may answer queues and exchanges apart
         allowed = self._cache.get(key)
         if allowed is None:
-            allowed = self.users.check(self.username, self.vhost, kind, name)  # type: ignore[arg-type]
+            allowed = self.users.check(self.username, self.vhost, kind, name, resource_type)  # type: ignore[arg-type]
             if len(self._cache) >= CACHE_MAX_ENTRIES:
                 self._cache.clear()  # cheaper than LRU bookkeeping; a refill costs one regex search each
             self._cache[key] = allowed
@@ -143,7 +188,7 @@ class UserPermissions:
             self.check("write", "exchange", target)
 
 
-def check_policy(users: UserStore, username: str, vhost: str, definition: Mapping[str, Any]) -> None:
+def check_policy(users: Grants, username: str, vhost: str, definition: Mapping[str, Any]) -> None:
     """May ``username`` set a policy with this definition on ``vhost``?
 
     As RabbitMQ: only users tagged policymaker or administrator with access to the vhost may set
@@ -151,10 +196,9 @@ def check_policy(users: UserStore, username: str, vhost: str, definition: Mappin
     write to every exchange the policy names as a dead-letter or alternate exchange: queues that match
     the policy later dead-letter there whoever declared them, so the policy's author answers for it.
     """
-    user = users.user(username)
-    if user is None or not users.can_access_vhost(username, vhost):
+    if not users.can_access_vhost(username, vhost):
         raise BrokerChannelError(ACCESS_REFUSED, f"access to vhost '{vhost}' refused for user '{username}'")
-    if not POLICY_TAGS.intersection(user.tags):
+    if not POLICY_TAGS.intersection(users.tags_of(username)):
         raise BrokerChannelError(ACCESS_REFUSED, f"user '{username}' may not set policies in vhost '{vhost}' "
                                                "(needs the policymaker or administrator tag)")
     permissions = UserPermissions(users, username, vhost)

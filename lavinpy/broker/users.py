@@ -234,6 +234,10 @@ class UserStore:
     def users(self) -> list[User]:
         return [u.copy() for u in self._users.values()]
 
+    def tags_of(self, name: str) -> frozenset[str]:
+        user = self._users.get(name)
+        return frozenset(user.tags) if user is not None else frozenset()
+
     def user(self, name: str) -> User | None:
         user = self._users.get(name)
         return user.copy() if user is not None else None
@@ -390,25 +394,32 @@ class UserStore:
         """A user may open a vhost when the vhost exists and the user has any permission entry on it."""
         return vhost in self._vhosts and self.permissions(user, vhost) is not None
 
-    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str) -> bool:
-        """May ``user`` do a ``kind`` operation on the exchange or queue named ``resource`` in ``vhost``?"""
-        if kind not in PERMISSION_KINDS:
-            raise ValueError(f"permission kind must be one of {PERMISSION_KINDS}, not {kind!r}")
-        perms = self.permissions(user, vhost)
-        if perms is None:
-            return False
-        pattern = getattr(perms, kind)
-        if pattern == "":
-            return False
-        if resource == "":
-            resource = DEFAULT_EXCHANGE_RESOURCE
-        return self._compiled(pattern).search(resource) is not None
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
+        """May ``user`` do a ``kind`` operation on the exchange or queue named ``resource`` in ``vhost``?
+        (The regexes do not depend on ``resource_type``.)"""
+        return allowed_by(self.permissions(user, vhost), kind, resource, self._compiled)
 
     def _compiled(self, pattern: str) -> re.Pattern[str]:
         compiled = self._regex_cache.get(pattern)
         if compiled is None:
             compiled = self._regex_cache[pattern] = re.compile(pattern)
         return compiled
+
+
+def allowed_by(perms: Permissions | None, kind: str, resource: str,
+               compiled: Callable[[str], re.Pattern[str]]) -> bool:
+    """RabbitMQ's rule for a user of any backend: the ``kind`` regex of the user's permissions in the
+    vhost is searched in the resource's name; none, or an empty regex, grants nothing."""
+    if kind not in PERMISSION_KINDS:
+        raise ValueError(f"permission kind must be one of {PERMISSION_KINDS}, not {kind!r}")
+    if perms is None:
+        return False
+    pattern = getattr(perms, kind)
+    if pattern == "":
+        return False
+    if resource == "":
+        resource = DEFAULT_EXCHANGE_RESOURCE
+    return compiled(pattern).search(resource) is not None
 
 
 # -- JSON shapes ------------------------------------------------------------------------------

@@ -231,6 +231,9 @@ def _global_options(parser: argparse.ArgumentParser, with_defaults: bool) -> Non
 
     parser.add_argument("--uri", default=default(os.environ.get("LAVINPYCTL_URI", DEFAULT_URI)),
                         help="management API, http://user:password@host:15672 (default $LAVINPYCTL_URI)")
+    parser.add_argument("--token", default=default(os.environ.get("LAVINPYCTL_TOKEN", "")),
+                        help="an OAuth 2 access token sent as Bearer instead of --uri's user and password "
+                             "(default $LAVINPYCTL_TOKEN)")
     parser.add_argument("-p", "--vhost", default=default("/"), help="virtual host (default /)")
     parser.add_argument("-f", "--formatter", "--format", dest="format", choices=FORMATS, default=default("table"),
                         help="output format (default table: rabbitmqctl's tab-separated rows)")
@@ -339,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "await_startup":
             args.timeout = 300.0 if args.timeout is None else args.timeout
-            api = Api(args.uri, timeout=min(30.0, max(1.0, args.timeout)))
+            api = Api(args.uri, timeout=min(30.0, max(1.0, args.timeout)), token=args.token)
         else:
-            api = Api(args.uri, timeout=30.0 if args.timeout is None else args.timeout)
+            api = Api(args.uri, timeout=30.0 if args.timeout is None else args.timeout, token=args.token)
         if args.command in LIST_COMMANDS:
             run_list(api, args, out)
         else:

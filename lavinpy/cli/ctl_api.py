@@ -29,7 +29,7 @@ class CtlError(Exception):
 class Api:
     """A tiny client of the management API."""
 
-    def __init__(self, uri: str, timeout: float = 30.0) -> None:
+    def __init__(self, uri: str, timeout: float = 30.0, token: str = "") -> None:
         parts = urlsplit(uri)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise CtlError(f"--uri must look like http://user:password@host:15672, not {uri!r}", EXIT_USAGE)
@@ -38,6 +38,8 @@ class Api:
         user = unquote(parts.username or "guest")
         password = unquote(parts.password or "guest")
         self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        if token:  # an OAuth 2 access token (the broker's oauth2 backend): it names the user
+            self.auth = f"Bearer {token}"
         self.timeout = timeout
 
     def as_user(self, user: str, password: str) -> Api:

@@ -128,7 +128,8 @@ COMMANDS: dict[str, ListCommand] = {
         "Listing bindings for vhost {vhost}..."),
     "list_connections": ListCommand(
         "/api/connections", ["user", "peer_host", "peer_port", "state"],
-        ["auth_mechanism", "channel_max", "channels", "client_properties", "connected_at", "frame_max", "host",
+        ["auth_backend", "auth_mechanism", "channel_max", "channels", "client_properties", "connected_at", "frame_max",
+         "host",
          "name", "peer_cert_issuer", "peer_cert_subject", "peer_cert_validity", "peer_host", "peer_port", "pid",
          "port", "protocol", "recv_cnt", "recv_oct", "send_cnt", "send_oct", "send_pend", "ssl", "ssl_cipher",
          "ssl_hash", "ssl_key_exchange", "ssl_protocol", "state", "timeout", "user", "vhost"],

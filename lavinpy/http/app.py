@@ -81,7 +81,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path.startswith(API_PREFIX):
+    if request.path.startswith(API_PREFIX) and request.path != routes_dashboard.AUTH_SETTINGS_PATH:
         request[ACTOR_KEY] = await authenticate(request.app[BROKER], request)
     return await handler(request)
 

@@ -8,6 +8,8 @@ is the one every face uses (``broker.login``): the login throttle, the password 
 loop (and remembered for a few seconds), the loopback-only users. With ``management_ssl_cert_login``
 a request over HTTPS without Basic credentials whose client sent a verified certificate acts as the
 certificate's user (``ssl_cert_login_from``); Basic credentials, when sent, take priority.
+``Authorization: Bearer <token>`` logs in with an OAuth 2 token (the ``oauth2`` backend), as a token
+sent as the Basic password does; the user and its tags come from the token.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ REALM = 'Basic realm="RabbitMQ Management"'
 def _credentials(request: web.Request) -> tuple[str, str] | None:
     header = request.headers.get("Authorization", "")
     scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return "", value.strip()  # the token names its user
     if scheme.lower() != "basic" or not value:
         return None
     try:
@@ -62,7 +66,7 @@ async def authenticate(broker: Broker, request: web.Request) -> Actor:
     outcome = await broker.logins.attempt(login).run()
     if not outcome.ok:
         raise ApiError(401, "not_authorized", "Not_Authorized")
-    actor = Actor(users, outcome.username)
+    actor = Actor(users, outcome.username, outcome.grants)
     if not actor.can_manage():
         raise ApiError(401, "not_authorised", "Not management user")
     return actor

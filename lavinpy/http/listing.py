@@ -40,7 +40,7 @@ REGEX_BUDGET_SECONDS = 0.1
 TEXT_FIELDS = frozenset({
     "policy", "operator_policy", "exclusive_consumer_tag", "single_active_consumer_tag", "ssl_protocol",
     "ssl_cipher", "ssl_hash", "ssl_key_exchange", "peer_cert_subject", "peer_cert_issuer", "peer_cert_validity",
-    "user_who_performed_action", "auth_mechanism", "client_id", "description"})
+    "user_who_performed_action", "auth_mechanism", "auth_backend", "client_id", "description"})
 
 
 def without_nulls(item: dict[str, Any]) -> dict[str, Any]:

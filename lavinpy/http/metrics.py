@@ -244,6 +244,7 @@ class BrokerCollector:
         counters = self.broker.node_counters
         yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
+        yield metrics_node.login_family(p, self.broker.logins.counts)
         yield metrics_node.message_size_family(p, counters)
         yield from metrics_node.fsync_families(p)
 

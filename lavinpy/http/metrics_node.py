@@ -51,6 +51,16 @@ def churn_families(p: str, counters: NodeCounters) -> Iterator[Metric]:
         yield CounterMetricFamily(f"{p}_{name}", doc, value=getattr(counters, attribute))
 
 
+def login_family(p: str, counts: dict[tuple[str, str], int]) -> Metric:
+    """Logins of every face by the auth backend that decided ("none": no backend knew the user) and
+    their outcome (ok, refused)."""
+    family = CounterMetricFamily(f"{p}_auth_logins", "Logins by auth backend and outcome",
+                                 labels=["backend", "outcome"])
+    for (backend, outcome), value in sorted(counts.items()):
+        family.add_metric([backend, outcome], value)
+    return family
+
+
 def received_confirm(sessions: Sessions, counters: NodeCounters) -> int:
     """Messages received on AMQP confirm-mode channels so far: each open channel's sequence plus what
     closed channels left to the node."""

@@ -4,6 +4,7 @@ certificate's user with ``mqtt_ssl_cert_login``), the password and the vhost."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ..broker.cert_login import PeerCertificate, certificate_login
@@ -36,3 +37,12 @@ def connect_login(config: Config, packet: codec.Connect, cert: PeerCertificate |
         password = None if packet.password is None else packet.password.decode("utf-8", "replace")
     mechanism = "PLAIN" if cert_user is None else "EXTERNAL"
     return LoginRequest("MQTT", mechanism, username, password, peer_host, cert_user is not None), vhost_name
+
+
+def session_timer(keepalive_check: float, expires_at: float | None) -> float:
+    """Seconds to the connection's next timer: its keepalive check (0: none), or sooner the expiry of
+    its login's credential (a token's exp), which closes it."""
+    if expires_at is None:
+        return keepalive_check
+    left = max(0.001, expires_at - time.time())
+    return min(keepalive_check, left) if keepalive_check else left

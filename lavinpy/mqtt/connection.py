@@ -26,7 +26,7 @@ from ..logs import RateLimitedLog
 from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
-from .connect_login import connect_login
+from .connect_login import connect_login, session_timer
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 from .topics import MAX_NAME_BYTES
 
@@ -122,6 +122,7 @@ class MQTTConnection:
         self.protocol_level = 4
         self.vhost: VHost | None = None
         self.actor: Actor | None = None
+        self.login_outcome: LoginOutcome | None = None  # its login: the backend, when its credential expires
         self.subscriptions: Subscriptions | None = None
         self.keepalive = 0
         self.will: codec.Will | None = None
@@ -232,15 +233,21 @@ class MQTTConnection:
         if not self.connected:
             self._fail("no CONNECT within the connect timeout")
             return
-        if self.keepalive:
+        if self.expires_at is not None and time.time() >= self.expires_at:  # RabbitMQ's: re-auth is a new CONNECT
+            self._fail("credential expired")
+        elif self.keepalive:
             limit = self.keepalive * 1.5
             idle = time.monotonic() - self._last_recv
             if self.reading_paused:  # its packets wait unread: not the client's silence
-                self._effects.append(SetTimer(limit))
+                self._effects.append(SetTimer(session_timer(limit, self.expires_at)))
             elif idle >= limit:
                 self._fail(f"no packet for {idle:.1f} s (keepalive {self.keepalive} s)", 0x8D)
             else:
-                self._effects.append(SetTimer(limit - idle))
+                self._effects.append(SetTimer(session_timer(limit - idle, self.expires_at)))
+
+    @property
+    def expires_at(self) -> float | None:
+        return self.login_outcome.expires_at if self.login_outcome is not None else None
 
     def lost(self) -> None:
         """The socket closed (by the client, or after our close): an unclean end publishes the will."""
@@ -353,8 +360,7 @@ class MQTTConnection:
         vhost, actor = outcome.vhost, outcome.actor
         assert vhost is not None and actor is not None
         username = self.username = outcome.username
-        self.vhost = vhost
-        self.actor = actor
+        self.vhost, self.actor, self.login_outcome = vhost, actor, outcome
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         actor.client_id = self.client_id  # {client_id} in topic permissions
         self.counters = self.broker.node_counters.of(PROTOCOLS.get(packet.level, PROTOCOLS[4]))
@@ -385,7 +391,7 @@ class MQTTConnection:
             return
         self.send(self._connack(present, codec.ACCEPTED))
         subscriptions.resend_pubrels()
-        self._effects.append(SetTimer(self.keepalive * 1.5) if self.keepalive else SetTimer(0))
+        self._effects.append(SetTimer(session_timer(self.keepalive * 1.5, self.expires_at)))
         log.info("MQTT connection %s opened (client %r, user %r, vhost %r)", self.name, self.client_id,
                  username, vhost.name)
 

@@ -46,6 +46,7 @@ def connection_info(conn: MQTTConnection, node: str) -> dict[str, Any]:
         "channels": 0, "channel_max": 0, "frame_max": 0, "timeout": conn.keepalive,
         "peer_host": peer[0], "peer_port": peer[1], "host": local[0], "port": local[1], "ssl": conn.tls,
         "auth_mechanism": "none", "client_properties": {"client_id": conn.client_id},
+        "auth_backend": conn.login_outcome.backend if conn.login_outcome is not None else "",
         "connected_at": conn.connected_at,
         # The socket counters and byte rates AMQP rows have (the same window rates).
         "recv_oct": conn.recv_oct, "recv_oct_details": {"rate": recv_rate}, "recv_cnt": conn.recv_cnt,

@@ -2,6 +2,8 @@
 "use strict";
 
 const AUTH_KEY = "lavinpy.auth";
+const TOKEN_KEY = "lavinpy.token";  // an access token from single sign-on (dashboard_sso.js), sent as Bearer
+const loggedIn = () => sessionStorage.getItem(AUTH_KEY) || sessionStorage.getItem(TOKEN_KEY);
 const POLL_MS = 5000;
 let pollTimer = null;
 
@@ -34,9 +36,10 @@ function flash(text, ok = false) {
 class ApiError extends Error {}
 
 async function api(method, path, body, headers = {}) {
-  const auth = sessionStorage.getItem(AUTH_KEY);
+  const auth = sessionStorage.getItem(AUTH_KEY), token = sessionStorage.getItem(TOKEN_KEY);
   const init = { method, credentials: "omit", headers: { ...headers } };
-  if (auth) init.headers.Authorization = "Basic " + auth;
+  if (token) init.headers.Authorization = "Bearer " + token;
+  else if (auth) init.headers.Authorization = "Basic " + auth;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = typeof body === "string" ? body : JSON.stringify(body);
@@ -99,6 +102,7 @@ function showLogin(message) {
     h("button", { type: "submit" }, "Log in"));
   form.addEventListener("submit", onLogin);
   main().replaceChildren(form);
+  offerSso(form);  // dashboard_sso.js: a "Sign in with SSO" button when the broker has it on
   if (message) flash(message);
 }
 
@@ -121,6 +125,7 @@ async function onLogin(ev) {
 
 function logout(message) {
   sessionStorage.removeItem(AUTH_KEY);
+  sessionStorage.removeItem(TOKEN_KEY);
   stopPolling();
   stopAlarmBanner();
   showLogin(message);
@@ -142,7 +147,7 @@ async function start() {
 const PAGES = {};
 
 function route() {
-  if (!sessionStorage.getItem(AUTH_KEY)) { showLogin(); return; }
+  if (!loggedIn()) { showLogin(); return; }
   stopPolling();
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   const page = PAGES[parts[0]] || PAGES.overview;
@@ -552,8 +557,10 @@ PAGES.definitions = () => {
 
 // ---- start
 window.addEventListener("hashchange", route);
-document.addEventListener("DOMContentLoaded", () => {
+document.addEventListener("DOMContentLoaded", async () => {
   $("#logout").addEventListener("click", () => logout());
   $("#login").addEventListener("submit", onLogin);
-  if (sessionStorage.getItem(AUTH_KEY)) start();
+  offerSso($("#login"));
+  if (await finishSso()) flash("");  // back from the provider with a code: exchanged for a token
+  if (loggedIn()) start();
 });

@@ -36,7 +36,7 @@ PAGES.connection = (name) => {
     if (!c) return;
     const rows = [["Protocol", c.protocol], ["User", c.user], ["Vhost", c.vhost], ["State", c.state],
       ["Client", clientOf(c)], ["Peer", `${c.peer_host}:${c.peer_port}`], ["Listener", `${c.host}:${c.port}`],
-      ["TLS", c.ssl ? (c.ssl_protocol || "yes") : "no"], [c.protocol.startsWith("MQTT") ? "Keepalive" : "Heartbeat", c.timeout],
+      ["TLS", c.ssl ? (c.ssl_protocol || "yes") : "no"], ["Login", `${c.auth_mechanism} (${c.auth_backend || "-"})`], [c.protocol.startsWith("MQTT") ? "Keepalive" : "Heartbeat", c.timeout],
       ["Connected at", new Date(c.connected_at).toISOString()], ["Received", `${c.recv_oct} B`], ["Sent", `${c.send_oct} B`]];
     details.replaceChildren(...rows.map(([label, value]) =>
       h("tr", {}, h("th", {}, label), h("td", { "data-field": label.toLowerCase().replace(/ /g, "_") }, value ?? ""))));
