@@ -112,8 +112,7 @@ class MQTTConnection:
         self.byte_rates: WindowRates | None = None  # made on the first look (views): idle devices stay small
         self.counters = self.broker.node_counters.of(PROTOCOLS[4])  # handed to the model (set at CONNECT)
         self.reader = codec.PacketReader(min(self.config.mqtt_max_packet_size, MAX_PACKET_BEFORE_CONNECT))
-        self.connected = False
-        self.closed = False
+        self.connected = self.closed = False
         self.writable = True
         self.published = False  # a publisher is no longer read under a resource alarm
         self.reading_paused = False
@@ -123,6 +122,7 @@ class MQTTConnection:
         self.vhost: VHost | None = None
         self.actor: Actor | None = None
         self.login_outcome: LoginOutcome | None = None  # its login: the backend, when its credential expires
+        self.expires_at: float | None = None  # the login's credential (a token's exp): closes the connection
         self.subscriptions: Subscriptions | None = None
         self.keepalive = 0
         self.will: codec.Will | None = None
@@ -245,10 +245,6 @@ class MQTTConnection:
             else:
                 self._effects.append(SetTimer(session_timer(limit - idle, self.expires_at)))
 
-    @property
-    def expires_at(self) -> float | None:
-        return self.login_outcome.expires_at if self.login_outcome is not None else None
-
     def lost(self) -> None:
         """The socket closed (by the client, or after our close): an unclean end publishes the will."""
         self._teardown(publish_will=True)
@@ -360,7 +356,7 @@ class MQTTConnection:
         vhost, actor = outcome.vhost, outcome.actor
         assert vhost is not None and actor is not None
         username = self.username = outcome.username
-        self.vhost, self.actor, self.login_outcome = vhost, actor, outcome
+        self.vhost, self.actor, self.login_outcome, self.expires_at = vhost, actor, outcome, outcome.expires_at
         self.client_id = packet.client_id or f"lavinpy-{id(self):x}"
         actor.client_id = self.client_id  # {client_id} in topic permissions
         self.counters = self.broker.node_counters.of(PROTOCOLS.get(packet.level, PROTOCOLS[4]))
