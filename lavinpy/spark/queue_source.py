@@ -27,6 +27,7 @@ from .read_rows import BatchBuilder
 _POLL_FIRST_S = 0.05   # how long latestOffset waits for a first delivery when the queue is quiet
 _POLL_IDLE_S = 0.01    # the pause that ends a micro-batch's collection
 _AVAILABLE_NOW_WAIT_S = 2.0
+_MAX_PREFETCH = 65535
 
 
 def arrow_schema_of(schema: Any) -> pa.Schema:
@@ -52,7 +53,9 @@ class QueueBatchReader(DataSourceReader):
         self.ready = ready
 
     def partitions(self) -> list[QueueShare]:
-        consumers = max(1, min(self.opts.consumers, self.ready))
+        # Each consumer's prefetch is its quota (so that it cannot take another's share), and a
+        # prefetch holds at most 65,535 messages: a bigger queue is read by more consumers.
+        consumers = max(1, min(self.opts.consumers, self.ready), -(-self.ready // _MAX_PREFETCH))
         quota = -(-self.ready // consumers)
         return [QueueShare(i, quota) for i in range(consumers)]
 

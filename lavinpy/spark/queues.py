@@ -197,8 +197,8 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
     only once the caller has taken them all; an abandoned iterator acks nothing."""
     if quota <= 0:
         return
-    # The prefetch bounds what this consumer can take from the others (quota each).
-    consumer = QueueConsumer(params, queue, quota if 0 < quota <= 65535 else 0)
+    # The prefetch bounds what this consumer can take from the others (quota each, at most 65,535).
+    consumer = QueueConsumer(params, queue, min(quota, 65535))
     last_tag = 0
     finished = False
     try:

@@ -9,11 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+from pamqp import commands
 
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
 from lavinpy.wire import properties
-from tests.helpers import wait_until
+from tests.e2e.conftest import LocalBroker
+from tests.e2e.tls_certs import CA
+from tests.helpers import free_ports, wait_until
 
 from .conftest import error_text, unique
 
@@ -132,3 +135,27 @@ def test_bad_options_fail_once_with_a_clear_error(spark, broker, admin, stream_q
     stream = stream_queue()
     text = failure(broker.url, stream, consumers="4")
     assert "option consumers does not apply" in text and "a stream queue" in text, text
+
+
+def test_amqps_write_and_read(spark, tmp_path: Path) -> None:
+    """amqps:// URLs (with RabbitMQ's cacertfile key) work for writes and reads."""
+    ca = CA(tmp_path / "pki")
+    cert, key, _serial = ca.issue("server", server=True)
+    (amqps_port,) = free_ports(1)
+    conf = tmp_path / "tls.yaml"
+    conf.write_text(f"tls_cert: {cert}\ntls_key: {key}\namqps_port: {amqps_port}\nhttps_port: 0\n"
+                    "prometheus_tls_port: 0\nmqtt_port: 0\n")
+    broker = LocalBroker(tmp_path / "broker")
+    broker.extra_args = ["--config", str(conf)]
+    broker.start()
+    try:
+        url = f"amqps://guest:guest@localhost:{amqps_port}/?cacertfile={ca.cert_path}"
+        queue = unique("spark-tls")
+        with Connection(AMQPParams.from_url(url)).open() as conn:
+            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
+        spark.range(50).selectExpr("cast(id AS string) AS body").write.format("lavinpy").mode("append") \
+            .option("url", url).option("queue", queue).save()
+        rows = spark.read.format("lavinpy").option("url", url).option("queue", queue).load().collect()
+        assert sorted(int(r.body) for r in rows) == list(range(50))
+    finally:
+        broker.stop()
