@@ -122,6 +122,6 @@ def test_port_offset_moves_every_listener_that_is_on(tmp_path: Path):
     nodes = [config.load(None, env={}, overrides={"port_offset": i * 100}) for i in range(1, 4)]
     ports = [getattr(node, name) for node in nodes for name in config.LISTENER_PORTS]
     assert len(ports) == len(set(ports))
-    with pytest.raises(config.ConfigError, match="http_port must be between 0 and 65535, not 65672 .port_offset 50000 included"):
+    with pytest.raises(config.ConfigError, match="http_port must be .* not 65672 .port_offset 50000 included"):
         config.load(None, env={}, overrides={"port_offset": 50000})
     assert config.load(None, env={"LAVINPY_PORT_OFFSET": "100"}).amqp_port == 5772
