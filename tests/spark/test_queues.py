@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
+import os
+import signal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from pamqp import commands
@@ -70,8 +74,31 @@ def test_batch_read_drains_the_queue_with_typed_headers(spark, broker, admin, ki
     assert spark.read.format("lavinpy").option("url", broker.url).option("queue", queue).load().count() == 0
 
 
-def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, broker, admin,
-                                                                         tmp_path: Path) -> None:
+def pids_connected_to(port: int) -> set[int]:
+    """Processes with a TCP connection to 127.0.0.1:port (from /proc: no psutil needed)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                    inodes.add(fields[9])
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if any(os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes
+                       for fd in (proc / "fd").iterdir()):
+                    pids.add(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("how", ["raises", "killed"])
+def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, broker, admin, tmp_path: Path,
+                                                                         how: str) -> None:
+    """The job dies in the middle of batch 1, after writing part of its output: its foreachBatch
+    raises, or the process holding the source's consumers is killed (SIGKILL). The query restarted
+    from its checkpoint outputs every message at least once and leaves none unacked."""
     queue = declare(admin, "classic")
     publish(broker.url, queue, 0, 300)
     checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
@@ -82,6 +109,11 @@ def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, 
         rows = batch_df.select("body", "redelivered").collect()
         with open(out / f"{batch_id}-{len(list(out.iterdir()))}.json", "w") as f:
             json.dump([[r.body.decode(), r.redelivered] for r in rows], f)
+        if batch_id == state["fail_at"] and how == "killed":
+            readers = pids_connected_to(urlsplit(broker.url).port or 5672) - {os.getpid()}
+            assert readers, "the stream reader's consumers are connected"
+            for pid in readers:
+                os.kill(pid, signal.SIGKILL)
         if batch_id == state["fail_at"]:
             raise RuntimeError("the job dies in the middle of batch 1, after writing part of its output")
 
@@ -94,7 +126,7 @@ def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, 
     query = run(availableNow=True)
     with pytest.raises(Exception) as info:
         query.awaitTermination(120)
-    assert "dies in the middle of batch 1" in error_text(info.value)
+    assert "dies in the middle of batch 1" in error_text(info.value) or how == "killed"
     # batch 0 was committed and acked; batch 1's messages went back to the queue with the connections
     wait_until(lambda: counts(admin, queue)[1] == 0, timeout=30, what="the failed query's consumers closed")
     assert counts(admin, queue) == (200, 0)
