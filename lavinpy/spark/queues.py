@@ -78,8 +78,8 @@ def queue_kind(params: AMQPParams, queue: str) -> tuple[str, int]:
             if exc.reply_code == 406 and any(f"'{arg}'" in text for arg in
                                              ("x-queue-type", "durable", "exclusive", "auto_delete")):
                 return QUEUE, count
-            if exc.reply_code == 406 and "queue type" in text:
-                return QUEUE, count
+            if (exc.reply_code == 406 and "queue type" in text) or exc.reply_code == 405:
+                return QUEUE, count  # 405: another connection's exclusive queue, never a stream
             return STREAM, count
         conn.close_channel(ch)
         return STREAM, count
