@@ -1,12 +1,15 @@
-"""Benchmark of the PySpark data source: batch write with confirms and batch read of a stream.
+"""Benchmark of the PySpark data source: batch write with confirms and batch read, stream and classic queues.
 
     python bench/spark_bench.py                 # starts its own lavinpy, 1,000,000 rows each way
-    python bench/spark_bench.py --rows 200000   # quicker
+    python bench/spark_bench.py --rows 200000 --repeat 3   # quicker, three rounds
+    python bench/spark_bench.py --kinds classic             # classic queues only
     python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
-workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately
-with a data source that discards its input (`spark_floor_*`). The last line is one JSON object.
+workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
+just before each run, with a data source that discards its input (`spark_floor_*`); `*_of_floor`
+is Spark's own time over the lavinpy run's (1.0: the broker and the client cost nothing visible).
+The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -54,10 +57,10 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"amqp://guest:guest@127.0.0.1:{port}/"
 
 
-def declare_stream(url: str, name: str) -> None:
+def declare_queue(url: str, name: str, kind: str) -> None:
     with Connection(AMQPParams.from_url(url)).open() as conn:
         ch = conn.open_channel()
-        conn.call(ch, commands.Queue.Declare(queue=name, durable=True, arguments={"x-queue-type": "stream"}),
+        conn.call(ch, commands.Queue.Declare(queue=name, durable=True, arguments={"x-queue-type": kind}),
                   commands.Queue.DeclareOk)
 
 
@@ -144,6 +147,39 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - start
 
 
+def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
+    """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind."""
+    queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
+    declare_queue(url, queue, kind)
+    floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
+                    .format("spark_floor").mode("append").save())
+    write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
+                    .format("lavinpy").mode("append").option("url", url).option("queue", queue)
+                    .option("maxInFlight", args.max_in_flight).save())
+    floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
+                    .option("bodyBytes", args.body_bytes).load()
+                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
+    result: list[Any] = []
+    reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
+    if kind == "stream":
+        reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
+    if args.prefetch:
+        reader = reader.option("prefetch", args.prefetch)
+    read_s = timed(lambda: result.extend(
+        reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()))
+    n = result[0].n
+    assert n == args.rows, f"read {n} rows, expected {args.rows}"
+    delete_queue(url, queue)
+    run = {"kind": kind, "round": round_no, "write_rows_per_s": round(args.rows / write_s),
+           "read_rows_per_s": round(n / read_s), "write_s": round(write_s, 2), "read_s": round(read_s, 2),
+           "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
+           "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3)}
+    print(f"{kind:7} round {round_no}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
+          f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
+          f"Spark alone, {floor_r:.2f} s)", flush=True)
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="use this broker instead of starting lavinpy")
@@ -152,6 +188,8 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2, help="write tasks (local[2] runs 2 at a time)")
     parser.add_argument("--max-in-flight", default="20000")
     parser.add_argument("--prefetch", help="the read's prefetch option (default: the source's)")
+    parser.add_argument("--kinds", default="stream,classic", help="queue kinds to write and read, in turn")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds (each kind once per round, floor first)")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
@@ -163,47 +201,27 @@ def main() -> None:
     register_floor_sources(spark)
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
                                else "lavinpy (started by the bench)"}
-    stream = f"bench-{uuid.uuid4().hex[:8]}"
     warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+    runs: list[dict[str, Any]] = []
     try:
-        declare_stream(url, stream)
-        declare_stream(url, warm)
+        declare_queue(url, warm, "stream")
         # Warm-up: JVM, Python workers, imports.
         bodies(spark, 20_000, args.body_bytes, args.partitions).write.format("lavinpy").mode("append") \
             .option("url", url).option("queue", warm).save()
         spark.read.format("lavinpy").option("url", url).option("queue", warm).load().selectExpr("count(*)").collect()
         bodies(spark, 20_000, args.body_bytes, 2).write.format("spark_floor").mode("append").save()
-
-        floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                        .format("spark_floor").mode("append").save())
-        write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                        .format("lavinpy").mode("append").option("url", url).option("queue", stream)
-                        .option("maxInFlight", args.max_in_flight).save())
-        print(f"write: {args.rows:,} rows in {write_s:.2f} s = {args.rows / write_s:,.0f} rows/s "
-              f"(Spark alone: {floor_w:.2f} s)", flush=True)
-
-        floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
-                        .option("bodyBytes", args.body_bytes).load()
-                        .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
-        result: list[Any] = []
-        reader = spark.read.format("lavinpy").option("url", url).option("queue", stream) \
-            .option("maxMessagesPerPartition", str(-(-args.rows // 2)))
-        if args.prefetch:
-            reader = reader.option("prefetch", args.prefetch)
-        read_s = timed(lambda: result.extend(
-            reader.load()
-            .selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()))
-        n = result[0].n
-        assert n == args.rows, f"read {n} rows, expected {args.rows}"
-        print(f"read:  {n:,} rows in {read_s:.2f} s = {n / read_s:,.0f} rows/s (Spark alone: {floor_r:.2f} s)",
-              flush=True)
-        results.update({
-            "write_rows_per_s": round(args.rows / write_s), "write_s": round(write_s, 2),
-            "read_rows_per_s": round(n / read_s), "read_s": round(read_s, 2),
-            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
-        })
-        delete_queue(url, stream)
         delete_queue(url, warm)
+        # Spark's floor is measured before each run: the machine may be shared, and only figures
+        # taken in the same minutes compare.
+        for round_no in range(args.repeat):
+            for kind in args.kinds.split(","):
+                runs.append(one_run(spark, url, args, kind.strip(), round_no))
+        results["runs"] = runs
+        for kind in args.kinds.split(","):
+            mine = [r for r in runs if r["kind"] == kind.strip()]
+            results[kind.strip()] = {
+                "write_of_floor_median": sorted(r["write_of_floor"] for r in mine)[len(mine) // 2],
+                "read_of_floor_median": sorted(r["read_of_floor"] for r in mine)[len(mine) // 2]}
     finally:
         spark.stop()
         if proc is not None:

@@ -64,6 +64,9 @@ class Config:
     # Addresses to listen on; one the machine lacks (e.g. ::1 without IPv6) is logged and skipped.
     bind: list[str] = field(default_factory=lambda: ["127.0.0.1", "::1"])
     amqp_port: int = 5672
+    # Added to every listener port that is on (set or default), so that nodes on one machine need one
+    # setting each: multiples of 100 (a node's own ports are up to 20 apart).
+    port_offset: int = 0
     # AMQPS listens on amqps_port only when tls_cert is set (0 turns it off even then).
     amqps_port: int = 5671
     tls_cert: str = ""
@@ -228,11 +231,11 @@ class Config:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {self.log_level!r}")
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"log_format must be one of {', '.join(LOG_FORMATS)}, not {self.log_format!r}")
-        for name in ("amqp_port", "amqps_port", "mqtt_port", "mqtts_port", "http_port", "https_port", "prometheus_port",
-                     "prometheus_tls_port", "clustering_port"):
+        for name in LISTENER_PORTS:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
-                raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
+                shifted = f" (port_offset {self.port_offset} included)" if self.port_offset else ""
+                raise ConfigError(f"{name} must be between 0 and 65535, not {port}{shifted}")
         if not self.bind:
             raise ConfigError("bind must name at least one address")
         if not self.stats_sample_interval > 0:
@@ -418,6 +421,16 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in fields(Config)}
+LISTENER_PORTS = ("amqp_port", "amqps_port", "mqtt_port", "mqtts_port", "http_port", "https_port", "prometheus_port",
+                  "prometheus_tls_port", "clustering_port")
+
+
+def _shift_ports(cfg: Config) -> None:
+    """port_offset moves every listener that is on (0 stays off)."""
+    if cfg.port_offset:
+        for name in LISTENER_PORTS:
+            if getattr(cfg, name):
+                setattr(cfg, name, getattr(cfg, name) + cfg.port_offset)
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -492,6 +505,7 @@ def load(
     }
     _apply(cfg, from_env, "environment")
     _apply(cfg, overrides or {}, "command line")
+    _shift_ports(cfg)
     cfg.validate()
     return cfg
 
@@ -518,6 +532,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", dest="data_dir")
     parser.add_argument("--bind", help="addresses to listen on, comma-separated (default 127.0.0.1,::1)")
     parser.add_argument("--amqp-port", dest="amqp_port", type=int)
+    parser.add_argument("--port-offset", dest="port_offset", type=int,
+                        help="added to every listener port that is on, e.g. 100, 200, 300 for nodes on one machine")
     parser.add_argument("--amqps-port", dest="amqps_port", type=int, help="AMQP over TLS (needs tls_cert)")
     parser.add_argument("--mqtt-port", dest="mqtt_port", type=int, help="MQTT listener (0 = off)")
     parser.add_argument("--mqtts-port", dest="mqtts_port", type=int, help="MQTT over TLS (needs tls_cert)")
@@ -543,8 +559,8 @@ def from_args(args: argparse.Namespace) -> Config:
     path = args.config
     if path is None and Path("conf/lavinpy.yaml").is_file():
         path = "conf/lavinpy.yaml"
-    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "amqps_port", "mqtt_port",
-                                                "mqtts_port", "http_port", "https_port", "prometheus_port",
+    overrides = {k: getattr(args, k) for k in ("data_dir", "bind", "amqp_port", "port_offset", "amqps_port",
+                                                "mqtt_port", "mqtts_port", "http_port", "https_port", "prometheus_port",
                                                 "prometheus_tls_port",
                                                 "proxy_protocol_trusted_sources", "log_level", "fsync", "clustering",
                                                 *_CLUSTERING_FLAGS)}

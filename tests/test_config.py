@@ -110,3 +110,18 @@ def test_bad_listener_settings_are_refused(tmp_path: Path, text: str, message: s
     cfg_file.write_text(text)
     with pytest.raises(config.ConfigError, match=message):
         config.load(cfg_file, env={})
+
+
+def test_port_offset_moves_every_listener_that_is_on(tmp_path: Path):
+    cfg = config.from_args(parse(["--port-offset", "200", "--mqtt-port", "0", "--amqp-port", "6000"]))
+    assert (cfg.amqp_port, cfg.amqps_port, cfg.http_port, cfg.https_port, cfg.prometheus_port,
+            cfg.prometheus_tls_port, cfg.mqtts_port, cfg.clustering_port) == (6200, 5871, 15872, 15871, 15892,
+                                                                              15891, 9083, 5879)
+    assert cfg.mqtt_port == 0, "a listener that is off stays off"
+    # one node's ports, shifted by multiples of 100, never meet another node's
+    nodes = [config.load(None, env={}, overrides={"port_offset": i * 100}) for i in range(1, 4)]
+    ports = [getattr(node, name) for node in nodes for name in config.LISTENER_PORTS]
+    assert len(ports) == len(set(ports))
+    with pytest.raises(config.ConfigError, match="http_port must be .* not 65672 .port_offset 50000 included"):
+        config.load(None, env={}, overrides={"port_offset": 50000})
+    assert config.load(None, env={"LAVINPY_PORT_OFFSET": "100"}).amqp_port == 5772

@@ -56,7 +56,9 @@ def run_perf(*args: str, timeout: float = 30) -> dict:
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1, res.stdout  # stdout carries the JSON summary and nothing else
-    return json.loads(lines[0])
+    summary = json.loads(lines[0])
+    summary["stderr"] = res.stderr
+    return summary
 
 
 def queue_exists(uri: str, name: str) -> bool:
@@ -85,6 +87,10 @@ def test_confirmed_publish_and_drain(broker_uri: str) -> None:
     assert r["latency_p50_us"] <= r["latency_p95_us"] <= r["latency_p99_us"]
     assert r["latency_samples"] > 0
     assert r["duration"] == pytest.approx(2, abs=0.2)
+    # a run of 2 s or more says how far it got on stderr: a line per 10 % when it is not a terminal
+    progress = [line for line in r["stderr"].splitlines() if line.startswith("lavinpy-perf: measuring: ")]
+    percents = [int(line.split()[2].rstrip("%")) for line in progress]
+    assert percents == sorted(set(percents)) and percents[-1] == 100 and len(percents) >= 5, r["stderr"]
     assert r["params"]["confirm"] == 64 and r["params"]["multi_ack"] == 50
     assert "guest:guest" not in r["params"]["uri"]
     assert not queue_exists(broker_uri, "perf-test")

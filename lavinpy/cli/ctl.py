@@ -176,7 +176,8 @@ def cmd_close_connection(api: Api, args: argparse.Namespace, out: Output) -> Non
 
 
 def cmd_export_definitions(api: Api, args: argparse.Namespace, out: Output) -> None:
-    text = json.dumps(api.call("GET", "/api/definitions"), indent=2) + "\n"
+    progress = None if out.quiet else "export_definitions"  # on stderr, for a reply over 1 MiB
+    text = json.dumps(api.call("GET", "/api/definitions", progress=progress), indent=2) + "\n"
     if args.file == "-":
         sys.stdout.write(text)
     else:
@@ -194,7 +195,7 @@ def cmd_import_definitions(api: Api, args: argparse.Namespace, out: Output) -> N
         definitions = json.loads(raw)
     except (OSError, ValueError) as e:
         raise CtlError(f"cannot read definitions from {args.file}: {e}", EXIT_USAGE) from None
-    api.call("POST", "/api/definitions", definitions)
+    api.call("POST", "/api/definitions", definitions, progress=None if out.quiet else "import_definitions")
 
 
 COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {

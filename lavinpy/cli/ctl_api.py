@@ -12,8 +12,11 @@ import base64
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
+
+from lavinpy.progress import Progress
 
 DEFAULT_URI = "http://guest:guest@127.0.0.1:15672"
 EXIT_OK, EXIT_BROKER_ERROR, EXIT_USAGE, EXIT_DATAERR, EXIT_UNAVAILABLE, EXIT_TEMPFAIL = 0, 1, 64, 65, 69, 75
@@ -49,10 +52,16 @@ class Api:
         return other
 
     def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-             accept: tuple[int, ...] = ()) -> Any:
-        """The decoded JSON reply; an error status not in ``accept`` raises CtlError."""
+             accept: tuple[int, ...] = (), progress: str | None = None) -> Any:
+        """The decoded JSON reply; an error status not in ``accept`` raises CtlError. ``progress``
+        names the transfer for a progress report on stderr when the body or the reply is large."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.base + path, data=data, method=method)
+        sent: Any = data
+        if data is not None and progress is not None:
+            sent = _chunks_with_progress(data, f"{progress}: sending")
+        request = urllib.request.Request(self.base + path, data=sent, method=method)
+        if data is not None:
+            request.add_header("Content-Length", str(len(data)))
         request.add_header("Authorization", self.auth)
         if data is not None:
             request.add_header("Content-Type", "application/json")
@@ -60,7 +69,10 @@ class Api:
             request.add_header(name, value)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = response.read()
+                if progress is None:
+                    payload = response.read()
+                else:
+                    payload = _read_with_progress(response, f"{progress}: receiving")
         except urllib.error.HTTPError as e:
             if e.code in accept:
                 payload = e.read()
@@ -70,6 +82,30 @@ class Api:
             reason = getattr(e, "reason", e)
             raise CtlError(f"cannot reach the broker at {self.base}: {reason}", EXIT_UNAVAILABLE) from None
         return json.loads(payload) if payload.strip() else None
+
+
+PROGRESS_MIN_BYTES = 1 << 20  # smaller transfers take no time worth reporting
+_CHUNK = 1 << 16
+
+
+def _chunks_with_progress(data: bytes, what: str) -> Iterator[bytes]:
+    with Progress(what, len(data), unit="bytes", min_total=PROGRESS_MIN_BYTES) as progress:
+        for at in range(0, len(data), _CHUNK):
+            yield data[at:at + _CHUNK]
+            progress.advance(min(_CHUNK, len(data) - at))
+
+
+def _read_with_progress(response: Any, what: str) -> bytes:
+    try:
+        total = int(response.headers.get("Content-Length") or 0)
+    except ValueError:
+        total = 0
+    parts = []
+    with Progress(what, total, unit="bytes", min_total=PROGRESS_MIN_BYTES) as progress:
+        while chunk := response.read(_CHUNK):
+            parts.append(chunk)
+            progress.advance(len(chunk))
+    return b"".join(parts)
 
 
 def _error_text(e: urllib.error.HTTPError) -> str:

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from pamqp import commands as spec
 
+from lavinpy.progress import Progress
 from lavinpy.wire.client import publish_method_frame
 from lavinpy.wire.properties import encode_property_values
 from lavinpy.wire.writer import content_frames
@@ -36,6 +37,8 @@ from .perf_client import (
     connect,
     parse_uri,
 )
+
+PROGRESS_MIN_MS = 2000  # runs shorter than this report no progress
 
 
 def message_template(queue: str, size: int, persistent: bool, frame_max: int) -> tuple[bytes, int]:
@@ -216,10 +219,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tasks = [loop.create_task(publish_loop(p, names[i % len(names)], args, stop)) for i, p in enumerate(pubs)]
         watch = asyncio.gather(*tasks)
 
-        async def phase(seconds: float) -> None:
+        async def phase(seconds: float, progress: Progress | None = None) -> None:
             # Sleep, but surface a failing publisher or a lost connection straight away.
-            end = loop.time() + seconds
+            start = loop.time()
+            end = start + seconds
             while loop.time() < end:
+                if progress is not None:
+                    progress.update(int((loop.time() - start) * 1000))
                 if watch.done():
                     watch.result()
                 for c in (*pubs, *cons):
@@ -232,7 +238,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for c in cons:
             c.record_latency = True
         t0, cpu0 = loop.time(), cpu_seconds()
-        await phase(args.duration)
+        # A long run shows where it is (stderr: a bar on a terminal, a line per 10 % otherwise).
+        with Progress("lavinpy-perf: measuring", int(args.duration * 1000), unit="ms",
+                      min_total=PROGRESS_MIN_MS) as progress:
+            await phase(args.duration, progress)
         t1, cpu1 = loop.time(), cpu_seconds()
         window = totals(pubs, cons)
         stop.set()

@@ -18,6 +18,7 @@ from typing import Any
 
 from pamqp import commands as spec
 
+from lavinpy.progress import Progress
 from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.properties import append_header_entry, replace_field
 from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
@@ -26,6 +27,7 @@ from .client import ShovelClient, ShovelClientError, connect
 from .definition import ShovelDefinition, is_local, masked
 
 log = logging.getLogger("lavinpy.shovel")
+PROGRESS_MIN_MESSAGES = 1000  # a smaller move logs no progress
 
 MAX_BACKOFF = 8  # the longest wait is this many reconnect-delays
 STABLE_SECONDS = 30.0  # running this long resets the backoff
@@ -61,6 +63,7 @@ class Shovel:
         self.src_uri = definition.src_uris[0]
         self.dest_uri = definition.dest_uris[0]
         self.remaining: int | None = None  # left to move under src-delete-after
+        self._moving: Progress | None = None
         self.task: asyncio.Task[None] | None = None
         self._src: ShovelClient | None = None
         self._dest: ShovelClient | None = None
@@ -214,9 +217,9 @@ class Shovel:
                     raise ShovelClientError(str(e)) from None
             if self.remaining is None:
                 if d.delete_after == "queue-length":
-                    self.remaining = ok.message_count
+                    self._to_move(ok.message_count)
                 elif isinstance(d.delete_after, int):
-                    self.remaining = d.delete_after
+                    self._to_move(d.delete_after)
             return d.src_queue
         assert d.src_exchange is not None
         if d.src_exchange:
@@ -229,8 +232,14 @@ class Shovel:
         await src.rpc(spec.Queue.Bind(queue=ok.queue, exchange=d.src_exchange, routing_key=d.src_exchange_key),
                       spec.Queue.BindOk)
         if self.remaining is None and isinstance(d.delete_after, int):
-            self.remaining = d.delete_after
+            self._to_move(d.delete_after)
         return ok.queue
+
+    def _to_move(self, count: int) -> None:
+        """src-delete-after: count messages to move, then stop; the log says how far it got every 10 %."""
+        self.remaining = count
+        self._moving = Progress(f"shovel {self.name} in vhost {self.vhost} moving messages", count,
+                                unit="messages", log=log, min_total=PROGRESS_MIN_MESSAGES)
 
     async def _declare_destination(self, dest: ShovelClient) -> None:
         d = self.definition
@@ -332,6 +341,8 @@ class Shovel:
 
     def _settled(self, count: int) -> None:
         self.confirmed += count
+        if self._moving is not None:
+            self._moving.advance(count)
         if self.remaining is not None:
             self.remaining = max(0, self.remaining - count)
             if self.remaining == 0 and not self._outstanding:

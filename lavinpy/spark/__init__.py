@@ -1,9 +1,11 @@
-"""PySpark data source "lavinpy": write DataFrames to exchanges, read stream queues by offset.
+"""PySpark data source "lavinpy": write DataFrames to exchanges; read stream queues by offset and
+classic and quorum queues with acks after Spark's commit.
 
     from lavinpy.spark import register
     register(spark)                      # once per SparkSession
     df.write.format("lavinpy").option("exchange", "events").save()
     spark.readStream.format("lavinpy").option("queue", "events-stream").load()
+    spark.readStream.format("lavinpy").option("queue", "jobs").load()   # a classic or quorum queue
 
 See docs/spark.md. The AMQP clients (client, publisher, streams) need no pyspark; the data
 source classes are imported lazily so that `import lavinpy.spark` works without it.

@@ -7,8 +7,6 @@ stream reader, which lives in one long-running Python process for the whole quer
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,9 +25,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .client import AMQPClientError, BrokerClosed, Connection
+from .client import AMQPClientError, BrokerClosed, Connection, gc_paused
 from .options import FIRST, LAST, LATEST, NEXT, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
+from .queue_source import QueueBatchReader, QueueStreamReader
+from .queues import STREAM, queue_kind
 from .read_rows import BatchBuilder, read_schema
 from .read_rows import check_schema as check_read_schema
 from .streams import StreamClient
@@ -49,11 +49,21 @@ class LavinpyDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         check_read_schema(schema)
-        return LavinpyBatchReader(ReadOptions.parse(self.options), schema)
+        opts = ReadOptions.parse(self.options)
+        kind, count = queue_kind(opts.params, opts.queue)
+        opts.check_kind(kind == STREAM)
+        if kind == STREAM:
+            return LavinpyBatchReader(opts, schema)
+        return QueueBatchReader(opts, schema, count)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         check_read_schema(schema)
-        return LavinpyStreamReader(ReadOptions.parse(self.options), schema)
+        opts = ReadOptions.parse(self.options)
+        kind, _count = queue_kind(opts.params, opts.queue)
+        opts.check_kind(kind == STREAM)
+        if kind == STREAM:
+            return LavinpyStreamReader(opts, schema)
+        return QueueStreamReader(opts, schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
         opts = _write_options(self.options, schema)
@@ -62,23 +72,6 @@ class LavinpyDataSource(DataSource):
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamArrowWriter:
         opts = _write_options(self.options, schema)
         return LavinpyStreamWriter(opts)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for one task.
-
-    A task allocates millions of short-lived, acyclic objects (reference counting frees them), and
-    each of the collector's passes over a Spark worker's heap is wasted work: measured, it halves
-    a reader's throughput. Restored when the task's iterator ends or is closed.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # --- writing --------------------------------------------------------------------------------------

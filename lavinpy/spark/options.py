@@ -156,16 +156,35 @@ class ReadOptions:
     max_messages_per_trigger: int | None
     max_messages_per_partition: int
     prefetch: int
+    consumers: int = 2
+    idle_timeout: float = 0.5
+    given: frozenset[str] = frozenset()
+
+    # Options that mean something for one kind of queue only: given for the other, they are refused.
+    STREAM_ONLY = ("startingOffset", "endingOffset", "maxMessagesPerPartition")
+    QUEUE_ONLY = ("consumers", "idleTimeout")
+
+    def check_kind(self, stream: bool) -> None:
+        """Refuse options of the other kind of queue (one clear error instead of a silent no-op)."""
+        wrong = [name for name in (self.QUEUE_ONLY if stream else self.STREAM_ONLY) if name.lower() in self.given]
+        if wrong:
+            kind = "a stream queue" if stream else "a classic or quorum queue"
+            meant = "classic and quorum queues" if stream else "stream queues (offsets)"
+            raise OptionError(f"option {wrong[0]} does not apply to queue {self.queue!r}, which is {kind}: it is "
+                              f"for {meant} only; remove it")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
         opts = _lower(options)
         queue = opts.get("queue", "")
         if not queue:
-            raise OptionError("option `queue` is required for reading: the name of a stream queue")
+            raise OptionError("option `queue` is required for reading: the name of a classic, quorum or stream queue")
         return cls(params=_params(opts), queue=queue,
                    starting_offset=parse_start(opts.get("startingoffset")),
                    ending_offset=parse_end(opts.get("endingoffset")),
                    max_messages_per_trigger=_int(opts, "maxMessagesPerTrigger", None),
                    max_messages_per_partition=_int(opts, "maxMessagesPerPartition", 500_000) or 500_000,
-                   prefetch=_int(opts, "prefetch", 2000) or 2000)
+                   prefetch=_int(opts, "prefetch", 2000) or 2000,
+                   consumers=_int(opts, "consumers", 2) or 2,
+                   idle_timeout=_float(opts, "idleTimeout", 0.5),
+                   given=frozenset(opts))

@@ -7,6 +7,7 @@ equality), so read() can hand Spark record batches instead of Python tuples.
 from __future__ import annotations
 
 import datetime as _dt
+import decimal as _decimal
 import json
 from collections.abc import Iterable, Iterator
 from itertools import chain
@@ -21,7 +22,7 @@ from .streams import DeliveryChunk
 # DataFrame can be written back unchanged.
 COLUMNS = ("offset", "body", "routing_key", "exchange", "headers", "content_type", "content_encoding",
            "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
-           "type", "user_id", "app_id")
+           "type", "user_id", "app_id", "redelivered")
 # Index into Delivery.properties (lavinpy.wire.properties.PROPERTY_NAMES order) of each property column.
 _PROPERTY_INDEX = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
                    "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "timestamp": 9,
@@ -37,7 +38,8 @@ def read_schema() -> Any:
 
     string = T.StringType()
     special = {"offset": T.LongType(), "body": T.BinaryType(), "headers": T.MapType(string, string),
-               "delivery_mode": T.IntegerType(), "priority": T.IntegerType(), "timestamp": T.TimestampType()}
+               "delivery_mode": T.IntegerType(), "priority": T.IntegerType(), "timestamp": T.TimestampType(),
+               "redelivered": T.BooleanType()}
     return T.StructType([T.StructField(name, special.get(name, string)) for name in COLUMNS])
 
 
@@ -48,9 +50,73 @@ def check_schema(schema: Any) -> None:
         if field.name not in full:
             raise ValueError(f"column {field.name!r} is not produced by the lavinpy source; its columns are "
                              f"{', '.join(COLUMNS)}")
+        if field.name == "headers" and typed_headers_type(field.dataType):
+            continue
         if field.dataType != full[field.name]:
             raise ValueError(f"column {field.name!r} must have type {full[field.name].simpleString()}, "
                              f"not {field.dataType.simpleString()}")
+
+
+def typed_headers_type(data_type: Any) -> bool:
+    """Typed headers: a struct of the headers wanted (each field's type says how to read that
+    header's value), or a map from strings to one value type."""
+    from pyspark.sql import types as T  # noqa: N812
+
+    if isinstance(data_type, T.StructType):
+        return True
+    return (isinstance(data_type, T.MapType) and isinstance(data_type.keyType, T.StringType)
+            and not isinstance(data_type.valueType, T.StringType))
+
+
+def header_value(value: Any, arrow_type: pa.DataType) -> Any:
+    """A header value as the Arrow type asked for; None when it has no such reading."""
+    if value is None:
+        return None
+    try:
+        if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+            return header_text(value)
+        if pa.types.is_boolean(arrow_type):
+            if isinstance(value, bool | int):
+                return bool(value)
+            text = header_text(value)
+            return {"true": True, "false": False}.get((text or "").strip().lower())
+        if pa.types.is_integer(arrow_type):
+            return int(value) if not isinstance(value, str | bytes) else int(header_text(value) or "")
+        if pa.types.is_floating(arrow_type):
+            return float(value) if not isinstance(value, bytes) else float(value.decode())
+        if pa.types.is_decimal(arrow_type):
+            number = value if isinstance(value, _decimal.Decimal) else _decimal.Decimal(str(header_text(value)))
+            return number.quantize(_decimal.Decimal(1).scaleb(-arrow_type.scale))
+        if pa.types.is_timestamp(arrow_type):
+            if isinstance(value, _dt.datetime):
+                return value if value.tzinfo else value.replace(tzinfo=_dt.UTC)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return _dt.datetime.fromtimestamp(value, _dt.UTC)
+            return _dt.datetime.fromisoformat(str(header_text(value)).replace("Z", "+00:00"))
+        if pa.types.is_binary(arrow_type):
+            return value if isinstance(value, bytes) else str(header_text(value)).encode()
+        if pa.types.is_map(arrow_type) and isinstance(value, dict):
+            item = arrow_type.item_type
+            return [(k, header_value(v, item)) for k, v in value.items()]
+        if pa.types.is_struct(arrow_type) and isinstance(value, dict):
+            return {f.name: header_value(value.get(f.name), f.type) for f in arrow_type}
+        if pa.types.is_list(arrow_type) and isinstance(value, list):
+            return [header_value(v, arrow_type.value_type) for v in value]
+    except (ValueError, TypeError, ArithmeticError, _decimal.InvalidOperation, OverflowError):
+        return None
+    return None
+
+
+def typed_headers(values: Any, arrow_type: pa.DataType) -> pa.Array:
+    """The headers column as a struct (one field per header named) or a map of typed values."""
+    rows: list[Any]
+    if pa.types.is_struct(arrow_type):
+        rows = [None if h is None else {f.name: header_value(h.get(f.name), f.type) for f in arrow_type}
+                for h in values]
+    else:
+        item = arrow_type.item_type
+        rows = [None if h is None else [(k, header_value(v, item)) for k, v in h.items()] for h in values]
+    return pa.array(rows, type=arrow_type)
 
 
 def header_text(value: Any) -> str | None:
@@ -76,6 +142,19 @@ class BatchBuilder:
         self.names = list(arrow_schema.names)
         self.batch_rows = batch_rows
 
+    def queue_batches(self, reads: Iterable[Any]) -> Iterator[pa.RecordBatch]:
+        """``chunk_batches`` for queue reads: (chunk, redelivered flags, ...) items."""
+        pending: list[DeliveryChunk] = []
+        flags: list[bool] = []
+        for read in reads:
+            pending.append(read[0])
+            flags.extend(read[1])
+            if len(flags) >= self.batch_rows:
+                yield self.build_columns(*self._joined(pending), redelivered=flags)
+                pending, flags = [], []
+        if flags:
+            yield self.build_columns(*self._joined(pending), redelivered=flags)
+
     def chunk_batches(self, chunks: Iterable[DeliveryChunk]) -> Iterator[pa.RecordBatch]:
         """Record batches of at least ``batch_rows`` rows (but the last) from chunks of deliveries."""
         pending: list[DeliveryChunk] = []
@@ -97,10 +176,12 @@ class BatchBuilder:
         return DeliveryChunk(*(list(chain.from_iterable(column)) for column in zip(*chunks, strict=True)))
 
     def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
-                      properties: list[list[Any]], bodies: list[bytes]) -> pa.RecordBatch:
+                      properties: list[list[Any]], bodies: list[bytes],
+                      redelivered: list[bool] | None = None) -> pa.RecordBatch:
         n = len(offsets)
         columns: dict[str, Any] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
-                                   "exchange": exchanges}
+                                   "exchange": exchanges,
+                                   "redelivered": _Repeated(False) if redelivered is None else redelivered}
         if any(name in _PROPERTY_INDEX for name in self.names):
             first = properties[0]
             if properties.count(first) == n:  # one property list for all (shared: an identity check each)
@@ -121,10 +202,12 @@ class BatchBuilder:
             if pa.types.is_string(arrow_type):
                 return pa.repeat(pa.scalar(values.value, arrow_type), n)
             values = [values.value] * n
-        elif name in _PROPERTY_INDEX and values.count(None) == n:
+        elif (name in _PROPERTY_INDEX or name == "offset") and values.count(None) == n:  # offset: queue reads
             return pa.nulls(n, arrow_type)
         elif name in _NAME_COLUMNS and values.count(values[0]) == n:  # one exchange, one routing key: the usual
             return pa.repeat(pa.scalar(values[0], arrow_type), n)
+        if name == "headers" and not (pa.types.is_map(arrow_type) and pa.types.is_string(arrow_type.item_type)):
+            return typed_headers(values, arrow_type)
         if name == "headers":
             try:
                 return pa.array(values, type=arrow_type)  # dicts of strings: converted in C

@@ -486,6 +486,7 @@ class _Assembler:
         self.size = 0
         self.parts: list[bytes] = []
         self.got = 0
+        self.redelivered = False  # the flag of the delivery feed() returned last
 
     @property
     def idle(self) -> bool:
@@ -498,8 +499,9 @@ class _Assembler:
         if ftype == FRAME_METHOD:
             mid = method_id(payload)
             if mid == BASIC_DELIVER:
-                tag, _redelivered, exchange, routing_key = parse_deliver(payload)
+                tag, redelivered, exchange, routing_key = parse_deliver(payload)
                 self.pending = (tag, exchange, routing_key)
+                self.redelivered = redelivered
                 self.parts = []
                 self.got = 0
             elif mid == _BASIC_CANCEL:

@@ -2,8 +2,8 @@
 
 Columns: `body` (binary or string) is required; `routing_key`, `headers` (map), `content_type`,
 `content_encoding`, `message_id`, `correlation_id`, `reply_to`, `type`, `app_id`, `user_id`,
-`priority`, `delivery_mode`, `expiration`, `timestamp` are optional message properties; `offset`
-and `exchange` (what a read produces) are ignored, so a read DataFrame can be written back as is.
+`priority`, `delivery_mode`, `expiration`, `timestamp` are optional message properties; `offset`,
+`exchange` and `redelivered` (what a read produces) are ignored, so a read DataFrame can be written back as is.
 Any other column is an error, unless it is the `routingKeyColumn`.
 
 Work is column-at-a-time through Arrow's C code (casts, to_pylist) and the per-message Python
@@ -29,7 +29,7 @@ STRING_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "repl
                      "user_id", "app_id")
 INT_PROPERTIES = ("priority", "delivery_mode")
 PROPERTY_COLUMNS = (*STRING_PROPERTIES, *INT_PROPERTIES, "headers", "expiration", "timestamp")
-IGNORED_COLUMNS = ("offset", "exchange")
+IGNORED_COLUMNS = ("offset", "exchange", "redelivered")
 CHUNK_MESSAGES = 2000
 CHUNK_BYTES = 1 << 20
 

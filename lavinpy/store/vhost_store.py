@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
+from lavinpy.progress import Progress
 from lavinpy.store import changes
 from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
@@ -25,12 +26,20 @@ from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import COUNTS_FILE, DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
-from lavinpy.store.queue_index import DEFAULT_ACK_FILE_MAX_BYTES, QUEUE_NAME_FILE, QueueIndex, sync_new_directory
+from lavinpy.store.queue_index import (
+    DEFAULT_ACK_FILE_MAX_BYTES,
+    ENQ_FILE,
+    QUEUE_NAME_FILE,
+    QueueIndex,
+    sync_new_directory,
+)
 from lavinpy.store.sync_timing import SYNC_TIMES
+from lavinpy.wire.position import ENTRY_SIZE
 
 log = logging.getLogger("lavinpy.store")
 
 FSYNC_POLICIES = ("always", "batch", "never")
+RECOVERY_PROGRESS_MIN_ENTRIES = 1_000_000  # a smaller backlog is read back too fast to report
 
 
 class SyncedFile(Protocol):
@@ -74,6 +83,7 @@ class VhostStore:
         self.flush_count = 0  # flushes that reached the disk (tests, metrics)
         self.barrier: ReplicationBarrier | None = None  # set by a replication leader
         self._is_open = False
+        self._recovery: Progress | None = None  # from open() to finish_recovery()
 
     # ---- life cycle --------------------------------------------------------------------------
 
@@ -83,9 +93,29 @@ class VhostStore:
         self.messages.open()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lavinpy-flush")
         self._is_open = True
+        # Reading the queue indexes of a large backlog takes a while: the log says how far it got.
+        self._recovery = Progress(f"{self.path}: recovering queue indexes", self._index_entries_on_disk(),
+                                  unit="index entries", log=log, min_total=RECOVERY_PROGRESS_MIN_ENTRIES)
+
+    def _index_entries_on_disk(self) -> int:
+        entries = 0
+        for entry in self.path.iterdir():
+            if (entry / QUEUE_NAME_FILE).is_file():
+                entries += self._enq_entries(entry)
+        return entries
+
+    @staticmethod
+    def _enq_entries(directory: Path) -> int:
+        try:
+            return (directory / ENQ_FILE).stat().st_size // ENTRY_SIZE
+        except OSError:
+            return 0
 
     def finish_recovery(self) -> None:
         """All durable queues are open: delete the segments that no queue references."""
+        if self._recovery is not None:
+            self._recovery.finish()
+            self._recovery = None
         deleted = self.messages.delete_unreferenced()
         if deleted:
             log.info("%s: deleted %d unreferenced message segments", self.path, deleted)
@@ -118,10 +148,13 @@ class VhostStore:
                 raise ValueError(f"queue {name!r} is already open as a {type(index).__name__}")
             return index
         directory = self.queue_path(name) if durable else None
+        recovering = self._enq_entries(directory) if directory is not None and self._recovery is not None else 0
         index = kind.build(name, self.messages, directory, self.ack_file_max_bytes, self._close_fd)
         if isinstance(index, QueueIndex):
             index.set_fsync(self.fsync_policy != "never", self._sync_path_later)
         index.open()
+        if recovering and self._recovery is not None:
+            self._recovery.advance(recovering)
         self._queues[name] = index
         return index
 

@@ -126,22 +126,29 @@ name_at(const unsigned char *at, Py_ssize_t n, const unsigned char **prev_at, Py
     return s;
 }
 
-/* scan_stream_deliveries(buf, channel, pos)
+/* scan_stream_deliveries(buf, channel, pos[, redelivered])
  *   -> (offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other)
  *
  * The whole stream deliveries on channel from pos on, as columns (see client.scan_stream_deliveries):
  * offsets[i] is the value of the x-stream-offset entry ending the headers table, or None; blocks[i] the
  * property block, the same object as the previous delivery's when the two differ at most in that
  * value. other: stopped at something that is not (the start of) such a delivery, for the generic
- * frame path; false when the bytes ran out. */
+ * frame path; false when the bytes ran out. redelivered: a list that gets the index (in the columns) of
+ * each delivery whose redelivered flag is set (queue reads; streams pass none). */
 static PyObject *
 cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     unsigned int ch;
     Py_ssize_t pos;
-    if (!PyArg_ParseTuple(args, "y*In", &view, &ch, &pos))
+    PyObject *redelivered = Py_None;
+    if (!PyArg_ParseTuple(args, "y*In|O", &view, &ch, &pos, &redelivered))
         return NULL;
+    if (redelivered != Py_None && !PyList_Check(redelivered)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "redelivered must be a list or None");
+        return NULL;
+    }
     const unsigned char *buf = view.buf;
     Py_ssize_t size = view.len;
     int other = 0;
@@ -271,6 +278,14 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
         }
         if (failed)
             goto fail;
+        if (redelivered != Py_None && (buf[pos + 12 + buf[pos + 11] + 8] & 1)) {
+            PyObject *index = PyLong_FromSsize_t(PyList_GET_SIZE(cols[0]) - 1);
+            if (index == NULL || PyList_Append(redelivered, index) < 0) {
+                Py_XDECREF(index);
+                goto fail;
+            }
+            Py_DECREF(index);
+        }
         last_tag = tag;
         pos = next;
     }

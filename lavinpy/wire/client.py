@@ -272,7 +272,8 @@ def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
     return end - 8
 
 
-def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> StreamColumns:
+def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
+                           redelivered: list[int] | None = None) -> StreamColumns:
     """The whole deliveries on ``channel`` from ``buf[pos:]`` on, as columns: (offsets, exchanges,
     routing keys, property blocks, bodies, last delivery tag, offset after them, other).
 
@@ -280,13 +281,15 @@ def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -
     a stream stamps it) or None; ``blocks[i]`` is the previous delivery's block object again when the
     two differ at most in that value, so a reader decodes each distinct block once. ``other`` says the
     scan stopped at something that is not (the start of) a delivery with its body in one frame, for
-    the generic frame path; False means the bytes ran out."""
+    the generic frame path; False means the bytes ran out. ``redelivered`` (queue reads), a list, gets
+    the column index of every delivery whose redelivered flag is set."""
     if cclient is not None:
-        return cclient.scan_stream_deliveries(buf, channel, pos)
-    return _scan_stream_deliveries(buf, channel, pos)
+        return cclient.scan_stream_deliveries(buf, channel, pos, redelivered)
+    return _scan_stream_deliveries(buf, channel, pos, redelivered)
 
 
-def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) -> StreamColumns:
+def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
+                            redelivered: list[int] | None = None) -> StreamColumns:
     offsets: list[int | None] = []
     exchanges: list[str] = []
     routing_keys: list[str] = []
@@ -386,6 +389,8 @@ def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0) 
         routing_keys.append(routing_key)
         blocks.append(block)
         bodies.append(bytes(buf[b + 7:next_pos - 1]))
+        if redelivered is not None and buf[pos + 20 + buf[pos + 11]] & 1:
+            redelivered.append(len(bodies) - 1)
         last_tag = tag
         pos = next_pos
     return offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other

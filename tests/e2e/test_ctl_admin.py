@@ -98,3 +98,23 @@ def test_export_and_import_definitions(admin_api, tmp_path):
     assert status == 200
     from_stdin = ctl(b, "import_definitions", "-", stdin="{broken")
     assert from_stdin.returncode == 64
+
+
+def test_large_definitions_transfer_with_progress(admin_api, tmp_path):
+    """Over 1 MiB, import and export say how far they got on stderr (a line per 10 % off a terminal)."""
+    b = admin_api
+    queue = f"big-{uuid.uuid4().hex[:8]}"
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"queues": [{"name": queue, "vhost": "/", "durable": True, "auto_delete": False,
+                                           "arguments": {"x-note": "n" * (3 << 19)}}]}))
+    done = ctl(b, "import_definitions", str(big))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("import_definitions: sending: ")]
+    assert len(lines) >= 5 and lines[-1].startswith("import_definitions: sending: 100% ("), done.stderr
+    exported = ctl(b, "export_definitions", str(tmp_path / "out.json"))
+    assert exported.returncode == 0, exported.stderr
+    assert "export_definitions: receiving: 100% (" in exported.stderr, exported.stderr
+    assert queue in (tmp_path / "out.json").read_text()
+    quiet = ctl(b, "-q", "export_definitions", str(tmp_path / "quiet.json"))
+    assert quiet.returncode == 0 and "receiving" not in quiet.stderr
+    assert http_call(b, "DELETE", f"/api/queues/%2F/{queue}")[0] in (200, 204)

@@ -151,7 +151,7 @@ def stop_everything_started_in(cwd: Path) -> None:
 
 
 def test_every_not_run_marker_says_why_and_stands_before_a_block():
-    markers = [m.start() for m in re.finditer("<!-- not run", README)]
+    markers = [m.start() for m in re.finditer("^<!-- not run", README, re.M)]  # prose may quote the marker
     well_formed = [m.start() for m in re.finditer(NOT_RUN.pattern + r"```(sh|python)\n", README)]
     assert markers == well_formed, [README.count("\n", 0, at) + 1 for at in set(markers) - set(well_formed)]
     skipped = [b for b in readme_blocks() if b.skipped]
@@ -209,7 +209,9 @@ def test_high_availability_block_starts_three_nodes(tmp_path: Path):
     if shutil.which("etcd") is None:
         pytest.skip("the etcd binary is missing (Debian: apt-get install etcd-server etcd-client)")
     [block] = run_blocks("sh", True)
-    offset = port_offset(block_ports([block]) | set(ETCD_PORTS))
+    assert "--port-offset $((i * 100))" in block.body, "the nodes' ports come from --port-offset"
+    node_ports = {port + 100 * i for port in (*BROKER_PORTS.values(), 5679) for i in (1, 2, 3)}
+    offset = port_offset(block_ports([block]) | node_ports | set(ETCD_PORTS))
     client, peer = (f"http://127.0.0.1:{port + offset}" for port in ETCD_PORTS)
     env = environment(tmp_path)
     # etcd and the nodes read where etcd listens from the environment; the block's own lines stay as written.
@@ -218,13 +220,15 @@ def test_high_availability_block_starts_three_nodes(tmp_path: Path):
                LAVINPY_CLUSTERING_ETCD_ENDPOINTS=client)
     cwd = tmp_path / "ha"
     cwd.mkdir()
-    script = shifted(block.body, offset).replace("/tmp/etcd", str(cwd / "etcd"))
+    # The nodes' offsets (3 digits, not taken for ports) move by the test's offset like every port does.
+    script = shifted(block.body, offset).replace("/tmp/etcd", str(cwd / "etcd")) \
+        .replace("--port-offset $((", f"--port-offset $(({offset} + ")
     try:
         proc = run_shell(script, cwd, env, 150)
         assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr, proc.stderr
-        uri = f"http://guest:guest@127.0.0.1:{15672 + offset}"
-        nodes_at = {f"127.0.0.1:{5671 + i + offset}" for i in (1, 2, 3)}
+        uri = f"http://guest:guest@127.0.0.1:{15772 + offset}"
+        nodes_at = {f"127.0.0.1:{5672 + 100 * i + offset}" for i in (1, 2, 3)}
 
         def nodes() -> set[str]:
             status = run_shell(f"lavinpyctl --uri {uri} -f json cluster_status", tmp_path, env, 30)

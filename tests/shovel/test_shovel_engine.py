@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pika
 import pytest
 
+from lavinpy.shovel import worker
 from lavinpy.shovel.definition import ShovelDefinitionError, parse_definition
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,7 +68,9 @@ def test_queue_to_queue_with_forward_headers(two_brokers, engine) -> None:
     engine.remove("s1")
 
 
-def test_delete_after_queue_length_then_gone(two_brokers, engine) -> None:
+def test_delete_after_queue_length_then_gone(two_brokers, engine, caplog, monkeypatch) -> None:
+    monkeypatch.setattr(worker, "PROGRESS_MIN_MESSAGES", 100)  # the log tells how far a big move got
+    caplog.set_level(logging.INFO, logger="lavinpy.shovel")
     a, b = two_brokers
     _publish(a.url, "move-me", 300)
     engine.apply("once", {"src-uri": a.url, "src-queue": "move-me", "dest-uri": b.url, "dest-queue": "moved",
@@ -77,6 +81,9 @@ def test_delete_after_queue_length_then_gone(two_brokers, engine) -> None:
     assert ("/", "once") in engine.finished
     assert engine.call(lambda: engine.shovels.status("/")) == []
     assert _count(b.url, "moved") == 300 and _count(a.url, "move-me") == 0
+    steps = [r.getMessage() for r in caplog.records if "moving messages:" in r.getMessage()]
+    assert steps[-1] == "shovel once in vhost / moving messages: 100% (300 of 300 messages)", steps
+    assert len(steps) >= 3 and len(steps) <= 10, steps  # at most one line per 10 %
 
 
 @pytest.mark.parametrize("ack_mode", ["on-publish", "no-ack"])

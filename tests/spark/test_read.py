@@ -124,15 +124,6 @@ def test_streaming_read_restarted_from_checkpoint_has_no_gap_and_no_duplicate(sp
     assert everything == list(range(base, base + 4500)), "a gap or a duplicate across the restart"
 
 
-def test_reading_a_classic_queue_is_refused(spark, broker, admin) -> None:
-    queue = unique("spark-classic")
-    admin.queue_declare(queue, durable=True)
-    with pytest.raises(Exception) as info:
-        read(spark, broker.url, queue).collect()
-    text = error_text(info.value)
-    assert "is not a stream queue" in text and "x-queue-type=stream" in text, text
-
-
 def test_reading_a_missing_queue_fails_clearly(spark, broker) -> None:
     queue = unique("spark-missing")
     with pytest.raises(Exception) as info:

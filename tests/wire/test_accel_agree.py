@@ -313,6 +313,20 @@ def test_client_scan_stream_deliveries_reads_columns_and_shares_blocks() -> None
         assert scan(stream, 2, 0)[6:] == (0, True)
 
 
+def test_client_scan_reports_redelivered_deliveries() -> None:
+    """Queue reads pass a list: both twins put in it the index of each delivery flagged redelivered."""
+    props = b"\x90\x00\x0atext/plain\x02"
+    flags = [False, True, False, True, True]
+    stream = b"".join(b"".join(writer.deliver(1, "lavinpy.spark", 7 + i, flag, "", "jobs", props, b"m%d" % i,
+                                              FRAME_MAX)) for i, flag in enumerate(flags))
+    for scan in (accel.cclient.scan_stream_deliveries, client._scan_stream_deliveries):
+        redelivered: list[int] = []
+        offsets, _exchanges, _keys, _blocks, bodies, last_tag, used, other = scan(stream, 1, 0, redelivered)
+        assert redelivered == [1, 3, 4] and len(bodies) == 5 and last_tag == 11 and used == len(stream)
+        assert offsets == [None] * 5 and other is False
+        assert scan(stream, 1, 0)[4] == bodies  # without the list, as the stream reader calls it
+
+
 run_messages = st.lists(
     st.tuples(st.sampled_from(["", "amq.direct", "x"]), st.sampled_from(["q", "rk", ""]), properties,
               st.one_of(st.binary(max_size=400), st.binary(max_size=20).map(memoryview))),

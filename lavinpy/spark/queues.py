@@ -1,0 +1,220 @@
+"""Reading classic and quorum queues (and telling them from streams) over plain AMQP 0-9-1.
+
+A queue hands each message to one consumer and forgets it on the consumer's ack, so the data
+source consumes with manual acks and acknowledges only when Spark is done with the messages:
+- batch reads: one consumer per Spark task; its messages are acked when the task has handed all
+  of them to Spark (a failed or killed task's connection closes, and the broker requeues them);
+- streaming reads: the consumers live in the driver's stream reader (one connection each), whose
+  micro-batch is what they hold unacked; `commit` after Spark committed the batch acks it.
+A message the broker hands out again after such a failure comes with `redelivered` set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from pamqp import commands
+
+from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
+from lavinpy.wire.constants import FRAME_METHOD
+from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.writer import basic_ack
+
+from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
+from .streams import _U16, DeliveryChunk, StreamReadError, _Assembler, _chunk, _complete_frame_at_front
+
+STREAM, QUEUE = "stream", "queue"
+_CONSUME_OK = (60 << 16) | 21
+_CONSUMER_TAG = "lavinpy.spark"
+
+
+class QueueRead(NamedTuple):
+    """Deliveries of one consumer as columns, their redelivered flags, and the last delivery tag."""
+
+    chunk: DeliveryChunk
+    redelivered: list[bool]
+    last_tag: int
+
+
+def login_error(params: AMQPParams, exc: BrokerClosed) -> AMQPClientError:
+    return AMQPClientError(
+        f"cannot open a connection to {params.safe_url()} as {params.username!r}: {exc.reply_code} "
+        f"{exc.reply_text}: check the user, password and vhost in the url option")
+
+
+def queue_kind(params: AMQPParams, queue: str) -> tuple[str, int]:
+    """(STREAM or QUEUE, ready message count) of an existing queue; a clear error if it is missing.
+
+    Redeclaring with x-queue-type=stream (durable) has no side effect: it succeeds on a stream
+    without other arguments, and a 406 naming x-queue-type, durable or auto_delete proves the queue
+    is not one (brokers compare the type before the other arguments). A 406 naming another
+    argument means the type matched: a stream with retention settings. Anything else (no
+    configure permission) counts as a stream, whose first delivery then decides (streams.py).
+    """
+    try:
+        conn = Connection(params).open()
+    except BrokerClosed as exc:
+        raise login_error(params, exc) from None
+    with conn:
+        ch = conn.open_channel()
+        try:
+            ok = conn.call(ch, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
+        except BrokerClosed as exc:
+            if exc.reply_code == 404:
+                raise StreamReadError(f"queue {queue!r} not found in vhost {params.vhost!r} at "
+                                      f"{params.safe_url()}: declare it first (the lavinpy source reads "
+                                      f"classic, quorum and stream queues)") from None
+            raise StreamReadError(f"cannot inspect queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
+        count = int(ok.message_count)
+        ch = conn.open_channel()
+        try:
+            conn.call(ch, commands.Queue.Declare(queue=queue, durable=True, arguments={"x-queue-type": "stream"}),
+                      commands.Queue.DeclareOk)
+        except BrokerClosed as exc:
+            if exc.scope == "connection":
+                raise
+            text = exc.reply_text
+            if exc.reply_code == 406 and any(f"'{arg}'" in text for arg in
+                                             ("x-queue-type", "durable", "exclusive", "auto_delete")):
+                return QUEUE, count
+            if (exc.reply_code == 406 and "queue type" in text) or exc.reply_code == 405:
+                return QUEUE, count  # 405: another connection's exclusive queue, never a stream
+            return STREAM, count
+        conn.close_channel(ch)
+        return STREAM, count
+
+
+class QueueConsumer:
+    """One consumer with manual acks on its own connection (so that deliveries of one channel fill
+    the receive buffer and are parsed a buffer at a time)."""
+
+    def __init__(self, params: AMQPParams, queue: str, prefetch: int) -> None:
+        self.params = params
+        self.queue = queue
+        self.prefetch = prefetch  # 0: unlimited
+        self.conn = Connection(params).open()
+        self.ch = self.conn.open_channel()
+        self.assembler = _Assembler(self.ch, queue)
+        try:
+            self.conn.call(self.ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+            self.conn.send(frame(FRAME_METHOD, self.ch, _consume_payload(queue)))
+            self.conn.wait_method_id(self.ch, _CONSUME_OK)
+        except BrokerClosed as exc:
+            self.conn.abort()
+            raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
+        self.received = 0
+        self.pending: list[QueueRead] = []  # received past the limit of the last read()
+
+    def read(self, first_wait: float, idle_wait: float, limit: int | None = None) -> Iterator[QueueRead]:
+        """What arrives until none comes for idle_wait (first_wait for the first), at most limit
+        messages (the rest of a receive buffer waits for the next read)."""
+        got = 0
+        while self.pending and (limit is None or got < limit):
+            read = self._cut(self.pending.pop(0), None if limit is None else limit - got)
+            got += len(read.redelivered)
+            yield read
+        conn = self.conn
+        buf = conn.rbuf
+        wait = first_wait
+        assembler = self.assembler
+        while limit is None or got < limit:
+            chunk = None
+            redelivered_at: list[int] = []
+            flags: list[bool] = []
+            last_tag = 0
+            generic = True
+            if assembler.idle and not conn.has_backlog:
+                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, self.ch, 0, redelivered_at)
+                if used:
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
+                    del buf[:used]
+                    flags = [False] * len(bodies)
+                    for i in redelivered_at:
+                        flags[i] = True
+            if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
+                rows = []
+                for item in conn.read_frames(0):
+                    row = assembler.feed(item)
+                    if row is not None:
+                        rows.append(row)
+                        flags.append(assembler.redelivered)
+                if rows:
+                    last_tag = rows[-1][0]
+                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
+            if chunk is not None:
+                self.received += len(chunk.bodies)
+                read = self._cut(QueueRead(chunk, flags, last_tag), None if limit is None else limit - got)
+                got += len(read.redelivered)
+                yield read
+                wait = idle_wait
+                continue
+            if not conn.wait_readable(wait):
+                return
+            wait = idle_wait
+
+    def _cut(self, read: QueueRead, room: int | None) -> QueueRead:
+        """The first `room` deliveries of read; the rest goes to pending. A channel numbers its
+        deliveries one by one, so the head's last tag is the whole's minus the rest's length."""
+        n = len(read.redelivered)
+        if room is None or n <= room:
+            return read
+        rest = n - room
+        chunk = read.chunk
+        tail = DeliveryChunk._make(column[room:] for column in chunk)
+        self.pending.insert(0, QueueRead(tail, read.redelivered[room:], read.last_tag))
+        return QueueRead(chunk.head(room), read.redelivered[:room], read.last_tag - rest)
+
+    def ack(self, last_tag: int) -> None:
+        """Ack every delivery up to last_tag (multiple)."""
+        if last_tag:
+            self.conn.send(basic_ack(self.ch, last_tag, True))
+
+    def finish(self, last_tag: int) -> None:
+        """Cancel, ack up to last_tag and close: the channel's close-ok proves the broker has the ack.
+
+        Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages
+        that the close then hands back, marked redelivered although nobody saw them."""
+        try:
+            self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
+            self.ack(last_tag)
+            self.conn.close_channel(self.ch)
+        finally:
+            self.conn.close()
+
+    def close(self) -> None:
+        """Close politely (acks sent before are processed first); the broker requeues the rest."""
+        self.conn.close()
+
+    def abandon(self) -> None:
+        """Close without acking: the broker requeues what this consumer held (redelivered)."""
+        self.conn.abort()
+
+
+def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float) -> Iterator[QueueRead]:
+    """One batch-read task: up to quota messages (fewer if the queue runs dry for idle_wait), acked
+    only once the caller has taken them all; an abandoned iterator acks nothing."""
+    if quota <= 0:
+        return
+    # The prefetch bounds what this consumer can take from the others (quota each, at most 65,535).
+    consumer = QueueConsumer(params, queue, min(quota, 65535))
+    last_tag = 0
+    finished = False
+    try:
+        wait = max(idle_wait, 0.05)
+        for read in consumer.read(first_wait=wait, idle_wait=wait, limit=quota):
+            last_tag = read.last_tag or last_tag
+            yield read
+        finished = True
+    finally:
+        if finished:
+            consumer.finish(last_tag)
+        else:
+            consumer.abandon()
+
+
+def _consume_payload(queue: str) -> bytes:
+    """basic.consume with manual acks and a fixed consumer tag."""
+    return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + encode_shortstr(queue) + encode_shortstr(_CONSUMER_TAG)
+            + b"\x00" + encode_table({}))

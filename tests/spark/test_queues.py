@@ -1,0 +1,193 @@
+"""Reading classic and quorum queues: batch drains, typed headers, acks tied to Spark's commit
+(a failed query's messages come back redelivered to the restarted one), one clear error per bad option."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import json
+import os
+import signal
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from pamqp import commands
+
+from lavinpy.spark.client import AMQPParams, Connection
+from lavinpy.spark.publisher import ConfirmPublisher
+from lavinpy.wire import properties
+from tests.e2e.conftest import LocalBroker
+from tests.e2e.tls_certs import CA
+from tests.helpers import free_ports, wait_until
+
+from .conftest import error_text, unique
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+HEADERS_SCHEMA = ("body BINARY, redelivered BOOLEAN, offset LONG, headers STRUCT<i: LONG, f: DOUBLE, ok: BOOLEAN, "
+                  "at: TIMESTAMP, price: DECIMAL(10,2), meta: STRING, tags: MAP<STRING, STRING>, missing: INT>")
+
+
+def declare(admin, kind: str) -> str:
+    queue = unique(f"spark-{kind}")
+    admin.queue_declare(queue, durable=True, arguments={"x-queue-type": kind})
+    return queue
+
+
+def publish(url: str, queue: str, start: int, count: int) -> None:
+    """Confirmed messages with headers of every type (pika cannot encode floats: lavinpy's own client)."""
+    with Connection(AMQPParams.from_url(url)).open() as conn:
+        pub = ConfirmPublisher(conn)
+        for i in range(start, start + count):
+            at = dt.datetime(2024, 5, 1, 12, 0, i % 60, tzinfo=dt.UTC)
+            headers = {"i": i, "f": i / 4, "ok": i % 2 == 0, "at": at,
+                       "price": decimal.Decimal(f"{i}.25"), "meta": {"n": i, "tags": ["a", "b"]},
+                       "tags": {"color": "red", "size": i}}
+            pub.publish("", queue, b"m%d" % i, properties.encode_property_values(headers=headers, delivery_mode=2))
+        pub.wait_for_confirms()
+        pub.close()
+
+
+def counts(admin, queue: str) -> tuple[int, int]:
+    ok = admin.queue_declare(queue, passive=True).method
+    return ok.message_count, ok.consumer_count
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_batch_read_drains_the_queue_with_typed_headers(spark, broker, admin, kind: str) -> None:
+    queue = declare(admin, kind)
+    publish(broker.url, queue, 0, 400)
+    df = (spark.read.format("lavinpy").schema(HEADERS_SCHEMA).option("url", broker.url).option("queue", queue)
+          .option("consumers", "3").load())
+    assert df.rdd.getNumPartitions() == 3  # one consumer each
+    rows = df.collect()
+    assert sorted(r.body for r in rows) == sorted(b"m%d" % i for i in range(400))
+    assert not any(r.redelivered for r in rows) and all(r.offset is None for r in rows)
+    row = next(r for r in rows if r.body == b"m7")
+    h = row.headers
+    assert (h.i, h.f, h.ok, h.price, h.missing) == (7, 1.75, False, decimal.Decimal("7.25"), None)
+    assert h.at.astimezone(dt.UTC) == dt.datetime(2024, 5, 1, 12, 0, 7, tzinfo=dt.UTC)
+    assert json.loads(h.meta) == {"n": 7, "tags": ["a", "b"]} and h.tags == {"color": "red", "size": "7"}
+    assert counts(admin, queue) == (0, 0), "everything read is acked, no consumer left"
+    assert spark.read.format("lavinpy").option("url", broker.url).option("queue", queue).load().count() == 0
+
+
+def pids_connected_to(port: int) -> set[int]:
+    """Processes with a TCP connection to 127.0.0.1:port (from /proc: no psutil needed)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+                    inodes.add(fields[9])
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if any(os.readlink(fd).removeprefix("socket:[").rstrip("]") in inodes
+                       for fd in (proc / "fd").iterdir()):
+                    pids.add(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("how", ["raises", "killed"])
+def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, broker, admin, tmp_path: Path,
+                                                                         how: str) -> None:
+    """The job dies in the middle of batch 1, after writing part of its output: its foreachBatch
+    raises, or the process holding the source's consumers is killed (SIGKILL). The query restarted
+    from its checkpoint outputs every message at least once and leaves none unacked."""
+    queue = declare(admin, "classic")
+    publish(broker.url, queue, 0, 300)
+    checkpoint, out = tmp_path / "checkpoint", tmp_path / "out"
+    out.mkdir()
+    state = {"fail_at": 1}
+
+    def record(batch_df, batch_id: int) -> None:
+        rows = batch_df.select("body", "redelivered").collect()
+        with open(out / f"{batch_id}-{len(list(out.iterdir()))}.json", "w") as f:
+            json.dump([[r.body.decode(), r.redelivered] for r in rows], f)
+        if batch_id == state["fail_at"] and how == "killed":
+            readers = pids_connected_to(urlsplit(broker.url).port or 5672) - {os.getpid()}
+            assert readers, "the stream reader's consumers are connected"
+            for pid in readers:
+                os.kill(pid, signal.SIGKILL)
+        if batch_id == state["fail_at"]:
+            raise RuntimeError("the job dies in the middle of batch 1, after writing part of its output")
+
+    def run(**trigger: object):
+        stream = (spark.readStream.format("lavinpy").option("url", broker.url).option("queue", queue)
+                  .option("maxMessagesPerTrigger", "100").load())
+        return (stream.writeStream.foreachBatch(record).option("checkpointLocation", str(checkpoint))
+                .trigger(**trigger).start())
+
+    query = run(availableNow=True)
+    with pytest.raises(Exception) as info:
+        query.awaitTermination(120)
+    assert "dies in the middle of batch 1" in error_text(info.value) or how == "killed"
+    # batch 0 was committed and acked; batch 1's messages went back to the queue with the connections
+    wait_until(lambda: counts(admin, queue)[1] == 0, timeout=30, what="the failed query's consumers closed")
+    assert counts(admin, queue) == (200, 0)
+
+    state["fail_at"] = -1
+    query = run(availableNow=True)
+    query.awaitTermination(120)
+    # Spark stops the reader (closing its consumers) just after the query ends
+    wait_until(lambda: counts(admin, queue)[1] == 0, timeout=30, what="the stream reader's consumers closed")
+    assert query.exception() is None
+    seen: dict[str, bool] = {}
+    for path in out.iterdir():
+        for body, redelivered in json.loads(path.read_text()):
+            seen[body] = seen.get(body, False) or redelivered
+    assert set(seen) == {f"m{i}" for i in range(300)}, "every message in the output at least once"
+    assert sum(seen.values()) >= 100, "batch 1's messages came again, marked redelivered"
+    assert counts(admin, queue) == (0, 0), "none left unacked or unread"
+
+
+def test_bad_options_fail_once_with_a_clear_error(spark, broker, admin, stream_queue) -> None:
+    classic = declare(admin, "classic")
+
+    def failure(url: str, queue: str, **options: str) -> str:
+        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        with pytest.raises(Exception) as info:
+            reader.load().collect()
+        return error_text(info.value)
+
+    missing = unique("spark-missing")
+    assert f"queue '{missing}' not found" in failure(broker.url, missing)
+    bad_login = broker.url.replace("guest:guest@", "guest:wrong@")
+    text = failure(bad_login, classic)
+    assert "403" in text and "check the user, password and vhost" in text, text
+    text = failure(broker.url, classic, startingOffset="first")
+    assert "option startingOffset does not apply" in text and "classic or quorum queue" in text, text
+    stream = stream_queue()
+    text = failure(broker.url, stream, consumers="4")
+    assert "option consumers does not apply" in text and "a stream queue" in text, text
+
+
+def test_amqps_write_and_read(spark, tmp_path: Path) -> None:
+    """amqps:// URLs (with RabbitMQ's cacertfile key) work for writes and reads."""
+    ca = CA(tmp_path / "pki")
+    cert, key, _serial = ca.issue("server", server=True)
+    (amqps_port,) = free_ports(1)
+    conf = tmp_path / "tls.yaml"
+    conf.write_text(f"tls_cert: {cert}\ntls_key: {key}\namqps_port: {amqps_port}\nhttps_port: 0\n"
+                    "prometheus_tls_port: 0\nmqtt_port: 0\n")
+    broker = LocalBroker(tmp_path / "broker")
+    broker.extra_args = ["--config", str(conf)]
+    broker.start()
+    try:
+        url = f"amqps://guest:guest@localhost:{amqps_port}/?cacertfile={ca.cert_path}"
+        queue = unique("spark-tls")
+        with Connection(AMQPParams.from_url(url)).open() as conn:
+            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
+        spark.range(50).selectExpr("cast(id AS string) AS body").write.format("lavinpy").mode("append") \
+            .option("url", url).option("queue", queue).save()
+        rows = spark.read.format("lavinpy").option("url", url).option("queue", queue).load().collect()
+        assert sorted(int(r.body) for r in rows) == list(range(50))
+    finally:
+        broker.stop()
