@@ -195,6 +195,18 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_reader(sock.fileno())
 
 
+async def _first_bytes(sock: socket.socket) -> bytes:
+    """A peek at the first bytes, enough to tell a PROXY line from an HTTP "POST" or "PRI" (a
+    version 2 signature's first byte starts no protocol served here); b"" when the peer closed."""
+    loop = asyncio.get_running_loop()
+    await _readable(loop, sock)
+    while True:
+        first = sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+        if not first.startswith(b"P") or len(first) >= len(b"PROXY"):
+            return first
+        await asyncio.sleep(0.01)  # a peek leaves the socket readable: poll, as read_proxy_header does
+
+
 class ProxiedListener:
     """Accepts connections itself so that a PROXY header can be read before asyncio (and TLS, whose
     handshake comes after the header) takes the socket; asyncio's own server cannot hand over bytes
@@ -266,8 +278,7 @@ class ProxiedListener:
         a client of its own) to serve it as any other. A peer silent for HEADER_TIMEOUT is served too:
         the protocol's own handshake timeout applies."""
         try:
-            await asyncio.wait_for(_readable(asyncio.get_running_loop(), conn), HEADER_TIMEOUT)
-            first = conn.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+            first = await asyncio.wait_for(_first_bytes(conn), HEADER_TIMEOUT)
         except TimeoutError:
             return None
         except OSError:
@@ -279,7 +290,12 @@ class ProxiedListener:
         if not may_be_proxy_header(first):
             return None
         assert self.policy.member_now is not None
-        if await self.policy.member_now(peer[0], accepted):
+        try:
+            member = await self.policy.member_now(peer[0], accepted)
+        except Exception as e:  # the node is stopping: the connection is refused, never left open
+            log.warning("%s connection from %s: cluster members not read (%s)", self.what, peer, e)
+            member = False
+        if member:
             return "may"
         self.policy.refused(self.what, peer, NOT_A_MEMBER)
         reply = _REFUSED_REPLIES.get(self.what, b"")
