@@ -13,8 +13,10 @@ import errno
 import logging
 import socket
 import ssl
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 
+from .wire.constants import PROTOCOL_HEADER
 from .wire.proxy_header import (
     V2_FIXED,
     V2_MAX_BODY,
@@ -108,9 +110,17 @@ _ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 HTTP_PROXY_HEADER_REFUSED = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
                              b"Content-Length: 35\r\n\r\nPROXY header from an untrusted peer")
 
+# What a client refused for its PROXY header reads before the close, per port, as the protocol would answer.
+_REFUSED_REPLIES = {"AMQP": PROTOCOL_HEADER, "HTTP": HTTP_PROXY_HEADER_REFUSED}
+
 # A protocol for one accepted connection; its argument is the PROXY header naming the client and the
 # address it connected to (None: the TCP peer is the client).
 ForwardedFactory = Callable[[ProxyHeader | None], asyncio.Protocol]
+
+
+UNTRUSTED_SOURCE = "a PROXY header from a source not in proxy_protocol_trusted_sources"
+NOT_A_MEMBER = ("a PROXY header from an address that is no cluster member's (etcd lists none there, read"
+                " after the connection came) and not in proxy_protocol_trusted_sources")
 
 
 class ProxyPolicy:
@@ -118,11 +128,16 @@ class ProxyPolicy:
     follower forwards its clients with one; the node itself also connects directly)."""
 
     def __init__(self, trusted: TrustedSources, member: Callable[[str], bool] | None = None,
-                 refused: Callable[[str, object, str], None] | None = None) -> None:
+                 refused: Callable[[str, object, str], None] | None = None,
+                 member_now: Callable[[str, float], Awaitable[bool]] | None = None) -> None:
         """``refused(what, peer, reason)`` logs a connection closed for a bad header (the server passes
-        the rate-limited log the faces use, which this module may not import)."""
+        the rate-limited log the faces use, which this module may not import). ``member(host)`` answers
+        from the members last read; ``member_now(host, since)`` reads them again (once for all the
+        connections waiting, from one that started after ``since``): a node that has just registered
+        (again) is not in the last read yet, and its forwarded clients must not be refused for that."""
         self.trusted = trusted
         self.member = member
+        self.member_now = member_now
         self.refused = refused or (lambda what, peer, reason: log.warning("%s connection from %s closed: %s",
                                                                           what, peer, reason))
 
@@ -180,6 +195,18 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_reader(sock.fileno())
 
 
+async def _first_bytes(sock: socket.socket) -> bytes:
+    """A peek at the first bytes, enough to tell a PROXY line from an HTTP "POST" or "PRI" (a
+    version 2 signature's first byte starts no protocol served here); b"" when the peer closed."""
+    loop = asyncio.get_running_loop()
+    await _readable(loop, sock)
+    while True:
+        first = sock.recv(len(V2_SIGNATURE), socket.MSG_PEEK)
+        if not first.startswith(b"P") or len(first) >= len(b"PROXY"):
+            return first
+        await asyncio.sleep(0.01)  # a peek leaves the socket readable: poll, as read_proxy_header does
+
+
 class ProxiedListener:
     """Accepts connections itself so that a PROXY header can be read before asyncio (and TLS, whose
     handshake comes after the header) takes the socket; asyncio's own server cannot hand over bytes
@@ -215,9 +242,14 @@ class ProxiedListener:
             task.add_done_callback(self._pending.discard)
 
     async def _serve(self, conn: socket.socket, peer: tuple[str, int]) -> None:
+        accepted = time.monotonic()
         conn.setblocking(False)
         client = None
         mode = self.policy.mode(peer[0])
+        if mode is None and self.policy.member_now is not None and self.ssl_context is None:
+            mode = await self._member_after_all(conn, peer, accepted)
+            if mode == "refused":
+                return
         if mode is not None:
             try:
                 header = await asyncio.wait_for(read_proxy_header(conn, mode == "must"), HEADER_TIMEOUT)
@@ -240,6 +272,42 @@ class ProxiedListener:
             log.debug("%s connection from %s failed before it started: %s", self.what, peer, e)
             conn.close()
 
+    async def _member_after_all(self, conn: socket.socket, peer: tuple[str, int], accepted: float) -> str | None:
+        """For a peer not among the members last read: "may" when it starts with a PROXY header and
+        etcd, read again, lists it now; "refused" (closed, logged) when it does not; None (no header:
+        a client of its own) to serve it as any other. A peer silent for HEADER_TIMEOUT is served too:
+        the protocol's own handshake timeout applies."""
+        try:
+            first = await asyncio.wait_for(_first_bytes(conn), HEADER_TIMEOUT)
+        except TimeoutError:
+            return None
+        except OSError:
+            first = b""
+        if not first:
+            log.debug("%s connection from %s closed before sending anything", self.what, peer)
+            conn.close()
+            return "refused"
+        if not may_be_proxy_header(first):
+            return None
+        assert self.policy.member_now is not None
+        try:
+            member = await self.policy.member_now(peer[0], accepted)
+        except Exception as e:  # the node is stopping: the connection is refused, never left open
+            log.warning("%s connection from %s: cluster members not read (%s)", self.what, peer, e)
+            member = False
+        if member:
+            return "may"
+        self.policy.refused(self.what, peer, NOT_A_MEMBER)
+        reply = _REFUSED_REPLIES.get(self.what, b"")
+        try:
+            conn.recv(_PEEK_BYTES)  # taken, as the protocol would: unread input makes the close a reset
+            if reply:
+                conn.send(reply)
+        except OSError:
+            pass
+        conn.close()
+        return "refused"
+
     async def _no_header_before_tls(self, conn: socket.socket, peer: tuple[str, int]) -> bool:
         """Whether an untrusted peer's first bytes may be a TLS ClientHello; a PROXY header there would
         only fail the handshake unreported, so it is refused and logged as on the plain ports."""
@@ -251,7 +319,7 @@ class ProxiedListener:
         if first and not may_be_proxy_header(first):
             return True
         if first:
-            self.policy.refused(self.what, peer, "a PROXY header from a source not in proxy_protocol_trusted_sources")
+            self.policy.refused(self.what, peer, UNTRUSTED_SOURCE)
         conn.close()
         return False
 

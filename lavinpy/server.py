@@ -84,7 +84,8 @@ class Server:
         # one (and may also connect directly); from anyone else a PROXY header is bad input.
         self.proxy_policy = ProxyPolicy(TrustedSources(config.proxy_protocol_trusted_sources),
                                         cluster.accepts_proxy_from if cluster is not None else None,
-                                        log_bad_proxy_header)
+                                        log_bad_proxy_header,
+                                        cluster.accepts_proxy_now if cluster is not None else None)
         self.broker = broker = Broker(config)
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))

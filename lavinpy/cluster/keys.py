@@ -11,8 +11,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import re
+import socket
 from dataclasses import asdict, dataclass
 
 from .etcd import KeyValue
@@ -76,3 +79,37 @@ class NodeInfo:
             except ValueError:
                 continue
         return found
+
+
+def normal_address(host: str) -> str:
+    """One spelling per IP address (IPv4-mapped IPv6 as IPv4); other text unchanged."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+async def addresses_of(host: str) -> set[str]:
+    """The IP addresses of an advertised host (itself when it is one; none when it does not resolve)."""
+    normal = normal_address(host)
+    if normal != host or ":" in host or host.replace(".", "").isdigit():
+        return {normal}
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {normal_address(str(info[4][0])) for info in infos}
+
+
+def isr_list(kv: KeyValue | None) -> list[str] | None:
+    """The ISR key's node ids (None: absent or not a JSON list)."""
+    if kv is None:
+        return None
+    try:
+        members = json.loads(kv.value)
+    except ValueError:
+        return None
+    return [str(m) for m in members] if isinstance(members, list) else None

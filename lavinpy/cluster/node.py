@@ -14,11 +14,9 @@ process rejoins as a follower.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,7 +33,7 @@ from .errors import LeadershipLost
 from .etcd import Compare, EtcdAuthFailed, EtcdClient, EtcdError, KeyValue, delete_op, put_op
 from .files import node_id
 from .follower_ports import FollowerPorts
-from .keys import ClusterKeys, NodeInfo, uri_host_port
+from .keys import ClusterKeys, NodeInfo, addresses_of, isr_list, normal_address, uri_host_port
 from .leader_link import LeaderLink
 from .replication_server import ReplicationServer
 
@@ -102,6 +100,8 @@ class ClusterNode:
         self._deadline_timer: asyncio.TimerHandle | None = None
         self.members: dict[str, NodeInfo] = {}  # id -> info, from <prefix>/nodes/
         self.member_addresses: set[str] = set()  # their advertised hosts, resolved
+        self._members_read: asyncio.Future[None] | None = None  # the last read asked by accepts_proxy_now
+        self._members_read_at = 0.0  # when it started
         self.isr: list[str] | None = None
         self.leader: NodeInfo | None = None  # followers: the leader being followed
         self.server: LeaderServer | None = None
@@ -266,16 +266,35 @@ class ClusterNode:
         nodes = await self.etcd.get_prefix(self.keys.nodes)
         isr = await self.etcd.get(self.keys.isr)
         self.members = {info.id: info for info in map(NodeInfo.from_kv, nodes) if info is not None}
-        self.isr = _isr_list(isr)
+        self.isr = isr_list(isr)
         addresses: set[str] = set()
         for info in self.members.values():
             for host in info.hosts():
-                addresses |= await _addresses_of(host)
+                addresses |= await addresses_of(host)
         self.member_addresses = addresses
 
     def accepts_proxy_from(self, host: str) -> bool:
         """Whether a PROXY line from ``host`` is trusted: it is a cluster member's address."""
-        return _normal_address(host) in self.member_addresses
+        return normal_address(host) in self.member_addresses
+
+    async def accepts_proxy_now(self, host: str, since: float) -> bool:
+        """As ``accepts_proxy_from``, from the members read again after ``since`` (time.monotonic()):
+        a follower whose lease expired registers again before it forwards, but the poll may not have
+        seen it yet. One read serves every connection waiting for it; etcd's answer is linearizable,
+        so a read started after the connection came sees a registration made before it."""
+        while True:
+            if self._members_read is None or (self._members_read.done() and self._members_read_at < since):
+                self._members_read_at = time.monotonic()
+                self._members_read = asyncio.ensure_future(self._refresh_members())
+            read, fresh = self._members_read, self._members_read_at >= since
+            try:
+                await asyncio.shield(read)
+            except EtcdError as e:
+                if fresh:
+                    log.warning("cluster: members not read again for a PROXY line from %s (%s)", host, e)
+                    return self.accepts_proxy_from(host)
+            if fresh:
+                return self.accepts_proxy_from(host)
 
     # --- roles ----------------------------------------------------------------------------------
     async def _roles(self) -> None:
@@ -324,7 +343,7 @@ class ClusterNode:
         if forced is not None and forced.text == self.id:
             return [Compare(self.keys.force_leader, "MOD", forced.mod_revision)]
         isr = await self.etcd.get(self.keys.isr)
-        members = _isr_list(isr)
+        members = isr_list(isr)
         if isr is None or members is None:
             if await self.etcd.get(self.keys.bootstrapped) is not None:
                 self._refuse("etcd holds no ISR for a cluster that has had one")
@@ -560,38 +579,5 @@ class ClusterNode:
             log.error("cluster: %s could not run: %s", name, e)
 
 
-def _normal_address(host: str) -> str:
-    """One spelling per IP address (IPv4-mapped IPv6 as IPv4); other text unchanged."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(address)
-
-
-async def _addresses_of(host: str) -> set[str]:
-    """The IP addresses of an advertised host (itself when it is one; none when it does not resolve)."""
-    normal = _normal_address(host)
-    if normal != host or ":" in host or host.replace(".", "").isdigit():
-        return {normal}
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return set()
-    return {_normal_address(str(info[4][0])) for info in infos}
-
-
 def _now() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _isr_list(kv: KeyValue | None) -> list[str] | None:
-    if kv is None:
-        return None
-    try:
-        members = json.loads(kv.value)
-    except ValueError:
-        return None
-    return [str(m) for m in members] if isinstance(members, list) else None

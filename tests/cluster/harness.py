@@ -109,8 +109,9 @@ def _b64(text: str) -> str:
 
 
 class Node:
-    def __init__(self, name: str, directory: Path, etcd: Etcd, extra_args: list[str]) -> None:
+    def __init__(self, name: str, directory: Path, etcd: Etcd, extra_args: list[str], host: str = "127.0.0.1") -> None:
         self.name = name
+        self.host = host  # the loopback address it binds, advertises and (for a leader) is reached on
         self.directory = directory
         self.data_dir = directory / "data"
         self.amqp_port = free_port(below_ephemeral=True)
@@ -129,22 +130,22 @@ class Node:
 
     @property
     def uri(self) -> str:
-        return f"tcp://127.0.0.1:{self.clustering_port}"
+        return f"tcp://{self.host}:{self.clustering_port}"
 
     @property
     def amqp_url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F"
+        return f"amqp://guest:guest@{self.host}:{self.amqp_port}/%2F"
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"http://{self.host}:{self.http_port}"
 
     @property
     def args(self) -> list[str]:
-        return ["--data-dir", str(self.data_dir), "--bind", "127.0.0.1", "--amqp-port", str(self.amqp_port),
+        return ["--data-dir", str(self.data_dir), "--bind", self.host, "--amqp-port", str(self.amqp_port),
                 "--http-port", str(self.http_port), "--prometheus-port", "0", "--mqtt-port", str(self.mqtt_port),
                 "--clustering", "--clustering-etcd-endpoints", self.etcd.endpoint, "--clustering-etcd-prefix", PREFIX,
-                "--clustering-bind", "127.0.0.1", "--clustering-port", str(self.clustering_port),
+                "--clustering-bind", self.host, "--clustering-port", str(self.clustering_port),
                 *self.extra_args]
 
     def start(self) -> None:
@@ -178,7 +179,7 @@ class Node:
 
     def amqp_serves(self, timeout: float = 1.0) -> bool:
         """A pika client on this node's AMQP port can open a channel and declare a queue."""
-        params = pika.ConnectionParameters("127.0.0.1", self.amqp_port, socket_timeout=timeout,
+        params = pika.ConnectionParameters(self.host, self.amqp_port, socket_timeout=timeout,
                                            blocked_connection_timeout=timeout, connection_attempts=1,
                                            stack_timeout=timeout * 2)
         try:
@@ -203,11 +204,11 @@ class Cluster:
         self.etcd = etcd
         self.nodes: list[Node] = []
 
-    def add(self, count: int = 1, extra_args: list[str] | None = None) -> list[Node]:
+    def add(self, count: int = 1, extra_args: list[str] | None = None, host: str = "127.0.0.1") -> list[Node]:
         added = []
         for _ in range(count):
             name = f"node{len(self.nodes) + 1}"
-            node = Node(name, self.directory / name, self.etcd, extra_args or [])
+            node = Node(name, self.directory / name, self.etcd, extra_args or [], host)
             self.nodes.append(node)
             added.append(node)
         return added
