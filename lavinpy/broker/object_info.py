@@ -117,6 +117,10 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     # rabbitmqadmin's tables); so is utilisation without a consumer.
     if queue.consumers:
         info["consumer_utilisation"] = info["consumer_capacity"]
+    if queue.settings.retry is not None or queue.delayed_count:
+        # held for a delayed retry (counted in messages_unacknowledged too) and the returns held so far
+        info["messages_delayed"] = queue.delayed_count
+        info["message_stats"]["delayed_retries"] = queue.stats.retried
     stamp = _timestamp_property(head_message)  # the head message's timestamp property (seconds)
     if stamp is not None:
         info["head_message_timestamp"] = stamp

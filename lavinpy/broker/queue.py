@@ -384,6 +384,32 @@ class Queue(QueueKind):
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
+    def requeue_failed(self, pos: int) -> None:
+        """basic.reject with requeue: as ``requeue``, but a delayed retry of type ``failed`` applies."""
+        if self.deleted:
+            return
+        if self.special:
+            self.features.requeue(pos, True)
+        else:
+            self.requeue_ready(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    @property
+    def delayed_count(self) -> int:
+        """Messages held for a delayed retry (counted in ``unacked_count`` too)."""
+        return len(self.features.held_due)
+
+    def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
+        out: list[tuple[StoredMessage, int]] = []
+        read = self.vhost.store.messages.read
+        for pos, due in itertools.islice(self.features.held.items(), count):
+            try:
+                out.append((read(pos), due))
+            except (CorruptRecord, KeyError):
+                continue
+        return out
+
     def requeue_ready(self, pos: int) -> None:
         """Back to the head, delivered next with redelivered=true."""
         self.index.requeue(pos)
@@ -395,7 +421,7 @@ class Queue(QueueKind):
 
     def purge(self) -> int:
         count = self.index.purge()
-        self.features.purged()
+        count += self.features.purged()
         self._recovered_left = 0
         return count
 

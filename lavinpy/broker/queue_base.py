@@ -198,6 +198,19 @@ class QueueKind(ABC):
     def requeue(self, pos: int) -> None:
         """A delivered message comes back (nack/reject with requeue, closed channel)."""
 
+    @property
+    def delayed_count(self) -> int:
+        """Messages held for a delayed retry (a queue kind without retries holds none)."""
+        return 0
+
+    def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
+        """The first ``count`` held messages with their due times (ms), earliest first."""
+        return []
+
+    def requeue_failed(self, pos: int) -> None:
+        """basic.reject with requeue: processing failed (RabbitMQ 4.3's reading); else as ``requeue``."""
+        self.requeue(pos)
+
     @abstractmethod
     def reject(self, pos: int) -> None:
         """A delivered message was refused without requeue."""

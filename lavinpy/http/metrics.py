@@ -241,6 +241,8 @@ class BrokerCollector:
                                          labels=["queue_type", "dead_letter_strategy"])
             family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
             yield family
+        yield CounterMetricFamily(f"{p}_global_messages_delayed_retries_total",
+                                  "Total number of returned messages held for a delayed retry", value=totals.retried)
         counters = self.broker.node_counters
         yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
@@ -352,6 +354,13 @@ class BrokerCollector:
             for reason, count in queue.stats.dead_lettered.items():
                 dead.add_metric([vhost, queue.name, reason], count)
         yield dead
+        retried = CounterMetricFamily(f"{d}_queue_messages_delayed_retries_total",
+                                      "Total number of returned messages a queue held for a delayed retry",
+                                      labels=q_labels)
+        for vhost, queue in queues:
+            if queue.stats.retried:
+                retried.add_metric([vhost, queue.name], queue.stats.retried)
+        yield retried
 
 
 def _prefix(request: web.Request) -> str:

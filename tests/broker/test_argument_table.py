@@ -22,7 +22,7 @@ from lavinpy.broker.refused_arguments import REFUSED
 from tests.broker.model_harness import OWNER, Model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "arguments.md"
-_ROW = re.compile(r"^\| `([^`]+)`(?: / `[^`]+`)? \| (\w+) \| ([RL ]+) \| ([^|]+) \| `([^`]*)` \| \*\*(\w+)\*\*")
+_ROW = re.compile(r"^\| `([^`]+)`(?: / `[^`]+`)? \| (\w+) \| ([RL ]+|lavinpy) \| ([^|]+) \| `([^`]*)` \| \*\*(\w+)\*\*")
 _names = itertools.count()
 
 
