@@ -12,14 +12,16 @@ RabbitMQ 4.3's quorum-queue arguments and policy keys, with their meaning:
 
 lavinpy's additions, on every queue kind but streams (which refuse them): ``x-delayed-retry-multiplier``
 (LavinMQ's name and meaning: unset linear; 1 constant; above 1 exponential, ``min * multiplier^(n-1)``),
-``x-delayed-retry-jitter`` (0-1: the delay is drawn from ``[delay * (1 - jitter), delay]``, so
-consumers retrying together spread out), and delays up to ten years (RabbitMQ's TTL ceiling), not
-only the 49.7 days of a 32-bit timer. ``x-delayed-retry-min`` alone (LavinMQ's form) turns retries on
-for every return (``all``). The argument wins over the policy key for each setting.
+``x-delayed-retry-jitter`` (a percentage j, 0-100: the delay is drawn from
+``[delay * (1 - j/100), delay]``, so consumers retrying together spread out), and delays up to ten
+years (RabbitMQ's TTL ceiling), not only the 49.7 days of a 32-bit timer. ``x-delayed-retry-min``
+alone (LavinMQ's form) turns retries on for every return (``all``). The argument wins over the policy
+key for each setting.
 """
 
 from __future__ import annotations
 
+import decimal
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,7 +49,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and value == value  # NaN is not a number here
+    # an AMQP integer, double or decimal (pika sends a Decimal; it cannot send a float); NaN is none
+    if isinstance(value, decimal.Decimal):
+        return value.is_finite()
+    return (_is_int(value) or isinstance(value, float)) and value == value
 
 
 def _type_reason(value: Any) -> str | None:
@@ -74,7 +79,7 @@ def _multiplier_reason(value: Any) -> str | None:
 def _jitter_reason(value: Any) -> str | None:
     if not _is_number(value):
         return "{unacceptable_type,not_a_number}"
-    return None if 0 <= value <= 1 else f"{{out_of_range,{value}}}"
+    return None if 0 <= value <= 100 else f"{{out_of_range,{value}}}"
 
 
 _REASONS: dict[str, Callable[[Any], str | None]] = {
@@ -114,7 +119,7 @@ class RetryPolicy:
     min_ms: int
     max_ms: int | None = None
     multiplier: float | None = None  # None: linear
-    jitter: float = 0.0
+    jitter: float = 0.0  # a fraction (the argument is a percentage)
 
     def applies(self, failed: bool) -> bool:
         """Whether a return (``failed``: basic.reject with requeue) waits."""
@@ -166,4 +171,4 @@ def resolve(arguments: Mapping[str, Any], policy: Mapping[str, Any]) -> RetryPol
         max_ms = min_ms
     multiplier = values.get("multiplier")
     return RetryPolicy(kind, min_ms, max_ms, float(multiplier) if multiplier is not None else None,
-                       float(values.get("jitter", 0.0)))
+                       float(values.get("jitter", 0)) / 100)

@@ -57,6 +57,13 @@ def test_types_select_failed_or_returned_settlements() -> None:
     assert retries.RetryPolicy("all", 1).applies(True) and retries.RetryPolicy("all", 1).applies(False)
 
 
+def test_jitter_is_a_percentage_and_decimals_count_as_numbers() -> None:
+    import decimal
+    resolved = retries.resolve({"x-delayed-retry-min": 10, "x-delayed-retry-jitter": decimal.Decimal("12.5"),
+                                "x-delayed-retry-multiplier": decimal.Decimal("1.5")}, {})
+    assert resolved == retries.RetryPolicy("all", 10, None, 1.5, 0.125)
+
+
 def test_resolve_argument_wins_min_alone_means_all_disabled_means_none() -> None:
     assert retries.resolve({"x-delayed-retry-min": 5}, {}) == retries.RetryPolicy("all", 5)
     assert retries.resolve({"x-delayed-retry-type": "disabled", "x-delayed-retry-min": 5}, {}) is None
@@ -69,7 +76,7 @@ def test_resolve_argument_wins_min_alone_means_all_disabled_means_none() -> None
 @pytest.mark.parametrize(("name", "value"), [
     ("x-delayed-retry-type", "sometimes"), ("x-delayed-retry-type", 3), ("x-delayed-retry-min", -1),
     ("x-delayed-retry-min", "1s"), ("x-delayed-retry-max", 1.5), ("x-delayed-retry-max", retries.MAX_DELAY + 1),
-    ("x-delayed-retry-multiplier", 0.5), ("x-delayed-retry-multiplier", "2"), ("x-delayed-retry-jitter", 2),
+    ("x-delayed-retry-multiplier", 0.5), ("x-delayed-retry-multiplier", "2"), ("x-delayed-retry-jitter", 101),
     ("x-delayed-retry-jitter", True),
 ])
 def test_bad_values_are_refused_naming_the_argument(tmp_path: Path, name: str, value: object) -> None:
@@ -103,7 +110,7 @@ def test_policy_keys_are_checked_and_named() -> None:
     assert set(validators) <= set(VALIDATORS)
     make_policy("p", ".*", {"delayed-retry-type": "failed", "delayed-retry-min": 10}, 0, "queues", VALIDATORS)
     with pytest.raises(PolicyError, match="delayed-retry-jitter"):
-        make_policy("p", ".*", {"delayed-retry-jitter": 7}, 0, "queues", VALIDATORS)
+        make_policy("p", ".*", {"delayed-retry-jitter": 700}, 0, "queues", VALIDATORS)
 
 
 # --- in a queue -------------------------------------------------------------------------------------
