@@ -147,6 +147,10 @@ class Queue(QueueKind):
             self._remove, self._remove_many, self._requeue_one = (
                 self.index.ack, self.index.ack_many, self.requeue_ready)
 
+    def route_requeues(self, requeue: Callable[[int], None]) -> None:
+        """Requeues through ``requeue`` while the other paths stay plain (delayed retries alone)."""
+        self._requeue_one = requeue
+
     def apply_settings(self, settings: QueueSettings) -> None:
         self.features.apply(settings)
 
@@ -388,7 +392,7 @@ class Queue(QueueKind):
         """basic.reject with requeue: as ``requeue``, but a delayed retry of type ``failed`` applies."""
         if self.deleted:
             return
-        if self.special:
+        if self.special or self.features.retry is not None:
             self.features.requeue(pos, True)
         else:
             self.requeue_ready(pos)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 from ..store.delivery_counts import RetryDueTimes
@@ -43,6 +44,7 @@ class ClassicQueue(Protocol):
     vhost: QueueHost
     settings: QueueSettings
     stats: MessageCounters
+    special: bool
     deleted: bool
     _recovered_left: int  # recovered messages still to deliver with redelivered=true
 
@@ -60,6 +62,8 @@ class ClassicQueue(Protocol):
 
     def use_features(self, features: QueueFeatures | None) -> None: ...
 
+    def route_requeues(self, requeue: Callable[[int], None]) -> None: ...
+
 
 class QueueFeatures:
     """The feature state of one classic queue and the slow paths that use it."""
@@ -75,6 +79,7 @@ class QueueFeatures:
         self.has_ttl = False
         self._message_ttl_seen = False
         self._counts_deliveries = False
+        self._lazy_retry = False
         # Requeued position -> times it was returned (x-delivery-limit queues only). The dict is the
         # store's, which keeps it on disk for durable queues; acked positions are popped here.
         self._delivery_counts_file = queue.vhost.store.open_delivery_counts(queue.index)
@@ -107,9 +112,11 @@ class QueueFeatures:
         self._counts_deliveries = settings.delivery_limit is not None or settings.retry is not None
         if not self._counts_deliveries:
             self.delivery_counts.clear()
-        used = bool(self.has_ttl or self.has_limits or self._counts_deliveries
-                    or settings.single_active_consumer or self.max_priority or self.held_due)
-        queue.use_features(self if used else None)
+        others = bool(self.has_ttl or self.has_limits or settings.delivery_limit is not None
+                      or settings.single_active_consumer or self.max_priority)
+        # Retries alone keep the plain paths until a message comes back (no cost without failures).
+        self._lazy_retry = settings.retry is not None and not others
+        self._bind(others or bool(self.held_due) or bool(self.delivery_counts))
         if self.has_limits and settings.overflow == "drop-head":
             self._enforce_limits()
         if self.has_ttl:
@@ -118,10 +125,19 @@ class QueueFeatures:
             self._ttl_timer.cancel()
         self.touch()
 
+    def _bind(self, used: bool) -> None:
+        """The queue's message paths: this component's, or the plain ones (whose requeues still
+        come here while retries are on)."""
+        queue = self.queue
+        queue.use_features(self if used else None)
+        if not used and self.retry is not None:
+            queue.route_requeues(self.requeue)
+
     def enable_message_ttl(self) -> None:
         """A message with an expiration arrived: from now on this queue checks expiry."""
         if not self._message_ttl_seen:
             self._message_ttl_seen = True
+            self._lazy_retry = False
             self.has_ttl = True
             self.queue.use_features(self)
 
@@ -298,6 +314,8 @@ class QueueFeatures:
             self.held.forget(pos)
             self._held_ready.discard(pos)
         self.queue.index.ack(pos)
+        if self._lazy_retry and not self.delivery_counts and not self.held_due:
+            self._bind(False)  # no returned message left: back to the plain paths
 
     def remove_many(self, positions: list[int]) -> None:
         remove = self.remove
@@ -357,8 +375,12 @@ class QueueFeatures:
             if delay > 0:
                 self.held.hold(pos, now_ms() + delay)
                 queue.stats.retried += 1
+                if not queue.special:
+                    self._bind(True)  # a counted message: its header and its ack need these paths
                 return
         self._ready_again(pos)
+        if not queue.special and self._counts_deliveries:
+            self._bind(True)
 
     def _release(self, pos: int) -> None:
         """A held message is due: ready again at the head (after a restart it may be there already)."""
