@@ -119,6 +119,9 @@ class VHostPublishing:
             queues: Iterable[QueueKind] = (queue,)
         else:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+            if exchange.dedup is not None and exchange.dedup.seen(headers, time_ns() // 1_000_000):
+                exchange.stats.duplicates += 1
+                return 1, False  # a duplicate: routed nowhere, and confirmed as accepted
             if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
             queues, properties = self.routing.route_message(exchange, routing_key, properties, headers)
@@ -158,7 +161,7 @@ class VHostPublishing:
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES:
+        elif type(exchange) in _RUN_EXCHANGES and exchange.dedup is None:
             queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
@@ -179,6 +182,7 @@ class VHostPublishing:
         rejected = False
         reached = 0
         targets = []
+        headers: Any = False  # read once, when a queue deduplicates
         for queue in queues:
             reached += 1
             if expiring:
@@ -189,6 +193,12 @@ class VHostPublishing:
                     message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
                     self.dead_letter(queue, message, "maxlen")
                 continue
+            if queue.dedup is not None:
+                if headers is False:
+                    headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+                if queue.dedup.seen(headers, timestamp):
+                    queue.stats.duplicates += 1
+                    continue  # a duplicate: not stored here (its publisher is confirmed all the same)
             targets.append(queue)
         needs_sync = False
         if targets:

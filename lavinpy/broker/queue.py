@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
+from .dedup_cache import DedupCache, file_name
+from .deduplication import settings_of
 from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .queue_features import QueueFeatures
 from .stats import MessageCounters
@@ -72,6 +74,9 @@ class Queue(QueueKind):
         self._remove: Callable[[int], None] = index.ack
         self._remove_many: Callable[[list[int]], None] = index.ack_many
         self._requeue_one: Callable[[int], None] = self.requeue_ready
+        dedup = settings_of(self.arguments)
+        if dedup is not None:  # publishing takes the slow path, which asks the cache (see use_features)
+            self.dedup = DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)) if durable else None)
         self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
         if self.settings.queue_type == "quorum":
             # A quorum queue is this queue with a default delivery limit (see QueueSettings); it reports
@@ -134,7 +139,7 @@ class Queue(QueueKind):
         The one place that decides: instance attributes shadow the plain methods of the class (the
         publish path reads only ``special``), and no path tests a flag per message.
         """
-        self.special = features is not None
+        self.special = features is not None or self.dedup is not None
         paths = self.__dict__
         if features is not None:
             paths.update(push=features.push, push_many=features.push_many, deliver=features.deliver,
@@ -460,6 +465,8 @@ class Queue(QueueKind):
             # treat a basic.cancel that arrives before that reply as an error of the delete.
             asyncio.get_running_loop().call_soon(_cancel_consumers, consumers)
         self.vhost.store.delete_queue(self.index)
+        if self.dedup is not None and self.durable:
+            self.vhost.store.delete_append_file(file_name("q", self.name))
         return count
 
 

@@ -28,6 +28,7 @@ from .arguments import QueueSettings
 if TYPE_CHECKING:
     from ..store.index_kinds import AnyIndex
     from ..store.vhost_store import VhostStore
+    from .dedup_cache import DedupCache
     from .publish_run import PublishRun
     from .queue_consumer import QueueConsumer
     from .stats import MessageCounters, NodeCounters
@@ -86,6 +87,7 @@ class QueueKind(ABC):
     # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
     # the one flag the publish hot path reads.
     special = False
+    dedup: DedupCache | None = None  # message deduplication (x-message-deduplication), classic and quorum
     corrupt_messages = 0  # damaged records found (and skipped) in this queue
 
     def __repr__(self) -> str:

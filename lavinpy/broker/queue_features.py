@@ -80,6 +80,7 @@ class QueueFeatures:
         self._message_ttl_seen = False
         self._counts_deliveries = False
         self._lazy_retry = False
+        self.bound = False  # whether this component's message paths are the queue's (see _bind)
         # Requeued position -> times it was returned (x-delivery-limit queues only). The dict is the
         # store's, which keeps it on disk for durable queues; acked positions are popped here.
         self._delivery_counts_file = queue.vhost.store.open_delivery_counts(queue.index)
@@ -129,6 +130,7 @@ class QueueFeatures:
         """The queue's message paths: this component's, or the plain ones (whose requeues still
         come here while retries are on)."""
         queue = self.queue
+        self.bound = used
         queue.use_features(self if used else None)
         if not used and self.retry is not None:
             queue.route_requeues(self.requeue)
@@ -139,6 +141,7 @@ class QueueFeatures:
             self._message_ttl_seen = True
             self._lazy_retry = False
             self.has_ttl = True
+            self.bound = True
             self.queue.use_features(self)
 
     def start_timers(self) -> None:
@@ -375,11 +378,11 @@ class QueueFeatures:
             if delay > 0:
                 self.held.hold(pos, now_ms() + delay)
                 queue.stats.retried += 1
-                if not queue.special:
+                if not self.bound:
                     self._bind(True)  # a counted message: its header and its ack need these paths
                 return
         self._ready_again(pos)
-        if not queue.special and self._counts_deliveries:
+        if not self.bound and self._counts_deliveries:
             self._bind(True)
 
     def _release(self, pos: int) -> None:

@@ -243,6 +243,9 @@ class BrokerCollector:
             yield family
         yield CounterMetricFamily(f"{p}_global_messages_delayed_retries_total",
                                   "Total number of returned messages held for a delayed retry", value=totals.retried)
+        yield CounterMetricFamily(f"{p}_global_messages_deduplicated_total",
+                                  "Total number of messages dropped as duplicates by exchanges and queues",
+                                  value=totals.duplicates)
         counters = self.broker.node_counters
         yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
@@ -361,6 +364,13 @@ class BrokerCollector:
             if queue.stats.retried:
                 retried.add_metric([vhost, queue.name], queue.stats.retried)
         yield retried
+        duplicates = CounterMetricFamily(f"{d}_queue_messages_deduplicated_total",
+                                         "Total number of messages a queue did not store as duplicates",
+                                         labels=q_labels)
+        for vhost, queue in queues:
+            if queue.stats.duplicates:
+                duplicates.add_metric([vhost, queue.name], queue.stats.duplicates)
+        yield duplicates
 
 
 def _prefix(request: web.Request) -> str:

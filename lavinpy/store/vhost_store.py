@@ -153,6 +153,16 @@ class VhostStore:
             appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits)
         return appended
 
+    def delete_append_file(self, name: str) -> None:
+        """Remove a file of the vhost's own (its owner was deleted): closed, unlinked, replicated."""
+        appended = self._append_files.pop(name, None)
+        if appended is not None:
+            appended.close(clean=False)
+        path = self.path / name
+        if path.exists():
+            path.unlink()
+            changes.deleted(path)
+
     def register_synced_file(self, file: SyncedFile) -> None:
         """A file of another owner (the vhost's definitions log) that the group commit syncs; it closes
         its descriptor through ``file.close_fd``, which this sets (a close waits for a running sync)."""

@@ -203,15 +203,15 @@ def test_due_times_and_counts_survive_a_restart(tmp_path: Path) -> None:
 def test_retries_alone_cost_nothing_until_a_message_comes_back(tmp_path: Path) -> None:
     async def body(m: Model) -> None:
         q = m.declare("q", delayed_retry_type="returned", delayed_retry_min=30)
-        assert not q.special  # the plain paths: no failures, no cost
+        assert not q.special and not q.features.bound  # the plain paths: no failures, no cost
         m.publish("q", b"x")
         m.publish("q", b"y")
         q.requeue(take(q))
-        assert q.special and q.delayed_count == 1
+        assert q.special and q.features.bound and q.delayed_count == 1
         assert [g["payload"] for g in m.get("q")] == ["y"]
         [got] = await until(lambda: m.get("q"), what="the held one")
         assert got["payload"] == "x" and got["properties"]["headers"]["x-delivery-count"] == 1
-        assert not q.special  # nothing returned is left: plain again
+        assert not q.special and not q.features.bound  # nothing returned is left: plain again
         m.publish("q", b"z")
         q.requeue_failed(take(q))  # returned only: a reject comes back at once, still counted
         [again] = m.get("q")
