@@ -131,7 +131,7 @@ class VHostPublishing:
                 return self._publish_to(exchange.name, routing_key, properties, body, queues)
             for queue in queues:
                 if queue.special:
-                    return self._publish_to(exchange.name, routing_key, properties, body, queues)
+                    return self._publish_to(exchange.name, routing_key, properties, body, queues, headers)
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
                                               time_ns() // 1_000_000, queues)
         if not reached:
@@ -175,14 +175,14 @@ class VHostPublishing:
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
-                    queues: Iterable[QueueKind]) -> tuple[int, Any]:
+                    queues: Iterable[QueueKind], headers: Any = False) -> tuple[int, Any]:
         """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
         timestamp = time_ns() // 1_000_000
         expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
         rejected = False
         reached = 0
         targets = []
-        headers: Any = False  # read once, when a queue deduplicates
+        # ``headers`` False: not read yet (read once, when a queue deduplicates)
         for queue in queues:
             reached += 1
             if expiring:
