@@ -130,7 +130,8 @@ class VHostPublishing:
             if properties[0] & _EXPIRATION_FLAG_HIGH:
                 return self._publish_to(exchange.name, routing_key, properties, body, queues)
             for queue in queues:
-                if queue.special:
+                # (a message without headers has no identifier: deduplication needs no look here)
+                if queue.special or queue.dedup is not None:
                     return self._publish_to(exchange.name, routing_key, properties, body, queues, headers)
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
                                               time_ns() // 1_000_000, queues)
@@ -161,14 +162,15 @@ class VHostPublishing:
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES and exchange.dedup is None:
+        elif type(exchange) in _RUN_EXCHANGES and (exchange.dedup is None or not headers
+                                                   or exchange.dedup.header not in headers):
             queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
         else:
             return None
         for queue in queues:
-            if queue.special:
+            if queue.special or (queue.dedup is not None and headers and queue.dedup.header in headers):
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         # Counted in the write only: a None above means one by one, counted by publish().
@@ -187,7 +189,7 @@ class VHostPublishing:
             reached += 1
             if expiring:
                 queue.enable_message_ttl()
-            if queue.refuses(len(body)):
+            if queue.special and queue.refuses(len(body)):  # only a queue with features refuses
                 rejected = True
                 if queue.settings.overflow == "reject-publish-dlx":
                     message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)

@@ -75,7 +75,7 @@ class Queue(QueueKind):
         self._remove_many: Callable[[list[int]], None] = index.ack_many
         self._requeue_one: Callable[[int], None] = self.requeue_ready
         dedup = settings_of(self.arguments)
-        if dedup is not None:  # publishing takes the slow path, which asks the cache (see use_features)
+        if dedup is not None:  # a message with headers then takes the publish path that asks the cache
             self.dedup = DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)) if durable else None)
         self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
         if self.settings.queue_type == "quorum":
@@ -139,7 +139,7 @@ class Queue(QueueKind):
         The one place that decides: instance attributes shadow the plain methods of the class (the
         publish path reads only ``special``), and no path tests a flag per message.
         """
-        self.special = features is not None or self.dedup is not None
+        self.special = features is not None
         paths = self.__dict__
         if features is not None:
             paths.update(push=features.push, push_many=features.push_many, deliver=features.deliver,
