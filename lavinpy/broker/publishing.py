@@ -75,6 +75,15 @@ def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[Qu
     return persistent and any(queue.durable for queue in queues)
 
 
+def _duplicate(queue: QueueKind, headers: dict, now_ms: int) -> bool:
+    """Whether a deduplicating queue has seen this message's identifier (then counted there)."""
+    assert queue.dedup is not None
+    if queue.dedup.seen(headers, now_ms):
+        queue.stats.duplicates += 1
+        return True
+    return False
+
+
 # Exchanges whose routing depends on the routing key alone: a run is routed once.
 _RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
@@ -129,10 +138,18 @@ class VHostPublishing:
                 return 0, False
             if properties[0] & _EXPIRATION_FLAG_HIGH:
                 return self._publish_to(exchange.name, routing_key, properties, body, queues)
+            deduplicating = False
             for queue in queues:
-                # (a message without headers has no identifier: deduplication needs no look here)
-                if queue.special or queue.dedup is not None:
+                if queue.special:
                     return self._publish_to(exchange.name, routing_key, properties, body, queues, headers)
+                if queue.dedup is not None:  # (a message without headers has none to ask: the branch above)
+                    deduplicating = True
+            if deduplicating and headers:
+                now = time_ns() // 1_000_000
+                kept = [queue for queue in queues if queue.dedup is None or not _duplicate(queue, headers, now)]
+                if not kept:
+                    return len(queues), False  # type: ignore[arg-type]  # (routed: a set) a duplicate everywhere: confirmed
+                queues = kept
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
                                               time_ns() // 1_000_000, queues)
         if not reached:
@@ -198,9 +215,8 @@ class VHostPublishing:
             if queue.dedup is not None:
                 if headers is False:
                     headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
-                if queue.dedup.seen(headers, timestamp):
-                    queue.stats.duplicates += 1
-                    continue  # a duplicate: not stored here (its publisher is confirmed all the same)
+                if headers and _duplicate(queue, headers, timestamp):
+                    continue  # not stored here (its publisher is confirmed all the same)
             targets.append(queue)
         needs_sync = False
         if targets:

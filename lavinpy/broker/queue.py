@@ -86,7 +86,8 @@ class Queue(QueueKind):
     # --- state --------------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
-        return self.index.ready_count
+        # less the messages held for a delayed retry that a restart put back in the ready list
+        return self.index.ready_count - len(self.features.held_ready)
 
     @property
     def unacked_count(self) -> int:

@@ -89,7 +89,7 @@ class QueueFeatures:
         self.retry = None if settings is None else settings.retry
         self.held = RetryHold(queue.vhost.store.open_delivery_counts(queue.index, RetryDueTimes), self._release)
         self.held_due = self.held.due  # its truth test is all a queue without held messages pays
-        self._held_ready = set(self.held_due)  # recovered as ready after a restart: skipped when reached
+        self.held_ready = set(self.held_due)  # recovered as ready after a restart: skipped when reached
         self._ttl_timer = Timer(self._on_ttl_timer)
         self._expires_timer = Timer(self._on_expires_timer)
         self.apply(settings or QueueSettings())
@@ -290,8 +290,8 @@ class QueueFeatures:
                 continue
             if self.track_bytes:
                 self.ready_bytes -= len(msg.body)
-            if self._held_ready and pos in self._held_ready:
-                self._held_ready.discard(pos)  # held before a restart: unacked now, released when due
+            if self.held_ready and pos in self.held_ready:
+                self.held_ready.discard(pos)  # held before a restart: unacked now, released when due
                 continue
             if self.has_ttl:
                 expiry = message_expiry(msg.timestamp, msg.properties, queue.settings.message_ttl)
@@ -315,7 +315,7 @@ class QueueFeatures:
             self.delivery_counts.pop(pos, None)
         if self.held_due:
             self.held.forget(pos)
-            self._held_ready.discard(pos)
+            self.held_ready.discard(pos)
         self.queue.index.ack(pos)
         if self._lazy_retry and not self.delivery_counts and not self.held_due:
             self._bind(False)  # no returned message left: back to the plain paths
@@ -334,10 +334,10 @@ class QueueFeatures:
             index = self.queue.index
             for pos in list(self.held_due):
                 self.held.forget(pos)
-                if pos not in self._held_ready and index.is_unacked(pos):
+                if pos not in self.held_ready and index.is_unacked(pos):
                     index.ack(pos)
                     held += 1
-            self._held_ready.clear()
+            self.held_ready.clear()
         counts = self.delivery_counts
         if counts:
             unacked = set(self.queue.index.unacked())
@@ -388,8 +388,8 @@ class QueueFeatures:
     def _release(self, pos: int) -> None:
         """A held message is due: ready again at the head (after a restart it may be there already)."""
         queue = self.queue
-        if pos in self._held_ready:
-            self._held_ready.discard(pos)
+        if pos in self.held_ready:
+            self.held_ready.discard(pos)
             return
         if queue.deleted or not queue.index.is_unacked(pos):
             return
