@@ -2,10 +2,10 @@
 
 The cache is an insertion-ordered dict (identifier -> expiry ms, 0 for never) of at most
 ``cache_size`` entries: the oldest goes first, as LavinMQ's. Each identifier remembered is appended
-to the object's file in the vhost directory (``store.append_file``: the identifiers of one event-loop
-turn in one write to the OS, before the group commit that the messages' publisher confirms wait for,
-so a confirmed message's identifier survives a kill -9; streamed to replication followers like every
-store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the live
+to the object's file in the vhost directory (``store.append_file.append_soon``: the identifiers
+waiting are written in one write by the next group commit, before the fsync its messages' publisher
+confirms wait for, or after 20 ms; so a confirmed message's identifier survives a kill -9; streamed
+to replication followers like every store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the live
 entries when it holds twice as many records as the cache (and at least ``COMPACT_MIN_RECORDS``).
 
 File: batches ``length u32, records, crc32 u32`` (little-endian; the CRC covers the records), a record
@@ -135,7 +135,7 @@ class DedupCache:
             entries.popitem(last=False)
         file = self._file
         if file is not None:
-            file.append_soon(_pack_head(len(key), expiry) + key)  # framed per loop turn by _frame
+            file.append_soon(_pack_head(len(key), expiry) + key)  # framed per write by _frame
             self._records += 1
             if self._records > self._compact_at:
                 self.compact()

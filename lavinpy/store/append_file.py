@@ -21,6 +21,7 @@ from pathlib import Path
 from lavinpy.store import changes
 from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, tmp_path_for, write_bytes_atomic
 
+WRITE_DELAY_S = 0.02  # append_soon's records wait at most this long for a group commit to write them
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -70,14 +71,14 @@ class AppendFile:
         return self._waits()
 
     def append_soon(self, data: bytes) -> None:
-        """``append`` at the end of this event-loop turn, with the others of the turn in one write
-        (many small records, one system call). The group commit writes them first if it comes
-        sooner, so a publisher confirm that waits for ``durable()`` finds them synced."""
+        """``append`` soon, with the other records of the moment in one write (many small records,
+        one system call): at the store's next group commit or ``durable()`` call, before it syncs, so
+        a publisher confirm that waits for them finds them on disk; else after ``WRITE_DELAY_S``."""
         pending = self._pending
         pending.append(data)
         if len(pending) == 1:
             try:
-                asyncio.get_running_loop().call_soon(self.write_pending)
+                asyncio.get_running_loop().call_later(WRITE_DELAY_S, self.write_pending)
             except RuntimeError:
                 self.write_pending()
 

@@ -259,6 +259,8 @@ class VhostStore:
             return _done(loop)
         if self.fsync_policy == "never" and self.barrier is None:
             self._write_index_buffers()
+            for appended in self._append_files.values():
+                appended.write_pending()
             return _done(loop)
         waiter = self._next
         if waiter is None:
