@@ -5,8 +5,9 @@ The cache is an insertion-ordered dict (identifier -> expiry ms, 0 for never) of
 to the object's file in the vhost directory (``store.append_file.append_soon``: the identifiers
 waiting are written in one write by the next group commit, before the fsync its messages' publisher
 confirms wait for, or after 20 ms; so a confirmed message's identifier survives a kill -9; streamed
-to replication followers like every store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the live
-entries when it holds twice as many records as the cache (and at least ``COMPACT_MIN_RECORDS``).
+to replication followers like every store change), so restarts, crashes and failovers keep the
+cache. The file is rewritten with the live entries when it holds twice as many records as the cache
+(and at least ``COMPACT_MIN_RECORDS``).
 
 File: batches ``length u32, records, crc32 u32`` (little-endian; the CRC covers the records), a record
 ``key length u16, expiry ms u64, key bytes``. A torn or damaged batch (a crash mid-write) ends the
