@@ -390,14 +390,14 @@ class Channel:
             self.close_with_error(AMQPChannelError(PRECONDITION_FAILED, f"unknown delivery tag {tags[bad]}"),
                                   Ack(tags[bad], False))
 
-    def _settle(self, delivery_tag: int, multiple: bool, requeue: bool | None) -> None:
-        """basic.ack (requeue None), nack or reject: validated now; in a transaction applied on
-        commit and given back on rollback."""
+    def _settle(self, delivery_tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
+        """basic.ack (requeue None), nack or reject (``failed``): validated now; in a transaction
+        applied on commit and given back on rollback."""
         items = self.deliveries.take(delivery_tag, multiple)
         if self.tx is not None:
-            self.tx.hold_settle(items, requeue)
+            self.tx.hold_settle(items, requeue, failed)
             return
-        self.deliveries.settle(items, requeue)
+        self.deliveries.settle(items, requeue, failed)
 
     # --- methods ------------------------------------------------------------------------------
     def _handle_method(self, method: Any) -> None:
@@ -412,7 +412,7 @@ class Channel:
             self._settle(method.delivery_tag, method.multiple, method.requeue)
             return
         if isinstance(method, Reject):
-            self._settle(method.delivery_tag, False, method.requeue)
+            self._settle(method.delivery_tag, False, method.requeue, True)
             return
         handler = _HANDLERS.get(type(method))
         if handler is None:
@@ -535,8 +535,8 @@ class Channel:
                 p.body.release()
         finally:
             release_bodies(publishes)
-        for items, requeue in settles:
-            self.deliveries.settle(items, requeue)
+        for items, requeue, failed in settles:
+            self.deliveries.settle(items, requeue, failed)
         self.reply_after(self.vhost.durable() if needs_sync else None, commands.Tx.CommitOk(), m)
 
     def on_tx_rollback(self, m: commands.Tx.Rollback) -> None:

@@ -126,7 +126,7 @@ class Confirms:
         self.sent = upto
 
 
-Settles = list[tuple[list[tuple[int, "Unacked"]], "bool | None"]]
+Settles = list[tuple[list[tuple[int, "Unacked"]], "bool | None", bool]]
 
 
 class Transaction:
@@ -136,17 +136,17 @@ class Transaction:
 
     def __init__(self) -> None:
         self.publishes: list[PendingPublish] = []
-        self.settles: Settles = []  # (taken deliveries, requeue as for Deliveries.settle)
+        self.settles: Settles = []  # (taken deliveries, requeue and failed as for Deliveries.settle)
 
     @property
     def uncommitted_acks(self) -> int:
-        return sum(len(items) for items, _ in self.settles)
+        return sum(len(items) for items, _, _ in self.settles)
 
     def hold_publish(self, publish: PendingPublish) -> None:
         self.publishes.append(publish)
 
-    def hold_settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
-        self.settles.append((items, requeue))
+    def hold_settle(self, items: list[tuple[int, Unacked]], requeue: bool | None, failed: bool = False) -> None:
+        self.settles.append((items, requeue, failed))
 
     def take(self) -> tuple[list[PendingPublish], Settles]:
         """tx.commit: what the transaction held, in order; it starts over empty."""
@@ -159,6 +159,6 @@ class Transaction:
         acks had taken, to be unacked again."""
         release_bodies(self.publishes)
         self.publishes = []
-        restored = [pair for items, _ in self.settles for pair in items]
+        restored = [pair for items, _, _ in self.settles for pair in items]
         self.settles = []
         return restored

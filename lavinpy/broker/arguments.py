@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import deduplication, retries
 from .names import name_too_long
 from .refused_arguments import refusal_text, refused_argument
 
@@ -230,6 +231,10 @@ def validate_queue_arguments(arguments: Mapping[str, Any], *, queue: str, vhost:
             reason = check(arguments[name])
             if reason is not None:
                 raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
+    for problem in (retries.argument_problem(arguments), deduplication.argument_problem(arguments)):
+        if problem is not None:
+            name, reason = problem
+            raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise ArgumentError("x-dead-letter-routing-key", f"invalid arg 'x-dead-letter-routing-key' for {where}: "
                                                          "routing_key_but_no_dlx_defined")
@@ -245,6 +250,10 @@ def validate_exchange_arguments(arguments: Mapping[str, Any], where: str) -> Non
     reason = name_too_long("the value", text) if text is not None else None
     if reason is not None:
         raise ArgumentError("alternate-exchange", f"invalid arg 'alternate-exchange' for {where}: {reason}")
+    problem = deduplication.argument_problem(arguments)
+    if problem is not None:
+        name, reason = problem
+        raise ArgumentError(name, f"invalid arg '{name}' for {where}: {reason}")
 
 
 def queue_type_of(arguments: Mapping[str, Any]) -> str:
@@ -330,6 +339,7 @@ class QueueSettings:
     consumer_timeout: int | None = None
     max_age: int | None = None
     stream_max_segment_size_bytes: int | None = None
+    retry: retries.RetryPolicy | None = None  # delayed retries (x-delayed-retry-*)
     policy: str | None = None
 
     @classmethod
@@ -387,6 +397,7 @@ class QueueSettings:
             max_age=max_age,
             stream_max_segment_size_bytes=_int_or_none(arguments.get("x-stream-max-segment-size-bytes",
                                                                      pol.get("stream-max-segment-size-bytes"))),
+            retry=retries.resolve(arguments, pol) if queue_type != "stream" else None,
             policy=policy_name,
         )
 

@@ -203,8 +203,9 @@ class Deliveries:
         self._acks(items)  # type: ignore[arg-type]
         return None
 
-    def settle(self, items: list[tuple[int, Unacked]], requeue: bool | None) -> None:
-        """Settle taken deliveries: requeue None = ack; True = back to their queue; False = rejected
+    def settle(self, items: list[tuple[int, Unacked]], requeue: bool | None, failed: bool = False) -> None:
+        """Settle taken deliveries: requeue None = ack; True = back to their queue (``failed``: by
+        basic.reject, which RabbitMQ 4.3 counts as a failed delivery); False = rejected
         (dead-lettered when the queue has a dead-letter exchange)."""
         if not items:
             return
@@ -217,7 +218,10 @@ class Deliveries:
             if consumer is not None:
                 credits[consumer] = credits.get(consumer, 0) + 1
             if requeue:
-                queue.requeue(pos)
+                if failed:
+                    queue.requeue_failed(pos)
+                else:
+                    queue.requeue(pos)
             else:
                 queue.reject(pos)
                 queue.stats.reject += 1

@@ -59,6 +59,8 @@ def exchange_info(vhost: VHost, exchange: Exchange) -> dict[str, Any]:
     }
     if policy is not None:  # RabbitMQ leaves the key out of an exchange no policy applies to
         info["policy"] = policy.name
+    if exchange.dedup is not None:
+        info["deduplication"] = exchange.dedup.info(exchange.stats.duplicates)
     return info
 
 
@@ -117,6 +119,12 @@ def queue_info(queue: QueueKind, now_ms: int | None = None) -> dict[str, Any]:
     # rabbitmqadmin's tables); so is utilisation without a consumer.
     if queue.consumers:
         info["consumer_utilisation"] = info["consumer_capacity"]
+    if queue.dedup is not None:
+        info["deduplication"] = queue.dedup.info(queue.stats.duplicates)
+    if queue.settings.retry is not None or queue.delayed_count:
+        # held for a delayed retry (counted in messages_unacknowledged too) and the returns held so far
+        info["messages_delayed"] = queue.delayed_count
+        info["message_stats"]["delayed_retries"] = queue.stats.retried
     stamp = _timestamp_property(head_message)  # the head message's timestamp property (seconds)
     if stamp is not None:
         info["head_message_timestamp"] = stamp

@@ -195,7 +195,12 @@ def peek_messages(actor: Actor | None, vhost: VHost, queue_name: str, count: int
         raise bad_input(f"count must be a positive integer, not {count}")
     queue = readable_queue(actor, vhost, queue_name, None)
     remaining = queue.message_count
-    return [message_to_json(msg, redelivered, remaining, "auto", None) for msg, redelivered in queue.peek(count)]
+    out = [message_to_json(msg, redelivered, remaining, "auto", None) for msg, redelivered in queue.peek(count)]
+    if len(out) < count and queue.delayed_count:
+        # then the messages held for a delayed retry, earliest first, each with its due time
+        for msg, due in queue.peek_delayed(count - len(out)):
+            out.append({**message_to_json(msg, True, remaining, "auto", None), "delayed_until": due})
+    return out
 
 
 def _first_death(properties: bytes) -> tuple[str, str] | None:

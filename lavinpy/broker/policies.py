@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lavinpy.broker import retries
 from lavinpy.broker.arguments import OVERFLOW_MODES, QUEUE_MODES, parse_max_age
 from lavinpy.broker.names import name_too_long
 from lavinpy.broker.refused_arguments import refused_argument
@@ -86,6 +87,8 @@ VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     # exchange is fed from.
     "federation-upstream": _string("federation upstream name"),
     "federation-upstream-set": _string("federation upstream set name"),
+    # Delayed retries (broker/retries.py): RabbitMQ 4.3's type/min/max, lavinpy's multiplier and jitter.
+    **retries.policy_validators(),
 }
 
 # RabbitMQ-only keys whose purpose lavinpy's design already serves (mirroring and placement: the

@@ -75,6 +75,15 @@ def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[Qu
     return persistent and any(queue.durable for queue in queues)
 
 
+def _duplicate(queue: QueueKind, headers: dict, now_ms: int) -> bool:
+    """Whether a deduplicating queue has seen this message's identifier (then counted there)."""
+    assert queue.dedup is not None
+    if queue.dedup.seen(headers, now_ms):
+        queue.stats.duplicates += 1
+        return True
+    return False
+
+
 # Exchanges whose routing depends on the routing key alone: a run is routed once.
 _RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
@@ -119,6 +128,9 @@ class VHostPublishing:
             queues: Iterable[QueueKind] = (queue,)
         else:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+            if exchange.dedup is not None and exchange.dedup.seen(headers, time_ns() // 1_000_000):
+                exchange.stats.duplicates += 1
+                return 1, False  # a duplicate: routed nowhere, and confirmed as accepted
             if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
             queues, properties = self.routing.route_message(exchange, routing_key, properties, headers)
@@ -126,9 +138,18 @@ class VHostPublishing:
                 return 0, False
             if properties[0] & _EXPIRATION_FLAG_HIGH:
                 return self._publish_to(exchange.name, routing_key, properties, body, queues)
+            deduplicating = False
             for queue in queues:
                 if queue.special:
-                    return self._publish_to(exchange.name, routing_key, properties, body, queues)
+                    return self._publish_to(exchange.name, routing_key, properties, body, queues, headers)
+                if queue.dedup is not None:  # (a message without headers has none to ask: the branch above)
+                    deduplicating = True
+            if deduplicating and headers:
+                now = time_ns() // 1_000_000
+                kept = [queue for queue in queues if queue.dedup is None or not _duplicate(queue, headers, now)]
+                if not kept:
+                    return len(queues), False  # type: ignore[arg-type]  # (routed: a set) a duplicate everywhere: confirmed
+                queues = kept
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
                                               time_ns() // 1_000_000, queues)
         if not reached:
@@ -158,37 +179,44 @@ class VHostPublishing:
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES:
+        elif type(exchange) in _RUN_EXCHANGES and (exchange.dedup is None or not headers
+                                                   or exchange.dedup.header not in headers):
             queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
         else:
             return None
         for queue in queues:
-            if queue.special:
+            if queue.special or (queue.dedup is not None and headers and queue.dedup.header in headers):
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         # Counted in the write only: a None above means one by one, counted by publish().
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
-                    queues: Iterable[QueueKind]) -> tuple[int, Any]:
+                    queues: Iterable[QueueKind], headers: Any = False) -> tuple[int, Any]:
         """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
         timestamp = time_ns() // 1_000_000
         expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
         rejected = False
         reached = 0
         targets = []
+        # ``headers`` False: not read yet (read once, when a queue deduplicates)
         for queue in queues:
             reached += 1
             if expiring:
                 queue.enable_message_ttl()
-            if queue.refuses(len(body)):
+            if queue.special and queue.refuses(len(body)):  # only a queue with features refuses
                 rejected = True
                 if queue.settings.overflow == "reject-publish-dlx":
                     message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
                     self.dead_letter(queue, message, "maxlen")
                 continue
+            if queue.dedup is not None:
+                if headers is False:
+                    headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+                if headers and _duplicate(queue, headers, timestamp):
+                    continue  # not stored here (its publisher is confirmed all the same)
             targets.append(queue)
         needs_sync = False
         if targets:

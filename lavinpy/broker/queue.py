@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..store.record import CorruptRecord, StoredMessage
 from .consumer_set import ConsumerSet
+from .dedup_cache import DedupCache, file_name
+from .deduplication import settings_of
 from .queue_base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .queue_features import QueueFeatures
 from .stats import MessageCounters
@@ -72,6 +74,9 @@ class Queue(QueueKind):
         self._remove: Callable[[int], None] = index.ack
         self._remove_many: Callable[[list[int]], None] = index.ack_many
         self._requeue_one: Callable[[int], None] = self.requeue_ready
+        dedup = settings_of(self.arguments)
+        if dedup is not None:  # a message with headers then takes the publish path that asks the cache
+            self.dedup = DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)) if durable else None)
         self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
         if self.settings.queue_type == "quorum":
             # A quorum queue is this queue with a default delivery limit (see QueueSettings); it reports
@@ -81,7 +86,8 @@ class Queue(QueueKind):
     # --- state --------------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
-        return self.index.ready_count
+        # less the messages held for a delayed retry that a restart put back in the ready list
+        return self.index.ready_count - len(self.features.held_ready)
 
     @property
     def unacked_count(self) -> int:
@@ -146,6 +152,10 @@ class Queue(QueueKind):
                 paths.pop(name, None)
             self._remove, self._remove_many, self._requeue_one = (
                 self.index.ack, self.index.ack_many, self.requeue_ready)
+
+    def route_requeues(self, requeue: Callable[[int], None]) -> None:
+        """Requeues through ``requeue`` while the other paths stay plain (delayed retries alone)."""
+        self._requeue_one = requeue
 
     def apply_settings(self, settings: QueueSettings) -> None:
         self.features.apply(settings)
@@ -384,6 +394,32 @@ class Queue(QueueKind):
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
+    def requeue_failed(self, pos: int) -> None:
+        """basic.reject with requeue: as ``requeue``, but a delayed retry of type ``failed`` applies."""
+        if self.deleted:
+            return
+        if self.special or self.features.retry is not None:
+            self.features.requeue(pos, True)
+        else:
+            self.requeue_ready(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    @property
+    def delayed_count(self) -> int:
+        """Messages held for a delayed retry (counted in ``unacked_count`` too)."""
+        return len(self.features.held_due)
+
+    def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
+        out: list[tuple[StoredMessage, int]] = []
+        read = self.vhost.store.messages.read
+        for pos, due in itertools.islice(self.features.held.items(), count):
+            try:
+                out.append((read(pos), due))
+            except (CorruptRecord, KeyError):
+                continue
+        return out
+
     def requeue_ready(self, pos: int) -> None:
         """Back to the head, delivered next with redelivered=true."""
         self.index.requeue(pos)
@@ -395,7 +431,7 @@ class Queue(QueueKind):
 
     def purge(self) -> int:
         count = self.index.purge()
-        self.features.purged()
+        count += self.features.purged()
         self._recovered_left = 0
         return count
 
@@ -430,6 +466,8 @@ class Queue(QueueKind):
             # treat a basic.cancel that arrives before that reply as an error of the delete.
             asyncio.get_running_loop().call_soon(_cancel_consumers, consumers)
         self.vhost.store.delete_queue(self.index)
+        if self.dedup is not None and self.durable:
+            self.vhost.store.delete_append_file(file_name("q", self.name))
         return count
 
 

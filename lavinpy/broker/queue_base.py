@@ -28,6 +28,7 @@ from .arguments import QueueSettings
 if TYPE_CHECKING:
     from ..store.index_kinds import AnyIndex
     from ..store.vhost_store import VhostStore
+    from .dedup_cache import DedupCache
     from .publish_run import PublishRun
     from .queue_consumer import QueueConsumer
     from .stats import MessageCounters, NodeCounters
@@ -86,6 +87,7 @@ class QueueKind(ABC):
     # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
     # the one flag the publish hot path reads.
     special = False
+    dedup: DedupCache | None = None  # message deduplication (x-message-deduplication), classic and quorum
     corrupt_messages = 0  # damaged records found (and skipped) in this queue
 
     def __repr__(self) -> str:
@@ -197,6 +199,19 @@ class QueueKind(ABC):
     @abstractmethod
     def requeue(self, pos: int) -> None:
         """A delivered message comes back (nack/reject with requeue, closed channel)."""
+
+    @property
+    def delayed_count(self) -> int:
+        """Messages held for a delayed retry (a queue kind without retries holds none)."""
+        return 0
+
+    def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
+        """The first ``count`` held messages with their due times (ms), earliest first."""
+        return []
+
+    def requeue_failed(self, pos: int) -> None:
+        """basic.reject with requeue: processing failed (RabbitMQ 4.3's reading); else as ``requeue``."""
+        self.requeue(pos)
 
     @abstractmethod
     def reject(self, pos: int) -> None:

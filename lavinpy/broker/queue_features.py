@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
+from ..store.delivery_counts import RetryDueTimes
 from ..store.priority_index import PriorityIndex
 from ..store.record import StoredMessage
 from .arguments import QueueSettings
@@ -20,6 +22,8 @@ from .death_headers import delivery_count_properties
 from .limits import body_bytes, over_limit, would_overflow
 from .priorities import message_priority
 from .queue_base import DELIVERY_BATCH, QueueHost, QueueKind
+from .retry_hold import RetryHold
+from .stats import MessageCounters
 from .ttl import Timer, message_expiry, now_ms
 
 if TYPE_CHECKING:
@@ -39,6 +43,8 @@ class ClassicQueue(Protocol):
     name: str
     vhost: QueueHost
     settings: QueueSettings
+    stats: MessageCounters
+    special: bool
     deleted: bool
     _recovered_left: int  # recovered messages still to deliver with redelivered=true
 
@@ -56,6 +62,8 @@ class ClassicQueue(Protocol):
 
     def use_features(self, features: QueueFeatures | None) -> None: ...
 
+    def route_requeues(self, requeue: Callable[[int], None]) -> None: ...
+
 
 class QueueFeatures:
     """The feature state of one classic queue and the slow paths that use it."""
@@ -71,10 +79,17 @@ class QueueFeatures:
         self.has_ttl = False
         self._message_ttl_seen = False
         self._counts_deliveries = False
+        self._lazy_retry = False
+        self.bound = False  # whether this component's message paths are the queue's (see _bind)
         # Requeued position -> times it was returned (x-delivery-limit queues only). The dict is the
         # store's, which keeps it on disk for durable queues; acked positions are popped here.
         self._delivery_counts_file = queue.vhost.store.open_delivery_counts(queue.index)
         self.delivery_counts: dict[int, int] = self._delivery_counts_file.counts
+        # Messages waiting for a delayed retry (x-delayed-retry-*): unacked in the index, due times on file.
+        self.retry = None if settings is None else settings.retry
+        self.held = RetryHold(queue.vhost.store.open_delivery_counts(queue.index, RetryDueTimes), self._release)
+        self.held_due = self.held.due  # its truth test is all a queue without held messages pays
+        self.held_ready = set(self.held_due)  # recovered as ready after a restart: skipped when reached
         self._ttl_timer = Timer(self._on_ttl_timer)
         self._expires_timer = Timer(self._on_expires_timer)
         self.apply(settings or QueueSettings())
@@ -94,12 +109,15 @@ class QueueFeatures:
         self.track_bytes = track_bytes
         self.has_limits = settings.max_length is not None or track_bytes
         self.has_ttl = settings.message_ttl is not None or self._message_ttl_seen
-        self._counts_deliveries = settings.delivery_limit is not None
+        self.retry = settings.retry
+        self._counts_deliveries = settings.delivery_limit is not None or settings.retry is not None
         if not self._counts_deliveries:
             self.delivery_counts.clear()
-        used = bool(self.has_ttl or self.has_limits or self._counts_deliveries
-                    or settings.single_active_consumer or self.max_priority)
-        queue.use_features(self if used else None)
+        others = bool(self.has_ttl or self.has_limits or settings.delivery_limit is not None
+                      or settings.single_active_consumer or self.max_priority)
+        # Retries alone keep the plain paths until a message comes back (no cost without failures).
+        self._lazy_retry = settings.retry is not None and not others
+        self._bind(others or bool(self.held_due) or bool(self.delivery_counts))
         if self.has_limits and settings.overflow == "drop-head":
             self._enforce_limits()
         if self.has_ttl:
@@ -108,19 +126,32 @@ class QueueFeatures:
             self._ttl_timer.cancel()
         self.touch()
 
+    def _bind(self, used: bool) -> None:
+        """The queue's message paths: this component's, or the plain ones (whose requeues still
+        come here while retries are on)."""
+        queue = self.queue
+        self.bound = used
+        queue.use_features(self if used else None)
+        if not used and self.retry is not None:
+            queue.route_requeues(self.requeue)
+
     def enable_message_ttl(self) -> None:
         """A message with an expiration arrived: from now on this queue checks expiry."""
         if not self._message_ttl_seen:
             self._message_ttl_seen = True
+            self._lazy_retry = False
             self.has_ttl = True
+            self.bound = True
             self.queue.use_features(self)
 
     def start_timers(self) -> None:
+        self.held.start()
         if self.has_ttl:
             self._ttl_timer.arm_before(now_ms())
         self.touch()
 
     def stop_timers(self) -> None:
+        self.held.stop()
         self._ttl_timer.cancel()
         self._expires_timer.cancel()
 
@@ -259,6 +290,9 @@ class QueueFeatures:
                 continue
             if self.track_bytes:
                 self.ready_bytes -= len(msg.body)
+            if self.held_ready and pos in self.held_ready:
+                self.held_ready.discard(pos)  # held before a restart: unacked now, released when due
+                continue
             if self.has_ttl:
                 expiry = message_expiry(msg.timestamp, msg.properties, queue.settings.message_ttl)
                 if expiry is not None and expiry <= now_ms():
@@ -279,21 +313,37 @@ class QueueFeatures:
         """An unacked position leaves the queue for good."""
         if self.delivery_counts:
             self.delivery_counts.pop(pos, None)
+        if self.held_due:
+            self.held.forget(pos)
+            self.held_ready.discard(pos)
         self.queue.index.ack(pos)
+        if self._lazy_retry and not self.delivery_counts and not self.held_due:
+            self._bind(False)  # no returned message left: back to the plain paths
 
     def remove_many(self, positions: list[int]) -> None:
         remove = self.remove
         for pos in positions:
             remove(pos)
 
-    def purged(self) -> None:
-        """After a purge only the unacked messages are left to count (the purged ones are gone)."""
+    def purged(self) -> int:
+        """After a purge only the unacked messages are left to count (the purged ones are gone); the
+        held ones go too (they are the queue's messages, only waiting): returns how many."""
         self.ready_bytes = 0
+        held = 0
+        if self.held_due:
+            index = self.queue.index
+            for pos in list(self.held_due):
+                self.held.forget(pos)
+                if pos not in self.held_ready and index.is_unacked(pos):
+                    index.ack(pos)
+                    held += 1
+            self.held_ready.clear()
         counts = self.delivery_counts
         if counts:
             unacked = set(self.queue.index.unacked())
             for pos in [pos for pos in counts if pos not in unacked]:
                 del counts[pos]
+        return held
 
     def reject(self, pos: int) -> None:
         """basic.reject / basic.nack without requeue: dead-letter (reason rejected), then remove."""
@@ -304,8 +354,11 @@ class QueueFeatures:
                 self._dead_letter(msg, "rejected")
         self.remove(pos)
 
-    def requeue(self, pos: int) -> None:
+    def requeue(self, pos: int, failed: bool = False) -> None:
+        """A delivered message comes back (``failed``: basic.reject with requeue): counted, then
+        dead-lettered past the delivery limit, held for a delayed retry, or ready again at once."""
         queue = self.queue
+        count = 0
         if self._counts_deliveries:
             count = self.delivery_counts.get(pos, 0) + 1
             limit = queue.settings.delivery_limit
@@ -319,6 +372,33 @@ class QueueFeatures:
                 return
             # On file before the message is ready again: a restart cannot hand it out with a lower count.
             self._delivery_counts_file.set(pos, count)
+        retry = self.retry
+        if retry is not None and retry.applies(failed):
+            delay = retry.delay(count)
+            if delay > 0:
+                self.held.hold(pos, now_ms() + delay)
+                queue.stats.retried += 1
+                if not self.bound:
+                    self._bind(True)  # a counted message: its header and its ack need these paths
+                return
+        self._ready_again(pos)
+        if not self.bound and self._counts_deliveries:
+            self._bind(True)
+
+    def _release(self, pos: int) -> None:
+        """A held message is due: ready again at the head (after a restart it may be there already)."""
+        queue = self.queue
+        if pos in self.held_ready:
+            self.held_ready.discard(pos)
+            return
+        if queue.deleted or not queue.index.is_unacked(pos):
+            return
+        self._ready_again(pos)
+        if queue.consumers:
+            queue.vhost.schedule_delivery(cast(QueueKind, queue))
+
+    def _ready_again(self, pos: int) -> None:
+        queue = self.queue
         queue.requeue_ready(pos)
         if self.track_bytes or self.has_ttl:
             msg = queue.read(pos)

@@ -4,7 +4,7 @@ An application written for either broker must not silently behave differently he
 queue, exchange or consumer argument and policy key is refused with 406 PRECONDITION_FAILED naming it
 and saying why (a definitions import reports it the same way, naming the object). Unknown ``x-``
 arguments that neither broker documents stay accepted, as RabbitMQ accepts them. A value that asks
-for nothing (``x-delayed-retry-type: disabled``, ``x-message-deduplication: false``) is accepted.
+for nothing (``x-delayed-exchange: false``) is accepted.
 
 This is the one table: the queue declaration, the exchange declaration, the consumer and the policy
 checks read it, and docs/arguments.md lists the same rows (a test holds the two together).
@@ -18,8 +18,6 @@ from typing import Any
 
 # Short, so that the reply text (at most 255 bytes) keeps them whole; docs/arguments.md says what an
 # application would see instead.
-_RETRY = "delayed retries are not implemented"
-_DEDUP = "message deduplication is not implemented"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,16 +33,6 @@ def _row(name: str, kinds: str, reason: str, *inert: Any) -> Refused:
 
 
 REFUSED: tuple[Refused, ...] = (
-    _row("x-delayed-retry-type", "queue", _RETRY, "disabled"),
-    _row("x-delayed-retry-min", "queue", _RETRY),
-    _row("x-delayed-retry-max", "queue", _RETRY),
-    _row("delayed-retry-type", "policy", _RETRY, "disabled"),
-    _row("delayed-retry-min", "policy", _RETRY),
-    _row("delayed-retry-max", "policy", _RETRY),
-    _row("x-message-deduplication", "queue exchange", _DEDUP, False),
-    _row("x-cache-size", "queue exchange", _DEDUP),
-    _row("x-cache-ttl", "queue exchange", _DEDUP),
-    _row("x-deduplication-header", "queue exchange", _DEDUP),
     _row("x-delayed-exchange", "exchange", "use the exchange type x-delayed-message", False),
 )
 

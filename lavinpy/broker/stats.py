@@ -74,7 +74,7 @@ DEAD_LETTER_REASONS = ("expired", "rejected", "maxlen", "delivery_limit", "corru
 class MessageCounters:
     """One object's counters. Attributes only: the hot paths do ``obj.stats.deliver += 1``."""
 
-    __slots__ = FIELDS + ("dead_lettered", "_previous", "_sampled_at", "rates", "history")
+    __slots__ = FIELDS + ("dead_lettered", "retried", "duplicates", "_previous", "_sampled_at", "rates", "history")
     # The counters (set from FIELDS in __init__), named here for the type checker.
     publish: int
     publish_in: int
@@ -94,6 +94,8 @@ class MessageCounters:
         for name in FIELDS:
             setattr(self, name, 0)
         self.dead_lettered: dict[str, int] = {}
+        self.retried = 0  # returns held for a delayed retry (x-delayed-retry-*)
+        self.duplicates = 0  # messages dropped as duplicates (x-message-deduplication)
         self._previous: tuple[int, ...] = (0,) * len(FIELDS)
         self._sampled_at = 0.0
         self.rates: dict[str, float] = {}
@@ -112,6 +114,8 @@ class MessageCounters:
                 setattr(other, name, getattr(other, name) + getattr(self, name))
         for reason, count in self.dead_lettered.items():
             other.dead_lettered[reason] = other.dead_lettered.get(reason, 0) + count
+        other.retried += self.retried
+        other.duplicates += self.duplicates
 
     def sample(self, now: float) -> None:
         current = read_counts(self)
@@ -255,11 +259,13 @@ class NodeCounters:
 class Totals:
     """Summed counters of a vhost or the whole node, with the rates of the last sample."""
 
-    __slots__ = ("counts", "dead_lettered", "_previous", "_sampled_at", "rates")
+    __slots__ = ("counts", "dead_lettered", "retried", "duplicates", "_previous", "_sampled_at", "rates")
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = dict.fromkeys(FIELDS, 0)
         self.dead_lettered: dict[str, int] = {}
+        self.retried = 0  # returns held for a delayed retry (x-delayed-retry-*)
+        self.duplicates = 0  # messages dropped as duplicates
         self._previous: tuple[int, ...] = (0,) * len(FIELDS)
         self._sampled_at = 0.0
         self.rates: dict[str, float] = {}
@@ -271,6 +277,8 @@ class Totals:
             counts[name] += source[name] if source is not None else getattr(counters, name)
         for reason, count in counters.dead_lettered.items():
             self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + count
+        self.retried += counters.retried
+        self.duplicates += counters.duplicates
 
 
 _PUBLISH = FIELDS.index("publish")
@@ -291,6 +299,10 @@ def vhost_totals(vhost: CountedVHost) -> Totals:
     sums[_PUBLISH] -= sum(row[_PUBLISH] for row in queue_rows)
     totals.counts = dict(zip(FIELDS, sums, strict=True))
     totals.dead_lettered = dict(vhost.stats.dead_lettered)
+    totals.retried = vhost.stats.retried + sum(queue.stats.retried for queue in queues)
+    exchanges = list(vhost.exchanges.values())
+    totals.duplicates = (vhost.stats.duplicates + sum(queue.stats.duplicates for queue in queues)
+                         + sum(exchange.stats.duplicates for exchange in exchanges))
     for queue in queues:
         if queue.stats.dead_lettered:
             for reason, count in queue.stats.dead_lettered.items():

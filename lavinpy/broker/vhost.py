@@ -36,6 +36,8 @@ from .declarations import (
     validate_queue_declare,
     with_default_queue_type,
 )
+from .dedup_cache import DedupCache, file_name
+from .deduplication import settings_of
 from .errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, BrokerChannelError
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
@@ -315,6 +317,10 @@ class VHost(VHostPublishing):
     def _add_exchange(self, exchange: Exchange) -> None:
         self.exchanges[exchange.name] = exchange
         exchange.attach(self.store, self._route_due)
+        dedup = settings_of(exchange.arguments)
+        if dedup is not None:
+            exchange.dedup = DedupCache(dedup, self.store.open_append_file(file_name("x", exchange.name))
+                                        if exchange.durable else None)
         self._update_alternate(exchange)
 
     def _update_alternate(self, exchange: Exchange) -> None:
@@ -336,6 +342,8 @@ class VHost(VHostPublishing):
         exchange.stats.fold_into(self.stats, EXCHANGE_FIELDS)
         self.routing.set_alternate(name, None)
         exchange.delete()
+        if exchange.dedup is not None and exchange.durable:
+            self.store.delete_append_file(file_name("x", name))
         self.generation += 1
         for other in list(self.exchanges.values()):
             if other.unbind_all(exchange):

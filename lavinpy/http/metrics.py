@@ -241,6 +241,11 @@ class BrokerCollector:
                                          labels=["queue_type", "dead_letter_strategy"])
             family.add_metric(["rabbit_classic_queue", "at_most_once"], totals.dead_lettered.get(reason, 0))
             yield family
+        yield CounterMetricFamily(f"{p}_global_messages_delayed_retries_total",
+                                  "Total number of returned messages held for a delayed retry", value=totals.retried)
+        yield CounterMetricFamily(f"{p}_global_messages_deduplicated_total",
+                                  "Total number of messages dropped as duplicates by exchanges and queues",
+                                  value=totals.duplicates)
         counters = self.broker.node_counters
         yield from metrics_node.global_families(p, self.sessions, counters, by_protocol)
         yield from metrics_node.churn_families(p, counters)
@@ -353,6 +358,20 @@ class BrokerCollector:
             for reason, count in queue.stats.dead_lettered.items():
                 dead.add_metric([vhost, queue.name, reason], count)
         yield dead
+        retried = CounterMetricFamily(f"{d}_queue_messages_delayed_retries_total",
+                                      "Total number of returned messages a queue held for a delayed retry",
+                                      labels=q_labels)
+        for vhost, queue in queues:
+            if queue.stats.retried:
+                retried.add_metric([vhost, queue.name], queue.stats.retried)
+        yield retried
+        duplicates = CounterMetricFamily(f"{d}_queue_messages_deduplicated_total",
+                                         "Total number of messages a queue did not store as duplicates",
+                                         labels=q_labels)
+        for vhost, queue in queues:
+            if queue.stats.duplicates:
+                duplicates.add_metric([vhost, queue.name], queue.stats.duplicates)
+        yield duplicates
 
 
 def _prefix(request: web.Request) -> str:

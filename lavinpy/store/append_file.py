@@ -12,6 +12,7 @@ confirm does. No fsync per record.
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from pathlib import Path
 from lavinpy.store import changes
 from lavinpy.store.jsonfile import FILE_MODE, fsync_dir, tmp_path_for, write_bytes_atomic
 
+WRITE_DELAY_S = 0.02  # append_soon's records wait at most this long for a group commit to write them
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -33,6 +35,9 @@ class AppendFile:
         self._waits = waits
         self._fd = -1
         self._unsynced = False
+        self._pending: list[bytes] = []  # append_soon's records, written at the end of the loop turn
+        # How append_soon's records of one turn are written (the owner's framing, e.g. one checksum).
+        self.frame: Callable[[bytes], bytes] = bytes
 
     def open(self) -> bytes:
         """Open (creating it empty) and return what the file holds."""
@@ -64,6 +69,25 @@ class AppendFile:
         changes.appended_fd(self._fd, self.path, data)
         self._unsynced = True
         return self._waits()
+
+    def append_soon(self, data: bytes) -> None:
+        """``append`` soon, with the other records of the moment in one write (many small records,
+        one system call): at the store's next group commit or ``durable()`` call, before it syncs, so
+        a publisher confirm that waits for them finds them on disk; else after ``WRITE_DELAY_S``."""
+        pending = self._pending
+        pending.append(data)
+        if len(pending) == 1:
+            try:
+                asyncio.get_running_loop().call_later(WRITE_DELAY_S, self.write_pending)
+            except RuntimeError:
+                self.write_pending()
+
+    def write_pending(self) -> None:
+        """Hand ``append_soon``'s records to the OS now."""
+        if self._pending and self._fd >= 0:
+            data = self.frame(b"".join(self._pending))
+            self._pending.clear()
+            self.append(data)
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes (a torn last record after a crash)."""
@@ -118,10 +142,11 @@ class AppendFile:
 
     @property
     def has_unsynced(self) -> bool:
-        return self._unsynced
+        return self._unsynced or bool(self._pending)
 
     def take_unsynced_fds(self) -> list[int]:
         """The descriptor to fsync in this flush, if anything was written since the last one."""
+        self.write_pending()
         if not self._unsynced or self._fd < 0:
             return []
         self._unsynced = False
@@ -134,6 +159,7 @@ class AppendFile:
     def close(self, clean: bool = True) -> None:
         if self._fd < 0:
             return
+        self.write_pending()
         if clean and self._unsynced:
             os.fsync(self._fd)
             self._unsynced = False

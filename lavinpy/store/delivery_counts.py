@@ -31,6 +31,7 @@ from lavinpy.store.entry_file import EntryFile
 log = logging.getLogger("lavinpy.store")
 
 COUNTS_FILE = "delivery_counts"
+RETRY_DUE_FILE = "retry_due"
 ENTRY = struct.Struct("<QII")  # position, count, crc32 of the first 12 bytes
 _KEY = struct.Struct("<QI")
 COMPACT_MIN_ENTRIES = 4096  # 64 KiB: below this the file is never rewritten while running
@@ -47,8 +48,18 @@ class DeliveryCounts:
 
     ``directory=None`` keeps them in memory only (a transient queue). The broker reads and pops
     ``counts`` directly (a dict: its truth test is the only cost for queues without counts) and
-    calls ``set`` for every new count.
+    calls ``set`` for every new count. ``RetryDueTimes`` is the same file kind with 64-bit values.
     """
+
+    FILE = COUNTS_FILE
+    ENTRY = ENTRY
+    KEY = _KEY
+    MAX_VALUE = MAX_COUNT
+
+    @classmethod
+    def pack_entry(cls, pos: int, value: int) -> bytes:
+        key = cls.KEY.pack(pos, value)
+        return cls.ENTRY.pack(pos, value, zlib.crc32(key))
 
     def __init__(self, name: str, directory: Path | None, *,
                  sync_removals: Callable[[], None] = lambda: None,
@@ -62,7 +73,7 @@ class DeliveryCounts:
         self._sync_removals = sync_removals
         self._prepare_directory = prepare_directory  # the queue's directory is made by its first write
         self._compact_min = compact_min_entries
-        self._file = (EntryFile(self.directory / COUNTS_FILE, ENTRY.size, f"queue {name!r}", close_fd=close_fd)
+        self._file = (EntryFile(self.directory / self.FILE, self.ENTRY.size, f"queue {name!r}", close_fd=close_fd)
                       if self.directory is not None else None)
 
     @property
@@ -79,13 +90,14 @@ class DeliveryCounts:
         data = self._file.recover("B", create=False)  # no file until a message is returned
         counts = self.counts
         bad = 0
-        for pos, count, crc in ENTRY.iter_unpack(memoryview(data)):
-            if zlib.crc32(_KEY.pack(pos, count)) != crc:
+        key = self.KEY
+        for pos, count, crc in self.ENTRY.iter_unpack(memoryview(data)):
+            if zlib.crc32(key.pack(pos, count)) != crc:
                 bad += 1
                 continue
             counts[pos] = count
         if bad:
-            log.warning("queue %r: %d damaged entries in %s ignored", self.name, bad, COUNTS_FILE)
+            log.warning("queue %r: %d damaged entries in %s ignored", self.name, bad, self.FILE)
         if counts and live is not None:
             kept = set(counts).intersection(live)  # one pass over the queue, only when counts exist
             for pos in [pos for pos in counts if pos not in kept]:
@@ -95,7 +107,7 @@ class DeliveryCounts:
 
     def set(self, pos: int, count: int) -> None:
         """Record a new count; on return it is in the file (the OS has it: a killed process keeps it)."""
-        count = min(count, MAX_COUNT)
+        count = min(count, self.MAX_VALUE)
         self.counts[pos] = count
         file = self._file
         if file is None:
@@ -103,8 +115,8 @@ class DeliveryCounts:
         if not file.is_open:
             self._prepare_directory()
             file.create()
-        file.append(pack_entry(pos, count))
-        if file.size >= max(self._compact_min, 2 * len(self.counts)) * ENTRY.size:
+        file.append(self.pack_entry(pos, count))
+        if file.size >= max(self._compact_min, 2 * len(self.counts)) * self.ENTRY.size:
             self.compact()
 
     # ---- flushing (the vhost store's group commit) -------------------------------------------
@@ -134,7 +146,8 @@ class DeliveryCounts:
         if not self.counts:
             file.remove()
             return
-        file.rewrite(b"".join(pack_entry(pos, count) for pos, count in self.counts.items()))
+        pack = self.pack_entry
+        file.rewrite(b"".join(pack(pos, count) for pos, count in self.counts.items()))
 
     def close(self, clean: bool = True) -> None:
         """Clean: compact (the queue's index is closed and synced first). Otherwise as a crash leaves it."""
@@ -152,4 +165,16 @@ class DeliveryCounts:
 
     def __repr__(self) -> str:
         kind = "durable" if self.durable else "transient"
-        return f"DeliveryCounts({self.name!r}, {kind}, counts={len(self.counts)})"
+        return f"{type(self).__name__}({self.name!r}, {kind}, counts={len(self.counts)})"
+
+
+class RetryDueTimes(DeliveryCounts):
+    """When each message a queue holds for a delayed retry is due (ms since the epoch): the delivery
+    counts' file protocol in its own ``retry_due`` file, entries ``position u64, due u64, crc32 u32``.
+    A due time is on file before the message is held; a message released or acked is forgotten in
+    memory and its entry dropped by compaction (an entry left behind is at most one due in the past)."""
+
+    FILE = RETRY_DUE_FILE
+    ENTRY = struct.Struct("<QQI")
+    KEY = struct.Struct("<QQ")
+    MAX_VALUE = (1 << 64) - 1

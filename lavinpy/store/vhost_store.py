@@ -23,7 +23,7 @@ from lavinpy.store import changes
 from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
-from lavinpy.store.delivery_counts import COUNTS_FILE, DeliveryCounts
+from lavinpy.store.delivery_counts import DeliveryCounts
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import (
@@ -158,9 +158,11 @@ class VhostStore:
         self._queues[name] = index
         return index
 
-    def open_delivery_counts(self, index: QueueIndex) -> DeliveryCounts:
-        """The delivery counts of an open queue, loaded from its directory (durable queues)."""
-        counts = self._delivery_counts.get(index.name)
+    def open_delivery_counts(self, index: QueueIndex, kind: type[DeliveryCounts] = DeliveryCounts) -> DeliveryCounts:
+        """The delivery counts of an open queue, loaded from its directory (durable queues); ``kind``
+        ``RetryDueTimes``: its delayed retries' due times, the same kind of file."""
+        key = index.name if kind is DeliveryCounts else f"{index.name}\0{kind.FILE}"
+        counts = self._delivery_counts.get(key)
         if counts is not None:
             return counts
 
@@ -168,12 +170,12 @@ class VhostStore:
             index.write_buffers()
             index.fsync()
 
-        counts = DeliveryCounts(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd,
-                                prepare_directory=index.ensure_directory)
+        counts = kind(index.name, index.directory, sync_removals=sync_acks, close_fd=self._close_fd,
+                      prepare_directory=index.ensure_directory)
         found = index.found_files if index.durable else frozenset()
-        if found is None or found.intersection((COUNTS_FILE, COUNTS_FILE + ".tmp")):  # none: nothing to read
+        if found is None or found.intersection((kind.FILE, kind.FILE + ".tmp")):  # none: nothing to read
             counts.open(index if counts.durable else None)
-        self._delivery_counts[index.name] = counts
+        self._delivery_counts[key] = counts
         return counts
 
     def open_append_file(self, name: str) -> AppendFile:
@@ -183,6 +185,16 @@ class VhostStore:
         if appended is None:
             appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits)
         return appended
+
+    def delete_append_file(self, name: str) -> None:
+        """Remove a file of the vhost's own (its owner was deleted): closed, unlinked, replicated."""
+        appended = self._append_files.pop(name, None)
+        if appended is not None:
+            appended.close(clean=False)
+        path = self.path / name
+        if path.exists():
+            path.unlink()
+            changes.deleted(path)
 
     def register_synced_file(self, file: SyncedFile) -> None:
         """A file of another owner (the vhost's definitions log) that the group commit syncs; it closes
@@ -199,9 +211,8 @@ class VhostStore:
         """Remove a queue: its messages lose this reference and its directory goes."""
         if self._queues.get(index.name) is index:
             del self._queues[index.name]
-        counts = self._delivery_counts.pop(index.name, None)
-        if counts is not None:
-            counts.delete()
+        for key in [key for key in self._delivery_counts if key.split("\0", 1)[0] == index.name]:
+            self._delivery_counts.pop(key).delete()
         index.delete()
 
     @property
@@ -281,6 +292,8 @@ class VhostStore:
             return _done(loop)
         if self.fsync_policy == "never" and self.barrier is None:
             self._write_index_buffers()
+            for appended in self._append_files.values():
+                appended.write_pending()
             return _done(loop)
         waiter = self._next
         if waiter is None:

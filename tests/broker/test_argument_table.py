@@ -22,7 +22,7 @@ from lavinpy.broker.refused_arguments import REFUSED
 from tests.broker.model_harness import OWNER, Model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "arguments.md"
-_ROW = re.compile(r"^\| `([^`]+)`(?: / `[^`]+`)? \| (\w+) \| ([RL ]+) \| ([^|]+) \| `([^`]*)` \| \*\*(\w+)\*\*")
+_ROW = re.compile(r"^\| `([^`]+)`(?: / `[^`]+`)? \| (\w+) \| ([RL ]+|lavinpy) \| ([^|]+) \| `([^`]*)` \| \*\*(\w+)\*\*")
 _names = itertools.count()
 
 
@@ -112,8 +112,8 @@ def test_an_undocumented_x_argument_stays_accepted(model):
 
 
 def test_a_definitions_import_reports_a_refused_argument(model):
-    doc = {"queues": [{"name": "dedup", "vhost": "/", "durable": True, "auto_delete": False,
-                       "arguments": {"x-message-deduplication": True, "x-cache-size": 100}}]}
-    with pytest.raises(DefinitionsError, match="x-message-deduplication"):
+    doc = {"exchanges": [{"name": "delayed-flag", "vhost": "/", "type": "direct", "durable": True,
+                          "auto_delete": False, "internal": False, "arguments": {"x-delayed-exchange": True}}]}
+    with pytest.raises(DefinitionsError, match="x-delayed-exchange"):
         import_definitions(model.broker, None, doc)
-    assert "dedup" not in model.vhost.queues
+    assert "delayed-flag" not in model.vhost.exchanges

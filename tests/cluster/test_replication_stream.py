@@ -81,6 +81,20 @@ async def publish_and_consume(url: str) -> dict[str, int]:
             await message.nack(requeue=True)
         # the head came back 6 times: past the limit of 5 it was dropped; the next one has a count of 4
         expected["retry"] = 19
+        # delayed retries: a rejected message waits (its due time in the retry_due file, an hour away)
+        held = await consumer_channel.declare_queue("held", durable=True, arguments={
+            "x-queue-type": "quorum", "x-delayed-retry-type": "failed", "x-delayed-retry-min": 3_600_000})
+        await channel.default_exchange.publish(aio_pika.Message(b"h", delivery_mode=2), routing_key="held")
+        message = await held.get(timeout=5)
+        await message.reject(requeue=True)
+        expected["held"] = 0  # waiting, not ready: on the follower too
+        # deduplication: the cache file, so a promoted follower still drops the duplicate
+        dedup = await channel.declare_queue("dedup", durable=True, arguments={"x-message-deduplication": True})
+        for ident in ("d1", "d2", "d1"):
+            await channel.default_exchange.publish(
+                aio_pika.Message(b"d", delivery_mode=2, headers={"x-deduplication-header": ident}),
+                routing_key=dedup.name)
+        expected["dedup"] = 2
         # a stream: its offset log
         await channel.declare_queue("events", durable=True, arguments={"x-queue-type": "stream"})
         await asyncio.gather(*(channel.default_exchange.publish(aio_pika.Message(b"e", delivery_mode=2),
@@ -121,8 +135,18 @@ def test_stream_under_load_leaves_the_follower_byte_equal(leader: Leader, tmp_pa
     hashes = replicated_hashes(follower_dir)
     assert hashes == replicated_hashes(leader.data_dir)
     names = {rel.rpartition("/")[2] for rel in hashes}
-    assert {"users.json", "vhosts.json", "policies.json", "delivery_counts", "definitions.amqp"} <= names
+    assert {"users.json", "vhosts.json", "policies.json", "delivery_counts", "definitions.amqp", "retry_due"} <= names
+    assert any(name.startswith("dedup.q.") for name in names), names
     assert queue_counts(follower_dir) == expected
+    broker = Broker(config_module.load(None, env={}, overrides={"data_dir": str(follower_dir)}))
+    broker.open()
+    try:  # as a promoted follower: the schedule and the cache are there
+        vhost = broker.vhosts["/"]
+        assert vhost.queues["held"].delayed_count == 1
+        cache = vhost.queues["dedup"].dedup
+        assert cache is not None and len(cache) == 2
+    finally:
+        broker.close()
 
 
 @pytest.mark.parametrize("fsync", ["always", "never"])  # never: no local fsync, the follower's ack still counts

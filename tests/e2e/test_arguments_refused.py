@@ -12,13 +12,12 @@ from .conftest import lavinpy_only
 pytestmark = lavinpy_only("lavinpy's refusals of arguments it does not honour")
 
 
-def test_refused_queue_and_consumer_arguments_name_themselves(clients):
+def test_refused_exchange_and_consumer_arguments_name_themselves(clients):
     conn, ch = clients.channel()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
-        ch.queue_declare(uid("retry"), durable=True, arguments={"x-queue-type": "quorum",
-                                                                "x-delayed-retry-type": "all"})
+        ch.exchange_declare(uid("flagged"), "direct", arguments={"x-delayed-exchange": True})
     assert refused.value.reply_code == 406
-    assert "invalid arg 'x-delayed-retry-type'" in refused.value.reply_text
+    assert "invalid arg 'x-delayed-exchange'" in refused.value.reply_text
     ch = conn.channel()
     stream = clients.track_queue(uid("stream"))
     ch.queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})

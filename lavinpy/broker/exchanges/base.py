@@ -15,6 +15,7 @@ from lavinpy.broker.stats import MessageCounters
 from ..errors import PRECONDITION_FAILED, BrokerChannelError
 
 if TYPE_CHECKING:
+    from lavinpy.broker.dedup_cache import DedupCache
     from lavinpy.store.record import StoredMessage
     from lavinpy.store.vhost_store import VhostStore
 
@@ -69,6 +70,8 @@ class Exchange:
     holds_messages: ClassVar[bool] = False
     # Whether routing reads the message's properties (``match_properties``): the walk asks only then.
     reads_properties: ClassVar[bool] = False
+    # Message deduplication (x-message-deduplication): the vhost opens the cache; the publish path asks it.
+    dedup: DedupCache | None = None
 
     def __init__(
         self,

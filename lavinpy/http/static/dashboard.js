@@ -261,7 +261,8 @@ function messagesTable(messages) {
   return h("table", { className: "messages" }, h("thead", {}, h("tr", {}, ["#", "Routing key", "Exchange", "Redelivered",
     "Properties", "Payload"].map((t) => h("th", {}, t)))),
   h("tbody", {}, messages.map((m, i) => h("tr", {}, h("td", {}, i + 1), h("td", {}, m.routing_key), h("td", {}, m.exchange),
-    h("td", {}, String(m.redelivered)), h("td", {}, h("pre", {}, JSON.stringify(m.properties))),
+    h("td", {}, m.delayed_until ? `${m.redelivered} (retry due ${new Date(m.delayed_until).toISOString()})` : String(m.redelivered)),
+    h("td", {}, h("pre", {}, JSON.stringify(m.properties))),
     h("td", { className: "payload" }, h("pre", {}, m.payload + (m.payload_encoding === "base64" ? " (base64)" : "")))))));
 }
 
@@ -309,6 +310,10 @@ PAGES.queue = (vhost, name) => {
       row("arguments", JSON.stringify(q.arguments)),
       row("publish rate", fmtRate(get(q, "message_stats.publish_details.rate"))),
       row("deliver rate", fmtRate(get(q, "message_stats.deliver_get_details.rate"))),
+      ...(q.messages_delayed !== undefined ? [row("messages_delayed (retries waiting)", q.messages_delayed),
+        row("delayed retries", get(q, "message_stats.delayed_retries"))] : []),
+      ...(q.deduplication ? [row("duplicates dropped", q.deduplication.duplicates),
+        row("deduplication cache", `${q.deduplication.cache_entries} / ${q.deduplication.cache_size}`)] : []),
       ...(q.type === "quorum" ? [row("leader", q.leader), row("members", (q.members || []).join(", "))] : []));
     const bs = await act(() => api("GET", qpath + "/bindings")) || [];
     bindings.replaceChildren(h("tr", {}, h("th", {}, "From exchange"), h("th", {}, "Routing key"), h("th", {}, "Arguments"), h("th", {})),

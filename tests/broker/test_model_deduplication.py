@@ -1,0 +1,160 @@
+"""Message deduplication (LavinMQ's x-message-deduplication) in the model, in process: on queues and
+exchanges, the header and TTL options, the bound, the count, and the cache kept across restarts,
+crashes (a torn record) and deletion."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from lavinpy.broker import object_info
+from lavinpy.broker.dedup_cache import DedupCache, file_name, identifier
+from lavinpy.broker.deduplication import DedupSettings
+from lavinpy.broker.errors import BrokerChannelError
+from tests.broker.model_harness import Model, run
+
+ON = {"message_deduplication": True}
+
+
+def send(m: Model, key: str, body: str, exchange: str = "", **headers: object) -> bool:
+    return m.publish(key, body.encode(), exchange, headers=headers, delivery_mode=2)
+
+
+def test_a_queue_stores_a_duplicate_once_and_counts_it(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        q = m.declare("q", durable=True, **ON)
+        for text in ("a", "b", "a-again", "none"):
+            ident = {"a-again": "a"}.get(text, text)
+            headers = {} if text == "none" else {"x-deduplication-header": ident}
+            assert send(m, "q", text, **headers)  # accepted: the publisher is confirmed either way
+        send(m, "q", "none-2")  # without the header: never a duplicate
+        assert m.bodies("q") == ["a", "b", "none", "none-2"]
+        assert q.stats.duplicates == 1
+        assert object_info.queue_info(q)["deduplication"]["duplicates"] == 1
+    run(body, tmp_path)
+
+
+def test_queue_level_keeps_other_queues_copies(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        m.exchange("fan")
+        m.declare("dedup", **ON)
+        m.declare("plain")
+        m.bind("dedup", "fan")
+        m.bind("plain", "fan")
+        for _ in range(2):
+            send(m, "", "x", "fan", **{"x-deduplication-header": 7})
+        assert (m.count("dedup"), m.count("plain")) == (1, 2)
+    run(body, tmp_path)
+
+
+def test_an_exchange_routes_a_duplicate_nowhere(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        from lavinpy.broker import operations_objects
+        operations_objects.declare_exchange(None, m.vhost, "dx", "direct", durable=True,
+                                            arguments={"x-message-deduplication": True,
+                                                       "x-deduplication-header": "msg-id"})
+        m.declare("q1")
+        m.declare("q2")
+        m.bind("q1", "dx", "k")
+        m.bind("q2", "dx", "k")
+        assert send(m, "k", "one", "dx", **{"msg-id": "m1"})
+        assert send(m, "k", "dup", "dx", **{"msg-id": "m1"})  # counted as routed: no basic.return
+        assert send(m, "k", "other", "dx", **{"x-deduplication-header": "m1"})  # not the configured header
+        assert m.bodies("q1") == ["one", "other"] and m.bodies("q2") == ["one", "other"]
+        exchange = m.vhost.get_exchange("dx")
+        assert object_info.exchange_info(m.vhost, exchange)["deduplication"]["duplicates"] == 1
+    run(body, tmp_path)
+
+
+def test_ttl_forgets_and_a_message_header_overrides_it(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        m.declare("q", message_deduplication=True, cache_ttl=60_000)
+        send(m, "q", "short", **{"x-deduplication-header": "s", "x-cache-ttl": 30})
+        send(m, "q", "long", **{"x-deduplication-header": "l"})
+        await asyncio.sleep(0.06)
+        send(m, "q", "short-again", **{"x-deduplication-header": "s"})
+        send(m, "q", "long-again", **{"x-deduplication-header": "l"})
+        assert m.bodies("q") == ["short", "long", "short-again"]
+    run(body, tmp_path)
+
+
+def test_the_cache_is_bounded_oldest_first(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        q = m.declare("q", message_deduplication=True, cache_size=2)
+        for ident in ("1", "2", "3", "1", "3"):
+            send(m, "q", ident, **{"x-deduplication-header": ident})
+        assert m.bodies("q") == ["1", "2", "3", "1"]  # "1" was evicted by "3"
+        assert q.dedup is not None and len(q.dedup) == 2
+    run(body, tmp_path)
+
+
+def test_the_cache_survives_a_restart_and_goes_with_its_queue(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        m.declare("q", durable=True, **ON)
+        send(m, "q", "first", **{"x-deduplication-header": "id"})
+        m.reopen()
+        send(m, "q", "after-restart", **{"x-deduplication-header": "id"})
+        assert m.bodies("q") == ["first"]
+        path = m.vhost.store.path / file_name("q", "q")
+        assert path.exists()
+        m.vhost.delete_queue("q")
+        assert not path.exists()
+        m.declare("q", durable=True, **ON)
+        send(m, "q", "new-queue", **{"x-deduplication-header": "id"})
+        assert m.bodies("q") == ["new-queue"]
+    run(body, tmp_path)
+
+
+def test_a_torn_record_is_cut_and_the_rest_kept(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        from lavinpy.store.append_file import AppendFile
+        path = tmp_path / "cache"
+        file = AppendFile(path, lambda fd: __import__("os").close(fd), lambda: False)
+        cache = DedupCache(DedupSettings(cache_size=10), file)
+        assert not cache.seen({"x-deduplication-header": "a"}, 1000)
+        assert not cache.seen({"x-deduplication-header": "b"}, 1000)
+        file.close()
+        with path.open("ab") as f:
+            f.write(b"\x05\x00torn")
+        again = DedupCache(DedupSettings(cache_size=10), AppendFile(path, lambda fd: None, lambda: False))
+        assert list(again.entries) == [identifier("a"), identifier("b")]
+        assert again.seen({"x-deduplication-header": "a"}, 2000)
+    run(body, tmp_path)
+
+
+def test_identifiers_are_typed_and_long_ones_hashed() -> None:
+    assert identifier("1") != identifier(1) and identifier(True) != identifier(1)
+    assert identifier(1.5) is None and identifier(None) is None
+    assert len(identifier("x" * 10_000) or b"") == 33
+
+
+@pytest.mark.parametrize(("name", "value"), [("x-message-deduplication", "yes"), ("x-cache-size", 0),
+                                             ("x-cache-size", "5"), ("x-cache-ttl", -1),
+                                             ("x-deduplication-header", ""), ("x-deduplication-header", 5)])
+def test_bad_values_are_refused_naming_the_argument(tmp_path: Path, name: str, value: object) -> None:
+    async def body(m: Model) -> None:
+        from lavinpy.broker import operations_objects
+        with pytest.raises(BrokerChannelError) as refused:
+            m.declare("q", durable=True, queue_type="quorum", **{name[2:].replace("-", "_"): value})
+        assert refused.value.text.startswith("PRECONDITION_FAILED") and f"'{name}'" in refused.value.text
+        with pytest.raises(BrokerChannelError) as refused:
+            operations_objects.declare_exchange(None, m.vhost, "x", "direct", arguments={name: value})
+        assert f"'{name}'" in refused.value.text
+    run(body, tmp_path)
+
+
+def test_deduplication_and_delayed_retries_on_one_queue(tmp_path: Path) -> None:
+    async def body(m: Model) -> None:
+        from tests.broker.model_harness import until
+        q = m.declare("q", message_deduplication=True, delayed_retry_min=20)
+        send(m, "q", "job", **{"x-deduplication-header": "j"})
+        send(m, "q", "job", **{"x-deduplication-header": "j"})
+        taken = q.get()
+        assert taken is not None and q.message_count == 0
+        q.requeue(taken[0])  # held, not a duplicate of itself
+        assert q.delayed_count == 1
+        [got] = await until(lambda: m.get("q"), what="the retry")
+        assert got["payload"] == "job" and got["properties"]["headers"]["x-delivery-count"] == 1
+    run(body, tmp_path)
