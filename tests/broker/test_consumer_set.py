@@ -100,6 +100,11 @@ def test_churn_of_consumers_keeps_the_heap_bounded() -> None:
     for i in range(10_000):
         c = Consumer(f"c{i}", None, ch, prefetch=1)  # type: ignore[arg-type]
         consumers.add(c)
-        consumers.remove(c)
-    assert consumers.next_ready() is keep
-    assert len(consumers._heap) < 100
+        keep.unacked = c.unacked = 1
+        assert consumers.next_ready() is None  # both windows full: both parked
+        c.credit(1)  # back on the heap
+        consumers.remove(c)  # its heap entry is stale from now on
+        keep.credit(1)
+        assert consumers.next_ready() is keep
+    assert len(consumers._back) < 100
+    assert list(consumers) == [keep]
