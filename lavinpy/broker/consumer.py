@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any
 from .queue_consumer import DeliveryChannel
 
 if TYPE_CHECKING:
+    from .consumer_set import ConsumerSet
     from .queue_base import QueueKind
 
 
 class Consumer:
     __slots__ = ("tag", "queue", "channel", "no_ack", "exclusive", "priority", "prefetch",
-                 "unacked", "arguments")
+                 "unacked", "arguments", "parked")
 
     def __init__(
         self,
@@ -35,10 +36,14 @@ class Consumer:
         self.prefetch = prefetch  # 0 = unlimited (per-consumer limit, basic.qos global=false)
         self.unacked = 0
         self.arguments = arguments or {}
+        self.parked: ConsumerSet | None = None  # the set that parked it with its window full (consumer_set)
 
     def credit(self, count: int) -> None:
         """``count`` of this consumer's deliveries were settled: their prefetch credit comes back."""
         self.unacked -= count
+        parked = self.parked
+        if parked is not None:
+            parked.unpark(self)
 
     def can_accept(self) -> bool:
         if not self.no_ack and self.prefetch and self.unacked >= self.prefetch:

@@ -3,12 +3,22 @@
 Thousands of consumers on one queue must not make each basic.consume or basic.cancel walk all of
 them: registration order (single active consumer, iteration) is one dict, the round-robin ring
 another (the consumer served goes to its end), and the priorities and exclusive flags are counted.
+
+Nor must each delivery walk the consumers whose own prefetch window is full (with 1,000 consumers
+at prefetch 10 nearly all of them are, most of the time): each consumer's place in the ring is a
+serial number (its turn); a consumer found with its window full is parked until its next credit
+(``Consumer.credit``, the only step that lowers its unacked count) puts it back with its old turn.
+The consumers not parked are a queue in turn order (the one served goes to its end, as in the ring)
+and a small heap of those back from parking (whose turns are older than the queue's newer ones):
+the next one served is the earlier of the two heads, so the order served is the ring's, as when
+every consumer was looked at in turn.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,13 +26,25 @@ if TYPE_CHECKING:
 
 
 class ConsumerSet:
-    __slots__ = ("_order", "_ring", "_priorities", "_exclusive")
+    __slots__ = ("_order", "_ring", "_priorities", "_exclusive", "_turns", "_queue", "_back", "_next_turn",
+                 "_fast_valid")
 
     def __init__(self) -> None:
         self._order: dict[QueueConsumer, None] = {}
+        # The ring while priorities differ (all consumers in turn order, scanned); otherwise the
+        # queue and heap below stand for it.
         self._ring: OrderedDict[QueueConsumer, None] = OrderedDict()
         self._priorities: dict[int, int] = {}  # priority -> number of consumers with it
         self._exclusive = 0
+        # The ring as turns: a consumer's turn is the serial of its last move to the ring's end.
+        self._turns: dict[QueueConsumer, int] = {}
+        # The consumers not parked: served (or added) since they were last back from parking, in
+        # turn order; and those back from parking as (turn, consumer), a heap. A heap entry whose
+        # consumer was removed since is stale and dropped when it comes up.
+        self._queue: OrderedDict[QueueConsumer, None] = OrderedDict()
+        self._back: list[tuple[int, QueueConsumer]] = []
+        self._next_turn = 0
+        self._fast_valid = True  # False after priorities differed (the ring was scanned instead)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -39,7 +61,13 @@ class ConsumerSet:
 
     def add(self, consumer: QueueConsumer) -> None:
         self._order[consumer] = None
-        self._ring[consumer] = None
+        self._turns[consumer] = self._next_turn
+        self._next_turn += 1
+        if self._fast_valid:
+            self._queue[consumer] = None
+        else:
+            self._ring[consumer] = None
+        consumer.parked = None
         priorities = self._priorities
         priorities[consumer.priority] = priorities.get(consumer.priority, 0) + 1
         if consumer.exclusive:
@@ -50,7 +78,12 @@ class ConsumerSet:
         if consumer not in self._order:
             return False
         del self._order[consumer]
-        del self._ring[consumer]
+        del self._turns[consumer]  # a heap entry of it is stale from now on
+        self._queue.pop(consumer, None)
+        self._ring.pop(consumer, None)
+        consumer.parked = None
+        if self._fast_valid and len(self._back) > 2 * len(self._turns) + 64:
+            self._rebuild()  # many stale heap entries
         priorities = self._priorities
         left = priorities[consumer.priority] - 1
         if left:
@@ -74,17 +107,119 @@ class ConsumerSet:
     def next_ready(self) -> QueueConsumer | None:
         """The next consumer with capacity in round-robin order; the highest priority wins when
         priorities differ. The one chosen goes to the end of the ring."""
-        ring = self._ring
+        if len(self._priorities) > 1:
+            return self._next_by_priority()
+        if self._back or not self._fast_valid:
+            return self._next_merged()
+        # Nothing back from parking: the queue's first consumer with capacity.
+        queue = self._queue
+        parked: list[QueueConsumer] | None = None
         chosen: QueueConsumer | None = None
-        if len(self._priorities) <= 1:
-            for consumer in ring:
-                if consumer.can_accept():
-                    chosen = consumer
-                    break
-        else:
-            for consumer in ring:
-                if consumer.can_accept() and (chosen is None or consumer.priority > chosen.priority):
-                    chosen = consumer
+        for consumer in queue:
+            if consumer.can_accept():
+                chosen = consumer
+                break
+            if not consumer.no_ack and consumer.prefetch and consumer.unacked >= consumer.prefetch:
+                consumer.parked = self  # its own window is full: back at its next credit
+                if parked is None:
+                    parked = []
+                parked.append(consumer)
+        if parked is not None:
+            for consumer in parked:
+                del queue[consumer]
         if chosen is not None:
-            ring.move_to_end(chosen)
+            queue.move_to_end(chosen)
+            self._turns[chosen] = self._next_turn
+            self._next_turn += 1
         return chosen
+
+    def _next_merged(self) -> QueueConsumer | None:
+        """next_ready with consumers back from parking: the earlier of the queue's and the heap's heads."""
+        if not self._fast_valid:
+            self._rebuild()
+        queue = self._queue
+        back = self._back
+        turns = self._turns
+        parked: list[QueueConsumer] | None = None
+        skipped: list[tuple[int, QueueConsumer]] | None = None
+        chosen: QueueConsumer | None = None
+        from_back = False
+        consumers = iter(queue)
+        head = next(consumers, None)
+        while True:
+            while back and turns.get(back[0][1]) != back[0][0]:
+                heappop(back)  # stale: removed since
+            if back and (head is None or back[0][0] < turns[head]):
+                consumer = back[0][1]
+                from_back = True
+            elif head is not None:
+                consumer = head
+                from_back = False
+            else:
+                break
+            if consumer.can_accept():
+                chosen = consumer
+                break
+            if not consumer.no_ack and consumer.prefetch and consumer.unacked >= consumer.prefetch:
+                consumer.parked = self  # its own window is full: back at its next credit
+                if from_back:
+                    heappop(back)
+                else:
+                    if parked is None:
+                        parked = []
+                    parked.append(consumer)
+                    head = next(consumers, None)
+            elif from_back:  # its channel cannot take it now (flow, channel prefetch, output): next time
+                if skipped is None:
+                    skipped = []
+                skipped.append(heappop(back))
+            else:
+                head = next(consumers, None)
+        if parked is not None:
+            for consumer in parked:
+                del queue[consumer]
+        if chosen is not None:
+            if from_back:
+                heappop(back)
+                queue[chosen] = None
+            else:
+                queue.move_to_end(chosen)
+            turns[chosen] = self._next_turn
+            self._next_turn += 1
+        if skipped is not None:
+            for entry in skipped:
+                heappush(back, entry)
+        return chosen
+
+    def unpark(self, consumer: QueueConsumer) -> None:
+        """A parked consumer got credit back: served again at its place in the ring."""
+        consumer.parked = None
+        turn = self._turns.get(consumer)
+        if turn is not None and self._fast_valid:
+            heappush(self._back, (turn, consumer))
+
+    def _next_by_priority(self) -> QueueConsumer | None:
+        if self._fast_valid:  # the ring from the turns; the queue is rebuilt when priorities agree again
+            turns = self._turns
+            self._ring = OrderedDict.fromkeys(sorted(turns, key=turns.__getitem__))
+            self._queue = OrderedDict()
+            self._back = []
+            self._fast_valid = False
+        chosen: QueueConsumer | None = None
+        for consumer in self._ring:
+            if consumer.can_accept() and (chosen is None or consumer.priority > chosen.priority):
+                chosen = consumer
+        if chosen is not None:
+            self._ring.move_to_end(chosen)
+            self._turns[chosen] = self._next_turn
+            self._next_turn += 1
+        return chosen
+
+    def _rebuild(self) -> None:
+        turns = self._turns
+        for consumer in turns:
+            consumer.parked = None
+        self._queue = OrderedDict.fromkeys(sorted(turns, key=turns.__getitem__))
+        self._ring = OrderedDict()
+        self._back = []
+        self._fast_valid = True

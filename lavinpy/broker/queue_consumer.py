@@ -36,6 +36,7 @@ class QueueConsumer(Protocol):
     prefetch: int  # 0 = unlimited
     unacked: int
     arguments: dict[str, Any]
+    parked: Any  # the consumer set holding it off its delivery heap while its window is full, or None
 
     @property
     def channel(self) -> DeliveryChannel: ...

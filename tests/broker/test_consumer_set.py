@@ -1,0 +1,110 @@
+"""The consumer set's round robin: consumers parked with a full window are served in the same order as
+when every consumer was looked at in turn (the reference scan below), whatever the credits, channel
+blocks, priorities, adds and removes."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from typing import Any
+
+import pytest
+
+from lavinpy.broker.consumer import Consumer
+from lavinpy.broker.consumer_set import ConsumerSet
+
+
+class Channel:
+    """The part of a channel a queue asks before delivering: open or blocked (flow, output, channel prefetch)."""
+
+    def __init__(self) -> None:
+        self.open = True
+
+    def can_deliver(self) -> bool:
+        return self.open
+
+
+class ReferenceRing:
+    """Every consumer looked at in ring order, the one served moved to the end."""
+
+    def __init__(self) -> None:
+        self.ring: OrderedDict[Consumer, None] = OrderedDict()
+
+    def next_ready(self) -> Consumer | None:
+        priorities = {c.priority for c in self.ring}
+        chosen = None
+        for c in self.ring:
+            if c.can_accept() and (chosen is None or (len(priorities) > 1 and c.priority > chosen.priority)):
+                chosen = c
+                if len(priorities) <= 1:
+                    break
+        if chosen is not None:
+            self.ring.move_to_end(chosen)
+        return chosen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_same_order_as_scanning_every_consumer(seed: int) -> None:
+    rnd = random.Random(seed)
+    with_priorities = seed % 3 == 0
+    fast, ref = ConsumerSet(), ReferenceRing()
+    channels = [Channel() for _ in range(4)]
+    live: list[tuple[Consumer, Consumer]] = []  # the same consumer in each set (separate counts)
+    made = 0
+
+    def add() -> None:
+        nonlocal made
+        made += 1
+        ch = rnd.choice(channels)
+        kw: dict[str, Any] = {"prefetch": rnd.choice([0, 1, 3, 10]), "no_ack": rnd.random() < 0.1,
+                              "priority": rnd.choice([0, 5]) if with_priorities else 0}
+        a, b = Consumer(f"c{made}", None, ch, **kw), Consumer(f"c{made}", None, ch, **kw)  # type: ignore[arg-type]
+        fast.add(a)
+        ref.ring[b] = None
+        live.append((a, b))
+
+    for _ in range(30):
+        add()
+    for _step in range(5000):
+        r = rnd.random()
+        if r < 0.55:
+            a, b = fast.next_ready(), ref.next_ready()
+            assert (a.tag if a else None) == (b.tag if b else None)
+            if a is not None and b is not None:
+                a.unacked += 1
+                b.unacked += 1
+        elif r < 0.85 and live:
+            pair = rnd.choice(live)
+            if pair[0].unacked:
+                n = rnd.randint(1, pair[0].unacked)
+                pair[0].credit(n)
+                pair[1].credit(n)
+        elif r < 0.92:
+            ch = rnd.choice(channels)
+            ch.open = not ch.open
+        elif r < 0.96 and live:
+            a, b = live.pop(rnd.randrange(len(live)))
+            assert fast.remove(a)
+            del ref.ring[b]
+            a.credit(a.unacked)  # a late ack of a removed consumer's delivery
+        else:
+            add()
+    assert [c.tag for c in fast] == [a.tag for a, _ in live]
+
+
+def test_churn_of_consumers_keeps_the_heap_bounded() -> None:
+    consumers = ConsumerSet()
+    ch = Channel()
+    keep = Consumer("keep", None, ch, prefetch=1)  # type: ignore[arg-type]
+    consumers.add(keep)
+    for i in range(10_000):
+        c = Consumer(f"c{i}", None, ch, prefetch=1)  # type: ignore[arg-type]
+        consumers.add(c)
+        keep.unacked = c.unacked = 1
+        assert consumers.next_ready() is None  # both windows full: both parked
+        c.credit(1)  # back on the heap
+        consumers.remove(c)  # its heap entry is stale from now on
+        keep.credit(1)
+        assert consumers.next_ready() is keep
+    assert len(consumers._back) < 100
+    assert list(consumers) == [keep]
