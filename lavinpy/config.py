@@ -16,7 +16,7 @@ from .cgroups import cgroup_memory_limit
 from .wire.proxy_header import parse_network
 
 FSYNC_POLICIES = ("always", "batch", "never")
-# The login backends auth_backends may name (lavinpy.broker.auth_backends builds them).
+# The login backends auth_backends may name (lavinpy.broker.access.auth_backends builds them).
 AUTH_BACKENDS = ("local", "oauth2", "ldap")
 AUTH_MECHANISMS = ("PLAIN", "AMQPLAIN", "EXTERNAL")
 CERT_LOGIN_FROM = ("distinguished_name", "common_name", "subject_alternative_name", "subject_alt_name")

@@ -14,12 +14,12 @@ from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
-from .broker.arguments import queue_type_of
+from .broker.access.links import FEDERATION_UPSTREAM as UPSTREAM
 from .broker.broker import Broker, Face
-from .broker.definitions_io import DefinitionsFileError, load_definitions_file
-from .broker.limits_operations import LimitsOperations
-from .broker.links import FEDERATION_UPSTREAM as UPSTREAM
-from .broker.node_info import node_name
+from .broker.ops.definitions.documents import DefinitionsFileError, load_definitions_file
+from .broker.ops.limits import LimitsOperations
+from .broker.ops.node_info import node_name
+from .broker.settings.arguments import queue_type_of
 from .config import Config
 from .federation.component import Federation, UpstreamComponent, UpstreamSetComponent
 from .listeners import ProxyPolicy, serve_port
@@ -102,7 +102,7 @@ class Server:
         self.stopped = asyncio.Event()
         # Shovels run with the broker: in a cluster only the leader runs a Server, so only it shovels.
         # "amqp://" (no host) is this node's AMQP port over loopback (lavinpy.shovel.component.LocalNode),
-        # logged in as the shovel's creator by the internal mechanism (broker/internal_login.py): no
+        # logged in as the shovel's creator by the internal mechanism (broker/access/internal_login.py): no
         # password, and a token that is good only from this host and this process.
         local_host = next((h for h in config.bind if h not in ("0.0.0.0", "::")), "127.0.0.1")
         broker.internal_logins.set_own_hosts([local_host])

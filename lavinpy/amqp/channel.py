@@ -2,8 +2,8 @@
 
 The channel owns its parts, each with its own state: the content assembly (content.py), publisher
 confirms and the transaction (confirms.py), the exchange and queue methods and direct reply-to
-(channel_methods.py), the model's ledger of its unacked deliveries (broker/deliveries.py) and its
-replies after the disk (broker/replies.py: in the order of their methods; the channel is their
+(channel_methods.py), the model's ledger of its unacked deliveries (broker/ops/deliveries.py) and its
+replies after the disk (broker/ops/replies.py: in the order of their methods; the channel is their
 ``ReplySink``). What it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks
 and opens no files.
 """
@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..broker import publish_ops
-from ..broker.arguments import ArgumentError, validate_consumer_arguments
-from ..broker.consumer import Consumer
-from ..broker.deliveries import Deliveries
 from ..broker.errors import BrokerChannelError
-from ..broker.operations_messages import publish_exchange, publish_topic_check
-from ..broker.operations_objects import readable_queue
-from ..broker.replies import ReplyQueue
-from ..broker.stats import AMQP_091
+from ..broker.metrics.stats import AMQP_091
+from ..broker.ops import publish as publish_ops
+from ..broker.ops.deliveries import Deliveries
+from ..broker.ops.messages import publish_exchange, publish_topic_check
+from ..broker.ops.objects import readable_queue
+from ..broker.ops.replies import ReplyQueue
+from ..broker.queues.consumer import Consumer
+from ..broker.settings.arguments import ArgumentError, validate_consumer_arguments
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -52,9 +52,9 @@ from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
 if TYPE_CHECKING:
-    from ..broker.deliveries import StoredMessage  # the model's record type; amqp names no store module
+    from ..broker.access.permissions import TopicCheck
     from ..broker.exchanges.base import Exchange
-    from ..broker.permissions import TopicCheck
+    from ..broker.ops.deliveries import StoredMessage  # the model's record type; amqp names no store module
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")

@@ -10,7 +10,7 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..broker.actor import Actor
+    from ..broker.access.actor import Actor
     from ..broker.vhost import VHost
     from ..config import Config
     from .spool import BodySpool

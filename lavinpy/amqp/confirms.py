@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..broker import publish_ops
+from ..broker.ops import publish as publish_ops
 from ..broker.publishing import REJECTED
 from ..wire import writer
 from .content import PendingPublish, release_bodies
 
 if TYPE_CHECKING:
-    from ..broker.deliveries import Unacked
-    from ..broker.replies import ReplyQueue
-    from ..broker.stats import ProtocolCounters
+    from ..broker.metrics.stats import ProtocolCounters
+    from ..broker.ops.deliveries import Unacked
+    from ..broker.ops.replies import ReplyQueue
     from ..broker.vhost import VHost
     from .channel_host import ChannelHost
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 
 from .. import __version__
-from ..broker.actor import Actor
-from ..broker.cert_login import PeerCertificate
+from ..broker.access.actor import Actor
+from ..broker.access.cert_login import PeerCertificate
 from ..broker.errors import BrokerConnectionError
 from ..broker.login import LoginAttempt, LoginOutcome
-from ..broker.node_info import node_name
+from ..broker.ops.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
     CHANNEL_ERROR,

@@ -17,7 +17,7 @@ from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 
 if TYPE_CHECKING:
-    from ..broker.deliveries import Unacked
+    from ..broker.ops.deliveries import Unacked
     from .channel import Channel
 
 SWEEP_INTERVAL = 0.25  # seconds

@@ -28,9 +28,9 @@ from .effects import CancelTimer, SetTimer, TimerKind
 from .sasl import login_request
 
 if TYPE_CHECKING:
-    from ..broker.actor import Actor
+    from ..broker.access.actor import Actor
+    from ..broker.access.cert_login import PeerCertificate
     from ..broker.broker import Broker
-    from ..broker.cert_login import PeerCertificate
     from ..broker.vhost import VHost
     from ..config import Config
     from .channel import Channel

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..broker import publish_ops
+from ..broker.ops import publish as publish_ops
 from ..wire.frames import ContentMessage
 from .channel_methods import REPLY_TO_PREFIX
 

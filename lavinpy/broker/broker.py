@@ -12,22 +12,22 @@ from ..config import parse_watermark
 from ..store import changes
 from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
+from .access.client_limits import USER_LIMITS_FILE, ClientLimits
+from .access.internal_login import InternalLogins
+from .access.login_throttle import LoginThrottle
+from .access.users import UserStore
 from .alarms import alarm_reason
-from .client_limits import USER_LIMITS_FILE, ClientLimits
 from .connections import ConnectionCounts, ConnectionRegistry, all_protocols
-from .internal_login import InternalLogins
 from .login import Logins
-from .login_throttle import LoginThrottle
-from .parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
-from .stats import NodeCounters, StatsSampler
-from .users import UserStore
+from .metrics.stats import NodeCounters, StatsSampler
+from .settings.parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
 from .vhost import VHost
 
 __all__ = ["Broker", "ConnectionCounts", "Face", "SessionLayer", "all_protocols"]
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .queue_base import QueueKind
+    from .queues.base import QueueKind
 
 log = logging.getLogger("lavinpy.broker")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .stats import ProtocolId
+from .metrics.stats import ProtocolId
 
 
 @dataclass(frozen=True, slots=True)

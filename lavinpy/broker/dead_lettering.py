@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..store.record import StoredMessage
 from ..wire.properties import PropertiesError, peek_headers
-from .death_headers import dead_letter_properties, death_routing_keys, should_drop_cycle
 from .publishing import append_and_push
-from .ttl import now_ms
+from .queues.death_headers import dead_letter_properties, death_routing_keys, should_drop_cycle
+from .queues.ttl import now_ms
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ..store.vhost_store import VhostStore
     from .exchanges.base import Exchange
-    from .queue_base import QueueKind
+    from .queues.base import QueueKind
 
 log = logging.getLogger("lavinpy.dead_lettering")
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .arguments import ArgumentError, queue_type_of, validate_exchange_arguments, validate_queue_arguments
-from .equivalence import check_arguments, inequivalent
 from .errors import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from .exchanges.registry import UnknownExchangeType, make_exchange
-from .names import check_name_length
-from .quorum_arguments import validate_quorum_declare
-from .refused_arguments import refusal_text, refused_argument
-from .stream_arguments import validate_stream_declare
+from .queues.stream_arguments import validate_stream_declare
+from .settings.arguments import ArgumentError, queue_type_of, validate_exchange_arguments, validate_queue_arguments
+from .settings.equivalence import check_arguments, inequivalent
+from .settings.names import check_name_length
+from .settings.quorum_arguments import validate_quorum_declare
+from .settings.refused_arguments import refusal_text, refused_argument
 
 if TYPE_CHECKING:
     from .exchanges.base import Exchange

@@ -38,18 +38,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..wire.constants import INTERNAL_MECHANISM
 from ..wire.passwords import BCRYPT_ALGORITHM, DEFAULT_ALGORITHM, hash_password, verify_password
-from .actor import Actor
-from .auth_backends import AuthBackend, AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
+from .access.actor import Actor
+from .access.auth_backends import AuthBackend, AuthResult, AuthStatus, ChainLink, LoginRequest, make_chain
+from .access.internal_login import InternalLogins
+from .access.users import loopback_only_refused
 from .errors import NOT_ALLOWED, BrokerConnectionError, BrokerError
-from .internal_login import InternalLogins
-from .users import loopback_only_refused
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .client_limits import ClientLimits
-    from .login_throttle import LoginThrottle
-    from .permissions import Grants
-    from .users import UserStore
+    from .access.client_limits import ClientLimits
+    from .access.login_throttle import LoginThrottle
+    from .access.permissions import Grants
+    from .access.users import UserStore
     from .vhost import VHost
 
 log = logging.getLogger("lavinpy.login")
@@ -121,12 +121,12 @@ class Logins:
         self.counts: dict[tuple[str, str], int] = {}  # (backend, "ok" | "refused") -> logins
 
     def _ldap(self) -> AuthBackend:
-        from .ldap_backend import LdapBackend  # ldap3 is imported only by a broker that uses a directory
+        from .access.ldap_backend import LdapBackend  # ldap3 is imported only by a broker that uses a directory
 
         return LdapBackend(self.broker.config, lambda: self.broker.users)
 
     def _oauth2(self) -> AuthBackend:
-        from .oauth2 import OAuth2Backend  # joserfc is imported only by a broker that uses tokens
+        from .access.oauth2 import OAuth2Backend  # joserfc is imported only by a broker that uses tokens
 
         return OAuth2Backend(self.broker.config, lambda: self.broker.users)
 

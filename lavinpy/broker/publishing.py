@@ -13,15 +13,15 @@ from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
 from .exchanges.topic import TopicExchange
-from .publish_run import PublishRun
-from .stats import MESSAGE_SIZE_BOUNDS
+from .metrics.stats import MESSAGE_SIZE_BOUNDS
+from .queues.publish_run import PublishRun
 
 if TYPE_CHECKING:
     from ..store.vhost_store import VhostStore
     from .exchanges.base import Exchange
-    from .queue_base import QueueKind
+    from .metrics.stats import NodeCounters
+    from .queues.base import QueueKind
     from .routing import Routing
-    from .stats import NodeCounters
 
 log = logging.getLogger("lavinpy.vhost")
 

@@ -23,8 +23,8 @@ from ..store.record import StoredMessage
 from ..store.stream_index import StreamIndex
 from ..store.vhost_store import VhostStore
 from ..wire.frames import build_method
-from .arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
-from .client_limits import queue_limit_error
+from .access.client_limits import queue_limit_error
+from .access.permissions import UserPermissions, check_policy
 from .dead_lettering import dead_letter
 from .declarations import (
     check_exchange_equivalent,
@@ -36,29 +36,29 @@ from .declarations import (
     validate_queue_declare,
     with_default_queue_type,
 )
-from .dedup_cache import DedupCache, file_name
-from .deduplication import settings_of
 from .errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, BrokerChannelError
 from .exchanges.base import Exchange
 from .exchanges.default import DefaultExchange
 from .exchanges.registry import UnknownExchangeType, make_exchange
-from .operator_policies import merge_definitions, operator_policy_store
-from .permissions import UserPermissions, check_policy
-from .policies import POLICIES_FILE, Policy, PolicyStore
-from .priorities import priority_kind
+from .metrics.stats import EXCHANGE_FIELDS, MessageCounters
 from .publishing import REJECTED as REJECTED  # re-exported: the channel compares with it
 from .publishing import VHostPublishing
-from .queue import Queue
-from .queue_base import QueueKind
+from .queues.base import QueueKind
+from .queues.dedup_cache import DedupCache, file_name
+from .queues.priorities import priority_kind
+from .queues.queue import Queue
+from .queues.stream import StreamQueue
 from .recovery import orphan_queue_declares
 from .routing import Routing
-from .stats import EXCHANGE_FIELDS, MessageCounters
-from .stream_queue import StreamQueue
+from .settings.arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
+from .settings.deduplication import settings_of
+from .settings.operator_policies import merge_definitions, operator_policy_store
+from .settings.policies import POLICIES_FILE, Policy, PolicyStore
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .stats import NodeCounters
-    from .users import UserStore
+    from .access.users import UserStore
+    from .metrics.stats import NodeCounters
 
 log = logging.getLogger("lavinpy.vhost")
 

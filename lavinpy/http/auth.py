@@ -19,9 +19,9 @@ from base64 import b64decode
 
 from aiohttp import web
 
-from ..broker.actor import Actor
+from ..broker.access.actor import Actor
+from ..broker.access.cert_login import certificate_login, peer_certificate
 from ..broker.broker import Broker
-from ..broker.cert_login import certificate_login, peer_certificate
 from ..broker.login import LoginRequest
 from .errors import ApiError
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..broker.actor import Actor
+from ..broker.access.actor import Actor
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions

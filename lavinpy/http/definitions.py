@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..broker.definitions_io import export_definitions, import_definitions_cooperatively
+from ..broker.ops.definitions.documents import export_definitions, import_definitions_cooperatively
 from .context import actor_of, broker_of, json_reply
 from .errors import read_json
 

@@ -1,5 +1,5 @@
 """What the shovel and federation-link routes share: the vhost of the route as the requester may open it,
-and the links' status rows with their error texts as the requester may see them (broker/links.py)."""
+and the links' status rows with their error texts as the requester may see them (broker/access/links.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.links import shown_error
+from ..broker.access.links import shown_error
 from .context import actor_of
 from .errors import ApiError
 

@@ -1,6 +1,6 @@
 """Prometheus metrics on ``prometheus_port``: ``/metrics`` (node totals) and ``/metrics/detailed``.
 
-A custom prometheus_client collector reads the broker's message counters (broker/stats.py) and its
+A custom prometheus_client collector reads the broker's message counters (broker/metrics/stats.py) and its
 objects at scrape time: nothing is kept between scrapes. Family names are those of RabbitMQ's
 rabbitmq_prometheus plugin where one exists, with the prefix ``lavinpy`` by default; ``?prefix=
 rabbitmq`` gives RabbitMQ's exact names, so its Grafana dashboards work unchanged. Families without a
@@ -27,16 +27,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .. import __version__
 from ..amqp import session_views
-from ..broker import node_info
 from ..broker.connections import all_protocols
-from ..broker.stats import DEAD_LETTER_REASONS, node_totals
+from ..broker.metrics.stats import DEAD_LETTER_REASONS, node_totals
+from ..broker.ops import node_info
 from . import metrics_node
 from .metrics_node import EventLoopLag
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
     from ..broker.broker import Broker
-    from ..broker.queue_base import QueueKind
+    from ..broker.queues.base import QueueKind
     from ..broker.vhost import VHost
 
 DEFAULT_PREFIX = "lavinpy"

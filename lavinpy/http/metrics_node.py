@@ -4,8 +4,8 @@ process (CPU, memory, descriptors, start time).
 
 Names, types and labels are RabbitMQ's where it has the family (rabbitmq_prometheus's core, global
 and message-size collectors); lavinpy's own (fsync histogram, event-loop lag) follow the same scheme.
-Everything is read at scrape time from counters the model keeps (broker/stats.py ``NodeCounters``,
-broker/operations_store.py), so a scrape costs one pass over the open channels and nothing is kept here
+Everything is read at scrape time from counters the model keeps (broker/metrics/stats.py ``NodeCounters``,
+broker/ops/store_figures.py), so a scrape costs one pass over the open channels and nothing is kept here
 except the event-loop probe's last readings.
 """
 
@@ -20,14 +20,14 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..broker.operations_store import FSYNC_BOUNDS, fsync_times
-from ..broker.stats import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
+from ..broker.metrics.stats import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
+from ..broker.ops.store_figures import FSYNC_BOUNDS, fsync_times
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
     from ..broker.broker import Broker
     from ..broker.connections import ConnectionCounts
-    from ..broker.stats import NodeCounters
+    from ..broker.metrics.stats import NodeCounters
 
 # RabbitMQ labels its global families by protocol. The message counters are the node's, of every
 # face, and go under AMQP 0-9-1's label; publishers and consumers are split by protocol.

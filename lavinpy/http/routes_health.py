@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker import node_info
+from ..broker.ops import node_info
 from .context import CLUSTER_NODES, broker_of, json_reply, sessions_of
 from .errors import bad_request
 

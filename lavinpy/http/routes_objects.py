@@ -11,12 +11,11 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from ..broker import operations as scope
-from ..broker import operations_messages as messages
-from ..broker import operations_objects as ops
 from ..broker.connections import ConnectionRegistry
 from ..broker.exchanges.base import Exchange
-from ..broker.object_info import exchange_info, properties_key, queue_info, vhost_bindings
+from ..broker.ops import messages, scope
+from ..broker.ops import objects as ops
+from ..broker.ops.object_info import exchange_info, properties_key, queue_info, vhost_bindings
 from ..broker.vhost import VHost
 from . import cooperative
 from .context import actor_of, broker_of, json_reply

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.limits_operations import LimitsOperations
+from ..broker.ops.limits import LimitsOperations
 from .context import actor_of, broker_of, created_or_updated, json_reply
 from .errors import bad_request, read_json_object
 from .listing import listed

@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker import node_info
 from ..broker.alarms import disk_limit, memory_watermark
 from ..broker.errors import ACCESS_REFUSED, BrokerChannelError
-from ..broker.operations import (
+from ..broker.ops import node_info
+from ..broker.ops.scope import (
     close_connection,
     find_connection,
     open_vhost,

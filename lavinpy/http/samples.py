@@ -11,8 +11,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..broker.history import Entry, Window, length_details, rate_details
-from ..broker.stats import FIELDS, StatsSampler
+from ..broker.metrics.history import Entry, Window, length_details, rate_details
+from ..broker.metrics.stats import FIELDS, StatsSampler
 from .errors import bad_request
 
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker.actor import Actor
-from ..broker.cert_login import PeerCertificate
+from ..broker.access.actor import Actor
+from ..broker.access.cert_login import PeerCertificate
 from ..broker.errors import BrokerError, ErrorKind
 from ..broker.login import LoginAttempt, LoginOutcome, Refusal
-from ..broker.operations_messages import publish_exchange, publish_topic_check
-from ..broker.publish_ops import confirmed, publish, publish_run
+from ..broker.metrics.stats import ProtocolId
+from ..broker.ops.messages import publish_exchange, publish_topic_check
+from ..broker.ops.publish import confirmed, publish, publish_run
+from ..broker.ops.replies import ReplyQueue
 from ..broker.publishing import REJECTED
-from ..broker.replies import ReplyQueue
-from ..broker.stats import ProtocolId
 from ..logs import RateLimitedLog
 from ..wire.properties import encode_property_values
 from . import codec, topics
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from ..broker.broker import Broker
     from ..broker.exchanges.base import Exchange
-    from ..broker.rates import WindowRates
+    from ..broker.metrics.rates import WindowRates
     from ..broker.vhost import VHost
     from ..config import Config
     from .exactly_once import QoS2Store

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..broker.errors import BrokerError
-from ..broker.publish_ops import publish_run
+from ..broker.ops.publish import publish_run
 from . import codec, codec5, topics
 from .codec import PUBREC_REPLY, MQTTProtocolError
 from .connection import QOS_PROPERTIES, MQTTConnection, client_error_log
@@ -36,7 +36,7 @@ from .subscriptions5 import ClientLimits, Subscriptions5, retained_for, vhost_st
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
-    from ..broker.actor import Actor
+    from ..broker.access.actor import Actor
     from ..broker.vhost import VHost
 
 log = logging.getLogger("lavinpy.mqtt")

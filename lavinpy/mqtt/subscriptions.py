@@ -12,10 +12,10 @@ from collections import deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Protocol
 
-from ..broker import operations_objects as ops
-from ..broker.consumer import Consumer
-from ..broker.deliveries import Deliveries
 from ..broker.errors import BrokerError
+from ..broker.ops import objects as ops
+from ..broker.ops.deliveries import Deliveries
+from ..broker.queues.consumer import Consumer
 from ..wire.properties import peek_headers
 from . import codec, topics
 from .exactly_once import ClientState
@@ -23,10 +23,10 @@ from .exactly_once import ClientState
 if TYPE_CHECKING:
     import asyncio
 
-    from ..broker.actor import Actor
-    from ..broker.deliveries import StoredMessage  # the model's record type; mqtt names no store module
-    from ..broker.queue_base import QueueKind
-    from ..broker.stats import ProtocolCounters
+    from ..broker.access.actor import Actor
+    from ..broker.metrics.stats import ProtocolCounters
+    from ..broker.ops.deliveries import StoredMessage  # the model's record type; mqtt names no store module
+    from ..broker.queues.base import QueueKind
     from ..broker.vhost import VHost
     from .exactly_once import QoS2Store
 

@@ -15,9 +15,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..broker import operations_objects as ops
-from ..broker.consumer import Consumer
 from ..broker.errors import BrokerError
+from ..broker.ops import objects as ops
+from ..broker.queues.consumer import Consumer
 from . import codec, codec5, topics
 from .message5 import Outbound
 from .properties import encode_properties
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-    from ..broker.actor import Actor
-    from ..broker.deliveries import StoredMessage
-    from ..broker.queue_base import QueueKind
+    from ..broker.access.actor import Actor
+    from ..broker.ops.deliveries import StoredMessage
+    from ..broker.queues.base import QueueKind
     from ..broker.vhost import VHost
     from .exactly_once import QoS2Store
     from .subscriptions import SubscriberHost

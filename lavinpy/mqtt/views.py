@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..broker.rates import WindowRates
-from ..broker.stats import ProtocolId
+from ..broker.metrics.rates import WindowRates
+from ..broker.metrics.stats import ProtocolId
 from .connection import PROTOCOLS
 from .subscriptions import queue_name
 from .subscriptions5 import Subscriptions5, shared_queue_name

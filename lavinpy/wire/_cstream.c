@@ -1,7 +1,7 @@
 /* The compiled per-message path of a stream's deliveries (selected through lavinpy/wire/accel.py):
  * stamping consecutive x-stream-offset values into a run of messages' property blocks.
  *
- * stamp_offsets is a faster twin of lavinpy.broker.stream_queue._stamp_offsets and must give the same
+ * stamp_offsets is a faster twin of lavinpy.broker.queues.stream._stamp_offsets and must give the same
  * results (tests/broker/test_stream_queue.py). It never raises on a message it cannot stamp: it stops
  * there, and the caller prepares that message's splice and calls again.
  */

@@ -13,10 +13,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from lavinpy.broker import operations_messages, operations_objects
 from lavinpy.broker.broker import Broker
+from lavinpy.broker.ops import messages as operations_messages
+from lavinpy.broker.ops import objects as operations_objects
 from lavinpy.broker.publishing import REJECTED
-from lavinpy.broker.queue_base import QueueKind
+from lavinpy.broker.queues.base import QueueKind
 from lavinpy.broker.vhost import VHost
 from lavinpy.config import Config
 

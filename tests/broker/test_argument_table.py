@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from lavinpy.broker import operations_objects as objects
-from lavinpy.broker.arguments import ArgumentError, validate_consumer_arguments
-from lavinpy.broker.definitions_check import DefinitionsError
-from lavinpy.broker.definitions_io import import_definitions
 from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
-from lavinpy.broker.policies import PolicyError
-from lavinpy.broker.refused_arguments import REFUSED
+from lavinpy.broker.ops import objects
+from lavinpy.broker.ops.definitions.checks import DefinitionsError
+from lavinpy.broker.ops.definitions.documents import import_definitions
+from lavinpy.broker.settings.arguments import ArgumentError, validate_consumer_arguments
+from lavinpy.broker.settings.policies import PolicyError
+from lavinpy.broker.settings.refused_arguments import REFUSED
 from tests.broker.model_harness import OWNER, Model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "arguments.md"

@@ -6,7 +6,13 @@ import datetime
 
 import pytest
 
-from lavinpy.broker.arguments import (
+from lavinpy.broker.errors import BrokerChannelError
+from lavinpy.broker.queues.stream_arguments import (
+    parse_stream_offset,
+    validate_stream_consumer,
+    validate_stream_declare,
+)
+from lavinpy.broker.settings.arguments import (
     ArgumentError,
     QueueSettings,
     alternate_exchange,
@@ -15,8 +21,6 @@ from lavinpy.broker.arguments import (
     validate_consumer_arguments,
     validate_queue_arguments,
 )
-from lavinpy.broker.errors import BrokerChannelError
-from lavinpy.broker.stream_arguments import parse_stream_offset, validate_stream_consumer, validate_stream_declare
 
 
 def error_of(arguments: dict, **kw) -> ArgumentError:

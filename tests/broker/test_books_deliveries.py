@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.deliveries import Deliveries
 from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
-from lavinpy.broker.stats import MessageCounters, NodeCounters, ProtocolCounters, ProtocolId
+from lavinpy.broker.metrics.stats import MessageCounters, NodeCounters, ProtocolCounters, ProtocolId
+from lavinpy.broker.ops.deliveries import Deliveries
+from lavinpy.broker.queues.consumer import Consumer
 
 
 class BookQueue:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lavinpy.broker import publish_ops
-from lavinpy.broker.stats import MessageCounters, ProtocolCounters, ProtocolId
+from lavinpy.broker.metrics.stats import MessageCounters, ProtocolCounters, ProtocolId
+from lavinpy.broker.ops import publish as publish_ops
 
 FACE = ProtocolId("face", "A Face")
 

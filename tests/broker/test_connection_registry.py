@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.actor import Actor
+from lavinpy.broker.access.actor import Actor
 from lavinpy.broker.errors import ACCESS_REFUSED, NOT_FOUND, BrokerChannelError
-from lavinpy.broker.operations import close_connection, find_connection, visible_connections, visible_consumers
-from lavinpy.broker.stats import AMQP_091
+from lavinpy.broker.metrics.stats import AMQP_091
+from lavinpy.broker.ops.scope import close_connection, find_connection, visible_connections, visible_consumers
 from lavinpy.mqtt import codec
 from lavinpy.mqtt.connection import MQTTConnection
 from lavinpy.mqtt.sessions import MQTTSessions

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from lavinpy.broker import operations_objects
-from lavinpy.broker.arguments import ArgumentError
 from lavinpy.broker.errors import PRECONDITION_FAILED
 from lavinpy.broker.exchanges.base import InvalidBinding
 from lavinpy.broker.exchanges.consistent_hash import MAX_WEIGHT, ConsistentHashExchange
 from lavinpy.broker.exchanges.registry import make_exchange
+from lavinpy.broker.ops import objects as operations_objects
+from lavinpy.broker.settings.arguments import ArgumentError
 from lavinpy.wire.field_table import Int8, Int64
 from tests.broker.model_harness import OWNER, Model, run
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.consumer_set import ConsumerSet
+from lavinpy.broker.queues.consumer import Consumer
+from lavinpy.broker.queues.consumer_set import ConsumerSet
 
 
 class Channel:

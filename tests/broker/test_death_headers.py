@@ -7,7 +7,7 @@ import datetime
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.death_headers import (
+from lavinpy.broker.queues.death_headers import (
     dead_letter_properties,
     death_routing_keys,
     delivery_count_properties,

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from lavinpy.broker.actor import Actor
-from lavinpy.broker.definitions_io import DefinitionsError, export_definitions, import_definitions
+from lavinpy.broker.access.actor import Actor
 from lavinpy.broker.errors import BrokerChannelError
+from lavinpy.broker.ops.definitions.documents import DefinitionsError, export_definitions, import_definitions
 from tests.broker.model_harness import Model
 
 bcrypt = pytest.importorskip("bcrypt")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.arguments import ArgumentError
 from lavinpy.broker.exchanges.delayed import INDEX_PREFIX, DelayedExchange, delay_of, negate_delay, should_delay
+from lavinpy.broker.settings.arguments import ArgumentError
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.vhost_store import VhostStore
 from lavinpy.wire.properties import decode_properties, encode_properties

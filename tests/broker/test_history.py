@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lavinpy.broker.history import Window, append, length_details, new_ring, rate_details, summed
-from lavinpy.broker.stats import FIELDS
+from lavinpy.broker.metrics.history import Window, append, length_details, new_ring, rate_details, summed
+from lavinpy.broker.metrics.stats import FIELDS
 
 ZERO = (0,) * len(FIELDS)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker import object_info
-from lavinpy.broker.dedup_cache import DedupCache, file_name, identifier
-from lavinpy.broker.deduplication import DedupSettings
 from lavinpy.broker.errors import BrokerChannelError
+from lavinpy.broker.ops import object_info
+from lavinpy.broker.queues.dedup_cache import DedupCache, file_name, identifier
+from lavinpy.broker.settings.deduplication import DedupSettings
 from tests.broker.model_harness import Model, run
 
 ON = {"message_deduplication": True}
@@ -51,7 +51,7 @@ def test_queue_level_keeps_other_queues_copies(tmp_path: Path) -> None:
 
 def test_an_exchange_routes_a_duplicate_nowhere(tmp_path: Path) -> None:
     async def body(m: Model) -> None:
-        from lavinpy.broker import operations_objects
+        from lavinpy.broker.ops import objects as operations_objects
         operations_objects.declare_exchange(None, m.vhost, "dx", "direct", durable=True,
                                             arguments={"x-message-deduplication": True,
                                                        "x-deduplication-header": "msg-id"})
@@ -135,7 +135,7 @@ def test_identifiers_are_typed_and_long_ones_hashed() -> None:
                                              ("x-deduplication-header", ""), ("x-deduplication-header", 5)])
 def test_bad_values_are_refused_naming_the_argument(tmp_path: Path, name: str, value: object) -> None:
     async def body(m: Model) -> None:
-        from lavinpy.broker import operations_objects
+        from lavinpy.broker.ops import objects as operations_objects
         with pytest.raises(BrokerChannelError) as refused:
             m.declare("q", durable=True, queue_type="quorum", **{name[2:].replace("-", "_"): value})
         assert refused.value.text.startswith("PRECONDITION_FAILED") and f"'{name}'" in refused.value.text

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker import retries
 from lavinpy.broker.errors import BrokerChannelError
-from lavinpy.broker.policies import PolicyError, make_policy
-from lavinpy.broker.queue_base import QueueKind
+from lavinpy.broker.queues.base import QueueKind
+from lavinpy.broker.settings import retries
+from lavinpy.broker.settings.policies import PolicyError, make_policy
 from tests.broker.model_harness import Model, death, run, until
 
 
@@ -106,7 +106,7 @@ def test_streams_refuse_retry_arguments(tmp_path: Path) -> None:
 
 def test_policy_keys_are_checked_and_named() -> None:
     validators = retries.policy_validators()
-    from lavinpy.broker.policies import VALIDATORS
+    from lavinpy.broker.settings.policies import VALIDATORS
     assert set(validators) <= set(VALIDATORS)
     make_policy("p", ".*", {"delayed-retry-type": "failed", "delayed-retry-min": 10}, 0, "queues", VALIDATORS)
     with pytest.raises(PolicyError, match="delayed-retry-jitter"):
@@ -166,7 +166,8 @@ def test_the_last_retry_dead_letters_with_reason_delivery_limit(tmp_path: Path) 
 
 def test_a_policy_turns_retries_on_and_the_api_shows_the_due_time(tmp_path: Path) -> None:
     async def body(m: Model) -> None:
-        from lavinpy.broker import object_info, operations_messages
+        from lavinpy.broker.ops import messages as operations_messages
+        from lavinpy.broker.ops import object_info
         m.vhost.set_policy("retry", "^pol", {"delayed-retry-type": "all", "delayed-retry-min": 30_000},
                            apply_to="queues")
         q = m.declare("pol-q", durable=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lavinpy.broker import operations_objects as objects
-from lavinpy.broker.definitions_io import export_definitions, import_definitions
+from lavinpy.broker.ops import objects
+from lavinpy.broker.ops.definitions.documents import export_definitions, import_definitions
 from tests.broker.model_harness import OWNER, Model
 
 # Any code point that UTF-8 can hold (surrogates cannot be encoded), up to RabbitMQ's 255 bytes;

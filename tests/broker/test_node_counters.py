@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from lavinpy.broker.stats import MESSAGE_SIZE_BOUNDS, NodeCounters
+from lavinpy.broker.metrics.stats import MESSAGE_SIZE_BOUNDS, NodeCounters
 from tests.helpers import make_store
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker.client_limits import ClientLimits
-from lavinpy.broker.operator_policies import merge_definitions
-from lavinpy.broker.parameters import ParameterError, Parameters, UnknownComponent
+from lavinpy.broker.access.client_limits import ClientLimits
+from lavinpy.broker.settings.operator_policies import merge_definitions
+from lavinpy.broker.settings.parameters import ParameterError, Parameters, UnknownComponent
 
 
 class Recorder:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker.arguments import QueueSettings
-from lavinpy.broker.policies import POLICIES_FILE, PolicyError, PolicyStore
+from lavinpy.broker.settings.arguments import QueueSettings
+from lavinpy.broker.settings.policies import POLICIES_FILE, PolicyError, PolicyStore
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker.arguments import QueueSettings
-from lavinpy.broker.queue import FEATURE_PATHS, Queue
-from lavinpy.broker.queue_base import QueueHost, QueueKind
-from lavinpy.broker.stats import NodeCounters
+from lavinpy.broker.metrics.stats import NodeCounters
+from lavinpy.broker.queues.base import QueueHost, QueueKind
+from lavinpy.broker.queues.queue import FEATURE_PATHS, Queue
+from lavinpy.broker.settings.arguments import QueueSettings
 from lavinpy.store.index_kinds import FIFO
 from lavinpy.store.queue_index import QueueIndex
 from lavinpy.store.record import StoredMessage

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from lavinpy.broker.arguments import DEFAULT_DELIVERY_LIMIT, QueueSettings, quorum_delivery_limit
 from lavinpy.broker.declarations import check_queue_equivalent, validate_queue_declare, with_default_queue_type
 from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
-from lavinpy.broker.policies import make_policy
+from lavinpy.broker.settings.arguments import DEFAULT_DELIVERY_LIMIT, QueueSettings, quorum_delivery_limit
+from lavinpy.broker.settings.policies import make_policy
 from lavinpy.http.context import BROKER, CLUSTER_NODES
 from lavinpy.http.routes_health import node_is_quorum_critical
 from tests.broker.model_harness import Model, run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from lavinpy.broker.replies import DURABILITY_FAILED, ReplyQueue
+from lavinpy.broker.ops.replies import DURABILITY_FAILED, ReplyQueue
 
 
 class Session:

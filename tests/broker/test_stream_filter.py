@@ -1,4 +1,4 @@
-"""The stream filter matcher (broker/stream_filter.py): LavinMQ's forms (string, table, array;
+"""The stream filter matcher (broker/queues/stream_filter.py): LavinMQ's forms (string, table, array;
 x-filter-match-type; x-stream-match-unfiltered) and RabbitMQ's (a string or an array of strings),
 exact: properties over generated filters and messages, then the argument errors."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lavinpy.broker.stream_filter import StreamFilterError, stream_filter
+from lavinpy.broker.queues.stream_filter import StreamFilterError, stream_filter
 
 WORDS = st.text(st.sampled_from("abcxyz"), min_size=1, max_size=3)
 VALUE_SETS = st.frozensets(WORDS, max_size=4)

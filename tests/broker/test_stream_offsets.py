@@ -1,4 +1,4 @@
-"""The offset tracker of a stream (broker/stream_offsets.py): the stored offset is the first unsettled
+"""The offset tracker of a stream (broker/queues/stream_offsets.py): the stored offset is the first unsettled
 one, never past an unacknowledged delivery; generated tags are tracked only when asked; the file
 comes back on a new tracker."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.stream_offsets import OffsetTracker, OffsetTrackingError, tracking_requested
+from lavinpy.broker.queues.consumer import Consumer
+from lavinpy.broker.queues.stream_offsets import OffsetTracker, OffsetTrackingError, tracking_requested
 
 
 def test_who_is_tracked():
@@ -38,7 +38,7 @@ def test_stored_offset_is_the_first_unsettled(tmp_path_factory, count, settled):
 
 
 def test_the_least_recently_moved_tags_go_past_the_bound(tmp_path, monkeypatch):
-    from lavinpy.broker import stream_offsets
+    from lavinpy.broker.queues import stream_offsets
 
     monkeypatch.setattr(stream_offsets, "MAX_TAGS", 3)
     tracker = OffsetTracker(tmp_path, "s")

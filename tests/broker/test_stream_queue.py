@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.arguments import parse_max_age
-from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.deliveries import Deliveries
 from lavinpy.broker.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
-from lavinpy.broker.queue_base import QueueHost, QueueKind
-from lavinpy.broker.stats import AMQP_091, NodeCounters
-from lavinpy.broker.stream_arguments import validate_stream_consumer, validate_stream_declare
-from lavinpy.broker.stream_queue import StreamQueue, with_stream_offset
+from lavinpy.broker.metrics.stats import AMQP_091, NodeCounters
+from lavinpy.broker.ops.deliveries import Deliveries
+from lavinpy.broker.queues.base import QueueHost, QueueKind
+from lavinpy.broker.queues.consumer import Consumer
+from lavinpy.broker.queues.stream import StreamQueue, with_stream_offset
+from lavinpy.broker.queues.stream_arguments import validate_stream_consumer, validate_stream_declare
+from lavinpy.broker.settings.arguments import parse_max_age
 from lavinpy.store.index_kinds import STREAM
 from lavinpy.store.record import StoredMessage
 from lavinpy.store.segment import segment_name
@@ -427,7 +427,7 @@ def test_stream_index_get_many_matches_get(stream: StreamQueue) -> None:
 
 
 def test_stamped_runs_match_one_by_one_stamping_compiled_and_pure() -> None:
-    from lavinpy.broker import stream_queue
+    from lavinpy.broker.queues import stream as stream_queue
     from lavinpy.wire import accel
 
     blocks = [props(), props({"a": 1, "x-stream-offset": "theirs"}), b"\x00\x00", props({"n": {"deep": [1, 2]}})]
@@ -455,7 +455,7 @@ def expected_first_two(messages: list[StoredMessage], first: int) -> list[Stored
 
 
 def test_published_run_goes_to_a_caught_up_consumer_as_one_run_within_credit(stream: StreamQueue) -> None:
-    from lavinpy.broker.publish_run import PublishRun
+    from lavinpy.broker.queues.publish_run import PublishRun
 
     publish(stream, 2)
     consumer, channel = consume(stream, "next", prefetch=10)

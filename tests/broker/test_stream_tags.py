@@ -1,4 +1,4 @@
-"""The filter-value index of a stream (broker/stream_tags.py) and the filtering consumer over it: the
+"""The filter-value index of a stream (broker/queues/stream_tags.py) and the filtering consumer over it: the
 index never rules out a message that matches and decides exactly without header conditions
 (hypothesis against the matcher); a filtering consumer gets exactly the matches whether they come
 from the log, in hand one by one or as a published run, before and after a restart; and it reads
@@ -12,11 +12,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lavinpy.broker.consumer import Consumer
-from lavinpy.broker.publish_run import PublishRun
-from lavinpy.broker.stream_filter import stream_filter
-from lavinpy.broker.stream_queue import StreamQueue
-from lavinpy.broker.stream_tags import UNKNOWN, FilterTags
+from lavinpy.broker.queues.consumer import Consumer
+from lavinpy.broker.queues.publish_run import PublishRun
+from lavinpy.broker.queues.stream import StreamQueue
+from lavinpy.broker.queues.stream_filter import stream_filter
+from lavinpy.broker.queues.stream_tags import UNKNOWN, FilterTags
 from tests.broker.test_stream_queue import RecordingChannel, number, open_stream, props, pump
 
 VALUES = st.sampled_from(["eu", "us", "asia", "prio"])
@@ -164,7 +164,7 @@ def test_live_and_logged_deliveries_are_exactly_the_matches(tmp_path_factory, ar
 
 
 def test_retention_keeps_the_index_aligned_with_the_offsets(tmp_path: Path, monkeypatch):
-    from lavinpy.broker import stream_tags
+    from lavinpy.broker.queues import stream_tags
 
     monkeypatch.setattr(stream_tags, "TRIM_MIN", 0)  # drop trimmed tags at every trim
     store, queue = open_stream(tmp_path, {"x-max-length-bytes": 8_000})

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker.actor import Actor
+from lavinpy.broker.access.actor import Actor
+from lavinpy.broker.access.oauth2_settings import oauth2_settings
+from lavinpy.broker.access.permissions import check_policy
+from lavinpy.broker.access.token_grants import TokenGrants
+from lavinpy.broker.access.users import UserStore
 from lavinpy.broker.errors import BrokerChannelError
-from lavinpy.broker.oauth2_settings import oauth2_settings
-from lavinpy.broker.permissions import check_policy
-from lavinpy.broker.token_grants import TokenGrants
-from lavinpy.broker.users import UserStore
 from lavinpy.config import Config
 
 

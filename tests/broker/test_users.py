@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lavinpy.broker.users import AlreadyExists, NotFound, Permissions, UserStore
+from lavinpy.broker.access.users import AlreadyExists, NotFound, Permissions, UserStore
 from lavinpy.wire.passwords import hash_password, verify_password
 
 

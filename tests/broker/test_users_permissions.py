@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lavinpy.broker import login_throttle
-from lavinpy.broker.login_throttle import LoginThrottle
-from lavinpy.broker.permissions import CACHE_MAX_ENTRIES, UserPermissions
-from lavinpy.broker.users import UserStore
+from lavinpy.broker.access import login_throttle
+from lavinpy.broker.access.login_throttle import LoginThrottle
+from lavinpy.broker.access.permissions import CACHE_MAX_ENTRIES, UserPermissions
+from lavinpy.broker.access.users import UserStore
 
 
 @pytest.fixture

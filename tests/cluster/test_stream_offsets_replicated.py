@@ -12,7 +12,7 @@ import pytest
 
 from lavinpy import config as config_module
 from lavinpy.broker.broker import Broker
-from lavinpy.broker.stream_queue import StreamQueue
+from lavinpy.broker.queues.stream import StreamQueue
 
 from .replication_harness import Leader, replicated_hashes, start_follower, stop_process
 

@@ -248,8 +248,8 @@ def test_a_directory_that_does_not_answer_refuses_its_users_only(lb: LdapBroker)
 
 def _backend(lb: LdapBroker, **settings: Any) -> Any:
     """The broker's ldap backend in this process, on the module's directory, with other settings."""
-    from lavinpy.broker.auth_backends import LoginRequest
-    from lavinpy.broker.ldap_backend import LdapBackend
+    from lavinpy.broker.access.auth_backends import LoginRequest
+    from lavinpy.broker.access.ldap_backend import LdapBackend
     from lavinpy.config import Config
 
     config = Config(auth_backends=["ldap"], auth_ldap_servers=["127.0.0.1"], auth_ldap_port=lb.slapd.port,

@@ -6,7 +6,7 @@ import time
 
 import pika
 
-from lavinpy.broker import login_throttle
+from lavinpy.broker.access import login_throttle
 
 from .conftest import lavinpy_only
 from .rawamqp import CLIENT_PROPERTIES, PROTOCOL_HEADER, RawAMQP, commands

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lavinpy.broker.publish_ops import publish
-from lavinpy.broker.stats import ProtocolCounters, ProtocolId
+from lavinpy.broker.metrics.stats import ProtocolCounters, ProtocolId
+from lavinpy.broker.ops.publish import publish
 from lavinpy.mqtt import codec, codec5
 from lavinpy.mqtt.codec import Will
 from lavinpy.mqtt.connection import MQTTConnection

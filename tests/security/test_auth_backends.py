@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.broker import login_throttle
-from lavinpy.broker.auth_backends import AuthResult, AuthStatus, ChainLink
+from lavinpy.broker.access import login_throttle
+from lavinpy.broker.access.auth_backends import AuthResult, AuthStatus, ChainLink
+from lavinpy.broker.access.cert_login import distinguished_name
 from lavinpy.broker.broker import Broker
-from lavinpy.broker.cert_login import distinguished_name
 from lavinpy.broker.login import LoginOutcome, LoginRequest, Refusal
 from lavinpy.config import Config, ConfigError
 

@@ -18,7 +18,7 @@ import pika
 import pytest
 from pamqp import commands
 
-from lavinpy.broker import login_throttle
+from lavinpy.broker.access import login_throttle
 from lavinpy.wire import writer
 from tests.e2e.conftest import LocalBroker
 from tests.e2e.rawamqp import PROTOCOL_HEADER, RawAMQP

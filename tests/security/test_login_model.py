@@ -14,10 +14,10 @@ import bcrypt
 import pytest
 from pamqp import commands
 
-from lavinpy.broker import login_throttle
+from lavinpy.broker.access import login_throttle
+from lavinpy.broker.access.login_throttle import LoginThrottle
 from lavinpy.broker.broker import Broker
 from lavinpy.broker.login import LoginOutcome, LoginRequest, Refusal
-from lavinpy.broker.login_throttle import LoginThrottle
 from lavinpy.config import Config
 from lavinpy.mqtt import codec
 from lavinpy.mqtt.connection import Effect as MQTTEffect

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.priorities import priority_kind
+from lavinpy.broker.queues.priorities import priority_kind
 from lavinpy.store.delayed_index import DelayedIndex
 from lavinpy.store.index_kinds import FIFO, STREAM, ByDueTime, ByPriority
 from lavinpy.store.priority_index import PriorityIndex

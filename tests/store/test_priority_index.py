@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
-from lavinpy.broker.priorities import message_priority, priority_kind
+from lavinpy.broker.queues.priorities import message_priority, priority_kind
 from lavinpy.store.message_store import MessageStore
 from lavinpy.store.priority_index import PriorityIndex
 from lavinpy.store.vhost_store import VhostStore

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from lavinpy.broker.stats import MessageCounters
+from lavinpy.broker.metrics.stats import MessageCounters
 
 from ..errors import PRECONDITION_FAILED, BrokerChannelError
 
 if TYPE_CHECKING:
-    from lavinpy.broker.dedup_cache import DedupCache
+    from lavinpy.broker.queues.dedup_cache import DedupCache
     from lavinpy.store.record import StoredMessage
     from lavinpy.store.vhost_store import VhostStore
 

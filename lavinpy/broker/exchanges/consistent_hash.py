@@ -28,8 +28,8 @@ from hashlib import blake2b
 from struct import Struct
 from typing import Any
 
-from lavinpy.broker.arguments import ArgumentError, amqp_type_name
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange, InvalidBinding
+from lavinpy.broker.settings.arguments import ArgumentError, amqp_type_name
 from lavinpy.wire.field_table import encode_value
 from lavinpy.wire.properties import PROPERTY_NAMES, PropertiesError, property_values
 

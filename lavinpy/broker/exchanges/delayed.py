@@ -23,13 +23,13 @@ from collections.abc import Callable, Collection, Hashable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from lavinpy.broker.arguments import ArgumentError
-from lavinpy.broker.death_headers import decode_value, header_items, set_header, signedint, with_header_items
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange
 from lavinpy.broker.exchanges.direct import DirectExchange
 from lavinpy.broker.exchanges.fanout import FanoutExchange
 from lavinpy.broker.exchanges.headers import HeadersExchange
 from lavinpy.broker.exchanges.topic import TopicExchange
+from lavinpy.broker.queues.death_headers import decode_value, header_items, set_header, signedint, with_header_items
+from lavinpy.broker.settings.arguments import ArgumentError
 from lavinpy.store.delayed_index import DelayedIndex
 from lavinpy.store.index_kinds import ByDueTime
 from lavinpy.store.message_store import MissingRecord

@@ -1,0 +1,1 @@
+"""Users, permissions, authentication and client limits."""

@@ -1,0 +1,299 @@
+"""``ldap``: users, tags and permissions from an LDAP directory, with RabbitMQ's LDAP backend semantics.
+
+A login binds to the directory as the user: its DN is ``auth_ldap_user_dn_pattern`` with ``${username}``
+filled in, or is looked up (``auth_ldap_dn_lookup_attribute`` = the user name under
+``auth_ldap_dn_lookup_base``), before the user's bind when ``auth_ldap_dn_lookup_bind`` names an identity
+to search with (or ``anon``), after it (as the user) when it is ``as_user``. A good bind is the user's
+login; its tags are the ``auth_ldap_tag_queries`` that hold. The vhosts, queues, exchanges and topic keys
+it may use are what ``auth_ldap_vhost_access_query``, ``auth_ldap_resource_access_query`` and
+``auth_ldap_topic_access_query`` answer (``ldap_queries``), asked as ``auth_ldap_other_bind`` (the user by
+default), each answer remembered for ``auth_ldap_cache_ttl`` seconds.
+
+Who "knows" a login (the chain's rule): the user the directory has. A user name the lookup does not find,
+or a bind refused for a DN that does not exist, is not this backend's (the next backend is asked); a
+directory that cannot be reached is not either (logged), so ``[ldap, local]`` keeps local users working
+while the directory is down. An empty password is refused (an unauthenticated bind proves nothing), as
+RabbitMQ refuses it. A certificate login is not this backend's.
+
+The login runs off the event loop (a worker thread). A permission check the cache cannot answer asks the
+directory at once, on the event loop, for at most ``auth_ldap_timeout`` seconds: the first use of a name
+costs one directory round trip per ``auth_ldap_cache_ttl``, later ones nothing (the connection's own
+permission cache answers them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .auth_backends import AuthResult, AuthStatus, LoginRequest
+from .ldap_queries import QueryError, escape_filter_value, evaluate, fill
+from .users import PermissionKind, Permissions, TopicPermission
+
+if TYPE_CHECKING:
+    import re
+
+    from ...config import Config
+    from .users import UserStore
+
+log = logging.getLogger("lavinpy.login")
+
+CACHE_ENTRIES = 10_000  # remembered answers per login at most
+
+
+class DirectoryDown(Exception):
+    """No server of auth_ldap_servers answered."""
+
+
+@dataclass(frozen=True, slots=True)
+class LdapSettings:
+    servers: tuple[str, ...]
+    port: int
+    use_ssl: bool
+    use_starttls: bool
+    cacertfile: str
+    timeout: float
+    user_dn_pattern: str
+    dn_lookup_attribute: str
+    dn_lookup_base: str
+    dn_lookup_bind: str  # as_user | anon | a DN
+    dn_lookup_bind_password: str
+    other_bind: str  # as_user | anon | a DN
+    other_bind_password: str
+    group_lookup_base: str
+    tag_queries: dict[str, Any]
+    vhost_access_query: Any
+    resource_access_query: Any
+    topic_access_query: Any
+    cache_ttl: float
+
+    @classmethod
+    def of(cls, config: Config) -> LdapSettings:
+        return cls(tuple(config.auth_ldap_servers), config.auth_ldap_port, config.auth_ldap_use_ssl,
+                   config.auth_ldap_use_starttls, config.auth_ldap_ssl_cacertfile, config.auth_ldap_timeout,
+                   config.auth_ldap_user_dn_pattern, config.auth_ldap_dn_lookup_attribute,
+                   config.auth_ldap_dn_lookup_base, config.auth_ldap_dn_lookup_bind,
+                   config.auth_ldap_dn_lookup_bind_password, config.auth_ldap_other_bind,
+                   config.auth_ldap_other_bind_password, config.auth_ldap_group_lookup_base,
+                   dict(config.auth_ldap_tag_queries), config.auth_ldap_vhost_access_query,
+                   config.auth_ldap_resource_access_query, config.auth_ldap_topic_access_query,
+                   config.auth_ldap_cache_ttl)
+
+
+class _Directory:
+    """One ldap3 connection, bound as one identity (``ldap_queries.Directory``)."""
+
+    def __init__(self, settings: LdapSettings, who: str, password: str | None) -> None:
+        import ldap3
+        from ldap3.core.exceptions import LDAPException
+
+        tls = None
+        if settings.use_ssl or settings.use_starttls:
+            tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.cacertfile or None)
+        pool = ldap3.ServerPool([ldap3.Server(host, port=settings.port, use_ssl=settings.use_ssl, tls=tls,
+                                              connect_timeout=settings.timeout) for host in settings.servers],
+                                ldap3.FIRST, active=1, exhaust=True)
+        anonymous = who == "anon"
+        self.connection = ldap3.Connection(pool, user=None if anonymous else who,
+                                           password=None if anonymous else password,
+                                           authentication=ldap3.ANONYMOUS if anonymous else ldap3.SIMPLE,
+                                           receive_timeout=max(1, math.ceil(settings.timeout)),
+                                           raise_exceptions=False)
+        try:
+            self.connection.open()
+            if settings.use_starttls:
+                self.connection.start_tls()
+            self.bound = bool(self.connection.bind()) if not anonymous else True
+        except LDAPException as e:
+            raise DirectoryDown(str(e) or type(e).__name__) from None
+
+    def close(self) -> None:
+        try:
+            self.connection.unbind()
+        except Exception:  # already gone: nothing to release
+            pass
+
+    def _search(self, base: str, filter: str, scope: str, attributes: list[str]) -> list[Any]:
+        from ldap3.core.exceptions import LDAPException
+
+        try:
+            self.connection.search(base, filter, search_scope=scope, attributes=attributes)
+        except LDAPException as e:
+            raise DirectoryDown(str(e) or type(e).__name__) from None
+        return [entry for entry in self.connection.response or () if entry.get("type") == "searchResEntry"]
+
+    def exists(self, dn: str, filter: str) -> bool:
+        return bool(self._search(dn, filter, "BASE", []))
+
+    def attribute(self, dn: str, name: str) -> list[str]:
+        values: list[str] = []
+        for entry in self._search(dn, "(objectClass=*)", "BASE", [name]):
+            found = entry.get("attributes", {}).get(name, [])
+            values += [str(v) for v in (found if isinstance(found, list) else [found])]
+        return values
+
+    def groups_with_member(self, base: str, attribute: str, member: str) -> list[str]:
+        return [e["dn"] for e in self._search(base, f"({attribute}={escape_filter_value(member)})", "SUBTREE", [])]
+
+    def lookup(self, base: str, attribute: str, username: str) -> str | None:
+        found = self._search(base, f"({attribute}={escape_filter_value(username)})", "SUBTREE", [])
+        return str(found[0]["dn"]) if len(found) == 1 else None
+
+
+class LdapBackend:
+    """The ``ldap`` auth backend (``auth_backends.AuthBackend``)."""
+
+    name = "ldap"
+
+    def __init__(self, config: Config, store: Callable[[], UserStore | None]) -> None:
+        self.settings = LdapSettings.of(config)
+        self.store = store
+
+    def check_now(self, request: LoginRequest) -> AuthResult | None:
+        if request.certified or request.password is None:
+            return AuthResult(AuthStatus.UNKNOWN, self.name)
+        if request.password == "":
+            log.warning("LDAP login of %r refused: an empty password (unauthenticated bind) is not allowed",
+                        request.username)
+            return AuthResult(AuthStatus.REFUSED, self.name)
+        return None  # the directory is asked off the event loop
+
+    async def check(self, request: LoginRequest) -> AuthResult:
+        result = self.check_now(request)
+        if result is not None:
+            return result
+        assert request.password is not None
+        return await asyncio.to_thread(self._login, request.username, request.password)
+
+    def _login(self, username: str, password: str) -> AuthResult:
+        """In a worker thread: the binds and the tag queries."""
+        s = self.settings
+        try:
+            user_dn: str | None = fill(s.user_dn_pattern, {"username": username}, escape_dn=True)
+            if s.dn_lookup_attribute and s.dn_lookup_bind != "as_user":  # looked up before the user's bind
+                finder = _Directory(s, s.dn_lookup_bind, s.dn_lookup_bind_password)
+                try:
+                    user_dn = finder.lookup(s.dn_lookup_base, s.dn_lookup_attribute, username)
+                finally:
+                    finder.close()
+                if user_dn is None:
+                    return AuthResult(AuthStatus.UNKNOWN, self.name)
+            assert user_dn is not None
+            directory = _Directory(s, user_dn, password)
+            try:
+                if not directory.bound:
+                    return self._bind_refused(username, user_dn)
+                if s.dn_lookup_attribute and s.dn_lookup_bind == "as_user":  # looked up as the user
+                    user_dn = directory.lookup(s.dn_lookup_base, s.dn_lookup_attribute, username) or user_dn
+                grants = LdapGrants(self, username, user_dn, password)
+                grants.tags = frozenset(tag for tag, query in s.tag_queries.items()
+                                        if grants.ask(query, {"username": username, "user_dn": user_dn}, directory))
+            finally:
+                directory.close()
+        except DirectoryDown as e:
+            log.warning("LDAP login of %r: the directory could not be reached (%s); the next backend decides",
+                        username, e)
+            return AuthResult(AuthStatus.UNKNOWN, self.name)
+        except QueryError as e:  # the DN pattern names a variable a login does not know
+            log.warning("LDAP login of %r: %s", username, e)
+            return AuthResult(AuthStatus.REFUSED, self.name)
+        return AuthResult(AuthStatus.KNOWN, self.name, username=username, grants=grants)
+
+    def _bind_refused(self, username: str, user_dn: str) -> AuthResult:
+        """A refused bind: a wrong password for a user the directory has, or not this backend's user."""
+        s = self.settings
+        searcher = _Directory(s, "anon" if s.other_bind == "as_user" else s.other_bind, s.other_bind_password)
+        try:
+            known = searcher.bound and searcher.exists(user_dn, "(objectClass=*)")
+        finally:
+            searcher.close()
+        if not known:
+            return AuthResult(AuthStatus.UNKNOWN, self.name)
+        log.warning("LDAP login of %r refused: the directory refused the bind as %s", username, user_dn)
+        return AuthResult(AuthStatus.REFUSED, self.name)
+
+
+class LdapGrants:
+    """An LDAP user's tags and permissions (``permissions.Grants``): its queries' answers, cached."""
+
+    def __init__(self, backend: LdapBackend, username: str, user_dn: str, password: str) -> None:
+        self.backend = backend
+        self.settings = backend.settings
+        self.username = username
+        self.user_dn = user_dn
+        self._password = password  # the queries bind as the user (RabbitMQ's other_bind as_user)
+        self.tags: frozenset[str] = frozenset()
+        self._answers: dict[tuple[Any, ...], tuple[bool, float]] = {}
+
+    @property
+    def generation(self) -> int:
+        """Changes with the user store and every cache_ttl: the connections' own caches follow."""
+        store = self.backend.store()
+        ttl = max(self.settings.cache_ttl, 0.001)
+        return (store.generation if store is not None else 0) * 1_000_003 + int(time.monotonic() // ttl)
+
+    def ask(self, query: Any, values: dict[str, str], directory: Any = None) -> bool:
+        """A query's answer for ``values``, from the cache or the directory (no on any failure)."""
+        key = (id(query), *values.values())  # the queries live as long as the settings; values in one order
+        cached = self._answers.get(key)
+        now = time.monotonic()
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        own = directory is None
+        s = self.settings
+        try:
+            if own:
+                who = self.user_dn if s.other_bind == "as_user" else s.other_bind
+                directory = _Directory(s, who, self._password if s.other_bind == "as_user" else s.other_bind_password)
+            answer = evaluate(query, values, directory, s.group_lookup_base or s.dn_lookup_base)
+        except (QueryError, DirectoryDown) as e:
+            log.warning("LDAP query for user %r (%s) answered no: %s", self.username,
+                        ", ".join(f"{k}={v}" for k, v in values.items()), e)
+            answer = False
+        finally:
+            if own and directory is not None:
+                directory.close()
+        if len(self._answers) >= CACHE_ENTRIES:
+            self._answers.clear()
+        self._answers[key] = (answer, now + s.cache_ttl)
+        return answer
+
+    def _values(self, **more: str) -> dict[str, str]:
+        return {"username": self.username, "user_dn": self.user_dn, **more}
+
+    # --- permissions.Grants -----------------------------------------------------------------------
+    def tags_of(self, user: str) -> frozenset[str]:
+        return self.tags
+
+    def can_access_vhost(self, user: str, vhost: str) -> bool:
+        store = self.backend.store()
+        return store is not None and store.vhost_exists(vhost) and \
+            self.ask(self.settings.vhost_access_query, self._values(vhost=vhost))
+
+    def permissions(self, user: str, vhost: str) -> Permissions | None:
+        return None  # answered per name by check (a query, not regexes)
+
+    def check(self, user: str, vhost: str, kind: PermissionKind, resource: str, resource_type: str = "queue") -> bool:
+        store = self.backend.store()
+        if store is None or not store.vhost_exists(vhost):
+            return False
+        return self.ask(self.settings.resource_access_query,
+                        self._values(vhost=vhost, resource=resource_type, name=resource, permission=kind))
+
+    def topic_permission(self, user: str, vhost: str, exchange: str) -> TopicPermission | None:
+        return None  # topic keys are asked one by one (topic_allowed)
+
+    def topic_allowed(self, user: str, vhost: str, exchange: str, kind: str, key: str) -> bool:
+        return self.ask(self.settings.topic_access_query,
+                        self._values(vhost=vhost, resource="topic", name=exchange, permission=kind, routing_key=key))
+
+    def compiled(self, pattern: str) -> re.Pattern[str]:
+        import re
+
+        return re.compile(pattern)

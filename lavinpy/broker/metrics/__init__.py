@@ -1,0 +1,1 @@
+"""Counters, rates and their history."""

@@ -1,0 +1,1 @@
+"""What a face calls: the model's operations (the front door)."""

@@ -1,0 +1,1 @@
+"""Definitions documents: check, import and export (they run the admin operations)."""

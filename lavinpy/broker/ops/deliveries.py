@@ -1,0 +1,299 @@
+"""A channel's deliveries awaiting acknowledgement, and the model operations on them.
+
+One ``Deliveries`` per channel (any protocol's session): it numbers deliveries, counts them on their
+queue and in the counters of the session's protocol, and settles them with one rule. Settling: the
+queue acks (counting ``ack``), requeues, or rejects (dead-lettering, counting ``reject``); the
+consumer gets its prefetch credit back; a queue with consumers and ready messages is asked to
+deliver again; with a channel-wide prefetch the session is told that room was freed.
+Runs (deliver runs, ack runs) are booked once per run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from itertools import repeat
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..errors import PRECONDITION_FAILED, BrokerChannelError
+
+if TYPE_CHECKING:
+    from ...store.record import StoredMessage
+    from ..metrics.stats import ProtocolCounters
+    from ..queues.base import QueueKind
+    from ..queues.consumer import Consumer
+    from ..vhost import VHost
+
+
+class Unacked(NamedTuple):
+    queue: QueueKind
+    pos: int
+    consumer: Consumer | None  # None for basic.get
+
+
+_new_tuple = tuple.__new__
+
+
+def unacked_run(queue: QueueKind, positions: list[int], consumer: Consumer) -> list[Unacked]:
+    """Unacked records for a run of deliveries to one consumer (tuple.__new__ skips the
+    NamedTuple constructor's Python-level call per record)."""
+    return [_new_tuple(Unacked, (queue, pos, consumer)) for pos in positions]
+
+
+def get_one(queue: QueueKind, no_ack: bool, counters: ProtocolCounters) -> tuple[int, StoredMessage, bool] | None:
+    """basic.get (and the HTTP API's get): take the head message, counted as a get. With ``no_ack``
+    it is settled at once. None when the queue is empty (the queue counts the empty get)."""
+    got = queue.get()
+    if got is None:
+        return None
+    stats = queue.stats
+    if no_ack:
+        queue.ack(got[0])
+        stats.get_no_ack += 1
+        counters.get_no_ack += 1
+    else:
+        stats.get += 1
+        counters.get += 1
+    if got[2]:
+        stats.redeliver += 1
+        counters.redeliver += 1
+    return got
+
+
+class Deliveries:
+    """The unacked deliveries of one channel, by delivery tag, in delivery order."""
+
+    __slots__ = ("unacked", "tag", "prefetch", "counters", "_vhost", "_schedule", "_room_freed", "_channel")
+
+    def __init__(self, vhost: VHost, room_freed: Callable[[], None], counters: ProtocolCounters, *,
+                 channel: bool = True) -> None:
+        """``counters``: the session's protocol's, counted with the queues'. ``channel``: the books of
+        an AMQP channel, counted in the node's channel churn (an MQTT client's are not: it has no
+        channels)."""
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.tag = 0  # the last delivery tag given
+        self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
+        self.counters = counters
+        self._vhost = vhost
+        self._schedule = vhost.schedule_delivery
+        self._room_freed = room_freed  # the session delivers again to its own consumers
+        self._channel = channel
+        if channel:
+            vhost.node_counters.channels_opened += 1  # a channel's books open with it (closed in close())
+
+    def room(self) -> int:
+        """How many more deliveries the channel-wide prefetch allows now."""
+        if not self.prefetch:
+            return 1 << 30
+        return self.prefetch - len(self.unacked)
+
+    # --- deliver and get ----------------------------------------------------------------------
+    def deliver(self, consumer: Consumer, pos: int, redelivered: bool) -> int:
+        """One delivery to ``consumer``: its tag. Counted on the queue; held until settled unless no-ack."""
+        tag = self.tag = self.tag + 1
+        queue = consumer.queue
+        stats = queue.stats
+        counters = self.counters
+        if not consumer.no_ack:
+            self.unacked[tag] = _new_tuple(Unacked, (queue, pos, consumer))
+            stats.deliver += 1
+            counters.deliver += 1
+        else:
+            stats.deliver_no_ack += 1
+            counters.deliver_no_ack += 1
+        if redelivered:
+            stats.redeliver += 1
+            counters.redeliver += 1
+        return tag
+
+    def deliver_run(self, consumer: Consumer, positions: list[int], redelivered: list[bool] | None) -> int:
+        """``deliver`` for a run of one consumer's deliveries, booked once: the first tag of the run."""
+        count = len(positions)
+        first = self.tag + 1
+        self.tag += count
+        queue = consumer.queue
+        stats = queue.stats
+        counters = self.counters
+        if not consumer.no_ack:
+            self.unacked.update(zip(range(first, first + count), unacked_run(queue, positions, consumer),
+                                    strict=True))
+            stats.deliver += count
+            counters.deliver += count
+        else:
+            stats.deliver_no_ack += count
+            counters.deliver_no_ack += count
+        if redelivered is not None:
+            redelivered_count = sum(redelivered)
+            stats.redeliver += redelivered_count
+            counters.redeliver += redelivered_count
+        return first
+
+    def next_tag(self) -> int:
+        """A tag for a delivery that is never acknowledged and belongs to no queue (direct reply-to)."""
+        tag = self.tag = self.tag + 1
+        return tag
+
+    def get(self, queue: QueueKind, no_ack: bool) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get: (delivery tag, message, redelivered), or None when the queue is empty."""
+        got = get_one(queue, no_ack, self.counters)
+        if got is None:
+            return None
+        pos, msg, redelivered = got
+        tag = self.tag = self.tag + 1
+        if not no_ack:
+            self.unacked[tag] = _new_tuple(Unacked, (queue, pos, None))
+        return tag, msg, redelivered
+
+    # --- settle -------------------------------------------------------------------------------
+    def take(self, delivery_tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+        """Remove and return the deliveries an ack/nack/reject names (406 for an unknown tag)."""
+        unacked = self.unacked
+        if multiple:
+            if delivery_tag == 0:
+                taken = list(unacked.items())
+                unacked.clear()
+                return taken
+            taken = []
+            while unacked:
+                tag = next(iter(unacked))
+                if tag > delivery_tag:
+                    break
+                taken.append(unacked.popitem(last=False))
+            if taken:
+                return taken
+        else:
+            item = unacked.pop(delivery_tag, None)
+            if item is not None:
+                return [(delivery_tag, item)]
+        raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+
+    def ack_run(self, tags: list[int]) -> int | None:
+        """basic.ack (multiple=false) of each tag, in order, settled as one batch with the outcome of
+        acking them one by one. Returns None, or the index of the first unknown tag: the acks before
+        it were applied, it and those after it were not."""
+        unacked = self.unacked
+        if len(tags) == 1:
+            item = unacked.pop(tags[0], None)
+            if item is None:
+                return 0
+            queue, pos, consumer = item
+            if consumer is not None:
+                consumer.credit(1)
+            queue.ack(pos)
+            queue.stats.ack += 1
+            self.counters.ack += 1
+            if queue.consumers and queue.message_count:
+                self._schedule(queue)
+            if self.prefetch:
+                self._room_freed()
+            return None
+        items = list(map(unacked.pop, tags, repeat(None)))  # one C loop; None for an unknown tag
+        if None in items:
+            bad = items.index(None)
+            # Those after the unknown tag stay unacked (returned to their queues as the channel closes).
+            for tag, item in zip(tags[bad + 1:], items[bad + 1:], strict=True):
+                if item is not None:
+                    unacked[tag] = item
+            ordered = sorted(unacked.items())  # delivery order again
+            unacked.clear()
+            unacked.update(ordered)
+            if bad:
+                self._acks(items[:bad])  # type: ignore[arg-type]
+            return bad
+        self._acks(items)  # type: ignore[arg-type]
+        return None
+
+    def settle(self, items: list[tuple[int, Unacked]], requeue: bool | None, failed: bool = False) -> None:
+        """Settle taken deliveries: requeue None = ack; True = back to their queue (``failed``: by
+        basic.reject, which RabbitMQ 4.3 counts as a failed delivery); False = rejected
+        (dead-lettered when the queue has a dead-letter exchange)."""
+        if not items:
+            return
+        if requeue is None:
+            self._acks([item for _tag, item in items])
+            return
+        credits: dict[Consumer, int] = {}
+        touched: dict[QueueKind, None] = {}
+        for _tag, (queue, pos, consumer) in items:
+            if consumer is not None:
+                credits[consumer] = credits.get(consumer, 0) + 1
+            if requeue:
+                if failed:
+                    queue.requeue_failed(pos)
+                else:
+                    queue.requeue(pos)
+            else:
+                queue.reject(pos)
+                queue.stats.reject += 1
+                self.counters.reject += 1
+            touched[queue] = None
+        for consumer, count in credits.items():
+            consumer.credit(count)
+        self._settled(touched)
+
+    def requeue_all(self) -> None:
+        """basic.recover, and a closing channel: every unacked delivery back to its queue, in order."""
+        items = list(self.unacked.items())
+        self.unacked.clear()
+        self.settle(items, True)
+
+    def restore(self, items: list[tuple[int, Unacked]]) -> None:
+        """Deliveries taken by acks that were rolled back (tx.rollback): unacked again, in order."""
+        if items:
+            self.unacked = OrderedDict(sorted([*self.unacked.items(), *items]))
+
+    def close(self, confirm_publishes: int) -> None:
+        """The channel is gone: its unacked deliveries go back to their queues in order; the node
+        keeps its count of confirm-mode publishes (read from open channels at scrape time)."""
+        counters = self._vhost.node_counters
+        if self._channel:
+            counters.channels_closed += 1
+        counters.received_confirm_closed += confirm_publishes
+        self.requeue_all()
+
+    def _acks(self, items: list[Unacked]) -> None:
+        """Acks, one ack_many per run of deliveries of one queue to one consumer."""
+        count = len(items)
+        queues, positions, consumers = zip(*items, strict=True)
+        queue, consumer = queues[0], consumers[0]
+        if queues.count(queue) == count and consumers.count(consumer) == count:
+            # The common case: every delivery from one consumer (or all from basic.get) of one queue.
+            if consumer is not None:
+                consumer.credit(count)
+            queue.ack_many(list(positions))
+            queue.stats.ack += count
+            self.counters.ack += count
+            if queue.consumers and queue.message_count:
+                self._schedule(queue)
+            if self.prefetch:
+                self._room_freed()
+            return
+        touched: dict[QueueKind, None] = {}
+        run_queue, run_consumer = queue, consumer
+        run: list[int] = []
+        for queue, pos, consumer in items:
+            if queue is not run_queue or consumer is not run_consumer:
+                _ack_positions(run_queue, run_consumer, run)
+                run_queue, run_consumer, run = queue, consumer, []
+            touched[queue] = None
+            run.append(pos)
+        _ack_positions(run_queue, run_consumer, run)
+        self.counters.ack += count
+        self._settled(touched)
+
+    def _settled(self, queues: dict[QueueKind, None]) -> None:
+        """After settling: queues that can use the freed credit deliver; the channel's room too."""
+        schedule = self._schedule
+        for queue in queues:
+            if queue.consumers and queue.message_count:
+                schedule(queue)
+        if self.prefetch:
+            self._room_freed()
+
+
+def _ack_positions(queue: QueueKind, consumer: Consumer | None, positions: list[int]) -> None:
+    if positions:
+        if consumer is not None:
+            consumer.credit(len(positions))
+        queue.ack_many(positions)
+        queue.stats.ack += len(positions)

@@ -1,0 +1,1 @@
+"""Queue kinds (classic, stream), their features and their consumers."""

@@ -1,0 +1,476 @@
+"""A classic queue: its store index, its consumers, and the one delivery loop that feeds them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from array import array
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ...store.record import CorruptRecord, StoredMessage
+from ..metrics.stats import MessageCounters
+from ..settings.deduplication import settings_of
+from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
+from .consumer_set import ConsumerSet
+from .dedup_cache import DedupCache, file_name
+from .features import QueueFeatures
+
+if TYPE_CHECKING:
+    from ...store.queue_index import QueueIndex
+    from ..settings.arguments import QueueSettings
+    from .publish_run import PublishRun
+    from .queue_consumer import QueueConsumer
+
+log = logging.getLogger("lavinpy.queue")
+
+
+# The message paths a queue takes from its feature component while it uses a feature (see use_features).
+FEATURE_PATHS = ("push", "push_many", "deliver", "refuses", "_take_head")
+
+
+class Queue(QueueKind):
+    """A classic queue (with or without priorities). The methods here are the plain paths: they know
+    no feature. Optional features (TTL, limits, priorities, delivery limit, single active consumer)
+    live in the ``features`` component; while the queue uses one (``special``), the component's paths
+    are bound on the queue in place of the plain ones, so neither kind of path tests a flag per message.
+    """
+
+    kind = "classic"
+
+    def __init__(
+        self,
+        vhost: QueueHost,
+        name: str,
+        index: QueueIndex,
+        *,
+        durable: bool,
+        exclusive_owner: object | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+        recovered_redelivered: bool = False,
+        settings: QueueSettings | None = None,
+    ) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.index: QueueIndex = index
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.exclusive = exclusive_owner is not None
+        self.auto_delete = auto_delete
+        self.arguments = arguments or {}
+        self.consumers: ConsumerSet = ConsumerSet()
+        self.stats = MessageCounters()
+        self.deleted = False
+        self.special = False
+        self._had_consumer = False
+        # Positions to deliver with redelivered=true: requeued ones, and after an unclean stop the
+        # messages recovered from disk (their delivery state was not persisted).
+        self._redelivered: set[int] = set()
+        self._recovered_left = index.ready_count if recovered_redelivered else 0
+        self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
+        # Settled here through these, bound by use_features: the index's own, or the component's.
+        self._remove: Callable[[int], None] = index.ack
+        self._remove_many: Callable[[list[int]], None] = index.ack_many
+        self._requeue_one: Callable[[int], None] = self.requeue_ready
+        dedup = settings_of(self.arguments)
+        if dedup is not None:  # a message with headers then takes the publish path that asks the cache
+            self.dedup = DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)) if durable else None)
+        self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
+        if self.settings.queue_type == "quorum":
+            # A quorum queue is this queue with a default delivery limit (see QueueSettings); it reports
+            # its declared type, as RabbitMQ does.
+            self.kind = "quorum"
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        # less the messages held for a delayed retry that a restart put back in the ready list
+        return self.index.ready_count - len(self.features.held_ready)
+
+    @property
+    def unacked_count(self) -> int:
+        return self.index.unacked_count
+
+    def persistent_count(self) -> int:
+        # all but the ones published non-persistent in a durable queue; none in a transient queue
+        if not self.durable:
+            return 0
+        return self.index.ready_count + self.index.unacked_count - self.index.transient_count
+
+    def memory_bytes(self) -> int:
+        return self.index.memory_bytes()
+
+    def head_position(self) -> int | None:
+        return self.index.peek()
+
+    def peek(self, count: int) -> list[tuple[StoredMessage, bool]]:
+        """The head's messages with the redelivered flag ``shift`` would give each, nothing changed."""
+        out: list[tuple[StoredMessage, bool]] = []
+        again, recovered = self._redelivered, self._recovered_left
+        read = self.vhost.store.messages.read
+        for pos in itertools.islice(iter(self.index), count):
+            if pos in again:
+                redelivered = True
+            elif recovered:
+                recovered -= 1
+                redelivered = True
+            else:
+                redelivered = False
+            try:
+                out.append((read(pos), redelivered))
+            except (CorruptRecord, KeyError):
+                continue  # peeking changes nothing: the delivery path reports and removes it
+        return out
+
+    def redelivered_positions(self) -> list[int]:
+        return sorted(self._redelivered)
+
+    def mark_redelivered(self, positions: Iterable[int]) -> None:
+        self._redelivered.update(positions)
+
+    def has_exclusive_consumer(self) -> bool:
+        return self.consumers.has_exclusive
+
+    # --- settings and timers ------------------------------------------------------------------
+    def use_features(self, features: QueueFeatures | None) -> None:
+        """Bind the message paths: the component's while the queue uses a feature, else the plain ones.
+
+        The one place that decides: instance attributes shadow the plain methods of the class (the
+        publish path reads only ``special``), and no path tests a flag per message.
+        """
+        self.special = features is not None
+        paths = self.__dict__
+        if features is not None:
+            paths.update(push=features.push, push_many=features.push_many, deliver=features.deliver,
+                         refuses=features.refuses, _take_head=features.take_for_get)
+            self._remove, self._remove_many, self._requeue_one = (
+                features.remove, features.remove_many, features.requeue)
+        else:
+            for name in FEATURE_PATHS:
+                paths.pop(name, None)
+            self._remove, self._remove_many, self._requeue_one = (
+                self.index.ack, self.index.ack_many, self.requeue_ready)
+
+    def route_requeues(self, requeue: Callable[[int], None]) -> None:
+        """Requeues through ``requeue`` while the other paths stay plain (delayed retries alone)."""
+        self._requeue_one = requeue
+
+    def apply_settings(self, settings: QueueSettings) -> None:
+        self.features.apply(settings)
+
+    def enable_message_ttl(self) -> None:
+        self.features.enable_message_ttl()
+
+    def touch(self) -> None:
+        self.features.touch()
+
+    def start_timers(self) -> None:
+        self.features.start_timers()
+
+    def stop_timers(self) -> None:
+        self.features.stop_timers()
+
+    # --- messages in --------------------------------------------------------------------------
+    def push(self, pos: int, persistent: bool, message: StoredMessage | None = None) -> None:
+        index = self.index
+        if message is not None and self.consumers and not index.ready_count:
+            # Nothing waiting: hand the message in hand straight to a consumer with capacity,
+            # instead of reading it back from its segment later. It is stored and indexed all the same.
+            consumer = self.consumers.next_ready()
+            if consumer is not None:
+                self._recovered_left = 0
+                if consumer.no_ack:
+                    # Delivered and settled at once: the index would only add and remove it.
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    return
+                index.push(pos, persistent)
+                index.shift()
+                consumer.channel.deliver(consumer, pos, message, False)
+                consumer.unacked += 1
+                return
+        index.push(pos, persistent)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
+        """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at once."""
+        index = self.index
+        consumers = self.consumers
+        handed = 0
+        if consumers and not index.ready_count:
+            count = len(positions)
+            if len(consumers) == 1:  # no round robin to keep: as many as its windows allow, as one run
+                handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first)
+            else:
+                messages = run.messages(first, count)
+                while handed < count:  # as push(): straight to consumers with capacity, nothing read back
+                    consumer = consumers.next_ready()
+                    if consumer is None:
+                        break
+                    self._recovered_left = 0
+                    pos = positions[handed]
+                    message = messages[handed]
+                    handed += 1
+                    if consumer.no_ack:
+                        consumer.channel.deliver(consumer, pos, message, False)
+                        continue
+                    index.push(pos, persistent)
+                    index.shift()
+                    consumer.channel.deliver(consumer, pos, message, False)
+                    consumer.unacked += 1
+            if handed == count:
+                return
+            positions = positions[handed:]
+        index.push_many(positions, persistent)
+        if consumers:
+            self.vhost.schedule_delivery(self)
+
+    def _hand_run(self, consumer: QueueConsumer, positions: array, persistent: bool, run: PublishRun,
+                  first: int) -> int:
+        """The head of a published run straight to the queue's one consumer (nothing is ready), as
+        many as both prefetch windows allow; returns how many it took."""
+        channel = consumer.channel
+        if not channel.can_deliver():
+            return 0
+        count = min(len(positions), channel.delivery_room())
+        if not consumer.no_ack and consumer.prefetch:
+            count = min(count, consumer.prefetch - consumer.unacked)
+        if count <= 0:
+            return 0
+        self._recovered_left = 0
+        messages = run.messages(first, count)
+        if consumer.no_ack:  # delivered and settled at once: the index would only add and remove them
+            channel.deliver_run(consumer, list(positions[:count]), messages, None)
+            return count
+        index = self.index
+        index.push_many(positions[:count], persistent)
+        channel.deliver_run(consumer, index.shift_many(count), messages, None)
+        consumer.unacked += count
+        return count
+
+    # --- messages out -------------------------------------------------------------------------
+    def shift(self) -> tuple[int, bool] | None:
+        """Take the head for delivery (it becomes unacked): (position, redelivered), or None."""
+        pos = self.index.shift()
+        if pos is None:
+            return None
+        if pos in self._redelivered:
+            self._redelivered.discard(pos)
+            return pos, True
+        if self._recovered_left:
+            self._recovered_left -= 1
+            return pos, True
+        return pos, False
+
+    def _take_head(self) -> tuple[int, StoredMessage, bool] | None:
+        """The head, read (a damaged one is reported by read(), removed, and the next one tried)."""
+        while True:
+            shifted = self.shift()
+            if shifted is None:
+                return None
+            pos, redelivered = shifted
+            msg = self.read(pos)
+            if msg is not None:
+                return pos, msg, redelivered
+            self.index.ack(pos)
+
+    def get(self) -> tuple[int, StoredMessage, bool] | None:
+        """basic.get: the head message (now unacked), or None."""
+        self.touch()
+        taken = self._take_head()
+        if taken is None:
+            self.vhost.node_counters.get_empty += 1  # RabbitMQ's messages_get_empty_total
+        return taken
+
+    def deliver(self) -> bool:
+        """Deliver ready messages to consumers with capacity; True if more could go out now."""
+        budget = DELIVERY_BATCH
+        index = self.index
+        consumers = self.consumers
+        if len(consumers) == 1:
+            return self._deliver_to(next(iter(consumers)), budget)
+        while budget and index.ready_count and consumers:
+            consumer = consumers.next_ready()
+            if consumer is None:
+                break
+            shifted = self.shift()
+            if shifted is None:
+                break
+            pos, redelivered = shifted
+            msg = self.read(pos)
+            if msg is None:  # damaged: reported by read(); removed, and the rest goes on
+                index.ack(pos)
+                continue
+            consumer.channel.deliver(consumer, pos, msg, redelivered)
+            if not consumer.no_ack:
+                consumer.unacked += 1
+            else:
+                index.ack(pos)
+            budget -= 1
+        return budget == 0
+
+    def _deliver_to(self, consumer: QueueConsumer, budget: int) -> bool:
+        """``deliver`` with one consumer and no features, a run at a time: as many positions as the
+        budget and both prefetch windows allow leave the index in one call, are read, and go to the
+        channel as one run (one bookkeeping step and one output append per run)."""
+        index = self.index
+        channel = consumer.channel
+        read_many = self.vhost.store.messages.read_many
+        no_ack = consumer.no_ack
+        prefetch = 0 if no_ack else consumer.prefetch
+        while budget and index.ready_count and channel.can_deliver():
+            count = min(budget, index.ready_count, channel.delivery_room(), self._run_limit)
+            if prefetch:
+                count = min(count, prefetch - consumer.unacked)
+            if count <= 0:
+                break
+            positions = index.shift_many(count)
+            if not positions:
+                break
+            budget -= len(positions)
+            redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
+            try:
+                messages = read_many(positions)
+            except (CorruptRecord, KeyError):
+                positions, messages, redelivered = self._readable(positions, redelivered)
+                if not positions:
+                    continue
+            # the next run's length from this one's body sizes (first and last: no per-message step)
+            sampled = (len(messages[0].body) + len(messages[-1].body)) // 2 + 64
+            self._run_limit = max(1, RUN_BYTES // sampled)
+            channel.deliver_run(consumer, positions, messages, redelivered)
+            if no_ack:
+                index.ack_many(positions)
+            else:
+                consumer.unacked += len(positions)
+        return budget == 0
+
+    def _redelivered_flags(self, positions: list[int]) -> list[bool]:
+        """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
+        flags = []
+        again = self._redelivered
+        for pos in positions:
+            if pos in again:
+                again.discard(pos)
+                flags.append(True)
+            elif self._recovered_left:
+                self._recovered_left -= 1
+                flags.append(True)
+            else:
+                flags.append(False)
+        return flags
+
+    def _readable(self, positions: list[int], redelivered: list[bool] | None
+                  ) -> tuple[list[int], list[StoredMessage], list[bool] | None]:
+        """A run with damaged records: those are reported and removed (as ``read``), the rest kept."""
+        kept: list[int] = []
+        messages: list[StoredMessage] = []
+        flags: list[bool] = []
+        for i, pos in enumerate(positions):
+            msg = self.read(pos)
+            if msg is None:
+                self.index.ack(pos)
+                continue
+            kept.append(pos)
+            messages.append(msg)
+            flags.append(redelivered[i] if redelivered is not None else False)
+        return kept, messages, flags if redelivered is not None else None
+
+    # --- acknowledgements ---------------------------------------------------------------------
+    def ack(self, pos: int) -> None:
+        if not self.deleted:
+            self._remove(pos)
+
+    def ack_many(self, positions: list[int]) -> None:
+        if not self.deleted:
+            self._remove_many(positions)
+
+    def requeue(self, pos: int) -> None:
+        if self.deleted:
+            return
+        self._requeue_one(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    def requeue_failed(self, pos: int) -> None:
+        """basic.reject with requeue: as ``requeue``, but a delayed retry of type ``failed`` applies."""
+        if self.deleted:
+            return
+        if self.special or self.features.retry is not None:
+            self.features.requeue(pos, True)
+        else:
+            self.requeue_ready(pos)
+        if self.consumers:
+            self.vhost.schedule_delivery(self)
+
+    @property
+    def delayed_count(self) -> int:
+        """Messages held for a delayed retry (counted in ``unacked_count`` too)."""
+        return len(self.features.held_due)
+
+    def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
+        out: list[tuple[StoredMessage, int]] = []
+        read = self.vhost.store.messages.read
+        for pos, due in itertools.islice(self.features.held.items(), count):
+            try:
+                out.append((read(pos), due))
+            except (CorruptRecord, KeyError):
+                continue
+        return out
+
+    def requeue_ready(self, pos: int) -> None:
+        """Back to the head, delivered next with redelivered=true."""
+        self.index.requeue(pos)
+        self._redelivered.add(pos)
+
+    def reject(self, pos: int) -> None:
+        if not self.deleted:
+            self.features.reject(pos)
+
+    def purge(self) -> int:
+        count = self.index.purge()
+        count += self.features.purged()
+        self._recovered_left = 0
+        return count
+
+    # --- consumers ----------------------------------------------------------------------------
+    def add_consumer(self, consumer: QueueConsumer) -> None:
+        self.consumers.add(consumer)
+        self._had_consumer = True
+        self.touch()
+        self.vhost.schedule_delivery(self)
+
+    def remove_consumer(self, consumer: QueueConsumer, *, notify: bool = False) -> None:
+        """Detach a consumer; ``notify`` tells its channel (basic.cancel from the server)."""
+        if not self.consumers.remove(consumer):
+            return
+        if notify:
+            consumer.channel.consumer_cancelled(consumer)
+        if not self.consumers:
+            self.touch()
+        elif self.settings.single_active_consumer and self.index.ready_count:
+            self.vhost.schedule_delivery(self)  # the next consumer in line is now the active one
+        if self.auto_delete and self._had_consumer and not self.consumers and not self.deleted:
+            self.vhost.delete_queue(self.name)
+
+    def delete(self) -> int:
+        """Remove the queue's messages and files; consumers get basic.cancel."""
+        count = self.index.ready_count
+        self.deleted = True
+        self.stop_timers()
+        consumers, self.consumers = self.consumers, ConsumerSet()
+        if consumers:
+            # After the deleting channel's queue.delete-ok, as RabbitMQ: some clients (py-amqp)
+            # treat a basic.cancel that arrives before that reply as an error of the delete.
+            asyncio.get_running_loop().call_soon(_cancel_consumers, consumers)
+        self.vhost.store.delete_queue(self.index)
+        if self.dedup is not None and self.durable:
+            self.vhost.store.delete_append_file(file_name("q", self.name))
+        return count
+
+
+def _cancel_consumers(consumers: ConsumerSet) -> None:
+    for consumer in consumers:
+        consumer.channel.consumer_cancelled(consumer)

@@ -1,0 +1,1 @@
+"""Queue and exchange arguments, policies, runtime parameters, name limits."""
