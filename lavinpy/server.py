@@ -14,12 +14,11 @@ from .amqp.log import log_bad_proxy_header
 from .amqp.sessions import Sessions
 from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
-from .broker.access.links import FEDERATION_UPSTREAM as UPSTREAM
-from .broker.broker import Broker, Face
+from .broker.ops import FEDERATION_UPSTREAM as UPSTREAM
+from .broker.ops import Broker, Face, queue_type_of
 from .broker.ops.definitions.documents import DefinitionsFileError, load_definitions_file
 from .broker.ops.limits import LimitsOperations
 from .broker.ops.node_info import node_name
-from .broker.settings.arguments import queue_type_of
 from .config import Config
 from .federation.component import Federation, UpstreamComponent, UpstreamSetComponent
 from .listeners import ProxyPolicy, serve_port

@@ -124,3 +124,18 @@ def test_the_model_raises_no_protocol_error():
         if lines:
             found[path.relative_to(REPO).as_posix()] = lines
     assert not found, f"the model names AMQP's error classes: {found}"
+
+
+def test_the_front_door_contract_closes_every_other_module_of_the_model():
+    """A module added to lavinpy.broker is closed to the faces unless it is the front door (ops) or the
+    model's errors: the faces-through-the-front-door contract must name it (or its wing)."""
+    by_id = {contract["id"]: contract for contract in contracts()}
+    contract = by_id["faces-through-the-front-door"]
+    closed = {name.removeprefix("lavinpy.broker.") for name in contract["forbidden_modules"]}
+    open_to_faces = {"ops", "errors"}
+    model = modules_of(PACKAGE / "broker")
+    assert model - open_to_faces == closed, (
+        f"not closed to the faces: {sorted(model - open_to_faces - closed)}; "
+        f"named but not a module of lavinpy.broker: {sorted(closed - model)}")
+    faces = {name.removeprefix("lavinpy.") for name in contract["source_modules"]}
+    assert {"amqp", "mqtt", "http"} <= faces

@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from ..broker.errors import BrokerChannelError
-from ..broker.metrics.stats import AMQP_091
+from ..broker.ops import AMQP_091, ArgumentError, Consumer, validate_consumer_arguments
 from ..broker.ops import publish as publish_ops
 from ..broker.ops.deliveries import Deliveries
 from ..broker.ops.messages import publish_exchange, publish_topic_check
 from ..broker.ops.objects import readable_queue
 from ..broker.ops.replies import ReplyQueue
-from ..broker.queues.consumer import Consumer
-from ..broker.settings.arguments import ArgumentError, validate_consumer_arguments
 from ..wire import writer
 from ..wire.constants import (
     ACCESS_REFUSED,
@@ -52,8 +50,7 @@ from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
 if TYPE_CHECKING:
-    from ..broker.access.permissions import TopicCheck
-    from ..broker.exchanges.base import Exchange
+    from ..broker.ops import Exchange, TopicCheck
     from ..broker.ops.deliveries import StoredMessage  # the model's record type; amqp names no store module
     from .channel_host import ChannelHost
 

@@ -10,8 +10,7 @@ from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..broker.access.actor import Actor
-    from ..broker.vhost import VHost
+    from ..broker.ops import Actor, VHost
     from ..config import Config
     from .spool import BodySpool
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
+from ..broker.ops import ArgumentError, parse_expiration
 from ..broker.ops import objects as ops
-from ..broker.settings.arguments import ArgumentError, parse_expiration
 from ..wire.constants import NOT_FOUND, PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 from ..wire.frames import build_method
@@ -20,8 +20,8 @@ from ..wire.properties import PropertiesError, decode_properties, peek_expiratio
 if TYPE_CHECKING:
     import asyncio
 
+    from ..broker.ops import VHost
     from ..broker.ops.replies import ReplyQueue
-    from ..broker.vhost import VHost
     from .channel_host import ChannelHost, ReplyRegistry, ReplyTarget
 
 REPLY_TO = "amq.rabbitmq.reply-to"

@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from ..broker.ops import REJECTED
 from ..broker.ops import publish as publish_ops
-from ..broker.publishing import REJECTED
 from ..wire import writer
 from .content import PendingPublish, release_bodies
 
 if TYPE_CHECKING:
-    from ..broker.metrics.stats import ProtocolCounters
+    from ..broker.ops import ProtocolCounters, VHost
     from ..broker.ops.deliveries import Unacked
     from ..broker.ops.replies import ReplyQueue
-    from ..broker.vhost import VHost
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")

@@ -17,10 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pamqp import commands
 
 from .. import __version__
-from ..broker.access.actor import Actor
-from ..broker.access.cert_login import PeerCertificate
 from ..broker.errors import BrokerConnectionError
-from ..broker.login import LoginAttempt, LoginOutcome
+from ..broker.ops import Actor, LoginAttempt, LoginOutcome, PeerCertificate
 from ..broker.ops.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
@@ -69,8 +67,7 @@ from .refusals import CONNECTION_ERRORS, reply_code
 from .sasl import offered_mechanisms
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
-    from ..broker.vhost import VHost
+    from ..broker.ops import Broker, VHost
     from .spool import BodySpool
 
 log = logging.getLogger("lavinpy.connection")

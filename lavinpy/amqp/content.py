@@ -18,7 +18,7 @@ from ..wire.reader import HeaderFrame, Publish
 from .spool import SPOOL_MIN_BODY, BodySpool, SpooledBody
 
 if TYPE_CHECKING:
-    from ..broker.exchanges.base import Exchange
+    from ..broker.ops import Exchange
     from ..config import Config
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from ..broker.login import LoginAttempt, LoginOutcome, LoginRequest
+from ..broker.ops import LoginAttempt, LoginOutcome, LoginRequest
 from ..wire import writer
 from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED
 from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, CLOSING, OPEN
@@ -28,10 +28,7 @@ from .effects import CancelTimer, SetTimer, TimerKind
 from .sasl import login_request
 
 if TYPE_CHECKING:
-    from ..broker.access.actor import Actor
-    from ..broker.access.cert_login import PeerCertificate
-    from ..broker.broker import Broker
-    from ..broker.vhost import VHost
+    from ..broker.ops import Actor, Broker, PeerCertificate, VHost
     from ..config import Config
     from .channel import Channel
     from .output import ConnectionEffect

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..broker.metrics.rates import WindowRates
+from ..broker.ops import WindowRates
 from .connection_states import CLOSED
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
 

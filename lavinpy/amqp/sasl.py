@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import decode
 
-from ..broker.access.cert_login import PeerCertificate, certificate_user
-from ..broker.login import LoginRequest
+from ..broker.ops import LoginRequest, PeerCertificate, certificate_user
 from ..config import AUTH_MECHANISMS
 from ..wire.constants import ACCESS_REFUSED, COMMAND_INVALID, INTERNAL_MECHANISM, SYNTAX_ERROR
 from ..wire.errors import AMQPConnectionError

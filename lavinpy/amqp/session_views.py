@@ -12,12 +12,12 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..broker.metrics.stats import AMQP_091, ProtocolId
+from ..broker.ops import AMQP_091, ProtocolId
 from ..wire.constants import CONNECTION_FORCED
 from .connection import OPEN
 
 if TYPE_CHECKING:
-    from ..broker.queues.consumer import Consumer
+    from ..broker.ops import Consumer
     from .channel import Channel
     from .connection import AMQPConnection
 

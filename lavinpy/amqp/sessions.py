@@ -24,7 +24,7 @@ from ..wire.constants import CONNECTION_FORCED
 from . import consumer_timeout, session_views
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
+    from ..broker.ops import Broker
     from .channel import Channel
     from .connection import AMQPConnection
     from .output import ConnectionOutput

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from ..broker.access.cert_login import peer_certificate
+from ..broker.ops import peer_certificate
 from ..wire.accel import SOCKET_THREADS, csocket
 from ..wire.constants import PROTOCOL_HEADER
 from ..wire.proxy_header import ProxyHeader, may_be_proxy_header

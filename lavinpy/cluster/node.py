@@ -38,7 +38,7 @@ from .leader_link import LeaderLink
 from .replication_server import ReplicationServer
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
+    from ..broker.ops import Broker
     from ..config import Config
 
 log = logging.getLogger("lavinpy.cluster")

@@ -37,7 +37,7 @@ from .proxied import ForwardedProtocol, proxied_remote
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
+    from ..broker.ops import Broker
 
 log = logging.getLogger("lavinpy.http")
 

@@ -19,10 +19,7 @@ from base64 import b64decode
 
 from aiohttp import web
 
-from ..broker.access.actor import Actor
-from ..broker.access.cert_login import certificate_login, peer_certificate
-from ..broker.broker import Broker
-from ..broker.login import LoginRequest
+from ..broker.ops import Actor, Broker, LoginRequest, certificate_login, peer_certificate
 from .errors import ApiError
 
 REALM = 'Basic realm="RabbitMQ Management"'

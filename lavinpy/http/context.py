@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..broker.access.actor import Actor
+from ..broker.ops import Actor
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
+    from ..broker.ops import Broker
 
 BROKER: web.AppKey[Broker] = web.AppKey("broker")
 SESSIONS: web.AppKey[Sessions] = web.AppKey("sessions")

@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.access.links import shown_error
+from ..broker.ops import shown_error
 from .context import actor_of
 from .errors import ApiError
 

@@ -27,17 +27,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from .. import __version__
 from ..amqp import session_views
-from ..broker.connections import all_protocols
-from ..broker.metrics.stats import DEAD_LETTER_REASONS, node_totals
-from ..broker.ops import node_info
+from ..broker.ops import DEAD_LETTER_REASONS, all_protocols, node_info, node_totals
 from . import metrics_node
 from .metrics_node import EventLoopLag
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
-    from ..broker.queues.base import QueueKind
-    from ..broker.vhost import VHost
+    from ..broker.ops import Broker, QueueKind, VHost
 
 DEFAULT_PREFIX = "lavinpy"
 _PREFIX = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

@@ -20,14 +20,12 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from ..broker.metrics.stats import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
+from ..broker.ops import AMQP_091, FIELDS, MESSAGE_SIZE_BOUNDS, read_counts
 from ..broker.ops.store_figures import FSYNC_BOUNDS, fsync_times
 
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
-    from ..broker.broker import Broker
-    from ..broker.connections import ConnectionCounts
-    from ..broker.metrics.stats import NodeCounters
+    from ..broker.ops import Broker, ConnectionCounts, NodeCounters
 
 # RabbitMQ labels its global families by protocol. The message counters are the node's, of every
 # face, and go under AMQP 0-9-1's label; publishers and consumers are split by protocol.

@@ -8,8 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.metrics.rates import WindowRates
-from ..broker.ops import node_info
+from ..broker.ops import WindowRates, node_info
 from ..broker.ops.admin import AdminOperations, parse_tags, user_json, vhost_json
 from .context import actor_of, broker_of, created_or_updated, json_reply
 from .errors import not_found, read_json_object

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.access.actor import ADMINISTRATOR, POLICYMAKER
+from ..broker.ops import ADMINISTRATOR, POLICYMAKER
 from ..federation.component import Federation, LinkNotFound
 from .context import actor_of, json_reply
 from .errors import ApiError

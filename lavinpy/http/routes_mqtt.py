@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web, web_ws
 from aiohttp.http_websocket import WebSocketError
 
-from ..broker.access.cert_login import peer_certificate
+from ..broker.ops import peer_certificate
 from ..mqtt.connection import MAX_PACKET_BEFORE_CONNECT
 from ..mqtt.sessions import MQTTSessions
 from ..mqtt.transport import WRITE_HIGH_WATER, ConnectionDriver

@@ -11,12 +11,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from ..broker.connections import ConnectionRegistry
-from ..broker.exchanges.base import Exchange
-from ..broker.ops import messages, scope
+from ..broker.ops import ConnectionRegistry, Exchange, VHost, messages, scope
 from ..broker.ops import objects as ops
 from ..broker.ops.object_info import exchange_info, properties_key, queue_info, vhost_bindings
-from ..broker.vhost import VHost
 from . import cooperative
 from .context import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.access.actor import ADMINISTRATOR, POLICYMAKER
+from ..broker.ops import ADMINISTRATOR, POLICYMAKER
 from ..shovel.component import ShovelNotFound, Shovels
 from .context import actor_of, json_reply
 from .errors import ApiError

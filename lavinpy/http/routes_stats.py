@@ -9,9 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..broker.alarms import disk_limit, memory_watermark
 from ..broker.errors import ACCESS_REFUSED, BrokerChannelError
-from ..broker.ops import node_info
+from ..broker.ops import disk_limit, memory_watermark, node_info
 from ..broker.ops.scope import (
     close_connection,
     find_connection,

@@ -11,8 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..broker.metrics.history import Entry, Window, length_details, rate_details
-from ..broker.metrics.stats import FIELDS, StatsSampler
+from ..broker.ops import FIELDS, Entry, StatsSampler, Window, length_details, rate_details
 from .errors import bad_request
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..broker.access.cert_login import PeerCertificate, certificate_login
-from ..broker.login import LoginRequest
+from ..broker.ops import LoginRequest, PeerCertificate, certificate_login
 from . import codec
 
 if TYPE_CHECKING:

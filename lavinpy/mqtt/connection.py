@@ -13,15 +13,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..broker.access.actor import Actor
-from ..broker.access.cert_login import PeerCertificate
 from ..broker.errors import BrokerError, ErrorKind
-from ..broker.login import LoginAttempt, LoginOutcome, Refusal
-from ..broker.metrics.stats import ProtocolId
+from ..broker.ops import REJECTED, Actor, LoginAttempt, LoginOutcome, PeerCertificate, ProtocolId, Refusal, WindowRates
 from ..broker.ops.messages import publish_exchange, publish_topic_check
 from ..broker.ops.publish import confirmed, publish, publish_run
 from ..broker.ops.replies import ReplyQueue
-from ..broker.publishing import REJECTED
 from ..logs import RateLimitedLog
 from ..wire.properties import encode_property_values
 from . import codec, topics
@@ -33,10 +29,7 @@ from .topics import MAX_NAME_BYTES
 if TYPE_CHECKING:
     import asyncio
 
-    from ..broker.broker import Broker
-    from ..broker.exchanges.base import Exchange
-    from ..broker.metrics.rates import WindowRates
-    from ..broker.vhost import VHost
+    from ..broker.ops import Broker, Exchange, VHost
     from ..config import Config
     from .exactly_once import QoS2Store
     from .retained import RetainedStore

@@ -36,8 +36,7 @@ from .subscriptions5 import ClientLimits, Subscriptions5, retained_for, vhost_st
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
-    from ..broker.access.actor import Actor
-    from ..broker.vhost import VHost
+    from ..broker.ops import Actor, VHost
 
 log = logging.getLogger("lavinpy.mqtt")
 

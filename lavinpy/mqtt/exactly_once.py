@@ -19,7 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..broker.vhost import VHost
+    from ..broker.ops import VHost
 
 log = logging.getLogger("lavinpy.mqtt")
 

@@ -22,7 +22,7 @@ from ..logs import RateLimitedLog
 from . import topics
 
 if TYPE_CHECKING:
-    from ..broker.vhost import VHost
+    from ..broker.ops import VHost
 
 log = logging.getLogger("lavinpy.mqtt")
 refused_log = RateLimitedLog(log)  # one line per refused retained message, a bounded number per interval

@@ -14,7 +14,7 @@ from .retained import RetainedStore
 from .views import MQTTClientConnection
 
 if TYPE_CHECKING:
-    from ..broker.broker import Broker
+    from ..broker.ops import Broker
     from ..config import Config
 
 

@@ -13,9 +13,9 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker.errors import BrokerError
+from ..broker.ops import Consumer
 from ..broker.ops import objects as ops
 from ..broker.ops.deliveries import Deliveries
-from ..broker.queues.consumer import Consumer
 from ..wire.properties import peek_headers
 from . import codec, topics
 from .exactly_once import ClientState
@@ -23,11 +23,8 @@ from .exactly_once import ClientState
 if TYPE_CHECKING:
     import asyncio
 
-    from ..broker.access.actor import Actor
-    from ..broker.metrics.stats import ProtocolCounters
+    from ..broker.ops import Actor, ProtocolCounters, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage  # the model's record type; mqtt names no store module
-    from ..broker.queues.base import QueueKind
-    from ..broker.vhost import VHost
     from .exactly_once import QoS2Store
 
 PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..broker.errors import BrokerError
+from ..broker.ops import Consumer
 from ..broker.ops import objects as ops
-from ..broker.queues.consumer import Consumer
 from . import codec, codec5, topics
 from .message5 import Outbound
 from .properties import encode_properties
@@ -27,10 +27,8 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-    from ..broker.access.actor import Actor
+    from ..broker.ops import Actor, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage
-    from ..broker.queues.base import QueueKind
-    from ..broker.vhost import VHost
     from .exactly_once import QoS2Store
     from .subscriptions import SubscriberHost
 

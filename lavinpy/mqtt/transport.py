@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..broker.access.cert_login import peer_certificate
+from ..broker.ops import peer_certificate
 from .connection import Effect, MQTTConnection, SetTimer
 
 if TYPE_CHECKING:

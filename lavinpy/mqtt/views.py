@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..broker.metrics.rates import WindowRates
-from ..broker.metrics.stats import ProtocolId
+from ..broker.ops import ProtocolId, WindowRates
 from .connection import PROTOCOLS
 from .subscriptions import queue_name
 from .subscriptions5 import Subscriptions5, shared_queue_name
