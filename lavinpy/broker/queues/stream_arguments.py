@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from ..settings.arguments import amqp_type_name, parse_max_age
+from ..settings.queue_arguments import STREAM, arguments_of
 from .stream_filter import StreamFilterError, stream_filter
 from .stream_offsets import OffsetTrackingError, tracking_requested
 
@@ -20,11 +21,8 @@ OFFSET_HEADER = "x-stream-offset"
 # method ids for error replies
 _BASIC_CONSUME = (60, 20)
 _QUEUE_DECLARE = (50, 10)
-# Arguments a stream accepts (RabbitMQ's list, minus clustering ones lavinpy ignores).
-STREAM_ARGUMENTS = frozenset({
-    "x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes",
-    "x-initial-cluster-size", "x-queue-leader-locator", "x-stream-filter-size-bytes",
-})
+# Arguments a stream accepts (RabbitMQ's list, minus clustering ones lavinpy ignores; the table's kinds).
+STREAM_ARGUMENTS = arguments_of(STREAM)
 
 
 def _int_between(low: int, high: int | None) -> Callable[[Any], str | None]:

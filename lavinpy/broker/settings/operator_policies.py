@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .policies import VALIDATORS, Policy, PolicyStore, _int_at_least, _string
+from .policies import VALIDATORS, Policy, PolicyStore
+from .queue_arguments import int_at_least, string_named
 
 OPERATOR_POLICIES_FILE = "operator_policies.json"
 # Keys merged by taking the smaller value (RabbitMQ's merge strategy for each of them).
@@ -30,13 +31,13 @@ OPERATOR_VALIDATORS: dict[str, Callable[[Any], str | None]] = {
     "max-length": VALIDATORS["max-length"],
     "max-length-bytes": VALIDATORS["max-length-bytes"],
     "delivery-limit": VALIDATORS["delivery-limit"],
-    "max-in-memory-length": _int_at_least(0, "maximum in-memory length"),
-    "max-in-memory-bytes": _int_at_least(0, "maximum in-memory bytes"),
-    "target-group-size": _int_at_least(1, "target group size"),
-    "ha-mode": _string("ha-mode"),
+    "max-in-memory-length": int_at_least(0, "maximum in-memory length"),
+    "max-in-memory-bytes": int_at_least(0, "maximum in-memory bytes"),
+    "target-group-size": int_at_least(1, "target group size"),
+    "ha-mode": string_named("ha-mode"),
     "ha-params": lambda value: None,
-    "ha-sync-mode": _string("ha-sync-mode"),
-    "queue-master-locator": _string("queue-master-locator"),
+    "ha-sync-mode": string_named("ha-sync-mode"),
+    "queue-master-locator": string_named("queue-master-locator"),
 }
 
 

@@ -4,7 +4,8 @@ A policy applies the keys of its definition (message-ttl, max-length, dead-lette
 queues and/or exchanges whose name its pattern matches (a regular-expression search, as RabbitMQ's
 ``re:run``). At most one policy applies to an object: the highest priority wins. RabbitMQ leaves ties
 undefined; lavinpy picks the policy whose name sorts first, so the choice is stable across restarts.
-How a policy value combines with a declare argument is decided in ``arguments.QueueSettings``.
+A queue key's check and how its value combines with a declare argument come from the one table of queue
+arguments (``queue_arguments``); the exchange and federation keys are checked here.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from lavinpy.broker.settings import retries
-from lavinpy.broker.settings.arguments import OVERFLOW_MODES, QUEUE_MODES, parse_max_age
 from lavinpy.broker.settings.names import name_too_long
+from lavinpy.broker.settings.queue_arguments import POLICY_CHECKS, is_int, string_named
 from lavinpy.broker.settings.refused_arguments import refused_argument
 from lavinpy.store.jsonfile import read_json, write_json_atomic
 
@@ -33,60 +34,17 @@ class PolicyError(ValueError):
     """A policy cannot be set: the message says which field is wrong and why."""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_at_least(minimum: int, what: str) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if _is_int(value) and value >= minimum else f"{value!r} is not a valid {what}"
-    return check
-
-
-def _string(what: str) -> Callable[[Any], str | None]:
-    def reason(value: Any) -> str | None:
-        if not isinstance(value, str):
-            return f"{value!r} is not a valid {what}"
-        return name_too_long(what, value)
-    return reason
-
-
-def _one_of(choices: tuple[str, ...], what: str) -> Callable[[Any], str | None]:
-    return lambda value: None if value in choices else f"{value!r} is not a valid {what} value"
-
-
-def _max_age(value: Any) -> str | None:
-    try:
-        parse_max_age(value)
-    except (TypeError, ValueError):
-        return f"{value!r} is not a valid max age"
-    return None
-
-
 # Definition keys lavinpy understands, with RabbitMQ's validation rules. queue-mode and queue-version
 # are accepted for compatibility with RabbitMQ definitions and have no effect.
 # max-priority and single-active-consumer are not policy keys in RabbitMQ either: they decide how a
 # queue is built, so only a declare argument can set them.
 VALIDATORS: dict[str, Callable[[Any], str | None]] = {
-    "alternate-exchange": _string("alternate exchange name"),
-    "dead-letter-exchange": _string("dead letter exchange name"),
-    "dead-letter-routing-key": _string("dead letter routing key"),
-    "message-ttl": _int_at_least(0, "message TTL"),
-    "expires": _int_at_least(1, "queue expiry"),
-    "max-length": _int_at_least(0, "maximum length"),
-    "max-length-bytes": _int_at_least(0, "maximum length in bytes"),
-    "overflow": _one_of(OVERFLOW_MODES, "overflow"),
-    "delivery-limit": _int_at_least(-1, "delivery limit"),
-    "consumer-timeout": _int_at_least(0, "consumer timeout"),
-    "max-age": _max_age,
-    "stream-max-segment-size-bytes": _int_at_least(0, "segment size"),
-    "queue-mode": _one_of(QUEUE_MODES, "queue-mode"),
-    "dead-letter-strategy": _one_of(("at-most-once", "at-least-once"), "dead-letter-strategy"),
-    "queue-version": lambda value: None if value in (1, 2) else f"{value!r} is not a valid queue version",
+    **POLICY_CHECKS,  # the queue keys: queue_arguments.QUEUE_ARGUMENTS
+    "alternate-exchange": string_named("alternate exchange name"),
     # Federation (lavinpy.federation): the upstream, or the set of upstreams ("all": every one), an
     # exchange is fed from.
-    "federation-upstream": _string("federation upstream name"),
-    "federation-upstream-set": _string("federation upstream set name"),
+    "federation-upstream": string_named("federation upstream name"),
+    "federation-upstream-set": string_named("federation upstream set name"),
     # Delayed retries (broker/settings/retries.py): RabbitMQ 4.3's type/min/max, lavinpy's multiplier and jitter.
     **retries.policy_validators(),
 }
@@ -143,7 +101,7 @@ def make_policy(name: str, pattern: str, definition: Mapping[str, Any], priority
     too_long = name_too_long("policy name", name)
     if too_long is not None:
         raise PolicyError(too_long)
-    if not _is_int(priority):
+    if not is_int(priority):
         raise PolicyError(f"policy '{name}': {priority!r} priority must be a number")
     if apply_to not in APPLY_TO:
         raise PolicyError(f"policy '{name}': apply-to '{apply_to}' unrecognised; should be one of: "

@@ -14,24 +14,18 @@ from typing import Any
 
 from ..errors import PRECONDITION_FAILED, BrokerChannelError
 from .arguments import ArgumentError, amqp_type_name, validate_queue_arguments
+from .queue_arguments import QUORUM, arguments_not_of, arguments_of
 
 TYPE_MODULE = "rabbit_quorum_queue"  # RabbitMQ names the type by its module in these texts
 DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 _QUEUE_DECLARE = (50, 10)
 
-# Arguments RabbitMQ's quorum type takes (its capabilities list). The cluster ones (group size,
-# leader locator, placement tag) are accepted and reported: every in-sync replica holds the queue.
-QUORUM_ARGUMENTS = frozenset({
-    "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-dead-letter-strategy", "x-expires",
-    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes", "x-overflow",
-    "x-single-active-consumer", "x-queue-type", "x-quorum-initial-group-size", "x-member-placement-tag",
-    "x-delivery-limit", "x-message-ttl", "x-queue-leader-locator", "x-consumer-timeout",
-})
+# Arguments RabbitMQ's quorum type takes (its capabilities list; the table's kinds). The cluster ones
+# (group size, leader locator, placement tag) are accepted and reported: every in-sync replica holds the
+# queue.
+QUORUM_ARGUMENTS = arguments_of(QUORUM)
 # Arguments of the other types (classic, stream) a quorum queue refuses by name, as RabbitMQ does.
-OTHER_TYPES_ARGUMENTS = frozenset({
-    "x-max-priority", "x-queue-mode", "x-queue-version", "x-queue-master-locator", "x-max-age",
-    "x-stream-max-segment-size-bytes", "x-stream-filter-size-bytes", "x-initial-cluster-size",
-})
+OTHER_TYPES_ARGUMENTS = arguments_not_of(QUORUM)
 LEADER_LOCATORS = ("client-local", "balanced")
 
 
