@@ -116,7 +116,7 @@ class Channel:
         """``method``, the reply to ``cause``, once ``wait`` (VHost.durable/replicated, or None) is done."""
         self.replies.commit(wait, (method, cause))
 
-    # --- the reply queue's sink (broker.replies.ReplySink, ConfirmSink) -------------------------
+    # --- the reply queue's sink (broker.ops.replies.ReplySink, ConfirmSink) -------------------------
     def send_reply(self, reply: Any) -> None:
         """A method's reply, (method, cause), or frames that followed one."""
         if type(reply) is tuple:
@@ -327,7 +327,7 @@ class Channel:
             self.confirms.published_run(count, needs_sync)
             self.conn.confirms_pending.add(self)
 
-    # --- deliveries (the queue's side: broker.queue_consumer.DeliveryChannel) -------------------------
+    # --- deliveries (the queue's side: broker.queues.queue_consumer.DeliveryChannel) -------------------------
     def can_deliver(self) -> bool:
         if not self.flow_active or self.closing or not self.conn.writable or self.replies.waiting:
             return False

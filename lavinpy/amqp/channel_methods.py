@@ -89,7 +89,7 @@ class Declarations:
         nowait) goes out once the change is with every in-sync follower and the definitions appended
         are on disk (``VHost.replicated``), in order; what the operation sends this channel meanwhile
         (basic.cancel of a deleted queue's consumers) goes behind the reply. A failed flush or
-        replication closes the channel (broker.replies)."""
+        replication closes the channel (broker.ops.replies)."""
         replies = self._out.replies
         place = replies.hold()
         reply = None

@@ -1,7 +1,7 @@
 """A channel's publisher confirms (``Confirms``) and transaction (``Transaction``).
 
 Confirms go out once per input batch (``send``), after the fsync that persistent messages need: one
-entry per batch in the channel's ``broker.replies.ReplyQueue``, which keeps them in order and refuses
+entry per batch in the channel's ``broker.ops.replies.ReplyQueue``, which keeps them in order and refuses
 (nacks) a batch whose flush failed. In tx mode publishes and acks are held by the ``Transaction``
 until tx.commit.
 """

@@ -3,7 +3,7 @@ name, rows (the connection, its channels, its consumers) as RabbitMQ's API shows
 
 The session layer registers one ``AMQPClientConnection`` per connection from its start to its end;
 the HTTP API and the metrics read them through the registry. What an actor may see and close is
-the model's rule for every face (``broker.operations``).
+the model's rule for every face (``broker.ops.scope``).
 """
 
 from __future__ import annotations

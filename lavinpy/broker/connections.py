@@ -4,7 +4,7 @@ Each face registers its connections here when their socket opens and unregisters
 closes, each as a ``ClientConnection``: its name, vhost, user, protocol, peer and client info, the
 rows the management API lists (the connection, its channels, its consumers) and ``close(reason)``.
 The HTTP API, the metrics and lavinpyctl (through the API) read this registry, never a face; who
-may see or close a connection is one rule (``broker.operations``).
+may see or close a connection is one rule (``broker.ops.scope``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Users, vhosts, permissions and policies: RabbitMQ's /api/whoami, /api/users, /api/vhosts,
-/api/permissions and /api/policies. Tag and permission rules live in ``broker.admin_operations``."""
+/api/permissions and /api/policies. Tag and permission rules live in ``broker.ops.admin``."""
 
 from __future__ import annotations
 

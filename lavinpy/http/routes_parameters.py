@@ -1,5 +1,5 @@
 """RabbitMQ's /api/parameters, /api/global-parameters, /api/vhost-limits, /api/user-limits and
-/api/operator-policies. The rules are in ``broker.limits_operations``; handlers only translate."""
+/api/operator-policies. The rules are in ``broker.ops.limits``; handlers only translate."""
 
 from __future__ import annotations
 

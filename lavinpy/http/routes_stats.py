@@ -1,6 +1,6 @@
 """The read-only views and health checks: overview, nodes, connections, channels, consumers,
 /api/health/checks/*, /api/aliveness-test. Handlers translate; node_info and the model's connection
-registry (broker.connections, read through broker.operations) decide what the acting user may see,
+registry (broker.connections, read through broker.ops.scope) decide what the acting user may see,
 of every face alike."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """RabbitMQ's sample query parameters on the API: ``lengths_age``/``lengths_incr`` add ``samples``
 to the message counts' ``*_details``, ``msg_rates_age``/``msg_rates_incr`` to ``message_stats``'.
 
-The samples come from the history the broker's stats sampler keeps (``broker.history``); without
+The samples come from the history the broker's stats sampler keeps (``broker.metrics.history``); without
 the parameters a reply is unchanged and costs nothing more.
 """
 

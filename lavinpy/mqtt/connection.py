@@ -520,7 +520,7 @@ class MQTTConnection:
     # --- PUBACKs in input order, each after its message is durable when the fsync policy asks ---------
     def _end_batch(self) -> None:
         """One reply queue entry per input batch: its PUBACKs, after the flush some of them wait for. A
-        failed flush or replication closes the connection (broker.replies), so the client publishes
+        failed flush or replication closes the connection (broker.ops.replies), so the client publishes
         them again."""
         ids, self._pubacks = self._pubacks, []
         sync, self._batch_sync = self._batch_sync, False
@@ -533,7 +533,7 @@ class MQTTConnection:
         """Output (a QoS 2 PUBLISH) after ``wait`` and the replies before it (subscriptions.SubscriberHost)."""
         self._replies.commit(wait, data)
 
-    # the reply queue's sink (broker.replies.ReplySink)
+    # the reply queue's sink (broker.ops.replies.ReplySink)
     def send_reply(self, reply: list[int] | bytes) -> None:
         if isinstance(reply, bytes):
             return self.send(reply)

@@ -4,7 +4,7 @@ them, and the deliveries awaiting PUBACK or PUBREC (one in-flight window). A mes
 goes out at QoS 2 when a filter granted QoS 2 matches its topic (those filters are part of the
 session's QoS 2 state, ``exactly_once``) and it was published at QoS 2 or over AMQP; it is acked to its
 queue at PUBREC. Queues deliver here as to any ``DeliveryChannel``; the books and the settling are the
-model's (``broker.deliveries``)."""
+model's (``broker.ops.deliveries``)."""
 
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ class Subscriptions:
                 except BrokerError:
                     pass  # nothing bound, or not allowed: UNSUBACK all the same (the spec's rule)
 
-    # --- deliveries (broker.queue_consumer.DeliveryChannel) ------------------------------------------
+    # --- deliveries (broker.queues.queue_consumer.DeliveryChannel) ------------------------------------------
     def can_deliver(self) -> bool:
         return not self.closed and self.host.writable
 

@@ -1,7 +1,7 @@
 """An MQTT connection as the model's connection registry holds it (``broker.connections``): its name,
 its rows as the management API lists them (RabbitMQ's fields, ``protocol: "MQTT 3.1.1"``), its
 session for its own page, and close. Who may see or close one is the model's rule
-(``broker.operations``)."""
+(``broker.ops.scope``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replies after the disk on the sans-IO AMQP session (broker.replies): in the order of their methods,
+"""Replies after the disk on the sans-IO AMQP session (broker.ops.replies): in the order of their methods,
 and an answer for each kind when the flush or the replication fails (basic.nack, channel.close 506),
 never a hang. A running event loop drives the store's group commit; the disk or the replication
 fails under the store for one step (tests/mqtt/test_mqtt_replies.py: the MQTT PUBACK)."""

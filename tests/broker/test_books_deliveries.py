@@ -1,4 +1,4 @@
-"""A channel's deliveries as the model books them (broker.deliveries), in process, without a session:
+"""A channel's deliveries as the model books them (broker.ops.deliveries), in process, without a session:
 counts on the queue and in the session's protocol's counters, credit back to the consumer,
 rescheduling, and the order of requeues."""
 

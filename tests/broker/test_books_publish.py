@@ -1,4 +1,4 @@
-"""Publishing as the model books it (broker.publish_ops): vhost, exchange and per-protocol counters,
+"""Publishing as the model books it (broker.ops.publish): vhost, exchange and per-protocol counters,
 once per message or once per run, whichever face publishes."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every face's connections in the model's registry (broker.connections) and every face's traffic in
 its protocol's counters, in process: an AMQP connection and an MQTT one on one broker, listed, counted,
-found, refused and closed through broker.operations as the HTTP API does."""
+found, refused and closed through broker.ops.scope as the HTTP API does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""broker.replies.ReplyQueue on its own: the order of release and the failure rule of each kind, with
+"""broker.ops.replies.ReplyQueue on its own: the order of release and the failure rule of each kind, with
 real futures completed out of order and a session that records what it was asked to send."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MQTT connection's PUBACKs and QoS 2 replies after the disk (broker.replies), without sockets: a
+"""The MQTT connection's PUBACKs and QoS 2 replies after the disk (broker.ops.replies), without sockets: a
 failed flush or replication closes the connection, with no PUBACK or PUBREC for the messages it could
 not make durable and no PUBCOMP for a PUBREL it could not record, so the client sends them again
 (answered only after a flush that succeeds); never a hang."""

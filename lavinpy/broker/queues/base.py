@@ -1,6 +1,6 @@
 """The queue-kind contract: everything the vhost and the channels may ask of a queue.
 
-Classic (``queue.Queue``, with or without priorities) and stream (``stream_queue.StreamQueue``) queues
+Classic (``queue.Queue``, with or without priorities) and stream (``stream.StreamQueue``) queues
 implement it; the vhost holds them as ``dict[str, QueueKind]`` and never asks which kind a queue is.
 Where the kinds differ, the difference is a method here: a stream's ``reject`` is credit only, a
 classic queue's ``validate_consumer`` accepts everything, only a stream's ``apply_retention`` drops

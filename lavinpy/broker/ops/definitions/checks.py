@@ -2,7 +2,7 @@
 
 The whole document is checked against itself and the broker's current state first; an import then
 changes nothing when any object is wrong, and the error names every bad object. Objects are
-judged by the model's own rules (``declarations``, ``arguments``, ``policies``, ``admin_operations``):
+judged by the model's own rules (``declarations``, ``arguments``, ``policies``, ``ops.admin``):
 an import refuses what a declaration would refuse, with the same text.
 """
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 NODE_SECTIONS = ("vhosts", "users", "permissions", "topic_permissions", "policies", "exchanges", "queues",
                  "bindings")
 VHOST_SECTIONS = ("policies", "exchanges", "queues", "bindings")
-IGNORED_SECTIONS = ("parameters", "global_parameters", "operator_policies")  # definitions_limits checks them
+IGNORED_SECTIONS = ("parameters", "global_parameters", "operator_policies")  # definitions.limits checks them
 # Policy keys accepted, kept and exported, reported as not needed: RabbitMQ-only ones, and the queue
 # mode and version (lavinpy keeps messages on disk and pages them in on demand).
 REPORTED_POLICY_KEYS = NOT_NEEDED_KEYS | {"queue-mode", "queue-version"}

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ...broker import Broker
 
 OPERATOR_POLICY_COMPONENT = "operator_policy"
-# The plan's action kinds this module applies (definitions_io hands them to ``apply_action``).
+# The plan's action kinds this module applies (definitions.documents hands them to ``apply_action``).
 ACTION_KINDS = ("parameter", "global_parameter", "operator_policy", "user_limits")
 
 
@@ -58,7 +58,7 @@ def _text(item: Mapping[str, Any], key: str, what: str) -> str:
 
 def check_limit_sections(broker: Broker, doc: Mapping[str, Any], only_vhost: str | None, plan: Any,
                          importer: str) -> None:
-    """Check the sections and add their actions to ``plan`` (a definitions_check.Plan); refuse by name.
+    """Check the sections and add their actions to ``plan`` (a definitions.checks.Plan); refuse by name.
     ``importer``: whom a link parameter without a recorded ``user`` runs as."""
     users = broker.users
     assert users is not None
