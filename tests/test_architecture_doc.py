@@ -1,5 +1,6 @@
 """docs/architecture.md's file map names every module under lavinpy/ and only modules that exist; its layer block
-is pyproject.toml's layers contract; the README's Layout and Development sections agree with both."""
+is pyproject.toml's layers contract, its wings block the model's (broker-layers); the README's Layout and
+Development sections agree with both."""
 
 from __future__ import annotations
 
@@ -126,3 +127,17 @@ def test_the_readme_layout_names_every_package():
 def test_the_readme_development_section_gives_pyprojects_layer_order():
     order = " > ".join(layer.replace("lavinpy.", "") for layer in package_layers())
     assert f"`{order}`" in readme_section("Development"), order
+
+
+def test_the_wings_block_is_the_models_layers_contract():
+    """The code block under '## The model in wings' lists pyproject.toml's broker-layers, top first."""
+    with (REPO / "pyproject.toml").open("rb") as f:
+        contracts = tomllib.load(f)["tool"]["importlinter"]["contracts"]
+    [contract] = [c for c in contracts if c["id"] == "broker-layers"]
+    text = DOC.read_text()
+    section = text[text.index("## The model in wings"):]
+    block = re.search(r"^```\n(.*?)^```", section, re.M | re.S)
+    assert block, "no code block under '## The model in wings'"
+    shown = [normalised(re.sub(r"(\.py|/)(?=\s*(\||$))", "", re.split(r"\s{2,}", line)[0]))
+             for line in block.group(1).splitlines() if line.strip() and not line[0].isspace()]
+    assert shown == [normalised(layer) for layer in contract["layers"]]
