@@ -16,7 +16,7 @@ from .amqp.spool import BodySpool
 from .amqp.transport import AMQPProtocol, LoopScheduling
 from .broker.ops import FEDERATION_UPSTREAM as UPSTREAM
 from .broker.ops import Broker, Face, queue_type_of
-from .broker.ops.definitions.documents import DefinitionsFileError, load_definitions_file
+from .broker.ops.definitions.documents import LoadDefinitionsError, load_definitions_file
 from .broker.ops.limits import LimitsOperations
 from .broker.ops.node_info import node_name
 from .config import Config
@@ -314,7 +314,7 @@ async def serve(config: Config) -> int:
     except DataDirLocked as e:
         log.error("%s", e)
         return 1
-    except DefinitionsFileError as e:
+    except LoadDefinitionsError as e:
         log.error("cannot start: %s", e)
         server.broker.close()
         return 1

@@ -94,13 +94,13 @@ class User:
 
 
 @dataclass
-class VHost:
+class VHostRecord:
     name: str
     description: str = ""
     tags: list[str] = field(default_factory=list)
     default_queue_type: str | None = None  # RabbitMQ 3.11+'s vhost metadata: kept and exported
 
-    def copy(self) -> VHost:
+    def copy(self) -> VHostRecord:
         return replace(self, tags=list(self.tags))
 
 
@@ -111,7 +111,7 @@ class UserStore:
         self.users_file = Path(users_file)
         self.vhosts_file = Path(vhosts_file)
         self._users: dict[str, User] = {}
-        self._vhosts: dict[str, VHost] = {}
+        self._vhosts: dict[str, VHostRecord] = {}
         self._regex_cache: dict[str, re.Pattern[str]] = {}
         # Bumped by every change to a user's password, tags or permissions (or a vhost's removal):
         # connections compare it before trusting their cached permission answers.
@@ -251,12 +251,12 @@ class UserStore:
     # -- vhosts -------------------------------------------------------------------------------
 
     def add_vhost(self, name: str, description: str = "", tags: Iterable[str] = (),
-                  default_queue_type: str | None = None) -> VHost:
+                  default_queue_type: str | None = None) -> VHostRecord:
         if not name:
             raise ValueError("vhost name must not be empty")
         if name in self._vhosts:
             raise AlreadyExists(f"vhost {name!r} already exists")
-        vhost = VHost(name, description, list(tags), default_queue_type)
+        vhost = VHostRecord(name, description, list(tags), default_queue_type)
         self._vhosts[name] = vhost
         self._save_vhosts()
         return vhost.copy()
@@ -294,10 +294,10 @@ class UserStore:
         self._save_vhosts()
         self._changed()
 
-    def vhosts(self) -> list[VHost]:
+    def vhosts(self) -> list[VHostRecord]:
         return [v.copy() for v in self._vhosts.values()]
 
-    def vhost(self, name: str) -> VHost | None:
+    def vhost(self, name: str) -> VHostRecord | None:
         vhost = self._vhosts.get(name)
         return vhost.copy() if vhost is not None else None
 
@@ -461,12 +461,13 @@ def _user_from_json(obj: dict[str, Any]) -> User:
     )
 
 
-def _vhost_to_json(vhost: VHost) -> dict[str, Any]:
+def _vhost_to_json(vhost: VHostRecord) -> dict[str, Any]:
     out: dict[str, Any] = {"name": vhost.name, "description": vhost.description, "tags": list(vhost.tags)}
     if vhost.default_queue_type is not None:
         out["default_queue_type"] = vhost.default_queue_type
     return out
 
 
-def _vhost_from_json(obj: dict[str, Any]) -> VHost:
-    return VHost(obj["name"], obj.get("description", ""), list(obj.get("tags", [])), obj.get("default_queue_type"))
+def _vhost_from_json(obj: dict[str, Any]) -> VHostRecord:
+    return VHostRecord(obj["name"], obj.get("description", ""), list(obj.get("tags", [])),
+                       obj.get("default_queue_type"))

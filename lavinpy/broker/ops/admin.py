@@ -27,7 +27,7 @@ from ...wire.passwords import (
 )
 from ..access.actor import ADMINISTRATOR, POLICYMAKER, Actor
 from ..access.permissions import check_policy
-from ..access.users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHost
+from ..access.users import PERMISSION_KINDS, AlreadyExists, NotFound, User, UserStore, VHostRecord
 from ..errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
 from ..settings.names import check_name_length
 from ..settings.policies import NOT_NEEDED_KEYS, Policy, PolicyError
@@ -145,7 +145,7 @@ class AdminOperations:
 
     # -- visibility ----------------------------------------------------------------------------
 
-    def visible_vhosts(self, actor: Actor | None) -> list[VHost]:
+    def visible_vhosts(self, actor: Actor | None) -> list[VHostRecord]:
         vhosts = self.users.vhosts()
         if sees_all_vhosts(actor):
             return vhosts
@@ -218,7 +218,7 @@ class AdminOperations:
 
     # -- vhosts --------------------------------------------------------------------------------
 
-    def get_vhost(self, actor: Actor | None, name: str) -> VHost:
+    def get_vhost(self, actor: Actor | None, name: str) -> VHostRecord:
         self.check_vhost_visible(actor, name)
         vhost = self.users.vhost(name)
         assert vhost is not None
@@ -420,7 +420,7 @@ def user_json(user: User) -> dict[str, Any]:
             "hashing_algorithm": user.hashing_algorithm, "tags": list(user.tags), "limits": {}}
 
 
-def vhost_json(vhost: VHost) -> dict[str, Any]:
+def vhost_json(vhost: VHostRecord) -> dict[str, Any]:
     metadata: dict[str, Any] = {"description": vhost.description, "tags": list(vhost.tags)}
     if vhost.default_queue_type is not None:
         metadata["default_queue_type"] = vhost.default_queue_type

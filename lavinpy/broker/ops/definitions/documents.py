@@ -30,7 +30,7 @@ from .limits import apply_action as apply_limit_action
 from .limits import export_limit_sections
 
 if TYPE_CHECKING:
-    from ...access.users import VHost as VHostRecord
+    from ...access.users import VHostRecord
     from ...broker import Broker
     from ...vhost import VHost as VHostModel
 
@@ -230,7 +230,7 @@ def _apply_steps(broker: Broker, ops: AdminOperations, plan: Plan) -> Iterator[N
         yield
 
 
-class DefinitionsFileError(Exception):
+class LoadDefinitionsError(Exception):
     """The load_definitions file cannot be read or is wrong: the broker does not start."""
 
 
@@ -242,13 +242,13 @@ def load_definitions_file(broker: Broker, path: str) -> list[dict[str, str]]:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except OSError as e:
-        raise DefinitionsFileError(f"load_definitions: cannot read {path}: {e.strerror}") from None
+        raise LoadDefinitionsError(f"load_definitions: cannot read {path}: {e.strerror}") from None
     except ValueError as e:
-        raise DefinitionsFileError(f"load_definitions: {path} is not valid JSON: {e}") from None
+        raise LoadDefinitionsError(f"load_definitions: {path} is not valid JSON: {e}") from None
     try:
         plan = import_definitions(broker, None, doc)
     except BrokerError as e:
-        raise DefinitionsFileError(f"load_definitions: {path}: {e.detail}") from None
+        raise LoadDefinitionsError(f"load_definitions: {path}: {e.detail}") from None
     for item in plan.ignored:
         log.info("load_definitions: %s '%s': %s accepted, %s", item["type"], item["name"], item["key"], item["reason"])
     return plan.changes
