@@ -248,7 +248,7 @@ class ExchangeLink(LinkRunner):
         if not no_ack:
             await up.rpc(spec.Basic.Qos(prefetch_count=self.upstream.prefetch_count), spec.Basic.QosOk)
         down.on_writable = lambda writable: up.pause_reading(not writable)
-        up.on_delivery = self._deliver
+        up.on_message = self._deliver
         await up.rpc(unchecked(spec.Basic.Consume, queue=queue, consumer_tag=self.upstream.consumer_tag or "",
                                         no_ack=no_ack), spec.Basic.ConsumeOk)
         self._set_state("running")
@@ -374,7 +374,8 @@ class ExchangeLink(LinkRunner):
 
     # -------------------------------------------------------------------- messages
 
-    def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+    def _deliver(self, tag: int, redelivered: bool, exchange: str, routing_key: str, properties: bytes,
+                 body: bytes) -> None:
         up, down = self._up, self._down
         if up is None or down is None:
             return  # left unacked: the upstream requeues it when the connection closes
@@ -390,7 +391,7 @@ class ExchangeLink(LinkRunner):
                 up.ack(tag, False)
             return
         entry: dict[str, Any] = {"uri": strip_password(self.uri or ""), "exchange": self.upstream_exchange,
-                                 "redelivered": False}
+                                 "redelivered": redelivered}
         if self._upstream_cluster:
             entry["cluster-name"] = self._upstream_cluster
         entry["vhost"] = self._upstream_vhost

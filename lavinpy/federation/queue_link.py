@@ -3,8 +3,13 @@
 As RabbitMQ's queue federation, the link moves messages only while the local queue has consumers and no
 ready messages of its own: it then consumes the upstream queue (``prefetch-count``, ``ack-mode``) and
 publishes each message to the local queue through the default exchange; otherwise it cancels its
-upstream consumer, so the messages wait upstream for that site's own consumers. A message moves once
-per hop: it is acknowledged upstream once this node has it (on-confirm, on-publish) or at once (no-ack).
+upstream consumer, so the messages wait upstream for that site's own consumers. As RabbitMQ's link, it
+consumes upstream with consumer priority -1 (``x-priority``): the upstream's own consumers, at the
+default 0, get every message they have credit for first. A message moves once per hop: it is
+acknowledged upstream once this node has it (on-confirm, on-publish) or at once (no-ack), and carries
+an ``x-received-from`` entry (uri, queue, redelivered, visit-count: how often it came this way) with,
+on its first hop, its original exchange and routing key (``x-original-exchange``,
+``x-original-routing-key``) and any CC header renamed ``x-original-cc``.
 The local queue's state is looked at every 0.2 s (the server gives it), not pushed.
 """
 
@@ -19,15 +24,18 @@ from typing import Any
 
 from pamqp import commands as spec
 
+from lavinpy.wire.field_table import Int64
+from lavinpy.wire.properties import peek_headers, replace_headers
 from lavinpy.wire.uri import AMQPURL
 
 from .client import LinkConnection, LinkError, connect, unchecked
-from .link import STOP_SECONDS, LinkRunner, _now, strip_password
+from .link import RECEIVED_FROM, STOP_SECONDS, LinkRunner, _now, strip_password
 from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
 
 CHECK_SECONDS = 0.2
+LINK_PRIORITY = Int64(-1)  # below the upstream's own consumers (RabbitMQ's link: a long -1)
 
 
 @dataclass
@@ -90,6 +98,9 @@ class QueueLink(LinkRunner):
         if self._up is None:
             raise LinkError("; ".join(errors))
         up = self._up
+        capabilities = up.server_properties.get("capabilities")
+        if not (isinstance(capabilities, dict) and capabilities.get("consumer_priorities") is True):
+            raise LinkError("the upstream lacks consumer priorities (its local consumers would not come first)")
         down = self._down = await connect(self.env.local_url(f"amqp:///{self.vhost}"),
                                           f"Federation link (downstream: {self.queue})")
         await up.rpc(unchecked(spec.Queue.Declare, queue=self.upstream_queue, durable=True), spec.Queue.DeclareOk)
@@ -100,7 +111,7 @@ class QueueLink(LinkRunner):
             await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
             down.on_confirm = self._confirmed
         down.on_writable = lambda writable: up.pause_reading(not writable)
-        up.on_delivery = self._deliver
+        up.on_message = self._deliver
         self._set_state("running")
         log.info("federation link of queue %s in vhost %s running from upstream %s (%s)", self.queue, self.vhost,
                  self.upstream.name, strip_password(self.uri or ""))
@@ -115,7 +126,8 @@ class QueueLink(LinkRunner):
             want = consumers > 0 and ready == 0
             if want and not self.consuming:
                 ok = await up.rpc(unchecked(spec.Basic.Consume, queue=self.upstream_queue,
-                                            consumer_tag=self.upstream.consumer_tag or "", no_ack=no_ack),
+                                            consumer_tag=self.upstream.consumer_tag or "", no_ack=no_ack,
+                                            arguments={"x-priority": LINK_PRIORITY}),
                                   spec.Basic.ConsumeOk)
                 self._tag, self.consuming = ok.consumer_tag, True
             elif not want and self.consuming:
@@ -124,18 +136,38 @@ class QueueLink(LinkRunner):
         failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
         raise LinkError(f"{side}: {failed.error}")
 
-    def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+    def _deliver(self, tag: int, redelivered: bool, exchange: str, routing_key: str, properties: bytes,
+                 body: bytes) -> None:
         up, down = self._up, self._down
         if up is None or down is None:
             return
         self.received += 1
-        down.publish("", self.queue, properties, body)
+        down.publish("", self.queue, replace_headers(properties, self._headers(
+            peek_headers(properties) or {}, redelivered, exchange, routing_key)), body)
         self.forwarded += 1
         if self.upstream.ack_mode == "on-confirm":
             self._seq += 1
             self._outstanding.append((self._seq, tag))
         elif self.upstream.ack_mode == "on-publish":
             up.ack(tag, False)
+
+    def _headers(self, headers: dict[str, Any], redelivered: bool, exchange: str, routing_key: str) -> dict[str, Any]:
+        """RabbitMQ's queue link's headers: this hop's entry first, with how often the message came this way."""
+        here = {"uri": strip_password(self.uri or ""), "queue": self.upstream_queue}
+        trail = headers.get(RECEIVED_FROM)
+        visits = 0
+        if isinstance(trail, list):
+            same = [e for e in trail if isinstance(e, dict) and all(e.get(k) == v for k, v in here.items())]
+            trail = [e for e in trail if not any(e is s for s in same)]
+            count = same[0].get("visit-count") if same else 0
+            visits = count if isinstance(count, int) else 0
+        else:
+            trail = []
+            headers["x-original-exchange"], headers["x-original-routing-key"] = exchange, routing_key
+        if "CC" in headers:
+            headers["x-original-cc"] = headers.pop("CC")
+        headers[RECEIVED_FROM] = [{**here, "redelivered": redelivered, "visit-count": Int64(visits + 1)}, *trail]
+        return headers
 
     def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
         up = self._up

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+import uuid
 from urllib.parse import quote
 
 import pika
@@ -343,3 +344,94 @@ def test_trust_user_id_keeps_the_user_id(pair) -> None:
     conn.close()
     (props, body), = drain(down, "t.q", 1)
     assert body == b"mine" and props.user_id == "guest"
+
+
+def _federate_queue(down, up, queue: str) -> None:
+    """``queue`` on ``down`` federated from the queue of that name on ``up`` (names made from ``queue``)."""
+    assert _put(down, f"/api/parameters/federation-upstream/%2F/{queue}-up",
+                {"value": {"uri": up.url, "reconnect-delay": 0.2, "prefetch-count": 5}})[0] in (201, 204)
+    assert _put(down, f"/api/policies/%2F/{queue}-fed", {"pattern": f"^{queue}$", "apply-to": "queues",
+                                                         "definition": {"federation-upstream": f"{queue}-up"}}
+                )[0] in (201, 204)
+
+
+def _consuming(broker, queue: str) -> bool:
+    return any(r.get("queue") == queue and r["type"] == "queue" and r.get("consuming") for r in links(broker))
+
+
+def test_queue_link_yields_to_upstream_consumers_and_says_redelivered(pair) -> None:
+    """The link consumes upstream at priority -1: the upstream's own consumer gets what it has credit for;
+    what it gives back (requeued, redelivered) moves, and x-received-from says it was redelivered."""
+    up, down = pair
+    queue = f"qp-{uuid.uuid4().hex[:8]}"
+    uconn, uch = channel(up)
+    uch.queue_declare(queue, durable=True)
+    dconn, dch = channel(down)
+    dch.queue_declare(queue, durable=True)
+    _federate_queue(down, up, queue)
+    here: list = []
+    dch.basic_consume(queue, lambda c, m, p, body: (here.append((p, body)), c.basic_ack(m.delivery_tag)))
+    wait_for(lambda: (dconn.process_data_events(0.05), _consuming(down, queue))[1], what="the link consuming")
+    uch.basic_qos(prefetch_count=100)
+    there: list = []
+    uch.basic_consume(queue, lambda c, m, p, body: there.append(m.delivery_tag))  # holds them unacked
+    for i in range(20):
+        uch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        uconn.process_data_events(0.05)
+        dconn.process_data_events(0.05)
+    assert len(there) == 20 and here == []  # none went to the link while a local consumer had credit
+    uconn.close()  # the 20 go back to the queue, redelivered, and now only the link consumes
+    deadline = time.monotonic() + 15
+    while len(here) < 20 and time.monotonic() < deadline:
+        dconn.process_data_events(0.1)
+    assert sorted(int(body) for _, body in here) == list(range(20))
+    props = here[0][0]
+    hop = props.headers["x-received-from"]
+    assert len(hop) == 1 and hop[0]["queue"] == queue and hop[0]["redelivered"] is True
+    assert hop[0]["visit-count"] == 1 and "guest:" not in hop[0]["uri"]
+    assert props.headers["x-original-routing-key"] == queue and props.headers["x-original-exchange"] == ""
+    dconn.close()
+    http_call(down, "DELETE", f"/api/policies/%2F/{queue}-fed")
+
+
+def test_queues_federated_both_ways_move_each_message_once(pair) -> None:
+    """Two queues, each the other's upstream: messages published on one side with the consumer on the other
+    cross once, and do not come back (the receiving side's consumer outranks its link)."""
+    up, down = pair
+    queue = f"qb-{uuid.uuid4().hex[:8]}"
+    for broker in (up, down):
+        conn, ch = channel(broker)
+        ch.queue_declare(queue, durable=True)
+        conn.close()
+    _federate_queue(down, up, queue)
+    _federate_queue(up, down, queue)
+    dconn, dch = channel(down)
+    got: list = []
+    dch.basic_consume(queue, lambda c, m, p, body: (got.append((p, body)), c.basic_ack(m.delivery_tag)))
+    wait_for(lambda: (dconn.process_data_events(0.05), _consuming(down, queue))[1], what="the link consuming")
+    _publish_confirmed_to_queue(up, queue, range(100))
+    deadline = time.monotonic() + 15
+    while len(got) < 100 and time.monotonic() < deadline:
+        dconn.process_data_events(0.1)
+    settle = time.monotonic() + 1.0
+    while time.monotonic() < settle:
+        dconn.process_data_events(0.1)
+    assert sorted(int(body) for _, body in got) == list(range(100))  # each once
+    assert all(p.headers["x-received-from"][0]["visit-count"] == 1 for p, _ in got)
+    assert all(len(p.headers["x-received-from"]) == 1 for p, _ in got)
+    row = next(r for r in links(up) if r.get("queue") == queue)
+    assert row["messages_received"] == 0  # nothing went back
+    assert http_call(up, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 0
+    dconn.close()
+    for broker in (up, down):
+        http_call(broker, "DELETE", f"/api/policies/%2F/{queue}-fed")
+
+
+def _publish_confirmed_to_queue(broker, queue: str, numbers: range) -> None:
+    conn, ch = channel(broker)
+    ch.confirm_delivery()
+    for i in numbers:
+        ch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
