@@ -146,6 +146,10 @@ class Server:
             await self._stop_http()
             raise
         self.broker.start()
+        if self.cluster is not None and not self.broker.parameters.get_global("cluster_name"):
+            # One name for the cluster, whichever node leads (RabbitMQ's: the first node's, kept): federation
+            # links name their upstream queue after it, so a new leader's links take over the same queues.
+            self.broker.parameters.set_global("cluster_name", node_name())
         self.sessions.start()
         self.shovels.start()
         self.federation.start()
