@@ -3,12 +3,16 @@ loops cut by max-hops and the cluster name, the status API and lavinpyctl."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import time
 import urllib.request
 import uuid
 from urllib.parse import quote
 
 import pika
+import pytest
 
 from tests.e2e.conftest import http_call
 from tests.e2e.test_ctl import ctl
@@ -435,3 +439,47 @@ def _publish_confirmed_to_queue(broker, queue: str, numbers: range) -> None:
     for i in numbers:
         ch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
     conn.close()
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqadmin") is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_lists_federation_without_traceback(pair, tmp_path) -> None:
+    """Debian's rabbitmqadmin: upstreams and sets declared, listed (every format), exported and deleted;
+    the links' queues and internal exchanges listed on the upstream."""
+    up, down = pair
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+
+    def admin(broker, *args: str) -> str:
+        host, port = broker.http_url.removeprefix("http://").rsplit(":", 1)
+        r = subprocess.run([shutil.which("rabbitmqadmin") or "", "-H", host, "-P", port, "-u", "guest", "-p", "guest",
+                            *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, f"{args}: {r.stdout}{r.stderr}"
+        return r.stdout
+    conn, ch = channel(down)
+    ch.exchange_declare(f"{name}.x", "topic", durable=True)
+    conn.close()
+    value = json.dumps({"uri": [up.url], "reconnect-delay": 0.2, "max-hops": 2, "ack-mode": "on-confirm"})
+    admin(down, "declare", "parameter", "component=federation-upstream", f"name={name}", f"value={value}")
+    admin(down, "declare", "parameter", "component=federation-upstream-set", f"name={name}-set",
+          "value=" + json.dumps([{"upstream": name, "prefetch-count": 50}]))
+    admin(down, "declare", "policy", f"name={name}", f"pattern=^{name}\\.x$", "apply-to=exchanges",
+          "definition=" + json.dumps({"federation-upstream-set": f"{name}-set"}))
+    wait_for(lambda: _running(down, f"{name}.x"), what="the link")
+    for fmt in ("table", "long", "tsv", "raw_json", "pretty_json", "kvp", "bash"):
+        out = admin(down, "-f", fmt, "list", "parameters")
+        assert name in out, (fmt, out)
+        assert fmt == "bash" or "federation-upstream-set" in out
+        for what in ("exchanges", "queues", "bindings"):
+            admin(up, "-f", fmt, "list", what)
+    rows = json.loads(admin(down, "-f", "raw_json", "list", "parameters"))
+    mine = {r["component"]: r["value"] for r in rows if r["name"] in (name, f"{name}-set")}
+    assert mine["federation-upstream"]["max-hops"] == 2 and mine["federation-upstream-set"][0]["upstream"] == name
+    queues = json.loads(admin(up, "-f", "raw_json", "list", "queues", "name", "arguments"))
+    assert any(q["name"] == f"federation: {name}.x -> down" for q in queues)
+    admin(down, "export", str(tmp_path / "defs.json"))
+    exported = json.loads((tmp_path / "defs.json").read_text())
+    assert {(p["component"], p["name"]) for p in exported["parameters"]} >= {
+        ("federation-upstream", name), ("federation-upstream-set", f"{name}-set")}
+    admin(down, "delete", "policy", f"name={name}")
+    admin(down, "delete", "parameter", "component=federation-upstream-set", f"name={name}-set")
+    admin(down, "delete", "parameter", "component=federation-upstream", f"name={name}")
+    wait_for(lambda: not any(r["upstream"] == name for r in links(down)), what="the link gone")
