@@ -93,6 +93,7 @@ class LinkRunner:
     timestamp: str
     _up: LinkConnection | None
     _down: LinkConnection | None
+    failures = 0  # quick failures in a row: the next retry waits reconnect-delay * 2^(failures-1), at most 12x
 
     async def _session(self) -> None:
         raise NotImplementedError
@@ -119,6 +120,7 @@ class LinkRunner:
                 log.exception("%s failed", self.described)
             await self._close()
             failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
+            self.failures = failures
             await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
             self._set_state("starting")
 
@@ -444,4 +446,5 @@ class ExchangeLink(LinkRunner):
             info["queue"] = self.upstream.queue or self._queue_name()
         if self.state == "error":
             info["error"] = self.error or ""
+            info["failures"] = self.failures
         return info

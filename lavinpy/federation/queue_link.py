@@ -191,4 +191,5 @@ class QueueLink(LinkRunner):
         }
         if self.state == "error":
             info["error"] = self.error or ""
+            info["failures"] = self.failures
         return info

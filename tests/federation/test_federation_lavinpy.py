@@ -315,19 +315,34 @@ def test_unreachable_and_refused_upstreams_say_why(pair) -> None:
                     {"value": {"uri": uri, "reconnect-delay": 0.2}})[0] in (201, 204)
     assert _put(down, "/api/policies/%2F/why", {"pattern": "^why\\.x$", "apply-to": "exchanges",
                                                 "definition": {"federation-upstream-set": "broken"}})[0] in (201, 204)
-    members = [{"upstream": "nowhere"}, {"upstream": "badlogin"}, {"upstream": "missing"}]  # missing: no link
+    members = [{"upstream": "nowhere"}, {"upstream": "badlogin"}, {"upstream": "missing"}]
     assert _put(down, "/api/parameters/federation-upstream-set/%2F/broken", {"value": members})[0] in (201, 204)
+    started = time.monotonic()
 
     def errors() -> dict[str, str] | None:
         rows = {r["upstream"]: r.get("error", "") for r in links(down) if r.get("exchange") == "why.x"}
-        return rows if len(rows) == 2 and all(rows.values()) else None
-    rows = wait_for(errors, what="both links in error")
+        return rows if len(rows) == 3 and all(rows.values()) else None
+    rows = wait_for(errors, what="the three links in error")
     assert "cannot connect" in rows["nowhere"] and "refused" in rows["nowhere"].lower()
     assert "ACCESS_REFUSED" in rows["badlogin"] or "403" in rows["badlogin"], rows["badlogin"]
+    assert rows["missing"] == "no upstream 'missing' in vhost '/'"  # a member naming no upstream: said, no link
     for row in links(down):
         if row.get("exchange") == "why.x":
             assert row["status"] in ("error", "starting") and "wrong" not in row["uri"]
+    # Retried with backoff (0.2 s doubled after each quick failure, at most 12 times): a refused connection
+    # fails at once, so without backoff there would be one try every 0.2 s.
+    time.sleep(max(0.0, started + 3.5 - time.monotonic()))
+    failures = wait_for(lambda: next((r.get("failures") for r in links(down)
+                                      if r.get("exchange") == "why.x" and r["upstream"] == "nowhere"), None),
+                        what="the failures of the link")
+    assert 3 <= failures <= 6, failures
+    # A set naming an upstream that does not exist: said too.
+    policy = {"pattern": "^why\\.x$", "apply-to": "exchanges", "definition": {"federation-upstream-set": "no-such-set"}}
+    assert _put(down, "/api/policies/%2F/why", policy)[0] in (201, 204)
+    wait_for(lambda: [r.get("error") for r in links(down) if r.get("exchange") == "why.x"]
+             == ["no upstream set 'no-such-set' in vhost '/'"], what="the missing set said")
     http_call(down, "DELETE", "/api/policies/%2F/why")
+    wait_for(lambda: not any(r.get("exchange") == "why.x" for r in links(down)), what="no link left")
 
 
 def test_trust_user_id_keeps_the_user_id(pair) -> None:
