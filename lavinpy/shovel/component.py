@@ -69,6 +69,7 @@ class Shovels:
         # Paused (LavinMQ's pause): defined, not running, listed as "paused" until resumed or restarted.
         # Kept in memory: a restart of the node or a new leader runs them again.
         self.paused: set[tuple[str, str]] = set()
+        self._stopped: dict[tuple[str, str], Shovel] = {}  # a paused shovel as it stopped: its counters
         self.started = False
         # Called when a shovel with src-delete-after has moved its messages: the registry forgets
         # its parameter then (RabbitMQ deletes the parameter too).
@@ -131,6 +132,7 @@ class Shovels:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
         self.creators.pop(key, None)
         self.paused.discard(key)
+        self._stopped.pop(key, None)
         shovel = self.running.pop(key, None)
         if shovel is not None:
             asyncio.get_running_loop().create_task(shovel.stop())
@@ -141,6 +143,7 @@ class Shovels:
         if key not in self.definitions:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
         self.paused.discard(key)
+        self._stopped.pop(key, None)
         self.put(vhost, name, self.definitions[key], self.creators[key])
 
     def pause(self, vhost: str, name: str) -> bool:
@@ -154,6 +157,7 @@ class Shovels:
         self.paused.add(key)
         shovel = self.running.pop(key, None)
         if shovel is not None:
+            self._stopped[key] = shovel
             asyncio.get_running_loop().create_task(shovel.stop())
         log.info("shovel %s in vhost %s paused", name, vhost)
         return True
@@ -166,6 +170,7 @@ class Shovels:
         if key not in self.paused:
             return False
         self.paused.discard(key)
+        self._stopped.pop(key, None)
         if self.started and key not in self.running:
             self._launch(key)
         log.info("shovel %s in vhost %s resumed", name, vhost)
@@ -179,12 +184,15 @@ class Shovels:
             if vhost is not None and v != vhost:
                 continue
             shovel = self.running.get((v, name))
+            if (v, name) in self.paused:
+                row = (self._stopped.get((v, name)) or self._shovel((v, name))).status(self.node)
+                row["state"] = "paused"
+                row.pop("reason", None)
+                rows.append(row)
+                continue
             if shovel is None:
                 shovel = self._shovel((v, name))
-                if (v, name) in self.paused:
-                    shovel.state = "paused"
-                else:
-                    shovel.state, shovel.reason = "terminated", "not running on this node"
+                shovel.state, shovel.reason = "terminated", "not running on this node"
             rows.append(shovel.status(self.node))
         return rows
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pika
 
@@ -53,6 +54,11 @@ def test_ctl_shovel_commands(one_broker, capsys) -> None:
     assert main([uri, "pause_shovel", "nope"]) == 65
 
 
+def _metrics(broker) -> str:
+    with urllib.request.urlopen(broker.metrics_url + "/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
 def _wait(check, what: str, timeout: float = 10.0):
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -74,6 +80,9 @@ def test_pause_and_resume_a_shovel(one_broker, capsys) -> None:
     uri = f"--uri=http://guest:guest@127.0.0.1:{a.http_port}"
     assert main([uri, "pause_shovel", "p"]) == 0
     _wait(lambda: http_call(a, "GET", "/api/shovels/vhost/%2F/p")[1]["state"] == "paused", "the paused state")
+    # The node's link registry, read by the Prometheus endpoint: the shovel paused, its 10 moved.
+    assert 'lavinpy_shovel_paused{name="p",vhost="/"} 1.0' in _metrics(a)
+    assert 'lavinpy_shovel_messages_forwarded{name="p",vhost="/"} 10.0' in _metrics(a)
     status, body, _ = http_call(a, "PUT", "/api/shovels/%2F/p/pause")
     assert status == 422 and "paused already" in body["reason"]
     _publish(a.url, "p-src", 10)
@@ -83,6 +92,7 @@ def test_pause_and_resume_a_shovel(one_broker, capsys) -> None:
     assert http_call(a, "PUT", "/api/shovels/%2F/p/resume")[0] == 204
     _wait(lambda: _count(a.url, "p-src") == 0 and _count(a.url, "p-dst") == 20, "the waiting 10 moved")
     assert http_call(a, "GET", "/api/shovels/vhost/%2F/p")[1]["state"] == "running"
+    assert 'lavinpy_shovel_running{name="p",vhost="/"} 1.0' in _metrics(a)
     assert http_call(a, "PUT", "/api/shovels/%2F/p/resume")[0] == 422
     assert main([uri, "resume_shovel", "p"]) != 0
     assert http_call(a, "PUT", "/api/shovels/%2F/nope/resume")[0] == 404
