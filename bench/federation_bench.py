@@ -154,9 +154,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20000)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--link", action="append", choices=("exchange", "queue"), help="a link to measure "
+                        "(repeatable; default both)")
     parser.add_argument("--only", action="append", help="a setup to run (repeatable): lavinpy-lavinpy, "
                         "rabbitmq-lavinpy, rabbitmq-rabbitmq")
     args = parser.parse_args()
+    kinds = set(args.link or ["exchange", "queue"])
     with tempfile.TemporaryDirectory() as tmp:
         started: list[Any] = []
         lock = threading.Lock()
@@ -196,12 +199,16 @@ def main() -> None:
             for r in range(args.rounds):
                 for setup in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
                     up, down = setups[setup]
-                    link, publisher = exchange_link(up, down, args.count, args.size)
+                    link = publisher = queue = 0.0
+                    if "exchange" in kinds:
+                        link, publisher = exchange_link(up, down, args.count, args.size)
+                    if "queue" in kinds:
+                        queue = queue_link(up, down, args.count, args.size)
                     results[setup]["exchange"].append(link)
                     results[setup]["publisher"].append(publisher)
-                    results[setup]["queue"].append(queue_link(up, down, args.count, args.size))
+                    results[setup]["queue"].append(queue)
                     print(f"round {r + 1} {setup:18} exchange link {link:8,.0f} msg/s (publisher {publisher:,.0f})"
-                          f"   queue link {results[setup]['queue'][-1]:8,.0f} msg/s", flush=True)
+                          f"   queue link {queue:8,.0f} msg/s", flush=True)
             print(f"\nmedians of {args.rounds} rounds, {args.count} persistent messages of {args.size} B, "
                   "ack-mode on-confirm, prefetch-count 1000:")
             for setup in order:

@@ -2,15 +2,15 @@
 
 As RabbitMQ's queue federation, the link moves messages only while the local queue has consumers and no
 ready messages of its own: it then consumes the upstream queue (``prefetch-count``, ``ack-mode``) and
-publishes each message to the local queue through the default exchange; otherwise it cancels its
-upstream consumer, so the messages wait upstream for that site's own consumers. As RabbitMQ's link, it
+publishes each message to the local queue through the default exchange, and goes on while fewer than
+``prefetch-count`` messages are ready here; otherwise it cancels its upstream consumer, so the messages wait upstream for that site's own consumers. As RabbitMQ's link, it
 consumes upstream with consumer priority -1 (``x-priority``): the upstream's own consumers, at the
 default 0, get every message they have credit for first. A message moves once per hop: it is
 acknowledged upstream once this node has it (on-confirm, on-publish) or at once (no-ack), and carries
 an ``x-received-from`` entry (uri, queue, redelivered, visit-count: how often it came this way) with,
 on its first hop, its original exchange and routing key (``x-original-exchange``,
 ``x-original-routing-key``) and any CC header renamed ``x-original-cc``.
-The local queue's state is looked at every 0.2 s (the server gives it), not pushed.
+The local queue's state is looked at every 0.1 s (the server gives it), not pushed.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
 
-CHECK_SECONDS = 0.2
+CHECK_SECONDS = 0.1
 LINK_PRIORITY = Int64(-1)  # below the upstream's own consumers (RabbitMQ's link: a long -1)
 
 
@@ -123,7 +123,10 @@ class QueueLink(LinkRunner):
             if local is None:
                 raise LinkError(f"no queue '{self.queue}' in vhost '{self.vhost}'")
             consumers, ready = local
-            want = consumers > 0 and ready == 0
+            # Start when the local consumers have nothing ready; once moving, go on while what is ready
+            # here stays below one prefetch (what the link itself just brought, not yet taken), so a link
+            # faster than the consumers does not stop and start at every check.
+            want = consumers > 0 and (ready == 0 or (self.consuming and ready < self.upstream.prefetch_count))
             if want and not self.consuming:
                 ok = await up.rpc(unchecked(spec.Basic.Consume, queue=self.upstream_queue,
                                             consumer_tag=self.upstream.consumer_tag or "", no_ack=no_ack,
