@@ -80,6 +80,45 @@ def _key(routing_key: str, arguments: Mapping[str, Any]) -> str:
     return json.dumps([routing_key, arguments], sort_keys=True, default=repr)
 
 
+class Settlement:
+    """Upstream deliveries republished here under confirms (ack-mode on-confirm), settled upstream in
+    delivery order once this node confirms them: confirms may come singly and out of order (RabbitMQ
+    downstream), a nack sends that delivery back to the upstream queue, and every run of acknowledged
+    deliveries goes upstream as one ``basic.ack multiple`` (each earlier delivery tag on the channel is
+    settled by then: dropped ones are acknowledged at once, the others are settled here in order)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.pending: deque[tuple[int, int]] = deque()  # (publish sequence number here, upstream delivery tag)
+        self.seq = 0
+        self.answered: dict[int, bool] = {}  # confirmed, not yet settled (behind an unconfirmed one): -> nacked
+
+    def published(self, tag: int) -> None:
+        self.seq += 1
+        self.pending.append((self.seq, tag))
+
+    def confirmed(self, seq: int, multiple: bool, nack: bool) -> tuple[int | None, list[int]]:
+        """(the upstream tag to acknowledge with multiple, or None; the upstream tags to nack first)."""
+        if multiple:
+            for s, _ in self.pending:  # the pending prefix up to seq: settled just below, so amortised O(1)
+                if s > seq:
+                    break
+                self.answered.setdefault(s, nack)
+        else:
+            self.answered[seq] = nack
+        ack: int | None = None
+        nacks: list[int] = []
+        while self.pending and self.pending[0][0] in self.answered:
+            s, tag = self.pending.popleft()
+            if self.answered.pop(s):
+                nacks.append(tag)
+            else:
+                ack = tag
+        return ack, nacks
+
+
 class LinkRunner:
     """What an exchange link and a queue link share: the state the API shows, the reconnect loop with its
     backoff around a subclass's ``_session``, closing both connections, and the URLs of their URIs."""
@@ -93,6 +132,7 @@ class LinkRunner:
     timestamp: str
     _up: LinkConnection | None
     _down: LinkConnection | None
+    _settlement: Settlement
     failures = 0  # quick failures in a row: the next retry waits reconnect-delay * 2^(failures-1), at most 12x
 
     async def _session(self) -> None:
@@ -134,6 +174,17 @@ class LinkRunner:
                 except Exception:  # a half-dead connection: nothing left to do
                     client.abort()
 
+    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
+        """This node's confirm of a republished message: settled upstream in order (Settlement)."""
+        ack, nacks = self._settlement.confirmed(seq, multiple, nack)
+        up = self._up
+        if up is None:
+            return
+        for tag in nacks:
+            up.nack(tag, False)  # refused here: back to the upstream queue
+        if ack is not None:
+            up.ack(ack, True)
+
     def _url(self, uri: str) -> AMQPURL:
         u = urlsplit(uri)
         try:
@@ -162,10 +213,7 @@ class ExchangeLink(LinkRunner):
         self._upstream_cluster = ""
         self._upstream_vhost = "/"
         self._down_user = ""
-        self._outstanding: deque[tuple[int, int]] = deque()
-        self._confirmed_upto = 0
-        self._seq = 0
-        self._singles: set[int] = set()
+        self._settlement = Settlement()
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -212,9 +260,7 @@ class ExchangeLink(LinkRunner):
         x = self.env.exchange()
         if x is None:
             raise LinkError(f"no exchange '{self.exchange}' in vhost '{self.vhost}'")
-        self._outstanding.clear()
-        self._singles.clear()
-        self._seq = self._confirmed_upto = 0
+        self._settlement.clear()
         self._bound.clear()
         up = self._up = await self._connect_upstream()
         local = self.env.local_url(f"amqp:///{self.vhost}")
@@ -406,28 +452,9 @@ class ExchangeLink(LinkRunner):
         down.publish(self.exchange, routing_key, properties, body)
         self.forwarded += 1
         if self.upstream.ack_mode == "on-confirm":
-            self._seq += 1
-            self._outstanding.append((self._seq, tag))
+            self._settlement.published(tag)
         elif self.upstream.ack_mode == "on-publish":
             up.ack(tag, False)
-
-    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
-        if multiple:
-            self._confirmed_upto = max(self._confirmed_upto, seq)
-        else:
-            self._singles.add(seq)
-        up = self._up
-        while self._outstanding:
-            s, tag = self._outstanding[0]
-            if s > self._confirmed_upto and s not in self._singles:
-                break
-            self._outstanding.popleft()
-            self._singles.discard(s)
-            if up is not None:
-                if nack and (s == seq or multiple):
-                    up.nack(tag, False)  # refused here: back to the upstream queue
-                else:
-                    up.ack(tag, False)
 
     # ---------------------------------------------------------------------- status
 

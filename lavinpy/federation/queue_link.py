@@ -3,21 +3,20 @@
 As RabbitMQ's queue federation, the link moves messages only while the local queue has consumers and no
 ready messages of its own: it then consumes the upstream queue (``prefetch-count``, ``ack-mode``) and
 publishes each message to the local queue through the default exchange, and goes on while fewer than
-``prefetch-count`` messages are ready here; otherwise it cancels its upstream consumer, so the messages wait upstream for that site's own consumers. As RabbitMQ's link, it
-consumes upstream with consumer priority -1 (``x-priority``): the upstream's own consumers, at the
-default 0, get every message they have credit for first. A message moves once per hop: it is
-acknowledged upstream once this node has it (on-confirm, on-publish) or at once (no-ack), and carries
-an ``x-received-from`` entry (uri, queue, redelivered, visit-count: how often it came this way) with,
-on its first hop, its original exchange and routing key (``x-original-exchange``,
-``x-original-routing-key``) and any CC header renamed ``x-original-cc``.
-The local queue's state is looked at every 0.1 s (the server gives it), not pushed.
+``prefetch-count`` messages are ready here; otherwise it cancels its upstream consumer, so the messages
+wait upstream for that site's own consumers. As RabbitMQ's link, it consumes upstream with consumer
+priority -1 (``x-priority``): the upstream's own consumers, at the default 0, get every message they
+have credit for first. A message moves once per hop: it is acknowledged upstream once this node has it
+(on-confirm, on-publish) or at once (no-ack), and carries an ``x-received-from`` entry (uri, queue,
+redelivered, visit-count: how often it came this way) with, on its first hop, its original exchange and
+routing key (``x-original-exchange``, ``x-original-routing-key``) and any CC header renamed
+``x-original-cc``. The local queue's state is looked at every 0.1 s (the server gives it), not pushed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from lavinpy.wire.properties import peek_headers, replace_headers
 from lavinpy.wire.uri import AMQPURL
 
 from .client import LinkConnection, LinkError, connect, unchecked
-from .link import RECEIVED_FROM, STOP_SECONDS, LinkRunner, _now, strip_password
+from .link import RECEIVED_FROM, STOP_SECONDS, LinkRunner, Settlement, _now, strip_password
 from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
@@ -59,8 +58,7 @@ class QueueLink(LinkRunner):
         self.consuming = False
         self._up: LinkConnection | None = None
         self._down: LinkConnection | None = None
-        self._outstanding: deque[tuple[int, int]] = deque()
-        self._seq = self._confirmed_upto = 0
+        self._settlement = Settlement()
         self._tag = ""
 
     def start(self) -> None:
@@ -83,8 +81,7 @@ class QueueLink(LinkRunner):
     async def _session(self) -> None:
         if self.env.queue() is None:
             raise LinkError(f"no queue '{self.queue}' in vhost '{self.vhost}'")
-        self._outstanding.clear()
-        self._seq = self._confirmed_upto = 0
+        self._settlement.clear()
         self.consuming = False
         errors = []
         for uri in self.upstream.uris:
@@ -149,8 +146,7 @@ class QueueLink(LinkRunner):
             peek_headers(properties) or {}, redelivered, exchange, routing_key)), body)
         self.forwarded += 1
         if self.upstream.ack_mode == "on-confirm":
-            self._seq += 1
-            self._outstanding.append((self._seq, tag))
+            self._settlement.published(tag)
         elif self.upstream.ack_mode == "on-publish":
             up.ack(tag, False)
 
@@ -172,17 +168,6 @@ class QueueLink(LinkRunner):
         headers[RECEIVED_FROM] = [{**here, "redelivered": redelivered, "visit-count": Int64(visits + 1)}, *trail]
         return headers
 
-    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
-        up = self._up
-        while self._outstanding and self._outstanding[0][0] <= seq:
-            s, tag = self._outstanding.popleft()
-            if up is not None:
-                if nack:
-                    up.nack(tag, False)
-                else:
-                    up.ack(tag, False)
-            if not multiple and s == seq:
-                break
 
     def status(self, node: str, link_id: str) -> dict[str, Any]:
         info: dict[str, Any] = {
