@@ -10,7 +10,8 @@ have credit for first. A message moves once per hop: it is acknowledged upstream
 (on-confirm, on-publish) or at once (no-ack), and carries an ``x-received-from`` entry (uri, queue,
 redelivered, visit-count: how often it came this way) with, on its first hop, its original exchange and
 routing key (``x-original-exchange``, ``x-original-routing-key``) and any CC header renamed
-``x-original-cc``. The local queue's state is looked at every 0.1 s (the server gives it), not pushed.
+``x-original-cc``. The local queue's state is looked at every 0.1 s, every 0.02 s while messages
+move (the server gives it), not pushed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
 
-CHECK_SECONDS = 0.1
+CHECK_SECONDS = 0.1  # how often the local queue is looked at
+BUSY_CHECK_SECONDS = 0.02  # ... while messages move: whether to stop or go on matters at once then
 LINK_PRIORITY = Int64(-1)  # below the upstream's own consumers (RabbitMQ's link: a long -1)
 
 
@@ -112,8 +114,11 @@ class QueueLink(LinkRunner):
         self._set_state("running")
         log.info("federation link of queue %s in vhost %s running from upstream %s (%s)", self.queue, self.vhost,
                  self.upstream.name, strip_password(self.uri or ""))
+        seen = -1  # messages received at the last look: more since, and the next look comes sooner
         while not (up.closed.done() or down.closed.done()):
-            await asyncio.wait([asyncio.shield(up.closed), asyncio.shield(down.closed)], timeout=CHECK_SECONDS)
+            busy, seen = self.received != seen, self.received
+            await asyncio.wait([asyncio.shield(up.closed), asyncio.shield(down.closed)],
+                               timeout=BUSY_CHECK_SECONDS if busy else CHECK_SECONDS)
             if up.closed.done() or down.closed.done():
                 break
             local = self.env.queue()
