@@ -133,6 +133,7 @@ class LinkRunner:
     _up: LinkConnection | None
     _down: LinkConnection | None
     _settlement: Settlement
+    uri: str | None
     failures = 0  # quick failures in a row: the next retry waits reconnect-delay * 2^(failures-1), at most 12x
 
     async def _session(self) -> None:
@@ -173,6 +174,14 @@ class LinkRunner:
                     await client.close(1.0)
                 except Exception:  # a half-dead connection: nothing left to do
                     client.abort()
+
+    _safe: tuple[str | None, str] = (None, "")
+
+    def _safe_uri(self) -> str:
+        """The URI in use without its password (for every message's x-received-from: parsed once)."""
+        if self._safe[0] != self.uri:
+            self._safe = (self.uri, strip_password(self.uri or ""))
+        return self._safe[1]
 
     def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
         """This node's confirm of a republished message: settled upstream in order (Settlement)."""
@@ -438,7 +447,7 @@ class ExchangeLink(LinkRunner):
             if self.upstream.ack_mode != "no-ack":
                 up.ack(tag, False)
             return
-        entry: dict[str, Any] = {"uri": strip_password(self.uri or ""), "exchange": self.upstream_exchange,
+        entry: dict[str, Any] = {"uri": self._safe_uri(), "exchange": self.upstream_exchange,
                                  "redelivered": redelivered}
         if self._upstream_cluster:
             entry["cluster-name"] = self._upstream_cluster

@@ -157,7 +157,7 @@ class QueueLink(LinkRunner):
 
     def _headers(self, headers: dict[str, Any], redelivered: bool, exchange: str, routing_key: str) -> dict[str, Any]:
         """RabbitMQ's queue link's headers: this hop's entry first, with how often the message came this way."""
-        here = {"uri": strip_password(self.uri or ""), "queue": self.upstream_queue}
+        here = {"uri": self._safe_uri(), "queue": self.upstream_queue}
         trail = headers.get(RECEIVED_FROM)
         visits = 0
         if isinstance(trail, list):
