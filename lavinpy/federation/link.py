@@ -335,8 +335,13 @@ class ExchangeLink(LinkRunner):
         try:
             await probe.rpc(unchecked(spec.Exchange.Declare, exchange=name, passive=True), spec.Exchange.DeclareOk)
             return True
-        except LinkError:
-            return False
+        except LinkError as e:
+            # Only the broker's 404 says it is missing: a lost or timed-out probe says nothing, and taking
+            # it for "missing" would make the link delete the internal exchange that carries the bindings
+            # (messages published meanwhile would be dropped upstream).
+            if "404" in str(e) or "NOT_FOUND" in str(e):
+                return False
+            raise
         finally:
             await probe.close(1.0)
 
