@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lavinpy.shovel.client import CHANNEL, ShovelClient, ShovelClientError
+from lavinpy.shovel.client import ShovelClient, ShovelClientError
 from lavinpy.shovel.client import connect as connect_shovel_client
 from lavinpy.wire.client_events import Delivery
 from lavinpy.wire.field_table import encode_table
@@ -69,30 +69,6 @@ class _Client(ShovelClient):
     deliveries with their redelivered flag (``x-received-from`` carries it)."""
 
     on_message: MessageCallback | None = None
-    _flush_due = False
-
-    def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
-        self.conn.publish(CHANNEL, exchange, routing_key, properties, body, False)
-        self._flush_soon()
-
-    def ack(self, tag: int, multiple: bool) -> None:
-        self.conn.ack(CHANNEL, tag, multiple)
-        self._flush_soon()
-
-    def nack(self, tag: int, multiple: bool) -> None:
-        self.conn.nack(CHANNEL, tag, multiple, True)
-        self._flush_soon()
-
-    def _flush_soon(self) -> None:
-        """Publishes and acks are written once per turn of the loop: a batch of deliveries read from one
-        side goes to the other in one write, not one write (and system call) per message."""
-        if not self._flush_due:
-            self._flush_due = True
-            self._loop.call_soon(self._flush_now)
-
-    def _flush_now(self) -> None:
-        self._flush_due = False
-        self.flush()
 
     def handle_delivery(self, delivery: Delivery) -> None:
         if self.on_message is not None:
