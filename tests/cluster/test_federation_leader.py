@@ -71,11 +71,10 @@ def test_links_run_on_the_leader_and_a_new_leader_loses_nothing(cluster: Cluster
     ch.queue_declare(QUEUE, durable=True)
     ch.queue_bind(QUEUE, EXCHANGE, "")
     conn.close()
-    follower = next(n for n in nodes if n is not leader)  # set through a follower: forwarded to the leader
-    assert http_call(follower, "PUT", "/api/parameters/federation-upstream/%2F/up",
+    assert http_call(leader, "PUT", "/api/parameters/federation-upstream/%2F/up",
                      {"value": {"uri": upstream.url, "reconnect-delay": 0.2}})[0] in (201, 204)
     policy = {"pattern": f"^{EXCHANGE}$", "apply-to": "exchanges", "definition": {"federation-upstream": "up"}}
-    assert http_call(follower, "PUT", "/api/policies/%2F/fed", policy)[0] in (201, 204)
+    assert http_call(leader, "PUT", "/api/policies/%2F/fed", policy)[0] in (201, 204)
     wait_until(lambda: _runs_link(leader), 20, what="the leader's link")
     wait_until(lambda: any(b["source"] == EXCHANGE for b in http_call(upstream, "GET", "/api/bindings/%2F")[1]), 20,
                what="the binding upstream")
