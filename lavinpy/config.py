@@ -145,6 +145,9 @@ class Config:
     # A user with a bcrypt hash (imported from LavinMQ) gets RabbitMQ's salted SHA-256 hash of the same
     # password on its first good login: bcrypt costs a quarter of a second of CPU per check.
     rehash_bcrypt_on_login: bool = True
+    # Failed logins per source address answered without delay; after them the login throttle slows every
+    # login from the address (docs/security.md).
+    login_free_failures: int = 3
     # A definitions JSON file (RabbitMQ's format) applied at every boot; "" = none.
     load_definitions: str = ""
     # High availability (LavinMQ's names): nodes coordinated by etcd, one leader, followers replicating.
@@ -194,6 +197,8 @@ class Config:
             except ValueError:
                 raise ConfigError(f"proxy_protocol_trusted_sources: {entry!r} is neither an address nor a CIDR")
         self._validate_clustering()
+        if self.login_free_failures < 0:
+            raise ConfigError(f"login_free_failures must be 0 or more, not {self.login_free_failures}")
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
         if self.ack_file_max_bytes < 8 or self.ack_file_max_bytes % 8:
