@@ -172,6 +172,9 @@ class Config:
     # TLS on the replication port with the node's tls_cert / tls_key, each side verifying the other's
     # certificate against tls_ca_cert (both ends must have it on).
     clustering_tls: bool = False
+    # Seconds an etcd lease outlives its holder's last keepalive (LavinMQ's 10): how long a leader
+    # paused or cut off from etcd keeps its place before another node may take it.
+    clustering_lease_ttl: int = 10
 
     def validate(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -279,6 +282,8 @@ class Config:
                                                                 self.clustering_advertised_uri):
             raise ConfigError("clustering_advertised_uri must look like tcp://host:port, "
                               f"not {self.clustering_advertised_uri!r}")
+        if self.clustering_lease_ttl < 3:
+            raise ConfigError(f"clustering_lease_ttl must be at least 3 s, not {self.clustering_lease_ttl}")
         if self.clustering_etcd_password and not self.clustering_etcd_user:
             raise ConfigError("clustering_etcd_password needs clustering_etcd_user")
         if bool(self.clustering_etcd_tls_cert) != bool(self.clustering_etcd_tls_key):
@@ -408,6 +413,7 @@ _CLUSTERING_FLAGS = {
     "clustering_etcd_tls_ca": "CA file that signed etcd's certificate (turns TLS to etcd on)",
     "clustering_etcd_tls_cert": "client certificate for etcd (with --clustering-etcd-tls-key)",
     "clustering_etcd_tls_key": "key of the client certificate for etcd",
+    "clustering_lease_ttl": "seconds a leader's etcd lease outlives its last keepalive (default 10)",
     "clustering_tls": "true: TLS on the replication port with tls_cert/tls_key, peers verified against tls_ca_cert",
 }
 
@@ -434,7 +440,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("clustering (high availability with etcd, see docs/clustering.md)")
     cluster.add_argument("--clustering", action="store_const", const=True, help="run as a node of a cluster")
     for name, text in _CLUSTERING_FLAGS.items():
-        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if name == "clustering_port" else str,
+        kind = int if name in ("clustering_port", "clustering_lease_ttl") else str
+        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
                              help=text)
 
 

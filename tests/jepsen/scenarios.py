@@ -29,6 +29,11 @@ def _queue_file(run: Run, name: str) -> str:
     return f"{hashlib.sha1(b'/').hexdigest()}/{hashlib.sha1(run.queue.encode()).hexdigest()}/{name}"
 
 
+def lease_ttl(run: Run) -> int:
+    """The nodes' etcd lease TTL in seconds (clustering_lease_ttl; lavinpy's default 10)."""
+    return int(run.cluster.options.extra_config.get("clustering_lease_ttl", 10))
+
+
 def _watch(seconds: float, check: Callable[[], Any], interval: float = 0.2) -> list[Any]:
     """Call ``check`` every ``interval`` for ``seconds``; the distinct truthy values it returned."""
     seen: list[Any] = []
@@ -70,7 +75,7 @@ def f1_isr_shrink(run: Run) -> None:
     n.partition([leader.name, f2.name], n.etcd_names(), "blackhole")
     n.partition([leader.name], [f1.name], "prohibit")
     n.reset_replication(f1, leader)
-    time.sleep(14)
+    time.sleep(lease_ttl(run) + 4)  # past the cut-off leader's lease: f1 takes over
     run.heal("heal the F1 partition")
     run.control(consume=True)
 
@@ -109,12 +114,12 @@ def f2_join_caught_up(run: Run) -> None:
 # ---- F3: a leader cut off from etcd stops serving before its lease can expire ---------------------
 
 def f3_lease_deadline(run: Run) -> None:
-    """The leader is black-holed from every etcd endpoint for 15 s: it must stop serving before its
-    lease expires and a follower takes over (the checker fails overlaps and late confirms)."""
+    """The leader is black-holed from every etcd endpoint for 5 s past its lease TTL: it must stop serving
+    before its lease expires and a follower takes over (the checker fails overlaps and late confirms)."""
     n = run.nemesis
     leader = n.leader()
     n.partition([leader.name], n.etcd_names(), "blackhole")
-    time.sleep(15)
+    time.sleep(lease_ttl(run) + 5)
     run.heal("heal the F3 partition")
 
 
