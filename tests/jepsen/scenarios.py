@@ -353,7 +353,7 @@ def f10_isr_key_deleted(run: Run) -> None:
     f1, _ = n.followers(leader)
     n.delete_isr()
     n.kill(leader)
-    led = _watch(12, lambda: ",".join(c.serving()), 0.3)
+    led = _watch(lease_ttl(run) + 2, lambda: ",".join(c.serving()), 0.3)  # past the killed leader's lease
     if led:
         run.problems.append(f"F10: {led} led with no ISR key in etcd and no operator")
     else:
@@ -382,7 +382,8 @@ def f10_old_backup(run: Run) -> None:
     f2.disk("restore", str(backup))
     n.fault(f"{f2.name}'s data dir restored from the old backup")
     f2.start()
-    led = _watch(10, lambda: ",".join(c.serving()), 0.3)
+    # past the killed leader's lease, with f2 up and able to campaign
+    led = _watch(lease_ttl(run) + 3, lambda: ",".join(c.serving()), 0.3)
     if f2.name in ",".join(led):
         run.problems.append(f"F10: {f2.name} led with its data restored from an old backup")
     n.resume(f1)
