@@ -199,6 +199,9 @@ class Config:
     # A user with a bcrypt hash (imported from LavinMQ) gets RabbitMQ's salted SHA-256 hash of the same
     # password on its first good login: bcrypt costs a quarter of a second of CPU per check.
     rehash_bcrypt_on_login: bool = True
+    # Failed logins per source address answered without delay; after them the login throttle slows every
+    # login from the address (docs/security.md).
+    login_free_failures: int = 3
     # A definitions JSON file (RabbitMQ's format) applied at every boot; "" = none.
     load_definitions: str = ""
     # High availability (LavinMQ's names): nodes coordinated by etcd, one leader, followers replicating.
@@ -223,6 +226,9 @@ class Config:
     # TLS on the replication port with the node's tls_cert / tls_key, each side verifying the other's
     # certificate against tls_ca_cert (both ends must have it on).
     clustering_tls: bool = False
+    # Seconds an etcd lease outlives its holder's last keepalive (LavinMQ's 10): how long a leader
+    # paused or cut off from etcd keeps its place before another node may take it.
+    clustering_lease_ttl: int = 10
 
     def validate(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -248,6 +254,8 @@ class Config:
             except ValueError:
                 raise ConfigError(f"proxy_protocol_trusted_sources: {entry!r} is neither an address nor a CIDR")
         self._validate_clustering()
+        if self.login_free_failures < 0:
+            raise ConfigError(f"login_free_failures must be 0 or more, not {self.login_free_failures}")
         if self.segment_size < 4096:
             raise ConfigError(f"segment_size must be at least 4096 bytes, not {self.segment_size}")
         if self.ack_file_max_bytes < 8 or self.ack_file_max_bytes % 8:
@@ -376,6 +384,8 @@ class Config:
                                                                 self.clustering_advertised_uri):
             raise ConfigError("clustering_advertised_uri must look like tcp://host:port, "
                               f"not {self.clustering_advertised_uri!r}")
+        if self.clustering_lease_ttl < 3:
+            raise ConfigError(f"clustering_lease_ttl must be at least 3 s, not {self.clustering_lease_ttl}")
         if self.clustering_etcd_password and not self.clustering_etcd_user:
             raise ConfigError("clustering_etcd_password needs clustering_etcd_user")
         if bool(self.clustering_etcd_tls_cert) != bool(self.clustering_etcd_tls_key):
@@ -523,6 +533,7 @@ _CLUSTERING_FLAGS = {
     "clustering_etcd_tls_ca": "CA file that signed etcd's certificate (turns TLS to etcd on)",
     "clustering_etcd_tls_cert": "client certificate for etcd (with --clustering-etcd-tls-key)",
     "clustering_etcd_tls_key": "key of the client certificate for etcd",
+    "clustering_lease_ttl": "seconds a leader's etcd lease outlives its last keepalive (default 10)",
     "clustering_tls": "true: TLS on the replication port with tls_cert/tls_key, peers verified against tls_ca_cert",
 }
 
@@ -551,7 +562,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster = parser.add_argument_group("clustering (high availability with etcd, see docs/clustering.md)")
     cluster.add_argument("--clustering", action="store_const", const=True, help="run as a node of a cluster")
     for name, text in _CLUSTERING_FLAGS.items():
-        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int if name == "clustering_port" else str,
+        kind = int if name in ("clustering_port", "clustering_lease_ttl") else str
+        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
                              help=text)
 
 

@@ -26,6 +26,7 @@ from .logs import configure_logging, reopen_log_file
 from .mqtt.sessions import MQTTSessions
 from .mqtt.transport import MQTTProtocol
 from .shovel.component import LocalNode, ShovelComponent, Shovels
+from .shovel.registry import LinkRegistry
 from .store.lock import DataDirLocked
 from .systemd_notify import Notifier
 from .tls import ServerTLS
@@ -121,6 +122,10 @@ class Server:
             broker.parameters.delete("shovel", vhost, name)
         self.shovels.on_finished = drop_parameter
         self.federation = federation_of(broker, config.default_user, self.shovels.local)
+        # Every link of the node, whatever its kind, for what reads them all (the Prometheus endpoint).
+        self.links = LinkRegistry()
+        self.links.register("shovel", self.shovels.status)
+        self.links.register("federation", self.federation.status)
 
     async def start(self) -> None:
         config = self.config
@@ -146,6 +151,10 @@ class Server:
             await self._stop_http()
             raise
         self.broker.start()
+        if self.cluster is not None and not self.broker.parameters.get_global("cluster_name"):
+            # One name for the cluster, whichever node leads (RabbitMQ's: the first node's, kept): federation
+            # links name their upstream queue after it, so a new leader's links take over the same queues.
+            self.broker.parameters.set_global("cluster_name", node_name())
         self.sessions.start()
         self.shovels.start()
         self.federation.start()
@@ -186,7 +195,7 @@ class Server:
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
         ports = [(self.http, management_app, config.http_port, "HTTP",
                   self.proxy_policy, None),
-                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions, self.federation.status),
+                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions, self.links),
                   config.prometheus_port, "Prometheus", NO_PROXY, None)]
         if tls is not None:
             ports += [(self.http, ports[0][1], config.https_port if config.https_enabled else 0, "HTTPS",

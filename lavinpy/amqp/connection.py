@@ -84,6 +84,7 @@ CAPABILITIES = {
     "authentication_failure_close": True,
     "per_consumer_qos": True,
     "direct_reply_to": True,
+    "consumer_priorities": True,  # x-priority on basic.consume (RabbitMQ's queue federation asks for it)
 }
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long

@@ -82,7 +82,7 @@ class Broker:
         self.config = config
         self.datadir = DataDir(Path(config.data_dir))
         self.users: UserStore | None = None
-        self.login_throttle = LoginThrottle()
+        self.login_throttle = LoginThrottle(free_failures=config.login_free_failures)
         self.internal_logins = InternalLogins()  # the node's own shovels log in to it as their creators
         self.logins = Logins(self)  # the one login operation of every face
         self.vhosts: dict[str, VHost] = {}

@@ -1,5 +1,6 @@
 """lavinpyctl's shovel commands, as rabbitmqctl's shovel plugin names them: shovel_status (also
-list_shovels), delete_shovel and restart_shovel, through /api/shovels."""
+list_shovels), delete_shovel and restart_shovel, through /api/shovels; and pause_shovel and
+resume_shovel (LavinMQ's pause and resume)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,26 @@ def cmd_restart_shovel(api: Api, args: argparse.Namespace, out: Output) -> None:
         raise _not_found(e, args) from None
 
 
+def _pause_or_resume(api: Api, args: argparse.Namespace, out: Output, verb: str) -> None:
+    out.banner(f"{verb.capitalize()[:-1]}ing shovel {args.name} in virtual host {args.vhost}")
+    try:
+        api.call("PUT", f"/api/shovels/{q(args.vhost)}/{q(args.name)}/{verb}")
+    except CtlError as e:
+        raise _not_found(e, args) from None
+
+
+def cmd_pause_shovel(api: Api, args: argparse.Namespace, out: Output) -> None:
+    _pause_or_resume(api, args, out, "pause")
+
+
+def cmd_resume_shovel(api: Api, args: argparse.Namespace, out: Output) -> None:
+    _pause_or_resume(api, args, out, "resume")
+
+
 COMMANDS: dict[str, Callable[[Api, argparse.Namespace, Output], None]] = {
     "shovel_status": cmd_shovel_status, "list_shovels": cmd_shovel_status,
     "delete_shovel": cmd_delete_shovel, "restart_shovel": cmd_restart_shovel,
+    "pause_shovel": cmd_pause_shovel, "resume_shovel": cmd_resume_shovel,
 }
 
 
@@ -63,3 +81,5 @@ def add_parsers(add: Callable[..., argparse.ArgumentParser]) -> None:
     add("list_shovels", "the shovels and their state (shovel_status)")
     add("delete_shovel", "stop and delete a shovel in the vhost (-p)", "name")
     add("restart_shovel", "restart a shovel in the vhost (-p)", "name")
+    add("pause_shovel", "stop a shovel in the vhost (-p) moving messages until resumed", "name")
+    add("resume_shovel", "let a paused shovel in the vhost (-p) move messages again", "name")

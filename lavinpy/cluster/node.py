@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.cluster")
 
-LEASE_TTL = 10  # seconds (LavinMQ's)
 # Often, so that a lease whose time to live has dropped tells the others its holder has gone quiet.
 KEEPALIVE_INTERVAL = 0.5
 DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could expire
@@ -168,8 +167,8 @@ class ClusterNode:
                     raise EtcdError(f"{secret} is gone")
                 self.secret = bytes.fromhex(stored.text)
                 sent = time.monotonic()
-                self.lease = await self.etcd.lease_grant(LEASE_TTL)
-                self.deadline = sent + LEASE_TTL
+                self.lease = await self.etcd.lease_grant(self.config.clustering_lease_ttl)
+                self.deadline = sent + self.config.clustering_lease_ttl
                 await self.etcd.put(self.keys.node(self.id), self._info().to_json(), self.lease)
                 return
             except EtcdAuthFailed:
@@ -206,7 +205,8 @@ class ClusterNode:
             try:
                 await self.etcd.lease_revoke(self.lease)
             except EtcdError as e:
-                log.warning("cluster: lease not revoked (%s); it expires within %d s", e, LEASE_TTL)
+                log.warning("cluster: lease not revoked (%s); it expires within %d s", e,
+                            self.config.clustering_lease_ttl)
         await self.etcd.close()
         if self._lock.held:
             self._lock.release()
@@ -415,7 +415,7 @@ class ClusterNode:
         """Whether the leader has not kept its lease alive for LEADER_SILENT seconds (it keeps it
         alive every KEEPALIVE_INTERVAL): it is down, paused or cut off from etcd, not just from us."""
         remaining = await self.etcd.lease_time_to_live(lease)
-        return remaining < 0 or remaining <= LEASE_TTL - LEADER_SILENT
+        return remaining < 0 or remaining <= self.config.clustering_lease_ttl - LEADER_SILENT
 
     async def _stop_following(self) -> None:
         if self._link is not None:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from lavinpy.shovel.client import ShovelClient, ShovelClientError
 from lavinpy.shovel.client import connect as connect_shovel_client
+from lavinpy.wire.client_events import Delivery
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.frames import build_method, method_fields
 from lavinpy.wire.uri import AMQPURL
@@ -45,7 +46,7 @@ class LinkConnection(Protocol):
     closed: asyncio.Future[None]
     @property
     def server_properties(self) -> dict[str, Any]: ...
-    on_delivery: Callable[[int, str, str, bytes, bytes], None] | None
+    on_message: Callable[[int, bool, str, str, bytes, bytes], None] | None
     on_confirm: Callable[[int, bool, bool], None] | None
     on_writable: Callable[[bool], None] | None
 
@@ -60,8 +61,19 @@ class LinkConnection(Protocol):
     def abort(self) -> None: ...
 
 
+MessageCallback = Callable[[int, bool, str, str, bytes, bytes], None]  # tag, redelivered, exchange, key, props, body
+
+
 class _Client(ShovelClient):
-    """The shovel's client, with connection.start's server properties and nowait methods on channel 1."""
+    """The shovel's client, with connection.start's server properties, nowait methods on channel 1, and
+    deliveries with their redelivered flag (``x-received-from`` carries it)."""
+
+    on_message: MessageCallback | None = None
+
+    def handle_delivery(self, delivery: Delivery) -> None:
+        if self.on_message is not None:
+            self.on_message(delivery.delivery_tag, delivery.redelivered, delivery.exchange, delivery.routing_key,
+                            delivery.properties, delivery.body)
 
     @property
     def server_properties(self) -> dict[str, Any]:

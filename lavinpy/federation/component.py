@@ -50,6 +50,9 @@ class Federation:
         self.creators: dict[tuple[str, str], str] = {}
         self.sets: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self.links: dict[LinkKey, ExchangeLink | QueueLink] = {}
+        # What a policy names that does not exist (an upstream, a set, a set's member): shown as a link in
+        # error, so the status says why nothing runs; it is looked for again at each comparison.
+        self.missing: dict[LinkKey, str] = {}
         # Given by the server: the federated exchanges and queues with their policy's definition, an
         # exchange's description and bindings, a queue's consumers and ready messages, the cluster name,
         # and why a link's creator may not run it (vhost, upstream, kind, name).
@@ -92,6 +95,7 @@ class Federation:
 
     async def stop(self) -> None:
         self.started = False
+        self.missing = {}
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -109,14 +113,20 @@ class Federation:
     def wanted(self) -> dict[LinkKey, Upstream]:
         """The links the policies ask for now."""
         wanted: dict[LinkKey, Upstream] = {}
+        missing_now: dict[LinkKey, str] = {}
         for (kind, vhost, name), definition in self.federated().items():
             upstreams = {n: u for (v, n), u in self.upstreams.items() if v == vhost}
             sets = {n: s for (v, n), s in self.sets.items() if v == vhost}
             found, missing = resolve(definition, upstreams, sets)
             for what in missing:
-                log.debug("federation of %s %s in vhost %s: no %s", kind, name, vhost, what)
+                missing_now[(kind, vhost, name, what.partition("'")[2].rstrip("'"))] = (
+                    f"no {what} in vhost '{vhost}'")
             for upstream in found:
                 wanted[(kind, vhost, name, upstream.name)] = upstream
+        for key, why in missing_now.items():
+            if key not in self.missing:
+                log.warning("federation of %s %s in vhost %s: %s", key[0], key[2], key[1], why)
+        self.missing = missing_now
         return wanted
 
     def reconcile(self) -> None:
@@ -158,8 +168,15 @@ class Federation:
 
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """RabbitMQ's /api/federation-links rows."""
-        return [link.status(self.node, self.link_id(key)) for key, link in sorted(self.links.items())
+        rows = [link.status(self.node, self.link_id(key)) for key, link in sorted(self.links.items())
                 if vhost is None or key[1] == vhost]
+        for key, why in sorted(self.missing.items()):
+            kind, link_vhost, name, upstream = key
+            if vhost is None or link_vhost == vhost:
+                rows.append({"node": self.node, kind: name, "type": kind, "vhost": link_vhost, "upstream": upstream,
+                             "id": self.link_id(key), "status": "error", "error": why, "timestamp": "", "uri": "",
+                             f"upstream_{kind}": "", "messages_received": 0, "messages_forwarded": 0})
+        return rows
 
     def restart(self, vhost: str, link_id: str) -> None:
         """Stop the link and start it again now (RabbitMQ's restart_federation_link)."""

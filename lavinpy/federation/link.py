@@ -80,6 +80,45 @@ def _key(routing_key: str, arguments: Mapping[str, Any]) -> str:
     return json.dumps([routing_key, arguments], sort_keys=True, default=repr)
 
 
+class Settlement:
+    """Upstream deliveries republished here under confirms (ack-mode on-confirm), settled upstream in
+    delivery order once this node confirms them: confirms may come singly and out of order (RabbitMQ
+    downstream), a nack sends that delivery back to the upstream queue, and every run of acknowledged
+    deliveries goes upstream as one ``basic.ack multiple`` (each earlier delivery tag on the channel is
+    settled by then: dropped ones are acknowledged at once, the others are settled here in order)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.pending: deque[tuple[int, int]] = deque()  # (publish sequence number here, upstream delivery tag)
+        self.seq = 0
+        self.answered: dict[int, bool] = {}  # confirmed, not yet settled (behind an unconfirmed one): -> nacked
+
+    def published(self, tag: int) -> None:
+        self.seq += 1
+        self.pending.append((self.seq, tag))
+
+    def confirmed(self, seq: int, multiple: bool, nack: bool) -> tuple[int | None, list[int]]:
+        """(the upstream tag to acknowledge with multiple, or None; the upstream tags to nack first)."""
+        if multiple:
+            for s, _ in self.pending:  # the pending prefix up to seq: settled just below, so amortised O(1)
+                if s > seq:
+                    break
+                self.answered.setdefault(s, nack)
+        else:
+            self.answered[seq] = nack
+        ack: int | None = None
+        nacks: list[int] = []
+        while self.pending and self.pending[0][0] in self.answered:
+            s, tag = self.pending.popleft()
+            if self.answered.pop(s):
+                nacks.append(tag)
+            else:
+                ack = tag
+        return ack, nacks
+
+
 class LinkRunner:
     """What an exchange link and a queue link share: the state the API shows, the reconnect loop with its
     backoff around a subclass's ``_session``, closing both connections, and the URLs of their URIs."""
@@ -93,6 +132,9 @@ class LinkRunner:
     timestamp: str
     _up: LinkConnection | None
     _down: LinkConnection | None
+    _settlement: Settlement
+    uri: str | None
+    failures = 0  # quick failures in a row: the next retry waits reconnect-delay * 2^(failures-1), at most 12x
 
     async def _session(self) -> None:
         raise NotImplementedError
@@ -119,6 +161,7 @@ class LinkRunner:
                 log.exception("%s failed", self.described)
             await self._close()
             failures = 1 if loop.time() - started > STABLE_SECONDS else failures + 1
+            self.failures = failures
             await asyncio.sleep(max(0.0, self.upstream.reconnect_delay) * min(2 ** (failures - 1), MAX_BACKOFF))
             self._set_state("starting")
 
@@ -131,6 +174,25 @@ class LinkRunner:
                     await client.close(1.0)
                 except Exception:  # a half-dead connection: nothing left to do
                     client.abort()
+
+    _safe: tuple[str | None, str] = (None, "")
+
+    def _safe_uri(self) -> str:
+        """The URI in use without its password (for every message's x-received-from: parsed once)."""
+        if self._safe[0] != self.uri:
+            self._safe = (self.uri, strip_password(self.uri or ""))
+        return self._safe[1]
+
+    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
+        """This node's confirm of a republished message: settled upstream in order (Settlement)."""
+        ack, nacks = self._settlement.confirmed(seq, multiple, nack)
+        up = self._up
+        if up is None:
+            return
+        for tag in nacks:
+            up.nack(tag, False)  # refused here: back to the upstream queue
+        if ack is not None:
+            up.ack(ack, True)
 
     def _url(self, uri: str) -> AMQPURL:
         u = urlsplit(uri)
@@ -160,10 +222,7 @@ class ExchangeLink(LinkRunner):
         self._upstream_cluster = ""
         self._upstream_vhost = "/"
         self._down_user = ""
-        self._outstanding: deque[tuple[int, int]] = deque()
-        self._confirmed_upto = 0
-        self._seq = 0
-        self._singles: set[int] = set()
+        self._settlement = Settlement()
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -210,9 +269,7 @@ class ExchangeLink(LinkRunner):
         x = self.env.exchange()
         if x is None:
             raise LinkError(f"no exchange '{self.exchange}' in vhost '{self.vhost}'")
-        self._outstanding.clear()
-        self._singles.clear()
-        self._seq = self._confirmed_upto = 0
+        self._settlement.clear()
         self._bound.clear()
         up = self._up = await self._connect_upstream()
         local = self.env.local_url(f"amqp:///{self.vhost}")
@@ -248,7 +305,7 @@ class ExchangeLink(LinkRunner):
         if not no_ack:
             await up.rpc(spec.Basic.Qos(prefetch_count=self.upstream.prefetch_count), spec.Basic.QosOk)
         down.on_writable = lambda writable: up.pause_reading(not writable)
-        up.on_delivery = self._deliver
+        up.on_message = self._deliver
         await up.rpc(unchecked(spec.Basic.Consume, queue=queue, consumer_tag=self.upstream.consumer_tag or "",
                                         no_ack=no_ack), spec.Basic.ConsumeOk)
         self._set_state("running")
@@ -278,8 +335,13 @@ class ExchangeLink(LinkRunner):
         try:
             await probe.rpc(unchecked(spec.Exchange.Declare, exchange=name, passive=True), spec.Exchange.DeclareOk)
             return True
-        except LinkError:
-            return False
+        except LinkError as e:
+            # Only the broker's 404 says it is missing: a lost or timed-out probe says nothing, and taking
+            # it for "missing" would make the link delete the internal exchange that carries the bindings
+            # (messages published meanwhile would be dropped upstream).
+            if "404" in str(e) or "NOT_FOUND" in str(e):
+                return False
+            raise
         finally:
             await probe.close(1.0)
 
@@ -374,7 +436,8 @@ class ExchangeLink(LinkRunner):
 
     # -------------------------------------------------------------------- messages
 
-    def _deliver(self, tag: int, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+    def _deliver(self, tag: int, redelivered: bool, exchange: str, routing_key: str, properties: bytes,
+                 body: bytes) -> None:
         up, down = self._up, self._down
         if up is None or down is None:
             return  # left unacked: the upstream requeues it when the connection closes
@@ -389,8 +452,8 @@ class ExchangeLink(LinkRunner):
             if self.upstream.ack_mode != "no-ack":
                 up.ack(tag, False)
             return
-        entry: dict[str, Any] = {"uri": strip_password(self.uri or ""), "exchange": self.upstream_exchange,
-                                 "redelivered": False}
+        entry: dict[str, Any] = {"uri": self._safe_uri(), "exchange": self.upstream_exchange,
+                                 "redelivered": redelivered}
         if self._upstream_cluster:
             entry["cluster-name"] = self._upstream_cluster
         entry["vhost"] = self._upstream_vhost
@@ -403,28 +466,9 @@ class ExchangeLink(LinkRunner):
         down.publish(self.exchange, routing_key, properties, body)
         self.forwarded += 1
         if self.upstream.ack_mode == "on-confirm":
-            self._seq += 1
-            self._outstanding.append((self._seq, tag))
+            self._settlement.published(tag)
         elif self.upstream.ack_mode == "on-publish":
             up.ack(tag, False)
-
-    def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
-        if multiple:
-            self._confirmed_upto = max(self._confirmed_upto, seq)
-        else:
-            self._singles.add(seq)
-        up = self._up
-        while self._outstanding:
-            s, tag = self._outstanding[0]
-            if s > self._confirmed_upto and s not in self._singles:
-                break
-            self._outstanding.popleft()
-            self._singles.discard(s)
-            if up is not None:
-                if nack and (s == seq or multiple):
-                    up.nack(tag, False)  # refused here: back to the upstream queue
-                else:
-                    up.ack(tag, False)
 
     # ---------------------------------------------------------------------- status
 
@@ -443,4 +487,5 @@ class ExchangeLink(LinkRunner):
             info["queue"] = self.upstream.queue or self._queue_name()
         if self.state == "error":
             info["error"] = self.error or ""
+            info["failures"] = self.failures
         return info

@@ -148,7 +148,7 @@ def check_upstream_set(value: Any) -> list[dict[str, Any]]:
 def resolve(policy: Mapping[str, Any], upstreams: Mapping[str, Upstream],
             sets: Mapping[str, list[dict[str, Any]]]) -> tuple[list[Upstream], list[str]]:
     """The upstreams a policy definition names (``federation-upstream`` or ``federation-upstream-set``),
-    and what it names that does not exist."""
+    and what it names that does not exist ("upstream 'x'", "upstream set 'x'")."""
     if isinstance(policy.get("federation-upstream"), str):
         name = policy["federation-upstream"]
         return ([upstreams[name]], []) if name in upstreams else ([], [f"upstream '{name}'"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .. import __version__
 from ..amqp import session_views
 from ..broker.ops import DEAD_LETTER_REASONS, all_protocols, node_info, node_totals
+from ..shovel.registry import LinkRegistry
 from . import metrics_node
 from .metrics_node import EventLoopLag
 
@@ -100,7 +101,7 @@ class BrokerCollector:
     def __init__(self, broker: Broker, sessions: Sessions, prefix: str, *, detailed: bool = False,
                  families: tuple[str, ...] | None = None, vhosts: tuple[str, ...] = (),
                  lag: EventLoopLag | None = None,
-                 links: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 links: LinkRegistry | None = None) -> None:
         self.broker = broker
         self.links = links
         self.lag = lag
@@ -157,15 +158,31 @@ class BrokerCollector:
             yield self.lag.family(p)
 
     def _links(self) -> Iterator[Metric]:
-        """Per federation link: 1 while running, and the messages it has republished here."""
+        """Per federation link and per shovel (the node's link registry): 1 while running, and the
+        messages it has moved."""
         if self.links is None:
             return
+        yield from self._federation_links(self.links.rows("federation"))
+        running = _gauge(f"{self.prefix}_shovel_running", "is 1 while the shovel runs", labels=["vhost", "name"])
+        paused = _gauge(f"{self.prefix}_shovel_paused", "is 1 while the shovel is paused", labels=["vhost", "name"])
+        forwarded = _gauge(f"{self.prefix}_shovel_messages_forwarded", "Messages the shovel moved",
+                           labels=["vhost", "name"])
+        for row in self.links.rows("shovel"):
+            values = [row["vhost"], row["name"]]
+            running.add_metric(values, int(row["state"] == "running"))
+            paused.add_metric(values, int(row["state"] == "paused"))
+            forwarded.add_metric(values, row.get("forwarded", 0))
+        yield running
+        yield paused
+        yield forwarded
+
+    def _federation_links(self, rows: list[dict[str, Any]]) -> Iterator[Metric]:
         labels = ["vhost", "exchange", "queue", "upstream", "id"]
         running = _gauge(f"{self.prefix}_federation_link_running", "is 1 while the federation link runs",
                          labels=labels)
         forwarded = _gauge(f"{self.prefix}_federation_link_messages_forwarded",
                            "Messages the federation link republished downstream", labels=labels)
-        for row in self.links():
+        for row in rows:
             queue = row.get("queue", "") if row.get("type") == "queue" else ""
             values = [row["vhost"], row.get("exchange", ""), queue, row["upstream"], row["id"]]
             running.add_metric(values, int(row["status"] == "running"))
@@ -383,10 +400,9 @@ def _render(collector: BrokerCollector) -> web.Response:
     return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def make_metrics_app(broker: Broker, sessions: Sessions,
-                     links: Callable[[], list[dict[str, Any]]] | None = None) -> web.Application:
-    """The Prometheus endpoint application (no authentication, as RabbitMQ's); ``links``: the federation
-    links' status rows."""
+def make_metrics_app(broker: Broker, sessions: Sessions, links: LinkRegistry | None = None) -> web.Application:
+    """The Prometheus endpoint application (no authentication, as RabbitMQ's); ``links``: the node's shovels
+    and federation links."""
 
     lag = EventLoopLag()
 

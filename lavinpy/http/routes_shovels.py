@@ -2,7 +2,8 @@
 
 The shovels are defined through /api/parameters/shovel/{vhost}/{name} (the parameters registry,
 which calls lavinpy.shovel's component); these routes list what runs on this node and restart or
-delete one by name, as RabbitMQ's shovel management plugin does.
+delete one by name, as RabbitMQ's shovel management plugin does, and pause or resume one (LavinMQ's
+PUT /api/shovels/{vhost}/{name}/pause and /resume).
 """
 
 from __future__ import annotations
@@ -65,6 +66,30 @@ async def restart(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def _pause_or_resume(request: web.Request, pause: bool) -> web.Response:
+    """LavinMQ's pause and resume: 204, 404 for no such shovel, 422 when it is paused already (pause) or
+    not paused (resume)."""
+    vhost, name = route_vhost(request), request.match_info["name"]
+    _policymaker(request)
+    shovels = _shovels(request)
+    try:
+        changed = shovels.pause(vhost, name) if pause else shovels.resume(vhost, name)
+    except ShovelNotFound as e:
+        raise ApiError(404, "Object Not Found", str(e)) from None
+    if not changed:
+        raise ApiError(422, "unprocessable_entity",
+                       f"shovel '{name}' in vhost '{vhost}' is {'paused already' if pause else 'not paused'}")
+    return web.Response(status=204)
+
+
+async def pause(request: web.Request) -> web.Response:
+    return await _pause_or_resume(request, True)
+
+
+async def resume(request: web.Request) -> web.Response:
+    return await _pause_or_resume(request, False)
+
+
 async def delete(request: web.Request) -> web.Response:
     vhost, name = route_vhost(request), request.match_info["name"]
     _policymaker(request)
@@ -84,3 +109,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/shovels/vhost/{vhost}/{name}", show)
     app.router.add_delete("/api/shovels/vhost/{vhost}/{name}/restart", restart)
     app.router.add_delete("/api/shovels/vhost/{vhost}/{name}", delete)
+    app.router.add_put("/api/shovels/{vhost}/{name}/pause", pause)
+    app.router.add_put("/api/shovels/{vhost}/{name}/resume", resume)

@@ -66,6 +66,10 @@ class Shovels:
         # (vhost, name) -> why the shovel may not start now (its creator's rights), or None.
         self.authorize: Callable[[str, str], str | None] | None = None
         self.running: dict[tuple[str, str], Shovel] = {}
+        # Paused (LavinMQ's pause): defined, not running, listed as "paused" until resumed or restarted.
+        # Kept in memory: a restart of the node or a new leader runs them again.
+        self.paused: set[tuple[str, str]] = set()
+        self._stopped: dict[tuple[str, str], Shovel] = {}  # a paused shovel as it stopped: its counters
         self.started = False
         # Called when a shovel with src-delete-after has moved its messages: the registry forgets
         # its parameter then (RabbitMQ deletes the parameter too).
@@ -103,7 +107,7 @@ class Shovels:
         """Start every defined shovel (at boot, or when this node becomes the cluster's leader)."""
         self.started = True
         for key in self.definitions:
-            if key not in self.running:
+            if key not in self.running and key not in self.paused:
                 self._launch(key)
 
     async def stop(self) -> None:
@@ -119,7 +123,7 @@ class Shovels:
         old = self.running.pop(key, None)
         if old is not None:
             asyncio.get_running_loop().create_task(old.stop())
-        if self.started:
+        if self.started and key not in self.paused:
             self._launch(key)
 
     def delete(self, vhost: str, name: str) -> None:
@@ -127,6 +131,8 @@ class Shovels:
         if self.definitions.pop(key, None) is None:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
         self.creators.pop(key, None)
+        self.paused.discard(key)
+        self._stopped.pop(key, None)
         shovel = self.running.pop(key, None)
         if shovel is not None:
             asyncio.get_running_loop().create_task(shovel.stop())
@@ -136,7 +142,39 @@ class Shovels:
         key = (vhost, name)
         if key not in self.definitions:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
+        self.paused.discard(key)
+        self._stopped.pop(key, None)
         self.put(vhost, name, self.definitions[key], self.creators[key])
+
+    def pause(self, vhost: str, name: str) -> bool:
+        """Stop moving messages until ``resume`` (what is unacknowledged goes back to the source);
+        False when it is paused already."""
+        key = (vhost, name)
+        if key not in self.definitions:
+            raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
+        if key in self.paused:
+            return False
+        self.paused.add(key)
+        shovel = self.running.pop(key, None)
+        if shovel is not None:
+            self._stopped[key] = shovel
+            asyncio.get_running_loop().create_task(shovel.stop())
+        log.info("shovel %s in vhost %s paused", name, vhost)
+        return True
+
+    def resume(self, vhost: str, name: str) -> bool:
+        """Run a paused shovel again; False when it is not paused."""
+        key = (vhost, name)
+        if key not in self.definitions:
+            raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
+        if key not in self.paused:
+            return False
+        self.paused.discard(key)
+        self._stopped.pop(key, None)
+        if self.started and key not in self.running:
+            self._launch(key)
+        log.info("shovel %s in vhost %s resumed", name, vhost)
+        return True
 
     def status(self, vhost: str | None = None) -> list[dict[str, Any]]:
         """RabbitMQ's /api/shovels rows (defined shovels not running here, e.g. stopped, are listed as
@@ -146,6 +184,12 @@ class Shovels:
             if vhost is not None and v != vhost:
                 continue
             shovel = self.running.get((v, name))
+            if (v, name) in self.paused:
+                row = (self._stopped.get((v, name)) or self._shovel((v, name))).status(self.node)
+                row["state"] = "paused"
+                row.pop("reason", None)
+                rows.append(row)
+                continue
             if shovel is None:
                 shovel = self._shovel((v, name))
                 shovel.state, shovel.reason = "terminated", "not running on this node"

@@ -422,6 +422,10 @@ class _MemberExited(Exception):
 
 # Raft timing for tests: a member notices a lost leader after 0.5 s instead of 1 s.
 FAST_RAFT = ["--heartbeat-interval", "50", "--election-timeout", "500"]
+# For tests that wait for a killed or cut-off leader's lease to run out: the same rules on a shorter clock
+# than the default 10 s (a longer lease only makes them wait longer).
+SHORT_LEASE_TTL = 5
+SHORT_LEASE = ["--clustering-lease-ttl", str(SHORT_LEASE_TTL)]
 
 
 class EtcdCluster:

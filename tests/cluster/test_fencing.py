@@ -15,10 +15,10 @@ import pytest
 from lavinpy import config as settings
 from lavinpy.cluster.errors import LeadershipLost
 from lavinpy.cluster.etcd import EtcdClient
-from lavinpy.cluster.node import LEASE_TTL, ClusterNode
+from lavinpy.cluster.node import ClusterNode
 from tests.helpers import wait_until
 
-from .harness import PREFIX, Cluster, Etcd
+from .harness import PREFIX, SHORT_LEASE, SHORT_LEASE_TTL, Cluster, Etcd
 
 
 def _closed(sock: socket.socket) -> bool:
@@ -98,15 +98,15 @@ def test_isr_write_of_a_node_without_the_leader_key_fails(etcd: Etcd, tmp_path: 
 
 
 def test_leader_cut_off_from_etcd_steps_down_before_its_lease_deadline(cluster: Cluster) -> None:
-    (node,) = cluster.start(1)
+    (node,) = cluster.start(1, SHORT_LEASE)
     assert cluster.wait_for_leader(30) is node
     cluster.etcd.stop()
     stopped_at = time.monotonic()
-    wait_until(lambda: not node.amqp_serves(0.5), LEASE_TTL + 2, 0.1, "the leader to stop serving")
+    wait_until(lambda: not node.amqp_serves(0.5), SHORT_LEASE_TTL + 2, 0.1, "the leader to stop serving")
     down_after = time.monotonic() - stopped_at
     print(f"the leader stopped serving {down_after:.2f} s after etcd was stopped")
-    # Its last keepalive came before etcd stopped, so its lease could run out LEASE_TTL s after that.
-    assert down_after < LEASE_TTL
+    # Its last keepalive came before etcd stopped, so its lease could run out SHORT_LEASE_TTL s after that.
+    assert down_after < SHORT_LEASE_TTL
     assert "etcd unreachable" in node.log_text()
     time.sleep(1)
     assert not node.amqp_serves(0.5), "a node without etcd must not serve"

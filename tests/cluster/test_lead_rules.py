@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import wait_until
 
-from .harness import PREFIX, REPO_ROOT, Cluster
+from .harness import PREFIX, REPO_ROOT, SHORT_LEASE, Cluster
 
 
 def _isr(cluster: Cluster) -> list[str]:
@@ -25,7 +25,7 @@ def _isr(cluster: Cluster) -> list[str]:
 
 
 def _start_in_sync(cluster: Cluster):
-    nodes = cluster.start(2)
+    nodes = cluster.start(2, SHORT_LEASE)
     leader = cluster.wait_for_leader(30)
     follower = next(n for n in nodes if n is not leader)
     wait_until(lambda: set(_isr(cluster)) == {n.node_id for n in nodes}, 30, what="both nodes in the ISR")

@@ -80,6 +80,7 @@ class LocalBroker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_args: list[str] = []
         self.fd_limit: int | None = None  # the server's RLIMIT_NOFILE (None: inherited)
+        self.settings: dict[str, str] = {}  # settings passed as LAVINPY_<NAME> variables
 
     @property
     def url(self) -> str:
@@ -116,12 +117,13 @@ class LocalBroker:
 
     def start(self, timeout: float = 20.0) -> None:
         assert not self.running(), "broker already running"
-        # The broker's settings come from the command line only; the codec switch passes through, so
-        # the whole suite runs on the path it selects.
+        # The broker's settings come from the command line and self.settings only; the codec switch passes
+        # through, so the whole suite runs on the path it selects.
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("LAVINPY_") or k == "LAVINPY_PURE_PYTHON"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update({f"LAVINPY_{name.upper()}": value for name, value in self.settings.items()})
         cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(self.data_dir),
                "--amqp-port", str(self.port), "--http-port", str(self.http_port),
                "--prometheus-port", str(self.prometheus_port), "--log-level", "info",
@@ -261,12 +263,20 @@ def rabbitmqctl(*args: str) -> str:
 Broker = LocalBroker | ExternalBroker
 
 
+def shared_by_many_tests(broker: LocalBroker) -> None:
+    """A broker many tests share: their deliberate failed logins (all from 127.0.0.1) must not make the login
+    throttle delay every later login of every test for a minute (up to 3 s each); the throttle's own tests
+    use a broker of their own with the default."""
+    broker.settings["login_free_failures"] = str(10**9)
+
+
 @pytest.fixture(scope="session")
 def _session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     if EXTERNAL_URL:
         yield ExternalBroker(EXTERNAL_URL)
         return
     b = LocalBroker(tmp_path_factory.mktemp("lavinpy-session"))
+    shared_by_many_tests(b)
     b.start()
     yield b
     b.close()

@@ -47,7 +47,7 @@ def test_connection_start_properties(broker):
         caps = props["capabilities"]
         for cap in ("publisher_confirms", "exchange_exchange_bindings", "basic.nack",
                     "consumer_cancel_notify", "connection.blocked", "authentication_failure_close",
-                    "per_consumer_qos", "direct_reply_to"):
+                    "per_consumer_qos", "direct_reply_to", "consumer_priorities"):
             assert caps.get(cap) is True, f"capability {cap} not advertised"
 
 

@@ -347,8 +347,9 @@ def test_every_ctl_list_command_and_status(world: World) -> None:
 _TRACK_FETCHES = """
 if (!window.__fetches) {
   const original = window.fetch;
-  window.__fetches = { pending: 0 };
+  window.__fetches = { pending: 0, started: 0 };
   window.fetch = async (...args) => {
+    window.__fetches.started++;
     window.__fetches.pending++;
     try { return await original(...args); } finally { window.__fetches.pending--; }
   };
@@ -356,17 +357,24 @@ if (!window.__fetches) {
 """
 
 
-def _settled(driver: Any) -> Callable[[], bool]:
-    """True once no API call of the page has been in flight for half a second (the hash change that
-    starts them is handled within milliseconds; a page may make none, as the definitions page)."""
+def _fetches_started(driver: Any) -> int:
+    return driver.execute_script("return window.__fetches.started")
+
+
+def _settled(driver: Any, started_before: int) -> Callable[[], bool]:
+    """True once no API call of the page has been in flight for a quarter of a second after one started
+    since ``started_before`` (_fetches_started before the navigation), or for half a second when none
+    started (the hash change that starts them is handled within milliseconds; a page may make none, as
+    the definitions page)."""
     quiet_since: list[float] = []
 
     def check() -> bool:
-        if driver.execute_script("return window.__fetches.pending"):
+        pending, started = driver.execute_script("return [window.__fetches.pending, window.__fetches.started]")
+        if pending:
             quiet_since.clear()
             return False
         quiet_since.append(time.monotonic())
-        return quiet_since[-1] - quiet_since[0] >= 0.5
+        return quiet_since[-1] - quiet_since[0] >= (0.25 if started > started_before else 0.5)
 
     return check
 
@@ -405,14 +413,16 @@ def test_dashboard_pages_load_without_errors(world: World, browser: Any) -> None
     d.execute_script(_TRACK_FETCHES)
     for target in visits:
         # Each page's own errors; the page shown already (the overview, after login) is loaded again.
+        started = _fetches_started(d)
         d.execute_script("flash(''); if (location.hash === arguments[0]) route(); else location.hash = arguments[0];",
                          target)
-        _wait(_settled(d), f"the API calls of {target}")
+        _wait(_settled(d, started), f"the API calls of {target}")
         _wait(lambda: d.find_elements("css selector", "#main h2"), f"the heading of {target}")
         if target.startswith("#/queue/") and not target.endswith(QUEUES["exclusive"]):
             # the page's peek, on every kind of queue (another connection's exclusive queue is locked)
+            started = _fetches_started(d)
             d.find_element("css selector", "#peek").click()
-            _wait(_settled(d), f"the peek of {target}")
+            _wait(_settled(d, started), f"the peek of {target}")
             if not d.find_elements("css selector", "#messages table"):
                 problems.append(f"{target}: no peeked messages shown")
         problems += _page_problems(d, target)

@@ -48,4 +48,18 @@ def test_move_messages_and_shovels_page(browser: Any, fresh_broker: Any) -> None
     assert http_call(fresh_broker, "GET", "/api/queues/%2F/move-dst")[1]["messages"] == 20
     assert http_call(fresh_broker, "GET", "/api/queues/%2F/move-src")[1]["messages"] == 0
     _wait(lambda: http_call(fresh_broker, "GET", "/api/shovels")[1] == [], "the one-off shovel to go")
+    # Pause and resume from the shovels page.
+    value = {"src-uri": "amqp://", "src-queue": "move-src", "dest-uri": "amqp://", "dest-queue": "move-dst"}
+    assert http_call(fresh_broker, "PUT", "/api/parameters/shovel/%2F/kept", {"value": value})[0] in (201, 204)
+
+    def state() -> str:
+        return http_call(fresh_broker, "GET", "/api/shovels/vhost/%2F/kept")[1]["state"]
+    _wait(lambda: state() == "running", "the shovel running")
+    d.get(fresh_broker.http_url + "/#/shovels")
+    _wait(lambda: "Pause" in _text(d, "#shovels .pause-resume"), "the Pause button")
+    _click(d, "#shovels .pause-resume")
+    _wait(lambda: state() == "paused", "the shovel paused")
+    _wait(lambda: "Resume" in _text(d, "#shovels .pause-resume"), "the Resume button")
+    _click(d, "#shovels .pause-resume")
+    _wait(lambda: state() == "running", "the shovel resumed")
     assert not _severe_console_errors(d)

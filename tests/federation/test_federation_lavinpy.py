@@ -3,11 +3,17 @@ loops cut by max-hops and the cluster name, the status API and lavinpyctl."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import threading
 import time
 import urllib.request
+import uuid
 from urllib.parse import quote
 
 import pika
+import pytest
 
 from tests.e2e.conftest import http_call
 from tests.e2e.test_ctl import ctl
@@ -222,49 +228,77 @@ def test_definitions_round_trip(pair) -> None:
     wait_for(lambda: _running(down, "rt.x"), what="the link back after the import")
 
 
-def _publish_confirmed(broker, exchange: str, numbers: range) -> None:
-    conn, ch = channel(broker)
-    ch.confirm_delivery()
-    for i in numbers:
-        ch.basic_publish(exchange, "", str(i).encode(), pika.BasicProperties(delivery_mode=2))
-    conn.close()
+class _Publisher(threading.Thread):
+    """Numbered persistent messages to an exchange of ``broker``, each confirmed before the next, through
+    kills of that broker: after a failure it connects again and publishes the unconfirmed number again."""
+
+    def __init__(self, broker, exchange: str) -> None:
+        super().__init__(daemon=True)
+        self.broker, self.exchange, self.confirmed, self.done = broker, exchange, [], threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.done.is_set():
+            try:
+                conn, ch = channel(self.broker)
+                ch.confirm_delivery()
+                while not self.done.is_set():
+                    ch.basic_publish(self.exchange, "", str(n).encode(), pika.BasicProperties(delivery_mode=2))
+                    self.confirmed.append(n)
+                    n += 1
+                conn.close()
+            except pika.exceptions.AMQPError:
+                time.sleep(0.1)  # the broker killed or starting: try again
 
 
 def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
     """ack-mode on-confirm: the upstream's message is acknowledged only once the downstream confirmed it,
-    so kill -9 of the downstream and then of the upstream loses nothing (duplicates are allowed)."""
+    so kill -9 of the downstream and then of the upstream, mid-way under confirmed publishing, loses
+    nothing; duplicates (what was in flight at a kill) are counted."""
     up, down = pair
+    name = f"k-{uuid.uuid4().hex[:8]}"
     conn, ch = channel(down)
-    ch.exchange_declare("k.x", "fanout", durable=True)
-    ch.queue_declare("k.q", durable=True)
-    ch.queue_bind("k.q", "k.x", "")
+    ch.exchange_declare(name, "fanout", durable=True)
+    ch.queue_declare(name, durable=True)
+    ch.queue_bind(name, name, "")
     conn.close()
-    _federate(down, up, "k.x", "kill", upstream="kup")
-    wait_for(lambda: _running(down, "k.x"), what="the link")
-    wait_for(lambda: upstream_bindings(up, "k.x"), what="the binding upstream")
-    _publish_confirmed(up, "k.x", range(0, 300))
-    down.kill9()
-    down.start()
-    _publish_confirmed(up, "k.x", range(300, 600))
-    wait_for(lambda: _running(down, "k.x"), what="the link after the downstream's restart")
-    up.kill9()
-    up.start()
-    _publish_confirmed(up, "k.x", range(600, 900))
-    wait_for(lambda: _running(down, "k.x"), timeout=30, what="the link after the upstream's restart")
+    _federate(down, up, name, name, upstream=name)
+    wait_for(lambda: _running(down, name), what="the link")
+    wait_for(lambda: upstream_bindings(up, name), what="the binding upstream")
+    publisher = _Publisher(up, name)
+    publisher.start()
+    try:
+        wait_for(lambda: len(publisher.confirmed) >= 300, what="300 confirmed")
+        down.kill9()  # the link and the downstream with it, messages in flight
+        down.start()
+        wait_for(lambda: _running(down, name), what="the link after the downstream's restart")
+        at = len(publisher.confirmed)
+        wait_for(lambda: len(publisher.confirmed) >= at + 300, what="300 more confirmed")
+        up.kill9()  # the publisher's broker too
+        up.start()
+        wait_for(lambda: _running(down, name), timeout=30, what="the link after the upstream's restart")
+        at = len(publisher.confirmed)
+        wait_for(lambda: len(publisher.confirmed) >= at + 300, timeout=30, what="300 more confirmed")
+    finally:
+        publisher.done.set()
+        publisher.join(10)
+    confirmed = set(publisher.confirmed)
     got: list[int] = []
     conn, ch = channel(down)
 
     def all_there() -> bool:  # duplicates may come first: wait for every number, not for a count
-        while (message := ch.basic_get("k.q", auto_ack=True))[0] is not None:
+        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
             got.append(int(message[2]))
-        return set(got) >= set(range(900))
+        return set(got) >= confirmed
     try:
         wait_for(all_there, timeout=30, what="every confirmed message")
     except AssertionError:
-        raise AssertionError(f"missing: {sorted(set(range(900)) - set(got))[:20]}") from None
+        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}") from None
     finally:
         conn.close()
-    assert len(got) - 900 < 300  # duplicates only from what was in flight
+    duplicates = len(got) - len(set(got))
+    print(f"{len(confirmed)} confirmed, {len(got)} arrived, {duplicates} duplicates")
+    assert duplicates <= 2 * 1000  # at most what was in flight (prefetch-count) at each kill
 
 
 def test_queue_federation_moves_messages_only_to_consumers(pair) -> None:
@@ -310,19 +344,34 @@ def test_unreachable_and_refused_upstreams_say_why(pair) -> None:
                     {"value": {"uri": uri, "reconnect-delay": 0.2}})[0] in (201, 204)
     assert _put(down, "/api/policies/%2F/why", {"pattern": "^why\\.x$", "apply-to": "exchanges",
                                                 "definition": {"federation-upstream-set": "broken"}})[0] in (201, 204)
-    members = [{"upstream": "nowhere"}, {"upstream": "badlogin"}, {"upstream": "missing"}]  # missing: no link
+    members = [{"upstream": "nowhere"}, {"upstream": "badlogin"}, {"upstream": "missing"}]
     assert _put(down, "/api/parameters/federation-upstream-set/%2F/broken", {"value": members})[0] in (201, 204)
+    started = time.monotonic()
 
     def errors() -> dict[str, str] | None:
         rows = {r["upstream"]: r.get("error", "") for r in links(down) if r.get("exchange") == "why.x"}
-        return rows if len(rows) == 2 and all(rows.values()) else None
-    rows = wait_for(errors, what="both links in error")
+        return rows if len(rows) == 3 and all(rows.values()) else None
+    rows = wait_for(errors, what="the three links in error")
     assert "cannot connect" in rows["nowhere"] and "refused" in rows["nowhere"].lower()
     assert "ACCESS_REFUSED" in rows["badlogin"] or "403" in rows["badlogin"], rows["badlogin"]
+    assert rows["missing"] == "no upstream 'missing' in vhost '/'"  # a member naming no upstream: said, no link
     for row in links(down):
         if row.get("exchange") == "why.x":
             assert row["status"] in ("error", "starting") and "wrong" not in row["uri"]
+    # Retried with backoff (0.2 s doubled after each quick failure, at most 12 times): a refused connection
+    # fails at once, so without backoff there would be one try every 0.2 s.
+    time.sleep(max(0.0, started + 3.5 - time.monotonic()))
+    failures = wait_for(lambda: next((r.get("failures") for r in links(down)
+                                      if r.get("exchange") == "why.x" and r["upstream"] == "nowhere"), None),
+                        what="the failures of the link")
+    assert 3 <= failures <= 6, failures
+    # A set naming an upstream that does not exist: said too.
+    policy = {"pattern": "^why\\.x$", "apply-to": "exchanges", "definition": {"federation-upstream-set": "no-such-set"}}
+    assert _put(down, "/api/policies/%2F/why", policy)[0] in (201, 204)
+    wait_for(lambda: [r.get("error") for r in links(down) if r.get("exchange") == "why.x"]
+             == ["no upstream set 'no-such-set' in vhost '/'"], what="the missing set said")
     http_call(down, "DELETE", "/api/policies/%2F/why")
+    wait_for(lambda: not any(r.get("exchange") == "why.x" for r in links(down)), what="no link left")
 
 
 def test_trust_user_id_keeps_the_user_id(pair) -> None:
@@ -343,3 +392,139 @@ def test_trust_user_id_keeps_the_user_id(pair) -> None:
     conn.close()
     (props, body), = drain(down, "t.q", 1)
     assert body == b"mine" and props.user_id == "guest"
+
+
+def _federate_queue(down, up, queue: str) -> None:
+    """``queue`` on ``down`` federated from the queue of that name on ``up`` (names made from ``queue``)."""
+    assert _put(down, f"/api/parameters/federation-upstream/%2F/{queue}-up",
+                {"value": {"uri": up.url, "reconnect-delay": 0.2, "prefetch-count": 5}})[0] in (201, 204)
+    assert _put(down, f"/api/policies/%2F/{queue}-fed", {"pattern": f"^{queue}$", "apply-to": "queues",
+                                                         "definition": {"federation-upstream": f"{queue}-up"}}
+                )[0] in (201, 204)
+
+
+def _consuming(broker, queue: str) -> bool:
+    return any(r.get("queue") == queue and r["type"] == "queue" and r.get("consuming") for r in links(broker))
+
+
+def test_queue_link_yields_to_upstream_consumers_and_says_redelivered(pair) -> None:
+    """The link consumes upstream at priority -1: the upstream's own consumer gets what it has credit for;
+    what it gives back (requeued, redelivered) moves, and x-received-from says it was redelivered."""
+    up, down = pair
+    queue = f"qp-{uuid.uuid4().hex[:8]}"
+    uconn, uch = channel(up)
+    uch.queue_declare(queue, durable=True)
+    dconn, dch = channel(down)
+    dch.queue_declare(queue, durable=True)
+    _federate_queue(down, up, queue)
+    here: list = []
+    dch.basic_consume(queue, lambda c, m, p, body: (here.append((p, body)), c.basic_ack(m.delivery_tag)))
+    wait_for(lambda: (dconn.process_data_events(0.05), _consuming(down, queue))[1], what="the link consuming")
+    uch.basic_qos(prefetch_count=100)
+    there: list = []
+    uch.basic_consume(queue, lambda c, m, p, body: there.append(m.delivery_tag))  # holds them unacked
+    for i in range(20):
+        uch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        uconn.process_data_events(0.05)
+        dconn.process_data_events(0.05)
+    assert len(there) == 20 and here == []  # none went to the link while a local consumer had credit
+    uconn.close()  # the 20 go back to the queue, redelivered, and now only the link consumes
+    deadline = time.monotonic() + 15
+    while len(here) < 20 and time.monotonic() < deadline:
+        dconn.process_data_events(0.1)
+    assert sorted(int(body) for _, body in here) == list(range(20))
+    props = here[0][0]
+    hop = props.headers["x-received-from"]
+    assert len(hop) == 1 and hop[0]["queue"] == queue and hop[0]["redelivered"] is True
+    assert hop[0]["visit-count"] == 1 and "guest:" not in hop[0]["uri"]
+    assert props.headers["x-original-routing-key"] == queue and props.headers["x-original-exchange"] == ""
+    dconn.close()
+    http_call(down, "DELETE", f"/api/policies/%2F/{queue}-fed")
+
+
+def test_queues_federated_both_ways_move_each_message_once(pair) -> None:
+    """Two queues, each the other's upstream: messages published on one side with the consumer on the other
+    cross once, and do not come back (the receiving side's consumer outranks its link)."""
+    up, down = pair
+    queue = f"qb-{uuid.uuid4().hex[:8]}"
+    for broker in (up, down):
+        conn, ch = channel(broker)
+        ch.queue_declare(queue, durable=True)
+        conn.close()
+    _federate_queue(down, up, queue)
+    _federate_queue(up, down, queue)
+    dconn, dch = channel(down)
+    got: list = []
+    dch.basic_consume(queue, lambda c, m, p, body: (got.append((p, body)), c.basic_ack(m.delivery_tag)))
+    wait_for(lambda: (dconn.process_data_events(0.05), _consuming(down, queue))[1], what="the link consuming")
+    _publish_confirmed_to_queue(up, queue, range(100))
+    deadline = time.monotonic() + 15
+    while len(got) < 100 and time.monotonic() < deadline:
+        dconn.process_data_events(0.1)
+    settle = time.monotonic() + 1.0
+    while time.monotonic() < settle:
+        dconn.process_data_events(0.1)
+    assert sorted(int(body) for _, body in got) == list(range(100))  # each once
+    assert all(p.headers["x-received-from"][0]["visit-count"] == 1 for p, _ in got)
+    assert all(len(p.headers["x-received-from"]) == 1 for p, _ in got)
+    row = next(r for r in links(up) if r.get("queue") == queue)
+    assert row["messages_received"] == 0  # nothing went back
+    assert http_call(up, "GET", f"/api/queues/%2F/{queue}")[1]["messages"] == 0
+    dconn.close()
+    for broker in (up, down):
+        http_call(broker, "DELETE", f"/api/policies/%2F/{queue}-fed")
+
+
+def _publish_confirmed_to_queue(broker, queue: str, numbers: range) -> None:
+    conn, ch = channel(broker)
+    ch.confirm_delivery()
+    for i in numbers:
+        ch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+@pytest.mark.skipif(shutil.which("rabbitmqadmin") is None, reason="rabbitmqadmin is not installed")
+def test_rabbitmqadmin_lists_federation_without_traceback(pair, tmp_path) -> None:
+    """Debian's rabbitmqadmin: upstreams and sets declared, listed (every format), exported and deleted;
+    the links' queues and internal exchanges listed on the upstream."""
+    up, down = pair
+    name = f"adm-{uuid.uuid4().hex[:8]}"
+
+    def admin(broker, *args: str) -> str:
+        host, port = broker.http_url.removeprefix("http://").rsplit(":", 1)
+        r = subprocess.run([shutil.which("rabbitmqadmin") or "", "-H", host, "-P", port, "-u", "guest", "-p", "guest",
+                            *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, f"{args}: {r.stdout}{r.stderr}"
+        return r.stdout
+    conn, ch = channel(down)
+    ch.exchange_declare(f"{name}.x", "topic", durable=True)
+    conn.close()
+    value = json.dumps({"uri": [up.url], "reconnect-delay": 0.2, "max-hops": 2, "ack-mode": "on-confirm"})
+    admin(down, "declare", "parameter", "component=federation-upstream", f"name={name}", f"value={value}")
+    admin(down, "declare", "parameter", "component=federation-upstream-set", f"name={name}-set",
+          "value=" + json.dumps([{"upstream": name, "prefetch-count": 50}]))
+    admin(down, "declare", "policy", f"name={name}", f"pattern=^{name}\\.x$", "apply-to=exchanges",
+          "definition=" + json.dumps({"federation-upstream-set": f"{name}-set"}))
+    wait_for(lambda: _running(down, f"{name}.x"), what="the link")
+    for fmt in ("table", "long", "tsv", "raw_json", "pretty_json", "kvp", "bash"):
+        out = admin(down, "-f", fmt, "list", "parameters")
+        assert name in out, (fmt, out)
+        assert fmt == "bash" or "federation-upstream-set" in out
+        if fmt in ("table", "kvp"):  # the links' objects upstream, with their arguments tables
+            for what in ("exchanges", "queues", "bindings"):
+                admin(up, "-f", fmt, "list", what)
+    rows = json.loads(admin(down, "-f", "raw_json", "list", "parameters"))
+    mine = {r["component"]: r["value"] for r in rows if r["name"] in (name, f"{name}-set")}
+    assert mine["federation-upstream"]["max-hops"] == 2 and mine["federation-upstream-set"][0]["upstream"] == name
+    queues = json.loads(admin(up, "-f", "raw_json", "list", "queues", "name", "arguments"))
+    assert any(q["name"] == f"federation: {name}.x -> down" for q in queues)
+    admin(down, "export", str(tmp_path / "defs.json"))
+    exported = json.loads((tmp_path / "defs.json").read_text())
+    assert {(p["component"], p["name"]) for p in exported["parameters"]} >= {
+        ("federation-upstream", name), ("federation-upstream-set", f"{name}-set")}
+    admin(down, "delete", "policy", f"name={name}")
+    admin(down, "delete", "parameter", "component=federation-upstream-set", f"name={name}-set")
+    admin(down, "delete", "parameter", "component=federation-upstream", f"name={name}")
+    wait_for(lambda: not any(r["upstream"] == name for r in links(down)), what="the link gone")

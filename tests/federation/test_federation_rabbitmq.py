@@ -4,6 +4,7 @@ mirrored live), and RabbitMQ's own plugin downstream of lavinpy (lavinpy's x-fed
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -120,3 +121,48 @@ def test_rabbitmq_plugin_downstream_of_lavinpy(peers) -> None:
     assert deadline_got and deadline_got[0][1] == b"from lavinpy"
     assert deadline_got[0][0].headers["x-received-from"][0]["exchange"] == "lx"
     rconn.close()
+
+
+def test_rabbitmq_export_with_federation_imports_whole(peers) -> None:
+    """RabbitMQ's own export (its upstreams, a set, federation policies, and whatever its links made)
+    posted to lavinpy: accepted whole, the parameters and policies there as exported, the link running."""
+    rabbit, lavin = peers
+    suffix = uuid.uuid4().hex[:8]
+    vhost = f"fedimp-{suffix}"
+    assert http_call(rabbit, "PUT", f"/api/vhosts/{vhost}", {})[0] in (201, 204)
+    assert http_call(rabbit, "PUT", f"/api/permissions/{vhost}/guest",
+                     {"configure": ".*", "write": ".*", "read": ".*"})[0] in (201, 204)
+    upstream = {"uri": [lavin.url], "prefetch-count": 200, "reconnect-delay": 1, "ack-mode": "on-publish",
+                "trust-user-id": False, "max-hops": 2, "expires": 3600000, "message-ttl": 60000}
+    for path, body in [(f"/api/parameters/federation-upstream/{vhost}/site-a", {"value": upstream}),
+                       (f"/api/parameters/federation-upstream-set/{vhost}/sites",
+                        {"value": [{"upstream": "site-a", "prefetch-count": 20}]}),
+                       (f"/api/policies/{vhost}/fx", {"pattern": "^fx$", "apply-to": "exchanges",
+                                                      "definition": {"federation-upstream-set": "sites"}}),
+                       (f"/api/policies/{vhost}/fq", {"pattern": "^fq$", "apply-to": "queues",
+                                                      "definition": {"federation-upstream": "site-a"}})]:
+        status, body, _ = http_call(rabbit, "PUT", path, body)
+        assert status in (201, 204), (path, body)
+    conn = pika.BlockingConnection(pika.URLParameters(rabbit.url_for("guest", "guest", vhost)))
+    ch = conn.channel()
+    ch.exchange_declare("fx", "topic", durable=True)
+    ch.queue_declare("fq", durable=True)
+    ch.queue_bind("fq", "fx", "#")
+    conn.close()
+    status, doc, _ = http_call(rabbit, "GET", "/api/definitions")
+    assert status == 200
+    doc["users"] = [u for u in doc["users"] if u["name"] != "guest"]  # keep lavinpy's guest as it is
+    status, body, _ = http_call(lavin, "POST", "/api/definitions", doc)
+    assert status in (200, 201, 204), body
+    mine = {(p["component"], p["name"]): p["value"] for p in http_call(lavin, "GET", "/api/parameters")[1]
+            if p["vhost"] == vhost}
+    assert mine[("federation-upstream", "site-a")] == upstream
+    assert mine[("federation-upstream-set", "sites")] == [{"upstream": "site-a", "prefetch-count": 20}]
+    policies = {p["name"]: p["definition"] for p in http_call(lavin, "GET", f"/api/policies/{vhost}")[1]}
+    assert policies == {"fx": {"federation-upstream-set": "sites"}, "fq": {"federation-upstream": "site-a"}}
+    # Imported on lavinpy, the upstream (lavinpy itself) feeds fx and fq there: both links come up.
+    wait_for(lambda: {r["type"] for r in links(lavin) if r["vhost"] == vhost and r["status"] == "running"}
+             == {"exchange", "queue"}, timeout=20, what="the imported links")
+    for path in (f"/api/vhosts/{vhost}",):
+        http_call(lavin, "DELETE", path)
+        http_call(rabbit, "DELETE", path)

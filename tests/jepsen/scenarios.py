@@ -29,6 +29,11 @@ def _queue_file(run: Run, name: str) -> str:
     return f"{hashlib.sha1(b'/').hexdigest()}/{hashlib.sha1(run.queue.encode()).hexdigest()}/{name}"
 
 
+def lease_ttl(run: Run) -> int:
+    """The nodes' etcd lease TTL in seconds (clustering_lease_ttl; lavinpy's default 10)."""
+    return int(run.cluster.options.extra_config.get("clustering_lease_ttl", 10))
+
+
 def _watch(seconds: float, check: Callable[[], Any], interval: float = 0.2) -> list[Any]:
     """Call ``check`` every ``interval`` for ``seconds``; the distinct truthy values it returned."""
     seen: list[Any] = []
@@ -70,7 +75,7 @@ def f1_isr_shrink(run: Run) -> None:
     n.partition([leader.name, f2.name], n.etcd_names(), "blackhole")
     n.partition([leader.name], [f1.name], "prohibit")
     n.reset_replication(f1, leader)
-    time.sleep(14)
+    time.sleep(lease_ttl(run) + 4)  # past the cut-off leader's lease: f1 takes over
     run.heal("heal the F1 partition")
     run.control(consume=True)
 
@@ -109,12 +114,12 @@ def f2_join_caught_up(run: Run) -> None:
 # ---- F3: a leader cut off from etcd stops serving before its lease can expire ---------------------
 
 def f3_lease_deadline(run: Run) -> None:
-    """The leader is black-holed from every etcd endpoint for 15 s: it must stop serving before its
-    lease expires and a follower takes over (the checker fails overlaps and late confirms)."""
+    """The leader is black-holed from every etcd endpoint for 5 s past its lease TTL: it must stop serving
+    before its lease expires and a follower takes over (the checker fails overlaps and late confirms)."""
     n = run.nemesis
     leader = n.leader()
     n.partition([leader.name], n.etcd_names(), "blackhole")
-    time.sleep(15)
+    time.sleep(lease_ttl(run) + 5)
     run.heal("heal the F3 partition")
 
 
@@ -348,7 +353,7 @@ def f10_isr_key_deleted(run: Run) -> None:
     f1, _ = n.followers(leader)
     n.delete_isr()
     n.kill(leader)
-    led = _watch(12, lambda: ",".join(c.serving()), 0.3)
+    led = _watch(lease_ttl(run) + 2, lambda: ",".join(c.serving()), 0.3)  # past the killed leader's lease
     if led:
         run.problems.append(f"F10: {led} led with no ISR key in etcd and no operator")
     else:
@@ -377,7 +382,8 @@ def f10_old_backup(run: Run) -> None:
     f2.disk("restore", str(backup))
     n.fault(f"{f2.name}'s data dir restored from the old backup")
     f2.start()
-    led = _watch(10, lambda: ",".join(c.serving()), 0.3)
+    # past the killed leader's lease, with f2 up and able to campaign
+    led = _watch(lease_ttl(run) + 3, lambda: ",".join(c.serving()), 0.3)
     if f2.name in ",".join(led):
         run.problems.append(f"F10: {f2.name} led with its data restored from an old backup")
     n.resume(f1)

@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from lavinpy.mqtt import codec
-from tests.e2e.conftest import LocalBroker
+from tests.e2e.conftest import LocalBroker, shared_by_many_tests
 from tests.helpers import free_port
 
 TIMEOUT = 10.0
@@ -30,6 +30,7 @@ class MQTTBroker(LocalBroker):
 @pytest.fixture(scope="session")
 def mqtt_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MQTTBroker]:
     b = MQTTBroker(tmp_path_factory.mktemp("lavinpy-mqtt"))
+    shared_by_many_tests(b)
     b.start()
     yield b
     b.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pika
 
@@ -50,3 +51,48 @@ def test_ctl_shovel_commands(one_broker, capsys) -> None:
     assert main([uri, "delete_shovel", "nope"]) == 65
     assert main([uri, "restart_shovel", "-p", "/", "nope"]) == 65
     assert "was not found" in capsys.readouterr().err
+    assert main([uri, "pause_shovel", "nope"]) == 65
+
+
+def _metrics(broker) -> str:
+    with urllib.request.urlopen(broker.metrics_url + "/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def _wait(check, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_pause_and_resume_a_shovel(one_broker, capsys) -> None:
+    """LavinMQ's pause and resume (API, lavinpyctl): a paused shovel moves nothing and is listed as paused;
+    resumed, it moves what waited."""
+    from lavinpy.cli.ctl import main
+
+    a = one_broker
+    value = {"src-uri": "amqp://", "src-queue": "p-src", "dest-uri": "amqp://", "dest-queue": "p-dst"}
+    assert http_call(a, "PUT", "/api/parameters/shovel/%2F/p", {"value": value})[0] in (201, 204)
+    _publish(a.url, "p-src", 10)
+    _wait(lambda: _count(a.url, "p-src") == 0 and _count(a.url, "p-dst") == 10, "the first 10 moved")
+    uri = f"--uri=http://guest:guest@127.0.0.1:{a.http_port}"
+    assert main([uri, "pause_shovel", "p"]) == 0
+    _wait(lambda: http_call(a, "GET", "/api/shovels/vhost/%2F/p")[1]["state"] == "paused", "the paused state")
+    # The node's link registry, read by the Prometheus endpoint: the shovel paused, its 10 moved.
+    assert 'lavinpy_shovel_paused{name="p",vhost="/"} 1.0' in _metrics(a)
+    assert 'lavinpy_shovel_messages_forwarded{name="p",vhost="/"} 10.0' in _metrics(a)
+    status, body, _ = http_call(a, "PUT", "/api/shovels/%2F/p/pause")
+    assert status == 422 and "paused already" in body["reason"]
+    _publish(a.url, "p-src", 10)
+    time.sleep(0.5)
+    assert _count(a.url, "p-src") == 10 and _count(a.url, "p-dst") == 10  # nothing moved while paused
+    assert "p\t/\tdynamic\tpaused" in (main([uri, "shovel_status"]), capsys.readouterr().out)[1]
+    assert http_call(a, "PUT", "/api/shovels/%2F/p/resume")[0] == 204
+    _wait(lambda: _count(a.url, "p-src") == 0 and _count(a.url, "p-dst") == 20, "the waiting 10 moved")
+    assert http_call(a, "GET", "/api/shovels/vhost/%2F/p")[1]["state"] == "running"
+    assert 'lavinpy_shovel_running{name="p",vhost="/"} 1.0' in _metrics(a)
+    assert http_call(a, "PUT", "/api/shovels/%2F/p/resume")[0] == 422
+    assert main([uri, "resume_shovel", "p"]) != 0
+    assert http_call(a, "PUT", "/api/shovels/%2F/nope/resume")[0] == 404

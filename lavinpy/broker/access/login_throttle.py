@@ -40,8 +40,9 @@ _USERS_PER_ADDRESS = 4
 
 
 class LoginThrottle:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, free_failures: int = FREE_FAILURES) -> None:
         self._clock = clock
+        self._free_failures = free_failures
         # address -> [failures, time of the last failure, user names that failed (None: too many)];
         # oldest failing first
         self._failures: OrderedDict[str, list] = OrderedDict()
@@ -62,7 +63,7 @@ class LoginThrottle:
                 del self._failures[key]
             else:
                 failures += int(entry[0])
-        extra = failures - FREE_FAILURES
+        extra = failures - self._free_failures
         if extra < 0:
             return 0.0
         return min(BASE_DELAY * 2 ** min(extra, 16), MAX_DELAY)

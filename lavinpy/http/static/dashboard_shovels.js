@@ -1,4 +1,4 @@
-// lavinpy dashboard: the shovels page (/api/shovels: state, reason, messages moved; restart, delete) and the
+// lavinpy dashboard: the shovels page (/api/shovels: state, reason, messages moved; pause or resume, restart, delete) and the
 // queue page's "Move messages" card, a one-off shovel to another queue (src-delete-after: queue-length), as
 // LavinMQ's UI has it. Shovels are defined through /api/parameters/shovel/{vhost}/{name}.
 "use strict";
@@ -37,6 +37,11 @@ PAGES.shovels = () => {
         h("td", { className: "num" }, s.forwarded), h("td", { className: "num" }, s.remaining_unacked),
         h("td", { className: "num" }, s.remaining), h("td", {}, s.reason || ""),
         h("td", {},
+          h("button", { type: "button", className: "pause-resume", onclick: () => act(async () => {
+            await api("PUT", `shovels/${enc(s.vhost)}/${enc(s.name)}/${s.state === "paused" ? "resume" : "pause"}`);
+            load();
+          }, `Shovel '${s.name}' ${s.state === "paused" ? "resumed" : "paused"}`) },
+          s.state === "paused" ? "Resume" : "Pause"), " ",
           h("button", { type: "button", onclick: () => act(async () => {
             await api("DELETE", `shovels/vhost/${enc(s.vhost)}/${enc(s.name)}/restart`); load();
           }, `Shovel '${s.name}' restarted`) }, "Restart"), " ",
