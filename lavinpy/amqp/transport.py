@@ -54,8 +54,10 @@ READER_BACKLOG = 1024 * 1024  # received and not yet taken by the loop: the thre
 READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog cannot hold the loop
 # A small input that follows another closely, with no output between them (a stream, not requests
 # waiting for answers), waits up to this many µs for more before the thread wakes the loop: one
-# wake-up (and one pass of the per-read Python work) for several pieces of a stream.
-READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "100"))
+# wake-up (and one pass of the per-read Python work) for several pieces of a stream. 500 µs: at a
+# fixed 40k msg/s about a third less broker CPU per message than 100 µs, for about 0.45 ms more median
+# latency (LavinMQ's median there is about 9 ms); a publisher waiting for confirms is never held.
+READER_HOLD_US = int(os.environ.get("LAVINPY_READER_HOLD_US", "500"))
 WRITER_ENABLED = csocket is not None and "writer" in SOCKET_THREADS
 READER_ENABLED = csocket is not None and "reader" in SOCKET_THREADS and hasattr(csocket, "SocketReader")
 
