@@ -16,6 +16,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis' per-example deadline is a timing assertion: on a loaded 2-core CI machine a slow example is
+# the machine, not the code. Properties are checked without it (a test may still set its own).
+settings.register_profile("lavinpy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("lavinpy")
 
 HERE = Path(__file__).parent
 DIRECTORY_MARKERS = {HERE / name: name for name in ("cluster", "spark", "jepsen", "federation")}
