@@ -268,13 +268,13 @@ def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: b
     return payloads, packet_ids
 
 
-def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes) -> list[int]:
-    """The packet id of a PUBACK (``body``) and of the well-formed PUBACK packets at the head of
-    ``backlog`` (taken from it), in order."""
-    packet_ids = [parse_packet_id(body, "PUBACK")]
+def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes, kind: int = PUBACK) -> list[int]:
+    """The packet id of a PUBACK (or PUBREC, PUBREL, PUBCOMP: ``kind``) and of the well-formed packets
+    of its kind at the head of ``backlog`` (taken from it), in order."""
+    packet_ids = [parse_packet_id(body, PACKET_NAMES[kind])]
     while backlog:
-        kind, _, data = backlog[0]
-        if kind != PUBACK or len(data) != 2:
+        other, _, data = backlog[0]
+        if other != kind or len(data) != 2:
             break
         backlog.popleft()
         packet_ids.append(int.from_bytes(data, "big"))
