@@ -4,6 +4,7 @@ the server sends. Pure: no sockets, no broker. Anything the spec calls malformed
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,11 @@ class Publish:
     packet_id: int
 
 
+# First bytes of a packet whose type and flags are valid (not those of a reserved type or flags).
+_PLAIN_FIRST_BYTES = frozenset(kind << 4 | flags for kind in PACKET_NAMES for flags in range(16)
+                               if REQUIRED_FLAGS.get(kind, flags) == flags)
+
+
 class PacketReader:
     """Splits input into (type, flags, body) packets; at most ``max_packet_size`` bytes each (the
     whole packet, fixed header included), so a client cannot make the server buffer more."""
@@ -91,8 +97,18 @@ class PacketReader:
         packets: list[tuple[int, int, bytes]] = []
         pos = 0
         end = len(buf)
+        append, limit, plain = packets.append, self.max_packet_size, _PLAIN_FIRST_BYTES
         while end - pos >= 2:
             first = buf[pos]
+            length = buf[pos + 1]
+            if length < 128 and first in plain and length + 2 <= limit:  # the common short packet, checked
+                if end - pos - 2 < length:
+                    break
+                append((first >> 4, first & 0x0F, bytes(buf[pos + 2:pos + 2 + length])))
+                pos += 2 + length
+                if one:
+                    break
+                continue
             kind, flags = first >> 4, first & 0x0F
             if kind not in PACKET_NAMES:  # 15 is MQTT 5's AUTH: no authentication method was agreed
                 raise MQTTProtocolError(f"reserved packet type {kind}", reason=0x82 if kind == 15 else 0x81)
@@ -268,13 +284,13 @@ def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: b
     return payloads, packet_ids
 
 
-def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes) -> list[int]:
-    """The packet id of a PUBACK (``body``) and of the well-formed PUBACK packets at the head of
-    ``backlog`` (taken from it), in order."""
-    packet_ids = [parse_packet_id(body, "PUBACK")]
+def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes, kind: int = PUBACK) -> list[int]:
+    """The packet id of a PUBACK (or PUBREC, PUBREL, PUBCOMP: ``kind``) and of the well-formed packets
+    of its kind at the head of ``backlog`` (taken from it), in order."""
+    packet_ids = [parse_packet_id(body, PACKET_NAMES[kind])]
     while backlog:
-        kind, _, data = backlog[0]
-        if kind != PUBACK or len(data) != 2:
+        other, _, data = backlog[0]
+        if other != kind or len(data) != 2:
             break
         backlog.popleft()
         packet_ids.append(int.from_bytes(data, "big"))
@@ -340,6 +356,8 @@ def puback(packet_id: int) -> bytes:
 # A connection's replies after the disk are packet ids, the packet's kind in the bits above them.
 PUBREC_REPLY, PUBCOMP_REPLY, PUBREL_REPLY = 1 << 16, 2 << 16, 3 << 16  # (a PUBACK: the id alone)
 _REPLY_FIRST = {0: PUBACK << 4, 1: PUBREC << 4, 2: PUBCOMP << 4, 3: PUBREL << 4 | 2}
+_REPLY_WORDS = [_REPLY_FIRST[kind] << 24 | 2 << 16 for kind in range(4)]
+_PUBACK_WORD = _REPLY_WORDS[0]
 
 
 def qos2_reply(kind: int, packet_id: int) -> bytes:
@@ -350,9 +368,11 @@ def qos2_reply(kind: int, packet_id: int) -> bytes:
 def replies(batch: list[int]) -> tuple[bytes, int]:
     """A batch of replies (packet ids | *_REPLY) as packets, and how many confirm a publish (PUBACKs
     and PUBRECs)."""
-    if max(batch) < PUBREC_REPLY:
-        return b"".join([puback(packet_id) for packet_id in batch]), len(batch)
-    return (b"".join([qos2_reply(reply >> 16, reply & 0xFFFF) for reply in batch]),
+    count = len(batch)
+    if max(batch) < PUBREC_REPLY:  # each packet one big-endian u32: first byte, length 2, the id
+        return struct.pack(f">{count}I", *[_PUBACK_WORD | packet_id for packet_id in batch]), count
+    words = _REPLY_WORDS
+    return (struct.pack(f">{count}I", *[words[reply >> 16] | (reply & 0xFFFF) for reply in batch]),
             sum(reply < PUBCOMP_REPLY for reply in batch))
 
 

@@ -46,10 +46,8 @@ MAX_PACKET_BEFORE_CONNECT = 65536
 # Message properties by the publish's QoS: persistent for QoS 1 and 2, and the QoS for deliveries to MQTT.
 QOS_PROPERTIES = {qos: encode_property_values(delivery_mode=2 if qos else 1, headers={PUBLISH_QOS_HEADER: qos})
                for qos in (0, 1, 2)}
-
-
-# RabbitMQ's labels of the MQTT versions in its per-protocol metrics, by protocol level.
-# The protocol the model counts a connection's traffic by, by protocol level (3.1.1 until CONNECT says).
+# The protocol the model counts a connection's traffic by (RabbitMQ's labels), by protocol level (3.1.1
+# until CONNECT says).
 PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "MQTT 3.1"),
              5: ProtocolId("mqtt50", "MQTT 5.0")}
 # The model's refusals (broker.errors) as the CONNACK return code of a session it refuses: MQTT 3.1.1
@@ -282,7 +280,7 @@ class MQTTConnection:
             self.will = None  # a clean end: the will is dropped
             self._close()
         elif kind in (codec.PUBREC, codec.PUBREL, codec.PUBCOMP):
-            self._on_qos2(kind, codec.parse_packet_id(body, codec.PACKET_NAMES[kind]))
+            self._on_qos2(kind, codec.puback_run(self._backlog, body, kind))
         elif kind == codec.CONNECT:
             raise MQTTProtocolError("a second CONNECT")
         else:  # CONNACK, SUBACK, PINGRESP... are the server's packets
@@ -410,21 +408,18 @@ class MQTTConnection:
             raise MQTTProtocolError(str(e)) from None
         qos = packet.qos
         self.published = True
-        if qos == 2:
-            self._publish_exactly_once(packet)
-            return
         vhost, backlog = self.vhost, self._backlog
         assert vhost is not None
         max_size = vhost.config.max_message_size
-        if (packet.retain or not backlog or backlog[0][0] != codec.PUBLISH
-                or len(packet.payload) > max_size):
-            self._publish_one(packet.topic, packet.payload, qos, packet.retain, packet.packet_id)
-            return
-        payloads, packet_ids = codec.publish_run_tail(backlog, flags, body, packet.payload, packet.packet_id,
-                                                      max_size)
+        if packet.retain or not backlog or backlog[0][0] != codec.PUBLISH or len(packet.payload) > max_size:
+            payloads, packet_ids = [packet.payload], [packet.packet_id]
+        else:
+            payloads, packet_ids = codec.publish_run_tail(backlog, flags, body, packet.payload, packet.packet_id,
+                                                          max_size)
+        if qos == 2:
+            return self._publish_exactly_once(packet, payloads, packet_ids)
         if len(payloads) == 1:
-            self._publish_one(packet.topic, packet.payload, qos, False, packet.packet_id)
-            return
+            return self._publish_one(packet.topic, packet.payload, qos, packet.retain, packet.packet_id)
         exchange, key = self._target(packet.topic)
         needs_sync = publish_run(vhost, exchange, key, QOS_PROPERTIES[qos], payloads, self.counters, qos > 0)
         if needs_sync is None:  # not a run the model takes whole: one by one
@@ -437,33 +432,40 @@ class MQTTConnection:
 
     def _publish_one(self, topic: str, payload: bytes, qos: int, retain: bool, packet_id: int) -> None:
         needs_sync = self._publish(topic, payload, qos, retain)
-        if qos:
-            if needs_sync is None:
-                return  # a queue refused it: no PUBACK, the client sends it again
+        if qos and needs_sync is not None:  # None: a queue refused it, no PUBACK (the client sends it again)
             self._pubacks.append(packet_id)
             self._batch_sync = self._batch_sync or needs_sync
 
-    def _publish_exactly_once(self, packet: codec.Publish) -> None:
-        """QoS 2: stored once per id until PUBREL; PUBREC after the disk (a duplicate's too, not routed)."""
-        assert self.subscriptions is not None
-        state, packet_id = self.subscriptions.qos2, packet.packet_id
-        sync: bool | None = True
-        if packet_id not in state.inbound:
-            sync = self._publish(packet.topic, packet.payload, 2, packet.retain)
-            if sync is None:
-                return  # a queue refused it: no PUBREC, the client sends it again
-            sync = state.received(packet_id) or sync
-        self._batch_sync = self._batch_sync or bool(sync)
-        self._pubacks.append(packet_id | PUBREC_REPLY)
+    def _publish_exactly_once(self, packet: codec.Publish, payloads: list[bytes], packet_ids: list[int]) -> None:
+        """QoS 2 (a run as one): stored once per id until PUBREL; PUBRECs after the disk, a duplicate's too."""
+        assert self.subscriptions is not None and self.vhost is not None
+        state, pubacks, fresh = self.subscriptions.qos2, self._pubacks, self.subscriptions.qos2.fresh(packet_ids)
+        if len(fresh) > 1:
+            exchange, key = self._target(packet.topic)
+            sync = publish_run(self.vhost, exchange, key, QOS_PROPERTIES[2], [payloads[i] for i in fresh],
+                               self.counters, True)
+            if sync is not None:
+                sync = state.received_run([packet_ids[i] for i in fresh]) or sync
+                self._batch_sync = self._batch_sync or sync or len(fresh) < len(packet_ids)
+                return pubacks.extend([packet_id | PUBREC_REPLY for packet_id in packet_ids])
+        for payload, packet_id in zip(payloads, packet_ids, strict=True):  # one by one
+            duplicate = packet_id in state.inbound
+            one = True if duplicate else self._publish(packet.topic, payload, 2, packet.retain)
+            if one is None:
+                continue  # a queue refused it: no PUBREC, the client sends it again
+            one = duplicate or state.received(packet_id) or one
+            self._batch_sync = self._batch_sync or one
+            pubacks.append(packet_id | PUBREC_REPLY)
 
-    def _on_qos2(self, kind: int, packet_id: int) -> None:
-        """PUBREL (PUBCOMP, to an unknown id too: 3.1.1, 4.3.3), PUBREC and PUBCOMP (replies after the disk)."""
+    def _on_qos2(self, kind: int, packet_ids: list[int]) -> None:
+        """A read's run of PUBRELs (PUBCOMP to unknown ids too: 3.1.1, 4.3.3), PUBRECs or PUBCOMPs as one."""
         subs = self.subscriptions
         assert subs is not None
         if kind == codec.PUBCOMP:
-            return subs.pubcomp(packet_id)
-        waits = subs.qos2.released(packet_id) if kind == codec.PUBREL else subs.pubrec(packet_id)
-        self._pubacks.append(packet_id | (PUBCOMP_REPLY if kind == codec.PUBREL else PUBREL_REPLY))
+            return subs.pubcomp_run(packet_ids)
+        released = kind == codec.PUBREL
+        waits = subs.qos2.released_run(packet_ids) if released else subs.pubrec_run(packet_ids)
+        self._pubacks.extend([packet_id | (PUBCOMP_REPLY if released else PUBREL_REPLY) for packet_id in packet_ids])
         self._batch_sync = self._batch_sync or waits
 
     def _target(self, topic: str) -> tuple[Exchange, str]:

@@ -87,7 +87,7 @@ class MQTT5Connection(MQTTConnection):
                 self._end_batch()
                 self.send_after(None, codec5.ack(codec.PUBCOMP, packet_id, PACKET_IDENTIFIER_NOT_FOUND))
             else:
-                self._on_qos2(kind, packet_id)
+                self._on_qos2(kind, [packet_id])
         elif kind == codec.SUBSCRIBE:
             self._subscribe5(*codec5.parse_subscribe(body))
         elif kind == codec.UNSUBSCRIBE:

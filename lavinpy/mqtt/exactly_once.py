@@ -46,6 +46,10 @@ class StateFile(Protocol):
     def write(self, kind: bytes, client_id: str, packet_id: int, pos: int = 0, topic_filter: str = "") -> bool:
         """Append a record; whether a reply that depends on it waits for ``vhost.durable()``."""
 
+    def write_run(self, kind: bytes, client_id: str, packet_ids: list[int], positions: list[int] | None = None
+                  ) -> bool:
+        """Append a record per packet id (of SENT: with the position) as one write; as ``write``."""
+
 
 def _record(kind: bytes, client_id: str, packet_id: int, pos: int = 0, topic_filter: str = "") -> bytes:
     name = client_id.encode("utf-8")
@@ -74,6 +78,10 @@ class ClientState:
         file = self.file
         return file is not None and file.write(kind, self.client_id, packet_id, pos, topic_filter)
 
+    def _write_run(self, kind: bytes, packet_ids: list[int], positions: list[int] | None = None) -> bool:
+        file = self.file
+        return file is not None and bool(packet_ids) and file.write_run(kind, self.client_id, packet_ids, positions)
+
     @property
     def empty(self) -> bool:
         return not (self.inbound or self.sent or self.pubrel_owed or self.filters)
@@ -92,6 +100,32 @@ class ClientState:
         """A QoS 2 PUBLISH was stored: its id is remembered until PUBREL. Whether the PUBREC waits."""
         self.inbound.add(packet_id)
         return self._write(RECEIVED, packet_id)
+
+    def fresh(self, packet_ids: list[int]) -> list[int]:
+        """The indexes of the ids in a run of QoS 2 PUBLISHes that are not duplicates (of one stored
+        earlier, awaiting PUBREL, or of one earlier in the run): those to store."""
+        inbound, seen, indexes = self.inbound, set(), []
+        for i, packet_id in enumerate(packet_ids):
+            if packet_id not in inbound and packet_id not in seen:
+                seen.add(packet_id)
+                indexes.append(i)
+        return indexes
+
+    def received_run(self, packet_ids: list[int]) -> bool:
+        """``received`` for a run of stored PUBLISHes' (distinct, new) ids, recorded as one write."""
+        self.inbound.update(packet_ids)
+        return self._write_run(RECEIVED, packet_ids)
+
+    def released_run(self, packet_ids: list[int]) -> bool:
+        """``released`` for a run of PUBRELs, recorded as one write."""
+        inbound, gone, unknown = self.inbound, [], False
+        for packet_id in packet_ids:
+            if packet_id in inbound:
+                inbound.discard(packet_id)
+                gone.append(packet_id)
+            else:
+                unknown = True
+        return self._write_run(RELEASED, gone) or (unknown and self.file is not None)
 
     def released(self, packet_id: int) -> bool:
         """PUBREL: the id is forgotten. Whether the PUBCOMP waits for the disk (a PUBLISH reusing the id
@@ -137,6 +171,40 @@ class ClientState:
     def pubcomp(self, packet_id: int) -> None:
         if self.pubrel_owed.pop(packet_id, 0) is None:
             self._write(COMPLETE, packet_id)
+
+    def pubcomp_run(self, packet_ids: list[int]) -> None:
+        """``pubcomp`` for a run of PUBCOMPs, recorded as one write."""
+        pop = self.pubrel_owed.pop
+        self._write_run(COMPLETE, [packet_id for packet_id in packet_ids if pop(packet_id, 0) is None])
+
+    def pubrec_run(self, packet_ids: list[int]) -> bool:
+        """``pubrec`` for a run of PUBRECs, recorded as one write."""
+        sent_ids, sent, owed, fresh, again = self.sent_ids, self.sent, self.pubrel_owed, [], False
+        for packet_id in packet_ids:
+            pos = sent_ids.pop(packet_id, None)
+            if pos is not None:
+                del sent[pos]
+            if packet_id in owed:
+                again = True
+            else:
+                owed[packet_id] = None
+                fresh.append(packet_id)
+        return self._write_run(PUBREL_OWED, fresh) or (again and self.file is not None)
+
+    def sending_run(self, positions: list[int], packet_ids: list[int]) -> bool:
+        """``sending`` for a run of deliveries, recorded as one write."""
+        sent, sent_ids, new_pos, new_ids = self.sent, self.sent_ids, [], []
+        for pos, packet_id in zip(positions, packet_ids, strict=True):
+            old = sent.get(pos)
+            if old == packet_id:
+                continue
+            if old is not None:
+                del sent_ids[old]
+            sent[pos] = packet_id
+            sent_ids[packet_id] = pos
+            new_pos.append(pos)
+            new_ids.append(packet_id)
+        return self._write_run(SENT, new_ids, new_pos)
 
     def forget(self, packet_id: int) -> None:
         """The delivery awaiting PUBREC with this id left its queue otherwise (the queue is empty when
@@ -236,14 +304,36 @@ class VHostQoS2:
         self.file_bytes += len(record)
         waits = self.file.append(record)
         if self.file_bytes > max(COMPACT_MIN_BYTES, self._check_at):
-            # The live state is measured again only once the file has grown past twice its size.
-            live = [r for state in self.clients.values() for r in state.records()]
-            live_bytes = sum(map(len, live))
-            self._check_at = 2 * live_bytes
-            if 2 * live_bytes < self.file_bytes:
-                data = b"".join(live)
-                self.file_bytes = len(data)
-                return self.file.replace(data) or waits
+            return self._compact() or waits
+        return waits
+
+    def _compact(self) -> bool:
+        """The file rewritten with the live state if it holds mostly stale records (measured again only
+        once the file has grown past twice its size); whether a reply waits for that."""
+        live = [r for state in self.clients.values() for r in state.records()]
+        live_bytes = sum(map(len, live))
+        self._check_at = 2 * live_bytes
+        if 2 * live_bytes < self.file_bytes:
+            data = b"".join(live)
+            self.file_bytes = len(data)
+            return self.file.replace(data)
+        return False
+
+    def write_run(self, kind: bytes, client_id: str, packet_ids: list[int], positions: list[int] | None = None
+                  ) -> bool:
+        if len(packet_ids) == 1:
+            return self.write(kind, client_id, packet_ids[0], positions[0] if positions else 0)
+        name = client_id.encode("utf-8")
+        head = kind + len(name).to_bytes(2, "big") + name
+        if positions is None:
+            data = b"".join([head + packet_id.to_bytes(2, "big") for packet_id in packet_ids])
+        else:
+            data = b"".join([head + packet_id.to_bytes(2, "big") + pos.to_bytes(8, "big")
+                             for packet_id, pos in zip(packet_ids, positions, strict=True)])
+        self.file_bytes += len(data)
+        waits = self.file.append(data)
+        if self.file_bytes > max(COMPACT_MIN_BYTES, self._check_at):
+            return self._compact() or waits
         return waits
 
     def session(self, client_id: str, persistent: bool) -> ClientState:

@@ -214,11 +214,11 @@ class Subscriptions:
                 parts.append(codec.publish_packet(headers_cache[2], msg.body, 0x30))
             self.host.send(b"".join(parts))
             return
-        if self.qos2.filters:  # some may go out at QoS 2: one at a time
-            for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
-                self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
-            return
         settled: list[int] = []
+        qos2 = self.qos2
+        exactly_once: list[int] | None = [] if qos2.filters else None  # indexes going out at QoS 2
+        qos2_ids: list[int] = []
+        topic_qos2 = False
         inflight = self.inflight
         taken = self.qos2.taken
         reserved = bool(self.qos2.sent_ids or self.qos2.pubrel_owed)  # ids QoS 2 exchanges hold
@@ -231,8 +231,10 @@ class Subscriptions:
                 settled.append(first + i)  # no filter of the client's matches it: settled unsent
                 continue
             if headers_cache is None or headers_cache[0] != key:
-                topic_field = codec.topic_field(topics.topic_name(key))
+                topic = topics.topic_name(key)
+                topic_field = codec.topic_field(topic)
                 headers_cache = (key, topic_field, topic_field + block)
+                topic_qos2 = exactly_once is not None and self._qos2_topic(topic)
             properties = msg.properties
             published_qos = qos_cache[properties] if properties in qos_cache else self._published_qos(properties)
             if published_qos == 0:
@@ -240,24 +242,44 @@ class Subscriptions:
                 append(codec.publish_packet(headers_cache[2], msg.body, 0x30))
                 settled.append(first + i)
                 continue
-            next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
-            if next_id in inflight or (reserved and taken(next_id)):
-                self._next_id = next_id
-                next_id = self._packet_id()
-            inflight[next_id] = first + i
-            topic = headers_cache[1]
-            body = msg.body
-            length = len(topic) + 2 + len(block) + len(body)
             flags = 0x3A if redelivered is not None and redelivered[i] else 0x32
+            earlier = None
+            if published_qos != 1 and topic_qos2:  # at QoS 2, with the id an earlier delivery had
+                assert exactly_once is not None
+                exactly_once.append(i)
+                flags += 2
+                earlier = qos2.id_of(positions[i])
+            if earlier is not None and earlier not in inflight:
+                next_id = earlier
+            else:
+                next_id = next_id % 65535 + 1  # the next packet identifier, unless it is still in flight
+                if next_id in inflight or (reserved and taken(next_id)):
+                    self._next_id = next_id
+                    next_id = self._packet_id()
+            inflight[next_id] = first + i
+            if flags & 4:
+                qos2_ids.append(next_id)
+            topic_field = headers_cache[1]
+            body = msg.body
+            length = len(topic_field) + 2 + len(block) + len(body)
             # The PUBLISH in parts (fixed header, topic, packet id, properties, payload), joined once for the run.
             append(bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length))
-            append(topic)
+            append(topic_field)
             append(next_id.to_bytes(2, "big"))
             if block:
                 append(block)
             append(body)
         self._next_id = next_id
-        self.host.send(b"".join(parts))
+        if exactly_once:  # recorded as one write; sent once durable when a persistent session's record waits
+            self.qos2_ids.update(qos2_ids)
+            self._queued_qos2 += len(qos2_ids)
+            waits = qos2.sending_run([positions[i] for i in exactly_once], qos2_ids)
+            if qos2.file is not None:
+                self.host.send_after(self.vhost.durable(acks=False) if waits else None, b"".join(parts))
+            else:
+                self.host.send(b"".join(parts))
+        else:
+            self.host.send(b"".join(parts))
         if settled:
             self.deliveries.ack_run(settled)
 
@@ -421,6 +443,27 @@ class Subscriptions:
             self._queued_qos2 -= 1
             self.deliveries.ack_run([tag])
         return waits
+
+    def pubrec_run(self, packet_ids: list[int]) -> bool:
+        """``pubrec`` for the PUBRECs of one read: recorded as one write, their deliveries acked as one run."""
+        qos2_ids = self.qos2_ids
+        if len(packet_ids) == 1 or not qos2_ids.issuperset(packet_ids):
+            return any([self.pubrec(packet_id) for packet_id in packet_ids])
+        qos2_ids.difference_update(packet_ids)
+        waits = self.qos2.pubrec_run(packet_ids)
+        pop = self.inflight.pop
+        tags = [tag for tag in map(pop, packet_ids, repeat(None)) if tag is not None]
+        if tags:
+            self._queued_qos2 -= len(tags)
+            self.deliveries.ack_run(tags)
+        return waits
+
+    def pubcomp_run(self, packet_ids: list[int]) -> None:
+        """``pubcomp`` for the PUBCOMPs of one read."""
+        self.qos2.pubcomp_run(packet_ids)
+        if self._ids_exhausted:
+            self._ids_exhausted = False
+            self.resume()
 
     def pubcomp(self, packet_id: int) -> None:
         """The client's PUBCOMP: the exchange is over, the id free (an unknown one is ignored)."""

@@ -242,3 +242,34 @@ def test_pubrels_never_completed_stop_deliveries_not_the_broker(tmp_path: Path) 
         assert (freed.payload, freed.qos, freed.packet_id) == (b"65535", 2, got[5].packet_id)
     finally:
         broker.close()
+
+
+def test_runs_of_one_read_store_once_and_their_batched_records_survive_a_restart(broker: Broker) -> None:
+    sub = broker.connect("runsub", clean=False)
+    broker.feed(sub, _subscribe(1, "r", 2))
+    broker.read(sub)
+    pub = broker.connect("runpub", clean=False)
+    # One read: a run of three QoS 2 PUBLISHes, the third repeating the first's id (a duplicate).
+    broker.feed(pub, codec.publish("r", b"a", 2, False, False, 5) + codec.publish("r", b"b", 2, False, False, 6)
+                     + codec.publish("r", b"a", 2, False, True, 5))
+    assert broker.read(pub) == [_reply(codec.PUBREC, 5), _reply(codec.PUBREC, 6), _reply(codec.PUBREC, 5)]
+    got = _publishes(broker.read(sub))
+    assert [(p.payload, p.qos) for p in got] == [(b"a", 2), (b"b", 2)]
+    ids = [p.packet_id for p in got]
+    assert len(set(ids)) == 2 and broker.held("runsub") == 2
+    broker.feed(sub, b"".join(_pkt(codec.PUBREC, i) for i in ids))  # PUBRECs of one read: one run
+    assert broker.read(sub) == [_reply(codec.PUBREL, i) for i in ids]
+    assert broker.held("runsub") == 0
+    broker.feed(sub, _pkt(codec.PUBCOMP, ids[0]))
+    sub.lost()
+    pub.lost()
+    broker.restart()
+    # The publisher's ids still await PUBREL (a PUBLISH again is a duplicate); the subscriber owes one PUBREL.
+    pub = broker.connect("runpub", clean=False, present=True)
+    broker.feed(pub, codec.publish("r", b"b", 2, False, True, 6) + codec.publish("r", b"a", 2, False, True, 5))
+    assert broker.read(pub) == [_reply(codec.PUBREC, 6), _reply(codec.PUBREC, 5)]
+    broker.feed(pub, _pkt(codec.PUBREL, 5) + _pkt(codec.PUBREL, 6))
+    assert broker.read(pub) == [_reply(codec.PUBCOMP, 5), _reply(codec.PUBCOMP, 6)]
+    sub = broker.connect("runsub", clean=False, present=True)
+    resumed = broker.rest + broker.read(sub)
+    assert resumed == [_reply(codec.PUBREL, ids[1])] and broker.held("runsub") == 0
