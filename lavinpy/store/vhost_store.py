@@ -69,6 +69,7 @@ class VhostStore:
         self.messages = MessageStore(self.path, segment_size)
         self._queues: dict[str, AnyIndex] = {}
         self._delivery_counts: dict[str, DeliveryCounts] = {}
+        self._count_files: set[str] = set()  # the files of DeliveryCounts' subclasses opened (their keys)
         self._append_files: dict[str, AppendFile] = {}
         self._synced_files: list[SyncedFile] = []  # registered by their owners (the definitions log)
         self._sync_paths: list[Path] = []  # index files closed while idle before a flush synced them
@@ -176,6 +177,8 @@ class VhostStore:
         if found is None or found.intersection((kind.FILE, kind.FILE + ".tmp")):  # none: nothing to read
             counts.open(index if counts.durable else None)
         self._delivery_counts[key] = counts
+        if kind is not DeliveryCounts:
+            self._count_files.add(kind.FILE)
         return counts
 
     def open_append_file(self, name: str) -> AppendFile:
@@ -211,8 +214,12 @@ class VhostStore:
         """Remove a queue: its messages lose this reference and its directory goes."""
         if self._queues.get(index.name) is index:
             del self._queues[index.name]
-        for key in [key for key in self._delivery_counts if key.split("\0", 1)[0] == index.name]:
-            self._delivery_counts.pop(key).delete()
+        # its counts and the other files of that kind (by key: a scan of every queue's would make closing
+        # a vhost of many transient queues quadratic)
+        for key in (index.name, *(f"{index.name}\0{file}" for file in self._count_files)):
+            counts = self._delivery_counts.pop(key, None)
+            if counts is not None:
+                counts.delete()
         index.delete()
 
     @property
