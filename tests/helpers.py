@@ -46,7 +46,13 @@ def free_port(below_ephemeral: bool = False) -> int:
     port many times (a port the kernel may hand out as some client's source port meanwhile would keep
     it from binding)."""
     if not below_ephemeral:
-        return free_ports(1)[0]
+        # never one this process handed out before (called one at a time, the kernel may give the same
+        # free port twice: a broker once got it for MQTT and MQTTS and could not start)
+        while True:
+            port = free_ports(1)[0]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
     while True:
         port = random.randrange(*worker_share(_BELOW_EPHEMERAL))
         if port in _handed_out:
