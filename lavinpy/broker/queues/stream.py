@@ -36,7 +36,7 @@ from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
-from .stream_tags import UNKNOWN, FilterTags
+from .stream_tags import UNKNOWN, FilterTags, TagsFile
 
 if TYPE_CHECKING:
     from array import array
@@ -152,6 +152,8 @@ class StreamQueue(QueueKind):
         self._skips: dict[QueueConsumer, set[int]] = {}
         self.offsets = OffsetTracker(index.directory, name)  # named consumers' offsets (stream_offsets)
         self.tags = FilterTags(index.first_offset, index.count)  # each offset's filter values (stream_tags)
+        self.tags_file = TagsFile(index.directory)  # ... kept beside the entries: read, not rebuilt
+        self.tags_file.load(self.tags, index.first_offset, index.first_offset + index.count)
         self._damaged: set[int] = set()  # positions of damaged records already reported
         self._rr = 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
@@ -202,10 +204,12 @@ class StreamQueue(QueueKind):
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Periodic retention: drop whole segments older than x-max-age; returns messages dropped. The
-        tracked consumer offsets are written too."""
+        tracked consumer offsets and the new filter-value tags are written too."""
         self.offsets.flush()
         if self.tags.rebuilding:
             self.rebuild_tags()
+        if not self.deleted:
+            self.tags_file.save(self.tags)
         return self._trim(by_size=False, now_ms=now_ms)
 
     def rebuild_tags(self, limit: int = REBUILD_BATCH) -> None:
@@ -213,8 +217,10 @@ class StreamQueue(QueueKind):
         self.tags.rebuild(self.index, self.vhost.store.messages.read_many, limit)
 
     def stop_timers(self) -> None:
-        """The vhost is closing: the tracked consumer offsets are written."""
+        """The vhost is closing: the tracked consumer offsets and the filter-value tags are written."""
         self.offsets.flush()
+        if not self.deleted:
+            self.tags_file.save(self.tags, sync=True)
 
     def _trim(self, by_size: bool, now_ms: int | None = None) -> int:
         """Drop whole segments from the head per x-max-length-bytes (when ``by_size``) and x-max-age."""
