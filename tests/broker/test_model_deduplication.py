@@ -158,3 +158,25 @@ def test_deduplication_and_delayed_retries_on_one_queue(tmp_path: Path) -> None:
         [got] = await until(lambda: m.get("q"), what="the retry")
         assert got["payload"] == "job" and got["properties"]["headers"]["x-delivery-count"] == 1
     run(body, tmp_path)
+
+
+def test_every_kind_of_identifier_is_a_duplicate_after_a_reopen(tmp_path: Path) -> None:
+    """Short ASCII strings are kept as themselves in memory and as typed records on disk: a reopened
+    cache must find each kind again and still tell a string from the bytes or number it spells."""
+    async def body(m: Model) -> None:
+        from lavinpy.store.append_file import AppendFile
+        path = tmp_path / "cache"
+        values = ["a", "ü", "x" * 63, "x" * 64, "y" * 500, b"a", 1, True]
+        file = AppendFile(path, lambda fd: __import__("os").close(fd), lambda: False)
+        cache = DedupCache(DedupSettings(cache_size=100), file)
+        for value in values:
+            assert not cache.seen({"x-deduplication-header": value}, 1000)
+        file.write_pending()
+        file.close()
+        again = DedupCache(DedupSettings(cache_size=100), AppendFile(path, lambda fd: None, lambda: False))
+        assert list(again.entries) == list(cache.entries)
+        for value in values:
+            assert again.seen({"x-deduplication-header": value}, 2000), value
+        for other in ["1", b"1", "b", "x" * 62, False]:
+            assert not again.seen({"x-deduplication-header": other}, 2000), other
+    run(body, tmp_path)

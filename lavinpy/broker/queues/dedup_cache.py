@@ -1,13 +1,15 @@
 """An exchange's or queue's deduplication cache: the identifiers it saw, on disk (queues wing).
 
-The cache is an insertion-ordered dict (identifier -> expiry ms, 0 for never) of at most
-``cache_size`` entries: the oldest goes first, as LavinMQ's. Each identifier remembered is appended
-to the object's file in the vhost directory (``store.append_file.append_soon``: the identifiers
-waiting are written in one write by the next group commit, before the fsync its messages' publisher
-confirms wait for, or after 20 ms; so a confirmed message's identifier survives a kill -9; streamed
-to replication followers like every store change), so restarts, crashes and failovers keep the
-cache. The file is rewritten with the live entries when it holds twice as many records as the cache
-(and at least ``COMPACT_MIN_RECORDS``).
+The cache is a dict (identifier -> expiry ms, 0 for never) of at most ``cache_size`` entries with
+their order of arrival beside it (a deque: cheaper per identifier than an ordered dict): the oldest
+goes first, as LavinMQ's; an expired identifier seen again keeps its place with a new expiry. Each
+identifier remembered is appended to the object's file in the vhost directory
+(``store.append_file.append_soon``: the identifiers waiting are rendered and written in one write
+by the next group commit, before the fsync its messages' publisher confirms wait for, or after
+20 ms; so a confirmed message's identifier survives a kill -9; streamed to replication followers
+like every store change), so restarts, crashes and failovers keep the cache. The file is rewritten
+with the live entries when it holds twice as many records as the cache (and at least
+``COMPACT_MIN_RECORDS``).
 
 File: batches ``length u32, records, crc32 u32`` (little-endian; the CRC covers the records), a record
 ``key length u16, expiry ms u64, key bytes``. A torn or damaged batch (a crash mid-write) ends the
@@ -20,7 +22,7 @@ import hashlib
 import logging
 import struct
 import zlib
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +40,18 @@ MESSAGE_TTL_HEADER = "x-cache-ttl"  # a message's own TTL for its identifier (La
 COMPACT_MIN_RECORDS = 65536  # a rewrite (with its fsync) at most once per this many new identifiers
 
 
-def identifier(value: Any) -> bytes | None:
-    """A header value as the cache's key (typed, so 1 and "1" differ); None when it cannot be one."""
-    if isinstance(value, bytes):
-        key = b"b" + value
-    elif isinstance(value, str):
+def identifier(value: Any) -> bytes | str | None:
+    """A header value as the cache's key (typed, so 1 and "1" differ); None when it cannot be one.
+
+    A short ASCII string (the common identifier: a UUID, a hash, a counter) is its own key, which
+    costs nothing to make and hashes once; on disk it is the record ``s`` + its bytes, as any string.
+    Every other value is a typed byte string, which no ``str`` equals."""
+    if isinstance(value, str):
+        if len(value) < MAX_KEY_BYTES and value.isascii():
+            return value
         key = b"s" + value.encode("utf-8", "surrogatepass")
+    elif isinstance(value, bytes):
+        key = b"b" + value
     elif isinstance(value, bool):
         key = b"t" if value else b"f"
     elif isinstance(value, int):
@@ -53,6 +61,21 @@ def identifier(value: Any) -> bytes | None:
     if len(key) > MAX_KEY_BYTES:  # bounded memory: a long identifier is remembered by its digest
         key = b"h" + hashlib.sha256(key).digest()
     return key
+
+
+def _stored_key(record: bytes) -> bytes | str:
+    """A key read from the file as ``identifier`` makes it (a short ASCII string back to ``str``)."""
+    if record[:1] == b"s" and len(record) <= MAX_KEY_BYTES and record.isascii():
+        return record[1:].decode("ascii")
+    return record
+
+
+def _records(keys: list[bytes | str], expiries: list[int]) -> bytes:
+    """The file records of these keys (a ``str`` key is written as ``s`` + its ASCII bytes)."""
+    pack = _pack_head
+    return b"".join([pack(len(key) + 1, expiry) + b"s" + key.encode("ascii") if type(key) is str
+                     else pack(len(key), expiry) + key  # type: ignore[operator]
+                     for key, expiry in zip(keys, expiries, strict=True)])
 
 
 def _frame(records: bytes) -> bytes:
@@ -71,14 +94,19 @@ class DedupCache:
     def __init__(self, settings: DedupSettings, file: AppendFile | None = None) -> None:
         self.settings = settings
         self.header = settings.header
-        self.entries: OrderedDict[bytes, int] = OrderedDict()
+        self.entries: dict[bytes | str, int] = {}
+        self._arrivals: deque[bytes | str] = deque()  # the keys of ``entries``, oldest first
         self._file = file
+        # Identifiers remembered since the last write, rendered into records once per write (the
+        # file's ``frame``), so a new identifier costs two list appends on the publish path.
+        self._unwritten_keys: list[bytes | str] = []
+        self._unwritten_expiries: list[int] = []
         self._records = 0
         self._size = settings.cache_size
         self._ttl = settings.ttl_ms
         self._compact_at = 2 * max(settings.cache_size, COMPACT_MIN_RECORDS)
         if file is not None:
-            file.frame = _frame
+            file.frame = self._render_unwritten
             self._load(file.open())
 
     def _load(self, data: bytes) -> None:
@@ -93,10 +121,9 @@ class DedupCache:
             at = start
             while at + _HEAD.size <= stop:
                 length, expiry = _HEAD.unpack_from(view, at)
-                key = bytes(view[at + _HEAD.size:at + _HEAD.size + length])
+                key = _stored_key(bytes(view[at + _HEAD.size:at + _HEAD.size + length]))
                 at += _HEAD.size + length
-                entries.pop(key, None)
-                entries[key] = expiry
+                entries[key] = expiry  # a later record of a key: its new expiry, in its place
                 self._records += 1
             offset = stop + _U32.size
         view.release()
@@ -104,8 +131,9 @@ class DedupCache:
             log.warning("%s: damaged tail of %d bytes cut off", self._file.path if self._file else "?", end - offset)
             assert self._file is not None
             self._file.truncate(offset)
+        self._arrivals.extend(entries)
         while len(entries) > self.settings.cache_size:
-            entries.popitem(last=False)
+            del entries[self._arrivals.popleft()]
 
     def seen(self, headers: Mapping[str, Any] | None, now_ms: int) -> bool:
         """Whether a message with these headers is a duplicate; if not, its identifier (if it has
@@ -115,40 +143,53 @@ class DedupCache:
         value = headers.get(self.header)
         if value is None:
             return False
-        if type(value) is str and len(value) < MAX_KEY_BYTES // 4:  # the common case, inline
-            key = b"s" + value.encode("utf-8", "surrogatepass")
+        if type(value) is str and len(value) < MAX_KEY_BYTES and value.isascii():  # the common case, inline
+            key: bytes | str = value
         else:
-            key = identifier(value)  # type: ignore[assignment]
-            if key is None:
+            typed = identifier(value)
+            if typed is None:
                 return False
+            key = typed
         entries = self.entries
-        expiry = entries.get(key)
-        if expiry is not None:
-            if expiry == 0 or expiry > now_ms:
-                return True
-            del entries[key]  # expired: remembered again below, as new
-        ttl = headers.get(MESSAGE_TTL_HEADER)
-        if ttl is None or isinstance(ttl, bool) or not (isinstance(ttl, int) and 0 <= ttl <= MAX_TTL):
+        known = entries.get(key)
+        if known is not None and (known == 0 or known > now_ms):
+            return True
+        if MESSAGE_TTL_HEADER in headers:
+            ttl = headers[MESSAGE_TTL_HEADER]
+            if isinstance(ttl, bool) or not (isinstance(ttl, int) and 0 <= ttl <= MAX_TTL):
+                ttl = self._ttl
+        else:
             ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
+        if known is None:  # (an expired one is remembered again in its place: ``_arrivals`` holds it once)
+            self._arrivals.append(key)
         entries[key] = expiry
         if len(entries) > self._size:
-            entries.popitem(last=False)
-        file = self._file
-        if file is not None:
-            file.append_soon(_pack_head(len(key), expiry) + key)  # framed per write by _frame
+            del entries[self._arrivals.popleft()]
+        if self._file is not None:
+            keys = self._unwritten_keys
+            keys.append(key)
+            self._unwritten_expiries.append(expiry)
+            if len(keys) == 1:
+                self._file.append_soon(b"")  # the write renders the records (``_render_unwritten``)
             self._records += 1
             if self._records > self._compact_at:
                 self.compact()
         return False
+
+    def _render_unwritten(self, _: bytes) -> bytes:
+        """The file's ``frame``: the identifiers remembered since the last write, as one framed batch."""
+        records = _records(self._unwritten_keys, self._unwritten_expiries)
+        self._unwritten_keys.clear()
+        self._unwritten_expiries.clear()
+        return _frame(records)
 
     def compact(self) -> None:
         """Rewrite the file with the live entries only (atomically; replicated as a replace)."""
         if self._file is None:
             return
         self._file.write_pending()  # in order: the replace must not be followed by older records
-        pack = _HEAD.pack
-        self._file.replace(_frame(b"".join(pack(len(key), expiry) + key for key, expiry in self.entries.items())))
+        self._file.replace(_frame(_records(list(self.entries), list(self.entries.values()))))
         self._records = len(self.entries)
 
     def __len__(self) -> int:
