@@ -36,7 +36,7 @@ from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
-from .stream_tags import UNKNOWN, FilterTags, TagsFile
+from .stream_tags import UNKNOWN, UNTAGGED, VALUE_KEY, FilterTags, TagsFile
 
 if TYPE_CHECKING:
     from array import array
@@ -242,8 +242,10 @@ class StreamQueue(QueueKind):
         """Append a message. Every stream entry is persisted, whatever its delivery mode: offsets
         must be the same after a restart."""
         offset = self.index.append(pos)
-        tag = UNKNOWN if message is None else self.tags.tag_of(message.properties)
-        self.tags.append(tag)
+        # (inline for the common message without the header: a search of its block, a byte appended)
+        tag = UNKNOWN if message is None else UNTAGGED if VALUE_KEY not in message.properties else \
+            self.tags.tag_of(message.properties)
+        self.tags.tags.append(tag)
         segment = pos_segment(pos)
         if segment != self._tail_segment:
             self._tail_segment = segment

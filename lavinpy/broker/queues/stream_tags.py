@@ -52,7 +52,7 @@ _FRAME = struct.Struct("<cI")  # kind (b"S" a value set, b"T" tags), payload len
 _CRC = struct.Struct("<I")
 _OFFSET = struct.Struct("<Q")
 _MAX_SETS = 255  # tags 0..254
-_KEY = bytes((len(VALUE_HEADER),)) + VALUE_HEADER.encode()  # the header's key as a table holds it
+VALUE_KEY = bytes((len(VALUE_HEADER),)) + VALUE_HEADER.encode()  # the header's key as a table holds it
 _BLOCK_CACHE_MAX = 1024
 TRIM_MIN = 65536  # tags of trimmed offsets dropped once this many (a copy of the rest each time)
 
@@ -103,7 +103,7 @@ class FilterTags:
 
     def tag_of(self, properties: bytes) -> int:
         """The tag of a message with this property block."""
-        if _KEY not in properties:  # the header's key bytes are absent: the header is
+        if VALUE_KEY not in properties:  # the header's key bytes are absent: the header is
             return UNTAGGED
         tag = self._by_block.get(properties)
         if tag is None:
