@@ -8,15 +8,20 @@ publisher process (1 KiB persistent, ``--confirm`` outstanding, 256 as b) and on
 - ``off``: a plain queue, messages without headers (b itself);
 - ``off-ids``: a plain queue, every message with an identifier header (what the header alone costs);
 - ``on``: ``x-message-deduplication`` on, messages without headers;
-- ``on-ids``: deduplication on, every message with a new identifier (each remembered and written).
+- ``on-ids``: deduplication on, every message with a new identifier (each remembered and written);
+- ``retry``: a plain queue with delayed retries configured (``x-delayed-retry-type: all``, min 1 s)
+  and no failures (every message acknowledged): what retries cost when nothing comes back.
 
 Each run gets a fresh broker (fsync always, the default) started from ``--tree`` (a source tree; give
 two, comma separated, to alternate an old and a new tree in the same minutes). The figure is the
 broker's CPU (utime + stime from /proc) over the measured window divided by the messages consumed in
-it. Run from the repository root:
+it. On a loaded machine the rate moves the figure (a group commit's cost is shared by the messages
+it confirms): ``--rate`` publishes at a fixed rate every mode reaches, so the modes share the commit
+pattern and the difference is the work per message. Run from the repository root:
 
     python3 bench/dedup_bench.py --rounds 3
-    python3 bench/dedup_bench.py --tree ../old,. --modes off,on-ids --rounds 3
+    python3 bench/dedup_bench.py --tree ../old,. --modes off-ids,on-ids --rounds 3
+    python3 bench/dedup_bench.py --modes off,retry --rounds 3
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from scale_client import Conn  # noqa: E402
 QUEUE = "dedup-bench"
 ID_HEADER = "x-deduplication-header"
 ID_WIDTH = 16
-MODES = ("off", "off-ids", "on", "on-ids")
+MODES = ("off", "off-ids", "on", "on-ids", "retry")
 _ACK_HEAD = struct.Struct(">BHIHHQ")
 
 
@@ -74,17 +79,34 @@ def message_template(size: int, with_id: bool) -> tuple[bytes, bytes]:
     return raw[:at], raw[at + ID_WIDTH:]
 
 
-async def _publish(port: int, seconds: float, window: int, size: int, with_id: bool, start_id: int) -> None:
-    conn = await Conn().open("127.0.0.1", port)
+class _Publisher(Conn):
+    """Takes basic.ack (the confirms) without decoding a frame: the broker may confirm one by one."""
+
+    def _method(self, raw: bytes, channel: int) -> None:
+        if raw[7:11] == b"\x00\x3c\x00\x50":  # basic.ack: delivery tag, multiple
+            (tag,) = struct.unpack_from(">Q", raw, 11)
+            if tag > self.acked:
+                self.acked = tag
+            return
+        super()._method(raw, channel)
+
+
+async def _publish(port: int, seconds: float, window: int, size: int, with_id: bool, start_id: int,
+                   rate: float = 0.0) -> None:
+    conn = await _Publisher().open("127.0.0.1", port)
     await conn.confirm_select()
     head, tail = message_template(size, with_id)
     sent, next_id = 0, start_id
     batch = 32
     deadline = time.monotonic() + seconds
     assert conn.writer is not None
+    started = time.monotonic()
     while time.monotonic() < deadline and not conn.error:
         if sent - conn.acked + batch > window:
             await asyncio.sleep(0.0005)
+            continue
+        if rate and sent >= (time.monotonic() - started) * rate:  # paced: at most ``rate`` per second
+            await asyncio.sleep(batch / rate / 4)
             continue
         if with_id:
             data = b"".join([head + b"%016x" % i + tail for i in range(next_id, next_id + batch)])
@@ -142,9 +164,13 @@ def _run_consumer(*args: object) -> None:
     asyncio.run(_consume(*args))  # type: ignore[arg-type]
 
 
-async def _declare(port: int, dedup: bool, cache_size: int) -> None:
+async def _declare(port: int, mode: str, cache_size: int) -> None:
     conn = await Conn().open("127.0.0.1", port)
-    arguments = {"x-message-deduplication": True, "x-cache-size": cache_size} if dedup else {}
+    arguments: dict = {}
+    if mode.startswith("on"):
+        arguments = {"x-message-deduplication": True, "x-cache-size": cache_size}
+    elif mode == "retry":
+        arguments = {"x-delayed-retry-type": "all", "x-delayed-retry-min": 1000}
     await conn.rpc([commands.Queue.Declare(queue=QUEUE, durable=True, arguments=arguments)])
     await conn.close()
 
@@ -164,12 +190,13 @@ def run_once(tree: Path, mode: str, args: argparse.Namespace) -> dict:
                 break
             except OSError:
                 time.sleep(0.1)
-        asyncio.run(_declare(port, mode.startswith("on"), args.cache_size))
+        asyncio.run(_declare(port, mode, args.cache_size))
         total = args.warmup + args.seconds
         counter = multiprocessing.Value("q", 0)
         consumer = multiprocessing.Process(target=_run_consumer, args=(port, total + 1, 256, counter))
         publisher = multiprocessing.Process(target=_run_publisher,
-                                            args=(port, total, args.confirm, args.size, mode.endswith("ids"), 1))
+                                            args=(port, total, args.confirm, args.size, mode.endswith("ids"), 1,
+                                                  args.rate))
         consumer.start()
         publisher.start()
         time.sleep(args.warmup)
@@ -202,6 +229,8 @@ def main() -> None:
     ap.add_argument("--confirm", type=int, default=256)
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--cache-size", type=int, default=100_000)
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="publish at most this many messages per second (0: as fast as the confirms allow, as b)")
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.tree.split(",")]
     modes = [m for m in args.modes.split(",") if m]
@@ -215,16 +244,18 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 if r["cpu_us_per_msg"]:
                     results.setdefault((str(tree), mode), []).append(r["cpu_us_per_msg"])
-    print(f"{'tree':<40}{'mode':<10}{'µs/msg (median)':>18}{'vs off':>10}")
+    print(f"{'tree':<40}{'mode':<10}{'µs/msg (median)':>18}{'vs off':>10}{'vs off-ids':>12}")
     for tree in trees:
         base = statistics.median(results.get((str(tree), "off"), [0.0])) or None
+        with_ids = statistics.median(results.get((str(tree), "off-ids"), [0.0])) or None
         for mode in modes:
             values = results.get((str(tree), mode))
             if not values:
                 continue
             med = statistics.median(values)
             ratio = f"{med / base - 1:+.1%}" if base else ""
-            print(f"{str(tree)[-40:]:<40}{mode:<10}{med:>18.2f}{ratio:>10}")
+            ids_ratio = f"{med / with_ids - 1:+.1%}" if with_ids and mode == "on-ids" else ""
+            print(f"{str(tree)[-40:]:<40}{mode:<10}{med:>18.2f}{ratio:>10}{ids_ratio:>12}")
     print(f"load average {os.getloadavg()}")
 
 
