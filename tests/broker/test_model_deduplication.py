@@ -180,3 +180,28 @@ def test_every_kind_of_identifier_is_a_duplicate_after_a_reopen(tmp_path: Path) 
         for other in ["1", b"1", "b", "x" * 62, False]:
             assert not again.seen({"x-deduplication-header": other}, 2000), other
     run(body, tmp_path)
+
+
+def test_an_identifier_back_after_it_expired_is_remembered_as_the_newest(tmp_path: Path) -> None:
+    """As LavinMQ's: the expired entry goes and the identifier comes back as the newest, so a full
+    cache then forgets the others first (in memory, and the same after a reopen from the file)."""
+    async def body(m: Model) -> None:
+        from lavinpy.store.append_file import AppendFile
+        path = tmp_path / "cache"
+        file = AppendFile(path, lambda fd: __import__("os").close(fd), lambda: False)
+        cache = DedupCache(DedupSettings(cache_size=2), file)
+        assert not cache.seen({"x-deduplication-header": "a", "x-cache-ttl": 10}, 1000)
+        assert not cache.seen({"x-deduplication-header": "b"}, 1000)
+        assert not cache.seen({"x-deduplication-header": "a"}, 2000)  # expired at 1010: new again
+        assert not cache.seen({"x-deduplication-header": "c"}, 2000)  # full: b, the oldest, goes
+        assert list(cache.entries) == ["a", "c"]
+        file.write_pending()
+        file.close()
+        again = DedupCache(DedupSettings(cache_size=2), AppendFile(path, lambda fd: None, lambda: False))
+        assert list(again.entries) == ["a", "c"]
+        for cached in (cache, again):
+            assert cached.seen({"x-deduplication-header": "a"}, 3000)
+            assert cached.seen({"x-deduplication-header": "c"}, 3000)
+            assert not cached.seen({"x-deduplication-header": "b"}, 3000)  # forgotten: new, a goes
+            assert list(cached.entries) == ["c", "b"]
+    run(body, tmp_path)

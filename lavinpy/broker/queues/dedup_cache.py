@@ -2,7 +2,7 @@
 
 The cache is a dict (identifier -> expiry ms, 0 for never) of at most ``cache_size`` entries with
 their order of arrival beside it (a deque: cheaper per identifier than an ordered dict): the oldest
-goes first, as LavinMQ's; an expired identifier seen again keeps its place with a new expiry. Each
+goes first, as LavinMQ's; an expired identifier seen again is remembered anew, the newest. Each
 identifier remembered is appended to the object's file in the vhost directory
 (``store.append_file.append_soon``: the identifiers waiting are rendered and written in one write
 by the next group commit, before the fsync its messages' publisher confirms wait for, or after
@@ -96,6 +96,9 @@ class DedupCache:
         self.header = settings.header
         self.entries: dict[bytes | str, int] = {}
         self._arrivals: deque[bytes | str] = deque()  # the keys of ``entries``, oldest first
+        # Keys remembered anew after they expired: how many of their older places in ``_arrivals``
+        # are stale (skipped when they come up). Rare: empty unless identifiers expire and come back.
+        self._stale: dict[bytes | str, int] = {}
         self._file = file
         # Identifiers remembered since the last write, rendered into records once per write (the
         # file's ``frame``), so a new identifier costs two list appends on the publish path.
@@ -123,7 +126,8 @@ class DedupCache:
                 length, expiry = _HEAD.unpack_from(view, at)
                 key = _stored_key(bytes(view[at + _HEAD.size:at + _HEAD.size + length]))
                 at += _HEAD.size + length
-                entries[key] = expiry  # a later record of a key: its new expiry, in its place
+                entries.pop(key, None)  # a later record of a key: remembered anew, the newest
+                entries[key] = expiry
                 self._records += 1
             offset = stop + _U32.size
         view.release()
@@ -133,7 +137,7 @@ class DedupCache:
             self._file.truncate(offset)
         self._arrivals.extend(entries)
         while len(entries) > self.settings.cache_size:
-            del entries[self._arrivals.popleft()]
+            self._forget_oldest()
 
     def seen(self, headers: Mapping[str, Any] | None, now_ms: int) -> bool:
         """Whether a message with these headers is a duplicate; if not, its identifier (if it has
@@ -161,11 +165,13 @@ class DedupCache:
         else:
             ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
-        if known is None:  # (an expired one is remembered again in its place: ``_arrivals`` holds it once)
-            self._arrivals.append(key)
+        if known is not None:  # expired: remembered anew as the newest; its older place goes stale
+            del entries[key]
+            self._stale[key] = self._stale.get(key, 0) + 1
+        self._arrivals.append(key)
         entries[key] = expiry
         if len(entries) > self._size:
-            del entries[self._arrivals.popleft()]
+            self._forget_oldest()
         if self._file is not None:
             keys = self._unwritten_keys
             keys.append(key)
@@ -176,6 +182,19 @@ class DedupCache:
             if self._records > self._compact_at:
                 self.compact()
         return False
+
+    def _forget_oldest(self) -> None:
+        arrivals, stale = self._arrivals, self._stale
+        while True:
+            key = arrivals.popleft()
+            if stale and key in stale:  # an older place of a key remembered anew since
+                if stale[key] == 1:
+                    del stale[key]
+                else:
+                    stale[key] -= 1
+                continue
+            del self.entries[key]
+            return
 
     def _render_unwritten(self, _: bytes) -> bytes:
         """The file's ``frame``: the identifiers remembered since the last write, as one framed batch."""
