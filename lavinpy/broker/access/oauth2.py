@@ -93,6 +93,8 @@ class OAuth2Backend:
                 header, claims, server, keys = self._peek(token)
                 key = keys.key(header.get("kid"))
                 if key is None:
+                    if keys.settings.static_only:
+                        raise Refused(f"unknown signing key id {header.get('kid')!r} (not among the static keys)")
                     if keys.fetched_at and not keys.may_refresh():
                         raise Refused(f"unknown signing key id {header.get('kid')!r}")
                     return None  # the keys are fetched first (check)
