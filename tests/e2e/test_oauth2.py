@@ -399,6 +399,41 @@ def test_update_secret_replaces_the_scopes(ob: OAuthBroker, provider: OIDCProvid
         530, f"NOT_ALLOWED - access to vhost '/' refused for user '{client_id}'")
 
 
+def test_update_secret_that_narrows_read_scopes_cancels_the_consumers_it_no_longer_covers(
+        ob: OAuthBroker, provider: OIDCProvider) -> None:
+    client_id = f"narrowing-consumer-{time.monotonic_ns()}"
+    keep, lose = f"keep-{client_id}", f"lose-{client_id}"
+    narrow = ["rabbitmq.configure:%2F/*", "rabbitmq.write:%2F/*", "rabbitmq.read:%2F/keep-*"]
+    provider.add_client(client_id, [*ALL, *narrow])
+    conn = pika.BlockingConnection(ob.params(provider.token(client_id, " ".join(ALL))))
+    ch = conn.channel()
+    cancelled: list[str] = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    got: dict[str, list[bytes]] = {keep: [], lose: []}
+    for queue in (keep, lose):
+        ch.queue_declare(queue)
+        ch.basic_consume(queue, lambda c, m, p, body, queue=queue: got[queue].append(body), auto_ack=True,
+                         consumer_tag=f"tag-{queue}")
+    logged = len(ob.broker.log)
+    conn.update_secret(provider.token(client_id, " ".join(narrow)), "read fewer queues")
+    wait_until(lambda: conn.process_data_events(0.05) or cancelled, 5)
+    assert cancelled == [f"tag-{lose}"]  # pika advertises consumer_cancel_notify: told by basic.cancel
+    assert f"consumer 'tag-{lose}' of queue '{lose}' cancelled: user '{client_id}' may no longer read it" \
+        in ob.broker.log[logged:]
+    ch.basic_publish("", keep, b"still read")
+    ch.basic_publish("", lose, b"not read")
+    wait_until(lambda: conn.process_data_events(0.05) or got[keep], 5)
+    conn.process_data_events(0.3)
+    assert got == {keep: [b"still read"], lose: []}
+    assert [ob.api("GET", f"queues/%2F/{queue}")["consumers"] for queue in (keep, lose)] == [1, 0]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:  # and it may not consume it again
+        conn.channel().basic_consume(lose, lambda *args: None)
+    assert refused.value.reply_code == 403
+    conn.close()
+    for queue in (keep, lose):
+        ob.api("DELETE", f"queues/%2F/{queue}")
+
+
 # --- bad tokens --------------------------------------------------------------------------------------
 
 def _bad_tokens(provider: OIDCProvider) -> dict[str, tuple[str, str]]:
