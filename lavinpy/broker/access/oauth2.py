@@ -193,8 +193,9 @@ class OAuth2Backend:
         store = self.store()
         if store is None:
             raise Refused("the broker is starting")
-        login = TokenLogin(username, TokenGrants(store, username, scopes, claims),
-                           float(exp) if exp is not None else None, server.id)
+        grants = TokenGrants(store, username, scopes, claims)
+        grants.expires_at = float(exp) if exp is not None else None
+        login = TokenLogin(username, grants, grants.expires_at, server.id)
         good = self._good
         good[digest] = login
         while len(good) > CACHE_ENTRIES:
