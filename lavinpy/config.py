@@ -143,6 +143,7 @@ class Config:
     auth_ldap_resource_access_query: Any = field(default_factory=lambda: ["constant", True])
     auth_ldap_topic_access_query: Any = field(default_factory=lambda: ["constant", True])
     auth_ldap_cache_ttl: float = 15.0  # seconds a query's answer is remembered
+    auth_ldap_check_wait: float = 0.5  # seconds a permission check the cache misses waits for the directory
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
