@@ -300,6 +300,22 @@ class LdapBackend:
         return AuthResult(AuthStatus.REFUSED, self.name)
 
 
+class _NeedsDirectory(Exception):
+    """The query asks the directory (evaluated in the pool, not at once)."""
+
+
+class _NoDirectory:
+    """A directory any question to which means the query needs the real one."""
+
+    def _ask(self, *args: Any) -> Any:
+        raise _NeedsDirectory
+
+    exists = attribute = groups_with_member = lookup = _ask
+
+
+_NO_DIRECTORY = _NoDirectory()
+
+
 def _shown(values: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
@@ -334,6 +350,13 @@ class LdapGrants:
             return cached[0]
         if directory is not None:
             return backend.remember(key, self._evaluate(query, values, directory))
+        try:  # a query that needs no directory (constant, equals, match on the check's values): at once
+            return backend.remember(key, evaluate(query, values, _NO_DIRECTORY, ""))
+        except _NeedsDirectory:
+            pass
+        except QueryError as e:
+            log.warning("LDAP query for user %r (%s) answered no: %s", self.username, _shown(values), e)
+            return backend.remember(key, False)
         future = None if backend.probing() else backend.query(key, lambda: self._evaluate(query, values, None))
         if cached is not None:  # past its TTL: used until the fresh answer is in
             return cached[0]
