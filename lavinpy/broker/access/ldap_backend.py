@@ -316,6 +316,32 @@ class _NoDirectory:
 _NO_DIRECTORY = _NoDirectory()
 
 
+def _without_directory(query: Any, values: dict[str, str]) -> bool:
+    """The query's answer when the directory is not needed for it, else ``_NeedsDirectory``: ``or`` is
+    true when any branch is without asking (``and`` false when any is), whatever order they come in."""
+    if isinstance(query, list) and len(query) == 2 and query[0] in ("or", "and") and isinstance(query[1], list):
+        deciding = query[0] == "or"  # the branch value that decides the whole
+        needs = False
+        for branch in query[1]:
+            try:
+                if _without_directory(branch, values) is deciding:
+                    return deciding
+            except _NeedsDirectory:
+                needs = True
+        if needs:
+            raise _NeedsDirectory
+        return not deciding
+    if isinstance(query, list) and len(query) == 2 and query[0] == "not":
+        return not _without_directory(query[1], values)
+    if isinstance(query, list) and len(query) == 2 and query[0] == "for" and isinstance(query[1], list):
+        for entry in query[1]:
+            if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in values):
+                break  # evaluate names the fault
+            if values[entry[0]] == str(entry[1]):
+                return _without_directory(entry[2], values)
+    return evaluate(query, values, _NO_DIRECTORY, "")
+
+
 def _shown(values: dict[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
@@ -351,7 +377,7 @@ class LdapGrants:
         if directory is not None:
             return backend.remember(key, self._evaluate(query, values, directory))
         try:  # a query that needs no directory (constant, equals, match on the check's values): at once
-            return backend.remember(key, evaluate(query, values, _NO_DIRECTORY, ""))
+            return backend.remember(key, _without_directory(query, values))
         except _NeedsDirectory:
             pass
         except QueryError as e:
