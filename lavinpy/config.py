@@ -74,6 +74,7 @@ class Config:
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
+    tls_crl_file: str = ""  # PEM certificate revocation lists of tls_ca_cert: a revoked client certificate is refused
     # Logins with a verified client certificate (tls_verify_peer): the user name taken from it as
     # RabbitMQ's ssl_cert_login_from says (distinguished_name | common_name | subject_alternative_name,
     # the last with ssl_cert_login_san_type dns | ip | email | uri | other_name and the 0-based
@@ -299,6 +300,8 @@ class Config:
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_verify_peer and not self.tls_ca_cert:
             raise ConfigError("tls_verify_peer needs tls_ca_cert (the CA that signs client certificates)")
+        if self.tls_crl_file and not self.tls_verify_peer:
+            raise ConfigError("tls_crl_file needs tls_verify_peer: true (it revokes client certificates)")
         if self.tls_fail_if_no_peer_cert and not self.tls_verify_peer:
             raise ConfigError("tls_fail_if_no_peer_cert needs tls_verify_peer: true")
 
