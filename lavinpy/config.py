@@ -74,6 +74,7 @@ class Config:
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
+    tls_crl_file: str = ""  # PEM certificate revocation lists of tls_ca_cert: a revoked client certificate is refused
     # Logins with a verified client certificate (tls_verify_peer): the user name taken from it as
     # RabbitMQ's ssl_cert_login_from says (distinguished_name | common_name | subject_alternative_name,
     # the last with ssl_cert_login_san_type dns | ip | email | uri | other_name and the 0-based
@@ -109,9 +110,14 @@ class Config:
     # More resource servers: name -> {id, scope_prefix, additional_scopes_key, preferred_username_claims,
     # scope_aliases, verify_aud, require_exp, oauth_provider_id}; unset keys are the settings above.
     auth_oauth2_resource_servers: dict[str, Any] = field(default_factory=dict)
-    # More identity providers: name -> {issuer, jwks_url, discovery_endpoint_path, https_cacertfile, algorithms}.
+    # More identity providers: name -> {issuer, jwks_url, discovery_endpoint_path, https_cacertfile, algorithms,
+    # signing_keys, default_key}.
     auth_oauth2_oauth_providers: dict[str, Any] = field(default_factory=dict)
     auth_oauth2_default_oauth_provider: str = ""  # a provider above for auth_oauth2_resource_server_id
+    # Static keys (RabbitMQ's auth_oauth2.signing_keys / default_key): key id -> a PEM file, PEM text or a
+    # JWK map, checked before any JWKS; default_key: the key of a token without kid. Providers take both too.
+    auth_oauth2_signing_keys: dict[str, Any] = field(default_factory=dict)
+    auth_oauth2_default_key: str = ""
     # The dashboard's single sign-on (RabbitMQ's management.oauth_*): the authorization code flow with
     # PKCE against the provider (a public client: no secret), the token then sent as Bearer.
     management_oauth_enabled: bool = False
@@ -138,6 +144,7 @@ class Config:
     auth_ldap_resource_access_query: Any = field(default_factory=lambda: ["constant", True])
     auth_ldap_topic_access_query: Any = field(default_factory=lambda: ["constant", True])
     auth_ldap_cache_ttl: float = 15.0  # seconds a query's answer is remembered
+    auth_ldap_check_wait: float = 0.5  # seconds a permission check the cache misses waits for the directory
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
     # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
     mqtt_port: int = 1883
@@ -293,6 +300,8 @@ class Config:
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_verify_peer and not self.tls_ca_cert:
             raise ConfigError("tls_verify_peer needs tls_ca_cert (the CA that signs client certificates)")
+        if self.tls_crl_file and not self.tls_verify_peer:
+            raise ConfigError("tls_crl_file needs tls_verify_peer: true (it revokes client certificates)")
         if self.tls_fail_if_no_peer_cert and not self.tls_verify_peer:
             raise ConfigError("tls_fail_if_no_peer_cert needs tls_verify_peer: true")
 
@@ -352,8 +361,9 @@ class Config:
             raise ConfigError("auth_backends: oauth2 needs auth_oauth2_resource_server_id (the audience of its tokens)")
         providers = self.auth_oauth2_oauth_providers
         for name, provider in providers.items():
-            if not isinstance(provider, dict) or not (provider.get("issuer") or provider.get("jwks_url")):
-                raise ConfigError(f"auth_oauth2_oauth_providers: {name!r} needs an issuer or a jwks_url")
+            if not isinstance(provider, dict) or not (provider.get("issuer") or provider.get("jwks_url")
+                                                      or provider.get("signing_keys")):
+                raise ConfigError(f"auth_oauth2_oauth_providers: {name!r} needs an issuer, a jwks_url or signing_keys")
         default = self.auth_oauth2_default_oauth_provider
         if default and default not in providers:
             raise ConfigError(f"auth_oauth2_default_oauth_provider: no provider {default!r}")
@@ -365,9 +375,9 @@ class Config:
             if provider and provider not in providers:
                 raise ConfigError(f"auth_oauth2_resource_servers: {name!r} names no known provider {provider!r}")
             root_used = root_used or not (provider or self.auth_oauth2_default_oauth_provider)
-        if root_used and not (self.auth_oauth2_issuer or self.auth_oauth2_jwks_url):
-            raise ConfigError("auth_backends: oauth2 needs auth_oauth2_issuer or auth_oauth2_jwks_url (where the "
-                              "signing keys are)")
+        if root_used and not (self.auth_oauth2_issuer or self.auth_oauth2_jwks_url or self.auth_oauth2_signing_keys):
+            raise ConfigError("auth_backends: oauth2 needs auth_oauth2_issuer, auth_oauth2_jwks_url or "
+                              "auth_oauth2_signing_keys (where the signing keys are)")
         if not isinstance(self.auth_oauth2_scope_aliases, dict):
             raise ConfigError("auth_oauth2_scope_aliases must map an alias to scopes")
         if self.auth_oauth2_leeway < 0:

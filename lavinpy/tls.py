@@ -34,6 +34,13 @@ def build_context(config: Config) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as e:
             raise TLSConfigError(f"cannot load tls_ca_cert {config.tls_ca_cert}: "
                                  f"{getattr(e, 'strerror', None) or e}")
+    if config.tls_crl_file:  # the client certificate (the leaf) is checked against the CA's lists
+        try:
+            ctx.load_verify_locations(cafile=config.tls_crl_file)
+        except (OSError, ssl.SSLError) as e:
+            raise TLSConfigError(f"cannot load tls_crl_file {config.tls_crl_file}: "
+                                 f"{getattr(e, 'strerror', None) or e}")
+        ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     if config.tls_verify_peer:
         ctx.verify_mode = ssl.CERT_REQUIRED if config.tls_fail_if_no_peer_cert else ssl.CERT_OPTIONAL
     return ctx

@@ -4,7 +4,8 @@
 While a login is decided (the throttle's delay, a slow hash in the worker pool) the connection reads
 and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret is
 checked as a password of the connection's user: accepted, the user must still reach the vhost and
-the connection gets update-secret-ok; refused, it is closed with 530 as RabbitMQ closes it.
+the connection gets update-secret-ok, then a basic.cancel for each consumer of a queue the new
+secret may no longer read; refused, it is closed with 530 as RabbitMQ closes it.
 
 A credential that expires (a token's ``exp``) closes the connection then, with RabbitMQ's 320
 ``credential expired``, unless an update-secret brought a newer token first: its scopes replace
@@ -166,6 +167,21 @@ class LoginFlow:
             channel._publish_generation = -1
         self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
         log.info("connection %s: user %r updated secret", self.name, self.username)
+        self._cancel_unreadable_consumers()
+
+    def _cancel_unreadable_consumers(self) -> None:
+        """Consumers of queues the new secret may no longer read are cancelled by the server (a
+        basic.cancel to a client that takes consumer_cancel_notify), as RabbitMQ 4.1 detaches an AMQP
+        1.0 consuming link when a renewed token loses read access to its queue."""
+        actor, vhost = self.actor, self.vhost
+        assert actor is not None and vhost is not None
+        for channel in list(self.channels.values()):
+            for consumer in list(channel.consumers.values()):
+                queue = consumer.queue
+                if not actor.allowed("read", "queue", queue.name, vhost.name):
+                    log.warning("connection %s: consumer %r of queue %r cancelled: user %r may no longer read it",
+                                self.name, consumer.tag, queue.name, self.username)
+                    queue.remove_consumer(consumer, notify=True)
 
     def _expire_at(self, expires_at: float | None) -> None:
         """The credential's expiry (epoch seconds) ends the connection then (None: never)."""

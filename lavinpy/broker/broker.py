@@ -13,7 +13,7 @@ from ..store import changes
 from ..store.changes import FileChanges, ReplicationBarrier
 from ..store.datadir import DataDir
 from .access.client_limits import USER_LIMITS_FILE, ClientLimits
-from .access.internal_login import InternalLogins
+from .access.internal_login import LINK_CREATORS_FILE, InternalLogins
 from .access.login_throttle import LoginThrottle
 from .access.users import UserStore
 from .alarms import alarm_reason
@@ -83,7 +83,8 @@ class Broker:
         self.datadir = DataDir(Path(config.data_dir))
         self.users: UserStore | None = None
         self.login_throttle = LoginThrottle(free_failures=config.login_free_failures)
-        self.internal_logins = InternalLogins()  # the node's own shovels log in to it as their creators
+        # The node's own shovels log in to it as their creators (token creators' rights kept in a file).
+        self.internal_logins = InternalLogins(self.datadir.path / LINK_CREATORS_FILE)
         self.logins = Logins(self)  # the one login operation of every face
         self.vhosts: dict[str, VHost] = {}
         # Set while a resource alarm blocks publishers (connection.blocked); None when clear.
@@ -119,6 +120,7 @@ class Broker:
         for vhost in self.users.vhosts():
             self.open_vhost(vhost.name, unclean)
         self.parameters.vhost_exists = self.users.vhost_exists
+        self.internal_logins.load()  # before the links start: they may be a token user's
         self.parameters.load()
         self.client_limits.load()
 

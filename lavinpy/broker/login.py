@@ -309,9 +309,14 @@ class LoginAttempt:
             return self._conclude(None)
         if request.mechanism == INTERNAL_MECHANISM and password is not None:  # the node's own link
             users = logins.broker.users
-            ok = users is not None and logins.broker.internal_logins.verify(request.username, password,
-                                                                             request.peer, users)
-            return self._conclude(AuthResult(AuthStatus.KNOWN if ok else AuthStatus.REFUSED, "internal"))
+            internal = logins.broker.internal_logins
+            ok = users is not None and internal.verify(request.username, password, request.peer, users)
+            if not ok or users is None:
+                return self._conclude(AuthResult(AuthStatus.REFUSED, "internal"))
+            # A token user's link: the rights and the expiry its creator's token had.
+            return self._conclude(AuthResult(AuthStatus.KNOWN, "internal", "internal",
+                                             grants=internal.creator_grants(request.username, users),
+                                             expires_at=internal.creator_expiry(request.username, users)))
         chain = logins.chain
         while self._step < len(chain):  # the first backend that knows the user decides
             link = chain[self._step]

@@ -119,7 +119,7 @@ def test_the_audience_names_one_resource_server() -> None:
 
 @pytest.mark.parametrize("values, error", [
     ({"auth_oauth2_resource_server_id": ""}, "auth_oauth2_resource_server_id"),
-    ({"auth_oauth2_issuer": ""}, "auth_oauth2_issuer or auth_oauth2_jwks_url"),
+    ({"auth_oauth2_issuer": ""}, "auth_oauth2_issuer, auth_oauth2_jwks_url or auth_oauth2_signing_keys"),
     ({"auth_oauth2_resource_servers": {"x": {"oauth_provider_id": "nope"}}}, "no known provider 'nope'"),
     ({"auth_oauth2_leeway": -1}, "auth_oauth2_leeway"),
 ])

@@ -55,9 +55,15 @@ def utf8_string(text: str) -> bytes:
 
 
 class CertBroker:
-    def __init__(self, tmp_path: Path, settings: str = "") -> None:
+    def __init__(self, tmp_path: Path, settings: str = "", revoked: tuple[str, ...] = ()) -> None:
+        """``revoked``: client certificates (common names) issued and revoked by the CA's list (tls_crl_file)."""
         self.ca = CA(tmp_path / "pki")
         self.cert, self.key, _ = self.ca.issue("server", server=True)
+        self.revoked = {name: self.ca.issue(name, server=False)[:2] for name in revoked}
+        if revoked:
+            serials = [x509.load_pem_x509_certificate(cert.read_bytes()).serial_number
+                       for cert, _ in self.revoked.values()]
+            settings += f"tls_crl_file: {self.ca.crl(serials)}\n"
         self.amqps_port, self.mqtts_port, self.https_port = free_port(), free_port(), free_port()
         conf = tmp_path / "certs.yaml"
         conf.write_text(f"tls_cert: {self.cert}\ntls_key: {self.key}\ntls_ca_cert: {self.ca.cert_path}\n"

@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import logging
+import secrets
 import threading
 import time
 import urllib.parse
@@ -43,6 +44,7 @@ class Client(ClientMixin):
     lifetime: int = 300  # seconds its tokens live
     claims: dict[str, Any] = field(default_factory=dict)  # extra claims in its tokens
     redirect_uris: list[str] = field(default_factory=list)
+    refresh: bool = False  # a browser app that also gets refresh tokens (the refresh token grant)
 
     def get_client_id(self) -> str:
         return self.client_id
@@ -66,7 +68,9 @@ class Client(ClientMixin):
         return response_type == "code" and not self.secret
 
     def check_grant_type(self, grant_type: str) -> bool:
-        return grant_type == ("client_credentials" if self.secret else "authorization_code")
+        if self.secret:
+            return grant_type == "client_credentials"
+        return grant_type == "authorization_code" or (self.refresh and grant_type == "refresh_token")
 
 
 @dataclass
@@ -116,9 +120,43 @@ class _CodeGrant(grants.AuthorizationCodeGrant):
         return authorization_code.user
 
 
+@dataclass
+class Refresh:
+    """A refresh token the provider issued: whose, for which client and scope (used once)."""
+
+    token: str
+    client_id: str
+    scope: str
+    user: User
+
+    def check_client(self, client: Client) -> bool:
+        return client.client_id == self.client_id
+
+    def get_scope(self) -> str:
+        return self.scope
+
+
+class _RefreshGrant(grants.RefreshTokenGrant):
+    """The refresh token grant for public clients (a new refresh token each time, the old one revoked)."""
+
+    TOKEN_ENDPOINT_AUTH_METHODS = ["none"]
+    INCLUDE_NEW_REFRESH_TOKEN = True
+    tokens: dict[str, Refresh] = {}
+
+    def authenticate_refresh_token(self, refresh_token: str) -> Refresh | None:
+        return self.tokens.get(refresh_token)
+
+    def authenticate_user(self, refresh_token: Refresh) -> User:
+        return refresh_token.user
+
+    def revoke_old_credential(self, refresh_token: Refresh) -> None:
+        self.tokens.pop(refresh_token.token, None)
+
+
 class _Tokens(JWTBearerTokenGenerator):
     def __init__(self, provider: OIDCProvider) -> None:
-        super().__init__(issuer=provider.issuer, expires_generator=lambda client, grant: client.lifetime)
+        super().__init__(issuer=provider.issuer, expires_generator=lambda client, grant: client.lifetime,
+                         refresh_token_generator=lambda **kwargs: secrets.token_urlsafe(24))
         self.provider = provider
 
     def get_jwks(self) -> KeySet:
@@ -151,15 +189,17 @@ class OIDCProvider:
         self.clients: dict[str, Client] = {}
         self.published: list[Any] = []  # the keys in the JWKS
         self.jwks_requests = 0
+        self.refreshes = 0  # tokens issued by the refresh token grant
         self._serial = 0
         self.signing_alg = "RS256"
         self.signing_key: Any = None
         self.rotate("RS256")
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
         app = Flask("oidc-provider")
-        server = AuthorizationServer(app, query_client=self.clients.get, save_token=lambda token, request: None)
+        server = AuthorizationServer(app, query_client=self.clients.get, save_token=self._save_token)
         server.register_grant(grants.ClientCredentialsGrant)
         server.register_grant(_CodeGrant, [CodeChallenge(required=True)])
+        server.register_grant(_RefreshGrant)
         server.register_token_generator("default", _Tokens(self))
 
         @app.get("/.well-known/openid-configuration")
@@ -169,7 +209,8 @@ class OIDCProvider:
                             "authorization_endpoint": f"{self.issuer}/authorize",
                             "response_types_supported": ["code"], "subject_types_supported": ["public"],
                             "id_token_signing_alg_values_supported": ["RS256", "ES256", "EdDSA"],
-                            "grant_types_supported": ["client_credentials"],
+                            "grant_types_supported": ["client_credentials", "authorization_code",
+                                                      "refresh_token"],
                             "token_endpoint_auth_methods_supported": ["client_secret_basic"]})
 
         @app.get("/jwks")
@@ -206,6 +247,13 @@ class OIDCProvider:
         self._thread = threading.Thread(target=self._server.serve_forever, name="oidc-provider", daemon=True)
         self._thread.start()
 
+    def _save_token(self, token: dict[str, Any], request: Any) -> None:
+        if request.payload.grant_type == "refresh_token":
+            self.refreshes += 1
+        if "refresh_token" in token:
+            _RefreshGrant.tokens[token["refresh_token"]] = Refresh(token["refresh_token"], request.client.client_id,
+                                                                   token.get("scope", ""), request.user)
+
     def close(self) -> None:
         self._server.shutdown()
         self._thread.join(5)
@@ -221,10 +269,11 @@ class OIDCProvider:
 
     def add_client(self, client_id: str, scopes: list[str], audience: str | list[str] = "rabbitmq",
                    lifetime: int = 300, claims: dict[str, Any] | None = None,
-                   redirect_uris: list[str] | None = None) -> Client:
-        """A client with a secret (client credentials), or with ``redirect_uris`` a public one (code + PKCE)."""
+                   redirect_uris: list[str] | None = None, refresh: bool = False) -> Client:
+        """A client with a secret (client credentials), or with ``redirect_uris`` a public one (code + PKCE;
+        with ``refresh`` its tokens come with refresh tokens)."""
         secret = "" if redirect_uris else f"{client_id}-secret"
-        client = Client(client_id, secret, set(scopes), audience, lifetime, claims or {}, redirect_uris or [])
+        client = Client(client_id, secret, set(scopes), audience, lifetime, claims or {}, redirect_uris or [], refresh)
         self.clients[client_id] = client
         return client
 

@@ -113,6 +113,23 @@ def test_a_certificate_from_another_ca_is_refused_at_the_handshake(cert_broker: 
         pika.BlockingConnection(_params(b, b.context(cert, key)))
 
 
+def test_a_revoked_certificate_is_refused_at_the_handshake_and_others_still_log_in(tmp_path: Path) -> None:
+    b = CertBroker(tmp_path, revoked=("device-revoked",))
+    try:
+        b.add_user("CN=device-revoked")
+        b.add_user("CN=device-ok")
+        cert, key = b.revoked["device-revoked"]
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            b.mechanisms(b.context(cert, key))
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(_params(b, b.context(cert, key)))
+        good_cert, good_key = issue_client(b.ca, "device-ok", [(NameOID.COMMON_NAME, "device-ok")])
+        with pika.BlockingConnection(_params(b, b.context(good_cert, good_key))) as conn:  # the CA's others
+            conn.channel()
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize(("settings", "user", "subject", "alt_names"), [
     ("ssl_cert_login_from: common_name\n", "device-1", SUBJECT, []),
     ("ssl_cert_login_from: subject_alternative_name\nssl_cert_login_san_type: email\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,7 +87,8 @@ SETTINGS: dict[str, Any] = {
     "auth_ldap_servers": ["127.0.0.1"],
     "auth_ldap_user_dn_pattern": f"uid=${{username}},{PEOPLE}",
     "auth_ldap_group_lookup_base": GROUPS,
-    "auth_ldap_timeout": 1.0,
+    "auth_ldap_timeout": 2.0,
+    "auth_ldap_check_wait": 0.5,
     "auth_ldap_cache_ttl": 1.0,
     "auth_ldap_tag_queries": {"administrator": ["in_group", ADMINS],
                               "management": ["in_group_nested", f"cn=staff,{GROUPS}"],
@@ -244,6 +246,63 @@ def test_a_directory_that_does_not_answer_refuses_its_users_only(lb: LdapBroker)
     assert "the directory could not be reached" in lb.broker.log
     with lb.connect("alice") as conn:
         conn.channel()
+
+
+def test_a_stopped_directory_holds_up_no_one_else(lb: LdapBroker) -> None:
+    """slapd stopped (SIGSTOP): a local user's confirmed publishes keep flowing while a directory user's
+    permission checks miss the cache and a directory login waits; the misses answer no (403) at once or
+    after auth_ldap_check_wait (0.5 s), the login is refused after auth_ldap_timeout (2 s here)."""
+    bob = lb.connect("bob")
+    bob_ch = bob.channel()
+    latencies: list[float] = []
+    paused, stop = threading.Event(), threading.Event()
+
+    def publish() -> None:
+        with lb.connect("guest", "guest") as conn:
+            ch = conn.channel()
+            queue = ch.queue_declare("", exclusive=True).method.queue
+            ch.confirm_delivery()
+            while not stop.is_set():
+                started = time.perf_counter()
+                ch.basic_publish("", queue, b"confirmed")  # returns once the broker confirmed it
+                if paused.is_set():
+                    latencies.append(time.perf_counter() - started)
+                if len(latencies) % 500 == 499:
+                    ch.queue_purge(queue)
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    time.sleep(0.5)
+    lb.slapd.pause()
+    paused.set()
+    refused = 0
+    try:
+        for i in range(20):  # names bob never used, outside his prefix: each a miss the directory must answer
+            try:
+                bob_ch.queue_declare(f"miss-{i}-{time.monotonic_ns()}", auto_delete=True)
+            except pika.exceptions.ChannelClosedByBroker as e:
+                assert e.reply_code == 403
+                refused += 1
+                bob_ch = bob.channel()
+        started = time.monotonic()
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as login:
+            lb.connect("dave")
+        took = time.monotonic() - started
+        time.sleep(0.3)
+    finally:
+        paused.clear()
+        lb.slapd.resume()
+        stop.set()
+        publisher.join(15)
+    bob.close()
+    assert REFUSED in str(login.value) and 1.9 <= took < 10, took
+    assert refused == 20  # no directory: no permission
+    latencies.sort()
+    assert len(latencies) >= 20, len(latencies)
+    p99 = latencies[int(len(latencies) * 0.99)]
+    assert p99 < 1.0, (p99, latencies[-5:])  # a blocked loop would hold them auth_ldap_timeout (2 s) a miss
+    assert "the directory did not answer within 500 ms" in lb.broker.log
+    with lb.connect("alice") as conn:  # the directory answers again: so do the checks that need it
+        conn.channel().queue_declare(f"back-{time.monotonic_ns()}", auto_delete=True)  # alice: in_group admins
 
 
 def _backend(lb: LdapBroker, **settings: Any) -> Any:

@@ -31,6 +31,8 @@ import aio_pika
 import pika
 import pika.exceptions
 import pytest
+from joserfc import jwt
+from joserfc.jwk import RSAKey
 from pamqp import commands, frame, header
 
 from tests.helpers import connect_from, free_port, wait_until
@@ -51,6 +53,11 @@ _sources = itertools.count(2)
 class OAuthBroker:
     def __init__(self, tmp: Path, provider: OIDCProvider) -> None:
         self.mqtt_port = free_port()
+        # Static signing keys (RabbitMQ's signing_keys): one beside the issuer's JWKS, one for a provider
+        # with no JWKS at all (its default_key also signs tokens without kid).
+        self.static_keys = {kid: RSAKey.generate_key(2048, parameters={"kid": kid}, private=True)
+                            for kid in ("static-root", "static-only")}
+        (tmp / "static-root.pem").write_bytes(self.static_keys["static-root"].as_pem(private=False))
         settings = {
             "auth_backends": ["local", "oauth2"],
             "auth_oauth2_resource_server_id": "rabbitmq",
@@ -59,9 +66,15 @@ class OAuthBroker:
             "auth_oauth2_additional_scopes_key": "roles",
             "auth_oauth2_scope_aliases": {"ops": ["rabbitmq.tag:monitoring", "rabbitmq.read:*/*"]},
             "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"},
-                                             "offline": {"id": "offline", "oauth_provider_id": "down"}},
-            # A second provider whose key set cannot be fetched (nothing listens there).
-            "auth_oauth2_oauth_providers": {"down": {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks"}},
+                                             "offline": {"id": "offline", "oauth_provider_id": "down"},
+                                             "keyed": {"id": "keyed", "oauth_provider_id": "static"}},
+            # A second provider whose key set cannot be fetched (nothing listens there), a third with
+            # static keys only (a JWK map here; a PEM file for the issuer's).
+            "auth_oauth2_oauth_providers": {
+                "down": {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks"},
+                "static": {"signing_keys": {"static-only": self.static_keys["static-only"].as_dict(private=False)},
+                           "default_key": "static-only"}},
+            "auth_oauth2_signing_keys": {"static-root": str(tmp / "static-root.pem")},
             "management_oauth_enabled": True, "management_oauth_client_id": "dashboard",
             "management_oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*",
         }
@@ -302,6 +315,35 @@ def test_rotated_keys_are_fetched_once_for_the_new_key_id(ob: OAuthBroker, provi
     assert isinstance(raw_login(ob.broker.port, retired), commands.Connection.Close)
 
 
+def test_static_signing_keys_verify_tokens_without_a_jwks_and_unknown_key_ids_are_refused(
+        ob: OAuthBroker, provider: OIDCProvider) -> None:
+    now = int(time.time())
+
+    def signed(kid: str | None, audience: str, key: Any, user: str) -> str:
+        header = {"alg": "RS256", **({"kid": kid} if kid else {})}
+        scopes = " ".join(s.replace("rabbitmq.", f"{audience}.") for s in ALL)
+        return jwt.encode(header, {"aud": audience, "sub": user, "exp": now + 300, "scope": scopes}, key)
+
+    fetched = provider.jwks_requests
+    beside_jwks = signed("static-root", "rabbitmq", ob.static_keys["static-root"], "static-a")
+    only = signed("static-only", "keyed", ob.static_keys["static-only"], "static-b")
+    without_kid = signed(None, "keyed", ob.static_keys["static-only"], "static-c")  # default_key
+    for token, user in ((beside_jwks, "static-a"), (only, "static-b"), (without_kid, "static-c")):
+        with pika.BlockingConnection(ob.params(token)) as conn:
+            round_trip(conn)
+            wait_until(lambda user=user: [c for c in ob.api("GET", "connections") if c["user"] == user], 5)
+    assert provider.jwks_requests == fetched  # a static key needs no fetch
+    stranger = RSAKey.generate_key(2048, parameters={"kid": "nobody"}, private=True)
+    for token, reason in ((signed("nobody", "keyed", stranger, "static-d"), "not among the static keys"),
+                          (signed("static-only", "keyed", stranger, "static-e"), "the signature does not verify")):
+        logged = len(ob.broker.log)
+        answer = raw_login(ob.broker.port, token)
+        assert isinstance(answer, commands.Connection.Close)
+        assert (answer.reply_code, answer.reply_text) == (403, REFUSED)
+        assert reason in ob.broker.log[logged:]
+    assert provider.jwks_requests == fetched  # no JWKS to ask for the unknown key id
+
+
 # --- expiry and update-secret -------------------------------------------------------------------------
 
 def test_an_expiring_token_closes_the_connection_unless_update_secret_renews_it(
@@ -355,6 +397,41 @@ def test_update_secret_replaces_the_scopes(ob: OAuthBroker, provider: OIDCProvid
         conn.update_secret(provider.token(client_id, "rabbitmq.read:v2/*"), "another vhost only")
     assert (closed.value.reply_code, closed.value.reply_text) == (
         530, f"NOT_ALLOWED - access to vhost '/' refused for user '{client_id}'")
+
+
+def test_update_secret_that_narrows_read_scopes_cancels_the_consumers_it_no_longer_covers(
+        ob: OAuthBroker, provider: OIDCProvider) -> None:
+    client_id = f"narrowing-consumer-{time.monotonic_ns()}"
+    keep, lose = f"keep-{client_id}", f"lose-{client_id}"
+    narrow = ["rabbitmq.configure:%2F/*", "rabbitmq.write:%2F/*", "rabbitmq.read:%2F/keep-*"]
+    provider.add_client(client_id, [*ALL, *narrow])
+    conn = pika.BlockingConnection(ob.params(provider.token(client_id, " ".join(ALL))))
+    ch = conn.channel()
+    cancelled: list[str] = []
+    ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    got: dict[str, list[bytes]] = {keep: [], lose: []}
+    for queue in (keep, lose):
+        ch.queue_declare(queue)
+        ch.basic_consume(queue, lambda c, m, p, body, queue=queue: got[queue].append(body), auto_ack=True,
+                         consumer_tag=f"tag-{queue}")
+    logged = len(ob.broker.log)
+    conn.update_secret(provider.token(client_id, " ".join(narrow)), "read fewer queues")
+    wait_until(lambda: conn.process_data_events(0.05) or cancelled, 5)
+    assert cancelled == [f"tag-{lose}"]  # pika advertises consumer_cancel_notify: told by basic.cancel
+    assert f"consumer 'tag-{lose}' of queue '{lose}' cancelled: user '{client_id}' may no longer read it" \
+        in ob.broker.log[logged:]
+    ch.basic_publish("", keep, b"still read")
+    ch.basic_publish("", lose, b"not read")
+    wait_until(lambda: conn.process_data_events(0.05) or got[keep], 5)
+    conn.process_data_events(0.3)
+    assert got == {keep: [b"still read"], lose: []}
+    assert [ob.api("GET", f"queues/%2F/{queue}")["consumers"] for queue in (keep, lose)] == [1, 0]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:  # and it may not consume it again
+        conn.channel().basic_consume(lose, lambda *args: None)
+    assert refused.value.reply_code == 403
+    conn.close()
+    for queue in (keep, lose):
+        ob.api("DELETE", f"queues/%2F/{queue}")
 
 
 # --- bad tokens --------------------------------------------------------------------------------------

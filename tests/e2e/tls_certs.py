@@ -47,3 +47,16 @@ class CA:
         key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                serialization.NoEncryption()))
         return cert_path, key_path, serial
+
+    def crl(self, revoked: list[int]) -> Path:
+        """A certificate revocation list of this CA revoking the certificates of these serials."""
+        now = dt.datetime.now(dt.UTC)
+        builder = (x509.CertificateRevocationListBuilder().issuer_name(self.cert.subject)
+                   .last_update(now - dt.timedelta(minutes=5)).next_update(now + dt.timedelta(days=1)))
+        for serial in revoked:
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(now - dt.timedelta(minutes=1))
+                .build())
+        path = self.dir / "revoked.crl.pem"
+        path.write_bytes(builder.sign(self.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+        return path

@@ -15,10 +15,18 @@ directory that cannot be reached is not either (logged), so ``[ldap, local]`` ke
 while the directory is down. An empty password is refused (an unauthenticated bind proves nothing), as
 RabbitMQ refuses it. A certificate login is not this backend's.
 
-The login runs off the event loop (a worker thread). A permission check the cache cannot answer asks the
-directory at once, on the event loop, for at most ``auth_ldap_timeout`` seconds: the first use of a name
-costs one directory round trip per ``auth_ldap_cache_ttl``, later ones nothing (the connection's own
-permission cache answers them).
+The directory is never asked on the event loop: logins and queries run in the backend's own bounded pool
+of ``POOL_SIZE`` threads (at most ``MAX_WAITING`` waiting; past it a login is not this backend's and a
+query answers no). Answers are cached per query and values for ``auth_ldap_cache_ttl`` seconds, shared
+by every connection of the user. A permission check the cache cannot answer (the event loop asks it:
+the model's checks are synchronous) waits for the pool's answer ``auth_ldap_check_wait`` seconds, then
+answers no (the operation gets RabbitMQ's 403) while the query completes in the background and fills
+the cache; an answer past its TTL is still used while its fresh one is fetched in the background; and
+while the directory is known to be unreachable or slow (a query or login failed, or a wait ran out,
+since the last answer), a miss answers no at once. So a slow or stopped directory holds the event loop
+``auth_ldap_check_wait`` at most once, not ``auth_ldap_timeout`` a check, and other clients are
+served meanwhile. A login, in its pool thread, also answers the vhost access query for the node's
+vhosts (``PREPARED_VHOSTS`` at most) on the connection it bound, so opening a vhost rarely misses.
 """
 
 from __future__ import annotations
@@ -27,8 +35,11 @@ import asyncio
 import logging
 import math
 import ssl
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +55,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lavinpy.login")
 
-CACHE_ENTRIES = 10_000  # remembered answers per login at most
+CACHE_ENTRIES = 100_000  # remembered answers at most (all users)
+POOL_SIZE = 4  # threads asking the directory (a stopped directory holds each for auth_ldap_timeout)
+MAX_WAITING = 64  # logins and queries waiting for those threads at most
+REFUSED_LOG_SECONDS = 10.0
+PREPARED_VHOSTS = 32  # a login answers the vhost access query for this many of the node's vhosts
 
 
 class DirectoryDown(Exception):
@@ -72,6 +87,7 @@ class LdapSettings:
     resource_access_query: Any
     topic_access_query: Any
     cache_ttl: float
+    check_wait: float
 
     @classmethod
     def of(cls, config: Config) -> LdapSettings:
@@ -83,7 +99,7 @@ class LdapSettings:
                    config.auth_ldap_other_bind_password, config.auth_ldap_group_lookup_base,
                    dict(config.auth_ldap_tag_queries), config.auth_ldap_vhost_access_query,
                    config.auth_ldap_resource_access_query, config.auth_ldap_topic_access_query,
-                   config.auth_ldap_cache_ttl)
+                   config.auth_ldap_cache_ttl, min(config.auth_ldap_check_wait, config.auth_ldap_timeout))
 
 
 class _Directory:
@@ -154,6 +170,59 @@ class LdapBackend:
     def __init__(self, config: Config, store: Callable[[], UserStore | None]) -> None:
         self.settings = LdapSettings.of(config)
         self.store = store
+        self.answers: dict[tuple[Any, ...], tuple[bool, float]] = {}  # key -> (answer, fresh until)
+        self.unreachable = False  # a query or login found the directory down; cleared by an answer
+        self.refused_logged_at = -math.inf  # when a check was last logged as answered no unasked
+        self._pool = ThreadPoolExecutor(POOL_SIZE, thread_name_prefix="lavinpy-ldap")
+        self._pending: dict[tuple[Any, ...], Future[bool]] = {}  # queries asked in the pool
+        self._waiting = 0  # logins and queries submitted and not done
+        self._lock = threading.Lock()
+
+    def submit(self, work: Callable[[], Any]) -> Future[Any] | None:
+        """``work`` in the pool, or None when ``MAX_WAITING`` wait already."""
+        with self._lock:
+            if self._waiting >= MAX_WAITING:
+                return None
+            self._waiting += 1
+        future = self._pool.submit(work)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._waiting -= 1
+
+    def remember(self, key: tuple[Any, ...], answer: bool | None) -> bool:
+        """``answer`` cached; None (the directory failed to answer) is no, not cached."""
+        if answer is None:
+            return False
+        answers = self.answers
+        if len(answers) >= CACHE_ENTRIES:
+            answers.clear()
+        answers[key] = (answer, time.monotonic() + self.settings.cache_ttl)
+        return answer
+
+    def probing(self) -> bool:
+        """A query is out to a directory known to be unreachable: no more are sent until it answers."""
+        return self.unreachable and bool(self._pending)
+
+    def query(self, key: tuple[Any, ...], work: Callable[[], bool | None]) -> Future[bool] | None:
+        """The pool's answer for ``key`` (one query per key at a time); remembered when it comes."""
+        with self._lock:
+            pending = self._pending.get(key)
+            if pending is not None and not pending.done():
+                return pending
+        future = self.submit(lambda: self.remember(key, work()))
+        if future is not None:
+            with self._lock:
+                self._pending[key] = future
+            future.add_done_callback(lambda done: self._forget(key, done))
+        return future
+
+    def _forget(self, key: tuple[Any, ...], done: Future[bool]) -> None:
+        with self._lock:
+            if self._pending.get(key) is done:
+                del self._pending[key]
 
     def check_now(self, request: LoginRequest) -> AuthResult | None:
         if request.certified or request.password is None:
@@ -169,7 +238,13 @@ class LdapBackend:
         if result is not None:
             return result
         assert request.password is not None
-        return await asyncio.to_thread(self._login, request.username, request.password)
+        username, password = request.username, request.password
+        future = self.submit(lambda: self._login(username, password))
+        if future is None:
+            log.warning("LDAP login of %r: %d directory requests waiting already; the next backend decides",
+                        username, MAX_WAITING)
+            return AuthResult(AuthStatus.UNKNOWN, self.name)
+        return await asyncio.wrap_future(future)
 
     def _login(self, username: str, password: str) -> AuthResult:
         """In a worker thread: the binds and the tag queries."""
@@ -194,15 +269,21 @@ class LdapBackend:
                 grants = LdapGrants(self, username, user_dn, password)
                 grants.tags = frozenset(tag for tag, query in s.tag_queries.items()
                                         if grants.ask(query, {"username": username, "user_dn": user_dn}, directory))
+                store = self.store()
+                if store is not None:  # the vhost an AMQP client opens next is asked here, off the loop
+                    for vhost in store.vhosts()[:PREPARED_VHOSTS]:
+                        grants.ask(s.vhost_access_query, grants._values(vhost=vhost.name), directory)
             finally:
                 directory.close()
         except DirectoryDown as e:
+            self.unreachable = True
             log.warning("LDAP login of %r: the directory could not be reached (%s); the next backend decides",
                         username, e)
             return AuthResult(AuthStatus.UNKNOWN, self.name)
         except QueryError as e:  # the DN pattern names a variable a login does not know
             log.warning("LDAP login of %r: %s", username, e)
             return AuthResult(AuthStatus.REFUSED, self.name)
+        self.unreachable = False
         return AuthResult(AuthStatus.KNOWN, self.name, username=username, grants=grants)
 
     def _bind_refused(self, username: str, user_dn: str) -> AuthResult:
@@ -219,6 +300,52 @@ class LdapBackend:
         return AuthResult(AuthStatus.REFUSED, self.name)
 
 
+class _NeedsDirectory(Exception):
+    """The query asks the directory (evaluated in the pool, not at once)."""
+
+
+class _NoDirectory:
+    """A directory any question to which means the query needs the real one."""
+
+    def _ask(self, *args: Any) -> Any:
+        raise _NeedsDirectory
+
+    exists = attribute = groups_with_member = lookup = _ask
+
+
+_NO_DIRECTORY = _NoDirectory()
+
+
+def _without_directory(query: Any, values: dict[str, str]) -> bool:
+    """The query's answer when the directory is not needed for it, else ``_NeedsDirectory``: ``or`` is
+    true when any branch is without asking (``and`` false when any is), whatever order they come in."""
+    if isinstance(query, list) and len(query) == 2 and query[0] in ("or", "and") and isinstance(query[1], list):
+        deciding = query[0] == "or"  # the branch value that decides the whole
+        needs = False
+        for branch in query[1]:
+            try:
+                if _without_directory(branch, values) is deciding:
+                    return deciding
+            except _NeedsDirectory:
+                needs = True
+        if needs:
+            raise _NeedsDirectory
+        return not deciding
+    if isinstance(query, list) and len(query) == 2 and query[0] == "not":
+        return not _without_directory(query[1], values)
+    if isinstance(query, list) and len(query) == 2 and query[0] == "for" and isinstance(query[1], list):
+        for entry in query[1]:
+            if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in values):
+                break  # evaluate names the fault
+            if values[entry[0]] == str(entry[1]):
+                return _without_directory(entry[2], values)
+    return evaluate(query, values, _NO_DIRECTORY, "")
+
+
+def _shown(values: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
 class LdapGrants:
     """An LDAP user's tags and permissions (``permissions.Grants``): its queries' answers, cached."""
 
@@ -229,7 +356,6 @@ class LdapGrants:
         self.user_dn = user_dn
         self._password = password  # the queries bind as the user (RabbitMQ's other_bind as_user)
         self.tags: frozenset[str] = frozenset()
-        self._answers: dict[tuple[Any, ...], tuple[bool, float]] = {}
 
     @property
     def generation(self) -> int:
@@ -239,12 +365,47 @@ class LdapGrants:
         return (store.generation if store is not None else 0) * 1_000_003 + int(time.monotonic() // ttl)
 
     def ask(self, query: Any, values: dict[str, str], directory: Any = None) -> bool:
-        """A query's answer for ``values``, from the cache or the directory (no on any failure)."""
-        key = (id(query), *values.values())  # the queries live as long as the settings; values in one order
-        cached = self._answers.get(key)
-        now = time.monotonic()
-        if cached is not None and cached[1] > now:
+        """A query's answer for ``values``: from the cache, else from the directory (no on any
+        failure). With ``directory`` (a login's, in a pool thread) it is asked here; without, the
+        caller is the event loop: the pool asks, and the answer is waited for ``check_wait`` at most."""
+        backend = self.backend
+        # The user's DN and name are among the values: one cache for every login of every user.
+        key = (id(query), *values.values())
+        cached = backend.answers.get(key)
+        if cached is not None and cached[1] > time.monotonic():
             return cached[0]
+        if directory is not None:
+            return backend.remember(key, self._evaluate(query, values, directory))
+        try:  # a query that needs no directory (constant, equals, match on the check's values): at once
+            return backend.remember(key, _without_directory(query, values))
+        except _NeedsDirectory:
+            pass
+        except QueryError as e:
+            log.warning("LDAP query for user %r (%s) answered no: %s", self.username, _shown(values), e)
+            return backend.remember(key, False)
+        future = None if backend.probing() else backend.query(key, lambda: self._evaluate(query, values, None))
+        if cached is not None:  # past its TTL: used until the fresh answer is in
+            return cached[0]
+        if future is None or backend.unreachable:
+            now = time.monotonic()
+            if now - backend.refused_logged_at > REFUSED_LOG_SECONDS:  # one line a while, not one per check
+                backend.refused_logged_at = now
+                log.warning("LDAP query for user %r (%s) answered no: the directory is unreachable or busy "
+                            "(further such answers are not logged for %.0f s)", self.username, _shown(values),
+                            REFUSED_LOG_SECONDS)
+            return False
+        try:
+            return future.result(timeout=self.settings.check_wait)
+        except FutureTimeout:
+            backend.unreachable = True  # until an answer comes: the next misses do not wait
+            log.warning("LDAP query for user %r (%s) answered no: the directory did not answer within %.0f ms "
+                        "(its answer is cached when it comes)", self.username, _shown(values),
+                        self.settings.check_wait * 1000)
+            return False
+
+    def _evaluate(self, query: Any, values: dict[str, str], directory: Any) -> bool | None:
+        """The query asked of the directory (a connection of its own when ``directory`` is None); None
+        when the directory could not answer (not cached: asked again at the next check)."""
         own = directory is None
         s = self.settings
         try:
@@ -252,17 +413,17 @@ class LdapGrants:
                 who = self.user_dn if s.other_bind == "as_user" else s.other_bind
                 directory = _Directory(s, who, self._password if s.other_bind == "as_user" else s.other_bind_password)
             answer = evaluate(query, values, directory, s.group_lookup_base or s.dn_lookup_base)
+            self.backend.unreachable = False
+            return answer
         except (QueryError, DirectoryDown) as e:
-            log.warning("LDAP query for user %r (%s) answered no: %s", self.username,
-                        ", ".join(f"{k}={v}" for k, v in values.items()), e)
-            answer = False
+            log.warning("LDAP query for user %r (%s) answered no: %s", self.username, _shown(values), e)
+            if isinstance(e, DirectoryDown):
+                self.backend.unreachable = True
+                return None
+            return False
         finally:
             if own and directory is not None:
                 directory.close()
-        if len(self._answers) >= CACHE_ENTRIES:
-            self._answers.clear()
-        self._answers[key] = (answer, now + s.cache_ttl)
-        return answer
 
     def _values(self, **more: str) -> dict[str, str]:
         return {"username": self.username, "user_dn": self.user_dn, **more}

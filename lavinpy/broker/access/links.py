@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from ...wire.uri import FILE_KEYS, QUERY_KEYS, TLS_UNLOADABLE
-from .permissions import UserPermissions, access_refused
+from .permissions import Grants, UserPermissions, access_refused
 from .users import ADMINISTRATOR_TAG, UserStore
 
 # The parameter components whose values are links run as their creator.
@@ -60,10 +60,10 @@ def _query_keys(uri: str) -> list[str]:
         return []  # a URI that does not parse: the component refuses it
 
 
-def query_refusal(users: UserStore, user: str, value: Mapping[str, Any]) -> str | None:
+def query_refusal(users: UserStore, user: str, value: Mapping[str, Any], grants: Grants | None = None) -> str | None:
     """Why the query keys of the link ``value``'s URIs are refused for ``user``, or None: keys the
     URI parser does not take (for everyone), keys naming files (for all but administrators)."""
-    admin = ADMINISTRATOR_TAG in getattr(users.user(user), "tags", ())
+    admin = ADMINISTRATOR_TAG in (grants.tags_of(user) if grants is not None else getattr(users.user(user), "tags", ()))
     for uri_key in ("src-uri", "dest-uri", "uri"):
         for uri in _uris(value.get(uri_key)):
             keys = _query_keys(uri)
@@ -102,15 +102,16 @@ def _side(value: Mapping[str, Any], side: str) -> tuple[str, str, tuple[str, str
 
 
 def federation_refusal(users: UserStore, user: str, vhost: str, value: Mapping[str, Any],
-                       resource: tuple[str, str] | None = None) -> str | None:
+                       resource: tuple[str, str] | None = None, grants: Grants | None = None) -> str | None:
     """Why ``user`` may not run links of the federation upstream ``value`` of ``vhost`` (into the
     ("exchange" or "queue", name) ``resource`` when named), or None."""
+    rights_of: Grants = users if grants is None else grants
     targets = [vhost] + [t for t in (_local_vhost(uri, vhost) for uri in _uris(value.get("uri"))) if t is not None]
     for target in targets:
-        if not users.can_access_vhost(user, target):
+        if not rights_of.can_access_vhost(user, target):
             return f"uri: user \"{user}\" may not connect to vhost \"{target}\""
     if resource is not None:
-        rights = UserPermissions(users, user, vhost)
+        rights = UserPermissions(rights_of, user, vhost)
         resource_type, name = resource
         for kind in ("configure", "write"):
             if not rights.allowed(kind, resource_type, name):
@@ -119,18 +120,20 @@ def federation_refusal(users: UserStore, user: str, vhost: str, value: Mapping[s
 
 
 def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component: str = "shovel",
-                 resource: tuple[str, str] | None = None) -> str | None:
+                 resource: tuple[str, str] | None = None, grants: Grants | None = None) -> str | None:
     """Why ``user`` may not run the link ``value`` of ``vhost`` (a text naming the key and the vhost),
-    or None when it may. A value of the wrong shape is the component's to refuse: None here."""
+    or None when it may. A value of the wrong shape is the component's to refuse: None here.
+    ``grants``: the user's rights when they are not the store's (a token creator's, recorded)."""
     if not isinstance(value, Mapping):
         return None
-    if users.user(user) is None:
-        return f"user \"{user}\", who made this {'shovel' if component == 'shovel' else 'upstream'}, no longer exists"
-    refusal = query_refusal(users, user, value)
+    if grants is None and users.user(user) is None:
+        return f"user \"{user}\", who made this {link_kind(component)}, no longer exists"
+    rights_of: Grants = users if grants is None else grants
+    refusal = query_refusal(users, user, value, grants)
     if refusal is not None:
         return refusal
     if component == FEDERATION_UPSTREAM:
-        return federation_refusal(users, user, vhost, value, resource)
+        return federation_refusal(users, user, vhost, value, resource, grants)
     sides = []
     for side, kinds in (("src", ("read", "configure")), ("dest", ("write", "configure"))):
         uri_key, resource_key, resource = _side(value, side)
@@ -138,16 +141,21 @@ def link_refusal(users: UserStore, user: str, vhost: str, value: Any, component:
             continue  # neither src-queue nor src-exchange: the component refuses it
         targets = [t for t in (_local_vhost(uri, vhost) for uri in _uris(value.get(uri_key))) if t is not None]
         for target in targets:  # every URI's vhost first: RabbitMQ's rule
-            if not users.can_access_vhost(user, target):
+            if not rights_of.can_access_vhost(user, target):
                 return f"{uri_key}: user \"{user}\" may not connect to vhost \"{target}\""
         sides.append((resource_key, resource, kinds, targets))
     for resource_key, (resource_type, name), kinds, targets in sides:
         for target in targets:
-            rights = UserPermissions(users, user, target)
+            rights = UserPermissions(rights_of, user, target)
             for kind in kinds:
                 if not rights.allowed(kind, resource_type, name):
                     return f"{resource_key}: {access_refused(kind, resource_type, name, target, user).detail}"
     return None
+
+
+def link_kind(component: str) -> str:
+    """The word for a link of ``component`` in a refusal ("shovel", "upstream")."""
+    return "shovel" if component == "shovel" else "upstream"
 
 
 def masked_uri(uri: str) -> str:

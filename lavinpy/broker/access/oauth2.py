@@ -93,6 +93,8 @@ class OAuth2Backend:
                 header, claims, server, keys = self._peek(token)
                 key = keys.key(header.get("kid"))
                 if key is None:
+                    if keys.settings.static_only:
+                        raise Refused(f"unknown signing key id {header.get('kid')!r} (not among the static keys)")
                     if keys.fetched_at and not keys.may_refresh():
                         raise Refused(f"unknown signing key id {header.get('kid')!r}")
                     return None  # the keys are fetched first (check)
@@ -191,8 +193,9 @@ class OAuth2Backend:
         store = self.store()
         if store is None:
             raise Refused("the broker is starting")
-        login = TokenLogin(username, TokenGrants(store, username, scopes, claims),
-                           float(exp) if exp is not None else None, server.id)
+        grants = TokenGrants(store, username, scopes, claims)
+        grants.expires_at = float(exp) if exp is not None else None
+        login = TokenLogin(username, grants, grants.expires_at, server.id)
         good = self._good
         good[digest] = login
         while len(good) > CACHE_ENTRIES:

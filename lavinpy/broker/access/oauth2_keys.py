@@ -40,9 +40,15 @@ class ProviderKeys:
         self.jwks_url = settings.jwks_url
         self._fetching: asyncio.Task[None] | None = None
         self._recent: deque[float] = deque()  # when the last fetches started
+        self.static = static_keys(settings)
 
     def key(self, kid: str | None) -> Any | None:
-        """The key for a token's ``kid`` when it is known and fresh, else None (then ``await refresh``)."""
+        """The key for a token's ``kid`` when it is known and fresh, else None (then ``await refresh``).
+        A static key (the settings' ``signing_keys``) is known for good; ``default_key`` is the key of a
+        token without kid."""
+        static = self.static.get(kid if kid is not None else self.settings.default_key or None)
+        if static is not None:
+            return static
         if not self.fetched_at or time.monotonic() - self.fetched_at > JWKS_TTL:
             return None
         return self.keys.get(kid)  # None: a token without kid, the only key of the set
@@ -101,6 +107,45 @@ class ProviderKeys:
         self.keys = keys
         self.fetched_at = time.monotonic()
         log.info("OAuth 2 provider %s: %d signing keys fetched", self.jwks_url, len(set(map(id, keys.values()))))
+
+
+def static_keys(settings: ProviderSettings) -> dict[str | None, Any]:
+    """The provider's static keys by key id (a PEM file, PEM text or a JWK map each); a key that does
+    not load is a ValueError naming it (the broker does not start)."""
+    if not settings.signing_keys:
+        return {}
+    from joserfc.jwk import JWKRegistry
+
+    keys: dict[str | None, Any] = {}
+    for kid, value in settings.signing_keys.items():
+        try:
+            if isinstance(value, dict):
+                key = JWKRegistry.import_key({**value, "kid": kid})
+            else:
+                text = str(value)
+                if "-----BEGIN" not in text:
+                    with open(text, "rb") as f:
+                        text = f.read().decode()
+                key = _import_pem(text, kid)
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"auth_oauth2 signing key {kid!r} could not be loaded: {e}") from None
+        if key.is_private:
+            raise ValueError(f"auth_oauth2 signing key {kid!r} is a private key: give the public one")
+        keys[str(kid)] = key
+    if settings.default_key and settings.default_key not in keys:
+        raise ValueError(f"auth_oauth2 default_key {settings.default_key!r} names no signing key")
+    return keys
+
+
+def _import_pem(text: str, kid: str) -> Any:
+    from joserfc.jwk import ECKey, OKPKey, RSAKey
+
+    for kind in (RSAKey, ECKey, OKPKey):
+        try:
+            return kind.import_key(text, {"kid": kid})
+        except Exception:  # not this kind of key: the next is tried
+            continue
+    raise ValueError("not a PEM public key of RSA, EC or Ed25519")
 
 
 async def _get_json(session: Any, url: str, context: ssl.SSLContext) -> Any:

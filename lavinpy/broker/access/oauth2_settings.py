@@ -14,7 +14,7 @@ are kept, the prefix taken off.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +34,13 @@ class ProviderSettings:
     discovery_endpoint_path: str
     https_cacertfile: str
     algorithms: tuple[str, ...]
+    signing_keys: Mapping[str, Any] = field(default_factory=dict)  # static keys: kid -> PEM file/text or JWK
+    default_key: str = ""  # the static key of a token without kid
+
+    @property
+    def static_only(self) -> bool:
+        """Keys from the settings alone (no JWKS to fetch: an unknown key id is refused at once)."""
+        return not (self.issuer or self.jwks_url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +138,9 @@ def oauth2_settings(config: Config) -> OAuth2Settings:
     providers = {ROOT: _provider(ROOT, {"issuer": config.auth_oauth2_issuer, "jwks_url": config.auth_oauth2_jwks_url,
                                         "discovery_endpoint_path": config.auth_oauth2_discovery_endpoint_path,
                                         "https_cacertfile": config.auth_oauth2_https_cacertfile,
-                                        "algorithms": config.auth_oauth2_algorithms}, config)}
+                                        "algorithms": config.auth_oauth2_algorithms,
+                                        "signing_keys": config.auth_oauth2_signing_keys,
+                                        "default_key": config.auth_oauth2_default_key}, config)}
     for name, values in config.auth_oauth2_oauth_providers.items():
         providers[name] = _provider(name, values, config)
     root = ResourceServer(
@@ -168,4 +177,5 @@ def _provider(name: str, values: Mapping[str, Any], config: Config) -> ProviderS
                                     or config.auth_oauth2_discovery_endpoint_path),
         https_cacertfile=str(values.get("https_cacertfile") or config.auth_oauth2_https_cacertfile),
         # Symmetric (HS*) and "none" are never taken: the keys are public, anyone could sign with them.
-        algorithms=tuple(a for a in algorithms if a in ASYMMETRIC_ALGORITHMS))
+        algorithms=tuple(a for a in algorithms if a in ASYMMETRIC_ALGORITHMS),
+        signing_keys=dict(values.get("signing_keys") or {}), default_key=str(values.get("default_key") or ""))

@@ -68,7 +68,7 @@ def _matches(pattern: str, subject: str) -> bool:
 class TokenGrants:
     """The tags and permissions of one token's user (``permissions.Grants``)."""
 
-    __slots__ = ("store", "username", "tags", "scopes", "claims", "_per_vhost")
+    __slots__ = ("store", "username", "tags", "scopes", "claims", "expires_at", "_per_vhost")
 
     def __init__(self, store: UserStore, username: str, scopes: Iterable[str], claims: Mapping[str, Any]) -> None:
         self.store = store  # for the vhosts that exist (and its generation: a vhost deleted)
@@ -76,6 +76,7 @@ class TokenGrants:
         self.scopes = tuple(s for s in scopes if s.partition(":")[0] in _KINDS)
         self.tags = tags_of(scopes)
         self.claims = claims
+        self.expires_at: float | None = None  # the token's exp (epoch seconds), when known
         # vhost -> [(kind, vhost pattern, name pattern, routing key pattern or None)] of the matching scopes
         self._per_vhost: dict[str, list[tuple[str, str, str | None]]] = {}
 

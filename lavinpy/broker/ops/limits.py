@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..access.actor import ADMINISTRATOR, MONITORING, POLICYMAKER, Actor
 from ..access.client_limits import USER_LIMIT_KEYS, VHOST_LIMIT_KEYS, VHOST_LIMITS_COMPONENT, VHOST_LIMITS_NAME
-from ..access.links import LINK_COMPONENTS, link_refusal, masked
+from ..access.links import LINK_COMPONENTS, link_kind, link_refusal, masked
+from ..access.token_grants import TokenGrants
 from ..settings.operator_policies import operator_policy_json
 from ..settings.parameters import ParameterError, UnknownComponent
 from .admin import access_refused, not_found, precondition_failed, require_admin
@@ -93,9 +94,13 @@ class LimitsOperations:
         creator = None
         if component in LINK_COMPONENTS:
             creator = self.link_creator(actor, user)
-            refusal = link_refusal(self.users, creator, vhost, value, component)
+            grants = self._creator_grants(actor, creator, component)
+            refusal = link_refusal(self.users, creator, vhost, value, component, grants=grants)
             if refusal is not None:
                 raise precondition_failed(refusal)
+            if isinstance(grants, TokenGrants) and actor is not None and actor.grants is grants:
+                # The link runs with this token's rights until its exp (internal_login.py).
+                self.broker.internal_logins.record_token_creator(creator, grants)
         try:
             return self.broker.parameters.set(component, vhost, name, value, creator)
         except UnknownComponent as e:
@@ -118,13 +123,33 @@ class LimitsOperations:
             return user
         return actor.name if actor is not None else self.broker.config.default_user
 
+    def _creator_grants(self, actor: Actor | None, creator: str, component: str) -> Any:
+        """The rights a link of ``creator`` is checked against: None for a stored user (the store's);
+        the actor's token's when a token user sets its own link; else a token creator's recorded
+        rights. A creator whose rights cannot be established is refused (400, saying why)."""
+        if self.users.user(creator) is not None:
+            return None
+        if actor is not None and actor.name == creator and isinstance(actor.grants, TokenGrants):
+            return actor.grants
+        internal = self.broker.internal_logins
+        refusal = internal.creator_refusal(creator, self.users, link_kind(component))
+        if refusal is not None:
+            raise precondition_failed(refusal)
+        return internal.creator_grants(creator, self.users)
+
     def link_refusal(self, component: str, vhost: str, name: str,
                      resource: tuple[str, str] | None = None) -> str | None:
-        """Why a stored link may not start now (its creator's rights are checked again), or None;
-        ``resource``: ("exchange" or "queue", name) a federation link feeds."""
+        """Why a stored link may not start now (its creator's rights are checked again: a token
+        creator's recorded ones, while its token is valid), or None; ``resource``: ("exchange" or
+        "queue", name) a federation link feeds."""
         value = self.broker.parameters.get(component, vhost, name)
         creator = self.broker.parameters.user_of(component, vhost, name) or self.broker.config.default_user
-        return link_refusal(self.users, creator, vhost, value, component, resource)
+        internal = self.broker.internal_logins
+        refusal = internal.creator_refusal(creator, self.users, link_kind(component))
+        if refusal is not None:
+            return refusal
+        return link_refusal(self.users, creator, vhost, value, component, resource,
+                            internal.creator_grants(creator, self.users))
 
     def _may_change(self, actor: Actor | None, vhost: str, component: str) -> None:
         """The one check of every change of a parameter, on every face (HTTP, ctl, import)."""

@@ -4,10 +4,15 @@
 // authorization endpoint with a fresh code verifier's challenge and a state, and on the way back
 // exchanges the code (with the verifier) at its token endpoint. The access token is kept in
 // sessionStorage (this tab only) and sent as Bearer; the broker checks it like any token (oauth2).
+// Before it expires (a third of its life left, at most a minute) the page gets a new one with the
+// refresh token grant when the provider gave a refresh token; else (or if that fails) it shows a
+// prompt to sign in again, before the API starts refusing the old token.
 "use strict";
 
 const SSO_KEY = "lavinpy.sso";  // the verifier, state and token endpoint of a sign-on under way
+const RENEW_KEY = "lavinpy.sso.renew";  // {refreshToken, tokenEndpoint, expiresAt (ms)} of the signed-in token
 let ssoSettings = null;
+let renewTimer = null;
 
 function b64url(bytes) {
   return btoa(String.fromCharCode(...bytes)).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
@@ -76,6 +81,64 @@ async function finishSso() {
     flash("Single sign-on failed: " + (answer.error_description || answer.error || resp.status));
     return false;
   }
-  sessionStorage.setItem(TOKEN_KEY, answer.access_token);
+  keepToken(answer, pending.tokenEndpoint);
   return true;
 }
+
+// The token's expiry: its exp claim (the broker's view), else the token endpoint's expires_in.
+function tokenExpiry(token, expiresIn) {
+  try {
+    const claims = JSON.parse(atob(token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/")));
+    if (typeof claims.exp === "number") return claims.exp * 1000;
+  } catch (e) { /* not a JWT the page can read */ }
+  return expiresIn ? Date.now() + expiresIn * 1000 : null;
+}
+
+function keepToken(answer, tokenEndpoint) {
+  const previous = JSON.parse(sessionStorage.getItem(RENEW_KEY) || "null") || {};
+  sessionStorage.setItem(TOKEN_KEY, answer.access_token);
+  sessionStorage.setItem(RENEW_KEY, JSON.stringify({
+    refreshToken: answer.refresh_token || (answer.grant === "refresh_token" ? previous.refreshToken : null) || null,
+    tokenEndpoint, expiresAt: tokenExpiry(answer.access_token, answer.expires_in),
+  }));
+  const prompt = document.getElementById("sso-expiring");
+  if (prompt) prompt.remove();
+  scheduleRenewal();
+}
+
+function scheduleRenewal() {
+  clearTimeout(renewTimer);
+  const state = JSON.parse(sessionStorage.getItem(RENEW_KEY) || "null");
+  if (!state || !state.expiresAt || !sessionStorage.getItem(TOKEN_KEY)) return;
+  const left = state.expiresAt - Date.now();
+  renewTimer = setTimeout(() => renewToken(state).catch((e) => promptSignIn(state, e.message)),
+                          Math.max(0, left - Math.min(60000, left / 3)));
+}
+
+async function renewToken(state) {
+  if (!sessionStorage.getItem(TOKEN_KEY)) return;  // logged out meanwhile
+  if (!state.refreshToken) { promptSignIn(state, ""); return; }
+  const settings = await ssoConfig();
+  const resp = await fetch(state.tokenEndpoint, {
+    method: "POST", credentials: "omit", headers: { "Content-Type": "application/x-www-form-urlencoded" },
+    body: new URLSearchParams({ grant_type: "refresh_token", refresh_token: state.refreshToken,
+                                client_id: settings.oauth_client_id }),
+  });
+  const answer = await resp.json().catch(() => ({}));
+  if (!resp.ok || !answer.access_token) throw new Error(answer.error_description || answer.error || "HTTP " + resp.status);
+  keepToken({ ...answer, grant: "refresh_token" }, state.tokenEndpoint);
+}
+
+// No refresh token (or it was refused): the user is asked to sign in again before the token runs out.
+function promptSignIn(state, why) {
+  if (!sessionStorage.getItem(TOKEN_KEY) || document.getElementById("sso-expiring")) return;
+  const at = new Date(state.expiresAt).toLocaleTimeString();
+  const button = h("button", { type: "button", id: "sso-renew" }, "Sign in again");
+  button.addEventListener("click", async () => {
+    try { await startSso(await ssoConfig()); } catch (e) { flash("Single sign-on failed: " + e.message); }
+  });
+  document.body.prepend(h("div", { id: "sso-expiring", className: "alarm" },
+    "Your single sign-on ends at " + at + (why ? " (it could not be renewed: " + why + ")" : "") + ". ", button));
+}
+
+document.addEventListener("DOMContentLoaded", scheduleRenewal);  // a reload keeps the renewal going
