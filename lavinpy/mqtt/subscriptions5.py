@@ -6,7 +6,9 @@ matching their topic, a topic alias once one is assigned, and are dropped when l
 client's Maximum Packet Size or, under No Local, when the client published them. Shared subscriptions
 (``$share/<group>/<filter>``) are one queue per group and filter, every member a consumer on it: the
 queue hands its messages round robin to the members with room, and a member's unacknowledged
-deliveries go back to it when the member goes, for another to get (with DUP)."""
+deliveries go back to it when the member goes, for another to get (with DUP). At QoS 2 a message
+belongs to the member that answered PUBREC: it leaves the group's queue then and its PUBREL is owed to
+that member's session alone; one whose member went before PUBREC goes to another member."""
 
 from __future__ import annotations
 
@@ -179,9 +181,9 @@ class Subscriptions5(Subscriptions):
         return code, existed
 
     def subscribe_shared(self, group: str, topic_filter: str, qos: int) -> int:
-        """A member of the group's queue for the filter, at QoS 0 or 1 (a QoS 2 request is granted 1:
-        the session's exactly-once state is kept per queue of its own)."""
-        granted = min(qos, 1)
+        """A member of the group's queue for the filter, at the QoS asked (QoS 2: deliveries published
+        at QoS 2, or over AMQP, go out with the PUBREC/PUBREL/PUBCOMP handshake)."""
+        granted = qos
         try:
             topics.check_filter(topic_filter)
             name = shared_queue_name(group, topic_filter)
@@ -286,9 +288,17 @@ class Subscriptions5(Subscriptions):
             if not consumer.no_ack:
                 self.deliveries.ack_run([tag])
             return
+        qos = 2 if self._published_qos(msg.properties) != 1 and self._shared_qos2(consumer) else 1
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
-        self.host.send(self._encode(topic, body, 1, redelivered, packet_id, msg))
+        if qos == 2:  # awaiting PUBREC in memory: a member gone before it has not taken the message
+            self.qos2_ids.add(packet_id)
+            self.shared_qos2_ids.add(packet_id)
+        self.host.send(self._encode(topic, body, qos, redelivered, packet_id, msg))
+
+    def _shared_qos2(self, consumer: Consumer) -> bool:
+        """Whether the member's subscription on this group's queue was granted QoS 2."""
+        return any(o.qos == 2 for o in self._options_for("", consumer))
 
     def _outbound_of(self, properties: bytes) -> Outbound:
         cache = self._outbound

@@ -226,6 +226,46 @@ def test_shared_subscription_member_killed_mid_stream_no_loss(clients: Any) -> N
     assert seen[1] and seen[2]  # spread over both members left
 
 
+def test_shared_subscription_qos2_member_killed_mid_stream_exactly_once(clients: Any) -> None:
+    """Three members at QoS 2, one whose socket dies mid-stream and that comes back (its session
+    persists): each message reaches the applications of the group once. What the dead member had
+    answered with PUBREC stays its own (paho hands it over at the PUBREL sent when it resumes), what
+    it had not goes to the others."""
+    topic = unique("jobs2")
+    members = [clients(), clients(), clients()]
+    for member in members:
+        member.connect(SessionExpiryInterval=60)
+        assert member.subscribe(f"$share/exact/{topic}/#", 2)[0] == 2
+    producer = clients()
+    producer.connect()
+    count = 300
+    infos = []
+    for i in range(count):
+        infos.append(producer.client.publish(f"{topic}/x", str(i).encode(), 2))
+        if i == 100:
+            time.sleep(0.2)
+            members[0].kill()  # mid-stream: some deliveries past PUBREC, some not yet answered
+    for info in infos:
+        info.wait_for_publish(TIMEOUT)
+    time.sleep(0.3)
+    members[0].connect(clean_start=False, SessionExpiryInterval=60)  # resumes: its PUBRELs owed come
+    expected = {str(i).encode() for i in range(count)}
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while set(got) != expected and time.monotonic() < deadline:
+        for member in members:
+            try:
+                got.append(member.message(0.05).payload)
+            except queue.Empty:
+                pass
+    time.sleep(0.5)  # anything delivered a second time would come now
+    for member in members:
+        while not member.messages.empty():
+            got.append(member.messages.get().payload)
+    assert set(got) == expected
+    assert len(got) == count, sorted(p for p in set(got) if got.count(p) > 1)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=40), st.sampled_from(["PUBLISH", "SUBSCRIBE", "DISCONNECT"]))
 def test_fuzzed_properties_get_a_reason_code(mqtt_broker: MQTTBroker, props: bytes, where: str) -> None:
