@@ -31,8 +31,9 @@ from .properties import (
     UNSUPPORTED_PROTOCOL_VERSION,
     protocol_error,
 )
+from .state5 import DelayedWill, now_ms, publish_will, schedule_will, vhost_state
 from .subscriptions import Subscriptions, queue_name
-from .subscriptions5 import ClientLimits, Subscriptions5, retained_for, vhost_state
+from .subscriptions5 import ClientLimits, Subscriptions5, retained_for
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
@@ -132,11 +133,13 @@ class MQTT5Connection(MQTTConnection):
         if reason:
             return codec5.connack(False, reason, self._reason_string(text))
         assert self.vhost is not None
-        pending = vhost_state(self.vhost).wills.pop(self.client_id, None)
+        state = vhost_state(self.vhost)
+        pending = state.wills.pop(self.client_id, None)
         if pending is not None:  # back within the will delay: the session goes on without its will,
             pending[0].cancel()
             if self.subscriptions is not None and self.subscriptions.clean_session:  # unless it is a new one
                 pending[1]()
+        state.will_gone(self.client_id)
         asked = v5.properties
         props: dict[str, Any] = {"maximum_packet_size": self.config.mqtt_max_packet_size,
                                  "topic_alias_maximum": self.config.mqtt_topic_alias_maximum or None,
@@ -327,22 +330,18 @@ class MQTT5Connection(MQTTConnection):
         if not delay:
             return super()._publish_will(will, properties)
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # no event loop (in process): now
             return super()._publish_will(will, properties)
-        wills = vhost_state(self.vhost).wills
-        earlier = wills.pop(self.client_id, None)
-        if earlier is not None:
-            earlier[0].cancel()
-
-        def publish_now() -> None:
-            MQTTConnection._publish_will(self, will, properties)
-
-        def publish_late() -> None:
-            if wills.get(self.client_id, (None,))[0] is handle:
-                del wills[self.client_id]
-                publish_now()
-
-        handle = loop.call_later(delay, publish_late)
-        wills[self.client_id] = (handle, publish_now)
+        try:
+            self._target(will.topic)  # its topic permission, checked now: it may be published after a restart
+        except (BrokerError, topics.TopicError) as e:
+            log.info("MQTT client %r: its will was not published: %s", self.client_id, getattr(e, "text", e))
+            return None
+        vhost, host, counters = self.vhost, self.host, self.counters
+        delayed = DelayedWill(now_ms() + delay * 1000, will.qos, will.retain, will.topic, properties, will.payload)
+        state = vhost_state(vhost)
+        state.will_delayed(self.client_id, delayed)
+        schedule_will(state, self.client_id, delayed, lambda w: publish_will(
+            vhost, self.config.mqtt_exchange, w, counters, host.retained))
         client_error_log.log(logging.DEBUG, "MQTT client %r: will delayed %d s", self.client_id, delay)

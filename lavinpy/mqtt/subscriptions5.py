@@ -13,8 +13,7 @@ that member's session alone; one whose member went before PUBREC goes to another
 from __future__ import annotations
 
 import time
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..broker.errors import BrokerError
@@ -23,29 +22,16 @@ from ..broker.ops import objects as ops
 from . import codec, codec5, topics
 from .message5 import Outbound
 from .properties import encode_properties
+from .state5 import FilterOptions, vhost_state
 from .subscriptions import Subscriptions, queue_name
 
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import Callable
-
     from ..broker.ops import Actor, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage
     from .exactly_once import QoS2Store
     from .subscriptions import SubscriberHost
 
 SHARE_PREFIX = "$share/"
-
-
-@dataclass(slots=True)
-class FilterOptions:
-    """A filter's MQTT 5 subscription options (``group``: a shared subscription's share name)."""
-
-    qos: int
-    no_local: bool = False
-    retain_as_published: bool = False
-    subscription_id: int | None = None
-    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -56,25 +42,6 @@ class ClientLimits:
     session_expiry: int  # seconds the session outlives its connection
     maximum_packet_size: int | None = None
     topic_alias_maximum: int = 0
-
-
-@dataclass(slots=True)
-class VHostState:
-    """The MQTT 5 state of a vhost's sessions kept in memory between connections: subscription options
-    per client (a restart keeps the subscriptions, not their options), and wills waiting for their delay."""
-
-    options: dict[str, dict[str, FilterOptions]] = field(default_factory=dict)
-    wills: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = field(default_factory=dict)
-
-
-_STATE: weakref.WeakKeyDictionary[VHost, VHostState] = weakref.WeakKeyDictionary()
-
-
-def vhost_state(vhost: VHost) -> VHostState:
-    found = _STATE.get(vhost)
-    if found is None:
-        found = _STATE[vhost] = VHostState()
-    return found
 
 
 def split_shared(topic_filter: str) -> tuple[str, str] | None:
@@ -98,8 +65,8 @@ class Subscriptions5(Subscriptions):
                  limits: ClientLimits, inflight_window: int, qos2_store: QoS2Store) -> None:
         super().__init__(host, actor, vhost, exchange, client_id, limits.clean_start, inflight_window, qos2_store)
         self.limits = limits
-        state = vhost_state(vhost)
-        self.options = state.options.setdefault(client_id, {})
+        self.state = vhost_state(vhost)
+        self.options = self.state.client_options(client_id)  # a persistent session's are in the vhost's file
         self._aliases: dict[str, int] = {}  # topic -> the alias the client was given for it
         self._outbound: dict[bytes, Outbound] = {}
         self._matching: dict[str, list[FilterOptions]] = {}
@@ -113,7 +80,7 @@ class Subscriptions5(Subscriptions):
         when its expiry interval is not 0. Shared subscriptions are consumed again."""
         expiry = self.limits.session_expiry
         if self.limits.clean_start:
-            self.options.clear()
+            self.state.drop(self.client_id)
             super().start()
             if expiry:
                 self.qos2 = self.qos2_store.session(self.vhost, self.client_id, True)
@@ -143,7 +110,7 @@ class Subscriptions5(Subscriptions):
         state an earlier session made durable too)."""
         self.close()
         if self.limits.session_expiry == 0:
-            vhost_state(self.vhost).options.pop(self.client_id, None)
+            self.state.drop(self.client_id)
             if self.qos2.file is not None:  # the QoS 2 state a persistent session kept
                 self.qos2_store.session(self.vhost, self.client_id, False)
             for qos in (0, 1):
@@ -173,9 +140,9 @@ class Subscriptions5(Subscriptions):
         if code == codec.SUBACK_FAILURE:  # a valid filter refused: a permission (or a name too long)
             return 0x87, existed
         if code < 0x80:
-            self.options[request.topic_filter] = FilterOptions(
+            self.state.set_options(self.client_id, request.topic_filter, FilterOptions(
                 code, request.no_local, request.retain_as_published, request.subscription_id,
-                shared[0] if shared is not None else None)
+                shared[0] if shared is not None else None), self.limits.session_expiry > 0)
             self._matching.clear()
             self._per_message = self._needs_per_message()
         return code, existed
@@ -209,7 +176,7 @@ class Subscriptions5(Subscriptions):
 
     def unsubscribe5(self, topic_filter: str) -> int:
         """The UNSUBACK code: success, or no subscription existed."""
-        options = self.options.pop(topic_filter, None)
+        options = self.state.unsubscribed(self.client_id, topic_filter, self.limits.session_expiry > 0)
         self._matching.clear()
         self._per_message = self._needs_per_message()
         if options is not None and options.group is not None:
