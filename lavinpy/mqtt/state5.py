@@ -143,6 +143,7 @@ class VHostState:
     options: dict[str, dict[str, FilterOptions]] = field(default_factory=dict)
     wills: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = field(default_factory=dict)
     persisted: dict[str, DelayedWill] = field(default_factory=dict)  # the delayed wills of the file
+    in_file: set[str] = field(default_factory=set)  # clients whose options the file keeps
     file: object | None = None  # the vhost's AppendFile (None: in memory only, a vhost without a store)
     file_bytes: int = 0
     check_at: int = 0
@@ -155,7 +156,8 @@ class VHostState:
         self.file_bytes += len(record)
         file.append(record)  # type: ignore[attr-defined]
         if self.file_bytes > max(COMPACT_MIN_BYTES, self.check_at):
-            live = [_options_record(c, f, o) for c, opts in self.options.items() for f, o in opts.items()]
+            live = [_options_record(c, f, o) for c, opts in self.options.items() if c in self.in_file
+                    for f, o in opts.items()]
             live += [_will_record(c, w) for c, w in self.persisted.items()]
             size = sum(map(len, live))
             self.check_at = 2 * size
@@ -170,6 +172,7 @@ class VHostState:
     def set_options(self, client_id: str, topic_filter: str, options: FilterOptions, persistent: bool) -> None:
         self.client_options(client_id)[topic_filter] = options
         if persistent:
+            self.in_file.add(client_id)
             self._append(_options_record(client_id, topic_filter, options))
 
     def unsubscribed(self, client_id: str, topic_filter: str, persistent: bool) -> FilterOptions | None:
@@ -181,8 +184,10 @@ class VHostState:
     def drop(self, client_id: str) -> None:
         """The session ended (Clean Start, or expiry 0 at its end): its options go."""
         options = self.options.get(client_id)
-        if options:
+        if options is not None:
             options.clear()
+        if client_id in self.in_file:
+            self.in_file.discard(client_id)
             self._append(_record(DROPPED, client_id))
 
     # --- delayed wills -----------------------------------------------------------------------------
@@ -222,10 +227,12 @@ def _load(vhost: VHost) -> VHostState:
         if kind == OPTIONS:
             assert isinstance(value, tuple)
             state.client_options(client_id)[value[0]] = value[1]
+            state.in_file.add(client_id)
         elif kind == UNSUBSCRIBED:
             state.client_options(client_id).pop(str(value), None)
         elif kind == DROPPED:
             state.options.pop(client_id, None)
+            state.in_file.discard(client_id)
             state.persisted.pop(client_id, None)
         elif kind == WILL:
             assert isinstance(value, DelayedWill)

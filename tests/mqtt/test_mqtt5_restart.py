@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from lavinpy.mqtt import codec, codec5
+from lavinpy.mqtt import codec, codec5, state5
 from lavinpy.mqtt.codec import Will
 from lavinpy.mqtt.connection import MQTTConnection
 from lavinpy.mqtt.state5 import FilterOptions, _options_record, parse
@@ -124,3 +124,26 @@ def test_torn_last_record_is_dropped() -> None:
     for cut in range(1, len(record)):
         records, end = parse(record + record[:cut])
         assert end == len(record) and records == [(b"O", "c", ("a/#", options))]
+
+
+def test_the_file_is_rewritten_with_the_live_state(broker: Broker5, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many changes of one persistent session and a clean one beside: once the file holds mostly stale
+    records it is rewritten with the persistent session's options alone, which a restart reads back."""
+    monkeypatch.setattr(state5, "COMPACT_MIN_BYTES", 2000)
+    clean = broker.connect5("clean")  # expiry 0: its options never go to the file
+    broker.feed(clean, codec5.encode_subscribe(1, [("c/#", 1)], subscription_id=3))
+    conn = broker.connect5("churn", properties=EXPIRY)
+    for i in range(100):
+        broker.feed(conn, codec5.encode_subscribe(i + 1, [(f"t/{i % 3}", 1)], subscription_id=i + 1))
+    broker.read(conn)
+    file = state5.vhost_state(broker.harness.broker.vhosts["/"]).file
+    assert file is not None
+    records, end = parse(file.open())  # type: ignore[attr-defined]
+    assert end < 2000 + 200 and {c for _, c, _ in records} == {"churn"}
+    expected = dict(conn.subscriptions.options)  # type: ignore[union-attr]
+    conn.lost()
+    clean.lost()
+    broker.restart()
+    again = broker.connect5("churn", present=True, clean_start=False, properties=EXPIRY)
+    assert dict(again.subscriptions.options) == expected  # type: ignore[union-attr]
+    assert {f: o.subscription_id for f, o in expected.items()} == {"t/0": 100, "t/1": 98, "t/2": 99}
