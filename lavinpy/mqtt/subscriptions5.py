@@ -90,7 +90,8 @@ class Subscriptions5(Subscriptions):
             present = super().start()
         self.clean_session = expiry == 0
         for topic_filter, options in list(self.options.items()):
-            if options.group is not None:
+            if options.group is not None:  # a session of shared subscriptions alone is present too
+                present = True
                 self.subscribe_shared(options.group, topic_filter.split("/", 2)[2], options.qos)
         self._per_message = self._needs_per_message()
         return present
@@ -157,7 +158,12 @@ class Subscriptions5(Subscriptions):
             if len(name.encode()) > topics.MAX_NAME_BYTES:
                 return codec.SUBACK_FAILURE
             if name not in self.vhost.queues:
-                ops.declare_queue(self.actor, self.vhost, name, owner=self, auto_delete=True)
+                # A persistent member's group keeps its messages across a restart and while every
+                # member is away, for the member's session expiry; else it goes with its last member.
+                expiry = self.limits.session_expiry
+                arguments = {"x-expires": expiry * 1000} if 0 < expiry < 0xFFFFFFFF else None
+                ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
+                                  auto_delete=expiry == 0, arguments=arguments)
             ops.bind_queue(self.actor, self.vhost, name, self.exchange, topics.binding_key(topic_filter), None, self)
             mine = self.consumers.get(name)
             if mine is not None and mine.no_ack != (granted == 0):

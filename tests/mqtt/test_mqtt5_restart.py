@@ -29,6 +29,7 @@ class Broker5(Broker):
         self.feed(conn, codec5.encode_connect(client_id, username="guest", password=b"guest", **kwargs))
         packets = self.read(conn)
         assert packets[0][0] == codec.CONNACK and packets[0][2][:2] == bytes((int(present), 0)), packets[0]
+        self.rest = packets[1:]  # what came right after the CONNACK
         return conn
 
     def publishes(self, conn: MQTTConnection) -> list[tuple[codec.Publish, dict[str, Any]]]:
@@ -147,3 +148,19 @@ def test_the_file_is_rewritten_with_the_live_state(broker: Broker5, monkeypatch:
     again = broker.connect5("churn", present=True, clean_start=False, properties=EXPIRY)
     assert dict(again.subscriptions.options) == expected  # type: ignore[union-attr]
     assert {f: o.subscription_id for f, o in expected.items()} == {"t/0": 100, "t/1": 98, "t/2": 99}
+
+
+def test_a_persistent_members_group_keeps_its_messages_across_a_restart(broker: Broker5) -> None:
+    """Messages a publisher had PUBREC for, waiting in the group's queue while its persistent member is
+    away, are there after a restart and reach the member at QoS 2 when it resumes."""
+    member = broker.connect5("gm", properties=EXPIRY)
+    broker.feed(member, codec5.encode_subscribe(1, [("$share/keep/k/#", 2)]))
+    broker.read(member)
+    member.lost()
+    pub = broker.connect5("gp")
+    broker.feed(pub, b"".join(codec5.publish("k/x", b"%d" % i, 2, False, False, i + 1, b"\x00") for i in range(3)))
+    assert [k for k, _, _ in broker.read(pub)] == [codec.PUBREC] * 3
+    broker.restart()
+    broker.connect5("gm", present=True, clean_start=False, properties=EXPIRY)
+    got = [codec5.parse_publish(f, b)[0] for k, f, b in broker.rest if k == codec.PUBLISH]
+    assert [(p.payload, p.qos) for p in got] == [(b"0", 2), (b"1", 2), (b"2", 2)]

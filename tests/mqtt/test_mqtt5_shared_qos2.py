@@ -5,6 +5,7 @@ member: across the group each message is taken once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from lavinpy.broker.ops.publish import publish
 from lavinpy.mqtt import codec, codec5
+from lavinpy.mqtt.connection import MQTTConnection
 from lavinpy.mqtt.sessions import MQTTSessions
 from lavinpy.wire.properties import encode_property_values
 from tests.amqp.session_client import Harness
@@ -56,24 +58,38 @@ def test_shared_qos2_member_gone_before_and_after_pubrec(harness: Harness) -> No
     """Member 0 answers PUBREC for some of its deliveries and goes: those stay its own (PUBREL resent
     when it resumes, to no other member); the rest go to the others. Each message is taken once."""
     sessions = MQTTSessions(harness.broker)
-    props = {"session_expiry_interval": 60}
-    members = [connect(sessions, f"m{i}", properties=props)[0] for i in range(3)]
+    props = {"session_expiry_interval": 60}  # persistent: the group's queue is durable, replies wait for the store
+    loop = asyncio.new_event_loop()
+
+    def feed(conn: MQTTConnection, data: bytes) -> None:
+        async def run() -> None:
+            conn.receive_data(data)
+            for _ in range(5):
+                await asyncio.sleep(0)
+        loop.run_until_complete(run())
+        harness.run_soon()
+
+    def connect(client_id: str) -> MQTTConnection:
+        conn = sessions.new_connection(("127.0.0.1", 50000))
+        conn.start()
+        feed(conn, codec5.encode_connect(client_id, username="guest", password=b"guest", properties=props))
+        assert packets(conn)[0][2][:2] == b"\x00\x00"
+        return conn
+
+    members = [connect(f"m{i}") for i in range(3)]
     for conn in members:
-        conn.receive_data(codec5.encode_subscribe(1, [(GROUP_FILTER, 2)]))
+        feed(conn, codec5.encode_subscribe(1, [(GROUP_FILTER, 2)]))
         assert packets(conn)[0][2] == b"\x00\x01\x00\x02"
-    pub, _ = connect(sessions, "producer")
+    pub = connect("producer")
     count = 60
-    pub.receive_data(b"".join(publish5("jobs/x", str(i).encode(), 2, i + 1) for i in range(count)))
-    harness.run_soon()
+    feed(pub, b"".join(publish5("jobs/x", str(i).encode(), 2, i + 1) for i in range(count)))
     first = delivered(members[0])
     assert len(first) >= 2 and all(p.qos == 2 for p, _ in first)
     recd = first[: len(first) // 2]  # PUBREC answered: member 0 has taken these
-    members[0].receive_data(b"".join(codec5.ack(codec.PUBREC, p.packet_id) for p, _ in recd))
-    harness.run_soon()
+    feed(members[0], b"".join(codec5.ack(codec.PUBREC, p.packet_id) for p, _ in recd))
     # Their PUBRELs; the window's room went to more deliveries, never answered.
     assert [k for k, _, _ in packets(members[0]) if k != codec.PUBLISH] == [codec.PUBREL] * len(recd)
     members[0].lost()  # gone before PUBCOMP for those, before PUBREC for the rest
-    harness.run_soon()
     taken: dict[bytes, list[str]] = {}
     for p, _ in recd:
         taken.setdefault(p.payload, []).append("m0")
@@ -88,24 +104,22 @@ def test_shared_qos2_member_gone_before_and_after_pubrec(harness: Harness) -> No
                     replies.append(codec5.ack(codec.PUBREC, p.packet_id))
                 elif kind == codec.PUBREL:
                     replies.append(codec5.ack(codec.PUBCOMP, int.from_bytes(body[:2], "big")))
-            members[i].receive_data(b"".join(replies))
-            harness.run_soon()
+            feed(members[i], b"".join(replies))
     assert set(taken) == {str(i).encode() for i in range(count)}
     assert all(len(v) == 1 for v in taken.values()), {k: v for k, v in taken.items() if len(v) > 1}
     # Member 0 resumes: its PUBRELs owed come again, and nothing else of the group's.
     again = sessions.new_connection(("127.0.0.1", 50000))
     again.start()
-    again.receive_data(codec5.encode_connect("m0", username="guest", password=b"guest", clean_start=False,
-                                             properties=props))
-    harness.run_soon()
+    feed(again, codec5.encode_connect("m0", username="guest", password=b"guest", clean_start=False,
+                                      properties=props))
     out = packets(again)
     assert out[0][0] == codec.CONNACK and out[0][2][:2] == b"\x01\x00"  # session present
     assert sorted(int.from_bytes(b[:2], "big") for k, _, b in out if k == codec.PUBREL) == sorted(
         p.packet_id for p, _ in recd)
     assert [k for k, _, _ in out if k == codec.PUBLISH] == []
-    again.receive_data(b"".join(codec5.ack(codec.PUBCOMP, p.packet_id) for p, _ in recd))
-    harness.run_soon()
+    feed(again, b"".join(codec5.ack(codec.PUBCOMP, p.packet_id) for p, _ in recd))
     assert not again.subscriptions.qos2.pubrel_owed
+    loop.close()
 
 
 def test_shared_amqp_publish_goes_out_at_qos2(harness: Harness) -> None:
