@@ -164,6 +164,7 @@ class Server:
     async def _start_mqtt(self) -> None:
         """The MQTT listeners, plain and over TLS; a port in use stops the start as AMQP's does."""
         config = self.config
+        self.mqtt.resume_wills()  # delayed wills a stop or a crash left wait again
         ports: list[tuple[int, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", None)]
         if self.tls is not None and config.mqtts_enabled:
             ports.append((config.mqtts_port, "MQTTS", self.tls.listener_context))

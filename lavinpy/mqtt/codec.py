@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from collections import deque
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+AUTH = 15  # MQTT 5 only
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
 PACKET_NAMES = {1: "CONNECT", 2: "CONNACK", 3: "PUBLISH", 4: "PUBACK", 5: "PUBREC", 6: "PUBREL", 7: "PUBCOMP",
                 8: "SUBSCRIBE", 9: "SUBACK", 10: "UNSUBSCRIBE", 11: "UNSUBACK", 12: "PINGREQ", 13: "PINGRESP",
@@ -83,11 +84,12 @@ class PacketReader:
     """Splits input into (type, flags, body) packets; at most ``max_packet_size`` bytes each (the
     whole packet, fixed header included), so a client cannot make the server buffer more."""
 
-    __slots__ = ("_buf", "max_packet_size")
+    __slots__ = ("_buf", "auth", "max_packet_size")
 
     def __init__(self, max_packet_size: int) -> None:
         self._buf = bytearray()
         self.max_packet_size = max_packet_size
+        self.auth = False  # MQTT 5's AUTH (type 15, flags 0) is read: the connection speaks MQTT 5
 
     def feed(self, data: bytes, one: bool = False) -> list[tuple[int, int, bytes]]:
         """The whole packets of the input so far (``one``: at most one, the rest kept unread, as
@@ -110,11 +112,11 @@ class PacketReader:
                     break
                 continue
             kind, flags = first >> 4, first & 0x0F
-            if kind not in PACKET_NAMES:  # 15 is MQTT 5's AUTH: no authentication method was agreed
-                raise MQTTProtocolError(f"reserved packet type {kind}", reason=0x82 if kind == 15 else 0x81)
-            required = REQUIRED_FLAGS.get(kind)
+            if kind not in PACKET_NAMES and not (kind == AUTH and self.auth):  # AUTH: MQTT 5's alone
+                raise MQTTProtocolError(f"reserved packet type {kind}", reason=0x82 if kind == AUTH else 0x81)
+            required = REQUIRED_FLAGS.get(kind, 0 if kind == AUTH else None)
             if required is not None and flags != required:
-                raise MQTTProtocolError(f"{PACKET_NAMES[kind]} with reserved flags {flags:#x}")
+                raise MQTTProtocolError(f"{PACKET_NAMES.get(kind, 'AUTH')} with reserved flags {flags:#x}")
             length, multiplier, i = 0, 1, pos + 1
             while True:
                 if i >= end:

@@ -207,6 +207,16 @@ def parse_disconnect(data: bytes) -> tuple[int, dict[str, Any]]:
     return reason, properties
 
 
+def parse_auth(data: bytes) -> tuple[int, dict[str, Any]]:
+    """AUTH: (reason code, properties); an empty body is success without properties (3.15.2.1)."""
+    body = _Body(data)
+    reason = body.u8() if body.left() else 0
+    properties = body.properties("AUTH") if body.left() else {}
+    if body.left():
+        raise malformed(f"AUTH has {body.left()} bytes past its end")
+    return reason, properties
+
+
 # --- encoders ------------------------------------------------------------------------------------
 
 def _packet(first: int, body: bytes) -> bytes:
@@ -237,6 +247,10 @@ def disconnect(reason: int, properties: dict[str, Any] | None = None) -> bytes:
     if not reason and not properties:
         return bytes((DISCONNECT << 4, 0))
     return _packet(DISCONNECT << 4, bytes((reason,)) + encode_properties(properties or {}))
+
+
+def auth(reason: int, properties: dict[str, Any] | None = None) -> bytes:
+    return _packet(codec.AUTH << 4, bytes((reason,)) + encode_properties(properties or {}))
 
 
 def publish(topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int,

@@ -225,7 +225,7 @@ class MQTTConnection:
             self._fail("no CONNECT within the connect timeout")
             return
         if self.expires_at is not None and time.time() >= self.expires_at:  # RabbitMQ's: re-auth is a new CONNECT
-            self._fail("credential expired")
+            self._fail("credential expired", 0x87)  # MQTT 5: not authorized (any more)
         elif self.keepalive:
             limit = self.keepalive * 1.5
             idle = time.monotonic() - self._last_recv

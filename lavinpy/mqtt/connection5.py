@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, Any
 from ..broker.errors import BrokerError
 from ..broker.ops.publish import publish_run
 from . import codec, codec5, topics
+from .auth5 import connect_method, reauthentication
+from .auth5 import success as auth_success
 from .codec import PUBREC_REPLY, MQTTProtocolError
-from .connection import QOS_PROPERTIES, MQTTConnection, client_error_log
+from .connect_login import session_timer
+from .connection import QOS_PROPERTIES, MQTTConnection, SetTimer, client_error_log
 from .message5 import amqp_properties
 from .properties import (
     BAD_USER_NAME_OR_PASSWORD,
@@ -31,12 +34,13 @@ from .properties import (
     UNSUPPORTED_PROTOCOL_VERSION,
     protocol_error,
 )
+from .state5 import DelayedWill, now_ms, publish_will, schedule_will, vhost_state
 from .subscriptions import Subscriptions, queue_name
-from .subscriptions5 import ClientLimits, Subscriptions5, retained_for, vhost_state
+from .subscriptions5 import ClientLimits, Subscriptions5, retained_for
 from .topics import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
-    from ..broker.ops import Actor, VHost
+    from ..broker.ops import Actor, LoginAttempt, LoginOutcome, VHost
 
 log = logging.getLogger("lavinpy.mqtt")
 
@@ -44,7 +48,6 @@ log = logging.getLogger("lavinpy.mqtt")
 CONNACK_REASONS = {codec.UNACCEPTABLE_PROTOCOL_VERSION: UNSUPPORTED_PROTOCOL_VERSION,
                    codec.IDENTIFIER_REJECTED: CLIENT_IDENTIFIER_NOT_VALID, codec.SERVER_UNAVAILABLE: SERVER_UNAVAILABLE,
                    codec.BAD_USERNAME_OR_PASSWORD: BAD_USER_NAME_OR_PASSWORD, codec.NOT_AUTHORIZED: NOT_AUTHORIZED}
-BAD_AUTHENTICATION_METHOD = 0x8C
 
 
 @dataclass(slots=True)
@@ -60,6 +63,8 @@ class Session5:
     answered: bool = False  # the CONNACK went out
     server_keepalive: int | None = None  # the keepalive the server set instead of the client's
     problem_information: bool = True  # reason strings may be sent
+    auth_method: str | None = None  # the enhanced authentication method agreed at CONNECT
+    reauth: LoginAttempt | None = None  # a re-authentication (AUTH 0x19) being decided
 
 
 class MQTT5Connection(MQTTConnection):
@@ -96,6 +101,8 @@ class MQTT5Connection(MQTTConnection):
             self.send(codec5.unsuback(packet_id, [subs.unsubscribe5(f) for f in filters]))
         elif kind == codec.DISCONNECT:
             self._disconnect5(*codec5.parse_disconnect(body))
+        elif kind == codec.AUTH:
+            self._auth5(body)
         elif kind == codec.PINGREQ:
             super()._packet(kind, flags, body)
         else:
@@ -108,9 +115,12 @@ class MQTT5Connection(MQTTConnection):
         packet, props = parsed.connect, parsed.properties
         v5.properties, v5.will_properties = props, parsed.will_properties
         v5.problem_information = props.get("request_problem_information", 1) == 1
-        if "authentication_method" in props:  # no enhanced authentication (AUTH) is offered
+        self.reader.auth = True
+        try:  # enhanced authentication: a token as the authentication data (``auth5``)
+            v5.auth_method = connect_method(props, packet)
+        except MQTTProtocolError as e:
             self.protocol_level = codec5.LEVEL
-            self.send(self._connack(False, BAD_AUTHENTICATION_METHOD, "authentication methods are not supported"))
+            self.send(self._connack(False, e.connack or e.reason, str(e)))
             self._close()
             return
         v5.session_expiry = min(props.get("session_expiry_interval", 0), self.config.mqtt_max_session_expiry_interval)
@@ -132,15 +142,18 @@ class MQTT5Connection(MQTTConnection):
         if reason:
             return codec5.connack(False, reason, self._reason_string(text))
         assert self.vhost is not None
-        pending = vhost_state(self.vhost).wills.pop(self.client_id, None)
+        state = vhost_state(self.vhost)
+        pending = state.wills.pop(self.client_id, None)
         if pending is not None:  # back within the will delay: the session goes on without its will,
             pending[0].cancel()
             if self.subscriptions is not None and self.subscriptions.clean_session:  # unless it is a new one
                 pending[1]()
+        state.will_gone(self.client_id)
         asked = v5.properties
         props: dict[str, Any] = {"maximum_packet_size": self.config.mqtt_max_packet_size,
                                  "topic_alias_maximum": self.config.mqtt_topic_alias_maximum or None,
-                                 "assigned_client_identifier": v5.assigned_id}
+                                 "assigned_client_identifier": v5.assigned_id,
+                                 "authentication_method": v5.auth_method}
         if asked.get("session_expiry_interval", 0) != v5.session_expiry:
             props["session_expiry_interval"] = v5.session_expiry
         if v5.server_keepalive is not None:
@@ -285,6 +298,43 @@ class MQTT5Connection(MQTTConnection):
             if code < 0x80 and retained_for(request, existed):
                 subs.queue_retained(source, request.topic_filter, code)
 
+    # --- re-authentication (AUTH) ------------------------------------------------------------------
+    def _auth5(self, body: bytes) -> None:
+        v5 = self.v5
+        assert v5 is not None
+        request = reauthentication(body, v5.auth_method, v5.reauth is not None, self.username, self.peer_host)
+        login = v5.reauth = self.broker.logins.attempt(request)
+        self.host.start_task(self._await_reauth(login))  # the connection goes on meanwhile (4.12.1)
+
+    async def _await_reauth(self, login: LoginAttempt) -> None:
+        if login.delay:  # the throttle's, as for any login
+            await asyncio.sleep(login.delay)
+        outcome = login.decide_now()
+        if outcome is None:
+            outcome = await login.decide()
+        self._handle(lambda: self._reauth_decided(login, outcome))
+
+    def _reauth_decided(self, login: LoginAttempt, outcome: LoginOutcome) -> None:
+        """As AMQP's update-secret: the same user, still allowed the vhost; the connection then ends at
+        the new credential's expiry, its publishes and subscriptions checked with the new grants."""
+        v5, vhost = self.v5, self.vhost
+        if v5 is None or v5.reauth is not login or self.closed or vhost is None or v5.auth_method is None:
+            return
+        v5.reauth = None
+        decided = self.broker.logins.secret_updated(outcome, vhost.name, self.username)
+        if not decided.ok or decided.actor is None:
+            self._fail(f"re-authentication refused: {decided.text}", NOT_AUTHORIZED)
+            return
+        decided.actor.client_id = self.client_id
+        self.actor = decided.actor
+        if self.subscriptions is not None:
+            self.subscriptions.actor = decided.actor
+        self._exchange = None  # the publish target is checked again
+        self.login_outcome, self.expires_at = decided, decided.expires_at
+        self.send(auth_success(v5.auth_method))
+        self._effects.append(SetTimer(session_timer(self.keepalive * 1.5, self.expires_at)))
+        log.info("MQTT connection %s (client %r): user %r re-authenticated", self.name, self.client_id, self.username)
+
     # --- ending ------------------------------------------------------------------------------------
     def _disconnect5(self, reason: int, props: dict[str, Any]) -> None:
         v5, subs = self.v5, self.subscriptions
@@ -327,22 +377,18 @@ class MQTT5Connection(MQTTConnection):
         if not delay:
             return super()._publish_will(will, properties)
         try:
-            loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError:  # no event loop (in process): now
             return super()._publish_will(will, properties)
-        wills = vhost_state(self.vhost).wills
-        earlier = wills.pop(self.client_id, None)
-        if earlier is not None:
-            earlier[0].cancel()
-
-        def publish_now() -> None:
-            MQTTConnection._publish_will(self, will, properties)
-
-        def publish_late() -> None:
-            if wills.get(self.client_id, (None,))[0] is handle:
-                del wills[self.client_id]
-                publish_now()
-
-        handle = loop.call_later(delay, publish_late)
-        wills[self.client_id] = (handle, publish_now)
+        try:
+            self._target(will.topic)  # its topic permission, checked now: it may be published after a restart
+        except (BrokerError, topics.TopicError) as e:
+            log.info("MQTT client %r: its will was not published: %s", self.client_id, getattr(e, "text", e))
+            return None
+        vhost, host, counters = self.vhost, self.host, self.counters
+        delayed = DelayedWill(now_ms() + delay * 1000, will.qos, will.retain, will.topic, properties, will.payload)
+        state = vhost_state(vhost)
+        state.will_delayed(self.client_id, delayed)
+        schedule_will(state, self.client_id, delayed, lambda w: publish_will(
+            vhost, self.config.mqtt_exchange, w, counters, host.retained))
         client_error_log.log(logging.DEBUG, "MQTT client %r: will delayed %d s", self.client_id, delay)

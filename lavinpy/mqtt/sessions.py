@@ -11,10 +11,11 @@ from .connection import PROTOCOLS, MQTTConnection
 from .connection5 import MQTT5Connection
 from .exactly_once import QoS2Store
 from .retained import RetainedStore
+from .state5 import DelayedWill, publish_will, resume_wills, stop_wills
 from .views import MQTTClientConnection
 
 if TYPE_CHECKING:
-    from ..broker.ops import Broker
+    from ..broker.ops import Broker, VHost
     from ..config import Config
 
 
@@ -46,6 +47,18 @@ class MQTTSessions:
         if earlier is not None and earlier is not connection:
             earlier.kick(f"client id {connection.client_id!r} taken over by {connection.name}", 0x8E)
         self.clients[key] = connection
+
+    def resume_wills(self) -> int:
+        """At start: the delayed wills persistent sessions left before a stop or a crash wait again
+        (or go out now, if due); how many."""
+        counters = self.broker.node_counters.of(PROTOCOLS[5])
+        exchange = self.config.mqtt_exchange
+        resumed = 0
+        for vhost in list(self.broker.vhosts.values()):
+            def send(will: DelayedWill, vhost: VHost = vhost) -> None:
+                publish_will(vhost, exchange, will, counters, self.retained)
+            resumed += resume_wills(vhost, send)
+        return resumed
 
     def start_task(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` on the running event loop."""
@@ -80,7 +93,10 @@ class MQTTSessions:
                 connection.kick(reason)
 
     def shutdown(self) -> None:
-        """The server stops: every client is disconnected (no wills: the broker, not the client, ends)."""
+        """The server stops: every client is disconnected (no wills: the broker, not the client, ends);
+        delayed wills stay in their vhost's file, for the next start."""
         for connection in list(self.connections):
             connection.will = None
             connection.kick("the server is stopping", 0x8B)
+        for vhost in list(self.broker.vhosts.values()):
+            stop_wills(vhost)

@@ -80,6 +80,7 @@ class Subscriptions:
         self.qos2_store = qos2_store
         self.qos2 = ClientState(client_id, None)  # the session's QoS 2 state (``start`` finds a persistent one's)
         self.qos2_ids: set[int] = set()  # the ids of ``inflight`` sent at QoS 2 (awaiting PUBREC)
+        self.shared_qos2_ids: set[int] = set()  # those of them from a shared subscription's queue
         self._qos2_topics: dict[str, bool] = {}  # topic -> whether a filter granted QoS 2 matches it
         self._ids_exhausted = False  # deliveries wait for a PUBCOMP to free a packet id
         self._queued_qos2 = 0  # deliveries of ``inflight`` from the queue at QoS 2 (their ids are in qos2.sent_ids)
@@ -440,14 +441,17 @@ class Subscriptions:
         waits = self.qos2.pubrec(packet_id)
         tag = self.inflight.pop(packet_id, None)
         if tag is not None:
-            self._queued_qos2 -= 1
+            if packet_id in self.shared_qos2_ids:
+                self.shared_qos2_ids.discard(packet_id)
+            else:
+                self._queued_qos2 -= 1
             self.deliveries.ack_run([tag])
         return waits
 
     def pubrec_run(self, packet_ids: list[int]) -> bool:
         """``pubrec`` for the PUBRECs of one read: recorded as one write, their deliveries acked as one run."""
         qos2_ids = self.qos2_ids
-        if len(packet_ids) == 1 or not qos2_ids.issuperset(packet_ids):
+        if len(packet_ids) == 1 or not qos2_ids.issuperset(packet_ids) or self.shared_qos2_ids:
             return any([self.pubrec(packet_id) for packet_id in packet_ids])
         qos2_ids.difference_update(packet_ids)
         waits = self.qos2.pubrec_run(packet_ids)
@@ -499,5 +503,6 @@ class Subscriptions:
         self.consumers.clear()
         self.inflight.clear()
         self.qos2_ids.clear()
+        self.shared_qos2_ids.clear()
         self._queued_qos2 = 0
         self.deliveries.close(0)

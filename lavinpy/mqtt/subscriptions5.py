@@ -6,13 +6,14 @@ matching their topic, a topic alias once one is assigned, and are dropped when l
 client's Maximum Packet Size or, under No Local, when the client published them. Shared subscriptions
 (``$share/<group>/<filter>``) are one queue per group and filter, every member a consumer on it: the
 queue hands its messages round robin to the members with room, and a member's unacknowledged
-deliveries go back to it when the member goes, for another to get (with DUP)."""
+deliveries go back to it when the member goes, for another to get (with DUP). At QoS 2 a message
+belongs to the member that answered PUBREC: it leaves the group's queue then and its PUBREL is owed to
+that member's session alone; one whose member went before PUBREC goes to another member."""
 
 from __future__ import annotations
 
 import time
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..broker.errors import BrokerError
@@ -21,29 +22,16 @@ from ..broker.ops import objects as ops
 from . import codec, codec5, topics
 from .message5 import Outbound
 from .properties import encode_properties
+from .state5 import FilterOptions, vhost_state
 from .subscriptions import Subscriptions, queue_name
 
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import Callable
-
     from ..broker.ops import Actor, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage
     from .exactly_once import QoS2Store
     from .subscriptions import SubscriberHost
 
 SHARE_PREFIX = "$share/"
-
-
-@dataclass(slots=True)
-class FilterOptions:
-    """A filter's MQTT 5 subscription options (``group``: a shared subscription's share name)."""
-
-    qos: int
-    no_local: bool = False
-    retain_as_published: bool = False
-    subscription_id: int | None = None
-    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -54,25 +42,6 @@ class ClientLimits:
     session_expiry: int  # seconds the session outlives its connection
     maximum_packet_size: int | None = None
     topic_alias_maximum: int = 0
-
-
-@dataclass(slots=True)
-class VHostState:
-    """The MQTT 5 state of a vhost's sessions kept in memory between connections: subscription options
-    per client (a restart keeps the subscriptions, not their options), and wills waiting for their delay."""
-
-    options: dict[str, dict[str, FilterOptions]] = field(default_factory=dict)
-    wills: dict[str, tuple[asyncio.TimerHandle, Callable[[], None]]] = field(default_factory=dict)
-
-
-_STATE: weakref.WeakKeyDictionary[VHost, VHostState] = weakref.WeakKeyDictionary()
-
-
-def vhost_state(vhost: VHost) -> VHostState:
-    found = _STATE.get(vhost)
-    if found is None:
-        found = _STATE[vhost] = VHostState()
-    return found
 
 
 def split_shared(topic_filter: str) -> tuple[str, str] | None:
@@ -96,8 +65,8 @@ class Subscriptions5(Subscriptions):
                  limits: ClientLimits, inflight_window: int, qos2_store: QoS2Store) -> None:
         super().__init__(host, actor, vhost, exchange, client_id, limits.clean_start, inflight_window, qos2_store)
         self.limits = limits
-        state = vhost_state(vhost)
-        self.options = state.options.setdefault(client_id, {})
+        self.state = vhost_state(vhost)
+        self.options = self.state.client_options(client_id)  # a persistent session's are in the vhost's file
         self._aliases: dict[str, int] = {}  # topic -> the alias the client was given for it
         self._outbound: dict[bytes, Outbound] = {}
         self._matching: dict[str, list[FilterOptions]] = {}
@@ -111,7 +80,7 @@ class Subscriptions5(Subscriptions):
         when its expiry interval is not 0. Shared subscriptions are consumed again."""
         expiry = self.limits.session_expiry
         if self.limits.clean_start:
-            self.options.clear()
+            self.state.drop(self.client_id)
             super().start()
             if expiry:
                 self.qos2 = self.qos2_store.session(self.vhost, self.client_id, True)
@@ -121,7 +90,8 @@ class Subscriptions5(Subscriptions):
             present = super().start()
         self.clean_session = expiry == 0
         for topic_filter, options in list(self.options.items()):
-            if options.group is not None:
+            if options.group is not None:  # a session of shared subscriptions alone is present too
+                present = True
                 self.subscribe_shared(options.group, topic_filter.split("/", 2)[2], options.qos)
         self._per_message = self._needs_per_message()
         return present
@@ -141,7 +111,7 @@ class Subscriptions5(Subscriptions):
         state an earlier session made durable too)."""
         self.close()
         if self.limits.session_expiry == 0:
-            vhost_state(self.vhost).options.pop(self.client_id, None)
+            self.state.drop(self.client_id)
             if self.qos2.file is not None:  # the QoS 2 state a persistent session kept
                 self.qos2_store.session(self.vhost, self.client_id, False)
             for qos in (0, 1):
@@ -171,24 +141,29 @@ class Subscriptions5(Subscriptions):
         if code == codec.SUBACK_FAILURE:  # a valid filter refused: a permission (or a name too long)
             return 0x87, existed
         if code < 0x80:
-            self.options[request.topic_filter] = FilterOptions(
+            self.state.set_options(self.client_id, request.topic_filter, FilterOptions(
                 code, request.no_local, request.retain_as_published, request.subscription_id,
-                shared[0] if shared is not None else None)
+                shared[0] if shared is not None else None), self.limits.session_expiry > 0)
             self._matching.clear()
             self._per_message = self._needs_per_message()
         return code, existed
 
     def subscribe_shared(self, group: str, topic_filter: str, qos: int) -> int:
-        """A member of the group's queue for the filter, at QoS 0 or 1 (a QoS 2 request is granted 1:
-        the session's exactly-once state is kept per queue of its own)."""
-        granted = min(qos, 1)
+        """A member of the group's queue for the filter, at the QoS asked (QoS 2: deliveries published
+        at QoS 2, or over AMQP, go out with the PUBREC/PUBREL/PUBCOMP handshake)."""
+        granted = qos
         try:
             topics.check_filter(topic_filter)
             name = shared_queue_name(group, topic_filter)
             if len(name.encode()) > topics.MAX_NAME_BYTES:
                 return codec.SUBACK_FAILURE
             if name not in self.vhost.queues:
-                ops.declare_queue(self.actor, self.vhost, name, owner=self, auto_delete=True)
+                # A persistent member's group keeps its messages across a restart and while every
+                # member is away, for the member's session expiry; else it goes with its last member.
+                expiry = self.limits.session_expiry
+                arguments = {"x-expires": expiry * 1000} if 0 < expiry < 0xFFFFFFFF else None
+                ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
+                                  auto_delete=expiry == 0, arguments=arguments)
             ops.bind_queue(self.actor, self.vhost, name, self.exchange, topics.binding_key(topic_filter), None, self)
             mine = self.consumers.get(name)
             if mine is not None and mine.no_ack != (granted == 0):
@@ -207,7 +182,7 @@ class Subscriptions5(Subscriptions):
 
     def unsubscribe5(self, topic_filter: str) -> int:
         """The UNSUBACK code: success, or no subscription existed."""
-        options = self.options.pop(topic_filter, None)
+        options = self.state.unsubscribed(self.client_id, topic_filter, self.limits.session_expiry > 0)
         self._matching.clear()
         self._per_message = self._needs_per_message()
         if options is not None and options.group is not None:
@@ -286,9 +261,17 @@ class Subscriptions5(Subscriptions):
             if not consumer.no_ack:
                 self.deliveries.ack_run([tag])
             return
+        qos = 2 if self._published_qos(msg.properties) != 1 and self._shared_qos2(consumer) else 1
         packet_id = self._packet_id()
         self.inflight[packet_id] = tag
-        self.host.send(self._encode(topic, body, 1, redelivered, packet_id, msg))
+        if qos == 2:  # awaiting PUBREC in memory: a member gone before it has not taken the message
+            self.qos2_ids.add(packet_id)
+            self.shared_qos2_ids.add(packet_id)
+        self.host.send(self._encode(topic, body, qos, redelivered, packet_id, msg))
+
+    def _shared_qos2(self, consumer: Consumer) -> bool:
+        """Whether the member's subscription on this group's queue was granted QoS 2."""
+        return any(o.qos == 2 for o in self._options_for("", consumer))
 
     def _outbound_of(self, properties: bytes) -> Outbound:
         cache = self._outbound

@@ -226,8 +226,49 @@ def test_shared_subscription_member_killed_mid_stream_no_loss(clients: Any) -> N
     assert seen[1] and seen[2]  # spread over both members left
 
 
+def test_shared_subscription_qos2_member_killed_mid_stream_exactly_once(clients: Any) -> None:
+    """Three members at QoS 2, one whose socket dies mid-stream and that comes back (its session
+    persists): each message reaches the applications of the group once. What the dead member had
+    answered with PUBREC stays its own (paho hands it over at the PUBREL sent when it resumes), what
+    it had not goes to the others."""
+    topic = unique("jobs2")
+    members = [clients(), clients(), clients()]
+    for member in members:
+        member.connect(SessionExpiryInterval=60)
+        assert member.subscribe(f"$share/exact/{topic}/#", 2)[0] == 2
+    producer = clients()
+    producer.connect()
+    count = 300
+    infos = []
+    for i in range(count):
+        infos.append(producer.client.publish(f"{topic}/x", str(i).encode(), 2))
+        if i == 100:
+            time.sleep(0.2)
+            members[0].kill()  # mid-stream: some deliveries past PUBREC, some not yet answered
+    for info in infos:
+        info.wait_for_publish(TIMEOUT)
+    time.sleep(0.3)
+    members[0].connect(clean_start=False, SessionExpiryInterval=60)  # resumes: its PUBRELs owed come
+    expected = {str(i).encode() for i in range(count)}
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while set(got) != expected and time.monotonic() < deadline:
+        for member in members:
+            try:
+                got.append(member.message(0.05).payload)
+            except queue.Empty:
+                pass
+    time.sleep(0.5)  # anything delivered a second time would come now
+    for member in members:
+        while not member.messages.empty():
+            got.append(member.messages.get().payload)
+    assert set(got) == expected
+    assert len(got) == count, sorted(p for p in set(got) if got.count(p) > 1)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.binary(min_size=1, max_size=40), st.sampled_from(["PUBLISH", "SUBSCRIBE", "DISCONNECT"]))
+@given(st.binary(min_size=1, max_size=40),
+       st.sampled_from(["PUBLISH", "SUBSCRIBE", "DISCONNECT", "AUTH", "PUBACK", "UNSUBSCRIBE"]))
 def test_fuzzed_properties_get_a_reason_code(mqtt_broker: MQTTBroker, props: bytes, where: str) -> None:
     """Random bytes as the property block of an MQTT 5 packet: the broker answers the packet or sends a
     DISCONNECT with a malformed-packet, protocol-error or topic-alias reason and closes; never more."""
@@ -241,6 +282,12 @@ def test_fuzzed_properties_get_a_reason_code(mqtt_broker: MQTTBroker, props: byt
             body, first = codec.topic_field("fz/t") + block + b"payload", 0x30
         elif where == "SUBSCRIBE":
             body, first = b"\x00\x01" + block + codec.topic_field("fz/#") + b"\x01", 0x82
+        elif where == "AUTH":  # on a connection that agreed no method: a protocol error at best
+            body, first = b"\x19" + block, 0xF0
+        elif where == "PUBACK":  # of an id not in flight: ignored once read
+            body, first = b"\x00\x01\x00" + block, 0x40
+        elif where == "UNSUBSCRIBE":
+            body, first = b"\x00\x01" + block + codec.topic_field("fz/#"), 0xA2
         else:
             body, first = b"\x00" + block, 0xE0
         sock.sendall(bytes((first,)) + codec.remaining_length(len(body)) + body + b"\xc0\x00")
@@ -252,9 +299,12 @@ def test_fuzzed_properties_get_a_reason_code(mqtt_broker: MQTTBroker, props: byt
             data += chunk
             if data.endswith(b"\xd0\x00"):  # PINGRESP: the packet was taken
                 break
-        for kind, _, packet in codec.PacketReader(1 << 20).feed(data):
+        replies = codec.PacketReader(1 << 20).feed(data)
+        for kind, _, packet in replies:
             if kind == codec.DISCONNECT:
                 assert packet[0] in (0x81, 0x82, 0x94, 0x8F, 0x90), packet
+        if where == "AUTH":  # never taken on a connection that agreed no authentication method
+            assert [k for k, _, _ in replies][-1:] == [codec.DISCONNECT], replies
     finally:
         sock.close()
     # The broker serves a client beside as before.

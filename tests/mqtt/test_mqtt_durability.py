@@ -3,7 +3,11 @@ after kill -9, through a persistent MQTT session and to an AMQP queue."""
 
 from __future__ import annotations
 
+import time
+
 import pika
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from .conftest import MQTTBroker, Paho, unique
 
@@ -75,3 +79,44 @@ def test_clean_stop_with_mqtt_clients_connected(fresh_mqtt_broker: MQTTBroker) -
     msg = again.message()
     assert (msg.payload, msg.qos, msg.dup) == (b"kept", 1, True)
     again.disconnect()
+
+
+def test_mqtt5_options_shared_qos2_and_delayed_will_survive_kill9(fresh_mqtt_broker: MQTTBroker) -> None:
+    """A persistent MQTT 5 session's subscription options (No Local, a subscription identifier, a shared
+    subscription at QoS 2) and a will waiting for its delay are there again after kill -9."""
+    from .test_mqtt5_paho import Paho5
+    broker = fresh_mqtt_broker
+    base = unique("o9")
+    device = Paho5(broker.mqtt_port, unique("dev"))
+    device.connect(SessionExpiryInterval=600)
+    assert device.subscribe(f"{base}/own/#", 1, subscription_id=5, noLocal=True) == [1]
+    assert device.subscribe(f"$share/g/{base}/jobs/#", 2) == [2]
+    device.close()
+    dying = Paho5(broker.mqtt_port, unique("will"))
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 3
+    dying.client.will_set(f"{base}/wills", b"gone", 1, retain=True, properties=will_props)  # kept if due first
+    dying.connect(SessionExpiryInterval=600)
+    dying.kill()  # the will waits 3 s
+    lost_at = time.monotonic()
+    time.sleep(0.3)
+    broker.kill9()
+    broker.start()
+    watcher = Paho5(broker.mqtt_port, unique("watch"))
+    watcher.connect()
+    watcher.subscribe(f"{base}/wills", 1)
+    message = watcher.message(10)
+    assert message.payload == b"gone" and time.monotonic() - lost_at >= 2.9  # not before it was due
+    again = Paho5(broker.mqtt_port, device.client._client_id.decode())
+    flags, rc, _ = again.connect(clean_start=False, SessionExpiryInterval=600)
+    assert rc == 0 and flags.session_present
+    again.publish(f"{base}/own/a", b"mine", 1)  # No Local: not back
+    watcher.publish(f"{base}/own/a", b"theirs", 1)
+    watcher.publish(f"{base}/jobs/x", b"job", 2)
+    got = {m.payload: m for m in (again.message(), again.message())}
+    assert set(got) == {b"theirs", b"job"}
+    assert got[b"theirs"].properties.SubscriptionIdentifier == [5]
+    assert got[b"job"].qos == 2
+    again.no_message()
+    for client in (again, watcher):
+        client.close()
