@@ -45,7 +45,7 @@ from .channel_methods import (
     random_tag,
 )
 from .confirms import Confirms, Transaction
-from .content import Content, ContentAssembly, release_bodies
+from .content import Content, ContentAssembly, in_place, release_bodies
 from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
@@ -75,7 +75,7 @@ class Channel:
         self.closed = False
         self.flow_active = True
         # parts
-        self.content = ContentAssembly(channel_id, host.config, host.body_spool)
+        self.content = ContentAssembly(channel_id, host.config, host.body_spool, in_place(vhost, self))
         self.in_content = False  # after basic.publish, until its body is complete (the host reads it)
         self.counters = vhost.node_counters.of(AMQP_091)  # what the model counts this channel's traffic in
         self.deliveries = Deliveries(vhost, self._room_freed, self.counters)
@@ -219,11 +219,12 @@ class Channel:
 
     def _content_complete(self, content: Content) -> None:
         self.in_content = False
+        stored = content.stored  # a large body written in place: published at its record's position
         try:
-            self._publish_message(content.method, content.exchange, content.properties, content.body)
+            self._publish_message(content.method, content.exchange, content.properties, content.body,
+                                  -1 if stored is None else stored.position)
         finally:
-            if content.spooled is not None:
-                content.spooled.release()
+            (stored or content.spooled or content).release()
 
     # --- publishing ---------------------------------------------------------------------------
     def publish_target(self, method: Publish) -> Exchange | None:
@@ -276,7 +277,7 @@ class Channel:
         self._publish_message(method, exchange, properties, body)
 
     def _publish_message(self, method: Publish, exchange: Exchange, properties: bytes,
-                         body: bytes | memoryview) -> None:
+                         body: bytes | memoryview, stored: int = -1) -> None:
         """Route (or hold, in a transaction) one complete message and count its confirm."""
         try:
             if properties[0] & 0x03 or properties[1] & 0x10:  # reply_to, expiration or user_id present
@@ -289,7 +290,7 @@ class Channel:
                 confirm = self._route(exchange, routing_key, method.mandatory, properties, body)
             else:  # the common case, one call less than through _route
                 routed, confirm = publish_ops.publish(self.vhost, exchange, routing_key, method.mandatory,
-                                                      properties, body, self.counters)
+                                                      properties, body, self.counters, stored=stored)
                 if not routed and method.mandatory:
                     self._return(exchange, routing_key, properties, body)
         except CHANNEL_ERRORS as e:

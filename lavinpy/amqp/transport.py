@@ -26,6 +26,7 @@ closes as it would with the transport paused). TLS connections keep the plain as
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import time
 from collections.abc import Callable, Coroutine
@@ -251,7 +252,11 @@ class AMQPProtocol(asyncio.Protocol):
                 if self._written > WRITER_AFTER_BYTES and not transport.get_write_buffer_size():
                     self._writer = csocket.SocketWriter(self._writer_fd)  # type: ignore[union-attr]
             return transport.get_write_buffer_size()
-        queued: int = self._writer.write(data)
+        if type(data) is memoryview and type(data.obj) is mmap.mmap:
+            # a body read in place from a segment: its pages leave the RSS once the thread has them
+            queued: int = self._writer.write_mapped(data)
+        else:
+            queued = self._writer.write(data)
         if queued < 0:  # the writer thread stopped on a send error: the peer is gone
             transport.abort()
         elif queued > WRITE_HIGH_WATER and conn.writable:

@@ -17,6 +17,7 @@ from .metrics.stats import MESSAGE_SIZE_BOUNDS
 from .queues.publish_run import PublishRun
 
 if TYPE_CHECKING:
+    from ..store.reserved_record import ReservedRecord
     from ..store.vhost_store import VhostStore
     from .exchanges.base import Exchange
     from .metrics.stats import NodeCounters
@@ -33,13 +34,14 @@ REJECTED = object()
 
 
 def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
-                    timestamp: int, queues: Iterable[QueueKind]) -> tuple[int, bool]:
+                    timestamp: int, queues: Iterable[QueueKind], stored: int = -1) -> tuple[int, bool]:
     """Store a message once and push its position to every queue that is not closed.
 
-    Returns (queues it was pushed to, whether a persistent copy reached a durable queue: its
-    publisher confirm then waits for an fsync).
+    ``stored``: the position of the message's record when it is already written (a large body
+    written in place as it arrived, see store.reserved_record). Returns (queues it was pushed to,
+    whether a persistent copy reached a durable queue: its publisher confirm then waits for an fsync).
     """
-    pos = store.messages.append(exchange_name, routing_key, properties, body, timestamp)
+    pos = stored if stored >= 0 else store.messages.append(exchange_name, routing_key, properties, body, timestamp)
     message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)
     persistent = peek_delivery_mode(properties) == 2
     needs_sync = False
@@ -105,10 +107,12 @@ class VHostPublishing:
         return self.routing.route(exchange, routing_key, headers, properties)
 
     def publish(self, exchange: Exchange, routing_key: str, properties: bytes,
-                body: bytes) -> tuple[int, Any]:
+                body: bytes, stored: int = -1) -> tuple[int, Any]:
         """Route and store a message once; returns (queues reached, needs an fsync for its confirm).
 
-        The second value is ``REJECTED`` when a reject-publish queue refused the message (the
+        ``stored``: the position of its record when the body was written in place as it arrived
+        (``reserve``), with these exchange, routing key and properties; else it is written here. The
+        second value is ``REJECTED`` when a reject-publish queue refused the message (the
         publisher's confirm is then a basic.nack).
         """
         # Every message received counts in the size histogram, routable or not (as RabbitMQ's).
@@ -124,7 +128,7 @@ class VHostPublishing:
             if queue is None:
                 return 0, False
             if queue.special or properties[0] & _EXPIRATION_FLAG_HIGH:
-                return self._publish_to(exchange.name, routing_key, properties, body, (queue,))
+                return self._publish_to(exchange.name, routing_key, properties, body, (queue,), stored=stored)
             queues: Iterable[QueueKind] = (queue,)
         else:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
@@ -133,15 +137,19 @@ class VHostPublishing:
                 return 1, False  # a duplicate: routed nowhere, and confirmed as accepted
             if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
+            routed_properties = properties
             queues, properties = self.routing.route_message(exchange, routing_key, properties, headers)
             if not queues:
                 return 0, False
+            if properties is not routed_properties:
+                stored = -1  # the BCC header left the properties: the record written as it came is not it
             if properties[0] & _EXPIRATION_FLAG_HIGH:
-                return self._publish_to(exchange.name, routing_key, properties, body, queues)
+                return self._publish_to(exchange.name, routing_key, properties, body, queues, stored=stored)
             deduplicating = False
             for queue in queues:
                 if queue.special:
-                    return self._publish_to(exchange.name, routing_key, properties, body, queues, headers)
+                    return self._publish_to(exchange.name, routing_key, properties, body, queues, headers,
+                                            stored)
                 if queue.dedup is not None:  # (a message without headers has none to ask: the branch above)
                     deduplicating = True
             if deduplicating and headers:
@@ -151,7 +159,7 @@ class VHostPublishing:
                     return len(queues), False  # type: ignore[arg-type]  # (routed: a set) a duplicate everywhere: confirmed
                 queues = kept
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
-                                              time_ns() // 1_000_000, queues)
+                                              time_ns() // 1_000_000, queues, stored)
         if not reached:
             # Every target is closed: nothing holds the record (the next roll-over reclaims it), so
             # the publisher must not get an ack. Routed all the same: no basic.return.
@@ -194,7 +202,7 @@ class VHostPublishing:
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
-                    queues: Iterable[QueueKind], headers: Any = False) -> tuple[int, Any]:
+                    queues: Iterable[QueueKind], headers: Any = False, stored: int = -1) -> tuple[int, Any]:
         """publish() for targets that use queue features: limits may refuse, TTLs must be tracked."""
         timestamp = time_ns() // 1_000_000
         expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
@@ -221,8 +229,13 @@ class VHostPublishing:
         needs_sync = False
         if targets:
             needs_sync = append_and_push(self.store, exchange_name, routing_key, properties, body, timestamp,
-                                         targets)[1]
+                                         targets, stored)[1]
         return reached, REJECTED if rejected else needs_sync
+
+    def reserve(self, exchange: Exchange, routing_key: str, properties: bytes, body_size: int) -> ReservedRecord:
+        """A record for a large body written in place as its pieces arrive; published with
+        ``publish(..., stored=record.seal())``, released by its publisher after that (or abandoned)."""
+        return self.store.messages.reserve(exchange.name, routing_key, properties, body_size)
 
     def _route_due(self, exchange: Exchange, msg: StoredMessage) -> None:
         """A held message is due: route it now, as a new record (its wait does not count as age)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import mmap
 import re
+import struct
 import time
 from array import array
 from collections.abc import Iterable, Iterator
@@ -21,9 +22,11 @@ from pathlib import Path
 
 from lavinpy.store.record import (
     FIXED_PAYLOAD,
+    HEADER,
     HEADER_SIZE,
     CorruptRecord,
     StoredMessage,
+    crc32,
     encode_names,
     py_write_encoded,
     read_record,
@@ -31,6 +34,7 @@ from lavinpy.store.record import (
     write_encoded,
     write_run,
 )
+from lavinpy.store.reserved_record import ReservedRecord
 from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
@@ -54,6 +58,8 @@ LARGE_RUN = 64 * 1024  # a run whose first body is this large gets its pages fau
 # page fault per 4 KiB page during the copy. Older kernels refuse it (EINVAL): the copy faults as before.
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _PAGE = mmap.PAGESIZE
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
 
 __all__ = ["MessageStore", "MissingRecord", "CorruptRecord", "StoredMessage", "DirtyRange"]
 
@@ -223,6 +229,45 @@ class MessageStore:
         # Each record is its fixed part plus its body, so the bodies' total needs no pass either.
         body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names) + len(properties))
         return done, positions, body_bytes, smallest, largest
+
+    def reserve(self, exchange: str, routing_key: str, properties: bytes, body_size: int,
+                timestamp_ms: int | None = None) -> ReservedRecord:
+        """Reserve a record whose body is written piece by piece (see reserved_record.py): its header,
+        names and properties are written now and the write position moves past the whole record."""
+        names = self._names.get((exchange, routing_key))
+        if names is None:
+            names = self._encode_names(exchange, routing_key)
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+        head = _I64.pack(timestamp_ms) + names + properties + _U64.pack(body_size)
+        total = HEADER_SIZE + len(head) + body_size
+        offset = self._wpos
+        if offset + total > self._cur_size:
+            self._roll(total)
+            offset = self._wpos
+        mm, segment = self._mm, self._cur
+        assert mm is not None and segment is not None
+        body_start = offset + HEADER_SIZE + len(head)
+        mm[offset + HEADER_SIZE:body_start] = head
+        # the length now, the CRC (zero until then) when the body is complete: a scan can step over it
+        HEADER.pack_into(mm, offset, total - HEADER_SIZE, 0)
+        self._wpos = offset + total
+        if offset - self._kept_from > 2 * _KEEP_MAPPED and _DONTNEED is not None:
+            self._release_written(offset)
+        if self._dirty_start < 0:
+            self._dirty_start = offset
+        self.incref(segment.id)  # held by the reservation: a sealed segment is not deleted under it
+        return ReservedRecord(self, segment, offset, body_start, offset + total, crc32(head, 0), crc32)
+
+    def reserved_written(self, record: ReservedRecord) -> None:
+        """A reserved record was sealed: its bytes go with the next sync (again, if a sync took part of
+        them meanwhile)."""
+        segment = record.segment
+        if segment is self._cur:
+            if self._dirty_start < 0 or record.offset < self._dirty_start:
+                self._dirty_start = record.offset
+        elif segment.id in self._segments:
+            self._dirty.append((segment, record.offset, record.end))
 
     def _populate(self, start: int, end: int) -> None:
         """Fault in the current segment's pages for [start, end) (clipped to the segment) at once."""

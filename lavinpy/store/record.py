@@ -43,6 +43,7 @@ WritableBuffer: TypeAlias = bytearray | memoryview | mmap.mmap
 # zlib's CRC-32 function; the compiled one where it folds with carry-less multiplies (several times
 # faster on long inputs: the large records written and read here through Python).
 _crc32 = cstore.crc32 if cstore is not None and cstore.crc32_path() == "clmul" else zlib.crc32
+crc32: Callable[[Buffer, int], int] = _crc32  # for the callers that run a CRC over pieces (reserved_record)
 _pack_header_into = HEADER.pack_into
 _unpack_header_from = HEADER.unpack_from
 _pack_i64 = _I64.pack
@@ -151,6 +152,15 @@ def record_length_at(buf: Buffer, offset: int) -> int:
     """Total size of the record at ``offset`` (header included), or 0 at the end of the data."""
     length = _U32.unpack_from(buf, offset)[0]
     return length + HEADER_SIZE if length else 0
+
+
+def record_layout_ok(buf: Buffer, offset: int, end: int) -> bool:
+    """Whether the record at ``offset`` adds up (length, names, properties, body size), its CRC unchecked."""
+    try:
+        read_record(buf, offset, end, verify=False, copy=False)
+    except (CorruptRecord, PropertiesError, IndexError, ValueError):
+        return False
+    return True
 
 
 def record_checks_out(buf: Buffer, offset: int, end: int) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lavinpy.store import changes
 from lavinpy.store.jsonfile import fsync_dir
-from lavinpy.store.record import FIXED_PAYLOAD, HEADER, HEADER_SIZE, record_checks_out
+from lavinpy.store.record import FIXED_PAYLOAD, HEADER, HEADER_SIZE, record_checks_out, record_layout_ok
 
 log = logging.getLogger("lavinpy.store")
 
@@ -122,11 +122,13 @@ class Segment:
     def scan(self) -> tuple[int, int]:
         """Walk the records from the start: (end of the last valid record, end of the non-zero data).
 
-        A record whose length, CRC or layout is wrong is skipped by searching forward for the next
-        record whose header and CRC check out; the damaged bytes stay in place (an index may point
-        at them; the reader reports them). When no valid record follows, the bytes from the end of
-        the last valid record to the second value are a tail the caller resolves: a torn write to
-        zero, unless an index references it. Nothing is written here.
+        A record whose layout checks out but whose CRC does not (a reserved record whose body never
+        completed, or a torn write) is stepped over by its length. A record whose length or layout is
+        wrong is skipped by searching forward for the next record whose header and CRC check out; the
+        damaged bytes stay in place (an index may point at them; the reader reports them). When no
+        valid record follows, the bytes from the end of the last valid record to the second value are
+        a tail the caller resolves: a torn write to zero, unless an index references it. Nothing is
+        written here.
         """
         view = self.view
         size = self.size
@@ -138,9 +140,18 @@ class Segment:
             if pos + HEADER_SIZE <= size:
                 length, crc = unpack(view, pos)
                 end = pos + HEADER_SIZE + length
-                if length and end <= size and crc32(view[pos + HEADER_SIZE:end]) == crc:
-                    pos = valid_end = end
-                    continue
+                if length and end <= size:
+                    if crc32(view[pos + HEADER_SIZE:end]) == crc:
+                        pos = valid_end = end
+                        continue
+                    if record_layout_ok(view, pos, size):
+                        # whole in layout, not in content: a reserved record whose body never completed
+                        # (see reserved_record.py), or a torn write; stepped over by its length (a tail
+                        # when nothing valid follows it)
+                        log.warning("%s: the record at offset %d (%d bytes) is incomplete; skipped",
+                                    self.path.name, pos, end - pos)
+                        pos = end
+                        continue
             found = self._next_record(pos + 1, data_end)
             if found < 0:
                 break

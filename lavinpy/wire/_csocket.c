@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <errno.h>
 #include <poll.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -172,7 +174,7 @@ SocketWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 
 /* write(data) -> bytes queued and not yet sent; -1 once the writer stopped (the data is dropped). */
 static PyObject *
-SocketWriter_write(SocketWriter *w, PyObject *data)
+writer_queue(SocketWriter *w, PyObject *data, int unmap)
 {
     WriterState *st = w->st;
     Py_buffer view;
@@ -204,8 +206,33 @@ SocketWriter_write(SocketWriter *w, PyObject *data)
     if (was_empty)
         pthread_cond_signal(&st->wake);
     pthread_mutex_unlock(&st->lock);
+    if (unmap) {
+        /* The whole pages of a shared file mapping just copied leave this process's mapping: they stay
+         * in the page cache and the file, and a later read maps them in again. */
+        long page = sysconf(_SC_PAGESIZE);
+        uintptr_t start = ((uintptr_t)view.buf + page - 1) & ~(uintptr_t)(page - 1);
+        uintptr_t end = ((uintptr_t)view.buf + view.len) & ~(uintptr_t)(page - 1);
+        if (end > start)
+            (void)madvise((void *)start, end - start, MADV_DONTNEED);
+    }
     PyBuffer_Release(&view);
     return PyLong_FromSize_t(total);
+}
+
+static PyObject *
+SocketWriter_write(SocketWriter *w, PyObject *data)
+{
+    return writer_queue(w, data, 0);
+}
+
+/* write_mapped(data): write() for a slice of a shared file mapping (a message body read in place from
+ * a segment); its whole pages are dropped from the mapping once copied, so a large body being sent
+ * does not stay in the broker's resident memory. Only for MAP_SHARED file mappings (mmap.mmap of a
+ * file): on other memory MADV_DONTNEED would discard the data. */
+static PyObject *
+SocketWriter_write_mapped(SocketWriter *w, PyObject *data)
+{
+    return writer_queue(w, data, 1);
 }
 
 /* buffered() -> bytes queued and not yet sent; -1 once the writer stopped on an error. */
@@ -270,6 +297,8 @@ SocketWriter_dealloc(SocketWriter *w)
 
 static PyMethodDef SocketWriter_methods[] = {
     {"write", (PyCFunction)SocketWriter_write, METH_O, "queue bytes; returns the bytes not yet sent"},
+    {"write_mapped", (PyCFunction)SocketWriter_write_mapped, METH_O,
+     "write() for a slice of a shared file mapping, whose whole pages then leave the mapping"},
     {"buffered", (PyCFunction)SocketWriter_buffered, METH_NOARGS, "bytes not yet sent"},
     {"finish", (PyCFunction)SocketWriter_finish, METH_NOARGS, "send what is queued, then close (no wait)"},
     {"abort", (PyCFunction)SocketWriter_abort, METH_NOARGS, "shut the socket down, drop what is queued"},

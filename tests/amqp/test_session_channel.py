@@ -182,19 +182,19 @@ def test_backed_up_output_holds_deliveries_until_drained(harness: Harness, clien
     assert client.names() == [(1, "Basic.Deliver")]
 
 
-def test_large_body_over_many_frames_is_spooled_and_read_back(tmp_path: Path) -> None:
+def test_large_body_over_many_frames_is_written_in_place_and_read_back(tmp_path: Path) -> None:
     harness = Harness(tmp_path, frame_max=8192)
     try:
         client = harness.connect()
         client.handshake()
         client.open_channel(1)
         declare(client, 1, "big")
-        payload = bytes(range(256)) * 400  # 100 KiB: 13 body frames, spooled to disk as they come
+        payload = bytes(range(256)) * 400  # 100 KiB: 13 body frames, written into its record as they come
         chunks = [payload[i:i + 8184] for i in range(0, len(payload), 8184)]
         publish, head, _ = client.publish(1, "big", payload)
         client.send(publish, head, *[(1, body.ContentBody(c)) for c in chunks[:5]])
-        spooled = client.conn.channels[1].content.spooled
-        assert spooled is not None and spooled.written == 5 * 8184
+        content = client.conn.channels[1].content
+        assert content.spooled is None and content.stored is not None and content.stored.written == 5 * 8184
         client.send(*[(1, body.ContentBody(c)) for c in chunks[5:]])
         assert harness.broker.vhosts["/"].queues["big"].message_count == 1
 

@@ -25,7 +25,8 @@ class BookVhost:
         self.queues = queues
         self.runs = runs
 
-    def publish(self, exchange: Any, routing_key: str, properties: bytes, body: bytes) -> tuple[int, bool]:
+    def publish(self, exchange: Any, routing_key: str, properties: bytes, body: bytes,
+                stored: int = -1) -> tuple[int, bool]:
         return self.queues, bool(self.queues)
 
     def publish_run(self, exchange: Any, routing_key: str, properties: bytes,

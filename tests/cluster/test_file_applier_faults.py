@@ -25,7 +25,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from lavinpy.cluster import files
+from lavinpy.cluster import file_applier, files
 from lavinpy.cluster import replication_protocol as proto
 from lavinpy.cluster.file_applier import FileApplier, ReplicaDiskError, apply_batch
 from lavinpy.cluster.replication_client import ReplicationClient
@@ -57,6 +57,23 @@ def disk_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_suspects(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(files, "_suspects_in_memory", {})
+    # the faults are injected into os.fsync: a batch's files go through it (not the compiled fsync_all)
+    monkeypatch.setattr(file_applier, "fsync_all", file_applier.pool_fsync_all)
+
+
+@pytest.mark.parametrize("sync", ["compiled", "pool"])
+def test_fsync_all_reports_each_descriptors_errno(sync: str, tmp_path: Path) -> None:
+    if sync == "compiled" and file_applier.cstore is None:
+        pytest.skip("the pure-Python path is selected")
+    fds = [os.open(tmp_path / name, os.O_CREAT | os.O_RDWR) for name in "abc"]
+    closed = os.open(tmp_path / "d", os.O_CREAT | os.O_RDWR)
+    os.close(closed)
+    try:
+        run = file_applier.cstore.fsync_all if sync == "compiled" else file_applier.pool_fsync_all
+        assert run([fds[0], closed, fds[1], fds[2]]) == [0, errno.EBADF, 0, 0]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 # ---- the applier alone ---------------------------------------------------------------------------
@@ -380,6 +397,7 @@ _FILL_AND_APPLY = r"""
 import json, os, sys
 from pathlib import Path
 from lavinpy.cluster import replication_protocol as proto
+from lavinpy.cluster import file_applier
 from lavinpy.cluster.file_applier import FileApplier, ReplicaDiskError, apply_batch
 
 mount = Path(sys.argv[1])

@@ -70,3 +70,43 @@ def test_a_vanished_peer_is_reported() -> None:
     wait_until(lambda: writer.buffered() == -1, interval=0.01, what="the send to fail")
     assert writer.write(b"again") == -1
     ours.close()
+
+
+def rss_file_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+
+
+def test_write_mapped_sends_a_file_mapping_slice_and_drops_its_pages(tmp_path) -> None:
+    import mmap
+
+    size = 8 * 1024 * 1024
+    data = os.urandom(size)
+    path = tmp_path / "segment"
+    path.write_bytes(data)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), size)
+    view = memoryview(mm)
+    assert bytes(view[:16]) == data[:16]
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    received = bytearray()
+    reader = threading.Thread(target=read_all, args=(peer, received))
+    reader.start()
+    writer = accel.csocket.SocketWriter(ours.fileno())
+    before = rss_file_kib()
+    mm.madvise(mmap.MADV_WILLNEED)
+    bytes(view[100:size - 100])  # every page of the slice mapped in (as the copy into the writer does)
+    touched = rss_file_kib()
+    writer.write_mapped(view[100:size - 100])  # an unaligned slice: only its whole pages go
+    after = rss_file_kib()
+    writer.finish()
+    ours.close()
+    reader.join(10)
+    assert bytes(received) == data[100:size - 100]
+    assert touched - before > 4 * 1024, "the test's reads did not map the file's pages in"
+    assert touched - after > 4 * 1024, f"RssFile {before} -> {touched} -> {after} KiB: the pages stayed mapped"
+    assert bytes(view[:4096]) == data[:4096] and bytes(view[size - 4096:]) == data[size - 4096:]  # mapped again
+    view.release()
+    mm.close()
+    peer.close()

@@ -9,18 +9,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ...store.reserved_record import ReservedRecord
     from ..exchanges.base import Exchange
     from ..metrics.stats import ProtocolCounters
     from ..vhost import VHost
 
 
 def publish(vhost: VHost, exchange: Exchange, routing_key: str, mandatory: bool, properties: bytes,
-            body: bytes | memoryview, counters: ProtocolCounters, confirming: int = 0) -> tuple[bool, Any]:
+            body: bytes | memoryview, counters: ProtocolCounters, confirming: int = 0,
+            stored: int = -1) -> tuple[bool, Any]:
     """Route and store one message, counted (``confirming``: 1 when its publisher expects a confirm
     and its protocol counts those here). Returns (routed: some queue took it, else a mandatory one
     goes back to its publisher; confirm: False, True when the confirm waits for an fsync, or
-    ``publishing.REJECTED`` when a queue refused it and the confirm is a nack)."""
-    queued, confirm = vhost.publish(exchange, routing_key, properties, body)  # type: ignore[arg-type]
+    ``publishing.REJECTED`` when a queue refused it and the confirm is a nack). ``stored``: the
+    position of its record when its body was written in place (``reserve``)."""
+    queued, confirm = vhost.publish(exchange, routing_key, properties, body, stored)  # type: ignore[arg-type]
     vhost_stats = vhost.stats
     vhost_stats.publish += 1
     counters.publish += 1
@@ -39,6 +42,13 @@ def publish(vhost: VHost, exchange: Exchange, routing_key: str, mandatory: bool,
         vhost_stats.drop_unroutable += 1
         counters.drop_unroutable += 1
     return False, confirm
+
+
+def reserve(vhost: VHost, exchange: Exchange, routing_key: str, properties: bytes, body_size: int) -> ReservedRecord:
+    """A record in the vhost's message store for a large body written in place as its frames arrive:
+    ``write`` each piece, ``seal`` for the position ``publish`` takes as ``stored``, then ``release``
+    (``release`` alone when the body will not complete)."""
+    return vhost.reserve(exchange, routing_key, properties, body_size)
 
 
 def publish_run(vhost: VHost, exchange: Exchange, routing_key: str, properties: bytes,
