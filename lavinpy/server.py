@@ -53,18 +53,13 @@ NO_PROXY = ProxyPolicy(TrustedSources([]), refused=log_bad_proxy_header)
 
 class SessionLayers:
     """The model's ``SessionLayer`` over the faces registered with it, in order: alarms and a deleted
-    vhost reach every face. Deliveries run in the batch of ``deliveries`` (the AMQP sessions', whose
-    output flush follows them; every face's consumers are delivered to in the same runs)."""
+    vhost reach every face. When deliveries run is the model's (``broker.scheduler``), for every face."""
 
-    def __init__(self, deliveries: Sessions) -> None:
-        self.deliveries = deliveries
+    def __init__(self) -> None:
         self.faces: list[Face] = []
 
     def register(self, face: Face) -> None:
         self.faces.append(face)
-
-    def work_pending(self) -> None:
-        self.deliveries.work_pending()
 
     def resources_changed(self, reason: str | None) -> None:
         for face in self.faces:
@@ -91,7 +86,7 @@ class Server:
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
         self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
         # The faces, each on the model's operations; a new protocol's sessions are one more entry.
-        layers = SessionLayers(self.sessions)
+        layers = SessionLayers()
         for face in (self.sessions, self.mqtt):
             layers.register(face)
         broker.sessions = layers

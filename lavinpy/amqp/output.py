@@ -33,7 +33,8 @@ class ConnectionDriver(Protocol):
 
 class OutputScheduler(Protocol):
     """What a connection's output needs of the session layer: a flush once the current batch of
-    input (or round of deliveries) is done, for all connections with output at once."""
+    input (or round of deliveries) is done, for all connections with output at once (the model's
+    turn, ``broker.scheduler``, calls its ``run_pending``)."""
 
     def schedule_output(self, connection: ConnectionOutput) -> None: ...
 
@@ -122,6 +123,8 @@ class ConnectionOutput:
         self._flush_scheduled = False
         if self.driver is not None:
             self.driver.pump()
+
+    run_pending = flush_output  # what the model's turn calls (broker.scheduler.PendingWork)
 
     # --- flow control ---------------------------------------------------------------------------
     def set_writable(self, writable: bool) -> None:

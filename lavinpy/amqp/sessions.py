@@ -1,8 +1,9 @@
 """The session layer's shared state: live connections, direct reply-to, output scheduling.
 
 The broker (the model) knows nothing of connections; it reaches them through the
-``SessionLayer`` protocol it defines, which ``Sessions`` implements: pending deliveries and
-resource alarms. Work queued by any connection (deliveries, output) runs once per input batch.
+``SessionLayer`` protocol it defines, which ``Sessions`` implements: resource alarms and a deleted
+vhost. When deliveries and output run is the model's (``broker.scheduler``): a connection with output
+waiting registers itself there, and the end of each input batch runs a turn.
 
 Periodic work looks only at the connections it concerns, so that idle connections cost (almost) nothing:
 heartbeats run on one wheel of HEARTBEAT_TICK slots (one loop timer for all connections, each connection
@@ -10,7 +11,7 @@ visited once per heartbeat/2), and the consumer-timeout sweep visits only the co
 consumed or fetched (``consuming``), not every connection's channels four times a second.
 
 No event loop and no files here: the adapter that runs the sessions (the server, on asyncio; a
-test, by hand) provides the scheduling (``Scheduling``) and the connections' body spools.
+test, by hand) provides the timers and tasks (``Scheduling``) and the connections' body spools.
 """
 
 from __future__ import annotations
@@ -38,10 +39,8 @@ class TimerHandle(Protocol):
 
 
 class Scheduling(Protocol):
-    """What the session layer needs of its event loop."""
-
-    def call_soon(self, callback: Callable[[], None]) -> object:
-        """Run ``callback`` once the current callback (a batch of input, a timer) is done."""
+    """What the session layer needs of its event loop (the model's turns ask the loop themselves:
+    ``broker.scheduler``)."""
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
         """Run ``callback`` in ``delay`` seconds, unless cancelled."""
@@ -76,9 +75,8 @@ class Sessions:
         self._heartbeat_timer: TimerHandle | None = None
         # Direct reply-to: reply key -> the requester's channel.
         self.reply_to: dict[str, Channel] = {}
-        self.output_pending: set[ConnectionOutput] = set()
-        self._scheduled = False
-        self._call_soon = scheduling.call_soon
+        # A connection with output waiting is run by the model's next turn (ConnectionOutput.run_pending).
+        self.schedule_output: Callable[[ConnectionOutput], None] = broker.scheduler.schedule
         self._scheduling = scheduling
         self._new_spool = new_spool
         self._sweep_timer: TimerHandle | None = None
@@ -102,9 +100,6 @@ class Sessions:
         self.consuming.discard(connection)
         self.broker.connections.unregister(connection)
 
-    def work_pending(self) -> None:
-        self._schedule()
-
     def resources_changed(self, reason: str | None) -> None:
         for connection in list(self.connections):
             connection.set_blocked(reason)
@@ -114,26 +109,11 @@ class Sessions:
             if connection.vhost is not None and connection.vhost.name == vhost:
                 connection.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {reason}")
                 connection.teardown()  # exclusive queues go before the vhost closes
-        self._schedule()  # the close frames go out now
 
     # --- pending work ---------------------------------------------------------------------------
-    def schedule_output(self, connection: ConnectionOutput) -> None:
-        self.output_pending.add(connection)
-        self._schedule()
-
-    def _schedule(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self._call_soon(self.run_pending)
-
     def run_pending(self) -> None:
-        """Deliveries first, then every connection's output in one write each."""
-        self._scheduled = False
-        self.broker.run_deliveries()
-        if self.output_pending:
-            connections, self.output_pending = self.output_pending, set()
-            for connection in connections:
-                connection.flush_output()
+        """The end of an input batch: the model's turn now (deliveries, then every connection's output)."""
+        self.broker.scheduler.run()
 
     # --- consumer timeouts ----------------------------------------------------------------------
     def start(self) -> None:
@@ -142,8 +122,7 @@ class Sessions:
 
     def _sweep_consumer_timeouts(self) -> None:
         try:
-            if consumer_timeout.sweep(self.consuming, self.broker.config.consumer_timeout):
-                self._schedule()  # the channel.close frames go out now
+            consumer_timeout.sweep(self.consuming, self.broker.config.consumer_timeout)
         except Exception:  # pragma: no cover - a bug here must not stop the sweeps
             log.exception("consumer timeout sweep failed")
         if self._sweep_timer is not None:  # not closed meanwhile

@@ -75,9 +75,6 @@ class LoopScheduling:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def call_soon(self, callback: Callable[[], None]) -> asyncio.Handle:
-        return asyncio.get_running_loop().call_soon(callback)
-
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(delay, callback)
 

@@ -20,6 +20,7 @@ from .alarms import alarm_reason
 from .connections import ConnectionCounts, ConnectionRegistry, all_protocols
 from .login import Logins
 from .metrics.stats import NodeCounters, StatsSampler
+from .scheduler import DeliveryScheduler
 from .settings.parameters import GLOBAL_PARAMETERS_FILE, PARAMETERS_FILE, Parameters
 from .vhost import VHost
 
@@ -27,7 +28,6 @@ __all__ = ["Broker", "ConnectionCounts", "Face", "SessionLayer", "all_protocols"
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .queues.base import QueueKind
 
 log = logging.getLogger("lavinpy.broker")
 
@@ -37,10 +37,8 @@ RESOURCE_CHECK_BYTES = 16 * 1024 * 1024
 
 
 class SessionLayer(Protocol):
-    """What the model asks of the session layer above it (which implements this)."""
-
-    def work_pending(self) -> None:
-        """Queues have deliveries to make: call ``Broker.run_deliveries`` soon."""
+    """What the model asks of the session layer above it (which implements this); when deliveries
+    run is the model's own (``Broker.scheduler``)."""
 
     def resources_changed(self, reason: str | None) -> None:
         """A resource alarm was raised (reason) or cleared (None): block or unblock publishers."""
@@ -62,13 +60,7 @@ class Face(Protocol):
 
 
 class _NoSessions:
-    """Until a session layer attaches: deliveries run from the event loop, nobody to block."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-
-    def work_pending(self) -> None:
-        asyncio.get_running_loop().call_soon(self.broker.run_deliveries)
+    """Until a session layer attaches: nobody to block."""
 
     def resources_changed(self, reason: str | None) -> None:
         pass
@@ -89,18 +81,15 @@ class Broker:
         self.vhosts: dict[str, VHost] = {}
         # Set while a resource alarm blocks publishers (connection.blocked); None when clear.
         self.blocked_reason: str | None = None
-        # Queues with deliveries to make, run once per input batch (see run_deliveries).
-        self.delivery_pending: set[QueueKind] = set()
-        self._pending_scheduled = False
-        self.sessions: SessionLayer = _NoSessions(self)
+        # When deliveries run: the queues with deliveries to make and the faces' connections with output
+        # waiting, run in one callback of the loop (and at the end of a face's input batch).
+        self.scheduler = DeliveryScheduler()
+        self.sessions: SessionLayer = _NoSessions()
         self.connections = ConnectionRegistry()  # every face's client connections (the API reads them here)
         self._input_since_check = 0
         self.stats = StatsSampler(self, config.stats_sample_interval)  # message counts and rates
         self.node_counters = NodeCounters()  # churn, empty gets, message sizes (read by the metrics)
         self._replication_barrier: ReplicationBarrier | None = None
-        # A cluster leader's lease check: False once this node may no longer serve (nothing more is
-        # delivered; the node is stepping down). None: a single node, always serving.
-        self.serving_guard: Callable[[], bool] | None = None
         # Runtime parameters with their components (vhost-limits here; the server registers shovel),
         # and the vhost and user limits with the counts they are checked against.
         self.parameters = Parameters(self.datadir.path / PARAMETERS_FILE, self.datadir.path / GLOBAL_PARAMETERS_FILE)
@@ -217,30 +206,15 @@ class Broker:
         self.sessions.resources_changed(reason)
 
     # --- pending deliveries -----------------------------------------------------------------
-    # uvloop may call data_received for one busy socket many times before it runs call_soon
-    # callbacks, so the session layer also runs deliveries at the end of every input batch:
-    # a publisher flood then cannot starve consumers.
-    def schedule_delivery(self, queue: QueueKind) -> None:
-        self.delivery_pending.add(queue)
-        if not self._pending_scheduled:
-            self._pending_scheduled = True
-            self.sessions.work_pending()
+    @property
+    def serving_guard(self) -> Callable[[], bool] | None:
+        """A cluster leader's lease check: False once this node may no longer serve (nothing more is
+        delivered; the node is stepping down). None: a single node, always serving."""
+        return self.scheduler.serving_guard
 
-    def run_deliveries(self) -> None:
-        """Let every queue with pending work deliver (a few rounds; the rest is rescheduled)."""
-        self._pending_scheduled = False
-        if self.serving_guard is not None and not self.serving_guard():
-            return
-        rounds = 0
-        while self.delivery_pending and rounds < 4:
-            rounds += 1
-            queues, self.delivery_pending = self.delivery_pending, set()
-            for queue in queues:
-                if not queue.deleted and queue.deliver():
-                    self.delivery_pending.add(queue)
-        if self.delivery_pending and not self._pending_scheduled:
-            self._pending_scheduled = True
-            self.sessions.work_pending()
+    @serving_guard.setter
+    def serving_guard(self, guard: Callable[[], bool] | None) -> None:
+        self.scheduler.serving_guard = guard
 
     def close(self) -> None:
         task = getattr(self, "_alarm_task", None)

@@ -50,6 +50,7 @@ from .queues.queue import Queue
 from .queues.stream import StreamQueue
 from .recovery import orphan_queue_declares
 from .routing import Routing
+from .scheduler import DeliveryScheduler
 from .settings.arguments import ArgumentError, QueueSettings, alternate_exchange, queue_type_of
 from .settings.deduplication import settings_of
 from .settings.operator_policies import merge_definitions, operator_policy_store
@@ -84,8 +85,9 @@ class VHostOwner(Protocol):
     @property
     def users(self) -> UserStore | None: ...
 
-    def schedule_delivery(self, queue: QueueKind) -> None:
-        """Deliver from ``queue`` soon (once per input batch)."""
+    @property
+    def scheduler(self) -> DeliveryScheduler:
+        """When the queues deliver (once per turn of the loop or input batch)."""
 
 
 class VHost(VHostPublishing):
@@ -278,7 +280,7 @@ class VHost(VHostPublishing):
 
     # --- delivery scheduling ------------------------------------------------------------------
     def schedule_delivery(self, queue: QueueKind) -> None:
-        self.broker.schedule_delivery(queue)
+        self.broker.scheduler.schedule_delivery(queue)
 
     # --- exchanges ----------------------------------------------------------------------------
     def get_exchange(self, name: str) -> Exchange:

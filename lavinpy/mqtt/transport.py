@@ -1,5 +1,6 @@
 """The asyncio side of an MQTT connection: owns the socket and its one timer, drives the state
-machine (``connection.MQTTConnection``) and writes its output once per turn of the loop.
+machine (``connection.MQTTConnection``) and writes its output once per turn of the model's
+scheduler (``broker.scheduler``: after the deliveries of the turn, with every other face's output).
 
 ``ConnectionDriver`` is the part every carrier shares (the output flush, the timer, the effects);
 ``MQTTProtocol`` carries MQTT over TCP (and TLS), the HTTP face's WebSocket route over WebSocket."""
@@ -7,6 +8,7 @@ machine (``connection.MQTTConnection``) and writes its output once per turn of t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.ops import peer_certificate
@@ -26,6 +28,7 @@ class ConnectionDriver:
         self.conn: MQTTConnection | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._flush_scheduled = False
+        self._schedule: Callable[[ConnectionDriver], None] = lambda driver: None  # set by attach
         self._loop = asyncio.get_event_loop()
 
     # --- the carrier's side -------------------------------------------------------------------------
@@ -44,6 +47,7 @@ class ConnectionDriver:
     # --- shared -------------------------------------------------------------------------------------
     def attach(self, conn: MQTTConnection) -> None:
         self.conn = conn
+        self._schedule = conn.broker.scheduler.schedule  # the model's turns write the output
         conn.wakeup = self._schedule_flush
         conn.start()
         self.pump()
@@ -52,11 +56,11 @@ class ConnectionDriver:
         conn = self.conn
         if conn is not None:
             conn.receive_data(data)
-            broker = conn.broker
-            if broker.delivery_pending:
+            scheduler = conn.broker.scheduler
+            if scheduler.queues:
                 # What this input made deliverable (a PUBACK freeing window room, publishes) goes out
                 # in this turn of the loop, not two turns later: an in-flight window's round trip.
-                broker.run_deliveries()
+                scheduler.run_deliveries()
             self.pump()
 
     def ended(self) -> None:
@@ -71,7 +75,11 @@ class ConnectionDriver:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self.pump)
+            self._schedule(self)
+
+    def run_pending(self) -> None:
+        """The model's turn (broker.scheduler): the output written."""
+        self.pump()
 
     def pump(self) -> None:
         """Write the connection's output as one buffer, then carry out its effects."""

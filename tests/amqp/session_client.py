@@ -81,6 +81,7 @@ class Harness:
         broker.open()
         self.scheduling = ManualScheduling()
         self.soon = self.scheduling.soon
+        broker.scheduler.call_soon = self.scheduling.call_soon  # the model's turns wait in ``soon`` too
         self.sessions = Sessions(broker, self.scheduling, lambda: BodySpool(broker.datadir.path))
 
     def connect(self, peer: tuple[str, int] = ("127.0.0.1", 50000)) -> Client:

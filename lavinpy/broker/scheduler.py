@@ -1,0 +1,111 @@
+"""When deliveries run: the queues with deliveries to make and the faces' connections with output
+waiting, drained by one callback of the event loop.
+
+A queue that can deliver (a publish, an ack freeing prefetch room, a consumer added) asks for a turn
+with ``schedule_delivery``; a face's connection with output waiting (a delivery written into it, a
+reply) registers itself with ``schedule`` (anything with ``run_pending``). One callback, asked of the
+loop once however many asked, runs a turn: the queues' deliveries first, at most DELIVERY_ROUNDS
+rounds (a queue that still has work after that waits for the next turn, so a busy queue cannot hold
+the loop), then each registered connection's ``run_pending`` once, so a batch of deliveries leaves in
+one write per connection. Asking during a turn asks for the next one (a connection registered while
+the turn writes is written then; one registered by the turn's deliveries is written in this turn too).
+A failure in one queue or connection is logged and the turn goes on with the others.
+
+A face may also run a turn at the end of a batch of its input (``run``, or ``run_deliveries`` for the
+deliveries alone): uvloop may hand one busy socket many reads before it runs the callbacks, and a
+publisher flood must not starve the consumers.
+
+No event loop here: ``call_soon`` is the running asyncio loop's unless the adapter (a test running
+the loop's callbacks by hand) gives another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["DELIVERY_ROUNDS", "DeliveringQueue", "DeliveryScheduler", "PendingWork"]
+
+log = logging.getLogger("lavinpy.scheduler")
+
+DELIVERY_ROUNDS = 4  # rounds of the queues' deliveries in one turn
+
+
+class DeliveringQueue(Protocol):
+    """A queue, as its turns see it (``queues.base.DeliveringQueue`` is one)."""
+
+    name: str
+    deleted: bool
+
+    def deliver(self) -> bool:
+        """Deliver what the consumers take now; True: more could go in another round."""
+
+
+class PendingWork(Protocol):
+    """What a face registers: one connection whose waiting output a turn writes."""
+
+    def run_pending(self) -> None:
+        """Write what is waiting (deliveries and replies, in one write) and carry out its effects."""
+
+
+def _running_loop_call_soon(callback: Callable[[], None]) -> object:
+    return asyncio.get_running_loop().call_soon(callback)
+
+
+class DeliveryScheduler:
+    def __init__(self) -> None:
+        self.queues: set[DeliveringQueue] = set()  # queues with deliveries to make
+        self.waiting: set[PendingWork] = set()  # connections with output to write after them
+        self._scheduled = False  # a turn is asked of the loop and has not started
+        self.call_soon: Callable[[Callable[[], None]], object] = _running_loop_call_soon
+        # A cluster leader's lease check: False once this node may no longer serve (nothing more is
+        # delivered). None: always serving.
+        self.serving_guard: Callable[[], bool] | None = None
+
+    def schedule_delivery(self, queue: DeliveringQueue) -> None:
+        self.queues.add(queue)
+        if not self._scheduled:
+            self._scheduled = True
+            self.call_soon(self.run)
+
+    def schedule(self, work: PendingWork) -> None:
+        """``work.run_pending()`` in the next turn (once, however often asked before it)."""
+        self.waiting.add(work)
+        if not self._scheduled:
+            self._scheduled = True
+            self.call_soon(self.run)
+
+    def run(self) -> None:
+        """A turn now: deliveries, then every registered connection's output. Whatever asks for a turn
+        from here on (a delivery's output too) asks the loop for another: a flood of input then leaves
+        the consumers a turn of their own after each batch."""
+        self._scheduled = False
+        if self.queues:
+            self.run_deliveries()
+        if self.waiting:
+            waiting, self.waiting = self.waiting, set()
+            for work in waiting:
+                try:
+                    work.run_pending()
+                except Exception:  # a bug in one connection's output must not keep the others' back
+                    log.exception("writing a connection's output failed")
+
+    def run_deliveries(self) -> None:
+        """Let every queue with deliveries to make deliver (a few rounds; the rest waits for a turn)."""
+        if self.serving_guard is not None and not self.serving_guard():
+            return
+        rounds = 0
+        while self.queues and rounds < DELIVERY_ROUNDS:
+            rounds += 1
+            queues, self.queues = self.queues, set()
+            for queue in queues:
+                try:
+                    if not queue.deleted and queue.deliver():
+                        self.queues.add(queue)
+                except Exception:  # a bug in one queue must not stop the others' deliveries
+                    log.exception("delivery from queue '%s' failed", queue.name)
+        if self.queues and not self._scheduled:
+            self._scheduled = True
+            self.call_soon(self.run)
