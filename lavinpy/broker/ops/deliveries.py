@@ -388,6 +388,8 @@ class Deliveries:
         a run slice at a time (406 when nothing is unacked up to the tag)."""
         pieces = [piece for _first, piece in self.unacked.take_upto(delivery_tag)]
         if not pieces:
+            if delivery_tag == 0:  # "everything so far", of which there is nothing: as take() answers
+                return
             raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
         self._ack_pieces(pieces)
 
@@ -441,10 +443,16 @@ class Deliveries:
             return
         touched: dict[QueueKind, None] = {}
         total = 0
-        for queue, consumer, positions in pieces:
-            _ack_positions(queue, consumer, positions)
+        run_queue, run_consumer = pieces[0][0], pieces[0][1]
+        run: list[int] = []
+        for queue, consumer, positions in pieces:  # one ack_many per queue and consumer in a row
+            if queue is not run_queue or consumer is not run_consumer:
+                _ack_positions(run_queue, run_consumer, run)
+                run_queue, run_consumer, run = queue, consumer, []
+            run += positions
             touched[queue] = None
             total += len(positions)
+        _ack_positions(run_queue, run_consumer, run)
         self.counters.ack += total
         self._settled(touched)
 
