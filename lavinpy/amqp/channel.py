@@ -391,6 +391,9 @@ class Channel:
     def _settle(self, delivery_tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
         """basic.ack (requeue None), nack or reject (``failed``): validated now; in a transaction
         applied on commit and given back on rollback."""
+        if multiple and requeue is None and self.tx is None:
+            self.deliveries.ack_multiple(delivery_tag)  # the common multiple ack: a run slice at a time
+            return
         items = self.deliveries.take(delivery_tag, multiple)
         if self.tx is not None:
             self.tx.hold_settle(items, requeue, failed)

@@ -4,7 +4,8 @@ On disk a durable queue directory holds ``.queue`` (the name), ``enq`` (one 8-by
 message routed to the queue) and ``ack`` (one per message removed). The content is ``enq`` minus
 ``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a
 ``ReadyList`` (ready_list.py, in C when built; no Python object per message); only unacked and
-requeued messages, which are few, are Python ints in a set / heap.
+requeued messages, which are few, are Python ints in a set / heap (the runs ``shift_many`` took
+kept whole while their acks come in order: unacked_positions.py).
 
 Nothing is on disk for a durable queue until its first index entry: the directory, its ``.queue``
 file and the ``enq``/``ack`` files are made by the first write (the declaration itself is the
@@ -32,6 +33,7 @@ from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks,
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.queue_dir import QUEUE_NAME_FILE, sync_new_directory, write_name_file
 from lavinpy.store.ready_list import ReadyList
+from lavinpy.store.unacked_positions import UnackedPositions
 from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 if TYPE_CHECKING:
@@ -67,7 +69,7 @@ class QueueIndex:
         self._ready = ReadyList()  # never-delivered ready positions, in enq order
         self._ready_count = 0
         self._requeued: list[int] = []
-        self._unacked: set[int] = set()
+        self._unacked = UnackedPositions()
         self._transient: set[int] = set()  # durable queue only: live entries without an enq entry
         # durable only: entries not yet handed to the OS, and the files
         self._enq_pending: array | None = None
@@ -205,10 +207,8 @@ class QueueIndex:
 
     def record_requeue(self, pos: int) -> None:
         """The unacked message ``pos`` is ready again (KeyError if it is not unacked)."""
-        try:
-            self._unacked.remove(pos)
-        except KeyError:
-            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        if not self._unacked.remove(pos):
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
         self._ready_count += 1
 
     def is_unacked(self, pos: int) -> bool:
@@ -278,18 +278,16 @@ class QueueIndex:
         if self._requeued:
             return self._shift_each(count)
         taken = self._ready.shift_many(count)
-        self._ready_count -= len(taken)
-        self._unacked.update(taken)
+        if taken:
+            self._ready_count -= len(taken)
+            self._unacked.add_run(taken)
         return taken
 
     def ack_many(self, positions: list[int]) -> None:
         """``ack`` for many unacked positions: one reference-count update per segment."""
-        unacked = self._unacked
-        if not unacked.issuperset(positions):
-            for pos in positions:
-                if pos not in unacked:
-                    raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
-        unacked.difference_update(positions)
+        bad = self._unacked.remove_many(positions)
+        if bad is not None:
+            raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
         removed = array("Q", positions)
         pending = self._ack_pending
         if pending is not None:
@@ -306,10 +304,8 @@ class QueueIndex:
 
     def ack(self, pos: int) -> None:
         """Remove an unacked message for good (ack, reject, expiry, dead-lettering...)."""
-        try:
-            self._unacked.remove(pos)
-        except KeyError:
-            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        if not self._unacked.remove(pos):
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
         pending = self._ack_pending
         if pending is not None:
             if self._transient and pos in self._transient:
@@ -322,10 +318,8 @@ class QueueIndex:
 
     def requeue(self, pos: int) -> None:
         """Put an unacked message back ahead of never-delivered ones, in enq order among requeued."""
-        try:
-            self._unacked.remove(pos)
-        except KeyError:
-            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked") from None
+        if not self._unacked.remove(pos):
+            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
         heapq.heappush(self._requeued, enq_order_key(pos))
         self._ready_count += 1
 
@@ -394,7 +388,7 @@ class QueueIndex:
     def memory_bytes(self) -> int:
         """Bytes the index holds in memory: 8 per ready position, plus the unacked, requeued and
         transient sets (message bodies stay in the memory-mapped segments, shared by all queues)."""
-        return (ENTRY_SIZE * self._ready_count + sys.getsizeof(self._unacked) + sys.getsizeof(self._requeued)
+        return (ENTRY_SIZE * self._ready_count + self._unacked.memory_bytes() + sys.getsizeof(self._requeued)
                 + sys.getsizeof(self._transient))
 
     def __len__(self) -> int:
@@ -571,7 +565,7 @@ class QueueIndex:
         The directory is removed at once, even while a flush may be fsyncing its (still open)
         descriptors, so that a queue of the same name can be declared again right away.
         """
-        counts = chunked_counts(chain(self._ready_position_chunks(), (array("Q", self._unacked),)))
+        counts = chunked_counts(chain(self._ready_position_chunks(), (array("Q", self._unacked.positions()),)))
         self._requeued.clear()
         self._unacked.clear()
         self._transient.clear()

@@ -159,3 +159,23 @@ def test_close_requeues_every_delivery_in_order_and_counts_the_channel():
     assert first.calls == [("requeue", 30)] and second.calls == [("requeue", 40), ("requeue", 41)]
     assert (one.unacked, two.unacked) == (0, 0) and deliveries.unacked == {}
     assert (vhost.node_counters.channels_closed, vhost.node_counters.received_confirm_closed) == (1, 7)
+
+
+def test_multiple_acks_settle_run_slices_as_take_and_settle_would():
+    deliveries, vhost, _freed = ledger()
+    queue = BookQueue("q")
+    consumer = consumer_of(queue)
+    consumer.unacked = 5
+    deliveries.deliver_run(consumer, [20, 21, 22], None)
+    deliveries.deliver(consumer, 23, False)
+    deliveries.deliver(consumer, 24, False)
+    assert deliveries.ack_run([2]) is None  # out of order: the run keeps its hole
+    deliveries.ack_multiple(4)
+    assert queue.calls == [("ack", 21), ("ack_many", [20, 22, 23])]
+    assert list(deliveries.unacked) == [5] and consumer.unacked == 1 and queue.stats.ack == 4
+    with pytest.raises(BrokerChannelError):
+        deliveries.ack_multiple(4)  # nothing unacked up to 4: 406, as take() answers
+    deliveries.ack_multiple(0)  # everything
+    assert list(deliveries.unacked) == [] and queue.calls[-1] == ("ack", 24)
+    deliveries.ack_multiple(0)  # nothing left: no error, as take(0, True)
+    assert vhost.scheduled == []

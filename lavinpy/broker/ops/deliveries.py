@@ -5,14 +5,17 @@ queue and in the counters of the session's protocol, and settles them with one r
 queue acks (counting ``ack``), requeues, or rejects (dead-lettering, counting ``reject``); the
 consumer gets its prefetch credit back; a queue with consumers and ready messages is asked to
 deliver again; with a channel-wide prefetch the session is told that room was freed.
-Runs (deliver runs, ack runs) are booked once per run.
+Runs (deliver runs, ack runs) are booked once per run: the unacked deliveries are kept as runs
+(``UnackedBook``: one entry per delivery run with its positions), and acks in delivery order take
+whole slices of them, with no object per message.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Mapping
 from itertools import repeat
+from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import PRECONDITION_FAILED, BrokerChannelError
@@ -34,10 +37,229 @@ class Unacked(NamedTuple):
 _new_tuple = tuple.__new__
 
 
-def unacked_run(queue: QueueKind, positions: list[int], consumer: Consumer) -> list[Unacked]:
-    """Unacked records for a run of deliveries to one consumer (tuple.__new__ skips the
-    NamedTuple constructor's Python-level call per record)."""
-    return [_new_tuple(Unacked, (queue, pos, consumer)) for pos in positions]
+class _Run:
+    """Deliveries with consecutive tags from ``first`` of one queue to one consumer (None: basic.get)."""
+
+    __slots__ = ("first", "queue", "consumer", "positions", "done", "settled", "live", "owned")
+
+    def __init__(self, first: int, queue: QueueKind, consumer: Consumer | None, positions: list[int],
+                 owned: bool) -> None:
+        self.first = first
+        self.queue = queue
+        self.consumer = consumer
+        self.positions = positions  # not copied: never changed unless ``owned`` (a run of single deliveries)
+        self.done = 0  # the leading entries already settled
+        self.settled: set[int] | None = None  # offsets from ``done`` on settled out of order
+        self.live = len(positions)
+        self.owned = owned
+
+
+_first_tag = attrgetter("first")
+# A piece of settled deliveries: their queue, their consumer and their positions, in delivery order.
+Piece = tuple["QueueKind", "Consumer | None", list[int]]
+
+
+class UnackedBook(Mapping[int, Unacked]):
+    """A channel's unacked deliveries by delivery tag, in delivery order, kept as runs.
+
+    Reads as a mapping of tag to ``Unacked``; ``take_consecutive`` and ``take_upto`` settle the
+    common cases (acks in delivery order, basic.ack multiple) a slice of a run at a time."""
+
+    __slots__ = ("_runs", "_head", "_count")
+
+    def __init__(self) -> None:
+        self._runs: list[_Run] = []
+        self._head = 0  # runs before it are settled
+        self._count = 0
+
+    # --- booking ------------------------------------------------------------------------------
+    def add(self, tag: int, queue: QueueKind, pos: int, consumer: Consumer | None) -> None:
+        """One delivery; it joins the last run when it continues it."""
+        runs = self._runs
+        if len(runs) > self._head:
+            last = runs[-1]
+            if (last.owned and last.queue is queue and last.consumer is consumer and last.settled is None
+                    and last.first + len(last.positions) == tag):
+                last.positions.append(pos)
+                last.live += 1
+                self._count += 1
+                return
+        runs.append(_Run(tag, queue, consumer, [pos], True))
+        self._count += 1
+
+    def add_run(self, first: int, queue: QueueKind, consumer: Consumer | None, positions: list[int]) -> None:
+        """A run of deliveries, tags from ``first``; ``positions`` is kept as it is (not changed later)."""
+        self._runs.append(_Run(first, queue, consumer, positions, False))
+        self._count += len(positions)
+
+    # --- the mapping ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[int]:
+        for run in self._runs[self._head:]:
+            if not run.live:
+                continue
+            settled = run.settled
+            first = run.first
+            for offset in range(run.done, len(run.positions)):
+                if settled is None or offset not in settled:
+                    yield first + offset
+
+    def __getitem__(self, tag: int) -> Unacked:
+        run, offset = self._find(tag)
+        if run is None:
+            raise KeyError(tag)
+        return _new_tuple(Unacked, (run.queue, run.positions[offset], run.consumer))
+
+    def __contains__(self, tag: object) -> bool:
+        return isinstance(tag, int) and self._find(tag)[0] is not None
+
+    def _find(self, tag: int) -> tuple[_Run | None, int]:
+        """The run holding the unsettled delivery ``tag`` and its offset there, or (None, 0)."""
+        runs = self._runs
+        head = self._head
+        if head >= len(runs):
+            return None, 0
+        run = runs[head]
+        if tag >= run.first + len(run.positions):
+            i = bisect_right(runs, tag, head, len(runs), key=_first_tag) - 1
+            if i < head:
+                return None, 0
+            run = runs[i]
+        offset = tag - run.first
+        if offset < run.done or offset >= len(run.positions) or (run.settled is not None and offset in run.settled):
+            return None, 0
+        return run, offset
+
+    # --- settling ---------------------------------------------------------------------------------
+    def pop(self, tag: int, default: Unacked | None = None) -> Unacked | None:
+        """Settle the delivery ``tag``: its record, or ``default`` when it is not unacked."""
+        run, offset = self._find(tag)
+        if run is None:
+            return default
+        item = _new_tuple(Unacked, (run.queue, run.positions[offset], run.consumer))
+        if offset == run.done:
+            run.done += 1
+            settled = run.settled
+            if settled:
+                while run.done in settled:
+                    settled.discard(run.done)
+                    run.done += 1
+                if not settled:
+                    run.settled = None
+        elif run.settled is None:
+            run.settled = {offset}
+        else:
+            run.settled.add(offset)
+        run.live -= 1
+        self._count -= 1
+        if not run.live:
+            self._drop_settled()
+        return item
+
+    def take_consecutive(self, first: int, count: int) -> list[Piece] | None:
+        """Settle the deliveries with tags ``first`` .. ``first + count - 1`` when they are the oldest
+        unsettled ones and settle whole run slices (acks in delivery order): their pieces. None (and
+        nothing settled) otherwise."""
+        runs = self._runs
+        i = self._head
+        end = len(runs)
+        tag = first
+        left = count
+        spans: list[tuple[_Run, int]] = []
+        while left:
+            if i >= end:
+                return None
+            run = runs[i]
+            if not run.live:
+                i += 1
+                continue
+            if run.settled is not None or run.first + run.done != tag:
+                return None
+            take = min(left, run.live)
+            spans.append((run, take))
+            tag += take
+            left -= take
+            i += 1
+        pieces: list[Piece] = []
+        for run, take in spans:
+            done = run.done
+            pieces.append((run.queue, run.consumer, run.positions[done:done + take]))
+            run.done = done + take
+            run.live -= take
+        self._count -= count
+        self._drop_settled()
+        return pieces
+
+    def take_upto(self, tag: int) -> list[tuple[int, Piece]]:
+        """Settle every delivery with a tag up to ``tag`` (0: all): (first tag, piece) per run slice,
+        in delivery order."""
+        runs = self._runs
+        taken: list[tuple[int, Piece]] = []
+        count = 0
+        for i in range(self._head, len(runs)):
+            run = runs[i]
+            if not run.live:
+                continue
+            first, done, settled = run.first, run.done, run.settled
+            if tag and first + done > tag:
+                break
+            stop = len(run.positions) if not tag else min(len(run.positions), tag - first + 1)
+            if settled is None:
+                taken.append((first + done, (run.queue, run.consumer, run.positions[done:stop])))
+                run.live -= stop - done
+                count += stop - done
+            else:  # some settled out of order: the slices between them
+                start = done
+                for offset in range(done, stop + 1):
+                    if offset == stop or offset in settled:
+                        if offset > start:
+                            taken.append((first + start, (run.queue, run.consumer, run.positions[start:offset])))
+                            run.live -= offset - start
+                            count += offset - start
+                        start = offset + 1
+                run.settled = {o for o in settled if o >= stop} or None
+            run.done = stop
+            if run.settled is not None:  # settled ones right after the slice move the start on
+                while run.done in run.settled:
+                    run.settled.discard(run.done)
+                    run.done += 1
+                if not run.settled:
+                    run.settled = None
+        self._count -= count
+        self._drop_settled()
+        return taken
+
+    def take_all(self) -> list[tuple[int, Unacked]]:
+        """Settle every delivery: (tag, record) of each, in delivery order."""
+        items = list(self.items())
+        self._runs = []
+        self._head = self._count = 0
+        return items
+
+    def restore(self, items: list[tuple[int, Unacked]]) -> None:
+        """Deliveries settled and given back (tx.rollback): unacked again, in delivery order."""
+        merged = sorted([*self.items(), *items])
+        self._runs = []
+        self._head = self._count = 0
+        for tag, (queue, pos, consumer) in merged:
+            self.add(tag, queue, pos, consumer)
+
+    def _drop_settled(self) -> None:
+        """Move the head past settled runs; drop them from the list once they are many."""
+        runs = self._runs
+        head = self._head
+        end = len(runs)
+        while head < end and not runs[head].live:
+            head += 1
+        if head == end:
+            runs.clear()
+            head = 0
+        elif head > 32 and head * 2 > end:
+            del runs[:head]
+            head = 0
+        self._head = head
 
 
 def get_one(queue: QueueKind, no_ack: bool, counters: ProtocolCounters) -> tuple[int, StoredMessage, bool] | None:
@@ -70,7 +292,7 @@ class Deliveries:
         """``counters``: the session's protocol's, counted with the queues'. ``channel``: the books of
         an AMQP channel, counted in the node's channel churn (an MQTT client's are not: it has no
         channels)."""
-        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.unacked = UnackedBook()
         self.tag = 0  # the last delivery tag given
         self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
         self.counters = counters
@@ -95,7 +317,7 @@ class Deliveries:
         stats = queue.stats
         counters = self.counters
         if not consumer.no_ack:
-            self.unacked[tag] = _new_tuple(Unacked, (queue, pos, consumer))
+            self.unacked.add(tag, queue, pos, consumer)
             stats.deliver += 1
             counters.deliver += 1
         else:
@@ -115,8 +337,7 @@ class Deliveries:
         stats = queue.stats
         counters = self.counters
         if not consumer.no_ack:
-            self.unacked.update(zip(range(first, first + count), unacked_run(queue, positions, consumer),
-                                    strict=True))
+            self.unacked.add_run(first, queue, consumer, positions)
             stats.deliver += count
             counters.deliver += count
         else:
@@ -141,7 +362,7 @@ class Deliveries:
         pos, msg, redelivered = got
         tag = self.tag = self.tag + 1
         if not no_ack:
-            self.unacked[tag] = _new_tuple(Unacked, (queue, pos, None))
+            self.unacked.add(tag, queue, pos, None)
         return tag, msg, redelivered
 
     # --- settle -------------------------------------------------------------------------------
@@ -150,15 +371,10 @@ class Deliveries:
         unacked = self.unacked
         if multiple:
             if delivery_tag == 0:
-                taken = list(unacked.items())
-                unacked.clear()
-                return taken
-            taken = []
-            while unacked:
-                tag = next(iter(unacked))
-                if tag > delivery_tag:
-                    break
-                taken.append(unacked.popitem(last=False))
+                return unacked.take_all()
+            taken = [(first + i, _new_tuple(Unacked, (queue, pos, consumer)))
+                     for first, (queue, consumer, positions) in unacked.take_upto(delivery_tag)
+                     for i, pos in enumerate(positions)]
             if taken:
                 return taken
         else:
@@ -167,41 +383,78 @@ class Deliveries:
                 return [(delivery_tag, item)]
         raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
 
+    def ack_multiple(self, delivery_tag: int) -> None:
+        """basic.ack multiple=true outside a transaction: ``settle(take(delivery_tag, True), None)``
+        a run slice at a time (406 when nothing is unacked up to the tag)."""
+        pieces = [piece for _first, piece in self.unacked.take_upto(delivery_tag)]
+        if not pieces:
+            if delivery_tag == 0:  # "everything so far", of which there is nothing: as take() answers
+                return
+            raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
+        self._ack_pieces(pieces)
+
     def ack_run(self, tags: list[int]) -> int | None:
         """basic.ack (multiple=false) of each tag, in order, settled as one batch with the outcome of
         acking them one by one. Returns None, or the index of the first unknown tag: the acks before
         it were applied, it and those after it were not."""
         unacked = self.unacked
-        if len(tags) == 1:
-            item = unacked.pop(tags[0], None)
+        count = len(tags)
+        first = tags[0]
+        if count == 1 or (tags[-1] - first == count - 1 and tags == [*range(first, first + count)]):
+            pieces = unacked.take_consecutive(first, count)  # acks in delivery order: whole run slices
+            if pieces is not None:
+                self._ack_pieces(pieces)
+                return None
+        if count == 1:
+            item = unacked.pop(first, None)
             if item is None:
                 return 0
-            queue, pos, consumer = item
-            if consumer is not None:
-                consumer.credit(1)
-            queue.ack(pos)
-            queue.stats.ack += 1
-            self.counters.ack += 1
-            if queue.consumers and queue.message_count:
-                self._schedule(queue)
-            if self.prefetch:
-                self._room_freed()
+            self._ack_pieces([(item[0], item[2], [item[1]])])
             return None
-        items = list(map(unacked.pop, tags, repeat(None)))  # one C loop; None for an unknown tag
+        items = list(map(unacked.pop, tags, repeat(None)))  # None for an unknown tag
         if None in items:
             bad = items.index(None)
             # Those after the unknown tag stay unacked (returned to their queues as the channel closes).
-            for tag, item in zip(tags[bad + 1:], items[bad + 1:], strict=True):
-                if item is not None:
-                    unacked[tag] = item
-            ordered = sorted(unacked.items())  # delivery order again
-            unacked.clear()
-            unacked.update(ordered)
+            unacked.restore([(tag, item) for tag, item in zip(tags[bad + 1:], items[bad + 1:], strict=True)
+                             if item is not None])
             if bad:
                 self._acks(items[:bad])  # type: ignore[arg-type]
             return bad
         self._acks(items)  # type: ignore[arg-type]
         return None
+
+    def _ack_pieces(self, pieces: list[Piece]) -> None:
+        """Acks of run slices (each of one queue and one consumer), in delivery order."""
+        if len(pieces) == 1:
+            queue, consumer, positions = pieces[0]
+            count = len(positions)
+            if consumer is not None:
+                consumer.credit(count)
+            if count == 1:
+                queue.ack(positions[0])
+            else:
+                queue.ack_many(positions)
+            queue.stats.ack += count
+            self.counters.ack += count
+            if queue.consumers and queue.message_count:
+                self._schedule(queue)
+            if self.prefetch:
+                self._room_freed()
+            return
+        touched: dict[QueueKind, None] = {}
+        total = 0
+        run_queue, run_consumer = pieces[0][0], pieces[0][1]
+        run: list[int] = []
+        for queue, consumer, positions in pieces:  # one ack_many per queue and consumer in a row
+            if queue is not run_queue or consumer is not run_consumer:
+                _ack_positions(run_queue, run_consumer, run)
+                run_queue, run_consumer, run = queue, consumer, []
+            run += positions
+            touched[queue] = None
+            total += len(positions)
+        _ack_positions(run_queue, run_consumer, run)
+        self.counters.ack += total
+        self._settled(touched)
 
     def settle(self, items: list[tuple[int, Unacked]], requeue: bool | None, failed: bool = False) -> None:
         """Settle taken deliveries: requeue None = ack; True = back to their queue (``failed``: by
@@ -233,14 +486,12 @@ class Deliveries:
 
     def requeue_all(self) -> None:
         """basic.recover, and a closing channel: every unacked delivery back to its queue, in order."""
-        items = list(self.unacked.items())
-        self.unacked.clear()
-        self.settle(items, True)
+        self.settle(self.unacked.take_all(), True)
 
     def restore(self, items: list[tuple[int, Unacked]]) -> None:
         """Deliveries taken by acks that were rolled back (tx.rollback): unacked again, in order."""
         if items:
-            self.unacked = OrderedDict(sorted([*self.unacked.items(), *items]))
+            self.unacked.restore(items)
 
     def close(self, confirm_publishes: int) -> None:
         """The channel is gone: its unacked deliveries go back to their queues in order; the node

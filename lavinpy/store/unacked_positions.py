@@ -1,0 +1,117 @@
+"""A queue's unacked positions: a set, and the runs ``shift_many`` took kept whole.
+
+A run of positions taken for one delivery run is acked back in the same order in the common case (a
+consumer acking in delivery order, a channel closing), so the run stays one list, found by its next
+unacked position: an ack of its head slice is one comparison and no set operation per message. Any
+other settlement first moves every run's positions into the set (``_spill``), which then answers as
+a plain set would.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+
+
+class UnackedPositions:
+    """Positions delivered and not yet settled (each position at most once)."""
+
+    __slots__ = ("_loose", "_runs", "_in_runs")
+
+    def __init__(self) -> None:
+        self._loose: set[int] = set()
+        self._runs: dict[int, list] = {}  # next unacked position -> [positions, offset of that one]
+        self._in_runs = 0
+
+    def add(self, pos: int) -> None:
+        self._loose.add(pos)
+
+    def add_run(self, positions: list[int]) -> None:
+        """Positions taken together (not empty; the list is kept, never changed here)."""
+        self._runs[positions[0]] = [positions, 0]
+        self._in_runs += len(positions)
+
+    def remove(self, pos: int) -> bool:
+        """Settle ``pos``; False (nothing changed) when it is not unacked."""
+        loose = self._loose
+        if pos in loose:
+            loose.remove(pos)
+            return True
+        runs = self._runs
+        if not runs:
+            return False
+        run = runs.pop(pos, None)
+        if run is not None:  # the next of its run
+            self._advance(run, 1)
+            return True
+        self._spill()
+        if pos in loose:
+            loose.remove(pos)
+            return True
+        return False
+
+    def remove_many(self, positions: list[int]) -> int | None:
+        """Settle every one of ``positions``: None, or (nothing changed) the index of the first that
+        is not unacked."""
+        runs = self._runs
+        if runs and positions:
+            run = runs.get(positions[0])
+            if run is not None:
+                if run[0][run[1]:run[1] + len(positions)] == positions:
+                    del runs[positions[0]]  # the head slice of a run: acks in delivery order
+                    self._advance(run, len(positions))
+                    return None
+                self._spill()
+        loose = self._loose
+        if not loose.issuperset(positions):
+            if runs:
+                self._spill()
+            for i, pos in enumerate(positions):
+                if pos not in loose:
+                    return i
+        loose.difference_update(positions)
+        return None
+
+    def _advance(self, run: list, count: int) -> None:
+        positions, offset = run
+        offset += count
+        self._in_runs -= count
+        if offset < len(positions):
+            run[1] = offset
+            self._runs[positions[offset]] = run
+
+    def _spill(self) -> None:
+        """Every run's positions into the set: a settlement out of their order."""
+        loose = self._loose
+        for positions, offset in self._runs.values():
+            loose.update(positions[offset:] if offset else positions)
+        self._runs.clear()
+        self._in_runs = 0
+
+    def clear(self) -> None:
+        self._loose.clear()
+        self._runs.clear()
+        self._in_runs = 0
+
+    def __contains__(self, pos: object) -> bool:
+        if self._runs:
+            self._spill()
+        return pos in self._loose
+
+    def __len__(self) -> int:
+        return len(self._loose) + self._in_runs
+
+    def __iter__(self) -> Iterator[int]:
+        if self._runs:
+            self._spill()
+        return iter(self._loose)
+
+    def memory_bytes(self) -> int:
+        """The set's size, and 8 bytes per position held in a run."""
+        return sys.getsizeof(self._loose) + 8 * self._in_runs
+
+    def positions(self) -> Iterable[int]:
+        """All of them (the set itself: read it before the next change)."""
+        if self._runs:
+            self._spill()
+        return self._loose

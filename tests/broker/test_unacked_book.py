@@ -1,0 +1,90 @@
+"""The channel's unacked deliveries kept as runs (broker.ops.deliveries.UnackedBook) against the plain
+reference they replace, an ordered dict of tag to record: random deliveries, runs, gets, acks in and
+out of order, multiple acks, requeues of everything and rollbacks give the same records in the same
+order, and each settling call hands back the same deliveries."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+
+import pytest
+
+from lavinpy.broker.ops.deliveries import Unacked, UnackedBook
+
+
+def flatten(taken: list) -> list[tuple[int, Unacked]]:
+    return [(first + i, Unacked(queue, pos, consumer))
+            for first, (queue, consumer, positions) in taken for i, pos in enumerate(positions)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_runs_hold_what_an_ordered_dict_would(seed: int) -> None:
+    rng = random.Random(seed)
+    queues = ["q1", "q2"]
+    consumers = ["c1", "c2", None]
+    book = UnackedBook()
+    ref: OrderedDict[int, Unacked] = OrderedDict()
+    tag = 0
+    pos = 1000
+    for _ in range(400):
+        op = rng.random()
+        live = list(ref)
+        if op < 0.25:  # a run to one consumer of one queue
+            n = rng.randint(1, 6)
+            queue, consumer = rng.choice(queues), rng.choice(consumers[:2])
+            positions = list(range(pos, pos + n))
+            book.add_run(tag + 1, queue, consumer, positions)  # type: ignore[arg-type]
+            for i, p in enumerate(positions):
+                ref[tag + 1 + i] = Unacked(queue, p, consumer)  # type: ignore[arg-type]
+            tag += n
+            pos += n
+        elif op < 0.45:  # single deliveries (a tag now and then skipped: a no-ack delivery)
+            tag += rng.choice((1, 1, 1, 2))
+            queue, consumer = rng.choice(queues), rng.choice(consumers)
+            book.add(tag, queue, pos, consumer)  # type: ignore[arg-type]
+            ref[tag] = Unacked(queue, pos, consumer)  # type: ignore[arg-type]
+            pos += 1
+        elif op < 0.6 and live:  # one ack, anywhere
+            t = rng.choice(live + [tag + 5])
+            assert book.pop(t) == ref.pop(t, None)
+        elif op < 0.72 and live:  # acks in delivery order from the oldest (or not)
+            start = live[0] if rng.random() < 0.8 else rng.choice(live)
+            count = rng.randint(1, 8)
+            wanted = list(range(start, start + count))
+            pieces = book.take_consecutive(start, count)
+            if pieces is not None:
+                assert wanted == list(ref)[:count]  # only the oldest, all unacked
+                records = [Unacked(queue, p, consumer) for queue, consumer, positions in pieces for p in positions]
+                taken = list(zip(wanted, records, strict=True))
+                assert taken == [(t, ref.pop(t)) for t in wanted]
+        elif op < 0.82 and live:  # basic.ack multiple
+            upto = rng.choice(live + [tag + 3])
+            expect = [(t, ref.pop(t)) for t in [t for t in ref if t <= upto]]
+            assert flatten(book.take_upto(upto)) == expect
+        elif op < 0.85:  # basic.recover / a closing channel
+            assert book.take_all() == list(ref.items())
+            ref.clear()
+        elif op < 0.95 and live:  # tx.rollback: settled deliveries back
+            chosen = rng.sample(live, min(len(live), rng.randint(1, 4)))
+            held = [(t, ref.pop(t)) for t in sorted(chosen)]
+            for t, _item in held:
+                assert book.pop(t) is not None
+            book.restore(held)
+            ref = OrderedDict(sorted([*ref.items(), *held]))
+        assert len(book) == len(ref)
+        assert list(book) == list(ref)
+        assert list(book.items()) == list(ref.items())
+        probe = rng.randint(0, tag + 2)
+        assert book.get(probe) == ref.get(probe) and (probe in book) == (probe in ref)
+    assert book == dict(ref)
+
+
+def test_acks_in_order_take_whole_slices_of_the_runs() -> None:
+    book = UnackedBook()
+    book.add_run(1, "q", "c", [10, 11, 12])  # type: ignore[arg-type]
+    book.add_run(4, "q", "c", [13, 14])  # type: ignore[arg-type]
+    assert book.take_consecutive(2, 1) is None  # not the oldest: nothing settled
+    assert book.take_consecutive(1, 4) == [("q", "c", [10, 11, 12]), ("q", "c", [13])]
+    assert list(book) == [5] and len(book) == 1
+    assert book.take_consecutive(5, 2) is None and list(book) == [5]  # tag 6 was never delivered
