@@ -1,11 +1,10 @@
 """One AMQP channel: frames in, translated to the model's operations, and their results to frames out.
 
-The channel owns its parts, each with its own state: the content assembly (content.py), publisher
-confirms and the transaction (confirms.py), the exchange and queue methods and direct reply-to
-(channel_methods.py), the model's ledger of its unacked deliveries (broker/ops/deliveries.py) and its
-replies after the disk (broker/ops/replies.py: in the order of their methods; the channel is their
-``ReplySink``). What it needs of its connection is the ``ChannelHost`` Protocol. It creates no tasks
-and opens no files.
+The channel owns its parts: content assembly (content.py), confirms and the transaction (confirms.py),
+exchange/queue methods and direct reply-to (channel_methods.py), the model's ledger of its unacked
+deliveries (broker/ops/deliveries.py) and its replies after the disk in method order (broker/ops/
+replies.py; the channel is their ``ReplySink``). It needs of its connection the ``ChannelHost``
+Protocol; it creates no tasks and opens no files.
 """
 
 from __future__ import annotations
