@@ -11,6 +11,8 @@ on-confirm, prefetch-count 1000), then measured:
   first publish). The publisher's own rate is printed too: a link cannot be measured above it.
 - queue link: --count persistent messages wait in the upstream queue; a consumer (auto-ack) is attached
   to the downstream queue; the rate is count / (last message consumed downstream - consumer attached).
+  For a lavinpy downstream (where the link runs) its CPU time per message over that window is printed
+  too (utime + stime of the process): on a shared machine it says more than the rate.
 
 The setups run in turn, --rounds times, in a rotating order (the machine may be shared: a slow moment
 then hits each setup once), and the median of each is printed.
@@ -22,6 +24,7 @@ then hits each setup once), and the median of each is printed.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -111,8 +114,17 @@ def exchange_link(up: Broker, down: Broker, count: int, size: int) -> tuple[floa
     return count / (finished - started), count / (published - started)
 
 
-def queue_link(up: Broker, down: Broker, count: int, size: int) -> float:
-    """Link rate in messages per second: count waiting upstream, consumed downstream."""
+def _cpu_seconds(broker: Broker) -> float | None:
+    """utime + stime of a lavinpy broker's process (None for another broker)."""
+    if not isinstance(broker, LocalBroker):
+        return None
+    fields = Path(f"/proc/{broker.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def queue_link(up: Broker, down: Broker, count: int, size: int) -> tuple[float, float | None]:
+    """(link rate in messages per second: count waiting upstream, consumed downstream; the downstream's CPU
+    µs per message, None when it is not lavinpy)."""
     name = f"fq-{uuid.uuid4().hex[:8]}"
     uconn = pika.BlockingConnection(pika.URLParameters(_url(up)))
     uch = uconn.channel()
@@ -132,6 +144,7 @@ def queue_link(up: Broker, down: Broker, count: int, size: int) -> float:
         got[0] += 1
     dch.basic_qos(prefetch_count=1000)
     dch.basic_consume(name, on_message, auto_ack=True)
+    cpu_before = _cpu_seconds(down)
     started = time.perf_counter()
     deadline = time.monotonic() + 120
     while got[0] < count:
@@ -139,6 +152,7 @@ def queue_link(up: Broker, down: Broker, count: int, size: int) -> float:
         if time.monotonic() > deadline:
             raise RuntimeError(f"queue link: {got[0]} of {count} arrived")
     finished = time.perf_counter()
+    cpu_after = _cpu_seconds(down)
     dconn.close()
     _unfederate(down, name)
     uch.queue_delete(name)
@@ -146,7 +160,8 @@ def queue_link(up: Broker, down: Broker, count: int, size: int) -> float:
     cleanup = pika.BlockingConnection(pika.URLParameters(_url(down)))
     cleanup.channel().queue_delete(name)
     cleanup.close()
-    return count / (finished - started)
+    cpu = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) * 1e6 / count
+    return count / (finished - started), cpu
 
 
 def main() -> None:
@@ -194,28 +209,34 @@ def main() -> None:
                     setups["rabbitmq-rabbitmq"] = (rq_up, rabbit("rq-down"))
             order = [s for s in ("lavinpy-lavinpy", "rabbitmq-lavinpy", "rabbitmq-rabbitmq")
                      if s in setups and s in wanted]
-            results: dict[str, dict[str, list[float]]] = {s: {"exchange": [], "publisher": [], "queue": []}
-                                                          for s in order}
+            results: dict[str, dict[str, list[float]]] = {s: {"exchange": [], "publisher": [], "queue": [],
+                                                              "queue_cpu": []} for s in order}
             for r in range(args.rounds):
                 for setup in order[r % len(order):] + order[:r % len(order)]:  # rotated each round
                     up, down = setups[setup]
                     link = publisher = queue = 0.0
+                    cpu: float | None = None
                     if "exchange" in kinds:
                         link, publisher = exchange_link(up, down, args.count, args.size)
                     if "queue" in kinds:
-                        queue = queue_link(up, down, args.count, args.size)
+                        queue, cpu = queue_link(up, down, args.count, args.size)
                     results[setup]["exchange"].append(link)
                     results[setup]["publisher"].append(publisher)
                     results[setup]["queue"].append(queue)
+                    if cpu is not None:
+                        results[setup]["queue_cpu"].append(cpu)
                     print(f"round {r + 1} {setup:18} exchange link {link:8,.0f} msg/s (publisher {publisher:,.0f})"
-                          f"   queue link {queue:8,.0f} msg/s", flush=True)
+                          f"   queue link {queue:8,.0f} msg/s"
+                          + (f" ({cpu:.0f} µs CPU/msg downstream)" if cpu is not None else ""), flush=True)
             print(f"\nmedians of {args.rounds} rounds, {args.count} persistent messages of {args.size} B, "
                   "ack-mode on-confirm, prefetch-count 1000:")
             for setup in order:
                 res = results[setup]
                 print(f"  {setup:18} exchange link {statistics.median(res['exchange']):8,.0f} msg/s   "
                       f"queue link {statistics.median(res['queue']):8,.0f} msg/s   "
-                      f"(publisher {statistics.median(res['publisher']):,.0f} msg/s)")
+                      f"(publisher {statistics.median(res['publisher']):,.0f} msg/s)"
+                      + (f"   queue link downstream CPU {statistics.median(res['queue_cpu']):.0f} µs/msg"
+                         if res["queue_cpu"] else ""))
         finally:
             for broker in reversed(started):
                 try:

@@ -119,6 +119,10 @@ class Server:
             return LimitsOperations(broker).link_refusal("shovel", vhost, name) if broker.users is not None else None
 
         self.shovels.authorize = refusal
+        # A pause is stored with the shovel's parameter: it outlives a restart and a change of leader.
+        self.shovels.store_pause = lambda vhost, name, paused: broker.parameters.set_paused(
+            "shovel", vhost, name, paused)
+        self.shovels.stored_pause = lambda vhost, name: broker.parameters.is_paused("shovel", vhost, name)
         self.shovel_component = ShovelComponent(self.shovels, creator)  # the registry's "shovel" component
         broker.parameters.register(self.shovel_component)
         # A finished one-off shovel, or one deleted through /api/shovels, takes its parameter with it.

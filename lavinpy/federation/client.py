@@ -57,6 +57,7 @@ class LinkConnection(Protocol):
     def ack(self, tag: int, multiple: bool) -> None: ...
     def nack(self, tag: int, multiple: bool) -> None: ...
     def pause_reading(self, paused: bool) -> None: ...
+    def publish_through(self, peer: LinkConnection | None) -> None: ...
     async def close(self, timeout: float = 3.0) -> None: ...
     def abort(self) -> None: ...
 
@@ -69,6 +70,29 @@ class _Client(ShovelClient):
     deliveries with their redelivered flag (``x-received-from`` carries it)."""
 
     on_message: MessageCallback | None = None
+    _peer: _Client | None = None  # where this connection's deliveries are published (publish_through)
+    _corked = False  # writes held back while a run of the peer's deliveries is handled
+
+    def publish_through(self, peer: LinkConnection | None) -> None:
+        """The deliveries of one read of this connection are published on ``peer``: its writes are held
+        back until the whole run is handled and go out in one (a system call per run, not per message)."""
+        self._peer = peer if isinstance(peer, _Client) else None
+
+    def flush(self) -> None:
+        if not self._corked:
+            super().flush()
+
+    def data_received(self, data: bytes) -> None:
+        peer = self._peer
+        if peer is None or peer._corked:
+            super().data_received(data)
+            return
+        peer._corked = True
+        try:
+            super().data_received(data)
+        finally:
+            peer._corked = False
+            peer.flush()
 
     def handle_delivery(self, delivery: Delivery) -> None:
         if self.on_message is not None:

@@ -24,8 +24,8 @@ from typing import Any
 
 from pamqp import commands as spec
 
-from lavinpy.wire.field_table import Int64
-from lavinpy.wire.properties import peek_headers, replace_headers
+from lavinpy.wire.field_table import Int64, encode_table
+from lavinpy.wire.properties import append_header_entry, peek_headers, replace_headers
 from lavinpy.wire.uri import AMQPURL
 
 from .client import LinkConnection, LinkError, connect, unchecked
@@ -37,6 +37,10 @@ log = logging.getLogger("lavinpy.federation")
 CHECK_SECONDS = 0.1  # how often the local queue is looked at
 BUSY_CHECK_SECONDS = 0.02  # ... while messages move: whether to stop or go on matters at once then
 LINK_PRIORITY = Int64(-1)  # below the upstream's own consumers (RabbitMQ's link: a long -1)
+# Names whose bytes anywhere in a property block send a message through the full header rewrite: without
+# them the message makes its first hop and only gains entries, appended to its headers as encoded.
+REWRITTEN = (RECEIVED_FROM.encode(), b"x-original-", b"CC")
+FIRST_HOP_CACHE = 1024  # encoded first-hop entries kept, by (redelivered, exchange, routing key)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class QueueLink(LinkRunner):
         self._down: LinkConnection | None = None
         self._settlement = Settlement()
         self._tag = ""
+        self._first_hop: dict[tuple[bool, str, str], bytes] = {}
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(
@@ -84,6 +89,7 @@ class QueueLink(LinkRunner):
         if self.env.queue() is None:
             raise LinkError(f"no queue '{self.queue}' in vhost '{self.vhost}'")
         self._settlement.clear()
+        self._first_hop.clear()  # they name the upstream's URI, which may change
         self.consuming = False
         errors = []
         for uri in self.upstream.uris:
@@ -110,6 +116,7 @@ class QueueLink(LinkRunner):
             await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
             down.on_confirm = self._confirmed
         down.on_writable = lambda writable: up.pause_reading(not writable)
+        up.publish_through(down)
         up.on_message = self._deliver
         self._set_state("running")
         log.info("federation link of queue %s in vhost %s running from upstream %s (%s)", self.queue, self.vhost,
@@ -147,8 +154,18 @@ class QueueLink(LinkRunner):
         if up is None or down is None:
             return
         self.received += 1
-        down.publish("", self.queue, replace_headers(properties, self._headers(
-            peek_headers(properties) or {}, redelivered, exchange, routing_key)), body)
+        if any(name in properties for name in REWRITTEN):
+            properties = replace_headers(properties, self._headers(
+                peek_headers(properties) or {}, redelivered, exchange, routing_key))
+        else:  # the same headers as the rewrite's, without decoding and encoding those already there
+            key = (redelivered, exchange, routing_key)
+            entries = self._first_hop.get(key)
+            if entries is None:
+                if len(self._first_hop) >= FIRST_HOP_CACHE:
+                    self._first_hop.clear()
+                entries = self._first_hop[key] = encode_table(self._headers({}, redelivered, exchange, routing_key))[4:]
+            properties = append_header_entry(properties, entries)
+        down.publish("", self.queue, properties, body)
         self.forwarded += 1
         if self.upstream.ack_mode == "on-confirm":
             self._settlement.published(tag)

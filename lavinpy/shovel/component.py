@@ -67,8 +67,12 @@ class Shovels:
         self.authorize: Callable[[str, str], str | None] | None = None
         self.running: dict[tuple[str, str], Shovel] = {}
         # Paused (LavinMQ's pause): defined, not running, listed as "paused" until resumed or restarted.
-        # Kept in memory: a restart of the node or a new leader runs them again.
+        # The mark is stored with the shovel's parameter (``store_pause``, given by the server), so a paused
+        # shovel stays paused across a restart of the node and on a new leader; ``stored_pause`` reads it
+        # back when a definition is put.
         self.paused: set[tuple[str, str]] = set()
+        self.store_pause: Callable[[str, str, bool], None] | None = None
+        self.stored_pause: Callable[[str, str], bool] = lambda vhost, name: False
         self._stopped: dict[tuple[str, str], Shovel] = {}  # a paused shovel as it stopped: its counters
         self.started = False
         # Called when a shovel with src-delete-after has moved its messages: the registry forgets
@@ -120,6 +124,8 @@ class Shovels:
         key = (vhost, name)
         self.definitions[key] = definition
         self.creators[key] = user
+        if self.stored_pause(vhost, name):
+            self.paused.add(key)
         old = self.running.pop(key, None)
         if old is not None:
             asyncio.get_running_loop().create_task(old.stop())
@@ -142,9 +148,15 @@ class Shovels:
         key = (vhost, name)
         if key not in self.definitions:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
+        self._store_pause(vhost, name, False)
         self.paused.discard(key)
         self._stopped.pop(key, None)
         self.put(vhost, name, self.definitions[key], self.creators[key])
+
+    def _store_pause(self, vhost: str, name: str, paused: bool) -> None:
+        """Record the pause durably before acting on it (an error leaves the shovel as it was)."""
+        if self.store_pause is not None:
+            self.store_pause(vhost, name, paused)
 
     def pause(self, vhost: str, name: str) -> bool:
         """Stop moving messages until ``resume`` (what is unacknowledged goes back to the source);
@@ -154,6 +166,7 @@ class Shovels:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
         if key in self.paused:
             return False
+        self._store_pause(vhost, name, True)
         self.paused.add(key)
         shovel = self.running.pop(key, None)
         if shovel is not None:
@@ -169,6 +182,7 @@ class Shovels:
             raise ShovelNotFound(f"no shovel '{name}' in vhost '{vhost}'")
         if key not in self.paused:
             return False
+        self._store_pause(vhost, name, False)
         self.paused.discard(key)
         self._stopped.pop(key, None)
         if self.started and key not in self.running:

@@ -65,6 +65,33 @@ def test_stored_parameters_are_applied_when_their_component_registers(tmp_path: 
     assert again.get_global("cluster_name") == "c1"
 
 
+def test_a_pause_mark_is_stored_with_the_parameter_and_not_listed(tmp_path: Path) -> None:
+    """A paused shovel's mark: kept in the file (read back by a new registry: a restart, a new leader),
+    kept when the value changes, dropped with the parameter; never in the listing (exports)."""
+    params = _parameters(tmp_path)
+    params.register(Recorder())
+    params.set("shovel", "/", "s", {"src-uri": "amqp://"}, "guest")
+    params.set_paused("shovel", "/", "s", True)
+    again = _parameters(tmp_path)
+    again.register(Recorder())
+    again.load()
+    assert again.is_paused("shovel", "/", "s")
+    assert all("paused" not in entry for entry in again.listing())
+    again.set("shovel", "/", "s", {"src-uri": "amqp://other"})
+    assert again.is_paused("shovel", "/", "s")
+    again.set_paused("shovel", "/", "s", False)
+    third = _parameters(tmp_path)
+    third.register(Recorder())
+    third.load()
+    assert not third.is_paused("shovel", "/", "s")
+    third.set_paused("shovel", "/", "s", True)
+    assert third.delete("shovel", "/", "s")
+    third.set("shovel", "/", "s", {"src-uri": "amqp://"})
+    assert not third.is_paused("shovel", "/", "s")
+    with pytest.raises(KeyError):
+        third.set_paused("shovel", "/", "nope", True)
+
+
 def test_unknown_components_are_refused_by_name(tmp_path: Path) -> None:
     params = _parameters(tmp_path)
     with pytest.raises(UnknownComponent, match="'mqtt-port-to-vhost-mapping' is not supported"):

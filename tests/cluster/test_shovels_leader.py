@@ -72,3 +72,37 @@ def test_only_the_leader_shovels_and_a_new_leader_takes_over(cluster: Cluster) -
                                      headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert json.load(reply)["user"] == "guest"
+
+
+def _shovel_state(node: Node) -> str | None:
+    request = urllib.request.Request(node.http_url + "/api/shovels/vhost/%2F/moving",
+                                     headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.load(reply)["state"]
+    except OSError:
+        return None  # between leaders
+
+
+def test_a_paused_shovel_stays_paused_on_a_new_leader(cluster: Cluster) -> None:
+    """The pause is stored with the shovel's parameter, replicated as it is: a new leader keeps the shovel
+    paused until it is resumed."""
+    cluster.start(3)
+    leader = cluster.wait_for_leader(30)
+    _publish(leader, 0)  # its source queue
+    _put_shovel(leader)
+    wait_until(lambda: _runs_shovel(leader), 20, what="the shovel running")
+    request = urllib.request.Request(leader.http_url + "/api/shovels/%2F/moving/pause", method="PUT",
+                                     headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 204
+    _publish(leader, 20)  # confirmed: replicated, and the pause mark before it
+    leader.kill()
+    successor = cluster.wait_for_leader(20, exclude=leader)
+    wait_until(lambda: _shovel_state(successor) == "paused", 20, what="the new leader to list it paused")
+    assert _moved(successor) == 0 and not _runs_shovel(successor)
+    request = urllib.request.Request(successor.http_url + "/api/shovels/%2F/moving/resume", method="PUT",
+                                     headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        assert reply.status == 204
+    wait_until(lambda: _moved(successor) == 20, 20, what="the resumed shovel to move the 20")

@@ -106,7 +106,10 @@ def test_messages_bindings_reconnect(pair) -> None:
     conn.close()
 
 
-def test_max_hops_cuts_a_loop(pair) -> None:
+@pytest.mark.parametrize("max_hops", [1, 2])
+def test_max_hops_cuts_a_loop(pair, max_hops: int) -> None:
+    """Two nodes federating one exchange both ways: each message arrives once on each side, never back
+    (max-hops 1 cuts it; with 2 the cluster name in its trail does)."""
     up, down = pair
     for b in (up, down):
         conn, ch = channel(b)
@@ -114,8 +117,8 @@ def test_max_hops_cuts_a_loop(pair) -> None:
         ch.queue_declare("loop.q", durable=True)
         ch.queue_bind("loop.q", "loop.x", "")
         conn.close()
-    _federate(down, up, "loop.x", "loop", upstream="to-up")
-    _federate(up, down, "loop.x", "loop", upstream="to-down")
+    _federate(down, up, "loop.x", "loop", upstream="to-up", **{"max-hops": max_hops})
+    _federate(up, down, "loop.x", "loop", upstream="to-down", **{"max-hops": max_hops})
     for b in (up, down):
         wait_for(lambda b=b: _running(b, "loop.x"), what="both links running")
     wait_for(lambda: upstream_bindings(up, "loop.x") and upstream_bindings(down, "loop.x"), what="bindings")
@@ -132,6 +135,7 @@ def test_max_hops_cuts_a_loop(pair) -> None:
     internal = [x for x in http_call(down, "GET", "/api/exchanges/%2F")[1]
                 if x["name"].startswith("federation: loop.x -> up ")]
     assert len(internal) == 1 and internal[0]["type"] == "x-federation-upstream" and internal[0]["internal"]
+    assert internal[0]["arguments"]["x-max-hops"] == max_hops
     assert sum(r["messages_received"] for r in links(up) if r["exchange"] == "loop.x") == 0
     # The policy gone: the link stops and takes its queue and internal exchange off the upstream.
     queue = "/api/queues/%2F/" + quote("federation: loop.x -> down", safe="")

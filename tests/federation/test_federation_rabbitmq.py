@@ -4,6 +4,7 @@ mirrored live), and RabbitMQ's own plugin downstream of lavinpy (lavinpy's x-fed
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -166,3 +167,97 @@ def test_rabbitmq_export_with_federation_imports_whole(peers) -> None:
     for path in (f"/api/vhosts/{vhost}",):
         http_call(lavin, "DELETE", path)
         http_call(rabbit, "DELETE", path)
+
+
+def _consume(conn: pika.BlockingConnection, ch, queue: str, count: int, timeout: float = 20.0) -> list:
+    """``count`` messages (properties, body) through a consumer on ``queue`` (a consumer, not basic.get:
+    a federated queue pulls from its upstream only while it has consumers), acked; then cancelled."""
+    got: list = []
+    tag = ch.basic_consume(queue, lambda c, m, p, body: (got.append((p, body)), c.basic_ack(m.delivery_tag)))
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    ch.basic_cancel(tag)
+    return got
+
+
+def _publish(conn: pika.BlockingConnection, queue: str, numbers: range) -> None:
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in numbers:
+        ch.basic_publish("", queue, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    ch.close()
+
+
+def _queue_messages(conn: pika.BlockingConnection, queue: str) -> int:
+    """Ready messages by a passive declare (RabbitMQ's HTTP counts lag by seconds)."""
+    ch = conn.channel()
+    try:
+        return ch.queue_declare(queue, passive=True).method.message_count
+    finally:
+        ch.close()
+
+
+@pytest.mark.parametrize("direction", ["rabbitmq-upstream", "lavinpy-upstream"])
+def test_queue_federation_consumers_moved_between_sites(peers, direction: str) -> None:
+    """Queue federation with RabbitMQ on either side: messages waiting at the upstream move to the
+    downstream while it has a consumer (and none at the upstream); once the consumer moves to the upstream
+    site, what is published there stays there for it, and nothing moves twice."""
+    rabbit, lavin = peers
+    queue = f"qfed-{direction}"
+    rconn = pika.BlockingConnection(pika.URLParameters(rabbit.url_for("guest", "guest", "/")))
+    lconn = pika.BlockingConnection(pika.URLParameters(lavin.url))
+    for conn in (rconn, lconn):
+        conn.channel().queue_declare(queue, durable=True)
+    if direction == "rabbitmq-upstream":
+        down, up_conn, down_conn = lavin, rconn, lconn
+        uri = rabbit.url_for("guest", "guest", "/")
+    else:
+        down, up_conn, down_conn = rabbit, lconn, rconn
+        uri = lavin.url
+    name = f"u-{direction}"
+    status, body, _ = http_call(down, "PUT", f"/api/parameters/federation-upstream/%2F/{name}",
+                                {"value": {"uri": uri, "reconnect-delay": 1, "prefetch-count": 10}})
+    assert status in (201, 204), body
+    status, body, _ = http_call(down, "PUT", f"/api/policies/%2F/p-{direction}",
+                                {"pattern": f"^{queue}$", "apply-to": "queues",
+                                 "definition": {"federation-upstream": name}})
+    assert status in (201, 204), body
+
+    def link_running() -> bool:
+        if down is lavin:
+            rows = http_call(lavin, "GET", "/api/federation-links")[1]
+            return any(r.get("queue") == queue and r.get("status") == "running" for r in rows)
+        # RabbitMQ's link (its status API is another plugin): its connection to lavinpy, by the name it gives
+        return any(str((c.get("client_properties") or {}).get("connection_name", "")).startswith("Federation link")
+                   for c in http_call(lavin, "GET", "/api/connections")[1])
+    wait_for(link_running, timeout=30, what="the queue link")
+    _publish(up_conn, queue, range(10))
+    time.sleep(1.0)  # no consumer downstream: they stay upstream
+    assert _queue_messages(up_conn, queue) == 10 and _queue_messages(down_conn, queue) == 0
+    # The consumer at the downstream site: the 10 come over.
+    down_ch = down_conn.channel()
+    got = _consume(down_conn, down_ch, queue, 10)
+    assert sorted(int(b) for _, b in got) == list(range(10))
+    assert all(p.headers["x-received-from"][0]["queue"] == queue for p, _ in got)
+    wait_for(lambda: _queue_messages(up_conn, queue) == 0, what="the upstream queue emptied")
+    # The consumer moved to the upstream site: the link stops consuming there (no consumer downstream), and
+    # what is published there now is consumed there.
+    def link_consumers() -> int:
+        ch = up_conn.channel()
+        try:
+            return ch.queue_declare(queue, passive=True).method.consumer_count
+        finally:
+            ch.close()
+    wait_for(lambda: link_consumers() == 0, what="the link's upstream consumer cancelled")
+    up_ch = up_conn.channel()
+    _publish(up_conn, queue, range(10, 20))
+    got_up = _consume(up_conn, up_ch, queue, 10)
+    assert sorted(int(b) for _, b in got_up) == list(range(10, 20))
+    time.sleep(1.0)
+    assert _queue_messages(down_conn, queue) == 0 and _queue_messages(up_conn, queue) == 0  # nothing moved twice
+    for path in (f"/api/policies/%2F/p-{direction}", f"/api/parameters/federation-upstream/%2F/{name}"):
+        http_call(down, "DELETE", path)
+    for conn in (rconn, lconn):
+        conn.channel().queue_delete(queue)
+        conn.close()

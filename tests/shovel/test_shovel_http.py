@@ -96,3 +96,33 @@ def test_pause_and_resume_a_shovel(one_broker, capsys) -> None:
     assert http_call(a, "PUT", "/api/shovels/%2F/p/resume")[0] == 422
     assert main([uri, "resume_shovel", "p"]) != 0
     assert http_call(a, "PUT", "/api/shovels/%2F/nope/resume")[0] == 404
+
+
+def test_a_paused_shovel_stays_paused_across_restarts(one_broker) -> None:
+    """The pause is stored with the shovel's parameter (RabbitMQ 4.2, LavinMQ 2.5): after kill -9 and a
+    clean restart the shovel is still paused and moves nothing; resumed, it moves, and a restart then runs
+    it. The mark is not part of the parameter's value or an export."""
+    a = one_broker
+    value = {"src-uri": "amqp://", "src-queue": "pp-src", "dest-uri": "amqp://", "dest-queue": "pp-dst"}
+    assert http_call(a, "PUT", "/api/parameters/shovel/%2F/pp", {"value": value})[0] in (201, 204)
+    assert http_call(a, "PUT", "/api/shovels/%2F/pp/pause")[0] == 204
+    _publish(a.url, "pp-src", 10)
+    a.kill9()
+    a.start()
+    assert http_call(a, "GET", "/api/shovels/vhost/%2F/pp")[1]["state"] == "paused"
+    time.sleep(0.5)
+    assert _count(a.url, "pp-src") == 10 and _count(a.url, "pp-dst") == 0  # nothing moved after the restart
+    assert http_call(a, "GET", "/api/parameters/shovel/%2F/pp")[1]["value"] == value
+    exported = http_call(a, "GET", "/api/definitions")[1]["parameters"]
+    assert [p for p in exported if p["name"] == "pp"] and all("paused" not in p for p in exported)
+    a.stop()
+    a.start()
+    assert http_call(a, "GET", "/api/shovels/vhost/%2F/pp")[1]["state"] == "paused"
+    assert http_call(a, "PUT", "/api/shovels/%2F/pp/pause")[0] == 422
+    assert http_call(a, "PUT", "/api/shovels/%2F/pp/resume")[0] == 204
+    _wait(lambda: _count(a.url, "pp-src") == 0 and _count(a.url, "pp-dst") == 10, "the waiting 10 moved")
+    a.kill9()
+    a.start()  # resumed is stored too: running again after the restart
+    _publish(a.url, "pp-src", 5)
+    _wait(lambda: _count(a.url, "pp-src") == 0 and _count(a.url, "pp-dst") >= 15, "5 more moved after the restart")
+    assert http_call(a, "GET", "/api/shovels/vhost/%2F/pp")[1]["state"] == "running"

@@ -9,7 +9,10 @@ registered are refused by name, so nothing in a definitions import is silently d
 
 Every parameter is kept in ``parameters.json`` and every global parameter in ``global_parameters.json``
 at the top of the data directory (atomic JSON writes, replicated in a cluster as users.json is). At
-start the stored parameters of each component are applied when the component registers.
+start the stored parameters of each component are applied when the component registers. A parameter may
+be marked paused (a paused shovel): the mark is stored with it (``"paused": true`` in its entry of the
+file), so it outlives a restart and a change of leader, but is not part of the parameter's value, its
+listing or an export (RabbitMQ's definitions have no such field).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class Parameters:
         self._components: dict[str, Component] = {}
         self._values: dict[Key, Any] = {}
         self._users: dict[Key, str] = {}  # who set a parameter, where it matters (a shovel runs as its creator)
+        self._paused: set[Key] = set()  # parameters whose component is to hold them stopped (a paused shovel)
         self._globals: dict[str, Any] = {}
         self.vhost_exists: Callable[[str], bool] = lambda _vhost: True
 
@@ -104,12 +108,15 @@ class Parameters:
         entries = read_json(self.path, [])
         self._values.clear()
         self._users.clear()
+        self._paused.clear()
         for entry in entries if isinstance(entries, list) else []:
             try:
                 key = (str(entry["component"]), str(entry["vhost"]), str(entry["name"]))
                 self._values[key] = entry["value"]
                 if isinstance(entry.get("user"), str):
                     self._users[key] = entry["user"]
+                if entry.get("paused") is True:
+                    self._paused.add(key)
             except (KeyError, TypeError):
                 log.error("%s: ignoring parameter entry %r", self.path, entry)
         stored = read_json(self.global_path, {})
@@ -126,7 +133,13 @@ class Parameters:
             log.error("parameter %s/%s/%s not applied: %s", component.name, vhost, name, exc)
 
     def _save(self) -> None:
-        write_json_atomic(self.path, [self._entry(key, value) for key, value in sorted(self._values.items())])
+        entries = []
+        for key, value in sorted(self._values.items()):
+            entry = self._entry(key, value)
+            if key in self._paused:
+                entry["paused"] = True
+            entries.append(entry)
+        write_json_atomic(self.path, entries)
 
     def _entry(self, key: Key, value: Any) -> dict[str, Any]:
         """RabbitMQ's parameter object, with the user who set it when recorded."""
@@ -171,11 +184,15 @@ class Parameters:
             return False
         value = self._values.pop(key)
         user = self._users.pop(key, None)
+        paused = key in self._paused
+        self._paused.discard(key)
         try:
             self._save()
         except BaseException:
             self._values[key] = value
             self._set_user(key, user)
+            if paused:
+                self._paused.add(key)
             raise
         comp = self._components.get(component)
         if comp is not None:
@@ -187,6 +204,30 @@ class Parameters:
             self._users.pop(key, None)
         else:
             self._users[key] = user
+
+    def set_paused(self, component: str, vhost: str, name: str, paused: bool) -> None:
+        """Mark a parameter paused or not, durably (KeyError when there is no such parameter). A new value
+        set for it keeps the mark; deleting it drops the mark."""
+        key = (component, vhost, name)
+        if key not in self._values:
+            raise KeyError(f"no parameter {component}/{vhost}/{name}")
+        if (key in self._paused) == paused:
+            return
+        if paused:
+            self._paused.add(key)
+        else:
+            self._paused.discard(key)
+        try:
+            self._save()
+        except BaseException:
+            if paused:
+                self._paused.discard(key)
+            else:
+                self._paused.add(key)
+            raise
+
+    def is_paused(self, component: str, vhost: str, name: str) -> bool:
+        return (component, vhost, name) in self._paused
 
     def get(self, component: str, vhost: str, name: str) -> Any:
         return self._values.get((component, vhost, name))
@@ -208,6 +249,7 @@ class Parameters:
         for key in gone:
             del self._values[key]
             self._users.pop(key, None)
+            self._paused.discard(key)
         self._save()
         for comp, v, name in gone:
             if comp in self._components:
