@@ -53,7 +53,8 @@ BOTH_PATHS = {HERE / name for name in (
     # real traffic through a broker process: socket threads, publish/delivery/ack runs, confirms and
     # transactions, restarts and kill -9, streams, large and odd frames, damaged records
     *(f"e2e/test_{name}.py" for name in (
-        "codec_path", "socket_threads", "publish_runs", "ack_runs", "delivery_runs", "acks", "confirms_tx",
+        "codec_path", "socket_threads", "publish_runs", "publish_runs_varied", "ack_runs", "delivery_runs", "acks",
+        "confirms_tx",
         "durability", "kill9", "delivery_count_persist", "streams", "large_bodies", "field_values",
         "bad_input", "corruption", "fuzz")),
 )}

@@ -1,5 +1,7 @@
-"""Runs of publishes: consecutive messages a channel publishes with the same basic.publish and
-properties are routed, stored and confirmed once per run instead of once per message.
+"""Runs of publishes: consecutive messages a channel publishes with the same basic.publish are
+routed, stored and confirmed once per run instead of once per message. Their properties may differ
+(message ids, timestamps, headers: the run then carries one block per message) except in what is
+checked per message here (expiration, user_id, a direct reply-to): such a message ends the run.
 
 The connection hands each fused publish (``ContentMessage``) to ``publish_contents``, which takes
 the run that starts there. Anything out of the common case (transactions, special properties, a
@@ -14,15 +16,23 @@ from typing import TYPE_CHECKING
 
 from ..broker.ops import publish as publish_ops
 from ..wire.frames import ContentMessage
-from .channel_methods import REPLY_TO_PREFIX
+from .channel_methods import REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
     from .channel import Channel
 
-# reply_to / expiration (first flags byte) or user_id (second byte): checked per message.
-_SPECIAL_HIGH = 0x03
-_SPECIAL_LOW = 0x10
-_HEADERS_HIGH = 0x20
+# expiration (first flags byte) or user_id (second byte): checked per message; so is a reply_to
+# naming direct reply-to (a byte test: a false alarm only means one by one).
+_EXPIRATION_HIGH = 0x01
+_REPLY_TO_HIGH = 0x02
+_USER_ID_LOW = 0x10
+_DIRECT_REPLY = REPLY_TO.encode()
+
+
+def _checked_alone(properties: bytes) -> bool:
+    """Whether a message with this property block must go through ``Channel.on_message``."""
+    return (len(properties) < 2 or properties[0] & _EXPIRATION_HIGH or properties[1] & _USER_ID_LOW
+            or (properties[0] & _REPLY_TO_HIGH and _DIRECT_REPLY in properties)) != 0
 
 
 def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> int:
@@ -33,8 +43,7 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
     method = first.method
     properties = first.properties
     max_size = channel.conn.config.max_message_size
-    if (channel.tx is not None or method.immediate or len(properties) < 2
-            or properties[0] & (_SPECIAL_HIGH | _HEADERS_HIGH) or properties[1] & _SPECIAL_LOW
+    if (channel.tx is not None or method.immediate or _checked_alone(properties)
             or len(first.body) > max_size
             or (not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX))):
         channel.on_message(method, properties, first.body)
@@ -42,19 +51,29 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
     end = start + 1
     count = len(frames)
     bodies = [first.body]
+    varied: list[bytes] | None = None  # each message's properties, once one differs from the first's
     while end < count:
         frame = frames[end]
         if (type(frame) is not ContentMessage or frame.method is not method or frame.channel != first.channel
-                or frame.properties != properties or len(frame.body) > max_size):
+                or len(frame.body) > max_size):
             break
+        if varied is not None:
+            if _checked_alone(frame.properties):
+                break
+            varied.append(frame.properties)
+        elif frame.properties != properties:
+            if _checked_alone(frame.properties):
+                break
+            varied = [properties] * (end - start)
+            varied.append(frame.properties)
         bodies.append(frame.body)
         end += 1
     if end - start > 1:
         exchange = channel.publish_target(method)  # resolved and checked, as for each single publish
         if exchange is None:
             return start + 1  # refused: the channel is closing; the rest go the general way
-        needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key, properties, bodies,
-                                             channel.counters)
+        needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key,
+                                             properties if varied is None else varied, bodies, channel.counters)
         if needs_sync is not None:
             channel.published_run(end - start, needs_sync)
             return end

@@ -61,7 +61,9 @@ def append_and_push_many(store: VhostStore, run: PublishRun, queues: Sequence[Qu
     queue takes the positions of that call at once. The queues are open. The messages are counted
     in the size histogram from the sizes each write reports. Returns whether a persistent copy
     reached a durable queue (the confirms then wait for an fsync)."""
-    persistent = peek_delivery_mode(run.properties) == 2
+    properties = run.properties
+    # (a run with per-message properties has one delivery mode: publish_run checked)
+    persistent = peek_delivery_mode(properties[0] if isinstance(properties, list) else properties) == 2
     bodies = run.bodies
     append_run = store.messages.append_run
     observe_run = counters.observe_run
@@ -166,15 +168,18 @@ class VHostPublishing:
             return len(queues), REJECTED  # type: ignore[arg-type]
         return reached, needs_sync
 
-    def publish_run(self, exchange: Exchange, routing_key: str, properties: bytes,
+    def publish_run(self, exchange: Exchange, routing_key: str, properties: bytes | list[bytes],
                     bodies: list[bytes]) -> tuple[int, bool] | None:
-        """``publish`` for a run of messages with the same exchange, routing key and properties,
-        routed once: (queues reached by each, needs an fsync for the confirms).
+        """``publish`` for a run of messages with the same exchange and routing key, routed once:
+        (queues reached by each, needs an fsync for the confirms). ``properties``: the block all
+        share, or a list with each message's own (see ``_varied_run``).
 
         Only the common case takes this path: no CC/BCC headers and no expiration, the default, a
         direct, fanout or topic exchange, routable, and every target an open queue without features.
         Otherwise it returns None having done nothing, and the caller publishes the messages one by one.
         """
+        if isinstance(properties, list):
+            return self._varied_run(exchange, routing_key, properties, bodies)
         if properties[0] & _EXPIRATION_FLAG_HIGH:
             return None
         headers = None
@@ -199,6 +204,43 @@ class VHostPublishing:
                 return None
         run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         # Counted in the write only: a None above means one by one, counted by publish().
+        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+
+    def _varied_run(self, exchange: Exchange, routing_key: str, properties: list[bytes],
+                    bodies: list[bytes]) -> tuple[int, bool] | None:
+        """``publish_run`` for messages whose properties differ (ids, timestamps, headers): taken
+        whole only where no property routes or is checked per message. Each block is looked at
+        once: no expiration, no CC/BCC (a byte test: a false alarm only means one by one), one
+        delivery mode; the exchange routes by its own bindings (no exchange-to-exchange binding or
+        alternate that might read a property) and, where headers are present, nothing deduplicates."""
+        with_headers = False
+        for block in properties:
+            if len(block) < 2 or block[0] & _EXPIRATION_FLAG_HIGH:
+                return None
+            if block[0] & _HEADERS_FLAG_HIGH:
+                if b"CC" in block:
+                    return None
+                with_headers = True
+        first_mode = peek_delivery_mode(properties[0])
+        for block in properties:
+            if peek_delivery_mode(block) != first_mode:
+                return None
+        if exchange is self.default_exchange:
+            queue = self.queues.get(routing_key)
+            if queue is None:
+                return None
+            queues: Sequence[QueueKind] = (queue,)
+        elif (type(exchange) in _RUN_EXCHANGES and exchange.routes_by_own_bindings()
+              and (not with_headers or exchange.dedup is None)):
+            queues = tuple(self.routing.route(exchange, routing_key, None))
+            if not queues:
+                return None
+        else:
+            return None
+        for queue in queues:
+            if queue.special or (with_headers and queue.dedup is not None):
+                return None
+        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,

@@ -97,18 +97,33 @@ static PyObject *py_write_encoded(PyObject *self, PyObject *args) {
 
 /* write_run(buf, offset, limit, segment_id, names, properties, bodies, start, timestamp) -> (next index,
  * end offset, positions as packed native u64, smallest and largest body written or 0, 0): bodies[start:]
- * while they fit below ``limit``; the caller rolls the segment and calls again (sizes: for the histogram). */
+ * while they fit below ``limit``; the caller rolls the segment and calls again (sizes: for the histogram).
+ * ``properties``: one bytes block for every record, or a list of bytes, one per body. */
 static PyObject *py_write_run(PyObject *self, PyObject *args) {
-    Py_buffer buf, names, props;
+    Py_buffer buf, names, props = {0};
     Py_ssize_t offset, limit, start;
     unsigned long segment_id;
-    PyObject *bodies;
+    PyObject *bodies, *props_arg, *props_list = NULL;
     long long timestamp;
-    if (!PyArg_ParseTuple(args, "w*nnky*y*O!nL", &buf, &offset, &limit, &segment_id, &names, &props,
+    if (!PyArg_ParseTuple(args, "w*nnky*OO!nL", &buf, &offset, &limit, &segment_id, &names, &props_arg,
                           &PyList_Type, &bodies, &start, &timestamp))
         return NULL;
     PyObject *result = NULL, *positions = NULL;
     Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (PyList_Check(props_arg)) {
+        props_list = props_arg;
+        if (PyList_GET_SIZE(props_list) != n) {
+            PyErr_SetString(PyExc_ValueError, "write_run: one properties block per body");
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < n; k++)
+            if (!PyBytes_Check(PyList_GET_ITEM(props_list, k))) {
+                PyErr_SetString(PyExc_TypeError, "write_run: properties must be bytes");
+                goto done;
+            }
+    } else if (PyObject_GetBuffer(props_arg, &props, PyBUF_SIMPLE) < 0) {
+        goto done;
+    }
     if (limit > buf.len || offset < 0 || start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "write_run: bad offset, limit or start");
         goto done;
@@ -117,21 +132,28 @@ static PyObject *py_write_run(PyObject *self, PyObject *args) {
     if (positions == NULL)
         goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(positions);
-    Py_ssize_t fixed = HEADER_SIZE + 16 + names.len + props.len;
+    Py_ssize_t fixed = HEADER_SIZE + 16 + names.len; /* plus each record's properties */
     Py_ssize_t i = start, smallest = PY_SSIZE_T_MAX, largest = 0;
     for (; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(bodies, i);
         Py_buffer body;
         if (PyObject_GetBuffer(item, &body, PyBUF_SIMPLE) < 0)
             goto done;
-        if (offset + fixed + body.len > limit) {
+        const void *props_buf = props.buf;
+        Py_ssize_t props_len = props.len;
+        if (props_list != NULL) {
+            PyObject *block = PyList_GET_ITEM(props_list, i);
+            props_buf = PyBytes_AS_STRING(block);
+            props_len = PyBytes_GET_SIZE(block);
+        }
+        if (offset + fixed + props_len + body.len > limit) {
             PyBuffer_Release(&body);
             break;
         }
         uint64_t pos = (uint64_t)segment_id | ((uint64_t)offset << 32);
         memcpy(out, &pos, 8); /* native order, as array('Q') holds it */
         out += 8;
-        offset += put_record(buf.buf, offset, &names, props.buf, props.len, body.buf, body.len, timestamp);
+        offset += put_record(buf.buf, offset, &names, props_buf, props_len, body.buf, body.len, timestamp);
         smallest = body.len < smallest ? body.len : smallest;
         largest = body.len > largest ? body.len : largest;
         PyBuffer_Release(&body);
@@ -143,12 +165,14 @@ done:
     Py_XDECREF(positions);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&names);
-    PyBuffer_Release(&props);
+    if (props.obj != NULL)
+        PyBuffer_Release(&props);
     return result;
 }
 
 /* stored_messages(timestamp, exchange, routing_key, properties, bodies, start, count)
- *   -> [StoredMessage(timestamp, exchange, routing_key, properties, body) for body in bodies[start:start+count]] */
+ *   -> [StoredMessage(timestamp, exchange, routing_key, properties, body) for body in bodies[start:start+count]]
+ * (``properties`` a list: properties[i] with bodies[i]) */
 static PyObject *py_stored_messages(PyObject *self, PyObject *args) {
     PyObject *timestamp, *exchange, *routing_key, *properties, *bodies;
     Py_ssize_t start, count;
@@ -164,6 +188,12 @@ static PyObject *py_stored_messages(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_IndexError, "stored_messages: start or count out of range");
         return NULL;
     }
+    /* properties: one block shared by the run, or a list with one per body */
+    int per_message = PyList_Check(properties);
+    if (per_message && PyList_GET_SIZE(properties) != n) {
+        PyErr_SetString(PyExc_ValueError, "stored_messages: one properties block per body");
+        return NULL;
+    }
     PyObject *out = PyList_New(count);
     if (out == NULL)
         return NULL;
@@ -173,7 +203,9 @@ static PyObject *py_stored_messages(PyObject *self, PyObject *args) {
             Py_DECREF(out);
             return NULL;
         }
-        PyObject *fields[5] = {timestamp, exchange, routing_key, properties, PyList_GET_ITEM(bodies, start + i)};
+        PyObject *fields[5] = {timestamp, exchange, routing_key,
+                               per_message ? PyList_GET_ITEM(properties, start + i) : properties,
+                               PyList_GET_ITEM(bodies, start + i)};
         for (int f = 0; f < 5; f++) {
             Py_INCREF(fields[f]);
             PyTuple_SET_ITEM(message, f, fields[f]);

@@ -195,8 +195,8 @@ class MessageStore:
             self._dirty_start = offset
         return self._cur_id | (offset << OFFSET_SHIFT)  # make_pos inlined: once per publish
 
-    def append_run(self, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes], start: int,
-                   timestamp_ms: int) -> tuple[int, array, int, int, int]:
+    def append_run(self, exchange: str, routing_key: str, properties: bytes | list[bytes], bodies: list[bytes],
+                   start: int, timestamp_ms: int) -> tuple[int, array, int, int, int]:
         """Write ``bodies[start:]`` as records with the same names and properties, in one call, up to
         the end of the current segment (rolling first when not even the first one fits).
 
@@ -205,18 +205,23 @@ class MessageStore:
         positions to queue indexes before the next append, so a run that spans segments comes back
         in one piece per segment. The sizes are what the message-size histogram counts: the write
         sees each body anyway, so nobody walks the run again for them.
+        ``properties`` is one block for every record, or a list with one per body (a run whose
+        messages differ only in properties that do not route).
         """
         names = self._names.get((exchange, routing_key))
         if names is None:
             names = self._encode_names(exchange, routing_key)
+        varied = properties if isinstance(properties, list) else None
+        props_size = len(properties) if varied is None else len(varied[start])
         offset = self._wpos
-        first_end = offset + _OVERHEAD + len(names) + len(properties) + len(bodies[start])
+        first_end = offset + _OVERHEAD + len(names) + props_size + len(bodies[start])
         if first_end > self._cur_size:
             self._roll(first_end - offset)
             offset = self._wpos
         if len(bodies[start]) >= LARGE_RUN:
-            fixed = _OVERHEAD + len(names) + len(properties)
-            self._populate(offset, offset + sum(fixed + len(body) for body in bodies[start:]))
+            fixed = _OVERHEAD + len(names) + (0 if varied is not None else props_size)
+            extra = sum(map(len, varied[start:])) if varied is not None else 0
+            self._populate(offset, offset + extra + sum(fixed + len(body) for body in bodies[start:]))
         done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id, names,
                                                          properties, bodies, start, timestamp_ms)
         self._wpos = end
@@ -227,7 +232,10 @@ class MessageStore:
         positions = array("Q")
         positions.frombytes(packed)
         # Each record is its fixed part plus its body, so the bodies' total needs no pass either.
-        body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names) + len(properties))
+        if varied is not None:
+            body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names)) - sum(map(len, varied[start:done]))
+        else:
+            body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names) + props_size)
         return done, positions, body_bytes, smallest, largest
 
     def reserve(self, exchange: str, routing_key: str, properties: bytes, body_size: int,

@@ -99,27 +99,36 @@ def py_write_encoded(buf: WritableBuffer, offset: int, names: bytes, properties:
     return length + HEADER_SIZE
 
 
-def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, names: bytes, properties: bytes,
-                 bodies: list[bytes], start: int, timestamp: int) -> tuple[int, int, bytes, int, int]:
+def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, names: bytes,
+                 properties: bytes | list[bytes], bodies: list[bytes], start: int,
+                 timestamp: int) -> tuple[int, int, bytes, int, int]:
     """Write ``bodies[start:]`` as records with the same names and properties while they fit below
     ``limit``: (index of the first body not written, end offset, positions packed as native u64,
     smallest and largest body written, 0 and 0 when none).
 
     One call per run of messages instead of one per message; the caller rolls the segment and
     calls again from the returned index. The smallest and largest body spare the message-size
-    histogram a pass of its own over the run.
+    histogram a pass of its own over the run. ``properties`` is one block for every record or a list
+    with one per body.
     """
     positions = array("Q")
-    fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names) + len(properties)
+    if isinstance(properties, list):
+        if len(properties) != len(bodies):
+            raise ValueError("write_run: one properties block per body")
+        blocks = properties
+    else:
+        blocks = [properties] * len(bodies)
+    fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names)
     smallest, largest = -1, 0
     i = start
     while i < len(bodies):
         body = bodies[i]
         size = len(body)
-        if offset + fixed + size > limit:
+        block = blocks[i]
+        if offset + fixed + len(block) + size > limit:
             break
         positions.append(segment_id | (offset << OFFSET_SHIFT))
-        offset += py_write_encoded(buf, offset, names, properties, body, timestamp)
+        offset += py_write_encoded(buf, offset, names, block, body, timestamp)
         if size > largest:
             largest = size
         if size < smallest or smallest < 0:
@@ -128,11 +137,17 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
     return i, offset, positions.tobytes(), max(smallest, 0), largest
 
 
-def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes, bodies: list[bytes],
-                       start: int, count: int) -> list[StoredMessage]:
-    """The records of ``bodies[start:start + count]`` as StoredMessage tuples (a run's deliveries in hand)."""
+def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes | list[bytes],
+                       bodies: list[bytes], start: int, count: int) -> list[StoredMessage]:
+    """The records of ``bodies[start:start + count]`` as StoredMessage tuples (a run's deliveries in
+    hand); ``properties`` one block for all or a list with one per body."""
     if start < 0 or count < 0 or start + count > len(bodies):
         raise IndexError("stored_messages: start or count out of range")
+    if isinstance(properties, list):
+        if len(properties) != len(bodies):
+            raise ValueError("stored_messages: one properties block per body")
+        return [StoredMessage(timestamp, exchange, routing_key, properties[i], bodies[i])
+                for i in range(start, start + count)]
     return [StoredMessage(timestamp, exchange, routing_key, properties, body)
             for body in bodies[start:start + count]]
 

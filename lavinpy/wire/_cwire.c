@@ -134,7 +134,7 @@ fixed_props_len(uint16_t flags)
 
 /* Whether the header frame at pos (type 2) is complete and its property block known good; sets
  * *props and *fend_out. Mirrors FrameReader._fuse_content's header checks. Returns 1 (good), 0 (not
- * for fusion), -1 (error). */
+ * for fusion), 2 (a property block not seen before: only *fend_out and *body_size set), -1 (error). */
 static int
 fusable_header(const unsigned char *src, Py_ssize_t pos, Py_ssize_t end, long channel,
                Py_ssize_t max_payload, PyObject *valid_props, PyObject **props, Py_ssize_t *fend_out,
@@ -162,7 +162,8 @@ fusable_header(const unsigned char *src, Py_ssize_t pos, Py_ssize_t end, long ch
         int known = PySet_Contains(valid_props, block);
         if (known <= 0) {
             Py_DECREF(block);
-            return known;
+            *fend_out = fend;
+            return known < 0 ? -1 : 2;
         }
     }
     *props = block;
@@ -291,6 +292,23 @@ cwire_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 if (fuse < 0) {
                     Py_DECREF(method);
                     return NULL;
+                }
+                if (fuse == 2) {
+                    /* A property block not seen before (per-message ids, timestamps, headers): Python
+                     * checks it and fuses the message (publish runs take fused messages only); the
+                     * scan goes on after its body frame. */
+                    Py_DECREF(method);
+                    Py_ssize_t after = hend + 1;
+                    stop = end;
+                    if (body_size == 0)
+                        stop = after;
+                    else if (end - after >= 7 && src[after] == 3) {
+                        Py_ssize_t body_end = after + 7 + (Py_ssize_t)rd32(src + after + 3);
+                        if (body_end < end)
+                            stop = body_end + 1;
+                    }
+                    pos = start - 7;
+                    break;
                 }
                 if (fuse) {
                     Py_ssize_t after = hend + 1;

@@ -382,7 +382,17 @@ class FrameReader:
         props_len = _FIXED_PROPS_LEN.get((src[props_at] << 8) | src[props_at + 1])
         if props_len is None:
             if props not in _valid_props:
-                return None  # the general path validates (and caches) it
+                # A block not seen before (per-message ids, timestamps, headers): checked here so
+                # that the message is fused all the same; anything wrong goes the general way.
+                try:
+                    if _check_properties(src, props_at, fend, 60) is not None:
+                        return None
+                except AMQPConnectionError:
+                    return None
+                if size <= _VALID_PROPS_MAX_FRAME:
+                    if len(_valid_props) >= _VALID_PROPS_MAX:
+                        _valid_props.clear()
+                    _valid_props.add(props)
         elif props_at + props_len != fend:
             return None
         pos = fend + 1

@@ -114,6 +114,40 @@ def test_write_run_matches_record_by_record(bodies: list, limit: int, start: int
         assert (msg.body, msg.properties, msg.routing_key) == (bodies[i], props, "key")
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=700), properties()), min_size=1, max_size=30), st.integers(0, 6000),
+       st.integers(0, 3), st.integers(1, 1 << 32 - 1))
+def test_write_run_with_properties_per_body_matches_record_by_record(messages: list, limit: int, start: int,
+                                                                     segment: int) -> None:
+    bodies = [body for body, _props in messages]
+    blocks = [props for _body, props in messages]
+    start = min(start, len(bodies))
+    names = record.encode_names(b"amq.direct", b"key")
+    c_buf, py_buf = bytearray(6000), bytearray(6000)
+    c_result = cstore.write_run(c_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
+    py_result = record.py_write_run(py_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
+    assert c_result == py_result and c_buf == py_buf
+    done, end, packed, _smallest, _largest = c_result
+    positions = array("Q")
+    positions.frombytes(packed)
+    assert len(positions) == done - start and end <= max(limit, 4)
+    for i, pos in zip(range(start, done), positions, strict=True):
+        msg = record.py_read_record(memoryview(c_buf), pos >> 32, end)[0]
+        assert (msg.body, msg.properties) == (bodies[i], blocks[i])
+    if done < len(bodies):  # the first one left out did not fit
+        assert end + record.HEADER_SIZE + 16 + len(names) + len(blocks[done]) + len(bodies[done]) > limit
+    c_messages = cstore.stored_messages(7, "x", "k", blocks, bodies, start, len(bodies) - start)
+    assert c_messages == record.py_stored_messages(7, "x", "k", blocks, bodies, start, len(bodies) - start)
+    assert [m.properties for m in c_messages] == blocks[start:]
+
+
+def test_write_run_refuses_a_properties_list_of_another_length() -> None:
+    names = record.encode_names(b"", b"key")
+    for write in (cstore.write_run, record.py_write_run):
+        with pytest.raises(ValueError):
+            write(bytearray(100), 0, 100, 1, names, [b"\0\0"], [b"a", b"b"], 0, 1)
+
+
 @given(st.binary(max_size=5000), st.integers(0, (1 << 32) - 1))
 def test_crc32_is_zlibs(data: bytes, value: int) -> None:
     assert cstore.crc32(data, value) == zlib.crc32(data, value)

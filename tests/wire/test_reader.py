@@ -464,3 +464,22 @@ def test_large_body_frame_split_across_reads(compiled):
     assert isinstance(event, BodyFrame) and event.channel == 1 and event.data == data
     if compiled is False:
         assert type(event.data) is memoryview
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_publishes_with_property_blocks_never_seen_are_fused_each(compiled):
+    """Per-message properties (a message id each) still arrive as fused publishes (what publish runs
+    take), in order, with each block as sent; a bad headers table is not fused and still refused."""
+    if compiled and not accel.COMPILED:
+        pytest.skip("the compiled codec is not selected")
+    blocks = [b"\x20\x00" + struct.pack(">I", 10) + shortstr("id") + b"S" + struct.pack(">I", 2) + b"%02d" % i
+              for i in range(20)]
+    bad = b"\x20\x00" + struct.pack(">I", 4) + shortstr("id") + b"?"  # an unknown field type
+    data = b"".join(publish(1, "", "q") + header(1, 3, props) + frame(3, 1, b"b%02d" % i)
+                    for i, props in enumerate([*blocks[:10], bad, *blocks[10:]]))
+    events = FrameReader(compiled=compiled).feed(PROTOCOL_HEADER + data)
+    fused = [e for e in events if isinstance(e, ContentMessage)]
+    assert [e.properties for e in fused] == blocks
+    assert [e.body for e in fused] == [b"b%02d" % i for i in range(21) if i != 10]
+    from lavinpy.wire.reader import RefusedFrame
+    assert any(isinstance(e, RefusedFrame) for e in events)  # the bad block: refused as before

@@ -188,6 +188,11 @@ class Exchange:
                     queues.add(destination)
         return queues
 
+    def routes_by_own_bindings(self) -> bool:
+        """Whether ``route`` reads only this exchange's own bindings: no exchange-to-exchange binding
+        and no alternate could take a message on to a type that routes on its headers or properties."""
+        return not self._exchange_bindings and self.alternate is None
+
     def route_keys(self, keys: list[str], headers: dict[str, Any] | None = None,
                    properties: bytes | None = None) -> set[Hashable]:
         """The queues a message published with several routing keys (its own and the CC/BCC ones) reaches:

@@ -51,10 +51,11 @@ def reserve(vhost: VHost, exchange: Exchange, routing_key: str, properties: byte
     return vhost.reserve(exchange, routing_key, properties, body_size)
 
 
-def publish_run(vhost: VHost, exchange: Exchange, routing_key: str, properties: bytes,
+def publish_run(vhost: VHost, exchange: Exchange, routing_key: str, properties: bytes | list[bytes],
                 bodies: list[bytes], counters: ProtocolCounters, confirming: bool = False) -> bool | None:
-    """A run of routable messages with the same exchange, routing key and properties, stored and
-    counted once (``confirming``: each expects a confirm its protocol counts here); returns whether
+    """A run of routable messages with the same exchange and routing key (``properties``: one block
+    for all, or one per body), stored and counted once (``confirming``: each expects a confirm its
+    protocol counts here); returns whether
     their confirms wait for an fsync. None: the run is not one the vhost takes whole (nothing was
     done; publish them one by one)."""
     published = vhost.publish_run(exchange, routing_key, properties, bodies)

@@ -288,8 +288,13 @@ class StreamQueue(QueueKind):
         messages in hand while it has credit, as it would one by one."""
         if not positions:
             return
+        properties = run.properties
+        if isinstance(properties, list):  # each message tagged by its own properties: one by one
+            for i, pos in enumerate(positions):
+                self.push(pos, persistent, run.message(first + i))
+            return
         offset = self.index.append_many(positions)
-        tag = self.tags.tag_of(run.properties)  # a run shares its properties
+        tag = self.tags.tag_of(properties)  # a run shares its properties
         self.tags.append(tag, len(positions))
         segment = pos_segment(positions[0])
         if segment != self._tail_segment:
