@@ -9,14 +9,11 @@ RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the 
   a negative offset (``-N``: the last N messages, LavinMQ's), a timestamp (AMQP timestamp, seconds:
   the first message stored at or after it) or an interval string (``1h``: that long ago). Every
   delivery carries an ``x-stream-offset`` header (a signed 64-bit ``long``) and ``redelivered = false``.
-- A consumer needs a prefetch (basic.qos, 406 otherwise) and manual acks (540 for no-ack); global
-  qos is refused (540). An ack, nack or reject is only credit: nothing is removed or redelivered.
-- basic.get and queue.purge are refused with 540 NOT_IMPLEMENTED, as RabbitMQ does.
+- A consumer needs a prefetch (basic.qos, else 406) and manual acks (no-ack, global qos: 540); an ack,
+  nack or reject is only credit. basic.get and queue.purge: 540 NOT_IMPLEMENTED, as RabbitMQ's.
 
-Retention by size and age runs when the stream opens and whenever its tail moves to a new segment,
-as RabbitMQ's streams evaluate it on segment roll-over, so what a stream holds changes only when it
-is written to. ``apply_retention()``, which the vhost calls from its periodic task, applies only
-``x-max-age``, so that an idle stream still expires.
+Retention by size and age runs when the stream opens and when its tail moves to a new segment (as
+RabbitMQ's on roll-over); the vhost's periodic ``apply_retention()`` applies ``x-max-age`` alone.
 """
 
 from __future__ import annotations
