@@ -43,7 +43,7 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     with open(workdir / "lavinpy.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
                                  "--amqp-port", str(port), "--http-port", "0", "--mqtt-port", "0",
-                                 "--log-level", "warning"],
+                                 "--prometheus-port", "0", "--log-level", "warning"],
                                 cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:

@@ -149,7 +149,7 @@ class Deliveries:
         """Remove and return the deliveries an ack/nack/reject names (406 for an unknown tag)."""
         unacked = self.unacked
         if multiple:
-            if delivery_tag == 0:
+            if delivery_tag == 0 or (unacked and next(reversed(unacked)) <= delivery_tag):  # all: tags ascend
                 taken = list(unacked.items())
                 unacked.clear()
                 return taken
