@@ -43,7 +43,7 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     with open(workdir / "lavinpy.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
                                  "--amqp-port", str(port), "--http-port", "0", "--mqtt-port", "0",
-                                 "--log-level", "warning"],
+                                 "--prometheus-port", "0", "--log-level", "warning"],
                                 cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
@@ -141,10 +141,27 @@ def bodies(spark: Any, rows: int, body_bytes: int, partitions: int) -> Any:
         f"cast(rpad(concat('event-', id, '-'), {body_bytes}, 'x') AS binary) AS body")
 
 
-def timed(fn: Any) -> float:
+BROKER_PID: int | None = None  # the broker the bench started: its CPU time is read per phase
+
+
+def broker_cpu_s() -> float:
+    """utime + stime of the broker the bench started (0 for an external one)."""
+    if BROKER_PID is None:
+        return 0.0
+    with open(f"/proc/{BROKER_PID}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(fn: Any, cpu: list[float] | None = None) -> float:
+    """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu."""
+    cpu0 = broker_cpu_s()
     start = time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    elapsed = time.perf_counter() - start
+    if cpu is not None:
+        cpu.append(broker_cpu_s() - cpu0)
+    return elapsed
 
 
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
@@ -153,9 +170,10 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     declare_queue(url, queue, kind)
     floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
                     .format("spark_floor").mode("append").save())
+    cpu: list[float] = []
     write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
                     .format("lavinpy").mode("append").option("url", url).option("queue", queue)
-                    .option("maxInFlight", args.max_in_flight).save())
+                    .option("maxInFlight", args.max_in_flight).save(), cpu)
     floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
                     .option("bodyBytes", args.body_bytes).load()
                     .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
@@ -166,17 +184,20 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     if args.prefetch:
         reader = reader.option("prefetch", args.prefetch)
     read_s = timed(lambda: result.extend(
-        reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()))
+        reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu)
     n = result[0].n
     assert n == args.rows, f"read {n} rows, expected {args.rows}"
     delete_queue(url, queue)
     run = {"kind": kind, "round": round_no, "write_rows_per_s": round(args.rows / write_s),
            "read_rows_per_s": round(n / read_s), "write_s": round(write_s, 2), "read_s": round(read_s, 2),
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
-           "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3)}
+           "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
+           "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
+           "load_average": os.getloadavg()[0]}
     print(f"{kind:7} round {round_no}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
-          f"Spark alone, {floor_r:.2f} s)", flush=True)
+          f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
+          f"a message; load {run['load_average']:.1f}", flush=True)
     return run
 
 
@@ -197,6 +218,8 @@ def main() -> None:
     url = args.url
     if url is None:
         proc, url = start_lavinpy(workdir)
+        global BROKER_PID
+        BROKER_PID = proc.pid
     spark = make_spark()
     register_floor_sources(spark)
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url

@@ -100,6 +100,7 @@ class QueueConsumer:
             self.conn.call(self.ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
             self.conn.send(frame(FRAME_METHOD, self.ch, _consume_payload(queue)))
             self.conn.wait_method_id(self.ch, _CONSUME_OK)
+            self.conn.unread_backlog()
         except BrokerClosed as exc:
             self.conn.abort()
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None

@@ -310,6 +310,7 @@ class StreamClient:
             conn.call(ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
             conn.send(frame(FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
             conn.wait_method_id(ch, _CONSUME_OK)
+            conn.unread_backlog()
         except BrokerClosed as exc:
             if exc.scope == "connection":
                 self.close()

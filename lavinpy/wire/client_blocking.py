@@ -24,7 +24,7 @@ from typing import Any, Self
 from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 
-from lavinpy.wire.client import WireError, decode_method, method_id, split_frames
+from lavinpy.wire.client import WireError, decode_method, frame, method_id, split_frames
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
 from lavinpy.wire.client_events import ConnectionClosed, ConnectionOpened
 from lavinpy.wire.constants import FRAME_HEARTBEAT, FRAME_METHOD
@@ -290,6 +290,15 @@ class BlockingConnection:
     @property
     def has_backlog(self) -> bool:
         return bool(self._backlog)
+
+    def unread_backlog(self) -> None:
+        """Put the frames kept in the backlog back in front of rbuf, as bytes: a reader that scans
+        rbuf a buffer at a time (the Spark source) then takes them that way too. A consumer's
+        deliveries that came in the same read as its consume-ok are otherwise parsed one by one."""
+        backlog = self._backlog
+        if backlog:
+            self._rbuf[:0] = b"".join([frame(ftype, ch, payload) for ftype, ch, payload in backlog])
+            backlog.clear()
 
     def wait_readable(self, timeout: float) -> bool:
         """Wait up to timeout seconds for bytes and append them to rbuf; False if none came."""

@@ -207,6 +207,36 @@ def test_round_robin_between_consumers(clients):
     assert sorted(b1 + b2) == list(range(20))
 
 
+def test_round_robin_of_runs_between_three_consumers(clients):
+    """Deliveries to several consumers go out a round of turns at a time (one run per consumer):
+    still one message per turn in ring order, each consumer's and each channel's window honoured."""
+    conn, ch = clients.channel()
+    q = _queue(ch)
+    chans = [conn.channel() for _ in range(3)]
+    chans[2].basic_qos(prefetch_count=300, global_qos=True)  # a channel-wide window
+    collected = []
+    for c in chans:
+        got, cb = _collector()
+        collected.append(got)
+        c.basic_qos(prefetch_count=400)
+        c.basic_consume(q, cb)
+    _publish(ch, q, 1200)
+    assert wait_until(conn, lambda: sum(map(len, collected)) == 1100)
+    settle(conn, 0.2)
+    assert [len(got) for got in collected] == [400, 400, 300]
+    numbers = [[int(b) for b in bodies(got)] for got in collected]
+    for got, mine in zip(collected, numbers, strict=True):
+        assert mine == sorted(mine)
+        assert [m.delivery_tag for m, _p, _b in got] == list(range(1, len(got) + 1))
+    # while all three had room, turns went round: every third message to each
+    for mine in numbers:
+        assert all(b - a == 3 for a, b in zip(mine[:299], mine[1:300], strict=True))
+    # then the two with room left alternated
+    assert all(b - a == 2 for a, b in zip(numbers[0][300:399], numbers[0][301:400], strict=True))
+    assert sorted(sum(numbers, [])) == list(range(1100))
+    assert ch.queue_declare(q, passive=True).method.message_count == 100
+
+
 def test_round_robin_honours_prefetch(clients):
     conn, ch = clients.channel()
     q = _queue(ch)

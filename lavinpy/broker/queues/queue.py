@@ -291,6 +291,8 @@ class Queue(QueueKind):
         consumers = self.consumers
         if len(consumers) == 1:
             return self._deliver_to(next(iter(consumers)), budget)
+        if consumers and all(c.channel.delivery_room() >= budget for c in consumers):
+            return self._deliver_rounds(budget)
         while budget and index.ready_count and consumers:
             consumer = consumers.next_ready()
             if consumer is None:
@@ -346,6 +348,55 @@ class Queue(QueueKind):
             else:
                 consumer.unacked += len(positions)
         return budget == 0
+
+    def _deliver_rounds(self, budget: int) -> bool:
+        """``deliver`` with several consumers: the round robin picks each message's consumer as the
+        loop above does, then the picked positions leave the index in one call, are read at once and
+        go to each consumer as one run. Only while every channel-wide prefetch has room for the whole
+        budget (a pick cannot see the picks before it on its channel)."""
+        index = self.index
+        next_ready = self.consumers.next_ready
+        picks: list[QueueConsumer] = []
+        for _ in range(min(budget, index.ready_count)):
+            consumer = next_ready()
+            if consumer is None:
+                break
+            if not consumer.no_ack:
+                consumer.unacked += 1  # what the next pick's window check sees
+            picks.append(consumer)
+        positions = index.shift_many(len(picks))
+        if len(positions) < len(picks):  # cannot happen (ready_count bounded the picks); undo the rest
+            for consumer in picks[len(positions):]:
+                if not consumer.no_ack:
+                    consumer.credit(1)
+            del picks[len(positions):]
+        if not positions:
+            return False
+        redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
+        try:
+            messages: list[StoredMessage | None] = list(self.vhost.store.messages.read_many(positions))
+        except (CorruptRecord, KeyError):
+            messages = [self.read(pos) for pos in positions]  # damaged ones reported, None here
+        runs: dict[QueueConsumer, tuple[list[int], list[StoredMessage], list[int]]] = {}
+        for i, consumer in enumerate(picks):
+            msg = messages[i]
+            if msg is None:  # damaged: removed, and the consumer's turn given back
+                index.ack(positions[i])
+                if not consumer.no_ack:
+                    consumer.credit(1)
+                continue
+            run = runs.get(consumer)
+            if run is None:
+                run = runs[consumer] = ([], [], [])
+            run[0].append(positions[i])
+            run[1].append(msg)
+            run[2].append(i)
+        for consumer, (run_positions, run_messages, picked) in runs.items():
+            consumer.channel.deliver_run(consumer, run_positions, run_messages,
+                                         None if redelivered is None else [redelivered[i] for i in picked])
+            if consumer.no_ack:
+                index.ack_many(run_positions)
+        return len(picks) == budget
 
     def _redelivered_flags(self, positions: list[int]) -> list[bool]:
         """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
