@@ -2,13 +2,11 @@
 
 RabbitMQ's stream semantics for AMQP 0-9-1 clients, with LavinMQ's offsets (the first is 1):
 
-- Durable only; not exclusive, not auto-delete. Retention by ``x-max-length-bytes`` and
-  ``x-max-age`` (``7D``, ``12h``: units Y M D h m s) drops whole segments from the head.
-- Each consumer has its own cursor, chosen by its ``x-stream-offset`` argument: ``first``,
-  ``last`` (lavinpy: the newest message), ``next`` (the default: only new messages), an offset,
-  a negative offset (``-N``: the last N messages, LavinMQ's), a timestamp (AMQP timestamp, seconds:
-  the first message stored at or after it) or an interval string (``1h``: that long ago). Every
-  delivery carries an ``x-stream-offset`` header (a signed 64-bit ``long``) and ``redelivered = false``.
+- Durable only, not exclusive or auto-delete; ``x-max-length-bytes``/``x-max-age`` drop head segments.
+- Each consumer's cursor comes from its ``x-stream-offset``: ``first``, ``last`` (the newest message),
+  ``next`` (default: only new ones), an offset, ``-N`` (the last N, LavinMQ's), a timestamp (seconds:
+  the first stored at or after it) or an interval (``1h`` ago). Every delivery carries an
+  ``x-stream-offset`` header (a signed 64-bit ``long``) and ``redelivered = false``.
 - A consumer needs a prefetch (basic.qos, else 406) and manual acks (no-ack, global qos: 540); an ack,
   nack or reject is only credit. basic.get and queue.purge: 540 NOT_IMPLEMENTED, as RabbitMQ's.
 
