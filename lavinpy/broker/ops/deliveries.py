@@ -423,6 +423,16 @@ class Deliveries:
         self._acks(items)  # type: ignore[arg-type]
         return None
 
+    def _acked_run(self, queue: QueueKind, count: int) -> None:
+        """The books after ``count`` acks of one queue's deliveries: counted, and the queue and the
+        channel's window given their chance to deliver again."""
+        queue.stats.ack += count
+        self.counters.ack += count
+        if queue.consumers and queue.message_count:
+            self._schedule(queue)
+        if self.prefetch:
+            self._room_freed()
+
     def _ack_pieces(self, pieces: list[Piece]) -> None:
         """Acks of run slices (each of one queue and one consumer), in delivery order."""
         if len(pieces) == 1:
@@ -434,12 +444,7 @@ class Deliveries:
                 queue.ack(positions[0])
             else:
                 queue.ack_many(positions)
-            queue.stats.ack += count
-            self.counters.ack += count
-            if queue.consumers and queue.message_count:
-                self._schedule(queue)
-            if self.prefetch:
-                self._room_freed()
+            self._acked_run(queue, count)
             return
         touched: dict[QueueKind, None] = {}
         total = 0
@@ -512,12 +517,7 @@ class Deliveries:
             if consumer is not None:
                 consumer.credit(count)
             queue.ack_many(list(positions))
-            queue.stats.ack += count
-            self.counters.ack += count
-            if queue.consumers and queue.message_count:
-                self._schedule(queue)
-            if self.prefetch:
-                self._room_freed()
+            self._acked_run(queue, count)
             return
         touched: dict[QueueKind, None] = {}
         run_queue, run_consumer = queue, consumer
