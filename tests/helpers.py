@@ -20,6 +20,11 @@ from lavinpy.store.vhost_store import VhostStore
 
 T = TypeVar("T")
 
+# LAVINPY_LONG=1: the long sizes of the tests that repeat a fault or a random step (kills, crash rounds,
+# fuzzed frames, model steps). CI runs the short size of each, which exercises every behaviour once or more;
+# the long size repeats it to find rarer interleavings. (The Jepsen suite has its own LAVINPY_JEPSEN=long.)
+LONG = os.environ.get("LAVINPY_LONG") == "1"
+
 # Linux's default ephemeral range (net.ipv4.ip_local_port_range) is 32768-60999.
 _BELOW_EPHEMERAL = (20000, 32768)
 # Ports below the ephemeral range handed out by this process: a test binds them later (a cluster node
