@@ -5,6 +5,7 @@ durable queue and records which ids the broker confirmed; the server is killed w
 and started again on the same data dir. Every confirmed id that was not acked must then be in the queue,
 and an id seen twice must carry redelivered. Messages from earlier rounds stay in the queue (half of them
 are acked each round), so recovery is also tested on data that already went through earlier crashes.
+5 rounds in CI, 10 with LAVINPY_LONG=1.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any
 import pika
 import pytest
 
+from tests.helpers import LONG
+
 from . import uid
 from .conftest import lavinpy_only
 from .rawamqp import PeerClosed, RawAMQP, commands
 
-ROUNDS = 10
+ROUNDS = 10 if LONG else 5
 WINDOW = 300  # unconfirmed messages in flight at most
 
 
