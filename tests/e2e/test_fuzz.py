@@ -1,7 +1,7 @@
 """Bounded protocol fuzzing: recorded pika sessions, mutated and replayed against one broker.
 
 At least 20,000 mutated frames (bit flips, truncation, splices, length fields...) over about a thousand
-connections, 50,000 with LAVINPY_FUZZ_LONG=1; the broker must never answer 541, never log a traceback, keep
+connections, 50,000 with LAVINPY_LONG=1; the broker must never answer 541, never log a traceback, keep
 serving a witness client and keep its RSS growth under 20 MiB. bench/fuzz.py runs the same loop for longer.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,10 +16,11 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.helpers import LONG
+
 from .conftest import ON_LAVINPY, REPO_ROOT
 
 # CI's run replays each recorded session's frames with fixed seeds; the long run, more of the same.
-LONG = bool(os.environ.get("LAVINPY_FUZZ_LONG"))
 MUTATED_FRAMES = 50_000 if LONG else 20_000
 BUDGET_S = 80.0 if LONG else 40.0
 

@@ -3,7 +3,7 @@ RabbitMQ with confirms; lavinpy is killed (-9) once and RabbitMQ once mid-way. E
 message arrives in lavinpy (duplicates are counted, none may be lost); then the publisher switches
 to lavinpy. The private RabbitMQ node is the one tests/e2e/test_rabbitmq_interop.py runs.
 
-LAVINPY_SHOVEL_LONG=1 makes the run longer (more messages, more kills).
+LAVINPY_LONG=1 makes the run longer (more messages, more kills).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import pytest
 
 from tests.e2e.conftest import LocalBroker
 from tests.e2e.rabbitmq_node import RabbitNode, needs_rabbitmq
+from tests.helpers import LONG
 
 from .engine import EngineThread
 
-LONG = bool(os.environ.get("LAVINPY_SHOVEL_LONG"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 if LONG else 120),
               needs_rabbitmq]
 QUEUE = "migrate"
