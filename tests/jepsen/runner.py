@@ -8,7 +8,7 @@ below it cannot add command line options):
   members, the nightly faults); ``off`` = skip the suite.
 - ``LAVINPY_JEPSEN_SEED``: the seed of the random schedules (default: a fresh one, printed).
 - ``LAVINPY_JEPSEN_ETCD``: etcd members, 1 or 3 (default 1 in CI mode, 3 in long mode).
-- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 1.5 in CI mode, where each fault also has
+- ``LAVINPY_JEPSEN_MINUTES``: length of the random phase (default 1 in CI mode, where each fault also has
   its targeted test; 30 in long mode).
 - ``LAVINPY_JEPSEN_SOURCE``: the lavinpy source tree the nodes run (default this repository), e.g. a
   worktree of an older commit.
@@ -51,7 +51,7 @@ class Settings:
     mode: str = "ci"
     seed: int = 0
     etcd: int = 1
-    minutes: float = 1.5
+    minutes: float = 1.0
     source: Path = REPO
 
     @property
@@ -66,7 +66,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> Settings:
     seed = env.get("LAVINPY_JEPSEN_SEED")
     return Settings(mode=mode, seed=int(seed) if seed else random.SystemRandom().randrange(1, 1 << 31),
                     etcd=int(env.get("LAVINPY_JEPSEN_ETCD") or (3 if long else 1)),
-                    minutes=float(env.get("LAVINPY_JEPSEN_MINUTES") or (30 if long else 1.5)),
+                    minutes=float(env.get("LAVINPY_JEPSEN_MINUTES") or (30 if long else 1.0)),
                     source=Path(env.get("LAVINPY_JEPSEN_SOURCE") or REPO).resolve())
 
 

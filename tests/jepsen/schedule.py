@@ -144,13 +144,17 @@ LONG_FAULTS: list[Fault] = CI_FAULTS + [etcd_down, long_silent_partition, follow
 
 def random_schedule(run: Run, seed: int, minutes: float, faults: list[Fault]) -> None:
     """Cycles of fault, heal and calm until ``minutes`` are used up (the last cycle starts while at
-    least 30 s are left)."""
+    least 30 s are left). The faults come in a shuffled order, each once before any comes again, so that
+    a short schedule (CI's) has as many different faults as it has cycles."""
     rng = random.Random(seed)
     deadline = time.monotonic() + minutes * 60
     cycle = 0
+    order: list[Fault] = []
     while deadline - time.monotonic() > 30:
         cycle += 1
-        fault = rng.choice(faults)
+        if not order:
+            order = rng.sample(faults, len(faults))
+        fault = order.pop()
         run.nemesis.note(f"cycle {cycle}: {fault.__name__}")
         fault(run, rng)
         run.heal(f"cycle {cycle} ({fault.__name__})")

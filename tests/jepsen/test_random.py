@@ -1,4 +1,4 @@
-"""Seeded random fault schedules (schedule.py): about 1.5 minutes of faults in CI mode, 30 minutes with
+"""Seeded random fault schedules (schedule.py): about a minute of faults in CI mode, 30 minutes with
 three etcd members and the nightly faults in long mode (LAVINPY_JEPSEN=long). The seed is printed with
 any failure; LAVINPY_JEPSEN_SEED=<seed> replays the same choices."""
 
