@@ -145,9 +145,10 @@ def f4_silent_partition(run: Run) -> None:
 
 # ---- F5: a follower on a full disk never acknowledges what it did not write -----------------------
 
-def f5_full_disk(run: Run, attempts: int = 4) -> None:
-    """Fill a follower's disk, publish a burst across an index block boundary, free the disk, a few
-    times. The follower must neither acknowledge the short write that ENOSPC gives (it would stay in
+def f5_full_disk(run: Run, attempts: int | None = None) -> None:
+    """Fill a follower's disk, publish a burst across an index block boundary, free the disk: twice in CI
+    mode (the second time on a follower that rejoined after its disk was freed), four times in long mode.
+    The follower must neither acknowledge the short write that ENOSPC gives (it would stay in
     the ISR with a queue index unlike the leader's) nor depose the healthy leader over its own disk
     errors. Then fail over to it (leader killed, the other follower frozen): no confirm may be lost."""
     n = run.nemesis
@@ -155,6 +156,8 @@ def f5_full_disk(run: Run, attempts: int = 4) -> None:
     f1, f2 = n.followers(leader)
     enq = _queue_file(run, "enq")
     run.control(consume=False, declare=False)
+    if attempts is None:
+        attempts = 4 if run.settings.long else 2
     for attempt in range(attempts):
         try:
             wait_until(lambda: _isr_has(run, f1), 30, 0.2, f"{f1.name} in the ISR")
