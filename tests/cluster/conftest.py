@@ -15,7 +15,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     """A failed cluster test's one-line message also says what etcd and the nodes said."""
     outcome = yield
     report = outcome.get_result()
-    cluster = getattr(item, "funcargs", {}).get("cluster")
+    funcargs = getattr(item, "funcargs", {})
+    cluster = funcargs.get("cluster") or funcargs.get("module_cluster")
     crash = getattr(report.longrepr, "reprcrash", None)
     if report.when == "call" and report.failed and cluster is not None and crash is not None:
         try:
@@ -38,7 +39,26 @@ def etcd(tmp_path: Path) -> Iterator[Etcd]:
 
 @pytest.fixture
 def cluster(tmp_path: Path, etcd: Etcd) -> Iterator[Cluster]:
-    nodes = Cluster(tmp_path / "nodes", etcd)
+    yield from _cluster(tmp_path / "nodes", etcd)
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One etcd and one set of nodes for a whole module, for tests that leave the nodes as they found them
+    (none kills, stops, pauses or cuts off a node): a cluster's start is most of such a test's time."""
+    if etcd_binary() is None:
+        pytest.skip("the etcd binary is missing (Debian: apt-get install etcd-server etcd-client)")
+    base = tmp_path_factory.mktemp("module-cluster")
+    server = Etcd(base / "etcd")
+    server.start()
+    try:
+        yield from _cluster(base / "nodes", server)
+    finally:
+        server.stop()
+
+
+def _cluster(directory: Path, etcd: Etcd) -> Iterator[Cluster]:
+    nodes = Cluster(directory, etcd)
     try:
         yield nodes
     finally:

@@ -34,8 +34,10 @@ def http_get(port: int, path: str, source: str | None = None) -> tuple[int, obje
         return e.code, json.loads(e.read() or b"null")
 
 
-@pytest.fixture
-def three(cluster: Cluster):
+@pytest.fixture(scope="module")
+def three(module_cluster: Cluster):
+    """Three nodes shared by the module's tests that only connect through them (none changes a node)."""
+    cluster = module_cluster
     cluster.start(3)
     leader = cluster.wait_for_leader(30)
     followers = [n for n in cluster.nodes if n is not leader]
