@@ -46,6 +46,22 @@ def _watch(seconds: float, check: Callable[[], Any], interval: float = 0.2) -> l
     return seen
 
 
+def _watch_for_takeover(run: Run, node: Node, seconds: float) -> list[Any]:
+    """What served, watched until ``node`` serves alone or ``seconds`` passed: a failover the scenario
+    arranged to ``node`` (every other node dead or frozen) has then happened, and the rest of the
+    scenario runs on it."""
+    seen: list[Any] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = ",".join(run.cluster.serving())
+        if value and value not in seen:
+            seen.append(value)
+        if value == node.name:
+            break
+        time.sleep(0.3)
+    return seen
+
+
 def _isr_has(run: Run, node: Node) -> bool:
     return node.name in (run.cluster.isr() or [])
 
@@ -86,7 +102,7 @@ def f2_join_caught_up(run: Run) -> None:
     """A follower restarts behind a slow link; the moment etcd lists it in the ISR, the leader and the
     other follower freeze and the leader's lease is revoked: it becomes the only candidate. It must
     hold every message confirmed so far."""
-    n, c = run.nemesis, run.cluster
+    n = run.nemesis
     run.control(consume=False, pad=2000)
     leader = n.leader()
     f1, f2 = n.followers(leader)
@@ -103,7 +119,7 @@ def f2_join_caught_up(run: Run) -> None:
     n.pause(leader)
     n.pause(f2)
     n.revoke_leader_lease()
-    led = _watch(8, lambda: ",".join(c.serving()), 0.3)
+    led = _watch_for_takeover(run, f1, 8)
     n.note(f"serving while {leader.name} and {f2.name} were frozen: {led}")
     n.kill(leader)
     n.resume(f2)
@@ -208,10 +224,10 @@ def _quiesce(run: Run) -> None:
 
 def _fail_over_to(run: Run, target: Node, leader: Node, other: Node) -> None:
     """Kill the leader and freeze ``other``: ``target`` is the only node that could lead."""
-    n, c = run.nemesis, run.cluster
+    n = run.nemesis
     n.kill(leader)
     n.pause(other)
-    led = _watch(10, lambda: ",".join(c.serving()), 0.3)
+    led = _watch_for_takeover(run, target, 10)
     n.note(f"serving with {leader.name} dead and {other.name} frozen: {led}")
     n.resume(other)
 
@@ -221,7 +237,7 @@ def _fail_over_to(run: Run, target: Node, leader: Node, other: Node) -> None:
 def f6_fsync_eio(run: Run) -> None:
     """One fsync on a follower fails with EIO (the shim); the follower's machine then loses power,
     which takes what that fsync failed to write; then fail over to it."""
-    n, c = run.nemesis, run.cluster
+    n = run.nemesis
     leader = n.leader()
     f1, f2 = n.followers(leader)
     run.control(consume=False, declare=False)
@@ -245,7 +261,7 @@ def f6_fsync_eio(run: Run) -> None:
     zeroed = n.power_loss(f1)
     n.note(f"F6: the power loss of {f1.name} zeroed {zeroed}")
     f1.start()
-    led = _watch(10, lambda: ",".join(c.serving()), 0.3)
+    led = _watch_for_takeover(run, f1, 10)
     n.note(f"serving with {leader.name} dead and {f2.name} frozen: {led}")
     n.resume(f2)
     run.control(consume=True)
