@@ -32,6 +32,10 @@ SERIAL_GROUPS = {"spark": "spark", "cluster": "nodes", "jepsen": "nodes", "feder
 # ... and these run with no test beside them on the other worker: their failover and timeout bounds (half
 # a second for some) hold on a quiet machine, as in a serial run, not beside another test's broker.
 ALONE = ("cluster", "jepsen", "timing")
+# ... except these modules of those directories, which assert no failover or timeout bound a test beside them
+# could break (their waits are minutes): the full sync of a million messages (checked byte for byte), the
+# checker's pure functions.
+BESIDE_OTHERS = {HERE / name for name in ("cluster/test_replication_sync.py", "jepsen/test_checker.py")}
 
 
 # What the compiled twins replace, and the tests that drive it:
@@ -82,7 +86,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if workerinput is None:
         yield
         return
-    alone = any(item.get_closest_marker(name) for name in ALONE)
+    alone = Path(str(item.path)) not in BESIDE_OTHERS and any(item.get_closest_marker(name) for name in ALONE)
     with run_lock(Path(tempfile.gettempdir()) / f"lavinpy-tests-{workerinput['testrunuid']}", alone):
         yield
 
