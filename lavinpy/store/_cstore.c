@@ -234,8 +234,8 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
 /* fsync_all(fds) -> list of errno values (0: synced): fsync every descriptor at once, without the GIL,
  * and return when all are done. A replica's batch touches a few files; syncing them together lets one
  * journal commit cover them, and doing it here spares the Python thread pool's hand-overs (a future, a
- * wake-up and a GIL round trip per file). The caller syncs too; the other descriptors go to worker
- * threads started once and kept (a thread created per call cost a clone, its stack and its exit per
+ * wake-up and a GIL round trip per file). The caller syncs one; each other descriptor goes to a worker
+ * thread, started once and kept (a thread created per call cost a clone, its stack and its exit per
  * file and batch: about two thirds of a follower's syscalls). Callers take turns (one batch at a time). */
 #define FSYNC_ALL_MAX 64
 #define FSYNC_WORKERS_MAX 8
@@ -284,8 +284,28 @@ static void *fsync_worker(void *arg) {
     return NULL;
 }
 
-/* Syncs jobs[0..n) with up to n - 1 workers beside the calling thread; called without the GIL. */
+static void fsync_pool_after_fork(void) {
+    /* The child has the calling thread only: no workers, and locks no other thread can release. */
+    pthread_mutex_init(&fsync_pool.call, NULL);
+    pthread_mutex_init(&fsync_pool.lock, NULL);
+    pthread_cond_init(&fsync_pool.work, NULL);
+    pthread_cond_init(&fsync_pool.done, NULL);
+    fsync_pool.jobs = NULL;
+    fsync_pool.next = fsync_pool.count = fsync_pool.unfinished = 0;
+    fsync_pool.workers = 0;
+}
+
+static pthread_once_t fsync_pool_once = PTHREAD_ONCE_INIT;
+
+static void fsync_pool_init(void) {
+    pthread_atfork(NULL, NULL, fsync_pool_after_fork);
+}
+
+/* Syncs jobs[0..n): job 0 in the calling thread, each other one in a worker of its own, so that they
+ * run at once even when the workers are slow to be scheduled (the caller takes a job of theirs only
+ * when there are fewer workers than jobs); called without the GIL. */
 static void fsync_jobs(FsyncJob *jobs, Py_ssize_t n) {
+    pthread_once(&fsync_pool_once, fsync_pool_init);
     pthread_mutex_lock(&fsync_pool.call);
     pthread_mutex_lock(&fsync_pool.lock);
     while (fsync_pool.workers < n - 1 && fsync_pool.workers < FSYNC_WORKERS_MAX) {
@@ -300,12 +320,16 @@ static void fsync_jobs(FsyncJob *jobs, Py_ssize_t n) {
         fsync_pool.workers++;
     }
     fsync_pool.jobs = jobs;
-    fsync_pool.next = 0;
+    fsync_pool.next = 1;
     fsync_pool.count = n;
-    fsync_pool.unfinished = n;
+    fsync_pool.unfinished = n - 1;
     if (n > 1)
         pthread_cond_broadcast(&fsync_pool.work);
-    fsync_take_jobs();
+    pthread_mutex_unlock(&fsync_pool.lock);
+    fsync_job(&jobs[0]);
+    pthread_mutex_lock(&fsync_pool.lock);
+    if (fsync_pool.workers < n - 1)
+        fsync_take_jobs();
     while (fsync_pool.unfinished > 0)
         pthread_cond_wait(&fsync_pool.done, &fsync_pool.lock);
     fsync_pool.jobs = NULL;
