@@ -27,17 +27,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
+from bench_broker import process_cpu_seconds  # noqa: E402
 from compare import SCENARIOS, figures  # noqa: E402
 
 from tests.cluster.harness import PREFIX, Cluster, Etcd, free_port, port_open, wait_until  # noqa: E402
 
 SCENARIO = "b"  # 1 KiB persistent, confirm 256, prefetch 256
-
-
-def process_cpu(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scenario_window() -> tuple[float, float]:
@@ -58,10 +53,10 @@ def amqpperf(binary: str, port: int, pids: list[int], label: str) -> dict:
     def sample() -> None:
         if done.wait(warmup):
             return
-        before = [process_cpu(pid) for pid in pids]
+        before = [process_cpu_seconds(pid) for pid in pids]
         if done.wait(duration):
             return
-        per_node.extend(process_cpu(pid) - start for pid, start in zip(pids, before, strict=True))
+        per_node.extend(process_cpu_seconds(pid) - start for pid, start in zip(pids, before, strict=True))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()  # amqpperf connects in a few ms: its window and this one start together
