@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
+from bench_broker import process_cpu_seconds  # noqa: E402
 from compare import SCENARIOS, figures  # noqa: E402
 
 from tests.cluster.harness import PREFIX, Cluster, Etcd, free_port, port_open, wait_until  # noqa: E402
@@ -33,14 +35,42 @@ from tests.cluster.harness import PREFIX, Cluster, Etcd, free_port, port_open, w
 SCENARIO = "b"  # 1 KiB persistent, confirm 256, prefetch 256
 
 
+def scenario_window() -> tuple[float, float]:
+    """The measured window of the scenario's amqpperf run: (warm-up s, duration s)."""
+    args = SCENARIOS[SCENARIO]
+    return float(args[args.index("-warmup") + 1]), float(args[args.index("-duration") + 1])
+
+
 def amqpperf(binary: str, port: int, pids: list[int], label: str) -> dict:
+    """One run; ``node_cpu_s``: each pid's CPU seconds over (about) amqpperf's measured window, read
+    from /proc here, so that the cluster's cost per message can be split per node."""
     cmd = [binary, "-uri", f"amqp://guest:guest@127.0.0.1:{port}/", "-broker-pid", ",".join(map(str, pids)),
            "-label", label, *SCENARIOS[SCENARIO]]
+    warmup, duration = scenario_window()
+    per_node: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        if done.wait(warmup):
+            return
+        before = [process_cpu_seconds(pid) for pid in pids]
+        if done.wait(duration):
+            return
+        per_node.extend(process_cpu_seconds(pid) - start for pid, start in zip(pids, before, strict=True))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()  # amqpperf connects in a few ms: its window and this one start together
     out = subprocess.run(cmd, capture_output=True, text=True)
+    done.set()
+    sampler.join()
     try:
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        result = json.loads(out.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"errors": [f"amqpperf exit {out.returncode}: {out.stderr.strip()[-500:]}"]}
+    if len(per_node) == len(pids):
+        result["node_cpu_s"] = per_node
+        result["node_window_s"] = duration
+    return result
 
 
 def single_node(binary: str, data_dir: Path) -> dict:
@@ -73,7 +103,10 @@ def cluster_runs(binary: str, cluster: Cluster) -> dict[str, dict]:
     leader = cluster.wait_for_leader(60)
     wait_in_sync(cluster)
     follower = next(n for n in cluster.nodes if n is not leader)
-    pids = [n.process.pid for n in cluster.nodes if n.process is not None]
+    # In this order, for the per-node split: the leader, the follower clients connect to through it,
+    # the other follower.
+    ordered = [leader, follower, *(n for n in cluster.nodes if n not in (leader, follower))]
+    pids = [n.process.pid for n in ordered if n.process is not None]
     results = {"cluster via leader": amqpperf(binary, leader.amqp_port, pids, "leader")}
     wait_in_sync(cluster)
     results["cluster via follower"] = amqpperf(binary, follower.amqp_port, pids, "follower")
@@ -135,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(results: dict[str, list[dict]]) -> None:
     single = None
-    print(f"{'set-up':<22}{'pub msg/s':>11}{'con msg/s':>11}{'p99 ms':>9}{'vs single':>11}{'CPU us/msg':>12}  errors")
+    print(f"{'set-up':<22}{'pub msg/s':>11}{'con msg/s':>11}{'p99 ms':>9}{'vs single':>11}{'CPU us/msg':>12}"
+          f"  {'per node us/msg':<20}errors")
     for name, runs in results.items():
         rows = [figures(SCENARIO, r) for r in runs]
         rows = [r for r in rows if r]
         errors = sum(1 for r in runs if r.get("errors"))
         if not rows:
-            print(f"{name:<22}{'-':>11}{'-':>11}{'-':>9}{'-':>11}{'-':>12}  {errors}")
+            print(f"{name:<22}{'-':>11}{'-':>11}{'-':>9}{'-':>11}{'-':>12}  {'-':<20}{errors}")
             continue
         pub = statistics.median(r["pub msg/s"] for r in rows)
         con = statistics.median(r["con msg/s"] for r in rows)
@@ -152,7 +186,18 @@ def print_table(results: dict[str, list[dict]]) -> None:
                if r.get("broker CPU cores") and r["pub msg/s"]]
         cpu_text = f"{statistics.median(cpu):>12.1f}" if cpu else f"{'-':>12}"
         single = single or pub
-        print(f"{name:<22}{pub:>11.0f}{con:>11.0f}{p99:>9.1f}{pub / single:>10.0%}{cpu_text}  {errors}")
+        print(f"{name:<22}{pub:>11.0f}{con:>11.0f}{p99:>9.1f}{pub / single:>10.0%}{cpu_text}"
+              f"  {per_node_text(runs):<20}{errors}")
+
+
+def per_node_text(runs: list[dict]) -> str:
+    """Median CPU µs per message of each node (the leader first, then the follower clients went
+    through, then the other), from the /proc readings over amqpperf's window."""
+    splits = [[seconds * 1e6 / (r["pub_rate"] * r["node_window_s"]) for seconds in r["node_cpu_s"]]
+              for r in runs if r.get("node_cpu_s") and r.get("pub_rate")]
+    if not splits:
+        return "-"
+    return " / ".join(f"{statistics.median(column):.1f}" for column in zip(*splits, strict=True))
 
 
 if __name__ == "__main__":

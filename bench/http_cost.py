@@ -29,8 +29,6 @@ import base64
 import json
 import multiprocessing
 import os
-import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 import pika  # type: ignore[import-untyped]
+from bench_broker import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_AMQPPERF = REPO / "bench" / "out" / "amqpperf"
@@ -49,51 +48,12 @@ DETAILED_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count", "queue_metr
                      "queue_publish_metrics", "exchange_metrics", "vhost_status")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Broker(BrokerProcess):
+    """With the HTTP ports (unless ``http`` is False), and half a second to settle once listening."""
 
-
-def _raise_fd_limit() -> None:
-    """In the broker's process: every durable queue and stream holds files open."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-class Broker:
     def __init__(self, repo: Path, workdir: Path, http: bool = True) -> None:
-        self.amqp_port = free_port()
-        self.http_port = free_port() if http else 0
-        self.prometheus_port = 0
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
-        env["PYTHONPATH"] = str(repo)
-        cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port",
-               str(self.amqp_port), "--http-port", str(self.http_port), "--log-level", "warning", "--fsync", "never"]
-        if "mqtt_port" in (repo / "lavinpy" / "config.py").read_text():
-            cmd += ["--mqtt-port", "0"]
-        if "prometheus_port" in (repo / "lavinpy" / "config.py").read_text():
-            self.prometheus_port = free_port() if http else 0
-            cmd += ["--prometheus-port", str(self.prometheus_port)]
-        self.log = open(workdir / "broker.log", "ab")  # noqa: SIM115 - open while the broker runs
-        self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_raise_fd_limit)
-        deadline = time.monotonic() + 30
-        while not self._listening():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"broker did not start: see {workdir / 'broker.log'}")
-            time.sleep(0.1)
+        super().__init__(workdir, repo=repo, http=http, start_timeout=30)
         time.sleep(0.5)
-
-    def _listening(self) -> bool:
-        for port in (self.amqp_port, self.http_port, self.prometheus_port):
-            if not port:
-                continue
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            except OSError:
-                return False
-        return True
 
     @property
     def plain_url(self) -> str:
@@ -103,15 +63,6 @@ class Broker:
     def url(self) -> str:
         """For pika: no heartbeats, as the connection holding the consumers sits idle while timing."""
         return f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2F?heartbeat=0"
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.log.close()
 
 
 def request(url: str, method: str = "GET", body: dict | None = None) -> bytes:

@@ -28,9 +28,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,50 +38,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_broker import BrokerProcess  # noqa: E402
 from joserfc import jwt  # noqa: E402
 from joserfc.jwk import RSAKey  # noqa: E402
 from pamqp import commands, frame, header  # noqa: E402
 
 SCOPES = "rabbitmq.configure:*/* rabbitmq.read:*/* rabbitmq.write:*/*"
 _CLOSE = commands.Connection.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Broker:
-    def __init__(self, workdir: Path, settings: dict[str, Any]) -> None:
-        self.port = free_port()
-        conf = workdir / "bench.yaml"
-        conf.write_text(json.dumps(settings))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
-        env["PYTHONPATH"] = str(REPO)
-        cmd = [sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"), "--amqp-port", str(self.port),
-               "--http-port", "0", "--prometheus-port", "0", "--mqtt-port", "0", "--mqtts-port", "0",
-               "--log-level", "warning", "--fsync", "never", "--config", str(conf)]
-        self.log = open(workdir / "broker.log", "ab")  # noqa: SIM115 - open while the broker runs
-        self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the broker did not start: {(workdir / 'broker.log').read_text()[-2000:]}")
-                time.sleep(0.1)
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
-        self.log.close()
 
 
 # --- logins -----------------------------------------------------------------------------------------
@@ -156,18 +117,18 @@ def bench_logins(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     (workdir / "logins").mkdir()
     settings = {"auth_backends": ["local", "oauth2"], "auth_oauth2_resource_server_id": "rabbitmq",
                 "auth_oauth2_signing_keys": {"bench": str(pem)}}
-    broker = Broker(workdir / "logins", settings)
+    broker = BrokerProcess(workdir / "logins", settings=settings)
     # Enough fresh tokens for every round (none used twice unless a round passes 1,500 logins a second).
     fresh = [token(key, f"fresh-{i}") for i in range(int(min(60_000, max(2_000, args.seconds * args.rounds * 1_500))))]
     modes = {"password": ("guest", ["guest"]), "token": ("ignored", [token(key, "bench-app")]),
              "token-fresh": ("ignored", fresh)}
     runs: dict[str, list[tuple[int, float, float]]] = {name: [] for name in modes}  # (logins, wall, cpu)
     try:
-        asyncio.run(login_run(broker.port, ["guest"], "guest", 1.0, args.clients))  # warm up
+        asyncio.run(login_run(broker.amqp_port, ["guest"], "guest", 1.0, args.clients))  # warm up
         for _ in range(args.rounds):  # the modes alternated: the shared machine's load changes by the minute
             for name, (user, passwords) in modes.items():
                 cpu0, wall0 = broker.cpu_seconds(), time.perf_counter()
-                done = asyncio.run(login_run(broker.port, passwords, user, args.seconds, args.clients))
+                done = asyncio.run(login_run(broker.amqp_port, passwords, user, args.seconds, args.clients))
                 runs[name].append((done, time.perf_counter() - wall0, broker.cpu_seconds() - cpu0))
                 if name == "token-fresh":  # the next round's tokens are new ones
                     modes[name] = (user, passwords[done:] if len(passwords) > done else passwords)
@@ -234,17 +195,18 @@ def bench_ldap(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         slapd.add(ENTRIES)
         (workdir / "ldap").mkdir()
-        broker = Broker(workdir / "ldap", {**SETTINGS, "auth_ldap_port": slapd.port, "auth_ldap_cache_ttl": 15.0})
+        settings = {**SETTINGS, "auth_ldap_port": slapd.port, "auth_ldap_cache_ttl": 15.0}
+        broker = BrokerProcess(workdir / "ldap", settings=settings)
         per_user: dict[str, list[float]] = {"guest": [], "bob": []}
         admin = pika.BlockingConnection(pika.ConnectionParameters(
-            "127.0.0.1", broker.port, "/", pika.PlainCredentials("guest", "guest"), heartbeat=0))
+            "127.0.0.1", broker.amqp_port, "/", pika.PlainCredentials("guest", "guest"), heartbeat=0))
         setup = admin.channel()
         for user in per_user:  # guest's queues: bob only publishes (write and topic checks)
             setup.queue_declare(f"bench-{user}", auto_delete=False)
             setup.queue_bind(f"bench-{user}", "amq.topic", f"{user}.jobs")
         for _ in range(args.rounds):
             for user in per_user:
-                params = pika.ConnectionParameters("127.0.0.1", broker.port, "/", pika.PlainCredentials(
+                params = pika.ConnectionParameters("127.0.0.1", broker.amqp_port, "/", pika.PlainCredentials(
                     user, "guest" if user == "guest" else "bob-pw"), heartbeat=0)
                 with pika.BlockingConnection(params) as conn:
                     ch = conn.channel()

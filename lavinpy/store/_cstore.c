@@ -5,6 +5,7 @@
  * compiler and the Python headers alone. It behaves exactly as the pure-Python code in record.py (which
  * describes the record layout) and ready_list.py; tests/store/test_cstore_equivalence.py runs both alike.
  */
+#define _GNU_SOURCE  /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -230,21 +231,111 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* fsync_all(fds) -> list of errno values (0: synced): fsync every descriptor at once, one thread each
- * beside the caller's, without the GIL, and return when all are done. A replica's batch touches a few
- * files; syncing them together lets one journal commit cover them, and doing it here spares the
- * Python thread pool's hand-overs (a future, a wake-up and a GIL round trip per file). */
+/* fsync_all(fds) -> list of errno values (0: synced): fsync every descriptor at once, without the GIL,
+ * and return when all are done. A replica's batch touches a few files; syncing them together lets one
+ * journal commit cover them, and doing it here spares the Python thread pool's hand-overs (a future, a
+ * wake-up and a GIL round trip per file). The caller syncs one; each other descriptor goes to a worker
+ * thread, started once and kept (a thread created per call cost a clone, its stack and its exit per
+ * file and batch: about two thirds of a follower's syscalls). Callers take turns (one batch at a time). */
 #define FSYNC_ALL_MAX 64
+#define FSYNC_WORKERS_MAX 8
 
 typedef struct {
     int fd;
     int err;
 } FsyncJob;
 
-static void *fsync_job(void *arg) {
-    FsyncJob *job = arg;
+static struct {
+    pthread_mutex_t call;  /* one fsync_all at a time */
+    pthread_mutex_t lock;  /* the fields below */
+    pthread_cond_t work;   /* workers: a job was posted */
+    pthread_cond_t done;   /* the caller: the last job finished */
+    FsyncJob *jobs;
+    Py_ssize_t next, count, unfinished;
+    int workers;
+} fsync_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0};
+
+static void fsync_job(FsyncJob *job) {
     job->err = fsync(job->fd) == 0 ? 0 : errno;
+}
+
+/* Take and run posted jobs until none is left; called with the lock held, returns with it held. */
+static void fsync_take_jobs(void) {
+    while (fsync_pool.next < fsync_pool.count) {
+        FsyncJob *job = &fsync_pool.jobs[fsync_pool.next++];
+        pthread_mutex_unlock(&fsync_pool.lock);
+        fsync_job(job);
+        pthread_mutex_lock(&fsync_pool.lock);
+        if (--fsync_pool.unfinished == 0)
+            pthread_cond_signal(&fsync_pool.done);
+    }
+}
+
+static void *fsync_worker(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "lavinpy-fsync");  /* so that top -H and /proc tell it apart */
+    pthread_mutex_lock(&fsync_pool.lock);
+    for (;;) {
+        while (fsync_pool.next >= fsync_pool.count)
+            pthread_cond_wait(&fsync_pool.work, &fsync_pool.lock);
+        fsync_take_jobs();
+    }
     return NULL;
+}
+
+static void fsync_pool_after_fork(void) {
+    /* The child has the calling thread only: no workers, and locks no other thread can release. */
+    pthread_mutex_init(&fsync_pool.call, NULL);
+    pthread_mutex_init(&fsync_pool.lock, NULL);
+    pthread_cond_init(&fsync_pool.work, NULL);
+    pthread_cond_init(&fsync_pool.done, NULL);
+    fsync_pool.jobs = NULL;
+    fsync_pool.next = fsync_pool.count = fsync_pool.unfinished = 0;
+    fsync_pool.workers = 0;
+}
+
+static pthread_once_t fsync_pool_once = PTHREAD_ONCE_INIT;
+
+static void fsync_pool_init(void) {
+    pthread_atfork(NULL, NULL, fsync_pool_after_fork);
+}
+
+/* Syncs jobs[0..n): job 0 in the calling thread, each other one in a worker of its own, so that they
+ * run at once even when the workers are slow to be scheduled (the caller takes a job of theirs only
+ * when there are fewer workers than jobs); called without the GIL. */
+static void fsync_jobs(FsyncJob *jobs, Py_ssize_t n) {
+    pthread_once(&fsync_pool_once, fsync_pool_init);
+    pthread_mutex_lock(&fsync_pool.call);
+    pthread_mutex_lock(&fsync_pool.lock);
+    while (fsync_pool.workers < n - 1 && fsync_pool.workers < FSYNC_WORKERS_MAX) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&thread, &attr, fsync_worker, NULL);
+        pthread_attr_destroy(&attr);
+        if (failed)
+            break;  /* fewer workers: the caller syncs what is left */
+        fsync_pool.workers++;
+    }
+    fsync_pool.jobs = jobs;
+    fsync_pool.next = 1;
+    fsync_pool.count = n;
+    fsync_pool.unfinished = n - 1;
+    if (n > 1)
+        pthread_cond_broadcast(&fsync_pool.work);
+    pthread_mutex_unlock(&fsync_pool.lock);
+    fsync_job(&jobs[0]);
+    pthread_mutex_lock(&fsync_pool.lock);
+    if (fsync_pool.workers < n - 1)
+        fsync_take_jobs();
+    while (fsync_pool.unfinished > 0)
+        pthread_cond_wait(&fsync_pool.done, &fsync_pool.lock);
+    fsync_pool.jobs = NULL;
+    fsync_pool.next = fsync_pool.count = 0;
+    pthread_mutex_unlock(&fsync_pool.lock);
+    pthread_mutex_unlock(&fsync_pool.call);
 }
 
 static PyObject *py_fsync_all(PyObject *self, PyObject *arg) {
@@ -257,8 +348,6 @@ static PyObject *py_fsync_all(PyObject *self, PyObject *arg) {
         return PyErr_Format(PyExc_ValueError, "fsync_all: at most %d descriptors", FSYNC_ALL_MAX);
     }
     FsyncJob jobs[FSYNC_ALL_MAX];
-    pthread_t threads[FSYNC_ALL_MAX];
-    int started[FSYNC_ALL_MAX];
     for (Py_ssize_t i = 0; i < n; i++) {
         long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
         if (fd == -1 && PyErr_Occurred()) {
@@ -269,18 +358,11 @@ static PyObject *py_fsync_all(PyObject *self, PyObject *arg) {
         jobs[i].err = 0;
     }
     Py_DECREF(seq);
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 1; i < n; i++)
-        started[i] = pthread_create(&threads[i], NULL, fsync_job, &jobs[i]) == 0;
-    if (n > 0)
-        fsync_job(&jobs[0]);
-    for (Py_ssize_t i = 1; i < n; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            fsync_job(&jobs[i]);  /* no thread to be had: synced here, after the others */
+    if (n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        fsync_jobs(jobs, n);
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     PyObject *result = PyList_New(n);
     if (result == NULL)
         return NULL;

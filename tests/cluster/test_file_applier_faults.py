@@ -76,6 +76,40 @@ def test_fsync_all_reports_each_descriptors_errno(sync: str, tmp_path: Path) -> 
             os.close(fd)
 
 
+def _fsync_workers() -> set[str]:
+    tasks = Path("/proc/self/task")
+    return {tid for tid in os.listdir(tasks) if (tasks / tid / "comm").read_text().strip() == "lavinpy-fsync"}
+
+
+def test_compiled_fsync_all_keeps_its_worker_threads(tmp_path: Path) -> None:
+    """Its workers are started once and kept, not one thread per descriptor and call; callers from
+    several threads at once take turns and each gets its own descriptors' results."""
+    if file_applier.cstore is None:
+        pytest.skip("the pure-Python path is selected")
+    fds = [os.open(tmp_path / name, os.O_CREAT | os.O_RDWR) for name in "abcd"]
+    closed = os.open(tmp_path / "e", os.O_CREAT | os.O_RDWR)
+    os.close(closed)
+    try:
+        assert file_applier.cstore.fsync_all(fds) == [0, 0, 0, 0]
+        workers = _fsync_workers()
+        assert len(workers) >= 3
+        results: list[list[int]] = []
+
+        def calls(own: list[int]) -> None:
+            results.extend(file_applier.cstore.fsync_all(own) for _ in range(20))
+
+        threads = [threading.Thread(target=calls, args=(own,)) for own in (fds, [closed, *fds[:2]])]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(results) == sorted([[0, 0, 0, 0]] * 20 + [[errno.EBADF, 0, 0]] * 20)
+        assert _fsync_workers() == workers
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 # ---- the applier alone ---------------------------------------------------------------------------
 
 def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,13 @@ import time
 import urllib.parse
 import urllib.request
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pika
+import pytest
 from authlib.integrations.flask_oauth2 import AuthorizationServer
 from authlib.oauth2 import OAuth2Error
 from authlib.oauth2.rfc6749 import ClientMixin, grants
@@ -33,6 +37,8 @@ from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 from werkzeug.serving import make_server
 
 from tests.helpers import free_port
+
+from .conftest import LocalBroker
 
 
 @dataclass
@@ -308,3 +314,79 @@ def claims_of(token: str) -> dict[str, Any]:
 def wait_past(timestamp: float) -> None:
     while time.time() <= timestamp:
         time.sleep(0.05)
+
+
+# ---- the broker the oauth2 tests log in to -----------------------------------------------------
+
+class OAuthBroker:
+    """lavinpy with the local and oauth2 backends trusting ``provider`` (plus static keys, a second resource
+    server, a provider that cannot be reached, SSO for the dashboard), and a vhost v2 guest may use."""
+
+    def __init__(self, tmp: Path, provider: OIDCProvider) -> None:
+        self.mqtt_port = free_port()
+        # Static signing keys (RabbitMQ's signing_keys): one beside the issuer's JWKS, one for a provider
+        # with no JWKS at all (its default_key also signs tokens without kid).
+        self.static_keys = {kid: RSAKey.generate_key(2048, parameters={"kid": kid}, private=True)
+                            for kid in ("static-root", "static-only")}
+        (tmp / "static-root.pem").write_bytes(self.static_keys["static-root"].as_pem(private=False))
+        settings = {
+            "auth_backends": ["local", "oauth2"],
+            "auth_oauth2_resource_server_id": "rabbitmq",
+            "auth_oauth2_issuer": provider.issuer,
+            "auth_oauth2_preferred_username_claims": ["user_name", "sub"],  # sub: the client, or the user
+            "auth_oauth2_additional_scopes_key": "roles",
+            "auth_oauth2_scope_aliases": {"ops": ["rabbitmq.tag:monitoring", "rabbitmq.read:*/*"]},
+            "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"},
+                                             "offline": {"id": "offline", "oauth_provider_id": "down"},
+                                             "keyed": {"id": "keyed", "oauth_provider_id": "static"}},
+            # A second provider whose key set cannot be fetched (nothing listens there), a third with
+            # static keys only (a JWK map here; a PEM file for the issuer's).
+            "auth_oauth2_oauth_providers": {
+                "down": {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks"},
+                "static": {"signing_keys": {"static-only": self.static_keys["static-only"].as_dict(private=False)},
+                           "default_key": "static-only"}},
+            "auth_oauth2_signing_keys": {"static-root": str(tmp / "static-root.pem")},
+            "management_oauth_enabled": True, "management_oauth_client_id": "dashboard",
+            "management_oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*",
+        }
+        conf = tmp / "oauth2.yaml"
+        conf.write_text(json.dumps(settings))  # JSON is YAML
+        self.broker = LocalBroker(tmp / "broker")
+        self.broker.extra_args = ["--config", str(conf), "--mqtt-port", str(self.mqtt_port)]
+        try:
+            self.broker.start()
+            self.api("PUT", "vhosts/v2")
+            self.api("PUT", "permissions/v2/guest", {"configure": ".*", "write": ".*", "read": ".*"})
+        except BaseException:
+            self.broker.close()
+            raise
+
+    def api(self, method: str, path: str, body: Any = None, auth: str | None = None) -> Any:
+        auth = auth or "Basic " + base64.b64encode(b"guest:guest").decode()
+        request = urllib.request.Request(f"{self.broker.http_url}/api/{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": auth, "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            data = response.read()
+        return json.loads(data) if data else None
+
+    def params(self, token: str, vhost: str = "/", user: str = "any-name") -> pika.ConnectionParameters:
+        return pika.ConnectionParameters("127.0.0.1", self.broker.port, vhost, pika.PlainCredentials(user, token),
+                                         connection_attempts=1, socket_timeout=10, blocked_connection_timeout=10)
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[OIDCProvider]:
+    """One provider per test module (import it there: ``from .oidc_provider import provider as provider``)."""
+    p = OIDCProvider()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def ob(provider: OIDCProvider, request: pytest.FixtureRequest,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
+    """One broker with the oauth2 backend per test module, its data under the module's name."""
+    b = OAuthBroker(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]), provider)
+    yield b
+    b.broker.close()

@@ -8,28 +8,19 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from lavinpy.mqtt import codec, codec5
 from lavinpy.mqtt.auth5 import AUTH_METHOD
 from lavinpy.mqtt.properties import read_properties
 
 from .conftest import lavinpy_only
-from .oidc_provider import OIDCProvider, claims_of, wait_past
-from .test_oauth2 import ALL, OAuthBroker, client
-from .test_oauth2 import provider as provider  # one provider and one broker for the module
+from .oidc_provider import OAuthBroker, OIDCProvider, claims_of, wait_past
+from .oidc_provider import ob as ob  # one provider and one broker for the module
+from .oidc_provider import provider as provider
+from .test_oauth2 import ALL, client
 
 pytestmark = lavinpy_only("starts lavinpy with the oauth2 backend")
-
-
-@pytest.fixture(scope="module")
-def ob(provider: OIDCProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("mqtt5-oauth2"), provider)
-    yield b
-    b.broker.close()
 
 
 class Raw5:

@@ -23,7 +23,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,13 @@ from joserfc import jwt
 from joserfc.jwk import RSAKey
 from pamqp import commands, frame, header
 
-from tests.helpers import connect_from, free_port, wait_until
+from tests.helpers import connect_from, wait_until
 from tests.mqtt.conftest import Paho
 
-from .conftest import LocalBroker, lavinpy_only
-from .oidc_provider import OIDCProvider, claims_of, wait_past
+from .conftest import lavinpy_only
+from .oidc_provider import OAuthBroker, OIDCProvider, claims_of, wait_past
+from .oidc_provider import ob as ob  # one provider and one broker for the module
+from .oidc_provider import provider as provider
 from .test_dashboard import CHROMEDRIVER, CHROMIUM, _click, _fill, _text, _wait
 from .test_dashboard import browser as browser  # the headless Chromium fixture
 
@@ -48,74 +49,6 @@ pytestmark = lavinpy_only("starts lavinpy with the oauth2 backend")
 ALL = ["rabbitmq.configure:*/*", "rabbitmq.read:*/*/*", "rabbitmq.write:*/*/*"]
 REFUSED = "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
 _sources = itertools.count(2)
-
-
-class OAuthBroker:
-    def __init__(self, tmp: Path, provider: OIDCProvider) -> None:
-        self.mqtt_port = free_port()
-        # Static signing keys (RabbitMQ's signing_keys): one beside the issuer's JWKS, one for a provider
-        # with no JWKS at all (its default_key also signs tokens without kid).
-        self.static_keys = {kid: RSAKey.generate_key(2048, parameters={"kid": kid}, private=True)
-                            for kid in ("static-root", "static-only")}
-        (tmp / "static-root.pem").write_bytes(self.static_keys["static-root"].as_pem(private=False))
-        settings = {
-            "auth_backends": ["local", "oauth2"],
-            "auth_oauth2_resource_server_id": "rabbitmq",
-            "auth_oauth2_issuer": provider.issuer,
-            "auth_oauth2_preferred_username_claims": ["user_name", "sub"],  # sub: the client, or the user
-            "auth_oauth2_additional_scopes_key": "roles",
-            "auth_oauth2_scope_aliases": {"ops": ["rabbitmq.tag:monitoring", "rabbitmq.read:*/*"]},
-            "auth_oauth2_resource_servers": {"reports": {"id": "reports", "scope_prefix": "reports/"},
-                                             "offline": {"id": "offline", "oauth_provider_id": "down"},
-                                             "keyed": {"id": "keyed", "oauth_provider_id": "static"}},
-            # A second provider whose key set cannot be fetched (nothing listens there), a third with
-            # static keys only (a JWK map here; a PEM file for the issuer's).
-            "auth_oauth2_oauth_providers": {
-                "down": {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks"},
-                "static": {"signing_keys": {"static-only": self.static_keys["static-only"].as_dict(private=False)},
-                           "default_key": "static-only"}},
-            "auth_oauth2_signing_keys": {"static-root": str(tmp / "static-root.pem")},
-            "management_oauth_enabled": True, "management_oauth_client_id": "dashboard",
-            "management_oauth_scopes": "openid rabbitmq.tag:administrator rabbitmq.read:*/*",
-        }
-        conf = tmp / "oauth2.yaml"
-        conf.write_text(json.dumps(settings))  # JSON is YAML
-        self.broker = LocalBroker(tmp / "broker")
-        self.broker.extra_args = ["--config", str(conf), "--mqtt-port", str(self.mqtt_port)]
-        try:
-            self.broker.start()
-            self.api("PUT", "vhosts/v2")
-            self.api("PUT", "permissions/v2/guest", {"configure": ".*", "write": ".*", "read": ".*"})
-        except BaseException:
-            self.broker.close()
-            raise
-
-    def api(self, method: str, path: str, body: Any = None, auth: str | None = None) -> Any:
-        auth = auth or "Basic " + base64.b64encode(b"guest:guest").decode()
-        request = urllib.request.Request(f"{self.broker.http_url}/api/{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Authorization": auth, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = response.read()
-        return json.loads(data) if data else None
-
-    def params(self, token: str, vhost: str = "/", user: str = "any-name") -> pika.ConnectionParameters:
-        return pika.ConnectionParameters("127.0.0.1", self.broker.port, vhost, pika.PlainCredentials(user, token),
-                                         connection_attempts=1, socket_timeout=10, blocked_connection_timeout=10)
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[OIDCProvider]:
-    p = OIDCProvider()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def ob(provider: OIDCProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("oauth2"), provider)
-    yield b
-    b.broker.close()
 
 
 def client(provider: OIDCProvider, scopes: list[str], lifetime: int = 300, **kwargs: Any) -> str:

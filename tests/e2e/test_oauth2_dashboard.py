@@ -5,37 +5,23 @@ prompts to sign in again before the token runs out, and signing in again replace
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import lavinpy_only
-from .oidc_provider import OIDCProvider, claims_of, wait_past
+from .oidc_provider import OAuthBroker, OIDCProvider, claims_of, wait_past
+from .oidc_provider import ob as ob  # one provider and one broker for the module
+from .oidc_provider import provider as provider
 from .test_dashboard import CHROMEDRIVER, CHROMIUM, _click, _fill, _text, _wait
 from .test_dashboard import browser as browser  # the headless Chromium fixture
-from .test_oauth2 import OAuthBroker
 
 pytestmark = [lavinpy_only("starts lavinpy with the oauth2 backend"),
               pytest.mark.skipif(not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
                                  reason="chromium and chromium-driver are not installed")]
 
 SCOPES = ["openid", "rabbitmq.tag:administrator", "rabbitmq.read:*/*"]
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[OIDCProvider]:
-    p = OIDCProvider()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def ob(provider: OIDCProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("oauth2-dashboard"), provider)
-    yield b
-    b.broker.close()
 
 
 def _sign_in(ob: OAuthBroker, provider: OIDCProvider, browser: Any, user: str) -> str:

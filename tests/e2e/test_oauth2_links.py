@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-from collections.abc import Iterator
 from typing import Any
 
 import pika
@@ -19,26 +18,13 @@ import pytest
 from tests.helpers import wait_until
 
 from .conftest import lavinpy_only
-from .oidc_provider import OIDCProvider, claims_of, wait_past
-from .test_oauth2 import OAuthBroker
+from .oidc_provider import OAuthBroker, OIDCProvider, claims_of, wait_past
+from .oidc_provider import ob as ob  # one provider and one broker for the module
+from .oidc_provider import provider as provider
 
 pytestmark = lavinpy_only("starts lavinpy with the oauth2 backend")
 
 LINKER = ["rabbitmq.tag:policymaker", "rabbitmq.configure:%2F/*", "rabbitmq.read:%2F/*", "rabbitmq.write:%2F/*"]
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[OIDCProvider]:
-    p = OIDCProvider()
-    yield p
-    p.close()
-
-
-@pytest.fixture(scope="module")
-def ob(provider: OIDCProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthBroker]:
-    b = OAuthBroker(tmp_path_factory.mktemp("oauth2-links"), provider)
-    yield b
-    b.broker.close()
 
 
 def _refused(ob: OAuthBroker, path: str, body: Any, token: str) -> tuple[int, str]:

@@ -92,15 +92,21 @@ def test_damaged_records_are_refused_alike(msg: tuple, flips: list, cut: int, ve
     assert outcome(cstore.read_record, buf, end, verify) == outcome(record.py_read_record, buf, end, verify)
 
 
+@pytest.mark.parametrize("per_body", [False, True], ids=["one-properties-block", "properties-per-body"])
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=700), min_size=1, max_size=30), st.integers(0, 6000), st.integers(0, 3),
-       properties(), st.integers(1, 1 << 32 - 1))
-def test_write_run_matches_record_by_record(bodies: list, limit: int, start: int, props: bytes, segment: int) -> None:
+@given(st.lists(st.tuples(st.binary(max_size=700), properties()), min_size=1, max_size=30), st.integers(0, 6000),
+       st.integers(0, 3), st.integers(1, 1 << 32 - 1))
+def test_write_run_matches_record_by_record(per_body: bool, messages: list, limit: int, start: int,
+                                            segment: int) -> None:
+    """One properties block for the whole run (the first message's), or each body with its own."""
+    bodies = [body for body, _props in messages]
+    each = [props for _body, props in messages] if per_body else [messages[0][1]] * len(messages)
+    blocks = each if per_body else each[0]
     start = min(start, len(bodies))
     names = record.encode_names(b"amq.direct", b"key")
     c_buf, py_buf = bytearray(6000), bytearray(6000)
-    c_result = cstore.write_run(c_buf, 4, limit, segment, names, props, bodies, start, 1234)
-    py_result = record.py_write_run(py_buf, 4, limit, segment, names, props, bodies, start, 1234)
+    c_result = cstore.write_run(c_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
+    py_result = record.py_write_run(py_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
     assert c_result == py_result and c_buf == py_buf
     done, end, packed, smallest, largest = c_result
     positions = array("Q")
@@ -111,34 +117,12 @@ def test_write_run_matches_record_by_record(bodies: list, limit: int, start: int
     for i, pos in zip(range(start, done), positions, strict=True):
         assert pos & 0xFFFFFFFF == segment
         msg = record.py_read_record(memoryview(c_buf), pos >> 32, end)[0]
-        assert (msg.body, msg.properties, msg.routing_key) == (bodies[i], props, "key")
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.binary(max_size=700), properties()), min_size=1, max_size=30), st.integers(0, 6000),
-       st.integers(0, 3), st.integers(1, 1 << 32 - 1))
-def test_write_run_with_properties_per_body_matches_record_by_record(messages: list, limit: int, start: int,
-                                                                     segment: int) -> None:
-    bodies = [body for body, _props in messages]
-    blocks = [props for _body, props in messages]
-    start = min(start, len(bodies))
-    names = record.encode_names(b"amq.direct", b"key")
-    c_buf, py_buf = bytearray(6000), bytearray(6000)
-    c_result = cstore.write_run(c_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
-    py_result = record.py_write_run(py_buf, 4, limit, segment, names, blocks, bodies, start, 1234)
-    assert c_result == py_result and c_buf == py_buf
-    done, end, packed, _smallest, _largest = c_result
-    positions = array("Q")
-    positions.frombytes(packed)
-    assert len(positions) == done - start and end <= max(limit, 4)
-    for i, pos in zip(range(start, done), positions, strict=True):
-        msg = record.py_read_record(memoryview(c_buf), pos >> 32, end)[0]
-        assert (msg.body, msg.properties) == (bodies[i], blocks[i])
+        assert (msg.body, msg.properties, msg.routing_key) == (bodies[i], each[i], "key")
     if done < len(bodies):  # the first one left out did not fit
-        assert end + record.HEADER_SIZE + 16 + len(names) + len(blocks[done]) + len(bodies[done]) > limit
+        assert end + record.HEADER_SIZE + 16 + len(names) + len(each[done]) + len(bodies[done]) > limit
     c_messages = cstore.stored_messages(7, "x", "k", blocks, bodies, start, len(bodies) - start)
     assert c_messages == record.py_stored_messages(7, "x", "k", blocks, bodies, start, len(bodies) - start)
-    assert [m.properties for m in c_messages] == blocks[start:]
+    assert [m.properties for m in c_messages] == each[start:]
 
 
 def test_write_run_refuses_a_properties_list_of_another_length() -> None:
