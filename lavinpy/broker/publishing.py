@@ -88,6 +88,27 @@ def _duplicate(queue: QueueKind, headers: dict, now_ms: int) -> bool:
     return False
 
 
+def _without_duplicates(exchange: Exchange, queue: QueueKind | None, properties: list[bytes],
+                        now_ms: int) -> list[int] | None:
+    """The indexes of a run's messages that are not duplicates at the exchange or then at ``queue``
+    (each identifier read from the raw block and remembered, in order; a duplicate is counted where
+    it was found); None when every message is kept."""
+    exchange_cache = exchange.dedup
+    queue_cache = queue.dedup if queue is not None else None
+    kept: list[int] = []
+    dropped = False
+    for i, block in enumerate(properties):
+        if exchange_cache is not None and exchange_cache.seen_in(block, now_ms):
+            exchange.stats.duplicates += 1
+            dropped = True
+        elif queue_cache is not None and queue_cache.seen_in(block, now_ms):
+            queue.stats.duplicates += 1  # type: ignore[union-attr]  # (a cache is a queue's)
+            dropped = True
+        else:
+            kept.append(i)
+    return kept if dropped else None
+
+
 # Exchanges whose routing depends on the routing key alone: a run is routed once.
 _RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
@@ -212,7 +233,8 @@ class VHostPublishing:
         whole only where no property routes or is checked per message. Each block is looked at
         once: no expiration, no CC/BCC (a byte test: a false alarm only means one by one), one
         delivery mode; the exchange routes by its own bindings (no exchange-to-exchange binding or
-        alternate that might read a property) and, where headers are present, nothing deduplicates."""
+        alternate that might read a property). Deduplication (the exchange's, or its one target
+        queue's) asks each message's identifier here and leaves the duplicates out of the run."""
         with_headers = False
         for block in properties:
             if len(block) < 2 or block[0] & _EXPIRATION_FLAG_HIGH:
@@ -230,17 +252,29 @@ class VHostPublishing:
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif (type(exchange) in _RUN_EXCHANGES and exchange.routes_by_own_bindings()
-              and (not with_headers or exchange.dedup is None)):
+        elif type(exchange) in _RUN_EXCHANGES and exchange.routes_by_own_bindings():
             queues = tuple(self.routing.route(exchange, routing_key, None))
             if not queues:
                 return None
         else:
             return None
+        deduplicating = with_headers and exchange.dedup is not None
         for queue in queues:
-            if queue.special or (with_headers and queue.dedup is not None):
+            if queue.special:
                 return None
-        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+            if with_headers and queue.dedup is not None:
+                if len(queues) > 1:  # the queues would keep different messages: one by one
+                    return None
+                deduplicating = True
+        timestamp = time_ns() // 1_000_000
+        if deduplicating:
+            kept = _without_duplicates(exchange, queues[0] if len(queues) == 1 else None, properties, timestamp)
+            if kept is not None:
+                if not kept:
+                    return len(queues), False  # duplicates all: confirmed, stored nowhere
+                properties = [properties[i] for i in kept]
+                bodies = [bodies[i] for i in kept]
+        run = PublishRun(exchange.name, routing_key, properties, bodies, timestamp)
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,

@@ -9,7 +9,8 @@
  * built here by writing their slots directly, at offsets read once from the classes' member
  * descriptors by init().
  *
- * The frame builders (basic.deliver and ack frames) are in _cwire_build.c.
+ * The frame builders (basic.deliver and ack frames) are in _cwire_build.c, the header finder in
+ * _cwire_peek.c.
  */
 #include "_cwire.h"
 #include <structmember.h>
@@ -550,6 +551,7 @@ fail:
 
 static PyMethodDef cwire_methods[] = {
     {"init", cwire_init, METH_VARARGS, "init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, heartbeat)"},
+    {"header_span", (PyCFunction)(void (*)(void))cwire_header_span, METH_FASTCALL, "see _cwire_peek.c"},
     {"scan", (PyCFunction)(void (*)(void))cwire_scan, METH_FASTCALL, "the reader's fast path (see the source)"},
     {"split_frames", cwire_split_frames, METH_VARARGS, "split_frames(buf, frame_max) -> (frames, used, bad)"},
     {"deliver_frames", (PyCFunction)(void (*)(void))cwire_deliver_frames, METH_FASTCALL,
