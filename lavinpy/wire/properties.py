@@ -190,6 +190,11 @@ def peek_delivery_mode(raw: bytes | bytearray | memoryview) -> int | None:
         return raw[2]  # no variable-length field before it: it is the first field
     if len(raw) >= 2 and not raw[0] & 0x10:  # bit 12 lives in the high byte
         return None
+    if len(raw) >= 7 and raw[0] & 0xF0 == 0x30 and not raw[1] & _CONTINUATION:
+        # headers, then delivery mode (a message with identifiers or other headers): after the table
+        at = 6 + int.from_bytes(raw[2:6], "big")
+        if at < len(raw):
+            return raw[at]
     _flags, start, stop, _ = _field_span(raw, 1 << 12)
     return raw[start] if stop > start else None
 
@@ -295,13 +300,14 @@ _VALUE_WIDTH = {ord(t): w for t, w in (("V", 0), ("t", 1), ("b", 1), ("B", 1), (
 _header_span = accel.cwire.header_span if accel.cwire is not None else header_span
 
 
-def peek_header(raw: bytes, name: str) -> object:
+def peek_header(raw: bytes, name: str, key: bytes | None = None) -> object:
     """One header's value, decoded as ``peek_headers(raw)[name]`` would be, or None when absent,
     without decoding the rest of the table (a deduplication identifier on every message). For a
-    well formed table (every block the frame reader accepted); the other entries are not checked."""
+    well formed table (every block the frame reader accepted); the other entries are not checked.
+    ``key``: ``name`` as the table's bytes, when the caller keeps it (UTF-8, surrogateescape)."""
     if len(raw) >= 2 and not raw[0] & 0x20:
         return None
-    span = _header_span(raw, name.encode("utf-8", "surrogateescape"))
+    span = _header_span(raw, name.encode("utf-8", "surrogateescape") if key is None else key)
     if span is None:
         headers = peek_headers(raw)  # (raises on a malformed table, as the whole decode does)
         return None if headers is None else headers.get(name)

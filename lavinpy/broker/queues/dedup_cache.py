@@ -97,6 +97,7 @@ class DedupCache:
     def __init__(self, settings: DedupSettings, file: AppendFile | None = None) -> None:
         self.settings = settings
         self.header = settings.header
+        self._header_key = settings.header.encode("utf-8", "surrogateescape")
         self.entries: dict[bytes | str, int] = {}
         self._arrivals: deque[bytes | str] = deque()  # the keys of ``entries``, oldest first
         # Keys remembered anew after they expired: how many of their older places in ``_arrivals``
@@ -156,10 +157,10 @@ class DedupCache:
     def seen_in(self, properties: bytes, now_ms: int) -> bool:
         """``seen`` for a message's raw property block: the identifier (and a message TTL, when the
         block holds its name) found without decoding the headers table (a publish run's messages)."""
-        value = peek_header(properties, self.header)
+        value = peek_header(properties, self.header, self._header_key)
         if value is None:
             return False
-        ttl = peek_header(properties, MESSAGE_TTL_HEADER) if _TTL_NAME in properties else None
+        ttl = peek_header(properties, MESSAGE_TTL_HEADER, _TTL_NAME) if _TTL_NAME in properties else None
         return self._seen(value, _NO_TTL if ttl is None else ttl, now_ms)
 
     def _seen(self, value: Any, ttl: Any, now_ms: int) -> bool:
