@@ -208,24 +208,40 @@ class VHostPublishing:
             headers = peek_headers(properties)
             if headers and ("CC" in headers or "BCC" in headers):
                 return None
+        if headers and exchange.dedup is not None and exchange.dedup.header in headers:
+            return None  # (the same identifier on every message: one by one)
+        queues = self._run_targets(exchange, routing_key, headers, False)
+        if queues is None:
+            return None
+        if headers:
+            for queue in queues:
+                if queue.dedup is not None and queue.dedup.header in headers:
+                    return None
+        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+        # Counted in the write only: a None above means one by one, counted by publish().
+        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+
+    def _run_targets(self, exchange: Exchange, routing_key: str, headers: dict | None,
+                     own_bindings_only: bool) -> Sequence[QueueKind] | None:
+        """The queues a run reaches, when it can be taken whole: the default exchange's queue, or
+        what a direct, fanout or topic exchange routes the key to (``own_bindings_only``: only an
+        exchange that routes by its own bindings, for messages whose headers differ), every one
+        open and without features. None (unroutable included: returns are one by one) otherwise."""
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES and (exchange.dedup is None or not headers
-                                                   or exchange.dedup.header not in headers):
+        elif type(exchange) in _RUN_EXCHANGES and (not own_bindings_only or exchange.routes_by_own_bindings()):
             queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
         else:
             return None
         for queue in queues:
-            if queue.special or (queue.dedup is not None and headers and queue.dedup.header in headers):
+            if queue.special:
                 return None
-        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
-        # Counted in the write only: a None above means one by one, counted by publish().
-        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+        return queues
 
     def _varied_run(self, exchange: Exchange, routing_key: str, properties: list[bytes],
                     bodies: list[bytes]) -> tuple[int, bool] | None:
@@ -247,25 +263,16 @@ class VHostPublishing:
         for block in properties:
             if peek_delivery_mode(block) != first_mode:
                 return None
-        if exchange is self.default_exchange:
-            queue = self.queues.get(routing_key)
-            if queue is None:
-                return None
-            queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES and exchange.routes_by_own_bindings():
-            queues = tuple(self.routing.route(exchange, routing_key, None))
-            if not queues:
-                return None
-        else:
+        queues = self._run_targets(exchange, routing_key, None, True)
+        if queues is None:
             return None
         deduplicating = with_headers and exchange.dedup is not None
-        for queue in queues:
-            if queue.special:
-                return None
-            if with_headers and queue.dedup is not None:
-                if len(queues) > 1:  # the queues would keep different messages: one by one
-                    return None
-                deduplicating = True
+        if with_headers:
+            for queue in queues:
+                if queue.dedup is not None:
+                    if len(queues) > 1:  # the queues would keep different messages: one by one
+                        return None
+                    deduplicating = True
         timestamp = time_ns() // 1_000_000
         if deduplicating:
             kept = _without_duplicates(exchange, queues[0] if len(queues) == 1 else None, properties, timestamp)
