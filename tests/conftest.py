@@ -60,7 +60,7 @@ BOTH_PATHS = {HERE / name for name in (
         "codec_path", "socket_threads", "publish_runs", "publish_runs_varied", "ack_runs", "delivery_runs", "acks",
         "confirms_tx",
         "durability", "kill9", "delivery_count_persist", "streams", "large_bodies", "field_values",
-        "bad_input", "corruption", "fuzz")),
+        "bad_input", "corruption", "fuzz", "deduplication")),
 )}
 
 

@@ -88,6 +88,27 @@ def _duplicate(queue: QueueKind, headers: dict, now_ms: int) -> bool:
     return False
 
 
+def _without_duplicates(exchange: Exchange, queue: QueueKind | None, properties: list[bytes],
+                        now_ms: int) -> list[int] | None:
+    """The indexes of a run's messages that are not duplicates at the exchange or then at ``queue``
+    (each identifier read from the raw block and remembered, in order; a duplicate is counted where
+    it was found); None when every message is kept."""
+    exchange_cache = exchange.dedup
+    queue_cache = queue.dedup if queue is not None else None
+    kept: list[int] = []
+    dropped = False
+    for i, block in enumerate(properties):
+        if exchange_cache is not None and exchange_cache.seen_in(block, now_ms):
+            exchange.stats.duplicates += 1
+            dropped = True
+        elif queue_cache is not None and queue_cache.seen_in(block, now_ms):
+            queue.stats.duplicates += 1  # type: ignore[union-attr]  # (a cache is a queue's)
+            dropped = True
+        else:
+            kept.append(i)
+    return kept if dropped else None
+
+
 # Exchanges whose routing depends on the routing key alone: a run is routed once.
 _RUN_EXCHANGES = (DirectExchange, FanoutExchange, TopicExchange)
 
@@ -187,24 +208,40 @@ class VHostPublishing:
             headers = peek_headers(properties)
             if headers and ("CC" in headers or "BCC" in headers):
                 return None
+        if headers and exchange.dedup is not None and exchange.dedup.header in headers:
+            return None  # (the same identifier on every message: one by one)
+        queues = self._run_targets(exchange, routing_key, headers, False)
+        if queues is None:
+            return None
+        if headers:
+            for queue in queues:
+                if queue.dedup is not None and queue.dedup.header in headers:
+                    return None
+        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+        # Counted in the write only: a None above means one by one, counted by publish().
+        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+
+    def _run_targets(self, exchange: Exchange, routing_key: str, headers: dict | None,
+                     own_bindings_only: bool) -> Sequence[QueueKind] | None:
+        """The queues a run reaches, when it can be taken whole: the default exchange's queue, or
+        what a direct, fanout or topic exchange routes the key to (``own_bindings_only``: only an
+        exchange that routes by its own bindings, for messages whose headers differ), every one
+        open and without features. None (unroutable included: returns are one by one) otherwise."""
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
             if queue is None:
                 return None
             queues: Sequence[QueueKind] = (queue,)
-        elif type(exchange) in _RUN_EXCHANGES and (exchange.dedup is None or not headers
-                                                   or exchange.dedup.header not in headers):
+        elif type(exchange) in _RUN_EXCHANGES and (not own_bindings_only or exchange.routes_by_own_bindings()):
             queues = tuple(self.routing.route(exchange, routing_key, headers))
             if not queues:
                 return None
         else:
             return None
         for queue in queues:
-            if queue.special or (queue.dedup is not None and headers and queue.dedup.header in headers):
+            if queue.special:
                 return None
-        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
-        # Counted in the write only: a None above means one by one, counted by publish().
-        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+        return queues
 
     def _varied_run(self, exchange: Exchange, routing_key: str, properties: list[bytes],
                     bodies: list[bytes]) -> tuple[int, bool] | None:
@@ -212,7 +249,8 @@ class VHostPublishing:
         whole only where no property routes or is checked per message. Each block is looked at
         once: no expiration, no CC/BCC (a byte test: a false alarm only means one by one), one
         delivery mode; the exchange routes by its own bindings (no exchange-to-exchange binding or
-        alternate that might read a property) and, where headers are present, nothing deduplicates."""
+        alternate that might read a property). Deduplication (the exchange's, or its one target
+        queue's) asks each message's identifier here and leaves the duplicates out of the run."""
         with_headers = False
         for block in properties:
             if len(block) < 2 or block[0] & _EXPIRATION_FLAG_HIGH:
@@ -225,22 +263,25 @@ class VHostPublishing:
         for block in properties:
             if peek_delivery_mode(block) != first_mode:
                 return None
-        if exchange is self.default_exchange:
-            queue = self.queues.get(routing_key)
-            if queue is None:
-                return None
-            queues: Sequence[QueueKind] = (queue,)
-        elif (type(exchange) in _RUN_EXCHANGES and exchange.routes_by_own_bindings()
-              and (not with_headers or exchange.dedup is None)):
-            queues = tuple(self.routing.route(exchange, routing_key, None))
-            if not queues:
-                return None
-        else:
+        queues = self._run_targets(exchange, routing_key, None, True)
+        if queues is None:
             return None
-        for queue in queues:
-            if queue.special or (with_headers and queue.dedup is not None):
-                return None
-        run = PublishRun(exchange.name, routing_key, properties, bodies, time_ns() // 1_000_000)
+        deduplicating = with_headers and exchange.dedup is not None
+        if with_headers:
+            for queue in queues:
+                if queue.dedup is not None:
+                    if len(queues) > 1:  # the queues would keep different messages: one by one
+                        return None
+                    deduplicating = True
+        timestamp = time_ns() // 1_000_000
+        if deduplicating:
+            kept = _without_duplicates(exchange, queues[0] if len(queues) == 1 else None, properties, timestamp)
+            if kept is not None:
+                if not kept:
+                    return len(queues), False  # duplicates all: confirmed, stored nowhere
+                properties = [properties[i] for i in kept]
+                bodies = [bodies[i] for i in kept]
+        run = PublishRun(exchange.name, routing_key, properties, bodies, timestamp)
         return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,

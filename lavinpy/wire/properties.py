@@ -11,7 +11,15 @@ import datetime
 
 from pamqp import commands
 
-from lavinpy.wire.field_table import FieldTableError, Timestamp, decode_table, encode_table, validate_table
+from lavinpy.wire import accel
+from lavinpy.wire.field_table import (
+    FieldTableError,
+    Timestamp,
+    decode_table,
+    decode_value,
+    encode_table,
+    validate_table,
+)
 
 # Property flag bits of class basic (bit 15 first), and how each field is encoded.
 _SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = 0, 1, 2, 3
@@ -182,6 +190,11 @@ def peek_delivery_mode(raw: bytes | bytearray | memoryview) -> int | None:
         return raw[2]  # no variable-length field before it: it is the first field
     if len(raw) >= 2 and not raw[0] & 0x10:  # bit 12 lives in the high byte
         return None
+    if len(raw) >= 7 and raw[0] & 0xF0 == 0x30 and not raw[1] & _CONTINUATION:
+        # headers, then delivery mode (a message with identifiers or other headers): after the table
+        at = 6 + int.from_bytes(raw[2:6], "big")
+        if at < len(raw):
+            return raw[at]
     _flags, start, stop, _ = _field_span(raw, 1 << 12)
     return raw[start] if stop > start else None
 
@@ -226,6 +239,88 @@ def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
         return None
     try:
         return decode_table(raw, start + 4, stop)
+    except FieldTableError as err:
+        raise PropertiesError(f"headers table malformed: {err}") from err
+
+
+def header_span(raw: bytes, name: bytes) -> tuple[int, int] | tuple[()] | None:
+    """(start, end) of the tagged value of the last headers entry called ``name``; () when there is
+    no such entry (or no headers); None when a flag continuation word or a malformed table keeps
+    this walk from telling (``peek_header`` then decodes the table). The pure-Python twin of
+    ``_cwire.header_span``, which gives the same answers."""
+    if len(raw) < 2 or raw[1] & _CONTINUATION:
+        return None
+    if not raw[0] & 0x20:
+        return ()
+    pos = 2
+    for bit in (0x80, 0x40):  # content type, content encoding (short strings)
+        if raw[0] & bit:
+            if pos >= len(raw):
+                return None
+            pos += 1 + raw[pos]
+    if pos + 4 > len(raw):
+        return None
+    end = pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
+    if end > len(raw):
+        return None
+    pos += 4
+    found: tuple[int, int] | tuple[()] = ()
+    size = len(name)
+    while pos < end:
+        key_end = pos + 1 + raw[pos]
+        if key_end >= end:
+            return None
+        try:
+            stop = _skip_value(raw, key_end, end)
+        except (FieldTableError, KeyError):
+            return None
+        if key_end - pos - 1 == size and raw[pos + 1:key_end] == name:
+            found = (key_end, stop)
+        pos = stop
+    return found
+
+
+def _skip_value(raw: bytes, pos: int, end: int) -> int:
+    """Offset after the tagged value at ``pos`` by its width or length (nested content not walked)."""
+    tag = raw[pos]
+    if tag in _LENGTH_TAGS:
+        if pos + 5 > end:
+            raise FieldTableError("length truncated")
+        stop = pos + 5 + int.from_bytes(raw[pos + 1:pos + 5], "big")
+    else:
+        stop = pos + 1 + _VALUE_WIDTH[tag]
+    if stop > end:
+        raise FieldTableError("value truncated")
+    return stop
+
+
+_LENGTH_TAGS = frozenset(b"SxFA")
+_VALUE_WIDTH = {ord(t): w for t, w in (("V", 0), ("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4),
+                                       ("i", 4), ("f", 4), ("D", 5), ("l", 8), ("L", 8), ("d", 8), ("T", 8))}
+_header_span = accel.cwire.header_span if accel.cwire is not None else header_span
+
+
+def peek_header(raw: bytes, name: str, key: bytes | None = None) -> object:
+    """One header's value, decoded as ``peek_headers(raw)[name]`` would be, or None when absent,
+    without decoding the rest of the table (a deduplication identifier on every message). For a
+    well formed table (every block the frame reader accepted); the other entries are not checked.
+    ``key``: ``name`` as the table's bytes, when the caller keeps it (UTF-8, surrogateescape)."""
+    if len(raw) >= 2 and not raw[0] & 0x20:
+        return None
+    span = _header_span(raw, name.encode("utf-8", "surrogateescape") if key is None else key)
+    if span is None:
+        headers = peek_headers(raw)  # (raises on a malformed table, as the whole decode does)
+        return None if headers is None else headers.get(name)
+    if not span:
+        return None
+    start, stop = span
+    if raw[start] == 0x53:  # 'S', the usual identifier: as field_table decodes it
+        try:
+            return raw[start + 5:stop].decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    try:
+        return decode_value(raw, start, stop)[0]
     except FieldTableError as err:
         raise PropertiesError(f"headers table malformed: {err}") from err
 

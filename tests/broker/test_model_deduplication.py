@@ -205,3 +205,58 @@ def test_an_identifier_back_after_it_expired_is_remembered_as_the_newest(tmp_pat
             assert not cached.seen({"x-deduplication-header": "b"}, 3000)  # forgotten: new, a goes
             assert list(cached.entries) == ["c", "b"]
     run(body, tmp_path)
+
+
+def ident_block(value: object, **headers: object) -> bytes:
+    """A persistent message's property block with this identifier (and other headers)."""
+    from lavinpy.wire.field_table import encode_table
+    return b"\x30\x00" + encode_table({"x-deduplication-header": value, **headers}) + b"\x02"
+
+
+def test_a_publish_run_leaves_the_duplicates_out(tmp_path: Path) -> None:
+    """A run of messages with identifiers (per-message headers) to a deduplicating queue or exchange
+    is taken whole; each identifier asked in order, the duplicates (also within the run) stored
+    nowhere and counted, as one by one."""
+    async def body(m: Model) -> None:
+        vhost = m.vhost
+        q = m.declare("q", durable=True, **ON)
+        blocks = [ident_block(v) for v in ("1", "2", "1", "3")]
+        assert vhost.publish_run(vhost.default_exchange, "q", blocks, [b"a", b"b", b"c", b"d"]) == (1, True)
+        assert vhost.publish_run(vhost.default_exchange, "q", [ident_block("2"), ident_block("4")],
+                                 [b"e", b"f"]) == (1, True)
+        assert vhost.publish_run(vhost.default_exchange, "q", [ident_block("1"), ident_block("4")],
+                                 [b"g", b"h"]) == (1, False)  # duplicates all: nothing waits for a sync
+        assert m.bodies("q") == ["a", "b", "d", "f"] and q.stats.duplicates == 4
+        operations_objects.declare_exchange(None, vhost, "dx", "direct", durable=True,
+                                            arguments={"x-message-deduplication": True})
+        m.declare("q1")
+        m.declare("q2")
+        m.bind("q1", "dx", "k")
+        m.bind("q2", "dx", "k")
+        assert vhost.publish_run(vhost.get_exchange("dx"), "k", [ident_block(1), ident_block(1), ident_block(b"1")],
+                                 [b"x", b"y", b"z"]) == (2, False)
+        assert m.bodies("q1") == ["x", "z"] and m.bodies("q2") == ["x", "z"]
+        assert vhost.get_exchange("dx").stats.duplicates == 1
+        m.reopen()
+        send(m, "q", "after", **{"x-deduplication-header": "3"})
+        assert m.bodies("q") == []  # (read above) and "3" still known after the reopen
+    from lavinpy.broker.ops import objects as operations_objects
+    run(body, tmp_path)
+
+
+def test_a_run_and_one_by_one_remember_the_same(tmp_path: Path) -> None:
+    """The identifier read from the raw block (a run) is the decoded header's (one by one): the same
+    keys, the same expiries (the message's own x-cache-ttl too), for every kind of value."""
+    async def body(m: Model) -> None:
+        values = ["a", "ü", "x" * 63, "y" * 500, b"a", 1, True, 2.5, None, ["l"]]
+        blocks = [ident_block(v) for v in values] + [ident_block("t", **{"x-cache-ttl": 5000}),
+                                                     ident_block("u", **{"x-cache-ttl": "bad"})]
+        one = DedupCache(DedupSettings(cache_size=100, ttl_ms=60_000))
+        each = DedupCache(DedupSettings(cache_size=100, ttl_ms=60_000))
+        from lavinpy.wire.properties import peek_headers
+        assert [one.seen_in(block, 1000) for block in blocks] == [each.seen(peek_headers(b), 1000) for b in blocks]
+        # (a float, a void and an array are no identifiers: not remembered, never duplicates)
+        assert one.entries == each.entries and len(one.entries) == 9
+        assert one.entries["t"] == 6000 and one.entries["u"] == 61_000
+        assert [one.seen_in(block, 2000) for block in blocks] == [True] * 7 + [False] * 3 + [True] * 2
+    run(body, tmp_path)

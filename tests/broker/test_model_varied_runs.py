@@ -84,6 +84,9 @@ def test_what_matters_per_message_declines_a_varied_run(tmp_path: Path) -> None:
         vhost = m.vhost
         m.declare("q")
         m.declare("dedup", message_deduplication=True)
+        m.exchange("fan", "fanout")
+        m.bind("dedup", "fan")
+        m.bind("q", "fan")
         m.exchange("hx", "headers")
         m.exchange("dx", "direct")
         m.exchange("e2e", "direct")
@@ -99,7 +102,8 @@ def test_what_matters_per_message_declines_a_varied_run(tmp_path: Path) -> None:
             (default, "q", [plain, props(headers={"CC": ["other"]})]),  # routes per message
             (default, "q", [plain, props(headers={"BCC": ["other"]})]),
             (default, "q", [props(delivery_mode=2), props(delivery_mode=1)]),  # persistent or not
-            (default, "dedup", [plain, props(headers={"x-deduplication-header": "1"})]),
+            # two queues, one deduplicating: they would keep different messages
+            (vhost.get_exchange("fan"), "", [plain, props(headers={"x-deduplication-header": "1"})]),
             (default, "nowhere", [plain, props(message_id="b")]),  # unroutable: returns, one by one
             (vhost.get_exchange("hx"), "", [plain, props(headers={"task": "t0"})]),  # routes by headers
             (vhost.get_exchange("e2e"), "k", [plain, props(headers={"task": "t0"})]),  # on to a headers exchange

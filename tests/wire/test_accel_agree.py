@@ -352,3 +352,61 @@ def test_deliver_runs_agree(channel: int, tag: str, first_tag: int, messages: li
         b"".join(writer.deliver_py(channel, tag, first_tag + i, bool(flags and flags[i]), m.exchange,
                                    m.routing_key, m.properties, m.body, frame_max))
         for i, m in enumerate(stored))
+
+
+def headers_block(table: bytes, flags: int = 0x2000, before: bytes = b"", after: bytes = b"") -> bytes:
+    """A property block with a headers table of these entry bytes (``before``/``after``: the fields
+    the other ``flags`` ask for, in wire order)."""
+    return flags.to_bytes(2, "big") + before + struct.pack(">I", len(table)) + table + after
+
+
+def nested_tables(depth: int, array: bool = False) -> bytes:
+    """Table entries nesting ``depth`` tables (or, below the headers table, arrays) in all."""
+    value = b""
+    for _ in range(depth - 2):
+        value = (b"A" if array else b"\x01kF") + struct.pack(">I", len(value)) + value
+    return b"\x01k" + (b"A" if array else b"F") + struct.pack(">I", len(value)) + value if depth > 1 else b""
+
+
+_VALUES = [b"t\x01", b"b\x02", b"B\x03", b"s\x00\x04", b"u\x00\x05", b"I" + bytes(4), b"i" + bytes(4),
+           b"l" + bytes(8), b"L" + bytes(8), b"f" + bytes(4), b"d" + bytes(8), b"D" + bytes(5),
+           b"T" + bytes(8), b"V", b"S\x00\x00\x00\x02id", b"x\x00\x00\x00\x01\xff",
+           b"F\x00\x00\x00\x04\x01aV\x00"[:-1], b"A\x00\x00\x00\x02t\x00", b"Z", b"S\x00\x00\x00\x09ab"]
+entries = st.lists(st.tuples(st.binary(max_size=3), st.sampled_from(_VALUES)), max_size=4).map(
+    lambda items: b"".join(bytes((len(k),)) + k + v for k, v in items))
+# Blocks not seen before, as a publisher with per-message headers sends them: well formed tables of
+# every value type, arbitrary table bytes, nesting at and past the limit, other fields around them.
+new_blocks = st.one_of(
+    st.builds(headers_block, entries),
+    st.builds(headers_block, st.binary(max_size=24)),
+    st.builds(lambda d, a: headers_block(nested_tables(d, a)), st.integers(62, 66), st.booleans()),
+    st.builds(lambda t, mid: headers_block(t, 0x3080, after=b"\x02" + bytes((len(mid),)) + mid),
+              entries, st.binary(max_size=20)),
+    st.builds(lambda t, ct: headers_block(t, 0xA040, before=bytes((len(ct),)) + ct, after=bytes(8)),
+              entries, st.binary(max_size=5)),
+    st.builds(lambda b: b, st.binary(min_size=2, max_size=30)),
+    st.builds(lambda t: headers_block(t, 0x2001) + b"\x00\x00", entries),  # a continuation word
+)
+
+
+@AGREE
+@given(st.lists(st.tuples(channels, new_blocks, st.binary(max_size=20), st.booleans()), min_size=1, max_size=6),
+       st.lists(st.integers(0, 3000), max_size=3))
+def test_reader_checks_new_property_blocks_as_python(items: list, cuts: list[int]) -> None:
+    # The compiled scan checks a block it has not seen itself; it must take exactly what Python takes.
+    stream = b"".join(message(ch, "rk", props, body) if fused else content(ch, props, body)
+                      for ch, props, body, fused in items)
+    data = PROTOCOL_HEADER + stream
+    assert run(True, data, cuts) == run(False, data, cuts)
+
+
+def test_reader_compiled_takes_per_message_headers_without_python() -> None:
+    # A header on every message (an identifier) keeps the compiled path: Python's cache of checked
+    # blocks (which only its own checks fill) stays empty.
+    reader._valid_props.clear()
+    data = PROTOCOL_HEADER + b"".join(
+        message(1, "q", headers_block(b"\x16x-deduplication-headerS\x00\x00\x00\x04" + b"%04d" % i, 0x3000)
+                + b"\x02", b"body") for i in range(50))
+    events = FrameReader(FRAME_MAX, compiled=True).feed(data)
+    assert [type(e).__name__ for e in events] == ["ContentMessage"] * 50
+    assert not reader._valid_props

@@ -195,3 +195,13 @@ def test_properties_end_matches_properties_length_on_any_bytes(raw):
             properties_end(raw, 0, len(raw))
     else:
         assert properties_end(raw, 0, len(raw)) == expected
+
+
+def test_delivery_mode_after_headers_is_read_past_the_table():
+    # headers then delivery mode, the shape of a message with an identifier: read after the table
+    from lavinpy.wire.field_table import encode_table
+    raw = b"\x30\x00" + encode_table({"x-deduplication-header": "id"}) + b"\x02"
+    assert peek_delivery_mode(raw) == 2
+    for cut in range(2, len(raw)):  # a table that runs past the block is an error, not a guess
+        with pytest.raises(PropertiesError):
+            peek_delivery_mode(raw[:cut])

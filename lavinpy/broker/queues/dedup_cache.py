@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...wire.properties import peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ _HEAD = struct.Struct("<HQ")
 _pack_head = _HEAD.pack
 _U32 = struct.Struct("<I")
 MESSAGE_TTL_HEADER = "x-cache-ttl"  # a message's own TTL for its identifier (LavinMQ's)
+_TTL_NAME = MESSAGE_TTL_HEADER.encode()  # a byte test: only a block holding the name is looked into
+_NO_TTL = object()  # no x-cache-ttl header: the cache's own TTL
 COMPACT_MIN_RECORDS = 65536  # a rewrite (with its fsync) at most once per this many new identifiers
 
 
@@ -94,6 +97,7 @@ class DedupCache:
     def __init__(self, settings: DedupSettings, file: AppendFile | None = None) -> None:
         self.settings = settings
         self.header = settings.header
+        self._header_key = settings.header.encode("utf-8", "surrogateescape")
         self.entries: dict[bytes | str, int] = {}
         self._arrivals: deque[bytes | str] = deque()  # the keys of ``entries``, oldest first
         # Keys remembered anew after they expired: how many of their older places in ``_arrivals``
@@ -147,6 +151,21 @@ class DedupCache:
         value = headers.get(self.header)
         if value is None:
             return False
+        return self._seen(value, headers.get(MESSAGE_TTL_HEADER, _NO_TTL) if MESSAGE_TTL_HEADER in headers
+                          else _NO_TTL, now_ms)
+
+    def seen_in(self, properties: bytes, now_ms: int) -> bool:
+        """``seen`` for a message's raw property block: the identifier (and a message TTL, when the
+        block holds its name) found without decoding the headers table (a publish run's messages)."""
+        value = peek_header(properties, self.header, self._header_key)
+        if value is None:
+            return False
+        ttl = peek_header(properties, MESSAGE_TTL_HEADER, _TTL_NAME) if _TTL_NAME in properties else None
+        return self._seen(value, _NO_TTL if ttl is None else ttl, now_ms)
+
+    def _seen(self, value: Any, ttl: Any, now_ms: int) -> bool:
+        """``seen`` for an identifier's header value and the message's TTL header value (``_NO_TTL``
+        without one)."""
         if type(value) is str and len(value) < MAX_KEY_BYTES and value.isascii():  # the common case, inline
             key: bytes | str = value
         else:
@@ -158,11 +177,7 @@ class DedupCache:
         known = entries.get(key)
         if known is not None and (known == 0 or known > now_ms):
             return True
-        if MESSAGE_TTL_HEADER in headers:
-            ttl = headers[MESSAGE_TTL_HEADER]
-            if isinstance(ttl, bool) or not (isinstance(ttl, int) and 0 <= ttl <= MAX_TTL):
-                ttl = self._ttl
-        else:
+        if ttl is _NO_TTL or isinstance(ttl, bool) or not (isinstance(ttl, int) and 0 <= ttl <= MAX_TTL):
             ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
         if known is not None:  # expired: remembered anew as the newest; its older place goes stale
