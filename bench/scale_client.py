@@ -195,18 +195,23 @@ async def publish_confirmed(conn: Conn, messages: list[bytes], seconds: float, w
             "rate": round(conn.acked / elapsed, 1)}
 
 
-async def open_many(host: str, port: int, count: int, heartbeat: int, parallel: int = 100) -> tuple[list[Conn], list]:
-    """Open ``count`` connections with a channel each, ``parallel`` handshakes at a time."""
+async def open_many(host: str, port: int, count: int, heartbeat: int, parallel: int = 100,
+                    opened: list[Conn] | None = None) -> tuple[list[Conn], list]:
+    """Open ``count`` connections with a channel each, ``parallel`` handshakes at a time. ``opened`` gets each
+    connection as soon as it is open (so heartbeats can start while the others are still opening)."""
     gate = asyncio.Semaphore(parallel)
     errors: list[str] = []
 
     async def one() -> Conn | None:
         async with gate:
             try:
-                return await Conn().open(host, port, heartbeat)
+                conn = await Conn().open(host, port, heartbeat)
             except (OSError, BrokerClosed, asyncio.IncompleteReadError) as exc:
                 errors.append(repr(exc))
                 return None
+            if opened is not None:
+                opened.append(conn)
+            return conn
 
     conns = [c for c in await asyncio.gather(*(one() for _ in range(count))) if c is not None]
     return conns, errors

@@ -16,13 +16,15 @@ import hashlib
 import logging
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lavinpy.wire.uri import AMQPURL
 
-from .link import BindingSpec, ExchangeLink, LinkEnv
-from .queue_link import QueueEnv, QueueLink
 from .upstream import Upstream, UpstreamError, check_upstream_set, parse_upstream, resolve
+
+if TYPE_CHECKING:
+    from .link import BindingSpec, ExchangeLink
+    from .queue_link import QueueLink
 
 log = logging.getLogger("lavinpy.federation")
 
@@ -149,6 +151,11 @@ class Federation:
 
         def local_url(uri: str) -> AMQPURL:
             return self.local_url(uri, vhost, user)
+
+        # The links' code (and their AMQP client) is loaded with the first link: a broker without
+        # federation does not keep it in memory.
+        from .link import ExchangeLink, LinkEnv
+        from .queue_link import QueueEnv, QueueLink
 
         link: ExchangeLink | QueueLink
         if kind == "queue":

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
+from importlib.util import find_spec
 from typing import Any
 
-import regex
 from aiohttp import web
 
 from .context import json_reply
@@ -34,6 +34,10 @@ MAX_PAGE_SIZE = 500
 # the whole listing; and patterns no longer than a name.
 MAX_REGEX_CHARS = 255
 REGEX_BUDGET_SECONDS = 0.1
+# The regex module (about 1 MiB resident) is loaded with the first use_regex query; that it is installed
+# is checked here, so a broker without it still fails at start and not at that query.
+if find_spec("regex") is None:
+    raise ImportError("the regex module is missing (a dependency of lavinpy's management API)", name="regex")
 
 
 # Text fields that name something and are "" when there is nothing to name.
@@ -133,6 +137,8 @@ class _RegexFilter:
         if len(pattern) > MAX_REGEX_CHARS:
             raise bad_request(f"name: a regular expression may have at most {MAX_REGEX_CHARS} characters, "
                               f"not {len(pattern)}")
+        import regex
+
         try:
             self.compiled = regex.compile(pattern)
         except (regex.error, ValueError, OverflowError, RecursionError) as e:

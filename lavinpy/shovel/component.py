@@ -16,14 +16,16 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from lavinpy.wire.constants import INTERNAL_MECHANISM
 from lavinpy.wire.uri import AMQPURL
 
 from .definition import ShovelDefinition, parse_definition
-from .worker import Shovel
+
+if TYPE_CHECKING:
+    from .worker import Shovel
 
 log = logging.getLogger("lavinpy.shovel")
 
@@ -87,6 +89,10 @@ class Shovels:
 
         def refusal() -> str | None:
             return authorize(*key) if authorize is not None else None
+
+        # The worker's code (and its AMQP client) is loaded with the first shovel: a broker without
+        # shovels does not keep it in memory.
+        from .worker import Shovel
 
         return Shovel(key[0], key[1], self.definitions[key], local_url, self._finished, refusal)
 

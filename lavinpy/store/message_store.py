@@ -43,8 +43,9 @@ log = logging.getLogger("lavinpy.store")
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # The current segment keeps at most this much written data mapped behind the write position (twice
-# this before a release): the newest records are the ones a consumer reads back soonest.
-_KEEP_MAPPED = 1024 * 1024
+# this before a release): the newest records are the ones a consumer reads back soonest. 512 KiB holds
+# 256 in-flight 1 KiB messages twice over; 1 MiB kept up to 1 MiB more resident in every busy broker.
+_KEEP_MAPPED = 512 * 1024
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
 # header + timestamp + body size; the names' length bytes are inside the encoded names
