@@ -299,6 +299,25 @@ def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes, kind: int = 
     return packet_ids
 
 
+# Parsers of n short PUBACKs in a row (each: 0x40, length 2, the id): their ids in one C call.
+_PUBACK_IDS: dict[int, struct.Struct] = {}
+
+
+def puback_ids(data: bytes) -> list[int] | None:
+    """The packet ids of input that is whole short PUBACKs and nothing else (what a QoS 1 subscriber
+    sends in a read), in order; None for any other input (read packet by packet)."""
+    size = len(data)
+    count = size >> 2
+    if not count or size & 3 or data[0::4].count(0x40) != count or data[1::4].count(2) != count:
+        return None
+    parser = _PUBACK_IDS.get(count)
+    if parser is None:
+        parser = struct.Struct(">" + "2xH" * count)
+        if count <= 1024:
+            _PUBACK_IDS[count] = parser
+    return list(parser.unpack(data))
+
+
 def parse_packet_id(data: bytes, what: str) -> int:
     body = _Body(data)
     packet_id = body.u16()
