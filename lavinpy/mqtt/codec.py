@@ -95,18 +95,21 @@ class PacketReader:
         """The whole packets of the input so far (``one``: at most one, the rest kept unread, as
         before CONNECT, when the packets after it are read with the size limit the login sets)."""
         buf = self._buf
-        buf += data
+        if buf or type(data) is not bytes:  # the kept tail and the new input as one bytes: bodies slice it
+            buf += data
+            data = bytes(buf)
+            buf.clear()
         packets: list[tuple[int, int, bytes]] = []
         pos = 0
-        end = len(buf)
+        end = len(data)
         append, limit, plain = packets.append, self.max_packet_size, _PLAIN_FIRST_BYTES
         while end - pos >= 2:
-            first = buf[pos]
-            length = buf[pos + 1]
+            first = data[pos]
+            length = data[pos + 1]
             if length < 128 and first in plain and length + 2 <= limit:  # the common short packet, checked
                 if end - pos - 2 < length:
                     break
-                append((first >> 4, first & 0x0F, bytes(buf[pos + 2:pos + 2 + length])))
+                append((first >> 4, first & 0x0F, data[pos + 2:pos + 2 + length]))
                 pos += 2 + length
                 if one:
                     break
@@ -122,9 +125,9 @@ class PacketReader:
                 if i >= end:
                     if i - pos - 1 >= 4:
                         raise MQTTProtocolError("remaining length over four bytes")
-                    self._keep(pos)
+                    self._keep(data, pos)
                     return packets
-                byte = buf[i]
+                byte = data[i]
                 length += (byte & 0x7F) * multiplier
                 i += 1
                 if not byte & 0x80:
@@ -138,11 +141,11 @@ class PacketReader:
                                         f"{self.max_packet_size}", reason=0x95)
             if end - i < length:
                 break
-            packets.append((kind, flags, bytes(buf[i:i + length])))
+            packets.append((kind, flags, data[i:i + length]))
             pos = i + length
             if one:
                 break
-        self._keep(pos)
+        self._keep(data, pos)
         return packets
 
     @property
@@ -150,9 +153,10 @@ class PacketReader:
         """Bytes read and not yet returned as packets."""
         return len(self._buf)
 
-    def _keep(self, pos: int) -> None:
-        if pos:
-            del self._buf[:pos]
+    def _keep(self, data: bytes, pos: int) -> None:
+        """What follows the whole packets, kept for the next input."""
+        if pos < len(data):
+            self._buf += memoryview(data)[pos:]
 
 
 class _Body:
@@ -266,23 +270,29 @@ def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: b
     qos = flags & 0x06
     prefix = body[:2 + int.from_bytes(body[:2], "big")]  # the topic as it is on the wire
     start = len(prefix)
+    add_payload, add_id, take = payloads.append, packet_ids.append, backlog.popleft
     if qos:
         start += 2
+        high, low = start - 2, start - 1  # the packet id's bytes
+        longest = start + max_payload
         while backlog:
             kind, other, data = backlog[0]
-            if (kind != PUBLISH or other & 0x07 != qos or len(data) - start > max_payload
-                    or len(data) < start or not data.startswith(prefix) or not (data[start - 2] or data[start - 1])):
+            if (kind != PUBLISH or other & 0x07 != qos or not start <= len(data) <= longest
+                    or not data.startswith(prefix)):
                 break
-            backlog.popleft()
-            packet_ids.append(int.from_bytes(data[start - 2:start], "big"))
-            payloads.append(data[start:])
+            packet_id = data[high] << 8 | data[low]
+            if not packet_id:
+                break
+            take()
+            add_id(packet_id)
+            add_payload(data[start:])
     else:
         while backlog:
             kind, other, data = backlog[0]
             if kind != PUBLISH or other != 0 or len(data) - start > max_payload or not data.startswith(prefix):
                 break
-            backlog.popleft()
-            payloads.append(data[start:])
+            take()
+            add_payload(data[start:])
     return payloads, packet_ids
 
 
@@ -297,6 +307,25 @@ def puback_run(backlog: deque[tuple[int, int, bytes]], body: bytes, kind: int = 
         backlog.popleft()
         packet_ids.append(int.from_bytes(data, "big"))
     return packet_ids
+
+
+# Parsers of n short PUBACKs in a row (each: 0x40, length 2, the id): their ids in one C call.
+_PUBACK_IDS: dict[int, struct.Struct] = {}
+
+
+def puback_ids(data: bytes) -> list[int] | None:
+    """The packet ids of input that is whole short PUBACKs and nothing else (what a QoS 1 subscriber
+    sends in a read), in order; None for any other input (read packet by packet)."""
+    size = len(data)
+    count = size >> 2
+    if not count or size & 3 or data[0::4].count(0x40) != count or data[1::4].count(2) != count:
+        return None
+    parser = _PUBACK_IDS.get(count)
+    if parser is None:
+        parser = struct.Struct(">" + "2xH" * count)
+        if count <= 1024:
+            _PUBACK_IDS[count] = parser
+    return list(parser.unpack(data))
 
 
 def parse_packet_id(data: bytes, what: str) -> int:

@@ -9,8 +9,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.errors import BrokerError, ErrorKind
@@ -23,6 +21,7 @@ from ..wire.properties import encode_property_values
 from . import codec, topics
 from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
 from .connect_login import connect_login, session_timer
+from .effects import Effect, SetTimer
 from .subscriptions import PUBLISH_QOS_HEADER, Subscriptions, queue_name
 from .topics import MAX_NAME_BYTES
 
@@ -54,17 +53,6 @@ PROTOCOLS = {4: ProtocolId("mqtt311", "MQTT 3.1.1"), 3: ProtocolId("mqtt310", "M
 # has one code for a logged-in client that may not have its session (a SUBSCRIBE refused: 0x80; a
 # refused PUBLISH or will: the connection closes, 3.1.1 has no negative answer).
 CONNACK_CODES: dict[ErrorKind, int] = dict.fromkeys(ErrorKind, codec.NOT_AUTHORIZED)
-
-
-class Effect(Enum):
-    CLOSE = "close"
-    PAUSE_READING = "pause_reading"
-    RESUME_READING = "resume_reading"
-
-
-@dataclass(frozen=True, slots=True)
-class SetTimer:
-    delay: float
 
 
 class MQTTHost(Protocol):
@@ -142,7 +130,12 @@ class MQTTConnection:
         self._last_recv = time.monotonic()
         self.recv_oct += len(data)
         self.recv_cnt += 1
-        self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
+        subs = self.subscriptions
+        ids = None if subs is None or self._backlog or self.reader.buffered else codec.puback_ids(data)
+        if ids is not None and subs is not None:  # a subscriber's read of PUBACKs alone: one run, not split
+            self._handle(lambda: subs.puback_run(ids))
+        else:
+            self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
 
     def _handle(self, step: Callable[[], None]) -> None:
         """Run ``step``, then the packets waiting in the backlog; bad input closes the connection.

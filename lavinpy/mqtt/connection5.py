@@ -20,7 +20,8 @@ from .auth5 import connect_method, reauthentication
 from .auth5 import success as auth_success
 from .codec import PUBREC_REPLY, MQTTProtocolError
 from .connect_login import session_timer
-from .connection import QOS_PROPERTIES, MQTTConnection, SetTimer, client_error_log
+from .connection import QOS_PROPERTIES, MQTTConnection, client_error_log
+from .effects import SetTimer
 from .message5 import amqp_properties
 from .properties import (
     BAD_USER_NAME_OR_PASSWORD,

@@ -226,16 +226,20 @@ class Subscriptions:
         qos_cache = self._qos_by_properties
         append = parts.append
         next_id = self._next_id
+        heads: dict[int, bytes] = {}  # fixed header + topic by body size << 8 | flags, for the key in hand
+        unsent = False  # the key in hand is a $ topic no filter of the client's matches
         for i, msg in enumerate(messages):
             key = msg.routing_key
-            if key[:1] == "$" and not self._dollar_subscribed(key, consumer):
-                settled.append(first + i)  # no filter of the client's matches it: settled unsent
-                continue
             if headers_cache is None or headers_cache[0] != key:
                 topic = topics.topic_name(key)
                 topic_field = codec.topic_field(topic)
                 headers_cache = (key, topic_field, topic_field + block)
                 topic_qos2 = exactly_once is not None and self._qos2_topic(topic)
+                heads = {}
+                unsent = key[:1] == "$" and not self._dollar_subscribed(key, consumer)
+            if unsent:
+                settled.append(first + i)  # settled unsent
+                continue
             properties = msg.properties
             published_qos = qos_cache[properties] if properties in qos_cache else self._published_qos(properties)
             if published_qos == 0:
@@ -260,12 +264,16 @@ class Subscriptions:
             inflight[next_id] = first + i
             if flags & 4:
                 qos2_ids.append(next_id)
-            topic_field = headers_cache[1]
             body = msg.body
-            length = len(topic_field) + 2 + len(block) + len(body)
-            # The PUBLISH in parts (fixed header, topic, packet id, properties, payload), joined once for the run.
-            append(bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length))
-            append(topic_field)
+            size = len(body) << 8 | flags
+            head = heads.get(size)
+            if head is None:
+                topic_field = headers_cache[1]
+                length = len(topic_field) + 2 + len(block) + len(body)
+                fixed = bytes((flags, length)) if length < 128 else bytes((flags,)) + codec.remaining_length(length)
+                head = heads[size] = fixed + topic_field
+            # The PUBLISH in parts (fixed header and topic, packet id, properties, payload), joined once for the run.
+            append(head)
             append(next_id.to_bytes(2, "big"))
             if block:
                 append(block)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..broker.ops import peer_certificate
-from .connection import Effect, MQTTConnection, SetTimer
+from .connection import MQTTConnection
+from .effects import Effect, SetTimer
 
 if TYPE_CHECKING:
     from ..wire.proxy_header import ProxyHeader

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lavinpy.mqtt import codec
-from lavinpy.mqtt.connection import Effect, MQTTConnection
+from lavinpy.mqtt.connection import MQTTConnection
+from lavinpy.mqtt.effects import Effect
 from lavinpy.mqtt.sessions import MQTTSessions
 from tests.amqp.session_client import Harness
 from tests.broker.durability_faults import FAILURES

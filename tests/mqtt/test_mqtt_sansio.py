@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lavinpy.mqtt import codec
-from lavinpy.mqtt.connection import Effect, MQTTConnection, SetTimer
+from lavinpy.mqtt.connection import MQTTConnection
+from lavinpy.mqtt.effects import Effect, SetTimer
 from lavinpy.mqtt.sessions import MQTTSessions
 from tests.amqp.session_client import Harness
 
@@ -79,3 +80,43 @@ def test_takeover_closes_the_first_connection(harness: Harness) -> None:
     second = _connected(sessions, "same")
     assert first.closed and Effect.CLOSE in first.take_effects()
     assert sessions.clients[("/", "same")] is second
+
+
+def test_puback_ids_reads_only_input_made_of_whole_short_pubacks() -> None:
+    acks = b"".join(codec.puback(packet_id) for packet_id in (1, 258, 65535))
+    assert codec.puback_ids(acks) == [1, 258, 65535]
+    assert codec.puback_ids(acks[:-1]) is None  # a packet cut short
+    assert codec.puback_ids(acks + bytes((0xC0, 0x00, 0xC0, 0x00))) is None  # PINGREQs after them
+    assert codec.puback_ids(codec.qos2_reply(1, 5)) is None  # a PUBREC
+    assert codec.puback_ids(bytes((0x40, 0x03, 0x00, 0x05))) is None  # another length
+    assert codec.puback_ids(b"") is None
+
+
+def test_pubacks_settle_alike_whether_read_alone_or_among_other_packets(harness: Harness) -> None:
+    """A read of PUBACKs alone settles as one run; the same PUBACKs cut across reads or after another
+    packet settle the same deliveries, and an unknown id is ignored either way."""
+    sessions = MQTTSessions(harness.broker)
+    publisher = _connected(sessions, "pub")
+    conn = _connected(sessions)
+    conn.receive_data(_subscribe(1, "a/b", 1))
+    harness.run_soon()
+    conn.data_to_send()
+    publisher.receive_data(b"".join(codec.publish("a/b", bytes((i,)), 1, False, False, i + 1) for i in range(6)))
+    harness.run_soon()
+    delivered = [codec.parse_publish(f, b) for k, f, b in _packets(conn) if k == codec.PUBLISH]
+    assert [p.payload for p in delivered] == [bytes((i,)) for i in range(6)]
+    ids = [p.packet_id for p in delivered]
+    subs = conn.subscriptions
+    assert subs is not None and len(subs.deliveries.unacked) == 6
+    conn.receive_data(codec.puback(ids[0]) + codec.puback(ids[1]) + codec.puback(999))  # alone, one unknown
+    assert len(subs.deliveries.unacked) == 4 and sorted(subs.inflight) == ids[2:]
+    third = codec.puback(ids[2])
+    conn.receive_data(third[:3])  # cut: the rest of it and the next PUBACK in the following read
+    assert len(subs.deliveries.unacked) == 4
+    conn.receive_data(third[3:] + codec.puback(ids[3]))
+    assert len(subs.deliveries.unacked) == 2
+    conn.receive_data(bytes((0xC0, 0x00)) + codec.puback(ids[4]) + codec.puback(ids[5]))  # after a PINGREQ
+    assert not subs.deliveries.unacked and not subs.inflight
+    assert [k for k, _, _ in _packets(conn)] == [codec.PINGRESP]
+    queue = harness.broker.vhosts["/"].queues["mqtt-subscription-devqos1"]
+    assert queue.message_count == 0 and not conn.closed
