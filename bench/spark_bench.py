@@ -153,14 +153,64 @@ def broker_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(fn: Any, cpu: list[float] | None = None) -> float:
-    """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu."""
+def _proc_stat(pid: int) -> tuple[str, int, float, float] | None:
+    """(command name, parent pid, own CPU s, reaped children's CPU s) of a process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            head, _, rest = f.read().rpartition(")")
+    except OSError:
+        return None
+    fields = rest.split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (head.partition("(")[2], int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+            (int(fields[13]) + int(fields[14])) / tick)
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of the bench's processes by role: this driver process, Spark's JVM, Spark's
+    Python workers (daemon and forked workers, the reaped ones included through their parent), the broker.
+    A worker alive at one reading and reaped at the next moves from its own time to its parent's
+    children time: differences of these sums stay right."""
+    stats = {pid: st for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+             if (st := _proc_stat(pid)) is not None}
+    me = os.getpid()
+    roles = {"driver": 0.0, "jvm": 0.0, "python_workers": 0.0, "broker": 0.0}
+
+    def role_of(pid: int) -> str | None:
+        seen = 0
+        while pid > 1 and seen < 64:
+            if pid == BROKER_PID:
+                return "broker"
+            if pid == me:
+                return "driver"
+            pid = stats[pid][1] if pid in stats else 0
+            seen += 1
+        return None
+
+    for pid, (name, _ppid, own, children) in stats.items():
+        role = role_of(pid)
+        if role is None:
+            continue
+        if role == "driver" and pid != me:
+            role = "jvm" if name == "java" else "python_workers"
+        roles[role] += own
+        if role in ("jvm", "python_workers"):  # the JVM's reaped children are Python workers too
+            roles["python_workers"] += children
+    return roles
+
+
+def timed(fn: Any, cpu: list[float] | None = None, roles: dict[str, float] | None = None) -> float:
+    """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu, and every
+    role's CPU seconds (cpu_by_role) are stored in roles."""
     cpu0 = broker_cpu_s()
+    roles0 = cpu_by_role() if roles is not None else {}
     start = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - start
     if cpu is not None:
         cpu.append(broker_cpu_s() - cpu0)
+    if roles is not None:
+        roles.update({k: round(v - roles0[k], 2) for k, v in cpu_by_role().items()})
     return elapsed
 
 
@@ -168,23 +218,24 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind."""
     queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     declare_queue(url, queue, kind)
+    roles: dict[str, dict[str, float]] = {"floor_write": {}, "write": {}, "floor_read": {}, "read": {}}
     floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                    .format("spark_floor").mode("append").save())
+                    .format("spark_floor").mode("append").save(), roles=roles["floor_write"])
     cpu: list[float] = []
     write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
                     .format("lavinpy").mode("append").option("url", url).option("queue", queue)
-                    .option("maxInFlight", args.max_in_flight).save(), cpu)
+                    .option("maxInFlight", args.max_in_flight).save(), cpu, roles["write"])
     floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
                     .option("bodyBytes", args.body_bytes).load()
-                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
+                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect(), roles=roles["floor_read"])
     result: list[Any] = []
     reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
     if kind == "stream":
         reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
     if args.prefetch:
         reader = reader.option("prefetch", args.prefetch)
-    read_s = timed(lambda: result.extend(
-        reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu)
+    read_s = timed(lambda: result.extend(reader.load().selectExpr(
+        "count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu, roles["read"])
     n = result[0].n
     assert n == args.rows, f"read {n} rows, expected {args.rows}"
     delete_queue(url, queue)
@@ -193,11 +244,13 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
            "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
-           "load_average": os.getloadavg()[0]}
+           "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     print(f"{kind:7} round {round_no}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
           f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
           f"a message; load {run['load_average']:.1f}", flush=True)
+    for phase, by_role in roles.items():
+        print(f"        CPU s {phase:11}: " + ", ".join(f"{k} {v:.2f}" for k, v in by_role.items()), flush=True)
     return run
 
 
