@@ -107,6 +107,7 @@ class QueueConsumer:
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
         self.received = 0
         self.pending: list[QueueRead] = []  # received past the limit of the last read()
+        self.cancelled = False
 
     def read(self, first_wait: float, idle_wait: float, limit: int | None = None) -> Iterator[QueueRead]:
         """What arrives until none comes for idle_wait (first_wait for the first), at most limit
@@ -168,6 +169,13 @@ class QueueConsumer:
         self.pending.insert(0, QueueRead(tail, read.redelivered[room:], read.last_tag))
         return QueueRead(chunk.head(room), read.redelivered[:room], read.last_tag - rest)
 
+    def cancel(self) -> None:
+        """Cancel the consumer; the deliveries the broker sent before its cancel-ok (a channel keeps
+        their order) are then read by read() without waiting."""
+        self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
+        self.conn.unread_backlog()
+        self.cancelled = True
+
     def ack(self, last_tag: int) -> None:
         """Ack every delivery up to last_tag (multiple)."""
         if last_tag:
@@ -179,7 +187,8 @@ class QueueConsumer:
         Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages
         that the close then hands back, marked redelivered although nobody saw them."""
         try:
-            self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
+            if not self.cancelled:
+                self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
             self.ack(last_tag)
             self.conn.close_channel(self.ch)
         finally:
@@ -212,8 +221,9 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
     abandoned iterator acks nothing.
 
     A pause of idle_wait without a delivery ends the task only if the queue has no ready message
-    left: a loaded broker can pause deliveries longer than that while the queue still holds the
-    task's share. A share larger than one consumer's prefetch (65,535) is taken by consumers opened
+    left (a loaded broker can pause deliveries longer than that while the queue still holds the
+    task's share), and then only after the consumer's cancel-ok, with what was sent before it.
+    A share larger than one consumer's prefetch (65,535) is taken by consumers opened
     one after the other on their own connections, each holding its part unacked until the end, so
     that a big queue is still read in one wave of tasks.
     """
@@ -243,6 +253,13 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
                 if part_got > before or stalled_since is None:
                     stalled_since = now
                 if ready_count(params, queue) == 0 or now - stalled_since > _STALL_LIMIT_S:
+                    # The queue has none ready, but the broker may have sent this consumer messages
+                    # that have not arrived yet: all of them come before the cancel-ok.
+                    consumer.cancel()
+                    for read in consumer.read(first_wait=0, idle_wait=0, limit=part - part_got):
+                        part_got += len(read.redelivered)
+                        done[-1] = (consumer, read.last_tag or done[-1][1])
+                        yield read
                     break
             got += part_got
             if part_got < part:
