@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -166,51 +167,65 @@ def _proc_stat(pid: int) -> tuple[str, int, float, float] | None:
             (int(fields[13]) + int(fields[14])) / tick)
 
 
-def cpu_by_role() -> dict[str, float]:
-    """CPU seconds so far of the bench's processes by role: this driver process, Spark's JVM, Spark's
-    Python workers (daemon and forked workers, the reaped ones included through their parent), the broker.
-    A worker alive at one reading and reaped at the next moves from its own time to its parent's
-    children time: differences of these sums stay right."""
+def _roles_now() -> dict[int, tuple[str, float]]:
+    """pid -> (role, own CPU seconds so far) of every live process of the bench: this driver process,
+    Spark's JVM, Spark's Python workers (any other descendant), the broker."""
     stats = {pid: st for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
              if (st := _proc_stat(pid)) is not None}
     me = os.getpid()
-    roles = {"driver": 0.0, "jvm": 0.0, "python_workers": 0.0, "broker": 0.0}
+    found: dict[int, tuple[str, float]] = {}
+    for pid, (name, _ppid, own, _children) in stats.items():
+        at, hops, role = pid, 0, None
+        while at > 1 and hops < 64 and role is None:
+            if at == BROKER_PID:
+                role = "broker"
+            elif at == me:
+                role = "driver" if pid == me else "jvm" if name == "java" else "python_workers"
+            at = stats[at][1] if at in stats else 0
+            hops += 1
+        if role is not None:
+            found[pid] = (role, own)
+    return found
 
-    def role_of(pid: int) -> str | None:
-        seen = 0
-        while pid > 1 and seen < 64:
-            if pid == BROKER_PID:
-                return "broker"
-            if pid == me:
-                return "driver"
-            pid = stats[pid][1] if pid in stats else 0
-            seen += 1
-        return None
 
-    for pid, (name, _ppid, own, children) in stats.items():
-        role = role_of(pid)
-        if role is None:
-            continue
-        if role == "driver" and pid != me:
-            role = "jvm" if name == "java" else "python_workers"
-        roles[role] += own
-        if role in ("jvm", "python_workers"):  # the JVM's reaped children are Python workers too
-            roles["python_workers"] += children
-    return roles
+class RoleSampler:
+    """CPU seconds by role over a window. Spark's Python workers come and go (and the daemon that
+    forks them does not collect their times), so every process is sampled every 0.5 s and counted
+    with its last sample: a process that exits loses at most its last 0.5 s (workers are reused)."""
+
+    def __init__(self) -> None:
+        self.first = _roles_now()
+        self.last = dict(self.first)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.last.update(_roles_now())
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(_roles_now())
+        roles = {"driver": 0.0, "jvm": 0.0, "python_workers": 0.0, "broker": 0.0}
+        for pid, (role, own) in self.last.items():
+            roles[role] += own - (self.first[pid][1] if pid in self.first else 0.0)
+        return {k: round(v, 2) for k, v in roles.items()}
 
 
 def timed(fn: Any, cpu: list[float] | None = None, roles: dict[str, float] | None = None) -> float:
     """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu, and every
-    role's CPU seconds (cpu_by_role) are stored in roles."""
+    role's CPU seconds (RoleSampler) are stored in roles."""
     cpu0 = broker_cpu_s()
-    roles0 = cpu_by_role() if roles is not None else {}
+    sampler = RoleSampler() if roles is not None else None
     start = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - start
     if cpu is not None:
         cpu.append(broker_cpu_s() - cpu0)
-    if roles is not None:
-        roles.update({k: round(v - roles0[k], 2) for k, v in cpu_by_role().items()})
+    if roles is not None and sampler is not None:
+        roles.update(sampler.stop())
     return elapsed
 
 
