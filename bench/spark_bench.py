@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -153,14 +154,78 @@ def broker_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed(fn: Any, cpu: list[float] | None = None) -> float:
-    """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu."""
+def _proc_stat(pid: int) -> tuple[str, int, float, float] | None:
+    """(command name, parent pid, own CPU s, reaped children's CPU s) of a process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            head, _, rest = f.read().rpartition(")")
+    except OSError:
+        return None
+    fields = rest.split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (head.partition("(")[2], int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+            (int(fields[13]) + int(fields[14])) / tick)
+
+
+def _roles_now() -> dict[int, tuple[str, float]]:
+    """pid -> (role, own CPU seconds so far) of every live process of the bench: this driver process,
+    Spark's JVM, Spark's Python workers (any other descendant), the broker."""
+    stats = {pid: st for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+             if (st := _proc_stat(pid)) is not None}
+    me = os.getpid()
+    found: dict[int, tuple[str, float]] = {}
+    for pid, (name, _ppid, own, _children) in stats.items():
+        at, hops, role = pid, 0, None
+        while at > 1 and hops < 64 and role is None:
+            if at == BROKER_PID:
+                role = "broker"
+            elif at == me:
+                role = "driver" if pid == me else "jvm" if name == "java" else "python_workers"
+            at = stats[at][1] if at in stats else 0
+            hops += 1
+        if role is not None:
+            found[pid] = (role, own)
+    return found
+
+
+class RoleSampler:
+    """CPU seconds by role over a window. Spark's Python workers come and go (and the daemon that
+    forks them does not collect their times), so every process is sampled every 0.5 s and counted
+    with its last sample: a process that exits loses at most its last 0.5 s (workers are reused)."""
+
+    def __init__(self) -> None:
+        self.first = _roles_now()
+        self.last = dict(self.first)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.last.update(_roles_now())
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(_roles_now())
+        roles = {"driver": 0.0, "jvm": 0.0, "python_workers": 0.0, "broker": 0.0}
+        for pid, (role, own) in self.last.items():
+            roles[role] += own - (self.first[pid][1] if pid in self.first else 0.0)
+        return {k: round(v, 2) for k, v in roles.items()}
+
+
+def timed(fn: Any, cpu: list[float] | None = None, roles: dict[str, float] | None = None) -> float:
+    """Wall-clock seconds of fn(); the broker's CPU seconds meanwhile are appended to cpu, and every
+    role's CPU seconds (RoleSampler) are stored in roles."""
     cpu0 = broker_cpu_s()
+    sampler = RoleSampler() if roles is not None else None
     start = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - start
     if cpu is not None:
         cpu.append(broker_cpu_s() - cpu0)
+    if roles is not None and sampler is not None:
+        roles.update(sampler.stop())
     return elapsed
 
 
@@ -168,23 +233,24 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind."""
     queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     declare_queue(url, queue, kind)
+    roles: dict[str, dict[str, float]] = {"floor_write": {}, "write": {}, "floor_read": {}, "read": {}}
     floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                    .format("spark_floor").mode("append").save())
+                    .format("spark_floor").mode("append").save(), roles=roles["floor_write"])
     cpu: list[float] = []
     write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
                     .format("lavinpy").mode("append").option("url", url).option("queue", queue)
-                    .option("maxInFlight", args.max_in_flight).save(), cpu)
+                    .option("maxInFlight", args.max_in_flight).save(), cpu, roles["write"])
     floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
                     .option("bodyBytes", args.body_bytes).load()
-                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
+                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect(), roles=roles["floor_read"])
     result: list[Any] = []
     reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
     if kind == "stream":
         reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
     if args.prefetch:
         reader = reader.option("prefetch", args.prefetch)
-    read_s = timed(lambda: result.extend(
-        reader.load().selectExpr("count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu)
+    read_s = timed(lambda: result.extend(reader.load().selectExpr(
+        "count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu, roles["read"])
     n = result[0].n
     assert n == args.rows, f"read {n} rows, expected {args.rows}"
     delete_queue(url, queue)
@@ -193,11 +259,13 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
            "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
-           "load_average": os.getloadavg()[0]}
+           "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     print(f"{kind:7} round {round_no}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
           f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
           f"a message; load {run['load_average']:.1f}", flush=True)
+    for phase, by_role in roles.items():
+        print(f"        CPU s {phase:11}: " + ", ".join(f"{k} {v:.2f}" for k, v in by_role.items()), flush=True)
     return run
 
 

@@ -21,13 +21,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from .client import gc_paused
 from .options import ReadOptions
-from .queues import QueueConsumer, QueueRead, drain_partition, queue_kind
+from .queues import MAX_PREFETCH, QueueConsumer, QueueRead, drain_partition, queue_kind
 from .read_rows import BatchBuilder
 
 _POLL_FIRST_S = 0.05   # how long latestOffset waits for a first delivery when the queue is quiet
 _POLL_IDLE_S = 0.01    # the pause that ends a micro-batch's collection
 _AVAILABLE_NOW_WAIT_S = 2.0
-_MAX_PREFETCH = 65535
 
 
 def arrow_schema_of(schema: Any) -> pa.Schema:
@@ -53,9 +52,9 @@ class QueueBatchReader(DataSourceReader):
         self.ready = ready
 
     def partitions(self) -> list[QueueShare]:
-        # Each consumer's prefetch is its quota (so that it cannot take another's share), and a
-        # prefetch holds at most 65,535 messages: a bigger queue is read by more consumers.
-        consumers = max(1, min(self.opts.consumers, self.ready), -(-self.ready // _MAX_PREFETCH))
+        # One task per consumer asked for (local[N] runs N at once: one wave); a task whose share is
+        # more than one prefetch holds opens further consumers itself (drain_partition).
+        consumers = max(1, min(self.opts.consumers, self.ready))
         quota = -(-self.ready // consumers)
         return [QueueShare(i, quota) for i in range(consumers)]
 
@@ -106,7 +105,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit = self.opts.max_messages_per_trigger
         if limit:
             prefetch = min(prefetch, 2 * -(-limit // max(1, self.opts.consumers)))
-        return min(prefetch, 65535)
+        return min(prefetch, MAX_PREFETCH)
 
     def _open(self) -> list[QueueConsumer]:
         if self._consumers is None:

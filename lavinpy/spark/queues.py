@@ -11,6 +11,7 @@ A message the broker hands out again after such a failure comes with `redelivere
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -106,6 +107,7 @@ class QueueConsumer:
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
         self.received = 0
         self.pending: list[QueueRead] = []  # received past the limit of the last read()
+        self.cancelled = False
 
     def read(self, first_wait: float, idle_wait: float, limit: int | None = None) -> Iterator[QueueRead]:
         """What arrives until none comes for idle_wait (first_wait for the first), at most limit
@@ -167,6 +169,13 @@ class QueueConsumer:
         self.pending.insert(0, QueueRead(tail, read.redelivered[room:], read.last_tag))
         return QueueRead(chunk.head(room), read.redelivered[:room], read.last_tag - rest)
 
+    def cancel(self) -> None:
+        """Cancel the consumer; the deliveries the broker sent before its cancel-ok (a channel keeps
+        their order) are then read by read() without waiting."""
+        self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
+        self.conn.unread_backlog()
+        self.cancelled = True
+
     def ack(self, last_tag: int) -> None:
         """Ack every delivery up to last_tag (multiple)."""
         if last_tag:
@@ -178,7 +187,8 @@ class QueueConsumer:
         Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages
         that the close then hands back, marked redelivered although nobody saw them."""
         try:
-            self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
+            if not self.cancelled:
+                self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
             self.ack(last_tag)
             self.conn.close_channel(self.ch)
         finally:
@@ -193,26 +203,74 @@ class QueueConsumer:
         self.conn.abort()
 
 
+MAX_PREFETCH = 65535  # a prefetch count is 16 bits: one consumer holds at most this many unacked
+_STALL_LIMIT_S = 30.0  # ready messages that none of the consumers get for this long end a batch read
+
+
+def ready_count(params: AMQPParams, queue: str) -> int:
+    """The queue's ready messages now (a passive declare's message count), on a connection of its own:
+    the consumer's own connection is busy with deliveries."""
+    with Connection(params).open() as conn:
+        ok = conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, passive=True),
+                       commands.Queue.DeclareOk)
+        return int(ok.message_count)
+
+
 def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float) -> Iterator[QueueRead]:
-    """One batch-read task: up to quota messages (fewer if the queue runs dry for idle_wait), acked
-    only once the caller has taken them all; an abandoned iterator acks nothing."""
+    """One batch-read task: up to quota messages, acked only once the caller has taken them all; an
+    abandoned iterator acks nothing.
+
+    A pause of idle_wait without a delivery ends the task only if the queue has no ready message
+    left (a loaded broker can pause deliveries longer than that while the queue still holds the
+    task's share), and then only after the consumer's cancel-ok, with what was sent before it.
+    A share larger than one consumer's prefetch (65,535) is taken by consumers opened
+    one after the other on their own connections, each holding its part unacked until the end, so
+    that a big queue is still read in one wave of tasks.
+    """
     if quota <= 0:
         return
-    # The prefetch bounds what this consumer can take from the others (quota each, at most 65,535).
-    consumer = QueueConsumer(params, queue, min(quota, 65535))
-    last_tag = 0
+    wait = max(idle_wait, 0.05)
+    done: list[tuple[QueueConsumer, int]] = []  # consumers and the last tag each handed out
     finished = False
+    got = 0
     try:
-        wait = max(idle_wait, 0.05)
-        for read in consumer.read(first_wait=wait, idle_wait=wait, limit=quota):
-            last_tag = read.last_tag or last_tag
-            yield read
+        while got < quota:
+            part = min(quota - got, MAX_PREFETCH)
+            # The prefetch bounds what this consumer can take from the others' shares.
+            consumer = QueueConsumer(params, queue, part)
+            done.append((consumer, 0))
+            part_got = 0
+            stalled_since: float | None = None
+            while part_got < part:
+                before = part_got
+                for read in consumer.read(first_wait=wait, idle_wait=wait, limit=part - part_got):
+                    part_got += len(read.redelivered)
+                    done[-1] = (consumer, read.last_tag or done[-1][1])
+                    yield read
+                if part_got >= part:
+                    break
+                now = time.monotonic()
+                if part_got > before or stalled_since is None:
+                    stalled_since = now
+                if ready_count(params, queue) == 0 or now - stalled_since > _STALL_LIMIT_S:
+                    # The queue has none ready, but the broker may have sent this consumer messages
+                    # that have not arrived yet: all of them come before the cancel-ok.
+                    consumer.cancel()
+                    for read in consumer.read(first_wait=0, idle_wait=0, limit=part - part_got):
+                        part_got += len(read.redelivered)
+                        done[-1] = (consumer, read.last_tag or done[-1][1])
+                        yield read
+                    break
+            got += part_got
+            if part_got < part:
+                break  # the queue ran dry: no further consumer would get anything
         finished = True
     finally:
-        if finished:
-            consumer.finish(last_tag)
-        else:
-            consumer.abandon()
+        for consumer, last_tag in done:
+            if finished:
+                consumer.finish(last_tag)
+            else:
+                consumer.abandon()
 
 
 def _consume_payload(queue: str) -> bytes:

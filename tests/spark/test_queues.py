@@ -9,6 +9,7 @@ import decimal
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from pamqp import commands
 
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
+from lavinpy.spark.queues import MAX_PREFETCH, drain_partition
 from lavinpy.wire import properties
 from tests.e2e.conftest import LocalBroker
 from tests.e2e.tls_certs import CA
@@ -191,3 +193,59 @@ def test_amqps_write_and_read(spark, tmp_path: Path) -> None:
         assert sorted(int(r.body) for r in rows) == list(range(50))
     finally:
         broker.stop()
+
+
+def publish_plain(url: str, queue: str, count: int, body_bytes: int) -> None:
+    with Connection(AMQPParams.from_url(url)).open() as conn:
+        pub = ConfirmPublisher(conn)
+        props = properties.encode_property_values(delivery_mode=2)
+        for i in range(count):
+            pub.publish("", queue, b"%08d" % i + b"x" * (body_bytes - 8), props)
+        pub.wait_for_confirms()
+        pub.close()
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_share(broker, admin,
+                                                                                     kind: str) -> None:
+    """The broker stops (SIGSTOP) for longer than idleTimeout in the middle of a task's share: the task
+    asks the queue's ready count instead of ending with part of its share."""
+    if broker.proc is None:
+        pytest.skip("needs the broker process this suite starts (it is paused with SIGSTOP)")
+    queue = declare(admin, kind)
+    total = 20_000  # 20 MB: more than the socket buffers hold, so the pause comes mid-share
+    publish_plain(broker.url, queue, total, 1000)
+    pid = broker.proc.pid
+    bodies: list[bytes] = []
+    paused = False
+    try:
+        for read in drain_partition(AMQPParams.from_url(broker.url), queue, total, idle_wait=0.2):
+            bodies.extend(read.chunk.bodies)
+            if not paused:
+                os.kill(pid, signal.SIGSTOP)
+                paused = True
+                threading.Timer(1.5, os.kill, (pid, signal.SIGCONT)).start()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert paused
+    assert len(bodies) == total and len(set(bodies)) == total
+    assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
+
+
+def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin) -> None:
+    """70,000 messages for one task: more than one consumer's prefetch holds (65,535), taken by
+    consumers the task opens one after the other, all acked at the end."""
+    queue = declare(admin, "classic")
+    total = 70_000
+    publish_plain(broker.url, queue, total, 16)
+    params = AMQPParams.from_url(broker.url)
+    reads = drain_partition(params, queue, total, idle_wait=0.5)
+    bodies: list[bytes] = []
+    for read in reads:
+        bodies.extend(read.chunk.bodies)
+        if len(bodies) > MAX_PREFETCH:
+            ready, consumers = counts(admin, queue)
+            assert consumers == 2 and ready + len(bodies) <= total  # the first one still holds its part
+    assert len(bodies) == total and len(set(bodies)) == total
+    assert not any(b for b in bodies if len(b) != 16)
+    assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
