@@ -439,7 +439,7 @@ class Channel:
         if m.prefetch_size:
             raise AMQPConnectionError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})", 60, 10)
         if m.global_:
-            self.deliveries.prefetch = m.prefetch_count
+            self.deliveries.set_prefetch(m.prefetch_count)
         else:
             self.prefetch_count = m.prefetch_count
         self.send_method(commands.Basic.QosOk())

@@ -114,6 +114,7 @@ class VHost(VHostPublishing):
         # counters by queue type, and a deleted stream's deliveries must stay the stream type's.
         self.deleted_stats_by_kind: dict[str, MessageCounters] = {}
         self.node_counters = broker.node_counters  # held here too: the publish path reaches it in one step
+        self.channel_wide_prefetches = 0  # see queues.base.QueueHost
         self._flush_task: asyncio.Task | None = None
         self.closed = False
         self.policies = PolicyStore(path / POLICIES_FILE)

@@ -201,7 +201,7 @@ class Subscriptions5(Subscriptions):
         in-flight window (its Receive Maximum) bounds them together. Alone, its queue's consumer
         prefetch does (a channel-wide one would cut QoS 0 runs to the window's size too)."""
         shared = any(isinstance(key, str) for key in self.consumers)
-        self.deliveries.prefetch = self.window if shared else 0
+        self.deliveries.set_prefetch(self.window if shared else 0)
 
     def _needs_per_message(self) -> bool:
         """Whether a delivery may differ from the plain 3.1.1-shaped one plus an empty property block

@@ -36,6 +36,7 @@ from lavinpy.store.record import (
 )
 from lavinpy.store.reserved_record import ReservedRecord
 from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
+from lavinpy.store.segment_files import SegmentFiles
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
 log = logging.getLogger("lavinpy.store")
@@ -117,12 +118,14 @@ class MessageStore:
         # record, and whether an index references them.
         self._tail: tuple[int, int] | None = None
         self._tail_referenced = False
+        self._files = SegmentFiles(self.path)  # the next segment made ahead, removals: off the loop
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def open(self) -> None:
         """Map the existing segments (the newest one is written to) or create the first one."""
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._files.remove_leftovers()
         ids = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SEGMENT_FILE.fullmatch(p.name)))
         for segment_id in ids:
             try:
@@ -154,6 +157,7 @@ class MessageStore:
 
     def close(self) -> None:
         """Unmap and close every segment (the store must be opened again to be used)."""
+        self._files.close()
         for segment in self._segments.values():
             segment.close()
         self._segments.clear()
@@ -313,13 +317,15 @@ class MessageStore:
         if self._dirty_start >= 0:
             self._dirty.append((old, self._dirty_start, self._wpos))
         self._set_current(new, DATA_START)
+        if size > self.segment_size:  # big bodies: the next one likely as big, made ahead now
+            self._files.prepare(self._next_id, size)
         if not self._refs.get(old.id):
             self._maybe_delete(old.id)
         elif _DONTNEED is not None:
             old.mm.madvise(_DONTNEED)  # sealed: its pages leave the RSS now (see release_memory)
 
     def _create_segment(self, size: int) -> Segment:
-        segment = Segment.create(self.path, self._next_id, size)
+        segment = self._files.take(self._next_id, size) or Segment.create(self.path, self._next_id, size)
         self._next_id += 1
         self._segments[segment.id] = segment
         return segment
@@ -331,6 +337,8 @@ class MessageStore:
         assert self._mm is not None and _DONTNEED is not None
         self._mm.madvise(_DONTNEED, self._kept_from, upto - self._kept_from)
         self._kept_from = upto
+        if end > self._cur_size // 2 and not self._files.preparing:  # the next segment made ahead
+            self._files.prepare(self._next_id, self.segment_size)
 
     def _set_current(self, segment: Segment, write_pos: int) -> None:
         self._kept_from = 0
@@ -507,7 +515,7 @@ class MessageStore:
         self._ends.pop(segment_id, None)
         if self._dirty:
             self._dirty = [r for r in self._dirty if r[0] is not segment]
-        segment.delete()
+        self._files.remove(segment)  # unmapped and unlinked in a worker thread
         log.debug("%s: deleted unreferenced segment %s", self.path, segment.path.name)
 
     def hold_deletions(self) -> None:
@@ -525,6 +533,10 @@ class MessageStore:
         for segment_id in sorted(pending):
             if segment_id in self._segments and segment_id != self._cur_id and not self._refs.get(segment_id):
                 self._delete(segment_id)
+
+    def settle_removals(self) -> None:
+        """Wait until the segments deleted so far are gone from the disk (they go in a worker thread)."""
+        self._files.settle()
 
     @contextmanager
     def deletions_held(self) -> Iterator[None]:

@@ -41,7 +41,7 @@ def segment_name(segment_id: int) -> str:
 class Segment:
     """A mapped segment file. ``mm`` is the writable mmap, ``view`` a memoryview of it for reads."""
 
-    __slots__ = ("id", "path", "size", "mm", "view", "closed")
+    __slots__ = ("id", "path", "size", "mm", "view", "closed", "name_unsynced")
 
     def __init__(self, segment_id: int, path: Path, mm: mmap.mmap) -> None:
         self.id = segment_id
@@ -50,13 +50,22 @@ class Segment:
         self.mm = mm
         self.view = memoryview(mm)
         self.closed = False
+        self.name_unsynced = False  # renamed into place; the directory not synced since (see sync)
 
     @classmethod
     def create(cls, directory: Path, segment_id: int, size: int) -> Segment:
         """Create the file at full size, write the schema version, map it and make the name durable."""
+        segment = cls.create_unnamed(directory / segment_name(segment_id), segment_id, size)
+        fsync_dir(directory)
+        segment.announce()
+        return segment
+
+    @classmethod
+    def create_unnamed(cls, path: Path, segment_id: int, size: int) -> Segment:
+        """``create`` under a name the store does not read (``segment_files``: made ahead in a worker
+        thread); ``adopt`` names it. Nothing is announced to the change feed yet."""
         if size < DATA_START + HEADER_SIZE:
             raise ValueError(f"segment size {size} is too small")
-        path = directory / segment_name(segment_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -79,11 +88,21 @@ class Segment:
                 pass
             raise
         os.close(fd)  # the mmap object keeps its own descriptor
-        fsync_dir(directory)
-        if changes.feed.listener is not None:
-            changes.truncated(path, size)
-            changes.appended(path, 0, _VERSION.pack(SCHEMA_VERSION))
         return cls(segment_id, path, mm)
+
+    def adopt(self, path: Path) -> None:
+        """Give a segment made by ``create_unnamed`` its name (before anything is written into it); the
+        directory entry is synced with its first synced range (``name_unsynced``)."""
+        os.rename(self.path, path)
+        self.path = path
+        self.name_unsynced = True
+        self.announce()
+
+    def announce(self) -> None:
+        """Tell the change feed (the cluster's followers) the new file: its size and header."""
+        if changes.feed.listener is not None:
+            changes.truncated(self.path, self.size)
+            changes.appended(self.path, 0, _VERSION.pack(SCHEMA_VERSION))
 
     @classmethod
     def open(cls, directory: Path, segment_id: int) -> Segment:
@@ -208,6 +227,9 @@ class Segment:
         """
         if end <= start or self.closed:
             return
+        if self.name_unsynced:
+            fsync_dir(self.path.parent)
+            self.name_unsynced = False
         try:
             fd = os.open(self.path, os.O_RDONLY | _CLOEXEC)
         except FileNotFoundError:  # deleted meanwhile; the caller held deletions, so only on shutdown

@@ -26,6 +26,7 @@ class StandInHost:
         self.store = store
         self.node_counters = NodeCounters()
         self.corrupt_messages = 0
+        self.channel_wide_prefetches = 0
         self.scheduled: list[str] = []
         self.dead_lettered: list[tuple[str, bytes, str]] = []
 

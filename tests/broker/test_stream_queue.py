@@ -86,6 +86,7 @@ class StandInHost:
         self.store = store
         self.node_counters = NodeCounters()
         self.corrupt_messages = 0
+        self.channel_wide_prefetches = 0
         self.scheduled: set[QueueKind] = set()
         self.dead_lettered: list[tuple[str, StoredMessage, str]] = []
         self.deleted: list[str] = []

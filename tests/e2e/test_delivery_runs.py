@@ -67,6 +67,30 @@ def test_channel_wide_prefetch_caps_a_run(clients) -> None:
     ch.queue_delete(q)
 
 
+def test_channel_wide_prefetch_caps_several_consumers_of_one_queue(clients) -> None:
+    """The queue's rounds over several consumers hand out a run per consumer at once: a channel-wide
+    prefetch shared by them still bounds the total."""
+    conn, ch = clients.channel()
+    q = ch.queue_declare(uid("runs"), durable=True).method.queue
+    ch.basic_qos(prefetch_count=10, global_qos=True)
+    got: list = []
+    for _ in range(3):
+        ch.basic_consume(q, lambda _c, m, _p, b: got.append((m, b)))
+    _, publisher = clients.channel()
+    publisher.confirm_delivery()
+    for i in range(200):
+        publisher.basic_publish("", q, str(i).encode(), pika.BasicProperties(delivery_mode=2))
+    assert wait_until(conn, lambda: len(got) >= 10)
+    settle(conn, 0.4)
+    assert len(got) == 10
+    ch.basic_ack(0, multiple=True)
+    assert wait_until(conn, lambda: len(got) >= 20)
+    settle(conn, 0.4)
+    assert len(got) == 20
+    assert sorted(int(b) for _, b in got) == list(range(20))
+    ch.queue_delete(q)
+
+
 def test_requeued_messages_come_first_in_a_run_marked_redelivered(clients) -> None:
     conn, ch = clients.channel()
     q = _fill(ch, 40)

@@ -229,6 +229,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert messages.refcount(seg) == count, seg
         expected = set(refs) | {messages.current_segment_id}
         assert set(messages.segment_ids()) == expected
+        messages.settle_removals()
         on_disk = {int(p.name[5:]) for p in self.dir.glob("msgs.*")}
         assert on_disk == expected
 

@@ -73,6 +73,7 @@ def test_unreferenced_segments_deleted_after_recovery(tmp_path: Path) -> None:
     store.finish_recovery()
     live = {pos_segment(p) for p in kept} | {store.messages.current_segment_id}
     assert set(store.messages.segment_ids()) == live
+    store.messages.settle_removals()
     assert sorted(p.name for p in tmp_path.glob("msgs.*")) == [f"msgs.{s:010d}" for s in sorted(live)]
     store.close()
 
@@ -236,6 +237,8 @@ async def test_segment_deletion_waits_for_running_sync(tmp_path: Path) -> None:
         q.ack(q.shift())
     assert path.exists()  # the worker may be msyncing it: deletion deferred
     await flush
+    assert first not in store.messages.segment_ids()
+    store.messages.settle_removals()
     assert not path.exists()
     store.close()
 

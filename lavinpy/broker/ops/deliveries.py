@@ -303,6 +303,11 @@ class Deliveries:
         if channel:
             vhost.node_counters.channels_opened += 1  # a channel's books open with it (closed in close())
 
+    def set_prefetch(self, prefetch: int) -> None:
+        """The channel-wide prefetch (0: none), counted in the vhost's ``channel_wide_prefetches``."""
+        self._vhost.channel_wide_prefetches += bool(prefetch) - bool(self.prefetch)
+        self.prefetch = prefetch
+
     def room(self) -> int:
         """How many more deliveries the channel-wide prefetch allows now."""
         if not self.prefetch:
@@ -505,6 +510,7 @@ class Deliveries:
         if self._channel:
             counters.channels_closed += 1
         counters.received_confirm_closed += confirm_publishes
+        self.set_prefetch(0)
         self.requeue_all()
 
     def _acks(self, items: list[Unacked]) -> None:

@@ -49,6 +49,9 @@ class QueueHost(Protocol):
 
     name: str
     corrupt_messages: int  # damaged records found by the host's queues
+    # Delivery books (channels) of this vhost with a channel-wide prefetch now: while there are none,
+    # no channel limits a delivery run (Deliveries.set_prefetch keeps it).
+    channel_wide_prefetches: int
 
     @property
     def store(self) -> VhostStore: ...

@@ -1,0 +1,124 @@
+"""Segment files made and removed off the event loop.
+
+Creating a segment (reserving its blocks, writing and syncing its header) and removing one (unmapping
+it, unlinking a file of several MiB) cost milliseconds each, up to a hundred on a busy disk: with big
+bodies they were 12-16 % of the loop. Here the next segment is made ahead by a worker thread under a
+temporary name (``.msgs.NNNNNNNNNN.tmp``, never replicated, removed at the next open after a crash) and
+takes its name only when the writer rolls over to it; a segment no queue references any more leaves the
+store's books on the loop and is unmapped and unlinked by another worker thread.
+
+Durability is as before: the rename at the roll happens before any record is written into the segment,
+and the directory entry is synced with the segment's first range (``Segment.name_unsynced``) before a
+confirm of a message in it goes out. A removal not done when the process dies leaves an unreferenced
+segment, deleted at the next start as any other.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from lavinpy.store import changes
+from lavinpy.store.segment import Segment, segment_name
+
+log = logging.getLogger("lavinpy.store")
+
+PREPARED_SUFFIX = ".tmp"
+
+_makers: ThreadPoolExecutor | None = None
+_removers: ThreadPoolExecutor | None = None
+
+
+def _maker() -> ThreadPoolExecutor:
+    global _makers
+    if _makers is None:
+        _makers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-make")
+    return _makers
+
+
+def _remover() -> ThreadPoolExecutor:
+    global _removers
+    if _removers is None:
+        _removers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-remove")
+    return _removers
+
+
+def prepared_path(directory: Path, segment_id: int) -> Path:
+    return directory / ("." + segment_name(segment_id) + PREPARED_SUFFIX)
+
+
+def _remove(segment: Segment) -> None:
+    segment.close()
+    segment.path.unlink(missing_ok=True)
+
+
+class SegmentFiles:
+    """One store's segment made ahead and its removals in flight (loop thread, except the workers)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._prepared: Future[Segment] | None = None
+        self._prepared_id = 0
+        self._removals: list[Future[None]] = []
+
+    @property
+    def preparing(self) -> bool:
+        return self._prepared is not None
+
+    def prepare(self, segment_id: int, size: int) -> None:
+        """Make segment ``segment_id`` of ``size`` bytes ahead, in a worker thread."""
+        if self._prepared is not None:
+            return
+        self._prepared_id = segment_id
+        self._prepared = _maker().submit(Segment.create_unnamed, prepared_path(self.directory, segment_id),
+                                         segment_id, size)
+
+    def take(self, segment_id: int, size: int) -> Segment | None:
+        """The prepared segment, named ``segment_id`` now, if it is that one and of ``size`` bytes
+        (waiting for it if it is still being made); else None (one prepared in vain is removed). The
+        size must match: a message larger than a segment gets one sized to fit, and the next one the
+        regular size, as when created on the loop."""
+        future, self._prepared = self._prepared, None
+        if future is None:
+            return None
+        try:
+            segment = future.result()
+        except OSError as exc:  # a full disk: the caller creates it on the loop and gets the error there
+            log.debug("%s: making segment %d ahead failed: %s", self.directory, self._prepared_id, exc)
+            return None
+        if self._prepared_id != segment_id or segment.size != size:
+            self._removals.append(_remover().submit(_remove, segment))
+            return None
+        segment.adopt(self.directory / segment_name(segment_id))
+        return segment
+
+    def remove(self, segment: Segment) -> None:
+        """Unmap and unlink ``segment`` in a worker thread (the store has forgotten it already)."""
+        changes.deleted(segment.path)
+        self._removals = [f for f in self._removals if not f.done()]
+        self._removals.append(_remover().submit(_remove, segment))
+
+    def settle(self) -> None:
+        """Wait until every removal asked for is done (the files are gone from the disk)."""
+        removals, self._removals = self._removals, []
+        for future in removals:
+            try:
+                future.result()
+            except OSError as exc:
+                log.warning("%s: removing a segment failed: %s", self.directory, exc)
+
+    def close(self) -> None:
+        """Settle, and remove a segment made ahead and not used."""
+        future, self._prepared = self._prepared, None
+        if future is not None:
+            try:
+                _remove(future.result())
+            except OSError:
+                pass
+        self.settle()
+
+    def remove_leftovers(self) -> None:
+        """Segments made ahead by a process that stopped before using them."""
+        for path in self.directory.glob(".msgs.*" + PREPARED_SUFFIX):
+            path.unlink(missing_ok=True)
