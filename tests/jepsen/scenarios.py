@@ -21,7 +21,7 @@ from typing import Any
 from tests.helpers import wait_until
 
 from .cluster import ETCD_PEER_PORT, ETCD_PORT, PREFIX, Node
-from .runner import Run
+from .runner import RECOVERY_BOUND, Run
 
 
 def _queue_file(run: Run, name: str) -> str:
@@ -194,14 +194,56 @@ def f5_full_disk(run: Run, attempts: int | None = None) -> None:
             run.problems.append(f"F5: the leader changed from {leader.name} to {now and now.name} while "
                                 f"{f1.name}'s disk was full")
             return
-        theirs, ours = f1.disk("hash", enq).split()[0], leader.disk("hash", enq).split()[0]
-        if _isr_has(run, f1) and theirs != ours:
+        compared = _index_in_sync(run, leader, f1, enq)
+        if compared is None:
+            run.problems.append(f"F5: {f1.name} was not back in the ISR, caught up with the leader, within "
+                                f"{RECOVERY_BOUND:.0f} s after its disk was freed (attempt {attempt + 1})")
+            return
+        theirs, ours = compared
+        if theirs != ours:
             run.problems.append(f"F5: {f1.name} is in the ISR with a queue index unlike the leader's "
-                                f"(attempt {attempt + 1}): it acknowledged a write it did not complete")
+                                f"(attempt {attempt + 1}, {theirs} vs {ours}): it acknowledged a write it "
+                                f"did not complete")
             break
-        n.note(f"F5 attempt {attempt + 1}: {f1.name} in ISR {_isr_has(run, f1)}, index equal {theirs == ours}")
+        n.note(f"F5 attempt {attempt + 1}: {f1.name} in the ISR, caught up, index equal")
     _fail_over_to(run, f1, leader, f2)
     run.control(consume=True, declare=True, budget=None)
+
+
+def _caught_up(run: Run, leader: Node, follower: Node) -> bool:
+    """etcd's ISR names ``follower`` and the leader counts it in sync with nothing unacknowledged: it
+    has acknowledged every byte the leader streamed until now."""
+    if not _isr_has(run, follower):
+        return False
+    try:
+        nodes = run.cluster.http(leader, "/api/nodes")
+    except Exception:  # noqa: BLE001 - a busy leader answers the next poll
+        return False
+    mine = [x for x in nodes if x.get("clustering_id") == follower.id]
+    return bool(mine) and bool(mine[0].get("in_sync")) and mine[0].get("lag_bytes") == 0
+
+
+def _index_in_sync(run: Run, leader: Node, follower: Node, rel: str) -> tuple[str, str] | None:
+    """The follower's and the leader's hash of ``rel``, taken while the follower is in the ISR and has
+    acknowledged everything the leader wrote to it; None when that does not come within the bound.
+
+    The hashes are read one after the other, seconds apart on a loaded machine, while the follower may
+    still be full-syncing after its disk was freed: compared there, a copy in the making looks like a
+    short write acknowledged. So: the leader's hash, then the follower caught up (it has acknowledged
+    whatever the leader wrote before that hash), the follower's hash, and the leader's hash again and
+    the follower still caught up (nothing changed meanwhile). A follower that acknowledged a short write
+    stays unlike the leader however long this waits."""
+    deadline = time.monotonic() + RECOVERY_BOUND
+    while time.monotonic() < deadline:
+        before = leader.disk("hash", rel).split()[0]
+        if not _caught_up(run, leader, follower):
+            time.sleep(0.2)
+            continue
+        theirs = follower.disk("hash", rel).split()[0]
+        after = leader.disk("hash", rel).split()[0]
+        if before == after and _caught_up(run, leader, follower):
+            return theirs, after
+    return None
 
 
 def _publish(run: Run, count: int, rate: float | None) -> None:
