@@ -42,6 +42,7 @@ async def publish_and_consume(path: Path) -> None:
         while (pos := q.shift()) is not None:
             q.ack(pos)
     await store.flush()
+    store.messages.settle_removals()  # emptied segments are unlinked by a worker thread
 
     files = directory_bytes(path)
     segments = {name: size for name, size in files.items() if name.startswith("msgs.")}

@@ -137,6 +137,7 @@ def test_retention_by_bytes_drops_whole_segments_and_survives_restart(tmp_path: 
     assert dropped == sum(per_segment[s] for s in segments[: len(segments) - len(kept)])
     assert index.byte_size <= 2 * SEGMENT_SIZE < index.byte_size + SEGMENT_SIZE
     assert index.first_offset == 1 + dropped and index.next_offset == 61
+    store.messages.settle_removals()  # dropped segments are unlinked by a worker thread
     files = segment_files(tmp_path)
     for seg in segments[: len(segments) - len(kept)]:
         assert segment_name(seg) not in files  # unreferenced: deleted
@@ -244,6 +245,7 @@ def test_delete_releases_segments_and_removes_the_directory(tmp_path: Path) -> N
     store.delete_queue(index)  # type: ignore[arg-type]
     assert not index.directory.exists()
     assert "s" not in store.queues
+    store.messages.settle_removals()
     files = segment_files(tmp_path)
     assert all(segment_name(seg) not in files for seg in old)
     store.close()
