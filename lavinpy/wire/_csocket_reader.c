@@ -122,6 +122,7 @@ reader_main(void *arg)
     long last_input = 0;  /* when the previous recv() brought something */
     int drained = 0;      /* a hold's wait saw no more input, or a paced piece came: wait before a recv() */
     int paced = 0;        /* the coming recv() follows a sleep of hold_ns (a stream is paced) */
+    size_t last_got = 0;  /* what the previous recv() brought: a large one means a flood, not held */
     pthread_mutex_lock(&st->lock);
     for (;;) {
         if (held_since && (st->paused || st->stopped || st->len - st->start >= st->cap)) {
@@ -186,6 +187,8 @@ reader_main(void *arg)
             long now = st->hold_ns > 0 ? monotonic_ns() : 0;
             long previous = last_input;
             int answered = __atomic_exchange_n(&st->answered, 0, __ATOMIC_SEQ_CST);
+            int flood = last_got >= READER_CHUNK / 4;
+            last_got = (size_t)got;
             last_input = now;
             if (was_paced && (size_t)got < READER_CHUNK / 4) {  /* it waited a hold already */
                 held_since = 0;
@@ -195,7 +198,7 @@ reader_main(void *arg)
             }
             /* Held only while the input streams (the previous piece came shortly before, and the
              * client got no answer since): a client waiting for an answer is never held. */
-            if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4
+            if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4 && !flood
                     && (held_since || (!answered && now - previous < READER_STREAM_GAP_NS))) {
                 if (!held_since)
                     held_since = now;
