@@ -24,6 +24,10 @@
 
 #define WRITER_FINISH_SECONDS 30  /* a peer that does not read for this long loses the unsent rest */
 #define WRITER_KEEP_BYTES (256 * 1024)
+/* A write of at most this many bytes finding the thread idle (nothing queued or in flight) is sent at
+ * once by the caller: at low rates each flush is small, and waking the thread for it (a futex wake on
+ * the loop's core, the thread's wake-up and sleep) cost more than the send itself. */
+#define WRITER_DIRECT_BYTES (32 * 1024)
 
 typedef struct {
     int fd;
@@ -172,6 +176,18 @@ SocketWriter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)w;
 }
 
+/* The whole pages of a shared file mapping just copied (queued or sent) leave this process's mapping:
+ * they stay in the page cache and the file, and a later read maps them in again. */
+static void
+writer_unmap(Py_buffer *view)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t start = ((uintptr_t)view->buf + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t end = ((uintptr_t)view->buf + view->len) & ~(uintptr_t)(page - 1);
+    if (end > start)
+        (void)madvise((void *)start, end - start, MADV_DONTNEED);
+}
+
 /* write(data) -> bytes queued and not yet sent; -1 once the writer stopped (the data is dropped). */
 static PyObject *
 writer_queue(SocketWriter *w, PyObject *data, int unmap)
@@ -186,9 +202,27 @@ writer_queue(SocketWriter *w, PyObject *data, int unmap)
         PyBuffer_Release(&view);
         return PyLong_FromLong(-1);
     }
-    if (st->len + (size_t)view.len > st->cap) {
+    Py_ssize_t sent = 0;
+    if (st->len == 0 && st->in_flight == 0 && view.len <= WRITER_DIRECT_BYTES) {
+        /* The thread is idle: send here. Whatever the socket does not take (or an error, which the
+         * thread then meets and reports) goes the usual way, behind nothing. */
+        ssize_t n;
+        do
+            n = send(st->fd, view.buf, (size_t)view.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (n > 0)
+            sent = n;
+        if (sent == view.len) {
+            pthread_mutex_unlock(&st->lock);
+            if (unmap)
+                writer_unmap(&view);
+            PyBuffer_Release(&view);
+            return PyLong_FromLong(0);
+        }
+    }
+    if (st->len + (size_t)(view.len - sent) > st->cap) {
         size_t cap = st->cap ? st->cap : 4096;
-        while (cap < st->len + (size_t)view.len)
+        while (cap < st->len + (size_t)(view.len - sent))
             cap *= 2;
         unsigned char *grown = realloc(st->buf, cap);
         if (grown == NULL) {
@@ -199,22 +233,15 @@ writer_queue(SocketWriter *w, PyObject *data, int unmap)
         st->buf = grown;
         st->cap = cap;
     }
-    memcpy(st->buf + st->len, view.buf, view.len);
+    memcpy(st->buf + st->len, (unsigned char *)view.buf + sent, view.len - sent);
     int was_empty = st->len == 0;
-    st->len += view.len;
+    st->len += view.len - sent;
     size_t total = st->len + st->in_flight;
-    if (was_empty)
-        pthread_cond_signal(&st->wake);
     pthread_mutex_unlock(&st->lock);
-    if (unmap) {
-        /* The whole pages of a shared file mapping just copied leave this process's mapping: they stay
-         * in the page cache and the file, and a later read maps them in again. */
-        long page = sysconf(_SC_PAGESIZE);
-        uintptr_t start = ((uintptr_t)view.buf + page - 1) & ~(uintptr_t)(page - 1);
-        uintptr_t end = ((uintptr_t)view.buf + view.len) & ~(uintptr_t)(page - 1);
-        if (end > start)
-            (void)madvise((void *)start, end - start, MADV_DONTNEED);
-    }
+    if (was_empty)  /* after the unlock: the woken thread does not block on the lock at once */
+        pthread_cond_signal(&st->wake);
+    if (unmap)
+        writer_unmap(&view);
     PyBuffer_Release(&view);
     return PyLong_FromSize_t(total);
 }

@@ -6,7 +6,9 @@
  * non-empty, so a busy loop finds many reads' worth in one take. An idle loop is woken at once,
  * unless the input streams: a small piece that came shortly after the previous one, with no answer
  * (answered()) between them, waits up to hold_us for more, so the loop's per-read work is paid once
- * for several; a client that waits for an answer is never held. Back-pressure: the thread stops
+ * for several; while the stream goes on it is paced (the thread sleeps hold_us, then takes what came
+ * meanwhile: one wake-up per period, not per piece); a client that waits for an answer is never held
+ * or paced. Back-pressure: the thread stops
  * receiving while pause() is in force or while the backlog holds cap bytes (the kernel's buffers then
  * fill and TCP stops the client), and goes on after resume() or once take() made room.
  * Invariant: the backlog is non-empty, or the end was seen, exactly when wake_fd is readable.
@@ -41,6 +43,7 @@ typedef struct {
     long hold_ns;          /* a small input waits this long for more before it wakes the loop */
     int paused, stopped, eof, error, signalled;
     int answered;          /* the loop sent the client something since the last piece came */
+    int pacing;            /* the thread sleeps a period on room: answered() ends the sleep */
     int refs;              /* the Python object and the thread */
 } ReaderState;
 
@@ -117,6 +120,9 @@ reader_main(void *arg)
     struct pollfd polled[2] = {{st->fd, POLLIN, 0}, {st->stop_fd, POLLIN, 0}};
     long held_since = 0;  /* received input not yet signalled (waiting for more), since then */
     long last_input = 0;  /* when the previous recv() brought something */
+    int drained = 0;      /* a hold's wait saw no more input, or a paced piece came: wait before a recv() */
+    int paced = 0;        /* the coming recv() follows a sleep of hold_ns (a stream is paced) */
+    size_t last_got = 0;  /* what the previous recv() brought: a large one means a flood, not held */
     pthread_mutex_lock(&st->lock);
     for (;;) {
         if (held_since && (st->paused || st->stopped || st->len - st->start >= st->cap)) {
@@ -133,10 +139,36 @@ reader_main(void *arg)
             reader_signal(st);
             break;
         }
+        if (drained) {
+            /* A stream's input is paced: the thread sleeps hold_ns without watching the socket and
+             * then receives what came meanwhile, one wake-up of its own and of the loop per hold
+             * instead of one (and a hold's wait) per piece the client writes. A client that was
+             * answered may be waiting for more answers: it is not paced. */
+            drained = 0;
+            __atomic_store_n(&st->pacing, 1, __ATOMIC_SEQ_CST);
+            paced = !__atomic_load_n(&st->answered, __ATOMIC_SEQ_CST);
+            if (paced) {  /* a sleep on room: stop() and answered() end it */
+                long end = monotonic_ns() + st->hold_ns;
+                struct timespec until = {end / 1000000000L, end % 1000000000L};
+                while (!st->stopped && !__atomic_load_n(&st->answered, __ATOMIC_SEQ_CST)
+                        && pthread_cond_timedwait(&st->room, &st->lock, &until) != ETIMEDOUT) {
+                }
+                __atomic_store_n(&st->pacing, 0, __ATOMIC_SEQ_CST);
+                continue;
+            }
+            __atomic_store_n(&st->pacing, 0, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&st->lock);
+            polled[0].revents = polled[1].revents = 0;
+            poll(polled, 2, -1);  /* (a recv() now would only say EAGAIN: one system call less) */
+            pthread_mutex_lock(&st->lock);
+            continue;
+        }
         unsigned char *into = st->buf + st->len;  /* stays put: only this thread moves buf */
         pthread_mutex_unlock(&st->lock);
         ssize_t got = recv(st->fd, into, room, 0);
         int err = got < 0 ? errno : 0;
+        int was_paced = paced;  /* (nothing came within a hold: the stream ended, poll for input) */
+        paced = 0;
         if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK)) {
             if (held_since) {  /* nothing more came: the loop gets what is held before we sleep */
                 pthread_mutex_lock(&st->lock);
@@ -154,12 +186,19 @@ reader_main(void *arg)
             st->len += (size_t)got;
             long now = st->hold_ns > 0 ? monotonic_ns() : 0;
             long previous = last_input;
-            int answered = st->answered;
+            int answered = __atomic_exchange_n(&st->answered, 0, __ATOMIC_SEQ_CST);
+            int flood = last_got >= READER_CHUNK / 4;
+            last_got = (size_t)got;
             last_input = now;
-            st->answered = 0;
+            if (was_paced && (size_t)got < READER_CHUNK / 4) {  /* it waited a hold already */
+                held_since = 0;
+                reader_signal(st);
+                drained = !answered;  /* still a stream: the next piece is paced too */
+                continue;
+            }
             /* Held only while the input streams (the previous piece came shortly before, and the
              * client got no answer since): a client waiting for an answer is never held. */
-            if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4
+            if (st->hold_ns > 0 && !st->signalled && (size_t)got < READER_CHUNK / 4 && !flood
                     && (held_since || (!answered && now - previous < READER_STREAM_GAP_NS))) {
                 if (!held_since)
                     held_since = now;
@@ -168,10 +207,11 @@ reader_main(void *arg)
                     pthread_mutex_unlock(&st->lock);
                     struct timespec wait = {0, left};
                     polled[0].revents = polled[1].revents = 0;
-                    ppoll(polled, 2, &wait, NULL);
+                    int ready = ppoll(polled, 2, &wait, NULL);
                     pthread_mutex_lock(&st->lock);
                     if (polled[0].revents && !polled[1].revents)
                         continue;  /* more input: receive it first */
+                    drained = ready == 0;
                 }
             }
             held_since = 0;
@@ -221,7 +261,11 @@ SocketReader_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         goto fail;
     }
     pthread_mutex_init(&st->lock, NULL);
-    pthread_cond_init(&st->room, NULL);
+    pthread_condattr_t monotonic;  /* the pacing's timed waits */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&st->room, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     st->refs = 2;
     SocketReader *r = (SocketReader *)type->tp_alloc(type, 0);
     if (r == NULL)
@@ -308,7 +352,13 @@ SocketReader_set_paused(SocketReader *r, PyObject *arg)
 static PyObject *
 SocketReader_answered(SocketReader *r, PyObject *unused)
 {
-    __atomic_store_n(&r->st->answered, 1, __ATOMIC_RELAXED);
+    ReaderState *st = r->st;
+    __atomic_store_n(&st->answered, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&st->pacing, __ATOMIC_SEQ_CST)) {  /* the client may wait: receive now */
+        pthread_mutex_lock(&st->lock);
+        pthread_cond_signal(&st->room);
+        pthread_mutex_unlock(&st->lock);
+    }
     Py_RETURN_NONE;
 }
 

@@ -176,3 +176,25 @@ def test_a_piece_after_an_answer_is_not_held() -> None:
         peer.sendall(b"request 2")
         assert readable(reader.wake_fd, 0.1)
         assert reader.take(100) == (b"request 2", 0)
+
+
+def test_a_stream_that_goes_on_is_paced_and_an_answer_ends_the_pacing() -> None:
+    with reading(cap=MiB, hold_us=400_000) as (reader, peer):
+        peer.sendall(b"a")
+        assert readable(reader.wake_fd, 0.1)
+        assert reader.take(100) == (b"a", 0)
+        peer.sendall(b"b")  # a stream: held to the end of the window
+        assert readable(reader.wake_fd, 2)
+        assert reader.take(100) == (b"b", 0)
+        # the thread now sleeps a period: what the client writes meanwhile comes in one wake-up
+        peer.sendall(b"c")
+        time.sleep(0.05)
+        peer.sendall(b"d")
+        assert not readable(reader.wake_fd, 0.1)
+        assert readable(reader.wake_fd, 2)
+        assert reader.take(100) == (b"cd", 0)
+        # the thread sleeps the next period; an answer may make the client wait: the sleep ends
+        reader.answered()
+        peer.sendall(b"e")
+        assert readable(reader.wake_fd, 0.1)
+        assert reader.take(100) == (b"e", 0)

@@ -32,7 +32,7 @@ def test_everything_queued_arrives_in_order_then_eof_after_finish() -> None:
     writer = accel.csocket.SocketWriter(ours.fileno())
     pieces = [os.urandom(n) for n in (1, 7, 4096, 300_000, 13, 2_000_000, 5)] * 3
     for piece in pieces:
-        assert writer.write(piece) > 0
+        assert writer.write(piece) >= 0  # 0: sent at once (small, the thread idle)
     reader.start()  # the peer starts reading late: the thread had to wait for a full socket
     writer.finish()
     assert writer.write(b"after finish") == -1  # refused: nothing may follow the close
@@ -40,6 +40,27 @@ def test_everything_queued_arrives_in_order_then_eof_after_finish() -> None:
     reader.join(10)
     assert not reader.is_alive()
     assert bytes(received) == b"".join(pieces)
+    peer.close()
+
+
+def test_a_small_write_to_an_idle_writer_is_sent_at_once_and_the_rest_keeps_its_order() -> None:
+    ours, peer = socket.socketpair()
+    ours.setblocking(False)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    writer = accel.csocket.SocketWriter(ours.fileno())
+    assert writer.write(b"ping") == 0  # sent by the caller: nothing queued, the thread not woken
+    peer.settimeout(5)
+    assert peer.recv(16) == b"ping"
+    big = os.urandom(4_000_000)  # more than the socket takes: the thread sends it, waiting for room
+    assert writer.write(big) > 0
+    assert writer.write(b"tail") > 0  # the thread is busy: queued behind the big one, not sent ahead
+    received = bytearray()
+    reader = threading.Thread(target=read_all, args=(peer, received))
+    reader.start()
+    writer.finish()
+    ours.close()
+    reader.join(10)
+    assert bytes(received) == big + b"tail"
     peer.close()
 
 
