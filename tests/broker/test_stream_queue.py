@@ -289,6 +289,7 @@ def test_retention_by_bytes_on_push_deletes_head_segments(tmp_path: Path) -> Non
     index = queue.index
     assert index.first_offset > 1 and index.next_offset == 81
     assert index.byte_size <= 3 * SEGMENT_SIZE
+    store.messages.settle_removals()  # head segments are unlinked by a worker thread
     files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("msgs."))
     assert segment_name(1) not in files and len(files) <= 5
     _, late = consume(queue, "first", tag="late")
@@ -382,6 +383,7 @@ def test_delete_cancels_consumers_and_removes_files(tmp_path: Path) -> None:
     assert queue.delete() == 30
     assert channel.cancelled == ["c"] and queue.consumers == [] and queue.deleted
     assert not directory.exists()
+    store.messages.settle_removals()
     remaining = [p for p in os.listdir(tmp_path) if p.startswith("msgs.")]
     assert remaining == [segment_name(store.messages.current_segment_id)]
     store.close()
