@@ -16,8 +16,13 @@ segment, deleted at the next start as any other.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from lavinpy.store import changes
 from lavinpy.store.segment import Segment, segment_name
@@ -26,22 +31,57 @@ log = logging.getLogger("lavinpy.store")
 
 PREPARED_SUFFIX = ".tmp"
 
-_makers: ThreadPoolExecutor | None = None
-_removers: ThreadPoolExecutor | None = None
+class _Worker:
+    """Runs what is submitted in order, in one thread started when there is work and ending when there
+    is none: an idle broker keeps no thread for its segment files (a segment is made or removed at most
+    every few MiB written, so a thread start per busy spell costs nothing)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._tasks: deque[tuple[Future, Callable[..., Any], tuple]] = deque()
+        self._running = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        future: Future = Future()
+        with self._lock:
+            self._tasks.append((future, fn, args))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drain, name=self._name, daemon=True).start()
+        return future
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._tasks:
+                    self._running = False
+                    return
+                future, fn, args = self._tasks.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+
+    def after_fork(self) -> None:
+        """A child starts with no thread: work its parent had queued is the parent's."""
+        self._lock = threading.Lock()
+        self._tasks.clear()
+        self._running = False
 
 
-def _maker() -> ThreadPoolExecutor:
-    global _makers
-    if _makers is None:
-        _makers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-make")
-    return _makers
+_maker = _Worker("segment-make")
+_remover = _Worker("segment-remove")
 
 
-def _remover() -> ThreadPoolExecutor:
-    global _removers
-    if _removers is None:
-        _removers = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment-remove")
-    return _removers
+def _after_fork() -> None:
+    _maker.after_fork()
+    _remover.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def prepared_path(directory: Path, segment_id: int) -> Path:
@@ -71,7 +111,7 @@ class SegmentFiles:
         if self._prepared is not None:
             return
         self._prepared_id = segment_id
-        self._prepared = _maker().submit(Segment.create_unnamed, prepared_path(self.directory, segment_id),
+        self._prepared = _maker.submit(Segment.create_unnamed, prepared_path(self.directory, segment_id),
                                          segment_id, size)
 
     def take(self, segment_id: int, size: int) -> Segment | None:
@@ -88,7 +128,7 @@ class SegmentFiles:
             log.debug("%s: making segment %d ahead failed: %s", self.directory, self._prepared_id, exc)
             return None
         if self._prepared_id != segment_id or segment.size != size:
-            self._removals.append(_remover().submit(_remove, segment))
+            self._removals.append(_remover.submit(_remove, segment))
             return None
         segment.adopt(self.directory / segment_name(segment_id))
         return segment
@@ -97,7 +137,7 @@ class SegmentFiles:
         """Unmap and unlink ``segment`` in a worker thread (the store has forgotten it already)."""
         changes.deleted(segment.path)
         self._removals = [f for f in self._removals if not f.done()]
-        self._removals.append(_remover().submit(_remove, segment))
+        self._removals.append(_remover.submit(_remove, segment))
 
     def settle(self) -> None:
         """Wait until every removal asked for is done (the files are gone from the disk)."""

@@ -46,6 +46,7 @@ class BookVhost:
     def __init__(self) -> None:
         self.node_counters = NodeCounters()
         self.scheduled: list[str] = []
+        self.channel_wide_prefetches = 0  # (Deliveries.set_prefetch keeps it)
 
     def schedule_delivery(self, queue: Any) -> None:
         self.scheduled.append(queue.name)
