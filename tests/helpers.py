@@ -136,6 +136,16 @@ def http_request(base_url: str, method: str, path: str, body: Any = None, *, use
     return status, (json.loads(payload) if payload.strip() else None), reply_headers
 
 
+def http_json(url: str, method: str, body: Any = None, *, authorization: str, timeout: float = 10) -> Any:
+    """One JSON request with an Authorization header: the decoded reply (None when empty); an error
+    status raises urllib's HTTPError, for the tests that expect a refusal to raise."""
+    request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": authorization, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        data = response.read()
+    return json.loads(data) if data else None
+
+
 def connect_from(source: str, port: int) -> socket.socket:
     """A TCP connection to a loopback port from the local address ``source`` (e.g. 127.0.0.2)."""
     sock = socket.socket()

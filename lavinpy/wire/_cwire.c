@@ -147,17 +147,9 @@ static Py_ssize_t
 value_ok_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int depth)
 {
     unsigned char tag = b[pos++];
-    Py_ssize_t width;
-    switch (tag) {
-    case 'V': width = 0; break;
-    case 't': case 'b': case 'B': width = 1; break;
-    case 's': case 'u': width = 2; break;
-    case 'I': case 'i': case 'f': width = 4; break;
-    case 'D': width = 5; break;
-    case 'l': case 'L': case 'd': case 'T': width = 8; break;
-    case 'S': case 'x': case 'F': case 'A': width = -1; break;
-    default: return -1;
-    }
+    Py_ssize_t width = field_width(tag);
+    if (width == FIELD_UNKNOWN)
+        return -1;
     if (width >= 0)
         return pos + width > end ? -1 : pos + width;
     if (pos + 4 > end)

@@ -13,4 +13,25 @@ PyObject *cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t na
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* The bytes after the type tag of a field-table value of that type: 0-8, FIELD_LENGTH_PREFIXED for
+ * a 4-byte length and that many bytes (strings, byte arrays, tables, arrays), FIELD_UNKNOWN for a tag
+ * RabbitMQ's field types do not have. The one table of widths for the checker and the header finder. */
+#define FIELD_LENGTH_PREFIXED (-1)
+#define FIELD_UNKNOWN (-2)
+
+static inline Py_ssize_t
+field_width(unsigned char tag)
+{
+    switch (tag) {
+    case 'V': return 0;
+    case 't': case 'b': case 'B': return 1;
+    case 's': case 'u': return 2;
+    case 'I': case 'i': case 'f': return 4;
+    case 'D': return 5;
+    case 'l': case 'L': case 'd': case 'T': return 8;
+    case 'S': case 'x': case 'F': case 'A': return FIELD_LENGTH_PREFIXED;
+    default: return FIELD_UNKNOWN;
+    }
+}
+
 #endif

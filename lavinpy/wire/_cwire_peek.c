@@ -12,20 +12,13 @@
 static Py_ssize_t
 skip_value(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
 {
-    Py_ssize_t width;
-    switch (b[pos++]) {
-    case 'V': width = 0; break;
-    case 't': case 'b': case 'B': width = 1; break;
-    case 's': case 'u': width = 2; break;
-    case 'I': case 'i': case 'f': width = 4; break;
-    case 'D': width = 5; break;
-    case 'l': case 'L': case 'd': case 'T': width = 8; break;
-    case 'S': case 'x': case 'F': case 'A':
+    Py_ssize_t width = field_width(b[pos++]);
+    if (width == FIELD_UNKNOWN)
+        return -1;
+    if (width == FIELD_LENGTH_PREFIXED) {
         if (pos + 4 > end)
             return -1;
         width = 4 + (Py_ssize_t)rd32(b + pos);
-        break;
-    default: return -1;
     }
     return pos + width > end ? -1 : pos + width;
 }

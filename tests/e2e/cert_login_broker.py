@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
 import socket
 import ssl
 import time
@@ -19,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from pamqp import commands, frame
 
-from tests.helpers import free_port
+from tests.helpers import free_port, http_json
 
 from .conftest import LocalBroker, port_open
 from .tls_certs import CA
@@ -86,12 +85,7 @@ class CertBroker:
         self.broker.close()
 
     def api(self, method: str, path: str, body: object = None) -> object:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.broker.http_port}/api/{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Authorization": GUEST, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = response.read()
-        return json.loads(data) if data else None
+        return http_json(f"http://127.0.0.1:{self.broker.http_port}/api/{path}", method, body, authorization=GUEST)
 
     def add_user(self, name: str, tags: str = "", vhost_access: bool = True) -> None:
         quoted = urllib.parse.quote(name, safe="")

@@ -36,7 +36,7 @@ from joserfc import jwt
 from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 from werkzeug.serving import make_server
 
-from tests.helpers import free_port
+from tests.helpers import free_port, http_json
 
 from .conftest import LocalBroker
 
@@ -363,12 +363,7 @@ class OAuthBroker:
 
     def api(self, method: str, path: str, body: Any = None, auth: str | None = None) -> Any:
         auth = auth or "Basic " + base64.b64encode(b"guest:guest").decode()
-        request = urllib.request.Request(f"{self.broker.http_url}/api/{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Authorization": auth, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = response.read()
-        return json.loads(data) if data else None
+        return http_json(f"{self.broker.http_url}/api/{path}", method, body, authorization=auth)
 
     def params(self, token: str, vhost: str = "/", user: str = "any-name") -> pika.ConnectionParameters:
         return pika.ConnectionParameters("127.0.0.1", self.broker.port, vhost, pika.PlainCredentials(user, token),

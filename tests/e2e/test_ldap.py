@@ -24,7 +24,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, http_json, wait_until
 from tests.mqtt.conftest import Paho
 
 from .conftest import LocalBroker, lavinpy_only
@@ -132,12 +132,7 @@ class LdapBroker:
 
     def api(self, method: str, path: str, body: Any = None, *, user: str, password: str) -> Any:
         auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-        request = urllib.request.Request(f"{self.broker.http_url}/api/{path}", method=method,
-                                         data=None if body is None else json.dumps(body).encode(),
-                                         headers={"Authorization": auth, "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            data = response.read()
-        return json.loads(data) if data else None
+        return http_json(f"{self.broker.http_url}/api/{path}", method, body, authorization=auth)
 
     def connect(self, user: str, password: str | None = None, vhost: str = "/") -> pika.BlockingConnection:
         credentials = pika.PlainCredentials(user, f"{user}-pw" if password is None else password)
