@@ -96,10 +96,16 @@ class Leader:
         return self.call(lambda: _value(self.replication.follower_status()))
 
     def flush_all(self) -> None:
-        """Wait until every vhost store is on disk and acknowledged by the ISR followers."""
+        """Wait until every vhost store is on disk and acknowledged by the ISR followers. A stream's
+        tracked offsets and filter-value tags, otherwise written by its periodic timer (which may fire
+        after a follower is stopped), are written first, so that they are part of what is compared."""
         async def flush() -> None:
             assert self.server is not None
             for vhost in self.server.broker.vhosts.values():
+                for queue in list(vhost.queues.values()):
+                    if getattr(queue, "tags_file", None) is not None and not queue.deleted:
+                        queue.offsets.flush()
+                        queue.tags_file.save(queue.tags)
                 await vhost.store.flush()
         self.call(flush)
 
