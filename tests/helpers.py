@@ -5,6 +5,7 @@ path)."""
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import random
@@ -25,12 +26,15 @@ T = TypeVar("T")
 # the long size repeats it to find rarer interleavings. (The Jepsen suite has its own LAVINPY_JEPSEN=long.)
 LONG = os.environ.get("LAVINPY_LONG") == "1"
 
-# Linux's default ephemeral range (net.ipv4.ip_local_port_range) is 32768-60999.
+# Linux's default ephemeral range (net.ipv4.ip_local_port_range) is 32768-60999. Every port a test hands
+# to a listener comes from below it: a port picked inside it could be given meanwhile, between the pick
+# and the broker's bind, as some client's source port or to a listener on port 0 (a broker once could
+# not start: "cannot listen for Prometheus ...: Address already in use").
 _BELOW_EPHEMERAL = (20000, 32768)
-# Ports below the ephemeral range handed out by this process: a test binds them later (a cluster node
-# its AMQP, HTTP and clustering ports), so a second pick must not land on one (it once gave a node the
-# same port for AMQP and clustering, and the node could never lead).
-_handed_out: set[int] = set()
+# The next port this process tries in its share of the range: ports go out in turn, so one is handed out
+# again only after the whole share has gone round (a second pick must not land on a port a test binds
+# later: it once gave a cluster node the same port for AMQP and clustering, and the node could never lead).
+_cursor: int | None = None
 
 
 def worker_share(ports: tuple[int, int]) -> tuple[int, int]:
@@ -44,44 +48,40 @@ def worker_share(ports: tuple[int, int]) -> tuple[int, int]:
     return start, start + share
 
 
-def free_port(below_ephemeral: bool = False) -> int:
-    """A loopback port nothing listens on now.
-
-    below_ephemeral: pick it below the kernel's ephemeral range, for a process restarted on the same
-    port many times (a port the kernel may hand out as some client's source port meanwhile would keep
-    it from binding)."""
-    if not below_ephemeral:
-        # never one this process handed out before (called one at a time, the kernel may give the same
-        # free port twice: a broker once got it for MQTT and MQTTS and could not start)
-        while True:
-            port = free_ports(1)[0]
-            if port not in _handed_out:
-                _handed_out.add(port)
-                return port
-    while True:
-        port = random.randrange(*worker_share(_BELOW_EPHEMERAL))
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
+def _bindable(port: int) -> bool:
+    for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        with socket.socket(family) as s:
             try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _handed_out.add(port)
-            return port
+                s.bind((host, port))
+            except OSError as e:
+                # a machine without IPv6 on loopback has nothing to collide with there
+                if family == socket.AF_INET6 and e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    continue
+                return False
+    return True
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports: bound all at once, so the kernel cannot hand the same one out twice
-    (one at a time, a broker once got the same port for HTTP and Prometheus and could not start)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """Distinct loopback ports nothing listens on now, below the ephemeral range and in this worker's
+    share of it, none handed out before by this process until its share has gone round."""
+    global _cursor
+    low, high = worker_share(_BELOW_EPHEMERAL)
+    if _cursor is None:
+        _cursor = random.randrange(low, high)
+    ports: list[int] = []
+    for _ in range(high - low):
+        port, _cursor = _cursor, low + (_cursor + 1 - low) % (high - low)
+        if _bindable(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free loopback ports in {low}-{high}")
+
+
+def free_port(below_ephemeral: bool = True) -> int:
+    """A loopback port nothing listens on now (always below the ephemeral range: ``below_ephemeral``
+    is kept for callers that name it)."""
+    return free_ports(1)[0]
 
 
 def poll_until(check: Callable[[], T], timeout: float, interval: float = 0.05,
