@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import pika
@@ -14,13 +15,21 @@ from .harness import Cluster, Node
 SHOVEL = {"src-uri": "amqp://", "src-queue": "sh-src", "dest-uri": "amqp://", "dest-queue": "sh-dst"}
 
 
-def _put_shovel(node: Node) -> None:
+def _put_shovel(node: Node) -> bool:
+    """PUT the shovel through ``node``; False while the node answers 503 (a follower that knows no
+    leader yet says so, with Retry-After)."""
     request = urllib.request.Request(node.http_url + "/api/parameters/shovel/%2F/moving", method="PUT",
                                      data=json.dumps({"value": SHOVEL}).encode(),
                                      headers={"content-type": "application/json",
                                               "authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})  # guest:guest
-    with urllib.request.urlopen(request, timeout=10) as reply:
-        assert reply.status in (201, 204)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            assert reply.status in (201, 204)
+            return True
+    except urllib.error.HTTPError as e:
+        if e.code == 503:
+            return False
+        raise
 
 
 def _publish(node: Node, count: int) -> None:
@@ -55,7 +64,8 @@ def test_only_the_leader_shovels_and_a_new_leader_takes_over(cluster: Cluster) -
     leader = cluster.wait_for_leader(30)
     followers = [n for n in nodes if n is not leader]
     _publish(leader, 100)
-    _put_shovel(followers[0])  # through a follower's HTTP port: forwarded to the leader
+    # through a follower's HTTP port: forwarded to the leader once the follower knows it
+    wait_until(lambda: _put_shovel(followers[0]), 20, interval=0.5, what="a follower to forward the shovel's PUT")
     wait_until(lambda: _moved(leader) == 100, 20, what="the shovel to move 100 messages")
     assert _runs_shovel(leader)
     assert not any(_runs_shovel(f) for f in followers)
