@@ -105,7 +105,11 @@ class SessionHost(OutputScheduler, Protocol):
         """Out of ``connections``, ``consuming`` and the model's connection registry."""
 
     def run_pending(self) -> None:
-        """Deliveries and output queued by this batch of input, now."""
+        """Deliveries and output queued so far, now."""
+
+    def end_of_input(self) -> None:
+        """A batch of input was handled: the deliveries it made possible, now (their output waits for
+        the loop's turn)."""
 
     def new_spool(self) -> BodySpool:
         """A body spool (files in the data dir) for this connection."""
@@ -311,7 +315,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                 pending, self.confirms_pending = self.confirms_pending, set()
                 for channel in pending:
                     channel.send_confirms()
-            self.sessions.run_pending()
+            self.sessions.end_of_input()
             self.broker.note_input(nbytes)
             self.count_input_turn(nbytes)
         except CONNECTION_ERRORS as e:

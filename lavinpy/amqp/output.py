@@ -87,6 +87,9 @@ class ConnectionOutput:
             self.last_send = time.monotonic()
         return out
 
+    def effects_waiting(self) -> bool:
+        return bool(self._effects)
+
     def take_effects(self) -> list[ConnectionEffect]:
         effects = self._effects
         if effects:
