@@ -78,6 +78,9 @@ class Sessions:
         self.reply_to: dict[str, Channel] = {}
         # A connection with output waiting is run by the model's next turn (ConnectionOutput.run_pending).
         self.schedule_output: Callable[[ConnectionOutput], None] = broker.scheduler.schedule
+        # A connection's reader thread held input the loop had not taken when it last took some (the
+        # driver sets it): the next turn brings more deliveries, so small output may wait for them.
+        self.input_waiting = False
         self._scheduling = scheduling
         self._new_spool = new_spool
         self._sweep_timer: TimerHandle | None = None

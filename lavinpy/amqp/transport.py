@@ -178,6 +178,7 @@ class AMQPProtocol(asyncio.Protocol):
         if reader is None or conn is None or transport is None:
             return
         data, end = reader.take(READER_TAKE_BYTES)
+        self.sessions.input_waiting = reader.buffered > 0
         if data:
             conn.receive_data(data)
             if conn.effects_waiting():
@@ -192,6 +193,7 @@ class AMQPProtocol(asyncio.Protocol):
     def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
+            self.sessions.input_waiting = False  # (it may have been this reader's)
             self._loop.remove_reader(reader.wake_fd)
             reader.stop()
 
@@ -359,6 +361,7 @@ class AMQPProtocol(asyncio.Protocol):
             # The loop stops watching too: the wake-up fd stays readable while a backlog waits.
             reader.set_paused(paused)
             if paused:
+                self.sessions.input_waiting = False  # not taken before it resumes: no output waits for it
                 self._loop.remove_reader(reader.wake_fd)
             else:
                 self._loop.add_reader(reader.wake_fd, self._take_input)

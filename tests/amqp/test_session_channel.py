@@ -10,6 +10,7 @@ from pamqp import body, commands, header
 from session_client import Client, Harness
 
 from lavinpy.amqp import consumer_timeout
+from lavinpy.amqp.output import OUTPUT_HOLD_TURNS
 
 
 @pytest.fixture
@@ -270,3 +271,33 @@ def test_consumer_output_is_written_once_per_turn_however_many_inputs_freed_room
     assert [d.writes for d in drivers] == [[], []]  # and nothing was written yet
     harness.run_soon()
     assert [d.deliveries() for d in drivers] == [[2], [1]]  # one write per connection
+
+
+def test_small_consumer_output_waits_a_few_turns_while_input_waits_to_be_read(harness: Harness,
+                                                                            client: Client) -> None:
+    """While a reader thread holds input the loop has not taken (``input_waiting``), a consuming
+    connection's small output waits up to OUTPUT_HOLD_TURNS turns for the deliveries that input brings;
+    a connection that does not consume, and any output once no input waits, go out in the next turn."""
+    declare(client, 1, "q")
+    consumer = harness.connect()
+    consumer.handshake()
+    consumer.open_channel(1)
+    consumer.send((1, commands.Basic.Consume(queue="q", no_ack=True)))
+    consumer.read()
+    driver, publisher = CountingDriver(consumer), CountingDriver(client)
+    harness.sessions.input_waiting = True
+    client.send((1, commands.Queue.Declare(queue="other")), *client.publish(1, "q", b"first"))
+    turns = 0
+    while not driver.writes:
+        assert harness.soon, "the output was never written"
+        harness.soon.pop(0)()
+        turns += 1
+        if turns == 1:
+            assert len(publisher.writes) == 1  # the declare-ok of a connection that does not consume: at once
+        if turns == 2:
+            client.send(*client.publish(1, "q", b"second"))  # the input that was waiting: more for the consumer
+    assert turns == OUTPUT_HOLD_TURNS + 1 and driver.deliveries() == [2]
+    harness.sessions.input_waiting = False
+    client.send(*client.publish(1, "q", b"third"))
+    harness.soon.pop(0)()
+    assert driver.deliveries() == [2, 1]
