@@ -539,6 +539,16 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             if consumer.queue.message_count:
                 self.vhost.schedule_delivery(consumer.queue)
 
+    def consumers_have_room(self) -> bool:
+        """Whether a consumer on this connection may take more deliveries now (its prefetch windows are
+        not all full): only then is its output worth holding for more (ConnectionOutput.run_pending)."""
+        for channel in self.channels.values():
+            if channel.consumers and channel.deliveries.room() > 0:
+                for consumer in channel.consumers.values():
+                    if consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch:
+                        return True
+        return False
+
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Server stopping: connection.close 320 to the client."""
         if self.state == OPEN:

@@ -140,13 +140,14 @@ class ConnectionOutput:
     def run_pending(self) -> None:
         """The model's turn (broker.scheduler.PendingWork): the output written, or held for up to
         OUTPUT_HOLD_TURNS more turns while more input waits to be read (a reader thread's backlog: its
-        deliveries come in the next turns), when the connection consumes and its output is small and asks
-        nothing else of the socket. A consumer among many then gets several turns' deliveries per send()
-        while a publisher's input streams in faster than the loop takes it (when its messages wait in
-        any case), and its output is never held otherwise."""
+        deliveries come in the next turns), when the connection consumes, a consumer of it has room in
+        its prefetch window (else nothing more can come, and holding would only delay its acks) and the
+        output is small and asks nothing else of the socket. A consumer among many then gets several
+        turns' deliveries per send() while a publisher's input streams in faster than the loop takes it
+        (when its messages wait in any case), and its output is never held otherwise."""
         sessions = self.sessions
         if (self._output_held < OUTPUT_HOLD_TURNS and sessions.input_waiting and self._out_bytes < OUTPUT_HOLD_BYTES
-                and not self._effects and self in sessions.consuming):
+                and not self._effects and self in sessions.consuming and self.consumers_have_room()):
             self._output_held += 1
             sessions.schedule_output(self)  # (still marked scheduled)
             return
@@ -190,4 +191,7 @@ class ConnectionOutput:
         self.update_reading()
 
     def schedule_channel_deliveries(self, channel: Any) -> None:
+        raise NotImplementedError
+
+    def consumers_have_room(self) -> bool:
         raise NotImplementedError

@@ -301,3 +301,22 @@ def test_small_consumer_output_waits_a_few_turns_while_input_waits_to_be_read(ha
     client.send(*client.publish(1, "q", b"third"))
     harness.soon.pop(0)()
     assert driver.deliveries() == [2, 1]
+
+
+def test_output_of_a_consumer_whose_window_is_full_is_not_held(harness: Harness, client: Client) -> None:
+    """Nothing more can come to a consumer with its prefetch window full: its output goes out in the next
+    turn even while input waits to be read."""
+    declare(client, 1, "q")
+    consumer = harness.connect()
+    consumer.handshake()
+    consumer.open_channel(1)
+    consumer.send((1, commands.Basic.Qos(prefetch_count=2)), (1, commands.Basic.Consume(queue="q")))
+    consumer.read()
+    driver = CountingDriver(consumer)
+    harness.sessions.input_waiting = True
+    client.send(*client.publish(1, "q", b"a"))
+    harness.soon.pop(0)()
+    assert driver.writes == []  # room for one more: held
+    client.send(*client.publish(1, "q", b"b"))
+    harness.soon.pop(0)()
+    assert driver.deliveries() == [2]  # the window is full: written in that turn
