@@ -105,7 +105,11 @@ class SessionHost(OutputScheduler, Protocol):
         """Out of ``connections``, ``consuming`` and the model's connection registry."""
 
     def run_pending(self) -> None:
-        """Deliveries and output queued by this batch of input, now."""
+        """Deliveries and output queued so far, now."""
+
+    def end_of_input(self) -> None:
+        """A batch of input was handled: the deliveries it made possible, now (their output waits for
+        the loop's turn)."""
 
     def new_spool(self) -> BodySpool:
         """A body spool (files in the data dir) for this connection."""
@@ -311,7 +315,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                 pending, self.confirms_pending = self.confirms_pending, set()
                 for channel in pending:
                     channel.send_confirms()
-            self.sessions.run_pending()
+            self.sessions.end_of_input()
             self.broker.note_input(nbytes)
             self.count_input_turn(nbytes)
         except CONNECTION_ERRORS as e:
@@ -534,6 +538,16 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         for consumer in channel.consumers.values():
             if consumer.queue.message_count:
                 self.vhost.schedule_delivery(consumer.queue)
+
+    def consumers_have_room(self) -> bool:
+        """Whether a consumer on this connection may take more deliveries now (its prefetch windows are
+        not all full): only then is its output worth holding for more (ConnectionOutput.run_pending)."""
+        for channel in self.channels.values():
+            if channel.consumers and channel.deliveries.room() > 0:
+                for consumer in channel.consumers.values():
+                    if consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch:
+                        return True
+        return False
 
     def shutdown(self, text: str = "broker shutdown") -> None:
         """Server stopping: connection.close 320 to the client."""

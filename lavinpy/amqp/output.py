@@ -20,6 +20,11 @@ from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
 # Queued output written to the transport at once above this size (bytes), so a burst of
 # deliveries cannot pile up in the connection before the transport's high-water check.
 OUTPUT_FLUSH_BYTES = 256 * 1024
+# A consuming connection's output smaller than this may wait up to OUTPUT_HOLD_TURNS turns of the loop while
+# more input waits to be read (run_pending). 4 turns: at 1,000 consumers of one queue a send() carries about
+# 12 deliveries instead of 3-4, and the broker's CPU per message is about half.
+OUTPUT_HOLD_BYTES = 16 * 1024
+OUTPUT_HOLD_TURNS = 4
 # Input handled for one client before the others get a turn: the event loop may otherwise call
 # data_received for one busy socket many times in a row (libuv reads until the socket is empty).
 INPUT_TURN_BYTES = 256 * 1024
@@ -38,6 +43,9 @@ class OutputScheduler(Protocol):
 
     def schedule_output(self, connection: ConnectionOutput) -> None: ...
 
+    input_waiting: bool  # a reader thread holds input the loop has not taken yet
+    consuming: set[Any]  # the connections that consume (or fetched)
+
 
 class ConnectionOutput:
     """AMQPConnection's output half: output buffering, effects and read/write flow control.
@@ -49,8 +57,8 @@ class ConnectionOutput:
     # Slots: a connection has more attributes than an instance dict shares keys for (30 in CPython 3.11),
     # so each would carry a dict of its own (about 1.5 KiB of every idle connection's cost).
     __slots__ = ("driver", "writable", "_out", "_out_bytes", "_effects", "_flush_scheduled", "reading_paused",
-                 "input_held", "_input_turn", "_yielding", "last_send", "recv_oct", "recv_cnt", "send_oct", "send_cnt",
-                 "byte_rates")
+                 "input_held", "_input_turn", "_yielding", "_output_held", "last_send", "recv_oct", "recv_cnt",
+                 "send_oct", "send_cnt", "byte_rates")
 
     sessions: OutputScheduler
     channels: dict[int, Any]
@@ -69,6 +77,7 @@ class ConnectionOutput:
         self.input_held = False  # the connection handles no input for now (a login being decided)
         self._input_turn = 0
         self._yielding = False
+        self._output_held = 0  # turns its output waited for more (run_pending)
         self.last_send = time.monotonic()  # when output was last taken by the driver
         # RabbitMQ's recv_oct/recv_cnt/send_oct/send_cnt: bytes and socket reads or writes (one write
         # per flush of queued frames here, one read per batch of input).
@@ -86,6 +95,9 @@ class ConnectionOutput:
             self._out_bytes = 0
             self.last_send = time.monotonic()
         return out
+
+    def effects_waiting(self) -> bool:
+        return bool(self._effects)
 
     def take_effects(self) -> list[ConnectionEffect]:
         effects = self._effects
@@ -121,10 +133,25 @@ class ConnectionOutput:
     def flush_output(self) -> None:
         """Have the driver write everything queued for this client (in one system call)."""
         self._flush_scheduled = False
+        self._output_held = 0
         if self.driver is not None:
             self.driver.pump()
 
-    run_pending = flush_output  # what the model's turn calls (broker.scheduler.PendingWork)
+    def run_pending(self) -> None:
+        """The model's turn (broker.scheduler.PendingWork): the output written, or held for up to
+        OUTPUT_HOLD_TURNS more turns while more input waits to be read (a reader thread's backlog: its
+        deliveries come in the next turns), when the connection consumes, a consumer of it has room in
+        its prefetch window (else nothing more can come, and holding would only delay its acks) and the
+        output is small and asks nothing else of the socket. A consumer among many then gets several
+        turns' deliveries per send() while a publisher's input streams in faster than the loop takes it
+        (when its messages wait in any case), and its output is never held otherwise."""
+        sessions = self.sessions
+        if (self._output_held < OUTPUT_HOLD_TURNS and sessions.input_waiting and self._out_bytes < OUTPUT_HOLD_BYTES
+                and not self._effects and self in sessions.consuming and self.consumers_have_room()):
+            self._output_held += 1
+            sessions.schedule_output(self)  # (still marked scheduled)
+            return
+        self.flush_output()
 
     # --- flow control ---------------------------------------------------------------------------
     def set_writable(self, writable: bool) -> None:
@@ -164,4 +191,7 @@ class ConnectionOutput:
         self.update_reading()
 
     def schedule_channel_deliveries(self, channel: Any) -> None:
+        raise NotImplementedError
+
+    def consumers_have_room(self) -> bool:
         raise NotImplementedError

@@ -3,7 +3,8 @@
 The broker (the model) knows nothing of connections; it reaches them through the
 ``SessionLayer`` protocol it defines, which ``Sessions`` implements: resource alarms and a deleted
 vhost. When deliveries and output run is the model's (``broker.scheduler``): a connection with output
-waiting registers itself there, and the end of each input batch runs a turn.
+waiting registers itself there, and the end of each input batch runs the deliveries it made possible
+(their output, with the batch's replies, is written by the turn).
 
 Periodic work looks only at the connections it concerns, so that idle connections cost (almost) nothing:
 heartbeats run on one wheel of HEARTBEAT_TICK slots (one loop timer for all connections, each connection
@@ -77,6 +78,9 @@ class Sessions:
         self.reply_to: dict[str, Channel] = {}
         # A connection with output waiting is run by the model's next turn (ConnectionOutput.run_pending).
         self.schedule_output: Callable[[ConnectionOutput], None] = broker.scheduler.schedule
+        # A connection's reader thread held input the loop had not taken when it last took some (the
+        # driver sets it): the next turn brings more deliveries, so small output may wait for them.
+        self.input_waiting = False
         self._scheduling = scheduling
         self._new_spool = new_spool
         self._sweep_timer: TimerHandle | None = None
@@ -112,8 +116,17 @@ class Sessions:
 
     # --- pending work ---------------------------------------------------------------------------
     def run_pending(self) -> None:
-        """The end of an input batch: the model's turn now (deliveries, then every connection's output)."""
+        """The model's turn now: deliveries, then every connection's output."""
         self.broker.scheduler.run()
+
+    def end_of_input(self) -> None:
+        """The end of an input batch: the deliveries it made possible run now (a publisher's flood must
+        not starve the consumers), and their output, like the batch's replies, is written by the loop's
+        next turn, after every other socket's input of this poll was read. So a consumer connection gets
+        one write per turn of the loop for all its deliveries, however many acks of other consumers (each
+        freeing room and delivering) arrived in that poll; the turn follows at once (``call_soon``), before
+        the loop waits for more input."""
+        self.broker.scheduler.run_deliveries()
 
     # --- consumer timeouts ----------------------------------------------------------------------
     def start(self) -> None:

@@ -1,8 +1,11 @@
 """The asyncio side of a connection: owns the socket and the timers, drives the state machine.
 
-Output is written once per input batch (and once per round of deliveries), as one buffer: uvloop
-drains a buffer of many tiny pieces very slowly. The transport's 1 MiB high-water mark makes the
-connection unwritable (no deliveries, no reading) until the buffer drains.
+Output is written once per turn of the model (``broker.scheduler``: after the input of a poll of the
+loop was read, and after each round of deliveries), as one buffer: uvloop drains a buffer of many tiny
+pieces very slowly, and a consumer among thousands gets one send() per turn, not one per other
+client's ack. What the input asks of the socket itself (pause, close, timers) is done at once. The
+transport's 1 MiB high-water mark makes the connection unwritable (no deliveries, no reading) until the
+buffer drains.
 
 With the compiled codec, a busy plain TCP connection's output (past WRITER_AFTER_BYTES) goes through
 ``_csocket.SocketWriter``: a thread that never takes the GIL does the send() system calls on the other
@@ -147,7 +150,8 @@ class AMQPProtocol(asyncio.Protocol):
                     transport.close()
                 return
         conn.receive_data(data)
-        self.pump()
+        if conn.effects_waiting():
+            self.pump()  # what the input asked of the socket (pause, close, timers) now, after its output
         if self._reader_fd >= 0:
             # Only a connection whose input streams gets a thread: one that asks and waits for the
             # answer would pay the hand-over's latency on every request and gain nothing.
@@ -174,9 +178,11 @@ class AMQPProtocol(asyncio.Protocol):
         if reader is None or conn is None or transport is None:
             return
         data, end = reader.take(READER_TAKE_BYTES)
+        self.sessions.input_waiting = reader.buffered > 0
         if data:
             conn.receive_data(data)
-            self.pump()
+            if conn.effects_waiting():
+                self.pump()
         if end and self._reader is reader:  # the backlog is empty and the socket's input ended
             self._stop_reader()
             if end > 0:  # EOF: closed as asyncio closes a transport whose protocol ignores the EOF
@@ -187,6 +193,7 @@ class AMQPProtocol(asyncio.Protocol):
     def _stop_reader(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
+            self.sessions.input_waiting = False  # (it may have been this reader's)
             self._loop.remove_reader(reader.wake_fd)
             reader.stop()
 
@@ -354,6 +361,7 @@ class AMQPProtocol(asyncio.Protocol):
             # The loop stops watching too: the wake-up fd stays readable while a backlog waits.
             reader.set_paused(paused)
             if paused:
+                self.sessions.input_waiting = False  # not taken before it resumes: no output waits for it
                 self._loop.remove_reader(reader.wake_fd)
             else:
                 self._loop.add_reader(reader.wake_fd, self._take_input)

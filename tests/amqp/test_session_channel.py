@@ -10,6 +10,7 @@ from pamqp import body, commands, header
 from session_client import Client, Harness
 
 from lavinpy.amqp import consumer_timeout
+from lavinpy.amqp.output import OUTPUT_HOLD_TURNS
 
 
 @pytest.fixture
@@ -224,3 +225,98 @@ def test_a_run_of_acks_on_channel_0_is_a_connection_error(client: Client) -> Non
     [(channel, close)] = client.methods()
     assert (channel, close.name, close.reply_code) == (0, "Connection.Close", 504)
     assert close.reply_text == "CHANNEL_ERROR - unexpected method Basic.Ack on channel 0"
+
+
+class CountingDriver:
+    """A connection's driver that records each write (what the socket's send() would get)."""
+
+    def __init__(self, client: Client) -> None:
+        self.conn = client.conn
+        self.writes: list[bytes] = []
+        client.conn.driver = self
+
+    def pump(self) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            self.writes.append(b"".join(out))
+
+    def deliveries(self) -> list[int]:
+        """basic.deliver frames per write."""
+        return [data.count(b"\x00\x3c\x00\x3c") for data in self.writes]  # class 60, method 60
+
+
+def test_consumer_output_is_written_once_per_turn_however_many_inputs_freed_room(harness: Harness,
+                                                                              client: Client) -> None:
+    """Acks of several clients read in one poll each deliver at once, and each consumer connection's
+    deliveries of them leave in one write, in the loop's turn after that input."""
+    declare(client, 1, "q")
+    consumers = []
+    for _ in range(2):
+        consumer = harness.connect()
+        consumer.handshake()
+        consumer.open_channel(1)
+        consumer.send((1, commands.Basic.Qos(prefetch_count=1)), (1, commands.Basic.Consume(queue="q")))
+        consumer.read()
+        consumers.append(consumer)
+    first, second = consumers
+    client.send(*[frame for i in range(6) for frame in client.publish(1, "q", b"m%d" % i)])
+    for consumer in consumers:
+        assert consumer.names() == [(1, "Basic.Deliver")]
+    drivers = [CountingDriver(consumer) for consumer in consumers]
+    queue = harness.broker.vhosts["/"].queues["q"]
+    first.send((1, commands.Basic.Ack(delivery_tag=1)))
+    second.send((1, commands.Basic.Ack(delivery_tag=1)))
+    first.send((1, commands.Basic.Ack(delivery_tag=2)))
+    assert queue.message_count == 1  # each ack delivered at once (the round robin: to the one with room)
+    assert [d.writes for d in drivers] == [[], []]  # and nothing was written yet
+    harness.run_soon()
+    assert [d.deliveries() for d in drivers] == [[2], [1]]  # one write per connection
+
+
+def test_small_consumer_output_waits_a_few_turns_while_input_waits_to_be_read(harness: Harness,
+                                                                            client: Client) -> None:
+    """While a reader thread holds input the loop has not taken (``input_waiting``), a consuming
+    connection's small output waits up to OUTPUT_HOLD_TURNS turns for the deliveries that input brings;
+    a connection that does not consume, and any output once no input waits, go out in the next turn."""
+    declare(client, 1, "q")
+    consumer = harness.connect()
+    consumer.handshake()
+    consumer.open_channel(1)
+    consumer.send((1, commands.Basic.Consume(queue="q", no_ack=True)))
+    consumer.read()
+    driver, publisher = CountingDriver(consumer), CountingDriver(client)
+    harness.sessions.input_waiting = True
+    client.send((1, commands.Queue.Declare(queue="other")), *client.publish(1, "q", b"first"))
+    turns = 0
+    while not driver.writes:
+        assert harness.soon, "the output was never written"
+        harness.soon.pop(0)()
+        turns += 1
+        if turns == 1:
+            assert len(publisher.writes) == 1  # the declare-ok of a connection that does not consume: at once
+        if turns == 2:
+            client.send(*client.publish(1, "q", b"second"))  # the input that was waiting: more for the consumer
+    assert turns == OUTPUT_HOLD_TURNS + 1 and driver.deliveries() == [2]
+    harness.sessions.input_waiting = False
+    client.send(*client.publish(1, "q", b"third"))
+    harness.soon.pop(0)()
+    assert driver.deliveries() == [2, 1]
+
+
+def test_output_of_a_consumer_whose_window_is_full_is_not_held(harness: Harness, client: Client) -> None:
+    """Nothing more can come to a consumer with its prefetch window full: its output goes out in the next
+    turn even while input waits to be read."""
+    declare(client, 1, "q")
+    consumer = harness.connect()
+    consumer.handshake()
+    consumer.open_channel(1)
+    consumer.send((1, commands.Basic.Qos(prefetch_count=2)), (1, commands.Basic.Consume(queue="q")))
+    consumer.read()
+    driver = CountingDriver(consumer)
+    harness.sessions.input_waiting = True
+    client.send(*client.publish(1, "q", b"a"))
+    harness.soon.pop(0)()
+    assert driver.writes == []  # room for one more: held
+    client.send(*client.publish(1, "q", b"b"))
+    harness.soon.pop(0)()
+    assert driver.deliveries() == [2]  # the window is full: written in that turn

@@ -22,7 +22,8 @@ from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .queue_consumer import QueueConsumer
+    from ...store.record import StoredMessage
+    from .queue_consumer import DeliveryChannel, QueueConsumer
 
 
 class ConsumerSet:
@@ -133,6 +134,24 @@ class ConsumerSet:
             self._next_turn += 1
         return chosen
 
+    def pick(self, limit: int) -> tuple[list[QueueConsumer], int]:
+        """Up to ``limit`` consumers in round-robin order, one per message, as ``next_ready`` gives them
+        one delivery at a time (each pick counted in its window at once, so the next pick sees it), and
+        how many of them are no-ack. The caller delivers message ``i`` to the ``i``-th (``deliver_picks``)."""
+        next_ready = self.next_ready
+        picks: list[QueueConsumer] = []
+        no_ack = 0
+        for _ in range(limit):
+            consumer = next_ready()
+            if consumer is None:
+                break
+            if consumer.no_ack:
+                no_ack += 1
+            else:
+                consumer.unacked += 1
+            picks.append(consumer)
+        return picks, no_ack
+
     def _next_merged(self) -> QueueConsumer | None:
         """next_ready with consumers back from parking: the earlier of the queue's and the heap's heads."""
         if not self._fast_valid:
@@ -223,3 +242,36 @@ class ConsumerSet:
         self._ring = OrderedDict()
         self._back = []
         self._fast_valid = True
+
+
+def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
+                  redelivered: list[bool] | None) -> list[list[int]]:
+    """Deliver message ``i`` (at ``positions[i]``) to ``picks[i]`` as delivery runs: per channel in the
+    order picked (the tags and frames one delivery at a time would give it), one run per stretch of one
+    consumer, so a consumer's share of a round costs one booking and one frame build. Returns the
+    positions delivered to no-ack consumers, a list per run."""
+    stretches_of: dict[DeliveryChannel, list[tuple[QueueConsumer, list[int]]]] = {}
+    for i, consumer in enumerate(picks):
+        channel = consumer.channel
+        stretches = stretches_of.get(channel)
+        if stretches is None:
+            stretches_of[channel] = [(consumer, [i])]
+        elif stretches[-1][0] is consumer:
+            stretches[-1][1].append(i)
+        else:
+            stretches.append((consumer, [i]))
+    no_ack_runs: list[list[int]] = []
+    for channel, stretches in stretches_of.items():
+        for consumer, picked in stretches:
+            if len(picked) == 1:
+                i = picked[0]
+                run_positions, run_messages = [positions[i]], [messages[i]]
+                flags = None if redelivered is None else [redelivered[i]]
+            else:
+                run_positions = [positions[i] for i in picked]
+                run_messages = [messages[i] for i in picked]
+                flags = None if redelivered is None else [redelivered[i] for i in picked]
+            channel.deliver_run(consumer, run_positions, run_messages, flags)
+            if consumer.no_ack:
+                no_ack_runs.append(run_positions)
+    return no_ack_runs

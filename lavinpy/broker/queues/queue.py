@@ -13,7 +13,7 @@ from ...store.record import CorruptRecord, StoredMessage
 from ..metrics.stats import MessageCounters
 from ..settings.deduplication import settings_of
 from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
-from .consumer_set import ConsumerSet
+from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
 
@@ -203,29 +203,65 @@ class Queue(QueueKind):
             count = len(positions)
             if len(consumers) == 1:  # no round robin to keep: as many as its windows allow, as one run
                 handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first)
-            else:
-                messages = run.messages(first, count)
-                while handed < count:  # as push(): straight to consumers with capacity, nothing read back
-                    consumer = consumers.next_ready()
-                    if consumer is None:
-                        break
-                    self._recovered_left = 0
-                    pos = positions[handed]
-                    message = messages[handed]
-                    handed += 1
-                    if consumer.no_ack:
-                        consumer.channel.deliver(consumer, pos, message, False)
-                        continue
-                    index.push(pos, persistent)
-                    index.shift()
-                    consumer.channel.deliver(consumer, pos, message, False)
-                    consumer.unacked += 1
+            elif not self.vhost.channel_wide_prefetches:
+                handed = self._hand_rounds(positions, persistent, run, first)
+            else:  # a pick must see the deliveries before it on its channel: one at a time
+                handed = self._hand_each(positions, persistent, run, first)
             if handed == count:
                 return
             positions = positions[handed:]
         index.push_many(positions, persistent)
         if consumers:
             self.vhost.schedule_delivery(self)
+
+    def _hand_each(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
+        """The head of a published run straight to consumers with capacity (nothing is ready), one
+        message at a time in round-robin order; returns how many they took."""
+        index = self.index
+        next_ready = self.consumers.next_ready
+        count = len(positions)
+        handed = 0
+        messages = run.messages(first, count)
+        while handed < count:  # as push(): straight to consumers with capacity, nothing read back
+            consumer = next_ready()
+            if consumer is None:
+                break
+            self._recovered_left = 0
+            pos = positions[handed]
+            message = messages[handed]
+            handed += 1
+            if consumer.no_ack:
+                consumer.channel.deliver(consumer, pos, message, False)
+                continue
+            index.push(pos, persistent)
+            index.shift()
+            consumer.channel.deliver(consumer, pos, message, False)
+            consumer.unacked += 1
+        return handed
+
+    def _hand_rounds(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
+        """``_hand_each`` as runs: the round robin picks each message's consumer as there, then the
+        picked head of the run enters the index and leaves it in one call each, and every consumer's
+        share goes to its channel as delivery runs (one booking and one frame build per run, not per
+        message). Only without channel-wide prefetches (a pick cannot see the picks before it on its
+        channel); returns how many the consumers took."""
+        picks, no_ack = self.consumers.pick(len(positions))
+        handed = len(picks)
+        if not handed:
+            return 0
+        self._recovered_left = 0
+        index = self.index
+        if not no_ack:
+            index.push_many(positions[:handed] if handed < len(positions) else positions, persistent)
+            taken = index.shift_many(handed)  # the same positions: nothing else was ready
+        else:
+            taken = positions[:handed].tolist()
+            if no_ack < handed:  # the no-ack ones are delivered and settled at once: never indexed
+                kept = array("Q", [pos for pos, consumer in zip(taken, picks, strict=True) if not consumer.no_ack])
+                index.push_many(kept, persistent)
+                index.shift_many(len(kept))
+        deliver_picks(picks, taken, run.messages(first, handed), None)
+        return handed
 
     def _hand_run(self, consumer: QueueConsumer, positions: array, persistent: bool, run: PublishRun,
                   first: int) -> int:
@@ -358,15 +394,7 @@ class Queue(QueueKind):
         go to each consumer as one run. Only while every channel-wide prefetch has room for the whole
         budget (a pick cannot see the picks before it on its channel)."""
         index = self.index
-        next_ready = self.consumers.next_ready
-        picks: list[QueueConsumer] = []
-        for _ in range(min(budget, index.ready_count)):
-            consumer = next_ready()
-            if consumer is None:
-                break
-            if not consumer.no_ack:
-                consumer.unacked += 1  # what the next pick's window check sees
-            picks.append(consumer)
+        picks, _no_ack = self.consumers.pick(min(budget, index.ready_count))
         positions = index.shift_many(len(picks))
         if len(positions) < len(picks):  # cannot happen (ready_count bounded the picks); undo the rest
             for consumer in picks[len(positions):]:
@@ -375,31 +403,27 @@ class Queue(QueueKind):
             del picks[len(positions):]
         if not positions:
             return False
+        picked = len(picks)
         redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
         try:
             messages: list[StoredMessage | None] = list(self.vhost.store.messages.read_many(positions))
         except (CorruptRecord, KeyError):
             messages = [self.read(pos) for pos in positions]  # damaged ones reported, None here
-        runs: dict[QueueConsumer, tuple[list[int], list[StoredMessage], list[int]]] = {}
-        for i, consumer in enumerate(picks):
-            msg = messages[i]
-            if msg is None:  # damaged: removed, and the consumer's turn given back
-                index.ack(positions[i])
-                if not consumer.no_ack:
-                    consumer.credit(1)
-                continue
-            run = runs.get(consumer)
-            if run is None:
-                run = runs[consumer] = ([], [], [])
-            run[0].append(positions[i])
-            run[1].append(msg)
-            run[2].append(i)
-        for consumer, (run_positions, run_messages, picked) in runs.items():
-            consumer.channel.deliver_run(consumer, run_positions, run_messages,
-                                         None if redelivered is None else [redelivered[i] for i in picked])
-            if consumer.no_ack:
-                index.ack_many(run_positions)
-        return len(picks) == budget
+        if None in messages:  # damaged: removed, and the consumer's turn given back
+            kept = [i for i, msg in enumerate(messages) if msg is not None]
+            for i, msg in enumerate(messages):
+                if msg is None:
+                    index.ack(positions[i])
+                    if not picks[i].no_ack:
+                        picks[i].credit(1)
+            picks = [picks[i] for i in kept]
+            positions = [positions[i] for i in kept]
+            messages = [messages[i] for i in kept]
+            if redelivered is not None:
+                redelivered = [redelivered[i] for i in kept]
+        for settled in deliver_picks(picks, positions, messages, redelivered):  # type: ignore[arg-type]
+            index.ack_many(settled)  # delivered to no-ack consumers: settled at once
+        return picked == budget
 
     def _redelivered_flags(self, positions: list[int]) -> list[bool]:
         """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
