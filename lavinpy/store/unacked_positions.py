@@ -2,8 +2,9 @@
 
 A run of positions taken for one delivery run is acked back in the same order in the common case (a
 consumer acking in delivery order, a channel closing), so the run stays one list, found by its next
-unacked position: an ack of its head slice is one comparison and no set operation per message. Any
-other settlement first moves every run's positions into the set (``_spill``), which then answers as
+unacked position: an ack of its head slice (or of several runs' one after the other: a multiple ack
+spanning many delivery runs) is one comparison per run and no set operation per message. Any other
+settlement first moves every run's positions into the set (``_spill``), which then answers as
 a plain set would.
 """
 
@@ -55,13 +56,13 @@ class UnackedPositions:
         is not unacked."""
         runs = self._runs
         if runs and positions:
-            run = runs.get(positions[0])
-            if run is not None:
-                if run[0][run[1]:run[1] + len(positions)] == positions:
-                    del runs[positions[0]]  # the head slice of a run: acks in delivery order
-                    self._advance(run, len(positions))
-                    return None
-                self._spill()
+            heads = self._run_heads(positions)
+            if heads is not None:  # head slices of runs, one after the other: acks in delivery order
+                for head, run, count in heads:
+                    del runs[head]
+                    self._advance(run, count)
+                return None
+            self._spill()
         loose = self._loose
         if not loose.issuperset(positions):
             if runs:
@@ -71,6 +72,27 @@ class UnackedPositions:
                     return i
         loose.difference_update(positions)
         return None
+
+    def _run_heads(self, positions: list[int]) -> list[tuple[int, list, int]] | None:
+        """(next position, run, count) of each run whose head slice ``positions`` is made of, in
+        order (a multiple ack of many delivery runs); None when any part is not such a slice."""
+        runs = self._runs
+        heads: list[tuple[int, list, int]] = []
+        seen: set[int] = set()
+        at, n = 0, len(positions)
+        while at < n:
+            head = positions[at]
+            run = runs.get(head)
+            if run is None or head in seen:
+                return None
+            taken, offset = run
+            count = min(len(taken) - offset, n - at)
+            if taken[offset:offset + count] != positions[at:at + count]:
+                return None
+            seen.add(head)
+            heads.append((head, run, count))
+            at += count
+        return heads
 
     def _advance(self, run: list, count: int) -> None:
         positions, offset = run
