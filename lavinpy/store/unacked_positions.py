@@ -32,6 +32,18 @@ class UnackedPositions:
         self._runs[positions[0]] = [positions, 0]
         self._in_runs += len(positions)
 
+    def split_run(self, taken: list[int], parts: list[list[int]]) -> None:
+        """Hold the run ``taken`` (added by add_run, none of it settled yet) as ``parts`` instead: each
+        part in order, together exactly its positions (the messages of one run that went to several
+        consumers, each of which acks its own part in order). Anything else is left as it is."""
+        run = self._runs.get(taken[0]) if taken else None
+        if run is None or run[0] is not taken or run[1] or len(parts) < 2:
+            return
+        del self._runs[taken[0]]
+        for part in parts:
+            if part:
+                self._runs[part[0]] = [part, 0]
+
     def remove(self, pos: int) -> bool:
         """Settle ``pos``; False (nothing changed) when it is not unacked."""
         loose = self._loose

@@ -64,3 +64,27 @@ def test_settling_in_any_order_matches_a_set() -> None:
                 model.difference_update(take)
             assert len(unacked) == len(model)
             assert set(unacked.positions()) == model
+
+
+def test_a_run_split_among_consumers_is_settled_part_by_part_in_any_order_of_parts() -> None:
+    unacked = UnackedPositions()
+    taken = list(range(10, 22))
+    unacked.add_run(taken)
+    parts = [taken[0::3], taken[1::3], taken[2::3]]  # a round robin over three consumers
+    unacked.split_run(taken, parts)
+    assert len(unacked) == 12
+    assert unacked.remove_many(parts[1][:2]) is None
+    assert unacked.remove_many(parts[0]) is None
+    assert unacked.remove_many([*parts[1][2:], 99]) == 2  # nothing changed
+    assert unacked.remove_many(parts[1][2:]) is None
+    assert len(unacked) == 4
+    assert sorted(unacked.positions()) == parts[2]
+
+
+def test_a_run_already_partly_settled_is_not_split() -> None:
+    unacked = UnackedPositions()
+    taken = list(range(10, 16))
+    unacked.add_run(taken)
+    assert unacked.remove_many([10]) is None
+    unacked.split_run(taken, [taken[1::2], taken[0::2]])  # would hold 10 again: ignored
+    assert sorted(unacked.positions()) == taken[1:]

@@ -394,6 +394,8 @@ class Queue(QueueKind):
             run[0].append(positions[i])
             run[1].append(msg)
             run[2].append(i)
+        if len(runs) > 1:
+            index.split_taken(positions, [run[0] for run in runs.values()])
         for consumer, (run_positions, run_messages, picked) in runs.items():
             consumer.channel.deliver_run(consumer, run_positions, run_messages,
                                          None if redelivered is None else [redelivered[i] for i in picked])
