@@ -117,8 +117,11 @@ def register_floor_sources(spark: Any) -> None:
                 [pa.array(range(n), pa.int64()), pa.array([body] * n, pa.binary()),
                  pa.array(["rk"] * n, pa.string()), pa.array([""] * n, pa.string()),
                  *[pa.nulls(n, f.type) for f in schema][4:]], schema=schema)
-            for _ in range(self.rows // 2 // n):
+            share = self.rows // 2 + (self.rows % 2 if partition.value == 0 else 0)  # exactly `rows` in all
+            for _ in range(share // n):
                 yield batch
+            if share % n:
+                yield batch.slice(0, share % n)
 
     class Floor(DataSource):
         @classmethod

@@ -283,6 +283,11 @@ class QueueIndex:
             self._unacked.add_run(taken)
         return taken
 
+    def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
+        """What ``shift_many`` just returned went to several consumers as ``parts`` (each in
+        order): each part's in-order acks then settle it without a set operation per position."""
+        self._unacked.split_run(taken, parts)
+
     def ack_many(self, positions: list[int]) -> None:
         """``ack`` for many unacked positions: one reference-count update per segment."""
         bad = self._unacked.remove_many(positions)

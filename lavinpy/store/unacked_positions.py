@@ -2,8 +2,9 @@
 
 A run of positions taken for one delivery run is acked back in the same order in the common case (a
 consumer acking in delivery order, a channel closing), so the run stays one list, found by its next
-unacked position: an ack of its head slice is one comparison and no set operation per message. Any
-other settlement first moves every run's positions into the set (``_spill``), which then answers as
+unacked position: an ack of its head slice (or of several runs' one after the other: a multiple ack
+spanning many delivery runs) is one comparison per run and no set operation per message. Any other
+settlement first moves every run's positions into the set (``_spill``), which then answers as
 a plain set would.
 """
 
@@ -31,6 +32,18 @@ class UnackedPositions:
         self._runs[positions[0]] = [positions, 0]
         self._in_runs += len(positions)
 
+    def split_run(self, taken: list[int], parts: list[list[int]]) -> None:
+        """Hold the run ``taken`` (added by add_run, none of it settled yet) as ``parts`` instead: each
+        part in order, together exactly its positions (the messages of one run that went to several
+        consumers, each of which acks its own part in order). Anything else is left as it is."""
+        run = self._runs.get(taken[0]) if taken else None
+        if run is None or run[0] is not taken or run[1] or len(parts) < 2:
+            return
+        del self._runs[taken[0]]
+        for part in parts:
+            if part:
+                self._runs[part[0]] = [part, 0]
+
     def remove(self, pos: int) -> bool:
         """Settle ``pos``; False (nothing changed) when it is not unacked."""
         loose = self._loose
@@ -55,13 +68,13 @@ class UnackedPositions:
         is not unacked."""
         runs = self._runs
         if runs and positions:
-            run = runs.get(positions[0])
-            if run is not None:
-                if run[0][run[1]:run[1] + len(positions)] == positions:
-                    del runs[positions[0]]  # the head slice of a run: acks in delivery order
-                    self._advance(run, len(positions))
-                    return None
-                self._spill()
+            heads = self._run_heads(positions)
+            if heads is not None:  # head slices of runs, one after the other: acks in delivery order
+                for head, run, count in heads:
+                    del runs[head]
+                    self._advance(run, count)
+                return None
+            self._spill()
         loose = self._loose
         if not loose.issuperset(positions):
             if runs:
@@ -71,6 +84,27 @@ class UnackedPositions:
                     return i
         loose.difference_update(positions)
         return None
+
+    def _run_heads(self, positions: list[int]) -> list[tuple[int, list, int]] | None:
+        """(next position, run, count) of each run whose head slice ``positions`` is made of, in
+        order (a multiple ack of many delivery runs); None when any part is not such a slice."""
+        runs = self._runs
+        heads: list[tuple[int, list, int]] = []
+        seen: set[int] = set()
+        at, n = 0, len(positions)
+        while at < n:
+            head = positions[at]
+            run = runs.get(head)
+            if run is None or head in seen:
+                return None
+            taken, offset = run
+            count = min(len(taken) - offset, n - at)
+            if taken[offset:offset + count] != positions[at:at + count]:
+                return None
+            seen.add(head)
+            heads.append((head, run, count))
+            at += count
+        return heads
 
     def _advance(self, run: list, count: int) -> None:
         positions, offset = run

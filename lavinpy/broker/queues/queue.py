@@ -395,7 +395,7 @@ class Queue(QueueKind):
         budget (a pick cannot see the picks before it on its channel)."""
         index = self.index
         picks, _no_ack = self.consumers.pick(min(budget, index.ready_count))
-        positions = index.shift_many(len(picks))
+        positions = taken = index.shift_many(len(picks))
         if len(positions) < len(picks):  # cannot happen (ready_count bounded the picks); undo the rest
             for consumer in picks[len(positions):]:
                 if not consumer.no_ack:
@@ -421,6 +421,11 @@ class Queue(QueueKind):
             messages = [messages[i] for i in kept]
             if redelivered is not None:
                 redelivered = [redelivered[i] for i in kept]
+        if len(set(picks)) > 1:  # each consumer's share its own run: its in-order acks settle it whole
+            shares: dict[QueueConsumer, list[int]] = {}
+            for consumer, pos in zip(picks, positions):
+                shares.setdefault(consumer, []).append(pos)
+            index.split_taken(taken, list(shares.values()))
         for settled in deliver_picks(picks, positions, messages, redelivered):  # type: ignore[arg-type]
             index.ack_many(settled)  # delivered to no-ack consumers: settled at once
         return picked == budget

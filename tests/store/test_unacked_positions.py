@@ -1,0 +1,90 @@
+"""UnackedPositions: settling runs taken together, in and out of their order, as a set would."""
+
+from __future__ import annotations
+
+import random
+
+from lavinpy.store.unacked_positions import UnackedPositions
+
+
+def _runs(sizes: list[int], start: int = 100) -> list[list[int]]:
+    runs, at = [], start
+    for size in sizes:
+        runs.append(list(range(at, at + size)))
+        at += size
+    return runs
+
+
+def test_a_multiple_ack_spanning_many_runs_settles_them_all_and_keeps_the_rest() -> None:
+    unacked = UnackedPositions()
+    runs = _runs([5, 7, 3, 6])
+    for run in runs:
+        unacked.add_run(run)
+    acked = runs[0] + runs[1] + runs[2] + runs[3][:2]
+    assert unacked.remove_many(acked) is None
+    assert len(unacked) == 4
+    assert sorted(unacked.positions()) == runs[3][2:]
+    assert unacked.remove_many(runs[3][2:]) is None
+    assert len(unacked) == 0
+
+
+def test_a_multiple_ack_with_a_position_not_unacked_changes_nothing() -> None:
+    unacked = UnackedPositions()
+    runs = _runs([4, 4])
+    for run in runs:
+        unacked.add_run(run)
+    assert unacked.remove_many([*runs[0], *runs[1], 999]) == 8
+    assert len(unacked) == 8
+    assert sorted(unacked.positions()) == runs[0] + runs[1]
+
+
+def test_settling_in_any_order_matches_a_set() -> None:
+    rng = random.Random(34)
+    for _ in range(200):
+        unacked, model = UnackedPositions(), set()
+        for run in _runs([rng.randint(1, 6) for _ in range(rng.randint(1, 6))]):
+            unacked.add_run(run)
+            model.update(run)
+        extra = rng.sample(range(200, 220), 3)
+        for pos in extra:
+            unacked.add(pos)
+            model.add(pos)
+        for _ in range(6):
+            ordered = sorted(model | {999})
+            start = rng.randrange(len(ordered))
+            take = ordered[start:start + rng.randint(1, 12)]
+            if rng.random() < 0.3:
+                rng.shuffle(take)
+            bad = unacked.remove_many(take)
+            missing = [i for i, pos in enumerate(take) if pos not in model]
+            if missing:
+                assert bad == missing[0]
+            else:
+                assert bad is None
+                model.difference_update(take)
+            assert len(unacked) == len(model)
+            assert set(unacked.positions()) == model
+
+
+def test_a_run_split_among_consumers_is_settled_part_by_part_in_any_order_of_parts() -> None:
+    unacked = UnackedPositions()
+    taken = list(range(10, 22))
+    unacked.add_run(taken)
+    parts = [taken[0::3], taken[1::3], taken[2::3]]  # a round robin over three consumers
+    unacked.split_run(taken, parts)
+    assert len(unacked) == 12
+    assert unacked.remove_many(parts[1][:2]) is None
+    assert unacked.remove_many(parts[0]) is None
+    assert unacked.remove_many([*parts[1][2:], 99]) == 2  # nothing changed
+    assert unacked.remove_many(parts[1][2:]) is None
+    assert len(unacked) == 4
+    assert sorted(unacked.positions()) == parts[2]
+
+
+def test_a_run_already_partly_settled_is_not_split() -> None:
+    unacked = UnackedPositions()
+    taken = list(range(10, 16))
+    unacked.add_run(taken)
+    assert unacked.remove_many([10]) is None
+    unacked.split_run(taken, [taken[1::2], taken[0::2]])  # would hold 10 again: ignored
+    assert sorted(unacked.positions()) == taken[1:]
