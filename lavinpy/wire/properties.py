@@ -298,6 +298,7 @@ _LENGTH_TAGS = frozenset(b"SxFA")
 _VALUE_WIDTH = {ord(t): w for t, w in (("V", 0), ("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4),
                                        ("i", 4), ("f", 4), ("D", 5), ("l", 8), ("L", 8), ("d", 8), ("T", 8))}
 _header_span = accel.cwire.header_span if accel.cwire is not None else header_span
+find_header_span = _header_span  # ``header_span``, compiled when it can be (for a caller's own loop)
 
 
 def peek_header(raw: bytes, name: str, key: bytes | None = None) -> object:
