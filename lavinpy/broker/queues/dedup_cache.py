@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...wire.properties import find_header_span, peek_header
+from ...wire.properties import find_header_key, peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
 if TYPE_CHECKING:
@@ -167,9 +167,9 @@ class DedupCache:
     def new_in(self, blocks: list[bytes], now_ms: int) -> list[int] | None:
         """``seen_in`` for a publish run's property blocks, in order: the indexes of the messages that
         are not duplicates, or None when none is. The usual message (its identifier a short ASCII
-        string, no TTL header of its own) is looked up, remembered and queued for the file in this
-        one loop, without a call per message; any other goes through ``seen_in``."""
-        find, name = find_header_span, self._header_key
+        string, found and decoded by one compiled call, no TTL header of its own) is looked up,
+        remembered and queued for the file in this one loop; any other goes through ``seen_in``."""
+        find, name = find_header_key, self._header_key
         entries = self.entries
         lookup = entries.get
         remember_arrival = self._arrivals.append
@@ -181,15 +181,9 @@ class DedupCache:
         added = 0
         duplicates: list[int] | None = None
         for i, block in enumerate(blocks):
-            span = find(block, name)
-            if not span:
-                if span is not None:  # (): no identifier, kept and not remembered
-                    continue
-            elif block[span[0]] == 0x53 and _TTL_NAME not in block:  # 'S': a string, the cache's own TTL
-                start, stop = span
-                value = block[start + 5:stop]
-                if stop - start - 5 < MAX_KEY_BYTES and value.isascii():
-                    key = value.decode("ascii")
+            key = find(block, name, MAX_KEY_BYTES)
+            if type(key) is str:
+                if _TTL_NAME not in block:  # (else the message's own TTL: the whole way)
                     known = lookup(key)
                     if known is None:  # new: the common case
                         remember_arrival(key)
@@ -209,6 +203,8 @@ class DedupCache:
                             duplicates = []
                         duplicates.append(i)
                         continue
+            elif key == ():  # no identifier: kept, and not remembered
+                continue
             if self.seen_in(block, now_ms):  # anything else, the whole way
                 if duplicates is None:
                     duplicates = []
