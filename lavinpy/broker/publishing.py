@@ -95,6 +95,18 @@ def _without_duplicates(exchange: Exchange, queue: QueueKind | None, properties:
     it was found); None when every message is kept."""
     exchange_cache = exchange.dedup
     queue_cache = queue.dedup if queue is not None else None
+    if exchange_cache is None or queue_cache is None:  # one cache: the run in one loop there
+        if queue_cache is not None:
+            kept_new = queue_cache.new_in(properties, now_ms)
+            if kept_new is not None:
+                queue.stats.duplicates += len(properties) - len(kept_new)  # type: ignore[union-attr]
+            return kept_new
+        if exchange_cache is not None:
+            kept_new = exchange_cache.new_in(properties, now_ms)
+            if kept_new is not None:
+                exchange.stats.duplicates += len(properties) - len(kept_new)
+            return kept_new
+        return None
     kept: list[int] = []
     dropped = False
     for i, block in enumerate(properties):

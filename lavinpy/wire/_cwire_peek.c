@@ -23,6 +23,49 @@ skip_value(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
     return pos + width > end ? -1 : pos + width;
 }
 
+/* Where the tagged value of the last headers entry called name (name_len bytes) is in the block of n
+ * bytes: 1 with *found and *found_end set; 0 when the block has no headers or no such entry; -1 when
+ * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides). */
+static int
+find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
+          Py_ssize_t *found_end)
+{
+    if (n < 2 || (b[1] & 1))
+        return -1;
+    if (!(b[0] & 0x20))
+        return 0;
+    Py_ssize_t pos = 2;
+    for (int bit = 0x80; bit >= 0x40; bit >>= 1) {  /* content type, content encoding */
+        if (b[0] & bit) {
+            if (pos >= n)
+                return -1;
+            pos += 1 + b[pos];
+        }
+    }
+    if (pos + 4 > n)
+        return -1;
+    Py_ssize_t end = pos + 4 + (Py_ssize_t)rd32(b + pos);
+    if (end > n)
+        return -1;
+    pos += 4;
+    int result = 0;
+    while (pos < end) {
+        Py_ssize_t key_len = b[pos], key_end = pos + 1 + key_len;
+        if (key_end >= end)
+            return -1;
+        Py_ssize_t value_end = skip_value(b, key_end, end);
+        if (value_end < 0)
+            return -1;
+        if (key_len == name_len && memcmp(b + pos + 1, name, (size_t)key_len) == 0) {
+            *found = key_end;
+            *found_end = value_end;
+            result = 1;
+        }
+        pos = value_end;
+    }
+    return result;
+}
+
 /* header_span(block, name) -> (start, end) of the tagged value of the last entry called ``name``
  * (bytes) in the block's headers table; () when the block has no headers or no such entry; None when
  * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides). */
@@ -33,43 +76,45 @@ cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "header_span(block: bytes, name: bytes)");
         return NULL;
     }
+    Py_ssize_t found = 0, found_end = 0;
+    int result = find_span((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+                           PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]), &found, &found_end);
+    if (result < 0)
+        Py_RETURN_NONE;
+    if (result == 0)
+        return PyTuple_New(0);
+    return Py_BuildValue("nn", found, found_end);
+}
+
+/* header_key(block, name, limit) -> the value of that entry as a str when it is a long string ('S')
+ * of fewer than ``limit`` ASCII bytes (a deduplication identifier's usual form); else what
+ * header_span(block, name) answers. */
+PyObject *
+cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "header_key(block: bytes, name: bytes, limit: int)");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
-    const char *name = PyBytes_AS_STRING(args[1]);
-    Py_ssize_t name_len = PyBytes_GET_SIZE(args[1]);
-    if (n < 2 || (b[1] & 1))
+    Py_ssize_t found = 0, found_end = 0;
+    int result = find_span(b, PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
+                           &found, &found_end);
+    if (result < 0)
         Py_RETURN_NONE;
-    if (!(b[0] & 0x20))
+    if (result == 0)
         return PyTuple_New(0);
-    Py_ssize_t pos = 2;
-    for (int bit = 0x80; bit >= 0x40; bit >>= 1) {  /* content type, content encoding */
-        if (b[0] & bit) {
-            if (pos >= n)
-                Py_RETURN_NONE;
-            pos += 1 + b[pos];
-        }
+    Py_ssize_t length = found_end - found - 5;
+    if (b[found] == 'S' && length < limit) {
+        const unsigned char *text = b + found + 5;
+        Py_ssize_t i = 0;
+        while (i < length && text[i] < 0x80)
+            i++;
+        if (i == length)
+            return PyUnicode_DecodeASCII((const char *)text, length, NULL);
     }
-    if (pos + 4 > n)
-        Py_RETURN_NONE;
-    Py_ssize_t end = pos + 4 + (Py_ssize_t)rd32(b + pos);
-    if (end > n)
-        Py_RETURN_NONE;
-    pos += 4;
-    Py_ssize_t found = -1, found_end = -1;
-    while (pos < end) {
-        Py_ssize_t key_len = b[pos], key_end = pos + 1 + key_len;
-        if (key_end >= end)
-            Py_RETURN_NONE;
-        Py_ssize_t value_end = skip_value(b, key_end, end);
-        if (value_end < 0)
-            Py_RETURN_NONE;
-        if (key_len == name_len && memcmp(b + pos + 1, name, (size_t)key_len) == 0) {
-            found = key_end;
-            found_end = value_end;
-        }
-        pos = value_end;
-    }
-    if (found < 0)
-        return PyTuple_New(0);
     return Py_BuildValue("nn", found, found_end);
 }

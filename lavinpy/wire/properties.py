@@ -297,7 +297,20 @@ def _skip_value(raw: bytes, pos: int, end: int) -> int:
 _LENGTH_TAGS = frozenset(b"SxFA")
 _VALUE_WIDTH = {ord(t): w for t, w in (("V", 0), ("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4),
                                        ("i", 4), ("f", 4), ("D", 5), ("l", 8), ("L", 8), ("d", 8), ("T", 8))}
+def header_key(raw: bytes, name: bytes, limit: int) -> str | tuple[int, int] | tuple[()] | None:
+    """The value of the last headers entry called ``name`` as a ``str`` when it is a long string of
+    fewer than ``limit`` ASCII bytes (a deduplication identifier's usual form, found and decoded in
+    one call); otherwise what ``header_span`` answers. The pure-Python twin of ``_cwire.header_key``."""
+    span = header_span(raw, name)
+    if span and raw[span[0]] == 0x53 and span[1] - span[0] - 5 < limit:
+        text = raw[span[0] + 5:span[1]]
+        if text.isascii():
+            return text.decode("ascii")
+    return span
+
+
 _header_span = accel.cwire.header_span if accel.cwire is not None else header_span
+find_header_key = accel.cwire.header_key if accel.cwire is not None else header_key
 
 
 def peek_header(raw: bytes, name: str, key: bytes | None = None) -> object:

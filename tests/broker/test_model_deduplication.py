@@ -260,3 +260,53 @@ def test_a_run_and_one_by_one_remember_the_same(tmp_path: Path) -> None:
         assert one.entries["t"] == 6000 and one.entries["u"] == 61_000
         assert [one.seen_in(block, 2000) for block in blocks] == [True] * 7 + [False] * 3 + [True] * 2
     run(body, tmp_path)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_run_asked_at_once_matches_one_by_one_and_writes_the_same_file(tmp_path: Path, seed: int) -> None:
+    """``new_in`` (a run's identifiers in one loop) keeps, forgets, expires and writes as ``seen_in``
+    asked message by message: the same duplicates, the same entries in the same order, the same file
+    records, read back the same after a reopen; with a full cache, expiring identifiers coming back,
+    messages with their own TTL, without an identifier, and identifiers of other types mixed in."""
+    import random
+
+    from lavinpy.store.append_file import AppendFile
+
+    rng = random.Random(seed)
+    values: list[object] = [*(str(n) for n in range(30)), "ü", b"b", 7, "z" * 64]
+    blocks = []
+    for _ in range(600):
+        roll = rng.random()
+        if roll < 0.05:
+            blocks.append(b"\x10\x00\x02")  # no headers: never a duplicate
+        elif roll < 0.15:
+            blocks.append(ident_block(rng.choice(values), **{"x-cache-ttl": rng.choice([0, 5, 50])}))
+        else:
+            blocks.append(ident_block(rng.choice(values)))
+
+    async def body(m: Model) -> None:
+        caches = []
+        for name in ("one", "run"):
+            file = AppendFile(tmp_path / name, lambda fd: __import__("os").close(fd), lambda: False)
+            caches.append((file, DedupCache(DedupSettings(cache_size=12, ttl_ms=40), file)))
+        (one_file, one), (run_file, batch) = caches
+        at, now = 0, 1000
+        while at < len(blocks):
+            size = rng.randint(1, 40)
+            chunk = blocks[at:at + size]
+            expected = [i for i, block in enumerate(chunk) if not one.seen_in(block, now)]
+            kept = batch.new_in(chunk, now)
+            assert (list(range(len(chunk))) if kept is None else kept) == expected
+            assert list(batch.entries.items()) == list(one.entries.items())
+            if rng.random() < 0.5:
+                one_file.write_pending()
+                run_file.write_pending()
+            at += size
+            now += rng.randint(0, 20)
+        for file in (one_file, run_file):
+            file.write_pending()
+            file.close()
+        reread = [DedupCache(DedupSettings(cache_size=12, ttl_ms=40),
+                             AppendFile(tmp_path / name, lambda fd: None, lambda: False)) for name in ("one", "run")]
+        assert list(reread[0].entries.items()) == list(reread[1].entries.items()) == list(one.entries.items())
+    run(body, tmp_path)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lavinpy.wire import accel, properties
 from lavinpy.wire.field_table import Float32, encode_table
-from lavinpy.wire.properties import header_span, peek_header, peek_headers
+from lavinpy.wire.properties import header_key, header_span, peek_header, peek_headers
 
 NAME = "x-deduplication-header"
 keys = st.sampled_from([NAME, "x-cache-ttl", "a", "", "x-deduplication-heade", "x-deduplication-headers", "é"])
@@ -92,8 +92,26 @@ def test_the_last_of_a_repeated_key_counts() -> None:
 def test_compiled_and_pure_spans_agree(raw: bytes, name: str) -> None:
     assert accel.cwire is not None
     assert accel.cwire.header_span(raw, name.encode()) == header_span(raw, name.encode())
+    for limit in (0, 3, 64):
+        assert accel.cwire.header_key(raw, name.encode(), limit) == header_key(raw, name.encode(), limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(keys, values), max_size=4), st.integers(0, 80))
+def test_a_key_is_the_short_ascii_string_value_else_the_span(entries: list, limit: int) -> None:
+    """``header_key`` (the one used: compiled or pure) gives a short ASCII string value itself, and
+    for anything else exactly what ``header_span`` gives."""
+    raw = block(b"".join(encode_table({key: value})[4:] for key, value in entries), None, None, False)
+    whole = peek_headers(raw) or {}
+    value = whole.get(NAME)
+    got = properties.find_header_key(raw, NAME.encode(), limit)
+    if isinstance(value, str) and value.isascii() and len(value) < limit:
+        assert type(got) is str and got == value
+    else:
+        assert got == header_span(raw, NAME.encode())
 
 
 def test_the_compiled_finder_is_the_one_used_when_built() -> None:
     expected = accel.cwire.header_span if accel.cwire is not None else header_span
     assert properties._header_span is expected
+    assert properties.find_header_key is (accel.cwire.header_key if accel.cwire is not None else header_key)

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...wire.properties import peek_header
+from ...wire.properties import find_header_key, peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ class DedupCache:
         # file's ``frame``), so a new identifier costs two list appends on the publish path.
         self._unwritten_keys: list[bytes | str] = []
         self._unwritten_expiries: list[int] = []
+        self._write_queued = False  # the file's append_soon was asked for the unwritten identifiers
         self._records = 0
         self._size = settings.cache_size
         self._ttl = settings.ttl_ms
@@ -163,6 +164,67 @@ class DedupCache:
         ttl = peek_header(properties, MESSAGE_TTL_HEADER, _TTL_NAME) if _TTL_NAME in properties else None
         return self._seen(value, _NO_TTL if ttl is None else ttl, now_ms)
 
+    def new_in(self, blocks: list[bytes], now_ms: int) -> list[int] | None:
+        """``seen_in`` for a publish run's property blocks, in order: the indexes of the messages that
+        are not duplicates, or None when none is. The usual message (its identifier a short ASCII
+        string, found and decoded by one compiled call, no TTL header of its own) is looked up,
+        remembered and queued for the file in this one loop; any other goes through ``seen_in``."""
+        find, name = find_header_key, self._header_key
+        entries = self.entries
+        lookup = entries.get
+        remember_arrival = self._arrivals.append
+        forget_first = self._arrivals.popleft
+        size, ttl = self._size, self._ttl
+        expiry = 0 if ttl is None else now_ms + ttl
+        written = self._file is not None
+        remember_key, remember_expiry = self._unwritten_keys.append, self._unwritten_expiries.append
+        added = 0
+        duplicates: list[int] | None = None
+        for i, block in enumerate(blocks):
+            key = find(block, name, MAX_KEY_BYTES)
+            if type(key) is str:
+                if _TTL_NAME not in block:  # (else the message's own TTL: the whole way)
+                    known = lookup(key)
+                    if known is None:  # new: the common case
+                        remember_arrival(key)
+                        entries[key] = expiry
+                        if written:
+                            remember_key(key)
+                            remember_expiry(expiry)
+                            added += 1
+                        if len(entries) > size:
+                            if self._stale:
+                                self._forget_oldest()
+                            else:
+                                del entries[forget_first()]
+                        continue
+                    if known == 0 or known > now_ms:
+                        if duplicates is None:
+                            duplicates = []
+                        duplicates.append(i)
+                        continue
+            elif key == ():  # no identifier: kept, and not remembered
+                continue
+            if self.seen_in(block, now_ms):  # anything else, the whole way
+                if duplicates is None:
+                    duplicates = []
+                duplicates.append(i)
+        if added:
+            self._written_soon(added)
+        if duplicates is None:
+            return None
+        dropped = set(duplicates)
+        return [i for i in range(len(blocks)) if i not in dropped]
+
+    def _written_soon(self, added: int) -> None:
+        """``added`` identifiers were queued for the file: a write is due, and maybe a rewrite."""
+        if not self._write_queued:
+            self._write_queued = True
+            self._file.append_soon(b"")  # type: ignore[union-attr]  # the write renders the records
+        self._records += added
+        if self._records > self._compact_at:
+            self.compact()
+
     def _seen(self, value: Any, ttl: Any, now_ms: int) -> bool:
         """``seen`` for an identifier's header value and the message's TTL header value (``_NO_TTL``
         without one)."""
@@ -188,14 +250,9 @@ class DedupCache:
         if len(entries) > self._size:
             self._forget_oldest()
         if self._file is not None:
-            keys = self._unwritten_keys
-            keys.append(key)
+            self._unwritten_keys.append(key)
             self._unwritten_expiries.append(expiry)
-            if len(keys) == 1:
-                self._file.append_soon(b"")  # the write renders the records (``_render_unwritten``)
-            self._records += 1
-            if self._records > self._compact_at:
-                self.compact()
+            self._written_soon(1)
         return False
 
     def _forget_oldest(self) -> None:
@@ -214,6 +271,7 @@ class DedupCache:
     def _render_unwritten(self, _: bytes) -> bytes:
         """The file's ``frame``: the identifiers remembered since the last write, as one framed batch."""
         records = _records(self._unwritten_keys, self._unwritten_expiries)
+        self._write_queued = False
         self._unwritten_keys.clear()
         self._unwritten_expiries.clear()
         return _frame(records)
