@@ -5,8 +5,11 @@ the server sends. Pure: no sockets, no broker. Anything the spec calls malformed
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..wire.accel import cwire
 
 if TYPE_CHECKING:
     from collections import deque
@@ -439,6 +442,34 @@ def publish_packet(header: bytes, payload: bytes | memoryview, first: int) -> by
     if length < 128:
         return b"".join((bytes((first, length)), header, payload))
     return b"".join((bytes((first,)), remaining_length(length), header, payload))
+
+
+def publish_run_packets_py(first: int, topic_field: bytes, block: bytes, first_id: int, bodies: list[bytes]) -> bytes:
+    """QoS 1 or 2 PUBLISH packets of one topic, one per body, as one buffer: first byte ``first``,
+    ``topic_field``, the packet ids from ``first_id`` on (65535 is followed by 1), ``block`` (MQTT 5's
+    properties, else empty), the body. The pure-Python twin of the compiled ``mqtt_publish_run``."""
+    parts: list[bytes] = []
+    append = parts.append
+    fixed = len(topic_field) + 2 + len(block)
+    heads: dict[int, bytes] = {}  # first byte, remaining length and topic by body size
+    packet_id = first_id
+    for body in bodies:
+        size = len(body)
+        head = heads.get(size)
+        if head is None:
+            head = heads[size] = bytes((first,)) + remaining_length(fixed + size) + topic_field
+        append(head)
+        append(packet_id.to_bytes(2, "big"))
+        if block:
+            append(block)
+        append(body)
+        packet_id = packet_id % 65535 + 1
+    return b"".join(parts)
+
+
+# The compiled twin when built (lavinpy.wire.accel decides), else the pure-Python one.
+publish_run_packets: Callable[[int, bytes, bytes, int, list[bytes]], bytes] = (
+    cwire.mqtt_publish_run if cwire is not None else publish_run_packets_py)
 
 
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,

@@ -555,6 +555,8 @@ static PyMethodDef cwire_methods[] = {
      "writer.deliver_run: the frames of a run of deliveries"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},
+    {"mqtt_publish_run", (PyCFunction)(void (*)(void))cwire_mqtt_publish_run, METH_FASTCALL,
+     "mqtt_publish_run(first, topic_field, block, first_id, bodies) -> bytes (see _cwire_mqtt.c)"},
     {NULL, NULL, 0, NULL},
 };
 
