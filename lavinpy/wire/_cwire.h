@@ -13,6 +13,8 @@ PyObject *cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* The bytes after the type tag of a field-table value of that type: 0-8, FIELD_LENGTH_PREFIXED for
