@@ -49,7 +49,8 @@ BOTH_PATHS = {HERE / name for name in (
     # the AMQP sessions fed bytes through the codec
     "amqp",
     # the MQTT connection on the model and store, in process and through a broker (publish runs, restarts)
-    "mqtt/test_mqtt_sansio.py", "mqtt/test_mqtt_runs.py", "mqtt/test_mqtt_durability.py",
+    "mqtt/test_mqtt_sansio.py", "mqtt/test_mqtt_runs.py", "mqtt/test_mqtt_delivery_runs.py",
+    "mqtt/test_mqtt_codec_agree.py", "mqtt/test_mqtt_durability.py",
     # lavinpy's own AMQP clients on lavinpy.wire.client (_cclient): Spark's, lavinpy-perf's, the shovels'
     "spark/test_clients.py", "test_perf_tool.py", "shovel/test_shovel_engine.py",
     # every module imports on the path selected

@@ -77,6 +77,23 @@ class DeliveryScheduler:
             self._scheduled = True
             self.call_soon(self.run)
 
+    def hold(self) -> bool:
+        """A face handles a read and writes its output right after it, running the deliveries it made
+        (an in-flight window's round trip): what is asked meanwhile calls the loop once, at ``release``,
+        and only if something is left for a turn. False when a turn is asked already (``release`` then
+        does nothing)."""
+        if self._scheduled:
+            return False
+        self._scheduled = True
+        return True
+
+    def release(self, held: bool) -> None:
+        if held:
+            self._scheduled = False
+            if self.queues or self.waiting:
+                self._scheduled = True
+                self.call_soon(self.run)
+
     def run(self) -> None:
         """A turn now: deliveries, then every registered connection's output. Whatever asks for a turn
         from here on (a delivery's output too) asks the loop for another: a flood of input then leaves

@@ -5,8 +5,11 @@ the server sends. Pure: no sockets, no broker. Anything the spec calls malformed
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..wire.accel import cwire
 
 if TYPE_CHECKING:
     from collections import deque
@@ -78,6 +81,13 @@ class Publish:
 # First bytes of a packet whose type and flags are valid (not those of a reserved type or flags).
 _PLAIN_FIRST_BYTES = frozenset(kind << 4 | flags for kind in PACKET_NAMES for flags in range(16)
                                if REQUIRED_FLAGS.get(kind, flags) == flags)
+_PLAIN_TABLE = bytes(first in _PLAIN_FIRST_BYTES for first in range(256))  # the same, by first byte
+# The compiled loop over whole short packets in a row (PacketReader.feed's common case), when built.
+_SPLIT: Callable[[bytes, int, int, bytes, list[tuple[int, int, bytes]]], int] | None = (
+    cwire.mqtt_split if cwire is not None else None)
+# The compiled loop of publish_run_tail at QoS 1 and 2, when built.
+_PUBLISH_TAIL: Callable[[deque[tuple[int, int, bytes]], int, bytes, int, list[bytes], list[int]], int] | None = (
+    cwire.mqtt_publish_tail if cwire is not None else None)
 
 
 class PacketReader:
@@ -102,13 +112,16 @@ class PacketReader:
         packets: list[tuple[int, int, bytes]] = []
         pos = 0
         end = len(data)
-        append, limit, plain = packets.append, self.max_packet_size, _PLAIN_FIRST_BYTES
+        append, limit, plain, split = packets.append, self.max_packet_size, _PLAIN_FIRST_BYTES, _SPLIT
         while end - pos >= 2:
             first = data[pos]
             length = data[pos + 1]
             if length < 128 and first in plain and length + 2 <= limit:  # the common short packet, checked
                 if end - pos - 2 < length:
                     break
+                if split is not None and not one:  # it and the short packets after it, compiled
+                    pos = split(data, pos, limit, _PLAIN_TABLE, packets)
+                    continue
                 append((first >> 4, first & 0x0F, data[pos + 2:pos + 2 + length]))
                 pos += 2 + length
                 if one:
@@ -275,6 +288,9 @@ def publish_run_tail(backlog: deque[tuple[int, int, bytes]], flags: int, body: b
         start += 2
         high, low = start - 2, start - 1  # the packet id's bytes
         longest = start + max_payload
+        if _PUBLISH_TAIL is not None:  # the same loop, compiled
+            _PUBLISH_TAIL(backlog, qos, prefix, longest, payloads, packet_ids)
+            return payloads, packet_ids
         while backlog:
             kind, other, data = backlog[0]
             if (kind != PUBLISH or other & 0x07 != qos or not start <= len(data) <= longest
@@ -439,6 +455,34 @@ def publish_packet(header: bytes, payload: bytes | memoryview, first: int) -> by
     if length < 128:
         return b"".join((bytes((first, length)), header, payload))
     return b"".join((bytes((first,)), remaining_length(length), header, payload))
+
+
+def publish_run_packets_py(first: int, topic_field: bytes, block: bytes, first_id: int, bodies: list[bytes]) -> bytes:
+    """QoS 1 or 2 PUBLISH packets of one topic, one per body, as one buffer: first byte ``first``,
+    ``topic_field``, the packet ids from ``first_id`` on (65535 is followed by 1), ``block`` (MQTT 5's
+    properties, else empty), the body. The pure-Python twin of the compiled ``mqtt_publish_run``."""
+    parts: list[bytes] = []
+    append = parts.append
+    fixed = len(topic_field) + 2 + len(block)
+    heads: dict[int, bytes] = {}  # first byte, remaining length and topic by body size
+    packet_id = first_id
+    for body in bodies:
+        size = len(body)
+        head = heads.get(size)
+        if head is None:
+            head = heads[size] = bytes((first,)) + remaining_length(fixed + size) + topic_field
+        append(head)
+        append(packet_id.to_bytes(2, "big"))
+        if block:
+            append(block)
+        append(body)
+        packet_id = packet_id % 65535 + 1
+    return b"".join(parts)
+
+
+# The compiled twin when built (lavinpy.wire.accel decides), else the pure-Python one.
+publish_run_packets: Callable[[int, bytes, bytes, int, list[bytes]], bytes] = (
+    cwire.mqtt_publish_run if cwire is not None else publish_run_packets_py)
 
 
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,

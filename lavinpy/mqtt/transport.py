@@ -55,14 +55,22 @@ class ConnectionDriver:
 
     def received(self, data: bytes) -> None:
         conn = self.conn
-        if conn is not None:
+        if conn is None:
+            return
+        scheduler = conn.broker.scheduler
+        held = scheduler.hold()  # no turn of the loop asked for what is done and written here
+        self._flush_scheduled = True  # the pump below writes this connection's output
+        try:
             conn.receive_data(data)
-            scheduler = conn.broker.scheduler
             if scheduler.queues:
                 # What this input made deliverable (a PUBACK freeing window room, publishes) goes out
                 # in this turn of the loop, not two turns later: an in-flight window's round trip.
                 scheduler.run_deliveries()
             self.pump()
+        finally:
+            if self._flush_scheduled:  # the pump did not run (a bug raised): a turn writes the output
+                self._schedule(self)
+            scheduler.release(held)  # a turn for what is left: other connections' output, deliveries
 
     def ended(self) -> None:
         """The carrier is gone: the connection's unclean end (if it did not end already)."""

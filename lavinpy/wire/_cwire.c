@@ -556,6 +556,12 @@ static PyMethodDef cwire_methods[] = {
      "writer.deliver_run: the frames of a run of deliveries"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},
+    {"mqtt_publish_run", (PyCFunction)(void (*)(void))cwire_mqtt_publish_run, METH_FASTCALL,
+     "mqtt_publish_run(first, topic_field, block, first_id, bodies) -> bytes (see _cwire_mqtt.c)"},
+    {"mqtt_split", (PyCFunction)(void (*)(void))cwire_mqtt_split, METH_FASTCALL,
+     "mqtt_split(data, pos, limit, plain, packets) -> pos (see _cwire_mqtt.c)"},
+    {"mqtt_publish_tail", (PyCFunction)(void (*)(void))cwire_mqtt_publish_tail, METH_FASTCALL,
+     "mqtt_publish_tail(backlog, qos_flags, prefix, longest, payloads, packet_ids) -> count (see _cwire_mqtt.c)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
-/* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c) and
- * the header finder (_cwire_peek.c) that the module's method table (_cwire.c) lists. */
+/* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
+ * header finder (_cwire_peek.c) and MQTT's delivery-run encoder (_cwire_mqtt.c) that the module's
+ * method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
 
@@ -11,6 +12,9 @@ PyObject *cwire_init_deliver(PyObject *self, PyObject *args);
 PyObject *cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 

@@ -180,3 +180,33 @@ def test_a_turn_run_at_the_end_of_an_input_batch_leaves_the_consumers_another(sc
     loop.run_one()
     loop.run_one()
     assert log == ["deliver q", "write conn"] and not loop.soon
+
+
+def test_a_held_read_asks_the_loop_only_for_what_is_left(scheduler: DeliveryScheduler, loop: Loop) -> None:
+    log: list[str] = []
+    queue = FakeQueue("q", log)
+    held = scheduler.hold()
+    assert held
+    scheduler.schedule_delivery(queue)  # an ack in the read: its face runs the deliveries itself
+    assert loop.soon == []
+    scheduler.run_deliveries()
+    scheduler.release(held)
+    assert loop.soon == [] and log == ["deliver q"]  # nothing left: no turn
+    held = scheduler.hold()
+    scheduler.schedule(FakeOutput("other", log))  # another connection's output: a turn writes it
+    scheduler.release(held)
+    assert len(loop.soon) == 1
+    loop.run_one()
+    assert log == ["deliver q", "write other"]
+
+
+def test_a_hold_inside_an_asked_turn_changes_nothing(scheduler: DeliveryScheduler, loop: Loop) -> None:
+    log: list[str] = []
+    scheduler.schedule(FakeOutput("a", log))
+    held = scheduler.hold()
+    assert not held
+    scheduler.schedule_delivery(FakeQueue("q", log, rounds=2))
+    scheduler.release(held)
+    assert len(loop.soon) == 1  # the turn asked before, once
+    loop.run_one()
+    assert log == ["deliver q", "deliver q", "write a"]

@@ -1,0 +1,103 @@
+"""A subscriber's run of QoS 1 deliveries of one topic is encoded as one buffer (compiled when built,
+``codec.publish_run_packets``): the same bytes as the general per-message loop and as PUBLISH packets
+encoded one by one, packet ids and their wrap after 65535 included."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from lavinpy.mqtt import codec
+from lavinpy.mqtt.connection import MQTTConnection
+from lavinpy.mqtt.sessions import MQTTSessions
+from lavinpy.mqtt.subscriptions import Subscriptions
+from lavinpy.wire.accel import cwire
+from tests.amqp.session_client import Harness
+
+
+def _bodies(rng: random.Random, count: int) -> list[bytes]:
+    # sizes around the remaining length's 1-, 2- and 3-byte encodings
+    return [rng.randbytes(rng.choice([0, 1, 100, 120, 127, 200, 16370, 16400, 70000])) for _ in range(count)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_run_encoder_gives_the_packets_one_by_one(seed: int) -> None:
+    rng = random.Random(seed)
+    topic = "t/" + "x" * rng.choice([0, 5, 110, 300])
+    bodies = _bodies(rng, rng.randrange(0, 12))
+    first_id = rng.choice([1, 2, 1000, 65530, 65535])
+    ids = [(first_id - 1 + i) % 65535 + 1 for i in range(len(bodies))]
+    expected = b"".join(codec.publish(topic, body, 1, False, False, packet_id)
+                        for body, packet_id in zip(bodies, ids, strict=True))
+    field = codec.topic_field(topic)
+    assert codec.publish_run_packets_py(0x32, field, b"", first_id, bodies) == expected
+    assert codec.publish_run_packets(0x32, field, b"", first_id, bodies) == expected
+    if cwire is not None:  # the compiled twin, with an MQTT 5 property block too
+        for block in (b"", b"\x00", b"\x02\x01\x01"):
+            assert (cwire.mqtt_publish_run(0x32, field, block, first_id, bodies)
+                    == codec.publish_run_packets_py(0x32, field, block, first_id, bodies))
+
+
+def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
+    conn = sessions.new_connection(("127.0.0.1", 50000))
+    conn.start()
+    conn.receive_data(codec.encode_connect(client_id, username="guest", password=b"guest", keepalive=60))
+    assert b"".join(conn.data_to_send()) == codec.connack(False, codec.ACCEPTED)
+    return conn
+
+
+def _deliveries(tmp_path: Path) -> list[bytes]:
+    """What a QoS 1 subscriber (window 10, packet ids starting near 65535) reads, write by write,
+    answering each write with its PUBACKs, of runs of one and of several topics, QoS 0 and 1, sizes."""
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        sessions = MQTTSessions(harness.broker)
+        sub = _connected(sessions, "sub")
+        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+        harness.run_soon()
+        sub.data_to_send()
+        assert sub.subscriptions is not None
+        sub.subscriptions._next_id = 65520
+        pub = _connected(sessions, "pub")
+        rng = random.Random(7)
+        packets: list[bytes] = []
+        for round_ in range(6):
+            topics = ["t/a"] if round_ % 2 == 0 else ["t/a", "t/b", "t/c/d"]
+            for i, body in enumerate(_bodies(rng, 40)):
+                qos = 0 if round_ == 3 and i % 3 == 0 else 1
+                packets.append(codec.publish(rng.choice(topics), body, qos, False, False, 1 + len(packets) % 60000))
+        pub.receive_data(b"".join(packets))
+        harness.run_soon()
+        reads: list[bytes] = []
+        reader = codec.PacketReader(1 << 24)
+        while True:
+            harness.run_soon()
+            out = b"".join(sub.data_to_send())
+            if not out:
+                break
+            reads.append(out)
+            ids = [codec.parse_publish(flags, body).packet_id for kind, flags, body in reader.feed(out)
+                   if kind == codec.PUBLISH and flags & 0x06]
+            sub.receive_data(b"".join(codec.puback(packet_id) for packet_id in ids))
+        assert sum(1 for read in reads for _ in codec.PacketReader(1 << 24).feed(read)) == len(packets)
+        return reads
+    finally:
+        harness.close()
+
+
+def test_run_deliveries_are_the_bytes_of_the_general_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast = Subscriptions._qos1_run
+    runs: list[bool] = []
+
+    def counted(self: Subscriptions, first: int, messages: list) -> bool:  # type: ignore[type-arg]
+        took = fast(self, first, messages)
+        runs.append(took)
+        return took
+
+    monkeypatch.setattr(Subscriptions, "_qos1_run", counted)
+    with_runs = _deliveries(tmp_path / "runs")
+    assert True in runs and False in runs  # both the whole-run step and the loop were taken
+    monkeypatch.setattr(Subscriptions, "_qos1_run", lambda self, first, messages: False)
+    assert _deliveries(tmp_path / "loop") == with_runs
