@@ -263,7 +263,7 @@ class Segment:
         try:
             self.mm.close()
         except BufferError:
-            # A large body is being delivered from a slice of the mapping (message_store._in_place):
+            # A large body is being delivered from a slice of the mapping (record.read_in_place):
             # the mapping goes when the last slice does; the file's name may go now (its space is
             # freed once it is unmapped).
             pass
