@@ -29,6 +29,7 @@ from lavinpy.store.record import (
     crc32,
     encode_names,
     py_write_encoded,
+    read_in_place,
     read_record,
     read_run,
     write_encoded,
@@ -73,18 +74,6 @@ class MissingRecord(KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0]) if self.args else ""
-
-
-def _in_place(view: memoryview, offset: int, size: int) -> StoredMessage:
-    """The record at ``offset``, checked as ``read_record`` does, with its body a slice of the
-    segment's mapping instead of a copy: a large body (a record of 256 KiB or more: its length's
-    upper bytes are set) is delivered from the page cache, never held whole in the heap. The slice
-    keeps the mapping alive after the segment is closed or deleted (see Segment.close)."""
-    message, total = read_record(view, offset, size, copy=False)
-    names = len(message.exchange.encode()) + len(message.routing_key.encode())
-    stop = offset + total
-    body_size = total - HEADER_SIZE - FIXED_PAYLOAD - names - len(message.properties)
-    return message._replace(body=view[stop - body_size:stop])
 
 
 class MessageStore:
@@ -366,7 +355,7 @@ class MessageStore:
         view = segment.view
         try:
             if offset + 4 <= end and (view[offset + 2] & 0xFC or view[offset + 3]):
-                return _in_place(view, offset, segment.size)
+                return read_in_place(view, offset, segment.size)
             return read_record(view, offset, segment.size)[0]
         except CorruptRecord as exc:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
@@ -412,8 +401,8 @@ class MessageStore:
                 continue
             offset = pos >> OFFSET_SHIFT
             try:
-                if view[offset + 2] & 0xFC or view[offset + 3]:  # a large record (see _in_place)
-                    add(_in_place(view, offset, size))
+                if view[offset + 2] & 0xFC or view[offset + 3]:  # a large record (see read_in_place)
+                    add(read_in_place(view, offset, size))
                 else:
                     add(read_record(view, offset, size)[0])
             except (CorruptRecord, IndexError):

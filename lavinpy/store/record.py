@@ -254,3 +254,43 @@ else:
     read_record = py_read_record
     stored_messages = py_stored_messages
     read_run = None
+
+
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+_PAGE = mmap.PAGESIZE
+
+# A body at least this large read in place is checked a piece at a time, each piece's pages dropped
+# from the mapping once its CRC is taken: it is sent over several turns (the socket writer takes 1 MiB
+# at a time), and the whole body's pages would sit in the RSS meanwhile (16 MiB bodies: peak RSS 54-58
+# MiB against 42 without them). A smaller one is sent within a turn or two, and faulting its pages in
+# again for the send cost more than it saved.
+_DROP_CHECKED_BODY = 4 * 1024 * 1024
+_CHECK_PIECE = 1024 * 1024
+
+
+def read_in_place(view: memoryview, offset: int, size: int) -> StoredMessage:
+    """The record at ``offset``, checked as ``read_record`` does, with its body a slice of the
+    segment's mapping instead of a copy: a large body (a record of 256 KiB or more: its length's
+    upper bytes are set) is delivered from the page cache, never held whole in the heap. The slice
+    keeps the mapping alive after the segment is closed or deleted (see Segment.close)."""
+    mm = view.obj
+    dropping = _DONTNEED is not None and type(mm) is mmap.mmap and offset + HEADER_SIZE <= size and \
+        _unpack_header_from(view, offset)[0] >= _DROP_CHECKED_BODY
+    message, total = read_record(view, offset, size, verify=not dropping, copy=False)
+    stop = offset + total
+    if dropping:
+        assert isinstance(mm, mmap.mmap) and _DONTNEED is not None
+        start, crc, value = offset + HEADER_SIZE, _unpack_header_from(view, offset)[1], 0
+        dropped = (start + _PAGE - 1) & ~(_PAGE - 1)
+        for piece in range(start, stop, _CHECK_PIECE):
+            end = min(piece + _CHECK_PIECE, stop)
+            value = crc32(view[piece:end], value)
+            upto = end & ~(_PAGE - 1)
+            if upto > dropped:
+                mm.madvise(_DONTNEED, dropped, upto - dropped)
+                dropped = upto
+        if value != crc:
+            raise CorruptRecord(f"record at offset {offset} fails its CRC check")
+    names = len(message.exchange.encode()) + len(message.routing_key.encode())
+    body_size = total - HEADER_SIZE - FIXED_PAYLOAD - names - len(message.properties)
+    return message._replace(body=view[stop - body_size:stop])

@@ -1,5 +1,5 @@
 """A message record whose body arrives in pieces (the frames of a large AMQP body), written straight
-into its reserved place in a segment: one copy of each piece, from the frame into the mapping, and
+into its reserved place in a segment: one copy of each piece, from the frame into the file (pwrite), and
 no copy of the whole body in the heap or a spool file.
 
 Layout and lifetime: ``MessageStore.reserve`` writes the record's header with its length but a CRC
@@ -15,7 +15,7 @@ under it when another append seals it.
 
 from __future__ import annotations
 
-import mmap
+import os
 from typing import TYPE_CHECKING, Protocol
 
 from lavinpy.store.record import HEADER
@@ -26,13 +26,10 @@ if TYPE_CHECKING:
 
     from lavinpy.store.segment import Segment
 
-# The pages ahead of a body's write position are faulted in this much at a time (one madvise call
-# instead of a page fault per 4 KiB page), and the pages written are dropped from the mapping behind
-# it (they stay in the page cache and the file): the body never sits whole in the broker's RSS.
-POPULATE_CHUNK = 1024 * 1024
-_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
-_PAGE = mmap.PAGESIZE
+# The body's pieces go into the file with pwrite, not through the mapping: the kernel copies them into
+# the page cache, and none of the body's pages is faulted into (zero-filled, mapped and later dropped
+# from) this process's mapping, so the body never sits in the broker's RSS and the loop does no page
+# table work for it. The mapping sees the same page cache, so a read in place finds the bytes.
 
 
 class MessageStore(Protocol):
@@ -45,8 +42,7 @@ class MessageStore(Protocol):
 class ReservedRecord:
     """One record's place in a segment, its body written piece by piece (see the module docstring)."""
 
-    __slots__ = ("segment", "offset", "body_start", "end", "written", "crc", "populated", "released_to",
-                 "position", "_crc32", "_store")
+    __slots__ = ("segment", "offset", "body_start", "end", "written", "crc", "position", "_crc32", "_store")
 
     def __init__(self, store: MessageStore, segment: Segment, offset: int, body_start: int, end: int,
                  head_crc: int, crc32: Callable[[bytes | memoryview, int], int]) -> None:
@@ -56,8 +52,6 @@ class ReservedRecord:
         self.end = end
         self.written = 0
         self.crc = head_crc  # running CRC of the payload written so far
-        self.populated = body_start  # pages before this are mapped writable
-        self.released_to = body_start - body_start % _PAGE  # pages before this left the mapping
         self.position = segment.id | (offset << OFFSET_SHIFT)
         self._crc32 = crc32
         self._store: MessageStore | None = store  # None once released
@@ -73,26 +67,12 @@ class ReservedRecord:
     def write(self, data: bytes | memoryview) -> None:
         """The next piece of the body (the caller has checked it does not run past the body)."""
         start = self.body_start + self.written
-        stop = start + len(data)
-        mm = self.segment.mm
-        if stop > self.populated:
-            self._populate(mm, stop)
-        mm[start:stop] = data
+        fd = self.segment.fileno()
+        done = os.pwrite(fd, data, start)
+        while done < len(data):  # a short write (a regular file's pwrite rarely is one): the rest
+            done += os.pwrite(fd, memoryview(data)[done:], start + done)
         self.crc = self._crc32(data, self.crc)
         self.written += len(data)
-        if _DONTNEED is not None and stop - self.released_to >= 2 * POPULATE_CHUNK:
-            upto = (stop - POPULATE_CHUNK) & ~(_PAGE - 1)
-            mm.madvise(_DONTNEED, self.released_to, upto - self.released_to)
-            self.released_to = upto
-
-    def _populate(self, mm: mmap.mmap, stop: int) -> None:
-        first = self.populated - self.populated % _PAGE
-        upto = min(self.end, max(stop, self.populated + POPULATE_CHUNK))
-        self.populated = upto
-        try:
-            mm.madvise(_POPULATE_WRITE, first, upto - first)
-        except (OSError, ValueError):  # an older kernel: the copy faults the pages in
-            pass
 
     def body(self) -> memoryview:
         """The body as a slice of the segment's mapping (valid while the reservation is held)."""

@@ -41,7 +41,7 @@ def segment_name(segment_id: int) -> str:
 class Segment:
     """A mapped segment file. ``mm`` is the writable mmap, ``view`` a memoryview of it for reads."""
 
-    __slots__ = ("id", "path", "size", "mm", "view", "closed", "name_unsynced")
+    __slots__ = ("id", "path", "size", "mm", "view", "closed", "name_unsynced", "_fd")
 
     def __init__(self, segment_id: int, path: Path, mm: mmap.mmap) -> None:
         self.id = segment_id
@@ -51,6 +51,16 @@ class Segment:
         self.view = memoryview(mm)
         self.closed = False
         self.name_unsynced = False  # renamed into place; the directory not synced since (see sync)
+        self._fd = -1  # opened by fileno() on first use
+
+    def fileno(self) -> int:
+        """A read-write descriptor of the file, opened on first use and closed with the segment: a large
+        body's pieces are written through it (``pwrite``: into the page cache without faulting the
+        pages into this mapping; the mapping sees them, as both are the same page cache)."""
+        fd = self._fd
+        if fd < 0:
+            fd = self._fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+        return fd
 
     @classmethod
     def create(cls, directory: Path, segment_id: int, size: int) -> Segment:
@@ -246,11 +256,14 @@ class Segment:
         if self.closed:
             return
         self.closed = True
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         self.view.release()
         try:
             self.mm.close()
         except BufferError:
-            # A large body is being delivered from a slice of the mapping (message_store._in_place):
+            # A large body is being delivered from a slice of the mapping (record.read_in_place):
             # the mapping goes when the last slice does; the file's name may go now (its space is
             # freed once it is unmapped).
             pass

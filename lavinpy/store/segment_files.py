@@ -31,14 +31,20 @@ log = logging.getLogger("lavinpy.store")
 
 PREPARED_SUFFIX = ".tmp"
 
+# A worker thread waits this long for more work before it ends: under a steady stream of big bodies a
+# segment is made and one removed every few milliseconds, and a thread start per segment (the loop
+# waits for the new thread to run) was a tenth of the loop's time with 1 MiB bodies.
+WORKER_LINGER_SECONDS = 1.0
+
+
 class _Worker:
     """Runs what is submitted in order, in one thread started when there is work and ending when there
-    is none: an idle broker keeps no thread for its segment files (a segment is made or removed at most
-    every few MiB written, so a thread start per busy spell costs nothing)."""
+    has been none for WORKER_LINGER_SECONDS: an idle broker keeps no thread for its segment files."""
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._lock = threading.Lock()
+        self._more = threading.Condition(self._lock)
         self._tasks: deque[tuple[Future, Callable[..., Any], tuple]] = deque()
         self._running = False
 
@@ -46,7 +52,9 @@ class _Worker:
         future: Future = Future()
         with self._lock:
             self._tasks.append((future, fn, args))
-            if not self._running:
+            if self._running:
+                self._more.notify()
+            else:
                 self._running = True
                 threading.Thread(target=self._drain, name=self._name, daemon=True).start()
         return future
@@ -55,8 +63,10 @@ class _Worker:
         while True:
             with self._lock:
                 if not self._tasks:
-                    self._running = False
-                    return
+                    self._more.wait(WORKER_LINGER_SECONDS)
+                    if not self._tasks:
+                        self._running = False
+                        return
                 future, fn, args = self._tasks.popleft()
             if future.set_running_or_notify_cancel():
                 try:
@@ -67,6 +77,7 @@ class _Worker:
     def after_fork(self) -> None:
         """A child starts with no thread: work its parent had queued is the parent's."""
         self._lock = threading.Lock()
+        self._more = threading.Condition(self._lock)
         self._tasks.clear()
         self._running = False
 

@@ -23,9 +23,11 @@ def open_store(path: Path, segment_size: int = 8 * MiB) -> MessageStore:
     return store
 
 
-def test_large_body_round_trips_and_is_read_in_place(tmp_path: Path) -> None:
+# a body of 4 MiB or more is checked a piece at a time, its pages dropped from the mapping as it goes
+@pytest.mark.parametrize("size", [LARGE_BODY + 12345, 5 * 1024 * 1024 + 12345], ids=["large", "checked-in-pieces"])
+def test_large_body_round_trips_and_is_read_in_place(tmp_path: Path, size: int) -> None:
     store = open_store(tmp_path)
-    body = os.urandom(LARGE_BODY + 12345)
+    body = os.urandom(size)
     small = store.append("ex", "key", PROPS, b"small", 1)
     pos = store.append("ex", "k\u00e9y", PROPS, memoryview(body), 2)
     store.incref(pos_segment(pos), 2)
@@ -41,15 +43,17 @@ def test_large_body_round_trips_and_is_read_in_place(tmp_path: Path) -> None:
     store.close()
 
 
-def test_large_body_damage_is_caught(tmp_path: Path) -> None:
+@pytest.mark.parametrize("size, damage_at", [(LARGE_BODY, 100_000), (5 * 1024 * 1024, 3_500_123)],
+                         ids=["large", "checked-in-pieces"])
+def test_large_body_damage_is_caught(tmp_path: Path, size: int, damage_at: int) -> None:
     store = open_store(tmp_path)
-    body = bytes(LARGE_BODY)
+    body = bytes(size)
     pos = store.append("e", "k", PROPS, body)
     after = store.append("e", "k", PROPS, b"after")  # so the damage is not a torn tail
     store.close()
     path = tmp_path / segment_name(pos_segment(pos))
     with open(path, "r+b") as f:
-        f.seek(pos_offset(pos) + 100_000)
+        f.seek(pos_offset(pos) + damage_at)
         f.write(b"\x01")
     store = open_store(tmp_path)
     with pytest.raises(CorruptRecord, match=segment_name(pos_segment(pos))):
