@@ -217,6 +217,12 @@ class VHost(VHostPublishing):
             path = self.store.queue_path(queue.name) / REDELIVERED_FILE
             write_bytes_atomic(path, array("Q", marks).tobytes())
 
+    def write_queue_state(self) -> None:
+        """Write every queue's periodic state (a stream's tracked offsets and filter-value tags) now,
+        not at the periodic task's next turn; a ``store.flush()`` after it makes it durable."""
+        for queue in list(self.queues.values()):
+            queue.write_state()
+
     def start_flusher(self, interval: float = 0.2) -> None:
         """Flush periodically, so acks and un-confirmed publishes reach the disk without a client asking."""
         self._start_timers()

@@ -179,7 +179,7 @@ class FileApplier:
         """The file's whole content becomes ``data`` (written and fsynced before the rename)."""
         self._guard("replace", rel, self._replace, rel, data)
 
-    def _replace(self, rel: str, data: bytes) -> None:
+    def _replace(self, rel: str, data: bytes | memoryview) -> None:
         path = self._path(rel)
         self._make_parent(path)
         tmp = path.with_name(path.name + ".tmp")
@@ -408,7 +408,7 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view = view[written:]
 
 
-def _write_all(fd: int, data: bytes, path: Path) -> None:
+def _write_all(fd: int, data: bytes | memoryview, path: Path) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)

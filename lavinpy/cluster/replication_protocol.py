@@ -82,20 +82,29 @@ class FrameDecoder:
         self.pending: list[tuple[int, bytes]] = []  # decoded, not yet taken by next_frame()
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[int, bytes]]:
-        self._buffer += data
-        frames = []
+        """Each payload is copied once, out of ``data`` itself when nothing was kept from the last
+        feed (a follower's batch of writes is most of its bytes: no copy into a buffer first)."""
         buffer = self._buffer
+        if buffer:
+            buffer += data
+        source = buffer if buffer else data
+        frames = []
         pos = 0
-        while len(buffer) - pos >= _HEADER.size:
-            length, kind = _HEADER.unpack_from(buffer, pos)
-            if not 1 <= length <= self.max_frame:
-                raise ProtocolError(f"frame length {length} out of range (at most {self.max_frame})")
-            end = pos + 4 + length
-            if end > len(buffer):
-                break
-            frames.append((kind, bytes(buffer[pos + _HEADER.size:end])))
-            pos = end
-        del buffer[:pos]
+        with memoryview(source) as view:
+            size = len(view)
+            while size - pos >= _HEADER.size:
+                length, kind = _HEADER.unpack_from(view, pos)
+                if not 1 <= length <= self.max_frame:
+                    raise ProtocolError(f"frame length {length} out of range (at most {self.max_frame})")
+                end = pos + 4 + length
+                if end > size:
+                    break
+                frames.append((kind, bytes(view[pos + _HEADER.size:end])))
+                pos = end
+            if source is not buffer and pos < size:  # an incomplete frame: kept for the next feed
+                self._buffer = bytearray(view[pos:])
+        if source is buffer and pos:
+            del buffer[:pos]
         return frames
 
     @property
@@ -132,7 +141,7 @@ def pack_u64(value: int) -> bytes:
     return _U64.pack(value)
 
 
-def unpack_u64(data: bytes, pos: int = 0) -> int:
+def unpack_u64(data: bytes | memoryview, pos: int = 0) -> int:
     return _U64.unpack_from(data, pos)[0]
 
 
@@ -281,7 +290,7 @@ class Operation:
     path: str
     offset: int = 0  # OP_WRITE
     size: int = 0  # OP_TRUNCATE
-    data: bytes = b""  # OP_WRITE, OP_REPLACE
+    data: bytes | memoryview = b""  # OP_WRITE (a view into its frame), OP_REPLACE
 
 
 def op_frame_length(path: str, data_len: int, kind: int) -> int:
@@ -299,12 +308,13 @@ def op_frame_length(path: str, data_len: int, kind: int) -> int:
 def op(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0, data: bytes = b"") -> bytes:
     head = _OP_HEAD.pack(end, kind) + pack_str(path)
     if kind == OP_WRITE:
-        return frame(OP, head + _U64.pack(offset) + data)
-    if kind in (OP_REPLACE, OP_EPOCH):
-        return frame(OP, head + data)
-    if kind == OP_TRUNCATE:
-        return frame(OP, head + _U64.pack(size))
-    return frame(OP, head)
+        head += _U64.pack(offset)
+    elif kind == OP_TRUNCATE:
+        head += _U64.pack(size)
+    if kind not in (OP_WRITE, OP_REPLACE, OP_EPOCH):
+        data = b""
+    # One join: the data (a flush's segment bytes) is copied once, not once per layer.
+    return b"".join((_HEADER.pack(len(head) + len(data) + 1, OP), head, data))
 
 
 def parse_op(payload: bytes) -> Operation:
@@ -320,7 +330,8 @@ def parse_op(payload: bytes) -> Operation:
         return Operation(end, kind, path, data=payload[pos:])
     check_path(path)
     if kind == OP_WRITE:
-        return Operation(end, kind, path, offset=unpack_u64(payload, pos), data=payload[pos + 8:])
+        # A view: the bytes go to pwrite as they are, without one more copy.
+        return Operation(end, kind, path, offset=unpack_u64(payload, pos), data=memoryview(payload)[pos + 8:])
     if kind == OP_REPLACE:
         return Operation(end, kind, path, data=payload[pos:])
     if kind == OP_TRUNCATE:

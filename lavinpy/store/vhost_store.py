@@ -316,8 +316,18 @@ class VhostStore:
     async def _run_flushes(self) -> None:
         """Run flushes back to back while callers wait; each covers all callers that came before it."""
         loop = asyncio.get_running_loop()
+        replicating: asyncio.Future[None] | None = None  # the last flush, until the followers have it
+        took = 0.0  # how long the last local sync took
         try:
             while self._next is not None and self._is_open:
+                if replicating is not None and not replicating.done() and took > 0:
+                    # The followers still write the last flush, and its confirms wait for them: the
+                    # next flush waits too (one local sync's time at most, so that a stalled follower
+                    # does not stall the stream), and takes what comes meanwhile. Fewer, larger
+                    # flushes: one fsync and one batch less on every node.
+                    await asyncio.wait([replicating], timeout=took)
+                    if not self._is_open:
+                        break
                 if self.fsync_policy == "batch":
                     delay = self._next_since + self.fsync_interval - loop.time()
                     if delay > 0:
@@ -325,12 +335,15 @@ class VhostStore:
                         if not self._is_open:
                             break
                 waiter, self._next = self._next, None
+                started = loop.time()
                 try:
                     await self._flush_once(waiter, self._next_acks)
                 except Exception as exc:
                     if not waiter.done():
                         waiter.set_exception(exc)
                     log.error("%s: flush failed: %s", self.path, exc)
+                took = loop.time() - started
+                replicating = waiter if self.barrier is not None else None
         finally:
             self._flusher = None
 

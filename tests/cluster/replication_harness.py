@@ -102,10 +102,7 @@ class Leader:
         async def flush() -> None:
             assert self.server is not None
             for vhost in self.server.broker.vhosts.values():
-                for queue in list(vhost.queues.values()):
-                    if getattr(queue, "tags_file", None) is not None and not queue.deleted:
-                        queue.offsets.flush()
-                        queue.tags_file.save(queue.tags)
+                vhost.write_queue_state()
                 await vhost.store.flush()
         self.call(flush)
 

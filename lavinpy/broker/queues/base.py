@@ -254,9 +254,15 @@ class QueueKind(ABC):
         """The event loop runs: arm the queue's timers."""
         return None
 
-    def stop_timers(self) -> None:
-        """The vhost is closing: no timer may touch the store after it is closed."""
+    def write_state(self, sync: bool = False) -> None:
+        """Write now what the periodic task otherwise writes besides the store (a stream's tracked
+        consumer offsets and filter-value tags); ``sync``: fsynced too."""
         return None
+
+    def stop_timers(self) -> None:
+        """The vhost is closing: no timer may touch the store after it is closed, so what the periodic
+        task writes is written a last time, synced."""
+        self.write_state(sync=True)
 
     def apply_retention(self) -> int:
         """Periodic retention (x-max-age of an idle stream); returns messages dropped."""

@@ -200,22 +200,20 @@ class StreamQueue(QueueKind):
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Periodic retention: drop whole segments older than x-max-age; returns messages dropped. The
         tracked consumer offsets and the new filter-value tags are written too."""
-        self.offsets.flush()
         if self.tags.rebuilding:
             self.rebuild_tags()
-        if not self.deleted:
-            self.tags_file.save(self.tags)
+        self.write_state()
         return self._trim(by_size=False, now_ms=now_ms)
 
     def rebuild_tags(self, limit: int = REBUILD_BATCH) -> None:
         """Classify up to ``limit`` recovered offsets from their records (bounded: the loop goes on)."""
         self.tags.rebuild(self.index, self.vhost.store.messages.read_many, limit)
 
-    def stop_timers(self) -> None:
-        """The vhost is closing: the tracked consumer offsets and the filter-value tags are written."""
+    def write_state(self, sync: bool = False) -> None:
+        """The tracked consumer offsets and the filter-value tags not yet on file are written."""
         self.offsets.flush()
         if not self.deleted:
-            self.tags_file.save(self.tags, sync=True)
+            self.tags_file.save(self.tags, sync=sync)
 
     def _trim(self, by_size: bool, now_ms: int | None = None) -> int:
         """Drop whole segments from the head per x-max-length-bytes (when ``by_size``) and x-max-age."""
