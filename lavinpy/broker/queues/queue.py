@@ -423,7 +423,7 @@ class Queue(QueueKind):
                 redelivered = [redelivered[i] for i in kept]
         if len(set(picks)) > 1:  # each consumer's share its own run: its in-order acks settle it whole
             shares: dict[QueueConsumer, list[int]] = {}
-            for consumer, pos in zip(picks, positions):
+            for consumer, pos in zip(picks, positions, strict=True):
                 shares.setdefault(consumer, []).append(pos)
             index.split_taken(taken, list(shares.values()))
         for settled in deliver_picks(picks, positions, messages, redelivered):  # type: ignore[arg-type]
