@@ -29,13 +29,14 @@ from lavinpy.store.record import (
     crc32,
     encode_names,
     py_write_encoded,
+    read_in_place,
     read_record,
     read_run,
     write_encoded,
     write_run,
 )
 from lavinpy.store.reserved_record import ReservedRecord
-from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
+from lavinpy.store.segment import DATA_START, READ_KEEP_MAPPED, Segment, SegmentError, segment_name
 from lavinpy.store.segment_files import SegmentFiles
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
@@ -47,6 +48,7 @@ _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # this before a release): the newest records are the ones a consumer reads back soonest. 512 KiB holds
 # 256 in-flight 1 KiB messages twice over; 1 MiB kept up to 1 MiB more resident in every busy broker.
 _KEEP_MAPPED = 512 * 1024
+_READ_BEHIND = 2 * READ_KEEP_MAPPED  # see Segment.read_through
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
 # header + timestamp + body size; the names' length bytes are inside the encoded names
@@ -73,18 +75,6 @@ class MissingRecord(KeyError):
 
     def __str__(self) -> str:  # KeyError would show the message quoted
         return str(self.args[0]) if self.args else ""
-
-
-def _in_place(view: memoryview, offset: int, size: int) -> StoredMessage:
-    """The record at ``offset``, checked as ``read_record`` does, with its body a slice of the
-    segment's mapping instead of a copy: a large body (a record of 256 KiB or more: its length's
-    upper bytes are set) is delivered from the page cache, never held whole in the heap. The slice
-    keeps the mapping alive after the segment is closed or deleted (see Segment.close)."""
-    message, total = read_record(view, offset, size, copy=False)
-    names = len(message.exchange.encode()) + len(message.routing_key.encode())
-    stop = offset + total
-    body_size = total - HEADER_SIZE - FIXED_PAYLOAD - names - len(message.properties)
-    return message._replace(body=view[stop - body_size:stop])
 
 
 class MessageStore:
@@ -363,10 +353,12 @@ class MessageStore:
         end = self._wpos if segment_id == self._cur_id else self._ends[segment_id]
         if not DATA_START <= offset < end:
             raise MissingRecord(f"offset {offset} is outside the valid data of segment {segment_id} ({end})")
+        if offset - segment.read_released > _READ_BEHIND:
+            segment.read_through(offset)
         view = segment.view
         try:
             if offset + 4 <= end and (view[offset + 2] & 0xFC or view[offset + 3]):
-                return _in_place(view, offset, segment.size)
+                return read_in_place(view, offset, segment.size)
             return read_record(view, offset, segment.size)[0]
         except CorruptRecord as exc:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
@@ -390,6 +382,8 @@ class MessageStore:
                 if run:
                     messages += run
                     i += len(run)
+                    if (last := positions[i - 1] >> OFFSET_SHIFT) - segment.read_released > _READ_BEHIND:
+                        segment.read_through(last)
                     continue
             messages.append(self.read(pos))  # a large record in place; or raises: missing or damaged
             i += 1
@@ -404,7 +398,7 @@ class MessageStore:
         for pos in positions:
             if pos & SEGMENT_MASK != segment_id or not DATA_START <= pos >> OFFSET_SHIFT < end:
                 # another segment, or an offset to check: read() says what is wrong, if anything
-                add(self.read(pos))
+                add(self.read(pos))  # which also drops the segment's pages behind the reads
                 segment_id = pos & SEGMENT_MASK
                 segment = self._segments[segment_id]
                 view, size = segment.view, segment.size
@@ -412,8 +406,8 @@ class MessageStore:
                 continue
             offset = pos >> OFFSET_SHIFT
             try:
-                if view[offset + 2] & 0xFC or view[offset + 3]:  # a large record (see _in_place)
-                    add(_in_place(view, offset, size))
+                if view[offset + 2] & 0xFC or view[offset + 3]:  # a large record (see read_in_place)
+                    add(read_in_place(view, offset, size))
                 else:
                     add(read_record(view, offset, size)[0])
             except (CorruptRecord, IndexError):

@@ -254,3 +254,15 @@ else:
     read_record = py_read_record
     stored_messages = py_stored_messages
     read_run = None
+
+
+def read_in_place(view: memoryview, offset: int, size: int) -> StoredMessage:
+    """The record at ``offset``, checked as ``read_record`` does, with its body a slice of the
+    segment's mapping instead of a copy: a large body (a record of 256 KiB or more: its length's
+    upper bytes are set) is delivered from the page cache, never held whole in the heap. The slice
+    keeps the mapping alive after the segment is closed or deleted (see Segment.close)."""
+    message, total = read_record(view, offset, size, copy=False)
+    names = len(message.exchange.encode()) + len(message.routing_key.encode())
+    stop = offset + total
+    body_size = total - HEADER_SIZE - FIXED_PAYLOAD - names - len(message.properties)
+    return message._replace(body=view[stop - body_size:stop])
