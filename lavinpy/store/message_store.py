@@ -45,9 +45,10 @@ log = logging.getLogger("lavinpy.store")
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # The current segment keeps at most this much written data mapped behind the write position (twice
-# this before a release): the newest records are the ones a consumer reads back soonest. 512 KiB holds
-# 256 in-flight 1 KiB messages twice over; 1 MiB kept up to 1 MiB more resident in every busy broker.
-_KEEP_MAPPED = 512 * 1024
+# this before a release): the newest records are the ones a consumer reads back soonest. 256 KiB holds
+# 256 in-flight 1 KiB messages; each 256 KiB more kept was as much more RSS peak in every busy broker
+# (a consumer further behind maps released pages in again from the page cache).
+_KEEP_MAPPED = 256 * 1024
 _READ_BEHIND = 2 * READ_KEEP_MAPPED  # see Segment.read_through
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full

@@ -43,7 +43,7 @@ def segment_name(segment_id: int) -> str:
 # the vhost's next release_memory (2 s, sealed segments only): in scenario b up to a whole segment, 8 MiB
 # of the RSS peak. Pages this far behind the furthest read so far leave the mapping as the reads go on
 # (they stay in the page cache: a queue reading further back maps them in again).
-READ_KEEP_MAPPED = 512 * 1024
+READ_KEEP_MAPPED = 256 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
