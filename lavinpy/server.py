@@ -24,8 +24,6 @@ from .config import Config
 from .federation.component import Federation, UpstreamComponent, UpstreamSetComponent
 from .listeners import ProxyPolicy, serve_port
 from .logs import configure_logging, reopen_log_file
-from .mqtt.sessions import MQTTSessions
-from .mqtt.transport import MQTTProtocol
 from .shovel.component import LocalNode, ShovelComponent, Shovels
 from .shovel.registry import LinkRegistry
 from .store.lock import DataDirLocked
@@ -40,6 +38,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .cluster.node import ClusterNode
+    from .mqtt.sessions import MQTTSessions
 
 log = logging.getLogger("lavinpy")
 # The cyclic garbage collector's thresholds (Python's defaults: 700, 10, 10). A full collection walks every
@@ -93,12 +92,12 @@ class Server:
         self.broker = broker = Broker(config)
         # The sessions' event loop and files: body spools in the data dir (known once the broker is open).
         self.sessions = Sessions(broker, LoopScheduling(), lambda: BodySpool(broker.datadir.path))
-        self.mqtt = MQTTSessions(broker)  # MQTT clients on the same model
+        # MQTT clients on the same model, once start() finds an MQTT listener configured (mqtt_enabled).
+        self.mqtt: MQTTSessions | None = None
         # The faces, each on the model's operations; a new protocol's sessions are one more entry.
-        layers = SessionLayers()
-        for face in (self.sessions, self.mqtt):
-            layers.register(face)
-        broker.sessions = layers
+        self.layers = SessionLayers()
+        self.layers.register(self.sessions)
+        broker.sessions = self.layers
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
         self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
@@ -170,15 +169,26 @@ class Server:
                  "compiled" if accel.COMPILED else "pure-Python")
 
     async def _start_mqtt(self) -> None:
-        """The MQTT listeners, plain and over TLS; a port in use stops the start as AMQP's does."""
+        """The MQTT listeners, plain and over TLS; a port in use stops the start as AMQP's does.
+
+        With no MQTT listener (``mqtt_enabled``) the MQTT face is not loaded at all (its modules were
+        about 1 MiB of an AMQP-only broker's RSS): stored MQTT state, delayed wills and retained
+        messages, waits in the vhosts' files for a start with MQTT on, as over a stop."""
         config = self.config
-        self.mqtt.resume_wills()  # delayed wills a stop or a crash left wait again
+        if not mqtt_enabled(config):
+            return
+        from .mqtt.sessions import MQTTSessions
+        from .mqtt.transport import MQTTProtocol
+
+        mqtt = self.mqtt = MQTTSessions(self.broker)
+        self.layers.register(mqtt)
+        mqtt.resume_wills()  # delayed wills a stop or a crash left wait again
         ports: list[tuple[int, str, ssl.SSLContext | None]] = [(config.mqtt_port, "MQTT", None)]
         if self.tls is not None and config.mqtts_enabled:
             ports.append((config.mqtts_port, "MQTTS", self.tls.listener_context))
         for port, what, context in ports:
             if port:
-                self._listeners += await serve_port(lambda header: MQTTProtocol(self.mqtt, header), config.bind,
+                self._listeners += await serve_port(lambda header: MQTTProtocol(mqtt, header), config.bind,
                                                     port, what, self.proxy_policy, context)
 
     async def _start_http(self) -> None:
@@ -198,7 +208,8 @@ class Server:
             app = make_app(self.broker, self.sessions, cluster_nodes)
             app[SHOVELS] = self.shovels
             app[FEDERATION] = self.federation
-            app[MQTT_SESSIONS] = self.mqtt
+            if self.mqtt is not None:  # else MQTT over WebSocket answers 404, as with MQTT off
+                app[MQTT_SESSIONS] = self.mqtt
             return app
 
         ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
@@ -246,7 +257,8 @@ class Server:
         await self.federation.stop()
         self._close_listeners()
         await self._stop_http()
-        self.mqtt.shutdown()
+        if self.mqtt is not None:
+            self.mqtt.shutdown()
         sessions = self.sessions
         for conn in list(sessions.connections):
             conn.shutdown()
@@ -349,6 +361,11 @@ async def serve(config: Config) -> int:
     await server.stop()
     systemd.stop_watchdog()
     return 0
+
+
+def mqtt_enabled(config: Config) -> bool:
+    """Whether the broker listens for MQTT: on the plain port, or on the TLS one (configured with TLS)."""
+    return bool(config.mqtt_port or config.mqtts_enabled)
 
 
 def tune_malloc() -> bool:

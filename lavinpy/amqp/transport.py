@@ -56,7 +56,9 @@ WRITER_POLL_SECONDS = 0.002  # how often a paused connection looks at its writer
 WRITER_AFTER_BYTES = 1024 * 1024  # output of a connection before it gets a writer thread
 READER_AFTER_BYTES = 1024 * 1024  # input within READER_WINDOW seconds before a connection gets a reader thread
 READER_WINDOW = 1.0
-READER_BACKLOG = 1024 * 1024  # received and not yet taken by the loop: the thread stops receiving here
+# Received and not yet taken by the loop: the thread stops receiving here. Two takes' worth: with 1 MiB a
+# publisher outrunning the loop (scenario a) kept 1-2 MiB more resident in the thread's buffer.
+READER_BACKLOG = 512 * 1024
 READER_TAKE_BYTES = 256 * 1024  # taken per wake-up, so one client's backlog cannot hold the loop
 # A small input that follows another closely, with no output between them (a stream, not requests
 # waiting for answers), waits up to this many µs for more before the thread wakes the loop: one

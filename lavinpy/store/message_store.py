@@ -36,7 +36,7 @@ from lavinpy.store.record import (
     write_run,
 )
 from lavinpy.store.reserved_record import ReservedRecord
-from lavinpy.store.segment import DATA_START, Segment, SegmentError, segment_name
+from lavinpy.store.segment import DATA_START, READ_KEEP_MAPPED, Segment, SegmentError, segment_name
 from lavinpy.store.segment_files import SegmentFiles
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
@@ -45,9 +45,11 @@ log = logging.getLogger("lavinpy.store")
 DEFAULT_SEGMENT_SIZE = 8 * 1024 * 1024
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # The current segment keeps at most this much written data mapped behind the write position (twice
-# this before a release): the newest records are the ones a consumer reads back soonest. 512 KiB holds
-# 256 in-flight 1 KiB messages twice over; 1 MiB kept up to 1 MiB more resident in every busy broker.
-_KEEP_MAPPED = 512 * 1024
+# this before a release): the newest records are the ones a consumer reads back soonest. 256 KiB holds
+# 256 in-flight 1 KiB messages; each 256 KiB more kept was as much more RSS peak in every busy broker
+# (a consumer further behind maps released pages in again from the page cache).
+_KEEP_MAPPED = 256 * 1024
+_READ_BEHIND = 2 * READ_KEEP_MAPPED  # see Segment.read_through
 _SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
 # header + timestamp + body size; the names' length bytes are inside the encoded names
@@ -352,6 +354,8 @@ class MessageStore:
         end = self._wpos if segment_id == self._cur_id else self._ends[segment_id]
         if not DATA_START <= offset < end:
             raise MissingRecord(f"offset {offset} is outside the valid data of segment {segment_id} ({end})")
+        if offset - segment.read_released > _READ_BEHIND:
+            segment.read_through(offset)
         view = segment.view
         try:
             if offset + 4 <= end and (view[offset + 2] & 0xFC or view[offset + 3]):
@@ -379,6 +383,8 @@ class MessageStore:
                 if run:
                     messages += run
                     i += len(run)
+                    if (last := positions[i - 1] >> OFFSET_SHIFT) - segment.read_released > _READ_BEHIND:
+                        segment.read_through(last)
                     continue
             messages.append(self.read(pos))  # a large record in place; or raises: missing or damaged
             i += 1
@@ -393,7 +399,7 @@ class MessageStore:
         for pos in positions:
             if pos & SEGMENT_MASK != segment_id or not DATA_START <= pos >> OFFSET_SHIFT < end:
                 # another segment, or an offset to check: read() says what is wrong, if anything
-                add(self.read(pos))
+                add(self.read(pos))  # which also drops the segment's pages behind the reads
                 segment_id = pos & SEGMENT_MASK
                 segment = self._segments[segment_id]
                 view, size = segment.view, segment.size

@@ -392,6 +392,8 @@ def test_release_memory_unmaps_sealed_pages_and_keeps_the_data(tmp_path: Path) -
     positions = [store.append("ex", "rk", b"\x00\x00", body) for _ in range(1500)]  # ~6 MiB, 6 segments
     for pos in positions:
         store.incref(pos_segment(pos))
+    # read newest first: the writer let its pages go, and reads behind the furthest one keep theirs
+    assert all(store.read(pos).body == body for pos in reversed(positions))
     before = _mapped_rss_kb(str(tmp_path))
     assert before > 4000
     released = store.release_memory()
@@ -399,4 +401,27 @@ def test_release_memory_unmaps_sealed_pages_and_keeps_the_data(tmp_path: Path) -
     after = _mapped_rss_kb(str(tmp_path))
     assert after <= 1100, (before, after)  # at most the current 1 MiB segment stays resident
     assert all(store.read(pos).body == body for pos in positions)
+    store.close()
+
+
+@pytest.mark.both_paths
+@pytest.mark.parametrize("reading", ["sealed", "current"])
+def test_a_consumer_behind_the_writer_keeps_only_the_pages_near_its_reads(tmp_path: Path, reading: str) -> None:
+    """Reads fault a segment's pages in again after the writer let them go; those far behind the
+    furthest read leave the mapping as the reads go on, instead of the whole segment staying resident."""
+    store = MessageStore(tmp_path, segment_size=8 * 1024 * 1024)
+    store.open()
+    body = bytes(range(256)) * 4  # 1 KiB, as scenario b's
+    positions = [store.append("ex", "rk", b"\x00\x00", body) for _ in range(7000)]  # ~7.3 MiB, one segment
+    for pos in positions:
+        store.incref(pos_segment(pos))
+    if reading == "sealed":
+        store.append("ex", "rk", b"\x00\x00", bytes(1024 * 1024))  # does not fit: the first one is sealed
+        assert pos_segment(positions[-1]) != store.current_segment_id
+    assert _mapped_rss_kb(str(tmp_path)) <= 2100  # the writer kept at most 512 KiB (+ the record that rolled)
+    for i in range(0, len(positions), 256):  # delivery runs, as a consumer with prefetch 256 reads
+        assert [m.body for m in store.read_many(positions[i:i + 256])] == [body] * len(positions[i:i + 256])
+    assert store.read(positions[-1]).body == body
+    rss = _mapped_rss_kb(str(tmp_path))
+    assert rss <= 1600, rss  # before: the 7.3 MiB read through stayed resident
     store.close()
