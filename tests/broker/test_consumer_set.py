@@ -108,3 +108,72 @@ def test_churn_of_consumers_keeps_the_heap_bounded() -> None:
         assert consumers.next_ready() is keep
     assert len(consumers._back) < 100
     assert list(consumers) == [keep]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pick_is_next_ready_once_per_message(seed: int) -> None:
+    """``pick(n)`` (one pass over the ring, whole rounds at once) picks the consumers, and leaves the
+    ring, as n calls of the reference scan do, between single deliveries, credits, channel blocks,
+    adds and removes."""
+    rnd = random.Random(1000 + seed)
+    with_priorities = seed % 4 == 0
+    fast, ref = ConsumerSet(), ReferenceRing()
+    channels = [Channel() for _ in range(5)]
+    live: list[tuple[Consumer, Consumer]] = []
+    made = 0
+
+    def add() -> None:
+        nonlocal made
+        made += 1
+        ch = rnd.choice(channels)
+        kw: dict[str, Any] = {"prefetch": rnd.choice([0, 1, 2, 3, 10, 100]), "no_ack": rnd.random() < 0.1,
+                              "priority": rnd.choice([0, 5]) if with_priorities else 0}
+        a, b = Consumer(f"c{made}", None, ch, **kw), Consumer(f"c{made}", None, ch, **kw)  # type: ignore[arg-type]
+        fast.add(a)
+        ref.ring[b] = None
+        live.append((a, b))
+
+    for _ in range(rnd.choice([3, 20, 60])):
+        add()
+    picked = 0
+    for _step in range(3000):
+        r = rnd.random()
+        if r < 0.35:
+            limit = rnd.choice([1, 2, 5, 17, 64, 300])
+            picks, no_ack = fast.pick(limit)
+            expected = []
+            for _ in range(limit):
+                b = ref.next_ready()
+                if b is None:
+                    break
+                if not b.no_ack:
+                    b.unacked += 1
+                expected.append(b)
+            assert [c.tag for c in picks] == [c.tag for c in expected]
+            assert no_ack == sum(1 for c in picks if c.no_ack)
+            picked += len(picks)
+        elif r < 0.45:
+            a, b = fast.next_ready(), ref.next_ready()
+            assert (a.tag if a else None) == (b.tag if b else None)
+            if a is not None and b is not None and not a.no_ack:
+                a.unacked += 1
+                b.unacked += 1
+        elif r < 0.8 and live:
+            pair = rnd.choice(live)
+            if pair[0].unacked:
+                n = rnd.randint(1, pair[0].unacked)
+                pair[0].credit(n)
+                pair[1].credit(n)
+        elif r < 0.9:
+            ch = rnd.choice(channels)
+            ch.open = not ch.open
+        elif r < 0.95 and live:
+            a, b = live.pop(rnd.randrange(len(live)))
+            assert fast.remove(a)
+            del ref.ring[b]
+            a.credit(a.unacked)
+        else:
+            add()
+        assert [a.unacked for a, _ in live] == [b.unacked for _, b in live]
+    assert picked > 1000  # the picks did run rounds, not only empty sets
+    assert [c.tag for c in fast] == [a.tag for a, _ in live]

@@ -16,7 +16,7 @@ every consumer was looked at in turn.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
@@ -137,7 +137,100 @@ class ConsumerSet:
     def pick(self, limit: int) -> tuple[list[QueueConsumer], int]:
         """Up to ``limit`` consumers in round-robin order, one per message, as ``next_ready`` gives them
         one delivery at a time (each pick counted in its window at once, so the next pick sees it), and
-        how many of them are no-ack. The caller delivers message ``i`` to the ``i``-th (``deliver_picks``)."""
+        how many of them are no-ack. The caller delivers message ``i`` to the ``i``-th (``deliver_picks``).
+
+        One pass over the ring, not a ``next_ready`` per message: while a pick runs no channel changes,
+        so one delivery at a time serves the consumers with room in turn order, each once per round,
+        until a window fills; the rounds are built from each consumer's room (``_sweeps``)."""
+        if limit <= 0:
+            return [], 0
+        if len(self._priorities) > 1:
+            return self._pick_each(limit)
+        if not self._fast_valid:
+            self._rebuild()
+        queue = self._queue
+        back = self._back
+        turns = self._turns
+        active: list[QueueConsumer] = []  # those with room, in turn order
+        rooms: list[int] = []
+        from_back: set[QueueConsumer] = set()
+        parked: list[QueueConsumer] | None = None
+        skipped: list[tuple[int, QueueConsumer]] | None = None
+        consumers = iter(queue)
+        head = next(consumers, None)
+        while len(active) < limit:
+            while back and turns.get(back[0][1]) != back[0][0]:
+                heappop(back)  # stale: removed since
+            if back and (head is None or back[0][0] < turns[head]):
+                consumer = back[0][1]
+                backed = True
+            elif head is not None:
+                consumer = head
+                backed = False
+                head = next(consumers, None)
+            else:
+                break
+            if consumer.no_ack or not consumer.prefetch:
+                room = limit
+            else:
+                room = consumer.prefetch - consumer.unacked
+                if room <= 0:  # its own window is full: back at its next credit
+                    consumer.parked = self
+                    if backed:
+                        heappop(back)
+                    else:
+                        if parked is None:
+                            parked = []
+                        parked.append(consumer)
+                    continue
+            if backed:
+                entry = heappop(back)
+            if not consumer.channel.can_deliver():  # its channel cannot take it now: next time
+                if backed:
+                    if skipped is None:
+                        skipped = []
+                    skipped.append(entry)
+                continue
+            if backed:
+                from_back.add(consumer)
+            active.append(consumer)
+            rooms.append(room)
+        if parked is not None:
+            for consumer in parked:
+                del queue[consumer]
+        if skipped is not None:
+            for entry in skipped:
+                heappush(back, entry)
+        if not active:
+            return [], 0
+        picks = _sweeps(active, rooms, limit)
+        # to the ring's end in the order of each one's last pick, as one at a time moves them
+        next_turn = self._next_turn
+        for consumer in reversed(list(dict.fromkeys(reversed(picks)))):
+            if consumer in from_back:
+                queue[consumer] = None
+            else:
+                queue.move_to_end(consumer)
+            turns[consumer] = next_turn
+            next_turn += 1
+        self._next_turn = next_turn
+        no_ack = 0
+        if len(picks) == len(active):
+            for consumer in active:
+                if consumer.no_ack:
+                    no_ack += 1
+                else:
+                    consumer.unacked += 1
+        else:
+            for consumer, count in Counter(picks).items():
+                if consumer.no_ack:
+                    no_ack += count
+                else:
+                    consumer.unacked += count
+        return picks, no_ack
+
+    def _pick_each(self, limit: int) -> tuple[list[QueueConsumer], int]:
+        """``pick`` by one ``next_ready`` per message (while priorities differ)."""
         next_ready = self.next_ready
         picks: list[QueueConsumer] = []
         no_ack = 0
@@ -244,12 +337,44 @@ class ConsumerSet:
         self._fast_valid = True
 
 
+def _sweeps(active: list[QueueConsumer], rooms: list[int], limit: int) -> list[QueueConsumer]:
+    """Up to ``limit`` picks from the consumers with room, in turn order (``rooms`` each one's room):
+    round after round each takes one in the same order, until its room is used up; as many whole rounds
+    as every room and the limit allow are added at once."""
+    if len(active) >= limit:
+        return active[:limit]
+    picks: list[QueueConsumer] = []
+    while active:
+        left = limit - len(picks)
+        if len(active) >= left:
+            picks.extend(active[:left])
+            break
+        rounds = min(min(rooms), left // len(active))
+        picks.extend(active * rounds)
+        if min(rooms) > rounds:
+            rooms = [room - rounds for room in rooms]
+            continue
+        kept = [i for i, room in enumerate(rooms) if room > rounds]
+        active = [active[i] for i in kept]
+        rooms = [rooms[i] - rounds for i in kept]
+    return picks
+
+
 def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
                   redelivered: list[bool] | None) -> list[list[int]]:
     """Deliver message ``i`` (at ``positions[i]``) to ``picks[i]`` as delivery runs: per channel in the
     order picked (the tags and frames one delivery at a time would give it), one run per stretch of one
     consumer, so a consumer's share of a round costs one booking and one frame build. Returns the
     positions delivered to no-ack consumers, a list per run."""
+    no_ack_runs: list[list[int]] = []
+    if len(set(picks)) == len(picks):  # one message per consumer (a round of many): each its own run
+        for i, consumer in enumerate(picks):
+            run_positions = [positions[i]]
+            consumer.channel.deliver_run(consumer, run_positions, [messages[i]],
+                                         None if redelivered is None else [redelivered[i]])
+            if consumer.no_ack:
+                no_ack_runs.append(run_positions)
+        return no_ack_runs
     stretches_of: dict[DeliveryChannel, list[tuple[QueueConsumer, list[int]]]] = {}
     for i, consumer in enumerate(picks):
         channel = consumer.channel
@@ -260,7 +385,6 @@ def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: li
             stretches[-1][1].append(i)
         else:
             stretches.append((consumer, [i]))
-    no_ack_runs: list[list[int]] = []
     for channel, stretches in stretches_of.items():
         for consumer, picked in stretches:
             if len(picked) == 1:
