@@ -180,15 +180,7 @@ class Queue(QueueKind):
             # instead of reading it back from its segment later. It is stored and indexed all the same.
             consumer = self.consumers.next_ready()
             if consumer is not None:
-                self._recovered_left = 0
-                if consumer.no_ack:
-                    # Delivered and settled at once: the index would only add and remove it.
-                    consumer.channel.deliver(consumer, pos, message, False)
-                    return
-                index.push(pos, persistent)
-                index.shift()
-                consumer.channel.deliver(consumer, pos, message, False)
-                consumer.unacked += 1
+                self._hand(consumer, pos, persistent, message)
                 return
         index.push(pos, persistent)
         if self.consumers:
@@ -217,7 +209,6 @@ class Queue(QueueKind):
     def _hand_each(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
         """The head of a published run straight to consumers with capacity (nothing is ready), one
         message at a time in round-robin order; returns how many they took."""
-        index = self.index
         next_ready = self.consumers.next_ready
         count = len(positions)
         handed = 0
@@ -226,18 +217,22 @@ class Queue(QueueKind):
             consumer = next_ready()
             if consumer is None:
                 break
-            self._recovered_left = 0
-            pos = positions[handed]
-            message = messages[handed]
+            self._hand(consumer, positions[handed], persistent, messages[handed])
             handed += 1
-            if consumer.no_ack:
-                consumer.channel.deliver(consumer, pos, message, False)
-                continue
-            index.push(pos, persistent)
-            index.shift()
-            consumer.channel.deliver(consumer, pos, message, False)
-            consumer.unacked += 1
         return handed
+
+    def _hand(self, consumer: QueueConsumer, pos: int, persistent: bool, message: StoredMessage) -> None:
+        """One stored message straight to ``consumer`` (nothing ready before it)."""
+        self._recovered_left = 0
+        if consumer.no_ack:
+            # Delivered and settled at once: the index would only add and remove it.
+            consumer.channel.deliver(consumer, pos, message, False)
+            return
+        index = self.index
+        index.push(pos, persistent)
+        index.shift()
+        consumer.channel.deliver(consumer, pos, message, False)
+        consumer.unacked += 1
 
     def _hand_rounds(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
         """``_hand_each`` as runs: the round robin picks each message's consumer as there, then the
