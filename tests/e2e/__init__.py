@@ -13,6 +13,7 @@ Small helpers shared by the test modules live here.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,6 +71,14 @@ def rss_anon(pid: int) -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError("no RssAnon in /proc status")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, from /proc): what a piece of work cost the broker,
+    whatever else the machine runs meanwhile."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def assert_witness_served(url: str, seconds: float = 1.0) -> None:

@@ -15,7 +15,7 @@ import pytest
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
-from . import assert_witness_served, rss_anon, uid
+from . import assert_witness_served, cpu_seconds, rss_anon, uid
 from .conftest import lavinpy_only
 from .rawamqp import RawAMQP
 
@@ -175,26 +175,35 @@ def test_thirty_thousand_consumers_on_one_channel(fresh_broker):
             time.sleep(0.01)
         conn.close()
 
+    pid = getattr(fresh_broker, "pid", None)  # another broker under test: wall-clock time stands in
+
+    def broker_cpu() -> float:
+        return cpu_seconds(pid) if pid else time.monotonic()
+
     thread = threading.Thread(target=witness)
     thread.start()
     try:
         time.sleep(0.2)
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), broker_cpu()
         client.send_raw(consumes)
         ok = client.call(1, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
-        add_time = time.monotonic() - started
+        add_time, add_cpu = time.monotonic() - started, broker_cpu() - cpu_started
         assert ok.consumer_count == n
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), broker_cpu()
         client.send_raw(cancels)
         ok = client.call(1, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
-        remove_time = time.monotonic() - started
+        remove_time, remove_cpu = time.monotonic() - started, broker_cpu() - cpu_started
         assert ok.consumer_count == 0
     finally:
         stop.set()
         thread.join(10)
-    print(f"add {add_time:.2f} s, remove {remove_time:.2f} s, witness max {max(latencies):.3f} s")
-    assert add_time < 6.0 and remove_time < 6.0
-    assert latencies and max(latencies) < 2.0
+    print(f"add {add_time:.2f} s ({add_cpu:.2f} s CPU), remove {remove_time:.2f} s ({remove_cpu:.2f} s CPU), "
+          f"witness max {max(latencies):.3f} s")
+    # Linear work: a few seconds of the broker's CPU at most (a quadratic add or cancel takes minutes), counted
+    # in CPU time so that a busy machine does not fail it. The other client is served between the pieces of
+    # the work: its longest wait is short, or at least a small part of the whole (not one stall for all of it).
+    assert add_cpu < 6.0 and remove_cpu < 6.0
+    assert latencies and max(latencies) < max(2.0, (add_time + remove_time) / 3)
     client.close()
 
 
