@@ -18,6 +18,9 @@ reused only once free). The time is from the first publish to the last message r
 and 2, the last PUBACK or PUBCOMP received); the rate counts deliveries (messages x subscribers).
 With ``--mqtt5`` the clients speak MQTT 5 (PUBLISH with an empty property block); with ``--pid`` the
 broker's CPU time (user + system) per delivery is printed too, the figure to compare on a shared machine.
+A QoS 1 or 2 run prints the largest subscriber read: the most deliveries one read held, all of them
+unacknowledged at once (the subscriber answers each read after it), a lower bound of the in-flight
+window the broker really kept (mosquitto 2.0.11 goes far past its ``max_inflight_messages`` here).
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def subscribe(sock: socket.socket, topic: str, qos: int, mqtt5: bool) -> None:
     read_packet(sock, codec.SUBACK)
 
 
-def run(args: argparse.Namespace, qos: int) -> float:
+def run(args: argparse.Namespace, qos: int) -> tuple[float, int]:
+    """Deliveries per second, and the most QoS 1/2 deliveries one subscriber read held (see ``main``)."""
     topic = f"bench/{qos}/{time.monotonic_ns()}"
     subs = [connect(args, f"bench-sub-{qos}-{i}") for i in range(args.subscribers)]
     for sub in subs:
@@ -83,12 +87,16 @@ def run(args: argparse.Namespace, qos: int) -> float:
     count = args.messages - args.messages % args.publishers  # the same share for every publisher
     share = count // args.publishers
 
+    largest_read = [0]  # the most deliveries awaiting PUBACK or PUBREC that one read of a subscriber held
+
     def read_subscriber(sub: socket.socket) -> None:
         reader, got = codec.PacketReader(1 << 26), 0
         while got < count:
             acks = []
+            unacked = 0
             for kind, _, body in reader.feed(sub.recv(1 << 20)):
                 if kind == codec.PUBLISH:
+                    unacked += 1
                     if qos == 2:
                         acks.append(codec.qos2_reply(1, packet_id_of(body)))  # PUBREC
                         continue
@@ -100,6 +108,7 @@ def run(args: argparse.Namespace, qos: int) -> float:
                     acks.append(codec.qos2_reply(2, int.from_bytes(body, "big")))  # PUBCOMP
             if acks:
                 sub.sendall(b"".join(acks))
+            largest_read[0] = max(largest_read[0], unacked)
 
     def read_pubacks(pub: socket.socket, window: threading.Semaphore) -> None:
         reader, got = codec.PacketReader(1 << 26), 0
@@ -143,7 +152,7 @@ def run(args: argparse.Namespace, qos: int) -> float:
     elapsed = time.monotonic() - started
     for sock in pubs + subs:
         sock.close()
-    return count * len(subs) / elapsed
+    return count * len(subs) / elapsed, largest_read[0]
 
 
 def packet_id_of(body: bytes) -> int:
@@ -204,13 +213,14 @@ def main() -> None:
         return
     for qos in args.qos:
         cpu = cpu_seconds(args.pid) if args.pid else 0.0
-        rate = run(args, qos)
+        rate, largest_read = run(args, qos)
         cost = ""
         if args.pid:
             deliveries = (args.messages - args.messages % args.publishers) * args.subscribers
             cost = f", broker CPU {(cpu_seconds(args.pid) - cpu) / deliveries * 1e6:.2f} us/delivery"
         print(f"QoS {qos}{' (MQTT 5)' if args.mqtt5 else ''}: {args.messages} messages of {args.size} B, "
-              f"{args.publishers} publisher(s) to {args.subscribers} subscriber(s): {rate:,.0f} deliveries/s{cost}")
+              f"{args.publishers} publisher(s) to {args.subscribers} subscriber(s): {rate:,.0f} deliveries/s{cost}"
+              + (f", largest subscriber read {largest_read} deliveries" if qos else ""))
 
 
 if __name__ == "__main__":
