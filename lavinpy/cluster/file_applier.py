@@ -8,6 +8,13 @@ hold data the disk never got, and Linux reports such an error only once: a retri
 read by the next full sync, would lie. So the applier then deletes every file written since the last
 successful commit, and lists those it cannot delete in a marker (``files.SUSPECT_FILE``) that makes
 the next full sync copy them whatever their hash says. The applier is unusable after that.
+
+A queue's ack file that a batch only appended to is not synced with the batch (at most
+``ACK_SYNC_INTERVAL`` later, and whenever it is cut, closed or the connection ends): what a confirm
+needs on every node that could be elected is the message and its enq entry. An ack lost in a crash of
+this node means a redelivery after it is elected, as it does on the leader, whose confirm flush does
+not sync ack files either; the file then holds a subset of the acks, never one too many, so no unacked
+message can be hidden by it.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import errno
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..store.accel import cstore
 from ..store.jsonfile import fsync_dir
+from ..store.queue_index import ACK_FILE
 from . import files
 from . import replication_protocol as proto
 
@@ -55,6 +64,7 @@ def fsync_all(fds: list[int]) -> list[int]:
 MAX_OPEN = 64  # descriptors kept open between batches
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+ACK_SYNC_INTERVAL = 1.0  # seconds an appended ack file may wait for its fsync
 _ACTIONS = {proto.OP_WRITE: "write", proto.OP_TRUNCATE: "truncate", proto.OP_REPLACE: "replace",
             proto.OP_DELETE: "delete", proto.OP_RMDIR: "rmdir"}
 
@@ -87,6 +97,9 @@ class FileApplier:
         self._before_discard = before_discard
         self._fds: dict[str, int] = {}  # open across commits: the same few files take every batch
         self._written: dict[str, int] = {}  # files written through _fds since the last commit
+        self._lagging: dict[str, int] = {}  # ack files only appended to since their last sync
+        self._lagging_since = 0.0  # monotonic time the oldest of them became unsynced
+        self._cut: set[str] = set()  # files truncated since the last commit: synced with it, whatever they are
         self._renamed: set[str] = set()  # files replaced or received since the last commit
         self._dirs: set[Path] = set()  # directories whose entries changed
         self._receiving: tuple[str, int, int] | None = None  # full sync: (path, fd of its .tmp, offset)
@@ -127,6 +140,7 @@ class FileApplier:
         for rel in [r for r in self._fds if r == prefix or r.startswith(prefix + "/")]:
             fd = self._fds.pop(rel)
             self._written.pop(rel, None)  # the file is about to be deleted or replaced
+            self._lagging.pop(rel, None)
             os.close(fd)
 
     def _resolved(self, prefix: str) -> None:
@@ -156,6 +170,7 @@ class FileApplier:
             _pwrite_all(self._fd(rel), operation.data, operation.offset)
         elif kind == proto.OP_TRUNCATE:
             fd = self._fd(rel)
+            self._cut.add(rel)
             grown = operation.size - os.fstat(fd).st_size
             os.ftruncate(fd, operation.size)
             if grown > 0:
@@ -276,12 +291,13 @@ class FileApplier:
 
     # ---- durability -------------------------------------------------------------------------------
 
-    def commit(self) -> None:
-        """fsync every file and directory changed since the last commit. On a failure the files
-        changed since the last commit are discarded and ReplicaDiskError is raised."""
+    def commit(self, everything: bool = False) -> None:
+        """fsync every file and directory changed since the last commit, but an ack file only appended
+        to (see the module's doc; ``everything``: those too). On a failure the files changed since
+        their last sync are discarded and ReplicaDiskError is raised."""
         if self._broken is not None:
             raise self._broken
-        written = self._written
+        written = self._take_synced(everything or len(self._fds) > MAX_OPEN)
         if len(written) > 1:  # at once: one journal commit can then cover them all
             for (rel, _fd), err in zip(written.items(), fsync_all(list(written.values())), strict=True):
                 if err:
@@ -302,12 +318,32 @@ class FileApplier:
                 rel = directory.relative_to(self.root).as_posix() if directory != self.root else "."
                 raise self._fail("fsync", rel + "/", exc, discard=True) from exc
         self._written = {}
+        self._cut.clear()
         self._dirs.clear()
         self._renamed.clear()
         if len(self._fds) > MAX_OPEN:
             self.close_files()
         if self._suspects_changed:
             self._record_suspects()
+
+    def _take_synced(self, everything: bool) -> dict[str, int]:
+        """The files this commit syncs (``_written`` becomes them): the lagging ack files stay out
+        unless ``everything`` or the oldest has waited ``ACK_SYNC_INTERVAL``."""
+        written = self._written
+        lagging = self._lagging
+        for rel in [r for r in written if r.rpartition("/")[2] == ACK_FILE and r not in self._cut]:
+            if not lagging:
+                self._lagging_since = time.monotonic()
+            lagging[rel] = written.pop(rel)
+        if lagging and (everything or self.acks_due()):
+            written.update(lagging)
+            lagging.clear()
+        return written
+
+    def acks_due(self) -> bool:
+        """Whether an ack file has waited ``ACK_SYNC_INTERVAL`` for its fsync (an idle stream commits
+        then, with no batch)."""
+        return bool(self._lagging) and time.monotonic() - self._lagging_since >= ACK_SYNC_INTERVAL
 
     def _record_suspects(self) -> None:
         try:
@@ -329,7 +365,7 @@ class FileApplier:
             self._receiving = None
         if self._broken is None:
             try:
-                self.commit()
+                self.commit(everything=True)
             except ReplicaDiskError:
                 pass  # logged, and what could not be made durable is discarded
         self.close_files()
@@ -352,12 +388,14 @@ class FileApplier:
                 self._before_discard()
             except Exception:  # noqa: BLE001 - the discard must happen all the same
                 log.exception("replication: before_discard failed")
-        changed = sorted(self._written.keys() | self._renamed)
+        changed = sorted(self._written.keys() | self._lagging.keys() | self._renamed)
         # Closed without an fsync: the error was reported once and a retry would claim success.
         for fd in self._fds.values():
             _close_quietly(fd)
         self._fds.clear()
         self._written.clear()
+        self._lagging.clear()
+        self._cut.clear()
         if self._receiving is not None:
             _close_quietly(self._receiving[1])
             self._receiving = None

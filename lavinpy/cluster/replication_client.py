@@ -221,6 +221,8 @@ class ReplicationClient:
             if operations:
                 apply_batch(applier, operations)
                 self.bytes_applied += sum(len(op.data) for op in operations)
+            elif applier.acks_due():  # an idle stream: its heartbeat brings the ack files' fsync
+                applier.commit()
             if epoch >= 0:  # after the batch's files are durable: this copy holds that position
                 replica_state.write(self.data_dir, replica_state.CONSISTENT, epoch)
             self.acked = end

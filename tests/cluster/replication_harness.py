@@ -131,6 +131,25 @@ def start_follower(data_dir: Path, port: int, node_id: str = "follower", secret:
         text=True)
 
 
+def pause(pid: int, timeout: float = 10) -> None:
+    """SIGSTOP, and wait until every thread of the process is stopped: the signal only asks, and on a
+    loaded machine a thread may still run (and acknowledge a batch) after kill() returned."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+            except (OSError, IndexError):
+                continue  # a thread that ended meanwhile
+        if all(state in ("T", "t") for state in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} not stopped after {timeout} s: {states}")
+        time.sleep(0.005)
+
+
 def stop_process(process: subprocess.Popen) -> str:
     if process.poll() is None:
         try:

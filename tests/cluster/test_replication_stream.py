@@ -17,7 +17,7 @@ from lavinpy import config as config_module
 from lavinpy.broker.broker import Broker
 from lavinpy.store.datadir import sha1_name
 
-from .replication_harness import Leader, replicated_hashes, start_follower, stop_process
+from .replication_harness import Leader, pause, replicated_hashes, start_follower, stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -163,7 +163,7 @@ def test_confirms_wait_for_the_follower_and_a_silent_follower_is_dropped(fsync: 
         channel.basic_publish("", "held", b"before", pika.BasicProperties(delivery_mode=2))
         assert time.monotonic() - started < 2, "a confirm with a live follower took too long"
 
-        os.kill(follower.pid, signal.SIGSTOP)  # the follower stops reading and acknowledging
+        pause(follower.pid)  # the follower stops reading and acknowledging
         started = time.monotonic()
         channel.basic_publish("", "held", b"held back", pika.BasicProperties(delivery_mode=2))
         confirmed = time.monotonic()
