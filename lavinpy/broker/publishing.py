@@ -162,7 +162,7 @@ class VHostPublishing:
             queue = self.queues.get(routing_key)
             if queue is None:
                 return 0, False
-            if queue.special or properties[0] & _EXPIRATION_FLAG_HIGH:
+            if queue.may_refuse or properties[0] & _EXPIRATION_FLAG_HIGH:
                 return self._publish_to(exchange.name, routing_key, properties, body, (queue,), stored=stored)
             queues: Iterable[QueueKind] = (queue,)
         else:
@@ -182,7 +182,7 @@ class VHostPublishing:
                 return self._publish_to(exchange.name, routing_key, properties, body, queues, stored=stored)
             deduplicating = False
             for queue in queues:
-                if queue.special:
+                if queue.may_refuse:
                     return self._publish_to(exchange.name, routing_key, properties, body, queues, headers,
                                             stored)
                 if queue.dedup is not None:  # (a message without headers has none to ask: the branch above)
@@ -208,7 +208,7 @@ class VHostPublishing:
         share, or a list with each message's own (see ``_varied_run``).
 
         Only the common case takes this path: no CC/BCC headers and no expiration, the default, a
-        direct, fanout or topic exchange, routable, and every target an open queue without features.
+        direct, fanout or topic exchange, routable, and every target an open queue that may refuse none.
         Otherwise it returns None having done nothing, and the caller publishes the messages one by one.
         """
         if isinstance(properties, list):
@@ -238,7 +238,7 @@ class VHostPublishing:
         """The queues a run reaches, when it can be taken whole: the default exchange's queue, or
         what a direct, fanout or topic exchange routes the key to (``own_bindings_only``: only an
         exchange that routes by its own bindings, for messages whose headers differ), every one
-        open and without features. None (unroutable included: returns are one by one) otherwise."""
+        open and none that may refuse one. None (unroutable included: returns are one by one) otherwise."""
         if exchange is self.default_exchange:
             queue = self.queues.get(routing_key)
             if queue is None:
@@ -251,7 +251,7 @@ class VHostPublishing:
         else:
             return None
         for queue in queues:
-            if queue.special:
+            if queue.may_refuse:
                 return None
         return queues
 
@@ -309,7 +309,7 @@ class VHostPublishing:
             reached += 1
             if expiring:
                 queue.enable_message_ttl()
-            if queue.special and queue.refuses(len(body)):  # only a queue with features refuses
+            if queue.may_refuse and queue.refuses(len(body)):
                 rejected = True
                 if queue.settings.overflow == "reject-publish-dlx":
                     message = StoredMessage(timestamp, exchange_name, routing_key, properties, body)

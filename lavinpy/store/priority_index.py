@@ -7,7 +7,8 @@ per-level lists do no reference counting (the outer index does it, once per mess
 a message is the broker's business: it hands the level in with ``push`` and, for recovered messages,
 gives ``priority_of`` (property block -> level) at construction. Within a level the order is the
 ``enq`` order, so FIFO within a priority holds across restarts; a compacted ``enq`` keeps each
-level's order (levels are written one after the other).
+level's order (levels are written one after the other). A run of one level (``push_many`` with
+its level, ``shift_many``, ``ack_many``) goes to that level whole, as a FIFO queue's run does.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ class _NoRefs:
 _NO_REFS = _NoRefs()
 
 
+class _Level(QueueIndex):
+    """The ready list of one level (transient): the outer index keeps the files and references, so a
+    run here is only counted."""
+
+    def record_push_many(self, positions: array, persistent: bool) -> None:
+        self._ready_count += len(positions)
+
+    def ack_many(self, positions: list[int]) -> None:
+        bad = self._unacked.remove_many(positions)
+        if bad is not None:
+            raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
+
+
 class PriorityIndex(QueueIndex):
     """A QueueIndex whose ready messages come out by priority (``push(pos, persistent, priority)``)."""
 
@@ -53,13 +67,15 @@ class PriorityIndex(QueueIndex):
         self.priority_of = priority_of
         self._levels: list[QueueIndex | None] = [None] * (max_priority + 1)  # created on first use
         self._top = -1  # no level above this one has ready messages
-        self._level_of: dict[int, int] = {}  # unacked position -> its level (unacked are few)
+        # The levels with unacked positions (usually one): an unacked position is asked of them, so
+        # nothing is kept per message and the runs shift_many took stay whole in their level too.
+        self._holders: dict[int, QueueIndex] = {}
         super().__init__(name, messages, directory, ack_file_max_bytes, close_fd=close_fd)
 
     def _level(self, level_no: int) -> QueueIndex:
         level = self._levels[level_no]
         if level is None:
-            level = QueueIndex(f"{self.name} [priority {level_no}]", _NO_REFS, None)  # type: ignore[arg-type]
+            level = _Level(f"{self.name} [priority {level_no}]", _NO_REFS, None)  # type: ignore[arg-type]
             level.open()
             self._levels[level_no] = level
         return level
@@ -108,6 +124,78 @@ class PriorityIndex(QueueIndex):
             self._top = level_no
         self.record_push(pos, persistent)
 
+    def push_many(self, positions: array, persistent: bool, priority: int | None = None) -> None:
+        """``push`` for a run: at the tail of level ``priority`` together; ``None`` asks
+        ``priority_of`` for each one."""
+        if priority is None:
+            for pos in positions:
+                self.push(pos, persistent)
+            return
+        level_no = self._clamp(priority)
+        self._level(level_no).push_many(positions, persistent)
+        if level_no > self._top:
+            self._top = level_no
+        self.record_push_many(positions, persistent)
+
+    def shift_many(self, count: int) -> list[int]:
+        """``shift`` up to ``count`` times: highest level first, each level's share taken as a run."""
+        taken: list[int] = []
+        while len(taken) < count:
+            top = self._top_level()
+            if top < 0:
+                break
+            level = self._levels[top]
+            got = level.shift_many(count - len(taken))  # type: ignore[union-attr]
+            if not got:
+                break
+            self._holders[top] = level  # type: ignore[assignment]
+            # one level (the usual case): the very list its level holds as a run; else a new list
+            # (a level's run is never changed)
+            taken = taken + got if taken else got
+        if taken:
+            self._ready_count -= len(taken)
+            self._unacked.add_run(taken)
+        return taken
+
+    def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
+        super().split_taken(taken, parts)
+        for level in self._holders.values():  # the level whose run it is (when one level gave them all)
+            level.split_taken(taken, parts)
+
+    def _holder_of(self, pos: int) -> int:
+        """The level that holds the unacked ``pos`` (KeyError if none does). With one level holding
+        unacked positions, that one, unasked: its own ack or requeue then raises the KeyError (asking
+        would spill its runs into a set)."""
+        holders = self._holders
+        if len(holders) == 1:
+            return next(iter(holders))
+        for level_no, level in holders.items():
+            if level.is_unacked(pos):
+                return level_no
+        raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
+
+    def _forget_holder(self, level_no: int) -> None:
+        if not self._holders[level_no].unacked_count:
+            del self._holders[level_no]
+
+    def ack_many(self, positions: list[int]) -> None:
+        """``ack`` for many unacked positions: each level's share at once, then the index's."""
+        if not positions:
+            return
+        holders = self._holders
+        if len(holders) == 1:  # one level holds every unacked position: nothing to sort out
+            (level_no, level), = holders.items()
+            level.ack_many(positions)  # (KeyError, nothing changed, if one is not unacked)
+            self._forget_holder(level_no)
+        else:
+            shares: dict[int, list[int]] = {}
+            for pos in positions:  # every level first asked, so that a bad position changes nothing
+                shares.setdefault(self._holder_of(pos), []).append(pos)
+            for level_no, share in shares.items():
+                holders[level_no].ack_many(share)
+                self._forget_holder(level_no)
+        super().ack_many(positions)  # (after the levels: compaction lists their unacked positions)
+
     def peek(self) -> int | None:
         top = self._top_level()
         return None if top < 0 else self._levels[top].peek()  # type: ignore[union-attr]
@@ -121,24 +209,26 @@ class PriorityIndex(QueueIndex):
         top = self._top_level()
         if top < 0:
             return None
-        pos = self._levels[top].shift()  # type: ignore[union-attr]
+        level = self._levels[top]
+        pos = level.shift()  # type: ignore[union-attr]
         assert pos is not None
         self.record_shift(pos)
-        self._level_of[pos] = top
+        self._holders[top] = level  # type: ignore[assignment]
         return pos
 
     def ack(self, pos: int) -> None:
-        if not self.is_unacked(pos):
-            raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
+        level_no = self._holder_of(pos)
         # Leave the level first: the base ack may compact, and compaction lists the levels' unacked.
-        self._levels[self._level_of.pop(pos)].ack(pos)  # type: ignore[union-attr]
+        self._holders[level_no].ack(pos)
+        self._forget_holder(level_no)
         super().ack(pos)
 
     def requeue(self, pos: int) -> None:
         """Back to the head of its own level, ahead of never-delivered messages of that level."""
+        level_no = self._holder_of(pos)
+        self._holders[level_no].requeue(pos)
+        self._forget_holder(level_no)
         self.record_requeue(pos)
-        level_no = self._level_of.pop(pos)
-        self._levels[level_no].requeue(pos)  # type: ignore[union-attr]
         if level_no > self._top:
             self._top = level_no
 
@@ -183,7 +273,7 @@ class PriorityIndex(QueueIndex):
             if level is not None:
                 level.delete()
         self._levels = [None] * (self.max_priority + 1)
-        self._level_of.clear()
+        self._holders.clear()
         self._top = -1
 
     def __repr__(self) -> str:

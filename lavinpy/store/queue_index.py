@@ -162,9 +162,13 @@ class QueueIndex:
         self._ready.push(pos)
         self.record_push(pos, persistent)
 
-    def push_many(self, positions: array, persistent: bool) -> None:
-        """``push`` for a run of positions (an ``array('Q')``) with the same persistence."""
+    def push_many(self, positions: array, persistent: bool, priority: int | None = None) -> None:
+        """``push`` for a run of positions (an ``array('Q')``) of one persistence (``priority``: see PriorityIndex)."""
         self._ready.extend(positions)
+        self.record_push_many(positions, persistent)
+
+    def record_push_many(self, positions: array, persistent: bool) -> None:
+        """``record_push`` for a run (not empty): one reference-count update per segment."""
         self._ready_count += len(positions)
         pending = self._enq_pending
         if pending is not None:
@@ -180,10 +184,10 @@ class QueueIndex:
 
     # ---- extension point ---------------------------------------------------------------------
     # An index kind with its own order of ready messages (store/priority_index.py,
-    # store/delayed_index.py) keeps its ready list itself and overrides load_ready, push, peek,
-    # shift, requeue, purge, ready_positions, live_positions and __iter__. It reports every move
-    # with the record_* methods below, which keep the counts, the unacked set, the files and the
-    # segment references: those stay this class's alone.
+    # store/delayed_index.py) keeps its ready list itself and overrides load_ready, push, peek, shift,
+    # requeue, purge, ready_positions, live_positions, __iter__ (to take runs: push_many, shift_many,
+    # ack_many, split_taken). It reports every move with the record_* methods below, which keep the
+    # counts, the unacked set, the files and the segment references: those stay this class's alone.
 
     def record_push(self, pos: int, persistent: bool) -> None:
         """A message became ready: count it, write its enq entry, take its segment reference."""
@@ -423,10 +427,7 @@ class QueueIndex:
 
     def _older_keys(self) -> list[int]:
         """Enq-order keys of the requeued and unacked messages, sorted."""
-        older = sorted(self._requeued)
-        older.extend(enq_order_key(p) for p in self._unacked)
-        older.sort()
-        return older
+        return sorted(chain(self._requeued, map(enq_order_key, self._unacked)))
 
     def _live_chunks(self) -> Iterator[array]:
         """The persistent live positions (what a compacted ``enq`` holds) a bounded chunk at a time: the
@@ -595,5 +596,5 @@ class QueueIndex:
         return sum(1 for file in (self._enq, self._ack) if file is not None and file.is_open)
 
     def __repr__(self) -> str:
-        kind = "durable" if self.durable else "transient"
-        return f"QueueIndex({self.name!r}, {kind}, ready={self._ready_count}, unacked={len(self._unacked)})"
+        return (f"QueueIndex({self.name!r}, {'durable' if self.durable else 'transient'}, "
+                f"ready={self._ready_count}, unacked={len(self._unacked)})")

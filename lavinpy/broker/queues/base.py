@@ -87,9 +87,11 @@ class QueueKind(ABC):
     consumers: Collection[QueueConsumer]
     kind: str  # RabbitMQ's queue "type" as the API reports it: "classic" (priorities included), "quorum", "stream"
     stats: MessageCounters
-    # True while publishing to this queue needs the slow path (limits may refuse, TTLs are tracked):
-    # the one flag the publish hot path reads.
+    # True while the queue's feature component handles its messages (TTL, limits, priorities...).
     special = False
+    # True while a message may be refused (length limits that reject): publishing asks the queue
+    # before it stores one; the one flag the publish hot path reads.
+    may_refuse = False
     dedup: DedupCache | None = None  # message deduplication (x-message-deduplication), classic and quorum
     corrupt_messages = 0  # damaged records found (and skipped) in this queue
 

@@ -3,8 +3,11 @@
 Every classic queue holds one ``QueueFeatures``. While the queue's settings (arguments or policy) use
 one of these features, or it received a message with an ``expiration``, the component's message paths
 (push, deliver, get, settle, requeue, refuses) are bound on the queue in place of its plain ones
-(``Queue.use_features``), and ``Queue.special`` tells the publish path to take its slow path. A plain
-queue's paths know nothing of features: it pays one flag check per published message, nothing more.
+(``Queue.use_features``), and ``Queue.may_refuse`` tells the publish path to ask the queue first
+(length limits). A plain queue's paths know nothing of features: it pays one flag check per published
+message, nothing more. While the features in use need no step per message (priorities, a delivery
+limit, retries: a quorum queue's defaults), runs of messages take the plain paths all the same
+(``takes_runs``): a published run enters one priority level at once, deliveries and acks go as runs.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class ClassicQueue(Protocol):
     settings: QueueSettings
     stats: MessageCounters
     special: bool
+    may_refuse: bool
     deleted: bool
     _recovered_left: int  # recovered messages still to deliver with redelivered=true
 
@@ -64,6 +68,10 @@ class ClassicQueue(Protocol):
 
     def route_requeues(self, requeue: Callable[[int], None]) -> None: ...
 
+    def push_runs(self, positions: array, persistent: bool, run: PublishRun, first: int, level: int | None) -> None: ...
+
+    def deliver_runs(self) -> bool: ...
+
 
 class QueueFeatures:
     """The feature state of one classic queue and the slow paths that use it."""
@@ -80,6 +88,9 @@ class QueueFeatures:
         self._message_ttl_seen = False
         self._counts_deliveries = False
         self._lazy_retry = False
+        # No feature in use needs a step per message on the way in or out (priorities, delivery
+        # limit and retries alone: a quorum queue's defaults): runs take the queue's plain paths.
+        self.takes_runs = False
         self.bound = False  # whether this component's message paths are the queue's (see _bind)
         # Requeued position -> times it was returned (x-delivery-limit queues only). The dict is the
         # store's, which keeps it on disk for durable queues; acked positions are popped here.
@@ -109,6 +120,9 @@ class QueueFeatures:
         self.track_bytes = track_bytes
         self.has_limits = settings.max_length is not None or track_bytes
         self.has_ttl = settings.message_ttl is not None or self._message_ttl_seen
+        self.takes_runs = not (self.has_ttl or self.has_limits or settings.single_active_consumer)
+        # publishing asks the queue before it stores a message only while it may refuse one
+        queue.may_refuse = self.has_limits and settings.overflow != "drop-head"
         self.retry = settings.retry
         self._counts_deliveries = settings.delivery_limit is not None or settings.retry is not None
         if not self._counts_deliveries:
@@ -141,6 +155,7 @@ class QueueFeatures:
             self._message_ttl_seen = True
             self._lazy_retry = False
             self.has_ttl = True
+            self.takes_runs = False
             self.bound = True
             self.queue.use_features(self)
 
@@ -184,10 +199,27 @@ class QueueFeatures:
         self.push_ready(pos, persistent, message)
 
     def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
-        """``Queue.push_many`` while a feature is used: one by one."""
+        """``Queue.push_many`` while a feature is used: as a run when every message has the same level
+        (or there are no priorities) and no feature looks at each message, else one by one."""
+        if self.takes_runs:
+            if self.priority_index is None:
+                self.queue.push_runs(positions, persistent, run, first, None)
+                return
+            level = self._run_level(run, first, len(positions))
+            if level is not None:
+                self.queue.push_runs(positions, persistent, run, first, level)
+                return
         push = self.push
         for i, pos in enumerate(positions):
             push(pos, persistent, run.message(first + i))
+
+    def _run_level(self, run: PublishRun, first: int, count: int) -> int | None:
+        """The priority level of every message of the run's slice, or None when they differ."""
+        properties, top, default = run.properties, self.max_priority, self.default_priority
+        if not isinstance(properties, list):
+            return message_priority(properties, top, default)
+        levels = {message_priority(block, top, default) for block in properties[first:first + count]}
+        return levels.pop() if len(levels) == 1 else None
 
     def refuses(self, size: int) -> bool:
         settings = self.queue.settings
@@ -240,8 +272,12 @@ class QueueFeatures:
 
     # --- delivering ---------------------------------------------------------------------------
     def deliver(self) -> bool:
-        """``Queue.deliver`` while a feature is used: one message at a time, expired heads skipped."""
+        """``Queue.deliver`` while a feature is used: one message at a time, expired heads skipped;
+        as runs (the plain path, through the index's order) while nothing needs a step per message:
+        no held message, no delivery count to put in a header."""
         queue = self.queue
+        if self.takes_runs and not (self.delivery_counts or self.held_due or self.held_ready):
+            return queue.deliver_runs()
         budget = DELIVERY_BATCH
         index = queue.index
         consumers = queue.consumers
@@ -321,6 +357,11 @@ class QueueFeatures:
             self._bind(False)  # no returned message left: back to the plain paths
 
     def remove_many(self, positions: list[int]) -> None:
+        if not (self.delivery_counts or self.held_due):  # nothing to forget: ``remove`` at once
+            self.queue.index.ack_many(positions)
+            if self._lazy_retry:
+                self._bind(False)
+            return
         remove = self.remove
         for pos in positions:
             remove(pos)

@@ -186,25 +186,31 @@ class Queue(QueueKind):
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
-    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int) -> None:
-        """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at once."""
+    def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int,
+                  level: int | None = None) -> None:
+        """``push`` for a run: waiting consumers take messages in hand, the rest enter the index at
+        once (``level``: the priority of every one of them, for a priority index)."""
         index = self.index
         consumers = self.consumers
         handed = 0
         if consumers and not index.ready_count:
             count = len(positions)
             if len(consumers) == 1:  # no round robin to keep: as many as its windows allow, as one run
-                handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first)
+                handed = self._hand_run(next(iter(consumers)), positions, persistent, run, first, level)
             elif not self.vhost.channel_wide_prefetches:
-                handed = self._hand_rounds(positions, persistent, run, first)
+                handed = self._hand_rounds(positions, persistent, run, first, level)
             else:  # a pick must see the deliveries before it on its channel: one at a time
                 handed = self._hand_each(positions, persistent, run, first)
             if handed == count:
                 return
             positions = positions[handed:]
-        index.push_many(positions, persistent)
+        index.push_many(positions, persistent, level)
         if consumers:
             self.vhost.schedule_delivery(self)
+
+    def push_runs(self, positions: array, persistent: bool, run: PublishRun, first: int, level: int | None) -> None:
+        """The plain ``push_many``, for the feature component while no feature needs a step per message."""
+        Queue.push_many(self, positions, persistent, run, first, level)
 
     def _hand_each(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
         """The head of a published run straight to consumers with capacity (nothing is ready), one
@@ -234,7 +240,8 @@ class Queue(QueueKind):
         consumer.channel.deliver(consumer, pos, message, False)
         consumer.unacked += 1
 
-    def _hand_rounds(self, positions: array, persistent: bool, run: PublishRun, first: int) -> int:
+    def _hand_rounds(self, positions: array, persistent: bool, run: PublishRun, first: int,
+                     level: int | None = None) -> int:
         """``_hand_each`` as runs: the round robin picks each message's consumer as there, then the
         picked head of the run enters the index and leaves it in one call each, and every consumer's
         share goes to its channel as delivery runs (one booking and one frame build per run, not per
@@ -247,19 +254,19 @@ class Queue(QueueKind):
         self._recovered_left = 0
         index = self.index
         if not no_ack:
-            index.push_many(positions[:handed] if handed < len(positions) else positions, persistent)
+            index.push_many(positions[:handed] if handed < len(positions) else positions, persistent, level)
             taken = index.shift_many(handed)  # the same positions: nothing else was ready
         else:
             taken = positions[:handed].tolist()
             if no_ack < handed:  # the no-ack ones are delivered and settled at once: never indexed
                 kept = array("Q", [pos for pos, consumer in zip(taken, picks, strict=True) if not consumer.no_ack])
-                index.push_many(kept, persistent)
+                index.push_many(kept, persistent, level)
                 index.shift_many(len(kept))
         deliver_picks(picks, taken, run.messages(first, handed), None)
         return handed
 
     def _hand_run(self, consumer: QueueConsumer, positions: array, persistent: bool, run: PublishRun,
-                  first: int) -> int:
+                  first: int, level: int | None = None) -> int:
         """The head of a published run straight to the queue's one consumer (nothing is ready), as
         many as both prefetch windows allow; returns how many it took."""
         channel = consumer.channel
@@ -276,7 +283,7 @@ class Queue(QueueKind):
             channel.deliver_run(consumer, list(positions[:count]), messages, None)
             return count
         index = self.index
-        index.push_many(positions[:count], persistent)
+        index.push_many(positions[:count], persistent, level)
         channel.deliver_run(consumer, index.shift_many(count), messages, None)
         consumer.unacked += count
         return count
@@ -346,6 +353,10 @@ class Queue(QueueKind):
                 index.ack(pos)
             budget -= 1
         return budget == 0
+
+    def deliver_runs(self) -> bool:
+        """The plain ``deliver``, for the feature component while no feature needs a step per message."""
+        return Queue.deliver(self)
 
     def _deliver_to(self, consumer: QueueConsumer, budget: int) -> bool:
         """``deliver`` with one consumer and no features, a run at a time: as many positions as the
