@@ -28,6 +28,7 @@ from lavinpy.store.record import (
     StoredMessage,
     crc32,
     encode_names,
+    file_write_run,
     py_write_encoded,
     read_in_place,
     read_record,
@@ -58,7 +59,7 @@ _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 # with one system call first, written through record.py (whose CRC is the compiled carry-less one
 # where the CPU has it, else zlib's), the body a slice of the mapping when read back.
 LARGE_BODY = 256 * 1024
-LARGE_RUN = 64 * 1024  # a run whose first body is this large gets its pages faulted in first
+LARGE_RUN = 64 * 1024  # a run whose first body is this large is written with pwritev (record.file_write_run)
 # madvise(MADV_POPULATE_WRITE), Linux 5.14: maps a range's pages writable in one call instead of a
 # page fault per 4 KiB page during the copy. Older kernels refuse it (EINVAL): the copy faults as before.
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -214,12 +215,14 @@ class MessageStore:
         if first_end > self._cur_size:
             self._roll(first_end - offset)
             offset = self._wpos
-        if len(bodies[start]) >= LARGE_RUN:
-            fixed = _OVERHEAD + len(names) + (0 if varied is not None else props_size)
-            extra = sum(map(len, varied[start:])) if varied is not None else 0
-            self._populate(offset, offset + extra + sum(fixed + len(body) for body in bodies[start:]))
-        done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id, names,
-                                                         properties, bodies, start, timestamp_ms)
+        if len(bodies[start]) >= LARGE_RUN:  # into the file: no page of these bodies faulted into the mapping
+            assert self._cur is not None
+            done, end, packed, smallest, largest = file_write_run(
+                self._cur.fileno(), offset, self._cur_size, self._cur_id, names, properties, bodies, start,
+                timestamp_ms)
+        else:
+            done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id,
+                                                             names, properties, bodies, start, timestamp_ms)
         self._wpos = end
         if end - self._kept_from > 2 * _KEEP_MAPPED and _DONTNEED is not None:
             self._release_written(end)

@@ -19,6 +19,7 @@ See docs/storage.md.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zlib
 from array import array
@@ -135,6 +136,49 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
             smallest = size
         i += 1
     return i, offset, positions.tobytes(), max(smallest, 0), largest
+
+
+def file_write_run(fd: int, offset: int, limit: int, segment_id: int, names: bytes,
+                   properties: bytes | list[bytes], bodies: list[bytes], start: int,
+                   timestamp: int) -> tuple[int, int, bytes, int, int]:
+    """``write_run`` into the file behind ``fd`` with ``pwritev``, for runs of large bodies: the
+    kernel copies each body into the page cache once, and none of their pages is zero-filled into
+    the segment's mapping, mapped and dropped again (the mapping sees the same page cache). Same
+    records and results as ``write_run``; as there, each payload is written before its header."""
+    positions = array("Q")
+    varied = properties if isinstance(properties, list) else None
+    if varied is not None and len(varied) != len(bodies):
+        raise ValueError("write_run: one properties block per body")
+    stamp = _pack_i64(timestamp) + names
+    fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names)
+    smallest, largest = -1, 0
+    i = start
+    while i < len(bodies):
+        body = bodies[i]
+        size = len(body)
+        block = properties if varied is None else varied[i]
+        if offset + fixed + len(block) + size > limit:
+            break
+        head = stamp + block + _pack_u64(size)  # type: ignore[operator]
+        _pwrite_all(fd, [head, body], offset + HEADER_SIZE)
+        _pwrite_all(fd, [HEADER.pack(len(head) + size, _crc32(body, _crc32(head)))], offset)
+        positions.append(segment_id | (offset << OFFSET_SHIFT))
+        offset += HEADER_SIZE + len(head) + size
+        if size > largest:
+            largest = size
+        if size < smallest or smallest < 0:
+            smallest = size
+        i += 1
+    return i, offset, positions.tobytes(), max(smallest, 0), largest
+
+
+def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
+    done = os.pwritev(fd, pieces, offset)
+    total = sum(map(len, pieces))
+    if done < total:  # a short write (rare for a regular file): the rest
+        rest = b"".join(pieces)
+        while done < total:
+            done += os.pwrite(fd, memoryview(rest)[done:], offset + done)
 
 
 def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes | list[bytes],

@@ -191,14 +191,28 @@ class FrameReader:
         before it in this call, so the caller may still act on them before closing.
         """
         pending = self._pending
+        events: list[FrameEvent] = []
+        pos = 0
         if pending:
             if len(pending) + len(data) < self._need and not self.expect_protocol_header:
                 pending += data
                 return []
-            # Parse from immutable bytes: slices of them are the bytes the events hand out. One
-            # join copies both parts once (``bytes(pending) + data`` copied the pending part twice).
-            src = b"".join((pending, data))
-            pending.clear()
+            if pending[0] == FRAME_BODY and len(pending) >= 7 and type(data) is bytes and self._need > len(pending):
+                # The rest of a body frame (large bodies end most reads mid-frame): only that frame is
+                # joined, and the input after it is parsed where it is, not copied behind the frame.
+                pos = self._need - len(pending)
+                frame = b"".join((pending, memoryview(data)[:pos]))
+                pending.clear()
+                self._parse_from(frame, 0, events)
+                if pending:  # (not one whole frame after all: the input waits behind it, as it came)
+                    pending += memoryview(data)[pos:]
+                    return events
+                src = data
+            else:
+                # Parse from immutable bytes: slices of them are the bytes the events hand out. One
+                # join copies both parts once (``bytes(pending) + data`` copied the pending part twice).
+                src = b"".join((pending, data))
+                pending.clear()
         elif type(data) is bytes:
             src = data
         else:
@@ -207,23 +221,27 @@ class FrameReader:
             src = self._read_protocol_header(src)
             if not src:
                 return []
-        events: list[FrameEvent] = []
+        self._parse_from(src, pos, events)
+        return events
+
+    def _parse_from(self, src: bytes, pos: int, events: list[FrameEvent]) -> None:
+        """Append the complete frames of ``src`` from ``pos`` to ``events``; keep the rest pending."""
+        pending = self._pending
         try:
             if self._compiled:
-                pos, stop = cwire.scan(src, 0, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
+                pos, stop = cwire.scan(src, pos, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
                                        _publish_cache, _decode_publish, _valid_props)
                 if pos == len(src):  # the common case: every frame was complete and handled in C
                     self._need = 7
                 else:
                     pos = self._parse_compiled(src, events, pos, stop)
             else:
-                pos = self._parse(src, events)
+                pos = self._parse(src, events, pos)
         except AMQPConnectionError as err:
             err.frames = events
             raise
         if pos < len(src):
             pending += memoryview(src)[pos:]
-        return events
 
     def _read_protocol_header(self, src: bytes) -> bytes:
         """Check the protocol header; return what follows it (empty while it is incomplete)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lavinpy.store.message_store import LARGE_BODY, LARGE_RUN, MessageStore
-from lavinpy.store.record import CorruptRecord
+from lavinpy.store.record import CorruptRecord, encode_names, file_write_run, write_run
 from lavinpy.store.segment import segment_name
 from lavinpy.wire.position import pos_offset, pos_segment
 
@@ -95,3 +95,22 @@ def test_body_larger_than_a_segment_outlives_its_deleted_segment(tmp_path: Path)
     assert held == body  # the slice keeps its mapping
     store.close()  # closing with a slice alive is not an error either
     assert held == body
+
+
+@pytest.mark.parametrize("varied", [False, True], ids=["one-properties", "properties-each"])
+def test_run_written_into_the_file_is_the_run_written_into_a_mapping(tmp_path: Path, varied: bool) -> None:
+    names = encode_names(b"ex", b"key")
+    bodies = [bytes([i]) * (LARGE_RUN + i) for i in range(5)] + [b"small"]
+    properties: bytes | list[bytes] = [PROPS + bytes([i]) for i in range(6)] if varied else PROPS
+    limit = 64 + 3 * (LARGE_RUN + 64)  # room for three of the large bodies
+    mapped = bytearray(limit)
+    expected = write_run(mapped, 16, limit, 3, names, properties, bodies, 1, 42)
+    path = tmp_path / "segment"
+    path.write_bytes(bytes(limit))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert file_write_run(fd, 16, limit, 3, names, properties, bodies, 1, 42) == expected
+    finally:
+        os.close(fd)
+    assert expected[0] == 4  # bodies 1 to 3 written
+    assert path.read_bytes() == mapped
