@@ -40,9 +40,13 @@ class UnackedPositions:
         if run is None or run[0] is not taken or run[1] or len(parts) < 2:
             return
         del self._runs[taken[0]]
+        runs = self._runs
         for part in parts:
-            if part:
-                self._runs[part[0]] = [part, 0]
+            if len(part) > 1:
+                runs[part[0]] = [part, 0]
+            elif part:  # one position (a round of one message per consumer): the set holds it as cheaply
+                self._loose.add(part[0])
+                self._in_runs -= 1
 
     def remove(self, pos: int) -> bool:
         """Settle ``pos``; False (nothing changed) when it is not unacked."""
@@ -66,16 +70,22 @@ class UnackedPositions:
     def remove_many(self, positions: list[int]) -> int | None:
         """Settle every one of ``positions``: None, or (nothing changed) the index of the first that
         is not unacked."""
+        loose = self._loose
+        if loose and loose.issuperset(positions):
+            loose.difference_update(positions)
+            return None
         runs = self._runs
         if runs and positions:
             heads = self._run_heads(positions)
-            if heads is not None:  # head slices of runs, one after the other: acks in delivery order
+            if heads is not None:  # head slices of runs (and loose ones), in order: acks in delivery order
                 for head, run, count in heads:
+                    if run is None:
+                        loose.remove(head)
+                        continue
                     del runs[head]
                     self._advance(run, count)
                 return None
             self._spill()
-        loose = self._loose
         if not loose.issuperset(positions):
             if runs:
                 self._spill()
@@ -85,18 +95,27 @@ class UnackedPositions:
         loose.difference_update(positions)
         return None
 
-    def _run_heads(self, positions: list[int]) -> list[tuple[int, list, int]] | None:
+    def _run_heads(self, positions: list[int]) -> list[tuple[int, list | None, int]] | None:
         """(next position, run, count) of each run whose head slice ``positions`` is made of, in
-        order (a multiple ack of many delivery runs); None when any part is not such a slice."""
+        order (a multiple ack of many delivery runs), with (position, None, 1) for one in the set;
+        None when any part is neither."""
         runs = self._runs
-        heads: list[tuple[int, list, int]] = []
+        loose = self._loose
+        heads: list[tuple[int, list | None, int]] = []
         seen: set[int] = set()
         at, n = 0, len(positions)
         while at < n:
             head = positions[at]
-            run = runs.get(head)
-            if run is None or head in seen:
+            if head in seen:
                 return None
+            run = runs.get(head)
+            if run is None:
+                if head not in loose:
+                    return None
+                seen.add(head)
+                heads.append((head, None, 1))
+                at += 1
+                continue
             taken, offset = run
             count = min(len(taken) - offset, n - at)
             if taken[offset:offset + count] != positions[at:at + count]:

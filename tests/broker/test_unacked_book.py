@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import pytest
 
-from lavinpy.broker.ops.deliveries import Unacked, UnackedBook
+from lavinpy.broker.ops.deliveries import OWNED_RUN_MAX, Unacked, UnackedBook
 
 
 def flatten(taken: list) -> list[tuple[int, Unacked]]:
@@ -88,3 +88,20 @@ def test_acks_in_order_take_whole_slices_of_the_runs() -> None:
     assert book.take_consecutive(1, 4) == [("q", "c", [10, 11, 12]), ("q", "c", [13])]
     assert list(book) == [5] and len(book) == 1
     assert book.take_consecutive(5, 2) is None and list(book) == [5]  # tag 6 was never delivered
+
+
+def test_single_deliveries_share_a_run_that_stays_bounded() -> None:
+    """One-message runs (a round of one delivery per consumer) join the channel's last run, one piece
+    per in-order ack batch; a consumer that always has some unacked does not grow that run for good."""
+    book = UnackedBook()
+    for tag in range(1, 4):
+        book.add_run(tag, "q", "c", [100 + tag])  # type: ignore[arg-type]
+    assert book.take_consecutive(1, 3) == [("q", "c", [101, 102, 103])]
+    acked = 3
+    for tag in range(4, 5000):
+        book.add_run(tag, "q", "c", [100 + tag])  # type: ignore[arg-type]
+        if tag % 10 == 0:  # acks in order, a few always left unacked
+            assert book.take_consecutive(acked + 1, tag - 3 - acked) is not None
+            acked = tag - 3
+    assert list(book) == list(range(acked + 1, 5000))
+    assert max(len(run.positions) for run in book._runs) <= OWNED_RUN_MAX

@@ -88,3 +88,22 @@ def test_a_run_already_partly_settled_is_not_split() -> None:
     assert unacked.remove_many([10]) is None
     unacked.split_run(taken, [taken[1::2], taken[0::2]])  # would hold 10 again: ignored
     assert sorted(unacked.positions()) == taken[1:]
+
+
+def test_one_position_parts_and_runs_settle_together_in_delivery_order() -> None:
+    """A round of one message per consumer: each consumer's part is one position (held in the set);
+    an ack batch of one consumer spans such positions and the head of a longer part."""
+    unacked = UnackedPositions()
+    first = list(range(10, 14))
+    unacked.add_run(first)
+    unacked.split_run(first, [[10], [11], [12, 13]])
+    second = list(range(20, 23))
+    unacked.add_run(second)
+    unacked.split_run(second, [[20], [21, 22]])
+    assert len(unacked) == 7
+    assert unacked.remove_many([10, 20]) is None  # two singles
+    assert unacked.remove_many([11, 21, 99]) == 2  # nothing changed
+    assert unacked.remove_many([11, 21]) is None  # a single and a run's head slice
+    assert len(unacked) == 3
+    assert unacked.remove_many([12, 13, 22]) is None
+    assert len(unacked) == 0 and not list(unacked.positions())

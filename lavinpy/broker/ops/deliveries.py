@@ -55,6 +55,9 @@ class _Run:
 
 
 _first_tag = attrgetter("first")
+# Deliveries one at a time join the channel's last run up to this many: a run's list is freed only once
+# all of it is settled, and a consumer that always has some unacked would otherwise grow it for good.
+OWNED_RUN_MAX = 1024
 # A piece of settled deliveries: their queue, their consumer and their positions, in delivery order.
 Piece = tuple["QueueKind", "Consumer | None", list[int]]
 
@@ -79,7 +82,7 @@ class UnackedBook(Mapping[int, Unacked]):
         if len(runs) > self._head:
             last = runs[-1]
             if (last.owned and last.queue is queue and last.consumer is consumer and last.settled is None
-                    and last.first + len(last.positions) == tag):
+                    and last.first + len(last.positions) == tag and len(last.positions) < OWNED_RUN_MAX):
                 last.positions.append(pos)
                 last.live += 1
                 self._count += 1
@@ -89,6 +92,9 @@ class UnackedBook(Mapping[int, Unacked]):
 
     def add_run(self, first: int, queue: QueueKind, consumer: Consumer | None, positions: list[int]) -> None:
         """A run of deliveries, tags from ``first``; ``positions`` is kept as it is (not changed later)."""
+        if len(positions) == 1:  # (a round of one delivery per consumer): joins the channel's last run
+            self.add(first, queue, positions[0], consumer)
+            return
         self._runs.append(_Run(first, queue, consumer, positions, False))
         self._count += len(positions)
 
