@@ -45,6 +45,7 @@ from .channel_methods import (
 )
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, in_place, release_bodies
+from .delivery_round import deliver_round
 from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
@@ -97,8 +98,7 @@ class Channel:
 
     # --- read by the connection, monitoring and the consumer timeout ---------------------------
     @property
-    def publish_seq(self) -> int:
-        """Publishes received in confirm mode."""
+    def publish_seq(self) -> int:  # publishes received in confirm mode
         return self.confirms.seq if self.confirms is not None else 0
 
     # --- output (in the order of the methods that caused it: behind a reply that waits) ---------
@@ -344,10 +344,10 @@ class Channel:
         """How many more deliveries the channel-wide prefetch (basic.qos global) allows now."""
         return self.deliveries.room()
 
+    deliver_round = staticmethod(deliver_round)  # one message to each of many consumers: one call
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
-        """``deliver`` for several messages of the consumer's queue: booked once per run, the frames
-        in one list. ``redelivered`` None means none is a redelivery."""
+        """``deliver`` for messages of the consumer's queue: booked once, the frames in one list."""
         first = self.deliveries.deliver_run(consumer, positions, redelivered)
         conn = self.conn
         conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))

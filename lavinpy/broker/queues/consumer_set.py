@@ -366,15 +366,43 @@ def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: li
     order picked (the tags and frames one delivery at a time would give it), one run per stretch of one
     consumer, so a consumer's share of a round costs one booking and one frame build. Returns the
     positions delivered to no-ack consumers, a list per run."""
+    if not picks:
+        return []
+    consumers = list(dict.fromkeys(picks))
+    width = len(consumers)
+    if width == len(picks) or (picks[:width] == consumers and picks[width:] == picks[:-width]
+                               and len({consumer.channel for consumer in consumers}) == width):
+        # Whole rounds (and a part of one) of the same consumers (``_sweeps``' common case): message
+        # ``i`` goes to ``consumers[i % width]``; with one message each, or each on a channel of its
+        # own, every consumer's share is one run and each channel's tags follow the picks.
+        deliver_round = getattr(consumers[0].channel, "deliver_round", None)
+        if deliver_round is not None:  # the channel kind books and frames the round in one call
+            return deliver_round(consumers, positions, messages, redelivered)
+        return deliver_round_runs(consumers, positions, messages, redelivered)
+    return _deliver_stretches(picks, positions, messages, redelivered)
+
+
+def deliver_round_runs(consumers: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
+                       redelivered: list[bool] | None) -> list[list[int]]:
+    """Message ``i`` to ``consumers[i % len(consumers)]``, each consumer's share as one run through its
+    channel's ``deliver_run``, in the order of ``consumers`` (distinct, on distinct channels when one
+    gets more than one message). Returns the positions delivered to no-ack consumers, a list per run."""
     no_ack_runs: list[list[int]] = []
-    if len(set(picks)) == len(picks):  # one message per consumer (a round of many): each its own run
-        for i, consumer in enumerate(picks):
-            run_positions = [positions[i]]
-            consumer.channel.deliver_run(consumer, run_positions, [messages[i]],
-                                         None if redelivered is None else [redelivered[i]])
-            if consumer.no_ack:
-                no_ack_runs.append(run_positions)
-        return no_ack_runs
+    width = len(consumers)
+    for j, consumer in enumerate(consumers):
+        run_positions = positions[j::width]
+        consumer.channel.deliver_run(consumer, run_positions, messages[j::width],
+                                     None if redelivered is None else redelivered[j::width])
+        if consumer.no_ack:
+            no_ack_runs.append(run_positions)
+    return no_ack_runs
+
+
+def _deliver_stretches(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
+                       redelivered: list[bool] | None) -> list[list[int]]:
+    """``deliver_picks`` of any picks: grouped per channel in the order picked, a run per stretch of one
+    consumer."""
+    no_ack_runs: list[list[int]] = []
     stretches_of: dict[DeliveryChannel, list[tuple[QueueConsumer, list[int]]]] = {}
     for i, consumer in enumerate(picks):
         channel = consumer.channel

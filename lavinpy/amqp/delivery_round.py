@@ -1,0 +1,89 @@
+"""A round of deliveries from one queue to many consumers, booked and framed in one call per round
+(``consumer_set.deliver_picks`` finds it as the channel's ``deliver_round``).
+
+At 1,000 consumers on one queue a published run reaches every consumer with room once per round, one
+to a few messages each; one ``Channel.deliver_run`` per consumer cost five Python calls per consumer
+(the run, its booking, the book's run, the frames, the output) and grouping the picks per channel a
+loop step per message. Here each AMQP channel's share is booked and framed inline, with the tags,
+books, counters and frames ``Channel.deliver_run`` gives the same run; a consumer on another kind of
+channel, or a no-ack one, goes through its channel's ``deliver_run``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..wire import writer
+
+if TYPE_CHECKING:
+    from ..broker.ops.deliveries import StoredMessage
+
+
+def deliver_round(consumers: list[Any], positions: list[int], messages: list[StoredMessage],
+                  redelivered: list[bool] | None) -> list[list[int]]:
+    """Message ``i`` (at ``positions[i]``) to ``consumers[i % len(consumers)]`` (distinct consumers of
+    one queue, on distinct channels when one gets more than one message), each consumer's share as one
+    run in the order of ``consumers``: as ``deliver_round_runs`` through ``Channel.deliver_run``.
+    Returns the positions delivered to no-ack consumers, a list per run."""
+    no_ack_runs: list[list[int]] = []
+    queue = consumers[0].queue
+    kind = type(consumers[0].channel)  # the channel class that names this function: its books and output
+    width = len(consumers)
+    single = width == len(positions)  # one message each: no slices
+    deliver_one = writer.deliver
+    deliver_run = writer.deliver_run
+    counters = None
+    counted = 0  # deliveries booked here, counted in ``counters`` and the queue's stats when it changes
+    redeliveries = 0
+    for j, consumer in enumerate(consumers):
+        channel = consumer.channel
+        if single:
+            run_positions = [positions[j]]
+            flags = None if redelivered is None else [redelivered[j]]
+        else:
+            run_positions = positions[j::width]
+            flags = None if redelivered is None else redelivered[j::width]
+        if type(channel) is not kind or consumer.no_ack:
+            channel.deliver_run(consumer, run_positions, [messages[j]] if single else messages[j::width], flags)
+            if consumer.no_ack:
+                no_ack_runs.append(run_positions)
+            continue
+        deliveries = channel.deliveries
+        if deliveries.counters is not counters:
+            if counters is not None:
+                _count(queue, counters, counted, redeliveries)
+                counted = redeliveries = 0
+            counters = deliveries.counters
+        first = deliveries.tag + 1
+        conn = channel.conn
+        if single:
+            deliveries.tag = first
+            deliveries.unacked.add_run(first, queue, consumer, run_positions)
+            counted += 1
+            again = flags is not None and flags[0]
+            redeliveries += again
+            msg = messages[j]
+            conn.send_many(deliver_one(channel.id, consumer.tag, first, again, msg.exchange, msg.routing_key,
+                                       msg.properties, msg.body, conn.frame_max))
+        else:
+            count = len(run_positions)
+            deliveries.tag += count
+            deliveries.unacked.add_run(first, queue, consumer, run_positions)
+            counted += count
+            if flags is not None:
+                redeliveries += sum(flags)
+            conn.send_many(deliver_run(channel.id, consumer.tag, first, flags, messages[j::width], conn.frame_max))
+    if counters is not None:
+        _count(queue, counters, counted, redeliveries)
+    return no_ack_runs
+
+
+def _count(queue: Any, counters: Any, delivered: int, redelivered: int) -> None:
+    """Deliveries (with acks) counted on the queue and in the protocol's counters, as ``Deliveries``
+    counts each."""
+    stats = queue.stats
+    stats.deliver += delivered
+    counters.deliver += delivered
+    if redelivered:
+        stats.redeliver += redelivered
+        counters.redeliver += redelivered
