@@ -88,6 +88,11 @@ def _duplicate(queue: QueueKind, headers: dict, now_ms: int) -> bool:
     return False
 
 
+def _durable_cache(queues: Iterable[QueueKind]) -> bool:
+    """Whether one of these queues keeps its deduplication cache on disk."""
+    return any(queue.dedup is not None and queue.dedup.durable for queue in queues)
+
+
 def _without_duplicates(exchange: Exchange, queue: QueueKind | None, properties: list[bytes],
                         now_ms: int) -> list[int] | None:
     """The indexes of a run's messages that are not duplicates at the exchange or then at ``queue``
@@ -169,7 +174,8 @@ class VHostPublishing:
             headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
             if exchange.dedup is not None and exchange.dedup.seen(headers, time_ns() // 1_000_000):
                 exchange.stats.duplicates += 1
-                return 1, False  # a duplicate: routed nowhere, and confirmed as accepted
+                # a duplicate: routed nowhere, and confirmed as accepted once its original is durable
+                return 1, exchange.dedup.durable
             if exchange.holds_messages and exchange.hold(routing_key, properties, body, headers):
                 return 1, exchange.durable  # held until due; counted as routed
             routed_properties = properties
@@ -190,8 +196,8 @@ class VHostPublishing:
             if deduplicating and headers:
                 now = time_ns() // 1_000_000
                 kept = [queue for queue in queues if queue.dedup is None or not _duplicate(queue, headers, now)]
-                if not kept:
-                    return len(queues), False  # type: ignore[arg-type]  # (routed: a set) a duplicate everywhere: confirmed
+                if not kept:  # a duplicate everywhere: confirmed once its original is durable
+                    return len(queues), _durable_cache(queues)  # type: ignore[arg-type]  # (routed: a set)
                 queues = kept
         reached, needs_sync = append_and_push(self.store, exchange.name, routing_key, properties, body,
                                               time_ns() // 1_000_000, queues, stored)
@@ -286,15 +292,18 @@ class VHostPublishing:
                         return None
                     deduplicating = True
         timestamp = time_ns() // 1_000_000
+        duplicates_wait = False
         if deduplicating:
             kept = _without_duplicates(exchange, queues[0] if len(queues) == 1 else None, properties, timestamp)
             if kept is not None:
+                # the duplicates are stored nowhere; confirmed once their originals are durable
+                duplicates_wait = exchange.dedup is not None and exchange.dedup.durable or _durable_cache(queues)
                 if not kept:
-                    return len(queues), False  # duplicates all: confirmed, stored nowhere
+                    return len(queues), duplicates_wait
                 properties = [properties[i] for i in kept]
                 bodies = [bodies[i] for i in kept]
         run = PublishRun(exchange.name, routing_key, properties, bodies, timestamp)
-        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters)
+        return len(queues), append_and_push_many(self.store, run, queues, self.node_counters) or duplicates_wait
 
     def _publish_to(self, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
                     queues: Iterable[QueueKind], headers: Any = False, stored: int = -1) -> tuple[int, Any]:
@@ -302,6 +311,7 @@ class VHostPublishing:
         timestamp = time_ns() // 1_000_000
         expiring = bool(properties[0] & _EXPIRATION_FLAG_HIGH)
         rejected = False
+        duplicate = False
         reached = 0
         targets = []
         # ``headers`` False: not read yet (read once, when a queue deduplicates)
@@ -319,12 +329,14 @@ class VHostPublishing:
                 if headers is False:
                     headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
                 if headers and _duplicate(queue, headers, timestamp):
-                    continue  # not stored here (its publisher is confirmed all the same)
+                    # not stored here; its publisher is confirmed all the same, once the original is durable
+                    duplicate = duplicate or queue.dedup.durable
+                    continue
             targets.append(queue)
-        needs_sync = False
+        needs_sync = duplicate
         if targets:
             needs_sync = append_and_push(self.store, exchange_name, routing_key, properties, body, timestamp,
-                                         targets, stored)[1]
+                                         targets, stored)[1] or needs_sync
         return reached, REJECTED if rejected else needs_sync
 
     def reserve(self, exchange: Exchange, routing_key: str, properties: bytes, body_size: int) -> ReservedRecord:

@@ -29,10 +29,15 @@ class AppendFile:
     """One file; use from the store's event loop thread. ``close_fd`` closes a descriptor, or later if
     a flush's worker thread may be syncing it (the store's rule for its index files)."""
 
-    def __init__(self, path: Path, close_fd: Callable[[int], None], waits: Callable[[], bool]) -> None:
+    def __init__(self, path: Path, close_fd: Callable[[int], None], waits: Callable[[], bool],
+                 write_first: Callable[[], None] | None = None) -> None:
         self.path = Path(path)
         self._close_fd = close_fd
         self._waits = waits
+        # What must reach the OS before records written outside a group commit (the store's buffered
+        # index entries: a deduplication record handed over before its message's entry would, after a
+        # kill -9, turn the publisher's retry of a lost message into a "duplicate").
+        self._write_first = write_first
         self._fd = -1
         self._unsynced = False
         self._pending: list[bytes] = []  # append_soon's records, written at the end of the loop turn
@@ -78,16 +83,25 @@ class AppendFile:
         pending.append(data)
         if len(pending) == 1:
             try:
-                asyncio.get_running_loop().call_later(WRITE_DELAY_S, self.write_pending)
+                asyncio.get_running_loop().call_later(WRITE_DELAY_S, self.write_in_order)
             except RuntimeError:
-                self.write_pending()
+                self.write_in_order()
+
+    def write_in_order(self) -> None:
+        """``write_pending`` outside a group commit: what must go first (``write_first``), then the
+        records (a group commit writes the index entries itself before it takes this file's)."""
+        if self._pending and self._fd >= 0:
+            if self._write_first is not None:
+                self._write_first()
+            self.write_pending()
 
     def write_pending(self) -> None:
         """Hand ``append_soon``'s records to the OS now."""
         if self._pending and self._fd >= 0:
             data = self.frame(b"".join(self._pending))
             self._pending.clear()
-            self.append(data)
+            if data:  # (empty: the owner rewrote the file instead)
+                self.append(data)
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes (a torn last record after a crash)."""

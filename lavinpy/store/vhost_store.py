@@ -186,7 +186,8 @@ class VhostStore:
         and reported to the change feed; the same object if already open. ``open()`` it before use."""
         appended = self._append_files.get(name)
         if appended is None:
-            appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits)
+            appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits,
+                                                                  self._write_index_buffers)
         return appended
 
     def delete_append_file(self, name: str) -> None:

@@ -225,7 +225,7 @@ def test_a_publish_run_leaves_the_duplicates_out(tmp_path: Path) -> None:
         assert vhost.publish_run(vhost.default_exchange, "q", [ident_block("2"), ident_block("4")],
                                  [b"e", b"f"]) == (1, True)
         assert vhost.publish_run(vhost.default_exchange, "q", [ident_block("1"), ident_block("4")],
-                                 [b"g", b"h"]) == (1, False)  # duplicates all: nothing waits for a sync
+                                 [b"g", b"h"]) == (1, True)  # duplicates all: confirmed once "1" and "4" are durable
         assert m.bodies("q") == ["a", "b", "d", "f"] and q.stats.duplicates == 4
         operations_objects.declare_exchange(None, vhost, "dx", "direct", durable=True,
                                             arguments={"x-message-deduplication": True})
@@ -234,7 +234,7 @@ def test_a_publish_run_leaves_the_duplicates_out(tmp_path: Path) -> None:
         m.bind("q1", "dx", "k")
         m.bind("q2", "dx", "k")
         assert vhost.publish_run(vhost.get_exchange("dx"), "k", [ident_block(1), ident_block(1), ident_block(b"1")],
-                                 [b"x", b"y", b"z"]) == (2, False)
+                                 [b"x", b"y", b"z"]) == (2, True)  # (q1, q2 transient: the duplicate waits)
         assert m.bodies("q1") == ["x", "z"] and m.bodies("q2") == ["x", "z"]
         assert vhost.get_exchange("dx").stats.duplicates == 1
         m.reopen()
@@ -310,3 +310,29 @@ def test_a_run_asked_at_once_matches_one_by_one_and_writes_the_same_file(tmp_pat
                              AppendFile(tmp_path / name, lambda fd: None, lambda: False)) for name in ("one", "run")]
         assert list(reread[0].entries.items()) == list(reread[1].entries.items()) == list(one.entries.items())
     run(body, tmp_path)
+
+
+def test_a_rewrite_waits_for_the_write_of_its_messages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's rewrite (it has grown past twice the cache) is done when the identifiers are
+    written, after their messages' index entries, not while a run is asked: then it would put on
+    disk identifiers whose messages are not stored yet (a kill -9 would make their retries
+    duplicates)."""
+    from lavinpy.broker.queues import dedup_cache
+    from lavinpy.store.vhost_store import VhostStore
+    monkeypatch.setattr(dedup_cache, "COMPACT_MIN_RECORDS", 2)
+
+    async def scenario() -> None:
+        store = VhostStore(tmp_path, fsync="always")
+        store.open()
+        store.finish_recovery()
+        cache = DedupCache(DedupSettings(cache_size=2), store.open_append_file("dedup"))
+        blocks = [ident_block(f"id{n}") for n in range(6)]
+        assert cache.new_in(blocks, 0) is None
+        assert (tmp_path / "dedup").read_bytes() == b""  # nothing on disk before the run is stored
+        await asyncio.shield(store.durable())
+        again = DedupCache(DedupSettings(cache_size=2), store.open_append_file("dedup2"))
+        again._load((tmp_path / "dedup").read_bytes())  # the rewrite: the two live entries only
+        assert list(again.entries) == ["id4", "id5"] and again._records == 2
+        store.close()
+
+    asyncio.run(scenario())

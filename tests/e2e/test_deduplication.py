@@ -76,3 +76,27 @@ def test_kill9_keeps_the_cache(fresh_broker, fresh_clients) -> None:
     _publish_all(ch, "", queue, ["k1", "k2", "k3"])  # a publisher resending after the crash
     info = _queue(fresh_broker, queue)
     assert info["messages"] == 3 and info["deduplication"]["duplicates"] == 2, info
+
+
+def test_kill9_before_a_flush_never_makes_a_retry_a_duplicate(fresh_broker, fresh_clients) -> None:
+    """Messages published without confirms, a kill -9 after the cache's delayed write (20 ms) and
+    before the periodic flush (200 ms): an identifier on disk always has its message with it, so
+    the publisher's resend stores each message exactly once (none lost as a "duplicate")."""
+    import time
+
+    conn, ch = fresh_clients.channel()
+    queue = uid("dedup-kill-unconfirmed")
+    ch.queue_declare(queue, durable=True, arguments={"x-message-deduplication": True})
+    idents = [f"u{n}" for n in range(20)]
+    for ident in idents:
+        ch.basic_publish("", queue, ident.encode(), persistent(headers={"x-deduplication-header": ident}))
+    conn.process_data_events(0)
+    time.sleep(0.06)
+    fresh_broker.kill9()
+    fresh_clients.close_connections()
+    fresh_broker.start()
+    conn, ch = fresh_clients.channel()
+    ch.confirm_delivery()
+    _publish_all(ch, "", queue, idents)  # the resend of everything unconfirmed
+    info = _queue(fresh_broker, queue)
+    assert info["messages"] == len(idents), info

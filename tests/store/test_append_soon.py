@@ -45,3 +45,25 @@ def test_without_a_flush_they_are_written_after_a_short_delay(tmp_path: Path) ->
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_delayed_write_hands_the_index_entries_over_first(tmp_path: Path) -> None:
+    """A record written on the delay (no flush yet) must not reach the OS before the index entries
+    buffered until then: a deduplication record ahead of its message's entry would, after a kill -9,
+    make the publisher's retry of the lost message a "duplicate"."""
+    async def scenario() -> None:
+        store = VhostStore(tmp_path, fsync="always")
+        store.open()
+        store.finish_recovery()
+        queue = store.open_queue("q", durable=True)
+        file = store.open_append_file("cache")
+        file.open()
+        queue.push(store.messages.append("", "q", b"\x00\x00", b"body"))
+        file.append_soon(b"x")
+        assert queue.has_pending_writes
+        await asyncio.sleep(append_file.WRITE_DELAY_S * 3)
+        assert (tmp_path / "cache").read_bytes() == b"x"
+        assert not queue.has_pending_writes  # with the OS: a kill -9 keeps both or neither
+        store.close(clean=False)
+
+    asyncio.run(scenario())

@@ -6,10 +6,11 @@ goes first, as LavinMQ's; an expired identifier seen again is remembered anew, t
 identifier remembered is appended to the object's file in the vhost directory
 (``store.append_file.append_soon``: the identifiers waiting are rendered and written in one write
 by the next group commit, before the fsync its messages' publisher confirms wait for, or after
-20 ms; so a confirmed message's identifier survives a kill -9; streamed to replication followers
-like every store change), so restarts, crashes and failovers keep the cache. The file is rewritten
-with the live entries when it holds twice as many records as the cache (and at least
-``COMPACT_MIN_RECORDS``).
+20 ms; always after their messages' index entries, so that a kill -9 never leaves an identifier
+without its message; a confirmed message's identifier survives a kill -9; streamed to replication
+followers like every store change), so restarts, crashes and failovers keep the cache. The file is
+rewritten with the live entries, at such a write, when it holds twice as many records as the cache
+(and at least ``COMPACT_MIN_RECORDS``).
 
 File: batches ``length u32, records, crc32 u32`` (little-endian; the CRC covers the records), a record
 ``key length u16, expiry ms u64, key bytes``. A torn or damaged batch (a crash mid-write) ends the
@@ -222,8 +223,8 @@ class DedupCache:
             self._write_queued = True
             self._file.append_soon(b"")  # type: ignore[union-attr]  # the write renders the records
         self._records += added
-        if self._records > self._compact_at:
-            self.compact()
+        # (a due rewrite waits for that write: now it would hold identifiers whose messages are not
+        # stored yet, and a kill -9 then would make their publishers' retries "duplicates")
 
     def _seen(self, value: Any, ttl: Any, now_ms: int) -> bool:
         """``seen`` for an identifier's header value and the message's TTL header value (``_NO_TTL``
@@ -269,9 +270,17 @@ class DedupCache:
             return
 
     def _render_unwritten(self, _: bytes) -> bytes:
-        """The file's ``frame``: the identifiers remembered since the last write, as one framed batch."""
-        records = _records(self._unwritten_keys, self._unwritten_expiries)
+        """The file's ``frame``: the identifiers remembered since the last write, as one framed batch;
+        or, when the file has grown enough, nothing: the file rewritten with the live entries. (Called
+        once the index entries of those identifiers' messages are with the OS: a group commit or
+        ``write_in_order`` hands them over first.)"""
         self._write_queued = False
+        if self._records > self._compact_at:
+            self._unwritten_keys.clear()
+            self._unwritten_expiries.clear()
+            self._rewrite()
+            return b""
+        records = _records(self._unwritten_keys, self._unwritten_expiries)
         self._unwritten_keys.clear()
         self._unwritten_expiries.clear()
         return _frame(records)
@@ -280,9 +289,19 @@ class DedupCache:
         """Rewrite the file with the live entries only (atomically; replicated as a replace)."""
         if self._file is None:
             return
-        self._file.write_pending()  # in order: the replace must not be followed by older records
+        self._file.write_in_order()  # in order: the replace must not be followed by older records
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        assert self._file is not None
         self._file.replace(_frame(_records(list(self.entries), list(self.entries.values()))))
         self._records = len(self.entries)
+
+    @property
+    def durable(self) -> bool:
+        """Whether the cache is on disk: a duplicate's confirm then waits for the group commit, so
+        that it is never sent before the original message it stands for is durable."""
+        return self._file is not None
 
     def __len__(self) -> int:
         return len(self.entries)
