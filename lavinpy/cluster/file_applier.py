@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from ..store.accel import cstore
-from ..store.jsonfile import fsync_dir
+from ..store.jsonfile import fsync_dir, pwrite_all
 from ..store.queue_index import ACK_FILE
 from . import files
 from . import replication_protocol as proto
@@ -167,7 +167,7 @@ class FileApplier:
     def _apply(self, operation: proto.Operation) -> None:
         kind, rel = operation.kind, operation.path
         if kind == proto.OP_WRITE:
-            _pwrite_all(self._fd(rel), operation.data, operation.offset)
+            pwrite_all(self._fd(rel), (operation.data,), operation.offset)
         elif kind == proto.OP_TRUNCATE:
             fd = self._fd(rel)
             self._cut.add(rel)
@@ -243,7 +243,7 @@ class FileApplier:
         if self._receiving is None:
             raise proto.ProtocolError("file data outside a file")
         rel, fd, offset = self._receiving
-        self._guard("write", rel, _pwrite_all, fd, data, offset)
+        self._guard("write", rel, pwrite_all, fd, (data,), offset)
         self._receiving = (rel, fd, offset + len(data))
 
     def end_file(self) -> None:
@@ -432,18 +432,6 @@ class FileApplier:
         self._dirs.clear()
         self._renamed.clear()
         return detail
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    """pwrite until complete: at ENOSPC ext4 and tmpfs write part of a buffer, and only the next
-    call reports the error."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(errno.EIO, "pwrite made no progress")
-        offset += written
-        view = view[written:]
 
 
 def _write_all(fd: int, data: bytes | memoryview, path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Atomic small-file writes (JSON and raw bytes) and JSON reads.
+"""Atomic small-file writes (JSON and raw bytes) and JSON reads, and the two low-level writes the store
+and replication share (``fsync_dir``, ``pwrite_all``).
 
 A file is replaced by writing ``<file>.tmp``, fsyncing it, renaming it over the target and fsyncing the
 directory, so a crash leaves either the old or the new content, never a torn mix.
@@ -6,9 +7,11 @@ directory, so a crash leaves either the old or the new content, never a torn mix
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,25 @@ from lavinpy.store import changes
 # Data dir files hold password hashes and message bodies: owner only, whatever the process umask.
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+
+def pwrite_all(fd: int, pieces: Sequence[bytes | memoryview], offset: int) -> None:
+    """Write ``pieces`` one after the other at ``offset`` (several in one ``pwritev``), until complete:
+    at ENOSPC ext4 and tmpfs write part of a buffer, and only the next call reports the error."""
+    if len(pieces) == 1:
+        rest = memoryview(pieces[0])
+    else:
+        done = os.pwritev(fd, pieces, offset)
+        if done == sum(map(len, pieces)):
+            return
+        rest = memoryview(b"".join(pieces))[done:]
+        offset += done
+    while rest:
+        written = os.pwrite(fd, rest, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite made no progress")
+        offset += written
+        rest = rest[written:]
 
 
 def fsync_dir(path: Path) -> None:

@@ -19,7 +19,6 @@ See docs/storage.md.
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 import zlib
 from array import array
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import NamedTuple, TypeAlias, cast
 
 from lavinpy.store.accel import cstore
+from lavinpy.store.jsonfile import pwrite_all
 from lavinpy.wire.position import OFFSET_SHIFT
 from lavinpy.wire.properties import PropertiesError, properties_length
 
@@ -112,6 +112,33 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
     histogram a pass of its own over the run. ``properties`` is one block for every record or a list
     with one per body.
     """
+    return _write_records(lambda at, block, body: py_write_encoded(buf, at, names, block, body, timestamp),
+                          offset, limit, segment_id, names, properties, bodies, start)
+
+
+def file_write_run(fd: int, offset: int, limit: int, segment_id: int, names: bytes,
+                   properties: bytes | list[bytes], bodies: list[bytes], start: int,
+                   timestamp: int) -> tuple[int, int, bytes, int, int]:
+    """``write_run`` into the file behind ``fd`` with ``pwritev``, for runs of large bodies: the
+    kernel copies each body into the page cache once, and none of their pages is zero-filled into
+    the segment's mapping, mapped and dropped again (the mapping sees the same page cache). Same
+    records and results as ``write_run``; as there, each payload is written before its header."""
+    stamp = _pack_i64(timestamp) + names
+
+    def write_record(at: int, block: bytes, body: bytes) -> int:
+        head = stamp + block + _pack_u64(len(body))
+        pwrite_all(fd, (head, body), at + HEADER_SIZE)
+        pwrite_all(fd, (HEADER.pack(len(head) + len(body), _crc32(body, _crc32(head))),), at)
+        return HEADER_SIZE + len(head) + len(body)
+
+    return _write_records(write_record, offset, limit, segment_id, names, properties, bodies, start)
+
+
+def _write_records(write_record: Callable[[int, bytes, bytes], int], offset: int, limit: int, segment_id: int,
+                   names: bytes, properties: bytes | list[bytes], bodies: list[bytes],
+                   start: int) -> tuple[int, int, bytes, int, int]:
+    """The loop of ``py_write_run`` and ``file_write_run``: ``write_record(offset, properties block,
+    body)`` writes one record that fits and returns its size."""
     positions = array("Q")
     if isinstance(properties, list):
         if len(properties) != len(bodies):
@@ -129,56 +156,13 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
         if offset + fixed + len(block) + size > limit:
             break
         positions.append(segment_id | (offset << OFFSET_SHIFT))
-        offset += py_write_encoded(buf, offset, names, block, body, timestamp)
+        offset += write_record(offset, block, body)
         if size > largest:
             largest = size
         if size < smallest or smallest < 0:
             smallest = size
         i += 1
     return i, offset, positions.tobytes(), max(smallest, 0), largest
-
-
-def file_write_run(fd: int, offset: int, limit: int, segment_id: int, names: bytes,
-                   properties: bytes | list[bytes], bodies: list[bytes], start: int,
-                   timestamp: int) -> tuple[int, int, bytes, int, int]:
-    """``write_run`` into the file behind ``fd`` with ``pwritev``, for runs of large bodies: the
-    kernel copies each body into the page cache once, and none of their pages is zero-filled into
-    the segment's mapping, mapped and dropped again (the mapping sees the same page cache). Same
-    records and results as ``write_run``; as there, each payload is written before its header."""
-    positions = array("Q")
-    varied = properties if isinstance(properties, list) else None
-    if varied is not None and len(varied) != len(bodies):
-        raise ValueError("write_run: one properties block per body")
-    stamp = _pack_i64(timestamp) + names
-    fixed = HEADER_SIZE + FIXED_PAYLOAD - 2 + len(names)
-    smallest, largest = -1, 0
-    i = start
-    while i < len(bodies):
-        body = bodies[i]
-        size = len(body)
-        block = properties if varied is None else varied[i]
-        if offset + fixed + len(block) + size > limit:
-            break
-        head = stamp + block + _pack_u64(size)  # type: ignore[operator]
-        _pwrite_all(fd, [head, body], offset + HEADER_SIZE)
-        _pwrite_all(fd, [HEADER.pack(len(head) + size, _crc32(body, _crc32(head)))], offset)
-        positions.append(segment_id | (offset << OFFSET_SHIFT))
-        offset += HEADER_SIZE + len(head) + size
-        if size > largest:
-            largest = size
-        if size < smallest or smallest < 0:
-            smallest = size
-        i += 1
-    return i, offset, positions.tobytes(), max(smallest, 0), largest
-
-
-def _pwrite_all(fd: int, pieces: list[bytes], offset: int) -> None:
-    done = os.pwritev(fd, pieces, offset)
-    total = sum(map(len, pieces))
-    if done < total:  # a short write (rare for a regular file): the rest
-        rest = b"".join(pieces)
-        while done < total:
-            done += os.pwrite(fd, memoryview(rest)[done:], offset + done)
 
 
 def py_stored_messages(timestamp: int, exchange: str, routing_key: str, properties: bytes | list[bytes],

@@ -15,9 +15,9 @@ under it when another append seals it.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Protocol
 
+from lavinpy.store.jsonfile import pwrite_all
 from lavinpy.store.record import HEADER
 from lavinpy.wire.position import OFFSET_SHIFT
 
@@ -67,10 +67,7 @@ class ReservedRecord:
     def write(self, data: bytes | memoryview) -> None:
         """The next piece of the body (the caller has checked it does not run past the body)."""
         start = self.body_start + self.written
-        fd = self.segment.fileno()
-        done = os.pwrite(fd, data, start)
-        while done < len(data):  # a short write (a regular file's pwrite rarely is one): the rest
-            done += os.pwrite(fd, memoryview(data)[done:], start + done)
+        pwrite_all(self.segment.fileno(), (data,), start)
         self.crc = self._crc32(data, self.crc)
         self.written += len(data)
 
