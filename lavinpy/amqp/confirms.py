@@ -20,8 +20,8 @@ from .content import PendingPublish, release_bodies
 
 if TYPE_CHECKING:
     from ..broker.ops import ProtocolCounters, VHost
-    from ..broker.ops.deliveries import Unacked
     from ..broker.ops.replies import ReplyQueue
+    from ..broker.ops.unacked_book import Unacked
     from .channel_host import ChannelHost
 
 log = logging.getLogger("lavinpy.channel")

@@ -17,7 +17,7 @@ from ..wire.constants import PRECONDITION_FAILED
 from ..wire.errors import AMQPChannelError
 
 if TYPE_CHECKING:
-    from ..broker.ops.deliveries import Unacked
+    from ..broker.ops.unacked_book import Unacked
     from .channel import Channel
 
 SWEEP_INTERVAL = 0.25  # seconds
@@ -49,10 +49,10 @@ def sweep(connections: Iterable[HasChannels], default: int, now: float | None = 
     for connection in list(connections):
         for channel in list(connection.channels.values()):
             unacked = channel.deliveries.unacked
-            if not unacked or channel.closing:
+            tag = unacked.oldest()
+            if tag is None or channel.closing:
                 channel.oldest_unacked_seen = None
                 continue
-            tag = next(iter(unacked))
             seen = channel.oldest_unacked_seen
             if seen is None or seen[0] != tag:
                 channel.oldest_unacked_seen = (tag, now)

@@ -30,9 +30,10 @@ def segment_ids(entries: array) -> memoryview:
     return memoryview(entries).cast("B").cast("I")[0::2]
 
 
-def segment_counts(entries: array) -> dict[int, int]:
-    """How many of ``entries`` are in each segment. A short run of acks or pushes is usually all in one
-    segment: checked in a loop that is cheaper than building a Counter for a few entries."""
+def segment_counts(entries: array | list[int]) -> dict[int, int]:
+    """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A short
+    run of acks or pushes is usually all in one segment: checked in a loop that is cheaper than building
+    a Counter for a few entries."""
     n = len(entries)
     if n <= 16:
         if not n:
@@ -43,7 +44,7 @@ def segment_counts(entries: array) -> dict[int, int]:
                 break
         else:
             return {first: n}
-    return Counter(segment_ids(entries))
+    return Counter(segment_ids(entries if type(entries) is array else array("Q", entries)))
 
 
 def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, dict[int, int], int]:

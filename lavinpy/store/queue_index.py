@@ -297,8 +297,8 @@ class QueueIndex:
         bad = self._unacked.remove_many(positions)
         if bad is not None:
             raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
-        removed = array("Q", positions)
-        pending = self._ack_pending
+        pending = self._ack_pending  # (a transient queue's few acks are counted from the list itself)
+        removed: array | list[int] = positions if pending is None else array("Q", positions)
         if pending is not None:
             transient = self._transient
             if transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry

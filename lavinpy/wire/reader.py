@@ -192,6 +192,22 @@ class FrameReader:
         """
         pending = self._pending
         events: list[FrameEvent] = []
+        if not pending and type(data) is bytes and self._compiled and not self.expect_protocol_header:
+            # The common read (whole frames, nothing held back) straight to the C scan: one call less
+            # per read (for a consumer's read of a few acks, a tenth of its cost).
+            try:
+                pos, stop = cwire.scan(data, 0, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
+                                       _publish_cache, _decode_publish, _valid_props)
+                if pos == len(data):
+                    self._need = 7
+                    return events
+                pos = self._parse_compiled(data, events, pos, stop)
+            except AMQPConnectionError as err:
+                err.frames = events
+                raise
+            if pos < len(data):
+                pending += memoryview(data)[pos:]
+            return events
         pos = 0
         if pending:
             if len(pending) + len(data) < self._need and not self.expect_protocol_header:

@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import pytest
 
-from lavinpy.broker.ops.deliveries import OWNED_RUN_MAX, Unacked, UnackedBook
+from lavinpy.broker.ops.unacked_book import OWNED_RUN_MAX, Unacked, UnackedBook
 
 
 def flatten(taken: list) -> list[tuple[int, Unacked]]:
@@ -83,11 +83,36 @@ def test_the_runs_hold_what_an_ordered_dict_would(seed: int) -> None:
 def test_acks_in_order_take_whole_slices_of_the_runs() -> None:
     book = UnackedBook()
     book.add_run(1, "q", "c", [10, 11, 12])  # type: ignore[arg-type]
-    book.add_run(4, "q", "c", [13, 14])  # type: ignore[arg-type]
+    book.add_run(4, "q", "d", [13, 14])  # type: ignore[arg-type]
     assert book.take_consecutive(2, 1) is None  # not the oldest: nothing settled
-    assert book.take_consecutive(1, 4) == [("q", "c", [10, 11, 12]), ("q", "c", [13])]
+    assert book.take_consecutive(1, 4) == [("q", "c", [10, 11, 12]), ("q", "d", [13])]
     assert list(book) == [5] and len(book) == 1
     assert book.take_consecutive(5, 2) is None and list(book) == [5]  # tag 6 was never delivered
+
+
+def test_a_consumers_runs_join_without_changing_the_lists_given() -> None:
+    """A run that continues the last one (same queue and consumer, the next tags) joins it, so in-order
+    acks of several rounds take one slice; the lists handed in (which a queue may hold too) stay as
+    they were; a gap in the tags, another consumer or a run settled out of order starts a new run."""
+    book = UnackedBook()
+    first, second = [10, 11, 12], [20, 21]
+    book.add_run(1, "q", "c", first)  # type: ignore[arg-type]
+    book.add_run(4, "q", "c", second)  # type: ignore[arg-type]
+    book.add_run(6, "q", "c", [30])  # type: ignore[arg-type]
+    assert first == [10, 11, 12] and second == [20, 21]
+    assert len(book._runs) == 1 and list(book) == [1, 2, 3, 4, 5, 6]
+    assert book.take_consecutive(1, 5) == [("q", "c", [10, 11, 12, 20, 21])]
+    book.add_run(8, "q", "c", [40, 41])  # type: ignore[arg-type]  (tag 7 was never given: a gap)
+    book.add_run(10, "q", "d", [50, 51])  # type: ignore[arg-type]
+    assert len(book._runs) == 3 and list(book) == [6, 8, 9, 10, 11]
+    assert book.pop(9) == ("q", 41, "c")
+    book.add_run(12, "q", "d", [52])  # type: ignore[arg-type]
+    assert list(book) == [6, 8, 10, 11, 12] and book.oldest() == 6
+    assert book.take_consecutive(6, 1) == [("q", "c", [30])] and book.oldest() == 8
+    for tag in range(13, 3000, 3):  # joined runs stay bounded
+        book.add_run(tag, "q", "d", [tag, tag + 1, tag + 2])  # type: ignore[arg-type]
+    assert max(len(run.positions) for run in book._runs) <= OWNED_RUN_MAX
+    assert list(book) == [8, 10, 11, *range(12, 3001)] and len(book) == 2992
 
 
 def test_single_deliveries_share_a_run_that_stays_bounded() -> None:

@@ -1,0 +1,99 @@
+"""The ack side of one queue with many consumers, in process (no sockets): thread CPU per acked message.
+
+N consuming connections (the session layer of ``tests/amqp/session_client.py``, a real broker on a temporary
+data dir, ``fsync: never``) on one queue at prefetch P; a publisher's reads of R 16 B messages each are handed
+out (3-4 per consumer at N = 1,000, R = 3,500, as the published runs of ``bench/scale.py``'s consumers curve);
+every K such reads each consumer acks what it holds in one read of single basic.ack frames (7 acks per read at
+K = 2, as amqpperf's consumers' reads there). The figure is the thread CPU of those ack reads (parse, settle,
+the deliveries they start) per read (median and minimum over the ack phases) and per acked message (mean).
+
+    PYTHONPATH=<tree> python3 bench/consumer_acks_bench.py [--consumers 1000 --prefetch 100 --run 3500
+                                                          --every 2 --rounds 60 --multiple]
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lavinpy
+
+sys.path.insert(0, str(Path(lavinpy.__file__).resolve().parents[1] / "tests" / "amqp"))
+from pamqp import commands, frame  # noqa: E402
+from session_client import Harness  # noqa: E402
+
+
+def ack_frame(tag: int, multiple: bool = False) -> bytes:
+    payload = struct.pack(">HHQB", 60, 80, tag, 1 if multiple else 0)
+    return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--consumers", type=int, default=1000)
+    ap.add_argument("--prefetch", type=int, default=100)
+    ap.add_argument("--run", type=int, default=3500, help="messages per publisher read")
+    ap.add_argument("--every", type=int, default=2, help="publisher reads between two ack reads of a consumer")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--multiple", action="store_true", help="one basic.ack multiple=true per read instead")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        h = Harness(Path(tmp), fsync="never")
+        pub = h.connect()
+        pub.handshake()
+        pub.open_channel()
+        pub.send((1, commands.Queue.Declare(queue="q")))
+        pub.read()
+        consumers = []
+        for i in range(args.consumers):
+            c = h.connect(("127.0.0.1", 30000 + i))
+            c.handshake()
+            c.open_channel()
+            c.send((1, commands.Basic.Qos(prefetch_count=args.prefetch)),
+                   (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+            c.read()
+            consumers.append(c)
+        one = b"".join(frame.marshal(f[1], f[0]) for f in pub.publish(1, "q", b"x" * 16))
+        run = one * args.run
+        acked = [0] * len(consumers)
+        phases: list[float] = []
+        total = count = 0.0
+        for r in range(args.rounds):
+            pub.conn.receive_data(run)
+            h.run_soon()
+            for c in consumers:
+                c.conn.data_to_send()
+            pub.conn.data_to_send()
+            if (r + 1) % args.every:
+                continue
+            reads = []
+            for i, c in enumerate(consumers):
+                last = c.conn.channels[1].deliveries.tag
+                if last > acked[i]:
+                    data = (ack_frame(last, True) if args.multiple
+                            else b"".join(ack_frame(t) for t in range(acked[i] + 1, last + 1)))
+                    reads.append((c.conn, data))
+                    count += last - acked[i]
+                    acked[i] = last
+            t0 = time.thread_time()
+            for conn, data in reads:
+                conn.receive_data(data)
+            h.run_soon()
+            for c in consumers:
+                c.conn.data_to_send()
+            spent = time.thread_time() - t0
+            total += spent
+            phases.append(spent / max(1, len(reads)))
+        phases.sort()
+        per_read = count / max(1, len(phases) * len(consumers))
+        print(f"{per_read:.1f} acks per read; per read: median {phases[len(phases) // 2] * 1e6:.1f} µs, "
+              f"min {phases[0] * 1e6:.1f} µs; mean per acked message {total / count * 1e6:.3f} µs")
+        h.close()
+
+
+if __name__ == "__main__":
+    main()
