@@ -1,6 +1,6 @@
 """The ack side of one queue with many consumers, in process (no sockets): thread CPU per acked message.
 
-N consuming connections (the session layer of ``tests/amqp/session_client.py``, a real broker on a temporary
+N consuming connections (driven as in the AMQP tests by their harness, a real broker on a temporary
 data dir, ``fsync: never``) on one queue at prefetch P; a publisher's reads of R 16 B messages each are handed
 out (3-4 per consumer at N = 1,000, R = 3,500, as the published runs of ``bench/scale.py``'s consumers curve);
 every K such reads each consumer acks what it holds in one read of single basic.ack frames (7 acks per read at
