@@ -363,7 +363,10 @@ class AMQPProtocol(asyncio.Protocol):
             # The loop stops watching too: the wake-up fd stays readable while a backlog waits.
             reader.set_paused(paused)
             if paused:
-                self.sessions.input_waiting = False  # not taken before it resumes: no output waits for it
+                if self.conn is None or not self.conn.input_yielded():
+                    # Not taken before it resumes: no output waits for it (paused only for the other
+                    # clients' turn, it resumes in the next one: its input still waits).
+                    self.sessions.input_waiting = False
                 self._loop.remove_reader(reader.wake_fd)
             else:
                 self._loop.add_reader(reader.wake_fd, self._take_input)

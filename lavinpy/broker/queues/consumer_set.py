@@ -16,7 +16,7 @@ every consumer was looked at in turn.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
@@ -203,30 +203,22 @@ class ConsumerSet:
                 heappush(back, entry)
         if not active:
             return [], 0
-        picks = _sweeps(active, rooms, limit)
+        picks, taken = _sweeps(active, rooms, limit)
         # to the ring's end in the order of each one's last pick, as one at a time moves them
         next_turn = self._next_turn
-        for consumer in reversed(list(dict.fromkeys(reversed(picks)))):
+        no_ack = 0
+        for consumer, count in taken:
             if consumer in from_back:
                 queue[consumer] = None
             else:
                 queue.move_to_end(consumer)
             turns[consumer] = next_turn
             next_turn += 1
+            if consumer.no_ack:
+                no_ack += count
+            else:
+                consumer.unacked += count
         self._next_turn = next_turn
-        no_ack = 0
-        if len(picks) == len(active):
-            for consumer in active:
-                if consumer.no_ack:
-                    no_ack += 1
-                else:
-                    consumer.unacked += 1
-        else:
-            for consumer, count in Counter(picks).items():
-                if consumer.no_ack:
-                    no_ack += count
-                else:
-                    consumer.unacked += count
         return picks, no_ack
 
     def _pick_each(self, limit: int) -> tuple[list[QueueConsumer], int]:
@@ -337,27 +329,51 @@ class ConsumerSet:
         self._fast_valid = True
 
 
-def _sweeps(active: list[QueueConsumer], rooms: list[int], limit: int) -> list[QueueConsumer]:
+def _sweeps(active: list[QueueConsumer], rooms: list[int], limit: int
+            ) -> tuple[list[QueueConsumer], list[tuple[QueueConsumer, int]]]:
     """Up to ``limit`` picks from the consumers with room, in turn order (``rooms`` each one's room):
     round after round each takes one in the same order, until its room is used up; as many whole rounds
-    as every room and the limit allow are added at once."""
+    as every room and the limit allow are added at once. Also each consumer picked with its count, in the
+    order of its last pick (the ring's new order), found from the rounds rather than by a pass over the
+    picks: those whose room a stretch of rounds used up took their last pick in its last round, before
+    the next stretch; a part round at the end comes after the last full round."""
     if len(active) >= limit:
-        return active[:limit]
+        return active[:limit], [(consumer, 1) for consumer in active[:limit]]
     picks: list[QueueConsumer] = []
+    taken: list[tuple[QueueConsumer, int]] = []
+    counts = [0] * len(active)
+    last_round: list[tuple[QueueConsumer, int]] | None = None  # the last stretch's, if it used up a room
+    dropped: list[tuple[QueueConsumer, int]] = []  # those whose room it used up
     while active:
         left = limit - len(picks)
-        if len(active) >= left:
-            picks.extend(active[:left])
-            break
-        rounds = min(min(rooms), left // len(active))
+        if len(active) >= left:  # a part round (every consumer still here took one in the round before)
+            head = active[:left]
+            picks.extend(head)
+            if last_round is None:
+                taken += zip(active[left:], counts[left:], strict=True)
+            else:
+                heads = set(head)
+                taken += [(consumer, count) for consumer, count in last_round if consumer not in heads]
+            taken += [(consumer, count + 1) for consumer, count in zip(head, counts[:left], strict=True)]
+            return picks, taken
+        if last_round is not None:
+            taken += dropped
+            last_round, dropped = None, []
+        least = min(rooms)
+        rounds = min(least, left // len(active))
         picks.extend(active * rounds)
-        if min(rooms) > rounds:
+        counts = [count + rounds for count in counts]
+        if least > rounds:
             rooms = [room - rounds for room in rooms]
             continue
+        last_round = list(zip(active, counts, strict=True))
+        dropped = [last_round[i] for i, room in enumerate(rooms) if room <= rounds]
         kept = [i for i, room in enumerate(rooms) if room > rounds]
         active = [active[i] for i in kept]
         rooms = [rooms[i] - rounds for i in kept]
-    return picks
+        counts = [counts[i] for i in kept]
+    taken += dropped
+    return picks, taken
 
 
 def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],

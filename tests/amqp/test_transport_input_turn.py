@@ -1,0 +1,105 @@
+"""The driver's view of a publisher's reader thread for the output hold (``ConnectionOutput.run_pending``):
+input the loop has not taken yet still waits while the thread is paused only for the other clients' turn
+(it resumes in the next turn of the loop), and no longer waits once it is paused for anything else."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from session_client import Client, Harness
+
+from lavinpy.amqp.output import INPUT_TURN_BYTES
+from lavinpy.amqp.transport import AMQPProtocol
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path)
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def client(harness: Harness) -> Client:
+    c = harness.connect()
+    c.handshake()
+    return c
+
+
+class PausableReader:
+    """A reader thread as the driver sees it: a wake-up descriptor and pause/resume."""
+
+    wake_fd = 99
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    def set_paused(self, paused: bool) -> None:
+        self.paused = paused
+
+    def answered(self) -> None:
+        pass
+
+
+class QuietLoop:
+    """The loop calls the driver makes: watching the wake-up descriptor and its timers."""
+
+    def __init__(self) -> None:
+        self.watched: set[int] = set()
+
+    def add_reader(self, fd: int, callback: Any) -> None:
+        self.watched.add(fd)
+
+    def remove_reader(self, fd: int) -> None:
+        self.watched.discard(fd)
+
+    def call_later(self, delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(3600, callback, *args)  # (never run here)
+
+
+class OpenTransport:
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def test_a_reader_paused_for_the_other_clients_turn_still_has_input_waiting(harness: Harness,
+                                                                            client: Client) -> None:
+    sessions = harness.sessions
+    conn = client.conn
+
+    async def drive() -> None:
+        driver = AMQPProtocol(sessions)
+        driver.conn, driver.transport = conn, OpenTransport()  # type: ignore[assignment]
+        loop = QuietLoop()
+        driver._reader, driver._loop = PausableReader(), loop  # type: ignore[assignment]
+        loop.watched.add(PausableReader.wake_fd)
+        conn.driver = driver
+        sessions.input_waiting = True  # the reader's last take left input behind
+
+        conn.count_input_turn(INPUT_TURN_BYTES + 1)  # a turn's worth read: the others' turn first
+        driver.pump()
+        assert driver._reader.paused and not loop.watched  # not taken before the others' turn
+        assert sessions.input_waiting  # taken in the next turn: the consumers' deliveries come then
+
+        conn.end_input_turn()
+        driver.pump()
+        assert not driver._reader.paused and loop.watched and sessions.input_waiting
+
+        conn.set_writable(False)  # its output backed up: not read until the client reads
+        driver.pump()
+        assert driver._reader.paused and not loop.watched
+        assert not sessions.input_waiting
+        for handle in driver._timers.values():
+            handle.cancel()
+
+    asyncio.run(drive())
