@@ -33,10 +33,13 @@ def pool_fsync_all(fds: list[int]) -> list[int]:
 
 
 def fsync_all(fds: list[int]) -> list[int]:
-    """``pool_fsync_all`` from C threads without the GIL where the compiled store is built."""
-    if cstore is None or len(fds) > FSYNC_ALL_MAX:
+    """``pool_fsync_all`` from C threads without the GIL where the compiled store is built (more than
+    FSYNC_ALL_MAX descriptors, e.g. a flush over many queues: that many at a time)."""
+    if cstore is None:
         return pool_fsync_all(fds)
-    errors: list[int] = cstore.fsync_all(fds)
+    errors: list[int] = []
+    for start in range(0, len(fds), FSYNC_ALL_MAX):
+        errors.extend(cstore.fsync_all(fds[start:start + FSYNC_ALL_MAX]))
     return errors
 
 
