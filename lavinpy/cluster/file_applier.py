@@ -25,10 +25,10 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
-from ..store.accel import cstore
+from ..store.accel import cstore  # noqa: F401  (tests reach the compiled fsync_all here)
+from ..store.fsyncs import fsync_all, pool_fsync_all  # noqa: F401  (pool_fsync_all: tests swap it in)
 from ..store.jsonfile import fsync_dir, pwrite_all
 from ..store.queue_index import ACK_FILE
 from . import files
@@ -36,31 +36,6 @@ from . import replication_protocol as proto
 
 log = logging.getLogger("lavinpy.cluster.replication")
 
-_FSYNCS = ThreadPoolExecutor(4, thread_name_prefix="replication-fsync")  # without the compiled store
-_FSYNC_ALL_MAX = 64  # the compiled fsync_all's limit
-
-
-def pool_fsync_all(fds: list[int]) -> list[int]:
-    """``os.fsync`` each descriptor at once from a thread pool; their errno values (0: synced). Every
-    fsync runs, whatever the others' outcome, before any descriptor may be closed."""
-    futures = [_FSYNCS.submit(os.fsync, fd) for fd in fds]
-    wait(futures)
-    errors = []
-    for future in futures:
-        exc = future.exception()
-        if exc is not None and not isinstance(exc, OSError):
-            raise exc
-        errors.append(0 if exc is None else exc.errno or errno.EIO)
-    return errors
-
-
-def fsync_all(fds: list[int]) -> list[int]:
-    """``pool_fsync_all`` from C threads without the GIL where the compiled store is built: a batch's
-    files synced at once without a future, a wake-up and a GIL round trip per file."""
-    if cstore is None or len(fds) > _FSYNC_ALL_MAX:
-        return pool_fsync_all(fds)
-    errors: list[int] = cstore.fsync_all(fds)
-    return errors
 MAX_OPEN = 64  # descriptors kept open between batches
 _FILE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import re
 import struct
 import time
@@ -37,7 +38,7 @@ from lavinpy.store.record import (
     write_run,
 )
 from lavinpy.store.reserved_record import ReservedRecord
-from lavinpy.store.segment import DATA_START, READ_KEEP_MAPPED, Segment, SegmentError, segment_name
+from lavinpy.store.segment import DATA_START, READ_KEEP_MAPPED, Segment, SegmentError, open_ranges, segment_name
 from lavinpy.store.segment_files import SegmentFiles
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, pos_offset, pos_segment
 
@@ -559,11 +560,13 @@ class MessageStore:
     def sync_ranges(ranges: Iterable[DirtyRange]) -> None:
         """Sync the ranges from take_dirty(), each segment once (a sync covers the whole file).
         Runs in a worker thread."""
-        synced: set[Segment] = set()
-        for segment, start, end in ranges:
-            if end > start and segment not in synced:
-                synced.add(segment)
-                segment.sync(start, end)
+        fds = open_ranges(ranges)
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     # ---- introspection ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from lavinpy.store import changes
@@ -245,21 +246,28 @@ class Segment:
         sync; ``os.fdatasync`` releases it. Other dirty pages of the file go along (a later append
         reaching the disk early is harmless), and the timestamps are left to the journal's own pace.
         """
-        if end <= start or self.closed:
-            return
-        if self.name_unsynced:
-            fsync_dir(self.path.parent)
-            self.name_unsynced = False
-        try:
-            fd = os.open(self.path, os.O_RDONLY | _CLOEXEC)
-        except FileNotFoundError:  # deleted meanwhile; the caller held deletions, so only on shutdown
-            if not self.closed:
-                raise
+        fd = self.open_for_sync(start, end)
+        if fd < 0:
             return
         try:
             os.fdatasync(fd)
         finally:
             os.close(fd)
+
+    def open_for_sync(self, start: int, end: int) -> int:
+        """``sync`` up to the sync itself: the new name made durable, and a descriptor of the file to
+        sync and close (-1: nothing to sync, or the file is gone with the closed segment)."""
+        if end <= start or self.closed:
+            return -1
+        if self.name_unsynced:
+            fsync_dir(self.path.parent)
+            self.name_unsynced = False
+        try:
+            return os.open(self.path, os.O_RDONLY | _CLOEXEC)
+        except FileNotFoundError:  # deleted meanwhile; the caller held deletions, so only on shutdown
+            if not self.closed:
+                raise
+            return -1
 
     def read_through(self, offset: int) -> None:
         """A read of this segment reached ``offset``: drop the pages READ_KEEP_MAPPED and more
@@ -296,3 +304,22 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.path.name}, size={self.size})"
+
+
+def open_ranges(ranges: Iterable[tuple[Segment, int, int]]) -> list[int]:
+    """A descriptor to sync and close for each segment of the (segment, start, end) ranges, the new
+    names made durable first (``Segment.open_for_sync``). Worker thread."""
+    fds: list[int] = []
+    seen: set[Segment] = set()
+    try:
+        for segment, start, end in ranges:
+            if end > start and segment not in seen:
+                seen.add(segment)
+                fd = segment.open_for_sync(start, end)
+                if fd >= 0:
+                    fds.append(fd)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds

@@ -2,9 +2,9 @@
 
 ``await flush()`` resolves once everything appended, pushed and acked before the call is on disk
 under the fsync policy and, when a replication barrier is set, acknowledged by every in-sync
-follower. Concurrent callers share one flush (group commit). The disk work (fdatasync of the message
-segments, then fsync of the index files: message bytes before index bytes) runs in a worker thread
-so that the event loop keeps serving clients meanwhile.
+follower. Concurrent callers share one flush (group commit). The disk work (an fsync of the message
+segments and the index files at once, see ``_sync``) runs in a worker thread so that the event loop
+keeps serving clients meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import DeliveryCounts
+from lavinpy.store.fsyncs import fsync_together
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import (
@@ -33,6 +34,7 @@ from lavinpy.store.queue_index import (
     QueueIndex,
     sync_new_directory,
 )
+from lavinpy.store.segment import open_ranges
 from lavinpy.store.sync_timing import SYNC_TIMES
 from lavinpy.wire.position import ENTRY_SIZE
 
@@ -357,7 +359,7 @@ class VhostStore:
         """Put what was written on the local disk; ``waiter`` resolves once the followers have it too
         (the next flush may start while they acknowledge this one)."""
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync. The
-        # followers get the message bytes before the index entries that point at them, as the disk does.
+        # followers get the message bytes before the index entries that point at them.
         ranges = self.messages.take_dirty()
         self._report_ranges(ranges)
         self._write_index_buffers()
@@ -430,13 +432,23 @@ class VhostStore:
         self.flush_count += 1
 
     def _sync(self, ranges: list[DirtyRange], fds: list[int], directories: list[Path], paths: list[Path]) -> None:
-        """Worker thread: message bytes first, then the index entries that point at them (open
-        files by descriptor, files closed while idle by path) and the names of new queue
-        directories and files."""
+        """Worker thread: the message segments and the open index files at once, then the files
+        closed while idle (by path) and the names of new queue directories and files.
+
+        At once, not message bytes first: one journal commit then covers the segments and the index
+        files (0.54-0.65 against 1.0-1.9 ms a flush, bench/history.md). A confirm waits for all of
+        them, as before. What a crash can leave is an index entry on disk whose record is not; the
+        kernel's own writeback could always do that (the entries go to the OS before this sync), a
+        follower's batch is synced the same way, and recovery drops such an entry (it points past the
+        segment's valid end) or reports it as damaged when read: a message never confirmed.
+        """
         started = time.perf_counter()
-        self.messages.sync_ranges(ranges)
-        for fd in fds:
-            os.fsync(fd)
+        segment_fds = open_ranges(ranges)
+        try:
+            fsync_together(segment_fds + fds)
+        finally:
+            for fd in segment_fds:
+                os.close(fd)
         for path in paths:
             sync_path(path)
         for directory in directories:

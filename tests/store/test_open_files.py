@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pamqp import commands
 
+from lavinpy.store import fsyncs
 from lavinpy.store.definitions import DefinitionsLog
 from lavinpy.store.entry_file import INDEX_FILES, OpenFiles, fd_budget
 from lavinpy.store.vhost_store import VhostStore
@@ -32,6 +33,7 @@ def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(fsyncs, "fsync_all", fsyncs.pool_fsync_all)  # a flush's files: through os.fsync
     return synced
 
 
@@ -87,6 +89,24 @@ def test_more_queues_than_the_budget_every_entry_synced_and_recovered(tmp_path: 
         assert len(q) == 1
         assert q.open_files == 0  # read at recovery, then closed
     store.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_a_flush_syncs_the_segment_and_the_enq_file(tmp_path: Path) -> None:
+    async def scenario() -> list[str]:
+        store = VhostStore(tmp_path, fsync="always")
+        store.open()
+        q = store.open_queue("q", durable=True)
+        store.finish_recovery()
+        q.push(store.messages.append("", "q", b"\x00\x00", b"m"))
+        with pytest.MonkeyPatch.context() as mp:
+            synced = _record_fsyncs(mp)
+            await store.flush(acks=False)
+        store.close(clean=False)
+        return synced
+
+    synced = asyncio.run(scenario())
+    assert {"enq", "msgs.0000000001"} <= {Path(p).name for p in synced}
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
