@@ -545,6 +545,8 @@ static PyMethodDef cwire_methods[] = {
     {"init", cwire_init, METH_VARARGS, "init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, heartbeat)"},
     {"header_span", (PyCFunction)(void (*)(void))cwire_header_span, METH_FASTCALL, "see _cwire_peek.c"},
     {"header_key", (PyCFunction)(void (*)(void))cwire_header_key, METH_FASTCALL, "see _cwire_peek.c"},
+    {"dedup_run", (PyCFunction)(void (*)(void))cwire_dedup_run, METH_FASTCALL, "see _cwire_dedup.c"},
+    {"dedup_records", (PyCFunction)(void (*)(void))cwire_dedup_records, METH_FASTCALL, "see _cwire_dedup.c"},
     {"scan", (PyCFunction)(void (*)(void))cwire_scan, METH_FASTCALL, "the reader's fast path (see the source)"},
     {"split_frames", cwire_split_frames, METH_VARARGS, "split_frames(buf, frame_max) -> (frames, used, bad)"},
     {"deliver_frames", (PyCFunction)(void (*)(void))cwire_deliver_frames, METH_FASTCALL,

@@ -26,8 +26,8 @@ skip_value(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
 /* Where the tagged value of the last headers entry called name (name_len bytes) is in the block of n
  * bytes: 1 with *found and *found_end set; 0 when the block has no headers or no such entry; -1 when
  * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides). */
-static int
-find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
+int
+cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
           Py_ssize_t *found_end)
 {
     if (n < 2 || (b[1] & 1))
@@ -77,7 +77,7 @@ cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t found = 0, found_end = 0;
-    int result = find_span((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+    int result = cwire_find_span((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
                            PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]), &found, &found_end);
     if (result < 0)
         Py_RETURN_NONE;
@@ -101,7 +101,7 @@ cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t found = 0, found_end = 0;
-    int result = find_span(b, PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
+    int result = cwire_find_span(b, PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
                            &found, &found_end);
     if (result < 0)
         Py_RETURN_NONE;
