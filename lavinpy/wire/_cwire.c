@@ -545,6 +545,7 @@ static PyMethodDef cwire_methods[] = {
     {"init", cwire_init, METH_VARARGS, "init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, heartbeat)"},
     {"header_span", (PyCFunction)(void (*)(void))cwire_header_span, METH_FASTCALL, "see _cwire_peek.c"},
     {"header_key", (PyCFunction)(void (*)(void))cwire_header_key, METH_FASTCALL, "see _cwire_peek.c"},
+    {"varied_run_kind", (PyCFunction)(void (*)(void))cwire_varied_run_kind, METH_FASTCALL, "see _cwire_peek.c"},
     {"dedup_run", (PyCFunction)(void (*)(void))cwire_dedup_run, METH_FASTCALL, "see _cwire_dedup.c"},
     {"dedup_records", (PyCFunction)(void (*)(void))cwire_dedup_records, METH_FASTCALL, "see _cwire_dedup.c"},
     {"scan", (PyCFunction)(void (*)(void))cwire_scan, METH_FASTCALL, "the reader's fast path (see the source)"},

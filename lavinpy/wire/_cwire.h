@@ -1,6 +1,6 @@
 /* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
- * header finder (_cwire_peek.c), a deduplication cache's run (_cwire_dedup.c) and MQTT's delivery-run encoder (_cwire_mqtt.c) that the module's
- * method table (_cwire.c) lists. */
+ * header finder (_cwire_peek.c), a deduplication cache's run (_cwire_dedup.c) and MQTT's delivery-run
+ * encoder (_cwire_mqtt.c) that the module's method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
 
@@ -17,6 +17,7 @@ PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
