@@ -9,7 +9,7 @@ from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from ..store.record import StoredMessage
-from ..wire.properties import PropertiesError, peek_delivery_mode, peek_headers
+from ..wire.properties import PropertiesError, fast_varied_run_kind, peek_delivery_mode, peek_headers, varied_run_kind
 from .exchanges.direct import DirectExchange
 from .exchanges.fanout import FanoutExchange
 from .exchanges.topic import TopicExchange
@@ -269,18 +269,12 @@ class VHostPublishing:
         delivery mode; the exchange routes by its own bindings (no exchange-to-exchange binding or
         alternate that might read a property). Deduplication (the exchange's, or its one target
         queue's) asks each message's identifier here and leaves the duplicates out of the run."""
-        with_headers = False
-        for block in properties:
-            if len(block) < 2 or block[0] & _EXPIRATION_FLAG_HIGH:
-                return None
-            if block[0] & _HEADERS_FLAG_HIGH:
-                if b"CC" in block:
-                    return None
-                with_headers = True
-        first_mode = peek_delivery_mode(properties[0])
-        for block in properties:
-            if peek_delivery_mode(block) != first_mode:
-                return None
+        kind = fast_varied_run_kind(properties)
+        if kind == -2:  # (the compiled check leaves an unusual block to the pure-Python one)
+            kind = varied_run_kind(properties)
+        if kind < 0:
+            return None
+        with_headers = kind == 1
         queues = self._run_targets(exchange, routing_key, None, True)
         if queues is None:
             return None

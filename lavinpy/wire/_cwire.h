@@ -1,6 +1,6 @@
 /* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
- * header finder (_cwire_peek.c) and MQTT's delivery-run encoder (_cwire_mqtt.c) that the module's
- * method table (_cwire.c) lists. */
+ * header finder (_cwire_peek.c), a deduplication cache's run (_cwire_dedup.c) and MQTT's delivery-run
+ * encoder (_cwire_mqtt.c) that the module's method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
 
@@ -17,6 +17,12 @@ PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
+int cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len,
+                    Py_ssize_t *found, Py_ssize_t *found_end);
 
 /* The bytes after the type tag of a field-table value of that type: 0-8, FIELD_LENGTH_PREFIXED for
  * a 4-byte length and that many bytes (strings, byte arrays, tables, arrays), FIELD_UNKNOWN for a tag

@@ -1,8 +1,10 @@
 /* One header's place in a property block, found without decoding the headers table: what a
  * deduplicating exchange or queue asks of every message (properties.peek_header, whose pure-Python
  * walk gives the same answers). */
+#define _GNU_SOURCE  /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 #include "_bytes.h"
 #include "_cwire.h"
@@ -26,8 +28,8 @@ skip_value(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
 /* Where the tagged value of the last headers entry called name (name_len bytes) is in the block of n
  * bytes: 1 with *found and *found_end set; 0 when the block has no headers or no such entry; -1 when
  * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides). */
-static int
-find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
+int
+cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
           Py_ssize_t *found_end)
 {
     if (n < 2 || (b[1] & 1))
@@ -77,7 +79,7 @@ cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t found = 0, found_end = 0;
-    int result = find_span((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
+    int result = cwire_find_span((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]),
                            PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]), &found, &found_end);
     if (result < 0)
         Py_RETURN_NONE;
@@ -101,7 +103,7 @@ cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t found = 0, found_end = 0;
-    int result = find_span(b, PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
+    int result = cwire_find_span(b, PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]), PyBytes_GET_SIZE(args[1]),
                            &found, &found_end);
     if (result < 0)
         Py_RETURN_NONE;
@@ -117,4 +119,56 @@ cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyUnicode_DecodeASCII((const char *)text, length, NULL);
     }
     return Py_BuildValue("nn", found, found_end);
+}
+
+/* The delivery mode of a block in the forms peek_delivery_mode reads without a walk: 0-255, 256 when
+ * absent, -1 when it cannot tell here. */
+static int
+delivery_mode_of(const unsigned char *b, Py_ssize_t n)
+{
+    if (n >= 3 && (b[0] & 0xF0) == 0x10 && !(b[1] & 1))
+        return b[2];
+    if (n >= 2 && !(b[0] & 0x10))
+        return 256;
+    if (n >= 7 && (b[0] & 0xF0) == 0x30 && !(b[1] & 1)) {
+        Py_ssize_t at = 6 + (Py_ssize_t)rd32(b + 2);
+        if (at < n)
+            return b[at];
+    }
+    return -1;
+}
+
+/* varied_run_kind(blocks) -> -1, 0 or 1 as properties.varied_run_kind answers; -2 when a block is in
+ * a form left to it (a flag continuation word, a delivery mode after other variable fields). */
+PyObject *
+cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyList_Check(args[0]) || PyList_GET_SIZE(args[0]) == 0) {
+        PyErr_SetString(PyExc_TypeError, "varied_run_kind(blocks: non-empty list)");
+        return NULL;
+    }
+    PyObject *blocks = args[0];
+    int with_headers = 0, first_mode = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(blocks); i++) {
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        if (!PyBytes_Check(block))
+            return PyLong_FromLong(-2);
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
+        Py_ssize_t n = PyBytes_GET_SIZE(block);
+        if (n < 2 || (b[0] & 0x01))
+            return PyLong_FromLong(-1);
+        if (b[0] & 0x20) {
+            if (memmem(b, (size_t)n, "CC", 2) != NULL)
+                return PyLong_FromLong(-1);
+            with_headers = 1;
+        }
+        int mode = delivery_mode_of(b, n);
+        if (mode < 0)
+            return PyLong_FromLong(-2);
+        if (i == 0)
+            first_mode = mode;
+        else if (mode != first_mode)
+            return PyLong_FromLong(-1);
+    }
+    return PyLong_FromLong(with_headers);
 }

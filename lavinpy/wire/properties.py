@@ -199,6 +199,26 @@ def peek_delivery_mode(raw: bytes | bytearray | memoryview) -> int | None:
     return raw[start] if stop > start else None
 
 
+def varied_run_kind(blocks: list[bytes]) -> int:
+    """Whether a publish run whose messages have their own property blocks can be taken whole as far
+    as the blocks say: -1 not (a block too short, with an expiration, or possibly with CC/BCC (a byte
+    test), or delivery modes that differ), 0 yes without headers, 1 yes with headers. The
+    pure-Python twin of ``_cwire.varied_run_kind`` (which answers -2 where it leaves it to this one)."""
+    with_headers = 0
+    for block in blocks:
+        if len(block) < 2 or block[0] & 0x01:  # expiration: bit 8, in the first flags byte
+            return -1
+        if block[0] & 0x20:  # headers: bit 13
+            if b"CC" in block:
+                return -1
+            with_headers = 1
+    first_mode = peek_delivery_mode(blocks[0])
+    for block in blocks:
+        if peek_delivery_mode(block) != first_mode:
+            return -1
+    return with_headers
+
+
 def peek_priority(raw: bytes | bytearray | memoryview) -> int | None:
     """priority (0-255 on the wire) without decoding the rest, or None when absent."""
     if len(raw) >= 2 and not raw[0] & 0x08:  # bit 11
@@ -311,6 +331,8 @@ def header_key(raw: bytes, name: bytes, limit: int) -> str | tuple[int, int] | t
 
 _header_span = accel.cwire.header_span if accel.cwire is not None else header_span
 find_header_key = accel.cwire.header_key if accel.cwire is not None else header_key
+# (the compiled one answers -2 for a block it leaves to varied_run_kind)
+fast_varied_run_kind = accel.cwire.varied_run_kind if accel.cwire is not None else varied_run_kind
 
 
 def peek_header(raw: bytes, name: str, key: bytes | None = None) -> object:

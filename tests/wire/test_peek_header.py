@@ -6,6 +6,7 @@ give the same spans on any bytes; on well formed tables the value is ``peek_head
 
 from __future__ import annotations
 
+import random
 import struct
 from decimal import Decimal
 
@@ -115,3 +116,46 @@ def test_the_compiled_finder_is_the_one_used_when_built() -> None:
     expected = accel.cwire.header_span if accel.cwire is not None else header_span
     assert properties._header_span is expected
     assert properties.find_header_key is (accel.cwire.header_key if accel.cwire is not None else header_key)
+
+
+def _run_blocks(rng: random.Random) -> list[bytes]:
+    """Property blocks as a run's messages bring them: with and without headers (identifiers, CC in a
+    value), persistent or not, an expiration, a delivery mode after a content type, a continuation word."""
+    from lavinpy.wire.properties import encode_property_values
+    forms: list[bytes] = [
+        encode_property_values(delivery_mode=2), encode_property_values(delivery_mode=1), encode_property_values(),
+        encode_property_values(delivery_mode=2, headers={"x-deduplication-header": "id"}),
+        encode_property_values(delivery_mode=2, headers={"k": "xCCx"}),
+        encode_property_values(headers={"k": 1}),
+        encode_property_values(delivery_mode=2, expiration="5"),
+        encode_property_values(delivery_mode=2, content_type="text/plain"),
+        b"\x10\x01\x00\x00\x02", b"\x10",
+    ]
+    return [rng.choice(forms) for _ in range(rng.randint(1, 6))]
+
+
+@pytest.mark.skipif(accel.cwire is None, reason="the compiled extension is not in use")
+@pytest.mark.parametrize("seed", range(300))
+def test_compiled_and_pure_run_checks_agree(seed: int) -> None:
+    """The compiled run check answers as the pure one, or leaves the run to it (-2)."""
+    assert accel.cwire is not None
+    blocks = _run_blocks(random.Random(seed))
+    try:
+        expected: object = properties.varied_run_kind(blocks)
+    except Exception as e:  # noqa: BLE001 - a malformed block: the compiled check must leave it
+        expected = type(e)
+    answer = accel.cwire.varied_run_kind(blocks)
+    assert answer in (expected, -2)
+    if all(block[:2] in (b"\x10\x00", b"\x00\x00", b"\x30\x00", b"\x20\x00") for block in blocks):
+        assert answer == expected  # the usual forms are answered in C
+
+
+def test_a_run_check_answers_what_the_blocks_say() -> None:
+    from lavinpy.wire.properties import encode_property_values, varied_run_kind
+    plain, with_id = encode_property_values(delivery_mode=2), encode_property_values(
+        delivery_mode=2, headers={"x-deduplication-header": "id"})
+    assert varied_run_kind([plain, plain]) == 0
+    assert varied_run_kind([plain, with_id]) == 1
+    assert varied_run_kind([plain, encode_property_values(delivery_mode=1)]) == -1
+    assert varied_run_kind([with_id, encode_property_values(delivery_mode=2, expiration="5")]) == -1
+    assert varied_run_kind([encode_property_values(delivery_mode=2, headers={"CC": ["q"]})]) == -1

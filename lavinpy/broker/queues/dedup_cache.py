@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...wire import accel
 from ...wire.properties import find_header_key, peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
@@ -74,12 +75,57 @@ def _stored_key(record: bytes) -> bytes | str:
     return record
 
 
-def _records(keys: list[bytes | str], expiries: list[int]) -> bytes:
-    """The file records of these keys (a ``str`` key is written as ``s`` + its ASCII bytes)."""
+def render_records(keys: list[bytes | str], expiries: list[int]) -> bytes:
+    """The file records of these keys (a ``str`` key is written as ``s`` + its ASCII bytes). The
+    pure-Python twin of ``_cwire.dedup_records``."""
     pack = _pack_head
     return b"".join([pack(len(key) + 1, expiry) + b"s" + key.encode("ascii") if type(key) is str
                      else pack(len(key), expiry) + key  # type: ignore[operator]
                      for key, expiry in zip(keys, expiries, strict=True)])
+
+
+def remember_run(blocks: list[bytes], start: int, name: bytes, limit: int, ttl_name: bytes,
+                 entries: dict[bytes | str, int], arrivals: deque[bytes | str], size: int, expiry: int,
+                 now_ms: int, unwritten: list[bytes | str] | None, duplicates: list[int]) -> tuple[int, int]:
+    """A cache's work for a publish run's property blocks from ``start``, the common message only
+    (a short ASCII string identifier under ``name``, shorter than ``limit``, no ``ttl_name`` in its
+    block): a new identifier is remembered (``entries``, ``arrivals``, the oldest forgotten past
+    ``size``; ``unwritten`` for the file), a live one's index goes to ``duplicates``, a block without
+    the header is kept. Stops at any other message (the caller takes it the whole way): returns
+    (where it stopped, ``len(blocks)`` at the end; the identifiers added to ``unwritten``). For a
+    cache without stale places in ``arrivals``. The pure-Python twin of ``_cwire.dedup_run``."""
+    find = find_header_key
+    lookup = entries.get
+    remember_arrival, forget_first = arrivals.append, arrivals.popleft
+    remember_key = unwritten.append if unwritten is not None else None
+    added = 0
+    for i in range(start, len(blocks)):
+        block = blocks[i]
+        key = find(block, name, limit)
+        if type(key) is not str:
+            if key == ():  # no identifier: kept, and not remembered
+                continue
+            return i, added
+        if ttl_name in block:  # the message's own TTL: the whole way
+            return i, added
+        known = lookup(key)
+        if known is None:  # new: the common case
+            remember_arrival(key)
+            entries[key] = expiry
+            if remember_key is not None:
+                remember_key(key)
+                added += 1
+            if len(entries) > size:
+                del entries[forget_first()]
+            continue
+        if known and known <= now_ms:  # expired: remembered anew the whole way
+            return i, added
+        duplicates.append(i)
+    return len(blocks), added
+
+
+_remember_run = accel.cwire.dedup_run if accel.cwire is not None else remember_run
+_records = accel.cwire.dedup_records if accel.cwire is not None else render_records
 
 
 def _frame(records: bytes) -> bytes:
@@ -170,52 +216,27 @@ class DedupCache:
         are not duplicates, or None when none is. The usual message (its identifier a short ASCII
         string, found and decoded by one compiled call, no TTL header of its own) is looked up,
         remembered and queued for the file in this one loop; any other goes through ``seen_in``."""
-        find, name = find_header_key, self._header_key
-        entries = self.entries
-        lookup = entries.get
-        remember_arrival = self._arrivals.append
-        forget_first = self._arrivals.popleft
-        size, ttl = self._size, self._ttl
+        ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
-        written = self._file is not None
-        remember_key, remember_expiry = self._unwritten_keys.append, self._unwritten_expiries.append
-        added = 0
-        duplicates: list[int] | None = None
-        for i, block in enumerate(blocks):
-            key = find(block, name, MAX_KEY_BYTES)
-            if type(key) is str:
-                if _TTL_NAME not in block:  # (else the message's own TTL: the whole way)
-                    known = lookup(key)
-                    if known is None:  # new: the common case
-                        remember_arrival(key)
-                        entries[key] = expiry
-                        if written:
-                            remember_key(key)
-                            remember_expiry(expiry)
-                            added += 1
-                        if len(entries) > size:
-                            if self._stale:
-                                self._forget_oldest()
-                            else:
-                                del entries[forget_first()]
-                        continue
-                    if known == 0 or known > now_ms:
-                        if duplicates is None:
-                            duplicates = []
-                        duplicates.append(i)
-                        continue
-            elif key == ():  # no identifier: kept, and not remembered
-                continue
-            if self.seen_in(block, now_ms):  # anything else, the whole way
-                if duplicates is None:
-                    duplicates = []
-                duplicates.append(i)
-        if added:
-            self._written_soon(added)
-        if duplicates is None:
+        unwritten = self._unwritten_keys if self._file is not None else None
+        duplicates: list[int] = []
+        at, count = 0, len(blocks)
+        while at < count:
+            if not self._stale:  # (else the whole way: forgetting the oldest skips stale places)
+                at, added = _remember_run(blocks, at, self._header_key, MAX_KEY_BYTES, _TTL_NAME, self.entries,
+                                          self._arrivals, self._size, expiry, now_ms, unwritten, duplicates)
+                if added:
+                    self._unwritten_expiries.extend([expiry] * added)
+                    self._written_soon(added)
+                if at == count:
+                    break
+            if self.seen_in(blocks[at], now_ms):  # anything else, the whole way
+                duplicates.append(at)
+            at += 1
+        if not duplicates:
             return None
         dropped = set(duplicates)
-        return [i for i in range(len(blocks)) if i not in dropped]
+        return [i for i in range(count) if i not in dropped]
 
     def _written_soon(self, added: int) -> None:
         """``added`` identifiers were queued for the file: a write is due, and maybe a rewrite."""
