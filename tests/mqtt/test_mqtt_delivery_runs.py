@@ -145,7 +145,7 @@ async def _large_bodies(tmp_path: Path) -> None:  # a running loop: the publishe
     try:
         sessions = MQTTSessions(harness.broker)
 
-        def subscriber() -> MQTTConnection:  # a persistent session: its queue outlives the connection
+        def subscriber() -> MQTTConnection:  # not clean: its queue outlives the connection
             conn = sessions.new_connection(("127.0.0.1", 50000))
             conn.start()
             conn.receive_data(codec.encode_connect("sub", clean_session=False, username="guest", password=b"guest")
