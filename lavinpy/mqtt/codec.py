@@ -7,7 +7,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from itertools import repeat
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
 
 from ..wire.accel import cwire
 
@@ -344,6 +346,22 @@ def puback_ids(data: bytes) -> list[int] | None:
     return list(parser.unpack(data))
 
 
+def puback_tags_py(data: bytes, inflight: dict[int, Any]) -> list[Any] | None:
+    """A read that is whole short PUBACKs and nothing else (``puback_ids``): each id popped from
+    ``inflight``, the popped values that are not None in order (an unknown id is skipped). None, and
+    nothing popped, for any other input."""
+    ids = puback_ids(data)
+    if ids is None:
+        return None
+    pop = inflight.pop
+    return [tag for tag in map(pop, ids, repeat(None)) if tag is not None]
+
+
+# The compiled twin when built, else the pure-Python one (tests/mqtt/test_mqtt_codec_agree.py).
+puback_tags: Callable[[bytes, dict[int, Any]], list[Any] | None] = (
+    cwire.mqtt_puback_tags if cwire is not None else puback_tags_py)
+
+
 def parse_packet_id(data: bytes, what: str) -> int:
     body = _Body(data)
     packet_id = body.u16()
@@ -483,6 +501,24 @@ def publish_run_packets_py(first: int, topic_field: bytes, block: bytes, first_i
 # The compiled twin when built (lavinpy.wire.accel decides), else the pure-Python one.
 publish_run_packets: Callable[[int, bytes, bytes, int, list[bytes]], bytes] = (
     cwire.mqtt_publish_run if cwire is not None else publish_run_packets_py)
+
+
+_KEY, _PROPERTIES, _BODY = itemgetter(2), itemgetter(3), itemgetter(4)  # of a stored message (a tuple)
+
+
+def publish_run_messages_py(first: int, topic_field: bytes, block: bytes, first_id: int, messages: list[Any],
+                            key: str, properties: bytes) -> bytes | None:
+    """``publish_run_packets`` of stored messages' bodies when every message has routing key ``key``
+    and properties ``properties``; None otherwise (the caller's loop takes that run). The compiled
+    twin also gives None for a body that is not bytes (a large one in place): the loop joins it."""
+    if len(messages) > 1 and not ({key}.issuperset(map(_KEY, messages))
+                                  and {properties}.issuperset(map(_PROPERTIES, messages))):
+        return None
+    return publish_run_packets_py(first, topic_field, block, first_id, list(map(_BODY, messages)))
+
+
+publish_run_messages: Callable[[int, bytes, bytes, int, list[Any], str, bytes], bytes | None] = (
+    cwire.mqtt_publish_messages if cwire is not None else publish_run_messages_py)
 
 
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,

@@ -131,11 +131,14 @@ class MQTTConnection:
         self.recv_oct += len(data)
         self.recv_cnt += 1
         subs = self.subscriptions
-        ids = None if subs is None or self._backlog or self.reader.buffered else codec.puback_ids(data)
-        if ids is not None and subs is not None:  # a subscriber's read of PUBACKs alone: one run, not split
-            self._handle(lambda: subs.puback_run(ids))
-        else:
+        if subs is None or self._backlog or self.reader.buffered:
             self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
+            return
+
+        def pubacks_or_packets() -> None:  # a subscriber's read of PUBACKs alone: one run, not split
+            if not subs.puback_read(data):
+                self._backlog.extend(self.reader.feed(data, not self.connected))
+        self._handle(pubacks_or_packets)
 
     def _handle(self, step: Callable[[], None]) -> None:
         """Run ``step``, then the packets waiting in the backlog; bad input closes the connection.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, Protocol
 
 from ..broker.errors import BrokerError
@@ -35,7 +34,6 @@ PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
 RETAINED_BATCH_BYTES = 1 << 20
 _PACKET_IDS = 65535
 # A stored message's fields, read over a whole run at C speed.
-_ROUTING_KEY, _PROPERTIES, _BODY = attrgetter("routing_key"), attrgetter("properties"), attrgetter("body")
 
 
 class SubscriberHost(Protocol):
@@ -315,8 +313,6 @@ class Subscriptions:
         cache = self._qos_by_properties
         if (cache[properties] if properties in cache else self._published_qos(properties)) == 0:
             return False
-        if count > 1 and (len(set(map(_ROUTING_KEY, messages))) != 1 or len(set(map(_PROPERTIES, messages))) != 1):
-            return False
         ids = range(next_id + 1, next_id + count + 1)
         inflight = self.inflight
         if not inflight.keys().isdisjoint(ids):
@@ -324,10 +320,14 @@ class Subscriptions:
         topic = self._topic_field
         if topic[0] != key:
             topic = self._topic_field = (key, codec.topic_field(topics.topic_name(key)))
+        # None when the run has other keys or properties (or, compiled, a body read in place): the loop
+        packets = codec.publish_run_messages(0x32, topic[1], self.property_block, next_id + 1, messages, key,
+                                             properties)
+        if packets is None:
+            return False
         inflight.update(zip(ids, range(first, first + count), strict=True))
         self._next_id = next_id + count
-        self.host.send(codec.publish_run_packets(0x32, topic[1], self.property_block, next_id + 1,
-                                                 list(map(_BODY, messages))))
+        self.host.send(packets)
         return True
 
     def consumer_cancelled(self, consumer: Consumer) -> None:
@@ -465,6 +465,22 @@ class Subscriptions:
             if self._next_id not in self.inflight and not self.qos2.taken(self._next_id):
                 return self._next_id
         raise codec.MQTTProtocolError("no packet identifier left")  # pragma: no cover - window is smaller
+
+    def puback_read(self, data: bytes) -> bool:
+        """A read of whole short PUBACKs and nothing else (what a QoS 1 subscriber sends) settled as
+        ``puback_run`` settles its ids; False, and nothing done, for any other input."""
+        if self.qos2_ids:
+            ids = codec.puback_ids(data)
+            if ids is None:
+                return False
+            self.puback_run(ids)
+            return True
+        tags = codec.puback_tags(data, self.inflight)  # the ids popped from the in-flight map at once
+        if tags is None:
+            return False
+        if tags:
+            self.deliveries.ack_run(tags)
+        return True
 
     def puback_run(self, packet_ids: list[int]) -> None:
         """The client's PUBACKs (of one read) settle their deliveries through the model as one run

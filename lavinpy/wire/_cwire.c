@@ -565,6 +565,10 @@ static PyMethodDef cwire_methods[] = {
      "mqtt_split(data, pos, limit, plain, packets) -> pos (see _cwire_mqtt.c)"},
     {"mqtt_publish_tail", (PyCFunction)(void (*)(void))cwire_mqtt_publish_tail, METH_FASTCALL,
      "mqtt_publish_tail(backlog, qos_flags, prefix, longest, payloads, packet_ids) -> count (see _cwire_mqtt.c)"},
+    {"mqtt_publish_messages", (PyCFunction)(void (*)(void))cwire_mqtt_publish_messages, METH_FASTCALL,
+     "mqtt_publish_messages(first, topic_field, block, first_id, messages, key, properties) -> bytes | None"},
+    {"mqtt_puback_tags", (PyCFunction)(void (*)(void))cwire_mqtt_puback_tags, METH_FASTCALL,
+     "mqtt_puback_tags(data, inflight) -> list | None (see _cwire_mqtt.c)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,8 @@ PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t narg
 PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_publish_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_puback_tags(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -1,5 +1,6 @@
-/* MQTT's compiled per-packet loops (part of lavinpy.wire._cwire): the delivery-run encoder, the
- * reader's split of short packets and a publish run's tail.
+/* MQTT's compiled per-packet loops (part of lavinpy.wire._cwire): the delivery-run encoders, the
+ * reader's split of short packets, a publish run's tail and a read of PUBACKs settled against the
+ * in-flight map.
  *
  * Each is the faster twin of a loop of lavinpy.mqtt.codec and must give the same results
  * (tests/mqtt/test_mqtt_delivery_runs.py, tests/mqtt/test_mqtt_codec_agree.py).
@@ -20,33 +21,24 @@ remaining_length_size(Py_ssize_t length)
  * the remaining length, ``topic_field`` (the length-prefixed topic), the packet id (``first_id`` for
  * the first body, then the next ids, 65535 followed by 1), ``block`` (MQTT 5's properties, else empty)
  * and the body. */
-PyObject *
-cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The PUBLISH packets of ``bodies`` (a list; each body item ``field`` of a tuple when ``field`` >= 0, else
+ * the item itself) as one bytes object (see mqtt_publish_run). NULL with an exception for input that
+ * does not fit; with ``field`` >= 0 a body that is not bytes gives NULL and no exception (the caller's
+ * loop encodes that run). */
+static PyObject *
+publish_packets(long first, PyObject *topic_field, PyObject *block_bytes, long packet_id, PyObject *bodies,
+                Py_ssize_t field)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_publish_run takes 5 arguments");
-        return NULL;
-    }
-    long first = PyLong_AsLong(args[0]);
-    long packet_id = PyLong_AsLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (first < 0 || first > 255 || packet_id < 1 || packet_id > 65535) {
-        PyErr_SetString(PyExc_ValueError, "mqtt_publish_run: first byte or packet id out of range");
-        return NULL;
-    }
-    if (!PyBytes_Check(args[1]) || !PyBytes_Check(args[2]) || !PyList_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "mqtt_publish_run: topic_field and block must be bytes, bodies a list");
-        return NULL;
-    }
-    PyObject *bodies = args[4];
     Py_ssize_t count = PyList_GET_SIZE(bodies);
-    Py_ssize_t topic_size = PyBytes_GET_SIZE(args[1]), block_size = PyBytes_GET_SIZE(args[2]);
+    Py_ssize_t topic_size = PyBytes_GET_SIZE(topic_field), block_size = PyBytes_GET_SIZE(block_bytes);
     Py_ssize_t fixed = topic_size + 2 + block_size, total = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (field >= 0)
+            body = PyTuple_GET_ITEM(body, field);
         if (!PyBytes_Check(body)) {
-            PyErr_SetString(PyExc_TypeError, "mqtt_publish_run: bodies must be bytes");
+            if (field < 0)
+                PyErr_SetString(PyExc_TypeError, "mqtt_publish_run: bodies must be bytes");
             return NULL;
         }
         Py_ssize_t length = fixed + PyBytes_GET_SIZE(body);
@@ -60,9 +52,11 @@ cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    const char *topic = PyBytes_AS_STRING(args[1]), *block = PyBytes_AS_STRING(args[2]);
+    const char *topic = PyBytes_AS_STRING(topic_field), *block = PyBytes_AS_STRING(block_bytes);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (field >= 0)
+            body = PyTuple_GET_ITEM(body, field);
         Py_ssize_t body_size = PyBytes_GET_SIZE(body);
         Py_ssize_t length = fixed + body_size;
         *p++ = (unsigned char)first;
@@ -82,6 +76,125 @@ cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         p += body_size;
     }
     return out;
+}
+
+/* The first byte and first packet id of mqtt_publish_run's and mqtt_publish_messages' arguments. */
+static int
+publish_run_head(PyObject *const *args, long *first, long *packet_id)
+{
+    *first = PyLong_AsLong(args[0]);
+    *packet_id = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return -1;
+    if (*first < 0 || *first > 255 || *packet_id < 1 || *packet_id > 65535) {
+        PyErr_SetString(PyExc_ValueError, "mqtt_publish_run: first byte or packet id out of range");
+        return -1;
+    }
+    if (!PyBytes_Check(args[1]) || !PyBytes_Check(args[2]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_publish_run: topic_field and block must be bytes, bodies a list");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *
+cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long first, packet_id;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_publish_run takes 5 arguments");
+        return NULL;
+    }
+    if (publish_run_head(args, &first, &packet_id) < 0)
+        return NULL;
+    return publish_packets(first, args[1], args[2], packet_id, args[4], -1);
+}
+
+/* mqtt_publish_messages(first, topic_field, block, first_id, messages, key, properties) -> bytes | None
+ *
+ * mqtt_publish_run for a run of stored messages (tuples: routing key at 2, properties at 3, body at 4)
+ * when every one has routing key ``key`` and properties ``properties`` (equal strings and bytes) and a
+ * bytes body; None otherwise (the caller's loop takes that run). */
+PyObject *
+cwire_mqtt_publish_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long first, packet_id;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_publish_messages takes 7 arguments");
+        return NULL;
+    }
+    if (publish_run_head(args, &first, &packet_id) < 0)
+        return NULL;
+    PyObject *messages = args[4], *key = args[5], *properties = args[6];
+    Py_ssize_t count = PyList_GET_SIZE(messages);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *msg = PyList_GET_ITEM(messages, i);
+        if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) < 5)
+            Py_RETURN_NONE;
+        for (int f = 2; f <= 3; f++) {
+            PyObject *have = PyTuple_GET_ITEM(msg, f), *want = f == 2 ? key : properties;
+            if (have == want)
+                continue;
+            int same = PyObject_RichCompareBool(have, want, Py_EQ);
+            if (same < 0)
+                return NULL;
+            if (!same)
+                Py_RETURN_NONE;
+        }
+    }
+    PyObject *out = publish_packets(first, args[1], args[2], packet_id, messages, 4);
+    if (out == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return out;
+}
+
+/* mqtt_puback_tags(data, inflight) -> list | None
+ *
+ * A read that is whole short PUBACKs and nothing else (each 0x40, 2, the packet id): each id popped
+ * from ``inflight`` (a dict), the popped values that are not None in order (an unknown id is skipped).
+ * None, and nothing popped, for any other input. */
+PyObject *
+cwire_mqtt_puback_tags(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_puback_tags(data: bytes, inflight: dict)");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    if (size == 0 || size & 3)
+        Py_RETURN_NONE;
+    for (Py_ssize_t at = 0; at < size; at += 4)
+        if (data[at] != 0x40 || data[at + 1] != 2)
+            Py_RETURN_NONE;
+    PyObject *inflight = args[1];
+    PyObject *tags = PyList_New(0);
+    if (tags == NULL)
+        return NULL;
+    for (Py_ssize_t at = 0; at < size; at += 4) {
+        PyObject *id = PyLong_FromLong(data[at + 2] << 8 | data[at + 3]);
+        if (id == NULL)
+            goto error;
+        PyObject *tag = PyDict_GetItemWithError(inflight, id); /* borrowed */
+        if (tag == NULL) {
+            Py_DECREF(id);
+            if (PyErr_Occurred())
+                goto error;
+            continue;
+        }
+        Py_INCREF(tag);
+        int failed = PyDict_DelItem(inflight, id);
+        Py_DECREF(id);
+        if (failed < 0 || (tag != Py_None && PyList_Append(tags, tag) < 0)) {
+            Py_DECREF(tag);
+            goto error;
+        }
+        Py_DECREF(tag);
+    }
+    return tags;
+error:
+    Py_DECREF(tags);
+    return NULL;
 }
 
 /* mqtt_split(data, pos, limit, plain, packets) -> pos

@@ -82,3 +82,17 @@ def test_a_publish_run_tail_takes_what_the_python_loop_takes(seed: int, monkeypa
     compiled = _tail(deque(parsed), max_payload)
     monkeypatch.setattr(codec, "_PUBLISH_TAIL", None)
     assert _tail(deque(parsed), max_payload) == compiled
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_read_of_pubacks_settles_as_the_python_loop(seed: int) -> None:
+    rng = random.Random(seed)
+    ids = [rng.randrange(0, 40) for _ in range(rng.randrange(0, 30))]
+    data = b"".join(codec.puback(packet_id) for packet_id in ids)
+    if rng.random() < 0.3:  # a read that is not PUBACKs alone: nothing settled
+        data = rng.choice([data + b"\xc0\x00", b"\x40\x03\x00\x01\x00" + data, data[:-1], data + b"\x40"])
+    inflight = {packet_id: rng.choice([None, rng.randrange(1000)]) for packet_id in rng.sample(range(40), 25)}
+    expected_left = dict(inflight)
+    expected = codec.puback_tags_py(data, expected_left)
+    assert cwire.mqtt_puback_tags(data, inflight) == expected
+    assert inflight == expected_left

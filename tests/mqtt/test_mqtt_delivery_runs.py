@@ -4,6 +4,7 @@ encoded one by one, packet ids and their wrap after 65535 included."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from lavinpy.mqtt import codec
 from lavinpy.mqtt.connection import MQTTConnection
 from lavinpy.mqtt.sessions import MQTTSessions
 from lavinpy.mqtt.subscriptions import Subscriptions
+from lavinpy.store.record import StoredMessage
 from lavinpy.wire.accel import cwire
 from tests.amqp.session_client import Harness
 
@@ -38,6 +40,35 @@ def test_the_run_encoder_gives_the_packets_one_by_one(seed: int) -> None:
         for block in (b"", b"\x00", b"\x02\x01\x01"):
             assert (cwire.mqtt_publish_run(0x32, field, block, first_id, bodies)
                     == codec.publish_run_packets_py(0x32, field, block, first_id, bodies))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_run_of_stored_messages_is_encoded_when_it_is_one_topic_and_properties(seed: int) -> None:
+    rng = random.Random(seed)
+    count = rng.randrange(1, 8)
+    key, properties = "t.a", b"\x10\x00\x02"
+    messages = [StoredMessage(i, "amq.topic", key, properties, body) for i, body in enumerate(_bodies(rng, count))]
+    changed = rng.choice(["none", "key", "properties", "equal copies", "in place"])
+    at = rng.randrange(count)
+    msg = messages[at]
+    if changed == "key":
+        messages[at] = msg._replace(routing_key="t.b")
+    elif changed == "properties":
+        messages[at] = msg._replace(properties=b"\x10\x00\x01")
+    elif changed == "equal copies":  # equal values, other objects: still one run
+        messages[at] = msg._replace(routing_key="".join(["t.", "a"]), properties=bytes(bytearray(properties)))
+    elif changed == "in place":  # a large body read in place: the loop takes the run (compiled)
+        messages[at] = msg._replace(body=memoryview(msg.body))  # type: ignore[arg-type]
+    field, first_id = codec.topic_field("t/a"), rng.choice([1, 65530])
+    one_run = changed not in ("key", "properties") or (changed != "none" and count == 1 and at == 0)
+    expected = codec.publish_run_packets_py(0x32, field, b"", first_id, [m.body for m in messages])
+    head = messages[0]
+    pure = codec.publish_run_messages_py(0x32, field, b"", first_id, messages, head.routing_key, head.properties)
+    assert pure == (expected if one_run else None)
+    if cwire is not None:
+        compiled = cwire.mqtt_publish_messages(0x32, field, b"", first_id, messages, head.routing_key,
+                                               head.properties)
+        assert compiled == (None if changed == "in place" else pure)
 
 
 def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
@@ -101,3 +132,38 @@ def test_run_deliveries_are_the_bytes_of_the_general_loop(tmp_path: Path, monkey
     assert True in runs and False in runs  # both the whole-run step and the loop were taken
     monkeypatch.setattr(Subscriptions, "_qos1_run", lambda self, first, messages: False)
     assert _deliveries(tmp_path / "loop") == with_runs
+
+
+def test_a_large_body_read_in_place_goes_to_a_qos1_subscriber(tmp_path: Path) -> None:
+    """Records of 256 KiB and more are read with their body in place (not bytes): a run of them goes
+    out through the loop, whole."""
+    asyncio.run(_large_bodies(tmp_path))
+
+
+async def _large_bodies(tmp_path: Path) -> None:  # a running loop: the publisher's PUBACKs wait for the disk
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        sessions = MQTTSessions(harness.broker)
+
+        def subscriber() -> MQTTConnection:  # not clean: its queue outlives the connection
+            conn = sessions.new_connection(("127.0.0.1", 50000))
+            conn.start()
+            conn.receive_data(codec.encode_connect("sub", clean_session=False, username="guest", password=b"guest")
+                              + bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+            harness.run_soon()
+            return conn
+
+        sub = subscriber()
+        sub.data_to_send()
+        sub.receive_data(b"\xe0\x00")  # DISCONNECT: what is published next waits in the queue
+        sub.lost()
+        pub = _connected(sessions, "pub")
+        bodies = [bytes([i]) * (300 << 10) for i in range(3)]
+        pub.receive_data(b"".join(codec.publish("t/a", body, 1, False, False, i + 1) for i, body in enumerate(bodies)))
+        harness.run_soon()
+        sub = subscriber()
+        packets = codec.PacketReader(1 << 24).feed(b"".join(sub.data_to_send()))
+        got = [codec.parse_publish(flags, body) for kind, flags, body in packets if kind == codec.PUBLISH]
+        assert [(p.topic, p.payload, p.qos) for p in got] == [("t/a", body, 1) for body in bodies]
+    finally:
+        harness.close()
