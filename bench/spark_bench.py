@@ -239,6 +239,13 @@ def median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else round((ordered[mid - 1] + ordered[mid]) / 2, 3)
 
 
+def _cpu_share(floor: dict[str, float], run: dict[str, float]) -> float:
+    """Spark's floor CPU (JVM + Python workers) over the run's (JVM + Python workers + broker): on a
+    machine whose cores are all busy, the ceiling of the wall-clock share, and steadier than it."""
+    spent = run["jvm"] + run["python_workers"] + run["broker"]
+    return round((floor["jvm"] + floor["python_workers"]) / spent, 3) if spent else 0.0
+
+
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
     """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind
     (round -1: a warm-up, printed as such)."""
@@ -270,6 +277,8 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
            "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
+           "cpu_write_of_floor": _cpu_share(roles["floor_write"], roles["write"]),
+           "cpu_read_of_floor": _cpu_share(roles["floor_read"], roles["read"]),
            "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     label = "warm-up" if round_no < 0 else f"round {round_no}"
     print(f"{kind:7} {label}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
@@ -323,11 +332,12 @@ def main() -> None:
         results["runs"] = runs
         for kind in kinds:
             mine = [r for r in runs if r["kind"] == kind]
-            results[kind] = {key: median([r[key] for r in mine]) for key in
-                             ("write_of_floor", "read_of_floor", "broker_us_per_write", "broker_us_per_read")}
-            print(f"{kind:7} median of {len(mine)}: write {results[kind]['write_of_floor']:.0%}, read "
-                  f"{results[kind]['read_of_floor']:.0%} of Spark alone; broker {results[kind]['broker_us_per_write']}"
-                  f" / {results[kind]['broker_us_per_read']} µs a message", flush=True)
+            got = results[kind] = {key: median([r[key] for r in mine]) for key in
+                                   ("write_of_floor", "read_of_floor", "cpu_write_of_floor", "cpu_read_of_floor",
+                                    "broker_us_per_write", "broker_us_per_read")}
+            print(f"{kind:7} median of {len(mine)}: write {got['write_of_floor']:.0%}, read {got['read_of_floor']:.0%} "
+                  f"of Spark alone (by CPU {got['cpu_write_of_floor']:.0%}, {got['cpu_read_of_floor']:.0%}); broker "
+                  f"{got['broker_us_per_write']} / {got['broker_us_per_read']} µs a message", flush=True)
     finally:
         spark.stop()
         if proc is not None:
