@@ -199,13 +199,13 @@ class BatchBuilder:
             return _all_false(n)  # no message redelivered: the usual case
         if isinstance(values, _Repeated):
             if values.value is None:
-                return _nulls(n, arrow_type)
+                return pa.nulls(n, arrow_type)
             if pa.types.is_string(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type):
                 # One scalar repeated in C (a list of n values is converted one by one).
                 return pa.repeat(pa.scalar(values.value, arrow_type), n)
             values = [values.value] * n
         elif (name in _PROPERTY_INDEX or name == "offset") and values.count(None) == n:  # offset: queue reads
-            return _nulls(n, arrow_type)
+            return pa.nulls(n, arrow_type)
         elif name in _NAME_COLUMNS and values.count(values[0]) == n:  # one exchange, one routing key: the usual
             return pa.repeat(pa.scalar(values[0], arrow_type), n)
         if name == "headers" and not (pa.types.is_map(arrow_type) and pa.types.is_string(arrow_type.item_type)):
@@ -228,21 +228,6 @@ def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
     for more in lists[1:]:
         joined.extend(more)
     return joined
-
-
-_null_arrays: dict[pa.DataType, pa.Array] = {}  # by type: all null, sliced to a batch's length
-_NULL_TYPES_MAX = 64
-
-
-def _nulls(n: int, arrow_type: pa.DataType) -> pa.Array:
-    """n nulls of a type: a slice of one array kept per type (a batch has up to 14 null columns, and
-    making each anew allocates and zeroes its buffers every batch)."""
-    held = _null_arrays.get(arrow_type)
-    if held is None or len(held) < n:
-        if len(_null_arrays) >= _NULL_TYPES_MAX:
-            _null_arrays.clear()
-        held = _null_arrays[arrow_type] = pa.nulls(max(n, BATCH_ROWS * 2), arrow_type)
-    return held.slice(0, n)
 
 
 def _all_false(n: int) -> pa.Array:
