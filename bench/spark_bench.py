@@ -1,7 +1,7 @@
 """Benchmark of the PySpark data source: batch write with confirms and batch read, stream and classic queues.
 
     python bench/spark_bench.py                 # starts its own lavinpy, 1,000,000 rows each way
-    python bench/spark_bench.py --rows 200000 --repeat 3   # quicker, three rounds
+    python bench/spark_bench.py --rows 300000 --kinds stream,classic,quorum   # quicker, three rounds
     python bench/spark_bench.py --kinds classic             # classic queues only
     python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
 
@@ -9,7 +9,8 @@ Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the 
 workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
 just before each run, with a data source that discards its input (`spark_floor_*`); `*_of_floor`
 is Spark's own time over the lavinpy run's (1.0: the broker and the client cost nothing visible).
-The last line is one JSON object.
+A warm-up round of every path comes first (unrecorded); the summary is each kind's median over the
+rounds. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -232,8 +233,22 @@ def timed(fn: Any, cpu: list[float] | None = None, roles: dict[str, float] | Non
     return elapsed
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else round((ordered[mid - 1] + ordered[mid]) / 2, 3)
+
+
+def _cpu_share(floor: dict[str, float], run: dict[str, float]) -> float:
+    """Spark's floor CPU (JVM + Python workers) over the run's (JVM + Python workers + broker): on a
+    machine whose cores are all busy, the ceiling of the wall-clock share, and steadier than it."""
+    spent = run["jvm"] + run["python_workers"] + run["broker"]
+    return round((floor["jvm"] + floor["python_workers"]) / spent, 3) if spent else 0.0
+
+
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
-    """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind."""
+    """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind
+    (round -1: a warm-up, printed as such)."""
     queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     declare_queue(url, queue, kind)
     roles: dict[str, dict[str, float]] = {"floor_write": {}, "write": {}, "floor_read": {}, "read": {}}
@@ -262,8 +277,11 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
            "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
+           "cpu_write_of_floor": _cpu_share(roles["floor_write"], roles["write"]),
+           "cpu_read_of_floor": _cpu_share(roles["floor_read"], roles["read"]),
            "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
-    print(f"{kind:7} round {round_no}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
+    label = "warm-up" if round_no < 0 else f"round {round_no}"
+    print(f"{kind:7} {label}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
           f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
           f"a message; load {run['load_average']:.1f}", flush=True)
@@ -281,7 +299,9 @@ def main() -> None:
     parser.add_argument("--max-in-flight", default="20000")
     parser.add_argument("--prefetch", help="the read's prefetch option (default: the source's)")
     parser.add_argument("--kinds", default="stream,classic", help="queue kinds to write and read, in turn")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds (each kind once per round, floor first)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each kind once per round, floor first); "
+                        "the summary is each figure's median over the rounds")
+    parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (full size, every kind)")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
@@ -295,27 +315,29 @@ def main() -> None:
     register_floor_sources(spark)
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
                                else "lavinpy (started by the bench)"}
-    warm = f"bench-warm-{uuid.uuid4().hex[:8]}"
+    kinds = [kind.strip() for kind in args.kinds.split(",")]
     runs: list[dict[str, Any]] = []
     try:
-        declare_queue(url, warm, "stream")
-        # Warm-up: JVM, Python workers, imports.
-        bodies(spark, 20_000, args.body_bytes, args.partitions).write.format("lavinpy").mode("append") \
-            .option("url", url).option("queue", warm).save()
-        spark.read.format("lavinpy").option("url", url).option("queue", warm).load().selectExpr("count(*)").collect()
-        bodies(spark, 20_000, args.body_bytes, 2).write.format("spark_floor").mode("append").save()
-        delete_queue(url, warm)
+        # Warm-up: every measured path (Spark's floor and lavinpy, both ways, each kind) once at full
+        # size, unrecorded: the JVM compiles its hot paths and the Python workers import and start,
+        # so that the first recorded floor is not a cold JVM's (several times slower).
+        for _ in range(args.warmup):
+            for kind in kinds:
+                one_run(spark, url, args, kind, -1)
         # Spark's floor is measured before each run: the machine may be shared, and only figures
         # taken in the same minutes compare.
         for round_no in range(args.repeat):
-            for kind in args.kinds.split(","):
-                runs.append(one_run(spark, url, args, kind.strip(), round_no))
+            for kind in kinds:
+                runs.append(one_run(spark, url, args, kind, round_no))
         results["runs"] = runs
-        for kind in args.kinds.split(","):
-            mine = [r for r in runs if r["kind"] == kind.strip()]
-            results[kind.strip()] = {
-                "write_of_floor_median": sorted(r["write_of_floor"] for r in mine)[len(mine) // 2],
-                "read_of_floor_median": sorted(r["read_of_floor"] for r in mine)[len(mine) // 2]}
+        for kind in kinds:
+            mine = [r for r in runs if r["kind"] == kind]
+            got = results[kind] = {key: median([r[key] for r in mine]) for key in
+                                   ("write_of_floor", "read_of_floor", "cpu_write_of_floor", "cpu_read_of_floor",
+                                    "broker_us_per_write", "broker_us_per_read")}
+            print(f"{kind:7} median of {len(mine)}: write {got['write_of_floor']:.0%}, read {got['read_of_floor']:.0%} "
+                  f"of Spark alone (by CPU {got['cpu_write_of_floor']:.0%}, {got['cpu_read_of_floor']:.0%}); broker "
+                  f"{got['broker_us_per_write']} / {got['broker_us_per_read']} µs a message", flush=True)
     finally:
         spark.stop()
         if proc is not None:

@@ -10,7 +10,6 @@ import datetime as _dt
 import decimal as _decimal
 import json
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from typing import Any
 
 import pyarrow as pa
@@ -173,7 +172,7 @@ class BatchBuilder:
     def _joined(chunks: list[DeliveryChunk]) -> DeliveryChunk:
         if len(chunks) == 1:
             return chunks[0]
-        return DeliveryChunk(*(list(chain.from_iterable(column)) for column in zip(*chunks, strict=True)))
+        return DeliveryChunk(*(_concatenated(column) for column in zip(*chunks, strict=True)))
 
     def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
                       properties: list[list[Any]], bodies: list[bytes],
@@ -196,10 +195,13 @@ class BatchBuilder:
 
     @staticmethod
     def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
+        if name == "redelivered" and (values.value is False if isinstance(values, _Repeated) else True not in values):
+            return _all_false(n)  # no message redelivered: the usual case
         if isinstance(values, _Repeated):
             if values.value is None:
                 return pa.nulls(n, arrow_type)
-            if pa.types.is_string(arrow_type):
+            if pa.types.is_string(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type):
+                # One scalar repeated in C (a list of n values is converted one by one).
                 return pa.repeat(pa.scalar(values.value, arrow_type), n)
             values = [values.value] * n
         elif (name in _PROPERTY_INDEX or name == "offset") and values.count(None) == n:  # offset: queue reads
@@ -218,6 +220,19 @@ class BatchBuilder:
             seconds = pa.array(values, type=pa.int64())
             return pc.multiply(seconds, 1_000_000).cast(arrow_type)
         return pa.array(values, type=arrow_type)
+
+
+def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
+    """The lists joined (list.extend copies references in C: no step per item in Python)."""
+    joined = list(lists[0])
+    for more in lists[1:]:
+        joined.extend(more)
+    return joined
+
+
+def _all_false(n: int) -> pa.Array:
+    """A boolean array of n false values, built from a zeroed bitmap."""
+    return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes((n + 7) // 8))])
 
 
 class _Repeated:

@@ -415,14 +415,18 @@ def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[s
     shared one with its value put back) is decoded on its own.
     """
     decoded: dict[bytes, tuple[int | None, list[Any]]] = {}
-    for block in dict.fromkeys(blocks):
+    # One block for all (the usual case): list.count compares by identity first, a pass in C.
+    distinct = blocks[:1] if blocks and blocks.count(blocks[0]) == len(blocks) else dict.fromkeys(blocks)
+    for block in distinct:
         offset, props = _offset_and_properties(block)
         at = stamped_offset_at(block)
         if at >= 0 and (block.find(_OFFSET_ENTRY) != at - len(_OFFSET_ENTRY)
                         or offset != int.from_bytes(block[at:at + 8], "big", signed=True)):
             return _chunk_one_by_one(offsets, exchanges, routing_keys, blocks, bodies)
         decoded[block] = (offset, props)
-    if None in offsets:  # no trailing entry: the offset, if any, is wherever the decode found it
+    # No trailing entry: the offset, if any, is wherever the decode found it (a classic or quorum
+    # queue's deliveries have none: their offsets stay None without a pass per delivery).
+    if None in offsets and any(offset is not None for offset, _props in decoded.values()):
         offsets = [decoded[block][0] if offset is None else offset
                    for offset, block in zip(offsets, blocks, strict=True)]
     if len(decoded) == 1:

@@ -274,3 +274,40 @@ def pa_table(batches):  # noqa: ANN001, ANN201 - a test helper
     import pyarrow as pa
 
     return pa.Table.from_batches(list(batches))
+
+
+def test_queue_read_columns_against_plain_conversion() -> None:
+    """Queue reads' columns (no offsets, shared or distinct property lists, some or no redelivered
+    messages, repeated integer properties, null columns) equal Arrow's conversion of plain lists."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from lavinpy.spark.read_rows import COLUMNS, BatchBuilder, read_schema
+    from lavinpy.spark.streams import _chunk
+
+    schema = to_arrow_schema(read_schema(), timezone="UTC")
+    shared = properties.encode_property_values(delivery_mode=2, content_type="text/plain")
+    other = properties.encode_property_values(delivery_mode=1, priority=3, app_id="app", timestamp=1_700_000_000)
+    for blocks, flags in (([shared] * 9, [False] * 9), ([shared] * 4 + [other] * 5, [False, True] + [False] * 7),
+                          ([other, shared] * 3, [True] * 6)):
+        n = len(blocks)
+        bodies = [b"m%d" % i for i in range(n)]
+        chunk = _chunk([None] * n, [""] * n, ["rk"] * n, blocks, bodies)
+        assert chunk.offsets == [None] * n
+        for batch_rows in (n, 2):
+            builder = BatchBuilder(schema, batch_rows=batch_rows)
+            head = chunk.head(2)
+            tail = chunk._make(column[2:] for column in chunk)
+            got = pa.Table.from_batches(list(builder.queue_batches([(head, flags[:2]), (tail, flags[2:])])), schema)
+            props = [properties.property_values(block, typed=False) for block in blocks]
+            plain = {"offset": [None] * n, "body": bodies, "routing_key": ["rk"] * n, "exchange": [""] * n,
+                     "redelivered": flags}
+            index = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
+                     "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "type": 10,
+                     "user_id": 11, "app_id": 12}
+            for name, i in index.items():
+                plain[name] = [p[i] for p in props]
+            plain["timestamp"] = [None if p[9] is None else p[9] * 1_000_000 for p in props]
+            want = pa.table([pa.array(plain[name]).cast(schema.field(name).type) if name == "timestamp"
+                             else pa.array(plain[name], schema.field(name).type) for name in COLUMNS], schema=schema)
+            assert got.equals(want), (blocks, flags, batch_rows)
