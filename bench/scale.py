@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--curves", default="connections,queues,bindings,bodies,consumers,fanout",
                     help=f"of {', '.join(sc.CURVES)}")
     ap.add_argument("--points", type=parse_points, default={}, help="override sizes: connections=20,50;queues=1k")
+    ap.add_argument("--prefetch", type=int, default=100, help="each consumer's prefetch in the consumers curve")
     ap.add_argument("--big-bodies", action="store_true", help="add 128 MiB to the bodies curve")
     ap.add_argument("--backlog", action="store_true", help="allow the backlog curve (20M x 1 KiB, tens of GiB)")
     ap.add_argument("--quick", action="store_true", help="1 s load windows and 2 s idle CPU (smoke runs only)")

@@ -305,9 +305,10 @@ async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object, out:
 
 
 async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
-    """``n`` consumers (each its own connection) on one queue, one publisher, 16 B, prefetch 100."""
+    """``n`` consumers (each its own connection) on one queue, one publisher, 16 B, prefetch 100 (``--prefetch``)."""
+    prefetch = str(getattr(args, "prefetch", 100))
     r = await asyncio.to_thread(perf, amqpperf, b, ["-publishers", "1", "-consumers", str(n), "-queues", "1",
-                                                    "-size", "16", "-prefetch", "100", *window()])
+                                                    "-size", "16", "-prefetch", prefetch, *window()])
     cores = (r.get("cpu_cores") or {}).get("broker")
     return {"con msg/s": r.get("con_rate") or 0, "pub msg/s": r.get("pub_rate") or 0,
             "broker cores": cores or 0, "RSS peak MiB": (r.get("broker_rss_peak_kb") or 0) / 1024,
