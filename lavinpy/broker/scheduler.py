@@ -30,11 +30,7 @@ __all__ = ["DELIVERY_ROUNDS", "DeliveringQueue", "DeliveryScheduler", "PendingWo
 
 log = logging.getLogger("lavinpy.scheduler")
 
-# Rounds of the queues' deliveries in one turn. 16 x DELIVERY_BATCH is 4,096 messages, more than one
-# publisher's input turn (256 KiB, about 2,900 messages of 16 B) brings in: a consumer that fell behind
-# then catches up. At 4 it could not, and scenario a (bench/compare.py) ran at a third of its rate with
-# seconds of latency in about half the runs (bench/history.md).
-DELIVERY_ROUNDS = 16
+DELIVERY_ROUNDS = 4  # rounds of the queues' deliveries in one turn
 
 
 class DeliveringQueue(Protocol):
