@@ -191,12 +191,7 @@ class Deliveries:
                         queue.ack_many(run.positions[done:done + count])
                     if not run.live:
                         unacked._drop_settled()
-                    queue.stats.ack += count
-                    self.counters.ack += count
-                    if queue.consumers and queue.message_count:
-                        self._schedule(queue)
-                    if self.prefetch:
-                        self._room_freed()
+                    self._acked_run(queue, count)
                     return None
             pieces = unacked.take_consecutive(first, count)  # acks in delivery order: whole run slices
             if pieces is not None:
