@@ -5,10 +5,11 @@ A queue that can deliver (a publish, an ack freeing prefetch room, a consumer ad
 with ``schedule_delivery``; a face's connection with output waiting (a delivery written into it, a
 reply) registers itself with ``schedule`` (anything with ``run_pending``). One callback, asked of the
 loop once however many asked, runs a turn: the queues' deliveries first, at most DELIVERY_ROUNDS
-rounds (a queue that still has work after that waits for the next turn, so a busy queue cannot hold
-the loop), then each registered connection's ``run_pending`` once, so a batch of deliveries leaves in
-one write per connection. Asking during a turn asks for the next one (a connection registered while
-the turn writes is written then; one registered by the turn's deliveries is written in this turn too).
+rounds, each after a check of the cluster lease (a queue that still has work after that waits for the
+next turn, so a busy queue cannot hold the loop), then each registered connection's ``run_pending``
+once, so a batch of deliveries leaves in one write per connection. Asking during a turn asks for the
+next one (a connection registered while the turn writes is written then; one registered by the turn's
+deliveries is written in this turn too).
 A failure in one queue or connection is logged and the turn goes on with the others.
 
 A face may also run a turn at the end of a batch of its input (``run``, or ``run_deliveries`` for the
@@ -30,7 +31,11 @@ __all__ = ["DELIVERY_ROUNDS", "DeliveringQueue", "DeliveryScheduler", "PendingWo
 
 log = logging.getLogger("lavinpy.scheduler")
 
-DELIVERY_ROUNDS = 4  # rounds of the queues' deliveries in one turn
+# Rounds of the queues' deliveries in one turn. 16 x DELIVERY_BATCH is 4,096 messages, more than one
+# publisher's input turn (256 KiB, about 2,900 messages of 16 B) brings in: a consumer that fell behind
+# then catches up. At 4 it could not, and a publisher with one autoack consumer ran at a third of its
+# rate with seconds of latency in about a third of the runs (bench/history.md, issue 31).
+DELIVERY_ROUNDS = 16
 
 
 class DeliveringQueue(Protocol):
@@ -110,11 +115,14 @@ class DeliveryScheduler:
                     log.exception("writing a connection's output failed")
 
     def run_deliveries(self) -> None:
-        """Let every queue with deliveries to make deliver (a few rounds; the rest waits for a turn)."""
-        if self.serving_guard is not None and not self.serving_guard():
-            return
+        """Let every queue with deliveries to make deliver (a few rounds; the rest waits for a turn).
+        A cluster leader's lease is checked before each round: a lease that runs out during a long turn
+        stops the deliveries after at most one more round, not at the next turn."""
+        guard = self.serving_guard
         rounds = 0
         while self.queues and rounds < DELIVERY_ROUNDS:
+            if guard is not None and not guard():
+                return
             rounds += 1
             queues, self.queues = self.queues, set()
             for queue in queues:

@@ -161,6 +161,17 @@ def test_deleted_queues_are_skipped_and_a_stepped_down_node_delivers_nothing(sch
     assert log == ["write conn", "deliver kept"]
 
 
+def test_a_lease_that_runs_out_during_a_turn_stops_its_deliveries_after_the_round(scheduler: DeliveryScheduler,
+                                                                                   loop: Loop) -> None:
+    log: list[str] = []
+    checks: list[bool] = [True, True, False]  # the lease runs out during the second round
+    scheduler.serving_guard = lambda: checks.pop(0) if checks else False
+    scheduler.schedule_delivery(FakeQueue("busy", log, rounds=DELIVERY_ROUNDS))
+    loop.run_one()
+    assert log == ["deliver busy"] * 2 and not checks
+    assert not loop.soon  # a node that may no longer serve asks for no further turn
+
+
 def test_a_turn_run_at_the_end_of_an_input_batch_leaves_the_consumers_another(scheduler: DeliveryScheduler,
                                                                             loop: Loop) -> None:
     log: list[str] = []
