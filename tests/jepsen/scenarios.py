@@ -408,12 +408,15 @@ def f9_healthy_leader(run: Run) -> None:
 # ---- F10: no node leads without the ISR key unless an operator says so; old backups never lead --------
 
 def f10_isr_key_deleted(run: Run) -> None:
-    """The ISR key is deleted and the leader killed: no node may lead until the operator forces one."""
+    """The leader is killed and the ISR key deleted: no node may lead until the operator forces one."""
     n, c = run.nemesis, run.cluster
     leader = n.leader()
     f1, _ = n.followers(leader)
-    n.delete_isr()
+    # Killed first: a live leader writes the ISR key again with each epoch it records (about once a
+    # second while the stream moves), after which a follower may rightly lead. Its lease keeps the
+    # others from taking over for more than a second after the kill, long after the delete.
     n.kill(leader)
+    n.delete_isr()
     led = _watch(lease_ttl(run) + 2, lambda: ",".join(c.serving()), 0.3)  # past the killed leader's lease
     if led:
         run.problems.append(f"F10: {led} led with no ISR key in etcd and no operator")
