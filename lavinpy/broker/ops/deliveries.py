@@ -62,7 +62,7 @@ class Deliveries:
         self.tag = 0  # the last delivery tag given
         self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
         self.counters = counters
-        # Set by a session that writes right after its input step: the queue side of in-order acks
+        # Set by a connection that writes right after its input step: the queue side of in-order acks
         # (their index and segment updates) waits here until that write is out (``settle_deferred``).
         self.deferred_acks: list[tuple[QueueKind, list[int]]] | None = None
         self._vhost = vhost
