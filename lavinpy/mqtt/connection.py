@@ -124,7 +124,9 @@ class MQTTConnection:
     def start(self) -> None:
         self._effects.append(SetTimer(CONNECT_TIMEOUT))
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes, write_follows: bool = False) -> None:
+        """Input read. ``write_follows``: the caller writes the output at once and then calls
+        ``settle_deferred`` (a subscriber's acks then reach its queue after its next deliveries' write)."""
         if self.closed:
             return
         self._last_recv = time.monotonic()
@@ -136,9 +138,15 @@ class MQTTConnection:
             return
 
         def pubacks_or_packets() -> None:  # a subscriber's read of PUBACKs alone: one run, not split
-            if not subs.puback_read(data):
+            if not subs.puback_read(data, write_follows):
                 self._backlog.extend(self.reader.feed(data, not self.connected))
         self._handle(pubacks_or_packets)
+
+    def settle_deferred(self) -> None:
+        """What ``receive_data(write_follows=True)`` left for after the write, done."""
+        subs = self.subscriptions
+        if subs is not None:
+            subs.settle_deferred()
 
     def _handle(self, step: Callable[[], None]) -> None:
         """Run ``step``, then the packets waiting in the backlog; bad input closes the connection.

@@ -466,9 +466,11 @@ class Subscriptions:
                 return self._next_id
         raise codec.MQTTProtocolError("no packet identifier left")  # pragma: no cover - window is smaller
 
-    def puback_read(self, data: bytes) -> bool:
+    def puback_read(self, data: bytes, write_follows: bool = False) -> bool:
         """A read of whole short PUBACKs and nothing else (what a QoS 1 subscriber sends) settled as
-        ``puback_run`` settles its ids; False, and nothing done, for any other input."""
+        ``puback_run`` settles its ids; False, and nothing done, for any other input. ``write_follows``:
+        the caller writes the deliveries this frees, then calls ``settle_deferred``: the queue side of
+        the acks waits until then (the client's next window is out one index update sooner)."""
         if self.qos2_ids:
             ids = codec.puback_ids(data)
             if ids is None:
@@ -479,8 +481,16 @@ class Subscriptions:
         if tags is None:
             return False
         if tags:
-            self.deliveries.ack_run(tags)
+            deliveries = self.deliveries
+            if write_follows:
+                deliveries.deferred_acks = []
+            deliveries.ack_run(tags)
         return True
+
+    def settle_deferred(self) -> None:
+        """The acks ``puback_read`` left for after the write, applied (nothing when none waits)."""
+        if self.deliveries.deferred_acks is not None:
+            self.deliveries.settle_deferred()
 
     def puback_run(self, packet_ids: list[int]) -> None:
         """The client's PUBACKs (of one read) settle their deliveries through the model as one run

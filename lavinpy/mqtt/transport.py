@@ -61,7 +61,9 @@ class ConnectionDriver:
         held = scheduler.hold()  # no turn of the loop asked for what is done and written here
         self._flush_scheduled = True  # the pump below writes this connection's output
         try:
-            conn.receive_data(data)
+            # A subscriber's PUBACKs free its window at once; their queue-side acks wait for the write
+            # (settle_deferred below): the client's next deliveries go out before that bookkeeping.
+            conn.receive_data(data, True)
             if scheduler.queues:
                 # What this input made deliverable (a PUBACK freeing window room, publishes) goes out
                 # in this turn of the loop, not two turns later: an in-flight window's round trip.
@@ -70,6 +72,7 @@ class ConnectionDriver:
         finally:
             if self._flush_scheduled:  # the pump did not run (a bug raised): a turn writes the output
                 self._schedule(self)
+            conn.settle_deferred()
             scheduler.release(held)  # a turn for what is left: other connections' output, deliveries
 
     def ended(self) -> None:

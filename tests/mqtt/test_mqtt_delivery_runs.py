@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,7 @@ from lavinpy.mqtt import codec
 from lavinpy.mqtt.connection import MQTTConnection
 from lavinpy.mqtt.sessions import MQTTSessions
 from lavinpy.mqtt.subscriptions import Subscriptions
+from lavinpy.mqtt.transport import ConnectionDriver
 from lavinpy.store.record import StoredMessage
 from lavinpy.wire.accel import cwire
 from tests.amqp.session_client import Harness
@@ -165,5 +167,101 @@ async def _large_bodies(tmp_path: Path) -> None:  # a running loop: the publishe
         packets = codec.PacketReader(1 << 24).feed(b"".join(sub.data_to_send()))
         got = [codec.parse_publish(flags, body) for kind, flags, body in packets if kind == codec.PUBLISH]
         assert [(p.topic, p.payload, p.qos) for p in got] == [("t/a", body, 1) for body in bodies]
+    finally:
+        harness.close()
+
+
+def _window_round_trips(tmp_path: Path, write_follows: bool) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """A QoS 1 subscriber (window 10) answering each write with its PUBACKs, 60 messages queued: the
+    writes, and per round trip the queue's unacked count (once its deliveries are out, then at the end)."""
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        sessions = MQTTSessions(harness.broker)
+        sub = _connected(sessions, "sub")
+        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+        harness.run_soon()
+        sub.data_to_send()
+        pub = _connected(sessions, "pub")
+        pub.receive_data(b"".join(codec.publish("t/a", b"m%d" % i, 1, False, False, i + 1) for i in range(60)))
+        harness.run_soon()
+        assert sub.subscriptions is not None
+        queue = next(iter(sub.subscriptions.consumers.values())).queue
+        reads, counts = [], []
+        out = b"".join(sub.data_to_send())
+        while out:
+            reads.append(out)
+            ids = [codec.parse_publish(flags, body).packet_id
+                   for kind, flags, body in codec.PacketReader(1 << 24).feed(out) if kind == codec.PUBLISH]
+            sub.receive_data(b"".join(codec.puback(packet_id) for packet_id in ids), write_follows)
+            harness.run_soon()
+            out = b"".join(sub.data_to_send())
+            out_count = queue.unacked_count
+            sub.settle_deferred()
+            counts.append((out_count, queue.unacked_count))
+        assert queue.message_count == 0 and queue.unacked_count == 0
+        return reads, counts
+    finally:
+        harness.close()
+
+
+def test_acks_settled_after_the_write_leave_the_queue_as_acks_settled_at_once(tmp_path: Path) -> None:
+    """A subscriber's PUBACK read with ``write_follows``: its window is free for the next deliveries
+    at once, the queue's index learns of the acks at ``settle_deferred``; the same bytes and end state."""
+    at_once, at_once_counts = _window_round_trips(tmp_path / "at-once", False)
+    deferred, deferred_counts = _window_round_trips(tmp_path / "deferred", True)
+    assert deferred == at_once and len(at_once) == 6
+    assert at_once_counts == [(10, 10)] * 5 + [(0, 0)]
+    assert deferred_counts == [(20, 10)] * 5 + [(10, 0)]  # the acks of a window reach the queue after its write
+
+
+class _RecordingDriver(ConnectionDriver):
+    """The asyncio driver on a recording carrier: what the queue had unacked at each write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[bytes, int]] = []
+        self.queue: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.writes.append((data, self.queue.unacked_count if self.queue is not None else -1))
+
+    def close(self) -> None:
+        pass
+
+    def set_reading(self, paused: bool) -> None:
+        pass
+
+    def closing(self) -> bool:
+        return False
+
+
+def test_the_driver_writes_the_next_window_then_settles_the_acks(tmp_path: Path) -> None:
+    asyncio.run(_driver_round_trip(tmp_path))
+
+
+async def _driver_round_trip(tmp_path: Path) -> None:
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        sessions = MQTTSessions(harness.broker)
+        driver = _RecordingDriver()
+        driver.attach(sessions.new_connection(("127.0.0.1", 50000)))
+        driver.received(codec.encode_connect("sub", username="guest", password=b"guest")
+                        + bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+        harness.run_soon()
+        pub = _connected(sessions, "pub")
+        pub.receive_data(b"".join(codec.publish("t/a", b"m%d" % i, 1, False, False, i + 1) for i in range(30)))
+        harness.run_soon()
+        conn = driver.conn
+        assert conn is not None and conn.subscriptions is not None
+        driver.queue = next(iter(conn.subscriptions.consumers.values())).queue
+        for _ in range(2):
+            first = driver.writes[-1][0]
+            ids = [codec.parse_publish(flags, body).packet_id
+                   for kind, flags, body in codec.PacketReader(1 << 24).feed(first) if kind == codec.PUBLISH]
+            assert len(ids) == 10
+            driver.received(b"".join(codec.puback(packet_id) for packet_id in ids))
+            assert driver.writes[-1][1] == 20  # the next window written before its acks reached the queue
+            assert driver.queue.unacked_count == 10  # and settled before received() returned
+            assert conn.subscriptions.deliveries.deferred_acks is None
     finally:
         harness.close()

@@ -50,7 +50,8 @@ def get_one(queue: QueueKind, no_ack: bool, counters: ProtocolCounters) -> tuple
 class Deliveries:
     """The unacked deliveries of one channel, by delivery tag, in delivery order."""
 
-    __slots__ = ("unacked", "tag", "prefetch", "counters", "_vhost", "_schedule", "_room_freed", "_channel")
+    __slots__ = ("unacked", "tag", "prefetch", "counters", "deferred_acks", "_vhost", "_schedule", "_room_freed",
+                 "_channel")
 
     def __init__(self, vhost: VHost, room_freed: Callable[[], None], counters: ProtocolCounters, *,
                  channel: bool = True) -> None:
@@ -61,6 +62,9 @@ class Deliveries:
         self.tag = 0  # the last delivery tag given
         self.prefetch = 0  # the channel-wide prefetch (basic.qos global=true); 0 = none
         self.counters = counters
+        # Set by a connection that writes right after its input step: the queue side of in-order acks
+        # (their index and segment updates) waits here until that write is out (``settle_deferred``).
+        self.deferred_acks: list[tuple[QueueKind, list[int]]] | None = None
         self._vhost = vhost
         self._schedule = vhost.schedule_delivery
         self._room_freed = room_freed  # the session delivers again to its own consumers
@@ -185,7 +189,10 @@ class Deliveries:
                     unacked._count -= count
                     if consumer is not None:
                         consumer.credit(count)
-                    if count == 1:
+                    later = self.deferred_acks
+                    if later is not None:  # the books and the window now, the queue's index after the write
+                        later.append((queue, run.positions[done:done + count]))
+                    elif count == 1:
                         queue.ack(run.positions[done])
                     else:
                         queue.ack_many(run.positions[done:done + count])
@@ -214,6 +221,15 @@ class Deliveries:
             return bad
         self._acks(items)  # type: ignore[arg-type]
         return None
+
+    def settle_deferred(self) -> None:
+        """The queue side of the acks ``ack_run`` deferred (``deferred_acks``), applied in their order;
+        deferring ends."""
+        later = self.deferred_acks
+        self.deferred_acks = None
+        if later:
+            for queue, positions in later:
+                queue.ack_many(positions)
 
     def _acked_run(self, queue: QueueKind, count: int) -> None:
         """The books after ``count`` acks of one queue's deliveries: counted, and the queue and the
