@@ -15,9 +15,12 @@ publisher process (1 KiB persistent, ``--confirm`` outstanding, 256 as b) and on
 Each run gets a fresh broker (fsync always, the default) started from ``--tree`` (a source tree; give
 two, comma separated, to alternate an old and a new tree in the same minutes). The figure is the
 broker's CPU (utime + stime from /proc) over the measured window divided by the messages consumed in
-it. On a loaded machine the rate moves the figure (a group commit's cost is shared by the messages
-it confirms): ``--rate`` publishes at a fixed rate every mode reaches, so the modes share the commit
-pattern and the difference is the work per message. Run from the repository root:
+it; beside it the event loop thread's share, the compiled store's fsync workers' share (the threads
+named ``lavinpy-fsync``: what a group commit's extra file costs in kernel fsync work) and the
+messages per group commit (from the Prometheus flush count). On a loaded machine the rate moves the
+figure (a group commit's cost is shared by the messages it confirms): ``--rate`` publishes at a fixed
+rate every mode reaches, so the modes share the commit pattern and the difference is the work per
+message. Run from the repository root:
 
     python3 bench/dedup_bench.py --rounds 3
     python3 bench/dedup_bench.py --tree ../old,. --modes off-ids,on-ids --rounds 3
@@ -39,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from pamqp import body as content_body
@@ -63,6 +67,31 @@ def free_port() -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds per thread kind: "loop" (the main thread), "fsync" (the compiled store's fsync
+    workers), "other"."""
+    kinds = {"loop": 0.0, "fsync": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        kind = "loop" if tid == str(pid) else "fsync" if name == "lavinpy-fsync" else "other"
+        kinds[kind] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return kinds
+
+
+def flush_count(port: int) -> float:
+    """The store's group commits so far (``io_sync_ops_total`` on the Prometheus port)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith("lavinpy_io_sync_ops_total"):
+                return float(line.split()[-1])
+    return 0.0
 
 
 def message_template(size: int, with_id: bool) -> tuple[bytes, bytes]:
@@ -177,10 +206,10 @@ async def _declare(port: int, mode: str, cache_size: int) -> None:
 
 def run_once(tree: Path, mode: str, args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="dedup-bench-"))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
-                             "--amqp-port", str(port), "--http-port", "0", "--prometheus-port", "0",
+                             "--amqp-port", str(port), "--http-port", "0", "--prometheus-port", str(metrics_port),
                              "--mqtt-port", "0", "--bind", "127.0.0.1", "--log-level", "warning"],
                             cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -200,14 +229,19 @@ def run_once(tree: Path, mode: str, args: argparse.Namespace) -> dict:
         consumer.start()
         publisher.start()
         time.sleep(args.warmup)
+        f0, k0 = flush_count(metrics_port), thread_cpu_seconds(proc.pid)
         c0, n0, t0 = cpu_seconds(proc.pid), counter.value, time.monotonic()
         time.sleep(args.seconds)
         c1, n1, t1 = cpu_seconds(proc.pid), counter.value, time.monotonic()
+        f1, k1 = flush_count(metrics_port), thread_cpu_seconds(proc.pid)
         publisher.join(30)
         consumer.join(30)
         messages = n1 - n0
         return {"tree": str(tree), "mode": mode, "messages": messages, "rate": round(messages / (t1 - t0)),
-                "cpu_us_per_msg": round((c1 - c0) * 1e6 / messages, 2) if messages else None}
+                "cpu_us_per_msg": round((c1 - c0) * 1e6 / messages, 2) if messages else None,
+                **{f"{kind}_us_per_msg": round((k1[kind] - k0[kind]) * 1e6 / messages, 2) if messages else None
+                   for kind in ("loop", "fsync")},
+                "msg_per_flush": round(messages / (f1 - f0), 1) if f1 > f0 else None}
     finally:
         proc.terminate()
         try:
@@ -235,6 +269,7 @@ def main() -> None:
     trees = [Path(t).resolve() for t in args.tree.split(",")]
     modes = [m for m in args.modes.split(",") if m]
     results: dict[tuple[str, str], list[float]] = {}
+    parts: dict[tuple[str, str, str], list[float]] = {}
     for rnd in range(args.rounds):
         for mode in modes:
             for tree in trees:
@@ -244,7 +279,9 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 if r["cpu_us_per_msg"]:
                     results.setdefault((str(tree), mode), []).append(r["cpu_us_per_msg"])
-    print(f"{'tree':<40}{'mode':<10}{'µs/msg (median)':>18}{'vs off':>10}{'vs off-ids':>12}")
+                    for kind in ("loop", "fsync"):
+                        parts.setdefault((str(tree), mode, kind), []).append(r[f"{kind}_us_per_msg"])
+    print(f"{'tree':<40}{'mode':<10}{'µs/msg (median)':>18}{'vs off':>10}{'vs off-ids':>12}{'loop':>8}{'fsync':>8}")
     for tree in trees:
         base = statistics.median(results.get((str(tree), "off"), [0.0])) or None
         with_ids = statistics.median(results.get((str(tree), "off-ids"), [0.0])) or None
@@ -255,7 +292,8 @@ def main() -> None:
             med = statistics.median(values)
             ratio = f"{med / base - 1:+.1%}" if base else ""
             ids_ratio = f"{med / with_ids - 1:+.1%}" if with_ids and mode == "on-ids" else ""
-            print(f"{str(tree)[-40:]:<40}{mode:<10}{med:>18.2f}{ratio:>10}{ids_ratio:>12}")
+            loop, fsync = (statistics.median(parts[(str(tree), mode, kind)]) for kind in ("loop", "fsync"))
+            print(f"{str(tree)[-40:]:<40}{mode:<10}{med:>18.2f}{ratio:>10}{ids_ratio:>12}{loop:>8.2f}{fsync:>8.2f}")
     print(f"load average {os.getloadavg()}")
 
 

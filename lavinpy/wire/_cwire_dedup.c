@@ -41,17 +41,26 @@ cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const char *name = PyBytes_AS_STRING(args[2]), *ttl_name = PyBytes_AS_STRING(args[4]);
     Py_ssize_t name_len = PyBytes_GET_SIZE(args[2]), ttl_len = PyBytes_GET_SIZE(args[4]);
     Py_ssize_t i = start < 0 ? 0 : start, added = 0;
-    PyObject *key = NULL;
+    /* The deque's methods looked up once per run, not once per message. */
+    PyObject *append = PyObject_GetAttr(arrivals, str_append);
+    if (append == NULL)
+        return NULL;
+    PyObject *popleft = PyObject_GetAttr(arrivals, str_popleft);
+    if (popleft == NULL) {
+        Py_DECREF(append);
+        return NULL;
+    }
+    PyObject *key = NULL, *result = NULL;
     for (; i < PyList_GET_SIZE(blocks); i++) {
         PyObject *block = PyList_GET_ITEM(blocks, i);
         if (!PyBytes_Check(block))
             break;
         const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
         Py_ssize_t n = PyBytes_GET_SIZE(block), found = 0, found_end = 0;
-        int result = cwire_find_span(b, n, name, name_len, &found, &found_end);
-        if (result == 0)
+        int spanned = cwire_find_span(b, n, name, name_len, &found, &found_end);
+        if (spanned == 0)
             continue;  /* no identifier: kept, not remembered */
-        if (result < 0)
+        if (spanned < 0)
             break;
         Py_ssize_t length = found_end - found - 5;
         if (b[found] != 'S' || length >= limit)
@@ -64,17 +73,20 @@ cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         key = PyUnicode_DecodeASCII((const char *)text, length, NULL);
         if (key == NULL)
-            return NULL;
-        PyObject *known = PyDict_GetItemWithError(entries, key);  /* borrowed */
-        if (known == NULL) {
-            if (PyErr_Occurred())
+            goto done;
+        /* One probe of the dict for the lookup and the insert of a new identifier (a miss walks the
+         * longest chains of a large cache's table): the size grows only when the key was new. */
+        Py_ssize_t before = PyDict_GET_SIZE(entries);
+        PyObject *known = PyDict_SetDefault(entries, key, expiry);  /* borrowed */
+        if (known == NULL)
+            goto fail_key;
+        if (PyDict_GET_SIZE(entries) != before) {
+            PyObject *appended = PyObject_CallOneArg(append, key);
+            if (appended == NULL) {
+                PyDict_DelItem(entries, key);  /* (entries and arrivals stay one set of keys) */
                 goto fail_key;
-            PyObject *done = PyObject_CallMethodOneArg(arrivals, str_append, key);
-            if (done == NULL)
-                goto fail_key;
-            Py_DECREF(done);
-            if (PyDict_SetItem(entries, key, expiry) < 0)
-                goto fail_key;
+            }
+            Py_DECREF(appended);
             if (unwritten != NULL) {
                 if (PyList_Append(unwritten, key) < 0)
                     goto fail_key;
@@ -82,34 +94,38 @@ cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
             Py_DECREF(key);
             if (PyDict_GET_SIZE(entries) > size) {
-                PyObject *oldest = PyObject_CallMethodNoArgs(arrivals, str_popleft);
+                PyObject *oldest = PyObject_CallNoArgs(popleft);
                 if (oldest == NULL)
-                    return NULL;
+                    goto done;
                 int rc = PyDict_DelItem(entries, oldest);
                 Py_DECREF(oldest);
                 if (rc < 0)
-                    return NULL;
+                    goto done;
             }
             continue;
         }
         Py_DECREF(key);
         long long expires = PyLong_AsLongLong(known);
         if (expires == -1 && PyErr_Occurred())
-            return NULL;
+            goto done;
         if (expires != 0 && expires <= now)
             break;  /* expired: remembered anew by the Python path */
         PyObject *index = PyLong_FromSsize_t(i);
         if (index == NULL)
-            return NULL;
+            goto done;
         int rc = PyList_Append(duplicates, index);
         Py_DECREF(index);
         if (rc < 0)
-            return NULL;
+            goto done;
     }
-    return Py_BuildValue("nn", i, added);
+    result = Py_BuildValue("nn", i, added);
+    goto done;
 fail_key:
     Py_DECREF(key);
-    return NULL;
+done:
+    Py_DECREF(append);
+    Py_DECREF(popleft);
+    return result;
 }
 
 static inline void
