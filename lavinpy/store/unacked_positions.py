@@ -7,10 +7,10 @@ spanning many delivery runs) is one comparison per run and no set operation per 
 settlement first moves every run's positions into the set (``_spill``), which then answers as
 a plain set would.
 
-The set, and the runs' table by next position, hold ``pos ^ (pos >> 32)``, not the position: a
-position's low 32 bits are its segment id, the same for every message of a segment, and an int hashes
-to itself, so a set of positions put them all on one probe chain (at 100,000 positions a lookup cost
-about 4-10 times a well-spread one). The key mixes the offset into the low bits; it is its own inverse.
+The set holds ``pos ^ (pos >> 32)``, not the position: a position's low 32 bits are its segment id,
+the same for every message of a segment, and an int hashes to itself, so a set of positions put them
+all on one probe chain (at 100,000 positions a lookup cost about 10 times a well-spread one). The
+key mixes the offset into the low bits; it is its own inverse.
 """
 
 from __future__ import annotations
@@ -39,24 +39,21 @@ class UnackedPositions:
 
     def add_run(self, positions: list[int]) -> None:
         """Positions taken together (not empty; the list is kept, never changed here)."""
-        head = positions[0]
-        self._runs[head ^ (head >> 32)] = [positions, 0]
+        self._runs[positions[0]] = [positions, 0]
         self._in_runs += len(positions)
 
     def split_run(self, taken: list[int], parts: list[list[int]]) -> None:
         """Hold the run ``taken`` (added by add_run, none of it settled yet) as ``parts`` instead: each
         part in order, together exactly its positions (the messages of one run that went to several
         consumers, each of which acks its own part in order). Anything else is left as it is."""
-        head = taken[0] if taken else 0
-        run = self._runs.get(head ^ (head >> 32)) if taken else None
+        run = self._runs.get(taken[0]) if taken else None
         if run is None or run[0] is not taken or run[1] or len(parts) < 2:
             return
-        del self._runs[head ^ (head >> 32)]
+        del self._runs[taken[0]]
         runs = self._runs
         for part in parts:
             if len(part) > 1:
-                head = part[0]
-                runs[head ^ (head >> 32)] = [part, 0]
+                runs[part[0]] = [part, 0]
             elif part:  # one position (a round of one message per consumer): the set holds it as cheaply
                 pos = part[0]
                 self._loose.add(pos ^ (pos >> 32))
@@ -72,7 +69,7 @@ class UnackedPositions:
         runs = self._runs
         if not runs:
             return False
-        run = runs.pop(key, None)
+        run = runs.pop(pos, None)
         if run is not None:  # the next of its run
             self._advance(run, 1)
             return True
@@ -101,7 +98,7 @@ class UnackedPositions:
                     if run is None:
                         loose.remove(head ^ (head >> 32))
                         continue
-                    del runs[head ^ (head >> 32)]
+                    del runs[head]
                     self._advance(run, count)
                 return None
             self._spill()
@@ -129,7 +126,7 @@ class UnackedPositions:
             head = positions[at]
             if head in seen:
                 return None
-            run = runs.get(head ^ (head >> 32))
+            run = runs.get(head)
             if run is None:
                 if head ^ (head >> 32) not in loose:
                     return None
@@ -152,8 +149,7 @@ class UnackedPositions:
         self._in_runs -= count
         if offset < len(positions):
             run[1] = offset
-            head = positions[offset]
-            self._runs[head ^ (head >> 32)] = run
+            self._runs[positions[offset]] = run
 
     def _spill(self) -> None:
         """Every run's positions into the set: a settlement out of their order."""
