@@ -6,22 +6,12 @@ unacked position: an ack of its head slice (or of several runs' one after the ot
 spanning many delivery runs) is one comparison per run and no set operation per message. Any other
 settlement first moves every run's positions into the set (``_spill``), which then answers as
 a plain set would.
-
-The set holds ``pos ^ (pos >> 32)``, not the position: a position's low 32 bits are its segment id,
-the same for every message of a segment, and an int hashes to itself, so a set of positions put them
-all on one probe chain (at 100,000 positions a lookup cost about 10 times a well-spread one). The
-key mixes the offset into the low bits; it is its own inverse.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
-
-
-def _keys(positions: Iterable[int]) -> list[int]:
-    """The set's keys of ``positions`` (also the positions of keys: the mapping is its own inverse)."""
-    return [pos ^ (pos >> 32) for pos in positions]
 
 
 class UnackedPositions:
@@ -35,7 +25,7 @@ class UnackedPositions:
         self._in_runs = 0
 
     def add(self, pos: int) -> None:
-        self._loose.add(pos ^ (pos >> 32))
+        self._loose.add(pos)
 
     def add_run(self, positions: list[int]) -> None:
         """Positions taken together (not empty; the list is kept, never changed here)."""
@@ -55,16 +45,14 @@ class UnackedPositions:
             if len(part) > 1:
                 runs[part[0]] = [part, 0]
             elif part:  # one position (a round of one message per consumer): the set holds it as cheaply
-                pos = part[0]
-                self._loose.add(pos ^ (pos >> 32))
+                self._loose.add(part[0])
                 self._in_runs -= 1
 
     def remove(self, pos: int) -> bool:
         """Settle ``pos``; False (nothing changed) when it is not unacked."""
         loose = self._loose
-        key = pos ^ (pos >> 32)
-        if key in loose:
-            loose.remove(key)
+        if pos in loose:
+            loose.remove(pos)
             return True
         runs = self._runs
         if not runs:
@@ -74,8 +62,8 @@ class UnackedPositions:
             self._advance(run, 1)
             return True
         self._spill()
-        if key in loose:
-            loose.remove(key)
+        if pos in loose:
+            loose.remove(pos)
             return True
         return False
 
@@ -83,34 +71,28 @@ class UnackedPositions:
         """Settle every one of ``positions``: None, or (nothing changed) the index of the first that
         is not unacked."""
         loose = self._loose
+        if loose and loose.issuperset(positions):
+            loose.difference_update(positions)
+            return None
         runs = self._runs
-        if loose:
-            keys = _keys(positions)
-            if loose.issuperset(keys):
-                loose.difference_update(keys)
-                return None
-        else:
-            keys = None
         if runs and positions:
             heads = self._run_heads(positions)
             if heads is not None:  # head slices of runs (and loose ones), in order: acks in delivery order
                 for head, run, count in heads:
                     if run is None:
-                        loose.remove(head ^ (head >> 32))
+                        loose.remove(head)
                         continue
                     del runs[head]
                     self._advance(run, count)
                 return None
             self._spill()
-        if keys is None:
-            keys = _keys(positions)
-        if not loose.issuperset(keys):
+        if not loose.issuperset(positions):
             if runs:
                 self._spill()
-            for i, key in enumerate(keys):
-                if key not in loose:
+            for i, pos in enumerate(positions):
+                if pos not in loose:
                     return i
-        loose.difference_update(keys)
+        loose.difference_update(positions)
         return None
 
     def _run_heads(self, positions: list[int]) -> list[tuple[int, list | None, int]] | None:
@@ -128,7 +110,7 @@ class UnackedPositions:
                 return None
             run = runs.get(head)
             if run is None:
-                if head ^ (head >> 32) not in loose:
+                if head not in loose:
                     return None
                 seen.add(head)
                 heads.append((head, None, 1))
@@ -155,7 +137,7 @@ class UnackedPositions:
         """Every run's positions into the set: a settlement out of their order."""
         loose = self._loose
         for positions, offset in self._runs.values():
-            loose.update(_keys(positions[offset:] if offset else positions))
+            loose.update(positions[offset:] if offset else positions)
         self._runs.clear()
         self._in_runs = 0
 
@@ -167,7 +149,7 @@ class UnackedPositions:
     def __contains__(self, pos: object) -> bool:
         if self._runs:
             self._spill()
-        return isinstance(pos, int) and pos ^ (pos >> 32) in self._loose
+        return pos in self._loose
 
     def __len__(self) -> int:
         return len(self._loose) + self._in_runs
@@ -175,14 +157,14 @@ class UnackedPositions:
     def __iter__(self) -> Iterator[int]:
         if self._runs:
             self._spill()
-        return iter(_keys(self._loose))
+        return iter(self._loose)
 
     def memory_bytes(self) -> int:
         """The set's size, and 8 bytes per position held in a run."""
         return sys.getsizeof(self._loose) + 8 * self._in_runs
 
-    def positions(self) -> list[int]:
-        """All of them."""
+    def positions(self) -> Iterable[int]:
+        """All of them (the set itself: read it before the next change)."""
         if self._runs:
             self._spill()
-        return _keys(self._loose)
+        return self._loose
