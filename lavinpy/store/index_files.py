@@ -31,20 +31,28 @@ def segment_ids(entries: array) -> memoryview:
 
 
 def segment_counts(entries: array | list[int]) -> dict[int, int]:
-    """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A short
-    run of acks or pushes is usually all in one segment: checked in a loop that is cheaper than building
-    a Counter for a few entries."""
+    """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A run
+    of acks or pushes is usually all in one segment: that is checked first, as a Counter costs a few
+    µs of Python even for a handful of entries (a read of a consumer's acks pays it once)."""
     n = len(entries)
-    if n <= 16:
-        if not n:
-            return {}
+    if not n:
+        return {}
+    if type(entries) is array:
+        if n > 4096:  # (a recovered index file: no list of it all)
+            return Counter(segment_ids(entries))
+        ids = segment_ids(entries).tolist()
+        first = ids[0]
+        if ids.count(first) == n:
+            return {first: n}
+        return Counter(ids)
+    if n <= 64:
         first = entries[0] & SEGMENT_MASK
         for pos in entries:
             if pos & SEGMENT_MASK != first:
                 break
         else:
             return {first: n}
-    return Counter(segment_ids(entries if type(entries) is array else array("Q", entries)))
+    return Counter(segment_ids(array("Q", entries)))
 
 
 def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, dict[int, int], int]:

@@ -107,3 +107,24 @@ def test_one_position_parts_and_runs_settle_together_in_delivery_order() -> None
     assert len(unacked) == 3
     assert unacked.remove_many([12, 13, 22]) is None
     assert len(unacked) == 0 and not list(unacked.positions())
+
+
+def test_real_positions_of_any_segment_and_offset_come_back_as_they_went_in() -> None:
+    """Positions as the store makes them (segment id in the low 32 bits, byte offset above), held loose
+    and in runs, settled in and out of order: membership, listing and the unknown one as a set of them."""
+    def pos(segment: int, offset: int) -> int:
+        return segment | (offset << 32)
+
+    run = [pos(7, 40 * i) for i in range(30)]
+    loose = [pos(0xFFFFFFFF, 0xFFFFFFF0), pos(1, 0), pos(0, 1 << 31)]
+    unacked = UnackedPositions()
+    unacked.add_run(run)
+    for p in loose:
+        unacked.add(p)
+    assert run[5] in unacked and loose[0] in unacked and pos(7, 41) not in unacked
+    assert sorted(unacked.positions()) == sorted(run + loose)
+    assert sorted(unacked) == sorted(run + loose)
+    assert unacked.remove_many([run[3], loose[2], pos(8, 0)]) == 2  # nothing changed
+    assert unacked.remove_many(run[::2]) is None and unacked.remove(loose[0])
+    assert not unacked.remove(loose[0])
+    assert sorted(unacked.positions()) == sorted(run[1::2] + loose[1:])
