@@ -52,7 +52,7 @@ _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 # (a consumer further behind maps released pages in again from the page cache).
 _KEEP_MAPPED = 256 * 1024
 _READ_BEHIND = 2 * READ_KEEP_MAPPED  # see Segment.read_through
-_SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")
+SEGMENT_FILE = re.compile(r"msgs\.(\d{10})")  # a segment's name (segment_name)
 _NAME_CACHE_MAX = 4096  # (exchange, routing key) pairs kept encoded; cleared when full
 # header + timestamp + body size; the names' length bytes are inside the encoded names
 _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
@@ -119,7 +119,7 @@ class MessageStore:
         """Map the existing segments (the newest one is written to) or create the first one."""
         self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._files.remove_leftovers()
-        ids = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := _SEGMENT_FILE.fullmatch(p.name)))
+        ids = sorted(int(m.group(1)) for p in self.path.iterdir() if (m := SEGMENT_FILE.fullmatch(p.name)))
         for segment_id in ids:
             try:
                 self._segments[segment_id] = Segment.open(self.path, segment_id)

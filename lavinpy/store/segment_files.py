@@ -30,6 +30,7 @@ from lavinpy.store.segment import Segment, segment_name
 log = logging.getLogger("lavinpy.store")
 
 PREPARED_SUFFIX = ".tmp"
+REMOVED_SUFFIX = ".removed" + PREPARED_SUFFIX  # also matched by remove_leftovers' pattern
 
 # A worker thread waits this long for more work before it ends: under a steady stream of big bodies a
 # segment is made and one removed every few milliseconds, and a thread start per segment (the loop
@@ -97,6 +98,22 @@ if hasattr(os, "register_at_fork"):
 
 def prepared_path(directory: Path, segment_id: int) -> Path:
     return directory / ("." + segment_name(segment_id) + PREPARED_SUFFIX)
+
+
+def removed_path(path: Path) -> Path:
+    """The name a segment file takes until ``unlink_later`` has unlinked it: a leftover of a process
+    that died before is removed at the next open, as a segment made ahead is (``remove_leftovers``)."""
+    return path.with_name("." + path.name + REMOVED_SUFFIX)
+
+
+def unlink_later(path: Path) -> Future:
+    """Unlink ``path`` in the removal worker thread: a written segment of several MiB takes milliseconds
+    to unlink (its blocks are freed), which a cluster follower's replication thread must not wait for."""
+    return _remover.submit(_unlink, path)
+
+
+def _unlink(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def _remove(segment: Segment) -> None:
