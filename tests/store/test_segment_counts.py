@@ -1,0 +1,32 @@
+"""segment_counts: how many positions of a run lie in each segment, whatever the run's length and order."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from collections import Counter
+
+from lavinpy.store.index_files import segment_counts
+from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK
+
+
+def positions(segments: list[int], rng: random.Random) -> list[int]:
+    return [segment | (rng.randrange(1 << 20) << OFFSET_SHIFT) for segment in segments]
+
+
+def test_counts_agree_with_a_counter_of_segment_ids() -> None:
+    rng = random.Random(34)
+    for n in (0, 1, 5, 16, 17, 40, 300, 5000):
+        for layout in ("one", "two runs", "mixed", "last differs"):
+            if layout == "one":
+                segments = [9] * n
+            elif layout == "two runs":
+                segments = [9] * (n // 2) + [10] * (n - n // 2)
+            elif layout == "mixed":
+                segments = [rng.choice((1, 2, 3, 1 << 31)) for _ in range(n)]
+            else:
+                segments = [4] * (n - 1) + [5] if n else []
+            entries = positions(segments, rng)
+            want = dict(Counter(pos & SEGMENT_MASK for pos in entries))
+            assert dict(segment_counts(array("Q", entries))) == want, (n, layout)
+            assert dict(segment_counts(entries)) == want, (n, layout)
