@@ -33,8 +33,8 @@ def segment_ids(entries: array) -> memoryview:
 def segment_counts(entries: array | list[int]) -> dict[int, int]:
     """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A short
     run of acks or pushes is usually all in one segment: checked in a loop that is cheaper than building
-    a Counter for a few entries, and a long one by comparing its segment ids with one repeated (about
-    5 ns an entry, where a Counter costs 70-90)."""
+    a Counter for a few entries, and a long one by runs of equal segment ids (about 5 ns an entry, where
+    a Counter costs 70-90)."""
     n = len(entries)
     if n <= 16:
         if not n:
@@ -48,9 +48,25 @@ def segment_counts(entries: array | list[int]) -> dict[int, int]:
     words = array("I")
     words.frombytes(memoryview(entries if type(entries) is array else array("Q", entries)).cast("B"))
     segments = words[0::2]  # as segment_ids, but an array: compared with one C loop
-    first = segments[0]
-    if segments == array("I", (first,)) * n:  # a run of one append or one ack: one segment, no Counter
-        return {first: n}
+    # A publish run's positions lie in one segment, an ack's in a few ascending ones: count each run of
+    # equal ids by bisection (as if sorted), then prove the guess by one comparison with the runs rebuilt.
+    counts: dict[int, int] = {}
+    i = 0
+    while i < n and len(counts) < 64:
+        segment = segments[i]
+        if segment in counts:
+            break
+        j = bisect_right(segments, segment, i)
+        if j <= i:
+            break
+        counts[segment] = j - i
+        i = j
+    if i == n:
+        rebuilt = array("I")
+        for segment, count in counts.items():
+            rebuilt.extend(array("I", (segment,)) * count)
+        if rebuilt == segments:
+            return counts
     return Counter(segments)
 
 

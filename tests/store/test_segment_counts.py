@@ -17,11 +17,15 @@ def positions(segments: list[int], rng: random.Random) -> list[int]:
 def test_counts_agree_with_a_counter_of_segment_ids() -> None:
     rng = random.Random(34)
     for n in (0, 1, 5, 16, 17, 40, 300, 5000):
-        for layout in ("one", "two runs", "mixed", "last differs"):
+        for layout in ("one", "two runs", "runs down", "a run again", "mixed", "last differs"):
             if layout == "one":
                 segments = [9] * n
             elif layout == "two runs":
                 segments = [9] * (n // 2) + [10] * (n - n // 2)
+            elif layout == "runs down":
+                segments = [12] * (n // 3) + [11] * (n // 3) + [2] * (n - 2 * (n // 3))
+            elif layout == "a run again":
+                segments = [3] * (n // 3) + [4] * (n // 3) + [3] * (n - 2 * (n // 3))
             elif layout == "mixed":
                 segments = [rng.choice((1, 2, 3, 1 << 31)) for _ in range(n)]
             else:
