@@ -15,6 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lavinpy.wire.client import binary_buffers
+
 from .streams import DeliveryChunk
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
@@ -216,6 +218,11 @@ class BatchBuilder:
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 return pa.array([None if h is None else {k: header_text(v) for k, v in h.items()} for h in values],
                                 type=arrow_type)
+        if name == "body" and pa.types.is_binary(arrow_type):
+            buffers = binary_buffers(values)  # the bodies copied into one buffer (compiled codec)
+            if buffers is not None:
+                offsets, data = buffers
+                return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
         if name == "timestamp":  # AMQP seconds -> microseconds
             seconds = pa.array(values, type=pa.int64())
             return pc.multiply(seconds, 1_000_000).cast(arrow_type)

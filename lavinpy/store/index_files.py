@@ -31,28 +31,43 @@ def segment_ids(entries: array) -> memoryview:
 
 
 def segment_counts(entries: array | list[int]) -> dict[int, int]:
-    """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A run
-    of acks or pushes is usually all in one segment: that is checked first, as a Counter costs a few
-    µs of Python even for a handful of entries (a read of a consumer's acks pays it once)."""
+    """How many of ``entries`` (an ``array('Q')`` or a list of positions) are in each segment. A short
+    run of acks or pushes is usually all in one segment: checked in a loop that is cheaper than building
+    a Counter for a few entries, and a long one by runs of equal segment ids (about 5 ns an entry, where
+    a Counter costs 70-90)."""
     n = len(entries)
-    if not n:
-        return {}
-    if type(entries) is array:
-        if n > 4096:  # (a recovered index file: no list of it all)
-            return Counter(segment_ids(entries))
-        ids = segment_ids(entries).tolist()
-        first = ids[0]
-        if ids.count(first) == n:
-            return {first: n}
-        return Counter(ids)
-    if n <= 64:
+    if n <= 16:
+        if not n:
+            return {}
         first = entries[0] & SEGMENT_MASK
         for pos in entries:
             if pos & SEGMENT_MASK != first:
                 break
         else:
             return {first: n}
-    return Counter(segment_ids(array("Q", entries)))
+    words = array("I")
+    words.frombytes(memoryview(entries if type(entries) is array else array("Q", entries)).cast("B"))
+    segments = words[0::2]  # as segment_ids, but an array: compared with one C loop
+    # A publish run's positions lie in one segment, an ack's in a few ascending ones: count each run of
+    # equal ids by bisection (as if sorted), then prove the guess by one comparison with the runs rebuilt.
+    counts: dict[int, int] = {}
+    i = 0
+    while i < n and len(counts) < 64:
+        segment = segments[i]
+        if segment in counts:
+            break
+        j = bisect_right(segments, segment, i)
+        if j <= i:
+            break
+        counts[segment] = j - i
+        i = j
+    if i == n:
+        rebuilt = array("I")
+        for segment, count in counts.items():
+            rebuilt.extend(array("I", (segment,)) * count)
+        if rebuilt == segments:
+            return counts
+    return Counter(segments)
 
 
 def valid_entries(entries: array, valid_ends: dict[int, int]) -> tuple[array, dict[int, int], int]:

@@ -291,7 +291,7 @@ def test_queue_read_columns_against_plain_conversion() -> None:
     for blocks, flags in (([shared] * 9, [False] * 9), ([shared] * 4 + [other] * 5, [False, True] + [False] * 7),
                           ([other, shared] * 3, [True] * 6)):
         n = len(blocks)
-        bodies = [b"m%d" % i for i in range(n)]
+        bodies = [b"m%d" % i if i % 4 else b"" for i in range(n)]  # empty bodies too
         chunk = _chunk([None] * n, [""] * n, ["rk"] * n, blocks, bodies)
         assert chunk.offsets == [None] * n
         for batch_rows in (n, 2):

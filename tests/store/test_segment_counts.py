@@ -1,4 +1,4 @@
-"""segment_counts: how many positions of a batch are in each segment, for lists and arrays of any size."""
+"""segment_counts: how many positions of a run lie in each segment, whatever the run's length and order."""
 
 from __future__ import annotations
 
@@ -9,7 +9,33 @@ from collections import Counter
 import pytest
 
 from lavinpy.store.index_files import segment_counts
-from lavinpy.wire.position import make_pos
+from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, make_pos
+
+
+def positions(segments: list[int], rng: random.Random) -> list[int]:
+    return [segment | (rng.randrange(1 << 20) << OFFSET_SHIFT) for segment in segments]
+
+
+def test_counts_agree_with_a_counter_of_segment_ids() -> None:
+    rng = random.Random(34)
+    for n in (0, 1, 5, 16, 17, 40, 300, 5000):
+        for layout in ("one", "two runs", "runs down", "a run again", "mixed", "last differs"):
+            if layout == "one":
+                segments = [9] * n
+            elif layout == "two runs":
+                segments = [9] * (n // 2) + [10] * (n - n // 2)
+            elif layout == "runs down":
+                segments = [12] * (n // 3) + [11] * (n // 3) + [2] * (n - 2 * (n // 3))
+            elif layout == "a run again":
+                segments = [3] * (n // 3) + [4] * (n // 3) + [3] * (n - 2 * (n // 3))
+            elif layout == "mixed":
+                segments = [rng.choice((1, 2, 3, 1 << 31)) for _ in range(n)]
+            else:
+                segments = [4] * (n - 1) + [5] if n else []
+            entries = positions(segments, rng)
+            want = dict(Counter(pos & SEGMENT_MASK for pos in entries))
+            assert dict(segment_counts(array("Q", entries))) == want, (n, layout)
+            assert dict(segment_counts(entries)) == want, (n, layout)
 
 
 @pytest.mark.parametrize("size", [0, 1, 16, 17, 64, 65, 4096, 4097])

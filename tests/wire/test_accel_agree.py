@@ -8,6 +8,7 @@ selected (LAVINPY_PURE_PYTHON=1 or no extension): there is nothing compiled to c
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
@@ -245,6 +246,22 @@ def test_client_pack_publishes_agree(items: list, start: int, max_count: int, ma
     out_c, out_py = bytearray(prefix), bytearray(prefix)
     assert outcome(accel.cclient.pack_publishes, out_c, *args) == outcome(client._pack_publishes, out_py, *args)
     assert out_c == out_py
+
+
+@AGREE
+@given(st.lists(st.one_of(st.binary(max_size=300), st.binary(max_size=4).map(bytearray), st.just("text")),
+                max_size=40))
+def test_client_binary_buffers_agree(items: list) -> None:
+    """The buffers of an Arrow binary array: both twins give the same offsets and data, or None for
+    an item that is not bytes."""
+    compiled = outcome(accel.cclient.binary_buffers, items)
+    assert compiled == outcome(client._binary_buffers, items)
+    if all(type(item) is bytes for item in items):
+        offsets, data = compiled
+        assert data == b"".join(items)
+        assert list(struct.unpack(f"<{len(items) + 1}i", offsets)) == [0, *itertools.accumulate(map(len, items))]
+    else:
+        assert compiled is None
 
 
 def delivery(channel: int, tag: str, delivery_tag: int, exchange: str, routing_key: str, props: bytes,
