@@ -81,16 +81,22 @@ def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
     return conn
 
 
+def _subscribed(sessions: MQTTSessions, harness: Harness) -> MQTTConnection:
+    """A connected subscriber to ``t/#`` at QoS 1, its SUBACK read."""
+    sub = _connected(sessions, "sub")
+    sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+    harness.run_soon()
+    sub.data_to_send()
+    return sub
+
+
 def _deliveries(tmp_path: Path) -> list[bytes]:
     """What a QoS 1 subscriber (window 10, packet ids starting near 65535) reads, write by write,
     answering each write with its PUBACKs, of runs of one and of several topics, QoS 0 and 1, sizes."""
     harness = Harness(tmp_path, fsync="never")
     try:
         sessions = MQTTSessions(harness.broker)
-        sub = _connected(sessions, "sub")
-        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
-        harness.run_soon()
-        sub.data_to_send()
+        sub = _subscribed(sessions, harness)
         assert sub.subscriptions is not None
         sub.subscriptions._next_id = 65520
         pub = _connected(sessions, "pub")
@@ -177,10 +183,7 @@ def _window_round_trips(tmp_path: Path, write_follows: bool) -> tuple[list[bytes
     harness = Harness(tmp_path, fsync="never")
     try:
         sessions = MQTTSessions(harness.broker)
-        sub = _connected(sessions, "sub")
-        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
-        harness.run_soon()
-        sub.data_to_send()
+        sub = _subscribed(sessions, harness)
         pub = _connected(sessions, "pub")
         pub.receive_data(b"".join(codec.publish("t/a", b"m%d" % i, 1, False, False, i + 1) for i in range(60)))
         harness.run_soon()
