@@ -30,7 +30,8 @@ class AppendFile:
     a flush's worker thread may be syncing it (the store's rule for its index files)."""
 
     def __init__(self, path: Path, close_fd: Callable[[int], None], waits: Callable[[], bool],
-                 write_first: Callable[[], None] | None = None) -> None:
+                 write_first: Callable[[], None] | None = None,
+                 flush_syncs_acks: Callable[[], bool] | None = None) -> None:
         self.path = Path(path)
         self._close_fd = close_fd
         self._waits = waits
@@ -38,6 +39,12 @@ class AppendFile:
         # index entries: a deduplication record handed over before its message's entry would, after a
         # kill -9, turn the publisher's retry of a lost message into a "duplicate").
         self._write_first = write_first
+        # Whether the group commit being taken syncs the queues' ack files (the store's); with
+        # ``sync_with_acks`` set (an owner that can rebuild its unsynced records from the queues, as a
+        # queue's deduplication cache from its messages' headers), only such a commit syncs this file:
+        # it is still written at every commit (kill -9 and replication see the same bytes), not fsynced.
+        self._flush_syncs_acks = flush_syncs_acks
+        self.sync_with_acks = False
         self._fd = -1
         self._unsynced = False
         self._pending: list[bytes] = []  # append_soon's records, written at the end of the loop turn
@@ -163,6 +170,8 @@ class AppendFile:
         self.write_pending()
         if not self._unsynced or self._fd < 0:
             return []
+        if self.sync_with_acks and self._flush_syncs_acks is not None and not self._flush_syncs_acks():
+            return []  # (still ``has_unsynced``: the store's periodic flush, which syncs acks, comes)
         self._unsynced = False
         return [self._fd]
 

@@ -80,6 +80,7 @@ class VhostStore:
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
         self._next_since = 0.0  # loop time the first waiter of _next arrived
         self._next_acks = True  # whether a waiter of _next needs the ack files synced too
+        self.flush_syncs_acks = True  # whether the flush being taken syncs the ack files (AppendFile.sync_with_acks)
         self._flusher: asyncio.Task[None] | None = None
         self._sync_token: object | None = None  # set while a worker thread syncs
         self._deferred_closes: list[int] = []
@@ -189,7 +190,8 @@ class VhostStore:
         appended = self._append_files.get(name)
         if appended is None:
             appended = self._append_files[name] = AppendFile(self.path / name, self._close_fd, self._flush_waits,
-                                                                  self._write_index_buffers)
+                                                                  self._write_index_buffers,
+                                                                  lambda: self.flush_syncs_acks)
         return appended
 
     def delete_append_file(self, name: str) -> None:
@@ -358,6 +360,7 @@ class VhostStore:
     async def _flush_once(self, waiter: asyncio.Future[None], acks: bool = True) -> None:
         """Put what was written on the local disk; ``waiter`` resolves once the followers have it too
         (the next flush may start while they acknowledge this one)."""
+        self.flush_syncs_acks = acks
         # Loop thread: hand buffered bytes to the OS and collect what the worker must sync. The
         # followers get the message bytes before the index entries that point at them.
         ranges = self.messages.take_dirty()

@@ -5,16 +5,27 @@ their order of arrival beside it (a deque: cheaper per identifier than an ordere
 goes first, as LavinMQ's; an expired identifier seen again is remembered anew, the newest. Each
 identifier remembered is appended to the object's file in the vhost directory
 (``store.append_file.append_soon``: the identifiers waiting are rendered and written in one write
-by the next group commit, before the fsync its messages' publisher confirms wait for, or after
-20 ms; always after their messages' index entries, so that a kill -9 never leaves an identifier
-without its message; a confirmed message's identifier survives a kill -9; streamed to replication
-followers like every store change), so restarts, crashes and failovers keep the cache. The file is
-rewritten with the live entries, at such a write, when it holds twice as many records as the cache
-(and at least ``COMPACT_MIN_RECORDS``).
+by the next group commit, or after 20 ms; always after their messages' index entries, so that a
+kill -9 never leaves an identifier without its message; streamed to replication followers like every
+store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the
+live entries, at such a write, when it holds twice as many records as the cache (and at least
+``COMPACT_MIN_RECORDS``).
+
+When the file is fsynced: an exchange's, with the group commit its messages' publisher confirms wait
+for. A queue's (``recover_from``), only with the group commits that sync the queues' ack files (the
+periodic flush, every 0.2 s by default) and at a clean close: what it holds beyond its last fsync
+stands for messages still in the queue, and a restart reads their identifiers back from their
+headers (``_recover_queued``: the messages from the segment named in the file's last batch on). A
+kill -9 loses nothing (the page cache keeps every write; the read-back even adds the identifiers of
+stored messages whose records were not written yet). A power loss can forget only the identifiers
+of messages removed from the queue (acknowledged, expired, dead-lettered, purged) in the moments
+before it, whose removal reached the disk while their records did not: at most one periodic flush
+interval plus one flush.
 
 File: batches ``length u32, records, crc32 u32`` (little-endian; the CRC covers the records), a record
-``key length u16, expiry ms u64, key bytes``. A torn or damaged batch (a crash mid-write) ends the
-read there and is cut off.
+``key length u16, expiry ms u64, key bytes``. A record with an empty key is a queue cache's mark:
+its "expiry" is the message store's segment at the write, before which every identifier not in the
+file was stored. A torn or damaged batch (a crash mid-write) ends the read there and is cut off.
 """
 
 from __future__ import annotations
@@ -27,12 +38,16 @@ from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...store.message_store import CorruptRecord, MissingRecord
 from ...wire import accel
+from ...wire.position import SEGMENT_MASK
 from ...wire.properties import find_header_key, peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
 if TYPE_CHECKING:
     from ...store.append_file import AppendFile
+    from ...store.queue_index import QueueIndex
+    from ...store.message_store import MessageStore
 
 log = logging.getLogger("lavinpy.dedup")
 
@@ -139,9 +154,13 @@ def file_name(kind: str, name: str) -> str:
 
 
 class DedupCache:
-    """One object's cache; ``file`` None keeps it in memory (a transient exchange or queue)."""
+    """One object's cache; ``file`` None keeps it in memory (a transient exchange or queue).
+    ``recover_from``: a durable queue's (recovered) index and the vhost's message store: the file is
+    then fsynced only with the ack files, and the identifiers of queued messages it may lack are read
+    back from their headers here (see the module's text)."""
 
-    def __init__(self, settings: DedupSettings, file: AppendFile | None = None) -> None:
+    def __init__(self, settings: DedupSettings, file: AppendFile | None = None,
+                 recover_from: tuple[QueueIndex, MessageStore] | None = None) -> None:
         self.settings = settings
         self.header = settings.header
         self._header_key = settings.header.encode("utf-8", "surrogateescape")
@@ -160,9 +179,15 @@ class DedupCache:
         self._size = settings.cache_size
         self._ttl = settings.ttl_ms
         self._compact_at = 2 * max(settings.cache_size, COMPACT_MIN_RECORDS)
+        self._messages: MessageStore | None = None  # a queue's: each batch marked with its segment
+        self._mark: int | None = None  # the segment the file's last intact batch names (None: no mark)
         if file is not None:
             file.frame = self._render_unwritten
             self._load(file.open())
+            if recover_from is not None:
+                index, self._messages = recover_from
+                self._recover_queued(index, self._messages)
+                file.sync_with_acks = True
 
     def _load(self, data: bytes) -> None:
         view = memoryview(data)
@@ -178,6 +203,9 @@ class DedupCache:
                 length, expiry = _HEAD.unpack_from(view, at)
                 key = _stored_key(bytes(view[at + _HEAD.size:at + _HEAD.size + length]))
                 at += _HEAD.size + length
+                if not length:  # a queue cache's mark: the message segment at this write
+                    self._mark = expiry
+                    continue
                 entries.pop(key, None)  # a later record of a key: remembered anew, the newest
                 entries[key] = expiry
                 self._records += 1
@@ -190,6 +218,32 @@ class DedupCache:
         self._arrivals.extend(entries)
         while len(entries) > self.settings.cache_size:
             self._forget_oldest()
+
+    def _recover_queued(self, index: QueueIndex, messages: MessageStore) -> None:
+        """Remember the identifiers of the queue's messages stored from the file's mark's segment on
+        (all of them without a mark), as they were published (each message's time), and queue them
+        for the file: the ones it lost after its last fsync, or never got (a kill -9 between the
+        messages' index entries and their records)."""
+        mark = self._mark
+        if mark is None and not index.ready_count + index.unacked_count:
+            return
+        # (a segment before the mark's too: a large message's record is placed before its identifier
+        # is asked, and the segment may roll meanwhile)
+        first = 0 if mark is None else max(mark - 1, 0)
+        header, header_key = self.header, self._header_key
+        for pos in index.live_positions():
+            if pos & SEGMENT_MASK < first:
+                continue
+            try:
+                message = messages.read(pos)
+            except (MissingRecord, CorruptRecord):
+                continue  # (recovery reports it where the queue reads it)
+            properties = message.properties
+            value = peek_header(properties, header, header_key)
+            if value is None:
+                continue
+            ttl = peek_header(properties, MESSAGE_TTL_HEADER, _TTL_NAME) if _TTL_NAME in properties else None
+            self._seen(value, _NO_TTL if ttl is None else ttl, message.timestamp)
 
     def seen(self, headers: Mapping[str, Any] | None, now_ms: int) -> bool:
         """Whether a message with these headers is a duplicate; if not, its identifier (if it has
@@ -304,7 +358,14 @@ class DedupCache:
         records = _records(self._unwritten_keys, self._unwritten_expiries)
         self._unwritten_keys.clear()
         self._unwritten_expiries.clear()
-        return _frame(records)
+        return _frame(self._marked(records))
+
+    def _marked(self, records: bytes) -> bytes:
+        """A queue cache's records after the mark of the segment being written now (every message
+        whose identifier is not in the file up to here is stored from there on)."""
+        if self._messages is None:
+            return records
+        return _pack_head(0, self._messages.current_segment_id) + records
 
     def compact(self) -> None:
         """Rewrite the file with the live entries only (atomically; replicated as a replace)."""
@@ -315,7 +376,7 @@ class DedupCache:
 
     def _rewrite(self) -> None:
         assert self._file is not None
-        self._file.replace(_frame(_records(list(self.entries), list(self.entries.values()))))
+        self._file.replace(_frame(self._marked(_records(list(self.entries), list(self.entries.values())))))
         self._records = len(self.entries)
 
     @property

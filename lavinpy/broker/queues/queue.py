@@ -76,7 +76,8 @@ class Queue(QueueKind):
         self._requeue_one: Callable[[int], None] = self.requeue_ready
         dedup = settings_of(self.arguments)
         if dedup is not None:  # a message with headers then takes the publish path that asks the cache
-            self.dedup = DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)) if durable else None)
+            self.dedup = (DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)),
+                                     (index, vhost.store.messages)) if durable else DedupCache(dedup))
         self.features = QueueFeatures(self, settings)  # sets self.settings, and the paths with use_features
         if self.settings.queue_type == "quorum":
             # A quorum queue is this queue with a default delivery limit (see QueueSettings); it reports
