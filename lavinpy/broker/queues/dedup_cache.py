@@ -46,8 +46,8 @@ from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
 
 if TYPE_CHECKING:
     from ...store.append_file import AppendFile
-    from ...store.queue_index import QueueIndex
     from ...store.message_store import MessageStore
+    from ...store.queue_index import QueueIndex
 
 log = logging.getLogger("lavinpy.dedup")
 
