@@ -521,6 +521,24 @@ publish_run_messages: Callable[[int, bytes, bytes, int, list[Any], str, bytes], 
     cwire.mqtt_publish_messages if cwire is not None else publish_run_messages_py)
 
 
+def publish_booked_py(first: int, topic_field: bytes, block: bytes, first_id: int, messages: list[Any], key: str,
+                      properties: bytes, inflight: dict[int, int | None], first_tag: int) -> bytes | None:
+    """``publish_run_messages``, and the run's packet ids booked: when ids ``first_id`` .. ``first_id +
+    len(messages) - 1`` (none past 65535) are all free in ``inflight``, each is set there to its delivery
+    tag (``first_tag``, then the next ones). None, and ``inflight`` unchanged, otherwise."""
+    ids = range(first_id, first_id + len(messages))
+    if first_id < 1 or ids.stop > 65536 or not inflight.keys().isdisjoint(ids):
+        return None
+    packets = publish_run_messages(first, topic_field, block, first_id, messages, key, properties)
+    if packets is not None:
+        inflight.update(zip(ids, range(first_tag, first_tag + len(messages)), strict=True))
+    return packets
+
+
+publish_booked: Callable[[int, bytes, bytes, int, list[Any], str, bytes, dict[int, int | None], int], bytes | None] = (
+    cwire.mqtt_publish_booked if cwire is not None else publish_booked_py)
+
+
 def encode_connect(client_id: str, *, clean_session: bool = True, keepalive: int = 60,
                    username: str | None = None, password: bytes | None = None,
                    protocol: str = "MQTT", level: int = 4) -> bytes:

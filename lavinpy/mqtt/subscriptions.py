@@ -180,6 +180,9 @@ class Subscriptions:
     def delivery_room(self) -> int:
         """The room the books allow, and no more than the packet ids left: QoS 2 exchanges past PUBREC
         hold theirs until PUBCOMP (a client that never sends PUBCOMP stops its deliveries, no more)."""
+        qos2 = self.qos2
+        if not (qos2.pubrel_owed or qos2.sent_ids):  # the usual case: no id held beyond ``inflight``
+            return self.deliveries.room()
         held = self._ids_held()
         if not held:
             return self.deliveries.room()
@@ -313,19 +316,15 @@ class Subscriptions:
         cache = self._qos_by_properties
         if (cache[properties] if properties in cache else self._published_qos(properties)) == 0:
             return False
-        ids = range(next_id + 1, next_id + count + 1)
-        inflight = self.inflight
-        if not inflight.keys().isdisjoint(ids):
-            return False
         topic = self._topic_field
         if topic[0] != key:
             topic = self._topic_field = (key, codec.topic_field(topics.topic_name(key)))
-        # None when the run has other keys or properties (or, compiled, a body read in place): the loop
-        packets = codec.publish_run_messages(0x32, topic[1], self.property_block, next_id + 1, messages, key,
-                                             properties)
+        # Encoded and its ids booked in the in-flight map; None when an id is in flight or the run has other
+        # keys or properties (or, compiled, a body read in place): the loop
+        packets = codec.publish_booked(0x32, topic[1], self.property_block, next_id + 1, messages, key,
+                                       properties, self.inflight, first)
         if packets is None:
             return False
-        inflight.update(zip(ids, range(first, first + count), strict=True))
         self._next_id = next_id + count
         self.host.send(packets)
         return True

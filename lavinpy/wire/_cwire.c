@@ -569,6 +569,8 @@ static PyMethodDef cwire_methods[] = {
      "mqtt_publish_messages(first, topic_field, block, first_id, messages, key, properties) -> bytes | None"},
     {"mqtt_puback_tags", (PyCFunction)(void (*)(void))cwire_mqtt_puback_tags, METH_FASTCALL,
      "mqtt_puback_tags(data, inflight) -> list | None (see _cwire_mqtt.c)"},
+    {"mqtt_publish_booked", (PyCFunction)(void (*)(void))cwire_mqtt_publish_booked, METH_FASTCALL,
+     "mqtt_publish_messages and the run's ids booked in inflight -> bytes | None (see _cwire_mqtt.c)"},
     {NULL, NULL, 0, NULL},
 };
 

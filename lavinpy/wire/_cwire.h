@@ -17,6 +17,7 @@ PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nar
 PyObject *cwire_mqtt_publish_tail(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_puback_tags(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_mqtt_publish_booked(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

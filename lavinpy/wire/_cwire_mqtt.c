@@ -1,6 +1,6 @@
 /* MQTT's compiled per-packet loops (part of lavinpy.wire._cwire): the delivery-run encoders, the
  * reader's split of short packets, a publish run's tail and a read of PUBACKs settled against the
- * in-flight map.
+ * in-flight map (and a delivery run's packet ids booked in it).
  *
  * Each is the faster twin of a loop of lavinpy.mqtt.codec and must give the same results
  * (tests/mqtt/test_mqtt_delivery_runs.py, tests/mqtt/test_mqtt_codec_agree.py).
@@ -145,6 +145,60 @@ cwire_mqtt_publish_messages(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *out = publish_packets(first, args[1], args[2], packet_id, messages, 4);
     if (out == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
+    return out;
+}
+
+/* mqtt_publish_booked(first, topic_field, block, first_id, messages, key, properties, inflight, first_tag)
+ *     -> bytes | None
+ *
+ * mqtt_publish_messages, and the run's packet ids booked: when the ids first_id .. first_id + count - 1
+ * (none past 65535) are all absent from ``inflight`` (a dict), each is set there to its delivery tag
+ * (``first_tag`` for the first message, then the next tags) once the packets are encoded. None, and
+ * ``inflight`` unchanged, whenever mqtt_publish_messages gives None or an id is taken. */
+PyObject *
+cwire_mqtt_publish_booked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_publish_booked takes 9 arguments (inflight a dict)");
+        return NULL;
+    }
+    long first_id = PyLong_AsLong(args[3]);
+    long long first_tag = PyLong_AsLongLong(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "mqtt_publish_booked: messages must be a list");
+        return NULL;
+    }
+    PyObject *inflight = args[7];
+    Py_ssize_t count = PyList_GET_SIZE(args[4]);
+    if (first_id < 1 || first_id + count - 1 > 65535)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *id = PyLong_FromLong(first_id + (long)i);
+        if (id == NULL)
+            return NULL;
+        int taken = PyDict_Contains(inflight, id);
+        Py_DECREF(id);
+        if (taken < 0)
+            return NULL;
+        if (taken)
+            Py_RETURN_NONE;
+    }
+    PyObject *out = cwire_mqtt_publish_messages(self, args, 7);
+    if (out == NULL || out == Py_None)
+        return out;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *id = PyLong_FromLong(first_id + (long)i);
+        PyObject *tag = id == NULL ? NULL : PyLong_FromLongLong(first_tag + i);
+        int failed = tag == NULL || PyDict_SetItem(inflight, id, tag) < 0;
+        Py_XDECREF(id);
+        Py_XDECREF(tag);
+        if (failed) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
     return out;
 }
 

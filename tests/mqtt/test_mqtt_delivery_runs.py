@@ -73,6 +73,34 @@ def test_a_run_of_stored_messages_is_encoded_when_it_is_one_topic_and_properties
         assert compiled == (None if changed == "in place" else pure)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_a_run_s_packet_ids_are_booked_only_when_encoded_and_free(seed: int) -> None:
+    """``publish_booked`` (compiled when built) books ids first_id.. to the run's tags when all are free
+    and the run is one topic and properties; else None and the in-flight map unchanged."""
+    rng = random.Random(seed)
+    count = rng.randrange(1, 12)
+    key, properties = "t.a", b"\x10\x00\x02"
+    messages = [StoredMessage(i, "amq.topic", key, properties, body) for i, body in enumerate(_bodies(rng, count))]
+    if rng.random() < 0.2:
+        messages[rng.randrange(count)] = messages[0]._replace(routing_key="t.b")
+    first_id = rng.choice([1, 20, 65535 - count + 1, 65535 - count + 2, 65535])
+    inflight: dict[int, int | None] = {i: rng.choice([None, i * 3]) for i in rng.sample(range(1, 60), rng.randrange(4))}
+    if first_id > 1000 and rng.random() < 0.3:
+        inflight[rng.randrange(first_id, min(first_id + count, 65536))] = 7
+    ids = range(first_id, first_id + count)
+    free = first_id + count - 1 <= 65535 and inflight.keys().isdisjoint(ids)
+    encoded = codec.publish_run_messages_py(0x32, b"\x00\x03t/a", b"", first_id, messages, key, properties)
+    expected = dict(inflight)
+    if free and encoded is not None:
+        expected.update(zip(ids, range(500, 500 + count), strict=True))
+    twins = [codec.publish_booked_py] + ([cwire.mqtt_publish_booked] if cwire is not None else [])
+    for twin in twins:
+        booked = dict(inflight)
+        packets = twin(0x32, b"\x00\x03t/a", b"", first_id, messages, key, properties, booked, 500)
+        assert packets == (encoded if free else None)
+        assert booked == expected
+
+
 def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
     conn = sessions.new_connection(("127.0.0.1", 50000))
     conn.start()
