@@ -377,7 +377,10 @@ static PyObject *py_fsync_all(PyObject *self, PyObject *arg) {
     return result;
 }
 
+PyObject *py_fsync_starter(PyObject *self, PyObject *unused);  /* _cstore_sync.c */
+
 static PyMethodDef methods[] = {
+    {"fsync_starter", py_fsync_starter, METH_NOARGS, "fsync_starter(): a group commit's fsyncs started from the loop (_cstore_sync.c)."},
     {"fsync_all", py_fsync_all, METH_O, "fsync_all(fds): fsync them at once without the GIL; their errno values."},
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, value=0): zlib.crc32."},
     {"crc32_path", py_crc32_path, METH_VARARGS, "crc32_path(table=None): the CRC path in use, 'clmul' or 'table'."},

@@ -3,8 +3,10 @@
 ``await flush()`` resolves once everything appended, pushed and acked before the call is on disk
 under the fsync policy and, when a replication barrier is set, acknowledged by every in-sync
 follower. Concurrent callers share one flush (group commit). The disk work (an fsync of the message
-segments and the index files at once, see ``_sync``) runs in a worker thread so that the event loop
-keeps serving clients meanwhile.
+segments and the index files at once, see ``_sync``) runs off the event loop so that it keeps serving
+clients meanwhile: with the compiled store the loop starts the fsyncs in C workers and an eventfd tells
+it when they are done (``fsyncs.LoopFsyncs``); otherwise, and for a flush that must also make new
+names durable, a Python worker thread runs ``_sync``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from pathlib import Path
 from typing import Protocol
 
 from lavinpy.progress import Progress
-from lavinpy.store import changes
+from lavinpy.store import changes, fsyncs
 from lavinpy.store.append_file import AppendFile
 from lavinpy.store.changes import ReplicationBarrier
 from lavinpy.store.datadir import sha1_name
 from lavinpy.store.delivery_counts import DeliveryCounts
-from lavinpy.store.fsyncs import fsync_together
+from lavinpy.store.fsyncs import LoopFsyncs, fsync_together
 from lavinpy.store.index_kinds import FIFO, AnyIndex, IndexKind
 from lavinpy.store.message_store import DEFAULT_SEGMENT_SIZE, DirtyRange, MessageStore
 from lavinpy.store.queue_index import (
@@ -76,6 +78,7 @@ class VhostStore:
         self._synced_files: list[SyncedFile] = []  # registered by their owners (the definitions log)
         self._sync_paths: list[Path] = []  # index files closed while idle before a flush synced them
         self._executor: ThreadPoolExecutor | None = None
+        self._loop_fsyncs: LoopFsyncs | None = None  # made by the first flush that uses it
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
         self._next_since = 0.0  # loop time the first waiter of _next arrived
@@ -243,6 +246,9 @@ class VhostStore:
         if self._executor is not None:
             self._executor.shutdown(wait=True)  # a running sync finishes first
             self._executor = None
+        if self._loop_fsyncs is not None:
+            self._loop_fsyncs.close()  # likewise (its completion runs here)
+            self._loop_fsyncs = None
         self._end_sync()
         for index in self._queues.values():
             index.close(clean=clean)
@@ -393,10 +399,15 @@ class VhostStore:
             if not outstanding:
                 _resolve(waiter)
 
+        # The followers' sends first: their write and fsync take longer than ours (a local sync started
+        # before the sends ended later, and so did the followers', bench/history.md).
         if self.barrier is not None:  # taken now: the followers write this flush's bytes while we do
             self.barrier.on_replicated(one_done)
         if self.fsync_policy == "never":  # replicated: the followers' acks are the commit
             ranges, fds, directories, paths = [], [], [], []
+        if (ranges or fds) and self._syncs_on_loop(ranges, directories, paths):
+            await self._sync_on_loop(synced, ranges, fds, one_done)
+            return
         if ranges or fds or directories or paths:
             try:
                 await self._sync_in_worker(synced, ranges, fds, directories, paths)
@@ -433,6 +444,66 @@ class VhostStore:
             if self._sync_token is token:
                 self._end_sync()
         self.flush_count += 1
+
+    def _syncs_on_loop(self, ranges: list[DirtyRange], directories: list[Path], paths: list[Path]) -> bool:
+        """Whether this flush's fsyncs start from the loop (``_sync_on_loop``): compiled store, and no
+        name to make durable first (a new segment's, a new queue directory's, a file closed while idle:
+        a few a second at most, in the worker thread). A replaced ``_sync`` (a test's failing disk)
+        takes every flush."""
+        if not fsyncs.ON_LOOP or directories or paths or "_sync" in vars(self):
+            return False
+        if any(end > start and segment.name_unsynced and not segment.closed for segment, start, end in ranges):
+            return False
+        if self._loop_fsyncs is None:
+            self._loop_fsyncs = LoopFsyncs()
+        return not self._loop_fsyncs.running  # a cancelled flush's batch still runs: the worker takes this one
+
+    def _sync_on_loop(self, synced: list[AnyIndex | DeliveryCounts | AppendFile | SyncedFile],
+                      ranges: list[DirtyRange], fds: list[int], on_synced: Callable[[], None]) -> asyncio.Future[None]:
+        """``_sync_in_worker``'s work with the fsyncs started here and finished in C workers; ``on_synced``
+        is called in the loop turn that sees them done (a flush's confirms go out in that turn when the
+        followers already have it), then the returned future resolves (or fails as the fsync did)."""
+        token = self._begin_sync()
+        segment_fds: list[int] = []
+        finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(errors: list[int], seconds: float) -> None:
+            for fd in segment_fds:
+                os.close(fd)
+            if self._sync_token is token:
+                self._end_sync()
+            SYNC_TIMES.observe(seconds)
+            failed = next((err for err in errors if err), 0)
+            if failed:  # not known to be on disk: the next flush tries again
+                for index in synced:
+                    index.mark_unsynced()
+                result: BaseException | None = OSError(failed, os.strerror(failed))
+            else:
+                self.flush_count += 1
+                on_synced()
+                result = None
+            if not finished.done() and not finished.get_loop().is_closed():
+                if result is None:
+                    finished.set_result(None)
+                else:
+                    finished.set_exception(result)
+
+        try:
+            segment_fds = open_ranges(ranges)  # opens only: no segment name waits to be made durable
+            if segment_fds or fds:
+                assert self._loop_fsyncs is not None
+                self._loop_fsyncs.start(segment_fds + fds, done)
+        except BaseException:
+            for fd in segment_fds:
+                os.close(fd)
+            for index in synced:
+                index.mark_unsynced()
+            if self._sync_token is token:
+                self._end_sync()
+            raise
+        if not (segment_fds or fds):  # the segments went meanwhile (a close): nothing to sync
+            done([], 0.0)
+        return finished
 
     def _sync(self, ranges: list[DirtyRange], fds: list[int], directories: list[Path], paths: list[Path]) -> None:
         """Worker thread: the message segments and the open index files at once, then the files

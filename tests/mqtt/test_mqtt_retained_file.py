@@ -14,7 +14,7 @@ import pytest
 from lavinpy.broker.broker import Broker
 from lavinpy.mqtt import retained
 from lavinpy.mqtt.retained import FILE_NAME, RetainedStore
-from lavinpy.store import changes
+from lavinpy.store import changes, fsyncs
 from tests.broker.model_harness import Model
 
 
@@ -99,6 +99,7 @@ def test_changes_reach_the_feed_and_sync_with_the_group_commit(model: Model, mon
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(fsyncs, "ON_LOOP", False)  # the flush's fsyncs through os.fsync, not the loop's C workers
     vhost, store = model.vhost, RetainedStore()
 
     async def scenario() -> None:

@@ -200,6 +200,7 @@ def _fsynced_during_flush(tmp_path: Path, policy: str, monkeypatch) -> list[str]
         q.push(pos)
         monkeypatch.setattr(os, "fsync", fsync)
         monkeypatch.setattr(fsyncs, "fsync_all", fsyncs.pool_fsync_all)  # the flush's files: through os.fsync
+        monkeypatch.setattr(fsyncs, "ON_LOOP", False)  # not started from the loop in C workers
         await store.flush()
         monkeypatch.setattr(os, "fsync", real_fsync)
         assert (q.directory / "enq").stat().st_size == 8  # handed to the OS under every policy

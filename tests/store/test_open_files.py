@@ -34,6 +34,7 @@ def _record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(fsyncs, "fsync_all", fsyncs.pool_fsync_all)  # a flush's files: through os.fsync
+    monkeypatch.setattr(fsyncs, "ON_LOOP", False)  # not started from the loop in C workers
     return synced
 
 
