@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lavinpy.wire.client import ContentPacker, pack_publishes
+from lavinpy.wire.client import ContentPacker, pack_publishes, pack_publishes_arrow
 from lavinpy.wire.properties import encode_property_values
 
 from .options import WriteOptions
@@ -85,12 +85,13 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     return None if index < 0 else batch.column(index)
 
 
-def _bodies(col: pa.Array) -> list[bytes]:
+def _body_column(col: pa.Array) -> pa.Array:
+    """The body column as binary (strings as their UTF-8 bytes, no copy); no null allowed."""
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         col = col.cast(pa.binary() if pa.types.is_string(col.type) else pa.large_binary())
     if col.null_count:
         raise RowError(f"{col.null_count} rows have a null body")
-    return col.to_pylist()
+    return col
 
 
 def _timestamps(col: pa.Array) -> list[int | None]:
@@ -124,7 +125,7 @@ class RowEncoder:
             return
         enc = self.encoder
         opts = self.opts
-        bodies = _bodies(_column(batch, "body"))
+        body_col = _body_column(_column(batch, "body"))
         key_col = _column(batch, opts.routing_key_column) if opts.routing_key_column else _column(batch, "routing_key")
         keys = key_col.to_pylist() if key_col is not None else None
         props = self._property_columns(batch)
@@ -138,10 +139,11 @@ class RowEncoder:
             packer = enc.packer(fixed_props)
             append = enc.append
             if keys is None:  # every row the same publish: packed a chunk at a time
-                yield from self._fixed_chunks(bodies, fixed_method, packer, fixed_props)
+                yield from self._fixed_chunks(body_col, fixed_method, packer, fixed_props)
                 self.rows += n
                 return
-        else:
+        bodies = body_col.to_pylist()
+        if props is not None:
             append_any = enc.append_any
             encode_props = self._row_properties
         for i in range(n):
@@ -162,21 +164,35 @@ class RowEncoder:
         if count:
             yield out, count
 
-    def _fixed_chunks(self, bodies: list[bytes], method: bytes, packer: ContentPacker,
+    def _fixed_chunks(self, col: pa.Array, method: bytes, packer: ContentPacker,
                       properties: bytes) -> Iterator[tuple[bytearray, int]]:
-        """``chunks`` when every row has the same method frame and properties."""
+        """``chunks`` when every row has the same method frame and properties: runs of publishes are
+        packed by one call, from the binary column's two Arrow buffers (no bytes object a row) or,
+        for a large_binary column, from its list of bytes."""
         enc = self.encoder
+        channel, max_inline = enc.channel, enc.max_inline_body
+        bodies: list[bytes] | None = None
+        base = 0
+        if pa.types.is_binary(col.type):
+            _validity, offsets, data = col.buffers()
+            data = b"" if data is None else data  # every body empty
+            base = col.offset
+        else:
+            bodies = col.to_pylist()
         out = bytearray()
         count = 0
-        i = 0
-        n = len(bodies)
-        while i < n:
-            j = pack_publishes(out, method, enc.channel, properties, bodies, i, CHUNK_MESSAGES - count, CHUNK_BYTES,
-                               enc.max_inline_body)
+        i, stop = base, base + len(col)
+        while i < stop:
+            room = CHUNK_MESSAGES - count
+            if bodies is None:
+                j = pack_publishes_arrow(out, method, channel, properties, offsets, data, i, stop, room, CHUNK_BYTES,
+                                         max_inline)
+            else:
+                j = pack_publishes(out, method, channel, properties, bodies, i, room, CHUNK_BYTES, max_inline)
             count += j - i
             i = j
-            if i < n and count < CHUNK_MESSAGES and len(out) < CHUNK_BYTES:  # empty or multi-frame body
-                enc.append(out, method, packer, properties, bodies[i])
+            if i < stop and count < CHUNK_MESSAGES and len(out) < CHUNK_BYTES:  # empty or multi-frame body
+                enc.append(out, method, packer, properties, col[i - base].as_py() if bodies is None else bodies[i])
                 i += 1
                 count += 1
             if count >= CHUNK_MESSAGES or len(out) >= CHUNK_BYTES:

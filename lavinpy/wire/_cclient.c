@@ -79,6 +79,86 @@ cclient_pack_publishes(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(stop);
 }
 
+static inline int32_t
+rd32le(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+}
+
+/* pack_publishes_arrow(out, method_frame, channel, properties, offsets, data, start, end, max_count, max_bytes,
+ *                      max_inline) -> index of the first body not packed
+ *
+ * pack_publishes for the bodies of an Arrow binary array, read from its two buffers: body i is
+ * data[offsets[i]:offsets[i + 1]] (offsets: little-endian int32), for start <= i < end. No bytes object
+ * a body. Stops at a body that is empty or longer than max_inline, or whose offsets do not lie within
+ * data in order. */
+static PyObject *
+cclient_pack_publishes_arrow(PyObject *self, PyObject *args)
+{
+    PyObject *out, *method, *props;
+    Py_buffer offs, data;
+    unsigned int channel;
+    Py_ssize_t start, end, max_count, max_bytes, max_inline;
+    if (!PyArg_ParseTuple(args, "YSISy*y*nnnnn", &out, &method, &channel, &props, &offs, &data, &start, &end,
+                          &max_count, &max_bytes, &max_inline))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_offsets = offs.len / 4;
+    if (start < 0 || end < start || end >= n_offsets || max_count < 0) {
+        PyErr_SetString(PyExc_IndexError, "pack_publishes_arrow: start, end or max_count out of range");
+        goto done;
+    }
+    if (max_count < end - start)
+        end = start + max_count;
+    const unsigned char *o = offs.buf;
+    const char *d = data.buf;
+    Py_ssize_t mlen = PyBytes_GET_SIZE(method), plen = PyBytes_GET_SIZE(props);
+    Py_ssize_t fixed = mlen + 7 + 12 + plen + 1 + 7 + 1;
+    Py_ssize_t have = PyByteArray_GET_SIZE(out), grow = 0, stop = start;
+    while (stop < end && have + grow < max_bytes) {
+        int32_t lo = rd32le(o + 4 * stop), hi = rd32le(o + 4 * (stop + 1));
+        if (lo < 0 || hi <= lo || hi > data.len || hi - lo > max_inline)
+            break;
+        grow += fixed + (hi - lo);
+        stop++;
+    }
+    if (stop == start) {
+        result = PyLong_FromSsize_t(start);
+        goto done;
+    }
+    if (PyByteArray_Resize(out, have + grow) < 0)
+        goto done;
+    unsigned char *w = (unsigned char *)PyByteArray_AS_STRING(out) + have;
+    const char *mbytes = PyBytes_AS_STRING(method), *pbytes = PyBytes_AS_STRING(props);
+    for (Py_ssize_t i = start; i < stop; i++) {
+        int32_t lo = rd32le(o + 4 * i);
+        Py_ssize_t size = rd32le(o + 4 * (i + 1)) - lo;
+        memcpy(w, mbytes, mlen);
+        w += mlen;
+        w[0] = 2;
+        wr16(w + 1, channel);
+        wr32(w + 3, (uint32_t)(12 + plen));
+        wr16(w + 7, 60);
+        wr16(w + 9, 0);
+        wr64(w + 11, (uint64_t)size);
+        memcpy(w + 19, pbytes, plen);
+        w += 19 + plen;
+        w[0] = FRAME_END;
+        w[1] = 3;
+        wr16(w + 2, channel);
+        wr32(w + 4, (uint32_t)size);
+        memcpy(w + 8, d + lo, size);
+        w += 8 + size;
+        w[0] = FRAME_END;
+        w += 1;
+    }
+    result = PyLong_FromSsize_t(stop);
+done:
+    PyBuffer_Release(&offs);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 /* The x-stream-offset entry a stream stamps as its headers table's last entry: name and type 'l'. */
 static const char OFFSET_ENTRY[] = "\x0fx-stream-offsetl";
 #define OFFSET_ENTRY_LEN 17
@@ -346,6 +426,8 @@ cclient_binary_buffers(PyObject *self, PyObject *items)
 
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
+    {"pack_publishes_arrow", cclient_pack_publishes_arrow, METH_VARARGS,
+     "Append a run of publishes from an Arrow binary array's buffers (see the source)."},
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
     {"binary_buffers", cclient_binary_buffers, METH_O, "An Arrow binary array's buffers of a list of bytes."},

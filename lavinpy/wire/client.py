@@ -34,6 +34,7 @@ __all__ = [
     "frame",
     "method_id",
     "pack_publishes",
+    "pack_publishes_arrow",
     "parse_ack",
     "parse_deliver",
     "parse_header",
@@ -239,6 +240,43 @@ def _pack_publishes(out: bytearray, method_frame: bytes, channel: int, propertie
         out += pack(len(body))
         out += body
         out += FRAME_END_BYTE
+        i += 1
+    return i
+
+
+def pack_publishes_arrow(out: bytearray, method_frame: bytes, channel: int, properties: bytes, offsets: Any,
+                         data: Any, start: int, end: int, max_count: int, max_bytes: int, max_inline: int) -> int:
+    """``pack_publishes`` for the bodies of an Arrow binary array, read from its buffers (no bytes
+    object a body): body i is ``data[offsets[i]:offsets[i + 1]]`` (``offsets`` little-endian int32),
+    for ``start <= i < end``. Returns the index of the first body not packed: it stops at a body that
+    is empty or longer than ``max_inline``, or whose offsets do not lie within ``data`` in order."""
+    if cclient is not None:
+        return cast(int, cclient.pack_publishes_arrow(out, method_frame, channel, properties, offsets, data, start,
+                                                       end, max_count, max_bytes, max_inline))
+    return _pack_publishes_arrow(out, method_frame, channel, properties, offsets, data, start, end, max_count,
+                                 max_bytes, max_inline)
+
+
+def _pack_publishes_arrow(out: bytearray, method_frame: bytes, channel: int, properties: bytes, offsets: Any,
+                          data: Any, start: int, end: int, max_count: int, max_bytes: int, max_inline: int) -> int:
+    ends = memoryview(offsets).cast("B")
+    n_offsets = len(ends) // 4
+    if start < 0 or end < start or end >= n_offsets or max_count < 0:
+        raise IndexError("pack_publishes_arrow: start, end or max_count out of range")
+    end = min(end, start + max_count)
+    raw = memoryview(data).cast("B")
+    pack = ContentPacker(channel, properties).pack
+    i = start
+    lo = int.from_bytes(ends[4 * i:4 * i + 4], "little", signed=True)
+    while i < end and len(out) < max_bytes:
+        hi = int.from_bytes(ends[4 * i + 4:4 * i + 8], "little", signed=True)
+        if lo < 0 or hi <= lo or hi > len(raw) or hi - lo > max_inline:
+            break
+        out += method_frame
+        out += pack(hi - lo)
+        out += raw[lo:hi]
+        out += FRAME_END_BYTE
+        lo = hi
         i += 1
     return i
 

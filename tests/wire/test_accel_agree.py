@@ -249,6 +249,34 @@ def test_client_pack_publishes_agree(items: list, start: int, max_count: int, ma
 
 
 @AGREE
+@given(st.lists(st.binary(max_size=90), max_size=30), st.integers(0, 32), st.integers(0, 32), st.integers(0, 40),
+       st.integers(0, 3000), st.sampled_from([1, 8, 60, 4096]), channels, properties, st.binary(max_size=20),
+       st.one_of(st.none(), st.tuples(st.integers(0, 31), st.integers(-5, 3000))))
+def test_client_pack_publishes_arrow_agree(items: list, start: int, end: int, max_count: int, max_bytes: int,
+                                           max_inline: int, channel: int, props: bytes, prefix: bytes,
+                                           bad: tuple[int, int] | None) -> None:
+    """Publishes packed from an Arrow binary array's buffers: both twins give the same frames and
+    stop at the same body (also on offsets that are out of order or out of the data), and on good
+    buffers the frames are pack_publishes' of the same bodies."""
+    offsets, data = client._binary_buffers(items)
+    ends = list(struct.unpack(f"<{len(items) + 1}i", offsets))
+    if bad is not None and bad[0] < len(ends):
+        ends[bad[0]] = bad[1]
+    offsets = struct.pack(f"<{len(ends)}i", *ends)
+    method = client.publish_method_frame(channel, "ex", "rk", True)
+    args = (method, channel, props, offsets, data, start, end, max_count, max_bytes, max_inline)
+    out_c, out_py = bytearray(prefix), bytearray(prefix)
+    compiled = outcome(accel.cclient.pack_publishes_arrow, out_c, *args)
+    assert compiled == outcome(client._pack_publishes_arrow, out_py, *args)
+    assert out_c == out_py
+    if bad is None and start <= end < len(ends):
+        out_list = bytearray(prefix)
+        stop = client._pack_publishes(out_list, method, channel, props, items[:end], start, max_count, max_bytes,
+                                      max_inline)
+        assert (compiled, out_c) == (stop, out_list)
+
+
+@AGREE
 @given(st.lists(st.one_of(st.binary(max_size=300), st.binary(max_size=4).map(bytearray), st.just("text")),
                 max_size=40))
 def test_client_binary_buffers_agree(items: list) -> None:
