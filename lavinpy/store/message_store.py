@@ -62,8 +62,8 @@ _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 # where the CPU has it, else zlib's), the body a slice of the mapping when read back.
 LARGE_BODY = 256 * 1024
 LARGE_RUN = 64 * 1024  # a run whose first body is this large is written with pwritev (record.file_write_run)
-# Smaller runs, compiled: built in a buffer, one pwrite (a write fault per page of the mapping cost more).
-_PWRITE_RUN = getattr(cstore, "pwrite_run", None)  # (pure Python: write_run into the mapping, same bytes)
+# Smaller runs from 8 KiB, compiled: one buffer, two pwrites (a write fault a page of the mapping cost more;
+_PWRITE_RUN = getattr(cstore, "pwrite_run", None)  # below two pages, those two calls more). Same bytes.
 # madvise(MADV_POPULATE_WRITE), Linux 5.14: maps a range's pages writable in one call instead of a
 # page fault per 4 KiB page during the copy. Older kernels refuse it (EINVAL): the copy faults as before.
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -215,7 +215,8 @@ class MessageStore:
         if first_end > self._cur_size:
             self._roll(first_end - offset)
             offset = self._wpos
-        write = file_write_run if len(bodies[start]) >= LARGE_RUN else _PWRITE_RUN
+        size = len(bodies[start])  # into the file: a large run; one of 8 KiB or more where compiled
+        write = file_write_run if size >= LARGE_RUN else _PWRITE_RUN if size * (len(bodies) - start) >= 8192 else None
         if write is not None:  # into the file: no page of these records faulted into the mapping
             assert self._cur is not None
             done, end, packed, smallest, largest = write(self._cur.fileno(), offset, self._cur_size, self._cur_id,
