@@ -22,6 +22,7 @@ setup(
         Extension("lavinpy.wire._csocket", ["lavinpy/wire/_csocket.c", "lavinpy/wire/_csocket_reader.c"],
                   optional=True,
                   extra_compile_args=["-O2"]),
+        Extension("lavinpy.amqp._cpublish", ["lavinpy/amqp/_cpublish.c"], optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c", "lavinpy/store/_cstore_read.c",
                                              "lavinpy/store/_cstore_ready.c", "lavinpy/store/_crc32.c",
                                              "lavinpy/store/_cstore_sync.c"],

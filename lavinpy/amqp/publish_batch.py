@@ -11,10 +11,11 @@ body over the size limit, direct reply-to, or what ``VHost.publish_run`` decline
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..broker.ops import publish as publish_ops
+from ..wire.accel import load
 from ..wire.frames import ContentMessage
 from .channel_methods import REPLY_TO, REPLY_TO_PREFIX
 
@@ -27,12 +28,52 @@ _EXPIRATION_HIGH = 0x01
 _REPLY_TO_HIGH = 0x02
 _USER_ID_LOW = 0x10
 _DIRECT_REPLY = REPLY_TO.encode()
+cpublish = load("lavinpy.amqp._cpublish")  # scan_run compiled (see py_scan_run)
 
 
 def _checked_alone(properties: bytes) -> bool:
     """Whether a message with this property block must go through ``Channel.on_message``."""
     return (len(properties) < 2 or properties[0] & _EXPIRATION_HIGH or properties[1] & _USER_ID_LOW
             or (properties[0] & _REPLY_TO_HIGH and _DIRECT_REPLY in properties)) != 0
+
+
+def py_scan_run(frames: Sequence[object], start: int, max_size: int) -> tuple[int, list[bytes], list[bytes] | None]:
+    """The run that starts at ``frames[start]`` (a ContentMessage): the frames after it that are
+    ContentMessages with the same method object and channel, a body of at most ``max_size`` bytes and
+    the first one's properties, or (``varied``: each message's block, once one differs) a block not
+    checked alone. Returns (index of the first frame not taken, the bodies, varied or None).
+    Compiled: ``_cpublish.scan_run``, held to the same results by tests/amqp/test_publish_scan.py."""
+    first = frames[start]
+    assert type(first) is ContentMessage
+    method, channel, properties = first.method, first.channel, first.properties
+    end = start + 1
+    count = len(frames)
+    bodies = [first.body]
+    varied: list[bytes] | None = None  # each message's properties, once one differs from the first's
+    while end < count:
+        frame = frames[end]
+        if (type(frame) is not ContentMessage or frame.method is not method or frame.channel != channel
+                or len(frame.body) > max_size):
+            break
+        if varied is not None:
+            if _checked_alone(frame.properties):
+                break
+            varied.append(frame.properties)
+        elif frame.properties != properties:
+            if _checked_alone(frame.properties):
+                break
+            varied = [properties] * (end - start)
+            varied.append(frame.properties)
+        bodies.append(frame.body)
+        end += 1
+    return end, bodies, varied
+
+
+if cpublish is not None:
+    cpublish.init(ContentMessage, _DIRECT_REPLY)
+    scan_run: Callable[[Sequence[object], int, int], tuple[int, list[bytes], list[bytes] | None]] = cpublish.scan_run
+else:
+    scan_run = py_scan_run
 
 
 def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> int:
@@ -48,26 +89,7 @@ def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> 
             or (not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX))):
         channel.on_message(method, properties, first.body)
         return start + 1
-    end = start + 1
-    count = len(frames)
-    bodies = [first.body]
-    varied: list[bytes] | None = None  # each message's properties, once one differs from the first's
-    while end < count:
-        frame = frames[end]
-        if (type(frame) is not ContentMessage or frame.method is not method or frame.channel != first.channel
-                or len(frame.body) > max_size):
-            break
-        if varied is not None:
-            if _checked_alone(frame.properties):
-                break
-            varied.append(frame.properties)
-        elif frame.properties != properties:
-            if _checked_alone(frame.properties):
-                break
-            varied = [properties] * (end - start)
-            varied.append(frame.properties)
-        bodies.append(frame.body)
-        end += 1
+    end, bodies, varied = (scan_run if type(frames) is list else py_scan_run)(frames, start, max_size)
     if end - start > 1:
         exchange = channel.publish_target(method)  # resolved and checked, as for each single publish
         if exchange is None:

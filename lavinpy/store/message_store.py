@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lavinpy.store.accel import cstore
 from lavinpy.store.record import (
     FIXED_PAYLOAD,
     HEADER,
@@ -61,12 +62,13 @@ _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 # where the CPU has it, else zlib's), the body a slice of the mapping when read back.
 LARGE_BODY = 256 * 1024
 LARGE_RUN = 64 * 1024  # a run whose first body is this large is written with pwritev (record.file_write_run)
+# Smaller runs from 8 KiB, compiled: one buffer, two pwrites (a write fault a page of the mapping cost more;
+_PWRITE_RUN = getattr(cstore, "pwrite_run", None)  # below two pages, those two calls more). Same bytes.
 # madvise(MADV_POPULATE_WRITE), Linux 5.14: maps a range's pages writable in one call instead of a
 # page fault per 4 KiB page during the copy. Older kernels refuse it (EINVAL): the copy faults as before.
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _PAGE = mmap.PAGESIZE
-_I64 = struct.Struct("<q")
-_U64 = struct.Struct("<Q")
+_I64, _U64 = struct.Struct("<q"), struct.Struct("<Q")
 
 __all__ = ["MessageStore", "MissingRecord", "CorruptRecord", "StoredMessage", "DirtyRange"]
 
@@ -199,16 +201,13 @@ class MessageStore:
         the end of the current segment (rolling first when not even the first one fits).
 
         Returns (index of the first body not written, positions of those written, their body bytes
-        in total, the smallest and the largest of them). As with ``append``, the caller pushes the
-        positions to queue indexes before the next append, so a run that spans segments comes back
-        in one piece per segment. The sizes are what the message-size histogram counts: the write
-        sees each body anyway, so nobody walks the run again for them.
+        in total, the smallest and the largest of them: for the size histogram). As with ``append``,
+        the caller pushes the positions to queue indexes before the next append (a run that spans
+        segments comes back in pieces; a compiled write takes at most 256 KiB a call).
         ``properties`` is one block for every record, or a list with one per body (a run whose
         messages differ only in properties that do not route).
         """
-        names = self._names.get((exchange, routing_key))
-        if names is None:
-            names = self._encode_names(exchange, routing_key)
+        names = self._names.get((exchange, routing_key)) or self._encode_names(exchange, routing_key)
         varied = properties if isinstance(properties, list) else None
         props_size = len(properties) if varied is None else len(varied[start])
         offset = self._wpos
@@ -216,11 +215,12 @@ class MessageStore:
         if first_end > self._cur_size:
             self._roll(first_end - offset)
             offset = self._wpos
-        if len(bodies[start]) >= LARGE_RUN:  # into the file: no page of these bodies faulted into the mapping
+        size = len(bodies[start])  # into the file: a large run; one of 8 KiB or more where compiled
+        write = file_write_run if size >= LARGE_RUN else _PWRITE_RUN if size * (len(bodies) - start) >= 8192 else None
+        if write is not None:  # into the file: no page of these records faulted into the mapping
             assert self._cur is not None
-            done, end, packed, smallest, largest = file_write_run(
-                self._cur.fileno(), offset, self._cur_size, self._cur_id, names, properties, bodies, start,
-                timestamp_ms)
+            done, end, packed, smallest, largest = write(self._cur.fileno(), offset, self._cur_size, self._cur_id,
+                                                         names, properties, bodies, start, timestamp_ms)
         else:
             done, end, packed, smallest, largest = write_run(self._mm, offset, self._cur_size, self._cur_id,
                                                              names, properties, bodies, start, timestamp_ms)

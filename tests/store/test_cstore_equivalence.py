@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import random
+import tempfile
 import zlib
 from array import array
 from pathlib import Path
@@ -125,11 +126,53 @@ def test_write_run_matches_record_by_record(per_body: bool, messages: list, limi
     assert [m.properties for m in c_messages] == each[start:]
 
 
+def pwrite_all_of(bodies: list, blocks: bytes | list, names: bytes, limit: int, size: int) -> tuple[bytes, list]:
+    """pwrite_run's calls over a run until it stops (at most 256 KiB a call): the file's bytes, each result."""
+    with tempfile.TemporaryFile() as f:
+        f.truncate(size)
+        results, start, offset = [], 0, 4
+        while start < len(bodies):
+            results.append(cstore.pwrite_run(f.fileno(), offset, limit, 9, names, blocks, bodies, start, 1234))
+            if results[-1][0] == start:
+                break
+            start, offset = results[-1][0], results[-1][1]
+        f.seek(0)
+        return f.read(), results
+
+
+@pytest.mark.parametrize("per_body", [False, True], ids=["one-properties-block", "properties-per-body"])
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=700), properties()), min_size=1, max_size=30), st.integers(0, 6000))
+def test_pwrite_run_writes_what_write_run_writes(per_body: bool, messages: list, limit: int) -> None:
+    """The compiled write into a file (small runs, see message_store._PWRITE_RUN) and the write into a mapping."""
+    bodies = [body for body, _props in messages]
+    blocks = [props for _body, props in messages] if per_body else messages[0][1]
+    names = record.encode_names(b"amq.direct", b"key")
+    py_buf = bytearray(6000)
+    py_result = record.py_write_run(py_buf, 4, limit, 9, names, blocks, bodies, 0, 1234)
+    data, results = pwrite_all_of(bodies, blocks, names, limit, 6000)
+    assert results[0] == py_result and data == py_buf
+
+
+def test_pwrite_run_takes_a_long_run_in_calls_of_at_most_256_kib() -> None:
+    bodies = [bytes([i % 251]) * 1000 for i in range(700)]  # 700 KiB and more of records
+    names = record.encode_names(b"", b"q")
+    py_buf = bytearray(1 << 20)
+    py_result = record.py_write_run(py_buf, 4, len(py_buf), 9, names, b"\x10\x00\x02", bodies, 0, 1234)
+    data, results = pwrite_all_of(bodies, b"\x10\x00\x02", names, len(py_buf), len(py_buf))
+    assert len(results) == 3 and all(end - begin <= 256 * 1024 for (_, end, *_), begin in
+                                      zip(results, [4] + [r[1] for r in results], strict=False))
+    assert data == py_buf and results[-1][:2] == py_result[:2]
+    assert b"".join(r[2] for r in results) == py_result[2]
+
+
 def test_write_run_refuses_a_properties_list_of_another_length() -> None:
     names = record.encode_names(b"", b"key")
     for write in (cstore.write_run, record.py_write_run):
         with pytest.raises(ValueError):
             write(bytearray(100), 0, 100, 1, names, [b"\0\0"], [b"a", b"b"], 0, 1)
+    with tempfile.TemporaryFile() as f, pytest.raises(ValueError):
+        cstore.pwrite_run(f.fileno(), 0, 100, 1, names, [b"\0\0"], [b"a", b"b"], 0, 1)
 
 
 @given(st.binary(max_size=5000), st.integers(0, (1 << 32) - 1))
