@@ -13,6 +13,59 @@
  * (None is returned before anything changed).
  */
 #include "_cwire.h"
+#include <structmember.h>
+
+/* An attribute read and set by name, straight through its __slots__ member when the object's type has
+ * one and no __getattr__/__setattr__ of its own (found on the first object of a type and kept: a slot's
+ * offset is fixed for its type); through PyObject_GetAttr / SetAttr otherwise. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type;  /* the type whose member offset is kept (borrowed: compared only) */
+    Py_ssize_t offset;  /* 0: the type has no such member */
+} Slot;
+
+static void
+slot_find(Slot *slot, PyTypeObject *type)
+{
+    PyObject *descr = _PyType_Lookup(type, *slot->name);
+    slot->type = type;
+    slot->offset = 0;
+    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_getattro == PyObject_GenericGetAttr
+        && type->tp_setattro == PyObject_GenericSetAttr) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            slot->offset = member->offset;
+    }
+}
+
+/* A new reference, or NULL with an error set. */
+static PyObject *
+sget(Slot *slot, PyObject *obj)
+{
+    if (Py_TYPE(obj) != slot->type)
+        slot_find(slot, Py_TYPE(obj));
+    if (slot->offset) {
+        PyObject *value = *(PyObject **)((char *)obj + slot->offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, *slot->name);
+}
+
+static int
+sset(Slot *slot, PyObject *obj, PyObject *value)
+{
+    if (Py_TYPE(obj) != slot->type)
+        slot_find(slot, Py_TYPE(obj));
+    if (slot->offset) {
+        PyObject **place = (PyObject **)((char *)obj + slot->offset);
+        PyObject *old = *place;
+        *place = Py_NewRef(value);
+        Py_XDECREF(old);
+        return 0;
+    }
+    return PyObject_SetAttr(obj, *slot->name, value);
+}
 
 static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL;
 static Py_ssize_t flush_bytes = 0, owned_max = 0;
@@ -20,6 +73,14 @@ static PyObject *s_channel, *s_no_ack, *s_deliveries, *s_counters, *s_unacked, *
     *s_runs, *s_head, *s_count, *s_queue, *s_consumer, *s_settled, *s_first, *s_positions, *s_owned, *s_live,
     *s_out, *s_out_bytes, *s_flush_scheduled, *s_frame_max, *s_sessions, *s_flush_output, *s_schedule_output,
     *s_send_many;
+
+/* (the Slot for attribute x is x_slot, reading s_x) */
+#define DEFSLOT(x) static Slot x##_slot = {&s_##x, NULL, 0}
+DEFSLOT(channel); DEFSLOT(no_ack); DEFSLOT(deliveries); DEFSLOT(counters); DEFSLOT(unacked); DEFSLOT(tag);
+DEFSLOT(runs); DEFSLOT(head); DEFSLOT(count); DEFSLOT(queue); DEFSLOT(consumer); DEFSLOT(settled); DEFSLOT(first);
+DEFSLOT(positions); DEFSLOT(owned); DEFSLOT(live); DEFSLOT(out); DEFSLOT(out_bytes); DEFSLOT(flush_scheduled);
+DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id);
+static Slot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
 
 /* init_round(UnackedBook, _Run, ConnectionOutput.send_many, OUTPUT_FLUSH_BYTES, OWNED_RUN_MAX) */
 PyObject *
@@ -68,9 +129,9 @@ release(Share *shares, Py_ssize_t n)
 
 /* An int attribute (-1 with an error set when it is not one). */
 static long long
-get_int(PyObject *obj, PyObject *name)
+get_int(PyObject *obj, Slot *slot)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyObject *value = sget(slot, obj);
     if (value == NULL)
         return -1;
     long long out = PyLong_AsLongLong(value);
@@ -79,12 +140,12 @@ get_int(PyObject *obj, PyObject *name)
 }
 
 static int
-set_int(PyObject *obj, PyObject *name, long long value)
+set_int(PyObject *obj, Slot *slot, long long value)
 {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL)
         return -1;
-    int rc = PyObject_SetAttr(obj, name, v);
+    int rc = sset(slot, obj, v);
     Py_DECREF(v);
     return rc;
 }
@@ -94,7 +155,7 @@ static int
 join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, PyObject *positions,
           Py_ssize_t count)
 {
-    PyObject *runs = PyObject_GetAttr(book, s_runs);
+    PyObject *runs = sget(&runs_slot, book);
     if (runs == NULL)
         return -1;
     if (!PyList_Check(runs)) {
@@ -102,7 +163,7 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         PyErr_SetString(PyExc_TypeError, "deliver_round: the book's runs are not a list");
         return -1;
     }
-    long long head = get_int(book, s_head);
+    long long head = get_int(book, &head_slot);
     if (head == -1 && PyErr_Occurred()) {
         Py_DECREF(runs);
         return -1;
@@ -116,17 +177,17 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
     Py_DECREF(runs);
     int joined = -1;
     PyObject *lq = NULL, *lc = NULL, *ls = NULL, *lp = NULL, *lo = NULL;
-    if ((lq = PyObject_GetAttr(last, s_queue)) == NULL || (lc = PyObject_GetAttr(last, s_consumer)) == NULL
-        || (ls = PyObject_GetAttr(last, s_settled)) == NULL)
+    if ((lq = sget(&queue_slot, last)) == NULL || (lc = sget(&consumer_slot, last)) == NULL
+        || (ls = sget(&settled_slot, last)) == NULL)
         goto done;
     if (lq != queue || lc != consumer || ls != Py_None) {
         joined = 0;
         goto done;
     }
-    long long lfirst = get_int(last, s_first);
+    long long lfirst = get_int(last, &first_slot);
     if (lfirst == -1 && PyErr_Occurred())
         goto done;
-    if ((lp = PyObject_GetAttr(last, s_positions)) == NULL)
+    if ((lp = sget(&positions_slot, last)) == NULL)
         goto done;
     Py_ssize_t llen = PyObject_Length(lp);
     if (llen < 0)
@@ -135,7 +196,7 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         joined = 0;
         goto done;
     }
-    if ((lo = PyObject_GetAttr(last, s_owned)) == NULL)
+    if ((lo = sget(&owned_slot, last)) == NULL)
         goto done;
     int owned = PyObject_IsTrue(lo);
     if (owned < 0)
@@ -144,7 +205,7 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         PyObject *joined_list = PySequence_InPlaceConcat(lp, positions);
         if (joined_list == NULL)
             goto done;
-        int rc = joined_list == lp ? 0 : PyObject_SetAttr(last, s_positions, joined_list);
+        int rc = joined_list == lp ? 0 : sset(&positions_slot, last, joined_list);
         Py_DECREF(joined_list);
         if (rc < 0)
             goto done;
@@ -152,13 +213,13 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         PyObject *joined_list = PySequence_Concat(lp, positions);
         if (joined_list == NULL)
             goto done;
-        int rc = PyObject_SetAttr(last, s_positions, joined_list);
+        int rc = sset(&positions_slot, last, joined_list);
         Py_DECREF(joined_list);
-        if (rc < 0 || PyObject_SetAttr(last, s_owned, Py_True) < 0)
+        if (rc < 0 || sset(&owned_slot, last, Py_True) < 0)
             goto done;
     }
-    long long live = get_int(last, s_live);
-    if ((live == -1 && PyErr_Occurred()) || set_int(last, s_live, live + count) < 0)
+    long long live = get_int(last, &live_slot);
+    if ((live == -1 && PyErr_Occurred()) || set_int(last, &live_slot, live + count) < 0)
         goto done;
     joined = 1;
 done:
@@ -183,7 +244,7 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
         Py_DECREF(tag);
         if (run == NULL)
             return -1;
-        PyObject *runs = PyObject_GetAttr(book, s_runs);
+        PyObject *runs = sget(&runs_slot, book);
         if (runs == NULL) {
             Py_DECREF(run);
             return -1;
@@ -194,17 +255,17 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
         if (rc < 0)
             return -1;
     }
-    long long total = get_int(book, s_count);
+    long long total = get_int(book, &count_slot);
     if (total == -1 && PyErr_Occurred())
         return -1;
-    return set_int(book, s_count, total + count);
+    return set_int(book, &count_slot, total + count);
 }
 
 /* ConnectionOutput.send_many(frames) */
 static int
 send_frames(PyObject *conn, PyObject *frames)
 {
-    PyObject *out = PyObject_GetAttr(conn, s_out);
+    PyObject *out = sget(&out_slot, conn);
     if (out == NULL)
         return -1;
     Py_ssize_t end = PyList_Check(out) ? PyList_GET_SIZE(out) : -1;
@@ -222,15 +283,15 @@ send_frames(PyObject *conn, PyObject *frames)
             return -1;
         nbytes += size;
     }
-    long long queued = get_int(conn, s_out_bytes);
-    if ((queued == -1 && PyErr_Occurred()) || set_int(conn, s_out_bytes, queued + nbytes) < 0)
+    long long queued = get_int(conn, &out_bytes_slot);
+    if ((queued == -1 && PyErr_Occurred()) || set_int(conn, &out_bytes_slot, queued + nbytes) < 0)
         return -1;
     if (queued + nbytes > flush_bytes) {
         PyObject *done = PyObject_CallMethodNoArgs(conn, s_flush_output);
         Py_XDECREF(done);
         return done == NULL ? -1 : 0;
     }
-    PyObject *scheduled = PyObject_GetAttr(conn, s_flush_scheduled);
+    PyObject *scheduled = sget(&flush_scheduled_slot, conn);
     if (scheduled == NULL)
         return -1;
     int is_scheduled = PyObject_IsTrue(scheduled);
@@ -238,9 +299,9 @@ send_frames(PyObject *conn, PyObject *frames)
     if (is_scheduled < 0)
         return -1;
     if (!is_scheduled) {
-        if (PyObject_SetAttr(conn, s_flush_scheduled, Py_True) < 0)
+        if (sset(&flush_scheduled_slot, conn, Py_True) < 0)
             return -1;
-        PyObject *sessions = PyObject_GetAttr(conn, s_sessions);
+        PyObject *sessions = sget(&sessions_slot, conn);
         if (sessions == NULL)
             return -1;
         PyObject *done = PyObject_CallMethodOneArg(sessions, s_schedule_output, conn);
@@ -262,20 +323,20 @@ find_shares(PyObject *consumers, PyObject *kind, Share *shares, PyObject **count
     for (Py_ssize_t j = 0; j < width; j++) {
         Share *share = &shares[j];
         PyObject *consumer = share->consumer = PyList_GET_ITEM(consumers, j);
-        if ((share->channel = PyObject_GetAttr(consumer, s_channel)) == NULL)
+        if ((share->channel = sget(&channel_slot, consumer)) == NULL)
             return -1;
         if ((PyObject *)Py_TYPE(share->channel) != kind)
             return 0;
-        PyObject *no_ack = PyObject_GetAttr(consumer, s_no_ack);
+        PyObject *no_ack = sget(&no_ack_slot, consumer);
         if (no_ack == NULL)
             return -1;
         int is_no_ack = PyObject_IsTrue(no_ack);
         Py_DECREF(no_ack);
         if (is_no_ack)
             return is_no_ack < 0 ? -1 : 0;
-        if ((share->deliveries = PyObject_GetAttr(share->channel, s_deliveries)) == NULL
-            || (share->book = PyObject_GetAttr(share->deliveries, s_unacked)) == NULL
-            || (share->conn = PyObject_GetAttr(share->channel, s_conn)) == NULL)
+        if ((share->deliveries = sget(&deliveries_slot, share->channel)) == NULL
+            || (share->book = sget(&unacked_slot, share->deliveries)) == NULL
+            || (share->conn = sget(&conn_slot, share->channel)) == NULL)
             return -1;
         if ((PyObject *)Py_TYPE(share->book) != book_type)
             return 0;
@@ -285,7 +346,7 @@ find_shares(PyObject *consumers, PyObject *kind, Share *shares, PyObject **count
                 return 0;
             conn_type = Py_TYPE(share->conn);
         }
-        PyObject *these = PyObject_GetAttr(share->deliveries, s_counters);
+        PyObject *these = sget(&counters_slot, share->deliveries);
         if (these == NULL)
             return -1;
         Py_DECREF(these);  /* (kept alive by the deliveries) */
@@ -353,17 +414,17 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 redeliveries += is_again;
             }
         }
-        long long first = get_int(share->deliveries, s_tag);
+        long long first = get_int(share->deliveries, &tag_slot);
         if (first == -1 && PyErr_Occurred())
             goto next;
         first += 1;
-        if (set_int(share->deliveries, s_tag, first + count - 1) < 0)
+        if (set_int(share->deliveries, &tag_slot, first + count - 1) < 0)
             goto next;
         if (book_run(share->book, queue, share->consumer, first, run_positions, count) < 0)
             goto next;
-        if ((channel_id = PyObject_GetAttr(share->channel, s_id)) == NULL
-            || (consumer_tag = PyObject_GetAttr(share->consumer, s_tag)) == NULL
-            || (frame_max = PyObject_GetAttr(share->conn, s_frame_max)) == NULL
+        if ((channel_id = sget(&id_slot, share->channel)) == NULL
+            || (consumer_tag = sget(&ctag_slot, share->consumer)) == NULL
+            || (frame_max = sget(&frame_max_slot, share->conn)) == NULL
             || (first_obj = PyLong_FromLongLong(first)) == NULL)
             goto next;
         PyObject *call[6] = {channel_id, consumer_tag, first_obj, run_flags, run_messages, frame_max};
