@@ -7,20 +7,51 @@ to a few messages each; one ``Channel.deliver_run`` per consumer cost five Pytho
 loop step per message. Here each AMQP channel's share is booked and framed inline, with the tags,
 books, counters and frames ``Channel.deliver_run`` gives the same run; a consumer on another kind of
 channel, or a no-ack one, goes through its channel's ``deliver_run``.
+
+With the compiled extensions a round whose consumers are all the common case (acking, on channels of
+the first one's kind, with the usual books and output) is one C call (``_cwire_round.c``) that takes the
+same steps per consumer without a Python call each; ``deliver_round_py`` is its pure twin (and takes
+every other round).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..broker.ops.unacked_book import OWNED_RUN_MAX, UnackedBook, _Run
 from ..wire import writer
+from ..wire.accel import cwire
 
 if TYPE_CHECKING:
     from ..broker.ops.deliveries import StoredMessage
 
 
+_round: Any = None  # the compiled call, once ``init_round`` was given the connections' output
+
+
+def init_round(send_many: Any, flush_bytes: int) -> None:
+    """The compiled call appends a consumer's frames as ``send_many`` (``ConnectionOutput``'s, checked on
+    each connection's type) does, flushing past ``flush_bytes`` (output.py calls this at import)."""
+    global _round
+    if cwire is not None:
+        cwire.init_round(UnackedBook, _Run, send_many, flush_bytes, OWNED_RUN_MAX)
+        _round = cwire.deliver_round
+
+
 def deliver_round(consumers: list[Any], positions: list[int], messages: list[StoredMessage],
                   redelivered: list[bool] | None) -> list[list[int]]:
+    """``deliver_round_py`` in one compiled call when every consumer is the common case."""
+    if _round is not None:
+        channel = consumers[0].channel
+        counted = _round(consumers, positions, messages, redelivered, type(channel), consumers[0].queue)
+        if counted is not None:
+            _count(consumers[0].queue, channel.deliveries.counters, counted[0], counted[1])
+            return []
+    return deliver_round_py(consumers, positions, messages, redelivered)
+
+
+def deliver_round_py(consumers: list[Any], positions: list[int], messages: list[StoredMessage],
+                     redelivered: list[bool] | None) -> list[list[int]]:
     """Message ``i`` (at ``positions[i]``) to ``consumers[i % len(consumers)]`` (distinct consumers of
     one queue, on distinct channels when one gets more than one message), each consumer's share as one
     run in the order of ``consumers``: as ``deliver_round_runs`` through ``Channel.deliver_run``.

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..broker.ops import WindowRates
 from .connection_states import CLOSED
+from .delivery_round import init_round
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
 
 # Queued output written to the transport at once above this size (bytes), so a burst of
@@ -200,3 +201,7 @@ class ConnectionOutput:
 
     def consumers_have_room(self) -> bool:
         raise NotImplementedError
+
+
+# A round of deliveries (delivery_round) appends to each consumer's output as send_many does, in one call.
+init_round(ConnectionOutput.send_many, OUTPUT_FLUSH_BYTES)

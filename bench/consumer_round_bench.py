@@ -1,0 +1,105 @@
+"""The hand-out side of one queue with many consumers, in process (no sockets): thread CPU per delivery.
+
+N consuming connections (driven as in the AMQP tests by their harness, a real broker on a temporary data
+dir, ``fsync: never``) on one queue at prefetch P; a publisher's reads of R 16 B messages each are parsed,
+stored and handed out (3-4 per consumer a round at N = 1,000, R = 3,500, as the published runs of
+``bench/scale.py``'s consumers curve); every K such reads each consumer acks what it holds with one
+basic.ack multiple=true (at prefetch 10 the deliveries then come from the queue's backlog, a round per
+ack read). Timed: the publisher's reads and the ack reads with the deliveries they start (thread CPU),
+per message delivered; the consumers' output is taken outside the timing.
+
+    PYTHONPATH=<tree> python3 bench/consumer_round_bench.py [--consumers 1000 --prefetch 100 --run 3500
+                                                            --every 4 --rounds 40 --repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lavinpy
+
+sys.path.insert(0, str(Path(lavinpy.__file__).resolve().parents[1] / "tests" / "amqp"))
+from pamqp import commands, frame  # noqa: E402
+from session_client import Harness  # noqa: E402
+
+
+def ack_frame(tag: int) -> bytes:
+    payload = struct.pack(">HHQB", 60, 80, tag, 1)
+    return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+
+
+def run_once(args: argparse.Namespace) -> tuple[float, int]:
+    """Thread CPU per delivered message (µs) over ``args.rounds`` publisher reads, and how many."""
+    with tempfile.TemporaryDirectory() as tmp:
+        h = Harness(Path(tmp), fsync="never")
+        try:
+            pub = h.connect()
+            pub.handshake()
+            pub.open_channel()
+            pub.send((1, commands.Queue.Declare(queue="q")))
+            pub.read()
+            consumers = []
+            for i in range(args.consumers):
+                c = h.connect(("127.0.0.1", 30000 + i))
+                c.handshake()
+                c.open_channel()
+                c.send((1, commands.Basic.Qos(prefetch_count=args.prefetch)),
+                       (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+                c.read()
+                consumers.append(c)
+            one = b"".join(frame.marshal(f[1], f[0]) for f in pub.publish(1, "q", b"x" * 16))
+            run = one * args.run
+            acked = [0] * len(consumers)
+            spent = 0.0
+            delivered_before = sum(c.conn.channels[1].deliveries.tag for c in consumers)
+            for r in range(args.rounds):
+                t0 = time.thread_time()
+                pub.conn.receive_data(run)
+                h.run_soon()
+                spent += time.thread_time() - t0
+                for c in consumers:
+                    c.conn.data_to_send()
+                pub.conn.data_to_send()
+                if (r + 1) % args.every:
+                    continue
+                reads = []
+                for i, c in enumerate(consumers):
+                    last = c.conn.channels[1].deliveries.tag
+                    if last > acked[i]:
+                        reads.append((c.conn, ack_frame(last)))
+                        acked[i] = last
+                t0 = time.thread_time()
+                for conn, data in reads:
+                    conn.receive_data(data)
+                h.run_soon()
+                spent += time.thread_time() - t0
+                for c in consumers:
+                    c.conn.data_to_send()
+            delivered = sum(c.conn.channels[1].deliveries.tag for c in consumers) - delivered_before
+            return spent / max(1, delivered) * 1e6, delivered
+        finally:
+            h.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--consumers", type=int, default=1000)
+    ap.add_argument("--prefetch", type=int, default=100)
+    ap.add_argument("--run", type=int, default=3500, help="messages per publisher read")
+    ap.add_argument("--every", type=int, default=4, help="publisher reads between two ack reads of a consumer")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    runs = [run_once(args) for _ in range(args.repeat)]
+    figures = sorted(figure for figure, _ in runs)
+    print(f"µs thread CPU per delivered message: min {figures[0]:.3f}, median {figures[len(figures) // 2]:.3f} "
+          f"({', '.join(f'{f:.3f}' for f in figures)}); delivered {', '.join(str(d) for _, d in runs)}")
+
+
+if __name__ == "__main__":
+    main()
