@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lavinpy.broker.broker import Broker
+from lavinpy.store import fsyncs
 
 
 def fail_fsync(broker: Broker) -> Callable[[], None]:
@@ -18,8 +19,15 @@ def fail_fsync(broker: Broker) -> Callable[[], None]:
 
     def failing_sync(*_: Any) -> None:
         raise OSError(errno.EIO, "Input/output error (injected)")
+    # The failing disk is the worker thread's ``_sync``: every flush takes it while the fault lasts (the
+    # fsyncs started from the loop fail through the same reply path: tests/store/test_flush_fsyncs.py).
     store._sync = failing_sync  # type: ignore[method-assign]
-    return lambda: delattr(store, "_sync")
+    store.fsyncs_on_loop = False
+
+    def heal() -> None:
+        del store._sync
+        store.fsyncs_on_loop = fsyncs.ON_LOOP
+    return heal
 
 
 class FailingReplication:

@@ -9,6 +9,8 @@ import pytest
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
+from lavinpy.store import fsyncs
+
 from . import bodies, channel_closed, get_all, settle, uid
 from .rawamqp import RawAMQP, commands
 from .test_policies_alarms import inproc  # noqa: F401 - the fixture
@@ -224,11 +226,13 @@ def test_a_failed_flush_nacks_its_publishes_and_the_channel_goes_on(inproc) -> N
         ch.confirm_delivery()
         ch.queue_declare(queue, durable=True)
         store._sync = failing_sync  # the disk fails under the store, for this publish only
+        store.fsyncs_on_loop = False  # every flush through the worker thread's _sync while it fails
         try:
             with pytest.raises(pika.exceptions.NackError):
                 ch.basic_publish("", queue, b"lost?", pika.BasicProperties(delivery_mode=2))
         finally:
             del store._sync
+            store.fsyncs_on_loop = fsyncs.ON_LOOP
         ch.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))  # acked: no error
         assert ch.is_open
     finally:
@@ -253,11 +257,13 @@ def test_a_failed_flush_closes_the_channel_of_tx_commit_and_a_new_one_commits(in
         ch.tx_select()
         ch.basic_publish("", queue, b"lost?", pika.BasicProperties(delivery_mode=2))
         store._sync = failing_sync
+        store.fsyncs_on_loop = False  # every flush through the worker thread's _sync while it fails
         try:
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
                 ch.tx_commit()
         finally:
             del store._sync
+            store.fsyncs_on_loop = fsyncs.ON_LOOP
         assert closed.value.reply_code == 506
         assert closed.value.reply_text.startswith("RESOURCE_ERROR - could not write to disk or replicate: ")
         ch = conn.channel()
