@@ -79,7 +79,7 @@ class VhostStore:
         self._sync_paths: list[Path] = []  # index files closed while idle before a flush synced them
         self._executor: ThreadPoolExecutor | None = None
         self._loop_fsyncs: LoopFsyncs | None = None  # made by the first flush that uses it
-        self.fsyncs_on_loop = fsyncs.ON_LOOP  # flushes may start fsyncs from the loop (_syncs_on_loop)
+        self.fsyncs_on_loop = True  # with fsyncs.ON_LOOP: fsyncs may start from the loop (_syncs_on_loop)
         # group commit state
         self._next: asyncio.Future[None] | None = None  # resolved by the flush after the running one
         self._next_since = 0.0  # loop time the first waiter of _next arrived
@@ -450,7 +450,7 @@ class VhostStore:
         """Whether this flush's fsyncs start from the loop (``_sync_on_loop``): compiled store, and no
         name to make durable first (a new segment's, a new queue directory's, a file closed while idle:
         a few a second at most, in the worker thread)."""
-        if not self.fsyncs_on_loop or directories or paths:
+        if not (fsyncs.ON_LOOP and self.fsyncs_on_loop) or directories or paths:
             return False
         if any(end > start and segment.name_unsynced and not segment.closed for segment, start, end in ranges):
             return False

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 from lavinpy.broker.broker import Broker
-from lavinpy.store import fsyncs
 
 
 def fail_fsync(broker: Broker) -> Callable[[], None]:
@@ -26,7 +25,7 @@ def fail_fsync(broker: Broker) -> Callable[[], None]:
 
     def heal() -> None:
         del store._sync
-        store.fsyncs_on_loop = fsyncs.ON_LOOP
+        store.fsyncs_on_loop = True
     return heal
 
 

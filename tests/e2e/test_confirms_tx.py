@@ -9,8 +9,6 @@ import pytest
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from lavinpy.store import fsyncs
-
 from . import bodies, channel_closed, get_all, settle, uid
 from .rawamqp import RawAMQP, commands
 from .test_policies_alarms import inproc  # noqa: F401 - the fixture
@@ -232,7 +230,7 @@ def test_a_failed_flush_nacks_its_publishes_and_the_channel_goes_on(inproc) -> N
                 ch.basic_publish("", queue, b"lost?", pika.BasicProperties(delivery_mode=2))
         finally:
             del store._sync
-            store.fsyncs_on_loop = fsyncs.ON_LOOP
+            store.fsyncs_on_loop = True
         ch.basic_publish("", queue, b"kept", pika.BasicProperties(delivery_mode=2))  # acked: no error
         assert ch.is_open
     finally:
@@ -263,7 +261,7 @@ def test_a_failed_flush_closes_the_channel_of_tx_commit_and_a_new_one_commits(in
                 ch.tx_commit()
         finally:
             del store._sync
-            store.fsyncs_on_loop = fsyncs.ON_LOOP
+            store.fsyncs_on_loop = True
         assert closed.value.reply_code == 506
         assert closed.value.reply_text.startswith("RESOURCE_ERROR - could not write to disk or replicate: ")
         ch = conn.channel()
