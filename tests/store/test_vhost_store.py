@@ -142,9 +142,14 @@ async def test_durable_joins_the_group_commit_at_the_call(tmp_path: Path) -> Non
         await asyncio.sleep(0)
     publish(store, [q], 5)
     second = store.durable(acks=False)  # nobody awaits it until the first is done
+    resolved_by: list[int] = []  # the flush count each future saw when it resolved
+    first.add_done_callback(lambda _: resolved_by.append(store.flush_count))
+    second.add_done_callback(lambda _: resolved_by.append(store.flush_count))
     await asyncio.shield(first)
-    assert not second.done()
     await asyncio.wait_for(asyncio.shield(second), 10)  # the flush after the first ran on its own
+    # The second waits for the second flush (it may end before this coroutine resumes from the first:
+    # the fsyncs started from the loop can finish within a loop turn).
+    assert resolved_by == [1, 2]
     assert store.flush_count == 2 and not store.pending
     assert (tmp_path / sha1_name("q") / "enq").stat().st_size == 15 * 8
     store.close()
