@@ -14,22 +14,11 @@ the deliveries they start) per read (median and minimum over the ack phases) and
 from __future__ import annotations
 
 import argparse
-import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import lavinpy
-
-sys.path.insert(0, str(Path(lavinpy.__file__).resolve().parents[1] / "tests" / "amqp"))
-from pamqp import commands, frame  # noqa: E402
-from session_client import Harness  # noqa: E402
-
-
-def ack_frame(tag: int, multiple: bool = False) -> bytes:
-    payload = struct.pack(">HHQB", 60, 80, tag, 1 if multiple else 0)
-    return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+from consumer_harness import Harness, ack_frame, one_queue_consumers, publish_read
 
 
 def main() -> None:
@@ -43,22 +32,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
-        pub = h.connect()
-        pub.handshake()
-        pub.open_channel()
-        pub.send((1, commands.Queue.Declare(queue="q")))
-        pub.read()
-        consumers = []
-        for i in range(args.consumers):
-            c = h.connect(("127.0.0.1", 30000 + i))
-            c.handshake()
-            c.open_channel()
-            c.send((1, commands.Basic.Qos(prefetch_count=args.prefetch)),
-                   (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
-            c.read()
-            consumers.append(c)
-        one = b"".join(frame.marshal(f[1], f[0]) for f in pub.publish(1, "q", b"x" * 16))
-        run = one * args.run
+        pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch)
+        run = publish_read(pub, args.run)
         acked = [0] * len(consumers)
         phases: list[float] = []
         total = count = 0.0

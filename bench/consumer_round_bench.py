@@ -15,22 +15,11 @@ per message delivered; the consumers' output is taken outside the timing.
 from __future__ import annotations
 
 import argparse
-import struct
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import lavinpy
-
-sys.path.insert(0, str(Path(lavinpy.__file__).resolve().parents[1] / "tests" / "amqp"))
-from pamqp import commands, frame  # noqa: E402
-from session_client import Harness  # noqa: E402
-
-
-def ack_frame(tag: int) -> bytes:
-    payload = struct.pack(">HHQB", 60, 80, tag, 1)
-    return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
+from consumer_harness import Harness, ack_frame, one_queue_consumers, publish_read
 
 
 def run_once(args: argparse.Namespace) -> tuple[float, int]:
@@ -38,22 +27,8 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
-            pub = h.connect()
-            pub.handshake()
-            pub.open_channel()
-            pub.send((1, commands.Queue.Declare(queue="q")))
-            pub.read()
-            consumers = []
-            for i in range(args.consumers):
-                c = h.connect(("127.0.0.1", 30000 + i))
-                c.handshake()
-                c.open_channel()
-                c.send((1, commands.Basic.Qos(prefetch_count=args.prefetch)),
-                       (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
-                c.read()
-                consumers.append(c)
-            one = b"".join(frame.marshal(f[1], f[0]) for f in pub.publish(1, "q", b"x" * 16))
-            run = one * args.run
+            pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch)
+            run = publish_read(pub, args.run)
             acked = [0] * len(consumers)
             spent = 0.0
             delivered_before = sum(c.conn.channels[1].deliveries.tag for c in consumers)
@@ -71,7 +46,7 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
                 for i, c in enumerate(consumers):
                     last = c.conn.channels[1].deliveries.tag
                     if last > acked[i]:
-                        reads.append((c.conn, ack_frame(last)))
+                        reads.append((c.conn, ack_frame(last, multiple=True)))
                         acked[i] = last
                 t0 = time.thread_time()
                 for conn, data in reads:
