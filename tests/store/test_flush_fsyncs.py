@@ -59,12 +59,20 @@ def publish(store: VhostStore, count: int = 3) -> None:
         q.push(store.messages.append("", "q", b"\x00\x00", bytes([i % 251]) * 100))
 
 
+async def flushed_store(tmp_path: Path) -> VhostStore:
+    """A store at ``fsync: always`` whose queue ``q`` holds 3 messages, flushed once: the queue's directory and
+    first segment name are synced (through the worker thread), so the next flush of the same files is an
+    ordinary one."""
+    store = make_store(tmp_path, fsync="always")
+    store.finish_recovery()
+    publish(store)
+    await store.flush()
+    return store
+
+
 def test_a_failed_fsync_fails_the_flush_and_the_next_one_syncs(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = make_store(tmp_path, fsync="always")
-        store.finish_recovery()
-        publish(store)
-        await store.flush()  # the queue's directory
+        store = await flushed_store(tmp_path)
         broken = PipeFile()
         store.register_synced_file(broken)
         publish(store)
@@ -85,10 +93,7 @@ def test_a_failed_fsync_fails_the_flush_and_the_next_one_syncs(tmp_path: Path) -
 @pytest.mark.skipif(not fsyncs.ON_LOOP, reason="needs the compiled store")
 def test_an_ordinary_flush_starts_its_fsyncs_from_the_loop(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = make_store(tmp_path, fsync="always")
-        store.finish_recovery()
-        publish(store)
-        await store.flush()  # a new queue directory and segment name: through the worker thread
+        store = await flushed_store(tmp_path)
         publish(store)
         await store.flush()
         assert store._loop_fsyncs is not None
@@ -103,10 +108,7 @@ def test_an_ordinary_flush_starts_its_fsyncs_from_the_loop(tmp_path: Path) -> No
 @pytest.mark.skipif(not fsyncs.ON_LOOP, reason="needs the compiled store")
 def test_confirms_wait_for_the_local_sync_and_the_followers(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = make_store(tmp_path, fsync="always")
-        store.finish_recovery()
-        publish(store)
-        await store.flush()
+        store = await flushed_store(tmp_path)
         barrier = HeldBarrier()
         store.barrier = barrier
         publish(store)
@@ -127,10 +129,7 @@ def test_confirms_wait_for_the_local_sync_and_the_followers(tmp_path: Path) -> N
 @pytest.mark.skipif(not fsyncs.ON_LOOP, reason="needs the compiled store")
 def test_close_during_a_loop_sync_releases_its_waiters(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = make_store(tmp_path, fsync="always")
-        store.finish_recovery()
-        publish(store)
-        await store.flush()
+        store = await flushed_store(tmp_path)
         publish(store, 1000)
         waiter = store.durable()
         while not (store._loop_fsyncs is not None and store._loop_fsyncs.running):
