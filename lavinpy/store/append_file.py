@@ -47,7 +47,9 @@ class AppendFile:
         self.sync_with_acks = False
         self._fd = -1
         self._unsynced = False
-        self._pending: list[bytes] = []  # append_soon's records, written at the end of the loop turn
+        self._pending: list[bytes] = []  # append_soon's records, until a group commit or the delay
+        self._pending_since = 0.0  # the loop time of the oldest record in ``_pending``
+        self._delay_armed = False  # a timer for ``_pending`` is set
         # How append_soon's records of one turn are written (the owner's framing, e.g. one checksum).
         self.frame: Callable[[bytes], bytes] = bytes
 
@@ -90,9 +92,28 @@ class AppendFile:
         pending.append(data)
         if len(pending) == 1:
             try:
-                asyncio.get_running_loop().call_later(WRITE_DELAY_S, self.write_in_order)
+                loop = asyncio.get_running_loop()
             except RuntimeError:
                 self.write_in_order()
+                return
+            self._pending_since = loop.time()
+            if not self._delay_armed:  # one timer for many batches: group commits mostly write them first
+                self._delay_armed = True
+                loop.call_later(WRITE_DELAY_S, self._on_delay)
+
+    def _on_delay(self) -> None:
+        """The delay timer: write what has waited ``WRITE_DELAY_S``; what a group commit wrote meanwhile
+        is gone, and what came after it waits its own delay (the timer is set again for that)."""
+        self._delay_armed = False
+        if not self._pending or self._fd < 0:
+            return
+        loop = asyncio.get_running_loop()
+        left = self._pending_since + WRITE_DELAY_S - loop.time()
+        if left > 0.001:
+            self._delay_armed = True
+            loop.call_later(left, self._on_delay)
+            return
+        self.write_in_order()
 
     def write_in_order(self) -> None:
         """``write_pending`` outside a group commit: what must go first (``write_first``), then the

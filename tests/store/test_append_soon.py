@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,5 +66,46 @@ def test_a_delayed_write_hands_the_index_entries_over_first(tmp_path: Path) -> N
         assert (tmp_path / "cache").read_bytes() == b"x"
         assert not queue.has_pending_writes  # with the OS: a kill -9 keeps both or neither
         store.close(clean=False)
+
+    asyncio.run(scenario())
+
+
+def test_records_after_a_flush_wait_their_own_delay_on_the_same_timer(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group commit writes the waiting records; the next ones (after it) are not written early by
+    the first batch's timer, which is set again for what is left of their delay: one timer, not one
+    per batch, and no write between group commits that come every few milliseconds. (The timer's
+    callbacks are run by hand: no sleeping.)"""
+    async def scenario() -> None:
+        store = VhostStore(tmp_path, fsync="always")
+        store.open()
+        store.finish_recovery()
+        file = store.open_append_file("cache")
+        file.open()
+        loop = asyncio.get_running_loop()
+        timers: list[tuple[float, object]] = []
+        call_later = loop.call_later
+
+        def recording(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            if getattr(callback, "__self__", None) is file:
+                timers.append((delay, callback))
+                return call_later(3600, lambda: None)  # run by hand below
+            return call_later(delay, callback, *args)
+
+        loop.call_later = recording  # type: ignore[method-assign]
+        monkeypatch.setattr(append_file, "WRITE_DELAY_S", 3600.0)
+        file.append_soon(b"a")
+        await asyncio.shield(store.durable())
+        assert (tmp_path / "cache").read_bytes() == b"a"
+        file.append_soon(b"b")
+        assert len(timers) == 1  # the first batch's timer serves the second
+        timers[0][1]()  # it fires: "b" has not waited its delay yet
+        assert (tmp_path / "cache").read_bytes() == b"a"
+        assert len(timers) == 2 and 3500 < timers[1][0] <= 3600  # set again for what is left of it
+        monkeypatch.setattr(append_file, "WRITE_DELAY_S", 0.0)
+        timers[1][1]()
+        assert (tmp_path / "cache").read_bytes() == b"ab"
+        loop.call_later = call_later  # type: ignore[method-assign]
+        store.close()
 
     asyncio.run(scenario())
