@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..wire.accel import SOCKET_THREADS, csocket
 from . import replication_protocol as proto
 from .admission import HandshakeAdmission, Ticket
 from .errors import LeadershipLost
@@ -46,6 +47,12 @@ MAX_BACKLOG = 256 * 1024 * 1024  # bytes buffered for one follower before it is 
 # A follower proves the secret in two round trips: a connection that has not within this time (TLS
 # handshake included) is closed.
 HANDSHAKE_TIMEOUT = 3.0
+# A streaming follower's sends go through a thread that never takes the GIL (plain TCP, compiled
+# build): on loopback a send() also runs the receiver's TCP processing, and the loop did it for every
+# follower before a group commit's own fsync could start (bench/history.md, issue 31).
+THREAD_WRITER = csocket is not None and "writer" in SOCKET_THREADS
+WRITER_HIGH_WATER = 8 * 1024 * 1024  # a writer thread's unsent bytes before the sender task waits
+WRITER_POLL_SECONDS = 0.002  # how often a sender above the high-water mark looks at the thread's backlog
 
 
 class IsrWriter(Protocol):
@@ -75,6 +82,8 @@ class _Follower:
         self.last_progress = time.monotonic()
         self.dropped = False
         self.sync_bytes = 0  # full-sync file bytes sent
+        self.thread_fd = -1  # the socket a writer thread may send the stream on (THREAD_WRITER)
+        self.thread_writer: Any = None  # csocket.SocketWriter, once the transport's buffer was empty
 
 
 class ReplicationServer:
@@ -213,8 +222,7 @@ class ReplicationServer:
         target = self._log_end
         for follower in self._followers.values():
             # A flush waits on this: its operations go out now rather than on the sender task's next turn.
-            if (follower.streaming and not follower.dropped and follower.queue
-                    and not follower.writer.transport.get_write_buffer_size()):
+            if follower.streaming and not follower.dropped and follower.queue and self._idle_enough(follower):
                 self._write_queued(follower)
         if not self._waiters and self._released(target) and self._serving():
             callback()
@@ -331,6 +339,8 @@ class ReplicationServer:
         follower.queue.clear()
         follower.queued_bytes = 0
         follower.wake.set()
+        if follower.thread_writer is not None:
+            follower.thread_writer.abort()  # shuts the socket down: the thread's dup keeps it open otherwise
         if self._followers.get(follower.id) is follower:
             del self._followers[follower.id]
         follower.writer.close()
@@ -394,6 +404,8 @@ class ReplicationServer:
             # From now on its acknowledgements are read in the transport's callback (no stream task).
             acks = _AckReader(self, follower)
             writer.transport.set_protocol(acks)
+            if THREAD_WRITER and self._tls is None and sock is not None:
+                follower.thread_fd = sock.fileno()
             follower.streaming = True
             follower.last_progress = time.monotonic()
             follower.wake.set()
@@ -489,6 +501,8 @@ class ReplicationServer:
             if not follower.queue:
                 follower.wake.clear()
                 await follower.wake.wait()
+            elif follower.thread_writer is not None and follower.thread_writer.buffered() > WRITER_HIGH_WATER:
+                await asyncio.sleep(WRITER_POLL_SECONDS)  # the thread says nothing when it drains
             elif not follower.writable.is_set() or transport.get_write_buffer_size() > high_water:
                 # Above the mark the transport has paused us (maybe before the ack reader took over:
                 # its resume comes to the reader all the same).
@@ -509,7 +523,25 @@ class ReplicationServer:
         if follower.sent == follower.acked:  # the ack clock starts with the first unacknowledged byte
             follower.last_progress = time.monotonic()
         follower.sent += size
-        follower.writer.writelines(batch)  # the transport gathers them: no joined copy
+        writer = follower.thread_writer
+        if writer is None and follower.thread_fd >= 0 and not follower.writer.transport.get_write_buffer_size():
+            # Only with the transport's buffer empty: the thread's bytes must come after its.
+            writer = follower.thread_writer = csocket.SocketWriter(follower.thread_fd)  # type: ignore[union-attr]
+        if writer is None:
+            follower.writer.writelines(batch)  # the transport gathers them: no joined copy
+            return
+        for encoded in batch:
+            if writer.write(encoded) < 0:  # the thread stopped on a send error: the follower is gone
+                self._drop_later(follower, "send failed")
+                return
+
+    @staticmethod
+    def _idle_enough(follower: _Follower) -> bool:
+        """Whether a flush's operations go to ``follower``'s socket at once (else the sender task
+        takes them once the backlog has drained)."""
+        if follower.thread_writer is not None:
+            return bool(follower.thread_writer.buffered() < WRITER_HIGH_WATER)
+        return not follower.writer.transport.get_write_buffer_size()
 
     def _acknowledged(self, follower: _Follower, frames: list[tuple[int, bytes]]) -> None:
         for kind, payload in frames:
