@@ -205,8 +205,9 @@ class Subscriptions:
             positions, messages, redelivered = queue.take_run(count)
             if not positions:
                 break
-            self._deliver_booked(consumer, self.deliveries.deliver_run(consumer, positions, redelivered), positions,
-                                 messages, redelivered)
+            first = self.deliveries.deliver_run(consumer, positions, redelivered)
+            if redelivered is not None or not self._qos1_run(first, messages):
+                self._deliver_booked(consumer, first, positions, messages, redelivered)
             consumer.unacked += len(positions)
             delivered += len(positions)
         return delivered

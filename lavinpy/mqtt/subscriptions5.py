@@ -238,6 +238,12 @@ class Subscriptions5(Subscriptions):
         for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
             self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
 
+    def _qos1_run(self, first: int, messages: list[StoredMessage]) -> bool:
+        """The 3.1.1 run step for plain runs only (one properties value in a run that step takes)."""
+        if self._per_message or not self._is_plain(messages[0].properties):
+            return False
+        return super()._qos1_run(first, messages)
+
     def _send(self, consumer: Consumer, tag: int, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         self._consumer = consumer
         if self._skipped(consumer, msg):
