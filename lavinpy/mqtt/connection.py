@@ -134,16 +134,11 @@ class MQTTConnection:
         self.recv_cnt += 1
         subs = self.subscriptions
         if subs is not None and not self._backlog and not self.reader.buffered:
-            # A subscriber's read of PUBACKs alone, settled as one run: no packet left to handle and no
-            # batch to end (a batch's replies answer PUBLISHes; there are none here).
-            try:
+            try:  # a subscriber's read of PUBACKs alone, one run: no packet to handle, no reply batch to end
                 if subs.puback_read(data, write_follows):
                     return
-            except MQTTProtocolError as e:  # as _handle answers them
-                self._fail(str(e), e.reason)
-                return
-            except BrokerError as e:
-                self._fail(e.text, 0x87)
+            except (MQTTProtocolError, BrokerError) as e:  # as _handle answers them
+                self._fail(*((str(e), e.reason) if isinstance(e, MQTTProtocolError) else (e.text, 0x87)))
                 return
         self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
 
