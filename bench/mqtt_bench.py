@@ -17,7 +17,10 @@ counts PUBCOMPs, and a publisher keeps at most ``--inflight`` messages unfinishe
 reused only once free). The time is from the first publish to the last message read (and, for QoS 1
 and 2, the last PUBACK or PUBCOMP received); the rate counts deliveries (messages x subscribers).
 With ``--mqtt5`` the clients speak MQTT 5 (PUBLISH with an empty property block); with ``--pid`` the
-broker's CPU time (user + system) per delivery is printed too, the figure to compare on a shared machine.
+broker's CPU time (user + system) per delivery is printed too, the figure to compare on a shared machine:
+the CPU of the process holding the listening socket of ``--port``, found among the given pid and its
+descendants (a launcher's pid, a shell's or ``python3 -m lavinpy``'s wrapper, names the broker under it);
+``--pid auto`` finds it by the port alone.
 A QoS 1 or 2 run prints the largest subscriber read: the most deliveries one read held, all of them
 unacknowledged at once (the subscriber answers each read after it), a lower bound of the in-flight
 window the broker really kept (mosquitto 2.0.11 goes far past its ``max_inflight_messages`` here).
@@ -168,6 +171,76 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on ``port`` (IPv4 and IPv6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                next(rows)
+                for row in rows:
+                    fields = row.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except OSError:
+            continue
+    return inodes
+
+
+def _holds(pid: int, inodes: set[str]) -> bool:
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and its descendants, parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop(0)
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def broker_pid(given: str, port: int) -> int:
+    """The pid whose CPU is the broker's: the process listening on ``port`` among ``given`` and its
+    descendants (``auto``: among all processes); ``given`` itself when none of them listens there."""
+    inodes = _listening_inodes(port)
+    candidates = _descendants(1 if given == "auto" else int(given))
+    for pid in candidates:
+        if inodes and _holds(pid, inodes):
+            return pid
+    if given == "auto":
+        raise SystemExit(f"no process found listening on port {port}")
+    print(f"warning: neither pid {given} nor a descendant listens on port {port}; measuring {given}",
+          file=sys.stderr)
+    return int(given)
+
+
+def process_name(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()[:80]
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
@@ -203,14 +276,19 @@ def main() -> None:
     parser.add_argument("--publishers", type=int, default=1)
     parser.add_argument("--subscribers", type=int, default=1)
     parser.add_argument("--idle", type=int, default=0, help="connect this many idle devices instead (needs --pid)")
-    parser.add_argument("--pid", type=int, help="the broker's process id, for --idle (else: CPU per delivery)")
+    parser.add_argument("--pid", help="the broker's process id (or a launcher's above it, or auto: found by --port), "
+                                      "for --idle (else: CPU per delivery)")
     parser.add_argument("--mqtt5", action="store_true", help="MQTT 5 clients (else 3.1.1)")
     args = parser.parse_args()
     if args.idle:
         if not args.pid:
             parser.error("--idle needs --pid (the broker's process id)")
+        args.pid = broker_pid(args.pid, args.port)
         idle_devices(args)
         return
+    if args.pid:
+        args.pid = broker_pid(args.pid, args.port)
+        print(f"broker pid {args.pid}: {process_name(args.pid)}")
     for qos in args.qos:
         cpu = cpu_seconds(args.pid) if args.pid else 0.0
         rate, largest_read = run(args, qos)

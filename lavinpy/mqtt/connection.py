@@ -133,14 +133,14 @@ class MQTTConnection:
         self.recv_oct += len(data)
         self.recv_cnt += 1
         subs = self.subscriptions
-        if subs is None or self._backlog or self.reader.buffered:
-            self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
-            return
-
-        def pubacks_or_packets() -> None:  # a subscriber's read of PUBACKs alone: one run, not split
-            if not subs.puback_read(data, write_follows):
-                self._backlog.extend(self.reader.feed(data, not self.connected))
-        self._handle(pubacks_or_packets)
+        if subs is not None and not self._backlog and not self.reader.buffered:
+            try:  # a subscriber's read of PUBACKs alone, one run: no packet to handle, no reply batch to end
+                if subs.puback_read(data, write_follows):
+                    return
+            except (MQTTProtocolError, BrokerError) as e:  # as _handle answers them
+                self._fail(*((str(e), e.reason) if isinstance(e, MQTTProtocolError) else (e.text, 0x87)))
+                return
+        self._handle(lambda: self._backlog.extend(self.reader.feed(data, not self.connected)))
 
     def settle_deferred(self) -> None:
         """What ``receive_data(write_follows=True)`` left for after the write, done."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import repeat
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..broker.errors import BrokerError
 from ..broker.ops import Consumer
@@ -19,11 +19,10 @@ from ..broker.ops.deliveries import Deliveries
 from ..wire.properties import peek_headers
 from . import codec, topics
 from .exactly_once import ClientState
+from .subscriber_host import RetainedSource, RunSource, SubscriberHost
 
 if TYPE_CHECKING:
-    import asyncio
-
-    from ..broker.ops import Actor, ProtocolCounters, QueueKind, VHost
+    from ..broker.ops import Actor, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage  # the model's record type; mqtt names no store module
     from .exactly_once import QoS2Store
 
@@ -33,28 +32,6 @@ PUBLISH_QOS_HEADER = "x-mqtt-publish-qos"
 # socket's high-water mark at most, however many are owed.
 RETAINED_BATCH_BYTES = 1 << 20
 _PACKET_IDS = 65535
-# A stored message's fields, read over a whole run at C speed.
-
-
-class SubscriberHost(Protocol):
-    """What the subscriptions need of their connection."""
-
-    writable: bool
-    counters: ProtocolCounters  # what the model counts the connection's traffic in
-
-    def send(self, data: bytes) -> None: ...
-
-    def send_after(self, wait: asyncio.Future[None] | None, data: bytes) -> None:
-        """``data`` after ``wait`` (None: nothing) and the replies queued before it."""
-
-
-class RetainedSource(Protocol):
-    """A vhost's retained messages, as the subscriptions read them: the topics a filter matches, then
-    each message when its turn comes (it may have been replaced or cleared meanwhile)."""
-
-    def topics(self, topic_filter: str) -> list[str]: ...
-
-    def get(self, topic: str) -> tuple[bytes, int] | None: ...
 
 
 def queue_name(client_id: str, qos: int) -> str:
@@ -205,7 +182,39 @@ class Subscriptions:
                     redelivered: list[bool] | None) -> None:
         """Deliveries of a run, booked once and written as one buffer (the topic encoded once per
         routing key, QoS 0 deliveries of a QoS 1 subscription settled as one run)."""
-        first = self.deliveries.deliver_run(consumer, positions, redelivered)
+        self._deliver_booked(consumer, self.deliveries.deliver_run(consumer, positions, redelivered), positions,
+                             messages, redelivered)
+
+    def deliver_from_queue(self, queue: RunSource, consumer: Consumer, budget: int) -> int | None:
+        """A classic queue's whole step for this client's one QoS 1 consumer (``Queue._deliver_to``):
+        runs as large as the in-flight window left (and the ids) allow, taken from the queue, booked
+        and written as ``deliver_run`` writes them, with no second pass to find the window full. The
+        deliveries made; None leaves QoS 0 and a window shared with other consumers to the queue."""
+        if consumer.no_ack or self.deliveries.prefetch:
+            return None
+        delivered = 0
+        window = consumer.prefetch
+        host = self.host
+        qos2 = self.qos2
+        while delivered < budget and host.writable and not self.closed:
+            count = min(budget - delivered, window - consumer.unacked) if window else budget - delivered
+            if qos2.pubrel_owed or qos2.sent_ids:  # ids held beyond the in-flight map's
+                count = min(count, self.delivery_room())
+            if count <= 0:
+                break
+            positions, messages, redelivered = queue.take_run(count)
+            if not positions:
+                break
+            first = self.deliveries.deliver_run(consumer, positions, redelivered)
+            if redelivered is not None or not self._qos1_run(first, messages):
+                self._deliver_booked(consumer, first, positions, messages, redelivered)
+            consumer.unacked += len(positions)
+            delivered += len(positions)
+        return delivered
+
+    def _deliver_booked(self, consumer: Consumer, first: int, positions: list[int], messages: list[StoredMessage],
+                        redelivered: list[bool] | None) -> None:
+        """``deliver_run``'s output, its books made (tags from ``first``)."""
         parts: list[bytes] = []
         block = self.property_block
         headers_cache: tuple[str, bytes, bytes] | None = None  # (routing key, its encoded topic, + block)

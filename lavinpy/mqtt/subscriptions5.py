@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..broker.ops import Actor, QueueKind, VHost
     from ..broker.ops.deliveries import StoredMessage
     from .exactly_once import QoS2Store
-    from .subscriptions import SubscriberHost
+    from .subscriber_host import SubscriberHost
 
 SHARE_PREFIX = "$share/"
 
@@ -229,15 +229,20 @@ class Subscriptions5(Subscriptions):
                 last = properties
         return True
 
-    def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
-                    redelivered: list[bool] | None) -> None:
+    def _deliver_booked(self, consumer: Consumer, first: int, positions: list[int], messages: list[StoredMessage],
+                        redelivered: list[bool] | None) -> None:
         """A run of plain deliveries (no MQTT 5 property to send, none dropped) is written as the 3.1.1
         connection writes runs; any other, one delivery at a time."""
         if not self._per_message and consumer.queue.name[:12] != "mqtt-shared-" and self._all_plain(messages):
-            return super().deliver_run(consumer, positions, messages, redelivered)
-        first = self.deliveries.deliver_run(consumer, positions, redelivered)
+            return super()._deliver_booked(consumer, first, positions, messages, redelivered)
         for i, (pos, msg) in enumerate(zip(positions, messages, strict=True)):
             self._send(consumer, first + i, pos, msg, redelivered is not None and redelivered[i])
+
+    def _qos1_run(self, first: int, messages: list[StoredMessage]) -> bool:
+        """The 3.1.1 run step for plain runs only (one properties value in a run that step takes)."""
+        if self._per_message or not self._is_plain(messages[0].properties):
+            return False
+        return super()._qos1_run(first, messages)
 
     def _send(self, consumer: Consumer, tag: int, pos: int, msg: StoredMessage, redelivered: bool) -> None:
         self._consumer = consumer

@@ -362,10 +362,16 @@ class Queue(QueueKind):
     def _deliver_to(self, consumer: QueueConsumer, budget: int) -> bool:
         """``deliver`` with one consumer and no features, a run at a time: as many positions as the
         budget and both prefetch windows allow leave the index in one call, are read, and go to the
-        channel as one run (one bookkeeping step and one output append per run)."""
-        index = self.index
+        channel as one run (one bookkeeping step and one output append per run). A channel with its
+        own ``deliver_from_queue`` takes the whole step (sizing its runs by its window, ``take_run``)
+        while no redelivery flag is pending; it answers None to leave the step to this loop."""
         channel = consumer.channel
-        read_many = self.vhost.store.messages.read_many
+        own_step = getattr(channel, "deliver_from_queue", None)
+        if own_step is not None and not (self._redelivered or self._recovered_left):
+            delivered = own_step(self, consumer, budget)
+            if delivered is not None:
+                return delivered == budget
+        index = self.index
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
         while budget and index.ready_count and channel.can_deliver():
@@ -374,26 +380,38 @@ class Queue(QueueKind):
                 count = min(count, prefetch - consumer.unacked)
             if count <= 0:
                 break
-            positions = index.shift_many(count)
+            positions, messages, redelivered = self.take_run(count)
             if not positions:
                 break
             budget -= len(positions)
-            redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
-            try:
-                messages = read_many(positions)
-            except (CorruptRecord, KeyError):
-                positions, messages, redelivered = self._readable(positions, redelivered)
-                if not positions:
-                    continue
-            # the next run's length from this one's body sizes (first and last: no per-message step)
-            sampled = (len(messages[0].body) + len(messages[-1].body)) // 2 + 64
-            self._run_limit = max(1, RUN_BYTES // sampled)
             channel.deliver_run(consumer, positions, messages, redelivered)
             if no_ack:
                 index.ack_many(positions)
             else:
                 consumer.unacked += len(positions)
         return budget == 0
+
+    def take_run(self, count: int) -> tuple[list[int], list[StoredMessage], list[bool] | None]:
+        """Up to ``count`` ready messages (no more than the run length the last bodies allow) taken
+        from the index as one run and read: their positions (now unacked), messages and redelivered
+        flags (None: none redelivered). Damaged records are reported and removed, the rest kept (the
+        next run tried when all were)."""
+        while True:
+            positions = self.index.shift_many(min(count, self._run_limit))
+            if not positions:
+                return positions, [], None
+            redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
+            try:
+                messages = self.vhost.store.messages.read_many(positions)
+                break
+            except (CorruptRecord, KeyError):
+                positions, messages, redelivered = self._readable(positions, redelivered)
+                if positions:
+                    break
+        # the next run's length from this one's body sizes (first and last: no per-message step)
+        sampled = (len(messages[0].body) + len(messages[-1].body)) // 2 + 64
+        self._run_limit = max(1, RUN_BYTES // sampled)
+        return positions, messages, redelivered
 
     def _deliver_rounds(self, budget: int) -> bool:
         """``deliver`` with several consumers: the round robin picks each message's consumer as the
