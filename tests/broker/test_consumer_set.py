@@ -136,10 +136,12 @@ def test_pick_is_next_ready_once_per_message(seed: int) -> None:
     for _ in range(rnd.choice([3, 20, 60])):
         add()
     picked = 0
+    heap_at_pick: set[bool] = set()  # whether consumers back from parking waited (pick's two paths)
     for _step in range(3000):
         r = rnd.random()
         if r < 0.35:
             limit = rnd.choice([1, 2, 5, 17, 64, 300])
+            heap_at_pick.add(bool(fast._back))
             picks, no_ack = fast.pick(limit)
             expected = []
             for _ in range(limit):
@@ -176,4 +178,5 @@ def test_pick_is_next_ready_once_per_message(seed: int) -> None:
             add()
         assert [a.unacked for a, _ in live] == [b.unacked for _, b in live]
     assert picked > 1000  # the picks did run rounds, not only empty sets
+    assert with_priorities or heap_at_pick == {False, True}
     assert [c.tag for c in fast] == [a.tag for a, _ in live]

@@ -156,45 +156,63 @@ class ConsumerSet:
         from_back: set[QueueConsumer] = set()
         parked: list[QueueConsumer] | None = None
         skipped: list[tuple[int, QueueConsumer]] | None = None
-        consumers = iter(queue)
-        head = next(consumers, None)
-        while len(active) < limit:
-            while back and turns.get(back[0][1]) != back[0][0]:
-                heappop(back)  # stale: removed since
-            if back and (head is None or back[0][0] < turns[head]):
-                consumer = back[0][1]
-                backed = True
-            elif head is not None:
-                consumer = head
-                backed = False
-                head = next(consumers, None)
-            else:
-                break
-            if consumer.no_ack or not consumer.prefetch:
-                room = limit
-            else:
-                room = consumer.prefetch - consumer.unacked
-                if room <= 0:  # its own window is full: back at its next credit
-                    consumer.parked = self
-                    if backed:
-                        heappop(back)
-                    else:
+        if not back:  # nothing back from parking (the common case): the queue's order alone
+            for consumer in queue:
+                if consumer.no_ack or not consumer.prefetch:
+                    room = limit
+                else:
+                    room = consumer.prefetch - consumer.unacked
+                    if room <= 0:  # its own window is full: back at its next credit
+                        consumer.parked = self
                         if parked is None:
                             parked = []
                         parked.append(consumer)
-                    continue
-            if backed:
-                entry = heappop(back)
-            if not consumer.channel.can_deliver():  # its channel cannot take it now: next time
+                        continue
+                if consumer.channel.can_deliver():  # else its channel cannot take it now: next time
+                    active.append(consumer)
+                    rooms.append(room)
+                    if len(active) == limit:
+                        break
+        else:
+            consumers = iter(queue)
+            head = next(consumers, None)
+            while len(active) < limit:
+                while back and turns.get(back[0][1]) != back[0][0]:
+                    heappop(back)  # stale: removed since
+                if back and (head is None or back[0][0] < turns[head]):
+                    consumer = back[0][1]
+                    backed = True
+                elif head is not None:
+                    consumer = head
+                    backed = False
+                    head = next(consumers, None)
+                else:
+                    break
+                if consumer.no_ack or not consumer.prefetch:
+                    room = limit
+                else:
+                    room = consumer.prefetch - consumer.unacked
+                    if room <= 0:  # its own window is full: back at its next credit
+                        consumer.parked = self
+                        if backed:
+                            heappop(back)
+                        else:
+                            if parked is None:
+                                parked = []
+                            parked.append(consumer)
+                        continue
                 if backed:
-                    if skipped is None:
-                        skipped = []
-                    skipped.append(entry)
-                continue
-            if backed:
-                from_back.add(consumer)
-            active.append(consumer)
-            rooms.append(room)
+                    entry = heappop(back)
+                if not consumer.channel.can_deliver():  # its channel cannot take it now: next time
+                    if backed:
+                        if skipped is None:
+                            skipped = []
+                        skipped.append(entry)
+                    continue
+                if backed:
+                    from_back.add(consumer)
+                active.append(consumer)
+                rooms.append(room)
         if parked is not None:
             for consumer in parked:
                 del queue[consumer]
