@@ -7,7 +7,8 @@ Two processes write (as Spark's two write tasks: `publish_batches` with confirms
 then the partitions the data source plans are read by two processes (`read_partition` for a stream,
 `QueueBatchReader.read` for a classic or quorum queue, acks after the last row) into Arrow batches.
 Spark's own cost is absent, so the broker's CPU time per message (utime + stime of the broker
-process over each phase) is steadier here than in `spark_bench.py` on a shared machine. Needs pyarrow
+process over each phase) and the tasks' (each task's own process CPU time, summed) are steadier
+here than in `spark_bench.py` on a shared machine. Needs pyarrow
 and pyspark (only its data source classes are imported; no JVM starts).
 """
 
@@ -35,7 +36,8 @@ from lavinpy.spark.client import AMQPParams, Connection  # noqa: E402
 BATCH_ROWS = 8192
 
 
-def _write(url: str, queue: str, batches: int) -> None:
+def _write(url: str, queue: str, batches: int) -> float:
+    """One write task; returns its own CPU seconds."""
     import pyarrow as pa
 
     from lavinpy.spark.datasource import publish_batches
@@ -43,19 +45,24 @@ def _write(url: str, queue: str, batches: int) -> None:
 
     bodies = [f"event-{i}-".ljust(100, "x").encode() for i in range(BATCH_ROWS)]
     batch = pa.RecordBatch.from_arrays([pa.array(bodies, pa.binary())], names=["body"])
+    cpu = time.process_time()
     publish_batches(WriteOptions.parse({"url": url, "queue": queue}), iter([batch] * batches))
+    return time.process_time() - cpu
 
 
-def _read(url: str, queue: str, kind: str, partition: Any, total: int) -> int:
+def _read(url: str, queue: str, kind: str, partition: Any, total: int) -> tuple[int, float]:
+    """One read task; returns its rows and its own CPU seconds."""
     from lavinpy.spark.datasource import read_partition
     from lavinpy.spark.options import ReadOptions
     from lavinpy.spark.queue_source import QueueBatchReader
     from lavinpy.spark.read_rows import read_schema
 
     opts = ReadOptions.parse({"url": url, "queue": queue})
+    cpu = time.process_time()
     batches = (read_partition(opts, read_schema(), partition) if kind == "stream"
                else QueueBatchReader(opts, read_schema(), total).read(partition))
-    return sum(batch.num_rows for batch in batches)
+    rows = sum(batch.num_rows for batch in batches)
+    return rows, time.process_time() - cpu
 
 
 def _partitions(url: str, queue: str, kind: str, total: int) -> list[Any]:
@@ -94,18 +101,20 @@ def one_kind(pool: Any, url: str, pid: int | None, kind: str, messages: int) -> 
     per_writer = max(1, messages // BATCH_ROWS // 2)
     total = 2 * per_writer * BATCH_ROWS
     cpu0, t0 = _broker_cpu_s(pid), time.perf_counter()
-    pool.starmap(_write, [(url, queue, per_writer)] * 2)
+    write_cpu = sum(pool.starmap(_write, [(url, queue, per_writer)] * 2))
     cpu1, t1 = _broker_cpu_s(pid), time.perf_counter()
     parts = _partitions(url, queue, kind, total)
-    got = sum(pool.starmap(_read, [(url, queue, kind, part, total) for part in parts]))
+    reads = pool.starmap(_read, [(url, queue, kind, part, total) for part in parts])
+    got, read_cpu = sum(rows for rows, _ in reads), sum(cpu for _, cpu in reads)
     cpu2, t2 = _broker_cpu_s(pid), time.perf_counter()
     _queue(url, queue, None)
     if got != total:
         raise SystemExit(f"{kind}: read {got} messages of {total}")
     return (f"{kind:8} {total:,} messages: write {total / (t1 - t0):,.0f}/s, broker "
-            f"{(cpu1 - cpu0) / total * 1e6:.2f} µs a message; read ({len(parts)} partitions) "
-            f"{total / (t2 - t1):,.0f}/s, broker "
-            f"{(cpu2 - cpu1) / total * 1e6:.2f} µs a message; load {os.getloadavg()[0]:.1f}")
+            f"{(cpu1 - cpu0) / total * 1e6:.2f} µs a message, tasks {write_cpu / total * 1e6:.2f}; read "
+            f"({len(parts)} partitions) {total / (t2 - t1):,.0f}/s, broker "
+            f"{(cpu2 - cpu1) / total * 1e6:.2f} µs a message, tasks {read_cpu / total * 1e6:.2f}; "
+            f"load {os.getloadavg()[0]:.1f}")
 
 
 def main() -> None:

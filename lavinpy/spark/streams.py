@@ -417,16 +417,19 @@ def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[s
     decoded: dict[bytes, tuple[int | None, list[Any]]] = {}
     # One block for all (the usual case): list.count compares by identity first, a pass in C.
     distinct = blocks[:1] if blocks and blocks.count(blocks[0]) == len(blocks) else dict.fromkeys(blocks)
+    offset_elsewhere = False  # a block without the trailing entry but with an offset found by the decode
     for block in distinct:
         offset, props = _offset_and_properties(block)
         at = stamped_offset_at(block)
         if at >= 0 and (block.find(_OFFSET_ENTRY) != at - len(_OFFSET_ENTRY)
                         or offset != int.from_bytes(block[at:at + 8], "big", signed=True)):
             return _chunk_one_by_one(offsets, exchanges, routing_keys, blocks, bodies)
+        offset_elsewhere = offset_elsewhere or (at < 0 and offset is not None)
         decoded[block] = (offset, props)
-    # No trailing entry: the offset, if any, is wherever the decode found it (a classic or quorum
-    # queue's deliveries have none: their offsets stay None without a pass per delivery).
-    if None in offsets and any(offset is not None for offset, _props in decoded.values()):
+    # No trailing entry: the offset, if any, is wherever the decode found it. Only such blocks leave
+    # None in offsets (the scan read every trailing entry's value), so a stream's usual chunk and a
+    # classic or quorum queue's (no offsets at all) take no pass per delivery here.
+    if offset_elsewhere and None in offsets:
         offsets = [decoded[block][0] if offset is None else offset
                    for offset, block in zip(offsets, blocks, strict=True)]
     if len(decoded) == 1:

@@ -96,35 +96,73 @@ static PyObject *py_write_encoded(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* The arguments write_run and pwrite_run share (all but the first: the buffer or the fd, left in *target). */
+typedef struct {
+    Py_ssize_t offset, limit, start, n;
+    unsigned long segment_id;
+    Py_buffer names, props; /* props: the one block for every record, unless props_list */
+    PyObject *bodies, *props_list;
+    long long timestamp;
+} Run;
+
+static void release_run(Run *r) {
+    PyBuffer_Release(&r->names);
+    if (r->props.obj != NULL)
+        PyBuffer_Release(&r->props);
+}
+
+/* 0, or -1 with an error set and nothing held. */
+static int parse_run(PyObject *args, PyObject **target, Run *r) {
+    PyObject *props_arg;
+    memset(r, 0, sizeof(*r));
+    if (!PyArg_ParseTuple(args, "Onnky*OO!nL", target, &r->offset, &r->limit, &r->segment_id, &r->names,
+                          &props_arg, &PyList_Type, &r->bodies, &r->start, &r->timestamp))
+        return -1;
+    r->n = PyList_GET_SIZE(r->bodies);
+    if (PyList_Check(props_arg)) {
+        r->props_list = props_arg;
+        if (PyList_GET_SIZE(props_arg) != r->n) {
+            PyErr_SetString(PyExc_ValueError, "write_run: one properties block per body");
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < r->n; k++)
+            if (!PyBytes_Check(PyList_GET_ITEM(props_arg, k))) {
+                PyErr_SetString(PyExc_TypeError, "write_run: properties must be bytes");
+                goto fail;
+            }
+    } else if (PyObject_GetBuffer(props_arg, &r->props, PyBUF_SIMPLE) < 0) {
+        goto fail;
+    }
+    return 0;
+fail:
+    release_run(r);
+    return -1;
+}
+
+/* Record i's properties: their length, and their bytes in *at. */
+static inline Py_ssize_t run_properties(const Run *r, Py_ssize_t i, const void **at) {
+    if (r->props_list == NULL) {
+        *at = r->props.buf;
+        return r->props.len;
+    }
+    PyObject *block = PyList_GET_ITEM(r->props_list, i);
+    *at = PyBytes_AS_STRING(block);
+    return PyBytes_GET_SIZE(block);
+}
+
 /* write_run(buf, offset, limit, segment_id, names, properties, bodies, start, timestamp) -> (next index,
  * end offset, positions as packed native u64, smallest and largest body written or 0, 0): bodies[start:]
  * while they fit below ``limit``; the caller rolls the segment and calls again (sizes: for the histogram).
  * ``properties``: one bytes block for every record, or a list of bytes, one per body. */
 static PyObject *py_write_run(PyObject *self, PyObject *args) {
-    Py_buffer buf, names, props = {0};
-    Py_ssize_t offset, limit, start;
-    unsigned long segment_id;
-    PyObject *bodies, *props_arg, *props_list = NULL;
-    long long timestamp;
-    if (!PyArg_ParseTuple(args, "w*nnky*OO!nL", &buf, &offset, &limit, &segment_id, &names, &props_arg,
-                          &PyList_Type, &bodies, &start, &timestamp))
+    PyObject *target, *result = NULL, *positions = NULL;
+    Py_buffer buf = {0};
+    Run r;
+    if (parse_run(args, &target, &r) < 0)
         return NULL;
-    PyObject *result = NULL, *positions = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(bodies);
-    if (PyList_Check(props_arg)) {
-        props_list = props_arg;
-        if (PyList_GET_SIZE(props_list) != n) {
-            PyErr_SetString(PyExc_ValueError, "write_run: one properties block per body");
-            goto done;
-        }
-        for (Py_ssize_t k = 0; k < n; k++)
-            if (!PyBytes_Check(PyList_GET_ITEM(props_list, k))) {
-                PyErr_SetString(PyExc_TypeError, "write_run: properties must be bytes");
-                goto done;
-            }
-    } else if (PyObject_GetBuffer(props_arg, &props, PyBUF_SIMPLE) < 0) {
+    Py_ssize_t offset = r.offset, limit = r.limit, start = r.start, n = r.n;
+    if (PyObject_GetBuffer(target, &buf, PyBUF_WRITABLE) < 0)
         goto done;
-    }
     if (limit > buf.len || offset < 0 || start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "write_run: bad offset, limit or start");
         goto done;
@@ -133,28 +171,22 @@ static PyObject *py_write_run(PyObject *self, PyObject *args) {
     if (positions == NULL)
         goto done;
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(positions);
-    Py_ssize_t fixed = HEADER_SIZE + 16 + names.len; /* plus each record's properties */
+    Py_ssize_t fixed = HEADER_SIZE + 16 + r.names.len; /* plus each record's properties */
     Py_ssize_t i = start, smallest = PY_SSIZE_T_MAX, largest = 0;
     for (; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(bodies, i);
         Py_buffer body;
-        if (PyObject_GetBuffer(item, &body, PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(PyList_GET_ITEM(r.bodies, i), &body, PyBUF_SIMPLE) < 0)
             goto done;
-        const void *props_buf = props.buf;
-        Py_ssize_t props_len = props.len;
-        if (props_list != NULL) {
-            PyObject *block = PyList_GET_ITEM(props_list, i);
-            props_buf = PyBytes_AS_STRING(block);
-            props_len = PyBytes_GET_SIZE(block);
-        }
+        const void *props_buf;
+        Py_ssize_t props_len = run_properties(&r, i, &props_buf);
         if (offset + fixed + props_len + body.len > limit) {
             PyBuffer_Release(&body);
             break;
         }
-        uint64_t pos = (uint64_t)segment_id | ((uint64_t)offset << 32);
+        uint64_t pos = (uint64_t)r.segment_id | ((uint64_t)offset << 32);
         memcpy(out, &pos, 8); /* native order, as array('Q') holds it */
         out += 8;
-        offset += put_record(buf.buf, offset, &names, props_buf, props_len, body.buf, body.len, timestamp);
+        offset += put_record(buf.buf, offset, &r.names, props_buf, props_len, body.buf, body.len, r.timestamp);
         smallest = body.len < smallest ? body.len : smallest;
         largest = body.len > largest ? body.len : largest;
         PyBuffer_Release(&body);
@@ -164,10 +196,9 @@ static PyObject *py_write_run(PyObject *self, PyObject *args) {
     result = Py_BuildValue("nnOnn", i, offset, positions, i == start ? 0 : smallest, largest);
 done:
     Py_XDECREF(positions);
-    PyBuffer_Release(&buf);
-    PyBuffer_Release(&names);
-    if (props.obj != NULL)
-        PyBuffer_Release(&props);
+    if (buf.obj != NULL)
+        PyBuffer_Release(&buf);
+    release_run(&r);
     return result;
 }
 
@@ -197,43 +228,29 @@ static int pwrite_full(int fd, const unsigned char *p, Py_ssize_t n, Py_ssize_t 
 }
 
 static PyObject *py_pwrite_run(PyObject *self, PyObject *args) {
-    Py_buffer names, props = {0};
-    Py_ssize_t offset, limit, start;
-    int fd;
-    unsigned long segment_id;
-    PyObject *bodies, *props_arg, *props_list = NULL;
-    long long timestamp;
-    if (!PyArg_ParseTuple(args, "innky*OO!nL", &fd, &offset, &limit, &segment_id, &names, &props_arg,
-                          &PyList_Type, &bodies, &start, &timestamp))
-        return NULL;
-    PyObject *result = NULL, *positions = NULL;
+    PyObject *target, *result = NULL, *positions = NULL;
     unsigned char *buf = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(bodies);
-    if (PyList_Check(props_arg)) {
-        props_list = props_arg;
-        if (PyList_GET_SIZE(props_list) != n) {
-            PyErr_SetString(PyExc_ValueError, "write_run: one properties block per body");
-            goto done;
-        }
-        for (Py_ssize_t k = 0; k < n; k++)
-            if (!PyBytes_Check(PyList_GET_ITEM(props_list, k))) {
-                PyErr_SetString(PyExc_TypeError, "write_run: properties must be bytes");
-                goto done;
-            }
-    } else if (PyObject_GetBuffer(props_arg, &props, PyBUF_SIMPLE) < 0) {
+    Run r;
+    if (parse_run(args, &target, &r) < 0)
+        return NULL;
+    Py_ssize_t offset = r.offset, limit = r.limit, start = r.start, n = r.n;
+    int fd = PyLong_Check(target) ? (int)PyLong_AsLong(target) : -1;
+    if (fd < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "pwrite_run: fd must be a file descriptor");
         goto done;
     }
     if (offset < 0 || start < 0 || start > n) {
         PyErr_SetString(PyExc_ValueError, "write_run: bad offset, limit or start");
         goto done;
     }
-    Py_ssize_t fixed = HEADER_SIZE + 16 + names.len; /* plus each record's properties */
+    Py_ssize_t fixed = HEADER_SIZE + 16 + r.names.len; /* plus each record's properties */
     Py_ssize_t cap = limit - offset < RUN_BUFFER ? (limit > offset ? limit - offset : 0) : RUN_BUFFER;
     if (start < n) { /* room for the first record at least, when it fits below the limit */
-        Py_ssize_t first = fixed + (props_list != NULL ? PyBytes_GET_SIZE(PyList_GET_ITEM(props_list, start))
-                                                      : props.len);
+        const void *unused;
+        Py_ssize_t first = fixed + run_properties(&r, start, &unused);
         Py_buffer body;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(bodies, start), &body, PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(PyList_GET_ITEM(r.bodies, start), &body, PyBUF_SIMPLE) < 0)
             goto done;
         Py_ssize_t size = body.len;
         PyBuffer_Release(&body);
@@ -251,23 +268,18 @@ static PyObject *py_pwrite_run(PyObject *self, PyObject *args) {
     Py_ssize_t i = start, at = 0, smallest = PY_SSIZE_T_MAX, largest = 0;
     for (; i < n; i++) {
         Py_buffer body;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(bodies, i), &body, PyBUF_SIMPLE) < 0)
+        if (PyObject_GetBuffer(PyList_GET_ITEM(r.bodies, i), &body, PyBUF_SIMPLE) < 0)
             goto done;
-        const void *props_buf = props.buf;
-        Py_ssize_t props_len = props.len;
-        if (props_list != NULL) {
-            PyObject *block = PyList_GET_ITEM(props_list, i);
-            props_buf = PyBytes_AS_STRING(block);
-            props_len = PyBytes_GET_SIZE(block);
-        }
+        const void *props_buf;
+        Py_ssize_t props_len = run_properties(&r, i, &props_buf);
         if (at + fixed + props_len + body.len > cap) {
             PyBuffer_Release(&body);
             break;
         }
-        uint64_t pos = (uint64_t)segment_id | ((uint64_t)(offset + at) << 32);
+        uint64_t pos = (uint64_t)r.segment_id | ((uint64_t)(offset + at) << 32);
         memcpy(out, &pos, 8); /* native order, as array('Q') holds it */
         out += 8;
-        at += put_record(buf, at, &names, props_buf, props_len, body.buf, body.len, timestamp);
+        at += put_record(buf, at, &r.names, props_buf, props_len, body.buf, body.len, r.timestamp);
         smallest = body.len < smallest ? body.len : smallest;
         largest = body.len > largest ? body.len : largest;
         PyBuffer_Release(&body);
@@ -291,9 +303,7 @@ static PyObject *py_pwrite_run(PyObject *self, PyObject *args) {
 done:
     PyMem_Free(buf);
     Py_XDECREF(positions);
-    PyBuffer_Release(&names);
-    if (props.obj != NULL)
-        PyBuffer_Release(&props);
+    release_run(&r);
     return result;
 }
 

@@ -13,6 +13,32 @@
 
 #include "_bytes.h"
 
+/* Writes one publish at w: method_frame, the content header (class basic, properties) and one body frame
+ * holding body[0:size]; returns where the next begins (w + mlen + 7 + 12 + plen + 1 + 7 + size + 1). */
+static inline unsigned char *
+put_publish(unsigned char *w, const char *method, Py_ssize_t mlen, unsigned int channel, const char *props,
+            Py_ssize_t plen, const char *body, Py_ssize_t size)
+{
+    memcpy(w, method, mlen);
+    w += mlen;
+    w[0] = 2;
+    wr16(w + 1, channel);
+    wr32(w + 3, (uint32_t)(12 + plen));
+    wr16(w + 7, 60);
+    wr16(w + 9, 0);
+    wr64(w + 11, (uint64_t)size);
+    memcpy(w + 19, props, plen);
+    w += 19 + plen;
+    w[0] = FRAME_END;
+    w[1] = 3;
+    wr16(w + 2, channel);
+    wr32(w + 4, (uint32_t)size);
+    memcpy(w + 8, body, size);
+    w += 8 + size;
+    w[0] = FRAME_END;
+    return w + 1;
+}
+
 /* pack_publishes(out, method_frame, channel, properties, bodies, start, max_count, max_bytes, max_inline)
  *   -> index of the first body not packed
  *
@@ -56,25 +82,7 @@ cclient_pack_publishes(PyObject *self, PyObject *args)
     const char *mbytes = PyBytes_AS_STRING(method), *pbytes = PyBytes_AS_STRING(props);
     for (Py_ssize_t i = start; i < stop; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);
-        Py_ssize_t size = PyBytes_GET_SIZE(body);
-        memcpy(w, mbytes, mlen);
-        w += mlen;
-        w[0] = 2;
-        wr16(w + 1, channel);
-        wr32(w + 3, (uint32_t)(12 + plen));
-        wr16(w + 7, 60);
-        wr16(w + 9, 0);
-        wr64(w + 11, (uint64_t)size);
-        memcpy(w + 19, pbytes, plen);
-        w += 19 + plen;
-        w[0] = FRAME_END;
-        w[1] = 3;
-        wr16(w + 2, channel);
-        wr32(w + 4, (uint32_t)size);
-        memcpy(w + 8, PyBytes_AS_STRING(body), size);
-        w += 8 + size;
-        w[0] = FRAME_END;
-        w += 1;
+        w = put_publish(w, mbytes, mlen, channel, pbytes, plen, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
     }
     return PyLong_FromSsize_t(stop);
 }
@@ -132,25 +140,7 @@ cclient_pack_publishes_arrow(PyObject *self, PyObject *args)
     const char *mbytes = PyBytes_AS_STRING(method), *pbytes = PyBytes_AS_STRING(props);
     for (Py_ssize_t i = start; i < stop; i++) {
         int32_t lo = rd32le(o + 4 * i);
-        Py_ssize_t size = rd32le(o + 4 * (i + 1)) - lo;
-        memcpy(w, mbytes, mlen);
-        w += mlen;
-        w[0] = 2;
-        wr16(w + 1, channel);
-        wr32(w + 3, (uint32_t)(12 + plen));
-        wr16(w + 7, 60);
-        wr16(w + 9, 0);
-        wr64(w + 11, (uint64_t)size);
-        memcpy(w + 19, pbytes, plen);
-        w += 19 + plen;
-        w[0] = FRAME_END;
-        w[1] = 3;
-        wr16(w + 2, channel);
-        wr32(w + 4, (uint32_t)size);
-        memcpy(w + 8, d + lo, size);
-        w += 8 + size;
-        w[0] = FRAME_END;
-        w += 1;
+        w = put_publish(w, mbytes, mlen, channel, pbytes, plen, d + lo, rd32le(o + 4 * (i + 1)) - lo);
     }
     result = PyLong_FromSsize_t(stop);
 done:

@@ -270,6 +270,28 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
     assert by_chunks.column("offset").to_pylist() == list(range(11, 291))
 
 
+def test_offsets_found_by_the_decode_fill_only_their_own_rows() -> None:
+    """A block whose x-stream-offset is not the trailing entry (another broker's order) gets its offset
+    from the decode; rows whose offset the scan read keep theirs; the offset column packs ints and keeps
+    None where a row has no offset."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from lavinpy.spark.read_rows import BatchBuilder, read_schema
+    from lavinpy.spark.streams import _chunk
+
+    trailing = properties.encode_property_values(headers={"a": 1, "x-stream-offset": 7})
+    elsewhere = properties.encode_property_values(headers={"x-stream-offset": 5, "z": 1})
+    plain = properties.encode_property_values(app_id="p")
+    chunk = _chunk([7, None, None], ["", "", ""], ["rk"] * 3, [trailing, elsewhere, plain], [b"a", b"b", b"c"])
+    assert chunk.offsets == [7, 5, None]
+    schema = to_arrow_schema(read_schema(), timezone="UTC")
+    builder = BatchBuilder(schema)
+    for offsets in ([7, 5, None], [1, 1 << 40, -3], [None] * 3):
+        got = builder.build_columns(offsets, *chunk[1:]).column("offset")
+        assert got.equals(pa.array(offsets, pa.int64())), offsets
+
+
 def pa_table(batches):  # noqa: ANN001, ANN201 - a test helper
     import pyarrow as pa
 
