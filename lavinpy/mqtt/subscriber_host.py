@@ -33,8 +33,6 @@ class RetainedSource(Protocol):
     def get(self, topic: str) -> tuple[bytes, int] | None: ...
 
 
-
-
 class RunSource(Protocol):
     """A classic queue handing its single-consumer delivery step to the consumer's channel."""
 

@@ -205,9 +205,8 @@ class Subscriptions:
             positions, messages, redelivered = queue.take_run(count)
             if not positions:
                 break
-            first = self.deliveries.deliver_run(consumer, positions, redelivered)
-            if redelivered is not None or not self._qos1_run(first, messages):
-                self._deliver_booked(consumer, first, positions, messages, redelivered)
+            self._deliver_booked(consumer, self.deliveries.deliver_run(consumer, positions, redelivered), positions,
+                                 messages, redelivered)
             consumer.unacked += len(positions)
             delivered += len(positions)
         return delivered
