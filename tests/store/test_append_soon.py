@@ -14,14 +14,20 @@ from lavinpy.store import append_file
 from lavinpy.store.vhost_store import VhostStore
 
 
+def _store_and_file(directory: Path, **settings: Any) -> tuple[VhostStore, append_file.AppendFile]:
+    """A recovered store in ``directory`` and its open append file ``cache``."""
+    store = VhostStore(directory, **settings)
+    store.open()
+    store.finish_recovery()
+    file = store.open_append_file("cache")
+    file.open()
+    return store, file
+
+
 @pytest.mark.parametrize("policy", ["always", "batch", "never"])
 def test_durable_writes_pending_records_first(tmp_path: Path, policy: str) -> None:
     async def scenario() -> None:
-        store = VhostStore(tmp_path / policy, fsync=policy, fsync_interval_ms=1)
-        store.open()
-        store.finish_recovery()
-        file = store.open_append_file("cache")
-        file.open()
+        store, file = _store_and_file(tmp_path / policy, fsync=policy, fsync_interval_ms=1)
         file.append_soon(b"one")
         file.append_soon(b"two")
         assert (tmp_path / policy / "cache").stat().st_size == 0  # not yet: one write for both
@@ -34,11 +40,7 @@ def test_durable_writes_pending_records_first(tmp_path: Path, policy: str) -> No
 
 def test_without_a_flush_they_are_written_after_a_short_delay(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = VhostStore(tmp_path, fsync="always")
-        store.open()
-        store.finish_recovery()
-        file = store.open_append_file("cache")
-        file.open()
+        store, file = _store_and_file(tmp_path, fsync="always")
         file.frame = lambda records: b"[" + records + b"]"
         file.append_soon(b"x")
         await asyncio.sleep(append_file.WRITE_DELAY_S * 3)
@@ -53,12 +55,8 @@ def test_a_delayed_write_hands_the_index_entries_over_first(tmp_path: Path) -> N
     buffered until then: a deduplication record ahead of its message's entry would, after a kill -9,
     make the publisher's retry of the lost message a "duplicate"."""
     async def scenario() -> None:
-        store = VhostStore(tmp_path, fsync="always")
-        store.open()
-        store.finish_recovery()
+        store, file = _store_and_file(tmp_path, fsync="always")
         queue = store.open_queue("q", durable=True)
-        file = store.open_append_file("cache")
-        file.open()
         queue.push(store.messages.append("", "q", b"\x00\x00", b"body"))
         file.append_soon(b"x")
         assert queue.has_pending_writes
@@ -77,11 +75,7 @@ def test_records_after_a_flush_wait_their_own_delay_on_the_same_timer(tmp_path: 
     per batch, and no write between group commits that come every few milliseconds. (The timer's
     callbacks are run by hand: no sleeping.)"""
     async def scenario() -> None:
-        store = VhostStore(tmp_path, fsync="always")
-        store.open()
-        store.finish_recovery()
-        file = store.open_append_file("cache")
-        file.open()
+        store, file = _store_and_file(tmp_path, fsync="always")
         loop = asyncio.get_running_loop()
         timers: list[tuple[float, object]] = []
         call_later = loop.call_later
