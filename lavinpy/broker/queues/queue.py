@@ -16,6 +16,7 @@ from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
+from .round_picks import deliver_share, pick_round
 
 if TYPE_CHECKING:
     from ...store.queue_index import QueueIndex
@@ -419,7 +420,7 @@ class Queue(QueueKind):
         go to each consumer as one run. Only while every channel-wide prefetch has room for the whole
         budget (a pick cannot see the picks before it on its channel)."""
         index = self.index
-        picks, _no_ack = self.consumers.pick(min(budget, index.ready_count))
+        picks, single = pick_round(self.consumers, min(budget, index.ready_count))
         positions = taken = index.shift_many(len(picks))
         if len(positions) < len(picks):  # cannot happen (ready_count bounded the picks); undo the rest
             for consumer in picks[len(positions):]:
@@ -446,12 +447,16 @@ class Queue(QueueKind):
             messages = [messages[i] for i in kept]
             if redelivered is not None:
                 redelivered = [redelivered[i] for i in kept]
-        if len(set(picks)) > 1:  # each consumer's share its own run: its in-order acks settle it whole
-            shares: dict[QueueConsumer, list[int]] = {}
-            for consumer, pos in zip(picks, positions, strict=True):
-                shares.setdefault(consumer, []).append(pos)
-            index.split_taken(taken, list(shares.values()))
-        for settled in deliver_picks(picks, positions, messages, redelivered):  # type: ignore[arg-type]
+        if single and picks:  # one consumer's round (the usual one an ack read starts): one run, no split
+            delivered = deliver_share(picks[0], positions, messages, redelivered)  # type: ignore[arg-type]
+        else:
+            if len(set(picks)) > 1:  # each consumer's share its own run: its in-order acks settle it whole
+                shares: dict[QueueConsumer, list[int]] = {}
+                for consumer, pos in zip(picks, positions, strict=True):
+                    shares.setdefault(consumer, []).append(pos)
+                index.split_taken(taken, list(shares.values()))
+            delivered = deliver_picks(picks, positions, messages, redelivered)  # type: ignore[arg-type]
+        for settled in delivered:
             index.ack_many(settled)  # delivered to no-ack consumers: settled at once
         return picked == budget
 
