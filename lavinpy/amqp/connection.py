@@ -543,8 +543,12 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         """Whether a consumer on this connection may take more deliveries now (its prefetch windows are
         not all full): only then is its output worth holding for more (ConnectionOutput.run_pending)."""
         for channel in self.channels.values():
-            if channel.consumers and channel.deliveries.room() > 0:
-                for consumer in channel.consumers.values():
+            consumers = channel.consumers
+            if not consumers:
+                continue
+            deliveries = channel.deliveries  # its room() inline: this runs per held output and turn
+            if not deliveries.prefetch or len(deliveries.unacked) < deliveries.prefetch:
+                for consumer in consumers.values():
                     if consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch:
                         return True
         return False

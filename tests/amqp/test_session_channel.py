@@ -320,3 +320,22 @@ def test_output_of_a_consumer_whose_window_is_full_is_not_held(harness: Harness,
     client.send(*client.publish(1, "q", b"b"))
     harness.soon.pop(0)()
     assert driver.deliveries() == [2]  # the window is full: written in that turn
+
+
+def test_output_of_a_channel_whose_shared_window_is_full_is_not_held(harness: Harness, client: Client) -> None:
+    """As above with a channel-wide prefetch (basic.qos global): once the channel's window is full, the
+    consumer's output goes out in that turn even while input waits to be read."""
+    declare(client, 1, "q")
+    consumer = harness.connect()
+    consumer.handshake()
+    consumer.open_channel(1)
+    consumer.send((1, commands.Basic.Qos(prefetch_count=2, global_=True)), (1, commands.Basic.Consume(queue="q")))
+    consumer.read()
+    driver = CountingDriver(consumer)
+    harness.sessions.input_waiting = True
+    client.send(*client.publish(1, "q", b"a"))
+    harness.soon.pop(0)()
+    assert driver.writes == []  # room for one more: held
+    client.send(*client.publish(1, "q", b"b"))
+    harness.soon.pop(0)()
+    assert driver.deliveries() == [2]  # the channel's window is full: written in that turn
