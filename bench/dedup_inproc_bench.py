@@ -86,8 +86,11 @@ def run_once(mode: str, run: int, rounds: int, warmup: int, cache_size: int,
             cache = h.broker.vhosts["/"].queues["q"].dedup
             fill = cache_size if cache is not None else 0
             if cache is not None:  # full before the timed rounds: each new identifier forgets the oldest
+                template = b"\x20\x00" + _table("#" * WIDTH)
+                at = template.index(b"#" * WIDTH)
+                head, tail = template[:at], template[at + WIDTH:]
                 for block in range(0, fill, 1024):
-                    cache.new_in([b"\x20\x00" + _table(f"{n:0{WIDTH}x}") for n in range(block, block + 1024)], 1000)
+                    cache.new_in([head + b"%016x" % n + tail for n in range(block, block + 1024)], 1000)
             data = reads(mode, run, warmup + rounds, fill)
             acked = 0
             spent = 0.0
