@@ -1,5 +1,5 @@
 /* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
- * header finder (_cwire_peek.c), a deduplication cache's run (_cwire_dedup.c) and MQTT's delivery-run
+ * header finder (_cwire_peek.c), a deduplication cache's table (_cwire_dedup_table.c) and MQTT's delivery-run
  * encoder (_cwire_mqtt.c) that the module's method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
@@ -23,8 +23,14 @@ PyObject *cwire_mqtt_publish_booked(PyObject *self, PyObject *const *args, Py_ss
 PyObject *cwire_header_span(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_header_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_varied_run_kind(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *cwire_dedup_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *cwire_dedup_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 /* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
 int cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len,
                     Py_ssize_t *found, Py_ssize_t *found_end);

@@ -1,10 +1,10 @@
 """An exchange's or queue's deduplication cache: the identifiers it saw, on disk (queues wing).
 
-The cache is a dict (identifier -> expiry ms, 0 for never) of at most ``cache_size`` entries with
-their order of arrival beside it (a deque: cheaper per identifier than an ordered dict): the oldest
-goes first, as LavinMQ's; an expired identifier seen again is remembered anew, the newest. Each
-identifier remembered is appended to the object's file in the vhost directory
-(``store.append_file.append_soon``: the identifiers waiting are rendered and written in one write
+The cache is a table (``dedup_table``: compiled fixed-size slots over a ring of the records, or its
+pure-Python twin) of at most ``cache_size`` identifiers with their expiry (ms, 0 for never) in their
+order of arrival: the oldest goes first, as LavinMQ's; an expired identifier seen again is remembered
+anew, the newest. Each identifier remembered is appended to the object's file in the vhost directory
+(``store.append_file.append_soon``: the table's records since the last write are written in one write
 by the next group commit, or after 20 ms; always after their messages' index entries, so that a
 kill -9 never leaves an identifier without its message; streamed to replication followers like every
 store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the
@@ -34,15 +34,14 @@ import hashlib
 import logging
 import struct
 import zlib
-from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...store.message_store import CorruptRecord, MissingRecord
-from ...wire import accel
 from ...wire.position import SEGMENT_MASK
-from ...wire.properties import find_header_key, peek_header
+from ...wire.properties import peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
+from .dedup_table import new_table
 
 if TYPE_CHECKING:
     from ...store.append_file import AppendFile
@@ -90,59 +89,6 @@ def _stored_key(record: bytes) -> bytes | str:
     return record
 
 
-def render_records(keys: list[bytes | str], expiries: list[int]) -> bytes:
-    """The file records of these keys (a ``str`` key is written as ``s`` + its ASCII bytes). The
-    pure-Python twin of ``_cwire.dedup_records``."""
-    pack = _pack_head
-    return b"".join([pack(len(key) + 1, expiry) + b"s" + key.encode("ascii") if type(key) is str
-                     else pack(len(key), expiry) + key  # type: ignore[operator]
-                     for key, expiry in zip(keys, expiries, strict=True)])
-
-
-def remember_run(blocks: list[bytes], start: int, name: bytes, limit: int, ttl_name: bytes,
-                 entries: dict[bytes | str, int], arrivals: deque[bytes | str], size: int, expiry: int,
-                 now_ms: int, unwritten: list[bytes | str] | None, duplicates: list[int]) -> tuple[int, int]:
-    """A cache's work for a publish run's property blocks from ``start``, the common message only
-    (a short ASCII string identifier under ``name``, shorter than ``limit``, no ``ttl_name`` in its
-    block): a new identifier is remembered (``entries``, ``arrivals``, the oldest forgotten past
-    ``size``; ``unwritten`` for the file), a live one's index goes to ``duplicates``, a block without
-    the header is kept. Stops at any other message (the caller takes it the whole way): returns
-    (where it stopped, ``len(blocks)`` at the end; the identifiers added to ``unwritten``). For a
-    cache without stale places in ``arrivals``. The pure-Python twin of ``_cwire.dedup_run``."""
-    find = find_header_key
-    lookup = entries.get
-    remember_arrival, forget_first = arrivals.append, arrivals.popleft
-    remember_key = unwritten.append if unwritten is not None else None
-    added = 0
-    for i in range(start, len(blocks)):
-        block = blocks[i]
-        key = find(block, name, limit)
-        if type(key) is not str:
-            if key == ():  # no identifier: kept, and not remembered
-                continue
-            return i, added
-        if ttl_name in block:  # the message's own TTL: the whole way
-            return i, added
-        known = lookup(key)
-        if known is None:  # new: the common case
-            remember_arrival(key)
-            entries[key] = expiry
-            if remember_key is not None:
-                remember_key(key)
-                added += 1
-            if len(entries) > size:
-                del entries[forget_first()]
-            continue
-        if known and known <= now_ms:  # expired: remembered anew the whole way
-            return i, added
-        duplicates.append(i)
-    return len(blocks), added
-
-
-_remember_run = accel.cwire.dedup_run if accel.cwire is not None else remember_run
-_records = accel.cwire.dedup_records if accel.cwire is not None else render_records
-
-
 def _frame(records: bytes) -> bytes:
     """One write's records with their length and checksum (a torn write is found on reading)."""
     return _U32.pack(len(records)) + records + _U32.pack(zlib.crc32(records))
@@ -164,19 +110,12 @@ class DedupCache:
         self.settings = settings
         self.header = settings.header
         self._header_key = settings.header.encode("utf-8", "surrogateescape")
-        self.entries: dict[bytes | str, int] = {}
-        self._arrivals: deque[bytes | str] = deque()  # the keys of ``entries``, oldest first
-        # Keys remembered anew after they expired: how many of their older places in ``_arrivals``
-        # are stale (skipped when they come up). Rare: empty unless identifiers expire and come back.
-        self._stale: dict[bytes | str, int] = {}
+        # The identifiers, and the records remembered since the last write (rendered into the file's
+        # batch once per write, by the file's ``frame``).
+        self._table = new_table(settings.cache_size, file is not None)
         self._file = file
-        # Identifiers remembered since the last write, rendered into records once per write (the
-        # file's ``frame``), so a new identifier costs two list appends on the publish path.
-        self._unwritten_keys: list[bytes | str] = []
-        self._unwritten_expiries: list[int] = []
         self._write_queued = False  # the file's append_soon was asked for the unwritten identifiers
         self._records = 0
-        self._size = settings.cache_size
         self._ttl = settings.ttl_ms
         self._compact_at = 2 * max(settings.cache_size, COMPACT_MIN_RECORDS)
         self._messages: MessageStore | None = None  # a queue's: each batch marked with its segment
@@ -192,7 +131,7 @@ class DedupCache:
     def _load(self, data: bytes) -> None:
         view = memoryview(data)
         offset, end = 0, len(data)
-        entries = self.entries
+        put = self._table.put
         while offset + 2 * _U32.size <= end:
             (size,) = _U32.unpack_from(view, offset)
             start, stop = offset + _U32.size, offset + _U32.size + size
@@ -201,13 +140,12 @@ class DedupCache:
             at = start
             while at + _HEAD.size <= stop:
                 length, expiry = _HEAD.unpack_from(view, at)
-                key = _stored_key(bytes(view[at + _HEAD.size:at + _HEAD.size + length]))
+                key = bytes(view[at + _HEAD.size:at + _HEAD.size + length])
                 at += _HEAD.size + length
                 if not length:  # a queue cache's mark: the message segment at this write
                     self._mark = expiry
                     continue
-                entries.pop(key, None)  # a later record of a key: remembered anew, the newest
-                entries[key] = expiry
+                put(key, expiry)  # a later record of a key: remembered anew, the newest
                 self._records += 1
             offset = stop + _U32.size
         view.release()
@@ -215,9 +153,7 @@ class DedupCache:
             log.warning("%s: damaged tail of %d bytes cut off", self._file.path if self._file else "?", end - offset)
             assert self._file is not None
             self._file.truncate(offset)
-        self._arrivals.extend(entries)
-        while len(entries) > self.settings.cache_size:
-            self._forget_oldest()
+        self._table.skip()  # (the file has them)
 
     def _recover_queued(self, index: QueueIndex, messages: MessageStore) -> None:
         """Remember the identifiers of the queue's messages stored from the file's mark's segment on
@@ -268,22 +204,20 @@ class DedupCache:
     def new_in(self, blocks: list[bytes], now_ms: int) -> list[int] | None:
         """``seen_in`` for a publish run's property blocks, in order: the indexes of the messages that
         are not duplicates, or None when none is. The usual message (its identifier a short ASCII
-        string, found and decoded by one compiled call, no TTL header of its own) is looked up,
-        remembered and queued for the file in this one loop; any other goes through ``seen_in``."""
+        string, no TTL header of its own) is found, looked up and remembered, its record kept for the
+        file, by the table's ``run`` (one compiled call for the run); any other goes through ``seen_in``."""
         ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
-        unwritten = self._unwritten_keys if self._file is not None else None
+        durable = self._file is not None
         duplicates: list[int] = []
         at, count = 0, len(blocks)
+        run = self._table.run
         while at < count:
-            if not self._stale:  # (else the whole way: forgetting the oldest skips stale places)
-                at, added = _remember_run(blocks, at, self._header_key, MAX_KEY_BYTES, _TTL_NAME, self.entries,
-                                          self._arrivals, self._size, expiry, now_ms, unwritten, duplicates)
-                if added:
-                    self._unwritten_expiries.extend([expiry] * added)
-                    self._written_soon(added)
-                if at == count:
-                    break
+            at, added = run(blocks, at, self._header_key, MAX_KEY_BYTES, _TTL_NAME, expiry, now_ms, duplicates)
+            if added and durable:
+                self._written_soon(added)
+            if at == count:
+                break
             if self.seen_in(blocks[at], now_ms):  # anything else, the whole way
                 duplicates.append(at)
             at += 1
@@ -305,44 +239,23 @@ class DedupCache:
         """``seen`` for an identifier's header value and the message's TTL header value (``_NO_TTL``
         without one)."""
         if type(value) is str and len(value) < MAX_KEY_BYTES and value.isascii():  # the common case, inline
-            key: bytes | str = value
+            key = b"s" + value.encode("ascii")
         else:
             typed = identifier(value)
             if typed is None:
                 return False
-            key = typed
-        entries = self.entries
-        known = entries.get(key)
+            key = b"s" + typed.encode("ascii") if isinstance(typed, str) else typed
+        table = self._table
+        known = table.get(key)
         if known is not None and (known == 0 or known > now_ms):
             return True
         if ttl is _NO_TTL or isinstance(ttl, bool) or not (isinstance(ttl, int) and 0 <= ttl <= MAX_TTL):
             ttl = self._ttl
         expiry = 0 if ttl is None else now_ms + ttl
-        if known is not None:  # expired: remembered anew as the newest; its older place goes stale
-            del entries[key]
-            self._stale[key] = self._stale.get(key, 0) + 1
-        self._arrivals.append(key)
-        entries[key] = expiry
-        if len(entries) > self._size:
-            self._forget_oldest()
+        table.put(key, expiry)  # (an expired one anew, as the newest)
         if self._file is not None:
-            self._unwritten_keys.append(key)
-            self._unwritten_expiries.append(expiry)
             self._written_soon(1)
         return False
-
-    def _forget_oldest(self) -> None:
-        arrivals, stale = self._arrivals, self._stale
-        while True:
-            key = arrivals.popleft()
-            if stale and key in stale:  # an older place of a key remembered anew since
-                if stale[key] == 1:
-                    del stale[key]
-                else:
-                    stale[key] -= 1
-                continue
-            del self.entries[key]
-            return
 
     def _render_unwritten(self, _: bytes) -> bytes:
         """The file's ``frame``: the identifiers remembered since the last write, as one framed batch;
@@ -351,14 +264,10 @@ class DedupCache:
         ``write_in_order`` hands them over first.)"""
         self._write_queued = False
         if self._records > self._compact_at:
-            self._unwritten_keys.clear()
-            self._unwritten_expiries.clear()
+            self._table.skip()
             self._rewrite()
             return b""
-        records = _records(self._unwritten_keys, self._unwritten_expiries)
-        self._unwritten_keys.clear()
-        self._unwritten_expiries.clear()
-        return _frame(self._marked(records))
+        return _frame(self._marked(self._table.take()))
 
     def _marked(self, records: bytes) -> bytes:
         """A queue cache's records after the mark of the segment being written now (every message
@@ -376,8 +285,8 @@ class DedupCache:
 
     def _rewrite(self) -> None:
         assert self._file is not None
-        self._file.replace(_frame(self._marked(_records(list(self.entries), list(self.entries.values())))))
-        self._records = len(self.entries)
+        self._file.replace(_frame(self._marked(self._table.live())))
+        self._records = len(self._table)
 
     @property
     def durable(self) -> bool:
@@ -386,9 +295,20 @@ class DedupCache:
         return self._file is not None
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._table)
+
+    @property
+    def entries(self) -> dict[bytes | str, int]:
+        """The identifiers (as ``identifier`` makes them) and their expiries, oldest first (a copy)."""
+        data, entries = self._table.live(), {}
+        at = 0
+        while at < len(data):
+            length, expiry = _HEAD.unpack_from(data, at)
+            entries[_stored_key(data[at + _HEAD.size:at + _HEAD.size + length])] = expiry
+            at += _HEAD.size + length
+        return entries
 
     def info(self, duplicates: int) -> dict[str, Any]:
         """The cache as the management API shows it, with the owner's count of duplicates."""
-        return {"cache_size": self.settings.cache_size, "cache_entries": len(self.entries),
+        return {"cache_size": self.settings.cache_size, "cache_entries": len(self._table),
                 "cache_ttl": self.settings.ttl_ms, "header": self.header, "duplicates": duplicates}

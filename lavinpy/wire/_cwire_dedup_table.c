@@ -1,0 +1,538 @@
+/* A deduplication cache's table (the broker's DedupCache, lavinpy/broker/queues/dedup_cache.py; its
+ * pure-Python twin is DedupTable in lavinpy/broker/queues/dedup_table.py, which gives the same answers).
+ *
+ * Why not a dict and a deque: at 100,000 identifiers they are ~15 MB of objects (a str, a dict entry and
+ * a deque cell each), and each new identifier made a str, probed the dict and called the deque's methods.
+ * Here: an open-addressed table of 16-byte slots (a 64-bit hash, seeded per table, and the place of the
+ * identifier's newest record) over a ring of bytes holding the records in arrival order, each as the
+ * cache's file writes it (key length u16, expiry ms u64, key bytes; little-endian). A lookup compares
+ * the key in the ring only on a hash match; the oldest is forgotten by reading the ring's first record
+ * (its slot is the one whose place is that record's: an older place of a key remembered anew is skipped);
+ * the records for the file are the ring's bytes since the last write, copied out. Records forgotten
+ * before they were written stay in the ring until they are. Keys are typed bytes (``s`` + an ASCII
+ * string's text, as on disk). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_cwire.h"
+
+#define CAPSULE "lavinpy.dedup_table"
+#define HEAD 10      /* a record's key length u16 and expiry u64 */
+#define KEY_MAX 256  /* a run's keys are shorter (the caller's limit is checked against it) */
+
+typedef struct {
+    uint64_t hash;
+    uint64_t place; /* the ring offset of the key's newest record + 1; 0: an empty slot */
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t mask;
+    Py_ssize_t count, size;
+    unsigned char *ring;
+    uint64_t cap;      /* a power of two; offsets below are absolute, taken modulo cap */
+    uint64_t head;     /* the first byte still kept: min(oldest, rendered) */
+    uint64_t oldest;   /* the oldest arrival not forgotten yet */
+    uint64_t rendered; /* the records before this were taken for the file */
+    uint64_t tail;
+    uint64_t seed;
+    int keep; /* a cache with a file: records kept until taken */
+} Table;
+
+static uint64_t
+key_hash(const unsigned char *k, size_t n, uint64_t seed)
+{
+    uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ULL);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, k, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        k += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, k, n);
+    h ^= w;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+static void
+ring_put(unsigned char *ring, uint64_t cap, uint64_t at, const unsigned char *src, size_t n)
+{
+    size_t i = (size_t)(at & (cap - 1)), first = (size_t)(cap - i);
+    if (first >= n) {
+        memcpy(ring + i, src, n);
+    } else {
+        memcpy(ring + i, src, first);
+        memcpy(ring, src + first, n - first);
+    }
+}
+
+static void
+ring_get(const Table *t, uint64_t at, unsigned char *dst, size_t n)
+{
+    size_t i = (size_t)(at & (t->cap - 1)), first = (size_t)(t->cap - i);
+    if (first >= n) {
+        memcpy(dst, t->ring + i, n);
+    } else {
+        memcpy(dst, t->ring + i, first);
+        memcpy(dst + first, t->ring, n - first);
+    }
+}
+
+/* A record's key length and expiry. */
+static void
+record_head(const Table *t, uint64_t at, size_t *length, uint64_t *expiry)
+{
+    unsigned char b[HEAD];
+    ring_get(t, at, b, HEAD);
+    *length = (size_t)b[0] | (size_t)b[1] << 8;
+    uint64_t e = 0;
+    for (int k = 7; k >= 0; k--)
+        e = e << 8 | b[2 + k];
+    *expiry = e;
+}
+
+static int
+key_at(const Table *t, uint64_t at, const unsigned char *key, size_t n)
+{
+    size_t length;
+    uint64_t expiry;
+    record_head(t, at, &length, &expiry);
+    if (length != n)
+        return 0;
+    size_t i = (size_t)((at + HEAD) & (t->cap - 1)), first = (size_t)(t->cap - i);
+    if (first >= n)
+        return memcmp(t->ring + i, key, n) == 0;
+    return memcmp(t->ring + i, key, first) == 0 && memcmp(t->ring, key + first, n - first) == 0;
+}
+
+/* The slot of this key, or NULL with *empty the index of the empty slot that ends its probe. */
+static Slot *
+find(const Table *t, uint64_t h, const unsigned char *key, size_t n, size_t *empty)
+{
+    size_t i = (size_t)h & t->mask;
+    for (;;) {
+        Slot *s = &t->slots[i];
+        if (s->place == 0) {
+            *empty = i;
+            return NULL;
+        }
+        if (s->hash == h && key_at(t, s->place - 1, key, n))
+            return s;
+        i = (i + 1) & t->mask;
+    }
+}
+
+static int
+grow_slots(Table *t)
+{
+    size_t slots = (t->mask + 1) * 2, mask = slots - 1;
+    Slot *fresh = PyMem_Calloc(slots, sizeof(Slot));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i <= t->mask; i++) {
+        if (t->slots[i].place == 0)
+            continue;
+        size_t j = (size_t)t->slots[i].hash & mask;
+        while (fresh[j].place != 0)
+            j = (j + 1) & mask;
+        fresh[j] = t->slots[i];
+    }
+    PyMem_Free(t->slots);
+    t->slots = fresh;
+    t->mask = mask;
+    return 0;
+}
+
+static int
+reserve(Table *t, size_t need)
+{
+    if (t->tail - t->head + need <= t->cap)
+        return 0;
+    uint64_t cap = t->cap;
+    while (t->tail - t->head + need > cap)
+        cap *= 2;
+    unsigned char *ring = PyMem_Malloc((size_t)cap);
+    if (ring == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint64_t at = t->head; at < t->tail;) {  /* the kept bytes at the same absolute offsets */
+        size_t i = (size_t)(at & (t->cap - 1)), n = (size_t)(t->cap - i);
+        if (n > t->tail - at)
+            n = (size_t)(t->tail - at);
+        ring_put(ring, cap, at, t->ring + i, n);
+        at += n;
+    }
+    PyMem_Free(t->ring);
+    t->ring = ring;
+    t->cap = cap;
+    return 0;
+}
+
+/* Remove slot i, moving the later ones of its cluster back (linear probing's deletion). */
+static void
+slot_delete(Table *t, size_t i)
+{
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & t->mask;
+        if (t->slots[j].place == 0)
+            break;
+        size_t k = (size_t)t->slots[j].hash & t->mask;
+        if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i].place = 0;
+}
+
+static uint64_t
+record_hash(const Table *t, uint64_t at, size_t length)
+{
+    size_t i = (size_t)((at + HEAD) & (t->cap - 1));
+    if (t->cap - i >= length)
+        return key_hash(t->ring + i, length, t->seed);
+    unsigned char buf[65536];
+    ring_get(t, at + HEAD, buf, length);
+    return key_hash(buf, length, t->seed);
+}
+
+/* Forget the oldest identifier (skipping the older places of keys remembered anew). */
+static void
+forget_oldest(Table *t)
+{
+    while (t->oldest < t->tail) {
+        uint64_t at = t->oldest;
+        size_t length;
+        uint64_t expiry;
+        record_head(t, at, &length, &expiry);
+        t->oldest += HEAD + length;
+        uint64_t h = record_hash(t, at, length);
+        size_t i = (size_t)h & t->mask;
+        while (t->slots[i].place != 0) {
+            if (t->slots[i].place == at + 1) {
+                slot_delete(t, i);
+                t->count--;
+                t->head = t->oldest < t->rendered ? t->oldest : t->rendered;
+                return;
+            }
+            i = (i + 1) & t->mask;
+        }
+    }
+}
+
+/* Remember a key (new, or anew: its older record goes stale) with this expiry; the oldest forgotten past
+ * the size. ``found``: its slot when known, else NULL. */
+static int
+put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found)
+{
+    if (reserve(t, HEAD + n) < 0)
+        return -1;
+    unsigned char b[HEAD];
+    b[0] = (unsigned char)n;
+    b[1] = (unsigned char)(n >> 8);
+    for (int k = 0; k < 8; k++)
+        b[2 + k] = (unsigned char)(expiry >> (8 * k));
+    uint64_t place = t->tail + 1;
+    ring_put(t->ring, t->cap, t->tail, b, HEAD);
+    ring_put(t->ring, t->cap, t->tail + HEAD, key, n);
+    t->tail += HEAD + n;
+    if (!t->keep) {
+        t->rendered = t->tail;
+        t->head = t->oldest;
+    }
+    if (found != NULL) {
+        found->place = place;
+        return 0;
+    }
+    if ((size_t)(t->count + 1) * 2 > t->mask + 1 && grow_slots(t) < 0)
+        return -1;
+    size_t i = (size_t)h & t->mask;
+    while (t->slots[i].place != 0)
+        i = (i + 1) & t->mask;
+    t->slots[i].hash = h;
+    t->slots[i].place = place;
+    t->count++;
+    while (t->count > t->size)
+        forget_oldest(t);
+    return 0;
+}
+
+static void
+table_free(PyObject *capsule)
+{
+    Table *t = PyCapsule_GetPointer(capsule, CAPSULE);
+    if (t == NULL)
+        return;
+    PyMem_Free(t->slots);
+    PyMem_Free(t->ring);
+    PyMem_Free(t);
+}
+
+static Table *
+table_of(PyObject *capsule)
+{
+    return PyCapsule_GetPointer(capsule, CAPSULE);
+}
+
+/* dedup_table(size, seed, keep) -> a table */
+PyObject *
+cwire_dedup_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "dedup_table(size, seed, keep)");
+        return NULL;
+    }
+    Py_ssize_t size = PyLong_AsSsize_t(args[0]);
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(args[1]);
+    int keep = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred() || keep < 0)
+        return NULL;
+    Table *t = PyMem_Calloc(1, sizeof(Table));
+    if (t == NULL)
+        return PyErr_NoMemory();
+    t->size = size < 0 ? 0 : size;
+    t->seed = seed;
+    t->keep = keep;
+    t->mask = 63;
+    t->cap = 4096;
+    t->slots = PyMem_Calloc(t->mask + 1, sizeof(Slot));
+    t->ring = PyMem_Malloc((size_t)t->cap);
+    PyObject *capsule = t->slots && t->ring ? PyCapsule_New(t, CAPSULE, table_free) : NULL;
+    if (capsule == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        PyMem_Free(t->slots);
+        PyMem_Free(t->ring);
+        PyMem_Free(t);
+    }
+    return capsule;
+}
+
+static int
+key_arg(PyObject *arg, const unsigned char **key, size_t *n)
+{
+    if (!PyBytes_Check(arg) || PyBytes_GET_SIZE(arg) > 0xFFFF) {
+        PyErr_SetString(PyExc_TypeError, "a key is bytes of at most 65535");
+        return -1;
+    }
+    *key = (const unsigned char *)PyBytes_AS_STRING(arg);
+    *n = (size_t)PyBytes_GET_SIZE(arg);
+    return 0;
+}
+
+/* dedup_table_get(table, key) -> expiry | None */
+PyObject *
+cwire_dedup_table_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const unsigned char *key;
+    size_t n, empty;
+    Table *t = nargs == 2 ? table_of(args[0]) : NULL;
+    if (t == NULL || key_arg(args[1], &key, &n) < 0)
+        return NULL;
+    Slot *s = find(t, key_hash(key, n, t->seed), key, n, &empty);
+    if (s == NULL)
+        Py_RETURN_NONE;
+    size_t length;
+    uint64_t expiry;
+    record_head(t, s->place - 1, &length, &expiry);
+    return PyLong_FromUnsignedLongLong(expiry);
+}
+
+/* dedup_table_put(table, key, expiry): remembered (anew when known), the oldest forgotten past the size */
+PyObject *
+cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const unsigned char *key;
+    size_t n, empty;
+    Table *t = nargs == 3 ? table_of(args[0]) : NULL;
+    if (t == NULL || key_arg(args[1], &key, &n) < 0)
+        return NULL;
+    unsigned long long expiry = PyLong_AsUnsignedLongLong(args[2]);
+    if (expiry == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    uint64_t h = key_hash(key, n, t->seed);
+    if (put(t, h, key, n, expiry, find(t, h, key, n, &empty)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Whether the block holds these bytes: a property block is short, where memmem's set-up costs more
+ * than a scan for the first byte. */
+static int
+contains(const unsigned char *b, size_t n, const unsigned char *needle, size_t len)
+{
+    if (len == 0)
+        return 1;
+    for (const unsigned char *end = b + n; (size_t)(end - b) >= len;) {
+        const unsigned char *at = memchr(b, needle[0], (size_t)(end - b) - len + 1);
+        if (at == NULL)
+            return 0;
+        if (memcmp(at + 1, needle + 1, len - 1) == 0)
+            return 1;
+        b = at + 1;
+    }
+    return 0;
+}
+
+/* dedup_table_run(table, blocks, start, name, limit, ttl_name, expiry, now, duplicates) -> (stop, added):
+ * see DedupTable.run in dedup_table.py. */
+PyObject *
+cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Table *t = nargs == 9 ? table_of(args[0]) : NULL;
+    if (t == NULL)
+        return NULL;
+    if (!PyList_Check(args[1]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[5]) || !PyList_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "dedup_table_run(table, blocks: list, start, name: bytes, limit, "
+                                         "ttl_name: bytes, expiry, now, duplicates: list)");
+        return NULL;
+    }
+    PyObject *blocks = args[1], *duplicates = args[8];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), limit = PyLong_AsSsize_t(args[4]);
+    unsigned long long expiry = PyLong_AsUnsignedLongLong(args[6]);
+    long long now = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (limit > KEY_MAX - 1)
+        limit = KEY_MAX - 1;
+    const char *name = PyBytes_AS_STRING(args[3]), *ttl_name = PyBytes_AS_STRING(args[5]);
+    Py_ssize_t name_len = PyBytes_GET_SIZE(args[3]), ttl_len = PyBytes_GET_SIZE(args[5]);
+    Py_ssize_t i = start < 0 ? 0 : start, added = 0;
+    unsigned char key[KEY_MAX];
+    key[0] = 's';
+    for (; i < PyList_GET_SIZE(blocks); i++) {
+        PyObject *block = PyList_GET_ITEM(blocks, i);
+        if (!PyBytes_Check(block))
+            break;
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
+        Py_ssize_t n = PyBytes_GET_SIZE(block), found = 0, found_end = 0;
+        int spanned = cwire_find_span(b, n, name, name_len, &found, &found_end);
+        if (spanned == 0)
+            continue; /* no identifier: kept, not remembered */
+        if (spanned < 0)
+            break;
+        Py_ssize_t length = found_end - found - 5;
+        if (b[found] != 'S' || length >= limit)
+            break;
+        const unsigned char *text = b + found + 5;
+        Py_ssize_t k = 0;
+        while (k < length && text[k] < 0x80)
+            k++;
+        if (k != length || contains(b, (size_t)n, (const unsigned char *)ttl_name, (size_t)ttl_len))
+            break;
+        memcpy(key + 1, text, (size_t)length);
+        size_t key_len = (size_t)length + 1, empty;
+        uint64_t h = key_hash(key, key_len, t->seed);
+        Slot *s = find(t, h, key, key_len, &empty);
+        if (s != NULL) {
+            size_t stored;
+            uint64_t expires;
+            record_head(t, s->place - 1, &stored, &expires);
+            if (expires == 0 || (long long)expires > now) {
+                PyObject *index = PyLong_FromSsize_t(i);
+                if (index == NULL)
+                    return NULL;
+                int rc = PyList_Append(duplicates, index);
+                Py_DECREF(index);
+                if (rc < 0)
+                    return NULL;
+                continue;
+            }
+        }
+        /* new, or expired: remembered anew */
+        if (put(t, h, key, key_len, expiry, s) < 0)
+            return NULL;
+        added++;
+    }
+    return Py_BuildValue("nn", i, added);
+}
+
+static PyObject *
+copy_out(const Table *t, uint64_t from, uint64_t to)
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(to - from));
+    if (out != NULL)
+        ring_get(t, from, (unsigned char *)PyBytes_AS_STRING(out), (size_t)(to - from));
+    return out;
+}
+
+/* dedup_table_take(table) -> the records remembered since the last take, for the file */
+PyObject *
+cwire_dedup_table_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
+    if (t == NULL)
+        return NULL;
+    PyObject *out = copy_out(t, t->rendered, t->tail);
+    if (out != NULL) {
+        t->rendered = t->tail;
+        t->head = t->oldest;
+    }
+    return out;
+}
+
+/* dedup_table_skip(table): the records since the last take are not wanted (the file is rewritten) */
+PyObject *
+cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
+    if (t == NULL)
+        return NULL;
+    t->rendered = t->tail;
+    t->head = t->oldest;
+    Py_RETURN_NONE;
+}
+
+/* dedup_table_live(table) -> the live identifiers' records, oldest first */
+PyObject *
+cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
+    if (t == NULL)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(t->tail - t->oldest));
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (uint64_t at = t->oldest; at < t->tail;) {
+        size_t length;
+        uint64_t expiry;
+        record_head(t, at, &length, &expiry);
+        uint64_t h = record_hash(t, at, length);
+        for (size_t i = (size_t)h & t->mask; t->slots[i].place != 0; i = (i + 1) & t->mask) {
+            if (t->slots[i].place == at + 1) {
+                ring_get(t, at, p, HEAD + length);
+                p += HEAD + length;
+                break;
+            }
+        }
+        at += HEAD + length;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(p - (unsigned char *)PyBytes_AS_STRING(out))) < 0)
+        return NULL;
+    return out;
+}
+
+/* dedup_table_len(table) -> the live identifiers */
+PyObject *
+cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
+    if (t == NULL)
+        return NULL;
+    return PyLong_FromSsize_t(t->count);
+}

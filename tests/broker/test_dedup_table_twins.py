@@ -1,0 +1,141 @@
+"""The deduplication cache's compiled table (``_cwire.dedup_table``) and its pure-Python twin
+(``DedupTable``) give the same answers, the same records for the file and the same live identifiers in
+the same order, on the same random sequences: new, live and expired identifiers, blocks without one or
+with another value type or their own TTL, tables that overflow (the ring grows and wraps), records taken
+or skipped; and a whole cache on either table, with its file, across restarts, writes the same bytes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lavinpy.broker.queues import dedup_cache
+from lavinpy.broker.queues.dedup_table import CompiledTable, DedupTable, Table
+from lavinpy.broker.settings.deduplication import MAX_KEY_BYTES, DedupSettings
+from lavinpy.store.vhost_store import VhostStore
+from lavinpy.wire import accel
+from lavinpy.wire.field_table import encode_table
+
+NAME = b"x-deduplication-header"
+TTL_NAME = b"x-cache-ttl"
+compiled = pytest.mark.skipif(accel.cwire is None, reason="the compiled extension is not in use")
+
+
+def block(value: object, **headers: object) -> bytes:
+    return b"\x30\x00" + encode_table({NAME.decode(): value, **headers}) + b"\x02"
+
+
+def random_blocks(rng: random.Random, count: int, ids: int) -> list[bytes]:
+    values: list[object] = ["\u00fc", b"raw", 7, "z" * (MAX_KEY_BYTES - 1), "z" * MAX_KEY_BYTES]
+    blocks = []
+    for _ in range(count):
+        roll = rng.random()
+        if roll < 0.05:
+            blocks.append(b"\x10\x00\x02")  # no headers
+        elif roll < 0.1:
+            blocks.append(block(rng.choice(values)))  # the whole way
+        elif roll < 0.13:
+            blocks.append(block(f"id{rng.randrange(ids)}", **{"x-cache-ttl": 5}))  # its own TTL
+        else:
+            blocks.append(block(f"id{rng.randrange(ids)}" + "k" * rng.randrange(40)))
+    return blocks
+
+
+def drive(table: Table, seed: int) -> list[object]:
+    """A random sequence of the table's operations; everything it answered."""
+    rng = random.Random(seed)
+    trace: list[object] = []
+    now = 1000
+    for _ in range(300):
+        now += rng.choice((0, 1, 7, 50))
+        op = rng.random()
+        if op < 0.5:
+            duplicates: list[int] = []
+            blocks = random_blocks(rng, rng.randrange(1, 40), rng.choice((5, 30, 500)))
+            at = rng.randrange(len(blocks))
+            expiry = rng.choice((0, now + rng.randrange(1, 100)))
+            trace.append(("run", table.run(blocks, at, NAME, MAX_KEY_BYTES, TTL_NAME, expiry, now, duplicates),
+                          duplicates))
+        elif op < 0.7:
+            key = rng.choice((b"s", b"b")) + b"id%d" % rng.randrange(60) + b"q" * rng.randrange(300)
+            table.put(key, rng.choice((0, now + rng.randrange(1, 100))))
+        elif op < 0.8:
+            trace.append(("get", table.get(b"sid%d" % rng.randrange(60))))
+        elif op < 0.9:
+            trace.append(("take", table.take()))
+        elif op < 0.93:
+            table.skip()
+        else:
+            trace.append(("live", table.live()))
+        trace.append(("len", len(table)))
+    trace.append(("end", table.live(), table.take()))
+    return trace
+
+
+@compiled
+@pytest.mark.parametrize("seed", range(12))
+def test_the_tables_agree_on_random_sequences(seed: int) -> None:
+    for size in (1, 7, 40, 1000):
+        for keep in (True, False):
+            pure, fast = drive(DedupTable(size, keep), seed), drive(CompiledTable(size, keep), seed)
+            assert fast == pure
+
+
+def test_the_pure_table_forgets_the_oldest_and_skips_places_remembered_anew() -> None:
+    table = DedupTable(2, True)
+    table.put(b"sa", 5)
+    table.put(b"sb", 0)
+    table.put(b"sa", 9)  # anew: now the newest
+    table.put(b"sc", 0)  # forgets b, not a
+    assert table.get(b"sb") is None and table.get(b"sa") == 9 and len(table) == 2
+    assert table.live() == b"\x02\x00" + (9).to_bytes(8, "little") + b"sa" + b"\x02\x00" + bytes(8) + b"sc"
+    assert table.take().count(b"sa") == 2
+
+
+def cache_run(tmp: Path, make: Callable[[int, bool], Table], seed: int,
+              monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """A durable cache on ``make``'s tables through random publish runs, asks one by one, expiries,
+    writes and restarts: what it answered, its entries and its file."""
+    monkeypatch.setattr(dedup_cache, "new_table", make)
+    monkeypatch.setattr(dedup_cache, "COMPACT_MIN_RECORDS", 8)
+    rng = random.Random(seed)
+    store = VhostStore(tmp)
+    store.open()
+    settings = DedupSettings(cache_size=rng.choice((3, 10, 50)), ttl_ms=rng.choice((None, 20)))
+    cache = dedup_cache.DedupCache(settings, store.open_append_file("dedup"))
+    trace: list[object] = []
+    now = 1000
+    for _ in range(120):
+        now += rng.choice((0, 3, 30))
+        op = rng.random()
+        blocks = random_blocks(rng, rng.randrange(1, 20), 40)
+        if op < 0.6:
+            trace.append(cache.new_in(blocks, now))
+        elif op < 0.8:
+            trace.append([cache.seen_in(b, now) for b in blocks])
+        elif op < 0.9:
+            assert cache._file is not None
+            cache._file.take_unsynced_fds()  # a group commit's write
+        elif op < 0.95:
+            cache.compact()
+        else:  # a restart (a clean close writes what waits)
+            store.close()
+            store = VhostStore(tmp)
+            store.open()
+            cache = dedup_cache.DedupCache(settings, store.open_append_file("dedup"))
+        trace.append(list(cache.entries.items()))
+    store.close()
+    trace.append((tmp / "dedup").read_bytes() if (tmp / "dedup").exists() else sorted(p.name for p in tmp.iterdir()))
+    return trace
+
+
+@compiled
+@pytest.mark.parametrize("seed", range(6))
+def test_a_cache_on_either_table_answers_and_writes_the_same(tmp_path: Path, seed: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    pure = cache_run(tmp_path / "pure", DedupTable, seed, monkeypatch)
+    fast = cache_run(tmp_path / "fast", CompiledTable, seed, monkeypatch)
+    assert fast == pure
