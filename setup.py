@@ -25,7 +25,7 @@ setup(
         Extension("lavinpy.amqp._cpublish", ["lavinpy/amqp/_cpublish.c"], optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c", "lavinpy/store/_cstore_read.c",
                                              "lavinpy/store/_cstore_ready.c", "lavinpy/store/_crc32.c",
-                                             "lavinpy/store/_cstore_sync.c"],
+                                             "lavinpy/store/_cstore_sync.c", "lavinpy/store/_cstore_posset.c"],
                   depends=["lavinpy/store/_crc32.h", "lavinpy/store/_cstore.h"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
