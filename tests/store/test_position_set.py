@@ -101,7 +101,7 @@ def _consumers_shares(taken: list[int], width: int) -> list[list[int]]:
     return [taken[j::width] for j in range(width)]
 
 
-def test_a_thousand_consumers_interleaved_acks_out_of_order_acks_requeues_and_double_acks() -> None:
+def test_a_thousand_consumers_interleaved_acks_out_of_order_acks_and_double_acks() -> None:
     """100,000 unacked positions taken in runs, each run round-robined over 1,000 consumers (held whole,
     split, or neither), acked per consumer in order but interleaved across consumers, some out of order,
     some requeued, some twice: the answers and what is left are a set's."""
