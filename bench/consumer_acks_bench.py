@@ -8,7 +8,11 @@ K = 2, as amqpperf's consumers' reads there). The figure is the thread CPU of th
 the deliveries they start) per read (median and minimum over the ack phases) and per acked message (mean).
 
     PYTHONPATH=<tree> python3 bench/consumer_acks_bench.py [--consumers 1000 --prefetch 100 --run 3500
-                                                          --every 2 --rounds 60 --multiple]
+                                                          --every 2 --rounds 60 --multiple --hold 0]
+
+``--hold H``: each consumer leaves its last H deliveries unacked (acks up to its tag minus H), so the queue
+holds about consumers x H unacked positions (100,000 at 1,000 consumers holding 100, as under amqpperf at
+prefetch 100: the sizes at which the unacked positions' memory use shows).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=2, help="publisher reads between two ack reads of a consumer")
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--multiple", action="store_true", help="one basic.ack multiple=true per read instead")
+    ap.add_argument("--hold", type=int, default=0, help="deliveries each consumer leaves unacked")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
@@ -47,7 +52,7 @@ def main() -> None:
                 continue
             reads = []
             for i, c in enumerate(consumers):
-                last = c.conn.channels[1].deliveries.tag
+                last = c.conn.channels[1].deliveries.tag - args.hold
                 if last > acked[i]:
                     data = (ack_frame(last, True) if args.multiple
                             else b"".join(ack_frame(t) for t in range(acked[i] + 1, last + 1)))

@@ -537,7 +537,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__cstore(void) {
     crc32_init();
-    if (PyType_Ready(&cstore_ReadyListType) < 0)
+    if (PyType_Ready(&cstore_ReadyListType) < 0 || PyType_Ready(&cstore_PositionSetType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -545,6 +545,12 @@ PyMODINIT_FUNC PyInit__cstore(void) {
     Py_INCREF(&cstore_ReadyListType);
     if (PyModule_AddObject(m, "ReadyList", (PyObject *)&cstore_ReadyListType) < 0) {
         Py_DECREF(&cstore_ReadyListType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&cstore_PositionSetType);
+    if (PyModule_AddObject(m, "PositionSet", (PyObject *)&cstore_PositionSetType) < 0) {
+        Py_DECREF(&cstore_PositionSetType);
         Py_DECREF(m);
         return NULL;
     }

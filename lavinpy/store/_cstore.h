@@ -39,4 +39,7 @@ PyObject *py_read_run(PyObject *self, PyObject *args);
 /* _cstore_ready.c: the ready list type the module adds */
 extern PyTypeObject cstore_ReadyListType;
 
+/* _cstore_posset.c: the position set type the module adds */
+extern PyTypeObject cstore_PositionSetType;
+
 #endif

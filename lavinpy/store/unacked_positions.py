@@ -6,12 +6,21 @@ unacked position: an ack of its head slice (or of several runs' one after the ot
 spanning many delivery runs) is one comparison per run and no set operation per message. Any other
 settlement first moves every run's positions into the set (``_spill``), which then answers as
 a plain set would.
+
+The set is ``PositionSet`` from _cstore when built (8-byte keys in one open-addressed array: a Python
+set of positions, whose hashes are their low bits, the segment id, probes long chains once it holds
+the 100,000 positions of 1,000 consumers at prefetch 100), else a Python set; both answer alike
+(tests/store/test_position_set.py).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
+
+from lavinpy.store.accel import cstore
+
+PositionSet: type = cstore.PositionSet if cstore is not None else set
 
 
 class UnackedPositions:
@@ -20,7 +29,7 @@ class UnackedPositions:
     __slots__ = ("_loose", "_runs", "_in_runs")
 
     def __init__(self) -> None:
-        self._loose: set[int] = set()
+        self._loose: set[int] = PositionSet()
         self._runs: dict[int, list] = {}  # next unacked position -> [positions, offset of that one]
         self._in_runs = 0
 

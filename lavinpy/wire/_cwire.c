@@ -565,6 +565,7 @@ static PyMethodDef cwire_methods[] = {
      "writer.deliver_run: the frames of a run of deliveries"},
     {"init_round", cwire_init_round, METH_VARARGS, "see _cwire_round.c"},
     {"deliver_round", (PyCFunction)(void (*)(void))cwire_deliver_round, METH_FASTCALL, "see _cwire_round.c"},
+    {"pick_scan", (PyCFunction)(void (*)(void))cwire_pick_scan, METH_FASTCALL, "see _cwire_pick.c"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},
     {"mqtt_publish_run", (PyCFunction)(void (*)(void))cwire_mqtt_publish_run, METH_FASTCALL,

@@ -13,6 +13,7 @@ PyObject *cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 PyObject *cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_init_round(PyObject *self, PyObject *args);
 PyObject *cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_split(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
+from ...wire.accel import cwire
+
 if TYPE_CHECKING:
     from ...store.record import StoredMessage
     from .queue_consumer import DeliveryChannel, QueueConsumer
@@ -157,22 +159,7 @@ class ConsumerSet:
         parked: list[QueueConsumer] | None = None
         skipped: list[tuple[int, QueueConsumer]] | None = None
         if not back:  # nothing back from parking (the common case): the queue's order alone
-            for consumer in queue:
-                if consumer.no_ack or not consumer.prefetch:
-                    room = limit
-                else:
-                    room = consumer.prefetch - consumer.unacked
-                    if room <= 0:  # its own window is full: back at its next credit
-                        consumer.parked = self
-                        if parked is None:
-                            parked = []
-                        parked.append(consumer)
-                        continue
-                if consumer.channel.can_deliver():  # else its channel cannot take it now: next time
-                    active.append(consumer)
-                    rooms.append(room)
-                    if len(active) == limit:
-                        break
+            active, rooms = _scan(queue, limit, self)
         else:
             consumers = iter(queue)
             head = next(consumers, None)
@@ -345,6 +332,39 @@ class ConsumerSet:
         self._ring = OrderedDict()
         self._back = []
         self._fast_valid = True
+
+
+def _scan_py(queue: OrderedDict[QueueConsumer, None], limit: int, owner: ConsumerSet
+             ) -> tuple[list[QueueConsumer], list[int]]:
+    """``pick``'s walk of the consumers in turn order while none is back from parking: up to ``limit``
+    of those with room whose channel can deliver now, and each one's room; those whose own window is
+    full are parked (taken out of ``queue``). The pure twin of _cwire_pick.c's ``pick_scan``."""
+    active: list[QueueConsumer] = []
+    rooms: list[int] = []
+    parked: list[QueueConsumer] | None = None
+    for consumer in queue:
+        if consumer.no_ack or not consumer.prefetch:
+            room = limit
+        else:
+            room = consumer.prefetch - consumer.unacked
+            if room <= 0:  # its own window is full: back at its next credit
+                consumer.parked = owner
+                if parked is None:
+                    parked = []
+                parked.append(consumer)
+                continue
+        if consumer.channel.can_deliver():  # else its channel cannot take it now: next time
+            active.append(consumer)
+            rooms.append(room)
+            if len(active) == limit:
+                break
+    if parked is not None:
+        for consumer in parked:
+            del queue[consumer]
+    return active, rooms
+
+
+_scan = cwire.pick_scan if cwire is not None else _scan_py
 
 
 def _sweeps(active: list[QueueConsumer], rooms: list[int], limit: int
