@@ -208,10 +208,11 @@ static PyObject *starter_start(FsyncStarter *self, PyObject *arg) {
         pool.head = b;
     pool.tail = b;
     pool.queued += n;
-    if (n == 1)
+    /* One wake-up per descriptor, not a broadcast: every idle worker woken for a batch of two went
+     * back to sleep, two context switches each, on every flush (a worker that is busy takes what is
+     * queued before it waits again, so no descriptor waits for a signal). */
+    for (Py_ssize_t i = 0; i < n; i++)
         pthread_cond_signal(&pool.work);
-    else
-        pthread_cond_broadcast(&pool.work);
     pthread_mutex_unlock(&pool.lock);
     Py_RETURN_NONE;
 }
