@@ -459,9 +459,12 @@ static void fsync_jobs(FsyncJob *jobs, Py_ssize_t n) {
     fsync_pool.next = 1;
     fsync_pool.count = n;
     fsync_pool.unfinished = n - 1;
-    if (n > 1)
-        pthread_cond_broadcast(&fsync_pool.work);
+    /* A wake-up per job, not a broadcast: a replica's batch of two woke every worker ever started
+     * (four after a batch that synced directories too), and all but one slept again at once. */
     pthread_mutex_unlock(&fsync_pool.lock);
+    /* After the unlock: a worker woken with the lock still held went back to sleep on it at once. */
+    for (Py_ssize_t i = 1; i < n; i++)
+        pthread_cond_signal(&fsync_pool.work);
     fsync_job(&jobs[0]);
     pthread_mutex_lock(&fsync_pool.lock);
     if (fsync_pool.workers < n - 1)

@@ -208,11 +208,15 @@ static PyObject *starter_start(FsyncStarter *self, PyObject *arg) {
         pool.head = b;
     pool.tail = b;
     pool.queued += n;
-    if (n == 1)
-        pthread_cond_signal(&pool.work);
-    else
-        pthread_cond_broadcast(&pool.work);
+    /* One wake-up per descriptor, not a broadcast: every idle worker woken for a batch of two went
+     * back to sleep, two context switches each, on every flush (a worker that is busy takes what is
+     * queued before it waits again, so no descriptor waits for a signal). */
     pthread_mutex_unlock(&pool.lock);
+    /* Signalled after the unlock: a worker woken while the loop still held the lock went back to
+     * sleep on it at once and had to be woken again by the unlock (more switches on both sides). A
+     * worker not yet waiting sees the queued batch under the lock before it waits. */
+    for (Py_ssize_t i = 0; i < n; i++)
+        pthread_cond_signal(&pool.work);
     Py_RETURN_NONE;
 }
 
