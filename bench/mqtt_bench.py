@@ -23,12 +23,23 @@ descendants (a launcher's pid, a shell's or ``python3 -m lavinpy``'s wrapper, na
 ``--pid auto`` finds it by the port alone.
 A QoS 1 or 2 run prints the largest subscriber read: the most deliveries one read held, all of them
 unacknowledged at once (the subscriber answers each read after it), a lower bound of the in-flight
-window the broker really kept (mosquitto 2.0.11 goes far past its ``max_inflight_messages`` here).
+window the broker really kept (mosquitto 2.0.11 goes far past its ``max_inflight_messages`` here while
+the subscriber acks, though it stops at the window when the subscriber never acks).
+
+Every run also prints the client's own share, since the client is Python on the broker's machine: its
+CPU, when the publishers' side was done (every PUBLISH written and acknowledged), and per subscriber
+read (a QoS 1 subscriber's round trip: read, PUBACKs written) the time, the subscriber thread's CPU and
+the time spent in ``recv`` (the broker's part, wake-ups included); with ``--pid``, the broker's share of
+a core after the publishers were done. With a window the broker keeps, the rate is window / round trip.
+``--split-roles`` runs the subscribers in a process of their own, so that the publishers' threads (100
+writers and 100 PUBACK readers) do not share their interpreter lock: the fairer setting when the
+publishing overlaps the deliveries (a broker that acknowledges publishes slowly).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import socket
@@ -36,6 +47,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -80,8 +92,23 @@ def subscribe(sock: socket.socket, topic: str, qos: int, mqtt5: bool) -> None:
     read_packet(sock, codec.SUBACK)
 
 
-def run(args: argparse.Namespace, qos: int) -> tuple[float, int]:
-    """Deliveries per second, and the most QoS 1/2 deliveries one subscriber read held (see ``main``)."""
+class Result(NamedTuple):
+    """One run's figures: deliveries/s, the largest subscriber read, and what the client spent."""
+
+    rate: float
+    largest_read: int
+    elapsed: float
+    published: float  # when the publishers' side was done (every PUBLISH written, and acknowledged)
+    client_cpu: float  # this process's CPU seconds (all roles)
+    subscriber_cpu: float  # the subscriber threads' CPU seconds
+    subscriber_reads: int
+    subscriber_waited: float  # the subscriber threads' seconds in recv
+    broker_cpu_after: float  # the broker's CPU seconds after the publishers' side was done (with --pid)
+
+
+def run(args: argparse.Namespace, qos: int) -> Result:
+    """Deliveries per second, the most QoS 1/2 deliveries one subscriber read held (see ``main``), and the
+    client's own share of the time."""
     topic = f"bench/{qos}/{time.monotonic_ns()}"
     subs = [connect(args, f"bench-sub-{qos}-{i}") for i in range(args.subscribers)]
     for sub in subs:
@@ -91,13 +118,20 @@ def run(args: argparse.Namespace, qos: int) -> tuple[float, int]:
     share = count // args.publishers
 
     largest_read = [0]  # the most deliveries awaiting PUBACK or PUBREC that one read of a subscriber held
+    sub_cpu = [0.0]  # the subscriber threads' own CPU seconds
+    sub_reads = [0]  # the subscribers' reads (a QoS 1 subscriber's round trips: read, then PUBACK)
+    sub_waited = [0.0]  # the subscribers' seconds in recv: the broker's share of a round trip, wake-ups included
 
     def read_subscriber(sub: socket.socket) -> None:
         reader, got = codec.PacketReader(1 << 26), 0
+        thread_start, clock, waited = time.thread_time(), time.perf_counter, 0.0
         while got < count:
             acks = []
             unacked = 0
-            for kind, _, body in reader.feed(sub.recv(1 << 20)):
+            before = clock()
+            data = sub.recv(1 << 20)
+            waited += clock() - before
+            for kind, _, body in reader.feed(data):
                 if kind == codec.PUBLISH:
                     unacked += 1
                     if qos == 2:
@@ -112,6 +146,9 @@ def run(args: argparse.Namespace, qos: int) -> tuple[float, int]:
             if acks:
                 sub.sendall(b"".join(acks))
             largest_read[0] = max(largest_read[0], unacked)
+            sub_reads[0] += 1
+        sub_cpu[0] += time.thread_time() - thread_start
+        sub_waited[0] += waited
 
     def read_pubacks(pub: socket.socket, window: threading.Semaphore) -> None:
         reader, got = codec.PacketReader(1 << 26), 0
@@ -141,21 +178,50 @@ def run(args: argparse.Namespace, qos: int) -> tuple[float, int]:
                         for j in range(i, min(i + batch, share))) for i in range(0, share, batch)]
     sizes = [min(batch, share - i) for i in range(0, share, batch)]
     windows = [threading.Semaphore(args.inflight) for _ in pubs]
-    readers = [threading.Thread(target=read_subscriber, args=(sub,)) for sub in subs]
-    if qos:
-        readers += [threading.Thread(target=read_pubacks, args=(pub, w)) for pub, w in zip(pubs, windows, strict=True)]
+    sub_threads = [threading.Thread(target=read_subscriber, args=(sub,)) for sub in subs]
+    readers = [threading.Thread(target=read_pubacks, args=(pub, w)) for pub, w in zip(pubs, windows, strict=True)] \
+        if qos else []
     writers = [threading.Thread(target=write_publisher, args=(pub, w)) for pub, w in zip(pubs, windows, strict=True)]
-    for thread in readers:
+    child, results = 0, -1
+    if args.split_roles:  # the subscribers in a process of their own: no GIL shared with the publishers' threads
+        results, child_end = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(results)
+            own_cpu = time.process_time()
+            for thread in sub_threads:
+                thread.start()
+            for thread in sub_threads:
+                thread.join()
+            figures = (time.monotonic(), largest_read[0], sub_cpu[0], sub_reads[0], sub_waited[0],
+                       time.process_time() - own_cpu)
+            os.write(child_end, json.dumps(figures).encode())
+            os._exit(0)
+        os.close(child_end)
+        sub_threads = []
+    for thread in sub_threads + readers:
         thread.start()
-    started = time.monotonic()
+    started, own_cpu = time.monotonic(), time.process_time()
     for thread in writers:
         thread.start()
-    for thread in readers + writers:
+    for thread in readers + writers:  # the publishers' side: all written and acknowledged
         thread.join()
-    elapsed = time.monotonic() - started
+    published = time.monotonic() - started
+    broker_cpu_then = cpu_seconds(args.pid) if args.pid else 0.0  # the rest is the subscribers' part
+    for thread in sub_threads:
+        thread.join()
+    ended, own_cpu = time.monotonic(), time.process_time() - own_cpu
+    if child:
+        with os.fdopen(results, "rb") as pipe:
+            ended, largest_read[0], sub_cpu[0], sub_reads[0], sub_waited[0], child_cpu = json.loads(pipe.read())
+        os.waitpid(child, 0)
+        own_cpu += child_cpu
+    elapsed = ended - started
+    broker_cpu_after = (cpu_seconds(args.pid) - broker_cpu_then) if args.pid else 0.0
     for sock in pubs + subs:
         sock.close()
-    return count * len(subs) / elapsed, largest_read[0]
+    return Result(count * len(subs) / elapsed, largest_read[0], elapsed, published, own_cpu, sub_cpu[0], sub_reads[0],
+                  sub_waited[0], broker_cpu_after)
 
 
 def packet_id_of(body: bytes) -> int:
@@ -279,6 +345,8 @@ def main() -> None:
     parser.add_argument("--pid", help="the broker's process id (or a launcher's above it, or auto: found by --port), "
                                       "for --idle (else: CPU per delivery)")
     parser.add_argument("--mqtt5", action="store_true", help="MQTT 5 clients (else 3.1.1)")
+    parser.add_argument("--split-roles", action="store_true",
+                        help="the subscribers in a process of their own (else threads beside the publishers')")
     args = parser.parse_args()
     if args.idle:
         if not args.pid:
@@ -291,14 +359,26 @@ def main() -> None:
         print(f"broker pid {args.pid}: {process_name(args.pid)}")
     for qos in args.qos:
         cpu = cpu_seconds(args.pid) if args.pid else 0.0
-        rate, largest_read = run(args, qos)
+        result = run(args, qos)
+        deliveries = (args.messages - args.messages % args.publishers) * args.subscribers
         cost = ""
         if args.pid:
-            deliveries = (args.messages - args.messages % args.publishers) * args.subscribers
             cost = f", broker CPU {(cpu_seconds(args.pid) - cpu) / deliveries * 1e6:.2f} us/delivery"
         print(f"QoS {qos}{' (MQTT 5)' if args.mqtt5 else ''}: {args.messages} messages of {args.size} B, "
-              f"{args.publishers} publisher(s) to {args.subscribers} subscriber(s): {rate:,.0f} deliveries/s{cost}"
-              + (f", largest subscriber read {largest_read} deliveries" if qos else ""))
+              f"{args.publishers} publisher(s) to {args.subscribers} subscriber(s): "
+              f"{result.rate:,.0f} deliveries/s{cost}"
+              + (f", largest subscriber read {result.largest_read} deliveries" if qos else ""))
+        # The client's share: a Python client on the broker's machine may be the bound for any broker.
+        print(f"  client: {result.elapsed:.2f} s (publishers done at {result.published:.2f} s), "
+              f"CPU {result.client_cpu / result.elapsed * 100:.0f} % of a core "
+              f"({result.client_cpu / deliveries * 1e6:.2f} us/delivery); subscriber threads "
+              f"{result.subscriber_cpu / result.elapsed * 100:.0f} % busy, {result.subscriber_reads:,} reads "
+              f"({result.elapsed / max(result.subscriber_reads, 1) * 1e6:.0f} us a read, "
+              f"{result.subscriber_cpu / max(result.subscriber_reads, 1) * 1e6:.0f} us of it the thread's CPU, "
+              f"{result.subscriber_waited / max(result.subscriber_reads, 1) * 1e6:.0f} us in recv)")
+        if args.pid and result.elapsed - result.published > 0.5:  # enough 100 Hz ticks to say something
+            print(f"  after the publishers were done ({result.elapsed - result.published:.2f} s): broker CPU "
+                  f"{result.broker_cpu_after / (result.elapsed - result.published) * 100:.0f} % of a core")
 
 
 if __name__ == "__main__":

@@ -205,9 +205,11 @@ async def _large_bodies(tmp_path: Path) -> None:  # a running loop: the publishe
         harness.close()
 
 
-def _window_round_trips(tmp_path: Path, write_follows: bool) -> tuple[list[bytes], list[tuple[int, int]]]:
-    """A QoS 1 subscriber (window 10) answering each write with its PUBACKs, 60 messages queued: the
-    writes, and per round trip the queue's unacked count (once its deliveries are out, then at the end)."""
+def _window_round_trips(tmp_path: Path, write_follows: bool, per_read: int = 0
+                        ) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """A QoS 1 subscriber (window 10) answering each write with its PUBACKs (in reads of ``per_read``; 0: all
+    in one), 60 messages queued: the writes, and per read the queue's unacked count (once its deliveries
+    are out, then at the end)."""
     harness = Harness(tmp_path, fsync="never")
     try:
         sessions = MQTTSessions(harness.broker)
@@ -223,12 +225,15 @@ def _window_round_trips(tmp_path: Path, write_follows: bool) -> tuple[list[bytes
             reads.append(out)
             ids = [codec.parse_publish(flags, body).packet_id
                    for kind, flags, body in codec.PacketReader(1 << 24).feed(out) if kind == codec.PUBLISH]
-            sub.receive_data(b"".join(codec.puback(packet_id) for packet_id in ids), write_follows)
-            harness.run_soon()
-            out = b"".join(sub.data_to_send())
-            out_count = queue.unacked_count
-            sub.settle_deferred()
-            counts.append((out_count, queue.unacked_count))
+            step, outs = per_read or len(ids) or 1, []
+            for at in range(0, len(ids), step):
+                sub.receive_data(b"".join(codec.puback(packet_id) for packet_id in ids[at:at + step]), write_follows)
+                harness.run_soon()
+                outs.append(b"".join(sub.data_to_send()))
+                out_count = queue.unacked_count
+                sub.settle_deferred()
+                counts.append((out_count, queue.unacked_count))
+            out = b"".join(outs)
         assert queue.message_count == 0 and queue.unacked_count == 0
         return reads, counts
     finally:
@@ -243,6 +248,16 @@ def test_acks_settled_after_the_write_leave_the_queue_as_acks_settled_at_once(tm
     assert deferred == at_once and len(at_once) == 6
     assert at_once_counts == [(10, 10)] * 5 + [(0, 0)]
     assert deferred_counts == [(20, 10)] * 5 + [(10, 0)]  # the acks of a window reach the queue after its write
+
+
+def test_a_deferred_ack_of_one_puback_leaves_the_queue_as_one_settled_at_once(tmp_path: Path) -> None:
+    """A PUBACK a read (as paho and libmosquitto send them), its ack settled after the write (the
+    single-position path): the same bytes, window and end state as acks settled at once."""
+    at_once, at_once_counts = _window_round_trips(tmp_path / "at-once", False, 1)
+    deferred, deferred_counts = _window_round_trips(tmp_path / "deferred", True, 1)
+    assert deferred == at_once and len(at_once) == 6
+    assert at_once_counts == [(10, 10)] * 50 + [(10 - i, 10 - i) for i in range(1, 11)]
+    assert deferred_counts == [(11, 10)] * 50 + [(11 - i, 10 - i) for i in range(1, 11)]
 
 
 class _RecordingDriver(ConnectionDriver):

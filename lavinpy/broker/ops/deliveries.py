@@ -229,7 +229,10 @@ class Deliveries:
         self.deferred_acks = None
         if later:
             for queue, positions in later:
-                queue.ack_many(positions)
+                if len(positions) == 1:  # a read of one PUBACK: the single ack skips the run's bookkeeping
+                    queue.ack(positions[0])
+                else:
+                    queue.ack_many(positions)
 
     def _acked_run(self, queue: QueueKind, count: int) -> None:
         """The books after ``count`` acks of one queue's deliveries: counted, and the queue and the
