@@ -10,7 +10,8 @@ workers share the machine. Figures (rows/s) include Spark's own per-row cost, me
 just before each run, with a data source that discards its input (`spark_floor_*`); `*_of_floor`
 is Spark's own time over the lavinpy run's (1.0: the broker and the client cost nothing visible).
 A warm-up round of every path comes first (unrecorded); the summary is each kind's median over the
-rounds. The last line is one JSON object.
+rounds, with the floor's spread ((max - min) / median of its times) and what the run added over the
+floor by role (the tasks' Python workers, the JVM; µs a row). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -246,6 +247,18 @@ def _cpu_share(floor: dict[str, float], run: dict[str, float]) -> float:
     return round((floor["jvm"] + floor["python_workers"]) / spent, 3) if spent else 0.0
 
 
+def _added_us(roles: dict[str, dict[str, float]], rows: int) -> dict[str, float]:
+    """What the lavinpy run cost beyond Spark's floor, µs a row, by role: the tasks' Python workers and
+    the JVM over the floor's, the broker's whole; and the wall time not covered by that CPU on the
+    machine's cores (waiting: round trips, idle tasks)."""
+    out: dict[str, float] = {}
+    for way in ("write", "read"):
+        run, floor = roles[way], roles[f"floor_{way}"]
+        out[f"{way}_workers_added_us"] = round((run["python_workers"] - floor["python_workers"]) / rows * 1e6, 2)
+        out[f"{way}_jvm_added_us"] = round((run["jvm"] - floor["jvm"]) / rows * 1e6, 2)
+    return out
+
+
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
     """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind
     (round -1: a warm-up, printed as such)."""
@@ -279,12 +292,15 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
            "cpu_write_of_floor": _cpu_share(roles["floor_write"], roles["write"]),
            "cpu_read_of_floor": _cpu_share(roles["floor_read"], roles["read"]),
+           **_added_us(roles, args.rows),
            "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     label = "warm-up" if round_no < 0 else f"round {round_no}"
     print(f"{kind:7} {label}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
           f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
           f"a message; load {run['load_average']:.1f}", flush=True)
+    print(f"        added µs a row (workers, JVM): write {run['write_workers_added_us']}, {run['write_jvm_added_us']}; "
+          f"read {run['read_workers_added_us']}, {run['read_jvm_added_us']}", flush=True)
     for phase, by_role in roles.items():
         print(f"        CPU s {phase:11}: " + ", ".join(f"{k} {v:.2f}" for k, v in by_role.items()), flush=True)
     return run
@@ -334,10 +350,19 @@ def main() -> None:
             mine = [r for r in runs if r["kind"] == kind]
             got = results[kind] = {key: median([r[key] for r in mine]) for key in
                                    ("write_of_floor", "read_of_floor", "cpu_write_of_floor", "cpu_read_of_floor",
-                                    "broker_us_per_write", "broker_us_per_read")}
+                                    "broker_us_per_write", "broker_us_per_read", "write_workers_added_us",
+                                    "read_workers_added_us", "write_jvm_added_us", "read_jvm_added_us",
+                                    "spark_floor_write_s", "spark_floor_read_s")}
+            # The floor's own spread over the rounds: a share is only as steady as the floor under it.
+            for way in ("write", "read"):
+                floors = [r[f"spark_floor_{way}_s"] for r in mine]
+                got[f"spark_floor_{way}_spread"] = round((max(floors) - min(floors)) / median(floors), 3)
             print(f"{kind:7} median of {len(mine)}: write {got['write_of_floor']:.0%}, read {got['read_of_floor']:.0%} "
                   f"of Spark alone (by CPU {got['cpu_write_of_floor']:.0%}, {got['cpu_read_of_floor']:.0%}); broker "
-                  f"{got['broker_us_per_write']} / {got['broker_us_per_read']} µs a message", flush=True)
+                  f"{got['broker_us_per_write']} / {got['broker_us_per_read']} µs a message; tasks' workers "
+                  f"+{got['write_workers_added_us']} / +{got['read_workers_added_us']} µs a row over the floor's; "
+                  f"floor {got['spark_floor_write_s']} s (spread {got['spark_floor_write_spread']:.0%}) / "
+                  f"{got['spark_floor_read_s']} s (spread {got['spark_floor_read_spread']:.0%})", flush=True)
     finally:
         spark.stop()
         if proc is not None:

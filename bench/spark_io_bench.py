@@ -50,14 +50,15 @@ def _write(url: str, queue: str, batches: int) -> float:
     return time.process_time() - cpu
 
 
-def _read(url: str, queue: str, kind: str, partition: Any, total: int) -> tuple[int, float]:
+def _read(url: str, queue: str, kind: str, partition: Any, total: int, prefetch: str) -> tuple[int, float]:
     """One read task; returns its rows and its own CPU seconds."""
     from lavinpy.spark.datasource import read_partition
     from lavinpy.spark.options import ReadOptions
-    from lavinpy.spark.queue_source import QueueBatchReader
+    from lavinpy.spark.queue_source import QueueBatchReader, arrow_schema_of
     from lavinpy.spark.read_rows import read_schema
 
-    opts = ReadOptions.parse({"url": url, "queue": queue})
+    opts = ReadOptions.parse({"url": url, "queue": queue, **({"prefetch": prefetch} if prefetch else {})})
+    arrow_schema_of(read_schema())  # warm, as in a reused Spark worker: its first call costs ~30 ms
     cpu = time.process_time()
     batches = (read_partition(opts, read_schema(), partition) if kind == "stream"
                else QueueBatchReader(opts, read_schema(), total).read(partition))
@@ -95,7 +96,7 @@ def _queue(url: str, queue: str, kind: str | None) -> None:
                       commands.Queue.DeclareOk)
 
 
-def one_kind(pool: Any, url: str, pid: int | None, kind: str, messages: int) -> str:
+def one_kind(pool: Any, url: str, pid: int | None, kind: str, messages: int, prefetch: str = "") -> str:
     queue = f"io-{kind}-{uuid.uuid4().hex[:8]}"
     _queue(url, queue, kind)
     per_writer = max(1, messages // BATCH_ROWS // 2)
@@ -104,7 +105,7 @@ def one_kind(pool: Any, url: str, pid: int | None, kind: str, messages: int) -> 
     write_cpu = sum(pool.starmap(_write, [(url, queue, per_writer)] * 2))
     cpu1, t1 = _broker_cpu_s(pid), time.perf_counter()
     parts = _partitions(url, queue, kind, total)
-    reads = pool.starmap(_read, [(url, queue, kind, part, total) for part in parts])
+    reads = pool.starmap(_read, [(url, queue, kind, part, total, prefetch) for part in parts])
     got, read_cpu = sum(rows for rows, _ in reads), sum(cpu for _, cpu in reads)
     cpu2, t2 = _broker_cpu_s(pid), time.perf_counter()
     _queue(url, queue, None)
@@ -123,6 +124,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=600_000)
     parser.add_argument("--kinds", default="stream,classic")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--prefetch", default="", help="the read's prefetch option (default: the source's)")
     args = parser.parse_args()
     from spark_bench import start_lavinpy
 
@@ -134,7 +136,8 @@ def main() -> None:
         with multiprocessing.get_context("fork").Pool(2) as pool:
             for _ in range(args.rounds):
                 for kind in args.kinds.split(","):
-                    print(one_kind(pool, url, None if proc is None else proc.pid, kind.strip(), args.messages),
+                    print(one_kind(pool, url, None if proc is None else proc.pid, kind.strip(), args.messages,
+                                   args.prefetch),
                           flush=True)
     finally:
         if proc is not None:

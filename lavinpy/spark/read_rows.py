@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as _dt
 import decimal as _decimal
 import json
+import struct
 import sys
-from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -233,14 +233,16 @@ class BatchBuilder:
         return pa.array(values, type=arrow_type)
 
 
-def _int64s(values: list[Any]) -> array | None:
+def _int64s(values: list[Any]) -> bytes | None:
     """The values packed as int64 in Arrow's layout (little-endian), in one pass in C; None when one is
-    not an int (None: an offset a queue read has not) or does not fit, or the machine is big-endian."""
+    not an int (None: an offset a queue read has not) or does not fit, or the machine is big-endian.
+    A struct of n items, not array("q", values): array converts each item through PyArg_Parse, about
+    four times the instructions of struct's direct conversion."""
     if sys.byteorder != "little":
         return None
     try:
-        return array("q", values)
-    except (TypeError, OverflowError):
+        return struct.pack(f"<{len(values)}q", *values)
+    except struct.error:
         return None
 
 
