@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -200,9 +201,29 @@ async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     qs = [store.open_queue(f"q{i}", durable=True) for i in range(3)]
     publish(store, qs, 1)
     await store.flush()  # the queues' first writes make their directories (loop-thread file system work)
-    flushes = store.flush_count
-    publish(store, qs, 12_000, size=2000)  # ~24 MiB of dirty pages to sync
-    ticks = []
+    # A held GIL stalls the loop in every flush; the scheduler of a loaded 2-core machine can take the loop's
+    # CPU away for one time slice (10-15 ms) in any one of them. So the loop must run freely through at least
+    # one of three flushes: a regression fails all three, one preemption fails one.
+    attempts = []
+    for _ in range(3):
+        flushes = store.flush_count
+        publish(store, qs, 12_000, size=2000)  # ~24 MiB of dirty pages to sync
+        duration, gaps = await _loop_gaps_during(store.flush())
+        assert store.flush_count == flushes + 1
+        assert len(gaps) >= 2
+        # (mmap.flush held the GIL through its msync: gaps of about a third of the flush)
+        attempts.append((round(duration, 4), round(max(gaps), 4)))
+        if duration <= 0.02 or max(gaps) < max(duration * 0.15, 0.01):
+            break
+    else:
+        raise AssertionError(f"the loop stalled in every flush: (duration, longest gap) {attempts}")
+    store.close()
+
+
+async def _loop_gaps_during(work: Awaitable[None]) -> tuple[float, list[float]]:
+    """Runs `work` beside a task that only yields; returns how long it took and the gaps between the
+    task's turns during it."""
+    ticks: list[float] = []
     stop = False
 
     async def ticker() -> None:
@@ -213,18 +234,12 @@ async def test_event_loop_keeps_running_during_flush(tmp_path: Path) -> None:
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
     start = time.perf_counter()
-    await store.flush()
+    await work
     duration = time.perf_counter() - start
     stop = True
     await task
     during = [t for t in ticks if start <= t <= start + duration]
-    assert len(during) >= 3
-    gaps = [b - a for a, b in zip(during, during[1:], strict=False)]
-    if duration > 0.02:  # the disk work releases the GIL: the loop never waits for it
-        # (mmap.flush held the GIL through its msync: gaps of about a third of the flush)
-        assert max(gaps, default=0) < max(duration * 0.15, 0.01)
-    assert store.flush_count == flushes + 1
-    store.close()
+    return duration, [b - a for a, b in zip(during, during[1:], strict=False)]
 
 
 @run_async
