@@ -35,6 +35,9 @@ PyObject *cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_
 /* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
 int cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len,
                     Py_ssize_t *found, Py_ssize_t *found_end);
+/* cwire_find_span that also reports whether an entry called ``also`` is there (_cwire_peek.c). */
+int cwire_find_spans(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, const char *also,
+                     Py_ssize_t also_len, Py_ssize_t *found, Py_ssize_t *found_end, int *also_found);
 
 /* The bytes after the type tag of a field-table value of that type: 0-8, FIELD_LENGTH_PREFIXED for
  * a 4-byte length and that many bytes (strings, byte arrays, tables, arrays), FIELD_UNKNOWN for a tag

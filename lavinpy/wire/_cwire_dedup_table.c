@@ -7,7 +7,8 @@
  * identifier's newest record) over a ring of bytes holding the records in arrival order, each as the
  * cache's file writes it (key length u16, expiry ms u64, key bytes; little-endian). A lookup compares
  * the key in the ring only on a hash match; the oldest is forgotten by reading the ring's first record
- * (its slot is the one whose place is that record's: an older place of a key remembered anew is skipped);
+ * (its slot is the one whose place is that record's, found by the record's hash kept in a second ring: an
+ * older place of a key remembered anew is skipped);
  * the records for the file are the ring's bytes since the last write, copied out. Records forgotten
  * before they were written stay in the ring until they are. Keys are typed bytes (``s`` + an ASCII
  * string's text, as on disk). */
@@ -39,6 +40,10 @@ typedef struct {
     uint64_t tail;
     uint64_t seed;
     int keep; /* a cache with a file: records kept until taken */
+    /* Each record's key hash in arrival order, from the oldest's on: forgetting the oldest finds its slot
+     * without hashing its key again. */
+    uint64_t *hashes;
+    uint64_t hmask, hfirst, hnext; /* a power of two less one; the oldest's and the next record's numbers */
 } Table;
 
 static uint64_t
@@ -93,11 +98,20 @@ static void
 record_head(const Table *t, uint64_t at, size_t *length, uint64_t *expiry)
 {
     unsigned char b[HEAD];
-    ring_get(t, at, b, HEAD);
-    *length = (size_t)b[0] | (size_t)b[1] << 8;
+    size_t i = (size_t)(at & (t->cap - 1));
+    const unsigned char *p = b;
+    if (t->cap - i >= HEAD)
+        p = t->ring + i; /* (the usual case: read in place) */
+    else
+        ring_get(t, at, b, HEAD);
+    *length = (size_t)p[0] | (size_t)p[1] << 8;
     uint64_t e = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(&e, p + 2, 8);
+#else
     for (int k = 7; k >= 0; k--)
-        e = e << 8 | b[2 + k];
+        e = e << 8 | p[2 + k];
+#endif
     *expiry = e;
 }
 
@@ -220,7 +234,7 @@ forget_oldest(Table *t)
         uint64_t expiry;
         record_head(t, at, &length, &expiry);
         t->oldest += HEAD + length;
-        uint64_t h = record_hash(t, at, length);
+        uint64_t h = t->hashes[t->hfirst++ & t->hmask];
         size_t i = (size_t)h & t->mask;
         while (t->slots[i].place != 0) {
             if (t->slots[i].place == at + 1) {
@@ -234,21 +248,50 @@ forget_oldest(Table *t)
     }
 }
 
+/* Double the hash ring (the records from the oldest on outnumber it: keys remembered anew). */
+static int
+grow_hashes(Table *t)
+{
+    uint64_t cap = (t->hmask + 1) * 2;
+    uint64_t *fresh = PyMem_Malloc((size_t)cap * sizeof(uint64_t));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint64_t k = t->hfirst; k < t->hnext; k++)
+        fresh[k & (cap - 1)] = t->hashes[k & t->hmask];
+    PyMem_Free(t->hashes);
+    t->hashes = fresh;
+    t->hmask = cap - 1;
+    return 0;
+}
+
 /* Remember a key (new, or anew: its older record goes stale) with this expiry; the oldest forgotten past
  * the size. ``found``: its slot when known, else NULL. */
 static int
 put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found)
 {
-    if (reserve(t, HEAD + n) < 0)
+    if (reserve(t, HEAD + n) < 0 || (t->hnext - t->hfirst > t->hmask && grow_hashes(t) < 0))
         return -1;
+    t->hashes[t->hnext++ & t->hmask] = h;
     unsigned char b[HEAD];
     b[0] = (unsigned char)n;
     b[1] = (unsigned char)(n >> 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(b + 2, &expiry, 8);
+#else
     for (int k = 0; k < 8; k++)
         b[2 + k] = (unsigned char)(expiry >> (8 * k));
+#endif
     uint64_t place = t->tail + 1;
-    ring_put(t->ring, t->cap, t->tail, b, HEAD);
-    ring_put(t->ring, t->cap, t->tail + HEAD, key, n);
+    size_t r = (size_t)(t->tail & (t->cap - 1));
+    if (t->cap - r >= HEAD + n) { /* (the usual case: no wrap) */
+        memcpy(t->ring + r, b, HEAD);
+        memcpy(t->ring + r + HEAD, key, n);
+    } else {
+        ring_put(t->ring, t->cap, t->tail, b, HEAD);
+        ring_put(t->ring, t->cap, t->tail + HEAD, key, n);
+    }
     t->tail += HEAD + n;
     if (!t->keep) {
         t->rendered = t->tail;
@@ -279,6 +322,7 @@ table_free(PyObject *capsule)
         return;
     PyMem_Free(t->slots);
     PyMem_Free(t->ring);
+    PyMem_Free(t->hashes);
     PyMem_Free(t);
 }
 
@@ -311,12 +355,15 @@ cwire_dedup_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     t->cap = 4096;
     t->slots = PyMem_Calloc(t->mask + 1, sizeof(Slot));
     t->ring = PyMem_Malloc((size_t)t->cap);
-    PyObject *capsule = t->slots && t->ring ? PyCapsule_New(t, CAPSULE, table_free) : NULL;
+    t->hmask = 63;
+    t->hashes = PyMem_Malloc((size_t)(t->hmask + 1) * sizeof(uint64_t));
+    PyObject *capsule = t->slots && t->ring && t->hashes ? PyCapsule_New(t, CAPSULE, table_free) : NULL;
     if (capsule == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         PyMem_Free(t->slots);
         PyMem_Free(t->ring);
+        PyMem_Free(t->hashes);
         PyMem_Free(t);
     }
     return capsule;
@@ -370,22 +417,20 @@ cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* Whether the block holds these bytes: a property block is short, where memmem's set-up costs more
- * than a scan for the first byte. */
+/* Whether the n bytes are ASCII: eight at a time (an identifier is mostly a UUID or a hash). */
 static int
-contains(const unsigned char *b, size_t n, const unsigned char *needle, size_t len)
+all_ascii(const unsigned char *text, Py_ssize_t n)
 {
-    if (len == 0)
-        return 1;
-    for (const unsigned char *end = b + n; (size_t)(end - b) >= len;) {
-        const unsigned char *at = memchr(b, needle[0], (size_t)(end - b) - len + 1);
-        if (at == NULL)
-            return 0;
-        if (memcmp(at + 1, needle + 1, len - 1) == 0)
-            return 1;
-        b = at + 1;
+    uint64_t high = 0;
+    Py_ssize_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        uint64_t w;
+        memcpy(&w, text + k, 8);
+        high |= w;
     }
-    return 0;
+    for (; k < n; k++)
+        high |= text[k];
+    return (high & 0x8080808080808080ULL) == 0;
 }
 
 /* dedup_table_run(table, blocks, start, name, limit, ttl_name, expiry, now, duplicates) -> (stop, added):
@@ -420,7 +465,8 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
         Py_ssize_t n = PyBytes_GET_SIZE(block), found = 0, found_end = 0;
-        int spanned = cwire_find_span(b, n, name, name_len, &found, &found_end);
+        int with_ttl = 0; /* (the walk that finds the identifier says whether the TTL header is there) */
+        int spanned = cwire_find_spans(b, n, name, name_len, ttl_name, ttl_len, &found, &found_end, &with_ttl);
         if (spanned == 0)
             continue; /* no identifier: kept, not remembered */
         if (spanned < 0)
@@ -429,10 +475,7 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (b[found] != 'S' || length >= limit)
             break;
         const unsigned char *text = b + found + 5;
-        Py_ssize_t k = 0;
-        while (k < length && text[k] < 0x80)
-            k++;
-        if (k != length || contains(b, (size_t)n, (const unsigned char *)ttl_name, (size_t)ttl_len))
+        if (with_ttl || !all_ascii(text, length))
             break;
         memcpy(key + 1, text, (size_t)length);
         size_t key_len = (size_t)length + 1, empty;

@@ -27,10 +27,12 @@ skip_value(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end)
 
 /* Where the tagged value of the last headers entry called name (name_len bytes) is in the block of n
  * bytes: 1 with *found and *found_end set; 0 when the block has no headers or no such entry; -1 when
- * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides). */
+ * it cannot tell here (flag continuation words, or bytes that do not fit: the Python walk decides).
+ * ``also`` (or NULL): a second name whose presence as an entry is reported in *also_found by the same
+ * walk (a deduplicating run's x-cache-ttl: one walk, not a second scan of the block). */
 int
-cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
-          Py_ssize_t *found_end)
+cwire_find_spans(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, const char *also,
+                 Py_ssize_t also_len, Py_ssize_t *found, Py_ssize_t *found_end, int *also_found)
 {
     if (n < 2 || (b[1] & 1))
         return -1;
@@ -63,9 +65,19 @@ cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize
             *found_end = value_end;
             result = 1;
         }
+        if (also != NULL && key_len == also_len && memcmp(b + pos + 1, also, (size_t)key_len) == 0) {
+            *also_found = 1;
+        }
         pos = value_end;
     }
     return result;
+}
+
+int
+cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len, Py_ssize_t *found,
+          Py_ssize_t *found_end)
+{
+    return cwire_find_spans(b, n, name, name_len, NULL, 0, found, found_end, NULL);
 }
 
 /* header_span(block, name) -> (start, end) of the tagged value of the last entry called ``name``

@@ -29,7 +29,8 @@ def block(value: object, **headers: object) -> bytes:
 
 
 def random_blocks(rng: random.Random, count: int, ids: int) -> list[bytes]:
-    values: list[object] = ["\u00fc", b"raw", 7, "z" * (MAX_KEY_BYTES - 1), "z" * MAX_KEY_BYTES]
+    values: list[object] = ["\u00fc", b"raw", 7, "z" * (MAX_KEY_BYTES - 1), "z" * MAX_KEY_BYTES,
+                            "abcdefgh\u00e9", "0123456789abcde\u00ff"]  # (non-ASCII past the first eight)
     blocks = []
     for _ in range(count):
         roll = rng.random()
@@ -39,6 +40,8 @@ def random_blocks(rng: random.Random, count: int, ids: int) -> list[bytes]:
             blocks.append(block(rng.choice(values)))  # the whole way
         elif roll < 0.13:
             blocks.append(block(f"id{rng.randrange(ids)}", **{"x-cache-ttl": 5}))  # its own TTL
+        elif roll < 0.16:  # the TTL header's name as bytes of a value, not an entry: the common message
+            blocks.append(block(f"x-cache-ttl{rng.randrange(ids)}", other="x-cache-ttl"))
         else:
             blocks.append(block(f"id{rng.randrange(ids)}" + "k" * rng.randrange(40)))
     return blocks

@@ -79,7 +79,7 @@ class DedupTable:
     def run(self, blocks: list[bytes], start: int, name: bytes, limit: int, ttl_name: bytes, expiry: int,
             now_ms: int, duplicates: list[int]) -> tuple[int, int]:
         """A publish run's property blocks from ``start``, the common message only (a string identifier
-        under ``name`` of fewer than ``limit`` ASCII bytes, no ``ttl_name`` in its block): a new or
+        under ``name`` of fewer than ``limit`` ASCII bytes, no entry called ``ttl_name``): a new or
         expired identifier is remembered with ``expiry``, a live one's index goes to ``duplicates``, a
         block without the header is kept. Stops at any other message (the caller takes it the whole
         way): returns (where it stopped, ``len(blocks)`` at the end; the identifiers remembered)."""
@@ -93,7 +93,7 @@ class DedupTable:
             if not span or block[span[0]] != 0x53 or span[1] - span[0] - 5 >= limit:
                 return i, added
             text = block[span[0] + 5:span[1]]
-            if not text.isascii() or ttl_name in block:
+            if not text.isascii() or ttl_name in block and header_span(block, ttl_name):  # (an entry of that name)
                 return i, added
             key = b"s" + text
             known = get(key)
