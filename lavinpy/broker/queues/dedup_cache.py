@@ -89,9 +89,11 @@ def _stored_key(record: bytes) -> bytes | str:
     return record
 
 
-def _frame(records: bytes) -> bytes:
-    """One write's records with their length and checksum (a torn write is found on reading)."""
-    return _U32.pack(len(records)) + records + _U32.pack(zlib.crc32(records))
+def _frame(records: bytes, mark: bytes = b"") -> bytes:
+    """One write's records (after ``mark``, a queue cache's mark record) with their length and checksum
+    (a torn write is found on reading); the batch copied once."""
+    crc = zlib.crc32(records, zlib.crc32(mark)) if mark else zlib.crc32(records)
+    return b"".join((_U32.pack(len(mark) + len(records)), mark, records, _U32.pack(crc)))
 
 
 def file_name(kind: str, name: str) -> str:
@@ -267,14 +269,14 @@ class DedupCache:
             self._table.skip()
             self._rewrite()
             return b""
-        return _frame(self._marked(self._table.take()))
+        return _frame(self._table.take(), self._mark_now())
 
-    def _marked(self, records: bytes) -> bytes:
-        """A queue cache's records after the mark of the segment being written now (every message
-        whose identifier is not in the file up to here is stored from there on)."""
+    def _mark_now(self) -> bytes:
+        """A queue cache's mark record of the segment being written now, to go before a batch's records
+        (every message whose identifier is not in the file up to there is stored from there on)."""
         if self._messages is None:
-            return records
-        return _pack_head(0, self._messages.current_segment_id) + records
+            return b""
+        return _pack_head(0, self._messages.current_segment_id)
 
     def compact(self) -> None:
         """Rewrite the file with the live entries only (atomically; replicated as a replace)."""
@@ -285,7 +287,7 @@ class DedupCache:
 
     def _rewrite(self) -> None:
         assert self._file is not None
-        self._file.replace(_frame(self._marked(self._table.live())))
+        self._file.replace(_frame(self._table.live(), self._mark_now()))
         self._records = len(self._table)
 
     @property
