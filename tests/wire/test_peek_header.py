@@ -126,6 +126,8 @@ def _run_blocks(rng: random.Random) -> list[bytes]:
         encode_property_values(delivery_mode=2), encode_property_values(delivery_mode=1), encode_property_values(),
         encode_property_values(delivery_mode=2, headers={"x-deduplication-header": "id"}),
         encode_property_values(delivery_mode=2, headers={"k": "xCCx"}),
+        encode_property_values(delivery_mode=2, headers={"Ck": "aCbC"}),  # C alone, and as the last byte
+        encode_property_values(headers={"k": "C"}), encode_property_values(delivery_mode=2, headers={"k": "CxCC"}),
         encode_property_values(headers={"k": 1}),
         encode_property_values(delivery_mode=2, expiration="5"),
         encode_property_values(delivery_mode=2, content_type="text/plain"),
