@@ -14,6 +14,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import struct
 import threading
 import time
 from pathlib import Path
@@ -124,7 +125,10 @@ class ReplicationClient:
             self.up_since = time.monotonic()
             self._full_sync(link, applier)
             self.in_sync = self.streamed = True
-            sock.settimeout(STREAM_READ_TIMEOUT)
+            if self._tls is None:
+                _kernel_timeouts(sock, STREAM_READ_TIMEOUT)
+            else:  # an SSL read of a blocking socket would wait in poll() without a timeout
+                sock.settimeout(STREAM_READ_TIMEOUT)
             self._stream(link, applier)
         except proto.ProtocolError as exc:
             log.error("replication: leader %s:%d sent something unexpected: %s", self.leader_host,
@@ -248,12 +252,18 @@ class _Link:
         return self._sock
 
     def send(self, data: bytes) -> None:
-        self._sock.sendall(data)
+        try:
+            self._sock.sendall(data)
+        except BlockingIOError as exc:  # SO_SNDTIMEO ran out (_kernel_timeouts)
+            raise TimeoutError("timed out") from exc
 
     def _receive(self) -> int:
         """Read what has arrived into the buffer. A TLS read returns one record (16 KiB at most): the
         records already there are read too, so that a batch is not cut into many (one fsync each)."""
-        received = self._sock.recv_into(self._buffer)
+        try:
+            received = self._sock.recv_into(self._buffer)
+        except BlockingIOError as exc:  # SO_RCVTIMEO ran out (_kernel_timeouts)
+            raise TimeoutError("timed out") from exc
         if not received or not self._tls:
             return received
         timeout = self._sock.gettimeout()
@@ -289,6 +299,16 @@ class _Link:
                 raise ConnectionResetError("connection closed by the peer")
             pending.extend(frames)
         return pending.pop(0)
+
+
+def _kernel_timeouts(sock: socket.socket, seconds: float) -> None:
+    """A blocking socket whose reads and writes time out in the kernel (SO_RCVTIMEO, SO_SNDTIMEO): a
+    socket with a Python timeout polls before every recv and send, two more system calls a batch."""
+    sock.settimeout(None)
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -118,6 +118,21 @@ class Leader:
             return any(f["id"] == node_id and f["in_sync"] and f["lag_bytes"] == 0 for f in self.status())
         self.wait(caught_up, timeout, f"{node_id} in sync with no lag")
 
+    def wait_quiet(self, node_id: str, timeout: float = 30) -> None:
+        """Stop the idle stream's heartbeats and wait until ``node_id`` has acknowledged everything up to
+        the epoch stamped after the last change. From then on nothing is sent until the next change, so
+        a stopped follower's ack clock starts with that change's bytes: not earlier, with a heartbeat or
+        stamp a loaded machine left it no time to answer (the drop would then come sooner after it)."""
+        assert self.replication is not None
+        replication = self.replication
+        replication.heartbeat_interval = 3600.0  # a heartbeat is a change: an epoch stamp follows it
+
+        async def quiet() -> bool:
+            lag = [f["lag_bytes"] for f in replication.follower_status() if f["id"] == node_id]
+            return lag == [0] and replication._epoch_end == replication._log_end
+
+        self.wait(lambda: bool(self.call(quiet)), timeout, f"{node_id} to acknowledge the last epoch stamp")
+
 
 async def _value(value: Any) -> Any:
     return value

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 import pika
 import pytest
 
-from .replication_harness import Leader, MemoryIsr, start_follower, stop_process
+from lavinpy.cluster.replication_client import STREAM_READ_TIMEOUT, ReplicationClient
+
+from .replication_harness import SECRET, Leader, MemoryIsr, start_follower, stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -153,6 +157,33 @@ def test_an_idle_silent_follower_is_dropped_and_a_silent_leader_is_left(tmp_path
         output = stop_process(follower)
         leader.stop()
     assert "timed out" in output, output[-2000:]
+
+
+def test_a_streaming_follower_waits_for_the_leader_in_the_kernel(tmp_path: Path) -> None:
+    """The stream's socket is blocking with SO_RCVTIMEO/SO_SNDTIMEO: a Python timeout polls before every
+    recv and send (two more system calls a batch). The silent leader's timeout is the test above."""
+    leader = Leader(tmp_path / "leader").start()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    assert leader.replication is not None
+    client = ReplicationClient(tmp_path / "follower", SECRET, "follower", "127.0.0.1", leader.replication.port)
+    run = asyncio.run_coroutine_threadsafe(client.run(), loop)
+    try:
+        leader.wait_caught_up("follower")
+        sock = client._sock
+        assert sock is not None and client.streamed
+        assert sock.gettimeout() is None
+        expected = struct.pack("ll", int(STREAM_READ_TIMEOUT), 0)
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            assert sock.getsockopt(socket.SOL_SOCKET, option, len(expected)) == expected
+    finally:
+        asyncio.run_coroutine_threadsafe(client.close(), loop).result(10)
+        run.result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        leader.stop()
 
 
 def test_a_node_that_reconnects_while_its_old_connection_leaves_the_isr_joins_again(tmp_path: Path) -> None:

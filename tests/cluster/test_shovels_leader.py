@@ -17,7 +17,8 @@ SHOVEL = {"src-uri": "amqp://", "src-queue": "sh-src", "dest-uri": "amqp://", "d
 
 def _put_shovel(node: Node) -> bool:
     """PUT the shovel through ``node``; False while the node answers 503 (a follower that knows no
-    leader yet says so, with Retry-After)."""
+    leader yet says so, with Retry-After) or does not listen yet (the leader may serve before a
+    follower's process, started at the same time, has got as far as its HTTP port on a loaded machine)."""
     request = urllib.request.Request(node.http_url + "/api/parameters/shovel/%2F/moving", method="PUT",
                                      data=json.dumps({"value": SHOVEL}).encode(),
                                      headers={"content-type": "application/json",
@@ -28,6 +29,10 @@ def _put_shovel(node: Node) -> bool:
             return True
     except urllib.error.HTTPError as e:
         if e.code == 503:
+            return False
+        raise
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, ConnectionRefusedError):
             return False
         raise
 
@@ -60,19 +65,21 @@ def _runs_shovel(node: Node) -> bool:
 
 
 def test_only_the_leader_shovels_and_a_new_leader_takes_over(cluster: Cluster) -> None:
+    # The bounds are for a loaded machine (three nodes starting at once on two shared cores): what is
+    # checked is where the shovel runs and what it moves, not how soon a leader is elected.
     nodes = cluster.start(3)
-    leader = cluster.wait_for_leader(30)
+    leader = cluster.wait_for_leader(60)
     followers = [n for n in nodes if n is not leader]
     _publish(leader, 100)
     # through a follower's HTTP port: forwarded to the leader once the follower knows it
-    wait_until(lambda: _put_shovel(followers[0]), 20, interval=0.5, what="a follower to forward the shovel's PUT")
+    wait_until(lambda: _put_shovel(followers[0]), 60, interval=0.5, what="a follower to forward the shovel's PUT")
     wait_until(lambda: _moved(leader) == 100, 20, what="the shovel to move 100 messages")
     assert _runs_shovel(leader)
     assert not any(_runs_shovel(f) for f in followers)
 
     leader.kill()
-    successor = cluster.wait_for_leader(20, exclude=leader)
-    wait_until(lambda: _runs_shovel(successor), 20, what="the new leader to run the shovel")
+    successor = cluster.wait_for_leader(60, exclude=leader)
+    wait_until(lambda: _runs_shovel(successor), 60, what="the new leader to run the shovel")
     _publish(successor, 50)
     # at least the 150 (a move unconfirmed at the kill may be repeated), and the source drained
     wait_until(lambda: _moved(successor) >= 150, 20, what="the new leader's shovel to move the new messages")
@@ -98,9 +105,9 @@ def test_a_paused_shovel_stays_paused_on_a_new_leader(cluster: Cluster) -> None:
     """The pause is stored with the shovel's parameter, replicated as it is: a new leader keeps the shovel
     paused until it is resumed."""
     cluster.start(3)
-    leader = cluster.wait_for_leader(30)
+    leader = cluster.wait_for_leader(60)
     _publish(leader, 0)  # its source queue
-    _put_shovel(leader)
+    assert _put_shovel(leader)
     wait_until(lambda: _runs_shovel(leader), 20, what="the shovel running")
     request = urllib.request.Request(leader.http_url + "/api/shovels/%2F/moving/pause", method="PUT",
                                      headers={"authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
@@ -108,7 +115,7 @@ def test_a_paused_shovel_stays_paused_on_a_new_leader(cluster: Cluster) -> None:
         assert reply.status == 204
     _publish(leader, 20)  # confirmed: replicated, and the pause mark before it
     leader.kill()
-    successor = cluster.wait_for_leader(20, exclude=leader)
+    successor = cluster.wait_for_leader(60, exclude=leader)
     wait_until(lambda: _shovel_state(successor) == "paused", 20, what="the new leader to list it paused")
     assert _moved(successor) == 0 and not _runs_shovel(successor)
     request = urllib.request.Request(successor.http_url + "/api/shovels/%2F/moving/resume", method="PUT",
