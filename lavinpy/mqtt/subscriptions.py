@@ -202,6 +202,16 @@ class Subscriptions:
                 count = min(count, self.delivery_room())
             if count <= 0:
                 break
+            if count == 1:  # the window freed by one PUBACK (a client's PUBACK a write): no run to take or book
+                taken = queue.take_one()
+                if taken is None:
+                    break
+                pos, msg, again = taken
+                self._deliver_booked(consumer, self.deliveries.deliver(consumer, pos, again), [pos], [msg],
+                                     [True] if again else None)
+                consumer.unacked += 1
+                delivered += 1
+                continue
             positions, messages, redelivered = queue.take_run(count)
             if not positions:
                 break
