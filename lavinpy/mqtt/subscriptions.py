@@ -207,10 +207,13 @@ class Subscriptions:
                 if taken is None:
                     break
                 pos, msg, again = taken
-                self._deliver_booked(consumer, self.deliveries.deliver(consumer, pos, again), [pos], [msg],
-                                     [True] if again else None)
+                tag = self.deliveries.deliver(consumer, pos, again)
+                if again or not self._qos1_run(tag, [msg]):  # what ``_deliver_booked`` tries first, else it
+                    self._deliver_booked(consumer, tag, [pos], [msg], [True] if again else None)
                 consumer.unacked += 1
                 delivered += 1
+                if consumer.unacked >= window:  # full again (the usual case): no pass to find it so
+                    break
                 continue
             positions, messages, redelivered = queue.take_run(count)
             if not positions:
