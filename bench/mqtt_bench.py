@@ -31,9 +31,11 @@ CPU, when the publishers' side was done (every PUBLISH written and acknowledged)
 read (a QoS 1 subscriber's round trip: read, PUBACKs written) the time, the subscriber thread's CPU and
 the time spent in ``recv`` (the broker's part, wake-ups included); with ``--pid``, the broker's share of
 a core after the publishers were done. With a window the broker keeps, the rate is window / round trip.
-``--split-roles`` runs the subscribers in a process of their own, so that the publishers' threads (100
-writers and 100 PUBACK readers) do not share their interpreter lock: the fairer setting when the
-publishing overlaps the deliveries (a broker that acknowledges publishes slowly).
+``--ack-each`` has a subscriber write each of its replies on its own, as paho and libmosquitto do
+(the broker then mostly reads one PUBACK at a time). ``--split-roles`` runs the subscribers in a
+process of their own, so that the publishers' threads (100 writers and 100 PUBACK readers) do not
+share their interpreter lock: the fairer setting when the publishing overlaps the deliveries (a broker
+that acknowledges publishes slowly).
 """
 
 from __future__ import annotations
@@ -143,7 +145,10 @@ def run(args: argparse.Namespace, qos: int) -> Result:
                 elif kind == codec.PUBREL:
                     got += 1
                     acks.append(codec.qos2_reply(2, int.from_bytes(body, "big")))  # PUBCOMP
-            if acks:
+            if acks and args.ack_each:  # a write per PUBACK, as paho and libmosquitto send them
+                for ack in acks:
+                    sub.sendall(ack)
+            elif acks:
                 sub.sendall(b"".join(acks))
             largest_read[0] = max(largest_read[0], unacked)
             sub_reads[0] += 1
@@ -347,6 +352,8 @@ def main() -> None:
     parser.add_argument("--mqtt5", action="store_true", help="MQTT 5 clients (else 3.1.1)")
     parser.add_argument("--split-roles", action="store_true",
                         help="the subscribers in a process of their own (else threads beside the publishers')")
+    parser.add_argument("--ack-each", action="store_true",
+                        help="a subscriber writes each reply (PUBACK, PUBREC, PUBCOMP) on its own")
     args = parser.parse_args()
     if args.idle:
         if not args.pid:

@@ -39,3 +39,7 @@ class RunSource(Protocol):
     def take_run(self, count: int) -> tuple[list[int], list[StoredMessage], list[bool] | None]:
         """Up to ``count`` ready messages, now unacked: positions, messages, redelivered flags."""
         ...
+
+    def take_one(self) -> tuple[int, StoredMessage, bool] | None:
+        """The head message, now unacked: (position, message, redelivered), or None when none is ready."""
+        ...

@@ -202,6 +202,19 @@ class Subscriptions:
                 count = min(count, self.delivery_room())
             if count <= 0:
                 break
+            if count == 1:  # the window freed by one PUBACK (a client's PUBACK a write): no run to take or book
+                taken = queue.take_one()
+                if taken is None:
+                    break
+                pos, msg, again = taken
+                tag = self.deliveries.deliver(consumer, pos, again)
+                if again or not self._qos1_run(tag, [msg]):  # what ``_deliver_booked`` tries first, else it
+                    self._deliver_booked(consumer, tag, [pos], [msg], [True] if again else None)
+                consumer.unacked += 1
+                delivered += 1
+                if consumer.unacked >= window:  # full again (the usual case): no pass to find it so
+                    break
+                continue
             positions, messages, redelivered = queue.take_run(count)
             if not positions:
                 break

@@ -15,7 +15,7 @@ from lavinpy.mqtt import codec
 from lavinpy.mqtt.sessions import MQTTSessions
 from lavinpy.mqtt.subscriptions import Subscriptions
 from tests.amqp.session_client import Harness
-from tests.mqtt.test_mqtt_delivery_runs import _connected, _deliveries, _subscribed
+from tests.mqtt.test_mqtt_delivery_runs import _connected, _deliveries, _subscribed, _window_round_trips
 
 pytestmark = pytest.mark.both_paths
 
@@ -103,5 +103,74 @@ async def _damaged_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         positions, messages, redelivered = queue.take_run(10)
         assert [m.body for m in messages] == [b"m3", b"m4", b"m5"] and redelivered is None
         assert len(positions) == 3 and queue.message_count == 0 and queue.unacked_count == 3
+    finally:
+        harness.close()
+
+
+def test_a_window_freed_by_one_puback_takes_one_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PUBACK a read frees one delivery's room: the step takes the queue's head alone (``take_one``), with
+    the same bytes, window and queue state as a run of one taken by ``take_run``."""
+    own_take_one = Queue.take_one
+    taken: list[int] = []
+
+    def counted(self: Queue) -> Any:
+        got = own_take_one(self)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(Queue, "take_one", counted)
+    one = _window_round_trips(tmp_path / "one", True, 1)
+    assert sum(taken) == 50  # every read after the first window's: 60 messages, a window of 10
+
+    def as_a_run(self: Queue) -> Any:
+        positions, messages, redelivered = self.take_run(1)
+        return (positions[0], messages[0], bool(redelivered and redelivered[0])) if positions else None
+
+    monkeypatch.setattr(Queue, "take_one", as_a_run)
+    assert _window_round_trips(tmp_path / "run", True, 1) == one
+
+
+def test_take_one_drops_a_damaged_head_and_keeps_the_redelivered_flag(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    asyncio.run(_take_one_damaged(tmp_path, monkeypatch))
+
+
+async def _take_one_damaged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        sessions = MQTTSessions(harness.broker)
+        sub = sessions.new_connection(("127.0.0.1", 50000))  # not clean: its queue outlives the connection
+        sub.start()
+        sub.receive_data(codec.encode_connect("sub", clean_session=False, username="guest", password=b"guest")
+                         + bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+        harness.run_soon()
+        assert sub.subscriptions is not None
+        queue = next(iter(sub.subscriptions.consumers.values())).queue
+        assert isinstance(queue, Queue)
+        sub.receive_data(b"\xe0\x00")  # DISCONNECT: what is published next stays queued
+        sub.lost()
+        pub = _connected(sessions, "pub")
+        pub.receive_data(b"".join(codec.publish("t/a", b"m%d" % i, 1, False, False, i + 1) for i in range(6)))
+        harness.run_soon()
+        store = queue.vhost.store.messages
+        damaged: list[int] = []
+        real_read = store.read
+
+        def read(pos: int) -> Any:
+            if len(damaged) < 2:  # the first two heads read are damaged
+                damaged.append(pos)
+                raise KeyError(pos)
+            return real_read(pos)
+
+        monkeypatch.setattr(store, "read", read)
+        corrupt = queue.corrupt_messages
+        pos, msg, redelivered = queue.take_one() or (0, None, None)
+        assert msg is not None and msg.body == b"m2" and redelivered is False
+        assert queue.corrupt_messages == corrupt + 2 and queue.message_count == 3 and queue.unacked_count == 1
+        head = queue.head_position()
+        assert head is not None
+        queue.mark_redelivered([head])
+        taken = queue.take_one()
+        assert taken is not None and taken[0] == head and taken[1].body == b"m3" and taken[2] is True
     finally:
         harness.close()
