@@ -8,6 +8,11 @@ basic.ack multiple=true (at prefetch 10 the deliveries then come from the queue'
 ack read). Timed: the publisher's reads and the ack reads with the deliveries they start (thread CPU),
 per message delivered; the consumers' output is taken outside the timing.
 
+``--held``: as over sockets while a publisher's reader thread holds more input (``sessions.input_waiting``),
+each publisher read is one turn of the loop, and a consumer's small output waits for the next turns (up to
+``OUTPUT_HOLD_TURNS``) instead of being written at the end of each read; before each ack phase the input
+stops waiting and everything held is written.
+
     PYTHONPATH=<tree> python3 bench/consumer_round_bench.py [--consumers 1000 --prefetch 100 --run 3500
                                                             --every 4 --rounds 40 --repeat 5]
 """
@@ -34,8 +39,18 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
             delivered_before = sum(c.conn.channels[1].deliveries.tag for c in consumers)
             for r in range(args.rounds):
                 t0 = time.thread_time()
-                pub.conn.receive_data(run)
-                h.run_soon()
+                if args.held:
+                    h.sessions.input_waiting = True
+                    pub.conn.receive_data(run)
+                    turn, h.soon[:] = list(h.soon), []
+                    for callback in turn:  # one turn: what it schedules waits for the next read's turn
+                        callback()
+                    if (r + 1) % args.every == 0:
+                        h.sessions.input_waiting = False
+                        h.run_soon()
+                else:
+                    pub.conn.receive_data(run)
+                    h.run_soon()
                 spent += time.thread_time() - t0
                 for c in consumers:
                     c.conn.data_to_send()
@@ -69,6 +84,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="publisher reads between two ack reads of a consumer")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--held", action="store_true", help="a turn per publisher read, small output held between")
     args = ap.parse_args()
     runs = [run_once(args) for _ in range(args.repeat)]
     figures = sorted(figure for figure, _ in runs)

@@ -11,7 +11,12 @@ the brokers alternating per point. Curves (the default points in brackets):
   queue, open fds, ``GET /api/queues`` and ``/metrics`` time, restart time (until the last queue answers).
 - bindings [10k, 100k]: a topic exchange with wildcard bindings: bind rate, confirmed publish rate.
 - bodies [64 KiB, 1 MiB, 16 MiB; 128 MiB with --big-bodies]: persistent, confirms: MB/s and RSS peak.
-- consumers [1k]: consumers on one queue; fanout [1k]: one publish routed to that many queues.
+- consumers [1k]: consumers on one queue, with the broker's CPU per consumed message (the figure to compare on a
+  shared machine, where the rate follows the cores the broker got); fanout [1k]: one publish routed to that many
+  queues.
+
+``--repeat N`` runs each point N times per broker, the brokers alternating, and reports each run and the medians
+(the JSON keeps the medians where one run's figures were, and the runs under ``runs``).
 - backlog [20M x 1 KiB] only with --backlog: fill, restart, drain with the memory capped; disk checked first,
   data removed after.
 
@@ -21,6 +26,7 @@ curve (matplotlib) into --out.
 
     python3 bench/scale.py --amqpperf bench/out/amqpperf [--brokers lavinpy,lavinmq,rabbitmq]
         [--curves connections,queues,bindings,bodies,consumers,fanout] [--points connections=20,50;queues=50]
+        [--repeat 3] [--prefetch 10] [--publishers 4 --size 64 --persistent] [--warmup 4]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +49,20 @@ X_LABELS = {"connections": "idle connections", "queues": "durable queues", "bind
             "bodies": "body bytes", "consumers": "consumers on one queue", "fanout": "queues bound to the fanout",
             "backlog": "messages queued"}
 NOT_PLOTTED = {"wall s", "opened", "still open", "declared", "filled"}  # bookkeeping: in the tables and the JSON
+RUN_KEYS = ("con msg/s", "broker us/msg", "broker cores", "unconsumed at end")  # a repeated point's lines per run
+
+
+def median_of(runs: list[dict]) -> dict:
+    """One point's figures from its repeated runs: each number the median of the runs that have it, the
+    errors of all; the runs themselves under ``runs`` (not a number: the tables and plots pass over it)."""
+    figures: dict = {"errors": [e for r in runs for e in r.get("errors", [])]}
+    for r in runs:
+        for key, v in r.items():
+            if key not in figures and isinstance(v, (int, float)) and not isinstance(v, bool):
+                figures[key] = statistics.median(x[key] for x in runs if isinstance(x.get(key), (int, float)))
+    if len(runs) > 1:
+        figures["runs"] = runs
+    return figures
 
 
 def parse_points(text: str) -> dict[str, list[int]]:
@@ -106,6 +127,11 @@ def print_table(curve: str, names: list[str], points: list[int], results: dict) 
                     else f"{'-':>17}"
             print(row)
         for n in names:
+            for i, run in enumerate(per[n].get("runs", [])):
+                print(f"{'':>13}{n} run {i + 1}: " + ", ".join(
+                    f"{k} {run[k]:,.2f}" if abs(run[k]) < 100 else f"{k} {run[k]:,.0f}"
+                    for k in (k for k in RUN_KEYS if isinstance(run.get(k), (int, float)))))
+        for n in names:
             for err in per[n].get("errors", [])[:3]:
                 print(f"{'':>13}{n}: {str(err)[:150]}")
 
@@ -142,7 +168,7 @@ def plot(curve: str, names: list[str], points: list[int], results: dict, out: Pa
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    fig.suptitle(f"{curve} (one fresh broker per point)")
+    fig.suptitle(f"{curve} (one fresh broker per point; the median of repeated runs)")
     fig.tight_layout()
     path = out / f"scale-{curve}.png"
     fig.savefig(path, dpi=90)
@@ -171,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"of {', '.join(sc.CURVES)}")
     ap.add_argument("--points", type=parse_points, default={}, help="override sizes: connections=20,50;queues=1k")
     ap.add_argument("--prefetch", type=int, default=100, help="each consumer's prefetch in the consumers curve")
+    ap.add_argument("--publishers", type=int, default=1, help="publishers in the consumers curve")
+    ap.add_argument("--size", type=int, default=16, help="body bytes in the consumers curve")
+    ap.add_argument("--persistent", action="store_true", help="persistent messages in the consumers curve")
+    ap.add_argument("--warmup", type=float, help="seconds of load before the consumers curve's measured window"
+                    " (default: 2, or half of it with --quick)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each point and broker, the brokers alternating"
+                    " (ABBA): the table shows each run and the medians")
     ap.add_argument("--big-bodies", action="store_true", help="add 128 MiB to the bodies curve")
     ap.add_argument("--backlog", action="store_true", help="allow the backlog curve (20M x 1 KiB, tens of GiB)")
     ap.add_argument("--quick", action="store_true", help="1 s load windows and 2 s idle CPU (smoke runs only)")
@@ -217,10 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         per: dict[str, dict] = {n: {} for n in names}
         results["curves"][curve] = per
         for point in points[curve]:
-            for name in names:
-                print(f"{curve} {point:,}: {name}", file=sys.stderr, flush=True)
-                per[name][str(point)] = run_point(curve, name, point, args, work)
-                json_path.write_text(json.dumps(results, indent=1))  # a partial sitting keeps what it measured
+            runs: dict[str, list[dict]] = {n: [] for n in names}
+            for i in range(max(1, args.repeat)):
+                # The order turns each repeat (A B, B A, A B...) so a drift of the machine's load over the
+                # sitting falls on both brokers alike.
+                for name in names if i % 2 == 0 else names[::-1]:
+                    print(f"{curve} {point:,}: {name}" + (f" run {i + 1}" if args.repeat > 1 else ""),
+                          file=sys.stderr, flush=True)
+                    runs[name].append(run_point(curve, name, point, args, work))
+                    per[name][str(point)] = median_of(runs[name]) if args.repeat > 1 else runs[name][0]
+                    json_path.write_text(json.dumps(results, indent=1))  # a partial sitting keeps what it measured
         print_table(curve, names, points[curve], per)
         png = plot(curve, names, points[curve], per, out)
         if png:

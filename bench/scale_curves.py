@@ -305,14 +305,25 @@ async def bodies(amqpperf: str, b: compare.Broker, size: int, args: object, out:
 
 
 async def consumers(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
-    """``n`` consumers (each its own connection) on one queue, one publisher, 16 B, prefetch 100 (``--prefetch``)."""
+    """``n`` consumers (each its own connection) on one queue, one publisher, 16 B, prefetch 100 (``--prefetch``;
+    ``--publishers``, ``--size`` and ``--persistent`` change the load). ``broker us/msg`` is the broker's CPU
+    (utime + stime over amqpperf's measured window) per consumed message: on a shared machine the rate follows
+    the cores the broker got, this does not."""
     prefetch = str(getattr(args, "prefetch", 100))
-    r = await asyncio.to_thread(perf, amqpperf, b, ["-publishers", "1", "-consumers", str(n), "-queues", "1",
-                                                    "-size", "16", "-prefetch", prefetch, *window()])
+    load = ["-publishers", str(getattr(args, "publishers", 1)), "-size", str(getattr(args, "size", 16))]
+    if getattr(args, "persistent", False):
+        load.append("-persistent")
+    warmup = getattr(args, "warmup", None)
+    flags = window() if warmup is None else ["-warmup", str(warmup), "-duration", str(LOAD_S)]
+    r = await asyncio.to_thread(perf, amqpperf, b, ["-consumers", str(n), "-queues", "1", *load,
+                                                    "-prefetch", prefetch, *flags])
     cores = (r.get("cpu_cores") or {}).get("broker")
-    return {"con msg/s": r.get("con_rate") or 0, "pub msg/s": r.get("pub_rate") or 0,
-            "broker cores": cores or 0, "RSS peak MiB": (r.get("broker_rss_peak_kb") or 0) / 1024,
-            "errors": r.get("errors") or []}
+    rate = r.get("con_rate") or 0
+    return {"con msg/s": rate, "pub msg/s": r.get("pub_rate") or 0,
+            "broker cores": cores or 0, "broker us/msg": cores * 1e6 / rate if cores and rate else 0,
+            "RSS peak MiB": (r.get("broker_rss_peak_kb") or 0) / 1024,
+            "unconsumed at end": r.get("unconsumed_at_end") or 0,
+            "con per s": r.get("con_per_s") or [], "errors": r.get("errors") or []}
 
 
 async def fanout(amqpperf: str, b: compare.Broker, n: int, args: object, out: dict) -> dict:
