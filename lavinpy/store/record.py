@@ -112,8 +112,40 @@ def py_write_run(buf: WritableBuffer, offset: int, limit: int, segment_id: int, 
     histogram a pass of its own over the run. ``properties`` is one block for every record or a list
     with one per body.
     """
-    return _write_records(lambda at, block, body: py_write_encoded(buf, at, names, block, body, timestamp),
-                          offset, limit, segment_id, names, properties, bodies, start)
+    if isinstance(properties, list):
+        return _write_records(lambda at, block, body: py_write_encoded(buf, at, names, block, body, timestamp),
+                              offset, limit, segment_id, names, properties, bodies, start)
+    # One block for the run (the common case): a loop of its own with the record written inline (the
+    # shared loop's callback and a call a record cost the pure-Python path ~2.5 % of scenario a). The
+    # head before the body size is the same for every record, so is its CRC's running value.
+    prefix = _pack_i64(timestamp) + names + properties
+    prefix_crc = _crc32(prefix)
+    head_len = len(prefix) + 8
+    fixed = HEADER_SIZE + head_len
+    positions = array("Q")
+    append = positions.append
+    smallest, largest = -1, 0
+    i = start
+    end_at = len(bodies)
+    while i < end_at:
+        body = bodies[i]
+        size = len(body)
+        if offset + fixed + size > limit:
+            break
+        append(segment_id | (offset << OFFSET_SHIFT))
+        # as py_write_encoded: the payload first, the header last
+        tail = _pack_u64(size)
+        body_start = offset + fixed
+        buf[offset + HEADER_SIZE:body_start] = prefix + tail
+        buf[body_start:body_start + size] = body
+        _pack_header_into(buf, offset, head_len + size, _crc32(body, _crc32(tail, prefix_crc)))
+        offset = body_start + size
+        if size > largest:
+            largest = size
+        if size < smallest or smallest < 0:
+            smallest = size
+        i += 1
+    return i, offset, positions.tobytes(), max(smallest, 0), largest
 
 
 def file_write_run(fd: int, offset: int, limit: int, segment_id: int, names: bytes,
