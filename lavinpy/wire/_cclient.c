@@ -414,6 +414,10 @@ cclient_binary_buffers(PyObject *self, PyObject *items)
     return Py_BuildValue("(NN)", offsets, data);
 }
 
+/* In _cclient_ints.c. */
+PyObject *cclient_int64_bounds(PyObject *self, PyObject *items);
+PyObject *cclient_pack_int64s(PyObject *self, PyObject *items);
+
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
     {"pack_publishes_arrow", cclient_pack_publishes_arrow, METH_VARARGS,
@@ -421,6 +425,8 @@ static PyMethodDef methods[] = {
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
     {"binary_buffers", cclient_binary_buffers, METH_O, "An Arrow binary array's buffers of a list of bytes."},
+    {"int64_bounds", cclient_int64_bounds, METH_O, "(min, max) of a list of int64s, or None."},
+    {"pack_int64s", cclient_pack_int64s, METH_O, "A list of int64s packed little-endian, or None."},
     {NULL, NULL, 0, NULL},
 };
 
