@@ -14,7 +14,7 @@ setup(
                                                 "lavinpy/wire/_cwire_pick.c"],
                   depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h"],
                   optional=True, extra_compile_args=["-O2"]),
-        Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c"], depends=["lavinpy/wire/_bytes.h"],
+        Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_ints.c"], depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cstream", ["lavinpy/wire/_cstream.c"], depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),

@@ -7,8 +7,10 @@
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
 workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
-just before each run, with a data source that discards its input (`spark_floor_*`); `*_of_floor`
-is Spark's own time over the lavinpy run's (1.0: the broker and the client cost nothing visible).
+just before and just after each run, with a data source that discards its input (`spark_floor_*`, the
+mean of the two); `*_of_floor` is Spark's own time over the lavinpy run's (1.0: the broker and the
+client cost nothing visible), `cpu_*_of_floor` the same by CPU seconds of every role (the figure to
+read on a shared machine: see bench/README.md).
 A warm-up round of every path comes first (unrecorded); the summary is each kind's median over the
 rounds, with the floor's spread ((max - min) / median of its times) and what the run added over the
 floor by role (the tasks' Python workers, the JVM; µs a row). The last line is one JSON object.
@@ -259,21 +261,47 @@ def _added_us(roles: dict[str, dict[str, float]], rows: int) -> dict[str, float]
     return out
 
 
+def _mean_roles(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: round((a[k] + b[k]) / 2, 3) for k in a}
+
+
+def _cpu_us(roles: dict[str, dict[str, float]], rows: int) -> dict[str, float]:
+    """CPU µs a row of each phase (all roles) and of the floor (JVM + Python workers)."""
+    out: dict[str, float] = {}
+    for way in ("write", "read"):
+        run, floor = roles[way], roles[f"floor_{way}"]
+        out[f"{way}_cpu_us"] = round((run["jvm"] + run["python_workers"] + run["broker"]) / rows * 1e6, 2)
+        out[f"floor_{way}_cpu_us"] = round((floor["jvm"] + floor["python_workers"]) / rows * 1e6, 2)
+    return out
+
+
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
-    """Spark's floor, then the lavinpy write and read of the same rows, for one queue kind
-    (round -1: a warm-up, printed as such)."""
+    """For one queue kind: Spark's floor, the lavinpy write, the floor again; then the same for the read
+    (round -1: a warm-up, printed as such). Each share is of the mean of the two floors around its run:
+    the floor drifts with the machine's other load within a minute, and a run compared with a floor
+    taken only before it (or in another round) carries that drift."""
     queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
     declare_queue(url, queue, kind)
     roles: dict[str, dict[str, float]] = {"floor_write": {}, "write": {}, "floor_read": {}, "read": {}}
-    floor_w = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                    .format("spark_floor").mode("append").save(), roles=roles["floor_write"])
+    bracket: dict[str, dict[str, float]] = {"floor_write_1": {}, "floor_write_2": {}, "floor_read_1": {},
+                                            "floor_read_2": {}}
+
+    def floor_write() -> None:
+        bodies(spark, args.rows, args.body_bytes, args.partitions).write.format("spark_floor").mode("append").save()
+
+    def floor_read() -> None:
+        (spark.read.format("spark_floor").option("rows", args.rows).option("bodyBytes", args.body_bytes).load()
+         .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
+
+    floor_w1 = timed(floor_write, roles=bracket["floor_write_1"])
     cpu: list[float] = []
     write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
                     .format("lavinpy").mode("append").option("url", url).option("queue", queue)
                     .option("maxInFlight", args.max_in_flight).save(), cpu, roles["write"])
-    floor_r = timed(lambda: spark.read.format("spark_floor").option("rows", args.rows)
-                    .option("bodyBytes", args.body_bytes).load()
-                    .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect(), roles=roles["floor_read"])
+    floor_w2 = timed(floor_write, roles=bracket["floor_write_2"])
+    floor_r1 = timed(floor_read, roles=bracket["floor_read_1"])
+    floor_w = (floor_w1 + floor_w2) / 2
+    roles["floor_write"] = _mean_roles(bracket["floor_write_1"], bracket["floor_write_2"])
     result: list[Any] = []
     reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
     if kind == "stream":
@@ -282,17 +310,22 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
         reader = reader.option("prefetch", args.prefetch)
     read_s = timed(lambda: result.extend(reader.load().selectExpr(
         "count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu, roles["read"])
+    floor_r2 = timed(floor_read, roles=bracket["floor_read_2"])
+    floor_r = (floor_r1 + floor_r2) / 2
+    roles["floor_read"] = _mean_roles(bracket["floor_read_1"], bracket["floor_read_2"])
     n = result[0].n
     assert n == args.rows, f"read {n} rows, expected {args.rows}"
     delete_queue(url, queue)
     run = {"kind": kind, "round": round_no, "write_rows_per_s": round(args.rows / write_s),
            "read_rows_per_s": round(n / read_s), "write_s": round(write_s, 2), "read_s": round(read_s, 2),
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
+           "spark_floor_write_bracket_s": [round(floor_w1, 2), round(floor_w2, 2)],
+           "spark_floor_read_bracket_s": [round(floor_r1, 2), round(floor_r2, 2)],
            "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
            "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
            "cpu_write_of_floor": _cpu_share(roles["floor_write"], roles["write"]),
            "cpu_read_of_floor": _cpu_share(roles["floor_read"], roles["read"]),
-           **_added_us(roles, args.rows),
+           **_added_us(roles, args.rows), **_cpu_us(roles, args.rows),
            "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     label = "warm-up" if round_no < 0 else f"round {round_no}"
     print(f"{kind:7} {label}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
@@ -352,11 +385,19 @@ def main() -> None:
                                    ("write_of_floor", "read_of_floor", "cpu_write_of_floor", "cpu_read_of_floor",
                                     "broker_us_per_write", "broker_us_per_read", "write_workers_added_us",
                                     "read_workers_added_us", "write_jvm_added_us", "read_jvm_added_us",
-                                    "spark_floor_write_s", "spark_floor_read_s")}
+                                    "spark_floor_write_s", "spark_floor_read_s", "write_cpu_us", "read_cpu_us",
+                                    "floor_write_cpu_us", "floor_read_cpu_us")}
             # The floor's own spread over the rounds: a share is only as steady as the floor under it.
             for way in ("write", "read"):
                 floors = [r[f"spark_floor_{way}_s"] for r in mine]
                 got[f"spark_floor_{way}_spread"] = round((max(floors) - min(floors)) / median(floors), 3)
+                # ... and within a round: the two floors around one run, apart by this share of their mean.
+                got[f"spark_floor_{way}_bracket_spread"] = median(
+                    [abs(a - b) / ((a + b) / 2) for a, b in (r[f"spark_floor_{way}_bracket_s"] for r in mine)])
+            print(f"{kind:7} median of {len(mine)}: CPU µs a row, run / floor: write {got['write_cpu_us']} / "
+                  f"{got['floor_write_cpu_us']}, read {got['read_cpu_us']} / {got['floor_read_cpu_us']}; the floors "
+                  f"around a run apart by {got['spark_floor_write_bracket_spread']:.0%} / "
+                  f"{got['spark_floor_read_bracket_spread']:.0%}", flush=True)
             print(f"{kind:7} median of {len(mine)}: write {got['write_of_floor']:.0%}, read {got['read_of_floor']:.0%} "
                   f"of Spark alone (by CPU {got['cpu_write_of_floor']:.0%}, {got['cpu_read_of_floor']:.0%}); broker "
                   f"{got['broker_us_per_write']} / {got['broker_us_per_read']} µs a message; tasks' workers "

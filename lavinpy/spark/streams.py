@@ -25,6 +25,7 @@ from lavinpy.wire.client import (
     STREAM_OFFSET_ENTRY,
     encode_shortstr,
     frame,
+    int64_bounds,
     method_id,
     parse_deliver,
     parse_header,
@@ -374,8 +375,12 @@ def _in_range(chunk: DeliveryChunk, start: int, end: int) -> tuple[DeliveryChunk
     """The chunk's deliveries with start <= offset < end, up to the first at or past end - 1; and
     whether the range is done. A broker may start before ``start`` (at its chunk's beginning)."""
     offsets = chunk.offsets
+    bounds = int64_bounds(offsets)  # one pass in C, where max and min compare pair by pair
+    low, high = bounds if bounds is not None else (min(offsets), max(offsets))
+    if low >= start and high < end - 1:  # the usual chunk: all of it, the range not yet done
+        return chunk, False
     done = False
-    if max(offsets) >= end - 1:
+    if high >= end - 1:
         cut = next(i for i, offset in enumerate(offsets) if offset >= end - 1)
         chunk = chunk.head(cut + 1 if offsets[cut] == end - 1 else cut)
         offsets = chunk.offsets

@@ -32,7 +32,9 @@ __all__ = [
     "decode_method",
     "encode_shortstr",
     "frame",
+    "int64_bounds",
     "method_id",
+    "pack_int64s",
     "pack_publishes",
     "pack_publishes_arrow",
     "parse_ack",
@@ -306,6 +308,37 @@ def _binary_buffers(items: list[bytes]) -> tuple[bytes, bytes] | None:
     if total > 0x7FFFFFFF:
         return None
     return struct.pack(f"<{len(ends)}i", *ends), b"".join(items)
+
+
+def int64_bounds(items: list[Any]) -> tuple[int, int] | None:
+    """(min, max) of a list of ints in one pass, or None: the list is empty or an item is not an int
+    within int64 (a Spark read's offsets: None where a delivery has none)."""
+    if cclient is not None:
+        return cast("tuple[int, int] | None", cclient.int64_bounds(items))
+    return _int64_bounds(items)
+
+
+def _int64_bounds(items: list[Any]) -> tuple[int, int] | None:
+    if not items or not all(isinstance(item, int) and -2**63 <= item < 2**63 for item in items):
+        return None
+    return int(min(items)), int(max(items))
+
+
+def pack_int64s(items: list[Any]) -> bytes | None:
+    """The ints packed as little-endian int64 (an Arrow int64 buffer), or None: an item is not an int
+    within int64."""
+    if cclient is not None:
+        return cast("bytes | None", cclient.pack_int64s(items))
+    return _pack_int64s(items)
+
+
+def _pack_int64s(items: list[Any]) -> bytes | None:
+    if not all(isinstance(item, int) for item in items):
+        return None
+    try:
+        return struct.pack(f"<{len(items)}q", *items)
+    except struct.error:
+        return None
 
 
 StreamColumns = tuple[list[int | None], list[str], list[str], list[bytes], list[bytes], int, int, bool]

@@ -1,0 +1,68 @@
+"""The Spark source's client read path in process, no socket: a stream's deliveries scanned from a
+receive buffer into columns, kept to a range, and built into Arrow batches, as a read task does.
+
+    python3 bench/spark_client_cost.py                    # prints µs a row (CPU)
+    valgrind --tool=callgrind --toggle-collect=functools_reduce python3 bench/spark_client_cost.py --rounds 5
+
+Under callgrind only the measured rounds (inside ``functools.reduce``) are counted: instructions / rows
+is the client's compute a row. ``--tree DIR`` runs another checkout's lavinpy (old/new comparisons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8192, help="deliveries in the receive buffer")
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--body-bytes", type=int, default=100)
+    parser.add_argument("--tree", default=str(REPO_ROOT))
+    args = parser.parse_args()
+    sys.path.insert(0, args.tree)
+    import pyarrow as pa
+
+    from lavinpy.spark.read_rows import COLUMNS, BatchBuilder
+    from lavinpy.spark.streams import _chunk, _in_range
+    from lavinpy.wire import writer
+    from lavinpy.wire.client import STREAM_OFFSET_ENTRY, scan_stream_deliveries
+    from lavinpy.wire.properties import append_header_entry
+
+    names = {"offset": pa.int64(), "body": pa.binary(), "redelivered": pa.bool_()}
+    schema = pa.schema([(name, names.get(name, pa.string())) for name in COLUMNS if name != "headers"
+                        and name not in ("delivery_mode", "priority", "timestamp")]
+                       + [("delivery_mode", pa.int32()), ("priority", pa.int32()),
+                          ("headers", pa.map_(pa.string(), pa.string())), ("timestamp", pa.timestamp("us", "UTC"))])
+    builder = BatchBuilder(schema)
+    first = 1000
+    buf = bytearray()
+    for i in range(args.rows):
+        props = append_header_entry(b"\x00\x00", STREAM_OFFSET_ENTRY + (first + i).to_bytes(8, "big", signed=True))
+        body = (b"event-%d-" % i).ljust(args.body_bytes, b"x")
+        buf += b"".join(writer.deliver(1, "ctag", i + 1, False, "", "q", props, body, 131072))
+    data = bytes(buf)
+
+    def one(total: int, _round: Any) -> int:
+        columns = scan_stream_deliveries(data, 1)
+        chunk = _chunk(*columns[:5])
+        chunk, _done = _in_range(chunk, first, first + 10 * args.rows)
+        batch = next(builder.chunk_batches([chunk]))
+        return total + batch.num_rows
+
+    one(0, None)  # warm: imports, caches
+    cpu = time.process_time()
+    rows = functools.reduce(one, range(args.rounds), 0)
+    cpu = time.process_time() - cpu
+    print(f"{rows} rows, {cpu / rows * 1e6:.3f} µs a row (CPU)")
+
+
+if __name__ == "__main__":
+    main()
