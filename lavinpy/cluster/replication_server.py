@@ -12,7 +12,7 @@ It is dropped (connection closed) when its connection ends, when it leaves data 
 silent follower is noticed even then), or when more than ``MAX_BACKLOG`` bytes wait for it; it leaves
 the barrier only once etcd's ISR no longer names it, and then has to connect and full-sync again.
 
-Epochs: while the stream moves, the leader stamps a new epoch into it every ``EPOCH_INTERVAL``
+Epochs: while files change, the leader stamps a new epoch into it every ``EPOCH_INTERVAL``
 (and when a follower joins); once every follower etcd names has acknowledged an epoch, it is written
 to etcd with the ISR. A node whose copy holds an older epoch than etcd's (a data dir restored from an
 old backup) may not lead.
@@ -116,6 +116,7 @@ class ReplicationServer:
         self._isr: dict[str, _Follower] = {}  # the barrier waits for these (a superset of etcd's ISR)
         self._isr_lock = asyncio.Lock()
         self._log_end = 0  # stream offset after the last operation
+        self._changed_end = 0  # ... after the last file change: an idle stream (heartbeats) gets no new epoch
         self._waiters: list[tuple[int, Callable[[], None]]] = []
         self._attached = asyncio.Event()
         self._broker: Any = None
@@ -181,6 +182,8 @@ class ReplicationServer:
         end = self._log_end + proto.op_frame_length(rel, len(data), kind)
         encoded = proto.op(end, kind, rel, offset=offset, size=size, data=data)
         self._log_end = end
+        if kind != proto.OP_HEARTBEAT and kind != proto.OP_EPOCH:
+            self._changed_end = end
         for follower in list(self._followers.values()):
             follower.queue.append(encoded)
             follower.queued_bytes += len(encoded)
@@ -346,14 +349,13 @@ class ReplicationServer:
         follower.writer.close()
 
     async def _watch_acks(self) -> None:
-        quiet_end, quiet_since = -1, time.monotonic()
-        stamped_end, stamped_at = -1, time.monotonic()
+        quiet_end, quiet_since, stamped_at = -1, time.monotonic(), time.monotonic()
         while True:
             await asyncio.sleep(0.25)
             now = time.monotonic()
-            if self._followers and self._log_end != stamped_end and now - stamped_at >= EPOCH_INTERVAL:
+            if self._followers and self._changed_end > self._epoch_end and now - stamped_at >= EPOCH_INTERVAL:
                 self._stamp_epoch()
-                stamped_end, stamped_at = self._log_end, now
+                stamped_at = now
             if self.epoch > self._recorded_epoch and not self._recording and self._held(self._epoch_end):
                 self._recording = True
                 self._spawn(self._record_epoch(self.epoch, self._epoch_end))
