@@ -37,8 +37,8 @@ import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...store.accel import cstore
 from ...store.message_store import CorruptRecord, MissingRecord
+from ...store.record import crc32
 from ...wire.position import SEGMENT_MASK
 from ...wire.properties import peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
@@ -58,9 +58,6 @@ MESSAGE_TTL_HEADER = "x-cache-ttl"  # a message's own TTL for its identifier (La
 _TTL_NAME = MESSAGE_TTL_HEADER.encode()  # a byte test: only a block holding the name is looked into
 _NO_TTL = object()  # no x-cache-ttl header: the cache's own TTL
 COMPACT_MIN_RECORDS = 65536  # a rewrite (with its fsync) at most once per this many new identifiers
-# zlib's CRC-32, the store's compiled one where built (carry-less multiplies: a batch of 64 records in
-# a tenth of zlib's instructions); the same value, so the file format is unchanged.
-_crc32 = cstore.crc32 if cstore is not None else zlib.crc32
 
 
 def identifier(value: Any) -> bytes | str | None:
@@ -96,7 +93,9 @@ def _stored_key(record: bytes) -> bytes | str:
 def _frame(records: bytes, mark: bytes = b"") -> bytes:
     """One write's records (after ``mark``, a queue cache's mark record) with their length and checksum
     (a torn write is found on reading); the batch copied once."""
-    crc = _crc32(records, zlib.crc32(mark)) if mark else _crc32(records)
+    # (the store's CRC-32: zlib's value, by carry-less multiplies where the CPU has them, a batch of 64
+    # records in a tenth of zlib's instructions; the file format is unchanged)
+    crc = crc32(records, zlib.crc32(mark)) if mark else crc32(records, 0)
     return b"".join((_U32.pack(len(mark) + len(records)), mark, records, _U32.pack(crc)))
 
 
