@@ -22,6 +22,7 @@ after them (client requests through a small helper compiled with ``cc`` at start
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import subprocess
 import tempfile
@@ -67,7 +68,16 @@ def reads(mode: str, run: int, rounds: int, first: int) -> list[bytes]:
 
 
 def run_once(mode: str, run: int, rounds: int, warmup: int, cache_size: int,
-             marks: tuple[Callable[[], None], Callable[[], None]] | None) -> float:
+             marks: tuple[Callable[[], None], Callable[[], None]] | None, commit: bool = False) -> float:
+    if commit:  # inside a running loop: append_soon then waits for the round's commit, as in a broker
+        async def rounds_in_loop() -> float:
+            return _run_once(mode, run, rounds, warmup, cache_size, marks, True)
+        return asyncio.run(rounds_in_loop())
+    return _run_once(mode, run, rounds, warmup, cache_size, marks, False)
+
+
+def _run_once(mode: str, run: int, rounds: int, warmup: int, cache_size: int,
+              marks: tuple[Callable[[], None], Callable[[], None]] | None, commit: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
@@ -92,6 +102,7 @@ def run_once(mode: str, run: int, rounds: int, warmup: int, cache_size: int,
                 for block in range(0, fill, 1024):
                     cache.new_in([head + b"%016x" % n + tail for n in range(block, block + 1024)], 1000)
             data = reads(mode, run, warmup + rounds, fill)
+            store = h.broker.vhosts["/"].store
             acked = 0
             spent = 0.0
             for r, read in enumerate(data):
@@ -108,6 +119,8 @@ def run_once(mode: str, run: int, rounds: int, warmup: int, cache_size: int,
                     acked = last
                     h.run_soon()
                     con.conn.data_to_send()
+                if commit:  # what a publisher confirm's group commit writes (``fsync: never``: no sync)
+                    store.durable()
                 if r >= warmup:
                     spent += time.thread_time() - t0
             if marks is not None:
@@ -133,10 +146,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cache-size", type=int, default=100_000)
     ap.add_argument("--callgrind", action="store_true", help="zero and dump callgrind's counters around the rounds")
+    ap.add_argument("--commit", action="store_true",
+                    help="in a running loop, the store's durable() after each round in every mode (a confirm's "
+                         "group commit at fsync never): the cache's records wait for it, as in a broker")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         marks = callgrind_marks(Path(tmp)) if args.callgrind else None
-        figures = sorted(run_once(args.mode, args.run, args.rounds, args.warmup, args.cache_size, marks)
+        figures = sorted(run_once(args.mode, args.run, args.rounds, args.warmup, args.cache_size, marks,
+                                  args.commit)
                          for _ in range(args.repeat))
     print(f"{args.mode} run {args.run}: {args.rounds * args.run} messages timed; µs thread CPU a message: median "
           f"{figures[len(figures) // 2]:.3f}, min {figures[0]:.3f} ({', '.join(f'{f:.3f}' for f in figures)})")

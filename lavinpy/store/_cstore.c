@@ -530,6 +530,8 @@ static PyMethodDef methods[] = {
      "Decode and verify one record: (StoredMessage, total size)."},
     {"read_run", py_read_run, METH_VARARGS, "Decode and verify the records of a run of positions in one segment."},
     {"stored_messages", py_stored_messages, METH_VARARGS, "StoredMessage tuples for a run of bodies."},
+    {"total_size", (PyCFunction)(void (*)(void))py_total_size, METH_FASTCALL,
+     "total_size(blocks, start, stop): the bytes of blocks[start:stop] together (_cstore_sizes.c)."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},
 };

@@ -39,6 +39,9 @@ PyObject *py_read_run(PyObject *self, PyObject *args);
 /* _cstore_ready.c: the ready list type the module adds */
 extern PyTypeObject cstore_ReadyListType;
 
+/* _cstore_sizes.c */
+PyObject *py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+
 /* _cstore_posset.c: the position set type the module adds */
 extern PyTypeObject cstore_PositionSetType;
 

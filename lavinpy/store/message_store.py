@@ -35,6 +35,7 @@ from lavinpy.store.record import (
     read_in_place,
     read_record,
     read_run,
+    total_size,
     write_encoded,
     write_run,
 )
@@ -232,10 +233,8 @@ class MessageStore:
         positions = array("Q")
         positions.frombytes(packed)
         # Each record is its fixed part plus its body, so the bodies' total needs no pass either.
-        if varied is not None:
-            body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names)) - sum(map(len, varied[start:done]))
-        else:
-            body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names) + props_size)
+        blocks = total_size(varied, start, done) if varied is not None else (done - start) * props_size
+        body_bytes = end - offset - (done - start) * (_OVERHEAD + len(names)) - blocks
         return done, positions, body_bytes, smallest, largest
 
     def reserve(self, exchange: str, routing_key: str, properties: bytes, body_size: int,

@@ -298,6 +298,11 @@ def py_read_record(buf: Buffer, offset: int, end: int, *, verify: bool = True,
     return message, length + HEADER_SIZE
 
 
+def py_total_size(blocks: list[bytes], start: int, stop: int) -> int:
+    """The bytes of ``blocks[start:stop]`` together (a varied run's property blocks)."""
+    return sum(map(len, blocks[start:stop]))
+
+
 # The implementation in use: C when built (see accel.py), else the pure-Python reference above.
 if cstore is not None:
     cstore.configure(StoredMessage, CorruptRecord)
@@ -305,6 +310,7 @@ if cstore is not None:
     write_run = cstore.write_run
     read_record = cstore.read_record
     stored_messages = cstore.stored_messages
+    total_size: Callable[[list[bytes], int, int], int] = cstore.total_size
     # read_run(buf, positions, start, segment, first, valid_end, size): the sound records of a run of
     # positions in one segment, up to the first that is not (see _cstore_read.c); None without C.
     read_run: Callable[..., list[StoredMessage]] | None = cstore.read_run
@@ -313,6 +319,7 @@ else:
     write_run = py_write_run
     read_record = py_read_record
     stored_messages = py_stored_messages
+    total_size = py_total_size
     read_run = None
 
 

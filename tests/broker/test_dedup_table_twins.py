@@ -7,6 +7,8 @@ or skipped; and a whole cache on either table, with its file, across restarts, w
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,3 +144,12 @@ def test_a_cache_on_either_table_answers_and_writes_the_same(tmp_path: Path, see
     pure = cache_run(tmp_path / "pure", DedupTable, seed, monkeypatch)
     fast = cache_run(tmp_path / "fast", CompiledTable, seed, monkeypatch)
     assert fast == pure
+
+
+@pytest.mark.parametrize("mark", [b"", b"\x00\x00" + bytes(range(8))])
+def test_a_batch_is_framed_with_zlibs_crc(mark: bytes) -> None:
+    """The frame's CRC (the store's compiled one where built) is zlib's: files written before still load."""
+    records = bytes(random.Random(1).randrange(256) for _ in range(1700))
+    framed = dedup_cache._frame(records, mark)
+    body = mark + records
+    assert framed == struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body))

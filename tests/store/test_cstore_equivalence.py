@@ -180,6 +180,12 @@ def test_crc32_is_zlibs(data: bytes, value: int) -> None:
     assert cstore.crc32(data, value) == zlib.crc32(data, value)
 
 
+@given(st.lists(st.binary(max_size=300), max_size=40), st.integers(0, 50), st.integers(0, 50))
+def test_total_size_is_the_slices_bytes(blocks: list, start: int, stop: int) -> None:
+    assert cstore.total_size(blocks, start, stop) == record.py_total_size(blocks, start, stop) \
+        == len(b"".join(blocks[start:stop]))
+
+
 ready_ops = st.lists(st.one_of(
     st.tuples(st.just("push"), st.integers(0, (1 << 64) - 1)),
     st.tuples(st.just("extend"), st.lists(st.integers(0, (1 << 64) - 1), max_size=CHUNK_ENTRIES + 10)),

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...store.message_store import CorruptRecord, MissingRecord
+from ...store.record import crc32
 from ...wire.position import SEGMENT_MASK
 from ...wire.properties import peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
@@ -92,7 +93,9 @@ def _stored_key(record: bytes) -> bytes | str:
 def _frame(records: bytes, mark: bytes = b"") -> bytes:
     """One write's records (after ``mark``, a queue cache's mark record) with their length and checksum
     (a torn write is found on reading); the batch copied once."""
-    crc = zlib.crc32(records, zlib.crc32(mark)) if mark else zlib.crc32(records)
+    # (the store's CRC-32: zlib's value, by carry-less multiplies where the CPU has them, a batch of 64
+    # records in a tenth of zlib's instructions; the file format is unchanged)
+    crc = crc32(records, zlib.crc32(mark)) if mark else crc32(records, 0)
     return b"".join((_U32.pack(len(mark) + len(records)), mark, records, _U32.pack(crc)))
 
 
