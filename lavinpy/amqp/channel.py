@@ -45,7 +45,7 @@ from .channel_methods import (
 )
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, in_place, release_bodies
-from .delivery_round import deliver_round
+from .delivery_round import deliver_round, deliver_stamped_run
 from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
@@ -345,6 +345,7 @@ class Channel:
         return self.deliveries.room()
 
     deliver_round = staticmethod(deliver_round)  # one message to each of many consumers: one call
+    deliver_stamped_run = deliver_stamped_run  # a stream's run: its offsets stamped as it is framed
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
         """``deliver`` for messages of the consumer's queue: booked once, the frames in one list."""
@@ -365,8 +366,7 @@ class Channel:
                 self.send_method(commands.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     def _room_freed(self) -> None:
-        """Settled deliveries freed room under the channel-wide prefetch: this channel's consumers
-        may take more."""
+        """Settled deliveries freed room under the channel-wide prefetch: its consumers may take more."""
         self.conn.schedule_channel_deliveries(self)
 
     # --- acknowledgements ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ every other round).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..broker.ops.unacked_book import OWNED_RUN_MAX, UnackedBook, _Run
@@ -118,3 +119,20 @@ def _count(queue: Any, counters: Any, delivered: int, redelivered: int) -> None:
     if redelivered:
         stats.redeliver += redelivered
         counters.redeliver += redelivered
+
+
+def deliver_stamped_run(channel: Any, consumer: Any, positions: list[int], messages: list[StoredMessage],
+                        first_offset: int, splices: dict[bytes, tuple[bytes, bytes]],
+                        stamp: Callable[[list[StoredMessage], int], list[StoredMessage]]) -> None:
+    """``Channel.deliver_run`` of a stream's run (none redelivered) whose ``x-stream-offset`` values
+    (``first_offset`` on) are stamped while the frames are built (a method of ``Channel``): no stamped
+    block and message a delivery. What ``splices`` cannot stamp yet is stamped by ``stamp`` and framed
+    the general way, behind the rest and with the tags that follow theirs."""
+    first = channel.deliveries.deliver_run(consumer, positions, None)
+    conn = channel.conn
+    frames, done = writer.deliver_stamped_run(channel.id, consumer.tag, first, messages, conn.frame_max,
+                                              first_offset, splices)
+    if done < len(messages):
+        frames += writer.deliver_run(channel.id, consumer.tag, first + done, None,
+                                     stamp(messages[done:], first_offset + done), conn.frame_max)
+    conn.send_many(frames)

@@ -563,6 +563,8 @@ static PyMethodDef cwire_methods[] = {
      "writer.deliver: basic.deliver + header + body frames"},
     {"deliver_run", (PyCFunction)(void (*)(void))cwire_deliver_run, METH_FASTCALL,
      "writer.deliver_run: the frames of a run of deliveries"},
+    {"deliver_stamped_run", (PyCFunction)(void (*)(void))cwire_deliver_stamped_run, METH_FASTCALL,
+     "see _cwire_stamped.c"},
     {"init_round", cwire_init_round, METH_VARARGS, "see _cwire_round.c"},
     {"deliver_round", (PyCFunction)(void (*)(void))cwire_deliver_round, METH_FASTCALL, "see _cwire_round.c"},
     {"pick_scan", (PyCFunction)(void (*)(void))cwire_pick_scan, METH_FASTCALL, "see _cwire_pick.c"},

@@ -1,5 +1,5 @@
 /* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
- * header finder (_cwire_peek.c), a deduplication cache's table (_cwire_dedup_table.c) and MQTT's delivery-run
+ * header finder (_cwire_peek.c), a stream run's stamped deliveries (_cwire_stamped.c), a deduplication cache's table (_cwire_dedup_table.c) and MQTT's delivery-run
  * encoder (_cwire_mqtt.c) that the module's method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
@@ -11,6 +11,9 @@ PyObject *cwire_deliver_frames(PyObject *self, PyObject *const *args, Py_ssize_t
 PyObject *cwire_init_deliver(PyObject *self, PyObject *args);
 PyObject *cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *msg, PyObject **last_ex,
+                          PyObject **last_rk, PyObject **last_parts, int *err);
+PyObject *cwire_deliver_stamped_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_init_round(PyObject *self, PyObject *args);
 PyObject *cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

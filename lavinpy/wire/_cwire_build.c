@@ -122,12 +122,12 @@ cwire_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * other goes to the fallback given to init_deliver and its frames are appended in order. */
 
 /* The cached deliver parts of one message, or NULL (borrowed; *err set on an error). The previous
- * message's names are reused when exchange and routing key are equal. */
-static PyObject *
-run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *msg, PyObject **last_ex, PyObject **last_rk,
+ * message's names are reused when exchange and routing key are equal. Shared with _cwire_stamped.c. */
+PyObject *
+cwire_run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *msg, PyObject **last_ex, PyObject **last_rk,
           PyObject **last_parts, int *err)
 {
-    if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) < 5)
+    if (deliver_parts_cache == NULL || !PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) < 5)
         return NULL;
     PyObject *ex = PyTuple_GET_ITEM(msg, 1), *rk = PyTuple_GET_ITEM(msg, 2);
     if (!PyUnicode_CheckExact(ex) || !PyUnicode_CheckExact(rk))
@@ -187,7 +187,7 @@ cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t j = i, total = 0;
         for (; j < n; j++) {
             PyObject *msg = PyList_GET_ITEM(messages, j);
-            PyObject *parts = run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
+            PyObject *parts = cwire_run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
             if (err)
                 goto error;
             if (parts == NULL)
@@ -210,7 +210,7 @@ cwire_deliver_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             unsigned char *p = (unsigned char *)PyBytes_AS_STRING(chunk);
             for (Py_ssize_t k = i; k < j; k++) {
                 PyObject *msg = PyList_GET_ITEM(messages, k);
-                PyObject *parts = run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
+                PyObject *parts = cwire_run_parts(channel_obj, consumer_tag, msg, &last_ex, &last_rk, &last_parts, &err);
                 if (parts == NULL) {
                     if (!err)
                         PyErr_SetString(PyExc_RuntimeError, "deliver_run: the deliver parts changed");

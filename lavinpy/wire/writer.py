@@ -237,6 +237,30 @@ if cwire is not None:
     deliver_run = cwire.deliver_run  # noqa: F811
 
 
+def deliver_stamped_run(channel: int, consumer_tag: str, first_tag: int, messages: list, frame_max: int,
+                        first_offset: int, splices: dict[bytes, tuple[bytes, bytes]]
+                        ) -> tuple[list[bytes | memoryview], int]:
+    """``deliver_run`` (none redelivered) of a stream's run with each message's ``x-stream-offset``
+    (``first_offset`` on) stamped as its block's splice gives it: ``splices[properties]`` is the
+    stamped block's bytes before and after the 8-byte value. Stops at the first message whose block
+    has no splice yet and returns its index with the frames of those before it."""
+    frames: list[bytes | memoryview] = []
+    for i, msg in enumerate(messages):
+        splice = splices.get(msg.properties)
+        if splice is None:
+            return frames, i
+        stamped = splice[0] + (first_offset + i).to_bytes(8, "big", signed=True) + splice[1]
+        frames += deliver_py(channel, consumer_tag, first_tag + i, False, msg.exchange, msg.routing_key, stamped,
+                             msg.body, frame_max)
+    return frames, len(messages)
+
+
+deliver_stamped_run_py = deliver_stamped_run
+if cwire is not None:
+    # Also stops where the deliver parts are not cached or a body needs the general framing.
+    deliver_stamped_run = cwire.deliver_stamped_run  # noqa: F811
+
+
 def get_ok(channel: int, delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
            message_count: int, properties: bytes, body: bytes | memoryview, frame_max: int) -> list[bytes | memoryview]:
     """basic.get-ok + content header + body frames."""

@@ -16,7 +16,7 @@ from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
-from .round_picks import deliver_share, pick_round
+from .round_picks import deliver_share, pick_round, shares_of
 
 if TYPE_CHECKING:
     from ...store.queue_index import QueueIndex
@@ -433,9 +433,11 @@ class Queue(QueueKind):
         redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
         try:
             messages: list[StoredMessage | None] = list(self.vhost.store.messages.read_many(positions))
+            damaged = False  # read_many raises rather than return a damaged record
         except (CorruptRecord, KeyError):
             messages = [self.read(pos) for pos in positions]  # damaged ones reported, None here
-        if None in messages:  # damaged: removed, and the consumer's turn given back
+            damaged = None in messages
+        if damaged:  # removed, and the consumer's turn given back
             kept = [i for i, msg in enumerate(messages) if msg is not None]
             for i, msg in enumerate(messages):
                 if msg is None:
@@ -450,11 +452,8 @@ class Queue(QueueKind):
         if single and picks:  # one consumer's round (the usual one an ack read starts): one run, no split
             delivered = deliver_share(picks[0], positions, messages, redelivered)  # type: ignore[arg-type]
         else:
-            if len(set(picks)) > 1:  # each consumer's share its own run: its in-order acks settle it whole
-                shares: dict[QueueConsumer, list[int]] = {}
-                for consumer, pos in zip(picks, positions, strict=True):
-                    shares.setdefault(consumer, []).append(pos)
-                index.split_taken(taken, list(shares.values()))
+            if len(owners := dict.fromkeys(picks)) > 1:  # each one's share its own run: its in-order acks settle it
+                index.split_taken(taken, shares_of(owners, picks, positions))
             delivered = deliver_picks(picks, positions, messages, redelivered)  # type: ignore[arg-type]
         for settled in delivered:
             index.ack_many(settled)  # delivered to no-ack consumers: settled at once

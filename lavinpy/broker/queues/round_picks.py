@@ -12,6 +12,8 @@ one delivery at a time (and ``pick``) gives.
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import is_
 from typing import TYPE_CHECKING
 
 from .consumer_set import ConsumerSet, deliver_round_runs
@@ -63,3 +65,15 @@ def deliver_share(consumer: QueueConsumer, positions: list[int], messages: list[
         no_ack_runs: list[list[int]] = deliver_round([consumer], positions, messages, redelivered)
         return no_ack_runs
     return deliver_round_runs([consumer], positions, messages, redelivered)
+
+
+def shares_of(owners: dict[QueueConsumer, None], picks: list[QueueConsumer], positions: list[int]) -> list[list[int]]:
+    """Each of ``owners``' (the distinct picks, in first-pick order) positions, in pick order. While they
+    are few (a queue read by a few consumers, as a Spark job's partitions) one pass each at C speed
+    instead of a Python step per pick."""
+    if len(owners) <= 8:
+        return [list(compress(positions, map(is_, picks, repeat(owner)))) for owner in owners]
+    shares: dict[QueueConsumer, list[int]] = {owner: [] for owner in owners}
+    for consumer, pos in zip(picks, positions, strict=True):
+        shares[consumer].append(pos)
+    return list(shares.values())

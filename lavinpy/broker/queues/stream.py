@@ -485,10 +485,12 @@ class StreamQueue(QueueKind):
             except (CorruptRecord, KeyError):
                 break  # the one-at-a-time path reports it and goes on
             count = len(positions)
-            messages = stamped_run(messages, cursor)
             # the next run's length from this one's body sizes (as classic queues size theirs)
             self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
-            channel.deliver_run(consumer, positions, messages, None)
+            if (own := getattr(channel, "deliver_stamped_run", None)) is None:  # AMQP's stamps as it frames
+                channel.deliver_run(consumer, positions, stamped_run(messages, cursor), None)
+            else:
+                own(consumer, positions, messages, cursor, _SPLICES, stamped_run)
             self.offsets.delivered_run(consumer, positions, cursor)
             if not consumer.no_ack:
                 consumer.unacked += count
