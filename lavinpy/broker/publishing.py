@@ -33,6 +33,24 @@ _FIRST_SIZE_BOUND = MESSAGE_SIZE_BOUNDS[0]
 REJECTED = object()
 
 
+# The last headers table ``publish`` decoded, with its property block: a publisher sends the same block
+# again and again (an MQTT client's QoS, an AMQP client's fixed headers). Only a table of scalar values
+# is kept, and each caller gets its own copy: the same dict as decoding again, for a C-level copy.
+_last_headers: tuple[bytes, dict] = (b"", {})
+
+
+def _peeked_headers(properties: bytes) -> dict | None:
+    global _last_headers
+    last = _last_headers
+    if properties == last[0]:
+        return dict(last[1])
+    headers = peek_headers(properties)
+    if headers and type(properties) is bytes and all(
+            isinstance(value, (int, str, bytes, float)) for value in headers.values()):
+        _last_headers = (properties, dict(headers))
+    return headers
+
+
 def append_and_push(store: VhostStore, exchange_name: str, routing_key: str, properties: bytes, body: bytes,
                     timestamp: int, queues: Iterable[QueueKind], stored: int = -1) -> tuple[int, bool]:
     """Store a message once and push its position to every queue that is not closed.
@@ -171,7 +189,7 @@ class VHostPublishing:
                 return self._publish_to(exchange.name, routing_key, properties, body, (queue,), stored=stored)
             queues: Iterable[QueueKind] = (queue,)
         else:
-            headers = peek_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
+            headers = _peeked_headers(properties) if properties[0] & _HEADERS_FLAG_HIGH else None
             if exchange.dedup is not None and exchange.dedup.seen(headers, time_ns() // 1_000_000):
                 exchange.stats.duplicates += 1
                 # a duplicate: routed nowhere, and confirmed as accepted once its original is durable

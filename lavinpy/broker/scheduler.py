@@ -82,6 +82,19 @@ class DeliveryScheduler:
             self._scheduled = True
             self.call_soon(self.run)
 
+    def deliver_now(self, queue: DeliveringQueue) -> None:
+        """``run_deliveries``' round for one queue, at once: a face that writes right after its read (an
+        ack freed its own consumer's room) runs the step without the set and the rounds. A cluster
+        leader's lease check, or a step with more to deliver, leaves the queue to a turn as before."""
+        if self.serving_guard is not None:
+            self.schedule_delivery(queue)
+            return
+        try:
+            if not queue.deleted and queue.deliver():
+                self.schedule_delivery(queue)
+        except Exception:  # as run_deliveries: a bug in one queue must not stop the reader
+            log.exception("delivery from queue '%s' failed", queue.name)
+
     def hold(self) -> bool:
         """A face handles a read and writes its output right after it, running the deliveries it made
         (an in-flight window's round trip): what is asked meanwhile calls the loop once, at ``release``,

@@ -133,7 +133,7 @@ class MQTTConnection:
         self.recv_oct += len(data)
         self.recv_cnt += 1
         subs = self.subscriptions
-        if subs is not None and not self._backlog and not self.reader.buffered:
+        if subs is not None and data[:1] == b"\x40" and not self._backlog and not self.reader.buffered:
             try:  # a subscriber's read of PUBACKs alone, one run: no packet to handle, no reply batch to end
                 if subs.puback_read(data, write_follows):
                     return

@@ -501,10 +501,10 @@ class Subscriptions:
         if tags is None:
             return False
         if tags:
-            deliveries = self.deliveries
-            if write_follows:
-                deliveries.deferred_acks = []
-            deliveries.ack_run(tags)
+            if write_follows:  # the freed window's next delivery goes out in this read's write
+                self.deliveries.ack_run_before_write(tags)
+            else:
+                self.deliveries.ack_run(tags)
         return True
 
     def settle_deferred(self) -> None:

@@ -180,3 +180,27 @@ def test_pick_is_next_ready_once_per_message(seed: int) -> None:
     assert picked > 1000  # the picks did run rounds, not only empty sets
     assert with_priorities or heap_at_pick == {False, True}
     assert [c.tag for c in fast] == [a.tag for a, _ in live]
+
+
+def test_a_step_is_wanted_unless_a_lone_consumer_s_window_is_full() -> None:
+    """``step_wanted``: what a push asks before scheduling the queue's delivery step."""
+    consumers = ConsumerSet()
+    assert not consumers.step_wanted()  # no consumer
+    first = Consumer("a", None, Channel(), prefetch=2)  # type: ignore[arg-type]
+    consumers.add(first)
+    assert consumers.step_wanted()
+    first.unacked = 2
+    assert not consumers.step_wanted()  # its window full: its next credit asks for the step
+    first.credit(1)
+    assert consumers.step_wanted()
+    first.unacked = 5
+    second = Consumer("b", None, Channel(), prefetch=2)  # type: ignore[arg-type]
+    second.unacked = 2
+    consumers.add(second)
+    assert consumers.step_wanted()  # several: the step's round robin decides
+    consumers.remove(second)
+    for unlimited in (Consumer("c", None, Channel()), Consumer("d", None, Channel(), no_ack=True, prefetch=1)):  # type: ignore[arg-type]
+        consumers.remove(next(iter(consumers)))
+        unlimited.unacked = 9
+        consumers.add(unlimited)
+        assert consumers.step_wanted()  # no window (prefetch 0, or no-ack)

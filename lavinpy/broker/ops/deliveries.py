@@ -50,8 +50,8 @@ def get_one(queue: QueueKind, no_ack: bool, counters: ProtocolCounters) -> tuple
 class Deliveries:
     """The unacked deliveries of one channel, by delivery tag, in delivery order."""
 
-    __slots__ = ("unacked", "tag", "prefetch", "counters", "deferred_acks", "_vhost", "_schedule", "_room_freed",
-                 "_channel")
+    __slots__ = ("unacked", "tag", "prefetch", "counters", "deferred_acks", "freed", "_vhost", "_schedule",
+                 "_room_freed", "_channel")
 
     def __init__(self, vhost: VHost, room_freed: Callable[[], None], counters: ProtocolCounters, *,
                  channel: bool = True) -> None:
@@ -65,6 +65,9 @@ class Deliveries:
         # Set by a connection that writes right after its input step: the queue side of in-order acks
         # (their index and segment updates) waits here until that write is out (``settle_deferred``).
         self.deferred_acks: list[tuple[QueueKind, list[int]]] | None = None
+        # Set (to a list) by a caller that runs the freed queues' steps itself right after its acks: the
+        # queues those acks let deliver again are collected here instead of waiting in the scheduler's set.
+        self.freed: list[QueueKind] | None = None
         self._vhost = vhost
         self._schedule = vhost.schedule_delivery
         self._room_freed = room_freed  # the session delivers again to its own consumers
@@ -222,6 +225,20 @@ class Deliveries:
         self._acks(items)  # type: ignore[arg-type]
         return None
 
+    def ack_run_before_write(self, tags: list[int]) -> None:
+        """``ack_run`` for a caller that writes its output right after, then calls ``settle_deferred``:
+        the queue side of the acks waits for that write, and each queue the acks let deliver again runs
+        its step now (``DeliveryScheduler.deliver_now``), as the turn the caller runs next would."""
+        self.deferred_acks = []
+        freed: list[QueueKind] = []
+        self.freed = freed
+        try:
+            self.ack_run(tags)
+        finally:
+            self.freed = None
+        for queue in freed:
+            self._vhost.broker.scheduler.deliver_now(queue)
+
     def settle_deferred(self) -> None:
         """The queue side of the acks ``ack_run`` deferred (``deferred_acks``), applied in their order;
         deferring ends."""
@@ -240,7 +257,11 @@ class Deliveries:
         queue.stats.ack += count
         self.counters.ack += count
         if queue.consumers and queue.message_count:
-            self._schedule(queue)
+            freed = self.freed
+            if freed is None:
+                self._schedule(queue)
+            else:
+                freed.append(queue)
         if self.prefetch:
             self._room_freed()
 

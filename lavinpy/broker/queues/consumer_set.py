@@ -55,6 +55,17 @@ class ConsumerSet:
     def __bool__(self) -> bool:
         return bool(self._order)
 
+    def step_wanted(self) -> bool:
+        """Whether a message entering the ready index asks for a delivery step: any consumer, but a
+        lone one with its prefetch window full (a publisher's flood to a subscriber at its window):
+        its next credit asks for the step (every settle schedules a queue with messages)."""
+        order = self._order
+        if len(order) != 1:
+            return bool(order)
+        for consumer in order:
+            return consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch
+        return False  # pragma: no cover - one consumer in the dict
+
     def __iter__(self) -> Iterator[QueueConsumer]:
         """Registration order."""
         return iter(self._order)

@@ -185,7 +185,7 @@ class Queue(QueueKind):
                 self._hand(consumer, pos, persistent, message)
                 return
         index.push(pos, persistent)
-        if self.consumers:
+        if self.consumers.step_wanted():
             self.vhost.schedule_delivery(self)
 
     def push_many(self, positions: array, persistent: bool, run: PublishRun, first: int,
@@ -207,7 +207,7 @@ class Queue(QueueKind):
                 return
             positions = positions[handed:]
         index.push_many(positions, persistent, level)
-        if consumers:
+        if consumers.step_wanted():
             self.vhost.schedule_delivery(self)
 
     def push_runs(self, positions: array, persistent: bool, run: PublishRun, first: int, level: int | None) -> None:
