@@ -4,7 +4,8 @@ For each ``--rates`` entry (msg/s, 0 = as fast as amqpperf goes) a lavinpy broke
 fsync always, as bench/scale.py starts it) takes amqpperf's load (1 publisher, 16 B, ``--consumers`` at
 ``--prefetch``); the broker counts, in its own process, how often a consuming connection's turn held its
 output (``ConnectionOutput.run_pending``) and how many writes the consuming connections made. Printed per
-run: the broker's CPU per consumed message, the held share of those turns and messages per consumer write.
+run: the broker's CPU per consumed message, the held share of those turns, messages per consumer write, and
+per consumed message the consumers' reads (their acks), the scheduler's turns and the output looks (run_pending).
 The hold engages only while a publisher's reader thread has input left after a take
 (``sessions.input_waiting``): when the broker keeps up with the publisher it seldom does.
 
@@ -29,9 +30,10 @@ from pathlib import Path
 
 def broker_child(counts_file: str, argv: list[str]) -> None:
     """Run the broker with run_pending and the consumers' writes counted (dumped twice a second)."""
-    from lavinpy.amqp import output
+    from lavinpy.amqp import output, transport
+    from lavinpy.broker import scheduler
 
-    counts = {"held": 0, "written": 0, "writes": 0}
+    counts = {"held": 0, "written": 0, "writes": 0, "reads": 0, "turns": 0}
     run_pending, data_to_send = output.ConnectionOutput.run_pending, output.ConnectionOutput.data_to_send
 
     def counted_run_pending(self: output.ConnectionOutput) -> None:
@@ -45,6 +47,19 @@ def broker_child(counts_file: str, argv: list[str]) -> None:
             counts["writes"] += 1
         return out
 
+    data_received, turn = transport.AMQPProtocol.data_received, scheduler.DeliveryScheduler.run
+
+    def counted_data_received(self: transport.AMQPProtocol, data: bytes) -> None:
+        if self.conn is not None and self.conn in self.conn.sessions.consuming:
+            counts["reads"] += 1  # (a consumer's reads: its acks)
+        data_received(self, data)
+
+    def counted_turn(self: scheduler.DeliveryScheduler) -> None:
+        counts["turns"] += 1
+        turn(self)
+
+    transport.AMQPProtocol.data_received = counted_data_received  # type: ignore[method-assign]
+    scheduler.DeliveryScheduler.run = counted_turn  # type: ignore[method-assign]
     output.ConnectionOutput.run_pending = counted_run_pending  # type: ignore[method-assign]
     output.ConnectionOutput.data_to_send = counted_data_to_send  # type: ignore[method-assign]
 
@@ -98,7 +113,11 @@ def run_once(args: argparse.Namespace, rate: float) -> dict:
     return {"rate": rate, "con msg/s": consumed, "broker cores": cores,
             "us/msg": cores * 1e6 / consumed if consumed else 0,
             "held share": counts["held"] / turns if turns else 0,
-            "msg/write": consumed * seconds / counts["writes"] if counts["writes"] else 0}
+            "msg/write": consumed * seconds / counts["writes"] if counts["writes"] else 0,
+            # per consumed message (the counts' whole run against the measured rate over it)
+            "reads/msg": counts["reads"] / (consumed * seconds) if consumed else 0,
+            "turns/msg": counts["turns"] / (consumed * seconds) if consumed else 0,
+            "looks/msg": turns / (consumed * seconds) if consumed else 0}
 
 
 def main() -> None:
@@ -118,7 +137,9 @@ def main() -> None:
         for rate in (float(x) for x in args.rates.split(",")):
             f = run_once(args, rate)
             print(f"rate {f['rate']:>8,.0f}  consumed {f['con msg/s']:>9,.0f}/s  broker {f['broker cores']:.2f} cores "
-                  f"{f['us/msg']:6.2f} us/msg  held share {f['held share']:.2f}  {f['msg/write']:5.1f} msg/write",
+                  f"{f['us/msg']:6.2f} us/msg  held share {f['held share']:.2f}  {f['msg/write']:5.1f} msg/write  "
+                  f"per msg: {f['reads/msg']:.3f} ack reads, {f['turns/msg']:.3f} turns, "
+                  f"{f['looks/msg']:.3f} output looks",
                   flush=True)
 
 

@@ -5,8 +5,11 @@ dir, ``fsync: never``) on one queue at prefetch P; a publisher's reads of R 16 B
 stored and handed out (3-4 per consumer a round at N = 1,000, R = 3,500, as the published runs of
 ``bench/scale.py``'s consumers curve); every K such reads each consumer acks what it holds with one
 basic.ack multiple=true (at prefetch 10 the deliveries then come from the queue's backlog, a round per
-ack read). Timed: the publisher's reads and the ack reads with the deliveries they start (thread CPU),
-per message delivered; the consumers' output is taken outside the timing.
+ack read), or with ``--single-acks`` one basic.ack per delivery in one read, as amqpperf acks (a broker that
+keeps up with its publisher: ``--run 50 --every 1`` is about 50,000 msg/s taken once a millisecond, one
+delivery a consumer read; ``--ack-reads-only`` prints the ack reads' cost per read). Timed: the publisher's
+reads and the ack reads with the deliveries they start (thread CPU), per message delivered; the consumers'
+output is taken outside the timing.
 
 ``--held``: as over sockets while a publisher's reader thread holds more input (``sessions.input_waiting``),
 each publisher read is one turn of the loop, and a consumer's small output waits for the next turns (up to
@@ -35,7 +38,8 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
             pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch)
             run = publish_read(pub, args.run)
             acked = [0] * len(consumers)
-            spent = 0.0
+            spent = ack_spent = 0.0
+            ack_reads = 0
             delivered_before = sum(c.conn.channels[1].deliveries.tag for c in consumers)
             for r in range(args.rounds):
                 t0 = time.thread_time()
@@ -61,16 +65,24 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
                 for i, c in enumerate(consumers):
                     last = c.conn.channels[1].deliveries.tag
                     if last > acked[i]:
-                        reads.append((c.conn, ack_frame(last, multiple=True)))
+                        if args.single_acks:  # as amqpperf: one basic.ack per delivery, a read of them
+                            data = b"".join(ack_frame(tag) for tag in range(acked[i] + 1, last + 1))
+                        else:
+                            data = ack_frame(last, multiple=True)
+                        reads.append((c.conn, data))
                         acked[i] = last
                 t0 = time.thread_time()
                 for conn, data in reads:
                     conn.receive_data(data)
                 h.run_soon()
                 spent += time.thread_time() - t0
+                ack_spent += time.thread_time() - t0
+                ack_reads += len(reads)
                 for c in consumers:
                     c.conn.data_to_send()
             delivered = sum(c.conn.channels[1].deliveries.tag for c in consumers) - delivered_before
+            if args.ack_reads_only:
+                return ack_spent / max(1, ack_reads) * 1e6, ack_reads
             return spent / max(1, delivered) * 1e6, delivered
         finally:
             h.close()
@@ -85,11 +97,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--held", action="store_true", help="a turn per publisher read, small output held between")
+    ap.add_argument("--single-acks", action="store_true",
+                    help="each delivery acked by its own basic.ack (multiple=false), a consumer's acks in one read")
+    ap.add_argument("--ack-reads-only", action="store_true",
+                    help="print the ack reads' thread CPU per read (with the deliveries they start), not per message")
     args = ap.parse_args()
     runs = [run_once(args) for _ in range(args.repeat)]
     figures = sorted(figure for figure, _ in runs)
-    print(f"µs thread CPU per delivered message: min {figures[0]:.3f}, median {figures[len(figures) // 2]:.3f} "
-          f"({', '.join(f'{f:.3f}' for f in figures)}); delivered {', '.join(str(d) for _, d in runs)}")
+    what, counted = ("ack read", "ack reads") if args.ack_reads_only else ("delivered message", "delivered")
+    print(f"µs thread CPU per {what}: min {figures[0]:.3f}, median {figures[len(figures) // 2]:.3f} "
+          f"({', '.join(f'{f:.3f}' for f in figures)}); {counted} {', '.join(str(d) for _, d in runs)}")
 
 
 if __name__ == "__main__":
