@@ -10,22 +10,26 @@ name):
   ``correlation_id`` or ``timestamp``. A message without the header or property hashes as an empty
   value: all such messages go to one destination, as the plugin's do.
 
-The hash ring: each destination owns ``POINTS_PER_WEIGHT`` points per unit of weight, placed by a
-hash of the destination's name and the point's number; a message's hash picks the first point after
-it (wrapping). Unlike the plugin's, whose buckets follow the order bindings were made,
-the ring depends only on which destinations are bound with which weights: the same key reaches the
-same queue after a restart whatever order the bindings come back in, and binding or unbinding a
-destination moves only the keys of that destination's share. The ring is rebuilt, once, on the
-first message after a binding change (a restart replaying many bindings builds it once).
+Placement is weighted rendezvous hashing over a table of 131,072 slots: a message's hash picks a slot,
+and the slot belongs to the destination with the best score among the bound ones, each score a draw
+from a hash of the slot and the destination's name scaled by the destination's weight. A destination's
+share is its weight over the total, within the slots' own sampling noise (~0.6 % for a queue with a
+sixth of the weight; a hash ring at 160 points per unit of weight was off by ~8 %, and RabbitMQ's
+chi-square check of weights 1,1,2,2 failed on it four runs in five). Unlike the plugin's buckets, which
+follow the order bindings were made, the outcome depends only on which destinations are bound with which
+weights: the same key reaches the same queue after a restart whatever order the bindings come back in,
+and binding or unbinding a destination moves only the slots it wins or held. A slot is scored on the
+first message that lands in it after a binding change (one short hash per bound destination), then
+routing is one hash and one table read.
 """
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
+from array import array
 from collections.abc import Collection, Hashable
 from hashlib import blake2b
-from struct import Struct
+from math import log
 from typing import Any
 
 from lavinpy.broker.exchanges.base import Binding, BindingKey, Exchange, InvalidBinding
@@ -34,10 +38,11 @@ from lavinpy.wire.field_table import encode_value
 from lavinpy.wire.properties import PROPERTY_NAMES, PropertiesError, property_values
 
 MAX_WEIGHT = 10_000  # RabbitMQ 4's limit ("The binding key must not exceed 10000")
-POINTS_PER_WEIGHT = 160  # ring points per unit of weight: a weight-1 queue's share within ~5%
+SLOT_BITS = 17  # 131,072 slots: a sixth of the weight gets its share within ~0.6 % (one standard deviation)
 HASH_PROPERTIES = ("correlation_id", "message_id", "timestamp")  # the plugin's list
 _WEIGHT = re.compile(r"[+-]?[0-9]+")  # what Erlang's list_to_integer accepts
-_POINTS = Struct(">8Q")  # one 64-byte digest gives eight ring points
+_MASK64 = (1 << 64) - 1
+_TWO_TO_MINUS_53 = 2.0 ** -53
 _MISSING = b""  # what a message without the hashed header or property hashes as
 
 
@@ -65,15 +70,22 @@ def _hash64(data: bytes) -> int:
     return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
-def ring_points(name: bytes, count: int) -> list[int]:
-    """The first ``count`` ring points of a destination: a more heavily bound one keeps these and adds more."""
-    points: list[int] = []
-    block = 0
-    while len(points) < count:
-        points.extend(_POINTS.unpack(blake2b(b"%s#%d" % (name, block), digest_size=64).digest()))
-        block += 1
-    del points[count:]
-    return points
+def _mix64(value: int) -> int:
+    """A 64-bit finaliser (splitmix64's): every input bit reaches every output bit, so the scores one
+    message draws for different destinations behave as independent draws."""
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _unscored(typecode: str) -> int:
+    """The slot value that means "not scored yet": the largest the table's item type holds."""
+    return (1 << (8 * array(typecode).itemsize)) - 1
+
+
+def member_seed(name: bytes) -> int:
+    """What a destination mixes into every message's hash: a stable hash of its ring name."""
+    return _hash64(name)
 
 
 def ring_name(destination: Hashable) -> bytes:
@@ -133,7 +145,9 @@ class ConsistentHashExchange(Exchange):
         self.hash_property = prop
         self._property_index = PROPERTY_NAMES.index(prop) if prop is not None else -1
         self._weights: dict[Hashable, int] = {}  # destination -> the sum of its bindings' weights
-        self._ring: tuple[list[int], list[Hashable]] | None = None  # None: build before routing
+        self._members: list[tuple[int, float, Hashable]] | None = None  # None: build before routing
+        self._slots: array[int] | None = None  # slot -> index into _members, or _unscored
+        self._unscored = 0
 
     # -- bindings ---------------------------------------------------------------------------------
 
@@ -143,7 +157,7 @@ class ConsistentHashExchange(Exchange):
     def _index_add(self, key: BindingKey, binding: Binding) -> None:
         destination = binding.destination
         self._weights[destination] = self._weights.get(destination, 0) + weight_of(binding.routing_key)
-        self._ring = None
+        self._members = None
 
     def _index_remove(self, key: BindingKey, binding: Binding) -> None:
         destination = binding.destination
@@ -152,26 +166,23 @@ class ConsistentHashExchange(Exchange):
             self._weights[destination] = remaining
         else:
             del self._weights[destination]
-        self._ring = None
+        self._members = None
 
     def weights(self) -> dict[Hashable, int]:
         """Each bound destination's weight (the sum of its bindings' keys)."""
         return dict(self._weights)
 
-    def _build_ring(self) -> tuple[list[int], list[Hashable]]:
-        """The ring's sorted points and each point's destination. Destinations are numbered in the
-        order of their ring names so that two points at the same place resolve the same way every time."""
+    def _build_members(self) -> list[tuple[int, float, Hashable]]:
+        """(seed, 1/weight, destination) per bound destination, in the order of their ring names so that
+        a tie (two equal scores) resolves the same way every time."""
         members = sorted(((ring_name(d), d, w) for d, w in self._weights.items()), key=lambda m: m[0])
-        shift = max(1, (len(members) - 1).bit_length())
-        tagged: list[int] = []
-        for number, (name, _destination, weight) in enumerate(members):
-            tagged.extend((point << shift) | number for point in ring_points(name, weight * POINTS_PER_WEIGHT))
-        tagged.sort()
-        mask = (1 << shift) - 1
-        destinations = [m[1] for m in members]
-        ring = ([t >> shift for t in tagged], [destinations[t & mask] for t in tagged])
-        self._ring = ring
-        return ring
+        self._members = [(member_seed(name), 1.0 / weight, destination) for name, destination, weight in members]
+        self._slots = None
+        if self._members:  # two bytes a slot while the destinations can be numbered in them
+            typecode = "H" if len(self._members) < 0xFFFF else "I"
+            self._unscored = _unscored(typecode)
+            self._slots = array(typecode, [self._unscored]) * (1 << SLOT_BITS)
+        return self._members
 
     # -- routing ----------------------------------------------------------------------------------
 
@@ -198,14 +209,29 @@ class ConsistentHashExchange(Exchange):
         return self._pick(self.hash_input(routing_key, headers, properties))
 
     def _pick(self, hashed: bytes) -> Collection[Hashable]:
-        ring = self._ring
-        if ring is None:
-            ring = self._build_ring()
-        points, destinations = ring
-        if not points:
+        members = self._members
+        if members is None:
+            members = self._build_members()
+        slots = self._slots
+        if slots is None:
             return ()
-        index = bisect_right(points, _hash64(hashed))
-        return (destinations[index if index < len(points) else 0],)
+        slot = _hash64(hashed) >> (64 - SLOT_BITS)
+        owner = slots[slot]
+        if owner == self._unscored:
+            owner = slots[slot] = self._score(slot, members)
+        return (members[owner][2],)
+
+    @staticmethod
+    def _score(slot: int, members: list[tuple[int, float, Hashable]]) -> int:
+        """The index of the destination with the lowest -ln(u)/weight, u a uniform draw from (slot,
+        destination): the minimum of exponential draws with rates equal to the weights, so each
+        destination wins its weight's share of the slots."""
+        best, chosen = float("inf"), 0
+        for index, (seed, inverse_weight, _destination) in enumerate(members):
+            score = -log(((_mix64(slot ^ seed) >> 11) + 0.5) * _TWO_TO_MINUS_53) * inverse_weight
+            if score < best:
+                best, chosen = score, index
+        return chosen
 
     def match(self, routing_key: str, headers: dict[str, Any] | None) -> Collection[Hashable]:
         return self.match_properties(routing_key, headers, None)
