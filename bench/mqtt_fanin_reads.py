@@ -16,24 +16,14 @@ M - N steps, whatever the machine's load.
 from __future__ import annotations
 
 import argparse
-import gc
 import tempfile
 import time
 from collections import deque
-from pathlib import Path
+
+from mqtt_roundtrip import connected, subscriber_harness
 
 from lavinpy.mqtt import codec
 from lavinpy.mqtt.connection import MQTTConnection
-from lavinpy.mqtt.sessions import MQTTSessions
-from tests.amqp.session_client import Harness
-
-
-def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
-    conn = sessions.new_connection(("127.0.0.1", 50000))
-    conn.start()
-    conn.receive_data(codec.encode_connect(client_id, username="guest", password=b"guest", keepalive=60))
-    conn.data_to_send()
-    return conn
 
 
 def main() -> None:
@@ -43,15 +33,9 @@ def main() -> None:
                         help="messages queued first (100 publishers x a window of 10 less the subscriber's)")
     options = parser.parse_args()
     steps = options.steps
-    gc.set_threshold(100_000, 50, 1000)  # the server's thresholds
     with tempfile.TemporaryDirectory() as data_dir:
-        harness = Harness(Path(data_dir), fsync="never")
-        sessions = MQTTSessions(harness.broker)
-        sub = _connected(sessions, "sub")
-        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
-        harness.run_soon()
-        sub.data_to_send()
-        publishers = [_connected(sessions, f"p{i}") for i in range(100)]
+        harness, sessions, sub = subscriber_harness(data_dir)
+        publishers = [connected(sessions, f"p{i}") for i in range(100)]
         packets = [codec.publish("t/a", b"x" * 16, 1, False, False, i + 1) for i in range(100)]
         scheduler, reader = harness.broker.scheduler, codec.PacketReader(1 << 24)
         deferring = hasattr(sub, "settle_deferred")

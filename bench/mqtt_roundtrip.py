@@ -24,12 +24,25 @@ from lavinpy.mqtt.sessions import MQTTSessions
 from tests.amqp.session_client import Harness
 
 
-def _connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
+def connected(sessions: MQTTSessions, client_id: str) -> MQTTConnection:
+    """An MQTT connection of ``sessions`` past its CONNECT, its CONNACK read."""
     conn = sessions.new_connection(("127.0.0.1", 50000))
     conn.start()
     conn.receive_data(codec.encode_connect(client_id, username="guest", password=b"guest", keepalive=60))
     conn.data_to_send()
     return conn
+
+
+def subscriber_harness(data_dir: str) -> tuple[Harness, MQTTSessions, MQTTConnection]:
+    """A broker in process (fsync never, the server's gc thresholds) with one QoS 1 subscriber of t/#."""
+    gc.set_threshold(100_000, 50, 1000)  # the server's thresholds
+    harness = Harness(Path(data_dir), fsync="never")
+    sessions = MQTTSessions(harness.broker)
+    sub = connected(sessions, "sub")
+    sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
+    harness.run_soon()
+    sub.data_to_send()
+    return harness, sessions, sub
 
 
 def main() -> None:
@@ -40,16 +53,10 @@ def main() -> None:
                              "1: as paho and libmosquitto send them, a PUBACK a write)")
     options = parser.parse_args()
     limit, per_read = options.round_trips, options.acks_per_read
-    gc.set_threshold(100_000, 50, 1000)  # the server's thresholds
     with tempfile.TemporaryDirectory() as data_dir:
-        harness = Harness(Path(data_dir), fsync="never")
-        sessions = MQTTSessions(harness.broker)
-        sub = _connected(sessions, "sub")
-        sub.receive_data(bytes((0x82, 8)) + b"\x00\x01\x00\x03t/#\x01")
-        harness.run_soon()
-        sub.data_to_send()
+        harness, sessions, sub = subscriber_harness(data_dir)
         for i in range(100):
-            pub = _connected(sessions, f"p{i}")
+            pub = connected(sessions, f"p{i}")
             pub.receive_data(b"".join(codec.publish("t/a", b"x" * 16, 1, False, False, j + 1) for j in range(1000)))
             harness.run_soon()
             pub.data_to_send()
