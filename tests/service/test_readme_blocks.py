@@ -98,8 +98,12 @@ def environment(tmp_path: Path) -> dict[str, str]:
     """`python3` is this interpreter and `lavinpyctl` its script, whatever PATH holds; lavinpy is this tree."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python3").unlink(missing_ok=True)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    # A script, not a symlink: an interpreter reached through a link to a venv's link finds no
+    # pyvenv.cfg beside the first link and starts without the venv's packages.
+    python = bin_dir / "python3"
+    python.unlink(missing_ok=True)
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     ctl = bin_dir / "lavinpyctl"
     ctl.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m lavinpy.cli.ctl "$@"\n')
     ctl.chmod(0o755)
