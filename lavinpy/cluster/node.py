@@ -5,10 +5,10 @@ lease, the in-sync replica set (ISR) written by the leader under a fence, and th
 A node campaigns only when etcd's ISR lists it and its own copy is consistent (replica_state.py), or
 when an operator forces it; with no ISR in etcd only a brand-new cluster elects by itself. A leader
 serves only while its lease is certainly valid: a local deadline on the monotonic clock (when the last
-successful keepalive was sent + TTL, less a margin) is checked by a timer and on the confirm and
-delivery paths, independently of any etcd call; it stops at once when etcd says the lease is gone or
-the leader key changed. Stopping is a re-exec of the process: every socket closes at once and the new
-process rejoins as a follower.
+successful keepalive was sent + TTL, less a margin) is checked by a timer (armed again when it fires
+early), every tick of the leader's guard and on the confirm and delivery paths, independently of any
+etcd call; it stops at once when etcd says the lease is gone or the leader key changed. Stopping is a
+re-exec of the process: every socket closes at once and the new process rejoins as a follower.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ DEADLINE_MARGIN = 1.0  # a leader stops serving this long before its lease could
 # drops that follower from the ISR).
 LEADER_SILENT = 1.5
 LEADER_POLL = 0.25  # how often the leader key is read (changes are noticed within ~0.5 s)
+GUARD_TICK = 0.1  # how often a leader checks its lease deadline and fence besides the timer
 MEMBERS_POLL = 0.5
 ETCD_RETRY = 0.5
 # A leader whose key went (revoked, expired) sees it through its watch within milliseconds and stops;
@@ -224,6 +225,7 @@ class ClusterNode:
                     log.warning("cluster: lease keepalive failed (%s); the lease runs out in %.1f s",
                                 e, self.deadline - time.monotonic())
                 failures += 1
+                self._check_deadline()
                 continue
             if ttl == 0:
                 self.step_down("etcd says this node's lease is gone (expired or revoked)")
@@ -242,6 +244,12 @@ class ClusterNode:
         asyncio.get_running_loop().call_soon(self._lease_ran_out)
         return False
 
+    def _check_deadline(self) -> None:
+        """The deadline checked without the timer (each keepalive and guard tick): a timer lost or late
+        does not extend a leader's term by more than a tick."""
+        if self.role == "leader" and time.monotonic() >= self.deadline - DEADLINE_MARGIN:
+            self._lease_ran_out()
+
     def _arm_deadline(self) -> None:
         """A timer at the deadline: stepping down does not wait for an etcd call to return."""
         if self._deadline_timer is not None:
@@ -250,8 +258,17 @@ class ClusterNode:
         self._deadline_timer = asyncio.get_running_loop().call_later(max(0.0, delay), self._lease_ran_out)
 
     def _lease_ran_out(self) -> None:
-        if self.role == "leader" and time.monotonic() >= self.deadline - DEADLINE_MARGIN:
+        """The deadline timer, or a check that found the deadline near: step down once it has come, else
+        arm the timer again. A timer may fire before the time asked: uvloop counts whole milliseconds of
+        a clock read at the start of the loop's turn, about 1 ms early in a third of the cases. A check
+        that only returned then left no timer at all, and a leader cut off from etcd served on (confirms
+        stalled, its ports open) past its lease, while another node was elected."""
+        if self.role != "leader":
+            return
+        if time.monotonic() >= self.deadline - DEADLINE_MARGIN:
             self.step_down(f"etcd unreachable: the lease may expire in {self.deadline - time.monotonic():.1f} s")
+        else:
+            self._arm_deadline()
 
     async def _watch_members(self) -> None:
         while True:
@@ -457,25 +474,26 @@ class ClusterNode:
 
     async def _guard_leadership(self) -> None:
         """Step down when the leader key is no longer ours, a fenced write failed, or the lease deadline
-        comes near (a timer, see _arm_deadline). The watch reacts at once; the reads every 0.25 s cover
-        a watch that broke."""
-        self._tasks.append(asyncio.ensure_future(self._watch_leader_key()))
-        next_read = 0.0
+        comes near (a timer, see _arm_deadline, and a check every tick). The watch reacts at once; the
+        reads every 0.25 s cover a watch that broke. The reads run apart from the ticks: one read waits
+        up to a second per etcd endpoint for a member that does not answer."""
+        self._tasks += [asyncio.ensure_future(self._watch_leader_key()), asyncio.ensure_future(self._read_leader_key())]
         while True:
-            now = _now()
             if self._fenced_out:
                 self.step_down(self._fenced_out)
-            if now >= next_read:
-                next_read = now + LEADER_POLL
-                try:
-                    leader = await self.etcd.get(self.keys.leader)
-                except EtcdError:
-                    still_ours = True  # etcd unreachable: the lease deadline decides
-                else:
-                    still_ours = leader is not None and leader.lease == self.lease and leader.text == self.uri
-                if not still_ours:
+            self._check_deadline()
+            await asyncio.sleep(GUARD_TICK)
+
+    async def _read_leader_key(self) -> None:
+        while True:
+            try:
+                leader = await self.etcd.get(self.keys.leader)
+            except EtcdError:
+                pass  # etcd unreachable: the lease deadline decides
+            else:
+                if leader is None or leader.lease != self.lease or leader.text != self.uri:
                     self.step_down("the leader key is no longer this node's")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(LEADER_POLL)
 
     async def _watch_leader_key(self) -> None:
         while True:
@@ -578,6 +596,3 @@ class ClusterNode:
         except OSError as e:
             log.error("cluster: %s could not run: %s", name, e)
 
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()
