@@ -13,59 +13,6 @@
  * (None is returned before anything changed).
  */
 #include "_cwire.h"
-#include <structmember.h>
-
-/* An attribute read and set by name, straight through its __slots__ member when the object's type has
- * one and no __getattr__/__setattr__ of its own (found on the first object of a type and kept: a slot's
- * offset is fixed for its type); through PyObject_GetAttr / SetAttr otherwise. */
-typedef struct {
-    PyObject **name;
-    PyTypeObject *type;  /* the type whose member offset is kept (borrowed: compared only) */
-    Py_ssize_t offset;  /* 0: the type has no such member */
-} Slot;
-
-static void
-slot_find(Slot *slot, PyTypeObject *type)
-{
-    PyObject *descr = _PyType_Lookup(type, *slot->name);
-    slot->type = type;
-    slot->offset = 0;
-    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_getattro == PyObject_GenericGetAttr
-        && type->tp_setattro == PyObject_GenericSetAttr) {
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
-            slot->offset = member->offset;
-    }
-}
-
-/* A new reference, or NULL with an error set. */
-static PyObject *
-sget(Slot *slot, PyObject *obj)
-{
-    if (Py_TYPE(obj) != slot->type)
-        slot_find(slot, Py_TYPE(obj));
-    if (slot->offset) {
-        PyObject *value = *(PyObject **)((char *)obj + slot->offset);
-        if (value != NULL)
-            return Py_NewRef(value);
-    }
-    return PyObject_GetAttr(obj, *slot->name);
-}
-
-static int
-sset(Slot *slot, PyObject *obj, PyObject *value)
-{
-    if (Py_TYPE(obj) != slot->type)
-        slot_find(slot, Py_TYPE(obj));
-    if (slot->offset) {
-        PyObject **place = (PyObject **)((char *)obj + slot->offset);
-        PyObject *old = *place;
-        *place = Py_NewRef(value);
-        Py_XDECREF(old);
-        return 0;
-    }
-    return PyObject_SetAttr(obj, *slot->name, value);
-}
 
 static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL;
 static Py_ssize_t flush_bytes = 0, owned_max = 0;
@@ -74,13 +21,13 @@ static PyObject *s_channel, *s_no_ack, *s_deliveries, *s_counters, *s_unacked, *
     *s_out, *s_out_bytes, *s_flush_scheduled, *s_frame_max, *s_sessions, *s_flush_output, *s_schedule_output,
     *s_send_many;
 
-/* (the Slot for attribute x is x_slot, reading s_x) */
-#define DEFSLOT(x) static Slot x##_slot = {&s_##x, NULL, 0}
+/* (the AttrSlot for attribute x is x_slot, reading s_x) */
+#define DEFSLOT(x) static AttrSlot x##_slot = {&s_##x, NULL, 0}
 DEFSLOT(channel); DEFSLOT(no_ack); DEFSLOT(deliveries); DEFSLOT(counters); DEFSLOT(unacked); DEFSLOT(tag);
 DEFSLOT(runs); DEFSLOT(head); DEFSLOT(count); DEFSLOT(queue); DEFSLOT(consumer); DEFSLOT(settled); DEFSLOT(first);
 DEFSLOT(positions); DEFSLOT(owned); DEFSLOT(live); DEFSLOT(out); DEFSLOT(out_bytes); DEFSLOT(flush_scheduled);
 DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id);
-static Slot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
+static AttrSlot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
 
 /* init_round(UnackedBook, _Run, ConnectionOutput.send_many, OUTPUT_FLUSH_BYTES, OWNED_RUN_MAX) */
 PyObject *
@@ -129,7 +76,7 @@ release(Share *shares, Py_ssize_t n)
 
 /* An int attribute (-1 with an error set when it is not one). */
 static long long
-get_int(PyObject *obj, Slot *slot)
+get_int(PyObject *obj, AttrSlot *slot)
 {
     PyObject *value = sget(slot, obj);
     if (value == NULL)
@@ -140,7 +87,7 @@ get_int(PyObject *obj, Slot *slot)
 }
 
 static int
-set_int(PyObject *obj, Slot *slot, long long value)
+set_int(PyObject *obj, AttrSlot *slot, long long value)
 {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL)
