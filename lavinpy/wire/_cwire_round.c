@@ -14,19 +14,19 @@
  */
 #include "_cwire.h"
 
-static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL;
+static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL, *empty_args = NULL;
 static Py_ssize_t flush_bytes = 0, owned_max = 0;
 static PyObject *s_channel, *s_no_ack, *s_deliveries, *s_counters, *s_unacked, *s_conn, *s_tag, *s_id,
     *s_runs, *s_head, *s_count, *s_queue, *s_consumer, *s_settled, *s_first, *s_positions, *s_owned, *s_live,
     *s_out, *s_out_bytes, *s_flush_scheduled, *s_frame_max, *s_sessions, *s_flush_output, *s_schedule_output,
-    *s_send_many;
+    *s_send_many, *s_done;
 
 /* (the AttrSlot for attribute x is x_slot, reading s_x) */
 #define DEFSLOT(x) static AttrSlot x##_slot = {&s_##x, NULL, 0}
 DEFSLOT(channel); DEFSLOT(no_ack); DEFSLOT(deliveries); DEFSLOT(counters); DEFSLOT(unacked); DEFSLOT(tag);
 DEFSLOT(runs); DEFSLOT(head); DEFSLOT(count); DEFSLOT(queue); DEFSLOT(consumer); DEFSLOT(settled); DEFSLOT(first);
 DEFSLOT(positions); DEFSLOT(owned); DEFSLOT(live); DEFSLOT(out); DEFSLOT(out_bytes); DEFSLOT(flush_scheduled);
-DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id);
+DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id); DEFSLOT(done);
 static AttrSlot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
 
 /* init_round(UnackedBook, _Run, ConnectionOutput.send_many, OUTPUT_FLUSH_BYTES, OWNED_RUN_MAX) */
@@ -47,6 +47,9 @@ cwire_init_round(PyObject *self, PyObject *args)
         INTERN(s_out, "_out"); INTERN(s_out_bytes, "_out_bytes"); INTERN(s_flush_scheduled, "_flush_scheduled");
         INTERN(s_frame_max, "frame_max"); INTERN(s_sessions, "sessions"); INTERN(s_flush_output, "flush_output");
         INTERN(s_schedule_output, "schedule_output"); INTERN(s_send_many, "send_many");
+        INTERN(s_done, "done");
+        if ((empty_args = PyTuple_New(0)) == NULL)
+            return NULL;
 #undef INTERN
     }
     Py_XSETREF(book_type, Py_NewRef(book));
@@ -175,6 +178,26 @@ done:
     return joined;
 }
 
+/* _Run(first, queue, consumer, positions, count == 1): made without a call of its Python __init__ (a
+ * frame per consumer visit when each visit starts a run), its slots set as that __init__ sets them. */
+static PyObject *
+new_run(PyObject *tag, PyObject *queue, PyObject *consumer, PyObject *positions, Py_ssize_t count)
+{
+    PyTypeObject *type = (PyTypeObject *)run_type;
+    PyObject *run = type->tp_new(type, empty_args, NULL);
+    if (run == NULL)
+        return NULL;
+    PyObject *live = PyLong_FromSsize_t(count), *zero = PyLong_FromLong(0);
+    if (live == NULL || zero == NULL || sset(&first_slot, run, tag) < 0 || sset(&queue_slot, run, queue) < 0
+        || sset(&consumer_slot, run, consumer) < 0 || sset(&positions_slot, run, positions) < 0
+        || sset(&done_slot, run, zero) < 0 || sset(&settled_slot, run, Py_None) < 0
+        || sset(&live_slot, run, live) < 0 || sset(&owned_slot, run, count == 1 ? Py_True : Py_False) < 0)
+        Py_CLEAR(run);
+    Py_XDECREF(live);
+    Py_XDECREF(zero);
+    return run;
+}
+
 /* UnackedBook.add_run(first, queue, consumer, positions) (positions a new list, not shared). */
 static int
 book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, PyObject *positions, Py_ssize_t count)
@@ -186,8 +209,7 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
         PyObject *tag = PyLong_FromLongLong(first);
         if (tag == NULL)
             return -1;
-        PyObject *call[5] = {tag, queue, consumer, positions, count == 1 ? Py_True : Py_False};
-        PyObject *run = PyObject_Vectorcall(run_type, call, 5, NULL);
+        PyObject *run = new_run(tag, queue, consumer, positions, count);
         Py_DECREF(tag);
         if (run == NULL)
             return -1;
