@@ -19,6 +19,7 @@ from pamqp import commands
 from .. import __version__
 from ..broker.errors import BrokerConnectionError
 from ..broker.ops import Actor, LoginAttempt, LoginOutcome, PeerCertificate
+from ..broker.ops.ack_head import ack_head
 from ..broker.ops.node_info import node_name
 from ..wire import writer
 from ..wire.constants import (
@@ -269,7 +270,10 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                     channel = channels.get(frame.channel)
                     if (self.state == OPEN and channel is not None and not channel.closing
                             and not channel.in_content):
-                        channel.on_ack_run(frame.tags)
+                        # the common case in one compiled call (False: not it, nothing done)
+                        if ack_head is None or channel.tx is not None or not ack_head(channel.deliveries,
+                                                                                      frame.tags):
+                            channel.on_ack_run(frame.tags)
                     else:  # the general path takes them one frame at a time
                         i -= 1
                         frames[i:i + 1] = frame.frames()

@@ -567,6 +567,8 @@ static PyMethodDef cwire_methods[] = {
      "see _cwire_stamped.c"},
     {"init_round", cwire_init_round, METH_VARARGS, "see _cwire_round.c"},
     {"deliver_round", (PyCFunction)(void (*)(void))cwire_deliver_round, METH_FASTCALL, "see _cwire_round.c"},
+    {"init_acks", cwire_init_acks, METH_VARARGS, "see _cwire_acks.c"},
+    {"ack_head", (PyCFunction)(void (*)(void))cwire_ack_head, METH_FASTCALL, "see _cwire_acks.c"},
     {"pick_scan", (PyCFunction)(void (*)(void))cwire_pick_scan, METH_FASTCALL, "see _cwire_pick.c"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},

@@ -6,6 +6,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 PyObject *cwire_deliver_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_init_deliver(PyObject *self, PyObject *args);
@@ -16,6 +17,8 @@ PyObject *cwire_run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *m
 PyObject *cwire_deliver_stamped_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_init_round(PyObject *self, PyObject *args);
 PyObject *cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_init_acks(PyObject *self, PyObject *args);
+PyObject *cwire_ack_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
@@ -61,6 +64,59 @@ field_width(unsigned char tag)
     case 'S': case 'x': case 'F': case 'A': return FIELD_LENGTH_PREFIXED;
     default: return FIELD_UNKNOWN;
     }
+}
+
+/* (_cwire_round.c and _cwire_acks.c) */
+/* An attribute read and set by name, straight through its __slots__ member when the object's type has
+ * one and no __getattr__/__setattr__ of its own (found on the first object of a type and kept: a slot's
+ * offset is fixed for its type); through PyObject_GetAttr / SetAttr otherwise. */
+typedef struct {
+    PyObject **name;
+    PyTypeObject *type;  /* the type whose member offset is kept (borrowed: compared only) */
+    Py_ssize_t offset;  /* 0: the type has no such member */
+} AttrSlot;
+
+static inline void
+slot_find(AttrSlot *slot, PyTypeObject *type)
+{
+    PyObject *descr = _PyType_Lookup(type, *slot->name);
+    slot->type = type;
+    slot->offset = 0;
+    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_getattro == PyObject_GenericGetAttr
+        && type->tp_setattro == PyObject_GenericSetAttr) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
+            slot->offset = member->offset;
+    }
+}
+
+/* A new reference, or NULL with an error set. */
+static inline PyObject *
+sget(AttrSlot *slot, PyObject *obj)
+{
+    if (Py_TYPE(obj) != slot->type)
+        slot_find(slot, Py_TYPE(obj));
+    if (slot->offset) {
+        PyObject *value = *(PyObject **)((char *)obj + slot->offset);
+        if (value != NULL)
+            return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, *slot->name);
+}
+
+static inline int
+sset(AttrSlot *slot, PyObject *obj, PyObject *value)
+{
+    if (Py_TYPE(obj) != slot->type)
+        slot_find(slot, Py_TYPE(obj));
+    if (slot->offset) {
+        PyObject **place = (PyObject **)((char *)obj + slot->offset);
+        PyObject *old = *place;
+        *place = Py_NewRef(value);
+        Py_XDECREF(old);
+        return 0;
+    }
+    return PyObject_SetAttr(obj, *slot->name, value);
 }
 
 #endif

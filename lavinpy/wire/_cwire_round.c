@@ -13,74 +13,21 @@
  * (None is returned before anything changed).
  */
 #include "_cwire.h"
-#include <structmember.h>
 
-/* An attribute read and set by name, straight through its __slots__ member when the object's type has
- * one and no __getattr__/__setattr__ of its own (found on the first object of a type and kept: a slot's
- * offset is fixed for its type); through PyObject_GetAttr / SetAttr otherwise. */
-typedef struct {
-    PyObject **name;
-    PyTypeObject *type;  /* the type whose member offset is kept (borrowed: compared only) */
-    Py_ssize_t offset;  /* 0: the type has no such member */
-} Slot;
-
-static void
-slot_find(Slot *slot, PyTypeObject *type)
-{
-    PyObject *descr = _PyType_Lookup(type, *slot->name);
-    slot->type = type;
-    slot->offset = 0;
-    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_getattro == PyObject_GenericGetAttr
-        && type->tp_setattro == PyObject_GenericSetAttr) {
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type == T_OBJECT_EX && !(member->flags & READONLY))
-            slot->offset = member->offset;
-    }
-}
-
-/* A new reference, or NULL with an error set. */
-static PyObject *
-sget(Slot *slot, PyObject *obj)
-{
-    if (Py_TYPE(obj) != slot->type)
-        slot_find(slot, Py_TYPE(obj));
-    if (slot->offset) {
-        PyObject *value = *(PyObject **)((char *)obj + slot->offset);
-        if (value != NULL)
-            return Py_NewRef(value);
-    }
-    return PyObject_GetAttr(obj, *slot->name);
-}
-
-static int
-sset(Slot *slot, PyObject *obj, PyObject *value)
-{
-    if (Py_TYPE(obj) != slot->type)
-        slot_find(slot, Py_TYPE(obj));
-    if (slot->offset) {
-        PyObject **place = (PyObject **)((char *)obj + slot->offset);
-        PyObject *old = *place;
-        *place = Py_NewRef(value);
-        Py_XDECREF(old);
-        return 0;
-    }
-    return PyObject_SetAttr(obj, *slot->name, value);
-}
-
-static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL;
+static PyObject *book_type = NULL, *run_type = NULL, *send_many_func = NULL, *empty_args = NULL;
 static Py_ssize_t flush_bytes = 0, owned_max = 0;
 static PyObject *s_channel, *s_no_ack, *s_deliveries, *s_counters, *s_unacked, *s_conn, *s_tag, *s_id,
     *s_runs, *s_head, *s_count, *s_queue, *s_consumer, *s_settled, *s_first, *s_positions, *s_owned, *s_live,
     *s_out, *s_out_bytes, *s_flush_scheduled, *s_frame_max, *s_sessions, *s_flush_output, *s_schedule_output,
-    *s_send_many;
+    *s_send_many, *s_done;
 
-/* (the Slot for attribute x is x_slot, reading s_x) */
-#define DEFSLOT(x) static Slot x##_slot = {&s_##x, NULL, 0}
+/* (the AttrSlot for attribute x is x_slot, reading s_x) */
+#define DEFSLOT(x) static AttrSlot x##_slot = {&s_##x, NULL, 0}
 DEFSLOT(channel); DEFSLOT(no_ack); DEFSLOT(deliveries); DEFSLOT(counters); DEFSLOT(unacked); DEFSLOT(tag);
 DEFSLOT(runs); DEFSLOT(head); DEFSLOT(count); DEFSLOT(queue); DEFSLOT(consumer); DEFSLOT(settled); DEFSLOT(first);
 DEFSLOT(positions); DEFSLOT(owned); DEFSLOT(live); DEFSLOT(out); DEFSLOT(out_bytes); DEFSLOT(flush_scheduled);
-DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id);
-static Slot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
+DEFSLOT(frame_max); DEFSLOT(sessions); DEFSLOT(conn); DEFSLOT(id); DEFSLOT(done);
+static AttrSlot ctag_slot = {&s_tag, NULL, 0};  /* a consumer's tag (the deliveries' tag is tag_slot) */
 
 /* init_round(UnackedBook, _Run, ConnectionOutput.send_many, OUTPUT_FLUSH_BYTES, OWNED_RUN_MAX) */
 PyObject *
@@ -100,6 +47,9 @@ cwire_init_round(PyObject *self, PyObject *args)
         INTERN(s_out, "_out"); INTERN(s_out_bytes, "_out_bytes"); INTERN(s_flush_scheduled, "_flush_scheduled");
         INTERN(s_frame_max, "frame_max"); INTERN(s_sessions, "sessions"); INTERN(s_flush_output, "flush_output");
         INTERN(s_schedule_output, "schedule_output"); INTERN(s_send_many, "send_many");
+        INTERN(s_done, "done");
+        if ((empty_args = PyTuple_New(0)) == NULL)
+            return NULL;
 #undef INTERN
     }
     Py_XSETREF(book_type, Py_NewRef(book));
@@ -129,7 +79,7 @@ release(Share *shares, Py_ssize_t n)
 
 /* An int attribute (-1 with an error set when it is not one). */
 static long long
-get_int(PyObject *obj, Slot *slot)
+get_int(PyObject *obj, AttrSlot *slot)
 {
     PyObject *value = sget(slot, obj);
     if (value == NULL)
@@ -140,7 +90,7 @@ get_int(PyObject *obj, Slot *slot)
 }
 
 static int
-set_int(PyObject *obj, Slot *slot, long long value)
+set_int(PyObject *obj, AttrSlot *slot, long long value)
 {
     PyObject *v = PyLong_FromLongLong(value);
     if (v == NULL)
@@ -228,6 +178,26 @@ done:
     return joined;
 }
 
+/* _Run(first, queue, consumer, positions, count == 1): made without a call of its Python __init__ (a
+ * frame per consumer visit when each visit starts a run), its slots set as that __init__ sets them. */
+static PyObject *
+new_run(PyObject *tag, PyObject *queue, PyObject *consumer, PyObject *positions, Py_ssize_t count)
+{
+    PyTypeObject *type = (PyTypeObject *)run_type;
+    PyObject *run = type->tp_new(type, empty_args, NULL);
+    if (run == NULL)
+        return NULL;
+    PyObject *live = PyLong_FromSsize_t(count), *zero = PyLong_FromLong(0);
+    if (live == NULL || zero == NULL || sset(&first_slot, run, tag) < 0 || sset(&queue_slot, run, queue) < 0
+        || sset(&consumer_slot, run, consumer) < 0 || sset(&positions_slot, run, positions) < 0
+        || sset(&done_slot, run, zero) < 0 || sset(&settled_slot, run, Py_None) < 0
+        || sset(&live_slot, run, live) < 0 || sset(&owned_slot, run, count == 1 ? Py_True : Py_False) < 0)
+        Py_CLEAR(run);
+    Py_XDECREF(live);
+    Py_XDECREF(zero);
+    return run;
+}
+
 /* UnackedBook.add_run(first, queue, consumer, positions) (positions a new list, not shared). */
 static int
 book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, PyObject *positions, Py_ssize_t count)
@@ -239,8 +209,7 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
         PyObject *tag = PyLong_FromLongLong(first);
         if (tag == NULL)
             return -1;
-        PyObject *call[5] = {tag, queue, consumer, positions, count == 1 ? Py_True : Py_False};
-        PyObject *run = PyObject_Vectorcall(run_type, call, 5, NULL);
+        PyObject *run = new_run(tag, queue, consumer, positions, count);
         Py_DECREF(tag);
         if (run == NULL)
             return -1;

@@ -1,0 +1,177 @@
+"""A read of basic.acks settled by the compiled call (``_cwire.ack_head``) and by its pure twin (the
+Python path of ``Deliveries.ack_run``) leaves the same state: every connection's output, every
+channel's books, the consumers' windows, the queue index's unacked positions (set and runs), its ack
+record and transient set, the segments' reference counts, the counters and the queue's counts. Reads of
+one ack and of several, in delivery order and out of it, an unknown tag, a channel-wide prefetch, a
+durable queue with persistent and transient messages, a queue with a feature, a transaction. On the pure
+path both runs take the Python path (the scenario still checks its outcome)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pamqp import commands
+from session_client import Client, Harness
+
+from lavinpy.amqp import connection as amqp_connection
+from lavinpy.wire import accel
+
+pytestmark = pytest.mark.both_paths
+
+CONSUMERS = 3
+PREFETCH = 4
+
+
+def _ack(tag: int, channel: int = 1) -> bytes:
+    payload = struct.pack(">HHQB", 60, 80, tag, 0)
+    return struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
+
+
+class Setup:
+    def __init__(self, path: Path, arguments: dict[str, Any], durable: bool, channel_wide: bool) -> None:
+        self.harness = harness = Harness(path)
+        self.publisher = publisher = harness.connect()
+        publisher.handshake()
+        publisher.open_channel(1)
+        publisher.send((1, commands.Queue.Declare(queue="work", durable=durable, arguments=arguments)))
+        publisher.read()
+        self.clients: list[Client] = []
+        for i in range(CONSUMERS):
+            client = harness.connect(("127.0.0.1", 40000 + i))
+            client.handshake()
+            client.open_channel(1)
+            client.send((1, commands.Basic.Qos(prefetch_count=PREFETCH, global_=channel_wide and i == 0)),
+                        (1, commands.Basic.Consume(queue="work", consumer_tag=f"c{i}")))
+            client.read()
+            self.clients.append(client)
+        self.queue = harness.broker.vhosts["/"].queues["work"]
+
+    def publish(self, count: int) -> None:
+        frames: list[Any] = []
+        for i in range(count):
+            mode = 2 if i % 3 else 1  # persistent and transient ones (the durable queue's transient set)
+            frames += self.publisher.publish(1, "work", b"m%d" % i, properties=commands.Basic.Properties(
+                delivery_mode=mode))
+        self.publisher.send(*frames)
+        self.harness.run_soon()
+
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for i, client in enumerate(self.clients):
+            conn = client.conn
+            out[f"out{i}"] = b"".join(bytes(piece) for piece in conn.data_to_send())
+            for channel_id, channel in conn.channels.items():
+                book = channel.deliveries.unacked
+                runs = [(run.first, run.consumer.tag if run.consumer else None, list(run.positions), run.done,
+                         run.settled, run.live) for run in book._runs]
+                windows = [(c.tag, c.unacked, c.parked is not None) for c in channel.consumers.values()]
+                out[f"book{i}.{channel_id}"] = (channel.deliveries.tag, book._head, book._count, runs, windows)
+        index = self.queue.index
+        unacked = index._unacked
+        out["index"] = (sorted(unacked._loose), sorted((k, list(v[0]), v[1]) for k, v in unacked._runs.items()),
+                        unacked._in_runs, None if index._ack_pending is None else list(index._ack_pending),
+                        sorted(index._transient), index.ready_count, dict(index.messages._refs))
+        stats = self.queue.stats
+        counters = self.clients[0].conn.channels[1].deliveries.counters if 1 in self.clients[0].conn.channels else None
+        out["counts"] = (stats.ack, stats.deliver, counters.ack if counters else None, self.queue.message_count)
+        return out
+
+
+def _scenario(setup: Setup) -> list[dict[str, Any]]:
+    """Ack reads of each kind, the state after each."""
+    c0, c1, c2 = setup.clients
+    states = []
+
+    def step(client: Client, data: bytes) -> None:
+        client.conn.receive_data(data)
+        setup.harness.run_soon()
+        states.append(setup.state())
+
+    setup.publish(40)
+    states.append(setup.state())
+    step(c0, _ack(1))  # the head alone
+    step(c1, _ack(1) + _ack(2) + _ack(3))  # the head's first three in one read
+    step(c2, _ack(2))  # out of order: the Python path
+    step(c2, _ack(1))  # the head, with a settled mark behind it
+    step(c1, _ack(4) + _ack(5))  # the rest of one round and the next's first
+    for _ in range(8):  # every consumer acks all it holds, in order, until the queue is drained
+        for client in (c0, c1, c2):
+            channel = client.conn.channels.get(1)
+            if channel is None:
+                continue
+            tags = list(channel.deliveries.unacked)
+            if tags:
+                step(client, b"".join(_ack(tag) for tag in tags))
+    step(c1, _ack(999))  # an unknown tag: 406, the channel closed
+    return states
+
+
+def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any] | None = None,
+           durable: bool = False, channel_wide: bool = False) -> tuple[list[bool], list[dict[str, Any]]]:
+    calls: list[bool] = []
+    ack_head = amqp_connection.ack_head
+    if compiled and ack_head is not None:
+        def counted(deliveries: Any, tags: list[int]) -> bool:
+            done = ack_head(deliveries, tags)
+            calls.append(done)
+            return done
+        monkeypatch.setattr(amqp_connection, "ack_head", counted)
+    else:
+        monkeypatch.setattr(amqp_connection, "ack_head", None)
+    setup = Setup(path, arguments or {}, durable, channel_wide)
+    try:
+        return calls, _scenario(setup)
+    finally:
+        monkeypatch.undo()
+        setup.harness.close()
+
+
+@pytest.mark.parametrize(("durable", "channel_wide"), [(False, False), (True, False), (False, True)])
+def test_a_plain_queues_ack_reads_leave_the_same_state_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  durable: bool, channel_wide: bool) -> None:
+    calls, compiled = _drive(tmp_path / "c", True, monkeypatch, durable=durable, channel_wide=channel_wide)
+    _, pure = _drive(tmp_path / "p", False, monkeypatch, durable=durable, channel_wide=channel_wide)
+    assert compiled == pure
+    assert pure[-1]["counts"][0] == 40  # every message acked once, then the unknown tag closed the channel
+    assert pure[-1]["index"][5] == 0  # drained
+    assert b"unknown delivery tag 999" in pure[-1]["out1"]  # channel.close 406, the books empty
+    assert pure[-1]["book1.1"][2] == 0
+    if accel.COMPILED:  # the common case engaged, and the others went to the Python path
+        assert calls.count(True) >= 5 and False in calls
+
+
+def test_a_queue_with_a_feature_is_left_to_the_python_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    arguments = {"x-message-ttl": 60_000}
+    calls, compiled = _drive(tmp_path / "c", True, monkeypatch, arguments)
+    _, pure = _drive(tmp_path / "p", False, monkeypatch, arguments)
+    assert compiled == pure
+    assert pure[-1]["counts"][0] == 40
+    assert True not in calls
+
+
+def test_acks_in_a_transaction_wait_for_the_commit(tmp_path: Path) -> None:
+    harness = Harness(tmp_path)
+    try:
+        publisher = harness.connect()
+        publisher.handshake()
+        publisher.open_channel(1)
+        publisher.send((1, commands.Queue.Declare(queue="work")))
+        publisher.send(*publisher.publish(1, "work", b"a"), *publisher.publish(1, "work", b"b"))
+        publisher.read()
+        client = harness.connect(("127.0.0.1", 40100))
+        client.handshake()
+        client.open_channel(1)
+        client.send((1, commands.Tx.Select()), (1, commands.Basic.Consume(queue="work", consumer_tag="c")))
+        client.read()
+        queue = harness.broker.vhosts["/"].queues["work"]
+        client.send(_ack(1) + _ack(2))
+        harness.run_soon()
+        assert queue.stats.ack == 0 and queue.unacked_count == 2
+        client.send((1, commands.Tx.Commit()))
+        client.read()
+        assert queue.stats.ack == 2 and queue.unacked_count == 0
+    finally:
+        harness.close()
