@@ -29,8 +29,8 @@ setup(
         Extension("lavinpy.store._cstore", ["lavinpy/store/_cstore.c", "lavinpy/store/_cstore_read.c",
                                              "lavinpy/store/_cstore_ready.c", "lavinpy/store/_crc32.c",
                                              "lavinpy/store/_cstore_sync.c", "lavinpy/store/_cstore_posset.c",
-                                             "lavinpy/store/_cstore_sizes.c"],
-                  depends=["lavinpy/store/_crc32.h", "lavinpy/store/_cstore.h"], optional=True,
+                                             "lavinpy/store/_cstore_sizes.c", "lavinpy/store/_cstore_frames.c"],
+                  depends=["lavinpy/store/_crc32.h", "lavinpy/store/_cstore.h", "lavinpy/wire/_bytes.h"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
 )

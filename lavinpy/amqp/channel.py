@@ -1,10 +1,9 @@
 """One AMQP channel: frames in, translated to the model's operations, and their results to frames out.
 
 The channel owns its parts: content assembly (content.py), confirms and the transaction (confirms.py),
-exchange/queue methods and direct reply-to (channel_methods.py), the model's ledger of its unacked
-deliveries (broker/ops/deliveries.py) and its replies after the disk in method order (broker/ops/
-replies.py; the channel is their ``ReplySink``). It needs of its connection the ``ChannelHost``
-Protocol; it creates no tasks and opens no files.
+exchange/queue methods and direct reply-to (channel_methods.py), the model's ledger of its unacked deliveries
+(broker/ops/deliveries.py), its replies after the disk in method order (broker/ops/replies.py; the channel is
+their ``ReplySink``). It needs its connection's ``ChannelHost`` Protocol; it creates no tasks, opens no files.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from .channel_methods import (
 )
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, in_place, release_bodies
-from .delivery_round import deliver_round, deliver_stamped_run
+from .delivery_round import deliver_round, deliver_segment_run, deliver_stamped_run
 from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
@@ -346,6 +345,7 @@ class Channel:
 
     deliver_round = staticmethod(deliver_round)  # one message to each of many consumers: one call
     deliver_stamped_run = deliver_stamped_run  # a stream's run: its offsets stamped as it is framed
+    deliver_segment_run = deliver_segment_run  # a stream's run framed straight from its store segment
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
         """``deliver`` for messages of the consumer's queue: booked once, the frames in one list."""

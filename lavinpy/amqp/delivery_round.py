@@ -136,3 +136,21 @@ def deliver_stamped_run(channel: Any, consumer: Any, positions: list[int], messa
         frames += writer.deliver_run(channel.id, consumer.tag, first + done, None,
                                      stamp(messages[done:], first_offset + done), conn.frame_max)
     conn.send_many(frames)
+
+
+def deliver_segment_run(channel: Any, consumer: Any, positions: list[int], first_offset: int,
+                        frames_of: Callable[..., tuple[bytes, int, int, int]],
+                        splices: dict[bytes, tuple[bytes, bytes]]) -> tuple[int, int, int]:
+    """A stream's run framed straight from its store segment (a method of ``Channel``): ``frames_of``
+    (the store's ``segment_frames`` bound to its store) frames as many of ``positions`` from the first as
+    it takes, with delivery tags from the channel's next and offsets from ``first_offset``; those are
+    booked and sent. Returns (how many, first body size, last body size); 0 books and sends nothing."""
+    deliveries = channel.deliveries
+    conn = channel.conn
+    frames, count, first_size, last_size = frames_of(positions, channel.id, consumer.tag, deliveries.tag + 1,
+                                                     first_offset, conn.frame_max, splices)
+    if count:
+        first = deliveries.deliver_run(consumer, positions if count == len(positions) else positions[:count], None)
+        assert first == deliveries.tag - count + 1  # the tags the frames carry
+        conn.send_many([frames])
+    return count, first_size, last_size

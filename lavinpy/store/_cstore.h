@@ -35,6 +35,11 @@ extern PyTypeObject *StoredMessage;  /* record.StoredMessage (a tuple subclass) 
 /* _cstore_read.c */
 PyObject *py_read_record(PyObject *self, PyObject *args, PyObject *kwargs);
 PyObject *py_read_run(PyObject *self, PyObject *args);
+Py_ssize_t cstore_properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, const char **err);
+#define LARGE_LENGTH (1u << 18) /* records from 256 KiB on are read in place by message_store.py */
+
+/* _cstore_frames.c */
+PyObject *py_stamped_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _cstore_ready.c: the ready list type the module adds */
 extern PyTypeObject cstore_ReadyListType;

@@ -8,10 +8,9 @@
 
 #include "_crc32.h"
 
-#define LARGE_LENGTH (1u << 18) /* records from 256 KiB on are read in place by message_store.py */
 
 /* Offset past the property block at p (< end), or -1 with the Python code's message in *err. */
-static Py_ssize_t properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, const char **err) {
+Py_ssize_t cstore_properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, const char **err) {
     if (pos + 2 > end) {
         *err = "property flags truncated";
         return -1;
@@ -112,7 +111,7 @@ static PyObject *decode_record(const unsigned char *b, Py_ssize_t offset, Py_ssi
     Py_ssize_t rk_len = b[p], rk_at = p + 1;
     p += 1 + rk_len;
     const char *err = NULL;
-    Py_ssize_t props_end = properties_end(b, p, stop, &err);
+    Py_ssize_t props_end = cstore_properties_end(b, p, stop, &err);
     if (props_end < 0)
         return corrupt("record at offset %zd: bad basic properties (%s)", offset, err);
     Py_ssize_t props_at = p;

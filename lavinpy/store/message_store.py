@@ -1,11 +1,9 @@
 """A vhost's message store: its shared ``msgs.*`` segments, appends, reads and segment lifetimes.
 
-A message is written once, whatever the number of queues it is routed to; queue indexes hold its
-position and count as references to its segment. A segment is deleted when nothing references it
-and it is not the one being written.
-
-Threading: everything runs on the event loop thread except ``sync_ranges``, which the vhost
-store's group commit runs in a worker thread while deletions are held.
+A message is written once, whatever the number of queues it is routed to; queue indexes hold its position
+and count as references to its segment. A segment is deleted when nothing references it and it is not the
+one being written. Threading: everything runs on the event loop thread except ``sync_ranges``, which the
+vhost store's group commit runs in a worker thread while deletions are held.
 """
 
 from __future__ import annotations
@@ -63,8 +61,8 @@ _OVERHEAD = HEADER_SIZE + FIXED_PAYLOAD - 2
 # where the CPU has it, else zlib's), the body a slice of the mapping when read back.
 LARGE_BODY = 256 * 1024
 LARGE_RUN = 64 * 1024  # a run whose first body is this large is written with pwritev (record.file_write_run)
-# Smaller runs from 8 KiB, compiled: one buffer, two pwrites (a write fault a page of the mapping cost more;
-_PWRITE_RUN = getattr(cstore, "pwrite_run", None)  # below two pages, those two calls more). Same bytes.
+# Smaller runs from 8 KiB, compiled: one buffer, two pwrites (a write fault a page of the mapping cost
+_PWRITE_RUN = getattr(cstore, "pwrite_run", None)  # more; below two pages, those two calls more). Same bytes.
 # madvise(MADV_POPULATE_WRITE), Linux 5.14: maps a range's pages writable in one call instead of a
 # page fault per 4 KiB page during the copy. Older kernels refuse it (EINVAL): the copy faults as before.
 _POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -368,10 +366,7 @@ class MessageStore:
             raise CorruptRecord(f"{segment.path.name}: {exc}") from None
 
     def read_many(self, positions: list[int]) -> list[StoredMessage]:
-        """``read`` for a run of positions (a delivery run); the first missing or damaged one raises
-        as ``read`` does. Compiled: one call per segment's stretch of the run (record.read_run),
-        each record the run's C code cannot take (a large one, or one that is not sound) read by
-        ``read``; else the lookups done once per segment in Python."""
+        """``read`` for a run of positions (compiled: record.read_run a segment's stretch); raises as ``read``."""
         if read_run is None:
             return self._read_each(positions)
         messages: list[StoredMessage] = []
@@ -392,6 +387,12 @@ class MessageStore:
             messages.append(self.read(pos))  # a large record in place; or raises: missing or damaged
             i += 1
         return messages
+
+    def readable(self, segment_id: int) -> tuple[Segment, int] | None:
+        """An open segment and where its valid records end (``read_many``'s lookups, for a caller's own read)."""
+        segment = self._segments.get(segment_id)
+        end = self._wpos if segment_id == self._cur_id else self._ends.get(segment_id, 0)
+        return None if segment is None else (segment, end)
 
     def _read_each(self, positions: list[int]) -> list[StoredMessage]:
         messages: list[StoredMessage] = []

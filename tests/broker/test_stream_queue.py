@@ -430,7 +430,7 @@ def test_stream_index_get_many_matches_get(stream: StreamQueue) -> None:
 
 
 def test_stamped_runs_match_one_by_one_stamping_compiled_and_pure() -> None:
-    from lavinpy.broker.queues import stream as stream_queue
+    from lavinpy.broker.queues import stream_stamps as stream_queue
     from lavinpy.wire import accel
 
     blocks = [props(), props({"a": 1, "x-stream-offset": "theirs"}), b"\x00\x00", props({"n": {"deep": [1, 2]}})]

@@ -23,7 +23,7 @@ def test_stream_offset_refuses_a_truncated_block(raw: bytes) -> None:
 @pytest.mark.parametrize("headers", [None, {}, {"a": 1}, {"x-stream-offset": "mine", "b": b"v"}])
 @pytest.mark.parametrize("content_type", [None, "text/plain"])
 def test_stream_offset_cached_splice_matches_the_general_one(headers: dict | None, content_type: str | None) -> None:
-    from lavinpy.broker.queues.stream import _stamped_block
+    from lavinpy.broker.queues.stream_stamps import _stamped_block
     from lavinpy.wire.properties import encode_property_values, peek_headers
 
     raw = encode_property_values(content_type=content_type, headers=headers, delivery_mode=2, message_id="m")

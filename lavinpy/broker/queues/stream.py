@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...store.record import CorruptRecord, StoredMessage
-from ...wire.accel import load
+from ...store.stamped_frames import FRAMES_COMPILED, segment_frames
 from ...wire.position import pos_segment
-from ...wire.properties import append_header_entry, headers_span, peek_headers, replace_headers
+from ...wire.properties import peek_headers
 from ..errors import NOT_IMPLEMENTED, BrokerConnectionError
 from ..metrics.stats import MessageCounters
 from ..settings.arguments import QueueSettings
@@ -31,6 +32,7 @@ from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
+from .stream_stamps import _SPLICES, stamped_run, with_stream_offset
 from .stream_tags import UNKNOWN, UNTAGGED, VALUE_KEY, FilterTags, TagsFile
 
 if TYPE_CHECKING:
@@ -49,75 +51,6 @@ SCAN_WINDOW = 1 << 20  # tags searched per step of a filtering consumer's delive
 # method ids for error replies
 _BASIC_GET = (60, 70)
 _QUEUE_PURGE = (50, 30)
-
-# --- the delivered header ----------------------------------------------------------------------
-
-_OFFSET_ENTRY = bytes((len(OFFSET_HEADER),)) + OFFSET_HEADER.encode() + b"l"
-
-def _stamped_block(properties: bytes, offset: int) -> bytes:
-    """``with_stream_offset`` by splicing the raw table (the general way)."""
-    if _OFFSET_ENTRY[:-1] in properties:  # a publisher's own x-stream-offset header is replaced
-        headers = dict(peek_headers(properties) or {})
-        headers.pop(OFFSET_HEADER, None)
-        properties = replace_headers(properties, headers)
-    return append_header_entry(properties, _OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
-
-
-# A stream's messages mostly share a few property blocks: for each, the bytes before and after the
-# 8-byte offset value of its stamped block, so stamping a delivery is one concatenation.
-_SPLICES: dict[bytes, tuple[bytes, bytes]] = {}
-_SPLICES_MAX = 1024
-
-
-def with_stream_offset(properties: bytes, offset: int) -> bytes:
-    """The property block with header ``x-stream-offset`` = ``offset`` as a signed 64-bit ``long``.
-
-    Spliced into the raw table, so every other field and header keeps its exact bytes and type
-    (re-encoding through pamqp would pick the smallest integer type for every header).
-    """
-    splice = _SPLICES.get(properties)
-    if splice is None:
-        stamped = _stamped_block(properties, 0)
-        value_end = headers_span(stamped)[1]  # the entry is the table's last: its value ends it
-        splice = (stamped[:value_end - 8], stamped[value_end:])
-        if len(_SPLICES) >= _SPLICES_MAX:
-            _SPLICES.clear()
-        _SPLICES[bytes(properties)] = splice
-    return splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1]
-
-
-def _stamp_offsets(messages: list[StoredMessage], start: int, first_offset: int,
-                   splices: dict[bytes, tuple[bytes, bytes]], cls: type = StoredMessage
-                   ) -> tuple[list[StoredMessage], int]:
-    """``messages[start:]`` stamped with consecutive offsets from ``first_offset`` through ``splices``;
-    stops at the first whose property block has no splice yet and returns its index too."""
-    out: list[StoredMessage] = []
-    for i in range(start, len(messages)):
-        msg = messages[i]
-        splice = splices.get(msg[3])
-        if splice is None:
-            return out, i
-        offset = first_offset + i - start
-        out.append(cls(msg[0], msg[1], msg[2], splice[0] + offset.to_bytes(8, "big", signed=True) + splice[1], msg[4]))
-    return out, len(messages)
-
-
-_cstream = load("lavinpy.wire._cstream")
-stamp_offsets = _cstream.stamp_offsets if _cstream is not None else _stamp_offsets
-
-
-def stamped_run(messages: list[StoredMessage], first_offset: int) -> list[StoredMessage]:
-    """``with_stream_offset`` for a run of messages with consecutive offsets: one call for the run, and
-    one more per property block not seen before."""
-    stamped, i = stamp_offsets(messages, 0, first_offset, _SPLICES, StoredMessage)
-    while i < len(messages):
-        msg = messages[i]  # stamped the general way, which prepares its block's splice for the rest
-        stamped.append(StoredMessage(msg.timestamp, msg.exchange, msg.routing_key,
-                                     with_stream_offset(msg.properties, first_offset + i), msg.body))
-        more, i = stamp_offsets(messages, i + 1, first_offset + i + 1, _SPLICES, StoredMessage)
-        stamped += more
-    return stamped
-
 
 # --- the queue ---------------------------------------------------------------------------------
 
@@ -469,7 +402,11 @@ class StreamQueue(QueueKind):
         Returns how many were delivered; the caller stores the cursor."""
         index = self.index
         channel = consumer.channel
-        read_many = self.vhost.store.messages.read_many
+        store = self.vhost.store.messages
+        read_many = store.read_many
+        # AMQP's channels frame a run straight from its segment (compiled); a run it takes none of goes below
+        from_segment = getattr(channel, "deliver_segment_run", None) if FRAMES_COMPILED else None
+        frames_of = partial(segment_frames, store)
         sent = 0
         while budget:
             count = self._credit(consumer, min(budget, index.next_offset - cursor))
@@ -480,17 +417,26 @@ class StreamQueue(QueueKind):
                 positions = positions[:positions.index(0)]
                 if not positions:
                     break
-            try:
-                messages = read_many(positions)
-            except (CorruptRecord, KeyError):
-                break  # the one-at-a-time path reports it and goes on
-            count = len(positions)
-            # the next run's length from this one's body sizes (as classic queues size theirs)
-            self._run_limit = max(1, RUN_BYTES // ((len(messages[0].body) + len(messages[-1].body)) // 2 + 64))
-            if (own := getattr(channel, "deliver_stamped_run", None)) is None:  # AMQP's stamps as it frames
-                channel.deliver_run(consumer, positions, stamped_run(messages, cursor), None)
+            if from_segment is not None and (framed := from_segment(consumer, positions, cursor, frames_of,
+                                                                       _SPLICES))[0]:
+                count, first_size, last_size = framed
+                if count < len(positions):
+                    positions = positions[:count]
             else:
-                own(consumer, positions, messages, cursor, _SPLICES, stamped_run)
+                if from_segment is not None:  # one record the general way (a new block's splice made, a
+                    positions = positions[:1]  # large record, a damaged one reported), then back to the above
+                try:
+                    messages = read_many(positions)
+                except (CorruptRecord, KeyError):
+                    break  # the one-at-a-time path reports it and goes on
+                count = len(positions)
+                first_size, last_size = len(messages[0].body), len(messages[-1].body)
+                if (own := getattr(channel, "deliver_stamped_run", None)) is None:  # AMQP's stamps as it frames
+                    channel.deliver_run(consumer, positions, stamped_run(messages, cursor), None)
+                else:
+                    own(consumer, positions, messages, cursor, _SPLICES, stamped_run)
+            # the next run's length from this one's body sizes (as classic queues size theirs)
+            self._run_limit = max(1, RUN_BYTES // ((first_size + last_size) // 2 + 64))
             self.offsets.delivered_run(consumer, positions, cursor)
             if not consumer.no_ack:
                 consumer.unacked += count
