@@ -132,11 +132,12 @@ def test_kill9_mid_schedule_every_retry_happens_once_on_time(fresh_broker, fresh
     fresh_clients.close_connections()
     fresh_broker.kill9()
     fresh_broker.start()
+    back = time.monotonic()  # a loaded machine may restart the broker after the retries fell due
     conn, ch = fresh_clients.channel()
     again = _deliveries(conn, ch, queue, lambda c, m: c.basic_ack(m.delivery_tag), 3, timeout=10)
     assert sorted(body for _, _, body in again) == [b"a", b"b", b"c"]
     assert all(headers.get("x-delivery-count") == 1 for _, headers, _ in again)
     arrivals = [at for at, _, _ in again]
-    assert min(arrivals) >= due - 0.2 and max(arrivals) <= due + 1.5, (due, arrivals)
+    assert min(arrivals) >= due - 0.2 and max(arrivals) <= max(due, back) + 1.5, (due, back, arrivals)
     method, _, _ = ch.basic_get(queue)
     assert method is None  # once each
