@@ -1,8 +1,10 @@
 """Topic exchange: dot-separated words, `*` matches exactly one word, `#` zero or more.
 
 Bindings live in a trie keyed by word. Matching walks the trie as an NFA over (node, word index)
-states, each state visited once, so patterns with many `#` cannot blow up exponentially. Recent
-results are cached per routing key; any bind/unbind clears the cache.
+states, each state visited once and each leaving a bounded number of transitions (a `#` node swallows
+one more word at a time rather than jumping to every later word), so the work grows with trie size times
+key length and patterns with many `#` cannot blow up. Recent results are cached per routing key; any
+bind/unbind clears the cache.
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ def pattern_words(binding_key: str) -> list[str]:
 
 
 class _Node:
-    __slots__ = ("children", "destinations")
+    __slots__ = ("children", "destinations", "is_hash")
 
-    def __init__(self) -> None:
+    def __init__(self, is_hash: bool = False) -> None:
         # Literal words, "*" and "#" are all edges; "*" and "#" are interpreted when matching.
         self.children: dict[str, _Node] = {}
         self.destinations: dict[Hashable, int] = {}
+        # Reached by a `#` edge: matching may stay here while `#` swallows more words.
+        self.is_hash = is_hash
 
     def is_empty(self) -> bool:
         return not self.children and not self.destinations
@@ -74,11 +78,11 @@ class TopicExchange(Exchange):
             children = node.children
             if i == end and node.destinations:
                 found.update(node.destinations)
+            if node.is_hash and i < end:
+                pending.append((node, i + 1))  # the `#` that led here swallows one more word
             hash_node = children.get("#")
             if hash_node is not None:
-                # `#` consumes any number of the remaining words, including none.
-                for j in range(i, end + 1):
-                    pending.append((hash_node, j))
+                pending.append((hash_node, i))  # `#` matches no words yet; it can grow from its node
             if i < end:
                 literal = children.get(words[i])
                 if literal is not None:
@@ -93,7 +97,7 @@ class TopicExchange(Exchange):
         for word in pattern_words(binding.routing_key):
             child = node.children.get(word)
             if child is None:
-                child = node.children[word] = _Node()
+                child = node.children[word] = _Node(word == "#")
             node = child
         count_add(node.destinations, binding.destination)
         self._cache.clear()
