@@ -11,8 +11,16 @@ import pika
 from tests.helpers import wait_until
 
 from .harness import Cluster, Node
+from .no_loss import isr
 
 SHOVEL = {"src-uri": "amqp://", "src-queue": "sh-src", "dest-uri": "amqp://", "dest-queue": "sh-dst"}
+
+
+def _kill_once_all_in_sync(cluster: Cluster, leader: Node) -> None:
+    """Kill the leader once every node is in the ISR: a leader that dies while it is the only member
+    leaves no node allowed to lead (by design: the others may lack what it confirmed)."""
+    wait_until(lambda: len(isr(cluster.etcd)) == 3, 30, 0.1, "every node in the ISR")
+    leader.kill()
 
 
 def _put_shovel(node: Node) -> bool:
@@ -77,7 +85,7 @@ def test_only_the_leader_shovels_and_a_new_leader_takes_over(cluster: Cluster) -
     assert _runs_shovel(leader)
     assert not any(_runs_shovel(f) for f in followers)
 
-    leader.kill()
+    _kill_once_all_in_sync(cluster, leader)
     successor = cluster.wait_for_leader(60, exclude=leader)
     wait_until(lambda: _runs_shovel(successor), 60, what="the new leader to run the shovel")
     _publish(successor, 50)
@@ -114,7 +122,7 @@ def test_a_paused_shovel_stays_paused_on_a_new_leader(cluster: Cluster) -> None:
     with urllib.request.urlopen(request, timeout=10) as reply:
         assert reply.status == 204
     _publish(leader, 20)  # confirmed: replicated, and the pause mark before it
-    leader.kill()
+    _kill_once_all_in_sync(cluster, leader)
     successor = cluster.wait_for_leader(60, exclude=leader)
     wait_until(lambda: _shovel_state(successor) == "paused", 20, what="the new leader to list it paused")
     assert _moved(successor) == 0 and not _runs_shovel(successor)
