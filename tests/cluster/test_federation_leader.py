@@ -14,6 +14,7 @@ from tests.e2e.conftest import LocalBroker, http_call
 from tests.helpers import wait_until
 
 from .harness import Cluster, Node
+from .no_loss import isr
 
 EXCHANGE, QUEUE = "fed-cx", "fed-cq"
 
@@ -83,6 +84,8 @@ def test_links_run_on_the_leader_and_a_new_leader_loses_nothing(cluster: Cluster
     publisher = Publisher(upstream.url)
     publisher.start()
     wait_until(lambda: _count(leader) >= 300, 20, what="messages moving")
+    # every node in the ISR first: a leader that dies as its only member leaves none allowed to lead
+    wait_until(lambda: len(isr(cluster.etcd)) == len(cluster.nodes), 30, 0.1, "every node in the ISR")
     leader.kill()  # the link's node, mid-way
     successor = cluster.wait_for_leader(20, exclude=leader)
     wait_until(lambda: _runs_link(successor), 20, what="the new leader to run the link")
