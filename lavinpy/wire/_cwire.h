@@ -119,4 +119,16 @@ sset(AttrSlot *slot, PyObject *obj, PyObject *value)
     return PyObject_SetAttr(obj, *slot->name, value);
 }
 
+/* obj.<slot> = value, a new int */
+static inline int
+sset_int(AttrSlot *slot, PyObject *obj, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    int rc = sset(slot, obj, v);
+    Py_DECREF(v);
+    return rc;
+}
+
 #endif

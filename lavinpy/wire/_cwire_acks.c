@@ -88,16 +88,6 @@ read_int(PyObject *obj, AttrSlot *slot, Py_ssize_t *out)
     return rc;
 }
 
-static int
-write_int(PyObject *obj, AttrSlot *slot, Py_ssize_t value)
-{
-    PyObject *v = PyLong_FromSsize_t(value);
-    if (v == NULL)
-        return -1;
-    int rc = sset(slot, obj, v);
-    Py_DECREF(v);
-    return rc;
-}
 
 /* obj.<slot> += delta (an int counter) */
 static int
@@ -107,7 +97,7 @@ add_int(PyObject *obj, AttrSlot *slot, Py_ssize_t delta)
     int rc = read_int(obj, slot, &value);
     if (rc > 0)
         PyErr_SetString(PyExc_TypeError, "ack_head: a counter is not an int");
-    return rc ? -1 : write_int(obj, slot, value + delta);
+    return rc ? -1 : sset_int(slot, obj, value + delta);
 }
 
 /* A bound method of func on self, as the queue's plain paths bind them. */
@@ -382,7 +372,7 @@ drop_settled(Found *f)
             return -1;
         head = 0;
     }
-    return write_int(f->book, &head_slot, head);
+    return sset_int(&head_slot, f->book, head);
 }
 
 /* The changes the checks allowed, in the Python path's order. 0, or -1 with an error set. */
@@ -391,7 +381,7 @@ apply(PyObject *deliveries, Found *f)
 {
     Py_ssize_t count = f->count;
     PyObject *item;
-    if (write_int(f->run, &done_slot, f->done + count) < 0 || write_int(f->run, &live_slot, f->live - count) < 0
+    if (sset_int(&done_slot, f->run, f->done + count) < 0 || sset_int(&live_slot, f->run, f->live - count) < 0
         || add_int(f->book, &count_slot, -count) < 0)
         return -1;
     if (f->consumer != Py_None) {  /* Consumer.credit */
@@ -431,7 +421,7 @@ apply(PyObject *deliveries, Found *f)
                 return -1;
         }
     }
-    if (in_runs != f->in_runs && write_int(f->unacked, &in_runs_slot, in_runs) < 0)
+    if (in_runs != f->in_runs && sset_int(&in_runs_slot, f->unacked, in_runs) < 0)
         return -1;
     for (Py_ssize_t i = 0; i < count; i++) {  /* QueueIndex.ack: the set (when all in it), the ack record */
         if (f->pos_runs == NULL) {

@@ -89,16 +89,6 @@ get_int(PyObject *obj, AttrSlot *slot)
     return out;
 }
 
-static int
-set_int(PyObject *obj, AttrSlot *slot, long long value)
-{
-    PyObject *v = PyLong_FromLongLong(value);
-    if (v == NULL)
-        return -1;
-    int rc = sset(slot, obj, v);
-    Py_DECREF(v);
-    return rc;
-}
 
 /* 1: the share joined the book's last run (as UnackedBook.add_run); 0: it does not continue it; -1: error. */
 static int
@@ -169,7 +159,7 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
             goto done;
     }
     long long live = get_int(last, &live_slot);
-    if ((live == -1 && PyErr_Occurred()) || set_int(last, &live_slot, live + count) < 0)
+    if ((live == -1 && PyErr_Occurred()) || sset_int(&live_slot, last, live + count) < 0)
         goto done;
     joined = 1;
 done:
@@ -227,7 +217,7 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
     long long total = get_int(book, &count_slot);
     if (total == -1 && PyErr_Occurred())
         return -1;
-    return set_int(book, &count_slot, total + count);
+    return sset_int(&count_slot, book, total + count);
 }
 
 /* ConnectionOutput.send_many(frames) */
@@ -253,7 +243,7 @@ send_frames(PyObject *conn, PyObject *frames)
         nbytes += size;
     }
     long long queued = get_int(conn, &out_bytes_slot);
-    if ((queued == -1 && PyErr_Occurred()) || set_int(conn, &out_bytes_slot, queued + nbytes) < 0)
+    if ((queued == -1 && PyErr_Occurred()) || sset_int(&out_bytes_slot, conn, queued + nbytes) < 0)
         return -1;
     if (queued + nbytes > flush_bytes) {
         PyObject *done = PyObject_CallMethodNoArgs(conn, s_flush_output);
@@ -387,7 +377,7 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (first == -1 && PyErr_Occurred())
             goto next;
         first += 1;
-        if (set_int(share->deliveries, &tag_slot, first + count - 1) < 0)
+        if (sset_int(&tag_slot, share->deliveries, first + count - 1) < 0)
             goto next;
         if (book_run(share->book, queue, share->consumer, first, run_positions, count) < 0)
             goto next;
