@@ -11,7 +11,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-from pamqp import commands
 
 from lavinpy.broker.queues import stream_stamps
 from lavinpy.store import stamped_frames as sf
@@ -20,15 +19,8 @@ from lavinpy.store.message_store import LARGE_BODY, MessageStore
 from lavinpy.store.segment import DATA_START
 from lavinpy.wire import writer
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK
-from lavinpy.wire.properties import encode_properties
+from tests.wire.test_deliver_stamped import BLOCKS, FRAME_MAX  # the same blocks as the codec's stamped framing
 
-FRAME_MAX = 4096
-BLOCKS = [
-    encode_properties(commands.Basic.Properties(delivery_mode=2)),
-    encode_properties(commands.Basic.Properties(headers={"a": 1, "x-stream-offset": "x"}, content_type="text/plain")),
-    b"\x00\x00",
-    encode_properties(commands.Basic.Properties(headers={"n": {"deep": [1, 2]}})),
-]
 PATHS = [pytest.param(sf.py_stamped_frames, id="pure")]
 if cstore is not None:
     PATHS.append(pytest.param(cstore.stamped_frames, id="compiled"))
