@@ -17,6 +17,7 @@ import pytest
 from tests.helpers import wait_until
 
 from .harness import PREFIX, REPO_ROOT, SHORT_LEASE, Cluster
+from .replication_harness import pause
 
 
 def _isr(cluster: Cluster) -> list[str]:
@@ -62,6 +63,10 @@ def test_a_copy_that_is_not_consistent_never_leads(cluster: Cluster, state: dict
 
 def test_without_the_isr_no_node_leads_until_an_operator_forces_one(cluster: Cluster) -> None:
     leader, follower = _start_in_sync(cluster)
+    # The leader stopped first: alive, it may still record the epoch its last publish stamped, and that
+    # writes the ISR again (a write already sent lands while the process stands still).
+    pause(leader.process.pid)
+    time.sleep(0.5)
     cluster.etcd.etcdctl("del", f"{PREFIX}/isr")
     leader.kill()
     wait_until(lambda: "etcd holds no ISR" in follower.log_text(), 20, what="the follower to refuse to lead")
