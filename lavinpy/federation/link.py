@@ -292,11 +292,16 @@ class ExchangeLink(LinkRunner):
         # The suffix not in use upstream (this node may have restarted since it chose one): the exchange
         # that still carries the bindings is deleted only once the new one carries them too.
         old = "A" if await self._exchange_exists(f"{queue} A") else "B"
+        if old == "A" and await self._exchange_exists(f"{queue} B"):
+            # Both: a start cut short between making one and deleting the other. Either may be the one
+            # the messages flow through (the other may have no binding yet), so A is made to carry every
+            # binding before B is made anew; deleting B first would drop what is published meanwhile.
+            self.suffix, self._internal = "A", f"{queue} A"
+            await self._carry_bindings(up, queue)
         self.suffix = "B" if old == "A" else "A"
         self._internal = f"{queue} {self.suffix}"
         await self._declare_internal(up, self._internal)
-        await up.rpc(unchecked(spec.Queue.Bind, queue=queue, exchange=self._internal), spec.Queue.BindOk)
-        await self._sync_bindings(up)
+        await self._carry_bindings(up, queue)
         await self._delete_exchange(up, f"{queue} {old}")
         if self.upstream.ack_mode == "on-confirm":
             await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
@@ -320,6 +325,13 @@ class ExchangeLink(LinkRunner):
             await self._sync_bindings(up)
         failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
         raise LinkError(f"{side}: {failed.error}")
+
+    async def _carry_bindings(self, up: LinkConnection, queue: str) -> None:
+        """The internal exchange in use bound to the queue and to the upstream exchange with every
+        binding (binding again what is already bound changes nothing)."""
+        self._bound.clear()
+        await up.rpc(unchecked(spec.Queue.Bind, queue=queue, exchange=self._internal), spec.Queue.BindOk)
+        await self._sync_bindings(up)
 
     def _queue_name(self) -> str:
         down = ""

@@ -273,11 +273,13 @@ def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
     publisher.start()
     try:
         wait_for(lambda: len(publisher.confirmed) >= 300, what="300 confirmed")
+        kills = {"down": len(publisher.confirmed)}
         down.kill9()  # the link and the downstream with it, messages in flight
         down.start()
         wait_for(lambda: _running(down, name), what="the link after the downstream's restart")
         at = len(publisher.confirmed)
         wait_for(lambda: len(publisher.confirmed) >= at + 300, what="300 more confirmed")
+        kills["up"] = len(publisher.confirmed)
         up.kill9()  # the publisher's broker too
         up.start()
         wait_for(lambda: _running(down, name), timeout=30, what="the link after the upstream's restart")
@@ -297,12 +299,78 @@ def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
     try:
         wait_for(all_there, timeout=30, what="every confirmed message")
     except AssertionError:
-        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}") from None
+        _, queues, _ = http_call(up, "GET", "/api/queues/%2F")
+        upstream = [{k: q.get(k) for k in ("name", "messages_ready", "messages_unacknowledged", "consumers")}
+                     for q in queues if q["name"].startswith("federation:")]
+        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}; confirmed at the kills {kills}; "
+                             f"upstream queues {upstream}; links {links(down)}") from None
     finally:
         conn.close()
     duplicates = len(got) - len(set(got))
     print(f"{len(confirmed)} confirmed, {len(got)} arrived, {duplicates} duplicates")
     assert duplicates <= 2 * 1000  # at most what was in flight (prefetch-count) at each kill
+
+
+def _internal_exchanges(up, queue: str) -> set[str]:
+    status, body, _ = http_call(up, "GET", "/api/exchanges/%2F")
+    assert status == 200, body
+    return {x["name"][-1] for x in body if x["name"] in (f"{queue} A", f"{queue} B")}
+
+
+def test_a_start_cut_short_upstream_loses_nothing_at_the_next_start(pair) -> None:
+    """A link start cut short between making the new internal exchange upstream and deleting the old one
+    leaves both there, the new one maybe unbound: the next start must not delete the one the messages
+    flow through before the other carries the bindings (what is published meanwhile would be dropped)."""
+    up, down = pair
+    name = f"c-{uuid.uuid4().hex[:8]}"
+    conn, ch = channel(down)
+    ch.exchange_declare(name, "fanout", durable=True)
+    ch.queue_declare(name, durable=True)
+    ch.queue_bind(name, name, "")
+    conn.close()
+    _federate(down, up, name, name, upstream=name)
+    wait_for(lambda: _running(down, name), what="the link")
+    queue = _running(down, name)["queue"]
+    wait_for(lambda: upstream_bindings(up, name), what="the binding upstream")
+    publisher = _Publisher(up, name)
+    publisher.start()
+    try:
+        for _ in range(4):
+            (current,) = wait_for(lambda: len(found := _internal_exchanges(up, queue)) == 1 and found,
+                                  what="one internal exchange upstream")
+            stale = "A" if current == "B" else "B"
+            uconn, uch = channel(up)  # what the cut-short start left: declared, not bound yet
+            uch.exchange_declare(f"{queue} {stale}", "x-federation-upstream", durable=True, auto_delete=True,
+                                 internal=True, arguments={"x-max-hops": 1, "x-downstream-name": "down",
+                                                          "x-downstream-vhost": "/"})
+            uconn.close()
+            at = len(publisher.confirmed)
+            wait_for(lambda at=at: len(publisher.confirmed) >= at + 50, what="50 confirmed")
+            status, conns, _ = http_call(up, "GET", "/api/connections")
+            for c in conns:
+                if f"policy: {name})" in (c.get("client_properties") or {}).get("connection_name", ""):
+                    http_call(up, "DELETE", "/api/connections/" + quote(c["name"], safe=""))
+            wait_for(lambda: len(_internal_exchanges(up, queue)) == 1 and _running(down, name),
+                     what="the link started again")
+            at = len(publisher.confirmed)
+            wait_for(lambda at=at: len(publisher.confirmed) >= at + 50, what="50 more confirmed")
+    finally:
+        publisher.done.set()
+        publisher.join(10)
+    confirmed = set(publisher.confirmed)
+    got: list[int] = []
+    conn, ch = channel(down)
+
+    def all_there() -> bool:
+        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
+            got.append(int(message[2]))
+        return set(got) >= confirmed
+    try:
+        wait_for(all_there, timeout=30, what="every confirmed message")
+    except AssertionError:
+        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}") from None
+    finally:
+        conn.close()
 
 
 def test_queue_federation_moves_messages_only_to_consumers(pair) -> None:
