@@ -262,12 +262,9 @@ cwire_ack_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "ack_read(connection, data)");
         return NULL;
     }
-    if (conn_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "ack_read: init_ack_read was not called");
-        return NULL;
-    }
     PyObject *conn = args[0], *data = args[1];
-    if ((PyObject *)Py_TYPE(conn) != conn_type || !PyBytes_CheckExact(data))
+    /* (before init_ack_read no class is the one its inlined methods belong to: not the case) */
+    if (conn_type == NULL || (PyObject *)Py_TYPE(conn) != conn_type || !PyBytes_CheckExact(data))
         Py_RETURN_FALSE;
     PyObject *sessions = sget(&sessions_slot, conn);
     if (sessions == NULL)
