@@ -12,7 +12,7 @@ setup(
                                                 "lavinpy/wire/_cwire_peek.c", "lavinpy/wire/_cwire_mqtt.c",
                                                 "lavinpy/wire/_cwire_dedup_table.c", "lavinpy/wire/_cwire_round.c",
                                                 "lavinpy/wire/_cwire_pick.c", "lavinpy/wire/_cwire_stamped.c",
-                                                "lavinpy/wire/_cwire_acks.c"],
+                                                "lavinpy/wire/_cwire_acks.c", "lavinpy/wire/_cwire_ack_read.c"],
                   depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_ints.c"],

@@ -22,13 +22,16 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..broker.ops import RESOURCE_CHECK_BYTES, Broker
+from ..wire.accel import cwire
 from ..wire.constants import CONNECTION_FORCED
+from ..wire.reader import FrameReader
 from . import consumer_timeout, session_views
+from .connection import OPEN, AMQPConnection
+from .output import INPUT_TURN_BYTES
 
 if TYPE_CHECKING:
-    from ..broker.ops import Broker
     from .channel import Channel
-    from .connection import AMQPConnection
     from .output import ConnectionOutput
     from .spool import BodySpool
 
@@ -190,3 +193,10 @@ class Sessions:
             self._heartbeat_timer.cancel()
             self._heartbeat_timer = None
         self._heartbeat_slots.clear()
+
+
+if cwire is not None:
+    # A consumer's read of in-order basic.acks in one compiled call (_cwire_ack_read.c), for exactly these
+    # classes (their receive_data, end_of_input, note_input and count_input_turn are what it inlines); its
+    # pure twin is AMQPConnection.receive_data itself.
+    cwire.init_ack_read(AMQPConnection, FrameReader, Sessions, Broker, OPEN, INPUT_TURN_BYTES, RESOURCE_CHECK_BYTES)

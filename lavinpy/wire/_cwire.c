@@ -569,6 +569,8 @@ static PyMethodDef cwire_methods[] = {
     {"deliver_round", (PyCFunction)(void (*)(void))cwire_deliver_round, METH_FASTCALL, "see _cwire_round.c"},
     {"init_acks", cwire_init_acks, METH_VARARGS, "see _cwire_acks.c"},
     {"ack_head", (PyCFunction)(void (*)(void))cwire_ack_head, METH_FASTCALL, "see _cwire_acks.c"},
+    {"init_ack_read", cwire_init_ack_read, METH_VARARGS, "see _cwire_ack_read.c"},
+    {"ack_read", (PyCFunction)(void (*)(void))cwire_ack_read, METH_FASTCALL, "see _cwire_ack_read.c"},
     {"pick_scan", (PyCFunction)(void (*)(void))cwire_pick_scan, METH_FASTCALL, "see _cwire_pick.c"},
     {"ack_frame", (PyCFunction)(void (*)(void))cwire_ack_frame, METH_FASTCALL,
      "ack_frame(index, channel, delivery_tag, bits) -> bytes"},

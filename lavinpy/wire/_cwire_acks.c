@@ -529,13 +529,26 @@ cwire_ack_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "ack_head: init_acks was not called");
         return NULL;
     }
-    Found f;
-    memset(&f, 0, sizeof f);
-    int rc = check(args[0], args[1], &f);
-    if (rc == 1)
-        rc = apply(args[0], &f) < 0 ? -1 : 1;
-    found_release(&f);
+    int rc = cwire_ack_head_list(args[0], args[1]);
     if (rc < 0)
         return NULL;
     return Py_NewRef(rc ? Py_True : Py_False);
+}
+
+/* ack_head's work for C callers (the whole ack read, _cwire_ack_read.c): 1 settled, 0 not the common
+ * case (nothing changed), -1 an error. */
+int
+cwire_ack_head_list(PyObject *deliveries, PyObject *tags)
+{
+    if (book_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ack_head: init_acks was not called");
+        return -1;
+    }
+    Found f;
+    memset(&f, 0, sizeof f);
+    int rc = check(deliveries, tags, &f);
+    if (rc == 1)
+        rc = apply(deliveries, &f) < 0 ? -1 : 1;
+    found_release(&f);
+    return rc;
 }

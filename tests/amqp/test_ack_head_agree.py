@@ -1,10 +1,12 @@
-"""A read of basic.acks settled by the compiled call (``_cwire.ack_head``) and by its pure twin (the
-Python path of ``Deliveries.ack_run``) leaves the same state: every connection's output, every
-channel's books, the consumers' windows, the queue index's unacked positions (set and runs), its ack
-record and transient set, the segments' reference counts, the counters and the queue's counts. Reads of
-one ack and of several, in delivery order and out of it, an unknown tag, a channel-wide prefetch, a
-durable queue with persistent and transient messages, a queue with a feature, a transaction. On the pure
-path both runs take the Python path (the scenario still checks its outcome)."""
+"""A read of basic.acks settled by the compiled calls (the whole read, ``_cwire.ack_read``; the acks
+alone, ``_cwire.ack_head``) and by their pure twins (``AMQPConnection.receive_data`` and the Python path
+of ``Deliveries.ack_run``) leaves the same state: every connection's output, every channel's books, the
+consumers' windows, the queue index's unacked positions (set and runs), its ack record and transient set,
+the segments' reference counts, the counters and the queue's counts, the connections' read counters and
+input turns. Reads of one ack and of several, a read split inside a frame, acks with a heartbeat or with
+multiple=true, in delivery order and out of it, an unknown tag, a channel-wide prefetch, a durable queue
+with persistent and transient messages, a queue with a feature, a transaction. On the pure path all runs
+take the Python path (the scenario still checks its outcome)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pamqp import commands
 from session_client import Client, Harness
 
 from lavinpy.amqp import connection as amqp_connection
+from lavinpy.amqp.connection_states import OPEN
 from lavinpy.wire import accel
 
 pytestmark = pytest.mark.both_paths
@@ -25,8 +28,11 @@ CONSUMERS = 3
 PREFETCH = 4
 
 
-def _ack(tag: int, channel: int = 1) -> bytes:
-    payload = struct.pack(">HHQB", 60, 80, tag, 0)
+HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+
+def _ack(tag: int, channel: int = 1, multiple: bool = False) -> bytes:
+    payload = struct.pack(">HHQB", 60, 80, tag, int(multiple))
     return struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
 
 
@@ -63,6 +69,8 @@ class Setup:
         for i, client in enumerate(self.clients):
             conn = client.conn
             out[f"out{i}"] = b"".join(bytes(piece) for piece in conn.data_to_send())
+            out[f"reads{i}"] = (conn.recv_oct, conn.recv_cnt, conn._input_turn, conn.reader.buffered, conn.reader._need,
+                                conn.state)
             for channel_id, channel in conn.channels.items():
                 book = channel.deliveries.unacked
                 runs = [(run.first, run.consumer.tag if run.consumer else None, list(run.positions), run.done,
@@ -76,7 +84,8 @@ class Setup:
                         sorted(index._transient), index.ready_count, dict(index.messages._refs))
         stats = self.queue.stats
         counters = self.clients[0].conn.channels[1].deliveries.counters if 1 in self.clients[0].conn.channels else None
-        out["counts"] = (stats.ack, stats.deliver, counters.ack if counters else None, self.queue.message_count)
+        out["counts"] = (stats.ack, stats.deliver, counters.ack if counters else None, self.queue.message_count,
+                         self.harness.broker._input_since_check)
         return out
 
 
@@ -97,6 +106,17 @@ def _scenario(setup: Setup) -> list[dict[str, Any]]:
     step(c2, _ack(2))  # out of order: the Python path
     step(c2, _ack(1))  # the head, with a settled mark behind it
     step(c1, _ack(4) + _ack(5))  # the rest of one round and the next's first
+
+    def held(client: Client) -> list[int]:
+        return list(client.conn.channels[1].deliveries.unacked)
+
+    first, *rest = held(c0)
+    step(c0, _ack(first)[:10])  # a read ending inside a frame: the reader holds it back
+    step(c0, _ack(first)[10:] + b"".join(_ack(tag) for tag in rest))  # and its rest with more acks
+    tags = held(c1)
+    step(c1, b"".join(_ack(tag) for tag in tags) + HEARTBEAT)  # acks and a heartbeat in one read
+    tags = held(c2)
+    step(c2, _ack(tags[0]) + _ack(tags[-1], multiple=True))  # one ack, then multiple=true
     for _ in range(8):  # every consumer acks all it holds, in order, until the queue is drained
         for client in (c0, c1, c2):
             channel = client.conn.channels.get(1)
@@ -109,10 +129,12 @@ def _scenario(setup: Setup) -> list[dict[str, Any]]:
     return states
 
 
-def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any] | None = None,
+def _drive(path: Path, compiled: str, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any] | None = None,
            durable: bool = False, channel_wide: bool = False) -> tuple[list[bool], list[dict[str, Any]]]:
+    """``compiled``: "read" (the whole read compiled, the acks compiled when it declines), "acks" (the acks
+    alone compiled) or "" (both pure); the calls' answers in the order they came."""
     calls: list[bool] = []
-    ack_head = amqp_connection.ack_head
+    ack_head, ack_read = amqp_connection.ack_head, amqp_connection._ack_read
     if compiled and ack_head is not None:
         def counted(deliveries: Any, tags: list[int]) -> bool:
             done = ack_head(deliveries, tags)
@@ -121,6 +143,15 @@ def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, argument
         monkeypatch.setattr(amqp_connection, "ack_head", counted)
     else:
         monkeypatch.setattr(amqp_connection, "ack_head", None)
+    if compiled == "read" and ack_read is not None:
+        def counted_read(conn: Any, data: bytes) -> bool:
+            done = ack_read(conn, data)
+            if conn.state == OPEN and conn.channels:  # (the login's and the publisher's reads not counted)
+                calls.append(done)
+            return done
+        monkeypatch.setattr(amqp_connection, "_ack_read", counted_read)
+    else:
+        monkeypatch.setattr(amqp_connection, "_ack_read", None)
     setup = Setup(path, arguments or {}, durable, channel_wide)
     try:
         return calls, _scenario(setup)
@@ -132,21 +163,24 @@ def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, argument
 @pytest.mark.parametrize(("durable", "channel_wide"), [(False, False), (True, False), (False, True)])
 def test_a_plain_queues_ack_reads_leave_the_same_state_either_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   durable: bool, channel_wide: bool) -> None:
-    calls, compiled = _drive(tmp_path / "c", True, monkeypatch, durable=durable, channel_wide=channel_wide)
-    _, pure = _drive(tmp_path / "p", False, monkeypatch, durable=durable, channel_wide=channel_wide)
+    calls, compiled = _drive(tmp_path / "c", "read", monkeypatch, durable=durable, channel_wide=channel_wide)
+    head_calls, acks_compiled = _drive(tmp_path / "a", "acks", monkeypatch, durable=durable, channel_wide=channel_wide)
+    _, pure = _drive(tmp_path / "p", "", monkeypatch, durable=durable, channel_wide=channel_wide)
     assert compiled == pure
+    assert acks_compiled == pure
     assert pure[-1]["counts"][0] == 40  # every message acked once, then the unknown tag closed the channel
     assert pure[-1]["index"][5] == 0  # drained
     assert b"unknown delivery tag 999" in pure[-1]["out1"]  # channel.close 406, the books empty
     assert pure[-1]["book1.1"][2] == 0
     if accel.COMPILED:  # the common case engaged, and the others went to the Python path
         assert calls.count(True) >= 5 and False in calls
+        assert head_calls.count(True) >= 5 and False in head_calls
 
 
 def test_a_queue_with_a_feature_is_left_to_the_python_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     arguments = {"x-message-ttl": 60_000}
-    calls, compiled = _drive(tmp_path / "c", True, monkeypatch, arguments)
-    _, pure = _drive(tmp_path / "p", False, monkeypatch, arguments)
+    calls, compiled = _drive(tmp_path / "c", "read", monkeypatch, arguments)
+    _, pure = _drive(tmp_path / "p", "", monkeypatch, arguments)
     assert compiled == pure
     assert pure[-1]["counts"][0] == 40
     assert True not in calls

@@ -13,7 +13,7 @@ from ..access.cert_login import PeerCertificate, certificate_login, certificate_
 from ..access.links import FEDERATION_UPSTREAM, shown_error
 from ..access.permissions import TopicCheck
 from ..alarms import disk_limit, memory_watermark
-from ..broker import Broker, Face
+from ..broker import RESOURCE_CHECK_BYTES, Broker, Face
 from ..connections import ConnectionCounts, ConnectionRegistry, all_protocols
 from ..exchanges.base import Exchange
 from ..login import LoginAttempt, LoginOutcome, LoginRequest, Refusal
@@ -44,6 +44,7 @@ __all__ = [
     "AMQP_091",
     "ArgumentError",
     "Broker",
+    "RESOURCE_CHECK_BYTES",
     "certificate_login",
     "certificate_user",
     "ConnectionCounts",
