@@ -267,9 +267,10 @@ grow_hashes(Table *t)
 }
 
 /* Remember a key (new, or anew: its older record goes stale) with this expiry; the oldest forgotten past
- * the size. ``found``: its slot when known, else NULL. */
+ * the size. ``found``: its slot when known, else NULL and ``empty`` the empty slot that ended find's probe
+ * (taken unless the slots grow first: no second probe). */
 static int
-put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found)
+put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found, size_t empty)
 {
     if (reserve(t, HEAD + n) < 0 || (t->hnext - t->hfirst > t->hmask && grow_hashes(t) < 0))
         return -1;
@@ -301,11 +302,13 @@ put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, S
         found->place = place;
         return 0;
     }
-    if ((size_t)(t->count + 1) * 2 > t->mask + 1 && grow_slots(t) < 0)
-        return -1;
-    size_t i = (size_t)h & t->mask;
-    while (t->slots[i].place != 0)
-        i = (i + 1) & t->mask;
+    size_t i = empty;
+    if ((size_t)(t->count + 1) * 2 > t->mask + 1) {
+        if (grow_slots(t) < 0)
+            return -1;
+        for (i = (size_t)h & t->mask; t->slots[i].place != 0; i = (i + 1) & t->mask)
+            ;
+    }
     t->slots[i].hash = h;
     t->slots[i].place = place;
     t->count++;
@@ -412,7 +415,8 @@ cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (expiry == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     uint64_t h = key_hash(key, n, t->seed);
-    if (put(t, h, key, n, expiry, find(t, h, key, n, &empty)) < 0)
+    Slot *s = find(t, h, key, n, &empty);
+    if (put(t, h, key, n, expiry, s, empty) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -497,7 +501,7 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         /* new, or expired: remembered anew */
-        if (put(t, h, key, key_len, expiry, s) < 0)
+        if (put(t, h, key, key_len, expiry, s, empty) < 0)
             return NULL;
         added++;
     }

@@ -17,6 +17,8 @@ import pytest
 from lavinpy.broker.queues import dedup_cache
 from lavinpy.broker.queues.dedup_table import CompiledTable, DedupTable, Table
 from lavinpy.broker.settings.deduplication import MAX_KEY_BYTES, DedupSettings
+from lavinpy.store import record
+from lavinpy.store.accel import cstore
 from lavinpy.store.vhost_store import VhostStore
 from lavinpy.wire import accel
 from lavinpy.wire.field_table import encode_table
@@ -146,10 +148,19 @@ def test_a_cache_on_either_table_answers_and_writes_the_same(tmp_path: Path, see
     assert fast == pure
 
 
-@pytest.mark.parametrize("mark", [b"", b"\x00\x00" + bytes(range(8))])
-def test_a_batch_is_framed_with_zlibs_crc(mark: bytes) -> None:
-    """The frame's CRC (the store's compiled one where built) is zlib's: files written before still load."""
-    records = bytes(random.Random(1).randrange(256) for _ in range(1700))
-    framed = dedup_cache._frame(records, mark)
-    body = mark + records
+FRAMERS = [pytest.param(record.py_frame_batch, id="pure")] + (
+    [pytest.param(cstore.frame_batch, id="compiled")] if cstore is not None else [])
+
+
+@pytest.mark.both_paths
+@pytest.mark.parametrize("frame_batch", FRAMERS)
+@pytest.mark.parametrize("size", [0, 1, 15, 1700])
+@pytest.mark.parametrize("mark", [-1, 0, 7, 0x0102030405060708])
+def test_a_batch_is_framed_with_zlibs_crc(frame_batch: Callable[[bytes, int], bytes], size: int, mark: int) -> None:
+    """A batch is its length, the mark record (key length 0, the segment) when there is one, the records
+    and zlib's CRC of the mark and records: both framers write what files written before hold."""
+    records = bytes(random.Random(size).randrange(256) for _ in range(size))
+    framed = frame_batch(records, mark)
+    body = (struct.pack("<HQ", 0, mark) if mark >= 0 else b"") + records
     assert framed == struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body))
+    assert framed == record.frame_batch(records, mark)
