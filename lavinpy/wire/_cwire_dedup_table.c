@@ -69,6 +69,27 @@ key_hash(const unsigned char *k, size_t n, uint64_t seed)
     return h;
 }
 
+/* memcpy for a key (an identifier is mostly 16-40 bytes): two overlapping fixed-size moves, not a
+ * libc call, up to 32 bytes. */
+static inline void
+copy_key(unsigned char *dst, const unsigned char *src, size_t n)
+{
+    unsigned char a[16], b[16];
+    if (n >= 16 && n <= 32) {
+        memcpy(a, src, 16);
+        memcpy(b, src + n - 16, 16);
+        memcpy(dst, a, 16);
+        memcpy(dst + n - 16, b, 16);
+    } else if (n >= 8 && n < 16) {
+        memcpy(a, src, 8);
+        memcpy(b, src + n - 8, 8);
+        memcpy(dst, a, 8);
+        memcpy(dst + n - 8, b, 8);
+    } else {
+        memcpy(dst, src, n);
+    }
+}
+
 static void
 ring_put(unsigned char *ring, uint64_t cap, uint64_t at, const unsigned char *src, size_t n)
 {
@@ -288,7 +309,7 @@ put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, S
     size_t r = (size_t)(t->tail & (t->cap - 1));
     if (t->cap - r >= HEAD + n) { /* (the usual case: no wrap) */
         memcpy(t->ring + r, b, HEAD);
-        memcpy(t->ring + r + HEAD, key, n);
+        copy_key(t->ring + r + HEAD, key, n);
     } else {
         ring_put(t->ring, t->cap, t->tail, b, HEAD);
         ring_put(t->ring, t->cap, t->tail + HEAD, key, n);
@@ -481,7 +502,7 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         const unsigned char *text = b + found + 5;
         if (with_ttl || !all_ascii(text, length))
             break;
-        memcpy(key + 1, text, (size_t)length);
+        copy_key(key + 1, text, (size_t)length);
         size_t key_len = (size_t)length + 1, empty;
         uint64_t h = key_hash(key, key_len, t->seed);
         Slot *s = find(t, h, key, key_len, &empty);
