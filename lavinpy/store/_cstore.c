@@ -534,6 +534,8 @@ static PyMethodDef methods[] = {
     {"stored_messages", py_stored_messages, METH_VARARGS, "StoredMessage tuples for a run of bodies."},
     {"total_size", (PyCFunction)(void (*)(void))py_total_size, METH_FASTCALL,
      "total_size(blocks, start, stop): the bytes of blocks[start:stop] together (_cstore_sizes.c)."},
+    {"frame_batch", (PyCFunction)(void (*)(void))py_frame_batch, METH_FASTCALL,
+     "frame_batch(records, mark): a deduplication cache's batch framed (_cstore_sizes.c)."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},
 };

@@ -46,6 +46,7 @@ extern PyTypeObject cstore_ReadyListType;
 
 /* _cstore_sizes.c */
 PyObject *py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_frame_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _cstore_posset.c: the position set type the module adds */
 extern PyTypeObject cstore_PositionSetType;

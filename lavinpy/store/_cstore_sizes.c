@@ -1,10 +1,15 @@
-/* total_size(blocks, start, stop): the bytes of blocks[start:stop] together (record.py's py_total_size).
+/* total_size(blocks, start, stop): the bytes of blocks[start:stop] together (record.py's py_total_size);
+ * frame_batch(records, mark): a batch of a deduplication cache's file framed (record.py's py_frame_batch).
  *
  * Why: a publish run whose property blocks differ (ids, headers) counts its bodies' bytes as the records'
  * bytes less the fixed parts and the blocks; sum(map(len, ...)) cost ~230 instructions a block (an
  * iterator and a call per block), a join ~100 (a buffer view per block and a copy); this reads each
  * bytes object's size field. */
 #include "_cstore.h"
+
+#include <string.h>
+
+#include "_crc32.h"
 
 PyObject *
 py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -34,4 +39,45 @@ py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         total += PyBytes_GET_SIZE(block);
     }
     return PyLong_FromSsize_t(total);
+}
+
+static void
+put_le(unsigned char *p, uint64_t value, int bytes)
+{
+    for (int k = 0; k < bytes; k++)
+        p[k] = (unsigned char)(value >> (8 * k));
+}
+
+/* frame_batch(records, mark) -> length u32, [the mark record (key length 0, mark u64) when mark >= 0],
+ * records, CRC-32 u32 of the mark and records (little-endian).
+ *
+ * Why: a cache batch was framed by ~10 Python calls (the mark's pack, two CRC calls, two packs, a join)
+ * at each write; one call here, the records copied once. */
+PyObject *
+py_frame_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "frame_batch(records: bytes, mark: int)");
+        return NULL;
+    }
+    long long mark = PyLong_AsLongLong(args[1]);
+    if (mark == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), head = mark >= 0 ? 10 : 0;
+    if ((uint64_t)(head + n) > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_OverflowError, "frame_batch: a batch holds at most 4 GiB");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + head + n + 4);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    put_le(p, (uint64_t)(head + n), 4);
+    if (head) {
+        put_le(p + 4, 0, 2);
+        put_le(p + 6, (uint64_t)mark, 8);
+    }
+    memcpy(p + 4 + head, PyBytes_AS_STRING(args[0]), (size_t)n);
+    put_le(p + 4 + head + n, crc32_update(0, p + 4, (size_t)(head + n)), 4);
+    return out;
 }

@@ -303,6 +303,18 @@ def py_total_size(blocks: list[bytes], start: int, stop: int) -> int:
     return sum(map(len, blocks[start:stop]))
 
 
+_BATCH_MARK = struct.Struct("<HQ")
+_BATCH_U32 = struct.Struct("<I")
+
+
+def py_frame_batch(records: bytes, mark: int) -> bytes:
+    """A batch of a deduplication cache's file: ``length u32``, the mark record (key length 0, ``mark``
+    u64) when ``mark`` >= 0, ``records``, and the CRC-32 (zlib's) of the mark and records u32."""
+    head = _BATCH_MARK.pack(0, mark) if mark >= 0 else b""
+    crc = crc32(records, zlib.crc32(head)) if head else crc32(records, 0)
+    return b"".join((_BATCH_U32.pack(len(head) + len(records)), head, records, _BATCH_U32.pack(crc)))
+
+
 # The implementation in use: C when built (see accel.py), else the pure-Python reference above.
 if cstore is not None:
     cstore.configure(StoredMessage, CorruptRecord)
@@ -311,6 +323,7 @@ if cstore is not None:
     read_record = cstore.read_record
     stored_messages = cstore.stored_messages
     total_size: Callable[[list[bytes], int, int], int] = cstore.total_size
+    frame_batch: Callable[[bytes, int], bytes] = cstore.frame_batch
     # read_run(buf, positions, start, segment, first, valid_end, size): the sound records of a run of
     # positions in one segment, up to the first that is not (see _cstore_read.c); None without C.
     read_run: Callable[..., list[StoredMessage]] | None = cstore.read_run
@@ -320,6 +333,7 @@ else:
     read_record = py_read_record
     stored_messages = py_stored_messages
     total_size = py_total_size
+    frame_batch = py_frame_batch
     read_run = None
 
 

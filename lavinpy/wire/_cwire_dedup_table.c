@@ -69,6 +69,27 @@ key_hash(const unsigned char *k, size_t n, uint64_t seed)
     return h;
 }
 
+/* memcpy for a key (an identifier is mostly 16-40 bytes): two overlapping fixed-size moves, not a
+ * libc call, up to 32 bytes. */
+static inline void
+copy_key(unsigned char *dst, const unsigned char *src, size_t n)
+{
+    unsigned char a[16], b[16];
+    if (n >= 16 && n <= 32) {
+        memcpy(a, src, 16);
+        memcpy(b, src + n - 16, 16);
+        memcpy(dst, a, 16);
+        memcpy(dst + n - 16, b, 16);
+    } else if (n >= 8 && n < 16) {
+        memcpy(a, src, 8);
+        memcpy(b, src + n - 8, 8);
+        memcpy(dst, a, 8);
+        memcpy(dst + n - 8, b, 8);
+    } else {
+        memcpy(dst, src, n);
+    }
+}
+
 static void
 ring_put(unsigned char *ring, uint64_t cap, uint64_t at, const unsigned char *src, size_t n)
 {
@@ -267,9 +288,10 @@ grow_hashes(Table *t)
 }
 
 /* Remember a key (new, or anew: its older record goes stale) with this expiry; the oldest forgotten past
- * the size. ``found``: its slot when known, else NULL. */
+ * the size. ``found``: its slot when known, else NULL and ``empty`` the empty slot that ended find's probe
+ * (taken unless the slots grow first: no second probe). */
 static int
-put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found)
+put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, Slot *found, size_t empty)
 {
     if (reserve(t, HEAD + n) < 0 || (t->hnext - t->hfirst > t->hmask && grow_hashes(t) < 0))
         return -1;
@@ -287,7 +309,7 @@ put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, S
     size_t r = (size_t)(t->tail & (t->cap - 1));
     if (t->cap - r >= HEAD + n) { /* (the usual case: no wrap) */
         memcpy(t->ring + r, b, HEAD);
-        memcpy(t->ring + r + HEAD, key, n);
+        copy_key(t->ring + r + HEAD, key, n);
     } else {
         ring_put(t->ring, t->cap, t->tail, b, HEAD);
         ring_put(t->ring, t->cap, t->tail + HEAD, key, n);
@@ -301,11 +323,13 @@ put(Table *t, uint64_t h, const unsigned char *key, size_t n, uint64_t expiry, S
         found->place = place;
         return 0;
     }
-    if ((size_t)(t->count + 1) * 2 > t->mask + 1 && grow_slots(t) < 0)
-        return -1;
-    size_t i = (size_t)h & t->mask;
-    while (t->slots[i].place != 0)
-        i = (i + 1) & t->mask;
+    size_t i = empty;
+    if ((size_t)(t->count + 1) * 2 > t->mask + 1) {
+        if (grow_slots(t) < 0)
+            return -1;
+        for (i = (size_t)h & t->mask; t->slots[i].place != 0; i = (i + 1) & t->mask)
+            ;
+    }
     t->slots[i].hash = h;
     t->slots[i].place = place;
     t->count++;
@@ -412,7 +436,8 @@ cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (expiry == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     uint64_t h = key_hash(key, n, t->seed);
-    if (put(t, h, key, n, expiry, find(t, h, key, n, &empty)) < 0)
+    Slot *s = find(t, h, key, n, &empty);
+    if (put(t, h, key, n, expiry, s, empty) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -477,7 +502,7 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         const unsigned char *text = b + found + 5;
         if (with_ttl || !all_ascii(text, length))
             break;
-        memcpy(key + 1, text, (size_t)length);
+        copy_key(key + 1, text, (size_t)length);
         size_t key_len = (size_t)length + 1, empty;
         uint64_t h = key_hash(key, key_len, t->seed);
         Slot *s = find(t, h, key, key_len, &empty);
@@ -497,7 +522,7 @@ cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         /* new, or expired: remembered anew */
-        if (put(t, h, key, key_len, expiry, s) < 0)
+        if (put(t, h, key, key_len, expiry, s, empty) < 0)
             return NULL;
         added++;
     }

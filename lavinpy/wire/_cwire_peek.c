@@ -38,6 +38,20 @@ cwire_find_spans(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssiz
         return -1;
     if (!(b[0] & 0x20))
         return 0;
+    /* The usual block (no content type or encoding before the headers) whose table is this entry alone,
+     * a long string (a deduplication identifier): read off without the general walk, the same answer. */
+    Py_ssize_t sole_end = 7 + name_len;
+    if (!(b[0] & 0xC0) && n > sole_end + 4 && b[6] == name_len && b[sole_end] == 'S'
+        && memcmp(b + 7, name, (size_t)name_len) == 0) {
+        Py_ssize_t table_end = 6 + (Py_ssize_t)rd32(b + 2);
+        if (sole_end + 5 + (Py_ssize_t)rd32(b + sole_end + 1) == table_end && table_end <= n) {
+            *found = sole_end;
+            *found_end = table_end;
+            if (also != NULL && also_len == name_len && memcmp(also, name, (size_t)name_len) == 0)
+                *also_found = 1;
+            return 1;
+        }
+    }
     Py_ssize_t pos = 2;
     for (int bit = 0x80; bit >= 0x40; bit >>= 1) {  /* content type, content encoding */
         if (b[0] & bit) {

@@ -17,6 +17,8 @@ import pytest
 from lavinpy.broker.queues import dedup_cache
 from lavinpy.broker.queues.dedup_table import CompiledTable, DedupTable, Table
 from lavinpy.broker.settings.deduplication import MAX_KEY_BYTES, DedupSettings
+from lavinpy.store import record
+from lavinpy.store.accel import cstore
 from lavinpy.store.vhost_store import VhostStore
 from lavinpy.wire import accel
 from lavinpy.wire.field_table import encode_table
@@ -146,10 +148,61 @@ def test_a_cache_on_either_table_answers_and_writes_the_same(tmp_path: Path, see
     assert fast == pure
 
 
-@pytest.mark.parametrize("mark", [b"", b"\x00\x00" + bytes(range(8))])
-def test_a_batch_is_framed_with_zlibs_crc(mark: bytes) -> None:
-    """The frame's CRC (the store's compiled one where built) is zlib's: files written before still load."""
-    records = bytes(random.Random(1).randrange(256) for _ in range(1700))
-    framed = dedup_cache._frame(records, mark)
-    body = mark + records
+FRAMERS = [pytest.param(record.py_frame_batch, id="pure")] + (
+    [pytest.param(cstore.frame_batch, id="compiled")] if cstore is not None else [])
+
+
+@pytest.mark.both_paths
+@pytest.mark.parametrize("frame_batch", FRAMERS)
+@pytest.mark.parametrize("size", [0, 1, 15, 1700])
+@pytest.mark.parametrize("mark", [-1, 0, 7, 0x0102030405060708])
+def test_a_batch_is_framed_with_zlibs_crc(frame_batch: Callable[[bytes, int], bytes], size: int, mark: int) -> None:
+    """A batch is its length, the mark record (key length 0, the segment) when there is one, the records
+    and zlib's CRC of the mark and records: both framers write what files written before hold."""
+    records = bytes(random.Random(size).randrange(256) for _ in range(size))
+    framed = frame_batch(records, mark)
+    body = (struct.pack("<HQ", 0, mark) if mark >= 0 else b"") + records
     assert framed == struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body))
+    assert framed == record.frame_batch(records, mark)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pure_runs_sole_entry_reading_is_header_spans(seed: int) -> None:
+    """The pure table reads the usual block (its headers table the identifier alone) without the general
+    walk: on blocks of that form, cut, lengthened or with bytes changed, it finds what header_span finds
+    (an identifier remembered, a block without one kept, a stop where the walk cannot tell)."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        raw = bytearray(block(f"id{rng.randrange(10 ** 6)}"))
+        for _ in range(rng.randrange(3)):  # damage: a byte changed, the block cut or lengthened
+            choice = rng.randrange(3)
+            if choice == 0:
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+            elif choice == 1:
+                del raw[rng.randrange(len(raw)):]
+            else:
+                raw += bytes(rng.randrange(1, 4))
+        blocks = [bytes(raw)]
+        pure, fast = DedupTable(10, True), CompiledTable(10, True) if accel.cwire is not None else None
+        expected = _walked_run(blocks)
+        got: list[int] = []
+        assert (pure.run(blocks, 0, NAME, MAX_KEY_BYTES, TTL_NAME, 0, 1, got), got, pure.take()) == expected
+        if fast is not None:
+            got = []
+            assert (fast.run(blocks, 0, NAME, MAX_KEY_BYTES, TTL_NAME, 0, 1, got), got, fast.take()) == expected
+
+
+def _walked_run(blocks: list[bytes]) -> tuple[tuple[int, int], list[int], bytes]:
+    """What a run of one block answers by header_span's walk alone."""
+    from lavinpy.wire.properties import header_span
+    raw = blocks[0]
+    span = header_span(raw, NAME) if raw else None
+    if span == ():
+        return (1, 0), [], b""
+    if not span or raw[span[0]] != 0x53 or span[1] - span[0] - 5 >= MAX_KEY_BYTES:
+        return (0, 0), [], b""
+    text = raw[span[0] + 5:span[1]]
+    if not text.isascii() or TTL_NAME in raw and header_span(raw, TTL_NAME):
+        return (0, 0), [], b""
+    key = b"s" + text
+    return (1, 1), [], struct.pack("<HQ", len(key), 0) + key

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...store.message_store import CorruptRecord, MissingRecord
-from ...store.record import crc32
+from ...store.record import frame_batch
 from ...wire.position import SEGMENT_MASK
 from ...wire.properties import peek_header
 from ..settings.deduplication import MAX_KEY_BYTES, MAX_TTL, DedupSettings
@@ -88,15 +88,6 @@ def _stored_key(record: bytes) -> bytes | str:
     if record[:1] == b"s" and len(record) <= MAX_KEY_BYTES and record.isascii():
         return record[1:].decode("ascii")
     return record
-
-
-def _frame(records: bytes, mark: bytes = b"") -> bytes:
-    """One write's records (after ``mark``, a queue cache's mark record) with their length and checksum
-    (a torn write is found on reading); the batch copied once."""
-    # (the store's CRC-32: zlib's value, by carry-less multiplies where the CPU has them, a batch of 64
-    # records in a tenth of zlib's instructions; the file format is unchanged)
-    crc = crc32(records, zlib.crc32(mark)) if mark else crc32(records, 0)
-    return b"".join((_U32.pack(len(mark) + len(records)), mark, records, _U32.pack(crc)))
 
 
 def file_name(kind: str, name: str) -> str:
@@ -219,8 +210,11 @@ class DedupCache:
         run = self._table.run
         while at < count:
             at, added = run(blocks, at, self._header_key, MAX_KEY_BYTES, _TTL_NAME, expiry, now_ms, duplicates)
-            if added and durable:
-                self._written_soon(added)
+            if added and durable:  # (``_written_soon`` inline: once a run)
+                self._records += added
+                if not self._write_queued:
+                    self._write_queued = True
+                    self._file.append_soon(b"")  # type: ignore[union-attr]  # the write renders the records
             if at == count:
                 break
             if self.seen_in(blocks[at], now_ms):  # anything else, the whole way
@@ -272,14 +266,13 @@ class DedupCache:
             self._table.skip()
             self._rewrite()
             return b""
-        return _frame(self._table.take(), self._mark_now())
+        return frame_batch(self._table.take(), self._mark_now())
 
-    def _mark_now(self) -> bytes:
-        """A queue cache's mark record of the segment being written now, to go before a batch's records
-        (every message whose identifier is not in the file up to there is stored from there on)."""
-        if self._messages is None:
-            return b""
-        return _pack_head(0, self._messages.current_segment_id)
+    def _mark_now(self) -> int:
+        """A queue cache's mark: the segment being written now, recorded before a batch's records (every
+        message whose identifier is not in the file up to there is stored from there on); -1 for none."""
+        messages = self._messages
+        return -1 if messages is None else messages.current_segment_id
 
     def compact(self) -> None:
         """Rewrite the file with the live entries only (atomically; replicated as a replace)."""
@@ -290,7 +283,7 @@ class DedupCache:
 
     def _rewrite(self) -> None:
         assert self._file is not None
-        self._file.replace(_frame(self._table.live(), self._mark_now()))
+        self._file.replace(frame_batch(self._table.live(), self._mark_now()))
         self._records = len(self._table)
 
     @property

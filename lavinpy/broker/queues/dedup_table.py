@@ -85,9 +85,20 @@ class DedupTable:
         way): returns (where it stopped, ``len(blocks)`` at the end; the identifiers remembered)."""
         get, put = self._entries.get, self.put
         added = 0
+        # The usual block (flags 0x20 or 0x30: headers, maybe a delivery mode after them) whose headers
+        # table is this entry alone, a long string: its span read off without the general walk (the
+        # span header_span gives it; anything else takes that walk).
+        key_end = 7 + len(name)
+        sole = bytes((len(name),)) + name + b"S" if len(name) < 256 else None
         for i in range(start, len(blocks)):
             block = blocks[i]
-            span = header_span(block, name)
+            table_end = 6 + int.from_bytes(block[2:6], "big")
+            if len(block) > key_end + 4 and block[0] & 0xF0 in (0x20, 0x30) and not block[1] & 1 \
+                    and block[6:key_end + 1] == sole \
+                    and key_end + 5 + int.from_bytes(block[key_end + 1:key_end + 5], "big") == table_end <= len(block):
+                span: tuple[int, int] | tuple[()] | None = (key_end, table_end)
+            else:
+                span = header_span(block, name)
             if span == ():
                 continue
             if not span or block[span[0]] != 0x53 or span[1] - span[0] - 5 >= limit:
