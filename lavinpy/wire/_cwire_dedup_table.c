@@ -69,25 +69,19 @@ key_hash(const unsigned char *k, size_t n, uint64_t seed)
     return h;
 }
 
-/* memcpy for a key (an identifier is mostly 16-40 bytes): two overlapping fixed-size moves, not a
- * libc call, up to 32 bytes. */
+/* memcpy for a key of 16-32 bytes (most identifiers) as two overlapping fixed-size moves, not a libc call */
 static inline void
 copy_key(unsigned char *dst, const unsigned char *src, size_t n)
 {
     unsigned char a[16], b[16];
-    if (n >= 16 && n <= 32) {
-        memcpy(a, src, 16);
-        memcpy(b, src + n - 16, 16);
-        memcpy(dst, a, 16);
-        memcpy(dst + n - 16, b, 16);
-    } else if (n >= 8 && n < 16) {
-        memcpy(a, src, 8);
-        memcpy(b, src + n - 8, 8);
-        memcpy(dst, a, 8);
-        memcpy(dst + n - 8, b, 8);
-    } else {
+    if (n < 16 || n > 32) {
         memcpy(dst, src, n);
+        return;
     }
+    memcpy(a, src, 16);
+    memcpy(b, src + n - 16, 16);
+    memcpy(dst, a, 16);
+    memcpy(dst + n - 16, b, 16);
 }
 
 static void
