@@ -1,6 +1,5 @@
 """The Spark source's client read path in process, no socket: a stream's deliveries scanned from a
-receive buffer into columns, kept to a range, and built into Arrow batches, as a read task does (with the
-Arrow-buffer scan when the tree has it).
+receive buffer into columns, kept to a range, and built into Arrow batches, as a read task does.
 
     python3 bench/spark_client_cost.py                    # prints µs a row (CPU)
     valgrind --tool=callgrind --toggle-collect=functools_reduce python3 bench/spark_client_cost.py --rounds 5
@@ -26,8 +25,6 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8192, help="deliveries in the receive buffer")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--body-bytes", type=int, default=100)
-    parser.add_argument("--scan-rows", type=int, default=1024,
-                        help="deliveries a scan takes (a receive buffer's worth: 1,000-1,500 in a read task)")
     parser.add_argument("--tree", default=str(REPO_ROOT))
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
@@ -47,32 +44,18 @@ def main() -> None:
     builder = BatchBuilder(schema)
     first = 1000
     buf = bytearray()
-    pieces: list[bytes] = []
     for i in range(args.rows):
-        if i and i % args.scan_rows == 0:
-            pieces.append(bytes(buf))
-            buf.clear()
         props = append_header_entry(b"\x00\x00", STREAM_OFFSET_ENTRY + (first + i).to_bytes(8, "big", signed=True))
         body = (b"event-%d-" % i).ljust(args.body_bytes, b"x")
         buf += b"".join(writer.deliver(1, "ctag", i + 1, False, "", "q", props, body, 131072))
-    pieces.append(bytes(buf))
-    try:  # a tree whose scan writes Arrow buffers
-        from lavinpy.spark.streams import _arrow_in_range, arrow_chunk
-        from lavinpy.wire.client import scan_stream_arrow
-    except ImportError:
-        scan_stream_arrow = None
-
-    def chunks() -> Any:
-        for data in pieces:
-            if scan_stream_arrow is not None:
-                out = pa.allocate_buffer(len(data))
-                yield _arrow_in_range(arrow_chunk(scan_stream_arrow(data, 1, out), out), first,
-                                      first + 10 * args.rows)[0]
-            else:
-                yield _in_range(_chunk(*scan_stream_deliveries(data, 1)[:5]), first, first + 10 * args.rows)[0]
+    data = bytes(buf)
 
     def one(total: int, _round: Any) -> int:
-        return total + sum(batch.num_rows for batch in builder.chunk_batches(chunks()))
+        columns = scan_stream_deliveries(data, 1)
+        chunk = _chunk(*columns[:5])
+        chunk, _done = _in_range(chunk, first, first + 10 * args.rows)
+        batch = next(builder.chunk_batches([chunk]))
+        return total + batch.num_rows
 
     one(0, None)  # warm: imports, caches
     cpu = time.process_time()

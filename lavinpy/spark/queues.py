@@ -15,17 +15,15 @@ import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
-import pyarrow as pa
 from pamqp import commands
 
-from lavinpy.wire.client import encode_shortstr, frame, scan_stream_arrow
+from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
 from lavinpy.wire.constants import FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.writer import basic_ack
 
-from .chunks import ArrowChunk, DeliveryChunk
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
-from .streams import _U16, StreamReadError, _Assembler, _complete_frame_at_front, arrow_chunk
+from .streams import _U16, DeliveryChunk, StreamReadError, _Assembler, _chunk, _complete_frame_at_front
 
 STREAM, QUEUE = "stream", "queue"
 _CONSUME_OK = (60 << 16) | 21
@@ -35,7 +33,7 @@ _CONSUMER_TAG = "lavinpy.spark"
 class QueueRead(NamedTuple):
     """Deliveries of one consumer as columns, their redelivered flags, and the last delivery tag."""
 
-    chunk: ArrowChunk
+    chunk: DeliveryChunk
     redelivered: list[bool]
     last_tag: int
 
@@ -130,13 +128,12 @@ class QueueConsumer:
             last_tag = 0
             generic = True
             if assembler.idle and not conn.has_backlog:
-                out = pa.allocate_buffer(len(buf))  # from Arrow's pool: memory it reuses
-                scanned = scan_stream_arrow(buf, self.ch, out, 0, redelivered_at)
-                last_tag, used, generic = scanned[10:]
+                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, self.ch, 0, redelivered_at)
                 if used:
-                    chunk = arrow_chunk(scanned, out)
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
                     del buf[:used]
-                    flags = [False] * chunk.size
+                    flags = [False] * len(bodies)
                     for i in redelivered_at:
                         flags[i] = True
             if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
@@ -148,9 +145,9 @@ class QueueConsumer:
                         flags.append(assembler.redelivered)
                 if rows:
                     last_tag = rows[-1][0]
-                    chunk = ArrowChunk.of_lists(DeliveryChunk.of_rows([delivery for _tag, delivery in rows]))
+                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
             if chunk is not None:
-                self.received += chunk.size
+                self.received += len(chunk.bodies)
                 read = self._cut(QueueRead(chunk, flags, last_tag), None if limit is None else limit - got)
                 got += len(read.redelivered)
                 yield read
@@ -168,8 +165,9 @@ class QueueConsumer:
             return read
         rest = n - room
         chunk = read.chunk
-        self.pending.insert(0, QueueRead(chunk.slice(room), read.redelivered[room:], read.last_tag))
-        return QueueRead(chunk.slice(0, room), read.redelivered[:room], read.last_tag - rest)
+        tail = DeliveryChunk._make(column[room:] for column in chunk)
+        self.pending.insert(0, QueueRead(tail, read.redelivered[room:], read.last_tag))
+        return QueueRead(chunk.head(room), read.redelivered[:room], read.last_tag - rest)
 
     def cancel(self) -> None:
         """Cancel the consumer; the deliveries the broker sent before its cancel-ok (a channel keeps

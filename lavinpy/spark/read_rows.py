@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from lavinpy.wire.client import binary_buffers, pack_int64s
 
-from .chunks import ArrowChunk, DeliveryChunk, as_arrow, joined
+from .streams import DeliveryChunk
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
 # DataFrame can be written back unchanged.
@@ -146,40 +146,41 @@ class BatchBuilder:
 
     def queue_batches(self, reads: Iterable[Any]) -> Iterator[pa.RecordBatch]:
         """``chunk_batches`` for queue reads: (chunk, redelivered flags, ...) items."""
-        pending: list[ArrowChunk] = []
+        pending: list[DeliveryChunk] = []
         flags: list[bool] = []
         for read in reads:
-            pending.append(as_arrow(read[0]))
+            pending.append(read[0])
             flags.extend(read[1])
             if len(flags) >= self.batch_rows:
-                yield self._batch(joined(pending), flags)
+                yield self.build_columns(*self._joined(pending), redelivered=flags)
                 pending, flags = [], []
         if flags:
-            yield self._batch(joined(pending), flags)
+            yield self.build_columns(*self._joined(pending), redelivered=flags)
 
-    def chunk_batches(self, chunks: Iterable[ArrowChunk | DeliveryChunk]) -> Iterator[pa.RecordBatch]:
+    def chunk_batches(self, chunks: Iterable[DeliveryChunk]) -> Iterator[pa.RecordBatch]:
         """Record batches of at least ``batch_rows`` rows (but the last) from chunks of deliveries."""
-        pending: list[ArrowChunk] = []
+        pending: list[DeliveryChunk] = []
         rows = 0
         for chunk in chunks:
-            pending.append(as_arrow(chunk))
-            rows += pending[-1].size
+            pending.append(chunk)
+            rows += len(chunk.offsets)
             if rows >= self.batch_rows:
-                yield self._batch(joined(pending))
+                yield self.build_columns(*self._joined(pending))
                 pending = []
                 rows = 0
         if rows:
-            yield self._batch(joined(pending))
+            yield self.build_columns(*self._joined(pending))
 
-    def _batch(self, chunk: ArrowChunk, redelivered: list[bool] | None = None) -> pa.RecordBatch:
-        return self.build_columns(chunk.offsets, chunk.exchanges, chunk.routing_keys, chunk.properties, chunk.bodies,
-                                  redelivered, rows=chunk.size)
+    @staticmethod
+    def _joined(chunks: list[DeliveryChunk]) -> DeliveryChunk:
+        if len(chunks) == 1:
+            return chunks[0]
+        return DeliveryChunk(*(_concatenated(column) for column in zip(*chunks, strict=True)))
 
-    def build_columns(self, offsets: list[int | None] | pa.Array | None, exchanges: list[str], routing_keys: list[str],
-                      properties: list[list[Any]], bodies: list[bytes] | pa.Array,
-                      redelivered: list[bool] | None = None, rows: int | None = None) -> pa.RecordBatch:
-        """A batch of the columns (offsets and bodies as lists or as Arrow arrays; offsets None: none has one)."""
-        n = len(exchanges) if rows is None else rows
+    def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
+                      properties: list[list[Any]], bodies: list[bytes],
+                      redelivered: list[bool] | None = None) -> pa.RecordBatch:
+        n = len(offsets)
         columns: dict[str, Any] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
                                    "exchange": exchanges,
                                    "redelivered": _Repeated(False) if redelivered is None else redelivered}
@@ -197,10 +198,6 @@ class BatchBuilder:
 
     @staticmethod
     def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
-        if values is None:  # offsets of a queue read
-            return pa.nulls(n, arrow_type)
-        if isinstance(values, pa.Array):  # offsets and bodies straight from the scan's buffers
-            return values if values.type == arrow_type else values.cast(arrow_type)
         if name == "redelivered" and (values.value is False if isinstance(values, _Repeated) else True not in values):
             return _all_false(n)  # no message redelivered: the usual case
         if isinstance(values, _Repeated):
@@ -241,6 +238,14 @@ def _int64s(values: list[Any]) -> bytes | None:
     if sys.byteorder != "little":
         return None
     return pack_int64s(values)
+
+
+def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
+    """The lists joined (list.extend copies references in C: no step per item in Python)."""
+    joined = list(lists[0])
+    for more in lists[1:]:
+        joined.extend(more)
+    return joined
 
 
 def _all_false(n: int) -> pa.Array:

@@ -16,22 +16,20 @@ import datetime as _dt
 import struct
 import time
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-import pyarrow as pa
 from pamqp import commands
 
 from lavinpy.wire.client import (
     BASIC_DELIVER,
     STREAM_OFFSET_ENTRY,
-    StreamArrowColumns,
     encode_shortstr,
     frame,
     int64_bounds,
     method_id,
     parse_deliver,
     parse_header,
-    scan_stream_arrow,
+    scan_stream_deliveries,
     stamped_offset_at,
 )
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
@@ -39,10 +37,7 @@ from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.properties import headers_span, property_values
 from lavinpy.wire.writer import basic_ack
 
-from .chunks import ArrowChunk, Delivery, DeliveryChunk
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
-
-__all__ = ["Delivery", "DeliveryChunk", "StreamClient", "StreamReadError"]
 
 OFFSET_HEADER = "x-stream-offset"
 _BASIC_CANCEL = (60 << 16) | 30
@@ -67,6 +62,40 @@ def not_a_stream(queue: str, detail: str) -> NotAStreamError:
         f"queues, which keep their messages so that offset ranges can be read and replayed: declare a "
         f"durable queue with the argument x-queue-type=stream, bind it like the classic queue, and read "
         f"that instead.")
+
+
+class Delivery(NamedTuple):
+    """One stream message. A tuple, because a reader creates hundreds of thousands per second."""
+
+    offset: int
+    exchange: str
+    routing_key: str
+    properties: list[Any]  # ordered as lavinpy.wire.properties.PROPERTY_NAMES; headers without x-stream-offset
+    body: bytes
+
+
+class DeliveryChunk(NamedTuple):
+    """Consecutive deliveries as columns, one list each, in delivery order: what a reader hands to
+    Arrow at once. Deliveries with the same properties share one property list (read-only)."""
+
+    offsets: list[int]
+    exchanges: list[str]
+    routing_keys: list[str]
+    properties: list[list[Any]]
+    bodies: list[bytes]
+
+    @classmethod
+    def of_rows(cls, rows: list[Delivery]) -> DeliveryChunk:
+        return cls(*(list(column) for column in zip(*rows, strict=True)))
+
+    def rows(self) -> Iterator[Delivery]:
+        return map(Delivery, *self)
+
+    def head(self, n: int) -> DeliveryChunk:
+        return DeliveryChunk._make(column[:n] for column in self)
+
+    def keep(self, indices: list[int]) -> DeliveryChunk:
+        return DeliveryChunk._make([column[i] for i in indices] for column in self)
 
 
 class StreamClient:
@@ -233,7 +262,7 @@ class StreamClient:
         for chunk in self.read_range_chunks(start, end, stall_timeout):
             yield from chunk.rows()
 
-    def read_range_chunks(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[ArrowChunk]:
+    def read_range_chunks(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[DeliveryChunk]:
         """``read_range`` a receive buffer's deliveries at a time, as columns."""
         if end <= start:
             return
@@ -245,10 +274,9 @@ class StreamClient:
                 stalled = True
                 for chunk in self._delivery_chunks(ch, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
-                    chunk, done = _arrow_in_range(chunk, start, end)
-                    last = chunk.last_offset()
-                    if last is not None:
-                        last_seen = last
+                    chunk, done = _in_range(chunk, start, end)
+                    if chunk.offsets:
+                        last_seen = chunk.offsets[-1]
                         self._stalled_since = None
                         yield chunk
                     if done:
@@ -298,12 +326,11 @@ class StreamClient:
         for chunk in self._delivery_chunks(ch, first_wait, idle_wait):
             yield from chunk.rows()
 
-    def _delivery_chunks(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[ArrowChunk]:
+    def _delivery_chunks(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[DeliveryChunk]:
         """``_deliveries`` a receive buffer at a time.
 
         Whole messages (deliver + header + one body frame) are parsed straight from the receive
-        buffer into columns, the offsets and bodies into Arrow buffers, by one call (scan_stream_arrow);
-        when it stops at anything else -- a
+        buffer into columns by one call (scan_stream_deliveries); when it stops at anything else -- a
         body split over frames, a frame for another channel, a close -- the generic frame path
         (_Assembler) takes over until a message is whole again; when it stops because the bytes ran
         out, the reader waits for more. Acks (multiple) once half the prefetch is unacked: for a
@@ -319,21 +346,20 @@ class StreamClient:
             chunk = None
             generic = True
             if assembler.idle and not conn.has_backlog:
-                out = pa.allocate_buffer(len(buf))  # from Arrow's pool: memory it reuses
-                scanned = scan_stream_arrow(buf, ch, out)
-                last_tag, used, generic = scanned[10:]
+                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, ch)
                 if used:
-                    chunk = arrow_chunk(scanned, out)
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
                     del buf[:used]
             if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
                 rows = [item for frame in conn.read_frames(0) if (item := assembler.feed(frame)) is not None]
                 if rows:
                     last_tag = rows[-1][0]
-                    chunk = ArrowChunk.of_lists(DeliveryChunk.of_rows([delivery for _tag, delivery in rows]))
+                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
             if chunk is not None:
-                if chunk.offsets is None or chunk.offsets.null_count:
+                if None in chunk.offsets:
                     raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-                unacked += chunk.size
+                unacked += len(chunk.offsets)
                 if unacked >= ack_every:
                     conn.send(basic_ack(ch, last_tag, True))
                     unacked = 0
@@ -343,14 +369,6 @@ class StreamClient:
             if not conn.wait_readable(wait):
                 return
             wait = idle_wait
-
-
-def _arrow_in_range(chunk: ArrowChunk, start: int, end: int) -> tuple[ArrowChunk, bool]:
-    """``_in_range`` of a chunk of a stream (every delivery with an offset)."""
-    if chunk.low >= start and chunk.high < end - 1:  # the usual chunk: all of it, the range not yet done
-        return chunk, False
-    kept, done = _in_range(chunk.to_lists(), start, end)
-    return ArrowChunk.of_lists(kept), done
 
 
 def _in_range(chunk: DeliveryChunk, start: int, end: int) -> tuple[DeliveryChunk, bool]:
@@ -424,36 +442,6 @@ def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[s
     else:
         properties = [decoded[block][1] for block in blocks]
     return DeliveryChunk(offsets, exchanges, routing_keys, properties, bodies)  # type: ignore[arg-type]
-
-
-def arrow_chunk(scanned: StreamArrowColumns, out: pa.Buffer) -> ArrowChunk:
-    """A chunk from scan_stream_arrow's columns (out: the buffer it joined the bodies into), each distinct
-    property block decoded once (as in ``_chunk``).
-
-    When a block has no trailing x-stream-offset entry but holds the header elsewhere, or its trailing
-    entry is not the header, the chunk goes through lists and ``_chunk`` (which finds each offset there).
-    """
-    offsets, validity, valid, low, high, exchanges, routing_keys, blocks, ends, data_length = scanned[:10]
-    chunk = ArrowChunk.of_scan(offsets, validity, valid, low, high, exchanges, routing_keys, [], ends,
-                               out.slice(0, data_length))
-    # One block for all (the usual case): list.count compares by identity first, a pass in C.
-    distinct = blocks[:1] if blocks and blocks.count(blocks[0]) == len(blocks) else dict.fromkeys(blocks)
-    decoded: dict[bytes, list[Any]] = {}
-    for block in distinct:
-        offset, props = _offset_and_properties(block)
-        at = stamped_offset_at(block)
-        if (at < 0 and offset is not None) or (at >= 0 and (
-                block.find(_OFFSET_ENTRY) != at - len(_OFFSET_ENTRY)
-                or offset != int.from_bytes(block[at:at + 8], "big", signed=True))):
-            lists = chunk.to_lists()
-            return ArrowChunk.of_lists(_chunk(lists.offsets, exchanges, routing_keys, blocks,  # type: ignore[arg-type]
-                                              lists.bodies))
-        decoded[block] = props
-    if len(decoded) == 1:
-        properties = [next(iter(decoded.values()))] * len(blocks)
-    else:
-        properties = [decoded[block] for block in blocks]
-    return chunk._replace(properties=properties)
 
 
 def _chunk_one_by_one(offsets: list[int | None], exchanges: list[str], routing_keys: list[str],

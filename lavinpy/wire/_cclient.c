@@ -196,41 +196,24 @@ name_at(const unsigned char *at, Py_ssize_t n, const unsigned char **prev_at, Py
     return s;
 }
 
-/* Little-endian stores: Arrow's buffers are little-endian whatever the machine. */
-static inline void le32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8); p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
-}
-static inline void le64(unsigned char *p, uint64_t v) { le32(p, (uint32_t)v); le32(p + 4, (uint32_t)(v >> 32)); }
-
-/* scan_stream_deliveries(buf, channel, pos[, redelivered[, out]])
+/* scan_stream_deliveries(buf, channel, pos[, redelivered])
  *   -> (offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other)
- *   or, with out, (offsets, validity, valid, low, high, exchanges, routing_keys, blocks, ends, data_length,
- *                  last_tag, pos, other)
  *
  * The whole stream deliveries on channel from pos on, as columns (see client.scan_stream_deliveries):
  * offsets[i] is the value of the x-stream-offset entry ending the headers table, or None; blocks[i] the
  * property block, the same object as the previous delivery's when the two differ at most in that
  * value. other: stopped at something that is not (the start of) such a delivery, for the generic
  * frame path; false when the bytes ran out. redelivered: a list that gets the index (in the columns) of
- * each delivery whose redelivered flag is set (queue reads; streams pass none).
- * out (a writable buffer of at least len(buf) - pos bytes): the offsets and bodies go straight into Arrow
- * buffers instead of an int and a bytes object a delivery: offsets as little-endian int64 (0 where a
- * delivery has none) with a validity bitmap (None when every delivery has one), how many have one and their
- * least and greatest (0, 0 if none); bodies as an Arrow binary array's int32 ends (0 first) and the bodies
- * joined into out (their length returned). It stops (other) before a body that would take the joined
- * bodies past 2 GiB. */
+ * each delivery whose redelivered flag is set (queue reads; streams pass none). */
 static PyObject *
 cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     unsigned int ch;
     Py_ssize_t pos;
-    PyObject *redelivered = Py_None, *out = Py_None;
-    Py_buffer out_view = {0};
-    if (!PyArg_ParseTuple(args, "y*In|OO", &view, &ch, &pos, &redelivered, &out))
+    PyObject *redelivered = Py_None;
+    if (!PyArg_ParseTuple(args, "y*In|O", &view, &ch, &pos, &redelivered))
         return NULL;
-    const int arrow = out != Py_None;
     if (redelivered != Py_None && !PyList_Check(redelivered)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_TypeError, "redelivered must be a list or None");
@@ -244,29 +227,12 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
      * a list append a cell (five a row) costs about 50 instructions with the list's regrowth. */
     PyObject **cells = NULL;
     Py_ssize_t rows = 0, cap = 0;
-    const int width = arrow ? 3 : 5;  /* cells a row: arrow leaves the offset and the body out */
-    unsigned char *ends = NULL, *offs = NULL, *valid = NULL, *data = NULL;  /* arrow's buffers */
-    Py_ssize_t data_n = 0, valid_n = 0;
-    long long low = 0, high = 0;
     PyObject *cols[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *prev_ex = NULL, *prev_rk = NULL, *prev_block = NULL;  /* borrowed from the lists */
     const unsigned char *prev_ex_at = NULL, *prev_rk_at = NULL, *prev_block_at = NULL;
     Py_ssize_t prev_ex_n = 0, prev_rk_n = 0, prev_block_n = 0, prev_value_at = -1;
     if (pos < 0 || pos > size)
         pos = size;
-    if (arrow) {  /* the bodies are inside buf[pos:]: out has room for all of them */
-        if (PyObject_GetBuffer(out, &out_view, PyBUF_WRITABLE) < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        if (out_view.len < size - pos) {
-            PyErr_SetString(PyExc_ValueError, "out is smaller than the bytes to scan");
-            PyBuffer_Release(&out_view);
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        data = out_view.buf;
-    }
     for (;;) {
         Py_ssize_t avail = size - pos;
         const unsigned char *m = buf + pos;
@@ -328,11 +294,6 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
                 break;
             }
         }
-        Py_ssize_t body_n = body_size ? next - 1 - (b + 7) : 0;
-        if (arrow && data_n + body_n > 0x7fffffff) {
-            other = 1;  /* past int32 ends: the generic path takes it */
-            break;
-        }
         /* basic.deliver's arguments inside its frame: consumer tag, delivery tag, redelivered,
          * exchange, routing key */
         Py_ssize_t mend = h - 1;
@@ -363,8 +324,7 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
         const unsigned char *block_at = buf + h + 19;
         Py_ssize_t block_n = b - 1 - (h + 19);
         Py_ssize_t value_at = stamped_offset_at(block_at, block_n);
-        PyObject *offset = arrow ? NULL : value_at < 0 ? Py_NewRef(Py_None)
-                                                       : PyLong_FromLongLong((long long)rd64(block_at + value_at));
+        PyObject *offset = value_at < 0 ? Py_NewRef(Py_None) : PyLong_FromLongLong((long long)rd64(block_at + value_at));
         PyObject *block;
         if (prev_block != NULL && prev_block_n == block_n && prev_value_at == value_at
             && (value_at < 0 ? memcmp(prev_block_at, block_at, block_n) == 0
@@ -379,33 +339,17 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
             prev_block_n = block_n;
             prev_value_at = value_at;
         }
-        PyObject *body = arrow ? NULL : PyBytes_FromStringAndSize((const char *)buf + b + 7, body_n);
+        PyObject *body = PyBytes_FromStringAndSize((const char *)buf + b + 7, body_size ? next - 1 - (b + 7) : 0);
         PyObject *row[5] = {offset, exchange, routing_key, block, body};
-        int failed = (!arrow && (offset == NULL || body == NULL)) || block == NULL;
+        int failed = offset == NULL || block == NULL || body == NULL;
         if (!failed && rows == cap) {
             Py_ssize_t more = cap ? 2 * cap : 256;
             PyObject **grown = PyMem_Realloc(cells, (size_t)more * 5 * sizeof(PyObject *));
-            if (grown != NULL)
-                cells = grown;
-            if (grown != NULL && arrow) {
-                unsigned char *e = PyMem_Realloc(ends, (size_t)(more + 1) * 4), *o, *v;
-                ends = e ? e : ends;
-                o = e ? PyMem_Realloc(offs, (size_t)more * 8) : NULL;
-                offs = o ? o : offs;
-                v = o ? PyMem_Realloc(valid, (size_t)(more + 7) / 8) : NULL;
-                valid = v ? v : valid;
-                if (v == NULL)
-                    grown = NULL;
-                else {
-                    memset(valid + (cap + 7) / 8, 0, (size_t)((more + 7) / 8 - (cap + 7) / 8));
-                    if (cap == 0)
-                        le32(ends, 0);
-                }
-            }
             if (grown == NULL) {
                 PyErr_NoMemory();
                 failed = 1;
             } else {
+                cells = grown;
                 cap = more;
             }
         }
@@ -414,23 +358,7 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
                 Py_XDECREF(row[i]);
             goto fail;
         }
-        if (arrow) {
-            PyObject *names[3] = {exchange, routing_key, block};
-            memcpy(cells + 3 * rows, names, sizeof(names));
-            memcpy(data + data_n, buf + b + 7, (size_t)body_n);
-            data_n += body_n;
-            le32(ends + 4 * (rows + 1), (uint32_t)data_n);
-            long long v = value_at < 0 ? 0 : (long long)rd64(block_at + value_at);
-            le64(offs + 8 * rows, (uint64_t)v);
-            if (value_at >= 0) {
-                valid[rows >> 3] |= (unsigned char)(1 << (rows & 7));
-                low = valid_n == 0 || v < low ? v : low;
-                high = valid_n == 0 || v > high ? v : high;
-                valid_n++;
-            }
-        } else {
-            memcpy(cells + 5 * rows, row, sizeof(row));  /* the references move into the array */
-        }
+        memcpy(cells + 5 * rows, row, sizeof(row));  /* the references move into the array */
         rows++;
         if (redelivered != Py_None && (buf[pos + 12 + buf[pos + 11] + 8] & 1)) {
             PyObject *index = PyLong_FromSsize_t(rows - 1);
@@ -443,45 +371,22 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
         last_tag = tag;
         pos = next;
     }
-    for (int i = 0; i < width; i++)
+    for (int i = 0; i < 5; i++)
         if ((cols[i] = PyList_New(rows)) == NULL)
             goto fail;
-    Py_ssize_t moved = rows;  /* from here the lists own the references */
     for (Py_ssize_t r = 0; r < rows; r++)
-        for (int i = 0; i < width; i++)
-            PyList_SET_ITEM(cols[i], r, cells[width * r + i]);
-    rows = 0;
-    PyObject *result;
-    if (arrow) {
-        static const unsigned char zero[4] = {0, 0, 0, 0};
-        PyObject *validity = valid_n == moved ? Py_NewRef(Py_None)
-                                              : PyBytes_FromStringAndSize((const char *)valid, (moved + 7) / 8);
-        result = Py_BuildValue("(y#NnLLNNNy#nKnO)", offs ? (const char *)offs : "", moved * 8, validity, valid_n,
-                               low, high, cols[0], cols[1], cols[2], ends ? (const char *)ends : (const char *)zero,
-                               (moved + 1) * 4, data_n, last_tag, pos, other ? Py_True : Py_False);
-    } else {
-        result = Py_BuildValue("(NNNNNKnO)", cols[0], cols[1], cols[2], cols[3], cols[4], last_tag, pos,
-                               other ? Py_True : Py_False);
-    }
+        for (int i = 0; i < 5; i++)
+            PyList_SET_ITEM(cols[i], r, cells[5 * r + i]);
     PyMem_Free(cells);
-    PyMem_Free(ends);
-    PyMem_Free(offs);
-    PyMem_Free(valid);
-    if (arrow)
-        PyBuffer_Release(&out_view);
     PyBuffer_Release(&view);
-    return result;
+    return Py_BuildValue("(NNNNNKnO)", cols[0], cols[1], cols[2], cols[3], cols[4], last_tag, pos,
+                         other ? Py_True : Py_False);
 fail:
     for (int i = 0; i < 5; i++)
         Py_XDECREF(cols[i]);
-    for (Py_ssize_t k = 0; k < width * rows; k++)
+    for (Py_ssize_t k = 0; k < 5 * rows; k++)
         Py_DECREF(cells[k]);
     PyMem_Free(cells);
-    PyMem_Free(ends);
-    PyMem_Free(offs);
-    PyMem_Free(valid);
-    if (arrow)
-        PyBuffer_Release(&out_view);
     PyBuffer_Release(&view);
     return NULL;
 }

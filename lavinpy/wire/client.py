@@ -9,7 +9,6 @@ times more per message. Frames are split by ``split_frames``, which checks sizes
 
 from __future__ import annotations
 
-import itertools
 import struct
 from typing import Any, cast
 
@@ -43,7 +42,6 @@ __all__ = [
     "parse_header",
     "parse_return",
     "publish_method_frame",
-    "scan_stream_arrow",
     "scan_stream_deliveries",
     "single_content_frames",
     "split_content_frames",
@@ -384,50 +382,6 @@ def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
     if cclient is not None:
         return cclient.scan_stream_deliveries(buf, channel, pos, redelivered)
     return _scan_stream_deliveries(buf, channel, pos, redelivered)
-
-
-StreamArrowColumns = tuple[bytes, bytes | None, int, int, int, list[str], list[str], list[bytes], bytes, int,
-                           int, int, bool]
-
-
-def scan_stream_arrow(buf: bytes | bytearray, channel: int, out: Any, pos: int = 0,
-                      redelivered: list[int] | None = None) -> StreamArrowColumns:
-    """``scan_stream_deliveries`` with the offsets and bodies as Arrow buffers, no object a delivery:
-    (offsets, validity, valid, low, high, exchanges, routing keys, property blocks, ends, data length, last
-    delivery tag, offset after them, other). ``offsets`` is little-endian int64 a delivery (0 where it has no
-    x-stream-offset entry ending its headers), ``validity`` its Arrow validity bitmap (None when every
-    delivery has the entry), ``valid`` how many have it, ``low`` and ``high`` their least and greatest (0 and
-    0 when none); ``ends`` (int32, 0 first) and the first ``data length`` bytes of ``out`` (a writable
-    buffer of at least ``len(buf) - pos`` bytes: an Arrow buffer from the caller's pool, reused memory, where
-    a new bytes object of that size would be fresh pages each time) are the buffers of an Arrow binary array
-    of the bodies. Exchanges, routing keys, blocks, tag, offset and ``other`` as in
-    ``scan_stream_deliveries``."""
-    if cclient is not None:
-        return cast("StreamArrowColumns", cclient.scan_stream_deliveries(buf, channel, pos, redelivered, out))
-    return _scan_stream_arrow(buf, channel, out, pos, redelivered)
-
-
-def _scan_stream_arrow(buf: bytes | bytearray, channel: int, out: Any, pos: int = 0,
-                       redelivered: list[int] | None = None) -> StreamArrowColumns:
-    target = memoryview(out).cast("B")
-    if target.readonly:
-        raise TypeError("out must be a writable buffer")
-    if len(target) < len(buf) - (pos if 0 <= pos <= len(buf) else len(buf)):
-        raise ValueError("out is smaller than the bytes to scan")
-    offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, other = \
-        _scan_stream_deliveries(buf, channel, pos, redelivered)
-    present = [offset for offset in offsets if offset is not None]
-    packed = struct.pack(f"<{len(offsets)}q", *(0 if offset is None else offset for offset in offsets))
-    validity = None
-    if len(present) < len(offsets):
-        validity = bytes(sum(1 << j for j, offset in enumerate(offsets[i:i + 8]) if offset is not None)
-                         for i in range(0, len(offsets), 8))
-    low, high = (min(present), max(present)) if present else (0, 0)
-    ends = struct.pack(f"<{len(bodies) + 1}I", 0, *itertools.accumulate(len(body) for body in bodies))
-    data = b"".join(bodies)
-    target[:len(data)] = data
-    return (packed, validity, len(present), low, high, exchanges, routing_keys, blocks, ends, len(data),
-            last_tag, used, other)
 
 
 def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,

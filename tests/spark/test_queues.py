@@ -220,7 +220,7 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
     paused = False
     try:
         for read in drain_partition(AMQPParams.from_url(broker.url), queue, total, idle_wait=0.2):
-            bodies.extend(read.chunk.bodies.to_pylist())
+            bodies.extend(read.chunk.bodies)
             if not paused:
                 os.kill(pid, signal.SIGSTOP)
                 paused = True
@@ -242,7 +242,7 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin) -> No
     reads = drain_partition(params, queue, total, idle_wait=0.5)
     bodies: list[bytes] = []
     for read in reads:
-        bodies.extend(read.chunk.bodies.to_pylist())
+        bodies.extend(read.chunk.bodies)
         if len(bodies) > MAX_PREFETCH:
             ready, consumers = counts(admin, queue)
             assert consumers == 2 and ready + len(bodies) <= total  # the first one still holds its part

@@ -358,36 +358,6 @@ def test_client_scan_stream_deliveries_reads_columns_and_shares_blocks() -> None
         assert scan(stream, 2, 0)[6:] == (0, True)
 
 
-@AGREE
-@given(stream_delivery_streams, st.integers(0, 2), st.integers(-1, 40), st.booleans(), st.integers(0, 60))
-def test_client_scan_stream_arrow_agree(stream: bytes, channel: int, pos: int, as_bytearray: bool, cut: int) -> None:
-    """The Arrow form of the scan: both twins alike, and the same deliveries as the list form, offsets and
-    bodies packed as Arrow lays them out (int64 with a validity bitmap; int32 ends and the bodies joined)."""
-    data = bytearray(stream[:len(stream) - cut]) if as_bytearray else stream[:len(stream) - cut]
-    flags: list[int] = []
-    out, pure_out = bytearray(len(data)), bytearray(len(data))
-    compiled = outcome(accel.cclient.scan_stream_deliveries, data, channel, pos, flags, out)
-    pure_flags: list[int] = []
-    assert compiled == outcome(client._scan_stream_arrow, data, channel, pure_out, pos, pure_flags)
-    assert flags == pure_flags
-    joined = bytes(out[:compiled[9]])
-    assert joined == bytes(pure_out[:compiled[9]])
-    listed = client._scan_stream_deliveries(data, channel, pos)
-    offsets, validity, valid, low, high, exchanges, keys, blocks, ends, _length, *rest = compiled
-    assert (exchanges, keys, blocks, rest) == (listed[1], listed[2], listed[3], list(listed[5:]))
-    wanted = listed[0]
-    n = len(wanted)
-    assert len(offsets) == 8 * n and valid == sum(o is not None for o in wanted)
-    for i, offset in enumerate(wanted):
-        present = validity is None or bool(validity[i // 8] >> (i % 8) & 1)
-        assert present == (offset is not None)
-        assert int.from_bytes(offsets[8 * i:8 * i + 8], "little", signed=True) == (offset or 0)
-    present_offsets = [o for o in wanted if o is not None]
-    assert (low, high) == ((min(present_offsets), max(present_offsets)) if present_offsets else (0, 0))
-    bounds = [int.from_bytes(ends[4 * i:4 * i + 4], "little") for i in range(n + 1)]
-    assert [joined[a:b] for a, b in zip(bounds, bounds[1:], strict=False)] == listed[4] and bounds[0] == 0
-
-
 def test_client_scan_reports_redelivered_deliveries() -> None:
     """Queue reads pass a list: both twins put in it the index of each delivery flagged redelivered."""
     props = b"\x90\x00\x0atext/plain\x02"
