@@ -27,6 +27,9 @@ def test_one_leader_failover_within_5s_and_old_leader_rejoins_as_follower(cluste
                    what=f"{follower.name} to follow")
         assert follower.amqp_serves(2)
     time.sleep(2.5)  # past the grace a just-elected leader gets
+    # Killed before its followers are in the ISR, the leader would leave no node that may lead (a slow
+    # start on a loaded machine takes longer than the grace).
+    wait_until(lambda: set(_isr(cluster)) == ids, 30, what="every node in the ISR")
     in_sync = _isr(cluster)
 
     leader.kill()
@@ -71,6 +74,7 @@ def test_leader_killed_and_restarted_at_once_settles_on_one_leader(cluster: Clus
     cluster.start(3)
     leader = cluster.wait_for_leader(30)
     time.sleep(2.5)
+    wait_until(lambda: set(_isr(cluster)) == {n.node_id for n in cluster.nodes}, 30, what="every node in the ISR")
     leader.kill()
     leader.start()  # back before anyone noticed: it or a follower leads, and the term then holds
     cluster.wait_for_leader(15)
