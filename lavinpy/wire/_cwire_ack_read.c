@@ -8,7 +8,7 @@
  * Sessions.end_of_input, Broker.note_input and count_input_turn: the read's counters, the acks settled,
  * the deliveries the freed room makes possible, the resource check and the input turn. Anything else
  * returns False before anything changed and the caller reads the data the Python way (its pure twin;
- * tests/amqp/test_ack_read_agree.py: the same state either way). The connection, sessions, broker and
+ * tests/amqp/test_ack_head_agree.py: the same state either way). The connection, sessions, broker and
  * reader must be of exactly the classes given to init_ack_read, so the methods inlined are theirs.
  */
 #include "_cwire.h"
