@@ -39,12 +39,10 @@ class _Publisher(threading.Thread):
                 time.sleep(0.1)  # the broker killed or starting: try again
 
 
-def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
-    """ack-mode on-confirm: the upstream's message is acknowledged only once the downstream confirmed it,
-    so kill -9 of the downstream and then of the upstream, mid-way under confirmed publishing, loses
-    nothing; duplicates (what was in flight at a kill) are counted."""
-    up, down = pair
-    name = f"k-{uuid.uuid4().hex[:8]}"
+def _federated_fanout(up, down, prefix: str) -> str:
+    """A durable fanout exchange downstream with a queue of its name bound, federated from the upstream's
+    exchange of that name; its name once the link runs and its binding is made upstream."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     conn, ch = channel(down)
     ch.exchange_declare(name, "fanout", durable=True)
     ch.queue_declare(name, durable=True)
@@ -53,6 +51,39 @@ def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
     _federate(down, up, name, name, upstream=name)
     wait_for(lambda: _running(down, name), what="the link")
     wait_for(lambda: upstream_bindings(up, name), what="the binding upstream")
+    return name
+
+
+def _every_confirmed(up, down, name: str, confirmed: set[int], context: str) -> list[int]:
+    """The numbers read from the downstream queue ``name`` until each confirmed one arrived (duplicates
+    may come first: it waits for every number, not for a count); on a timeout the error names what is
+    missing, the upstream's federation queues and the links."""
+    got: list[int] = []
+    conn, ch = channel(down)
+
+    def all_there() -> bool:
+        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
+            got.append(int(message[2]))
+        return set(got) >= confirmed
+    try:
+        wait_for(all_there, timeout=30, what="every confirmed message")
+    except AssertionError:
+        _, queues, _ = http_call(up, "GET", "/api/queues/%2F")
+        upstream = [{k: q.get(k) for k in ("name", "messages_ready", "messages_unacknowledged", "consumers")}
+                    for q in queues if q["name"].startswith("federation:")]
+        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}; {context}; "
+                             f"upstream queues {upstream}; links {links(down)}") from None
+    finally:
+        conn.close()
+    return got
+
+
+def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
+    """ack-mode on-confirm: the upstream's message is acknowledged only once the downstream confirmed it,
+    so kill -9 of the downstream and then of the upstream, mid-way under confirmed publishing, loses
+    nothing; duplicates (what was in flight at a kill) are counted."""
+    up, down = pair
+    name = _federated_fanout(up, down, "k")
     publisher = _Publisher(up, name)
     publisher.start()
     try:
@@ -73,23 +104,7 @@ def test_kill9_of_either_side_loses_no_confirmed_message(pair) -> None:
         publisher.done.set()
         publisher.join(10)
     confirmed = set(publisher.confirmed)
-    got: list[int] = []
-    conn, ch = channel(down)
-
-    def all_there() -> bool:  # duplicates may come first: wait for every number, not for a count
-        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
-            got.append(int(message[2]))
-        return set(got) >= confirmed
-    try:
-        wait_for(all_there, timeout=30, what="every confirmed message")
-    except AssertionError:
-        _, queues, _ = http_call(up, "GET", "/api/queues/%2F")
-        upstream = [{k: q.get(k) for k in ("name", "messages_ready", "messages_unacknowledged", "consumers")}
-                     for q in queues if q["name"].startswith("federation:")]
-        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}; confirmed at the kills {kills}; "
-                             f"upstream queues {upstream}; links {links(down)}") from None
-    finally:
-        conn.close()
+    got = _every_confirmed(up, down, name, confirmed, f"confirmed at the kills {kills}")
     duplicates = len(got) - len(set(got))
     print(f"{len(confirmed)} confirmed, {len(got)} arrived, {duplicates} duplicates")
     assert duplicates <= 2 * 1000  # at most what was in flight (prefetch-count) at each kill
@@ -106,16 +121,8 @@ def test_a_start_cut_short_upstream_loses_nothing_at_the_next_start(pair) -> Non
     leaves both there, the new one maybe unbound: the next start must not delete the one the messages
     flow through before the other carries the bindings (what is published meanwhile would be dropped)."""
     up, down = pair
-    name = f"c-{uuid.uuid4().hex[:8]}"
-    conn, ch = channel(down)
-    ch.exchange_declare(name, "fanout", durable=True)
-    ch.queue_declare(name, durable=True)
-    ch.queue_bind(name, name, "")
-    conn.close()
-    _federate(down, up, name, name, upstream=name)
-    wait_for(lambda: _running(down, name), what="the link")
+    name = _federated_fanout(up, down, "c")
     queue = _running(down, name)["queue"]
-    wait_for(lambda: upstream_bindings(up, name), what="the binding upstream")
     publisher = _Publisher(up, name)
     publisher.start()
     try:
@@ -141,17 +148,4 @@ def test_a_start_cut_short_upstream_loses_nothing_at_the_next_start(pair) -> Non
     finally:
         publisher.done.set()
         publisher.join(10)
-    confirmed = set(publisher.confirmed)
-    got: list[int] = []
-    conn, ch = channel(down)
-
-    def all_there() -> bool:
-        while (message := ch.basic_get(name, auto_ack=True))[0] is not None:
-            got.append(int(message[2]))
-        return set(got) >= confirmed
-    try:
-        wait_for(all_there, timeout=30, what="every confirmed message")
-    except AssertionError:
-        raise AssertionError(f"missing: {sorted(confirmed - set(got))[:20]}") from None
-    finally:
-        conn.close()
+    _every_confirmed(up, down, name, set(publisher.confirmed), "the link restarted four times")
