@@ -1,7 +1,8 @@
 """The follower's side of replication: authenticate, full sync, then apply the leader's stream.
 
-Every read from the socket is one batch: its operations are applied, the touched files and
-directories fsynced, and only then the stream offset acknowledged, all in the connection's own thread
+Every read from the socket, with what arrived while its operations were written, is one batch: its
+operations are applied, the touched files and directories fsynced, and only then the stream offset
+acknowledged, all in the connection's own thread
 (so that the node's proxies keep running on the event loop and the loop takes no part in a batch).
 After the full sync and the stream the data directory holds exactly the leader's durable files;
 when this node later leads, opening it is the normal crash recovery.
