@@ -39,7 +39,9 @@ thread's, and the event loop thread's: run time from /proc's schedstat, in nanos
 consumed a second; printed: each ratio's median over the pairs with a 95 % confidence interval of that
 median (order statistics: no assumption on the noise's shape) and its quartiles. Many short pairs, not a
 few long runs: the machine's load changes within seconds, and what two adjacent half-seconds share
-cancels in their ratio. ``--blocks`` repeats the blocks, the trees alternated:
+cancels in their ratio. ``--rate`` paces each turn's publishing there too (the rate then the same in
+both modes, the CPU a message compared at equal commit sizes). ``--blocks`` repeats the blocks, the
+trees alternated:
 
     python3 bench/dedup_bench.py --pairs 100 --tree ../old,. --blocks 2
 """
@@ -61,6 +63,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from pamqp import body as content_body
 from pamqp import commands, frame, header
@@ -86,19 +89,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_ns(pid: int) -> tuple[int, int]:
-    """The process's CPU time so far, every thread's and its event loop thread's (``/proc/<pid>/task/*/
-    schedstat``: nanoseconds, where ``stat``'s clock ticks are 10 ms, a share of a short window)."""
-    total = loop = 0
+def run_ns(pid: int) -> dict[str, int]:
+    """Each of the process's threads' CPU time so far (``/proc/<pid>/task/<tid>/schedstat``: nanoseconds,
+    where ``stat``'s clock ticks are 10 ms, a share of a short window)."""
+    times = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            times[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
         except (OSError, IndexError, ValueError):  # the thread ended meanwhile
             continue
-        total += ns
-        if tid == str(pid):
-            loop = ns
-    return total, loop
+    return times
+
+
+def run_ns_between(before: dict[str, int], after: dict[str, int], pid: int) -> tuple[int, int]:
+    """The CPU time every thread and the event loop thread took between two ``run_ns`` (a thread that
+    ended meanwhile is left out: a sum of the totals would go back by its whole time)."""
+    total = sum(ns - before.get(tid, 0) for tid, ns in after.items())
+    return total, after.get(str(pid), 0) - before.get(str(pid), 0)
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -295,18 +302,28 @@ def run_once(tree: Path, mode: str, args: argparse.Namespace) -> dict:
         stop_broker(proc, workdir)
 
 
-async def _publish_gated(port: int, gate: multiprocessing.Value, me: int, window: int, size: int,  # type: ignore[valid-type]
-                         with_id: bool, start_id: int, queue: str) -> None:
-    """``_publish`` while ``gate`` is ``me`` (idle, connected, otherwise), until it is negative."""
+async def _publish_gated(port: int, gate: Any, me: int, window: int, size: int, with_id: bool, start_id: int,
+                         queue: str, rate: float = 0.0) -> None:
+    """``_publish`` while ``gate`` is ``me`` (idle, connected, otherwise), until it is negative; ``rate``:
+    at most that many a second from each turn of the gate to it."""
     conn = await _Publisher().open("127.0.0.1", port)
     await conn.confirm_select()
     head, tail = message_template(size, with_id, queue)
     sent, next_id, batch = 0, start_id, 32
+    turned, turn_sent = 0.0, 0  # (when the gate last turned to this publisher, and ``sent`` then)
     assert conn.writer is not None
     while gate.value >= 0 and not conn.error:
         if gate.value != me or sent - conn.acked + batch > window:
+            if gate.value != me:
+                turned = 0.0
             await asyncio.sleep(0.0005)
             continue
+        if rate:
+            if not turned:
+                turned, turn_sent = time.monotonic(), sent
+            if sent - turn_sent >= (time.monotonic() - turned) * rate:
+                await asyncio.sleep(batch / rate / 4)
+                continue
         if with_id:
             data = b"".join([head + b"%016x" % i + tail for i in range(next_id, next_id + batch)])
             next_id += batch
@@ -318,8 +335,8 @@ async def _publish_gated(port: int, gate: multiprocessing.Value, me: int, window
     await conn.close()
 
 
-async def _consume_gated(port: int, gate: multiprocessing.Value, prefetch: int,  # type: ignore[valid-type]
-                         counter: multiprocessing.Value, queue: str) -> None:  # type: ignore[valid-type]
+async def _consume_gated(port: int, gate: Any, prefetch: int, counter: Any, queue: str) -> None:
+    """``_consume`` until ``gate`` is negative."""
     conn = _Consumer()
     await conn.open("127.0.0.1", port)
     await conn.rpc([commands.Basic.Qos(prefetch_count=prefetch)])
@@ -358,7 +375,8 @@ def run_pairs(tree: Path, base: str, other: str, pairs: int, first_id: int, args
             clients.append(multiprocessing.Process(target=_run_consumer_gated,
                                                    args=(port, gate, 256, counters[k], queue)))
             clients.append(multiprocessing.Process(target=_run_publisher_gated, args=(
-                port, gate, k + 1, args.confirm, args.size, mode.endswith("ids"), first_id + k * 10 ** 11, queue)))
+                port, gate, k + 1, args.confirm, args.size, mode.endswith("ids"), first_id + k * 10 ** 11, queue,
+                args.rate)))
         for client in clients:
             client.start()
         time.sleep(1.0)  # (connected)
@@ -366,12 +384,13 @@ def run_pairs(tree: Path, base: str, other: str, pairs: int, first_id: int, args
         def window(k: int, seconds: float) -> dict:
             gate.value = k + 1
             time.sleep(args.pair_settle)
-            (c0, l0), n0, t0 = run_ns(proc.pid), counters[k].value, time.monotonic()
+            c0, n0, t0 = run_ns(proc.pid), counters[k].value, time.monotonic()
             time.sleep(seconds)
-            (c1, l1), n1, t1 = run_ns(proc.pid), counters[k].value, time.monotonic()
+            c1, n1, t1 = run_ns(proc.pid), counters[k].value, time.monotonic()
             messages = n1 - n0
-            return {"rate": messages / (t1 - t0), "cpu_us_per_msg": (c1 - c0) / 1e3 / messages if messages else None,
-                    "loop_us_per_msg": (l1 - l0) / 1e3 / messages if messages else None}
+            cpu, loop = run_ns_between(c0, c1, proc.pid)
+            return {"rate": messages / (t1 - t0), "cpu_us_per_msg": cpu / 1e3 / messages if messages else None,
+                    "loop_us_per_msg": loop / 1e3 / messages if messages else None}
 
         for k in range(2):  # primed: the cache full (each new identifier then forgets the oldest)
             primed = 0
@@ -463,12 +482,12 @@ def main() -> None:
         modes = [m for m in args.modes.split(",") if m] if args.modes != ",".join(MODES) else ["off", "on-ids"]
         if len(modes) != 2:
             ap.error("--pairs compares two --modes: the base, then the other")
-        results = []
+        pairs: list[dict] = []
         for block in range(args.blocks):
             for t, tree in enumerate(trees):
-                results += run_pairs(tree, modes[0], modes[1], args.pairs, (block * len(trees) + t) * 10 ** 12 + 1,
+                pairs += run_pairs(tree, modes[0], modes[1], args.pairs, (block * len(trees) + t) * 10 ** 12 + 1,
                                      args)
-        report_pairs(results, trees, modes[0], modes[1])
+        report_pairs(pairs, trees, modes[0], modes[1])
         return
     modes = [m for m in args.modes.split(",") if m]
     results: dict[tuple[str, str], list[float]] = {}

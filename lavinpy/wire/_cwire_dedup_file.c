@@ -28,7 +28,8 @@ put_le(unsigned char *p, uint64_t value, int bytes)
 
 /* dedup_table_take_framed(table, mark) -> the records remembered since the last take as one batch of the
  * cache's file: length u32, the mark record (key length 0, mark u64) when mark >= 0, the records, and the
- * CRC-32 (zlib's) of the mark and records u32, little-endian: record.py's frame_batch(take(), mark).
+ * CRC-32 (zlib's) of the mark and records u32, little-endian: record.py's frame_batch of those records
+ * and mark.
  *
  * Why: take copied the ring's bytes into a bytes object and frame_batch copied them again into the batch
  * (two allocations, two calls a write); here the ring's bytes go straight into the batch. */
