@@ -10,10 +10,14 @@ setup(
     ext_modules=[
         Extension("lavinpy.wire._cwire", ["lavinpy/wire/_cwire.c", "lavinpy/wire/_cwire_build.c",
                                                 "lavinpy/wire/_cwire_peek.c", "lavinpy/wire/_cwire_mqtt.c",
-                                                "lavinpy/wire/_cwire_dedup_table.c", "lavinpy/wire/_cwire_round.c",
+                                                "lavinpy/wire/_cwire_dedup_table.c", "lavinpy/wire/_cwire_dedup_file.c",
+                                                "lavinpy/wire/_cwire_round.c",
                                                 "lavinpy/wire/_cwire_pick.c", "lavinpy/wire/_cwire_stamped.c",
-                                                "lavinpy/wire/_cwire_acks.c", "lavinpy/wire/_cwire_ack_read.c"],
-                  depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h"],
+                                                "lavinpy/wire/_cwire_acks.c", "lavinpy/wire/_cwire_ack_read.c",
+                                                # (zlib's CRC-32 for the deduplication table's framed batches)
+                                                "lavinpy/store/_crc32.c"],
+                  depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h", "lavinpy/wire/_cwire_dedup_table.h",
+                           "lavinpy/store/_crc32.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_ints.c"],
                   depends=["lavinpy/wire/_bytes.h"],

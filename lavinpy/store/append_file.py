@@ -48,10 +48,15 @@ class AppendFile:
         self._fd = -1
         self._unsynced = False
         self._pending: list[bytes] = []  # append_soon's records, until a group commit or the delay
-        self._pending_since = 0.0  # the loop time of the oldest record in ``_pending``
-        self._delay_armed = False  # a timer for ``_pending`` is set
+        self._due = False  # records wait to be written (append_soon's, or the owner's: write_soon)
+        self._pending_since = 0.0  # the loop time of the oldest waiting record
+        self._delay_armed = False  # a timer for the waiting records is set
         # How append_soon's records of one turn are written (the owner's framing, e.g. one checksum).
         self.frame: Callable[[bytes], bytes] = bytes
+        # What a write of the waiting records appends: append_soon's records joined and framed, or, for
+        # an owner that keeps its records itself and calls ``write_soon``, its own rendering of them
+        # (b"": nothing to append). One or the other per file.
+        self.render: Callable[[], bytes] = self._render_pending
 
     def open(self) -> bytes:
         """Open (creating it empty) and return what the file holds."""
@@ -77,35 +82,60 @@ class AppendFile:
     def append(self, data: bytes) -> bool:
         """Add ``data`` at the end; whether a caller that must know it durable waits for the store's
         ``durable()`` (False: with ``fsync: never`` outside a cluster, handed to the OS is all)."""
+        self._write(data)
+        return self._waits()
+
+    def _write(self, data: bytes) -> None:
         written = os.write(self._fd, data)
         while written < len(data):  # a regular file takes it whole but for a full disk; finish or raise
             written += os.write(self._fd, data[written:])
-        changes.appended_fd(self._fd, self.path, data)
+        if changes.feed.listener is not None:  # (a replication leader's: it streams the bytes)
+            changes.appended_fd(self._fd, self.path, data)
         self._unsynced = True
-        return self._waits()
 
     def append_soon(self, data: bytes) -> None:
         """``append`` soon, with the other records of the moment in one write (many small records,
         one system call): at the store's next group commit or ``durable()`` call, before it syncs, so
         a publisher confirm that waits for them finds them on disk; else after ``WRITE_DELAY_S``."""
-        pending = self._pending
-        pending.append(data)
-        if len(pending) == 1:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.write_in_order()
-                return
-            self._pending_since = loop.time()
-            if not self._delay_armed:  # one timer for many batches: group commits mostly write them first
-                self._delay_armed = True
-                loop.call_later(WRITE_DELAY_S, self._on_delay)
+        self._pending.append(data)
+        if not self._due:
+            self._due = True
+            self._soon()
+
+    def write_soon(self) -> None:
+        """``append_soon`` for an owner that keeps its records itself: its ``render`` is called for
+        them at that write (once for all the calls before it). (``_soon`` inline: a deduplication
+        cache calls this once per group commit.)"""
+        if self._due:
+            return
+        self._due = True
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.write_in_order()
+            return
+        self._pending_since = loop.time()
+        if not self._delay_armed:
+            self._delay_armed = True
+            loop.call_later(WRITE_DELAY_S, self._on_delay)
+
+    def _soon(self) -> None:
+        """The first record waits: its delay starts (or, outside an event loop, it is written now)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.write_in_order()
+            return
+        self._pending_since = loop.time()
+        if not self._delay_armed:  # one timer for many batches: group commits mostly write them first
+            self._delay_armed = True
+            loop.call_later(WRITE_DELAY_S, self._on_delay)
 
     def _on_delay(self) -> None:
         """The delay timer: write what has waited ``WRITE_DELAY_S``; what a group commit wrote meanwhile
         is gone, and what came after it waits its own delay (the timer is set again for that)."""
         self._delay_armed = False
-        if not self._pending or self._fd < 0:
+        if not self._due or self._fd < 0:
             return
         loop = asyncio.get_running_loop()
         left = self._pending_since + WRITE_DELAY_S - loop.time()
@@ -118,18 +148,23 @@ class AppendFile:
     def write_in_order(self) -> None:
         """``write_pending`` outside a group commit: what must go first (``write_first``), then the
         records (a group commit writes the index entries itself before it takes this file's)."""
-        if self._pending and self._fd >= 0:
+        if self._due and self._fd >= 0:
             if self._write_first is not None:
                 self._write_first()
             self.write_pending()
 
     def write_pending(self) -> None:
-        """Hand ``append_soon``'s records to the OS now."""
-        if self._pending and self._fd >= 0:
-            data = self.frame(b"".join(self._pending))
-            self._pending.clear()
+        """Hand the waiting records (``append_soon``'s or ``write_soon``'s) to the OS now."""
+        if self._due and self._fd >= 0:
+            self._due = False
+            data = self.render()
             if data:  # (empty: the owner rewrote the file instead)
-                self.append(data)
+                self._write(data)
+
+    def _render_pending(self) -> bytes:
+        data = self.frame(b"".join(self._pending))
+        self._pending.clear()
+        return data
 
     def truncate(self, size: int) -> None:
         """Cut the file to ``size`` bytes (a torn last record after a crash)."""
@@ -184,7 +219,7 @@ class AppendFile:
 
     @property
     def has_unsynced(self) -> bool:
-        return self._unsynced or bool(self._pending)
+        return self._unsynced or self._due
 
     def take_unsynced_fds(self) -> list[int]:
         """The descriptor to fsync in this flush, if anything was written since the last one."""

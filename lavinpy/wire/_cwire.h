@@ -37,7 +37,7 @@ PyObject *cwire_dedup_table(PyObject *self, PyObject *const *args, Py_ssize_t na
 PyObject *cwire_dedup_table_get(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *cwire_dedup_table_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_dedup_table_take_framed(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

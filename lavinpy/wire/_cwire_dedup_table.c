@@ -9,65 +9,15 @@
  * the key in the ring only on a hash match; the oldest is forgotten by reading the ring's first record
  * (its slot is the one whose place is that record's, found by the record's hash kept in a second ring: an
  * older place of a key remembered anew is skipped);
- * the records for the file are the ring's bytes since the last write, copied out. Records forgotten
+ * the records for the file are the ring's bytes since the last write, copied once, into the framed batch
+ * the file appends (take_framed: the batch's length, the mark, the records and zlib's CRC-32, which
+ * _crc32.c, linked into this extension too, computes as the store's framer does). Records forgotten
  * before they were written stay in the ring until they are. Keys are typed bytes (``s`` + an ASCII
  * string's text, as on disk). */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
-
 #include "_cwire.h"
+#include "_cwire_dedup_table.h"
 
-#define CAPSULE "lavinpy.dedup_table"
-#define HEAD 10      /* a record's key length u16 and expiry u64 */
-#define KEY_MAX 256  /* a run's keys are shorter (the caller's limit is checked against it) */
-
-typedef struct {
-    uint64_t hash;
-    uint64_t place; /* the ring offset of the key's newest record + 1; 0: an empty slot */
-} Slot;
-
-typedef struct {
-    Slot *slots;
-    size_t mask;
-    Py_ssize_t count, size;
-    unsigned char *ring;
-    uint64_t cap;      /* a power of two; offsets below are absolute, taken modulo cap */
-    uint64_t head;     /* the first byte still kept: min(oldest, rendered) */
-    uint64_t oldest;   /* the oldest arrival not forgotten yet */
-    uint64_t rendered; /* the records before this were taken for the file */
-    uint64_t tail;
-    uint64_t seed;
-    int keep; /* a cache with a file: records kept until taken */
-    /* Each record's key hash in arrival order, from the oldest's on: forgetting the oldest finds its slot
-     * without hashing its key again. */
-    uint64_t *hashes;
-    uint64_t hmask, hfirst, hnext; /* a power of two less one; the oldest's and the next record's numbers */
-} Table;
-
-static uint64_t
-key_hash(const unsigned char *k, size_t n, uint64_t seed)
-{
-    uint64_t h = seed ^ ((uint64_t)n * 0x9E3779B97F4A7C15ULL);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, k, 8);
-        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
-        h ^= h >> 29;
-        k += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, k, n);
-    h ^= w;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdULL;
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ULL;
-    h ^= h >> 33;
-    return h;
-}
+#define AHEAD 8 /* a run's identifiers found and asked of memory before the first of them is looked up */
 
 /* memcpy for a key of 16-32 bytes (most identifiers) as two overlapping fixed-size moves, not a libc call */
 static inline void
@@ -94,40 +44,6 @@ ring_put(unsigned char *ring, uint64_t cap, uint64_t at, const unsigned char *sr
         memcpy(ring + i, src, first);
         memcpy(ring, src + first, n - first);
     }
-}
-
-static void
-ring_get(const Table *t, uint64_t at, unsigned char *dst, size_t n)
-{
-    size_t i = (size_t)(at & (t->cap - 1)), first = (size_t)(t->cap - i);
-    if (first >= n) {
-        memcpy(dst, t->ring + i, n);
-    } else {
-        memcpy(dst, t->ring + i, first);
-        memcpy(dst + first, t->ring, n - first);
-    }
-}
-
-/* A record's key length and expiry. */
-static void
-record_head(const Table *t, uint64_t at, size_t *length, uint64_t *expiry)
-{
-    unsigned char b[HEAD];
-    size_t i = (size_t)(at & (t->cap - 1));
-    const unsigned char *p = b;
-    if (t->cap - i >= HEAD)
-        p = t->ring + i; /* (the usual case: read in place) */
-    else
-        ring_get(t, at, b, HEAD);
-    *length = (size_t)p[0] | (size_t)p[1] << 8;
-    uint64_t e = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(&e, p + 2, 8);
-#else
-    for (int k = 7; k >= 0; k--)
-        e = e << 8 | p[2 + k];
-#endif
-    *expiry = e;
 }
 
 static int
@@ -226,17 +142,6 @@ slot_delete(Table *t, size_t i)
         }
     }
     t->slots[i].place = 0;
-}
-
-static uint64_t
-record_hash(const Table *t, uint64_t at, size_t length)
-{
-    size_t i = (size_t)((at + HEAD) & (t->cap - 1));
-    if (t->cap - i >= length)
-        return key_hash(t->ring + i, length, t->seed);
-    unsigned char buf[65536];
-    ring_get(t, at + HEAD, buf, length);
-    return key_hash(buf, length, t->seed);
 }
 
 /* Forget the oldest identifier (skipping the older places of keys remembered anew). */
@@ -344,12 +249,6 @@ table_free(PyObject *capsule)
     PyMem_Free(t);
 }
 
-static Table *
-table_of(PyObject *capsule)
-{
-    return PyCapsule_GetPointer(capsule, CAPSULE);
-}
-
 /* dedup_table(size, seed, keep) -> a table */
 PyObject *
 cwire_dedup_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -452,141 +351,104 @@ all_ascii(const unsigned char *text, Py_ssize_t n)
     return (high & 0x8080808080808080ULL) == 0;
 }
 
-/* dedup_table_run(table, blocks, start, name, limit, ttl_name, expiry, now, duplicates) -> (stop, added):
- * see DedupTable.run in dedup_table.py. */
+/* dedup_table_run(table, name, limit, ttl_name, ttl, blocks, start, now, duplicates) -> (stop, added):
+ * see DedupTable.run in dedup_table.py. (The cache's constant arguments first: it binds them once with
+ * the table in a partial, and a run's call passes four.) */
 PyObject *
 cwire_dedup_table_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Table *t = nargs == 9 ? table_of(args[0]) : NULL;
     if (t == NULL)
         return NULL;
-    if (!PyList_Check(args[1]) || !PyBytes_Check(args[3]) || !PyBytes_Check(args[5]) || !PyList_Check(args[8])) {
-        PyErr_SetString(PyExc_TypeError, "dedup_table_run(table, blocks: list, start, name: bytes, limit, "
-                                         "ttl_name: bytes, expiry, now, duplicates: list)");
+    if (!PyBytes_Check(args[1]) || !PyBytes_Check(args[3]) || !PyList_Check(args[5]) || !PyList_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError, "dedup_table_run(table, name: bytes, limit, ttl_name: bytes, ttl, "
+                                         "blocks: list, start, now, duplicates: list)");
         return NULL;
     }
-    PyObject *blocks = args[1], *duplicates = args[8];
-    Py_ssize_t start = PyLong_AsSsize_t(args[2]), limit = PyLong_AsSsize_t(args[4]);
-    unsigned long long expiry = PyLong_AsUnsignedLongLong(args[6]);
+    PyObject *blocks = args[5], *duplicates = args[8];
+    Py_ssize_t start = PyLong_AsSsize_t(args[6]), limit = PyLong_AsSsize_t(args[2]);
+    long long ttl = PyLong_AsLongLong(args[4]);
     long long now = PyLong_AsLongLong(args[7]);
     if (PyErr_Occurred())
         return NULL;
+    if (ttl >= 0 && now < 0) {
+        PyErr_SetString(PyExc_ValueError, "dedup_table_run: a time before the epoch");
+        return NULL;
+    }
+    /* (an identifier's expiry: never (0) without a TTL, else now + ttl) */
+    unsigned long long expiry = ttl < 0 ? 0 : (unsigned long long)now + (unsigned long long)ttl;
     if (limit > KEY_MAX - 1)
         limit = KEY_MAX - 1;
-    const char *name = PyBytes_AS_STRING(args[3]), *ttl_name = PyBytes_AS_STRING(args[5]);
-    Py_ssize_t name_len = PyBytes_GET_SIZE(args[3]), ttl_len = PyBytes_GET_SIZE(args[5]);
-    Py_ssize_t i = start < 0 ? 0 : start, added = 0;
-    unsigned char key[KEY_MAX];
-    key[0] = 's';
-    for (; i < PyList_GET_SIZE(blocks); i++) {
-        PyObject *block = PyList_GET_ITEM(blocks, i);
-        if (!PyBytes_Check(block))
-            break;
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
-        Py_ssize_t n = PyBytes_GET_SIZE(block), found = 0, found_end = 0;
-        int with_ttl = 0; /* (the walk that finds the identifier says whether the TTL header is there) */
-        int spanned = cwire_find_spans(b, n, name, name_len, ttl_name, ttl_len, &found, &found_end, &with_ttl);
-        if (spanned == 0)
-            continue; /* no identifier: kept, not remembered */
-        if (spanned < 0)
-            break;
-        Py_ssize_t length = found_end - found - 5;
-        if (b[found] != 'S' || length >= limit)
-            break;
-        const unsigned char *text = b + found + 5;
-        if (with_ttl || !all_ascii(text, length))
-            break;
-        copy_key(key + 1, text, (size_t)length);
-        size_t key_len = (size_t)length + 1, empty;
-        uint64_t h = key_hash(key, key_len, t->seed);
-        Slot *s = find(t, h, key, key_len, &empty);
-        if (s != NULL) {
-            size_t stored;
-            uint64_t expires;
-            record_head(t, s->place - 1, &stored, &expires);
-            if (expires == 0 || (long long)expires > now) {
-                PyObject *index = PyLong_FromSsize_t(i);
-                if (index == NULL)
-                    return NULL;
-                int rc = PyList_Append(duplicates, index);
-                Py_DECREF(index);
-                if (rc < 0)
-                    return NULL;
-                continue;
-            }
-        }
-        /* new, or expired: remembered anew */
-        if (put(t, h, key, key_len, expiry, s, empty) < 0)
-            return NULL;
-        added++;
-    }
-    return Py_BuildValue("nn", i, added);
-}
-
-static PyObject *
-copy_out(const Table *t, uint64_t from, uint64_t to)
-{
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(to - from));
-    if (out != NULL)
-        ring_get(t, from, (unsigned char *)PyBytes_AS_STRING(out), (size_t)(to - from));
-    return out;
-}
-
-/* dedup_table_take(table) -> the records remembered since the last take, for the file */
-PyObject *
-cwire_dedup_table_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
-    if (t == NULL)
-        return NULL;
-    PyObject *out = copy_out(t, t->rendered, t->tail);
-    if (out != NULL) {
-        t->rendered = t->tail;
-        t->head = t->oldest;
-    }
-    return out;
-}
-
-/* dedup_table_skip(table): the records since the last take are not wanted (the file is rewritten) */
-PyObject *
-cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
-    if (t == NULL)
-        return NULL;
-    t->rendered = t->tail;
-    t->head = t->oldest;
-    Py_RETURN_NONE;
-}
-
-/* dedup_table_live(table) -> the live identifiers' records, oldest first */
-PyObject *
-cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    Table *t = nargs == 1 ? table_of(args[0]) : NULL;
-    if (t == NULL)
-        return NULL;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(t->tail - t->oldest));
-    if (out == NULL)
-        return NULL;
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    for (uint64_t at = t->oldest; at < t->tail;) {
-        size_t length;
-        uint64_t expiry;
-        record_head(t, at, &length, &expiry);
-        uint64_t h = record_hash(t, at, length);
-        for (size_t i = (size_t)h & t->mask; t->slots[i].place != 0; i = (i + 1) & t->mask) {
-            if (t->slots[i].place == at + 1) {
-                ring_get(t, at, p, HEAD + length);
-                p += HEAD + length;
+    const char *name = PyBytes_AS_STRING(args[1]), *ttl_name = PyBytes_AS_STRING(args[3]);
+    Py_ssize_t name_len = PyBytes_GET_SIZE(args[1]), ttl_len = PyBytes_GET_SIZE(args[3]);
+    Py_ssize_t i = start < 0 ? 0 : start, added = 0, count = PyList_GET_SIZE(blocks);
+    /* In steps of AHEAD identifiers: first each found, hashed and its slot (and the slot of the oldest
+     * its put may forget) asked of memory, then each looked up and remembered in order. Why: at 100,000
+     * identifiers the slots are 4 MiB and each lookup and each forgetting lands on a random one; asked
+     * for a step ahead, those loads overlap the walks instead of each waiting in turn. */
+    struct {
+        Py_ssize_t at;
+        size_t len;
+        uint64_t h;
+        unsigned char key[KEY_MAX];
+    } ahead[AHEAD];
+    int stop = 0;
+    while (i < count && !stop) {
+        int k = 0;
+        Py_ssize_t j = i;
+        for (; j < count && k < AHEAD; j++) {
+            PyObject *block = PyList_GET_ITEM(blocks, j);
+            if (!PyBytes_Check(block)) {
+                stop = 1;
                 break;
             }
+            const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(block);
+            Py_ssize_t n = PyBytes_GET_SIZE(block), found = 0, found_end = 0;
+            int with_ttl = 0; /* (the walk that finds the identifier says whether the TTL header is there) */
+            int spanned = cwire_find_spans(b, n, name, name_len, ttl_name, ttl_len, &found, &found_end, &with_ttl);
+            if (spanned == 0)
+                continue; /* no identifier: kept, not remembered */
+            Py_ssize_t length = found_end - found - 5;
+            if (spanned < 0 || b[found] != 'S' || length >= limit || with_ttl || !all_ascii(b + found + 5, length)) {
+                stop = 1; /* the caller takes this one the whole way */
+                break;
+            }
+            ahead[k].at = j;
+            ahead[k].key[0] = 's';
+            copy_key(ahead[k].key + 1, b + found + 5, (size_t)length);
+            ahead[k].len = (size_t)length + 1;
+            ahead[k].h = key_hash(ahead[k].key, ahead[k].len, t->seed);
+            __builtin_prefetch(&t->slots[(size_t)ahead[k].h & t->mask]);
+            if (t->count + k >= t->size && t->hfirst + (uint64_t)k < t->hnext)
+                __builtin_prefetch(&t->slots[(size_t)t->hashes[(t->hfirst + (uint64_t)k) & t->hmask] & t->mask]);
+            k++;
         }
-        at += HEAD + length;
+        for (int m = 0; m < k; m++) {
+            size_t empty;
+            Slot *s = find(t, ahead[m].h, ahead[m].key, ahead[m].len, &empty);
+            if (s != NULL) {
+                size_t stored;
+                uint64_t expires;
+                record_head(t, s->place - 1, &stored, &expires);
+                if (expires == 0 || (long long)expires > now) {
+                    PyObject *index = PyLong_FromSsize_t(ahead[m].at);
+                    if (index == NULL)
+                        return NULL;
+                    int rc = PyList_Append(duplicates, index);
+                    Py_DECREF(index);
+                    if (rc < 0)
+                        return NULL;
+                    continue;
+                }
+            }
+            /* new, or expired: remembered anew */
+            if (put(t, ahead[m].h, ahead[m].key, ahead[m].len, expiry, s, empty) < 0)
+                return NULL;
+            added++;
+        }
+        i = j;
     }
-    if (_PyBytes_Resize(&out, (Py_ssize_t)(p - (unsigned char *)PyBytes_AS_STRING(out))) < 0)
-        return NULL;
-    return out;
+    return Py_BuildValue("nn", i, added);
 }
 
 /* dedup_table_len(table) -> the live identifiers */

@@ -63,8 +63,8 @@ def drive(table: Table, seed: int) -> list[object]:
             duplicates: list[int] = []
             blocks = random_blocks(rng, rng.randrange(1, 40), rng.choice((5, 30, 500)))
             at = rng.randrange(len(blocks))
-            expiry = rng.choice((0, now + rng.randrange(1, 100)))
-            trace.append(("run", table.run(blocks, at, NAME, MAX_KEY_BYTES, TTL_NAME, expiry, now, duplicates),
+            ttl = rng.choice((-1, rng.randrange(0, 100)))  # (negative: never expires)
+            trace.append(("run", table.run(NAME, MAX_KEY_BYTES, TTL_NAME, ttl, blocks, at, now, duplicates),
                           duplicates))
         elif op < 0.7:
             key = rng.choice((b"s", b"b")) + b"id%d" % rng.randrange(60) + b"q" * rng.randrange(300)
@@ -72,13 +72,13 @@ def drive(table: Table, seed: int) -> list[object]:
         elif op < 0.8:
             trace.append(("get", table.get(b"sid%d" % rng.randrange(60))))
         elif op < 0.9:
-            trace.append(("take", table.take()))
+            trace.append(("take", table.take_framed(rng.choice((-1, 0, now, 2 ** 60)))))
         elif op < 0.93:
             table.skip()
         else:
             trace.append(("live", table.live()))
         trace.append(("len", len(table)))
-    trace.append(("end", table.live(), table.take()))
+    trace.append(("end", table.live(), table.take_framed(-1)))
     return trace
 
 
@@ -99,7 +99,7 @@ def test_the_pure_table_forgets_the_oldest_and_skips_places_remembered_anew() ->
     table.put(b"sc", 0)  # forgets b, not a
     assert table.get(b"sb") is None and table.get(b"sa") == 9 and len(table) == 2
     assert table.live() == b"\x02\x00" + (9).to_bytes(8, "little") + b"sa" + b"\x02\x00" + bytes(8) + b"sc"
-    assert table.take().count(b"sa") == 2
+    assert table.take_framed(-1).count(b"sa") == 2
 
 
 def cache_run(tmp: Path, make: Callable[[int, bool], Table], seed: int,
@@ -186,10 +186,11 @@ def test_the_pure_runs_sole_entry_reading_is_header_spans(seed: int) -> None:
         pure, fast = DedupTable(10, True), CompiledTable(10, True) if accel.cwire is not None else None
         expected = _walked_run(blocks)
         got: list[int] = []
-        assert (pure.run(blocks, 0, NAME, MAX_KEY_BYTES, TTL_NAME, 0, 1, got), got, pure.take()) == expected
+        assert (pure.run(NAME, MAX_KEY_BYTES, TTL_NAME, -1, blocks, 0, 1, got), got, pure.take_framed(-1)) == expected
         if fast is not None:
             got = []
-            assert (fast.run(blocks, 0, NAME, MAX_KEY_BYTES, TTL_NAME, 0, 1, got), got, fast.take()) == expected
+            assert (fast.run(NAME, MAX_KEY_BYTES, TTL_NAME, -1, blocks, 0, 1, got), got,
+                    fast.take_framed(-1)) == expected
 
 
 def _walked_run(blocks: list[bytes]) -> tuple[tuple[int, int], list[int], bytes]:
@@ -198,11 +199,40 @@ def _walked_run(blocks: list[bytes]) -> tuple[tuple[int, int], list[int], bytes]
     raw = blocks[0]
     span = header_span(raw, NAME) if raw else None
     if span == ():
-        return (1, 0), [], b""
+        return (1, 0), [], record.frame_batch(b"", -1)
     if not span or raw[span[0]] != 0x53 or span[1] - span[0] - 5 >= MAX_KEY_BYTES:
-        return (0, 0), [], b""
+        return (0, 0), [], record.frame_batch(b"", -1)
     text = raw[span[0] + 5:span[1]]
     if not text.isascii() or TTL_NAME in raw and header_span(raw, TTL_NAME):
-        return (0, 0), [], b""
+        return (0, 0), [], record.frame_batch(b"", -1)
     key = b"s" + text
-    return (1, 1), [], struct.pack("<HQ", len(key), 0) + key
+    return (1, 1), [], record.frame_batch(struct.pack("<HQ", len(key), 0) + key, -1)
+
+
+TABLES = [pytest.param(DedupTable, id="pure")] + (
+    [pytest.param(CompiledTable, id="compiled")] if accel.cwire is not None else [])
+
+
+@pytest.mark.both_paths
+@pytest.mark.parametrize("make", TABLES)
+@pytest.mark.parametrize("seed", range(3))
+def test_a_taken_batch_is_the_records_since_the_last_take_framed_with_zlibs_crc(
+        make: Callable[[int, bool], Table], seed: int) -> None:
+    """``take_framed`` is the records put since the last take (forgotten ones too: the file has not had
+    them), in order, framed as ``frame_batch`` frames them, as the ring fills, grows and wraps."""
+    rng = random.Random(seed)
+    table = make(rng.choice((1, 5, 300)), True)
+    put: list[bytes] = []
+    for _ in range(400):
+        if rng.random() < 0.8:
+            key = b"s" + b"k%d" % rng.randrange(500) + b"z" * rng.randrange(rng.choice((3, 40, 400)))
+            expiry = rng.choice((0, rng.randrange(1, 2 ** 63)))
+            table.put(key, expiry)
+            put.append(struct.pack("<HQ", len(key), expiry) + key)
+        else:
+            mark = rng.choice((-1, 0, rng.randrange(2 ** 62)))
+            body = (struct.pack("<HQ", 0, mark) if mark >= 0 else b"") + b"".join(put)
+            assert table.take_framed(mark) == struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body))
+            put.clear()
+    table.skip()
+    assert table.take_framed(-1) == record.frame_batch(b"", -1)

@@ -103,3 +103,34 @@ def test_records_after_a_flush_wait_their_own_delay_on_the_same_timer(tmp_path: 
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_an_owner_that_renders_its_own_records_is_asked_once_per_write(tmp_path: Path) -> None:
+    """``write_soon``: the owner keeps its records (a deduplication cache's table) and ``render`` gives
+    them framed at the write: once for every call before it, at the group commit or after the delay,
+    never when nothing was asked for since; an empty rendering appends nothing."""
+    async def scenario() -> None:
+        store, file = _store_and_file(tmp_path, fsync="always")
+        rendered: list[bytes] = []
+
+        def render() -> bytes:
+            rendered.append(b"<%d>" % len(rendered) if len(rendered) != 2 else b"")
+            return rendered[-1]
+
+        file.render = render
+        file.write_soon()
+        file.write_soon()
+        assert (tmp_path / "cache").stat().st_size == 0 and not rendered
+        await asyncio.shield(store.durable())
+        assert (tmp_path / "cache").read_bytes() == b"<0>"
+        file.write_soon()
+        await asyncio.sleep(append_file.WRITE_DELAY_S * 3)
+        assert (tmp_path / "cache").read_bytes() == b"<0><1>"
+        await asyncio.shield(store.durable())
+        assert len(rendered) == 2  # nothing asked for since: not rendered
+        file.write_soon()
+        await asyncio.shield(store.durable())
+        assert len(rendered) == 3 and (tmp_path / "cache").read_bytes() == b"<0><1>"
+        store.close()
+
+    asyncio.run(scenario())

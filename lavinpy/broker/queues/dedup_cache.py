@@ -4,8 +4,8 @@ The cache is a table (``dedup_table``: compiled fixed-size slots over a ring of 
 pure-Python twin) of at most ``cache_size`` identifiers with their expiry (ms, 0 for never) in their
 order of arrival: the oldest goes first, as LavinMQ's; an expired identifier seen again is remembered
 anew, the newest. Each identifier remembered is appended to the object's file in the vhost directory
-(``store.append_file.append_soon``: the table's records since the last write are written in one write
-by the next group commit, or after 20 ms; always after their messages' index entries, so that a
+(``store.append_file.write_soon``: the table's records since the last write are framed and written in
+one write by the next group commit, or after 20 ms; always after their messages' index entries, so that a
 kill -9 never leaves an identifier without its message; streamed to replication followers like every
 store change), so restarts, crashes and failovers keep the cache. The file is rewritten with the
 live entries, at such a write, when it holds twice as many records as the cache (and at least
@@ -35,6 +35,7 @@ import logging
 import struct
 import zlib
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ...store.message_store import CorruptRecord, MissingRecord
@@ -107,17 +108,20 @@ class DedupCache:
         self.header = settings.header
         self._header_key = settings.header.encode("utf-8", "surrogateescape")
         # The identifiers, and the records remembered since the last write (rendered into the file's
-        # batch once per write, by the file's ``frame``).
+        # batch once per write, by the file's ``render``).
         self._table = new_table(settings.cache_size, file is not None)
         self._file = file
-        self._write_queued = False  # the file's append_soon was asked for the unwritten identifiers
+        self._write_queued = False  # the file's write_soon was asked for the unwritten identifiers
         self._records = 0
         self._ttl = settings.ttl_ms
+        # A publish run's table call with the cache's constants bound (one C call; four arguments a run).
+        self._run = partial(self._table.run, self._header_key, MAX_KEY_BYTES, _TTL_NAME,
+                            -1 if self._ttl is None else self._ttl)
         self._compact_at = 2 * max(settings.cache_size, COMPACT_MIN_RECORDS)
         self._messages: MessageStore | None = None  # a queue's: each batch marked with its segment
         self._mark: int | None = None  # the segment the file's last intact batch names (None: no mark)
         if file is not None:
-            file.frame = self._render_unwritten
+            file.render = self._render_unwritten
             self._load(file.open())
             if recover_from is not None:
                 index, self._messages = recover_from
@@ -201,35 +205,40 @@ class DedupCache:
         """``seen_in`` for a publish run's property blocks, in order: the indexes of the messages that
         are not duplicates, or None when none is. The usual message (its identifier a short ASCII
         string, no TTL header of its own) is found, looked up and remembered, its record kept for the
-        file, by the table's ``run`` (one compiled call for the run); any other goes through ``seen_in``."""
-        ttl = self._ttl
-        expiry = 0 if ttl is None else now_ms + ttl
-        durable = self._file is not None
+        file, by the table's ``run`` (one compiled call for the run); any other goes through ``seen_in``.
+        (Once per publish run: the usual run is one table call and a few tests.)"""
         duplicates: list[int] = []
-        at, count = 0, len(blocks)
-        run = self._table.run
-        while at < count:
-            at, added = run(blocks, at, self._header_key, MAX_KEY_BYTES, _TTL_NAME, expiry, now_ms, duplicates)
-            if added and durable:  # (``_written_soon`` inline: once a run)
-                self._records += added
-                if not self._write_queued:
-                    self._write_queued = True
-                    self._file.append_soon(b"")  # type: ignore[union-attr]  # the write renders the records
-            if at == count:
-                break
-            if self.seen_in(blocks[at], now_ms):  # anything else, the whole way
-                duplicates.append(at)
-            at += 1
+        at, added = self._run(blocks, 0, now_ms, duplicates)
+        if added and self._file is not None:  # (``_written_soon`` inline)
+            self._records += added
+            if not self._write_queued:
+                self._write_queued = True
+                self._file.write_soon()
+        if at < len(blocks):
+            self._new_in_rest(blocks, at, now_ms, duplicates)
         if not duplicates:
             return None
         dropped = set(duplicates)
-        return [i for i in range(count) if i not in dropped]
+        return [i for i in range(len(blocks)) if i not in dropped]
+
+    def _new_in_rest(self, blocks: list[bytes], at: int, now_ms: int, duplicates: list[int]) -> None:
+        """``new_in`` from a message the table's run stopped at: it the whole way (``seen_in``), then the
+        run again from the next, and so on."""
+        count = len(blocks)
+        while at < count:
+            if self.seen_in(blocks[at], now_ms):
+                duplicates.append(at)
+            at += 1
+            if at < count:
+                at, added = self._run(blocks, at, now_ms, duplicates)
+                if added and self._file is not None:
+                    self._written_soon(added)
 
     def _written_soon(self, added: int) -> None:
         """``added`` identifiers were queued for the file: a write is due, and maybe a rewrite."""
         if not self._write_queued:
             self._write_queued = True
-            self._file.append_soon(b"")  # type: ignore[union-attr]  # the write renders the records
+            self._file.write_soon()  # type: ignore[union-attr]  # the write renders the records
         self._records += added
         # (a due rewrite waits for that write: now it would hold identifiers whose messages are not
         # stored yet, and a kill -9 then would make their publishers' retries "duplicates")
@@ -256,17 +265,19 @@ class DedupCache:
             self._written_soon(1)
         return False
 
-    def _render_unwritten(self, _: bytes) -> bytes:
-        """The file's ``frame``: the identifiers remembered since the last write, as one framed batch;
-        or, when the file has grown enough, nothing: the file rewritten with the live entries. (Called
-        once the index entries of those identifiers' messages are with the OS: a group commit or
-        ``write_in_order`` hands them over first.)"""
+    def _render_unwritten(self) -> bytes:
+        """The file's ``render``: the identifiers remembered since the last write, as one framed batch
+        (the table's ``take_framed``: one call, the records copied once); or, when the file has grown
+        enough, nothing: the file rewritten with the live entries. (Called once the index entries of
+        those identifiers' messages are with the OS: a group commit or ``write_in_order`` hands them
+        over first.)"""
         self._write_queued = False
         if self._records > self._compact_at:
             self._table.skip()
             self._rewrite()
             return b""
-        return frame_batch(self._table.take(), self._mark_now())
+        messages = self._messages
+        return self._table.take_framed(-1 if messages is None else messages.current_segment_id)
 
     def _mark_now(self) -> int:
         """A queue cache's mark: the segment being written now, recorded before a batch's records (every

@@ -5,7 +5,8 @@ arrival, the oldest forgotten past the size, and the records the cache's file ha
 holds the records as the file writes them) or, without the extension, ``DedupTable``, its pure-Python
 twin (a dict, a deque of arrivals and the records as a list), which answers and renders the same.
 A key is ``s`` + an ASCII string's text or another ``identifier`` byte string; a record is ``key length
-u16, expiry ms u64, key bytes`` (the cache file's).
+u16, expiry ms u64, key bytes`` (the cache file's); ``take_framed`` gives the records not written yet as
+the file's batch (``store.record.frame_batch``'s framing, the compiled table's without a second copy).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import deque
 from functools import partial
 from typing import Protocol
 
+from ...store.record import frame_batch
 from ...wire import accel
 from ...wire.properties import header_span
 
@@ -25,9 +27,9 @@ _pack_head = struct.Struct("<HQ").pack
 class Table(Protocol):
     def get(self, key: bytes) -> int | None: ...
     def put(self, key: bytes, expiry: int) -> None: ...
-    def run(self, blocks: list[bytes], start: int, name: bytes, limit: int, ttl_name: bytes, expiry: int,
+    def run(self, name: bytes, limit: int, ttl_name: bytes, ttl: int, blocks: list[bytes], start: int,
             now_ms: int, duplicates: list[int]) -> tuple[int, int]: ...
-    def take(self) -> bytes: ...
+    def take_framed(self, mark: int) -> bytes: ...
     def skip(self) -> None: ...
     def live(self) -> bytes: ...
     def __len__(self) -> int: ...
@@ -76,13 +78,18 @@ class DedupTable:
             del self._entries[key]
             return
 
-    def run(self, blocks: list[bytes], start: int, name: bytes, limit: int, ttl_name: bytes, expiry: int,
+    def run(self, name: bytes, limit: int, ttl_name: bytes, ttl: int, blocks: list[bytes], start: int,
             now_ms: int, duplicates: list[int]) -> tuple[int, int]:
         """A publish run's property blocks from ``start``, the common message only (a string identifier
         under ``name`` of fewer than ``limit`` ASCII bytes, no entry called ``ttl_name``): a new or
-        expired identifier is remembered with ``expiry``, a live one's index goes to ``duplicates``, a
-        block without the header is kept. Stops at any other message (the caller takes it the whole
-        way): returns (where it stopped, ``len(blocks)`` at the end; the identifiers remembered)."""
+        expired identifier is remembered (expiring ``ttl`` ms after ``now_ms``; never for a negative
+        ``ttl``), a live one's index goes to ``duplicates``, a block without the header is kept. Stops
+        at any other message (the caller takes it the whole way): returns (where it stopped,
+        ``len(blocks)`` at the end; the identifiers remembered). (The cache's constant arguments come
+        first: it binds them once, and a run's call passes four.)"""
+        if ttl >= 0 and now_ms < 0:
+            raise ValueError("dedup_table_run: a time before the epoch")
+        expiry = 0 if ttl < 0 else now_ms + ttl
         get, put = self._entries.get, self.put
         added = 0
         # The usual block (flags 0x20 or 0x30: headers, maybe a delivery mode after them) whose headers
@@ -115,11 +122,12 @@ class DedupTable:
             added += 1
         return len(blocks), added
 
-    def take(self) -> bytes:
-        """The records remembered since the last ``take`` (or ``skip``), oldest first."""
+    def take_framed(self, mark: int) -> bytes:
+        """The records remembered since the last take (or ``skip``), oldest first, as one batch of the
+        cache's file with this mark (none when negative): ``frame_batch``'s bytes."""
         records = b"".join(self._records)
         self._records.clear()
-        return records
+        return frame_batch(records, mark)
 
     def skip(self) -> None:
         """Drop the records not taken (the file is rewritten with the live ones instead)."""
@@ -144,7 +152,7 @@ class CompiledTable:
         self.get = partial(cwire.dedup_table_get, table)
         self.put = partial(cwire.dedup_table_put, table)
         self.run = partial(cwire.dedup_table_run, table)
-        self.take = partial(cwire.dedup_table_take, table)
+        self.take_framed = partial(cwire.dedup_table_take_framed, table)
         self.skip = partial(cwire.dedup_table_skip, table)
         self.live = partial(cwire.dedup_table_live, table)
         self._len = partial(cwire.dedup_table_len, table)
