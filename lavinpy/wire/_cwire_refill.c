@@ -17,14 +17,14 @@
 #include "_cwire.h"
 
 static PyObject *sched_type, *queue_type, *index_type, *set_type, *consumer_type, *channel_type, *replies_type,
-    *corrupt_type;
+    *corrupt_type, *positions_type;
 static Py_ssize_t budget;
 static PyObject *s_serving_guard, *s_queues, *s_special, *s_deleted, *s_redelivered, *s_recovered_left, *s_vhost,
     *s_cw_prefetches, *s_consumers, *s_order, *s_priorities, *s_fast_valid, *s_back, *s_turns, *s_queue, *s_next_turn,
     *s_no_ack, *s_prefetch, *s_unacked, *s_parked, *s_channel, *s_flow_active, *s_closing, *s_conn, *s_writable,
     *s_replies, *s_replies_list, *s_deliveries, *s_index, *s_requeued, *s_ready_count, *s_shift_many, *s_store,
     *s_messages, *s_read_many, *s_read_damaged, *s_deliver_round, *s_stats, *s_counters, *s_deliver, *s_redeliver,
-    *s_delivery_failed, *s_cqueue;
+    *s_delivery_failed, *s_cqueue, *s_ready, *s_index_unacked, *s_runs, *s_in_runs;
 
 #define DEFSLOT(x) static AttrSlot x##_slot = {&s_##x, NULL, 0}
 DEFSLOT(serving_guard); DEFSLOT(queues); DEFSLOT(special); DEFSLOT(deleted); DEFSLOT(redelivered);
@@ -36,19 +36,22 @@ DEFSLOT(index); DEFSLOT(requeued); DEFSLOT(ready_count); DEFSLOT(store); DEFSLOT
 DEFSLOT(counters); DEFSLOT(deliver); DEFSLOT(redeliver);
 static AttrSlot cqueue_slot = {&s_cqueue, NULL, 0};  /* a consumer's queue (queue_slot: the set's turn queue) */
 static AttrSlot dprefetch_slot = {&s_prefetch, NULL, 0};  /* the channel's (channel-wide) prefetch */
+static AttrSlot ready_slot = {&s_ready, NULL, 0}, index_unacked_slot = {&s_index_unacked, NULL, 0};
+static AttrSlot runs_slot = {&s_runs, NULL, 0}, in_runs_slot = {&s_in_runs, NULL, 0};
 #undef DEFSLOT
 
-/* init_refill(DeliveryScheduler, Queue, QueueIndex, ConsumerSet, Consumer, CorruptRecord, Channel, ReplyQueue,
- *             DELIVERY_BATCH): the classes whose methods it inlines (the channel's can_deliver with its
- *             replies' waiting) */
+/* init_refill(DeliveryScheduler, Queue, QueueIndex, UnackedPositions, ConsumerSet, Consumer, CorruptRecord,
+ *             Channel, ReplyQueue, DELIVERY_BATCH): the classes whose methods it inlines (the channel's
+ *             can_deliver with its replies' waiting, the index's shift_many with its positions' add_run) */
 PyObject *
 cwire_init_refill(PyObject *self, PyObject *args)
 {
-    PyObject *types[8];
+    PyObject *types[9];
     Py_ssize_t batch;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!n", &PyType_Type, &types[0], &PyType_Type, &types[1],
-                          &PyType_Type, &types[2], &PyType_Type, &types[3], &PyType_Type, &types[4],
-                          &PyType_Type, &types[5], &PyType_Type, &types[6], &PyType_Type, &types[7], &batch))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!O!n", &PyType_Type, &types[0], &PyType_Type, &types[1],
+                          &PyType_Type, &types[2], &PyType_Type, &types[8], &PyType_Type, &types[3],
+                          &PyType_Type, &types[4], &PyType_Type, &types[5], &PyType_Type, &types[6],
+                          &PyType_Type, &types[7], &batch))
         return NULL;
     if (s_queues == NULL) {
 #define INTERN(var, name) if ((var = PyUnicode_InternFromString(name)) == NULL) return NULL
@@ -66,7 +69,8 @@ cwire_init_refill(PyObject *self, PyObject *args)
         INTERN(s_read_many, "read_many"); INTERN(s_read_damaged, "_read_damaged");
         INTERN(s_deliver_round, "deliver_round"); INTERN(s_stats, "stats"); INTERN(s_counters, "counters");
         INTERN(s_deliver, "deliver"); INTERN(s_redeliver, "redeliver"); INTERN(s_delivery_failed, "delivery_failed");
-        INTERN(s_cqueue, "queue");
+        INTERN(s_cqueue, "queue"); INTERN(s_ready, "_ready"); INTERN(s_index_unacked, "_unacked");
+        INTERN(s_runs, "_runs"); INTERN(s_in_runs, "_in_runs");
 #undef INTERN
     }
     Py_XSETREF(sched_type, Py_NewRef(types[0]));
@@ -77,6 +81,7 @@ cwire_init_refill(PyObject *self, PyObject *args)
     Py_XSETREF(corrupt_type, Py_NewRef(types[5]));
     Py_XSETREF(channel_type, Py_NewRef(types[6]));
     Py_XSETREF(replies_type, Py_NewRef(types[7]));
+    Py_XSETREF(positions_type, Py_NewRef(types[8]));
     budget = batch;
     Py_RETURN_NONE;
 }
@@ -264,6 +269,12 @@ check(PyObject *sched, Refill *r)
     if ((PyObject *)Py_TYPE(r->index) != index_type || (rc = truth(r->index, &requeued_slot)) != 0
         || (rc = int_of(r->index, &ready_count_slot, &ready)) != 1)
         return rc < 0 ? -1 : 0;
+    PyObject *unacked_positions = sget(&index_unacked_slot, r->index);
+    if (unacked_positions == NULL)
+        return -1;
+    Py_DECREF(unacked_positions);  /* (kept alive by the index) */
+    if ((PyObject *)Py_TYPE(unacked_positions) != positions_type)
+        return 0;
     long long limit = ready < budget ? ready : budget;
     long long count = prefetch - unacked < limit ? prefetch - unacked : limit;
     if (limit < 2 || count >= budget)  /* (a whole budget: run_deliveries would go on with another round) */
@@ -288,6 +299,44 @@ add(PyObject *obj, AttrSlot *slot, long long delta)
     int rc = sset(slot, obj, sum);
     Py_DECREF(sum);
     return rc;
+}
+
+/* QueueIndex.shift_many(count) without its requeued positions (none, checked): the ready list's shift and
+ * UnackedPositions.add_run of what it gave (all ``count``: the ready count bounded it). Takes ``count``. */
+static PyObject *
+shift_many(PyObject *index, PyObject *count)
+{
+    PyObject *ready = sget(&ready_slot, index), *taken = NULL, *unacked = NULL, *runs = NULL, *run = NULL;
+    if (ready != NULL)
+        taken = PyObject_CallMethodOneArg(ready, s_shift_many, count);
+    Py_XDECREF(ready);
+    Py_ssize_t n = PyLong_AsSsize_t(count);
+    Py_DECREF(count);
+    if (taken == NULL)
+        return NULL;
+    if (!PyList_CheckExact(taken) || PyList_GET_SIZE(taken) != n) {
+        PyErr_SetString(PyExc_RuntimeError, "refill: the index gave fewer positions than it had ready");
+        goto fail;
+    }
+    long long ready_count;
+    if (int_of(index, &ready_count_slot, &ready_count) != 1 || sset_int(&ready_count_slot, index, ready_count - n) < 0
+        || (unacked = sget(&index_unacked_slot, index)) == NULL || (runs = sget(&runs_slot, unacked)) == NULL)
+        goto fail;
+    if (!PyDict_Check(runs)) {
+        PyErr_SetString(PyExc_TypeError, "refill: the unacked positions' runs are not a dict");
+        goto fail;
+    }
+    if ((run = Py_BuildValue("[Oi]", taken, 0)) == NULL || PyDict_SetItem(runs, PyList_GET_ITEM(taken, 0), run) < 0
+        || add(unacked, &in_runs_slot, n) < 0)
+        goto fail;
+    Py_DECREF(unacked); Py_DECREF(runs); Py_DECREF(run);
+    return taken;
+fail:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "refill: the index's ready count is not an int");
+    Py_XDECREF(unacked); Py_XDECREF(runs); Py_XDECREF(run);
+    Py_DECREF(taken);
+    return NULL;
 }
 
 /* The round, once checked: the picks (pick_round's), the positions taken and read, delivered and counted. */
@@ -325,14 +374,8 @@ apply(PyObject *sched, Refill *r)
     PyObject *count = PyLong_FromLongLong(r->count);
     if (count == NULL)
         goto done;
-    positions = PyObject_CallMethodOneArg(r->index, s_shift_many, count);
-    Py_DECREF(count);
-    if (positions == NULL)
+    if ((positions = shift_many(r->index, count)) == NULL)
         goto done;
-    if (!PyList_CheckExact(positions) || PyList_GET_SIZE(positions) != r->count) {
-        PyErr_SetString(PyExc_RuntimeError, "refill: the index gave fewer positions than it had ready");
-        goto done;
-    }
     PyObject *vhost = sget(&vhost_slot, r->queue), *store = NULL, *store_messages = NULL;
     if (vhost != NULL && (store = sget(&store_slot, vhost)) != NULL)
         store_messages = sget(&messages_slot, store);

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...store.queue_index import QueueIndex
 from ...store.record import CorruptRecord
+from ...store.unacked_positions import UnackedPositions
 from ...wire.accel import cwire
 from ..queues.base import DELIVERY_BATCH
 from ..queues.consumer import Consumer
@@ -22,5 +23,5 @@ def init_refill(channel: type) -> None:
     """Set up the compiled refill for consumers on channels of class ``channel`` (whose ``can_deliver``
     it inlines: its flow, closing, connection's writable, ``ReplyQueue.waiting`` and channel-wide prefetch)."""
     if cwire is not None:
-        cwire.init_refill(DeliveryScheduler, Queue, QueueIndex, ConsumerSet, Consumer, CorruptRecord, channel,
-                          ReplyQueue, DELIVERY_BATCH)
+        cwire.init_refill(DeliveryScheduler, Queue, QueueIndex, UnackedPositions, ConsumerSet, Consumer, CorruptRecord,
+                          channel, ReplyQueue, DELIVERY_BATCH)
