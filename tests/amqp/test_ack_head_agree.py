@@ -24,6 +24,8 @@ from session_client import Client, Harness
 from lavinpy.amqp import connection as amqp_connection
 from lavinpy.amqp.connection_states import OPEN
 from lavinpy.broker import scheduler
+from lavinpy.store.message_store import MessageStore
+from lavinpy.store.record import CorruptRecord
 from lavinpy.wire import accel
 
 pytestmark = pytest.mark.both_paths
@@ -93,7 +95,8 @@ class Setup:
                         sorted((c.tag, c.unacked, c.parked is not None) for c in consumers))
         stats = self.queue.stats
         counters = self.clients[0].conn.channels[1].deliveries.counters if 1 in self.clients[0].conn.channels else None
-        out["counts"] = (stats.ack, stats.deliver, stats.redeliver, counters.ack if counters else None,
+        out["counts"] = (stats.ack, stats.deliver, stats.redeliver, self.queue.corrupt_messages,
+                         counters.ack if counters else None,
                          counters.deliver if counters else None, self.queue.message_count,
                          self.harness.broker._input_since_check)
         return out
@@ -139,24 +142,53 @@ def _scenario(setup: Setup) -> list[dict[str, Any]]:
     return states
 
 
+def _damage(monkeypatch: pytest.MonkeyPatch, body: bytes, inside: list[bool], raised: list[bool]) -> None:
+    """The message with ``body`` reads as damaged (a CRC mismatch): ``read_many`` of a run with it and its
+    own ``read`` raise CorruptRecord; each raise of ``read_many`` notes whether a compiled refill was running."""
+    read_many, read = MessageStore.read_many, MessageStore.read
+
+    def damaged_run(store: MessageStore, positions: list[int]) -> list[Any]:
+        messages = read_many(store, positions)
+        if any(msg.body == body for msg in messages):
+            raised.append(inside[0])
+            raise CorruptRecord("CRC mismatch")
+        return messages
+
+    def damaged_one(store: MessageStore, pos: int) -> Any:
+        msg = read(store, pos)
+        if msg.body == body:
+            raise CorruptRecord("CRC mismatch")
+        return msg
+
+    monkeypatch.setattr(MessageStore, "read_many", damaged_run)
+    monkeypatch.setattr(MessageStore, "read", damaged_one)
+
+
 def _drive(path: Path, compiled: str, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any] | None = None,
-           durable: bool = False, channel_wide: bool = False, refills: list[bool] | None = None
-           ) -> tuple[list[bool], list[dict[str, Any]]]:
+           durable: bool = False, channel_wide: bool = False, refills: list[bool] | None = None,
+           damaged: list[bool] | None = None) -> tuple[list[bool], list[dict[str, Any]]]:
     """``compiled``: "read" (the whole read compiled, the acks compiled when it declines), "acks" (the acks
     alone compiled) or "" (both pure); the calls' answers in the order they came. ``refills``: the freed
     windows' refill from the backlog compiled too (``_cwire.refill``), its answers appended there; None:
-    the scheduler's Python round."""
+    the scheduler's Python round. ``damaged``: message 21 reads as damaged (``_damage``'s notes there)."""
     calls: list[bool] = []
     ack_head, ack_read = amqp_connection.ack_head, amqp_connection._ack_read
     refill = scheduler._refill
+    inside = [False]
     if refills is not None and refill is not None:
         def counted_refill(work: Any) -> bool:
-            done = refill(work)
+            inside[0] = True
+            try:
+                done = refill(work)
+            finally:
+                inside[0] = False
             refills.append(done)
             return done
         monkeypatch.setattr(scheduler, "_refill", counted_refill)
     else:
         monkeypatch.setattr(scheduler, "_refill", None)
+    if damaged is not None:
+        _damage(monkeypatch, b"m20", inside, damaged)
     if compiled and ack_head is not None:
         def counted(deliveries: Any, tags: list[int]) -> bool:
             done = ack_head(deliveries, tags)
@@ -197,7 +229,7 @@ def test_a_plain_queues_ack_reads_leave_the_same_state_either_way(tmp_path: Path
     assert read_alone == pure
     assert acks_compiled == pure
     assert refill_alone == pure
-    assert pure[-1]["counts"][0] == 40  # every message acked once, then the unknown tag closed the channel
+    assert pure[-1]["counts"][:4] == (40, 40, 0, 0)  # every message acked once, then the unknown tag closed the channel
     assert pure[-1]["index"][5] == 0  # drained
     assert b"unknown delivery tag 999" in pure[-1]["out1"]  # channel.close 406, the books empty
     assert pure[-1]["book1.1"][2] == 0
@@ -244,3 +276,17 @@ def test_acks_in_a_transaction_wait_for_the_commit(tmp_path: Path) -> None:
         assert queue.stats.ack == 2 and queue.unacked_count == 0
     finally:
         harness.close()
+
+
+def test_a_damaged_record_in_a_refill_is_removed_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record that reads as damaged in a freed window's refill: reported, removed from the queue, its turn
+    given back to the consumer and the rest of the round delivered, whichever path reads it."""
+    raised: list[bool] = []
+    refills: list[bool] = []
+    _, compiled = _drive(tmp_path / "c", "read", monkeypatch, refills=refills, damaged=raised)
+    _, pure = _drive(tmp_path / "p", "", monkeypatch, damaged=[])
+    assert compiled == pure
+    assert pure[-1]["counts"][:4] == (39, 39, 0, 1)  # one fewer delivered and acked, one damaged
+    assert pure[-1]["index"][5] == 0
+    if accel.COMPILED:
+        assert raised == [True]  # it was the compiled refill's read that met it
