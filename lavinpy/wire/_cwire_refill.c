@@ -343,7 +343,10 @@ fail:
 static int
 apply(PyObject *sched, Refill *r)
 {
-    if (PyList_SetSlice(r->back, 0, 1, NULL) < 0)  /* heappop of its only entry */
+    PyObject *fresh = PySet_New(NULL);  /* run_deliveries: queues, self.queues = self.queues, set(), first */
+    int rc = fresh == NULL ? -1 : sset(&queues_slot, sched, fresh);
+    Py_XDECREF(fresh);
+    if (rc < 0 || PyList_SetSlice(r->back, 0, 1, NULL) < 0)  /* then pick_round: heappop of its only entry */
         return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r->full); i++) {  /* parked: back at their next credit */
         PyObject *full = PyList_GET_ITEM(r->full, i);
@@ -357,16 +360,11 @@ apply(PyObject *sched, Refill *r)
         return -1;
     }
     PyObject *turn = PyLong_FromLongLong(next_turn + 1);  /* (the second next_ready's turn) */
-    int rc = turn == NULL ? -1 : PyDict_SetItem(r->turns, r->consumer, turn);
+    rc = turn == NULL ? -1 : PyDict_SetItem(r->turns, r->consumer, turn);
     Py_XDECREF(turn);
     if (rc < 0 || PyObject_SetItem(r->turn_queue, r->consumer, Py_None) < 0
         || sset_int(&next_turn_slot, r->set, next_turn + 2) < 0
         || sset_int(&unacked_slot, r->consumer, r->unacked + r->count) < 0)
-        return -1;
-    PyObject *fresh = PySet_New(NULL);  /* run_deliveries: queues, self.queues = self.queues, set() */
-    rc = fresh == NULL ? -1 : sset(&queues_slot, sched, fresh);
-    Py_XDECREF(fresh);
-    if (rc < 0)
         return -1;
     PyObject *positions = NULL, *messages = NULL, *picks = NULL, *kept = NULL, *consumers = NULL, *kind = NULL;
     PyObject *cqueue = NULL, *counted = NULL, *stats = NULL, *deliveries = NULL, *counters = NULL;
