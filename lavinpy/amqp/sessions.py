@@ -23,15 +23,16 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..broker.ops import RESOURCE_CHECK_BYTES, Broker
+from ..broker.ops.refill import init_refill
 from ..wire.accel import cwire
 from ..wire.constants import CONNECTION_FORCED
 from ..wire.reader import FrameReader
 from . import consumer_timeout, session_views
+from .channel import Channel
 from .connection import OPEN, AMQPConnection
 from .output import INPUT_TURN_BYTES
 
 if TYPE_CHECKING:
-    from .channel import Channel
     from .output import ConnectionOutput
     from .spool import BodySpool
 
@@ -200,3 +201,6 @@ if cwire is not None:
     # classes (their receive_data, end_of_input, note_input and count_input_turn are what it inlines); its
     # pure twin is AMQPConnection.receive_data itself.
     cwire.init_ack_read(AMQPConnection, FrameReader, Sessions, Broker, OPEN, INPUT_TURN_BYTES, RESOURCE_CHECK_BYTES)
+    # A consumer's freed window refilled from its queue's backlog in one compiled call (_cwire_refill.c):
+    # for consumers on this session layer's channels (their can_deliver is what it inlines).
+    init_refill(Channel)

@@ -27,9 +27,16 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from ..wire.accel import cwire
+
 __all__ = ["DELIVERY_ROUNDS", "DeliveringQueue", "DeliveryScheduler", "PendingWork"]
 
 log = logging.getLogger("lavinpy.scheduler")
+
+# The first round of run_deliveries for one queue's freed window refilled from its backlog, compiled
+# (_cwire_refill.c, set up by the session layer, which knows the classes it inlines); False when it is
+# not that case, and the loop below (its pure twin) runs the round.
+_refill: Callable[[DeliveryScheduler], bool] | None = cwire.refill if cwire is not None else None
 
 # Rounds of the queues' deliveries in one turn. 16 x DELIVERY_BATCH is 4,096 messages, more than one
 # publisher's input turn (256 KiB, about 2,900 messages of 16 B) brings in: a consumer that fell behind
@@ -127,12 +134,18 @@ class DeliveryScheduler:
                 except Exception:  # a bug in one connection's output must not keep the others' back
                     log.exception("writing a connection's output failed")
 
+    def delivery_failed(self, queue: DeliveringQueue, error: BaseException) -> None:
+        """A queue's deliveries failed in the compiled round: logged as ``run_deliveries`` logs one."""
+        log.error("delivery from queue '%s' failed", queue.name, exc_info=error)
+
     def run_deliveries(self) -> None:
         """Let every queue with deliveries to make deliver (a few rounds; the rest waits for a turn).
         A cluster leader's lease is checked before each round: a lease that runs out during a long turn
         stops the deliveries after at most one more round, not at the next turn."""
         guard = self.serving_guard
         rounds = 0
+        if _refill is not None and _refill(self):  # the first round compiled (_cwire_refill.c): a freed window's
+            rounds = 1
         while self.queues and rounds < DELIVERY_ROUNDS:
             if guard is not None and not guard():
                 return

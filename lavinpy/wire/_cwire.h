@@ -22,6 +22,8 @@ PyObject *cwire_ack_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 int cwire_ack_head_list(PyObject *deliveries, PyObject *tags);
 PyObject *cwire_init_ack_read(PyObject *self, PyObject *args);
 PyObject *cwire_ack_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_init_refill(PyObject *self, PyObject *args);
+PyObject *cwire_refill(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_ack_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_mqtt_publish_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

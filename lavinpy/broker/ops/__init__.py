@@ -2,7 +2,7 @@
 those calls take and give.
 
 A face imports from here (``from ..broker.ops import VHost, Actor``), from the operation modules of this
-package (scope, objects, messages, publish, deliveries, ack_head, replies, admin, limits, node_info,
+package (scope, objects, messages, publish, deliveries, ack_head, refill, replies, admin, limits, node_info,
 object_info, definitions) and from ``broker.errors``; never from the other wings (queues, access, settings, metrics,
 exchanges) or the vhost's own modules: an import-linter contract (faces-through-the-front-door) keeps it so.
 A name a face needs from a wing is re-exported below.

@@ -432,32 +432,34 @@ class Queue(QueueKind):
         picked = len(picks)
         redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
         try:
-            messages: list[StoredMessage | None] = list(self.vhost.store.messages.read_many(positions))
-            damaged = False  # read_many raises rather than return a damaged record
-        except (CorruptRecord, KeyError):
-            messages = [self.read(pos) for pos in positions]  # damaged ones reported, None here
-            damaged = None in messages
-        if damaged:  # removed, and the consumer's turn given back
-            kept = [i for i, msg in enumerate(messages) if msg is not None]
-            for i, msg in enumerate(messages):
-                if msg is None:
-                    index.ack(positions[i])
-                    if not picks[i].no_ack:
-                        picks[i].credit(1)
-            picks = [picks[i] for i in kept]
-            positions = [positions[i] for i in kept]
-            messages = [messages[i] for i in kept]
-            if redelivered is not None:
-                redelivered = [redelivered[i] for i in kept]
+            messages = list(self.vhost.store.messages.read_many(positions))
+        except (CorruptRecord, KeyError):  # read_many raises rather than return a damaged record
+            picks, positions, messages, redelivered = self._read_damaged(picks, positions, redelivered)
         if single and picks:  # one consumer's round (the usual one an ack read starts): one run, no split
-            delivered = deliver_share(picks[0], positions, messages, redelivered)  # type: ignore[arg-type]
+            delivered = deliver_share(picks[0], positions, messages, redelivered)
         else:
             if len(owners := dict.fromkeys(picks)) > 1:  # each one's share its own run: its in-order acks settle it
                 index.split_taken(taken, shares_of(owners, picks, positions))
-            delivered = deliver_picks(picks, positions, messages, redelivered)  # type: ignore[arg-type]
+            delivered = deliver_picks(picks, positions, messages, redelivered)
         for settled in delivered:
             index.ack_many(settled)  # delivered to no-ack consumers: settled at once
         return picked == budget
+
+    def _read_damaged(self, picks: list[QueueConsumer], positions: list[int], redelivered: list[bool] | None
+                      ) -> tuple[list[QueueConsumer], list[int], list[StoredMessage], list[bool] | None]:
+        """A round's positions read one at a time (one is damaged): the damaged ones reported (``read``) and
+        removed, their consumer's turn given back, the rest kept (the compiled refill's step too)."""
+        read = [self.read(pos) for pos in positions]
+        kept = [i for i, msg in enumerate(read) if msg is not None]
+        for i, msg in enumerate(read):
+            if msg is None:
+                self.index.ack(positions[i])
+                if not picks[i].no_ack:
+                    picks[i].credit(1)
+        messages = [msg for msg in read if msg is not None]
+        if redelivered is not None:
+            redelivered = [redelivered[i] for i in kept]
+        return [picks[i] for i in kept], [positions[i] for i in kept], messages, redelivered
 
     def _redelivered_flags(self, positions: list[int]) -> list[bool]:
         """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
