@@ -205,7 +205,9 @@ class BatchBuilder:
 
     @staticmethod
     def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
-        if name == "redelivered" and (values.value is False if isinstance(values, _Repeated) else True not in values):
+        # count(False) matches each False by identity; `True not in` compares each through bool's type.
+        if name == "redelivered" and (values.value is False if isinstance(values, _Repeated)
+                                      else values.count(False) == n):
             return _all_false(n)  # no message redelivered: the usual case
         if isinstance(values, _Repeated):
             if values.value is None:
