@@ -175,14 +175,15 @@ class BatchBuilder:
     def _joined(chunks: list[DeliveryChunk]) -> tuple[list[int], list[str] | _Repeated, list[str] | _Repeated,
                                                        list[list[Any]], list[bytes]]:
         """The chunks' columns joined; an exchange or routing-key column with one value in every chunk
-        as _Repeated (a scan gives a receive buffer's equal names one object, so each chunk's check is
-        by identity: the joined list's would compare the other chunks' strings row by row)."""
+        as _Repeated, and one property list in every chunk as that list repeated (a scan gives a receive
+        buffer's equal names, and _chunk its equal blocks' properties, one object, so each chunk's check
+        is by identity: the joined list's would compare the other chunks' objects row by row)."""
         if len(chunks) == 1:
             one = chunks[0]
             return one.offsets, one.exchanges, one.routing_keys, one.properties, one.bodies
         offsets, exchanges, routing_keys, properties, bodies = zip(*chunks, strict=True)
         return (_concatenated(offsets), _names_joined(exchanges), _names_joined(routing_keys),
-                _concatenated(properties), _concatenated(bodies))
+                _properties_joined(properties), _concatenated(bodies))
 
     def build_columns(self, offsets: list[int], exchanges: list[str] | _Repeated, routing_keys: list[str] | _Repeated,
                       properties: list[list[Any]], bodies: list[bytes],
@@ -255,6 +256,16 @@ def _names_joined(lists: tuple[list[str], ...]) -> list[str] | _Repeated:
         if names and (names[0] != first or names.count(names[0]) != len(names)):
             return _concatenated(lists)
     return _Repeated(first) if first is not None else _concatenated(lists)
+
+
+def _properties_joined(lists: tuple[list[list[Any]], ...]) -> list[list[Any]]:
+    """The property column of several chunks: the first chunk's list repeated when every chunk holds
+    one list, an equal one (build_columns then checks its rows by identity)."""
+    first = lists[0][0] if lists[0] else None
+    for props in lists:
+        if props and (props[0] != first or props.count(props[0]) != len(props)):
+            return _concatenated(lists)
+    return [first] * sum(map(len, lists)) if first is not None else _concatenated(lists)
 
 
 # Arrays of one value (or null) repeated, by (Arrow type, the value's type, value): a batch's constant

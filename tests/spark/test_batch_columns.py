@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lavinpy.spark.read_rows import COLUMNS, BATCH_ROWS, BatchBuilder
+from lavinpy.spark.read_rows import BATCH_ROWS, COLUMNS, BatchBuilder
 from lavinpy.spark.streams import DeliveryChunk, _chunk
 from lavinpy.wire import properties
 
