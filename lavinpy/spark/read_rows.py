@@ -273,6 +273,7 @@ def _properties_joined(lists: tuple[list[list[Any]], ...]) -> list[list[Any]]:
 # by element (or zeroes, for nulls).
 _repeats: dict[tuple[Any, type, Any], pa.Array] = {}
 _REPEATS_MAX = 64
+_REPEATS_MAX_BYTES = 16 << 20  # a long string repeated 16,384 times is megabytes: the kept ones are bounded
 
 
 def _repeated_array(value: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
@@ -282,11 +283,13 @@ def _repeated_array(value: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
     except TypeError:  # a value that cannot be a key
         return pa.repeat(pa.scalar(value, arrow_type), n)
     if array is None or len(array) < n:
-        if len(_repeats) >= _REPEATS_MAX:
-            _repeats.clear()
         size = max(n, 2 * BATCH_ROWS)
-        array = _repeats[key] = (pa.nulls(size, arrow_type) if value is None
-                                 else pa.repeat(pa.scalar(value, arrow_type), size))
+        array = pa.nulls(size, arrow_type) if value is None else pa.repeat(pa.scalar(value, arrow_type), size)
+        kept = sum(kept.nbytes for kept in _repeats.values())
+        if len(_repeats) >= _REPEATS_MAX or kept + array.nbytes > _REPEATS_MAX_BYTES:
+            _repeats.clear()
+        if array.nbytes <= _REPEATS_MAX_BYTES:
+            _repeats[key] = array
     return array if len(array) == n else array.slice(0, n)
 
 

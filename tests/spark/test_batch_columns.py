@@ -87,3 +87,15 @@ def test_constant_columns_of_any_length() -> None:
         got = pa.Table.from_batches(list(BatchBuilder(SCHEMA, batch_rows=10 ** 9).chunk_batches(chunks)), SCHEMA)
         assert got.num_rows == n + 2
         assert got.equals(plain(chunks))
+
+
+def test_kept_constant_columns_stay_bounded() -> None:
+    """Long constants (1,000- and 600-byte routing keys repeated for long batches) are right,
+    and the arrays kept for later batches stay within their bound."""
+    from lavinpy.spark import read_rows
+
+    for key, n in (("k" * 1000, 3 * BATCH_ROWS), ("r" * 1000, 5), ("x" * 600, 2 * BATCH_ROWS + 1)):
+        chunks = [a_chunk(0, n, "", key, BLOCKS[1]), a_chunk(n, 3, "", key, BLOCKS[1])]
+        got = pa.Table.from_batches(list(BatchBuilder(SCHEMA, batch_rows=10 ** 9).chunk_batches(chunks)), SCHEMA)
+        assert got.equals(plain(chunks))
+        assert sum(array.nbytes for array in read_rows._repeats.values()) <= read_rows._REPEATS_MAX_BYTES
