@@ -3,6 +3,7 @@ receive buffer into columns, kept to a range, and built into Arrow batches, as a
 
     python3 bench/spark_client_cost.py                    # prints µs a row (CPU)
     valgrind --tool=callgrind --toggle-collect=functools_reduce python3 bench/spark_client_cost.py --rounds 5
+    python3 bench/spark_client_cost.py --scan-rows 1024  # a batch from 8 scans, as from receive buffers
 
 Under callgrind only the measured rounds (inside ``functools.reduce``) are counted: instructions / rows
 is the client's compute a row. ``--tree DIR`` runs another checkout's lavinpy (old/new comparisons).
@@ -25,6 +26,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8192, help="deliveries in the receive buffer")
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--body-bytes", type=int, default=100)
+    parser.add_argument("--scan-rows", type=int, default=0,
+                        help="deliveries a scan (as a receive buffer holds; default: all in one scan)")
+    parser.add_argument("--routing-key", default="q", help="every delivery's (a queue's name, written by default)")
+    parser.add_argument("--kind", choices=("stream", "classic"), default="stream",
+                        help="classic: deliveries without offsets, scanned and built as a queue read's")
     parser.add_argument("--tree", default=str(REPO_ROOT))
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
@@ -45,17 +51,35 @@ def main() -> None:
     first = 1000
     buf = bytearray()
     for i in range(args.rows):
-        props = append_header_entry(b"\x00\x00", STREAM_OFFSET_ENTRY + (first + i).to_bytes(8, "big", signed=True))
+        stamp = STREAM_OFFSET_ENTRY + (first + i).to_bytes(8, "big", signed=True)
+        # classic: delivery mode 2 only, as the writer publishes
+        props = b"\x10\x00\x02" if args.kind == "classic" else append_header_entry(b"\x00\x00", stamp)
         body = (b"event-%d-" % i).ljust(args.body_bytes, b"x")
-        buf += b"".join(writer.deliver(1, "ctag", i + 1, False, "", "q", props, body, 131072))
-    data = bytes(buf)
+        buf += b"".join(writer.deliver(1, "ctag", i + 1, False, "", args.routing_key, props, body, 131072))
+    # The receive buffers: one, or the deliveries split into scans of --scan-rows each.
+    frame_bytes = len(buf) // args.rows  # every delivery's frames have the same length here
+    per_scan = args.scan_rows or args.rows
+    datas = [bytes(buf[at:at + per_scan * frame_bytes]) for at in range(0, len(buf), per_scan * frame_bytes)]
+
+    def chunks() -> Any:
+        for data in datas:
+            columns = scan_stream_deliveries(data, 1)
+            chunk, _done = _in_range(_chunk(*columns[:5]), first, first + 10 * args.rows)
+            yield chunk
+
+    def queue_reads() -> Any:  # as QueueConsumer.read hands them on: the chunk and its redelivered flags
+        for data in datas:
+            redelivered_at: list[int] = []
+            columns = scan_stream_deliveries(data, 1, 0, redelivered_at)
+            flags = [False] * len(columns[4])
+            for i in redelivered_at:
+                flags[i] = True
+            yield _chunk(*columns[:5]), flags, columns[5]
 
     def one(total: int, _round: Any) -> int:
-        columns = scan_stream_deliveries(data, 1)
-        chunk = _chunk(*columns[:5])
-        chunk, _done = _in_range(chunk, first, first + 10 * args.rows)
-        batch = next(builder.chunk_batches([chunk]))
-        return total + batch.num_rows
+        batches = (builder.queue_batches(queue_reads()) if args.kind == "classic"
+                   else builder.chunk_batches(chunks()))
+        return total + sum(batch.num_rows for batch in batches)
 
     one(0, None)  # warm: imports, caches
     cpu = time.process_time()

@@ -172,12 +172,20 @@ class BatchBuilder:
             yield self.build_columns(*self._joined(pending))
 
     @staticmethod
-    def _joined(chunks: list[DeliveryChunk]) -> DeliveryChunk:
+    def _joined(chunks: list[DeliveryChunk]) -> tuple[list[int], list[str] | _Repeated, list[str] | _Repeated,
+                                                       list[list[Any]], list[bytes]]:
+        """The chunks' columns joined; an exchange or routing-key column with one value in every chunk
+        as _Repeated, and one property list in every chunk as that list repeated (a scan gives a receive
+        buffer's equal names, and _chunk its equal blocks' properties, one object, so each chunk's check
+        is by identity: the joined list's would compare the other chunks' objects row by row)."""
         if len(chunks) == 1:
-            return chunks[0]
-        return DeliveryChunk(*(_concatenated(column) for column in zip(*chunks, strict=True)))
+            one = chunks[0]
+            return one.offsets, one.exchanges, one.routing_keys, one.properties, one.bodies
+        offsets, exchanges, routing_keys, properties, bodies = zip(*chunks, strict=True)
+        return (_concatenated(offsets), _names_joined(exchanges), _names_joined(routing_keys),
+                _properties_joined(properties), _concatenated(bodies))
 
-    def build_columns(self, offsets: list[int], exchanges: list[str], routing_keys: list[str],
+    def build_columns(self, offsets: list[int], exchanges: list[str] | _Repeated, routing_keys: list[str] | _Repeated,
                       properties: list[list[Any]], bodies: list[bytes],
                       redelivered: list[bool] | None = None) -> pa.RecordBatch:
         n = len(offsets)
@@ -198,21 +206,22 @@ class BatchBuilder:
 
     @staticmethod
     def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
-        if name == "redelivered" and (values.value is False if isinstance(values, _Repeated) else True not in values):
+        # count(False) matches each False by identity; `True not in` compares each through bool's type.
+        if name == "redelivered" and (values.value is False if isinstance(values, _Repeated)
+                                      else values.count(False) == n):
             return _all_false(n)  # no message redelivered: the usual case
         if isinstance(values, _Repeated):
             if values.value is None:
-                return pa.nulls(n, arrow_type)
+                return _repeated_array(None, arrow_type, n)
             if pa.types.is_string(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type):
-                # One scalar repeated in C (a list of n values is converted one by one).
-                return pa.repeat(pa.scalar(values.value, arrow_type), n)
+                return _repeated_array(values.value, arrow_type, n)
             values = [values.value] * n
         elif name == "offset" and pa.types.is_int64(arrow_type) and (packed := _int64s(values)) is not None:
             return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(packed)])  # a stream's: no None
         elif (name in _PROPERTY_INDEX or name == "offset") and values.count(None) == n:  # offset: queue reads
-            return pa.nulls(n, arrow_type)
+            return _repeated_array(None, arrow_type, n)
         elif name in _NAME_COLUMNS and values.count(values[0]) == n:  # one exchange, one routing key: the usual
-            return pa.repeat(pa.scalar(values[0], arrow_type), n)
+            return _repeated_array(values[0], arrow_type, n)
         if name == "headers" and not (pa.types.is_map(arrow_type) and pa.types.is_string(arrow_type.item_type)):
             return typed_headers(values, arrow_type)
         if name == "headers":
@@ -238,6 +247,50 @@ def _int64s(values: list[Any]) -> bytes | None:
     if sys.byteorder != "little":
         return None
     return pack_int64s(values)
+
+
+def _names_joined(lists: tuple[list[str], ...]) -> list[str] | _Repeated:
+    """A name column of several chunks: _Repeated when every chunk holds one value, the same."""
+    first = lists[0][0] if lists[0] else None
+    for names in lists:
+        if names and (names[0] != first or names.count(names[0]) != len(names)):
+            return _concatenated(lists)
+    return _Repeated(first) if first is not None else _concatenated(lists)
+
+
+def _properties_joined(lists: tuple[list[list[Any]], ...]) -> list[list[Any]]:
+    """The property column of several chunks: the first chunk's list repeated when every chunk holds
+    one list, an equal one (build_columns then checks its rows by identity)."""
+    first = lists[0][0] if lists[0] else None
+    for props in lists:
+        if props and (props[0] != first or props.count(props[0]) != len(props)):
+            return _concatenated(lists)
+    return [first] * sum(map(len, lists)) if first is not None else _concatenated(lists)
+
+
+# Arrays of one value (or null) repeated, by (Arrow type, the value's type, value): a batch's constant
+# columns are slices of them (no copy) instead of a new array a column a batch, which Arrow fills element
+# by element (or zeroes, for nulls).
+_repeats: dict[tuple[Any, type, Any], pa.Array] = {}
+_REPEATS_MAX = 64
+_REPEATS_MAX_BYTES = 16 << 20  # a long string repeated 16,384 times is megabytes: the kept ones are bounded
+
+
+def _repeated_array(value: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
+    key = (arrow_type, type(value), value)
+    try:
+        array = _repeats.get(key)
+    except TypeError:  # a value that cannot be a key
+        return pa.repeat(pa.scalar(value, arrow_type), n)
+    if array is None or len(array) < n:
+        size = max(n, 2 * BATCH_ROWS)
+        array = pa.nulls(size, arrow_type) if value is None else pa.repeat(pa.scalar(value, arrow_type), size)
+        kept = sum(kept.nbytes for kept in _repeats.values())
+        if len(_repeats) >= _REPEATS_MAX or kept + array.nbytes > _REPEATS_MAX_BYTES:
+            _repeats.clear()
+        if array.nbytes <= _REPEATS_MAX_BYTES:
+            _repeats[key] = array
+    return array if len(array) == n else array.slice(0, n)
 
 
 def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
