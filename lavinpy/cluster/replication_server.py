@@ -532,9 +532,8 @@ class ReplicationServer:
         if writer is None:
             follower.writer.writelines(batch)  # the transport gathers them: no joined copy
             return
-        # One write: the thread sends a flush's operations together (written one by one, the thread
-        # woke for the first and sent the index entries behind the segment bytes in a second send,
-        # which the follower often read, fsynced and acknowledged as a batch of its own).
+        # One write: one by one, the thread sent the index entries in a second send behind the segment
+        # bytes, which the follower often read, fsynced and acknowledged as a batch of its own.
         if writer.write(batch[0] if len(batch) == 1 else b"".join(batch)) < 0:
             self._drop_later(follower, "send failed")  # the thread stopped on a send error: it is gone
 
