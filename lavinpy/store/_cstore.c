@@ -16,7 +16,7 @@
 
 #include <unistd.h>
 
-#include "_crc32.h"
+#include "../wire/_crc32.h"
 #include "_cstore.h"
 
 PyObject *CorruptRecord = NULL;   /* record.CorruptRecord, set by configure() */

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "../wire/_bytes.h"
-#include "_crc32.h"
+#include "../wire/_crc32.h"
 
 #define FRAME_END 0xCE
 

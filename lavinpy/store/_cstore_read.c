@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-#include "_crc32.h"
+#include "../wire/_crc32.h"
 
 
 /* Offset past the property block at p (< end), or -1 with the Python code's message in *err. */

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "_crc32.h"
+#include "../wire/_crc32.h"
 
 PyObject *
 py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)

@@ -2,7 +2,7 @@
  * _cwire_dedup_table.c, its pure-Python twin DedupTable in lavinpy/broker/queues/dedup_table.py): the
  * records remembered since the cache's last write, framed as the batch its file appends, and the live
  * records for a rewrite. */
-#include "../store/_crc32.h"
+#include "_crc32.h"
 #include "_cwire.h"
 #include "_cwire_dedup_table.h"
 
