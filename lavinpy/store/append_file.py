@@ -104,20 +104,11 @@ class AppendFile:
 
     def write_soon(self) -> None:
         """``append_soon`` for an owner that keeps its records itself: its ``render`` is called for
-        them at that write (once for all the calls before it). (``_soon`` inline: a deduplication
-        cache calls this once per group commit.)"""
+        them at that write (once for all the calls before it)."""
         if self._due:
             return
         self._due = True
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.write_in_order()
-            return
-        self._pending_since = loop.time()
-        if not self._delay_armed:
-            self._delay_armed = True
-            loop.call_later(WRITE_DELAY_S, self._on_delay)
+        self._soon()
 
     def _soon(self) -> None:
         """The first record waits: its delay starts (or, outside an event loop, it is written now)."""

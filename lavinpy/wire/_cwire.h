@@ -136,4 +136,16 @@ sset_int(AttrSlot *slot, PyObject *obj, long long value)
     return rc;
 }
 
+/* obj.<slot> tested for truth: 1 true, 0 false, -1 an error. */
+static inline int
+struth(AttrSlot *slot, PyObject *obj)
+{
+    PyObject *value = sget(slot, obj);
+    if (value == NULL)
+        return -1;
+    int rc = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return rc;
+}
+
 #endif

@@ -73,18 +73,6 @@ cwire_init_ack_read(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* obj.<slot> tested for truth: 1 true, 0 false, -1 an error. */
-static int
-truth(PyObject *obj, AttrSlot *slot)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    int rc = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return rc;
-}
-
 /* obj.<slot> is None: 1, 0, or -1 (an error). */
 static int
 is_none(PyObject *obj, AttrSlot *slot)
@@ -145,7 +133,7 @@ check_read(PyObject *conn, const unsigned char *b, Py_ssize_t n, PyObject **deli
     if (st != open_state)
         return 0;
     int rc;
-    if ((rc = is_none(conn, &login_slot)) != 1 || (rc = truth(conn, &confirms_slot)) != 0)
+    if ((rc = is_none(conn, &login_slot)) != 1 || (rc = struth(&confirms_slot, conn)) != 0)
         return rc < 0 ? -1 : 0;
     PyObject *r = sget(&reader_slot, conn);
     if (r == NULL)
@@ -160,7 +148,7 @@ check_read(PyObject *conn, const unsigned char *b, Py_ssize_t n, PyObject **deli
     Py_DECREF(pending);
     if (!empty)
         return 0;
-    if ((rc = truth(r, &compiled_slot)) != 1 || (rc = truth(r, &expect_slot)) != 0)
+    if ((rc = struth(&compiled_slot, r)) != 1 || (rc = struth(&expect_slot, r)) != 0)
         return rc < 0 ? -1 : 0;
     PyObject *channels = sget(&channels_slot, conn);
     if (channels == NULL)
@@ -180,7 +168,7 @@ check_read(PyObject *conn, const unsigned char *b, Py_ssize_t n, PyObject **deli
     Py_DECREF(channels);
     if (ch == NULL)
         return PyErr_Occurred() ? -1 : 0;
-    if ((rc = truth(ch, &closing_slot)) != 0 || (rc = truth(ch, &in_content_slot)) != 0
+    if ((rc = struth(&closing_slot, ch)) != 0 || (rc = struth(&in_content_slot, ch)) != 0
         || (rc = is_none(ch, &tx_slot)) != 1) {
         Py_DECREF(ch);
         return rc < 0 ? -1 : 0;
@@ -230,7 +218,7 @@ finish_read(PyObject *conn, PyObject *reader, Py_ssize_t n)
         Py_DECREF(broker);
         return -1;
     }
-    rc = truth(scheduler, &queues_slot);
+    rc = struth(&queues_slot, scheduler);
     if (rc == 1) {  /* Sessions.end_of_input: the deliveries this read made possible, now */
         PyObject *done = PyObject_CallMethodNoArgs(scheduler, s_run_deliveries);
         rc = done == NULL ? -1 : 0;

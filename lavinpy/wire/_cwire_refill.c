@@ -111,18 +111,6 @@ is(PyObject *obj, AttrSlot *slot, PyObject *want)
     return value == want;
 }
 
-/* obj.<slot> tested for truth: 1, 0, -1 an error. */
-static int
-truth(PyObject *obj, AttrSlot *slot)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    int rc = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return rc;
-}
-
 /* obj.<slot> as an exact int in *out: 1, 0 not an exact int (or out of range), -1 an error. */
 static int
 int_of(PyObject *obj, AttrSlot *slot, long long *out)
@@ -147,7 +135,7 @@ window_full(PyObject *consumer, long long *prefetch, long long *unacked)
     int rc;
     if ((PyObject *)Py_TYPE(consumer) != consumer_type)
         return 0;
-    if ((rc = truth(consumer, &no_ack_slot)) != 0 || (rc = int_of(consumer, &prefetch_slot, prefetch)) != 1
+    if ((rc = struth(&no_ack_slot, consumer)) != 0 || (rc = int_of(consumer, &prefetch_slot, prefetch)) != 1
         || (rc = int_of(consumer, &unacked_slot, unacked)) != 1)
         return rc < 0 ? -1 : 0;
     return *prefetch > 0 && *unacked >= *prefetch;
@@ -160,26 +148,26 @@ channel_open_for(PyObject *channel)
     int rc;
     if ((PyObject *)Py_TYPE(channel) != channel_type)
         return 0;
-    if ((rc = truth(channel, &flow_active_slot)) != 1 || (rc = truth(channel, &closing_slot)) != 0)
+    if ((rc = struth(&flow_active_slot, channel)) != 1 || (rc = struth(&closing_slot, channel)) != 0)
         return rc < 0 ? -1 : 0;
     PyObject *conn = sget(&conn_slot, channel);
     if (conn == NULL)
         return -1;
-    rc = truth(conn, &writable_slot);
+    rc = struth(&writable_slot, conn);
     Py_DECREF(conn);
     if (rc != 1)
         return rc;
     PyObject *replies = sget(&replies_slot, channel);
     if (replies == NULL)
         return -1;
-    rc = (PyObject *)Py_TYPE(replies) != replies_type ? 1 : truth(replies, &replies_list_slot);  /* .waiting */
+    rc = (PyObject *)Py_TYPE(replies) != replies_type ? 1 : struth(&replies_list_slot, replies);  /* .waiting */
     Py_DECREF(replies);
     if (rc != 0)
         return rc < 0 ? -1 : 0;
     PyObject *deliveries = sget(&deliveries_slot, channel);
     if (deliveries == NULL)
         return -1;
-    rc = truth(deliveries, &dprefetch_slot);
+    rc = struth(&dprefetch_slot, deliveries);
     Py_DECREF(deliveries);
     return rc < 0 ? -1 : !rc;
 }
@@ -205,13 +193,13 @@ check(PyObject *sched, Refill *r)
     r->queue = Py_NewRef(queue);
     Py_DECREF(queues);
     if ((PyObject *)Py_TYPE(queue) != queue_type || (rc = is(queue, &special_slot, Py_False)) != 1
-        || (rc = is(queue, &deleted_slot, Py_False)) != 1 || (rc = truth(queue, &redelivered_slot)) != 0
-        || (rc = truth(queue, &recovered_left_slot)) != 0)
+        || (rc = is(queue, &deleted_slot, Py_False)) != 1 || (rc = struth(&redelivered_slot, queue)) != 0
+        || (rc = struth(&recovered_left_slot, queue)) != 0)
         return rc < 0 ? -1 : 0;
     PyObject *vhost = sget(&vhost_slot, queue);
     if (vhost == NULL)
         return -1;
-    rc = truth(vhost, &cw_prefetches_slot);
+    rc = struth(&cw_prefetches_slot, vhost);
     Py_DECREF(vhost);
     if (rc != 0)
         return rc < 0 ? -1 : 0;
@@ -254,7 +242,7 @@ check(PyObject *sched, Refill *r)
         if ((rc = window_full(PyList_GET_ITEM(r->full, i), &prefetch, &unacked)) != 1)
             return rc;
     /* the consumer back: acking, with room for at least two (both next_ready calls give it), able to take */
-    if ((PyObject *)Py_TYPE(consumer) != consumer_type || (rc = truth(consumer, &no_ack_slot)) != 0
+    if ((PyObject *)Py_TYPE(consumer) != consumer_type || (rc = struth(&no_ack_slot, consumer)) != 0
         || (rc = int_of(consumer, &prefetch_slot, &prefetch)) != 1 || (rc = int_of(consumer, &unacked_slot, &unacked)) != 1)
         return rc < 0 ? -1 : 0;
     if (prefetch <= 0 || prefetch - unacked < 2)
@@ -266,7 +254,7 @@ check(PyObject *sched, Refill *r)
     if ((r->index = sget(&index_slot, queue)) == NULL)
         return -1;
     long long ready;
-    if ((PyObject *)Py_TYPE(r->index) != index_type || (rc = truth(r->index, &requeued_slot)) != 0
+    if ((PyObject *)Py_TYPE(r->index) != index_type || (rc = struth(&requeued_slot, r->index)) != 0
         || (rc = int_of(r->index, &ready_count_slot, &ready)) != 1)
         return rc < 0 ? -1 : 0;
     PyObject *unacked_positions = sget(&index_unacked_slot, r->index);
