@@ -8,12 +8,14 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import unittest
 from pathlib import Path
 
 import pika
+import pytest
 
 from lavinpy.testing import Broker, BrokerTestCase
 
@@ -81,7 +83,12 @@ def test_restart_keeps_the_data_dir_and_the_ports() -> None:
         assert [m.body for m in broker.get("durable-work")] == [b"kept"]
 
 
-def test_the_broker_dies_with_a_killed_test_process_and_its_dir_goes_at_the_next_start(tmp_path: Path) -> None:
+def test_the_broker_dies_with_a_killed_test_process_and_its_dir_goes_at_the_next_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A temp root of its own: a broker started meanwhile by another worker sweeps the shared one, and would
+    # remove the dead run's directory before this test looks at it.
+    root = tmp_path / "tmp"
+    root.mkdir()
     script = textwrap.dedent("""
         import os, signal
         from lavinpy.testing import Broker
@@ -89,13 +96,15 @@ def test_the_broker_dies_with_a_killed_test_process_and_its_dir_goes_at_the_next
         print(broker.proc.pid, broker.workdir, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no context manager exit
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "TMPDIR": str(root),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
                          cwd=tmp_path)
     assert run.returncode == -9, run.stderr
     pid, workdir = run.stdout.split()
     assert gone(int(pid), 10), "the kernel kills the broker with its parent"
-    assert Path(workdir).exists()
+    assert Path(workdir).parent == root and Path(workdir).exists()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
     with Broker(mqtt=False):
         assert not Path(workdir).exists(), "the next broker removes a dead run's directory"
 
