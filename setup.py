@@ -18,7 +18,7 @@ setup(
                                                 # (zlib's CRC-32 for the deduplication table's framed batches)
                                                 "lavinpy/wire/_crc32.c"],
                   depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h", "lavinpy/wire/_cwire_dedup_table.h",
-                           "lavinpy/wire/_crc32.h"],
+                           "lavinpy/wire/_crc32.h", "lavinpy/wire/_dedup_batch.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_ints.c"],
                   depends=["lavinpy/wire/_bytes.h"],
@@ -35,7 +35,8 @@ setup(
                                              "lavinpy/store/_cstore_ready.c", "lavinpy/wire/_crc32.c",
                                              "lavinpy/store/_cstore_sync.c", "lavinpy/store/_cstore_posset.c",
                                              "lavinpy/store/_cstore_sizes.c", "lavinpy/store/_cstore_frames.c"],
-                  depends=["lavinpy/wire/_crc32.h", "lavinpy/store/_cstore.h", "lavinpy/wire/_bytes.h"], optional=True,
+                  depends=["lavinpy/wire/_crc32.h", "lavinpy/wire/_dedup_batch.h", "lavinpy/store/_cstore.h",
+                           "lavinpy/wire/_bytes.h"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
 )

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "../wire/_crc32.h"
+#include "../wire/_dedup_batch.h"
 
 PyObject *
 py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -41,13 +41,6 @@ py_total_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(total);
 }
 
-static void
-put_le(unsigned char *p, uint64_t value, int bytes)
-{
-    for (int k = 0; k < bytes; k++)
-        p[k] = (unsigned char)(value >> (8 * k));
-}
-
 /* frame_batch(records, mark) -> length u32, [the mark record (key length 0, mark u64) when mark >= 0],
  * records, CRC-32 u32 of the mark and records (little-endian).
  *
@@ -63,21 +56,16 @@ py_frame_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long mark = PyLong_AsLongLong(args[1]);
     if (mark == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), head = mark >= 0 ? 10 : 0;
-    if ((uint64_t)(head + n) > 0xFFFFFFFFu) {
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    if ((uint64_t)dedup_batch_size((size_t)n, mark) - 8 > 0xFFFFFFFFu) {
         PyErr_SetString(PyExc_OverflowError, "frame_batch: a batch holds at most 4 GiB");
         return NULL;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + head + n + 4);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)dedup_batch_size((size_t)n, mark));
     if (out == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    put_le(p, (uint64_t)(head + n), 4);
-    if (head) {
-        put_le(p + 4, 0, 2);
-        put_le(p + 6, (uint64_t)mark, 8);
-    }
-    memcpy(p + 4 + head, PyBytes_AS_STRING(args[0]), (size_t)n);
-    put_le(p + 4 + head + n, crc32_update(0, p + 4, (size_t)(head + n)), 4);
+    memcpy(dedup_batch_open(p, (size_t)n, mark), PyBytes_AS_STRING(args[0]), (size_t)n);
+    dedup_batch_seal(p, (size_t)n, mark);
     return out;
 }

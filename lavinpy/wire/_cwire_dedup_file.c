@@ -2,7 +2,7 @@
  * _cwire_dedup_table.c, its pure-Python twin DedupTable in lavinpy/broker/queues/dedup_table.py): the
  * records remembered since the cache's last write, framed as the batch its file appends, and the live
  * records for a rewrite. */
-#include "_crc32.h"
+#include "_dedup_batch.h"
 #include "_cwire.h"
 #include "_cwire_dedup_table.h"
 
@@ -17,13 +17,6 @@ record_hash(const Table *t, uint64_t at, size_t length)
     unsigned char buf[65536];
     ring_get(t, at + HEAD, buf, length);
     return key_hash(buf, length, t->seed);
-}
-
-static void
-put_le(unsigned char *p, uint64_t value, int bytes)
-{
-    for (int k = 0; k < bytes; k++)
-        p[k] = (unsigned char)(value >> (8 * k));
 }
 
 /* dedup_table_take_framed(table, mark) -> the records remembered since the last take as one batch of the
@@ -42,26 +35,21 @@ cwire_dedup_table_take_framed(PyObject *self, PyObject *const *args, Py_ssize_t 
     long long mark = PyLong_AsLongLong(args[1]);
     if (mark == -1 && PyErr_Occurred())
         return NULL;
-    size_t head = mark >= 0 ? HEAD : 0, n = (size_t)(t->tail - t->rendered);
-    if ((uint64_t)(head + n) > 0xFFFFFFFFu) {
+    size_t n = (size_t)(t->tail - t->rendered);
+    if ((uint64_t)dedup_batch_size(n, mark) - 8 > 0xFFFFFFFFu) {
         PyErr_SetString(PyExc_OverflowError, "dedup_table_take_framed: a batch holds at most 4 GiB");
         return NULL;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + head + n + 4));
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)dedup_batch_size(n, mark));
     if (out == NULL)
         return NULL;
     unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    put_le(p, (uint64_t)(head + n), 4);
-    if (head) {
-        put_le(p + 4, 0, 2);
-        put_le(p + 6, (uint64_t)mark, 8);
-    }
-    ring_get(t, t->rendered, p + 4 + head, n);
+    ring_get(t, t->rendered, dedup_batch_open(p, n, mark), n);
     if (!crc_ready) {
         crc32_init();
         crc_ready = 1;
     }
-    put_le(p + 4 + head + n, crc32_update(0, p + 4, head + n), 4);
+    dedup_batch_seal(p, n, mark);
     t->rendered = t->tail;
     t->head = t->oldest;
     return out;
