@@ -288,20 +288,14 @@ class AMQPProtocol(asyncio.Protocol):
 
     def _send_pieces(self, pieces: list[bytes | memoryview], transport: asyncio.Transport) -> None:
         """Output holding large bodies as memoryview slices (of the spool or the message's bytes):
-        each slice is handed over as it is, the small pieces between them joined (to a writer thread,
-        all in as few calls as the mark allows: ``_write_batches``). Once the queued
+        each slice is handed over as it is, the small pieces between them joined. Once the queued
         bytes pass the high-water mark the rest waits in ``_held`` (it costs no copy: the slices keep
         the body alive) until the buffer drains, so a large body is never buffered whole twice."""
         self._held = []  # output made meanwhile (a re-entrant pump) goes behind these pieces
         start = 0
         queued = 0
         count = len(pieces)
-        if self._writer is not None:
-            start, queued = self._write_batches(pieces)
-            if queued < 0:
-                self._held = None
-                return
-        for i in range(start, count):
+        for i in range(count):
             piece = pieces[i]
             if type(piece) is not memoryview:
                 continue
@@ -333,44 +327,6 @@ class AMQPProtocol(asyncio.Protocol):
         if self._writer is not None and conn is not None and conn.writable:
             conn.set_writable(False)
             self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
-
-    def _write_batches(self, pieces: list[bytes | memoryview]) -> tuple[int, int]:
-        """The writer thread's part of ``_send_pieces``: the pieces in as few ``write_many`` calls as the
-        high-water mark allows (one lock and one wake-up of the thread a call, where a write of each
-        slice and of each small frame head between them took the lock, and often woke the thread or
-        sent the small head itself, once a piece). As there, the pieces stop once the queued bytes are
-        past the mark (so a large body is never buffered whole twice); the whole pages of a slice of a
-        file mapping leave the RSS once copied, as with ``write_mapped``. Returns (pieces written, bytes
-        queued, -1 when the writer thread stopped)."""
-        queued = self._writer.buffered()
-        if queued < 0:  # the writer thread stopped on a send error: the peer is gone
-            self.transport.abort()  # type: ignore[union-attr]
-            return 0, queued
-        start = 0
-        size = 0
-        for i, piece in enumerate(pieces):
-            if queued > WRITE_HIGH_WATER or queued < 0:
-                break
-            size += len(piece)
-            if type(piece) is memoryview and queued + size > WRITE_HIGH_WATER:
-                queued = self._queue_many(pieces[start:i + 1])
-                start, size = i + 1, 0
-        else:
-            if start < len(pieces):
-                queued = self._queue_many(pieces[start:])
-            start = len(pieces)
-        return start, queued
-
-    def _queue_many(self, batch: list[bytes | memoryview]) -> int:
-        """``_send`` of several pieces to the writer thread in one call."""
-        queued: int = self._writer.write_many(batch, mmap.mmap)
-        conn = self.conn
-        if queued < 0:
-            self.transport.abort()  # type: ignore[union-attr]
-        elif queued > WRITE_HIGH_WATER and conn is not None and conn.writable:
-            conn.set_writable(False)
-            self._loop.call_later(WRITER_POLL_SECONDS, self._poll_writer)
-        return queued
 
     def _send_held(self) -> bool:
         """Send what waits in ``_held``; True when nothing waits any more."""

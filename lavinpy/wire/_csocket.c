@@ -252,76 +252,6 @@ SocketWriter_write(SocketWriter *w, PyObject *data)
     return writer_queue(w, data, 0);
 }
 
-/* write_many(pieces, mapped) -> bytes queued and not yet sent (-1 once the writer stopped): write() of
- * each piece in turn under one lock and with at most one wake-up of the thread; a memoryview whose
- * object is of the type ``mapped`` (mmap.mmap: a body read in place from a segment) is then dropped from
- * the mapping as write_mapped() does. A large body goes out as
- * slices with the small frame heads between them; one write() each took the lock and woke the thread
- * once a piece (at 1 MiB bodies the futex wakes and the small direct sends were a quarter of the
- * loop's CPU). */
-static PyObject *
-SocketWriter_write_many(SocketWriter *w, PyObject *const *args, Py_ssize_t nargs)
-{
-    WriterState *st = w->st;
-    if (nargs != 2 || !PyList_Check(args[0]) || !PyType_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "write_many takes a list and a type");
-        return NULL;
-    }
-    PyObject *pieces = args[0];
-    PyTypeObject *mapped = (PyTypeObject *)args[1];
-    Py_ssize_t n = PyList_GET_SIZE(pieces), got = 0;
-    Py_buffer *views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer));
-    if (views == NULL)
-        return PyErr_NoMemory();
-    size_t total = 0;
-    PyObject *result = NULL;
-    for (; got < n; got++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(pieces, got), &views[got], PyBUF_SIMPLE) < 0)
-            goto done;
-        total += (size_t)views[got].len;
-    }
-    pthread_mutex_lock(&st->lock);
-    if (st->finishing || st->aborted || st->done) {
-        pthread_mutex_unlock(&st->lock);
-        result = PyLong_FromLong(-1);
-        goto done;
-    }
-    if (st->len + total > st->cap) {
-        size_t cap = st->cap ? st->cap : 4096;
-        while (cap < st->len + total)
-            cap *= 2;
-        unsigned char *grown = realloc(st->buf, cap);
-        if (grown == NULL) {
-            pthread_mutex_unlock(&st->lock);
-            PyErr_NoMemory();
-            goto done;
-        }
-        st->buf = grown;
-        st->cap = cap;
-    }
-    int was_empty = st->len == 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        memcpy(st->buf + st->len, views[i].buf, (size_t)views[i].len);
-        st->len += (size_t)views[i].len;
-    }
-    size_t queued = st->len + st->in_flight;
-    pthread_mutex_unlock(&st->lock);
-    if (was_empty && total)
-        pthread_cond_signal(&st->wake);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *piece = PyList_GET_ITEM(pieces, i);
-        if (PyMemoryView_Check(piece) && PyMemoryView_GET_BASE(piece) != NULL
-            && Py_TYPE(PyMemoryView_GET_BASE(piece)) == mapped)
-            writer_unmap(&views[i]);
-    }
-    result = PyLong_FromSize_t(queued);
-done:
-    for (Py_ssize_t i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    return result;
-}
-
 /* write_mapped(data): write() for a slice of a shared file mapping (a message body read in place from
  * a segment); its whole pages are dropped from the mapping once copied, so a large body being sent
  * does not stay in the broker's resident memory. Only for MAP_SHARED file mappings (mmap.mmap of a
@@ -394,8 +324,6 @@ SocketWriter_dealloc(SocketWriter *w)
 
 static PyMethodDef SocketWriter_methods[] = {
     {"write", (PyCFunction)SocketWriter_write, METH_O, "queue bytes; returns the bytes not yet sent"},
-    {"write_many", (PyCFunction)(void (*)(void))SocketWriter_write_many, METH_FASTCALL,
-     "write_many(pieces, mapped): write() of each piece of a list, under one lock and with one wake-up"},
     {"write_mapped", (PyCFunction)SocketWriter_write_mapped, METH_O,
      "write() for a slice of a shared file mapping, whose whole pages then leave the mapping"},
     {"buffered", (PyCFunction)SocketWriter_buffered, METH_NOARGS, "bytes not yet sent"},

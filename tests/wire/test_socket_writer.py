@@ -3,7 +3,6 @@ finish() sends the rest before its side closes; abort() and a vanished peer stop
 
 from __future__ import annotations
 
-import mmap
 import os
 import socket
 import threading
@@ -99,8 +98,9 @@ def rss_file_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
 
 
-@pytest.mark.parametrize("how", ["write_mapped", "write_many"])
-def test_write_mapped_sends_a_file_mapping_slice_and_drops_its_pages(tmp_path, how) -> None:
+def test_write_mapped_sends_a_file_mapping_slice_and_drops_its_pages(tmp_path) -> None:
+    import mmap
+
     size = 8 * 1024 * 1024
     data = os.urandom(size)
     path = tmp_path / "segment"
@@ -119,10 +119,7 @@ def test_write_mapped_sends_a_file_mapping_slice_and_drops_its_pages(tmp_path, h
     mm.madvise(mmap.MADV_WILLNEED)
     bytes(view[100:size - 100])  # every page of the slice mapped in (as the copy into the writer does)
     touched = rss_file_kib()
-    if how == "write_mapped":
-        writer.write_mapped(view[100:size - 100])  # an unaligned slice: only its whole pages go
-    else:  # (the bytes piece beside it is not a mapping's: left alone)
-        writer.write_many([view[100:size - 100], b""], mmap.mmap)
+    writer.write_mapped(view[100:size - 100])  # an unaligned slice: only its whole pages go
     after = rss_file_kib()
     writer.finish()
     ours.close()
@@ -133,39 +130,4 @@ def test_write_mapped_sends_a_file_mapping_slice_and_drops_its_pages(tmp_path, h
     assert bytes(view[:4096]) == data[:4096] and bytes(view[size - 4096:]) == data[size - 4096:]  # mapped again
     view.release()
     mm.close()
-    peer.close()
-
-
-def test_write_many_queues_every_piece_in_order_behind_earlier_writes() -> None:
-    """write_many: bytes and memoryview slices (a large body's frames with the heads between them)
-    arrive whole and in order, behind what write() queued before and ahead of what comes after;
-    the count it returns includes what was queued before; after finish() it refuses (-1)."""
-    ours, peer = socket.socketpair()
-    ours.setblocking(False)
-    writer = accel.csocket.SocketWriter(ours.fileno())
-    body = os.urandom(1_000_000)
-    view = memoryview(body)
-    assert writer.write(b"before") >= 0
-    pieces: list = [b"head"]
-    for i in range(0, len(body), 131_064):
-        pieces += [view[i:i + 131_064], b"\xce" + bytes(7)]
-    first = writer.write_many(pieces, mmap.mmap)
-    assert first >= 0
-    assert writer.write_many([], mmap.mmap) >= 0
-    second = writer.write_many([b"x" * 10, view[:5]], mmap.mmap)
-    assert second >= 0
-    writer.write(b"after")
-    received = bytearray()
-    reader = threading.Thread(target=read_all, args=(peer, received))
-    reader.start()
-    writer.finish()
-    assert writer.write_many([b"late"], mmap.mmap) == -1
-    ours.close()
-    reader.join(10)
-    assert not reader.is_alive()
-    assert bytes(received) == b"".join([b"before", *pieces, b"x" * 10, body[:5], b"after"])
-    with pytest.raises(TypeError):
-        writer.write_many((b"a tuple",), mmap.mmap)
-    with pytest.raises(TypeError):
-        writer.write_many([b"a", 5], mmap.mmap)  # not a buffer
     peer.close()
