@@ -37,9 +37,18 @@ class PausableReader:
 
     def __init__(self) -> None:
         self.paused = False
+        self.takes = 0
 
     def set_paused(self, paused: bool) -> None:
         self.paused = paused
+
+    def take(self, limit: int) -> tuple[bytes, int]:
+        self.takes += 1
+        return b"", 0
+
+    @property
+    def buffered(self) -> int:
+        return 1
 
     def answered(self) -> None:
         pass
@@ -86,19 +95,46 @@ def test_a_reader_paused_for_the_other_clients_turn_still_has_input_waiting(harn
         conn.driver = driver
         sessions.input_waiting = True  # the reader's last take left input behind
 
+        reader = driver._reader
+        driver._reader_watched = True
         conn.count_input_turn(INPUT_TURN_BYTES + 1)  # a turn's worth read: the others' turn first
         driver.pump()
-        assert driver._reader.paused and not loop.watched  # not taken before the others' turn
+        driver._take_input()  # (the wake-up fd stays watched for a turn's pause: the loop calls this)
+        assert reader.takes == 0  # not taken before the others' turn
         assert sessions.input_waiting  # taken in the next turn: the consumers' deliveries come then
 
         conn.end_input_turn()
         driver.pump()
-        assert not driver._reader.paused and loop.watched and sessions.input_waiting
+        driver._take_input()
+        assert reader.takes == 1 and not reader.paused and loop.watched and sessions.input_waiting
 
         conn.set_writable(False)  # its output backed up: not read until the client reads
         driver.pump()
-        assert driver._reader.paused and not loop.watched
+        assert reader.paused and not loop.watched
         assert not sessions.input_waiting
+
+        conn.set_writable(True)
+        driver.pump()
+        assert not reader.paused and loop.watched
+        for handle in driver._timers.values():
+            handle.cancel()
+
+        # A turn's pause that turns into a longer one meanwhile (the output backs up before the turn
+        # ends: no new pause is asked for): the loop's next call stops the thread and the watch.
+        conn.count_input_turn(INPUT_TURN_BYTES + 1)
+        driver.pump()
+        conn.set_writable(False)
+        driver.pump()
+        driver._take_input()
+        assert reader.takes == 1 and reader.paused and not loop.watched
+        assert not sessions.input_waiting
+        conn.end_input_turn()
+        driver.pump()
+        assert reader.paused and not loop.watched  # still unwritable
+        conn.set_writable(True)
+        driver.pump()
+        driver._take_input()
+        assert reader.takes == 2 and not reader.paused and loop.watched
         for handle in driver._timers.values():
             handle.cancel()
 

@@ -357,7 +357,8 @@ def test_repeated_and_large_property_blocks():
 
 
 def test_publish_header_and_body_in_one_read_come_as_one_event():
-    """The common small message is fused; the same bytes split apart give the three frames."""
+    """The common small message is fused; the same bytes split inside the header or the body are held
+    back until the message is whole and come fused too; split before the header, the three frames."""
     props = b"\x90\x00\x0atext/plain\x02"
     data = publish(1, "amq.direct", "rk", 1) + header(1, 5, props) + frame(3, 1, b"hello")
     reader = opened()
@@ -365,7 +366,13 @@ def test_publish_header_and_body_in_one_read_come_as_one_event():
     (event,) = reader.feed(data)
     assert isinstance(event, ContentMessage)
     assert (event.channel, event.method.exchange, event.properties, event.body) == (1, "amq.direct", props, b"hello")
-    split = reader.feed(data[:30]) + reader.feed(data[30:])
+    publish_end = len(publish(1, "amq.direct", "rk", 1))
+    for cut in (publish_end + 3, len(data) - 3):
+        held = reader.feed(data[:cut])
+        assert held == [] and reader.buffered == cut
+        (whole,) = reader.feed(data[cut:])
+        assert [describe(e) for e in whole.frames()] == [describe(e) for e in event.frames()]
+    split = reader.feed(data[:publish_end]) + reader.feed(data[publish_end:])
     assert [type(e) for e in split] == [MethodFrame, HeaderFrame, BodyFrame]
     assert [describe(e) for e in split] == [describe(e) for e in event.frames()]
 
@@ -504,3 +511,45 @@ def test_large_messages_read_in_pieces_come_out_as_sent(compiled, read_size):
     reader.feed(frame(3, 1, b"x" * 70_000)[:50_000])
     with pytest.raises(AMQPConnectionError):
         reader.feed(b"x" * 20_007 + b"\x00")  # the frame end octet is wrong
+
+
+@pytest.mark.parametrize("compiled", [False, None])
+def test_a_message_split_across_reads_comes_out_fused(compiled):
+    """A read that ends inside the one body frame of a message (a 256 KiB read of 64 KiB bodies nearly
+    always does) or inside its header frame holds the whole message back: the next read gives it as
+    one fused publish, as the messages wholly inside a read are. Cut between its frames, that message
+    comes as its three frames. Small and large bodies mixed, a message on another channel
+    between, and a body in two frames (never fused) all come out as sent, in order."""
+    props = b"\x10\x00\x02"  # delivery mode 2
+    sizes = [BODY_VIEW_MIN, 10, BODY_VIEW_MIN + 4000, 0, 3000, BODY_VIEW_MIN - 1]
+    messages = []
+    stream = b""
+    frame_ends = set()  # cuts between a message's frames
+    for i, size in enumerate(sizes):
+        body = bytes([i + 1]) * size
+        channel = 2 if i == 3 else 1
+        key = f"key-{i}" * (i + 1)
+        messages.append((channel, key, body))
+        stream += publish(channel, "amq.direct", key)
+        frame_ends.add(len(stream))
+        stream += header(channel, size, props)
+        if size:
+            frame_ends.add(len(stream))
+            stream += frame(3, channel, body)
+    split = b"s" * 5000  # a body in two frames after them
+    stream += publish(1, "", "q") + header(1, len(split), props) + frame(3, 1, split[:2000]) + frame(3, 1, split[2000:])
+    for cut in [*range(1, len(stream), 997), *range(BODY_VIEW_MIN - 50, BODY_VIEW_MIN + 200)]:
+        reader = FrameReader(1 << 17, compiled=compiled)
+        events = reader.feed(PROTOCOL_HEADER)
+        for piece in (stream[:cut], stream[cut:cut + 200_000], stream[cut + 200_000:]):
+            events += reader.feed(piece)
+        assert reader.buffered == 0
+        fused = [e for e in events if isinstance(e, ContentMessage)]
+        if cut in frame_ends:
+            assert len(fused) == len(messages) - 1
+            continue
+        assert [(e.channel, e.method.routing_key, e.body) for e in fused] == messages, cut
+        assert all(e.properties == props for e in fused)
+        rest = flatten(events[len(fused):])
+        assert [type(e) for e in rest] == [MethodFrame, HeaderFrame, BodyFrame, BodyFrame], cut
+        assert b"".join(e.data for e in rest[2:]) == split
