@@ -29,9 +29,9 @@ static inline uint64_t get_u64le(const unsigned char *p) {
 /* The sync of a group commit's or a replica batch's files (fsync_all, the fsync starter's workers): all
  * regular files whose new names are made durable on their own (their directories' fsync). fdatasync
  * puts their bytes, size and block allocation on disk as fsync does, and leaves out what only a
- * timestamp changed. A leader's loop keeps writing into the files a flush syncs (the next flush's
- * messages and index entries), and each of those writes updates a timestamp: with fsync the sync
- * then also waits for the journal to take that (bench/history.md, issue 31: about half of what such
+ * timestamp changed. A leader's loop keeps writing into the segment a flush syncs (the next flush's
+ * messages), and those writes update its timestamps: with fsync the sync then also waits for the
+ * journal to take them (bench/history.md, issue 31: about half of what such
  * writes add to a sync). */
 #include <unistd.h>
 static inline int data_sync(int fd) {

@@ -11,8 +11,8 @@ worker waits for a core and then for the GIL held by the busy loop thread, twice
 
 The compiled paths call fdatasync (``data_sync`` in _cstore.h): every descriptor here is a regular
 file whose name is made durable on its own, and fdatasync puts its bytes, size and block allocation
-on disk as fsync does, without the timestamps that the loop's writes into the same files during the
-sync keep changing. The thread pool (no compiled store) calls ``os.fsync``, which the fault tests
+on disk as fsync does, without the timestamps that the loop's writes into the same segment during
+the sync keep changing. The thread pool (no compiled store) calls ``os.fsync``, which the fault tests
 replace: the same durability, a little more journal work.
 """
 
