@@ -9,10 +9,10 @@ workers sync without the GIL and an eventfd the loop watches says when they are 
 Python thread stands between a group commit and the disk (bench/history.md, issue 31: a Python
 worker waits for a core and then for the GIL held by the busy loop thread, twice a flush).
 
-The compiled paths call fdatasync (``data_sync`` in _cstore.h): every descriptor here is a regular
-file whose name is made durable on its own, and fdatasync puts its bytes, size and block allocation
-on disk as fsync does, without the timestamps that the loop's writes into the same segment during
-the sync keep changing. The thread pool (no compiled store) calls ``os.fsync``, which the fault tests
+The compiled paths call fdatasync for a regular file (``data_sync`` in _cstore.h; fsync for a
+directory): its name is made durable on its own, and fdatasync puts its bytes, size and block
+allocation on disk as fsync does, without the timestamps that the loop's writes into the same
+segment during the sync keep changing. The thread pool (no compiled store) calls ``os.fsync``, which the fault tests
 replace: the same durability, a little more journal work.
 """
 
