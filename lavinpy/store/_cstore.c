@@ -393,7 +393,7 @@ static struct {
                 PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0};
 
 static void fsync_job(FsyncJob *job) {
-    job->err = fsync(job->fd) == 0 ? 0 : errno;
+    job->err = data_sync(job->fd) == 0 ? 0 : errno;
 }
 
 /* Take and run posted jobs until none is left; called with the lock held, returns with it held. */

@@ -26,6 +26,24 @@ static inline uint64_t get_u64le(const unsigned char *p) {
     return (uint64_t)get_u32le(p) | (uint64_t)get_u32le(p + 4) << 32;
 }
 
+/* The sync of a group commit's or a replica batch's descriptors (fsync_all, the fsync starter's workers).
+ * A regular file gets fdatasync: its bytes, size and block allocation reach the disk as with fsync,
+ * without what only a timestamp changed. A leader's loop keeps writing into the segment a flush syncs
+ * (the next flush's messages), and those writes update its timestamps: with fsync the sync then also
+ * waits for the journal to take them (bench/history.md, issue 31: about half of what such writes add
+ * to a sync). Anything else (a follower's batch syncs its changed directories with its files) keeps
+ * fsync: a directory's new entries are what its sync is for. */
+#include <sys/stat.h>
+#include <unistd.h>
+static inline int data_sync(int fd) {
+#if defined(__linux__)
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        return fdatasync(fd);
+#endif
+    return fsync(fd);
+}
+
 #define HEADER_SIZE 8
 #define FIXED_PAYLOAD 18
 

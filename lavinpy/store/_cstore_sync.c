@@ -87,7 +87,7 @@ static void *sync_worker(void *arg) {
             b->started_ns = now_ns();
         int fd = b->fds[i];
         pthread_mutex_unlock(&pool.lock);
-        int err = fsync(fd) == 0 ? 0 : errno;
+        int err = data_sync(fd) == 0 ? 0 : errno;  /* data_sync: _cstore.h */
         pthread_mutex_lock(&pool.lock);
         pool.spare++;
         b->errs[i] = err;

@@ -8,6 +8,12 @@ trip per file), ``pool_fsync_all`` a Python thread pool otherwise; both return e
 workers sync without the GIL and an eventfd the loop watches says when they are done, so that no
 Python thread stands between a group commit and the disk (bench/history.md, issue 31: a Python
 worker waits for a core and then for the GIL held by the busy loop thread, twice a flush).
+
+The compiled paths call fdatasync for a regular file (``data_sync`` in _cstore.h; fsync for a
+directory): its name is made durable on its own, and fdatasync puts its bytes, size and block
+allocation on disk as fsync does, without the timestamps that the loop's writes into the same
+segment during the sync keep changing. The thread pool (no compiled store) calls ``os.fsync``, which the fault tests
+replace: the same durability, a little more journal work.
 """
 
 from __future__ import annotations

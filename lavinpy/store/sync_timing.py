@@ -1,8 +1,8 @@
 """How long the store's flushes spend in fsync: a node-wide histogram read by the metrics.
 
-One observation per flush (the message segments' fdatasync plus the index files' fsync), taken in
-the flush's worker thread: a few hundred a second at most, so a lock costs nothing that matters and
-keeps the counts exact when several vhosts flush at once.
+One observation per flush (the message segments' and the index files' fdatasync, fsync without the
+compiled store), taken when the flush's sync is done: a few hundred a second at most, so a lock
+costs nothing that matters and keeps the counts exact when several vhosts flush at once.
 """
 
 from __future__ import annotations
