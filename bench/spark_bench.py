@@ -11,6 +11,8 @@ just before and just after each run, with a data source that discards its input 
 mean of the two); `*_of_floor` is Spark's own time over the lavinpy run's (1.0: the broker and the
 client cost nothing visible), `cpu_*_of_floor` the same by CPU seconds of every role (the figure to
 read on a shared machine: see bench/README.md).
+With --pairs K, each way runs K times a round alternated with K + 1 floors (tight pairs: each run
+against the two floors beside it), and the round's share is the median of its K.
 A warm-up round of every path comes first (unrecorded); the summary is each kind's median over the
 rounds, with the floor's spread ((max - min) / median of its times) and what the run added over the
 floor by role (the tasks' Python workers, the JVM; µs a row). The last line is one JSON object.
@@ -19,6 +21,7 @@ floor by role (the tasks' Python workers, the JVM; µs a row). The last line is 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -275,16 +278,39 @@ def _cpu_us(roles: dict[str, dict[str, float]], rows: int) -> dict[str, float]:
     return out
 
 
+def _paired(floor: Any, runs: list[Any], times: list[float], shares: list[float], cpu_shares: list[float],
+            roles: dict[str, dict[str, float]], way: str, broker_cpu: list[float]) -> None:
+    """Floor, run, floor, run, ..., floor: each run's share is of the mean of the two floors beside it
+    (the floor drifts with the machine's other load within seconds: only neighbours compare). The first
+    pair's roles are kept for the by-role figures; every floor's time goes into times."""
+    bracket: dict[str, float] = {}
+    times.append(timed(floor, roles=bracket))
+    for i, run in enumerate(runs):
+        run_roles: dict[str, float] = {}
+        cpu: list[float] = []
+        run_s = timed(run, cpu, run_roles)
+        after: dict[str, float] = {}
+        times.append(timed(floor, roles=after))
+        floor_roles = _mean_roles(bracket, after)
+        shares.append(((times[-2] + times[-1]) / 2) / run_s)
+        cpu_shares.append(_cpu_share(floor_roles, run_roles))
+        broker_cpu.append(cpu[0])
+        if i == 0:
+            roles[way], roles[f"floor_{way}"] = run_roles, floor_roles
+            roles[f"{way}_s"] = {"s": run_s}
+        bracket = after
+
+
 def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[str, Any]:
-    """For one queue kind: Spark's floor, the lavinpy write, the floor again; then the same for the read
-    (round -1: a warm-up, printed as such). Each share is of the mean of the two floors around its run:
-    the floor drifts with the machine's other load within a minute, and a run compared with a floor
-    taken only before it (or in another round) carries that drift."""
-    queue = f"bench-{kind}-{uuid.uuid4().hex[:8]}"
-    declare_queue(url, queue, kind)
-    roles: dict[str, dict[str, float]] = {"floor_write": {}, "write": {}, "floor_read": {}, "read": {}}
-    bracket: dict[str, dict[str, float]] = {"floor_write_1": {}, "floor_write_2": {}, "floor_read_1": {},
-                                            "floor_read_2": {}}
+    """For one queue kind: Spark's floor and the lavinpy write alternated (--pairs writes, each into its
+    own queue, a floor before and after each); then the same for the reads, one queue each (round -1: a
+    warm-up, printed as such). Each share is of the mean of the two floors beside its run: the floor
+    drifts with the machine's other load within a minute, and a run compared with a floor taken only
+    before it (or in another round) carries that drift. A round's share is the median of its pairs'."""
+    queues = [f"bench-{kind}-{uuid.uuid4().hex[:8]}" for _ in range(args.pairs)]
+    for queue in queues:
+        declare_queue(url, queue, kind)
+    roles: dict[str, dict[str, float]] = {}
 
     def floor_write() -> None:
         bodies(spark, args.rows, args.body_bytes, args.partitions).write.format("spark_floor").mode("append").save()
@@ -293,41 +319,56 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
         (spark.read.format("spark_floor").option("rows", args.rows).option("bodyBytes", args.body_bytes).load()
          .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
 
-    floor_w1 = timed(floor_write, roles=bracket["floor_write_1"])
-    cpu: list[float] = []
-    write_s = timed(lambda: bodies(spark, args.rows, args.body_bytes, args.partitions).write
-                    .format("lavinpy").mode("append").option("url", url).option("queue", queue)
-                    .option("maxInFlight", args.max_in_flight).save(), cpu, roles["write"])
-    floor_w2 = timed(floor_write, roles=bracket["floor_write_2"])
-    floor_r1 = timed(floor_read, roles=bracket["floor_read_1"])
-    floor_w = (floor_w1 + floor_w2) / 2
-    roles["floor_write"] = _mean_roles(bracket["floor_write_1"], bracket["floor_write_2"])
+    def write(queue: str) -> Any:
+        return lambda: (bodies(spark, args.rows, args.body_bytes, args.partitions).write.format("lavinpy")
+                        .mode("append").option("url", url).option("queue", queue)
+                        .option("maxInFlight", args.max_in_flight).save())
+
     result: list[Any] = []
-    reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
-    if kind == "stream":
-        reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
-    if args.prefetch:
-        reader = reader.option("prefetch", args.prefetch)
-    read_s = timed(lambda: result.extend(reader.load().selectExpr(
-        "count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()), cpu, roles["read"])
-    floor_r2 = timed(floor_read, roles=bracket["floor_read_2"])
-    floor_r = (floor_r1 + floor_r2) / 2
-    roles["floor_read"] = _mean_roles(bracket["floor_read_1"], bracket["floor_read_2"])
-    n = result[0].n
-    assert n == args.rows, f"read {n} rows, expected {args.rows}"
-    delete_queue(url, queue)
-    run = {"kind": kind, "round": round_no, "write_rows_per_s": round(args.rows / write_s),
+
+    def read(queue: str) -> Any:
+        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
+        if kind == "stream":
+            reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
+        if args.prefetch:
+            reader = reader.option("prefetch", args.prefetch)
+        return lambda: result.append(reader.load().selectExpr(
+            "count(*) AS n", "sum(length(body)) AS bytes", "max(offset) AS last").collect()[0])
+
+    floors: dict[str, list[float]] = {"write": [], "read": []}
+    shares: dict[str, list[float]] = {"write": [], "read": []}
+    cpu_shares: dict[str, list[float]] = {"write": [], "read": []}
+    broker: dict[str, list[float]] = {"write": [], "read": []}
+    _paired(floor_write, [write(q) for q in queues], floors["write"], shares["write"], cpu_shares["write"], roles,
+            "write", broker["write"])
+    _paired(floor_read, [read(q) for q in queues], floors["read"], shares["read"], cpu_shares["read"], roles,
+            "read", broker["read"])
+    for got in result:
+        assert got.n == args.rows, f"read {got.n} rows, expected {args.rows}"
+    for queue in queues:
+        delete_queue(url, queue)
+    write_s, read_s = roles.pop("write_s")["s"], roles.pop("read_s")["s"]
+    floor_w = (floors["write"][0] + floors["write"][1]) / 2
+    floor_r = (floors["read"][0] + floors["read"][1]) / 2
+    n = args.rows
+    run = {"kind": kind, "round": round_no, "pairs": args.pairs, "write_rows_per_s": round(args.rows / write_s),
            "read_rows_per_s": round(n / read_s), "write_s": round(write_s, 2), "read_s": round(read_s, 2),
            "spark_floor_write_s": round(floor_w, 2), "spark_floor_read_s": round(floor_r, 2),
-           "spark_floor_write_bracket_s": [round(floor_w1, 2), round(floor_w2, 2)],
-           "spark_floor_read_bracket_s": [round(floor_r1, 2), round(floor_r2, 2)],
-           "write_of_floor": round(floor_w / write_s, 3), "read_of_floor": round(floor_r / read_s, 3),
-           "broker_us_per_write": round(cpu[0] / args.rows * 1e6, 2), "broker_us_per_read": round(cpu[1] / n * 1e6, 2),
-           "cpu_write_of_floor": _cpu_share(roles["floor_write"], roles["write"]),
-           "cpu_read_of_floor": _cpu_share(roles["floor_read"], roles["read"]),
+           "spark_floor_write_bracket_s": [round(t, 2) for t in floors["write"]],
+           "spark_floor_read_bracket_s": [round(t, 2) for t in floors["read"]],
+           "write_of_floor": median(shares["write"]), "read_of_floor": median(shares["read"]),
+           "write_of_floor_pairs": [round(x, 3) for x in shares["write"]],
+           "read_of_floor_pairs": [round(x, 3) for x in shares["read"]],
+           "broker_us_per_write": round(median(broker["write"]) / args.rows * 1e6, 2),
+           "broker_us_per_read": round(median(broker["read"]) / n * 1e6, 2),
+           "cpu_write_of_floor": median(cpu_shares["write"]), "cpu_read_of_floor": median(cpu_shares["read"]),
+           "cpu_write_of_floor_pairs": cpu_shares["write"], "cpu_read_of_floor_pairs": cpu_shares["read"],
            **_added_us(roles, args.rows), **_cpu_us(roles, args.rows),
            "load_average": os.getloadavg()[0], "cpu_s_by_role": roles}
     label = "warm-up" if round_no < 0 else f"round {round_no}"
+    if args.pairs > 1:
+        print(f"        pairs' shares, write / read: {run['write_of_floor_pairs']} / {run['read_of_floor_pairs']}; "
+              f"by CPU {run['cpu_write_of_floor_pairs']} / {run['cpu_read_of_floor_pairs']}", flush=True)
     print(f"{kind:7} {label}: write {run['write_rows_per_s']:,} rows/s ({run['write_of_floor']:.0%} of "
           f"Spark alone, {floor_w:.2f} s), read {run['read_rows_per_s']:,} rows/s ({run['read_of_floor']:.0%} of "
           f"Spark alone, {floor_r:.2f} s); broker {run['broker_us_per_write']} / {run['broker_us_per_read']} µs "
@@ -350,6 +391,8 @@ def main() -> None:
     parser.add_argument("--kinds", default="stream,classic", help="queue kinds to write and read, in turn")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (each kind once per round, floor first); "
                         "the summary is each figure's median over the rounds")
+    parser.add_argument("--pairs", type=int, default=1, help="lavinpy runs a round alternated with floors, each "
+                        "way (writes into a queue each, reads one each): a round's share is their median")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (full size, every kind)")
     args = parser.parse_args()
 
@@ -393,7 +436,12 @@ def main() -> None:
                 got[f"spark_floor_{way}_spread"] = round((max(floors) - min(floors)) / median(floors), 3)
                 # ... and within a round: the two floors around one run, apart by this share of their mean.
                 got[f"spark_floor_{way}_bracket_spread"] = median(
-                    [abs(a - b) / ((a + b) / 2) for a, b in (r[f"spark_floor_{way}_bracket_s"] for r in mine)])
+                    [abs(a - b) / ((a + b) / 2) for r in mine
+                     for a, b in itertools.pairwise(r[f"spark_floor_{way}_bracket_s"])])
+                # every pair's share (all rounds): the median and the range the figure comes from
+                for share in (f"{way}_of_floor", f"cpu_{way}_of_floor"):
+                    every = sorted(x for r in mine for x in r[f"{share}_pairs"])
+                    got[f"{share}_all_pairs"] = [round(every[0], 3), median(every), round(every[-1], 3)]
             print(f"{kind:7} median of {len(mine)}: CPU µs a row, run / floor: write {got['write_cpu_us']} / "
                   f"{got['floor_write_cpu_us']}, read {got['read_cpu_us']} / {got['floor_read_cpu_us']}; the floors "
                   f"around a run apart by {got['spark_floor_write_bracket_spread']:.0%} / "
@@ -404,6 +452,9 @@ def main() -> None:
                   f"+{got['write_workers_added_us']} / +{got['read_workers_added_us']} µs a row over the floor's; "
                   f"floor {got['spark_floor_write_s']} s (spread {got['spark_floor_write_spread']:.0%}) / "
                   f"{got['spark_floor_read_s']} s (spread {got['spark_floor_read_spread']:.0%})", flush=True)
+            print(f"{kind:7} all {len(mine) * args.pairs} pairs (min, median, max): write "
+                  f"{got['write_of_floor_all_pairs']}, read {got['read_of_floor_all_pairs']}; by CPU write "
+                  f"{got['cpu_write_of_floor_all_pairs']}, read {got['cpu_read_of_floor_all_pairs']}", flush=True)
     finally:
         spark.stop()
         if proc is not None:

@@ -61,20 +61,31 @@ def main() -> None:
     per_scan = args.scan_rows or args.rows
     datas = [bytes(buf[at:at + per_scan * frame_bytes]) for at in range(0, len(buf), per_scan * frame_bytes)]
 
+    try:  # a tree whose scan joins the bodies (as its reads then ask)
+        from lavinpy.wire.client import JoinedBodies
+    except ImportError:
+        JoinedBodies = None  # noqa: N806
+
+    def scanned(data: bytes, redelivered_at: list[int] | None = None) -> Any:
+        if JoinedBodies is None:
+            columns = scan_stream_deliveries(data, 1, 0, redelivered_at)
+            return _chunk(*columns[:5]), columns
+        columns = scan_stream_deliveries(data, 1, 0, redelivered_at, joined=True)
+        return _chunk(*columns[:4], JoinedBodies.of_scan(columns[4])), columns
+
     def chunks() -> Any:
         for data in datas:
-            columns = scan_stream_deliveries(data, 1)
-            chunk, _done = _in_range(_chunk(*columns[:5]), first, first + 10 * args.rows)
+            chunk, _done = _in_range(scanned(data)[0], first, first + 10 * args.rows)
             yield chunk
 
     def queue_reads() -> Any:  # as QueueConsumer.read hands them on: the chunk and its redelivered flags
         for data in datas:
             redelivered_at: list[int] = []
-            columns = scan_stream_deliveries(data, 1, 0, redelivered_at)
-            flags = [False] * len(columns[4])
+            chunk, columns = scanned(data, redelivered_at)
+            flags = [False] * len(columns[0])
             for i in redelivered_at:
                 flags[i] = True
-            yield _chunk(*columns[:5]), flags, columns[5]
+            yield chunk, flags, columns[5]
 
     def one(total: int, _round: Any) -> int:
         batches = (builder.queue_batches(queue_reads()) if args.kind == "classic"

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from pamqp import commands
 
-from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
+from lavinpy.wire.client import JoinedBodies, encode_shortstr, frame, scan_stream_deliveries
 from lavinpy.wire.constants import FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.writer import basic_ack
@@ -128,12 +128,12 @@ class QueueConsumer:
             last_tag = 0
             generic = True
             if assembler.idle and not conn.has_backlog:
-                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
-                    scan_stream_deliveries(buf, self.ch, 0, redelivered_at)
-                if used:
-                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
+                offsets, exchanges, routing_keys, blocks, joined, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, self.ch, 0, redelivered_at, joined=True)
+                if used:  # the bodies joined: no bytes object a delivery
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, JoinedBodies.of_scan(joined))
                     del buf[:used]
-                    flags = [False] * len(bodies)
+                    flags = [False] * len(offsets)
                     for i in redelivered_at:
                         flags[i] = True
             if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):

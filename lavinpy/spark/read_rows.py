@@ -10,13 +10,13 @@ import datetime as _dt
 import decimal as _decimal
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lavinpy.wire.client import binary_buffers, pack_int64s
+from lavinpy.wire.client import join_bodies, pack_int64s
 
 from .streams import DeliveryChunk
 
@@ -173,7 +173,7 @@ class BatchBuilder:
 
     @staticmethod
     def _joined(chunks: list[DeliveryChunk]) -> tuple[list[int], list[str] | _Repeated, list[str] | _Repeated,
-                                                       list[list[Any]], list[bytes]]:
+                                                       list[list[Any]], Sequence[bytes] | _BodyParts]:
         """The chunks' columns joined; an exchange or routing-key column with one value in every chunk
         as _Repeated, and one property list in every chunk as that list repeated (a scan gives a receive
         buffer's equal names, and _chunk its equal blocks' properties, one object, so each chunk's check
@@ -183,10 +183,10 @@ class BatchBuilder:
             return one.offsets, one.exchanges, one.routing_keys, one.properties, one.bodies
         offsets, exchanges, routing_keys, properties, bodies = zip(*chunks, strict=True)
         return (_concatenated(offsets), _names_joined(exchanges), _names_joined(routing_keys),
-                _properties_joined(properties), _concatenated(bodies))
+                _properties_joined(properties), _BodyParts(bodies))
 
     def build_columns(self, offsets: list[int], exchanges: list[str] | _Repeated, routing_keys: list[str] | _Repeated,
-                      properties: list[list[Any]], bodies: list[bytes],
+                      properties: list[list[Any]], bodies: Sequence[bytes] | _BodyParts,
                       redelivered: list[bool] | None = None) -> pa.RecordBatch:
         n = len(offsets)
         columns: dict[str, Any] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
@@ -230,11 +230,15 @@ class BatchBuilder:
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 return pa.array([None if h is None else {k: header_text(v) for k, v in h.items()} for h in values],
                                 type=arrow_type)
-        if name == "body" and pa.types.is_binary(arrow_type):
-            buffers = binary_buffers(values)  # the bodies copied into one buffer (compiled codec)
+        if name == "body":
+            parts = values.parts if isinstance(values, _BodyParts) else [values]
+            # The chunks' bodies copied once into one buffer: a scan's joined bodies (no bytes object a
+            # delivery) with their ends rebased, or lists of bytes (the generic frame path's).
+            buffers = join_bodies(parts) if pa.types.is_binary(arrow_type) else None
             if buffers is not None:
                 offsets, data = buffers
                 return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+            values = [body for part in parts for body in part]
         if name == "timestamp":  # AMQP seconds -> microseconds
             seconds = pa.array(values, type=pa.int64())
             return pc.multiply(seconds, 1_000_000).cast(arrow_type)
@@ -304,6 +308,19 @@ def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
 def _all_false(n: int) -> pa.Array:
     """A boolean array of n false values, built from a zeroed bitmap."""
     return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes((n + 7) // 8))])
+
+
+class _BodyParts:
+    """A batch's body column as its chunks' bodies (lists or a scan's JoinedBodies), joined once by
+    join_bodies into the Arrow array's buffers."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[Sequence[bytes], ...]) -> None:
+        self.parts = list(parts)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.parts))
 
 
 class _Repeated:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as _dt
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 from pamqp import commands
@@ -23,6 +23,7 @@ from pamqp import commands
 from lavinpy.wire.client import (
     BASIC_DELIVER,
     STREAM_OFFSET_ENTRY,
+    JoinedBodies,
     encode_shortstr,
     frame,
     int64_bounds,
@@ -82,7 +83,7 @@ class DeliveryChunk(NamedTuple):
     exchanges: list[str]
     routing_keys: list[str]
     properties: list[list[Any]]
-    bodies: list[bytes]
+    bodies: Sequence[bytes]  # a list, or a scan's JoinedBodies
 
     @classmethod
     def of_rows(cls, rows: list[Delivery]) -> DeliveryChunk:
@@ -346,10 +347,10 @@ class StreamClient:
             chunk = None
             generic = True
             if assembler.idle and not conn.has_backlog:
-                offsets, exchanges, routing_keys, blocks, bodies, last_tag, used, generic = \
-                    scan_stream_deliveries(buf, ch)
-                if used:
-                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, bodies)
+                offsets, exchanges, routing_keys, blocks, joined, last_tag, used, generic = \
+                    scan_stream_deliveries(buf, ch, joined=True)
+                if used:  # the bodies joined: no bytes object a delivery (read_rows joins a batch's)
+                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, JoinedBodies.of_scan(joined))
                     del buf[:used]
             if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
                 rows = [item for frame in conn.read_frames(0) if (item := assembler.feed(frame)) is not None]
@@ -412,7 +413,7 @@ def _complete_frame_at_front(buf: bytearray) -> bool:
 
 
 def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[str], blocks: list[bytes],
-           bodies: list[bytes]) -> DeliveryChunk:
+           bodies: Sequence[bytes]) -> DeliveryChunk:
     """A chunk from scan_stream_deliveries' columns: each distinct property block decoded once.
 
     The scan shares one block object among deliveries that differ only in the value of a trailing
@@ -446,7 +447,7 @@ def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[s
 
 
 def _chunk_one_by_one(offsets: list[int | None], exchanges: list[str], routing_keys: list[str],
-                      blocks: list[bytes], bodies: list[bytes]) -> DeliveryChunk:
+                      blocks: list[bytes], bodies: Sequence[bytes]) -> DeliveryChunk:
     properties = []
     real_offsets = []
     for offset, block in zip(offsets, blocks, strict=True):

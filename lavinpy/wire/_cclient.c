@@ -204,7 +204,9 @@ name_at(const unsigned char *at, Py_ssize_t n, const unsigned char **prev_at, Py
  * property block, the same object as the previous delivery's when the two differ at most in that
  * value. other: stopped at something that is not (the start of) such a delivery, for the generic
  * frame path; false when the bytes ran out. redelivered: a list that gets the index (in the columns) of
- * each delivery whose redelivered flag is set (queue reads; streams pass none). */
+ * each delivery whose redelivered flag is set (queue reads; streams pass none). joined: bodies is
+ * (data, ends) instead of a list, the bodies joined and their little-endian int32 ends (0, then each
+ * body's end: an Arrow binary array's buffers), sized to the bodies: no bytes object a delivery. */
 static PyObject *
 cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
 {
@@ -212,7 +214,8 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
     unsigned int ch;
     Py_ssize_t pos;
     PyObject *redelivered = Py_None;
-    if (!PyArg_ParseTuple(args, "y*In|O", &view, &ch, &pos, &redelivered))
+    int joined = 0;
+    if (!PyArg_ParseTuple(args, "y*In|Op", &view, &ch, &pos, &redelivered, &joined))
         return NULL;
     if (redelivered != Py_None && !PyList_Check(redelivered)) {
         PyBuffer_Release(&view);
@@ -226,7 +229,8 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
     /* The rows' five objects, row by row, in a growing C array turned into the five lists at the end:
      * a list append a cell (five a row) costs about 50 instructions with the list's regrowth. */
     PyObject **cells = NULL;
-    Py_ssize_t rows = 0, cap = 0;
+    Py_ssize_t *spans = NULL;  /* joined: each body's start in buf and its length */
+    Py_ssize_t rows = 0, cap = 0, total = 0;
     PyObject *cols[5] = {NULL, NULL, NULL, NULL, NULL};
     PyObject *prev_ex = NULL, *prev_rk = NULL, *prev_block = NULL;  /* borrowed from the lists */
     const unsigned char *prev_ex_at = NULL, *prev_rk_at = NULL, *prev_block_at = NULL;
@@ -339,9 +343,17 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
             prev_block_n = block_n;
             prev_value_at = value_at;
         }
-        PyObject *body = PyBytes_FromStringAndSize((const char *)buf + b + 7, body_size ? next - 1 - (b + 7) : 0);
+        Py_ssize_t body_n = body_size ? next - 1 - (b + 7) : 0;
+        PyObject *body = joined ? Py_NewRef(Py_None)
+                                : PyBytes_FromStringAndSize((const char *)buf + b + 7, body_n);
         PyObject *row[5] = {offset, exchange, routing_key, block, body};
         int failed = offset == NULL || block == NULL || body == NULL;
+        if (!failed && joined && total + body_n > 0x7FFFFFFF) {
+            for (int i = 0; i < 5; i++)
+                Py_XDECREF(row[i]);
+            other = 1;  /* past int32 ends: the rest on the next scan (a receive buffer is far smaller) */
+            break;
+        }
         if (!failed && rows == cap) {
             Py_ssize_t more = cap ? 2 * cap : 256;
             PyObject **grown = PyMem_Realloc(cells, (size_t)more * 5 * sizeof(PyObject *));
@@ -351,7 +363,21 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
             } else {
                 cells = grown;
                 cap = more;
+                if (joined) {
+                    Py_ssize_t *more_spans = PyMem_Realloc(spans, (size_t)more * 2 * sizeof(Py_ssize_t));
+                    if (more_spans == NULL) {
+                        PyErr_NoMemory();
+                        failed = 1;
+                    } else {
+                        spans = more_spans;
+                    }
+                }
             }
+        }
+        if (!failed && joined) {
+            spans[2 * rows] = b + 7;
+            spans[2 * rows + 1] = body_n;
+            total += body_n;
         }
         if (failed) {
             for (int i = 0; i < 5; i++)
@@ -372,12 +398,48 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
         pos = next;
     }
     for (int i = 0; i < 5; i++)
-        if ((cols[i] = PyList_New(rows)) == NULL)
+        if ((cols[i] = PyList_New(i == 4 && joined ? 0 : rows)) == NULL)
             goto fail;
-    for (Py_ssize_t r = 0; r < rows; r++)
-        for (int i = 0; i < 5; i++)
+    if (joined) {  /* the bodies joined: their bytes and their ends */
+        Py_CLEAR(cols[4]);
+        PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+        PyObject *ends = data ? PyBytes_FromStringAndSize(NULL, 4 * (rows + 1)) : NULL;
+        if (ends == NULL) {
+            Py_XDECREF(data);
+            goto fail;
+        }
+        char *d = PyBytes_AS_STRING(data);
+        unsigned char *e = (unsigned char *)PyBytes_AS_STRING(ends);
+        uint32_t at = 0;
+        e[0] = e[1] = e[2] = e[3] = 0;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            Py_ssize_t n = spans[2 * r + 1];
+            memcpy(d + at, buf + spans[2 * r], n);
+            at += (uint32_t)n;
+            unsigned char *w = e + 4 * (r + 1);
+            w[0] = at & 0xFF;
+            w[1] = (at >> 8) & 0xFF;
+            w[2] = (at >> 16) & 0xFF;
+            w[3] = at >> 24;
+        }
+        if ((cols[4] = PyTuple_Pack(2, data, ends)) == NULL) {
+            Py_DECREF(data);
+            Py_DECREF(ends);
+            goto fail;
+        }
+        Py_DECREF(data);
+        Py_DECREF(ends);
+    }
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        for (int i = 0; i < 4; i++)
             PyList_SET_ITEM(cols[i], r, cells[5 * r + i]);
+        if (joined)
+            Py_DECREF(cells[5 * r + 4]);
+        else
+            PyList_SET_ITEM(cols[4], r, cells[5 * r + 4]);
+    }
     PyMem_Free(cells);
+    PyMem_Free(spans);
     PyBuffer_Release(&view);
     return Py_BuildValue("(NNNNNKnO)", cols[0], cols[1], cols[2], cols[3], cols[4], last_tag, pos,
                          other ? Py_True : Py_False);
@@ -387,6 +449,7 @@ fail:
     for (Py_ssize_t k = 0; k < 5 * rows; k++)
         Py_DECREF(cells[k]);
     PyMem_Free(cells);
+    PyMem_Free(spans);
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -439,6 +502,7 @@ cclient_binary_buffers(PyObject *self, PyObject *items)
 /* In _cclient_ints.c. */
 PyObject *cclient_int64_bounds(PyObject *self, PyObject *items);
 PyObject *cclient_pack_int64s(PyObject *self, PyObject *items);
+PyObject *cclient_join_bodies(PyObject *self, PyObject *parts);
 
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
@@ -447,6 +511,7 @@ static PyMethodDef methods[] = {
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
     {"binary_buffers", cclient_binary_buffers, METH_O, "An Arrow binary array's buffers of a list of bytes."},
+    {"join_bodies", cclient_join_bodies, METH_O, "An Arrow binary array's buffers of joined bodies (see the source)."},
     {"int64_bounds", cclient_int64_bounds, METH_O, "(min, max) of a list of int64s, or None."},
     {"pack_int64s", cclient_pack_int64s, METH_O, "A list of int64s packed little-endian, or None."},
     {NULL, NULL, 0, NULL},

@@ -10,7 +10,8 @@ times more per message. Frames are split by ``split_frames``, which checks sizes
 from __future__ import annotations
 
 import struct
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from typing import Any, cast, overload
 
 from pamqp import commands
 from pamqp.base import Frame
@@ -27,12 +28,14 @@ __all__ = [
     "BASIC_RETURN",
     "FRAME_HEAD",
     "ContentPacker",
+    "JoinedBodies",
     "WireError",
     "binary_buffers",
     "decode_method",
     "encode_shortstr",
     "frame",
     "int64_bounds",
+    "join_bodies",
     "method_id",
     "pack_int64s",
     "pack_publishes",
@@ -64,6 +67,8 @@ _METHOD_IDS = struct.Struct(">HH")
 _TAG_BITS = struct.Struct(">QB")
 _HEADER_HEAD = struct.Struct(">HHQH")  # class, weight, body size, property flags
 _CONTENT_HEAD = struct.Struct(">BHIHHQ")
+_I32S = struct.Struct("<i")
+_I32_PAIR = struct.Struct("<ii")
 
 
 class WireError(ValueError):
@@ -341,7 +346,9 @@ def _pack_int64s(items: list[Any]) -> bytes | None:
         return None
 
 
-StreamColumns = tuple[list[int | None], list[str], list[str], list[bytes], list[bytes], int, int, bool]
+# bodies: a list, or (data, ends) when the scan joins them
+StreamColumns = tuple[list[int | None], list[str], list[str], list[bytes], list[bytes] | tuple[bytes, bytes], int, int,
+                      bool]
 
 
 def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
@@ -369,7 +376,7 @@ def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
 
 
 def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
-                           redelivered: list[int] | None = None) -> StreamColumns:
+                           redelivered: list[int] | None = None, joined: bool = False) -> StreamColumns:
     """The whole deliveries on ``channel`` from ``buf[pos:]`` on, as columns: (offsets, exchanges,
     routing keys, property blocks, bodies, last delivery tag, offset after them, other).
 
@@ -378,14 +385,17 @@ def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
     two differ at most in that value, so a reader decodes each distinct block once. ``other`` says the
     scan stopped at something that is not (the start of) a delivery with its body in one frame, for
     the generic frame path; False means the bytes ran out. ``redelivered`` (queue reads), a list, gets
-    the column index of every delivery whose redelivered flag is set."""
+    the column index of every delivery whose redelivered flag is set. ``joined``: the bodies come as
+    (data, ends), joined and with their little-endian int32 ends (0, then each body's end), instead
+    of a list: no bytes object a delivery (a scan stops before bodies past 2 GiB in all, with
+    ``other`` set)."""
     if cclient is not None:
-        return cclient.scan_stream_deliveries(buf, channel, pos, redelivered)
-    return _scan_stream_deliveries(buf, channel, pos, redelivered)
+        return cclient.scan_stream_deliveries(buf, channel, pos, redelivered, joined)
+    return _scan_stream_deliveries(buf, channel, pos, redelivered, joined)
 
 
 def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
-                            redelivered: list[int] | None = None) -> StreamColumns:
+                            redelivered: list[int] | None = None, joined: bool = False) -> StreamColumns:
     offsets: list[int | None] = []
     exchanges: list[str] = []
     routing_keys: list[str] = []
@@ -400,6 +410,7 @@ def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
     u32 = _U32.unpack_from
     prev_block = prev_value = None
     prev_at = -1
+    total = 0
     while True:
         avail = size - pos
         if ((avail >= 1 and buf[pos] != 1) or (avail >= 3 and u16(buf, pos + 1)[0] != channel)
@@ -448,6 +459,9 @@ def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
             if buf[next_pos - 1] != FRAME_END:
                 other = True
                 break
+        if joined and total + (next_pos - 1 - (b + 7) if body_size else 0) > 0x7FFFFFFF:
+            other = True  # past int32 ends: the rest on the next scan
+            break
         mend = h - 1
         p = pos + 12 + buf[pos + 11]
         if p + 10 > mend or p + 10 + buf[p + 9] + 1 > mend:
@@ -485,8 +499,107 @@ def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
         routing_keys.append(routing_key)
         blocks.append(block)
         bodies.append(bytes(buf[b + 7:next_pos - 1]))
+        total += len(bodies[-1])
         if redelivered is not None and buf[pos + 20 + buf[pos + 11]] & 1:
             redelivered.append(len(bodies) - 1)
         last_tag = tag
         pos = next_pos
+    if joined:
+        ends = [0]
+        for body in bodies:
+            ends.append(ends[-1] + len(body))
+        return (offsets, exchanges, routing_keys, blocks,
+                (b"".join(bodies), struct.pack(f"<{len(ends)}i", *ends)), last_tag, pos, other)
     return offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other
+
+
+class JoinedBodies(Sequence[bytes]):
+    """Bodies ``start..stop`` of a scan's joined bodies (``scan_stream_deliveries(..., joined=True)``):
+    a read sequence of bytes without a bytes object a body; slices share the buffers. Arrow takes
+    them as a binary array's buffers (``join_bodies``)."""
+
+    __slots__ = ("data", "ends", "start", "stop")
+
+    def __init__(self, data: bytes, ends: bytes, start: int = 0, stop: int | None = None) -> None:
+        self.data = data
+        self.ends = ends
+        self.start = start
+        self.stop = len(ends) // 4 - 1 if stop is None else stop
+
+    @classmethod
+    def of_scan(cls, joined: list[bytes] | tuple[bytes, bytes]) -> JoinedBodies:
+        """From a joined scan's bodies slot: (data, ends)."""
+        data, ends = joined
+        return cls(data, ends)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            first, last, step = index.indices(len(self))
+            if step != 1:
+                return list(self)[index]
+            return JoinedBodies(self.data, self.ends, self.start + first, self.start + max(first, last))
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("JoinedBodies index out of range")
+        lo, hi = _I32_PAIR.unpack_from(self.ends, 4 * (self.start + index))
+        return self.data[lo:hi]
+
+    def __iter__(self) -> Iterator[bytes]:
+        data = self.data
+        ends = _I32S.iter_unpack(self.ends[4 * self.start:4 * (self.stop + 1)])
+        lo = next(ends)[0]
+        for (hi,) in ends:
+            yield data[lo:hi]
+            lo = hi
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, bytes | str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"JoinedBodies({list(self)!r})"
+
+
+def join_bodies(parts: list[Sequence[bytes]]) -> tuple[bytes, bytes] | None:
+    """The ends (little-endian int32, one more than the bodies) and data buffers of an Arrow binary
+    array of the parts' bodies in order, or None (a part that is not JoinedBodies and not a list of
+    bytes, or over 2 GiB in all). JoinedBodies' bytes are copied once, rebased in C when compiled."""
+    if cclient is not None:
+        return cast("tuple[bytes, bytes] | None", cclient.join_bodies(
+            [(p.data, p.ends, p.start, p.stop) if type(p) is JoinedBodies else p for p in parts]))
+    return _join_bodies(parts)
+
+
+def _join_bodies(parts: list[Sequence[bytes]]) -> tuple[bytes, bytes] | None:
+    ends = [0]
+    pieces: list[bytes] = []
+    for part in parts:
+        if type(part) is JoinedBodies:
+            lo = _I32S.unpack_from(part.ends, 4 * part.start)[0]
+            hi = _I32S.unpack_from(part.ends, 4 * part.stop)[0]
+            pieces.append(part.data[lo:hi])
+            base = ends[-1] - lo
+            ends.extend(end + base for (end,) in _I32S.iter_unpack(part.ends[4 * part.start + 4:4 * part.stop + 4]))
+        elif type(part) is list and all(type(item) is bytes for item in part):
+            for item in part:
+                pieces.append(item)
+                ends.append(ends[-1] + len(item))
+        else:
+            return None
+        if ends[-1] > 0x7FFFFFFF:
+            return None
+    return struct.pack(f"<{len(ends)}i", *ends), b"".join(pieces)
