@@ -71,7 +71,7 @@ field_width(unsigned char tag)
     }
 }
 
-/* (_cwire_round.c and _cwire_acks.c) */
+/* (_cwire_round.c, _cwire_acks.c, _cwire_ack_read.c and _cwire_refill.c) */
 /* An attribute read and set by name, straight through its __slots__ member when the object's type has
  * one and no __getattr__/__setattr__ of its own (found on the first object of a type and kept: a slot's
  * offset is fixed for its type); through PyObject_GetAttr / SetAttr otherwise. */
@@ -146,6 +146,46 @@ struth(AttrSlot *slot, PyObject *obj)
     int rc = PyObject_IsTrue(value);
     Py_DECREF(value);
     return rc;
+}
+
+/* obj.<slot> as an exact int in *out: 0; 1 when it is not an exact int or is out of a Py_ssize_t's range
+ * (*out untouched, no error set: the caller says whether that is its own "not the case" or an error);
+ * -1 an error. The one reader of an int slot for the compiled ack paths, refill and round. */
+static inline int
+sget_int(AttrSlot *slot, PyObject *obj, Py_ssize_t *out)
+{
+    PyObject *value = sget(slot, obj);
+    if (value == NULL)
+        return -1;
+    int rc = 1;
+    if (PyLong_CheckExact(value)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            rc = -1;
+        else if (!overflow && v >= PY_SSIZE_T_MIN && v <= PY_SSIZE_T_MAX) {
+            *out = (Py_ssize_t)v;
+            rc = 0;
+        }
+    }
+    Py_DECREF(value);
+    return rc;
+}
+
+/* obj.<slot> += delta on an exact int, the sum in *sum when sum is not NULL: 0; 1 when the slot is not an
+ * exact int or the sum leaves a Py_ssize_t (nothing changed, no error set); -1 an error. */
+static inline int
+sadd_int(AttrSlot *slot, PyObject *obj, Py_ssize_t delta, Py_ssize_t *sum)
+{
+    Py_ssize_t value, total;
+    int rc = sget_int(slot, obj, &value);
+    if (rc != 0)
+        return rc;
+    if (__builtin_add_overflow(value, delta, &total))
+        return 1;
+    if (sum != NULL)
+        *sum = total;
+    return sset_int(slot, obj, (long long)total);
 }
 
 #endif

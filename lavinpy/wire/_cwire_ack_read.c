@@ -84,25 +84,6 @@ is_none(PyObject *obj, AttrSlot *slot)
     return value == Py_None;
 }
 
-/* obj.<slot> += delta (an exact int, else 1: not ours to change); the new value in *out. */
-static int
-add_to(PyObject *obj, AttrSlot *slot, Py_ssize_t delta, Py_ssize_t *out)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    if (!PyLong_CheckExact(value)) {
-        Py_DECREF(value);
-        return 1;
-    }
-    Py_ssize_t now = PyLong_AsSsize_t(value);
-    Py_DECREF(value);
-    if (now == -1 && PyErr_Occurred())
-        return -1;
-    *out = now + delta;
-    return sset_int(slot, obj, (long long)*out);
-}
-
 /* Everything checked that the read needs, before any change: 1 (channel's deliveries, the reader and
  * the tags in *out), 0 not the case, -1 an error. */
 static int
@@ -203,7 +184,7 @@ finish_read(PyObject *conn, PyObject *reader, Py_ssize_t n)
         return -1;
     rc = sset(&last_recv_slot, conn, now);
     Py_DECREF(now);
-    if (rc < 0 || add_to(conn, &recv_oct_slot, n, &total) < 0 || add_to(conn, &recv_cnt_slot, 1, &total) < 0
+    if (rc < 0 || sadd_int(&recv_oct_slot, conn, n, &total) < 0 || sadd_int(&recv_cnt_slot, conn, 1, &total) < 0
         || sset_int(&need_slot, reader, 7) < 0)
         return -1;
     PyObject *sessions = sget(&sessions_slot, conn);
@@ -225,7 +206,7 @@ finish_read(PyObject *conn, PyObject *reader, Py_ssize_t n)
         Py_XDECREF(done);
     }
     Py_DECREF(scheduler);
-    if (rc == 0 && (rc = add_to(broker, &since_check_slot, n, &total)) == 0 && total >= resource_check_bytes) {
+    if (rc == 0 && (rc = sadd_int(&since_check_slot, broker, n, &total)) == 0 && total >= resource_check_bytes) {
         PyObject *done = PyObject_CallMethodNoArgs(broker, s_check_resources);  /* Broker.note_input */
         rc = done == NULL ? -1 : 0;
         Py_XDECREF(done);
@@ -233,7 +214,7 @@ finish_read(PyObject *conn, PyObject *reader, Py_ssize_t n)
     Py_DECREF(broker);
     if (rc != 0)
         return -1;  /* (1: a counter no int, which the checks before the acks should have made impossible) */
-    if ((rc = add_to(conn, &input_turn_slot, n, &total)) == 0 && total > input_turn_bytes) {
+    if ((rc = sadd_int(&input_turn_slot, conn, n, &total)) == 0 && total > input_turn_bytes) {
         PyObject *done = PyObject_CallMethodNoArgs(conn, s_yield_input_turn);  /* count_input_turn */
         rc = done == NULL ? -1 : 0;
         Py_XDECREF(done);

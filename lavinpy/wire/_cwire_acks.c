@@ -72,34 +72,6 @@ cwire_init_acks(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* An int attribute read by name or slot: 0 and *out set, or -1 (an error set; or 1 for "not an int"). */
-static int
-read_int(PyObject *obj, AttrSlot *slot, Py_ssize_t *out)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    int rc = 1;
-    if (PyLong_CheckExact(value)) {
-        *out = PyLong_AsSsize_t(value);
-        rc = (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-    }
-    Py_DECREF(value);
-    return rc;
-}
-
-
-/* obj.<slot> += delta (an int counter) */
-static int
-add_int(PyObject *obj, AttrSlot *slot, Py_ssize_t delta)
-{
-    Py_ssize_t value;
-    int rc = read_int(obj, slot, &value);
-    if (rc > 0)
-        PyErr_SetString(PyExc_TypeError, "ack_head: a counter is not an int");
-    return rc ? -1 : sset_int(slot, obj, value + delta);
-}
-
 /* A bound method of func on self, as the queue's plain paths bind them. */
 static int
 bound_to(PyObject *method, PyObject *func, PyObject *self)
@@ -178,7 +150,7 @@ check(PyObject *deliveries, PyObject *tags, Found *f)
         return 0;
     if ((f->runs = sget(&runs_slot, f->book)) == NULL)
         return -1;
-    if ((rc = read_int(f->book, &head_slot, &f->head)) != 0)
+    if ((rc = sget_int(&head_slot, f->book, &f->head)) != 0)
         return rc < 0 ? -1 : 0;
     if (!PyList_CheckExact(f->runs) || f->head < 0 || f->head >= PyList_GET_SIZE(f->runs))
         return 0;
@@ -191,8 +163,8 @@ check(PyObject *deliveries, PyObject *tags, Found *f)
     if (item != Py_None)
         return 0;
     Py_ssize_t run_first;
-    if ((rc = read_int(f->run, &first_slot, &run_first)) != 0 || (rc = read_int(f->run, &done_slot, &f->done)) != 0
-        || (rc = read_int(f->run, &live_slot, &f->live)) != 0)
+    if ((rc = sget_int(&first_slot, f->run, &run_first)) != 0 || (rc = sget_int(&done_slot, f->run, &f->done)) != 0
+        || (rc = sget_int(&live_slot, f->run, &f->live)) != 0)
         return rc < 0 ? -1 : 0;
     if (run_first + f->done != first || f->live < count)
         return 0;
@@ -249,7 +221,7 @@ check(PyObject *deliveries, PyObject *tags, Found *f)
             return -1;
         if (!PyDict_CheckExact(f->pos_runs))
             return 0;
-        if ((rc = read_int(f->unacked, &in_runs_slot, &f->in_runs)) != 0)
+        if ((rc = sget_int(&in_runs_slot, f->unacked, &f->in_runs)) != 0)
             return rc < 0 ? -1 : 0;
         for (Py_ssize_t at = 0; at < count;) {
             if (f->nplan == MAX_PLAN)
@@ -356,7 +328,7 @@ drop_settled(Found *f)
     PyObject *runs = f->runs;
     Py_ssize_t head = f->head, end = PyList_GET_SIZE(runs), live;
     while (head < end) {
-        int rc = read_int(PyList_GET_ITEM(runs, head), &live_slot, &live);
+        int rc = sget_int(&live_slot, PyList_GET_ITEM(runs, head), &live);
         if (rc)
             return rc < 0 ? -1 : (PyErr_SetString(PyExc_TypeError, "ack_head: a run's live is not an int"), -1);
         if (live)
@@ -382,10 +354,10 @@ apply(PyObject *deliveries, Found *f)
     Py_ssize_t count = f->count;
     PyObject *item;
     if (sset_int(&done_slot, f->run, f->done + count) < 0 || sset_int(&live_slot, f->run, f->live - count) < 0
-        || add_int(f->book, &count_slot, -count) < 0)
+        || sadd_int(&count_slot, f->book, -count, NULL) != 0)
         return -1;
     if (f->consumer != Py_None) {  /* Consumer.credit */
-        if (add_int(f->consumer, &window_slot, -count) < 0 || (item = sget(&parked_slot, f->consumer)) == NULL)
+        if (sadd_int(&window_slot, f->consumer, -count, NULL) != 0 || (item = sget(&parked_slot, f->consumer)) == NULL)
             return -1;
         if (item != Py_None) {
             PyObject *got = PyObject_CallMethodOneArg(item, s_unpark, f->consumer);
@@ -455,13 +427,13 @@ apply(PyObject *deliveries, Found *f)
     PyObject *stats, *counters;
     if ((stats = PyObject_GetAttr(f->queue, s_stats)) == NULL)
         return -1;
-    int rc = add_int(stats, &stat_ack_slot, count);
+    int rc = sadd_int(&stat_ack_slot, stats, count, NULL);
     Py_DECREF(stats);
-    if (rc < 0 || (counters = sget(&counters_slot, deliveries)) == NULL)
+    if (rc != 0 || (counters = sget(&counters_slot, deliveries)) == NULL)
         return -1;
-    rc = add_int(counters, &counter_ack_slot, count);
+    rc = sadd_int(&counter_ack_slot, counters, count, NULL);
     Py_DECREF(counters);
-    if (rc < 0)
+    if (rc != 0)
         return -1;
     /* "queue.consumers and queue.message_count", neither with an effect: an empty index (the keep-up
      * case) answers without the property, message_count being at most the ready count */
@@ -547,8 +519,11 @@ cwire_ack_head_list(PyObject *deliveries, PyObject *tags)
     Found f;
     memset(&f, 0, sizeof f);
     int rc = check(deliveries, tags, &f);
-    if (rc == 1)
-        rc = apply(deliveries, &f) < 0 ? -1 : 1;
+    if (rc == 1 && apply(deliveries, &f) < 0) {
+        if (!PyErr_Occurred())  /* (sadd_int's 1: a counter no int, after the checks) */
+            PyErr_SetString(PyExc_TypeError, "ack_head: a counter is not an int");
+        rc = -1;
+    }
     found_release(&f);
     return rc;
 }

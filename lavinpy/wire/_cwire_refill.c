@@ -89,7 +89,7 @@ cwire_init_refill(PyObject *self, PyObject *args)
 /* The objects a refill works on, found by check() (owned references). */
 typedef struct {
     PyObject *queue, *set, *back, *turns, *turn_queue, *full, *consumer, *channel, *index;
-    long long unacked, count;
+    Py_ssize_t unacked, count;
 } Refill;
 
 static void
@@ -111,32 +111,15 @@ is(PyObject *obj, AttrSlot *slot, PyObject *want)
     return value == want;
 }
 
-/* obj.<slot> as an exact int in *out: 1, 0 not an exact int (or out of range), -1 an error. */
-static int
-int_of(PyObject *obj, AttrSlot *slot, long long *out)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    int rc = 0;
-    if (PyLong_CheckExact(value)) {
-        int overflow;
-        *out = PyLong_AsLongLongAndOverflow(value, &overflow);
-        rc = (*out == -1 && PyErr_Occurred()) ? -1 : !overflow;
-    }
-    Py_DECREF(value);
-    return rc;
-}
-
 /* A consumer's own window is full (no_ack false, a prefetch, unacked >= it): 1, 0, -1 an error. */
 static int
-window_full(PyObject *consumer, long long *prefetch, long long *unacked)
+window_full(PyObject *consumer, Py_ssize_t *prefetch, Py_ssize_t *unacked)
 {
     int rc;
     if ((PyObject *)Py_TYPE(consumer) != consumer_type)
         return 0;
-    if ((rc = struth(&no_ack_slot, consumer)) != 0 || (rc = int_of(consumer, &prefetch_slot, prefetch)) != 1
-        || (rc = int_of(consumer, &unacked_slot, unacked)) != 1)
+    if ((rc = struth(&no_ack_slot, consumer)) != 0 || (rc = sget_int(&prefetch_slot, consumer, prefetch)) != 0
+        || (rc = sget_int(&unacked_slot, consumer, unacked)) != 0)
         return rc < 0 ? -1 : 0;
     return *prefetch > 0 && *unacked >= *prefetch;
 }
@@ -237,13 +220,13 @@ check(PyObject *sched, Refill *r)
     /* every consumer of the turn queue has its own window full: both next_ready calls park them all */
     if ((r->full = PyDict_Keys(r->turn_queue)) == NULL)
         return -1;
-    long long prefetch, unacked;
+    Py_ssize_t prefetch, unacked;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(r->full); i++)
         if ((rc = window_full(PyList_GET_ITEM(r->full, i), &prefetch, &unacked)) != 1)
             return rc;
     /* the consumer back: acking, with room for at least two (both next_ready calls give it), able to take */
     if ((PyObject *)Py_TYPE(consumer) != consumer_type || (rc = struth(&no_ack_slot, consumer)) != 0
-        || (rc = int_of(consumer, &prefetch_slot, &prefetch)) != 1 || (rc = int_of(consumer, &unacked_slot, &unacked)) != 1)
+        || (rc = sget_int(&prefetch_slot, consumer, &prefetch)) != 0 || (rc = sget_int(&unacked_slot, consumer, &unacked)) != 0)
         return rc < 0 ? -1 : 0;
     if (prefetch <= 0 || prefetch - unacked < 2)
         return 0;
@@ -253,9 +236,9 @@ check(PyObject *sched, Refill *r)
         return rc;
     if ((r->index = sget(&index_slot, queue)) == NULL)
         return -1;
-    long long ready;
+    Py_ssize_t ready;
     if ((PyObject *)Py_TYPE(r->index) != index_type || (rc = struth(&requeued_slot, r->index)) != 0
-        || (rc = int_of(r->index, &ready_count_slot, &ready)) != 1)
+        || (rc = sget_int(&ready_count_slot, r->index, &ready)) != 0)
         return rc < 0 ? -1 : 0;
     PyObject *unacked_positions = sget(&index_unacked_slot, r->index);
     if (unacked_positions == NULL)
@@ -263,30 +246,13 @@ check(PyObject *sched, Refill *r)
     Py_DECREF(unacked_positions);  /* (kept alive by the index) */
     if ((PyObject *)Py_TYPE(unacked_positions) != positions_type)
         return 0;
-    long long limit = ready < budget ? ready : budget;
-    long long count = prefetch - unacked < limit ? prefetch - unacked : limit;
+    Py_ssize_t limit = ready < budget ? ready : budget;
+    Py_ssize_t count = prefetch - unacked < limit ? prefetch - unacked : limit;
     if (limit < 2 || count >= budget)  /* (a whole budget: run_deliveries would go on with another round) */
         return 0;
     r->unacked = unacked;
     r->count = count;
     return 1;
-}
-
-/* obj.<slot> += delta */
-static int
-add(PyObject *obj, AttrSlot *slot, long long delta)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    PyObject *d = PyLong_FromLongLong(delta), *sum = d == NULL ? NULL : PyNumber_Add(value, d);
-    Py_DECREF(value);
-    Py_XDECREF(d);
-    if (sum == NULL)
-        return -1;
-    int rc = sset(slot, obj, sum);
-    Py_DECREF(sum);
-    return rc;
 }
 
 /* QueueIndex.shift_many(count) without its requeued positions (none, checked): the ready list's shift and
@@ -306,8 +272,8 @@ shift_many(PyObject *index, PyObject *count)
         PyErr_SetString(PyExc_RuntimeError, "refill: the index gave fewer positions than it had ready");
         goto fail;
     }
-    long long ready_count;
-    if (int_of(index, &ready_count_slot, &ready_count) != 1 || sset_int(&ready_count_slot, index, ready_count - n) < 0
+    Py_ssize_t ready_count;
+    if (sget_int(&ready_count_slot, index, &ready_count) != 0 || sset_int(&ready_count_slot, index, ready_count - n) < 0
         || (unacked = sget(&index_unacked_slot, index)) == NULL || (runs = sget(&runs_slot, unacked)) == NULL)
         goto fail;
     if (!PyDict_Check(runs)) {
@@ -315,13 +281,13 @@ shift_many(PyObject *index, PyObject *count)
         goto fail;
     }
     if ((run = Py_BuildValue("[Oi]", taken, 0)) == NULL || PyDict_SetItem(runs, PyList_GET_ITEM(taken, 0), run) < 0
-        || add(unacked, &in_runs_slot, n) < 0)
+        || sadd_int(&in_runs_slot, unacked, n, NULL) != 0)
         goto fail;
     Py_DECREF(unacked); Py_DECREF(runs); Py_DECREF(run);
     return taken;
 fail:
     if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "refill: the index's ready count is not an int");
+        PyErr_SetString(PyExc_TypeError, "refill: the index's ready count or its unacked in-runs count is not an int");
     Py_XDECREF(unacked); Py_XDECREF(runs); Py_XDECREF(run);
     Py_DECREF(taken);
     return NULL;
@@ -341,13 +307,13 @@ apply(PyObject *sched, Refill *r)
         if (sset(&parked_slot, full, r->set) < 0 || PyObject_DelItem(r->turn_queue, full) < 0)
             return -1;
     }
-    long long next_turn;
-    if (int_of(r->set, &next_turn_slot, &next_turn) != 1) {
+    Py_ssize_t next_turn;
+    if (sget_int(&next_turn_slot, r->set, &next_turn) != 0) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_TypeError, "refill: the consumer set's next turn is not an int");
         return -1;
     }
-    PyObject *turn = PyLong_FromLongLong(next_turn + 1);  /* (the second next_ready's turn) */
+    PyObject *turn = PyLong_FromSsize_t(next_turn + 1);  /* (the second next_ready's turn) */
     rc = turn == NULL ? -1 : PyDict_SetItem(r->turns, r->consumer, turn);
     Py_XDECREF(turn);
     if (rc < 0 || PyObject_SetItem(r->turn_queue, r->consumer, Py_None) < 0
@@ -357,7 +323,7 @@ apply(PyObject *sched, Refill *r)
     PyObject *positions = NULL, *messages = NULL, *picks = NULL, *kept = NULL, *consumers = NULL, *kind = NULL;
     PyObject *cqueue = NULL, *counted = NULL, *stats = NULL, *deliveries = NULL, *counters = NULL;
     rc = -1;
-    PyObject *count = PyLong_FromLongLong(r->count);
+    PyObject *count = PyLong_FromSsize_t(r->count);
     if (count == NULL)
         goto done;
     if ((positions = shift_many(r->index, count)) == NULL)
@@ -415,13 +381,15 @@ apply(PyObject *sched, Refill *r)
     if (!PyArg_ParseTuple(counted, "nn", &delivered, &redelivered))
         goto done;
     if ((stats = sget(&stats_slot, cqueue)) == NULL || (deliveries = sget(&deliveries_slot, r->channel)) == NULL
-        || (counters = sget(&counters_slot, deliveries)) == NULL || add(stats, &deliver_slot, delivered) < 0
-        || add(counters, &deliver_slot, delivered) < 0)
+        || (counters = sget(&counters_slot, deliveries)) == NULL || sadd_int(&deliver_slot, stats, delivered, NULL) != 0
+        || sadd_int(&deliver_slot, counters, delivered, NULL) != 0)
         goto done;
-    if (redelivered && (add(stats, &redeliver_slot, redelivered) < 0 || add(counters, &redeliver_slot, redelivered) < 0))
+    if (redelivered && (sadd_int(&redeliver_slot, stats, redelivered, NULL) != 0 || sadd_int(&redeliver_slot, counters, redelivered, NULL) != 0))
         goto done;
     rc = 0;
 done:
+    if (rc < 0 && !PyErr_Occurred())  /* (sadd_int's 1) */
+        PyErr_SetString(PyExc_TypeError, "refill: a delivery counter is not an int");
     Py_XDECREF(positions); Py_XDECREF(messages); Py_XDECREF(picks); Py_XDECREF(kept); Py_XDECREF(consumers);
     Py_XDECREF(kind); Py_XDECREF(cqueue); Py_XDECREF(counted); Py_XDECREF(stats); Py_XDECREF(deliveries);
     Py_XDECREF(counters);

@@ -77,22 +77,9 @@ release(Share *shares, Py_ssize_t n)
     PyMem_Free(shares);
 }
 
-/* An int attribute (-1 with an error set when it is not one). */
-static long long
-get_int(PyObject *obj, AttrSlot *slot)
-{
-    PyObject *value = sget(slot, obj);
-    if (value == NULL)
-        return -1;
-    long long out = PyLong_AsLongLong(value);
-    Py_DECREF(value);
-    return out;
-}
-
-
 /* 1: the share joined the book's last run (as UnackedBook.add_run); 0: it does not continue it; -1: error. */
 static int
-join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, PyObject *positions,
+join_last(PyObject *book, PyObject *queue, PyObject *consumer, Py_ssize_t first, PyObject *positions,
           Py_ssize_t count)
 {
     PyObject *runs = sget(&runs_slot, book);
@@ -103,8 +90,8 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         PyErr_SetString(PyExc_TypeError, "deliver_round: the book's runs are not a list");
         return -1;
     }
-    long long head = get_int(book, &head_slot);
-    if (head == -1 && PyErr_Occurred()) {
+    Py_ssize_t head;
+    if (sget_int(&head_slot, book, &head) != 0) {
         Py_DECREF(runs);
         return -1;
     }
@@ -124,8 +111,8 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         joined = 0;
         goto done;
     }
-    long long lfirst = get_int(last, &first_slot);
-    if (lfirst == -1 && PyErr_Occurred())
+    Py_ssize_t lfirst;
+    if (sget_int(&first_slot, last, &lfirst) != 0)
         goto done;
     if ((lp = sget(&positions_slot, last)) == NULL)
         goto done;
@@ -158,8 +145,7 @@ join_last(PyObject *book, PyObject *queue, PyObject *consumer, long long first, 
         if (rc < 0 || sset(&owned_slot, last, Py_True) < 0)
             goto done;
     }
-    long long live = get_int(last, &live_slot);
-    if ((live == -1 && PyErr_Occurred()) || sset_int(&live_slot, last, live + count) < 0)
+    if (sadd_int(&live_slot, last, count, NULL) != 0)
         goto done;
     joined = 1;
 done:
@@ -190,13 +176,13 @@ new_run(PyObject *tag, PyObject *queue, PyObject *consumer, PyObject *positions,
 
 /* UnackedBook.add_run(first, queue, consumer, positions) (positions a new list, not shared). */
 static int
-book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, PyObject *positions, Py_ssize_t count)
+book_run(PyObject *book, PyObject *queue, PyObject *consumer, Py_ssize_t first, PyObject *positions, Py_ssize_t count)
 {
     int joined = join_last(book, queue, consumer, first, positions, count);
     if (joined < 0)
         return -1;
     if (!joined) {
-        PyObject *tag = PyLong_FromLongLong(first);
+        PyObject *tag = PyLong_FromSsize_t(first);
         if (tag == NULL)
             return -1;
         PyObject *run = new_run(tag, queue, consumer, positions, count);
@@ -214,10 +200,7 @@ book_run(PyObject *book, PyObject *queue, PyObject *consumer, long long first, P
         if (rc < 0)
             return -1;
     }
-    long long total = get_int(book, &count_slot);
-    if (total == -1 && PyErr_Occurred())
-        return -1;
-    return sset_int(&count_slot, book, total + count);
+    return sadd_int(&count_slot, book, count, NULL) != 0 ? -1 : 0;
 }
 
 /* ConnectionOutput.send_many(frames) */
@@ -242,10 +225,10 @@ send_frames(PyObject *conn, PyObject *frames)
             return -1;
         nbytes += size;
     }
-    long long queued = get_int(conn, &out_bytes_slot);
-    if ((queued == -1 && PyErr_Occurred()) || sset_int(&out_bytes_slot, conn, queued + nbytes) < 0)
+    Py_ssize_t queued;  /* (with these frames) */
+    if (sadd_int(&out_bytes_slot, conn, nbytes, &queued) != 0)
         return -1;
-    if (queued + nbytes > flush_bytes) {
+    if (queued > flush_bytes) {
         PyObject *done = PyObject_CallMethodNoArgs(conn, s_flush_output);
         Py_XDECREF(done);
         return done == NULL ? -1 : 0;
@@ -373,18 +356,16 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 redeliveries += is_again;
             }
         }
-        long long first = get_int(share->deliveries, &tag_slot);
-        if (first == -1 && PyErr_Occurred())
+        Py_ssize_t first;  /* the run's first tag: the channel's last one moves on by count */
+        if (sadd_int(&tag_slot, share->deliveries, count, &first) != 0)
             goto next;
-        first += 1;
-        if (sset_int(&tag_slot, share->deliveries, first + count - 1) < 0)
-            goto next;
+        first -= count - 1;
         if (book_run(share->book, queue, share->consumer, first, run_positions, count) < 0)
             goto next;
         if ((channel_id = sget(&id_slot, share->channel)) == NULL
             || (consumer_tag = sget(&ctag_slot, share->consumer)) == NULL
             || (frame_max = sget(&frame_max_slot, share->conn)) == NULL
-            || (first_obj = PyLong_FromLongLong(first)) == NULL)
+            || (first_obj = PyLong_FromSsize_t(first)) == NULL)
             goto next;
         PyObject *call[6] = {channel_id, consumer_tag, first_obj, run_flags, run_messages, frame_max};
         if ((frames = cwire_deliver_run(NULL, call, 6)) == NULL)
@@ -396,6 +377,8 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(run_positions); Py_XDECREF(run_messages); Py_XDECREF(run_flags); Py_XDECREF(frames);
         Py_XDECREF(channel_id); Py_XDECREF(consumer_tag); Py_XDECREF(frame_max); Py_XDECREF(first_obj);
         if (!ok) {
+            if (!PyErr_Occurred())  /* (sadd_int's or sget_int's 1) */
+                PyErr_SetString(PyExc_TypeError, "deliver_round: a delivery tag or count is not an int");
             release(shares, width);
             return NULL;
         }
