@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 from pamqp import commands
 
-from lavinpy.wire.client import JoinedBodies, encode_shortstr, frame, scan_stream_deliveries
+from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
 from lavinpy.wire.constants import FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.joined_bodies import JoinedBodies
 from lavinpy.wire.writer import basic_ack
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection

@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lavinpy.wire.client import join_bodies, pack_int64s
+from lavinpy.wire.client import pack_int64s
+from lavinpy.wire.joined_bodies import join_bodies
 
 from .streams import DeliveryChunk
 

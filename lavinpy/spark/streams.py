@@ -23,7 +23,6 @@ from pamqp import commands
 from lavinpy.wire.client import (
     BASIC_DELIVER,
     STREAM_OFFSET_ENTRY,
-    JoinedBodies,
     encode_shortstr,
     frame,
     int64_bounds,
@@ -35,6 +34,7 @@ from lavinpy.wire.client import (
 )
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.joined_bodies import JoinedBodies
 from lavinpy.wire.properties import headers_span, property_values
 from lavinpy.wire.writer import basic_ack
 

@@ -1,7 +1,7 @@
-/* A batch's body column from the Spark read's scans (lavinpy.wire.client's join_bodies): each scan
+/* A batch's body column from the Spark read's scans (lavinpy.wire.joined_bodies' join_bodies): each scan
  * gives its bodies joined with their int32 ends (scan_stream_deliveries(..., joined=True)), so that no
  * bytes object is made a delivery, and a batch's chunks are joined here into one Arrow binary array's
- * two buffers, one copy of the bytes, the ends rebased. Twin of client._join_bodies
+ * two buffers, one copy of the bytes, the ends rebased. Twin of joined_bodies._join_bodies
  * (tests/spark/test_joined_bodies.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,7 +16,7 @@ rd32le(const unsigned char *p)
 
 /* join_bodies(parts) -> (ends, data) or None
  *
- * The two buffers of an Arrow binary array of the parts' bodies in order (client.join_bodies): a part
+ * The two buffers of an Arrow binary array of the parts' bodies in order (joined_bodies.join_bodies): a part
  * is a scan's joined bodies as (data, ends, start, stop) -- bodies start..stop, ends little-endian
  * int32 -- or a list of bytes. None when a part is neither, its rows lie outside its buffers, or the
  * whole does not fit int32 ends. Each part's bytes are copied once; its ends rebased. */

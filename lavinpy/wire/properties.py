@@ -12,6 +12,8 @@ import datetime
 from pamqp import commands
 
 from lavinpy.wire import accel
+from lavinpy.wire.constants import FRAME_ERROR, PRECONDITION_FAILED
+from lavinpy.wire.errors import AMQPChannelError, AMQPConnectionError
 from lavinpy.wire.field_table import (
     FieldTableError,
     Timestamp,
@@ -517,3 +519,46 @@ def encode_property_values(**values: object) -> bytes:
 def encode_properties(props: commands.Basic.Properties) -> bytes:
     """Encode pamqp ``Basic.Properties`` to the wire block (flags + present fields)."""
     return props.marshal()
+
+
+# Property blocks already checked by check_content_properties (the frame reader's cache). Bounded in
+# count (cleared when full) and in size (only small blocks are kept), so a client cannot grow it beyond about 2 MiB.
+VALID_PROPS_MAX = 4096
+VALID_PROPS_MAX_FRAME = 512
+valid_props: set[bytes] = set()
+
+
+def check_content_properties(src: bytes, props_at: int, fend: int, class_id: int) -> AMQPChannelError | None:
+    """Check the property block at ``props_at``: None when it is good.
+
+    Raises 501 unless the block fills the header frame exactly (the framing is broken); returns a
+    channel error (406) when its headers table is not acceptable (the frame itself is sound).
+    """
+    try:
+        props_end = properties_end(src, props_at, fend)
+    except PropertiesError as err:
+        raise AMQPConnectionError(FRAME_ERROR, f"cannot decode content header: {err}", class_id)
+    if props_end != fend:
+        raise AMQPConnectionError(
+            FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
+    if not src[props_at] & 0x20:  # no headers table: nothing more to check
+        return None
+    try:
+        validate_headers(src, props_at, fend)
+    except FieldTableError as err:
+        return AMQPChannelError(PRECONDITION_FAILED, f"invalid headers property: {err}", 60, 40)
+    return None
+
+
+def _fixed_props_lengths() -> dict[int, int]:
+    """Block length for each flags word whose present fields are all fixed-size (no length to walk)."""
+    delivery_mode, priority, timestamp = 1 << 12, 1 << 11, 1 << 6
+    lengths = {}
+    for flags in range(8):
+        word = ((delivery_mode if flags & 1 else 0) | (priority if flags & 2 else 0)
+                | (timestamp if flags & 4 else 0))
+        lengths[word] = 2 + (1 if flags & 1 else 0) + (1 if flags & 2 else 0) + (8 if flags & 4 else 0)
+    return lengths
+
+
+FIXED_PROPS_LEN = _fixed_props_lengths()

@@ -46,7 +46,13 @@ from lavinpy.wire.frames import (
     RefusedFrame,
     Reject,
 )
-from lavinpy.wire.properties import PropertiesError, properties_end, validate_headers
+from lavinpy.wire.properties import (
+    FIXED_PROPS_LEN,
+    VALID_PROPS_MAX,
+    VALID_PROPS_MAX_FRAME,
+    check_content_properties,
+    valid_props,
+)
 
 __all__ = [
     "Ack",
@@ -200,7 +206,7 @@ class FrameReader:
             # per read (for a consumer's read of a few acks, a tenth of its cost).
             try:
                 pos, stop = cwire.scan(data, 0, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
-                                       _publish_cache, _decode_publish, _valid_props)
+                                       _publish_cache, _decode_publish, valid_props)
                 if pos == len(data):
                     self._need = 7
                     return events
@@ -254,7 +260,7 @@ class FrameReader:
         try:
             if self._compiled:
                 pos, stop = cwire.scan(src, pos, self.frame_max - FRAME_OVERHEAD, events,  # type: ignore[union-attr]
-                                       _publish_cache, _decode_publish, _valid_props)
+                                       _publish_cache, _decode_publish, valid_props)
                 if pos == len(src):  # the common case: every frame was complete and handled in C
                     self._need = 7
                 else:
@@ -342,7 +348,7 @@ class FrameReader:
             pos = self._parse(src, events, pos, stop)
             if stop == end:
                 return pos
-            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, _valid_props)
+            pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, valid_props)
             if pos == end:
                 self._need = 7
                 return pos
@@ -360,8 +366,7 @@ class FrameReader:
         head_unpack = _FRAME_HEAD.unpack_from
         u32_unpack = _U32.unpack_from
         header_unpack = _HEADER_HEAD.unpack_from
-        fixed_props_len = _FIXED_PROPS_LEN.get
-        valid_props = _valid_props
+        fixed_props_len = FIXED_PROPS_LEN.get
         append = events.append
         tag_bits_unpack = _TAG_BITS.unpack_from
         publish_cache_get = _publish_cache.get
@@ -426,16 +431,16 @@ class FrameReader:
                 if props_len is None:
                     # Publishers repeat their property blocks: a block seen before needs no walk.
                     if props not in valid_props:
-                        refused = _check_properties(src, props_at, fend, class_id)
+                        refused = check_content_properties(src, props_at, fend, class_id)
                         if refused is not None:
                             append(RefusedFrame(channel, refused))
                             continue
-                        if size <= _VALID_PROPS_MAX_FRAME:
-                            if len(valid_props) >= _VALID_PROPS_MAX:
+                        if size <= VALID_PROPS_MAX_FRAME:
+                            if len(valid_props) >= VALID_PROPS_MAX:
                                 valid_props.clear()
                             valid_props.add(props)
                 elif props_at + props_len != fend:
-                    _check_properties(src, props_at, fend, class_id)  # raises: sizes disagree
+                    check_content_properties(src, props_at, fend, class_id)  # raises: sizes disagree
                 append(header_frame(channel, class_id, body_size, props))
             elif frame_type == 8:  # heartbeat
                 if channel != 0:
@@ -468,20 +473,20 @@ class FrameReader:
             return None
         props_at = start + 12
         props = src[props_at:fend]
-        props_len = _FIXED_PROPS_LEN.get((src[props_at] << 8) | src[props_at + 1])
+        props_len = FIXED_PROPS_LEN.get((src[props_at] << 8) | src[props_at + 1])
         if props_len is None:
-            if props not in _valid_props:
+            if props not in valid_props:
                 # A block not seen before (per-message ids, timestamps, headers): checked here so
                 # that the message is fused all the same; anything wrong goes the general way.
                 try:
-                    if _check_properties(src, props_at, fend, 60) is not None:
+                    if check_content_properties(src, props_at, fend, 60) is not None:
                         return None
                 except AMQPConnectionError:
                     return None
-                if size <= _VALID_PROPS_MAX_FRAME:
-                    if len(_valid_props) >= _VALID_PROPS_MAX:
-                        _valid_props.clear()
-                    _valid_props.add(props)
+                if size <= VALID_PROPS_MAX_FRAME:
+                    if len(valid_props) >= VALID_PROPS_MAX:
+                        valid_props.clear()
+                    valid_props.add(props)
         elif props_at + props_len != fend:
             return None
         pos = fend + 1
@@ -497,49 +502,6 @@ class FrameReader:
         if fend >= end or src[fend] != 0xCE:
             return None
         return ContentMessage(channel, method, props, src[start:fend]), fend + 1
-
-
-# Property blocks already checked by _check_properties. Bounded in count (cleared when full) and in
-# size (only small blocks are kept), so a client cannot grow it beyond about 2 MiB.
-_VALID_PROPS_MAX = 4096
-_VALID_PROPS_MAX_FRAME = 512
-_valid_props: set[bytes] = set()
-
-
-def _check_properties(src: bytes, props_at: int, fend: int, class_id: int) -> AMQPChannelError | None:
-    """Check the property block at ``props_at``: None when it is good.
-
-    Raises 501 unless the block fills the header frame exactly (the framing is broken); returns a
-    channel error (406) when its headers table is not acceptable (the frame itself is sound).
-    """
-    try:
-        props_end = properties_end(src, props_at, fend)
-    except PropertiesError as err:
-        raise AMQPConnectionError(FRAME_ERROR, f"cannot decode content header: {err}", class_id)
-    if props_end != fend:
-        raise AMQPConnectionError(
-            FRAME_ERROR, f"content header has {fend - props_end} bytes after its properties", class_id)
-    if not src[props_at] & 0x20:  # no headers table: nothing more to check
-        return None
-    try:
-        validate_headers(src, props_at, fend)
-    except FieldTableError as err:
-        return AMQPChannelError(PRECONDITION_FAILED, f"invalid headers property: {err}", 60, 40)
-    return None
-
-
-def _fixed_props_lengths() -> dict[int, int]:
-    """Block length for each flags word whose present fields are all fixed-size (no length to walk)."""
-    delivery_mode, priority, timestamp = 1 << 12, 1 << 11, 1 << 6
-    lengths = {}
-    for flags in range(8):
-        word = ((delivery_mode if flags & 1 else 0) | (priority if flags & 2 else 0)
-                | (timestamp if flags & 4 else 0))
-        lengths[word] = 2 + (1 if flags & 1 else 0) + (1 if flags & 2 else 0) + (8 if flags & 4 else 0)
-    return lengths
-
-
-_FIXED_PROPS_LEN = _fixed_props_lengths()
 
 
 # Arguments of basic.publish (ticket, exchange, routing key, bits) as sent -> the decoded method.

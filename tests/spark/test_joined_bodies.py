@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from lavinpy.spark.read_rows import COLUMNS, BatchBuilder
 from lavinpy.spark.streams import DeliveryChunk, _chunk, _in_range
-from lavinpy.wire import accel, client, writer
-from lavinpy.wire.client import STREAM_OFFSET_ENTRY, JoinedBodies
+from lavinpy.wire import accel, client, joined_bodies, writer
+from lavinpy.wire.client import STREAM_OFFSET_ENTRY
+from lavinpy.wire.joined_bodies import JoinedBodies
 from lavinpy.wire.properties import append_header_entry
 
 pytestmark = pytest.mark.both_paths
@@ -40,7 +41,7 @@ def scans() -> list[Any]:
 
 
 def joins() -> list[Any]:
-    found = [client._join_bodies]
+    found = [joined_bodies._join_bodies]
     if accel.cclient is not None:
         found.append(lambda parts: accel.cclient.join_bodies(
             [(p.data, p.ends, p.start, p.stop) if type(p) is JoinedBodies else p for p in parts]))
@@ -100,7 +101,7 @@ def test_join_bodies_gives_the_bodies_in_order(parts_spec: list[tuple[list[bytes
     array = pa.Array.from_buffers(pa.binary(), len(expected), [None, pa.py_buffer(ends), pa.py_buffer(data)])
     array.validate(full=True)
     assert array.to_pylist() == expected
-    assert client.join_bodies(parts) == results[0]
+    assert joined_bodies.join_bodies(parts) == results[0]
 
 
 def test_join_bodies_refuses_what_is_not_bodies() -> None:

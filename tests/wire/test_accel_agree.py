@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from lavinpy.store.record import StoredMessage
-from lavinpy.wire import accel, client, reader, writer
+from lavinpy.wire import accel, client, writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
+from lavinpy.wire.properties import valid_props
 from lavinpy.wire.reader import BadProtocolHeader, FrameReader, RefusedFrame
 
 pytestmark = pytest.mark.skipif(not accel.COMPILED, reason="the pure-Python codec is selected")
@@ -115,7 +116,7 @@ def view(value: object) -> object:
 
 def run(compiled: bool, data: bytes, cuts: list[int]) -> list:
     """Feed ``data`` in pieces; the outcome of every feed call (events or error) and the bytes held."""
-    reader._valid_props.clear()  # both runs start with the same cache of validated property blocks
+    valid_props.clear()  # both runs start with the same cache of validated property blocks
     frame_reader = FrameReader(FRAME_MAX, compiled=compiled)
     outcome: list = []
     start = 0
@@ -145,7 +146,7 @@ def test_reader_compiled_and_pure_agree(stream: bytes, cuts: list[int]) -> None:
 def test_reader_agrees_with_small_frame_max(stream: bytes, frame_max: int) -> None:
     # A small frame_max makes "frame too large" errors frequent.
     def go(compiled: bool) -> object:
-        reader._valid_props.clear()
+        valid_props.clear()
         frame_reader = FrameReader(frame_max, compiled=compiled)
         try:
             return view(frame_reader.feed(PROTOCOL_HEADER + stream))
@@ -448,10 +449,10 @@ def test_reader_checks_new_property_blocks_as_python(items: list, cuts: list[int
 def test_reader_compiled_takes_per_message_headers_without_python() -> None:
     # A header on every message (an identifier) keeps the compiled path: Python's cache of checked
     # blocks (which only its own checks fill) stays empty.
-    reader._valid_props.clear()
+    valid_props.clear()
     data = PROTOCOL_HEADER + b"".join(
         message(1, "q", headers_block(b"\x16x-deduplication-headerS\x00\x00\x00\x04" + b"%04d" % i, 0x3000)
                 + b"\x02", b"body") for i in range(50))
     events = FrameReader(FRAME_MAX, compiled=True).feed(data)
     assert [type(e).__name__ for e in events] == ["ContentMessage"] * 50
-    assert not reader._valid_props
+    assert not valid_props
