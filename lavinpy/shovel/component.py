@@ -76,6 +76,8 @@ class Shovels:
         self.store_pause: Callable[[str, str, bool], None] | None = None
         self.stored_pause: Callable[[str, str], bool] = lambda vhost, name: False
         self._stopped: dict[tuple[str, str], Shovel] = {}  # a paused shovel as it stopped: its counters
+        # Stops under way (a restart, a new definition, a delete, a pause): the node's stop waits for them.
+        self._stopping: set[asyncio.Task[None]] = set()
         self.started = False
         # Called when a shovel with src-delete-after has moved its messages: the registry forgets
         # its parameter then (RabbitMQ deletes the parameter too).
@@ -95,6 +97,11 @@ class Shovels:
         from .worker import Shovel
 
         return Shovel(key[0], key[1], self.definitions[key], local_url, self._finished, refusal)
+
+    def _stop_soon(self, shovel: Shovel) -> None:
+        task = asyncio.get_running_loop().create_task(shovel.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def _launch(self, key: tuple[str, str]) -> None:
         shovel = self._shovel(key)
@@ -123,7 +130,7 @@ class Shovels:
     async def stop(self) -> None:
         self.started = False
         running, self.running = list(self.running.values()), {}
-        await asyncio.gather(*(shovel.stop() for shovel in running), return_exceptions=True)
+        await asyncio.gather(*(shovel.stop() for shovel in running), *self._stopping, return_exceptions=True)
 
     def put(self, vhost: str, name: str, definition: ShovelDefinition, user: str) -> None:
         """Define (or redefine: restarted with the new definition) a shovel run as ``user``."""
@@ -134,7 +141,7 @@ class Shovels:
             self.paused.add(key)
         old = self.running.pop(key, None)
         if old is not None:
-            asyncio.get_running_loop().create_task(old.stop())
+            self._stop_soon(old)
         if self.started and key not in self.paused:
             self._launch(key)
 
@@ -147,7 +154,7 @@ class Shovels:
         self._stopped.pop(key, None)
         shovel = self.running.pop(key, None)
         if shovel is not None:
-            asyncio.get_running_loop().create_task(shovel.stop())
+            self._stop_soon(shovel)
 
     def restart(self, vhost: str, name: str) -> None:
         """Stop the shovel and start it again now (RabbitMQ's restart_shovel)."""
@@ -177,7 +184,7 @@ class Shovels:
         shovel = self.running.pop(key, None)
         if shovel is not None:
             self._stopped[key] = shovel
-            asyncio.get_running_loop().create_task(shovel.stop())
+            self._stop_soon(shovel)
         log.info("shovel %s in vhost %s paused", name, vhost)
         return True
 

@@ -32,6 +32,7 @@ PROGRESS_MIN_MESSAGES = 1000  # a smaller move logs no progress
 MAX_BACKOFF = 8  # the longest wait is this many reconnect-delays
 STABLE_SECONDS = 30.0  # running this long resets the backoff
 STOP_SECONDS = 3.0
+DRAIN_SECONDS = 3.0  # a stop waits this long at most for the destination's confirms of what it forwarded
 
 LocalURL = Callable[[str, str], AMQPURL]  # (uri without host, the shovel's vhost) -> where the local node listens
 
@@ -84,10 +85,25 @@ class Shovel:
     async def stop(self) -> None:
         task = self.task
         if task is not None and not task.done():
+            await self._drain()
             task.cancel()
             # Bounded: a connect stuck in a TLS handshake must not hold up the broker's shutdown.
             await asyncio.wait({task}, timeout=STOP_SECONDS)
         await self._close()
+
+    async def _drain(self) -> None:
+        """Before a stop: take no more deliveries and wait (bounded) for the destination to confirm what
+        was forwarded, so that each is acked at the source instead of being requeued there and moved a
+        second time when the shovel starts again (a restart, a new definition, the node's shutdown)."""
+        src, dest = self._src, self._dest
+        if src is None or dest is None or not self._outstanding:
+            return
+        dest.on_writable = None  # (its writability would resume the source's reading)
+        src.pause_reading(True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_SECONDS
+        while self._outstanding and loop.time() < deadline and not src.closed.done() and not dest.closed.done():
+            await asyncio.sleep(0.01)
 
     def _set_state(self, state: str, reason: str | None = None) -> None:
         if state != self.state or reason != self.reason:
