@@ -299,7 +299,9 @@ class FrameReader:
             return pos
         method, channel = publish.method, publish.channel
         if head is not None:
-            if head.channel != channel:
+            # A body larger than one frame is never fused; held back anyway, a header's body size would
+            # let the reader wait for that many bytes unparsed (input buffered without bound).
+            if head.channel != channel or head.body_size > self.frame_max - FRAME_OVERHEAD:
                 return pos
             if len(src) - pos >= 7 and _FRAME_HEAD.unpack_from(src, pos)[1:] != (channel, head.body_size):
                 return pos  # a body in several frames (or on another channel): never fused

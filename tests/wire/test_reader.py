@@ -553,3 +553,17 @@ def test_a_message_split_across_reads_comes_out_fused(compiled):
         rest = flatten(events[len(fused):])
         assert [type(e) for e in rest] == [MethodFrame, HeaderFrame, BodyFrame, BodyFrame], cut
         assert b"".join(e.data for e in rest[2:]) == split
+
+
+@pytest.mark.parametrize("compiled", [False, None])
+def test_a_large_body_size_cut_before_its_body_frame_head_is_not_waited_for(compiled):
+    """A read that ends a few bytes into the body frame of a message whose header announces more than a
+    frame's worth is not held back: the next bytes are parsed at once (here an oversized frame, refused)
+    instead of being buffered up to the announced body size."""
+    reader = FrameReader(131072, compiled=compiled)
+    assert reader.feed(PROTOCOL_HEADER) == []
+    start = publish(1, "", "q") + header(1, 2**40) + b"\x03\x00\x01"
+    assert [describe(e)[0] for e in reader.feed(start)] == ["method", "header"]
+    err = connection_error(reader, b"\xff" * 100_000)
+    assert err.reply_code == FRAME_ERROR
+    assert reader.buffered < 200_000
