@@ -1,4 +1,5 @@
-/* Big-endian reads and writes of AMQP's integers, shared by the compiled codec modules. */
+/* Big-endian reads and writes of AMQP's integers, shared by the compiled codec modules; and the
+ * little-endian int32 of Arrow's offsets buffers (the Spark source's columns). */
 #ifndef LAVINPY_WIRE_BYTES_H
 #define LAVINPY_WIRE_BYTES_H
 
@@ -17,5 +18,15 @@ static inline void wr32(unsigned char *p, uint32_t v)
     p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
 }
 static inline void wr64(unsigned char *p, uint64_t v) { wr32(p, (uint32_t)(v >> 32)); wr32(p + 4, (uint32_t)v); }
+
+static inline int32_t rd32le(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
+}
+static inline void wr32le(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)v; p[1] = (unsigned char)(v >> 8);
+    p[2] = (unsigned char)(v >> 16); p[3] = (unsigned char)(v >> 24);
+}
 
 #endif

@@ -87,12 +87,6 @@ cclient_pack_publishes(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(stop);
 }
 
-static inline int32_t
-rd32le(const unsigned char *p)
-{
-    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
-}
-
 /* pack_publishes_arrow(out, method_frame, channel, properties, offsets, data, start, end, max_count, max_bytes,
  *                      max_inline) -> index of the first body not packed
  *
@@ -411,16 +405,13 @@ cclient_scan_stream_deliveries(PyObject *self, PyObject *args)
         char *d = PyBytes_AS_STRING(data);
         unsigned char *e = (unsigned char *)PyBytes_AS_STRING(ends);
         uint32_t at = 0;
-        e[0] = e[1] = e[2] = e[3] = 0;
+        wr32le(e, 0);
         for (Py_ssize_t r = 0; r < rows; r++) {
             Py_ssize_t n = spans[2 * r + 1];
             memcpy(d + at, buf + spans[2 * r], n);
             at += (uint32_t)n;
             unsigned char *w = e + 4 * (r + 1);
-            w[0] = at & 0xFF;
-            w[1] = (at >> 8) & 0xFF;
-            w[2] = (at >> 16) & 0xFF;
-            w[3] = at >> 24;
+            wr32le(w, at);
         }
         if ((cols[4] = PyTuple_Pack(2, data, ends)) == NULL) {
             Py_DECREF(data);

@@ -8,11 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline int32_t
-rd32le(const unsigned char *p)
-{
-    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24));
-}
+#include "_bytes.h"
 
 /* join_bodies(parts) -> (ends, data) or None
  *
@@ -69,7 +65,7 @@ cclient_join_bodies(PyObject *self, PyObject *parts)
     char *d = PyBytes_AS_STRING(out_data);
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out_ends);
     uint32_t at = 0;
-    memset(w, 0, 4);
+    wr32le(w, 0);
     w += 4;
     for (Py_ssize_t k = 0; k < n_parts; k++) {
         PyObject *part = PyList_GET_ITEM(parts, k);
@@ -82,10 +78,7 @@ cclient_join_bodies(PyObject *self, PyObject *parts)
             uint32_t base = at - (uint32_t)lo;
             for (Py_ssize_t r = start + 1; r <= stop; r++, w += 4) {
                 uint32_t end = (uint32_t)rd32le(e + 4 * r) + base;
-                w[0] = end & 0xFF;
-                w[1] = (end >> 8) & 0xFF;
-                w[2] = (end >> 16) & 0xFF;
-                w[3] = end >> 24;
+                wr32le(w, end);
             }
             at += (uint32_t)(hi - lo);
         } else {
@@ -95,10 +88,7 @@ cclient_join_bodies(PyObject *self, PyObject *parts)
                 Py_ssize_t len = PyBytes_GET_SIZE(item);
                 memcpy(d + at, PyBytes_AS_STRING(item), (size_t)len);
                 at += (uint32_t)len;
-                w[0] = at & 0xFF;
-                w[1] = (at >> 8) & 0xFF;
-                w[2] = (at >> 16) & 0xFF;
-                w[3] = at >> 24;
+                wr32le(w, at);
             }
         }
     }
