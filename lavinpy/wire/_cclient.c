@@ -445,51 +445,6 @@ fail:
     return NULL;
 }
 
-/* binary_buffers(items) -> (offsets, data) or None
- *
- * The two buffers of an Arrow binary array holding a list of bytes: offsets, len(items) + 1 little-endian
- * int32 (0, then each item's end), and data, the items joined. None when an item is not bytes or the
- * whole does not fit int32 offsets (the caller then converts the list item by item). */
-static PyObject *
-cclient_binary_buffers(PyObject *self, PyObject *items)
-{
-    if (!PyList_Check(items)) {
-        PyErr_SetString(PyExc_TypeError, "items must be a list");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(items), total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyBytes_CheckExact(item))
-            Py_RETURN_NONE;
-        total += PyBytes_GET_SIZE(item);
-        if (total > 0x7fffffff)
-            Py_RETURN_NONE;
-    }
-    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
-    PyObject *data = offsets ? PyBytes_FromStringAndSize(NULL, total) : NULL;
-    if (data == NULL) {
-        Py_XDECREF(offsets);
-        return NULL;
-    }
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(offsets);
-    char *d = PyBytes_AS_STRING(data);
-    uint32_t at = 0;
-    memset(o, 0, 4);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        Py_ssize_t len = PyBytes_GET_SIZE(item);
-        memcpy(d + at, PyBytes_AS_STRING(item), len);
-        at += (uint32_t)len;
-        unsigned char *e = o + 4 * (i + 1);
-        e[0] = at & 0xff;
-        e[1] = (at >> 8) & 0xff;
-        e[2] = (at >> 16) & 0xff;
-        e[3] = (at >> 24) & 0xff;
-    }
-    return Py_BuildValue("(NN)", offsets, data);
-}
-
 /* In _cclient_ints.c. */
 PyObject *cclient_int64_bounds(PyObject *self, PyObject *items);
 PyObject *cclient_pack_int64s(PyObject *self, PyObject *items);
@@ -501,7 +456,6 @@ static PyMethodDef methods[] = {
      "Append a run of publishes from an Arrow binary array's buffers (see the source)."},
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
-    {"binary_buffers", cclient_binary_buffers, METH_O, "An Arrow binary array's buffers of a list of bytes."},
     {"join_bodies", cclient_join_bodies, METH_O, "An Arrow binary array's buffers of joined bodies (see the source)."},
     {"int64_bounds", cclient_int64_bounds, METH_O, "(min, max) of a list of int64s, or None."},
     {"pack_int64s", cclient_pack_int64s, METH_O, "A list of int64s packed little-endian, or None."},

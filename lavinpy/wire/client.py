@@ -28,7 +28,6 @@ __all__ = [
     "FRAME_HEAD",
     "ContentPacker",
     "WireError",
-    "binary_buffers",
     "decode_method",
     "encode_shortstr",
     "frame",
@@ -285,30 +284,6 @@ def _pack_publishes_arrow(out: bytearray, method_frame: bytes, channel: int, pro
 
 # The x-stream-offset entry a stream stamps as its headers table's last entry (name, type 'l').
 STREAM_OFFSET_ENTRY = b"\x0fx-stream-offsetl"
-
-def binary_buffers(items: list[bytes]) -> tuple[bytes, bytes] | None:
-    """The offsets (little-endian int32, len(items) + 1) and data buffers of an Arrow binary array of
-    ``items``, or None: when an item is not bytes, the whole is over 2 GiB, or there is no compiled
-    codec. Compiled, this costs a copy of the bytes, where converting the list item by item (what a
-    None sends the caller to) costs about 0.1 µs an item; the pure-Python twin (``_binary_buffers``)
-    is slower than that conversion, so it is the reference the compiled one is tested against."""
-    if cclient is not None:
-        return cast("tuple[bytes, bytes] | None", cclient.binary_buffers(items))
-    return None
-
-
-def _binary_buffers(items: list[bytes]) -> tuple[bytes, bytes] | None:
-    if not all(type(item) is bytes for item in items):
-        return None
-    ends = [0]
-    total = 0
-    for item in items:
-        total += len(item)
-        ends.append(total)
-    if total > 0x7FFFFFFF:
-        return None
-    return struct.pack(f"<{len(ends)}i", *ends), b"".join(items)
-
 
 def int64_bounds(items: list[Any]) -> tuple[int, int] | None:
     """(min, max) of a list of ints in one pass, or None: the list is empty or an item is not an int

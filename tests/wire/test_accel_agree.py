@@ -8,7 +8,6 @@ selected (LAVINPY_PURE_PYTHON=1 or no extension): there is nothing compiled to c
 
 from __future__ import annotations
 
-import itertools
 import struct
 
 import pytest
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from lavinpy.store.record import StoredMessage
-from lavinpy.wire import accel, client, writer
+from lavinpy.wire import accel, client, joined_bodies, writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
 from lavinpy.wire.properties import valid_props
@@ -259,7 +258,7 @@ def test_client_pack_publishes_arrow_agree(items: list, start: int, end: int, ma
     """Publishes packed from an Arrow binary array's buffers: both twins give the same frames and
     stop at the same body (also on offsets that are out of order or out of the data), and on good
     buffers the frames are pack_publishes' of the same bodies."""
-    offsets, data = client._binary_buffers(items)
+    offsets, data = joined_bodies._join_bodies([items])
     ends = list(struct.unpack(f"<{len(items) + 1}i", offsets))
     if bad is not None and bad[0] < len(ends):
         ends[bad[0]] = bad[1]
@@ -275,22 +274,6 @@ def test_client_pack_publishes_arrow_agree(items: list, start: int, end: int, ma
         stop = client._pack_publishes(out_list, method, channel, props, items[:end], start, max_count, max_bytes,
                                       max_inline)
         assert (compiled, out_c) == (stop, out_list)
-
-
-@AGREE
-@given(st.lists(st.one_of(st.binary(max_size=300), st.binary(max_size=4).map(bytearray), st.just("text")),
-                max_size=40))
-def test_client_binary_buffers_agree(items: list) -> None:
-    """The buffers of an Arrow binary array: both twins give the same offsets and data, or None for
-    an item that is not bytes."""
-    compiled = outcome(accel.cclient.binary_buffers, items)
-    assert compiled == outcome(client._binary_buffers, items)
-    if all(type(item) is bytes for item in items):
-        offsets, data = compiled
-        assert data == b"".join(items)
-        assert list(struct.unpack(f"<{len(items) + 1}i", offsets)) == [0, *itertools.accumulate(map(len, items))]
-    else:
-        assert compiled is None
 
 
 def delivery(channel: int, tag: str, delivery_tag: int, exchange: str, routing_key: str, props: bytes,
