@@ -162,23 +162,22 @@ def test_thirty_thousand_consumers_on_one_channel(fresh_broker):
                         for i in range(n))
     cancels = b"".join(frame.marshal(commands.Basic.Cancel(consumer_tag=f"c{i}", nowait=True), 1)
                        for i in range(n))
-    latencies: list[float] = []
+    latencies: list[float] = []  # the witness's waits, in the broker's CPU seconds spent meanwhile
     stop = threading.Event()
+    pid = getattr(fresh_broker, "pid", None)  # another broker under test: wall-clock time stands in
+
+    def broker_cpu() -> float:
+        return cpu_seconds(pid) if pid else time.monotonic()
 
     def witness() -> None:
         conn = pika.BlockingConnection(pika.URLParameters(fresh_broker.url))
         ch = conn.channel()
         while not stop.is_set():
-            started = time.monotonic()
+            started = broker_cpu()
             ch.queue_declare(queue, passive=True)
-            latencies.append(time.monotonic() - started)
+            latencies.append(broker_cpu() - started)
             time.sleep(0.01)
         conn.close()
-
-    pid = getattr(fresh_broker, "pid", None)  # another broker under test: wall-clock time stands in
-
-    def broker_cpu() -> float:
-        return cpu_seconds(pid) if pid else time.monotonic()
 
     thread = threading.Thread(target=witness)
     thread.start()
@@ -198,12 +197,14 @@ def test_thirty_thousand_consumers_on_one_channel(fresh_broker):
         stop.set()
         thread.join(10)
     print(f"add {add_time:.2f} s ({add_cpu:.2f} s CPU), remove {remove_time:.2f} s ({remove_cpu:.2f} s CPU), "
-          f"witness max {max(latencies):.3f} s")
+          f"witness's longest wait {max(latencies):.2f} s of broker CPU")
     # Linear work: a few seconds of the broker's CPU at most (a quadratic add or cancel takes minutes), counted
     # in CPU time so that a busy machine does not fail it. The other client is served between the pieces of
-    # the work: its longest wait is short, or at least a small part of the whole (not one stall for all of it).
+    # the work: while it waits the broker spends little CPU, or at least a small part of the whole (not one
+    # stall for all of it). Counted in the broker's CPU too: wall-clock waits grow with the machine's load.
     assert add_cpu < 6.0 and remove_cpu < 6.0
-    assert latencies and max(latencies) < max(2.0, (add_time + remove_time) / 3)
+    floor = 0.5 if pid else 2.0
+    assert latencies and max(latencies) < max(floor, (add_cpu + remove_cpu) / 3)
     client.close()
 
 
