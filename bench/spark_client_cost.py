@@ -61,10 +61,13 @@ def main() -> None:
     per_scan = args.scan_rows or args.rows
     datas = [bytes(buf[at:at + per_scan * frame_bytes]) for at in range(0, len(buf), per_scan * frame_bytes)]
 
-    try:  # a tree whose scan joins the bodies (as its reads then ask)
-        from lavinpy.wire.client import JoinedBodies
+    try:  # a tree whose scan joins the bodies (as its reads then ask); its own module since 833e26b
+        from lavinpy.wire.joined_bodies import JoinedBodies
     except ImportError:
-        JoinedBodies = None  # noqa: N806
+        try:
+            from lavinpy.wire.client import JoinedBodies
+        except ImportError:
+            JoinedBodies = None  # noqa: N806
 
     def scanned(data: bytes, redelivered_at: list[int] | None = None) -> Any:
         if JoinedBodies is None:

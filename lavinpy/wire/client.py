@@ -10,6 +10,7 @@ times more per message. Frames are split by ``split_frames``, which checks sizes
 from __future__ import annotations
 
 import struct
+from itertools import accumulate
 from typing import Any, cast
 
 from pamqp import commands
@@ -474,10 +475,7 @@ def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
             redelivered.append(len(bodies) - 1)
         last_tag = tag
         pos = next_pos
-    if joined:
-        ends = [0]
-        for body in bodies:
-            ends.append(ends[-1] + len(body))
-        return (offsets, exchanges, routing_keys, blocks,
-                (b"".join(bodies), struct.pack(f"<{len(ends)}i", *ends)), last_tag, pos, other)
+    if joined:  # the ends summed in C (accumulate), not a Python step a body
+        ends = struct.pack(f"<{len(bodies) + 1}i", *accumulate(map(len, bodies), initial=0))
+        return (offsets, exchanges, routing_keys, blocks, (b"".join(bodies), ends), last_tag, pos, other)
     return offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other

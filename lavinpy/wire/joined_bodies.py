@@ -4,7 +4,10 @@ a body until one is asked for), and the join of a batch's parts into an Arrow bi
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Iterator, Sequence
+from itertools import accumulate, islice
 from typing import Any, cast, overload
 
 from lavinpy.wire.accel import cclient
@@ -13,6 +16,7 @@ __all__ = ["JoinedBodies", "join_bodies"]
 
 _I32S = struct.Struct("<i")
 _I32_PAIR = struct.Struct("<ii")
+_BIG_ENDIAN = sys.byteorder == "big"  # Arrow's offsets are little-endian; array("i") is native
 
 
 class JoinedBodies(Sequence[bytes]):
@@ -87,21 +91,35 @@ def join_bodies(parts: list[Sequence[bytes]]) -> tuple[bytes, bytes] | None:
 
 
 def _join_bodies(parts: list[Sequence[bytes]]) -> tuple[bytes, bytes] | None:
-    ends = [0]
+    # The ends go into a native int32 array: a JoinedBodies part's own ends are taken as bytes (rebased
+    # by map when it does not start at the join's end), a list's are summed by accumulate; no Python
+    # step a body.
+    ends = array("i", [0])
     pieces: list[bytes] = []
+    total = 0
     for part in parts:
         if type(part) is JoinedBodies:
             lo = _I32S.unpack_from(part.ends, 4 * part.start)[0]
             hi = _I32S.unpack_from(part.ends, 4 * part.stop)[0]
+            if total + hi - lo > 0x7FFFFFFF:
+                return None
             pieces.append(part.data[lo:hi])
-            base = ends[-1] - lo
-            ends.extend(end + base for (end,) in _I32S.iter_unpack(part.ends[4 * part.start + 4:4 * part.stop + 4]))
+            run = array("i")
+            run.frombytes(part.ends[4 * part.start + 4:4 * part.stop + 4])
+            if _BIG_ENDIAN:
+                run.byteswap()
+            base = total - lo
+            ends.extend(run if base == 0 else map(base.__add__, run))
+            total += hi - lo
         elif type(part) is list and all(type(item) is bytes for item in part):
-            for item in part:
-                pieces.append(item)
-                ends.append(ends[-1] + len(item))
+            size = sum(map(len, part))
+            if total + size > 0x7FFFFFFF:
+                return None
+            pieces.extend(part)
+            ends.extend(islice(accumulate(map(len, part), initial=total), 1, None))
+            total += size
         else:
             return None
-        if ends[-1] > 0x7FFFFFFF:
-            return None
-    return struct.pack(f"<{len(ends)}i", *ends), b"".join(pieces)
+    if _BIG_ENDIAN:
+        ends.byteswap()
+    return ends.tobytes(), b"".join(pieces)
