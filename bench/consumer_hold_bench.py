@@ -5,7 +5,8 @@ fsync always, as bench/scale.py starts it) takes amqpperf's load (1 publisher, 1
 ``--prefetch``); the broker counts, in its own process, how often a consuming connection's turn held its
 output (``ConnectionOutput.run_pending``) and how many writes the consuming connections made. Printed per
 run: the broker's CPU per consumed message, the held share of those turns, messages per consumer write, and
-per consumed message the consumers' reads (their acks), the scheduler's turns and the output looks (run_pending).
+per consumed message the consumers' reads (their acks), the scheduler's turns, the output looks (run_pending)
+and the hold's room checks (``consumers_have_room``) among them.
 The hold engages only while a publisher's reader thread has input left after a take
 (``sessions.input_waiting``): when the broker keeps up with the publisher it seldom does.
 
@@ -30,10 +31,11 @@ from pathlib import Path
 
 def broker_child(counts_file: str, argv: list[str]) -> None:
     """Run the broker with run_pending and the consumers' writes counted (dumped twice a second)."""
-    from lavinpy.amqp import output, transport
+    # (connection's import registers the compiled room check, counted below)
+    from lavinpy.amqp import connection, output, transport
     from lavinpy.broker import scheduler
 
-    counts = {"held": 0, "written": 0, "writes": 0, "reads": 0, "turns": 0}
+    counts = {"held": 0, "written": 0, "writes": 0, "reads": 0, "turns": 0, "rooms": 0}
     run_pending, data_to_send = output.ConnectionOutput.run_pending, output.ConnectionOutput.data_to_send
 
     def counted_run_pending(self: output.ConnectionOutput) -> None:
@@ -62,6 +64,24 @@ def broker_child(counts_file: str, argv: list[str]) -> None:
     scheduler.DeliveryScheduler.run = counted_turn  # type: ignore[method-assign]
     output.ConnectionOutput.run_pending = counted_run_pending  # type: ignore[method-assign]
     output.ConnectionOutput.data_to_send = counted_data_to_send  # type: ignore[method-assign]
+
+    # The hold's room checks (consumers_have_room, compiled or not, as the tree has it)
+    if hasattr(output, "_have_room"):
+        have_room = output._have_room
+
+        def counted_room(conn: output.ConnectionOutput) -> bool:
+            counts["rooms"] += 1
+            return have_room(conn)
+
+        output._have_room = counted_room
+    else:
+        room = connection.AMQPConnection.consumers_have_room
+
+        def counted_method(self: connection.AMQPConnection) -> bool:
+            counts["rooms"] += 1
+            return room(self)
+
+        connection.AMQPConnection.consumers_have_room = counted_method  # type: ignore[method-assign]
 
     def dump() -> None:
         while True:
@@ -117,7 +137,8 @@ def run_once(args: argparse.Namespace, rate: float) -> dict:
             # per consumed message (the counts' whole run against the measured rate over it)
             "reads/msg": counts["reads"] / (consumed * seconds) if consumed else 0,
             "turns/msg": counts["turns"] / (consumed * seconds) if consumed else 0,
-            "looks/msg": turns / (consumed * seconds) if consumed else 0}
+            "looks/msg": turns / (consumed * seconds) if consumed else 0,
+            "rooms/msg": counts.get("rooms", 0) / (consumed * seconds) if consumed else 0}
 
 
 def main() -> None:
@@ -139,7 +160,7 @@ def main() -> None:
             print(f"rate {f['rate']:>8,.0f}  consumed {f['con msg/s']:>9,.0f}/s  broker {f['broker cores']:.2f} cores "
                   f"{f['us/msg']:6.2f} us/msg  held share {f['held share']:.2f}  {f['msg/write']:5.1f} msg/write  "
                   f"per msg: {f['reads/msg']:.3f} ack reads, {f['turns/msg']:.3f} turns, "
-                  f"{f['looks/msg']:.3f} output looks",
+                  f"{f['looks/msg']:.3f} output looks, {f['rooms/msg']:.3f} room checks",
                   flush=True)
 
 

@@ -11,6 +11,10 @@ delivery a consumer read; ``--ack-reads-only`` prints the ack reads' cost per re
 reads and the ack reads with the deliveries they start (thread CPU), per message delivered; the consumers'
 output is taken outside the timing.
 
+``--uneven``: each consumer acks only a part of its deliveries (from one to all, varying by consumer and
+round), so the consumers' room differs at the next publisher read and its picks are not whole rounds (as
+over sockets, where the consumers' acks arrive in reads of different sizes).
+
 ``--held``: as over sockets while a publisher's reader thread holds more input (``sessions.input_waiting``),
 each publisher read is one turn of the loop, and a consumer's small output waits for the next turns (up to
 ``OUTPUT_HOLD_TURNS``) instead of being written at the end of each read; before each ack phase the input
@@ -64,6 +68,8 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
                 reads = []
                 for i, c in enumerate(consumers):
                     last = c.conn.channels[1].deliveries.tag
+                    if args.uneven and last > acked[i]:  # a part of what it holds, a share that varies
+                        last = acked[i] + 1 + (7 * i + r) % (last - acked[i])
                     if last > acked[i]:
                         if args.single_acks:  # as amqpperf: one basic.ack per delivery, a read of them
                             data = b"".join(ack_frame(tag) for tag in range(acked[i] + 1, last + 1))
@@ -99,6 +105,9 @@ def main() -> None:
     ap.add_argument("--held", action="store_true", help="a turn per publisher read, small output held between")
     ap.add_argument("--single-acks", action="store_true",
                     help="each delivery acked by its own basic.ack (multiple=false), a consumer's acks in one read")
+    ap.add_argument("--uneven", action="store_true",
+                    help="each consumer acks a varying part of what it holds (1 to all): uneven room, so a "
+                         "published run's picks are not whole rounds (as over sockets)")
     ap.add_argument("--ack-reads-only", action="store_true",
                     help="print the ack reads' thread CPU per read (with the deliveries they start), not per message")
     args = ap.parse_args()

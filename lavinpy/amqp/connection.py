@@ -63,7 +63,7 @@ from .connection_states import (
 from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
 from .login_flow import LoginFlow
-from .output import ConnectionOutput, OutputScheduler
+from .output import ConnectionOutput, OutputScheduler, init_room_check
 from .publish_batch import publish_contents
 from .refusals import CONNECTION_ERRORS, reply_code
 from .sasl import offered_mechanisms
@@ -581,6 +581,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.close(CONNECTION_FORCED, f"CONNECTION_FORCED - {text}")
         else:
             self.abort()
+
+
+init_room_check(AMQPConnection.consumers_have_room)  # the output hold's check, compiled (output.py)
 
 
 # OPEN and CLOSING stay importable from here (session views, tests) as before the states had a module.

@@ -51,6 +51,22 @@ def deliver_round(consumers: list[Any], positions: list[int], messages: list[Sto
     return deliver_round_py(consumers, positions, messages, redelivered)
 
 
+def deliver_run_compiled(channel: Any, consumer: Any, positions: list[int], messages: list[StoredMessage],
+                         redelivered: list[bool] | None) -> bool:
+    """``Channel.deliver_run`` of an acking consumer's run as the compiled round of that one consumer (the
+    same tags, books, counters and frames; no Python call for the booking, the frames and the output).
+    A publisher's run handed to many consumers with uneven room comes as one such run per consumer
+    (``consumer_set._deliver_stretches``). False when it is not the common case: nothing was done."""
+    if _round is None or not positions:
+        return False
+    queue = consumer.queue
+    counted = _round([consumer], positions, messages, redelivered, type(channel), queue)
+    if counted is None:
+        return False
+    _count(queue, channel.deliveries.counters, counted[0], counted[1])
+    return True
+
+
 def deliver_round_py(consumers: list[Any], positions: list[int], messages: list[StoredMessage],
                      redelivered: list[bool] | None) -> list[list[int]]:
     """Message ``i`` (at ``positions[i]``) to ``consumers[i % len(consumers)]`` (distinct consumers of

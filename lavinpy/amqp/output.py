@@ -11,9 +11,11 @@ and is not read (so it produces no replies, returns or confirms) until ``set_wri
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..broker.ops import WindowRates
+from ..wire.accel import cwire
 from .connection_states import CLOSED
 from .delivery_round import init_round
 from .effects import ConnectionEffect, Effect, SetTimer, TimerKind
@@ -149,7 +151,7 @@ class ConnectionOutput:
         (when its messages wait in any case), and its output is never held otherwise."""
         sessions = self.sessions
         if (self._output_held < OUTPUT_HOLD_TURNS and sessions.input_waiting and self._out_bytes < OUTPUT_HOLD_BYTES
-                and not self._effects and self in sessions.consuming and self.consumers_have_room()):
+                and not self._effects and self in sessions.consuming and _have_room(self)):
             self._output_held += 1
             sessions.schedule_output(self)  # (still marked scheduled)
             return
@@ -201,6 +203,23 @@ class ConnectionOutput:
 
     def consumers_have_room(self) -> bool:
         raise NotImplementedError
+
+
+def _room_of(conn: ConnectionOutput) -> bool:
+    return conn.consumers_have_room()
+
+
+# The hold's room check: ``consumers_have_room``, compiled (without its Python frame) once the connection
+# class registered its method (init_room_check); the compiled check calls the method for any other class.
+_have_room: Callable[[ConnectionOutput], bool] = _room_of
+
+
+def init_room_check(method: Callable[[Any], bool]) -> None:
+    """``method`` (AMQPConnection.consumers_have_room) is the check the compiled one computes (its twin)."""
+    global _have_room
+    if cwire is not None:
+        cwire.init_room_check(method)
+        _have_room = cwire.consumers_have_room
 
 
 # A round of deliveries (delivery_round) appends to each consumer's output as send_many does, in one call.

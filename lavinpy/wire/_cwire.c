@@ -565,6 +565,8 @@ static PyMethodDef cwire_methods[] = {
     {"deliver_stamped_run", (PyCFunction)(void (*)(void))cwire_deliver_stamped_run, METH_FASTCALL, "see _cwire_stamped.c"},
     {"init_round", cwire_init_round, METH_VARARGS, "see _cwire_round.c"},
     {"deliver_round", (PyCFunction)(void (*)(void))cwire_deliver_round, METH_FASTCALL, "see _cwire_round.c"},
+    {"init_room_check", cwire_init_room_check, METH_O, "see _cwire_round.c"},
+    {"consumers_have_room", cwire_consumers_have_room, METH_O, "see _cwire_round.c"},
     {"init_acks", cwire_init_acks, METH_VARARGS, "see _cwire_acks.c"},
     {"ack_head", (PyCFunction)(void (*)(void))cwire_ack_head, METH_FASTCALL, "see _cwire_acks.c"},
     {"init_ack_read", cwire_init_ack_read, METH_VARARGS, "see _cwire_ack_read.c"},

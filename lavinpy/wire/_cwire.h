@@ -17,6 +17,8 @@ PyObject *cwire_run_parts(PyObject *channel, PyObject *consumer_tag, PyObject *m
 PyObject *cwire_deliver_stamped_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_init_round(PyObject *self, PyObject *args);
 PyObject *cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_init_room_check(PyObject *self, PyObject *method);
+PyObject *cwire_consumers_have_room(PyObject *self, PyObject *conn);
 PyObject *cwire_init_acks(PyObject *self, PyObject *args);
 PyObject *cwire_ack_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int cwire_ack_head_list(PyObject *deliveries, PyObject *tags);

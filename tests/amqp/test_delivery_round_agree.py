@@ -169,3 +169,57 @@ def test_a_channel_of_another_kind_is_left_to_the_twin(tmp_path: Path) -> None:
         assert all(not client.conn._out for client in setup.clients)
     finally:
         setup.close()
+
+
+def _drive_runs(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, no_ack: bool = False
+                ) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The rounds' messages handed out as ``consumer_set._deliver_stretches`` does for uneven picks: one
+    ``Channel.deliver_run`` per consumer's stretch (here consumer ``j`` of a round of width ``w`` takes
+    the first ``j + 1`` of its share, the next consumers the rest: stretches of 1 to many)."""
+    setup = Setup(path, no_ack)
+    calls: list[Any] = []
+    compiled_round = delivery_round._round
+    assert compiled_round is not None
+
+    def counted(*args: Any) -> Any:
+        result = compiled_round(*args)
+        calls.append(result)
+        return result
+
+    monkeypatch.setattr(delivery_round, "_round", counted if compiled else None)
+    try:
+        states = []
+        for i, (picked, positions, messages, redelivered) in enumerate(_rounds(setup)):
+            if i == 2:
+                book = setup.clients[1].conn.channels[1].deliveries.unacked
+                book.pop(next(iter(book)) + 1)
+            if i == 3:
+                setup.clients[2].conn.channels[1].deliveries.tag += 1
+            start = 0
+            for j, consumer in enumerate(picked * len(positions)):
+                if start >= len(positions):
+                    break
+                end = min(len(positions), start + 1 + j % 4)
+                flags = None if redelivered is None else redelivered[start:end]
+                consumer.channel.deliver_run(consumer, positions[start:end], messages[start:end], flags)
+                start = end
+            states.append(setup.state())
+            if i == 5:
+                for client in setup.clients:
+                    client.conn.data_to_send()
+        return calls, states
+    finally:
+        monkeypatch.undo()
+        setup.close()
+
+
+@pytest.mark.parametrize("no_ack", [False, True])
+def test_a_channels_run_in_the_compiled_round_gives_the_twins_bytes_books_and_counters(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_ack: bool) -> None:
+    calls, compiled = _drive_runs(tmp_path / "c", True, monkeypatch, no_ack)
+    no_calls, pure = _drive_runs(tmp_path / "py", False, monkeypatch, no_ack)
+    assert len(calls) > 100 and all(result is not None for result in calls) and not no_calls
+    assert compiled == pure
+    final = compiled[-1]
+    assert final["counters"][0] > 0 and final["counters"][1] > 0  # delivered and redelivered counted
+    assert (final["counters"][2] > 0) == no_ack  # a no-ack consumer's runs stay with the twin
