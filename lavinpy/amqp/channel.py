@@ -348,13 +348,10 @@ class Channel:
     deliver_segment_run = deliver_segment_run  # a stream's run framed straight from its store segment
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
-        """``deliver`` for messages of the consumer's queue: booked once, the frames in one list (an acking
-        consumer's in one compiled call when it can; the rest below is its pure twin)."""
-        if not consumer.no_ack and deliver_run_compiled(self, consumer, positions, messages, redelivered):
-            return
-        first = self.deliveries.deliver_run(consumer, positions, redelivered)
-        conn = self.conn
-        conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))
+        """``deliver`` for messages of the consumer's queue: booked once, framed in one list (compiled if it can)."""
+        if consumer.no_ack or not deliver_run_compiled(self, consumer, positions, messages, redelivered):
+            first, conn = self.deliveries.deliver_run(consumer, positions, redelivered), self.conn
+            conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))
 
     def deliver_reply(self, routing_key: str, properties: bytes, body: bytes) -> None:
         """Direct reply-to: a reply goes straight to the requester, never through a queue."""
