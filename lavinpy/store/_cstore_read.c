@@ -217,7 +217,7 @@ PyObject *py_read_run(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0);
     Py_ssize_t count = PyList_GET_SIZE(positions);
     for (Py_ssize_t i = start < 0 ? count : start; out != NULL && i < count; i++) {
-        uint64_t pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+        uint64_t pos = cstore_position(PyList_GET_ITEM(positions, i));
         if (pos == (uint64_t)-1 && PyErr_Occurred()) {
             Py_CLEAR(out);
             break;
