@@ -1,6 +1,6 @@
 """The broker's side of a Spark write in process (no sockets): CPU or instructions a message.
 
-A real broker on a temporary data dir (``fsync: never``) driven through the AMQP tests' harness. One
+A real broker on a temporary data dir (``--fsync``: its default, always) driven through the AMQP tests' harness. One
 publisher connection sends exactly what the Spark writer sends (``RowEncoder`` over an Arrow batch of
 ``--body``-byte bodies: basic.publish with mandatory, delivery mode 2, publisher confirms) into a durable
 queue of ``--kind``, cut into reads of ``--read-bytes`` as a socket hands them over; each read is
