@@ -536,6 +536,7 @@ static PyMethodDef methods[] = {
      "total_size(blocks, start, stop): the bytes of blocks[start:stop] together (_cstore_sizes.c)."},
     {"frame_batch", (PyCFunction)(void (*)(void))py_frame_batch, METH_FASTCALL,
      "frame_batch(records, mark): a deduplication cache's batch framed (_cstore_sizes.c)."},
+    {"pack_positions", py_pack_positions, METH_O, "pack_positions(positions): array('Q', positions)'s bytes."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},
 };

@@ -26,6 +26,35 @@ static inline uint64_t get_u64le(const unsigned char *p) {
     return (uint64_t)get_u32le(p) | (uint64_t)get_u32le(p + 4) << 32;
 }
 
+/* PyLong_AsUnsignedLongLong with the same results and errors, for a store position (offset << 32 |
+ * segment): CPython 3.11 converts an int of more than one 30-bit digit through _PyLong_AsByteArray, a
+ * byte at a time (about 250 instructions; a position of any record past offset 0 has two or three
+ * digits), where an exact int of up to three digits below 2**64 is read here in place. The layout
+ * changed in 3.12: there the general conversion runs. */
+static inline unsigned long long cstore_position(PyObject *v) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(v)) {
+        Py_ssize_t size = Py_SIZE(v);
+        const digit *d = ((PyLongObject *)v)->ob_digit;
+        switch (size) {
+        case 0:
+            return 0;
+        case 1:
+            return d[0];
+        case 2:
+            return (unsigned long long)d[0] | (unsigned long long)d[1] << 30;
+        case 3:
+            if (d[2] < 16) /* below 2**64 */
+                return (unsigned long long)d[0] | (unsigned long long)d[1] << 30 | (unsigned long long)d[2] << 60;
+            break;
+        default:
+            break;
+        }
+    }
+#endif
+    return PyLong_AsUnsignedLongLong(v);
+}
+
 /* The sync of a group commit's or a replica batch's descriptors (fsync_all, the fsync starter's workers).
  * A regular file gets fdatasync: its bytes, size and block allocation reach the disk as with fsync,
  * without what only a timestamp changed. A leader's loop keeps writing into the segment a flush syncs
@@ -68,5 +97,6 @@ PyObject *py_frame_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* _cstore_posset.c: the position set type the module adds */
 extern PyTypeObject cstore_PositionSetType;
+PyObject *py_pack_positions(PyObject *self, PyObject *positions);
 
 #endif

@@ -143,7 +143,7 @@ PyObject *py_stamped_frames(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *last_splice = NULL; /* borrowed from framed[n - 1] */
     int err = 0;
     for (Py_ssize_t i = start; i < count; i++) {
-        uint64_t pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+        uint64_t pos = cstore_position(PyList_GET_ITEM(positions, i));
         if (pos == (uint64_t)-1 && PyErr_Occurred()) {
             err = 1;
             break;

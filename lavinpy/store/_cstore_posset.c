@@ -163,7 +163,7 @@ static int ps_maybe_shrink(PositionSet *self) {
 static int as_key(PyObject *obj, uint64_t *key) {
     if (!PyLong_Check(obj))
         return 0;
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    unsigned long long v = cstore_position(obj);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             return -1;
@@ -385,3 +385,36 @@ PyTypeObject cstore_PositionSetType = {
     .tp_as_sequence = &PositionSet_as_sequence,
     .tp_iter = (getiterfunc)PositionSet_iter,
 };
+
+/* pack_positions(positions: list) -> bytes: the positions as native uint64s, what array("Q", positions)
+ * holds (a queue's run of acks: index_files.positions_array), each converted by cstore_position where
+ * the array converts each through PyLong_AsUnsignedLongLong's byte loop; the same values and errors
+ * (a TypeError for an item with no __index__, an OverflowError outside [0, 2**64)). */
+PyObject *py_pack_positions(PyObject *self, PyObject *positions) {
+    if (!PyList_CheckExact(positions)) {
+        PyErr_SetString(PyExc_TypeError, "pack_positions(positions: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(positions);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
+    if (out == NULL)
+        return NULL;
+    uint64_t *p = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(positions, i);
+        unsigned long long v;
+        if (PyLong_Check(item)) {
+            v = cstore_position(item);
+        } else { /* as the array takes it: through __index__ (a TypeError if there is none) */
+            PyObject *index = PyNumber_Index(item);
+            v = index == NULL ? (unsigned long long)-1 : PyLong_AsUnsignedLongLong(index);
+            Py_XDECREF(index);
+        }
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        p[i] = (uint64_t)v;
+    }
+    return out;
+}

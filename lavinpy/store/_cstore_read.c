@@ -26,9 +26,11 @@ Py_ssize_t cstore_properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssiz
         more = (unsigned)b[pos] << 8 | b[pos + 1];
         pos += 2;
     }
-    for (int bit = 15; bit >= 2; bit--) {
-        if (!(flags & (1u << bit)))
-            continue;
+    /* The fields present, highest flag first (their order in the block): a step per field, not per flag
+     * (a block with only a delivery mode took fourteen). */
+    for (unsigned bits = flags & 0xFFFCu; bits != 0;) {
+        int bit = 31 - __builtin_clz(bits);
+        bits ^= 1u << bit;
         if (bit == 13) { /* headers: a table, skipped by its length */
             if (pos + 4 > end) {
                 *err = "property table truncated";
@@ -217,7 +219,7 @@ PyObject *py_read_run(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(0);
     Py_ssize_t count = PyList_GET_SIZE(positions);
     for (Py_ssize_t i = start < 0 ? count : start; out != NULL && i < count; i++) {
-        uint64_t pos = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(positions, i));
+        uint64_t pos = cstore_position(PyList_GET_ITEM(positions, i));
         if (pos == (uint64_t)-1 && PyErr_Occurred()) {
             Py_CLEAR(out);
             break;

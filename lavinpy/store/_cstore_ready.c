@@ -241,7 +241,7 @@ static void ReadyList_dealloc(ReadyList *self) {
 }
 
 static PyObject *ReadyList_push(ReadyList *self, PyObject *arg) {
-    uint64_t pos = PyLong_AsUnsignedLongLong(arg);
+    uint64_t pos = cstore_position(arg);
     if (pos == (uint64_t)-1 && PyErr_Occurred())
         return NULL;
     if (rl_reserve(self, 1) < 0)

@@ -8,10 +8,11 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import filterfalse, islice
 from typing import Protocol
 
+from lavinpy.store.accel import cstore
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
 
 
@@ -28,6 +29,24 @@ class Positions(Protocol):
 def segment_ids(entries: array) -> memoryview:
     """A strided uint32 view of the segment ids of an ``array('Q')`` (no copy)."""
     return memoryview(entries).cast("B").cast("I")[0::2]
+
+
+def py_positions_array(positions: list[int]) -> array:
+    """``array("Q", positions)``: the pure twin of ``positions_array``."""
+    return array("Q", positions)
+
+
+def _packed_positions_array(positions: list[int]) -> array:
+    """``array("Q", positions)`` from the compiled ``pack_positions``: the array's own conversion of each
+    int of more than one 30-bit digit (every position past a segment's first record) goes a byte at a
+    time, about 300 instructions a position (a queue's run of acks)."""
+    assert cstore is not None
+    out = array("Q")
+    out.frombytes(cstore.pack_positions(positions))
+    return out
+
+
+positions_array: Callable[[list[int]], array] = py_positions_array if cstore is None else _packed_positions_array
 
 
 def segment_counts(entries: array | list[int]) -> dict[int, int]:

@@ -27,7 +27,7 @@ from itertools import chain, filterfalse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lavinpy.store import changes
+from lavinpy.store import changes, index_files
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
 from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks, recovered_chunks, segment_counts
 from lavinpy.store.jsonfile import fsync_dir
@@ -298,7 +298,7 @@ class QueueIndex:
         if bad is not None:
             raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
         pending = self._ack_pending  # (a transient queue's few acks are counted from the list itself)
-        removed: array | list[int] = positions if pending is None else array("Q", positions)
+        removed: array | list[int] = positions if pending is None else index_files.positions_array(positions)
         if pending is not None:
             transient = self._transient
             if transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry
