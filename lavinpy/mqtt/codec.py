@@ -369,9 +369,18 @@ def parse_packet_id(data: bytes, what: str) -> int:
     return packet_id
 
 
+def _nonzero_packet_id(body: _Body, what: str) -> int:
+    """The packet id of a SUBSCRIBE or UNSUBSCRIBE, which must not be 0 (MQTT-2.3.1-1): the SUBACK
+    or UNSUBACK answering it would name no request."""
+    packet_id = body.u16()
+    if not packet_id:
+        raise MQTTProtocolError(f"{what} with packet identifier 0")
+    return packet_id
+
+
 def parse_subscribe(data: bytes) -> tuple[int, list[tuple[str, int]]]:
     body = _Body(data)
-    packet_id = body.u16()
+    packet_id = _nonzero_packet_id(body, "SUBSCRIBE")
     topics: list[tuple[str, int]] = []
     while body.left():
         topic = body.string()
@@ -386,7 +395,7 @@ def parse_subscribe(data: bytes) -> tuple[int, list[tuple[str, int]]]:
 
 def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
     body = _Body(data)
-    packet_id = body.u16()
+    packet_id = _nonzero_packet_id(body, "UNSUBSCRIBE")
     topics: list[str] = []
     while body.left():
         topics.append(body.string())

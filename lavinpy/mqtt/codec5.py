@@ -166,6 +166,8 @@ def parse_ack(data: bytes, what: str) -> tuple[int, int, dict[str, Any]]:
 def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
     body = _Body(data)
     packet_id = body.u16()
+    if not packet_id:  # MQTT-2.2.1-3
+        raise malformed("SUBSCRIBE with packet identifier 0")
     properties = body.properties("SUBSCRIBE")
     subscription_id = properties.get("subscription_identifier")
     requests: list[SubscriptionRequest] = []
@@ -189,6 +191,8 @@ def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
 def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
     body = _Body(data)
     packet_id = body.u16()
+    if not packet_id:  # MQTT-2.2.1-3
+        raise malformed("UNSUBSCRIBE with packet identifier 0")
     body.properties("UNSUBSCRIBE")
     filters: list[str] = []
     while body.left():

@@ -235,6 +235,19 @@ def test_bad_publish_properties_disconnect_with_reason(harness: Harness, props: 
     assert conn.closed
 
 
+@pytest.mark.parametrize("packet", [
+    bytes((0x82, 0x07, 0, 0, 0, 0, 1, ord("a"), 0)),  # SUBSCRIBE, packet id 0, no properties, filter "a"
+    bytes((0xA2, 0x06, 0, 0, 0, 0, 1, ord("a"))),  # UNSUBSCRIBE, packet id 0
+], ids=["SUBSCRIBE", "UNSUBSCRIBE"])
+def test_packet_identifier_0_is_malformed(harness: Harness, packet: bytes) -> None:
+    """MQTT-2.2.1-3: the SUBACK or UNSUBACK would answer no request; the connection ends with 0x81."""
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "id0")
+    conn.receive_data(packet)
+    assert disconnect_reason(conn) == 0x81
+    assert conn.closed
+
+
 def test_bad_connect_gets_connack_reason(harness: Harness) -> None:
     sessions = MQTTSessions(harness.broker)
     conn = sessions.new_connection(("127.0.0.1", 50000))
