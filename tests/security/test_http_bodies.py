@@ -1,0 +1,89 @@
+"""Bodies at the HTTP face that no client library sends: JSON nested deeper than the decoder's
+recursion limit, arguments and headers nested deeper than an AMQP field table may (``MAX_DEPTH``), and
+message properties out of their field's range. Each is a 400 with RabbitMQ's error JSON naming the
+problem (they were 500s with a traceback in the log); nothing is made, and the broker goes on."""
+
+from __future__ import annotations
+
+import uuid
+
+from lavinpy.wire.field_table import MAX_DEPTH
+from tests.e2e.conftest import http_call
+
+
+def _nested(depth: int) -> dict:
+    """A dict holding dicts ``depth`` levels down, counting itself."""
+    value: dict = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def _refused(reply: tuple, what: str, text: str) -> None:
+    status, body, _ = reply
+    assert status == 400, (what, status, body)
+    assert body["error"] == "bad_request" and text in body["reason"], (what, body)
+
+
+def _publish(properties: dict) -> tuple[str, str, dict]:
+    return ("POST", "/api/exchanges/%2F/amq.default/publish",
+            {"routing_key": "nowhere", "payload": "x", "payload_encoding": "string", "properties": properties})
+
+
+def test_json_nested_past_the_decoder_is_a_400(broker):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for path in ("/api/queues/%2F/deep-json", "/api/definitions", "/api/global-parameters/deep-json"):
+        method = "POST" if path == "/api/definitions" else "PUT"
+        _refused(http_call(broker, method, path, raw=deep, headers={"Content-Type": "application/json"}),
+                 path, "nested too deeply")
+    assert http_call(broker, "GET", "/api/queues/%2F/deep-json")[0] == 404
+    assert "Traceback" not in broker.log
+
+
+def test_arguments_and_headers_nest_no_deeper_than_an_amqp_table(broker):
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    assert http_call(broker, "PUT", f"/api/queues/%2F/{queue}", {})[0] == 201
+    # The arguments table is level 1, so a value MAX_DEPTH levels deep is one too many; at 500 the
+    # steps after the JSON decoder ran out of Python's recursion limit.
+    for depth_of_value in (MAX_DEPTH, 500):
+        too_deep = {"x-custom": _nested(depth_of_value)}
+        cases = {
+            "queue": ("PUT", f"/api/queues/%2F/{queue}-deep", {"arguments": too_deep}),
+            "exchange": ("PUT", f"/api/exchanges/%2F/{queue}-deep", {"type": "direct", "arguments": too_deep}),
+            "binding": ("POST", f"/api/bindings/%2F/e/amq.direct/q/{queue}",
+                        {"routing_key": "k", "arguments": too_deep}),
+            "definitions": ("POST", "/api/definitions",
+                            {"queues": [{"name": f"{queue}-imported", "vhost": "/", "durable": True,
+                                         "auto_delete": False, "arguments": too_deep}]}),
+            "publish headers": _publish({"headers": too_deep}),
+        }
+        for what, (method, path, body) in cases.items():
+            _refused(http_call(broker, method, path, body), what, f"nested deeper than {MAX_DEPTH} levels")
+    for name in (f"{queue}-deep", f"{queue}-imported"):
+        assert http_call(broker, "GET", f"/api/queues/%2F/{name}")[0] == 404
+    assert http_call(broker, "GET", f"/api/exchanges/%2F/{queue}-deep")[0] == 404
+    assert [b for b in http_call(broker, "GET", f"/api/queues/%2F/{queue}/bindings")[1] if b["source"]] == []
+    # At the limit, as from an AMQP client: accepted, and the message's headers come back whole.
+    fits = {"x-custom": _nested(MAX_DEPTH - 1)}
+    assert http_call(broker, "PUT", f"/api/queues/%2F/{queue}-fits", {"arguments": fits})[0] == 201
+    method, path, body = _publish({"headers": fits})
+    body["routing_key"] = queue
+    assert http_call(broker, method, path, body)[:2] == (200, {"routed": True})
+    status, got, _ = http_call(broker, "POST", f"/api/queues/%2F/{queue}/get",
+                               {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"})
+    assert status == 200 and got[0]["properties"]["headers"] == fits
+    assert "Traceback" not in broker.log
+
+
+def test_message_properties_out_of_range_are_a_400(broker):
+    cases = {
+        "priority 256": ({"priority": 256}, "priority must be an integer from 0 to 255"),
+        "priority 99999": ({"priority": 99999}, "priority must be an integer from 0 to 255"),
+        "priority -1": ({"priority": -1}, "priority must be an integer from 0 to 255"),
+        "timestamp past year 9999": ({"timestamp": 10 ** 20}, "timestamp"),
+        "timestamp before year 1": ({"timestamp": -10 ** 14}, "timestamp"),
+    }
+    for what, (properties, text) in cases.items():
+        _refused(http_call(broker, *_publish(properties)), what, text)
+    assert http_call(broker, *_publish({"priority": 255, "timestamp": 0}))[0] == 200
+    assert "Traceback" not in broker.log
