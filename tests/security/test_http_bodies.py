@@ -5,6 +5,9 @@ problem (they were 500s with a traceback in the log); nothing is made, and the b
 
 from __future__ import annotations
 
+import socket
+import time
+import urllib.parse
 import uuid
 
 from lavinpy.wire.field_table import MAX_DEPTH
@@ -87,3 +90,33 @@ def test_message_properties_out_of_range_are_a_400(broker):
         _refused(http_call(broker, *_publish(properties)), what, text)
     assert http_call(broker, *_publish({"priority": 255, "timestamp": 0}))[0] == 200
     assert "Traceback" not in broker.log
+
+
+def _raw_http(broker, request: bytes, *, wait_reply: bool = True) -> bytes:
+    url = urllib.parse.urlsplit(broker.http_url)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(request)
+        if not wait_reply:
+            return b""
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+        return reply
+
+
+def test_requests_aiohttp_cannot_parse_or_that_end_early_leave_no_traceback(broker):
+    """A request line over 8190 bytes, a bad chunk size, and a client gone in the middle of its body:
+    the first two get a 400; none writes a traceback (aiohttp logs the first two at ERROR with one,
+    and the third was an internal error), so no client can fill the log with them."""
+    assert _raw_http(broker, b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.0 400")
+    bad_chunk = (b"PUT /api/queues/%2F/q HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    assert _raw_http(broker, bad_chunk).startswith(b"HTTP/1.0 400")
+    auth = b"Authorization: Basic Z3Vlc3Q6Z3Vlc3Q=\r\n"  # guest:guest
+    _raw_http(broker, b"PUT /api/queues/%2F/q-early HTTP/1.1\r\nHost: x\r\n" + auth
+              + b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", wait_reply=False)
+    deadline = time.monotonic() + 10
+    while "q-early" not in broker.log and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "q-early" in broker.log  # one line says the body ended early
+    assert http_call(broker, "GET", "/api/queues/%2F/q-early")[0] == 404
+    assert "Traceback" not in broker.log and " ERROR " not in broker.log
