@@ -79,6 +79,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except ConnectionResetError as e:  # the client went before its body was read: nothing to answer
         _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
+        # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
+        # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
+        # client_max_size). Without it that goes now.
+        e.__traceback__ = None
         return error_response(400, "bad_request", "the request body ended early")
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
