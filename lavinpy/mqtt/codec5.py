@@ -181,6 +181,8 @@ def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
             raise malformed("SUBSCRIBE with maximum QoS 3")
         if handling == 3:
             raise protocol_error("SUBSCRIBE with retain handling 3")
+        if options & 0x04 and topic_filter.startswith("$share/"):  # MQTT-3.8.3-4
+            raise protocol_error(f"SUBSCRIBE with No Local on the shared subscription {topic_filter!r}")
         requests.append(SubscriptionRequest(topic_filter, qos, bool(options & 0x04), bool(options & 0x08),
                                             handling, subscription_id))
     if not requests:

@@ -248,6 +248,17 @@ def test_packet_identifier_0_is_malformed(harness: Harness, packet: bytes) -> No
     assert conn.closed
 
 
+def test_no_local_on_a_shared_subscription_is_a_protocol_error(harness: Harness) -> None:
+    """MQTT-3.8.3-4: DISCONNECT 0x82, nothing subscribed (it was granted, the flag meaning nothing)."""
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "shared-no-local")
+    name = b"$share/g/t"
+    body = b"\x00\x01\x00" + len(name).to_bytes(2, "big") + name + b"\x04"  # id 1, no properties, No Local
+    conn.receive_data(bytes((0x82, len(body))) + body)
+    assert disconnect_reason(conn) == 0x82
+    assert conn.closed
+
+
 def test_bad_connect_gets_connack_reason(harness: Harness) -> None:
     sessions = MQTTSessions(harness.broker)
     conn = sessions.new_connection(("127.0.0.1", 50000))
