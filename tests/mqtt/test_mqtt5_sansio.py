@@ -225,6 +225,8 @@ def test_shared_subscription_round_robin_and_redelivery(harness: Harness) -> Non
     (b"\x05\x03\x00\x05ab", 0x81),  # content type longer than its properties
     (b"\x04\x03\x00\x02\xff\xfe", 0x81),  # content type not UTF-8
     (b"\x02\x0b\x01", 0x82),  # a subscription identifier from a client
+    (b"\x06\x08\x00\x03a/#", 0x82),  # a response topic with a wildcard (MQTT-3.3.2-14)
+    (b"\x06\x08\x00\x03a/+", 0x82),
 ])
 def test_bad_publish_properties_disconnect_with_reason(harness: Harness, props: bytes, reason: int) -> None:
     sessions = MQTTSessions(harness.broker)
