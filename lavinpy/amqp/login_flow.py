@@ -143,11 +143,15 @@ class LoginFlow:
                 heartbeat=self.config.heartbeat)))
         else:  # logged by the login (the throttle's summary, the loopback rule)
             self.close(ACCESS_REFUSED, outcome.text)
+        self._run_held()
+
+    def _run_held(self) -> None:
+        """The frames and input held while a login was decided or the other clients had their turn."""
         frames, self._held_frames = self._held_frames, []
         if frames:
             self._run_frames(frames, 0)
         held, self._held_input = self._held_input, []
-        if held and self._login is None:
+        if held and self._login is None and not self._held_frames:
             self.recv_oct -= sum(map(len, held))  # counted when they arrived
             self.recv_cnt -= len(held)
             self.receive_data(b"".join(held))

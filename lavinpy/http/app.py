@@ -14,9 +14,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..broker.errors import BrokerError
 from ..listeners import ProxyPolicy, serve_port
+from ..logs import RateLimitedLog
 from . import (
     definitions,
     routes_admin,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from ..broker.ops import Broker
 
 log = logging.getLogger("lavinpy.http")
+_refused_log = RateLimitedLog(log)
 
 # Each route module's routes, registered in this order (aiohttp matches the first route that fits).
 ROUTE_TABLES: tuple[Callable[[web.Application], None], ...] = (
@@ -74,6 +77,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error_response(405, "Method Not Allowed", f"{request.method} is not allowed on {request.path}")
     except web.HTTPException:
         raise
+    except ConnectionResetError as e:  # the client went before its body was read: nothing to answer
+        _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
+        # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
+        # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
+        # client_max_size). Without it that goes now.
+        e.__traceback__ = None
+        return error_response(400, "bad_request", "the request body ended early")
     except Exception:
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "internal_error", "internal error, see the broker log")
@@ -132,10 +142,29 @@ def make_app(broker: Broker, sessions: Sessions,
     return app
 
 
+class _MalformedRequestLine(logging.Filter):
+    """aiohttp logs a request it cannot parse (a line over 8190 bytes, a bad chunk size: the client's
+    fault, answered 400) at ERROR with a traceback: any client could fill the log with them. Such a
+    record becomes one rate-limited INFO line of lavinpy.http."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        text = " ".join(str(error.message).split())[:200]  # aiohttp's text spans lines, with a caret
+        _refused_log.log(logging.INFO, "HTTP request from %s refused: %s %s", peer, error.code, text)
+        return False
+
+
+_MALFORMED_REQUEST_FILTER = _MalformedRequestLine()
+
+
 class HttpServer:
     """An app served on every bind address of one port, plain or TLS, behind ForwardedProtocol."""
 
     def __init__(self, app: web.Application) -> None:
+        logging.getLogger("aiohttp.server").addFilter(_MALFORMED_REQUEST_FILTER)  # a second add is a no-op
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
         self._listeners: list[Any] = []
 

@@ -71,6 +71,8 @@ async def read_json(request: web.Request) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"body is not valid JSON: {e}") from None
+    except RecursionError:  # the decoder recurses once per level: a body of 10,000 '[' is not an internal error
+        raise bad_request("body is not valid JSON: nested too deeply") from None
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:

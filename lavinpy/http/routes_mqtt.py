@@ -34,12 +34,14 @@ _EMPTY, _REFUSED = (False, b""), (True, b"")  # a reader's answers to input: (en
 class PreLoginGate:
     """Stands in front of aiohttp's WebSocket reader (which it passes every byte to) and, until
     ``opened``, refuses a data message larger than ``limit`` at the header of the frame that makes it
-    so, before the payload is buffered anywhere. Control frames (ping, pong, close) do not count."""
+    so, before the payload is buffered anywhere. Control frames (ping, pong, close) do not count.
+    It refuses an unmasked frame at any time."""
 
-    def __init__(self, reader: Any, queue: Any, limit: int) -> None:
+    def __init__(self, reader: Any, queue: Any, limit: int, opened_limit: int) -> None:
         self.reader = reader
         self.queue = queue
         self.limit = limit
+        self.opened_limit = opened_limit
         self.opened = False
         self.refused = False
         self._head = bytearray()  # the current frame header, while incomplete
@@ -52,16 +54,18 @@ class PreLoginGate:
     def feed_data(self, data: bytes) -> tuple[bool, bytes]:
         if self.refused:
             return _REFUSED  # nothing more is read
-        if not self.opened and not self._scan(data):
-            self.queue.set_exception(WebSocketError(WSCloseCode.MESSAGE_TOO_BIG,
-                                                    f"a message over {self.limit} bytes before CONNECT"))
+        refusal = self._scan(data)
+        if refusal is not None:
+            self.queue.set_exception(WebSocketError(*refusal))
             self.refused = True
             return _REFUSED
         result: tuple[bool, bytes] = self.reader.feed_data(data)
         return result
 
-    def _scan(self, data: bytes) -> bool:
-        """Follow the frames of ``data``; False once a data message is over the limit."""
+    def _scan(self, data: bytes) -> tuple[WSCloseCode, str] | None:
+        """Follow the frames of ``data``: the close code and reason of the first frame refused, else
+        None. A client's frames must be masked (RFC 6455 5.1: aiohttp's reader takes unmasked ones);
+        before login, a data message may not grow past the limit."""
         pos, end, head = 0, len(data), self._head
         while pos < end:
             if self._payload_left:
@@ -72,23 +76,27 @@ class PreLoginGate:
             take = min(end - pos, 14 - len(head))
             head += data[pos:pos + take]
             if len(head) < 2:
-                return True
+                return None
             short = head[1] & 0x7F
             size = 2 + (2 if short == 126 else 8 if short == 127 else 0) + (4 if head[1] & 0x80 else 0)
             if len(head) < size:
-                return True
+                return None
             pos += take - (len(head) - size)
             length = short if short < 126 else int.from_bytes(head[2:4 if short == 126 else 10], "big")
-            opcode, fin = head[0] & 0x0F, head[0] & 0x80
+            opcode, fin, masked = head[0] & 0x0F, head[0] & 0x80, head[1] & 0x80
             del head[:]
+            if not masked:
+                return WSCloseCode.PROTOCOL_ERROR, "an unmasked frame from the client"
             if opcode < 8:  # a data frame or a continuation of one
                 self._message += length
-                if self._message > self.limit:
-                    return False
+                if self._message > (self.opened_limit if self.opened else self.limit):
+                    if self.opened:
+                        return WSCloseCode.MESSAGE_TOO_BIG, f"a message over {self.opened_limit} bytes"
+                    return WSCloseCode.MESSAGE_TOO_BIG, f"a message over {self.limit} bytes before CONNECT"
                 if fin:
                     self._message = 0
             self._payload_left = length
-        return True
+        return None
 
 
 class MQTTWebSocketResponse(web.WebSocketResponse):
@@ -99,7 +107,7 @@ class MQTTWebSocketResponse(web.WebSocketResponse):
     def _post_start(self, *args: Any, **kwargs: Any) -> None:
         def gated_reader(queue: Any, max_msg_size: int, *rest: Any, **options: Any) -> PreLoginGate:
             self.gate = PreLoginGate(_READER(queue, max_msg_size, *rest, **options), queue,
-                                     MAX_PACKET_BEFORE_CONNECT)
+                                     MAX_PACKET_BEFORE_CONNECT, max_msg_size)
             return self.gate
 
         # aiohttp makes its reader in _post_start, by this name, and hands it the input read so far;
@@ -197,6 +205,10 @@ async def mqtt_websocket(request: web.Request) -> web.StreamResponse:
             if driver.closing():
                 break
     finally:
+        # The response outlives the connection in a reference cycle, freed only by a full collection
+        # (rare at the server's GC thresholds); through the gate it held aiohttp's reader and so the
+        # fragments of an unfinished message, up to mqtt_max_packet_size per connection.
+        ws.gate = None
         driver.ended()
         sessions.forget(conn)
         driver.close()

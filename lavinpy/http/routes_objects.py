@@ -14,6 +14,7 @@ from aiohttp import web
 from ..broker.ops import ConnectionRegistry, Exchange, VHost, messages, scope
 from ..broker.ops import objects as ops
 from ..broker.ops.object_info import exchange_info, properties_key, queue_info, vhost_bindings
+from ..wire.field_table import FieldTableError, check_nesting
 from . import cooperative
 from .context import actor_of, broker_of, json_reply
 from .errors import bad_request, not_found, read_json_object
@@ -50,6 +51,10 @@ def _arguments(body: dict[str, Any]) -> dict[str, Any]:
     arguments = body.get("arguments") or {}
     if not isinstance(arguments, dict):
         raise bad_request("arguments must be a JSON object")
+    try:
+        check_nesting(arguments)
+    except FieldTableError as e:
+        raise bad_request(f"arguments: {e}") from None
     return arguments
 
 

@@ -166,6 +166,8 @@ def parse_ack(data: bytes, what: str) -> tuple[int, int, dict[str, Any]]:
 def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
     body = _Body(data)
     packet_id = body.u16()
+    if not packet_id:  # MQTT-2.2.1-3
+        raise malformed("SUBSCRIBE with packet identifier 0")
     properties = body.properties("SUBSCRIBE")
     subscription_id = properties.get("subscription_identifier")
     requests: list[SubscriptionRequest] = []
@@ -179,6 +181,8 @@ def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
             raise malformed("SUBSCRIBE with maximum QoS 3")
         if handling == 3:
             raise protocol_error("SUBSCRIBE with retain handling 3")
+        if options & 0x04 and topic_filter.startswith("$share/"):  # MQTT-3.8.3-4
+            raise protocol_error(f"SUBSCRIBE with No Local on the shared subscription {topic_filter!r}")
         requests.append(SubscriptionRequest(topic_filter, qos, bool(options & 0x04), bool(options & 0x08),
                                             handling, subscription_id))
     if not requests:
@@ -189,6 +193,8 @@ def parse_subscribe(data: bytes) -> tuple[int, list[SubscriptionRequest]]:
 def parse_unsubscribe(data: bytes) -> tuple[int, list[str]]:
     body = _Body(data)
     packet_id = body.u16()
+    if not packet_id:  # MQTT-2.2.1-3
+        raise malformed("UNSUBSCRIBE with packet identifier 0")
     body.properties("UNSUBSCRIBE")
     filters: list[str] = []
     while body.left():

@@ -577,6 +577,7 @@ class MQTTConnection:
 
     def _teardown(self, publish_will: bool) -> None:
         self.closed = True
+        self.reader.release()  # an unfinished packet's bytes (this object may outlive us in a cycle)
         login, self._login = self._login, None
         if login is not None:
             login[2].abandon()

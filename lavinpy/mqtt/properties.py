@@ -176,6 +176,8 @@ def read_properties(data: bytes, pos: int, where: str) -> tuple[dict[str, Any], 
             raise protocol_error(f"{name} 0")
         if name == "topic_alias" and value == 0:
             raise MQTTProtocolError("topic alias 0", reason=TOPIC_ALIAS_INVALID)
+        if name == "response_topic" and ("+" in value or "#" in value):  # MQTT-3.3.2-14: a topic name
+            raise protocol_error(f"response topic {value!r} contains a wildcard")
         found[name] = value
     if pos != end:
         raise malformed(f"{where} property runs past its properties")

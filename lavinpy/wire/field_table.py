@@ -25,7 +25,7 @@ from typing import Any
 __all__ = [
     "MAX_DEPTH", "FieldTableError", "Float32", "Int8", "Int16", "Int32", "Int64", "RawLongStr",
     "Timestamp", "UInt8", "UInt16", "UInt32", "UInt64", "decode_table", "decode_array", "decode_value",
-    "encode_table", "encode_array", "encode_value", "validate_table", "value_end",
+    "encode_table", "encode_array", "encode_value", "validate_table", "value_end", "check_nesting",
 ]
 
 # RabbitMQ's own headers nest two levels (x-death: an array of tables); clients a handful. 64 leaves
@@ -172,6 +172,27 @@ def validate_table(buf: bytes | bytearray | memoryview, pos: int, end: int, dept
             pos = _check_value(buf, key_end, end, depth)
         except FieldTableError as err:
             err.path.insert(0, key.decode("utf-8", "surrogateescape"))
+            raise
+
+
+def check_nesting(value: Any, depth: int = 1) -> None:
+    """Refuse a table built in Python (e.g. from JSON) whose dicts and lists nest deeper than
+    ``MAX_DEPTH``, as ``validate_table`` refuses such wire bytes: what the management API accepts must
+    encode, route and decode at boot like what an AMQP client could send. ``depth`` is ``value``'s
+    level when it is a dict or list; the recursion stops at ``MAX_DEPTH`` + 1 whatever the input."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return
+    if depth > MAX_DEPTH:
+        raise FieldTableError(f"tables and arrays nested deeper than {MAX_DEPTH} levels", too_deep=True)
+    for key, item in items:
+        try:
+            check_nesting(item, depth + 1)
+        except FieldTableError as err:
+            err.path.insert(0, key)
             raise
 
 

@@ -225,6 +225,8 @@ def test_shared_subscription_round_robin_and_redelivery(harness: Harness) -> Non
     (b"\x05\x03\x00\x05ab", 0x81),  # content type longer than its properties
     (b"\x04\x03\x00\x02\xff\xfe", 0x81),  # content type not UTF-8
     (b"\x02\x0b\x01", 0x82),  # a subscription identifier from a client
+    (b"\x06\x08\x00\x03a/#", 0x82),  # a response topic with a wildcard (MQTT-3.3.2-14)
+    (b"\x06\x08\x00\x03a/+", 0x82),
 ])
 def test_bad_publish_properties_disconnect_with_reason(harness: Harness, props: bytes, reason: int) -> None:
     sessions = MQTTSessions(harness.broker)
@@ -232,6 +234,30 @@ def test_bad_publish_properties_disconnect_with_reason(harness: Harness, props: 
     body = codec.topic_field("t") + props + b"x"
     conn.receive_data(bytes((0x30,)) + codec.remaining_length(len(body)) + body)
     assert disconnect_reason(conn) == reason
+    assert conn.closed
+
+
+@pytest.mark.parametrize("packet", [
+    bytes((0x82, 0x07, 0, 0, 0, 0, 1, ord("a"), 0)),  # SUBSCRIBE, packet id 0, no properties, filter "a"
+    bytes((0xA2, 0x06, 0, 0, 0, 0, 1, ord("a"))),  # UNSUBSCRIBE, packet id 0
+], ids=["SUBSCRIBE", "UNSUBSCRIBE"])
+def test_packet_identifier_0_is_malformed(harness: Harness, packet: bytes) -> None:
+    """MQTT-2.2.1-3: the SUBACK or UNSUBACK would answer no request; the connection ends with 0x81."""
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "id0")
+    conn.receive_data(packet)
+    assert disconnect_reason(conn) == 0x81
+    assert conn.closed
+
+
+def test_no_local_on_a_shared_subscription_is_a_protocol_error(harness: Harness) -> None:
+    """MQTT-3.8.3-4: DISCONNECT 0x82, nothing subscribed (it was granted, the flag meaning nothing)."""
+    sessions = MQTTSessions(harness.broker)
+    conn, _ = connect(sessions, "shared-no-local")
+    name = b"$share/g/t"
+    body = b"\x00\x01\x00" + len(name).to_bytes(2, "big") + name + b"\x04"  # id 1, no properties, No Local
+    conn.receive_data(bytes((0x82, len(body))) + body)
+    assert disconnect_reason(conn) == 0x82
     assert conn.closed
 
 

@@ -42,6 +42,9 @@ BAD_AFTER_CONNECT = {
     "SUBSCRIBE with QoS byte 3": bytes((0x82, 0x06, 0, 1, 0, 1, ord("a"), 3)),
     "PUBACK with a body too long": bytes((0x40, 0x03, 0, 1, 0)),
     "invalid UTF-8 topic": bytes((0x30, 0x04, 0x00, 0x02, 0xC3, 0x28)),
+    # MQTT-2.3.1-1: a SUBSCRIBE or UNSUBSCRIBE carries a non-zero packet identifier
+    "SUBSCRIBE with packet identifier 0": bytes((0x82, 0x06, 0, 0, 0, 1, ord("a"), 0)),
+    "UNSUBSCRIBE with packet identifier 0": bytes((0xA2, 0x05, 0, 0, 0, 1, ord("a"))),
 }
 
 

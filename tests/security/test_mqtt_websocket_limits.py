@@ -1,7 +1,8 @@
 """MQTT over WebSocket before login costs no more than MQTT over TCP: no compression is negotiated, a
 message over 64 KiB before CONNECT closes the socket at its first frame header (the broker's memory
 stays flat under a 100 MiB one), after login a message may be as large as a packet may; and /ws is not
-served while MQTT is off."""
+served while MQTT is off. At any time an unmasked client frame closes with 1002, and the fragments of a
+message its client never finished are freed when the connection ends."""
 
 from __future__ import annotations
 
@@ -142,5 +143,50 @@ def test_ws_is_not_served_with_mqtt_off(tmp_path_factory: pytest.TempPathFactory
         sock, head = ws_handshake(broker.http_port)
         sock.close()
         assert head.startswith(b"HTTP/1.1 404"), head[:100]
+    finally:
+        broker.close()
+
+
+def _logged_in_ws(port: int, client_id: str) -> socket.socket:
+    sock, head = ws_handshake(port)
+    assert head.startswith(b"HTTP/1.1 101"), head[:100]
+    sock.sendall(ws_frame(codec.encode_connect(client_id, username="guest", password=b"guest")))
+    assert ws_read_frame(sock) == (0x2, codec.connack(False, codec.ACCEPTED))
+    return sock
+
+
+@pytest.mark.parametrize("logged_in", [False, True], ids=["before CONNECT", "after CONNECT"])
+def test_an_unmasked_frame_closes_with_protocol_error(mqtt_on: MQTTBroker, logged_in: bool) -> None:
+    """RFC 6455 5.1: a server closes the connection on a client frame that is not masked (1002)."""
+    pingreq = bytes((0xC0, 0x00))
+    if logged_in:
+        sock = _logged_in_ws(mqtt_on.http_port, unique("unmasked"))
+    else:
+        sock, _ = ws_handshake(mqtt_on.http_port)
+    with sock:
+        sock.sendall(bytes((0x82, len(pingreq))) + pingreq)  # FIN, binary, no mask bit
+        assert ws_read_frame(sock) == (0x8, (1002).to_bytes(2, "big"))
+        assert _closed_soon(sock)
+
+
+@pytest.mark.timeout(120)
+def test_unfinished_messages_of_gone_clients_are_freed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A logged-in client sends most of a large message in fragments and goes, again and again: each
+    connection's fragments are freed when it ends (the response kept them in a reference cycle that
+    only a full collection freed, so RSS grew by each message until then)."""
+    broker = MQTTBroker(tmp_path_factory.mktemp("security-mqtt-unfinished"))  # its own: RSS undisturbed
+    broker.start()
+    try:
+        fragment = ws_frame(bytes(MIB), opcode=0x0, fin=False)
+        before = rss_mib(broker.pid)
+        for round_ in range(4):
+            with _logged_in_ws(broker.http_port, unique("unfinished")) as sock:
+                sock.sendall(ws_frame(b"\x30", fin=False))  # a PUBLISH begins
+                for _ in range(40):
+                    sock.sendall(fragment)
+            deadline = time.monotonic() + 10
+            while rss_mib(broker.pid) - before > RSS_SLACK_MIB and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert rss_mib(broker.pid) - before < RSS_SLACK_MIB, (round_, rss_mib(broker.pid), before)
     finally:
         broker.close()

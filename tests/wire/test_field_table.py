@@ -117,3 +117,17 @@ def test_malformed_tables_name_the_problem(data: bytes, reason: str) -> None:
         ft.validate_table(data, 0, len(data))
     assert str(err.value) == reason
     assert not err.value.too_deep
+
+
+def test_check_nesting_refuses_python_values_deeper_than_a_wire_table_may_be():
+    """The management API's JSON arguments and headers are held to validate_table's limit."""
+    value: object = 1
+    for _ in range(ft.MAX_DEPTH - 1):
+        value = {"k": value}
+    ft.check_nesting({"top": value})  # the table itself is level 1: MAX_DEPTH levels in all
+    with pytest.raises(ft.FieldTableError) as e:
+        ft.check_nesting({"top": [value]})
+    assert e.value.too_deep and e.value.path[:3] == ["top", 0, "k"]
+    ft.check_nesting([[[]]], depth=ft.MAX_DEPTH - 2)
+    with pytest.raises(ft.FieldTableError):
+        ft.check_nesting([[[]]], depth=ft.MAX_DEPTH - 1)

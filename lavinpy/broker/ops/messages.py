@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime
+import struct
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 from pamqp.exceptions import PAMQPException
 
 from ...store.record import StoredMessage
+from ...wire.field_table import FieldTableError, check_nesting
 from ...wire.properties import decode_properties, encode_properties, peek_headers
 from ..access.actor import Actor
 from ..errors import ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
@@ -90,12 +92,24 @@ def properties_from_json(properties: Any) -> bytes:
         if attr is None:
             raise bad_input(f"unknown message property '{name}'")
         if name == "timestamp" and isinstance(value, int):
-            value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+            try:
+                value = datetime.datetime.fromtimestamp(value, datetime.UTC)
+            except (OverflowError, OSError, ValueError):
+                raise bad_input(f"timestamp {value} is out of range") from None
+        if name == "headers":
+            try:
+                check_nesting(value)
+            except FieldTableError as e:
+                raise bad_input(f"invalid message properties: headers: {e}") from None
+        if name == "priority" and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255):
+            raise bad_input(f"priority must be an integer from 0 to 255, not {value!r}")
         kwargs[attr] = value
     try:
         return encode_properties(commands.Basic.Properties(**kwargs))
     except (TypeError, ValueError, AttributeError, PAMQPException) as e:
         raise bad_input(f"invalid message properties: {e}") from None
+    except (struct.error, OverflowError):  # a number too large for its field, e.g. priority 256
+        raise bad_input("invalid message properties: a number is out of its field's range") from None
 
 
 def payload_bytes(payload: Any, encoding: Any) -> bytes:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ....wire.field_table import FieldTableError, check_nesting
 from ...access.users import PERMISSION_KINDS
 from ...declarations import (
     check_exchange_equivalent,
@@ -84,6 +85,10 @@ def _args(item: Mapping[str, Any], what: str) -> dict[str, Any]:
     value = item.get("arguments") or {}
     if not isinstance(value, Mapping):
         raise DefinitionsError(f"{what}: 'arguments' must be an object")
+    try:
+        check_nesting(value)
+    except FieldTableError as e:
+        raise DefinitionsError(f"{what}: arguments: {e}") from None
     return dict(value)
 
 
