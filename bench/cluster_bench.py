@@ -2,17 +2,24 @@
 through its leader and through a follower's forwarding port, then the failover time over repeated
 kill -9 of the leader. Prints a table; not a test.
 
-    python3 bench/cluster_bench.py --amqpperf bench/out/amqpperf [--rounds 2] [--kills 20]
+    python3 bench/cluster_bench.py --amqpperf bench/out/amqpperf [--rounds 2] [--kills 20] [--own-disks 512]
 
 Needs ``etcd`` on PATH. Throughput runs alternate the three set-ups ``--rounds`` times (medians are
 shown) so that load from elsewhere on the machine hits them alike. Failover is the time from the
 kill -9 of the leader to a successful queue.declare on the new leader's own AMQP port; each killed
 node is restarted and back in the in-sync replica set before the next kill.
+
+``--own-disks MIB`` (root only, never needed by CI) puts each node's data directory, and the single
+node's, on an ext4 file system of its own (an image file on a loop device, removed afterwards): the
+nodes then no longer share one file system's journal, which on one machine is part of what a
+cluster's confirm waits for (bench/history.md); ``--disk-images DIR`` puts the image files there
+(on a tmpfs: no disk under any node).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -21,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +81,35 @@ def amqpperf(binary: str, port: int, pids: list[int], label: str) -> dict:
     return result
 
 
-def single_node(binary: str, data_dir: Path) -> dict:
+@contextlib.contextmanager
+def own_disk(mount_point: Path, mib: int, images: Path | None = None) -> Iterator[None]:
+    """An ext4 file system of ``mib`` MiB mounted at ``mount_point`` for the block, on a loop device
+    over a sparse image file in ``images`` (default: beside the mount point; a tmpfs there takes the
+    disk out of the figures altogether)."""
+    image = (images or mount_point.parent) / f"{mount_point.parent.name}-{mount_point.name}.img"
+    mount_point.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(mib * 1024 * 1024)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    device = subprocess.run(["losetup", "--find", "--show", str(image)], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    try:
+        subprocess.run(["mount", device, str(mount_point)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["umount", str(mount_point)], check=False)
+    finally:
+        subprocess.run(["losetup", "--detach", device], check=False)
+        image.unlink(missing_ok=True)
+
+
+def single_node(binary: str, data_dir: Path, disk_mib: int = 0, images: Path | None = None) -> dict:
+    with own_disk(data_dir, disk_mib, images) if disk_mib else contextlib.nullcontext():
+        return _single_node(binary, data_dir)
+
+
+def _single_node(binary: str, data_dir: Path) -> dict:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
@@ -134,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amqpperf", default=str(REPO_ROOT / "bench" / "out" / "amqpperf"))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--own-disks", type=int, default=0, metavar="MIB",
+                        help="each node's data directory on its own ext4 file system of this size (root)")
+    parser.add_argument("--disk-images", type=Path, default=None, metavar="DIR",
+                        help="with --own-disks: where the file systems' image files go")
     args = parser.parse_args(argv)
     if not Path(args.amqpperf).exists():
         print(f"amqpperf not found at {args.amqpperf}: build it (see bench/README.md)", file=sys.stderr)
@@ -144,13 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for round_ in range(args.rounds):
             print(f"round {round_ + 1}: single node", flush=True)
-            results["single node"].append(single_node(args.amqpperf, work / f"single{round_}"))
+            results["single node"].append(single_node(args.amqpperf, work / f"single{round_}", args.own_disks,
+                                                       args.disk_images))
             print(f"round {round_ + 1}: three-node cluster", flush=True)
             etcd = Etcd(work / f"etcd{round_}")  # a fresh etcd and cluster each round
             etcd.start()
             cluster = Cluster(work / f"cluster{round_}", etcd)
-            cluster.start(3)
+            disks = contextlib.ExitStack()
             try:
+                for node in cluster.add(3):
+                    if args.own_disks:
+                        disks.enter_context(own_disk(node.data_dir, args.own_disks, args.disk_images))
+                    node.start()
                 for name, result in cluster_runs(args.amqpperf, cluster).items():
                     results[name].append(result)
                 if round_ == args.rounds - 1 and args.kills:
@@ -159,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 cluster.stop_all()
                 etcd.stop()
+                disks.close()
     print_table(results)
     if times:
         print(f"failover (kill -9 to a queue.declare on the new leader) over {len(times)} kills: "
