@@ -174,7 +174,9 @@ def stop_process(process: subprocess.Popen) -> str:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    return process.stdout.read() if process.stdout else ""
+    output = process.stdout.read() if process.stdout else ""
+    print(f"process {process.pid} exited {process.returncode}; its output:\n{output}")  # shown if a test fails
+    return output
 
 
 def replicated_hashes(root: Path) -> dict[str, str]:
