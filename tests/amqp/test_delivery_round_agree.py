@@ -9,6 +9,7 @@ kind). Skipped on the pure path (nothing compiled to compare)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,31 @@ def _rounds(setup: Setup) -> list[tuple[list[Any], list[int], list[StoredMessage
     return rounds
 
 
-def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, no_ack: bool = False
-           ) -> tuple[list[Any], list[dict[str, Any]]]:
+def _by_round(setup: Setup, picked: list[Any], positions: list[int], messages: list[Any],
+              redelivered: list[bool] | None) -> Any:
+    """A round handed out in one ``deliver_round`` call: what comes back and the state after it."""
+    return delivery_round.deliver_round(picked, positions, messages, redelivered), setup.state()
+
+
+def _by_runs(setup: Setup, picked: list[Any], positions: list[int], messages: list[Any],
+             redelivered: list[bool] | None) -> Any:
+    """A round handed out as ``consumer_set._deliver_stretches`` does for uneven picks: one
+    ``Channel.deliver_run`` per consumer's stretch (consumer ``j`` takes the next ``1 + j % 4``
+    messages: stretches of 1 to 4)."""
+    start = 0
+    for j, consumer in enumerate(picked * len(positions)):
+        if start >= len(positions):
+            break
+        end = min(len(positions), start + 1 + j % 4)
+        flags = None if redelivered is None else redelivered[start:end]
+        consumer.channel.deliver_run(consumer, positions[start:end], messages[start:end], flags)
+        start = end
+    return setup.state()
+
+
+def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, no_ack: bool = False,
+           hand_out: Callable[..., Any] = _by_round) -> tuple[list[Any], list[Any]]:
+    """The rounds handed out by ``hand_out``, the compiled round counted (or taken away: the twin)."""
     setup = Setup(path, no_ack)
     calls: list[Any] = []
     compiled_round = delivery_round._round
@@ -125,8 +149,7 @@ def _drive(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, no_ack: 
                 book.pop(next(iter(book)) + 1)
             if i == 3:  # a gap in one channel's tags: its next run cannot join either
                 setup.clients[2].conn.channels[1].deliveries.tag += 1
-            no_ack_runs = delivery_round.deliver_round(picked, positions, messages, redelivered)
-            states.append((no_ack_runs, setup.state()))
+            states.append(hand_out(setup, picked, positions, messages, redelivered))
             if i == 5:  # the output taken, as the driver would
                 for client in setup.clients:
                     client.conn.data_to_send()
@@ -171,53 +194,11 @@ def test_a_channel_of_another_kind_is_left_to_the_twin(tmp_path: Path) -> None:
         setup.close()
 
 
-def _drive_runs(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, no_ack: bool = False
-                ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The rounds' messages handed out as ``consumer_set._deliver_stretches`` does for uneven picks: one
-    ``Channel.deliver_run`` per consumer's stretch (here consumer ``j`` of a round of width ``w`` takes
-    the first ``j + 1`` of its share, the next consumers the rest: stretches of 1 to many)."""
-    setup = Setup(path, no_ack)
-    calls: list[Any] = []
-    compiled_round = delivery_round._round
-    assert compiled_round is not None
-
-    def counted(*args: Any) -> Any:
-        result = compiled_round(*args)
-        calls.append(result)
-        return result
-
-    monkeypatch.setattr(delivery_round, "_round", counted if compiled else None)
-    try:
-        states = []
-        for i, (picked, positions, messages, redelivered) in enumerate(_rounds(setup)):
-            if i == 2:
-                book = setup.clients[1].conn.channels[1].deliveries.unacked
-                book.pop(next(iter(book)) + 1)
-            if i == 3:
-                setup.clients[2].conn.channels[1].deliveries.tag += 1
-            start = 0
-            for j, consumer in enumerate(picked * len(positions)):
-                if start >= len(positions):
-                    break
-                end = min(len(positions), start + 1 + j % 4)
-                flags = None if redelivered is None else redelivered[start:end]
-                consumer.channel.deliver_run(consumer, positions[start:end], messages[start:end], flags)
-                start = end
-            states.append(setup.state())
-            if i == 5:
-                for client in setup.clients:
-                    client.conn.data_to_send()
-        return calls, states
-    finally:
-        monkeypatch.undo()
-        setup.close()
-
-
 @pytest.mark.parametrize("no_ack", [False, True])
 def test_a_channels_run_in_the_compiled_round_gives_the_twins_bytes_books_and_counters(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_ack: bool) -> None:
-    calls, compiled = _drive_runs(tmp_path / "c", True, monkeypatch, no_ack)
-    no_calls, pure = _drive_runs(tmp_path / "py", False, monkeypatch, no_ack)
+    calls, compiled = _drive(tmp_path / "c", True, monkeypatch, no_ack, _by_runs)
+    no_calls, pure = _drive(tmp_path / "py", False, monkeypatch, no_ack, _by_runs)
     assert len(calls) > 100 and all(result is not None for result in calls) and not no_calls
     assert compiled == pure
     final = compiled[-1]
