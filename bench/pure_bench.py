@@ -190,7 +190,8 @@ def _env(tree: str) -> dict[str, str]:
 
 
 def _run(tree: str, workload: str, size: int, valgrind: list[str] | None = None) -> dict[str, float]:
-    cmd = (valgrind or []) + [os.path.realpath(sys.executable)] + _command(workload, size)
+    # the interpreter as invoked, not resolved: a venv's interpreter keeps its packages
+    cmd = (valgrind or []) + [sys.executable] + _command(workload, size)
     # outside the trees, so that `tests` and `lavinpy` come from PYTHONPATH
     done = subprocess.run(cmd, env=_env(tree), cwd=tempfile.gettempdir(), capture_output=True, text=True,
                           check=False)
