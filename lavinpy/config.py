@@ -175,6 +175,8 @@ class Config:
     # A request over HTTPS without Basic credentials whose client sent a verified certificate acts as
     # the certificate's user (the same login as every face; the user needs a management tag).
     management_ssl_cert_login: bool = False
+    # Largest HTTP API request body (RabbitMQ's management.http.max_body_size, 20 MiB by default).
+    management_max_body_size: int = 20 * 1024 * 1024
     prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
     prometheus_tls_port: int = 15691
     # Addresses and CIDRs of load balancers (LavinMQ's name): their connections must start with a PROXY
@@ -273,6 +275,8 @@ class Config:
             raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
         if self.max_message_size < 1:
             raise ConfigError("max_message_size must be positive")
+        if self.management_max_body_size < 1:
+            raise ConfigError("management_max_body_size must be positive")
         if not 2 <= self.mqtt_max_packet_size <= 268_435_460:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
         if not 1 <= self.mqtt_inflight_window <= 65535:
