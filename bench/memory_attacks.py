@@ -3,8 +3,8 @@
 - ``partial-content``: one AMQP connection opens every channel it may (channel_max) and on each starts a
   message of 32 KiB (the largest kept in memory, larger ones go to a file) sent as 1-byte body frames,
   and never ends it;
-- ``half-open``: ``--clients`` AMQP connections that send the protocol header and nothing more (the
-  handshake timeout, 10 s, closes them);
+- ``half-open``: ``--clients`` AMQP connections that send the protocol header and most of a frame of
+  128 KiB (frame_max), and nothing more (the handshake timeout, 10 s, closes them);
 - ``http-unauth``: ``--clients`` HTTP uploads of ``--mib`` MiB each to /api/definitions without
   credentials, all at once;
 - ``http-auth``: the same with the guest user's credentials.
@@ -57,7 +57,8 @@ def half_open(amqp_port: int, clients: int) -> list[socket.socket]:
     socks = []
     for _ in range(clients):
         s = socket.create_connection(("127.0.0.1", amqp_port))
-        s.sendall(b"AMQP\x00\x00\x09\x01")
+        size = 131072 - 8
+        s.sendall(b"AMQP\x00\x00\x09\x01" + b"\x01\x00\x00" + size.to_bytes(4, "big") + b"\x00" * (size - 4096))
         socks.append(s)
     return socks
 

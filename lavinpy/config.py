@@ -200,6 +200,9 @@ class Config:
     # Consumers one channel may have (0 = unlimited); one more closes the channel with 530.
     max_consumers_per_channel: int = 0
     frame_max: int = 131072
+    # The largest frame before connection.tune-ok (RabbitMQ 4.1's initial_frame_max): what a client that has
+    # not logged in can make the broker buffer. 8192 takes a start-ok with a JWT of several KiB.
+    initial_frame_max: int = 8192
     channel_max: int = 2047
     heartbeat: int = 60
     default_user: str = "guest"
@@ -271,6 +274,8 @@ class Config:
             raise ConfigError("ack_file_max_bytes must be a positive multiple of 8")
         if self.frame_max < 4096:
             raise ConfigError(f"frame_max must be at least 4096, not {self.frame_max}")
+        if self.initial_frame_max < 4096:
+            raise ConfigError(f"initial_frame_max must be at least 4096, not {self.initial_frame_max}")
         if not 1 <= self.channel_max <= 65535:
             raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
         if self.max_message_size < 1:

@@ -150,7 +150,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.sessions = sessions
         self.broker = broker = sessions.broker
         self.config = broker.config
-        self.reader = FrameReader(self.config.frame_max, methods_per_feed=METHODS_PER_TURN)
+        # Until tune-ok, frames up to initial_frame_max: a stranger's partial frame is held up to that.
+        self.reader = FrameReader(min(self.config.frame_max, self.config.initial_frame_max),
+                                  methods_per_feed=METHODS_PER_TURN)
         self.state = AWAIT_HEADER
         self.name = "?"
         self.peer_host: str | None = None

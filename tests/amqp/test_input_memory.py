@@ -58,3 +58,31 @@ def test_a_small_body_sent_in_one_byte_frames_is_held_at_about_its_size(client: 
 def _one_byte(channel: int) -> bytes:
     """A body frame of one byte on ``channel`` (the byte is the channel's number)."""
     return frame.marshal(body.ContentBody(bytes((channel,))), channel)
+
+
+def test_before_tune_ok_frames_are_bounded_by_initial_frame_max(tmp_path: Path) -> None:
+    """A client that has not logged in may send frames up to initial_frame_max (8192, RabbitMQ 4.1's):
+    a stranger's connection announcing a frame of frame_max (128 KiB) is closed on its first 7 bytes
+    instead of having the broker buffer the rest (500 such connections held 62 MiB), while a start-ok
+    carrying credentials of several KiB (a JWT) logs in, and after tune-ok frames up to the
+    negotiated frame_max are read."""
+    from lavinpy.amqp.connection import CLOSED, OPEN
+    from lavinpy.amqp.effects import Effect
+
+    h = Harness(tmp_path)
+    try:
+        stranger = h.connect()
+        stranger.send(b"AMQP\x00\x00\x09\x01" + b"\x01\x00\x00" + (131064).to_bytes(4, "big") + b"\x00" * 1000)
+        stranger.read()
+        assert stranger.conn.state == CLOSED and Effect.CLOSE in stranger.effects
+        assert stranger.conn.reader.buffered == 0
+
+        client = h.connect(("127.0.0.1", 50001))
+        client.handshake(password="guest", capabilities={"padding": "x" * 6000})  # a start-ok of 6 KiB
+        assert client.conn.state == OPEN and client.conn.reader.frame_max == 131072
+        client.open_channel(1)
+        client.send((1, commands.Queue.Declare(queue="q")), *client.publish(1, "q", b"b" * 100_000))
+        client.read()
+        assert h.broker.vhosts["/"].queues["q"].message_count == 1
+    finally:
+        h.close()
