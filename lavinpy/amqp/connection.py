@@ -243,8 +243,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.broker.client_limits.connection_closed(self.vhost.name, self.username)
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
-    def receive_data(self, data: bytes) -> None:
-        """Everything the client sent since the last call; replies and effects queue up."""
+    def receive_data(self, data: bytes, resumed: bool = False) -> None:
+        """Everything the client sent since the last call; replies and effects queue up. ``resumed``:
+        input held meanwhile (b"": none), decoded behind the rest of a read left undecoded (_run_held)."""
         if _ack_read is not None and not self._held_frames:
             # A consumer's read of in-order acks, the commonest read with many consumers, in one compiled
             # call (False: not that read, nothing done; the rest of this method is its pure twin)
@@ -259,16 +260,11 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.recv_cnt += 1
         if self.state >= CLOSED:
             return
-        if self._login is not None or self._held_frames or self.reader.undecoded:
+        if (self._login is not None or self._held_frames or self.reader.undecoded) and not resumed:
             self._held_input.append(data)  # read before the pause took effect: after those
             return
         if data == writer.HEARTBEAT and self.state == OPEN and not self.reader.buffered:
             return  # an idle client's heartbeat, alone: noted above, nothing else to do
-        self._decode(data)
-
-    def _decode(self, data: bytes) -> None:
-        """Decode ``data`` behind what the reader holds (b"": the rest of a read left undecoded) and
-        handle the frames."""
         try:
             frames = self.reader.feed(data)
         except BadProtocolHeader:
