@@ -5,6 +5,8 @@
   and never ends it;
 - ``half-open``: ``--clients`` AMQP connections that send the protocol header and most of a frame of
   128 KiB (frame_max), and nothing more (the handshake timeout, 10 s, closes them);
+- ``no-read``: ``--clients`` AMQP connections that write basic.qos for 5 s without reading an answer (the
+  answers back up: the writer's high-water mark stops the reading);
 - ``http-unauth``: ``--clients`` HTTP uploads of ``--mib`` MiB each to /api/definitions without
   credentials, all at once;
 - ``http-auth``: the same with the guest user's credentials.
@@ -63,6 +65,26 @@ def half_open(amqp_port: int, clients: int) -> list[socket.socket]:
     return socks
 
 
+def no_read(port: int, clients: int) -> list[RawAMQP]:
+    held = []
+    data = frame.marshal(commands.Basic.Qos(prefetch_count=1), 1) * 10_000
+    for _ in range(clients):
+        client = RawAMQP("127.0.0.1", port)
+        client.handshake()
+        client.open_channel()
+        client.sock.setblocking(False)
+        held.append(client)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        for client in held:
+            try:
+                client.sock.send(data)
+            except BlockingIOError:
+                pass
+        time.sleep(0.01)
+    return held
+
+
 def upload(port: int, mib: int, auth: bool, results: list[str]) -> None:
     head = (f"POST /api/definitions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {mib << 20}\r\n")
@@ -84,7 +106,7 @@ def upload(port: int, mib: int, auth: bool, results: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("attack", choices=("partial-content", "half-open", "http-unauth", "http-auth"))
+    parser.add_argument("attack", choices=("partial-content", "half-open", "no-read", "http-unauth", "http-auth"))
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument("--channels", type=int, default=2047)
@@ -101,6 +123,8 @@ def main() -> None:
             if args.attack == "partial-content":
                 held = partial_content(broker.amqp_port, args.channels)
                 time.sleep(2)
+            elif args.attack == "no-read":
+                held = no_read(broker.amqp_port, args.clients)
             elif args.attack == "half-open":
                 held = half_open(broker.amqp_port, args.clients)
                 time.sleep(2)
