@@ -92,10 +92,10 @@ CAPABILITIES = {
 }
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
-# Methods other than publishes and ack runs decoded (the reader's methods_per_feed: the rest of the read
-# waits undecoded) and handled (the rest wait in _held_frames) in one turn before the other clients get
-# theirs: 256 KiB of passive declares took 0.6 s of the loop, every client waiting; decoded whole before
-# any was handled, still 91-199 ms.
+# Methods other than publishes and ack runs decoded (the reader's methods_per_feed, a KiB of a method's
+# tables counting as one more: the rest of the read waits undecoded) and handled (the rest wait in
+# _held_frames) in one turn before the other clients get theirs: 256 KiB of passive declares took 0.6 s
+# of the loop, every client waiting; decoded whole before any was handled, still 91-199 ms.
 METHODS_PER_TURN = 100
 
 
