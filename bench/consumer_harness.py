@@ -27,16 +27,10 @@ def ack_frame(tag: int, multiple: bool = False) -> bytes:
 
 def one_queue_consumers(h: Harness, consumers: int, prefetch: int) -> tuple[Client, list[Client]]:
     """A publisher with queue ``q`` declared, and ``consumers`` connections consuming it at ``prefetch``."""
-    pub = h.connect()
-    pub.handshake()
-    pub.open_channel()
-    pub.send((1, commands.Queue.Declare(queue="q")))
-    pub.read()
+    pub = h.open_client(declare=commands.Queue.Declare(queue="q"))
     out = []
     for i in range(consumers):
-        c = h.connect(("127.0.0.1", 30000 + i))
-        c.handshake()
-        c.open_channel()
+        c = h.open_client(("127.0.0.1", 30000 + i))
         c.send((1, commands.Basic.Qos(prefetch_count=prefetch)),
                (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
         c.read()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import site
 import subprocess
 import sys
 import tempfile
@@ -53,20 +54,14 @@ def _drain(size: int) -> tuple[int, float]:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
-            pub = h.connect()
-            pub.handshake()
-            pub.open_channel()
-            pub.send((1, commands.Queue.Declare(queue="c", durable=True)))
-            pub.read()
+            pub = h.open_client(declare=commands.Queue.Declare(queue="c", durable=True))
             props = commands.Basic.Properties(delivery_mode=2)
             one = b"".join(frame.marshal(f[1], f[0]) for f in pub.publish(1, "c", b"x" * 16, properties=props))
             for at in range(0, size, 1000):
                 pub.conn.receive_data(one * min(1000, size - at))
                 h.run_soon()
                 pub.conn.data_to_send()
-            con = h.connect(("127.0.0.1", 40000))
-            con.handshake()
-            con.open_channel()
+            con = h.open_client(("127.0.0.1", 40000))
             con.send((1, commands.Basic.Qos(prefetch_count=1000)),
                      (1, commands.Basic.Consume(queue="c", consumer_tag="c")))
             con.read()
@@ -185,7 +180,8 @@ def _command(workload: str, size: int) -> list[str]:
 
 def _env(tree: str) -> dict[str, str]:
     env = dict(os.environ, LAVINPY_PURE_PYTHON="1", PYTHONHASHSEED="0")
-    env["PYTHONPATH"] = tree
+    # the child runs the real interpreter (see _run): a virtual environment's packages are named here
+    env["PYTHONPATH"] = os.pathsep.join([tree, *site.getsitepackages()])
     return env
 
 

@@ -41,11 +41,8 @@ async def run_once(kind: str, prefetch: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
-            pub = h.connect()
-            pub.handshake()
-            pub.open_channel()
-            pub.send((1, commands.Queue.Declare(queue="q", durable=True, arguments={"x-queue-type": kind})))
-            pub.read()
+            pub = h.open_client(declare=commands.Queue.Declare(queue="q", durable=True,
+                                                               arguments={"x-queue-type": kind}))
             reads = spark_reads("q", pub.conn.frame_max, 100, True, True, 262144)
             for _ in range(-(-prefetch // BATCH_ROWS)):
                 for data in reads:
@@ -53,9 +50,7 @@ async def run_once(kind: str, prefetch: int) -> float:
                     h.run_soon()
                     pub.conn.data_to_send()
                 await asyncio.sleep(0)
-            con = h.connect(("127.0.0.1", 40000))
-            con.handshake()
-            con.open_channel()
+            con = h.open_client(("127.0.0.1", 40000))
             arguments = {"x-stream-offset": "first"} if kind == "stream" else {}
 
             def read_all(delivered: int, _: int) -> int:

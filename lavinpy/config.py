@@ -175,6 +175,8 @@ class Config:
     # A request over HTTPS without Basic credentials whose client sent a verified certificate acts as
     # the certificate's user (the same login as every face; the user needs a management tag).
     management_ssl_cert_login: bool = False
+    # Largest HTTP API request body (RabbitMQ's management.http.max_body_size, 20 MiB by default).
+    management_max_body_size: int = 20 * 1024 * 1024
     prometheus_port: int = 15692  # Prometheus /metrics (0 = off)
     prometheus_tls_port: int = 15691
     # Addresses and CIDRs of load balancers (LavinMQ's name): their connections must start with a PROXY
@@ -198,6 +200,9 @@ class Config:
     # Consumers one channel may have (0 = unlimited); one more closes the channel with 530.
     max_consumers_per_channel: int = 0
     frame_max: int = 131072
+    # The largest frame before connection.tune-ok (RabbitMQ 4.1's initial_frame_max): what a client that has
+    # not logged in can make the broker buffer. 8192 takes a start-ok with a JWT of several KiB.
+    initial_frame_max: int = 8192
     channel_max: int = 2047
     heartbeat: int = 60
     default_user: str = "guest"
@@ -269,10 +274,14 @@ class Config:
             raise ConfigError("ack_file_max_bytes must be a positive multiple of 8")
         if self.frame_max < 4096:
             raise ConfigError(f"frame_max must be at least 4096, not {self.frame_max}")
+        if self.initial_frame_max < 4096:
+            raise ConfigError(f"initial_frame_max must be at least 4096, not {self.initial_frame_max}")
         if not 1 <= self.channel_max <= 65535:
             raise ConfigError(f"channel_max must be between 1 and 65535, not {self.channel_max}")
         if self.max_message_size < 1:
             raise ConfigError("max_message_size must be positive")
+        if self.management_max_body_size < 1:
+            raise ConfigError("management_max_body_size must be positive")
         if not 2 <= self.mqtt_max_packet_size <= 268_435_460:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
         if not 1 <= self.mqtt_inflight_window <= 65535:

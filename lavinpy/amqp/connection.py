@@ -92,9 +92,11 @@ CAPABILITIES = {
 }
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
-# Methods other than publishes and ack runs handled in one read before the other clients get a turn (the
-# rest wait in _held_frames): 256 KiB of passive declares took 0.6 s of the loop, every client waiting.
-METHODS_PER_TURN = 500
+# Methods other than publishes and ack runs decoded (the reader's methods_per_feed, a KiB of a method's
+# tables counting as one more: the rest of the read waits undecoded) and handled (the rest wait in
+# _held_frames) in one turn before the other clients get theirs: 256 KiB of passive declares took 0.6 s
+# of the loop, every client waiting; decoded whole before any was handled, still 91-199 ms.
+METHODS_PER_TURN = 100
 
 
 class SessionHost(OutputScheduler, Protocol):
@@ -148,7 +150,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.sessions = sessions
         self.broker = broker = sessions.broker
         self.config = broker.config
-        self.reader = FrameReader(self.config.frame_max)
+        # Until tune-ok, frames up to initial_frame_max: a stranger's partial frame is held up to that.
+        self.reader = FrameReader(min(self.config.frame_max, self.config.initial_frame_max),
+                                  methods_per_feed=METHODS_PER_TURN)
         self.state = AWAIT_HEADER
         self.name = "?"
         self.peer_host: str | None = None
@@ -203,7 +207,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
     def timer_fired(self, kind: TimerKind) -> None:
         if kind is TimerKind.INPUT_TURN:
             self.end_input_turn()
-            if self._held_frames and self._login is None and self.state < CLOSED:
+            if (self._held_frames or self.reader.undecoded) and self._login is None and self.state < CLOSED:
                 self._run_held()
         elif kind is TimerKind.LOGIN:
             if self._login is not None:
@@ -239,8 +243,9 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.broker.client_limits.connection_closed(self.vhost.name, self.username)
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
-    def receive_data(self, data: bytes) -> None:
-        """Everything the client sent since the last call; replies and effects queue up."""
+    def receive_data(self, data: bytes, resumed: bool = False) -> None:
+        """Everything the client sent since the last call; replies and effects queue up. ``resumed``:
+        input held meanwhile (b"": none), decoded behind the rest of a read left undecoded (_run_held)."""
         if _ack_read is not None and not self._held_frames:
             # A consumer's read of in-order acks, the commonest read with many consumers, in one compiled
             # call (False: not that read, nothing done; the rest of this method is its pure twin)
@@ -255,8 +260,8 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.recv_cnt += 1
         if self.state >= CLOSED:
             return
-        if self._login is not None or self._held_frames:  # read before the pause took effect: after those
-            self._held_input.append(data)
+        if (self._login is not None or self._held_frames or self.reader.undecoded) and not resumed:
+            self._held_input.append(data)  # read before the pause took effect: after those
             return
         if data == writer.HEARTBEAT and self.state == OPEN and not self.reader.buffered:
             return  # an idle client's heartbeat, alone: noted above, nothing else to do
@@ -272,6 +277,8 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         if self.state == AWAIT_HEADER and not self.reader.expect_protocol_header:
             self.greet()
         self._run_frames(frames, len(data))
+        if self.reader.undecoded and self._login is None and not self._held_frames and self.state < CLOSED:
+            self.yield_input_turn()  # the rest of the read in the next turn (INPUT_TURN: _run_held)
 
     def _run_frames(self, frames: list[Any], nbytes: int) -> None:
         """Handle ``frames`` (read from ``nbytes`` of input) in order; a login that must wait stops

@@ -106,7 +106,10 @@ class ContentAssembly:
         self.header_seen = False
         self.properties = b""
         self.body_size = 0
-        self.parts: list[bytes | memoryview] = []
+        # The frames so far of a small body (up to SPOOL_MIN_BODY) in several frames, joined as they come:
+        # a list of them held a 1-byte frame in a 34-byte object and its slot (a client sending 32 KiB
+        # bodies in 1-byte frames on 2,047 channels had a connection hold 0.5 GiB).
+        self.parts = bytearray()
         self.received = 0
         self.spooled: SpooledBody | None = None  # a large body being written to the spool
         self.stored: InPlaceBody | None = None  # a large body being written into its record
@@ -118,7 +121,8 @@ class ContentAssembly:
     def reset(self) -> None:
         self.header_seen = False
         self.method = None
-        self.parts = []
+        if self.parts:
+            self.parts = bytearray()
         self.received = 0
         if self.spooled is not None:
             self.spooled.release()
@@ -185,19 +189,20 @@ class ContentAssembly:
         spooled = self.spooled
         if spooled is None and received == self.body_size:
             if self.parts:
-                self.parts.append(data)
-                data = b"".join(self.parts)
+                self.parts += data
+                data = bytes(self.parts)
+                self.parts = bytearray()
             return self._complete(data, None)
         self.received = received
         if spooled is None and self.body_size <= SPOOL_MIN_BODY:
-            self.parts.append(data)
+            self.parts += data
             return None
         try:
             if spooled is None:
                 spooled = self.spooled = self._spool().reserve(self.body_size)
-                for part in self.parts:
-                    spooled.write(part)
-                self.parts = []
+                if self.parts:
+                    spooled.write(memoryview(self.parts))
+                    self.parts = bytearray()
             spooled.write(data)
             if received < self.body_size:
                 return None

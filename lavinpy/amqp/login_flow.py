@@ -24,13 +24,14 @@ from pamqp import commands
 from ..broker.ops import LoginAttempt, LoginOutcome, LoginRequest
 from ..wire import writer
 from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED
-from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, CLOSING, OPEN
+from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, CLOSED, CLOSING, OPEN
 from .effects import CancelTimer, SetTimer, TimerKind
 from .sasl import login_request
 
 if TYPE_CHECKING:
     from ..broker.ops import Actor, Broker, PeerCertificate, VHost
     from ..config import Config
+    from ..wire.reader import FrameReader
     from .channel import Channel
     from .output import ConnectionEffect
 
@@ -66,6 +67,7 @@ class LoginFlow:
         _login: LoginAttempt | None
         _held_frames: list[Any]
         _held_input: list[bytes]
+        reader: FrameReader
 
         def update_reading(self) -> None: ...
         def effect(self, effect: ConnectionEffect) -> None: ...
@@ -74,7 +76,7 @@ class LoginFlow:
         def send(self, data: bytes) -> None: ...
         def enter_state(self, state: int) -> None: ...
         def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
-        def receive_data(self, data: bytes) -> None: ...
+        def receive_data(self, data: bytes, resumed: bool = False) -> None: ...
         def _run_frames(self, frames: list[Any], nbytes: int) -> None: ...
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
@@ -151,12 +153,12 @@ class LoginFlow:
         if frames:
             self._run_frames(frames, 0)
         held, self._held_input = self._held_input, []
-        if held and self._login is None and not self._held_frames:
-            self.recv_oct -= sum(map(len, held))  # counted when they arrived
-            self.recv_cnt -= len(held)
-            self.receive_data(b"".join(held))
-        elif held:
+        if self._login is not None or self._held_frames or self.state >= CLOSED:
             self._held_input = held + self._held_input
+        elif held or self.reader.undecoded:
+            self.recv_oct -= sum(map(len, held))  # counted when they arrived
+            self.recv_cnt -= 1
+            self.receive_data(b"".join(held), resumed=True)  # behind the rest of a read left undecoded
 
     def _secret_decided(self, outcome: LoginOutcome) -> None:
         assert self.vhost is not None

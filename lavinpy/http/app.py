@@ -134,7 +134,7 @@ def make_app(broker: Broker, sessions: Sessions,
     """The management application for one broker (its route modules registered); ``cluster_nodes``:
     the cluster's nodes with their roles, when the broker leads a cluster."""
     app = web.Application(middlewares=[proxied_remote, _errors, same_origin_json, _authentication, _replicated],
-                          client_max_size=broker.config.max_message_size)
+                          client_max_size=broker.config.management_max_body_size)
     app[BROKER] = broker
     app[SESSIONS] = sessions
     app[CLUSTER_NODES] = cluster_nodes

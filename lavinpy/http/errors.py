@@ -63,8 +63,12 @@ def from_broker_error(exc: BrokerError) -> web.Response:
 
 
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON; an empty body is ``{}``; anything unparsable is a 400 naming why."""
-    raw = await request.read()
+    """The request body as JSON; an empty body is ``{}``; anything unparsable or over
+    ``management_max_body_size`` is a 400 naming why (as RabbitMQ's)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise bad_request(f"Exceeded HTTP request body size limit of {request.client_max_size} bytes") from None
     if not raw.strip():
         return {}
     try:

@@ -10,78 +10,18 @@
  * A channel's can_deliver is read from its members when its type's can_deliver is the AMQP channel's
  * (lavinpy.amqp.channel.Channel: flow, closing, the connection's writable flag, the replies waiting,
  * the channel-wide prefetch), the members that method reads; any other channel's method is called.
- * Members are read straight from a type's __slots__ member when it has one (found on the first object
- * of a type and kept), by name otherwise.
+ * Members are read through _cwire.h's AttrSlot: straight from a type's __slots__ member when it has one
+ * (found on the first object of a type and kept), by name otherwise.
  */
 #include "_cwire.h"
-#include <structmember.h>
 
-typedef struct {
-    const char *text;
-    PyObject *name;
-    PyTypeObject *type;  /* borrowed: compared only */
-    Py_ssize_t offset;   /* 0: read by name */
-} Member;
-
-static Member m_no_ack = {"no_ack"}, m_prefetch = {"prefetch"}, m_unacked = {"unacked"}, m_channel = {"channel"},
-    m_parked = {"parked"}, m_writable = {"writable"}, m_replies_list = {"_replies"}, m_dprefetch = {"prefetch"},
-    m_dunacked = {"unacked"};
-static PyObject *s_flow_active, *s_closing, *s_conn, *s_replies, *s_deliveries, *s_can_deliver;
-
-static int
-member_name(Member *m)
-{
-    if (m->name == NULL && (m->name = PyUnicode_InternFromString(m->text)) == NULL)
-        return -1;
-    return 0;
-}
-
-/* A new reference, or NULL with an error set. */
-static PyObject *
-mget(Member *m, PyObject *obj)
-{
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type != m->type) {
-        PyObject *descr = _PyType_Lookup(type, m->name);
-        m->type = type;
-        m->offset = 0;
-        if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type) && type->tp_getattro == PyObject_GenericGetAttr
-            && type->tp_setattro == PyObject_GenericSetAttr) {
-            PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
-            if (def->type == T_OBJECT_EX)
-                m->offset = def->offset;
-        }
-    }
-    if (m->offset) {
-        PyObject *value = *(PyObject **)((char *)obj + m->offset);
-        if (value != NULL)
-            return Py_NewRef(value);
-    }
-    return PyObject_GetAttr(obj, m->name);
-}
-
-/* The truth of a member: 1, 0, or -1 with an error set. */
-static int
-mtrue(Member *m, PyObject *obj)
-{
-    PyObject *value = mget(m, obj);
-    if (value == NULL)
-        return -1;
-    int r = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return r;
-}
-
-static int
-attr_true(PyObject *obj, PyObject *name)
-{
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL)
-        return -1;
-    int r = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return r;
-}
+static PyObject *s_no_ack, *s_prefetch, *s_unacked, *s_channel, *s_parked, *s_writable, *s_replies_list, *s_flow_active,
+    *s_closing, *s_conn, *s_replies, *s_deliveries, *s_can_deliver;
+/* (prefetch and unacked twice: a consumer's and a channel's deliveries', each slot keeping its own type) */
+static AttrSlot no_ack_slot = {&s_no_ack}, prefetch_slot = {&s_prefetch}, unacked_slot = {&s_unacked},
+    channel_slot = {&s_channel}, writable_slot = {&s_writable}, replies_list_slot = {&s_replies_list},
+    dprefetch_slot = {&s_prefetch}, dunacked_slot = {&s_unacked}, flow_active_slot = {&s_flow_active},
+    closing_slot = {&s_closing};
 
 /* Whether a channel type's can_deliver is the AMQP channel's (kept for the last type seen). */
 static PyTypeObject *known_type = NULL;
@@ -118,21 +58,21 @@ can_deliver(PyObject *channel)
         return t;
     }
     /* not self.flow_active or self.closing or not self.conn.writable or self.replies.waiting: False */
-    int t = attr_true(channel, s_flow_active);
+    int t = struth(&flow_active_slot, channel);
     if (t <= 0)
         return t;
-    if ((t = attr_true(channel, s_closing)) != 0)
+    if ((t = struth(&closing_slot, channel)) != 0)
         return t < 0 ? -1 : 0;
     PyObject *obj = PyObject_GetAttr(channel, s_conn);
     if (obj == NULL)
         return -1;
-    t = mtrue(&m_writable, obj);
+    t = struth(&writable_slot, obj);
     Py_DECREF(obj);
     if (t <= 0)
         return t;
     if ((obj = PyObject_GetAttr(channel, s_replies)) == NULL)
         return -1;
-    t = mtrue(&m_replies_list, obj);  /* ReplyQueue.waiting: bool(self._replies) */
+    t = struth(&replies_list_slot, obj);  /* ReplyQueue.waiting: bool(self._replies) */
     Py_DECREF(obj);
     if (t != 0)
         return t < 0 ? -1 : 0;
@@ -140,14 +80,14 @@ can_deliver(PyObject *channel)
     PyObject *deliveries = PyObject_GetAttr(channel, s_deliveries);
     if (deliveries == NULL)
         return -1;
-    PyObject *prefetch = mget(&m_dprefetch, deliveries);
+    PyObject *prefetch = sget(&dprefetch_slot, deliveries);
     if (prefetch == NULL) {
         Py_DECREF(deliveries);
         return -1;
     }
     t = PyObject_IsTrue(prefetch);
     if (t == 1) {
-        PyObject *unacked = mget(&m_dunacked, deliveries);
+        PyObject *unacked = sget(&dunacked_slot, deliveries);
         Py_ssize_t n = unacked == NULL ? -1 : PyObject_Length(unacked);
         Py_XDECREF(unacked);
         if (n < 0) {
@@ -176,13 +116,11 @@ cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (s_can_deliver == NULL) {
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
         INTERN(s_flow_active, "flow_active"); INTERN(s_closing, "closing"); INTERN(s_conn, "conn");
-        INTERN(s_replies, "replies"); INTERN(s_deliveries, "deliveries"); INTERN(s_can_deliver, "can_deliver");
+        INTERN(s_replies, "replies"); INTERN(s_deliveries, "deliveries"); INTERN(s_no_ack, "no_ack");
+        INTERN(s_prefetch, "prefetch"); INTERN(s_unacked, "unacked"); INTERN(s_channel, "channel");
+        INTERN(s_parked, "parked"); INTERN(s_writable, "writable"); INTERN(s_replies_list, "_replies");
+        INTERN(s_can_deliver, "can_deliver");  /* last: the test above */
 #undef INTERN
-        Member *all[] = {&m_no_ack, &m_prefetch, &m_unacked, &m_channel, &m_parked, &m_writable, &m_replies_list,
-                         &m_dprefetch, &m_dunacked};
-        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (member_name(all[i]) < 0)
-                return NULL;
     }
     PyObject *queue = args[0], *owner = args[2];
     Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
@@ -195,10 +133,10 @@ cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     while ((consumer = PyIter_Next(it)) != NULL) {
         PyObject *room = NULL;
-        int no_ack = mtrue(&m_no_ack, consumer);
+        int no_ack = struth(&no_ack_slot, consumer);
         if (no_ack < 0)
             goto done;
-        PyObject *prefetch = mget(&m_prefetch, consumer);
+        PyObject *prefetch = sget(&prefetch_slot, consumer);
         if (prefetch == NULL)
             goto done;
         int has_prefetch = no_ack ? 0 : PyObject_IsTrue(prefetch);
@@ -209,7 +147,7 @@ cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (!has_prefetch) {
             room = Py_NewRef(limit_obj);
         } else {
-            PyObject *unacked = mget(&m_unacked, consumer);
+            PyObject *unacked = sget(&unacked_slot, consumer);
             Py_ssize_t window = PyLong_AsSsize_t(prefetch), held = -1;
             if (unacked != NULL && !(window == -1 && PyErr_Occurred()))
                 held = PyLong_AsSsize_t(unacked);
@@ -220,7 +158,7 @@ cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
             if (window - held <= 0) {  /* its own window is full: back at its next credit */
                 Py_DECREF(prefetch);
-                if (PyObject_SetAttr(consumer, m_parked.name, owner) < 0)
+                if (PyObject_SetAttr(consumer, s_parked, owner) < 0)
                     goto done;
                 if (parked == NULL && (parked = PyList_New(0)) == NULL)
                     goto done;
@@ -234,7 +172,7 @@ cwire_pick_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(prefetch);
         if (room == NULL)
             goto done;
-        PyObject *channel = mget(&m_channel, consumer);
+        PyObject *channel = sget(&channel_slot, consumer);
         int can = channel == NULL ? -1 : can_deliver(channel);
         Py_XDECREF(channel);
         if (can < 0) {

@@ -12,6 +12,7 @@ nothing about channel state: content sequencing is the channel's job.
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Any, cast
 
 from pamqp import commands
@@ -173,13 +174,23 @@ class FrameReader:
     return the same events and raise the same errors.
     """
 
-    __slots__ = ("frame_max", "expect_protocol_header", "_pending", "_need", "_compiled", "_held")
+    __slots__ = ("frame_max", "expect_protocol_header", "methods_per_feed", "undecoded", "_budget", "_pending",
+                 "_need", "_compiled", "_held")
 
-    def __init__(self, frame_max: int = 131072, compiled: bool | None = None) -> None:
+    def __init__(self, frame_max: int = 131072, compiled: bool | None = None,
+                 methods_per_feed: int | None = None) -> None:
         if compiled and cwire is None:
             raise ValueError("the compiled codec is not available")
         self._compiled = cwire is not None if compiled is None else compiled
         self.frame_max = frame_max
+        # At most this many methods of the general kind (decoded through pamqp: everything but publishes,
+        # acks and content) are decoded in one ``feed``, each KiB of one (its tables, checked and decoded
+        # in Python at about 0.4 ms a KiB) counting as one more; the complete frames after them wait,
+        # undecoded, for the next call (``undecoded`` says so), so that one read costs a bounded amount
+        # of the loop's time. Content is not counted: publish runs are never split. None: no bound.
+        self.methods_per_feed = methods_per_feed if methods_per_feed is not None else sys.maxsize
+        self.undecoded = False
+        self._budget = self.methods_per_feed
         self.expect_protocol_header = True
         # Bytes of an incomplete frame, and how many bytes it needs before parsing is worth trying.
         self._pending = bytearray()
@@ -194,12 +205,16 @@ class FrameReader:
         return len(self._pending)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[FrameEvent]:
-        """Consume ``data`` and return the complete frames it finishes, in order.
+        """Consume ``data`` and return the complete frames it finishes, in order (once
+        ``methods_per_feed`` is spent, only those: ``undecoded`` is then True, and a call with no more
+        data goes on from there).
 
         If a protocol error is found, the error raised carries in ``frames`` the frames decoded
         before it in this call, so the caller may still act on them before closing.
         """
         pending = self._pending
+        self._budget = self.methods_per_feed
+        self.undecoded = False
         events: list[FrameEvent] = []
         if not pending and type(data) is bytes and self._compiled and not self.expect_protocol_header:
             # The common read (whole frames, nothing held back) straight to the C scan: one call less
@@ -215,7 +230,7 @@ class FrameReader:
                 err.frames = events
                 raise
             if pos < len(data):
-                pending += memoryview(data)[self._hold_back(data, pos, events, 0):]
+                pending += memoryview(data)[pos if self.undecoded else self._hold_back(data, pos, events, 0):]
             return events
         pos = 0
         if pending:
@@ -271,7 +286,7 @@ class FrameReader:
             err.frames = events
             raise
         if pos < len(src):
-            pending += memoryview(src)[self._hold_back(src, pos, events, start):]
+            pending += memoryview(src)[pos if self.undecoded else self._hold_back(src, pos, events, start):]
 
     def _hold_back(self, src: bytes, pos: int, events: list[FrameEvent], start: int) -> int:
         """Where the pending input begins, given that ``src`` ends in an incomplete frame at ``pos``.
@@ -348,7 +363,7 @@ class FrameReader:
         max_payload = self.frame_max - FRAME_OVERHEAD
         while True:
             pos = self._parse(src, events, pos, stop)
-            if stop == end:
+            if stop == end or self.undecoded:
                 return pos
             pos, stop = scan(src, pos, max_payload, events, _publish_cache, _decode_publish, valid_props)
             if pos == end:
@@ -415,6 +430,11 @@ class FrameReader:
                             append(AckRun(channel, [tag]))
                         continue
                 else:
+                    if self._budget <= 0:  # this frame and the rest wait for the next feed
+                        self.undecoded = True
+                        self._need = 0
+                        return start - 7
+                    self._budget -= 1 + (size >> 10)  # and one a KiB: tables cost by their size
                     try:
                         method = _decode_method(src, start, fend)
                     except AMQPChannelError as err:

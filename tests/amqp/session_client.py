@@ -89,6 +89,18 @@ class Harness:
         conn.start()
         return Client(self, conn)
 
+    def open_client(self, peer: tuple[str, int] = ("127.0.0.1", 50000), *,
+                    declare: commands.Queue.Declare | None = None) -> Client:
+        """A connection from ``peer`` logged in as guest with channel 1 open; with ``declare``, that
+        queue declared on it (its declare-ok read): the start of most benches' and tests' clients."""
+        client = self.connect(peer)
+        client.handshake()
+        client.open_channel(1)
+        if declare is not None:
+            client.send((1, declare))
+            assert client.names() == [(1, "Queue.DeclareOk")]
+        return client
+
     def run_soon(self) -> None:
         """What the event loop would run next: deliveries, then output."""
         while self.soon:

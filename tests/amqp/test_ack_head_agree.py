@@ -45,16 +45,11 @@ def _ack(tag: int, channel: int = 1, multiple: bool = False) -> bytes:
 class Setup:
     def __init__(self, path: Path, arguments: dict[str, Any], durable: bool, channel_wide: bool) -> None:
         self.harness = harness = Harness(path)
-        self.publisher = publisher = harness.connect()
-        publisher.handshake()
-        publisher.open_channel(1)
-        publisher.send((1, commands.Queue.Declare(queue="work", durable=durable, arguments=arguments)))
-        publisher.read()
+        self.publisher = harness.open_client(
+            declare=commands.Queue.Declare(queue="work", durable=durable, arguments=arguments))
         self.clients: list[Client] = []
         for i in range(CONSUMERS):
-            client = harness.connect(("127.0.0.1", 40000 + i))
-            client.handshake()
-            client.open_channel(1)
+            client = harness.open_client(("127.0.0.1", 40000 + i))
             client.send((1, commands.Basic.Qos(prefetch_count=PREFETCH, global_=channel_wide and i == 0)),
                         (1, commands.Basic.Consume(queue="work", consumer_tag=f"c{i}")))
             client.read()
@@ -256,15 +251,10 @@ def test_a_queue_with_a_feature_is_left_to_the_python_path(tmp_path: Path, monke
 def test_acks_in_a_transaction_wait_for_the_commit(tmp_path: Path) -> None:
     harness = Harness(tmp_path)
     try:
-        publisher = harness.connect()
-        publisher.handshake()
-        publisher.open_channel(1)
-        publisher.send((1, commands.Queue.Declare(queue="work")))
+        publisher = harness.open_client(declare=commands.Queue.Declare(queue="work"))
         publisher.send(*publisher.publish(1, "work", b"a"), *publisher.publish(1, "work", b"b"))
         publisher.read()
-        client = harness.connect(("127.0.0.1", 40100))
-        client.handshake()
-        client.open_channel(1)
+        client = harness.open_client(("127.0.0.1", 40100))
         client.send((1, commands.Tx.Select()), (1, commands.Basic.Consume(queue="work", consumer_tag="c")))
         client.read()
         queue = harness.broker.vhosts["/"].queues["work"]

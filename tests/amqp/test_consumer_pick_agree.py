@@ -35,11 +35,7 @@ class OtherChannel:
 
 def _consumers(path: Path, count: int) -> tuple[Harness, list[Any]]:
     harness = Harness(path)
-    publisher = harness.connect()
-    publisher.handshake()
-    publisher.open_channel(1)
-    publisher.send((1, commands.Queue.Declare(queue="work")))
-    publisher.read()
+    harness.open_client(declare=commands.Queue.Declare(queue="work"))
     for i in range(count // 2):
         client = harness.connect()
         client.handshake()

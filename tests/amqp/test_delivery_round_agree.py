@@ -38,11 +38,7 @@ class Setup:
 
     def __init__(self, path: Path, no_ack: bool = False) -> None:
         self.harness = harness = Harness(path)
-        publisher = harness.connect()
-        publisher.handshake()
-        publisher.open_channel(1)
-        publisher.send((1, commands.Queue.Declare(queue="work")))
-        publisher.read()
+        harness.open_client(declare=commands.Queue.Declare(queue="work"))
         self.clients = []
         for i in range(3):
             client = harness.connect()

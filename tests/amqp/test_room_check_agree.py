@@ -25,11 +25,7 @@ pytestmark = pytest.mark.skipif(not accel.COMPILED, reason="the pure-Python path
 def conn(tmp_path: Path) -> Any:
     """A connection with three channels: two consumers on channel 1, one on 2, none on 3."""
     harness = Harness(tmp_path)
-    client = harness.connect()
-    client.handshake()
-    client.open_channel(1)
-    client.send((1, commands.Queue.Declare(queue="work")))
-    client.read()
+    client = harness.open_client(declare=commands.Queue.Declare(queue="work"))
     for channel, tags in ((1, ("a", "b")), (2, ("c",)), (3, ())):
         if channel != 1:
             client.open_channel(channel)
