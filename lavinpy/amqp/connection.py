@@ -92,10 +92,8 @@ CAPABILITIES = {
 }
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
-# Methods other than publishes and ack runs decoded (the reader's methods_per_feed, a KiB of a method's
-# tables counting as one more: the rest of the read waits undecoded) and handled (the rest wait in
-# _held_frames) in one turn before the other clients get theirs: 256 KiB of passive declares took 0.6 s
-# of the loop, every client waiting; decoded whole before any was handled, still 91-199 ms.
+# Methods other than publishes and ack runs decoded and handled in one turn (a KiB of tables counts as one
+# more; the rest waits undecoded or in _held_frames): 256 KiB of small methods held the loop 0.2-0.6 s.
 METHODS_PER_TURN = 100
 
 
@@ -209,13 +207,11 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.end_input_turn()
             if (self._held_frames or self.reader.undecoded) and self._login is None and self.state < CLOSED:
                 self._run_held()
-        elif kind is TimerKind.LOGIN:
-            if self._login is not None:
-                self._decide_login(self._login)
-        elif kind is TimerKind.HANDSHAKE:
-            if self.state < OPEN:
-                log.info("connection %s: handshake timed out", self.name)
-                self.abort()
+        elif kind is TimerKind.LOGIN and self._login is not None:
+            self._decide_login(self._login)
+        elif kind is TimerKind.HANDSHAKE and self.state < OPEN:
+            log.info("connection %s: handshake timed out", self.name)
+            self.abort()
         elif kind is TimerKind.CLOSE_WAIT or kind is TimerKind.LINGER:  # the client did not close in time
             self.abort()
         elif kind is TimerKind.CREDENTIAL:
@@ -239,13 +235,12 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         if self.vhost is not None:
             for queue in list(self.vhost.queues_owned_by(self)):
                 self.vhost.delete_queue(queue.name)
-        if self.vhost is not None:
             self.broker.client_limits.connection_closed(self.vhost.name, self.username)
             log.info("connection %s closed (user %r, vhost %r)", self.name, self.username, self.vhost.name)
 
     def receive_data(self, data: bytes, resumed: bool = False) -> None:
-        """Everything the client sent since the last call; replies and effects queue up. ``resumed``:
-        input held meanwhile (b"": none), decoded behind the rest of a read left undecoded (_run_held)."""
+        """Everything the client sent since the last call; replies and effects queue up (``resumed``:
+        held input, b"" for none, behind the rest of a read left undecoded)."""
         if _ack_read is not None and not self._held_frames:
             # A consumer's read of in-order acks, the commonest read with many consumers, in one compiled
             # call (False: not that read, nothing done; the rest of this method is its pure twin)
@@ -281,8 +276,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.yield_input_turn()  # the rest of the read in the next turn (INPUT_TURN: _run_held)
 
     def _run_frames(self, frames: list[Any], nbytes: int) -> None:
-        """Handle ``frames`` (read from ``nbytes`` of input) in order; a login that must wait stops
-        the run, the rest waits in ``_held_frames``."""
+        """Handle ``frames`` (from ``nbytes`` of input) in order; a login that must wait holds the rest."""
         channels = self.channels
         methods = 0
         try:
