@@ -118,3 +118,50 @@ def test_a_flush_goes_to_the_writer_thread_in_one_write(tmp_path: Path) -> None:
     server._write_queued(follower)
     assert writer.writes == [b"".join(operations)]
     assert (follower.sent, follower.queued_bytes, len(follower.queue)) == (len(writer.writes[0]), 0, 0)
+
+
+class KeepingWriter(RecordingWriter):
+    """Keeps the objects written, not copies: which of them are the same object."""
+
+    def write(self, data: bytes) -> int:
+        self.writes.append(data)
+        return len(data)
+
+
+def test_followers_in_step_get_the_same_framed_bytes_from_one_join(tmp_path: Path) -> None:
+    server = ReplicationServer(tmp_path, b"s", "leader", None, "127.0.0.1", 0)  # type: ignore[arg-type]
+    writers = []
+    for name in ("f1", "f2"):
+        follower = server._followers[name] = _Follower(name, "127.0.0.1:1", None, 0)  # type: ignore[arg-type]
+        follower.streaming = True
+        follower.thread_writer = writer = KeepingWriter()
+        writers.append(writer)
+    segment_bytes = bytes(range(256)) * 64  # a flush's segment run: queued apart from its frame head
+    server.file_appended(SEGMENT, 4096, segment_bytes)
+    server.file_appended(INDEX, 16, b"e" * 8)
+    server.on_replicated(lambda: None)
+    segment_end = proto.op_frame_length(SEGMENT, len(segment_bytes), proto.OP_WRITE)
+    expected = b"".join((proto.op(segment_end, proto.OP_WRITE, SEGMENT, offset=4096, data=segment_bytes),
+                         proto.op(server._log_end, proto.OP_WRITE, INDEX, offset=16, data=b"e" * 8)))
+    first, second = writers[0].writes, writers[1].writes
+    assert len(first) == len(second) == 1
+    assert first[0] == expected  # the stream's bytes are the operations' frames, as op() makes them
+    assert first[0] is second[0]  # one join for both followers
+    assert len(expected) == server._log_end
+    assert all(f.sent == server._log_end and f.queued_bytes == 0 for f in server._followers.values())
+
+
+def test_a_follower_behind_the_other_gets_its_own_join(tmp_path: Path) -> None:
+    server = ReplicationServer(tmp_path, b"s", "leader", None, "127.0.0.1", 0)  # type: ignore[arg-type]
+    writers = []
+    for name in ("f1", "f2"):
+        follower = server._followers[name] = _Follower(name, "127.0.0.1:1", None, 0)  # type: ignore[arg-type]
+        follower.streaming = True
+        follower.thread_writer = writer = KeepingWriter()
+        writers.append(writer)
+    server._followers["f2"].queue.append(b"x")  # something only f2 still has to send
+    server._followers["f2"].queued_bytes = 1
+    server.file_appended(SEGMENT, 0, b"m" * 8192)
+    server.on_replicated(lambda: None)
+    first, second = writers[0].writes[0], writers[1].writes[0]
+    assert second == b"x" + first and first is not second
