@@ -306,15 +306,6 @@ def op_frame_length(path: str, data_len: int, kind: int) -> int:
 
 
 def op(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0, data: bytes = b"") -> bytes:
-    head, data = op_parts(end, kind, path, offset=offset, size=size, data=data)
-    # One join: the data (a flush's segment bytes) is copied once, not once per layer.
-    return b"".join((head, data))
-
-
-def op_parts(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0,
-             data: bytes = b"") -> tuple[bytes, bytes]:
-    """An operation's frame as (everything before its data, its data): the two go to the socket one
-    behind the other, so that a large data part is not copied to be framed."""
     head = _OP_HEAD.pack(end, kind) + pack_str(path)
     if kind == OP_WRITE:
         head += _U64.pack(offset)
@@ -322,26 +313,8 @@ def op_parts(end: int, kind: int, path: str, *, offset: int = 0, size: int = 0,
         head += _U64.pack(size)
     if kind not in (OP_WRITE, OP_REPLACE, OP_EPOCH):
         data = b""
-    return _HEADER.pack(len(head) + len(data) + 1, OP) + head, data
-
-
-class Joined:
-    """Queued parts joined into one write; the followers that have the same parts queued (every
-    follower in step, the usual case) share one join."""
-
-    __slots__ = ("data", "parts")
-
-    def __init__(self, parts: list[bytes], data: bytes) -> None:
-        self.parts = parts
-        self.data = data
-
-    @classmethod
-    def of(cls, parts: list[bytes], shared: Joined | None) -> Joined:
-        """``parts`` joined: ``shared`` itself when it holds the very same objects."""
-        if shared is not None and len(shared.parts) == len(parts) \
-                and all(a is b for a, b in zip(shared.parts, parts, strict=True)):
-            return shared
-        return cls(parts, b"".join(parts))
+    # One join: the data (a flush's segment bytes) is copied once, not once per layer.
+    return b"".join((_HEADER.pack(len(head) + len(data) + 1, OP), head, data))
 
 
 def parse_op(payload: bytes) -> Operation:

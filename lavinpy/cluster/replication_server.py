@@ -53,7 +53,6 @@ HANDSHAKE_TIMEOUT = 3.0
 THREAD_WRITER = csocket is not None and "writer" in SOCKET_THREADS
 WRITER_HIGH_WATER = 8 * 1024 * 1024  # a writer thread's unsent bytes before the sender task waits
 WRITER_POLL_SECONDS = 0.002  # how often a sender above the high-water mark looks at the thread's backlog
-SEPARATE_DATA_BYTES = 4096  # data queued apart from its frame head (a flush's segment bytes): no copy to frame
 
 
 class IsrWriter(Protocol):
@@ -181,14 +180,13 @@ class ReplicationServer:
         if not self._followers or is_local_only(rel.rpartition("/")[2]):
             return
         end = self._log_end + proto.op_frame_length(rel, len(data), kind)
-        head, data = proto.op_parts(end, kind, rel, offset=offset, size=size, data=data)
-        parts: tuple[bytes, ...] = (head + data,) if len(data) < SEPARATE_DATA_BYTES else (head, data)
+        encoded = proto.op(end, kind, rel, offset=offset, size=size, data=data)
         self._log_end = end
         if kind != proto.OP_HEARTBEAT and kind != proto.OP_EPOCH:
             self._changed_end = end
         for follower in list(self._followers.values()):
-            follower.queue.extend(parts)
-            follower.queued_bytes += len(head) + len(data)
+            follower.queue.append(encoded)
+            follower.queued_bytes += len(encoded)
             if follower.queued_bytes > self.max_backlog:
                 self._drop_later(follower, f"more than {self.max_backlog} bytes behind")
             elif follower.streaming:
@@ -225,11 +223,10 @@ class ReplicationServer:
     def on_replicated(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once every ISR follower acknowledged the stream up to its end at this call."""
         target = self._log_end
-        shared: proto.Joined | None = None
         for follower in self._followers.values():
             # A flush waits on this: its operations go out now rather than on the sender task's next turn.
             if follower.streaming and not follower.dropped and follower.queue and self._idle_enough(follower):
-                shared = self._write_queued(follower, shared)
+                self._write_queued(follower)
         if not self._waiters and self._released(target) and self._serving():
             callback()
         else:
@@ -516,9 +513,8 @@ class ReplicationServer:
             else:
                 self._write_queued(follower)
 
-    def _write_queued(self, follower: _Follower, shared: proto.Joined | None = None) -> proto.Joined | None:
-        """Hand up to a chunk of the follower's queued operations to its socket; ``shared``: the last
-        follower's in this turn, whose join the same parts reuse. Returns this one's join, if any."""
+    def _write_queued(self, follower: _Follower) -> None:
+        """Hand up to a chunk of the follower's queued operations to its socket."""
         batch = []
         size = 0
         while follower.queue and size < proto.CHUNK_SIZE:
@@ -535,13 +531,11 @@ class ReplicationServer:
             writer = follower.thread_writer = csocket.SocketWriter(follower.thread_fd)  # type: ignore[union-attr]
         if writer is None:
             follower.writer.writelines(batch)  # the transport gathers them: no joined copy
-            return None
+            return
         # One write: one by one, the thread sent the index entries in a second send behind the segment
         # bytes, which the follower often read, fsynced and acknowledged as a batch of its own.
-        joined = None if len(batch) == 1 else proto.Joined.of(batch, shared)
-        if writer.write(batch[0] if joined is None else joined.data) < 0:
+        if writer.write(batch[0] if len(batch) == 1 else b"".join(batch)) < 0:
             self._drop_later(follower, "send failed")  # the thread stopped on a send error: it is gone
-        return joined
 
     @staticmethod
     def _idle_enough(follower: _Follower) -> bool:
