@@ -211,7 +211,7 @@ def thread_group(pid: int, tid: int, name: str, rest: str, older: set[int]) -> s
     themselves), a thread started while amqpperf connected (not in ``older``: the client connections'
     socket reader and writer threads), or ``rest`` (the other threads are not named: on a node under b
     they are the leader's replication writer threads or a follower's replication thread, beside idle
-    helper threads)."""
+    executor threads)."""
     if tid == pid:
         return "loop"
     if name.startswith("lavinpy-fsync"):
