@@ -14,6 +14,14 @@ node's, on an ext4 file system of its own (an image file on a loop device, remov
 nodes then no longer share one file system's journal, which on one machine is part of what a
 cluster's confirm waits for (bench/history.md); ``--disk-images DIR`` puts the image files there
 (on a tmpfs: no disk under any node).
+
+``--rate N[,N...]`` (instead of the full-rate rounds and the kills) runs scenario b at each fixed
+publish rate against one node and the cluster (through the leader and through a follower) and prints
+the CPU budget: each process's and each thread group's CPU a message (utime + stime from
+/proc/<pid>/task/*/stat over amqpperf's measured window) for the nodes' threads (the asyncio loop, the
+compiled fsync workers, the rest: on a leader its replication writer threads, on a follower its
+replication thread), amqpperf and etcd, with the run-queue wait (/proc/<pid>/task/<tid>/schedstat)
+a message and a wake-up, and the machine's busy cores (/proc/stat).
 """
 
 from __future__ import annotations
@@ -110,6 +118,13 @@ def single_node(binary: str, data_dir: Path, disk_mib: int = 0, images: Path | N
 
 
 def _single_node(binary: str, data_dir: Path) -> dict:
+    with single_node_process(data_dir) as (pid, port):
+        return amqpperf(binary, port, [pid], "single")
+
+
+@contextlib.contextmanager
+def single_node_process(data_dir: Path) -> Iterator[tuple[int, int]]:
+    """A single node on a free port for the block: (its pid, its AMQP port)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAVINPY_")}
     env["PYTHONPATH"] = str(REPO_ROOT)
@@ -120,7 +135,7 @@ def _single_node(binary: str, data_dir: Path) -> dict:
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: port_open(port), 60, 0.1, "the single node")
-        return amqpperf(binary, port, [process.pid], "single")
+        yield process.pid, port
     finally:
         process.terminate()
         process.wait(30)
@@ -165,6 +180,138 @@ def failovers(cluster: Cluster, kills: int) -> list[float]:
     return times
 
 
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_readings(pid: int) -> dict[int, tuple[str, float, float, int]]:
+    """Each thread of ``pid``: tid -> (name, CPU s (utime + stime), run-queue wait s, times run)."""
+    readings = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+                run_ns, wait_ns, slices = map(int, (task / "schedstat").read_text().split()[:3])
+            except (OSError, ValueError):
+                continue  # the thread ended between the listing and the read
+            fields = stat.rsplit(")", 1)[1].split()
+            readings[int(task.name)] = (stat[stat.index("(") + 1:stat.rindex(")")],
+                                        (int(fields[11]) + int(fields[12])) / CLOCK_TICK, wait_ns / 1e9, slices)
+    return readings
+
+
+def busy_cores_reading() -> tuple[float, float]:
+    """(busy, all) jiffies of the whole machine, from /proc/stat's cpu line."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values[:8]) - idle, sum(values[:8])
+
+
+def thread_group(pid: int, tid: int, name: str, rest: str, older: set[int]) -> str:
+    """What a node's thread is: its loop (the main thread), a compiled fsync worker (they name
+    themselves), a thread started while amqpperf connected (not in ``older``: the client connections'
+    socket reader and writer threads), or ``rest`` (the other threads are not named: on a node under b
+    they are the leader's replication writer threads or a follower's replication thread, beside idle
+    executor threads)."""
+    if tid == pid:
+        return "loop"
+    if name.startswith("lavinpy-fsync"):
+        return "fsync workers"
+    if tid not in older:
+        return "client socket threads"
+    return rest
+
+
+def rate_run(binary: str, port: int, processes: list[tuple[str, int, str]], rate: int, label: str) -> dict:
+    """Scenario b at a fixed publish rate; ``processes``: (label, pid, label of its unnamed threads),
+    amqpperf and etcd included. Returns amqpperf's result with ``budget``: label -> group ->
+    (CPU s, run-queue wait s, times run) over the measured window, and ``busy_cores``."""
+    args = list(SCENARIOS[SCENARIO]) + ["-rate", str(rate)]
+    cmd = [binary, "-uri", f"amqp://guest:guest@127.0.0.1:{port}/", "-label", label, *args]
+    warmup, duration = scenario_window()
+    older = {pid: set(thread_readings(pid)) for _, pid, _ in processes}
+    perf = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watched = [*processes, ("amqpperf", perf.pid, "amqpperf")]
+    time.sleep(warmup)
+    before = {pid: thread_readings(pid) for _, pid, _ in watched}
+    machine_before = busy_cores_reading()
+    time.sleep(duration)
+    after = {pid: thread_readings(pid) for _, pid, _ in watched}
+    machine_after = busy_cores_reading()
+    stdout, stderr = perf.communicate()
+    try:
+        result = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"errors": [f"amqpperf exit {perf.returncode}: {stderr.strip()[-500:]}"]}
+    budget: dict[str, dict[str, list[float]]] = {}
+    for name, pid, rest in watched:
+        groups = budget.setdefault(name, {})
+        for tid, (thread_name, cpu, wait, slices) in after[pid].items():
+            start = before[pid].get(tid, (thread_name, 0.0, 0.0, 0))
+            group = rest if name in ("amqpperf", "etcd") else thread_group(pid, tid, thread_name, rest, older[pid])
+            totals = groups.setdefault(group, [0.0, 0.0, 0.0])
+            for i, value in enumerate((cpu - start[1], wait - start[2], slices - start[3])):
+                totals[i] += value
+    result["budget"] = budget
+    busy = machine_after[0] - machine_before[0]
+    result["busy_cores"] = busy / max(1, machine_after[1] - machine_before[1]) * (os.cpu_count() or 1)
+    result["window_s"] = duration
+    return result
+
+
+def rate_budgets(binary: str, work: Path, rates: list[int]) -> None:
+    """The CPU budget at each fixed rate: one node, then a fresh cluster through its leader and a follower."""
+    for rate in rates:
+        runs: list[tuple[str, dict]] = []
+        with single_node_process(work / f"single-{rate}") as (pid, port):
+            runs.append(("single node", rate_run(binary, port, [("node", pid, "other threads")], rate, "single")))
+        etcd = Etcd(work / f"etcd-{rate}")
+        etcd.start()
+        cluster = Cluster(work / f"cluster-{rate}", etcd)
+        try:
+            cluster.start(3)
+            leader = cluster.wait_for_leader(60)
+            wait_in_sync(cluster)
+            follower = next(n for n in cluster.nodes if n is not leader)
+            other = next(n for n in cluster.nodes if n not in (leader, follower))
+            assert etcd.process is not None
+            processes = [("leader", leader.process.pid, "writer threads"),  # type: ignore[union-attr]
+                         ("follower 1", follower.process.pid, "replication thread"),  # type: ignore[union-attr]
+                         ("follower 2", other.process.pid, "replication thread"),  # type: ignore[union-attr]
+                         ("etcd", etcd.process.pid, "etcd")]
+            runs.append(("via leader", rate_run(binary, leader.amqp_port, processes, rate, "leader")))
+            wait_in_sync(cluster)
+            runs.append(("via follower 1", rate_run(binary, follower.amqp_port, processes, rate, "follower")))
+        finally:
+            cluster.stop_all()
+            etcd.stop()
+        print_budget(rate, runs)
+
+
+def print_budget(rate: int, runs: list[tuple[str, dict]]) -> None:
+    """Per run: the rate reached, and for each process and thread group CPU µs a message, run-queue
+    wait µs a message and µs a wake-up (time run), and the share of a core."""
+    for setup, result in runs:
+        if result.get("errors") or not result.get("pub_rate"):
+            print(f"rate {rate}: {setup}: {result.get('errors')}", flush=True)
+            continue
+        messages = result["pub_rate"] * result["window_s"]
+        total = sum(cpu for groups in result["budget"].values() for cpu, _, _ in groups.values())
+        p99_ms = (result.get("latency_us") or {}).get("p99", 0) / 1000
+        print(f"rate {rate}: {setup}: {result['pub_rate']:.0f} msg/s published, p99 {p99_ms:.1f} ms, "
+              f"machine {result['busy_cores']:.2f} cores busy, "
+              f"watched processes {total / result['window_s']:.2f} cores, {total * 1e6 / messages:.1f} us a message")
+        print(f"  {'process':<12}{'threads':<20}{'CPU us/msg':>11}{'cores':>7}{'wait us/msg':>12}"
+              f"{'wait us/wake':>13}{'wakes/msg':>10}")
+        for name, groups in result["budget"].items():
+            for group, (cpu, wait, slices) in sorted(groups.items(), key=lambda item: -item[1][0]):
+                if cpu == 0 and slices == 0:
+                    continue
+                print(f"  {name:<12}{group:<20}{cpu * 1e6 / messages:>11.2f}{cpu / result['window_s']:>7.2f}"
+                      f"{wait * 1e6 / messages:>12.2f}{wait * 1e6 / max(1, slices):>13.1f}"
+                      f"{slices / messages:>10.3f}")
+    print(flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--amqpperf", default=str(REPO_ROOT / "bench" / "out" / "amqpperf"))
@@ -174,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="each node's data directory on its own ext4 file system of this size (root)")
     parser.add_argument("--disk-images", type=Path, default=None, metavar="DIR",
                         help="with --own-disks: where the file systems' image files go")
+    parser.add_argument("--rate", default="", metavar="N[,N...]",
+                        help="instead: the CPU budget a process and a thread at these fixed publish rates")
     args = parser.parse_args(argv)
     if not Path(args.amqpperf).exists():
         print(f"amqpperf not found at {args.amqpperf}: build it (see bench/README.md)", file=sys.stderr)
         return 2
+    if args.rate:
+        with tempfile.TemporaryDirectory(prefix="lavinpy-cluster-bench-") as tmp:
+            rate_budgets(args.amqpperf, Path(tmp), [int(r) for r in args.rate.split(",")])
+        return 0
     results: dict[str, list[dict]] = {"single node": [], "cluster via leader": [], "cluster via follower": []}
     times: list[float] = []
     with tempfile.TemporaryDirectory(prefix="lavinpy-cluster-bench-") as tmp:
