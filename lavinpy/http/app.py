@@ -78,15 +78,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except ConnectionResetError as e:  # the client went before its body was read: nothing to answer
-        _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
-        # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
-        # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
-        # client_max_size). Without it that goes now.
-        e.__traceback__ = None
-        return error_response(400, "bad_request", "the request body ended early")
-    except Exception:
+        return _ended_early(request, e)
+    except Exception as e:
+        if isinstance(e, RuntimeError) and request.transport is None:
+            # aiohttp's "Connection closed.": a read of the body begun after the client went (a handler
+            # that reached it late, such as the first request, which waits for the HTTP stack to load)
+            return _ended_early(request, e)
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "internal_error", "internal error, see the broker log")
+
+
+def _ended_early(request: web.Request, e: Exception) -> web.Response:
+    _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
+    # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
+    # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
+    # client_max_size). Without it that goes now.
+    e.__traceback__ = None
+    return error_response(400, "bad_request", "the request body ended early")
 
 
 @web.middleware
