@@ -218,6 +218,13 @@ async def connections(amqpperf: str, b: compare.Broker, n: int, args: object, ou
 
 
 def http_times(b: Http, out: dict, errors: list) -> None:
+    # lavinpy loads its HTTP stack on the first connection to a port (lavinpy.http.gate): one untimed request to
+    # each port first, so that the figures are the listings' and not that load's (a few hundred ms, once).
+    for path, metrics in (("/api/overview", False), ("/metrics", True)):
+        try:
+            b.get_ms(path, metrics)
+        except OSError as exc:
+            errors.append(f"GET {path}: {exc}")
     for label, path, metrics in (("/api/queues ms", "/api/queues", False), ("/metrics ms", "/metrics", True)):
         try:
             out[label] = b.get_ms(path, metrics)

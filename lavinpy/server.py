@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .cluster.node import ClusterNode
+    from .http.gate import HttpGate
     from .mqtt.sessions import MQTTSessions
 
 log = logging.getLogger("lavinpy")
@@ -100,8 +101,9 @@ class Server:
         broker.sessions = self.layers
         self._listeners: list[Any] = []
         self.tls: ServerTLS | None = None
-        self.http: list[Any] = []  # the management API's servers (HTTP, HTTPS)
-        self.metrics: list[Any] = []  # the Prometheus endpoint's servers (plain, TLS)
+        self._http_listeners: list[Any] = []  # the management API's and /metrics' ports, bound at start
+        self.http_gate: HttpGate | None = None  # their connections' way in, loading the HTTP stack on the first
+        self.http_servers: list[Any] = []  # the aiohttp servers, once loaded (management, metrics)
         self.stopped = asyncio.Event()
         # Shovels run with the broker: in a cluster only the leader runs a Server, so only it shovels.
         # "amqp://" (no host) is this node's AMQP port over loopback (lavinpy.shovel.component.LocalNode),
@@ -192,19 +194,39 @@ class Server:
                                                     port, what, self.proxy_policy, context)
 
     async def _start_http(self) -> None:
-        """The management API and /metrics, each plain and over TLS as the ports say."""
+        """The management API and /metrics, each plain and over TLS as the ports say: bound now, the HTTP
+        stack loaded by the first connection to one of them (lavinpy.http.gate)."""
         config, tls = self.config, self.tls
-        if not (config.http_port or config.prometheus_port or tls is not None):
+        ports: list[tuple[str, int, str, ProxyPolicy, ssl.SSLContext | None]] = [
+            ("management", config.http_port, "HTTP", self.proxy_policy, None),
+            ("metrics", config.prometheus_port, "Prometheus", NO_PROXY, None)]
+        if tls is not None:
+            ports += [("management", config.https_port if config.https_enabled else 0, "HTTPS", self.proxy_policy,
+                       tls.listener_context),
+                      ("metrics", config.prometheus_tls_port if config.prometheus_tls_enabled else 0,
+                       "Prometheus TLS", NO_PROXY, tls.listener_context)]
+        ports = [p for p in ports if p[1]]
+        if not ports:
             return
-        # aiohttp is imported only when a port needs it: a broker without it starts without the cost.
+        from .http.gate import HttpGate  # imports no aiohttp
+
+        gate = self.http_gate = HttpGate(lambda: self._load_http({kind for kind, *_ in ports}))
+        for kind, port, what, policy, context in ports:
+            self._http_listeners += await serve_port(gate.factory(kind, what), config.bind, port, what, policy,
+                                                     context)
+
+    async def _load_http(self, kinds: set[str]) -> dict[str, Callable[..., asyncio.Protocol]]:
+        """The HTTP stack, imported in a worker thread (the loop serves AMQP meanwhile), and the servers of
+        ``kinds`` of port set up."""
+        await asyncio.to_thread(_import_http)
         from .http.app import HttpServer, make_app
         from .http.metrics import make_metrics_app
         from .http.routes_federation import FEDERATION
         from .http.routes_mqtt import MQTT_SESSIONS
         from .http.routes_shovels import SHOVELS
-        cluster_nodes = self.cluster.status if self.cluster is not None else None
 
         def management_app() -> web.Application:
+            cluster_nodes = self.cluster.status if self.cluster is not None else None
             app = make_app(self.broker, self.sessions, cluster_nodes)
             app[SHOVELS] = self.shovels
             app[FEDERATION] = self.federation
@@ -212,26 +234,26 @@ class Server:
                 app[MQTT_SESSIONS] = self.mqtt
             return app
 
-        ports: list[tuple[list[Any], Callable[[], web.Application], int, str, ProxyPolicy, ssl.SSLContext | None]]
-        ports = [(self.http, management_app, config.http_port, "HTTP",
-                  self.proxy_policy, None),
-                 (self.metrics, lambda: make_metrics_app(self.broker, self.sessions, self.links),
-                  config.prometheus_port, "Prometheus", NO_PROXY, None)]
-        if tls is not None:
-            ports += [(self.http, ports[0][1], config.https_port if config.https_enabled else 0, "HTTPS",
-                       self.proxy_policy, tls.listener_context),
-                      (self.metrics, ports[1][1], config.prometheus_tls_port if config.prometheus_tls_enabled else 0,
-                       "Prometheus TLS", NO_PROXY, tls.listener_context)]
-        for servers, make, port, what, policy, context in ports:
-            if port:
-                server = HttpServer(make())
-                servers.append(server)
-                await server.start(config.bind, port, what, policy, context)
+        apps = {"management": management_app,
+                "metrics": lambda: make_metrics_app(self.broker, self.sessions, self.links)}
+        makers: dict[str, Callable[..., asyncio.Protocol]] = {}
+        for kind in sorted(kinds):
+            server = HttpServer(apps[kind]())
+            self.http_servers.append(server)
+            await server.setup()
+            makers[kind] = server.protocol
+        return makers
 
     async def _stop_http(self) -> None:
-        for server in self.http + self.metrics:
+        for listener in self._http_listeners:
+            listener.close()
+        self._http_listeners = []
+        gate, self.http_gate = self.http_gate, None
+        if gate is not None:
+            await gate.close()
+        for server in self.http_servers:
             await server.stop()
-        self.http, self.metrics = [], []
+        self.http_servers = []
 
     def _close_listeners(self) -> None:
         for listener in self._listeners:
@@ -361,6 +383,14 @@ async def serve(config: Config) -> int:
     await server.stop()
     systemd.stop_watchdog()
     return 0
+
+
+def _import_http() -> None:
+    """The HTTP stack's modules (run in a worker thread: importing aiohttp and the routes takes a few hundred ms)."""
+    import importlib
+
+    for module in ("lavinpy.http.app", "lavinpy.http.metrics"):
+        importlib.import_module(module)
 
 
 def mqtt_enabled(config: Config) -> bool:

@@ -7,9 +7,9 @@ the operations; their ``BrokerError`` becomes RabbitMQ's error JSON here (see er
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..broker.errors import BrokerError
-from ..listeners import ProxyPolicy, serve_port
 from ..logs import RateLimitedLog
 from . import (
     definitions,
@@ -40,6 +39,7 @@ from .proxied import ForwardedProtocol, proxied_remote
 if TYPE_CHECKING:
     from ..amqp.sessions import Sessions
     from ..broker.ops import Broker
+    from ..wire.proxy_header import ProxyHeader
 
 log = logging.getLogger("lavinpy.http")
 _refused_log = RateLimitedLog(log)
@@ -78,15 +78,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException:
         raise
     except ConnectionResetError as e:  # the client went before its body was read: nothing to answer
-        _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
-        # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
-        # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
-        # client_max_size). Without it that goes now.
-        e.__traceback__ = None
-        return error_response(400, "bad_request", "the request body ended early")
-    except Exception:
+        return _ended_early(request, e)
+    except Exception as e:
+        if isinstance(e, RuntimeError) and request.transport is None:
+            # aiohttp's "Connection closed.": a read of the body begun after the client went (a handler
+            # that reached it late, such as the first request, which waits for the HTTP stack to load)
+            return _ended_early(request, e)
         log.exception("HTTP %s %s failed", request.method, request.path)
         return error_response(500, "internal_error", "internal error, see the broker log")
+
+
+def _ended_early(request: web.Request, e: Exception) -> web.Response:
+    _refused_log.log(logging.INFO, "HTTP %s %s from %s: %s", request.method, request.path, request.remote, e)
+    # aiohttp keeps the exception on the request's stream, a cycle freed only by a full collection
+    # (rare at the server's GC thresholds); its traceback holds the body read so far (up to
+    # client_max_size). Without it that goes now.
+    e.__traceback__ = None
+    return error_response(400, "bad_request", "the request body ended early")
 
 
 @web.middleware
@@ -161,23 +169,22 @@ _MALFORMED_REQUEST_FILTER = _MalformedRequestLine()
 
 
 class HttpServer:
-    """An app served on every bind address of one port, plain or TLS, behind ForwardedProtocol."""
+    """An app's aiohttp server; its connections come from listeners of the ports that serve it (the server
+    binds them at start, lavinpy.http.gate), each behind ForwardedProtocol."""
 
     def __init__(self, app: web.Application) -> None:
         logging.getLogger("aiohttp.server").addFilter(_MALFORMED_REQUEST_FILTER)  # a second add is a no-op
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        self._listeners: list[Any] = []
 
-    async def start(self, hosts: list[str], port: int, what: str, policy: ProxyPolicy,
-                    ssl_context: ssl.SSLContext | None = None) -> None:
-        """Listen on ``port`` of ``hosts``; ``policy``: who may or must start with a PROXY header."""
+    async def setup(self) -> None:
         await self.runner.setup()
+
+    def protocol(self, client: ProxyHeader | None, what: str) -> asyncio.Protocol:
+        """aiohttp's protocol for one connection of a port named ``what``, from ``client`` if a PROXY
+        header named one."""
         server = self.runner.server
         assert server is not None
-        self._listeners = await serve_port(lambda client: ForwardedProtocol(server(), client, what), hosts, port, what,
-                                      policy, ssl_context)
+        return ForwardedProtocol(server(), client, what)
 
     async def stop(self) -> None:
-        for listener in self._listeners:
-            listener.close()
         await self.runner.cleanup()
