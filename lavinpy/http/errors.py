@@ -68,7 +68,8 @@ async def read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise bad_request(f"Exceeded HTTP request body size limit of {request.client_max_size} bytes") from None
+        raise bad_request(f"Exceeded HTTP request body size limit of {request.client_max_size} bytes "
+                          "(management_max_body_size)") from None
     if not raw.strip():
         return {}
     try:

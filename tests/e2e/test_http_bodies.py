@@ -26,6 +26,7 @@ def test_a_body_over_the_limit_is_refused_with_400_and_one_at_it_is_read(broker)
     status, body, _ = http_call(broker, "POST", "/api/definitions", raw=_padded(LIMIT + 1))
     assert status == 400 and body["error"] == "bad_request"
     assert "Exceeded HTTP request body size limit" in body["reason"]
+    assert "management_max_body_size" in body["reason"]  # the setting to raise is named
     status, _, _ = http_call(broker, "POST", "/api/definitions", raw=_padded(LIMIT))
     assert status in (200, 201, 204)
 
