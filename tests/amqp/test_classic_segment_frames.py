@@ -140,3 +140,109 @@ def test_a_classic_read_s_bytes_and_books_are_the_general_way_s(tmp_path: Path, 
     assert [again for _, again, _ in deliveries] == [i < REQUEUED for i in left]
     assert books[:5] == (0, len(left) + 5 * beside, len(left), len(left), len(left))
     assert books[7] == (damaged is not None)
+
+
+def read_round(tmp_path: Path, damaged: int | None, one_channel: bool, framed: list[int]
+               ) -> tuple[list[bytes], tuple[int, ...], int]:
+    """Two consumers (prefetch 30 each) start on the queue at once, each on a connection of its own or both
+    on one channel: each connection's bytes, the books after the round and after their acks (which let the
+    queue fill their windows again), and how many deliveries ``framed`` had counted before those acks."""
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        publisher = harness.connect()
+        publisher.handshake()
+        publisher.open_channel(1)
+        publish_all(harness, publisher)
+        queue = harness.broker.vhosts["/"].queues["q"]
+        publisher.send((1, commands.Basic.Qos(prefetch_count=REQUEUED)),
+                       (1, commands.Basic.Consume(queue="q", consumer_tag="first")))
+        publisher.read()
+        publisher.send((1, commands.Basic.Cancel(consumer_tag="first")),
+                       (1, commands.Basic.Nack(delivery_tag=REQUEUED, multiple=True, requeue=True)))
+        publisher.read()
+        if damaged is not None:
+            damage(harness, list(queue.index)[damaged])
+        readers = [harness.connect(("127.0.0.1", 40000 + i)) for i in range(1 if one_channel else 2)]
+        for reader in readers:
+            reader.handshake()
+            reader.open_channel(1)
+        for i, tag in enumerate(("x", "y")):
+            readers[i % len(readers)].send((1, commands.Basic.Qos(prefetch_count=30)),
+                                           (1, commands.Basic.Consume(queue="q", consumer_tag=tag)))
+        harness.run_soon()
+        out = [b"".join(reader.conn.data_to_send()) for reader in readers]
+        books = (queue.message_count, queue.unacked_count, queue.stats.deliver, queue.stats.redeliver,
+                 queue.corrupt_messages, *(c.unacked for r in readers for c in r.conn.channels[1].consumers.values()))
+        before_acks = sum(framed)
+        for reader in readers:  # each share's in-order acks settle it
+            reader.send((1, commands.Basic.Ack(delivery_tag=0, multiple=True)))
+        harness.run_soon()
+        return out, (*books, queue.unacked_count, queue.message_count), before_acks
+    finally:
+        harness.close()
+
+
+@pytest.mark.parametrize("one_channel", [False, True])
+@pytest.mark.parametrize("damaged", [None, 4])
+def test_a_round_of_two_readers_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     damaged: int | None, one_channel: bool) -> None:
+    framed: list[int] = []
+    own = sf.segment_stored_frames
+
+    def counted(*args: Any) -> tuple[bytes, int, int, int]:
+        got = own(*args)
+        framed.append(got[1])
+        return got
+
+    monkeypatch.setattr(stored_runs, "segment_stored_frames", counted)
+    out, books, before_acks = read_round(tmp_path / "segments", damaged, one_channel, framed)
+    # the first consumer's ten from the segments, then most of the round's 60 (on one channel the two
+    # consumers' windows fill one after the other: each a one-consumer share)
+    if sf.STORED_FRAMES_COMPILED:
+        assert before_acks >= 10 + 50
+    else:
+        assert not framed
+    monkeypatch.setattr(classic_queue, "stored_run_of", lambda consumer: None)
+    general = read_round(tmp_path / "general", damaged, one_channel, [])
+    assert out == general[0]
+    assert books == general[1]
+    delivered = 60  # both windows full; the damaged one taken out, and one more in its place
+    redelivered = REQUEUED - (damaged is not None and damaged < REQUEUED)
+    assert books[:7] == (COUNT - delivered - (damaged is not None), delivered, REQUEUED + delivered, redelivered,
+                         damaged is not None, 30, 30)
+    assert books[7:] == (COUNT - delivered - (damaged is not None), 0)  # the windows filled again with the rest
+
+
+def test_a_round_shared_by_two_consumers_of_one_channel_is_left_to_the_general_round(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their tags interleave in pick order there: a run per consumer's share would number them otherwise."""
+    class Channel:
+        deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
+
+    class Reader:
+        no_ack = False
+
+        def __init__(self, channel: Channel) -> None:
+            self.channel = channel
+
+    class Index:
+        def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
+            splits.append(parts)
+
+    class Queue:
+        index = Index()
+
+    def deliver(*args: Any) -> tuple[int, int, int]:
+        shares.append(args[3])
+        return len(args[3]), 0, 0
+
+    shares: list[Any] = []
+    splits: list[Any] = []
+    monkeypatch.setattr(stored_runs, "STORED_FRAMES_COMPILED", True)
+    monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
+    one, other = Channel(), Channel()
+    x, y, z = Reader(one), Reader(one), Reader(other)
+    assert not stored_runs.deliver_stored_round(Queue(), [x, y, x, y], False, [1, 2, 3, 4], None)
+    assert not shares and not splits
+    assert stored_runs.deliver_stored_round(Queue(), [x, z, x, z], False, [1, 2, 3, 4], None)
+    assert shares == [[1, 3], [2, 4]] and splits == [[[1, 3], [2, 4]]]

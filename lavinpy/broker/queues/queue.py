@@ -17,7 +17,7 @@ from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
 from .round_picks import deliver_share, pick_round, shares_of
-from .stored_runs import deliver_stored, readable, stored_run_of
+from .stored_runs import deliver_stored, deliver_stored_round, readable, stored_run_of
 
 if TYPE_CHECKING:
     from ...store.queue_index import QueueIndex
@@ -443,9 +443,7 @@ class Queue(QueueKind):
             return False
         picked = len(picks)
         redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
-        if single and (stored_run := stored_run_of(picks[0])) is not None:  # one acking share: from the segments
-            if (left := picked - deliver_stored(self, stored_run, picks[0], positions, redelivered)[0]) > 0:
-                picks[0].credit(left)  # damaged ones removed: their turns given back
+        if deliver_stored_round(self, picks, single, positions, redelivered):  # acking AMQP consumers' shares
             return picked == budget
         try:
             messages = list(self.vhost.store.messages.read_many(positions))

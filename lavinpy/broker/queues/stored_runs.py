@@ -7,19 +7,23 @@ share of 65,535 deliveries about 1,000 of a delivery's 2,350 instructions. An AM
 (``store.stamped_frames.segment_stored_frames``), each record checked as a read checks it; a record it
 stops at (a segment's end, a large or damaged record, a missing segment) goes the general way alone
 (``Queue.read``: a damaged or missing one reported and removed from the queue, as a run's read does),
-then the run goes back to the compiled call (``readable`` is the general read's own, for a run with a
-damaged record). Only for acking consumers of a queue on the plain paths
-(no TTL, limits or delivery limit: their paths read each message) and with the C extension; the pure
-path reads and frames every run as before, with the same bytes.
+then the run goes back to the compiled call. A round of several consumers (a Spark read's partitions
+reading one queue at once) goes the same way, a run per consumer's share, while each is on a channel of
+its own. Only for acking consumers of a queue on the plain paths (no TTL, limits or delivery limit:
+their paths read each message) and with the C extension; the pure path reads and frames every run as
+before, with the same bytes. ``readable`` is the general read's own, for a run with a damaged record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from itertools import compress, repeat
+from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from ...store.stamped_frames import STORED_FRAMES_COMPILED, segment_stored_frames
+from .round_picks import shares_of
 
 if TYPE_CHECKING:
     from ...store.record import StoredMessage
@@ -66,6 +70,36 @@ def deliver_stored(queue: Any, stored_run: StoredRun, consumer: QueueConsumer, p
         delivered += framed
         i += framed
     return delivered, first_size, last_size
+
+
+
+def deliver_stored_round(queue: Any, picks: list[QueueConsumer], single: bool, positions: list[int],
+                         redelivered: list[bool] | None) -> bool:
+    """A round's picks (``picks[i]`` takes ``positions[i]``, just taken from ``queue``'s index; ``single``:
+    all one consumer's) delivered by ``deliver_stored``, each consumer's share as its runs, when each
+    consumer is an acking one on a channel that frames from the segments and of its own (its tags then
+    follow its share's order, as the general round gives them), and they are few (``shares_of`` is a pass
+    each). A damaged record's turn is given back to its consumer. False: nothing done, the caller's read."""
+    stored_run = stored_run_of(picks[0])
+    if stored_run is None:
+        return False
+    if single:
+        if (left := len(positions) - deliver_stored(queue, stored_run, picks[0], positions, redelivered)[0]) > 0:
+            picks[0].credit(left)
+        return True
+    owners = dict.fromkeys(picks)
+    if len(owners) > 8 or len({owner.channel for owner in owners}) < len(owners):
+        return False
+    runs = [run for owner in owners if (run := stored_run_of(owner)) is not None]
+    if len(runs) < len(owners):
+        return False
+    shares = shares_of(owners, picks, positions)
+    queue.index.split_taken(positions, shares)  # each share's in-order acks settle it
+    for owner, run, share in zip(owners, runs, shares, strict=True):
+        flags = None if redelivered is None else list(compress(redelivered, map(is_, picks, repeat(owner))))
+        if (left := len(share) - deliver_stored(queue, run, owner, share, flags)[0]) > 0:
+            owner.credit(left)
+    return True
 
 
 def readable(queue: Any, positions: list[int], redelivered: list[bool] | None
