@@ -34,8 +34,8 @@ def body_of(i: int) -> bytes:
     return b"m%d" % i * (1 + i % 5)
 
 
-def publish_all(harness: Harness, publisher: Client) -> None:
-    publisher.send((1, commands.Queue.Declare(queue="q", durable=True)),
+def publish_all(harness: Harness, publisher: Client, kind: str = "classic") -> None:
+    publisher.send((1, commands.Queue.Declare(queue="q", durable=True, arguments={"x-queue-type": kind})),
                    (1, commands.Exchange.Declare(exchange="ex.fan", exchange_type="fanout")),
                    (1, commands.Queue.Bind(queue="q", exchange="ex.fan")))
     publisher.read()
@@ -57,7 +57,8 @@ def damage(harness: Harness, position: int) -> None:
     segment.mm[end - 1] ^= 0xFF
 
 
-def read_deliveries(tmp_path: Path, damaged: int | None, beside: bool) -> tuple[bytes, list[Any], tuple[int, ...]]:
+def read_deliveries(tmp_path: Path, damaged: int | None, beside: bool, kind: str = "classic"
+                    ) -> tuple[bytes, list[Any], tuple[int, ...]]:
     """The consumer's bytes, its deliveries as (tag, redelivered, body) and the books after them."""
     harness = Harness(tmp_path, fsync="never")
     try:
@@ -65,7 +66,7 @@ def read_deliveries(tmp_path: Path, damaged: int | None, beside: bool) -> tuple[
         for client in (publisher, consumer):
             client.handshake()
             client.open_channel(1)
-        publish_all(harness, publisher)
+        publish_all(harness, publisher, kind)
         queue = harness.broker.vhosts["/"].queues["q"]
         # the first REQUEUED taken by a consumer that gives them back: delivered again, redelivered
         publisher.send((1, commands.Basic.Qos(prefetch_count=REQUEUED)),
@@ -246,3 +247,14 @@ def test_a_round_shared_by_two_consumers_of_one_channel_is_left_to_the_general_r
     assert not shares and not splits
     assert stored_runs.deliver_stored_round(Queue(), [x, z, x, z], False, [1, 2, 3, 4], None)
     assert shares == [[1, 3], [2, 4]] and splits == [[[1, 3], [2, 4]]]
+
+
+def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its requeued messages carry x-delivery-count (its feature path, a message at a time), the rest go
+    as runs: the same bytes and books either way."""
+    data, deliveries, books = read_deliveries(tmp_path / "segments", None, False, "quorum")
+    monkeypatch.setattr(classic_queue, "stored_run_of", lambda consumer: None)
+    general = read_deliveries(tmp_path / "general", None, False, "quorum")
+    assert data == general[0] and books == general[2]
+    assert data.count(b"x-delivery-count") == REQUEUED
+    assert [b for _, _, b in deliveries] == [body_of(i) for i in range(COUNT)]
