@@ -10,7 +10,8 @@ the brokers alternating per point. Curves (the default points in brackets):
 - queues [1k, 10k, 100k]: durable queues declared pipelined under the default fd limit: declare rate, RSS per
   queue, open fds, ``GET /api/queues`` and ``/metrics`` time, restart time (until the last queue answers).
 - bindings [10k, 100k]: a topic exchange with wildcard bindings: bind rate, confirmed publish rate.
-- bodies [64 KiB, 1 MiB, 16 MiB; 128 MiB with --big-bodies]: persistent, confirms: MB/s and RSS peak.
+- bodies [64 KiB, 1 MiB, 16 MiB; 128 MiB with --big-bodies]: persistent, confirms: MB/s and RSS peak
+  (``--http-in-use``: each broker's HTTP API asked once first, so that lavinpy's RSS includes its HTTP stack).
 - consumers [1k]: consumers on one queue, with the broker's CPU per consumed message (the figure to compare on a
   shared machine, where the rate follows the cores the broker got); fanout [1k]: one publish routed to that many
   queues.
@@ -91,6 +92,8 @@ def run_point(curve: str, name: str, point: int, args: argparse.Namespace, work:
     limit = args.point_timeout * (4 if curve == "backlog" else 3)
     try:
         broker.start()
+        if args.http_in_use:  # the management API and /metrics asked once, as a broker watched by an operator
+            sc.http_times(broker, {}, figures["errors"])
         figures.update(asyncio.run(asyncio.wait_for(
             sc.CURVES[curve](args.amqpperf, broker, point, args, figures), limit)))
     except Exception as exc:  # one point failing (a broker that dies, a timeout) must not end the sitting
@@ -205,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each point and broker, the brokers alternating"
                     " (ABBA): the table shows each run and the medians")
     ap.add_argument("--big-bodies", action="store_true", help="add 128 MiB to the bodies curve")
+    ap.add_argument("--http-in-use", action="store_true",
+                    help="one request to the management API and /metrics after each start (lavinpy loads its HTTP "
+                         "stack on the first one: its RSS then includes it, as LavinMQ's always does)")
     ap.add_argument("--backlog", action="store_true", help="allow the backlog curve (20M x 1 KiB, tens of GiB)")
     ap.add_argument("--quick", action="store_true", help="1 s load windows and 2 s idle CPU (smoke runs only)")
     ap.add_argument("--point-timeout", type=float, default=600.0,
