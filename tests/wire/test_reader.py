@@ -20,66 +20,12 @@ from lavinpy.wire.reader import (
     ContentMessage,
     FrameReader,
     HeaderFrame,
-    HeartbeatFrame,
     MethodFrame,
     Nack,
     Publish,
     Reject,
 )
-
-
-def flatten(events: list) -> list:
-    """Frame events with fused publishes (ContentMessage) expanded into their three frames."""
-    out: list = []
-    for event in events:
-        out.extend(event.frames() if isinstance(event, ContentMessage) else [event])
-    return out
-
-
-
-def frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
-    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + bytes((end,))
-
-
-def shortstr(text: str) -> bytes:
-    data = text.encode()
-    return bytes((len(data),)) + data
-
-
-def method(channel: int, class_id: int, method_id: int, args: bytes) -> bytes:
-    return frame(1, channel, struct.pack(">HH", class_id, method_id) + args)
-
-
-def publish(channel: int, exchange: str, key: str, bits: int = 0) -> bytes:
-    return method(channel, 60, 40, b"\x00\x00" + shortstr(exchange) + shortstr(key) + bytes((bits,)))
-
-
-def header(channel: int, body_size: int, props: bytes = b"\x00\x00", class_id: int = 60) -> bytes:
-    return frame(2, channel, struct.pack(">HHQ", class_id, 0, body_size) + props)
-
-
-HEARTBEAT = frame(8, 0, b"")
-
-
-def opened(frame_max: int = 131072) -> FrameReader:
-    reader = FrameReader(frame_max)
-    assert reader.feed(PROTOCOL_HEADER) == []
-    assert reader.expect_protocol_header is False
-    return reader
-
-
-def describe(event: object) -> tuple:
-    """A comparable form of a frame event."""
-    if isinstance(event, MethodFrame):
-        m = event.method
-        attrs = tuple((name, getattr(m, name)) for name in type(m).__slots__)
-        return ("method", event.channel, m.name, attrs)
-    if isinstance(event, HeaderFrame):
-        return ("header", event.channel, event.class_id, event.body_size, event.properties)
-    if isinstance(event, BodyFrame):
-        return ("body", event.channel, event.data)
-    assert isinstance(event, HeartbeatFrame)
-    return ("heartbeat",)
+from tests.wire.frames import HEARTBEAT, describe, flatten, frame, header, method, opened, publish, shortstr
 
 
 def connection_error(reader: FrameReader, data: bytes) -> AMQPConnectionError:

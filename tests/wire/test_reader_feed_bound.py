@@ -10,7 +10,7 @@ from pamqp import commands
 
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.reader import AckRun, ContentMessage, FrameReader, MethodFrame
-from tests.wire.test_reader import describe, flatten, frame, header, method, publish
+from tests.wire.frames import describe, flatten, frame, header, method, publish
 
 
 def _qos(channel: int, prefetch: int) -> bytes:
