@@ -5,8 +5,8 @@ a partial frame waits in a small buffer for the next call. Protocol violations r
 ``AMQPConnectionError`` (the connection must be closed with that code) or ``BadProtocolHeader``.
 
 The hot frames of a publishing client (basic.publish, content header, body, basic.ack/nack/reject) are
-decoded by hand with ``struct.unpack_from``; every other method goes through pamqp. The reader knows
-nothing about channel state: content sequencing is the channel's job.
+decoded by hand with ``struct.unpack_from``; every other method into pamqp's method classes by
+``method_args``. The reader knows nothing about channel state: content sequencing is the channel's job.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from lavinpy.wire.constants import (
     PROTOCOL_HEADER,
 )
 from lavinpy.wire.errors import AMQPChannelError, AMQPConnectionError
-from lavinpy.wire.field_table import FieldTableError, validate_table
+from lavinpy.wire.field_table import FieldTableError
 from lavinpy.wire.frames import (
     _HEARTBEAT_EVENT,
     Ack,
@@ -47,6 +47,7 @@ from lavinpy.wire.frames import (
     RefusedFrame,
     Reject,
 )
+from lavinpy.wire.method_args import decode_arguments
 from lavinpy.wire.properties import (
     FIXED_PROPS_LEN,
     VALID_PROPS_MAX,
@@ -83,58 +84,6 @@ class BadProtocolHeader(Exception):
     def __init__(self, received: bytes) -> None:
         super().__init__(f"bad protocol header {received!r}")
         self.received = received
-
-
-# --- Method payload checks for the pamqp path -----------------------------------------------------
-
-_FIXED_WIDTH = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
-_field_types_cache: dict[type, tuple[str, ...]] = {}
-
-
-def _method_fields_end(cls: type, buf: bytes, pos: int, end: int) -> int:
-    """Offset just past the method arguments of ``cls`` starting at ``pos``, or -1 if truncated.
-
-    pamqp silently decodes a truncated short string as a shorter one, so the reader checks the
-    layout first; like RabbitMQ, it then requires the arguments to fill the frame exactly.
-    """
-    types = _field_types_cache.get(cls)
-    if types is None:
-        types = tuple(cls.amqp_type(name) for name in cls.__slots__)  # type: ignore[attr-defined]
-        _field_types_cache[cls] = types
-    bits = 0
-    for field, kind in enumerate(types):
-        if kind == "bit":
-            if bits % 8 == 0:  # a run of bits packs into octets, eight to an octet
-                pos += 1
-            bits += 1
-            continue
-        bits = 0
-        if kind == "shortstr":
-            if pos >= end:
-                return -1
-            pos += 1 + buf[pos]
-        elif kind == "table":
-            if pos + 4 > end:
-                return -1
-            start = pos + 4
-            pos = start + int.from_bytes(buf[pos:start], "big")
-            if pos > end:
-                return -1
-            try:
-                # Checked before pamqp decodes it: nesting is bounded and every value is well formed.
-                validate_table(buf, start, pos)
-            except FieldTableError as err:
-                err.path.insert(0, cls.__slots__[field])  # type: ignore[attr-defined]
-                raise
-        elif kind == "longstr":
-            if pos + 4 > end:
-                return -1
-            pos += 4 + int.from_bytes(buf[pos:pos + 4], "big")
-        else:
-            pos += _FIXED_WIDTH[kind]
-        if pos > end:
-            return -1
-    return pos if pos <= end else -1
 
 
 def _amqp_name(pamqp_name: str) -> str:
@@ -580,7 +529,7 @@ def _decode_method(src: bytes, start: int, fend: int) -> Any:
         raise AMQPConnectionError(
             NOT_IMPLEMENTED, f"unknown method class {class_id} method {method_id}", class_id, method_id)
     try:
-        fields_end = _method_fields_end(cls, src, pos, fend)
+        return decode_arguments(cls, src, pos, fend)
     except FieldTableError as err:
         if err.too_deep:
             # Well-formed but refused, as an argument value RabbitMQ cannot use: a channel error.
@@ -588,13 +537,5 @@ def _decode_method(src: bytes, start: int, fend: int) -> Any:
                                    index >> 16, index & 0xFFFF) from None
         raise AMQPConnectionError(FRAME_ERROR, f"cannot decode {cls.name} arguments: {err}",
                                   index >> 16, index & 0xFFFF) from None
-    if fields_end != fend:
-        raise _cannot_decode(cls.name, index)
-    # Skip __init__: unmarshal sets every attribute, and __init__ would only validate defaults (and warn
-    # for deprecated methods such as basic.recover-async).
-    method = cls.__new__(cls)
-    try:
-        method.unmarshal(src[pos:fend])
-    except Exception:  # ValueError, UnicodeDecodeError, OverflowError, RecursionError... all mean "bad bytes"
-        raise _cannot_decode(cls.name, index)
-    return method
+    except ValueError:  # truncated, bytes left over, a short string not UTF-8
+        raise _cannot_decode(cls.name, index) from None
