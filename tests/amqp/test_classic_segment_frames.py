@@ -2,7 +2,8 @@
 straight from the segments (compiled, lavinpy/store/_cstore_frames.c through broker/queues/stored_runs.py)
 or read and then framed (the general way, which the pure path always takes): requeued messages with their
 redelivered flag, consecutive tags, empty, multi-frame and large bodies, two exchanges, a damaged record
-reported and skipped, one consumer alone or beside another whose window is full."""
+reported and skipped, one consumer alone or beside another whose window is full; and a round's reader whose
+connection the broker closes mid-read gives back everything it had not acked."""
 
 from __future__ import annotations
 
@@ -258,3 +259,65 @@ def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch:
     assert data == general[0] and books == general[2]
     assert data.count(b"x-delivery-count") == REQUEUED
     assert [b for _, _, b in deliveries] == [body_of(i) for i in range(COUNT)]
+
+
+def test_a_reader_s_connection_closed_by_the_broker_mid_read_gives_back_all_it_held(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two readers on connections of their own take rounds' shares (framed from the segments when compiled);
+    one has acked part of its share when the broker closes its connection (as the HTTP API's connection
+    delete does, its deliveries framed and still unread): what it had not acked comes again, redelivered,
+    to the other, and every message is acked exactly once with nothing left on the queue."""
+    framed: list[int] = []
+    own = sf.segment_stored_frames
+
+    def counted(*args: Any) -> tuple[bytes, int, int, int]:
+        got = own(*args)
+        framed.append(got[1])
+        return got
+
+    monkeypatch.setattr(stored_runs, "segment_stored_frames", counted)
+    harness = Harness(tmp_path, fsync="never")
+    try:
+        publisher = harness.open_client()
+        publish_all(harness, publisher)
+        queue = harness.broker.vhosts["/"].queues["q"]
+        readers = [harness.open_client(("127.0.0.1", 40000 + i)) for i in range(2)]
+        for reader, tag in zip(readers, ("x", "y"), strict=True):
+            reader.send((1, commands.Basic.Qos(prefetch_count=30)),
+                        (1, commands.Basic.Consume(queue="q", consumer_tag=tag)))
+        harness.run_soon()
+        held = [deliveries_of(b"".join(reader.conn.data_to_send())) for reader in readers]
+        assert [len(h) for h in held] == [30, 30]
+        assert sum(framed) == (59 if sf.STORED_FRAMES_COMPILED else 0)  # all but the large record (body_of(40))
+        closed, survivor = readers
+        acked = [body for _tag, _again, body in held[0][:12]]
+        closed.send((1, commands.Basic.Ack(delivery_tag=held[0][11][0], multiple=True)))
+        harness.run_soon()  # the ack refills its window: 12 more framed, sent, never read by the client
+        refill = deliveries_of(b"".join(closed.conn.data_to_send()))
+        assert [tag for tag, _again, _body in refill] == list(range(31, 43))
+        closed.conn.close(320, "CONNECTION_FORCED - Closed via management plugin")
+        given_back = sorted(body for _tag, _again, body in held[0][12:] + refill)
+        again: list[bytes] = []
+        mine = held[1]
+        while mine:
+            acked += [body for _tag, _again, body in mine]
+            again += [body for _tag, redelivered, body in mine if redelivered]
+            survivor.send((1, commands.Basic.Ack(delivery_tag=mine[-1][0], multiple=True)))
+            harness.run_soon()
+            mine = deliveries_of(b"".join(survivor.conn.data_to_send()))
+        assert sorted(again) == given_back
+        assert sorted(acked) == sorted(body_of(i) for i in range(COUNT))
+        assert (queue.message_count, queue.unacked_count) == (0, 0)
+    finally:
+        harness.close()
+
+
+def deliveries_of(data: bytes) -> list[tuple[int, bool, bytes]]:
+    """The basic.deliver frames in ``data`` as (tag, redelivered, body)."""
+    out: list[list[Any]] = []
+    for _channel, value in parse(data):
+        if isinstance(value, commands.Basic.Deliver):
+            out.append([value.delivery_tag, value.redelivered, b""])
+        elif isinstance(value, body.ContentBody):
+            out[-1][2] += value.value
+    return [(tag, again, whole) for tag, again, whole in out]
