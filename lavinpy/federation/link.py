@@ -7,7 +7,8 @@ auto-delete exchange named after the queue with the suffix A or B, of type ``x-f
 (x-max-hops, x-downstream-name, x-downstream-vhost) or ``fanout`` where the upstream does not know that
 type. The queue is bound to it; it is bound to the upstream exchange with every binding of the
 federated exchange (one per routing key and arguments), kept in step while the link runs. At each
-start the other suffix's exchange is made and the old one deleted, so lost bindings come back.
+start the other suffix's exchange is made and the old one deleted, so lost bindings come back; this
+node's links on one upstream queue (StartTurns) start one at a time.
 
 Messages consumed from the queue are published into the federated exchange here with the upstream's
 routing key and an ``x-received-from`` entry (uri without password, exchange, redelivered,
