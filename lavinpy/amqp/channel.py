@@ -34,6 +34,7 @@ from ..wire.constants import (
 )
 from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
 from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
+from . import delivery_round as rounds
 from .channel_methods import (
     REPLY_TO,
     REPLY_TO_PREFIX,
@@ -44,7 +45,6 @@ from .channel_methods import (
 )
 from .confirms import Confirms, Transaction
 from .content import Content, ContentAssembly, in_place, release_bodies
-from .delivery_round import deliver_round, deliver_run_compiled, deliver_segment_run, deliver_stamped_run
 from .log import channel_close_log
 from .refusals import CHANNEL_ERRORS, reply_code
 
@@ -226,8 +226,7 @@ class Channel:
 
     # --- publishing ---------------------------------------------------------------------------
     def publish_target(self, method: Publish) -> Exchange | None:
-        """basic.publish: the exchange, resolved now (404/403 before the content, as RabbitMQ);
-        None when it was refused (the channel is then closed)."""
+        """basic.publish: the exchange, resolved now (404/403 before the content, as RabbitMQ); None: refused."""
         try:
             name = method.exchange
             if name != self._publish_exchange_name or self.vhost.generation != self._publish_generation:
@@ -343,13 +342,14 @@ class Channel:
         """How many more deliveries the channel-wide prefetch (basic.qos global) allows now."""
         return self.deliveries.room()
 
-    deliver_round = staticmethod(deliver_round)  # one message to each of many consumers: one call
-    deliver_stamped_run = deliver_stamped_run  # a stream's run: its offsets stamped as it is framed
-    deliver_segment_run = deliver_segment_run  # a stream's run framed straight from its store segment
+    deliver_round = staticmethod(rounds.deliver_round)  # one message to each of many consumers: one call
+    deliver_stamped_run = rounds.deliver_stamped_run  # a stream's run: its offsets stamped as it is framed
+    deliver_segment_run = rounds.deliver_segment_run  # a stream's run framed straight from its store segment
+    deliver_stored_run = rounds.deliver_stored_run  # a classic queue's run framed straight from its segments
     def deliver_run(self, consumer: Consumer, positions: list[int], messages: list[StoredMessage],
                     redelivered: list[bool] | None) -> None:
         """``deliver`` for messages of the consumer's queue: booked once, framed in one list (compiled if it can)."""
-        if consumer.no_ack or not deliver_run_compiled(self, consumer, positions, messages, redelivered):
+        if consumer.no_ack or not rounds.deliver_run_compiled(self, consumer, positions, messages, redelivered):
             first, conn = self.deliveries.deliver_run(consumer, positions, redelivered), self.conn
             conn.send_many(writer.deliver_run(self.id, consumer.tag, first, redelivered, messages, conn.frame_max))
 

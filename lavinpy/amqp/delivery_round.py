@@ -170,3 +170,24 @@ def deliver_segment_run(channel: Any, consumer: Any, positions: list[int], first
         assert first == deliveries.tag - count + 1  # the tags the frames carry
         conn.send_many([frames])
     return count, first_size, last_size
+
+
+def deliver_stored_run(channel: Any, consumer: Any, positions: list[int], start: int, redelivered: list[bool] | None,
+                       frames_of: Callable[..., tuple[bytes, int, int, int]]) -> tuple[int, int, int]:
+    """A classic queue's run (an acking consumer's) framed straight from its store segment (a method of
+    ``Channel``): ``frames_of`` (the store's ``segment_stored_frames`` bound to its store) frames as many of
+    ``positions`` from ``start`` as it takes, with delivery tags from the channel's next and the flags of
+    ``redelivered`` (None: none); those are booked and sent as ``deliver_run`` books and sends them.
+    Returns (how many, first body size, last body size); 0 books and sends nothing."""
+    deliveries = channel.deliveries
+    conn = channel.conn
+    frames, count, first_size, last_size = frames_of(positions, start, channel.id, consumer.tag, deliveries.tag + 1,
+                                                     redelivered, conn.frame_max)
+    if count:
+        whole = start == 0 and count == len(positions)
+        run = positions if whole else positions[start:start + count]
+        flags = redelivered if whole or redelivered is None else redelivered[start:start + count]
+        first = deliveries.deliver_run(consumer, run, flags)
+        assert first == deliveries.tag - count + 1  # the tags the frames carry
+        conn.send_many([frames])
+    return count, first_size, last_size

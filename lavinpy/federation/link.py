@@ -7,7 +7,8 @@ auto-delete exchange named after the queue with the suffix A or B, of type ``x-f
 (x-max-hops, x-downstream-name, x-downstream-vhost) or ``fanout`` where the upstream does not know that
 type. The queue is bound to it; it is bound to the upstream exchange with every binding of the
 federated exchange (one per routing key and arguments), kept in step while the link runs. At each
-start the other suffix's exchange is made and the old one deleted, so lost bindings come back.
+start the other suffix's exchange is made and the old one deleted, so lost bindings come back; this
+node's links on one upstream queue (StartTurns) start one at a time.
 
 Messages consumed from the queue are published into the federated exchange here with the upstream's
 routing key and an ``x-received-from`` entry (uri without password, exchange, redelivered,
@@ -19,11 +20,12 @@ starts again after reconnect-delay, doubled after each quick failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -117,6 +119,50 @@ class Settlement:
             else:
                 ack = tag
         return ack, nacks
+
+
+TurnKey = tuple[str, str, str]  # the upstream broker (its cluster name, else host:port), its vhost, the queue
+
+
+class StartTurns:
+    """This node's link starts that work on one upstream queue, one at a time.
+
+    Two links of one federated exchange whose upstreams name the same upstream exchange of the same broker
+    (two upstream parameters for two nodes of one cluster, under an upstream set of "all") share the
+    upstream queue, whose name has no upstream's name in it (RabbitMQ's naming), and with it the internal
+    exchanges A and B. A start deletes and declares the suffix it takes, then deletes the other: run at the
+    same time, one start deletes the exchange the other's has just bound (or the one both still carry)
+    while no other is bound, and what is published upstream meanwhile is routed nowhere, though confirmed.
+    One start at a time, each start finds the one before it done: one exchange bound, and it binds its new
+    one before deleting that."""
+
+    def __init__(self) -> None:
+        self._locks: dict[TurnKey, asyncio.Lock] = {}
+        self._wanting: dict[TurnKey, int] = {}
+
+    def wanting(self, key: TurnKey) -> int:
+        """How many starts hold or wait for the turn of ``key``."""
+        return self._wanting.get(key, 0)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, key: TurnKey) -> AsyncIterator[None]:
+        """Held from a start's first look at the upstream queue's exchanges to its deletion of the old one."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        self._wanting[key] = self._wanting.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            left = self._wanting[key] - 1
+            if left:
+                self._wanting[key] = left
+            else:  # nobody holds or waits: the lock (bound to this loop) goes
+                del self._wanting[key], self._locks[key]
+
+
+START_TURNS = StartTurns()
 
 
 class LinkRunner:
@@ -278,31 +324,9 @@ class ExchangeLink(LinkRunner):
         cluster = up.server_properties.get("cluster_name")
         self._upstream_cluster = cluster if isinstance(cluster, str) else ""
         await self._ensure_upstream_exchange(up, x)
-        queue = self._queue_name()
-        args: dict[str, Any] = {"x-internal-purpose": "federation"}
-        if self.upstream.expires is not None:
-            args["x-expires"] = Int64(self.upstream.expires)
-        if self.upstream.message_ttl is not None:
-            args["x-message-ttl"] = Int64(self.upstream.message_ttl)
-        if self.upstream.queue_type != "classic":
-            args["x-queue-type"] = self.upstream.queue_type
-        await up.rpc(unchecked(spec.Queue.Declare, queue=self.upstream.queue or queue, durable=True, arguments=args),
-                     spec.Queue.DeclareOk)
-        queue = self.upstream.queue or queue
-        # The suffix not in use upstream (this node may have restarted since it chose one): the exchange
-        # that still carries the bindings is deleted only once the new one carries them too.
-        old = "A" if await self._exchange_exists(f"{queue} A") else "B"
-        if old == "A" and await self._exchange_exists(f"{queue} B"):
-            # Both: a start cut short between making one and deleting the other. Either may be the one
-            # the messages flow through (the other may have no binding yet), so A is made to carry every
-            # binding before B is made anew; deleting B first would drop what is published meanwhile.
-            self.suffix, self._internal = "A", f"{queue} A"
-            await self._carry_bindings(up, queue)
-        self.suffix = "B" if old == "A" else "A"
-        self._internal = f"{queue} {self.suffix}"
-        await self._declare_internal(up, self._internal)
-        await self._carry_bindings(up, queue)
-        await self._delete_exchange(up, f"{queue} {old}")
+        queue = self.upstream.queue or self._queue_name()
+        async with START_TURNS.turn(self.turn_key(queue)):  # links sharing the queue: one start at a time
+            await self._make_internal(up, queue)
         if self.upstream.ack_mode == "on-confirm":
             await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
             down.on_confirm = self._confirmed
@@ -325,6 +349,37 @@ class ExchangeLink(LinkRunner):
             await self._sync_bindings(up)
         failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
         raise LinkError(f"{side}: {failed.error}")
+
+    def turn_key(self, queue: str) -> TurnKey:
+        """Which links' starts take turns with this one's (StartTurns): those on the same upstream queue."""
+        u = urlsplit(self.uri or "")
+        return self._upstream_cluster or f"{u.hostname}:{u.port}", self._upstream_vhost, queue
+
+    async def _make_internal(self, up: LinkConnection, queue: str) -> None:
+        """The upstream queue, and the internal exchange of the suffix not in use bound to it and to the
+        upstream exchange (the one in use deleted once the new one carries the bindings)."""
+        args: dict[str, Any] = {"x-internal-purpose": "federation"}
+        if self.upstream.expires is not None:
+            args["x-expires"] = Int64(self.upstream.expires)
+        if self.upstream.message_ttl is not None:
+            args["x-message-ttl"] = Int64(self.upstream.message_ttl)
+        if self.upstream.queue_type != "classic":
+            args["x-queue-type"] = self.upstream.queue_type
+        await up.rpc(unchecked(spec.Queue.Declare, queue=queue, durable=True, arguments=args), spec.Queue.DeclareOk)
+        # The suffix not in use upstream (this node may have restarted since it chose one): the exchange
+        # that still carries the bindings is deleted only once the new one carries them too.
+        old = "A" if await self._exchange_exists(f"{queue} A") else "B"
+        if old == "A" and await self._exchange_exists(f"{queue} B"):
+            # Both: a start cut short between making one and deleting the other. Either may be the one
+            # the messages flow through (the other may have no binding yet), so A is made to carry every
+            # binding before B is made anew; deleting B first would drop what is published meanwhile.
+            self.suffix, self._internal = "A", f"{queue} A"
+            await self._carry_bindings(up, queue)
+        self.suffix = "B" if old == "A" else "A"
+        self._internal = f"{queue} {self.suffix}"
+        await self._declare_internal(up, self._internal)
+        await self._carry_bindings(up, queue)
+        await self._delete_exchange(up, f"{queue} {old}")
 
     async def _carry_bindings(self, up: LinkConnection, queue: str) -> None:
         """The internal exchange in use bound to the queue and to the upstream exchange with every

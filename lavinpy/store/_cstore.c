@@ -531,6 +531,8 @@ static PyMethodDef methods[] = {
     {"read_run", py_read_run, METH_VARARGS, "Decode and verify the records of a run of positions in one segment."},
     {"stamped_frames", (PyCFunction)(void (*)(void))py_stamped_frames, METH_FASTCALL,
      "A stream run's deliver frames straight from its segment (_cstore_frames.c)."},
+    {"stored_frames", (PyCFunction)(void (*)(void))py_stored_frames, METH_FASTCALL,
+     "A classic queue run's deliver frames straight from its segment (_cstore_frames.c)."},
     {"stored_messages", py_stored_messages, METH_VARARGS, "StoredMessage tuples for a run of bodies."},
     {"total_size", (PyCFunction)(void (*)(void))py_total_size, METH_FASTCALL,
      "total_size(blocks, start, stop): the bytes of blocks[start:stop] together (_cstore_sizes.c)."},

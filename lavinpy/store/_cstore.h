@@ -87,6 +87,7 @@ Py_ssize_t cstore_properties_end(const unsigned char *b, Py_ssize_t pos, Py_ssiz
 
 /* _cstore_frames.c */
 PyObject *py_stamped_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *py_stored_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 /* _cstore_ready.c: the ready list type the module adds */
 extern PyTypeObject cstore_ReadyListType;

@@ -24,6 +24,7 @@ from session_client import Client, Harness
 from lavinpy.amqp import connection as amqp_connection
 from lavinpy.amqp.connection_states import OPEN
 from lavinpy.broker import scheduler
+from lavinpy.broker.queues import stored_runs
 from lavinpy.store.message_store import MessageStore
 from lavinpy.store.record import CorruptRecord
 from lavinpy.wire import accel
@@ -139,8 +140,16 @@ def _scenario(setup: Setup) -> list[dict[str, Any]]:
 
 def _damage(monkeypatch: pytest.MonkeyPatch, body: bytes, inside: list[bool], raised: list[bool]) -> None:
     """The message with ``body`` reads as damaged (a CRC mismatch): ``read_many`` of a run with it and its
-    own ``read`` raise CorruptRecord; each raise of ``read_many`` notes whether a compiled refill was running."""
+    own ``read`` raise CorruptRecord, and a run framed from its segment stops before it (as at a record that
+    fails its CRC); each raise of ``read_many`` notes whether a compiled refill was running."""
     read_many, read = MessageStore.read_many, MessageStore.read
+    stored_frames = stored_runs.segment_stored_frames
+
+    def framed_before(store: MessageStore, positions: list[int], start: int, *args: Any) -> Any:
+        end = next((i for i in range(start, len(positions)) if read(store, positions[i]).body == body), len(positions))
+        flags = args[3]
+        return stored_frames(store, positions[:end], start, *args[:3], None if flags is None else flags[:end],
+                             *args[4:])
 
     def damaged_run(store: MessageStore, positions: list[int]) -> list[Any]:
         messages = read_many(store, positions)
@@ -157,6 +166,7 @@ def _damage(monkeypatch: pytest.MonkeyPatch, body: bytes, inside: list[bool], ra
 
     monkeypatch.setattr(MessageStore, "read_many", damaged_run)
     monkeypatch.setattr(MessageStore, "read", damaged_one)
+    monkeypatch.setattr(stored_runs, "segment_stored_frames", framed_before)
 
 
 def _drive(path: Path, compiled: str, monkeypatch: pytest.MonkeyPatch, arguments: dict[str, Any] | None = None,

@@ -119,7 +119,10 @@ def _internal_exchanges(up, queue: str) -> set[str]:
 def test_a_start_cut_short_upstream_loses_nothing_at_the_next_start(pair) -> None:
     """A link start cut short between making the new internal exchange upstream and deleting the old one
     leaves both there, the new one maybe unbound: the next start must not delete the one the messages
-    flow through before the other carries the bindings (what is published meanwhile would be dropped)."""
+    flow through before the other carries the bindings (what is published meanwhile would be dropped).
+    After the module's first test the exchange is federated from both tests' upstreams (the policy's set is
+    "all"): two links on one upstream queue, both cut at once, whose starts take turns
+    (test_shared_upstream_queue.py)."""
     up, down = pair
     name = _federated_fanout(up, down, "c")
     queue = _running(down, name)["queue"]

@@ -17,6 +17,7 @@ from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
 from .round_picks import deliver_share, pick_round, shares_of
+from .stored_runs import deliver_stored, deliver_stored_round, readable, stored_run_of
 
 if TYPE_CHECKING:
     from ...store.queue_index import QueueIndex
@@ -375,12 +376,23 @@ class Queue(QueueKind):
         index = self.index
         no_ack = consumer.no_ack
         prefetch = 0 if no_ack else consumer.prefetch
+        stored_run = stored_run_of(consumer)  # an acking AMQP consumer's runs: framed from the segments
         while budget and index.ready_count and channel.can_deliver():
             count = min(budget, index.ready_count, channel.delivery_room(), self._run_limit)
             if prefetch:
                 count = min(count, prefetch - consumer.unacked)
             if count <= 0:
                 break
+            if stored_run is not None:
+                if not (taken := index.shift_many(count)):
+                    break
+                flags = self._redelivered_flags(taken) if self._redelivered or self._recovered_left else None
+                count, first_size, last_size = deliver_stored(self, stored_run, consumer, taken, flags)
+                budget -= count
+                consumer.unacked += count
+                if count:  # the next run's length as take_run sizes it
+                    self._run_limit = max(1, RUN_BYTES // ((first_size + last_size) // 2 + 64))
+                continue
             positions, messages, redelivered = self.take_run(count)
             if not positions:
                 break
@@ -406,7 +418,7 @@ class Queue(QueueKind):
                 messages = self.vhost.store.messages.read_many(positions)
                 break
             except (CorruptRecord, KeyError):
-                positions, messages, redelivered = self._readable(positions, redelivered)
+                positions, messages, redelivered = readable(self, positions, redelivered)
                 if positions:
                     break
         # the next run's length from this one's body sizes (first and last: no per-message step)
@@ -431,6 +443,8 @@ class Queue(QueueKind):
             return False
         picked = len(picks)
         redelivered = self._redelivered_flags(positions) if self._redelivered or self._recovered_left else None
+        if deliver_stored_round(self, picks, single, positions, redelivered):  # acking AMQP consumers' shares
+            return picked == budget
         try:
             messages = list(self.vhost.store.messages.read_many(positions))
         except (CorruptRecord, KeyError):  # read_many raises rather than return a damaged record
@@ -475,22 +489,6 @@ class Queue(QueueKind):
             else:
                 flags.append(False)
         return flags
-
-    def _readable(self, positions: list[int], redelivered: list[bool] | None
-                  ) -> tuple[list[int], list[StoredMessage], list[bool] | None]:
-        """A run with damaged records: those are reported and removed (as ``read``), the rest kept."""
-        kept: list[int] = []
-        messages: list[StoredMessage] = []
-        flags: list[bool] = []
-        for i, pos in enumerate(positions):
-            msg = self.read(pos)
-            if msg is None:
-                self.index.ack(pos)
-                continue
-            kept.append(pos)
-            messages.append(msg)
-            flags.append(redelivered[i] if redelivered is not None else False)
-        return kept, messages, flags if redelivered is not None else None
 
     # --- acknowledgements ---------------------------------------------------------------------
     def ack(self, pos: int) -> None:
