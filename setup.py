@@ -11,7 +11,7 @@ setup(
         Extension("lavinpy.wire._cwire", ["lavinpy/wire/_cwire.c", "lavinpy/wire/_cwire_build.c",
                                                 "lavinpy/wire/_cwire_peek.c", "lavinpy/wire/_cwire_mqtt.c",
                                                 "lavinpy/wire/_cwire_dedup_table.c", "lavinpy/wire/_cwire_dedup_file.c",
-                                                "lavinpy/wire/_cwire_round.c",
+                                                "lavinpy/wire/_cwire_round.c", "lavinpy/wire/_cwire_room.c",
                                                 "lavinpy/wire/_cwire_pick.c", "lavinpy/wire/_cwire_stamped.c",
                                                 "lavinpy/wire/_cwire_acks.c", "lavinpy/wire/_cwire_ack_read.c",
                                                 "lavinpy/wire/_cwire_refill.c", "lavinpy/wire/_cwire_table.c",

@@ -40,8 +40,11 @@ def init_round(send_many: Any, flush_bytes: int) -> None:
 
 
 def deliver_round(consumers: list[Any], positions: list[int], messages: list[StoredMessage],
-                  redelivered: list[bool] | None) -> list[list[int]]:
-    """``deliver_round_py`` in one compiled call when every consumer is the common case."""
+                  redelivered: list[bool] | None, picks: list[Any] | None = None) -> list[list[int]] | None:
+    """``deliver_round_py`` in one compiled call when every consumer is the common case. With ``picks``
+    (message ``i`` to ``picks[i]``, uneven): ``deliver_picked``, None when it did nothing."""
+    if picks is not None:
+        return deliver_picked(consumers, picks, positions, messages, redelivered)
     if _round is not None:
         channel = consumers[0].channel
         counted = _round(consumers, positions, messages, redelivered, type(channel), consumers[0].queue)
@@ -49,6 +52,23 @@ def deliver_round(consumers: list[Any], positions: list[int], messages: list[Sto
             _count(consumers[0].queue, channel.deliveries.counters, counted[0], counted[1])
             return []
     return deliver_round_py(consumers, positions, messages, redelivered)
+
+
+def deliver_picked(consumers: list[Any], picks: list[Any], positions: list[int], messages: list[StoredMessage],
+                   redelivered: list[bool] | None) -> list[list[int]] | None:
+    """Message ``i`` to ``picks[i]`` (``consumers`` the distinct picks in the order of their first) in one
+    compiled call when every consumer is the common case and on a channel of its own: each consumer's
+    share one run in pick order, as ``consumer_set._deliver_stretches`` gives it through
+    ``Channel.deliver_run`` (its twin; the same tags, books, counters and frames). None when it is not
+    the common case: nothing was done."""
+    if _round is None:
+        return None
+    channel = consumers[0].channel
+    counted = _round(consumers, positions, messages, redelivered, type(channel), consumers[0].queue, picks)
+    if counted is None:
+        return None
+    _count(consumers[0].queue, channel.deliveries.counters, counted[0], counted[1])
+    return []
 
 
 def deliver_run_compiled(channel: Any, consumer: Any, positions: list[int], messages: list[StoredMessage],

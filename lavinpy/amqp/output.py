@@ -155,7 +155,11 @@ class ConnectionOutput:
             self._output_held += 1
             sessions.schedule_output(self)  # (still marked scheduled)
             return
-        self.flush_output()
+        # flush_output, inline: a consumer's every write comes here (a Python frame less a write)
+        self._flush_scheduled = False
+        self._output_held = 0
+        if self.driver is not None:
+            self.driver.pump()
 
     # --- flow control ---------------------------------------------------------------------------
     def set_writable(self, writable: bool) -> None:

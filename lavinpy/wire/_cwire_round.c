@@ -4,7 +4,8 @@
  * each connection's output ConnectionOutput's.
  *
  * Per consumer it takes the steps the Python twin takes through Python calls: its share of the round
- * (message i to consumers[i % width]) as lists, the channel's delivery tags, the share booked in the
+ * (message i to consumers[i % width], or to picks[i] for a hand-out of uneven picks whose consumers
+ * are on channels of their own, whose twin is consumer_set._deliver_stretches) as lists, the channel's delivery tags, the share booked in the
  * channel's UnackedBook (joining its last run as UnackedBook.add_run does, or a new _Run), the frames
  * (cwire_deliver_run, _cwire_build.c) and the connection's output appended and scheduled as
  * ConnectionOutput.send_many does. The same bytes and the same book state as the twin
@@ -300,36 +301,123 @@ find_shares(PyObject *consumers, PyObject *kind, Share *shares, PyObject **count
     return 1;
 }
 
-/* deliver_round(consumers, positions, messages, redelivered, kind, queue) -> (delivered, redelivered) | None
+/* A table of distinct objects (by identity) to their index, open addressing over a power of two. */
+typedef struct {
+    PyObject *key;
+    Py_ssize_t index;
+} Index;
+
+/* The index of key in the table, or -1; with add, key is added as index when absent (then -1 too). */
+static Py_ssize_t
+index_find(Index *table, size_t mask, PyObject *key, Py_ssize_t add)
+{
+    size_t at = (size_t)((((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull) >> 24) & mask;
+    while (table[at].key != NULL) {
+        if (table[at].key == key)
+            return table[at].index;
+        at = (at + 1) & mask;
+    }
+    if (add >= 0) {
+        table[at].key = key;
+        table[at].index = add;
+    }
+    return -1;
+}
+
+/* Where each consumer's share is among the picks (picks mode): order[start[j] .. start[j + 1]] are the
+ * indices of the messages picks gives consumers[j], in pick order. 1: found, 0: not the common case
+ * (a pick not among the consumers, a consumer twice or with no pick, two on one channel), -1: error. */
+static int
+find_picks(PyObject *consumers, PyObject *picks, Share *shares, Py_ssize_t width, Py_ssize_t *order,
+           Py_ssize_t *start)
+{
+    size_t size = 8;
+    while (size < 2 * (size_t)width)
+        size <<= 1;
+    Index *table = PyMem_Calloc(size, sizeof(Index)), *channels = PyMem_Calloc(size, sizeof(Index));
+    Py_ssize_t n = PyList_GET_SIZE(picks), *share_of = PyMem_Malloc(((size_t)n + 1) * sizeof(Py_ssize_t));
+    int rc = 0;
+    if (table == NULL || channels == NULL || share_of == NULL) {
+        PyErr_NoMemory();
+        rc = -1;
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < width; j++) {
+        if (index_find(table, size - 1, PyList_GET_ITEM(consumers, j), j) >= 0
+            || index_find(channels, size - 1, shares[j].channel, j) >= 0)
+            goto done;  /* (a channel's tags would not follow the picks across its consumers' runs) */
+        start[j + 1] = 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = index_find(table, size - 1, PyList_GET_ITEM(picks, i), -1);
+        if (j < 0)
+            goto done;
+        share_of[i] = j;
+        start[j + 1]++;
+    }
+    start[0] = 0;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        if (start[j + 1] == 0)
+            goto done;
+        start[j + 1] += start[j];
+    }
+    for (Py_ssize_t i = n - 1; i >= 0; i--)  /* each share filled from its end: start[j + 1] ends as its first */
+        order[--start[share_of[i] + 1]] = i;
+    for (Py_ssize_t j = 0; j < width; j++)
+        start[j] = start[j + 1];
+    start[width] = n;
+    rc = 1;
+done:
+    PyMem_Free(table);
+    PyMem_Free(channels);
+    PyMem_Free(share_of);
+    return rc;
+}
+
+/* deliver_round(consumers, positions, messages, redelivered, kind, queue[, picks])
+ *     -> (delivered, redelivered) | None
  *
  * Message i (at positions[i]) to consumers[i % len(consumers)], each consumer's share as one run in the
  * order of consumers, booked, framed and queued on its connection as deliver_round_py does; the caller
- * counts the deliveries on the queue and in the counters. None (nothing done) unless every consumer is
- * the common case. */
+ * counts the deliveries on the queue and in the counters. With picks (a consumer a message, any order;
+ * consumers the distinct ones in the order of their first pick, each on a channel of its own) message i
+ * goes to picks[i] instead: each consumer's share is still one run, in pick order, as
+ * consumer_set._deliver_stretches gives it through Channel.deliver_run. None (nothing done) unless every
+ * consumer is the common case. */
 PyObject *
 cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 || book_type == NULL) {
-        PyErr_SetString(PyExc_TypeError, "deliver_round takes 6 arguments (after init_round)");
+    if ((nargs != 6 && nargs != 7) || book_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "deliver_round takes 6 or 7 arguments (after init_round)");
         return NULL;
     }
     PyObject *consumers = args[0], *positions = args[1], *messages = args[2], *flags = args[3], *kind = args[4];
-    PyObject *queue = args[5];
+    PyObject *queue = args[5], *picks = nargs == 7 ? args[6] : Py_None;
     if (!PyList_CheckExact(consumers) || !PyList_CheckExact(positions) || !PyList_CheckExact(messages)
-        || (flags != Py_None && !PyList_CheckExact(flags)))
+        || (flags != Py_None && !PyList_CheckExact(flags)) || (picks != Py_None && !PyList_CheckExact(picks)))
         Py_RETURN_NONE;
     Py_ssize_t width = PyList_GET_SIZE(consumers), n = PyList_GET_SIZE(positions);
-    if (width == 0 || PyList_GET_SIZE(messages) != n || (flags != Py_None && PyList_GET_SIZE(flags) != n))
+    if (width == 0 || PyList_GET_SIZE(messages) != n || (flags != Py_None && PyList_GET_SIZE(flags) != n)
+        || (picks != Py_None && (PyList_GET_SIZE(picks) != n || width > n)))
         Py_RETURN_NONE;
     if (width > n)
         width = n;  /* (the consumers past the picks would get nothing: the twin's slices are empty) */
     Share *shares = PyMem_Calloc((size_t)width, sizeof(Share));
+    Py_ssize_t *order = NULL, *start = NULL;  /* picks mode: find_picks' */
     if (shares == NULL)
         return PyErr_NoMemory();
     PyObject *counters = NULL;
     int common = find_shares(consumers, kind, shares, &counters);
+    if (common > 0 && picks != Py_None) {
+        order = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+        start = PyMem_Malloc(((size_t)width + 1) * sizeof(Py_ssize_t));
+        common = order == NULL || start == NULL ? (PyErr_NoMemory(), -1)
+                                                : find_picks(consumers, picks, shares, width, order, start);
+    }
     if (common <= 0) {
         release(shares, width);
+        PyMem_Free(order);
+        PyMem_Free(start);
         if (common < 0)
             return NULL;
         Py_RETURN_NONE;
@@ -337,14 +425,15 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long redeliveries = 0;
     for (Py_ssize_t j = 0; j < width; j++) {
         Share *share = &shares[j];
-        Py_ssize_t count = (n - j + width - 1) / width;
+        Py_ssize_t count = order == NULL ? (n - j + width - 1) / width : start[j + 1] - start[j];
         PyObject *run_positions = PyList_New(count), *run_messages = PyList_New(count);
         PyObject *run_flags = flags == Py_None ? Py_NewRef(Py_None) : PyList_New(count);
         PyObject *frames = NULL, *channel_id = NULL, *consumer_tag = NULL, *frame_max = NULL, *first_obj = NULL;
         int ok = 0;
         if (run_positions == NULL || run_messages == NULL || run_flags == NULL)
             goto next;
-        for (Py_ssize_t k = 0, i = j; k < count; k++, i += width) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            Py_ssize_t i = order == NULL ? j + k * width : order[start[j] + k];
             PyList_SET_ITEM(run_positions, k, Py_NewRef(PyList_GET_ITEM(positions, i)));
             PyList_SET_ITEM(run_messages, k, Py_NewRef(PyList_GET_ITEM(messages, i)));
             if (flags != Py_None) {
@@ -380,154 +469,13 @@ cwire_deliver_round(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (!PyErr_Occurred())  /* (sadd_int's or sget_int's 1) */
                 PyErr_SetString(PyExc_TypeError, "deliver_round: a delivery tag or count is not an int");
             release(shares, width);
+            PyMem_Free(order);
+            PyMem_Free(start);
             return NULL;
         }
     }
     release(shares, width);
+    PyMem_Free(order);
+    PyMem_Free(start);
     return Py_BuildValue("(nL)", n, redeliveries);
-}
-
-/* The output hold's room check (ConnectionOutput.run_pending, a consuming connection's every look while
- * input waits): AMQPConnection.consumers_have_room without its Python frame and dict iterators. */
-static PyObject *room_method = NULL;  /* AMQPConnection.consumers_have_room: the twin, the fallback */
-static PyObject *s_channels, *s_consumers, *s_prefetch, *s_consumers_have_room;
-static AttrSlot channels_slot = {&s_channels, NULL, 0}, consumers_slot = {&s_consumers, NULL, 0};
-static AttrSlot rdeliveries_slot = {&s_deliveries, NULL, 0}, dprefetch_slot = {&s_prefetch, NULL, 0};
-static AttrSlot dunacked_slot = {&s_unacked, NULL, 0}, cprefetch_slot = {&s_prefetch, NULL, 0};
-static AttrSlot cunacked_slot = {&s_unacked, NULL, 0}, rno_ack_slot = {&s_no_ack, NULL, 0};
-
-/* init_room_check(AMQPConnection.consumers_have_room) */
-PyObject *
-cwire_init_room_check(PyObject *self, PyObject *method)
-{
-    if (s_channels == NULL) {
-        if ((s_channels = PyUnicode_InternFromString("channels")) == NULL
-            || (s_consumers = PyUnicode_InternFromString("consumers")) == NULL
-            || (s_prefetch = PyUnicode_InternFromString("prefetch")) == NULL
-            || (s_consumers_have_room = PyUnicode_InternFromString("consumers_have_room")) == NULL
-            || (s_deliveries == NULL && (s_deliveries = PyUnicode_InternFromString("deliveries")) == NULL)
-            || (s_unacked == NULL && (s_unacked = PyUnicode_InternFromString("unacked")) == NULL)
-            || (s_no_ack == NULL && (s_no_ack = PyUnicode_InternFromString("no_ack")) == NULL))
-            return NULL;
-    }
-    Py_XSETREF(room_method, Py_NewRef(method));
-    Py_RETURN_NONE;
-}
-
-/* x < y for two objects (ints in practice): 1, 0, -1 an error. */
-static inline int
-less(PyObject *x, PyObject *y)
-{
-    if (PyLong_CheckExact(x) && PyLong_CheckExact(y)) {
-        int ox, oy;
-        long long a = PyLong_AsLongLongAndOverflow(x, &ox), b = PyLong_AsLongLongAndOverflow(y, &oy);
-        if (!ox && !oy && !((a == -1 || b == -1) && PyErr_Occurred()))
-            return a < b;
-        PyErr_Clear();
-    }
-    return PyObject_RichCompareBool(x, y, Py_LT);
-}
-
-/* One channel: 1 a consumer of it has room, 0 none, -1 an error, 2 not the common case (the twin decides). */
-static int
-channel_room(PyObject *channel)
-{
-    PyObject *consumers = sget(&consumers_slot, channel), *deliveries = NULL, *prefetch = NULL, *unacked = NULL;
-    int rc = -1;
-    if (consumers == NULL)
-        return -1;
-    if (!PyDict_CheckExact(consumers)) {
-        rc = 2;
-        goto done;
-    }
-    if (PyDict_GET_SIZE(consumers) == 0) {
-        rc = 0;
-        goto done;
-    }
-    /* not deliveries.prefetch or len(deliveries.unacked) < deliveries.prefetch */
-    if ((deliveries = sget(&rdeliveries_slot, channel)) == NULL || (prefetch = sget(&dprefetch_slot, deliveries)) == NULL)
-        goto done;
-    int limited = PyObject_IsTrue(prefetch);
-    if (limited < 0)
-        goto done;
-    if (limited) {
-        if ((unacked = sget(&dunacked_slot, deliveries)) == NULL)
-            goto done;
-        Py_ssize_t n = PyObject_Length(unacked);
-        if (n < 0)
-            goto done;
-        PyObject *count = PyLong_FromSsize_t(n);
-        if (count == NULL)
-            goto done;
-        int room = less(count, prefetch);
-        Py_DECREF(count);
-        if (room <= 0) {
-            rc = room;
-            goto done;
-        }
-    }
-    /* consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch, for any consumer */
-    Py_ssize_t pos = 0;
-    PyObject *key, *consumer;
-    rc = 0;
-    while (rc == 0 && PyDict_Next(consumers, &pos, &key, &consumer)) {
-        Py_INCREF(consumer);
-        int free_ = struth(&rno_ack_slot, consumer);
-        if (free_ == 0) {
-            PyObject *cp = sget(&cprefetch_slot, consumer), *cu = NULL;
-            int has = cp == NULL ? -1 : PyObject_IsTrue(cp);
-            if (has == 0)
-                free_ = 1;
-            else if (has > 0)
-                free_ = (cu = sget(&cunacked_slot, consumer)) == NULL ? -1 : less(cu, cp);
-            else
-                free_ = -1;
-            Py_XDECREF(cp);
-            Py_XDECREF(cu);
-        }
-        Py_DECREF(consumer);
-        rc = free_;  /* 1 room, 0 go on, -1 an error */
-    }
-done:
-    Py_DECREF(consumers);
-    Py_XDECREF(deliveries);
-    Py_XDECREF(prefetch);
-    Py_XDECREF(unacked);
-    return rc;
-}
-
-/* consumers_have_room(conn) -> bool: conn.consumers_have_room(), computed here when that is the registered
- * method (AMQPConnection's) and its channels and their consumers are dicts; the method is called otherwise. */
-PyObject *
-cwire_consumers_have_room(PyObject *self, PyObject *conn)
-{
-    if (room_method == NULL || _PyType_Lookup(Py_TYPE(conn), s_consumers_have_room) != room_method)
-        goto twin;
-    PyObject *channels = sget(&channels_slot, conn);
-    if (channels == NULL)
-        return NULL;
-    if (!PyDict_CheckExact(channels)) {
-        Py_DECREF(channels);
-        goto twin;
-    }
-    Py_ssize_t pos = 0;
-    PyObject *key, *channel;
-    int rc = 0;
-    while (rc == 0 && PyDict_Next(channels, &pos, &key, &channel)) {
-        Py_INCREF(channel);
-        rc = channel_room(channel);
-        Py_DECREF(channel);
-    }
-    Py_DECREF(channels);
-    if (rc < 0)
-        return NULL;
-    if (rc == 2)
-        goto twin;
-    return PyBool_FromLong(rc);
-twin:
-    if (s_consumers_have_room == NULL) {
-        PyErr_SetString(PyExc_TypeError, "consumers_have_room: init_room_check was not called");
-        return NULL;
-    }
-    return PyObject_CallMethodNoArgs(conn, s_consumers_have_room);
 }

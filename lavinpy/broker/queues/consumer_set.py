@@ -435,15 +435,22 @@ def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: li
         return []
     consumers = list(dict.fromkeys(picks))
     width = len(consumers)
+    deliver_round = getattr(consumers[0].channel, "deliver_round", None)
     if width == len(picks) or (picks[:width] == consumers and picks[width:] == picks[:-width]
                                and len({consumer.channel for consumer in consumers}) == width):
         # Whole rounds (and a part of one) of the same consumers (``_sweeps``' common case): message
         # ``i`` goes to ``consumers[i % width]``; with one message each, or each on a channel of its
         # own, every consumer's share is one run and each channel's tags follow the picks.
-        deliver_round = getattr(consumers[0].channel, "deliver_round", None)
         if deliver_round is not None:  # the channel kind books and frames the round in one call
             return deliver_round(consumers, positions, messages, redelivered)
         return deliver_round_runs(consumers, positions, messages, redelivered)
+    if deliver_round is not None:
+        # Uneven picks (the consumers' room differs): the channel kind may book and frame them in one
+        # call too when each consumer is on a channel of its own (one stretch a channel, as below);
+        # None: it did nothing.
+        delivered: list[list[int]] | None = deliver_round(consumers, positions, messages, redelivered, picks)
+        if delivered is not None:
+            return delivered
     return _deliver_stretches(picks, positions, messages, redelivered)
 
 
