@@ -8,7 +8,9 @@ auto-delete exchange named after the queue with the suffix A or B, of type ``x-f
 type. The queue is bound to it; it is bound to the upstream exchange with every binding of the
 federated exchange (one per routing key and arguments), kept in step while the link runs. At each
 start the other suffix's exchange is made and the old one deleted, so lost bindings come back; this
-node's links on one upstream queue (StartTurns) start one at a time.
+node's links on one upstream queue (turns.StartTurns) start one at a time, and a link removed for good
+deletes the queue and its internal exchanges only as the last of them, and only while the queue has no
+consumer (another node's link).
 
 Messages consumed from the queue are published into the federated exchange here with the upstream's
 routing key and an ``x-received-from`` entry (uri without password, exchange, redelivered,
@@ -20,12 +22,11 @@ starts again after reconnect-delay, doubled after each quick failure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -37,6 +38,7 @@ from lavinpy.wire.properties import decode_properties, peek_headers, replace_fie
 from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
 from .client import LinkConnection, LinkError, connect, unchecked
+from .turns import START_TURNS, TurnKey
 from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
@@ -119,50 +121,6 @@ class Settlement:
             else:
                 ack = tag
         return ack, nacks
-
-
-TurnKey = tuple[str, str, str]  # the upstream broker (its cluster name, else host:port), its vhost, the queue
-
-
-class StartTurns:
-    """This node's link starts that work on one upstream queue, one at a time.
-
-    Two links of one federated exchange whose upstreams name the same upstream exchange of the same broker
-    (two upstream parameters for two nodes of one cluster, under an upstream set of "all") share the
-    upstream queue, whose name has no upstream's name in it (RabbitMQ's naming), and with it the internal
-    exchanges A and B. A start deletes and declares the suffix it takes, then deletes the other: run at the
-    same time, one start deletes the exchange the other's has just bound (or the one both still carry)
-    while no other is bound, and what is published upstream meanwhile is routed nowhere, though confirmed.
-    One start at a time, each start finds the one before it done: one exchange bound, and it binds its new
-    one before deleting that."""
-
-    def __init__(self) -> None:
-        self._locks: dict[TurnKey, asyncio.Lock] = {}
-        self._wanting: dict[TurnKey, int] = {}
-
-    def wanting(self, key: TurnKey) -> int:
-        """How many starts hold or wait for the turn of ``key``."""
-        return self._wanting.get(key, 0)
-
-    @contextlib.asynccontextmanager
-    async def turn(self, key: TurnKey) -> AsyncIterator[None]:
-        """Held from a start's first look at the upstream queue's exchanges to its deletion of the old one."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        self._wanting[key] = self._wanting.get(key, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            left = self._wanting[key] - 1
-            if left:
-                self._wanting[key] = left
-            else:  # nobody holds or waits: the lock (bound to this loop) goes
-                del self._wanting[key], self._locks[key]
-
-
-START_TURNS = StartTurns()
 
 
 class LinkRunner:
@@ -269,6 +227,8 @@ class ExchangeLink(LinkRunner):
         self._upstream_vhost = "/"
         self._down_user = ""
         self._settlement = Settlement()
+        self._turn: TurnKey | None = None  # the upstream queue this link uses, known to START_TURNS
+        self._consumer_tag = ""
 
     # -------------------------------------------------------------------- lifecycle
 
@@ -278,21 +238,56 @@ class ExchangeLink(LinkRunner):
 
     async def stop(self, cleanup: bool = False) -> None:
         """Stop the link; ``cleanup`` (its policy or upstream is gone, not a restart or a shutdown):
-        delete its queue and internal exchange upstream, as RabbitMQ does, so that nothing piles up there."""
+        delete its queue and internal exchanges upstream, as RabbitMQ does, so that nothing piles up there,
+        unless another link still uses them: another of this node's links (START_TURNS), or a consumer of
+        the queue (``_clean_upstream``)."""
         task = self.task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=STOP_SECONDS)
+        key, self._turn = self._turn, None
+        if key is None:
+            await self._close()
+            return
+        others = START_TURNS.leave(key, self)
+        if others:
+            try:
+                await self._close()
+            finally:
+                START_TURNS.closed(key)
+            if cleanup:
+                log.info("%s: upstream queue '%s' kept, %d other link(s) of this node use it",
+                         self.described, key[2], others)
+            return
         up = self._up
         if cleanup and up is not None and not up.closed.done() and self.state == "running":
+            await START_TURNS.others_closed(key, STOP_SECONDS)  # their consumers would keep the queue in use
             try:
-                await up.rpc(unchecked(spec.Exchange.Delete, exchange=self._internal), spec.Exchange.DeleteOk,
-                             timeout=STOP_SECONDS)
-                await up.rpc(unchecked(spec.Queue.Delete, queue=self.upstream.queue or self._queue_name()),
-                             spec.Queue.DeleteOk, timeout=STOP_SECONDS)
+                async with START_TURNS.turn(key):  # no start of a link on the queue meanwhile
+                    await self._clean_upstream(up, key[2])
             except LinkError as e:
-                log.info("federation link %s in vhost %s: upstream cleanup failed: %s", self.exchange, self.vhost, e)
+                log.info("%s: upstream cleanup failed: %s", self.described, e)
         await self._close()
+
+    async def _clean_upstream(self, up: LinkConnection, queue: str) -> None:
+        """The upstream queue and its internal exchanges deleted, unless the queue has a consumer:
+        a link of another node (links on one upstream exchange of one broker share its queue and internal
+        exchanges), whose messages would otherwise be routed nowhere or deleted with the queue. The queue is
+        deleted with if-unused (RabbitMQ refuses it with 406 while it has consumers) after this link's own
+        consumer is cancelled; the exchange only once the queue is gone."""
+        if self._consumer_tag:
+            await up.rpc(spec.Basic.Cancel(consumer_tag=self._consumer_tag), spec.Basic.CancelOk,
+                         timeout=STOP_SECONDS)
+        try:
+            await up.rpc(unchecked(spec.Queue.Delete, queue=queue, if_unused=True), spec.Queue.DeleteOk,
+                         timeout=STOP_SECONDS)
+        except LinkError as e:
+            if "406" in str(e) or "PRECONDITION_FAILED" in str(e):
+                log.info("%s: upstream queue '%s' kept, another link consumes it", self.described, queue)
+                return
+            raise
+        for suffix in "AB":  # the one in use may be the other link's, made at a start after this one's
+            await self._delete_exchange(up, f"{queue} {suffix}")
 
     async def _connect_upstream(self) -> LinkConnection:
         errors = []
@@ -325,7 +320,14 @@ class ExchangeLink(LinkRunner):
         self._upstream_cluster = cluster if isinstance(cluster, str) else ""
         await self._ensure_upstream_exchange(up, x)
         queue = self.upstream.queue or self._queue_name()
-        async with START_TURNS.turn(self.turn_key(queue)):  # links sharing the queue: one start at a time
+        key = self.turn_key(queue)
+        if key != self._turn:  # the queue is known to be in use by this link until it stops
+            if self._turn is not None and START_TURNS.leave(self._turn, self):
+                START_TURNS.closed(self._turn)  # its connection to that queue's broker is closed already
+            START_TURNS.use(key, self)
+            self._turn = key
+        self._consumer_tag = ""
+        async with START_TURNS.turn(key):  # links sharing the queue: one start at a time
             await self._make_internal(up, queue)
         if self.upstream.ack_mode == "on-confirm":
             await down.rpc(spec.Confirm.Select(), spec.Confirm.SelectOk)
@@ -335,8 +337,9 @@ class ExchangeLink(LinkRunner):
             await up.rpc(spec.Basic.Qos(prefetch_count=self.upstream.prefetch_count), spec.Basic.QosOk)
         down.on_writable = lambda writable: up.pause_reading(not writable)
         up.on_message = self._deliver
-        await up.rpc(unchecked(spec.Basic.Consume, queue=queue, consumer_tag=self.upstream.consumer_tag or "",
-                                        no_ack=no_ack), spec.Basic.ConsumeOk)
+        consumed = await up.rpc(unchecked(spec.Basic.Consume, queue=queue, no_ack=no_ack,
+                                          consumer_tag=self.upstream.consumer_tag or ""), spec.Basic.ConsumeOk)
+        self._consumer_tag = consumed.consumer_tag
         self._set_state("running")
         log.info("federation link %s in vhost %s running from upstream %s (%s)", self.exchange, self.vhost,
                  self.upstream.name, strip_password(self.uri or ""))

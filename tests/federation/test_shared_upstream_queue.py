@@ -19,7 +19,8 @@ from typing import Any
 import aio_pika
 
 from lavinpy import config as lavinpy_config
-from lavinpy.federation.link import START_TURNS, ExchangeLink, LinkEnv
+from lavinpy.federation.link import ExchangeLink, LinkEnv
+from lavinpy.federation.turns import START_TURNS
 from lavinpy.federation.upstream import parse_upstream
 from lavinpy.server import Server
 from lavinpy.wire.uri import AMQPURL
