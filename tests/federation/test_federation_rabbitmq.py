@@ -261,3 +261,83 @@ def test_queue_federation_consumers_moved_between_sites(peers, direction: str) -
     for conn in (rconn, lconn):
         conn.channel().queue_delete(queue)
         conn.close()
+
+
+def test_rabbitmq_upstream_shared_queue_outlives_one_removed_link(peers) -> None:
+    """Two upstream parameters naming the same RabbitMQ (one broker twice) feed one exchange: their links
+    share RabbitMQ's queue and internal exchange. Removing one under confirmed publishing loses nothing and
+    leaves the other running; removing the last while another broker's link (a consumer) uses the queue
+    leaves it (RabbitMQ's 406 to if-unused); once nothing consumes it, the last removal deletes it all."""
+    rabbit, lavin = peers
+    rabbit_url = rabbit.url_for("guest", "guest", "/")
+    conn, ch = channel(lavin)
+    ch.exchange_declare("rs.x", "fanout", durable=True)
+    ch.queue_declare("rs.q", durable=True)
+    ch.queue_bind("rs.q", "rs.x")
+    conn.close()
+    rconn = pika.BlockingConnection(pika.URLParameters(rabbit_url))
+    rch = rconn.channel()
+    rch.exchange_declare("rs.x", "fanout", durable=True)
+    rch.confirm_delivery()
+    queue = "federation: rs.x -> lavin"
+
+    def put_upstream(name: str) -> None:
+        status, body, _ = http_call(lavin, "PUT", f"/api/parameters/federation-upstream/%2F/{name}",
+                                    {"value": {"uri": rabbit_url, "reconnect-delay": 0.5}})
+        assert status in (201, 204), body
+
+    def running() -> set[str]:
+        return {r["upstream"] for r in links(lavin) if r.get("exchange") == "rs.x" and r["status"] == "running"}
+
+    def rabbit_objects() -> set[str]:
+        queues = {q["name"] for q in http_call(rabbit, "GET", "/api/queues/%2F")[1]}
+        exchanges = {x["name"] for x in http_call(rabbit, "GET", "/api/exchanges/%2F")[1]}
+        return ({queue} & queues) | ({f"{queue} A", f"{queue} B"} & exchanges)
+
+    sent = 0
+
+    def publish_for(seconds: float) -> None:
+        nonlocal sent
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            rch.basic_publish("rs.x", "", str(sent).encode())  # returns once RabbitMQ confirmed it
+            sent += 1
+
+    put_upstream("rs-one")
+    put_upstream("rs-two")
+    status, body, _ = http_call(lavin, "PUT", "/api/parameters/federation-upstream-set/%2F/rs",
+                                {"value": [{"upstream": "rs-one"}, {"upstream": "rs-two"}]})
+    assert status in (201, 204), body
+    status, body, _ = http_call(lavin, "PUT", "/api/policies/%2F/rsfed", {
+        "pattern": "^rs\\.x$", "apply-to": "exchanges", "definition": {"federation-upstream-set": "rs"}})
+    assert status in (201, 204), body
+    try:
+        wait_for(lambda: running() == {"rs-one", "rs-two"}, timeout=30, what="both links")
+        publish_for(0.5)
+        assert http_call(lavin, "DELETE", "/api/parameters/federation-upstream/%2F/rs-one")[0] == 204
+        publish_for(2.0)
+        assert running() == {"rs-two"}
+        objects = rabbit_objects()
+        assert len(objects) == 2 and queue in objects, objects  # the queue, and the exchange bound to it
+        got = {int(b) for _, b in drain(lavin, "rs.q", sent)}
+        assert not set(range(sent)) - got, f"confirmed upstream, lost: {len(set(range(sent)) - got)} of {sent}"
+
+        other = pika.BlockingConnection(pika.URLParameters(rabbit_url))  # another broker's link on the queue
+        other.channel().basic_consume(queue, lambda *a: None)
+        assert http_call(lavin, "DELETE", "/api/parameters/federation-upstream/%2F/rs-two")[0] == 204
+        wait_for(lambda: not running(), what="the last link gone")
+        time.sleep(1.0)  # its cleanup, refused
+        assert rabbit_objects() == objects
+        other.close()
+
+        put_upstream("rs-two")  # back on the kept queue; its removal now is the last use
+        wait_for(lambda: running() == {"rs-two"}, timeout=30, what="the link again")
+        assert http_call(lavin, "DELETE", "/api/parameters/federation-upstream/%2F/rs-two")[0] == 204
+        wait_for(lambda: rabbit_objects() == set(), what="the queue and its exchanges deleted on RabbitMQ")
+    finally:
+        http_call(lavin, "DELETE", "/api/policies/%2F/rsfed")
+        http_call(lavin, "DELETE", "/api/parameters/federation-upstream-set/%2F/rs")
+        for name in ("rs-one", "rs-two"):
+            http_call(lavin, "DELETE", f"/api/parameters/federation-upstream/%2F/{name}")
+        http_call(rabbit, "DELETE", "/api/queues/%2F/" + quote(queue, safe=""))
+        rconn.close()
