@@ -349,7 +349,14 @@ class ExchangeLink(LinkRunner):
                 break
             if self.env.exchange() is None:
                 raise LinkError(f"no exchange '{self.exchange}' in vhost '{self.vhost}'")
-            await self._sync_bindings(up)
+            async with START_TURNS.turn(key):  # not while a start replaces the internal exchange
+                current = START_TURNS.current(key)
+                if current is not None and current != self._internal:
+                    # Another link on the queue has started since and deleted this one's exchange: the
+                    # bindings are kept on the new one (made again there: x-bound-from names the suffix).
+                    self._internal, self.suffix = current, current[-1]
+                    self._bound.clear()
+                await self._sync_bindings(up)
         failed, side = (up, "upstream") if up.closed.done() else (down, "downstream")
         raise LinkError(f"{side}: {failed.error}")
 
@@ -383,6 +390,8 @@ class ExchangeLink(LinkRunner):
         await self._declare_internal(up, self._internal)
         await self._carry_bindings(up, queue)
         await self._delete_exchange(up, f"{queue} {old}")
+        if self._turn is not None:
+            START_TURNS.made(self._turn, self._internal)
 
     async def _carry_bindings(self, up: LinkConnection, queue: str) -> None:
         """The internal exchange in use bound to the queue and to the upstream exchange with every

@@ -23,7 +23,7 @@ class StartTurns:
     start deletes the exchange the other's has just bound (or the one both still carry) while no other is
     bound, and what is published upstream meanwhile is routed nowhere, though confirmed. One start at a
     time, each start finds the one before it done: one exchange bound, and it binds its new one before
-    deleting that.
+    deleting that. The links that started before keep their bindings on the new one (``current``).
 
     A link removed for good deletes the queue and its internal exchange upstream, but only as the last of
     this node's links using it (``leave``): the others still consume the queue and bind through the
@@ -36,6 +36,7 @@ class StartTurns:
         self._users: dict[TurnKey, set[object]] = {}
         self._closing: dict[TurnKey, int] = {}  # links that left while others used the queue, not closed yet
         self._all_closed: dict[TurnKey, asyncio.Event] = {}
+        self._current: dict[TurnKey, str] = {}  # the internal exchange the latest start made, bound to the queue
 
     def wanting(self, key: TurnKey) -> int:
         """How many starts hold or wait for the turn of ``key``."""
@@ -59,6 +60,14 @@ class StartTurns:
             else:  # nobody holds or waits: the lock (bound to this loop) goes
                 del self._wanting[key], self._locks[key]
 
+    def made(self, key: TurnKey, internal: str) -> None:
+        """A start on the queue of ``key`` has made ``internal`` and deleted the other: this node's other
+        links on the queue keep their bindings on it from now on (``current``)."""
+        self._current[key] = internal
+
+    def current(self, key: TurnKey) -> str | None:
+        return self._current.get(key)
+
     def use(self, key: TurnKey, link: object) -> None:
         """``link`` uses the upstream queue of ``key`` (from its first start until it stops: between starts
         too, it will consume the queue again)."""
@@ -71,6 +80,7 @@ class StartTurns:
         users.discard(link)
         if not users:
             self._users.pop(key, None)
+            self._current.pop(key, None)
             return 0
         self._closing[key] = self._closing.get(key, 0) + 1
         return len(users)

@@ -180,3 +180,43 @@ async def _remove_while_another_broker_consumes(workdir: Path) -> None:
 
 def test_removing_a_link_leaves_a_queue_another_broker_consumes(tmp_path: Path) -> None:
     asyncio.run(_remove_while_another_broker_consumes(tmp_path))
+
+
+async def _bindings_change_while_sharing(workdir: Path) -> None:
+    async with _site(workdir, ("one", "two")) as site:
+        first, second = site.links
+        queue = first.status("n", "id")["queue"]
+        bindings = [("", {})]
+        for link in site.links:
+            link.env.bindings = lambda: bindings  # type: ignore[method-assign]
+        # The later start replaced the internal exchange the earlier one had bound: a binding made here
+        # now is kept upstream by both links, on the exchange in use, without either failing.
+        bindings.append(("more", {}))
+        await asyncio.sleep(1.5)  # three comparisons of the bindings
+        assert [(link.state, link.failures) for link in site.links] == [("running", 0), ("running", 0)], (
+            first.error, second.error)
+        internal = site.upstream_objects(queue) - {queue}
+        assert len(internal) == 1
+        name = internal.pop()
+        keys = sorted(b.routing_key for b in site.vhost.exchanges["up.x"].bindings()
+                      if getattr(b.destination, "name", None) == name)
+        assert keys == ["", "more"], keys  # both bindings on the exchange in use, once each
+        for _ in range(20):
+            await site.upstream_x.publish(aio_pika.Message(str(len(site.confirmed)).encode()), routing_key="")
+            site.confirmed.append(len(site.confirmed))
+        assert not await site.drain()
+        await asyncio.sleep(0.3)
+        await site.drain()
+        assert sorted(site.got) == site.confirmed, "each message once"
+
+        # The link that made the exchange in use removed; the other keeps following the bindings.
+        removed = next(link for link in site.links if f"{queue} {link.suffix}" in site.upstream_objects(queue))
+        kept = first if removed is second else second
+        await removed.stop(cleanup=True)
+        bindings.pop()
+        await asyncio.sleep(1.5)
+        assert (kept.state, kept.failures) == ("running", 0), kept.error
+
+
+def test_a_binding_change_reaches_links_sharing_an_upstream_queue(tmp_path: Path) -> None:
+    asyncio.run(_bindings_change_while_sharing(tmp_path))
