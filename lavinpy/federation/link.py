@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pamqp import commands as spec
 
+from lavinpy.wire.constants import NOT_FOUND, PRECONDITION_FAILED
 from lavinpy.wire.field_table import Int64
 from lavinpy.wire.properties import decode_properties, peek_headers, replace_field, replace_headers
 from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
@@ -282,7 +283,7 @@ class ExchangeLink(LinkRunner):
             await up.rpc(unchecked(spec.Queue.Delete, queue=queue, if_unused=True), spec.Queue.DeleteOk,
                          timeout=STOP_SECONDS)
         except LinkError as e:
-            if "406" in str(e) or "PRECONDITION_FAILED" in str(e):
+            if e.reply_code == PRECONDITION_FAILED:  # the code, not the text: a name may hold "406"
                 log.info("%s: upstream queue '%s' kept, another link consumes it", self.described, queue)
                 return
             raise
@@ -418,7 +419,7 @@ class ExchangeLink(LinkRunner):
             # Only the broker's 404 says it is missing: a lost or timed-out probe says nothing, and taking
             # it for "missing" would make the link delete the internal exchange that carries the bindings
             # (messages published meanwhile would be dropped upstream).
-            if "404" in str(e) or "NOT_FOUND" in str(e):
+            if e.reply_code == NOT_FOUND:  # the code, not the text: a name may hold "404"
                 return False
             raise
         finally:

@@ -40,7 +40,12 @@ CONNECT_TIMEOUT = 15.0
 
 
 class ClientError(Exception):
-    """The broker refused something, or the connection was lost; the text says why."""
+    """The broker refused something, or the connection was lost; the text says why and ``reply_code``
+    is the broker's code when it closed the channel of the call (404, 406...), None otherwise."""
+
+    def __init__(self, text: str, reply_code: int | None = None) -> None:
+        super().__init__(text)
+        self.reply_code = reply_code
 
 
 class ClientProtocol(asyncio.Protocol):
@@ -161,7 +166,7 @@ class ClientProtocol(asyncio.Protocol):
         return f"channel closed by the broker: {closed.reply_code} {closed.reply_text}"
 
     def _on_channel_closed(self, closed: ChannelClosed) -> None:
-        error = ClientError(self._channel_text(closed))
+        error = ClientError(self._channel_text(closed), closed.reply_code)
         waiters = self._waiters.pop(closed.channel, None) or ()
         awaited = False
         for waiter in waiters:

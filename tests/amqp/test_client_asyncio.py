@@ -95,9 +95,15 @@ def test_a_refusal_raises_and_the_channel_can_be_reopened(harness: Harness) -> N
     async def scenario() -> None:
         client, _ = await connected(harness)
         ch = await client.open_channel()
-        with pytest.raises(ClientError, match="404"):
+        with pytest.raises(ClientError, match="404") as refused:
             await client.call(ch, commands.Queue.Declare(queue="absent", passive=True), commands.Queue.DeclareOk)
+        assert refused.value.reply_code == 404
         assert await client.open_channel(ch) == ch
+        # The code, not the text, says which refusal it is: this 406 names a queue with "404" in it.
+        await client.call(ch, commands.Queue.Declare(queue="q404"), commands.Queue.DeclareOk)
+        with pytest.raises(ClientError, match="404") as refused:
+            await client.call(ch, commands.Queue.Declare(queue="q404", durable=True), commands.Queue.DeclareOk)
+        assert refused.value.reply_code == 406
         await client.close()
     asyncio.run(scenario())
 
