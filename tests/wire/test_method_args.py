@@ -194,6 +194,14 @@ def _twin_table(buf: bytes, pos: int, end: int) -> object:
         return type(err)
 
 
+def _compiled_table(buf: bytes, pos: int, end: int) -> object:
+    """The compiled reading of buf[pos:end]: the table, None (left to the twin), or the exception's type."""
+    try:
+        return _compiled(buf, pos, end, timestamp_value, decimal_value)
+    except Exception as err:  # noqa: BLE001 - what it raises is the comparison
+        return type(err)
+
+
 def _random_table(rng: random.Random, depth: int) -> bytes:
     return b"".join(_random_key(rng) + _random_value(rng, depth) for _ in range(rng.randrange(6)))
 
@@ -217,10 +225,7 @@ def test_the_compiled_table_reads_as_the_python_twin() -> None:
         body = _random_table(rng, 3)
         buf = b"\x00\x01" + body + b"\x02"
         end = 2 + len(body)
-        try:
-            compiled: object = _compiled(buf, 2, end, timestamp_value, decimal_value)
-        except Exception as err:  # noqa: BLE001
-            compiled = type(err)
+        compiled = _compiled_table(buf, 2, end)
         twin = _twin_table(buf, 2, end)
         if compiled is None:  # left to the twin: only what the twin refuses
             assert isinstance(twin, type) and issubclass(twin, ValueError), body
@@ -240,10 +245,7 @@ def test_the_compiled_table_leaves_every_bad_table_to_the_twin() -> None:
             variants.append(body[:at] + bytes((rng.randrange(256),)) + body[at + 1:])
         for data in variants:
             buf = data + b"V"  # a good value just past the end, not to be read
-            try:
-                compiled: object = _compiled(buf, 0, len(data), timestamp_value, decimal_value)
-            except Exception as err:  # noqa: BLE001
-                compiled = type(err)
+            compiled = _compiled_table(buf, 0, len(data))
             twin = _twin_table(buf, 0, len(data))
             if isinstance(twin, type):
                 assert compiled is None or compiled is twin, data
@@ -253,6 +255,6 @@ def test_the_compiled_table_leaves_every_bad_table_to_the_twin() -> None:
     for _ in range(70):
         deep = b"F" + struct.pack(">I", len(deep) + 2) + b"\x01k" + deep
     nested = b"\x01k" + deep
-    assert _compiled(nested, 0, len(nested), timestamp_value, decimal_value) is None
+    assert _compiled_table(nested, 0, len(nested)) is None
     with pytest.raises(FieldTableError):
         validate_table(nested, 0, len(nested))
