@@ -114,19 +114,26 @@ def parse(data: bytes) -> list[Any]:
     return out
 
 
-@pytest.mark.parametrize("beside", [False, True])
-@pytest.mark.parametrize("damaged", [None, 3, 23])
-def test_a_classic_read_s_bytes_and_books_are_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 damaged: int | None, beside: bool) -> None:
-    framed: list[int] = []
+@pytest.fixture
+def framed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records each call framed straight from the segments (the store's compiled framing)."""
+    counts: list[int] = []
     own = sf.segment_stored_frames
 
     def counted(*args: Any) -> tuple[bytes, int, int, int]:
         got = own(*args)
-        framed.append(got[1])
+        counts.append(got[1])
         return got
 
     monkeypatch.setattr(stored_runs, "segment_stored_frames", counted)
+    return counts
+
+
+@pytest.mark.parametrize("beside", [False, True])
+@pytest.mark.parametrize("damaged", [None, 3, 23])
+def test_a_classic_read_s_bytes_and_books_are_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 framed: list[int], damaged: int | None,
+                                                                 beside: bool) -> None:
     data, deliveries, books = read_deliveries(tmp_path / "segments", damaged, beside)
     assert sum(framed) > 60 if sf.STORED_FRAMES_COMPILED else not framed
     monkeypatch.setattr(classic_queue, "stored_run_of", lambda consumer: None)  # every run read, then framed
@@ -187,16 +194,8 @@ def read_round(tmp_path: Path, damaged: int | None, one_channel: bool, framed: l
 @pytest.mark.parametrize("one_channel", [False, True])
 @pytest.mark.parametrize("damaged", [None, 4])
 def test_a_round_of_two_readers_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     damaged: int | None, one_channel: bool) -> None:
-    framed: list[int] = []
-    own = sf.segment_stored_frames
-
-    def counted(*args: Any) -> tuple[bytes, int, int, int]:
-        got = own(*args)
-        framed.append(got[1])
-        return got
-
-    monkeypatch.setattr(stored_runs, "segment_stored_frames", counted)
+                                                     framed: list[int], damaged: int | None,
+                                                     one_channel: bool) -> None:
     out, books, before_acks = read_round(tmp_path / "segments", damaged, one_channel, framed)
     # the first consumer's ten from the segments, then most of the round's 60 (on one channel the two
     # consumers' windows fill one after the other: each a one-consumer share)
@@ -262,20 +261,11 @@ def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch:
 
 
 def test_a_reader_s_connection_closed_by_the_broker_mid_read_gives_back_all_it_held(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, framed: list[int]) -> None:
     """Two readers on connections of their own take rounds' shares (framed from the segments when compiled);
     one has acked part of its share when the broker closes its connection (as the HTTP API's connection
     delete does, its deliveries framed and still unread): what it had not acked comes again, redelivered,
     to the other, and every message is acked exactly once with nothing left on the queue."""
-    framed: list[int] = []
-    own = sf.segment_stored_frames
-
-    def counted(*args: Any) -> tuple[bytes, int, int, int]:
-        got = own(*args)
-        framed.append(got[1])
-        return got
-
-    monkeypatch.setattr(stored_runs, "segment_stored_frames", counted)
     harness = Harness(tmp_path, fsync="never")
     try:
         publisher = harness.open_client()
