@@ -9,116 +9,24 @@ In process, one lavinpy server being both sides, confirmed messages are publishe
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aio_pika
 
-from lavinpy import config as lavinpy_config
-from lavinpy.federation.link import ExchangeLink, LinkEnv
-from lavinpy.federation.upstream import parse_upstream
-from lavinpy.server import Server
-from lavinpy.wire.uri import AMQPURL
-from tests.helpers import free_port
-
-
-async def _until(check: Any, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-@dataclass
-class Site:
-    server: Server
-    client: aio_pika.abc.AbstractConnection
-    upstream_x: aio_pika.abc.AbstractExchange
-    down_q: aio_pika.abc.AbstractQueue
-    links: list[ExchangeLink]
-    confirmed: list[int] = field(default_factory=list)
-    got: list[int] = field(default_factory=list)
-
-    @property
-    def vhost(self) -> Any:
-        return self.server.broker.vhosts["/"]
-
-    def upstream_objects(self, queue: str) -> set[str]:
-        """Which of the shared queue and its internal exchanges A and B exist upstream."""
-        names = {queue} & set(self.vhost.queues)
-        return names | ({f"{queue} A", f"{queue} B"} & set(self.vhost.exchanges))
-
-    async def publish_all_along(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.upstream_x.publish(aio_pika.Message(str(len(self.confirmed)).encode()), routing_key="")
-            self.confirmed.append(len(self.confirmed))  # confirmed: publish returned
-            await asyncio.sleep(0.002)
-
-    async def drain(self, also: list[int] | None = None) -> list[int]:
-        """The confirmed numbers that reached neither the downstream queue nor ``also`` within 10 s."""
-        deadline = time.monotonic() + 10
-        while True:
-            while (message := await self.down_q.get(no_ack=True, fail=False)) is not None:
-                self.got.append(int(message.body))
-            missing = sorted(set(self.confirmed) - set(self.got) - set(also or []))
-            if not missing or time.monotonic() > deadline:
-                return missing
-            await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def _site(workdir: Path, upstream_names: tuple[str, ...], **keys: Any) -> AsyncIterator[Site]:
-    """A lavinpy server, upstream exchange up.x federated into down.x (bound to down.q) by one link per
-    name, every link on the same upstream URI and exchange (and upstream ``keys``): they share the upstream
-    queue."""
-    port = free_port()
-    cfg = lavinpy_config.load(None, env={}, overrides={
-        "data_dir": str(workdir / "data"), "amqp_port": port, "http_port": 0, "prometheus_port": 0, "mqtt_port": 0})
-    server = Server(cfg)
-    await server.start()
-    client = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
-    links: list[ExchangeLink] = []
-    try:
-        channel = await client.channel(publisher_confirms=True)
-        upstream_x = await channel.declare_exchange("up.x", aio_pika.ExchangeType.FANOUT, durable=True)
-        down_x = await channel.declare_exchange("down.x", aio_pika.ExchangeType.FANOUT, durable=True)
-        down_q = await channel.declare_queue("down.q", durable=True)
-        await down_q.bind(down_x)
-        env = LinkEnv(local_url=lambda uri: AMQPURL(port=port), cluster_name=lambda: "down",
-                      exchange=lambda: {"type": "fanout", "durable": True, "auto_delete": False, "internal": False,
-                                        "arguments": {}},
-                      bindings=lambda: [("", {})], refusal=lambda: None)
-        uri = f"amqp://guest:guest@127.0.0.1:{port}/"
-        links = [ExchangeLink("/", "down.x", parse_upstream(name, {"uri": uri, "exchange": "up.x",
-                                                                    "reconnect-delay": 0.2, **keys}), env)
-                 for name in upstream_names]
-        for link in links:
-            link.start()
-        await _until(lambda: all(link.state == "running" for link in links), "every link running")
-        yield Site(server, client, upstream_x, down_q, links)
-    finally:
-        for link in links:
-            await link.stop()
-        await client.close()
-        await server.stop()
+from tests.federation.shared_site import shared_site, until
 
 
 async def _remove_one_of_two(workdir: Path) -> None:
-    async with _site(workdir, ("one", "two")) as site:
+    async with shared_site(workdir, ("one", "two")) as site:
         removed, kept = site.links
         queue = kept.status("n", "id")["queue"]
         assert removed.status("n", "id")["queue"] == queue  # the two links share the upstream queue
         stop = asyncio.Event()
         publishing = asyncio.create_task(site.publish_all_along(stop))
-        await _until(lambda: len(site.confirmed) > 20, "messages published before the removal")
+        await until(lambda: len(site.confirmed) > 20, "messages published before the removal")
         await removed.stop(cleanup=True)  # its upstream parameter deleted, or the policy's set changed
         before = len(site.confirmed)
-        await _until(lambda: len(site.confirmed) > before + 100, "messages published after the removal")
+        await until(lambda: len(site.confirmed) > before + 100, "messages published after the removal")
         state, objects = (kept.state, kept.error), site.upstream_objects(queue)
         consumers = site.vhost.queues[queue].consumer_count if queue in objects else 0
         stop.set()
@@ -138,7 +46,7 @@ def test_removing_one_of_two_links_on_one_upstream_queue_loses_nothing(tmp_path:
 
 
 async def _remove_both_at_once(workdir: Path) -> None:
-    async with _site(workdir, ("one", "two")) as site:
+    async with shared_site(workdir, ("one", "two")) as site:
         queue = site.links[0].status("n", "id")["queue"]
         assert site.upstream_objects(queue)
         # The policy deleted: both links are removed together, and whichever leaves last deletes.
@@ -152,7 +60,7 @@ def test_removing_both_links_on_one_upstream_queue_deletes_it(tmp_path: Path) ->
 
 async def _remove_while_another_broker_consumes(workdir: Path) -> None:
     # The queue named by the upstream's "queue" key: the client here cannot name the default one.
-    async with _site(workdir, ("one",), queue="fed.shared") as site:
+    async with shared_site(workdir, ("one",), queue="fed.shared") as site:
         link, = site.links
         queue = link.status("n", "id")["queue"]
         assert queue == "fed.shared"
@@ -167,10 +75,10 @@ async def _remove_while_another_broker_consumes(workdir: Path) -> None:
         await shared.consume(taken)
         stop = asyncio.Event()
         publishing = asyncio.create_task(site.publish_all_along(stop))
-        await _until(lambda: len(site.confirmed) > 20, "messages published before the removal")
+        await until(lambda: len(site.confirmed) > 20, "messages published before the removal")
         await link.stop(cleanup=True)
         before = len(site.confirmed)
-        await _until(lambda: len(site.confirmed) > before + 100, "messages published after the removal")
+        await until(lambda: len(site.confirmed) > before + 100, "messages published after the removal")
         assert site.upstream_objects(queue) == {queue, f"{queue} {link.suffix}"}  # still consumed, still bound
         stop.set()
         await publishing
@@ -183,7 +91,7 @@ def test_removing_a_link_leaves_a_queue_another_broker_consumes(tmp_path: Path) 
 
 
 async def _bindings_change_while_sharing(workdir: Path) -> None:
-    async with _site(workdir, ("one", "two")) as site:
+    async with shared_site(workdir, ("one", "two")) as site:
         first, second = site.links
         queue = first.status("n", "id")["queue"]
         bindings = [("", {})]
