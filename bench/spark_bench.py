@@ -4,6 +4,7 @@
     python bench/spark_bench.py --rows 300000 --kinds stream,classic,quorum   # quicker, three rounds
     python bench/spark_bench.py --kinds classic             # classic queues only
     python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
+    python bench/spark_bench.py --broker lavinmq --kinds classic   # the same source through a peer broker
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
 workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
@@ -156,12 +157,11 @@ BROKER_PID: int | None = None  # the broker the bench started: its CPU time is r
 
 
 def broker_cpu_s() -> float:
-    """utime + stime of the broker the bench started (0 for an external one)."""
+    """utime + stime of the broker the bench started (0 for one given by --url)."""
     if BROKER_PID is None:
         return 0.0
-    with open(f"/proc/{BROKER_PID}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    # The broker's own process and its descendants (RabbitMQ's beam.smp runs under its start script).
+    return sum(own for role, own in _roles_now().values() if role == "broker")
 
 
 def _proc_stat(pid: int) -> tuple[str, int, float, float] | None:
@@ -327,7 +327,8 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     result: list[Any] = []
 
     def read(queue: str) -> Any:
-        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
+        # The kind named: LavinMQ 1.0 accepts any redeclare, so the source could not find it out there.
+        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue).option("queueType", kind)
         if kind == "stream":
             reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
         if args.prefetch:
@@ -382,7 +383,11 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="use this broker instead of starting lavinpy")
+    parser.add_argument("--url", help="use this broker instead of starting one (its CPU is not counted)")
+    parser.add_argument("--broker", choices=("lavinpy", "lavinmq", "rabbitmq"), default="lavinpy",
+                        help="the broker the bench starts (a peer: LavinMQ 1.0.0 as bench/compare.py finds it, "
+                        "or Debian's rabbitmq-server), its CPU counted as the broker's; LavinMQ 1.0 has no "
+                        "streams: --kinds classic")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--body-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2, help="write tasks (local[2] runs 2 at a time)")
@@ -399,14 +404,21 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
     proc = None
     url = args.url
-    if url is None:
+    peer = None
+    global BROKER_PID
+    if url is None and args.broker == "lavinpy":
         proc, url = start_lavinpy(workdir)
-        global BROKER_PID
         BROKER_PID = proc.pid
+    elif url is None:
+        import compare  # bench/compare.py: the peers as its comparisons start them
+
+        peer = {"lavinmq": compare.LavinMQ, "rabbitmq": compare.RabbitMQ}[args.broker](args.broker, workdir)
+        peer.start()
+        url, BROKER_PID = peer.uri, peer.proc.pid
     spark = make_spark()
     register_floor_sources(spark)
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
-                               else "lavinpy (started by the bench)"}
+                               else f"{args.broker} (started by the bench)"}
     kinds = [kind.strip() for kind in args.kinds.split(",")]
     runs: list[dict[str, Any]] = []
     try:
@@ -460,6 +472,8 @@ def main() -> None:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
+        if peer is not None:
+            peer.stop()
     print(json.dumps(results))
 
 

@@ -50,7 +50,7 @@ class LavinpyDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         check_read_schema(schema)
         opts = ReadOptions.parse(self.options)
-        kind, count = queue_kind(opts.params, opts.queue)
+        kind, count = queue_kind(opts.params, opts.queue, opts.queue_type)
         opts.check_kind(kind == STREAM)
         if kind == STREAM:
             return LavinpyBatchReader(opts, schema)
@@ -59,7 +59,7 @@ class LavinpyDataSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         check_read_schema(schema)
         opts = ReadOptions.parse(self.options)
-        kind, _count = queue_kind(opts.params, opts.queue)
+        kind, _count = queue_kind(opts.params, opts.queue, opts.queue_type)
         opts.check_kind(kind == STREAM)
         if kind == STREAM:
             return LavinpyStreamReader(opts, schema)

@@ -158,7 +158,10 @@ class ReadOptions:
     prefetch: int
     consumers: int = 2
     idle_timeout: float = 0.5
+    queue_type: str = "auto"  # or one of QUEUE_TYPES: the driver does not find the kind out then
     given: frozenset[str] = frozenset()
+
+    QUEUE_TYPES = ("stream", "classic", "quorum")
 
     # Options that mean something for one kind of queue only: given for the other, they are refused.
     STREAM_ONLY = ("startingOffset", "endingOffset", "maxMessagesPerPartition")
@@ -187,4 +190,14 @@ class ReadOptions:
                    prefetch=_int(opts, "prefetch", 2000) or 2000,
                    consumers=_int(opts, "consumers", 2) or 2,
                    idle_timeout=_float(opts, "idleTimeout", 0.5),
+                   queue_type=_queue_type(opts.get("queuetype")),
                    given=frozenset(opts))
+
+
+def _queue_type(raw: str | None) -> str:
+    if raw is None or raw.strip() == "":
+        return "auto"
+    kind = raw.strip().lower()
+    if kind not in ("auto", *ReadOptions.QUEUE_TYPES):
+        raise OptionError(f"option queueType={raw!r}: expected auto, stream, classic or quorum")
+    return kind

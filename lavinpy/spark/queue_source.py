@@ -128,7 +128,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._remaining = queue_kind(self.opts.params, self.opts.queue)[1]
+        self._remaining = queue_kind(self.opts.params, self.opts.queue, self.opts.queue_type)[1]
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, int]:
         begin = self._offset(start) if start is not None else 0

@@ -45,8 +45,11 @@ def login_error(params: AMQPParams, exc: BrokerClosed) -> AMQPClientError:
         f"{exc.reply_text}: check the user, password and vhost in the url option")
 
 
-def queue_kind(params: AMQPParams, queue: str) -> tuple[str, int]:
+def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto") -> tuple[str, int]:
     """(STREAM or QUEUE, ready message count) of an existing queue; a clear error if it is missing.
+
+    queue_type other than "auto" is the user's word for it (the queueType option), for brokers that
+    accept any redeclare (LavinMQ 1.0 does not compare arguments): only the count is asked then.
 
     Redeclaring with x-queue-type=stream (durable) has no side effect: it succeeds on a stream
     without other arguments, and a 406 naming x-queue-type, durable or auto_delete proves the queue
@@ -69,6 +72,8 @@ def queue_kind(params: AMQPParams, queue: str) -> tuple[str, int]:
                                       f"classic, quorum and stream queues)") from None
             raise StreamReadError(f"cannot inspect queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
         count = int(ok.message_count)
+        if queue_type != "auto":
+            return (STREAM if queue_type == "stream" else QUEUE), count
         ch = conn.open_channel()
         try:
             conn.call(ch, commands.Queue.Declare(queue=queue, durable=True, arguments={"x-queue-type": "stream"}),

@@ -72,6 +72,10 @@ def test_url_and_options() -> None:
         parse_start("yesterday")
     with pytest.raises(OptionError, match="queue"):
         ReadOptions.parse({})
+    assert ReadOptions.parse({"queue": "q"}).queue_type == "auto"
+    assert ReadOptions.parse({"queue": "q", "QueueType": "Classic"}).queue_type == "classic"
+    with pytest.raises(OptionError, match="queueType='fifo': expected auto, stream, classic or quorum"):
+        ReadOptions.parse({"queue": "q", "queueType": "fifo"})
 
 
 def test_split_range() -> None:

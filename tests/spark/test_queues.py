@@ -18,7 +18,8 @@ from pamqp import commands
 
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
-from lavinpy.spark.queues import MAX_PREFETCH, drain_partition
+from lavinpy.spark.queues import MAX_PREFETCH, QUEUE, STREAM, drain_partition, queue_kind
+from lavinpy.spark.streams import StreamReadError
 from lavinpy.wire import properties
 from tests.e2e.conftest import LocalBroker
 from tests.e2e.tls_certs import CA
@@ -249,3 +250,18 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin) -> No
     assert len(bodies) == total and len(set(bodies)) == total
     assert not any(b for b in bodies if len(b) != 16)
     assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
+
+
+def test_a_named_queue_type_is_taken_without_the_redeclare_probe(broker, admin) -> None:
+    """queueType names the kind (for brokers that accept any redeclare); auto finds it out, and
+    the count and a missing queue's error are the same either way."""
+    classic = declare(admin, "classic")
+    publish_plain(broker.url, classic, 3, 16)
+    params = AMQPParams.from_url(broker.url)
+    assert queue_kind(params, classic) == (QUEUE, 3)
+    assert queue_kind(params, classic, "classic") == (QUEUE, 3)
+    assert queue_kind(params, classic, "stream") == (STREAM, 3)  # the user's word, not checked
+    missing = unique("spark-missing")
+    for named in ("auto", "quorum"):
+        with pytest.raises(StreamReadError, match=f"queue '{missing}' not found"):
+            queue_kind(params, missing, named)
