@@ -5,6 +5,7 @@
     python bench/spark_bench.py --kinds classic             # classic queues only
     python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
     python bench/spark_bench.py --broker lavinmq --kinds classic   # the same source through a peer broker
+    python bench/spark_bench.py --cpus 0:1      # Spark on core 0, the broker on core 1 (as on its own host)
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
 workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
@@ -44,7 +45,8 @@ from pamqp import commands  # noqa: E402
 from lavinpy.spark.client import AMQPParams, Connection  # noqa: E402
 
 
-def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_lavinpy(workdir: Path, fsync: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    """A lavinpy of this tree on a free port (fsync: its default, always, unless given)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -52,7 +54,8 @@ def start_lavinpy(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     with open(workdir / "lavinpy.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lavinpy", "--data-dir", str(workdir / "data"),
                                  "--amqp-port", str(port), "--http-port", "0", "--mqtt-port", "0",
-                                 "--prometheus-port", "0", "--log-level", "warning"],
+                                 "--prometheus-port", "0", "--log-level", "warning",
+                                 *(["--fsync", fsync] if fsync else [])],
                                 cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
@@ -94,6 +97,29 @@ def make_spark() -> Any:
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def _cpu_list(text: str) -> set[int]:
+    """'0', '0,1' or '0-3' -> cpu numbers."""
+    cpus: set[int] = set()
+    for item in text.split(","):
+        first, _, last = item.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _pin_tree(pid: int, cpus: set[int]) -> None:
+    """Every thread of pid and of its descendants (RabbitMQ's beam.smp under its script) on cpus."""
+    children = {p: st[1] for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if (st := _proc_stat(p)) is not None}
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in children.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    for member in tree:
+        for tid in os.listdir(f"/proc/{member}/task"):
+            os.sched_setaffinity(int(tid), cpus)
 
 
 def register_floor_sources(spark: Any) -> None:
@@ -398,6 +424,11 @@ def main() -> None:
                         "the summary is each figure's median over the rounds")
     parser.add_argument("--pairs", type=int, default=1, help="lavinpy runs a round alternated with floors, each "
                         "way (writes into a queue each, reads one each): a round's share is their median")
+    parser.add_argument("--fsync", choices=("always", "never"), help="the started lavinpy's fsync setting "
+                        "(default: its own, always; never beside LavinMQ 1.0, which confirms without an fsync)")
+    parser.add_argument("--cpus", help="SPARK:BROKER cpu lists (e.g. 0:1): Spark (its driver, JVM and Python "
+                        "workers) and the broker pinned to separate cores, floors and runs alike, as with a broker on "
+                        "its own host; by default everything shares every core")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (full size, every kind)")
     args = parser.parse_args()
 
@@ -407,7 +438,7 @@ def main() -> None:
     peer = None
     global BROKER_PID
     if url is None and args.broker == "lavinpy":
-        proc, url = start_lavinpy(workdir)
+        proc, url = start_lavinpy(workdir, args.fsync)
         BROKER_PID = proc.pid
     elif url is None:
         import compare  # bench/compare.py: the peers as its comparisons start them
@@ -415,10 +446,16 @@ def main() -> None:
         peer = {"lavinmq": compare.LavinMQ, "rabbitmq": compare.RabbitMQ}[args.broker](args.broker, workdir)
         peer.start()
         url, BROKER_PID = peer.uri, peer.proc.pid
+    if args.cpus:
+        spark_cpus, broker_cpus = (_cpu_list(part) for part in args.cpus.split(":"))
+        if BROKER_PID is not None:
+            _pin_tree(BROKER_PID, broker_cpus)
+        os.sched_setaffinity(0, spark_cpus)  # the JVM and its Python workers inherit it
     spark = make_spark()
     register_floor_sources(spark)
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
-                               else f"{args.broker} (started by the bench)"}
+                               else f"{args.broker} (started by the bench)", "cpus": args.cpus or "shared",
+                               "fsync": args.fsync or "default"}
     kinds = [kind.strip() for kind in args.kinds.split(",")]
     runs: list[dict[str, Any]] = []
     try:

@@ -170,6 +170,15 @@ def test_bad_options_fail_once_with_a_clear_error(spark, broker, admin, stream_q
     stream = stream_queue()
     text = failure(broker.url, stream, consumers="4")
     assert "option consumers does not apply" in text and "a stream queue" in text, text
+    text = failure(broker.url, classic, queueType="fifo")
+    assert "option queueType='fifo': expected auto, stream, classic or quorum" in text, text
+    # A named kind is taken as said: a classic queue read as a stream is refused by its first delivery.
+    publish_plain(broker.url, classic, 1, 16)
+    text = failure(broker.url, classic, queueType="stream")
+    assert "is not a stream queue" in text, text
+    rows = (spark.read.format("lavinpy").option("url", broker.url).option("queue", classic)
+            .option("queueType", "classic").load().collect())
+    assert [row.body[:8] for row in rows] == [b"00000000"] and counts(admin, classic) == (0, 0)
 
 
 def test_amqps_write_and_read(spark, tmp_path: Path) -> None:
