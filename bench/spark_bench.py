@@ -8,9 +8,9 @@
     python bench/spark_bench.py --cpus 0:1      # Spark on core 0, the broker on core 1 (as on its own host)
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
-workers share the machine. Figures (rows/s) include Spark's own per-row cost, measured separately,
-just before and just after each run, with a data source that discards its input (`spark_floor_*`, the
-mean of the two); `*_of_floor` is Spark's own time over the lavinpy run's (1.0: the broker and the
+workers share the machine (or their cores: --cpus). Figures (rows/s) include Spark's own per-row cost,
+measured separately, just before and just after each run, with a data source that discards its input
+(`spark_floor_*`, the mean of the two); `*_of_floor` is Spark's own time over the lavinpy run's (1.0: the broker and the
 client cost nothing visible), `cpu_*_of_floor` the same by CPU seconds of every role (the figure to
 read on a shared machine: see bench/README.md).
 With --pairs K, each way runs K times a round alternated with K + 1 floors (tight pairs: each run
@@ -23,6 +23,7 @@ floor by role (the tasks' Python workers, the JVM; µs a row). The last line is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -118,8 +119,12 @@ def _pin_tree(pid: int, cpus: set[int]) -> None:
         tree |= more
         grew = bool(more)
     for member in tree:
-        for tid in os.listdir(f"/proc/{member}/task"):
-            os.sched_setaffinity(int(tid), cpus)
+        try:
+            for tid in os.listdir(f"/proc/{member}/task"):
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(int(tid), cpus)
+        except FileNotFoundError:  # a process that ended meanwhile
+            pass
 
 
 def register_floor_sources(spark: Any) -> None:
@@ -431,6 +436,8 @@ def main() -> None:
                         "its own host; by default everything shares every core")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (full size, every kind)")
     args = parser.parse_args()
+    if args.fsync and (args.url or args.broker != "lavinpy"):
+        parser.error("--fsync sets the lavinpy the bench starts; it does not apply with --url or a peer")
 
     workdir = Path(tempfile.mkdtemp(prefix="lavinpy-spark-bench-"))
     proc = None
@@ -446,13 +453,17 @@ def main() -> None:
         peer = {"lavinmq": compare.LavinMQ, "rabbitmq": compare.RabbitMQ}[args.broker](args.broker, workdir)
         peer.start()
         url, BROKER_PID = peer.uri, peer.proc.pid
-    if args.cpus:
-        spark_cpus, broker_cpus = (_cpu_list(part) for part in args.cpus.split(":"))
-        if BROKER_PID is not None:
-            _pin_tree(BROKER_PID, broker_cpus)
-        os.sched_setaffinity(0, spark_cpus)  # the JVM and its Python workers inherit it
-    spark = make_spark()
-    register_floor_sources(spark)
+    try:
+        if args.cpus:
+            spark_cpus, broker_cpus = (_cpu_list(part) for part in args.cpus.split(":"))
+            if BROKER_PID is not None:
+                _pin_tree(BROKER_PID, broker_cpus)
+            os.sched_setaffinity(0, spark_cpus)  # the JVM and its Python workers inherit it
+        spark = make_spark()
+        register_floor_sources(spark)
+    except BaseException:
+        _stop_brokers(proc, peer)
+        raise
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
                                else f"{args.broker} (started by the bench)", "cpus": args.cpus or "shared",
                                "fsync": args.fsync or "default"}
@@ -506,12 +517,16 @@ def main() -> None:
                   f"{got['cpu_write_of_floor_all_pairs']}, read {got['cpu_read_of_floor_all_pairs']}", flush=True)
     finally:
         spark.stop()
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-        if peer is not None:
-            peer.stop()
+        _stop_brokers(proc, peer)
     print(json.dumps(results))
+
+
+def _stop_brokers(proc: subprocess.Popen[bytes] | None, peer: Any) -> None:
+    if proc is not None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    if peer is not None:
+        peer.stop()
 
 
 if __name__ == "__main__":
