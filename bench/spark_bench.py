@@ -109,16 +109,12 @@ def _cpu_list(text: str) -> set[int]:
     return cpus
 
 
-def _pin_tree(pid: int, cpus: set[int]) -> None:
-    """Every thread of pid and of its descendants (RabbitMQ's beam.smp under its script) on cpus."""
-    children = {p: st[1] for p in map(int, filter(str.isdigit, os.listdir("/proc")))
-                if (st := _proc_stat(p)) is not None}
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, parent in children.items() if parent in tree} - tree
-        tree |= more
-        grew = bool(more)
-    for member in tree:
+def _pin_broker(cpus: set[int]) -> None:
+    """Every thread of the broker's processes (_roles_now's "broker": RabbitMQ's beam.smp under its
+    script too) on cpus."""
+    for member, (role, _cpu) in _roles_now().items():
+        if role != "broker":
+            continue
         try:
             for tid in os.listdir(f"/proc/{member}/task"):
                 with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
@@ -456,8 +452,7 @@ def main() -> None:
     try:
         if args.cpus:
             spark_cpus, broker_cpus = (_cpu_list(part) for part in args.cpus.split(":"))
-            if BROKER_PID is not None:
-                _pin_tree(BROKER_PID, broker_cpus)
+            _pin_broker(broker_cpus)  # (none with --url)
             os.sched_setaffinity(0, spark_cpus)  # the JVM and its Python workers inherit it
         spark = make_spark()
         register_floor_sources(spark)
