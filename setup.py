@@ -21,7 +21,7 @@ setup(
                            "lavinpy/wire/_crc32.h", "lavinpy/wire/_dedup_batch.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_ints.c",
-                                                "lavinpy/wire/_cclient_bodies.c"],
+                                                "lavinpy/wire/_cclient_bodies.c", "lavinpy/wire/_cclient_recv.c"],
                   depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cstream", ["lavinpy/wire/_cstream.c"], depends=["lavinpy/wire/_bytes.h"],

@@ -21,13 +21,14 @@ from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
 from lavinpy.wire.constants import FRAME_METHOD
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.joined_bodies import JoinedBodies
-from lavinpy.wire.writer import basic_ack
+from lavinpy.wire.writer import basic_ack, method_frame
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
 from .streams import _U16, DeliveryChunk, StreamReadError, _Assembler, _chunk, _complete_frame_at_front
 
 STREAM, QUEUE = "stream", "queue"
 _CONSUME_OK = (60 << 16) | 21
+_CONSUME_REPLIES = ((20 << 16) | 11, (60 << 16) | 11, _CONSUME_OK)  # channel.open-ok, basic.qos-ok, consume-ok
 _CONSUMER_TAG = "lavinpy.spark"
 
 
@@ -93,23 +94,30 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto") -> tupl
 
 
 class QueueConsumer:
-    """One consumer with manual acks on its own connection (so that deliveries of one channel fill
-    the receive buffer and are parsed a buffer at a time)."""
+    """One consumer with manual acks, on a connection of its own (so that deliveries of one channel
+    fill the receive buffer and are parsed a buffer at a time), or on a new channel of ``conn`` once
+    the consumer before it there has taken all its deliveries (a batch read's next part)."""
 
-    def __init__(self, params: AMQPParams, queue: str, prefetch: int) -> None:
+    def __init__(self, params: AMQPParams, queue: str, prefetch: int, conn: Connection | None = None) -> None:
         self.params = params
         self.queue = queue
         self.prefetch = prefetch  # 0: unlimited
-        self.conn = Connection(params).open()
-        self.ch = self.conn.open_channel()
+        own = conn is None
+        self.conn = Connection(params).open() if conn is None else conn
+        self.ch = self.conn.next_channel()
         self.assembler = _Assembler(self.ch, queue)
         try:
-            self.conn.call(self.ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-            self.conn.send(frame(FRAME_METHOD, self.ch, _consume_payload(queue)))
-            self.conn.wait_method_id(self.ch, _CONSUME_OK)
+            # channel.open, basic.qos and basic.consume in one write: one round trip, not three. Their
+            # replies come in order, before the deliveries, which stay unparsed in rbuf for read().
+            self.conn.send(method_frame(self.ch, commands.Channel.Open())
+                           + method_frame(self.ch, commands.Basic.Qos(prefetch_count=prefetch))
+                           + frame(FRAME_METHOD, self.ch, _consume_payload(queue)))
+            for reply in _CONSUME_REPLIES:
+                self.conn.wait_method_id_first(self.ch, reply)
             self.conn.unread_backlog()
         except BrokerClosed as exc:
-            self.conn.abort()
+            if own:
+                self.conn.abort()
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
         self.received = 0
         self.pending: list[QueueRead] = []  # received past the limit of the last read()
@@ -187,26 +195,26 @@ class QueueConsumer:
         if last_tag:
             self.conn.send(basic_ack(self.ch, last_tag, True))
 
-    def finish(self, last_tag: int) -> None:
-        """Cancel, ack up to last_tag and close: the channel's close-ok proves the broker has the ack.
-
-        Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages
-        that the close then hands back, marked redelivered although nobody saw them."""
-        try:
-            if not self.cancelled:
-                self.conn.call(self.ch, commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG), commands.Basic.CancelOk)
-            self.ack(last_tag)
-            self.conn.close_channel(self.ch)
-        finally:
-            self.conn.close()
-
     def close(self) -> None:
         """Close politely (acks sent before are processed first); the broker requeues the rest."""
         self.conn.close()
 
-    def abandon(self) -> None:
-        """Close without acking: the broker requeues what this consumer held (redelivered)."""
-        self.conn.abort()
+
+def finish_consumers(consumers: list[tuple[QueueConsumer, int]]) -> None:
+    """Cancel the consumers of one connection, ack each up to its last tag, and close their channels,
+    all in one write; the channels' close-oks prove the broker has the acks. Then the connection closes.
+
+    Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages that
+    the close then hands back, marked redelivered although nobody saw them."""
+    conn = consumers[0][0].conn
+    cancel = commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG)
+    first = b"".join((b"" if consumer.cancelled else method_frame(consumer.ch, cancel))
+                     + (basic_ack(consumer.ch, last_tag, True) if last_tag else b"")
+                     for consumer, last_tag in consumers)
+    try:
+        conn.close_channels([consumer.ch for consumer, _ in consumers], first)
+    finally:
+        conn.close()
 
 
 MAX_PREFETCH = 65535  # a prefetch count is 16 bits: one consumer holds at most this many unacked
@@ -229,21 +237,25 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
     A pause of idle_wait without a delivery ends the task only if the queue has no ready message
     left (a loaded broker can pause deliveries longer than that while the queue still holds the
     task's share), and then only after the consumer's cancel-ok, with what was sent before it.
-    A share larger than one consumer's prefetch (65,535) is taken by consumers opened
-    one after the other on their own connections, each holding its part unacked until the end, so
-    that a big queue is still read in one wave of tasks.
+    A share larger than one consumer's prefetch (65,535) is taken by consumers opened one after the
+    other on channels of one connection, each once the one before has taken its part (so deliveries
+    never interleave: a receive buffer holds one channel's), each holding its part unacked until the
+    end, so that a big queue is still read in one wave of tasks. A new consumer costs one round trip,
+    and the end one for all: each waits while the task's core runs Spark.
     """
     if quota <= 0:
         return
     wait = max(idle_wait, 0.05)
     done: list[tuple[QueueConsumer, int]] = []  # consumers and the last tag each handed out
+    conn: Connection | None = None
     finished = False
     got = 0
     try:
         while got < quota:
             part = min(quota - got, MAX_PREFETCH)
             # The prefetch bounds what this consumer can take from the others' shares.
-            consumer = QueueConsumer(params, queue, part)
+            consumer = QueueConsumer(params, queue, part, conn)
+            conn = consumer.conn
             done.append((consumer, 0))
             part_got = 0
             stalled_since: float | None = None
@@ -272,11 +284,10 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
                 break  # the queue ran dry: no further consumer would get anything
         finished = True
     finally:
-        for consumer, last_tag in done:
-            if finished:
-                consumer.finish(last_tag)
-            else:
-                consumer.abandon()
+        if finished and done:
+            finish_consumers(done)
+        elif conn is not None:
+            conn.abort()  # nothing acked: the broker requeues every part (redelivered)
 
 
 def _consume_payload(queue: str) -> bytes:

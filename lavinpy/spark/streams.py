@@ -217,9 +217,10 @@ class StreamClient:
         3. If c == 0 (empty, or a broker that does not count stream messages) or the estimate
            pointed past the end (retention moved F between 1 and 2), a consumer starts at "last"
            -- the last message or the start of the last chunk, depending on the broker.
-        Either consumer reads until deliveries pause for 50 ms (at most 1 s), and only an offset
-        seen in a delivery is returned, never the estimate itself, so readers are never asked to
-        wait for messages that do not exist.
+        The consumer at the estimate stops once it has received that offset; the one at "last"
+        reads until deliveries pause for 50 ms (either at most 1 s). Only an offset seen in a
+        delivery is returned, never the estimate itself, so readers are never asked to wait for
+        messages that do not exist.
         """
         return self._retrying(self._end_offset)
 
@@ -231,13 +232,16 @@ class StreamClient:
             if first is None:
                 return None
             start = first + count - 1
-        last = self._read_to_quiet(start, self.params.timeout if count > 0 else _EMPTY_PROBE_S)
+        last = self._read_to_quiet(start, self.params.timeout if count > 0 else _EMPTY_PROBE_S,
+                                   until=None if start == "last" else start)
         if last is None and start != "last":
             last = self._read_to_quiet("last", _EMPTY_PROBE_S)  # the estimate was past the end
         return None if last is None else last + 1
 
-    def _read_to_quiet(self, spec: Any, first_wait: float) -> int | None:
-        """Highest offset delivered to a consumer started at spec before deliveries pause.
+    def _read_to_quiet(self, spec: Any, first_wait: float, until: int | None = None) -> int | None:
+        """Highest offset delivered to a consumer started at spec before deliveries pause, or, with
+        ``until`` (the last offset the message count says exists), as soon as a receive buffer holds
+        it: the count was the stream as it was, so waiting for a pause would add nothing but its length.
 
         Bounded in time so that a busy stream cannot keep the probe running.
         """
@@ -245,9 +249,10 @@ class StreamClient:
         last = None
         deadline = time.monotonic() + _END_MAX_S
         try:
-            for delivery in self._deliveries(ch, first_wait=first_wait, idle_wait=_END_IDLE_S):
-                last = delivery.offset if last is None else max(last, delivery.offset)
-                if time.monotonic() > deadline:
+            for chunk in self._delivery_chunks(ch, first_wait=first_wait, idle_wait=_END_IDLE_S):
+                high = max(chunk.offsets)
+                last = high if last is None else max(last, high)
+                if (until is not None and last >= until) or time.monotonic() > deadline:
                     break
         finally:
             self.conn.close_channel(ch)
@@ -311,7 +316,7 @@ class StreamClient:
         try:
             conn.call(ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
             conn.send(frame(FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
-            conn.wait_method_id(ch, _CONSUME_OK)
+            conn.wait_method_id_first(ch, _CONSUME_OK)
             conn.unread_backlog()
         except BrokerClosed as exc:
             if exc.scope == "connection":

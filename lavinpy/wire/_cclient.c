@@ -449,6 +449,8 @@ fail:
 PyObject *cclient_int64_bounds(PyObject *self, PyObject *items);
 PyObject *cclient_pack_int64s(PyObject *self, PyObject *items);
 PyObject *cclient_join_bodies(PyObject *self, PyObject *parts);
+/* In _cclient_recv.c. */
+PyObject *cclient_recv_append(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
@@ -456,6 +458,8 @@ static PyMethodDef methods[] = {
      "Append a run of publishes from an Arrow binary array's buffers (see the source)."},
     {"scan_stream_deliveries", cclient_scan_stream_deliveries, METH_VARARGS,
      "Parse a run of stream deliveries into columns (see the source)."},
+    {"recv_append", cclient_recv_append, METH_VARARGS,
+     "Receive from a socket straight into the tail of a bytearray (see the source)."},
     {"join_bodies", cclient_join_bodies, METH_O, "An Arrow binary array's buffers of joined bodies (see the source)."},
     {"int64_bounds", cclient_int64_bounds, METH_O, "(min, max) of a list of int64s, or None."},
     {"pack_int64s", cclient_pack_int64s, METH_O, "A list of int64s packed little-endian, or None."},

@@ -113,7 +113,7 @@ def _split_frames(buf: bytes | bytearray, frame_max: int = 0) -> tuple[list[tupl
     return frames, pos
 
 
-def method_id(payload: bytes) -> int:
+def method_id(payload: bytes | bytearray) -> int:
     """(class id << 16) | method id of a method frame's payload."""
     return (payload[0] << 24) | (payload[1] << 16) | (payload[2] << 8) | payload[3]
 

@@ -24,10 +24,11 @@ from typing import Any, Self
 from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 
-from lavinpy.wire.client import WireError, decode_method, frame, method_id, split_frames
+from lavinpy.wire.accel import cclient
+from lavinpy.wire.client import FRAME_HEAD, WireError, decode_method, frame, method_id, split_frames
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
 from lavinpy.wire.client_events import ConnectionClosed, ConnectionOpened
-from lavinpy.wire.constants import FRAME_HEARTBEAT, FRAME_METHOD
+from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD
 from lavinpy.wire.uri import TLSOptions, parse_url
 from lavinpy.wire.writer import method_frame
 
@@ -210,6 +211,27 @@ class BlockingConnection:
         self.call(ch, commands.Channel.Open(), commands.Channel.OpenOk)
         return ch
 
+    def next_channel(self) -> int:
+        """A channel number for a channel.open the caller sends itself (pipelined with its first methods)."""
+        ch = self._next_channel
+        self._next_channel += 1
+        return ch
+
+    def close_channels(self, chs: list[int], first: bytes = b"") -> None:
+        """Close several channels at once: ``first`` (frames to send before, such as cancels and acks)
+        and a channel.close each go out in one write; returns when every close-ok came, so the broker
+        has handled what was sent before it. Deliveries still in flight on them are dropped."""
+        closing = set(chs)
+        self._closing_channels |= closing
+        try:
+            close = commands.Channel.Close(reply_code=200, reply_text="done", class_id=0, method_id=0)
+            self.send(first + b"".join(method_frame(ch, close) for ch in chs))
+            for ch in chs:
+                self._wait_method(ch, commands.Channel.CloseOk)
+        finally:
+            self._closing_channels -= closing
+            self._backlog = deque(f for f in self._backlog if f[1] not in closing)
+
     def close_channel(self, ch: int) -> None:
         """Close a channel, dropping deliveries still in flight on it."""
         self._closing_channels.add(ch)
@@ -260,6 +282,29 @@ class BlockingConnection:
 
     def _recv_raw(self, parse_on_close: bool = False) -> None:
         sock = self._socket()
+        if cclient is not None and not isinstance(sock, ssl.SSLSocket):
+            # Straight into rbuf's tail: no bytes object a read, no second copy of every byte.
+            try:
+                got = cclient.recv_append(sock.fileno(), self._rbuf, _RECV_SIZE)
+            except OSError as exc:
+                self.abort()
+                raise ConnectionLost(f"connection to {self.params.safe_url()} lost: {exc}") from exc
+            if got:  # bytes came (> 0), or none are there now (-1)
+                return
+            chunk: bytes | None = b""
+        else:
+            chunk = self._recv_chunk(sock)
+            if chunk is None:
+                return
+        if not chunk:
+            self.abort()
+            if parse_on_close:
+                self._parse()  # a connection.close sent just before the socket closed says why (BrokerClosed)
+            raise ConnectionLost(f"connection to {self.params.safe_url()} closed by the broker")
+        self._rbuf += chunk
+
+    def _recv_chunk(self, sock: socket.socket) -> bytes | None:
+        """What the socket holds now (b"": closed), or None when nothing is there."""
         try:
             chunk = sock.recv(_RECV_SIZE)
             if chunk and isinstance(sock, ssl.SSLSocket):
@@ -267,16 +312,11 @@ class BlockingConnection:
                 while sock.pending():
                     chunk += sock.recv(_RECV_SIZE)
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            return
+            return None
         except OSError as exc:
             self.abort()
             raise ConnectionLost(f"connection to {self.params.safe_url()} lost: {exc}") from exc
-        if not chunk:
-            self.abort()
-            if parse_on_close:
-                self._parse()  # a connection.close sent just before the socket closed says why (BrokerClosed)
-            raise ConnectionLost(f"connection to {self.params.safe_url()} closed by the broker")
-        self._rbuf += chunk
+        return chunk
 
     @property
     def rbuf(self) -> bytearray:
@@ -397,6 +437,36 @@ class BlockingConnection:
     def wait_method_id(self, ch: int, mid: int) -> bytes:
         """Wait for a method by its (class << 16 | method) id; returns its raw payload."""
         return self._wait_for(ch, {mid}, f"method {mid >> 16}.{mid & 0xFFFF}")
+
+    def wait_method_id_first(self, ch: int, mid: int) -> bytes:
+        """wait_method_id for a reply due before anything else on the connection (a consumer's
+        consume-ok on its own connection): that frame alone is parsed, and the deliveries that follow
+        it in the same read stay raw in rbuf, for a reader that scans a buffer at a time (parsing
+        them into frames here would cost a tuple a frame, and their bytes again to put them back).
+        Anything else at the front goes the general way (wait_method_id)."""
+        buf = self._rbuf
+        deadline = time.monotonic() + self.params.timeout
+        while not self._backlog:
+            while len(buf) >= 8 and buf[0] == FRAME_HEARTBEAT and buf[1:7] == b"\0\0\0\0\0\0" and buf[7] == FRAME_END:
+                del buf[:8]  # a heartbeat
+            if len(buf) >= 11:
+                ftype, fch, size = FRAME_HEAD.unpack_from(buf)
+                if ftype != FRAME_METHOD or fch != ch or size < 4 or method_id(buf[7:11]) != mid:
+                    break
+                if len(buf) >= size + 8:
+                    if buf[size + 7] != FRAME_END:
+                        break  # malformed: the general way says so
+                    payload = bytes(buf[7:7 + size])
+                    del buf[:size + 8]
+                    return payload
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ConnectionLost(f"timed out waiting for method {mid >> 16}.{mid & 0xFFFF} from "
+                                     f"{self.params.safe_url()}")
+            readable, _, _ = select.select([self._socket()], [], [], remaining)
+            if readable:
+                self._recv()
+        return self.wait_method_id(ch, mid)
 
     def _wait_for(self, ch: int, ids: set[int], what: str) -> bytes:
         """Read until a method in ids arrives on ch; frames read meanwhile are kept, in order."""

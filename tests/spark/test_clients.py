@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -14,11 +15,13 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from pamqp import commands
 
-from lavinpy.spark.client import AMQPParams, BrokerClosed, Connection
+from lavinpy.spark.client import AMQPParams, BrokerClosed, Connection, ConnectionLost
 from lavinpy.spark.options import FIRST, LAST, NEXT, OptionError, ReadOptions, WriteOptions, parse_start
 from lavinpy.spark.publisher import ConfirmPublisher, PublishError
 from lavinpy.wire import field_table, properties
+from lavinpy.wire import writer as frames_mod
 from tests.helpers import free_port
 
 from .conftest import EXTERNAL_URL, REPO_ROOT, _port_open, drain, unique
@@ -337,3 +340,64 @@ def test_queue_read_columns_against_plain_conversion() -> None:
             want = pa.table([pa.array(plain[name]).cast(schema.field(name).type) if name == "timestamp"
                              else pa.array(plain[name], schema.field(name).type) for name in COLUMNS], schema=schema)
             assert got.equals(want), (blocks, flags, batch_rows)
+
+
+def _socket_connection() -> tuple[Connection, socket.socket]:
+    """A Connection on one end of a socket pair (no handshake: its receive side alone) and the other end."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    conn = Connection(AMQPParams(timeout=5))
+    conn.sock = ours
+    return conn, theirs
+
+
+def test_received_bytes_are_appended_to_the_receive_buffer_and_a_close_is_told() -> None:
+    """Reads land after what rbuf holds (straight into it on the compiled path); nothing there is no
+    read; the peer's close is ConnectionLost."""
+    conn, peer = _socket_connection()
+    conn.rbuf.extend(b"kept")
+    del conn.rbuf[:2]  # a parser consumed from the front
+    assert not conn.wait_readable(0.05)
+    data = bytes(range(256)) * 5000  # more than one read takes
+    sender = threading.Thread(target=peer.sendall, args=(data,))
+    sender.start()
+    while len(conn.rbuf) < 2 + len(data):
+        assert conn.wait_readable(2)
+    sender.join()
+    assert bytes(conn.rbuf) == b"pt" + data
+    peer.close()
+    with pytest.raises(ConnectionLost, match="closed by the broker"):
+        conn.wait_readable(2)
+
+
+def test_a_consume_ok_at_the_front_is_taken_alone_and_the_deliveries_after_it_stay_raw() -> None:
+    """wait_method_id_first parses only the reply (heartbeats before it dropped); the deliveries that
+    came in the same read stay bytes in rbuf. Anything else at the front goes the general way: kept in
+    the backlog, or a channel.close raised as BrokerClosed."""
+    consume_ok = frames_mod.method_frame(1, commands.Basic.ConsumeOk(consumer_tag="t"))
+    deliver = frames_mod.method_frame(1, commands.Basic.Deliver(consumer_tag="t", delivery_tag=1, exchange="",
+                                                               routing_key="q"))
+    heartbeat = bytes([8, 0, 0, 0, 0, 0, 0, 0xCE])
+    mid = commands.Basic.ConsumeOk.index
+    conn, peer = _socket_connection()
+    peer.sendall(heartbeat + consume_ok[:5])  # the reply split over two reads
+    threading.Timer(0.1, peer.sendall, (consume_ok[5:] + deliver,)).start()
+    assert conn.wait_method_id_first(1, mid)[:4] == consume_ok[7:11]
+    deadline = time.monotonic() + 2
+    while len(conn.rbuf) < len(deliver) and time.monotonic() < deadline:
+        conn.wait_readable(0.1)
+    assert bytes(conn.rbuf) == deliver and not conn.has_backlog
+
+    conn, peer = _socket_connection()
+    peer.sendall(deliver + consume_ok)  # a frame before the reply: the general way keeps it
+    assert conn.wait_method_id_first(1, mid)[:4] == consume_ok[7:11]
+    assert conn.has_backlog
+    conn.unread_backlog()
+    assert bytes(conn.rbuf) == deliver
+
+    conn, peer = _socket_connection()
+    peer.sendall(frames_mod.method_frame(1, commands.Channel.Close(reply_code=404, reply_text="NOT_FOUND - no queue",
+                                                                   class_id=60, method_id=20)))
+    with pytest.raises(BrokerClosed) as info:
+        conn.wait_method_id_first(1, mid)
+    assert info.value.reply_code == 404

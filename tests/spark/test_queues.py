@@ -10,12 +10,14 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from pamqp import commands
 
+from lavinpy.spark import queues as queues_module
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
 from lavinpy.spark.queues import MAX_PREFETCH, QUEUE, STREAM, drain_partition, queue_kind
@@ -242,21 +244,46 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
     assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
 
 
-def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin) -> None:
+def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monkeypatch) -> None:
     """70,000 messages for one task: more than one consumer's prefetch holds (65,535), taken by
-    consumers the task opens one after the other, all acked at the end."""
+    consumers the task opens one after the other on channels of one connection, all acked at the
+    end; abandoned past the first part, the task acks nothing and every part goes back to the queue."""
+    opened: list[Connection] = []
+
+    class CountedConnection(Connection):
+        def open(self) -> CountedConnection:
+            opened.append(self)
+            return super().open()
+
+    monkeypatch.setattr(queues_module, "Connection", CountedConnection)
     queue = declare(admin, "classic")
     total = 70_000
     publish_plain(broker.url, queue, total, 16)
     params = AMQPParams.from_url(broker.url)
+    abandoned = drain_partition(params, queue, total, idle_wait=0.5)
+    taken = 0
+    for read in abandoned:
+        taken += len(read.redelivered)
+        if taken > MAX_PREFETCH:
+            break
+    abandoned.close()
+    assert len(opened) == 1, "the second part on the first part's connection"
+    deadline = time.monotonic() + 10
+    while counts(admin, queue) != (total, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert counts(admin, queue) == (total, 0), "an abandoned task acks nothing"
     reads = drain_partition(params, queue, total, idle_wait=0.5)
     bodies: list[bytes] = []
+    redelivered = 0
     for read in reads:
         bodies.extend(read.chunk.bodies)
+        redelivered += sum(read.redelivered)
         if len(bodies) > MAX_PREFETCH:
             ready, consumers = counts(admin, queue)
             assert consumers == 2 and ready + len(bodies) <= total  # the first one still holds its part
+    assert len(opened) == 2, "one connection a task"
     assert len(bodies) == total and len(set(bodies)) == total
+    assert redelivered >= taken, "what the abandoned task had taken comes again, marked redelivered"
     assert not any(b for b in bodies if len(b) != 16)
     assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
 
