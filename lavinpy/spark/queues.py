@@ -253,6 +253,8 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
     try:
         while got < quota:
             part = min(quota - got, MAX_PREFETCH)
+            if conn is not None and conn.channels_left == 0:
+                conn = None  # the broker's channel_max reached: the next part on a new connection
             # The prefetch bounds what this consumer can take from the others' shares.
             consumer = QueueConsumer(params, queue, part, conn)
             conn = consumer.conn
@@ -284,10 +286,14 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
                 break  # the queue ran dry: no further consumer would get anything
         finished = True
     finally:
-        if finished and done:
-            finish_consumers(done)
-        elif conn is not None:
-            conn.abort()  # nothing acked: the broker requeues every part (redelivered)
+        connections = list({id(consumer.conn): consumer.conn for consumer, _ in done}.values())
+        try:
+            if finished:
+                for each in connections:
+                    finish_consumers([(consumer, tag) for consumer, tag in done if consumer.conn is each])
+        finally:
+            for each in connections:
+                each.abort()  # unfinished: nothing acked, the broker requeues every part (redelivered)
 
 
 def _consume_payload(queue: str) -> bytes:

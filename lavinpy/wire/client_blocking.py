@@ -217,6 +217,12 @@ class BlockingConnection:
         self._next_channel += 1
         return ch
 
+    @property
+    def channels_left(self) -> int:
+        """Channel numbers not handed out yet, within the channel_max agreed with the broker."""
+        limit = self.client.channel_max if self.client is not None else 0
+        return max(0, limit - self._next_channel + 1)
+
     def close_channels(self, chs: list[int], first: bytes = b"") -> None:
         """Close several channels at once: ``first`` (frames to send before, such as cancels and acks)
         and a channel.close each go out in one write; returns when every close-ok came, so the broker

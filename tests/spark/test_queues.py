@@ -244,10 +244,8 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
     assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
 
 
-def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monkeypatch) -> None:
-    """70,000 messages for one task: more than one consumer's prefetch holds (65,535), taken by
-    consumers the task opens one after the other on channels of one connection, all acked at the
-    end; abandoned past the first part, the task acks nothing and every part goes back to the queue."""
+def count_connections(monkeypatch) -> list[Connection]:
+    """The connections lavinpy.spark.queues opens from now on (real ones), in a list."""
     opened: list[Connection] = []
 
     class CountedConnection(Connection):
@@ -256,6 +254,41 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monke
             return super().open()
 
     monkeypatch.setattr(queues_module, "Connection", CountedConnection)
+    return opened
+
+
+def test_a_task_whose_parts_outnumber_the_channels_a_broker_allows_opens_another_connection(
+        tmp_path: Path, monkeypatch) -> None:
+    """A broker with channel_max 1: the task's second part goes on a connection of its own; both parts
+    are read and acked."""
+    broker = LocalBroker(tmp_path / "broker")
+    broker.settings["channel_max"] = "1"
+    broker.start()
+    try:
+        url = broker.url
+        queue = unique("spark-channels")
+        with Connection(AMQPParams.from_url(url)).open() as conn:
+            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
+        total = MAX_PREFETCH + 5
+        publish_plain(url, queue, total, 16)
+        opened = count_connections(monkeypatch)
+        bodies = [body for read in drain_partition(AMQPParams.from_url(url), queue, total, idle_wait=0.5)
+                  for body in read.chunk.bodies]
+        assert len(opened) == 2
+        assert len(bodies) == total and len(set(bodies)) == total
+        with Connection(AMQPParams.from_url(url)).open() as conn:
+            ok = conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, passive=True),
+                           commands.Queue.DeclareOk)
+        assert (ok.message_count, ok.consumer_count) == (0, 0), "all of it acked, no consumer left"
+    finally:
+        broker.stop()
+
+
+def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monkeypatch) -> None:
+    """70,000 messages for one task: more than one consumer's prefetch holds (65,535), taken by
+    consumers the task opens one after the other on channels of one connection, all acked at the
+    end; abandoned past the first part, the task acks nothing and every part goes back to the queue."""
+    opened = count_connections(monkeypatch)
     queue = declare(admin, "classic")
     total = 70_000
     publish_plain(broker.url, queue, total, 16)
