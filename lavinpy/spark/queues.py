@@ -17,8 +17,7 @@ from typing import NamedTuple
 
 from pamqp import commands
 
-from lavinpy.wire.client import encode_shortstr, frame, scan_stream_deliveries
-from lavinpy.wire.constants import FRAME_METHOD
+from lavinpy.wire.client import encode_shortstr, scan_stream_deliveries
 from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.joined_bodies import JoinedBodies
 from lavinpy.wire.writer import basic_ack, method_frame
@@ -27,8 +26,6 @@ from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
 from .streams import _U16, DeliveryChunk, StreamReadError, _Assembler, _chunk, _complete_frame_at_front
 
 STREAM, QUEUE = "stream", "queue"
-_CONSUME_OK = (60 << 16) | 21
-_CONSUME_REPLIES = ((20 << 16) | 11, (60 << 16) | 11, _CONSUME_OK)  # channel.open-ok, basic.qos-ok, consume-ok
 _CONSUMER_TAG = "lavinpy.spark"
 
 
@@ -104,21 +101,13 @@ class QueueConsumer:
         self.prefetch = prefetch  # 0: unlimited
         own = conn is None
         self.conn = Connection(params).open() if conn is None else conn
-        self.ch = self.conn.next_channel()
-        self.assembler = _Assembler(self.ch, queue)
         try:
-            # channel.open, basic.qos and basic.consume in one write: one round trip, not three. Their
-            # replies come in order, before the deliveries, which stay unparsed in rbuf for read().
-            self.conn.send(method_frame(self.ch, commands.Channel.Open())
-                           + method_frame(self.ch, commands.Basic.Qos(prefetch_count=prefetch))
-                           + frame(FRAME_METHOD, self.ch, _consume_payload(queue)))
-            for reply in _CONSUME_REPLIES:
-                self.conn.wait_method_id_first(self.ch, reply)
-            self.conn.unread_backlog()
+            self.ch = self.conn.open_consumer(prefetch, _consume_payload(queue))
         except BrokerClosed as exc:
             if own:
                 self.conn.abort()
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
+        self.assembler = _Assembler(self.ch, queue)
         self.received = 0
         self.pending: list[QueueRead] = []  # received past the limit of the last read()
         self.cancelled = False

@@ -24,7 +24,6 @@ from lavinpy.wire.client import (
     BASIC_DELIVER,
     STREAM_OFFSET_ENTRY,
     encode_shortstr,
-    frame,
     int64_bounds,
     method_id,
     parse_deliver,
@@ -42,7 +41,6 @@ from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, Conne
 
 OFFSET_HEADER = "x-stream-offset"
 _BASIC_CANCEL = (60 << 16) | 30
-_CONSUME_OK = (60 << 16) | 21
 _EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream counts as empty
 _END_IDLE_S = 0.05       # quiet time that ends the read of the last chunk in end_offset()
 _END_MAX_S = 1.0         # end_offset() stops chasing a busy stream after this long
@@ -308,13 +306,8 @@ class StreamClient:
 
     # --- consumer primitives ----------------------------------------------------------------------
     def _consume(self, spec: Any, prefetch: int) -> int:
-        conn = self.conn
-        ch = conn.open_channel()
         try:
-            conn.call(ch, commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
-            conn.send(frame(FRAME_METHOD, ch, _consume_payload(self.queue, {OFFSET_HEADER: spec})))
-            conn.wait_method_id_first(ch, _CONSUME_OK)
-            conn.unread_backlog()
+            return self.conn.open_consumer(prefetch, _consume_payload(self.queue, {OFFSET_HEADER: spec}))
         except BrokerClosed as exc:
             if exc.scope == "connection":
                 self.close()
@@ -322,7 +315,6 @@ class StreamClient:
                 raise StreamReadError(f"queue {self.queue!r} not found in vhost {self.params.vhost!r}") from exc
             raise StreamReadError(f"cannot consume from {self.queue!r} at {spec!r}: "
                                   f"{exc.reply_code} {exc.reply_text}") from exc
-        return ch
 
     def _deliveries(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[Delivery]:
         """Deliveries on channel ch until none arrives for idle_wait (first_wait for the first)."""

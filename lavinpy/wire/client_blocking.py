@@ -40,6 +40,7 @@ _CLOSE = commands.Connection.Close.index
 _CLOSE_OK = commands.Connection.CloseOk.index
 _CHANNEL_CLOSE = commands.Channel.Close.index
 _CHANNEL_CLOSE_OK = commands.Channel.CloseOk.index
+_CONSUMER_REPLIES = (commands.Channel.OpenOk.index, commands.Basic.QosOk.index, commands.Basic.ConsumeOk.index)
 
 
 class AMQPClientError(Exception):
@@ -206,9 +207,22 @@ class BlockingConnection:
 
     # --- channels ---------------------------------------------------------------------------------
     def open_channel(self) -> int:
-        ch = self._next_channel
-        self._next_channel += 1
+        ch = self.next_channel()
         self.call(ch, commands.Channel.Open(), commands.Channel.OpenOk)
+        return ch
+
+    def open_consumer(self, prefetch: int, consume: bytes) -> int:
+        """A new channel consuming: channel.open, basic.qos and ``consume`` (a basic.consume payload)
+        go out in one write, one round trip instead of three; their replies come in order, before the
+        deliveries, which stay unparsed in rbuf for a reader that scans a buffer at a time. Returns the
+        channel; a refusal raises BrokerClosed."""
+        ch = self.next_channel()
+        self.send(method_frame(ch, commands.Channel.Open())
+                  + method_frame(ch, commands.Basic.Qos(prefetch_count=prefetch))
+                  + frame(FRAME_METHOD, ch, consume))
+        for reply in _CONSUMER_REPLIES:
+            self.wait_method_id_first(ch, reply)
+        self.unread_backlog()
         return ch
 
     def next_channel(self) -> int:
@@ -240,13 +254,7 @@ class BlockingConnection:
 
     def close_channel(self, ch: int) -> None:
         """Close a channel, dropping deliveries still in flight on it."""
-        self._closing_channels.add(ch)
-        try:
-            self.call(ch, commands.Channel.Close(reply_code=200, reply_text="done", class_id=0, method_id=0),
-                      commands.Channel.CloseOk)
-        finally:
-            self._closing_channels.discard(ch)
-            self._backlog = deque(f for f in self._backlog if f[1] != ch)
+        self.close_channels([ch])
 
     def call(self, ch: int, method: Any, reply: type | tuple[type, ...]) -> Any:
         """Send a synchronous method and wait for its reply; other frames are kept for later."""
