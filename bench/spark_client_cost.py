@@ -6,7 +6,7 @@ receive buffer into columns, kept to a range, and built into Arrow batches, as a
     python3 bench/spark_client_cost.py --scan-rows 1024  # a batch from 8 scans, as from receive buffers
 
 Under callgrind only the measured rounds (inside ``functools.reduce``) are counted: instructions / rows
-is the client's compute a row. ``--tree DIR`` runs another checkout's lavinpy (old/new comparisons).
+is the client's compute a row. ``--tree DIR`` runs another checkout's lavinpy (one with DeliveryColumns).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def main() -> None:
     import pyarrow as pa
 
     from lavinpy.spark.read_rows import COLUMNS, BatchBuilder
-    from lavinpy.spark.streams import _chunk, _in_range
+    from lavinpy.spark.streams import _range_rows
     from lavinpy.wire import writer
-    from lavinpy.wire.client import STREAM_OFFSET_ENTRY, scan_stream_deliveries
+    from lavinpy.wire.delivery_columns import STREAM_OFFSET_ENTRY, DeliveryColumns
     from lavinpy.wire.properties import append_header_entry
 
     names = {"offset": pa.int64(), "body": pa.binary(), "redelivered": pa.bool_()}
@@ -61,39 +61,14 @@ def main() -> None:
     per_scan = args.scan_rows or args.rows
     datas = [bytes(buf[at:at + per_scan * frame_bytes]) for at in range(0, len(buf), per_scan * frame_bytes)]
 
-    try:  # a tree whose scan joins the bodies (as its reads then ask); its own module since 833e26b
-        from lavinpy.wire.joined_bodies import JoinedBodies
-    except ImportError:
-        try:
-            from lavinpy.wire.client import JoinedBodies
-        except ImportError:
-            JoinedBodies = None  # noqa: N806
-
-    def scanned(data: bytes, redelivered_at: list[int] | None = None) -> Any:
-        if JoinedBodies is None:
-            columns = scan_stream_deliveries(data, 1, 0, redelivered_at)
-            return _chunk(*columns[:5]), columns
-        columns = scan_stream_deliveries(data, 1, 0, redelivered_at, joined=True)
-        return _chunk(*columns[:4], JoinedBodies.of_scan(columns[4])), columns
-
-    def chunks() -> Any:
-        for data in datas:
-            chunk, _done = _in_range(scanned(data)[0], first, first + 10 * args.rows)
-            yield chunk
-
-    def queue_reads() -> Any:  # as QueueConsumer.read hands them on: the chunk and its redelivered flags
-        for data in datas:
-            redelivered_at: list[int] = []
-            chunk, columns = scanned(data, redelivered_at)
-            flags = [False] * len(columns[0])
-            for i in redelivered_at:
-                flags[i] = True
-            yield chunk, flags, columns[5]
-
     def one(total: int, _round: Any) -> int:
-        batches = (builder.queue_batches(queue_reads()) if args.kind == "classic"
-                   else builder.chunk_batches(chunks()))
-        return total + sum(batch.num_rows for batch in batches)
+        columns = DeliveryColumns()
+        for data in datas:  # as Receiver.receive appends each receive buffer
+            columns.scan(data, 1)
+            columns.decode()
+        lo, hi = ((0, columns.rows) if args.kind == "classic"
+                  else _range_rows(columns.offset_values, first, first + 10 * args.rows))
+        return total + builder.build(columns, lo, hi).num_rows
 
     one(0, None)  # warm: imports, caches
     cpu = time.process_time()

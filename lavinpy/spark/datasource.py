@@ -32,7 +32,7 @@ from .queue_source import QueueBatchReader, QueueStreamReader
 from .queues import STREAM, queue_kind
 from .read_rows import BatchBuilder, read_schema
 from .read_rows import check_schema as check_read_schema
-from .streams import StreamClient
+from .streams import ColumnsSink, StreamClient
 from .write_rows import RowEncoder, RowError
 from .write_rows import check_schema as check_write_schema
 
@@ -196,8 +196,12 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     builder = BatchBuilder(arrow_schema)
+    sink = ColumnsSink(builder.batch_rows)
     with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
-        yield from builder.chunk_batches(client.read_range_chunks(partition.start, partition.end))
+        for lo, hi in client.read_range_into(sink, partition.start, partition.end):
+            columns = sink.take()
+            if hi > lo:
+                yield builder.build(columns, lo, hi)
 
 
 class LavinpyBatchReader(DataSourceReader):

@@ -21,8 +21,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from .client import gc_paused
 from .options import ReadOptions
-from .queues import MAX_PREFETCH, QueueConsumer, QueueRead, drain_partition, queue_kind
+from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, queue_kind
 from .read_rows import BatchBuilder
+from .streams import ColumnsSink
 
 _POLL_FIRST_S = 0.05   # how long latestOffset waits for a first delivery when the queue is quiet
 _POLL_IDLE_S = 0.01    # the pause that ends a micro-batch's collection
@@ -61,9 +62,10 @@ class QueueBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         share = cast(QueueShare, partition)
         builder = BatchBuilder(arrow_schema_of(self.schema))
+        sink = ColumnsSink(builder.batch_rows)
         with gc_paused():
-            yield from builder.queue_batches(drain_partition(self.opts.params, self.opts.queue, share.quota,
-                                                             self.opts.idle_timeout))
+            for _full in drain_partition(self.opts.params, self.opts.queue, share.quota, self.opts.idle_timeout, sink):
+                yield builder.build(sink.take())
 
 
 @dataclass
@@ -152,16 +154,20 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         share = None if cap is None else -(-cap // len(consumers))
         with gc_paused():
             for i, consumer in enumerate(consumers):
-                reads: list[QueueRead] = []
-                for read in consumer.read(first_wait=first_wait if i == 0 else _POLL_IDLE_S,
-                                          idle_wait=_POLL_IDLE_S, limit=share):
-                    reads.append(read)
-                    if read.last_tag:
-                        last_tags[i] = read.last_tag
-                count = sum(len(read.redelivered) for read in reads)
+                sink = ColumnsSink(builder.batch_rows)
+                batches: list[pa.RecordBatch] = []
+                count = 0
+                for added in consumer.read(sink, first_wait=first_wait if i == 0 else _POLL_IDLE_S,
+                                           idle_wait=_POLL_IDLE_S, limit=share):
+                    count += added
+                    if sink.full():
+                        batches.append(builder.build(sink.take()))
+                if sink.columns.rows:
+                    batches.append(builder.build(sink.take()))
                 if count:
+                    last_tags[i] = consumer.last_tag
                     total += count
-                    partitions.append(QueueBatch(_ipc(builder, reads)))
+                    partitions.append(QueueBatch(_ipc(builder.schema, batches)))
         if total == 0:
             return {self.opts.queue: begin}
         if self._remaining is not None:
@@ -207,9 +213,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planned.clear()
 
 
-def _ipc(builder: BatchBuilder, reads: list[QueueRead]) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, builder.schema) as writer:
-        for batch in builder.queue_batches(reads):
+def _ipc(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
+    out = pa.BufferOutputStream()
+    with pa.ipc.new_stream(out, schema) as writer:
+        for batch in batches:
             writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return out.getvalue().to_pybytes()

@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
 
 from pamqp import commands
 
-from lavinpy.wire.client import encode_shortstr, scan_stream_deliveries
+from lavinpy.wire.client import encode_shortstr
 from lavinpy.wire.field_table import encode_table
-from lavinpy.wire.joined_bodies import JoinedBodies
 from lavinpy.wire.writer import basic_ack, method_frame
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
-from .streams import _U16, DeliveryChunk, StreamReadError, _Assembler, _chunk, _complete_frame_at_front
+from .streams import _U16, ColumnsSink, Receiver, StreamReadError
 
 STREAM, QUEUE = "stream", "queue"
 _CONSUMER_TAG = "lavinpy.spark"
-
-
-class QueueRead(NamedTuple):
-    """Deliveries of one consumer as columns, their redelivered flags, and the last delivery tag."""
-
-    chunk: DeliveryChunk
-    redelivered: list[bool]
-    last_tag: int
 
 
 def login_error(params: AMQPParams, exc: BrokerClosed) -> AMQPClientError:
@@ -107,70 +97,19 @@ class QueueConsumer:
             if own:
                 self.conn.abort()
             raise StreamReadError(f"cannot consume from queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
-        self.assembler = _Assembler(self.ch, queue)
-        self.received = 0
-        self.pending: list[QueueRead] = []  # received past the limit of the last read()
+        self.receiver = Receiver(self.conn, self.ch, queue)
         self.cancelled = False
 
-    def read(self, first_wait: float, idle_wait: float, limit: int | None = None) -> Iterator[QueueRead]:
-        """What arrives until none comes for idle_wait (first_wait for the first), at most limit
-        messages (the rest of a receive buffer waits for the next read)."""
-        got = 0
-        while self.pending and (limit is None or got < limit):
-            read = self._cut(self.pending.pop(0), None if limit is None else limit - got)
-            got += len(read.redelivered)
-            yield read
-        conn = self.conn
-        buf = conn.rbuf
-        wait = first_wait
-        assembler = self.assembler
-        while limit is None or got < limit:
-            chunk = None
-            redelivered_at: list[int] = []
-            flags: list[bool] = []
-            last_tag = 0
-            generic = True
-            if assembler.idle and not conn.has_backlog:
-                offsets, exchanges, routing_keys, blocks, joined, last_tag, used, generic = \
-                    scan_stream_deliveries(buf, self.ch, 0, redelivered_at, joined=True)
-                if used:  # the bodies joined: no bytes object a delivery
-                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, JoinedBodies.of_scan(joined))
-                    del buf[:used]
-                    flags = [False] * len(offsets)
-                    for i in redelivered_at:
-                        flags[i] = True
-            if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
-                rows = []
-                for item in conn.read_frames(0):
-                    row = assembler.feed(item)
-                    if row is not None:
-                        rows.append(row)
-                        flags.append(assembler.redelivered)
-                if rows:
-                    last_tag = rows[-1][0]
-                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
-            if chunk is not None:
-                self.received += len(chunk.bodies)
-                read = self._cut(QueueRead(chunk, flags, last_tag), None if limit is None else limit - got)
-                got += len(read.redelivered)
-                yield read
-                wait = idle_wait
-                continue
-            if not conn.wait_readable(wait):
-                return
-            wait = idle_wait
+    @property
+    def last_tag(self) -> int:
+        """The delivery tag of the last delivery read (0: none yet)."""
+        return self.receiver.last_tag
 
-    def _cut(self, read: QueueRead, room: int | None) -> QueueRead:
-        """The first `room` deliveries of read; the rest goes to pending. A channel numbers its
-        deliveries one by one, so the head's last tag is the whole's minus the rest's length."""
-        n = len(read.redelivered)
-        if room is None or n <= room:
-            return read
-        rest = n - room
-        chunk = read.chunk
-        tail = DeliveryChunk._make(column[room:] for column in chunk)
-        self.pending.insert(0, QueueRead(tail, read.redelivered[room:], read.last_tag))
-        return QueueRead(chunk.head(room), read.redelivered[:room], read.last_tag - rest)
+    def read(self, sink: ColumnsSink, first_wait: float, idle_wait: float, limit: int | None = None) -> Iterator[int]:
+        """Append what arrives to sink.columns until none comes for idle_wait (first_wait for the
+        first), at most limit messages (the rest waits for the next read); yields how many came each
+        time (see Receiver.receive)."""
+        return self.receiver.receive(sink, first_wait, idle_wait, limit)
 
     def cancel(self) -> None:
         """Cancel the consumer; the deliveries the broker sent before its cancel-ok (a channel keeps
@@ -219,9 +158,11 @@ def ready_count(params: AMQPParams, queue: str) -> int:
         return int(ok.message_count)
 
 
-def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float) -> Iterator[QueueRead]:
-    """One batch-read task: up to quota messages, acked only once the caller has taken them all; an
-    abandoned iterator acks nothing.
+def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float,
+                    sink: ColumnsSink) -> Iterator[None]:
+    """One batch-read task: up to quota messages appended to sink.columns, acked only once the caller
+    has taken them all; an abandoned iterator acks nothing. Yields when the sink is full and once at
+    the end (when it holds any): the caller takes the columns then.
 
     A pause of idle_wait without a delivery ends the task only if the queue has no ready message
     left (a loaded broker can pause deliveries longer than that while the queue still holds the
@@ -252,10 +193,11 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
             stalled_since: float | None = None
             while part_got < part:
                 before = part_got
-                for read in consumer.read(first_wait=wait, idle_wait=wait, limit=part - part_got):
-                    part_got += len(read.redelivered)
-                    done[-1] = (consumer, read.last_tag or done[-1][1])
-                    yield read
+                for added in consumer.read(sink, first_wait=wait, idle_wait=wait, limit=part - part_got):
+                    part_got += added
+                    done[-1] = (consumer, consumer.last_tag)
+                    if sink.full():
+                        yield None
                 if part_got >= part:
                     break
                 now = time.monotonic()
@@ -265,14 +207,17 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
                     # The queue has none ready, but the broker may have sent this consumer messages
                     # that have not arrived yet: all of them come before the cancel-ok.
                     consumer.cancel()
-                    for read in consumer.read(first_wait=0, idle_wait=0, limit=part - part_got):
-                        part_got += len(read.redelivered)
-                        done[-1] = (consumer, read.last_tag or done[-1][1])
-                        yield read
+                    for added in consumer.read(sink, first_wait=0, idle_wait=0, limit=part - part_got):
+                        part_got += added
+                        done[-1] = (consumer, consumer.last_tag)
+                        if sink.full():
+                            yield None
                     break
             got += part_got
             if part_got < part:
                 break  # the queue ran dry: no further consumer would get anything
+        if sink.columns.rows:
+            yield None  # the last rows taken before the acks go
         finished = True
     finally:
         connections = list({id(consumer.conn): consumer.conn for consumer, _ in done}.values())

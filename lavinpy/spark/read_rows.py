@@ -10,16 +10,12 @@ import datetime as _dt
 import decimal as _decimal
 import json
 import sys
-from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lavinpy.wire.client import pack_int64s
-from lavinpy.wire.joined_bodies import join_bodies
-
-from .streams import DeliveryChunk
+from lavinpy.wire.delivery_columns import NO_OFFSET, DeliveryColumns
 
 # The columns of a read, in order. Property columns use the names the writer accepts, so a read
 # DataFrame can be written back unchanged.
@@ -145,65 +141,46 @@ class BatchBuilder:
         self.names = list(arrow_schema.names)
         self.batch_rows = batch_rows
 
-    def queue_batches(self, reads: Iterable[Any]) -> Iterator[pa.RecordBatch]:
-        """``chunk_batches`` for queue reads: (chunk, redelivered flags, ...) items."""
-        pending: list[DeliveryChunk] = []
-        flags: list[bool] = []
-        for read in reads:
-            pending.append(read[0])
-            flags.extend(read[1])
-            if len(flags) >= self.batch_rows:
-                yield self.build_columns(*self._joined(pending), redelivered=flags)
-                pending, flags = [], []
-        if flags:
-            yield self.build_columns(*self._joined(pending), redelivered=flags)
-
-    def chunk_batches(self, chunks: Iterable[DeliveryChunk]) -> Iterator[pa.RecordBatch]:
-        """Record batches of at least ``batch_rows`` rows (but the last) from chunks of deliveries."""
-        pending: list[DeliveryChunk] = []
-        rows = 0
-        for chunk in chunks:
-            pending.append(chunk)
-            rows += len(chunk.offsets)
-            if rows >= self.batch_rows:
-                yield self.build_columns(*self._joined(pending))
-                pending = []
-                rows = 0
-        if rows:
-            yield self.build_columns(*self._joined(pending))
-
-    @staticmethod
-    def _joined(chunks: list[DeliveryChunk]) -> tuple[list[int], list[str] | _Repeated, list[str] | _Repeated,
-                                                       list[list[Any]], Sequence[bytes] | _BodyParts]:
-        """The chunks' columns joined; an exchange or routing-key column with one value in every chunk
-        as _Repeated, and one property list in every chunk as that list repeated (a scan gives a receive
-        buffer's equal names, and _chunk its equal blocks' properties, one object, so each chunk's check
-        is by identity: the joined list's would compare the other chunks' objects row by row)."""
-        if len(chunks) == 1:
-            one = chunks[0]
-            return one.offsets, one.exchanges, one.routing_keys, one.properties, one.bodies
-        offsets, exchanges, routing_keys, properties, bodies = zip(*chunks, strict=True)
-        return (_concatenated(offsets), _names_joined(exchanges), _names_joined(routing_keys),
-                _properties_joined(properties), _BodyParts(bodies))
-
-    def build_columns(self, offsets: list[int], exchanges: list[str] | _Repeated, routing_keys: list[str] | _Repeated,
-                      properties: list[list[Any]], bodies: Sequence[bytes] | _BodyParts,
-                      redelivered: list[bool] | None = None) -> pa.RecordBatch:
-        n = len(offsets)
-        columns: dict[str, Any] = {"offset": offsets, "body": bodies, "routing_key": routing_keys,
-                                   "exchange": exchanges,
-                                   "redelivered": _Repeated(False) if redelivered is None else redelivered}
-        if any(name in _PROPERTY_INDEX for name in self.names):
-            first = properties[0]
-            if properties.count(first) == n:  # one property list for all (shared: an identity check each)
-                for name, i in _PROPERTY_INDEX.items():
-                    columns[name] = _Repeated(first[i])
+    def build(self, cols: DeliveryColumns, lo: int = 0, hi: int | None = None) -> pa.RecordBatch:
+        """Rows lo <= row < hi (all by default) of the columns as a record batch; the columns' buffers
+        become the batch's (the columns are not to be appended to afterwards)."""
+        cols.decode()
+        n = cols.rows
+        if n == 0:
+            return pa.RecordBatch.from_arrays([pa.array([], field.type) for field in self.schema], schema=self.schema)
+        columns: dict[str, Any] = {}
+        spans = list(cols.decoded_spans())
+        # Each wanted name and property column from the runs: one value (the usual case), or spread.
+        picks = {"exchange": 2, "routing_key": 3}
+        for name in self.names:
+            if name in picks:
+                at = picks[name]
+                columns[name] = (_Repeated(spans[0][at]) if len(spans) == 1
+                                 else _spread([span[at] for span in spans], spans))
+            elif name in _PROPERTY_INDEX:
+                i = _PROPERTY_INDEX[name]
+                columns[name] = (_Repeated(spans[0][4][i]) if len(spans) == 1
+                                 else _spread([span[4][i] for span in spans], spans))
+        if cols.redelivered:
+            flags = [False] * n
+            for row in cols.redelivered:
+                flags[row] = True
+            columns["redelivered"] = flags
+        else:
+            columns["redelivered"] = _Repeated(False)
+        arrays = []
+        for name, field in zip(self.names, self.schema, strict=True):
+            if name == "offset":
+                arrays.append(_offset_array(cols, field.type))
+            elif name == "body" and pa.types.is_binary(field.type):
+                arrays.append(pa.Array.from_buffers(field.type, n, [None, pa.py_buffer(cols.ends)[:4 * (n + 1)],
+                                                                    pa.py_buffer(cols.data)[:cols.data_len]]))
+            elif name == "body":
+                arrays.append(pa.array([cols.body(row) for row in range(n)], field.type))
             else:
-                for name, values in zip(_PROPERTY_INDEX, zip(*properties, strict=True), strict=False):
-                    columns[name] = values
-        arrays = [self._array(name, columns[name], field.type, n)
-                  for name, field in zip(self.names, self.schema, strict=True)]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+                arrays.append(self._array(name, columns[name], field.type, n))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return batch if lo == 0 and (hi is None or hi >= n) else batch.slice(lo, (n if hi is None else hi) - lo)
 
     @staticmethod
     def _array(name: str, values: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
@@ -217,9 +194,7 @@ class BatchBuilder:
             if pa.types.is_string(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_boolean(arrow_type):
                 return _repeated_array(values.value, arrow_type, n)
             values = [values.value] * n
-        elif name == "offset" and pa.types.is_int64(arrow_type) and (packed := _int64s(values)) is not None:
-            return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(packed)])  # a stream's: no None
-        elif (name in _PROPERTY_INDEX or name == "offset") and values.count(None) == n:  # offset: queue reads
+        elif name in _PROPERTY_INDEX and values.count(None) == n:
             return _repeated_array(None, arrow_type, n)
         elif name in _NAME_COLUMNS and values.count(values[0]) == n:  # one exchange, one routing key: the usual
             return _repeated_array(values[0], arrow_type, n)
@@ -231,46 +206,29 @@ class BatchBuilder:
             except (pa.ArrowInvalid, pa.ArrowTypeError):
                 return pa.array([None if h is None else {k: header_text(v) for k, v in h.items()} for h in values],
                                 type=arrow_type)
-        if name == "body":
-            parts = values.parts if isinstance(values, _BodyParts) else [values]
-            # The chunks' bodies copied once into one buffer: a scan's joined bodies (no bytes object a
-            # delivery) with their ends rebased, or lists of bytes (the generic frame path's).
-            buffers = join_bodies(parts) if pa.types.is_binary(arrow_type) else None
-            if buffers is not None:
-                offsets, data = buffers
-                return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-            values = [body for part in parts for body in part]
         if name == "timestamp":  # AMQP seconds -> microseconds
             seconds = pa.array(values, type=pa.int64())
             return pc.multiply(seconds, 1_000_000).cast(arrow_type)
         return pa.array(values, type=arrow_type)
 
 
-def _int64s(values: list[Any]) -> bytes | None:
-    """The values packed as int64 in Arrow's layout (little-endian), in one pass in C; None when one is
-    not an int (None: an offset a queue read has not) or does not fit, or the machine is big-endian."""
-    if sys.byteorder != "little":
-        return None
-    return pack_int64s(values)
+def _offset_array(cols: DeliveryColumns, arrow_type: pa.DataType) -> pa.Array:
+    """The offset column: the columns' int64 buffer as it is when every row has an offset (a stream's),
+    all null when none has (a queue's)."""
+    n = cols.rows
+    if cols.missing == n:
+        return _repeated_array(None, arrow_type, n)
+    if cols.missing == 0 and pa.types.is_int64(arrow_type) and sys.byteorder == "little":
+        return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(cols.offsets)[:8 * n]])
+    return pa.array([None if offset == NO_OFFSET else offset for offset in cols.offset_values], arrow_type)
 
 
-def _names_joined(lists: tuple[list[str], ...]) -> list[str] | _Repeated:
-    """A name column of several chunks: _Repeated when every chunk holds one value, the same."""
-    first = lists[0][0] if lists[0] else None
-    for names in lists:
-        if names and (names[0] != first or names.count(names[0]) != len(names)):
-            return _concatenated(lists)
-    return _Repeated(first) if first is not None else _concatenated(lists)
-
-
-def _properties_joined(lists: tuple[list[list[Any]], ...]) -> list[list[Any]]:
-    """The property column of several chunks: the first chunk's list repeated when every chunk holds
-    one list, an equal one (build_columns then checks its rows by identity)."""
-    first = lists[0][0] if lists[0] else None
-    for props in lists:
-        if props and (props[0] != first or props.count(props[0]) != len(props)):
-            return _concatenated(lists)
-    return [first] * sum(map(len, lists)) if first is not None else _concatenated(lists)
+def _spread(values: list[Any], spans: list[tuple[Any, ...]]) -> list[Any]:
+    """Each span's value repeated over its rows, in one list (list repetition and extend run in C)."""
+    out: list[Any] = []
+    for value, (first, stop, *_rest) in zip(values, spans, strict=True):
+        out.extend([value] * (stop - first))
+    return out
 
 
 # Arrays of one value (or null) repeated, by (Arrow type, the value's type, value): a batch's constant
@@ -298,30 +256,9 @@ def _repeated_array(value: Any, arrow_type: pa.DataType, n: int) -> pa.Array:
     return array if len(array) == n else array.slice(0, n)
 
 
-def _concatenated(lists: tuple[list[Any], ...]) -> list[Any]:
-    """The lists joined (list.extend copies references in C: no step per item in Python)."""
-    joined = list(lists[0])
-    for more in lists[1:]:
-        joined.extend(more)
-    return joined
-
-
 def _all_false(n: int) -> pa.Array:
     """A boolean array of n false values, built from a zeroed bitmap."""
     return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bytes((n + 7) // 8))])
-
-
-class _BodyParts:
-    """A batch's body column as its chunks' bodies (lists or a scan's JoinedBodies), joined once by
-    join_bodies into the Arrow array's buffers."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, parts: tuple[Sequence[bytes], ...]) -> None:
-        self.parts = list(parts)
-
-    def __len__(self) -> int:
-        return sum(map(len, self.parts))
 
 
 class _Repeated:

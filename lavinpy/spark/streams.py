@@ -12,34 +12,26 @@ Offsets here are always *exclusive ends* / *next offset to read*, as in Kafka: a
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import struct
+import sys
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 from pamqp import commands
 
-from lavinpy.wire.client import (
-    BASIC_DELIVER,
-    STREAM_OFFSET_ENTRY,
-    encode_shortstr,
-    int64_bounds,
-    method_id,
-    parse_deliver,
-    parse_header,
-    scan_stream_deliveries,
-    stamped_offset_at,
-)
+from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, method_id, parse_deliver, parse_header
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
+from lavinpy.wire.delivery_columns import OFFSET_HEADER, STOP_FULL, STOP_OTHER, DeliveryColumns, split_offset
 from lavinpy.wire.field_table import encode_table
-from lavinpy.wire.joined_bodies import JoinedBodies
-from lavinpy.wire.properties import headers_span, property_values
+from lavinpy.wire.properties import property_values
 from lavinpy.wire.writer import basic_ack
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
 
-OFFSET_HEADER = "x-stream-offset"
 _BASIC_CANCEL = (60 << 16) | 30
 _EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream counts as empty
 _END_IDLE_S = 0.05       # quiet time that ends the read of the last chunk in end_offset()
@@ -71,30 +63,6 @@ class Delivery(NamedTuple):
     routing_key: str
     properties: list[Any]  # ordered as lavinpy.wire.properties.PROPERTY_NAMES; headers without x-stream-offset
     body: bytes
-
-
-class DeliveryChunk(NamedTuple):
-    """Consecutive deliveries as columns, one list each, in delivery order: what a reader hands to
-    Arrow at once. Deliveries with the same properties share one property list (read-only)."""
-
-    offsets: list[int]
-    exchanges: list[str]
-    routing_keys: list[str]
-    properties: list[list[Any]]
-    bodies: Sequence[bytes]  # a list, or a scan's JoinedBodies
-
-    @classmethod
-    def of_rows(cls, rows: list[Delivery]) -> DeliveryChunk:
-        return cls(*(list(column) for column in zip(*rows, strict=True)))
-
-    def rows(self) -> Iterator[Delivery]:
-        return map(Delivery, *self)
-
-    def head(self, n: int) -> DeliveryChunk:
-        return DeliveryChunk._make(column[:n] for column in self)
-
-    def keep(self, indices: list[int]) -> DeliveryChunk:
-        return DeliveryChunk._make([column[i] for i in indices] for column in self)
 
 
 class StreamClient:
@@ -198,8 +166,8 @@ class StreamClient:
         """Offset of the first delivery of a consumer started at `spec`, or None after `wait`."""
         ch = self._consume(spec, prefetch=1)
         try:
-            for delivery in self._deliveries(ch, first_wait=wait, idle_wait=wait):
-                return delivery.offset
+            for offset in self._offsets(ch, first_wait=wait, idle_wait=wait):
+                return offset
             return None
         finally:
             self.conn.close_channel(ch)
@@ -245,8 +213,8 @@ class StreamClient:
         last = None
         deadline = time.monotonic() + _END_MAX_S
         try:
-            for delivery in self._deliveries(ch, first_wait=first_wait, idle_wait=_END_IDLE_S):
-                last = delivery.offset if last is None else max(last, delivery.offset)
+            for offset in self._offsets(ch, first_wait=first_wait, idle_wait=_END_IDLE_S):
+                last = offset if last is None else max(last, offset)
                 if time.monotonic() > deadline:
                     break
         finally:
@@ -255,34 +223,55 @@ class StreamClient:
 
     # --- reading ----------------------------------------------------------------------------------
     def read_range(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[Delivery]:
-        """Yield every message with start <= offset < end, in offset order, then stop.
+        """Yield every message with start <= offset < end, in offset order, then stop (see read_range_into)."""
+        sink = ColumnsSink(batch_rows=8192)
+        for lo, hi in self.read_range_into(sink, start, end, stall_timeout):
+            cols = sink.take()
+            for row, (offset, exchange, routing_key, props, body) in enumerate(cols.deliveries()):
+                if lo <= row < hi:
+                    yield Delivery(cast(int, offset), exchange, routing_key, props, body)
 
+    def read_range_into(self, sink: ColumnsSink, start: int, end: int,
+                        stall_timeout: float = 120.0) -> Iterator[tuple[int, int]]:
+        """Read every message with start <= offset < end, in offset order, into sink.columns, then stop.
+
+        Yields (lo, hi) whenever the columns hold sink.batch_rows rows (or their bodies sink.batch_bytes)
+        and at the end: the rows in the range are lo <= row < hi. The caller takes the columns then
+        (sink.take()); a broker may start before ``start`` (at its chunk's beginning).
         Messages removed by retention are skipped: if the reader is idle for a while, it checks the
         stream's oldest offset and ends early when the rest of the range is gone.
         """
-        for chunk in self.read_range_chunks(start, end, stall_timeout):
-            yield from chunk.rows()
-
-    def read_range_chunks(self, start: int, end: int, stall_timeout: float = 120.0) -> Iterator[DeliveryChunk]:
-        """``read_range`` a receive buffer's deliveries at a time, as columns."""
         if end <= start:
             return
         ch = self._consume(start, prefetch=self.prefetch)
+        receiver = Receiver(self.conn, ch, self.queue)
+        ack_every = max(1, self.prefetch // 2)
+        unacked = 0
         last_seen = start - 1
         self._stalled_since: float | None = None
         try:
             while True:
                 stalled = True
-                for chunk in self._delivery_chunks(ch, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
+                for added in receiver.receive(sink, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
-                    chunk, done = _in_range(chunk, start, end)
-                    if chunk.offsets:
-                        last_seen = chunk.offsets[-1]
-                        self._stalled_since = None
-                        yield chunk
+                    cols = sink.columns
+                    if cols.missing:
+                        raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
+                    unacked += added
+                    if unacked >= ack_every:  # for a stream an ack is credit, not removal
+                        self.conn.send(basic_ack(ch, receiver.last_tag, True))
+                        unacked = 0
+                    offsets = cols.offset_values
+                    last_seen = offsets[-1] if offsets else last_seen
+                    self._stalled_since = None
+                    done = last_seen >= end - 1
+                    if done or sink.full():
+                        yield _range_rows(offsets, start, end)
                     if done:
                         return
                 if stalled and self._range_gone(last_seen + 1, end, stall_timeout):
+                    if sink.columns.rows:
+                        yield _range_rows(sink.columns.offset_values, start, end)
                     return
         finally:
             if self._conn is not None and self._conn.sock is not None:
@@ -316,85 +305,114 @@ class StreamClient:
             raise StreamReadError(f"cannot consume from {self.queue!r} at {spec!r}: "
                                   f"{exc.reply_code} {exc.reply_text}") from exc
 
-    def _deliveries(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[Delivery]:
-        """Deliveries on channel ch until none arrives for idle_wait (first_wait for the first)."""
-        for chunk in self._delivery_chunks(ch, first_wait, idle_wait):
-            yield from chunk.rows()
-
-    def _delivery_chunks(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[DeliveryChunk]:
-        """``_deliveries`` a receive buffer at a time.
-
-        Whole messages (deliver + header + one body frame) are parsed straight from the receive
-        buffer into columns by one call (scan_stream_deliveries); when it stops at anything else -- a
-        body split over frames, a frame for another channel, a close -- the generic frame path
-        (_Assembler) takes over until a message is whole again; when it stops because the bytes ran
-        out, the reader waits for more. Acks (multiple) once half the prefetch is unacked: for a
-        stream an ack is credit, not removal.
-        """
-        conn = self.conn
-        buf = conn.rbuf
+    def _offsets(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[int]:
+        """The offsets of the deliveries on channel ch until none arrives for idle_wait (first_wait for
+        the first); acks (multiple) once half the prefetch is unacked."""
+        receiver = Receiver(self.conn, ch, self.queue)
+        sink = ColumnsSink()
         ack_every = max(1, self.prefetch // 2)
         unacked = 0
+        for added in receiver.receive(sink, first_wait, idle_wait):
+            cols = sink.take()
+            if cols.missing:
+                raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
+            unacked += added
+            if unacked >= ack_every:
+                self.conn.send(basic_ack(ch, receiver.last_tag, True))
+                unacked = 0
+            yield from cols.offset_values
+
+
+def _range_rows(offsets: Sequence[int], start: int, end: int) -> tuple[int, int]:
+    """The rows lo <= row < hi of offsets (in order) with start <= offset < end."""
+    lo = 0 if not offsets or offsets[0] >= start else bisect.bisect_left(offsets, start)
+    hi = len(offsets) if not offsets or offsets[-1] < end else bisect.bisect_left(offsets, end)
+    return lo, max(lo, hi)
+
+
+class ColumnsSink:
+    """Where a Receiver appends deliveries: ``columns``, taken by the reader a batch at a time."""
+
+    def __init__(self, batch_rows: int = 1 << 62, batch_bytes: int = 64 << 20) -> None:
+        self.batch_rows = batch_rows
+        self.batch_bytes = batch_bytes
+        self.columns = DeliveryColumns()
+
+    def full(self) -> bool:
+        cols = self.columns
+        return cols.rows >= self.batch_rows or cols.data_len >= self.batch_bytes
+
+    def take(self) -> DeliveryColumns:
+        """The columns filled so far; new ones (with as much room) take their place."""
+        cols = self.columns
+        self.columns = cols.fresh()
+        return cols
+
+
+class Receiver:
+    """A consumer's deliveries on one channel appended to a sink's columns, a receive buffer at a time.
+
+    Whole messages (deliver + header + one body frame) are appended straight from the receive buffer
+    by one call (DeliveryColumns.scan); when it stops at anything else -- a body split over frames, a
+    frame for another channel, a close -- the generic frame path (_Assembler) takes over until a
+    message is whole again; when it stops because the bytes ran out, the reader waits for more.
+    """
+
+    def __init__(self, conn: Connection, ch: int, queue: str) -> None:
+        self.conn = conn
+        self.ch = ch
+        self.assembler = _Assembler(ch, queue)
+        self.pending: deque[tuple[int, Delivery, bool]] = deque()  # generic deliveries past a limit
+        self.last_tag = 0
+
+    def receive(self, sink: ColumnsSink, first_wait: float, idle_wait: float,
+                limit: int | None = None) -> Iterator[int]:
+        """Yields how many deliveries were appended to sink.columns each time some came (the caller may
+        take the columns then), until none comes for idle_wait (first_wait for the first) or limit
+        came; what comes past the limit stays for the next call. Once the columns' bodies near 2 GiB,
+        it yields 0 until the caller takes them."""
+        conn = self.conn
+        buf = conn.rbuf
+        assembler = self.assembler
         wait = first_wait
-        assembler = _Assembler(ch, self.queue)
-        while True:
-            chunk = None
-            generic = True
-            if assembler.idle and not conn.has_backlog:
-                offsets, exchanges, routing_keys, blocks, joined, last_tag, used, generic = \
-                    scan_stream_deliveries(buf, ch, joined=True)
-                if used:  # the bodies joined: no bytes object a delivery (read_rows joins a batch's)
-                    chunk = _chunk(offsets, exchanges, routing_keys, blocks, JoinedBodies.of_scan(joined))
+        got = 0
+        while limit is None or got < limit:
+            room = sys.maxsize if limit is None else limit - got
+            cols = sink.columns
+            added = 0
+            stop = STOP_OTHER
+            if self.pending:
+                while self.pending and added < room:
+                    tag, d, redelivered = self.pending.popleft()
+                    cols.append(tag, d.offset, d.exchange, d.routing_key, d.properties, d.body, redelivered)
+                    added += 1
+            elif assembler.idle and not conn.has_backlog:
+                added, used, stop = cols.scan(buf, self.ch, 0, room)
+                if used:
                     del buf[:used]
-            if chunk is None and generic and (conn.has_backlog or _complete_frame_at_front(buf)):
-                rows = [item for frame in conn.read_frames(0) if (item := assembler.feed(frame)) is not None]
-                if rows:
-                    last_tag = rows[-1][0]
-                    chunk = DeliveryChunk.of_rows([delivery for _tag, delivery in rows])
-            if chunk is not None:
-                # int64_bounds: one pass in C (``in`` compares each offset with None through its type)
-                if int64_bounds(chunk.offsets) is None and None in chunk.offsets:
-                    raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-                unacked += len(chunk.offsets)
-                if unacked >= ack_every:
-                    conn.send(basic_ack(ch, last_tag, True))
-                    unacked = 0
-                yield chunk
+            if not added and stop == STOP_OTHER and (conn.has_backlog or _complete_frame_at_front(buf)):
+                for frame in conn.read_frames(0):
+                    item = assembler.feed(frame)
+                    if item is None:
+                        continue
+                    tag, d = item
+                    if added < room:
+                        cols.append(tag, d.offset, d.exchange, d.routing_key, d.properties, d.body,
+                                    assembler.redelivered)
+                        added += 1
+                    else:
+                        self.pending.append((tag, d, assembler.redelivered))
+            if added or stop == STOP_FULL:
+                if added:
+                    cols.decode()
+                    self.last_tag = cols.last_tag
+                got += added
+                yield added
                 wait = idle_wait
                 continue
             if not conn.wait_readable(wait):
                 return
             wait = idle_wait
-
-
-def _in_range(chunk: DeliveryChunk, start: int, end: int) -> tuple[DeliveryChunk, bool]:
-    """The chunk's deliveries with start <= offset < end, up to the first at or past end - 1; and
-    whether the range is done. A broker may start before ``start`` (at its chunk's beginning)."""
-    offsets = chunk.offsets
-    bounds = int64_bounds(offsets)  # one pass in C, where max and min compare pair by pair
-    low, high = bounds if bounds is not None else (min(offsets), max(offsets))
-    if low >= start and high < end - 1:  # the usual chunk: all of it, the range not yet done
-        return chunk, False
-    done = False
-    if high >= end - 1:
-        cut = next(i for i, offset in enumerate(offsets) if offset >= end - 1)
-        chunk = chunk.head(cut + 1 if offsets[cut] == end - 1 else cut)
-        offsets = chunk.offsets
-        done = True
-    if offsets and min(offsets) < start:
-        chunk = chunk.keep([i for i, offset in enumerate(offsets) if offset >= start])
-    return chunk, done
-
-
-def _split_offset(props: list[Any]) -> int | None:
-    """Take x-stream-offset out of the headers (it becomes the offset column)."""
-    headers = props[2]
-    if not headers:
-        return None
-    offset = headers.pop(OFFSET_HEADER, None)
-    if not headers:
-        props[2] = None
-    return offset if isinstance(offset, int) else None
 
 
 _FRAME_HEAD = struct.Struct(">BHI")
@@ -404,84 +422,6 @@ def _complete_frame_at_front(buf: bytearray) -> bool:
     if len(buf) < 8:
         return False
     return len(buf) >= 8 + _FRAME_HEAD.unpack_from(buf, 0)[2]
-
-
-def _chunk(offsets: list[int | None], exchanges: list[str], routing_keys: list[str], blocks: list[bytes],
-           bodies: Sequence[bytes]) -> DeliveryChunk:
-    """A chunk from scan_stream_deliveries' columns: each distinct property block decoded once.
-
-    The scan shares one block object among deliveries that differ only in the value of a trailing
-    x-stream-offset entry and reads that value as their offset; decoding the block confirms the entry
-    is the header itself (the only one with those bytes). Otherwise, each delivery's own block (the
-    shared one with its value put back) is decoded on its own.
-    """
-    decoded: dict[bytes, tuple[int | None, list[Any]]] = {}
-    # One block for all (the usual case): list.count compares by identity first, a pass in C.
-    distinct = blocks[:1] if blocks and blocks.count(blocks[0]) == len(blocks) else dict.fromkeys(blocks)
-    offset_elsewhere = False  # a block without the trailing entry but with an offset found by the decode
-    for block in distinct:
-        offset, props = _offset_and_properties(block)
-        at = stamped_offset_at(block)
-        if at >= 0 and (block.find(_OFFSET_ENTRY) != at - len(_OFFSET_ENTRY)
-                        or offset != int.from_bytes(block[at:at + 8], "big", signed=True)):
-            return _chunk_one_by_one(offsets, exchanges, routing_keys, blocks, bodies)
-        offset_elsewhere = offset_elsewhere or (at < 0 and offset is not None)
-        decoded[block] = (offset, props)
-    # No trailing entry: the offset, if any, is wherever the decode found it. Only such blocks leave
-    # None in offsets (the scan read every trailing entry's value), so a stream's usual chunk and a
-    # classic or quorum queue's (no offsets at all) take no pass per delivery here.
-    if offset_elsewhere and None in offsets:
-        offsets = [decoded[block][0] if offset is None else offset
-                   for offset, block in zip(offsets, blocks, strict=True)]
-    if len(decoded) == 1:
-        properties = [next(iter(decoded.values()))[1]] * len(blocks)
-    else:
-        properties = [decoded[block][1] for block in blocks]
-    return DeliveryChunk(offsets, exchanges, routing_keys, properties, bodies)  # type: ignore[arg-type]
-
-
-def _chunk_one_by_one(offsets: list[int | None], exchanges: list[str], routing_keys: list[str],
-                      blocks: list[bytes], bodies: Sequence[bytes]) -> DeliveryChunk:
-    properties = []
-    real_offsets = []
-    for offset, block in zip(offsets, blocks, strict=True):
-        at = stamped_offset_at(block)
-        if at >= 0 and offset is not None:
-            block = block[:at] + offset.to_bytes(8, "big", signed=True) + block[at + 8:]
-        real, props = _offset_and_properties(block)
-        real_offsets.append(real)
-        properties.append(props)
-    return DeliveryChunk(real_offsets, exchanges, routing_keys, properties, bodies)  # type: ignore[arg-type]
-
-
-# The broker stamps x-stream-offset as the last header entry: a stream's deliveries differ only in
-# those 8 bytes, so each distinct rest of the block is decoded once and its property list shared by
-# the deliveries that carry it (Delivery.properties is read-only for its users).
-_OFFSET_ENTRY = STREAM_OFFSET_ENTRY
-_decoded_blocks: dict[tuple[int, bytes], list[Any]] = {}
-_DECODED_MAX = 256
-
-
-def _offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
-    """(x-stream-offset, properties without it) of a delivery's property block."""
-    at = block.find(_OFFSET_ENTRY)
-    if at < 0:
-        props = property_values(block, typed=False)
-        return _split_offset(props), props
-    value = at + len(_OFFSET_ENTRY)
-    key = (at, block[:value] + block[value + 8:])
-    cached = _decoded_blocks.get(key)
-    if cached is not None:
-        return int.from_bytes(block[value:value + 8], "big", signed=True), cached
-    props = property_values(block, typed=False)
-    offset = _split_offset(props)
-    # Cached only when the entry found is the header the broker stamped: the table's last entry.
-    if (offset == int.from_bytes(block[value:value + 8], "big", signed=True)
-            and headers_span(block)[1] == value + 8):
-        if len(_decoded_blocks) >= _DECODED_MAX:
-            _decoded_blocks.clear()
-        _decoded_blocks[key] = props
-    return offset, props
 
 
 class _Assembler:
@@ -534,7 +474,7 @@ class _Assembler:
         self.pending = None
         body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
         # A stream queue stamps x-stream-offset on every delivery (as in _chunk).
-        offset = cast(int, _split_offset(self.props))
+        offset = cast(int, split_offset(self.props))
         return tag, Delivery(offset, exchange, routing_key, self.props, body)
 
 

@@ -10,7 +10,6 @@ times more per message. Frames are split by ``split_frames``, which checks sizes
 from __future__ import annotations
 
 import struct
-from itertools import accumulate
 from typing import Any, cast
 
 from pamqp import commands
@@ -32,9 +31,7 @@ __all__ = [
     "decode_method",
     "encode_shortstr",
     "frame",
-    "int64_bounds",
     "method_id",
-    "pack_int64s",
     "pack_publishes",
     "pack_publishes_arrow",
     "parse_ack",
@@ -42,7 +39,6 @@ __all__ = [
     "parse_header",
     "parse_return",
     "publish_method_frame",
-    "scan_stream_deliveries",
     "single_content_frames",
     "split_content_frames",
     "split_frames",
@@ -283,199 +279,3 @@ def _pack_publishes_arrow(out: bytearray, method_frame: bytes, channel: int, pro
     return i
 
 
-# The x-stream-offset entry a stream stamps as its headers table's last entry (name, type 'l').
-STREAM_OFFSET_ENTRY = b"\x0fx-stream-offsetl"
-
-def int64_bounds(items: list[Any]) -> tuple[int, int] | None:
-    """(min, max) of a list of ints in one pass, or None: the list is empty or an item is not an int
-    within int64 (a Spark read's offsets: None where a delivery has none)."""
-    if cclient is not None:
-        return cast("tuple[int, int] | None", cclient.int64_bounds(items))
-    return _int64_bounds(items)
-
-
-def _int64_bounds(items: list[Any]) -> tuple[int, int] | None:
-    if not items or not all(isinstance(item, int) and -2**63 <= item < 2**63 for item in items):
-        return None
-    return int(min(items)), int(max(items))
-
-
-def pack_int64s(items: list[Any]) -> bytes | None:
-    """The ints packed as little-endian int64 (an Arrow int64 buffer), or None: an item is not an int
-    within int64."""
-    if cclient is not None:
-        return cast("bytes | None", cclient.pack_int64s(items))
-    return _pack_int64s(items)
-
-
-def _pack_int64s(items: list[Any]) -> bytes | None:
-    if not all(isinstance(item, int) for item in items):
-        return None
-    try:
-        return struct.pack(f"<{len(items)}q", *items)
-    except struct.error:
-        return None
-
-
-# bodies: a list, or (data, ends) when the scan joins them
-StreamColumns = tuple[list[int | None], list[str], list[str], list[bytes], list[bytes] | tuple[bytes, bytes], int, int,
-                      bool]
-
-
-def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
-    """Where the 8-byte value of a trailing x-stream-offset ``long`` entry starts in a property block
-    (the bytes say so; the caller checks by decoding), or -1."""
-    size = len(block)
-    if size < 2:
-        return -1
-    flags = (block[0] << 8) | block[1]
-    if not flags & 0x2000 or flags & 1:  # no headers, or more flag words than basic has
-        return -1
-    p = 2
-    for bit in (0x8000, 0x4000):  # content-type, content-encoding
-        if flags & bit:
-            if p >= size:
-                return -1
-            p += 1 + block[p]
-    if p + 4 > size:
-        return -1
-    end = p + 4 + _U32.unpack_from(block, p)[0]
-    entry = len(STREAM_OFFSET_ENTRY)
-    if end > size or end - 8 - entry < p + 4 or bytes(block[end - 8 - entry:end - 8]) != STREAM_OFFSET_ENTRY:
-        return -1
-    return end - 8
-
-
-def scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
-                           redelivered: list[int] | None = None, joined: bool = False) -> StreamColumns:
-    """The whole deliveries on ``channel`` from ``buf[pos:]`` on, as columns: (offsets, exchanges,
-    routing keys, property blocks, bodies, last delivery tag, offset after them, other).
-
-    ``offsets[i]`` is the value of the x-stream-offset entry ending the delivery's headers table (where
-    a stream stamps it) or None; ``blocks[i]`` is the previous delivery's block object again when the
-    two differ at most in that value, so a reader decodes each distinct block once. ``other`` says the
-    scan stopped at something that is not (the start of) a delivery with its body in one frame, for
-    the generic frame path; False means the bytes ran out. ``redelivered`` (queue reads), a list, gets
-    the column index of every delivery whose redelivered flag is set. ``joined``: the bodies come as
-    (data, ends), joined and with their little-endian int32 ends (0, then each body's end), instead
-    of a list: no bytes object a delivery (a scan stops before bodies past 2 GiB in all, with
-    ``other`` set)."""
-    if cclient is not None:
-        return cclient.scan_stream_deliveries(buf, channel, pos, redelivered, joined)
-    return _scan_stream_deliveries(buf, channel, pos, redelivered, joined)
-
-
-def _scan_stream_deliveries(buf: bytes | bytearray, channel: int, pos: int = 0,
-                            redelivered: list[int] | None = None, joined: bool = False) -> StreamColumns:
-    offsets: list[int | None] = []
-    exchanges: list[str] = []
-    routing_keys: list[str] = []
-    blocks: list[bytes] = []
-    bodies: list[bytes] = []
-    last_tag = 0
-    other = False
-    size = len(buf)
-    if not 0 <= pos <= size:
-        pos = size
-    u16 = _U16.unpack_from
-    u32 = _U32.unpack_from
-    prev_block = prev_value = None
-    prev_at = -1
-    total = 0
-    while True:
-        avail = size - pos
-        if ((avail >= 1 and buf[pos] != 1) or (avail >= 3 and u16(buf, pos + 1)[0] != channel)
-                or (avail >= 11 and _METHOD_IDS.unpack_from(buf, pos + 7) != (60, 60))):
-            other = True
-            break
-        if avail < 11:
-            break
-        h = pos + 8 + u32(buf, pos + 3)[0]
-        if h > size:
-            break
-        if buf[h - 1] != FRAME_END:
-            other = True
-            break
-        avail = size - h
-        if (avail >= 1 and buf[h] != 2) or (avail >= 3 and u16(buf, h + 1)[0] != channel):
-            other = True
-            break
-        if avail < 7:
-            break
-        hlen = u32(buf, h + 3)[0]
-        b = h + 8 + hlen
-        if hlen < 14:
-            other = True
-            break
-        if b > size:
-            break
-        if buf[b - 1] != FRAME_END:
-            other = True
-            break
-        body_size = _U64.unpack_from(buf, h + 11)[0]
-        next_pos = b
-        if body_size:
-            avail = size - b
-            if (avail >= 1 and buf[b] != 3) or (avail >= 3 and u16(buf, b + 1)[0] != channel):
-                other = True
-                break
-            if avail < 7:
-                break
-            if u32(buf, b + 3)[0] != body_size:
-                other = True
-                break
-            next_pos = b + 8 + body_size
-            if next_pos > size:
-                break
-            if buf[next_pos - 1] != FRAME_END:
-                other = True
-                break
-        if joined and total + (next_pos - 1 - (b + 7) if body_size else 0) > 0x7FFFFFFF:
-            other = True  # past int32 ends: the rest on the next scan
-            break
-        mend = h - 1
-        p = pos + 12 + buf[pos + 11]
-        if p + 10 > mend or p + 10 + buf[p + 9] + 1 > mend:
-            other = True
-            break
-        tag = _U64.unpack_from(buf, p)[0]
-        n = buf[p + 9]
-        raw_exchange = bytes(buf[p + 10:p + 10 + n])
-        p += 10 + n
-        n = buf[p]
-        if p + 1 + n > mend:
-            other = True
-            break
-        try:
-            exchange = raw_exchange.decode()
-            routing_key = bytes(buf[p + 1:p + 1 + n]).decode()
-        except UnicodeDecodeError:
-            other = True  # the generic path decodes it with replacement characters
-            break
-        block = bytes(buf[h + 19:b - 1])
-        at = stamped_offset_at(block)
-        if at < 0:
-            offsets.append(None)
-            same = block == prev_block and prev_at < 0
-        else:
-            offsets.append(int.from_bytes(block[at:at + 8], "big", signed=True))
-            same = (prev_block is not None and prev_at == at and len(block) == len(prev_block)
-                    and block[:at] == prev_block[:at] and block[at + 8:] == prev_block[at + 8:])
-        if same:
-            block = prev_value  # type: ignore[assignment]
-        else:
-            prev_block = prev_value = block
-            prev_at = at
-        exchanges.append(exchange)
-        routing_keys.append(routing_key)
-        blocks.append(block)
-        bodies.append(bytes(buf[b + 7:next_pos - 1]))
-        total += len(bodies[-1])
-        if redelivered is not None and buf[pos + 20 + buf[pos + 11]] & 1:
-            redelivered.append(len(bodies) - 1)
-        last_tag = tag
-        pos = next_pos
-    if joined:  # the ends summed in C (accumulate), not a Python step a body
-        ends = struct.pack(f"<{len(bodies) + 1}i", *accumulate(map(len, bodies), initial=0))
-        return (offsets, exchanges, routing_keys, blocks, (b"".join(bodies), ends), last_tag, pos, other)
-    return offsets, exchanges, routing_keys, blocks, bodies, last_tag, pos, other

@@ -242,12 +242,14 @@ def test_stream_reader_offsets_and_properties_with_shared_blocks(broker, admin) 
 
 def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) -> None:
     """Bodies split over frames (the generic path) between whole ones (the column scan), empty bodies,
-    a range starting and ending inside the stream: the same messages by rows, by chunks and as Arrow."""
+    a range starting and ending inside the stream: the same messages by rows (read_range) and as Arrow
+    batches of the columns (read_range_into, a batch every 64 rows or so)."""
     import pika
+    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from lavinpy.spark.read_rows import BatchBuilder, read_schema
-    from lavinpy.spark.streams import DeliveryChunk, StreamClient
+    from lavinpy.spark.streams import ColumnsSink, StreamClient
 
     queue = unique("spark-s")
     admin.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"})
@@ -257,62 +259,128 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
             return bytes([i % 256]) * 300_000  # more than frame_max: several body frames
         return b"" if i % 7 == 0 else b"m%d" % i
 
+    def app_id(i: int) -> str | None:
+        return None if i % 2 else f"a{i % 4}"
+
     for i in range(300):
-        admin.basic_publish("", queue, body(i), pika.BasicProperties(app_id=None if i % 2 else f"a{i % 4}"))
+        admin.basic_publish("", queue, body(i), pika.BasicProperties(app_id=app_id(i)))
     params = AMQPParams.from_url(broker.url)
     with StreamClient(params, queue, prefetch=40) as client:
-        chunks = list(client.read_range_chunks(11, 291))
-    assert len(chunks) > 1 and all(c.offsets for c in chunks)
-    rows = [d for c in chunks for d in c.rows()]
+        rows = list(client.read_range(11, 291))
     assert [d.offset for d in rows] == list(range(11, 291))
     assert [d.body for d in rows] == [body(i) for i in range(10, 290)]
-    assert [d.properties[12] for d in rows] == [None if i % 2 else f"a{i % 4}" for i in range(10, 290)]
+    assert [d.properties[12] for d in rows] == [app_id(i) for i in range(10, 290)]
+    assert {d.routing_key for d in rows} == {queue} and {d.exchange for d in rows} == {""}
     schema = to_arrow_schema(read_schema(), timezone="UTC")
+    builder = BatchBuilder(schema, batch_rows=64)
+    sink = ColumnsSink(builder.batch_rows)
+    batches = []
+    scanned = generic = 0  # rows of the two paths' runs, in the range or not
+    large_generic = True  # every body over several frames came by the generic path
     with StreamClient(params, queue, prefetch=40) as client:
-        by_chunks = pa_table(BatchBuilder(schema, batch_rows=64).chunk_batches(client.read_range_chunks(11, 291)))
-    with StreamClient(params, queue, prefetch=40) as client:
-        rows = list(client.read_range(11, 291))
-    by_rows = pa_table([BatchBuilder(schema).build_columns(*DeliveryChunk.of_rows(rows))])
-    assert by_chunks.equals(by_rows) and by_chunks.num_rows == 280
-    assert by_chunks.column("offset").to_pylist() == list(range(11, 291))
+        for lo, hi in client.read_range_into(sink, 11, 291):
+            cols = sink.take()
+            batches.append(builder.build(cols, lo, hi))
+            starts = [run[0] for run in cols.runs] + [cols.rows]
+            for run, first, stop in zip(cols.runs, starts, starts[1:], strict=False):
+                if run[4] is None:
+                    generic += stop - first
+                else:
+                    scanned += stop - first
+                    large_generic = large_generic and all(len(cols.body(row)) < 300_000 for row in range(first, stop))
+    assert len(batches) > 1 and scanned and generic and large_generic
+    by_columns = pa.Table.from_batches(batches, schema)
+    assert by_columns.equals(plain_table(schema, rows, [False] * len(rows)))
+    assert by_columns.column("offset").to_pylist() == list(range(11, 291))
+    assert by_columns.column("body").to_pylist() == [body(i) for i in range(10, 290)]
+    assert by_columns.column("app_id").to_pylist() == [app_id(i) for i in range(10, 290)]
+
+
+def plain_table(schema, rows, redelivered):  # noqa: ANN001, ANN201 - a test helper
+    """Arrow's conversion of plain lists of the rows' values (Delivery-like: offset, exchange, routing
+    key, properties, body)."""
+    import pyarrow as pa
+
+    index = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
+             "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "timestamp": 9, "type": 10,
+             "user_id": 11, "app_id": 12}
+    columns = {"offset": [d[0] for d in rows], "exchange": [d[1] for d in rows], "routing_key": [d[2] for d in rows],
+               "body": [d[4] for d in rows], "redelivered": list(redelivered)}
+    for name, i in index.items():
+        columns[name] = [d[3][i] for d in rows]
+    columns["timestamp"] = [None if t is None else t * 1_000_000 for t in columns["timestamp"]]
+    return pa.table([pa.array(columns[name], schema.field(name).type) for name in schema.names], schema=schema)
+
+
+def delivery_columns(blocks, bodies, redelivered=None, generic=()):  # noqa: ANN001, ANN201 - a test helper
+    """DeliveryColumns of deliveries (exchange "", routing key "rk") with these property blocks and bodies:
+    scanned from one receive buffer, but the rows in ``generic``, appended as the generic path hands
+    them over (decoded, the offset out of the headers); decoded."""
+    from lavinpy.wire.delivery_columns import DeliveryColumns, split_offset
+
+    cols = DeliveryColumns()
+    flags = redelivered or [False] * len(blocks)
+    for i, (block, body, flag) in enumerate(zip(blocks, bodies, flags, strict=True)):
+        if i in generic:
+            props = properties.property_values(block, typed=False)
+            cols.append(i + 1, split_offset(props), "", "rk", props, body, flag)
+        else:
+            buf = b"".join(frames_mod.deliver(1, "ctag", i + 1, flag, "", "rk", block, body, 131072))
+            assert cols.scan(buf, 1)[:2] == (1, len(buf))
+        if i % 2:
+            cols.decode()  # as a reader decodes after each receive
+    cols.decode()
+    return cols
 
 
 def test_offsets_found_by_the_decode_fill_only_their_own_rows() -> None:
-    """A block whose x-stream-offset is not the trailing entry (another broker's order) gets its offset
-    from the decode; rows whose offset the scan read keep theirs; the offset column packs ints and keeps
-    None where a row has no offset."""
+    """A block whose x-stream-offset is not the stamped trailing entry (another broker's order, or a type
+    other than long) gets its offset from the decode; rows whose offset the scan read keep theirs; the
+    offset column is the int64s as they are when every row has one, all null when none has, and
+    null exactly where a row has none otherwise."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from lavinpy.spark.read_rows import BatchBuilder, read_schema
-    from lavinpy.spark.streams import _chunk
+    from lavinpy.wire.delivery_columns import NO_OFFSET, STREAM_OFFSET_ENTRY
 
-    trailing = properties.encode_property_values(headers={"a": 1, "x-stream-offset": 7})
+    def stamped(block: bytes, offset: int) -> bytes:
+        return properties.append_header_entry(block, STREAM_OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
+
+    trailing = properties.encode_property_values(headers={"a": 1})
     elsewhere = properties.encode_property_values(headers={"x-stream-offset": 5, "z": 1})
+    last_int = properties.encode_property_values(headers={"z": "y", "x-stream-offset": 6})  # type 'I'
     plain = properties.encode_property_values(app_id="p")
-    chunk = _chunk([7, None, None], ["", "", ""], ["rk"] * 3, [trailing, elsewhere, plain], [b"a", b"b", b"c"])
-    assert chunk.offsets == [7, 5, None]
     schema = to_arrow_schema(read_schema(), timezone="UTC")
     builder = BatchBuilder(schema)
-    for offsets in ([7, 5, None], [1, 1 << 40, -3], [None] * 3):
-        got = builder.build_columns(offsets, *chunk[1:]).column("offset")
-        assert got.equals(pa.array(offsets, pa.int64())), offsets
-
-
-def pa_table(batches):  # noqa: ANN001, ANN201 - a test helper
-    import pyarrow as pa
-
-    return pa.Table.from_batches(list(batches))
+    cases = [
+        ([stamped(trailing, 7), elsewhere, elsewhere, plain, last_int, stamped(plain, 8)], [7, 5, 5, None, 6, 8]),
+        ([stamped(trailing, 1), stamped(trailing, 1 << 40), stamped(trailing, -3)], [1, 1 << 40, -3]),
+        ([plain, trailing, plain], [None] * 3),
+    ]
+    for blocks, offsets in cases:
+        for generic in ((), (1,), (0, 2)):
+            cols = delivery_columns(blocks, [b"b%d" % i for i in range(len(blocks))], generic=generic)
+            assert list(cols.offset_values) == [NO_OFFSET if o is None else o for o in offsets]
+            assert cols.missing == offsets.count(None)
+            batch = builder.build(cols)
+            assert batch.column("offset").equals(pa.array(offsets, pa.int64())), (offsets, generic)
+            headers = [None if h is None else {k: str(v) for k, v in h.items()}
+                       for h in (properties.property_values(block, typed=False)[2] for block in blocks)]
+            for h in headers:
+                if h is not None:
+                    h.pop("x-stream-offset", None)
+            assert batch.column("headers").to_pylist() == [None if not h else list(h.items()) for h in headers]
 
 
 def test_queue_read_columns_against_plain_conversion() -> None:
-    """Queue reads' columns (no offsets, shared or distinct property lists, some or no redelivered
-    messages, repeated integer properties, null columns) equal Arrow's conversion of plain lists."""
+    """Queue reads' columns (no offsets, one property block or several, some or no redelivered messages,
+    repeated integer properties, null columns, rows scanned or appended by the generic path, a batch
+    whole or a slice of it) equal Arrow's conversion of plain lists."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from lavinpy.spark.read_rows import COLUMNS, BatchBuilder, read_schema
-    from lavinpy.spark.streams import _chunk
+    from lavinpy.spark.read_rows import BatchBuilder, read_schema
 
     schema = to_arrow_schema(read_schema(), timezone="UTC")
     shared = properties.encode_property_values(delivery_mode=2, content_type="text/plain")
@@ -321,25 +389,16 @@ def test_queue_read_columns_against_plain_conversion() -> None:
                           ([other, shared] * 3, [True] * 6)):
         n = len(blocks)
         bodies = [b"m%d" % i if i % 4 else b"" for i in range(n)]  # empty bodies too
-        chunk = _chunk([None] * n, [""] * n, ["rk"] * n, blocks, bodies)
-        assert chunk.offsets == [None] * n
-        for batch_rows in (n, 2):
-            builder = BatchBuilder(schema, batch_rows=batch_rows)
-            head = chunk.head(2)
-            tail = chunk._make(column[2:] for column in chunk)
-            got = pa.Table.from_batches(list(builder.queue_batches([(head, flags[:2]), (tail, flags[2:])])), schema)
-            props = [properties.property_values(block, typed=False) for block in blocks]
-            plain = {"offset": [None] * n, "body": bodies, "routing_key": ["rk"] * n, "exchange": [""] * n,
-                     "redelivered": flags}
-            index = {"content_type": 0, "content_encoding": 1, "headers": 2, "delivery_mode": 3, "priority": 4,
-                     "correlation_id": 5, "reply_to": 6, "expiration": 7, "message_id": 8, "type": 10,
-                     "user_id": 11, "app_id": 12}
-            for name, i in index.items():
-                plain[name] = [p[i] for p in props]
-            plain["timestamp"] = [None if p[9] is None else p[9] * 1_000_000 for p in props]
-            want = pa.table([pa.array(plain[name]).cast(schema.field(name).type) if name == "timestamp"
-                             else pa.array(plain[name], schema.field(name).type) for name in COLUMNS], schema=schema)
-            assert got.equals(want), (blocks, flags, batch_rows)
+        rows = [(None, "", "rk", properties.property_values(block, typed=False), body)
+                for block, body in zip(blocks, bodies, strict=True)]
+        for generic in ((), (0, 1), tuple(range(2, n))):
+            cols = delivery_columns(blocks, bodies, flags, generic)
+            assert cols.missing == n and cols.redelivered == [i for i, flag in enumerate(flags) if flag]
+            builder = BatchBuilder(schema)
+            got = builder.build(cols)
+            assert pa.Table.from_batches([got], schema).equals(plain_table(schema, rows, flags)), (blocks, flags)
+            part = builder.build(cols, 1, n - 1)
+            assert pa.Table.from_batches([part], schema).equals(plain_table(schema, rows[1:n - 1], flags[1:n - 1]))
 
 
 def _socket_connection() -> tuple[Connection, socket.socket]:

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -21,7 +22,7 @@ from lavinpy.spark import queues as queues_module
 from lavinpy.spark.client import AMQPParams, Connection
 from lavinpy.spark.publisher import ConfirmPublisher
 from lavinpy.spark.queues import MAX_PREFETCH, QUEUE, STREAM, drain_partition, queue_kind
-from lavinpy.spark.streams import StreamReadError
+from lavinpy.spark.streams import ColumnsSink, StreamReadError
 from lavinpy.wire import properties
 from tests.e2e.conftest import LocalBroker
 from tests.e2e.tls_certs import CA
@@ -231,8 +232,8 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
     bodies: list[bytes] = []
     paused = False
     try:
-        for read in drain_partition(AMQPParams.from_url(broker.url), queue, total, idle_wait=0.2):
-            bodies.extend(read.chunk.bodies)
+        for taken, _redelivered in drained(AMQPParams.from_url(broker.url), queue, total, idle_wait=0.2):
+            bodies.extend(taken)
             if not paused:
                 os.kill(pid, signal.SIGSTOP)
                 paused = True
@@ -242,6 +243,17 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
     assert paused
     assert len(bodies) == total and len(set(bodies)) == total
     assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
+
+
+def drained(params: AMQPParams, queue: str, total: int, idle_wait: float,
+            batch_rows: int = 1000) -> Iterator[tuple[list[bytes], int]]:
+    """A batch-read task's drain (drain_partition), its columns taken at each of its yields (every
+    batch_rows messages and at the end): the bodies and how many were redelivered, each time."""
+    sink = ColumnsSink(batch_rows)
+    with contextlib.closing(drain_partition(params, queue, total, idle_wait, sink)) as task:
+        for _ in task:
+            cols = sink.take()
+            yield [cols.body(row) for row in range(cols.rows)], len(cols.redelivered)
 
 
 def count_connections(monkeypatch) -> list[Connection]:
@@ -272,8 +284,8 @@ def test_a_task_whose_parts_outnumber_the_channels_a_broker_allows_opens_another
         total = MAX_PREFETCH + 5
         publish_plain(url, queue, total, 16)
         opened = count_connections(monkeypatch)
-        bodies = [body for read in drain_partition(AMQPParams.from_url(url), queue, total, idle_wait=0.5)
-                  for body in read.chunk.bodies]
+        bodies = [body for taken, _ in drained(AMQPParams.from_url(url), queue, total, idle_wait=0.5)
+                  for body in taken]
         assert len(opened) == 2
         assert len(bodies) == total and len(set(bodies)) == total
         with Connection(AMQPParams.from_url(url)).open() as conn:
@@ -293,10 +305,10 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monke
     total = 70_000
     publish_plain(broker.url, queue, total, 16)
     params = AMQPParams.from_url(broker.url)
-    abandoned = drain_partition(params, queue, total, idle_wait=0.5)
+    abandoned = drained(params, queue, total, idle_wait=0.5)
     taken = 0
-    for read in abandoned:
-        taken += len(read.redelivered)
+    for got, _redelivered in abandoned:
+        taken += len(got)
         if taken > MAX_PREFETCH:
             break
     abandoned.close()
@@ -305,12 +317,11 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monke
     while counts(admin, queue) != (total, 0) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert counts(admin, queue) == (total, 0), "an abandoned task acks nothing"
-    reads = drain_partition(params, queue, total, idle_wait=0.5)
     bodies: list[bytes] = []
     redelivered = 0
-    for read in reads:
-        bodies.extend(read.chunk.bodies)
-        redelivered += sum(read.redelivered)
+    for got, flagged in drained(params, queue, total, idle_wait=0.5):
+        bodies.extend(got)
+        redelivered += flagged
         if len(bodies) > MAX_PREFETCH:
             ready, consumers = counts(admin, queue)
             assert consumers == 2 and ready + len(bodies) <= total  # the first one still holds its part

@@ -9,6 +9,7 @@ selected (LAVINPY_PURE_PYTHON=1 or no extension): there is nothing compiled to c
 from __future__ import annotations
 
 import struct
+from itertools import accumulate
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from lavinpy.store.record import StoredMessage
-from lavinpy.wire import accel, client, joined_bodies, writer
+from lavinpy.wire import accel, client, writer
 from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
 from lavinpy.wire.properties import valid_props
@@ -258,8 +259,8 @@ def test_client_pack_publishes_arrow_agree(items: list, start: int, end: int, ma
     """Publishes packed from an Arrow binary array's buffers: both twins give the same frames and
     stop at the same body (also on offsets that are out of order or out of the data), and on good
     buffers the frames are pack_publishes' of the same bodies."""
-    offsets, data = joined_bodies._join_bodies([items])
-    ends = list(struct.unpack(f"<{len(items) + 1}i", offsets))
+    ends = list(accumulate(map(len, items), initial=0))  # an Arrow binary array's offsets, and its data
+    data = b"".join(items)
     if bad is not None and bad[0] < len(ends):
         ends[bad[0]] = bad[1]
     offsets = struct.pack(f"<{len(ends)}i", *ends)
@@ -274,86 +275,6 @@ def test_client_pack_publishes_arrow_agree(items: list, start: int, end: int, ma
         stop = client._pack_publishes(out_list, method, channel, props, items[:end], start, max_count, max_bytes,
                                       max_inline)
         assert (compiled, out_c) == (stop, out_list)
-
-
-def delivery(channel: int, tag: str, delivery_tag: int, exchange: str, routing_key: str, props: bytes,
-             body: bytes) -> bytes:
-    return b"".join(writer.deliver(channel, tag, delivery_tag, False, exchange, routing_key, props, body, FRAME_MAX))
-
-
-deliveries = st.builds(delivery, st.integers(0, 2), names, st.integers(0, 2**64 - 1), names, names, properties,
-                       st.binary(max_size=200))
-# A name that is not UTF-8 (the names above always are): the Python twin raises for it.
-bad_name = writer.method_frame(1, commands.Basic.Deliver("t", 1, False, "", "q")).replace(b"\x01q", b"\x01\xff")
-def stamped(props: bytes, offset: int) -> bytes:
-    """A property block with x-stream-offset appended as the headers' last entry, as a stream sends it."""
-    from lavinpy.wire.properties import append_header_entry
-
-    return append_header_entry(props, client.STREAM_OFFSET_ENTRY + offset.to_bytes(8, "big", signed=True))
-
-
-stream_properties = st.one_of(
-    properties,
-    st.builds(stamped, st.sampled_from([b"\x00\x00", b"\x10\x00\x02", b"\x90\x00\x0atext/plain\x01",
-                                        b"\x20\x00" + struct.pack(">I", 8) + b"\x01kS\x00\x00\x00\x01v"]),
-              st.integers(-2**63, 2**63 - 1)),
-    # the entry's bytes at the end of a longstr value: found by the bytes, refuted by the reader's decode
-    st.just(b"\x20\x00" + struct.pack(">I", 34) + b"\x01kS" + struct.pack(">I", 25) + client.STREAM_OFFSET_ENTRY
-            + bytes(8)),
-)
-stream_deliveries = st.builds(delivery, st.integers(0, 2), names, st.integers(0, 2**64 - 1), names, names,
-                              stream_properties, st.binary(max_size=200))
-stream_delivery_streams = st.builds(
-    mutate,
-    st.lists(st.one_of(stream_deliveries, stream_deliveries, stream_deliveries,
-                       st.just(bad_name + content(1, b"\x00\x00", b"x")), frames()), min_size=1, max_size=8)
-    .map(b"".join),
-    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2))
-
-
-@AGREE
-@given(stream_delivery_streams, st.integers(0, 2), st.integers(-1, 40), st.booleans(), st.integers(0, 60))
-def test_client_scan_stream_deliveries_agree(stream: bytes, channel: int, pos: int, as_bytearray: bool,
-                                             cut: int) -> None:
-    # Cut short as a receive buffer is: the scan stops at the cut (bytes ran out) or before it (other).
-    data = bytearray(stream[:len(stream) - cut]) if as_bytearray else stream[:len(stream) - cut]
-    compiled = outcome(accel.cclient.scan_stream_deliveries, data, channel, pos)
-    assert compiled == outcome(client._scan_stream_deliveries, data, channel, pos)
-    if isinstance(compiled, tuple) and len(compiled) == 8:
-        blocks = compiled[3]
-        pure_blocks = client._scan_stream_deliveries(data, channel, pos)[3]
-        # the same grouping: a block object is shared exactly where the pure twin shares it
-        shared = [a is b for a, b in zip(blocks, blocks[1:], strict=False)]
-        assert shared == [a is b for a, b in zip(pure_blocks, pure_blocks[1:], strict=False)]
-
-
-def test_client_scan_stream_deliveries_reads_columns_and_shares_blocks() -> None:
-    props = b"\x90\x00\x0atext/plain\x02"
-    stream = b"".join(delivery(1, "ct", 10 + i, "ex", "rk", stamped(props, 100 + i), b"b%d" % i) for i in range(3))
-    plain = delivery(1, "ct", 13, "ex", "rk", props, b"b3")
-    for scan in (accel.cclient.scan_stream_deliveries, client._scan_stream_deliveries):
-        offsets, exchanges, keys, blocks, bodies, last_tag, used, other = scan(stream + plain + plain[:30], 1, 0)
-        assert offsets == [100, 101, 102, None] and bodies == [b"b0", b"b1", b"b2", b"b3"]
-        assert exchanges == ["ex"] * 4 and keys == ["rk"] * 4 and last_tag == 13
-        assert blocks[0] == stamped(props, 100) and blocks[1] is blocks[0] and blocks[2] is blocks[0]
-        assert blocks[3] == props and used == len(stream) + len(plain) and other is False
-        # a frame that is no delivery on the channel: the generic path's turn
-        assert scan(stream + writer.basic_ack(1, 5, False), 1, 0)[6:] == (len(stream), True)
-        assert scan(stream, 2, 0)[6:] == (0, True)
-
-
-def test_client_scan_reports_redelivered_deliveries() -> None:
-    """Queue reads pass a list: both twins put in it the index of each delivery flagged redelivered."""
-    props = b"\x90\x00\x0atext/plain\x02"
-    flags = [False, True, False, True, True]
-    stream = b"".join(b"".join(writer.deliver(1, "lavinpy.spark", 7 + i, flag, "", "jobs", props, b"m%d" % i,
-                                              FRAME_MAX)) for i, flag in enumerate(flags))
-    for scan in (accel.cclient.scan_stream_deliveries, client._scan_stream_deliveries):
-        redelivered: list[int] = []
-        offsets, _exchanges, _keys, _blocks, bodies, last_tag, used, other = scan(stream, 1, 0, redelivered)
-        assert redelivered == [1, 3, 4] and len(bodies) == 5 and last_tag == 11 and used == len(stream)
-        assert offsets == [None] * 5 and other is False
-        assert scan(stream, 1, 0)[4] == bodies  # without the list, as the stream reader calls it
 
 
 run_messages = st.lists(

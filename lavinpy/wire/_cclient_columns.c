@@ -1,0 +1,167 @@
+/* scan_columns: a receive buffer's whole deliveries appended to columns in Arrow's layout (the Spark
+ * source's reads), with no Python object a delivery. Twin of client._scan_columns. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "_bytes.h"
+#include "_cclient_scan.h"
+
+#define NO_OFFSET INT64_MIN
+#define COLUMNS_FULL 2  /* the bodies reached int32 ends: a batch must be taken before more come */
+
+/* The bytearray at least need bytes long: its length is the columns' capacity (their filled part is
+ * kept by the caller), doubled, so a column's bytes are copied about once however it grows. */
+static int
+reserve(PyObject *column, Py_ssize_t need)
+{
+    Py_ssize_t have = PyByteArray_GET_SIZE(column);
+    if (need <= have)
+        return 0;
+    Py_ssize_t cap = have > 4096 ? have : 4096;
+    while (cap < need)
+        cap *= 2;
+    return PyByteArray_Resize(column, cap);
+}
+
+static inline void
+wr64le(unsigned char *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 8);  /* one store (the loop below is not merged into one by every compiler) */
+#else
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+#endif
+}
+
+/* The current run: the exchange, routing key and property block that the deliveries since its first
+ * row share (the block but for a stamped offset's value). Borrowed from the runs list's last item. */
+typedef struct {
+    const char *exchange, *routing_key, *block;
+    Py_ssize_t exchange_n, routing_key_n, block_n, value_at;
+} run_key;
+
+static int
+run_of(PyObject *run, run_key *k)
+{
+    if (!PyTuple_CheckExact(run) || PyTuple_GET_SIZE(run) != 5)
+        return 0;
+    PyObject *ex = PyTuple_GET_ITEM(run, 1), *rk = PyTuple_GET_ITEM(run, 2), *block = PyTuple_GET_ITEM(run, 3);
+    if (!PyBytes_CheckExact(ex) || !PyBytes_CheckExact(rk) || !PyBytes_CheckExact(block))
+        return 0;  /* a run of the generic path (decoded values): the next delivery starts a new one */
+    k->exchange = PyBytes_AS_STRING(ex);
+    k->exchange_n = PyBytes_GET_SIZE(ex);
+    k->routing_key = PyBytes_AS_STRING(rk);
+    k->routing_key_n = PyBytes_GET_SIZE(rk);
+    k->block = PyBytes_AS_STRING(block);
+    k->block_n = PyBytes_GET_SIZE(block);
+    k->value_at = PyLong_AsSsize_t(PyTuple_GET_ITEM(run, 4));
+    return k->value_at != -1 || !PyErr_Occurred() ? 1 : -1;
+}
+
+static int
+same_run(const run_key *k, const whole_delivery *d, Py_ssize_t value_at)
+{
+    if (k->exchange_n != d->exchange_n || k->routing_key_n != d->routing_key_n || k->block_n != d->block_n
+        || k->value_at != value_at || memcmp(k->exchange, d->exchange, d->exchange_n) != 0
+        || memcmp(k->routing_key, d->routing_key, d->routing_key_n) != 0)
+        return 0;
+    if (value_at < 0)
+        return memcmp(k->block, d->block, d->block_n) == 0;
+    return memcmp(k->block, d->block, value_at) == 0
+           && memcmp(k->block + value_at + 8, d->block + value_at + 8, d->block_n - value_at - 8) == 0;
+}
+
+/* scan_columns(buf, channel, pos, max_rows, columns, rows, data_len)
+ *   -> (added, data_len, last_tag, pos, stop)
+ *
+ * Appends the whole deliveries on channel from buf[pos:] on (at most max_rows) to columns = (offsets,
+ * ends, data, redelivered, runs), which hold rows deliveries and data_len body bytes already:
+ * - offsets, a bytearray: each delivery's stamped x-stream-offset value (the 8 bytes ending its
+ *   headers table) as a little-endian int64 at 8 * row, or INT64_MIN when it has none;
+ * - ends, a bytearray: the bodies' little-endian int32 ends in data at 4 * (row + 1) (4 * 0 holds 0);
+ * - data, a bytearray: the bodies, joined;
+ * - redelivered, a list: the row of each delivery whose redelivered flag is set;
+ * - runs, a list: (first row, exchange, routing key, property block, stamped value's place or -1),
+ *   the names and block as bytes, one a run of deliveries that differ at most in a stamped value.
+ * The bytearrays are capacity (the filled parts are rows and data_len long), grown as needed.
+ * stop: 0 the bytes ran out (or max_rows was reached), 1 something else comes (the generic path's),
+ * 2 the bodies reached 2 GiB (take the columns, then scan again). */
+PyObject *
+cclient_scan_columns(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    unsigned int ch;
+    Py_ssize_t pos, max_rows, rows, data_len;
+    PyObject *offsets, *ends, *data, *redelivered, *runs;
+    if (!PyArg_ParseTuple(args, "y*Inn(YYYO!O!)nn", &view, &ch, &pos, &max_rows, &offsets, &ends, &data,
+                          &PyList_Type, &redelivered, &PyList_Type, &runs, &rows, &data_len))
+        return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t size = view.len;
+    if (pos < 0 || pos > size)
+        pos = size;
+    PyObject *result = NULL;
+    if (rows < 0 || data_len < 0 || PyByteArray_GET_SIZE(offsets) < 8 * rows
+        || PyByteArray_GET_SIZE(ends) < 4 * (rows + 1) || PyByteArray_GET_SIZE(data) < data_len) {
+        PyErr_SetString(PyExc_ValueError, "scan_columns: rows or data_len past the columns");
+        goto done;
+    }
+    run_key key = {0};
+    int have_key = 0;
+    Py_ssize_t nruns = PyList_GET_SIZE(runs);
+    if (nruns && (have_key = run_of(PyList_GET_ITEM(runs, nruns - 1), &key)) < 0)
+        goto done;
+    Py_ssize_t added = 0;
+    unsigned long long last_tag = 0;
+    int stop = 0;
+    while (added < max_rows) {
+        whole_delivery d;
+        int found = parse_whole_delivery(buf, size, pos, ch, &d);
+        if (found != DELIVERY_WHOLE) {
+            stop = found == DELIVERY_OTHER;
+            break;
+        }
+        if (data_len + d.body_n > 0x7FFFFFFF) {
+            stop = COLUMNS_FULL;
+            break;
+        }
+        Py_ssize_t row = rows + added;
+        Py_ssize_t value_at = stamped_offset_at(d.block, d.block_n);
+        if (!have_key || !same_run(&key, &d, value_at)) {
+            PyObject *run = Py_BuildValue("(ny#y#y#n)", row, d.exchange, d.exchange_n, d.routing_key,
+                                          d.routing_key_n, d.block, d.block_n, value_at);
+            if (run == NULL || PyList_Append(runs, run) < 0) {
+                Py_XDECREF(run);
+                goto done;
+            }
+            Py_DECREF(run);  /* the list keeps it, and so the bytes the key points at */
+            if ((have_key = run_of(run, &key)) < 0)
+                goto done;
+        }
+        if (reserve(offsets, 8 * (row + 1)) < 0 || reserve(ends, 4 * (row + 2)) < 0
+            || reserve(data, data_len + d.body_n) < 0)
+            goto done;
+        wr64le((unsigned char *)PyByteArray_AS_STRING(offsets) + 8 * row,
+               value_at < 0 ? (uint64_t)NO_OFFSET : rd64(d.block + value_at));
+        memcpy(PyByteArray_AS_STRING(data) + data_len, d.body, d.body_n);
+        data_len += d.body_n;
+        wr32le((unsigned char *)PyByteArray_AS_STRING(ends) + 4 * (row + 1), (uint32_t)data_len);
+        if (d.redelivered) {
+            PyObject *index = PyLong_FromSsize_t(row);
+            if (index == NULL || PyList_Append(redelivered, index) < 0) {
+                Py_XDECREF(index);
+                goto done;
+            }
+            Py_DECREF(index);
+        }
+        last_tag = d.tag;
+        pos = d.next;
+        added++;
+    }
+    result = Py_BuildValue("(nnKni)", added, data_len, last_tag, pos, stop);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
