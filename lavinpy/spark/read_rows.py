@@ -28,6 +28,7 @@ _PROPERTY_INDEX = {"content_type": 0, "content_encoding": 1, "headers": 2, "deli
                    "type": 10, "user_id": 11, "app_id": 12}
 BATCH_ROWS = 8192
 _NAME_COLUMNS = ("exchange", "routing_key")
+_NAME_AT = {"exchange": 2, "routing_key": 3}  # in a decoded span
 
 
 def read_schema() -> Any:
@@ -140,6 +141,25 @@ class BatchBuilder:
         self.schema = arrow_schema
         self.names = list(arrow_schema.names)
         self.batch_rows = batch_rows
+        # The last batch's constant columns (one exchange, routing key and property list, nothing
+        # redelivered: the usual batch), kept with the property list they were made from.
+        self._constant: tuple[tuple[int, str, str], list[Any], list[pa.Array | None]] | None = None
+
+    def _constant_arrays(self, spans: list[tuple[int, int, str, str, list[Any]]], n: int) -> list[pa.Array | None]:
+        """The columns a batch of n rows with one decoded span has the same whatever its bodies and
+        offsets (None at those two), the last batch's again when its span was the same: building each
+        costs a few Arrow calls and a type's hash a column."""
+        _lo, _hi, exchange, routing_key, props = spans[0]
+        key = (n, exchange, routing_key)
+        kept = self._constant
+        if kept is not None and kept[0] == key and kept[1] is props:
+            return kept[2]
+        values = {"exchange": exchange, "routing_key": routing_key, "redelivered": False}
+        values.update((name, props[i]) for name, i in _PROPERTY_INDEX.items())
+        arrays = [None if name in ("offset", "body") else self._array(name, _Repeated(values[name]), field.type, n)
+                  for name, field in zip(self.names, self.schema, strict=True)]
+        self._constant = (key, props, arrays)
+        return arrays
 
     def build(self, cols: DeliveryColumns, lo: int = 0, hi: int | None = None) -> pa.RecordBatch:
         """Rows lo <= row < hi (all by default) of the columns as a record batch; the columns' buffers
@@ -148,28 +168,26 @@ class BatchBuilder:
         n = cols.rows
         if n == 0:
             return pa.RecordBatch.from_arrays([pa.array([], field.type) for field in self.schema], schema=self.schema)
-        columns: dict[str, Any] = {}
         spans = list(cols.decoded_spans())
-        # Each wanted name and property column from the runs: one value (the usual case), or spread.
-        picks = {"exchange": 2, "routing_key": 3}
-        for name in self.names:
-            if name in picks:
-                at = picks[name]
-                columns[name] = (_Repeated(spans[0][at]) if len(spans) == 1
-                                 else _spread([span[at] for span in spans], spans))
-            elif name in _PROPERTY_INDEX:
-                i = _PROPERTY_INDEX[name]
-                columns[name] = (_Repeated(spans[0][4][i]) if len(spans) == 1
-                                 else _spread([span[4][i] for span in spans], spans))
-        if cols.redelivered:
+        constant = self._constant_arrays(spans, n) if len(spans) == 1 and not cols.redelivered else None
+        columns: dict[str, Any] = {}
+        if constant is None:
+            # Each wanted name and property column from the runs: one value, or spread over its rows.
+            for name in self.names:
+                if name in _NAME_AT:
+                    at = _NAME_AT[name]
+                    columns[name] = (_Repeated(spans[0][at]) if len(spans) == 1
+                                     else _spread([span[at] for span in spans], spans))
+                elif name in _PROPERTY_INDEX:
+                    i = _PROPERTY_INDEX[name]
+                    columns[name] = (_Repeated(spans[0][4][i]) if len(spans) == 1
+                                     else _spread([span[4][i] for span in spans], spans))
             flags = [False] * n
             for row in cols.redelivered:
                 flags[row] = True
             columns["redelivered"] = flags
-        else:
-            columns["redelivered"] = _Repeated(False)
         arrays = []
-        for name, field in zip(self.names, self.schema, strict=True):
+        for index, (name, field) in enumerate(zip(self.names, self.schema, strict=True)):
             if name == "offset":
                 arrays.append(_offset_array(cols, field.type))
             elif name == "body" and pa.types.is_binary(field.type):
@@ -177,6 +195,8 @@ class BatchBuilder:
                                                                     pa.py_buffer(cols.data)[:cols.data_len]]))
             elif name == "body":
                 arrays.append(pa.array([cols.body(row) for row in range(n)], field.type))
+            elif constant is not None:
+                arrays.append(constant[index])
             else:
                 arrays.append(self._array(name, columns[name], field.type, n))
         batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
