@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import datetime as _dt
 import struct
-import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -350,10 +349,16 @@ class ColumnsSink:
         cols = self.columns
         return cols.rows >= self.batch_rows or cols.data_len >= self.batch_bytes
 
+    def room(self) -> int:
+        """Rows the columns take before they are full (a scan stops there: a batch's columns are then
+        as long as the one's before, whose room the next one gets)."""
+        return max(1, self.batch_rows - self.columns.rows)
+
     def take(self) -> DeliveryColumns:
-        """The columns filled so far; new ones (with as much room) take their place."""
+        """The columns filled so far; new ones take their place, with room for as many rows and a
+        quarter more body bytes (growing a column copies it)."""
         cols = self.columns
-        self.columns = cols.fresh()
+        self.columns = DeliveryColumns(max(16, min(cols.rows, self.batch_rows)), cols.data_len + cols.data_len // 4)
         return cols
 
 
@@ -377,15 +382,15 @@ class Receiver:
                 limit: int | None = None) -> Iterator[int]:
         """Yields how many deliveries were appended to sink.columns each time some came (the caller may
         take the columns then), until none comes for idle_wait (first_wait for the first) or limit
-        came; what comes past the limit stays for the next call. Once the columns' bodies near 2 GiB,
-        it yields 0 until the caller takes them."""
+        came; what comes past the limit, or past the sink's room, stays for the next call. Once the
+        columns' bodies near 2 GiB, it yields 0 until the caller takes them."""
         conn = self.conn
         buf = conn.rbuf
         assembler = self.assembler
         wait = first_wait
         got = 0
         while limit is None or got < limit:
-            room = sys.maxsize if limit is None else limit - got
+            room = sink.room() if limit is None else min(limit - got, sink.room())
             cols = sink.columns
             added = 0
             stop = STOP_OTHER

@@ -223,10 +223,6 @@ class DeliveryColumns:
         self.decoded_rows = 0
         self.missing = 0  # decoded rows without an offset
 
-    def fresh(self) -> DeliveryColumns:
-        """Empty columns with room for as much as these hold."""
-        return DeliveryColumns(max(self.rows, 16), max(self.data_len, 4096))
-
     def scan(self, buf: bytes | bytearray, channel: int, pos: int = 0,
              max_rows: int = sys.maxsize) -> tuple[int, int, int]:
         """Append buf's whole deliveries from pos on: (added, pos after them, stop)."""

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lavinpy.spark.streams import _range_rows
+from lavinpy.spark.streams import ColumnsSink, _range_rows
 from lavinpy.wire import delivery_columns
 from lavinpy.wire.delivery_columns import (
     NO_OFFSET,
@@ -225,10 +225,15 @@ def test_columns_read_back_and_fresh_ones_are_empty() -> None:
     cols.set_offset(1, None)
     cols.set_offset(2, -5)
     assert list(cols.offset_values)[:3] == [2**40, NO_OFFSET, -5]
-    new = cols.fresh()
+    sink = ColumnsSink(batch_rows=4)  # the reader's: taken once full, new columns with room for a batch
+    sink.columns = cols
+    assert sink.full() and sink.room() == 1
+    assert sink.take() is cols
+    new = sink.columns
     assert (new.rows, new.data_len, new.runs, new.redelivered, new.missing, list(new.offset_values)) == \
         (0, 0, [], [], 0, [])
-    assert len(new.offsets) >= 8 * 5 and len(new.data) >= cols.data_len
+    assert len(new.offsets) >= 8 * 4 and len(new.data) >= cols.data_len
+    assert sink.room() == 4 and not sink.full()
 
 
 # --- the rows of a range ------------------------------------------------------------------------------
