@@ -174,7 +174,9 @@ class StreamClient:
     def end_offset(self) -> int | None:
         """The offset after the last message now in the stream (exclusive end); None if empty.
 
-        Robust against both brokers' semantics and against retention moving the head:
+        lavinpy starts a consumer at "last" on the newest message and counts exactly: its end is the
+        offset of that one delivery plus one (none when the count is 0), with no pause to wait out.
+        Other brokers (RabbitMQ), robust against their semantics and against retention moving the head:
         1. queue.declare-ok gives the message count c (lavinpy: exact; RabbitMQ: 0, or lagging).
         2. If c > 0, the oldest offset F is probed and F + c - 1 is the expected last offset; a
            consumer starts *at* that offset, so it gets one message (or a few, if more arrived or
@@ -193,6 +195,11 @@ class StreamClient:
 
     def _end_offset(self) -> int | None:
         count = self._message_count()
+        if _newest_at_last(self.conn):
+            if count == 0:
+                return None
+            newest = self._probe("last", self.params.timeout)
+            return None if newest is None else newest + 1
         last = None
         if count > 0:
             first = self._probe("first", self.params.timeout)
@@ -328,6 +335,13 @@ class StreamClient:
                 self.conn.send(basic_ack(ch, receiver.last_tag, True))
                 unacked = 0
             yield from cols.offset_values
+
+
+def _newest_at_last(conn: Connection) -> bool:
+    """Whether the broker starts a consumer at "last" on the stream's newest message itself, as lavinpy
+    does and counts a stream's messages exactly (RabbitMQ starts it at the last chunk's first)."""
+    product = conn.server_properties.get("product")
+    return (product.decode(errors="replace") if isinstance(product, bytes) else str(product)) == "lavinpy"
 
 
 def _range_rows(offsets: Sequence[int], start: int, end: int) -> tuple[int, int]:

@@ -159,4 +159,20 @@ def test_end_offset_with_a_count_that_lags_far_behind(broker, stream_queue, monk
         assert real_count == 600 and client.end_offset() == base + 600
         monkeypatch.setattr(streams, "_END_MAX_S", 0.0)  # the read from the estimate stops at its first buffer
         monkeypatch.setattr(client, "_message_count", lambda: real_count // 3)
+        monkeypatch.setitem(client.conn.server_properties, "product", "RabbitMQ")  # its probes, not lavinpy's
         assert client.end_offset() == base + 600
+
+
+def test_lavinpy_s_end_is_its_newest_message_without_a_pause(broker, stream_queue, monkeypatch) -> None:
+    """lavinpy starts a consumer at "last" on the newest message and counts exactly: the end is that
+    delivery's offset plus one, with no read waiting for deliveries to pause (50 ms a query)."""
+    queue = stream_queue()
+    params = AMQPParams.from_url(broker.url)
+    with StreamClient(params, queue) as client:
+        def no_pause(*_args: object) -> None:
+            raise AssertionError("a read to a pause")
+
+        monkeypatch.setattr(client, "_read_to_quiet", no_pause)
+        assert client.end_offset() is None  # empty: the count says so
+        publish(broker.url, queue, 0, 25)
+        assert client.end_offset() == client.first_offset(wait=5.0) + 25
