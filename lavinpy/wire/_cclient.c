@@ -145,6 +145,7 @@ done:
 
 /* In _cclient_columns.c. */
 PyObject *cclient_scan_columns(PyObject *self, PyObject *args);
+PyObject *cclient_capacity(PyObject *self, PyObject *arg);
 /* In _cclient_recv.c. */
 PyObject *cclient_recv_append(PyObject *self, PyObject *args);
 
@@ -154,6 +155,7 @@ static PyMethodDef methods[] = {
      "Append a run of publishes from an Arrow binary array's buffers (see the source)."},
     {"scan_columns", cclient_scan_columns, METH_VARARGS,
      "Append a run of deliveries to columns in Arrow's layout (see the source)."},
+    {"capacity", cclient_capacity, METH_O, "A bytearray of n bytes, not zeroed (a column's room)."},
     {"recv_append", cclient_recv_append, METH_VARARGS,
      "Receive from a socket straight into the tail of a bytearray (see the source)."},
     {NULL, NULL, 0, NULL},

@@ -165,3 +165,18 @@ done:
     PyBuffer_Release(&view);
     return result;
 }
+
+/* capacity(n) -> a bytearray of n bytes left as the allocator gives them: a column's room, written
+ * before it is read (bytearray(n) would zero n bytes that the scan overwrites). */
+PyObject *
+cclient_capacity(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "capacity must not be negative");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}

@@ -61,10 +61,11 @@ class Row:
         return properties.property_values(self.block, typed=False)
 
 
-def fill(rows: list[Row], data: st.DataObject | None = None) -> DeliveryColumns:
+def fill(rows: list[Row], data: st.DataObject | None = None, cols: DeliveryColumns | None = None) -> DeliveryColumns:
     """Columns holding the rows: the generic ones appended, each stretch of the others scanned from one
-    receive buffer, a few rows a call (drawn); decodes between (drawn), as a reader makes them."""
-    cols = DeliveryColumns()
+    receive buffer, a few rows a call (drawn); decodes between (drawn), as a reader makes them. cols:
+    columns made with room (not zeroed where compiled), as a reader's next batch gets them."""
+    cols = DeliveryColumns() if cols is None else cols
     i = 0
     while i < len(rows):
         if rows[i].generic:
@@ -233,7 +234,7 @@ def test_one_builder_for_many_batches_gives_each_its_own_columns() -> None:
             for exchange, key, block, redelivered in sequence:
                 rows = [Row(first + i, fresh(exchange), fresh(key), BLOCKS[block], b"b%d" % (first + i),
                             redelivered and i == n - 1) for i in range(n)]
-                batch = builder.build(fill(rows))
+                batch = builder.build(fill(rows, cols=DeliveryColumns(n, 16 * n)))
                 batch.validate(full=True)
                 assert batch.equals(plain(rows, schema)), (schema.names, n, exchange, key, block, redelivered)
                 first += n
