@@ -1,8 +1,9 @@
 /* The compiled per-message paths of the blocking AMQP clients (lavinpy.wire.client; selected by
  * lavinpy/wire/accel.py): packing runs of publishes and parsing runs of deliveries.
  *
- * Each function is a faster twin of a pure-Python one in lavinpy.wire.client and must give the same
- * results (tests/wire/test_accel_agree.py). Neither raises on bad input: it stops where the Python
+ * Each function is a faster twin of a pure-Python one in lavinpy.wire.client (the delivery scan's in
+ * lavinpy.wire.delivery_columns) and must give the same results (tests/wire/test_accel_agree.py,
+ * tests/spark/test_scan_columns.py). Neither raises on bad input: it stops where the Python
  * twin should take over, so every error comes from the Python code.
  */
 #define PY_SSIZE_T_CLEAN

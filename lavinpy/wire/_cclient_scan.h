@@ -1,6 +1,6 @@
 /* One whole delivery at the front of a receive buffer (basic.deliver, its content header and its body
- * in at most one body frame, all on one channel): the step shared by the compiled scans of deliveries
- * (scan_stream_deliveries in _cclient.c, scan_columns in _cclient_columns.c). */
+ * in at most one body frame, all on one channel): the compiled scan's step (scan_columns in
+ * _cclient_columns.c); its Python twin is delivery_columns.whole_delivery. */
 #ifndef LAVINPY_WIRE_CCLIENT_SCAN_H
 #define LAVINPY_WIRE_CCLIENT_SCAN_H
 
