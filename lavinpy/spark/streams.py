@@ -258,24 +258,15 @@ class StreamClient:
         if end <= start:
             return
         ch = self._consume(start, prefetch=self.prefetch)
-        receiver = Receiver(self.conn, ch, self.queue)
-        ack_every = max(1, self.prefetch // 2)
-        unacked = 0
+        receiver = _StreamReceiver(self.conn, ch, self.queue, self.prefetch)
         last_seen = start - 1
         self._stalled_since: float | None = None
         try:
             while True:
                 stalled = True
-                for added in receiver.receive(sink, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
+                for _added in receiver.receive(sink, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
-                    cols = sink.columns
-                    if cols.missing:
-                        raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-                    unacked += added
-                    if unacked >= ack_every:  # for a stream an ack is credit, not removal
-                        self.conn.send(basic_ack(ch, receiver.last_tag, True))
-                        unacked = 0
-                    offsets = cols.offset_values
+                    offsets = sink.columns.offset_values
                     last_seen = offsets[-1] if offsets else last_seen
                     self._stalled_since = None
                     done = last_seen >= end - 1
@@ -321,20 +312,10 @@ class StreamClient:
 
     def _offsets(self, ch: int, first_wait: float, idle_wait: float) -> Iterator[int]:
         """The offsets of the deliveries on channel ch until none arrives for idle_wait (first_wait for
-        the first); acks (multiple) once half the prefetch is unacked."""
-        receiver = Receiver(self.conn, ch, self.queue)
+        the first)."""
         sink = ColumnsSink()
-        ack_every = max(1, self.prefetch // 2)
-        unacked = 0
-        for added in receiver.receive(sink, first_wait, idle_wait):
-            cols = sink.take()
-            if cols.missing:
-                raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-            unacked += added
-            if unacked >= ack_every:
-                self.conn.send(basic_ack(ch, receiver.last_tag, True))
-                unacked = 0
-            yield from cols.offset_values
+        for _added in _StreamReceiver(self.conn, ch, self.queue, self.prefetch).receive(sink, first_wait, idle_wait):
+            yield from sink.take().offset_values
 
 
 def _newest_at_last(conn: Connection) -> bool:
@@ -449,6 +430,28 @@ def _complete_frame_at_front(buf: bytearray) -> bool:
     if len(buf) < 8:
         return False
     return len(buf) >= 8 + _FRAME_HEAD.unpack_from(buf, 0)[2]
+
+
+class _StreamReceiver(Receiver):
+    """A stream consumer's Receiver: every delivery must carry its offset, and acks are credit, not
+    removal, sent (multiple) once half the prefetch is unacked."""
+
+    def __init__(self, conn: Connection, ch: int, queue: str, prefetch: int) -> None:
+        super().__init__(conn, ch, queue)
+        self.queue = queue
+        self.ack_every = max(1, prefetch // 2)
+        self.unacked = 0
+
+    def receive(self, sink: ColumnsSink, first_wait: float, idle_wait: float,
+                limit: int | None = None) -> Iterator[int]:
+        for added in super().receive(sink, first_wait, idle_wait, limit):
+            if sink.columns.missing:
+                raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
+            self.unacked += added
+            if self.unacked >= self.ack_every:
+                self.conn.send(basic_ack(self.ch, self.last_tag, True))
+                self.unacked = 0
+            yield added
 
 
 class _Assembler:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from lavinpy.wire.accel import cclient
+from lavinpy.wire.constants import FRAME_END
 from lavinpy.wire.properties import property_values
 
 __all__ = ["NO_OFFSET", "DeliveryColumns", "scan_columns", "stamped_offset_at", "whole_delivery"]
@@ -32,7 +33,6 @@ _U64 = struct.Struct(">Q")
 _Q_LE = struct.Struct("<q")
 _I_LE = struct.Struct("<i")
 _METHOD_IDS = struct.Struct(">HH")
-_FRAME_END = 0xCE
 
 # (next, tag, redelivered, exchange span, routing key span, block span, body span): spans are (start, stop)
 WholeDelivery = tuple[int, int, bool, int, int, int, int, int, int, int, int]
@@ -51,7 +51,7 @@ def whole_delivery(buf: bytes | bytearray | memoryview, size: int, pos: int, cha
     h = pos + 8 + _U32.unpack_from(buf, pos + 3)[0]
     if h > size:
         return False
-    if buf[h - 1] != _FRAME_END:
+    if buf[h - 1] != FRAME_END:
         return True
     avail = size - h
     if (avail >= 1 and buf[h] != 2) or (avail >= 3 and _U16.unpack_from(buf, h + 1)[0] != channel):
@@ -64,7 +64,7 @@ def whole_delivery(buf: bytes | bytearray | memoryview, size: int, pos: int, cha
         return True
     if b > size:
         return False
-    if buf[b - 1] != _FRAME_END:
+    if buf[b - 1] != FRAME_END:
         return True
     body_size = _U64.unpack_from(buf, h + 11)[0]
     next_pos = b
@@ -79,7 +79,7 @@ def whole_delivery(buf: bytes | bytearray | memoryview, size: int, pos: int, cha
         next_pos = b + 8 + body_size
         if next_pos > size:
             return False
-        if buf[next_pos - 1] != _FRAME_END:
+        if buf[next_pos - 1] != FRAME_END:
             return True
     mend = h - 1
     p = pos + 12 + buf[pos + 11]

@@ -231,3 +231,6 @@ def fill(cols: DeliveryColumns, rows: list[Row], data: st.DataObject | None = No
         assert cols.last_tag == tag - 1
         if data is not None and data.draw(st.booleans(), label="decode"):
             cols.decode()
+
+
+names = st.sampled_from(["", "ex", "rk", "é"])  # exchanges and routing keys (é: two UTF-8 bytes)

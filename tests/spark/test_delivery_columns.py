@@ -35,13 +35,13 @@ from tests.spark.delivery_frames import (
     fill,
     look_alike_after_the_offset,
     make_row,
+    names,
     own_decode,
     stamped,
 )
 
 pytestmark = pytest.mark.both_paths
 
-names = st.sampled_from(["", "ex", "rk", "é"])
 
 
 # --- runs --------------------------------------------------------------------------------------------

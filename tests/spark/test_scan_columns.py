@@ -45,6 +45,7 @@ from tests.spark.delivery_frames import (
     expected_runs,
     filled,
     make_row,
+    names,
     needs_compiled,
     nested_look_alike,
     offsets_of,
@@ -59,7 +60,6 @@ pytestmark = pytest.mark.both_paths
 
 # --- scan_columns: the twins agree --------------------------------------------------------------------
 
-names = st.sampled_from(["", "ex", "rk", "é"])
 offsets = st.integers(-2**63 + 1, 2**63 - 1)  # -2**63 is NO_OFFSET: never a stream's offset
 _ENTRY_AND_VALUE = STREAM_OFFSET_ENTRY + value(3)
 # Blocks the scan's look for a stamp must walk with care: fixed-size fields, strings, headers of
