@@ -149,14 +149,15 @@ class BatchBuilder:
         """The columns a batch of n rows with one decoded span has the same whatever its bodies and
         offsets (None at those two), the last batch's again when its span was the same: building each
         costs a few Arrow calls and a type's hash a column."""
-        _lo, _hi, exchange, routing_key, props = spans[0]
+        span = spans[0]
+        _lo, _hi, exchange, routing_key, props = span
         key = (n, exchange, routing_key)
         kept = self._constant
         if kept is not None and kept[0] == key and kept[1] is props:
             return kept[2]
-        values = {"exchange": exchange, "routing_key": routing_key, "redelivered": False}
-        values.update((name, props[i]) for name, i in _PROPERTY_INDEX.items())
-        arrays = [None if name in ("offset", "body") else self._array(name, _Repeated(values[name]), field.type, n)
+        arrays = [None if name in ("offset", "body") else
+                  self._array(name, _Repeated(False if name == "redelivered" else _span_value(span, name)),
+                              field.type, n)
                   for name, field in zip(self.names, self.schema, strict=True)]
         self._constant = (key, props, arrays)
         return arrays
@@ -174,14 +175,9 @@ class BatchBuilder:
         if constant is None:
             # Each wanted name and property column from the runs: one value, or spread over its rows.
             for name in self.names:
-                if name in _NAME_AT:
-                    at = _NAME_AT[name]
-                    columns[name] = (_Repeated(spans[0][at]) if len(spans) == 1
-                                     else _spread([span[at] for span in spans], spans))
-                elif name in _PROPERTY_INDEX:
-                    i = _PROPERTY_INDEX[name]
-                    columns[name] = (_Repeated(spans[0][4][i]) if len(spans) == 1
-                                     else _spread([span[4][i] for span in spans], spans))
+                if name in _NAME_AT or name in _PROPERTY_INDEX:
+                    values = [_span_value(span, name) for span in spans]
+                    columns[name] = _Repeated(values[0]) if len(spans) == 1 else _spread(values, spans)
             flags = [False] * n
             for row in cols.redelivered:
                 flags[row] = True
@@ -241,6 +237,12 @@ def _offset_array(cols: DeliveryColumns, arrow_type: pa.DataType) -> pa.Array:
     if cols.missing == 0 and pa.types.is_int64(arrow_type) and sys.byteorder == "little":
         return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(cols.offsets)[:8 * n]])
     return pa.array([None if offset == NO_OFFSET else offset for offset in cols.offset_values], arrow_type)
+
+
+def _span_value(span: tuple[int, int, str, str, list[Any]], name: str) -> Any:
+    """A name or property column's value in a decoded span (first row, stop, exchange, routing key,
+    properties)."""
+    return span[_NAME_AT[name]] if name in _NAME_AT else span[4][_PROPERTY_INDEX[name]]
 
 
 def _spread(values: list[Any], spans: list[tuple[Any, ...]]) -> list[Any]:
