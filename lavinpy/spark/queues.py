@@ -128,19 +128,19 @@ class QueueConsumer:
         self.conn.close()
 
 
-def finish_consumers(consumers: list[tuple[QueueConsumer, int]]) -> None:
-    """Cancel the consumers of one connection, ack each up to its last tag, and close their channels,
+def finish_consumers(consumers: list[QueueConsumer]) -> None:
+    """Cancel the consumers of one connection, ack each up to the last delivery it read, and close their channels,
     all in one write; the channels' close-oks prove the broker has the acks. Then the connection closes.
 
     Cancelling first: an ack frees prefetch credit, and the broker would fill it with messages that
     the close then hands back, marked redelivered although nobody saw them."""
-    conn = consumers[0][0].conn
+    conn = consumers[0].conn
     cancel = commands.Basic.Cancel(consumer_tag=_CONSUMER_TAG)
     first = b"".join((b"" if consumer.cancelled else method_frame(consumer.ch, cancel))
-                     + (basic_ack(consumer.ch, last_tag, True) if last_tag else b"")
-                     for consumer, last_tag in consumers)
+                     + (basic_ack(consumer.ch, consumer.last_tag, True) if consumer.last_tag else b"")
+                     for consumer in consumers)
     try:
-        conn.close_channels([consumer.ch for consumer, _ in consumers], first)
+        conn.close_channels([consumer.ch for consumer in consumers], first)
     finally:
         conn.close()
 
@@ -176,7 +176,7 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
     if quota <= 0:
         return
     wait = max(idle_wait, 0.05)
-    done: list[tuple[QueueConsumer, int]] = []  # consumers and the last tag each handed out
+    done: list[QueueConsumer] = []  # each holds its part unacked until the end
     conn: Connection | None = None
     finished = False
     got = 0
@@ -188,14 +188,13 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
             # The prefetch bounds what this consumer can take from the others' shares.
             consumer = QueueConsumer(params, queue, part, conn)
             conn = consumer.conn
-            done.append((consumer, 0))
+            done.append(consumer)
             part_got = 0
             stalled_since: float | None = None
             while part_got < part:
                 before = part_got
                 for added in consumer.read(sink, first_wait=wait, idle_wait=wait, limit=part - part_got):
                     part_got += added
-                    done[-1] = (consumer, consumer.last_tag)
                     if sink.full():
                         yield None
                 if part_got >= part:
@@ -209,7 +208,6 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
                     consumer.cancel()
                     for added in consumer.read(sink, first_wait=0, idle_wait=0, limit=part - part_got):
                         part_got += added
-                        done[-1] = (consumer, consumer.last_tag)
                         if sink.full():
                             yield None
                     break
@@ -220,11 +218,11 @@ def drain_partition(params: AMQPParams, queue: str, quota: int, idle_wait: float
             yield None  # the last rows taken before the acks go
         finished = True
     finally:
-        connections = list({id(consumer.conn): consumer.conn for consumer, _ in done}.values())
+        connections = list({id(consumer.conn): consumer.conn for consumer in done}.values())
         try:
             if finished:
                 for each in connections:
-                    finish_consumers([(consumer, tag) for consumer, tag in done if consumer.conn is each])
+                    finish_consumers([consumer for consumer in done if consumer.conn is each])
         finally:
             for each in connections:
                 each.abort()  # unfinished: nothing acked, the broker requeues every part (redelivered)
