@@ -197,7 +197,7 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     builder = BatchBuilder(arrow_schema)
     sink = ColumnsSink(builder.batch_rows)
-    with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
+    with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch) as client:
         for lo, hi in client.read_range_into(sink, partition.start, partition.end):
             columns = sink.take()
             if hi > lo:
@@ -213,7 +213,7 @@ class LavinpyBatchReader(DataSourceReader):
 
     def partitions(self) -> list[OffsetRange]:
         opts = self.opts
-        with StreamClient(opts.params, opts.queue, prefetch=opts.prefetch) as client:
+        with StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch) as client:
             client.check_is_stream()
             end = client.end_offset()
             if opts.ending_offset != LATEST:
@@ -248,7 +248,7 @@ class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _stream(self) -> StreamClient:
         if self._client is None:
-            client = StreamClient(self.opts.params, self.opts.queue, prefetch=self.opts.prefetch)
+            client = StreamClient(self.opts.params, self.opts.queue, prefetch=self.opts.stream_prefetch)
             client.check_is_stream()
             self._client = client
         return self._client

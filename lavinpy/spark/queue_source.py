@@ -103,7 +103,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _prefetch(self) -> int:
         """Each consumer holds at most this many unacked messages. Spark commits a micro-batch to
         its source only when it plans the next one, so a consumer must have room for two."""
-        prefetch = self.opts.prefetch
+        prefetch = self.opts.queue_prefetch
         limit = self.opts.max_messages_per_trigger
         if limit:
             prefetch = min(prefetch, 2 * -(-limit // max(1, self.opts.consumers)))

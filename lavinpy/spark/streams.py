@@ -30,6 +30,7 @@ from lavinpy.wire.properties import property_values
 from lavinpy.wire.writer import basic_ack
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
+from .options import STREAM_PREFETCH
 
 _BASIC_CANCEL = (60 << 16) | 30
 _EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream counts as empty
@@ -67,7 +68,7 @@ class Delivery(NamedTuple):
 class StreamClient:
     """Stream operations on one queue through one Connection (opened lazily, reopened on failure)."""
 
-    def __init__(self, params: AMQPParams, queue: str, prefetch: int = 2000) -> None:
+    def __init__(self, params: AMQPParams, queue: str, prefetch: int = STREAM_PREFETCH) -> None:
         self.params = params
         self.queue = queue
         self.prefetch = max(1, min(prefetch, 65535))

@@ -68,6 +68,13 @@ def test_url_and_options() -> None:
         WriteOptions.parse({})
     r = ReadOptions.parse({"queue": "s", "startingOffset": "42", "endingOffset": "100"})
     assert (r.starting_offset, r.ending_offset) == (42, 100)
+    # Each kind's own default prefetch (a stream's credit, a queue's unacked messages); one given
+    # applies to both.
+    assert (r.stream_prefetch, r.queue_prefetch) == (8192, 2000)
+    given = ReadOptions.parse({"queue": "s", "prefetch": "300"})
+    assert (given.stream_prefetch, given.queue_prefetch) == (300, 300)
+    with pytest.raises(OptionError, match="prefetch"):
+        ReadOptions.parse({"queue": "s", "prefetch": "0"})
     assert parse_start(None) == FIRST and parse_start("earliest") == FIRST
     assert parse_start("last") == LAST and parse_start("latest") == NEXT and parse_start("next") == NEXT
     assert parse_start("2024-05-01T12:00:00Z") == dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
