@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 from hypothesis import strategies as st
@@ -169,6 +170,8 @@ class Row:
         assert offset_and_properties(self.block) == (offset, props)
         return offset, self.exchange, self.routing_key, props, self.body
 
+    appended = expected  # what the generic path hands over for it (fill)
+
     def run_key(self) -> tuple[Any, ...]:
         """What deliveries of one scan run share: all but the stamped value."""
         block = self.block if self.at < 0 else self.block[:self.at] + self.block[self.at + 8:]
@@ -199,14 +202,24 @@ def expected_runs(rows: list[Row]) -> list[tuple[Any, ...]]:
     return runs
 
 
-def fill(cols: DeliveryColumns, rows: list[Row], data: st.DataObject | None = None) -> None:
+class FillRow(Protocol):
+    """A row fill takes: its frames, or what the generic path hands over for it."""
+    generic: bool
+    redelivered: bool
+
+    def frames(self, tag: int) -> bytes: ...
+
+    def appended(self) -> tuple[int | None, str, str, list[Any], bytes]: ...
+
+
+def fill(cols: DeliveryColumns, rows: Sequence[FillRow], data: st.DataObject | None = None) -> None:
     """The rows into cols: the generic ones appended, each stretch of the others scanned from one receive
     buffer (bytes or bytearray) a few rows at a time; decodes between, as a reader makes them."""
     tag = cols.last_tag + 1
     i = 0
     while i < len(rows):
         if rows[i].generic:
-            offset, exchange, routing_key, props, body = rows[i].expected()
+            offset, exchange, routing_key, props, body = rows[i].appended()
             cols.append(tag, offset, exchange, routing_key, props, body, rows[i].redelivered)
             tag += 1
             i += 1

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from lavinpy.spark.read_rows import BATCH_ROWS, COLUMNS, BatchBuilder
 from lavinpy.wire import properties, writer
-from lavinpy.wire.delivery_columns import STOP_RAN_OUT, STREAM_OFFSET_ENTRY, DeliveryColumns
+from lavinpy.wire.delivery_columns import STREAM_OFFSET_ENTRY, DeliveryColumns
+from tests.spark.delivery_frames import fill as fill_columns
 
 pytestmark = pytest.mark.both_paths
 
@@ -60,33 +61,15 @@ class Row:
     def properties(self) -> list[Any]:
         return properties.property_values(self.block, typed=False)
 
+    def appended(self) -> tuple[int | None, str, str, list[Any], bytes]:
+        return self.offset, self.exchange, self.routing_key, self.properties(), self.body
+
 
 def fill(rows: list[Row], data: st.DataObject | None = None, cols: DeliveryColumns | None = None) -> DeliveryColumns:
-    """Columns holding the rows: the generic ones appended, each stretch of the others scanned from one
-    receive buffer, a few rows a call (drawn); decodes between (drawn), as a reader makes them. cols:
-    columns made with room (not zeroed where compiled), as a reader's next batch gets them."""
+    """Columns holding the rows, filled as a reader fills them (delivery_frames.fill). cols: columns made
+    with room (not zeroed where compiled), as a reader's next batch gets them."""
     cols = DeliveryColumns() if cols is None else cols
-    i = 0
-    while i < len(rows):
-        if rows[i].generic:
-            row = rows[i]
-            cols.append(i + 1, row.offset, row.exchange, row.routing_key, row.properties(), row.body, row.redelivered)
-            i += 1
-        else:
-            j = i
-            while j < len(rows) and not rows[j].generic:
-                j += 1
-            frames = [row.frames(i + 1 + k) for k, row in enumerate(rows[i:j])]
-            buf = b"".join(frames)
-            pos = done = 0
-            while done < len(frames):
-                step = len(frames) - done if data is None else data.draw(st.integers(1, len(frames) - done))
-                after = pos + sum(map(len, frames[done:done + step]))
-                assert cols.scan(buf, 1, pos, step) == (step, after, STOP_RAN_OUT)
-                pos, done = after, done + step
-            i = j
-        if data is not None and data.draw(st.booleans()):
-            cols.decode()
+    fill_columns(cols, rows, data)
     assert cols.rows == len(rows) and cols.last_tag == len(rows)
     return cols
 
