@@ -203,7 +203,7 @@ class ReadOptions:
                    ending_offset=parse_end(opts.get("endingoffset")),
                    max_messages_per_trigger=_int(opts, "maxMessagesPerTrigger", None),
                    max_messages_per_partition=_int(opts, "maxMessagesPerPartition", 500_000) or 500_000,
-                   prefetch=_int(opts, "prefetch", None) or None,
+                   prefetch=_int(opts, "prefetch", None),
                    consumers=_int(opts, "consumers", 2) or 2,
                    idle_timeout=_float(opts, "idleTimeout", 0.5),
                    queue_type=_queue_type(opts.get("queuetype")),
