@@ -54,6 +54,7 @@ from tests.spark.delivery_frames import (
     twins,
     value,
 )
+from tests.wire.frames import mutate
 
 pytestmark = pytest.mark.both_paths
 
@@ -79,14 +80,6 @@ odd_blocks = st.sampled_from([
 ])
 any_block = st.one_of(st.builds(lambda kind, offset: KINDS[kind][0](offset), st.integers(0, len(KINDS) - 1), offsets),
                       odd_blocks)
-
-
-def mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
-    out = bytearray(data)
-    for at, byte in flips:
-        if out:
-            out[at % len(out)] = byte
-    return bytes(out)
 
 
 channels = st.sampled_from([1, 1, 1, 0, 2])  # mostly the scanned one

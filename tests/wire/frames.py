@@ -59,3 +59,14 @@ def describe(event: object) -> tuple:
         return ("body", event.channel, event.data)
     assert isinstance(event, HeartbeatFrame)
     return ("heartbeat",)
+
+
+def mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
+    """data with the byte at each flip's index (wrapped to its length) set to the flip's value: frames
+    damaged where a draw says, for the parsers' fuzz tests."""
+    out = bytearray(data)
+    for at, value in flips:
+        if out:
+            out[at % len(out)] = value
+    return bytes(out)
+

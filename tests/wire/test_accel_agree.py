@@ -22,6 +22,7 @@ from lavinpy.wire.constants import PROTOCOL_HEADER
 from lavinpy.wire.errors import AMQPError
 from lavinpy.wire.properties import valid_props
 from lavinpy.wire.reader import BadProtocolHeader, FrameReader, RefusedFrame
+from tests.wire.frames import mutate
 
 pytestmark = pytest.mark.skipif(not accel.COMPILED, reason="the pure-Python codec is selected")
 
@@ -81,14 +82,6 @@ def frames() -> st.SearchStrategy[bytes]:
         st.just(client.frame(8, 1, b"")),
         st.binary(min_size=1, max_size=10),  # noise
     )
-
-
-def mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
-    out = bytearray(data)
-    for at, value in flips:
-        if out:
-            out[at % len(out)] = value
-    return bytes(out)
 
 
 streams = st.builds(mutate, st.lists(frames(), min_size=1, max_size=8).map(b"".join),
