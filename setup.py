@@ -18,11 +18,11 @@ setup(
                                                 # (zlib's CRC-32 for the deduplication table's framed batches)
                                                 "lavinpy/wire/_crc32.c"],
                   depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h", "lavinpy/wire/_cwire_dedup_table.h",
-                           "lavinpy/wire/_crc32.h", "lavinpy/wire/_dedup_batch.h"],
+                           "lavinpy/wire/_crc32.h", "lavinpy/wire/_dedup_batch.h", "lavinpy/wire/_props.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cclient", ["lavinpy/wire/_cclient.c", "lavinpy/wire/_cclient_recv.c",
                                                 "lavinpy/wire/_cclient_columns.c"],
-                  depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cclient_scan.h"],
+                  depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cclient_scan.h", "lavinpy/wire/_props.h"],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("lavinpy.wire._cstream", ["lavinpy/wire/_cstream.c"], depends=["lavinpy/wire/_bytes.h"],
                   optional=True, extra_compile_args=["-O2"]),

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "_bytes.h"
+#include "_props.h"
 
 #ifndef FRAME_END
 #define FRAME_END 0xCE
@@ -108,18 +109,8 @@ stamped_offset_at(const unsigned char *block, Py_ssize_t len)
     unsigned int flags = rd16(block);
     if (!(flags & 0x2000) || (flags & 1))  /* no headers, or more flag words than basic has */
         return -1;
-    Py_ssize_t p = 2;
-    for (unsigned int bit = 0x8000; bit > 0x2000; bit >>= 1) {  /* content-type, content-encoding */
-        if (flags & bit) {
-            if (p >= len)
-                return -1;
-            p += 1 + block[p];
-        }
-    }
-    if (p + 4 > len)
-        return -1;
-    Py_ssize_t end = p + 4 + (Py_ssize_t)rd32(block + p);
-    if (end > len || end - 8 - OFFSET_ENTRY_LEN < p + 4
+    Py_ssize_t start, end;
+    if (!headers_table(block, len, &start, &end) || end - 8 - OFFSET_ENTRY_LEN < start
         || memcmp(block + end - 8 - OFFSET_ENTRY_LEN, OFFSET_ENTRY, OFFSET_ENTRY_LEN) != 0)
         return -1;
     return end - 8;

@@ -8,6 +8,7 @@
 
 #include "_bytes.h"
 #include "_cwire.h"
+#include "_props.h"
 
 /* Offset after the tagged value at pos (< end), skipped by its width or length; -1 when it does not
  * fit or its type is unknown (nested content is not walked: the table was checked on arrival). */
@@ -52,20 +53,9 @@ cwire_find_spans(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssiz
             return 1;
         }
     }
-    Py_ssize_t pos = 2;
-    for (int bit = 0x80; bit >= 0x40; bit >>= 1) {  /* content type, content encoding */
-        if (b[0] & bit) {
-            if (pos >= n)
-                return -1;
-            pos += 1 + b[pos];
-        }
-    }
-    if (pos + 4 > n)
+    Py_ssize_t pos, end;
+    if (!headers_table(b, n, &pos, &end))
         return -1;
-    Py_ssize_t end = pos + 4 + (Py_ssize_t)rd32(b + pos);
-    if (end > n)
-        return -1;
-    pos += 4;
     int result = 0;
     while (pos < end) {
         Py_ssize_t key_len = b[pos], key_end = pos + 1 + key_len;

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from lavinpy.wire.accel import cclient
 from lavinpy.wire.constants import FRAME_END
-from lavinpy.wire.properties import property_values
+from lavinpy.wire.properties import headers_table, property_values
 
 __all__ = ["NO_OFFSET", "DeliveryColumns", "scan_columns", "stamped_offset_at", "whole_delivery"]
 
@@ -105,17 +105,12 @@ def stamped_offset_at(block: bytes | bytearray | memoryview) -> int:
     flags = (block[0] << 8) | block[1]
     if not flags & 0x2000 or flags & 1:  # no headers, or more flag words than basic has
         return -1
-    p = 2
-    for bit in (0x8000, 0x4000):  # content-type, content-encoding
-        if flags & bit:
-            if p >= size:
-                return -1
-            p += 1 + block[p]
-    if p + 4 > size:
+    table = headers_table(block)
+    if table is None:
         return -1
-    end = p + 4 + _U32.unpack_from(block, p)[0]
+    start, end = table
     entry = len(STREAM_OFFSET_ENTRY)
-    if end > size or end - 8 - entry < p + 4 or bytes(block[end - 8 - entry:end - 8]) != STREAM_OFFSET_ENTRY:
+    if end - 8 - entry < start or bytes(block[end - 8 - entry:end - 8]) != STREAM_OFFSET_ENTRY:
         return -1
     return end - 8
 

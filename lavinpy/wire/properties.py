@@ -265,6 +265,23 @@ def peek_headers(raw: bytes | bytearray | memoryview) -> dict | None:
         raise PropertiesError(f"headers table malformed: {err}") from err
 
 
+def headers_table(raw: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """(start, end) of the entries of the headers table of a block whose first flags word says it has
+    one and no continuation word follows; None when the content type, the content encoding or the
+    table runs past the block. The pure-Python twin of _props.h's headers_table."""
+    pos = 2
+    size = len(raw)
+    for bit in (0x80, 0x40):  # content type, content encoding (short strings)
+        if raw[0] & bit:
+            if pos >= size:
+                return None
+            pos += 1 + raw[pos]
+    if pos + 4 > size:
+        return None
+    end = pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
+    return (pos + 4, end) if end <= size else None
+
+
 def header_span(raw: bytes, name: bytes) -> tuple[int, int] | tuple[()] | None:
     """(start, end) of the tagged value of the last headers entry called ``name``; () when there is
     no such entry (or no headers); None when a flag continuation word or a malformed table keeps
@@ -274,18 +291,10 @@ def header_span(raw: bytes, name: bytes) -> tuple[int, int] | tuple[()] | None:
         return None
     if not raw[0] & 0x20:
         return ()
-    pos = 2
-    for bit in (0x80, 0x40):  # content type, content encoding (short strings)
-        if raw[0] & bit:
-            if pos >= len(raw):
-                return None
-            pos += 1 + raw[pos]
-    if pos + 4 > len(raw):
+    table = headers_table(raw)
+    if table is None:
         return None
-    end = pos + 4 + int.from_bytes(raw[pos:pos + 4], "big")
-    if end > len(raw):
-        return None
-    pos += 4
+    pos, end = table
     found: tuple[int, int] | tuple[()] = ()
     size = len(name)
     while pos < end:
