@@ -136,8 +136,12 @@ def register_floor_sources(spark: Any) -> None:
             return PublishedMessages(sum(batch.num_rows for batch in iterator))
 
     class Generate(DataSourceReader):
-        def __init__(self, rows: int, body_bytes: int) -> None:
+        """The rows a read of the bench's queue gives (the same names, properties and body length), from
+        one batch built once: Spark's cost for those rows, without the broker and the client."""
+
+        def __init__(self, rows: int, body_bytes: int, routing_key: str, delivery_mode: int, offsets: bool) -> None:
             self.rows, self.body_bytes = rows, body_bytes
+            self.routing_key, self.delivery_mode, self.offsets = routing_key, delivery_mode, offsets
 
         def partitions(self) -> list[InputPartition]:
             return [InputPartition(0), InputPartition(1)]
@@ -148,10 +152,14 @@ def register_floor_sources(spark: Any) -> None:
             schema = to_arrow_schema(read_schema(), timezone="UTC")
             n = 8192
             body = b"x" * self.body_bytes
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array(range(n), pa.int64()), pa.array([body] * n, pa.binary()),
-                 pa.array(["rk"] * n, pa.string()), pa.array([""] * n, pa.string()),
-                 *[pa.nulls(n, f.type) for f in schema][4:]], schema=schema)
+            given = {"offset": pa.array(range(n) if self.offsets else [None] * n, pa.int64()),
+                     "body": pa.array([body] * n, pa.binary()),
+                     "routing_key": pa.array([self.routing_key] * n, pa.string()),
+                     "exchange": pa.array([""] * n, pa.string()),
+                     "delivery_mode": pa.array([self.delivery_mode] * n, pa.int32()),
+                     "redelivered": pa.array([False] * n, pa.bool_())}
+            batch = pa.RecordBatch.from_arrays([given.get(f.name, pa.nulls(n, f.type)) for f in schema],
+                                               schema=schema)
             share = self.rows // 2 + (self.rows % 2 if partition.value == 0 else 0)  # exactly `rows` in all
             for _ in range(share // n):
                 yield batch
@@ -170,7 +178,9 @@ def register_floor_sources(spark: Any) -> None:
             return Discard()
 
         def reader(self, schema: Any) -> Generate:
-            return Generate(int(self.options["rows"]), int(self.options["bodyBytes"]))
+            return Generate(int(self.options["rows"]), int(self.options["bodyBytes"]),
+                            self.options.get("routingKey", ""), int(self.options.get("deliveryMode", "2")),
+                            self.options.get("offsets", "true") == "true")
 
     spark.dataSource.register(Floor)
 
@@ -343,7 +353,11 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
         bodies(spark, args.rows, args.body_bytes, args.partitions).write.format("spark_floor").mode("append").save()
 
     def floor_read() -> None:
-        (spark.read.format("spark_floor").option("rows", args.rows).option("bodyBytes", args.body_bytes).load()
+        # The rows the reads give: the queues' names (as long as each other) as routing keys, persistent,
+        # and offsets from streams only.
+        (spark.read.format("spark_floor").option("rows", args.rows).option("bodyBytes", args.body_bytes)
+         .option("routingKey", queues[0]).option("deliveryMode", 2)
+         .option("offsets", str(kind == "stream").lower()).load()
          .selectExpr("count(*)", "sum(length(body))", "max(offset)").collect())
 
     def write(queue: str) -> Any:
