@@ -14,7 +14,7 @@ from pamqp import commands
 from lavinpy.broker.errors import NOT_IMPLEMENTED, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
 from lavinpy.broker.metrics.stats import AMQP_091, NodeCounters
 from lavinpy.broker.ops.deliveries import Deliveries
-from lavinpy.broker.queues.base import QueueHost, QueueKind
+from lavinpy.broker.queues.base import DELIVERY_BATCH, RUN_SHARE, QueueHost, QueueKind
 from lavinpy.broker.queues.consumer import Consumer
 from lavinpy.broker.queues.stream import StreamQueue, with_stream_offset
 from lavinpy.broker.queues.stream_arguments import validate_stream_consumer, validate_stream_declare
@@ -417,6 +417,33 @@ def test_stored_messages_go_out_in_runs_within_credit_and_around_damage(stream: 
     assert received(channel)[25:] == [(i, i + 1) for i in range(25, 30)] + [(100 + i, 32 + i) for i in range(10)]
     assert stream.corrupt_messages == 1 and consumer.unacked == 15
     assert stream.offset_of(consumer) == 42
+
+
+def test_a_go_takes_more_deliveries_in_runs_than_one_at_a_time(stream: StreamQueue) -> None:
+    """A delivery in a run costs a go a RUN_SHARE-th of one delivered alone (a filtering consumer's):
+    one go (``deliver``) hands a consumer's runs DELIVERY_BATCH * RUN_SHARE messages, a filtering
+    consumer DELIVERY_BATCH at most; both then say more could go out, and the next goes go on in order."""
+    total = DELIVERY_BATCH * RUN_SHARE + 100
+    publish(stream, total, with_message=False, headers={"x-stream-filter-value": "a"})
+    channel = RecordingChannel()
+    args = {"x-stream-offset": "first"}
+    plain = Consumer("plain", stream, channel, prefetch=total, arguments=args)  # type: ignore[arg-type]
+    stream.add_consumer(plain)
+    assert stream.deliver() is True
+    assert len(channel.deliveries) == DELIVERY_BATCH * RUN_SHARE and len(channel.runs) < 20
+    pump(stream)
+    assert received(channel) == [(i, i + 1) for i in range(total)]
+    stream.remove_consumer(plain)
+
+    filtered_channel = RecordingChannel()
+    filtered_args = {"x-stream-offset": "first", "x-stream-filter": "a"}
+    filtered = Consumer("filtered", stream, filtered_channel, prefetch=total,  # type: ignore[arg-type]
+                        arguments=filtered_args)
+    stream.add_consumer(filtered)
+    assert stream.deliver() is True
+    assert 0 < len(filtered_channel.deliveries) <= DELIVERY_BATCH
+    pump(stream)
+    assert received(filtered_channel) == [(i, i + 1) for i in range(total)]
 
 
 def test_stream_index_get_many_matches_get(stream: StreamQueue) -> None:

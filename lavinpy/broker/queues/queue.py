@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...store.record import CorruptRecord, StoredMessage
 from ..metrics.stats import MessageCounters
 from ..settings.deduplication import settings_of
-from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
+from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, RUN_SHARE, QueueHost, QueueKind
 from .consumer_set import ConsumerSet, deliver_picks
 from .dedup_cache import DedupCache, file_name
 from .features import QueueFeatures
@@ -330,8 +330,8 @@ class Queue(QueueKind):
         budget = DELIVERY_BATCH
         index = self.index
         consumers = self.consumers
-        if len(consumers) == 1:
-            return self._deliver_to(next(iter(consumers)), budget)
+        if len(consumers) == 1:  # every delivery in a run: each costs a RUN_SHARE-th of the budget
+            return self._deliver_to(next(iter(consumers)), budget * RUN_SHARE)
         # Every channel-wide prefetch must have room for the whole budget; with none in the vhost (the
         # usual case) the walk over every consumer (a third of the loop at 1,000 consumers) is skipped.
         if consumers and (not self.vhost.channel_wide_prefetches

@@ -28,7 +28,7 @@ from ...wire.properties import peek_headers
 from ..errors import NOT_IMPLEMENTED, BrokerConnectionError
 from ..metrics.stats import MessageCounters
 from ..settings.arguments import QueueSettings
-from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, QueueHost, QueueKind
+from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, RUN_SHARE, QueueHost, QueueKind
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
@@ -303,8 +303,8 @@ class StreamQueue(QueueKind):
                 if consumer in self._cursors:
                     self._cursors[consumer] = cursor
                 continue
-            sent = self._deliver_runs(consumer, cursor, budget)
-            budget -= sent
+            sent = self._deliver_runs(consumer, cursor, budget * RUN_SHARE)
+            budget -= -(-sent // RUN_SHARE)  # a delivery in a run costs a RUN_SHARE-th of one alone
             cursor += sent
             end = index.next_offset
             while budget and cursor < end and consumer.can_accept():
@@ -316,8 +316,8 @@ class StreamQueue(QueueKind):
                     continue
                 self._send(consumer, cursor - 1, pos, msg)
                 budget -= 1
-                sent = self._deliver_runs(consumer, cursor, budget)
-                budget -= sent
+                sent = self._deliver_runs(consumer, cursor, budget * RUN_SHARE)
+                budget -= -(-sent // RUN_SHARE)
                 cursor += sent
             if consumer in self._cursors:
                 self._cursors[consumer] = cursor
