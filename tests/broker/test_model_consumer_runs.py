@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lavinpy.broker.queues.base import DELIVERY_BATCH
+from lavinpy.broker.queues.base import DELIVERY_BATCH, RUN_SHARE
 from lavinpy.broker.queues.consumer import Consumer
 from lavinpy.store.record import StoredMessage
 from tests.broker.model_harness import Model, run
@@ -134,4 +134,35 @@ def test_a_published_run_goes_round_robin_in_one_delivery_call_per_consumer(tmp_
             assert [tag for tag, _consumer, _body in channel.delivered] == [1, 2, 3, 4, 5]
             assert channel.runs == 1  # the consumer's share of the run in one call
         assert queue.message_count == 0 and queue.unacked_count == 20
+    run(body, tmp_path)
+
+
+def test_a_go_of_several_consumers_takes_runs_unless_a_channel_wide_prefetch_exists(tmp_path: Path) -> None:
+    """A go (``Queue.deliver``) hands several consumers' shares out as runs: DELIVERY_BATCH * RUN_SHARE
+    messages a go. While the vhost counts a channel-wide prefetch each pick must see its channel's window,
+    and a go stays at DELIVERY_BATCH."""
+    async def body(m: Model) -> None:
+        queue = m.declare("work")
+        total = DELIVERY_BATCH * RUN_SHARE * 2
+        channels = [RecordingChannel(f"ch{i}", 1 << 30) for i in range(2)]
+        consumers = [Consumer(f"c{i}", queue, channel, prefetch=total)  # type: ignore[arg-type]
+                     for i, channel in enumerate(channels)]
+        bodies = [b"m%d" % i for i in range(total)]
+        assert m.vhost.publish_run(m.vhost.default_exchange, "work", b"\x00\x00", bodies) == (1, False)
+        for consumer in consumers:
+            queue.add_consumer(consumer)
+
+        def delivered() -> int:
+            return sum(len(channel.delivered) for channel in channels)
+
+        assert queue.deliver() is True and delivered() == DELIVERY_BATCH * RUN_SHARE
+        assert all(channel.runs == 1 for channel in channels)  # each one's share of the go in one call
+        m.vhost.channel_wide_prefetches += 1
+        assert queue.deliver() is True and delivered() == DELIVERY_BATCH * RUN_SHARE + DELIVERY_BATCH
+        m.vhost.channel_wide_prefetches -= 1
+        while queue.deliver():
+            pass
+        assert delivered() == total and queue.message_count == 0
+        for i, channel in enumerate(channels):  # round robin over the whole backlog, in order
+            assert [body for _tag, _consumer, body in channel.delivered] == bodies[i::2]
     run(body, tmp_path)

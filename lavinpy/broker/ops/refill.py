@@ -9,7 +9,7 @@ from ...store.queue_index import QueueIndex
 from ...store.record import CorruptRecord
 from ...store.unacked_positions import UnackedPositions
 from ...wire.accel import cwire
-from ..queues.base import DELIVERY_BATCH
+from ..queues.base import DELIVERY_BATCH, RUN_SHARE
 from ..queues.consumer import Consumer
 from ..queues.consumer_set import ConsumerSet
 from ..queues.queue import Queue
@@ -24,4 +24,4 @@ def init_refill(channel: type) -> None:
     it inlines: its flow, closing, connection's writable, ``ReplyQueue.waiting`` and channel-wide prefetch)."""
     if cwire is not None:
         cwire.init_refill(DeliveryScheduler, Queue, QueueIndex, UnackedPositions, ConsumerSet, Consumer, CorruptRecord,
-                          channel, ReplyQueue, DELIVERY_BATCH)
+                          channel, ReplyQueue, DELIVERY_BATCH * RUN_SHARE)  # Queue.deliver's for such a round

@@ -38,10 +38,10 @@ log = logging.getLogger("lavinpy.queue")
 
 # Deliveries a queue makes in one go before other queues get a turn on the event loop.
 DELIVERY_BATCH = 256
-# What a delivery in a run (one consumer's, booked and framed in one call) costs of a go's budget: a
-# RUN_SHARE-th of one delivered alone. At a whole one, a go of small messages was mostly the go's own
-# fixed cost: with runs eight times as long, the broker's CPU a message read by one consumer fell by
-# about a third from a stream, less from a queue (bench/history.md).
+# What a delivery in a run (a consumer's share of a go, booked and framed in one call) costs of a go's
+# budget: a RUN_SHARE-th of one delivered alone. At a whole one, a go of small messages was mostly the
+# go's own fixed cost: with runs eight times as long, the broker's CPU a message fell by about a third
+# for a stream read by one consumer and by two fifths for a queue read by two (bench/history.md).
 RUN_SHARE = 8
 # A delivery run's bodies stay near this many bytes: the channel's output high-water mark is checked
 # once per run, so a run of large messages must be short (the first run of a queue is FIRST_RUN long).

@@ -334,8 +334,9 @@ class Queue(QueueKind):
             return self._deliver_to(next(iter(consumers)), budget * RUN_SHARE)
         # Every channel-wide prefetch must have room for the whole budget; with none in the vhost (the
         # usual case) the walk over every consumer (a third of the loop at 1,000 consumers) is skipped.
-        if consumers and (not self.vhost.channel_wide_prefetches
-                          or all(c.channel.delivery_room() >= budget for c in consumers)):
+        if consumers and not self.vhost.channel_wide_prefetches:  # each consumer's share of a round is a run
+            return self._deliver_rounds(budget * RUN_SHARE)
+        if consumers and all(c.channel.delivery_room() >= budget for c in consumers):
             return self._deliver_rounds(budget)
         while budget and index.ready_count and consumers:
             consumer = consumers.next_ready()
