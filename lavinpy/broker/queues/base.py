@@ -49,6 +49,11 @@ RUN_BYTES = 1 << 20
 FIRST_RUN = 16
 
 
+def run_cost(delivered: int) -> int:
+    """What ``delivered`` deliveries in runs cost of a go's budget (a part counts whole)."""
+    return -(-delivered // RUN_SHARE)
+
+
 class QueueHost(Protocol):
     """What a queue needs of the vhost that holds it, and nothing more (``vhost.VHost`` is one)."""
 

@@ -28,7 +28,7 @@ from ...wire.properties import peek_headers
 from ..errors import NOT_IMPLEMENTED, BrokerConnectionError
 from ..metrics.stats import MessageCounters
 from ..settings.arguments import QueueSettings
-from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, RUN_SHARE, QueueHost, QueueKind
+from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, RUN_SHARE, QueueHost, QueueKind, run_cost
 from .stream_arguments import OFFSET_HEADER, parse_stream_offset, queue_in_vhost, validate_stream_consumer
 from .stream_filter import StreamFilter, stream_filter
 from .stream_offsets import OffsetTracker, tracking_requested
@@ -304,7 +304,7 @@ class StreamQueue(QueueKind):
                     self._cursors[consumer] = cursor
                 continue
             sent = self._deliver_runs(consumer, cursor, budget * RUN_SHARE)
-            budget -= -(-sent // RUN_SHARE)  # a delivery in a run costs a RUN_SHARE-th of one alone
+            budget -= run_cost(sent)
             cursor += sent
             end = index.next_offset
             while budget and cursor < end and consumer.can_accept():
@@ -317,7 +317,7 @@ class StreamQueue(QueueKind):
                 self._send(consumer, cursor - 1, pos, msg)
                 budget -= 1
                 sent = self._deliver_runs(consumer, cursor, budget * RUN_SHARE)
-                budget -= -(-sent // RUN_SHARE)
+                budget -= run_cost(sent)
                 cursor += sent
             if consumer in self._cursors:
                 self._cursors[consumer] = cursor
