@@ -250,8 +250,12 @@ class UnackedBook(Mapping[int, Unacked]):
         return taken
 
     def take_all(self) -> list[tuple[int, Unacked]]:
-        """Settle every delivery: (tag, record) of each, in delivery order."""
-        items = list(self.items())
+        """Settle every delivery: (tag, record) of each, in delivery order (read off the runs, not looked
+        up a tag at a time: a closing channel may hold a stream consumer's 65,535)."""
+        items = [(run.first + offset, _new_tuple(Unacked, (run.queue, run.positions[offset], run.consumer)))
+                 for run in self._runs[self._head:] if run.live
+                 for offset in range(run.done, len(run.positions))
+                 if run.settled is None or offset not in run.settled]
         self._runs = []
         self._head = self._count = 0
         return items
