@@ -8,7 +8,7 @@ each round of a queue's deliveries) joins it.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -115,14 +115,18 @@ class UnackedBook(Mapping[int, Unacked]):
         return self._count
 
     def __iter__(self) -> Iterator[int]:
-        for run in self._runs[self._head:]:
-            if not run.live:
-                continue
-            settled = run.settled
+        for run, offsets in self._unsettled():
             first = run.first
-            for offset in range(run.done, len(run.positions)):
-                if settled is None or offset not in settled:
-                    yield first + offset
+            for offset in offsets:
+                yield first + offset
+
+    def _unsettled(self) -> Iterator[tuple[_Run, Iterable[int]]]:
+        """Each run with unsettled deliveries and their offsets in it, in delivery order."""
+        for run in self._runs[self._head:]:
+            if run.live:
+                offsets = range(run.done, len(run.positions))
+                settled = run.settled
+                yield run, offsets if settled is None else [o for o in offsets if o not in settled]
 
     def __getitem__(self, tag: int) -> Unacked:
         run, offset = self._find(tag)
@@ -253,9 +257,7 @@ class UnackedBook(Mapping[int, Unacked]):
         """Settle every delivery: (tag, record) of each, in delivery order (read off the runs, not looked
         up a tag at a time: a closing channel may hold a stream consumer's 65,535)."""
         items = [(run.first + offset, _new_tuple(Unacked, (run.queue, run.positions[offset], run.consumer)))
-                 for run in self._runs[self._head:] if run.live
-                 for offset in range(run.done, len(run.positions))
-                 if run.settled is None or offset not in run.settled]
+                 for run, offsets in self._unsettled() for offset in offsets]
         self._runs = []
         self._head = self._count = 0
         return items
