@@ -55,9 +55,20 @@ def message(channel: int, routing_key: str, props: bytes, body: bytes) -> bytes:
     return writer.method_frame(channel, commands.Basic.Publish(0, "", routing_key)) + content(channel, props, body)
 
 
+def publish_run(channel: int, items: list[tuple[str, bytes, bytes]]) -> bytes:
+    """Publishes that mostly repeat the one before: the compiled reader reuses the last method and
+    property block when their bytes repeat, and must tell apart keys and blocks of equal length."""
+    return b"".join(message(channel, routing_key, props, body) for routing_key, props, body in items)
+
+
 def frames() -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.builds(message, channels, names, properties, st.binary(max_size=300)),
+        st.builds(publish_run, channels, st.lists(st.tuples(
+            st.sampled_from(["ab", "ab", "ba", "a"]),
+            st.sampled_from([b"\x10\x00\x02", b"\x10\x00\x02", b"\x10\x00\x01", b"\x80\x00\x01a",
+                             b"\x80\x00\x01b", b"\x20\x00" + struct.pack(">I", 3) + b"\x01kZ"]),
+            st.binary(max_size=20)), min_size=2, max_size=6)),
         st.builds(message, channels, names, properties, st.binary(max_size=300)),
         st.builds(lambda ch, ex, rk, m: writer.method_frame(ch, commands.Basic.Publish(0, ex, rk, m)),
                   channels, st.sampled_from(["", "amq.direct", "x"]), names, st.booleans()),
@@ -164,6 +175,20 @@ def test_reader_compiled_fuses_publish_header_body() -> None:
     assert [type(e).__name__ for e in events] == ["ContentMessage"]
     assert (events[0].method.exchange, events[0].method.routing_key, events[0].properties, events[0].body) == (
         "ex", "rk", b"\x10\x00\x02", b"hello")
+
+
+def test_reader_compiled_shares_what_consecutive_publishes_repeat() -> None:
+    # The same method and property block from one publish to the next are the same objects (a
+    # publish run then compares them by identity); a key or block of equal length but other bytes
+    # is its own.
+    data = PROTOCOL_HEADER + b"".join(message(1, key, props, b"x") for key, props in [
+        ("ab", b"\x80\x00\x01a"), ("ab", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01b")])
+    events = FrameReader(FRAME_MAX, compiled=True).feed(data)
+    assert [(e.method.routing_key, e.properties) for e in events] == [
+        ("ab", b"\x80\x00\x01a"), ("ab", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01b")]
+    assert events[0].method is events[1].method and events[0].properties is events[1].properties
+    assert events[2].method is not events[1].method and events[2].properties is events[1].properties
+    assert events[3].method is events[2].method and events[3].properties is not events[2].properties
 
 
 def split_outcome(split, data: bytes, frame_max: int) -> object:
