@@ -133,101 +133,10 @@ fixed_props_len(uint16_t flags)
 
 /* --- the server's frame reader ----------------------------------------------------------------- */
 
-/* Property blocks not seen before (per-message ids, timestamps, headers) are checked here with
- * properties.properties_end's and field_table.validate_table's rules, so that a publisher whose
- * headers differ on every message keeps the fast path. Only a block found good is taken; anything
- * else (bad, or outside what is checked here: flag continuation words) goes to the Python code,
- * which gives the verdict and the error text. */
-#define TABLE_MAX_DEPTH 64  /* field_table.MAX_DEPTH */
-
-static int table_ok(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int depth);
-
-/* Offset after the tagged value at pos (< end), nested content checked; -1 when not good. */
-static Py_ssize_t
-value_ok_end(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int depth)
-{
-    unsigned char tag = b[pos++];
-    Py_ssize_t width = field_width(tag);
-    if (width == FIELD_UNKNOWN)
-        return -1;
-    if (width >= 0)
-        return pos + width > end ? -1 : pos + width;
-    if (pos + 4 > end)
-        return -1;
-    Py_ssize_t start = pos + 4, stop = start + (Py_ssize_t)rd32(b + pos);
-    if (stop > end)
-        return -1;
-    if (tag == 'F')
-        return table_ok(b, start, stop, depth + 1) ? stop : -1;
-    if (tag == 'A') {
-        if (depth + 1 > TABLE_MAX_DEPTH)
-            return -1;
-        while (start < stop) {
-            start = value_ok_end(b, start, stop, depth + 1);
-            if (start < 0)
-                return -1;
-        }
-    }
-    return stop;
-}
-
-static int
-table_ok(const unsigned char *b, Py_ssize_t pos, Py_ssize_t end, int depth)
-{
-    if (depth > TABLE_MAX_DEPTH)
-        return 0;
-    while (pos < end) {
-        Py_ssize_t key_end = pos + 1 + b[pos];
-        if (key_end >= end)
-            return 0;
-        pos = value_ok_end(b, key_end, end, depth);
-        if (pos < 0)
-            return 0;
-    }
-    return 1;
-}
-
-/* Whether the property block b[0:n] fills its frame exactly with a good headers table (if any). */
-static int
-props_ok(const unsigned char *b, Py_ssize_t n)
-{
-    if (n < 2)
-        return 0;
-    unsigned int flags = rd16(b);
-    if (flags & 1)
-        return 0;
-    Py_ssize_t pos = 2;
-    for (int bit = 15; bit >= 2; bit--) {
-        if (!(flags & (1u << bit)))
-            continue;
-        if (bit == 13) {  /* headers */
-            if (pos + 4 > n)
-                return 0;
-            Py_ssize_t start = pos + 4;
-            pos = start + (Py_ssize_t)rd32(b + pos);
-            if (pos > n || !table_ok(b, start, pos, 1))
-                return 0;
-            continue;
-        }
-        if (bit == 12 || bit == 11)  /* delivery mode, priority */
-            pos += 1;
-        else if (bit == 6)  /* timestamp */
-            pos += 8;
-        else {  /* a short string */
-            if (pos >= n)
-                return 0;
-            pos += 1 + b[pos];
-        }
-        if (pos > n)
-            return 0;
-    }
-    return pos == n;
-}
-
 /* Whether the header frame at pos (type 2) is complete and its property block known good; sets
  * *props and *fend_out. Mirrors FrameReader._fuse_content's header checks. Returns 1 (good), 0 (not
  * for fusion), 2 (a property block not seen before that
- * props_ok does not take: only *fend_out and *body_size set), -1 (error). */
+ * cwire_props_ok does not take: only *fend_out and *body_size set), -1 (error). */
 static int
 fusable_header(const unsigned char *src, Py_ssize_t pos, Py_ssize_t end, long channel,
                Py_ssize_t max_payload, PyObject *valid_props, PyObject *last_props, PyObject **props,
@@ -260,7 +169,7 @@ fusable_header(const unsigned char *src, Py_ssize_t pos, Py_ssize_t end, long ch
     PyObject *block = PyBytes_FromStringAndSize((const char *)src + props_at, fend - props_at);
     if (block == NULL)
         return -1;
-    if (fixed < 0 && !props_ok(src + props_at, fend - props_at)) {
+    if (fixed < 0 && !cwire_props_ok(src + props_at, fend - props_at)) {
         int known = PySet_Contains(valid_props, block);
         if (known <= 0) {
             Py_DECREF(block);
@@ -314,7 +223,7 @@ append_ack(PyObject *events, long channel, uint64_t tag)
  *
  * Appends to events the frames from pos on that the fast path handles (body, basic.publish fused with
  * its header and body when they follow, content header with a fixed or already-validated property
- * block or one props_ok finds good, basic.ack (multiple=false ones gathered into AckRun events), heartbeat), exactly as
+ * block or one cwire_props_ok finds good, basic.ack (multiple=false ones gathered into AckRun events), heartbeat), exactly as
  * FrameReader._parse would. It stops at the first frame it leaves to Python and returns its offset
  * and where Python should stop: that frame's end for a well framed one, len(src) for an incomplete or broken one (Python then reports it or waits for more).
  */
@@ -492,7 +401,7 @@ cwire_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyObject *props = PyBytes_FromStringAndSize((const char *)src + props_at, fend - props_at);
             if (props == NULL)
                 return NULL;
-            if (fixed < 0 && !props_ok(src + props_at, fend - props_at)) {
+            if (fixed < 0 && !cwire_props_ok(src + props_at, fend - props_at)) {
                 int known = PySet_Contains(valid_props, props);
                 if (known <= 0) {
                     Py_DECREF(props);

@@ -46,6 +46,8 @@ PyObject *cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize
 PyObject *cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_args_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+/* Whether the property block b[0:n] fills its frame exactly with a good headers table, if any (_cwire_props.c). */
+int cwire_props_ok(const unsigned char *b, Py_ssize_t n);
 /* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
 int cwire_find_span(const unsigned char *b, Py_ssize_t n, const char *name, Py_ssize_t name_len,
                     Py_ssize_t *found, Py_ssize_t *found_end);
