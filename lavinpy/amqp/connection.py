@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import commands
 
-from .. import __version__
 from ..broker.errors import BrokerConnectionError
 from ..broker.ops import Actor, LoginAttempt, LoginOutcome, PeerCertificate
 from ..broker.ops.ack_head import ack_head
-from ..broker.ops.node_info import node_name
 from ..wire import writer
 from ..wire.accel import cwire
 from ..wire.constants import (
@@ -39,6 +37,7 @@ from ..wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
+    ContentRun,
     FrameReader,
     HeaderFrame,
     HeartbeatFrame,
@@ -64,9 +63,8 @@ from .effects import CancelTimer, Effect, SetTimer, TimerKind
 from .log import RateLimitedLog
 from .login_flow import LoginFlow
 from .output import ConnectionOutput, OutputScheduler, init_room_check
-from .publish_batch import publish_contents
+from .publish_batch import publish_content_run, publish_contents
 from .refusals import CONNECTION_ERRORS, reply_code
-from .sasl import offered_mechanisms
 
 if TYPE_CHECKING:
     from ..broker.ops import Broker, VHost
@@ -79,17 +77,6 @@ internal_error_log = RateLimitedLog(log, burst=5, interval=60.0)
 # (set up by sessions.py for exactly this class; None on the pure path)
 _ack_read = cwire.ack_read if cwire is not None else None
 
-CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": True,
-    "consumer_priorities": True,  # x-priority on basic.consume (RabbitMQ's queue federation asks for it)
-}
 HANDSHAKE_TIMEOUT = 10.0
 CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's close-ok is awaited this long
 # Methods other than publishes and ack runs decoded and handled in one turn (a KiB of tables counts as one
@@ -297,6 +284,13 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
                         i -= 1
                         frames[i:i + 1] = frame.frames()
                     continue
+                if kind is ContentRun:
+                    channel = channels.get(frame.channel)
+                    if (self.state != OPEN or channel is None or channel.closing or channel.in_content
+                            or not publish_content_run(channel, frame)):
+                        i -= 1  # the general path takes them one message at a time
+                        frames[i:i + 1] = frame.messages()
+                    continue
                 if self.state != OPEN:
                     if self.state >= CLOSING:
                         self._handle_while_closing(frame)
@@ -488,17 +482,6 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self._on_tune_ok(method)
         elif isinstance(method, commands.Connection.Open):
             self._on_open(method)
-
-    def greet(self) -> None:
-        """Send connection.start once the protocol header has arrived."""
-        self.enter_state(AWAIT_START_OK)
-        self.send(writer.method_frame(0, commands.Connection.Start(
-            version_major=0, version_minor=9,
-            server_properties={"product": "lavinpy", "version": __version__, "platform": "Python",
-                               "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
-                               "copyright": "lavinpy developers", "capabilities": dict(CAPABILITIES),
-                               "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name()},
-            mechanisms=" ".join(offered_mechanisms(self.config, self.peer_certificate)), locales="en_US")))
 
     def capability(self, name: str) -> bool:
         caps = self.client_properties.get("capabilities")

@@ -1,5 +1,6 @@
 """A connection's logins through the model's one login operation (broker/login.py): the handshake's
-(connection.start-ok) and a running connection's new secret (connection.update-secret).
+(connection.start with the mechanisms offered, then start-ok) and a running connection's new secret
+(connection.update-secret).
 
 While a login is decided (the throttle's delay, a slow hash in the worker pool) the connection reads
 and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret is
@@ -21,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from .. import __version__
 from ..broker.ops import LoginAttempt, LoginOutcome, LoginRequest
+from ..broker.ops.node_info import node_name
 from ..wire import writer
 from ..wire.constants import ACCESS_REFUSED, CONNECTION_FORCED, NOT_ALLOWED
 from .connection_states import AWAIT_START_OK, AWAIT_TUNE_OK, CLOSED, CLOSING, OPEN
 from .effects import CancelTimer, SetTimer, TimerKind
-from .sasl import login_request
+from .sasl import login_request, offered_mechanisms
 
 if TYPE_CHECKING:
     from ..broker.ops import Actor, Broker, PeerCertificate, VHost
@@ -39,6 +42,17 @@ log = logging.getLogger("lavinpy.connection")
 
 PROTOCOL = "AMQP 0-9-1"
 _UPDATE_SECRET_IDS = (10, 70)  # connection.update-secret's class and method ids, named in its refusal
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+    "consumer_priorities": True,  # x-priority on basic.consume (RabbitMQ's queue federation asks for it)
+}
 
 
 class LoginFlow:
@@ -78,6 +92,17 @@ class LoginFlow:
         def close(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None: ...
         def receive_data(self, data: bytes, resumed: bool = False) -> None: ...
         def _run_frames(self, frames: list[Any], nbytes: int) -> None: ...
+
+    def greet(self) -> None:
+        """Send connection.start once the protocol header has arrived."""
+        self.enter_state(AWAIT_START_OK)
+        self.send(writer.method_frame(0, commands.Connection.Start(
+            version_major=0, version_minor=9,
+            server_properties={"product": "lavinpy", "version": __version__, "platform": "Python",
+                               "information": "AMQP 0-9-1 broker with LavinMQ-style storage",
+                               "copyright": "lavinpy developers", "capabilities": dict(CAPABILITIES),
+                               "cluster_name": self.broker.parameters.get_global("cluster_name") or node_name()},
+            mechanisms=" ".join(offered_mechanisms(self.config, self.peer_certificate)), locales="en_US")))
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = dict(method.client_properties or {})

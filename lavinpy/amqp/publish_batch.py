@@ -3,10 +3,11 @@ routed, stored and confirmed once per run instead of once per message. Their pro
 (message ids, timestamps, headers: the run then carries one block per message) except in what is
 checked per message here (expiration, user_id, a direct reply-to): such a message ends the run.
 
-The connection hands each fused publish (``ContentMessage``) to ``publish_contents``, which takes
-the run that starts there. Anything out of the common case (transactions, special properties, a
-body over the size limit, direct reply-to, or what ``VHost.publish_run`` declines) goes through
-``Channel.on_message`` one message at a time, exactly as before.
+The reader gathers alike publishes (one channel, method and property block) into a ``ContentRun``,
+which the connection hands to ``publish_content_run``; each other fused publish (``ContentMessage``)
+goes to ``publish_contents``, which takes the run that starts there. Anything out of the common
+case (transactions, special properties, a body over the size limit, direct reply-to, or what
+``VHost.publish_run`` declines) goes through ``Channel.on_message`` one message at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..broker.ops import publish as publish_ops
 from ..wire.accel import load
-from ..wire.frames import ContentMessage
+from ..wire.frames import ContentMessage, ContentRun
 from .channel_methods import REPLY_TO, REPLY_TO_PREFIX
 
 if TYPE_CHECKING:
@@ -74,6 +75,28 @@ if cpublish is not None:
     scan_run: Callable[[Sequence[object], int, int], tuple[int, list[bytes], list[bytes] | None]] = cpublish.scan_run
 else:
     scan_run = py_scan_run
+
+
+def publish_content_run(channel: Channel, run: ContentRun) -> bool:
+    """Publish the messages of ``run`` (for the open ``channel``, not inside a content) as one run,
+    exactly as ``publish_contents`` would take them; False, with nothing done, where they must go
+    one at a time (the caller then hands them to ``publish_contents`` as ContentMessages)."""
+    method, properties, bodies = run.method, run.properties, run.bodies
+    max_size = channel.conn.config.max_message_size
+    if (channel.tx is not None or method.immediate or _checked_alone(properties)
+            or (not method.exchange and method.routing_key.startswith(REPLY_TO_PREFIX))
+            # (a body in one frame is below frame_max: only a smaller size limit needs the walk)
+            or (max_size < channel.conn.config.frame_max and max(map(len, bodies)) > max_size)):
+        return False
+    exchange = channel.publish_target(method)  # resolved and checked, as for each single publish
+    if exchange is None:
+        return False  # refused: the channel is closing, and drops the messages
+    needs_sync = publish_ops.publish_run(channel.vhost, exchange, method.routing_key, properties, bodies,
+                                         channel.counters)
+    if needs_sync is None:
+        return False
+    channel.published_run(len(bodies), needs_sync)
+    return True
 
 
 def publish_contents(channel: Channel, frames: Sequence[object], start: int) -> int:

@@ -29,7 +29,7 @@ typedef struct {
     Py_ssize_t offset[4];
 } SlotClass;
 
-static SlotClass body_cls, method_cls, header_cls, content_cls, ack_cls, ack_run_cls;
+static SlotClass body_cls, method_cls, header_cls, content_cls, content_run_cls, ack_cls, ack_run_cls;
 static PyObject *heartbeat_event = NULL;
 static int initialized = 0;
 
@@ -96,19 +96,22 @@ append_event(PyObject *events, SlotClass *cls, PyObject **values)
 static PyObject *
 cwire_init(PyObject *self, PyObject *args)
 {
-    PyObject *body, *method, *header, *content, *ack, *ack_run, *heartbeat;
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &body, &method, &header, &content, &ack, &ack_run, &heartbeat))
+    PyObject *body, *method, *header, *content, *content_run, *ack, *ack_run, *heartbeat;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &body, &method, &header, &content, &content_run, &ack, &ack_run,
+                          &heartbeat))
         return NULL;
     static const char *const body_names[] = {"channel", "data", NULL};
     static const char *const method_names[] = {"channel", "method", NULL};
     static const char *const header_names[] = {"channel", "class_id", "body_size", "properties", NULL};
     static const char *const content_names[] = {"channel", "method", "properties", "body", NULL};
+    static const char *const content_run_names[] = {"channel", "method", "properties", "bodies", NULL};
     static const char *const ack_names[] = {"delivery_tag", "multiple", NULL};
     static const char *const ack_run_names[] = {"channel", "tags", NULL};
     if (slot_class_init(&body_cls, body, body_names) < 0
         || slot_class_init(&method_cls, method, method_names) < 0
         || slot_class_init(&header_cls, header, header_names) < 0
         || slot_class_init(&content_cls, content, content_names) < 0
+        || slot_class_init(&content_run_cls, content_run, content_run_names) < 0
         || slot_class_init(&ack_cls, ack, ack_names) < 0
         || slot_class_init(&ack_run_cls, ack_run, ack_run_names) < 0)
         return NULL;
@@ -217,6 +220,67 @@ append_ack(PyObject *events, long channel, uint64_t tag)
     PyList_SET_ITEM(tags, 0, tag_obj);
     PyObject *vals[2] = {PyLong_FromLong(channel), tags};
     return append_event(events, &ack_run_cls, vals);
+}
+
+#define SLOT(obj, cls, i) (*(PyObject **)((char *)(obj) + (cls).offset[i]))
+
+/* A fused publish (the references to method, props and body are taken): joins the ContentRun or
+ * ContentMessage the events end with when it has their channel, method (the same object) and
+ * property block (equal bytes), as FrameReader._parse does, else a ContentMessage of its own.
+ * *kept is set to the property block the events keep for it (borrowed). */
+static int
+append_content(PyObject *events, long channel, PyObject *method, PyObject *props, PyObject *body,
+               PyObject **kept)
+{
+    if (body == NULL)
+        goto fail;
+    Py_ssize_t count = PyList_GET_SIZE(events);
+    PyObject *last = count > 0 ? PyList_GET_ITEM(events, count - 1) : NULL;
+    int is_run = last != NULL && Py_IS_TYPE(last, content_run_cls.type);
+    if (is_run || (last != NULL && Py_IS_TYPE(last, content_cls.type))) {
+        SlotClass *cls = is_run ? &content_run_cls : &content_cls;
+        PyObject *last_channel = SLOT(last, *cls, 0), *last_props = SLOT(last, *cls, 2), *tail = SLOT(last, *cls, 3);
+        if (SLOT(last, *cls, 1) == method && last_channel != NULL && last_props != NULL && tail != NULL
+            && PyLong_AsLong(last_channel) == channel
+            && (last_props == props || (PyBytes_GET_SIZE(last_props) == PyBytes_GET_SIZE(props)
+                                        && memcmp(PyBytes_AS_STRING(last_props), PyBytes_AS_STRING(props),
+                                                  PyBytes_GET_SIZE(props)) == 0))) {
+            *kept = last_props;
+            Py_DECREF(method);
+            Py_DECREF(props);
+            if (is_run) {
+                int rc = PyList_Append(tail, body);
+                Py_DECREF(body);
+                return rc;
+            }
+            PyObject *bodies = PyList_New(2);
+            if (bodies == NULL) {
+                Py_DECREF(body);
+                return -1;
+            }
+            Py_INCREF(tail);
+            PyList_SET_ITEM(bodies, 0, tail);
+            PyList_SET_ITEM(bodies, 1, body);
+            Py_INCREF(last_channel);
+            Py_INCREF(method);
+            Py_INCREF(last_props);
+            PyObject *vals[4] = {last_channel, method, last_props, bodies};
+            PyObject *run = make_event(&content_run_cls, vals);
+            if (run == NULL)
+                return -1;
+            return PyList_SetItem(events, count - 1, run);  /* (the message's reference goes) */
+        }
+        if (PyErr_Occurred())
+            goto fail;
+    }
+    *kept = props;
+    PyObject *vals[4] = {PyLong_FromLong(channel), method, props, body};
+    return append_event(events, &content_cls, vals);
+fail:
+    Py_DECREF(method);
+    Py_DECREF(props);
+    Py_XDECREF(body);
+    return -1;
 }
 
 /* scan(src, pos, max_payload, events, publish_cache, decode_publish, valid_props) -> (pos, stop)
@@ -355,11 +419,11 @@ cwire_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         Py_DECREF(props);
                     }
                     if (fuse) {
-                        PyObject *vals[4] = {PyLong_FromLong(channel), method, props, body};
-                        if (append_event(events, &content_cls, vals) < 0)
+                        PyObject *kept = NULL;
+                        if (append_content(events, channel, method, props, body, &kept) < 0)
                             return NULL;
                         last_method = method;
-                        last_props = props;
+                        last_props = kept;
                         last_args = args_at;
                         last_args_n = (Py_ssize_t)size - 4;
                         pos = after;

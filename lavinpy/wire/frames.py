@@ -152,6 +152,36 @@ class ContentMessage:
         return f"ContentMessage(channel={self.channel}, {self.method!r}, {len(self.body)} bytes)"
 
 
+class ContentRun:
+    """Consecutive fused publishes (``ContentMessage``) on one channel with the same method and
+    property block, from one read, in order: what a publisher of many alike messages sends.
+
+    As one event the connection takes the run with one check of its method and properties and no
+    object a message; a message that differs in anything ends the run, so the order of all frames
+    is kept.
+    """
+
+    __slots__ = ("channel", "method", "properties", "bodies")
+
+    def __init__(self, channel: int, method: Publish, properties: bytes, bodies: list[bytes]) -> None:
+        self.channel = channel
+        self.method = method
+        self.properties = properties
+        self.bodies = bodies
+
+    def messages(self) -> list[ContentMessage]:
+        """The same publishes one event each, for the path that takes them one at a time."""
+        channel, method, properties = self.channel, self.method, self.properties
+        return [ContentMessage(channel, method, properties, body) for body in self.bodies]
+
+    def frames(self) -> list[MethodFrame | HeaderFrame | BodyFrame]:
+        """The same publishes as separate frames, for the general path."""
+        return [frame for message in self.messages() for frame in message.frames()]
+
+    def __repr__(self) -> str:
+        return f"ContentRun(channel={self.channel}, {self.method!r}, {len(self.bodies)} messages)"
+
+
 class AckRun:
     """Consecutive basic.ack frames with multiple=false on one channel, from one read, in order.
 
@@ -175,7 +205,8 @@ class AckRun:
         return f"AckRun({self.channel}, {self.tags!r})"
 
 
-FrameEvent = MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | RefusedFrame | AckRun
+FrameEvent = (MethodFrame | HeaderFrame | BodyFrame | HeartbeatFrame | ContentMessage | ContentRun | RefusedFrame
+              | AckRun)
 
 _HEARTBEAT_EVENT = HeartbeatFrame()  # immutable, so one instance serves every heartbeat
 

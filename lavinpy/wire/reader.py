@@ -38,6 +38,7 @@ from lavinpy.wire.frames import (
     AckRun,
     BodyFrame,
     ContentMessage,
+    ContentRun,
     FrameEvent,
     HeaderFrame,
     HeartbeatFrame,
@@ -67,6 +68,7 @@ __all__ = [
     "HeartbeatFrame",
     "MethodFrame",
     "ContentMessage",
+    "ContentRun",
     "Nack",
     "Publish",
     "RefusedFrame",
@@ -75,7 +77,7 @@ __all__ = [
 
 
 if cwire is not None:  # the C reader builds these event classes by writing their slots
-    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, Ack, AckRun, _HEARTBEAT_EVENT)
+    cwire.init(BodyFrame, MethodFrame, HeaderFrame, ContentMessage, ContentRun, Ack, AckRun, _HEARTBEAT_EVENT)
 
 
 class BadProtocolHeader(Exception):
@@ -364,8 +366,19 @@ class FrameReader:
                     method: Any = publish_cache_get(args) or _decode_publish(args)  # or an Ack, or pamqp's
                     fused = self._fuse_content(src, pos, end, channel, method, max_payload)
                     if fused is not None:
-                        append(fused[0])
-                        pos = fused[1]
+                        message, pos = fused
+                        # joins the run of alike publishes just before it on this channel, if any
+                        before: Any = events[-1] if events else None
+                        kind = type(before)
+                        if ((kind is ContentRun or kind is ContentMessage) and before.method is method
+                                and before.channel == channel and before.properties == message.properties):
+                            if kind is ContentRun:
+                                before.bodies.append(message.body)
+                            else:
+                                events[-1] = ContentRun(channel, method, before.properties,
+                                                        [before.body, message.body])
+                        else:
+                            append(message)
                         continue
                 elif index == 0x003C0050 and size == 13:  # basic.ack
                     tag, bits = tag_bits_unpack(src, start + 4)

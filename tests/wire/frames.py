@@ -5,14 +5,22 @@ from __future__ import annotations
 import struct
 
 from lavinpy.wire.constants import PROTOCOL_HEADER
-from lavinpy.wire.reader import BodyFrame, ContentMessage, FrameReader, HeaderFrame, HeartbeatFrame, MethodFrame
+from lavinpy.wire.reader import (
+    BodyFrame,
+    ContentMessage,
+    ContentRun,
+    FrameReader,
+    HeaderFrame,
+    HeartbeatFrame,
+    MethodFrame,
+)
 
 
 def flatten(events: list) -> list:
     """Frame events with fused publishes (ContentMessage) expanded into their three frames."""
     out: list = []
     for event in events:
-        out.extend(event.frames() if isinstance(event, ContentMessage) else [event])
+        out.extend(event.frames() if isinstance(event, (ContentMessage, ContentRun)) else [event])
     return out
 
 

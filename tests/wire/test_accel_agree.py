@@ -177,20 +177,6 @@ def test_reader_compiled_fuses_publish_header_body() -> None:
         "ex", "rk", b"\x10\x00\x02", b"hello")
 
 
-def test_reader_compiled_shares_what_consecutive_publishes_repeat() -> None:
-    # The same method and property block from one publish to the next are the same objects (a
-    # publish run then compares them by identity); a key or block of equal length but other bytes
-    # is its own.
-    data = PROTOCOL_HEADER + b"".join(message(1, key, props, b"x") for key, props in [
-        ("ab", b"\x80\x00\x01a"), ("ab", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01b")])
-    events = FrameReader(FRAME_MAX, compiled=True).feed(data)
-    assert [(e.method.routing_key, e.properties) for e in events] == [
-        ("ab", b"\x80\x00\x01a"), ("ab", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01a"), ("ba", b"\x80\x00\x01b")]
-    assert events[0].method is events[1].method and events[0].properties is events[1].properties
-    assert events[2].method is not events[1].method and events[2].properties is events[1].properties
-    assert events[3].method is events[2].method and events[3].properties is not events[2].properties
-
-
 def split_outcome(split, data: bytes, frame_max: int) -> object:
     try:
         return split(data, frame_max)

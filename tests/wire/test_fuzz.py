@@ -15,6 +15,7 @@ from lavinpy.wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
+    ContentRun,
     FrameReader,
     HeaderFrame,
     MethodFrame,
@@ -28,7 +29,7 @@ def flatten(events: list) -> list:
     of acks (AckRun, which a cut may split in two) into one frame each."""
     out: list = []
     for event in events:
-        out.extend(event.frames() if isinstance(event, (ContentMessage, AckRun)) else [event])
+        out.extend(event.frames() if isinstance(event, (ContentMessage, ContentRun, AckRun)) else [event])
     return out
 
 

@@ -18,6 +18,7 @@ from lavinpy.wire.reader import (
     BadProtocolHeader,
     BodyFrame,
     ContentMessage,
+    ContentRun,
     FrameReader,
     HeaderFrame,
     MethodFrame,
@@ -513,3 +514,28 @@ def test_a_large_body_size_cut_before_its_body_frame_head_is_not_waited_for(comp
     err = connection_error(reader, b"\xff" * 100_000)
     assert err.reply_code == FRAME_ERROR
     assert reader.buffered < 200_000
+
+
+@pytest.mark.parametrize("compiled", [False, None])
+def test_reader_gathers_alike_publishes_into_runs(compiled):
+    """Publishes with the same channel, method and property block become one ContentRun, whose messages
+    are those sent; a key, a block or a channel of its own ends the run. The compiled reader also hands
+    out one property object while the bytes repeat, so that a publish run compares blocks by identity."""
+    sent = [(1, "ab", b"\x80\x00\x01a", b"1"), (1, "ab", b"\x80\x00\x01a", b"2"), (1, "ab", b"\x80\x00\x01a", b""),
+            (1, "ba", b"\x80\x00\x01a", b"3"), (1, "ba", b"\x80\x00\x01b", b"4"), (2, "ba", b"\x80\x00\x01b", b"5"),
+            (2, "ba", b"\x80\x00\x01b", b"6")]
+    data = b"".join(publish(channel, "", key) + header(channel, len(body), props)
+                    + (frame(3, channel, body) if body else b"") for channel, key, props, body in sent)
+    events = FrameReader(compiled=compiled).feed(PROTOCOL_HEADER + data)
+    assert [(type(e).__name__, e.channel, e.method.routing_key, e.properties,
+             e.bodies if type(e) is ContentRun else e.body) for e in events] == [
+        ("ContentRun", 1, "ab", b"\x80\x00\x01a", [b"1", b"2", b""]),
+        ("ContentMessage", 1, "ba", b"\x80\x00\x01a", b"3"),
+        ("ContentMessage", 1, "ba", b"\x80\x00\x01b", b"4"),
+        ("ContentRun", 2, "ba", b"\x80\x00\x01b", [b"5", b"6"])]
+    messages = [m for e in events for m in (e.messages() if type(e) is ContentRun else [e])]
+    assert [(m.channel, m.method.routing_key, m.properties, m.body) for m in messages] == sent
+    # the run's frames are its messages' frames
+    assert [describe(f) for f in flatten(events)] == [describe(f) for f in flatten(messages)]
+    if compiled is None and accel.COMPILED:
+        assert events[1].properties is events[0].properties and events[3].properties is events[2].properties

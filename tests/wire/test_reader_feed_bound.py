@@ -9,7 +9,7 @@ import pytest
 from pamqp import commands
 
 from lavinpy.wire.constants import PROTOCOL_HEADER
-from lavinpy.wire.reader import AckRun, ContentMessage, FrameReader, MethodFrame
+from lavinpy.wire.reader import AckRun, ContentRun, FrameReader, MethodFrame
 from tests.wire.frames import describe, flatten, frame, header, method, publish
 
 
@@ -75,4 +75,4 @@ def test_large_tables_count_against_methods_per_feed_by_their_size(compiled):
         0, 1, commands.Basic.Properties(headers=table)), 1) + frame(3, 1, b"x"))
     reader = FrameReader(compiled=compiled, methods_per_feed=100)
     events = reader.feed(PROTOCOL_HEADER + big * 3)
-    assert [type(e) for e in events] == [ContentMessage] * 3 and not reader.undecoded
+    assert [type(e) for e in events] == [ContentRun] and len(events[0].bodies) == 3 and not reader.undecoded
