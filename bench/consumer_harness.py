@@ -25,14 +25,16 @@ def ack_frame(tag: int, multiple: bool = False) -> bytes:
     return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
 
 
-def one_queue_consumers(h: Harness, consumers: int, prefetch: int) -> tuple[Client, list[Client]]:
-    """A publisher with queue ``q`` declared, and ``consumers`` connections consuming it at ``prefetch``."""
+def one_queue_consumers(h: Harness, consumers: int, prefetch: int, per_channel: int = 1) -> tuple[Client, list[Client]]:
+    """A publisher with queue ``q`` declared, and ``consumers`` connections consuming it at ``prefetch``
+    (``per_channel`` consumers on each one's channel, each with that prefetch)."""
     pub = h.open_client(declare=commands.Queue.Declare(queue="q"))
     out = []
     for i in range(consumers):
         c = h.open_client(("127.0.0.1", 30000 + i))
-        c.send((1, commands.Basic.Qos(prefetch_count=prefetch)),
-               (1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+        for j in range(per_channel):
+            c.send((1, commands.Basic.Qos(prefetch_count=prefetch)),
+                   (1, commands.Basic.Consume(queue="q", consumer_tag=f"c{j}")))
         c.read()
         out.append(c)
     return pub, out

@@ -15,6 +15,9 @@ output is taken outside the timing.
 round), so the consumers' room differs at the next publisher read and its picks are not whole rounds (as
 over sockets, where the consumers' acks arrive in reads of different sizes).
 
+``--per-channel K``: K consumers share each connection's channel (a Spark task's parts, or an app that
+consumes one queue several times on one channel), each with the prefetch.
+
 ``--held``: as over sockets while a publisher's reader thread holds more input (``sessions.input_waiting``),
 each publisher read is one turn of the loop, and a consumer's small output waits for the next turns (up to
 ``OUTPUT_HOLD_TURNS``) instead of being written at the end of each read; before each ack phase the input
@@ -39,7 +42,7 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
-            pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch)
+            pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch, args.per_channel)
             run = publish_read(pub, args.run)
             acked = [0] * len(consumers)
             spent = ack_spent = 0.0
@@ -98,6 +101,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--consumers", type=int, default=1000)
     ap.add_argument("--prefetch", type=int, default=100)
+    ap.add_argument("--per-channel", type=int, default=1,
+                    help="consumers on each connection's channel, each with the prefetch (a basic.qos before each)")
     ap.add_argument("--run", type=int, default=3500, help="messages per publisher read")
     ap.add_argument("--every", type=int, default=4, help="publisher reads between two ack reads of a consumer")
     ap.add_argument("--rounds", type=int, default=40)

@@ -214,9 +214,10 @@ def test_a_round_of_two_readers_is_the_general_way_s(tmp_path: Path, monkeypatch
     assert books[7:] == (COUNT - delivered - (damaged is not None), 0)  # the windows filled again with the rest
 
 
-def test_a_round_shared_by_two_consumers_of_one_channel_is_left_to_the_general_round(
+def test_a_round_shared_by_two_consumers_of_one_channel_goes_as_each_one_s_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Their tags interleave in pick order there: a run per consumer's share would number them otherwise."""
+    """Each consumer's share as one run, one after the other on their channel, as the general round
+    gives them (consumer_set._deliver_stretches)."""
     class Channel:
         deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
 
@@ -243,10 +244,10 @@ def test_a_round_shared_by_two_consumers_of_one_channel_is_left_to_the_general_r
     monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
     one, other = Channel(), Channel()
     x, y, z = Reader(one), Reader(one), Reader(other)
-    assert not stored_runs.deliver_stored_round(Queue(), [x, y, x, y], False, [1, 2, 3, 4], None)
-    assert not shares and not splits
-    assert stored_runs.deliver_stored_round(Queue(), [x, z, x, z], False, [1, 2, 3, 4], None)
+    assert stored_runs.deliver_stored_round(Queue(), [x, y, x, y], False, [1, 2, 3, 4], None)
     assert shares == [[1, 3], [2, 4]] and splits == [[[1, 3], [2, 4]]]
+    assert stored_runs.deliver_stored_round(Queue(), [x, z, x, z, x], False, [1, 2, 3, 4, 5], None)
+    assert shares[2:] == [[1, 3, 5], [2, 4]] and splits[1:] == [[[1, 3, 5], [2, 4]]]
 
 
 def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

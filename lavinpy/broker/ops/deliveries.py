@@ -278,20 +278,21 @@ class Deliveries:
                 queue.ack_many(positions)
             self._acked_run(queue, count)
             return
-        touched: dict[QueueKind, None] = {}
+        # One ack_many per queue and consumer, each with its positions in delivery order: the queue's
+        # unacked runs are per consumer, and consumers sharing a channel interleave their pieces there.
+        shares: dict[tuple[QueueKind, Consumer | None], list[int]] = {}
         total = 0
-        run_queue, run_consumer = pieces[0][0], pieces[0][1]
-        run: list[int] = []
-        for queue, consumer, positions in pieces:  # one ack_many per queue and consumer in a row
-            if queue is not run_queue or consumer is not run_consumer:
-                _ack_positions(run_queue, run_consumer, run)
-                run_queue, run_consumer, run = queue, consumer, []
-            run += positions
-            touched[queue] = None
+        for queue, consumer, positions in pieces:
+            share = shares.get((queue, consumer))
+            if share is None:
+                shares[queue, consumer] = list(positions)
+            else:
+                share += positions
             total += len(positions)
-        _ack_positions(run_queue, run_consumer, run)
+        for (queue, consumer), share in shares.items():
+            _ack_positions(queue, consumer, share)
         self.counters.ack += total
-        self._settled(touched)
+        self._settled(dict.fromkeys(queue for queue, _consumer in shares))
 
     def settle(self, items: list[tuple[int, Unacked]], requeue: bool | None, failed: bool = False) -> None:
         """Settle taken deliveries: requeue None = ack; True = back to their queue (``failed``: by

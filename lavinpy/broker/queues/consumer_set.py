@@ -25,7 +25,7 @@ from ...wire.accel import cwire
 
 if TYPE_CHECKING:
     from ...store.record import StoredMessage
-    from .queue_consumer import DeliveryChannel, QueueConsumer
+    from .queue_consumer import QueueConsumer
 
 
 class ConsumerSet:
@@ -425,23 +425,30 @@ def _sweeps(active: list[QueueConsumer], rooms: list[int], limit: int
     return picks, taken
 
 
+def whole_rounds(picks: list[QueueConsumer], width: int) -> bool:
+    """Whether the picks go round the ``width`` distinct consumers of the first ``width`` picks again and
+    again (and part of a round): pick ``i`` is ``picks[i % width]``. Two list comparisons at C speed."""
+    return picks[width:] == picks[:-width] and len(set(picks[:width])) == width
+
+
 def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
                   redelivered: list[bool] | None) -> list[list[int]]:
-    """Deliver message ``i`` (at ``positions[i]``) to ``picks[i]`` as delivery runs: per channel in the
-    order picked (the tags and frames one delivery at a time would give it), one run per stretch of one
-    consumer, so a consumer's share of a round costs one booking and one frame build. Returns the
-    positions delivered to no-ack consumers, a list per run."""
+    """Deliver message ``i`` (at ``positions[i]``) to ``picks[i]`` as delivery runs, one per consumer, so
+    a consumer's share of a round costs one booking and one frame build (on a channel of its own, the
+    tags and frames one delivery at a time would give it). Returns the positions delivered to no-ack
+    consumers, a list per run."""
     if not picks:
         return []
     consumers = list(dict.fromkeys(picks))
     width = len(consumers)
     deliver_round = getattr(consumers[0].channel, "deliver_round", None)
-    if width == len(picks) or (picks[:width] == consumers and picks[width:] == picks[:-width]
-                               and len({consumer.channel for consumer in consumers}) == width):
+    if width == len(picks) or whole_rounds(picks, width):
         # Whole rounds (and a part of one) of the same consumers (``_sweeps``' common case): message
-        # ``i`` goes to ``consumers[i % width]``; with one message each, or each on a channel of its
-        # own, every consumer's share is one run and each channel's tags follow the picks.
-        if deliver_round is not None:  # the channel kind books and frames the round in one call
+        # ``i`` goes to ``consumers[i % width]``, every consumer's share one run.
+        if deliver_round is not None and (width == len(picks)
+                                          or len({consumer.channel for consumer in consumers}) == width):
+            # the channel kind books and frames the round in one call (consumers that share a channel
+            # take their shares one after the other: one run each, as below)
             return deliver_round(consumers, positions, messages, redelivered)
         return deliver_round_runs(consumers, positions, messages, redelivered)
     if deliver_round is not None:
@@ -456,9 +463,10 @@ def deliver_picks(picks: list[QueueConsumer], positions: list[int], messages: li
 
 def deliver_round_runs(consumers: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
                        redelivered: list[bool] | None) -> list[list[int]]:
-    """Message ``i`` to ``consumers[i % len(consumers)]``, each consumer's share as one run through its
-    channel's ``deliver_run``, in the order of ``consumers`` (distinct, on distinct channels when one
-    gets more than one message). Returns the positions delivered to no-ack consumers, a list per run."""
+    """Message ``i`` to ``consumers[i % len(consumers)]`` (distinct), each consumer's share as one run
+    through its channel's ``deliver_run``, in the order of ``consumers`` (those sharing a channel take
+    their shares there one after the other). Returns the positions delivered to no-ack consumers, a list
+    per run."""
     no_ack_runs: list[list[int]] = []
     width = len(consumers)
     for j, consumer in enumerate(consumers):
@@ -472,30 +480,28 @@ def deliver_round_runs(consumers: list[QueueConsumer], positions: list[int], mes
 
 def _deliver_stretches(picks: list[QueueConsumer], positions: list[int], messages: list[StoredMessage],
                        redelivered: list[bool] | None) -> list[list[int]]:
-    """``deliver_picks`` of any picks: grouped per channel in the order picked, a run per stretch of one
-    consumer."""
+    """``deliver_picks`` of any picks: each consumer's as one run, in the order of the consumers' first
+    picks. Consumers that share a channel then get their shares one after the other there, each in the
+    queue's order, where the round robin's order made runs of one message (a booking, a frame build and
+    an ack span each): AMQP orders a consumer's deliveries, not those of a channel's several consumers."""
     no_ack_runs: list[list[int]] = []
-    stretches_of: dict[DeliveryChannel, list[tuple[QueueConsumer, list[int]]]] = {}
+    shares: dict[QueueConsumer, list[int]] = {}
     for i, consumer in enumerate(picks):
-        channel = consumer.channel
-        stretches = stretches_of.get(channel)
-        if stretches is None:
-            stretches_of[channel] = [(consumer, [i])]
-        elif stretches[-1][0] is consumer:
-            stretches[-1][1].append(i)
+        share = shares.get(consumer)
+        if share is None:
+            shares[consumer] = [i]
         else:
-            stretches.append((consumer, [i]))
-    for channel, stretches in stretches_of.items():
-        for consumer, picked in stretches:
-            if len(picked) == 1:
-                i = picked[0]
-                run_positions, run_messages = [positions[i]], [messages[i]]
-                flags = None if redelivered is None else [redelivered[i]]
-            else:
-                run_positions = [positions[i] for i in picked]
-                run_messages = [messages[i] for i in picked]
-                flags = None if redelivered is None else [redelivered[i] for i in picked]
-            channel.deliver_run(consumer, run_positions, run_messages, flags)
-            if consumer.no_ack:
-                no_ack_runs.append(run_positions)
+            share.append(i)
+    for consumer, picked in shares.items():
+        if len(picked) == 1:
+            i = picked[0]
+            run_positions, run_messages = [positions[i]], [messages[i]]
+            flags = None if redelivered is None else [redelivered[i]]
+        else:
+            run_positions = [positions[i] for i in picked]
+            run_messages = [messages[i] for i in picked]
+            flags = None if redelivered is None else [redelivered[i] for i in picked]
+        consumer.channel.deliver_run(consumer, run_positions, run_messages, flags)
+        if consumer.no_ack:
+            no_ack_runs.append(run_positions)
     return no_ack_runs

@@ -16,7 +16,7 @@ from itertools import compress, repeat
 from operator import is_
 from typing import TYPE_CHECKING
 
-from .consumer_set import ConsumerSet, deliver_round_runs
+from .consumer_set import ConsumerSet, deliver_round_runs, whole_rounds
 
 if TYPE_CHECKING:
     from ...store.record import StoredMessage
@@ -70,8 +70,12 @@ def deliver_share(consumer: QueueConsumer, positions: list[int], messages: list[
 def shares_of(owners: dict[QueueConsumer, None], picks: list[QueueConsumer], positions: list[int]) -> list[list[int]]:
     """Each of ``owners``' (the distinct picks, in first-pick order) positions, in pick order. While they
     are few (a queue read by a few consumers, as a Spark job's partitions) one pass each at C speed
-    instead of a Python step per pick."""
-    if len(owners) <= 8:
+    instead of a Python step per pick; whole rounds of the same consumers (``_sweeps``' common case) as
+    slices, however many they are."""
+    width = len(owners)
+    if len(picks) > width and whole_rounds(picks, width):
+        return [positions[j::width] for j in range(width)]
+    if width <= 8:
         return [list(compress(positions, map(is_, picks, repeat(owner)))) for owner in owners]
     shares: dict[QueueConsumer, list[int]] = {owner: [] for owner in owners}
     for consumer, pos in zip(picks, positions, strict=True):

@@ -23,6 +23,7 @@ from operator import is_
 from typing import TYPE_CHECKING, Any
 
 from ...store.stamped_frames import STORED_FRAMES_COMPILED, segment_stored_frames
+from .consumer_set import whole_rounds
 from .round_picks import shares_of
 
 if TYPE_CHECKING:
@@ -76,10 +77,11 @@ def deliver_stored(queue: Any, stored_run: StoredRun, consumer: QueueConsumer, p
 def deliver_stored_round(queue: Any, picks: list[QueueConsumer], single: bool, positions: list[int],
                          redelivered: list[bool] | None) -> bool:
     """A round's picks (``picks[i]`` takes ``positions[i]``, just taken from ``queue``'s index; ``single``:
-    all one consumer's) delivered by ``deliver_stored``, each consumer's share as its runs, when each
-    consumer is an acking one on a channel that frames from the segments and of its own (its tags then
-    follow its share's order, as the general round gives them), and they are few (``shares_of`` is a pass
-    each). A damaged record's turn is given back to its consumer. False: nothing done, the caller's read."""
+    all one consumer's) delivered by ``deliver_stored``, each consumer's share as its runs (as the general
+    round gives them: consumers sharing a channel one after the other), when each consumer is an acking
+    one on a channel that frames from the segments, and they are few or go round in whole rounds
+    (``shares_of`` is then a pass each or slices). A damaged record's turn is given back to its consumer.
+    False: nothing done, the caller's read."""
     stored_run = stored_run_of(picks[0])
     if stored_run is None:
         return False
@@ -88,7 +90,7 @@ def deliver_stored_round(queue: Any, picks: list[QueueConsumer], single: bool, p
             picks[0].credit(left)
         return True
     owners = dict.fromkeys(picks)
-    if len(owners) > 8 or len({owner.channel for owner in owners}) < len(owners):
+    if len(owners) > 8 and not whole_rounds(picks, len(owners)):
         return False
     runs = [run for owner in owners if (run := stored_run_of(owner)) is not None]
     if len(runs) < len(owners):
