@@ -15,7 +15,7 @@ setup(
                                                 "lavinpy/wire/_cwire_pick.c", "lavinpy/wire/_cwire_stamped.c",
                                                 "lavinpy/wire/_cwire_acks.c", "lavinpy/wire/_cwire_ack_read.c",
                                                 "lavinpy/wire/_cwire_refill.c", "lavinpy/wire/_cwire_table.c",
-                                                "lavinpy/wire/_cwire_props.c",
+                                                "lavinpy/wire/_cwire_props.c", "lavinpy/wire/_cwire_split.c",
                                                 # (zlib's CRC-32 for the deduplication table's framed batches)
                                                 "lavinpy/wire/_crc32.c"],
                   depends=["lavinpy/wire/_bytes.h", "lavinpy/wire/_cwire.h", "lavinpy/wire/_cwire_dedup_table.h",

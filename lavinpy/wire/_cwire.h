@@ -1,6 +1,8 @@
 /* What the translation units of lavinpy.wire._cwire share: the frame builders (_cwire_build.c), the
- * header finder (_cwire_peek.c), a stream run's stamped deliveries (_cwire_stamped.c), a deduplication cache's table (_cwire_dedup_table.c) and MQTT's delivery-run
- * encoder (_cwire_mqtt.c) that the module's method table (_cwire.c) lists. */
+ * header finder (_cwire_peek.c), a stream run's stamped deliveries (_cwire_stamped.c), a deduplication
+ * cache's table (_cwire_dedup_table.c), MQTT's delivery-run encoder (_cwire_mqtt.c), the property-block
+ * check (_cwire_props.c), the client side's frame splitting (_cwire_split.c) and the others that the
+ * module's method table (_cwire.c) lists. */
 #ifndef LAVINPY_WIRE_CWIRE_H
 #define LAVINPY_WIRE_CWIRE_H
 
@@ -46,6 +48,7 @@ PyObject *cwire_dedup_table_skip(PyObject *self, PyObject *const *args, Py_ssize
 PyObject *cwire_dedup_table_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_dedup_table_len(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *cwire_args_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *cwire_split_frames(PyObject *self, PyObject *args);
 /* Whether the property block b[0:n] fills its frame exactly with a good headers table, if any (_cwire_props.c). */
 int cwire_props_ok(const unsigned char *b, Py_ssize_t n);
 /* Where the tagged value of the last headers entry called name is in a property block (_cwire_peek.c). */
