@@ -250,6 +250,46 @@ def test_a_round_shared_by_two_consumers_of_one_channel_goes_as_each_one_s_run(
     assert shares[2:] == [[1, 3, 5], [2, 4]] and splits[1:] == [[[1, 3, 5], [2, 4]]]
 
 
+def test_whole_rounds_of_many_consumers_go_as_each_one_s_run_with_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than 8 consumers (some sharing a channel) in whole rounds and a part of one: each one's share
+    and redelivered flags by slices; uneven picks of that many are left to the caller's read."""
+    class Channel:
+        deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
+
+    class Reader:
+        no_ack = False
+
+        def __init__(self, channel: Channel) -> None:
+            self.channel = channel
+
+    class Index:
+        def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
+            splits.append(parts)
+
+    class Queue:
+        index = Index()
+
+    def deliver(*args: Any) -> tuple[int, int, int]:
+        got.append((args[2], args[3], args[4]))
+        return len(args[3]), 0, 0
+
+    got: list[Any] = []
+    splits: list[Any] = []
+    monkeypatch.setattr(stored_runs, "STORED_FRAMES_COMPILED", True)
+    monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
+    channels = [Channel() for _ in range(5)]
+    readers = [Reader(channels[i % 5]) for i in range(10)]
+    picks = readers * 2 + readers[:3]
+    positions = list(range(100, 123))
+    flags = [i % 3 == 0 for i in range(23)]
+    assert stored_runs.deliver_stored_round(Queue(), picks, False, positions, flags)
+    assert got == [(reader, positions[j::10], flags[j::10]) for j, reader in enumerate(readers)]
+    assert splits == [[positions[j::10] for j in range(10)]]
+    uneven = readers * 2 + readers[3:4]
+    assert not stored_runs.deliver_stored_round(Queue(), uneven, False, positions[:21], flags[:21])
+    assert len(got) == 10
+
+
 def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its requeued messages carry x-delivery-count (its feature path, a message at a time), the rest go
     as runs: the same bytes and books either way."""

@@ -90,15 +90,18 @@ def deliver_stored_round(queue: Any, picks: list[QueueConsumer], single: bool, p
             picks[0].credit(left)
         return True
     owners = dict.fromkeys(picks)
-    if len(owners) > 8 and not whole_rounds(picks, len(owners)):
+    width = len(owners)
+    rounds = whole_rounds(picks, width)
+    if width > 8 and not rounds:
         return False
     runs = [run for owner in owners if (run := stored_run_of(owner)) is not None]
-    if len(runs) < len(owners):
+    if len(runs) < width:
         return False
     shares = shares_of(owners, picks, positions)
     queue.index.split_taken(positions, shares)  # each share's in-order acks settle it
-    for owner, run, share in zip(owners, runs, shares, strict=True):
-        flags = None if redelivered is None else list(compress(redelivered, map(is_, picks, repeat(owner))))
+    for j, (owner, run, share) in enumerate(zip(owners, runs, shares, strict=True)):
+        flags = (None if redelivered is None else redelivered[j::width] if rounds
+                 else list(compress(redelivered, map(is_, picks, repeat(owner)))))
         if (left := len(share) - deliver_stored(queue, run, owner, share, flags)[0]) > 0:
             owner.credit(left)
     return True
