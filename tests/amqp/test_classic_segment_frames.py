@@ -214,80 +214,69 @@ def test_a_round_of_two_readers_is_the_general_way_s(tmp_path: Path, monkeypatch
     assert books[7:] == (COUNT - delivered - (damaged is not None), 0)  # the windows filled again with the rest
 
 
+class FakeChannel:
+    deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
+
+
+class FakeReader:
+    no_ack = False
+
+    def __init__(self, channel: FakeChannel) -> None:
+        self.channel = channel
+
+
+class RecordedRound:
+    """A queue for ``stored_runs.deliver_stored_round`` whose index records its splits, with
+    ``deliver_stored``'s calls recorded as (consumer, share, flags)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.splits: list[Any] = []
+        self.delivered: list[Any] = []
+        self.index = self
+
+        def deliver(_queue: Any, _run: Any, consumer: Any, share: list[int], flags: Any) -> tuple[int, int, int]:
+            self.delivered.append((consumer, share, flags))
+            return len(share), 0, 0
+
+        monkeypatch.setattr(stored_runs, "STORED_FRAMES_COMPILED", True)
+        monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
+
+    def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
+        self.splits.append(parts)
+
+    def round(self, picks: list[Any], positions: list[int], flags: list[bool] | None = None) -> bool:
+        return stored_runs.deliver_stored_round(self, picks, False, positions, flags)
+
+
 def test_a_round_shared_by_two_consumers_of_one_channel_goes_as_each_one_s_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Each consumer's share as one run, one after the other on their channel, as the general round
     gives them (consumer_set._deliver_stretches)."""
-    class Channel:
-        deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
-
-    class Reader:
-        no_ack = False
-
-        def __init__(self, channel: Channel) -> None:
-            self.channel = channel
-
-    class Index:
-        def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
-            splits.append(parts)
-
-    class Queue:
-        index = Index()
-
-    def deliver(*args: Any) -> tuple[int, int, int]:
-        shares.append(args[3])
-        return len(args[3]), 0, 0
-
-    shares: list[Any] = []
-    splits: list[Any] = []
-    monkeypatch.setattr(stored_runs, "STORED_FRAMES_COMPILED", True)
-    monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
-    one, other = Channel(), Channel()
-    x, y, z = Reader(one), Reader(one), Reader(other)
-    assert stored_runs.deliver_stored_round(Queue(), [x, y, x, y], False, [1, 2, 3, 4], None)
-    assert shares == [[1, 3], [2, 4]] and splits == [[[1, 3], [2, 4]]]
-    assert stored_runs.deliver_stored_round(Queue(), [x, z, x, z, x], False, [1, 2, 3, 4, 5], None)
-    assert shares[2:] == [[1, 3, 5], [2, 4]] and splits[1:] == [[[1, 3, 5], [2, 4]]]
+    queue = RecordedRound(monkeypatch)
+    one, other = FakeChannel(), FakeChannel()
+    x, y, z = FakeReader(one), FakeReader(one), FakeReader(other)
+    assert queue.round([x, y, x, y], [1, 2, 3, 4])
+    assert [share for _, share, _ in queue.delivered] == [[1, 3], [2, 4]] and queue.splits == [[[1, 3], [2, 4]]]
+    assert queue.round([x, z, x, z, x], [1, 2, 3, 4, 5])
+    assert [share for _, share, _ in queue.delivered[2:]] == [[1, 3, 5], [2, 4]]
+    assert queue.splits[1:] == [[[1, 3, 5], [2, 4]]]
 
 
 def test_whole_rounds_of_many_consumers_go_as_each_one_s_run_with_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     """More than 8 consumers (some sharing a channel) in whole rounds and a part of one: each one's share
     and redelivered flags by slices; uneven picks of that many are left to the caller's read."""
-    class Channel:
-        deliver_stored_run = staticmethod(lambda *args: (0, 0, 0))
-
-    class Reader:
-        no_ack = False
-
-        def __init__(self, channel: Channel) -> None:
-            self.channel = channel
-
-    class Index:
-        def split_taken(self, taken: list[int], parts: list[list[int]]) -> None:
-            splits.append(parts)
-
-    class Queue:
-        index = Index()
-
-    def deliver(*args: Any) -> tuple[int, int, int]:
-        got.append((args[2], args[3], args[4]))
-        return len(args[3]), 0, 0
-
-    got: list[Any] = []
-    splits: list[Any] = []
-    monkeypatch.setattr(stored_runs, "STORED_FRAMES_COMPILED", True)
-    monkeypatch.setattr(stored_runs, "deliver_stored", deliver)
-    channels = [Channel() for _ in range(5)]
-    readers = [Reader(channels[i % 5]) for i in range(10)]
+    queue = RecordedRound(monkeypatch)
+    channels = [FakeChannel() for _ in range(5)]
+    readers = [FakeReader(channels[i % 5]) for i in range(10)]
     picks = readers * 2 + readers[:3]
     positions = list(range(100, 123))
     flags = [i % 3 == 0 for i in range(23)]
-    assert stored_runs.deliver_stored_round(Queue(), picks, False, positions, flags)
-    assert got == [(reader, positions[j::10], flags[j::10]) for j, reader in enumerate(readers)]
-    assert splits == [[positions[j::10] for j in range(10)]]
+    assert queue.round(picks, positions, flags)
+    assert queue.delivered == [(reader, positions[j::10], flags[j::10]) for j, reader in enumerate(readers)]
+    assert queue.splits == [[positions[j::10] for j in range(10)]]
     uneven = readers * 2 + readers[3:4]
-    assert not stored_runs.deliver_stored_round(Queue(), uneven, False, positions[:21], flags[:21])
-    assert len(got) == 10
+    assert not queue.round(uneven, positions[:21], flags[:21])
+    assert len(queue.delivered) == 10
 
 
 def test_a_quorum_queue_s_read_is_the_general_way_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
