@@ -278,8 +278,6 @@ class Deliveries:
                 queue.ack_many(positions)
             self._acked_run(queue, count)
             return
-        # One ack_many per queue and consumer, each with its positions in delivery order: the queue's
-        # unacked runs are per consumer, and consumers sharing a channel interleave their pieces there.
         shares: dict[tuple[QueueKind, Consumer | None], list[int]] = {}
         total = 0
         for queue, consumer, positions in pieces:
@@ -289,6 +287,11 @@ class Deliveries:
             else:
                 share += positions
             total += len(positions)
+        self._ack_shares(shares, total)
+
+    def _ack_shares(self, shares: dict[tuple[QueueKind, Consumer | None], list[int]], total: int) -> None:
+        """One ack_many per queue and consumer, each with its positions in delivery order: the queue's
+        unacked runs are per consumer, and consumers sharing a channel interleave their deliveries there."""
         for (queue, consumer), share in shares.items():
             _ack_positions(queue, consumer, share)
         self.counters.ack += total
@@ -342,7 +345,7 @@ class Deliveries:
         self.requeue_all()
 
     def _acks(self, items: list[Unacked]) -> None:
-        """Acks, one ack_many per run of deliveries of one queue to one consumer."""
+        """Acks, one ack_many per queue and consumer (``_ack_shares``)."""
         count = len(items)
         queues, positions, consumers = zip(*items, strict=True)
         queue, consumer = queues[0], consumers[0]
@@ -353,18 +356,10 @@ class Deliveries:
             queue.ack_many(list(positions))
             self._acked_run(queue, count)
             return
-        touched: dict[QueueKind, None] = {}
-        run_queue, run_consumer = queue, consumer
-        run: list[int] = []
+        shares: dict[tuple[QueueKind, Consumer | None], list[int]] = {}
         for queue, pos, consumer in items:
-            if queue is not run_queue or consumer is not run_consumer:
-                _ack_positions(run_queue, run_consumer, run)
-                run_queue, run_consumer, run = queue, consumer, []
-            touched[queue] = None
-            run.append(pos)
-        _ack_positions(run_queue, run_consumer, run)
-        self.counters.ack += count
-        self._settled(touched)
+            shares.setdefault((queue, consumer), []).append(pos)
+        self._ack_shares(shares, count)
 
     def _settled(self, queues: dict[QueueKind, None]) -> None:
         """After settling: queues that can use the freed credit deliver; the channel's room too."""
