@@ -4,8 +4,8 @@ On disk a durable queue directory holds ``.queue`` (the name), ``enq`` (one 8-by
 message routed to the queue) and ``ack`` (one per message removed). The content is ``enq`` minus
 ``ack`` in ``enq`` order. In memory the ready messages are packed 8-byte positions in a
 ``ReadyList`` (ready_list.py, in C when built; no Python object per message); only unacked and
-requeued messages, which are few, are Python ints in a set / heap (the runs ``shift_many`` took
-kept whole while their acks come in order: unacked_positions.py).
+requeued messages are Python ints, in a set (the runs ``shift_many`` took kept whole while their acks
+come in order: unacked_positions.py) and a heap (requeued_positions.py).
 
 Nothing is on disk for a durable queue until its first index entry: the directory, its ``.queue``
 file and the ``enq``/``ack`` files are made by the first write (the declaration itself is the
@@ -16,7 +16,6 @@ empty or idle queue holds no descriptor.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import shutil
@@ -32,9 +31,11 @@ from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
 from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks, recovered_chunks, segment_counts
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.queue_dir import QUEUE_NAME_FILE, sync_new_directory, write_name_file
+from lavinpy.store.queue_index_files import IndexFiles
 from lavinpy.store.ready_list import ReadyList
+from lavinpy.store.requeued_positions import RequeuedPositions
 from lavinpy.store.unacked_positions import UnackedPositions
-from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key, pos_from_order_key
+from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
@@ -47,7 +48,7 @@ DEFAULT_ACK_FILE_MAX_BYTES = 16 * 1024 * 1024
 STREAM_ENTRIES = 1 << 18  # entries per chunk read at recovery or written by compaction: 2 MiB
 
 
-class QueueIndex:
+class QueueIndex(IndexFiles):
     """The message index of one queue. ``directory=None`` makes a transient (memory-only) queue.
 
     Thread use: everything runs in the event-loop thread except ``fsync()``, which a flush runs in a
@@ -68,7 +69,7 @@ class QueueIndex:
         # ready messages: requeued ones (heap of enq-order keys) come before the chunks
         self._ready = ReadyList()  # never-delivered ready positions, in enq order
         self._ready_count = 0
-        self._requeued: list[int] = []
+        self._requeued = RequeuedPositions()
         self._unacked = UnackedPositions()
         self._transient: set[int] = set()  # durable queue only: live entries without an enq entry
         # durable only: entries not yet handed to the OS, and the files
@@ -239,13 +240,13 @@ class QueueIndex:
     def peek(self) -> int | None:
         """The next message to deliver, or None; leaves it ready."""
         if self._requeued:
-            return pos_from_order_key(self._requeued[0])
+            return self._requeued.peek()
         return self._ready.peek()
 
     def shift(self) -> int | None:
         """Take the next ready message for delivery: it becomes unacked. None when empty."""
         if self._requeued:
-            pos = pos_from_order_key(heapq.heappop(self._requeued))
+            pos = self._requeued.pop()
         else:
             pos = self._ready.shift()
             if pos is None:
@@ -260,6 +261,8 @@ class QueueIndex:
         super().__init_subclass__(**kwargs)
         if cls.shift is not QueueIndex.shift and cls.shift_many is QueueIndex.shift_many:
             cls.shift_many = QueueIndex._shift_each  # type: ignore[method-assign]
+        if cls.requeue is not QueueIndex.requeue and cls.requeue_many is QueueIndex.requeue_many:
+            cls.requeue_many = QueueIndex._requeue_each  # type: ignore[method-assign]
         if cls.ack is not QueueIndex.ack and cls.ack_many is QueueIndex.ack_many:
             cls.ack_many = QueueIndex._ack_each  # type: ignore[method-assign]
 
@@ -277,11 +280,19 @@ class QueueIndex:
         for pos in positions:
             self.ack(pos)
 
+    def _requeue_each(self, positions: list[int]) -> None:
+        for pos in positions:
+            self.requeue(pos)
+
     def shift_many(self, count: int) -> list[int]:
-        """``shift`` up to ``count`` times in one call: the next ready positions, now unacked."""
+        """``shift`` up to ``count`` times in one call: the next ready positions, now unacked (the
+        requeued first: each was taken from the head before any never-delivered one now there)."""
         if self._requeued:
-            return self._shift_each(count)
-        taken = self._ready.shift_many(count)
+            taken = self._requeued.pop_many(count)
+            if len(taken) < count:
+                taken += self._ready.shift_many(count - len(taken))
+        else:
+            taken = self._ready.shift_many(count)
         if taken:
             self._ready_count -= len(taken)
             self._unacked.add_run(taken)
@@ -329,8 +340,16 @@ class QueueIndex:
         """Put an unacked message back ahead of never-delivered ones, in enq order among requeued."""
         if not self._unacked.remove(pos):
             raise KeyError(f"queue {self.name!r}: position {pos:#x} is not unacked")
-        heapq.heappush(self._requeued, enq_order_key(pos))
+        self._requeued.push(pos)
         self._ready_count += 1
+
+    def requeue_many(self, positions: list[int]) -> None:
+        """``requeue`` for many unacked positions (a closing channel's): one heap build, not a push each."""
+        bad = self._unacked.remove_many(positions)
+        if bad is not None:
+            raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
+        self._requeued.push_many(positions)
+        self._ready_count += len(positions)
 
     def purge(self) -> int:
         """Remove every ready message (unacked ones stay); returns how many were removed."""
@@ -368,18 +387,12 @@ class QueueIndex:
         if type(self).ready_positions is not QueueIndex.ready_positions:
             yield self.ready_positions()
             return
-        yield array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
+        yield self._requeued.positions()
         yield from ready_chunks(self._ready, STREAM_ENTRIES)
 
     def _ack_file_full(self) -> bool:
         pending = self._ack_pending
         return pending is not None and len(pending) >= self._ack_room
-
-    def _measure_ack_room(self) -> None:
-        """How many buffered acks take the ack file to its limit: the check once per ack is then a
-        single comparison. Measured again whenever the file's size changes."""
-        if self._ack is not None:
-            self._ack_room = -(-(self.ack_file_max_bytes - self._ack.size) // ENTRY_SIZE)
 
     @property
     def ready_count(self) -> int:
@@ -397,7 +410,7 @@ class QueueIndex:
     def memory_bytes(self) -> int:
         """Bytes the index holds in memory: 8 per ready position, plus the unacked, requeued and
         transient sets (message bodies stay in the memory-mapped segments, shared by all queues)."""
-        return (ENTRY_SIZE * self._ready_count + self._unacked.memory_bytes() + sys.getsizeof(self._requeued)
+        return (ENTRY_SIZE * self._ready_count + self._unacked.memory_bytes() + self._requeued.memory_bytes()
                 + sys.getsizeof(self._transient))
 
     def __len__(self) -> int:
@@ -405,8 +418,7 @@ class QueueIndex:
 
     def __iter__(self) -> Iterator[int]:
         """Ready positions in delivery order."""
-        for key in sorted(self._requeued):
-            yield pos_from_order_key(key)
+        yield from self._requeued.positions()
         yield from array("Q", self._ready.to_bytes())
 
     def unacked(self) -> Iterable[int]:
@@ -414,7 +426,7 @@ class QueueIndex:
 
     def ready_positions(self) -> array:
         """All ready positions in delivery order, as one array."""
-        out = array("Q", (pos_from_order_key(k) for k in sorted(self._requeued)))
+        out = self._requeued.positions()
         out.frombytes(self._ready.to_bytes())
         return out
 
@@ -427,7 +439,7 @@ class QueueIndex:
 
     def _older_keys(self) -> list[int]:
         """Enq-order keys of the requeued and unacked messages, sorted."""
-        return sorted(chain(self._requeued, map(enq_order_key, self._unacked)))
+        return sorted(chain(self._requeued.keys(), map(enq_order_key, self._unacked)))
 
     def _live_chunks(self) -> Iterator[array]:
         """The persistent live positions (what a compacted ``enq`` holds) a bounded chunk at a time: the
@@ -438,94 +450,7 @@ class QueueIndex:
             return iter((array("Q", filterfalse(transient.__contains__, live)) if transient else live,))
         return live_chunks(self._older_keys(), self._ready, self._transient, STREAM_ENTRIES)
 
-    # ---- files -------------------------------------------------------------------------------
-
-    def ensure_directory(self) -> None:
-        """Make the queue's directory and its ``.queue`` file if this is the first write (durable
-        queue). Not synced here: the next flush syncs the new names (``take_new_directory``)."""
-        if self._has_directory or self.directory is None:
-            return
-        directory = self.directory
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        name = self.name.encode("utf-8")
-        name_file = directory / QUEUE_NAME_FILE
-        write_name_file(name_file, name)  # synced with the names by the next flush (a crash before: see open)
-        changes.replaced(name_file, name)
-        self._new_names = True
-        self._has_directory = True
-
-    def set_fsync(self, syncs: bool, sync_later: Callable[[Path], None] | None = None) -> None:
-        """Whether the fsync policy syncs (not ``never``): new names wait for a flush, and a file
-        closed while idle with unsynced entries goes to ``sync_later`` (the store's next flush)."""
-        self.sync_metadata = syncs
-        for file in (self._enq, self._ack):
-            if file is not None:
-                file.sync_on_close = syncs
-                file.sync_later = sync_later
-
-    def _file_created(self) -> None:
-        self._new_names = True
-
-    def take_new_directory(self) -> Path | None:
-        """The directory whose new names (itself, ``.queue``, a new ``enq``/``ack``) the next flush
-        must make durable, or None; counted as synced (event-loop thread)."""
-        if not self._new_names or not self.sync_metadata:
-            return None
-        self._new_names = False
-        return self.directory
-
-    @property
-    def has_pending_writes(self) -> bool:
-        """Buffered index entries not yet handed to the OS."""
-        return bool(self._enq_pending or self._ack_pending)
-
-    @property
-    def has_unsynced(self) -> bool:
-        """Bytes handed to the OS that a flush has not fsynced yet."""
-        enq, ack = self._enq, self._ack
-        return enq is not None and ack is not None and (enq.unsynced or ack.unsynced)
-
-    def write_buffers(self) -> None:
-        """Hand the buffered enq/ack entries to the OS (event-loop thread)."""
-        for pending, file in ((self._enq_pending, self._enq), (self._ack_pending, self._ack)):
-            if pending and file is not None:
-                if not self._has_directory:
-                    self.ensure_directory()
-                file.append(pending)
-                del pending[:]
-        self._measure_ack_room()
-
-    def take_unsynced_fds(self, include_acks: bool = True) -> list[int]:
-        """Descriptors a flush must fsync, and marks them synced (event-loop thread).
-
-        ``include_acks=False`` leaves the ack file for a later flush: a publisher confirm needs the
-        enq entries on disk, while an ack lost in a crash only means a redelivery.
-        """
-        enq, ack = self._enq, self._ack
-        if enq is None or ack is None or not (enq.unsynced or ack.unsynced):
-            return []
-        fds: list[int] = []
-        enq.take_unsynced(fds)
-        if include_acks:
-            ack.take_unsynced(fds)
-        return fds
-
-    def mark_unsynced(self) -> None:
-        """A flush failed: its files are not known to be on disk, so the next one syncs them."""
-        for file in (self._enq, self._ack):
-            if file is not None:
-                file.mark_unsynced()
-        if self._has_directory:
-            self._new_names = True
-
-    def fsync(self) -> None:
-        """fsync the enq and ack files, and new names (event-loop thread: closed files are opened)."""
-        for file in (self._enq, self._ack):
-            if file is not None:
-                file.fsync()
-        directory = self.take_new_directory()
-        if directory is not None:
-            sync_new_directory(directory)
+    # ---- files (the rest in queue_index_files.py) --------------------------------------------
 
     def compact(self) -> None:
         """Rewrite ``enq`` with the live entries and empty ``ack`` (crash-safe: tmp, fsync, rename)."""
@@ -560,11 +485,6 @@ class QueueIndex:
             self._close_files()
         self._is_open = False
 
-    def _close_files(self) -> None:
-        for file in (self._enq, self._ack):
-            if file is not None:
-                file.close()
-
     def delete(self) -> None:
         """Drop every message (releasing its segment reference), close and remove the directory.
 
@@ -589,11 +509,6 @@ class QueueIndex:
             if self.directory.parent.exists():
                 fsync_dir(self.directory.parent)
             changes.dir_deleted(self.directory)
-
-    @property
-    def open_files(self) -> int:
-        """Descriptors the index holds right now (0 when idle)."""
-        return sum(1 for file in (self._enq, self._ack) if file is not None and file.is_open)
 
     def __repr__(self) -> str:
         return (f"QueueIndex({self.name!r}, {'durable' if self.durable else 'transient'}, "

@@ -31,9 +31,9 @@ class BookQueue:
     def ack_many(self, positions: list[int]) -> None:
         self.calls.append(("ack_many", positions))
 
-    def requeue(self, pos: int) -> None:
-        self.calls.append(("requeue", pos))
-        self.message_count += 1
+    def requeue_many(self, positions: list[int]) -> None:
+        self.calls.append(("requeue_many", list(positions)))
+        self.message_count += len(positions)
 
     def reject(self, pos: int) -> None:
         self.calls.append(("reject", pos))
@@ -131,7 +131,7 @@ def test_nack_requeues_or_rejects_counting_rejects_and_giving_credit_back():
     assert protocol_counts(deliveries) == {"deliver": 3, "reject": 2}
     assert consumer.unacked == 1 and freed == [1] and vhost.scheduled == []
     deliveries.settle(deliveries.take(3, False), True)
-    assert queue.calls[-1] == ("requeue", 9) and consumer.unacked == 0 and vhost.scheduled == ["q"]
+    assert queue.calls[-1] == ("requeue_many", [9]) and consumer.unacked == 0 and vhost.scheduled == ["q"]
     with pytest.raises(BrokerChannelError) as e:
         deliveries.take(3, False)
     assert e.value.kind is PRECONDITION_FAILED and e.value.text == "PRECONDITION_FAILED - unknown delivery tag 3"
@@ -157,7 +157,8 @@ def test_close_requeues_every_delivery_in_order_and_counts_the_channel():
     deliveries.deliver(one, 30, False)
     deliveries.deliver_run(two, [40, 41], None)
     deliveries.close(confirm_publishes=7)
-    assert first.calls == [("requeue", 30)] and second.calls == [("requeue", 40), ("requeue", 41)]
+    # One call a queue, each with its positions in delivery order.
+    assert first.calls == [("requeue_many", [30])] and second.calls == [("requeue_many", [40, 41])]
     assert (one.unacked, two.unacked) == (0, 0) and deliveries.unacked == {}
     assert (vhost.node_counters.channels_closed, vhost.node_counters.received_confirm_closed) == (1, 7)
 

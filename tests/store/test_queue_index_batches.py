@@ -1,5 +1,6 @@
-"""QueueIndex.shift_many / ack_many: the same state, files and reference counts as shift / ack one
-at a time, for every index kind (the kinds with their own shift/ack get them as loops)."""
+"""QueueIndex.shift_many / ack_many / requeue_many: the same state, files and reference counts as
+shift / ack / requeue one at a time, for every index kind (the kinds with their own shift/ack/requeue
+get them as loops)."""
 
 from __future__ import annotations
 
@@ -49,8 +50,15 @@ def drive(directory: Path, seed: int, batched: bool, kind: str) -> tuple:
             else:
                 for pos in acked:
                     index.ack(pos)
-        elif unacked:
-            index.requeue(unacked.pop(rng.randrange(len(unacked))))
+        elif unacked:  # some back, one or many at a time: onto an empty heap, a few onto many, many onto some
+            rng.shuffle(unacked)
+            count = rng.choice((1, 1, rng.randrange(1, len(unacked) + 1)))
+            back, unacked = unacked[:count], unacked[count:]
+            if batched:
+                index.requeue_many(back)
+            else:
+                for pos in back:
+                    index.requeue(pos)
     index.write_buffers()
     state = (shifted, list(index.ready_positions()), sorted(index.unacked()), list(index.live_positions()),
              index.ready_count, {s: store.refcount(s) for s in store.segment_ids()},
@@ -89,6 +97,26 @@ def test_ack_many_refuses_a_position_that_is_not_unacked(tmp_path: Path) -> None
     assert index.unacked_count == 2  # nothing was removed
     index.ack_many(taken)
     assert index.unacked_count == 0 and index.shift_many(5) == positions[2:]
+    index.close()
+    store.close()
+
+
+def test_requeue_many_refuses_a_position_that_is_not_unacked_and_changes_nothing(tmp_path: Path) -> None:
+    store = MessageStore(tmp_path, segment_size=4096)
+    store.open()
+    index = QueueIndex("q", store, tmp_path / "q")
+    index.open()
+    positions = [store.append("", "q", b"\x00\x00", b"x" * 40) for _ in range(300)]
+    for pos in positions:
+        index.push(pos)
+    taken = index.shift_many(200)
+    with pytest.raises(KeyError):
+        index.requeue_many([*taken[:150], positions[250]])
+    assert index.unacked_count == 200 and index.ready_count == 100
+    index.requeue_many(taken[100:][::-1])  # in any order given: back in enq order, ahead of the rest
+    index.requeue_many(taken[:100])  # many onto some: the heap rebuilt
+    assert index.ready_count == 300 and index.unacked_count == 0
+    assert index.shift_many(250) == positions[:250] and list(index.ready_positions()) == positions[250:]
     index.close()
     store.close()
 

@@ -306,16 +306,16 @@ class Deliveries:
         if requeue is None:
             self._acks([item for _tag, item in items])
             return
+        if requeue and not failed:
+            self._requeue([(queue, consumer, [pos]) for _tag, (queue, pos, consumer) in items])
+            return
         credits: dict[Consumer, int] = {}
         touched: dict[QueueKind, None] = {}
         for _tag, (queue, pos, consumer) in items:
             if consumer is not None:
                 credits[consumer] = credits.get(consumer, 0) + 1
             if requeue:
-                if failed:
-                    queue.requeue_failed(pos)
-                else:
-                    queue.requeue(pos)
+                queue.requeue_failed(pos)
             else:
                 queue.reject(pos)
                 queue.stats.reject += 1
@@ -327,7 +327,26 @@ class Deliveries:
 
     def requeue_all(self) -> None:
         """basic.recover, and a closing channel: every unacked delivery back to its queue, in order."""
-        self.settle(self.unacked.take_all(), True)
+        self._requeue(self.unacked.take_all_pieces())
+
+    def _requeue(self, pieces: list[Piece]) -> None:
+        """Settled deliveries back to their queues: one ``requeue_many`` a queue, with its positions in
+        delivery order (a channel closing with a consumer's 65,535 unacked is one call, not 65,535)."""
+        credits: dict[Consumer, int] = {}
+        shares: dict[QueueKind, list[int]] = {}
+        for queue, consumer, positions in pieces:
+            if consumer is not None:
+                credits[consumer] = credits.get(consumer, 0) + len(positions)
+            share = shares.get(queue)
+            if share is None:
+                shares[queue] = positions if len(pieces) == 1 else list(positions)
+            else:
+                share += positions
+        for queue, share in shares.items():
+            queue.requeue_many(share)
+        for consumer, count in credits.items():
+            consumer.credit(count)
+        self._settled(dict.fromkeys(shares))
 
     def restore(self, items: list[tuple[int, Unacked]]) -> None:
         """Deliveries taken by acks that were rolled back (tx.rollback): unacked again, in order."""

@@ -262,6 +262,21 @@ class UnackedBook(Mapping[int, Unacked]):
         self._head = self._count = 0
         return items
 
+    def take_all_pieces(self) -> list[Piece]:
+        """Settle every delivery, as ``take_all``, but as pieces (queue, consumer, positions), in
+        delivery order: a closing channel's runs go back to their queues without a record a delivery."""
+        pieces: list[Piece] = []
+        for run, offsets in self._unsettled():
+            positions = run.positions
+            if type(offsets) is not range:  # some settled out of order
+                positions = [positions[offset] for offset in offsets]
+            elif run.done:
+                positions = positions[run.done:]
+            pieces.append((run.queue, run.consumer, positions))
+        self._runs = []
+        self._head = self._count = 0
+        return pieces
+
     def restore(self, items: list[tuple[int, Unacked]]) -> None:
         """Deliveries settled and given back (tx.rollback): unacked again, in delivery order."""
         merged = sorted([*self.items(), *items])

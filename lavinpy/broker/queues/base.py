@@ -215,6 +215,11 @@ class QueueKind(ABC):
     def requeue(self, pos: int) -> None:
         """A delivered message comes back (nack/reject with requeue, closed channel)."""
 
+    def requeue_many(self, positions: list[int]) -> None:
+        """``requeue`` for several deliveries of this queue (a closing channel's), in delivery order."""
+        for pos in positions:
+            self.requeue(pos)
+
     @property
     def delayed_count(self) -> int:
         """Messages held for a delayed retry (a queue kind without retries holds none)."""

@@ -12,6 +12,7 @@ limit, retries: a quorum queue's defaults), runs of messages take the plain path
 
 from __future__ import annotations
 
+import itertools
 import logging
 from array import array
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from ...store.delivery_counts import RetryDueTimes
 from ...store.priority_index import PriorityIndex
-from ...store.record import StoredMessage
+from ...store.record import CorruptRecord, StoredMessage
 from ..metrics.stats import MessageCounters
 from ..settings.arguments import QueueSettings
 from .base import DELIVERY_BATCH, QueueHost, QueueKind
@@ -62,11 +63,11 @@ class ClassicQueue(Protocol):
 
     def read(self, pos: int) -> StoredMessage | None: ...
 
-    def requeue_ready(self, pos: int) -> None: ...
+    def requeue_ready(self, positions: list[int]) -> None: ...
 
     def use_features(self, features: QueueFeatures | None) -> None: ...
 
-    def route_requeues(self, requeue: Callable[[int], None]) -> None: ...
+    def route_requeues(self, requeue_many: Callable[[list[int]], None]) -> None: ...
 
     def push_runs(self, positions: array, persistent: bool, run: PublishRun, first: int, level: int | None) -> None: ...
 
@@ -147,7 +148,7 @@ class QueueFeatures:
         self.bound = used
         queue.use_features(self if used else None)
         if not used and self.retry is not None:
-            queue.route_requeues(self.requeue)
+            queue.route_requeues(self.requeue_many)
 
     def enable_message_ttl(self) -> None:
         """A message with an expiration arrived: from now on this queue checks expiry."""
@@ -395,6 +396,22 @@ class QueueFeatures:
                 self._dead_letter(msg, "rejected")
         self.remove(pos)
 
+    def peek_held(self, count: int) -> list[tuple[StoredMessage, int]]:
+        """The first ``count`` messages held for a delayed retry, with their due times (ms)."""
+        out: list[tuple[StoredMessage, int]] = []
+        read = self.queue.vhost.store.messages.read
+        for pos, due in itertools.islice(self.held.items(), count):
+            try:
+                out.append((read(pos), due))
+            except (CorruptRecord, KeyError):
+                continue  # peeking changes nothing: the delivery path reports and removes it
+        return out
+
+    def requeue_many(self, positions: list[int]) -> None:
+        """``requeue`` of each, in order (each may be counted, dead-lettered or held on its own)."""
+        for pos in positions:
+            self.requeue(pos)
+
     def requeue(self, pos: int, failed: bool = False) -> None:
         """A delivered message comes back (``failed``: basic.reject with requeue): counted, then
         dead-lettered past the delivery limit, held for a delayed retry, or ready again at once."""
@@ -440,7 +457,7 @@ class QueueFeatures:
 
     def _ready_again(self, pos: int) -> None:
         queue = self.queue
-        queue.requeue_ready(pos)
+        queue.requeue_ready([pos])
         if self.track_bytes or self.has_ttl:
             msg = queue.read(pos)
             if msg is not None:

@@ -75,7 +75,7 @@ class Queue(QueueKind):
         # Settled here through these, bound by use_features: the index's own, or the component's.
         self._remove: Callable[[int], None] = index.ack
         self._remove_many: Callable[[list[int]], None] = index.ack_many
-        self._requeue_one: Callable[[int], None] = self.requeue_ready
+        self._requeue_many: Callable[[list[int]], None] = self.requeue_ready
         dedup = settings_of(self.arguments)
         if dedup is not None:  # a message with headers then takes the publish path that asks the cache
             self.dedup = (DedupCache(dedup, vhost.store.open_append_file(file_name("q", name)),
@@ -148,17 +148,17 @@ class Queue(QueueKind):
         if features is not None:
             paths.update(push=features.push, push_many=features.push_many, deliver=features.deliver,
                          refuses=features.refuses, _take_head=features.take_for_get)
-            self._remove, self._remove_many, self._requeue_one = (
-                features.remove, features.remove_many, features.requeue)
+            self._remove, self._remove_many, self._requeue_many = (
+                features.remove, features.remove_many, features.requeue_many)
         else:
             for name in FEATURE_PATHS:
                 paths.pop(name, None)
-            self._remove, self._remove_many, self._requeue_one = (
+            self._remove, self._remove_many, self._requeue_many = (
                 self.index.ack, self.index.ack_many, self.requeue_ready)
 
-    def route_requeues(self, requeue: Callable[[int], None]) -> None:
-        """Requeues through ``requeue`` while the other paths stay plain (delayed retries alone)."""
-        self._requeue_one = requeue
+    def route_requeues(self, requeue_many: Callable[[list[int]], None]) -> None:
+        """Requeues through ``requeue_many`` while the other paths stay plain (delayed retries alone)."""
+        self._requeue_many = requeue_many
 
     def apply_settings(self, settings: QueueSettings) -> None:
         self.features.apply(settings)
@@ -501,11 +501,15 @@ class Queue(QueueKind):
             self._remove_many(positions)
 
     def requeue(self, pos: int) -> None:
-        if self.deleted:
-            return
-        self._requeue_one(pos)
-        if self.consumers:
-            self.vhost.schedule_delivery(self)
+        self.requeue_many([pos])
+
+    def requeue_many(self, positions: list[int]) -> None:
+        """Back to the queue (nack/reject with requeue, a closing channel's deliveries): the plain path
+        in one index call for all (``requeue_ready``), a feature's path a message at a time."""
+        if not self.deleted:
+            self._requeue_many(positions)
+            if self.consumers:
+                self.vhost.schedule_delivery(self)
 
     def requeue_failed(self, pos: int) -> None:
         """basic.reject with requeue: as ``requeue``, but a delayed retry of type ``failed`` applies."""
@@ -514,7 +518,7 @@ class Queue(QueueKind):
         if self.special or self.features.retry is not None:
             self.features.requeue(pos, True)
         else:
-            self.requeue_ready(pos)
+            self.requeue_ready([pos])
         if self.consumers:
             self.vhost.schedule_delivery(self)
 
@@ -524,19 +528,12 @@ class Queue(QueueKind):
         return len(self.features.held_due)
 
     def peek_delayed(self, count: int) -> list[tuple[StoredMessage, int]]:
-        out: list[tuple[StoredMessage, int]] = []
-        read = self.vhost.store.messages.read
-        for pos, due in itertools.islice(self.features.held.items(), count):
-            try:
-                out.append((read(pos), due))
-            except (CorruptRecord, KeyError):
-                continue
-        return out
+        return self.features.peek_held(count)
 
-    def requeue_ready(self, pos: int) -> None:
+    def requeue_ready(self, positions: list[int]) -> None:
         """Back to the head, delivered next with redelivered=true."""
-        self.index.requeue(pos)
-        self._redelivered.add(pos)
+        self.index.requeue_many(positions)
+        self._redelivered.update(positions)
 
     def reject(self, pos: int) -> None:
         if not self.deleted:
