@@ -345,6 +345,9 @@ class QueueIndex(IndexFiles):
 
     def requeue_many(self, positions: list[int]) -> None:
         """``requeue`` for many unacked positions (a closing channel's): one heap build, not a push each."""
+        if len(positions) == 1:  # a nack or reject of one
+            self.requeue(positions[0])
+            return
         bad = self._unacked.remove_many(positions)
         if bad is not None:
             raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")

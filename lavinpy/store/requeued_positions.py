@@ -1,10 +1,11 @@
 """A queue's requeued messages: delivered once and back, to go out again ahead of never-delivered ones,
-in enq order. A heap of enq-order keys (``enq_order_key``: the position's halves swapped).
+in enq order. Their enq-order keys (``enq_order_key``: the position's halves swapped), as a heap.
 
 A closing channel can hand a queue back a consumer's whole window at once (a Spark task's share of
-a queue is 65,535 a consumer): ``push_many`` builds the heap once and ``pop_many`` takes a delivery
-run's worth, where a heap push or pop through a Python call each made the broker stall for a second
-on half a million.
+a queue is 65,535 a consumer): ``push_many`` takes them in one pass and ``pop_many`` a delivery run's
+worth, where a heap push or pop through a Python call each made the broker stall for a second on half
+a million. A window handed back onto none is kept sorted (a sorted list is a heap) and taken by slices
+from its front, until a push onto it makes it a heap again.
 """
 
 from __future__ import annotations
@@ -18,29 +19,42 @@ from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos
 
 # A few keys onto a big heap go in a push each (log n); more, by one rebuild of the whole (n).
 _REBUILD_SHARE = 16
+# Taken keys at the front of a sorted list are dropped once they are this many and half of it.
+_DROP_TAKEN = 4096
 
 
 class RequeuedPositions:
     """push / push_many, peek / pop / pop_many (the first in enq order); positions (sorted) and keys."""
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_keys", "_start", "_sorted")
 
     def __init__(self) -> None:
-        self._heap: list[int] = []
+        self._keys: list[int] = []  # from _start on: a heap, or in order (_sorted)
+        self._start = 0  # keys before it taken (a sorted list only)
+        self._sorted = True
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._keys) - self._start
+
+    def _heap(self) -> list[int]:
+        """The keys as a heap to push onto (a sorted list is one, once its taken front is dropped)."""
+        if self._start:
+            del self._keys[:self._start]
+            self._start = 0
+        self._sorted = False
+        return self._keys
 
     def push(self, pos: int) -> None:
-        heapq.heappush(self._heap, enq_order_key(pos))
+        heapq.heappush(self._heap(), enq_order_key(pos))
 
     def push_many(self, positions: list[int]) -> None:
-        heap = self._heap
-        keys = order_keys(positions)
-        if not heap:  # a closing channel's deliveries come nearly in enq order: a sorted list is a heap
+        keys = swap_halves(positions)
+        if not len(self):  # a closing channel's deliveries come nearly in enq order: sorted in one pass
             keys.sort()
-            self._heap = keys
-        elif len(keys) * _REBUILD_SHARE < len(heap):
+            self._keys, self._start, self._sorted = keys, 0, True
+            return
+        heap = self._heap()
+        if len(keys) * _REBUILD_SHARE < len(heap):
             for key in keys:
                 heapq.heappush(heap, key)
         else:
@@ -48,46 +62,59 @@ class RequeuedPositions:
             heapq.heapify(heap)
 
     def peek(self) -> int | None:
-        return pos_from_order_key(self._heap[0]) if self._heap else None
+        return pos_from_order_key(self._keys[self._start]) if len(self) else None
 
     def pop(self) -> int:
-        return pos_from_order_key(heapq.heappop(self._heap))
+        if not self._sorted:
+            return pos_from_order_key(heapq.heappop(self._keys))
+        return self.pop_many(1)[0]
 
     def pop_many(self, count: int) -> list[int]:
         """The first ``count`` (all, when fewer), in enq order."""
-        heap = self._heap
-        if count >= len(heap):
-            keys = sorted(heap)
-            heap.clear()
-        else:
+        keys = self._keys
+        if not self._sorted and count < len(keys):
             pop = heapq.heappop
-            keys = [pop(heap) for _ in range(count)]
-        return [((key & SEGMENT_MASK) << OFFSET_SHIFT) | (key >> OFFSET_SHIFT) for key in keys]
+            return swap_halves([pop(keys) for _ in range(count)])
+        if not self._sorted:
+            keys.sort()
+            self._sorted = True
+        start = self._start
+        taken = keys[start:start + count]
+        start += len(taken)
+        if start >= len(keys):
+            keys.clear()
+            start = 0
+        elif start >= _DROP_TAKEN and start * 2 >= len(keys):
+            del keys[:start]
+            start = 0
+        self._start = start
+        return swap_halves(taken)
 
     def clear(self) -> None:
-        self._heap.clear()
+        self._keys, self._start, self._sorted = [], 0, True
 
     def positions(self) -> array:
         """Every one, in enq order."""
-        return array("Q", (pos_from_order_key(key) for key in sorted(self._heap)))
+        return array("Q", (pos_from_order_key(key) for key in sorted(self.keys())))
 
     def keys(self) -> list[int]:
         """Their enq-order keys, in no order."""
-        return self._heap
+        return self._keys[self._start:] if self._start else self._keys
 
     def memory_bytes(self) -> int:
-        return sys.getsizeof(self._heap)
+        return sys.getsizeof(self._keys)
 
 
-def order_keys(positions: list[int]) -> list[int]:
-    """``enq_order_key`` of each position: the two 32-bit halves of each packed entry swapped, an array
-    operation over all (a key computed a position at a time made three big ints of each)."""
-    if len(positions) < 64:
-        return [((pos & SEGMENT_MASK) << OFFSET_SHIFT) | (pos >> OFFSET_SHIFT) for pos in positions]
-    words = memoryview(positions_array(positions)).cast("B").cast("I")  # segment, offset, segment, ...
-    offsets, segments = array("I"), array("I")
-    offsets.frombytes(words[1::2].tobytes())
-    segments.frombytes(words[0::2].tobytes())
-    keys = array("I", bytes(len(words) * 4))
-    keys[0::2], keys[1::2] = offsets, segments  # a key: the offset in its low half, the segment in its high
-    return memoryview(keys).cast("B").cast("Q").tolist()
+def swap_halves(values: list[int]) -> list[int]:
+    """``enq_order_key`` of each position, or ``pos_from_order_key`` of each key (the same swap of the
+    two 32-bit halves): an array operation over all, where a key computed one at a time made three big
+    ints of each."""
+    if len(values) < 64:
+        return [((value & SEGMENT_MASK) << OFFSET_SHIFT) | (value >> OFFSET_SHIFT) for value in values]
+    words = memoryview(positions_array(values)).cast("B").cast("I")  # low half, high half, low, ...
+    lows, highs = array("I"), array("I")
+    lows.frombytes(words[0::2].tobytes())
+    highs.frombytes(words[1::2].tobytes())
+    swapped = array("I", bytes(len(words) * 4))
+    swapped[0::2], swapped[1::2] = highs, lows
+    return memoryview(swapped).cast("B").cast("Q").tolist()

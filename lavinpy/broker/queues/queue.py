@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...store.record import CorruptRecord, StoredMessage
+from ...store.unacked_positions import PositionSet
 from ..metrics.stats import MessageCounters
 from ..settings.deduplication import settings_of
 from .base import DELIVERY_BATCH, FIRST_RUN, RUN_BYTES, RUN_SHARE, QueueHost, QueueKind
@@ -69,7 +70,7 @@ class Queue(QueueKind):
         self._had_consumer = False
         # Positions to deliver with redelivered=true: requeued ones, and after an unclean stop the
         # messages recovered from disk (their delivery state was not persisted).
-        self._redelivered: set[int] = set()
+        self._redelivered: set[int] = PositionSet()  # (C keys, no object each: a whole window may come back)
         self._recovered_left = index.ready_count if recovered_redelivered else 0
         self._run_limit = FIRST_RUN  # messages per delivery run, from the body sizes seen last
         # Settled here through these, bound by use_features: the index's own, or the component's.
@@ -478,8 +479,11 @@ class Queue(QueueKind):
 
     def _redelivered_flags(self, positions: list[int]) -> list[bool]:
         """The redelivered flag of each shifted position, as ``shift`` decides it one at a time."""
-        flags = []
         again = self._redelivered
+        if again.issuperset(positions):  # a run of requeued ones (a closed channel's window coming back)
+            again.difference_update(positions)
+            return [True] * len(positions)
+        flags = []
         for pos in positions:
             if pos in again:
                 again.discard(pos)
