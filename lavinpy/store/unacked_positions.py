@@ -127,7 +127,8 @@ class UnackedPositions:
                 continue
             taken, offset = run
             count = min(len(taken) - offset, n - at)
-            if taken[offset:offset + count] != positions[at:at + count]:
+            # (the run's own list, whole, needs no comparison: an ack of a whole delivery run)
+            if (taken is not positions or offset or at) and taken[offset:offset + count] != positions[at:at + count]:
                 return None
             seen.add(head)
             heads.append((head, run, count))

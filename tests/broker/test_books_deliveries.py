@@ -11,6 +11,7 @@ import pytest
 from lavinpy.broker.errors import PRECONDITION_FAILED, BrokerChannelError
 from lavinpy.broker.metrics.stats import MessageCounters, NodeCounters, ProtocolCounters, ProtocolId
 from lavinpy.broker.ops.deliveries import Deliveries
+from lavinpy.broker.ops.unacked_book import OWNED_RUN_MAX
 from lavinpy.broker.queues.consumer import Consumer
 
 
@@ -161,6 +162,22 @@ def test_close_requeues_every_delivery_in_order_and_counts_the_channel():
     assert first.calls == [("requeue_many", [30])] and second.calls == [("requeue_many", [40, 41])]
     assert (one.unacked, two.unacked) == (0, 0) and deliveries.unacked == {}
     assert (vhost.node_counters.channels_closed, vhost.node_counters.received_confirm_closed) == (1, 7)
+
+
+def test_a_multiple_ack_of_long_whole_runs_acks_each_by_its_own_list():
+    deliveries, _vhost, _freed = ledger()
+    queue = BookQueue("q")
+    consumer = consumer_of(queue)
+    size = OWNED_RUN_MAX + 100  # longer than a run the book would join to the one before
+    runs = [list(range(10_000 * k, 10_000 * k + size)) for k in range(1, 4)]
+    consumer.unacked = 3 * size
+    for run in runs:
+        deliveries.deliver_run(consumer, run, None)
+    deliveries.ack_multiple(2 * size + 7)  # two whole runs and the head of the third
+    assert [name for name, _positions in queue.calls] == ["ack_many"] * 3
+    assert queue.calls[0][1] is runs[0] and queue.calls[1][1] is runs[1]  # the queue's runs, not copies
+    assert queue.calls[2][1] == runs[2][:7]
+    assert consumer.unacked == size - 7 and queue.stats.ack == 2 * size + 7
 
 
 def test_multiple_acks_settle_run_slices_as_take_and_settle_would():

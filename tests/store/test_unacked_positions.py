@@ -28,6 +28,19 @@ def test_a_multiple_ack_spanning_many_runs_settles_them_all_and_keeps_the_rest()
     assert len(unacked) == 0
 
 
+def test_whole_runs_acked_by_their_own_lists_settle_as_equal_copies_would() -> None:
+    unacked = UnackedPositions()
+    runs = _runs([6, 6, 6])
+    for run in runs:
+        unacked.add_run(run)
+    assert unacked.remove_many(runs[1]) is None  # the run's own list: no comparison needed
+    assert unacked.remove_many(list(runs[0])) is None  # an equal copy: compared
+    assert sorted(unacked.positions()) == runs[2]
+    assert unacked.remove_many(runs[2][:2]) is None  # its head slice
+    assert unacked.remove_many(runs[2]) == 0  # its own list again, but its head is settled: nothing changes
+    assert sorted(unacked.positions()) == runs[2][2:]
+
+
 def test_a_multiple_ack_with_a_position_not_unacked_changes_nothing() -> None:
     unacked = UnackedPositions()
     runs = _runs([4, 4])

@@ -278,22 +278,28 @@ class Deliveries:
                 queue.ack_many(positions)
             self._acked_run(queue, count)
             return
-        shares: dict[tuple[QueueKind, Consumer | None], list[int]] = {}
+        shares: dict[tuple[QueueKind, Consumer | None], list[list[int]]] = {}
         total = 0
         for queue, consumer, positions in pieces:
             share = shares.get((queue, consumer))
             if share is None:
-                shares[queue, consumer] = list(positions)
+                shares[queue, consumer] = [positions]
             else:
-                share += positions
+                share.append(positions)
             total += len(positions)
-        self._ack_shares(shares, total)
+        self._ack_shares(shares, total, total >= len(pieces) * _WHOLE_PIECES)
 
-    def _ack_shares(self, shares: dict[tuple[QueueKind, Consumer | None], list[int]], total: int) -> None:
-        """One ack_many per queue and consumer, each with its positions in delivery order: the queue's
-        unacked runs are per consumer, and consumers sharing a channel interleave their deliveries there."""
-        for (queue, consumer), share in shares.items():
-            _ack_positions(queue, consumer, share)
+    def _ack_shares(self, shares: dict[tuple[QueueKind, Consumer | None], list[list[int]]], total: int,
+                    piece_by_piece: bool = False) -> None:
+        """One ack_many per queue and consumer, each with its positions in delivery order (the queue's
+        unacked runs are per consumer, and consumers sharing a channel interleave their deliveries
+        there); or, for pieces this long, one ack_many a piece (each a run of the queue's, not copied)."""
+        for (queue, consumer), parts in shares.items():
+            if len(parts) == 1 or piece_by_piece:
+                for positions in parts:
+                    _ack_positions(queue, consumer, positions)
+            else:
+                _ack_positions(queue, consumer, [pos for positions in parts for pos in positions])
         self.counters.ack += total
         self._settled(dict.fromkeys(queue for queue, _consumer in shares))
 
@@ -378,7 +384,7 @@ class Deliveries:
         shares: dict[tuple[QueueKind, Consumer | None], list[int]] = {}
         for queue, pos, consumer in items:
             shares.setdefault((queue, consumer), []).append(pos)
-        self._ack_shares(shares, count)
+        self._ack_shares({key: [share] for key, share in shares.items()}, count)
 
     def _settled(self, queues: dict[QueueKind, None]) -> None:
         """After settling: queues that can use the freed credit deliver; the channel's room too."""
@@ -388,6 +394,11 @@ class Deliveries:
                 schedule(queue)
         if self.prefetch:
             self._room_freed()
+
+
+# Pieces of a multiple ack this long on average (a queue's delivery runs, whole) are acked one by one:
+# a call each costs less than copying them all into one list and comparing it with the runs.
+_WHOLE_PIECES = 256
 
 
 def _ack_positions(queue: QueueKind, consumer: Consumer | None, positions: list[int]) -> None:

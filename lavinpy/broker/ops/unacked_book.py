@@ -229,7 +229,11 @@ class UnackedBook(Mapping[int, Unacked]):
                 break
             stop = len(run.positions) if not tag else min(len(run.positions), tag - first + 1)
             if settled is None:
-                taken.append((first + done, (run.queue, run.consumer, run.positions[done:stop])))
+                positions = run.positions
+                if done or stop < len(positions):
+                    positions = positions[done:stop]
+                # (a whole run goes as its own list: the queue's unacked run it is, acked without a copy)
+                taken.append((first + done, (run.queue, run.consumer, positions)))
                 run.live -= stop - done
                 count += stop - done
             else:  # some settled out of order: the slices between them
