@@ -2,6 +2,7 @@
 
     python bench/requeue_stall_bench.py                     # starts its own lavinpy (fsync never)
     python bench/requeue_stall_bench.py --parts 8 --rounds 3
+    BROKER_PID=1234 python bench/requeue_stall_bench.py --url amqp://guest:guest@127.0.0.1:5672/
 
 A classic queue is filled with `--parts` x 65,535 persistent 100-byte messages (the Spark writer's
 code). One process then takes nearly all of them unacked, as a Spark batch-read task does (a consumer
@@ -37,6 +38,10 @@ from lavinpy.spark.streams import ColumnsSink  # noqa: E402
 
 
 def broker_cpu(pid: int) -> float:
+    """The broker's user + system CPU seconds (0 when its process is not known: ``--url`` without
+    ``BROKER_PID``)."""
+    if not pid:
+        return 0.0
     ticks = os.sysconf("SC_CLK_TCK")
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / ticks
