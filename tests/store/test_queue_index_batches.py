@@ -41,24 +41,20 @@ def drive(directory: Path, seed: int, batched: bool, kind: str) -> tuple:
                 taken = [pos for pos in (index.shift() for _ in range(count)) if pos is not None]
             shifted.extend(taken)
             unacked.extend(taken)
-        elif op < 0.85 and unacked:
+        elif unacked:  # acks; or requeues of one or many: onto an empty heap, a few onto many, many onto some
             rng.shuffle(unacked)
-            count = rng.randrange(1, len(unacked) + 1)
-            acked, unacked = unacked[:count], unacked[count:]
-            if batched:
-                index.ack_many(acked)
+            if op < 0.85:
+                count = rng.randrange(1, len(unacked) + 1)
+                many, each = index.ack_many, index.ack
             else:
-                for pos in acked:
-                    index.ack(pos)
-        elif unacked:  # some back, one or many at a time: onto an empty heap, a few onto many, many onto some
-            rng.shuffle(unacked)
-            count = rng.choice((1, 1, rng.randrange(1, len(unacked) + 1)))
-            back, unacked = unacked[:count], unacked[count:]
+                count = rng.choice((1, 1, rng.randrange(1, len(unacked) + 1)))
+                many, each = index.requeue_many, index.requeue
+            settled, unacked = unacked[:count], unacked[count:]
             if batched:
-                index.requeue_many(back)
+                many(settled)
             else:
-                for pos in back:
-                    index.requeue(pos)
+                for pos in settled:
+                    each(pos)
     index.write_buffers()
     state = (shifted, list(index.ready_positions()), sorted(index.unacked()), list(index.live_positions()),
              index.ready_count, {s: store.refcount(s) for s in store.segment_ids()},
