@@ -259,7 +259,7 @@ class StreamClient:
         if end <= start:
             return
         ch = self._consume(start, prefetch=self.prefetch)
-        receiver = _StreamReceiver(self.conn, ch, self.queue, self.prefetch)
+        receiver = _StreamReceiver(self.conn, ch, self.queue, self.prefetch, end)
         last_seen = start - 1
         self._stalled_since: float | None = None
         try:
@@ -435,23 +435,38 @@ def _complete_frame_at_front(buf: bytearray) -> bool:
 
 class _StreamReceiver(Receiver):
     """A stream consumer's Receiver: every delivery must carry its offset, and acks are credit, not
-    removal, sent (multiple) once half the prefetch is unacked."""
+    removal, sent (multiple) once half the prefetch is unacked.
 
-    def __init__(self, conn: Connection, ch: int, queue: str, prefetch: int) -> None:
+    Given ``end`` (the offset after the last one wanted), it never grants credit past it: the broker
+    then sends nothing the reader would only drop, which at a channel's close would come through the
+    generic frame path, up to a whole prefetch of it.
+    """
+
+    def __init__(self, conn: Connection, ch: int, queue: str, prefetch: int, end: int | None = None) -> None:
         super().__init__(conn, ch, queue)
         self.queue = queue
+        self.prefetch = prefetch
         self.ack_every = max(1, prefetch // 2)
-        self.unacked = 0
+        self.end = end
+        self.acked_tag = 0
 
     def receive(self, sink: ColumnsSink, first_wait: float, idle_wait: float,
                 limit: int | None = None) -> Iterator[int]:
         for added in super().receive(sink, first_wait, idle_wait, limit):
-            if sink.columns.missing:
+            cols = sink.columns
+            if cols.missing:
                 raise not_a_stream(self.queue, "its deliveries carry no x-stream-offset header")
-            self.unacked += added
-            if self.unacked >= self.ack_every:
-                self.conn.send(basic_ack(self.ch, self.last_tag, True))
-                self.unacked = 0
+            last_tag = self.last_tag
+            if added and last_tag - self.acked_tag >= self.ack_every:
+                upto = last_tag
+                if self.end is not None:
+                    # Credit reaches upto + prefetch; offsets run on with tags (or skip some, which
+                    # only lets a few more through), so this stops at end - 1.
+                    still_wanted = self.end - 1 - cols.offset_values[cols.rows - 1]
+                    upto = min(upto, last_tag + still_wanted - self.prefetch)
+                if upto > self.acked_tag:
+                    self.conn.send(basic_ack(self.ch, upto, True))
+                    self.acked_tag = upto
             yield added
 
 

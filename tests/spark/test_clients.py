@@ -303,6 +303,43 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
     assert by_columns.column("app_id").to_pylist() == [app_id(i) for i in range(10, 290)]
 
 
+def test_stream_range_read_is_sent_nothing_past_its_end(broker, admin, monkeypatch) -> None:
+    """A range inside a longer stream: the reader's acks never give the broker credit past the range's
+    end, so no delivery arrives that the channel's close would only drop (up to a prefetch of them,
+    each through the generic frame path). The range still comes whole, for prefetches that divide it
+    or not."""
+    import pika
+
+    from lavinpy.spark.streams import ColumnsSink, StreamClient
+    from lavinpy.wire import client_blocking
+    from lavinpy.wire.client import method_id, split_frames
+
+    queue = unique("spark-s")
+    admin.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"})
+    for i in range(1200):
+        admin.basic_publish("", queue, b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+    dropped = []
+    parse = client_blocking.BlockingConnection._parse
+
+    def counting_parse(self):  # noqa: ANN001, ANN202 - a test wrapper
+        if self._closing_channels:
+            frames, _used = split_frames(self._rbuf)
+            dropped.extend(ch for ftype, ch, payload in frames
+                           if ch in self._closing_channels and ftype == 1 and method_id(payload) == (60 << 16 | 60))
+        return parse(self)
+
+    monkeypatch.setattr(client_blocking.BlockingConnection, "_parse", counting_parse)
+    ranges = ((40, 100, 500), (64, 1, 1001), (7, 333, 1111), (50, 1101, 1201), (2, 10, 50), (1, 5, 9))
+    for prefetch, start, end in ranges:
+        sink = ColumnsSink(batch_rows=50)
+        offsets: list[int] = []
+        with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=prefetch) as client:
+            for lo, hi in client.read_range_into(sink, start, end):
+                offsets.extend(sink.take().offset_values[lo:hi])
+        assert offsets == list(range(start, end)), prefetch
+        assert dropped == [], (prefetch, len(dropped))
+
+
 def plain_table(schema, rows, redelivered):  # noqa: ANN001, ANN201 - a test helper
     """Arrow's conversion of plain lists of the rows' values (Delivery-like: offset, exchange, routing
     key, properties, body)."""
