@@ -158,7 +158,7 @@ def register_floor_sources(spark: Any) -> None:
                      "exchange": pa.array([""] * n, pa.string()),
                      "delivery_mode": pa.array([self.delivery_mode] * n, pa.int32()),
                      "redelivered": pa.array([False] * n, pa.bool_())}
-            batch = pa.RecordBatch.from_arrays([given.get(f.name, pa.nulls(n, f.type)) for f in schema],
+            batch = pa.RecordBatch.from_arrays([given.get(f.name, pa.array([None] * n, f.type)) for f in schema],
                                                schema=schema)
             share = self.rows // 2 + (self.rows % 2 if partition.value == 0 else 0)  # exactly `rows` in all
             for _ in range(share // n):

@@ -3,7 +3,7 @@ deliveries scanned from receive buffers a few at a time, some appended by the ge
 in between -- equal Arrow's conversion of the rows' own plain values: whether the exchange, routing key
 and property block are one run for all rows, several runs with equal values, or differ from run to run
 and within one; sliced (lo, hi) or whole; with redelivered rows or none; with constant and all-null
-columns of any length (the constant columns are slices of arrays kept from batch to batch)."""
+columns of any length (the constant columns are arrays kept from batch to batch)."""
 
 from __future__ import annotations
 
@@ -201,6 +201,27 @@ def test_kept_constant_columns_stay_bounded() -> None:
         batch = built(rows)
         assert batch.equals(expected(rows)) and batch.column("app_id").to_pylist() == [long] * (n + 3)
         assert sum(array.nbytes for array in read_rows._repeats.values()) <= read_rows._REPEATS_MAX_BYTES
+
+
+def ipc_bytes(batch: pa.RecordBatch) -> int:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer_:
+        writer_.write_batch(batch)
+    return sink.getvalue().size
+
+
+def test_batches_send_spark_no_more_bytes_than_the_plain_conversion() -> None:
+    """Spark takes a read's batches as Arrow IPC: a built batch, whose constant and null columns are
+    kept from batch to batch, is as many bytes as the plain conversion of its rows, for a full batch,
+    a reader's shorter last one and a longer one after them."""
+    builder = BatchBuilder(SCHEMA)
+    first = 0
+    for n in (BATCH_ROWS, BATCH_ROWS, 100, BATCH_ROWS, 2 * BATCH_ROWS + 1, BATCH_ROWS):
+        rows = stream_rows(n, first)
+        first += n
+        batch = builder.build(fill(rows, cols=DeliveryColumns(n, 16 * n)))
+        assert batch.equals(plain(rows))
+        assert ipc_bytes(batch) == ipc_bytes(plain(rows)), n
 
 
 def test_one_builder_for_many_batches_gives_each_its_own_columns() -> None:
