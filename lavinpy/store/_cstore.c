@@ -540,6 +540,8 @@ static PyMethodDef methods[] = {
     {"frame_batch", (PyCFunction)(void (*)(void))py_frame_batch, METH_FASTCALL,
      "frame_batch(records, mark): a deduplication cache's batch framed (_cstore_sizes.c)."},
     {"pack_positions", py_pack_positions, METH_O, "pack_positions(positions): array('Q', positions)'s bytes."},
+    {"pack_counted", py_pack_counted, METH_O,
+     "pack_counted(positions): (pack_positions(positions), segment_counts(positions))."},
     {"configure", py_configure, METH_VARARGS, "configure(StoredMessage, CorruptRecord)."},
     {NULL},
 };

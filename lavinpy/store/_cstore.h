@@ -99,5 +99,6 @@ PyObject *py_frame_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 /* _cstore_posset.c: the position set type the module adds */
 extern PyTypeObject cstore_PositionSetType;
 PyObject *py_pack_positions(PyObject *self, PyObject *positions);
+PyObject *py_pack_counted(PyObject *self, PyObject *positions);
 
 #endif

@@ -418,3 +418,45 @@ PyObject *py_pack_positions(PyObject *self, PyObject *positions) {
     }
     return out;
 }
+
+/* pack_counted(positions: list) -> (bytes, {segment id: count}): pack_positions's bytes and how many of
+ * the positions lie in each segment, counted over the packed words by runs of one segment (a queue's
+ * run of acks is a few runs), so that an ack of a long run builds no array of segment ids to count. */
+PyObject *py_pack_counted(PyObject *self, PyObject *positions) {
+    PyObject *packed = py_pack_positions(self, positions);
+    if (packed == NULL)
+        return NULL;
+    PyObject *counts = PyDict_New();
+    if (counts == NULL) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    const uint64_t *p = (const uint64_t *)PyBytes_AS_STRING(packed);
+    Py_ssize_t n = PyBytes_GET_SIZE(packed) / (Py_ssize_t)sizeof(uint64_t);
+    Py_ssize_t i = 0;
+    while (i < n) {
+        uint32_t segment = (uint32_t)(p[i] & 0xFFFFFFFFu);
+        Py_ssize_t j = i + 1;
+        while (j < n && (uint32_t)(p[j] & 0xFFFFFFFFu) == segment)
+            j++;
+        PyObject *key = PyLong_FromUnsignedLong(segment);
+        PyObject *had = key == NULL ? NULL : PyDict_GetItemWithError(counts, key);
+        PyObject *total = NULL;
+        if (key != NULL && !PyErr_Occurred())
+            total = PyLong_FromSsize_t((had == NULL ? 0 : PyLong_AsSsize_t(had)) + (j - i));
+        if (total == NULL || PyDict_SetItem(counts, key, total) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(total);
+            Py_DECREF(counts);
+            Py_DECREF(packed);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(total);
+        i = j;
+    }
+    PyObject *out = PyTuple_Pack(2, packed, counts);
+    Py_DECREF(packed);
+    Py_DECREF(counts);
+    return out;
+}

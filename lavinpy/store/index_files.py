@@ -10,7 +10,7 @@ from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import filterfalse, islice
-from typing import Protocol
+from typing import Any, Protocol
 
 from lavinpy.store.accel import cstore
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, enq_order_key, pos_from_order_key
@@ -47,6 +47,13 @@ def _packed_positions_array(positions: list[int]) -> array:
 
 
 positions_array: Callable[[list[int]], array] = py_positions_array if cstore is None else _packed_positions_array
+
+
+def py_packed_counts(positions: list[int]) -> tuple[memoryview, dict[int, int]]:
+    """The bytes of ``array("Q", positions)`` (as ``array.frombytes`` takes them) and ``segment_counts``
+    of the positions: the pure twin of the compiled ``pack_counted``, which counts while it packs."""
+    packed = array("Q", positions)
+    return memoryview(packed).cast("B"), segment_counts(packed)
 
 
 def segment_counts(entries: array | list[int]) -> dict[int, int]:
@@ -176,3 +183,8 @@ def chunked_counts(chunks: Iterable[array]) -> dict[int, int]:
         for segment, n in segment_counts(chunk).items():
             totals[segment] = totals.get(segment, 0) + n
     return totals
+
+
+# The pair a queue's run of acks needs: its index entries to append and its segments to release.
+packed_counts: Callable[[list[int]], tuple[Any, dict[int, int]]] = (
+    py_packed_counts if cstore is None else cstore.pack_counted)

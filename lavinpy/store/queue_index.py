@@ -308,18 +308,20 @@ class QueueIndex(IndexFiles):
         bad = self._unacked.remove_many(positions)
         if bad is not None:
             raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
-        pending = self._ack_pending  # (a transient queue's few acks are counted from the list itself)
-        removed: array | list[int] = positions if pending is None else index_files.positions_array(positions)
-        if pending is not None:
+        pending = self._ack_pending
+        if pending is None:  # a transient queue's few acks, counted from the list itself
+            counts = segment_counts(positions)
+        else:
+            packed, counts = index_files.packed_counts(positions)
             transient = self._transient
             if transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry
                 pending.extend(array("Q", [pos for pos in positions if pos not in transient]))
                 transient.difference_update(positions)
             else:
-                pending.extend(removed)
+                pending.frombytes(packed)
             if self._ack_file_full():
                 self.compact()
-        for segment, n in segment_counts(removed).items():
+        for segment, n in counts.items():
             self._decref(segment, n)
 
     def ack(self, pos: int) -> None:

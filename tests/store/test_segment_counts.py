@@ -1,4 +1,6 @@
-"""segment_counts: how many positions of a run lie in each segment, whatever the run's length and order."""
+"""segment_counts: how many positions of a run lie in each segment, whatever the run's length and order;
+packed_counts (a queue's run of acks: its entries packed and its segments counted, in one pass where
+compiled) gives the same counts and array("Q", ...)'s bytes, with its errors."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from collections import Counter
 
 import pytest
 
-from lavinpy.store.index_files import segment_counts
+from lavinpy.store.accel import cstore
+from lavinpy.store.index_files import packed_counts, py_packed_counts, segment_counts
 from lavinpy.wire.position import OFFSET_SHIFT, SEGMENT_MASK, make_pos
 
 
@@ -36,6 +39,9 @@ def test_counts_agree_with_a_counter_of_segment_ids() -> None:
             want = dict(Counter(pos & SEGMENT_MASK for pos in entries))
             assert dict(segment_counts(array("Q", entries))) == want, (n, layout)
             assert dict(segment_counts(entries)) == want, (n, layout)
+            for pack in (packed_counts, py_packed_counts):
+                packed, counts = pack(entries)
+                assert bytes(packed) == array("Q", entries).tobytes() and dict(counts) == want, (n, layout)
 
 
 @pytest.mark.parametrize("size", [0, 1, 16, 17, 64, 65, 4096, 4097])
@@ -52,3 +58,14 @@ def test_a_batch_that_leaves_its_segment_only_at_the_end_is_counted_in_both() ->
     positions = [make_pos(2, 40 * i) for i in range(40)] + [make_pos(3, 0)]
     assert dict(segment_counts(positions)) == {2: 40, 3: 1}
     assert dict(segment_counts(array("Q", positions))) == {2: 40, 3: 1}
+
+
+@pytest.mark.skipif(cstore is None, reason="the compiled store is not built")
+@pytest.mark.parametrize("bad", [-1, 1 << 64, "x", None, 1.5])
+def test_packed_counts_refuse_what_the_array_refuses(bad: object) -> None:
+    entries = [make_pos(1, 8), bad, make_pos(2, 0)]
+    with pytest.raises((TypeError, OverflowError)) as compiled:
+        cstore.pack_counted(entries)
+    with pytest.raises((TypeError, OverflowError)) as pure:
+        py_packed_counts(entries)  # type: ignore[arg-type]
+    assert compiled.type is pure.type
