@@ -258,8 +258,9 @@ class StreamClient:
         """
         if end <= start:
             return
-        ch = self._consume(start, prefetch=self.prefetch)
-        receiver = _StreamReceiver(self.conn, ch, self.queue, self.prefetch, end)
+        prefetch = min(self.prefetch, end - start)  # a short range's first credit stops at its end too
+        ch = self._consume(start, prefetch=prefetch)
+        receiver = _StreamReceiver(self.conn, ch, self.queue, prefetch, end)
         last_seen = start - 1
         self._stalled_since: float | None = None
         try:

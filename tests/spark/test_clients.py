@@ -306,8 +306,8 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
 def test_stream_range_read_is_sent_nothing_past_its_end(broker, admin, monkeypatch) -> None:
     """A range inside a longer stream: the reader's acks never give the broker credit past the range's
     end, so no delivery arrives that the channel's close would only drop (up to a prefetch of them,
-    each through the generic frame path). The range still comes whole, for prefetches that divide it
-    or not."""
+    each through the generic frame path), nor the first credit of a range shorter than the prefetch.
+    The range still comes whole, for prefetches that divide it or not."""
     import pika
 
     from lavinpy.spark.streams import ColumnsSink, StreamClient
@@ -329,15 +329,19 @@ def test_stream_range_read_is_sent_nothing_past_its_end(broker, admin, monkeypat
         return parse(self)
 
     monkeypatch.setattr(client_blocking.BlockingConnection, "_parse", counting_parse)
-    ranges = ((40, 100, 500), (64, 1, 1001), (7, 333, 1111), (50, 1101, 1201), (2, 10, 50), (1, 5, 9))
+    ranges = ((40, 100, 500), (64, 1, 1001), (7, 333, 1111), (50, 1101, 1201), (2, 10, 50), (1, 5, 9),
+              (64, 1101, 1121), (8192, 7, 8))
     for prefetch, start, end in ranges:
         sink = ColumnsSink(batch_rows=50)
         offsets: list[int] = []
+        received: list[int] = []  # every delivery the columns took, in the range or not
         with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=prefetch) as client:
             for lo, hi in client.read_range_into(sink, start, end):
-                offsets.extend(sink.take().offset_values[lo:hi])
+                columns = sink.take()
+                offsets.extend(columns.offset_values[lo:hi])
+                received.extend(columns.offset_values)
         assert offsets == list(range(start, end)), prefetch
-        assert dropped == [], (prefetch, len(dropped))
+        assert received == offsets and dropped == [], (prefetch, len(received) - len(offsets), len(dropped))
 
 
 def plain_table(schema, rows, redelivered):  # noqa: ANN001, ANN201 - a test helper
