@@ -5,7 +5,8 @@ A closing channel can hand a queue back a consumer's whole window at once (a Spa
 a queue is 65,535 a consumer): ``push_many`` takes them in one pass and ``pop_many`` a delivery run's
 worth, where a heap push or pop through a Python call each made the broker stall for a second on half
 a million. A window handed back onto none is kept sorted (a sorted list is a heap) and taken by slices
-from its front, until a push onto it makes it a heap again.
+from its front, as are further windows merged into it (a dropped connection's channels each hand
+theirs back), until a few pushed onto it make it a heap again.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ class RequeuedPositions:
         if not len(self):  # a closing channel's deliveries come nearly in enq order: sorted in one pass
             keys.sort()
             self._keys, self._start, self._sorted = keys, 0, True
+            return
+        if self._sorted and len(keys) * _REBUILD_SHARE >= len(self):
+            # Another window onto sorted ones (a dropped connection's channels, one after the other):
+            # two sorted runs, which one sort merges in a pass, and the list stays sorted.
+            keys.sort()
+            merged = self.keys() + keys
+            merged.sort()
+            self._keys, self._start = merged, 0
             return
         heap = self._heap()
         if len(keys) * _REBUILD_SHARE < len(heap):

@@ -51,6 +51,28 @@ def test_requeued_positions_come_out_as_a_heap_of_keys_would(seed: int) -> None:
             assert list(requeued.positions()) == [pos_from_order_key(key) for key in sorted(ref)]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_windows_handed_back_one_after_another_come_out_in_enq_order(seed: int) -> None:
+    """A dropped connection's channels each hand back their window (the parts of one queue, in any
+    order, some overlapping in enq order), with a single requeue between them: runs of pops give every
+    position once, in enq order."""
+    rng = random.Random(seed)
+    everything = sorted({position(rng) for _ in range(20_000)}, key=enq_order_key)
+    windows = [everything[i:i + 2500] for i in range(0, len(everything), 2500)]
+    rng.shuffle(windows)
+    windows[0], windows[1] = sorted(windows[0] + windows[1][::2], key=enq_order_key), windows[1][1::2]
+    requeued = RequeuedPositions()
+    for i, window in enumerate(windows):
+        requeued.push_many(window)
+        if i == 3:
+            requeued.push(window[0] + (1 << 32) * 5_000_000)  # one requeued on its own, between windows
+    assert len(requeued) == len(everything) + 1
+    taken: list[int] = []
+    while len(requeued):
+        taken += requeued.pop_many(rng.choice((1, 700, 2048)))
+    assert taken == sorted(everything + [windows[3][0] + (1 << 32) * 5_000_000], key=enq_order_key)
+
+
 @pytest.mark.parametrize("count", [0, 1, 63, 64, 65, 5000])
 def test_swap_halves_is_enq_order_key_both_ways(count: int) -> None:
     rng = random.Random(count)
