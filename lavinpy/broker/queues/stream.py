@@ -462,6 +462,9 @@ class StreamQueue(QueueKind):
         """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does; a
         tracked consumer's offset stays at it (delivered again when the consumer comes back)."""
 
+    def requeue_many(self, positions: list[int]) -> None:
+        """A closing channel's whole credit window back: nothing to do, as for one."""
+
     def reject(self, pos: int) -> None:
         """nack/reject without requeue: credit only too (nothing is dead-lettered from a stream); a
         tracked consumer's offset moves past it."""
