@@ -80,6 +80,30 @@ def test_batch_read_drains_the_queue_with_typed_headers(spark, broker, admin, ki
     assert spark.read.format("lavinpy").option("url", broker.url).option("queue", queue).load().count() == 0
 
 
+def test_read_tasks_freeze_their_workers_heap_and_never_the_drivers(spark, broker, admin) -> None:
+    """A lavinpy task freezes its Python worker's heap (once a process), so that the full collection
+    Spark's daemon runs after every task walks only what later tasks made; the driver, which runs the
+    streaming queue reader's consumers, never freezes its own (the application's)."""
+    import gc
+
+    queue = declare(admin, "classic")
+    publish(broker.url, queue, 0, 200)
+    rows = spark.read.format("lavinpy").option("url", broker.url).option("queue", queue).load().collect()
+    assert len(rows) == 200
+    # A data source's tasks run in the same reused workers (an RDD's in others): how many objects the
+    # workers of two tasks have frozen (the read's two tasks may have shared one worker).
+    from tests.spark.freeze_probe import FreezeProbe
+
+    spark.dataSource.register(FreezeProbe)
+    frozen = [row.frozen for row in spark.read.format("freeze_probe").load().collect()]
+    assert len(frozen) == 2 and max(frozen) > 1000, frozen
+    from lavinpy.spark.client import gc_paused
+
+    with gc_paused():  # in the driver (no task context)
+        pass
+    assert gc.get_freeze_count() == 0
+
+
 def pids_connected_to(port: int) -> set[int]:
     """Processes with a TCP connection to 127.0.0.1:port (from /proc: no psutil needed)."""
     inodes = set()
