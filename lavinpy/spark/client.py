@@ -54,7 +54,7 @@ def freeze_worker_heap() -> None:
     starts (its imports, Spark's own state) is moved out of the cyclic collector's reach (gc.freeze).
 
     Spark's Python daemon runs a full collection after every task of a reused worker, which walked
-    those 40,000 objects each time: 15-20 ms of CPU a task on the executor's core, measured; frozen,
+    those 40,000 objects each time: 14-21 ms of CPU a task on the executor's core, measured; frozen,
     it walks only what later tasks made. What the worker held then in reference cycles and drops
     later is never collected: a task's start, once a process. Never in a driver (no task context):
     its heap is the application's.
