@@ -309,18 +309,18 @@ class QueueIndex(IndexFiles):
         if bad is not None:
             raise KeyError(f"queue {self.name!r}: position {positions[bad]:#x} is not unacked")
         pending = self._ack_pending
+        transient = self._transient
         if pending is None:  # a transient queue's few acks, counted from the list itself
             counts = segment_counts(positions)
+        elif transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry
+            counts = segment_counts(positions)
+            pending.extend(array("Q", [pos for pos in positions if pos not in transient]))
+            transient.difference_update(positions)
         else:
             packed, counts = index_files.packed_counts(positions)
-            transient = self._transient
-            if transient and not transient.isdisjoint(positions):  # as ack(): no ack entry without an enq entry
-                pending.extend(array("Q", [pos for pos in positions if pos not in transient]))
-                transient.difference_update(positions)
-            else:
-                pending.frombytes(packed)
-            if self._ack_file_full():
-                self.compact()
+            pending.frombytes(packed)
+        if pending is not None and self._ack_file_full():
+            self.compact()
         for segment, n in counts.items():
             self._decref(segment, n)
 
