@@ -58,7 +58,8 @@ class RequeuedPositions:
             # Another window onto sorted ones (a dropped connection's channels, one after the other):
             # two sorted runs, which one sort merges in a pass, and the list stays sorted.
             keys.sort()
-            merged = self.keys() + keys
+            merged = self._keys[self._start:] if self._start else self._keys
+            merged += keys
             merged.sort()
             self._keys, self._start = merged, 0
             return
