@@ -46,9 +46,6 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-_heap_frozen = False
-
-
 def freeze_worker_heap() -> None:
     """Once a process, in a Spark task only: what the Python worker holds when its first lavinpy task
     starts (its imports, Spark's own state) is moved out of the cyclic collector's reach (gc.freeze).
@@ -59,12 +56,9 @@ def freeze_worker_heap() -> None:
     later is never collected: a task's start, once a process. Never in a driver (no task context):
     its heap is the application's.
     """
-    global _heap_frozen
-    if _heap_frozen:
+    if gc.get_freeze_count():  # frozen already (by an earlier task)
         return
     from pyspark import TaskContext
 
-    if TaskContext.get() is None:
-        return
-    gc.freeze()
-    _heap_frozen = True
+    if TaskContext.get() is not None:
+        gc.freeze()
