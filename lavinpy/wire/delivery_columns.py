@@ -380,6 +380,12 @@ _decoded_blocks: dict[tuple[int, bytes], list[Any]] = {}
 _DECODED_MAX = 256
 
 
+# A queue's deliveries mostly carry one block (a run a scan), which a batch read's every receive
+# decoded again into a new list; kept, the list is the same object in the next batch too, whose
+# constant columns are then the last batch's (BatchBuilder). Read-only for its users, as above.
+_unstamped_blocks: dict[bytes, tuple[int | None, list[Any]]] = {}
+
+
 def offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
     """(x-stream-offset, properties without it) of a delivery's property block."""
     at = block.find(STREAM_OFFSET_ENTRY)
@@ -388,8 +394,16 @@ def offset_and_properties(block: bytes) -> tuple[int | None, list[Any]]:
         props = stamped_properties(block, value)
         if props is not None:
             return int.from_bytes(block[value:value + 8], "big", signed=True), props
+    key = block if type(block) is bytes else bytes(block)
+    kept = _unstamped_blocks.get(key)
+    if kept is not None:
+        return kept
     props = property_values(block, typed=False)
-    return split_offset(props), props
+    found = split_offset(props), props
+    if len(_unstamped_blocks) >= _DECODED_MAX:
+        _unstamped_blocks.clear()
+    _unstamped_blocks[key] = found
+    return found
 
 
 def stamped_properties(block: bytes, at: int) -> list[Any] | None:

@@ -226,18 +226,19 @@ def test_batches_send_spark_no_more_bytes_than_the_plain_conversion() -> None:
 
 def test_one_builder_for_many_batches_gives_each_its_own_columns() -> None:
     """A reader builds every batch with one builder, which keeps the last batch's constant columns:
-    batches of one length and one span (a stream's: one decoded property list for all) but another
-    exchange, routing key, block or redelivered flag, or the same ones again, each equal their own plain
-    conversion."""
+    batches of one length and one span (one decoded property list for all, kept from batch to batch for
+    a stream's stamped blocks and a queue's plain ones alike) but another exchange, routing key, block or
+    redelivered flag, or the same ones again, each equal their own plain conversion."""
     sequence = [("", "rk", 0, False), ("", "rk", 0, False), ("other", "rk", 0, False), ("other", "k2", 0, False),
-                ("other", "k2", 3, False), ("other", "k2", 3, True), ("other", "k2", 3, False), ("", "rk", 0, False)]
-    for schema in (SCHEMA, SUBSET):
+                ("other", "k2", 3, False), ("other", "k2", 3, True), ("other", "k2", 3, False), ("", "rk", 0, False),
+                ("", "rk", 1, False), ("", "rk", 0, False)]
+    for schema, stream in ((SCHEMA, True), (SUBSET, True), (SCHEMA, False), (SUBSET, False)):
         builder = BatchBuilder(schema)
         first = 0
         for n in (5, 5, 7):
             for exchange, key, block, redelivered in sequence:
-                rows = [Row(first + i, fresh(exchange), fresh(key), BLOCKS[block], b"b%d" % (first + i),
-                            redelivered and i == n - 1) for i in range(n)]
+                rows = [Row(first + i if stream else None, fresh(exchange), fresh(key), BLOCKS[block],
+                            b"b%d" % (first + i), redelivered and i == n - 1) for i in range(n)]
                 batch = builder.build(fill(rows, cols=DeliveryColumns(n, 16 * n)))
                 batch.validate(full=True)
                 assert batch.equals(plain(rows, schema)), (schema.names, n, exchange, key, block, redelivered)
