@@ -56,9 +56,14 @@ def freeze_worker_heap() -> None:
     later is never collected: a task's start, once a process. Never in a driver (no task context):
     its heap is the application's.
     """
-    if gc.get_freeze_count():  # frozen already (by an earlier task)
-        return
+    global _worker_frozen
+    if _worker_frozen:  # by an earlier task; not gc.get_freeze_count(), which walks every frozen object
+        return  # (0.4-2.9 ms a task for 40,000)
     from pyspark import TaskContext
 
     if TaskContext.get() is not None:
         gc.freeze()
+        _worker_frozen = True
+
+
+_worker_frozen = False

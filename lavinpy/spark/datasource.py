@@ -198,7 +198,7 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
     builder = BatchBuilder(arrow_schema)
     sink = ColumnsSink(builder.batch_rows)
     with gc_paused(), StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch) as client:
-        for lo, hi in client.read_range_into(sink, partition.start, partition.end):
+        for lo, hi in client.read_range_into(sink, partition.start, partition.end, then_close=True):
             columns = sink.take()
             if hi > lo:
                 yield builder.build(columns, lo, hi)

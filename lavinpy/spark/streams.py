@@ -246,15 +246,17 @@ class StreamClient:
                 if lo <= row < hi:
                     yield Delivery(cast(int, offset), exchange, routing_key, props, body)
 
-    def read_range_into(self, sink: ColumnsSink, start: int, end: int,
-                        stall_timeout: float = 120.0) -> Iterator[tuple[int, int]]:
+    def read_range_into(self, sink: ColumnsSink, start: int, end: int, stall_timeout: float = 120.0,
+                        then_close: bool = False) -> Iterator[tuple[int, int]]:
         """Read every message with start <= offset < end, in offset order, into sink.columns, then stop.
 
         Yields (lo, hi) whenever the columns hold sink.batch_rows rows (or their bodies sink.batch_bytes)
         and at the end: the rows in the range are lo <= row < hi. The caller takes the columns then
         (sink.take()); a broker may start before ``start`` (at its chunk's beginning).
         Messages removed by retention are skipped: if the reader is idle for a while, it checks the
-        stream's oldest offset and ends early when the rest of the range is gone.
+        stream's oldest offset and ends early when the rest of the range is gone. then_close: once the
+        range is read, the connection closes without a wait (close_soon; a Spark task's end), where it
+        otherwise closes the consumer's channel and waits for the close-ok.
         """
         if end <= start:
             return
@@ -263,8 +265,9 @@ class StreamClient:
         receiver = _StreamReceiver(self.conn, ch, self.queue, prefetch, end)
         last_seen = start - 1
         self._stalled_since: float | None = None
+        read = False
         try:
-            while True:
+            while not read:
                 stalled = True
                 for _added in receiver.receive(sink, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
@@ -275,13 +278,17 @@ class StreamClient:
                     if done or sink.full():
                         yield _range_rows(offsets, start, end)
                     if done:
-                        return
-                if stalled and self._range_gone(last_seen + 1, end, stall_timeout):
+                        read = True
+                        break
+                if not read and stalled and self._range_gone(last_seen + 1, end, stall_timeout):
                     if sink.columns.rows:
                         yield _range_rows(sink.columns.offset_values, start, end)
-                    return
+                    read = True
         finally:
-            if self._conn is not None and self._conn.sock is not None:
+            if read and then_close and self._conn is not None:
+                self._conn.close_soon()  # the stream's credit ends at the range: little is in flight
+                self._conn = None
+            elif self._conn is not None and self._conn.sock is not None:
                 try:
                     self._conn.close_channel(ch)
                 except AMQPClientError:

@@ -12,6 +12,7 @@ during sends.
 
 from __future__ import annotations
 
+import atexit
 import platform
 import select
 import socket
@@ -111,6 +112,7 @@ class BlockingConnection:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def open(self) -> Self:
+        _closing.reap()
         p = self.params
         try:
             sock = socket.create_connection((p.host, p.port), timeout=p.timeout)
@@ -190,6 +192,46 @@ class BlockingConnection:
             pass
         finally:
             self.abort()
+
+    def close_soon(self, first: bytes = b"") -> None:
+        """Send ``first`` (acks, cancels) and connection.close in one write, and return without waiting
+        for the close-ok: the broker applies what came before the close, in order, then closes its end.
+        The connection is left to the module's closing list, which closes the socket once the close-ok
+        (or the end of the stream) has been read: a socket closed with a reply unread resets the
+        connection, and a reset can drop bytes still on their way to the broker. Never raises; a
+        failed send drops the connection."""
+        if self.sock is None:
+            return
+        try:
+            if self.client is None:
+                raise ConnectionLost("no AMQP session to close")
+            self.client.close(200, "bye")
+            self.send(first + self.client.data_to_send())
+        except Exception:  # dropped: the broker requeues what the acks did not reach
+            self.abort()
+            return
+        _closing.hand_over(self)
+
+    def close_ok_came(self) -> bool:
+        """For close_soon's list: read what has come, without waiting; True once the close-ok came or
+        the connection is gone (the socket is then closed), False while it is still on its way."""
+        try:
+            while True:
+                try:
+                    frames = self.read_frames(0)
+                except BrokerClosed as exc:  # a channel the broker closed (answered): read on
+                    if exc.scope == "connection":
+                        break
+                    continue
+                if not frames:
+                    return False
+                if any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK
+                       for ftype, ch, payload in frames):
+                    break
+        except Exception:  # lost or malformed: gone either way
+            pass
+        self.abort()
+        return True
 
     def abort(self) -> None:
         if self.sock is not None:
@@ -501,3 +543,49 @@ class BlockingConnection:
             if kept:
                 self._backlog.extendleft(reversed(kept))
 
+
+
+class _ClosingConnections:
+    """Connections closed by close_soon whose close-ok has not been read yet. Reaped whenever a
+    connection opens or another is handed over, so a process that keeps opening connections (a
+    reused Spark worker) holds a few at most; one that stops holds them until it exits (the broker
+    has closed its end by then: only the socket is left)."""
+
+    MAX = 16  # more than this: the oldest is closed unread
+    WAIT_S = 30.0  # a close-ok this late is not waited for any longer
+
+    def __init__(self) -> None:
+        self.connections: deque[tuple[BlockingConnection, float]] = deque()
+
+    def hand_over(self, conn: BlockingConnection) -> None:
+        self.reap()
+        self.connections.append((conn, time.monotonic()))
+        while len(self.connections) > self.MAX:
+            self.connections.popleft()[0].abort()
+
+    def reap(self) -> None:
+        if not self.connections:
+            return
+        now = time.monotonic()
+        kept: deque[tuple[BlockingConnection, float]] = deque()
+        for conn, since in self.connections:
+            if now - since > self.WAIT_S:
+                conn.abort()
+            elif not conn.close_ok_came():
+                kept.append((conn, since))
+        self.connections = kept
+
+    def settle(self, timeout: float = 1.0) -> None:
+        """Wait up to timeout seconds for the close-oks still on their way, then close every socket
+        (at the process's exit)."""
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            self.reap()
+            if self.connections:
+                time.sleep(0.005)
+        while self.connections:
+            self.connections.popleft()[0].abort()
+
+
+_closing = _ClosingConnections()
+atexit.register(_closing.settle)

@@ -22,7 +22,7 @@ from lavinpy.spark.options import FIRST, LAST, NEXT, OptionError, ReadOptions, W
 from lavinpy.spark.publisher import ConfirmPublisher, PublishError
 from lavinpy.wire import field_table, properties
 from lavinpy.wire import writer as frames_mod
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 from .conftest import EXTERNAL_URL, REPO_ROOT, _port_open, drain, unique
 
@@ -307,7 +307,8 @@ def test_stream_range_read_is_sent_nothing_past_its_end(broker, admin, monkeypat
     """A range inside a longer stream: the reader's acks never give the broker credit past the range's
     end, so no delivery arrives that the channel's close would only drop (up to a prefetch of them,
     each through the generic frame path), nor the first credit of a range shorter than the prefetch.
-    The range still comes whole, for prefetches that divide it or not."""
+    The range still comes whole, for prefetches that divide it or not; read to close its connection
+    without a wait at the end (a Spark task's), the same, the socket closed once the close-ok came."""
     import pika
 
     from lavinpy.spark.streams import ColumnsSink, StreamClient
@@ -331,17 +332,21 @@ def test_stream_range_read_is_sent_nothing_past_its_end(broker, admin, monkeypat
     monkeypatch.setattr(client_blocking.BlockingConnection, "_parse", counting_parse)
     ranges = ((40, 100, 500), (64, 1, 1001), (7, 333, 1111), (50, 1101, 1201), (2, 10, 50), (1, 5, 9),
               (64, 1101, 1121), (8192, 7, 8))
-    for prefetch, start, end in ranges:
+    for i, (prefetch, start, end) in enumerate(ranges):
+        then_close = i % 2 == 1
         sink = ColumnsSink(batch_rows=50)
         offsets: list[int] = []
         received: list[int] = []  # every delivery the columns took, in the range or not
         with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=prefetch) as client:
-            for lo, hi in client.read_range_into(sink, start, end):
+            conn = client.conn
+            for lo, hi in client.read_range_into(sink, start, end, then_close=then_close):
                 columns = sink.take()
                 offsets.extend(columns.offset_values[lo:hi])
                 received.extend(columns.offset_values)
+            assert (client._conn is None) == then_close
         assert offsets == list(range(start, end)), prefetch
         assert received == offsets and dropped == [], (prefetch, len(received) - len(offsets), len(dropped))
+        wait_until(lambda: (client_blocking._closing.reap(), conn.sock is None)[1], what="the close-ok")  # noqa: B023
 
 
 def plain_table(schema, rows, redelivered):  # noqa: ANN001, ANN201 - a test helper

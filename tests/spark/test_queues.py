@@ -61,6 +61,14 @@ def counts(admin, queue: str) -> tuple[int, int]:
     return ok.message_count, ok.consumer_count
 
 
+def settled_counts(admin, queue: str, want: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """The counts once they are ``want`` (or after 10 s): a task ends without waiting for the broker to
+    apply its acks and close its connection (finish_consumers), so the consumers go a moment later."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: counts(admin, queue) == want, timeout=10, what=f"{queue} to hold {want}")
+    return counts(admin, queue)
+
+
 @pytest.mark.parametrize("kind", ["classic", "quorum"])
 def test_batch_read_drains_the_queue_with_typed_headers(spark, broker, admin, kind: str) -> None:
     queue = declare(admin, kind)
@@ -76,7 +84,7 @@ def test_batch_read_drains_the_queue_with_typed_headers(spark, broker, admin, ki
     assert (h.i, h.f, h.ok, h.price, h.missing) == (7, 1.75, False, decimal.Decimal("7.25"), None)
     assert h.at.astimezone(dt.UTC) == dt.datetime(2024, 5, 1, 12, 0, 7, tzinfo=dt.UTC)
     assert json.loads(h.meta) == {"n": 7, "tags": ["a", "b"]} and h.tags == {"color": "red", "size": "7"}
-    assert counts(admin, queue) == (0, 0), "everything read is acked, no consumer left"
+    assert settled_counts(admin, queue) == (0, 0), "everything read is acked, no consumer left"
     assert spark.read.format("lavinpy").option("url", broker.url).option("queue", queue).load().count() == 0
 
 
@@ -173,7 +181,7 @@ def test_streaming_read_acks_after_commit_and_redelivers_after_a_failure(spark, 
             seen[body] = seen.get(body, False) or redelivered
     assert set(seen) == {f"m{i}" for i in range(300)}, "every message in the output at least once"
     assert sum(seen.values()) >= 100, "batch 1's messages came again, marked redelivered"
-    assert counts(admin, queue) == (0, 0), "none left unacked or unread"
+    assert settled_counts(admin, queue) == (0, 0), "none left unacked or unread"
 
 
 def test_bad_options_fail_once_with_a_clear_error(spark, broker, admin, stream_queue) -> None:
@@ -266,7 +274,7 @@ def test_a_batch_read_task_outwaits_a_delivery_pause_while_the_queue_holds_its_s
         os.kill(pid, signal.SIGCONT)
     assert paused
     assert len(bodies) == total and len(set(bodies)) == total
-    assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
+    assert settled_counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
 
 
 def drained(params: AMQPParams, queue: str, total: int, idle_wait: float,
@@ -313,9 +321,15 @@ def test_a_task_whose_parts_outnumber_the_channels_a_broker_allows_opens_another
         assert len(opened) == 2
         assert len(bodies) == total and len(set(bodies)) == total
         with Connection(AMQPParams.from_url(url)).open() as conn:
-            ok = conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, passive=True),
-                           commands.Queue.DeclareOk)
-        assert (ok.message_count, ok.consumer_count) == (0, 0), "all of it acked, no consumer left"
+            channel = conn.open_channel()
+
+            def left() -> tuple[int, int]:
+                ok = conn.call(channel, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
+                return ok.message_count, ok.consumer_count
+
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: left() == (0, 0), timeout=10)
+            assert left() == (0, 0), "all of it acked, no consumer left"
     finally:
         broker.stop()
 
@@ -353,7 +367,7 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monke
     assert len(bodies) == total and len(set(bodies)) == total
     assert redelivered >= taken, "what the abandoned task had taken comes again, marked redelivered"
     assert not any(b for b in bodies if len(b) != 16)
-    assert counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
+    assert settled_counts(admin, queue) == (0, 0), "all of it acked, no consumer left"
 
 
 def test_a_named_queue_type_is_taken_without_the_redeclare_probe(broker, admin) -> None:
@@ -369,3 +383,42 @@ def test_a_named_queue_type_is_taken_without_the_redeclare_probe(broker, admin) 
     for named in ("auto", "quorum"):
         with pytest.raises(StreamReadError, match=f"queue '{missing}' not found"):
             queue_kind(params, missing, named)
+
+
+def test_a_finished_task_leaves_its_acks_and_close_to_the_broker_without_waiting(broker, admin,
+                                                                                  monkeypatch) -> None:
+    """A task's end sends its cancels, acks and connection.close in one write and does not wait for the
+    broker: with the broker stopped (SIGSTOP), the task still ends at once. Resumed, the broker applies
+    the acks before the close (which would otherwise requeue the messages): nothing comes back, no
+    consumer is left; the task's socket is closed once the close-ok has been read."""
+    if broker.proc is None:
+        pytest.skip("needs the broker process this suite starts (it is paused with SIGSTOP)")
+    from lavinpy.wire import client_blocking
+
+    queue = declare(admin, "classic")
+    total = MAX_PREFETCH + 100  # two parts: two consumers to cancel and ack
+    publish_plain(broker.url, queue, total, 16)
+    opened = count_connections(monkeypatch)
+    pid = broker.proc.pid
+    sink = ColumnsSink(1 << 20)
+    task = drain_partition(AMQPParams.from_url(broker.url), queue, total, 0.5, sink)
+    for _ in task:
+        if sink.columns.rows == total:
+            break  # every message taken: the task's last yield, before its acks
+    assert sink.columns.rows == total
+    os.kill(pid, signal.SIGSTOP)
+    resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))  # a task that waits is let go after 3 s
+    resume.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StopIteration):
+            next(task)  # the task's end: acks and close
+        ended = time.monotonic() - started
+        (conn,) = opened
+        assert conn.sock is not None, "the socket waits for the close-ok, which the stopped broker has not sent"
+    finally:
+        resume.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert ended < 1.0, f"the task's end waited {ended:.2f} s for a stopped broker"
+    wait_until(lambda: (client_blocking._closing.reap(), conn.sock is None)[1], what="the close-ok to be read")
+    assert settled_counts(admin, queue) == (0, 0), "acked before the close: nothing requeued, no consumer left"
