@@ -117,7 +117,11 @@ def publish_batches(opts: WriteOptions, batches: Iterator[pa.RecordBatch]) -> Pu
             for data, count in rows.chunks(batch):
                 publisher.send_encoded(data, count)
         publisher.wait_for_confirms()
-        publisher.close()
+        if not opts.confirm:
+            publisher.close()  # unconfirmed: returns may still be coming, and come before the close-ok
+        # Confirmed, every return came too (a broker returns a message before it confirms it): the
+        # task need not wait for the broker to close the channel and the connection.
+        conn.close_soon()
     return PublishedMessages(rows.rows)
 
 

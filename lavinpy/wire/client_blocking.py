@@ -109,6 +109,7 @@ class BlockingConnection:
         self._backlog: deque[Frame] = deque()
         self._next_channel = 1
         self._closing_channels: set[int] = set()
+        self._closed_soon = False  # close_soon sent connection.close: the closing list owns the socket
 
     # --- lifecycle --------------------------------------------------------------------------------
     def open(self) -> Self:
@@ -176,8 +177,8 @@ class BlockingConnection:
                                        event.method_id)
 
     def close(self) -> None:
-        """Close politely if possible; never raises."""
-        if self.sock is None:
+        """Close politely if possible; never raises. After close_soon, nothing to do."""
+        if self.sock is None or self._closed_soon:
             return
         try:
             if self.client is not None:
@@ -200,8 +201,9 @@ class BlockingConnection:
         (or the end of the stream) has been read: a socket closed with a reply unread resets the
         connection, and a reset can drop bytes still on their way to the broker. Never raises; a
         failed send drops the connection."""
-        if self.sock is None:
+        if self.sock is None or self._closed_soon:
             return
+        self._closed_soon = True
         try:
             if self.client is None:
                 raise ConnectionLost("no AMQP session to close")
@@ -542,7 +544,6 @@ class BlockingConnection:
         finally:
             if kept:
                 self._backlog.extendleft(reversed(kept))
-
 
 
 class _ClosingConnections:

@@ -513,3 +513,20 @@ def test_a_consume_ok_at_the_front_is_taken_alone_and_the_deliveries_after_it_st
     with pytest.raises(BrokerClosed) as info:
         conn.wait_method_id_first(1, mid)
     assert info.value.reply_code == 404
+
+
+def test_a_connection_closed_soon_is_closed_once_and_its_socket_once_the_close_ok_came(broker) -> None:
+    """close_soon sends connection.close without waiting; a later close() (a with block's end) sends
+    nothing more; the closing list closes the socket once the broker's close-ok has been read."""
+    from lavinpy.wire import client_blocking
+
+    conn = Connection(AMQPParams.from_url(broker.url)).open()
+    conn.close_soon()
+    assert any(each is conn for each, _since in client_blocking._closing.connections)
+    sent: list[bytes] = []
+    conn.send = sent.append  # type: ignore[method-assign]
+    conn.close()
+    conn.close_soon()
+    assert sent == []
+    wait_until(lambda: (client_blocking._closing.reap(), conn.sock is None)[1], what="the close-ok")
+    assert not any(each is conn for each, _since in client_blocking._closing.connections)
