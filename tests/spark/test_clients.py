@@ -70,7 +70,7 @@ def test_url_and_options() -> None:
     assert (r.starting_offset, r.ending_offset) == (42, 100)
     # Each kind's own default prefetch (a stream's credit, a queue's unacked messages); one given
     # applies to both.
-    assert (r.stream_prefetch, r.queue_prefetch) == (32768, 2000)
+    assert (r.stream_prefetch, r.queue_prefetch) == (16384, 2000)
     given = ReadOptions.parse({"queue": "s", "prefetch": "300"})
     assert (given.stream_prefetch, given.queue_prefetch) == (300, 300)
     with pytest.raises(OptionError, match="prefetch"):
