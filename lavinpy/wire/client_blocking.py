@@ -17,6 +17,7 @@ import platform
 import select
 import socket
 import ssl
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -557,24 +558,27 @@ class _ClosingConnections:
 
     def __init__(self) -> None:
         self.connections: deque[tuple[BlockingConnection, float]] = deque()
+        self._lock = threading.Lock()  # a process's threads may each close connections
 
     def hand_over(self, conn: BlockingConnection) -> None:
         self.reap()
-        self.connections.append((conn, time.monotonic()))
-        while len(self.connections) > self.MAX:
-            self.connections.popleft()[0].abort()
+        with self._lock:
+            self.connections.append((conn, time.monotonic()))
+            while len(self.connections) > self.MAX:
+                self.connections.popleft()[0].abort()
 
     def reap(self) -> None:
         if not self.connections:
             return
-        now = time.monotonic()
-        kept: deque[tuple[BlockingConnection, float]] = deque()
-        for conn, since in self.connections:
-            if now - since > self.WAIT_S:
-                conn.abort()
-            elif not conn.close_ok_came():
-                kept.append((conn, since))
-        self.connections = kept
+        with self._lock:
+            now = time.monotonic()
+            kept: deque[tuple[BlockingConnection, float]] = deque()
+            for conn, since in self.connections:
+                if now - since > self.WAIT_S:
+                    conn.abort()
+                elif not conn.close_ok_came():
+                    kept.append((conn, since))
+            self.connections = kept
 
     def settle(self, timeout: float = 1.0) -> None:
         """Wait up to timeout seconds for the close-oks still on their way, then close every socket
@@ -584,8 +588,9 @@ class _ClosingConnections:
             self.reap()
             if self.connections:
                 time.sleep(0.005)
-        while self.connections:
-            self.connections.popleft()[0].abort()
+        with self._lock:
+            while self.connections:
+                self.connections.popleft()[0].abort()
 
 
 _closing = _ClosingConnections()
