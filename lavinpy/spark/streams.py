@@ -265,9 +265,9 @@ class StreamClient:
         receiver = _StreamReceiver(self.conn, ch, self.queue, prefetch, end)
         last_seen = start - 1
         self._stalled_since: float | None = None
-        read = False
+        read = False  # the whole range: only then does then_close apply
         try:
-            while not read:
+            while True:
                 stalled = True
                 for _added in receiver.receive(sink, first_wait=_STALL_PROBE_S, idle_wait=_STALL_PROBE_S):
                     stalled = False
@@ -279,11 +279,12 @@ class StreamClient:
                         yield _range_rows(offsets, start, end)
                     if done:
                         read = True
-                        break
-                if not read and stalled and self._range_gone(last_seen + 1, end, stall_timeout):
+                        return
+                if stalled and self._range_gone(last_seen + 1, end, stall_timeout):
                     if sink.columns.rows:
                         yield _range_rows(sink.columns.offset_values, start, end)
                     read = True
+                    return
         finally:
             if read and then_close and self._conn is not None:
                 self._conn.close_soon()  # the stream's credit ends at the range: little is in flight
