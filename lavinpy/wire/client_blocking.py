@@ -188,8 +188,7 @@ class BlockingConnection:
             deadline = time.monotonic() + 2.0
             done = False
             while not done and time.monotonic() < deadline:
-                done = any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK
-                           for ftype, ch, payload in self.read_frames(deadline - time.monotonic()))
+                done = _has_close_ok(self.read_frames(deadline - time.monotonic()))
         except Exception:  # closing is best effort: the socket is dropped either way
             pass
         finally:
@@ -228,8 +227,7 @@ class BlockingConnection:
                     continue
                 if not frames:
                     return False
-                if any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK
-                       for ftype, ch, payload in frames):
+                if _has_close_ok(frames):
                     break
         except Exception:  # lost or malformed: gone either way
             pass
@@ -545,6 +543,10 @@ class BlockingConnection:
         finally:
             if kept:
                 self._backlog.extendleft(reversed(kept))
+
+
+def _has_close_ok(frames: list[Frame]) -> bool:
+    return any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK for ftype, ch, payload in frames)
 
 
 class _ClosingConnections:
