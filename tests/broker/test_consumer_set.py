@@ -12,6 +12,7 @@ import pytest
 
 from lavinpy.broker.queues.consumer import Consumer
 from lavinpy.broker.queues.consumer_set import ConsumerSet
+from lavinpy.broker.queues.round_picks import pick_round
 
 
 class Channel:
@@ -57,7 +58,7 @@ def test_same_order_as_scanning_every_consumer(seed: int) -> None:
         made += 1
         ch = rnd.choice(channels)
         kw: dict[str, Any] = {"prefetch": rnd.choice([0, 1, 3, 10]), "no_ack": rnd.random() < 0.1,
-                              "priority": rnd.choice([0, 5]) if with_priorities else 0}
+                              "priority": rnd.choice([0, 5, -3]) if with_priorities else 0}
         a, b = Consumer(f"c{made}", None, ch, **kw), Consumer(f"c{made}", None, ch, **kw)  # type: ignore[arg-type]
         fast.add(a)
         ref.ring[b] = None
@@ -127,7 +128,7 @@ def test_pick_is_next_ready_once_per_message(seed: int) -> None:
         made += 1
         ch = rnd.choice(channels)
         kw: dict[str, Any] = {"prefetch": rnd.choice([0, 1, 2, 3, 10, 100]), "no_ack": rnd.random() < 0.1,
-                              "priority": rnd.choice([0, 5]) if with_priorities else 0}
+                              "priority": rnd.choice([0, 5, -3]) if with_priorities else 0}
         a, b = Consumer(f"c{made}", None, ch, **kw), Consumer(f"c{made}", None, ch, **kw)  # type: ignore[arg-type]
         fast.add(a)
         ref.ring[b] = None
@@ -204,3 +205,59 @@ def test_a_step_is_wanted_unless_a_lone_consumer_s_window_is_full() -> None:
         unlimited.unacked = 9
         consumers.add(unlimited)
         assert consumers.step_wanted()  # no window (prefetch 0, or no-ack)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_round_is_next_ready_once_per_message_whatever_the_priorities(seed: int) -> None:
+    """``pick_round`` (a round found to be one consumer's by two ``next_ready`` calls) picks as the
+    reference scan does: once the highest priority's windows are full, lower priorities take the rest of
+    the round, also when one consumer alone was at the top (consumers opened together, the first of
+    the highest priority filling its window while the others wait)."""
+    rnd = random.Random(2000 + seed)
+    fast, ref = ConsumerSet(), ReferenceRing()
+    channel = Channel()
+    live: list[tuple[Consumer, Consumer]] = []
+    for i in range(rnd.choice([2, 3, 9])):
+        kw: dict[str, Any] = {"prefetch": rnd.choice([1, 3, 50]), "priority": -i if seed % 2 else rnd.choice([0, -1])}
+        a, b = Consumer(f"c{i}", None, channel, **kw), Consumer(f"c{i}", None, channel, **kw)  # type: ignore[arg-type]
+        fast.add(a)
+        ref.ring[b] = None
+        live.append((a, b))
+    picked = 0
+    for _step in range(400):
+        if rnd.random() < 0.6:
+            limit = rnd.choice([1, 2, 7, 40, 500])
+            picks, single = pick_round(fast, limit)
+            expected = []
+            for _ in range(limit):
+                b = ref.next_ready()
+                if b is None:
+                    break
+                b.unacked += 1
+                expected.append(b)
+            assert [c.tag for c in picks] == [c.tag for c in expected]
+            assert single == (len({c.tag for c in picks}) == 1)
+            picked += len(picks)
+        else:
+            a, b = rnd.choice(live)
+            if a.unacked:
+                n = rnd.randint(1, a.unacked)
+                a.credit(n)
+                b.credit(n)
+        assert [a.unacked for a, _ in live] == [b.unacked for _, b in live]
+    assert picked > 100
+
+
+def test_lower_priorities_take_the_rest_of_a_round_the_first_consumer_cannot() -> None:
+    """Two consumers opened together, priorities 0 and -1, windows of 3: a round of 10 gives the first
+    3 and the second 3 (a round that stopped at the first's window left the second without messages
+    until the next credit, which never came from a reader holding all it got)."""
+    channel = Channel()
+    first = Consumer("first", None, channel, prefetch=3, priority=0)  # type: ignore[arg-type]
+    second = Consumer("second", None, channel, prefetch=3, priority=-1)  # type: ignore[arg-type]
+    consumers = ConsumerSet()
+    consumers.add(first)
+    consumers.add(second)
+    picks, single = pick_round(consumers, 10)
+    assert [c.tag for c in picks] == ["first"] * 3 + ["second"] * 3
+    assert not single

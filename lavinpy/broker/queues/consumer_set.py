@@ -115,6 +115,11 @@ class ConsumerSet:
         return None
 
     @property
+    def priorities_differ(self) -> bool:
+        """Whether the consumers have more than one priority (x-priority)."""
+        return len(self._priorities) > 1
+
+    @property
     def has_exclusive(self) -> bool:
         return self._exclusive > 0
 
@@ -158,7 +163,7 @@ class ConsumerSet:
         if limit <= 0:
             return [], 0
         if len(self._priorities) > 1:
-            return self._pick_each(limit)
+            return self._pick_by_priority(limit)
         if not self._fast_valid:
             self._rebuild()
         queue = self._queue
@@ -237,20 +242,42 @@ class ConsumerSet:
         self._next_turn = next_turn
         return picks, no_ack
 
-    def _pick_each(self, limit: int) -> tuple[list[QueueConsumer], int]:
-        """``pick`` by one ``next_ready`` per message (while priorities differ)."""
-        next_ready = self.next_ready
+    def _pick_by_priority(self, limit: int) -> tuple[list[QueueConsumer], int]:
+        """``pick`` while priorities differ: the consumers of the highest priority with room take the
+        round as the sweeps share it among them, in ring order; once all their windows are full, those
+        of the next priority take the rest, and so on: what one ``next_ready`` per message gives (it
+        picks the highest priority with room, round robin within it), with one pass over the ring."""
+        if self._fast_valid:
+            self._ring_from_turns()
+        levels: dict[int, tuple[list[QueueConsumer], list[int]]] = {}
+        for consumer in self._ring:
+            if consumer.no_ack or not consumer.prefetch:
+                room = limit
+            else:
+                room = consumer.prefetch - consumer.unacked
+                if room <= 0:
+                    continue
+            if consumer.channel.can_deliver():
+                active, rooms = levels.setdefault(consumer.priority, ([], []))
+                active.append(consumer)
+                rooms.append(room)
         picks: list[QueueConsumer] = []
         no_ack = 0
-        for _ in range(limit):
-            consumer = next_ready()
-            if consumer is None:
+        ring = self._ring
+        turns = self._turns
+        for priority in sorted(levels, reverse=True):
+            level_picks, taken = _sweeps(*levels[priority], limit - len(picks))
+            picks += level_picks
+            for consumer, count in taken:  # to the ring's end in the order of each one's last pick
+                ring.move_to_end(consumer)
+                turns[consumer] = self._next_turn
+                self._next_turn += 1
+                if consumer.no_ack:
+                    no_ack += count
+                else:
+                    consumer.unacked += count
+            if len(picks) >= limit:
                 break
-            if consumer.no_ack:
-                no_ack += 1
-            else:
-                consumer.unacked += 1
-            picks.append(consumer)
         return picks, no_ack
 
     def _next_merged(self) -> QueueConsumer | None:
@@ -318,13 +345,17 @@ class ConsumerSet:
         if turn is not None and self._fast_valid:
             heappush(self._back, (turn, consumer))
 
+    def _ring_from_turns(self) -> None:
+        """The ring from the turns, for the priority picks; the queue is rebuilt when priorities agree again."""
+        turns = self._turns
+        self._ring = OrderedDict.fromkeys(sorted(turns, key=turns.__getitem__))
+        self._queue = OrderedDict()
+        self._back = []
+        self._fast_valid = False
+
     def _next_by_priority(self) -> QueueConsumer | None:
-        if self._fast_valid:  # the ring from the turns; the queue is rebuilt when priorities agree again
-            turns = self._turns
-            self._ring = OrderedDict.fromkeys(sorted(turns, key=turns.__getitem__))
-            self._queue = OrderedDict()
-            self._back = []
-            self._fast_valid = False
+        if self._fast_valid:
+            self._ring_from_turns()
         chosen: QueueConsumer | None = None
         for consumer in self._ring:
             if consumer.can_accept() and (chosen is None or consumer.priority > chosen.priority):

@@ -5,9 +5,10 @@ With many consumers on one queue and a backlog, most rounds start at the end of 
 every other consumer's window was filled at its own ack read, so that consumer alone has room and takes
 the whole round. ``ConsumerSet.pick`` builds such a round as any other (the turn-order walk, the sweeps);
 here two ``next_ready`` calls find out that it is one consumer's (the second gives the first again only
-when no other consumer has room, and during a round no channel changes, so every further pick is the
-same consumer's until its window is full). The picks, the windows counted and the ring's order are what
-one delivery at a time (and ``pick``) gives.
+when no other consumer of its priority or above has room, and during a round no channel changes, so
+every further pick is the same consumer's until its window is full; then consumers of lower priorities,
+if any, take the rest). The picks, the windows counted and the ring's order are what one delivery at a
+time (and ``pick``) gives.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def pick_round(consumers: ConsumerSet, limit: int) -> tuple[list[QueueConsumer],
         if first.prefetch:
             count = min(limit, 2 + first.prefetch - first.unacked)
         first.unacked += count - 2
+    if count < limit and consumers.priorities_differ:
+        # Its window is full: consumers of a lower priority, passed over while it had room, take the rest.
+        rest, _no_ack = consumers.pick(limit - count)
+        if rest:
+            return [*repeat(first, count), *rest], False
     return [first] * count, True
 
 
