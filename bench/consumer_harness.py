@@ -25,16 +25,21 @@ def ack_frame(tag: int, multiple: bool = False) -> bytes:
     return struct.pack(">BHI", 1, 1, len(payload)) + payload + b"\xce"
 
 
-def one_queue_consumers(h: Harness, consumers: int, prefetch: int, per_channel: int = 1) -> tuple[Client, list[Client]]:
+def one_queue_consumers(h: Harness, consumers: int, prefetch: int, per_channel: int = 1,
+                        priorities: int = 1) -> tuple[Client, list[Client]]:
     """A publisher with queue ``q`` declared, and ``consumers`` connections consuming it at ``prefetch``
-    (``per_channel`` consumers on each one's channel, each with that prefetch)."""
+    (``per_channel`` consumers on each one's channel, each with that prefetch; with ``priorities`` > 1,
+    the j-th of a channel's consumers has x-priority -(j mod priorities), or the i-th connection's
+    -(i mod priorities) when each has one)."""
     pub = h.open_client(declare=commands.Queue.Declare(queue="q"))
     out = []
     for i in range(consumers):
         c = h.open_client(("127.0.0.1", 30000 + i))
         for j in range(per_channel):
+            level = (j if per_channel > 1 else i) % priorities
             c.send((1, commands.Basic.Qos(prefetch_count=prefetch)),
-                   (1, commands.Basic.Consume(queue="q", consumer_tag=f"c{j}")))
+                   (1, commands.Basic.Consume(queue="q", consumer_tag=f"c{j}",
+                                              arguments={"x-priority": -level} if level else {})))
         c.read()
         out.append(c)
     return pub, out

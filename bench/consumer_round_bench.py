@@ -18,6 +18,9 @@ over sockets, where the consumers' acks arrive in reads of different sizes).
 ``--per-channel K``: K consumers share each connection's channel (a Spark task's parts, or an app that
 consumes one queue several times on one channel), each with the prefetch.
 
+``--priorities K``: the consumers in K consumer priorities (x-priority 0, -1, ...; by channel, or by a
+channel's consumer with ``--per-channel``): a round serves the highest priority with room first.
+
 ``--held``: as over sockets while a publisher's reader thread holds more input (``sessions.input_waiting``),
 each publisher read is one turn of the loop, and a consumer's small output waits for the next turns (up to
 ``OUTPUT_HOLD_TURNS``) instead of being written at the end of each read; before each ack phase the input
@@ -42,7 +45,7 @@ def run_once(args: argparse.Namespace) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), fsync="never")
         try:
-            pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch, args.per_channel)
+            pub, consumers = one_queue_consumers(h, args.consumers, args.prefetch, args.per_channel, args.priorities)
             run = publish_read(pub, args.run)
             acked = [0] * len(consumers)
             spent = ack_spent = 0.0
@@ -103,6 +106,8 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=100)
     ap.add_argument("--per-channel", type=int, default=1,
                     help="consumers on each connection's channel, each with the prefetch (a basic.qos before each)")
+    ap.add_argument("--priorities", type=int, default=1,
+                    help="consumers in this many x-priority levels (0, -1, ...), in turn")
     ap.add_argument("--run", type=int, default=3500, help="messages per publisher read")
     ap.add_argument("--every", type=int, default=4, help="publisher reads between two ack reads of a consumer")
     ap.add_argument("--rounds", type=int, default=40)

@@ -25,6 +25,7 @@ from pamqp import commands  # noqa: E402
 from lavinpy.spark.client import AMQPParams, Connection  # noqa: E402
 from lavinpy.spark.publisher import ConfirmPublisher  # noqa: E402
 from lavinpy.spark.queues import drain_partition  # noqa: E402
+from lavinpy.spark.streams import ColumnsSink  # noqa: E402
 
 PERSISTENT = b"\x10\x00\x02"  # property flags: delivery_mode only; delivery_mode 2
 
@@ -69,8 +70,9 @@ def main() -> None:
     share = -(-args.messages // args.consumers)
 
     def drain(i: int) -> None:
-        for read in drain_partition(params, queue, share, 0.5):
-            got[i] += len(read.redelivered)
+        sink = ColumnsSink(8192)
+        for _ in drain_partition(params, queue, share, 0.5, sink):
+            got[i] += sink.take().rows
 
     threads = [threading.Thread(target=drain, args=(i,)) for i in range(args.consumers)]
     cpu0, start = cpu_s(args.broker_pid), time.perf_counter()

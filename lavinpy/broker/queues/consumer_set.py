@@ -249,24 +249,24 @@ class ConsumerSet:
         picks the highest priority with room, round robin within it), with one pass over the ring."""
         if self._fast_valid:
             self._ring_from_turns()
-        levels: dict[int, tuple[list[QueueConsumer], list[int]]] = {}
+        levels: dict[int, list[QueueConsumer]] = {}
         for consumer in self._ring:
-            if consumer.no_ack or not consumer.prefetch:
-                room = limit
-            else:
-                room = consumer.prefetch - consumer.unacked
-                if room <= 0:
-                    continue
-            if consumer.channel.can_deliver():
-                active, rooms = levels.setdefault(consumer.priority, ([], []))
-                active.append(consumer)
-                rooms.append(room)
+            if consumer.no_ack or not consumer.prefetch or consumer.unacked < consumer.prefetch:
+                level = levels.get(consumer.priority)
+                if level is None:
+                    levels[consumer.priority] = [consumer]
+                else:
+                    level.append(consumer)
         picks: list[QueueConsumer] = []
         no_ack = 0
         ring = self._ring
         turns = self._turns
-        for priority in sorted(levels, reverse=True):
-            level_picks, taken = _sweeps(*levels[priority], limit - len(picks))
+        for priority in sorted(levels, reverse=True):  # channels asked only at the levels the round reaches
+            left = limit - len(picks)
+            active = [consumer for consumer in levels[priority] if consumer.channel.can_deliver()]
+            rooms = [left if consumer.no_ack or not consumer.prefetch else consumer.prefetch - consumer.unacked
+                     for consumer in active]
+            level_picks, taken = _sweeps(active, rooms, left)
             picks += level_picks
             for consumer, count in taken:  # to the ring's end in the order of each one's last pick
                 ring.move_to_end(consumer)

@@ -5,10 +5,10 @@ With many consumers on one queue and a backlog, most rounds start at the end of 
 every other consumer's window was filled at its own ack read, so that consumer alone has room and takes
 the whole round. ``ConsumerSet.pick`` builds such a round as any other (the turn-order walk, the sweeps);
 here two ``next_ready`` calls find out that it is one consumer's (the second gives the first again only
-when no other consumer of its priority or above has room, and during a round no channel changes, so
-every further pick is the same consumer's until its window is full; then consumers of lower priorities,
-if any, take the rest). The picks, the windows counted and the ring's order are what one delivery at a
-time (and ``pick``) gives.
+when no other consumer has room, and during a round no channel changes, so every further pick is the
+same consumer's until its window is full). While priorities differ, lower ones take what the higher
+ones have no room for, so the round is ``pick``'s. The picks, the windows counted and the ring's order
+are what one delivery at a time (and ``pick``) gives.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def pick_round(consumers: ConsumerSet, limit: int) -> tuple[list[QueueConsumer],
     (as ``consumers.pick(limit)``), and True when they are all one consumer (then no other one had room)."""
     if limit <= 0:
         return [], False
+    if consumers.priorities_differ:  # one pass over the ring picks by priority; then whether all are one
+        picks, _no_ack = consumers.pick(limit)
+        return picks, bool(picks) and picks[-1] is picks[0] and picks.count(picks[0]) == len(picks)
     next_ready = consumers.next_ready
     first = next_ready()
     if first is None:
@@ -52,11 +55,6 @@ def pick_round(consumers: ConsumerSet, limit: int) -> tuple[list[QueueConsumer],
         if first.prefetch:
             count = min(limit, 2 + first.prefetch - first.unacked)
         first.unacked += count - 2
-    if count < limit and consumers.priorities_differ:
-        # Its window is full: consumers of a lower priority, passed over while it had room, take the rest.
-        rest, _no_ack = consumers.pick(limit - count)
-        if rest:
-            return [*repeat(first, count), *rest], False
     return [first] * count, True
 
 
