@@ -537,6 +537,10 @@ _U16 = struct.Struct(">H")
 
 
 def _consume_payload(queue: str, arguments: dict[str, Any]) -> bytes:
-    """basic.consume with manual ack (arguments encoded by the shared field-table codec)."""
+    """basic.consume with manual ack (arguments encoded by the shared field-table codec).
+
+    The consumer tag is left to the broker. A named one is shorter than a made-up one (18 bytes a
+    delivery less), but a stream broker tracks a named consumer's offset on every ack, as LavinMQ
+    does: a reader of 524,288 messages then waited 30-65 ms for deliveries, against 2-3 ms."""
     return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + encode_shortstr(queue) + encode_shortstr("")
             + b"\x00" + encode_table(arguments))
