@@ -455,8 +455,7 @@ class StreamQueue(QueueKind):
     def ack_many(self, positions: list[int]) -> None:
         """basic.ack multiple=true: credit only too, without a call per delivery."""
         if self.offsets.active:
-            for pos in positions:
-                self.offsets.settled(pos)
+            self.offsets.settled_many(positions)
 
     def requeue(self, pos: int) -> None:
         """nack/reject (and a closed channel's unacked deliveries): credit only, as RabbitMQ 4 does; a

@@ -50,24 +50,52 @@ def tracking_requested(tag: str, arguments: dict[str, Any] | None) -> bool:
 
 
 class _Live:
-    __slots__ = ("tag", "unsettled", "order", "next", "settled", "prune_at")
+    __slots__ = ("tag", "unsettled", "positions", "offsets", "head", "next", "settled", "prune_at")
 
     def __init__(self, tag: str, start: int, settled: frozenset[int] = frozenset()) -> None:
         self.tag = tag
         self.unsettled: dict[int, int] = {}  # position -> offset of each unacknowledged delivery
-        # (offset, position) of the deliveries in the order they went out, which is ascending offset
-        # order: the first one still unsettled is the committed offset, found in amortised O(1)
-        self.order: deque[tuple[int, int]] = deque()
+        # The deliveries' positions and offsets in the order they went out (ascending offsets) from
+        # ``head`` on: the first one still unsettled is the committed offset, found in amortised O(1);
+        # a multiple ack of the oldest ones moves ``head`` past them at once (``take_oldest``).
+        self.positions: list[int] = []
+        self.offsets: list[int] = []
+        self.head = 0
         self.next = start  # the offset after the last one delivered
         self.settled = set(settled)  # offsets settled past the first unsettled one (out of order)
         self.prune_at = 64  # the size of ``settled`` at which those the committed offset passed go
 
+    def delivered(self, positions: Any, first_offset: int) -> None:
+        offsets = range(first_offset, first_offset + len(positions))
+        self.positions.extend(positions)
+        self.offsets.extend(offsets)
+        self.unsettled.update(zip(positions, offsets, strict=True))
+        self.next = max(self.next, offsets.stop)
+
     def committed(self) -> int:
-        order = self.order
-        unsettled = self.unsettled
-        while order and order[0][1] not in unsettled:
-            order.popleft()
-        return order[0][0] if order else self.next
+        positions, unsettled = self.positions, self.unsettled
+        head, end = self.head, len(positions)
+        while head < end and positions[head] not in unsettled:
+            head += 1
+        self._advance(head)
+        return self.offsets[self.head] if self.head < len(self.positions) else self.next
+
+    def take_oldest(self, positions: list[int]) -> bool:
+        """Settle ``positions`` if they are this consumer's oldest unsettled deliveries, in order (the
+        usual multiple ack): in a few calls, none a delivery. False (nothing done) otherwise."""
+        self.committed()
+        head, count = self.head, len(positions)
+        if not count or self.positions[head:head + count] != positions:
+            return False
+        deque(map(self.unsettled.pop, positions), maxlen=0)
+        self._advance(head + count)
+        return True
+
+    def _advance(self, head: int) -> None:
+        if head > 4096 and 2 * head > len(self.positions):  # the settled front dropped, amortised
+            del self.positions[:head], self.offsets[:head]
+            head = 0
+        self.head = head
 
     def stored_form(self) -> int | list[Any]:
         """The stored offset, and the offsets after it already settled (out-of-order acks), which a
@@ -119,32 +147,39 @@ class OffsetTracker:
         return consumer in self._live
 
     def delivered(self, consumer: object, pos: int, offset: int) -> None:
-        live = self._live.get(consumer)
-        if live is not None:
-            live.unsettled[pos] = offset
-            live.order.append((offset, pos))
-            live.next = max(live.next, offset + 1)
-            self._commit(live)
+        self.delivered_run(consumer, (pos,), offset)
 
     def delivered_run(self, consumer: object, positions: Any, first_offset: int) -> None:
         live = self._live.get(consumer)
         if live is not None:
-            order = live.order
-            for i, pos in enumerate(positions):
-                live.unsettled[pos] = first_offset + i
-                order.append((first_offset + i, pos))
-            live.next = max(live.next, first_offset + len(positions))
+            live.delivered(positions, first_offset)
+            self._commit(live)
+
+    def settled_many(self, positions: list[int]) -> None:
+        """``settled`` for each of ``positions`` (in delivery order): in a few calls for a consumer
+        whose oldest unsettled deliveries they are (a multiple ack's usual form)."""
+        for live in self._live.values():
+            if not live.take_oldest(positions):
+                for pos in positions:
+                    self._settle(live, pos)
             self._commit(live)
 
     def settled(self, pos: int) -> None:
         for live in self._live.values():
-            offset = live.unsettled.pop(pos, None)
-            if offset is not None:
-                if live.unsettled and offset > live.committed():
-                    live.settled.add(offset)  # out of order: remembered until the offset passes it
-                    if len(live.settled) > live.prune_at:
-                        live.stored_form()  # drops those the committed offset has passed
+            if self._settle(live, pos):
                 self._commit(live)
+
+    @staticmethod
+    def _settle(live: _Live, pos: int) -> bool:
+        """Whether ``pos`` was one of the consumer's unsettled deliveries (now settled)."""
+        offset = live.unsettled.pop(pos, None)
+        if offset is None:
+            return False
+        if live.unsettled and offset > live.committed():
+            live.settled.add(offset)  # out of order: remembered until the offset passes it
+            if len(live.settled) > live.prune_at:
+                live.stored_form()  # drops those the committed offset has passed
+        return True
 
     def detach(self, consumer: object) -> None:
         live = self._live.pop(consumer, None)
