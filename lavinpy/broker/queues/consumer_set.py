@@ -357,9 +357,14 @@ class ConsumerSet:
         if self._fast_valid:
             self._ring_from_turns()
         chosen: QueueConsumer | None = None
-        for consumer in self._ring:
-            if consumer.can_accept() and (chosen is None or consumer.priority > chosen.priority):
+        top = max(self._priorities)
+        for consumer in self._ring:  # the first with room of the highest priority with room
+            if chosen is not None and consumer.priority <= chosen.priority:
+                continue  # cannot take its place: not asked
+            if consumer.can_accept():
                 chosen = consumer
+                if consumer.priority == top:
+                    break  # none comes higher
         if chosen is not None:
             self._ring.move_to_end(chosen)
             self._turns[chosen] = self._next_turn
