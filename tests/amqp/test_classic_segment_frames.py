@@ -63,10 +63,7 @@ def read_deliveries(tmp_path: Path, damaged: int | None, beside: bool, kind: str
     """The consumer's bytes, its deliveries as (tag, redelivered, body) and the books after them."""
     harness = Harness(tmp_path, fsync="never")
     try:
-        publisher, consumer = harness.connect(), harness.connect(("127.0.0.1", 40000))
-        for client in (publisher, consumer):
-            client.handshake()
-            client.open_channel(1)
+        publisher, consumer = harness.open_client(), harness.open_client(("127.0.0.1", 40000))
         publish_all(harness, publisher, kind)
         queue = harness.broker.vhosts["/"].queues["q"]
         # the first REQUEUED taken by a consumer that gives them back: delivered again, redelivered

@@ -17,10 +17,7 @@ from test_delivery_round import _publishes
 def test_a_lower_priority_takes_the_backlog_the_first_has_no_room_for(tmp_path: Path, arguments: dict) -> None:
     harness = Harness(tmp_path, fsync="never")
     try:
-        publisher, consumer = harness.connect(), harness.connect()
-        for client in (publisher, consumer):
-            client.handshake()
-            client.open_channel(1)
+        publisher, consumer = harness.open_client(), harness.open_client()
         publisher.send((1, commands.Queue.Declare(queue="work", durable=True, arguments=arguments)))
         publisher.read()
         publisher.send(_publishes(publisher, 10, 0))

@@ -14,10 +14,7 @@ from test_delivery_round import _publishes
 def test_a_full_window_s_backlog_goes_out_at_each_settle(tmp_path: Path) -> None:
     harness = Harness(tmp_path, fsync="never")
     try:
-        publisher, consumer = harness.connect(), harness.connect()
-        for client in (publisher, consumer):
-            client.handshake()
-            client.open_channel(1)
+        publisher, consumer = harness.open_client(), harness.open_client()
         publisher.send((1, commands.Queue.Declare(queue="work")))
         publisher.read()
         consumer.send((1, commands.Basic.Qos(prefetch_count=2)), (1, commands.Basic.Consume(queue="work",

@@ -46,10 +46,7 @@ def test_a_stream_read_s_bytes_are_the_general_framing_s(tmp_path: Path, monkeyp
     monkeypatch.setattr(stream_queue, "segment_frames", counted)
     harness = Harness(tmp_path, fsync="never")
     try:
-        publisher, consumer = harness.connect(), harness.connect()
-        for client in (publisher, consumer):
-            client.handshake()
-            client.open_channel(1)
+        publisher, consumer = harness.open_client(), harness.open_client()
         publisher.send((1, commands.Queue.Declare(queue="s", durable=True, arguments={"x-queue-type": "stream"})),
                        (1, commands.Exchange.Declare(exchange="ex.fan", exchange_type="fanout")),
                        (1, commands.Queue.Bind(queue="s", exchange="ex.fan")))
