@@ -247,6 +247,27 @@ def test_stream_reader_offsets_and_properties_with_shared_blocks(broker, admin) 
             (b"m%d" % i, content_type, expected, str(i % 2))
 
 
+def test_stream_reader_leaves_no_tracked_offset(broker, admin) -> None:
+    """The reader names its consumers (a short tag on every delivery) and asks the broker not to track
+    them: a consumer that later comes with the same tag and no x-stream-offset starts at the stream's
+    next message, as any new consumer does, not where the reader's acks left off."""
+    from lavinpy.spark.streams import StreamClient
+
+    queue = unique("spark-s")
+    admin.queue_declare(queue, durable=True, arguments={"x-queue-type": "stream"})
+    for i in range(100):
+        admin.basic_publish("", queue, b"old%d" % i)
+    with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=10) as client:
+        assert [d.body for d in client.read_range(1, 61)] == [b"old%d" % i for i in range(60)]  # offsets from 1
+    got: list[bytes] = []
+    admin.basic_qos(prefetch_count=10)
+    admin.basic_consume(queue, lambda ch, method, props, body: got.append(body), consumer_tag="s")
+    admin.connection.process_data_events(time_limit=0.3)
+    admin.basic_publish("", queue, b"new")
+    wait_until(lambda: (admin.connection.process_data_events(time_limit=0.05), got)[1], timeout=10)
+    assert got == [b"new"]
+
+
 def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) -> None:
     """Bodies split over frames (the generic path) between whole ones (the column scan), empty bodies,
     a range starting and ending inside the stream: the same messages by rows (read_range) and as Arrow
