@@ -368,8 +368,9 @@ def one_run(spark: Any, url: str, args: Any, kind: str, round_no: int) -> dict[s
     result: list[Any] = []
 
     def read(queue: str) -> Any:
-        # The kind named: LavinMQ 1.0 accepts any redeclare, so the source could not find it out there.
-        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue).option("queueType", kind)
+        reader = spark.read.format("lavinpy").option("url", url).option("queue", queue)
+        if args.broker == "lavinmq":  # LavinMQ 1.0 accepts any redeclare: the source cannot find the kind out
+            reader = reader.option("queueType", kind)
         if kind == "stream":
             reader = reader.option("maxMessagesPerPartition", str(-(-args.rows // 2)))
         if args.prefetch:

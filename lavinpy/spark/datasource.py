@@ -2,7 +2,8 @@
 
 Everything here is pickled between the driver and the executors, so objects only hold options
 and plain values; connections are opened inside write()/read() (and, on the driver, lazily by the
-stream reader, which lives in one long-running Python process for the whole query).
+stream reader, which lives in one long-running Python process for the whole query, and by a batch
+read's planning, from reader() to partitions()), and left out of what is pickled.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .client import AMQPClientError, BrokerClosed, Connection, gc_paused
 from .options import FIRST, LAST, LATEST, NEXT, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
 from .queue_source import QueueBatchReader, QueueStreamReader
-from .queues import STREAM, queue_kind
+from .queues import STREAM, open_connection, queue_kind
 from .read_rows import BatchBuilder, read_schema
 from .read_rows import check_schema as check_read_schema
 from .streams import ColumnsSink, StreamClient
@@ -50,10 +51,19 @@ class LavinpyDataSource(DataSource):
     def reader(self, schema: Any) -> DataSourceReader:
         check_read_schema(schema)
         opts = ReadOptions.parse(self.options)
-        kind, count = queue_kind(opts.params, opts.queue, opts.queue_type)
-        opts.check_kind(kind == STREAM)
+        conn = open_connection(opts.params)
+        try:
+            kind, count = queue_kind(opts.params, opts.queue, opts.queue_type, conn)
+            opts.check_kind(kind == STREAM)
+        except BaseException:
+            conn.close()
+            raise
         if kind == STREAM:
-            return LavinpyBatchReader(opts, schema)
+            # Spark plans on the reader it gets (partitions()), in this process: the stream's end is
+            # asked on this connection, and the type only once (queue_kind checked it unless named).
+            client = StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch, conn=conn)
+            return LavinpyBatchReader(opts, schema, client, type_checked=opts.queue_type == "auto")
+        conn.close()
         return QueueBatchReader(opts, schema, count)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
@@ -211,14 +221,24 @@ def read_partition(opts: ReadOptions, schema: Any, partition: OffsetRange) -> It
 class LavinpyBatchReader(DataSourceReader):
     """spark.read: the range [startingOffset, endingOffset) as it is when the query is planned."""
 
-    def __init__(self, opts: ReadOptions, schema: Any) -> None:
+    def __init__(self, opts: ReadOptions, schema: Any, client: StreamClient | None = None,
+                 type_checked: bool = False) -> None:
         self.opts = opts
         self.schema = schema
+        self._client = client  # the driver's, open since reader(): used by partitions(), never pickled
+        self._type_checked = type_checked
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None  # a socket is not picklable; executors open their own
+        return state
 
     def partitions(self) -> list[OffsetRange]:
         opts = self.opts
-        with StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch) as client:
-            client.check_is_stream()
+        client, self._client = self._client, None
+        with client or StreamClient(opts.params, opts.queue, prefetch=opts.stream_prefetch) as client:
+            if not self._type_checked:
+                client.check_is_stream()
             end = client.end_offset()
             if opts.ending_offset != LATEST:
                 # never past what exists: readers would wait for messages not yet published

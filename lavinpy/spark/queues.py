@@ -33,7 +33,16 @@ def login_error(params: AMQPParams, exc: BrokerClosed) -> AMQPClientError:
         f"{exc.reply_text}: check the user, password and vhost in the url option")
 
 
-def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto") -> tuple[str, int]:
+def open_connection(params: AMQPParams) -> Connection:
+    """A connection for the driver's checks; a refused login raises an error naming the url option."""
+    try:
+        return Connection(params).open()
+    except BrokerClosed as exc:
+        raise login_error(params, exc) from None
+
+
+def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
+               conn: Connection | None = None) -> tuple[str, int]:
     """(STREAM or QUEUE, ready message count) of an existing queue; a clear error if it is missing.
 
     queue_type other than "auto" is the user's word for it (the queueType option), for brokers that
@@ -44,40 +53,38 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto") -> tupl
     is not one (brokers compare the type before the other arguments). A 406 naming another
     argument means the type matched: a stream with retention settings. Anything else (no
     configure permission) counts as a stream, whose first delivery then decides (streams.py).
+    conn: a connection of the caller's to ask on (left open), else one of its own.
     """
+    if conn is None:
+        with open_connection(params) as own:
+            return queue_kind(params, queue, queue_type, own)
+    # One channel for both declares, left open when they succeed: the connection's close ends it.
+    ch = conn.open_channel()
     try:
-        conn = Connection(params).open()
+        ok = conn.call(ch, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
     except BrokerClosed as exc:
-        raise login_error(params, exc) from None
-    with conn:
-        ch = conn.open_channel()
-        try:
-            ok = conn.call(ch, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
-        except BrokerClosed as exc:
-            if exc.reply_code == 404:
-                raise StreamReadError(f"queue {queue!r} not found in vhost {params.vhost!r} at "
-                                      f"{params.safe_url()}: declare it first (the lavinpy source reads "
-                                      f"classic, quorum and stream queues)") from None
-            raise StreamReadError(f"cannot inspect queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
-        count = int(ok.message_count)
-        if queue_type != "auto":
-            return (STREAM if queue_type == "stream" else QUEUE), count
-        ch = conn.open_channel()
-        try:
-            conn.call(ch, commands.Queue.Declare(queue=queue, durable=True, arguments={"x-queue-type": "stream"}),
-                      commands.Queue.DeclareOk)
-        except BrokerClosed as exc:
-            if exc.scope == "connection":
-                raise
-            text = exc.reply_text
-            if exc.reply_code == 406 and any(f"'{arg}'" in text for arg in
-                                             ("x-queue-type", "durable", "exclusive", "auto_delete")):
-                return QUEUE, count
-            if (exc.reply_code == 406 and "queue type" in text) or exc.reply_code == 405:
-                return QUEUE, count  # 405: another connection's exclusive queue, never a stream
-            return STREAM, count
-        conn.close_channel(ch)
+        if exc.reply_code == 404:
+            raise StreamReadError(f"queue {queue!r} not found in vhost {params.vhost!r} at "
+                                  f"{params.safe_url()}: declare it first (the lavinpy source reads "
+                                  f"classic, quorum and stream queues)") from None
+        raise StreamReadError(f"cannot inspect queue {queue!r}: {exc.reply_code} {exc.reply_text}") from None
+    count = int(ok.message_count)
+    if queue_type != "auto":
+        return (STREAM if queue_type == "stream" else QUEUE), count
+    try:
+        conn.call(ch, commands.Queue.Declare(queue=queue, durable=True, arguments={"x-queue-type": "stream"}),
+                  commands.Queue.DeclareOk)
+    except BrokerClosed as exc:
+        if exc.scope == "connection":
+            raise
+        text = exc.reply_text
+        if exc.reply_code == 406 and any(f"'{arg}'" in text for arg in
+                                         ("x-queue-type", "durable", "exclusive", "auto_delete")):
+            return QUEUE, count
+        if (exc.reply_code == 406 and "queue type" in text) or exc.reply_code == 405:
+            return QUEUE, count  # 405: another connection's exclusive queue, never a stream
         return STREAM, count
+    return STREAM, count
 
 
 class QueueConsumer:

@@ -68,11 +68,12 @@ class Delivery(NamedTuple):
 class StreamClient:
     """Stream operations on one queue through one Connection (opened lazily, reopened on failure)."""
 
-    def __init__(self, params: AMQPParams, queue: str, prefetch: int = STREAM_PREFETCH) -> None:
+    def __init__(self, params: AMQPParams, queue: str, prefetch: int = STREAM_PREFETCH,
+                 conn: Connection | None = None) -> None:
         self.params = params
         self.queue = queue
         self.prefetch = max(1, min(prefetch, 65535))
-        self._conn: Connection | None = None
+        self._conn: Connection | None = conn  # given: the client's from now on (it closes it)
 
     # --- connection -------------------------------------------------------------------------------
     @property
