@@ -238,8 +238,10 @@ def test_stream_reader_offsets_and_properties_with_shared_blocks(broker, admin) 
         admin.basic_publish("", queue, b"m%d" % i,
                             pika.BasicProperties(headers=headers, content_type=content_type, message_id=str(i % 2)))
     with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=50) as client:
-        got = list(client.read_range(1, 401))
-    assert [d.offset for d in got] == list(range(1, 401))
+        first = client.first_offset()  # lavinpy's streams start at 1, RabbitMQ's at 0
+        assert first is not None
+        got = list(client.read_range(first, first + 400))
+    assert [d.offset for d in got] == list(range(first, first + 400))
     for i, d in enumerate(got):
         headers, content_type = kinds[(i // 3) % len(kinds)]
         expected = {k: v for k, v in (headers or {}).items() if k != "x-stream-offset"} or None
@@ -258,7 +260,9 @@ def test_stream_reader_leaves_no_tracked_offset(broker, admin) -> None:
     for i in range(100):
         admin.basic_publish("", queue, b"old%d" % i)
     with StreamClient(AMQPParams.from_url(broker.url), queue, prefetch=10) as client:
-        assert [d.body for d in client.read_range(1, 61)] == [b"old%d" % i for i in range(60)]  # offsets from 1
+        first = client.first_offset()
+        assert first is not None
+        assert [d.body for d in client.read_range(first, first + 60)] == [b"old%d" % i for i in range(60)]
     got: list[bytes] = []
     admin.basic_qos(prefetch_count=10)
     admin.basic_consume(queue, lambda ch, method, props, body: got.append(body), consumer_tag="s")
@@ -294,8 +298,10 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
         admin.basic_publish("", queue, body(i), pika.BasicProperties(app_id=app_id(i)))
     params = AMQPParams.from_url(broker.url)
     with StreamClient(params, queue, prefetch=40) as client:
-        rows = list(client.read_range(11, 291))
-    assert [d.offset for d in rows] == list(range(11, 291))
+        oldest = client.first_offset()  # lavinpy's streams start at 1, RabbitMQ's at 0
+        assert oldest is not None
+        rows = list(client.read_range(oldest + 10, oldest + 290))
+    assert [d.offset for d in rows] == list(range(oldest + 10, oldest + 290))
     assert [d.body for d in rows] == [body(i) for i in range(10, 290)]
     assert [d.properties[12] for d in rows] == [app_id(i) for i in range(10, 290)]
     assert {d.routing_key for d in rows} == {queue} and {d.exchange for d in rows} == {""}
@@ -306,7 +312,7 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
     scanned = generic = 0  # rows of the two paths' runs, in the range or not
     large_generic = True  # every body over several frames came by the generic path
     with StreamClient(params, queue, prefetch=40) as client:
-        for lo, hi in client.read_range_into(sink, 11, 291):
+        for lo, hi in client.read_range_into(sink, oldest + 10, oldest + 290):
             cols = sink.take()
             batches.append(builder.build(cols, lo, hi))
             starts = [run[0] for run in cols.runs] + [cols.rows]
@@ -319,7 +325,7 @@ def test_stream_reader_chunks_mix_large_small_and_empty_bodies(broker, admin) ->
     assert len(batches) > 1 and scanned and generic and large_generic
     by_columns = pa.Table.from_batches(batches, schema)
     assert by_columns.equals(plain_table(schema, rows, [False] * len(rows)))
-    assert by_columns.column("offset").to_pylist() == list(range(11, 291))
+    assert by_columns.column("offset").to_pylist() == list(range(oldest + 10, oldest + 290))
     assert by_columns.column("body").to_pylist() == [body(i) for i in range(10, 290)]
     assert by_columns.column("app_id").to_pylist() == [app_id(i) for i in range(10, 290)]
 
