@@ -536,17 +536,17 @@ class _Assembler:
 
 _U16 = struct.Struct(">H")
 _READER_TAG = "s"
-TRACKING_ARGUMENT = "x-stream-automatic-offset-tracking"
+_TRACKING_ARGUMENT = "x-stream-automatic-offset-tracking"
 
 
 def _consume_payload(queue: str, arguments: dict[str, Any]) -> bytes:
     """basic.consume with manual ack (arguments encoded by the shared field-table codec).
 
     The tag is one letter (tags are per channel, and each reader has its channel): every delivery
-    carries it, and a broker-made ``amq.ctag-`` one is 30 bytes longer, 14 % of a 100-byte message's
-    frames. A stream broker tracks a named consumer's offset (LavinMQ does, and lavinpy as it does),
+    carries it, and a broker-made ``amq.ctag-`` one is 30 bytes longer, an eighth of a 100-byte
+    message's frames. A stream broker tracks a named consumer's offset (LavinMQ does, and lavinpy as it does),
     which the reader never wants -- its position is the range Spark gave it -- so it says
     ``x-stream-automatic-offset-tracking: false``; a broker that does not know the argument ignores
     it (RabbitMQ tracks no AMQP 0-9-1 consumer)."""
     return (_U16.pack(60) + _U16.pack(20) + b"\x00\x00" + encode_shortstr(queue) + encode_shortstr(_READER_TAG)
-            + b"\x00" + encode_table({**arguments, TRACKING_ARGUMENT: False}))
+            + b"\x00" + encode_table({**arguments, _TRACKING_ARGUMENT: False}))
