@@ -72,7 +72,7 @@ class LavinpyDataSource(DataSource):
         kind, _count = queue_kind(opts.params, opts.queue, opts.queue_type)
         opts.check_kind(kind == STREAM)
         if kind == STREAM:
-            return LavinpyStreamReader(opts, schema)
+            return LavinpyStreamReader(opts, schema, type_checked=opts.queue_type == "auto")
         return QueueStreamReader(opts, schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
@@ -259,11 +259,12 @@ class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     from its checkpoint re-reads exactly the ranges it had not committed: no gap, no duplicate.
     """
 
-    def __init__(self, opts: ReadOptions, schema: Any) -> None:
+    def __init__(self, opts: ReadOptions, schema: Any, type_checked: bool = False) -> None:
         self.opts = opts
         self.schema = schema
         self._client: StreamClient | None = None
         self._target: int | None = None
+        self._type_checked = type_checked  # queue_kind proved it a stream when the query was planned
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -273,7 +274,8 @@ class LavinpyStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _stream(self) -> StreamClient:
         if self._client is None:
             client = StreamClient(self.opts.params, self.opts.queue, prefetch=self.opts.stream_prefetch)
-            client.check_is_stream()
+            if not self._type_checked:
+                client.check_is_stream()
             self._client = client
         return self._client
 
