@@ -61,24 +61,44 @@ run_of(PyObject *run, run_key *k)
 }
 
 /* a[0:n] == b[0:n], for the short names and property blocks of a run: a word at a time, inline (a
- * call to memcmp a name per delivery cost more than the comparison). */
+ * call to memcmp a name per delivery cost more than the comparison), and the bytes past the last whole
+ * word as one more word (or two halves) that overlaps the ones before: a byte-at-a-time tail was a
+ * sixth of the scan's time. */
 static inline int
 same_bytes(const unsigned char *a, const unsigned char *b, Py_ssize_t n)
 {
-    while (n >= 8) {
+    if (n >= 8) {
         uint64_t x, y;
-        memcpy(&x, a, 8);
-        memcpy(&y, b, 8);
-        if (x != y)
-            return 0;
-        a += 8;
-        b += 8;
-        n -= 8;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&x, a + i, 8);
+            memcpy(&y, b + i, 8);
+            if (x != y)
+                return 0;
+        }
+        if (i == n)
+            return 1;
+        memcpy(&x, a + n - 8, 8);
+        memcpy(&y, b + n - 8, 8);
+        return x == y;
     }
-    while (n-- > 0)
-        if (*a++ != *b++)
-            return 0;
-    return 1;
+    if (n >= 4) {
+        uint32_t x0, y0, x1, y1;
+        memcpy(&x0, a, 4);
+        memcpy(&y0, b, 4);
+        memcpy(&x1, a + n - 4, 4);
+        memcpy(&y1, b + n - 4, 4);
+        return x0 == y0 && x1 == y1;
+    }
+    if (n >= 2) {
+        uint16_t x0, y0, x1, y1;
+        memcpy(&x0, a, 2);
+        memcpy(&y0, b, 2);
+        memcpy(&x1, a + n - 2, 2);
+        memcpy(&y1, b + n - 2, 2);
+        return x0 == y0 && x1 == y1;
+    }
+    return n < 1 || a[0] == b[0];
 }
 
 /* d belongs to the run k when its names are k's and its block is k's but for the 8 bytes of a
@@ -97,6 +117,29 @@ same_run(const run_key *k, const whole_delivery *d)
     if (at < 0)
         return same_bytes(kb, d->block, d->block_n);
     return same_bytes(kb, d->block, at) && same_bytes(kb + at + 8, d->block + at + 8, d->block_n - at - 8);
+}
+
+/* A whole delivery scanned before, as the pattern of the next ones: most deliveries of a read differ
+ * from the one before only in their delivery tag, redelivered flag, stamped offset and body bytes. A
+ * delivery that is otherwise byte for byte the pattern is a whole delivery of the same run, with
+ * those fields at the same places. Checking that reads it at places known in advance, where parsing
+ * must read each length before it knows where the next field is: one delivery's loads no longer
+ * wait for each other's, nor for the delivery before. Places are from the delivery's first byte. */
+typedef struct {
+    const unsigned char *at;
+    Py_ssize_t len, tag_at, value_at, body_at, body_n;  /* value_at -1: no stamped offset */
+} pattern;
+
+static inline int
+like_pattern(const pattern *p, const unsigned char *m)
+{
+    const unsigned char *t = p->at;
+    Py_ssize_t after_tag = p->tag_at + 9;  /* the delivery tag's 8 bytes and the redelivered octet */
+    Py_ssize_t fixed_end = p->value_at < 0 ? p->body_at : p->value_at;
+    Py_ssize_t body_end = p->body_at + p->body_n;
+    return same_bytes(m, t, p->tag_at) && same_bytes(m + after_tag, t + after_tag, fixed_end - after_tag)
+           && (p->value_at < 0 || same_bytes(m + p->value_at + 8, t + p->value_at + 8, p->body_at - p->value_at - 8))
+           && same_bytes(m + body_end, t + body_end, p->len - body_end);
 }
 
 /* scan_columns(buf, channel, pos, max_rows, columns, rows, data_len)
@@ -142,42 +185,71 @@ cclient_scan_columns(PyObject *self, PyObject *args)
     Py_ssize_t added = 0;
     unsigned long long last_tag = 0;
     int stop = 0;
+    pattern pat = {0};
+    int have_pat = 0;
     while (added < max_rows) {
-        whole_delivery d;
-        int found = parse_whole_delivery(buf, size, pos, ch, &d);
-        if (found != DELIVERY_WHOLE) {
-            stop = found == DELIVERY_OTHER;
-            break;
-        }
-        if (data_len + d.body_n > 0x7FFFFFFF) {
-            stop = COLUMNS_FULL;
-            break;
-        }
         Py_ssize_t row = rows + added;
-        Py_ssize_t value_at;
-        if (have_key && same_run(&key, &d)) {
-            value_at = key.value_at;
-        } else {
-            value_at = stamped_offset_at(d.block, d.block_n);
-            PyObject *run = Py_BuildValue("(ny#y#y#n)", row, d.exchange, d.exchange_n, d.routing_key,
-                                          d.routing_key_n, d.block, d.block_n, value_at);
-            if (run == NULL || PyList_Append(runs, run) < 0) {
-                Py_XDECREF(run);
-                goto done;
+        const unsigned char *body;
+        Py_ssize_t body_n, next;
+        uint64_t offset_value;
+        int redelivered_flag;
+        if (have_pat && size - pos >= pat.len && like_pattern(&pat, buf + pos)) {
+            const unsigned char *m = buf + pos;
+            body = m + pat.body_at;
+            body_n = pat.body_n;
+            if (data_len + body_n > 0x7FFFFFFF) {
+                stop = COLUMNS_FULL;
+                break;
             }
-            Py_DECREF(run);  /* the list keeps it, and so the bytes the key points at */
-            if ((have_key = run_of(run, &key)) < 0)
-                goto done;
+            offset_value = pat.value_at < 0 ? (uint64_t)NO_OFFSET : rd64(m + pat.value_at);
+            last_tag = rd64(m + pat.tag_at);
+            redelivered_flag = m[pat.tag_at + 8] & 1;
+            next = pos + pat.len;
+        } else {
+            whole_delivery d;
+            int found = parse_whole_delivery(buf, size, pos, ch, &d);
+            if (found != DELIVERY_WHOLE) {
+                stop = found == DELIVERY_OTHER;
+                break;
+            }
+            if (data_len + d.body_n > 0x7FFFFFFF) {
+                stop = COLUMNS_FULL;
+                break;
+            }
+            Py_ssize_t value_at;
+            if (have_key && same_run(&key, &d)) {
+                value_at = key.value_at;
+            } else {
+                value_at = stamped_offset_at(d.block, d.block_n);
+                PyObject *run = Py_BuildValue("(ny#y#y#n)", row, d.exchange, d.exchange_n, d.routing_key,
+                                              d.routing_key_n, d.block, d.block_n, value_at);
+                if (run == NULL || PyList_Append(runs, run) < 0) {
+                    Py_XDECREF(run);
+                    goto done;
+                }
+                Py_DECREF(run);  /* the list keeps it, and so the bytes the key points at */
+                if ((have_key = run_of(run, &key)) < 0)
+                    goto done;
+            }
+            body = d.body;
+            body_n = d.body_n;
+            offset_value = value_at < 0 ? (uint64_t)NO_OFFSET : rd64(d.block + value_at);
+            last_tag = d.tag;
+            redelivered_flag = d.redelivered;
+            next = d.next;
+            const unsigned char *m = buf + pos;
+            pat = (pattern){m, next - pos, 12 + m[11], value_at < 0 ? -1 : (d.block - m) + value_at,
+                            body_n ? d.body - m : next - pos, body_n};
+            have_pat = 1;
         }
         if (reserve(offsets, 8 * (row + 1)) < 0 || reserve(ends, 4 * (row + 2)) < 0
-            || reserve(data, data_len + d.body_n) < 0)
+            || reserve(data, data_len + body_n) < 0)
             goto done;
-        wr64le((unsigned char *)PyByteArray_AS_STRING(offsets) + 8 * row,
-               value_at < 0 ? (uint64_t)NO_OFFSET : rd64(d.block + value_at));
-        memcpy(PyByteArray_AS_STRING(data) + data_len, d.body, d.body_n);
-        data_len += d.body_n;
+        wr64le((unsigned char *)PyByteArray_AS_STRING(offsets) + 8 * row, offset_value);
+        memcpy(PyByteArray_AS_STRING(data) + data_len, body, body_n);
+        data_len += body_n;
         wr32le((unsigned char *)PyByteArray_AS_STRING(ends) + 4 * (row + 1), (uint32_t)data_len);
-        if (d.redelivered) {
+        if (redelivered_flag) {
             PyObject *index = PyLong_FromSsize_t(row);
             if (index == NULL || PyList_Append(redelivered, index) < 0) {
                 Py_XDECREF(index);
@@ -185,8 +257,7 @@ cclient_scan_columns(PyObject *self, PyObject *args)
             }
             Py_DECREF(index);
         }
-        last_tag = d.tag;
-        pos = d.next;
+        pos = next;
         added++;
     }
     result = Py_BuildValue("(nnKni)", added, data_len, last_tag, pos, stop);

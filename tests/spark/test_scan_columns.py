@@ -35,6 +35,7 @@ from tests.spark.delivery_frames import (
     HEARTBEAT,
     KINDS,
     MAX_DATA,
+    NESTED,
     PLAIN,
     STAMPED,
     STRING,
@@ -145,6 +146,58 @@ def test_scan_columns_twins_agree(stream: bytes, cut: int, as_bytearray: bool, c
         rows += added
         if not added:
             break
+
+
+@needs_compiled
+def test_scan_columns_twins_agree_with_any_byte_of_a_run_changed() -> None:
+    """Three deliveries alike but for tags, flags, offsets and bodies, with each byte of the second set to
+    a few other values in turn (one at a time): whether it is still like the first (only its tag, flag,
+    stamped value or body changed), a delivery of another run, or no whole delivery, the twins agree."""
+    layouts = [(stamped(BASES[1], 7), "ex", "rk", 100), (BASES[0], "", "jobs", 3), (stamped(BASES[2], 7), "é", "", 0)]
+    for block, exchange, routing_key, body_len in layouts:
+        parts = [deliver(block, bytes([i]) * body_len, tag=5 + i, exchange=exchange, routing_key=routing_key,
+                         redelivered=i == 1) for i in range(3)]
+        for at in range(len(parts[1])):
+            for byte in {parts[1][at] ^ 1, parts[1][at] ^ 0x80, 0, 0xCE}:
+                second = bytearray(parts[1])
+                second[at] = byte
+                data = parts[0] + bytes(second) + parts[2]
+                cols_c, cols_py = empty_columns(), empty_columns()
+                compiled = outcome(accel.cclient.scan_columns, data, 1, 0, sys.maxsize, cols_c, 0, 0)
+                assert compiled == outcome(_scan_columns, data, 1, 0, sys.maxsize, cols_py, 0, 0), (at, byte)
+                assert filled(cols_c, compiled[0], compiled[1]) == filled(cols_py, compiled[0], compiled[1])
+
+
+@needs_compiled
+@settings(max_examples=600)
+@given(st.integers(0, len(KINDS) - 1), names, names, st.sampled_from([0, 1, 7, 8, 9, 100]),
+       st.lists(st.tuples(offsets, st.integers(0, 2**64 - 1), st.booleans(), st.integers(0, 255)), min_size=2,
+                max_size=6),
+       st.one_of(st.none(), st.tuples(st.integers(1, 5), st.integers(-8, 90), st.integers(0, 255))),
+       st.integers(0, 40))
+def test_scan_columns_twins_agree_on_runs_of_one_layout(kind: int, exchange: str, routing_key: str, body_len: int,
+                                                        rows: list[tuple[int, int, bool, int]],
+                                                        flip: tuple[int, int, int] | None, cut: int) -> None:
+    """The run a read is made of: deliveries alike but for their delivery tags, redelivered flags, stamped
+    offsets and body bytes (the compiled scan reads those at the places the first one had them), then
+    maybe one byte of a later one changed (it is then no longer like the ones before, or no longer a
+    delivery), and the buffer cut short: the twins agree."""
+    build = KINDS[kind][0]
+    parts = [deliver(build(offset), bytes([fill]) * body_len, tag=tag, exchange=exchange, routing_key=routing_key,
+                     redelivered=flag) for offset, tag, flag, fill in rows]
+    data = bytearray(b"".join(parts))
+    if flip is not None:
+        which, at, byte = flip
+        which %= len(parts)
+        data[sum(map(len, parts[:which])) + at % len(parts[which])] = byte
+    data = bytes(data[:len(data) - cut])
+    cols_c, cols_py = empty_columns(), empty_columns()
+    compiled = outcome(accel.cclient.scan_columns, data, 1, 0, sys.maxsize, cols_c, 0, 0)
+    assert compiled == outcome(_scan_columns, data, 1, 0, sys.maxsize, cols_py, 0, 0)
+    assert filled(cols_c, compiled[0], compiled[1]) == filled(cols_py, compiled[0], compiled[1])
+    if flip is None and not cut:  # every delivery read; stamped or plain blocks make one run
+        assert compiled[0] == len(rows)
+        assert len(cols_c[4]) == 1 or kind >= NESTED
 
 
 @needs_compiled
