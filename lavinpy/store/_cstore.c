@@ -518,6 +518,7 @@ static PyObject *py_fsync_all(PyObject *self, PyObject *arg) {
 }
 
 PyObject *py_fsync_starter(PyObject *self, PyObject *unused);  /* _cstore_sync.c */
+PyObject *py_enq_order_sort(PyObject *self, PyObject *args);  /* _cstore_order.c */
 
 static PyMethodDef methods[] = {
     {"fsync_starter", py_fsync_starter, METH_NOARGS, "fsync_starter(): a group commit's fsyncs started from the loop (_cstore_sync.c)."},
@@ -539,6 +540,8 @@ static PyMethodDef methods[] = {
      "total_size(blocks, start, stop): the bytes of blocks[start:stop] together (_cstore_sizes.c)."},
     {"frame_batch", (PyCFunction)(void (*)(void))py_frame_batch, METH_FASTCALL,
      "frame_batch(records, mark): a deduplication cache's batch framed (_cstore_sizes.c)."},
+    {"enq_order_sort", py_enq_order_sort, METH_VARARGS,
+     "enq_order_sort(positions, keys): bytes of every one as a position, in enq order (_cstore_order.c)."},
     {"pack_positions", py_pack_positions, METH_O, "pack_positions(positions): array('Q', positions)'s bytes."},
     {"pack_counted", py_pack_counted, METH_O,
      "pack_counted(positions): (pack_positions(positions), segment_counts(positions))."},

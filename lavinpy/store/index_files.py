@@ -9,7 +9,7 @@ from array import array
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from itertools import filterfalse, islice
+from itertools import chain, filterfalse, islice
 from typing import Any, Protocol
 
 from lavinpy.store.accel import cstore
@@ -147,23 +147,40 @@ def recovered_chunks(chunks: Iterable[array], acked: set[int] | None, valid_ends
         yield valid_entries(chunk, valid_ends)
 
 
-def live_chunks(older: list[int], ready: Positions, transient: set[int], size: int) -> Iterator[array]:
+def py_enq_sorted(positions: array, keys: Iterable[int] = ()) -> array:
+    """``positions`` and the positions of enq-order ``keys``, together in enq order (by segment, then
+    offset)."""
+    return array("Q", map(pos_from_order_key, sorted(chain(keys, map(enq_order_key, positions)))))
+
+
+def _compiled_enq_sorted(positions: array, keys: Iterable[int] = ()) -> array:
+    assert cstore is not None
+    out = array("Q")
+    out.frombytes(cstore.enq_order_sort(positions, array("Q", keys)))
+    return out
+
+
+# A queue's compaction sorts all its unacked messages (a million held the loop 0.42 s in Python).
+enq_sorted: Callable[..., array] = py_enq_sorted if cstore is None else _compiled_enq_sorted
+
+
+def live_chunks(older: array, ready: Positions, transient: set[int], size: int) -> Iterator[array]:
     """A compacted ``enq`` in chunks of at most ``size`` entries: the requeued and unacked messages
-    (``older``, sorted enq-order keys) and the ready list merged in enq order, minus ``transient``."""
+    (``older``, positions in enq order) and the ready list merged in enq order, minus ``transient``."""
     def persistent(chunk: array) -> array:
         return array("Q", filterfalse(transient.__contains__, chunk)) if transient else chunk
 
     first_newer = ready.peek()
-    if first_newer is None or not older or older[-1] <= enq_order_key(first_newer):
+    if first_newer is None or not older or enq_order_key(older[-1]) <= enq_order_key(first_newer):
         # the normal FIFO case: everything delivered is older than everything never delivered
         for start in range(0, len(older), size):
-            yield persistent(array("Q", (pos_from_order_key(k) for k in older[start:start + size])))
+            yield persistent(older[start:start + size])
         for chunk in ready_chunks(ready, size):
             yield persistent(chunk)
         return
     # messages were pushed out of append order: merge entry by entry
     newer = (enq_order_key(p) for chunk in ready_chunks(ready, size) for p in chunk)
-    merged = heapq.merge(older, newer)
+    merged = heapq.merge(map(enq_order_key, older), newer)
     while chunk := array("Q", (pos_from_order_key(k) for k in islice(merged, size))):
         yield persistent(chunk)
 

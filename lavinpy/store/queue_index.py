@@ -28,14 +28,21 @@ from typing import TYPE_CHECKING
 
 from lavinpy.store import changes, index_files
 from lavinpy.store.entry_file import INDEX_FILES, EntryFile, OpenFiles
-from lavinpy.store.index_files import chunked_counts, live_chunks, ready_chunks, recovered_chunks, segment_counts
+from lavinpy.store.index_files import (
+    chunked_counts,
+    enq_sorted,
+    live_chunks,
+    ready_chunks,
+    recovered_chunks,
+    segment_counts,
+)
 from lavinpy.store.jsonfile import fsync_dir
 from lavinpy.store.queue_dir import QUEUE_NAME_FILE, sync_new_directory, write_name_file
 from lavinpy.store.queue_index_files import IndexFiles
 from lavinpy.store.ready_list import ReadyList
 from lavinpy.store.requeued_positions import RequeuedPositions
 from lavinpy.store.unacked_positions import UnackedPositions
-from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK, enq_order_key
+from lavinpy.wire.position import ENTRY_SIZE, SEGMENT_MASK
 
 if TYPE_CHECKING:
     from lavinpy.store.message_store import MessageStore
@@ -438,13 +445,13 @@ class QueueIndex(IndexFiles):
     def live_positions(self) -> array:
         """Ready and unacked positions in the order a compacted ``enq`` keeps them (enq order)."""
         out = array("Q")
-        for chunk in live_chunks(self._older_keys(), self._ready, set(), STREAM_ENTRIES):
+        for chunk in live_chunks(self._older_positions(), self._ready, set(), STREAM_ENTRIES):
             out.extend(chunk)
         return out
 
-    def _older_keys(self) -> list[int]:
-        """Enq-order keys of the requeued and unacked messages, sorted."""
-        return sorted(chain(self._requeued.keys(), map(enq_order_key, self._unacked)))
+    def _older_positions(self) -> array:
+        """The requeued and unacked messages' positions, in enq order."""
+        return enq_sorted(self._unacked.to_array(), self._requeued.keys())
 
     def _live_chunks(self) -> Iterator[array]:
         """The persistent live positions (what a compacted ``enq`` holds) a bounded chunk at a time: the
@@ -453,7 +460,7 @@ class QueueIndex(IndexFiles):
         if type(self).live_positions is not QueueIndex.live_positions:
             live, transient = self.live_positions(), self._transient
             return iter((array("Q", filterfalse(transient.__contains__, live)) if transient else live,))
-        return live_chunks(self._older_keys(), self._ready, self._transient, STREAM_ENTRIES)
+        return live_chunks(self._older_positions(), self._ready, self._transient, STREAM_ENTRIES)
 
     # ---- files (the rest in queue_index_files.py) --------------------------------------------
 

@@ -16,6 +16,7 @@ the 100,000 positions of 1,000 consumers at prefetch 100), else a Python set; bo
 from __future__ import annotations
 
 import sys
+from array import array
 from collections.abc import Iterable, Iterator
 
 from lavinpy.store.accel import cstore
@@ -168,6 +169,13 @@ class UnackedPositions:
         if self._runs:
             self._spill()
         return iter(self._loose)
+
+    def to_array(self) -> array:
+        """Every position held, in no order, as an ``array('Q')``, the runs left as they are."""
+        out = array("Q", self._loose)
+        for positions, offset in self._runs.values():
+            out.fromlist(positions[offset:] if offset else positions)
+        return out
 
     def memory_bytes(self) -> int:
         """The set's size, and 8 bytes per position held in a run."""

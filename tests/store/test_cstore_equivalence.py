@@ -357,3 +357,39 @@ def test_a_drained_ready_list_gives_its_pages_back_to_the_system() -> None:
         ready.shift_many(10_000)
     assert rss_anon_kib() - before < 16_000
     assert len(kept) == 1000
+
+
+# Positions as the store makes them (offset << 32 | segment; few segments, so that radix digits repeat
+# and their passes are skipped) and any 64-bit words.
+store_positions = st.tuples(st.integers(0, (1 << 32) - 1), st.integers(0, 3)).map(lambda t: t[0] << 32 | t[1])
+any_words = st.integers(0, (1 << 64) - 1)
+
+
+@settings(max_examples=200)
+@given(st.lists(store_positions | any_words, max_size=700), st.lists(store_positions | any_words, max_size=300))
+def test_enq_order_sort_matches_the_python_sort(positions: list[int], keys: list[int]) -> None:
+    """Positions and enq-order keys sorted into enq order, below and above the comparison sort's size."""
+    from lavinpy.store.index_files import py_enq_sorted
+
+    got = array("Q")
+    got.frombytes(cstore.enq_order_sort(array("Q", positions), array("Q", keys)))
+    assert got == py_enq_sorted(array("Q", positions), keys)
+
+
+def test_enq_order_sort_matches_the_python_sort_at_every_size() -> None:
+    """Around the comparison sort's limit (256) and well past it (the radix sort's passes)."""
+    from lavinpy.store.index_files import py_enq_sorted
+
+    rng = random.Random(7)
+    for n in (2, 255, 256, 257, 5000):
+        for segments in (1, 3, 1 << 20):
+            positions = array("Q", (rng.randrange(1 << 32) << 32 | rng.randrange(segments) for _ in range(n)))
+            keys = [rng.randrange(segments) << 32 | rng.randrange(1 << 32) for _ in range(n // 3)]
+            got = array("Q")
+            got.frombytes(cstore.enq_order_sort(positions, array("Q", keys)))
+            assert got == py_enq_sorted(positions, keys), (n, segments)
+
+
+def test_enq_order_sort_refuses_a_torn_entry() -> None:
+    with pytest.raises(ValueError, match="8-byte entries"):
+        cstore.enq_order_sort(b"\x00" * 12, b"")

@@ -119,6 +119,33 @@ def test_compaction_in_chunks_keeps_enq_order_and_leaves_transient_out(store: Me
     assert sorted(open_queue(store, tmp_path / "q")) == sorted(p for p in live if p not in transient)
 
 
+def test_compaction_with_many_unacked_in_runs_writes_them_first_in_enq_order(store: MessageStore,
+                                                                             tmp_path: Path) -> None:
+    """Hundreds unacked (more than a comparison sort's share of the compiled sort), held as the runs
+    several consumers took, some settled, some requeued, then compaction: enq holds the requeued and
+    unacked ones first, in enq order, then the ready ones, as a restart reads them back."""
+    positions = publish(store, 900)
+    q = open_queue(store, tmp_path / "q")
+    for pos in positions:
+        q.push(pos)
+    acked: set[int] = set()
+    for _ in range(3):
+        taken = q.shift_many(200)  # the requeued ones first, then new ones
+        q.split_taken(taken, [taken[:80], taken[80:150], taken[150:]])  # three consumers' shares
+        q.ack_many(taken[150:170])
+        acked.update(taken[150:170])
+        for pos in taken[5:9]:
+            q.requeue(pos)
+    q.compact()
+    enq = list(array("Q", (tmp_path / "q" / "enq").read_bytes()))
+    assert len(acked) == 60
+    assert enq == [p for p in positions if p not in acked]  # appended in order: enq order is append order
+    assert enq == list(q.live_positions())
+    q.close(clean=False)
+    reopened = open_queue(store, tmp_path / "q")
+    assert list(reopened) == enq
+
+
 def test_compaction_in_chunks_reports_one_whole_replacement(store: MessageStore, tmp_path: Path,
                                                             small_chunks: None) -> None:
     positions = publish(store, 50)

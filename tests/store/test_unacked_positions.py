@@ -141,3 +141,15 @@ def test_real_positions_of_any_segment_and_offset_come_back_as_they_went_in() ->
     assert unacked.remove_many(run[::2]) is None and unacked.remove(loose[0])
     assert not unacked.remove(loose[0])
     assert sorted(unacked.positions()) == sorted(run[1::2] + loose[1:])
+
+
+def test_to_array_holds_every_position_and_leaves_the_runs_alone() -> None:
+    unacked = UnackedPositions()
+    runs = _runs([5, 7, 3])
+    for run in runs:
+        unacked.add_run(run)
+    unacked.add(7)
+    assert unacked.remove_many(runs[1][:2]) is None  # a run partly settled in order
+    assert sorted(unacked.to_array()) == sorted([7, *runs[0], *runs[1][2:], *runs[2]])
+    assert unacked.remove_many(runs[0]) is None  # still a run: its head slice settles it
+    assert sorted(unacked.to_array()) == sorted([7, *runs[1][2:], *runs[2]])
