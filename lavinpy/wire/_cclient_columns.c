@@ -62,8 +62,8 @@ run_of(PyObject *run, run_key *k)
 
 /* a[0:n] == b[0:n], for the short names and property blocks of a run: a word at a time, inline (a
  * call to memcmp a name per delivery cost more than the comparison), and the bytes past the last whole
- * word as one more word (or two halves) that overlaps the ones before: a byte-at-a-time tail was a
- * sixth of the scan's time. */
+ * word as one more word that overlaps the ones before (4-7 bytes: two overlapping halves): a
+ * byte-at-a-time tail was a sixth of the scan's time. Under 4 bytes, a byte at a time. */
 static inline int
 same_bytes(const unsigned char *a, const unsigned char *b, Py_ssize_t n)
 {
@@ -90,15 +90,10 @@ same_bytes(const unsigned char *a, const unsigned char *b, Py_ssize_t n)
         memcpy(&y1, b + n - 4, 4);
         return x0 == y0 && x1 == y1;
     }
-    if (n >= 2) {
-        uint16_t x0, y0, x1, y1;
-        memcpy(&x0, a, 2);
-        memcpy(&y0, b, 2);
-        memcpy(&x1, a + n - 2, 2);
-        memcpy(&y1, b + n - 2, 2);
-        return x0 == y0 && x1 == y1;
-    }
-    return n < 1 || a[0] == b[0];
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
 }
 
 /* d belongs to the run k when its names are k's and its block is k's but for the 8 bytes of a
