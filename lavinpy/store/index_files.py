@@ -147,16 +147,16 @@ def recovered_chunks(chunks: Iterable[array], acked: set[int] | None, valid_ends
         yield valid_entries(chunk, valid_ends)
 
 
-def py_enq_sorted(positions: array, keys: Iterable[int] = ()) -> array:
+def py_enq_sorted(positions: array, keys: list[int] | None = None) -> array:
     """``positions`` and the positions of enq-order ``keys``, together in enq order (by segment, then
     offset)."""
-    return array("Q", map(pos_from_order_key, sorted(chain(keys, map(enq_order_key, positions)))))
+    return array("Q", map(pos_from_order_key, sorted(chain(keys or (), map(enq_order_key, positions)))))
 
 
-def _compiled_enq_sorted(positions: array, keys: Iterable[int] = ()) -> array:
+def _compiled_enq_sorted(positions: array, keys: list[int] | None = None) -> array:
     assert cstore is not None
     out = array("Q")
-    out.frombytes(cstore.enq_order_sort(positions, array("Q", keys)))
+    out.frombytes(cstore.enq_order_sort(positions, cstore.pack_positions(keys or [])))
     return out
 
 

@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 
 from lavinpy.store.accel import cstore
+from lavinpy.store.index_files import positions_array
 
 PositionSet: type = cstore.PositionSet if cstore is not None else set
 
@@ -174,7 +175,7 @@ class UnackedPositions:
         """Every position held, in no order, as an ``array('Q')``, the runs left as they are."""
         out = array("Q", self._loose)
         for positions, offset in self._runs.values():
-            out.fromlist(positions[offset:] if offset else positions)
+            out.extend(positions_array(positions[offset:] if offset else positions))
         return out
 
     def memory_bytes(self) -> int:
