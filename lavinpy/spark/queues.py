@@ -24,7 +24,9 @@ from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
 from .streams import _U16, ColumnsSink, Receiver, StreamReadError
 
 STREAM, QUEUE = "stream", "queue"
-_CONSUMER_TAG = "lavinpy.spark"
+# One letter, as the stream reader's: tags are per channel, and each consumer has its channel. Every
+# delivery carries the tag, and "lavinpy.spark" cost two read tasks 2 % more CPU a row than "q".
+_CONSUMER_TAG = "q"
 
 
 def login_error(params: AMQPParams, exc: BrokerClosed) -> AMQPClientError:
