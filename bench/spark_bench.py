@@ -6,6 +6,7 @@
     python bench/spark_bench.py --url amqp://guest:guest@127.0.0.1:5672/   # any broker with streams
     python bench/spark_bench.py --broker lavinmq --kinds classic   # the same source through a peer broker
     python bench/spark_bench.py --cpus 0:1      # Spark on core 0, the broker on core 1 (as on its own host)
+    python bench/spark_bench.py --conf spark.python.unix.domain.socket.enabled=true   # any Spark setting
 
 Needs Java, `pip install pyspark pyarrow`. Spark runs local[2]; the broker, the JVM and the Python
 workers share the machine (or their cores: --cpus). Figures (rows/s) include Spark's own per-row cost,
@@ -83,7 +84,8 @@ def delete_queue(url: str, name: str) -> None:
         conn.call(ch, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
 
 
-def make_spark() -> Any:
+def make_spark(conf: dict[str, str] | None = None) -> Any:
+    """Spark local[2] with the bench's settings and ``conf`` (--conf) on top, for floors and runs alike."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -91,10 +93,13 @@ def make_spark() -> Any:
 
     from lavinpy.spark import register
 
-    spark = (SparkSession.builder.master("local[2]").appName("lavinpy-spark-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.memory", "2g").getOrCreate())
+    builder = (SparkSession.builder.master("local[2]").appName("lavinpy-spark-bench")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "2g"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -446,7 +451,13 @@ def main() -> None:
                         "workers) and the broker pinned to separate cores, floors and runs alike, as with a broker on "
                         "its own host; by default everything shares every core")
     parser.add_argument("--warmup", type=int, default=1, help="unrecorded rounds first (full size, every kind)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable), floors and runs alike: e.g. "
+                        "spark.python.unix.domain.socket.enabled=true (see docs/spark.md, Performance)")
     args = parser.parse_args()
+    if any("=" not in item for item in args.conf):
+        parser.error("--conf takes KEY=VALUE")
+    spark_conf = dict(item.split("=", 1) for item in args.conf)
     if args.fsync and (args.url or args.broker != "lavinpy"):
         parser.error("--fsync sets the lavinpy the bench starts; it does not apply with --url or a peer")
 
@@ -469,14 +480,14 @@ def main() -> None:
             spark_cpus, broker_cpus = (_cpu_list(part) for part in args.cpus.split(":"))
             _pin_broker(broker_cpus)  # (none with --url)
             os.sched_setaffinity(0, spark_cpus)  # the JVM and its Python workers inherit it
-        spark = make_spark()
+        spark = make_spark(spark_conf)
         register_floor_sources(spark)
     except BaseException:
         _stop_brokers(proc, peer)
         raise
     results: dict[str, Any] = {"rows": args.rows, "body_bytes": args.body_bytes, "broker": "external" if args.url
                                else f"{args.broker} (started by the bench)", "cpus": args.cpus or "shared",
-                               "fsync": args.fsync or "default"}
+                               "fsync": args.fsync or "default", "spark_conf": spark_conf}
     kinds = [kind.strip() for kind in args.kinds.split(",")]
     runs: list[dict[str, Any]] = []
     try:
