@@ -503,7 +503,7 @@ class QueueIndex(IndexFiles):
         The directory is removed at once, even while a flush may be fsyncing its (still open)
         descriptors, so that a queue of the same name can be declared again right away.
         """
-        counts = chunked_counts(chain(self._ready_position_chunks(), (array("Q", self._unacked.positions()),)))
+        counts = chunked_counts(chain(self._ready_position_chunks(), (self._unacked.to_array(),)))
         self._requeued.clear()
         self._unacked.clear()
         self._transient.clear()
