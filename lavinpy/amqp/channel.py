@@ -70,8 +70,7 @@ class Channel:
         vhost = host.vhost
         assert vhost is not None  # channels open after the vhost
         self.vhost = vhost
-        self.closing = False
-        self.closed = False
+        self.closing = self.closed = False
         self.flow_active = True
         # parts
         self.content = ContentAssembly(channel_id, host.config, host.body_spool, in_place(vhost, self))
@@ -389,11 +388,12 @@ class Channel:
 
     def _settle(self, delivery_tag: int, multiple: bool, requeue: bool | None, failed: bool = False) -> None:
         """basic.ack (requeue None), nack or reject (``failed``): validated now; in a transaction
-        applied on commit and given back on rollback."""
-        if multiple and requeue is None and self.tx is None:
-            self.deliveries.ack_multiple(delivery_tag)  # the common multiple ack: a run slice at a time
+        applied on commit and given back on rollback. Counted toward the input turn's work."""
+        if multiple and requeue is None and self.tx is None:  # the common multiple ack: a run slice at a time
+            self.conn.settled_in_turn += self.deliveries.ack_multiple(delivery_tag)
             return
         items = self.deliveries.take(delivery_tag, multiple)
+        self.conn.settled_in_turn += len(items)
         if self.tx is not None:
             self.tx.hold_settle(items, requeue, failed)
             return

@@ -160,15 +160,15 @@ class Deliveries:
                 return [(delivery_tag, item)]
         raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
 
-    def ack_multiple(self, delivery_tag: int) -> None:
+    def ack_multiple(self, delivery_tag: int) -> int:
         """basic.ack multiple=true outside a transaction: ``settle(take(delivery_tag, True), None)``
-        a run slice at a time (406 when nothing is unacked up to the tag)."""
+        a run slice at a time (406 when nothing is unacked up to the tag). Returns how many it acked."""
         pieces = [piece for _first, piece in self.unacked.take_upto(delivery_tag)]
         if not pieces:
             if delivery_tag == 0:  # "everything so far", of which there is nothing: as take() answers
-                return
+                return 0
             raise BrokerChannelError(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}")
-        self._ack_pieces(pieces)
+        return self._ack_pieces(pieces)
 
     def ack_run(self, tags: list[int]) -> int | None:
         """basic.ack (multiple=false) of each tag, in order, settled as one batch with the outcome of
@@ -265,8 +265,8 @@ class Deliveries:
         if self.prefetch:
             self._room_freed()
 
-    def _ack_pieces(self, pieces: list[Piece]) -> None:
-        """Acks of run slices (each of one queue and one consumer), in delivery order."""
+    def _ack_pieces(self, pieces: list[Piece]) -> int:
+        """Acks of run slices (each of one queue and one consumer), in delivery order; returns how many."""
         if len(pieces) == 1:
             queue, consumer, positions = pieces[0]
             count = len(positions)
@@ -277,7 +277,7 @@ class Deliveries:
             else:
                 queue.ack_many(positions)
             self._acked_run(queue, count)
-            return
+            return count
         shares: dict[tuple[QueueKind, Consumer | None], list[list[int]]] = {}
         total = 0
         for queue, consumer, positions in pieces:
@@ -288,6 +288,7 @@ class Deliveries:
                 share.append(positions)
             total += len(positions)
         self._ack_shares(shares, total, total >= len(pieces) * _WHOLE_PIECES)
+        return total
 
     def _ack_shares(self, shares: dict[tuple[QueueKind, Consumer | None], list[list[int]]], total: int,
                     piece_by_piece: bool = False) -> None:
