@@ -44,7 +44,7 @@ class ChannelHost(Protocol):
     published: bool  # has published (a resource alarm then stops reading it)
     blocked: bool
     confirms_pending: set[Any]  # channels with confirms to send at the end of the input batch
-    settled_in_turn: int  # deliveries settled by multiple acks and nacks since the input turn began
+    settled_in_turn: int  # deliveries a multiple ack, a nack or a reject settled since the input turn began
 
     @property
     def sessions(self) -> ReplyRegistry: ...

@@ -82,8 +82,8 @@ CLOSE_WAIT_TIMEOUT = 3.0  # after the broker's connection.close, the client's cl
 # Methods other than publishes and ack runs decoded and handled in one turn (a KiB of tables counts as one
 # more; the rest waits undecoded or in _held_frames): 256 KiB of small methods held the loop 0.2-0.6 s.
 METHODS_PER_TURN = 100
-# Deliveries settled by multiple acks and nacks that count as one such method: 65,535 acked at once hold
-# the loop about 1 ms, as long as a turn's 100 small methods may.
+# Deliveries settled by multiple acks, nacks and rejects that count as one such method: 65,535 acked at
+# once hold the loop about 1 ms, as long as a turn's 100 small methods may.
 SETTLED_PER_METHOD = 1000
 
 
