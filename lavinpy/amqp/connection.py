@@ -184,13 +184,16 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         self.broker.node_counters.connection_opened()
         self.effect(SetTimer(TimerKind.HANDSHAKE, HANDSHAKE_TIMEOUT))
 
+    def input_left(self) -> bool:
+        """Input read before the socket went is still held for the next turn (INPUT_TURN), and will be
+        applied: the connection is open and no login is being decided. A driver whose socket has gone
+        gives it its turns before it reports ``lost``: the client sent it before it went, so its acks
+        count and its publishes are routed (the replies go nowhere)."""
+        return self.state == OPEN and self._login is None and bool(
+            self._held_frames or self._held_input or self.reader.undecoded)
+
     def lost(self) -> None:
-        """The socket is gone (whoever closed it). Input that came before, still held for the other
-        clients' turn, is applied first (its replies go nowhere): the client sent it before it went,
-        so its acks count and its publishes are routed, as if the turn had come sooner."""
-        while (self.state == OPEN and self._login is None
-               and (self._held_frames or self._held_input or self.reader.undecoded)):
-            self._run_held()
+        """The socket is gone (whoever closed it)."""
         if self.state != CLOSED:
             self.enter_state(CLOSED)
         self.teardown()

@@ -220,12 +220,24 @@ class AMQPProtocol(asyncio.Protocol):
         self._timers.clear()
         conn, self.conn = self.conn, None
         if conn is not None:
-            conn.lost()
-            # The connection and this driver refer to each other: without these references the pair
-            # (and the transport) is freed at once, not left for a full collection of the garbage
-            # collector (whose cost grows with everything else alive; see server.GC_THRESHOLDS).
-            conn.driver = None
+            if conn.input_left():
+                conn.set_writable(False)  # nothing more can be sent: no deliveries meanwhile
+            self._end_input(conn)
         self.transport = None
+
+    def _end_input(self, conn: AMQPConnection) -> None:
+        """Input read before the socket went is applied in turns, the other clients' between them, as
+        if the socket were still there; then the connection is told it is lost."""
+        if conn.input_left():
+            conn.timer_fired(TimerKind.INPUT_TURN)  # (its timer went with the socket's)
+            if conn.input_left():
+                self._loop.call_soon(self._end_input, conn)
+                return
+        conn.lost()
+        # The connection and this driver refer to each other: without these references the pair
+        # (and the transport) is freed at once, not left for a full collection of the garbage
+        # collector (whose cost grows with everything else alive; see server.GC_THRESHOLDS).
+        conn.driver = None
 
     def pause_writing(self) -> None:
         if self.conn is not None:
