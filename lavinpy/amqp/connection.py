@@ -189,8 +189,11 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
         applied: the connection is open and no login is being decided. A driver whose socket has gone
         gives it its turns before it reports ``lost``: the client sent it before it went, so its acks
         count and its publishes are routed (the replies go nowhere)."""
-        return self.state == OPEN and self._login is None and bool(
-            self._held_frames or self._held_input or self.reader.undecoded)
+        return self.state == OPEN and self._input_waits()
+
+    def _input_waits(self) -> bool:
+        """Input is held for the next turn (INPUT_TURN runs it), and no login is being decided."""
+        return self._login is None and bool(self._held_frames or self._held_input or self.reader.undecoded)
 
     def lost(self) -> None:
         """The socket is gone (whoever closed it)."""
@@ -204,7 +207,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
     def timer_fired(self, kind: TimerKind) -> None:
         if kind is TimerKind.INPUT_TURN:
             self.end_input_turn()
-            if (self._held_frames or self.reader.undecoded) and self._login is None and self.state < CLOSED:
+            if self.state < CLOSED and self._input_waits():
                 self._run_held()
         elif kind is TimerKind.LOGIN and self._login is not None:
             self._decide_login(self._login)
