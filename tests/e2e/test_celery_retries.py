@@ -18,10 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import http_request
-
 from . import uid
-from .conftest import REPO_ROOT, lavinpy_only
+from .conftest import REPO_ROOT, http_call, lavinpy_only
 
 celery = pytest.importorskip("celery")
 pytestmark = lavinpy_only("exponential delayed retries are lavinpy's")
@@ -87,7 +85,7 @@ def test_celery_task_retried_by_the_broker_with_backoff(broker, clients, tmp_pat
         # The lower bounds are the back-off (300 ms, then doubled); a release that never came would leave
         # no third attempt. No upper bound: a loaded machine may stall either process for seconds.
         assert waits[0] >= 0.28 and waits[1] >= 0.58, (waits, log.read_text()[-3000:], broker.log[-3000:])
-        status, info, _ = http_request(broker.http_url, "GET", f"/api/queues/%2F/{queue}")
+        status, info, _ = http_call(broker, "GET", f"/api/queues/%2F/{queue}")
         assert status == 200 and info["message_stats"]["delayed_retries"] == 2, info  # held twice by the broker
         assert "PRECONDITION_FAILED" not in log.read_text()
     finally:
