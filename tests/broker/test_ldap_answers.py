@@ -26,7 +26,7 @@ def grants(tmp_path: Path) -> LdapGrants:
     resource = ["or", [["in_group", ADMINS], ["match", "${name}", "^${username}-"]]]
     topic = ["and", [["in_group", ADMINS], ["match", "${routing_key}", "^x"]]]
     config = Config(auth_backends=["ldap"], auth_ldap_servers=["127.0.0.1"], auth_ldap_port=free_port(),
-                    auth_ldap_timeout=1.0, auth_ldap_check_wait=0.5, auth_ldap_resource_access_query=resource,
+                    auth_ldap_timeout=2.0, auth_ldap_check_wait=2.0, auth_ldap_resource_access_query=resource,
                     auth_ldap_topic_access_query=topic)
     config.validate()
     return LdapGrants(LdapBackend(config, lambda: store), "bob", "uid=bob,ou=people,dc=example,dc=com", "pw")
@@ -36,7 +36,7 @@ def test_queries_the_checks_values_decide_are_answered_without_the_directory(gra
     started = time.monotonic()
     assert grants.check("bob", "/", "configure", "bob-work")  # or: the match holds, in_group not asked
     assert not grants.topic_allowed("bob", "/", "amq.topic", "write", "y.key")  # and: the match fails
-    assert time.monotonic() - started < 0.2
+    assert time.monotonic() - started < 1.0  # a wait for the pool would be check_wait (2 s)
     assert not grants.backend.unreachable  # the directory was never asked
 
 
@@ -46,4 +46,4 @@ def test_a_miss_that_needs_the_directory_answers_no_and_is_not_cached(grants: Ld
     assert not any(key[-1] == "shared" for key in grants.backend.answers)  # a failure is not remembered
     started = time.monotonic()
     assert not grants.check("bob", "/", "configure", "other")  # unreachable: no at once
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 1.0  # not check_wait (2 s): the bound leaves room for a loaded machine

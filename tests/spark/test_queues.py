@@ -407,7 +407,7 @@ def test_a_finished_task_leaves_its_acks_and_close_to_the_broker_without_waiting
             break  # every message taken: the task's last yield, before its acks
     assert sink.columns.rows == total
     os.kill(pid, signal.SIGSTOP)
-    resume = threading.Timer(3.0, os.kill, (pid, signal.SIGCONT))  # a task that waits is let go after 3 s
+    resume = threading.Timer(6.0, os.kill, (pid, signal.SIGCONT))  # a task that waits is let go after 6 s
     resume.start()
     try:
         started = time.monotonic()
@@ -419,6 +419,6 @@ def test_a_finished_task_leaves_its_acks_and_close_to_the_broker_without_waiting
     finally:
         resume.cancel()
         os.kill(pid, signal.SIGCONT)
-    assert ended < 1.0, f"the task's end waited {ended:.2f} s for a stopped broker"
+    assert ended < 3.0, f"the task's end waited {ended:.2f} s for a stopped broker"
     wait_until(lambda: (client_blocking._closing.reap(), conn.sock is None)[1], what="the close-ok to be read")
     assert settled_counts(admin, queue) == (0, 0), "acked before the close: nothing requeued, no consumer left"
