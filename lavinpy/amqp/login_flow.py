@@ -3,10 +3,12 @@
 (connection.update-secret).
 
 While a login is decided (the throttle's delay, a slow hash in the worker pool) the connection reads
-and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret is
-checked as a password of the connection's user: accepted, the user must still reach the vhost and
-the connection gets update-secret-ok, then a basic.cancel for each consumer of a queue the new
-secret may no longer read; refused, it is closed with 530 as RabbitMQ closes it.
+and handles nothing more; what it had read waits, and runs once the answer is sent. A new secret of
+a token's login is checked as a login of the connection's user: accepted, the user must still reach
+the vhost and the connection gets update-secret-ok, then a basic.cancel for each consumer of a queue
+the new token may no longer read; refused, it is closed with 530 as RabbitMQ closes it. A login whose
+credentials do not expire (a password, a directory, a certificate) takes any new secret as it is and
+gets update-secret-ok at once, as RabbitMQ's backends whose state cannot expire do.
 
 A credential that expires (a token's ``exp``) closes the connection then, with RabbitMQ's 320
 ``credential expired``, unless an update-secret brought a newer token first: its scopes replace
@@ -114,12 +116,17 @@ class LoginFlow:
         self._begin_login(request)
 
     def on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
-        """A new secret for the connection's user, decided as that user's login with it as the password."""
+        """A new secret for the connection's user: a token's is decided as that user's login with it as
+        the password; a login whose credentials do not expire (a password's) takes it as it is."""
         secret = method.new_secret
         if isinstance(secret, bytes | bytearray):
             secret = bytes(secret).decode("utf-8", "replace")
         log.debug("connection %s of user %r: asked to update secret, reason: %s", self.name, self.username,
                   method.reason)
+        if not self.broker.logins.decides_new_secret(self.login_outcome):
+            self.send(writer.method_frame(0, commands.Connection.UpdateSecretOk()))
+            log.info("connection %s: user %r updated secret, reason: %s", self.name, self.username, method.reason)
+            return
         self._begin_login(LoginRequest(PROTOCOL, "update-secret", self.username, str(secret), self.peer_host))
 
     def _begin_login(self, request: LoginRequest) -> None:

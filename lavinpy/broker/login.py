@@ -147,6 +147,16 @@ class Logins:
         return LoginOutcome(outcome.username, vhost=opened, actor=actor, backend=outcome.backend,
                             grants=outcome.grants, expires_at=outcome.expires_at)
 
+    def decides_new_secret(self, login: LoginOutcome | None) -> bool:
+        """Whether a live connection's new secret (AMQP update-secret, MQTT 5 re-authentication) is
+        decided as a login (``attempt``, then ``secret_updated``): only when the backend that admitted
+        the connection has credentials that expire (a token). A login by password, directory or
+        certificate keeps its state, and the new secret is accepted as it is, unchecked: RabbitMQ asks
+        only the backends whose state can expire and answers update-secret-ok without asking others."""
+        if login is None:
+            return False
+        return any(link.authn.name == login.backend and link.authn.state_can_expire for link in self.chain)
+
     def secret_updated(self, outcome: LoginOutcome, vhost: str, username: str) -> LoginOutcome:
         """The outcome of a connection's ``update-secret``, decided as a login of the connection's user
         (``attempt`` with the new secret as the password): refused, it is RabbitMQ's refusal of a new
@@ -397,6 +407,7 @@ class LocalBackend:
     good check remembered; a certificate's user admitted when the store has it."""
 
     name = "local"
+    state_can_expire = False  # a password's login holds until the connection ends
 
     def __init__(self, logins: Logins) -> None:
         self.logins = logins

@@ -56,6 +56,9 @@ class AuthBackend(Protocol):
     """One login backend."""
 
     name: str
+    # Whether the credentials it admits expire (a token's exp): only such a backend decides a live
+    # connection's new secret (RabbitMQ's state_can_expire); the others' logins keep their state.
+    state_can_expire: bool
 
     def check_now(self, request: LoginRequest) -> AuthResult | None:
         """The answer when it costs nothing slow, else None (then ``await check``)."""

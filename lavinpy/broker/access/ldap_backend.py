@@ -166,6 +166,7 @@ class LdapBackend:
     """The ``ldap`` auth backend (``auth_backends.AuthBackend``)."""
 
     name = "ldap"
+    state_can_expire = False  # the directory is asked at login and per check, not per secret
 
     def __init__(self, config: Config, store: Callable[[], UserStore | None]) -> None:
         self.settings = LdapSettings.of(config)

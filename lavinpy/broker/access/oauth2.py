@@ -72,6 +72,7 @@ class OAuth2Backend:
     """The ``oauth2`` auth backend (``auth_backends.AuthBackend``)."""
 
     name = "oauth2"
+    state_can_expire = True  # a token's exp ends the connection unless a new token renews it
 
     def __init__(self, config: Config, store: Callable[[], UserStore | None]) -> None:
         self.store = store  # the broker's user store, once loaded (for the vhosts that exist)
