@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import ACCESS_REFUSED, COMMAND_INVALID, PRECONDITION_FAILED, BrokerChannelError, BrokerConnectionError
+from .errors import ACCESS_REFUSED, PRECONDITION_FAILED, BrokerChannelError
 from .exchanges.registry import UnknownExchangeType, make_exchange
 from .queues.stream_arguments import validate_stream_declare
 from .settings.arguments import ArgumentError, queue_type_of, validate_exchange_arguments, validate_queue_arguments
@@ -56,7 +56,8 @@ def check_exchange_equivalent(existing: Exchange, vhost: str, type_name: str, du
 
 def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool, internal: bool,
                  arguments: dict[str, Any]) -> Exchange:
-    """The exchange a declaration makes: an unknown type closes the connection (503), bad arguments 406."""
+    """The exchange a declaration makes. An unknown type closes the channel with 406, as RabbitMQ 4 does
+    (3.x closed the connection with 503 COMMAND_INVALID); bad arguments 406 too."""
     refused = refused_argument("exchange", arguments)
     if refused is not None:
         raise BrokerChannelError(PRECONDITION_FAILED, refusal_text(refused, f"exchange '{name}'"), *_EXCHANGE_DECLARE)
@@ -65,7 +66,8 @@ def new_exchange(type_name: str, name: str, *, durable: bool, auto_delete: bool,
         return make_exchange(type_name, name, durable=durable, auto_delete=auto_delete, internal=internal,
                              arguments=arguments)
     except UnknownExchangeType:
-        raise BrokerConnectionError(COMMAND_INVALID, f"unknown exchange type '{type_name}'") from None
+        raise BrokerChannelError(PRECONDITION_FAILED, f"unknown exchange type '{type_name}'",
+                                 *_EXCHANGE_DECLARE) from None
     except ArgumentError as e:
         raise BrokerChannelError(PRECONDITION_FAILED, e.text) from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from . import bodies, channel_closed, connection_closed, consume, get_all, settle, uid, wait_until
+from . import bodies, channel_closed, consume, get_all, settle, uid, wait_until
 
 
 def _queue(ch, **kw) -> str:
@@ -173,11 +173,13 @@ def test_passive_declare_of_missing_exchange_is_404(clients):
     assert c.reply_text.startswith("NOT_FOUND") and name in c.reply_text
 
 
-def test_unknown_exchange_type_is_503(clients):
+def test_unknown_exchange_type_is_406_on_the_channel(clients):
+    """RabbitMQ 4's answer (3.x closed the connection with 503); the connection goes on."""
     conn, ch = clients.channel()
-    with connection_closed(503) as c:
+    with channel_closed(406) as c:
         ch.exchange_declare(uid("x"), "no-such-type")
-    assert c.reply_text.startswith("COMMAND_INVALID")
+    assert c.reply_text == "PRECONDITION_FAILED - unknown exchange type 'no-such-type'"
+    assert conn.is_open and conn.channel().is_open
 
 
 def test_reserved_amq_prefix_is_403(clients):
