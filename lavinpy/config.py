@@ -146,12 +146,13 @@ class Config:
     auth_ldap_cache_ttl: float = 15.0  # seconds a query's answer is remembered
     auth_ldap_check_wait: float = 0.5  # seconds a permission check the cache misses waits for the directory
     # MQTT 3.1/3.1.1 (0 = off): topics on mqtt_exchange, vhost from a "vhost:user" user name or
-    # mqtt_default_vhost; no user name is refused unless mqtt_allow_anonymous (then default_user).
+    # mqtt_default_vhost; no user name logs in as default_user (RabbitMQ's default: guest, kept to
+    # loopback by loopback_users) unless mqtt_allow_anonymous is false (then CONNACK 5).
     mqtt_port: int = 1883
     mqtts_port: int = 8883  # MQTT over TLS with the AMQPS certificate, once tls_cert is set (0 = off)
     mqtt_default_vhost: str = "/"
     mqtt_exchange: str = "amq.topic"
-    mqtt_allow_anonymous: bool = False
+    mqtt_allow_anonymous: bool = True
     # RabbitMQ's mqtt.ssl_cert_login: a CONNECT with neither user name nor password over MQTTS (or
     # WebSocket over HTTPS) with a verified client certificate logs in as the certificate's user.
     mqtt_ssl_cert_login: bool = False

@@ -67,7 +67,7 @@ class CertBroker:
         conf = tmp_path / "certs.yaml"
         conf.write_text(f"tls_cert: {self.cert}\ntls_key: {self.key}\ntls_ca_cert: {self.ca.cert_path}\n"
                         "tls_verify_peer: true\nauth_mechanisms: [PLAIN, AMQPLAIN, EXTERNAL]\n"
-                        "mqtt_ssl_cert_login: true\nmanagement_ssl_cert_login: true\n"
+                        "mqtt_ssl_cert_login: true\nmanagement_ssl_cert_login: true\nmqtt_allow_anonymous: false\n"
                         f"amqps_port: {self.amqps_port}\nmqtts_port: {self.mqtts_port}\n"
                         f"https_port: {self.https_port}\nprometheus_tls_port: 0\n{settings}")
         self.broker = LocalBroker(tmp_path / "broker")

@@ -21,15 +21,39 @@ def test_paho_connects_with_a_user_of_the_store(mqtt_broker: MQTTBroker) -> None
         client.disconnect()
 
 
-def test_bad_password_and_anonymous_are_refused_with_the_spec_codes(mqtt_broker: MQTTBroker) -> None:
+def test_a_bad_password_is_refused_with_the_spec_code(mqtt_broker: MQTTBroker) -> None:
     client = Paho(mqtt_broker.mqtt_port, unique("c"), password="wrong")
     _, rc = client.connect()
     assert rc == "Bad user name or password"
     client.client.loop_stop()
     sock = raw_connect(mqtt_broker.mqtt_port, password=b"wrong")
     assert read_until_closed(sock) == codec.connack(False, codec.BAD_USERNAME_OR_PASSWORD)
-    sock = raw_connect(mqtt_broker.mqtt_port, username=None, password=None)
-    assert read_until_closed(sock) == codec.connack(False, codec.NOT_AUTHORIZED)
+
+
+def test_anonymous_from_loopback_logs_in_as_the_default_user(mqtt_broker: MQTTBroker) -> None:
+    """RabbitMQ's default (allow_anonymous, as guest): a client without credentials on this host."""
+    client_id = unique("anon")
+    client = Paho(mqtt_broker.mqtt_port, client_id, username=None, password=None)
+    assert client.connect()[1] == "Success"
+    found = []
+    deadline = time.monotonic() + 10
+    while not found and time.monotonic() < deadline:
+        found = [c for c in http_call(mqtt_broker, "GET", "/api/connections")[1]
+                 if c.get("client_properties", {}).get("client_id") == client_id]
+        time.sleep(0.05)
+    assert [c["user"] for c in found] == ["guest"]
+    client.disconnect()
+
+
+def test_anonymous_is_refused_with_connack_5_when_not_allowed() -> None:
+    from lavinpy.config import Config
+    from lavinpy.mqtt.connect_login import connect_login
+
+    anonymous = codec.Connect(protocol="MQTT", level=4, client_id="c", clean_session=True, keepalive=60,
+                              username=None, password=None, will=None)
+    allowed = connect_login(Config(), anonymous, None, "127.0.0.1")
+    assert allowed is not None and (allowed[0].username, allowed[0].password) == ("guest", "guest")
+    assert connect_login(Config(mqtt_allow_anonymous=False), anonymous, None, "127.0.0.1") is None
 
 
 def test_vhost_colon_user_picks_the_vhost(mqtt_broker: MQTTBroker) -> None:
