@@ -86,6 +86,11 @@ class ClientState:
     def empty(self) -> bool:
         return not (self.inbound or self.sent or self.pubrel_owed or self.filters)
 
+    def forget_grants(self) -> None:
+        """Every filter's QoS 2 grant goes (their queue is gone)."""
+        for topic_filter in list(self.filters):
+            self.grant(topic_filter, False)
+
     def grant(self, topic_filter: str, qos2: bool) -> None:
         """A filter subscribed (at QoS 2 or lower) or unsubscribed (``qos2`` False)."""
         if qos2 and topic_filter not in self.filters:

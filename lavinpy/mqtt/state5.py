@@ -147,6 +147,9 @@ class VHostState:
     file: object | None = None  # the vhost's AppendFile (None: in memory only, a vhost without a store)
     file_bytes: int = 0
     check_at: int = 0
+    # client id -> when its session, its connection gone, expires (time.monotonic()): a later CONNECT
+    # without Clean Start finds it expired after that, whatever of its state is still kept
+    expires_at: dict[str, float] = field(default_factory=dict)
 
     # --- the file ---------------------------------------------------------------------------------
     def _append(self, record: bytes) -> None:

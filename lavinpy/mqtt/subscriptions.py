@@ -74,8 +74,7 @@ class Subscriptions:
 
     # --- the session as the client left it ---------------------------------------------------------
     def start(self) -> bool:
-        """At CONNECT: a clean session drops what an earlier one left; a persistent one consumes
-        again from its queues. Returns the CONNACK's session-present flag."""
+        """At CONNECT: a clean session drops what an earlier one left; a persistent one consumes again."""
         names = [queue_name(self.client_id, qos) for qos in (0, 1)]
         self.qos2 = self.qos2_store.session(self.vhost, self.client_id, not self.clean_session)
         if self.clean_session:
@@ -83,12 +82,13 @@ class Subscriptions:
                 if name in self.vhost.queues:  # nothing to check for a queue that is not there
                     ops.delete_queue(self.actor, self.vhost, name, owner=self)
             return False
-        present = False
+        present = any(name in self.vhost.queues for name in names)
         for qos, name in enumerate(names):
             if name in self.vhost.queues:
-                present = True
                 self._consume(qos, name)
         queue = self.vhost.queues.get(names[1])
+        if queue is None:  # QoS 2 grants are bindings of that queue: gone with it (expired, deleted)
+            self.qos2.forget_grants()
         if self.qos2.sent and (queue is None or not (queue.message_count or queue.unacked_count)):
             for packet_id in list(self.qos2.sent_ids):  # left the queue meanwhile: ids free
                 self.qos2.forget(packet_id)

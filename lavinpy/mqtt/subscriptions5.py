@@ -79,6 +79,10 @@ class Subscriptions5(Subscriptions):
         """Clean Start drops what an earlier session left; the session lives on after the connection
         when its expiry interval is not 0. Shared subscriptions are consumed again."""
         expiry = self.limits.session_expiry
+        expires_at = self.state.expires_at.pop(self.client_id, None)
+        if expires_at is not None and time.monotonic() >= expires_at and not self.limits.clean_start:
+            # The session expired while away: none is present (3.1.2.11.2), as after a Clean Start.
+            self.limits.clean_start = self.clean_session = True
         if self.limits.clean_start:
             self.state.drop(self.client_id)
             super().start()
@@ -110,6 +114,8 @@ class Subscriptions5(Subscriptions):
         """The connection is gone: a session whose expiry interval is 0 ends with it (queues and QoS 2
         state an earlier session made durable too)."""
         self.close()
+        if self.limits.session_expiry:
+            self.state.expires_at[self.client_id] = time.monotonic() + self.limits.session_expiry
         if self.limits.session_expiry == 0:
             self.state.drop(self.client_id)
             if self.qos2.file is not None:  # the QoS 2 state a persistent session kept
