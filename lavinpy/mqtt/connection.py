@@ -497,7 +497,7 @@ class MQTTConnection:
         max_size = vhost.config.max_message_size
         if len(payload) > max_size:
             raise MQTTProtocolError(f"message size {len(payload)} is larger than max size {max_size}")
-        retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos)
+        retained_waits = retain and self.host.retained.put(vhost, topic, payload, qos, properties)
         _, confirm = publish(vhost, exchange, key, False, properties or QOS_PROPERTIES[qos], payload, self.counters,
                              int(qos > 0))
         if confirm is REJECTED:

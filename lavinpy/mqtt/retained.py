@@ -9,17 +9,24 @@ timer). The index is rebuilt at the first use after a start by reading the recor
 time (a torn last record, from a crash mid-write, is dropped), and the file is rewritten record by
 record once it holds mostly replaced ones. Each vhost holds at most ``mqtt_retained_max_messages``
 messages of at most ``mqtt_retained_max_bytes`` (their records' size); a retained publish beyond is
-not retained (it is still delivered), with a log line."""
+not retained (it is still delivered), with a log line.
+
+An MQTT 5 publisher's message keeps the AMQP properties it was published with (its user properties,
+content type, response topic, correlation data, payload format, expiry) and when it came, ahead of its
+payload in the record (a flag in the QoS byte says so): a subscriber gets it with those properties,
+and with what is left of its Message Expiry Interval, or not at all once that has passed."""
 
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..logs import RateLimitedLog
 from . import topics
+from .subscriber_host import RetainedMessage
 
 if TYPE_CHECKING:
     from ..broker.ops import VHost
@@ -32,6 +39,22 @@ _SET, _CLEAR = b"R", b"D"
 COMPACT_MIN_BYTES = 1 << 20  # below this the file is never rewritten
 _CHUNK = 1 << 20  # payload bytes copied at a time when the file is rewritten
 _WINDOW = 1 << 16  # bytes of records' headers read at a time when the index is rebuilt
+_WITH_PROPERTIES = 0x80  # in a record's QoS byte: its properties and time come before the payload
+
+
+def _stored(payload: bytes, properties: bytes | None, timestamp_ms: int) -> bytes:
+    """What a record keeps after its header: the payload, after the properties and the time if any."""
+    if properties is None:
+        return payload
+    return len(properties).to_bytes(4, "big") + properties + timestamp_ms.to_bytes(8, "big") + payload
+
+
+def _message(stored: bytes, flags: int) -> RetainedMessage:
+    if not flags & _WITH_PROPERTIES:
+        return RetainedMessage(stored, flags, None, 0)
+    size = int.from_bytes(stored[:4], "big")
+    timestamp = int.from_bytes(stored[4 + size:12 + size], "big")
+    return RetainedMessage(stored[12 + size:], flags & 3, stored[4:4 + size], timestamp)
 
 
 def _header(topic: str, qos: int, length: int) -> bytes:
@@ -95,12 +118,12 @@ def _scan(read_at: Callable[[int, int], bytes], end: int) -> tuple[dict[str, Ent
     return index, pos
 
 
-def _parse(data: bytes, name: str) -> tuple[dict[str, tuple[bytes, int]], int]:
+def _parse(data: bytes, name: str) -> tuple[dict[str, RetainedMessage], int]:
     """The retained messages a file's bytes hold, and the length of its whole records."""
     index, end = _scan(lambda offset, size: data[offset:offset + size], len(data))
     if end != len(data):
         log.warning("%s: %d bytes of a torn last record dropped", name, len(data) - end)
-    return {topic: (data[at:at + length], qos) for topic, (at, length, qos) in index.items()}, end
+    return {topic: _message(data[at:at + length], flags) for topic, (at, length, flags) in index.items()}, end
 
 
 class VHostRetained:
@@ -118,10 +141,16 @@ class VHostRetained:
             self.file.truncate(self.file_bytes)
         self.live_bytes = sum(_size(t, length) for t, (_, length, _) in self.index.items())  # their records' size
 
-    def put(self, topic: str, payload: bytes, qos: int) -> bool:
+    def put(self, topic: str, payload: bytes, qos: int, properties: bytes | None = None,
+            timestamp_ms: int | None = None) -> bool:
         """Whether the change waits for ``vhost.durable()`` to be on disk (and on the followers)."""
         old = self.index.get(topic)
-        if payload and not self._room(topic, len(payload), old):
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+        stored = _stored(payload, properties, timestamp_ms) if payload else payload
+        if properties is not None:
+            qos |= _WITH_PROPERTIES
+        if payload and not self._room(topic, len(stored), old):
             return False
         if not payload:
             if old is None:
@@ -130,10 +159,10 @@ class VHostRetained:
         if old is not None:
             self.live_bytes -= _size(topic, old[1])
         if payload:
-            self.live_bytes += _size(topic, len(payload))
-        record = _record(topic, payload or None, qos)
+            self.live_bytes += _size(topic, len(stored))
+        record = _record(topic, stored or None, qos)
         if payload:
-            self.index[topic] = (self.file_bytes + len(record) - len(payload), len(payload), qos)
+            self.index[topic] = (self.file_bytes + len(record) - len(stored), len(stored), qos)
         self.file_bytes += len(record)
         waits = self.file.append(record)
         if self.file_bytes > COMPACT_MIN_BYTES and self.file_bytes > 2 * self.live_bytes:
@@ -174,13 +203,13 @@ class VHostRetained:
         """The topics with a retained message the filter matches."""
         return [topic for topic in self.index if topics.matches(topic_filter, topic)]
 
-    def get(self, topic: str) -> tuple[bytes, int] | None:
-        """A topic's retained (payload, qos), read from the file, if it still has one."""
+    def get(self, topic: str) -> RetainedMessage | None:
+        """A topic's retained message, read from the file, if it still has one."""
         entry = self.index.get(topic)
         if entry is None:
             return None
-        at, length, qos = entry
-        return self.file.read_at(at, length), qos
+        at, length, flags = entry
+        return _message(self.file.read_at(at, length), flags)
 
 
 class RetainedStore:
@@ -197,13 +226,15 @@ class RetainedStore:
             retained = self._by_vhost[vhost] = VHostRetained(vhost, self.max_messages, self.max_bytes)
         return retained
 
-    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> bool:
-        """A retained publish: kept for the topic; an empty payload clears it (the spec's rule). Whether
-        a PUBACK waits for ``vhost.durable()``."""
-        return self.of(vhost).put(topic, payload, qos)
+    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int, properties: bytes | None = None,
+            timestamp_ms: int | None = None) -> bool:
+        """A retained publish (``properties``: its AMQP ones, kept with its time, now unless given):
+        kept for the topic; an empty payload clears it (the spec's rule). Whether a PUBACK waits for
+        ``vhost.durable()``."""
+        return self.of(vhost).put(topic, payload, qos, properties, timestamp_ms)
 
     def matching(self, vhost: VHost, topic_filter: str) -> list[tuple[str, bytes, int]]:
         """(topic, payload, qos) of every retained message the filter matches."""
         retained = self.of(vhost)
-        return [(topic, *found) for topic in retained.topics(topic_filter)
+        return [(topic, found.payload, found.qos) for topic in retained.topics(topic_filter)
                 if (found := retained.get(topic)) is not None]

@@ -42,7 +42,8 @@ _KINDS = frozenset((OPTIONS, UNSUBSCRIBED, DROPPED, WILL, WILL_GONE))
 class RetainedPut(Protocol):
     """Where a retained will goes (``retained.RetainedStore``)."""
 
-    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int) -> bool: ...
+    def put(self, vhost: VHost, topic: str, payload: bytes, qos: int, properties: bytes | None = None,
+            timestamp_ms: int = 0) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -279,7 +280,7 @@ def publish_will(vhost: VHost, exchange_name: str, will: DelayedWill, counters: 
         return
     try:
         if will.retain:
-            retained.put(vhost, will.topic, will.payload, will.qos)
+            retained.put(vhost, will.topic, will.payload, will.qos, will.properties, now_ms())
         publish(vhost, exchange, topics.routing_key(will.topic), False, will.properties, will.payload, counters, 0)
     except BrokerError as e:
         log.info("MQTT will on %r not published: %s", will.topic, e)

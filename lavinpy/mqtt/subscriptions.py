@@ -19,7 +19,7 @@ from ..broker.ops.deliveries import Deliveries
 from ..wire.properties import peek_headers
 from . import codec, topics
 from .exactly_once import ClientState
-from .subscriber_host import RetainedSource, RunSource, SubscriberHost
+from .subscriber_host import RetainedMessage, RetainedSource, RunSource, SubscriberHost
 
 if TYPE_CHECKING:
     from ..broker.ops import Actor, QueueKind, VHost
@@ -463,21 +463,19 @@ class Subscriptions:
                 return  # every identifier awaits its PUBACK
             topic = self._retained_topics.popleft()
             found = source.get(topic)
-            if found is not None:
-                payload, stored_qos = found
-                self.send_retained(topic, payload, min(qos, stored_qos))
-                budget -= len(payload) + len(topic) + 8
+            if found is not None and not found.expired():
+                self.send_retained(topic, found, min(qos, found.qos))
+                budget -= len(found.payload) + len(topic) + 8
 
-    def send_retained(self, topic: str, payload: bytes, qos: int) -> None:
+    def send_retained(self, topic: str, message: RetainedMessage, qos: int) -> None:
         """A retained message on SUBSCRIBE: straight to the client, outside any queue."""
+        packet_id = 0
         if qos:
             packet_id = self._packet_id()
             self.inflight[packet_id] = None
             if qos == 2:
                 self.qos2_ids.add(packet_id)
-            self.host.send(codec.publish(topic, payload, qos, True, False, packet_id))
-        else:
-            self.host.send(codec.publish(topic, payload, 0, True, False, 0))
+        self.host.send(codec.publish(topic, message.payload, qos, True, False, packet_id))
 
     def _packet_id(self) -> int:
         for _ in range(65535):

@@ -345,3 +345,29 @@ def test_visible_as_mqtt5_in_api_and_metrics(mqtt_broker: MQTTBroker, clients: A
     labels = {s.labels.get("protocol") for f in text_string_to_metric_families(text) for s in f.samples
               if s.name == "lavinpy_global_publishers"}
     assert "mqtt50" in labels
+
+
+def test_retained_messages_keep_their_properties_and_expire(clients: Any) -> None:
+    """A retained message comes on SUBSCRIBE with the properties it was published with and what is
+    left of its expiry interval (3.3.2.3.3); once that has passed it is not sent."""
+    topic = unique("ret5")
+    publisher = clients()
+    publisher.connect()
+    publisher.publish(f"{topic}/kept", b"kept", qos=1, retain=True, UserProperty=[("a", "2"), ("c", "3")],
+                      ContentType="text/plain", ResponseTopic="replies/here", CorrelationData=b"\x00id",
+                      MessageExpiryInterval=100)
+    publisher.publish(f"{topic}/short", b"short", qos=1, retain=True, MessageExpiryInterval=1)
+    time.sleep(2.1)
+    subscriber = clients()
+    subscriber.connect()
+    assert subscriber.subscribe(f"{topic}/+", qos=2, subscription_id=7) == [2]
+    message = subscriber.message()
+    props = message.properties
+    assert (message.topic, message.payload, message.retain) == (f"{topic}/kept", b"kept", True)
+    assert sorted(props.UserProperty) == [("a", "2"), ("c", "3")]
+    assert (props.ContentType, props.ResponseTopic, props.CorrelationData) == ("text/plain", "replies/here",
+                                                                               b"\x00id")
+    assert 95 <= props.MessageExpiryInterval <= 98 and props.SubscriptionIdentifier == [7]
+    subscriber.no_message(0.5)  # the one whose second went by is not sent
+    for name in ("kept", "short"):
+        publisher.publish(f"{topic}/{name}", b"", qos=1, retain=True)

@@ -118,5 +118,33 @@ def test_changes_reach_the_feed_and_sync_with_the_group_commit(model: Model, mon
     assert kinds == {"append", "replace"}, feed.ops  # appends and at least one rewrite, all reported
     copy = _apply(feed.ops, tmp_path, FILE_NAME)
     assert copy == (vhost.path / FILE_NAME).read_bytes()
-    expected = {f"t/{k}": (b"payload-%02d" % max(i for i in range(40) if i % 3 == k), 1) for k in range(3)}
+    expected = {f"t/{k}": retained.RetainedMessage(b"payload-%02d" % max(i for i in range(40) if i % 3 == k), 1,
+                                                   None, 0) for k in range(3)}
     assert retained._parse(copy, "copy")[0] == expected
+
+
+def test_properties_and_time_are_kept_with_the_payload_across_a_restart_and_a_rewrite(
+        model: Model, monkeypatch: Any) -> None:
+    """An MQTT 5 publisher's AMQP properties and time come back with the payload; the expiry they name
+    is checked against that time. A plain (MQTT 3) message keeps neither."""
+    from lavinpy.wire.properties import encode_property_values
+
+    monkeypatch.setattr(retained, "COMPACT_MIN_BYTES", 1000)
+    props = encode_property_values(content_type="text/plain", headers={"a": "2"})
+    expiring = encode_property_values(expiration="60000")
+    store = RetainedStore()
+    store.put(model.vhost, "p/props", b"with", 2, props, 1_700_000_000_000)
+    store.put(model.vhost, "p/plain", b"without", 1)
+    store.put(model.vhost, "p/old", b"expired", 1, expiring, 1_000)  # a minute after 1970
+    store.put(model.vhost, "p/new", b"fresh", 1, expiring, 10 ** 13)  # in the year 2286
+    for i in range(100):  # mostly replaced records: the file is rewritten with the live ones
+        store.put(model.vhost, "p/churn", b"%03d" % i, 0)
+    model.reopen()
+    again = RetainedStore().of(model.vhost)
+    assert again.get("p/props") == retained.RetainedMessage(b"with", 2, props, 1_700_000_000_000)
+    assert again.get("p/plain") == retained.RetainedMessage(b"without", 1, None, 0)
+    found = again.get("p/old")
+    assert found is not None and found.expired()
+    found = again.get("p/new")
+    assert found is not None and not found.expired()
+    assert RetainedStore().matching(model.vhost, "p/props") == [("p/props", b"with", 2)]
