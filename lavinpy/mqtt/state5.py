@@ -43,7 +43,7 @@ class RetainedPut(Protocol):
     """Where a retained will goes (``retained.RetainedStore``)."""
 
     def put(self, vhost: VHost, topic: str, payload: bytes, qos: int, properties: bytes | None = None,
-            timestamp_ms: int = 0) -> bool: ...
+            timestamp_ms: int | None = None) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -151,6 +151,7 @@ class VHostState:
     # client id -> when its session, its connection gone, expires (time.monotonic()): a later CONNECT
     # without Clean Start finds it expired after that, whatever of its state is still kept
     expires_at: dict[str, float] = field(default_factory=dict)
+    expires_pruned: int = 0  # entries left by the last pruning of expired ones
 
     # --- the file ---------------------------------------------------------------------------------
     def _append(self, record: bytes) -> None:
@@ -193,6 +194,21 @@ class VHostState:
         if client_id in self.in_file:
             self.in_file.discard(client_id)
             self._append(_record(DROPPED, client_id))
+
+    # --- session expiry ----------------------------------------------------------------------------
+    def session_ended(self, client_id: str, expiry: int) -> None:
+        """The client's connection is gone and its session lives ``expiry`` more seconds. Expired
+        entries are pruned each time the table doubles, so ids that never come back cost no memory."""
+        now = time.monotonic()
+        self.expires_at[client_id] = now + expiry
+        if len(self.expires_at) > max(1024, 2 * self.expires_pruned):
+            self.expires_at = {client: at for client, at in self.expires_at.items() if at > now}
+            self.expires_pruned = len(self.expires_at)
+
+    def session_expired(self, client_id: str) -> bool:
+        """Whether the client's ended session has expired by now (forgotten either way: it resumes)."""
+        at = self.expires_at.pop(client_id, None)
+        return at is not None and time.monotonic() >= at
 
     # --- delayed wills -----------------------------------------------------------------------------
     def will_delayed(self, client_id: str, will: DelayedWill) -> None:

@@ -79,8 +79,7 @@ class Subscriptions5(Subscriptions):
         """Clean Start drops what an earlier session left; the session lives on after the connection
         when its expiry interval is not 0. Shared subscriptions are consumed again."""
         expiry = self.limits.session_expiry
-        expires_at = self.state.expires_at.pop(self.client_id, None)
-        if expires_at is not None and time.monotonic() >= expires_at and not self.limits.clean_start:
+        if self.state.session_expired(self.client_id) and not self.limits.clean_start:
             # The session expired while away: none is present (3.1.2.11.2), as after a Clean Start.
             self.limits.clean_start = self.clean_session = True
         if self.limits.clean_start:
@@ -115,7 +114,7 @@ class Subscriptions5(Subscriptions):
         state an earlier session made durable too)."""
         self.close()
         if self.limits.session_expiry:
-            self.state.expires_at[self.client_id] = time.monotonic() + self.limits.session_expiry
+            self.state.session_ended(self.client_id, self.limits.session_expiry)
         if self.limits.session_expiry == 0:
             self.state.drop(self.client_id)
             if self.qos2.file is not None:  # the QoS 2 state a persistent session kept

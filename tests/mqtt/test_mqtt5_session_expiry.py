@@ -39,3 +39,18 @@ def test_a_session_with_qos2_grants_is_present_within_its_expiry_and_gone_after(
     assert again.message().payload == b"subscribed again"
     again.close()
     publisher.close()
+
+
+def test_ended_sessions_that_never_come_back_cost_no_memory() -> None:
+    """Client ids that end sessions and never return are pruned once expired, as the table doubles."""
+    from lavinpy.mqtt.state5 import VHostState
+
+    state = VHostState()
+    for i in range(5000):
+        state.session_ended(f"gone-{i}", 0)  # expired at once
+    state.session_ended("kept", 3600)
+    assert len(state.expires_at) <= 1025 and "kept" in state.expires_at
+    assert not state.session_expired("kept") and "kept" not in state.expires_at  # resumed: forgotten
+    state.session_ended("back", 0)
+    assert state.session_expired("back")  # its interval (0 s) has passed
+    assert not state.session_expired("never-ended")
