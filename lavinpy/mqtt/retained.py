@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..logs import RateLimitedLog
 from . import topics
+from .message5 import Outbound
 from .subscriber_host import RetainedMessage
 
 if TYPE_CHECKING:
@@ -204,12 +205,18 @@ class VHostRetained:
         return [topic for topic in self.index if topics.matches(topic_filter, topic)]
 
     def get(self, topic: str) -> RetainedMessage | None:
-        """A topic's retained message, read from the file, if it still has one."""
+        """A topic's retained message, read from the file, if it still has one whose Message Expiry
+        Interval (its AMQP expiration, read as an MQTT 5 delivery reads it) has not passed."""
         entry = self.index.get(topic)
         if entry is None:
             return None
         at, length, flags = entry
-        return _message(self.file.read_at(at, length), flags)
+        message = _message(self.file.read_at(at, length), flags)
+        if message.properties is not None:
+            expiration = Outbound(message.properties).expiration_ms
+            if expiration is not None and time.time_ns() // 1_000_000 - message.timestamp_ms >= expiration:
+                return None
+        return message
 
 
 class RetainedStore:

@@ -3,10 +3,7 @@ messages and of a queue that lets them take its delivery step."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, NamedTuple, Protocol
-
-from ..wire.properties import property_values
 
 if TYPE_CHECKING:
     import asyncio
@@ -35,18 +32,10 @@ class RetainedMessage(NamedTuple):
     properties: bytes | None  # the AMQP properties it was published with (an MQTT 5 publisher's)
     timestamp_ms: int  # when it was published (epoch ms; 0: not kept, an MQTT 3 publisher's)
 
-    def expired(self) -> bool:
-        """Whether its Message Expiry Interval (the AMQP expiration) has passed."""
-        if self.properties is None:
-            return False
-        now_ms = time.time_ns() // 1_000_000
-        expiration = property_values(self.properties, typed=False)[7]  # the expiration
-        return isinstance(expiration, str) and expiration.isdigit() and now_ms - self.timestamp_ms >= int(expiration)
-
 
 class RetainedSource(Protocol):
     """A vhost's retained messages, as the subscriptions read them: the topics a filter matches, then
-    each message when its turn comes (it may have been replaced or cleared meanwhile)."""
+    each message when its turn comes (it may have been replaced, cleared or expired meanwhile)."""
 
     def topics(self, topic_filter: str) -> list[str]: ...
 

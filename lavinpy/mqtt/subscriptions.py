@@ -115,9 +115,9 @@ class Subscriptions:
 
     # --- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------------
     def subscribe(self, topic_filter: str, qos: int) -> int:
-        """Bind the filter to the queue of its QoS (QoS 2 to the QoS 1 queue, the filter kept in the
-        session's QoS 2 state) and unbind it from the other; the granted QoS, or the SUBACK failure
-        code (bad filter, permission refused)."""
+        """Bind the filter to the queue of its QoS (QoS 2 to the QoS 1 queue, the filter kept in the session's
+        QoS 2 state) and unbind it from the other; the granted QoS, or the SUBACK failure code (bad filter,
+        permission refused)."""
         queue_qos = min(qos, 1)
         try:
             topics.check_filter(topic_filter)
@@ -444,9 +444,8 @@ class Subscriptions:
         return len(self._retained_filters) + bool(self._retained_topics)
 
     def send_retained_owed(self) -> None:
-        """Send owed retained messages while the socket is writable, at most RETAINED_BATCH_BYTES (but
-        at least one message) per call, each read from the store only now; a QoS 1 one waits for a free
-        packet identifier."""
+        """Send owed retained messages while the socket is writable, at most RETAINED_BATCH_BYTES (but at least
+        one message) per call, each read from the store only now; a QoS 1 one waits for a free packet id."""
         budget = RETAINED_BATCH_BYTES
         while budget > 0 and not self.closed and self.host.writable:
             if not self._retained_topics:
@@ -463,7 +462,7 @@ class Subscriptions:
                 return  # every identifier awaits its PUBACK
             topic = self._retained_topics.popleft()
             found = source.get(topic)
-            if found is not None and not found.expired():
+            if found is not None:
                 self.send_retained(topic, found, min(qos, found.qos))
                 budget -= len(found.payload) + len(topic) + 8
 
@@ -475,7 +474,10 @@ class Subscriptions:
             self.inflight[packet_id] = None
             if qos == 2:
                 self.qos2_ids.add(packet_id)
-        self.host.send(codec.publish(topic, message.payload, qos, True, False, packet_id))
+        self.host.send(self._retained_packet(topic, message, qos, packet_id))
+
+    def _retained_packet(self, topic: str, message: RetainedMessage, qos: int, packet_id: int) -> bytes:
+        return codec.publish(topic, message.payload, qos, True, False, packet_id)
 
     def _packet_id(self) -> int:
         for _ in range(65535):

@@ -349,9 +349,9 @@ class Subscriptions5(Subscriptions):
             extra["topic_alias"] = alias
         return topic
 
-    def send_retained(self, topic: str, message: RetainedMessage, qos: int) -> None:
-        """A retained message on SUBSCRIBE, with the properties it was published with (its expiry
-        interval what is left of it) and the subscription identifiers of the filters it matches."""
+    def _retained_packet(self, topic: str, message: RetainedMessage, qos: int, packet_id: int) -> bytes:
+        """A retained message's PUBLISH, with the properties it was published with (its expiry interval
+        what is left of it) and the subscription identifiers of the filters it matches."""
         options = self._options_for(topic, None)
         ids = [o.subscription_id for o in options if o.subscription_id is not None]
         extra = {"subscription_identifier": ids} if ids else {}
@@ -360,13 +360,7 @@ class Subscriptions5(Subscriptions):
         else:
             block = self._outbound_of(message.properties).block(message.timestamp_ms, time.time_ns() // 1_000_000,
                                                                 extra)
-        packet_id = 0
-        if qos:
-            packet_id = self._packet_id()
-            self.inflight[packet_id] = None
-            if qos == 2:
-                self.qos2_ids.add(packet_id)
-        self.host.send(codec5.publish(topic, message.payload, qos, True, False, packet_id, block))
+        return codec5.publish(topic, message.payload, qos, True, False, packet_id, block)
 
 
 def retained_for(request: codec5.SubscriptionRequest, existed: bool) -> bool:
