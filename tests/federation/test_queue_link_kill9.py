@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pika
 
@@ -14,7 +15,6 @@ from tests.e2e.conftest import http_call
 from .conftest import wait_for
 
 QUEUE = "kill9-q"
-LINK_PREFETCH = 1000  # the upstream's prefetch-count (RabbitMQ's default): the link's in-flight messages
 CONSUMER_PREFETCH = 200  # the downstream consumer's basic.qos
 
 
@@ -100,6 +100,9 @@ def test_kill9_of_either_side_of_a_queue_link_loses_no_confirmed_message(pair) -
         http_call(down, "DELETE", "/api/policies/%2F/kq")
     duplicates = len(consumer.got) - len(set(consumer.got))
     print(f"{len(confirmed)} confirmed, {len(consumer.got)} arrived, {duplicates} duplicates")
-    # At most what was in flight at each kill: the link's unacked upstream at both kills, and at the
-    # downstream's kill also its consumer's unacked deliveries, which that kill hands back too.
-    assert duplicates <= 2 * LINK_PREFETCH + CONSUMER_PREFETCH
+    # Not bounded by the prefetches: a kill hands back what was in flight and also what was acked but
+    # not yet written (acks reach the index files at the store's group commit); CI has seen 2,105-2,467
+    # duplicates where the link and the consumer held at most 2,200. Bounded per message instead: the
+    # downstream's kill hands a message back at most once on each hop (the upstream to the link, the
+    # downstream queue to its consumer), the upstream's once on its hop: at most four copies of any one.
+    assert max(Counter(consumer.got).values()) <= 4, Counter(consumer.got).most_common(3)
