@@ -547,6 +547,16 @@ class VHost(VHostPublishing):
             self.definitions.append(build_method(commands.Queue.Delete, queue=name))
         return count
 
+    def set_queue_arguments(self, queue: QueueKind, arguments: dict) -> None:
+        """New arguments for a classic or quorum queue (checked by the caller): a durable queue's
+        definition is written again (the last declare of a name is the one replayed), and the queue
+        enforces them at once, as after a policy change."""
+        if queue.durable and not queue.exclusive:
+            self.definitions.append(build_method(commands.Queue.Declare, queue=queue.name, durable=True,
+                                                 auto_delete=queue.auto_delete, arguments=arguments))
+        queue.arguments = arguments
+        queue.apply_settings(self._queue_settings(queue.name, arguments))
+
     def purge_queue(self, name: str) -> int:
         return self.get_queue(name).purge()
 

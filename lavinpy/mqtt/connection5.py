@@ -344,7 +344,8 @@ class MQTT5Connection(MQTTConnection):
         if expiry is not None:
             if v5.session_expiry == 0 and expiry:
                 raise protocol_error("DISCONNECT sets a session expiry interval the CONNECT had as 0")
-            subs.limits.session_expiry = v5.session_expiry = min(expiry, self.config.mqtt_max_session_expiry_interval)
+            v5.session_expiry = min(expiry, self.config.mqtt_max_session_expiry_interval)
+            subs.set_session_expiry(v5.session_expiry)
         if reason != 0x04:  # "disconnect with will message" keeps the will
             self.will = None
         self._close()

@@ -12,6 +12,7 @@ that member's session alone; one whose member went before PUBREC goes to another
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from .message5 import Outbound
 from .properties import encode_properties
 from .state5 import FilterOptions, vhost_state
 from .subscriptions import Subscriptions, queue_name
+
+log = logging.getLogger("lavinpy.mqtt")
 
 if TYPE_CHECKING:
     from ..broker.ops import Actor, QueueKind, VHost
@@ -91,6 +94,8 @@ class Subscriptions5(Subscriptions):
         else:
             self.clean_session = False
             present = super().start()
+            if expiry:  # a resumed session's queues expire after this connection's interval
+                self._expire_own_queues()
         self.clean_session = expiry == 0
         for topic_filter, options in list(self.options.items()):
             if options.group is not None:  # a session of shared subscriptions alone is present too
@@ -104,10 +109,31 @@ class Subscriptions5(Subscriptions):
         existing = self.vhost.queues.get(name)
         if existing is not None:
             return existing
-        expiry = self.limits.session_expiry
-        arguments = {"x-expires": expiry * 1000} if 0 < expiry < 0xFFFFFFFF else None
+        expiry, expires = self.limits.session_expiry, self._expires_ms()
         return ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
-                                 auto_delete=expiry == 0, arguments=arguments)
+                                 auto_delete=expiry == 0, arguments=None if expires is None else {"x-expires": expires})
+
+    def _expires_ms(self) -> int | None:
+        """The session's queues' ``x-expires``: its interval; none for 0xFFFFFFFF (never expires) or 0
+        (they go with the connection)."""
+        expiry = self.limits.session_expiry
+        return expiry * 1000 if 0 < expiry < 0xFFFFFFFF else None
+
+    def set_session_expiry(self, seconds: int) -> None:
+        """A DISCONNECT changed the interval: a non-zero one is the queues' ``x-expires`` from now on
+        (as RabbitMQ rewrites it); 0 ends the session with the connection (``end``)."""
+        self.limits.session_expiry = seconds
+        if seconds:
+            self._expire_own_queues()
+
+    def _expire_own_queues(self) -> None:
+        for qos in (0, 1):
+            name = queue_name(self.client_id, qos)
+            if name in self.vhost.queues:
+                try:
+                    ops.set_queue_expiry(self.actor, self.vhost, name, self._expires_ms(), owner=self)
+                except BrokerError as e:  # may not configure it: it keeps the x-expires it has
+                    log.warning("MQTT client %r: session queue %r keeps its expiry: %s", self.client_id, name, e)
 
     def end(self) -> None:
         """The connection is gone: a session whose expiry interval is 0 ends with it (queues and QoS 2
@@ -165,10 +191,9 @@ class Subscriptions5(Subscriptions):
             if name not in self.vhost.queues:
                 # A persistent member's group keeps its messages across a restart and while every
                 # member is away, for the member's session expiry; else it goes with its last member.
-                expiry = self.limits.session_expiry
-                arguments = {"x-expires": expiry * 1000} if 0 < expiry < 0xFFFFFFFF else None
-                ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
-                                  auto_delete=expiry == 0, arguments=arguments)
+                expiry, expires = self.limits.session_expiry, self._expires_ms()
+                ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0, auto_delete=expiry == 0,
+                                  arguments=None if expires is None else {"x-expires": expires})
             ops.bind_queue(self.actor, self.vhost, name, self.exchange, topics.binding_key(topic_filter), None, self)
             mine = self.consumers.get(name)
             if mine is not None and mine.no_ack != (granted == 0):
