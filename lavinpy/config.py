@@ -165,6 +165,7 @@ class Config:
     mqtt_max_session_expiry_interval: int = 86400
     mqtt_topic_alias_maximum: int = 16
     mqtt_max_keepalive: int = 0
+    mqtt_receive_maximum: int = 65535  # MQTT 5: a client's QoS 1 and 2 publishes unanswered (more: 0x93)
     # Retained messages per vhost: a retained publish that would go over either is not retained (it is
     # still delivered), with a log line; replacing or clearing a retained topic is always allowed.
     mqtt_retained_max_messages: int = 100_000
@@ -285,12 +286,11 @@ class Config:
             raise ConfigError("management_max_body_size must be positive")
         if not 2 <= self.mqtt_max_packet_size <= 268_435_460:
             raise ConfigError(f"mqtt_max_packet_size must be between 2 and 268435460, not {self.mqtt_max_packet_size}")
-        if not 1 <= self.mqtt_inflight_window <= 65535:
-            raise ConfigError(f"mqtt_inflight_window must be between 1 and 65535, not {self.mqtt_inflight_window}")
-        for name, top in (("mqtt_max_session_expiry_interval", 0xFFFFFFFF), ("mqtt_topic_alias_maximum", 65535),
-                          ("mqtt_max_keepalive", 65535)):
-            if not 0 <= getattr(self, name) <= top:
-                raise ConfigError(f"{name} must be between 0 and {top}, not {getattr(self, name)}")
+        for name, bottom, top in (("mqtt_inflight_window", 1, 65535), ("mqtt_receive_maximum", 1, 65535),
+                                  ("mqtt_max_session_expiry_interval", 0, 0xFFFFFFFF),
+                                  ("mqtt_topic_alias_maximum", 0, 65535), ("mqtt_max_keepalive", 0, 65535)):
+            if not bottom <= getattr(self, name) <= top:
+                raise ConfigError(f"{name} must be between {bottom} and {top}, not {getattr(self, name)}")
         for name in ("mqtt_max_subscribe_filters", "mqtt_retained_max_messages", "mqtt_retained_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")

@@ -18,7 +18,7 @@ from ..broker.ops.publish import publish_run
 from . import codec, codec5, topics
 from .auth5 import connect_method, reauthentication
 from .auth5 import success as auth_success
-from .codec import PUBREC_REPLY, MQTTProtocolError
+from .codec import PUBCOMP_REPLY, PUBREC_REPLY, PUBREL_REPLY, MQTTProtocolError
 from .connect_login import session_timer
 from .connection import QOS_PROPERTIES, MQTTConnection, client_error_log
 from .effects import SetTimer
@@ -29,6 +29,7 @@ from .properties import (
     NOT_AUTHORIZED,
     PACKET_IDENTIFIER_NOT_FOUND,
     PAYLOAD_FORMAT_INVALID,
+    RECEIVE_MAXIMUM_EXCEEDED,
     SERVER_UNAVAILABLE,
     TOPIC_ALIAS_INVALID,
     TOPIC_NAME_INVALID,
@@ -66,6 +67,9 @@ class Session5:
     problem_information: bool = True  # reason strings may be sent
     auth_method: str | None = None  # the enhanced authentication method agreed at CONNECT
     reauth: LoginAttempt | None = None  # a re-authentication (AUTH 0x19) being decided
+    # The client's QoS 1 publishes without their PUBACK sent, and QoS 2 ones released (PUBREL) without
+    # their PUBCOMP sent; with the QoS 2 ids awaiting PUBREL, what Receive Maximum bounds (4.9).
+    acks_owed: int = 0
 
 
 class MQTT5Connection(MQTTConnection):
@@ -159,6 +163,8 @@ class MQTT5Connection(MQTTConnection):
             props["session_expiry_interval"] = v5.session_expiry
         if v5.server_keepalive is not None:
             props["server_keep_alive"] = v5.server_keepalive
+        if self.config.mqtt_receive_maximum < 65535:  # absent: 65535 (3.2.2.3.3)
+            props["receive_maximum"] = self.config.mqtt_receive_maximum
         return codec5.connack(present, 0, props)
 
     def _reason_string(self, text: str) -> dict[str, Any] | None:
@@ -222,6 +228,7 @@ class MQTT5Connection(MQTTConnection):
                 and backlog[0][0] == codec.PUBLISH and len(packet.payload) <= vhost.config.max_message_size):
             payloads, packet_ids = codec5.publish_run_tail(backlog, flags, body, packet.payload, packet_id,
                                                            vhost.config.max_message_size)
+            self._admit(qos, len(packet_ids))
             if len(payloads) == 1 or not self._publish_run(topic, qos, payloads, packet_ids):
                 for payload, each_id in zip(payloads, packet_ids, strict=True):
                     self._publish_plain(topic, payload, qos, each_id)
@@ -236,7 +243,8 @@ class MQTT5Connection(MQTTConnection):
                 assert self.subscriptions is not None
                 state = self.subscriptions.qos2
                 sync: bool | None = True
-                if packet_id not in state.inbound:
+                if packet_id not in state.inbound:  # not a duplicate: one more awaiting its PUBCOMP
+                    self._admit(2, 1)
                     sync = self._publish(topic, packet.payload, 2, packet.retain, properties)
                     if sync is None:
                         return
@@ -244,6 +252,7 @@ class MQTT5Connection(MQTTConnection):
                 self._batch_sync = self._batch_sync or bool(sync)
                 self._pubacks.append(packet_id | PUBREC_REPLY)
                 return
+            self._admit(qos, 1)
             sync = self._publish(topic, packet.payload, qos, packet.retain, properties)
         except BrokerError as e:  # refused by a permission: the ack says so (QoS 0: the connection ends)
             if not qos:
@@ -279,9 +288,38 @@ class MQTT5Connection(MQTTConnection):
 
     def _refuse(self, qos: int, packet_id: int, reason: int, text: str) -> None:
         """A PUBACK or PUBREC with an error reason, in order after the replies before it."""
+        if qos == 1 and self.v5 is not None:  # answered: out of the Receive Maximum's count
+            self.v5.acks_owed -= 1
         self._end_batch()
         kind = codec.PUBACK if qos == 1 else codec.PUBREC
         self.send_after(None, codec5.ack(kind, packet_id, reason, self._reason_string(text)))
+
+    # --- flow control of the client's publishes (4.9) -------------------------------------------------
+    def _admit(self, qos: int, count: int) -> None:
+        """``count`` new QoS ``qos`` PUBLISH packets: with them, more unanswered than Receive Maximum
+        (``mqtt_receive_maximum``) is a DISCONNECT with 0x93, before any of them is routed."""
+        v5, subs = self.v5, self.subscriptions
+        if not qos or v5 is None or subs is None:
+            return
+        limit = self.config.mqtt_receive_maximum
+        unanswered = v5.acks_owed + len(subs.qos2.inbound) + count
+        if unanswered > limit:
+            raise MQTTProtocolError(f"{unanswered} QoS 1 and 2 publishes unacknowledged, over the Receive "
+                                    f"Maximum {limit}", reason=RECEIVE_MAXIMUM_EXCEEDED)
+        if qos == 1:
+            v5.acks_owed += count
+
+    def _on_qos2(self, kind: int, packet_ids: list[int]) -> None:
+        super()._on_qos2(kind, packet_ids)
+        if kind == codec.PUBREL and self.v5 is not None:  # released: counted until their PUBCOMP goes
+            self.v5.acks_owed += len(packet_ids)
+
+    def _send_pubacks(self, packet_ids: list[int]) -> None:
+        v5 = self.v5
+        if v5 is not None and v5.acks_owed:  # PUBACKs (the id alone) and PUBCOMPs answer a publish
+            v5.acks_owed -= sum(1 for reply in packet_ids
+                                if reply < PUBREC_REPLY or PUBCOMP_REPLY <= reply < PUBREL_REPLY)
+        super()._send_pubacks(packet_ids)
 
     # --- SUBSCRIBE ---------------------------------------------------------------------------------
     def _subscribe5(self, packet_id: int, requests: list[codec5.SubscriptionRequest]) -> None:

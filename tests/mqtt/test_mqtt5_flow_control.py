@@ -1,0 +1,130 @@
+"""MQTT 5 flow control of a client's publishes (4.9) on the sans-IO connection: the server's Receive
+Maximum (``mqtt_receive_maximum``) is told in the CONNACK when below the protocol's 65535, and a client
+with more QoS 1 and 2 publishes unanswered (no PUBACK, or no PUBCOMP, sent yet) is disconnected with
+0x93 before the one over it is routed; answered ones free their place."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lavinpy.config import Config, ConfigError
+from lavinpy.mqtt import codec, codec5
+from lavinpy.mqtt.connection import MQTTConnection
+from lavinpy.mqtt.sessions import MQTTSessions
+from tests.amqp.session_client import Harness
+
+from .test_mqtt5_sansio import connect, disconnect_reason, packets, publish5
+
+LIMIT = 3
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path, fsync="never", mqtt_receive_maximum=LIMIT)
+    yield h
+    h.close()
+
+
+def subscriber(harness: Harness, sessions: MQTTSessions, topic: str) -> MQTTConnection:
+    sub, _ = connect(sessions, "fc-sub")
+    sub.receive_data(codec5.encode_subscribe(1, [(topic, 0)]))
+    assert packets(sub)[0][0] == codec.SUBACK
+    return sub
+
+
+def published(harness: Harness, sub: MQTTConnection) -> int:
+    harness.run_soon()
+    return sum(1 for kind, _, _ in packets(sub) if kind == codec.PUBLISH)
+
+
+def test_receive_maximum_is_told_only_below_the_default(harness: Harness, tmp_path: Path) -> None:
+    sessions = MQTTSessions(harness.broker)
+    _conn, props = connect(sessions, "told")
+    assert props["receive_maximum"] == LIMIT
+    default = Harness(tmp_path / "default", fsync="never")
+    try:
+        _conn, props = connect(MQTTSessions(default.broker), "untold")
+        assert "receive_maximum" not in props  # absent means 65535 (3.2.2.3.3)
+    finally:
+        default.close()
+    for bad in (0, 65536):
+        with pytest.raises(ConfigError, match="mqtt_receive_maximum"):
+            Config(mqtt_receive_maximum=bad).validate()
+
+
+def test_qos2_publishes_over_the_maximum_are_refused_with_0x93(harness: Harness) -> None:
+    """Three QoS 2 publishes await their PUBREL; a fourth is not routed, and the client is told why."""
+    sessions = MQTTSessions(harness.broker)
+    sub = subscriber(harness, sessions, "fc/q2")
+    pub, _ = connect(sessions, "fc-q2")
+    for packet_id in (1, 2, 3):
+        pub.receive_data(publish5("fc/q2", b"m%d" % packet_id, 2, packet_id))
+    harness.run_soon()
+    assert [kind for kind, _, _ in packets(pub)] == [codec.PUBREC] * 3
+    assert published(harness, sub) == 3
+    pub.receive_data(publish5("fc/q2", b"m4", 2, 4))
+    harness.run_soon()
+    assert disconnect_reason(pub) == 0x93
+    assert pub.closed
+    assert published(harness, sub) == 0, "the publish over the maximum is not routed"
+
+
+def test_completed_exchanges_free_their_place(harness: Harness) -> None:
+    """PUBREL answered with PUBCOMP ends a QoS 2 publish's count; sent PUBACKs end QoS 1 ones."""
+    sessions = MQTTSessions(harness.broker)
+    sub = subscriber(harness, sessions, "fc/free")
+    pub, _ = connect(sessions, "fc-free")
+    for round_no in range(3):
+        for packet_id in (1, 2, 3):
+            pub.receive_data(publish5("fc/free", b"r%d-%d" % (round_no, packet_id), 2, packet_id))
+        harness.run_soon()
+        assert [kind for kind, _, _ in packets(pub)] == [codec.PUBREC] * 3
+        pub.receive_data(b"".join(codec5.ack(codec.PUBREL, packet_id) for packet_id in (1, 2, 3)))
+        harness.run_soon()
+        assert [kind for kind, _, _ in packets(pub)] == [codec.PUBCOMP] * 3
+    for _ in range(3):  # three QoS 1 publishes a read, each read's PUBACKs sent before the next
+        pub.receive_data(b"".join(publish5("fc/free", b"q1", 1, packet_id) for packet_id in (4, 5, 6)))
+        harness.run_soon()
+        assert [kind for kind, _, _ in packets(pub)] == [codec.PUBACK] * 3
+    assert not pub.closed
+    assert published(harness, sub) == 18
+
+
+def test_a_run_of_qos1_publishes_over_the_maximum_is_refused_whole(harness: Harness) -> None:
+    """Four QoS 1 publishes in one read, none answered yet: the run is over the maximum of 3."""
+    sessions = MQTTSessions(harness.broker)
+    sub = subscriber(harness, sessions, "fc/q1")
+    pub, _ = connect(sessions, "fc-q1")
+    pub.receive_data(b"".join(publish5("fc/q1", b"x", 1, packet_id) for packet_id in (1, 2, 3, 4)))
+    harness.run_soon()
+    assert disconnect_reason(pub) == 0x93
+    assert published(harness, sub) == 0
+
+
+def test_a_duplicate_of_a_publish_awaiting_pubrel_is_not_a_new_one(tmp_path: Path) -> None:
+    """A QoS 2 PUBLISH sent again (DUP) while its id awaits PUBREL is answered again, not counted again:
+    with the maximum taken, duplicates keep the connection open (the answer waits for the store's
+    flush: an event loop runs it)."""
+
+    async def main() -> None:
+        harness = Harness(tmp_path, fsync="never", mqtt_receive_maximum=LIMIT)
+        try:
+            pub, _ = connect(MQTTSessions(harness.broker), "fc-dup")
+            for packet_id in (1, 2, 3):
+                pub.receive_data(publish5("fc/dup", b"m", 2, packet_id))
+            for _ in range(3):
+                pub.receive_data(codec5.publish("fc/dup", b"m", 2, False, True, 3, b"\x00"))
+            for _ in range(10):
+                harness.run_soon()
+                await asyncio.sleep(0)
+            assert [kind for kind, _, _ in packets(pub)] == [codec.PUBREC] * 6
+            assert not pub.closed
+        finally:
+            harness.close()
+
+    asyncio.run(main())
+
