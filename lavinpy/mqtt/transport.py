@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .sessions import MQTTSessions
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+LINGER_SECONDS = 5.0  # how long a connection the server ended reads (and drops) what the client still sends
 
 
 class ConnectionDriver:
@@ -133,6 +134,7 @@ class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
         self.sessions = sessions
         self.forwarded = forwarded
         self.transport: asyncio.Transport | None = None
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -169,11 +171,24 @@ class MQTTProtocol(ConnectionDriver, asyncio.Protocol):
         self.transport.write(data)
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        """The server ends the connection. A client usually still has packets on the wire (PUBRELs,
+        publishes): closing at once would answer them with a reset, which can reach the client before
+        the DISCONNECT that says why. So the write side is shut once the output is written, and what
+        comes meanwhile is dropped (the connection is closed) until the client closes too, or for
+        LINGER_SECONDS, as AMQP's close-ok is (amqp/closing.py). TLS cannot half-close: closed at once."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._lingering:
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        transport.resume_reading()  # paused by backpressure: the leftovers must still drain
+        self._loop.call_later(LINGER_SECONDS, transport.close)
 
     def closing(self) -> bool:
-        return self.transport is None or self.transport.is_closing()
+        return self.transport is None or self._lingering or self.transport.is_closing()
 
     def set_reading(self, paused: bool) -> None:
         assert self.transport is not None

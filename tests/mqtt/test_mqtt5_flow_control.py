@@ -6,6 +6,8 @@ with more QoS 1 and 2 publishes unanswered (no PUBACK, or no PUBCOMP, sent yet) 
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +16,11 @@ import pytest
 from lavinpy.config import Config, ConfigError
 from lavinpy.mqtt import codec, codec5
 from lavinpy.mqtt.connection import MQTTConnection
+from lavinpy.mqtt.properties import read_properties
 from lavinpy.mqtt.sessions import MQTTSessions
 from tests.amqp.session_client import Harness
 
+from .conftest import MQTTBroker
 from .test_mqtt5_sansio import connect, disconnect_reason, packets, publish5
 
 LIMIT = 3
@@ -128,3 +132,44 @@ def test_a_duplicate_of_a_publish_awaiting_pubrel_is_not_a_new_one(tmp_path: Pat
 
     asyncio.run(main())
 
+
+def test_a_client_that_keeps_sending_still_reads_why_it_was_disconnected(tmp_path: Path) -> None:
+    """Over a real socket: the client has the maximum of QoS 2 publishes awaiting PUBREL, sends one more,
+    and only then answers its PUBRECs with PUBRELs, after the server ended the connection. Closing at
+    once would answer those with a reset (the client's next write fails with EPIPE before it reads the
+    DISCONNECT); the server reads and drops them until the client closes, so the client reads DISCONNECT
+    0x93, then the end of the stream."""
+    broker = MQTTBroker(tmp_path / "broker")
+    broker.settings["mqtt_receive_maximum"] = str(LIMIT)
+    broker.start()
+    try:
+        with socket.create_connection(("127.0.0.1", broker.mqtt_port), timeout=10) as sock:
+            reader = codec.PacketReader(1 << 20)
+            got: list[tuple[int, int, bytes]] = []
+
+            def next_packet() -> tuple[int, int, bytes] | None:
+                while not got:
+                    data = sock.recv(65536)
+                    if not data:
+                        return None
+                    got.extend(reader.feed(data))
+                return got.pop(0)
+
+            sock.sendall(codec5.encode_connect("fc-sock", username="guest", password=b"guest"))
+            connack = next_packet()
+            assert connack is not None and connack[0] == codec.CONNACK
+            assert read_properties(connack[2], 2, "CONNACK")[0]["receive_maximum"] == LIMIT
+            sock.sendall(b"".join(publish5("fc/sock", b"m", 2, packet_id) for packet_id in range(1, LIMIT + 1)))
+            assert [next_packet() for _ in range(LIMIT)] == [
+                (codec.PUBREC, 0, packet_id.to_bytes(2, "big")) for packet_id in range(1, LIMIT + 1)]
+            sock.sendall(publish5("fc/sock", b"one too many", 2, LIMIT + 1))
+            time.sleep(0.3)  # the server has ended the connection by now
+            for packet_id in range(1, LIMIT + 1):  # the client catches up with its PUBRECs
+                sock.sendall(codec5.ack(codec.PUBREL, packet_id))
+                time.sleep(0.05)
+            disconnect = next_packet()
+            assert disconnect is not None and disconnect[0] == codec.DISCONNECT
+            assert codec5.parse_disconnect(disconnect[2])[0] == 0x93
+            assert next_packet() is None
+    finally:
+        broker.close()
