@@ -214,6 +214,10 @@ class MQTT5Connection(MQTTConnection):
             raise MQTTProtocolError(str(e), reason=TOPIC_NAME_INVALID) from None
         qos, packet_id = packet.qos, packet.packet_id
         self.published = True
+        subs = self.subscriptions
+        assert subs is not None
+        if qos == 1 or (qos == 2 and packet_id not in subs.qos2.inbound):  # not a duplicate awaiting PUBREL
+            self._admit(qos, 1)
         if props.get("payload_format_indicator") == 1:
             try:
                 packet.payload.decode("utf-8")
@@ -228,7 +232,7 @@ class MQTT5Connection(MQTTConnection):
                 and backlog[0][0] == codec.PUBLISH and len(packet.payload) <= vhost.config.max_message_size):
             payloads, packet_ids = codec5.publish_run_tail(backlog, flags, body, packet.payload, packet_id,
                                                            vhost.config.max_message_size)
-            self._admit(qos, len(packet_ids))
+            self._admit(qos, len(packet_ids) - 1)  # the first was admitted above
             if len(payloads) == 1 or not self._publish_run(topic, qos, payloads, packet_ids):
                 for payload, each_id in zip(payloads, packet_ids, strict=True):
                     self._publish_plain(topic, payload, qos, each_id)
@@ -243,8 +247,7 @@ class MQTT5Connection(MQTTConnection):
                 assert self.subscriptions is not None
                 state = self.subscriptions.qos2
                 sync: bool | None = True
-                if packet_id not in state.inbound:  # not a duplicate: one more awaiting its PUBCOMP
-                    self._admit(2, 1)
+                if packet_id not in state.inbound:
                     sync = self._publish(topic, packet.payload, 2, packet.retain, properties)
                     if sync is None:
                         return
@@ -252,7 +255,6 @@ class MQTT5Connection(MQTTConnection):
                 self._batch_sync = self._batch_sync or bool(sync)
                 self._pubacks.append(packet_id | PUBREC_REPLY)
                 return
-            self._admit(qos, 1)
             sync = self._publish(topic, packet.payload, qos, packet.retain, properties)
         except BrokerError as e:  # refused by a permission: the ack says so (QoS 0: the connection ends)
             if not qos:
@@ -297,9 +299,10 @@ class MQTT5Connection(MQTTConnection):
     # --- flow control of the client's publishes (4.9) -------------------------------------------------
     def _admit(self, qos: int, count: int) -> None:
         """``count`` new QoS ``qos`` PUBLISH packets: with them, more unanswered than Receive Maximum
-        (``mqtt_receive_maximum``) is a DISCONNECT with 0x93, before any of them is routed."""
+        (``mqtt_receive_maximum``) is a DISCONNECT with 0x93, before any of them is routed. A QoS 1 one
+        counts from here (``_refuse`` answers it too); a QoS 2 one while its id awaits PUBREL."""
         v5, subs = self.v5, self.subscriptions
-        if not qos or v5 is None or subs is None:
+        if not qos or not count or v5 is None or subs is None:
             return
         limit = self.config.mqtt_receive_maximum
         unanswered = v5.acks_owed + len(subs.qos2.inbound) + count

@@ -109,6 +109,19 @@ def test_a_run_of_qos1_publishes_over_the_maximum_is_refused_whole(harness: Harn
     assert published(harness, sub) == 0
 
 
+
+def test_refused_publishes_are_answered_and_free_their_place(harness: Harness) -> None:
+    """A QoS 1 publish refused with a reason code (here a payload that is not the UTF-8 its format
+    indicator says) is answered at once: twice the maximum of them, a read each, keep the connection."""
+    sessions = MQTTSessions(harness.broker)
+    pub, _ = connect(sessions, "fc-refused")
+    for packet_id in range(1, 2 * LIMIT + 1):
+        pub.receive_data(publish5("fc/refused", b"\xff", 1, packet_id, payload_format_indicator=1))
+        harness.run_soon()
+        [(kind, _, body)] = packets(pub)
+        assert kind == codec.PUBACK and body[2] == 0x99  # Payload format invalid
+    assert not pub.closed
+
 def test_a_duplicate_of_a_publish_awaiting_pubrel_is_not_a_new_one(tmp_path: Path) -> None:
     """A QoS 2 PUBLISH sent again (DUP) while its id awaits PUBREL is answered again, not counted again:
     with the maximum taken, duplicates keep the connection open (the answer waits for the store's
