@@ -557,3 +557,18 @@ def test_a_connection_closed_soon_is_closed_once_and_its_socket_once_the_close_o
     assert sent == []
     wait_until(lambda: (client_blocking._closing.reap(), conn.sock is None)[1], what="the close-ok")
     assert not any(each is conn for each, _since in client_blocking._closing.connections)
+
+
+def test_a_task_connection_has_a_fixed_receive_buffer_where_the_system_allows_it(broker) -> None:
+    """A read task's connection takes a fixed 4 MiB receive buffer (the kernel doubles it for its own
+    bookkeeping) when net.core.rmem_max allows one that large; otherwise the kernel's autotuning stays,
+    since a buffer it caps lower would read slower."""
+    from lavinpy.spark import client
+
+    with Connection(AMQPParams.from_url(broker.url)).open() as conn:
+        assert conn.sock is not None
+        size = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    if client._rmem_max() >= client.RECEIVE_BUFFER:
+        assert size == 2 * client.RECEIVE_BUFFER
+    else:
+        assert size < 2 * client.RECEIVE_BUFFER  # not locked: the kernel's default, autotuned
