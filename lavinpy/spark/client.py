@@ -50,6 +50,7 @@ class Connection(BlockingConnection):
         super().__init__(params, product="lavinpy.spark")
 
     def open(self) -> Self:
+        """Connected as the base does, then the fixed receive buffer (above) where the system allows it."""
         super().open()
         if _FIXED_RECEIVE_BUFFER and self.sock is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
