@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..access.actor import Actor
-from ..errors import NOT_FOUND, PRECONDITION_FAILED, BrokerChannelError
-from ..settings.arguments import queue_type_of
+from ..declarations import validate_queue_declare
+from ..errors import NOT_FOUND, BrokerChannelError
 from ..settings.names import check_name_length
 
 if TYPE_CHECKING:
@@ -134,18 +134,16 @@ def delete_queue(actor: Actor | None, vhost: VHost, name: str, *, owner: object,
 
 def set_queue_expiry(actor: Actor | None, vhost: VHost, name: str, expires_ms: int | None, owner: object) -> None:
     """Change a queue's ``x-expires`` (None: it never expires), as RabbitMQ's MQTT plugin does when a
-    session's expiry interval changes: configure permission on the queue; classic and quorum queues."""
+    session's expiry interval changes: configure permission on the queue; the new arguments are checked
+    as a declare's are (406: a stream has no x-expires, it is at least 1 ms)."""
     _check(actor, "configure", "queue", name, vhost)
     queue = owned_queue(vhost, name, owner)
-    if queue_type_of(queue.arguments) == "stream":
-        raise BrokerChannelError(PRECONDITION_FAILED, f"queue '{name}' in vhost '{vhost.name}' is a stream: "
-                                 f"it has no x-expires")
-    if expires_ms is not None and expires_ms < 1:
-        raise BrokerChannelError(PRECONDITION_FAILED, f"x-expires {expires_ms} for queue '{name}': at least 1 ms")
     arguments = {key: value for key, value in queue.arguments.items() if key != "x-expires"}
     if expires_ms is not None:
         arguments["x-expires"] = expires_ms
     if arguments != queue.arguments:
+        validate_queue_declare(name, vhost.name, durable=queue.durable, exclusive=queue.exclusive,
+                               auto_delete=queue.auto_delete, arguments=arguments)
         vhost.set_queue_arguments(queue, arguments)
 
 
