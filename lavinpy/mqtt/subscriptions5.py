@@ -109,6 +109,11 @@ class Subscriptions5(Subscriptions):
         existing = self.vhost.queues.get(name)
         if existing is not None:
             return existing
+        return self._declare(name)
+
+    def _declare(self, name: str) -> QueueKind:
+        """A queue of the session (its own or a shared group's it joins): durable with the interval as
+        ``x-expires``, or going with the connection when the interval is 0."""
         expiry, expires = self.limits.session_expiry, self._expires_ms()
         return ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0,
                                  auto_delete=expiry == 0, arguments=None if expires is None else {"x-expires": expires})
@@ -191,9 +196,7 @@ class Subscriptions5(Subscriptions):
             if name not in self.vhost.queues:
                 # A persistent member's group keeps its messages across a restart and while every
                 # member is away, for the member's session expiry; else it goes with its last member.
-                expiry, expires = self.limits.session_expiry, self._expires_ms()
-                ops.declare_queue(self.actor, self.vhost, name, owner=self, durable=expiry > 0, auto_delete=expiry == 0,
-                                  arguments=None if expires is None else {"x-expires": expires})
+                self._declare(name)
             ops.bind_queue(self.actor, self.vhost, name, self.exchange, topics.binding_key(topic_filter), None, self)
             mine = self.consumers.get(name)
             if mine is not None and mine.no_ack != (granted == 0):

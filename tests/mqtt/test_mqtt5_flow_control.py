@@ -33,7 +33,8 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     h.close()
 
 
-def subscriber(harness: Harness, sessions: MQTTSessions, topic: str) -> MQTTConnection:
+def subscriber(sessions: MQTTSessions, topic: str) -> MQTTConnection:
+    """A QoS 0 subscriber to topic (its SUBACK read)."""
     sub, _ = connect(sessions, "fc-sub")
     sub.receive_data(codec5.encode_subscribe(1, [(topic, 0)]))
     assert packets(sub)[0][0] == codec.SUBACK
@@ -63,7 +64,7 @@ def test_receive_maximum_is_told_only_below_the_default(harness: Harness, tmp_pa
 def test_qos2_publishes_over_the_maximum_are_refused_with_0x93(harness: Harness) -> None:
     """Three QoS 2 publishes await their PUBREL; a fourth is not routed, and the client is told why."""
     sessions = MQTTSessions(harness.broker)
-    sub = subscriber(harness, sessions, "fc/q2")
+    sub = subscriber(sessions, "fc/q2")
     pub, _ = connect(sessions, "fc-q2")
     for packet_id in (1, 2, 3):
         pub.receive_data(publish5("fc/q2", b"m%d" % packet_id, 2, packet_id))
@@ -80,7 +81,7 @@ def test_qos2_publishes_over_the_maximum_are_refused_with_0x93(harness: Harness)
 def test_completed_exchanges_free_their_place(harness: Harness) -> None:
     """PUBREL answered with PUBCOMP ends a QoS 2 publish's count; sent PUBACKs end QoS 1 ones."""
     sessions = MQTTSessions(harness.broker)
-    sub = subscriber(harness, sessions, "fc/free")
+    sub = subscriber(sessions, "fc/free")
     pub, _ = connect(sessions, "fc-free")
     for round_no in range(3):
         for packet_id in (1, 2, 3):
@@ -101,7 +102,7 @@ def test_completed_exchanges_free_their_place(harness: Harness) -> None:
 def test_a_run_of_qos1_publishes_over_the_maximum_is_refused_whole(harness: Harness) -> None:
     """Four QoS 1 publishes in one read, none answered yet: the run is over the maximum of 3."""
     sessions = MQTTSessions(harness.broker)
-    sub = subscriber(harness, sessions, "fc/q1")
+    sub = subscriber(sessions, "fc/q1")
     pub, _ = connect(sessions, "fc-q1")
     pub.receive_data(b"".join(publish5("fc/q1", b"x", 1, packet_id) for packet_id in (1, 2, 3, 4)))
     harness.run_soon()
