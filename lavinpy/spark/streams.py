@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, cast
 
 from pamqp import commands
 
+from lavinpy.wire.buffers import drop_front
 from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, method_id, parse_deliver, parse_header
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.delivery_columns import OFFSET_HEADER, STOP_FULL, STOP_OTHER, DeliveryColumns, split_offset
@@ -408,7 +409,7 @@ class Receiver:
             elif assembler.idle and not conn.has_backlog:
                 added, used, stop = cols.scan(buf, self.ch, 0, room)
                 if used:
-                    del buf[:used]
+                    drop_front(buf, used)
             if not added and stop == STOP_OTHER and (conn.has_backlog or _complete_frame_at_front(buf)):
                 for frame in conn.read_frames(0):
                     item = assembler.feed(frame)

@@ -149,6 +149,7 @@ PyObject *cclient_scan_columns(PyObject *self, PyObject *args);
 PyObject *cclient_capacity(PyObject *self, PyObject *arg);
 /* In _cclient_recv.c. */
 PyObject *cclient_recv_append(PyObject *self, PyObject *args);
+PyObject *cclient_drop_front(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"pack_publishes", cclient_pack_publishes, METH_VARARGS, "Append a run of publishes (see the source)."},
@@ -159,6 +160,8 @@ static PyMethodDef methods[] = {
     {"capacity", cclient_capacity, METH_O, "A bytearray of n bytes, not zeroed (a column's room)."},
     {"recv_append", cclient_recv_append, METH_VARARGS,
      "Receive from a socket straight into the tail of a bytearray (see the source)."},
+    {"drop_front", cclient_drop_front, METH_VARARGS,
+     "del buffer[:n] for a bytearray, keeping its allocation (see the source)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,6 +27,7 @@ from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 
 from lavinpy.wire.accel import cclient
+from lavinpy.wire.buffers import drop_front
 from lavinpy.wire.client import FRAME_HEAD, WireError, decode_method, frame, method_id, split_frames
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
 from lavinpy.wire.client_events import ConnectionClosed, ConnectionOpened
@@ -379,7 +380,7 @@ class BlockingConnection:
     def rbuf(self) -> bytearray:
         """Received bytes not parsed yet, for consumers with their own fast parser (streams.py).
 
-        Such a parser may consume complete frames from the front (del rbuf[:n]) as long as
+        Such a parser may consume complete frames from the front (buffers.drop_front) as long as
         has_backlog is False; anything else is left to read_frames().
         """
         return self._rbuf
@@ -467,7 +468,7 @@ class BlockingConnection:
             elif ch in closing:
                 continue
             frames.append(item)
-        del buf[:used]
+        drop_front(buf, used)
         return frames
 
     def _broker_closed_connection(self, payload: bytes) -> None:
@@ -505,7 +506,7 @@ class BlockingConnection:
         deadline = time.monotonic() + self.params.timeout
         while not self._backlog:
             while len(buf) >= 8 and buf[0] == FRAME_HEARTBEAT and buf[1:7] == b"\0\0\0\0\0\0" and buf[7] == FRAME_END:
-                del buf[:8]  # a heartbeat
+                drop_front(buf, 8)  # a heartbeat
             if len(buf) >= 11:
                 ftype, fch, size = FRAME_HEAD.unpack_from(buf)
                 if ftype != FRAME_METHOD or fch != ch or size < 4 or method_id(buf[7:11]) != mid:
@@ -514,7 +515,7 @@ class BlockingConnection:
                     if buf[size + 7] != FRAME_END:
                         break  # malformed: the general way says so
                     payload = bytes(buf[7:7 + size])
-                    del buf[:size + 8]
+                    drop_front(buf, size + 8)
                     return payload
             remaining = deadline - time.monotonic()
             if remaining <= 0:

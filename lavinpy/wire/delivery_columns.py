@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from lavinpy.wire.accel import cclient
+from lavinpy.wire.buffers import column_room
 from lavinpy.wire.constants import FRAME_END
 from lavinpy.wire.properties import headers_table, property_values
 
@@ -194,12 +195,6 @@ def _scan_columns(buf: bytes | bytearray, channel: int, pos: int, max_rows: int,
         view.release()
 
 
-def _capacity(n: int) -> bytearray:
-    """n bytes of room for a column: not zeroed where the compiled twin is built (every byte a column
-    holds is written before it is read)."""
-    return bytearray(n) if cclient is None else cast(bytearray, cclient.capacity(n))
-
-
 class DeliveryColumns:
     """A batch of deliveries as columns. ``rows`` and ``data_len`` say how much of the bytearrays is
     filled (they are capacity); ``runs`` are scan runs (bytes: first row, exchange, routing key,
@@ -211,10 +206,10 @@ class DeliveryColumns:
                  "redelivered", "rows", "runs")
 
     def __init__(self, rows: int = 0, data: int = 0) -> None:
-        self.offsets = _capacity(8 * rows)
-        self.ends = _capacity(4 * (rows + 1))
+        self.offsets = column_room(8 * rows)
+        self.ends = column_room(4 * (rows + 1))
         self.ends[:4] = b"\0\0\0\0"  # the first body's start
-        self.data = _capacity(data)
+        self.data = column_room(data)
         self.redelivered: list[int] = []
         self.runs: list[tuple[Any, ...]] = []
         self.rows = 0
