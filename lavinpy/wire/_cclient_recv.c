@@ -56,7 +56,7 @@ cclient_recv_append(PyObject *self, PyObject *args)
     PyByteArrayObject *ba = (PyByteArrayObject *)buffer;
     Py_ssize_t before = Py_SIZE(ba);
     if (ba->ob_exports > 0) {
-        PyErr_SetString(PyExc_BufferError, "the receive buffer is exported: it cannot grow");
+        PyErr_SetString(PyExc_BufferError, "Existing exports of data: the buffer cannot be written");
         return NULL;
     }
     if (tail_room(ba, max) < max) {
