@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lavinpy.wire import accel, buffers
-
-compiled = pytest.mark.skipif(accel.cclient is None, reason="the compiled module is not built or not in use")
+from tests.spark.delivery_frames import needs_compiled
 
 
 @settings(max_examples=200, deadline=None)
@@ -31,7 +30,7 @@ def test_drop_front_is_del_of_a_prefix(data: bytes, cuts: list[int]) -> None:
         assert buf == plain
 
 
-@compiled
+@needs_compiled
 def test_a_buffer_emptied_read_after_read_keeps_its_allocation() -> None:
     buf = bytearray(1 << 20)
     alloc = buf.__alloc__()
@@ -44,7 +43,7 @@ def test_a_buffer_emptied_read_after_read_keeps_its_allocation() -> None:
     assert plain.__alloc__() < alloc  # what bytearray does itself: the memory goes back
 
 
-@compiled
+@needs_compiled
 def test_drop_front_refuses_what_del_refuses() -> None:
     buf = bytearray(b"abcdef")
     with pytest.raises(ValueError, match="cannot drop 7 bytes of 6"):
@@ -58,7 +57,7 @@ def test_drop_front_refuses_what_del_refuses() -> None:
     assert buf == b"abcdef"
 
 
-@compiled
+@needs_compiled
 def test_recv_append_reads_into_the_room_a_consumed_front_left() -> None:
     ours, theirs = socket.socketpair()
     try:
