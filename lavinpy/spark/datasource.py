@@ -27,10 +27,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from .client import AMQPClientError, BrokerClosed, Connection, gc_paused
-from .options import FIRST, LAST, LATEST, NEXT, ReadOptions, StartSpec, WriteOptions
+from .options import FIRST, LAST, LATEST, NEXT, OptionError, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
 from .queue_source import QueueBatchReader, QueueStreamReader
-from .queues import STREAM, open_connection, queue_kind
+from .queues import QUEUE, STREAM, UNKNOWN, open_connection, queue_kind
 from .read_rows import BatchBuilder, read_schema
 from .read_rows import check_schema as check_read_schema
 from .streams import ColumnsSink, StreamClient
@@ -54,6 +54,7 @@ class LavinpyDataSource(DataSource):
         conn = open_connection(opts.params)
         try:
             kind, count = queue_kind(opts.params, opts.queue, opts.queue_type, conn)
+            kind = decided_kind(opts, kind, streaming=False)
             opts.check_kind(kind == STREAM)
         except BaseException:
             conn.close()
@@ -70,6 +71,7 @@ class LavinpyDataSource(DataSource):
         check_read_schema(schema)
         opts = ReadOptions.parse(self.options)
         kind, _count = queue_kind(opts.params, opts.queue, opts.queue_type)
+        kind = decided_kind(opts, kind, streaming=True)
         opts.check_kind(kind == STREAM)
         if kind == STREAM:
             return LavinpyStreamReader(opts, schema, type_checked=opts.queue_type == "auto")
@@ -82,6 +84,24 @@ class LavinpyDataSource(DataSource):
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamArrowWriter:
         opts = _write_options(self.options, schema)
         return LavinpyStreamWriter(opts)
+
+
+def decided_kind(opts: ReadOptions, kind: str, streaming: bool) -> str:
+    """STREAM or QUEUE for queue_kind's answer. An empty queue whose kind no redeclare proved (UNKNOWN)
+    is what the options given say (a stream option: a stream; a queue option: a classic or quorum
+    queue). Without either, a batch read takes it as a queue, which reads nothing as an empty stream
+    would, and a streaming read, whose offsets mean something else for each kind, asks for queueType."""
+    if kind != UNKNOWN:
+        return kind
+    if any(name.lower() in opts.given for name in opts.STREAM_ONLY):
+        return STREAM
+    if not streaming or any(name.lower() in opts.given for name in opts.QUEUE_ONLY):
+        return QUEUE
+    raise OptionError(
+        f"cannot tell whether queue {opts.queue!r} is a stream or a classic or quorum queue: it holds no "
+        f"message, and the broker did not prove its kind by a redeclare (user {opts.params.username!r} may "
+        f"not configure it, or the broker's refusal did not name the argument); set the option queueType to stream, "
+        f"classic or quorum")
 
 
 # --- writing --------------------------------------------------------------------------------------

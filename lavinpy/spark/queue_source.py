@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from .client import gc_paused
 from .options import ReadOptions
-from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, queue_kind
+from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, ready_count
 from .read_rows import BatchBuilder
 from .streams import ColumnsSink
 
@@ -130,7 +130,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._remaining = queue_kind(self.opts.params, self.opts.queue, self.opts.queue_type)[1]
+        self._remaining = ready_count(self.opts.params, self.opts.queue)
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None) -> dict[str, int]:
         begin = self._offset(start) if start is not None else 0

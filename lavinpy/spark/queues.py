@@ -21,9 +21,10 @@ from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.writer import basic_ack, method_frame
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
-from .streams import _U16, ColumnsSink, Receiver, StreamReadError
+from .streams import _U16, ColumnsSink, NotAStreamError, Receiver, StreamClient, StreamReadError
 
 STREAM, QUEUE = "stream", "queue"
+UNKNOWN = "unknown"  # an empty queue whose kind the user may not check (see queue_kind)
 # One letter, as the stream reader's: tags are per channel, and each consumer has its channel. Every
 # delivery carries the tag, and "lavinpy.spark" cost two read tasks 2 % more CPU a row than "q".
 _CONSUMER_TAG = "q"
@@ -45,16 +46,18 @@ def open_connection(params: AMQPParams) -> Connection:
 
 def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
                conn: Connection | None = None) -> tuple[str, int]:
-    """(STREAM or QUEUE, ready message count) of an existing queue; a clear error if it is missing.
+    """(STREAM, QUEUE or UNKNOWN, ready message count) of an existing queue; a clear error if it is missing.
 
-    queue_type other than "auto" is the user's word for it (the queueType option), for brokers that
-    accept any redeclare (LavinMQ 1.0 does not compare arguments): only the count is asked then.
+    queue_type other than "auto" is the user's word for it (the queueType option): only the count
+    is asked then.
 
     Redeclaring with x-queue-type=stream (durable) has no side effect: it succeeds on a stream
     without other arguments, and a 406 naming x-queue-type, durable or auto_delete proves the queue
     is not one (brokers compare the type before the other arguments). A 406 naming another
-    argument means the type matched: a stream with retention settings. Anything else (no
-    configure permission) counts as a stream, whose first delivery then decides (streams.py).
+    argument means the type matched: a stream with retention settings. A redeclare proves nothing
+    where it is refused (a user without configure permission), where the refusal names no argument
+    (LavinMQ 1.0) or where the broker is not known to compare them: the first delivery decides then
+    (kind_by_delivery).
     conn: a connection of the caller's to ask on (left open), else one of its own.
     """
     if conn is None:
@@ -85,8 +88,33 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
             return QUEUE, count
         if (exc.reply_code == 406 and "queue type" in text) or exc.reply_code == 405:
             return QUEUE, count  # 405: another connection's exclusive queue, never a stream
+        if exc.reply_code == 406 and "inequivalent arg '" in text:
+            return STREAM, count  # the type matched, another argument did not
+        return kind_by_delivery(params, queue), count
+    if _compares_arguments(conn):
         return STREAM, count
-    return STREAM, count
+    return kind_by_delivery(params, queue), count
+
+
+def _compares_arguments(conn: Connection) -> bool:
+    """Whether the broker refuses a redeclare whose arguments differ (lavinpy and RabbitMQ do)."""
+    product = conn.server_properties.get("product")
+    name = product.decode(errors="replace") if isinstance(product, bytes) else str(product)
+    return name in ("lavinpy", "RabbitMQ")
+
+
+def kind_by_delivery(params: AMQPParams, queue: str) -> str:
+    """STREAM or QUEUE by the first delivery of a consumer with a stream's start (x-stream-offset
+    "first", prefetch 1): a stream's carries its offset, a classic or quorum queue's does not (they
+    ignore the argument). That one message goes back to the queue when the consumer's channel
+    closes, marked redelivered, as after any consumer's failure. UNKNOWN: nothing came (the queue
+    holds no ready message)."""
+    try:
+        with StreamClient(params, queue, prefetch=1) as probe:
+            first = probe.first_offset()
+    except NotAStreamError:
+        return QUEUE
+    return UNKNOWN if first is None else STREAM
 
 
 class QueueConsumer:

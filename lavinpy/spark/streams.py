@@ -50,10 +50,9 @@ class NotAStreamError(StreamReadError):
 
 def not_a_stream(queue: str, detail: str) -> NotAStreamError:
     return NotAStreamError(
-        f"queue {queue!r} is not a stream queue ({detail}). The lavinpy Spark source reads only stream "
-        f"queues, which keep their messages so that offset ranges can be read and replayed: declare a "
-        f"durable queue with the argument x-queue-type=stream, bind it like the classic queue, and read "
-        f"that instead.")
+        f"queue {queue!r} is not a stream queue ({detail}), but it is read as one: leave the option "
+        f"queueType at auto (the default) or set it to classic or quorum, and leave out the stream "
+        f"options (startingOffset, endingOffset, maxMessagesPerPartition)")
 
 
 class Delivery(NamedTuple):
@@ -319,6 +318,8 @@ class StreamClient:
                 self.close()
             if exc.reply_code == 404:
                 raise StreamReadError(f"queue {self.queue!r} not found in vhost {self.params.vhost!r}") from exc
+            if exc.reply_code == 403:  # the refusal names the queue and the user; the offset is beside it
+                raise StreamReadError(f"cannot read queue {self.queue!r}: {exc.reply_code} {exc.reply_text}") from exc
             raise StreamReadError(f"cannot consume from {self.queue!r} at {spec!r}: "
                                   f"{exc.reply_code} {exc.reply_text}") from exc
 

@@ -371,7 +371,7 @@ def test_a_share_larger_than_a_prefetch_is_read_by_one_task(broker, admin, monke
 
 
 def test_a_named_queue_type_is_taken_without_the_redeclare_probe(broker, admin) -> None:
-    """queueType names the kind (for brokers that accept any redeclare); auto finds it out, and
+    """queueType names the kind (and skips the checks that find it out); auto finds it out, and
     the count and a missing queue's error are the same either way."""
     classic = declare(admin, "classic")
     publish_plain(broker.url, classic, 3, 16)
