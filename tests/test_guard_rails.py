@@ -1,10 +1,11 @@
 """The project's rules that no tool checks by itself: every module of a package is in its layers contract,
-no source file passes 600 lines, the faces keep no books (counters belong to the model), and the model
-raises its own errors, not a protocol's."""
+no source file passes 600 lines, the faces keep no books (counters belong to the model), the model
+raises its own errors, not a protocol's, and methods that carry a name are built without pamqp's check."""
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -139,3 +140,21 @@ def test_the_front_door_contract_closes_every_other_module_of_the_model():
         f"named but not a module of lavinpy.broker: {sorted(closed - model)}")
     faces = {name.removeprefix("lavinpy.") for name in contract["source_modules"]}
     assert {"amqp", "mqtt", "http"} <= faces
+
+
+# pamqp's constructors check names against a narrower pattern than RabbitMQ's (ASCII only, exchanges up
+# to 127 characters) and refuse, say, a shovel's source queue named in Cyrillic.
+_NAMED_METHOD = re.compile(r"\b(?:spec|commands)\.(?:Queue\.(?:Declare|Delete|Bind|Unbind|Purge|DeclareOk)"
+                           r"|Exchange\.(?:Declare|Delete|Bind|Unbind)|Basic\.(?:Consume|Get|GetOk|Publish|Deliver"
+                           r"|Return)|Connection\.Open)\(")
+
+
+def test_methods_that_carry_a_name_are_built_without_pamqps_name_check():
+    """Every method holding an exchange, queue or vhost name is made by lavinpy.wire.frames.build_method
+    (or encoded by hand), whichever client or face sends it."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = [i for i, line in enumerate(path.read_text().splitlines(), 1) if _NAMED_METHOD.search(line)]
+        if lines:
+            found[path.relative_to(REPO).as_posix()] = lines
+    assert not found, f"a pamqp constructor refuses names RabbitMQ takes; use build_method: {found}"

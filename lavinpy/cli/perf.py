@@ -26,6 +26,7 @@ from pamqp import commands as spec
 
 from lavinpy.progress import Progress
 from lavinpy.wire.client import publish_method_frame
+from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import encode_property_values
 from lavinpy.wire.writer import content_frames
 
@@ -173,16 +174,16 @@ def queue_names(args: argparse.Namespace) -> list[str]:
 async def setup_queues(ctl: Client, names: list[str], durable: bool) -> None:
     for q in names:
         try:
-            await ctl.rpc(spec.Queue.Declare(queue=q, durable=durable), spec.Queue.DeclareOk)
+            await ctl.rpc(build_method(spec.Queue.Declare, queue=q, durable=durable), spec.Queue.DeclareOk)
         except AMQPError as e:
             if "406" not in str(e):
                 raise
             # Left over from a run with other durability: its messages would be purged anyway.
             print(f"lavinpy-perf: redeclaring queue {q!r} ({e})", file=sys.stderr)
             await ctl.reopen_channel()
-            await ctl.rpc(spec.Queue.Delete(queue=q), spec.Queue.DeleteOk)
-            await ctl.rpc(spec.Queue.Declare(queue=q, durable=durable), spec.Queue.DeclareOk)
-        await ctl.rpc(spec.Queue.Purge(queue=q), spec.Queue.PurgeOk)
+            await ctl.rpc(build_method(spec.Queue.Delete, queue=q), spec.Queue.DeleteOk)
+            await ctl.rpc(build_method(spec.Queue.Declare, queue=q, durable=durable), spec.Queue.DeclareOk)
+        await ctl.rpc(build_method(spec.Queue.Purge, queue=q), spec.Queue.PurgeOk)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,7 +205,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await c.rpc(spec.Basic.Qos(prefetch_count=args.prefetch), spec.Basic.QosOk)
             # Round-robin, and with fewer consumers than queues each takes several so none is left unread.
             for q in names[i % len(names)::args.consumers]:
-                await c.rpc(spec.Basic.Consume(queue=q, no_ack=args.autoack), spec.Basic.ConsumeOk)
+                await c.rpc(build_method(spec.Basic.Consume, queue=q, no_ack=args.autoack), spec.Basic.ConsumeOk)
             cons.append(c)
         for i in range(args.publishers):
             p = await connect(params, f"lavinpy-perf publisher {i + 1}")
@@ -281,7 +282,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.keep_queue and not ctl.error:
             for q in names:
                 try:
-                    await ctl.rpc(spec.Queue.Delete(queue=q), spec.Queue.DeleteOk, timeout=10)
+                    await ctl.rpc(build_method(spec.Queue.Delete, queue=q), spec.Queue.DeleteOk, timeout=10)
                 except (TimeoutError, AMQPError):
                     break
         await ctl.close()

@@ -20,6 +20,7 @@ from pamqp import commands as spec
 
 from lavinpy.progress import Progress
 from lavinpy.wire.field_table import Int64, encode_table
+from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import append_header_entry, replace_field
 from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
@@ -192,7 +193,7 @@ class Shovel:
             await src.rpc(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
         dest.on_writable = lambda writable: src.pause_reading(not writable)
         src.on_delivery = self._deliver
-        await src.rpc(spec.Basic.Consume(queue=queue, consumer_tag=f"shovel-{self.name}"[:255],
+        await src.rpc(build_method(spec.Basic.Consume, queue=queue, consumer_tag=f"shovel-{self.name}"[:255],
                                          no_ack=self._no_ack, arguments=d.src_consumer_args or None),
                       spec.Basic.ConsumeOk)
         self._set_state("running")
@@ -223,11 +224,12 @@ class Shovel:
         d = self.definition
         if d.src_queue is not None:
             if d.src_queue_args is not None:
-                ok = await src.rpc(spec.Queue.Declare(queue=d.src_queue, durable=True, arguments=d.src_queue_args),
+                ok = await src.rpc(build_method(spec.Queue.Declare, queue=d.src_queue, durable=True,
+                                                arguments=d.src_queue_args),
                                    spec.Queue.DeclareOk)
             else:
                 try:
-                    ok = await self._passive(src, spec.Queue.Declare(queue=d.src_queue, passive=True),
+                    ok = await self._passive(src, build_method(spec.Queue.Declare, queue=d.src_queue, passive=True),
                                              spec.Queue.DeclareOk, f"source queue '{d.src_queue}'")
                 except _NotFound as e:
                     raise ShovelClientError(str(e)) from None
@@ -240,12 +242,14 @@ class Shovel:
         assert d.src_exchange is not None
         if d.src_exchange:
             try:
-                await self._passive(src, spec.Exchange.Declare(exchange=d.src_exchange, passive=True),
+                await self._passive(src, build_method(spec.Exchange.Declare, exchange=d.src_exchange, passive=True),
                                     spec.Exchange.DeclareOk, f"source exchange '{d.src_exchange}'")
             except _NotFound as e:
                 raise ShovelClientError(str(e)) from None
-        ok = await src.rpc(spec.Queue.Declare(queue="", exclusive=True, auto_delete=True), spec.Queue.DeclareOk)
-        await src.rpc(spec.Queue.Bind(queue=ok.queue, exchange=d.src_exchange, routing_key=d.src_exchange_key),
+        ok = await src.rpc(build_method(spec.Queue.Declare, queue="", exclusive=True, auto_delete=True),
+                           spec.Queue.DeclareOk)
+        await src.rpc(build_method(spec.Queue.Bind, queue=ok.queue, exchange=d.src_exchange,
+                                   routing_key=d.src_exchange_key),
                       spec.Queue.BindOk)
         if self.remaining is None and isinstance(d.delete_after, int):
             self._to_move(d.delete_after)
@@ -261,14 +265,15 @@ class Shovel:
         d = self.definition
         if d.dest_queue:
             try:
-                await self._passive(dest, spec.Queue.Declare(queue=d.dest_queue, passive=True),
+                await self._passive(dest, build_method(spec.Queue.Declare, queue=d.dest_queue, passive=True),
                                     spec.Queue.DeclareOk, f"destination queue '{d.dest_queue}'")
             except _NotFound:  # as RabbitMQ: a missing destination queue is declared durable
-                await dest.rpc(spec.Queue.Declare(queue=d.dest_queue, durable=True, arguments=d.dest_queue_args),
+                await dest.rpc(build_method(spec.Queue.Declare, queue=d.dest_queue, durable=True,
+                                            arguments=d.dest_queue_args),
                                spec.Queue.DeclareOk)
         elif d.dest_exchange:
             try:
-                await self._passive(dest, spec.Exchange.Declare(exchange=d.dest_exchange, passive=True),
+                await self._passive(dest, build_method(spec.Exchange.Declare, exchange=d.dest_exchange, passive=True),
                                     spec.Exchange.DeclareOk, f"destination exchange '{d.dest_exchange}'")
             except _NotFound as e:
                 raise ShovelClientError(str(e)) from None

@@ -26,6 +26,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from lavinpy.wire.frames import build_method
+
 from .client import AMQPClientError, BrokerClosed, Connection, gc_paused
 from .options import FIRST, LAST, LATEST, NEXT, OptionError, ReadOptions, StartSpec, WriteOptions
 from .publisher import ConfirmPublisher
@@ -126,7 +128,7 @@ def _check_exchange(opts: WriteOptions) -> None:
     with Connection(opts.params).open() as conn:
         ch = conn.open_channel()
         try:
-            conn.call(ch, commands.Exchange.Declare(exchange=opts.exchange, passive=True),
+            conn.call(ch, build_method(commands.Exchange.Declare, exchange=opts.exchange, passive=True),
                       commands.Exchange.DeclareOk)
         except BrokerClosed as exc:
             if exc.reply_code == 404:

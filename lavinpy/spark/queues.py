@@ -18,6 +18,7 @@ from pamqp import commands
 
 from lavinpy.wire.client import encode_shortstr
 from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.frames import build_method
 from lavinpy.wire.writer import basic_ack, method_frame
 
 from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
@@ -66,7 +67,7 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
     # One channel for both declares, left open when they succeed: the connection's close ends it.
     ch = conn.open_channel()
     try:
-        ok = conn.call(ch, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
+        ok = conn.call(ch, build_method(commands.Queue.Declare, queue=queue, passive=True), commands.Queue.DeclareOk)
     except BrokerClosed as exc:
         if exc.reply_code == 404:
             raise StreamReadError(f"queue {queue!r} not found in vhost {params.vhost!r} at "
@@ -77,7 +78,8 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
     if queue_type != "auto":
         return (STREAM if queue_type == "stream" else QUEUE), count
     try:
-        conn.call(ch, commands.Queue.Declare(queue=queue, durable=True, arguments={"x-queue-type": "stream"}),
+        conn.call(ch, build_method(commands.Queue.Declare, queue=queue, durable=True,
+                                   arguments={"x-queue-type": "stream"}),
                   commands.Queue.DeclareOk)
     except BrokerClosed as exc:
         if exc.scope == "connection":
@@ -190,7 +192,7 @@ def ready_count(params: AMQPParams, queue: str) -> int:
     """The queue's ready messages now (a passive declare's message count), on a connection of its own:
     the consumer's own connection is busy with deliveries."""
     with Connection(params).open() as conn:
-        ok = conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, passive=True),
+        ok = conn.call(conn.open_channel(), build_method(commands.Queue.Declare, queue=queue, passive=True),
                        commands.Queue.DeclareOk)
         return int(ok.message_count)
 

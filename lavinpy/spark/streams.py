@@ -27,6 +27,7 @@ from lavinpy.wire.client import BASIC_DELIVER, encode_shortstr, method_id, parse
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
 from lavinpy.wire.delivery_columns import OFFSET_HEADER, STOP_FULL, STOP_OTHER, DeliveryColumns, split_offset
 from lavinpy.wire.field_table import encode_table
+from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import property_values
 from lavinpy.wire.writer import basic_ack
 
@@ -114,7 +115,8 @@ class StreamClient:
         conn = self.conn
         ch = conn.open_channel()
         try:
-            ok = conn.call(ch, commands.Queue.Declare(queue=self.queue, passive=True), commands.Queue.DeclareOk)
+            ok = conn.call(ch, build_method(commands.Queue.Declare, queue=self.queue, passive=True),
+                           commands.Queue.DeclareOk)
         except BrokerClosed as exc:
             if exc.reply_code == 404:
                 raise StreamReadError(f"queue {self.queue!r} not found in vhost {self.params.vhost!r}: declare it "
@@ -138,7 +140,7 @@ class StreamClient:
         conn = self.conn
         ch = conn.open_channel()
         try:
-            conn.call(ch, commands.Queue.Declare(queue=self.queue, durable=True,
+            conn.call(ch, build_method(commands.Queue.Declare, queue=self.queue, durable=True,
                                                  arguments={"x-queue-type": "stream"}), commands.Queue.DeclareOk)
         except BrokerClosed as exc:
             if exc.scope == "connection":

@@ -5,14 +5,16 @@ given a context), runs the handshake and returns the protocol once connection.op
 
     client = await connect(ClientConnection(user, password, vhost, name="my link"), host, port)
     channel = await client.open_channel()
-    ok = await client.call(channel, commands.Queue.Declare(queue="q"), commands.Queue.DeclareOk)
+    ok = await client.call(channel, build_method(commands.Queue.Declare, queue="q"), commands.Queue.DeclareOk)
     client.basic_publish(channel, "", "q", properties, body)
     await client.close()
 
-A subclass overrides ``handle_delivery``, ``handle_confirm`` and ``handle_event`` to take deliveries, publisher
-confirms and the other events (returns, flow, blocked, cancels); a channel the broker closes while
-nobody waits on it ends the connection unless ``channel_closed`` is overridden. Calls raise
-ClientError (the broker refused, or the connection is gone); heartbeats run on the loop's timer.
+Methods that carry a name are made by ``lavinpy.wire.frames.build_method``: pamqp's constructors refuse
+names RabbitMQ takes. A subclass overrides ``handle_delivery``, ``handle_confirm`` and ``handle_event``
+to take deliveries, publisher confirms and the other events (returns, flow, blocked, cancels); a
+channel the broker closes while nobody waits on it ends the connection unless ``channel_closed`` is
+overridden. Calls raise ClientError (the broker refused, or the connection is gone); heartbeats run on
+the loop's timer.
 """
 
 from __future__ import annotations

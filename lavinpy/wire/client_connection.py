@@ -65,6 +65,7 @@ from lavinpy.wire.constants import (
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
+from lavinpy.wire.frames import build_method
 from lavinpy.wire.writer import HEARTBEAT, basic_ack, basic_nack, content_frames, encoded_method_frame, method_frame
 
 __all__ = ["ClientConnection", "ClientProtocolError", "MECHANISMS"]
@@ -355,7 +356,7 @@ class ClientConnection:
         self.heartbeat = tune.heartbeat if want is None else lower(want, tune.heartbeat) if want else 0
         self._write(method_frame(0, commands.Connection.TuneOk(
             channel_max=self.channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat)))
-        self._write(method_frame(0, commands.Connection.Open(virtual_host=self.vhost)))
+        self._write(method_frame(0, build_method(commands.Connection.Open, virtual_host=self.vhost)))
         self.state = AWAIT_OPEN_OK
 
     def _channel_method(self, channel: int, method: Any, events: list[Event]) -> None:

@@ -126,6 +126,31 @@ def test_exchange_source_no_ack(two_brokers, engine) -> None:
     engine.remove("ex")
 
 
+def test_names_beyond_ascii_and_pamqps_length_are_shovelled(two_brokers, engine) -> None:
+    """RabbitMQ takes any UTF-8 name up to 255 bytes; the shovel's client sends them as given (pamqp's
+    constructors would refuse these: non-ASCII, and an exchange name over 127 characters)."""
+    a, b = two_brokers
+    src, dst, exchange = "очередь ✓", "队列-dest", "x" * 200
+    _publish(a.url, src, 30)
+    conn = pika.BlockingConnection(pika.URLParameters(b.url))
+    ch = conn.channel()
+    ch.exchange_declare(exchange, "fanout", durable=True)
+    ch.queue_declare("from-long", durable=True)
+    ch.queue_bind("from-long", exchange)
+    conn.close()
+    engine.apply("utf8", {"src-uri": a.url, "src-queue": src, "dest-uri": b.url, "dest-queue": dst,
+                          "src-delete-after": 20})
+    deadline = time.monotonic() + 15
+    while ("/", "utf8") not in engine.finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ("/", "utf8") in engine.finished
+    assert [int(body) for _, body in _drain(b.url, dst, 20)] == list(range(20))
+    engine.apply("long", {"src-uri": a.url, "src-queue": src, "dest-uri": b.url, "dest-exchange": exchange})
+    engine.wait_state("long", "running")
+    assert sorted(int(body) for _, body in _drain(b.url, "from-long", 10)) == list(range(20, 30))
+    engine.remove("long")
+
+
 def test_missing_source_is_terminated_and_retried(two_brokers, engine) -> None:
     a, b = two_brokers
     engine.apply("nosrc", {"src-uri": a.url, "src-queue": "not-yet", "dest-uri": b.url, "dest-queue": "d",

@@ -385,6 +385,25 @@ def test_a_named_queue_type_is_taken_without_the_redeclare_probe(broker, admin) 
             queue_kind(params, missing, named)
 
 
+def test_names_beyond_ascii_are_read_and_written(spark, broker, admin, stream_queue) -> None:
+    """RabbitMQ takes any UTF-8 name up to 255 bytes; the driver's checks (pamqp's constructors would
+    refuse a non-ASCII name) and the tasks send them as given."""
+    classic = unique("spark-очередь ✓")
+    admin.queue_declare(classic, durable=True)
+    stream = stream_queue(unique("spark-поток ✓"))
+    publish_plain(broker.url, classic, 3, 16)
+    params = AMQPParams.from_url(broker.url)
+    assert queue_kind(params, classic) == (QUEUE, 3)
+    assert queue_kind(params, stream)[0] == STREAM
+    (spark.range(5).selectExpr("cast(id AS string) AS body").write.format("lavinpy").mode("append")
+     .option("url", broker.url).option("queue", stream).save())
+    rows = spark.read.format("lavinpy").option("url", broker.url).option("queue", stream).load().collect()
+    assert sorted(r.body for r in rows) == [b"%d" % i for i in range(5)]
+    rows = spark.read.format("lavinpy").option("url", broker.url).option("queue", classic).load().collect()
+    assert sorted(r.body[:8] for r in rows) == [b"%08d" % i for i in range(3)]
+    assert rows[0].routing_key == classic
+
+
 def test_a_finished_task_leaves_its_acks_and_close_to_the_broker_without_waiting(broker, admin,
                                                                                   monkeypatch) -> None:
     """A task's end sends its cancels, acks and connection.close in one write and does not wait for the
