@@ -32,7 +32,7 @@ from ..wire.constants import (
     RESOURCE_ERROR,
     UNEXPECTED_FRAME,
 )
-from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
+from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError, fit_shortstr
 from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 from . import delivery_round as rounds
 from .channel_methods import (
@@ -134,7 +134,7 @@ class Channel:
         log.error("channel %d on %s: %s", self.id, self.conn.name, reason)
         class_id, method_id = _method_ids(reply[1])
         self.conn.send(writer.method_frame(self.id, commands.Channel.Close(
-            reply_code=RESOURCE_ERROR, reply_text=f"RESOURCE_ERROR - {reason}"[:255], class_id=class_id,
+            reply_code=RESOURCE_ERROR, reply_text=fit_shortstr(f"RESOURCE_ERROR - {reason}"), class_id=class_id,
             method_id=method_id)))
         self.closing = True
         self.release()
@@ -155,7 +155,7 @@ class Channel:
         channel_close_log.log(logging.INFO, "channel %d on %s closed: %s", self.id, self.conn.name, error.text)
         # After the replies before it; the last frame of the channel.
         self.replies.follow([writer.method_frame(self.id, commands.Channel.Close(
-            reply_code=reply_code(error), reply_text=error.text[:255], class_id=class_id, method_id=method_id))],
+            reply_code=reply_code(error), reply_text=error.text, class_id=class_id, method_id=method_id))],
             last=True)
         self.closing = True
         self.release(replies_end=False)

@@ -31,7 +31,7 @@ from ..wire.constants import (
     REPLY_SUCCESS,
     UNEXPECTED_FRAME,
 )
-from ..wire.errors import AMQPConnectionError
+from ..wire.errors import AMQPConnectionError, fit_shortstr
 from ..wire.reader import (
     AckRun,
     BadProtocolHeader,
@@ -400,7 +400,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self.abort()
             return
         self.send(writer.method_frame(0, commands.Connection.Close(
-            reply_code=code, reply_text=text[:255], class_id=class_id, method_id=method_id)))
+            reply_code=code, reply_text=fit_shortstr(text), class_id=class_id, method_id=method_id)))
         self.enter_state(CLOSING)
         for channel in list(self.channels.values()):
             channel.release()

@@ -19,6 +19,7 @@ from typing import Any
 from pamqp import commands as spec
 
 from lavinpy.progress import Progress
+from lavinpy.wire.errors import fit_shortstr
 from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import append_header_entry, replace_field
@@ -193,7 +194,7 @@ class Shovel:
             await src.rpc(spec.Basic.Qos(prefetch_count=prefetch), spec.Basic.QosOk)
         dest.on_writable = lambda writable: src.pause_reading(not writable)
         src.on_delivery = self._deliver
-        await src.rpc(build_method(spec.Basic.Consume, queue=queue, consumer_tag=f"shovel-{self.name}"[:255],
+        await src.rpc(build_method(spec.Basic.Consume, queue=queue, consumer_tag=fit_shortstr(f"shovel-{self.name}"),
                                          no_ack=self._no_ack, arguments=d.src_consumer_args or None),
                       spec.Basic.ConsumeOk)
         self._set_state("running")

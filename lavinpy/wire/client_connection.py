@@ -65,6 +65,7 @@ from lavinpy.wire.constants import (
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
+from lavinpy.wire.errors import fit_shortstr
 from lavinpy.wire.frames import build_method
 from lavinpy.wire.writer import HEARTBEAT, basic_ack, basic_nack, content_frames, encoded_method_frame, method_frame
 
@@ -238,7 +239,7 @@ class ClientConnection:
         """End the connection over a protocol error: tell the broker (when it can listen) and raise."""
         if reply_code and self.state != CLOSED:
             self._write(method_frame(0, commands.Connection.Close(
-                reply_code=reply_code, reply_text=text[:255], class_id=0, method_id=0)))
+                reply_code=reply_code, reply_text=fit_shortstr(text), class_id=0, method_id=0)))
         self._end(text)
         raise ClientProtocolError(text)
 

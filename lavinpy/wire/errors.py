@@ -13,7 +13,8 @@ from lavinpy.wire.constants import REPLY_NAMES
 _SHORTSTR_MAX = 255
 
 
-def _fit_shortstr(text: str) -> str:
+def fit_shortstr(text: str) -> str:
+    """``text`` cut to what a short string holds (255 bytes of UTF-8), never inside a character."""
     # Names decoded from a client's non-UTF-8 bytes hold surrogates: show them escaped.
     encoded = text.encode("utf-8", "backslashreplace")
     if len(encoded) <= _SHORTSTR_MAX:
@@ -33,7 +34,7 @@ class AMQPError(Exception):
     def __init__(self, reply_code: int, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.reply_code = reply_code
         self.detail = detail
-        self.text = _fit_shortstr(f"{REPLY_NAMES.get(reply_code, 'UNKNOWN')} - {detail}")
+        self.text = fit_shortstr(f"{REPLY_NAMES.get(reply_code, 'UNKNOWN')} - {detail}")
         self.class_id = class_id
         self.method_id = method_id
         # Set by FrameReader.feed: frames decoded from the same input before the error.

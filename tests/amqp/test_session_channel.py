@@ -11,6 +11,8 @@ from session_client import Client, Harness
 
 from lavinpy.amqp import consumer_timeout
 from lavinpy.amqp.output import OUTPUT_HOLD_TURNS
+from lavinpy.wire.frames import build_method
+from lavinpy.wire.writer import method_frame
 
 
 @pytest.fixture
@@ -108,6 +110,18 @@ def test_closed_channel_requeues_its_unacked_for_the_next_consumer(harness: Harn
     client.read()
     deliver = other.methods()[0][1]
     assert (deliver.name, deliver.consumer_tag, deliver.redelivered) == ("Basic.Deliver", "c2", True)
+
+
+def test_a_refusal_quoting_a_long_name_is_cut_to_a_short_string(client: Client) -> None:
+    """A name may take all of a short string's 255 bytes, so a refusal that quotes one can pass what a
+    reply text holds: the text is cut on a character's boundary, and only that channel closes."""
+    name = "ж" * 127  # 254 bytes of UTF-8
+    client.open_channel(2)
+    client.send(method_frame(2, build_method(commands.Queue.Declare, queue=name, passive=True)))
+    [(channel, close)] = client.methods()
+    assert (channel, close.name, close.reply_code) == (2, "Channel.Close", 404)
+    assert close.reply_text.startswith("NOT_FOUND - no queue 'жжж") and len(close.reply_text.encode()) <= 255
+    declare(client, 1, "still-open")
 
 
 def test_channel_error_closes_only_that_channel(harness: Harness, client: Client) -> None:

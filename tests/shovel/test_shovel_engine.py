@@ -128,7 +128,8 @@ def test_exchange_source_no_ack(two_brokers, engine) -> None:
 
 def test_names_beyond_ascii_and_pamqps_length_are_shovelled(two_brokers, engine) -> None:
     """RabbitMQ takes any UTF-8 name up to 255 bytes; the shovel's client sends them as given (pamqp's
-    constructors would refuse these: non-ASCII, and an exchange name over 127 characters)."""
+    constructors would refuse these: non-ASCII, and an exchange name over 127 characters), and a long
+    shovel name still makes a consumer tag that fits."""
     a, b = two_brokers
     src, dst, exchange = "очередь ✓", "队列-dest", "x" * 200
     _publish(a.url, src, 30)
@@ -145,10 +146,11 @@ def test_names_beyond_ascii_and_pamqps_length_are_shovelled(two_brokers, engine)
         time.sleep(0.05)
     assert ("/", "utf8") in engine.finished
     assert [int(body) for _, body in _drain(b.url, dst, 20)] == list(range(20))
-    engine.apply("long", {"src-uri": a.url, "src-queue": src, "dest-uri": b.url, "dest-exchange": exchange})
-    engine.wait_state("long", "running")
+    long_name = "перенос-" + "ш" * 150  # its consumer tag, "shovel-" and the name, is cut to 255 bytes
+    engine.apply(long_name, {"src-uri": a.url, "src-queue": src, "dest-uri": b.url, "dest-exchange": exchange})
+    engine.wait_state(long_name, "running")
     assert sorted(int(body) for _, body in _drain(b.url, "from-long", 10)) == list(range(20, 30))
-    engine.remove("long")
+    engine.remove(long_name)
 
 
 def test_missing_source_is_terminated_and_retried(two_brokers, engine) -> None:
