@@ -11,6 +11,8 @@ the restarted query (`redelivered` true): at-least-once.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,13 +21,16 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .client import gc_paused
+from .client import BrokerClosed, ConnectionLost, gc_paused
 from .options import ReadOptions
 from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, ready_count
 from .read_rows import BatchBuilder
 from .streams import ColumnsSink
 
+log = logging.getLogger(__name__)
+
 _POLL_FIRST_S = 0.05   # how long latestOffset waits for a first delivery when the queue is quiet
+_REOPEN_PAUSE_S = 0.5  # between attempts to reach the broker again after the consumers' connection was lost
 _POLL_IDLE_S = 0.01    # the pause that ends a micro-batch's collection
 _AVAILABLE_NOW_WAIT_S = 2.0
 
@@ -140,6 +145,17 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ack_through(begin)
         if begin in self._planned:  # asked again before the batch ran: the same batch
             return {self.opts.queue: self._planned[begin].end}
+        try:
+            return self._collect(begin, limit)
+        except (ConnectionLost, BrokerClosed) as exc:
+            if isinstance(exc, BrokerClosed) and exc.scope != "connection":
+                raise
+            self._lost(exc)  # what was collected goes back to the queue with the connections
+        self._reopen()
+        return self._collect(begin, limit)
+
+    def _collect(self, begin: int, limit: ReadLimit | None) -> dict[str, int]:
+        """The next micro-batch: what the consumers receive now, planned as the batch from begin."""
         if self._remaining is not None and self._remaining <= 0:
             return {self.opts.queue: begin}
         consumers = self._open()
@@ -194,16 +210,50 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._ack_through(self._offset(end))
 
     def _ack_through(self, done: int) -> None:
-        """Ack the planned batches that end at or before `done` (multiple acks, per consumer)."""
+        """Ack the planned batches that end at or before `done` (multiple acks, per consumer). Acks
+        that cannot be sent (the connection is gone) are not retried: their messages come again,
+        redelivered (at-least-once)."""
         consumers = self._consumers or []
         for begin in sorted(self._planned):
             planned = self._planned[begin]
             if planned.end > done:
                 break
-            for i, tag in planned.last_tags.items():
-                if i < len(consumers):
-                    consumers[i].ack(tag)
+            try:
+                for i, tag in planned.last_tags.items():
+                    if i < len(consumers):
+                        consumers[i].ack(tag)
+            except (ConnectionLost, BrokerClosed) as exc:
+                if isinstance(exc, BrokerClosed) and exc.scope != "connection":
+                    raise
+                self._lost(exc)
+                consumers = []
             del self._planned[begin]
+
+    def _lost(self, exc: Exception) -> None:
+        """A consumer's connection is gone: the broker requeues what every consumer held (a consumer
+        cannot ack on another's connection, so all of them start again). Planned batches keep their
+        rows but have nothing left to ack, and Trigger.AvailableNow counts their messages again."""
+        log.warning("queue %r: the consumers' connection was lost (%s); reconnecting, the messages not yet "
+                    "acked come again, redelivered", self.opts.queue, exc)
+        for consumer in self._consumers or []:
+            consumer.conn.abort()
+        self._consumers = None
+        for begin, planned in self._planned.items():
+            if self._remaining is not None and planned.last_tags:
+                self._remaining += planned.end - begin
+            planned.last_tags.clear()
+
+    def _reopen(self) -> None:
+        """Consumers again, trying for the url's timeout (a broker restarting takes a moment)."""
+        deadline = time.monotonic() + self.opts.params.timeout
+        while True:
+            try:
+                self._open()
+                return
+            except ConnectionLost:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(_REOPEN_PAUSE_S)
 
     def stop(self) -> None:
         """Unacked messages (batches not committed) go back to the queue with the connections."""

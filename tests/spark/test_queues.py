@@ -404,6 +404,43 @@ def test_names_beyond_ascii_are_read_and_written(spark, broker, admin, stream_qu
     assert rows[0].routing_key == classic
 
 
+def test_a_streaming_read_goes_on_across_a_broker_restart(spark, tmp_path: Path) -> None:
+    """The driver's consumers reach the broker again when their connection is lost (a broker restart):
+    the query goes on, and every message reaches the sink at least once (what was not acked comes
+    again, redelivered)."""
+    broker = LocalBroker(tmp_path / "broker")
+    broker.start()
+    query = None
+    try:
+        queue = unique("spark-restart")
+        with Connection(AMQPParams.from_url(broker.url)).open() as conn:
+            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
+        publish(broker.url, queue, 0, 100)
+        out = tmp_path / "out"
+
+        def bodies() -> set[bytes]:
+            if not (out / "_spark_metadata").exists():
+                return set()
+            rows = spark.read.schema("body BINARY, redelivered BOOLEAN").parquet(str(out)).collect()
+            return {row.body for row in rows}
+
+        query = (spark.readStream.format("lavinpy").option("url", broker.url).option("queue", queue).load()
+                 .select("body", "redelivered").writeStream.format("parquet").option("path", str(out))
+                 .option("checkpointLocation", str(tmp_path / "cp")).trigger(processingTime="500 milliseconds")
+                 .start())
+        wait_until(lambda: len(bodies()) == 100, timeout=60, what="the first 100 messages in the sink")
+        broker.stop()
+        broker.start()
+        publish(broker.url, queue, 100, 100)
+        wait_until(lambda: len(bodies()) == 200 or not query.isActive, timeout=90, what="all 200 in the sink")
+        assert query.isActive, query.exception()
+        assert bodies() == {b"m%d" % i for i in range(200)}
+    finally:
+        if query is not None:
+            query.stop()
+        broker.stop()
+
+
 def test_a_finished_task_leaves_its_acks_and_close_to_the_broker_without_waiting(broker, admin,
                                                                                   monkeypatch) -> None:
     """A task's end sends its cancels, acks and connection.close in one write and does not wait for the
