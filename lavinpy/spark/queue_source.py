@@ -25,12 +25,11 @@ from .client import BrokerClosed, ConnectionLost, gc_paused
 from .options import ReadOptions
 from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, ready_count
 from .read_rows import BatchBuilder
-from .streams import ColumnsSink
+from .streams import REOPEN_PAUSE_S, ColumnsSink
 
 log = logging.getLogger(__name__)
 
 _POLL_FIRST_S = 0.05   # how long latestOffset waits for a first delivery when the queue is quiet
-_REOPEN_PAUSE_S = 0.5  # between attempts to reach the broker again after the consumers' connection was lost
 _POLL_IDLE_S = 0.01    # the pause that ends a micro-batch's collection
 _AVAILABLE_NOW_WAIT_S = 2.0
 
@@ -253,7 +252,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except ConnectionLost:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(_REOPEN_PAUSE_S)
+                time.sleep(REOPEN_PAUSE_S)
 
     def stop(self) -> None:
         """Unacked messages (batches not committed) go back to the queue with the connections."""

@@ -39,6 +39,7 @@ _EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream coun
 _END_IDLE_S = 0.05       # quiet time that ends the read of the last chunk in end_offset()
 _END_MAX_S = 1.0         # end_offset() stops chasing a busy stream after this long
 _STALL_PROBE_S = 5.0     # a range reader idle this long checks whether retention removed its range
+REOPEN_PAUSE_S = 0.5     # between attempts to reach the broker again after a connection was lost
 
 
 class StreamReadError(AMQPClientError):
@@ -95,16 +96,25 @@ class StreamClient:
         self.close()
 
     def _retrying(self, fn: Any, *args: Any) -> Any:
-        """Run fn once more on a fresh connection if the connection was lost (driver-side probes)."""
+        """Run fn (a driver-side probe); when the connection is lost or the broker closes it (a broker
+        restarting), run it again on a fresh connection, trying for the url's timeout."""
         try:
             return fn(*args)
         except BrokerClosed as exc:
-            if exc.scope == "connection":
-                self.close()
-            raise
+            if exc.scope != "connection":
+                raise
         except ConnectionLost:
-            self.close()
-            return fn(*args)
+            pass
+        self.close()
+        deadline = time.monotonic() + self.params.timeout
+        while True:
+            try:
+                return fn(*args)
+            except ConnectionLost:
+                self.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(REOPEN_PAUSE_S)
 
     # --- queue checks -----------------------------------------------------------------------------
     def message_count(self) -> int:

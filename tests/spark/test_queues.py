@@ -404,17 +404,20 @@ def test_names_beyond_ascii_are_read_and_written(spark, broker, admin, stream_qu
     assert rows[0].routing_key == classic
 
 
-def test_a_streaming_read_goes_on_across_a_broker_restart(spark, tmp_path: Path) -> None:
-    """The driver's consumers reach the broker again when their connection is lost (a broker restart):
-    the query goes on, and every message reaches the sink at least once (what was not acked comes
-    again, redelivered)."""
+@pytest.mark.parametrize("kind", ["classic", "stream"])
+def test_a_streaming_read_goes_on_across_a_broker_restart(spark, tmp_path: Path, kind: str) -> None:
+    """The driver's connections reach the broker again when they are lost (a broker restart): the query
+    goes on, and every message reaches the sink at least once (a queue's messages not yet acked come
+    again, redelivered; a stream's ranges are read by offset)."""
     broker = LocalBroker(tmp_path / "broker")
     broker.start()
     query = None
     try:
-        queue = unique("spark-restart")
+        queue = unique(f"spark-restart-{kind}")
         with Connection(AMQPParams.from_url(broker.url)).open() as conn:
-            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True), commands.Queue.DeclareOk)
+            conn.call(conn.open_channel(), commands.Queue.Declare(queue=queue, durable=True,
+                                                                  arguments={"x-queue-type": kind}),
+                      commands.Queue.DeclareOk)
         publish(broker.url, queue, 0, 100)
         out = tmp_path / "out"
 
