@@ -6,8 +6,9 @@ import contextlib
 import ctypes
 import gc
 import socket
-from collections.abc import Iterator
-from typing import Self
+import time
+from collections.abc import Callable, Iterator
+from typing import Self, TypeVar
 
 from lavinpy.wire.client_blocking import (
     DEFAULT_PORT,
@@ -20,7 +21,36 @@ from lavinpy.wire.client_blocking import (
 )
 
 __all__ = ["DEFAULT_PORT", "AMQPClientError", "AMQPParams", "BrokerClosed", "Connection", "ConnectionLost", "Frame",
-           "gc_paused"]
+           "connection_gone", "gc_paused", "reconnecting", "server_product"]
+
+_T = TypeVar("_T")
+REOPEN_PAUSE_S = 0.5  # between attempts to reach the broker again after a connection was lost
+
+
+def connection_gone(exc: Exception) -> bool:
+    """Whether ``exc`` ended the connection (lost, or closed by the broker, as a broker restarting
+    does), rather than refusing one method."""
+    return isinstance(exc, ConnectionLost) or (isinstance(exc, BrokerClosed) and exc.scope == "connection")
+
+
+def reconnecting(attempt: Callable[[], _T], timeout: float, reset: Callable[[], None] = lambda: None) -> _T:
+    """``attempt()`` again each time it loses its connection (``reset()`` after each loss), for
+    ``timeout`` seconds: a broker restarting takes a moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return attempt()
+        except ConnectionLost:
+            reset()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(REOPEN_PAUSE_S)
+
+
+def server_product(conn: BlockingConnection) -> str:
+    """The broker's name as its connection.start gave it (``lavinpy``, ``RabbitMQ``, ``LavinMQ``)."""
+    product = conn.server_properties.get("product")
+    return product.decode(errors="replace") if isinstance(product, bytes) else str(product)
 
 
 # A read task receives about 90 MB a million rows. With the kernel's receive autotuning, a fresh

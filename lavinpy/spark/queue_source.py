@@ -12,7 +12,6 @@ the restarted query (`redelivered` true): at-least-once.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,11 +20,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from .client import BrokerClosed, ConnectionLost, gc_paused
+from .client import BrokerClosed, ConnectionLost, connection_gone, gc_paused, reconnecting
 from .options import ReadOptions
 from .queues import MAX_PREFETCH, QueueConsumer, drain_partition, ready_count
 from .read_rows import BatchBuilder
-from .streams import REOPEN_PAUSE_S, ColumnsSink
+from .streams import ColumnsSink
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +146,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             return self._collect(begin, limit)
         except (ConnectionLost, BrokerClosed) as exc:
-            if isinstance(exc, BrokerClosed) and exc.scope != "connection":
+            if not connection_gone(exc):
                 raise
             self._lost(exc)  # what was collected goes back to the queue with the connections
-        self._reopen()
+        reconnecting(self._open, self.opts.params.timeout)  # consumers again
         return self._collect(begin, limit)
 
     def _collect(self, begin: int, limit: ReadLimit | None) -> dict[str, int]:
@@ -222,7 +221,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if i < len(consumers):
                         consumers[i].ack(tag)
             except (ConnectionLost, BrokerClosed) as exc:
-                if isinstance(exc, BrokerClosed) and exc.scope != "connection":
+                if not connection_gone(exc):
                     raise
                 self._lost(exc)
                 consumers = []
@@ -241,18 +240,6 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._remaining is not None and planned.last_tags:
                 self._remaining += planned.end - begin
             planned.last_tags.clear()
-
-    def _reopen(self) -> None:
-        """Consumers again, trying for the url's timeout (a broker restarting takes a moment)."""
-        deadline = time.monotonic() + self.opts.params.timeout
-        while True:
-            try:
-                self._open()
-                return
-            except ConnectionLost:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(REOPEN_PAUSE_S)
 
     def stop(self) -> None:
         """Unacked messages (batches not committed) go back to the queue with the connections."""

@@ -21,7 +21,7 @@ from lavinpy.wire.field_table import encode_table
 from lavinpy.wire.frames import build_method
 from lavinpy.wire.writer import basic_ack, method_frame
 
-from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection
+from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, server_product
 from .streams import _U16, ColumnsSink, NotAStreamError, Receiver, StreamClient, StreamReadError
 
 STREAM, QUEUE = "stream", "queue"
@@ -100,9 +100,7 @@ def queue_kind(params: AMQPParams, queue: str, queue_type: str = "auto",
 
 def _compares_arguments(conn: Connection) -> bool:
     """Whether the broker refuses a redeclare whose arguments differ (lavinpy and RabbitMQ do)."""
-    product = conn.server_properties.get("product")
-    name = product.decode(errors="replace") if isinstance(product, bytes) else str(product)
-    return name in ("lavinpy", "RabbitMQ")
+    return server_product(conn) in ("lavinpy", "RabbitMQ")
 
 
 def kind_by_delivery(params: AMQPParams, queue: str) -> str:

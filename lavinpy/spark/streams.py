@@ -31,7 +31,16 @@ from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import property_values
 from lavinpy.wire.writer import basic_ack
 
-from .client import AMQPClientError, AMQPParams, BrokerClosed, Connection, ConnectionLost
+from .client import (
+    AMQPClientError,
+    AMQPParams,
+    BrokerClosed,
+    Connection,
+    ConnectionLost,
+    connection_gone,
+    reconnecting,
+    server_product,
+)
 from .options import STREAM_PREFETCH
 
 _BASIC_CANCEL = (60 << 16) | 30
@@ -39,7 +48,6 @@ _EMPTY_PROBE_S = 0.2     # how long "no delivery" must last before a stream coun
 _END_IDLE_S = 0.05       # quiet time that ends the read of the last chunk in end_offset()
 _END_MAX_S = 1.0         # end_offset() stops chasing a busy stream after this long
 _STALL_PROBE_S = 5.0     # a range reader idle this long checks whether retention removed its range
-REOPEN_PAUSE_S = 0.5     # between attempts to reach the broker again after a connection was lost
 
 
 class StreamReadError(AMQPClientError):
@@ -100,21 +108,11 @@ class StreamClient:
         restarting), run it again on a fresh connection, trying for the url's timeout."""
         try:
             return fn(*args)
-        except BrokerClosed as exc:
-            if exc.scope != "connection":
+        except (ConnectionLost, BrokerClosed) as exc:
+            if not connection_gone(exc):
                 raise
-        except ConnectionLost:
-            pass
         self.close()
-        deadline = time.monotonic() + self.params.timeout
-        while True:
-            try:
-                return fn(*args)
-            except ConnectionLost:
-                self.close()
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(REOPEN_PAUSE_S)
+        return reconnecting(lambda: fn(*args), self.params.timeout, self.close)
 
     # --- queue checks -----------------------------------------------------------------------------
     def message_count(self) -> int:
@@ -346,8 +344,7 @@ class StreamClient:
 def _newest_at_last(conn: Connection) -> bool:
     """Whether the broker starts a consumer at "last" on the stream's newest message itself, as lavinpy
     does and counts a stream's messages exactly (RabbitMQ starts it at the last chunk's first)."""
-    product = conn.server_properties.get("product")
-    return (product.decode(errors="replace") if isinstance(product, bytes) else str(product)) == "lavinpy"
+    return server_product(conn) == "lavinpy"
 
 
 def _range_rows(offsets: Sequence[int], start: int, end: int) -> tuple[int, int]:
