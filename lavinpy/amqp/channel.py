@@ -32,7 +32,7 @@ from ..wire.constants import (
     RESOURCE_ERROR,
     UNEXPECTED_FRAME,
 )
-from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError, fit_shortstr
+from ..wire.errors import AMQPChannelError, AMQPConnectionError, AMQPError
 from ..wire.reader import Ack, BodyFrame, HeaderFrame, Nack, Publish, Reject
 from . import delivery_round as rounds
 from .channel_methods import (
@@ -132,10 +132,9 @@ class Channel:
     def durability_failed(self, reply: Any, reason: str) -> None:
         """A reply's change could not be made durable: the channel closes (506), the client retries."""
         log.error("channel %d on %s: %s", self.id, self.conn.name, reason)
-        class_id, method_id = _method_ids(reply[1])
+        error = AMQPChannelError(RESOURCE_ERROR, reason, *_method_ids(reply[1]))  # its text fits a short string
         self.conn.send(writer.method_frame(self.id, commands.Channel.Close(
-            reply_code=RESOURCE_ERROR, reply_text=fit_shortstr(f"RESOURCE_ERROR - {reason}"), class_id=class_id,
-            method_id=method_id)))
+            reply_code=RESOURCE_ERROR, reply_text=error.text, class_id=error.class_id, method_id=error.method_id)))
         self.closing = True
         self.release()
 

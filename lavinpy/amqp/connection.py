@@ -31,7 +31,7 @@ from ..wire.constants import (
     REPLY_SUCCESS,
     UNEXPECTED_FRAME,
 )
-from ..wire.errors import AMQPConnectionError, fit_shortstr
+from ..wire.errors import AMQPConnectionError
 from ..wire.reader import (
     AckRun,
     BadProtocolHeader,
@@ -45,6 +45,7 @@ from ..wire.reader import (
     Publish,
     RefusedFrame,
 )
+from ..wire.shortstr import fit_shortstr
 from .channel import Channel
 from .closing import send_close_ok
 from .connection_states import (
@@ -359,8 +360,7 @@ class AMQPConnection(ConnectionOutput, LoginFlow):
             self._read_failed(e)
 
     def _read_failed(self, e: Exception) -> None:
-        """Handling a read raised ``e``: the connection closes with its code (541 for a bug: it must not take
-        the broker down)."""
+        """A read raised ``e``: the connection closes with its code (541 for a bug: not the broker's end)."""
         if isinstance(e, CONNECTION_ERRORS):
             self.close_with_error(e)
             return

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-# A text is an AMQP short string when AMQP carries it: at most 255 bytes of UTF-8.
-_TEXT_MAX = 255
+from lavinpy.wire.shortstr import fit_shortstr
 
 
 class ErrorKind(Enum):
@@ -38,21 +37,13 @@ NOT_IMPLEMENTED = ErrorKind.NOT_IMPLEMENTED
 COMMAND_INVALID = ErrorKind.COMMAND_INVALID
 
 
-def _fit(text: str) -> str:
-    # Names decoded from a client's non-UTF-8 bytes hold surrogates: shown escaped.
-    encoded = text.encode("utf-8", "backslashreplace")
-    if len(encoded) <= _TEXT_MAX:
-        return encoded.decode("utf-8")
-    return encoded[:_TEXT_MAX].decode("utf-8", "ignore")  # a character split at the end is dropped
-
-
 class BrokerError(Exception):
     """A refusal of the model: ``kind``, ``detail``, RabbitMQ's ``text`` and the answered method's ids."""
 
     def __init__(self, kind: ErrorKind, detail: str, class_id: int = 0, method_id: int = 0) -> None:
         self.kind = kind
         self.detail = detail
-        self.text = _fit(f"{kind.value} - {detail}")
+        self.text = fit_shortstr(f"{kind.value} - {detail}")
         self.class_id = class_id
         self.method_id = method_id
         super().__init__(self.text)

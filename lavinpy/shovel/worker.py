@@ -19,10 +19,10 @@ from typing import Any
 from pamqp import commands as spec
 
 from lavinpy.progress import Progress
-from lavinpy.wire.errors import fit_shortstr
 from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import append_header_entry, replace_field
+from lavinpy.wire.shortstr import fit_shortstr
 from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
 
 from .client import ShovelClient, ShovelClientError, connect

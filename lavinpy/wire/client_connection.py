@@ -65,8 +65,8 @@ from lavinpy.wire.constants import (
     PROTOCOL_HEADER,
     UNEXPECTED_FRAME,
 )
-from lavinpy.wire.errors import fit_shortstr
 from lavinpy.wire.frames import build_method
+from lavinpy.wire.shortstr import fit_shortstr
 from lavinpy.wire.writer import HEARTBEAT, basic_ack, basic_nack, content_frames, encoded_method_frame, method_frame
 
 __all__ = ["ClientConnection", "ClientProtocolError", "MECHANISMS"]

@@ -8,19 +8,7 @@ protocol objects.
 from __future__ import annotations
 
 from lavinpy.wire.constants import REPLY_NAMES
-
-# reply-text is a shortstr on the wire: at most 255 bytes of UTF-8.
-_SHORTSTR_MAX = 255
-
-
-def fit_shortstr(text: str) -> str:
-    """``text`` cut to what a short string holds (255 bytes of UTF-8), never inside a character."""
-    # Names decoded from a client's non-UTF-8 bytes hold surrogates: show them escaped.
-    encoded = text.encode("utf-8", "backslashreplace")
-    if len(encoded) <= _SHORTSTR_MAX:
-        return encoded.decode("utf-8")
-    # Cut on a byte boundary; "ignore" drops a multi-byte character split at the end.
-    return encoded[:_SHORTSTR_MAX].decode("utf-8", "ignore")
+from lavinpy.wire.shortstr import fit_shortstr
 
 
 class AMQPError(Exception):
