@@ -17,6 +17,7 @@ import pika.exceptions
 import pytest
 
 from lavinpy.cli import perf
+from lavinpy.wire.uri import Tuning
 from tests.helpers import free_port
 
 
@@ -137,7 +138,9 @@ def test_message_template_and_helpers() -> None:
     assert perf.message_template("q", 4, False, 131072)[1] == -1
 
     assert perf.parse_uri("amqp://u:p%40w@h:1234/v%2Fx") == {
-        "host": "h", "port": 1234, "user": "u", "password": "p@w", "vhost": "v/x", "tls": None}
+        "host": "h", "port": 1234, "user": "u", "password": "p@w", "vhost": "v/x", "tls": None, "tuning": Tuning()}
+    tuned = perf.parse_uri("amqp://h/?heartbeat=5&connection_timeout=2500&channel_max=9&frame_max=8192")["tuning"]
+    assert (tuned.heartbeat, tuned.connection_timeout, tuned.channel_max, tuned.frame_max) == (5, 2.5, 9, 8192)
     assert perf.parse_uri("amqp://h")["vhost"] == "/"
     tls = perf.parse_uri("amqps://h/?cacertfile=/ca.pem&verify=verify_peer")
     assert (tls["port"], tls["tls"].cacertfile, tls["tls"].verify) == (5671, "/ca.pem", True)

@@ -15,12 +15,12 @@ from array import array
 from typing import Any
 
 from lavinpy.wire.client import BASIC_ACK, BASIC_DELIVER, BASIC_NACK, FRAME_HEAD
-from lavinpy.wire.client_asyncio import ClientError, ClientProtocol
+from lavinpy.wire.client_asyncio import CONNECT_TIMEOUT, ClientError, ClientProtocol
 from lavinpy.wire.client_asyncio import connect as connect_client
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
 from lavinpy.wire.client_events import ChannelClosed
 from lavinpy.wire.constants import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
-from lavinpy.wire.uri import parse_url
+from lavinpy.wire.uri import Tuning, parse_url
 from lavinpy.wire.writer import basic_ack
 
 _u32 = struct.Struct(">I")
@@ -231,15 +231,17 @@ class Client(ClientProtocol):
 
 
 async def connect(params: dict[str, Any], name: str) -> Client:
-    tls = params.get("tls")
-    # Heartbeats off: a saturated perf run should not be torn down by a late heartbeat.
+    tls, tuning = params.get("tls"), params.get("tuning") or Tuning()
+    # Heartbeats off unless the URI asks: a saturated perf run should not be torn down by a late heartbeat.
     connection = ClientConnection(params["user"], params["password"], params["vhost"], name=name,
-                                  product="lavinpy-perf", heartbeat=0)
+                                  product="lavinpy-perf", heartbeat=tuning.heartbeat or 0,
+                                  mechanisms=tuning.mechanisms, channel_max=tuning.channel_max,
+                                  frame_max=tuning.frame_max)
     try:
         client = await connect_client(connection, params["host"], params["port"],
                                       tls=tls.context() if tls is not None else None,
                                       server_hostname=tls.server_name if tls is not None else None,
-                                      protocol=Client)
+                                      timeout=tuning.connection_timeout or CONNECT_TIMEOUT, protocol=Client)
         await client.open_channel(CHANNEL)
     except ClientError as e:
         raise AMQPError(f"{name}: {e}") from None
@@ -249,7 +251,8 @@ async def connect(params: dict[str, Any], name: str) -> Client:
 def parse_uri(uri: str) -> dict[str, Any]:
     """amqp[s]://user:pass@host:port/vhost as connect()'s params (lavinpy.wire.uri.parse_url)."""
     u = parse_url(uri)
-    return {"host": u.host, "port": u.port, "user": u.user, "password": u.password, "vhost": u.vhost, "tls": u.tls}
+    return {"host": u.host, "port": u.port, "user": u.user, "password": u.password, "vhost": u.vhost, "tls": u.tls,
+            "tuning": u.tuning}
 
 
 # ------------------------------------------------------------------ publishing

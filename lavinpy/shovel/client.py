@@ -90,14 +90,17 @@ async def connect(url: AMQPURL, name: str, *, product: str = "lavinpy shovel",
                   protocol: type[Client] = ShovelClient) -> Client:  # type: ignore[assignment]
     """An open connection with channel 1 open, or ShovelClientError naming the broker and why
     (``protocol``: a ShovelClient subclass, as a federation link's)."""
-    tls = url.tls
-    connection = ClientConnection(url.user, url.password, url.vhost, mechanism=url.mechanism, name=name,
-                                  product=product, heartbeat=HEARTBEAT_SECONDS)
+    tls, tuning = url.tls, url.tuning  # the URI's heartbeat, limits, timeout and mechanisms, as RabbitMQ's links
+    connection = ClientConnection(
+        url.user, url.password, url.vhost, mechanism=url.mechanism, mechanisms=tuning.mechanisms, name=name,
+        product=product, heartbeat=HEARTBEAT_SECONDS if tuning.heartbeat is None else tuning.heartbeat,
+        channel_max=tuning.channel_max, frame_max=tuning.frame_max)
+    timeout = tuning.connection_timeout or CONNECT_TIMEOUT
     client = await connect_client(connection, url.host, url.port, tls=tls.context() if tls is not None else None,
                                   server_hostname=tls.server_name if tls is not None else None,
-                                  timeout=CONNECT_TIMEOUT, protocol=protocol)
+                                  timeout=timeout, protocol=protocol)
     try:
-        await client.open_channel(CHANNEL, timeout=CONNECT_TIMEOUT)
+        await client.open_channel(CHANNEL, timeout=timeout)
     except ClientError as e:
         client.abort()
         raise ShovelClientError(f"{url.host}:{url.port}: {e}") from None

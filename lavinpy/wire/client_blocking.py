@@ -12,7 +12,6 @@ during sends.
 
 from __future__ import annotations
 
-import atexit
 import platform
 import select
 import socket
@@ -29,10 +28,12 @@ from pamqp.base import Frame as MethodFrame
 from lavinpy.wire.accel import cclient
 from lavinpy.wire.buffers import drop_front
 from lavinpy.wire.client import FRAME_HEAD, WireError, decode_method, frame, method_id, split_frames
+from lavinpy.wire.client_closing import closing as _closing
 from lavinpy.wire.client_connection import ClientConnection, ClientProtocolError
 from lavinpy.wire.client_events import ConnectionClosed, ConnectionOpened
+from lavinpy.wire.client_heartbeat import Heartbeats
 from lavinpy.wire.constants import FRAME_END, FRAME_HEARTBEAT, FRAME_METHOD
-from lavinpy.wire.uri import TLSOptions, parse_url
+from lavinpy.wire.uri import TLSOptions, Tuning, parse_url
 from lavinpy.wire.writer import method_frame
 
 __all__ = ["AMQPClientError", "AMQPParams", "BlockingConnection", "BrokerClosed", "ConnectionLost", "Frame"]
@@ -76,17 +77,17 @@ class AMQPParams:
     vhost: str = "/"
     timeout: float = 30.0
     tls: TLSOptions | None = None  # amqps://
+    tuning: Tuning = Tuning()  # the URL's heartbeat, connection_timeout, channel_max, frame_max, auth_mechanism
 
     @classmethod
     def from_url(cls, url: str, timeout: float = 30.0) -> AMQPParams:
         """amqp[s]://user:pass@host:port/vhost (vhost percent-encoded, e.g. %2f; empty path -> '/').
 
-        amqps:// takes RabbitMQ's URI query keys: cacertfile, certfile, keyfile, verify,
-        server_name_indication.
+        Takes RabbitMQ's URI query keys (lavinpy.wire.uri): TLS ones for amqps://, and the connection's.
         """
         u = parse_url(url)
         return cls(host=u.host, port=u.port, username=u.user, password=u.password, vhost=u.vhost,
-                   timeout=timeout, tls=u.tls)
+                   timeout=timeout, tls=u.tls, tuning=u.tuning)
 
     def safe_url(self) -> str:
         """The URL without the password, for error messages."""
@@ -112,13 +113,16 @@ class BlockingConnection:
         self._next_channel = 1
         self._closing_channels: set[int] = set()
         self._closed_soon = False  # close_soon sent connection.close: the closing list owns the socket
+        # For the heartbeat thread: held while writing (and reading TLS, which is not thread-safe).
+        self.io_lock, self.last_sent, self.last_heard, self.verdict = threading.RLock(), 0.0, 0.0, ""
+        self._heartbeats: Heartbeats | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def open(self) -> Self:
         _closing.reap()
         p = self.params
         try:
-            sock = socket.create_connection((p.host, p.port), timeout=p.timeout)
+            sock = socket.create_connection((p.host, p.port), timeout=p.tuning.connection_timeout or p.timeout)
         except OSError as exc:
             raise ConnectionLost(f"cannot connect to {p.safe_url()}: {exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -141,14 +145,15 @@ class BlockingConnection:
         p = self.params
         client = self.client = ClientConnection(
             p.username, p.password, p.vhost, product=self.product,
-            # Heartbeats off: a task's connection is never idle long, and the driver's probe
-            # connection reconnects on failure (the Spark source's streams.py).
-            heartbeat=0,
+            # Heartbeats off unless the URL asks: a task's connection is never idle long, and the
+            # driver's connections reconnect on failure (the Spark source's streams.py).
+            heartbeat=p.tuning.heartbeat or 0, mechanisms=p.tuning.mechanisms,
+            frame_max=p.tuning.frame_max, channel_max=p.tuning.channel_max,
             capabilities={"publisher_confirms": True, "consumer_cancel_notify": True, "basic.nack": True,
                           "connection.blocked": True, "authentication_failure_close": True})
         client.client_properties["platform"] = f"Python {platform.python_version()}"
         client.initiate()
-        deadline = time.monotonic() + p.timeout
+        deadline = time.monotonic() + (p.tuning.connection_timeout or p.timeout)
         while True:
             out = client.data_to_send()
             if out:
@@ -172,6 +177,7 @@ class BlockingConnection:
                 if isinstance(event, ConnectionOpened):
                     self.frame_max = event.frame_max
                     self.server_properties = dict(event.server_properties)
+                    self._heartbeats = Heartbeats(self, event.heartbeat) if event.heartbeat else None
                     return
                 if isinstance(event, ConnectionClosed):
                     self.send(client.data_to_send())  # close-ok
@@ -183,6 +189,7 @@ class BlockingConnection:
         if self.sock is None or self._closed_soon:
             return
         try:
+            self._stop_heartbeats()
             if self.client is not None:
                 self.client.close(200, "bye")
                 self.send(self.client.data_to_send())
@@ -205,6 +212,7 @@ class BlockingConnection:
         if self.sock is None or self._closed_soon:
             return
         self._closed_soon = True
+        self._stop_heartbeats()
         try:
             if self.client is None:
                 raise ConnectionLost("no AMQP session to close")
@@ -236,12 +244,19 @@ class BlockingConnection:
         return True
 
     def abort(self) -> None:
+        self._stop_heartbeats()
         if self.sock is not None:
             try:
                 self.sock.close()
             except OSError:
                 pass
             self.sock = None
+
+    def _stop_heartbeats(self) -> None:
+        """Before connection.close goes out (nothing but close-ok may follow it) and at the end."""
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
+            self._heartbeats = None
 
     def __enter__(self) -> Self:
         return self
@@ -314,20 +329,23 @@ class BlockingConnection:
         sock = self._socket()
         view = memoryview(data)
         timeout = self.params.timeout
-        while view:
-            try:
-                sent = sock.send(view)
-                view = view[sent:]
-                continue
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                pass
-            except OSError as exc:
-                raise ConnectionLost(f"connection to {self.params.safe_url()} lost while sending: {exc}") from exc
-            readable, writable, _ = select.select([sock], [sock], [], timeout)
-            if not readable and not writable:
-                raise ConnectionLost(f"timed out after {timeout:.0f}s sending to {self.params.safe_url()}")
-            if readable:
-                self._recv()
+        with self.io_lock:
+            self.last_sent = time.monotonic()
+            while view:
+                try:
+                    sent = sock.send(view)
+                    view = view[sent:]
+                    continue
+                except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    pass
+                except OSError as exc:
+                    raise ConnectionLost(f"connection to {self.params.safe_url()} lost while sending: "
+                                         f"{self.verdict or exc}") from exc
+                readable, writable, _ = select.select([sock], [sock], [], timeout)
+                if not readable and not writable:
+                    raise ConnectionLost(f"timed out after {timeout:.0f}s sending to {self.params.safe_url()}")
+                if readable:
+                    self._recv()
 
     # --- receiving --------------------------------------------------------------------------------
     def _socket(self) -> socket.socket:
@@ -340,6 +358,7 @@ class BlockingConnection:
 
     def _recv_raw(self, parse_on_close: bool = False) -> None:
         sock = self._socket()
+        self.last_heard = time.monotonic()  # called once the socket is readable
         if cclient is not None and not isinstance(sock, ssl.SSLSocket):
             # Straight into rbuf's tail: no bytes object a read, no second copy of every byte.
             try:
@@ -358,16 +377,16 @@ class BlockingConnection:
             self.abort()
             if parse_on_close:
                 self._parse()  # a connection.close sent just before the socket closed says why (BrokerClosed)
-            raise ConnectionLost(f"connection to {self.params.safe_url()} closed by the broker")
+            raise ConnectionLost(f"connection to {self.params.safe_url()} {self.verdict or 'closed by the broker'}")
         self._rbuf += chunk
 
     def _recv_chunk(self, sock: socket.socket) -> bytes | None:
         """What the socket holds now (b"": closed), or None when nothing is there."""
         try:
-            chunk = sock.recv(_RECV_SIZE)
-            if chunk and isinstance(sock, ssl.SSLSocket):
+            with self.io_lock:
+                chunk = sock.recv(_RECV_SIZE)
                 # Decrypted bytes OpenSSL holds are invisible to select(): take them now.
-                while sock.pending():
+                while chunk and isinstance(sock, ssl.SSLSocket) and sock.pending():
                     chunk += sock.recv(_RECV_SIZE)
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return None
@@ -548,53 +567,3 @@ class BlockingConnection:
 
 def _has_close_ok(frames: list[Frame]) -> bool:
     return any(ftype == FRAME_METHOD and ch == 0 and method_id(payload) == _CLOSE_OK for ftype, ch, payload in frames)
-
-
-class _ClosingConnections:
-    """Connections closed by close_soon whose close-ok has not been read yet. Reaped whenever a
-    connection opens or another is handed over, so a process that keeps opening connections (a
-    reused Spark worker) holds a few at most; one that stops holds them until it exits (the broker
-    has closed its end by then: only the socket is left)."""
-
-    MAX = 16  # more than this: the oldest is closed unread
-    WAIT_S = 30.0  # a close-ok this late is not waited for any longer
-
-    def __init__(self) -> None:
-        self.connections: deque[tuple[BlockingConnection, float]] = deque()
-        self._lock = threading.Lock()  # a process's threads may each close connections
-
-    def hand_over(self, conn: BlockingConnection) -> None:
-        self.reap()
-        with self._lock:
-            self.connections.append((conn, time.monotonic()))
-            while len(self.connections) > self.MAX:
-                self.connections.popleft()[0].abort()
-
-    def reap(self) -> None:
-        if not self.connections:
-            return
-        with self._lock:
-            now = time.monotonic()
-            kept: deque[tuple[BlockingConnection, float]] = deque()
-            for conn, since in self.connections:
-                if now - since > self.WAIT_S:
-                    conn.abort()
-                elif not conn.close_ok_came():
-                    kept.append((conn, since))
-            self.connections = kept
-
-    def settle(self, timeout: float = 1.0) -> None:
-        """Wait up to timeout seconds for the close-oks still on their way, then close every socket
-        (at the process's exit)."""
-        deadline = time.monotonic() + timeout
-        while self.connections and time.monotonic() < deadline:
-            self.reap()
-            if self.connections:
-                time.sleep(0.005)
-        with self._lock:
-            while self.connections:
-                self.connections.popleft()[0].abort()
-
-
-_closing = _ClosingConnections()
-atexit.register(_closing.settle)

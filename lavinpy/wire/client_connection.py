@@ -84,6 +84,8 @@ CLOSED = "closed"
 _U32 = struct.Struct(">I")
 _TAG_BITS = struct.Struct(">QB")
 
+DEFAULT_FRAME_MAX = 131072  # RabbitMQ's
+DEFAULT_CHANNEL_MAX = 2047  # RabbitMQ's
 MISSED_TICKS_DEAD = 4  # ticks come every half heartbeat: silent for two heartbeats is dead
 
 
@@ -108,11 +110,14 @@ class ClientConnection:
 
     def __init__(self, user: str = "guest", password: str = "guest", vhost: str = "/", *,
                  mechanism: str = "PLAIN", name: str = "", product: str = "lavinpy",
-                 heartbeat: int | None = None, frame_max: int = 131072, channel_max: int = 2047,
-                 capabilities: dict[str, bool] | None = None) -> None:
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"unsupported SASL mechanism {mechanism!r} (one of {', '.join(MECHANISMS)})")
-        self.user, self.password, self.vhost, self.mechanism = user, password, vhost, mechanism
+                 heartbeat: int | None = None, frame_max: int | None = None, channel_max: int | None = None,
+                 capabilities: dict[str, bool] | None = None, mechanisms: tuple[str, ...] = ()) -> None:
+        # mechanisms: several to choose from, the first the broker offers (a URI's auth_mechanism keys)
+        self.mechanisms = mechanisms or (mechanism,)
+        for each in self.mechanisms:
+            if each not in MECHANISMS:
+                raise ValueError(f"unsupported SASL mechanism {each!r} (one of {', '.join(MECHANISMS)})")
+        self.user, self.password, self.vhost, self.mechanism = user, password, vhost, self.mechanisms[0]
         self.client_properties: dict[str, Any] = {
             "product": product,
             "capabilities": capabilities if capabilities is not None else {
@@ -122,12 +127,13 @@ class ClientConnection:
         if name:
             self.client_properties["connection_name"] = name
         self._want_heartbeat = heartbeat  # None: what the broker proposes; 0: none
-        self._want_frame_max = frame_max
-        self._want_channel_max = channel_max
+        # None: ours (0: no limit of ours, the broker's)
+        self._want_frame_max = DEFAULT_FRAME_MAX if frame_max is None else frame_max
+        self._want_channel_max = DEFAULT_CHANNEL_MAX if channel_max is None else channel_max
         self.state = AWAIT_START
         self.server_properties: dict[str, Any] = {}
-        self.frame_max = frame_max
-        self.channel_max = channel_max
+        self.frame_max = self._want_frame_max
+        self.channel_max = self._want_channel_max
         self.heartbeat = 0
         self.blocked = False
         self.error: str | None = None  # why the connection ended, once it has
@@ -330,8 +336,12 @@ class ClientConnection:
         self.server_properties = dict(start.server_properties or {})
         offered = (start.mechanisms or "").split()
         # The internal mechanism is never advertised: the node accepts it from its own host only.
-        if self.mechanism != INTERNAL_MECHANISM and self.mechanism not in offered:
-            self._fail(f"the broker does not offer SASL {self.mechanism} (it offers {' '.join(offered)})", 0)
+        usable = [each for each in self.mechanisms if each == INTERNAL_MECHANISM or each in offered]
+        if not usable:
+            self._fail(f"the broker does not offer SASL {' or '.join(self.mechanisms)} (it offers "
+                       f"{' '.join(offered)})", 0)
+        else:
+            self.mechanism = usable[0]
         if self.mechanism == "AMQPLAIN":  # a field table without its length
             response = encode.field_table({"LOGIN": self.user, "PASSWORD": self.password})[4:]
         elif self.mechanism == "EXTERNAL":  # the identity is the TLS client certificate's
@@ -351,8 +361,8 @@ class ClientConnection:
     def _on_tune(self, tune: commands.Connection.Tune) -> None:
         def lower(ours: int, theirs: int) -> int:  # 0 is "no limit" on either side
             return min(ours, theirs) if ours and theirs else ours or theirs
-        self.channel_max = lower(self._want_channel_max, tune.channel_max) or 2047
-        self.frame_max = lower(self._want_frame_max, tune.frame_max) or 131072
+        self.channel_max = lower(self._want_channel_max, tune.channel_max) or DEFAULT_CHANNEL_MAX
+        self.frame_max = lower(self._want_frame_max, tune.frame_max) or DEFAULT_FRAME_MAX
         want = self._want_heartbeat
         self.heartbeat = tune.heartbeat if want is None else lower(want, tune.heartbeat) if want else 0
         self._write(method_frame(0, commands.Connection.TuneOk(

@@ -4,7 +4,10 @@ parse_url splits amqp[s]://user:pass@host:port/vhost; user, password and vhost a
 (%2F is "/"); an absent user or password is "guest", an absent or empty vhost is "/".
 
 TLS options ride in the URL query with the names of RabbitMQ's URI spec: cacertfile, certfile,
-keyfile, verify (verify_peer, the default, or verify_none) and server_name_indication.
+keyfile, verify (verify_peer, the default, or verify_none) and server_name_indication. So do the
+connection's own settings, read as RabbitMQ's Erlang client reads them: heartbeat (seconds, 0 for
+none), connection_timeout (milliseconds), channel_max, frame_max and auth_mechanism (plain, amqplain
+or external; given more than once, the first the broker offers).
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 SCHEMES = {"amqp": 5672, "amqps": 5671}
 _KEYS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
-# RabbitMQ's other URI query keys: a link (shovel, federation upstream) accepts them, so that RabbitMQ's
-# definitions import as they are, and keeps its own heartbeat, timeouts and limits (docs/security.md).
-RABBITMQ_OTHER_KEYS = ("heartbeat", "connection_timeout", "channel_max", "auth_mechanism", "fail_if_no_peer_cert",
-                       "depth")
-QUERY_KEYS = _KEYS + RABBITMQ_OTHER_KEYS  # every query key a link's URI may carry
+TUNING_KEYS = ("heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism")
+# Keys RabbitMQ's URI spec names that a client side of ours has no use for: accepted, so that RabbitMQ's
+# definitions import as they are (a server-side TLS setting, and the chain depth OpenSSL bounds itself).
+IGNORED_KEYS = ("fail_if_no_peer_cert", "depth")
+QUERY_KEYS = _KEYS + TUNING_KEYS + IGNORED_KEYS  # every query key a URI may carry
 FILE_KEYS = ("cacertfile", "certfile", "keyfile")  # the keys that name files of the machine
 TLS_UNLOADABLE = "TLS settings could not be loaded"
 
@@ -37,7 +40,7 @@ class TLSOptions:
         values = {}
         for key, items in parse_qs(query, keep_blank_values=True).items():
             if key not in _KEYS:
-                continue  # other query keys (heartbeat, ...) belong to the caller
+                continue  # the connection's own keys (heartbeat, ...) are Tuning's
             values[key] = items[-1]
         verify = values.get("verify", "verify_peer")
         if verify not in ("verify_peer", "verify_none"):
@@ -68,6 +71,48 @@ def default_port(scheme: str, url: str) -> int:
         raise ValueError(f"unsupported URL scheme {scheme!r} in {url!r}: use amqp:// or amqps://") from None
 
 
+# auth_mechanism's values (RabbitMQ's names) and the SASL mechanisms they stand for. The node's internal
+# mechanism is not among them: a URI can never ask for it.
+URI_MECHANISMS = {"plain": "PLAIN", "amqplain": "AMQPLAIN", "external": "EXTERNAL"}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A URI's connection settings; None where the URI leaves them to the client."""
+
+    heartbeat: int | None = None  # seconds; 0: none
+    connection_timeout: float | None = None  # seconds (the URI gives milliseconds)
+    channel_max: int | None = None
+    frame_max: int | None = None
+    mechanisms: tuple[str, ...] = ()  # SASL names, in the order given
+
+    @classmethod
+    def from_query(cls, query: str) -> Tuning:
+        """The settings of a URI's query, or ValueError naming the key and what it takes."""
+        items = parse_qs(query, keep_blank_values=True)
+
+        def whole(key: str, low: int, high: int) -> int | None:
+            if key not in items:
+                return None
+            text = items[key][-1]
+            if not text.strip().isdigit() or not low <= int(text) <= high:
+                raise ValueError(f"{key}={text!r}: expected a whole number from {low} to {high}")
+            return int(text)
+
+        mechanisms = []
+        for name in items.get("auth_mechanism", []):
+            if name.lower() not in URI_MECHANISMS:
+                raise ValueError(f"auth_mechanism={name!r}: expected {', '.join(URI_MECHANISMS)}")
+            mechanisms.append(URI_MECHANISMS[name.lower()])
+        timeout = whole("connection_timeout", 1, 2**32 - 1)
+        frame_max = whole("frame_max", 0, 2**32 - 1)
+        if frame_max and frame_max < 4096:  # AMQP's smallest frame (0: the broker's largest)
+            raise ValueError(f"frame_max={frame_max}: expected 0 or a whole number from 4096")
+        return cls(heartbeat=whole("heartbeat", 0, 65535), channel_max=whole("channel_max", 0, 65535),
+                   frame_max=frame_max,
+                   connection_timeout=None if timeout is None else timeout / 1000, mechanisms=tuple(mechanisms))
+
+
 @dataclass(frozen=True)
 class AMQPURL:
     host: str = "127.0.0.1"
@@ -77,14 +122,18 @@ class AMQPURL:
     vhost: str = "/"
     tls: TLSOptions | None = None  # set for amqps:// only
     mechanism: str = "PLAIN"  # the SASL mechanism of the login (a node's own shovels use its internal one)
+    tuning: Tuning = Tuning()
 
 
 def parse_url(url: str) -> AMQPURL:
-    """amqp[s]://user:pass@host:port/vhost; amqps:// takes the TLS query keys above (TLSOptions)."""
+    """amqp[s]://user:pass@host:port/vhost; amqps:// takes the TLS query keys above (TLSOptions), either
+    scheme the connection's (Tuning; ``mechanism`` is the first auth_mechanism given)."""
     u = urlsplit(url)
     port = default_port(u.scheme, url)
     path = u.path[1:] if u.path.startswith("/") else u.path
-    return AMQPURL(host=u.hostname or "127.0.0.1", port=u.port or port,
+    tuning = Tuning.from_query(u.query)
+    return AMQPURL(tuning=tuning, mechanism=tuning.mechanisms[0] if tuning.mechanisms else "PLAIN",
+                   host=u.hostname or "127.0.0.1", port=u.port or port,
                    user=unquote(u.username) if u.username is not None else "guest",
                    password=unquote(u.password) if u.password is not None else "guest",
                    vhost=unquote(path) if path else "/",

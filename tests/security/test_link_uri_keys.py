@@ -180,3 +180,30 @@ def test_rabbitmqs_other_uri_keys_are_accepted(broker: LocalBroker) -> None:
                                  {"value": value})
     assert status in (201, 204), reply
     http_call(broker, "DELETE", "/api/parameters/shovel/%2F/rabbitmq-keys")
+
+
+def test_a_uris_connection_settings_are_honoured_and_checked(broker: LocalBroker) -> None:
+    """heartbeat, channel_max and frame_max in a shovel's URI are what its connection asks for (as
+    RabbitMQ's shovels do); a value out of range, or a mechanism RabbitMQ's URIs do not name (the node's
+    internal one), is refused with 400 naming the key."""
+    for query, key in (("heartbeat=often", "heartbeat"), ("frame_max=100", "frame_max"),
+                       ("auth_mechanism=lavinpy-internal", "auth_mechanism")):
+        value = {"src-uri": f"amqp://guest:guest@127.0.0.1:{broker.port}/?{query}", "src-queue": "tuned-src",
+                 "dest-uri": "amqp:///", "dest-queue": "tuned-dest"}
+        status, reply, _ = http_call(broker, "PUT", "/api/parameters/shovel/%2F/badly-tuned", {"value": value})
+        assert status == 400 and key in str(reply), (status, reply)
+    for queue in ("tuned-src", "tuned-dest"):
+        http_call(broker, "PUT", f"/api/queues/%2F/{queue}", {"durable": True})
+    value = {"src-uri": f"amqp://guest:guest@127.0.0.1:{broker.port}/?heartbeat=7&channel_max=5&frame_max=8192",
+             "src-queue": "tuned-src", "dest-uri": "amqp:///", "dest-queue": "tuned-dest"}
+    status, reply, _ = http_call(broker, "PUT", "/api/parameters/shovel/%2F/tuned", {"value": value})
+    assert status in (201, 204), reply
+    try:
+        def tuned() -> dict | None:
+            _status, conns, _ = http_call(broker, "GET", "/api/connections")
+            return next((c for c in conns if "(source)" in (c.get("client_properties") or {}).get(
+                "connection_name", "") and "tuned" in c["client_properties"]["connection_name"]), None)
+        conn = _until(tuned, "the shovel's source connection")
+        assert (conn["timeout"], conn["channel_max"], conn["frame_max"]) == (7, 5, 8192)
+    finally:
+        http_call(broker, "DELETE", "/api/parameters/shovel/%2F/tuned")
