@@ -236,6 +236,14 @@ def test_amqps_write_and_read(spark, tmp_path: Path) -> None:
             .option("url", url).option("queue", queue).save()
         rows = spark.read.format("lavinpy").option("url", url).option("queue", queue).load().collect()
         assert sorted(int(r.body) for r in rows) == list(range(50))
+        # Heartbeats over TLS: the heartbeat thread writes while the owner reads (OpenSSL is not
+        # thread-safe: the client's one lock keeps them apart).
+        with Connection(AMQPParams.from_url(url + "&heartbeat=1")).open() as conn:
+            ch = conn.open_channel()
+            deadline = time.monotonic() + 3.5  # past two heartbeats, reading all along
+            while time.monotonic() < deadline:
+                assert conn.read_frames(0.05) == []
+            conn.call(ch, commands.Queue.Declare(queue=queue, passive=True), commands.Queue.DeclareOk)
     finally:
         broker.stop()
 
