@@ -37,41 +37,38 @@ def test_a_bad_value_is_refused_naming_the_key(query: str, named: str) -> None:
     assert str(refused.value).startswith(named)
 
 
-def test_several_mechanisms_take_the_first_the_broker_offers() -> None:
-    client = ClientConnection(mechanisms=("EXTERNAL", "AMQPLAIN", "PLAIN"))
+def started(client: ClientConnection, mechanisms: str = "PLAIN") -> bytes:
+    """The client after the broker's connection.start offering ``mechanisms``: what it answered."""
     client.initiate()
     client.data_to_send()
-    start = commands.Connection.Start(server_properties={}, mechanisms="PLAIN AMQPLAIN", locales="en_US")
-    client.receive_data(method_frame(0, start))
-    _, _, start_ok = frame.unmarshal(client.data_to_send())
+    client.receive_data(method_frame(0, commands.Connection.Start(server_properties={}, mechanisms=mechanisms,
+                                                                   locales="en_US")))
+    return client.data_to_send()
+
+
+def tuned(client: ClientConnection, tune: commands.Connection.Tune) -> bytes:
+    """The client's tune-ok (and connection.open) to the broker's ``tune``."""
+    started(client)
+    client.receive_data(method_frame(0, tune))
+    return client.data_to_send()
+
+
+def test_several_mechanisms_take_the_first_the_broker_offers() -> None:
+    client = ClientConnection(mechanisms=("EXTERNAL", "AMQPLAIN", "PLAIN"))
+    _, _, start_ok = frame.unmarshal(started(client, "PLAIN AMQPLAIN"))
     assert start_ok.mechanism == "AMQPLAIN" and client.mechanism == "AMQPLAIN"
 
 
 def test_mechanisms_none_of_which_is_offered_are_a_clear_error() -> None:
-    client = ClientConnection(mechanisms=("EXTERNAL", "AMQPLAIN"))
-    client.initiate()
-    client.data_to_send()
-    start = commands.Connection.Start(server_properties={}, mechanisms="PLAIN", locales="en_US")
     with pytest.raises(ClientProtocolError, match="does not offer SASL EXTERNAL or AMQPLAIN"):
-        client.receive_data(method_frame(0, start))
+        started(ClientConnection(mechanisms=("EXTERNAL", "AMQPLAIN")))
 
 
 def test_a_uris_limits_are_what_the_tune_ok_asks() -> None:
     client = ClientConnection(heartbeat=5, channel_max=3, frame_max=8192)
-    client.initiate()
-    client.data_to_send()
-    client.receive_data(method_frame(0, commands.Connection.Start(server_properties={}, mechanisms="PLAIN",
-                                                                   locales="en_US")))
-    client.data_to_send()
-    client.receive_data(method_frame(0, commands.Connection.Tune(channel_max=2047, frame_max=131072, heartbeat=60)))
-    out = client.data_to_send()
-    _, _, tune_ok = frame.unmarshal(out)
+    _, _, tune_ok = frame.unmarshal(tuned(client, commands.Connection.Tune(channel_max=2047, frame_max=131072,
+                                                                           heartbeat=60)))
     assert (tune_ok.channel_max, tune_ok.frame_max, tune_ok.heartbeat) == (3, 8192, 5)
     unlimited = ClientConnection(frame_max=0)  # 0: the broker's largest
-    unlimited.initiate()
-    unlimited.data_to_send()
-    unlimited.receive_data(method_frame(0, commands.Connection.Start(server_properties={}, mechanisms="PLAIN",
-                                                                      locales="en_US")))
-    unlimited.data_to_send()
-    unlimited.receive_data(method_frame(0, commands.Connection.Tune(channel_max=0, frame_max=262144, heartbeat=0)))
+    tuned(unlimited, commands.Connection.Tune(channel_max=0, frame_max=262144, heartbeat=0))
     assert unlimited.frame_max == 262144 and unlimited.channel_max == 2047
