@@ -7,6 +7,7 @@ at once with a message naming the option, instead of failing every task.
 from __future__ import annotations
 
 import datetime as _dt
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,8 +30,33 @@ class OptionError(ValueError):
     """An option of the lavinpy data source has a bad value."""
 
 
+# Every option of the source, read or write (docs/spark.md's table).
+OPTIONS = ("url", "timeout", "queue", "exchange", "routingKey", "routingKeyColumn", "confirm", "persistent",
+           "mandatory", "maxInFlight", "startingOffset", "endingOffset", "maxMessagesPerTrigger",
+           "maxMessagesPerPartition", "prefetch", "consumers", "queueType", "idleTimeout")
+# Names other Spark sources use for the same thing (Kafka's), which a pipeline moved over may still carry.
+_OTHER_SOURCES = {"maxoffsetspertrigger": "maxMessagesPerTrigger", "startingoffsets": "startingOffset",
+                  "endingoffsets": "endingOffset"}
+
+
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    _refuse_near_misses(options)
     return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def _refuse_near_misses(options: Mapping[str, str]) -> None:
+    """An option that is not ours but close to one of ours (a typo, or another source's name) is refused
+    naming ours: ignored, it would leave the default in force without a word. Options far from all of
+    ours pass: Spark itself hands a source some (path, checkpointLocation)."""
+    ours = {name.lower(): name for name in OPTIONS}
+    for given in options:
+        key = str(given).lower()
+        if key in ours:
+            continue
+        meant = _OTHER_SOURCES.get(key) or next(
+            (ours[close] for close in difflib.get_close_matches(key, list(ours), n=1, cutoff=0.8)), None)
+        if meant is not None:
+            raise OptionError(f"option {given!r} is not an option of the lavinpy source: did you mean {meant}?")
 
 
 def _bool(opts: dict[str, str], key: str, default: bool) -> bool:

@@ -88,6 +88,29 @@ def test_url_and_options() -> None:
         ReadOptions.parse({"queue": "q", "queueType": "fifo"})
 
 
+@pytest.mark.parametrize(("given", "meant"), [
+    ({"queue": "q", "prefech": "5"}, "prefetch"),
+    ({"queue": "q", "startingOffsets": "earliest"}, "startingOffset"),  # Kafka's names
+    ({"queue": "q", "maxOffsetsPerTrigger": "100"}, "maxMessagesPerTrigger"),
+    ({"queue": "q", "routing_key": "k"}, "routingKey"),
+    ({"queue": "q", "consumer": "4"}, "consumers"),
+])
+def test_an_option_near_one_of_ours_is_refused_naming_ours(given: dict, meant: str) -> None:
+    """A typo or another source's name would leave our default in force without a word."""
+    typo = next(key for key in given if key != "queue")
+    for parse in (ReadOptions.parse, WriteOptions.parse):
+        with pytest.raises(OptionError, match=f"option '{typo}' is not an option of the lavinpy source: "
+                                              f"did you mean {meant}\\?"):
+            parse(given)
+
+
+def test_options_far_from_ours_pass_as_spark_hands_them() -> None:
+    """Spark gives a source options of its own (a path, a streaming query's checkpoint location)."""
+    spark_own = {"path": "/data", "checkpointLocation": "/cp", "queryName": "jobs"}
+    assert ReadOptions.parse({"queue": "q", **spark_own}).queue == "q"
+    assert WriteOptions.parse({"queue": "q", **spark_own}).routing_key == "q"
+
+
 def test_split_range() -> None:
     pytest.importorskip("pyspark")
     from lavinpy.spark.datasource import split_range
