@@ -114,7 +114,7 @@ class BlockingConnection:
         self._closing_channels: set[int] = set()
         self._closed_soon = False  # close_soon sent connection.close: the closing list owns the socket
         # For the heartbeat thread: held while writing (and reading TLS, which is not thread-safe).
-        self.io_lock, self.last_sent, self.last_heard, self.verdict = threading.RLock(), 0.0, 0.0, ""
+        self.io_lock, self.verdict = threading.RLock(), ""
         self._heartbeats: Heartbeats | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ class BlockingConnection:
                 if isinstance(event, ConnectionOpened):
                     self.frame_max = event.frame_max
                     self.server_properties = dict(event.server_properties)
-                    self._heartbeats = Heartbeats(self, event.heartbeat) if event.heartbeat else None
+                    self._heartbeats = Heartbeats(self, client.heartbeat_interval) if event.heartbeat else None
                     return
                 if isinstance(event, ConnectionClosed):
                     self.send(client.data_to_send())  # close-ok
@@ -330,7 +330,8 @@ class BlockingConnection:
         view = memoryview(data)
         timeout = self.params.timeout
         with self.io_lock:
-            self.last_sent = time.monotonic()
+            if self.client is not None:
+                self.client.note_sent()
             while view:
                 try:
                     sent = sock.send(view)
@@ -358,7 +359,8 @@ class BlockingConnection:
 
     def _recv_raw(self, parse_on_close: bool = False) -> None:
         sock = self._socket()
-        self.last_heard = time.monotonic()  # called once the socket is readable
+        if self.client is not None:  # called once the socket is readable
+            self.client.note_peer_alive()
         if cclient is not None and not isinstance(sock, ssl.SSLSocket):
             # Straight into rbuf's tail: no bytes object a read, no second copy of every byte.
             try:

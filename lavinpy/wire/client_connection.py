@@ -540,6 +540,10 @@ class ClientConnection:
         """How often the caller's timer should call ``tick`` (0: heartbeats are off)."""
         return self.heartbeat / 2
 
+    def note_sent(self) -> None:
+        """Count something as gone out (the caller wrote frames of its own): no heartbeat is due."""
+        self._sent = True
+
     def note_peer_alive(self) -> None:
         """Count the broker as heard from (the caller stopped reading on purpose: no verdict then)."""
         self._heard = True
