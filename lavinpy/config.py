@@ -71,6 +71,7 @@ class Config:
     amqps_port: int = 5671
     tls_cert: str = ""
     tls_key: str = ""
+    tls_key_password: str = ""  # RabbitMQ's ssl_options.password: the passphrase of an encrypted tls_key
     tls_ca_cert: str = ""
     tls_verify_peer: bool = False  # ask for a client certificate and check it against tls_ca_cert
     tls_fail_if_no_peer_cert: bool = False  # with tls_verify_peer: refuse clients without one
@@ -171,8 +172,7 @@ class Config:
     mqtt_retained_max_messages: int = 100_000
     mqtt_retained_max_bytes: int = 1024 * 1024 * 1024  # their topics and payloads
     http_port: int = 15672  # 0 = no plain HTTP (e.g. when https_port serves the API)
-    # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate: only when
-    # tls_cert is set (0 turns each off even then).
+    # The management API and /metrics over TLS (RabbitMQ's ports), with the AMQPS certificate (if tls_cert).
     https_port: int = 15671
     # A request over HTTPS without Basic credentials whose client sent a verified certificate acts as
     # the certificate's user (the same login as every face; the user needs a management tag).

@@ -11,6 +11,7 @@ import logging
 import ssl
 
 from .config import Config
+from .wire.tls_keys import KeyPasswordError, load_cert_chain
 
 log = logging.getLogger("lavinpy")
 
@@ -24,8 +25,8 @@ def build_context(config: Config) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        ctx.load_cert_chain(config.tls_cert, config.tls_key)
-    except (OSError, ssl.SSLError) as e:
+        load_cert_chain(ctx, config.tls_cert, config.tls_key, config.tls_key_password or None, "tls_key_password")
+    except (OSError, ssl.SSLError, KeyPasswordError) as e:
         raise TLSConfigError(f"cannot load tls_cert {config.tls_cert} / tls_key {config.tls_key}: "
                              f"{getattr(e, 'strerror', None) or e}")
     if config.tls_ca_cert:

@@ -9,12 +9,17 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+from ..wire.tls_keys import KeyPasswordError, load_cert_chain
+
 
 class ClusterTLSError(OSError):
     """A certificate, key or CA file of the cluster settings cannot be used."""
 
 
-def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str) -> ssl.SSLContext:
+def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
+          key_password: tuple[str, str] | None = None) -> ssl.SSLContext:
+    """key_password: the encrypted key's passphrase and the setting giving it (None: etcd's client key,
+    which has no such setting and must be unencrypted)."""
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca:
         try:
@@ -23,8 +28,9 @@ def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str) -> ssl.S
             raise ClusterTLSError(f"{what}: cannot load the CA file {ca}: {getattr(e, 'strerror', None) or e}")
     if cert:
         try:
-            ctx.load_cert_chain(cert, key or None)
-        except (OSError, ssl.SSLError) as e:
+            password, setting = key_password or ("", None)
+            load_cert_chain(ctx, cert, key, password or None, setting)
+        except (OSError, ssl.SSLError, KeyPasswordError) as e:
             raise ClusterTLSError(f"{what}: cannot load the certificate {cert} / key {key}: "
                                   f"{getattr(e, 'strerror', None) or e}")
     return ctx
@@ -37,17 +43,19 @@ def etcd_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContext:
     return _load(ctx, ca, cert, key, "etcd TLS")
 
 
-def replication_server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+def replication_server_context(cert: str, key: str, ca: str, key_password: str = "") -> ssl.SSLContext:
     """The leader's side: its certificate, and a follower must present one that ``ca`` signed."""
-    ctx = _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), ca, cert, key, "replication TLS")
+    ctx = _load(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), ca, cert, key, "replication TLS",
+                (key_password, "tls_key_password"))
     ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
 
 
-def replication_client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+def replication_client_context(cert: str, key: str, ca: str, key_password: str = "") -> ssl.SSLContext:
     """A follower's side: the leader's certificate must chain to ``ca`` and name the host of its
     advertised URI; this node's certificate is presented."""
-    return _load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), ca, cert, key, "replication TLS")
+    return _load(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), ca, cert, key, "replication TLS",
+                 (key_password, "tls_key_password"))
 
 
 def node_contexts(config: Any) -> tuple[ssl.SSLContext | None, tuple[ssl.SSLContext, ssl.SSLContext] | None]:
@@ -60,6 +68,6 @@ def node_contexts(config: Any) -> tuple[ssl.SSLContext | None, tuple[ssl.SSLCont
                             config.clustering_etcd_tls_key)
     replication = None
     if config.clustering_tls:
-        replication = (replication_server_context(config.tls_cert, config.tls_key, config.tls_ca_cert),
-                       replication_client_context(config.tls_cert, config.tls_key, config.tls_ca_cert))
+        files = (config.tls_cert, config.tls_key, config.tls_ca_cert, config.tls_key_password)
+        replication = (replication_server_context(*files), replication_client_context(*files))
     return etcd, replication

@@ -29,14 +29,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from pamqp import commands as spec
 
 from lavinpy.wire.constants import NOT_FOUND, PRECONDITION_FAILED
 from lavinpy.wire.field_table import Int64
 from lavinpy.wire.properties import decode_properties, peek_headers, replace_field, replace_headers
-from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
+from lavinpy.wire.uri import AMQPURL, load_tls, parse_url, shown_uri
 
 from .client import LinkConnection, LinkError, connect, unchecked
 from .turns import START_TURNS, TurnKey
@@ -63,18 +63,6 @@ class LinkEnv:
     exchange: Callable[[], dict[str, Any] | None]  # the federated exchange: type, durable, ... (None: gone)
     bindings: Callable[[], list[BindingSpec]]  # its bindings, as (routing key, arguments)
     refusal: Callable[[], str | None]  # why the creator may not run the link now, or None
-
-
-def strip_password(uri: str) -> str:
-    try:
-        u = urlsplit(uri)
-        if u.password is None:
-            return uri
-    except ValueError:
-        return uri
-    host = u.netloc.rpartition("@")[2]
-    user = u.username or ""
-    return urlunsplit((u.scheme, f"{user}@{host}" if user else host, u.path, u.query, u.fragment))
 
 
 def _now() -> str:
@@ -185,7 +173,7 @@ class LinkRunner:
     def _safe_uri(self) -> str:
         """The URI in use without its password (for every message's x-received-from: parsed once)."""
         if self._safe[0] != self.uri:
-            self._safe = (self.uri, strip_password(self.uri or ""))
+            self._safe = (self.uri, shown_uri(self.uri or "", None))
         return self._safe[1]
 
     def _confirmed(self, seq: int, multiple: bool, nack: bool) -> None:
@@ -343,7 +331,7 @@ class ExchangeLink(LinkRunner):
         self._consumer_tag = consumed.consumer_tag
         self._set_state("running")
         log.info("federation link %s in vhost %s running from upstream %s (%s)", self.exchange, self.vhost,
-                 self.upstream.name, strip_password(self.uri or ""))
+                 self.upstream.name, shown_uri(self.uri or "", None))
         while not (up.closed.done() or down.closed.done()):
             await asyncio.wait([asyncio.shield(up.closed), asyncio.shield(down.closed)], timeout=SYNC_SECONDS)
             if up.closed.done() or down.closed.done():
@@ -558,7 +546,7 @@ class ExchangeLink(LinkRunner):
             "node": node, "exchange": self.exchange, "upstream_exchange": self.upstream_exchange,
             "type": "exchange", "vhost": self.vhost, "upstream": self.upstream.name, "id": link_id,
             "status": self.state, "timestamp": self.timestamp,
-            "uri": strip_password(self.uri or self.upstream.uris[0]),
+            "uri": shown_uri(self.uri or self.upstream.uris[0], None),
             "local_connection": f"Federation link (downstream: {self.exchange})",
             "messages_received": self.received, "messages_forwarded": self.forwarded,
             "messages_dropped": self.dropped, "bindings": len(self._bound),

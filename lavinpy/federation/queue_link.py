@@ -26,10 +26,10 @@ from pamqp import commands as spec
 
 from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.properties import append_header_entry, peek_headers, replace_headers
-from lavinpy.wire.uri import AMQPURL
+from lavinpy.wire.uri import AMQPURL, shown_uri
 
 from .client import LinkConnection, LinkError, connect, unchecked
-from .link import RECEIVED_FROM, STOP_SECONDS, LinkRunner, Settlement, _now, strip_password
+from .link import RECEIVED_FROM, STOP_SECONDS, LinkRunner, Settlement, _now
 from .upstream import Upstream
 
 log = logging.getLogger("lavinpy.federation")
@@ -120,7 +120,7 @@ class QueueLink(LinkRunner):
         up.on_message = self._deliver
         self._set_state("running")
         log.info("federation link of queue %s in vhost %s running from upstream %s (%s)", self.queue, self.vhost,
-                 self.upstream.name, strip_password(self.uri or ""))
+                 self.upstream.name, shown_uri(self.uri or "", None))
         seen = -1  # messages received at the last look: more since, and the next look comes sooner
         while not (up.closed.done() or down.closed.done()):
             busy, seen = self.received != seen, self.received
@@ -195,7 +195,7 @@ class QueueLink(LinkRunner):
         info: dict[str, Any] = {
             "node": node, "queue": self.queue, "upstream_queue": self.upstream_queue, "type": "queue",
             "vhost": self.vhost, "upstream": self.upstream.name, "id": link_id, "status": self.state,
-            "timestamp": self.timestamp, "uri": strip_password(self.uri or self.upstream.uris[0]),
+            "timestamp": self.timestamp, "uri": shown_uri(self.uri or self.upstream.uris[0], None),
             "local_connection": f"Federation link (downstream: {self.queue})",
             "messages_received": self.received, "messages_forwarded": self.forwarded, "consuming": self.consuming,
         }

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from lavinpy.wire.properties import PROPERTY_NAMES, encode_property_values
-from lavinpy.wire.uri import parse_url
+from lavinpy.wire.uri import parse_url, shown_uri
 
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
 DEFAULT_PREFETCH = 1000
@@ -90,7 +90,7 @@ def _uris(value: Any, key: str) -> tuple[str, ...]:
         try:
             parse_url(uri)
         except ValueError as e:
-            raise ShovelDefinitionError(f"{key}: {str(e).replace(uri, masked(uri))}") from None  # logged at boot
+            raise ShovelDefinitionError(f"{key}: {str(e).replace(uri, shown_uri(uri))}") from None  # logged at boot
     return tuple(items)
 
 
@@ -177,15 +177,3 @@ def parse_definition(value: Any) -> ShovelDefinition:
 def is_local(uri: str) -> bool:
     """RabbitMQ's ``amqp://`` (no host): the node the shovel runs on."""
     return not urlsplit(uri).hostname
-
-
-def masked(uri: str) -> str:
-    """The URI with its password replaced by ``***`` (as the status shows it)."""
-    u = urlsplit(uri)
-    if u.password is None:
-        return uri
-    host = u.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{u.username or ''}:***@{host}" + (f":{u.port}" if u.port else "")
-    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))

@@ -23,10 +23,10 @@ from lavinpy.wire.field_table import Int64, encode_table
 from lavinpy.wire.frames import build_method
 from lavinpy.wire.properties import append_header_entry, replace_field
 from lavinpy.wire.shortstr import fit_shortstr
-from lavinpy.wire.uri import AMQPURL, load_tls, parse_url
+from lavinpy.wire.uri import AMQPURL, load_tls, parse_url, shown_uri
 
 from .client import ShovelClient, ShovelClientError, connect
-from .definition import ShovelDefinition, is_local, masked
+from .definition import ShovelDefinition, is_local
 
 log = logging.getLogger("lavinpy.shovel")
 PROGRESS_MIN_MESSAGES = 1000  # a smaller move logs no progress
@@ -198,8 +198,8 @@ class Shovel:
                                          no_ack=self._no_ack, arguments=d.src_consumer_args or None),
                       spec.Basic.ConsumeOk)
         self._set_state("running")
-        log.info("shovel %s in vhost %s running: %s -> %s", self.name, self.vhost, masked(self.src_uri),
-                 masked(self.dest_uri))
+        log.info("shovel %s in vhost %s running: %s -> %s", self.name, self.vhost, shown_uri(self.src_uri),
+                 shown_uri(self.dest_uri))
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(asyncio.shield(c.closed)) for c in (src, dest)]
         waiters.append(asyncio.ensure_future(self._done.wait()))
         try:
@@ -313,7 +313,7 @@ class Shovel:
         if d.add_forward_headers:
             # RabbitMQ's x-shovelled header: one table per hop, naming the shovel and both ends.
             hop = {"shovel-type": "dynamic", "shovel-name": self.name, "shovel-vhost": self.vhost,
-                   "src-uri": masked(self.src_uri), "dest-uri": masked(self.dest_uri),
+                   "src-uri": shown_uri(self.src_uri), "dest-uri": shown_uri(self.dest_uri),
                    "src-exchange": exchange, "src-exchange-key": routing_key}
             if self.definition.src_queue is not None:
                 hop["src-queue"] = self.definition.src_queue
@@ -377,7 +377,7 @@ class Shovel:
         d = self.definition
         info: dict[str, Any] = {
             "node": node, "timestamp": self.timestamp, "name": self.name, "vhost": self.vhost, "type": "dynamic",
-            "state": self.state, "src_uri": masked(self.src_uri), "dest_uri": masked(self.dest_uri),
+            "state": self.state, "src_uri": shown_uri(self.src_uri), "dest_uri": shown_uri(self.dest_uri),
             "src_protocol": "amqp091", "dest_protocol": "amqp091",
             # RabbitMQ's counters: "pending" counts messages it holds back while the destination is
             # blocked; this shovel holds none (the socket's buffer pushes back on the source instead).

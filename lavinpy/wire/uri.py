@@ -4,7 +4,8 @@ parse_url splits amqp[s]://user:pass@host:port/vhost; user, password and vhost a
 (%2F is "/"); an absent user or password is "guest", an absent or empty vhost is "/".
 
 TLS options ride in the URL query with the names of RabbitMQ's URI spec: cacertfile, certfile,
-keyfile, verify (verify_peer, the default, or verify_none) and server_name_indication. So do the
+keyfile, password (the keyfile's passphrase), verify (verify_peer, the default, or verify_none) and
+server_name_indication. So do the
 connection's own settings, read as RabbitMQ's Erlang client reads them: heartbeat (seconds, 0 for
 none), connection_timeout (milliseconds), channel_max, frame_max and auth_mechanism (plain, amqplain
 or external; given more than once, the first the broker offers).
@@ -13,11 +14,13 @@ or external; given more than once, the first the broker offers).
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+
+from .tls_keys import load_cert_chain
 
 SCHEMES = {"amqp": 5672, "amqps": 5671}
-_KEYS = ("cacertfile", "certfile", "keyfile", "verify", "server_name_indication")
+_KEYS = ("cacertfile", "certfile", "keyfile", "password", "verify", "server_name_indication")
 TUNING_KEYS = ("heartbeat", "connection_timeout", "channel_max", "frame_max", "auth_mechanism")
 # Keys RabbitMQ's URI spec names that a client side of ours has no use for: accepted, so that RabbitMQ's
 # definitions import as they are (a server-side TLS setting, and the chain depth OpenSSL bounds itself).
@@ -32,6 +35,7 @@ class TLSOptions:
     cacertfile: str = ""  # empty: the system's trusted CAs
     certfile: str = ""
     keyfile: str = ""
+    password: str = field(default="", repr=False)  # the keyfile's passphrase (an encrypted key)
     verify: bool = True
     server_name: str = ""  # empty: the URL's host
 
@@ -48,7 +52,8 @@ class TLSOptions:
         if values.get("keyfile") and not values.get("certfile"):
             raise ValueError("keyfile needs certfile")
         return cls(cacertfile=values.get("cacertfile", ""), certfile=values.get("certfile", ""),
-                   keyfile=values.get("keyfile", ""), verify=verify == "verify_peer",
+                   keyfile=values.get("keyfile", ""), password=values.get("password", ""),
+                   verify=verify == "verify_peer",
                    server_name=values.get("server_name_indication", ""))
 
     def context(self) -> ssl.SSLContext:
@@ -59,7 +64,7 @@ class TLSOptions:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         if self.certfile:
-            ctx.load_cert_chain(self.certfile, self.keyfile or None)
+            load_cert_chain(ctx, self.certfile, self.keyfile, self.password or None, "the URI's password key")
         return ctx
 
 
@@ -125,11 +130,25 @@ class AMQPURL:
     tuning: Tuning = Tuning()
 
 
+def unknown_keys(query: str) -> str | None:
+    """Why a URI's query is refused, or None: keys this parser does not take (a misspelt key would
+    otherwise leave its default in force without a word)."""
+    unknown = sorted({key for key in parse_qs(query, keep_blank_values=True) if key not in QUERY_KEYS})
+    if not unknown:
+        return None
+    return ("unknown URI query key(s) " + ", ".join(f"'{k}'" for k in unknown)
+            + "; should be one of: " + ", ".join(f"'{k}'" for k in QUERY_KEYS))
+
+
 def parse_url(url: str) -> AMQPURL:
     """amqp[s]://user:pass@host:port/vhost; amqps:// takes the TLS query keys above (TLSOptions), either
-    scheme the connection's (Tuning; ``mechanism`` is the first auth_mechanism given)."""
+    scheme the connection's (Tuning; ``mechanism`` is the first auth_mechanism given). A query key
+    RabbitMQ's URI spec does not name is refused (ValueError)."""
     u = urlsplit(url)
     port = default_port(u.scheme, url)
+    refusal = unknown_keys(u.query)
+    if refusal:
+        raise ValueError(refusal)
     path = u.path[1:] if u.path.startswith("/") else u.path
     tuning = Tuning.from_query(u.query)
     return AMQPURL(tuning=tuning, mechanism=tuning.mechanisms[0] if tuning.mechanisms else "PLAIN",
@@ -138,6 +157,38 @@ def parse_url(url: str) -> AMQPURL:
                    password=unquote(u.password) if u.password is not None else "guest",
                    vhost=unquote(path) if path else "/",
                    tls=TLSOptions.from_query(u.query) if u.scheme == "amqps" else None)
+
+
+SECRET_KEYS = ("password",)  # query keys whose values are secrets (the keyfile's passphrase)
+
+
+def shown_uri(uri: str, mask: str | None = "***") -> str:
+    """The URI as statuses and logs show it: the password of its user info and the values of its
+    secret query keys replaced by ``mask``, or dropped when it is None (the rest as written). A string
+    that does not parse as a URI is returned as it is (its parser refuses it)."""
+    try:
+        u = urlsplit(uri)
+        has_password = u.password is not None
+    except ValueError:
+        return uri
+    netloc = u.netloc
+    if has_password:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{mask}@{hostport}" if mask is not None else f"{user}@{hostport}" if user else hostport
+    query = u.query
+    if any(key in query for key in SECRET_KEYS):
+        parts = []
+        for part in query.split("&"):
+            if part.split("=", 1)[0] in SECRET_KEYS:
+                if mask is None:
+                    continue
+                part = f"{part.split('=', 1)[0]}={mask}"
+            parts.append(part)
+        query = "&".join(parts)
+    if netloc == u.netloc and query == u.query:
+        return uri  # nothing secret: as written (a local "amqp://" would lose its slashes in urlunsplit)
+    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
 def load_tls(url: AMQPURL) -> AMQPURL:

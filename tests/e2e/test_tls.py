@@ -23,19 +23,23 @@ from tests.helpers import free_port
 
 from .conftest import REPO_ROOT, LocalBroker, lavinpy_only, port_open
 from .rawamqp import commands
-from .tls_certs import CA
+from .tls_certs import CA, encrypted
 
 pytestmark = lavinpy_only("starts lavinpy with its own TLS settings")
 
 
 class TLSBroker:
-    def __init__(self, tmp_path: Path, *, client_certs: bool = False) -> None:
+    def __init__(self, tmp_path: Path, *, client_certs: bool = False, key_password: str = "") -> None:
         self.ca = CA(tmp_path / "pki")
         self.cert, self.key, self.serial = self.ca.issue("server", server=True)
+        if key_password:  # the server's key stored encrypted, its passphrase in the settings
+            self.key = encrypted(self.key, key_password)
         self.amqps_port = free_port()
         # The HTTPS API and Prometheus over TLS off: their default ports are shared by every broker of the run.
         lines = [f"tls_cert: {self.cert}", f"tls_key: {self.key}", f"amqps_port: {self.amqps_port}",
                  "https_port: 0", "prometheus_tls_port: 0"]
+        if key_password:
+            lines.append(f"tls_key_password: '{key_password}'")
         if client_certs:
             lines += [f"tls_ca_cert: {self.ca.cert_path}", "tls_verify_peer: true", "tls_fail_if_no_peer_cert: true"]
         conf = tmp_path / "tls.yaml"
@@ -182,6 +186,26 @@ def test_spark_client_over_amqps(tls_broker):
         conn.close()
     with pytest.raises(Exception, match="TLS to amqps://guest@localhost"):  # not our CA: refused
         Connection(AMQPParams.from_url(f"amqps://guest:guest@localhost:{tls_broker.amqps_port}/")).open()
+
+
+def test_encrypted_keys_at_both_ends(tmp_path: Path) -> None:
+    """A broker whose key is encrypted (tls_key_password) requires client certificates; the Spark client's
+    key is encrypted too, its passphrase in the URL's password key (RabbitMQ's URI spec)."""
+    from lavinpy.spark.client import AMQPParams, Connection
+
+    b = TLSBroker(tmp_path, client_certs=True, key_password="server pass")
+    try:
+        cert, key, _ = b.ca.issue("client", server=False)
+        key = encrypted(key, "client pass")
+        base = (f"amqps://guest:guest@localhost:{b.amqps_port}/?cacertfile={b.ca.cert_path}"
+                f"&certfile={cert}&keyfile={key}")
+        with Connection(AMQPParams.from_url(base + "&password=client%20pass")).open() as conn:
+            ch = conn.open_channel()
+            conn.call(ch, commands.Queue.Declare(queue="", exclusive=True), commands.Queue.DeclareOk)
+        with pytest.raises(Exception, match="is encrypted: give its passphrase \\(the URI's password key\\)"):
+            Connection(AMQPParams.from_url(base)).open()
+    finally:
+        b.broker.close()
 
 
 def test_perf_tool_over_amqps(tls_broker):

@@ -60,3 +60,12 @@ class CA:
         path = self.dir / "revoked.crl.pem"
         path.write_bytes(builder.sign(self.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
         return path
+
+
+def encrypted(key: Path, passphrase: str) -> Path:
+    """The private key at ``key`` written beside it as encrypted PEM (PKCS#8 with ``passphrase``)."""
+    loaded = serialization.load_pem_private_key(key.read_bytes(), None)
+    out = key.with_suffix(".enc.key")
+    out.write_bytes(loaded.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(passphrase.encode())))
+    return out

@@ -207,3 +207,23 @@ def test_a_uris_connection_settings_are_honoured_and_checked(broker: LocalBroker
         assert (conn["timeout"], conn["channel_max"], conn["frame_max"]) == (7, 5, 8192)
     finally:
         http_call(broker, "DELETE", "/api/parameters/shovel/%2F/tuned")
+
+
+def test_a_links_secrets_are_shown_masked(broker: LocalBroker) -> None:
+    """The user's password and the key file's passphrase (the ``password`` key) are masked in every status,
+    and in the parameters a non-administrator reads (an administrator edits and exports them whole)."""
+    src = "amqps://u:user-secret@127.0.0.1:1/?verify=verify_none&password=key-secret&heartbeat=5"
+    admin(broker, "PUT", "/api/parameters/shovel/a/masked", _shovel(src))
+    admin(broker, "PUT", "/api/parameters/federation-upstream/a/masked", {"value": {"uri": src}})
+    try:
+        shown = [as_user(broker, "pm", "GET", "/api/parameters/shovel/a/masked")[1]["value"]["src-uri"],
+                 as_user(broker, "pm", "GET", "/api/parameters/federation-upstream/a/masked")[1]["value"]["uri"],
+                 _terminated(broker, "masked")["src_uri"], _terminated(broker, "masked", "pm")["src_uri"]]
+        for text in shown:
+            assert "secret" not in text, text
+        assert shown[0] == "amqps://u:***@127.0.0.1:1/?verify=verify_none&password=***&heartbeat=5", shown
+        assert shown[1] == shown[2] == shown[3] == shown[0], shown
+        assert admin(broker, "GET", "/api/parameters/shovel/a/masked")["value"]["src-uri"] == src
+    finally:
+        http_call(broker, "DELETE", "/api/parameters/shovel/a/masked")
+        http_call(broker, "DELETE", "/api/parameters/federation-upstream/a/masked")

@@ -24,16 +24,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ...wire.uri import FILE_KEYS, QUERY_KEYS, TLS_UNLOADABLE
+from ...wire.uri import FILE_KEYS, TLS_UNLOADABLE, shown_uri, unknown_keys
 from .permissions import Grants, UserPermissions, access_refused
 from .users import ADMINISTRATOR_TAG, UserStore
 
 # The parameter components whose values are links run as their creator.
 FEDERATION_UPSTREAM = "federation-upstream"
 LINK_COMPONENTS = frozenset({"shovel", FEDERATION_UPSTREAM})
-MASK = "***"
 
 
 def _uris(value: Any) -> list[str]:
@@ -67,10 +66,9 @@ def query_refusal(users: UserStore, user: str, value: Mapping[str, Any], grants:
     for uri_key in ("src-uri", "dest-uri", "uri"):
         for uri in _uris(value.get(uri_key)):
             keys = _query_keys(uri)
-            unknown = sorted({k for k in keys if k not in QUERY_KEYS})
+            unknown = unknown_keys(urlsplit(uri).query) if keys else None
             if unknown:
-                return (f"{uri_key}: unknown URI query key(s) " + ", ".join(f"'{k}'" for k in unknown)
-                        + "; should be one of: " + ", ".join(f"'{k}'" for k in QUERY_KEYS))
+                return f"{uri_key}: {unknown}"
             files = sorted({k for k in keys if k in FILE_KEYS})
             if files and not admin:
                 return (f"{uri_key}: the URI query key(s) " + ", ".join(f"'{k}'" for k in files)
@@ -158,23 +156,10 @@ def link_kind(component: str) -> str:
     return "shovel" if component == "shovel" else "upstream"
 
 
-def masked_uri(uri: str) -> str:
-    """The URI with its password replaced by ``***`` (unchanged when it has none)."""
-    try:
-        u = urlsplit(uri)
-        if u.password is None:
-            return uri
-    except ValueError:
-        return uri
-    userinfo, _, hostport = u.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit((u.scheme, f"{user}:{MASK}@{hostport}", u.path, u.query, u.fragment))
-
-
 def masked(value: Any) -> Any:
-    """``value`` with the password of every URI in it (``scheme://user:password@...``) masked."""
+    """``value`` with every URI in it as statuses show it (lavinpy.wire.uri.shown_uri: passwords masked)."""
     if isinstance(value, str):
-        return masked_uri(value) if "://" in value else value
+        return shown_uri(value) if "://" in value else value
     if isinstance(value, Mapping):
         return {k: masked(v) for k, v in value.items()}
     if isinstance(value, list):

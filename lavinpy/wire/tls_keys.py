@@ -1,0 +1,40 @@
+"""A certificate and its private key loaded without ever asking a terminal for a passphrase.
+
+OpenSSL asks the controlling terminal for the passphrase of an encrypted key when the program gives
+none: a broker started from a shell would stop there (at start, on a reload, or on a link's connect),
+and one without a terminal fails with "Invalid argument". Every TLS context of lavinpy loads its key
+here instead: an encrypted key without its passphrase, or with a wrong one, is an error naming the
+setting that gives it.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+
+class KeyPasswordError(ValueError):
+    """An encrypted private key without its passphrase, or with a wrong one."""
+
+
+def load_cert_chain(ctx: ssl.SSLContext, certfile: str, keyfile: str | None, password: str | None,
+                    password_setting: str | None) -> None:
+    """ctx.load_cert_chain(certfile, keyfile) with ``password`` for an encrypted key (None: the key must
+    not be encrypted). ``password_setting`` names where a passphrase is given, for the error texts (None:
+    nowhere, the key must be stored unencrypted)."""
+    asked = False
+
+    def passphrase() -> bytes:  # OpenSSL calls this for an encrypted key only
+        nonlocal asked
+        asked = True
+        if password is None:
+            how = f"give its passphrase ({password_setting})" if password_setting else "it must be unencrypted here"
+            raise KeyPasswordError(f"the key file {keyfile or certfile} is encrypted: {how}")
+        return password.encode()
+
+    try:
+        ctx.load_cert_chain(certfile, keyfile or None, password=passphrase)
+    except ssl.SSLError:
+        if asked:
+            raise KeyPasswordError(f"the passphrase ({password_setting}) does not decrypt the key file "
+                                   f"{keyfile or certfile}") from None
+        raise
