@@ -5,10 +5,10 @@ parse_url splits amqp[s]://user:pass@host:port/vhost; user, password and vhost a
 
 TLS options ride in the URL query with the names of RabbitMQ's URI spec: cacertfile, certfile,
 keyfile, password (the keyfile's passphrase), verify (verify_peer, the default, or verify_none) and
-server_name_indication. So do the
-connection's own settings, read as RabbitMQ's Erlang client reads them: heartbeat (seconds, 0 for
-none), connection_timeout (milliseconds), channel_max, frame_max and auth_mechanism (plain, amqplain
-or external; given more than once, the first the broker offers).
+server_name_indication. So do the connection's own settings, read as RabbitMQ's Erlang client reads
+them: heartbeat (seconds, 0 for none), connection_timeout (milliseconds), channel_max, frame_max and
+auth_mechanism (plain, amqplain or external; given more than once, the first the broker offers). Any
+other key is refused: ignored, a misspelt one would leave its default in force without a word.
 """
 
 from __future__ import annotations
