@@ -4,7 +4,6 @@ gateway also dials etcd itself with etcd's certificate), for 127.0.0.1 and local
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 from pathlib import Path
 
@@ -20,12 +19,8 @@ def node_certificate(ca: CA, name: str, common_name: bool = True) -> tuple[Path,
     """(certificate, key) paths of a certificate ``ca`` signs for ``name`` on loopback. Without
     ``common_name`` its subject is empty (etcd's gateway refuses a client certificate with one)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
     subject = [x509.NameAttribute(NameOID.COMMON_NAME, name)] if common_name else []
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name(subject))
-            .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+    cert = (ca.leaf(x509.Name(subject), key)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .add_extension(x509.SubjectAlternativeName([

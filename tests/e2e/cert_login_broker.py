@@ -4,7 +4,6 @@ client certificates with chosen subjects and alternative names, and users made t
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import socket
 import ssl
 import time
@@ -31,11 +30,7 @@ def issue_client(ca: CA, name: str, subject: list[tuple[x509.ObjectIdentifier, s
                  alt_names: list[x509.GeneralName] | None = None) -> tuple[Path, Path]:
     """A client certificate signed by ``ca`` with this subject (RDNs in order) and alternative names."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(oid, value) for oid, value in subject]))
-               .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+    builder = (ca.leaf(x509.Name([x509.NameAttribute(oid, value) for oid, value in subject]), key)
                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
     if alt_names:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)

@@ -1,4 +1,8 @@
-"""A throwaway CA and certificates for the TLS tests (made with the cryptography package)."""
+"""A throwaway CA and certificates for the TLS tests (made with the cryptography package).
+
+The certificates carry the key identifiers RFC 5280 asks for (a subject key identifier on each, an
+authority key identifier on those the CA signs) and the CA's key usage: Python 3.13's default client
+context checks them strictly (VERIFY_X509_STRICT) and refuses a certificate without them."""
 
 from __future__ import annotations
 
@@ -23,19 +27,31 @@ class CA:
                      .public_key(self.key.public_key()).serial_number(x509.random_serial_number())
                      .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
                      .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                     .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                                  key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                                  key_cert_sign=True, crl_sign=True, encipher_only=False,
+                                                  decipher_only=False), critical=True)
+                     .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
                      .sign(self.key, hashes.SHA256()))
         self.cert_path = self.dir / f"{name.replace(' ', '_')}.pem"
         self.cert_path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
+    def leaf(self, subject: x509.Name, key: ec.EllipticCurvePrivateKey, serial: int | None = None
+             ) -> x509.CertificateBuilder:
+        """A builder of a certificate this CA signs for ``key``, valid now for a day, with its key identifiers."""
+        now = dt.datetime.now(dt.UTC)
+        return (x509.CertificateBuilder().subject_name(subject).issuer_name(self.cert.subject)
+                .public_key(key.public_key()).serial_number(serial or x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                               critical=False))
+
     def issue(self, name: str, *, server: bool, serial: int | None = None) -> tuple[Path, Path, int]:
         """A certificate (for 127.0.0.1 / localhost when server) and its key; returns paths and serial."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
         serial = serial or x509.random_serial_number()
-        builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-                   .issuer_name(self.cert.subject).public_key(key.public_key()).serial_number(serial)
-                   .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+        builder = (self.leaf(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), key, serial)
                    .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
                                                          else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
         if server:
