@@ -102,6 +102,23 @@ class LdapSettings:
                    config.auth_ldap_cache_ttl, min(config.auth_ldap_check_wait, config.auth_ldap_timeout))
 
 
+def directory_tls(cacertfile: str) -> Any:
+    """ldap3's TLS settings for a directory: its certificate checked against ``cacertfile`` (the system's
+    CAs when empty) and against the server's name by Python's ssl module, which takes IP addresses.
+    ldap3 checks the name itself after the handshake, and on Python 3.12 and later (no
+    ssl.match_hostname) its fallback knows no IP addresses: a directory named by its address could
+    never be reached over TLS."""
+    import ldap3
+
+    class HostCheckedTls(ldap3.Tls):
+        def wrap_socket(self, connection: Any, do_handshake: bool = False) -> None:
+            context = ssl.create_default_context(cafile=cacertfile or None)  # check_hostname on
+            connection.socket = context.wrap_socket(connection.socket, do_handshake_on_connect=do_handshake,
+                                                    server_hostname=connection.server.host)
+
+    return HostCheckedTls(validate=ssl.CERT_REQUIRED, ca_certs_file=cacertfile or None)
+
+
 class _Directory:
     """One ldap3 connection, bound as one identity (``ldap_queries.Directory``)."""
 
@@ -109,9 +126,7 @@ class _Directory:
         import ldap3
         from ldap3.core.exceptions import LDAPException
 
-        tls = None
-        if settings.use_ssl or settings.use_starttls:
-            tls = ldap3.Tls(validate=ssl.CERT_REQUIRED, ca_certs_file=settings.cacertfile or None)
+        tls = directory_tls(settings.cacertfile) if settings.use_ssl or settings.use_starttls else None
         pool = ldap3.ServerPool([ldap3.Server(host, port=settings.port, use_ssl=settings.use_ssl, tls=tls,
                                               connect_timeout=settings.timeout) for host in settings.servers],
                                 ldap3.FIRST, active=1, exhaust=True)
