@@ -261,7 +261,8 @@ def test_a_streaming_follower_that_breaks_the_protocol_is_dropped(bad: str, tmp_
 
 def test_close_ends_a_follower_waiting_on_a_silent_leader(tmp_path: Path) -> None:
     async def run() -> float:
-        silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # accepts, never answers
+        held: list[asyncio.StreamWriter] = []  # Python 3.13 closes a stream writer nobody holds
+        silent = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)  # accepts, never answers
         port = silent.sockets[0].getsockname()[1]
         client = ReplicationClient(tmp_path / "f", SECRET, "f1", "127.0.0.1", port)
         task = asyncio.ensure_future(client.run())
