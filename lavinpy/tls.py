@@ -11,7 +11,7 @@ import logging
 import ssl
 
 from .config import Config
-from .wire.tls_keys import KeyPasswordError, load_cert_chain
+from .wire.tls_keys import KeyPasswordError, load_cert_chain, regular_file
 
 log = logging.getLogger("lavinpy")
 
@@ -31,13 +31,13 @@ def build_context(config: Config) -> ssl.SSLContext:
                              f"{getattr(e, 'strerror', None) or e}")
     if config.tls_ca_cert:
         try:
-            ctx.load_verify_locations(cafile=config.tls_ca_cert)
+            ctx.load_verify_locations(cafile=regular_file(config.tls_ca_cert))
         except (OSError, ssl.SSLError) as e:
             raise TLSConfigError(f"cannot load tls_ca_cert {config.tls_ca_cert}: "
                                  f"{getattr(e, 'strerror', None) or e}")
     if config.tls_crl_file:  # the client certificate (the leaf) is checked against the CA's lists
         try:
-            ctx.load_verify_locations(cafile=config.tls_crl_file)
+            ctx.load_verify_locations(cafile=regular_file(config.tls_crl_file))
         except (OSError, ssl.SSLError) as e:
             raise TLSConfigError(f"cannot load tls_crl_file {config.tls_crl_file}: "
                                  f"{getattr(e, 'strerror', None) or e}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from ..wire.tls_keys import KeyPasswordError, load_cert_chain
+from ..wire.tls_keys import KeyPasswordError, load_cert_chain, regular_file
 
 
 class ClusterTLSError(OSError):
@@ -23,7 +23,7 @@ def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca:
         try:
-            ctx.load_verify_locations(cafile=ca)
+            ctx.load_verify_locations(cafile=regular_file(ca))
         except (OSError, ssl.SSLError) as e:
             raise ClusterTLSError(f"{what}: cannot load the CA file {ca}: {getattr(e, 'strerror', None) or e}")
     if cert:

@@ -17,7 +17,7 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-from .tls_keys import load_cert_chain
+from .tls_keys import load_cert_chain, regular_file
 
 SCHEMES = {"amqp": 5672, "amqps": 5671}
 _KEYS = ("cacertfile", "certfile", "keyfile", "password", "verify", "server_name_indication")
@@ -58,7 +58,7 @@ class TLSOptions:
 
     def context(self) -> ssl.SSLContext:
         """A client context: TLS 1.2 or later, the server certificate checked unless verify_none."""
-        ctx = ssl.create_default_context(cafile=self.cacertfile or None)
+        ctx = ssl.create_default_context(cafile=regular_file(self.cacertfile) or None)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if not self.verify:
             ctx.check_hostname = False

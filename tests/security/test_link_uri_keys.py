@@ -6,6 +6,7 @@ its bytes not repeated. Remote hosts stay allowed, as in RabbitMQ."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -227,3 +228,17 @@ def test_a_links_secrets_are_shown_masked(broker: LocalBroker) -> None:
     finally:
         http_call(broker, "DELETE", "/api/parameters/shovel/a/masked")
         http_call(broker, "DELETE", "/api/parameters/federation-upstream/a/masked")
+
+
+def test_a_fifo_named_as_a_links_ca_file_stops_only_that_link(broker: LocalBroker, tmp_path: Path) -> None:
+    """An administrator's link naming a FIFO (read for ever by OpenSSL, with the event loop waiting) fails at
+    once with a reason, and the broker goes on answering."""
+    fifo = tmp_path / "ca-fifo"
+    os.mkfifo(fifo)
+    admin(broker, "PUT", "/api/parameters/shovel/a/fifo", _shovel(f"amqps://u:p@127.0.0.1:1/?cacertfile={fifo}"))
+    try:
+        reason = _terminated(broker, "fifo")["reason"]
+        assert "is not a regular file" in reason, reason
+        assert http_call(broker, "GET", "/api/overview")[0] == 200
+    finally:
+        http_call(broker, "DELETE", "/api/parameters/shovel/a/fifo")

@@ -135,3 +135,29 @@ def test_a_uri_is_shown_without_its_secrets() -> None:
     assert shown_uri(uri) == "amqps://u:***@h:5671/v?cacertfile=/c&password=***&heartbeat=5"
     assert shown_uri(uri, None) == "amqps://u@h:5671/v?cacertfile=/c&heartbeat=5"
     assert shown_uri("amqp://h/") == "amqp://h/" and shown_uri("amqp://:pw@[::1]:1/", None) == "amqp://[::1]:1/"
+
+
+def test_a_fifo_or_a_device_named_as_a_tls_file_is_refused_at_once(pki, tmp_path: Path) -> None:
+    """OpenSSL would read a FIFO without a writer for ever: every context builder refuses one (and a device)
+    before reading. Run in a child, so that a builder that waits fails the test instead of stalling it."""
+    _ca, cert, plain, _enc = pki
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    script = (
+        "from lavinpy.config import Config\nfrom lavinpy.tls import build_context\n"
+        "from lavinpy.wire.uri import parse_url\nfrom lavinpy.cluster.tls import etcd_context\n"
+        f"cert, key, fifo = {str(cert)!r}, {str(plain)!r}, {str(fifo)!r}\n"
+        "cases = {'uri cacertfile': lambda: parse_url(f'amqps://h/?cacertfile={fifo}').tls.context(),\n"
+        "         'uri keyfile': lambda: parse_url(f'amqps://h/?certfile={cert}&keyfile=/dev/stdin').tls.context(),\n"
+        "         'tls_ca_cert': lambda: build_context(Config(tls_cert=cert, tls_key=key, tls_ca_cert=fifo)),\n"
+        "         'tls_cert': lambda: build_context(Config(tls_cert=fifo, tls_key=key)),\n"
+        "         'etcd ca': lambda: etcd_context(fifo, '', '')}\n"
+        "for name, make in cases.items():\n"
+        "    try:\n        make()\n        print(name, 'LOADED', flush=True)\n"
+        "    except Exception as e:\n        print(name, 'REFUSED', ' '.join(str(e).split()), flush=True)\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    lines = res.stdout.splitlines()
+    assert len(lines) == 5, (res.stdout, res.stderr)
+    for line in lines:
+        assert "REFUSED" in line and "is not a regular file" in line, line
