@@ -3,6 +3,7 @@ included (ldap3's own check knows no IP address on Python 3.12 and later), with 
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import threading
@@ -85,3 +86,10 @@ def test_a_certificate_for_another_address_is_refused(ca: CA, on_127_0_0_2: int)
 def test_a_certificate_from_another_ca_is_refused(on_127_0_0_1: int, tmp_path: Path) -> None:
     with pytest.raises(ssl.SSLCertVerificationError, match="certificate verify failed"):
         _handshake("127.0.0.1", on_127_0_0_1, CA(tmp_path / "other").cert_path)
+
+
+def test_a_fifo_as_the_directorys_ca_file_is_refused_at_once(on_127_0_0_1: int, tmp_path: Path) -> None:
+    fifo = tmp_path / "ca-fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="is not a regular file"):
+        _handshake("127.0.0.1", on_127_0_0_1, fifo)

@@ -43,6 +43,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...wire.tls_keys import regular_file
 from .auth_backends import AuthResult, AuthStatus, LoginRequest
 from .ldap_queries import QueryError, escape_filter_value, evaluate, fill
 from .users import PermissionKind, Permissions, TopicPermission
@@ -112,7 +113,7 @@ def directory_tls(cacertfile: str) -> Any:
 
     class HostCheckedTls(ldap3.Tls):
         def wrap_socket(self, connection: Any, do_handshake: bool = False) -> None:
-            context = ssl.create_default_context(cafile=cacertfile or None)  # check_hostname on
+            context = ssl.create_default_context(cafile=regular_file(cacertfile) or None)  # check_hostname on
             connection.socket = context.wrap_socket(connection.socket, do_handshake_on_connect=do_handshake,
                                                     server_hostname=connection.server.host)
 

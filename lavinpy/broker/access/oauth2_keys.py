@@ -16,6 +16,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ...wire.tls_keys import regular_file
 from .oauth2_settings import ProviderSettings
 
 log = logging.getLogger("lavinpy.login")
@@ -76,7 +77,10 @@ class ProviderKeys:
         from joserfc.jwk import JWKRegistry
 
         settings = self.settings
-        context = ssl.create_default_context(cafile=settings.https_cacertfile or None)
+        try:  # read in the event loop: a FIFO would stall it (regular_file)
+            context = ssl.create_default_context(cafile=regular_file(settings.https_cacertfile) or None)
+        except (OSError, ssl.SSLError) as e:
+            raise KeyFetchError(f"https_cacertfile {settings.https_cacertfile}: {e}") from None
         timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             if not self.jwks_url:
