@@ -5,15 +5,17 @@ path)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import json
 import os
 import random
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -161,3 +163,29 @@ def read_all(sock: socket.socket) -> bytes:
     while chunk := sock.recv(65536):
         data += chunk
     return data
+
+
+@contextlib.contextmanager
+def serving(address: str, handle: Callable[[socket.socket], None]) -> Iterator[int]:
+    """A TCP service on a free port of ``address`` for the block: a thread accepts each connection and
+    hands it to ``handle``; yields the port, and stops the thread and the listener at the end."""
+    listener = socket.create_server((address, 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            handle(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import ssl
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ import pytest
 
 from lavinpy.broker.access.ldap_backend import directory_tls
 from tests.e2e.tls_certs import CA
+from tests.helpers import serving
 
 
 @pytest.fixture(scope="module")
@@ -27,31 +27,17 @@ def _tls_server(ca: CA, address: str) -> Iterator[int]:
     cert, key, _ = ca.issue("directory", server=True)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    listener = socket.create_server((address, 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            conn.settimeout(5)
-            try:
-                with context.wrap_socket(conn, server_side=True) as tls:
-                    tls.recv(1)
-            except (OSError, ssl.SSLError):
-                conn.close()
+    def handshake(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            with context.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+        except (OSError, ssl.SSLError):
+            conn.close()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
+    with serving(address, handshake) as port:
+        yield port
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import LocalBroker, http_call
+from tests.helpers import serving
 
 from .conftest import admin, as_user
 
@@ -124,30 +124,19 @@ BANNERS = [b"SSH-2.0-OpenSSH_9.6 banner-secret\r\n", b"HTTP/1.1 400 Bad Request\
 @pytest.fixture
 def banner_server() -> Iterator[tuple[int, list[bytes]]]:
     """A TCP service on a free port answering every connection with one of BANNERS (in turn) and closing."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
     current: list[bytes] = [BANNERS[0]]
 
-    def serve() -> None:
-        while not stop.is_set():
+    def answer(conn: socket.socket) -> None:
+        with conn:
             try:
-                conn, _ = listener.accept()
+                conn.recv(64)
+                conn.sendall(current[0])
+                time.sleep(0.2)
             except OSError:
-                continue
-            with conn:
-                try:
-                    conn.recv(64)
-                    conn.sendall(current[0])
-                    time.sleep(0.2)
-                except OSError:
-                    pass
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1], current
-    stop.set()
-    thread.join(5)
-    listener.close()
+                pass
+
+    with serving("127.0.0.1", answer) as port:
+        yield port, current
 
 
 def test_a_service_that_is_not_amqp_is_named_without_its_banner(broker: LocalBroker,
