@@ -237,6 +237,7 @@ class Config:
     clustering_etcd_tls_ca: str = ""
     clustering_etcd_tls_cert: str = ""
     clustering_etcd_tls_key: str = ""
+    clustering_etcd_tls_key_password: str = ""  # an encrypted key's passphrase (RabbitMQ's etcd ssl_options.password)
     # TLS on the replication port with the node's tls_cert / tls_key, each side verifying the other's
     # certificate against tls_ca_cert (both ends must have it on).
     clustering_tls: bool = False
@@ -583,8 +584,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cluster.add_argument("--clustering", action="store_const", const=True, help="run as a node of a cluster")
     for name, text in _CLUSTERING_FLAGS.items():
         kind = int if name in ("clustering_port", "clustering_lease_ttl") else str
-        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
-                             help=text)
+        cluster.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
 
 
 def from_args(args: argparse.Namespace) -> Config:

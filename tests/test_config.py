@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ def test_defaults_match_the_shipped_config_file():
     shipped = yaml.safe_load(packaged)
     defaults = config.Config()
     assert set(shipped) == {f for f in vars(defaults)}, "conf/lavinpy.yaml must list every setting"
+    listed = re.findall(r"^(\w+):", packaged, flags=re.MULTILINE)  # YAML keeps the last of a repeated key
+    assert len(listed) == len(shipped), f"listed twice: {sorted({k for k in listed if listed.count(k) > 1})}"
     for name, value in shipped.items():
         assert getattr(defaults, name) == value, name
 

@@ -16,18 +16,18 @@ class ClusterCtlError(Exception):
 
 
 def force_leader(endpoints: str, prefix: str, node_id: str, user: str = "", password: str = "",
-                 tls_files: tuple[str, str, str] = ("", "", "")) -> str:
+                 tls_files: tuple[str, str, str] = ("", "", ""), key_password: str = "") -> str:
     """Let ``node_id`` take the leadership whatever the ISR says (it must be a live member). The node
     consumes the key when it wins. Returns what was done, for the operator. ``tls_files``: etcd's CA,
     a client certificate and its key (any of them set: TLS to etcd)."""
-    return asyncio.run(_force_leader(endpoints, prefix, node_id, user, password, tls_files))
+    return asyncio.run(_force_leader(endpoints, prefix, node_id, user, password, tls_files, key_password))
 
 
 async def _force_leader(endpoints: str, prefix: str, node_id: str, user: str, password: str,
-                        tls_files: tuple[str, str, str]) -> str:
+                        tls_files: tuple[str, str, str], key_password: str) -> str:
     keys = ClusterKeys(prefix)
     try:
-        tls = etcd_context(*tls_files) if any(tls_files) else None
+        tls = etcd_context(*tls_files, key_password) if any(tls_files) else None
     except ClusterTLSError as e:
         raise ClusterCtlError(str(e)) from None
     etcd = EtcdClient(endpoints, user=user, password=password, tls=tls)

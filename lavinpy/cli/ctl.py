@@ -325,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="etcd user (its password from LAVINPY_CLUSTERING_ETCD_PASSWORD)")
     force.add_argument("--etcd-tls-ca", dest="etcd_tls_ca", default="", help="CA of etcd's certificate (TLS to etcd)")
     force.add_argument("--etcd-tls-cert", dest="etcd_tls_cert", default="", help="client certificate for etcd")
-    force.add_argument("--etcd-tls-key", dest="etcd_tls_key", default="", help="key of the client certificate")
+    force.add_argument("--etcd-tls-key", dest="etcd_tls_key", default="",
+                       help="key of the client certificate (an encrypted one's passphrase from "
+                       "LAVINPY_CLUSTERING_ETCD_TLS_KEY_PASSWORD)")
     return parser
 
 
@@ -339,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "force_leader":
             print(force_leader(args.etcd_endpoints, args.etcd_prefix, args.node_id, user=args.etcd_user,
                                password=os.environ.get("LAVINPY_CLUSTERING_ETCD_PASSWORD", ""),
-                               tls_files=(args.etcd_tls_ca, args.etcd_tls_cert, args.etcd_tls_key)))
+                               tls_files=(args.etcd_tls_ca, args.etcd_tls_cert, args.etcd_tls_key),
+                               key_password=os.environ.get("LAVINPY_CLUSTERING_ETCD_TLS_KEY_PASSWORD", "")))
             return EXIT_OK
         if args.command == "await_startup":
             args.timeout = 300.0 if args.timeout is None else args.timeout

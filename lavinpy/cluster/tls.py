@@ -17,9 +17,8 @@ class ClusterTLSError(OSError):
 
 
 def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
-          key_password: tuple[str, str] | None = None) -> ssl.SSLContext:
-    """key_password: the encrypted key's passphrase and the setting giving it (None: etcd's client key,
-    which has no such setting and must be unencrypted)."""
+          key_password: tuple[str, str]) -> ssl.SSLContext:
+    """key_password: an encrypted key's passphrase and the setting that gives it."""
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca:
         try:
@@ -28,7 +27,7 @@ def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
             raise ClusterTLSError(f"{what}: cannot load the CA file {ca}: {getattr(e, 'strerror', None) or e}")
     if cert:
         try:
-            password, setting = key_password or ("", None)
+            password, setting = key_password
             load_cert_chain(ctx, cert, key, password or None, setting)
         except (OSError, ssl.SSLError, KeyPasswordError) as e:
             raise ClusterTLSError(f"{what}: cannot load the certificate {cert} / key {key}: "
@@ -36,11 +35,12 @@ def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
     return ctx
 
 
-def etcd_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLContext:
+def etcd_context(ca: str = "", cert: str = "", key: str = "", key_password: str = "") -> ssl.SSLContext:
     """A client context for etcd's https endpoints: etcd's certificate checked against ``ca`` (the
-    system's CAs when empty) and its host name; ``cert``/``key`` presented when etcd asks for one."""
+    system's CAs when empty) and its host name; ``cert``/``key`` presented when etcd asks for one
+    (``key_password``: clustering_etcd_tls_key_password, the key's passphrase when it is encrypted)."""
     ctx = ssl.create_default_context() if not ca else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    return _load(ctx, ca, cert, key, "etcd TLS")
+    return _load(ctx, ca, cert, key, "etcd TLS", (key_password, "clustering_etcd_tls_key_password"))
 
 
 def replication_server_context(cert: str, key: str, ca: str, key_password: str = "") -> ssl.SSLContext:
@@ -65,7 +65,7 @@ def node_contexts(config: Any) -> tuple[ssl.SSLContext | None, tuple[ssl.SSLCont
     etcd = None
     if config.clustering_etcd_tls:
         etcd = etcd_context(config.clustering_etcd_tls_ca, config.clustering_etcd_tls_cert,
-                            config.clustering_etcd_tls_key)
+                            config.clustering_etcd_tls_key, config.clustering_etcd_tls_key_password)
     replication = None
     if config.clustering_tls:
         files = (config.tls_cert, config.tls_key, config.tls_ca_cert, config.tls_key_password)

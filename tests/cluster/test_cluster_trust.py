@@ -26,6 +26,7 @@ from lavinpy.cluster import replication_protocol as proto
 from lavinpy.cluster.etcd import EtcdClient, EtcdError
 from lavinpy.cluster.replication_server import HANDSHAKE_TIMEOUT
 from lavinpy.cluster.tls import etcd_context
+from tests.e2e.tls_certs import encrypted
 from tests.helpers import wait_until
 
 from .certs import node_certificate
@@ -228,6 +229,8 @@ def test_lavinpyctl_force_leader_reaches_etcd_with_auth_and_tls(trusted: Cluster
 
 
 def test_the_etcd_client_needs_the_ca_and_its_certificate(secure_etcd: SecureEtcd) -> None:
+    encrypted_key = encrypted(secure_etcd.client_key, "key pass")
+
     async def attempts() -> dict[str, str]:
         ca = str(secure_etcd.ca.cert_path)
         # One try each, so a budget a loaded machine cannot miss: the first request of a client is a TCP
@@ -237,6 +240,9 @@ def test_the_etcd_client_needs_the_ca_and_its_certificate(secure_etcd: SecureEtc
         clients = {
             "all of it": EtcdClient(secure_etcd.endpoint, budget, user=USER, password=PASSWORD,
                                     tls=etcd_context(ca, str(secure_etcd.client_cert), str(secure_etcd.client_key))),
+            "an encrypted key and its passphrase": EtcdClient(
+                secure_etcd.endpoint, budget, user=USER, password=PASSWORD,
+                tls=etcd_context(ca, str(secure_etcd.client_cert), str(encrypted_key), "key pass")),
             "no client certificate": EtcdClient(secure_etcd.endpoint, budget, user=USER, password=PASSWORD,
                                                 tls=etcd_context(ca)),
             "plain HTTP": EtcdClient(secure_etcd.endpoint, budget, user=USER, password=PASSWORD),
@@ -256,6 +262,7 @@ def test_the_etcd_client_needs_the_ca_and_its_certificate(secure_etcd: SecureEtc
         return results
     results = asyncio.run(attempts())
     assert results["all of it"] == "read", results
+    assert results["an encrypted key and its passphrase"] == "read", results
     assert "certificate" in results["no client certificate"].lower(), results
     assert "no endpoint could serve" in results["plain HTTP"], results
     assert "permission denied" in results["outside its prefix"], results

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lavinpy.cluster.tls import ClusterTLSError, etcd_context, replication_server_context
+from lavinpy.cluster.tls import ClusterTLSError, etcd_context, node_contexts, replication_server_context
 from lavinpy.config import Config
 from lavinpy.spark.options import OptionError, ReadOptions
 from lavinpy.tls import TLSConfigError, build_context
@@ -108,14 +108,21 @@ def test_the_servers_key_takes_tls_key_password(pki) -> None:
     replication_server_context(str(cert), str(enc), "", PASSPHRASE)
     with pytest.raises(ClusterTLSError, match="tls_key_password"):
         replication_server_context(str(cert), str(enc), "", "")
-    with pytest.raises(ClusterTLSError, match="must be unencrypted"):
+    etcd_context("", str(cert), str(enc), PASSPHRASE)
+    with pytest.raises(ClusterTLSError, match="clustering_etcd_tls_key_password"):
         etcd_context("", str(cert), str(enc))
+    etcd, _ = node_contexts(Config(clustering_etcd_tls_cert=str(cert), clustering_etcd_tls_key=str(enc),
+                                   clustering_etcd_tls_key_password=PASSPHRASE))
+    assert etcd is not None
+    with pytest.raises(ClusterTLSError, match=r"etcd TLS: .* give its passphrase \(clustering_etcd_tls_key_password\)"):
+        node_contexts(Config(clustering_etcd_tls_cert=str(cert), clustering_etcd_tls_key=str(enc)))
 
 
-def test_tls_key_password_comes_from_the_environment(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-c", "from lavinpy.config import load; print(load(None).tls_key_password)"],
+@pytest.mark.parametrize("setting", ["tls_key_password", "clustering_etcd_tls_key_password"])
+def test_a_key_password_comes_from_the_environment(tmp_path: Path, setting: str) -> None:
+    res = subprocess.run([sys.executable, "-c", f"from lavinpy.config import load; print(load(None).{setting})"],
                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "LAVINPY_TLS_KEY_PASSWORD": "from-env"})
+                         env={**os.environ, "PYTHONPATH": str(REPO_ROOT), f"LAVINPY_{setting.upper()}": "from-env"})
     assert res.stdout.strip() == "from-env", res.stderr
 
 
