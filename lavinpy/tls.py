@@ -25,7 +25,7 @@ def build_context(config: Config) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        load_cert_chain(ctx, config.tls_cert, config.tls_key, config.tls_key_password or None, "tls_key_password")
+        load_cert_chain(ctx, config.tls_cert, config.tls_key, config.tls_key_password, "tls_key_password")
     except (OSError, ssl.SSLError, KeyPasswordError) as e:
         raise TLSConfigError(f"cannot load tls_cert {config.tls_cert} / tls_key {config.tls_key}: "
                              f"{getattr(e, 'strerror', None) or e}")

@@ -27,8 +27,7 @@ def _load(ctx: ssl.SSLContext, ca: str, cert: str, key: str, what: str,
             raise ClusterTLSError(f"{what}: cannot load the CA file {ca}: {getattr(e, 'strerror', None) or e}")
     if cert:
         try:
-            password, setting = key_password
-            load_cert_chain(ctx, cert, key, password or None, setting)
+            load_cert_chain(ctx, cert, key, *key_password)
         except (OSError, ssl.SSLError, KeyPasswordError) as e:
             raise ClusterTLSError(f"{what}: cannot load the certificate {cert} / key {key}: "
                                   f"{getattr(e, 'strerror', None) or e}")

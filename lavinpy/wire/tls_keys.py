@@ -33,18 +33,18 @@ def regular_file(path: str) -> str:
 
 
 def load_cert_chain(ctx: ssl.SSLContext, certfile: str, keyfile: str | None, password: str | None,
-                    password_setting: str | None) -> None:
-    """ctx.load_cert_chain(certfile, keyfile) with ``password`` for an encrypted key (None: the key must
-    not be encrypted). ``password_setting`` names where a passphrase is given, for the error texts (None:
-    nowhere, the key must be stored unencrypted)."""
+                    password_setting: str) -> None:
+    """ctx.load_cert_chain(certfile, keyfile) with ``password`` for an encrypted key (None or empty: the
+    key must not be encrypted). ``password_setting`` names where a passphrase is given, for the error
+    texts."""
     asked = False
 
     def passphrase() -> bytes:  # OpenSSL calls this for an encrypted key only
         nonlocal asked
         asked = True
-        if password is None:
-            how = f"give its passphrase ({password_setting})" if password_setting else "it must be unencrypted here"
-            raise KeyPasswordError(f"the key file {keyfile or certfile} is encrypted: {how}")
+        if not password:
+            raise KeyPasswordError(f"the key file {keyfile or certfile} is encrypted: give its passphrase "
+                                   f"({password_setting})")
         return password.encode()
 
     try:

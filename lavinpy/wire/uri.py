@@ -64,7 +64,7 @@ class TLSOptions:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         if self.certfile:
-            load_cert_chain(ctx, self.certfile, self.keyfile, self.password or None, "the URI's password key")
+            load_cert_chain(ctx, self.certfile, self.keyfile, self.password, "the URI's password key")
         return ctx
 
 
